@@ -1,0 +1,6 @@
+"""Repository-level conftest: makes tests/ helpers (the fake server) importable."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "tests"))

@@ -1,0 +1,232 @@
+"""Model clients: the async openai client, or any Python callable.
+
+Both expose ``async complete(request) -> ModelResponse``. Retries with
+backoff and ``Retry-After`` are the openai client's own (configured, not
+rewritten); this module only adds a transport that watches connection-level
+failures so the engine can stop a run in seconds when the endpoint dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, Protocol
+
+from pytest_gsm8k.types import Completion, ModelResponse, Request
+
+
+def _httpx() -> Any:
+    """The HTTP library the installed openai package is built on (httpx, or httpx2)."""
+    try:
+        return importlib.import_module("httpx2")
+    except ImportError:  # pragma: no cover - depends on the openai release
+        return importlib.import_module("httpx")
+
+
+class ModelClient(Protocol):
+    """What the engine needs from a model."""
+
+    #: identifies the endpoint in cache keys (base URL, or ``callable:<name>``)
+    endpoint: str
+    #: model id sent in requests and stored in cache keys
+    model: str
+    #: whether answers may be cached across runs
+    persistent_cache: bool
+
+    async def complete(self, request: Request) -> ModelResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Breaker:
+    """Counts consecutive connection-level failures across all requests.
+
+    It opens when ``threshold`` failures happened in a row *and* the streak
+    has lasted ``min_seconds``: a brief blip (a few refused connections that
+    the openai client's retries absorb) does not end a long run, a dead
+    endpoint does, within a few seconds.
+    """
+
+    def __init__(self, threshold: int = 8, min_seconds: float = 2.0) -> None:
+        self.threshold = threshold
+        self.min_seconds = min_seconds
+        self.count = 0
+        self.first: float | None = None
+        self.last_error = ""
+        self.on_open: Callable[[str], None] | None = None
+
+    def success(self) -> None:
+        self.count = 0
+        self.first = None
+
+    def failure(self, error: BaseException) -> None:
+        now = time.monotonic()
+        if self.count == 0:
+            self.first = now
+        self.count += 1
+        self.last_error = f"{type(error).__name__}: {error}".strip()
+        if (
+            self.count >= self.threshold
+            and self.first is not None
+            and now - self.first >= self.min_seconds
+            and self.on_open is not None
+        ):
+            self.on_open(self.last_error)
+
+
+def _watching_transport(breaker: Breaker, limits: Any) -> Any:
+    httpx = _httpx()
+
+    class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc]
+        """Forwards to the normal transport, telling the breaker what happened."""
+
+        def __init__(self) -> None:
+            self.inner = httpx.AsyncHTTPTransport(limits=limits)
+
+        async def handle_async_request(self, request: Any) -> Any:
+            try:
+                response = await self.inner.handle_async_request(request)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                breaker.failure(exc)
+                raise
+            breaker.success()
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return WatchingTransport()
+
+
+class OpenAIClient:
+    """An OpenAI-compatible endpoint through ``openai.AsyncOpenAI``."""
+
+    persistent_cache = True
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float,
+        max_retries: int,
+        concurrency: int,
+        breaker: Breaker,
+    ) -> None:
+        import openai
+
+        httpx = _httpx()
+        limits = httpx.Limits(
+            max_connections=max(concurrency, 1), max_keepalive_connections=max(concurrency, 1)
+        )
+        http_client = openai.DefaultAsyncHttpxClient(
+            transport=_watching_transport(breaker, limits), timeout=timeout
+        )
+        # Local servers (vLLM, llama.cpp, Ollama) need no key, but the client insists on one.
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "EMPTY",
+            timeout=timeout,
+            max_retries=max_retries,
+            http_client=http_client,
+        )
+        self.endpoint = str(self._client.base_url).rstrip("/")
+        self.model = model
+
+    async def complete(self, request: Request) -> ModelResponse:
+        body = request.body(self.model)
+        body.pop("model")
+        if request.api == "chat":
+            chat = await self._client.chat.completions.create(model=self.model, **body)
+            completions = []
+            for choice in sorted(chat.choices, key=lambda c: c.index):
+                message = choice.message
+                extra = getattr(message, "model_extra", None) or {}
+                reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+                completions.append(
+                    Completion(
+                        text=message.content or "",
+                        finish_reason=choice.finish_reason,
+                        reasoning=reasoning if isinstance(reasoning, str) else None,
+                    )
+                )
+            usage = chat.usage
+            reported = chat.model
+        else:
+            comp = await self._client.completions.create(model=self.model, **body)
+            completions = [
+                Completion(text=c.text or "", finish_reason=c.finish_reason)
+                for c in sorted(comp.choices, key=lambda c: c.index)
+            ]
+            usage = comp.usage
+            reported = comp.model
+        usage_dict = {}
+        if usage is not None:
+            usage_dict = {
+                "prompt_tokens": int(usage.prompt_tokens or 0),
+                "completion_tokens": int(usage.completion_tokens or 0),
+            }
+        return ModelResponse(completions=completions, usage=usage_dict, model=reported)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+Reply = str | list[str] | Completion | list[Completion] | ModelResponse
+UserModel = Callable[[Request], Reply | Awaitable[Reply]]
+
+
+def _to_response(reply: Any, where: str) -> ModelResponse:
+    """Accept the shapes a user's callable may reasonably return."""
+    if isinstance(reply, ModelResponse):
+        return reply
+    if isinstance(reply, str | Completion):
+        reply = [reply]
+    if isinstance(reply, list | tuple) and all(isinstance(x, str | Completion) for x in reply):
+        return ModelResponse(
+            completions=[x if isinstance(x, Completion) else Completion(text=x) for x in reply]
+        )
+    raise TypeError(
+        f"{where} returned {type(reply).__name__}; expected a str, a list of str, "
+        "a Completion or a ModelResponse"
+    )
+
+
+class CallableClient:
+    """A user's Python callable (sync runs in a thread pool, async on the loop)."""
+
+    persistent_cache = False  # the callable's code may change between runs: never reuse answers
+
+    def __init__(self, fn: UserModel, *, concurrency: int, model: str | None = None) -> None:
+        self.fn = fn
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        self.endpoint = f"callable:{getattr(fn, '__module__', '')}.{name}"
+        self.model = model or name
+        self._pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="gsm8k")
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+        )
+
+    async def complete(self, request: Request) -> ModelResponse:
+        if self._is_async:
+            reply: Any = await self.fn(request)  # type: ignore[misc]
+        else:
+            loop = asyncio.get_running_loop()
+            reply = await loop.run_in_executor(self._pool, self.fn, request)
+            if inspect.isawaitable(reply):
+                reply = await reply
+        return _to_response(reply, f"gsm8k_model {self.endpoint}")
+
+    async def aclose(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def one_sample(request: Request) -> Request:
+    """The request for a single extra sample when the endpoint ignored ``n``."""
+    return replace(request, n=1)

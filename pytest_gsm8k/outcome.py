@@ -1,0 +1,124 @@
+"""From a model response to one problem's outcome record. Pure.
+
+The record is a JSON-able dict because it travels inside the pytest report
+(to the xdist controller) and lands unchanged in the JSON report: one shape
+everywhere, no re-parsing.
+
+Outcomes: ``correct``, ``wrong`` (a number that is not the gold one),
+``unparsed`` (no number found by the gating extractor), ``truncated`` (not
+correct and cut by the token limit), ``error`` (no answer: the request failed).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any
+
+from pytest_gsm8k.prompts import Protocol
+from pytest_gsm8k.scoring import (
+    RULES,
+    SampleScore,
+    format_number,
+    majority_vote,
+    numbers_equal,
+    score_text,
+)
+from pytest_gsm8k.types import ModelResponse, Problem
+
+OUTCOMES = ("correct", "wrong", "unparsed", "truncated", "error")
+
+
+def _decide(protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal) -> tuple[
+    Decimal | None, bool, list[tuple[str, int]]
+]:
+    """The problem-level answer under the protocol's aggregation, for one rule."""
+    values = [s.extracted[rule] for s in scores]
+    if protocol.name.startswith("maj@"):
+        winner, votes = majority_vote(values)
+        return winner, numbers_equal(winner, gold), votes
+    if protocol.name.startswith("pass@"):
+        for value in values:
+            if numbers_equal(value, gold):
+                return value, True, []
+        first = next((v for v in values if v is not None), None)
+        return first, False, []
+    value = values[0] if values else None
+    return value, numbers_equal(value, gold), []
+
+
+def score_response(
+    problem: Problem,
+    response: ModelResponse,
+    protocol: Protocol,
+    pattern: re.Pattern[str] | None = None,
+) -> dict[str, Any]:
+    """Score every sample with every rule, then decide the problem's outcome."""
+    scores = [score_text(c.text, problem.gold, pattern) for c in response.completions]
+    gated = protocol.extractor
+    decision, correct, votes = _decide(protocol, scores, gated, problem.gold)
+    truncated = [c.finish_reason == "length" for c in response.completions]
+    if correct:
+        outcome = "correct"
+    elif protocol.samples == 1 and any(truncated):
+        outcome = "truncated"
+    elif decision is None:
+        outcome = "truncated" if any(truncated) else "unparsed"
+    else:
+        outcome = "wrong"
+    rules = {rule: _decide(protocol, scores, rule, problem.gold)[1] for rule in RULES}
+    notes = []
+    if any(not c.text.strip() and c.reasoning for c in response.completions):
+        notes.append("empty content; the answer was only in reasoning_content")
+    samples = [
+        {
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "extracted": {rule: format_number(s.extracted[rule]) for rule in RULES},
+            "correct": s.correct[gated],
+        }
+        for c, s in zip(response.completions, scores)
+    ]
+    record: dict[str, Any] = {
+        "index": problem.index,
+        "id": problem.id,
+        "gold": format_number(problem.gold),
+        "outcome": outcome,
+        "correct": correct,
+        "extracted": format_number(decision),
+        "rules": rules,
+        "n_samples": len(scores),
+        "n_correct": sum(1 for s in scores if s.correct[gated]),
+        "response": response.completions[0].text if response.completions else "",
+        "samples": samples,
+        "usage": dict(response.usage),
+        "cached": response.cached,
+        "model": response.model,
+        "error": None,
+    }
+    if votes:
+        record["votes"] = [list(v) for v in votes]
+    if notes:
+        record["note"] = "; ".join(notes)
+    return record
+
+
+def error_record(problem: Problem, message: str) -> dict[str, Any]:
+    """The record of a problem whose request failed."""
+    return {
+        "index": problem.index,
+        "id": problem.id,
+        "gold": format_number(problem.gold),
+        "outcome": "error",
+        "correct": False,
+        "extracted": None,
+        "rules": dict.fromkeys(RULES, False),
+        "n_samples": 0,
+        "n_correct": 0,
+        "response": "",
+        "samples": [],
+        "usage": {},
+        "cached": 0,
+        "model": None,
+        "error": message,
+    }

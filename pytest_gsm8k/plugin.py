@@ -1,0 +1,602 @@
+"""pytest glue: options, parametrization, fixtures, report stream, gate.
+
+Everything pytest-specific lives here and stays thin; the work is done by
+the pure modules (dataset, prompts, scoring, summary) and the engine.
+
+Flow: options -> :class:`Settings` once per process; ``gsm8k_problem`` is
+parametrized from the selected split; ``gsm8k_outcome`` asks the process's
+engine for the answer (prefetched) and scores it; the record rides the test
+report to the controller (``pytest_runtest_logreport``, the same with and
+without xdist); after the test loop the controller builds the summary, runs
+the gates and writes the report.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from pytest_gsm8k.dataset import DatasetError, Split, load_split, select
+from pytest_gsm8k.prompts import Exemplar, Protocol, draw_exemplars
+from pytest_gsm8k.settings import OPTIONS, Option, Settings, SettingsError, build_settings
+from pytest_gsm8k.types import Problem
+
+RECORD_KEY = pytest.StashKey[dict[str, Any]]()
+STATE_NAME = "gsm8k-state"
+BUILTIN_NODEID = "gsm8k"
+
+LETTERS = {
+    "correct": (".", {"green": True}),
+    "wrong": ("w", {"yellow": True}),
+    "unparsed": ("u", {"yellow": True}),
+    "truncated": ("t", {"yellow": True}),
+}
+
+
+# -- options -------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gsm8k", "GSM8K evaluation (pytest-gsm8k)")
+    for option in OPTIONS:
+        if option.kind == "bool":
+            group.addoption(option.flag, action="store_true", default=None, dest=option.dest,
+                            help=option.help)
+            parser.addini(option.dest, option.help, type="bool", default=None)
+        elif option.kind == "list":
+            group.addoption(option.flag, action="append", default=None, dest=option.dest,
+                            metavar=option.metavar, help=option.help)
+            parser.addini(option.dest, option.help, type="linelist", default=None)
+        else:
+            shown = f" (default {option.default})" if option.default not in (None, "") else ""
+            group.addoption(option.flag, default=None, dest=option.dest,
+                            metavar=option.metavar or option.name.upper(),
+                            help=option.help + shown)
+            parser.addini(option.dest, option.help, default=None)
+
+
+def _read_option(config: pytest.Config, option: Option) -> Any:
+    """Command line first, then the ini twin; None when neither is set."""
+    value = config.getoption(option.dest)
+    if value is not None:
+        return value
+    ini = config.getini(option.dest)
+    if ini in (None, "", []):
+        return None
+    return ini
+
+
+# -- per-process state -----------------------------------------------------------
+
+
+def _safe_url(url: str) -> str:
+    """A URL fit to print: credentials in it are removed."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+class State:
+    """What one pytest process knows about the GSM8K run."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+        self.is_worker = self.workerinput is not None
+        self._split: Split | None = None
+        self._selected: tuple[Problem, ...] | None = None
+        self._protocol: Protocol | None = None
+        self.pattern = re.compile(settings.answer_regex) if settings.answer_regex else None
+        self.engines: dict[int, Any] = {}
+        self.planned: list[Problem] = []
+        self.records: dict[str, dict[str, Any]] = {}
+        self.summary: Any = None
+        self.interrupted = False
+        self.aborted: str | None = None
+        self.local_server: Any = None
+        self.base_url = settings.resolved_base_url()
+        self.model_name = settings.model
+        if self.workerinput is not None:
+            self.run_id = str(self.workerinput["gsm8k_run_id"])
+            self.run_dir = Path(self.workerinput["gsm8k_run_dir"])
+            self.base_url = self.workerinput.get("gsm8k_base_url") or self.base_url
+            self.model_name = self.workerinput.get("gsm8k_model") or self.model_name
+            self.workers = int(self.workerinput.get("workercount", 1))
+        else:
+            self.run_id = uuid.uuid4().hex[:12]
+            self.run_dir = Path(tempfile.mkdtemp(prefix="gsm8k-run-"))
+            self.workers = 1
+        self._caches: dict[bool, Any] = {}
+
+    # data and protocol, loaded lazily: a suite that never asks costs nothing
+
+    def split(self) -> Split:
+        if self._split is None:
+            s = self.settings
+            self._split = load_split(s.data, s.split, s.config, s.dataset)
+        return self._split
+
+    def selected(self) -> tuple[Problem, ...]:
+        if self._selected is None:
+            self._selected = select(self.split().problems, self.settings.limit, self.settings.seed)
+        return self._selected
+
+    def protocol(self) -> Protocol:
+        if self._protocol is None:
+            s = self.settings
+            exemplars: tuple[Exemplar, ...] = ()
+            source = "none"
+            if s.shots or s.fewshot_file:
+                if s.fewshot_file:
+                    pool_split = load_split(s.fewshot_file, "fewshot", s.config)
+                    source = f"file {Path(s.fewshot_file).name}"
+                else:
+                    pool_split = load_split(s.data, "train", s.config, s.dataset)
+                    source = f"train (seed {s.seed})"
+                pool = [Exemplar(p.question, p.answer) for p in pool_split.problems]
+                shots = s.shots if s.shots else len(pool)
+                try:
+                    exemplars = draw_exemplars(pool, shots, s.seed)
+                except ValueError as exc:
+                    raise DatasetError(str(exc)) from None
+            self._protocol = Protocol(
+                name=s.protocol,
+                samples=s.samples,
+                temperature=s.temperature,
+                api=s.api,
+                shots=len(exemplars),
+                fewshot_source=source,
+                exemplars=exemplars,
+                system=s.system,
+                max_tokens=s.max_tokens,
+                stop=s.stop,
+                extractor=s.extract,
+                answer_regex=s.answer_regex,
+            )
+        return self._protocol
+
+    # caches and engines
+
+    def cache(self, persistent: bool) -> Any:
+        from pytest_gsm8k.cache import ResponseCache
+
+        persistent = persistent and not self.settings.no_cache
+        root: Path | None = None
+        if persistent:
+            if self.settings.cache_dir:
+                root = Path(self.settings.cache_dir).expanduser()
+            elif self.config.cache is not None:
+                root = self.config.cache.mkdir("gsm8k")
+        if root is None:
+            persistent = False
+            root = self.run_dir / "cache"
+        if persistent not in self._caches:
+            self._caches[persistent] = ResponseCache(root, self.run_id, persistent=persistent)
+        return self._caches[persistent]
+
+    def default_client(self) -> Any:
+        from pytest_gsm8k.client import Breaker, OpenAIClient
+
+        if not self.model_name:
+            raise pytest.UsageError(
+                "gsm8k_model: no --gsm8k-model given and no gsm8k_model fixture override"
+            )
+        breaker = Breaker()
+        client = OpenAIClient(
+            model=self.model_name,
+            base_url=self.base_url,
+            api_key=self.settings.api_key(),
+            timeout=self.settings.timeout,
+            max_retries=self.settings.max_retries,
+            concurrency=self.concurrency(),
+            breaker=breaker,
+        )
+        client.breaker = breaker  # type: ignore[attr-defined]
+        return client
+
+    def concurrency(self) -> int:
+        """The run's limit split over the xdist workers, so -n never multiplies the load."""
+        return max(1, math.ceil(self.settings.concurrency / max(1, self.workers)))
+
+    def engine_for(self, model: Any, protocol: Protocol) -> Any:
+        from pytest_gsm8k.client import CallableClient
+        from pytest_gsm8k.engine import Engine
+
+        key = id(model)
+        engine = self.engines.get(key)
+        if engine is None:
+            client = model
+            if not hasattr(model, "complete"):
+                if not callable(model):
+                    raise pytest.UsageError(
+                        f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
+                    )
+                client = CallableClient(model, concurrency=self.concurrency(),
+                                        model=self.settings.model)
+            engine = Engine(
+                client,
+                self.cache(bool(getattr(client, "persistent_cache", False))),
+                concurrency=self.concurrency(),
+                use_claims=self.is_worker,
+                breaker=getattr(client, "breaker", None),
+            )
+            self.engines[key] = engine
+            engine.start([protocol.request(p) for p in self.planned])
+        return engine
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
+        if not self.is_worker:
+            for cache in self._caches.values():
+                cache.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.local_server is not None:
+                self.local_server.stop()
+                self.local_server = None
+
+    # the summary
+
+    def build_summary(self) -> Any:
+        from pytest_gsm8k.outcome import error_record
+        from pytest_gsm8k.summary import Summary
+
+        selected = self.selected()
+        records = dict(self.records)
+        if self.aborted:
+            for problem in selected:
+                records.setdefault(problem.id, error_record(problem, self.aborted))
+        split = self.split()
+        protocol = self.protocol()
+        summary = Summary(
+            protocol=protocol.identity(),
+            label=protocol.label,
+            dataset=split.identity(),
+            subset={
+                "limit": self.settings.limit if len(selected) < len(split.problems) else None,
+                "seed": self.settings.seed,
+                "of": len(split.problems),
+                "ids_hash": _ids_hash(selected),
+            },
+            model=self.model_name or "(gsm8k_model fixture)",
+            endpoint=_safe_url(self.base_url or "https://api.openai.com/v1"),
+            records=list(records.values()),
+            expected=len(selected),
+            interrupted=self.interrupted,
+        )
+        if self.settings.min_acc is not None:
+            summary.gate_min_acc(self.settings.min_acc)
+        return summary
+
+
+def _ids_hash(problems: tuple[Problem, ...]) -> str:
+    from pytest_gsm8k.types import stable_hash
+
+    return stable_hash([p.id for p in problems])[:16]
+
+
+def _state(config: pytest.Config) -> State:
+    state = config.pluginmanager.get_plugin(STATE_NAME)
+    assert isinstance(state, StatePlugin)
+    return state.state
+
+
+class StatePlugin:
+    """Holds the State; hooks that need it live on it."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Controller: validate data and reach the endpoint before anything is sent."""
+        state = self.state
+        if state.is_worker or not state.settings.model:
+            return
+        try:
+            state.selected()
+            state.protocol()
+        except DatasetError as exc:
+            raise pytest.UsageError(f"gsm8k: {exc}") from None
+        if state.settings.model.startswith("local"):
+            _start_local(state)
+        _preflight(state)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist controller: hand the run's identity and the endpoint to each worker."""
+        state = self.state
+        node.workerinput["gsm8k_run_id"] = state.run_id
+        node.workerinput["gsm8k_run_dir"] = str(state.run_dir)
+        node.workerinput["gsm8k_base_url"] = state.base_url
+        node.workerinput["gsm8k_model"] = state.model_name
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """Add the built-in test when --gsm8k-model is given (before -k/-m/--lf filter)."""
+        if not self.state.settings.model:
+            return
+        from pytest_gsm8k import builtin
+
+        module = BuiltinModule.from_parent(session, path=Path(builtin.__file__),
+                                           nodeid=BUILTIN_NODEID)
+        items.extend(session.genitems(module))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Remember which problems this process will run, in run order, for the prefetcher."""
+        seen: set[str] = set()
+        planned: list[Problem] = []
+        for item in session.items:
+            callspec = getattr(item, "callspec", None)
+            problem = callspec.params.get("gsm8k_problem") if callspec is not None else None
+            if isinstance(problem, Problem) and problem.id not in seen:
+                seen.add(problem.id)
+                planned.append(problem)
+        self.state.planned = planned
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        record = item.stash.get(RECORD_KEY, None)
+        if record is not None and (
+            report.when == "call" or (report.when == "setup" and record["outcome"] == "error")
+        ):
+            report.gsm8k = record  # type: ignore[attr-defined]
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.state.is_worker:
+            return
+        record = getattr(report, "gsm8k", None)
+        if isinstance(record, dict):
+            self.state.records.setdefault(str(record["id"]), record)
+            if record["outcome"] == "error" and record.get("aborted"):
+                self.state.aborted = str(record["error"])
+
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+        record = getattr(report, "gsm8k", None)
+        if report.when == "call" and report.passed and isinstance(record, dict):
+            outcome = str(record["outcome"])
+            letter, markup = LETTERS.get(outcome, (".", {"green": True}))
+            return outcome, letter, (outcome.upper(), markup)
+        return None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        """After all items, on the controller: summary, gates, report (also when interrupted)."""
+        try:
+            return (yield)
+        except BaseException:
+            self.state.interrupted = True
+            raise
+        finally:
+            self._finish(session)
+
+    def _finish(self, session: pytest.Session) -> None:
+        state = self.state
+        if state.is_worker or (not state.records and not state.aborted):
+            return
+        try:
+            state.summary = state.build_summary()
+        except DatasetError:
+            return
+        if state.settings.report:
+            from pytest_gsm8k.summary import write_json
+
+            write_json(state.settings.report, state.summary.to_json())
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        summary = self.state.summary
+        if summary is None:
+            return
+        terminalreporter.write_sep("=", "gsm8k")
+        for index, line in enumerate(summary.lines()):
+            failed_gate = line.startswith("  gate ") and ": FAIL:" in line
+            terminalreporter.write_line(line, bold=index == 0, red=failed_gate)
+        if self.state.aborted:
+            terminalreporter.write_line(f"gsm8k: run stopped: {self.state.aborted}", red=True)
+        if self.state.settings.report:
+            terminalreporter.write_line(f"  report: {self.state.settings.report}")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        summary = self.state.summary
+        if summary is not None and summary.failed and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+class BuiltinModule(pytest.Module):
+    """The built-in test module, collected under the short node id ``gsm8k``."""
+
+
+def _start_local(state: State) -> None:
+    from pytest_gsm8k import local
+
+    try:
+        path = local.resolve_model(state.settings.model or "local")
+        log = state.run_dir / "llama-server.log"
+        server = local.start_local_server(path, alias=local.DEFAULT_ALIAS, log_path=log)
+    except local.LocalServerError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    state.local_server = server
+    state.base_url = server.base_url
+    state.model_name = server.model
+
+
+def _preflight(state: State) -> None:
+    """One cheap call at session start: unreachable, bad key or unknown model is one line."""
+    import openai
+
+    url = state.base_url
+    shown = _safe_url(url or "https://api.openai.com/v1")
+    client = openai.OpenAI(base_url=url, api_key=state.settings.api_key() or "EMPTY",
+                           timeout=10.0, max_retries=1)
+    try:
+        models = [m.id for m in client.models.list()]
+    except openai.AuthenticationError:
+        raise pytest.UsageError(
+            f"gsm8k: {shown} rejected the API key (HTTP 401); set it in "
+            f"${state.settings.api_key_env}"
+        ) from None
+    except openai.PermissionDeniedError:
+        raise pytest.UsageError(f"gsm8k: {shown} refused access (HTTP 403)") from None
+    except openai.APIConnectionError as exc:
+        cause = exc.__cause__
+        detail = f": {type(cause).__name__}" if cause else ""
+        raise pytest.UsageError(
+            f"gsm8k: cannot reach {shown}{detail} (check --gsm8k-base-url)"
+        ) from None
+    except openai.APIStatusError:
+        return  # some servers have no /models; the first request will tell
+    finally:
+        client.close()
+    if models and state.model_name not in models:
+        listed = ", ".join(models[:10]) + (", ..." if len(models) > 10 else "")
+        raise pytest.UsageError(
+            f"gsm8k: model {state.model_name!r} is not served by {shown} (it serves: {listed})"
+        )
+
+
+# -- pytest hooks -----------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gsm8k: a GSM8K problem item")
+    notes: list[str] = []
+    try:
+        settings = build_settings(lambda o: _read_option(config, o), notes.append)
+    except SettingsError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    for note in notes:
+        warnings.warn(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=1)
+    config.pluginmanager.register(StatePlugin(State(config, settings)), STATE_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    plugin = config.pluginmanager.get_plugin(STATE_NAME)
+    if isinstance(plugin, StatePlugin):
+        plugin.state.close()
+        config.pluginmanager.unregister(plugin, STATE_NAME)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "gsm8k_problem" not in metafunc.fixturenames:
+        return
+    state = _state(metafunc.config)
+    try:
+        problems = state.selected()
+    except DatasetError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    metafunc.parametrize("gsm8k_problem", problems, ids=[p.id for p in problems])
+
+
+# -- fixtures -------------------------------------------------------------------
+
+
+class GSM8KOutcome:
+    """What a test gets from ``gsm8k_outcome``: the scored answer to its problem."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    outcome = property(lambda self: str(self.record["outcome"]))
+    correct = property(lambda self: bool(self.record["correct"]))
+    extracted = property(lambda self: self.record["extracted"])
+    gold = property(lambda self: self.record["gold"])
+    response = property(lambda self: str(self.record["response"]))
+
+    def __repr__(self) -> str:
+        return (f"GSM8KOutcome({self.record['id']}: {self.outcome}, extracted={self.extracted!r}, "
+                f"gold={self.gold!r})")
+
+
+@pytest.fixture
+def gsm8k_problem() -> Problem:
+    """The GSM8K problem of this item (parametrized by the plugin over the selected split)."""
+    raise pytest.UsageError("gsm8k_problem is parametrized by pytest-gsm8k; it was not here")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
+    """The evaluation protocol (test@1/pass@N/maj@N, shots, api, extractor ...)."""
+    try:
+        return _state(pytestconfig).protocol()
+    except DatasetError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+
+
+@pytest.fixture(scope="session")
+def gsm8k_model(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """The model: an OpenAI-compatible endpoint from the options.
+
+    Override it in your conftest.py with any callable that takes a
+    :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
+    (sync or async) to gate a model that has no HTTP endpoint.
+    """
+    yield _state(pytestconfig).default_client()
+
+
+@pytest.fixture
+def gsm8k_outcome(
+    request: pytest.FixtureRequest,
+    gsm8k_problem: Problem,
+    gsm8k_model: Any,
+    gsm8k_protocol: Protocol,
+) -> GSM8KOutcome:
+    """The scored answer for this item's problem (fetched ahead by the engine)."""
+    from pytest_gsm8k.engine import EndpointAborted, EndpointError
+    from pytest_gsm8k.outcome import error_record, score_response
+
+    state = _state(request.config)
+    engine = state.engine_for(gsm8k_model, gsm8k_protocol)
+    item = request.node
+    try:
+        response = engine.result(gsm8k_protocol.request(gsm8k_problem))
+    except EndpointError as exc:
+        record = error_record(gsm8k_problem, str(exc))
+        if isinstance(exc, EndpointAborted):
+            record["aborted"] = True
+            request.session.shouldfail = f"gsm8k: {exc}"
+        item.stash[RECORD_KEY] = record
+        item.user_properties.append(("gsm8k_outcome", "error"))
+        pytest.fail(f"gsm8k: {exc}", pytrace=False)
+    finally:
+        for message in engine.cache.warnings:
+            warnings.warn(pytest.PytestWarning(message), stacklevel=1)
+        engine.cache.warnings.clear()
+    record = score_response(gsm8k_problem, response, gsm8k_protocol, state.pattern)
+    item.stash[RECORD_KEY] = record
+    item.user_properties.extend([
+        ("gsm8k_outcome", record["outcome"]),
+        ("gsm8k_extracted", record["extracted"]),
+        ("gsm8k_gold", record["gold"]),
+    ])
+    return GSM8KOutcome(record)
+
+
+def _unused() -> None:  # pragma: no cover - keeps os imported for type checkers on all platforms
+    os.getpid()

@@ -1,0 +1,141 @@
+"""Prompt building: Protocol + Problem -> Request. Pure, no I/O.
+
+The protocol is the unit of comparability: everything that changes what the
+model sees or how the answer is judged is a field of :class:`Protocol`, and
+:meth:`Protocol.identity` is what reports and baselines compare.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_gsm8k.types import Api, Problem, Request
+
+COT_INSTRUCTION = (
+    "Solve the problem step by step. "
+    'End your response with a final line of the form "#### <number>".'
+)
+CALCULATOR = re.compile(r"<<[^<>]*>>")
+DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n\n")
+
+
+def clean_solution(answer: str) -> str:
+    """A train answer as a worked example: calculator annotations ``<<2*3=6>>`` removed."""
+    return CALCULATOR.sub("", answer)
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    question: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How problems are asked and judged; see :meth:`identity`."""
+
+    name: str = "test@1"  # test@1, pass@N, maj@N
+    samples: int = 1
+    temperature: float = 0.0
+    api: Api = "chat"
+    shots: int = 0
+    fewshot_source: str = "none"  # "train (seed 1234)" or a file name
+    exemplars: tuple[Exemplar, ...] = field(default=(), repr=False)
+    system: str | None = None
+    max_tokens: int = 1024
+    stop: tuple[str, ...] = ()
+    extractor: str = "strict"
+    answer_regex: str | None = None
+    preset: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Short name for headlines, e.g. ``test@1, 0-shot CoT``."""
+        shots = f"{self.shots}-shot CoT"
+        parts = [self.name, shots]
+        if self.api == "completions":
+            parts.append("completions")
+        if self.preset:
+            parts.append(f"preset {self.preset}")
+        if self.extractor != "strict":
+            parts.append(f"extract {self.extractor}")
+        return ", ".join(parts)
+
+    def identity(self) -> dict[str, Any]:
+        """Every field that makes two numbers comparable (exemplar texts hashed)."""
+        ex_hash = hashlib.sha256(
+            "\x00".join(f"{e.question}\x01{e.answer}" for e in self.exemplars).encode()
+        ).hexdigest()[:16]
+        return {
+            "name": self.name,
+            "samples": self.samples,
+            "temperature": self.temperature,
+            "api": self.api,
+            "shots": self.shots,
+            "fewshot_source": self.fewshot_source,
+            "fewshot_hash": ex_hash if self.exemplars else None,
+            "system_hash": (
+                hashlib.sha256(self.system.encode()).hexdigest()[:16] if self.system else None
+            ),
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "extractor": self.extractor,
+            "answer_regex": self.answer_regex,
+            "preset": self.preset,
+        }
+
+    def request(self, problem: Problem) -> Request:
+        """The request for one problem."""
+        if self.api == "chat":
+            return Request(
+                problem_id=problem.id,
+                api="chat",
+                messages=tuple(chat_messages(self, problem.question)),
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+                n=self.samples,
+                stop=self.stop,
+            )
+        return Request(
+            problem_id=problem.id,
+            api="completions",
+            prompt=completion_prompt(self, problem.question),
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            n=self.samples,
+            stop=self.stop or DEFAULT_COMPLETION_STOP,
+        )
+
+
+def chat_messages(protocol: Protocol, question: str) -> list[tuple[str, str]]:
+    """System prompt, exemplars as user/assistant turns, then the question."""
+    messages: list[tuple[str, str]] = []
+    if protocol.system:
+        messages.append(("system", protocol.system))
+    for ex in protocol.exemplars:
+        messages.append(("user", f"{ex.question}\n\n{COT_INSTRUCTION}"))
+        messages.append(("assistant", clean_solution(ex.answer)))
+    messages.append(("user", f"{question}\n\n{COT_INSTRUCTION}"))
+    return messages
+
+
+def completion_prompt(protocol: Protocol, question: str) -> str:
+    """Plain-text few-shot prompt for base models: ``Question: ...\\nAnswer: ...`` blocks."""
+    parts = [f"Question: {ex.question}\nAnswer: {clean_solution(ex.answer)}\n\n"
+             for ex in protocol.exemplars]
+    parts.append(f"Question: {question}\nAnswer:")
+    return "".join(parts)
+
+
+def draw_exemplars(pool: Sequence[Exemplar], shots: int, seed: int) -> tuple[Exemplar, ...]:
+    """``shots`` exemplars drawn from ``pool`` with a fixed seed, the same for every problem."""
+    if shots > len(pool):
+        raise ValueError(f"--gsm8k-shots {shots}: only {len(pool)} exemplars are available")
+    if shots == 0:
+        return ()
+    return tuple(random.Random(seed).sample(list(pool), shots))

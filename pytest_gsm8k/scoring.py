@@ -1,0 +1,416 @@
+"""Answer extraction and comparison for GSM8K.
+
+A model's completion is free text; the gold answer is a number after ``####``.
+Scoring therefore has two halves: *extracting* a number from the completion
+under some rule, and *comparing* it with the gold number.  Both halves are
+deliberately kept free of floats: GSM8K answers are exact integers (sometimes
+with thousands separators, e.g. ``1,450,000``) and a float or a
+significant-digit rounding step can silently turn a wrong answer into a
+right one (or the reverse).  Every number is therefore a :class:`Decimal`
+built directly from its digits.
+
+Several extraction rules are offered because models answer in different
+styles and the choice of rule is itself a large source of score differences:
+
+``strict``
+    The original GSM8K ``#### <number>`` convention (the seed's regex, or a
+    user-supplied one).
+``answer-is``
+    "The answer is 42" / "The final answer is: $1,800." / "Final answer: 42"
+    style.
+``boxed``
+    LaTeX ``\\boxed{...}`` as produced by math-tuned models.
+``flexible``
+    The last number anywhere in the text; the most lenient rule.
+
+For every rule the *last* match wins, because models often restate or correct
+intermediate values before giving the final one.
+
+This module is pure logic: no pytest, no I/O, standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+__all__ = [
+    "RULES",
+    "STRICT_PATTERN",
+    "TOLERANCE",
+    "SampleScore",
+    "extract",
+    "format_number",
+    "gold_number",
+    "majority_vote",
+    "numbers_equal",
+    "parse_number",
+    "score_text",
+    "strip_reasoning",
+]
+
+RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible")
+"""Every extraction rule, in the order reports list them."""
+
+STRICT_PATTERN = r"####\s*(-?[\d,]+(?:\.\d+)?)"
+"""The GSM8K seed's rule, kept verbatim so strict scores match other harnesses."""
+
+TOLERANCE = Decimal("1e-6")
+"""Largest absolute difference still counted as equal.
+
+Values are exact decimals, so this only matters for answers such as ``0.3333333``
+versus a gold ``1/3``-style rounding; it is far below any GSM8K answer's
+resolution (answers are integers or have at most a couple of decimals).
+"""
+
+_STRICT_RE = re.compile(STRICT_PATTERN)
+
+# A number as it is written in prose: optional minus (ASCII or U+2212), an
+# optional dollar sign, digits with *well-formed* thousands groups (so that
+# "1,000" is one number but "1,2,3" is three), and an optional fraction.  The
+# fraction requires digits after the point so a sentence-ending period is never
+# swallowed.  The minus is only taken when it does not follow a digit, so the
+# "3" in "5-3" is read as 3, not -3.
+_PROSE_NUMBER = (
+    r"(?:(?<![\d])[-\u2212])?\$?"
+    r"(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)"
+    r"(?:\.\d+)?"
+)
+_FLEXIBLE_RE = re.compile(_PROSE_NUMBER)
+
+# "The answer is ...", "the final answer is: $1,800.", "answer is: 42",
+# "The answer is **42**", "Final answer: 42".  A leading "the" is not required
+# (it adds nothing once "answer is" matched).  "is" must be a whole word so
+# "the answer isn't 5" does not count.  The number part is lenient about comma
+# placement (like the strict rule) but never ends in a comma or a period, so
+# "is 42, because" gives 42.
+_ANSWER_IS_RE = re.compile(
+    r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*"
+    r"([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)",
+    re.IGNORECASE,
+)
+
+_BOXED_START_RE = re.compile(r"\\boxed\s*\{")
+# LaTeX wrappers whose content is a unit or label, never the number itself.
+_TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{[^{}]*\}")
+# LaTeX noise that may appear inside a boxed number: escaped dollar/percent,
+# thin/negative spaces, "{,}" thousands separators, \left/\right.
+_LATEX_NOISE_RE = re.compile(r"\\[$%,!;: ]|\{,\}|\\left|\\right|[$%]")
+
+_THINK_PAIR_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
+_THINK_OPEN_RE = re.compile(r"<think>", re.IGNORECASE)
+
+_PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
+
+
+def parse_number(text: str) -> Decimal | None:
+    """Turn one number token into an exact, normalised :class:`Decimal`.
+
+    Accepts the forms models and GSM8K gold answers actually use: surrounding
+    whitespace, a leading ``$`` (before or after the minus sign), a trailing
+    ``%``, a trailing sentence period, thousands commas and the Unicode minus
+    sign U+2212.  Commas are simply removed (as the seed rule and common
+    harnesses do), so ``"1,000"`` is 1000.
+
+    The result is normalised *without* going through a decimal context
+    (``Decimal.normalize`` would round to 28 digits and produce ``1E+3``):
+    trailing fractional zeros are dropped from the digit string, so
+    ``"18.00"`` gives ``Decimal("18")`` and ``"1000"`` stays ``Decimal("1000")``.
+    Negative zero becomes zero.
+
+    Returns ``None`` for anything that is not a plain decimal number,
+    including exponent notation, fractions and empty strings, so callers can
+    treat "no answer" uniformly.
+    """
+    s = text.strip().replace("\u2212", "-")
+    negative = False
+    if s.startswith("-"):
+        negative = True
+        s = s[1:].lstrip()
+    if s.startswith("$"):
+        s = s[1:].lstrip()
+    if not negative and s.startswith("-"):  # "$-3"
+        negative = True
+        s = s[1:].lstrip()
+    s = s.rstrip()
+    if s.endswith("."):
+        s = s[:-1]
+    if s.endswith("%"):
+        s = s[:-1].rstrip()
+    if s.endswith("."):  # "50%." is "50% ." after the sentence period goes
+        s = s[:-1]
+    if s.startswith(",") or s.endswith(",") or ",," in s:
+        return None
+    if "," in s.partition(".")[2]:
+        return None  # a comma in the fractional part is not a thousands separator
+    s = s.replace(",", "")
+    if not _PLAIN_NUMBER_RE.fullmatch(s):
+        return None
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+        if s == "":  # ".0", "0.000"
+            s = "0"
+    try:
+        value = Decimal(s)
+    except InvalidOperation:  # pragma: no cover - the regex already guards this
+        return None
+    if value == 0:
+        return Decimal(0)
+    return -value if negative else value
+
+
+def strip_reasoning(text: str) -> str:
+    """Remove ``<think>`` reasoning so only the visible answer is scored.
+
+    Reasoning models often try (and discard) wrong numbers while thinking; if
+    those were scored, the lenient rules would pick them up.  Three shapes
+    occur in practice:
+
+    * complete ``<think>...</think>`` blocks (possibly several) are removed;
+    * a ``</think>`` with no opening tag -- some servers strip the opening tag
+      from the returned text -- means everything up to and including the last
+      ``</think>`` was reasoning;
+    * an ``<think>`` that is never closed means the model ran out of tokens
+      while thinking, so there is no answer part: everything from that tag on
+      is dropped.
+
+    Removed blocks are replaced by a newline (so the numbers on either side
+    cannot fuse into one) and the result is stripped of outer whitespace.
+    """
+    out = _THINK_PAIR_RE.sub("\n", text)
+    closes = list(_THINK_CLOSE_RE.finditer(out))
+    if closes:
+        out = out[closes[-1].end() :]
+    opening = _THINK_OPEN_RE.search(out)
+    if opening is not None:
+        out = out[: opening.start()]
+    return out.strip()
+
+
+def _last_match_number(regex: re.Pattern[str], text: str, use_group: bool) -> Decimal | None:
+    """Parse the number in the last match of ``regex`` (``None`` if none).
+
+    Only the last match is considered, even if its text does not parse: the
+    rule is "the final stated answer counts", not "the final parseable one".
+    """
+    last: re.Match[str] | None = None
+    for match in regex.finditer(text):
+        last = match
+    if last is None:
+        return None
+    token = last.group(1) if use_group else last.group(0)
+    if token is None:  # optional group that did not take part in the match
+        return None
+    return parse_number(token)
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every complete ``\\boxed{...}``, by position of the opening.
+
+    Braces are matched by counting, because the content can itself contain
+    braces (``\\boxed{18\\text{ dollars}}``).  A ``\\boxed{`` that is never
+    closed (a truncated completion) is ignored.
+    """
+    contents: list[str] = []
+    for start in _BOXED_START_RE.finditer(text):
+        depth = 1
+        i = start.end()
+        while i < len(text):
+            ch = text[i]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    contents.append(text[start.end() : i])
+                    break
+            i += 1
+    return contents
+
+
+def _boxed_number(content: str) -> Decimal | None:
+    """Read the number inside one ``\\boxed{}``.
+
+    Units (``\\text{ dollars}``), escaped ``\\$``/``\\%``, thin spaces and
+    redundant outer braces are removed first.  If what is left is not a single
+    number, the content is accepted only when it contains exactly one number
+    (``x = 5``, ``18 dollars``); anything with several numbers, such as
+    ``\\frac{1}{2}``, is ambiguous and gives ``None`` rather than a guess.
+    """
+    without_units = _TEXT_MACRO_RE.sub(" ", content)
+    value = _single_number(without_units)
+    if value is None:
+        # \text{18} or \mathbf{18}: the wrapper held the number itself.
+        value = _single_number(_TEXT_MACRO_RE.sub(_macro_body, content))
+    return value
+
+
+def _macro_body(match: re.Match[str]) -> str:
+    """The braced argument of a ``\\text{...}``-like macro match."""
+    whole = match.group(0)
+    return " " + whole[whole.index("{") + 1 : -1] + " "
+
+
+def _single_number(content: str) -> Decimal | None:
+    """The number in ``content`` if it holds exactly one, else ``None``."""
+    cleaned = _LATEX_NOISE_RE.sub("", content).strip()
+    while cleaned.startswith("{") and cleaned.endswith("}"):
+        cleaned = cleaned[1:-1].strip()
+    direct = parse_number(cleaned)
+    if direct is not None:
+        return direct
+    tokens = _FLEXIBLE_RE.findall(cleaned)
+    if len(tokens) == 1:
+        return parse_number(tokens[0])
+    return None
+
+
+def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) -> Decimal | None:
+    """Apply ``rule`` to text that has already had its reasoning removed."""
+    if rule == "strict":
+        if pattern is None:
+            return _last_match_number(_STRICT_RE, visible, use_group=True)
+        return _last_match_number(pattern, visible, use_group=pattern.groups >= 1)
+    if rule == "answer-is":
+        return _last_match_number(_ANSWER_IS_RE, visible, use_group=True)
+    if rule == "boxed":
+        contents = _boxed_contents(visible)
+        return _boxed_number(contents[-1]) if contents else None
+    if rule == "flexible":
+        return _last_match_number(_FLEXIBLE_RE, visible, use_group=False)
+    raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
+
+
+def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
+    """Extract the model's final answer from ``text`` under ``rule``.
+
+    The text first goes through :func:`strip_reasoning`, then the *last* match
+    of the rule wins.  ``pattern`` replaces the strict rule's regex (it is the
+    user's ``--gsm8k-answer-regex``): its first capturing group is the number,
+    or the whole match when it has no group.  It does not affect other rules.
+
+    Raises ``ValueError`` for an unknown rule, naming the valid ones, so a
+    typo in configuration fails loudly instead of scoring everything wrong.
+    """
+    if rule not in RULES:
+        raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
+    return _extract_stripped(strip_reasoning(text), rule, pattern)
+
+
+def gold_number(answer: str) -> Decimal:
+    """The gold number of a GSM8K ``answer`` field (the text after the last ``####``).
+
+    Raises ``ValueError`` when there is no ``####`` or what follows it is not
+    a number; a malformed data row should stop an evaluation, not silently
+    count as a failure for every model.
+    """
+    if "####" not in answer:
+        raise ValueError("answer has no '#### <number>' line")
+    tail = answer.rsplit("####", 1)[1].strip()
+    value = parse_number(tail)
+    if value is None:
+        raise ValueError(f"text after #### is not a number: {tail!r}")
+    return value
+
+
+def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
+    """Whether two answers agree, within :data:`TOLERANCE`.
+
+    ``None`` (no answer extracted) never equals anything, not even another
+    ``None``: two missing answers are not a correct answer.  The difference is
+    computed with :class:`Fraction`, i.e. exactly, so no decimal-context
+    rounding can creep in for very long numbers.  Non-finite values (which
+    :func:`parse_number` never produces) are never equal.
+    """
+    if a is None or b is None:
+        return False
+    if not (a.is_finite() and b.is_finite()):
+        return False
+    return abs(Fraction(a) - Fraction(b)) <= Fraction(TOLERANCE)
+
+
+@dataclass(frozen=True)
+class SampleScore:
+    """Outcome of one completion under every rule.
+
+    All rules are always computed so that reports can show how much the
+    choice of rule matters without re-running the model.
+    """
+
+    extracted: dict[str, Decimal | None]
+    """Rule name -> extracted number (``None`` if the rule found nothing)."""
+    correct: dict[str, bool]
+    """Rule name -> whether the extracted number equals the gold one."""
+
+
+def score_text(text: str, gold: Decimal, pattern: re.Pattern[str] | None = None) -> SampleScore:
+    """Score one completion against ``gold`` under every rule in :data:`RULES`.
+
+    ``pattern`` is forwarded to the strict rule (see :func:`extract`).  The
+    reasoning is stripped once and shared by all rules.
+    """
+    visible = strip_reasoning(text)
+    extracted = {rule: _extract_stripped(visible, rule, pattern) for rule in RULES}
+    correct = {rule: numbers_equal(value, gold) for rule, value in extracted.items()}
+    return SampleScore(extracted=extracted, correct=correct)
+
+
+def format_number(d: Decimal | None) -> str | None:
+    """Canonical string for a number, for JSON reports and vote keys.
+
+    Fixed-point only (``1E+3`` -> ``"1000"``), no trailing fractional zeros
+    (``18.00`` -> ``"18"``), no negative zero, so that equal numbers always
+    print identically and reports stay readable and diffable.  ``None`` stays
+    ``None`` (JSON ``null``).  Non-finite values print as ``str(d)``.
+    """
+    if d is None:
+        return None
+    if not d.is_finite():
+        return str(d)
+    if d == 0:
+        return "0"
+    s = format(d, "f")
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return s
+
+
+def majority_vote(
+    values: Sequence[Decimal | None],
+) -> tuple[Decimal | None, list[tuple[str, int]]]:
+    """maj@N: the most common extracted answer among N samples.
+
+    ``None`` values (no answer extracted) and non-finite values do not vote.
+    Numerically equal values are one candidate (``18`` and ``18.00`` pool
+    their votes); the candidate is represented by its first-seen value.
+
+    Tie-break: among the candidates with the most votes, the one whose
+    *first* vote came earliest in sample order wins.  This is deterministic
+    and independent of hash or dict ordering, so reruns of the same samples
+    always report the same winner.
+
+    Returns ``(winner, counts)`` where ``winner`` is ``None`` if nobody voted
+    and ``counts`` is ``[(format_number(value), votes), ...]`` sorted by votes
+    descending, then by first appearance.
+    """
+    # Decimal hashes consistently with numeric equality (hash(Decimal("18.00"))
+    # == hash(Decimal("18"))); a dict keeps insertion order (the order of first
+    # appearance) and keeps the first-inserted key object on later updates.
+    counts: dict[Decimal, int] = {}
+    for value in values:
+        if value is None or not value.is_finite():
+            continue
+        counts[value] = counts.get(value, 0) + 1
+    # sorted() is stable, so equal counts keep first-appearance order.
+    ranked = sorted(counts.items(), key=lambda item: -item[1])
+    table: list[tuple[str, int]] = []
+    for key, votes in ranked:
+        label = format_number(key)
+        assert label is not None
+        table.append((label, votes))
+    winner = ranked[0][0] if ranked else None
+    return winner, table

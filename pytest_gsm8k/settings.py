@@ -1,0 +1,257 @@
+"""Options, their ini twins, and their validation: parsed once per process.
+
+One table (:data:`OPTIONS`) defines every option; the plugin registers each
+as ``--gsm8k-x`` and ini ``gsm8k_x`` from it, so the two can never drift.
+The command line wins over the ini file. Validation errors are one line that
+names the option.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pytest_gsm8k.scoring import RULES
+
+
+class SettingsError(Exception):
+    """A bad option value; the message names the option."""
+
+
+Kind = Literal["str", "int", "float", "bool", "list"]
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # "min-acc" -> --gsm8k-min-acc and ini gsm8k_min_acc
+    kind: Kind
+    help: str
+    default: Any = None
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"--gsm8k-{self.name}"
+
+    @property
+    def dest(self) -> str:
+        return "gsm8k_" + self.name.replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("model", "str", "model id to evaluate; enables the built-in GSM8K test. "
+           "'local' serves a packaged GGUF model with llama.cpp", metavar="ID"),
+    Option("base-url", "str", "OpenAI-compatible base URL (default: $OPENAI_BASE_URL, else OpenAI)",
+           metavar="URL"),
+    Option("api-key-env", "str", "environment variable holding the API key", "OPENAI_API_KEY",
+           metavar="VAR"),
+    Option("data", "str", "local GSM8K file or folder instead of the Hugging Face hub",
+           metavar="PATH"),
+    Option("dataset", "str", "Hugging Face dataset name", "openai/gsm8k", metavar="NAME"),
+    Option("config", "str", "dataset config: main or socratic", "main"),
+    Option("split", "str", "split to evaluate (train is not a reportable number)", "test"),
+    Option("limit", "int", "run a seeded, stable subset of N problems", metavar="N"),
+    Option("seed", "int", "seed of the --gsm8k-limit subset and of few-shot sampling", 1234),
+    Option("min-acc", "float", "fail the run when accuracy is below this", metavar="ACC"),
+    Option("protocol", "str", "test@1, pass@N or maj@N", "test@1"),
+    Option("temperature", "float", "sampling temperature (default 0 for test@1, 0.7 otherwise)"),
+    Option("shots", "int", "few-shot chain-of-thought exemplars drawn from train", 0, metavar="K"),
+    Option("fewshot-file", "str", "JSONL of your own exemplars (question/answer) instead of train",
+           metavar="PATH"),
+    Option("system", "str", "system prompt (chat API)", metavar="TEXT"),
+    Option("api", "str", "chat or completions", "chat"),
+    Option("stop", "list", "stop sequence (repeatable)", metavar="TEXT"),
+    Option("max-tokens", "int", "max new tokens per sample", 1024, metavar="N"),
+    Option("extract", "str", f"extractor that decides correctness: {', '.join(RULES)}", "strict"),
+    Option("answer-regex", "str", "replace the strict pattern; group 1 is the number",
+           metavar="REGEX"),
+    Option("report", "str", "write the JSON report here", metavar="PATH"),
+    Option("concurrency", "int", "requests in flight at once (per run, shared by xdist workers)",
+           32, metavar="N"),
+    Option("timeout", "float", "seconds per HTTP request", 300.0, metavar="S"),
+    Option("max-retries", "int", "retries on 429, 5xx and dropped connections", 5, metavar="N"),
+    Option("cache-dir", "str", "response cache folder (default: pytest's cache dir)",
+           metavar="PATH"),
+    Option("no-cache", "bool", "do not read or write the response cache", False),
+)
+
+DEFAULTS_BY_DEST = {o.dest: o.default for o in OPTIONS}
+LOCAL_DEFAULTS: dict[str, Any] = {"api": "completions", "shots": 5, "max_tokens": 256}
+PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
+
+
+def _convert(option: Option, raw: Any) -> Any:
+    """Turn a command-line or ini value into the option's type, naming the option on failure."""
+    if raw is None:
+        return None
+    if option.kind == "list":
+        if isinstance(raw, str):
+            return [raw]
+        return [str(x) for x in raw]
+    if option.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise SettingsError(f"{option.flag}: expected true or false, got {raw!r}")
+    if option.kind == "int":
+        try:
+            return int(str(raw).strip())
+        except ValueError:
+            raise SettingsError(f"{option.flag}: expected an integer, got {raw!r}") from None
+    if option.kind == "float":
+        try:
+            return float(str(raw).strip())
+        except ValueError:
+            raise SettingsError(f"{option.flag}: expected a number, got {raw!r}") from None
+    return str(raw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated settings. Pure data: no pytest objects inside."""
+
+    model: str | None
+    base_url: str | None
+    api_key_env: str
+    data: str | None
+    dataset: str
+    config: str
+    split: str
+    limit: int | None
+    seed: int
+    min_acc: float | None
+    protocol: str
+    samples: int
+    temperature: float
+    shots: int
+    fewshot_file: str | None
+    system: str | None
+    api: Literal["chat", "completions"]
+    stop: tuple[str, ...]
+    max_tokens: int
+    extract: str
+    answer_regex: str | None
+    report: str | None
+    concurrency: int
+    timeout: float
+    max_retries: int
+    cache_dir: str | None
+    no_cache: bool
+
+    @property
+    def aggregation(self) -> str:
+        """'test', 'pass' or 'maj'."""
+        return self.protocol.split("@", 1)[0]
+
+    def api_key(self) -> str | None:
+        """The key, from the environment only (never an option: it would land in logs)."""
+        return os.environ.get(self.api_key_env) or None
+
+    def resolved_base_url(self) -> str | None:
+        return self.base_url or os.environ.get("OPENAI_BASE_URL") or None
+
+
+def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) -> Settings:
+    """Read every option through ``get`` (command line, then ini) and validate.
+
+    ``warn`` receives non-fatal remarks (e.g. pass@N at temperature 0).
+    """
+    values: dict[str, Any] = {}
+    given: set[str] = set()
+    for option in OPTIONS:
+        raw = get(option)
+        value = _convert(option, raw)
+        key = option.dest[len("gsm8k_"):]
+        if value is not None:
+            given.add(key)
+        values[key] = option.default if value is None else value
+    if str(values["model"] or "").startswith("local"):
+        # A base model does not follow chat instructions: few-shot completions with stops.
+        for key, value in LOCAL_DEFAULTS.items():
+            if key not in given:
+                values[key] = value
+
+    protocol = str(values["protocol"]).strip()
+    match = PROTOCOL_RE.match(protocol)
+    if not match:
+        raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
+    samples = int(match.group(3)) if match.group(3) is not None else 1
+    if samples < 1:
+        raise SettingsError(f"--gsm8k-protocol {protocol}: N must be at least 1")
+    temperature = values["temperature"]
+    if temperature is None:
+        temperature = 0.0 if protocol == "test@1" else 0.7
+    if not 0.0 <= temperature <= 2.0:
+        raise SettingsError(f"--gsm8k-temperature: must be between 0 and 2, got {temperature}")
+    if protocol != "test@1" and samples > 1 and temperature == 0.0:
+        warn(f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
+             "be identical")
+
+    def positive(name: str, *, allow_zero: bool = False) -> None:
+        value = values[name.replace("-", "_")]
+        if value is None:
+            return
+        if value < 0 or (value == 0 and not allow_zero):
+            raise SettingsError(f"--gsm8k-{name}: must be {'>= 0' if allow_zero else '> 0'}, "
+                                f"got {value}")
+
+    positive("limit")
+    positive("max-tokens")
+    positive("concurrency")
+    positive("timeout")
+    positive("max-retries", allow_zero=True)
+    positive("shots", allow_zero=True)
+    min_acc = values["min_acc"]
+    if min_acc is not None and not 0.0 <= min_acc <= 1.0:
+        raise SettingsError(f"--gsm8k-min-acc: must be between 0 and 1, got {min_acc}")
+    api = values["api"]
+    if api not in ("chat", "completions"):
+        raise SettingsError(f"--gsm8k-api: expected chat or completions, got {api!r}")
+    extract = values["extract"]
+    if extract not in RULES:
+        raise SettingsError(f"--gsm8k-extract: expected one of {', '.join(RULES)}, got {extract!r}")
+    regex = values["answer_regex"]
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise SettingsError(f"--gsm8k-answer-regex: invalid regular expression ({exc})") from None
+    if not str(values["api_key_env"]).strip():
+        raise SettingsError("--gsm8k-api-key-env: must name an environment variable")
+
+    return Settings(
+        model=values["model"] or None,
+        base_url=values["base_url"] or None,
+        api_key_env=str(values["api_key_env"]),
+        data=values["data"] or None,
+        dataset=str(values["dataset"]),
+        config=str(values["config"]),
+        split=str(values["split"]),
+        limit=values["limit"],
+        seed=int(values["seed"]),
+        min_acc=min_acc,
+        protocol=protocol,
+        samples=samples,
+        temperature=float(temperature),
+        shots=int(values["shots"]),
+        fewshot_file=values["fewshot_file"] or None,
+        system=values["system"] or None,
+        api=api,
+        stop=tuple(values["stop"] or ()),
+        max_tokens=int(values["max_tokens"]),
+        extract=extract,
+        answer_regex=regex,
+        report=values["report"] or None,
+        concurrency=int(values["concurrency"]),
+        timeout=float(values["timeout"]),
+        max_retries=int(values["max_retries"]),
+        cache_dir=values["cache_dir"] or None,
+        no_cache=bool(values["no_cache"]),
+    )

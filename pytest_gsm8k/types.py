@@ -1,0 +1,123 @@
+"""Value types that cross module boundaries.
+
+They are plain frozen dataclasses so that every stage of the pipeline
+(dataset -> request -> engine -> scoring -> report) can be tested on its own
+and so that requests hash the same in every process (the response cache and
+the xdist claims are keyed by them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+Api = Literal["chat", "completions"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One GSM8K row: its position in the split is its identity."""
+
+    index: int
+    split: str
+    question: str
+    answer: str
+    gold: Decimal
+
+    @property
+    def id(self) -> str:
+        """Stable item id, e.g. ``test-0042``: it names the problem, not its run position."""
+        return f"{self.split}-{self.index:04d}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything sent to the model for one problem.
+
+    ``n`` is the number of samples wanted; whether they come from one API call
+    with ``n`` or from several calls is the engine's business.
+    """
+
+    problem_id: str
+    api: Api
+    messages: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        """Chat messages in the OpenAI wire shape."""
+        return [{"role": role, "content": content} for role, content in self.messages]
+
+    def body(self, model: str, n: int | None = None, seed: int | None = None) -> dict[str, Any]:
+        """The JSON body an OpenAI-compatible endpoint receives (and the cache key hashes)."""
+        body: dict[str, Any] = {"model": model}
+        if self.api == "chat":
+            body["messages"] = self.message_dicts()
+        else:
+            body["prompt"] = self.prompt
+        body["temperature"] = self.temperature
+        body["max_tokens"] = self.max_tokens
+        count = self.n if n is None else n
+        if count != 1:
+            body["n"] = count
+        if self.stop:
+            body["stop"] = list(self.stop)
+        chosen_seed = self.seed if seed is None else seed
+        if chosen_seed is not None:
+            body["seed"] = chosen_seed
+        return body
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled answer."""
+
+    text: str
+    finish_reason: str | None = None
+    reasoning: str | None = None
+
+
+@dataclass
+class ModelResponse:
+    """All samples for one request, with what the server told us about them."""
+
+    completions: list[Completion]
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+    cached: int = 0  # how many of the completions came from the on-disk cache
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "completions": [
+                {"text": c.text, "finish_reason": c.finish_reason, "reasoning": c.reasoning}
+                for c in self.completions
+            ],
+            "usage": dict(self.usage),
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelResponse:
+        comps = [
+            Completion(
+                text=str(c["text"]),
+                finish_reason=c.get("finish_reason"),
+                reasoning=c.get("reasoning"),
+            )
+            for c in data["completions"]
+        ]
+        usage = {str(k): int(v) for k, v in dict(data.get("usage") or {}).items()}
+        return cls(completions=comps, usage=usage, model=data.get("model"))
+
+
+def stable_hash(obj: Any) -> str:
+    """sha256 of canonical JSON: the same in every process and every run."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

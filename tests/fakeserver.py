@@ -1,0 +1,1173 @@
+"""A scriptable, fast, OpenAI-compatible HTTP server for tests and benchmarks.
+
+Why this exists: the plugin talks to real HTTP endpoints, so its tests need a
+real server (real sockets, keep-alive, retries, dropped connections) whose
+answers, latency and faults are known in advance.  Mocking the ``openai``
+client would not exercise the transport at all.
+
+Design notes
+------------
+* Standard library only: ``asyncio`` streams and a hand-written HTTP/1.1
+  parser (request line, headers, ``Content-Length`` or chunked body,
+  keep-alive by default).  Every response carries ``Content-Length`` so
+  clients can reuse the connection.  No per-request threads, so at zero
+  latency one core serves thousands of requests per second and latency is an
+  ``asyncio.sleep`` that never blocks other connections.
+* The server runs its own event loop in a daemon thread (``start()``), so
+  synchronous tests can use it directly; ``python tests/fakeserver.py ...``
+  runs it as a separate process (see ``serve_in_subprocess``).
+
+Problem identification
+----------------------
+The server must know which GSM8K test question a request is about in order to
+answer it.  The text searched is the content of the LAST ``user`` message
+(chat) or the prompt (completions).  ``QuestionIndex.find`` then:
+
+1. tries an exact dict lookup of the stripped text (the question *is* the
+   message body);
+2. otherwise scans the text backwards, position by position, looking up the
+   40-character window starting there in a dict keyed by the first 40
+   characters of every question (no two GSM8K test questions share a
+   40-character prefix, but collisions are handled: candidates are verified
+   with ``str.startswith`` at that position and the longest match wins).
+   Scanning from the end means the question that starts LAST in the prompt is
+   found (few-shot examples before it are ignored even if they were test
+   questions), and the cost is proportional to the distance from the end of
+   the prompt to the question (an instruction after it), not to the number of
+   questions: typically a few hundred dict lookups, well under a millisecond;
+3. if nothing matched, repeats 1-2 with all whitespace runs collapsed to one
+   space on both sides, so a client that normalises whitespace still matches.
+
+Requests whose problem cannot be identified get an unparseable answer and are
+counted in ``stats()["unidentified"]``.
+
+Samples
+-------
+``Script.samples[i]`` is a list of answers (strings; ``None`` = unparseable)
+for problem ``i``.  It is used only for *sampling* requests: ``n > 1`` or
+``temperature > 0``.  The server keeps a per-problem counter of samples
+already served; each choice of each sampling request takes the next sample
+in order (wrapping around at the end of the list).  So one request with
+``n=4`` gets samples 0..3 as choices 0..3, and four separate ``n=1``
+requests get samples 0, 1, 2, 3 in arrival order.  ``honour_n=False`` makes
+the server return one choice regardless of ``n`` (consuming one sample).
+Counters are cleared by ``reset()`` and ``set_script()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BEHAVIOURS",
+    "FakeOpenAIServer",
+    "QuestionIndex",
+    "Script",
+    "load_gsm8k",
+    "serve_in_subprocess",
+    "stop_subprocess",
+]
+
+#: Behaviours a problem can have.  "hang" never answers (for client timeouts).
+BEHAVIOURS = frozenset({"correct", "wrong", "unparsed", "truncated", "think", "error500", "hang"})
+
+#: Fault kinds accepted in ``Script.fail_first``; any other 3-digit status is allowed too.
+FAULT_KINDS = frozenset({"429", "500", "drop"})
+
+#: Text that contains no digit at all, so no parser can extract a number.
+UNPARSED_TEXT = "I am not sure how to solve this problem. Let me skip it."
+
+#: What a base model would go on to generate after its answer (no digits).
+COMPLETION_TAIL = (
+    "\n\nQuestion: A farmer has some apples and gives some away. How many are left?\nAnswer:"
+)
+
+_CALC_RE = re.compile(r"<<[^>]*>>")
+_WS_RE = re.compile(r"\s+")
+_WORD_RE = re.compile(r"\S+")
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+
+
+# --------------------------------------------------------------------------- data
+
+
+def load_gsm8k(path: str | Path) -> tuple[list[str], list[str], list[str]]:
+    """Return (questions, gold answers as written after ``####``, solutions)."""
+    questions: list[str] = []
+    golds: list[str] = []
+    solutions: list[str] = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            answer: str = row["answer"]
+            sol, _, gold = answer.rpartition("####")
+            questions.append(row["question"])
+            golds.append(gold.strip())
+            solutions.append(sol.strip())
+    return questions, golds, solutions
+
+
+def _norm_ws(text: str) -> str:
+    return _WS_RE.sub(" ", text).strip()
+
+
+class QuestionIndex:
+    """Find which known question occurs last in a prompt (see module docstring)."""
+
+    PREFIX = 40
+
+    def __init__(self, questions: list[str]) -> None:
+        self.questions = [q.strip() for q in questions]
+        self.k = min([self.PREFIX, *(len(q) for q in self.questions if q)])
+        self._exact, self._prefix = self._build(self.questions)
+        self._norm_questions = [_norm_ws(q) for q in self.questions]
+        self._norm_exact, self._norm_prefix = self._build(self._norm_questions)
+
+    def _build(self, qs: list[str]) -> tuple[dict[str, int], dict[str, list[int]]]:
+        exact: dict[str, int] = {}
+        prefix: dict[str, list[int]] = {}
+        for i, q in enumerate(qs):
+            if not q:
+                continue
+            exact.setdefault(q, i)
+            prefix.setdefault(q[: self.k], []).append(i)
+        return exact, prefix
+
+    def find(self, text: str) -> int | None:
+        """Index of the question that starts last in ``text``, or None."""
+        if not text:
+            return None
+        found = self._exact.get(text.strip())
+        if found is None:
+            found = self._scan(text, self.questions, self._prefix)
+        if found is None:
+            norm = _norm_ws(text)
+            found = self._norm_exact.get(norm)
+            if found is None:
+                found = self._scan(norm, self._norm_questions, self._norm_prefix)
+        return found
+
+    def _scan(self, text: str, qs: list[str], prefix: dict[str, list[int]]) -> int | None:
+        k = self.k
+        get = prefix.get
+        startswith = text.startswith
+        for pos in range(len(text) - k, -1, -1):
+            cands = get(text[pos : pos + k])
+            if cands is None:
+                continue
+            best: int | None = None
+            for i in cands:
+                if startswith(qs[i], pos) and (best is None or len(qs[i]) > len(qs[best])):
+                    best = i
+            if best is not None:
+                return best
+        return None
+
+
+# --------------------------------------------------------------------------- script
+
+
+def _int_keys(d: dict[Any, Any] | None) -> dict[int, Any]:
+    return {int(k): v for k, v in (d or {}).items()}
+
+
+@dataclass
+class Script:
+    """What the server answers, per problem index (0-based line in test.jsonl).
+
+    ``fail_first[i] = {"429": 2, "500": 1}`` means the first two requests for
+    problem ``i`` get 429 (with ``Retry-After: retry_after`` seconds and
+    ``retry-after-ms``), the third gets 500, later ones are answered normally;
+    ``"drop"`` closes the TCP connection without a response.  Kinds apply in
+    dict order.  ``latency`` (if not None) overrides the server's global
+    latency; ``latency_by_index`` adds to it.
+    """
+
+    default: str = "correct"
+    behaviours: dict[int, str] = field(default_factory=dict)
+    fail_first: dict[int, dict[str, int]] = field(default_factory=dict)
+    retry_after: float = 0.05
+    latency: float | None = None
+    latency_by_index: dict[int, float] = field(default_factory=dict)
+    samples: dict[int, list[str | None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.behaviours = _int_keys(self.behaviours)
+        self.fail_first = {
+            k: {str(kind): int(c) for kind, c in v.items()}
+            for k, v in _int_keys(self.fail_first).items()
+        }
+        self.latency_by_index = {k: float(v) for k, v in _int_keys(self.latency_by_index).items()}
+        self.samples = {
+            k: [None if s is None else str(s) for s in v]
+            for k, v in _int_keys(self.samples).items()
+        }
+        for b in [self.default, *self.behaviours.values()]:
+            if b not in BEHAVIOURS:
+                raise ValueError(f"unknown behaviour {b!r}; expected one of {sorted(BEHAVIOURS)}")
+        for faults in self.fail_first.values():
+            for kind in faults:
+                if kind not in FAULT_KINDS and not (kind.isdigit() and len(kind) == 3):
+                    raise ValueError(
+                        f"unknown fault kind {kind!r}; expected 'drop' or an HTTP status"
+                    )
+
+    def behaviour(self, index: int) -> str:
+        return self.behaviours.get(index, self.default)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """JSON text; int keys become strings and are converted back by ``from_json``."""
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, data: str | bytes | dict[str, Any]) -> Script:
+        obj = json.loads(data) if isinstance(data, str | bytes) else data
+        if not isinstance(obj, dict):
+            raise ValueError("script JSON must be an object")
+        return cls(**obj)
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def _plus_one(gold: str) -> str:
+    plain = gold.replace(",", "")
+    try:
+        return str(int(plain) + 1)
+    except ValueError:
+        try:
+            return repr(float(plain) + 1)
+        except ValueError:
+            return "1" + plain
+
+
+def _answer_text(value: str) -> str:
+    return f"Let me think step by step. The answer is {value}.\n#### {value}"
+
+
+def _cut_words(text: str, max_words: int) -> tuple[str, bool]:
+    """Cut ``text`` after ``max_words`` whitespace-separated words (token proxy)."""
+    if max_words <= 0:
+        return "", True
+    for n, m in enumerate(_WORD_RE.finditer(text), 1):
+        if n == max_words:
+            end = m.end()
+            return text[:end], end < len(text.rstrip())
+    return text, False
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+def _error_body(
+    message: str, type_: str, code: str | None, param: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class _Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+    drop: bool = False
+    hang: bool = False
+    completed: bool = False  # a successful completion response (counts for die_after)
+    kill_after: bool = False  # /_shutdown: kill once this response is flushed
+
+
+def _json_response(status: int, obj: Any, headers: tuple[tuple[str, str], ...] = ()) -> _Response:
+    return _Response(status, json.dumps(obj).encode(), headers=headers)
+
+
+class _BadRequest(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- server
+
+
+class FakeOpenAIServer:
+    """OpenAI-compatible server with scripted answers, latency and faults.
+
+    Use as ``with FakeOpenAIServer(path).start() as srv: ...`` or call
+    ``start()``/``stop()``.  ``kill()`` simulates a crash: the listening socket
+    and every open connection are closed at once, so new requests are refused.
+    """
+
+    def __init__(
+        self,
+        questions_path: str | Path,
+        *,
+        model: str = "fake-model",
+        api_key: str | None = None,
+        latency: float = 0.0,
+        script: Script | None = None,
+        honour_n: bool = True,
+        record: bool = False,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        die_after: int | None = None,
+    ) -> None:
+        self.questions, self.golds, solutions = load_gsm8k(questions_path)
+        self._steps = [" ".join(_CALC_RE.sub("", s).split()) for s in solutions]
+        self.index = QuestionIndex(self.questions)
+        self.model = model
+        self.api_key = api_key
+        self.latency = latency
+        self.script = script or Script()
+        self.honour_n = honour_n
+        self.record = record
+        self.host = host
+        self.port = port
+        self.die_after = die_after
+        self.on_kill: Callable[[], None] | None = None  # called (in the loop thread) after a kill
+
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._killed = False
+        self._ids = 0
+        self._reset_locked()
+
+    # ----------------------------------------------------------- public API
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> FakeOpenAIServer:
+        """Start serving in a daemon thread; returns once the socket listens."""
+        if self._thread is not None:
+            raise RuntimeError("server already started")
+        self._killed = False
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                self._server = loop.run_until_complete(
+                    asyncio.start_server(self._handle_conn, self.host, self.port, backlog=1024)
+                )
+                self.port = self._server.sockets[0].getsockname()[1]
+            except BaseException as exc:  # report to start() instead of dying silently
+                errors.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"fakeserver-{id(self):x}", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if errors:
+            self._thread = None
+            raise errors[0]
+        return self
+
+    def stop(self) -> None:
+        """Close everything and stop the event loop thread."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+
+        async def shutdown() -> None:
+            self._close_all(graceful=None)
+            # Let cancelled connection handlers finish, so none is destroyed pending.
+            pending = [t for t in self._tasks if t is not asyncio.current_task()]
+            if pending:
+                await asyncio.wait(pending, timeout=2)
+            loop.stop()
+
+        loop.call_soon_threadsafe(lambda: loop.create_task(shutdown()))
+        thread.join(timeout=5)
+        self._thread = None
+
+    def kill(self) -> None:
+        """Abruptly close the listening socket and every open connection.
+
+        The event loop keeps running so ``stats()`` stays readable; ``stop()``
+        still has to be called (the context manager does it).
+        """
+        loop = self._loop
+        if loop is None or self._killed:
+            return
+        if self._thread is None or not self._thread.is_alive():
+            self._killed = True  # loop already stopped: nothing left to close
+            return
+        if self._in_loop_thread():
+            self._close_all(graceful=None)
+            return
+        done = threading.Event()
+
+        def do() -> None:
+            try:
+                self._close_all(graceful=None)
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(do)
+        done.wait(timeout=5)
+
+    @property
+    def killed(self) -> bool:
+        return self._killed
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot (deep enough to be safe to keep) of the counters."""
+        with self._lock:
+            out: dict[str, Any] = {
+                "requests_total": self._requests_total,
+                "requests_by_path": dict(self._by_path),
+                "requests_by_index": dict(self._by_index),
+                "in_flight": self._in_flight,
+                "peak_in_flight": self._peak,
+                "status_counts": dict(self._status_counts),
+                "n_4xx": self._n4xx,
+                "n_5xx": self._n5xx,
+                "dropped": self._dropped,
+                "completed": self._completed,
+                "unidentified": self._unidentified,
+                "auth_headers": list(self._auth_seen),
+                "requests_without_auth": self._no_auth,
+                "killed": self._killed,
+            }
+            if self.record:
+                out["bodies"] = list(self._bodies)
+                out["raw_bodies"] = list(self._raw_bodies)
+            return out
+
+    def reset(self) -> None:
+        """Clear statistics, fault counters and sample counters."""
+        with self._lock:
+            self._reset_locked()
+
+    def set_script(self, script: Script) -> None:
+        """Replace the script; fault and sample counters start again."""
+        with self._lock:
+            self.script = script
+            self._attempts.clear()
+            self._sample_pos.clear()
+
+    def __enter__(self) -> FakeOpenAIServer:
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"FakeOpenAIServer(base_url={self.base_url!r}, model={self.model!r})"
+
+    # ----------------------------------------------------------- internals
+
+    def _reset_locked(self) -> None:
+        self._requests_total = 0
+        self._by_path: dict[str, int] = {}
+        self._by_index: dict[int, int] = {}
+        self._in_flight = getattr(self, "_in_flight", 0)
+        self._peak = self._in_flight
+        self._status_counts: dict[int, int] = {}
+        self._n4xx = 0
+        self._n5xx = 0
+        self._dropped = 0
+        self._completed = 0
+        self._unidentified = 0
+        self._auth_seen: list[str] = []
+        self._no_auth = 0
+        self._bodies: list[Any] = []
+        self._raw_bodies: list[str] = []
+        self._attempts: dict[int, int] = {}
+        self._sample_pos: dict[int, int] = {}
+
+    def _in_loop_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def _close_all(self, graceful: asyncio.StreamWriter | None) -> None:
+        """Close the listener, abort connections (``graceful`` is flushed first)."""
+        first = not self._killed
+        self._killed = True
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers):
+            if w is graceful:
+                w.close()
+            else:
+                w.transport.abort()
+        current = (
+            asyncio.current_task() if self._loop is not None and self._loop.is_running() else None
+        )
+        for t in list(self._tasks):
+            if t is not current:
+                t.cancel()
+        if first and self.on_kill is not None:
+            self.on_kill()
+
+    async def _handle_conn(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if self._killed:
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._writers.add(writer)
+        self._tasks.add(task)
+        try:
+            await self._serve_conn(reader, writer)
+        except (asyncio.CancelledError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            self._tasks.discard(task)
+            if not writer.transport.is_closing():
+                writer.close()
+
+    async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while not self._killed:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            except asyncio.LimitOverrunError:
+                writer.write(
+                    self._encode(
+                        _json_response(
+                            431, _error_body("headers too large", "invalid_request_error", None)
+                        ),
+                        False,
+                    )
+                )
+                return
+            lines = head.decode("latin-1").split("\r\n")
+            try:
+                method, target, version = lines[0].split(" ", 2)
+            except ValueError:
+                writer.write(
+                    self._encode(
+                        _json_response(
+                            400, _error_body("bad request line", "invalid_request_error", None)
+                        ),
+                        False,
+                    )
+                )
+                return
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            conn_hdr = headers.get("connection", "").lower()
+            keep_alive = conn_hdr != "close" if version == "HTTP/1.1" else conn_hdr == "keep-alive"
+
+            if headers.get("transfer-encoding", "").lower() == "chunked":
+                body = await self._read_chunked(reader)
+            else:
+                try:
+                    length = int(headers.get("content-length", "0"))
+                except ValueError:
+                    length = -1
+                if length < 0:
+                    writer.write(
+                        self._encode(
+                            _json_response(
+                                400,
+                                _error_body("bad Content-Length", "invalid_request_error", None),
+                            ),
+                            False,
+                        )
+                    )
+                    return
+                body = await reader.readexactly(length) if length else b""
+
+            path = target.split("?", 1)[0]
+            resp = await self._dispatch(method, path, headers, body)
+            if self._killed and not resp.kill_after:
+                return
+            if resp.drop:
+                writer.transport.abort()
+                return
+            writer.write(self._encode(resp, keep_alive))
+            await writer.drain()
+            if resp.kill_after or (
+                resp.completed and self.die_after is not None and self._completed >= self.die_after
+            ):
+                self._close_all(graceful=writer)
+                return
+            if not keep_alive:
+                return
+
+    @staticmethod
+    async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                # trailers until empty line
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                    pass
+                return b"".join(parts)
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+
+    @staticmethod
+    def _encode(resp: _Response, keep_alive: bool) -> bytes:
+        head = [
+            f"HTTP/1.1 {resp.status} {_REASONS.get(resp.status, 'Status')}",
+            f"Content-Type: {resp.content_type}",
+            f"Content-Length: {len(resp.body)}",
+            "Connection: keep-alive" if keep_alive else "Connection: close",
+        ]
+        head.extend(f"{k}: {v}" for k, v in resp.headers)
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + resp.body
+
+    def _count_status(self, status: int) -> None:
+        with self._lock:
+            self._status_counts[status] = self._status_counts.get(status, 0) + 1
+            if 400 <= status < 500:
+                self._n4xx += 1
+            elif status >= 500:
+                self._n5xx += 1
+
+    async def _dispatch(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> _Response:
+        if path.startswith("/_"):
+            return self._admin(method, path, body)
+        if path.startswith("/v1/"):
+            path = path[3:]
+        with self._lock:
+            self._requests_total += 1
+            key = "/v1" + path
+            self._by_path[key] = self._by_path.get(key, 0) + 1
+            self._in_flight += 1
+            if self._in_flight > self._peak:
+                self._peak = self._in_flight
+            auth = headers.get("authorization")
+            if auth is None:
+                self._no_auth += 1
+            elif auth not in self._auth_seen:
+                self._auth_seen.append(auth)
+        try:
+            resp = await self._route(method, path, headers, body)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        if resp.drop:
+            with self._lock:
+                self._dropped += 1
+        else:
+            self._count_status(resp.status)
+        return resp
+
+    def _admin(self, method: str, path: str, body: bytes) -> _Response:
+        if path == "/_stats" and method == "GET":
+            return _json_response(200, self.stats())
+        if path == "/_reset" and method == "POST":
+            self.reset()
+            return _json_response(200, {"ok": True})
+        if path == "/_script" and method == "POST":
+            try:
+                self.set_script(Script.from_json(body or b"{}"))
+            except (ValueError, TypeError) as exc:
+                return _json_response(
+                    400, _error_body(f"bad script: {exc}", "invalid_request_error", None)
+                )
+            return _json_response(200, {"ok": True})
+        if path in ("/_shutdown", "/_kill") and method == "POST":
+            resp = _json_response(200, {"ok": True})
+            resp.kill_after = True
+            return resp
+        return _json_response(
+            404, _error_body(f"unknown admin path {path}", "invalid_request_error", None)
+        )
+
+    async def _route(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> _Response:
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            return _json_response(
+                401,
+                _error_body(
+                    "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
+                    "invalid_request_error",
+                    "invalid_api_key",
+                ),
+            )
+        if path == "/models" or path.startswith("/models/"):
+            if method != "GET":
+                return _json_response(
+                    405, _error_body("method not allowed", "invalid_request_error", None)
+                )
+            card = {"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}
+            if path == "/models":
+                return _json_response(200, {"object": "list", "data": [card]})
+            name = path[len("/models/") :]
+            if name != self.model:
+                return self._model_not_found(name)
+            return _json_response(200, card)
+        if path in ("/chat/completions", "/completions"):
+            if method != "POST":
+                return _json_response(
+                    405, _error_body("method not allowed", "invalid_request_error", None)
+                )
+            try:
+                return await self._completion(path == "/chat/completions", body)
+            except _BadRequest as exc:
+                return _json_response(400, _error_body(str(exc), "invalid_request_error", None))
+        return _json_response(
+            404, _error_body(f"Invalid URL ({method} {path})", "invalid_request_error", None)
+        )
+
+    def _model_not_found(self, name: str) -> _Response:
+        return _json_response(
+            404,
+            _error_body(
+                f"The model `{name}` does not exist",
+                "invalid_request_error",
+                "model_not_found",
+                "model",
+            ),
+        )
+
+    @staticmethod
+    def _content_text(content: Any) -> str:
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "\n".join(
+                str(p.get("text", ""))
+                for p in content
+                if isinstance(p, dict) and p.get("type", "text") == "text"
+            )
+        return ""
+
+    async def _completion(self, chat: bool, body: bytes) -> _Response:
+        try:
+            req = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(req, dict):
+            raise _BadRequest("request body must be a JSON object")
+        if self.record:
+            with self._lock:
+                self._bodies.append(req)
+                self._raw_bodies.append(body.decode("utf-8", "replace"))
+        model = req.get("model")
+        if not isinstance(model, str) or not model:
+            raise _BadRequest("you must provide a model parameter")
+        if model != self.model:
+            return self._model_not_found(model)
+
+        # ---- which problem(s)
+        prompts: list[str]
+        if chat:
+            messages = req.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise _BadRequest("'messages' must be a non-empty list")
+            users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+            prompts = [self._content_text(users[-1].get("content")) if users else ""]
+            prompt_words = sum(
+                _count_words(self._content_text(m.get("content")))
+                for m in messages
+                if isinstance(m, dict)
+            )
+        else:
+            prompt = req.get("prompt")
+            if isinstance(prompt, str):
+                prompts = [prompt]
+            elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+                prompts = list(prompt)
+            else:
+                raise _BadRequest("'prompt' must be a string or a list of strings")
+            prompt_words = sum(_count_words(p) for p in prompts)
+        indices = [self.index.find(p) for p in prompts]
+        n = req.get("n") or 1
+        if not isinstance(n, int) or n < 1:
+            raise _BadRequest("'n' must be a positive integer")
+        n_choices = n if self.honour_n else 1
+        temperature = req.get("temperature")
+        sampling = n > 1 or (isinstance(temperature, int | float) and temperature > 0)
+
+        # ---- faults and latency (decided by the first identified problem)
+        script = self.script
+        first = next((i for i in indices if i is not None), None)
+        fault: str | None = None
+        with self._lock:
+            for idx in indices:
+                if idx is None:
+                    self._unidentified += 1
+                else:
+                    self._by_index[idx] = self._by_index.get(idx, 0) + 1
+            if first is not None:
+                attempt = self._attempts.get(first, 0)
+                self._attempts[first] = attempt + 1
+                for kind, count in script.fail_first.get(first, {}).items():
+                    if attempt < count:
+                        fault = kind
+                        break
+                    attempt -= count
+        if fault == "drop":
+            return _Response(0, drop=True)
+        if fault is not None:
+            status = int(fault)
+            if status == 429:
+                ra = script.retry_after
+                return _json_response(
+                    429,
+                    _error_body(
+                        "Rate limit reached (scripted).", "requests", "rate_limit_exceeded"
+                    ),
+                    headers=(("Retry-After", f"{ra:g}"), ("retry-after-ms", f"{ra * 1000:g}")),
+                )
+            return _json_response(
+                status, _error_body(f"Scripted fault {status}.", "server_error", None)
+            )
+
+        delay = (self.latency if script.latency is None else script.latency) + (
+            script.latency_by_index.get(first, 0.0) if first is not None else 0.0
+        )
+        behaviour = script.behaviour(first) if first is not None else "correct"
+        if behaviour == "hang":
+            await asyncio.sleep(3600)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if behaviour == "error500":
+            return _json_response(
+                500, _error_body("The server had an error (scripted).", "server_error", None)
+            )
+
+        # ---- generate choices
+        stop = req.get("stop")
+        stops = (
+            [stop]
+            if isinstance(stop, str)
+            else [s for s in (stop or []) if isinstance(s, str) and s]
+        )
+        max_tokens = req.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = req.get("max_tokens")
+        texts: list[tuple[str, str]] = []
+        for idx in indices:
+            for _ in range(n_choices):
+                text, finish = self._generate(idx, chat, sampling)
+                if stops:
+                    cut = min((p for p in (text.find(s) for s in stops) if p >= 0), default=-1)
+                    if cut >= 0:
+                        text, finish = text[:cut], "stop"
+                if isinstance(max_tokens, int):
+                    text, over = _cut_words(text, max_tokens)
+                    if over:
+                        finish = "length"
+                texts.append((text, finish))
+
+        with self._lock:
+            self._ids += 1
+            rid = self._ids
+            self._completed += 1
+        completion_words = sum(_count_words(t) for t, _ in texts)
+        usage = {
+            "prompt_tokens": prompt_words,
+            "completion_tokens": completion_words,
+            "total_tokens": prompt_words + completion_words,
+        }
+        resp = self._render(
+            chat, rid, texts, usage, bool(req.get("stream")), req.get("stream_options")
+        )
+        resp.completed = True
+        return resp
+
+    def _generate(self, idx: int | None, chat: bool, sampling: bool) -> tuple[str, str]:
+        """(text, finish_reason) for one choice, before stop/max_tokens handling."""
+        lead = "" if chat else " "
+        tail = "" if chat else COMPLETION_TAIL
+        if idx is None:
+            return lead + UNPARSED_TEXT + tail, "stop" if chat else "length"
+        finish = "stop" if chat else "length"  # a base model without `stop` rambles on
+        samples = self.script.samples.get(idx)
+        if sampling and samples:
+            with self._lock:
+                pos = self._sample_pos.get(idx, 0)
+                self._sample_pos[idx] = pos + 1
+            value = samples[pos % len(samples)]
+            body = UNPARSED_TEXT if value is None else _answer_text(value)
+            return lead + body + tail, finish
+        gold = self.golds[idx]
+        behaviour = self.script.behaviour(idx)
+        steps = self._steps[idx]
+        if behaviour == "wrong":
+            body = _answer_text(_plus_one(gold))
+        elif behaviour == "unparsed":
+            body = UNPARSED_TEXT
+        elif behaviour == "truncated":
+            words = steps.split()
+            body = "Let me think step by step. " + " ".join(words[: max(1, len(words) // 2)])
+            return lead + body, "length"
+        elif behaviour == "think":
+            body = (
+                f"<think>\nMaybe the answer is {_plus_one(gold)}. "
+                f"No, let me recompute: {steps}\n</think>\n"
+                f"The answer is {gold}.\n#### {gold}"
+            )
+        else:
+            body = f"Let me think step by step. {steps} The answer is {gold}.\n#### {gold}"
+        return lead + body + tail, finish
+
+    def _render(
+        self,
+        chat: bool,
+        rid: int,
+        texts: list[tuple[str, str]],
+        usage: dict[str, int],
+        stream: bool,
+        stream_options: Any,
+    ) -> _Response:
+        created = int(time.time())
+        if chat:
+            base = {
+                "id": f"chatcmpl-fake{rid}",
+                "created": created,
+                "model": self.model,
+                "system_fingerprint": "fake",
+            }
+            if not stream:
+                return _json_response(
+                    200,
+                    {
+                        **base,
+                        "object": "chat.completion",
+                        "choices": [
+                            {
+                                "index": i,
+                                "message": {"role": "assistant", "content": t, "refusal": None},
+                                "logprobs": None,
+                                "finish_reason": f,
+                            }
+                            for i, (t, f) in enumerate(texts)
+                        ],
+                        "usage": usage,
+                    },
+                )
+            events: list[dict[str, Any]] = []
+            for i, (t, f) in enumerate(texts):
+                events.append(
+                    {
+                        **base,
+                        "object": "chat.completion.chunk",
+                        "choices": [
+                            {
+                                "index": i,
+                                "delta": {"role": "assistant", "content": t},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
+                events.append(
+                    {
+                        **base,
+                        "object": "chat.completion.chunk",
+                        "choices": [
+                            {"index": i, "delta": {}, "logprobs": None, "finish_reason": f}
+                        ],
+                    }
+                )
+        else:
+            base = {
+                "id": f"cmpl-fake{rid}",
+                "object": "text_completion",
+                "created": created,
+                "model": self.model,
+            }
+            if not stream:
+                return _json_response(
+                    200,
+                    {
+                        **base,
+                        "choices": [
+                            {"index": i, "text": t, "logprobs": None, "finish_reason": f}
+                            for i, (t, f) in enumerate(texts)
+                        ],
+                        "usage": usage,
+                    },
+                )
+            events = [
+                {**base, "choices": [{"index": i, "text": t, "logprobs": None, "finish_reason": f}]}
+                for i, (t, f) in enumerate(texts)
+            ]
+        if isinstance(stream_options, dict) and stream_options.get("include_usage"):
+            events.append({**base, "choices": [], "usage": usage})
+        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return _Response(200, sse.encode(), content_type="text/event-stream")
+
+
+# --------------------------------------------------------------------------- subprocess / CLI
+
+
+def serve_in_subprocess(
+    questions_path: str | Path,
+    *,
+    latency: float = 0.0,
+    model: str = "fake-model",
+    api_key: str | None = None,
+    script: Script | None = None,
+    honour_n: bool = True,
+    die_after: int | None = None,
+    port: int = 0,
+    extra_args: Iterable[str] = (),
+    timeout: float = 15.0,
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``python tests/fakeserver.py`` and return (process, base_url).
+
+    Why: benchmarks and "the server lives elsewhere" tests need the server
+    outside the test process (its own GIL, a real crash).  The caller must
+    call ``stop_subprocess(proc)`` (or POST ``/_shutdown`` and then
+    ``stop_subprocess``, which also closes the stdout pipe).
+    """
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--data",
+        str(questions_path),
+        "--latency",
+        str(latency),
+        "--port",
+        str(port),
+        "--model",
+        model,
+    ]
+    if api_key is not None:
+        cmd += ["--api-key", api_key]
+    if script is not None:
+        cmd += ["--script", script.to_json()]
+    if not honour_n:
+        cmd.append("--no-honour-n")
+    if die_after is not None:
+        cmd += ["--die-after", str(die_after)]
+    cmd += list(extra_args)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                proc.kill()
+                proc.wait()
+                raise TimeoutError("fake server did not print its URL in time")
+            line = proc.stdout.readline()
+            if not line:
+                proc.wait()
+                raise RuntimeError(f"fake server exited early with code {proc.returncode}")
+            if line.startswith("FAKESERVER_URL="):
+                return proc, line.strip().split("=", 1)[1]
+
+
+def stop_subprocess(proc: subprocess.Popen[str], timeout: float = 5.0) -> int:
+    """SIGTERM a ``serve_in_subprocess`` server (if still running), reap it, close its pipe."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: serve until SIGTERM/SIGINT (or POST /_shutdown, or --die-after)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    ap.add_argument("--data", required=True, help="GSM8K test.jsonl")
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds added before each answer")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--model", default="fake-model")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--script", default=None, help="path to a Script JSON file, or inline JSON")
+    ap.add_argument("--no-honour-n", action="store_true")
+    ap.add_argument("--record", action="store_true")
+    ap.add_argument("--die-after", type=int, default=None)
+    args = ap.parse_args(argv)
+
+    script = None
+    if args.script:
+        text = (
+            args.script if args.script.lstrip().startswith("{") else Path(args.script).read_text()
+        )
+        script = Script.from_json(text)
+    srv = FakeOpenAIServer(
+        args.data,
+        model=args.model,
+        api_key=args.api_key,
+        latency=args.latency,
+        script=script,
+        honour_n=not args.no_honour_n,
+        record=args.record,
+        host=args.host,
+        port=args.port,
+        die_after=args.die_after,
+    )
+    done = threading.Event()
+    srv.on_kill = done.set
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    srv.start()
+    print(f"FAKESERVER_URL={srv.base_url}", flush=True)
+    while not done.wait(0.2):
+        pass
+    srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
