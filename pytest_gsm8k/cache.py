@@ -52,6 +52,7 @@ class ResponseCache:
         self.root = root
         self.entries = root / "responses"
         self.claims = root / "claims" / run_id
+        self.run_id = run_id
         self.persistent = persistent
         self._warned: set[str] = set()
         self.warnings: list[str] = []
@@ -82,6 +83,7 @@ class ResponseCache:
         except ValueError as exc:
             self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc}); it will be re-requested")
             return None
+        response["_run"] = data.get("run")
         return response
 
     def put(self, key: str, body: dict[str, Any], response: dict[str, Any]) -> None:
@@ -91,7 +93,7 @@ class ResponseCache:
         if folder.name not in self._made_dirs:
             folder.mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(folder.name)
-        data = {"v": SCHEMA, "key": key, "request": body, "response": response}
+        data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "response": response}
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:

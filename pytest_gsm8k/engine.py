@@ -278,8 +278,9 @@ class Engine:
             hit = self.cache.get(key)
             if hit is not None:
                 response = ModelResponse.from_json(hit)
-                response.cached = len(response.completions)
-                self.from_cache += 1
+                if hit.get("_run") != self.cache.run_id:  # not just another worker's fresh answer
+                    response.cached = len(response.completions)
+                    self.from_cache += 1
                 return response
             if not self.use_claims:
                 break

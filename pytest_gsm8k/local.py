@@ -16,8 +16,10 @@ Three layers make sure it does not:
 * an ``atexit`` handler stops every server still running at interpreter exit;
 * on Linux the child asks the kernel for ``PR_SET_PDEATHSIG = SIGKILL``, which
   covers the cases where no Python code runs any more (the parent SIGKILLed).
-  The kernel sends it when the *thread* that started the server exits, so
-  start servers from a long-lived thread (the main thread in practice).
+  The kernel sends it when the *thread* that forked the server exits, so all
+  servers are forked by one daemon thread that lives as long as the process:
+  starting a server from a short-lived worker thread must not kill it when
+  that thread finishes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import importlib
 import importlib.util
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -38,6 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -541,17 +545,71 @@ def _spawn(cmd: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
     """Start the server detached into its own session, all output to the log."""
     env = server_env()
     env["PYTHONUNBUFFERED"] = "1"  # the log tail must be current when we read it
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            list(cmd),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
-            close_fds=True,
-        )
+
+    def popen() -> subprocess.Popen[bytes]:
+        with log_path.open("ab") as log:
+            return subprocess.Popen(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
+                close_fds=True,
+            )
+
+    return _on_spawner_thread(popen)
+
+
+_SpawnJob = tuple[Callable[[], "subprocess.Popen[bytes]"], "Future[subprocess.Popen[bytes]]"]
+_SPAWN_JOBS: queue.SimpleQueue[_SpawnJob] = queue.SimpleQueue()
+_SPAWNER: threading.Thread | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner_loop() -> None:
+    while True:
+        job, future = _SPAWN_JOBS.get()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(job())
+        except BaseException as exc:  # handed to the waiting caller
+            future.set_exception(exc)
+
+
+def _on_spawner_thread(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Fork on the process-lifetime daemon thread so PDEATHSIG means "process died".
+
+    A daemon thread is never joined at shutdown, so it outlives the atexit
+    handler that stops the servers gracefully; only the process's end ends it.
+    If the caller is interrupted while waiting, the server that still gets
+    started is killed at once rather than leaked.
+    """
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None or not _SPAWNER.is_alive():
+            _SPAWNER = threading.Thread(
+                target=_spawner_loop, name="pytest-gsm8k-local-spawner", daemon=True
+            )
+            _SPAWNER.start()
+    future: Future[subprocess.Popen[bytes]] = Future()
+    _SPAWN_JOBS.put((job, future))
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        future.add_done_callback(_kill_orphan)
+        raise
+
+
+def _kill_orphan(future: Future[subprocess.Popen[bytes]]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    proc = future.result()
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 # Loopback must never go through an HTTP(S)_PROXY from the environment.

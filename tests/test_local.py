@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 import urllib.request
@@ -306,11 +307,24 @@ def test_real_completion_through_openai(server: LocalServer) -> None:
 
 @_real
 def test_stop_leaves_no_process(tmp_path: Path) -> None:
-    srv = start_local_server(
-        resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "s.log", n_ctx=256
+    """Also started from a thread that then ends: PDEATHSIG follows the forking
+    thread, so this proves the server does not die with its starter thread."""
+    started: list[LocalServer] = []
+    starter = threading.Thread(
+        target=lambda: started.append(
+            start_local_server(
+                resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "s.log", n_ctx=256
+            )
+        )
     )
+    starter.start()
+    starter.join(timeout=120)
+    assert started, "start_local_server failed in the thread"
+    srv = started[0]
+    time.sleep(0.3)  # PDEATHSIG would have struck by now
     pid = srv.pid
     assert _pid_alive(pid) and os.getpgid(pid) == pid  # its own process group
+    assert _answers(srv.base_url)
     srv.stop()
     assert srv.process.returncode is not None
     assert not _pid_alive(pid)

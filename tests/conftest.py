@@ -1,0 +1,59 @@
+"""Shared fixtures: the GSM8K data in ../shared/gsm8k and a real loopback OpenAI-compatible server.
+
+Tests never monkeypatch the openai client: the plugin talks HTTP to
+:class:`fakeserver.FakeOpenAIServer`, whose answers, latency and faults are
+scripted per problem index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO.parent / "shared" / "gsm8k"
+TEST_KEY = "sk-test-SECRET-1234567890"
+
+
+@pytest.fixture(scope="session")
+def gsm8k_data() -> Path:
+    """The shared GSM8K folder (test.jsonl, train.jsonl); the suite needs it, it never skips."""
+    if not (DATA / "test.jsonl").is_file():
+        pytest.fail(f"GSM8K data not found at {DATA}: the tests read ../shared/gsm8k")
+    return DATA
+
+
+@pytest.fixture
+def server(gsm8k_data: Path) -> Iterator[FakeOpenAIServer]:
+    """A fresh scripted server (all answers correct), model 'fake-model', key TEST_KEY."""
+    srv = FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def gsm8k_args(server: FakeOpenAIServer, gsm8k_data: Path) -> list[str]:
+    """Command-line options pointing the plugin at ``server`` and the shared data."""
+    return [
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url={server.base_url}",
+        f"--gsm8k-data={gsm8k_data}",
+        "-p", "no:randomly",
+    ]
+
+
+@pytest.fixture
+def keyed_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Put the test key in OPENAI_API_KEY (the plugin reads keys from the environment only)."""
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    return TEST_KEY
+
+
+__all__ = ["Script", "TEST_KEY"]
