@@ -181,8 +181,8 @@ class State:
         if persistent:
             if self.settings.cache_dir:
                 root = Path(self.settings.cache_dir).expanduser()
-            elif self.config.cache is not None:
-                root = self.config.cache.mkdir("gsm8k")
+            elif getattr(self.config, "cache", None) is not None:
+                root = self.config.cache.mkdir("gsm8k")  # type: ignore[union-attr]
         if root is None:
             persistent = False
             root = self.run_dir / "cache"

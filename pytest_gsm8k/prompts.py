@@ -21,7 +21,7 @@ COT_INSTRUCTION = (
     'End your response with a final line of the form "#### <number>".'
 )
 CALCULATOR = re.compile(r"<<[^<>]*>>")
-DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n\n")
+DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n")
 
 
 def clean_solution(answer: str) -> str:
