@@ -76,6 +76,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("cache-dir", "str", "response cache folder (default: pytest's cache dir)",
            metavar="PATH"),
     Option("no-cache", "bool", "do not read or write the response cache", False),
+    Option("baseline", "str", "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under "
+           "the rootdir); written with --snapshot-update", metavar="PATH"),
+    Option("baseline-name", "str", "baseline name (default: derived from the protocol)",
+           metavar="NAME"),
+    Option("max-drop", "float", "fail when accuracy on the shared problems is below the "
+           "baseline's by more than this", 0.0, metavar="D"),
+    Option("alpha", "float", "instead of --gsm8k-max-drop, fail only when an exact one-sided "
+           "McNemar test rejects 'no regression' at this level", metavar="A"),
+    Option("require-baseline", "bool", "fail when no baseline exists", False),
 )
 
 DEFAULTS_BY_DEST = {o.dest: o.default for o in OPTIONS}
@@ -144,6 +153,11 @@ class Settings:
     max_retries: int
     cache_dir: str | None
     no_cache: bool
+    baseline: str | None = None
+    baseline_name: str | None = None
+    max_drop: float = 0.0
+    alpha: float | None = None
+    require_baseline: bool = False
 
     @property
     def aggregation(self) -> str:
@@ -211,6 +225,11 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     min_acc = values["min_acc"]
     if min_acc is not None and not 0.0 <= min_acc <= 1.0:
         raise SettingsError(f"--gsm8k-min-acc: must be between 0 and 1, got {min_acc}")
+    if not 0.0 <= float(values["max_drop"]) <= 1.0:
+        raise SettingsError(f"--gsm8k-max-drop: must be between 0 and 1, got {values['max_drop']}")
+    alpha = values["alpha"]
+    if alpha is not None and not 0.0 < alpha < 1.0:
+        raise SettingsError(f"--gsm8k-alpha: must be between 0 and 1 (exclusive), got {alpha}")
     api = values["api"]
     if api not in ("chat", "completions"):
         raise SettingsError(f"--gsm8k-api: expected chat or completions, got {api!r}")
@@ -222,7 +241,9 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         try:
             re.compile(regex)
         except re.error as exc:
-            raise SettingsError(f"--gsm8k-answer-regex: invalid regular expression ({exc})") from None
+            raise SettingsError(
+                f"--gsm8k-answer-regex: invalid regular expression ({exc})"
+            ) from None
     if not str(values["api_key_env"]).strip():
         raise SettingsError("--gsm8k-api-key-env: must name an environment variable")
 
@@ -254,4 +275,9 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         max_retries=int(values["max_retries"]),
         cache_dir=values["cache_dir"] or None,
         no_cache=bool(values["no_cache"]),
+        baseline=values["baseline"] or None,
+        baseline_name=values["baseline_name"] or None,
+        max_drop=float(values["max_drop"]),
+        alpha=values["alpha"],
+        require_baseline=bool(values["require_baseline"]),
     )

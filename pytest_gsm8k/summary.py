@@ -41,6 +41,10 @@ class Summary:
     expected: int
     gates: list[Gate] = field(default_factory=list)
     interrupted: bool = False
+    #: extra terminal lines (baseline comparison), printed before the gates
+    notes: list[str] = field(default_factory=list)
+    #: extra top-level JSON report fields (baseline comparison)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     # -- derived numbers -----------------------------------------------------
 
@@ -108,6 +112,14 @@ class Summary:
         return sorted({str(r["model"]) for r in self.records if r.get("model")})
 
     # -- gates -----------------------------------------------------------------
+
+    def has_errors(self) -> bool:
+        return self.counts()["error"] > 0
+
+    def add_gate(self, name: str, passed: bool, detail: str) -> Gate:
+        gate = Gate(name, passed, detail)
+        self.gates.append(gate)
+        return gate
 
     def gate_min_acc(self, min_acc: float) -> Gate:
         passed = self.accuracy >= min_acc
@@ -181,6 +193,7 @@ class Summary:
                 f"  INCOMPLETE: {self.n} of {self.expected} problems have a result"
                 + (" (run interrupted)" if self.interrupted else "")
             )
+        out.extend(self.notes)
         for gate in self.gates:
             out.append(f"  gate {gate.name}: {'PASS' if gate.passed else 'FAIL'}: {gate.detail}")
         return out
@@ -209,6 +222,7 @@ class Summary:
             "tokens": self.tokens(),
             "from_cache": self.from_cache(),
             "gates": [{"name": g.name, "passed": g.passed, "detail": g.detail} for g in self.gates],
+            **self.extra,
             "problems": records,
         }
 

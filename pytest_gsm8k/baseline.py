@@ -1,0 +1,173 @@
+"""Baselines: a stored run, and the paired comparison of a new run with it. Pure.
+
+A baseline holds the protocol identity, the dataset identity and per problem
+id its outcome (plus per-problem sample counts for sampled protocols). The
+comparison is paired: only problem ids present in both count, so a
+``--gsm8k-limit`` smoke run is compared on its own subset, and the
+significance test is the exact one-sided McNemar test on the problems that
+flipped, not an unpaired test of two accuracies.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_gsm8k.stats import mcnemar_one_sided, paired_difference_interval
+
+SCHEMA = 1
+KIND = "pytest-gsm8k baseline"
+#: dataset fields that must match (the name/path differs between machines, the content must not)
+DATASET_KEYS = ("config", "split", "fingerprint", "rows")
+
+
+class BaselineError(Exception):
+    """A baseline that cannot be used; one line naming the file and the reason."""
+
+
+def default_name(label: str) -> str:
+    """A file-system-safe name derived from the protocol label."""
+    return re.sub(r"[^A-Za-z0-9@.+-]+", "_", label).strip("_")
+
+
+def build(summary_json: dict[str, Any]) -> dict[str, Any]:
+    """The baseline document from a run's JSON report (see summary.Summary.to_json)."""
+    problems: dict[str, Any] = {}
+    sampled = int(summary_json["protocol"]["samples"]) > 1
+    for record in summary_json["problems"]:
+        if sampled:
+            problems[record["id"]] = {
+                "outcome": record["outcome"],
+                "n_correct": record["n_correct"],
+                "n_samples": record["n_samples"],
+            }
+        else:
+            problems[record["id"]] = record["outcome"]
+    protocol = dict(summary_json["protocol"])
+    return {
+        "schema": SCHEMA,
+        "kind": KIND,
+        "protocol": protocol,
+        "dataset": {k: summary_json["dataset"][k] for k in DATASET_KEYS},
+        "model": summary_json["model"],
+        "reported_models": summary_json.get("reported_models", []),
+        "accuracy": round(float(summary_json["accuracy"]), 6),
+        "n": summary_json["n"],
+        "subset": summary_json.get("subset", {}),
+        "problems": dict(sorted(problems.items())),
+    }
+
+
+def dumps(baseline: dict[str, Any]) -> str:
+    """Stable text: sorted keys, one problem per line, so a baseline diff reads well in a PR."""
+    return json.dumps(baseline, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def loads(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(f"{where}: corrupt baseline (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise BaselineError(f"{where}: not a pytest-gsm8k baseline")
+    if data.get("schema") != SCHEMA:
+        raise BaselineError(f"{where}: baseline schema {data.get('schema')} (expected {SCHEMA})")
+    for key in ("protocol", "dataset", "problems"):
+        if not isinstance(data.get(key), dict):
+            raise BaselineError(f"{where}: corrupt baseline (no '{key}')")
+    return data
+
+
+def _correct(entry: Any) -> bool:
+    outcome = entry.get("outcome") if isinstance(entry, dict) else entry
+    return outcome == "correct"
+
+
+def first_difference(baseline: dict[str, Any], summary_json: dict[str, Any]) -> str | None:
+    """The first protocol or dataset field that differs, as a phrase; None when comparable."""
+    now_protocol = {k: v for k, v in summary_json["protocol"].items() if k != "label"}
+    base_protocol = {k: v for k, v in baseline["protocol"].items() if k != "label"}
+    for key in sorted(set(now_protocol) | set(base_protocol)):
+        if now_protocol.get(key) != base_protocol.get(key):
+            return (f"protocol {key} is {now_protocol.get(key)!r} here but "
+                    f"{base_protocol.get(key)!r} in the baseline")
+    for key in DATASET_KEYS:
+        if key == "rows":
+            continue  # a subset of the same split is comparable on its ids
+        if summary_json["dataset"].get(key) != baseline["dataset"].get(key):
+            return (f"dataset {key} is {summary_json['dataset'].get(key)!r} here but "
+                    f"{baseline['dataset'].get(key)!r} in the baseline")
+    return None
+
+
+@dataclass
+class Comparison:
+    shared: int
+    baseline_acc: float
+    current_acc: float
+    newly_failing: list[str] = field(default_factory=list)
+    newly_passing: list[str] = field(default_factory=list)
+    p_value: float = 1.0
+    diff: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    subset: bool = False  # compared on fewer ids than the baseline holds
+    baseline_n: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shared": self.shared,
+            "baseline_accuracy": self.baseline_acc,
+            "current_accuracy": self.current_acc,
+            "difference": self.diff,
+            "difference_ci95": [self.low, self.high],
+            "newly_failing": self.newly_failing,
+            "newly_passing": self.newly_passing,
+            "mcnemar_p": self.p_value,
+            "subset": self.subset,
+            "baseline_n": self.baseline_n,
+        }
+
+
+def compare(baseline: dict[str, Any], records: list[dict[str, Any]]) -> Comparison:
+    """Paired comparison on the problem ids present in both."""
+    base = baseline["problems"]
+    both_correct = base_only = now_only = both_wrong = 0
+    failing: list[str] = []
+    passing: list[str] = []
+    base_correct = now_correct = 0
+    for record in sorted(records, key=lambda r: str(r["id"])):
+        pid = str(record["id"])
+        if pid not in base:
+            continue
+        was = _correct(base[pid])
+        now = bool(record["correct"])
+        base_correct += was
+        now_correct += now
+        if was and now:
+            both_correct += 1
+        elif was:
+            base_only += 1
+            failing.append(pid)
+        elif now:
+            now_only += 1
+            passing.append(pid)
+        else:
+            both_wrong += 1
+    shared = both_correct + base_only + now_only + both_wrong
+    diff, low, high = paired_difference_interval(both_correct, base_only, now_only, both_wrong)
+    return Comparison(
+        shared=shared,
+        baseline_acc=base_correct / shared if shared else 0.0,
+        current_acc=now_correct / shared if shared else 0.0,
+        newly_failing=failing,
+        newly_passing=passing,
+        p_value=mcnemar_one_sided(base_only, now_only),
+        diff=diff,
+        low=low,
+        high=high,
+        subset=shared < len(base),
+        baseline_n=len(base),
+    )

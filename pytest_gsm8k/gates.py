@@ -1,0 +1,138 @@
+"""The release gates after the test loop: baseline write or comparison, Markdown summary.
+
+No pytest here: the plugin calls these on the controller with the finished
+:class:`~pytest_gsm8k.summary.Summary`, and they add gates, terminal notes
+and JSON report fields to it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pytest_gsm8k import baseline as bl
+from pytest_gsm8k.settings import Settings
+from pytest_gsm8k.summary import Summary
+
+SHOWN_IDS = 10
+
+
+def baseline_path(settings: Settings, rootpath: Path, label: str, snapshot_dirname: str) -> Path:
+    if settings.baseline:
+        return Path(settings.baseline).expanduser()
+    name = settings.baseline_name or bl.default_name(label)
+    return rootpath / snapshot_dirname / "gsm8k" / f"{name}.gsm8k"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def apply_baseline(
+    summary: Summary, settings: Settings, path: Path, update: bool, shown_path: str
+) -> None:
+    """Write the baseline (``--snapshot-update``) or compare with it; adds a gate either way."""
+    report = summary.to_json()
+    if update:
+        reason = None
+        if summary.interrupted:
+            reason = "the run was interrupted"
+        elif summary.n < summary.expected:
+            reason = f"only {summary.n} of {summary.expected} problems have a result"
+        elif summary.has_errors():
+            reason = f"{summary.counts()['error']} problems ended in an error"
+        if reason:
+            summary.add_gate("baseline", False, f"not written to {shown_path}: {reason}")
+            return
+        from pytest_gsm8k.snapshot import serialize
+
+        _write_atomic(path, serialize(bl.build(report)))
+        summary.notes.append(f"  baseline written: {shown_path} (n={summary.n}, "
+                             f"accuracy {summary.accuracy:.4f})")
+        summary.extra["baseline"] = {"path": shown_path, "written": True}
+        return
+    if not path.exists():
+        message = (f"no baseline at {shown_path}; record one with: pytest <same options> "
+                   "--snapshot-update")
+        if settings.require_baseline:
+            summary.add_gate("baseline", False, message + " (--gsm8k-require-baseline)")
+        else:
+            summary.notes.append(f"  baseline: {message}")
+        return
+    try:
+        stored = bl.loads(path.read_text(encoding="utf-8"), shown_path)
+    except (OSError, UnicodeDecodeError) as exc:
+        summary.add_gate("baseline", False, f"{shown_path}: cannot read ({exc})")
+        return
+    except bl.BaselineError as exc:
+        summary.add_gate("baseline", False, str(exc))
+        return
+    difference = bl.first_difference(stored, report)
+    if difference:
+        summary.add_gate("baseline", False, f"refused to compare with {shown_path}: {difference}")
+        return
+    cmp = bl.compare(stored, summary.records)
+    summary.extra["baseline"] = {"path": shown_path, **cmp.to_json()}
+    if cmp.shared == 0:
+        summary.add_gate("baseline", False, f"no problem id in common with {shown_path}")
+        return
+    where = (f"on the {cmp.shared} problems shared with the baseline's {cmp.baseline_n} (subset)"
+             if cmp.subset else f"on {cmp.shared} problems")
+    summary.notes.append(
+        f"  baseline {shown_path}: {cmp.baseline_acc:.4f} -> {cmp.current_acc:.4f} {where}; "
+        f"diff {cmp.diff:+.4f} [95% CI {cmp.low:+.4f}, {cmp.high:+.4f}]"
+    )
+    summary.notes.append(
+        f"  {len(cmp.newly_failing)} newly failing, {len(cmp.newly_passing)} newly passing; "
+        f"McNemar one-sided p={cmp.p_value:.4g}"
+    )
+    if cmp.newly_failing:
+        shown = ", ".join(cmp.newly_failing[:SHOWN_IDS])
+        more = f" (+{len(cmp.newly_failing) - SHOWN_IDS} more in the JSON report)" if len(
+            cmp.newly_failing) > SHOWN_IDS else ""
+        summary.notes.append(f"  newly failing: {shown}{more}")
+    drop = cmp.baseline_acc - cmp.current_acc
+    if settings.alpha is not None:
+        passed = cmp.p_value >= settings.alpha
+        detail = (f"McNemar p={cmp.p_value:.4g} {'>=' if passed else '<'} --gsm8k-alpha "
+                  f"{settings.alpha:g} ({len(cmp.newly_failing)} newly failing)")
+    else:
+        passed = drop <= settings.max_drop + 1e-12
+        detail = (f"accuracy {cmp.current_acc:.4f} vs baseline {cmp.baseline_acc:.4f}: drop "
+                  f"{max(drop, 0.0):.4f} {'<=' if passed else '>'} --gsm8k-max-drop "
+                  f"{settings.max_drop:g}")
+    summary.add_gate("baseline", passed, detail)
+
+
+def markdown(summary: Summary, questions: dict[str, str]) -> str:
+    """The GitHub step summary: headline, gates, newly failing problems."""
+    lines = [f"### {summary.headline()}", ""]
+    counts = ", ".join(f"{v} {k}" for k, v in summary.counts().items() if v)
+    lines.append(f"Outcomes: {counts}. Model `{summary.model}`, dataset "
+                 f"`{summary.dataset['config']}/{summary.dataset['split']}`.")
+    lines.append("")
+    if summary.gates:
+        lines += ["| gate | result | detail |", "| --- | --- | --- |"]
+        for gate in summary.gates:
+            detail = gate.detail.replace("|", "\\|")
+            lines.append(f"| {gate.name} | {'PASS' if gate.passed else 'FAIL'} | {detail} |")
+        lines.append("")
+    base: Any = summary.extra.get("baseline") or {}
+    failing = base.get("newly_failing") or []
+    if failing:
+        lines += [f"**Newly failing ({len(failing)}):**", ""]
+        for pid in failing[:50]:
+            text = " ".join(questions.get(pid, "").split())
+            if len(text) > 100:
+                text = text[:97] + "..."
+            lines.append(f"- `{pid}`: {text}")
+        if len(failing) > 50:
+            lines.append(f"- ... and {len(failing) - 50} more (see the JSON report)")
+        lines.append("")
+    return "\n".join(lines) + "\n"
