@@ -275,8 +275,9 @@ class State:
                 "of": len(split.problems),
                 "ids_hash": _ids_hash(selected),
             },
-            model=self.model_name or "(gsm8k_model fixture)",
-            endpoint=_safe_url(self.base_url or "https://api.openai.com/v1"),
+            model=self.model_name or _most_common(records, "model") or "(gsm8k_model fixture)",
+            endpoint=_most_common(records, "endpoint")
+            or _safe_url(self.base_url or "https://api.openai.com/v1"),
             records=list(records.values()),
             expected=len(selected),
             interrupted=self.interrupted,
@@ -284,6 +285,13 @@ class State:
         if self.settings.min_acc is not None:
             summary.gate_min_acc(self.settings.min_acc)
         return summary
+
+
+def _most_common(records: dict[str, dict[str, Any]], key: str) -> str | None:
+    from collections import Counter
+
+    counts = Counter(str(r[key]) for r in records.values() if r.get(key))
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def _ids_hash(problems: tuple[Problem, ...]) -> str:
@@ -618,6 +626,8 @@ def gsm8k_outcome(
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)
         engine.cache.warnings.clear()
     record = score_response(gsm8k_problem, response, gsm8k_protocol, state.pattern)
+    record["endpoint"] = _safe_url(engine.client.endpoint)
+    record["model"] = record["model"] or engine.client.model
     item.stash[RECORD_KEY] = record
     item.user_properties.extend([
         ("gsm8k_outcome", record["outcome"]),
