@@ -110,6 +110,7 @@ class State:
         self.interrupted = False
         self.aborted: str | None = None
         self.local_server: Any = None
+        self.local_info: dict[str, Any] | None = None
         self.base_url = settings.resolved_base_url()
         self.model_name = settings.model
         if self.workerinput is not None:
@@ -282,6 +283,8 @@ class State:
             expected=len(selected),
             interrupted=self.interrupted,
         )
+        if self.local_info is not None:
+            summary.extra["local_server"] = self.local_info
         if self.settings.min_acc is not None:
             summary.gate_min_acc(self.settings.min_acc)
         return summary
@@ -469,10 +472,19 @@ def _start_local(state: State) -> None:
     try:
         path = local.resolve_model(state.settings.model or "local")
         log = state.run_dir / "llama-server.log"
-        server = local.start_local_server(path, alias=local.DEFAULT_ALIAS, log_path=log)
+        # room for a 5-shot prompt (~1,000 tokens) plus the answer
+        n_ctx = max(local.DEFAULT_N_CTX, 1536 + state.settings.max_tokens)
+        server = local.start_local_server(path, alias=local.DEFAULT_ALIAS, log_path=log,
+                                          n_ctx=n_ctx)
     except local.LocalServerError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     state.local_server = server
+    state.local_info = {"pid": server.pid, "gguf": str(path), "base_url": server.base_url,
+                        "model": server.model, "startup_seconds": round(server.startup_seconds, 2)}
+    reporter = state.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"gsm8k: serving {path.name} with llama.cpp at {server.base_url} "
+                            f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)")
     state.base_url = server.base_url
     state.model_name = server.model
 
