@@ -8,11 +8,16 @@ written to a temporary name and renamed, so a run killed at any point
 
 Claims make xdist workers share the work: before sending a request a
 process creates ``claims/<run>/<key>`` with O_EXCL; whoever wins sends it,
-the others wait for the entry to appear. Claims live in a per-run folder, so
-a crashed earlier run can never block a new one; within a run a claim whose
-process died is taken over.
+the others leave it alone (or wait for its entry when their own test needs
+it). Claims live in a per-run folder, so a crashed earlier run can never
+block a new one; within a run a claim whose process died is taken over.
 
 Entries never hold the API key: only the request body and the response.
+
+Cost: a miss is one failed ``open``; a write is one ``open``/``write``/
+``rename`` (no ``mkstemp`` name hunting, no folder creation after the first
+entry of a folder); folders are created on first use, so a cache that is
+never written touches nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,31 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _stale(path: Path, seconds: float = 2.0) -> bool:
+    """An empty claim older than ``seconds``: its owner died between create and write."""
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except OSError:
+        return True
+
+
+def _check_response(response: Any) -> None:
+    """Raise ValueError unless ``response`` has the shape ModelResponse.from_json reads."""
+    if not isinstance(response, dict):
+        raise ValueError("no response object")
+    completions = response.get("completions")
+    if not isinstance(completions, list) or not completions:
+        raise ValueError("no completions")
+    for completion in completions:
+        if not isinstance(completion, dict) or not isinstance(completion.get("text"), str):
+            raise ValueError("a completion without text")
+    usage = response.get("usage")
+    if usage is not None and not (
+        isinstance(usage, dict) and all(isinstance(v, int) for v in usage.values())
+    ):
+        raise ValueError("bad usage")
+
+
 class ResponseCache:
     """Response store under ``root``; ``persistent=False`` deletes it at :meth:`close`."""
 
@@ -54,11 +85,13 @@ class ResponseCache:
         self.claims = root / "claims" / run_id
         self.run_id = run_id
         self.persistent = persistent
+        self._pid = os.getpid()
+        self._pid_text = str(self._pid).encode()
         self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
         self.warnings: list[str] = []
-        self.entries.mkdir(parents=True, exist_ok=True)
-        self.claims.mkdir(parents=True, exist_ok=True)
         self._made_dirs: set[str] = set()
+        self._claims_made = False
 
     def _entry_path(self, key: str) -> Path:
         return self.entries / key[:2] / f"{key}.json"
@@ -75,14 +108,16 @@ class ResponseCache:
             return None
         try:
             data = json.loads(raw)
-            if not isinstance(data, dict) or data.get("v") != SCHEMA or "response" not in data:
+            if not isinstance(data, dict) or data.get("v") != SCHEMA:
                 raise ValueError("unexpected layout")
-            response = data["response"]
-            if not isinstance(response, dict) or not isinstance(response.get("completions"), list):
-                raise ValueError("no completions")
+            if data.get("key") not in (None, key):
+                raise ValueError("entry of another request")
+            response = data.get("response")
+            _check_response(response)
         except ValueError as exc:
             self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc}); it will be re-requested")
             return None
+        assert isinstance(response, dict)
         response["_run"] = data.get("run")
         return response
 
@@ -94,10 +129,17 @@ class ResponseCache:
             folder.mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(folder.name)
         data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "response": response}
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        # Unique per process and key: two processes never share a temporary file.
+        tmp = folder / f".{key}.{self._pid}.tmp"
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(data, handle, ensure_ascii=False, separators=(",", ":"))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -107,23 +149,32 @@ class ResponseCache:
     def claim(self, key: str) -> bool:
         """True when this process now owns ``key``; False while another live process does."""
         path = self.claims / key
-        for _ in range(2):
+        for _ in range(3):
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileNotFoundError:
+                self.claims.mkdir(parents=True, exist_ok=True)
+                continue
             except FileExistsError:
                 try:
-                    owner = int(path.read_text() or "0")
+                    owner = int(path.read_bytes() or b"0")
+                except FileNotFoundError:
+                    continue  # released just now: try again
                 except (OSError, ValueError):
-                    return False  # being written right now: treat as taken
-                if owner == os.getpid():
+                    return False  # unreadable: treat as taken
+                if owner == self._pid:
                     return True
+                if owner == 0 and not _stale(path):
+                    return False  # created, its pid not written yet
                 if owner and _pid_alive(owner):
                     return False
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()  # owner died mid-request: take it over
                 continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(str(os.getpid()))
+            try:
+                os.write(fd, self._pid_text)
+            finally:
+                os.close(fd)
             return True
         return False
 
@@ -131,12 +182,14 @@ class ResponseCache:
         """Whether somebody still holds a claim on ``key`` (a waiter gives up otherwise)."""
         path = self.claims / key
         try:
-            owner = int(path.read_text() or "0")
+            owner = int(path.read_bytes() or b"0")
         except FileNotFoundError:
             return False
         except (OSError, ValueError):
             return True
-        return owner == os.getpid() or _pid_alive(owner)
+        if owner == 0:
+            return not _stale(path)
+        return owner == self._pid or _pid_alive(owner)
 
     def release(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -151,9 +204,17 @@ class ResponseCache:
         else:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def take_warnings(self) -> list[str]:
+        """The warnings collected so far (each once), for the main thread to issue."""
+        with self._warn_lock:
+            taken = list(self.warnings)
+            self.warnings.clear()
+        return taken
+
     def _warn(self, key: str, message: str) -> None:
         # Collected, not warned: this runs on the engine's thread, and the
         # plugin re-issues them on the main thread where pytest records them.
-        if key not in self._warned:
-            self._warned.add(key)
-            self.warnings.append(message)
+        with self._warn_lock:
+            if key not in self._warned:
+                self._warned.add(key)
+                self.warnings.append(message)

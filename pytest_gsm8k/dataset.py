@@ -186,6 +186,27 @@ def load_split(
     return Split(name=name, config=config, split=split, problems=tuple(problems), fingerprint=fp)
 
 
+def train_source(data: str | None) -> str | None:
+    """Where few-shot exemplars come from: the train split beside the evaluated data.
+
+    A folder holds its own ``train.jsonl`` (or hub layout); for a single file
+    the ``train.jsonl`` next to it is used; otherwise the hub. Never the
+    evaluated file itself: exemplars must not come from test.
+    """
+    if data is None:
+        return None
+    path = Path(data).expanduser()
+    if path.is_dir():
+        return str(path)
+    sibling = path.parent / "train.jsonl"
+    if sibling.is_file() and sibling.resolve() != path.resolve():
+        return str(sibling)
+    raise DatasetError(
+        f"--gsm8k-shots: no train.jsonl next to {path} to draw exemplars from; "
+        "use --gsm8k-fewshot-file"
+    )
+
+
 def subset_order(problems: Iterable[Problem], seed: int) -> Iterator[Problem]:
     """Problems in a seeded, stable pseudo-random order.
 

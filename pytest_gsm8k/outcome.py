@@ -96,7 +96,7 @@ def score_response(
         "model": response.model,
         "error": None,
     }
-    if votes:
+    if protocol.name.startswith("maj@"):
         record["votes"] = [list(v) for v in votes]
     if notes:
         record["note"] = "; ".join(notes)

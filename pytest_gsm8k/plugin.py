@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from pytest_gsm8k.dataset import DatasetError, Split, load_split, select
+from pytest_gsm8k.dataset import DatasetError, Split, load_split, select, train_source
 from pytest_gsm8k.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.settings import OPTIONS, Option, Settings, SettingsError, build_settings
 from pytest_gsm8k.types import Problem
@@ -148,9 +148,11 @@ class State:
                     pool_split = load_split(s.fewshot_file, "fewshot", s.config)
                     source = f"file {Path(s.fewshot_file).name}"
                 else:
-                    pool_split = load_split(s.data, "train", s.config, s.dataset)
+                    pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
                     source = f"train (seed {s.seed})"
-                pool = [Exemplar(p.question, p.answer) for p in pool_split.problems]
+                evaluated = {p.question for p in self.split().problems}
+                pool = [Exemplar(p.question, p.answer) for p in pool_split.problems
+                        if p.question not in evaluated]  # never show a test problem as a shot
                 shots = s.shots if s.shots else len(pool)
                 try:
                     exemplars = draw_exemplars(pool, shots, s.seed)
@@ -533,8 +535,9 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = build_settings(lambda o: _read_option(config, o), notes.append)
     except SettingsError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
-    for note in notes:
-        warnings.warn(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=1)
+    if not hasattr(config, "workerinput"):  # once, not once per xdist worker
+        for note in notes:
+            config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
     config.pluginmanager.register(StatePlugin(State(config, settings)), STATE_NAME)
     if hasattr(config.option, "ignore_file_extensions"):
         # syrupy would call the baseline an unused snapshot (see snapshot.py)
