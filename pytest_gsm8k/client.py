@@ -60,6 +60,10 @@ class Breaker:
         self.last_error = ""
         self.on_open: Callable[[str], None] | None = None
 
+    def streak_seconds(self) -> float:
+        """How long the current streak of failures has lasted."""
+        return 0.0 if self.first is None else time.monotonic() - self.first
+
     def success(self) -> None:
         self.count = 0
         self.first = None
@@ -81,8 +85,9 @@ class Breaker:
 
 def _watching_transport(breaker: Breaker, limits: Any) -> Any:
     httpx = _httpx()
+    base: Any = httpx.AsyncBaseTransport
 
-    class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc]
+    class WatchingTransport(base):  # type: ignore[misc]
         """Forwards to the normal transport, telling the breaker what happened."""
 
         def __init__(self) -> None:

@@ -2,13 +2,25 @@
 
 Tests run one after another on pytest's thread; model calls must not. The
 engine gets the ordered list of requests for the items this process will
-run, and ``concurrency`` coroutines on a background loop fetch them ahead
-of the tests, in run order, jumping to whatever the test thread is waiting
-for. A test mostly finds its answer ready.
+run, and ``concurrency`` worker coroutines on a background loop fetch them
+ahead of the tests, in run order, jumping to whatever the test thread is
+waiting for. A test mostly finds its answer ready.
 
-Every request goes through the response cache first. Under xdist the cache's
-claims make sure each request is sent by exactly one worker; the others wait
-for the entry to appear.
+Scheduling state lives on the loop thread only; the test thread talks to it
+with ``call_soon_threadsafe`` and waits on a thread-safe future, and when the
+answer is already there it does not wake the loop at all (the two threads
+share one GIL, so every needless wake-up slows the other down).
+
+Requests go through the response cache when it can help: when it is
+persistent (resume, reruns) or shared with other processes (xdist). A
+single process with ``--gsm8k-no-cache`` keeps answers in memory only.
+
+Under xdist every worker plans every item (it cannot know which ones the
+controller will hand it), so the cache's claims decide who sends what: a
+worker that finds a request claimed by another process skips it and moves
+on, so the workers together keep the whole concurrency busy with distinct
+requests; only when its own test needs that answer does it watch for the
+entry (and sends the request itself if the claim vanished without one).
 
 Failures are split in two: a request that fails after the openai client's
 retries is that item's error; an endpoint that is gone (the breaker opens,
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,6 +43,9 @@ from pytest_gsm8k.client import Breaker, ModelClient, one_sample
 from pytest_gsm8k.types import Completion, ModelResponse, Request
 
 POLL_SECONDS = 0.01  # how often a waiter looks for another worker's entry
+CLAIM_CHECK_EVERY = 5  # polls between looks at whether the other worker still holds the claim
+
+PLANNED, RUNNING, ELSEWHERE, DONE = "planned", "running", "elsewhere", "done"
 
 
 class EndpointError(Exception):
@@ -38,6 +54,10 @@ class EndpointError(Exception):
 
 class EndpointAborted(EndpointError):
     """The endpoint is unusable; every remaining item fails with this message."""
+
+
+class _Elsewhere(Exception):
+    """Another process holds the claim on this request and will write its entry."""
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
@@ -72,14 +92,17 @@ def _api_message(exc: Any) -> str:
     return str(getattr(exc, "message", exc)).splitlines()[0]
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     request: Request
     position: int
     future: concurrent.futures.Future[ModelResponse] = field(
         default_factory=concurrent.futures.Future
     )
-    started: bool = False
+    state: str = PLANNED  # loop thread only
+    wanted: bool = False  # the test thread waits for it (loop thread only)
+    watched: bool = False  # a watcher looks for another process's entry (loop thread only)
+    queued: bool = False  # in the loop's run-order list (loop thread only)
 
 
 class Engine:
@@ -99,27 +122,34 @@ class Engine:
         self.cache = cache
         self.concurrency = max(1, concurrency)
         self.use_claims = use_claims
+        # Only go to disk when it can help: resume across runs, or sharing across processes.
+        self.use_store = cache.persistent or use_claims
         self.samples = samples
-        self.jobs: list[Job] = []
-        self.by_id: dict[str, Job] = {}
         self.aborted: str | None = None
         self.requests_sent = 0
         self.from_cache = 0
+        self.by_request: dict[Request, Job] = {}  # test thread only
+        self._jobs: list[Job] = []  # loop thread only, in run order
         self._scan = 0
-        self._pending = 0
         self._priority: deque[Job] = deque()
-        self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._wake: asyncio.Event | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._workers: list[asyncio.Task[None]] = []
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         self._thread = threading.Thread(target=self._run_loop, name="gsm8k-engine", daemon=True)
         self._thread.start()
         if breaker is not None:
-            breaker.on_open = lambda err: self._loop.call_soon_threadsafe(
-                self._abort,
-                f"endpoint {client.endpoint} unreachable: {breaker.count} connection failures "
-                f"in a row ({err}); stopped sending",
-            )
+
+            def on_open(err: str, breaker: Breaker = breaker) -> None:
+                message = (
+                    f"endpoint {client.endpoint} unreachable: {breaker.count} connection "
+                    f"failures in a row over {breaker.streak_seconds():.1f} s ({err}); "
+                    "stopped sending"
+                )
+                self._loop.call_soon_threadsafe(self._abort, message)
+
+            breaker.on_open = on_open
 
     # -- thread side -------------------------------------------------------
 
@@ -129,86 +159,104 @@ class Engine:
 
     def start(self, requests: list[Request]) -> None:
         """Plan and begin fetching ``requests`` in this order."""
-        with self._lock:
-            for request in requests:
-                self._add(request)
-        self._loop.call_soon_threadsafe(self._start_workers)
+        jobs = [self._new_job(request) for request in requests]
+        self._loop.call_soon_threadsafe(self._plan, jobs, False)
 
-    def _add(self, request: Request) -> Job:
-        job = Job(request=request, position=len(self.jobs))
-        self.jobs.append(job)
-        self.by_id[request.problem_id] = job
-        self._pending += 1
+    def _new_job(self, request: Request) -> Job:
+        job = self.by_request.get(request)
+        if job is None:
+            job = Job(request=request, position=len(self.by_request))
+            self.by_request[request] = job
         return job
 
     def result(self, request: Request) -> ModelResponse:
         """The response for ``request``: usually ready; otherwise fetched first, now."""
-        with self._lock:
-            job = self.by_id.get(request.problem_id)
-            if job is None or job.request != request:
-                job = self._add(request)
-            if not job.started:
-                self._priority.appendleft(job)
-        self._loop.call_soon_threadsafe(self._kick)
+        job = self.by_request.get(request)
+        if job is None:
+            job = self._new_job(request)
+            self._loop.call_soon_threadsafe(self._plan, [job], True)
+        elif not job.future.done():
+            self._loop.call_soon_threadsafe(self._want, job)
         while True:
             try:
                 return job.future.result(timeout=0.5)
             except concurrent.futures.TimeoutError:
-                continue
+                if self._closed:
+                    raise EndpointAborted(self.aborted or "the engine was closed") from None
+
+    @property
+    def jobs(self) -> list[Job]:
+        """Every job this engine knows, in the order they were planned."""
+        return list(self.by_request.values())
 
     def close(self) -> None:
         """Cancel what is left, close the client, stop the loop."""
-        if not self._loop.is_running():
+        if self._closed or not self._loop.is_running():
             return
+        self._closed = True
 
         async def shutdown() -> None:
-            for task in self._tasks:
+            tasks = [*self._workers, *self._side_tasks]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._fail_unfinished(EndpointAborted(self.aborted or "the run ended"))
             await self.client.aclose()
 
-        try:
+        with contextlib.suppress(Exception):  # closing must never fail the run
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
-        except Exception:  # noqa: BLE001 - closing must never fail the run
-            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
-    # -- loop side ---------------------------------------------------------
+    # -- loop side: scheduling ------------------------------------------------
 
-    def _start_workers(self) -> None:
-        if self._tasks:
-            self._kick()
+    def _plan(self, jobs: list[Job], wanted: bool) -> None:
+        for job in jobs:
+            if not job.queued:
+                job.queued = True
+                self._jobs.append(job)
+        if self.aborted is not None:
+            self._fail_unfinished(EndpointAborted(self.aborted))
             return
-        self._wake = asyncio.Event()
-        self._tasks = [self._loop.create_task(self._worker()) for _ in range(self.concurrency)]
+        for job in jobs if wanted else ():
+            self._want(job)
+        if not self._workers:
+            self._wake = asyncio.Event()
+            self._workers = [
+                self._loop.create_task(self._worker()) for _ in range(self.concurrency)
+            ]
+        else:
+            self._kick()
+
+    def _want(self, job: Job) -> None:
+        """The test thread waits for ``job``: fetch it next, or watch another process's work."""
+        job.wanted = True
+        if job.future.done() or self.aborted is not None:
+            return
+        if job.state == PLANNED:
+            self._priority.appendleft(job)
+            self._kick()
+        elif job.state == ELSEWHERE:
+            self._watch(job)
 
     def _kick(self) -> None:
-        if not self._tasks:
-            self._start_workers()
         if self._wake is not None:
             self._wake.set()
 
     def _next_job(self) -> Job | None:
-        with self._lock:
-            while self._priority:
-                job = self._priority.popleft()
-                if not job.started:
-                    job.started = True
-                    self._pending -= 1
-                    return job
-            if self._pending <= 0:
-                return None
-            for _ in range(2):  # from the scan point to the end, then once from the start
-                while self._scan < len(self.jobs):
-                    job = self.jobs[self._scan]
-                    self._scan += 1
-                    if not job.started:
-                        job.started = True
-                        self._pending -= 1
-                        return job
-                self._scan = 0
-            return None
+        while self._priority:
+            job = self._priority.popleft()
+            if job.state == PLANNED:
+                return job
+        jobs = self._jobs
+        while self._scan < len(jobs):
+            job = jobs[self._scan]
+            self._scan += 1
+            if job.state == PLANNED:
+                return job
+        return None
 
     async def _worker(self) -> None:
         assert self._wake is not None
@@ -218,43 +266,103 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if job.future.done():
-                continue
+            job.state = RUNNING
             try:
                 response = await self._fetch(job.request)
+            except _Elsewhere:
+                job.state = ELSEWHERE
+                if job.wanted:
+                    self._watch(job)
+                continue
             except asyncio.CancelledError:
-                if not job.future.done():
-                    job.future.set_exception(EndpointAborted(self.aborted or "run cancelled"))
+                self._finish(job, error=EndpointAborted(self.aborted or "run cancelled"))
                 raise
             except Exception as exc:  # noqa: BLE001 - classified below, never lost
                 message, fatal = describe_error(exc)
                 if fatal:
                     self._abort(message)
-                elif not job.future.done():
-                    job.future.set_exception(EndpointError(message))
+                else:
+                    self._finish(job, error=EndpointError(message))
                 continue
+            self._finish(job, response=response)
+
+    def _finish(
+        self, job: Job, *, response: ModelResponse | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        job.state = DONE
+        if job.future.done():
+            return
+        if response is not None:
+            job.future.set_result(response)
+        else:
+            job.future.set_exception(error or EndpointError("no answer"))
+
+    def _fail_unfinished(self, error: BaseException) -> None:
+        for job in self._jobs:
             if not job.future.done():
-                job.future.set_result(response)
+                job.state = DONE
+                job.future.set_exception(error)
 
     def _abort(self, message: str) -> None:
         if self.aborted is not None:
             return
         self.aborted = message
-        error = EndpointAborted(message)
-        with self._lock:
-            for job in self.jobs:
-                job.started = True
-                if not job.future.done():
-                    job.future.set_exception(error)
-            self._pending = 0
-        current = asyncio.current_task(self._loop) if self._loop.is_running() else None
-        for task in self._tasks:
+        self._fail_unfinished(EndpointAborted(message))
+        self._priority.clear()
+        current = asyncio.current_task(self._loop)
+        for task in [*self._workers, *self._side_tasks]:
             if task is not current:
                 task.cancel()
 
+    # -- loop side: another process's answers --------------------------------
+
+    def _watch(self, job: Job) -> None:
+        if job.watched:
+            return
+        job.watched = True
+        task = self._loop.create_task(self._watcher(job))
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _watcher(self, job: Job) -> None:
+        """Poll for the entry another process is writing; take the job back if it gave up."""
+        key = self._key(job.request, _first_sample(job.request))
+        polls = 0
+        try:
+            while not job.future.done() and self.aborted is None:
+                hit = self.cache.get(key)
+                if hit is not None and job.request.n == 1:
+                    self._finish(job, response=self._from_hit(hit))
+                    return
+                if hit is not None or (
+                    polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key)
+                ):
+                    break  # the entry is there (more samples to gather) or the claim is gone
+                polls += 1
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            job.watched = False
+        if not job.future.done() and self.aborted is None:
+            job.state = PLANNED  # a worker fetches it (mostly: reads the entry) next
+            self._priority.appendleft(job)
+            self._kick()
+
+    # -- loop side: fetching ---------------------------------------------------
+
+    def _key(self, request: Request, sample: str) -> str:
+        return cache_key(self.client.endpoint, request.body(self.client.model), sample)
+
+    def _from_hit(self, hit: dict[str, Any]) -> ModelResponse:
+        response = ModelResponse.from_json(hit)
+        if hit.get("_run") != self.cache.run_id:  # not just another worker's fresh answer
+            response.cached = len(response.completions)
+            self.from_cache += 1
+        return response
+
     async def _fetch(self, request: Request) -> ModelResponse:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored."""
-        first = await self._one(request, "0" if request.n == 1 else f"0..{request.n}")
+        first = await self._one(request, _first_sample(request), defer=True)
         if len(first.completions) >= request.n:
             first.completions = first.completions[: request.n]
             return first
@@ -263,25 +371,28 @@ class Engine:
         cached = first.cached
         single = one_sample(request)
         for index in range(len(completions), request.n):
-            extra = await self._one(single, str(index))
+            extra = await self._one(single, str(index), defer=False)
             completions.extend(extra.completions[:1] or [Completion(text="")])
             cached += extra.cached
             for name, value in extra.usage.items():
                 usage[name] = usage.get(name, 0) + value
         return ModelResponse(completions=completions, usage=usage, model=first.model, cached=cached)
 
-    async def _one(self, request: Request, sample: str) -> ModelResponse:
-        """One API call through the cache, honouring other workers' claims."""
+    async def _one(self, request: Request, sample: str, *, defer: bool) -> ModelResponse:
+        """One API call through the cache, honouring other processes' claims.
+
+        ``defer``: when another process holds the claim, raise :class:`_Elsewhere`
+        (the worker moves on) instead of waiting here for its entry.
+        """
+        if not self.use_store:
+            self.requests_sent += 1
+            return await self.client.complete(request)
         body = request.body(self.client.model)
         key = cache_key(self.client.endpoint, body, sample)
         while True:
             hit = self.cache.get(key)
             if hit is not None:
-                response = ModelResponse.from_json(hit)
-                if hit.get("_run") != self.cache.run_id:  # not just another worker's fresh answer
-                    response.cached = len(response.completions)
-                    self.from_cache += 1
-                return response
+                return self._from_hit(hit)
             if not self.use_claims:
                 break
             if self.cache.claim(key):
@@ -289,13 +400,15 @@ class Engine:
                 if hit is None:
                     break
                 self.cache.release(key)
-                continue
-            # Another worker is sending it: wait for its entry, or for its claim to vanish.
-            waited = 0
+                return self._from_hit(hit)
+            if defer:
+                raise _Elsewhere
+            # Another process is sending it: wait for its entry, or for its claim to vanish.
+            polls = 0
             while self.cache.get(key) is None and self.aborted is None:
                 await asyncio.sleep(POLL_SECONDS)
-                waited += 1
-                if waited % 50 == 0 and not self.cache.claim_owner_alive(key):
+                polls += 1
+                if polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key):
                     break
             if self.aborted is not None:
                 raise asyncio.CancelledError
@@ -308,3 +421,7 @@ class Engine:
         finally:
             if self.use_claims:
                 self.cache.release(key)
+
+
+def _first_sample(request: Request) -> str:
+    return "0" if request.n == 1 else f"0..{request.n}"

@@ -109,6 +109,7 @@ class State:
         self.summary: Any = None
         self.interrupted = False
         self.aborted: str | None = None
+        self.data_error: str | None = None
         self.local_server: Any = None
         self.local_info: dict[str, Any] | None = None
         self.base_url = settings.resolved_base_url()
@@ -357,6 +358,8 @@ class StatePlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Remember which problems this process will run, in run order, for the prefetcher."""
+        if self.state.data_error:
+            raise pytest.UsageError(self.state.data_error)
         seen: set[str] = set()
         planned: list[Problem] = []
         for item in session.items:
@@ -562,7 +565,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     try:
         problems = state.selected()
     except DatasetError as exc:
-        raise pytest.UsageError(f"gsm8k: {exc}") from None
+        # Raised here (inside a collector) it would become a collection error with a
+        # traceback; pytest_collection_finish raises it as one usage-error line instead.
+        state.data_error = f"gsm8k: {exc}"
+        return
     metafunc.parametrize("gsm8k_problem", problems, ids=[p.id for p in problems])
 
 
@@ -635,11 +641,17 @@ def gsm8k_outcome(
             request.session.shouldfail = f"gsm8k: {exc}"
         item.stash[RECORD_KEY] = record
         item.user_properties.append(("gsm8k_outcome", "error"))
-        pytest.fail(f"gsm8k: {exc}", pytrace=False)
+        failure = f"gsm8k: {exc}"
+    else:
+        failure = None
     finally:
         for message in engine.cache.warnings:
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)
         engine.cache.warnings.clear()
+    if failure is not None:
+        # Outside the except block: inside it, pytest would print the EndpointError too
+        # ("During handling of the above exception, another exception occurred").
+        pytest.fail(failure, pytrace=False)
     record = score_response(gsm8k_problem, response, gsm8k_protocol, state.pattern)
     record["endpoint"] = _safe_url(engine.client.endpoint)
     record["model"] = record["model"] or engine.client.model

@@ -28,9 +28,10 @@ What it does
 
 Usage (needs ``pip install "lm-eval[api]==0.4.13"``; no torch, no network)::
 
-    python tests/data/record_lm_eval.py [--data ../shared/gsm8k] [--out tests/data/lm_eval_requests.json]
+    python tests/data/record_lm_eval.py [--data ../shared/gsm8k] \\
+        [--out tests/data/lm_eval_requests.json]
 
-It takes about half a minute.
+It takes under a minute (six lm_eval runs, one of them over the full test split).
 """
 
 from __future__ import annotations
@@ -162,13 +163,16 @@ def _run(
             f"model={MODEL},base_url={srv.base_url}/completions,num_concurrent=1,"
             "tokenized_requests=False,tokenizer_backend=None"
         )
-    argv = ["lm_eval", "--model", model, "--model_args", model_args, "--tasks", TASK]
+    shown_args = model_args.replace(srv.base_url, "http://127.0.0.1:<port>/v1")
+    argv = ["lm_eval", "--model", model, "--model_args", shown_args, "--tasks", TASK]
     argv += ["--include_path", "<tmp>", "--log_samples", "--output_path", "<out>"]
     if limit is not None:
         argv += ["--limit", str(limit)]
     argv += flags
     real = [sys.executable, "-m", "lm_eval"] + [
-        str(tmp) if a == "<tmp>" else str(out) if a == "<out>" else a for a in argv[1:]
+        str(tmp) if a == "<tmp>" else str(out) if a == "<out>" else model_args if a == shown_args
+        else a
+        for a in argv[1:]
     ]
     env = dict(os.environ)
     env.update(
@@ -224,10 +228,9 @@ def _run(
 
 def _scoring_cases() -> list[dict[str, Any]]:
     """Edge cases scored by lm-eval's own RegexFilter and exact_match code."""
+    import yaml  # lm-eval depends on PyYAML
     from lm_eval.api.metrics import exact_match_hf_evaluate
     from lm_eval.filters.extraction import RegexFilter
-
-    import yaml  # lm-eval depends on PyYAML
 
     cfg_path = Path(__import__("lm_eval").__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
@@ -270,10 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         task_yaml = _task_yaml(data)
         (tmp / f"{TASK}.yaml").write_text(task_yaml)
         print(f"lm-eval {version}, server {srv.base_url}", file=sys.stderr)
+        single = ["--apply_chat_template", "--fewshot_as_multiturn", "false"]
         plan: list[tuple[str, bool, list[str], int | None]] = [
             ("completions", False, [], len(SCRIPTED)),
             ("chat", True, ["--apply_chat_template", "--fewshot_as_multiturn"], len(SCRIPTED)),
-            ("chat_singleturn", True, ["--apply_chat_template", "--fewshot_as_multiturn", "false"], 3),
+            ("chat_singleturn", True, single, 3),
             ("completions_system", False, ["--system_instruction", SYSTEM], 2),
             ("chat_system", True, ["--apply_chat_template", "--system_instruction", SYSTEM], 2),
             ("completions_full", False, [], None),
