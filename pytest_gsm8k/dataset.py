@@ -70,17 +70,23 @@ def _problem(index: int, split: str, row: Any, where: str) -> Problem:
         gold = gold_number(row["answer"])
     except ValueError as exc:
         raise DatasetError(f"{where}: {exc}") from None
-    return Problem(index=index, split=split, question=row["question"], answer=row["answer"], gold=gold)
+    return Problem(
+        index=index, split=split, question=row["question"], answer=row["answer"], gold=gold
+    )
 
 
 def _read_jsonl(path: Path, split: str) -> list[Problem]:
     problems: list[Problem] = []
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")  # decoded line by line, so a bad byte names its line
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
     with handle:
-        for lineno, line in enumerate(handle, start=1):
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from None
             if not line.strip():
                 continue
             try:
@@ -225,5 +231,5 @@ def select(problems: tuple[Problem, ...], limit: int | None, seed: int) -> tuple
     """The seeded subset of size ``limit`` (all problems when None), in split order."""
     if limit is None or limit >= len(problems):
         return problems
-    chosen = {p.index for _, p in zip(range(limit), subset_order(problems, seed))}
+    chosen = {p.index for _, p in zip(range(limit), subset_order(problems, seed), strict=False)}
     return tuple(p for p in problems if p.index in chosen)

@@ -56,7 +56,9 @@ def score_response(
     """Score every sample with every rule, then decide the problem's outcome."""
     scores = [score_text(c.text, problem.gold, pattern) for c in response.completions]
     gated = protocol.extractor
-    decision, correct, votes = _decide(protocol, scores, gated, problem.gold)
+    decision, correct, votes = _decide(
+        protocol, scores, gated if gated in RULES else "strict", problem.gold
+    )
     truncated = [c.finish_reason == "length" for c in response.completions]
     if correct:
         outcome = "correct"
@@ -67,6 +69,24 @@ def score_response(
     else:
         outcome = "wrong"
     rules = {rule: _decide(protocol, scores, rule, problem.gold)[1] for rule in RULES}
+    shown = format_number(decision)
+    if protocol.preset == "lm-eval":
+        # lm-eval's own filters and string match, labelled by its names; strict-match gates
+        from pytest_gsm8k.presets import lm_eval_score, lm_eval_strict
+
+        text = response.completions[0].text if response.completions else ""
+        rules.update(lm_eval_score(text, problem.answer))
+        correct = rules["strict-match"]
+        lm_extracted = lm_eval_strict(text)
+        shown = lm_extracted
+        if correct:
+            outcome = "correct"
+        elif any(truncated):
+            outcome = "truncated"
+        elif lm_extracted is None:
+            outcome = "unparsed"
+        else:
+            outcome = "wrong"
     notes = []
     if any(not c.text.strip() and c.reasoning for c in response.completions):
         notes.append("empty content; the answer was only in reasoning_content")
@@ -75,9 +95,9 @@ def score_response(
             "text": c.text,
             "finish_reason": c.finish_reason,
             "extracted": {rule: format_number(s.extracted[rule]) for rule in RULES},
-            "correct": s.correct[gated],
+            "correct": s.correct[gated] if gated in s.correct else correct,
         }
-        for c, s in zip(response.completions, scores)
+        for c, s in zip(response.completions, scores, strict=True)
     ]
     record: dict[str, Any] = {
         "index": problem.index,
@@ -85,10 +105,11 @@ def score_response(
         "gold": format_number(problem.gold),
         "outcome": outcome,
         "correct": correct,
-        "extracted": format_number(decision),
+        "extracted": shown,
         "rules": rules,
         "n_samples": len(scores),
-        "n_correct": sum(1 for s in scores if s.correct[gated]),
+        "n_correct": (sum(1 for s in scores if s.correct[gated]) if gated in RULES
+                      else int(correct)),
         "response": response.completions[0].text if response.completions else "",
         "samples": samples,
         "usage": dict(response.usage),

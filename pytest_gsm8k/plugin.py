@@ -71,7 +71,10 @@ def _read_option(config: pytest.Config, option: Option) -> Any:
     value = config.getoption(option.dest)
     if value is not None:
         return value
-    ini = config.getini(option.dest)
+    try:
+        ini = config.getini(option.dest)
+    except ValueError as exc:  # pytest's own conversion (type="bool"): a traceback otherwise
+        raise SettingsError(f"ini {option.dest}: {exc}") from None
     if ini in (None, "", []):
         return None
     return ini
@@ -143,8 +146,16 @@ class State:
         if self._protocol is None:
             s = self.settings
             exemplars: tuple[Exemplar, ...] = ()
+            train: tuple[tuple[str, str], ...] = ()
             source = "none"
-            if s.shots or s.fewshot_file:
+            if s.preset:
+                from pytest_gsm8k.presets import get_preset
+
+                spec = get_preset(s.preset)
+                pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+                train = tuple((p.question, p.answer) for p in pool_split.problems)
+                source = spec.fewshot_source
+            elif s.shots or s.fewshot_file:
                 if s.fewshot_file:
                     pool_split = load_split(s.fewshot_file, "fewshot", s.config)
                     source = f"file {Path(s.fewshot_file).name}"
@@ -164,9 +175,11 @@ class State:
                 samples=s.samples,
                 temperature=s.temperature,
                 api=s.api,
-                shots=len(exemplars),
+                shots=len(exemplars) if not s.preset else s.shots,
                 fewshot_source=source,
                 exemplars=exemplars,
+                train=train,
+                preset=s.preset,
                 system=s.system,
                 max_tokens=s.max_tokens,
                 stop=s.stop,
@@ -186,7 +199,7 @@ class State:
             if self.settings.cache_dir:
                 root = Path(self.settings.cache_dir).expanduser()
             elif getattr(self.config, "cache", None) is not None:
-                root = self.config.cache.mkdir("gsm8k")  # type: ignore[union-attr]
+                root = self.config.cache.mkdir("gsm8k")
         if root is None:
             persistent = False
             root = self.run_dir / "cache"
@@ -632,6 +645,7 @@ def gsm8k_outcome(
     state = _state(request.config)
     engine = state.engine_for(gsm8k_model, gsm8k_protocol)
     item = request.node
+    failure: str | None = None
     try:
         response = engine.result(gsm8k_protocol.request(gsm8k_problem))
     except EndpointError as exc:
@@ -642,8 +656,6 @@ def gsm8k_outcome(
         item.stash[RECORD_KEY] = record
         item.user_properties.append(("gsm8k_outcome", "error"))
         failure = f"gsm8k: {exc}"
-    else:
-        failure = None
     finally:
         for message in engine.cache.warnings:
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)

@@ -52,6 +52,8 @@ class Protocol:
     extractor: str = "strict"
     answer_regex: str | None = None
     preset: str | None = None
+    #: the whole train split in file order, for presets that sample shots per problem
+    train: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
     def label(self) -> str:
@@ -62,7 +64,7 @@ class Protocol:
             parts.append("completions")
         if self.preset:
             parts.append(f"preset {self.preset}")
-        if self.extractor != "strict":
+        if self.extractor not in ("strict", "strict-match"):
             parts.append(f"extract {self.extractor}")
         return ", ".join(parts)
 
@@ -71,6 +73,9 @@ class Protocol:
         ex_hash = hashlib.sha256(
             "\x00".join(f"{e.question}\x01{e.answer}" for e in self.exemplars).encode()
         ).hexdigest()[:16]
+        train_hash = hashlib.sha256(
+            "\x00".join(f"{q}\x01{a}" for q, a in self.train).encode()
+        ).hexdigest()[:16]
         return {
             "name": self.name,
             "samples": self.samples,
@@ -78,7 +83,7 @@ class Protocol:
             "api": self.api,
             "shots": self.shots,
             "fewshot_source": self.fewshot_source,
-            "fewshot_hash": ex_hash if self.exemplars else None,
+            "fewshot_hash": ex_hash if self.exemplars else (train_hash if self.train else None),
             "system_hash": (
                 hashlib.sha256(self.system.encode()).hexdigest()[:16] if self.system else None
             ),
@@ -91,6 +96,10 @@ class Protocol:
 
     def request(self, problem: Problem) -> Request:
         """The request for one problem."""
+        if self.preset == "lm-eval":
+            from pytest_gsm8k.presets import lm_eval_request
+
+            return lm_eval_request(problem, self.train, self.api, system=self.system)
         if self.api == "chat":
             return Request(
                 problem_id=problem.id,

@@ -68,6 +68,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("extract", "str", f"extractor that decides correctness: {', '.join(RULES)}", "strict"),
     Option("answer-regex", "str", "replace the strict pattern; group 1 is the number",
            metavar="REGEX"),
+    Option("preset", "str", "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k)",
+           metavar="NAME"),
     Option("report", "str", "write the JSON report here", metavar="PATH"),
     Option("concurrency", "int", "requests in flight at once (per run, shared by xdist workers)",
            32, metavar="N"),
@@ -148,6 +150,7 @@ class Settings:
     extract: str
     answer_regex: str | None
     report: str | None
+    preset: str | None
     concurrency: int
     timeout: float
     max_retries: int
@@ -172,6 +175,29 @@ class Settings:
         return self.base_url or os.environ.get("OPENAI_BASE_URL") or None
 
 
+PRESET_RULES = ("strict-match", "flexible-extract")
+#: options a preset fixes itself: giving one as well would silently change the peer's protocol
+PRESET_FIXED = ("protocol", "temperature", "shots", "fewshot_file", "max_tokens", "stop",
+                "extract", "answer_regex")
+
+
+def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
+    from pytest_gsm8k.presets import get_preset
+
+    try:
+        spec = get_preset(name)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    for key in PRESET_FIXED:
+        if key in given:
+            flag = "--gsm8k-" + key.replace("_", "-")
+            raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
+    values.update(protocol="test@1", temperature=spec.temperature, shots=spec.shots,
+                  max_tokens=spec.max_tokens, stop=list(spec.stop), extract="strict-match")
+    if "api" not in given:
+        values["api"] = "completions"
+
+
 def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) -> Settings:
     """Read every option through ``get`` (command line, then ini) and validate.
 
@@ -186,7 +212,10 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         if value is not None:
             given.add(key)
         values[key] = option.default if value is None else value
-    if str(values["model"] or "").startswith("local"):
+    preset = values["preset"]
+    if preset is not None:
+        _apply_preset(str(preset), values, given)
+    elif str(values["model"] or "").startswith("local"):
         # A base model does not follow chat instructions: few-shot completions with stops.
         for key, value in LOCAL_DEFAULTS.items():
             if key not in given:
@@ -234,7 +263,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     if api not in ("chat", "completions"):
         raise SettingsError(f"--gsm8k-api: expected chat or completions, got {api!r}")
     extract = values["extract"]
-    if extract not in RULES:
+    if extract not in RULES and not (preset and extract in PRESET_RULES):
         raise SettingsError(f"--gsm8k-extract: expected one of {', '.join(RULES)}, got {extract!r}")
     regex = values["answer_regex"]
     if regex is not None:
@@ -270,6 +299,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         extract=extract,
         answer_regex=regex,
         report=values["report"] or None,
+        preset=preset,
         concurrency=int(values["concurrency"]),
         timeout=float(values["timeout"]),
         max_retries=int(values["max_retries"]),

@@ -67,17 +67,27 @@ class Summary:
         counter = Counter(r["outcome"] for r in self.records)
         return {o: counter.get(o, 0) for o in OUTCOMES}
 
+    def rule_names(self) -> list[str]:
+        """Our rules, then any a preset adds (lm-eval's strict-match, flexible-extract)."""
+        names = list(RULES)
+        for record in self.records:
+            names += [name for name in record["rules"] if name not in names]
+        return names
+
     def rule_accuracy(self) -> dict[str, float]:
+        names = self.rule_names()
         if not self.n:
-            return dict.fromkeys(RULES, 0.0)
-        return {rule: sum(1 for r in self.records if r["rules"][rule]) / self.n for rule in RULES}
+            return dict.fromkeys(names, 0.0)
+        return {
+            rule: sum(1 for r in self.records if r["rules"].get(rule)) / self.n for rule in names
+        }
 
     def format_failures(self) -> int:
         """Problems the gated extractor missed but another rule got right."""
         gated = self.protocol["extractor"]
         return sum(
             1 for r in self.records
-            if not r["rules"][gated] and any(r["rules"][x] for x in RULES if x != gated)
+            if not r["rules"].get(gated) and any(v for k, v in r["rules"].items() if k != gated)
         )
 
     def pass_at(self) -> dict[str, float]:
@@ -157,7 +167,9 @@ class Summary:
         gated = self.protocol["extractor"]
         out.append(
             "  by extractor: "
-            + ", ".join(f"{rule}{'*' if rule == gated else ''} {rules[rule]:.4f}" for rule in RULES)
+            + ", ".join(
+                f"{rule}{'*' if rule == gated else ''} {acc:.4f}" for rule, acc in rules.items()
+            )
             + f"  (* gates; format failures: {self.format_failures()})"
         )
         pass_at = self.pass_at()

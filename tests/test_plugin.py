@@ -688,6 +688,7 @@ def test_request_failing_after_retries_is_an_error(
     assert outcome_map(report, "error") == {chosen[6]}
     assert report["counts"]["error"] == 1 and report["accuracy"] == 0.9
     assert "HTTP 500" in text and "Traceback" not in text
+    assert "During handling" not in text  # one message, not the exception chain
     assert "1 error" in result.outlines[-1]
 
 

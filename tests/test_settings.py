@@ -1,0 +1,94 @@
+"""Unit tests for pytest_gsm8k.settings: the options table, defaults, validation, ini twins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_gsm8k.settings import OPTIONS, Option, Settings, SettingsError, build_settings
+
+
+def settings(warnings: list[str] | None = None, **given: Any) -> Settings:
+    """build_settings with ``given`` (keys like min_acc) as the only set values."""
+    notes = warnings if warnings is not None else []
+    return build_settings(lambda o: given.get(o.dest[len("gsm8k_"):]), notes.append)
+
+
+def test_defaults_are_test_at_1_zero_shot_chat() -> None:
+    s = settings()
+    assert (s.protocol, s.samples, s.temperature, s.shots, s.api) == ("test@1", 1, 0.0, 0, "chat")
+    assert s.extract == "strict" and s.answer_regex is None
+    assert (s.dataset, s.config, s.split, s.data) == ("openai/gsm8k", "main", "test", None)
+    assert s.limit is None and s.seed == 1234 and s.min_acc is None
+    assert s.max_tokens >= 512  # generous enough for chain of thought
+    assert s.api_key_env == "OPENAI_API_KEY" and s.model is None
+
+
+def test_every_option_has_a_flag_and_an_ini_twin(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    text = result.stdout.str()
+    for option in OPTIONS:
+        assert option.flag in text, option.flag
+        assert option.dest in text, option.dest  # listed under [pytest] ini-options
+
+
+def test_the_key_is_never_an_option() -> None:
+    names = {o.name for o in OPTIONS}
+    assert "api-key" not in names and "key" not in names
+    assert "api-key-env" in names
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.kind in ("int", "float")],
+                         ids=lambda o: o.name)
+def test_non_numbers_name_the_option(option: Option) -> None:
+    with pytest.raises(SettingsError) as info:
+        settings(**{option.dest[len("gsm8k_"):]: "lots"})
+    assert option.flag in str(info.value) and "lots" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        ({"min_acc": "1.01"}, "--gsm8k-min-acc"),
+        ({"min_acc": "-0.1"}, "--gsm8k-min-acc"),
+        ({"limit": "0"}, "--gsm8k-limit"),
+        ({"max_tokens": "-5"}, "--gsm8k-max-tokens"),
+        ({"protocol": "best@3"}, "--gsm8k-protocol"),
+        ({"protocol": "pass@0"}, "--gsm8k-protocol"),
+        ({"temperature": "3"}, "--gsm8k-temperature"),
+        ({"api": "grpc"}, "--gsm8k-api"),
+        ({"extract": "nope"}, "--gsm8k-extract"),
+        ({"answer_regex": "(unclosed"}, "--gsm8k-answer-regex"),
+        ({"no_cache": "maybe"}, "--gsm8k-no-cache"),
+    ],
+)
+def test_bad_values_are_one_line_errors_naming_the_option(given: dict[str, str],
+                                                          needle: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        settings(**given)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_sampled_protocols() -> None:
+    s = settings(protocol="maj@8")
+    assert s.samples == 8 and s.temperature == 0.7 and s.aggregation == "maj"
+    notes: list[str] = []
+    s = settings(notes, protocol="pass@4", temperature="0")
+    assert s.temperature == 0.0 and any("identical" in n for n in notes)
+
+
+def test_ini_strings_are_converted() -> None:
+    s = settings(min_acc=" 0.85 ", limit="20", no_cache="true", stop=["Question:"])
+    assert s.min_acc == 0.85 and s.limit == 20 and s.no_cache is True
+    assert s.stop == ("Question:",)
+
+
+def test_key_and_base_url_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-123")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://env:1/v1")
+    s = settings(api_key_env="MY_KEY")
+    assert s.api_key() == "sk-123" and s.resolved_base_url() == "http://env:1/v1"
+    assert settings(base_url="http://opt:2/v1").resolved_base_url() == "http://opt:2/v1"
+    monkeypatch.delenv("MY_KEY")
+    assert s.api_key() is None
