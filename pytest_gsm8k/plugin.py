@@ -491,9 +491,10 @@ def _start_local(state: State) -> None:
         path = local.resolve_model(state.settings.model or "local")
         log = state.run_dir / "llama-server.log"
         # room for a 5-shot prompt (~1,000 tokens) plus the answer
-        n_ctx = max(local.DEFAULT_N_CTX, 1536 + state.settings.max_tokens)
+        n_ctx = state.settings.local_ctx or max(local.DEFAULT_N_CTX,
+                                                1536 + state.settings.max_tokens)
         server = local.start_local_server(path, alias=local.DEFAULT_ALIAS, log_path=log,
-                                          n_ctx=n_ctx)
+                                          n_ctx=n_ctx, threads=state.settings.local_threads)
     except local.LocalServerError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     state.local_server = server

@@ -78,6 +78,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("cache-dir", "str", "response cache folder (default: pytest's cache dir)",
            metavar="PATH"),
     Option("no-cache", "bool", "do not read or write the response cache", False),
+    Option("local-threads", "int", "--gsm8k-model=local: llama.cpp threads (default: the CPUs "
+           "this process may use)", metavar="N"),
+    Option("local-ctx", "int", "--gsm8k-model=local: context size (default: 2048, more when "
+           "--gsm8k-max-tokens needs it)", metavar="N"),
     Option("baseline", "str", "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under "
            "the rootdir); written with --snapshot-update", metavar="PATH"),
     Option("baseline-name", "str", "baseline name (default: derived from the protocol)",
@@ -156,6 +160,8 @@ class Settings:
     max_retries: int
     cache_dir: str | None
     no_cache: bool
+    local_threads: int | None = None
+    local_ctx: int | None = None
     baseline: str | None = None
     baseline_name: str | None = None
     max_drop: float = 0.0
@@ -251,6 +257,8 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     positive("timeout")
     positive("max-retries", allow_zero=True)
     positive("shots", allow_zero=True)
+    positive("local-threads")
+    positive("local-ctx")
     min_acc = values["min_acc"]
     if min_acc is not None and not 0.0 <= min_acc <= 1.0:
         raise SettingsError(f"--gsm8k-min-acc: must be between 0 and 1, got {min_acc}")
@@ -305,6 +313,8 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         max_retries=int(values["max_retries"]),
         cache_dir=values["cache_dir"] or None,
         no_cache=bool(values["no_cache"]),
+        local_threads=values["local_threads"],
+        local_ctx=values["local_ctx"],
         baseline=values["baseline"] or None,
         baseline_name=values["baseline_name"] or None,
         max_drop=float(values["max_drop"]),

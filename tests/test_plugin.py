@@ -193,6 +193,9 @@ def test_full_split_all_correct_in_empty_directory(
     assert len(report["problems"]) == 1319
     assert {p["id"] for p in report["problems"]} == {f"test-{i:04d}" for i in range(1319)}
     assert report["dataset"]["split"] == "test" and report["dataset"]["rows"] == 1319
+    assert report["dataset"]["fingerprint"] == _split().fingerprint
+    assert report["dataset"]["name"].endswith("test.jsonl")
+    assert report["model"] == "fake-model" and report["protocol"]["name"] == "test@1"
     assert report["gates"] == [{"name": "min-acc", "passed": True, "detail": report["gates"][0][
         "detail"]}]
     result.stdout.fnmatch_lines([f"{HEADLINE}1.0000  [[]95% CI *]  n=1319", "*1319 correct*"])
@@ -220,7 +223,7 @@ def test_full_split_gate_fails_and_xdist_gives_the_same_report(
     assert completions_sent(server) == 1319
 
     server.reset()
-    xdist = pytester.runpytest(*args, "--gsm8k-report=xdist.json", "-n", "2")
+    xdist = pytester.runpytest(*args, "--gsm8k-report=xdist.json", "-n", "2", "-p", "no:benchmark")
     assert xdist.ret == 1, output(xdist)
     second = read_report(pytester, "xdist.json")
     assert completions_sent(server) == 1319  # no request sent twice across the workers
@@ -600,12 +603,18 @@ def test_bad_input_is_one_line_error_before_any_request(
     assert not (pytester.path / "r.json").exists()
 
 
+@pytest.mark.parametrize(("line", "needles"), [
+    ("gsm8k_min_acc = lots", ["min-acc", "lots"]),
+    ("gsm8k_limit = ten", ["limit", "ten"]),
+    ("gsm8k_no_cache = maybe", ["gsm8k_no_cache", "maybe"]),
+])
 def test_bad_ini_value_names_the_option(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str,
+    line: str, needles: list[str],
 ) -> None:
-    pytester.makeini("[pytest]\ngsm8k_min_acc = lots\n")
+    pytester.makeini(f"[pytest]\n{line}\n")
     result = pytester.runpytest(*gsm8k_args)
-    assert_one_line_error(result, server, "min-acc", "lots")
+    assert_one_line_error(result, server, *needles)
 
 
 def test_bad_data_with_user_test_and_no_model_is_one_line_error(
@@ -690,6 +699,30 @@ def test_request_failing_after_retries_is_an_error(
     assert "HTTP 500" in text and "Traceback" not in text
     assert "During handling" not in text  # one message, not the exception chain
     assert "1 error" in result.outlines[-1]
+
+
+def test_endpoint_dying_mid_run_stops_it_once_within_seconds(
+    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str,
+) -> None:
+    # openai's real backoff (0.5 s, doubling): the breaker must stop the run before the
+    # items' retries are used up, so it ends with one message, not one per problem.
+    with FakeOpenAIServer(gsm8k_data / "test.jsonl", api_key=TEST_KEY, die_after=5) as dying:
+        start = time.monotonic()
+        result = pytester.runpytest(
+            "--gsm8k-model=fake-model", f"--gsm8k-base-url={dying.base_url}",
+            f"--gsm8k-data={gsm8k_data}", "--gsm8k-limit=40", "--gsm8k-concurrency=2",
+            "--gsm8k-report=r.json", "-p", "no:randomly")
+        elapsed = time.monotonic() - start
+    text = output(result)
+    assert result.ret == 1, text
+    assert elapsed < 20, elapsed
+    assert "Traceback" not in text
+    report = read_report(pytester)
+    assert report["complete"] is False
+    assert 5 <= report["counts"]["correct"] < 40
+    errors = [line for line in result.outlines if line.startswith("ERROR gsm8k::")]
+    assert len(errors) <= 3, errors  # stopped loudly once, not once per remaining problem
+    assert "unreachable" in text
 
 
 # -- the key never leaks --------------------------------------------------------------

@@ -1,0 +1,24 @@
+"""The README stays true: every option is documented, and CI runs the README's test command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_gsm8k.settings import OPTIONS
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+
+
+def test_every_option_and_ini_twin_is_in_the_readme_table() -> None:
+    missing = [o.flag for o in OPTIONS if f"| `{o.flag}` | `{o.dest}` |" not in README]
+    assert missing == []
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    blocks = [line.strip() for line in README.splitlines() if line.startswith("    pip install")]
+    assert len(blocks) >= 2, "README must start with the set-up/run command and the test command"
+    main_job, test_command = blocks[0], blocks[1]
+    assert "--gsm8k-model=local" in main_job
+    ci = (REPO / ".ci" / "run").read_text()
+    assert test_command in ci.splitlines()
