@@ -6,18 +6,22 @@ a different model or protocol can never hit another's entries. Files are
 written to a temporary name and renamed, so a run killed at any point
 (SIGKILL included) leaves only complete entries behind: that is the resume.
 
+Writes happen on a background writer thread (:meth:`ResponseCache.submit`),
+so the event loop never waits for the file system; the engine hands an
+answer to its test only once it is on disk, so an answer a test has seen
+survives any kill.
+
 Claims make xdist workers share the work: before sending a request a
-process creates ``claims/<run>/<key>`` with O_EXCL; whoever wins sends it,
-the others leave it alone (or wait for its entry when their own test needs
-it). Claims live in a per-run folder, so a crashed earlier run can never
-block a new one; within a run a claim whose process died is taken over.
+process claims its key; whoever wins sends it, the others leave it alone (or
+wait for its entry when their own test needs it). A claim is an exclusive
+``fcntl`` lock on one byte of ``claims/<run>.lock`` (the byte is picked by
+the key): one system call, no file created per request, and the kernel drops
+it when its process dies, so a crashed worker can never block another. Where
+``fcntl`` is missing (Windows) a claim is a ``claims/<run>/<key>`` file
+created with O_EXCL that holds its owner's pid. Claims are per run, so a
+crashed earlier run never blocks a new one.
 
 Entries never hold the API key: only the request body and the response.
-
-Cost: a miss is one failed ``open``; a write is one ``open``/``write``/
-``rename`` (no ``mkstemp`` name hunting, no folder creation after the first
-entry of a folder); folders are created on first use, so a cache that is
-never written touches nothing.
 """
 
 from __future__ import annotations
@@ -25,13 +29,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.types import stable_hash
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 SCHEMA = 1
 
@@ -52,7 +63,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _stale(path: Path, seconds: float = 2.0) -> bool:
-    """An empty claim older than ``seconds``: its owner died between create and write."""
+    """An empty claim file older than ``seconds``: its owner died between create and write."""
     try:
         return time.time() - path.stat().st_mtime > seconds
     except OSError:
@@ -82,7 +93,8 @@ class ResponseCache:
     def __init__(self, root: Path, run_id: str, *, persistent: bool = True) -> None:
         self.root = root
         self.entries = root / "responses"
-        self.claims = root / "claims" / run_id
+        self.claims = root / "claims" / run_id  # the O_EXCL fallback's folder
+        self.lock_path = root / "claims" / f"{run_id}.lock"
         self.run_id = run_id
         self.persistent = persistent
         self._pid = os.getpid()
@@ -91,7 +103,15 @@ class ResponseCache:
         self._warn_lock = threading.Lock()
         self.warnings: list[str] = []
         self._made_dirs: set[str] = set()
-        self._claims_made = False
+        self._lock_fd: int | None = None
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
+
+    # -- entries -------------------------------------------------------------
 
     def _entry_path(self, key: str) -> Path:
         return self.entries / key[:2] / f"{key}.json"
@@ -146,8 +166,128 @@ class ResponseCache:
                 os.unlink(tmp)
             raise
 
+    # -- background writes ---------------------------------------------------
+
+    def submit(
+        self,
+        key: str,
+        body: dict[str, Any],
+        response: dict[str, Any],
+        done: Callable[[], None] | None = None,
+        *,
+        release: bool = False,
+    ) -> None:
+        """Write an entry on the writer thread, then (``release``) drop the claim, then ``done``.
+
+        A failed write is a warning (the answer is still good, it is just not
+        cached); ``done`` is called either way.
+        """
+        with self._idle:
+            self._pending += 1
+        self._start_writer()
+        self._queue.put((key, body, response, done, release))
+
+    def submit_marker(self, done: Callable[[], None]) -> None:
+        """Call ``done`` on the writer thread once everything submitted so far is written."""
+        with self._idle:
+            self._pending += 1
+        self._start_writer()
+        self._queue.put(("", None, None, done, False))
+
+    def _start_writer(self) -> None:
+        if self._writer is None:
+            with self._idle:
+                if self._writer is None:
+                    self._writer = threading.Thread(
+                        target=self._write_loop, name="gsm8k-cache-writer", daemon=True
+                    )
+                    self._writer.start()
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            key, body, response, done, release = item
+            try:
+                if body is not None:
+                    self.put(key, body, response)
+            except OSError as exc:
+                self._warn(key, f"gsm8k cache: cannot write {self._entry_path(key)} "
+                                f"({exc.strerror or exc}); the answer is not cached")
+            except Exception as exc:  # noqa: BLE001 - a cache problem never fails the run
+                self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
+            finally:
+                if release:
+                    self.release(key)
+                if done is not None:
+                    with contextlib.suppress(Exception):
+                        done()
+                with self._idle:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.notify_all()
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every submitted entry is written; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    # -- claims --------------------------------------------------------------
+
+    def _claims_fd(self) -> int:
+        if self._lock_fd is None:
+            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._lock_fd
+
+    @staticmethod
+    def _offset(key: str) -> int:
+        return int(key[:15], 16)  # 60 bits: a byte of a sparse, never written lock file
+
     def claim(self, key: str) -> bool:
         """True when this process now owns ``key``; False while another live process does."""
+        if fcntl is None:  # pragma: no cover - Windows
+            return self._claim_file(key)
+        with self._held_lock:
+            if key in self._held:
+                return True
+            try:
+                fcntl.lockf(self._claims_fd(), fcntl.LOCK_EX | fcntl.LOCK_NB, 1,
+                            self._offset(key), os.SEEK_SET)
+            except OSError:
+                return False
+            self._held.add(key)
+            return True
+
+    def claim_owner_alive(self, key: str) -> bool:
+        """Whether somebody holds a claim on ``key`` (a waiter gives up otherwise)."""
+        if fcntl is None:  # pragma: no cover - Windows
+            return self._claim_file_alive(key)
+        with self._held_lock:
+            if key in self._held:
+                return True
+            fd, offset = self._claims_fd(), self._offset(key)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset, os.SEEK_SET)
+            except OSError:
+                return True
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset, os.SEEK_SET)
+            return False
+
+    def release(self, key: str) -> None:
+        if fcntl is None:  # pragma: no cover - Windows
+            with contextlib.suppress(FileNotFoundError):
+                (self.claims / key).unlink()
+            return
+        with self._held_lock:
+            if key not in self._held:
+                return
+            self._held.discard(key)
+            with contextlib.suppress(OSError):
+                fcntl.lockf(self._claims_fd(), fcntl.LOCK_UN, 1, self._offset(key), os.SEEK_SET)
+
+    def _claim_file(self, key: str) -> bool:  # pragma: no cover - Windows
         path = self.claims / key
         for _ in range(3):
             try:
@@ -178,8 +318,7 @@ class ResponseCache:
             return True
         return False
 
-    def claim_owner_alive(self, key: str) -> bool:
-        """Whether somebody still holds a claim on ``key`` (a waiter gives up otherwise)."""
+    def _claim_file_alive(self, key: str) -> bool:  # pragma: no cover - Windows
         path = self.claims / key
         try:
             owner = int(path.read_bytes() or b"0")
@@ -191,14 +330,24 @@ class ResponseCache:
             return not _stale(path)
         return owner == self._pid or _pid_alive(owner)
 
-    def release(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.claims / key).unlink()
+    # -- the end ---------------------------------------------------------------
 
     def close(self) -> None:
-        """Remove this run's claims (and everything, for a throw-away cache)."""
+        """Finish writing; remove this run's claims (and everything, for a throw-away cache)."""
+        self.flush()
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=5)
+            self._writer = None
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+            self._held.clear()
         if self.persistent:
             shutil.rmtree(self.claims, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.lock_path.unlink()
             with contextlib.suppress(OSError):
                 self.claims.parent.rmdir()
         else:
@@ -212,7 +361,7 @@ class ResponseCache:
         return taken
 
     def _warn(self, key: str, message: str) -> None:
-        # Collected, not warned: this runs on the engine's thread, and the
+        # Collected, not warned: this runs on the engine's threads, and the
         # plugin re-issues them on the main thread where pytest records them.
         with self._warn_lock:
             if key not in self._warned:

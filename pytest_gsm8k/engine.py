@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class Engine:
         use_claims: bool,
         breaker: Breaker | None = None,
         samples: int = 1,
+        share: tuple[int, int] | None = None,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -125,6 +127,10 @@ class Engine:
         # Only go to disk when it can help: resume across runs, or sharing across processes.
         self.use_store = cache.persistent or use_claims
         self.samples = samples
+        # (this worker's index, number of workers): under xdist each worker fetches its own
+        # share of the plan first (every k-th item), then helps with the rest, so the
+        # workers' claims rarely collide.
+        self.share = share if share is not None and share[1] > 1 else None
         self.aborted: str | None = None
         self.requests_sent = 0
         self.from_cache = 0
@@ -200,11 +206,13 @@ class Engine:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._fail_unfinished(EndpointAborted(self.aborted or "the run ended"))
             await self.client.aclose()
 
         with contextlib.suppress(Exception):  # closing must never fail the run
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
+        self.cache.flush()
+        self._loop.call_soon_threadsafe(self._fail_unfinished,
+                                        EndpointAborted(self.aborted or "the run ended"))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
@@ -213,10 +221,13 @@ class Engine:
     # -- loop side: scheduling ------------------------------------------------
 
     def _plan(self, jobs: list[Job], wanted: bool) -> None:
-        for job in jobs:
-            if not job.queued:
-                job.queued = True
-                self._jobs.append(job)
+        fresh = [job for job in jobs if not job.queued]
+        if self.share is not None and not wanted:
+            index, count = self.share
+            fresh = fresh[index::count] + [j for n, j in enumerate(fresh) if n % count != index]
+        for job in fresh:
+            job.queued = True
+            self._jobs.append(job)
         if self.aborted is not None:
             self._fail_unfinished(EndpointAborted(self.aborted))
             return
@@ -267,8 +278,9 @@ class Engine:
                 await self._wake.wait()
                 continue
             job.state = RUNNING
+            writes: list[str] = []
             try:
-                response = await self._fetch(job.request)
+                response = await self._fetch(job.request, writes)
             except _Elsewhere:
                 job.state = ELSEWHERE
                 if job.wanted:
@@ -284,25 +296,28 @@ class Engine:
                 else:
                     self._finish(job, error=EndpointError(message))
                 continue
-            self._finish(job, response=response)
+            if writes:
+                # The test gets the answer once it is on disk: what a test saw survives a kill.
+                job.state = DONE
+                self.cache.submit_marker(functools.partial(_resolve, job.future, response))
+            else:
+                self._finish(job, response=response)
 
     def _finish(
         self, job: Job, *, response: ModelResponse | None = None,
         error: BaseException | None = None,
     ) -> None:
         job.state = DONE
-        if job.future.done():
-            return
         if response is not None:
-            job.future.set_result(response)
+            _resolve(job.future, response)
         else:
-            job.future.set_exception(error or EndpointError("no answer"))
+            _resolve(job.future, error=error or EndpointError("no answer"))
 
     def _fail_unfinished(self, error: BaseException) -> None:
         for job in self._jobs:
             if not job.future.done():
                 job.state = DONE
-                job.future.set_exception(error)
+                _resolve(job.future, error=error)
 
     def _abort(self, message: str) -> None:
         if self.aborted is not None:
@@ -360,9 +375,9 @@ class Engine:
             self.from_cache += 1
         return response
 
-    async def _fetch(self, request: Request) -> ModelResponse:
+    async def _fetch(self, request: Request, writes: list[str]) -> ModelResponse:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored."""
-        first = await self._one(request, _first_sample(request), defer=True)
+        first = await self._one(request, _first_sample(request), writes, defer=True)
         if len(first.completions) >= request.n:
             first.completions = first.completions[: request.n]
             return first
@@ -371,18 +386,22 @@ class Engine:
         cached = first.cached
         single = one_sample(request)
         for index in range(len(completions), request.n):
-            extra = await self._one(single, str(index), defer=False)
+            extra = await self._one(single, str(index), writes, defer=False)
             completions.extend(extra.completions[:1] or [Completion(text="")])
             cached += extra.cached
             for name, value in extra.usage.items():
                 usage[name] = usage.get(name, 0) + value
         return ModelResponse(completions=completions, usage=usage, model=first.model, cached=cached)
 
-    async def _one(self, request: Request, sample: str, *, defer: bool) -> ModelResponse:
+    async def _one(
+        self, request: Request, sample: str, writes: list[str], *, defer: bool
+    ) -> ModelResponse:
         """One API call through the cache, honouring other processes' claims.
 
         ``defer``: when another process holds the claim, raise :class:`_Elsewhere`
-        (the worker moves on) instead of waiting here for its entry.
+        (the worker moves on) instead of waiting here for its entry. A fresh
+        answer is handed to the cache's writer thread (its key goes to ``writes``),
+        which also drops the claim once the entry is on disk.
         """
         if not self.use_store:
             self.requests_sent += 1
@@ -412,15 +431,32 @@ class Engine:
                     break
             if self.aborted is not None:
                 raise asyncio.CancelledError
+        handed_off = False
         try:
             self.requests_sent += 1
             response = await self.client.complete(request)
             if response.completions:
-                self.cache.put(key, body, response.to_json())
+                self.cache.submit(key, body, response.to_json(), release=self.use_claims)
+                handed_off = True
+                writes.append(key)
             return response
         finally:
-            if self.use_claims:
+            if self.use_claims and not handed_off:
                 self.cache.release(key)
+
+
+def _resolve(
+    future: concurrent.futures.Future[ModelResponse],
+    result: ModelResponse | None = None,
+    *,
+    error: BaseException | None = None,
+) -> None:
+    """Set a future once, from any thread; a second outcome is dropped."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
 
 
 def _first_sample(request: Request) -> str:

@@ -108,6 +108,8 @@ class State:
         self.pattern = re.compile(settings.answer_regex) if settings.answer_regex else None
         self.engines: dict[int, Any] = {}
         self.planned: list[Problem] = []
+        #: problem ids the run collected (None until known; xdist: from the workers' ids)
+        self.planned_ids: set[str] | None = None
         self.records: dict[str, dict[str, Any]] = {}
         self.summary: Any = None
         self.interrupted = False
@@ -252,6 +254,7 @@ class State:
                 concurrency=self.concurrency(),
                 use_claims=self.is_worker,
                 breaker=getattr(client, "breaker", None),
+                share=_worker_share(self.workerinput),
             )
             self.engines[key] = engine
             engine.start([protocol.request(p) for p in self.planned])
@@ -277,8 +280,11 @@ class State:
 
         selected = self.selected()
         records = dict(self.records)
+        # What this run set out to do: the collected problems after -k/-m/--lf deselection.
+        wanted = self.planned_ids if self.planned_ids is not None else {p.id for p in selected}
+        ran = [p for p in selected if p.id in wanted]
         if self.aborted:
-            for problem in selected:
+            for problem in ran:
                 records.setdefault(problem.id, error_record(problem, self.aborted))
         split = self.split()
         protocol = self.protocol()
@@ -291,12 +297,13 @@ class State:
                 "seed": self.settings.seed,
                 "of": len(split.problems),
                 "ids_hash": _ids_hash(selected),
+                "deselected": len(selected) - len(ran),
             },
             model=self.model_name or _most_common(records, "model") or "(gsm8k_model fixture)",
             endpoint=_most_common(records, "endpoint")
             or _safe_url(self.base_url or "https://api.openai.com/v1"),
             records=list(records.values()),
-            expected=len(selected),
+            expected=len(ran),
             interrupted=self.interrupted,
         )
         if self.local_info is not None:
@@ -311,6 +318,15 @@ def _most_common(records: dict[str, dict[str, Any]], key: str) -> str | None:
 
     counts = Counter(str(r[key]) for r in records.values() if r.get(key))
     return counts.most_common(1)[0][0] if counts else None
+
+
+def _worker_share(workerinput: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(index, count) of this xdist worker, for the engine's prefetch order; None otherwise."""
+    if workerinput is None:
+        return None
+    digits = str(workerinput.get("workerid", "")).lstrip("gw")
+    count = int(workerinput.get("workercount", 1) or 1)
+    return (int(digits) % count, count) if digits.isdigit() and count > 1 else None
 
 
 def _ids_hash(problems: tuple[Problem, ...]) -> str:
@@ -344,7 +360,8 @@ class StatePlugin:
             raise pytest.UsageError(f"gsm8k: {exc}") from None
         if state.settings.model.startswith("local"):
             _start_local(state)
-        _preflight(state)
+        if not _model_overridden(session.config):
+            _preflight(state)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -382,6 +399,19 @@ class StatePlugin:
                 seen.add(problem.id)
                 planned.append(problem)
         self.state.planned = planned
+        self.state.planned_ids = {p.id for p in planned}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """xdist controller: which problems the workers collected (it collects nothing)."""
+        if self.state.planned_ids is not None:
+            return
+        pattern = re.compile(rf"\b{re.escape(self.state.settings.split)}-\d{{4,}}\b")
+        found: set[str] = set()
+        for nodeid in ids:
+            params = nodeid.rpartition("[")[2]
+            found.update(pattern.findall(params))
+        self.state.planned_ids = found or None
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -508,6 +538,19 @@ def _start_local(state: State) -> None:
     state.model_name = server.model
 
 
+def _model_overridden(config: pytest.Config) -> bool:
+    """Whether a conftest loaded so far defines its own ``gsm8k_model`` fixture.
+
+    Then the endpoint of the options may not be what is asked at all, and the
+    session-start check would refuse a run that needs no endpoint.
+    """
+    for plugin in config.pluginmanager.get_plugins():
+        path = str(getattr(plugin, "__file__", "") or "")
+        if path.endswith("conftest.py") and getattr(plugin, "gsm8k_model", None) is not None:
+            return True
+    return False
+
+
 def _preflight(state: State) -> None:
     """One cheap call at session start: unreachable, bad key or unknown model is one line."""
     import openai
@@ -579,6 +622,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     try:
         problems = state.selected()
     except DatasetError as exc:
+        if state.is_worker:
+            # An xdist worker cannot end the session with a usage error (the controller,
+            # which never collects, would crash); a CollectError is one line per module.
+            raise pytest.Collector.CollectError(f"gsm8k: {exc}") from None
         # Raised here (inside a collector) it would become a collection error with a
         # traceback; pytest_collection_finish raises it as one usage-error line instead.
         state.data_error = f"gsm8k: {exc}"
@@ -658,9 +705,8 @@ def gsm8k_outcome(
         item.user_properties.append(("gsm8k_outcome", "error"))
         failure = f"gsm8k: {exc}"
     finally:
-        for message in engine.cache.warnings:
+        for message in engine.cache.take_warnings():
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)
-        engine.cache.warnings.clear()
     if failure is not None:
         # Outside the except block: inside it, pytest would print the EndpointError too
         # ("During handling of the above exception, another exception occurred").

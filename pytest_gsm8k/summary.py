@@ -184,6 +184,8 @@ class Summary:
         if self.subset.get("limit") is not None:
             subset = (f"; seeded subset of {self.subset['of']} (limit {self.subset['limit']}, "
                       f"seed {self.subset['seed']})")
+        if self.subset.get("deselected"):
+            subset += f"; {self.subset['deselected']} deselected (-k/-m/--lf)"
         out.append(
             f"  dataset: {ds['name']} {ds['config']}/{ds['split']} "
             f"(fingerprint {ds['fingerprint']}){subset}"

@@ -7,11 +7,22 @@ scripted per problem index.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
+
+# pytester's in-process runs drop the modules first imported inside them. httpx imports
+# httpcore lazily, on the first connection, and caches httpcore's exception classes; once
+# an inner run has dropped that httpcore, a later run's refused connection raises a new
+# class the cache does not know, and it escapes as a raw httpcore ConnectError instead of
+# openai.APIConnectionError. Importing httpcore here, before any inner run, keeps it.
+for _name in ("httpcore2", "httpcore"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_name)
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "gsm8k"

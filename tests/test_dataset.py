@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA
 
+from conftest import DATA
 from pytest_gsm8k.dataset import (
     TEST_SIZE,
     DatasetError,
@@ -148,7 +148,8 @@ def test_missing_path_and_folder_without_split(tmp_path: Path) -> None:
     assert "--gsm8k-data" in message and "nope.jsonl" in message
     write_jsonl(tmp_path / "folder" / "train.jsonl", rows(3))
     message = error_of(str(tmp_path / "folder"))
-    assert "--gsm8k-data" in message and "test.jsonl" in message and "main/test-*.parquet" in message
+    assert "--gsm8k-data" in message and "test.jsonl" in message
+    assert "main/test-*.parquet" in message
 
 
 def test_official_test_split_must_have_1319_rows(tmp_path: Path) -> None:

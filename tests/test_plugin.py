@@ -8,71 +8,68 @@ test code) unless it writes a user test or conftest on purpose. Full-split runs
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib
 import json
+import pkgutil
 import re
 import socket
-import textwrap
 import time
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import importlib
-import pkgutil
-
 import pytest
-from conftest import DATA, TEST_KEY
 from fakeserver import FakeOpenAIServer, Script
 
+import pytest_gsm8k
+from conftest import DATA, TEST_KEY
 from pytest_gsm8k.dataset import load_split, select
 from pytest_gsm8k.scoring import format_number
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
-# pytester's in-process runs restore sys.modules afterwards, so whatever an inner run
-# imports (openai, the plugin's lazily imported modules, plugins' lazy imports such as
-# hypothesis) is imported -- and assertion-rewritten -- again on every run: ~1 s each.
-# Importing them once here keeps them across runs.
-import openai  # noqa: E402,F401
-import pytest_gsm8k  # noqa: E402
 
-for _info in pkgutil.iter_modules(pytest_gsm8k.__path__, "pytest_gsm8k."):
-    importlib.import_module(_info.name)
-try:
-    import hypothesis  # noqa: E402,F401
-except ImportError:  # pragma: no cover - only a speed-up
-    pass
+@pytest.fixture(scope="module", autouse=True)
+def _warm_imports() -> Iterator[None]:
+    """Import, once, what the inner runs would otherwise import again and again.
 
-
-def _warm_http_stack() -> None:
-    """Import the lazily loaded transport modules (httpcore and friends) here, once.
-
-    Otherwise the first inner run imports them, pytester drops them afterwards, and the
-    next run gets new exception classes that the kept openai/httpx modules do not map:
-    a refused connection then escapes as a raw ``ConnectError`` (a test artefact only).
+    pytester's in-process runs restore ``sys.modules`` afterwards, so whatever an inner
+    run imports (openai, the plugin's lazily imported modules, lazy imports of other
+    plugins such as hypothesis) is imported -- and assertion-rewritten -- on every run:
+    about a second each. The transport modules (httpcore and friends) are loaded only
+    by a first connection; dropped after one run, the next run would get new exception
+    classes that the kept openai/httpx modules no longer map, and a refused connection
+    would escape as a raw ``ConnectError`` (an artefact of the test harness only).
     """
-    import asyncio
+    import openai
+
+    for info in pkgutil.iter_modules(pytest_gsm8k.__path__, "pytest_gsm8k."):
+        importlib.import_module(info.name)
+    with contextlib.suppress(ImportError):
+        import hypothesis  # noqa: F401
+    # datasets registers pyarrow extension types at import: imported in a test (function
+    # scope, after pytester's snapshot) and dropped, a second import would fail.
+    import datasets  # noqa: F401
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    try:
+    with contextlib.suppress(openai.APIConnectionError):
         openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=2).models.list()
-    except openai.APIConnectionError:
-        pass
 
-    async def warm() -> None:
+    async def connect() -> None:
         client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=2)
-        try:
+        with contextlib.suppress(openai.APIConnectionError):
             await client.models.list()
-        except openai.APIConnectionError:
-            pass
         await client.close()
 
-    asyncio.run(warm())
+    asyncio.run(connect())
+    yield
 
 
-_warm_http_stack()
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
 
 
@@ -243,6 +240,24 @@ def test_full_split_gate_fails_and_xdist_gives_the_same_report(
         assert (f"{1319 - bad} correct, {len(wrong)} wrong, {len(unparsed)} unparsed, "
                 f"{len(truncated)} truncated") in text
     assert projection(first) == projection(second)
+
+
+def test_gate_pass_is_the_same_with_n0_and_n2(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    chosen = selected(30)
+    server.set_script(Script(behaviours={chosen[1]: "wrong", chosen[20]: "unparsed"}))
+    args = [*gsm8k_args, "--gsm8k-limit=30", "--gsm8k-min-acc=0.9", "--gsm8k-no-cache"]
+    reports = []
+    runs = (("plain", []), ("n0", ["-n", "0"]), ("n2", ["-n", "2", "-p", "no:benchmark"]))
+    for name, extra in runs:
+        server.reset()
+        result = pytester.runpytest(*args, f"--gsm8k-report={name}.json", *extra)
+        assert result.ret == 0, output(result)
+        assert completions_sent(server) == 30
+        reports.append(read_report(pytester, f"{name}.json"))
+    assert reports[0]["accuracy"] == 28 / 30 and reports[0]["gates"][0]["passed"] is True
+    assert projection(reports[0]) == projection(reports[1]) == projection(reports[2])
 
 
 # -- outcomes, scoring, display -------------------------------------------------------
@@ -624,6 +639,35 @@ def test_bad_data_with_user_test_and_no_model_is_one_line_error(
     (pytester.path / "bad.jsonl").write_text(_jsonl([GOOD_ROWS[0], "{oops"]), encoding="utf-8")
     result = pytester.runpytest("--gsm8k-data=bad.jsonl")
     assert_one_line_error(result, server, "bad.jsonl:2", "not valid JSON")
+
+
+def test_bad_data_with_user_test_under_xdist_is_one_line_error(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    # Under xdist the controller never collects, so the workers report the bad file as a
+    # collection error of the module: one line, no INTERNALERROR, nothing sent.
+    pytester.makepyfile(test_mine="def test_mine(gsm8k_problem):\n    pass\n")
+    (pytester.path / "bad.jsonl").write_text(_jsonl([GOOD_ROWS[0], "{oops"]), encoding="utf-8")
+    result = pytester.runpytest("--gsm8k-data=bad.jsonl", "-n", "2", "-p", "no:benchmark")
+    text = output(result)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, text
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text
+    lines = [line for line in text.splitlines() if line.startswith("gsm8k: bad.jsonl:2:")]
+    assert len(lines) == 1 and "not valid JSON" in lines[0], text
+    assert completions_sent(server) == 0
+
+
+def test_callable_override_with_builtin_test_needs_no_endpoint(
+    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
+) -> None:
+    pytester.makeconftest(CALLABLE_CONFTEST.format(data=str(gsm8k_data / "test.jsonl"),
+                                                   kind="sync"))
+    port = free_closed_port()  # nothing listens: the callable must be all that is asked
+    result = pytester.runpytest("--gsm8k-model=my-callable", f"--gsm8k-data={gsm8k_data}",
+                                f"--gsm8k-base-url=http://127.0.0.1:{port}/v1",
+                                "--gsm8k-limit=6", "--gsm8k-report=r.json", "-p", "no:randomly")
+    assert result.ret == 0, output(result)
+    assert read_report(pytester)["n"] == 6
 
 
 # -- endpoint problems ---------------------------------------------------------------
