@@ -95,7 +95,7 @@ def score_response(
             "text": c.text,
             "finish_reason": c.finish_reason,
             "extracted": {rule: format_number(s.extracted[rule]) for rule in RULES},
-            "correct": s.correct[gated] if gated in s.correct else correct,
+            "correct": s.correct.get(gated, correct),
         }
         for c, s in zip(response.completions, scores, strict=True)
     ]

