@@ -103,12 +103,16 @@ class ResponseCache:
         self._warn_lock = threading.Lock()
         self.warnings: list[str] = []
         self._made_dirs: set[str] = set()
+        self._entries_text = os.fspath(self.entries)  # string paths: pathlib costs more than I/O
         self._lock_fd: int | None = None
+        self._feed_fd: int | None = None
         self._held: set[str] = set()
         self._held_lock = threading.Lock()
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
-        self._pending = 0
+        self._submitted = 0
+        self._written = 0
+        self._submit_lock = threading.Lock()
         self._idle = threading.Condition()
 
     # -- entries -------------------------------------------------------------
@@ -116,16 +120,32 @@ class ResponseCache:
     def _entry_path(self, key: str) -> Path:
         return self.entries / key[:2] / f"{key}.json"
 
+    def _entry_text(self, key: str) -> str:
+        return f"{self._entries_text}{os.sep}{key[:2]}{os.sep}{key}.json"
+
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored response, or None. A corrupt entry is warned about once and ignored."""
-        path = self._entry_path(key)
+        path = self._entry_text(key)
         try:
-            raw = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         except OSError as exc:
             self._warn(key, f"gsm8k cache: cannot read {path} ({exc.strerror}); ignoring it")
             return None
+        try:
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            raw = b"".join(chunks)
+        except OSError as exc:
+            self._warn(key, f"gsm8k cache: cannot read {path} ({exc.strerror}); ignoring it")
+            return None
+        finally:
+            os.close(fd)
         try:
             data = json.loads(raw)
             if not isinstance(data, dict) or data.get("v") != SCHEMA:
@@ -143,15 +163,15 @@ class ResponseCache:
 
     def put(self, key: str, body: dict[str, Any], response: dict[str, Any]) -> None:
         """Store atomically: write a temporary file in the same folder, then rename."""
-        path = self._entry_path(key)
-        folder = path.parent
-        if folder.name not in self._made_dirs:
-            folder.mkdir(parents=True, exist_ok=True)
-            self._made_dirs.add(folder.name)
+        path = self._entry_text(key)
+        folder = os.path.dirname(path)
+        if key[:2] not in self._made_dirs:
+            os.makedirs(folder, exist_ok=True)
+            self._made_dirs.add(key[:2])
         data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "response": response}
         payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         # Unique per process and key: two processes never share a temporary file.
-        tmp = folder / f".{key}.{self._pid}.tmp"
+        tmp = f"{folder}{os.sep}.{key}.{self._pid}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -170,47 +190,58 @@ class ResponseCache:
 
     def submit(
         self,
-        key: str,
-        body: dict[str, Any],
-        response: dict[str, Any],
+        items: list[tuple[str, dict[str, Any], dict[str, Any]]],
         done: Callable[[], None] | None = None,
         *,
         release: bool = False,
+        feed: list[dict[str, Any]] | None = None,
+        entries: bool = True,
     ) -> None:
-        """Write an entry on the writer thread, then (``release``) drop the claim, then ``done``.
+        """Write ``(key, body, response)`` entries on the writer thread (unless not
+        ``entries``), then (``release``) drop their claims, then append ``feed`` records to
+        the run's feed, then call ``done``.
 
         A failed write is a warning (the answer is still good, it is just not
-        cached); ``done`` is called either way.
+        cached); ``done`` is called either way. The writer takes whatever has
+        queued up at each wake-up, so a burst of answers costs one thread
+        switch, not one per answer.
         """
-        with self._idle:
-            self._pending += 1
-        self._start_writer()
-        self._queue.put((key, body, response, done, release))
-
-    def submit_marker(self, done: Callable[[], None]) -> None:
-        """Call ``done`` on the writer thread once everything submitted so far is written."""
-        with self._idle:
-            self._pending += 1
-        self._start_writer()
-        self._queue.put(("", None, None, done, False))
-
-    def _start_writer(self) -> None:
-        if self._writer is None:
-            with self._idle:
-                if self._writer is None:
-                    self._writer = threading.Thread(
-                        target=self._write_loop, name="gsm8k-cache-writer", daemon=True
-                    )
-                    self._writer.start()
+        with self._submit_lock:
+            self._submitted += 1
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_loop, name="gsm8k-cache-writer", daemon=True
+                )
+                self._writer.start()
+        self._queue.put((items if entries else [(k, None, None) for k, _, _ in items],
+                         done, release, feed))
 
     def _write_loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            batch = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 512:
+                    batch.append(self._queue.get_nowait())
+            stop = None in batch
+            items = [item for item in batch if item is not None]
+            for item in items:
+                self._write_item(*item)
+            with self._idle:
+                self._written += len(items)
+                self._idle.notify_all()
+            if stop:
                 return
-            key, body, response, done, release = item
+
+    def _write_item(
+        self,
+        items: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]],
+        done: Callable[[], None] | None,
+        release: bool,
+        feed: list[dict[str, Any]] | None,
+    ) -> None:
+        for key, body, response in items:
             try:
-                if body is not None:
+                if body is not None and response is not None:
                     self.put(key, body, response)
             except OSError as exc:
                 self._warn(key, f"gsm8k cache: cannot write {self._entry_path(key)} "
@@ -220,18 +251,19 @@ class ResponseCache:
             finally:
                 if release:
                     self.release(key)
-                if done is not None:
-                    with contextlib.suppress(Exception):
-                        done()
-                with self._idle:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._idle.notify_all()
+        if feed:
+            try:
+                self._append_feed(feed)
+            except OSError as exc:
+                self._warn("feed", f"gsm8k cache: cannot write {self.feed_path} ({exc})")
+        if done is not None:
+            with contextlib.suppress(Exception):
+                done()
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted entry is written; False on timeout."""
         with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+            return self._idle.wait_for(lambda: self._written >= self._submitted, timeout)
 
     # -- claims --------------------------------------------------------------
 
@@ -330,6 +362,24 @@ class ResponseCache:
             return not _stale(path)
         return owner == self._pid or _pid_alive(owner)
 
+    # -- the run's feed (xdist: from the fetcher to the workers) -----------------
+
+    @property
+    def feed_path(self) -> Path:
+        """This run's append-only log of answers, item errors and the abort, one JSON a line."""
+        return self.claims / "feed.jsonl"
+
+    def _append_feed(self, records: list[dict[str, Any]]) -> None:
+        if self._feed_fd is None:
+            self.claims.mkdir(parents=True, exist_ok=True)
+            self._feed_fd = os.open(self.feed_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                    0o644)
+        data = b"".join(
+            json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            for r in records
+        )
+        os.write(self._feed_fd, data)  # one append: whole lines, never interleaved
+
     # -- the end ---------------------------------------------------------------
 
     def close(self) -> None:
@@ -344,6 +394,10 @@ class ResponseCache:
                 os.close(self._lock_fd)
             self._lock_fd = None
             self._held.clear()
+        if self._feed_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._feed_fd)
+            self._feed_fd = None
         if self.persistent:
             shutil.rmtree(self.claims, ignore_errors=True)
             with contextlib.suppress(OSError):
@@ -367,3 +421,44 @@ class ResponseCache:
             if key not in self._warned:
                 self._warned.add(key)
                 self.warnings.append(message)
+
+
+class FeedReader:
+    """Reads a run's feed (see :meth:`ResponseCache.feed_path`) as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._tail = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records appended since the last call (a line still being written waits)."""
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return []
+        chunks = [self._tail]
+        while True:
+            chunk = os.read(self._fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        cut = data.rfind(b"\n") + 1
+        self._tail = data[cut:]
+        records = []
+        for line in data[:cut].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None

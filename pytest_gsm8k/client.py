@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +52,17 @@ class Breaker:
     has lasted ``min_seconds``: a brief blip (a few refused connections that
     the openai client's retries absorb) does not end a long run, a dead
     endpoint does, within a few seconds.
+
+    Why these numbers: when a server dies, every request in flight fails at
+    once (up to the concurrency), then each retries after about 0.5, 1, 2, 4
+    and 8 s (the openai client's backoff), so with the default concurrency
+    the count passes 8 at once and the breaker opens at the first retry after
+    2 s: about 2.5-3.5 s after the death, well before the requests' own
+    retries run out (about 15 s). Any success (an HTTP answer of any status,
+    429s included) resets the streak. With few requests in flight the count
+    grows only by retries, so :meth:`fit` lowers the threshold to the
+    concurrency (at least 3): one request alone still trips it after about
+    3.5 s instead of exhausting its retries and the next request's.
     """
 
     def __init__(self, threshold: int = 8, min_seconds: float = 2.0) -> None:
@@ -59,6 +72,10 @@ class Breaker:
         self.first: float | None = None
         self.last_error = ""
         self.on_open: Callable[[str], None] | None = None
+
+    def fit(self, concurrency: int) -> None:
+        """Lower the threshold for a run that has only ``concurrency`` requests in flight."""
+        self.threshold = max(1, min(self.threshold, max(3, concurrency)))
 
     def streak_seconds(self) -> float:
         """How long the current streak of failures has lasted."""
@@ -108,8 +125,82 @@ def _watching_transport(breaker: Breaker, limits: Any) -> Any:
     return WatchingTransport()
 
 
+class PreflightError(Exception):
+    """``kind`` is "auth" (401), "forbidden" (403), "unreachable" or "status" (other HTTP)."""
+
+    def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+
+
+def list_models(base_url: str | None, api_key: str | None, timeout: float = 10.0) -> list[str]:
+    """The model ids ``GET {base_url}/models`` lists, with the standard library only.
+
+    The session-start check needs one small request; doing it without the
+    openai package keeps its import (about half a second) off the path that
+    starts xdist's workers: the controller never needs openai at all. One
+    retry on a dropped or refused connection, like the openai client would.
+    """
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    url = (base_url or "https://api.openai.com/v1").rstrip("/") + "/models"
+    request = urllib.request.Request(url, headers={
+        "Authorization": f"Bearer {api_key or 'EMPTY'}",
+        "Accept": "application/json",
+        "User-Agent": "pytest-gsm8k",
+    })
+    context = None
+    if url.startswith("https:"):
+        cafile = None
+        if not (os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR")):
+            try:  # the bundle httpx (so the openai client) verifies against
+                import certifi
+
+                cafile = certifi.where()
+            except ImportError:  # pragma: no cover
+                cafile = None
+        context = ssl.create_default_context(cafile=cafile)
+    last: BaseException | None = None
+    for attempt in range(2):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
+                raw = reply.read()
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401:
+                raise PreflightError("auth", "HTTP 401", 401) from None
+            if exc.code == 403:
+                raise PreflightError("forbidden", "HTTP 403", 403) from None
+            raise PreflightError("status", f"HTTP {exc.code}", exc.code) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            last = reason if isinstance(reason, BaseException) else exc
+            if attempt == 0:
+                time.sleep(0.5)
+    else:
+        raise PreflightError("unreachable", type(last).__name__ if last else "error")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return []
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        return []
+    return [str(m["id"]) for m in models if isinstance(m, dict) and "id" in m]
+
+
 class OpenAIClient:
-    """An OpenAI-compatible endpoint through ``openai.AsyncOpenAI``."""
+    """An OpenAI-compatible endpoint through ``openai.AsyncOpenAI``.
+
+    The openai client is built (and the package imported: about half a
+    second) on first use, not here: an xdist worker that only follows the
+    controller never sends a request, so never pays for it.
+    """
 
     persistent_cache = True
 
@@ -124,25 +215,42 @@ class OpenAIClient:
         concurrency: int,
         breaker: Breaker,
     ) -> None:
-        import openai
-
-        httpx = _httpx()
-        limits = httpx.Limits(
-            max_connections=max(concurrency, 1), max_keepalive_connections=max(concurrency, 1)
-        )
-        http_client = openai.DefaultAsyncHttpxClient(
-            transport=_watching_transport(breaker, limits), timeout=timeout
-        )
-        # Local servers (vLLM, llama.cpp, Ollama) need no key, but the client insists on one.
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key or "EMPTY",
-            timeout=timeout,
-            max_retries=max_retries,
-            http_client=http_client,
-        )
-        self.endpoint = str(self._client.base_url).rstrip("/")
         self.model = model
+        self.breaker = breaker
+        # What the openai client itself would use, and what cache keys name.
+        self.endpoint = (
+            base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        ).rstrip("/")
+        self._api_key = api_key
+        self._timeout = timeout
+        self._max_retries = max_retries
+        self._concurrency = max(concurrency, 1)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def warm(self) -> Any:
+        """The openai client, built now if it was not yet (thread-safe)."""
+        with self._lock:
+            if self._client is None:
+                import openai
+
+                httpx = _httpx()
+                limits = httpx.Limits(
+                    max_connections=self._concurrency,
+                    max_keepalive_connections=self._concurrency,
+                )
+                http_client = openai.DefaultAsyncHttpxClient(
+                    transport=_watching_transport(self.breaker, limits), timeout=self._timeout
+                )
+                # Local servers (vLLM, llama.cpp, Ollama) need no key; the client wants one.
+                self._client = openai.AsyncOpenAI(
+                    base_url=self.endpoint,
+                    api_key=self._api_key or "EMPTY",
+                    timeout=self._timeout,
+                    max_retries=self._max_retries,
+                    http_client=http_client,
+                )
+            return self._client
 
     async def complete(self, request: Request) -> ModelResponse:
         """One call, through the client's own retries (429/5xx/dropped, ``Retry-After``).
@@ -154,12 +262,14 @@ class OpenAIClient:
         which is about a third of the client's CPU time per request, and CPU
         is what the test thread and this loop share.
         """
+        client = self._client if self._client is not None else self.warm()
         path = "/chat/completions" if request.api == "chat" else "/completions"
-        data = await self._client.post(path, body=request.body(self.model), cast_to=object)
+        data = await client.post(path, body=request.body(self.model), cast_to=object)
         return parse_reply(data, chat=request.api == "chat")
 
     async def aclose(self) -> None:
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
 
 class BadReply(Exception):

@@ -22,6 +22,13 @@ on, so the workers together keep the whole concurrency busy with distinct
 requests; only when its own test needs that answer does it watch for the
 entry (and sends the request itself if the claim vanished without one).
 
+Under xdist with the plugin's own model and protocol fixtures, even that is
+avoided: the controller, which runs no tests, is the one fetcher (a
+:class:`Lead`, with the whole concurrency), and the workers' engines only
+*follow*: their tests read the controller's entries as they appear, and a
+worker sends a request itself only if the controller is gone. The workers
+then import no HTTP client at all. See :func:`offer_plan`.
+
 Failures are split in two: a request that fails after the openai client's
 retries is that item's error; an endpoint that is gone (the breaker opens,
 or a 401/404 says the key or the model is wrong) aborts the engine, and every
@@ -34,16 +41,23 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
+import json
+import os
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from pytest_gsm8k.cache import ResponseCache, cache_key
+from pytest_gsm8k.cache import FeedReader, ResponseCache, cache_key
 from pytest_gsm8k.client import Breaker, ModelClient, one_sample
 from pytest_gsm8k.types import Completion, ModelResponse, Request
 
 POLL_SECONDS = 0.01  # how often a waiter looks for another worker's entry
+FEED_POLL_SECONDS = 0.005  # how often a follower reads the fetcher's feed (one read call)
 CLAIM_CHECK_EVERY = 5  # polls between looks at whether the other worker still holds the claim
 
 PLANNED, RUNNING, ELSEWHERE, DONE = "planned", "running", "elsewhere", "done"
@@ -104,6 +118,7 @@ class Job:
     wanted: bool = False  # the test thread waits for it (loop thread only)
     watched: bool = False  # a watcher looks for another process's entry (loop thread only)
     queued: bool = False  # in the loop's run-order list (loop thread only)
+    in_plan: bool = False  # planned by start() (a leader fetches exactly those)
 
 
 class Engine:
@@ -119,6 +134,8 @@ class Engine:
         breaker: Breaker | None = None,
         samples: int = 1,
         share: tuple[int, int] | None = None,
+        follow: Follow | None = None,
+        lead: bool = False,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -131,6 +148,14 @@ class Engine:
         # share of the plan first (every k-th item), then helps with the rest, so the
         # workers' claims rarely collide.
         self.share = share if share is not None and share[1] > 1 else None
+        # follow: another process (the xdist controller) fetches the plan; this engine
+        # waits for its entries and sends only what it asks for beyond the plan, or
+        # everything once that process is gone. lead: this engine is that process's, so
+        # it publishes its item errors and its abort for the followers.
+        self.follow = follow
+        self.lead = lead
+        if follow is not None or lead:
+            self.use_store = True
         self.aborted: str | None = None
         self.requests_sent = 0
         self.from_cache = 0
@@ -142,16 +167,20 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._scanning = False
         self._closed = False
         self._thread = threading.Thread(target=self._run_loop, name="gsm8k-engine", daemon=True)
         self._thread.start()
         if breaker is not None:
+            breaker.fit(self.concurrency)
 
             def on_open(err: str, breaker: Breaker = breaker) -> None:
+                # No counts or timings in it: every xdist worker's breaker opens on its own,
+                # and the run should still end with one message, shared by all its errors.
                 message = (
-                    f"endpoint {client.endpoint} unreachable: {breaker.count} connection "
-                    f"failures in a row over {breaker.streak_seconds():.1f} s ({err}); "
-                    "stopped sending"
+                    f"endpoint {client.endpoint} unreachable ({err}): "
+                    f"{breaker.threshold}+ connection failures in a row for "
+                    f"{breaker.min_seconds:g}+ s; stopped sending"
                 )
                 self._loop.call_soon_threadsafe(self._abort, message)
 
@@ -222,7 +251,10 @@ class Engine:
 
     def _plan(self, jobs: list[Job], wanted: bool) -> None:
         fresh = [job for job in jobs if not job.queued]
-        if self.share is not None and not wanted:
+        if not wanted:
+            for job in fresh:
+                job.in_plan = True
+        if self.share is not None and self.follow is None and not wanted:
             index, count = self.share
             fresh = fresh[index::count] + [j for n, j in enumerate(fresh) if n % count != index]
         for job in fresh:
@@ -233,6 +265,11 @@ class Engine:
             return
         for job in jobs if wanted else ():
             self._want(job)
+        if self.follow is not None and not self._scanning and not wanted:
+            self._scanning = True
+            task = self._loop.create_task(self._follow_scan())
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
         if not self._workers:
             self._wake = asyncio.Event()
             self._workers = [
@@ -246,6 +283,8 @@ class Engine:
         job.wanted = True
         if job.future.done() or self.aborted is not None:
             return
+        if self.follow is not None and job.in_plan:
+            return  # the fetcher fetches it: the feed scan resolves it (or hands it back)
         if job.state == PLANNED:
             self._priority.appendleft(job)
             self._kick()
@@ -261,6 +300,8 @@ class Engine:
             job = self._priority.popleft()
             if job.state == PLANNED:
                 return job
+        if self.follow is not None:
+            return None  # the fetcher prefetches; followers only fetch beyond the plan
         jobs = self._jobs
         while self._scan < len(jobs):
             job = jobs[self._scan]
@@ -278,7 +319,7 @@ class Engine:
                 await self._wake.wait()
                 continue
             job.state = RUNNING
-            writes: list[str] = []
+            writes: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
             try:
                 response = await self._fetch(job.request, writes)
             except _Elsewhere:
@@ -287,21 +328,45 @@ class Engine:
                     self._watch(job)
                 continue
             except asyncio.CancelledError:
+                self._store(writes)  # samples that did arrive are kept
                 self._finish(job, error=EndpointAborted(self.aborted or "run cancelled"))
                 raise
             except Exception as exc:  # noqa: BLE001 - classified below, never lost
+                self._store(writes)
                 message, fatal = describe_error(exc)
                 if fatal:
                     self._abort(message)
                 else:
+                    if self.lead:  # the follower whose test it is fails the same way
+                        self._store([], feed={"k": self._first_key(job), "e": message})
                     self._finish(job, error=EndpointError(message))
                 continue
-            if writes:
+            feed = None
+            if self.lead:
+                feed = {"k": self._first_key(job), "r": response.to_json(), "c": response.cached}
+            if writes or feed:
                 # The test gets the answer once it is on disk: what a test saw survives a kill.
                 job.state = DONE
-                self.cache.submit_marker(functools.partial(_resolve, job.future, response))
+                self._store(writes, functools.partial(_resolve, job.future, response), feed=feed)
             else:
                 self._finish(job, response=response)
+
+    def _store(
+        self, writes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        done: Callable[[], None] | None = None,
+        feed: dict[str, Any] | None = None,
+    ) -> None:
+        # Leading a throw-away cache, the feed is all the followers read: no entry files.
+        entries = not (self.lead and not self.cache.persistent)
+        if writes or feed:
+            self.cache.submit(list(writes), done, release=self.use_claims,
+                              feed=[feed] if feed else None, entries=entries)
+            writes.clear()
+        elif done is not None:
+            done()
+
+    def _first_key(self, job: Job) -> str:
+        return self._key(job.request, _first_sample(job.request))
 
     def _finish(
         self, job: Job, *, response: ModelResponse | None = None,
@@ -323,6 +388,8 @@ class Engine:
         if self.aborted is not None:
             return
         self.aborted = message
+        if self.lead:
+            self._store([], feed={"abort": message})
         self._fail_unfinished(EndpointAborted(message))
         self._priority.clear()
         current = asyncio.current_task(self._loop)
@@ -340,6 +407,66 @@ class Engine:
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
+    async def _follow_scan(self) -> None:
+        """Following: resolve the planned jobs from the fetcher's feed as it grows.
+
+        So a test mostly finds its answer already in memory, as with our own
+        prefetch. The feed also carries the fetcher's item errors (this item's
+        error too) and its abort (this engine's abort, same message). When the
+        fetcher is gone, what it did not deliver goes back to this engine's
+        own workers.
+        """
+        assert self.follow is not None
+        reader = FeedReader(self.cache.feed_path)
+        by_key = {self._first_key(job): job for job in self._jobs if job.in_plan}
+        left = [sum(1 for job in by_key.values() if not job.future.done())]
+
+        def apply(records: list[dict[str, Any]]) -> bool:
+            """Resolve what the records answer; False once the fetcher aborted."""
+            for record in records:
+                if "abort" in record:
+                    self._abort(str(record["abort"]))
+                    return False
+                job = by_key.get(str(record.get("k")))
+                if job is None or job.future.done():
+                    continue
+                if "e" in record:
+                    self._finish(job, error=EndpointError(str(record["e"])))
+                    left[0] -= 1
+                    continue
+                try:
+                    response = ModelResponse.from_json(record["r"])
+                except (KeyError, TypeError, ValueError):
+                    continue  # unreadable: fetched here once the fetcher is gone
+                response.cached = int(record.get("c") or 0)
+                if response.cached:
+                    self.from_cache += 1
+                self._finish(job, response=response)
+                left[0] -= 1
+            return True
+
+        try:
+            while self.aborted is None:
+                if not apply(reader.read()):
+                    return
+                if left[0] <= 0:
+                    return
+                if not self.follow.alive():
+                    if apply(reader.read()):  # what it wrote before it went
+                        self._stop_following()
+                    return
+                await asyncio.sleep(FEED_POLL_SECONDS)
+        finally:
+            reader.close()
+
+    def _stop_following(self) -> None:
+        """The fetcher is gone: this engine fetches what is left itself, wanted first."""
+        self.follow = None
+        for job in self._jobs:
+            if job.wanted and job.state == PLANNED and not job.future.done():
+                self._priority.append(job)
+        self._kick()
+
     async def _watcher(self, job: Job) -> None:
         """Poll for the entry another process is writing; take the job back if it gave up."""
         key = self._key(job.request, _first_sample(job.request))
@@ -350,10 +477,10 @@ class Engine:
                 if hit is not None and job.request.n == 1:
                     self._finish(job, response=self._from_hit(hit))
                     return
-                if hit is not None or (
-                    polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key)
-                ):
-                    break  # the entry is there (more samples to gather) or the claim is gone
+                if hit is not None:
+                    break  # the entry is there, more samples to gather: a worker does it
+                if polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key):
+                    break  # the claim is gone without an entry: fetch it here
                 polls += 1
                 await asyncio.sleep(POLL_SECONDS)
         finally:
@@ -375,7 +502,9 @@ class Engine:
             self.from_cache += 1
         return response
 
-    async def _fetch(self, request: Request, writes: list[str]) -> ModelResponse:
+    async def _fetch(
+        self, request: Request, writes: list[tuple[str, dict[str, Any], dict[str, Any]]]
+    ) -> ModelResponse:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored."""
         first = await self._one(request, _first_sample(request), writes, defer=True)
         if len(first.completions) >= request.n:
@@ -394,14 +523,19 @@ class Engine:
         return ModelResponse(completions=completions, usage=usage, model=first.model, cached=cached)
 
     async def _one(
-        self, request: Request, sample: str, writes: list[str], *, defer: bool
+        self,
+        request: Request,
+        sample: str,
+        writes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        *,
+        defer: bool,
     ) -> ModelResponse:
         """One API call through the cache, honouring other processes' claims.
 
         ``defer``: when another process holds the claim, raise :class:`_Elsewhere`
         (the worker moves on) instead of waiting here for its entry. A fresh
-        answer is handed to the cache's writer thread (its key goes to ``writes``),
-        which also drops the claim once the entry is on disk.
+        answer goes to ``writes``: the worker hands them to the cache's writer
+        thread, which also drops their claims once the entries are on disk.
         """
         if not self.use_store:
             self.requests_sent += 1
@@ -436,9 +570,8 @@ class Engine:
             self.requests_sent += 1
             response = await self.client.complete(request)
             if response.completions:
-                self.cache.submit(key, body, response.to_json(), release=self.use_claims)
+                writes.append((key, body, response.to_json()))
                 handed_off = True
-                writes.append(key)
             return response
         finally:
             if self.use_claims and not handed_off:
@@ -461,3 +594,207 @@ def _resolve(
 
 def _first_sample(request: Request) -> str:
     return "0" if request.n == 1 else f"0..{request.n}"
+
+
+# -- xdist: the controller leads, the workers follow -------------------------------------
+
+PLAN_FILE = "gsm8k-plan.json"
+LEAD_FILE = "gsm8k-lead.json"
+HEARTBEAT_SECONDS = 0.5
+LEAD_GONE_SECONDS = 5.0
+
+
+def _plan_bytes(client: ModelClient, requests: list[Request]) -> bytes:
+    """A worker's plan: the endpoint and model its cache keys name, and its requests."""
+    plan = {"endpoint": client.endpoint, "model": client.model,
+            "requests": [vars(r) for r in requests]}
+    return json.dumps(plan, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Follow:
+    """A worker's view of the leading controller: alive while its heartbeat is fresh."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._checked = 0.0
+        self._alive = True
+
+    def alive(self) -> bool:
+        now = time.monotonic()
+        if now - self._checked >= HEARTBEAT_SECONDS / 2:
+            self._checked = now
+            try:
+                age = time.time() - self.path.stat().st_mtime
+            except OSError:
+                age = LEAD_GONE_SECONDS + 1
+            data = _read_json(self.path) if age <= LEAD_GONE_SECONDS else None
+            self._alive = data is not None and data.get("state") == "fetching"
+        return self._alive
+
+
+def offer_plan(
+    folder: Path, client: ModelClient, requests: list[Request], wait: float = 2.0
+) -> Follow | None:
+    """Worker: ask the controller's fetcher to fetch these requests. A :class:`Follow` if so.
+
+    All workers collect the same items, so the first plan offered is the
+    run's (the fetcher answers with its digest: a worker with another plan
+    does not follow); the fetcher answers in milliseconds (it polls for the
+    plan from session start). No answer, a refusal or another plan: None,
+    and the worker prefetches for itself, sharing the work through claims.
+    """
+    lead = folder / LEAD_FILE
+    if _read_json(lead) is None:
+        return None  # no controller listening (it writes the file before workers start)
+    data = _plan_bytes(client, requests)
+    digest = hashlib.sha256(data).hexdigest()
+    plan = folder / PLAN_FILE
+    if not plan.exists():
+        tmp = plan.with_name(f".{plan.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, plan)
+    deadline = time.monotonic() + wait
+    while True:
+        answer = _read_json(lead)
+        if answer is not None and answer.get("state") != "listening":
+            if answer.get("state") == "fetching" and answer.get("digest") == digest:
+                return Follow(lead)
+            return None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+
+
+class Lead:
+    """The xdist controller's fetcher: a small process of its own, started at session start.
+
+    It waits for the plan the first worker offers (the requests themselves,
+    see :func:`offer_plan`), fetches it with the whole concurrency and writes
+    the entries the workers' tests read; a heartbeat in the answer file tells
+    the followers it is alive. Its own process, not a thread of the
+    controller: the controller's interpreter is busy with xdist (unpacking
+    and reporting every test's results), and on a small machine sharing that
+    GIL slows the fetching more than a second interpreter costs.
+    ``config``: what :func:`lead_main` needs to rebuild the client and cache.
+    """
+
+    def __init__(self, folder: Path, config: dict[str, Any]) -> None:
+        self.folder = folder
+        self.config = config
+        self.proc: Any = None
+        self._log: Any = None
+
+    def start(self) -> None:
+        """Listen for a plan (say so first: workers only wait for a listening controller)."""
+        import subprocess
+        import sys
+
+        _write_json(self.folder / LEAD_FILE, {"state": "listening"})
+        self._log = open(self.folder / "gsm8k-lead.log", "wb")  # noqa: SIM115 - closed in close
+        code = ("import sys; from pytest_gsm8k.engine import lead_main; "
+                "sys.exit(lead_main(sys.argv[1:]))")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(self.config)],
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, close_fds=True,
+        )
+
+    def close(self) -> None:
+        """Tell the fetcher to finish (it writes what it has), wait for it, then say so."""
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # EOF: stop
+            try:
+                proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - never hang the end of a run on it
+                proc.kill()
+                proc.wait()
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        with contextlib.suppress(OSError):
+            _write_json(self.folder / LEAD_FILE, {"state": "closed"})
+
+
+def _request_from_json(data: dict[str, Any]) -> Request:
+    fields = dict(data)
+    fields["messages"] = tuple((str(role), str(text)) for role, text in fields["messages"])
+    fields["stop"] = tuple(str(x) for x in fields.get("stop") or ())
+    return Request(**fields)
+
+
+def lead_main(argv: list[str]) -> int:
+    """The fetcher process (see :class:`Lead`): ``argv[0]`` is its JSON config."""
+    import sys
+
+    from pytest_gsm8k.client import OpenAIClient
+
+    config = json.loads(argv[0])
+    folder = Path(config["run_dir"])
+    plan_path, lead_path = folder / PLAN_FILE, folder / LEAD_FILE
+    stop = threading.Event()
+
+    def watch_parent() -> None:  # stdin closes when the controller ends, however it ends
+        with contextlib.suppress(Exception):
+            sys.stdin.buffer.read()
+        stop.set()
+
+    threading.Thread(target=watch_parent, name="gsm8k-lead-stdin", daemon=True).start()
+    breaker = Breaker()
+    client = OpenAIClient(
+        model=config["model"], base_url=config["endpoint"],
+        api_key=os.environ.get(config["api_key_env"]) or None, timeout=config["timeout"],
+        max_retries=config["max_retries"], concurrency=config["concurrency"], breaker=breaker,
+    )
+    warm = threading.Thread(target=client.warm, name="gsm8k-warm", daemon=True)
+    warm.start()  # import openai while the workers start and collect
+    raw = None
+    while not stop.is_set():
+        with contextlib.suppress(FileNotFoundError):
+            raw = plan_path.read_bytes()
+            break
+        stop.wait(0.003)
+    if raw is None:
+        return 0
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        plan = json.loads(raw)
+        requests = [_request_from_json(r) for r in plan["requests"]]
+        # The same keys on both sides: the followers look the answers up by them.
+        accepted = (plan["endpoint"], plan["model"]) == (client.endpoint, client.model)
+    except (KeyError, TypeError, ValueError) as exc:
+        print(f"gsm8k lead: unusable plan ({exc})", flush=True)
+        accepted = False
+    if not accepted:
+        _write_json(lead_path, {"state": "declined", "digest": digest})
+        return 0
+    cache = ResponseCache(Path(config["cache_root"]), config["run_id"],
+                          persistent=config["persistent"])
+    engine = Engine(client, cache, concurrency=config["concurrency"], use_claims=True,
+                    breaker=breaker, lead=True)
+    engine.start(requests)
+    _write_json(lead_path, {"state": "fetching", "digest": digest})
+    while not stop.wait(HEARTBEAT_SECONDS):
+        with contextlib.suppress(OSError):
+            os.utime(lead_path)
+    engine.close()
+    cache.flush()
+    # Everything is written; the controller waits for this process before it cleans up,
+    # so skip the interpreter's teardown (this process is ours alone, nothing else runs).
+    sys.stdout.flush()
+    os._exit(0)

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_KEY
 from fakeserver import FakeOpenAIServer
+
+from conftest import TEST_KEY
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "lm_eval_requests.json").read_text())
 

@@ -1,0 +1,231 @@
+"""The response cache on its own: keys, atomic entries, corruption, claims across processes.
+
+End-to-end cache behaviour (resume after SIGKILL, reruns, corrupted entries
+in a real run, the headline's cache count) is in test_engine.py; these tests
+pin the pieces those runs rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_gsm8k.cache import ResponseCache, cache_key
+from pytest_gsm8k.types import Request
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 0.0,
+        "max_tokens": 1024}
+RESPONSE = {"completions": [{"text": "#### 4", "finish_reason": "stop", "reasoning": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2}, "model": "m"}
+
+
+def make(tmp_path: Path, run: str = "run1", persistent: bool = True) -> ResponseCache:
+    return ResponseCache(tmp_path / "cache", run, persistent=persistent)
+
+
+def entry_files(root: Path) -> list[Path]:
+    return sorted((root / "responses").glob("*/*.json"))
+
+
+# -- keys -----------------------------------------------------------------------------
+
+
+def test_key_names_everything_that_decides_the_answer() -> None:
+    base = cache_key("http://a/v1", BODY, "0")
+    variants = [
+        cache_key("http://b/v1", BODY, "0"),  # another endpoint
+        cache_key("http://a/v1", {**BODY, "model": "m2"}, "0"),  # another model
+        cache_key("http://a/v1", {**BODY, "max_tokens": 512}, "0"),
+        cache_key("http://a/v1", {**BODY, "temperature": 0.7}, "0"),
+        cache_key("http://a/v1", {**BODY, "stop": ["Question:"]}, "0"),
+        cache_key("http://a/v1", {**BODY, "n": 4}, "0"),
+        cache_key("http://a/v1", {**BODY, "seed": 1}, "0"),
+        cache_key("http://a/v1", {**BODY, "messages": [{"role": "user", "content": "q2"}]}, "0"),
+        cache_key("http://a/v1", BODY, "1"),  # another sample index
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+    # ... and nothing else: the same request in another dict order is the same key
+    assert cache_key("http://a/v1", dict(reversed(list(BODY.items()))), "0") == base
+
+
+def test_request_body_is_what_the_key_hashes() -> None:
+    chat = Request(problem_id="test-0001", api="chat", messages=(("user", "q"),))
+    text = Request(problem_id="test-0001", api="completions", prompt="q")
+    assert chat.body("m") == BODY
+    assert cache_key("u", chat.body("m"), "0") != cache_key("u", text.body("m"), "0")
+    # the problem id is not part of the body: it names the item, not the request
+    other = Request(problem_id="test-0002", api="chat", messages=(("user", "q"),))
+    assert other.body("m") == chat.body("m")
+
+
+# -- entries --------------------------------------------------------------------------
+
+
+def test_put_get_roundtrip_and_layout(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    key = cache_key("u", BODY, "0")
+    assert cache.get(key) is None
+    assert not (tmp_path / "cache").exists()  # nothing is created before the first write
+    cache.put(key, BODY, RESPONSE)
+    got = cache.get(key)
+    assert got is not None and got["completions"] == RESPONSE["completions"]
+    assert got["_run"] == "run1"
+    [path] = entry_files(tmp_path / "cache")
+    assert path.name == f"{key}.json" and path.parent.name == key[:2]
+    data = json.loads(path.read_text())
+    assert data["request"] == BODY and data["key"] == key
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_background_writes_run_done_after_the_entry_is_on_disk(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    seen: list[bool] = []
+    keys = [cache_key("u", {**BODY, "seed": i}, "0") for i in range(50)]
+    for key in keys:
+        cache.submit([(key, BODY, RESPONSE)],
+                     done=lambda key=key: seen.append(cache.get(key) is not None))
+    both = threading.Event()
+    cache.submit([(cache_key("u", BODY, "1"), BODY, RESPONSE),
+                  (cache_key("u", BODY, "2"), BODY, RESPONSE)], done=both.set)
+    assert both.wait(10)
+    assert cache.flush(10)
+    assert seen == [True] * 50
+    assert cache.get(cache_key("u", BODY, "1")) and cache.get(cache_key("u", BODY, "2"))
+    assert len(entry_files(tmp_path / "cache")) == 52
+    cache.close()
+
+
+def test_failed_write_is_a_warning_and_still_calls_done(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "responses").write_text("a file where the folder should be")
+    done = threading.Event()
+    cache.submit([(cache_key("u", BODY, "0"), BODY, RESPONSE)], done=done.set)
+    assert done.wait(10)
+    [warning] = cache.take_warnings()
+    assert "cannot write" in warning and "not cached" in warning
+    assert cache.take_warnings() == []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda raw: raw[: len(raw) // 2], id="truncated"),
+        pytest.param(lambda raw: b"", id="empty"),
+        pytest.param(lambda raw: b"\xff\xfe not json", id="garbage"),
+        pytest.param(lambda raw: json.dumps({"v": 1, "response": {"completions": []}}).encode(),
+                     id="no-completions"),
+        pytest.param(lambda raw: json.dumps({"v": 99, "response": RESPONSE}).encode(),
+                     id="other-schema"),
+        pytest.param(lambda raw: json.dumps(
+            {"v": 1, "response": {"completions": [{"text": 4}]}}).encode(), id="bad-text"),
+        pytest.param(lambda raw: raw.replace(b'"key":"', b'"key":"0'), id="another-key"),
+    ],
+)
+def test_corrupt_entry_is_ignored_with_one_warning(tmp_path: Path, damage: Any) -> None:
+    cache = make(tmp_path)
+    key = cache_key("u", BODY, "0")
+    cache.put(key, BODY, RESPONSE)
+    [path] = entry_files(tmp_path / "cache")
+    path.write_bytes(damage(path.read_bytes()))
+    assert cache.get(key) is None
+    assert cache.get(key) is None
+    [warning] = cache.take_warnings()
+    assert "corrupt entry" in warning and "re-requested" in warning and str(path) in warning
+    cache.put(key, BODY, RESPONSE)  # the re-requested answer replaces it
+    assert cache.get(key) is not None
+
+
+def test_throwaway_cache_is_removed_persistent_one_keeps_entries(tmp_path: Path) -> None:
+    keep = ResponseCache(tmp_path / "keep", "r", persistent=True)
+    drop = ResponseCache(tmp_path / "drop", "r", persistent=False)
+    for cache in (keep, drop):
+        key = cache_key("u", BODY, "0")
+        assert cache.claim(key)
+        cache.submit([(key, BODY, RESPONSE)], release=True)
+        cache.close()
+    assert not (tmp_path / "drop").exists()
+    assert len(entry_files(tmp_path / "keep")) == 1
+    assert not (tmp_path / "keep" / "claims").exists()
+
+
+# -- claims ---------------------------------------------------------------------------
+
+HOLDER = r"""
+import sys, time
+from pathlib import Path
+from pytest_gsm8k.cache import ResponseCache
+cache = ResponseCache(Path(sys.argv[1]), "run1")
+assert cache.claim(sys.argv[2])
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Any:
+    """Another process that claims a key and sleeps (killed at the end)."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(key: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "cache"), key],
+                                stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def test_claim_is_exclusive_across_processes_and_dies_with_its_owner(
+    tmp_path: Path, holder: Any
+) -> None:
+    cache = make(tmp_path)
+    key, other = cache_key("u", BODY, "0"), cache_key("u", BODY, "1")
+    proc = holder(key)
+    assert not cache.claim(key)
+    assert cache.claim_owner_alive(key)
+    assert cache.claim(other)  # a different key is free
+    assert cache.claim(other)  # and claiming twice in one process is fine
+    os.kill(proc.pid, signal.SIGKILL)  # SIGKILL: no cleanup code runs in the owner
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while cache.claim_owner_alive(key) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not cache.claim_owner_alive(key)
+    assert cache.claim(key)
+    cache.release(key)
+    cache.release(key)  # releasing twice is harmless
+    assert not cache.claim_owner_alive(key)
+    cache.close()
+
+
+def test_claims_of_another_run_never_block(tmp_path: Path, holder: Any) -> None:
+    key = cache_key("u", BODY, "0")
+    holder(key)  # holds it for run1
+    assert ResponseCache(tmp_path / "cache", "run2").claim(key)
+
+
+def test_probing_a_claim_does_not_take_it(tmp_path: Path) -> None:
+    mine = make(tmp_path)
+    key = cache_key("u", BODY, "0")
+    assert not mine.claim_owner_alive(key)
+    assert mine.claim(key)
+    assert mine.claim_owner_alive(key)
+    mine.release(key)
+    assert not mine.claim_owner_alive(key)
