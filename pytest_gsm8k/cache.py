@@ -195,11 +195,9 @@ class ResponseCache:
         *,
         release: bool = False,
         feed: list[dict[str, Any]] | None = None,
-        entries: bool = True,
     ) -> None:
-        """Write ``(key, body, response)`` entries on the writer thread (unless not
-        ``entries``), then (``release``) drop their claims, then append ``feed`` records to
-        the run's feed, then call ``done``.
+        """Write ``(key, body, response)`` entries on the writer thread, then (``release``)
+        drop their claims, then append ``feed`` records to the run's feed, then call ``done``.
 
         A failed write is a warning (the answer is still good, it is just not
         cached); ``done`` is called either way. The writer takes whatever has
@@ -213,8 +211,7 @@ class ResponseCache:
                     target=self._write_loop, name="gsm8k-cache-writer", daemon=True
                 )
                 self._writer.start()
-        self._queue.put((items if entries else [(k, None, None) for k, _, _ in items],
-                         done, release, feed))
+        self._queue.put((items, done, release, feed))
 
     def _write_loop(self) -> None:
         while True:
@@ -234,15 +231,14 @@ class ResponseCache:
 
     def _write_item(
         self,
-        items: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]],
+        items: list[tuple[str, dict[str, Any], dict[str, Any]]],
         done: Callable[[], None] | None,
         release: bool,
         feed: list[dict[str, Any]] | None,
     ) -> None:
         for key, body, response in items:
             try:
-                if body is not None and response is not None:
-                    self.put(key, body, response)
+                self.put(key, body, response)
             except OSError as exc:
                 self._warn(key, f"gsm8k cache: cannot write {self._entry_path(key)} "
                                 f"({exc.strerror or exc}); the answer is not cached")
@@ -252,10 +248,7 @@ class ResponseCache:
                 if release:
                     self.release(key)
         if feed:
-            try:
-                self._append_feed(feed)
-            except OSError as exc:
-                self._warn("feed", f"gsm8k cache: cannot write {self.feed_path} ({exc})")
+            self.append_feed(feed)
         if done is not None:
             with contextlib.suppress(Exception):
                 done()
@@ -368,6 +361,13 @@ class ResponseCache:
     def feed_path(self) -> Path:
         """This run's append-only log of answers, item errors and the abort, one JSON a line."""
         return self.claims / "feed.jsonl"
+
+    def append_feed(self, records: list[dict[str, Any]]) -> None:
+        """Append records to the run's feed now (a failure is a warning)."""
+        try:
+            self._append_feed(records)
+        except OSError as exc:
+            self._warn("feed", f"gsm8k cache: cannot write {self.feed_path} ({exc})")
 
     def _append_feed(self, records: list[dict[str, Any]]) -> None:
         if self._feed_fd is None:

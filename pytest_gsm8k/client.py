@@ -149,6 +149,8 @@ def list_models(base_url: str | None, api_key: str | None, timeout: float = 10.0
     import urllib.request
 
     url = (base_url or "https://api.openai.com/v1").rstrip("/") + "/models"
+    if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
+        return []  # credentials in the URL: leave it to the real client (httpx handles them)
     request = urllib.request.Request(url, headers={
         "Authorization": f"Bearer {api_key or 'EMPTY'}",
         "Accept": "application/json",

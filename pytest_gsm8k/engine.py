@@ -356,11 +356,20 @@ class Engine:
         done: Callable[[], None] | None = None,
         feed: dict[str, Any] | None = None,
     ) -> None:
-        # Leading a throw-away cache, the feed is all the followers read: no entry files.
-        entries = not (self.lead and not self.cache.persistent)
-        if writes or feed:
+        if self.lead and not self.cache.persistent:
+            # Leading a throw-away cache, the feed is all the followers read: no entry
+            # files, and one small append is cheaper here than a trip to the writer thread.
+            if feed is not None:
+                self.cache.append_feed([feed])
+            if self.use_claims:
+                for key, _, _ in writes:
+                    self.cache.release(key)
+            writes.clear()
+            if done is not None:
+                done()
+        elif writes or feed:
             self.cache.submit(list(writes), done, release=self.use_claims,
-                              feed=[feed] if feed else None, entries=entries)
+                              feed=[feed] if feed else None)
             writes.clear()
         elif done is not None:
             done()

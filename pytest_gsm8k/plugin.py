@@ -537,8 +537,9 @@ def _start_early(state: State, session: pytest.Session) -> None:
 
     When every planned item uses the plugin's own ``gsm8k_model`` and
     ``gsm8k_protocol`` (nothing overrides them), the engine can start as
-    soon as the items are known: an xdist worker then imports openai and
-    sends its first requests while the controller is still scheduling.
+    soon as the items are known. An xdist worker first offers its plan to
+    the controller's fetcher (see ``_lead``) and, when it takes it, only
+    follows (it never imports openai); otherwise it fetches for itself.
     """
     config = session.config
     idle = config.option.collectonly or getattr(config.option, "setupplan", False)
