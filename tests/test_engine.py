@@ -172,7 +172,9 @@ def test_server_dying_mid_run_fails_fast_with_one_message(
     elapsed = time.monotonic() - start
     report = read_report(pytester.path / "r.json")
     _one_message_failure(result, report)
-    assert report["counts"]["correct"] == 40  # every answer that arrived is counted
+    # The run stops at the first item whose answer died with the server; answers that arrived
+    # for items after it (out of order, up to the concurrency) are reported as errors too.
+    assert 40 - 16 <= report["counts"]["correct"] <= 40
     assert elapsed < 12, elapsed  # seconds, not 1,279 requests' retries
     assert sent(server) <= 40 + 16
 
