@@ -1,0 +1,105 @@
+"""The fixtures users request and override: gsm8k_problem, gsm8k_model, gsm8k_protocol,
+gsm8k_outcome. The plugin module re-exports them so pytest registers them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_gsm8k.dataset import DatasetError
+from pytest_gsm8k.prompts import Protocol
+from pytest_gsm8k.state import RECORD_KEY, _safe_url, _state
+from pytest_gsm8k.types import Problem
+
+# -- fixtures -------------------------------------------------------------------
+
+
+class GSM8KOutcome:
+    """What a test gets from ``gsm8k_outcome``: the scored answer to its problem."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    outcome = property(lambda self: str(self.record["outcome"]))
+    correct = property(lambda self: bool(self.record["correct"]))
+    extracted = property(lambda self: self.record["extracted"])
+    gold = property(lambda self: self.record["gold"])
+    response = property(lambda self: str(self.record["response"]))
+
+    def __repr__(self) -> str:
+        return (f"GSM8KOutcome({self.record['id']}: {self.outcome}, extracted={self.extracted!r}, "
+                f"gold={self.gold!r})")
+
+
+@pytest.fixture
+def gsm8k_problem() -> Problem:
+    """The GSM8K problem of this item (parametrized by the plugin over the selected split)."""
+    raise pytest.UsageError("gsm8k_problem is parametrized by pytest-gsm8k; it was not here")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
+    """The evaluation protocol (test@1/pass@N/maj@N, shots, api, extractor ...)."""
+    try:
+        return _state(pytestconfig).protocol()
+    except DatasetError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+
+
+@pytest.fixture(scope="session")
+def gsm8k_model(pytestconfig: pytest.Config) -> Iterator[Any]:
+    """The model: an OpenAI-compatible endpoint from the options.
+
+    Override it in your conftest.py with any callable that takes a
+    :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
+    (sync or async) to gate a model that has no HTTP endpoint.
+    """
+    yield _state(pytestconfig).default_client()
+
+
+@pytest.fixture
+def gsm8k_outcome(
+    request: pytest.FixtureRequest,
+    gsm8k_problem: Problem,
+    gsm8k_model: Any,
+    gsm8k_protocol: Protocol,
+) -> GSM8KOutcome:
+    """The scored answer for this item's problem (fetched ahead by the engine)."""
+    from pytest_gsm8k.engine import EndpointAborted, EndpointError
+    from pytest_gsm8k.outcome import error_record, score_response
+
+    state = _state(request.config)
+    engine = state.engine_for(gsm8k_model, gsm8k_protocol)
+    item = request.node
+    failure: str | None = None
+    try:
+        response = engine.result(gsm8k_protocol.request(gsm8k_problem))
+    except EndpointError as exc:
+        record = error_record(gsm8k_problem, str(exc))
+        if isinstance(exc, EndpointAborted):
+            record["aborted"] = True
+            request.session.shouldfail = f"gsm8k: {exc}"
+        item.stash[RECORD_KEY] = record
+        item.user_properties.append(("gsm8k_outcome", "error"))
+        failure = f"gsm8k: {exc}"
+    finally:
+        for message in engine.cache.take_warnings():
+            warnings.warn(pytest.PytestWarning(message), stacklevel=1)
+    if failure is not None:
+        # Outside the except block: inside it, pytest would print the EndpointError too
+        # ("During handling of the above exception, another exception occurred").
+        pytest.fail(failure, pytrace=False)
+    record = score_response(gsm8k_problem, response, gsm8k_protocol, state.pattern)
+    record["endpoint"] = _safe_url(engine.client.endpoint)
+    record["model"] = record["model"] or engine.client.model
+    item.stash[RECORD_KEY] = record
+    item.user_properties.extend([
+        ("gsm8k_outcome", record["outcome"]),
+        ("gsm8k_extracted", record["extracted"]),
+        ("gsm8k_gold", record["gold"]),
+    ])
+    return GSM8KOutcome(record)

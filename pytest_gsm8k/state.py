@@ -1,0 +1,295 @@
+"""Per-process state of a GSM8K run: settings, data, protocol, caches, engines, summary.
+
+One :class:`State` per pytest process (controller, single process, or xdist
+worker), created in ``pytest_configure``. Data and protocol load lazily, so a
+suite that never asks for a GSM8K item pays nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from pytest_gsm8k.dataset import DatasetError, Split, load_split, select, train_source
+from pytest_gsm8k.prompts import Exemplar, Protocol, draw_exemplars
+from pytest_gsm8k.settings import Settings
+from pytest_gsm8k.types import Problem
+
+RECORD_KEY = pytest.StashKey[dict[str, Any]]()
+STATE_NAME = "gsm8k-state"
+
+
+def _safe_url(url: str) -> str:
+    """A URL fit to print: credentials in it are removed."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+class State:
+    """What one pytest process knows about the GSM8K run."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+        self.is_worker = self.workerinput is not None
+        self._split: Split | None = None
+        self._selected: tuple[Problem, ...] | None = None
+        self._protocol: Protocol | None = None
+        self.pattern = re.compile(settings.answer_regex) if settings.answer_regex else None
+        self.engines: dict[int, Any] = {}
+        self.planned: list[Problem] = []
+        #: problem ids the run collected (None until known; xdist: from the workers' ids)
+        self.planned_ids: set[str] | None = None
+        self.records: dict[str, dict[str, Any]] = {}
+        self.summary: Any = None
+        self.interrupted = False
+        self.aborted: str | None = None
+        self.data_error: str | None = None
+        self.local_server: Any = None
+        self.local_info: dict[str, Any] | None = None
+        self.base_url = settings.resolved_base_url()
+        self.model_name = settings.model
+        if self.workerinput is not None:
+            self.run_id = str(self.workerinput["gsm8k_run_id"])
+            self.run_dir = Path(self.workerinput["gsm8k_run_dir"])
+            self.base_url = self.workerinput.get("gsm8k_base_url") or self.base_url
+            self.model_name = self.workerinput.get("gsm8k_model") or self.model_name
+            self.workers = int(self.workerinput.get("workercount", 1))
+        else:
+            self.run_id = uuid.uuid4().hex[:12]
+            self.run_dir = Path(tempfile.mkdtemp(prefix="gsm8k-run-"))
+            self.workers = 1
+        self._caches: dict[bool, Any] = {}
+        self._default_client: Any = None
+        self.follow: Any = None  # xdist worker: the controller fetches for it (engine.Follow)
+        self.lead: Any = None  # xdist controller: the one fetcher (engine.Lead)
+
+    # data and protocol, loaded lazily: a suite that never asks costs nothing
+
+    def split(self) -> Split:
+        if self._split is None:
+            s = self.settings
+            self._split = load_split(s.data, s.split, s.config, s.dataset)
+        return self._split
+
+    def selected(self) -> tuple[Problem, ...]:
+        if self._selected is None:
+            self._selected = select(self.split().problems, self.settings.limit, self.settings.seed)
+        return self._selected
+
+    def protocol(self) -> Protocol:
+        if self._protocol is None:
+            s = self.settings
+            exemplars: tuple[Exemplar, ...] = ()
+            train: tuple[tuple[str, str], ...] = ()
+            source = "none"
+            if s.preset:
+                from pytest_gsm8k.presets import get_preset
+
+                spec = get_preset(s.preset)
+                pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+                train = tuple((p.question, p.answer) for p in pool_split.problems)
+                source = spec.fewshot_source
+            elif s.shots or s.fewshot_file:
+                if s.fewshot_file:
+                    pool_split = load_split(s.fewshot_file, "fewshot", s.config)
+                    source = f"file {Path(s.fewshot_file).name}"
+                else:
+                    pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+                    source = f"train (seed {s.seed})"
+                evaluated = {p.question for p in self.split().problems}
+                pool = [Exemplar(p.question, p.answer) for p in pool_split.problems
+                        if p.question not in evaluated]  # never show a test problem as a shot
+                shots = s.shots if s.shots else len(pool)
+                try:
+                    exemplars = draw_exemplars(pool, shots, s.seed)
+                except ValueError as exc:
+                    raise DatasetError(str(exc)) from None
+            self._protocol = Protocol(
+                name=s.protocol,
+                samples=s.samples,
+                temperature=s.temperature,
+                api=s.api,
+                shots=len(exemplars) if not s.preset else s.shots,
+                fewshot_source=source,
+                exemplars=exemplars,
+                train=train,
+                preset=s.preset,
+                system=s.system,
+                max_tokens=s.max_tokens,
+                stop=s.stop,
+                extractor=s.extract,
+                answer_regex=s.answer_regex,
+            )
+        return self._protocol
+
+    # caches and engines
+
+    def cache(self, persistent: bool) -> Any:
+        from pytest_gsm8k.cache import ResponseCache
+
+        persistent = persistent and not self.settings.no_cache
+        root: Path | None = None
+        if persistent:
+            if self.settings.cache_dir:
+                root = Path(self.settings.cache_dir).expanduser()
+            elif getattr(self.config, "cache", None) is not None:
+                root = self.config.cache.mkdir("gsm8k")
+        if root is None:
+            persistent = False
+            root = self.run_dir / "cache"
+        if persistent not in self._caches:
+            self._caches[persistent] = ResponseCache(root, self.run_id, persistent=persistent)
+        return self._caches[persistent]
+
+    def default_client(self) -> Any:
+        """The process's one OpenAI-compatible client (the same object every time)."""
+        from pytest_gsm8k.client import Breaker, OpenAIClient
+
+        if self._default_client is not None:
+            return self._default_client
+        if not self.model_name:
+            raise pytest.UsageError(
+                "gsm8k_model: no --gsm8k-model given and no gsm8k_model fixture override"
+            )
+        breaker = Breaker()
+        client = OpenAIClient(
+            model=self.model_name,
+            base_url=self.base_url,
+            api_key=self.settings.api_key(),
+            timeout=self.settings.timeout,
+            max_retries=self.settings.max_retries,
+            concurrency=self.concurrency(),
+            breaker=breaker,
+        )
+        self._default_client = client
+        return client
+
+    def concurrency(self) -> int:
+        """The run's limit split over the xdist workers, so -n never multiplies the load."""
+        return max(1, math.ceil(self.settings.concurrency / max(1, self.workers)))
+
+    def engine_for(self, model: Any, protocol: Protocol) -> Any:
+        from pytest_gsm8k.client import CallableClient
+        from pytest_gsm8k.engine import Engine
+
+        key = id(model)
+        engine = self.engines.get(key)
+        if engine is None:
+            client = model
+            if not hasattr(model, "complete"):
+                if not callable(model):
+                    raise pytest.UsageError(
+                        f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
+                    )
+                client = CallableClient(model, concurrency=self.concurrency(),
+                                        model=self.settings.model)
+            engine = Engine(
+                client,
+                self.cache(bool(getattr(client, "persistent_cache", False))),
+                concurrency=self.concurrency(),
+                use_claims=self.is_worker,
+                breaker=getattr(client, "breaker", None),
+                share=_worker_share(self.workerinput),
+                follow=self.follow if client is self._default_client else None,
+            )
+            self.engines[key] = engine
+            engine.start([protocol.request(p) for p in self.planned])
+        return engine
+
+    def close(self) -> None:
+        if self.lead is not None:
+            self.lead.close()
+            self.lead = None
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
+        if not self.is_worker:
+            for cache in self._caches.values():
+                cache.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.local_server is not None:
+                self.local_server.stop()
+                self.local_server = None
+
+    # the summary
+
+    def build_summary(self) -> Any:
+        from pytest_gsm8k.outcome import error_record
+        from pytest_gsm8k.summary import Summary
+
+        selected = self.selected()
+        records = dict(self.records)
+        # What this run set out to do: the collected problems after -k/-m/--lf deselection.
+        wanted = self.planned_ids if self.planned_ids is not None else {p.id for p in selected}
+        ran = [p for p in selected if p.id in wanted]
+        if self.aborted:
+            for problem in ran:
+                records.setdefault(problem.id, error_record(problem, self.aborted))
+        split = self.split()
+        protocol = self.protocol()
+        summary = Summary(
+            protocol=protocol.identity(),
+            label=protocol.label,
+            dataset=split.identity(),
+            subset={
+                "limit": self.settings.limit if len(selected) < len(split.problems) else None,
+                "seed": self.settings.seed,
+                "of": len(split.problems),
+                "ids_hash": _ids_hash(selected),
+                "deselected": len(selected) - len(ran),
+            },
+            model=self.model_name or _most_common(records, "model") or "(gsm8k_model fixture)",
+            endpoint=_most_common(records, "endpoint")
+            or _safe_url(self.base_url or "https://api.openai.com/v1"),
+            records=list(records.values()),
+            expected=len(ran),
+            interrupted=self.interrupted,
+        )
+        if self.local_info is not None:
+            summary.extra["local_server"] = self.local_info
+        if self.settings.min_acc is not None:
+            summary.gate_min_acc(self.settings.min_acc)
+        return summary
+
+
+def _most_common(records: dict[str, dict[str, Any]], key: str) -> str | None:
+    from collections import Counter
+
+    counts = Counter(str(r[key]) for r in records.values() if r.get(key))
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _worker_share(workerinput: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(index, count) of this xdist worker, for the engine's prefetch order; None otherwise."""
+    if workerinput is None:
+        return None
+    digits = str(workerinput.get("workerid", "")).lstrip("gw")
+    count = int(workerinput.get("workercount", 1) or 1)
+    return (int(digits) % count, count) if digits.isdigit() and count > 1 else None
+
+
+def _ids_hash(problems: tuple[Problem, ...]) -> str:
+    from pytest_gsm8k.types import stable_hash
+
+    return stable_hash([p.id for p in problems])[:16]
+
+
+def _state(config: pytest.Config) -> State:
+    state = config.pluginmanager.get_plugin(STATE_NAME)
+    assert state is not None, "pytest-gsm8k is not configured"
+    return state.state  # type: ignore[no-any-return]
