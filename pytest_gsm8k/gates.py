@@ -7,14 +7,12 @@ and JSON report fields to it.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k import baseline as bl
 from pytest_gsm8k.settings import Settings
-from pytest_gsm8k.summary import Summary
+from pytest_gsm8k.summary import Summary, write_text_atomic
 
 SHOWN_IDS = 10
 
@@ -24,14 +22,6 @@ def baseline_path(settings: Settings, rootpath: Path, label: str, snapshot_dirna
         return Path(settings.baseline).expanduser()
     name = settings.baseline_name or bl.default_name(label)
     return rootpath / snapshot_dirname / "gsm8k" / f"{name}.gsm8k"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def apply_baseline(
@@ -52,7 +42,7 @@ def apply_baseline(
             return
         from pytest_gsm8k.snapshot import serialize
 
-        _write_atomic(path, serialize(bl.build(report)))
+        write_text_atomic(path, serialize(bl.build(report)))
         summary.notes.append(f"  baseline written: {shown_path} (n={summary.n}, "
                              f"accuracy {summary.accuracy:.4f})")
         summary.extra["baseline"] = {"path": shown_path, "written": True}

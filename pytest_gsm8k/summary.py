@@ -241,12 +241,16 @@ class Summary:
         }
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """Atomic write, so an interrupted run never leaves half a report."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a temporary file beside ``path``, then rename: never half a report or baseline."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, ensure_ascii=False, sort_keys=False)
-        handle.write("\n")
+        handle.write(text)
     os.replace(tmp, target)
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    """The JSON report, written atomically (an interrupted run keeps the previous one whole)."""
+    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
