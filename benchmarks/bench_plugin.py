@@ -32,7 +32,7 @@ What it does, for each latency:
 
 Peak RSS columns: ``main`` is the pytest process (the xdist controller under
 ``-n 2``), ``worker`` the largest xdist worker, ``fetcher`` the controller's
-fetcher process (``pytest_gsm8k.engine.Lead``, under xdist only).
+fetcher process (``pytest_gsm8k.lead.Lead``, under xdist only).
 
 Bytecode: this sandbox sets ``PYTHONDONTWRITEBYTECODE=1``, which makes
 pytest re-parse every plugin module it assertion-rewrites (pytest-gsm8k and
@@ -163,11 +163,16 @@ def measure_main(argv: list[str]) -> int:
     proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
 
     def sample() -> None:
+        main = ""
         while not stop.is_set():
             for pid in _descendants(proc.pid):
                 got = _hwm_kb(pid)
                 if got is not None and got[1] >= peaks.get(pid, ("", 0))[1]:
                     label = peaks.get(pid, ("", 0))[0] or _cmdline(pid)
+                    if pid == proc.pid:
+                        main = label
+                    elif label == main:  # forked from pytest: the xdist fetcher (lead.Lead)
+                        label = f"lead_main (forked) {label}"
                     peaks[pid] = (label, got[1])
             stop.wait(0.02)
 
@@ -191,7 +196,7 @@ def _classify(label: str) -> str:
     if "execnet" in label or "gateway_base" in label or "-c import sys;exec(eval(" in label:
         return "worker"
     if "lead_main" in label:
-        return "fetcher"  # the xdist controller's fetcher process (pytest_gsm8k.engine.Lead)
+        return "fetcher"  # the xdist controller's fetcher process (pytest_gsm8k.lead.Lead)
     return "main"
 
 

@@ -42,38 +42,46 @@ def _start_early(state: State, session: pytest.Session) -> None:
     soon as the items are known. An xdist worker first offers its plan to
     the controller's fetcher (see ``_lead``) and, when it takes it, only
     follows (it never imports openai); otherwise it fetches for itself.
+    A worker with no plan for the fetcher offers an empty one, which frees
+    the workers the controller holds back until the fetcher is ready.
     """
     config = session.config
     idle = config.option.collectonly or getattr(config.option, "setupplan", False)
     broken = session.testsfailed and not getattr(
         config.option, "continue_on_collection_errors", False)
-    if idle or broken:
-        return
-    if state.model_name and all(_uses_default_fixtures(item) for item in session.items
-                                if "gsm8k_problem" in getattr(item, "fixturenames", ())):
-        with contextlib.suppress(Exception):  # the fixtures report it at the first test
-            if state.is_worker:
-                from pytest_gsm8k.engine import offer_plan
+    default = bool(state.model_name) and all(
+        _uses_default_fixtures(item) for item in session.items
+        if "gsm8k_problem" in getattr(item, "fixturenames", ()))
+    planned = bool(state.planned) and default and not (idle or broken)
+    if state.is_worker and state.model_name:
+        from pytest_gsm8k.lead import offer_plan
 
-                client, protocol = state.default_client(), state.protocol()
-                requests = [protocol.request(p) for p in state.planned]
-                state.follow = offer_plan(state.run_dir, client, requests)
-            if state.follow is None:
-                # Import the HTTP client now, before the test loop (nothing can be answered
-                # earlier anyway), so its modules are old when the loop starts (gc.freeze).
-                state.default_client().warm()
-            state.engine_for(state.default_client(), state.protocol())
+        with contextlib.suppress(Exception):  # the fixtures report it at the first test
+            client, protocol = state.default_client(), state.protocol()
+            requests = [protocol.request(p) for p in state.planned] if planned else []
+            state.follow = offer_plan(state.run_dir, client, requests,
+                                      wait=2.0 if planned else 0.0)
+            if not planned:
+                state.follow = None
+    if not planned:
+        return
+    with contextlib.suppress(Exception):  # the fixtures report it at the first test
+        if state.follow is None:
+            # Import the HTTP client now, before the test loop (nothing can be answered
+            # earlier anyway), so its modules are old when the loop starts (gc.freeze).
+            state.default_client().warm()
+        state.engine_for(state.default_client(), state.protocol())
 
 
 def _lead(state: State) -> None:
     """xdist controller: start the run's one fetcher, for the plan the first worker offers.
 
-    It runs in a process of its own (see engine.Lead) with the whole
+    It runs in a process of its own (see lead.Lead) with the whole
     ``--gsm8k-concurrency``, importing the HTTP client while the workers
     start; workers that get no answer (or another plan) fetch for
     themselves, sharing the work by claims.
     """
-    from pytest_gsm8k.engine import Lead
+    from pytest_gsm8k.lead import Lead
 
     client = state.default_client()
     cache = state.cache(True)

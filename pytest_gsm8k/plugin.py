@@ -14,6 +14,7 @@ the gates and writes the report.
 from __future__ import annotations
 
 import gc
+import os
 import re
 from collections.abc import Generator
 from pathlib import Path
@@ -89,12 +90,29 @@ def _read_option(config: pytest.Config, option: Option) -> Any:
 
 # -- per-process state -----------------------------------------------------------
 
+LEAD_READY_WAIT = 2.0  # seconds a held-back xdist worker waits for the fetcher at most
+
+
+def _workers_at_once() -> int:
+    """xdist workers that start without waiting for the fetcher: one per core it leaves.
+
+    The fetcher needs a core for itself while it imports its HTTP client; the
+    first worker always starts (the fetcher waits for its plan).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
 
 class StatePlugin:
     """Holds the State; hooks that need it live on it."""
 
     def __init__(self, state: State) -> None:
         self.state = state
+        self._nodes = 0  # xdist workers configured so far (controller)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -102,22 +120,33 @@ class StatePlugin:
         state = self.state
         if state.is_worker or not state.settings.model:
             return
+        xdist = session.config.pluginmanager.has_plugin("dsession")
+        overridden = _model_overridden(session.config)
+        local = state.settings.model.startswith("local")
+        if xdist and not overridden and not local:
+            # First: the fetcher's import of its HTTP client is the longest step before the
+            # first request, and it sends nothing before a worker offers its plan. A usage
+            # error below ends it with the session (State.close).
+            _lead(state)
         try:
             state.selected()
             state.protocol()
         except DatasetError as exc:
             raise pytest.UsageError(f"gsm8k: {exc}") from None
-        if state.settings.model.startswith("local"):
+        if local:
             _start_local(state)
-        if not _model_overridden(session.config):
+        if not overridden:
             _preflight(state)
-            if session.config.pluginmanager.has_plugin("dsession"):
+            if xdist and local:
                 _lead(state)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         """xdist controller: hand the run's identity and the endpoint to each worker."""
         state = self.state
+        self._nodes += 1
+        if state.lead is not None and self._nodes > _workers_at_once():
+            state.lead.wait_ready(LEAD_READY_WAIT)
         node.workerinput["gsm8k_run_id"] = state.run_id
         node.workerinput["gsm8k_run_dir"] = str(state.run_dir)
         node.workerinput["gsm8k_base_url"] = state.base_url
@@ -151,7 +180,7 @@ class StatePlugin:
                 planned.append(problem)
         self.state.planned = planned
         self.state.planned_ids = {p.id for p in planned}
-        if planned:
+        if planned or self.state.is_worker:
             _start_early(self.state, session)
 
     @pytest.hookimpl(optionalhook=True)

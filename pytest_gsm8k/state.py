@@ -75,8 +75,8 @@ class State:
             self.workers = 1
         self._caches: dict[bool, Any] = {}
         self._default_client: Any = None
-        self.follow: Any = None  # xdist worker: the controller fetches for it (engine.Follow)
-        self.lead: Any = None  # xdist controller: the one fetcher (engine.Lead)
+        self.follow: Any = None  # xdist worker: the controller fetches for it (lead.Follow)
+        self.lead: Any = None  # xdist controller: the one fetcher (lead.Lead)
 
     # data and protocol, loaded lazily: a suite that never asks costs nothing
 

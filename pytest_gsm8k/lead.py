@@ -1,0 +1,380 @@
+"""xdist: the controller's one fetcher (:class:`Lead`) and the workers that follow it.
+
+Under xdist with the plugin's own model and protocol fixtures, the
+controller, which runs no tests, is the run's one fetcher, with the whole
+``--gsm8k-concurrency``; the workers' engines only *follow*: their tests read
+the fetcher's entries (its feed file) as they appear, and a worker sends a
+request itself only if the fetcher is gone. The workers import no HTTP
+client at all.
+
+The protocol is three small files in the run's folder, so that a fetcher
+that dies or never starts costs nothing but speed:
+
+* ``gsm8k-lead.json``: the fetcher's state (listening, fetching with the
+  plan's digest, declined, closed); its mtime is the heartbeat;
+* ``gsm8k-plan.json``: the plan the first worker offers (its exact requests);
+* ``gsm8k-lead.ready``: the fetcher's first answer is in (the controller
+  holds back workers the machine has no core for until then).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_gsm8k.cache import ResponseCache
+from pytest_gsm8k.client import Breaker, ModelClient
+from pytest_gsm8k.engine import Engine
+from pytest_gsm8k.types import Request
+
+PLAN_FILE = "gsm8k-plan.json"
+LEAD_FILE = "gsm8k-lead.json"
+READY_FILE = "gsm8k-lead.ready"
+LOG_FILE = "gsm8k-lead.log"
+HEARTBEAT_SECONDS = 0.5
+LEAD_GONE_SECONDS = 5.0
+
+
+def _plan_bytes(client: ModelClient, requests: list[Request]) -> bytes:
+    """A worker's plan: the endpoint and model its cache keys name, and its requests."""
+    plan = {"endpoint": client.endpoint, "model": client.model,
+            "requests": [vars(r) for r in requests]}
+    return json.dumps(plan, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Follow:
+    """A worker's view of the leading controller: alive while its heartbeat is fresh."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._checked = 0.0
+        self._alive = True
+
+    def alive(self) -> bool:
+        now = time.monotonic()
+        if now - self._checked >= HEARTBEAT_SECONDS / 2:
+            self._checked = now
+            try:
+                age = time.time() - self.path.stat().st_mtime
+            except OSError:
+                age = LEAD_GONE_SECONDS + 1
+            data = _read_json(self.path) if age <= LEAD_GONE_SECONDS else None
+            self._alive = data is not None and data.get("state") == "fetching"
+        return self._alive
+
+
+def offer_plan(
+    folder: Path, client: ModelClient, requests: list[Request], wait: float = 2.0
+) -> Follow | None:
+    """Worker: ask the controller's fetcher to fetch these requests. A :class:`Follow` if so.
+
+    All workers collect the same items, so the first plan offered is the
+    run's (the fetcher answers with its digest: a worker with another plan
+    does not follow); the fetcher answers in milliseconds (it polls for the
+    plan from session start). No answer, a refusal or another plan: None,
+    and the worker prefetches for itself, sharing the work through claims.
+    """
+    lead = folder / LEAD_FILE
+    if _read_json(lead) is None:
+        return None  # no controller listening (it writes the file before workers start)
+    data = _plan_bytes(client, requests)
+    digest = hashlib.sha256(data).hexdigest()
+    plan = folder / PLAN_FILE
+    if not plan.exists():
+        tmp = plan.with_name(f".{plan.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, plan)
+    deadline = time.monotonic() + wait
+    while True:
+        answer = _read_json(lead)
+        if answer is not None and answer.get("state") != "listening":
+            if answer.get("state") == "fetching" and answer.get("digest") == digest:
+                return Follow(lead)
+            return None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+
+
+class _Forked:
+    """The little of ``subprocess.Popen`` that :class:`Lead` uses, for a forked child."""
+
+    def __init__(self, pid: int, pipe: int) -> None:
+        self.pid = pid
+        self._pipe: int | None = pipe  # its read end is the child's "parent alive" line
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid == 0:
+                    return None
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def close_pipe(self) -> None:
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pipe)
+            self._pipe = None
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fetcher {self.pid} did not end")
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.returncode = -signal.SIGKILL
+
+
+def _can_fork() -> bool:
+    """Fork only where it is safe: Linux, and no other Python thread is running yet."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
+
+
+class Lead:
+    """The xdist controller's fetcher: a small process of its own, started at session start.
+
+    It waits for the plan the first worker offers (the requests themselves,
+    see :func:`offer_plan`), fetches it with the whole concurrency and writes
+    the entries the workers' tests read; a heartbeat in the answer file tells
+    the followers it is alive. Its own process, not a thread of the
+    controller: the controller's interpreter is busy with xdist (unpacking
+    and reporting every test's results), and on a small machine sharing that
+    GIL slows the fetching more than a second interpreter costs.
+
+    On Linux it is forked from the controller, before xdist starts any
+    thread: the child has pytest's modules (asyncio, ssl, json, ...) already
+    imported and only imports openai, which, with a fresh interpreter's
+    start-up, was the longest step before the first request (about 0.2 s on
+    a 2-core machine). The child never returns into pytest: it runs
+    :func:`lead_main` and leaves with ``os._exit``. Elsewhere (or if a
+    thread is running) it is a fresh ``python -c`` process.
+    ``config``: what :func:`lead_main` needs to rebuild the client and cache.
+    """
+
+    def __init__(self, folder: Path, config: dict[str, Any]) -> None:
+        self.folder = folder
+        self.config = config
+        self.proc: Any = None
+        self._log: Any = None
+
+    def start(self, fork: bool | None = None) -> None:
+        """Listen for a plan (say so first: workers only wait for a listening controller).
+
+        ``fork``: None forks where :func:`_can_fork` says it is safe; False always
+        starts a fresh interpreter.
+        """
+        _write_json(self.folder / LEAD_FILE, {"state": "listening"})
+        self._log = open(self.folder / LOG_FILE, "wb")  # noqa: SIM115 - closed in close
+        if fork if fork is not None else _can_fork():
+            self.proc = self._fork()
+            return
+        import subprocess
+
+        code = ("import sys; from pytest_gsm8k.lead import lead_main; "
+                "sys.exit(lead_main(sys.argv[1:]))")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(self.config)],
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, close_fds=True,
+        )
+
+    def _fork(self) -> _Forked:
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            os.close(read_end)
+            return _Forked(pid, write_end)
+        code = 1
+        try:  # the child: never back into pytest
+            os.close(write_end)
+            log = self._log.fileno()
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            # pytest's capture wrappers are not ours to write to
+            sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            code = _lead_child(self.config, read_end)
+        except BaseException:  # noqa: BLE001 - report it in the log, whatever it is
+            import traceback
+
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            os._exit(code)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until the fetcher's first answer is in (or it has nothing to fetch, or is gone).
+
+        Why: on a machine with few cores, the xdist workers' own start-up
+        (importing pytest and every plugin, collecting) takes the CPU the
+        fetcher needs for its slowest steps: importing openai and opening
+        its connections for the first round of requests. Nothing can be
+        answered before that round is back, so the controller holds back the
+        workers the machine has no spare core for until then (see
+        ``StatePlugin.pytest_configure_node``); the first worker starts at
+        once, so its plan is there when the fetcher can send it.
+        """
+        deadline = time.monotonic() + timeout
+        marker = self.folder / READY_FILE
+        while time.monotonic() < deadline:
+            if marker.exists() or self.proc is None or self.proc.poll() is not None:
+                return marker.exists()
+            time.sleep(0.005)
+        return False
+
+    def close(self) -> None:
+        """Tell the fetcher to finish (it writes what it has), wait for it, then say so."""
+        proc = self.proc
+        if proc is not None:
+            if isinstance(proc, _Forked):
+                proc.close_pipe()  # EOF: stop
+            else:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            try:
+                proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - never hang the end of a run on it
+                proc.kill()
+                if not isinstance(proc, _Forked):
+                    proc.wait()
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        with contextlib.suppress(OSError):
+            _write_json(self.folder / LEAD_FILE, {"state": "closed"})
+
+
+def _request_from_json(data: dict[str, Any]) -> Request:
+    fields = dict(data)
+    fields["messages"] = tuple((str(role), str(text)) for role, text in fields["messages"])
+    fields["stop"] = tuple(str(x) for x in fields.get("stop") or ())
+    return Request(**fields)
+
+
+def lead_main(argv: list[str]) -> int:
+    """The fetcher as a fresh process (see :class:`Lead`): ``argv[0]`` is its JSON config."""
+    return _lead_child(json.loads(argv[0]), sys.stdin.fileno())
+
+
+def _lead_child(config: dict[str, Any], parent: int) -> int:
+    """The fetcher: wait for the plan, fetch it, heartbeat until ``parent`` (a fd) closes.
+
+    ``parent`` reaches end of file when the controller closes it or dies,
+    however it dies. Ctrl-C is the controller's to handle (it then closes
+    the fetcher, which writes what it has); SIGTERM ends it the same way.
+    """
+    import gc
+
+    from pytest_gsm8k.client import OpenAIClient
+
+    gc.freeze()  # forked: what the controller had stays shared, not copied by collections
+    folder = Path(config["run_dir"])
+    plan_path, lead_path = folder / PLAN_FILE, folder / LEAD_FILE
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def watch_parent() -> None:
+        with contextlib.suppress(Exception):
+            while os.read(parent, 4096):
+                pass
+        stop.set()
+
+    threading.Thread(target=watch_parent, name="gsm8k-lead-parent", daemon=True).start()
+    breaker = Breaker()
+    client = OpenAIClient(
+        model=config["model"], base_url=config["endpoint"],
+        api_key=os.environ.get(config["api_key_env"]) or None, timeout=config["timeout"],
+        max_retries=config["max_retries"], concurrency=config["concurrency"], breaker=breaker,
+    )
+    ready_once = threading.Lock()
+
+    def ready(*_: object) -> None:  # the held-back workers may start (see Lead.wait_ready)
+        if ready_once.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                (folder / READY_FILE).touch()
+
+    def warm_up() -> None:  # import openai while the first worker starts and collects
+        try:
+            client.warm()
+        except Exception:  # noqa: BLE001 - a broken client shows at its first request
+            ready()
+
+    threading.Thread(target=warm_up, name="gsm8k-warm", daemon=True).start()
+    raw = None
+    while not stop.is_set():
+        with contextlib.suppress(FileNotFoundError):
+            raw = plan_path.read_bytes()
+            break
+        stop.wait(0.003)
+    if raw is None:
+        ready()
+        return 0
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        plan = json.loads(raw)
+        requests = [_request_from_json(r) for r in plan["requests"]]
+        # The same keys on both sides: the followers look the answers up by them.
+        accepted = (plan["endpoint"], plan["model"]) == (client.endpoint, client.model)
+    except (KeyError, TypeError, ValueError) as exc:
+        print(f"gsm8k lead: unusable plan ({exc})", flush=True)
+        accepted = False
+    if not accepted:
+        _write_json(lead_path, {"state": "declined", "digest": digest})
+        ready()
+        return 0
+    cache = ResponseCache(Path(config["cache_root"]), config["run_id"],
+                          persistent=config["persistent"])
+    engine = Engine(client, cache, concurrency=config["concurrency"], use_claims=True,
+                    breaker=breaker, lead=True)
+    engine.start(requests)
+    for job in engine.jobs:
+        job.future.add_done_callback(ready)
+    if not requests:
+        ready()
+    _write_json(lead_path, {"state": "fetching", "digest": digest})
+    while not stop.wait(HEARTBEAT_SECONDS):
+        with contextlib.suppress(OSError):
+            os.utime(lead_path)
+    engine.close()
+    cache.flush()
+    # Everything is written; the controller waits for this process before it cleans up,
+    # so skip the interpreter's teardown (this process is ours alone, nothing else runs).
+    sys.stdout.flush()
+    os._exit(0)

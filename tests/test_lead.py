@@ -1,0 +1,219 @@
+"""The xdist controller's fetcher (pytest_gsm8k.lead): forked or fresh, it fetches the
+offered plan once, declines another, frees the held-back workers, and never outlives
+its controller.
+
+The server is the loopback fake (its own counters are the evidence); the fetcher
+is a real process. The end-to-end test runs ``pytest -n 2`` as a subprocess,
+the way a user does, because only there is the controller single-threaded at
+session start, which is when the fetcher is forked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+
+from pytest_gsm8k.cache import ResponseCache
+from pytest_gsm8k.client import Breaker, OpenAIClient
+from pytest_gsm8k.lead import LEAD_FILE, READY_FILE, Lead, offer_plan
+from pytest_gsm8k.types import Request
+
+
+def sent(server: FakeOpenAIServer) -> int:
+    by_path = server.stats()["requests_by_path"]
+    return int(by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0))
+
+
+def gone(pid: int) -> bool:
+    """Ended (a zombie counts: the container's init may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as fh:
+            found.extend(int(c) for c in fh.read().split())
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def lead_config(folder: Path, server: FakeOpenAIServer) -> dict[str, Any]:
+    return {
+        "run_dir": str(folder), "endpoint": server.base_url, "model": "fake-model",
+        "api_key_env": "OPENAI_API_KEY", "timeout": 30.0, "max_retries": 2,
+        "concurrency": 4, "cache_root": str(folder / "cache"), "persistent": False,
+        "run_id": "run",
+    }
+
+
+def plan(count: int) -> list[Request]:
+    questions = [json.loads(line)["question"] for line in
+                 (Path(__file__).resolve().parents[2] / "shared" / "gsm8k" / "test.jsonl")
+                 .read_text(encoding="utf-8").splitlines()[:count]]
+    return [Request(problem_id=f"test-{i:04d}", api="chat", messages=(("user", q),))
+            for i, q in enumerate(questions)]
+
+
+def client(server: FakeOpenAIServer, model: str = "fake-model") -> OpenAIClient:
+    return OpenAIClient(model=model, base_url=server.base_url, api_key=None, timeout=30.0,
+                        max_retries=2, concurrency=4, breaker=Breaker())
+
+
+def test_fetcher_fetches_the_offered_plan_once_and_frees_the_held_back_workers(
+    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    # A fresh interpreter: this test process runs the server's thread, so it is not
+    # forked here (the two subprocess tests below cover the forked fetcher).
+    server.set_script(Script(latency=0.05))
+    lead = Lead(tmp_path, lead_config(tmp_path, server))
+    lead.start(fork=False)
+    try:
+        assert not (tmp_path / READY_FILE).exists()  # nothing answered before a plan
+        follow = offer_plan(tmp_path, client(server), plan(12), wait=30)
+        assert follow is not None and follow.alive()
+        assert lead.wait_ready(30)
+        deadline = time.monotonic() + 30
+        while server.stats()["completed"] < 12 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        lead.close()
+    feed = ResponseCache(tmp_path / "cache", "run", persistent=False).feed_path
+    records = [json.loads(line) for line in feed.read_text(encoding="utf-8").splitlines()]
+    assert len({r["k"] for r in records if "r" in r}) == 12  # every answer, for the followers
+    assert sent(server) == 12
+    assert set(server.stats()["requests_by_index"].values()) == {1}
+    assert json.loads((tmp_path / LEAD_FILE).read_text())["state"] == "closed"
+    assert lead.proc is None
+
+
+def test_fetcher_declines_a_plan_for_another_model_and_sends_nothing(
+    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    lead = Lead(tmp_path, lead_config(tmp_path, server))
+    lead.start(fork=False)
+    try:
+        assert offer_plan(tmp_path, client(server, "other-model"), plan(5), wait=30) is None
+        assert lead.wait_ready(30)  # a declined plan does not hold the other workers back
+        assert json.loads((tmp_path / LEAD_FILE).read_text())["state"] == "declined"
+    finally:
+        lead.close()
+    assert sent(server) == 0
+
+
+def test_a_fetcher_that_never_gets_ready_holds_workers_back_no_longer_than_asked(
+    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    lead = Lead(tmp_path, lead_config(tmp_path, server))
+    lead.start(fork=False)
+    try:
+        start = time.monotonic()
+        assert not lead.wait_ready(0.3)  # no plan offered: no first answer
+        assert 0.3 <= time.monotonic() - start < 5
+    finally:
+        lead.close()
+
+
+CONTROLLER = r"""
+import json, sys, time
+from pathlib import Path
+from pytest_gsm8k.lead import Lead
+lead = Lead(Path(sys.argv[1]), json.loads(sys.argv[2]))
+lead.start()
+print(lead.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_fetcher_ends_when_its_controller_is_killed(
+    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(tmp_path),
+         json.dumps(lead_config(tmp_path, server))],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        fetcher = int(proc.stdout.readline())
+        assert cmdline(fetcher) == cmdline(proc.pid)  # single-threaded: forked
+        assert not gone(fetcher)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while not gone(fetcher) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gone(fetcher)
+
+
+def test_xdist_run_forks_its_fetcher_prints_once_and_leaves_nothing_behind(
+    tmp_path: Path, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(latency=0.2))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *gsm8k_args, "-p", "no:hypothesispytest", "-n", "2",
+         "--gsm8k-limit=40", "--gsm8k-concurrency=4", "--gsm8k-no-cache",
+         "--gsm8k-report=r.json"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    forked: set[int] = set()
+    while proc.poll() is None:  # 40 answers, 4 at a time, 0.2 s each: about 2 s
+        for pid in children(proc.pid):
+            if cmdline(pid) == cmdline(proc.pid):
+                forked.add(pid)
+        time.sleep(0.02)
+    out = proc.stdout.read() if proc.stdout is not None else ""
+    assert proc.returncode == 0, out
+    assert len(forked) == 1, forked
+    assert all(gone(pid) for pid in forked)
+    assert out.count("gsm8k acc (test@1, 0-shot CoT) = 1.0000") == 1, out
+    assert sent(server) == 40
+    assert set(server.stats()["requests_by_index"].values()) == {1}
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["counts"]["correct"] == 40
+
+
+def test_an_empty_plan_frees_the_held_back_workers_and_sends_nothing(
+    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    # What a worker offers when it has nothing for the fetcher (-k elsewhere, overridden
+    # fixtures, collection errors): without it the others would wait LEAD_READY_WAIT.
+    lead = Lead(tmp_path, lead_config(tmp_path, server))
+    lead.start(fork=False)
+    try:
+        assert offer_plan(tmp_path, client(server), [], wait=30) is not None
+        assert lead.wait_ready(30)
+    finally:
+        lead.close()
+    assert sent(server) == 0
+
+
+def test_xdist_run_deselecting_every_problem_sends_nothing(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    pytester.makepyfile(test_other="def test_other():\n    assert True\n")
+    result = pytester.runpytest(*gsm8k_args, "-p", "no:hypothesispytest", "-n", "2",
+                                "-k", "test_other")
+    assert result.ret == 0
+    result.assert_outcomes(passed=1)
+    assert sent(server) == 0
