@@ -128,11 +128,14 @@ class _Forked:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            with contextlib.suppress(ChildProcessError):
+            try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid == 0:
-                    return None
-                self.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:  # reaped by someone else (a SIGCHLD handler): gone
+                self.returncode = 0
+                return 0
+            if pid == 0:
+                return None
+            self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def close_pipe(self) -> None:
@@ -159,8 +162,22 @@ class _Forked:
 
 
 def _can_fork() -> bool:
-    """Fork only where it is safe: Linux, and no other Python thread is running yet."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1
+    """Fork only where it is safe: Linux, and no other thread running yet.
+
+    Threads the interpreter does not know of count too (a native library's
+    pool, imported by a conftest): a child forked beside them could inherit
+    a lock one of them held, and Python 3.12+ warns about it.
+    """
+    if not sys.platform.startswith("linux") or threading.active_count() != 1:
+        return False
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1]) == 1
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 class Lead:

@@ -217,3 +217,18 @@ def test_xdist_run_deselecting_every_problem_sends_nothing(
     assert result.ret == 0
     result.assert_outcomes(passed=1)
     assert sent(server) == 0
+
+
+def test_the_fetcher_is_not_forked_beside_a_running_thread() -> None:
+    import threading
+
+    from pytest_gsm8k.lead import _can_fork
+
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert not _can_fork()  # a fresh interpreter instead
+    finally:
+        release.set()
+        thread.join()
