@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,24 +80,33 @@ def client(server: FakeOpenAIServer, model: str = "fake-model") -> OpenAIClient:
                         max_retries=2, concurrency=4, breaker=Breaker())
 
 
-def test_fetcher_fetches_the_offered_plan_once_and_frees_the_held_back_workers(
-    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
-) -> None:
-    # A fresh interpreter: this test process runs the server's thread, so it is not
-    # forked here (the two subprocess tests below cover the forked fetcher).
-    server.set_script(Script(latency=0.05))
-    lead = Lead(tmp_path, lead_config(tmp_path, server))
-    lead.start(fork=False)
+@pytest.fixture
+def lead(tmp_path: Path, server: FakeOpenAIServer, keyed_env: str) -> Iterator[Lead]:
+    """A started fetcher in a fresh interpreter, closed after the test.
+
+    Not forked here: this test process runs the server's thread (the two
+    subprocess tests below cover the forked fetcher).
+    """
+    started = Lead(tmp_path, lead_config(tmp_path, server))
+    started.start(fork=False)
     try:
-        assert not (tmp_path / READY_FILE).exists()  # nothing answered before a plan
-        follow = offer_plan(tmp_path, client(server), plan(12), wait=30)
-        assert follow is not None and follow.alive()
-        assert lead.wait_ready(30)
-        deadline = time.monotonic() + 30
-        while server.stats()["completed"] < 12 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        yield started
     finally:
-        lead.close()
+        started.close()
+
+
+def test_fetcher_fetches_the_offered_plan_once_and_frees_the_held_back_workers(
+    tmp_path: Path, server: FakeOpenAIServer, lead: Lead
+) -> None:
+    server.set_script(Script(latency=0.05))
+    assert not (tmp_path / READY_FILE).exists()  # nothing answered before a plan
+    follow = offer_plan(tmp_path, client(server), plan(12), wait=30)
+    assert follow is not None and follow.alive()
+    assert lead.wait_ready(30)
+    deadline = time.monotonic() + 30
+    while server.stats()["completed"] < 12 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lead.close()
     feed = ResponseCache(tmp_path / "cache", "run", persistent=False).feed_path
     records = [json.loads(line) for line in feed.read_text(encoding="utf-8").splitlines()]
     assert len({r["k"] for r in records if "r" in r}) == 12  # every answer, for the followers
@@ -107,30 +117,20 @@ def test_fetcher_fetches_the_offered_plan_once_and_frees_the_held_back_workers(
 
 
 def test_fetcher_declines_a_plan_for_another_model_and_sends_nothing(
-    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+    tmp_path: Path, server: FakeOpenAIServer, lead: Lead
 ) -> None:
-    lead = Lead(tmp_path, lead_config(tmp_path, server))
-    lead.start(fork=False)
-    try:
-        assert offer_plan(tmp_path, client(server, "other-model"), plan(5), wait=30) is None
-        assert lead.wait_ready(30)  # a declined plan does not hold the other workers back
-        assert json.loads((tmp_path / LEAD_FILE).read_text())["state"] == "declined"
-    finally:
-        lead.close()
+    assert offer_plan(tmp_path, client(server, "other-model"), plan(5), wait=30) is None
+    assert lead.wait_ready(30)  # a declined plan does not hold the other workers back
+    assert json.loads((tmp_path / LEAD_FILE).read_text())["state"] == "declined"
     assert sent(server) == 0
 
 
 def test_a_fetcher_that_never_gets_ready_holds_workers_back_no_longer_than_asked(
-    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+    lead: Lead,
 ) -> None:
-    lead = Lead(tmp_path, lead_config(tmp_path, server))
-    lead.start(fork=False)
-    try:
-        start = time.monotonic()
-        assert not lead.wait_ready(0.3)  # no plan offered: no first answer
-        assert 0.3 <= time.monotonic() - start < 5
-    finally:
-        lead.close()
+    start = time.monotonic()
+    assert not lead.wait_ready(0.3)  # no plan offered: no first answer
+    assert 0.3 <= time.monotonic() - start < 5
 
 
 CONTROLLER = r"""
@@ -194,17 +194,12 @@ def test_xdist_run_forks_its_fetcher_prints_once_and_leaves_nothing_behind(
 
 
 def test_an_empty_plan_frees_the_held_back_workers_and_sends_nothing(
-    tmp_path: Path, server: FakeOpenAIServer, keyed_env: str
+    tmp_path: Path, server: FakeOpenAIServer, lead: Lead
 ) -> None:
     # What a worker offers when it has nothing for the fetcher (-k elsewhere, overridden
     # fixtures, collection errors): without it the others would wait LEAD_READY_WAIT.
-    lead = Lead(tmp_path, lead_config(tmp_path, server))
-    lead.start(fork=False)
-    try:
-        assert offer_plan(tmp_path, client(server), [], wait=30) is not None
-        assert lead.wait_ready(30)
-    finally:
-        lead.close()
+    assert offer_plan(tmp_path, client(server), [], wait=30) is not None
+    assert lead.wait_ready(30)
     assert sent(server) == 0
 
 
