@@ -206,6 +206,7 @@ class Lead:
         self.config = config
         self.proc: Any = None
         self._log: Any = None
+        self._waited_out = False  # wait_ready timed out once
 
     def start(self, fork: bool | None = None) -> None:
         """Listen for a plan (say so first: workers only wait for a listening controller).
@@ -266,12 +267,15 @@ class Lead:
         ``StatePlugin.pytest_configure_node``); the first worker starts at
         once, so its plan is there when the fetcher can send it.
         """
-        deadline = time.monotonic() + timeout
         marker = self.folder / READY_FILE
+        if self._waited_out:
+            return marker.exists()  # once is enough: the next workers do not wait again
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if marker.exists() or self.proc is None or self.proc.poll() is not None:
                 return marker.exists()
             time.sleep(0.005)
+        self._waited_out = True
         return False
 
     def close(self) -> None:

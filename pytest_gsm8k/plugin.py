@@ -112,7 +112,7 @@ class StatePlugin:
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self._nodes = 0  # xdist workers configured so far (controller)
+        self._nodes = 0  # local xdist workers configured so far (controller)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -144,8 +144,9 @@ class StatePlugin:
     def pytest_configure_node(self, node: Any) -> None:
         """xdist controller: hand the run's identity and the endpoint to each worker."""
         state = self.state
-        self._nodes += 1
-        if state.lead is not None and self._nodes > _workers_at_once():
+        local = bool(getattr(getattr(node.gateway, "spec", None), "popen", False))
+        self._nodes += local  # remote workers (--tx ssh=...) take no CPU from the fetcher
+        if state.lead is not None and local and self._nodes > _workers_at_once():
             state.lead.wait_ready(LEAD_READY_WAIT)
         node.workerinput["gsm8k_run_id"] = state.run_id
         node.workerinput["gsm8k_run_dir"] = str(state.run_dir)

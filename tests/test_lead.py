@@ -131,6 +131,9 @@ def test_a_fetcher_that_never_gets_ready_holds_workers_back_no_longer_than_asked
     start = time.monotonic()
     assert not lead.wait_ready(0.3)  # no plan offered: no first answer
     assert 0.3 <= time.monotonic() - start < 5
+    start = time.monotonic()
+    assert not lead.wait_ready(30)  # waited out once: the next held-back workers start now
+    assert time.monotonic() - start < 5
 
 
 CONTROLLER = r"""
