@@ -217,8 +217,9 @@ class Lead:
         _write_json(self.folder / LEAD_FILE, {"state": "listening"})
         self._log = open(self.folder / LOG_FILE, "wb")  # noqa: SIM115 - closed in close
         if fork if fork is not None else _can_fork():
-            self.proc = self._fork()
-            return
+            with contextlib.suppress(OSError):  # no fork (a pids limit, memory): a fresh one
+                self.proc = self._fork()
+                return
         import subprocess
 
         code = ("import sys; from pytest_gsm8k.lead import lead_main; "
@@ -229,21 +230,30 @@ class Lead:
         )
 
     def _fork(self) -> _Forked:
+        for stream in (sys.stdout, sys.stderr):  # or the child would write them out again
+            with contextlib.suppress(Exception):
+                stream.flush()
         read_end, write_end = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
+        # No Ctrl-C between fork and the child's own handlers: a KeyboardInterrupt there
+        # would carry the child back into pytest as a second controller.
+        signals = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_end)
+            os.close(write_end)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            raise
         if pid:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
             os.close(read_end)
             return _Forked(pid, write_end)
         code = 1
         try:  # the child: never back into pytest
-            os.close(write_end)
-            log = self._log.fileno()
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            # pytest's capture wrappers are not ours to write to
-            sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            _lead_signals(threading.Event())  # placeholders until _lead_child sets its own
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            _leave_the_controllers_files(self._log.fileno(), keep=read_end)
             code = _lead_child(self.config, read_end)
         except BaseException:  # noqa: BLE001 - report it in the log, whatever it is
             import traceback
@@ -254,6 +264,22 @@ class Lead:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
             os._exit(code)
+
+    def failure(self) -> str | None:
+        """One line when the fetcher ended on its own with an error (its log's last line).
+
+        The workers then fetched the rest themselves (slower, not wrong); the
+        log goes with the run folder, so this is the only trace a user sees.
+        """
+        proc = self.proc
+        code = proc.poll() if proc is not None else None
+        if code in (None, 0):
+            return None
+        last = ""
+        with contextlib.suppress(OSError):
+            lines = (self.folder / LOG_FILE).read_text(errors="replace").strip().splitlines()
+            last = lines[-1].strip() if lines else ""
+        return f"the fetcher process ended with code {code}" + (f": {last}" if last else "")
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until the fetcher's first answer is in (or it has nothing to fetch, or is gone).
@@ -301,6 +327,52 @@ class Lead:
             _write_json(self.folder / LEAD_FILE, {"state": "closed"})
 
 
+_INHERITED: list[Any] = []  # the controller's objects the forked child must never free
+
+
+def _leave_the_controllers_files(log: int, keep: int) -> None:
+    """Forked child: write only to ``log``, and hold none of the controller's files open.
+
+    Inherited, they would let the child write into the user's terminal
+    (faulthandler's copy of stderr, pytest's saved capture fds), interleave
+    with ``--log-file`` through the logging handlers pytest attached, and
+    keep the user's output pipe open after the controller ends. The objects
+    that own them are kept referenced, so none is finalized here.
+    """
+    import faulthandler
+    import logging
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for logger in loggers:
+        _INHERITED.append(list(logger.handlers))
+        logger.handlers.clear()
+    _INHERITED.extend([sys.stdout, sys.stderr])
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    faulthandler.enable(file=sys.stderr)
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)  # an event loop's, if the controller had one
+    # /dev/null over each one, not close: a descriptor number closed here would be reused by
+    # this child's sockets, and an inherited object still writing to its old number would
+    # write into an HTTP connection.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+        if fd > 2 and fd not in (log, keep, null):
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+
+
+def _lead_signals(stop: threading.Event) -> None:
+    """Ctrl-C is the controller's to handle (it then closes the fetcher, which writes what it
+    has); SIGTERM stops it the same way. Set from a thread: ``Event.set`` takes a lock the
+    interrupted main thread may hold inside ``Event.wait``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM,
+                  lambda *_: threading.Thread(target=stop.set, daemon=True).start())
+
+
 def _request_from_json(data: dict[str, Any]) -> Request:
     fields = dict(data)
     fields["messages"] = tuple((str(role), str(text)) for role, text in fields["messages"])
@@ -317,8 +389,7 @@ def _lead_child(config: dict[str, Any], parent: int) -> int:
     """The fetcher: wait for the plan, fetch it, heartbeat until ``parent`` (a fd) closes.
 
     ``parent`` reaches end of file when the controller closes it or dies,
-    however it dies. Ctrl-C is the controller's to handle (it then closes
-    the fetcher, which writes what it has); SIGTERM ends it the same way.
+    however it dies; SIGTERM stops it too (see :func:`_lead_signals`).
     """
     import gc
 
@@ -328,8 +399,7 @@ def _lead_child(config: dict[str, Any], parent: int) -> int:
     folder = Path(config["run_dir"])
     plan_path, lead_path = folder / PLAN_FILE, folder / LEAD_FILE
     stop = threading.Event()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _lead_signals(stop)
 
     def watch_parent() -> None:
         with contextlib.suppress(Exception):

@@ -113,6 +113,7 @@ class StatePlugin:
     def __init__(self, state: State) -> None:
         self.state = state
         self._nodes = 0  # local xdist workers configured so far (controller)
+        self.lead_failure: str | None = None  # the xdist fetcher ended with an error
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -246,7 +247,11 @@ class StatePlugin:
 
     def _finish(self, session: pytest.Session) -> None:
         state = self.state
-        if state.is_worker or (not state.records and not state.aborted):
+        if state.is_worker:
+            return
+        if state.lead is not None:
+            self.lead_failure = state.lead.failure()
+        if not state.records and not state.aborted:
             return
         try:
             state.summary = state.build_summary()
@@ -259,6 +264,10 @@ class StatePlugin:
             write_json(state.settings.report, state.summary.to_json())
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.lead_failure:
+            terminalreporter.write_line(
+                f"gsm8k: {self.lead_failure}; the workers fetched the rest themselves",
+                yellow=True)
         summary = self.state.summary
         if summary is None:
             return

@@ -169,21 +169,29 @@ def test_fetcher_ends_when_its_controller_is_killed(
     assert gone(fetcher)
 
 
+def xdist_run(tmp_path: Path, gsm8k_args: list[str], *extra: str) -> subprocess.Popen[str]:
+    """``pytest -n 2`` over 40 problems, 4 at a time, as its own process (stdout piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *gsm8k_args, "-p", "no:hypothesispytest", "-n", "2",
+         "--gsm8k-limit=40", "--gsm8k-concurrency=4", "--gsm8k-no-cache",
+         "--gsm8k-report=r.json", *extra],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def forked_children(proc: subprocess.Popen[str]) -> list[int]:
+    return [pid for pid in children(proc.pid) if cmdline(pid) == cmdline(proc.pid)]
+
+
 def test_xdist_run_forks_its_fetcher_prints_once_and_leaves_nothing_behind(
     tmp_path: Path, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(latency=0.2))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *gsm8k_args, "-p", "no:hypothesispytest", "-n", "2",
-         "--gsm8k-limit=40", "--gsm8k-concurrency=4", "--gsm8k-no-cache",
-         "--gsm8k-report=r.json"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    log_file = tmp_path / "run.log"
+    proc = xdist_run(tmp_path, gsm8k_args, f"--log-file={log_file}", "--log-file-level=DEBUG")
     forked: set[int] = set()
     while proc.poll() is None:  # 40 answers, 4 at a time, 0.2 s each: about 2 s
-        for pid in children(proc.pid):
-            if cmdline(pid) == cmdline(proc.pid):
-                forked.add(pid)
+        forked.update(forked_children(proc))
         time.sleep(0.02)
     out = proc.stdout.read() if proc.stdout is not None else ""
     assert proc.returncode == 0, out
@@ -194,6 +202,33 @@ def test_xdist_run_forks_its_fetcher_prints_once_and_leaves_nothing_behind(
     assert set(server.stats()["requests_by_index"].values()) == {1}
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["counts"]["correct"] == 40
+    # The fetcher's own HTTP logging never reaches the user's --log-file (it did through the
+    # handlers pytest had attached when it was forked, over the workers' lines, as NULs).
+    assert b"\0" not in log_file.read_bytes()
+    assert "httpcore" not in log_file.read_text(errors="replace")
+
+
+def test_a_fetcher_killed_mid_run_leaves_the_rest_to_the_workers_and_says_so(
+    tmp_path: Path, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(latency=0.2))
+    proc = xdist_run(tmp_path, gsm8k_args)
+    killed = None
+    while proc.poll() is None:
+        if killed is None and server.stats()["completed"] >= 8:
+            for pid in forked_children(proc):
+                os.kill(pid, 9)
+                killed = pid
+        time.sleep(0.01)
+    out = proc.stdout.read() if proc.stdout is not None else ""
+    assert killed is not None, out
+    assert proc.returncode == 0, out
+    assert "gsm8k: the fetcher process ended with code -9; the workers fetched the rest" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["counts"]["correct"] == 40
+    # Asked again: only what the fetcher had in flight (4) or had not yet written to the
+    # feed (its writer thread batches) when it died.
+    assert 40 <= sent(server) <= 40 + 2 * 4
 
 
 def test_an_empty_plan_frees_the_held_back_workers_and_sends_nothing(
