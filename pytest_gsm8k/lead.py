@@ -195,10 +195,12 @@ class Lead:
     thread: the child has pytest's modules (asyncio, ssl, json, ...) already
     imported and only imports openai, which, with a fresh interpreter's
     start-up, was the longest step before the first request (about 0.2 s on
-    a 2-core machine). The child never returns into pytest: it runs
-    :func:`lead_main` and leaves with ``os._exit``. Elsewhere (or if a
-    thread is running) it is a fresh ``python -c`` process.
-    ``config``: what :func:`lead_main` needs to rebuild the client and cache.
+    a 2-core machine). The child never returns into pytest: it lets go of
+    the controller's files (:func:`_leave_the_controllers_files`), runs
+    :func:`_lead_child` and leaves with ``os._exit``. Elsewhere (or if a
+    thread is running, or fork fails) it is a fresh ``python -c`` process
+    running :func:`lead_main`. ``config``: what :func:`_lead_child` needs to
+    rebuild the client and cache.
     """
 
     def __init__(self, folder: Path, config: dict[str, Any]) -> None:
