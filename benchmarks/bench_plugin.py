@@ -168,7 +168,9 @@ def measure_main(argv: list[str]) -> int:
             for pid in _descendants(proc.pid):
                 got = _hwm_kb(pid)
                 if got is not None and got[1] >= peaks.get(pid, ("", 0))[1]:
-                    label = peaks.get(pid, ("", 0))[0] or _cmdline(pid)
+                    # read each time: a process between fork and exec still shows its
+                    # parent's command line
+                    label = _cmdline(pid) or peaks.get(pid, ("", 0))[0]
                     if pid == proc.pid:
                         main = label
                     elif label == main:  # forked from pytest: the xdist fetcher (lead.Lead)

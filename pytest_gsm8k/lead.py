@@ -76,17 +76,13 @@ class Follow:
         now = time.monotonic()
         if now - self._checked >= HEARTBEAT_SECONDS / 2:
             self._checked = now
-            try:
-                age = time.time() - self.path.stat().st_mtime
-            except OSError:
-                age = LEAD_GONE_SECONDS + 1
-            data = _read_json(self.path) if age <= LEAD_GONE_SECONDS else None
+            data = None if _stale(self.path) else _read_json(self.path)
             self._alive = data is not None and data.get("state") == "fetching"
         return self._alive
 
 
 def offer_plan(
-    folder: Path, client: ModelClient, requests: list[Request], wait: float = 2.0
+    folder: Path, client: ModelClient, requests: list[Request], wait: float = 30.0
 ) -> Follow | None:
     """Worker: ask the controller's fetcher to fetch these requests. A :class:`Follow` if so.
 
@@ -95,6 +91,9 @@ def offer_plan(
     does not follow); the fetcher answers in milliseconds (it polls for the
     plan from session start). No answer, a refusal or another plan: None,
     and the worker prefetches for itself, sharing the work through claims.
+    The worker waits for the answer while the fetcher's heartbeat is fresh
+    (it beats while listening too), ``wait`` seconds at most: a worker that
+    gave up on a slow fetcher that then takes the plan would fetch beside it.
     """
     lead = folder / LEAD_FILE
     if _read_json(lead) is None:
@@ -113,9 +112,16 @@ def offer_plan(
             if answer.get("state") == "fetching" and answer.get("digest") == digest:
                 return Follow(lead)
             return None
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or _stale(lead):
             return None
         time.sleep(0.005)
+
+
+def _stale(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > LEAD_GONE_SECONDS
+    except OSError:
+        return True
 
 
 class _Forked:
@@ -431,10 +437,15 @@ def _lead_child(config: dict[str, Any], parent: int) -> int:
 
     threading.Thread(target=warm_up, name="gsm8k-warm", daemon=True).start()
     raw = None
+    beat = time.monotonic()
     while not stop.is_set():
         with contextlib.suppress(FileNotFoundError):
             raw = plan_path.read_bytes()
             break
+        if time.monotonic() - beat >= HEARTBEAT_SECONDS:  # listening, alive (offer_plan)
+            beat = time.monotonic()
+            with contextlib.suppress(OSError):
+                os.utime(lead_path)
         stop.wait(0.003)
     if raw is None:
         ready()

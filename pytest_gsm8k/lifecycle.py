@@ -60,7 +60,7 @@ def _start_early(state: State, session: pytest.Session) -> None:
             client, protocol = state.default_client(), state.protocol()
             requests = [protocol.request(p) for p in state.planned] if planned else []
             state.follow = offer_plan(state.run_dir, client, requests,
-                                      wait=2.0 if planned else 0.0)
+                                      wait=30.0 if planned else 0.0)
             if not planned:
                 state.follow = None
     if not planned:
