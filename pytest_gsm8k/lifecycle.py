@@ -57,12 +57,12 @@ def _start_early(state: State, session: pytest.Session) -> None:
         from pytest_gsm8k.lead import offer_plan
 
         with contextlib.suppress(Exception):  # the fixtures report it at the first test
-            client, protocol = state.default_client(), state.protocol()
-            requests = [protocol.request(p) for p in state.planned] if planned else []
-            state.follow = offer_plan(state.run_dir, client, requests,
-                                      wait=30.0 if planned else 0.0)
-            if not planned:
-                state.follow = None
+            client = state.default_client()
+            if planned:
+                requests = [state.protocol().request(p) for p in state.planned]
+                state.follow = offer_plan(state.run_dir, client, requests)
+            else:  # frees the held-back workers; nothing here to follow
+                offer_plan(state.run_dir, client, [], wait=0.0)
     if not planned:
         return
     with contextlib.suppress(Exception):  # the fixtures report it at the first test

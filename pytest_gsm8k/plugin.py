@@ -106,7 +106,6 @@ def _workers_at_once() -> int:
     return max(1, cores - 1)
 
 
-
 class StatePlugin:
     """Holds the State; hooks that need it live on it."""
 
