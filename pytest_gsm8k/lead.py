@@ -258,9 +258,7 @@ class Lead:
             os.close(read_end)
             return _Forked(pid, write_end)
         code = 1
-        try:  # the child: never back into pytest
-            _lead_signals(threading.Event())  # placeholders until _lead_child sets its own
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        try:  # the child: never back into pytest (_lead_child unblocks the signals)
             _leave_the_controllers_files(self._log.fileno(), keep=read_end)
             code = _lead_child(self.config, read_end)
         except BaseException:  # noqa: BLE001 - report it in the log, whatever it is
@@ -375,10 +373,12 @@ def _leave_the_controllers_files(log: int, keep: int) -> None:
 def _lead_signals(stop: threading.Event) -> None:
     """Ctrl-C is the controller's to handle (it then closes the fetcher, which writes what it
     has); SIGTERM stops it the same way. Set from a thread: ``Event.set`` takes a lock the
-    interrupted main thread may hold inside ``Event.wait``."""
+    interrupted main thread may hold inside ``Event.wait``. Then unblocks both (a forked
+    child has them blocked since the fork, so none is lost or taken too early)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM,
                   lambda *_: threading.Thread(target=stop.set, daemon=True).start())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def _request_from_json(data: dict[str, Any]) -> Request:
