@@ -5,7 +5,7 @@ The pytest entry point is :mod:`pytest_gsm8k.plugin`; the pure parts
 be used and tested without pytest or HTTP.
 """
 
-from pytest_gsm8k.types import Completion, ModelResponse, Problem, Request
+from pytest_gsm8k.core.types import Completion, ModelResponse, Problem, Request
 
 __all__ = ["Completion", "ModelResponse", "Problem", "Request"]
 __version__ = "0.1.0"

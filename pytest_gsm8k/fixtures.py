@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from pytest_gsm8k.dataset import DatasetError
-from pytest_gsm8k.prompts import Protocol
+from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.state import RECORD_KEY, _safe_url, _state
-from pytest_gsm8k.types import Problem
 
 # -- fixtures -------------------------------------------------------------------
 
@@ -69,8 +69,8 @@ def gsm8k_outcome(
     gsm8k_protocol: Protocol,
 ) -> GSM8KOutcome:
     """The scored answer for this item's problem (fetched ahead by the engine)."""
-    from pytest_gsm8k.engine import EndpointAborted, EndpointError
-    from pytest_gsm8k.outcome import error_record, score_response
+    from pytest_gsm8k.core.outcome import error_record, score_response
+    from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError
 
     state = _state(request.config)
     engine = state.engine_for(gsm8k_model, gsm8k_protocol)

@@ -1,7 +1,7 @@
 """The release gates after the test loop: baseline write or comparison, Markdown summary.
 
 No pytest here: the plugin calls these on the controller with the finished
-:class:`~pytest_gsm8k.summary.Summary`, and they add gates, terminal notes
+:class:`~pytest_gsm8k.core.summary.Summary`, and they add gates, terminal notes
 and JSON report fields to it.
 """
 
@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_gsm8k import baseline as bl
-from pytest_gsm8k.settings import Settings
-from pytest_gsm8k.summary import Summary, write_text_atomic
+from pytest_gsm8k.core import baseline as bl
+from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.summary import Summary
+from pytest_gsm8k.runtime.files import write_atomic
 
 SHOWN_IDS = 10
 
@@ -42,7 +43,7 @@ def apply_baseline(
             return
         from pytest_gsm8k.snapshot import serialize
 
-        write_text_atomic(path, serialize(bl.build(report)))
+        write_atomic(path, serialize(bl.build(report)))
         summary.notes.append(f"  baseline written: {shown_path} (n={summary.n}, "
                              f"accuracy {summary.accuracy:.4f})")
         summary.extra["baseline"] = {"path": shown_path, "written": True}

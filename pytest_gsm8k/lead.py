@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_gsm8k.cache import ResponseCache
-from pytest_gsm8k.client import Breaker, ModelClient
-from pytest_gsm8k.engine import Engine
-from pytest_gsm8k.types import Request
+from pytest_gsm8k.core.types import Request
+from pytest_gsm8k.runtime.cache import ResponseCache
+from pytest_gsm8k.runtime.client import Breaker, ModelClient
+from pytest_gsm8k.runtime.engine import Engine
 
 PLAN_FILE = "gsm8k-plan.json"
 LEAD_FILE = "gsm8k-lead.json"
@@ -401,7 +401,7 @@ def _lead_child(config: dict[str, Any], parent: int) -> int:
     """
     import gc
 
-    from pytest_gsm8k.client import OpenAIClient
+    from pytest_gsm8k.runtime.client import OpenAIClient
 
     gc.freeze()  # forked: what the controller had stays shared, not copied by collections
     folder = Path(config["run_dir"])

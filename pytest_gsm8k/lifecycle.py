@@ -111,7 +111,7 @@ def _uses_default_fixtures(item: pytest.Item) -> bool:
 
 
 def _start_local(state: State) -> None:
-    from pytest_gsm8k import local
+    from pytest_gsm8k.runtime import local
 
     try:
         path = local.resolve_model(state.settings.model or "local")
@@ -124,6 +124,12 @@ def _start_local(state: State) -> None:
     except local.LocalServerError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     state.local_server = server
+    try:
+        server.probe()
+    except local.LocalServerError as exc:
+        server.stop(timeout=2.0)
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    server.watch(state.server_died)
     state.local_info = {"pid": server.pid, "gguf": str(path), "base_url": server.base_url,
                         "model": server.model, "startup_seconds": round(server.startup_seconds, 2)}
     reporter = state.config.pluginmanager.get_plugin("terminalreporter")
@@ -149,7 +155,7 @@ def _model_overridden(config: pytest.Config) -> bool:
 
 def _preflight(state: State) -> None:
     """One cheap call at session start: unreachable, bad key or unknown model is one line."""
-    from pytest_gsm8k.client import PreflightError, list_models
+    from pytest_gsm8k.runtime.client import PreflightError, list_models
 
     url = state.base_url
     shown = _safe_url(url or "https://api.openai.com/v1")

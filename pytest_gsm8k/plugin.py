@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 
-from pytest_gsm8k.dataset import DatasetError
+from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.settings import OPTIONS, Option, SettingsError, build_settings, convert_bool
+from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from here
     GSM8KOutcome,
     gsm8k_model,
@@ -38,9 +40,7 @@ from pytest_gsm8k.lifecycle import (
     _start_early,
     _start_local,
 )
-from pytest_gsm8k.settings import OPTIONS, Option, SettingsError, build_settings
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, _state
-from pytest_gsm8k.types import Problem
 
 BUILTIN_NODEID = "gsm8k"
 
@@ -61,7 +61,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         if option.kind == "bool":
             group.addoption(option.flag, action="store_true", default=None, dest=option.dest,
                             help=option.help)
-            parser.addini(option.dest, option.help, type="bool", default=None)
+            # A string, converted by settings: pytest's own "bool" conversion fails with a
+            # message that does not name the option (pytest 9.2: a bare UsageError).
+            parser.addini(option.dest, option.help, default=None)
         elif option.kind == "list":
             group.addoption(option.flag, action="append", default=None, dest=option.dest,
                             metavar=option.metavar, help=option.help)
@@ -79,12 +81,14 @@ def _read_option(config: pytest.Config, option: Option) -> Any:
     value = config.getoption(option.dest)
     if value is not None:
         return value
-    try:
-        ini = config.getini(option.dest)
-    except ValueError as exc:  # pytest's own conversion (type="bool"): a traceback otherwise
-        raise SettingsError(f"ini {option.dest}: {exc}") from None
+    ini = config.getini(option.dest)
     if ini in (None, "", []):
         return None
+    if option.kind == "bool" and isinstance(ini, str):
+        try:
+            return convert_bool(ini)
+        except ValueError:
+            raise SettingsError(f"ini {option.dest}: expected true or false, got {ini!r}") from None
     return ini
 
 
@@ -258,7 +262,7 @@ class StatePlugin:
             return
         _release_gates(state, session)
         if state.settings.report:
-            from pytest_gsm8k.summary import write_json
+            from pytest_gsm8k.runtime.files import write_json
 
             write_json(state.settings.report, state.summary.to_json())
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
-from pytest_gsm8k.baseline import dumps
+from pytest_gsm8k.core.baseline import dumps
 
 FILE_EXTENSION = "gsm8k"
 

@@ -18,10 +18,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from pytest_gsm8k.dataset import DatasetError, Split, load_split, select, train_source
-from pytest_gsm8k.prompts import Exemplar, Protocol, draw_exemplars
-from pytest_gsm8k.settings import Settings
-from pytest_gsm8k.types import Problem
+from pytest_gsm8k.core.dataset import DatasetError, Split, select
+from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
+from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.runtime.data import load_split, train_source
 
 RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 STATE_NAME = "gsm8k-state"
@@ -61,6 +62,7 @@ class State:
         self.data_error: str | None = None
         self.local_server: Any = None
         self.local_info: dict[str, Any] | None = None
+        self.server_death: str | None = None
         self.base_url = settings.resolved_base_url()
         self.model_name = settings.model
         if self.workerinput is not None:
@@ -98,7 +100,7 @@ class State:
             train: tuple[tuple[str, str], ...] = ()
             source = "none"
             if s.preset:
-                from pytest_gsm8k.presets import get_preset
+                from pytest_gsm8k.core.presets import get_preset
 
                 spec = get_preset(s.preset)
                 pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
@@ -140,7 +142,7 @@ class State:
     # caches and engines
 
     def cache(self, persistent: bool) -> Any:
-        from pytest_gsm8k.cache import ResponseCache
+        from pytest_gsm8k.runtime.cache import ResponseCache
 
         persistent = persistent and not self.settings.no_cache
         root: Path | None = None
@@ -158,7 +160,7 @@ class State:
 
     def default_client(self) -> Any:
         """The process's one OpenAI-compatible client (the same object every time)."""
-        from pytest_gsm8k.client import Breaker, OpenAIClient
+        from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
 
         if self._default_client is not None:
             return self._default_client
@@ -184,8 +186,8 @@ class State:
         return max(1, math.ceil(self.settings.concurrency / max(1, self.workers)))
 
     def engine_for(self, model: Any, protocol: Protocol) -> Any:
-        from pytest_gsm8k.client import CallableClient
-        from pytest_gsm8k.engine import Engine
+        from pytest_gsm8k.runtime.client import CallableClient
+        from pytest_gsm8k.runtime.engine import Engine
 
         key = id(model)
         engine = self.engines.get(key)
@@ -211,6 +213,12 @@ class State:
             engine.start([protocol.request(p) for p in self.planned])
         return engine
 
+    def server_died(self, message: str) -> None:
+        """The model server this run started is gone: stop every engine with its message."""
+        self.server_death = message
+        for engine in list(self.engines.values()):
+            engine.abort(message)
+
     def close(self) -> None:
         if self.lead is not None:
             self.lead.close()
@@ -229,8 +237,8 @@ class State:
     # the summary
 
     def build_summary(self) -> Any:
-        from pytest_gsm8k.outcome import error_record
-        from pytest_gsm8k.summary import Summary
+        from pytest_gsm8k.core.outcome import error_record
+        from pytest_gsm8k.core.summary import Summary
 
         selected = self.selected()
         records = dict(self.records)
@@ -284,7 +292,7 @@ def _worker_share(workerinput: dict[str, Any] | None) -> tuple[int, int] | None:
 
 
 def _ids_hash(problems: tuple[Problem, ...]) -> str:
-    from pytest_gsm8k.types import stable_hash
+    from pytest_gsm8k.core.types import stable_hash
 
     return stable_hash([p.id for p in problems])[:16]
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the GSM8K data in ../shared/gsm8k and a real loopback OpenAI-compatible server.
+"""Shared fixtures: GSM8K files unpacked from the embedded copy and a real loopback
+OpenAI-compatible server.
 
 Tests never monkeypatch the openai client: the plugin talks HTTP to
 :class:`fakeserver.FakeOpenAIServer`, whose answers, latency and faults are
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
+from gsm8k_copy import data_dir
 
 # pytester's in-process runs drop the modules first imported inside them. httpx imports
 # httpcore lazily, on the first connection, and caches httpcore's exception classes; once
@@ -25,17 +27,14 @@ for _name in ("httpcore2", "httpcore"):
     with contextlib.suppress(ImportError):
         importlib.import_module(_name)
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "gsm8k"
 TEST_KEY = "sk-test-SECRET-1234567890"
 
 
 @pytest.fixture(scope="session")
 def gsm8k_data() -> Path:
-    """The shared GSM8K folder (test.jsonl, train.jsonl); the suite needs it, it never skips."""
-    if not (DATA / "test.jsonl").is_file():
-        pytest.fail(f"GSM8K data not found at {DATA}: the tests read ../shared/gsm8k")
-    return DATA
+    """A folder with test.jsonl, train.jsonl and test_socratic.jsonl, unpacked from the
+    embedded copy (the layout of openai/grade-school-math), for tests of file loading."""
+    return data_dir()
 
 
 @pytest.fixture
@@ -50,12 +49,11 @@ def server(gsm8k_data: Path) -> Iterator[FakeOpenAIServer]:
 
 
 @pytest.fixture
-def gsm8k_args(server: FakeOpenAIServer, gsm8k_data: Path) -> list[str]:
-    """Command-line options pointing the plugin at ``server`` and the shared data."""
+def gsm8k_args(server: FakeOpenAIServer) -> list[str]:
+    """Command-line options pointing the plugin at ``server`` (the data: the embedded copy)."""
     return [
         "--gsm8k-model=fake-model",
         f"--gsm8k-base-url={server.base_url}",
-        f"--gsm8k-data={gsm8k_data}",
         "-p", "no:randomly",
     ]
 
@@ -69,8 +67,8 @@ def keyed_env(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture(scope="session")
-def hub_folder(tmp_path_factory: pytest.TempPathFactory, gsm8k_data: Path) -> Path:
-    """A folder laid out like the openai/gsm8k hub repository, made from ../shared/gsm8k.
+def hub_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder laid out like the openai/gsm8k hub repository, made from the embedded copy.
 
     Built in a temp dir for the ``datasets`` code path; the project never commits data.
     """
@@ -79,6 +77,7 @@ def hub_folder(tmp_path_factory: pytest.TempPathFactory, gsm8k_data: Path) -> Pa
 
     root = tmp_path_factory.mktemp("hub") / "gsm8k"
     (root / "main").mkdir(parents=True)
+    gsm8k_data = data_dir()
     for split in ("test", "train"):
         rows = [json.loads(line) for line in
                 (gsm8k_data / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
@@ -86,6 +85,11 @@ def hub_folder(tmp_path_factory: pytest.TempPathFactory, gsm8k_data: Path) -> Pa
         table = pa.table({"question": [r["question"] for r in rows],
                           "answer": [r["answer"] for r in rows]})
         pq.write_table(table, root / "main" / f"{split}-00000-of-00001.parquet")
+    # The dataset card's configs, as on the hub: load_dataset(root, "main") reads them.
+    (root / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n"
+        "  - split: train\n    path: main/train-*\n  - split: test\n    path: main/test-*\n"
+        "---\n", encoding="utf-8")
     return root
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 
-from pytest_gsm8k import baseline as bl
+from pytest_gsm8k.core import baseline as bl
 
 LIMIT = "--gsm8k-limit=50"
 BASELINE = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_gsm8k.cache import ResponseCache, cache_key
-from pytest_gsm8k.types import Request
+from pytest_gsm8k.core.types import Request
+from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 0.0,
         "max_tokens": 1024}
@@ -163,7 +163,7 @@ def test_throwaway_cache_is_removed_persistent_one_keeps_entries(tmp_path: Path)
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from pytest_gsm8k.cache import ResponseCache
+from pytest_gsm8k.runtime.cache import ResponseCache
 cache = ResponseCache(Path(sys.argv[1]), "run1")
 assert cache.claim(sys.argv[2])
 print("held", flush=True)

@@ -1,9 +1,9 @@
-"""Unit tests for pytest_gsm8k.dataset: loading, validation errors, fingerprint, subsets.
+"""Unit tests for pytest_gsm8k.core.dataset: loading, validation errors, fingerprint, subsets.
 
 Pure module, no pytest glue: each bad input must be a :class:`DatasetError` whose
 one-line message names the file, the line and what is wrong. The ``datasets`` path
-is exercised on a folder laid out like the hub repository, built here with pyarrow
-from ../shared/gsm8k (never committed).
+is exercised on a folder laid out like the hub repository, built in a tmp dir with pyarrow
+from the embedded copy; the file tests read files unpacked from it into a tmp dir.
 """
 
 from __future__ import annotations
@@ -14,20 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gsm8k_copy import data_dir
 
-from conftest import DATA
-from pytest_gsm8k.dataset import (
+from pytest_gsm8k.core.dataset import (
     TEST_SIZE,
     DatasetError,
     Split,
     fingerprint,
-    load_split,
     select,
     subset_order,
 )
+from pytest_gsm8k.runtime.data import EMBEDDED, EMBEDDED_NAME, load_split
 
 #: Pinned: baselines and reports name the data by this; it must not drift between releases.
 SHARED_TEST_FINGERPRINT = "7573bc2082847ca0"
+DATA = data_dir()
 #: Pinned: --gsm8k-limit 5 (seed 1234) must pick the same problems in every release.
 LIMIT5_SEED1234 = [719, 780, 910, 959, 1060]
 
@@ -57,7 +58,50 @@ def error_of(*args: Any, **kwargs: Any) -> str:
     return message
 
 
-# -- the shared data ------------------------------------------------------------------
+# -- the embedded copy ----------------------------------------------------------------
+
+
+def test_embedded_copy_is_the_default_and_equals_the_files(test_split: Split) -> None:
+    embedded = load_split(None)
+    assert embedded.name == EMBEDDED_NAME == "embedded openai/gsm8k"
+    assert embedded.fingerprint == test_split.fingerprint == SHARED_TEST_FINGERPRINT
+    assert embedded.problems == test_split.problems
+    train = load_split(None, "train")
+    assert len(train.problems) == 7473
+    assert train.fingerprint == load_split(str(DATA), "train").fingerprint
+    socratic = load_split(None, "test", "socratic")
+    assert socratic.fingerprint == load_split(str(DATA), "test", "socratic").fingerprint
+    assert socratic.fingerprint != embedded.fingerprint
+
+
+def test_embedded_copy_is_checked_against_its_pinned_hash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name, sha = EMBEDDED[("main", "test")]
+    monkeypatch.setitem(EMBEDDED, ("main", "test"), (name, "0" * 64))
+    message = error_of(None)
+    assert "embedded openai/gsm8k main/test" in message and "expected 000000000000" in message
+    assert "reinstall pytest-gsm8k" in message
+
+
+def test_embedded_copy_has_no_socratic_train() -> None:
+    message = error_of(None, "train", "socratic")
+    assert "socratic/train" in message and "--gsm8k-data" in message
+
+
+def test_hub_layout_through_datasets_has_the_embedded_fingerprint(
+    hub_folder: Path, hf_cache: Path
+) -> None:
+    """The same rows through the real ``datasets.load_dataset(NAME, "main")`` call the hub
+    path makes, on a local folder laid out like the hub repository (README configs)."""
+    split = load_split(None, "test", "main", hub_name=str(hub_folder))
+    assert split.name == str(hub_folder)
+    assert split.fingerprint == load_split(None).fingerprint == SHARED_TEST_FINGERPRINT
+    assert split.problems == load_split(None).problems
+    assert any(hf_cache.rglob("*.arrow"))
+
+
+# -- files -----------------------------------------------------------------------------
 
 
 def test_shared_folder_loads_the_official_test_split(test_split: Split) -> None:
@@ -174,7 +218,7 @@ def test_hub_failure_points_at_a_local_copy(monkeypatch: pytest.MonkeyPatch) -> 
                               "\nsecond line")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    message = error_of(None)
+    message = error_of(None, hub_name="openai/gsm8k")
     assert "openai/gsm8k" in message and "--gsm8k-data" in message and "second line" not in message
 
 
@@ -187,10 +231,10 @@ def test_hub_rows_are_validated_and_size_checked(monkeypatch: pytest.MonkeyPatch
         return rows(3)
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
-    split = load_split(None, "train")
+    split = load_split(None, "train", hub_name="openai/gsm8k")
     assert calls == [("openai/gsm8k", "main", "train")]
     assert split.name == "openai/gsm8k" and len(split.problems) == 3
-    assert "1319" in error_of(None, "test")
+    assert "1319" in error_of(None, "test", hub_name="openai/gsm8k")
 
 
 # -- fingerprint ------------------------------------------------------------------------

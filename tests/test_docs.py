@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_gsm8k.settings import OPTIONS
+from pytest_gsm8k.core.settings import OPTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 
-from pytest_gsm8k.cache import ResponseCache
-from pytest_gsm8k.client import Breaker, OpenAIClient
+from pytest_gsm8k.core.types import Request
 from pytest_gsm8k.lead import LEAD_FILE, READY_FILE, Lead, offer_plan
-from pytest_gsm8k.types import Request
+from pytest_gsm8k.runtime.cache import ResponseCache
+from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
 
 
 def sent(server: FakeOpenAIServer) -> int:

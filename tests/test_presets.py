@@ -2,7 +2,7 @@
 
 ``tests/data/lm_eval_requests.json`` was recorded by ``tests/data/record_lm_eval.py``
 (lm-eval's own CLI against ``tests/fakeserver.py``); lm-eval itself is not
-needed here.  Every recorded request is rebuilt with ``pytest_gsm8k.presets``
+needed here.  Every recorded request is rebuilt with ``pytest_gsm8k.core.presets``
 from the plugin's own dataset loader and compared byte for byte, and lm-eval's
 reported accuracies are recomputed from the recorded responses.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from pytest_gsm8k import presets
-from pytest_gsm8k.dataset import load_split
-from pytest_gsm8k.prompts import Protocol
-from pytest_gsm8k.types import Problem
+from pytest_gsm8k.core import presets
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.runtime.data import load_split
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "lm_eval_requests.json"
 RECORDED: dict[str, Any] = json.loads(FIXTURE.read_text(encoding="utf-8"))

@@ -14,7 +14,7 @@ import pytest
 from fakeserver import FakeOpenAIServer, Script
 
 from conftest import TEST_KEY
-from pytest_gsm8k.scoring import gold_number
+from pytest_gsm8k.core.scoring import gold_number
 
 N_PROBLEMS = 6
 

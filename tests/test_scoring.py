@@ -1,4 +1,4 @@
-"""Unit tests for pytest_gsm8k.scoring (answer extraction and comparison)."""
+"""Unit tests for pytest_gsm8k.core.scoring (answer extraction and comparison)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 import json
 import re
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
+from gsm8k_copy import data_dir
 
-from pytest_gsm8k.scoring import (
+from pytest_gsm8k.core.scoring import (
     RULES,
     STRICT_PATTERN,
     TOLERANCE,
@@ -25,7 +25,7 @@ from pytest_gsm8k.scoring import (
     strip_reasoning,
 )
 
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "gsm8k"
+DATA_DIR = data_dir()
 D = Decimal
 
 

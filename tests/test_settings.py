@@ -1,4 +1,4 @@
-"""Unit tests for pytest_gsm8k.settings: the options table, defaults, validation, ini twins."""
+"""Unit tests for pytest_gsm8k.core.settings: the options table, defaults, validation, ini twins."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gsm8k.settings import OPTIONS, Option, Settings, SettingsError, build_settings
+from pytest_gsm8k.core.settings import OPTIONS, Option, Settings, SettingsError, build_settings
 
 
 def settings(warnings: list[str] | None = None, **given: Any) -> Settings:
@@ -19,7 +19,7 @@ def test_defaults_are_test_at_1_zero_shot_chat() -> None:
     s = settings()
     assert (s.protocol, s.samples, s.temperature, s.shots, s.api) == ("test@1", 1, 0.0, 0, "chat")
     assert s.extract == "strict" and s.answer_regex is None
-    assert (s.dataset, s.config, s.split, s.data) == ("openai/gsm8k", "main", "test", None)
+    assert (s.dataset, s.config, s.split, s.data) == (None, "main", "test", None)  # embedded
     assert s.limit is None and s.seed == 1234 and s.min_acc is None
     assert s.max_tokens >= 512  # generous enough for chain of thought
     assert s.api_key_env == "OPENAI_API_KEY" and s.model is None

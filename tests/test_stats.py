@@ -1,4 +1,4 @@
-"""Unit tests for pytest_gsm8k.stats."""
+"""Unit tests for pytest_gsm8k.core.stats."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_gsm8k.stats import (
+from pytest_gsm8k.core.stats import (
     mcnemar_one_sided,
     paired_difference_interval,
     pass_at_k,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_gsm8k.scoring import RULES
+from pytest_gsm8k.core.scoring import RULES
 
 
 class SettingsError(Exception):
@@ -48,9 +48,10 @@ OPTIONS: tuple[Option, ...] = (
            metavar="URL"),
     Option("api-key-env", "str", "environment variable holding the API key", "OPENAI_API_KEY",
            metavar="VAR"),
-    Option("data", "str", "local GSM8K file or folder instead of the Hugging Face hub",
+    Option("data", "str", "local GSM8K file or folder instead of the embedded copy",
            metavar="PATH"),
-    Option("dataset", "str", "Hugging Face dataset name", "openai/gsm8k", metavar="NAME"),
+    Option("dataset", "str", "load this Hugging Face dataset through datasets (same columns as "
+           "openai/gsm8k) instead of the embedded copy", metavar="NAME"),
     Option("config", "str", "dataset config: main or socratic", "main"),
     Option("split", "str", "split to evaluate (train is not a reportable number)", "test"),
     Option("limit", "int", "run a seeded, stable subset of N problems", metavar="N"),
@@ -93,9 +94,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("require-baseline", "bool", "fail when no baseline exists", False),
 )
 
-DEFAULTS_BY_DEST = {o.dest: o.default for o in OPTIONS}
 LOCAL_DEFAULTS: dict[str, Any] = {"api": "completions", "shots": 5, "max_tokens": 256}
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
+
+
+def convert_bool(raw: Any) -> bool:
+    """The words pytest's own bool ini type accepts; ValueError otherwise."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on", "y", "t"):
+        return True
+    if text in ("0", "false", "no", "off", "n", "f", ""):
+        return False
+    raise ValueError(raw)
 
 
 def _convert(option: Option, raw: Any) -> Any:
@@ -107,14 +119,10 @@ def _convert(option: Option, raw: Any) -> Any:
             return [raw]
         return [str(x) for x in raw]
     if option.kind == "bool":
-        if isinstance(raw, bool):
-            return raw
-        text = str(raw).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off", ""):
-            return False
-        raise SettingsError(f"{option.flag}: expected true or false, got {raw!r}")
+        try:
+            return convert_bool(raw)
+        except ValueError:
+            raise SettingsError(f"{option.flag}: expected true or false, got {raw!r}") from None
     if option.kind == "int":
         try:
             return int(str(raw).strip())
@@ -136,7 +144,7 @@ class Settings:
     base_url: str | None
     api_key_env: str
     data: str | None
-    dataset: str
+    dataset: str | None
     config: str
     split: str
     limit: int | None
@@ -188,7 +196,7 @@ PRESET_FIXED = ("protocol", "temperature", "shots", "fewshot_file", "max_tokens"
 
 
 def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
-    from pytest_gsm8k.presets import get_preset
+    from pytest_gsm8k.core.presets import get_preset
 
     try:
         spec = get_preset(name)
@@ -289,7 +297,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         base_url=values["base_url"] or None,
         api_key_env=str(values["api_key_env"]),
         data=values["data"] or None,
-        dataset=str(values["dataset"]),
+        dataset=values["dataset"] or None,
         config=str(values["config"]),
         split=str(values["split"]),
         limit=values["limit"],

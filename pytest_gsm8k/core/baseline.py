@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_gsm8k.stats import mcnemar_one_sided, paired_difference_interval
+from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
 SCHEMA = 1
 KIND = "pytest-gsm8k baseline"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_gsm8k.types import Api, Problem, Request
+from pytest_gsm8k.core.types import Api, Problem, Request
 
 COT_INSTRUCTION = (
     "Solve the problem step by step. "
@@ -97,7 +97,7 @@ class Protocol:
     def request(self, problem: Problem) -> Request:
         """The request for one problem."""
         if self.preset == "lm-eval":
-            from pytest_gsm8k.presets import lm_eval_request
+            from pytest_gsm8k.core.presets import lm_eval_request
 
             return lm_eval_request(problem, self.train, self.api, system=self.system)
         if self.api == "chat":

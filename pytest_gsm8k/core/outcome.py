@@ -15,8 +15,8 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from pytest_gsm8k.prompts import Protocol
-from pytest_gsm8k.scoring import (
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.scoring import (
     RULES,
     SampleScore,
     format_number,
@@ -24,7 +24,7 @@ from pytest_gsm8k.scoring import (
     numbers_equal,
     score_text,
 )
-from pytest_gsm8k.types import ModelResponse, Problem
+from pytest_gsm8k.core.types import ModelResponse, Problem
 
 OUTCOMES = ("correct", "wrong", "unparsed", "truncated", "error")
 
@@ -72,7 +72,7 @@ def score_response(
     shown = format_number(decision)
     if protocol.preset == "lm-eval":
         # lm-eval's own filters and string match, labelled by its names; strict-match gates
-        from pytest_gsm8k.presets import lm_eval_score, lm_eval_strict
+        from pytest_gsm8k.core.presets import lm_eval_score, lm_eval_strict
 
         text = response.completions[0].text if response.completions else ""
         rules.update(lm_eval_score(text, problem.answer))

@@ -84,7 +84,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gsm8k.types import Api, Problem, Request
+from pytest_gsm8k.core.types import Api, Problem, Request
 
 __all__ = [
     "LM_EVAL",

@@ -37,7 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_gsm8k.types import stable_hash
+from pytest_gsm8k.core.types import stable_hash
+from pytest_gsm8k.runtime.files import write_atomic
 
 try:
     import fcntl
@@ -170,21 +171,7 @@ class ResponseCache:
             self._made_dirs.add(key[:2])
         data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "response": response}
         payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        # Unique per process and key: two processes never share a temporary file.
-        tmp = f"{folder}{os.sep}.{key}.{self._pid}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, payload, mkdir=False)
 
     # -- background writes ---------------------------------------------------
 

@@ -47,9 +47,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_gsm8k.cache import FeedReader, ResponseCache, cache_key
-from pytest_gsm8k.client import Breaker, ModelClient, one_sample
-from pytest_gsm8k.types import Completion, ModelResponse, Request
+from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.runtime.cache import FeedReader, ResponseCache, cache_key
+from pytest_gsm8k.runtime.client import Breaker, ModelClient, one_sample
 
 if TYPE_CHECKING:
     from pytest_gsm8k.lead import Follow
@@ -216,6 +216,11 @@ class Engine:
             except concurrent.futures.TimeoutError:
                 if self._closed:
                     raise EndpointAborted(self.aborted or "the engine was closed") from None
+
+    def abort(self, message: str) -> None:
+        """Stop sending; every unfinished item fails with ``message`` (any thread)."""
+        if not self._closed:
+            self._loop.call_soon_threadsafe(self._abort, message)
 
     @property
     def jobs(self) -> list[Job]:

@@ -7,17 +7,13 @@ without xdist, because the inputs are the same records.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from pytest_gsm8k.outcome import OUTCOMES
-from pytest_gsm8k.scoring import RULES
-from pytest_gsm8k.stats import pass_at_k, wilson_interval
+from pytest_gsm8k.core.outcome import OUTCOMES
+from pytest_gsm8k.core.scoring import RULES
+from pytest_gsm8k.core.stats import pass_at_k, wilson_interval
 
 REPORT_SCHEMA = 1
 
@@ -239,18 +235,3 @@ class Summary:
             **self.extra,
             "problems": records,
         }
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a temporary file beside ``path``, then rename: never half a report or baseline."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, target)
-
-
-def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """The JSON report, written atomically (an interrupted run keeps the previous one whole)."""
-    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")

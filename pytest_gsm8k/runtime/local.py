@@ -47,6 +47,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from pytest_gsm8k.runtime.files import cpu_count, write_atomic
+
 __all__ = [
     "DEFAULT_ALIAS",
     "DEFAULT_N_CTX",
@@ -278,9 +280,7 @@ def _marker_matches(marker: Path, target: Path, sha256: str) -> bool:
 
 
 def _write_marker(marker: Path, target: Path, sha256: str) -> None:
-    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_marker_state(target, sha256)), encoding="utf-8")
-    os.replace(tmp, marker)
+    write_atomic(marker, json.dumps(_marker_state(target, sha256)))
 
 
 def _assemble_atomically(pkg: Any, target: Path) -> None:
@@ -297,6 +297,36 @@ def _assemble_atomically(pkg: Any, target: Path) -> None:
 # Server process
 
 
+def rebuild_hint() -> str:
+    """The command that replaces a llama.cpp compiled for another CPU with a portable build.
+
+    pip's wheel cache does not key on CMAKE_ARGS, so without ``--no-cache-dir``
+    the natively compiled wheel would come straight back.
+    """
+    try:
+        from importlib.metadata import version
+
+        pinned = f"llama-cpp-python=={version('llama-cpp-python')}"
+    except Exception:  # noqa: BLE001 - only the hint's precision depends on it
+        pinned = "llama-cpp-python"
+    return (f'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-deps '
+            f"--no-cache-dir '{pinned}'")
+
+
+def describe_exit(returncode: int) -> str:
+    """``signal SIGSEGV`` or ``exit code 3``: how a child process ended."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+#: signals a llama.cpp compiled for instructions this CPU lacks dies with
+_CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIGBUS)})
+
+
 @dataclass(eq=False)
 class LocalServer:
     """A running ``llama_cpp.server``; ``stop()`` it (or use it as a context manager)."""
@@ -306,6 +336,58 @@ class LocalServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     startup_seconds: float = field(default=0.0)
+    _stopping: bool = field(default=False, repr=False)
+
+    def death_message(self) -> str:
+        """One line saying how the server died, the rebuild hint for a CPU fault, then the
+        last lines of its log (indented, on the following lines)."""
+        code = self.process.returncode
+        how = describe_exit(code) if code is not None else "an unknown status"
+        head = f"the local model server (llama.cpp, pid {self.pid}) died with {how}"
+        if code is not None and -code in _CPU_FAULTS:
+            head += ("; if llama.cpp was compiled for another CPU (a native build), rebuild it "
+                     f"portable: {rebuild_hint()}")
+        return _with_tail(head + f" (log {self.log_path})", _tail(_read_log(self.log_path, 0), 8))
+
+    def watch(self, on_death: Callable[[str], None]) -> None:
+        """Call ``on_death(message)`` from a thread as soon as the server exits unasked.
+
+        A dead child must never look like an unreachable endpoint: the engine
+        stops at once with this message, not after its connection retries.
+        """
+
+        def wait() -> None:
+            self.process.wait()
+            if not self._stopping:
+                on_death(self.death_message())
+
+        threading.Thread(target=wait, name="gsm8k-local-watch", daemon=True).start()
+
+    def probe(self, timeout: float = 120.0) -> None:
+        """One 1-token completion before the items run; :class:`LocalServerError` if it fails.
+
+        A llama.cpp compiled for instructions this CPU lacks serves ``/models``
+        and then dies on the first real completion: better once here, with the
+        fix, than as the first item's error.
+        """
+        body = json.dumps({"model": self.model, "prompt": "1 + 1 =", "max_tokens": 1,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(self.base_url + "/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with _OPENER.open(request, timeout=timeout) as resp:
+                resp.read()
+            return
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            error = exc
+        try:
+            self.process.wait(timeout=3.0)  # a fault: the process is ending right now
+        except subprocess.TimeoutExpired:
+            raise LocalServerError(
+                f"the local model server at {self.base_url} did not answer a 1-token "
+                f"completion ({type(error).__name__}: {error}; log {self.log_path})"
+            ) from None
+        raise LocalServerError(self.death_message())
 
     @property
     def pid(self) -> int:
@@ -319,6 +401,7 @@ class LocalServer:
         then its pid (= the group id) cannot have been reused by anyone else.
         """
         proc = self.process
+        self._stopping = True
         try:
             if proc.returncode is None:
                 _signal_group(proc.pid, signal.SIGTERM)
@@ -376,15 +459,9 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 def default_threads() -> int:
-    """CPUs this process may actually run on (cgroup/affinity aware where possible).
-
-    llama.cpp's own default is half the cores; on small CI machines using all
-    of them is what makes generation usable.
-    """
-    if hasattr(os, "sched_getaffinity"):
-        with contextlib.suppress(OSError):
-            return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    """All the CPUs this process may run on: llama.cpp's own default is half the
+    cores, and on small CI machines using all of them is what makes generation usable."""
+    return cpu_count()
 
 
 def _free_port() -> int:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
-from pytest_gsm8k.types import Completion, ModelResponse, Request
+from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 
 
 def _httpx() -> Any:

@@ -1,0 +1,124 @@
+"""GSM8K rows as problems: validation, fingerprint, the seeded subset. Pure.
+
+Where rows come from (the embedded copy, files, the hub) is
+:mod:`pytest_gsm8k.runtime.data`; this module only turns rows into
+:class:`Problem` values. Every row is validated before any request is sent,
+and a bad row is reported as ``where:line: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_gsm8k.core.scoring import gold_number
+from pytest_gsm8k.core.types import Problem
+
+HUB_NAME = "openai/gsm8k"
+TEST_SIZE = 1319  # rows in the official main test split (Cobbe et al. 2021)
+CONFIGS = ("main", "socratic")
+
+
+class DatasetError(Exception):
+    """A one-line, user-facing problem with the data (file, line, what)."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """A loaded split plus what identifies it in reports and baselines."""
+
+    name: str  # "openai/gsm8k" or the local file/folder
+    config: str
+    split: str
+    problems: tuple[Problem, ...]
+    fingerprint: str
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "config": self.config,
+            "split": self.split,
+            "rows": len(self.problems),
+            "fingerprint": self.fingerprint,
+        }
+
+
+def fingerprint(rows: Iterable[tuple[str, str]]) -> str:
+    """Content hash of (question, answer) pairs, order included: detects edited data."""
+    digest = hashlib.sha256()
+    for question, answer in rows:
+        digest.update(question.encode("utf-8"))
+        digest.update(b"\x00")
+        digest.update(answer.encode("utf-8"))
+        digest.update(b"\x01")
+    return digest.hexdigest()[:16]
+
+
+def _problem(index: int, split: str, row: Any, where: str) -> Problem:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object with 'question' and 'answer'")
+    for key in ("question", "answer"):
+        value = row.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise DatasetError(f"{where}: missing or empty '{key}'")
+    try:
+        gold = gold_number(row["answer"])
+    except ValueError as exc:
+        raise DatasetError(f"{where}: {exc}") from None
+    return Problem(
+        index=index, split=split, question=row["question"], answer=row["answer"], gold=gold
+    )
+
+
+def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> list[Problem]:
+    """Rows of a JSONL byte stream; a bad line is reported as ``where:line``."""
+    problems: list[Problem] = []
+    for lineno, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{where}:{lineno}: not UTF-8 text ({exc.reason})") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}:{lineno}: not valid JSON ({exc.msg})") from None
+        problems.append(_problem(len(problems), split, row, f"{where}:{lineno}"))
+    if not problems:
+        raise DatasetError(f"{where}: no rows")
+    return problems
+
+
+def rows_to_problems(rows: Iterable[Any], split: str, where: str) -> list[Problem]:
+    problems = [
+        _problem(i, split, row, f"{where}: row {i}") for i, row in enumerate(rows)
+    ]
+    if not problems:
+        raise DatasetError(f"{where}: no rows")
+    return problems
+
+
+def subset_order(problems: Iterable[Problem], seed: int) -> Iterator[Problem]:
+    """Problems in a seeded, stable pseudo-random order.
+
+    The order comes from sha256 of seed and problem id, not from
+    :mod:`random`, so ``--gsm8k-limit 50`` picks the same problems on every
+    Python version and release, and a limit of 20 is a subset of a limit of 50.
+    """
+
+    def key(p: Problem) -> str:
+        return hashlib.sha256(f"{seed}:{p.id}".encode()).hexdigest()
+
+    return iter(sorted(problems, key=key))
+
+
+def select(problems: tuple[Problem, ...], limit: int | None, seed: int) -> tuple[Problem, ...]:
+    """The seeded subset of size ``limit`` (all problems when None), in split order."""
+    if limit is None or limit >= len(problems):
+        return problems
+    chosen = {p.index for _, p in zip(range(limit), subset_order(problems, seed), strict=False)}
+    return tuple(p for p in problems if p.index in chosen)

@@ -1,0 +1,193 @@
+"""Where GSM8K rows come from: the embedded copy (default), a local file or folder, or a
+dataset on the Hugging Face hub through ``datasets``.
+
+Local JSONL is parsed here directly (no ``datasets`` import: it costs a
+second and ~100 MB per process, and every xdist worker loads the split).
+``datasets`` is imported only for a named hub dataset and for parquet folders
+laid out like the hub repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+from importlib import resources
+from pathlib import Path
+
+from pytest_gsm8k.core.dataset import (
+    CONFIGS,
+    HUB_NAME,
+    TEST_SIZE,
+    DatasetError,
+    Split,
+    fingerprint,
+    parse_jsonl,
+    rows_to_problems,
+)
+from pytest_gsm8k.core.types import Problem
+
+#: (config, split) -> (file in pytest_gsm8k/data, sha256 of the uncompressed JSONL). The hashes
+#: are those of openai/grade-school-math's grade_school_math/data files (MIT licence,
+#: pytest_gsm8k/data/LICENSE); the hub's openai/gsm8k parquet holds the same rows.
+EMBEDDED: dict[tuple[str, str], tuple[str, str]] = {
+    ("main", "test"): (
+        "main-test.jsonl.xz", "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"),
+    ("main", "train"): (
+        "main-train.jsonl.xz", "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465"),
+    ("socratic", "test"): (
+        "socratic-test.jsonl.xz",
+        "c96673362fa7a699f4836a9b6474a067448f95fe58064727501ee63ba4c3fdb6"),
+}
+EMBEDDED_NAME = f"embedded {HUB_NAME}"
+
+
+def _read_jsonl(path: Path, split: str) -> list[Problem]:
+    try:
+        handle = path.open("rb")  # decoded line by line, so a bad byte names its line
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
+    with handle:
+        return parse_jsonl(handle, split, str(path))
+
+
+def _read_embedded(config: str, split: str) -> list[Problem]:
+    """The copy of GSM8K inside the package, checked against its pinned sha256.
+
+    Why embedded: a clone with nothing beside it (no hub, no network) must run the
+    real benchmark; and a pinned hash means every machine scores the same bytes.
+    """
+    entry = EMBEDDED.get((config, split))
+    if entry is None:
+        have = ", ".join(f"{c}/{s}" for c, s in EMBEDDED)
+        raise DatasetError(
+            f"the embedded GSM8K copy has no {config}/{split} split (it has {have}); "
+            "use --gsm8k-data PATH or --gsm8k-dataset NAME"
+        )
+    filename, pinned = entry
+    where = f"embedded {HUB_NAME} {config}/{split}"
+    try:
+        packed = resources.files("pytest_gsm8k").joinpath("data", filename).read_bytes()
+        raw = lzma.decompress(packed)
+    except (OSError, lzma.LZMAError) as exc:
+        raise DatasetError(f"{where}: cannot read pytest_gsm8k/data/{filename} ({exc}); "
+                           "reinstall pytest-gsm8k") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != pinned:
+        raise DatasetError(f"{where}: pytest_gsm8k/data/{filename} has sha256 {digest[:12]}..., "
+                           f"expected {pinned[:12]}...; reinstall pytest-gsm8k")
+    return parse_jsonl(raw.splitlines(keepends=True), split, where)
+
+
+
+def _read_parquet(files: list[Path], split: str, where: str) -> list[Problem]:
+    """Parquet through ``datasets`` (the same code path as the hub download)."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets is a hard dependency
+        raise DatasetError("reading parquet needs the 'datasets' package") from None
+    try:
+        ds = datasets.load_dataset(
+            "parquet", data_files={split: [str(f) for f in files]}, split=split
+        )
+    except Exception as exc:  # datasets raises many types; the user needs the one line
+        raise DatasetError(f"{where}: cannot read parquet ({type(exc).__name__}: {exc})") from None
+    return rows_to_problems(iter(ds), split, where)
+
+
+def _hub_files(folder: Path, config: str, split: str) -> list[Path]:
+    return sorted((folder / config).glob(f"{split}-*.parquet"))
+
+
+def _load_hub(name: str, config: str, split: str) -> list[Problem]:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover
+        raise DatasetError("loading from the hub needs the 'datasets' package") from None
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatasetError(
+            f"cannot load {name} ({config}/{split}) with datasets: {first}; "
+            "offline, leave out --gsm8k-dataset (the embedded copy) or point --gsm8k-data at "
+            "a local copy"
+        ) from None
+    return rows_to_problems(iter(ds), split, f"{name} {config}/{split}")
+
+
+def load_split(
+    data: str | None,
+    split: str = "test",
+    config: str = "main",
+    hub_name: str | None = None,
+) -> Split:
+    """Load one split: the embedded copy (the default), a dataset named on the hub
+    (``hub_name``, through ``datasets``), or a local file or folder (``data``).
+
+    A folder may hold ``<split>.jsonl`` (the openai/grade-school-math layout,
+    ``<split>_socratic.jsonl`` for the socratic config) or be laid out like
+    the hub repository (``<config>/<split>-*.parquet``).
+    """
+    if config not in CONFIGS:
+        raise DatasetError(f"--gsm8k-config: unknown config {config!r} (expected main or socratic)")
+    check_size = split == "test" and config == "main"
+    if data is None and hub_name is None:
+        name = EMBEDDED_NAME
+        problems = _read_embedded(config, split)
+    elif data is None:
+        assert hub_name is not None
+        name = hub_name
+        problems = _load_hub(hub_name, config, split)
+    else:
+        path = Path(data).expanduser()
+        name = str(path)
+        if path.is_dir():
+            jsonl = path / (f"{split}.jsonl" if config == "main" else f"{split}_socratic.jsonl")
+            hub = _hub_files(path, config, split)
+            if jsonl.is_file():
+                problems = _read_jsonl(jsonl, split)
+                name = str(jsonl)
+            elif hub:
+                problems = _read_parquet(hub, split, str(path / config))
+            else:
+                raise DatasetError(
+                    f"--gsm8k-data {path}: no {jsonl.name} and no {config}/{split}-*.parquet in it"
+                )
+        elif path.is_file():
+            check_size = False  # a user's own file: named in the report, not the official split
+            if path.suffix == ".parquet":
+                problems = _read_parquet([path], split, str(path))
+            else:
+                problems = _read_jsonl(path, split)
+        else:
+            raise DatasetError(f"--gsm8k-data {path}: no such file or folder")
+    if check_size and len(problems) != TEST_SIZE:
+        raise DatasetError(
+            f"{name}: the GSM8K main test split has {TEST_SIZE} rows, this has {len(problems)}"
+        )
+    fp = fingerprint((p.question, p.answer) for p in problems)
+    return Split(name=name, config=config, split=split, problems=tuple(problems), fingerprint=fp)
+
+
+def train_source(data: str | None) -> str | None:
+    """Where few-shot exemplars come from: the train split beside the evaluated data.
+
+    A folder holds its own ``train.jsonl`` (or hub layout); for a single file
+    the ``train.jsonl`` next to it is used; without ``data``, the embedded copy
+    or the named hub dataset. Never the evaluated file itself: exemplars must
+    not come from test.
+    """
+    if data is None:
+        return None
+    path = Path(data).expanduser()
+    if path.is_dir():
+        return str(path)
+    sibling = path.parent / "train.jsonl"
+    if sibling.is_file() and sibling.resolve() != path.resolve():
+        return str(sibling)
+    raise DatasetError(
+        f"--gsm8k-shots: no train.jsonl next to {path} to draw exemplars from; "
+        "use --gsm8k-fewshot-file"
+    )
+
+
