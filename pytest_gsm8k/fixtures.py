@@ -13,7 +13,7 @@ import pytest
 from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.state import RECORD_KEY, _safe_url, _state
+from pytest_gsm8k.state import RECORD_KEY, get_state, safe_url
 
 # -- fixtures -------------------------------------------------------------------
 
@@ -45,7 +45,7 @@ def gsm8k_problem() -> Problem:
 def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
     """The evaluation protocol (test@1/pass@N/maj@N, shots, api, extractor ...)."""
     try:
-        return _state(pytestconfig).protocol()
+        return get_state(pytestconfig).protocol()
     except DatasetError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
 
@@ -58,7 +58,7 @@ def gsm8k_model(pytestconfig: pytest.Config) -> Iterator[Any]:
     :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
     (sync or async) to gate a model that has no HTTP endpoint.
     """
-    yield _state(pytestconfig).default_client()
+    yield get_state(pytestconfig).default_client()
 
 
 @pytest.fixture
@@ -72,12 +72,12 @@ def gsm8k_outcome(
     from pytest_gsm8k.core.outcome import error_record, score_response
     from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError
 
-    state = _state(request.config)
-    engine = state.engine_for(gsm8k_model, gsm8k_protocol)
+    state = get_state(request.config)
+    source, single_use = state.source_for(gsm8k_model, gsm8k_protocol)
     item = request.node
     failure: str | None = None
     try:
-        response = engine.result(gsm8k_protocol.request(gsm8k_problem))
+        response = source.result(gsm8k_protocol.request(gsm8k_problem))
     except EndpointError as exc:
         record = error_record(gsm8k_problem, str(exc))
         if isinstance(exc, EndpointAborted):
@@ -87,15 +87,17 @@ def gsm8k_outcome(
         item.user_properties.append(("gsm8k_outcome", "error"))
         failure = f"gsm8k: {exc}"
     finally:
-        for message in engine.cache.take_warnings():
+        for message in source.take_warnings():
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)
+        if single_use:
+            source.close()
     if failure is not None:
         # Outside the except block: inside it, pytest would print the EndpointError too
         # ("During handling of the above exception, another exception occurred").
         pytest.fail(failure, pytrace=False)
     record = score_response(gsm8k_problem, response, gsm8k_protocol, state.pattern)
-    record["endpoint"] = _safe_url(engine.client.endpoint)
-    record["model"] = record["model"] or engine.client.model
+    record["endpoint"] = safe_url(source.endpoint)
+    record["model"] = record["model"] or source.model
     item.stash[RECORD_KEY] = record
     item.user_properties.extend([
         ("gsm8k_outcome", record["outcome"]),

@@ -1,24 +1,32 @@
-"""Session steps the plugin's hooks call on the controller: local server, preflight,
-early start of the fetcher, release gates. pytest types only; no hook definitions here.
+"""Session steps the plugin's hooks call: the local server, the preflight check, the
+start of fetching (here, or on the xdist controller for every worker), the release
+gates. pytest types only; no hook definitions here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
 
 from pytest_gsm8k import fixtures
-from pytest_gsm8k.state import State, _safe_url
+from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
+from pytest_gsm8k.state import State, safe_url
+
+#: how long an xdist worker waits for one answer from the controller beyond the engine's
+#: own bounds (the controller's engine ends every request by then; this ends only a wait
+#: that nothing else would)
+REMOTE_WAIT_SLACK = 120.0
 
 
-def _release_gates(state: State, session: pytest.Session) -> None:
+def release_gates(state: State, session: pytest.Session) -> None:
     """Baseline write/compare and the GitHub step summary, once, on the controller."""
     from pytest_gsm8k import gates
 
     config = session.config
     summary = state.summary
+    assert summary is not None
     dirname = str(getattr(config.option, "snapshot_dirname", None) or "__snapshots__")
     path = gates.baseline_path(state.settings, config.rootpath, summary.label, dirname)
     try:
@@ -34,83 +42,82 @@ def _release_gates(state: State, session: pytest.Session) -> None:
             handle.write(gates.markdown(summary, questions))
 
 
-def _start_early(state: State, session: pytest.Session) -> None:
-    """Start fetching now, not at the first test.
+def overrides_present(session: pytest.Session) -> bool:
+    """Whether any test of this run may get ``gsm8k_model`` or ``gsm8k_protocol`` from a
+    fixture other than the plugin's: a conftest or plugin that defines one, or a test
+    module or class that does. Public pytest API only (plugins, item.module, item.cls)."""
+    names = ("gsm8k_model", "gsm8k_protocol")
+    ours = {id(fixtures.gsm8k_model), id(fixtures.gsm8k_protocol)}
 
-    When every planned item uses the plugin's own ``gsm8k_model`` and
-    ``gsm8k_protocol`` (nothing overrides them), the engine can start as
-    soon as the items are known. An xdist worker first offers its plan to
-    the controller's fetcher (see ``_lead``) and, when it takes it, only
-    follows (it never imports openai); otherwise it fetches for itself.
-    A worker with no plan for the fetcher offers an empty one, which frees
-    the workers the controller holds back until the fetcher is ready.
+    def defines(obj: object) -> bool:
+        return any(id(getattr(obj, n, None)) not in ours and getattr(obj, n, None) is not None
+                   for n in names)
+
+    if any(defines(plugin) for plugin in session.config.pluginmanager.get_plugins()
+           if plugin is not None and not getattr(plugin, "__name__", "").startswith(
+               "pytest_gsm8k")):
+        return True
+    for item in session.items:
+        for holder in (getattr(item, "module", None), getattr(item, "cls", None)):
+            if holder is not None and defines(holder):
+                return True
+    return False
+
+
+def start_early(state: State, session: pytest.Session) -> None:
+    """Start fetching at the end of collection, not at the first test.
+
+    When no test can get another model or protocol than the plugin's own,
+    the plan is known now: one process fetches it itself; an xdist worker
+    offers it to the controller, whose engine fetches for every worker.
     """
     config = session.config
     idle = config.option.collectonly or getattr(config.option, "setupplan", False)
     broken = session.testsfailed and not getattr(
         config.option, "continue_on_collection_errors", False)
-    default = bool(state.model_name) and all(
-        _uses_default_fixtures(item) for item in session.items
-        if "gsm8k_problem" in getattr(item, "fixturenames", ()))
-    planned = bool(state.planned) and default and not (idle or broken)
-    if state.is_worker and state.model_name:
-        from pytest_gsm8k.lead import offer_plan
-
-        with contextlib.suppress(Exception):  # the fixtures report it at the first test
-            client = state.default_client()
-            if planned:
-                requests = [state.protocol().request(p) for p in state.planned]
-                state.follow = offer_plan(state.run_dir, client, requests)
-            else:  # frees the held-back workers; nothing here to follow
-                offer_plan(state.run_dir, client, [], wait=0.0)
-    if not planned:
+    if not state.planned or not state.model_name or idle or broken:
         return
-    with contextlib.suppress(Exception):  # the fixtures report it at the first test
-        if state.follow is None:
-            # Import the HTTP client now, before the test loop (nothing can be answered
-            # earlier anyway), so its modules are old when the loop starts (gc.freeze).
-            state.default_client().warm()
-        state.engine_for(state.default_client(), state.protocol())
+    if overrides_present(session):
+        return  # each model's engine starts at its first fixture setup
+    workerinput = state.workerinput
+    if workerinput is not None:
+        address = workerinput.get("gsm8k_answers")
+        if address is None:
+            return
+        from pytest_gsm8k.runtime.answers import RemoteAnswers
+
+        client = state.default_client()
+        wait = state.settings.timeout * (state.settings.max_retries + 1) + REMOTE_WAIT_SLACK
+        try:
+            state.remote = RemoteAnswers((str(address[0]), int(address[1])),
+                                         str(workerinput["gsm8k_answers_token"]),
+                                         endpoint=client.endpoint, model=client.model,
+                                         wait=wait)
+            state.remote.offer([p.id for p in state.planned])
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"gsm8k: cannot reach the xdist controller's answers ({exc})") from None
+        return
+    state.engine_for(state.default_client())
 
 
-def _lead(state: State) -> None:
-    """xdist controller: start the run's one fetcher, for the plan the first worker offers.
+def start_controller(state: State) -> None:
+    """xdist controller: one engine for the plugin's own client, served to the workers.
 
-    It runs in a process of its own (see lead.Lead) with the whole
-    ``--gsm8k-concurrency``, importing the HTTP client while the workers
-    start; workers that get no answer (or another plan) fetch for
-    themselves, sharing the work by claims.
+    The engine starts importing the HTTP client now, while xdist starts the
+    workers; it sends nothing until a worker offers its plan (a run whose
+    tests all override the model never asks).
     """
-    from pytest_gsm8k.lead import Lead
+    from pytest_gsm8k.runtime.answers import AnswerServer
 
     client = state.default_client()
-    cache = state.cache(True)
-    state.lead = Lead(state.run_dir, {
-        "run_dir": str(state.run_dir),
-        "endpoint": client.endpoint,
-        "model": client.model,
-        "api_key_env": state.settings.api_key_env,  # the key itself stays in the environment
-        "timeout": state.settings.timeout,
-        "max_retries": state.settings.max_retries,
-        "concurrency": state.settings.concurrency,
-        "cache_root": str(cache.root),
-        "persistent": cache.persistent,
-        "run_id": state.run_id,
-    })
-    state.lead.start()
+    engine = state.engine_for(client, plan=False)
+    engine.loop.call_soon_threadsafe(client.warm)
+    state.answer_server = AnswerServer(engine, state.request_for)
+    state.answer_server.start()
 
 
-def _uses_default_fixtures(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    defs = getattr(info, "name2fixturedefs", None) or {}
-    for name in ("gsm8k_model", "gsm8k_protocol"):
-        chain = defs.get(name)
-        if not chain or getattr(chain[-1].func, "__module__", None) != fixtures.__name__:
-            return False
-    return True
-
-
-def _start_local(state: State) -> None:
+def start_local(state: State) -> None:
     from pytest_gsm8k.runtime import local
 
     try:
@@ -140,7 +147,7 @@ def _start_local(state: State) -> None:
     state.model_name = server.model
 
 
-def _model_overridden(config: pytest.Config) -> bool:
+def model_overridden(config: pytest.Config) -> bool:
     """Whether a conftest loaded so far defines its own ``gsm8k_model`` fixture.
 
     Then the endpoint of the options may not be what is asked at all, and the
@@ -153,12 +160,12 @@ def _model_overridden(config: pytest.Config) -> bool:
     return False
 
 
-def _preflight(state: State) -> None:
+def preflight(state: State) -> None:
     """One cheap call at session start: unreachable, bad key or unknown model is one line."""
     from pytest_gsm8k.runtime.client import PreflightError, list_models
 
     url = state.base_url
-    shown = _safe_url(url or "https://api.openai.com/v1")
+    shown = safe_url(url or DEFAULT_BASE_URL)
     try:
         models = list_models(url, state.settings.api_key(), timeout=10.0)
     except PreflightError as exc:
@@ -181,4 +188,10 @@ def _preflight(state: State) -> None:
         )
 
 
-# -- pytest hooks -----------------------------------------------------------------
+def check_data(state: State) -> None:
+    """Load the split and the protocol now: a bad file or option is one usage-error line."""
+    try:
+        state.selected()
+        state.protocol()
+    except DatasetError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None

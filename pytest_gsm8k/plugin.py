@@ -14,7 +14,6 @@ the gates and writes the report.
 from __future__ import annotations
 
 import gc
-import os
 import re
 from collections.abc import Generator
 from pathlib import Path
@@ -33,14 +32,15 @@ from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from 
     gsm8k_protocol,
 )
 from pytest_gsm8k.lifecycle import (
-    _lead,
-    _model_overridden,
-    _preflight,
-    _release_gates,
-    _start_early,
-    _start_local,
+    check_data,
+    model_overridden,
+    preflight,
+    release_gates,
+    start_controller,
+    start_early,
+    start_local,
 )
-from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, _state
+from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
 
 BUILTIN_NODEID = "gsm8k"
 
@@ -94,68 +94,55 @@ def _read_option(config: pytest.Config, option: Option) -> Any:
 
 # -- per-process state -----------------------------------------------------------
 
-LEAD_READY_WAIT = 2.0  # seconds a held-back xdist worker waits for the fetcher at most
-
-
-def _workers_at_once() -> int:
-    """xdist workers that start without waiting for the fetcher: one per core it leaves.
-
-    The fetcher needs a core for itself while it imports its HTTP client; the
-    first worker always starts (the fetcher waits for its plan).
-    """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
-
 
 class StatePlugin:
     """Holds the State; hooks that need it live on it."""
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self._nodes = 0  # local xdist workers configured so far (controller)
-        self.lead_failure: str | None = None  # the xdist fetcher ended with an error
+        self.warnings: list[str] = []  # cache warnings no test issued (xdist controller)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Controller: validate data and reach the endpoint before anything is sent."""
+        """Controller: validate data and reach the endpoint before anything is sent.
+
+        Under xdist it also starts the run's one engine for the plugin's own
+        client and the server the workers ask it through (before xdist starts
+        the workers: their ``workerinput`` carries its address).
+        """
         state = self.state
         if state.is_worker or not state.settings.model:
             return
-        xdist = session.config.pluginmanager.has_plugin("dsession")
-        overridden = _model_overridden(session.config)
-        local = state.settings.model.startswith("local")
-        if xdist and not overridden and not local:
-            # First: the fetcher's import of its HTTP client is the longest step before the
-            # first request, and it sends nothing before a worker offers its plan. A usage
-            # error below ends it with the session (State.close).
-            _lead(state)
-        try:
-            state.selected()
-            state.protocol()
-        except DatasetError as exc:
-            raise pytest.UsageError(f"gsm8k: {exc}") from None
-        if local:
-            _start_local(state)
-        if not overridden:
-            _preflight(state)
-            if xdist and local:
-                _lead(state)
+        check_data(state)
+        if state.settings.model.startswith("local"):
+            start_local(state)
+        if not model_overridden(session.config):
+            preflight(state)
+        if session.config.pluginmanager.has_plugin("dsession"):
+            start_controller(state)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        """xdist controller: hand the run's identity and the endpoint to each worker."""
+        """xdist controller: hand the run's identity and the answer server to each worker."""
         state = self.state
-        local = bool(getattr(getattr(node.gateway, "spec", None), "popen", False))
-        self._nodes += local  # remote workers (--tx ssh=...) take no CPU from the fetcher
-        if state.lead is not None and local and self._nodes > _workers_at_once():
-            state.lead.wait_ready(LEAD_READY_WAIT)
         node.workerinput["gsm8k_run_id"] = state.run_id
         node.workerinput["gsm8k_run_dir"] = str(state.run_dir)
         node.workerinput["gsm8k_base_url"] = state.base_url
         node.workerinput["gsm8k_model"] = state.model_name
+        if state.answer_server is not None:
+            node.workerinput["gsm8k_answers"] = list(state.answer_server.address)
+            node.workerinput["gsm8k_answers_token"] = state.answer_server.token
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Generator[None, object, object]:
+        """Remember the scope of every ``gsm8k_model`` value: only a session-scoped model
+        may be prefetched (a narrower one exists for its own items only)."""
+        value = yield
+        if fixturedef.argname == "gsm8k_model":
+            self.state.model_scopes[id(value)] = fixturedef.scope
+        return value
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(
@@ -185,8 +172,7 @@ class StatePlugin:
                 planned.append(problem)
         self.state.planned = planned
         self.state.planned_ids = {p.id for p in planned}
-        if planned or self.state.is_worker:
-            _start_early(self.state, session)
+        start_early(self.state, session)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
@@ -252,25 +238,23 @@ class StatePlugin:
         state = self.state
         if state.is_worker:
             return
-        if state.lead is not None:
-            self.lead_failure = state.lead.failure()
+        for engine in state.engines.values():  # the controller's cache warnings
+            self.warnings.extend(engine.take_warnings())
         if not state.records and not state.aborted:
             return
         try:
             state.summary = state.build_summary()
         except DatasetError:
             return
-        _release_gates(state, session)
+        release_gates(state, session)
         if state.settings.report:
             from pytest_gsm8k.runtime.files import write_json
 
             write_json(state.settings.report, state.summary.to_json())
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.lead_failure:
-            terminalreporter.write_line(
-                f"gsm8k: {self.lead_failure}; the workers fetched the rest themselves",
-                yellow=True)
+        for message in self.warnings:
+            terminalreporter.write_line(message, yellow=True)
         summary = self.state.summary
         if summary is None:
             return
@@ -330,7 +314,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "gsm8k_problem" not in metafunc.fixturenames:
         return
-    state = _state(metafunc.config)
+    state = get_state(metafunc.config)
     try:
         problems = state.selected()
     except DatasetError as exc:

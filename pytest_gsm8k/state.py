@@ -1,8 +1,19 @@
-"""Per-process state of a GSM8K run: settings, data, protocol, caches, engines, summary.
+"""Per-process state of a GSM8K run: settings, data, protocol, answer sources, summary.
 
 One :class:`State` per pytest process (controller, single process, or xdist
 worker), created in ``pytest_configure``. Data and protocol load lazily, so a
 suite that never asks for a GSM8K item pays nothing.
+
+Where a test's answer comes from (:meth:`State.source_for`):
+
+* the plugin's own client, one process: this process's :class:`Engine`;
+* the plugin's own client under xdist: the controller's engine, through
+  :class:`RemoteAnswers` (the controller fetches for every worker);
+* a user's session-scoped callable: this process's engine for it (under
+  xdist, with claims on the run's shared cache, since each worker has its own
+  copy of the callable);
+* a narrower-scoped model: a one-shot engine for the item's own request
+  (nothing can be prefetched for a model that exists for one item only).
 """
 
 from __future__ import annotations
@@ -12,8 +23,11 @@ import re
 import shutil
 import tempfile
 import uuid
+import warnings
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from typing import Protocol as TypingProtocol
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -21,14 +35,39 @@ import pytest
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings
-from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.core.types import ModelResponse, Problem, Request, stable_hash
+from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.runtime.data import load_split, train_source
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.summary import Summary
+    from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
+    from pytest_gsm8k.runtime.cache import ResponseCache
+    from pytest_gsm8k.runtime.client import OpenAIClient
+    from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.local import LocalServer
 
 RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 STATE_NAME = "gsm8k-state"
 
 
-def _safe_url(url: str) -> str:
+class AnswerSource(TypingProtocol):
+    """Where a test's answer comes from: an engine here, or the xdist controller's."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    def result(self, request: Request) -> ModelResponse: ...
+
+    def take_warnings(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def safe_url(url: str) -> str:
     """A URL fit to print: credentials in it are removed."""
     parts = urlsplit(url)
     if parts.username or parts.password:
@@ -49,22 +88,31 @@ class State:
         self.is_worker = self.workerinput is not None
         self._split: Split | None = None
         self._selected: tuple[Problem, ...] | None = None
+        self._by_id: dict[str, Problem] | None = None
         self._protocol: Protocol | None = None
         self.pattern = re.compile(settings.answer_regex) if settings.answer_regex else None
-        self.engines: dict[int, Any] = {}
+        #: engines by id() of the model object they call (session-scoped models only)
+        self.engines: dict[int, Engine] = {}
+        #: the scope of each gsm8k_model value set up so far, by id() (pytest_fixture_setup)
+        self.model_scopes: dict[int, str] = {}
         self.planned: list[Problem] = []
         #: problem ids the run collected (None until known; xdist: from the workers' ids)
         self.planned_ids: set[str] | None = None
         self.records: dict[str, dict[str, Any]] = {}
-        self.summary: Any = None
+        self.summary: Summary | None = None
         self.interrupted = False
         self.aborted: str | None = None
         self.data_error: str | None = None
-        self.local_server: Any = None
+        self.local_server: LocalServer | None = None
         self.local_info: dict[str, Any] | None = None
         self.server_death: str | None = None
         self.base_url = settings.resolved_base_url()
         self.model_name = settings.model
+        #: xdist controller: serves its engine's answers to the workers
+        self.answer_server: AnswerServer | None = None
+        #: xdist worker: the controller's answers (plugin's own client and protocol only)
+        self.remote: RemoteAnswers | None = None
+        self._warned_scope = False
         if self.workerinput is not None:
             self.run_id = str(self.workerinput["gsm8k_run_id"])
             self.run_dir = Path(self.workerinput["gsm8k_run_dir"])
@@ -75,10 +123,8 @@ class State:
             self.run_id = uuid.uuid4().hex[:12]
             self.run_dir = Path(tempfile.mkdtemp(prefix="gsm8k-run-"))
             self.workers = 1
-        self._caches: dict[bool, Any] = {}
-        self._default_client: Any = None
-        self.follow: Any = None  # xdist worker: the controller fetches for it (lead.Follow)
-        self.lead: Any = None  # xdist controller: the one fetcher (lead.Lead)
+        self._caches: dict[bool, ResponseCache] = {}
+        self._default_client: OpenAIClient | None = None
 
     # data and protocol, loaded lazily: a suite that never asks costs nothing
 
@@ -139,9 +185,16 @@ class State:
             )
         return self._protocol
 
-    # caches and engines
+    def request_for(self, problem_id: str) -> Request | None:
+        """The plugin protocol's request for a selected problem (None if not selected)."""
+        if self._by_id is None:
+            self._by_id = {p.id: p for p in self.selected()}
+        problem = self._by_id.get(problem_id)
+        return None if problem is None else self.protocol().request(problem)
 
-    def cache(self, persistent: bool) -> Any:
+    # caches, clients, engines
+
+    def cache(self, persistent: bool) -> ResponseCache:
         from pytest_gsm8k.runtime.cache import ResponseCache
 
         persistent = persistent and not self.settings.no_cache
@@ -158,7 +211,7 @@ class State:
             self._caches[persistent] = ResponseCache(root, self.run_id, persistent=persistent)
         return self._caches[persistent]
 
-    def default_client(self) -> Any:
+    def default_client(self) -> OpenAIClient:
         """The process's one OpenAI-compatible client (the same object every time)."""
         from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
 
@@ -168,50 +221,76 @@ class State:
             raise pytest.UsageError(
                 "gsm8k_model: no --gsm8k-model given and no gsm8k_model fixture override"
             )
-        breaker = Breaker()
-        client = OpenAIClient(
+        self._default_client = OpenAIClient(
             model=self.model_name,
             base_url=self.base_url,
             api_key=self.settings.api_key(),
             timeout=self.settings.timeout,
             max_retries=self.settings.max_retries,
             concurrency=self.concurrency(),
-            breaker=breaker,
+            breaker=Breaker(),
         )
-        self._default_client = client
-        return client
+        return self._default_client
 
     def concurrency(self) -> int:
-        """The run's limit split over the xdist workers, so -n never multiplies the load."""
+        """The run's limit; split over the xdist workers only where each fetches itself."""
         return max(1, math.ceil(self.settings.concurrency / max(1, self.workers)))
 
-    def engine_for(self, model: Any, protocol: Protocol) -> Any:
+    def engine_for(self, model: Any, *, plan: bool = True) -> Engine:
+        """The engine that calls ``model`` (created once per model object).
+
+        A session-scoped model's engine prefetches this process's planned items.
+        """
         from pytest_gsm8k.runtime.client import CallableClient
         from pytest_gsm8k.runtime.engine import Engine
 
-        key = id(model)
-        engine = self.engines.get(key)
-        if engine is None:
-            client = model
-            if not hasattr(model, "complete"):
-                if not callable(model):
-                    raise pytest.UsageError(
-                        f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
-                    )
-                client = CallableClient(model, concurrency=self.concurrency(),
-                                        model=self.settings.model)
-            engine = Engine(
-                client,
-                self.cache(bool(getattr(client, "persistent_cache", False))),
-                concurrency=self.concurrency(),
-                use_claims=self.is_worker,
-                breaker=getattr(client, "breaker", None),
-                share=_worker_share(self.workerinput),
-                follow=self.follow if client is self._default_client else None,
-            )
-            self.engines[key] = engine
-            engine.start([protocol.request(p) for p in self.planned])
+        engine = self.engines.get(id(model))
+        if engine is not None:
+            return engine
+        client = model
+        if not hasattr(model, "complete"):
+            if not callable(model):
+                raise pytest.UsageError(
+                    f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
+                )
+            client = CallableClient(model, concurrency=self.concurrency(),
+                                    model=self.settings.model)
+        claims = self.is_worker  # a user's model exists in every worker: share by claims
+        engine = Engine(
+            client,
+            self.cache(bool(getattr(client, "persistent_cache", False))),
+            concurrency=self.concurrency(),
+            claims=claims,
+            breaker=getattr(client, "breaker", None),
+            share=_worker_share(self.workerinput),
+        )
+        self.engines[id(model)] = engine
+        if plan:
+            engine.start([self.protocol().request(p) for p in self.planned])
         return engine
+
+    def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
+        """Where this item's answer comes from, and whether that source is single-use."""
+        default = model is self._default_client and protocol is self._protocol
+        if default and self.remote is not None:
+            return self.remote, False
+        if self.model_scopes.get(id(model), "session") != "session":
+            if not self._warned_scope:
+                self._warned_scope = True
+                warnings.warn(pytest.PytestWarning(
+                    "gsm8k: gsm8k_model is not session-scoped: each item calls it for its own "
+                    "problem only, nothing is prefetched (make it session-scoped for speed)"),
+                    stacklevel=3)
+            return self._one_shot(model), True
+        return self.engine_for(model), False
+
+    def _one_shot(self, model: Any) -> Engine:
+        from pytest_gsm8k.runtime.client import CallableClient
+        from pytest_gsm8k.runtime.engine import Engine
+
+        client = model if hasattr(model, "complete") else CallableClient(
+            model, concurrency=1, model=self.settings.model)
+        return Engine(client, self.cache(False), concurrency=1, claims=False)
 
     def server_died(self, message: str) -> None:
         """The model server this run started is gone: stop every engine with its message."""
@@ -220,9 +299,12 @@ class State:
             engine.abort(message)
 
     def close(self) -> None:
-        if self.lead is not None:
-            self.lead.close()
-            self.lead = None
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
+        if self.answer_server is not None:
+            self.answer_server.close()
+            self.answer_server = None
         for engine in self.engines.values():
             engine.close()
         self.engines.clear()
@@ -236,7 +318,7 @@ class State:
 
     # the summary
 
-    def build_summary(self) -> Any:
+    def build_summary(self) -> Summary:
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.summary import Summary
 
@@ -263,7 +345,7 @@ class State:
             },
             model=self.model_name or _most_common(records, "model") or "(gsm8k_model fixture)",
             endpoint=_most_common(records, "endpoint")
-            or _safe_url(self.base_url or "https://api.openai.com/v1"),
+            or safe_url(self.base_url or DEFAULT_BASE_URL),
             records=list(records.values()),
             expected=len(ran),
             interrupted=self.interrupted,
@@ -276,8 +358,6 @@ class State:
 
 
 def _most_common(records: dict[str, dict[str, Any]], key: str) -> str | None:
-    from collections import Counter
-
     counts = Counter(str(r[key]) for r in records.values() if r.get(key))
     return counts.most_common(1)[0][0] if counts else None
 
@@ -292,12 +372,13 @@ def _worker_share(workerinput: dict[str, Any] | None) -> tuple[int, int] | None:
 
 
 def _ids_hash(problems: tuple[Problem, ...]) -> str:
-    from pytest_gsm8k.core.types import stable_hash
-
     return stable_hash([p.id for p in problems])[:16]
 
 
-def _state(config: pytest.Config) -> State:
-    state = config.pluginmanager.get_plugin(STATE_NAME)
-    assert state is not None, "pytest-gsm8k is not configured"
-    return state.state  # type: ignore[no-any-return]
+def get_state(config: pytest.Config) -> State:
+    """This process's State (registered by the plugin in pytest_configure)."""
+    plugin = config.pluginmanager.get_plugin(STATE_NAME)
+    state = getattr(plugin, "state", None)
+    if not isinstance(state, State):
+        raise pytest.UsageError("gsm8k: pytest-gsm8k is not configured (-p no:gsm8k?)")
+    return state

@@ -454,7 +454,7 @@ def memory_cache(tmp_path: Path) -> ResponseCache:
 
 def test_the_item_a_test_waits_for_jumps_the_queue(memory_cache: ResponseCache) -> None:
     client = ScriptedClient(delay=0.05)
-    engine = Engine(client, memory_cache, concurrency=1, use_claims=False)
+    engine = Engine(client, memory_cache, concurrency=1)
     planned = requests(30)
     try:
         engine.start(planned)
@@ -470,7 +470,7 @@ def test_the_item_a_test_waits_for_jumps_the_queue(memory_cache: ResponseCache) 
 
 def test_one_failed_request_is_that_items_error_only(memory_cache: ResponseCache) -> None:
     client = ScriptedClient(fail={"p003": RuntimeError("boom\nsecond line")})
-    engine = Engine(client, memory_cache, concurrency=4, use_claims=False)
+    engine = Engine(client, memory_cache, concurrency=4)
     planned = requests(8)
     try:
         engine.start(planned)
@@ -489,7 +489,7 @@ def test_fatal_error_aborts_every_unfinished_item_with_one_message(
 
     reply = openai.AuthenticationError("bad key", response=_fake_response(401), body=None)
     client = ScriptedClient(delay=0.02, fail={"p002": reply})
-    engine = Engine(client, memory_cache, concurrency=2, use_claims=False)
+    engine = Engine(client, memory_cache, concurrency=2)
     planned = requests(200)
     try:
         engine.start(planned)

@@ -106,7 +106,6 @@ class ResponseCache:
         self._made_dirs: set[str] = set()
         self._entries_text = os.fspath(self.entries)  # string paths: pathlib costs more than I/O
         self._lock_fd: int | None = None
-        self._feed_fd: int | None = None
         self._held: set[str] = set()
         self._held_lock = threading.Lock()
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
@@ -181,10 +180,9 @@ class ResponseCache:
         done: Callable[[], None] | None = None,
         *,
         release: bool = False,
-        feed: list[dict[str, Any]] | None = None,
     ) -> None:
         """Write ``(key, body, response)`` entries on the writer thread, then (``release``)
-        drop their claims, then append ``feed`` records to the run's feed, then call ``done``.
+        drop their claims, then call ``done``.
 
         A failed write is a warning (the answer is still good, it is just not
         cached); ``done`` is called either way. The writer takes whatever has
@@ -198,7 +196,7 @@ class ResponseCache:
                     target=self._write_loop, name="gsm8k-cache-writer", daemon=True
                 )
                 self._writer.start()
-        self._queue.put((items, done, release, feed))
+        self._queue.put((items, done, release))
 
     def _write_loop(self) -> None:
         while True:
@@ -221,7 +219,6 @@ class ResponseCache:
         items: list[tuple[str, dict[str, Any], dict[str, Any]]],
         done: Callable[[], None] | None,
         release: bool,
-        feed: list[dict[str, Any]] | None,
     ) -> None:
         for key, body, response in items:
             try:
@@ -234,8 +231,6 @@ class ResponseCache:
             finally:
                 if release:
                     self.release(key)
-        if feed:
-            self.append_feed(feed)
         if done is not None:
             with contextlib.suppress(Exception):
                 done()
@@ -342,31 +337,6 @@ class ResponseCache:
             return not _stale(path)
         return owner == self._pid or _pid_alive(owner)
 
-    # -- the run's feed (xdist: from the fetcher to the workers) -----------------
-
-    @property
-    def feed_path(self) -> Path:
-        """This run's append-only log of answers, item errors and the abort, one JSON a line."""
-        return self.claims / "feed.jsonl"
-
-    def append_feed(self, records: list[dict[str, Any]]) -> None:
-        """Append records to the run's feed now (a failure is a warning)."""
-        try:
-            self._append_feed(records)
-        except OSError as exc:
-            self._warn("feed", f"gsm8k cache: cannot write {self.feed_path} ({exc})")
-
-    def _append_feed(self, records: list[dict[str, Any]]) -> None:
-        if self._feed_fd is None:
-            self.claims.mkdir(parents=True, exist_ok=True)
-            self._feed_fd = os.open(self.feed_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                                    0o644)
-        data = b"".join(
-            json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-            for r in records
-        )
-        os.write(self._feed_fd, data)  # one append: whole lines, never interleaved
-
     # -- the end ---------------------------------------------------------------
 
     def close(self) -> None:
@@ -381,10 +351,6 @@ class ResponseCache:
                 os.close(self._lock_fd)
             self._lock_fd = None
             self._held.clear()
-        if self._feed_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._feed_fd)
-            self._feed_fd = None
         if self.persistent:
             shutil.rmtree(self.claims, ignore_errors=True)
             with contextlib.suppress(OSError):
@@ -408,44 +374,3 @@ class ResponseCache:
             if key not in self._warned:
                 self._warned.add(key)
                 self.warnings.append(message)
-
-
-class FeedReader:
-    """Reads a run's feed (see :meth:`ResponseCache.feed_path`) as it grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-        self._tail = b""
-
-    def read(self) -> list[dict[str, Any]]:
-        """The records appended since the last call (a line still being written waits)."""
-        if self._fd is None:
-            try:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            except FileNotFoundError:
-                return []
-        chunks = [self._tail]
-        while True:
-            chunk = os.read(self._fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        data = b"".join(chunks)
-        cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:]
-        records = []
-        for line in data[:cut].splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
-
-    def close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None

@@ -21,6 +21,9 @@ from typing import Any, Protocol
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+"""What the openai client uses when neither --gsm8k-base-url nor $OPENAI_BASE_URL is set."""
+
 
 def _httpx() -> Any:
     """The HTTP library the installed openai package is built on (httpx, or httpx2)."""
@@ -76,10 +79,6 @@ class Breaker:
     def fit(self, concurrency: int) -> None:
         """Lower the threshold for a run that has only ``concurrency`` requests in flight."""
         self.threshold = max(1, min(self.threshold, max(3, concurrency)))
-
-    def streak_seconds(self) -> float:
-        """How long the current streak of failures has lasted."""
-        return 0.0 if self.first is None else time.monotonic() - self.first
 
     def success(self) -> None:
         self.count = 0
@@ -148,7 +147,7 @@ def list_models(base_url: str | None, api_key: str | None, timeout: float = 10.0
     import urllib.error
     import urllib.request
 
-    url = (base_url or "https://api.openai.com/v1").rstrip("/") + "/models"
+    url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
     request = urllib.request.Request(url, headers={
@@ -156,17 +155,8 @@ def list_models(base_url: str | None, api_key: str | None, timeout: float = 10.0
         "Accept": "application/json",
         "User-Agent": "pytest-gsm8k",
     })
-    context = None
-    if url.startswith("https:"):
-        cafile = None
-        if not (os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR")):
-            try:  # the bundle httpx (so the openai client) verifies against
-                import certifi
-
-                cafile = certifi.where()
-            except ImportError:  # pragma: no cover
-                cafile = None
-        context = ssl.create_default_context(cafile=cafile)
+    # The system's trust store, as the openai client's httpx2 (truststore) uses it.
+    context = ssl.create_default_context() if url.startswith("https:") else None
     last: BaseException | None = None
     for attempt in range(2):
         try:
@@ -221,7 +211,7 @@ class OpenAIClient:
         self.breaker = breaker
         # What the openai client itself would use, and what cache keys name.
         self.endpoint = (
-            base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+            base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         ).rstrip("/")
         self._api_key = api_key
         self._timeout = timeout

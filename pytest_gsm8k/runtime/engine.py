@@ -1,10 +1,10 @@
 """The prefetching engine: one background event loop per process.
 
 Tests run one after another on pytest's thread; model calls must not. The
-engine gets the ordered list of requests for the items this process will
-run, and ``concurrency`` worker coroutines on a background loop fetch them
-ahead of the tests, in run order, jumping to whatever the test thread is
-waiting for. A test mostly finds its answer ready.
+engine gets the ordered list of requests for the items to run, and
+``concurrency`` worker coroutines on a background loop fetch them ahead of
+the tests, in run order, jumping to whatever the test thread is waiting for.
+A test mostly finds its answer ready.
 
 Scheduling state lives on the loop thread only; the test thread talks to it
 with ``call_soon_threadsafe`` and waits on a thread-safe future, and when the
@@ -12,22 +12,16 @@ answer is already there it does not wake the loop at all (the two threads
 share one GIL, so every needless wake-up slows the other down).
 
 Requests go through the response cache when it can help: when it is
-persistent (resume, reruns) or shared with other processes (xdist). A
-single process with ``--gsm8k-no-cache`` keeps answers in memory only.
+persistent (resume, reruns) or shared with other processes. A single process
+with ``--gsm8k-no-cache`` keeps answers in memory only.
 
-Under xdist every worker plans every item (it cannot know which ones the
-controller will hand it), so the cache's claims decide who sends what: a
-worker that finds a request claimed by another process skips it and moves
-on, so the workers together keep the whole concurrency busy with distinct
-requests; only when its own test needs that answer does it watch for the
-entry (and sends the request itself if the claim vanished without one).
-
-Under xdist with the plugin's own model and protocol fixtures, even that is
-avoided: the controller, which runs no tests, is the one fetcher (a
-:class:`Lead`, with the whole concurrency), and the workers' engines only
-*follow*: their tests read the controller's entries as they appear, and a
-worker sends a request itself only if the controller is gone. The workers
-then import no HTTP client at all. See :func:`offer_plan`.
+The engine knows nothing of xdist. Under xdist with the plugin's own client,
+the controller runs the one engine and serves its answers to the workers
+(:mod:`pytest_gsm8k.runtime.answers`). Only a user's callable, which exists
+in the workers alone, makes several processes fetch: then ``claims=True``
+and the cache's claims decide who sends what (a process that finds a request
+claimed by another skips it, and watches for its entry only when its own
+test needs that answer).
 
 Failures are split in two: a request that fails after the openai client's
 retries is that item's error; an endpoint that is gone (the breaker opens,
@@ -45,17 +39,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
-from pytest_gsm8k.runtime.cache import FeedReader, ResponseCache, cache_key
+from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 from pytest_gsm8k.runtime.client import Breaker, ModelClient, one_sample
 
-if TYPE_CHECKING:
-    from pytest_gsm8k.lead import Follow
-
-POLL_SECONDS = 0.01  # how often a waiter looks for another worker's entry
-FEED_POLL_SECONDS = 0.005  # how often a follower reads the fetcher's feed (one read call)
+POLL_SECONDS = 0.01  # how often a waiter looks for another process's entry (claims only)
 CLAIM_CHECK_EVERY = 5  # polls between looks at whether the other worker still holds the claim
 
 PLANNED, RUNNING, ELSEWHERE, DONE = "planned", "running", "elsewhere", "done"
@@ -108,7 +98,6 @@ def _api_message(exc: Any) -> str:
 @dataclass(eq=False)
 class Job:
     request: Request
-    position: int
     future: concurrent.futures.Future[ModelResponse] = field(
         default_factory=concurrent.futures.Future
     )
@@ -116,7 +105,6 @@ class Job:
     wanted: bool = False  # the test thread waits for it (loop thread only)
     watched: bool = False  # a watcher looks for another process's entry (loop thread only)
     queued: bool = False  # in the loop's run-order list (loop thread only)
-    in_plan: bool = False  # planned by start() (a leader fetches exactly those)
 
 
 class Engine:
@@ -128,32 +116,20 @@ class Engine:
         cache: ResponseCache,
         *,
         concurrency: int,
-        use_claims: bool,
+        claims: bool = False,
         breaker: Breaker | None = None,
-        samples: int = 1,
         share: tuple[int, int] | None = None,
-        follow: Follow | None = None,
-        lead: bool = False,
     ) -> None:
         self.client = client
         self.cache = cache
         self.concurrency = max(1, concurrency)
-        self.use_claims = use_claims
+        self.use_claims = claims
         # Only go to disk when it can help: resume across runs, or sharing across processes.
-        self.use_store = cache.persistent or use_claims
-        self.samples = samples
-        # (this worker's index, number of workers): under xdist each worker fetches its own
-        # share of the plan first (every k-th item), then helps with the rest, so the
-        # workers' claims rarely collide.
-        self.share = share if share is not None and share[1] > 1 else None
-        # follow: another process (the xdist controller) fetches the plan; this engine
-        # waits for its entries and sends only what it asks for beyond the plan, or
-        # everything once that process is gone. lead: this engine is that process's, so
-        # it publishes its item errors and its abort for the followers.
-        self.follow = follow
-        self.lead = lead
-        if follow is not None or lead:
-            self.use_store = True
+        self.use_store = cache.persistent or claims
+        # (this process's index, number of processes) when several fetch with claims: each
+        # fetches its own share of the plan first (every k-th item), then helps with the
+        # rest, so their claims rarely collide.
+        self.share = share if claims and share is not None and share[1] > 1 else None
         self.aborted: str | None = None
         self.requests_sent = 0
         self.from_cache = 0
@@ -165,7 +141,6 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
-        self._scanning = False
         self._closed = False
         self._thread = threading.Thread(target=self._run_loop, name="gsm8k-engine", daemon=True)
         self._thread.start()
@@ -198,9 +173,36 @@ class Engine:
     def _new_job(self, request: Request) -> Job:
         job = self.by_request.get(request)
         if job is None:
-            job = Job(request=request, position=len(self.by_request))
+            job = Job(request=request)
             self.by_request[request] = job
         return job
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The engine's event loop (the xdist answer server runs on it too)."""
+        return self._loop
+
+    @property
+    def endpoint(self) -> str:
+        return self.client.endpoint
+
+    @property
+    def model(self) -> str:
+        return self.client.model
+
+    def take_warnings(self) -> list[str]:
+        """Cache warnings collected on the engine's threads, for the test thread to issue."""
+        return self.cache.take_warnings()
+
+    async def answer(self, request: Request) -> ModelResponse:
+        """On the loop: the response for ``request``, fetched next if it is not under way."""
+        job = self.by_request.get(request)
+        if job is None:
+            job = self._new_job(request)
+            self._plan([job], True)
+        elif not job.future.done():
+            self._want(job)
+        return await asyncio.wrap_future(job.future)
 
     def result(self, request: Request) -> ModelResponse:
         """The response for ``request``: usually ready; otherwise fetched first, now."""
@@ -254,10 +256,7 @@ class Engine:
 
     def _plan(self, jobs: list[Job], wanted: bool) -> None:
         fresh = [job for job in jobs if not job.queued]
-        if not wanted:
-            for job in fresh:
-                job.in_plan = True
-        if self.share is not None and self.follow is None and not wanted:
+        if self.share is not None and not wanted:
             index, count = self.share
             fresh = fresh[index::count] + [j for n, j in enumerate(fresh) if n % count != index]
         for job in fresh:
@@ -268,11 +267,6 @@ class Engine:
             return
         for job in jobs if wanted else ():
             self._want(job)
-        if self.follow is not None and not self._scanning and not wanted:
-            self._scanning = True
-            task = self._loop.create_task(self._follow_scan())
-            self._side_tasks.add(task)
-            task.add_done_callback(self._side_tasks.discard)
         if not self._workers:
             self._wake = asyncio.Event()
             self._workers = [
@@ -286,8 +280,6 @@ class Engine:
         job.wanted = True
         if job.future.done() or self.aborted is not None:
             return
-        if self.follow is not None and job.in_plan:
-            return  # the fetcher fetches it: the feed scan resolves it (or hands it back)
         if job.state == PLANNED:
             self._priority.appendleft(job)
             self._kick()
@@ -303,8 +295,6 @@ class Engine:
             job = self._priority.popleft()
             if job.state == PLANNED:
                 return job
-        if self.follow is not None:
-            return None  # the fetcher prefetches; followers only fetch beyond the plan
         jobs = self._jobs
         while self._scan < len(jobs):
             job = jobs[self._scan]
@@ -340,45 +330,24 @@ class Engine:
                 if fatal:
                     self._abort(message)
                 else:
-                    if self.lead:  # the follower whose test it is fails the same way
-                        self._store([], feed={"k": self._first_key(job), "e": message})
                     self._finish(job, error=EndpointError(message))
                 continue
-            feed = None
-            if self.lead:
-                feed = {"k": self._first_key(job), "r": response.to_json(), "c": response.cached}
-            if writes or feed:
+            if writes:
                 # The test gets the answer once it is on disk: what a test saw survives a kill.
                 job.state = DONE
-                self._store(writes, functools.partial(_resolve, job.future, response), feed=feed)
+                self._store(writes, functools.partial(_resolve, job.future, response))
             else:
                 self._finish(job, response=response)
 
     def _store(
         self, writes: list[tuple[str, dict[str, Any], dict[str, Any]]],
         done: Callable[[], None] | None = None,
-        feed: dict[str, Any] | None = None,
     ) -> None:
-        if self.lead and not self.cache.persistent:
-            # Leading a throw-away cache, the feed is all the followers read: no entry
-            # files, and one small append is cheaper here than a trip to the writer thread.
-            if feed is not None:
-                self.cache.append_feed([feed])
-            if self.use_claims:
-                for key, _, _ in writes:
-                    self.cache.release(key)
-            writes.clear()
-            if done is not None:
-                done()
-        elif writes or feed:
-            self.cache.submit(list(writes), done, release=self.use_claims,
-                              feed=[feed] if feed else None)
+        if writes:
+            self.cache.submit(list(writes), done, release=self.use_claims)
             writes.clear()
         elif done is not None:
             done()
-
-    def _first_key(self, job: Job) -> str:
-        return self._key(job.request, _first_sample(job.request))
 
     def _finish(
         self, job: Job, *, response: ModelResponse | None = None,
@@ -400,8 +369,6 @@ class Engine:
         if self.aborted is not None:
             return
         self.aborted = message
-        if self.lead:
-            self._store([], feed={"abort": message})
         self._fail_unfinished(EndpointAborted(message))
         self._priority.clear()
         current = asyncio.current_task(self._loop)
@@ -418,66 +385,6 @@ class Engine:
         task = self._loop.create_task(self._watcher(job))
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
-
-    async def _follow_scan(self) -> None:
-        """Following: resolve the planned jobs from the fetcher's feed as it grows.
-
-        So a test mostly finds its answer already in memory, as with our own
-        prefetch. The feed also carries the fetcher's item errors (this item's
-        error too) and its abort (this engine's abort, same message). When the
-        fetcher is gone, what it did not deliver goes back to this engine's
-        own workers.
-        """
-        assert self.follow is not None
-        reader = FeedReader(self.cache.feed_path)
-        by_key = {self._first_key(job): job for job in self._jobs if job.in_plan}
-        left = [sum(1 for job in by_key.values() if not job.future.done())]
-
-        def apply(records: list[dict[str, Any]]) -> bool:
-            """Resolve what the records answer; False once the fetcher aborted."""
-            for record in records:
-                if "abort" in record:
-                    self._abort(str(record["abort"]))
-                    return False
-                job = by_key.get(str(record.get("k")))
-                if job is None or job.future.done():
-                    continue
-                if "e" in record:
-                    self._finish(job, error=EndpointError(str(record["e"])))
-                    left[0] -= 1
-                    continue
-                try:
-                    response = ModelResponse.from_json(record["r"])
-                except (KeyError, TypeError, ValueError):
-                    continue  # unreadable: fetched here once the fetcher is gone
-                response.cached = int(record.get("c") or 0)
-                if response.cached:
-                    self.from_cache += 1
-                self._finish(job, response=response)
-                left[0] -= 1
-            return True
-
-        try:
-            while self.aborted is None:
-                if not apply(reader.read()):
-                    return
-                if left[0] <= 0:
-                    return
-                if not self.follow.alive():
-                    if apply(reader.read()):  # what it wrote before it went
-                        self._stop_following()
-                    return
-                await asyncio.sleep(FEED_POLL_SECONDS)
-        finally:
-            reader.close()
-
-    def _stop_following(self) -> None:
-        """The fetcher is gone: this engine fetches what is left itself, wanted first."""
-        self.follow = None
-        for job in self._jobs:
-            if job.wanted and job.state == PLANNED and not job.future.done():
-                self._priority.append(job)
-        self._kick()
 
     async def _watcher(self, job: Job) -> None:
         """Poll for the entry another process is writing; take the job back if it gave up."""
