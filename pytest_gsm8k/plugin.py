@@ -295,13 +295,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # interpreter's final collection too, which the controller waits for.
     if not hasattr(config, "workerinput"):
         config.add_cleanup(gc.unfreeze)
-    if hasattr(config.option, "ignore_file_extensions"):
-        # syrupy would call the baseline an unused snapshot (see snapshot.py)
-        from pytest_gsm8k.snapshot import FILE_EXTENSION
-
-        ignored = list(config.option.ignore_file_extensions or [])
-        if FILE_EXTENSION not in ignored:
-            config.option.ignore_file_extensions = [*ignored, FILE_EXTENSION]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

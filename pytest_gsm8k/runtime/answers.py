@@ -43,6 +43,7 @@ class AnswerServer:
         self.requests = requests
         self.token = secrets.token_hex(16)
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()  # loop thread only
         self.address: tuple[str, int] = ("127.0.0.1", 0)
 
     def start(self) -> tuple[str, int]:
@@ -57,14 +58,26 @@ class AnswerServer:
         return self.address
 
     def close(self) -> None:
+        """Stop listening and end every open connection (before the engine closes)."""
         server = self._server
         if server is None:
             return
         self._server = None
+
+        async def shutdown() -> None:
+            server.close()
+            for task in list(self._handlers):
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+
         with contextlib.suppress(Exception):
-            self.engine.loop.call_soon_threadsafe(server.close)
+            asyncio.run_coroutine_threadsafe(shutdown(), self.engine.loop).result(5)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
         try:
             hello = json.loads(await reader.readline() or b"null")
             if not isinstance(hello, dict) or hello.get("token") != self.token:

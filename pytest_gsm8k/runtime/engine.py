@@ -236,7 +236,9 @@ class Engine:
         self._closed = True
 
         async def shutdown() -> None:
-            tasks = [*self._workers, *self._side_tasks]
+            # every task on the loop: the engine's and any a caller put there (a server)
+            current = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not current]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
