@@ -71,7 +71,7 @@ MODEL = "fake-model"
 # ---------------------------------------------------------------------------- the reference
 
 
-REFERENCE = r'''
+REFERENCE = r"""
 import asyncio, json, re, sys
 from openai import AsyncOpenAI
 
@@ -105,7 +105,7 @@ async def main(base_url, path, concurrency):
 
 
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
-'''
+"""
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -167,7 +167,6 @@ def measure_main(argv: list[str]) -> int:
     proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
 
     def sample() -> None:
-        main = ""
         while not stop.is_set():
             for pid in _descendants(proc.pid):
                 got = _hwm_kb(pid)
@@ -175,8 +174,6 @@ def measure_main(argv: list[str]) -> int:
                     # read each time: a process between fork and exec still shows its
                     # parent's command line
                     label = _cmdline(pid) or peaks.get(pid, ("", 0))[0]
-                    if pid == proc.pid:
-                        main = label
                     peaks[pid] = (label, got[1])
             stop.wait(0.02)
 
@@ -187,12 +184,16 @@ def measure_main(argv: list[str]) -> int:
     stop.set()
     sampler.join()
     children_max = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KB on Linux
-    print(json.dumps({
-        "rc": rc,
-        "wall": wall,
-        "children_max_kb": children_max,
-        "peaks": {str(pid): [label, kb] for pid, (label, kb) in peaks.items()},
-    }))
+    print(
+        json.dumps(
+            {
+                "rc": rc,
+                "wall": wall,
+                "children_max_kb": children_max,
+                "peaks": {str(pid): [label, kb] for pid, (label, kb) in peaks.items()},
+            }
+        )
+    )
     return 0
 
 
@@ -202,9 +203,7 @@ def _classify(label: str) -> str:
     return "main"
 
 
-def run_measured(
-    argv: list[str], *, cwd: Path, env: dict[str, str], log: Path
-) -> dict[str, Any]:
+def run_measured(argv: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> dict[str, Any]:
     wrapper = [sys.executable, str(Path(__file__).resolve()), "--measure", "--", *argv]
     child_env = dict(env, BENCH_CWD=str(cwd), BENCH_LOG=str(log))
     done = subprocess.run(wrapper, env=child_env, capture_output=True, text=True, check=True)
@@ -214,8 +213,9 @@ def run_measured(
     result["main_mb"] = max(mains, default=0) / 1024
     result["worker_mb"] = max(workers, default=0) / 1024
     result["workers"] = len(workers)
-    result["max_mb"] = max(result["children_max_kb"], *(kb for _, kb in
-                                                       result["peaks"].values())) / 1024
+    result["max_mb"] = (
+        max(result["children_max_kb"], *(kb for _, kb in result["peaks"].values())) / 1024
+    )
     return result
 
 
@@ -248,16 +248,21 @@ def server_counts(root: str) -> tuple[int, int]:
 
 def configurations(base_url: str, data: Path) -> list[tuple[str, list[str]]]:
     pytest_cmd = [
-        sys.executable, "-m", "pytest",
+        sys.executable,
+        "-m",
+        "pytest",
         f"--gsm8k-model={MODEL}",
         f"--gsm8k-base-url={base_url}",
         f"--gsm8k-concurrency={CONCURRENCY}",
         "--gsm8k-no-cache",
-        "-p", "no:cacheprovider",
+        "-p",
+        "no:cacheprovider",
     ]
     return [
-        ("reference", [sys.executable, "-c", REFERENCE, base_url, str(data / "test.jsonl"),
-                       str(CONCURRENCY)]),
+        (
+            "reference",
+            [sys.executable, "-c", REFERENCE, base_url, str(data / "test.jsonl"), str(CONCURRENCY)],
+        ),
         ("plugin", pytest_cmd),
         ("plugin -n 2", [*pytest_cmd, "-n", "2"]),
     ]
@@ -288,8 +293,10 @@ def bench_latency(
                 )
                 if not measured["ok"]:
                     tail = "\n".join(text.splitlines()[-15:])
-                    print(f"!! {name} (latency {latency:g}) failed, rc={measured['rc']}:\n{tail}",
-                          file=sys.stderr)
+                    print(
+                        f"!! {name} (latency {latency:g}) failed, rc={measured['rc']}:\n{tail}",
+                        file=sys.stderr,
+                    )
                 if round_ == 0:
                     continue
                 results.setdefault(name, []).append(measured)
@@ -297,7 +304,8 @@ def bench_latency(
                     f"  latency {latency:g} s, round {round_}: {name:<12} "
                     f"{measured['wall']:6.2f} s  main {measured['main_mb']:4.0f} MB  "
                     f"worker {measured['worker_mb']:4.0f} MB  requests {sent}",
-                    file=sys.stderr, flush=True,
+                    file=sys.stderr,
+                    flush=True,
                 )
     finally:
         stop_subprocess(proc)
@@ -313,8 +321,10 @@ def summarize(
         f"{rounds} round(s), peak RSS = max over the rounds",
         "",
     ]
-    header = (f"| {'latency':>7} | {'run':<12} | {'wall s':>6} | {'min..max s':>12} | "
-              f"{'x ref':>5} | {'peak RSS MB (main / worker)':>27} | {'requests':>8} |")
+    header = (
+        f"| {'latency':>7} | {'run':<12} | {'wall s':>6} | {'min..max s':>12} | "
+        f"{'x ref':>5} | {'peak RSS MB (main / worker)':>27} | {'requests':>8} |"
+    )
     lines.append(header)
     lines.append("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
     ok = True
@@ -343,8 +353,10 @@ def summarize(
         target = 1.15 if latency > 0 else 2.0
         ratio = medians["plugin"] / ref
         ok &= ratio <= target
-        verdicts.append(f"  {ms}: plugin {ratio:.2f}x the reference (target <= {target}x): "
-                        f"{'OK' if ratio <= target else 'MISS'}")
+        verdicts.append(
+            f"  {ms}: plugin {ratio:.2f}x the reference (target <= {target}x): "
+            f"{'OK' if ratio <= target else 'MISS'}"
+        )
         if "plugin -n 2" in medians:
             spread = medians["plugin -n 2"]
             if latency > 0:
@@ -353,18 +365,27 @@ def summarize(
                 verdicts.append(
                     f"  {ms}: plugin -n 2 {spread:.2f} s vs {medians['plugin']:.2f} s without "
                     f"xdist ({spread / medians['plugin']:.2f}x; target <= 1.05x): "
-                    f"{'OK' if hit else 'MISS'}")
+                    f"{'OK' if hit else 'MISS'}"
+                )
             notes.append(f"  {ms}: plugin -n 2 is {spread / ref:.2f}x the reference")
         for name in ("plugin", "plugin -n 2"):
             if name in peaks:
                 hit = peaks[name] <= 120
                 ok &= hit
-                verdicts.append(f"  {ms}: {name} peak RSS {peaks[name]:.0f} MB per process "
-                                f"(target <= 120 MB): {'OK' if hit else 'MISS'}")
-    exact_all = all(r["requests"] == problems and r["worst"] == 1
-                    for res in all_results.values() for runs in res.values() for r in runs)
-    verdicts.append(f"  every run: server-side completion requests == {problems}, none asked "
-                    f"twice: {'OK' if exact_all else 'MISS'}")
+                verdicts.append(
+                    f"  {ms}: {name} peak RSS {peaks[name]:.0f} MB per process "
+                    f"(target <= 120 MB): {'OK' if hit else 'MISS'}"
+                )
+    exact_all = all(
+        r["requests"] == problems and r["worst"] == 1
+        for res in all_results.values()
+        for runs in res.values()
+        for r in runs
+    )
+    verdicts.append(
+        f"  every run: server-side completion requests == {problems}, none asked "
+        f"twice: {'OK' if exact_all else 'MISS'}"
+    )
     lines += ["", "targets:", *verdicts, "for information:", *notes]
     return "\n".join(lines), ok
 
@@ -374,11 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--measure"]:
         return measure_main(args[2:] if args[1:2] == ["--"] else args[1:])
     parser = argparse.ArgumentParser(description="pytest-gsm8k vs the leanest client")
-    parser.add_argument("--latency", type=float, action="append",
-                        help="server latency in seconds (repeatable; default 0 and 0.2)")
+    parser.add_argument(
+        "--latency",
+        type=float,
+        action="append",
+        help="server latency in seconds (repeatable; default 0 and 0.2)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per configuration")
-    parser.add_argument("--as-is", action="store_true",
-                        help="keep PYTHONDONTWRITEBYTECODE etc. as they are (no bytecode cache)")
+    parser.add_argument(
+        "--as-is",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE etc. as they are (no bytecode cache)",
+    )
     opts = parser.parse_args(args)
     latencies = opts.latency or [0.0, 0.2]
     problems = sum(1 for line in (DATA / "test.jsonl").open(encoding="utf-8") if line.strip())
@@ -391,14 +419,19 @@ def main(argv: list[str] | None = None) -> int:
         if not opts.as_is:
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
-        print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-              f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
+        print(
+            f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.2f}",
+            file=sys.stderr,
+        )
         all_results = {}
         for latency in latencies:
             all_results[latency] = bench_latency(latency, opts.rounds, env, work, problems)
         table, ok = summarize(all_results, problems, opts.rounds)
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-          f"load average after: {os.getloadavg()[0]:.2f}")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+        f"load average after: {os.getloadavg()[0]:.2f}"
+    )
     print(table)
     return 0 if ok else 1
 

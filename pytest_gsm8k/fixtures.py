@@ -31,8 +31,10 @@ class GSM8KOutcome:
     response = property(lambda self: str(self.record["response"]))
 
     def __repr__(self) -> str:
-        return (f"GSM8KOutcome({self.record['id']}: {self.outcome}, extracted={self.extracted!r}, "
-                f"gold={self.gold!r})")
+        return (
+            f"GSM8KOutcome({self.record['id']}: {self.outcome}, extracted={self.extracted!r}, "
+            f"gold={self.gold!r})"
+        )
 
 
 @pytest.fixture
@@ -99,9 +101,11 @@ def gsm8k_outcome(
     record["endpoint"] = safe_url(source.endpoint)
     record["model"] = record["model"] or source.model
     item.stash[RECORD_KEY] = record
-    item.user_properties.extend([
-        ("gsm8k_outcome", record["outcome"]),
-        ("gsm8k_extracted", record["extracted"]),
-        ("gsm8k_gold", record["gold"]),
-    ])
+    item.user_properties.extend(
+        [
+            ("gsm8k_outcome", record["outcome"]),
+            ("gsm8k_extracted", record["extracted"]),
+            ("gsm8k_gold", record["gold"]),
+        ]
+    )
     return GSM8KOutcome(record)

@@ -44,13 +44,15 @@ def apply_baseline(
         from pytest_gsm8k.snapshot import serialize
 
         write_atomic(path, serialize(bl.build(report)))
-        summary.notes.append(f"  baseline written: {shown_path} (n={summary.n}, "
-                             f"accuracy {summary.accuracy:.4f})")
+        summary.notes.append(
+            f"  baseline written: {shown_path} (n={summary.n}, accuracy {summary.accuracy:.4f})"
+        )
         summary.extra["baseline"] = {"path": shown_path, "written": True}
         return
     if not path.exists():
-        message = (f"no baseline at {shown_path}; record one with: pytest <same options> "
-                   "--snapshot-update")
+        message = (
+            f"no baseline at {shown_path}; record one with: pytest <same options> --snapshot-update"
+        )
         if settings.require_baseline:
             summary.add_gate("baseline", False, message + " (--gsm8k-require-baseline)")
         else:
@@ -73,8 +75,11 @@ def apply_baseline(
     if cmp.shared == 0:
         summary.add_gate("baseline", False, f"no problem id in common with {shown_path}")
         return
-    where = (f"on the {cmp.shared} problems shared with the baseline's {cmp.baseline_n} (subset)"
-             if cmp.subset else f"on {cmp.shared} problems")
+    where = (
+        f"on the {cmp.shared} problems shared with the baseline's {cmp.baseline_n} (subset)"
+        if cmp.subset
+        else f"on {cmp.shared} problems"
+    )
     summary.notes.append(
         f"  baseline {shown_path}: {cmp.baseline_acc:.4f} -> {cmp.current_acc:.4f} {where}; "
         f"diff {cmp.diff:+.4f} [95% CI {cmp.low:+.4f}, {cmp.high:+.4f}]"
@@ -85,19 +90,26 @@ def apply_baseline(
     )
     if cmp.newly_failing:
         shown = ", ".join(cmp.newly_failing[:SHOWN_IDS])
-        more = f" (+{len(cmp.newly_failing) - SHOWN_IDS} more in the JSON report)" if len(
-            cmp.newly_failing) > SHOWN_IDS else ""
+        more = (
+            f" (+{len(cmp.newly_failing) - SHOWN_IDS} more in the JSON report)"
+            if len(cmp.newly_failing) > SHOWN_IDS
+            else ""
+        )
         summary.notes.append(f"  newly failing: {shown}{more}")
     drop = cmp.baseline_acc - cmp.current_acc
     if settings.alpha is not None:
         passed = cmp.p_value >= settings.alpha
-        detail = (f"McNemar p={cmp.p_value:.4g} {'>=' if passed else '<'} --gsm8k-alpha "
-                  f"{settings.alpha:g} ({len(cmp.newly_failing)} newly failing)")
+        detail = (
+            f"McNemar p={cmp.p_value:.4g} {'>=' if passed else '<'} --gsm8k-alpha "
+            f"{settings.alpha:g} ({len(cmp.newly_failing)} newly failing)"
+        )
     else:
         passed = drop <= settings.max_drop + 1e-12
-        detail = (f"accuracy {cmp.current_acc:.4f} vs baseline {cmp.baseline_acc:.4f}: drop "
-                  f"{max(drop, 0.0):.4f} {'<=' if passed else '>'} --gsm8k-max-drop "
-                  f"{settings.max_drop:g}")
+        detail = (
+            f"accuracy {cmp.current_acc:.4f} vs baseline {cmp.baseline_acc:.4f}: drop "
+            f"{max(drop, 0.0):.4f} {'<=' if passed else '>'} --gsm8k-max-drop "
+            f"{settings.max_drop:g}"
+        )
     summary.add_gate("baseline", passed, detail)
 
 
@@ -105,8 +117,10 @@ def markdown(summary: Summary, questions: dict[str, str]) -> str:
     """The GitHub step summary: headline, gates, newly failing problems."""
     lines = [f"### {summary.headline()}", ""]
     counts = ", ".join(f"{v} {k}" for k, v in summary.counts().items() if v)
-    lines.append(f"Outcomes: {counts}. Model `{summary.model}`, dataset "
-                 f"`{summary.dataset['config']}/{summary.dataset['split']}`.")
+    lines.append(
+        f"Outcomes: {counts}. Model `{summary.model}`, dataset "
+        f"`{summary.dataset['config']}/{summary.dataset['split']}`."
+    )
     lines.append("")
     if summary.gates:
         lines += ["| gate | result | detail |", "| --- | --- | --- |"]

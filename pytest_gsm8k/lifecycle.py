@@ -50,12 +50,16 @@ def overrides_present(session: pytest.Session) -> bool:
     ours = {id(fixtures.gsm8k_model), id(fixtures.gsm8k_protocol)}
 
     def defines(obj: object) -> bool:
-        return any(id(getattr(obj, n, None)) not in ours and getattr(obj, n, None) is not None
-                   for n in names)
+        return any(
+            id(getattr(obj, n, None)) not in ours and getattr(obj, n, None) is not None
+            for n in names
+        )
 
-    if any(defines(plugin) for plugin in session.config.pluginmanager.get_plugins()
-           if plugin is not None and not getattr(plugin, "__name__", "").startswith(
-               "pytest_gsm8k")):
+    if any(
+        defines(plugin)
+        for plugin in session.config.pluginmanager.get_plugins()
+        if plugin is not None and not getattr(plugin, "__name__", "").startswith("pytest_gsm8k")
+    ):
         return True
     for item in session.items:
         for holder in (getattr(item, "module", None), getattr(item, "cls", None)):
@@ -74,7 +78,8 @@ def start_early(state: State, session: pytest.Session) -> None:
     config = session.config
     idle = config.option.collectonly or getattr(config.option, "setupplan", False)
     broken = session.testsfailed and not getattr(
-        config.option, "continue_on_collection_errors", False)
+        config.option, "continue_on_collection_errors", False
+    )
     if not state.planned or not state.model_name or idle or broken:
         return
     if overrides_present(session):
@@ -89,14 +94,18 @@ def start_early(state: State, session: pytest.Session) -> None:
         client = state.default_client()
         wait = state.settings.timeout * (state.settings.max_retries + 1) + REMOTE_WAIT_SLACK
         try:
-            state.remote = RemoteAnswers((str(address[0]), int(address[1])),
-                                         str(workerinput["gsm8k_answers_token"]),
-                                         endpoint=client.endpoint, model=client.model,
-                                         wait=wait)
+            state.remote = RemoteAnswers(
+                (str(address[0]), int(address[1])),
+                str(workerinput["gsm8k_answers_token"]),
+                endpoint=client.endpoint,
+                model=client.model,
+                wait=wait,
+            )
             state.remote.offer([p.id for p in state.planned])
         except OSError as exc:
             raise pytest.UsageError(
-                f"gsm8k: cannot reach the xdist controller's answers ({exc})") from None
+                f"gsm8k: cannot reach the xdist controller's answers ({exc})"
+            ) from None
         return
     state.engine_for(state.default_client())
 
@@ -124,10 +133,16 @@ def start_local(state: State) -> None:
         path = local.resolve_model(state.settings.model or "local")
         log = state.run_dir / "llama-server.log"
         # room for a 5-shot prompt (~1,000 tokens) plus the answer
-        n_ctx = state.settings.local_ctx or max(local.DEFAULT_N_CTX,
-                                                1536 + state.settings.max_tokens)
-        server = local.start_local_server(path, alias=local.DEFAULT_ALIAS, log_path=log,
-                                          n_ctx=n_ctx, threads=state.settings.local_threads)
+        n_ctx = state.settings.local_ctx or max(
+            local.DEFAULT_N_CTX, 1536 + state.settings.max_tokens
+        )
+        server = local.start_local_server(
+            path,
+            alias=local.DEFAULT_ALIAS,
+            log_path=log,
+            n_ctx=n_ctx,
+            threads=state.settings.local_threads,
+        )
     except local.LocalServerError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     state.local_server = server
@@ -137,12 +152,19 @@ def start_local(state: State) -> None:
         server.stop(timeout=2.0)
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     server.watch(state.server_died)
-    state.local_info = {"pid": server.pid, "gguf": str(path), "base_url": server.base_url,
-                        "model": server.model, "startup_seconds": round(server.startup_seconds, 2)}
+    state.local_info = {
+        "pid": server.pid,
+        "gguf": str(path),
+        "base_url": server.base_url,
+        "model": server.model,
+        "startup_seconds": round(server.startup_seconds, 2),
+    }
     reporter = state.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"gsm8k: serving {path.name} with llama.cpp at {server.base_url} "
-                            f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)")
+        reporter.write_line(
+            f"gsm8k: serving {path.name} with llama.cpp at {server.base_url} "
+            f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)"
+        )
     state.base_url = server.base_url
     state.model_name = server.model
 

@@ -59,20 +59,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gsm8k", "GSM8K evaluation (pytest-gsm8k)")
     for option in OPTIONS:
         if option.kind == "bool":
-            group.addoption(option.flag, action="store_true", default=None, dest=option.dest,
-                            help=option.help)
+            group.addoption(
+                option.flag, action="store_true", default=None, dest=option.dest, help=option.help
+            )
             # A string, converted by settings: pytest's own "bool" conversion fails with a
             # message that does not name the option (pytest 9.2: a bare UsageError).
             parser.addini(option.dest, option.help, default=None)
         elif option.kind == "list":
-            group.addoption(option.flag, action="append", default=None, dest=option.dest,
-                            metavar=option.metavar, help=option.help)
+            group.addoption(
+                option.flag,
+                action="append",
+                default=None,
+                dest=option.dest,
+                metavar=option.metavar,
+                help=option.help,
+            )
             parser.addini(option.dest, option.help, type="linelist", default=None)
         else:
             shown = f" (default {option.default})" if option.default not in (None, "") else ""
-            group.addoption(option.flag, default=None, dest=option.dest,
-                            metavar=option.metavar or option.name.upper(),
-                            help=option.help + shown)
+            group.addoption(
+                option.flag,
+                default=None,
+                dest=option.dest,
+                metavar=option.metavar or option.name.upper(),
+                help=option.help + shown,
+            )
             parser.addini(option.dest, option.help, default=None)
 
 
@@ -153,8 +164,9 @@ class StatePlugin:
             return
         from pytest_gsm8k import builtin
 
-        module = BuiltinModule.from_parent(session, path=Path(builtin.__file__),
-                                           nodeid=BUILTIN_NODEID)
+        module = BuiltinModule.from_parent(
+            session, path=Path(builtin.__file__), nodeid=BUILTIN_NODEID
+        )
         items.extend(session.genitems(module))
 
     @pytest.hookimpl(trylast=True)

@@ -160,8 +160,11 @@ class State:
                     pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
                     source = f"train (seed {s.seed})"
                 evaluated = {p.question for p in self.split().problems}
-                pool = [Exemplar(p.question, p.answer) for p in pool_split.problems
-                        if p.question not in evaluated]  # never show a test problem as a shot
+                pool = [
+                    Exemplar(p.question, p.answer)
+                    for p in pool_split.problems
+                    if p.question not in evaluated
+                ]  # never show a test problem as a shot
                 shots = s.shots if s.shots else len(pool)
                 try:
                     exemplars = draw_exemplars(pool, shots, s.seed)
@@ -253,8 +256,9 @@ class State:
                 raise pytest.UsageError(
                     f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
                 )
-            client = CallableClient(model, concurrency=self.concurrency(),
-                                    model=self.settings.model)
+            client = CallableClient(
+                model, concurrency=self.concurrency(), model=self.settings.model
+            )
         claims = self.is_worker  # a user's model exists in every worker: share by claims
         engine = Engine(
             client,
@@ -277,10 +281,13 @@ class State:
         if self.model_scopes.get(id(model), "session") != "session":
             if not self._warned_scope:
                 self._warned_scope = True
-                warnings.warn(pytest.PytestWarning(
-                    "gsm8k: gsm8k_model is not session-scoped: each item calls it for its own "
-                    "problem only, nothing is prefetched (make it session-scoped for speed)"),
-                    stacklevel=3)
+                warnings.warn(
+                    pytest.PytestWarning(
+                        "gsm8k: gsm8k_model is not session-scoped: each item calls it for its own "
+                        "problem only, nothing is prefetched (make it session-scoped for speed)"
+                    ),
+                    stacklevel=3,
+                )
             return self._one_shot(model), True
         return self.engine_for(model), False
 
@@ -288,8 +295,11 @@ class State:
         from pytest_gsm8k.runtime.client import CallableClient
         from pytest_gsm8k.runtime.engine import Engine
 
-        client = model if hasattr(model, "complete") else CallableClient(
-            model, concurrency=1, model=self.settings.model)
+        client = (
+            model
+            if hasattr(model, "complete")
+            else CallableClient(model, concurrency=1, model=self.settings.model)
+        )
         return Engine(client, self.cache(False), concurrency=1, claims=False)
 
     def server_died(self, message: str) -> None:

@@ -54,7 +54,8 @@ def gsm8k_args(server: FakeOpenAIServer) -> list[str]:
     return [
         "--gsm8k-model=fake-model",
         f"--gsm8k-base-url={server.base_url}",
-        "-p", "no:randomly",
+        "-p",
+        "no:randomly",
     ]
 
 
@@ -79,17 +80,22 @@ def hub_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "main").mkdir(parents=True)
     gsm8k_data = data_dir()
     for split in ("test", "train"):
-        rows = [json.loads(line) for line in
-                (gsm8k_data / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
-                if line.strip()]
-        table = pa.table({"question": [r["question"] for r in rows],
-                          "answer": [r["answer"] for r in rows]})
+        rows = [
+            json.loads(line)
+            for line in (gsm8k_data / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
+        table = pa.table(
+            {"question": [r["question"] for r in rows], "answer": [r["answer"] for r in rows]}
+        )
         pq.write_table(table, root / "main" / f"{split}-00000-of-00001.parquet")
     # The dataset card's configs, as on the hub: load_dataset(root, "main") reads them.
     (root / "README.md").write_text(
         "---\nconfigs:\n- config_name: main\n  data_files:\n"
         "  - split: train\n    path: main/train-*\n  - split: test\n    path: main/test-*\n"
-        "---\n", encoding="utf-8")
+        "---\n",
+        encoding="utf-8",
+    )
     return root
 
 

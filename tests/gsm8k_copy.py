@@ -18,8 +18,11 @@ from pathlib import Path
 from pytest_gsm8k.runtime.data import EMBEDDED
 
 #: the file names of openai/grade-school-math's data folder
-FILE_NAMES = {("main", "test"): "test.jsonl", ("main", "train"): "train.jsonl",
-              ("socratic", "test"): "test_socratic.jsonl"}
+FILE_NAMES = {
+    ("main", "test"): "test.jsonl",
+    ("main", "train"): "train.jsonl",
+    ("socratic", "test"): "test_socratic.jsonl",
+}
 
 
 def write_copy(folder: Path) -> Path:

@@ -50,33 +50,42 @@ def test_identical_rerun_passes(
 ) -> None:
     result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache")
     assert result.ret == 0
-    result.stdout.fnmatch_lines([
-        "*1.0000 -> 1.0000 on 50 problems*",
-        "*0 newly failing, 0 newly passing; McNemar one-sided p=1*",
-        "*gate baseline: PASS*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*1.0000 -> 1.0000 on 50 problems*",
+            "*0 newly failing, 0 newly passing; McNemar one-sided p=1*",
+            "*gate baseline: PASS*",
+        ]
+    )
 
 
 def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str],
-    server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    pytester: pytest.Pytester,
+    recorded: list[int],
+    gsm8k_args: list[str],
+    server: FakeOpenAIServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     flipped = recorded[5:8]
     server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
     summary_md = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary_md))
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=r.json",
-                                "--junitxml=junit.xml")
+    result = pytester.runpytest(
+        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=r.json", "--junitxml=junit.xml"
+    )
     assert result.ret == 1
     ids = ", ".join(f"test-{i:04d}" for i in flipped)
     # exact one-sided McNemar: 3 newly failing, 0 newly passing -> P(X >= 3 | Bin(3, 1/2)) = 1/8
-    result.stdout.fnmatch_lines([
-        "*1.0000 -> 0.9400 on 50 problems; diff -0.0600*",
-        "*3 newly failing, 0 newly passing; McNemar one-sided p=0.125*",
-        f"*newly failing: {ids}",
-        "*gate baseline: FAIL: accuracy 0.9400 vs baseline 1.0000: drop 0.0600 > "
-        "--gsm8k-max-drop 0*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*1.0000 -> 0.9400 on 50 problems; diff -0.0600*",
+            "*3 newly failing, 0 newly passing; McNemar one-sided p=0.125*",
+            f"*newly failing: {ids}",
+            "*gate baseline: FAIL: accuracy 0.9400 vs baseline 1.0000: drop 0.0600 > "
+            "--gsm8k-max-drop 0*",
+        ]
+    )
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["baseline"]["newly_failing"] == [f"test-{i:04d}" for i in flipped]
     assert report["baseline"]["mcnemar_p"] == pytest.approx(0.125)
@@ -115,12 +124,16 @@ def test_subset_run_is_compared_on_its_subset(
 def test_protocol_mismatch_is_refused(
     pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-max-tokens=512",
-                                f"--gsm8k-baseline={BASELINE}")
+    result = pytester.runpytest(
+        *gsm8k_args, LIMIT, "--gsm8k-max-tokens=512", f"--gsm8k-baseline={BASELINE}"
+    )
     assert result.ret == 1
-    result.stdout.fnmatch_lines([
-        f"*gate baseline: FAIL: refused to compare with {BASELINE}: protocol max_tokens is 512 "
-        "here but 1024 in the baseline*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"*gate baseline: FAIL: refused to compare with {BASELINE}: protocol max_tokens is 512 "
+            "here but 1024 in the baseline*"
+        ]
+    )
 
 
 def test_corrupt_baseline_is_named(
@@ -139,8 +152,9 @@ def test_missing_baseline_is_a_note_unless_required(
 ) -> None:
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5")
     assert result.ret == 0
-    result.stdout.fnmatch_lines([f"*baseline: no baseline at {BASELINE}; record one with: *"
-                                 "--snapshot-update"])
+    result.stdout.fnmatch_lines(
+        [f"*baseline: no baseline at {BASELINE}; record one with: *--snapshot-update"]
+    )
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-require-baseline")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*gate baseline: FAIL: no baseline at*--gsm8k-require-baseline*"])
@@ -152,11 +166,17 @@ def test_update_after_errors_refuses_to_write(
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-report=r.json")
     first = _ids(pytester)[0]
     server.set_script(Script(behaviours={first: "error500"}))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-no-cache",
-                                "--gsm8k-max-retries=0", "--snapshot-update")
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-limit=10",
+        "--gsm8k-no-cache",
+        "--gsm8k-max-retries=0",
+        "--snapshot-update",
+    )
     assert result.ret == 1
-    result.stdout.fnmatch_lines([
-        f"*gate baseline: FAIL: not written to {BASELINE}: 1 problems ended in an error*"])
+    result.stdout.fnmatch_lines(
+        [f"*gate baseline: FAIL: not written to {BASELINE}: 1 problems ended in an error*"]
+    )
     assert not (pytester.path / BASELINE).exists()
 
 
@@ -166,8 +186,9 @@ def test_both_gates_listed_and_named_baselines_side_by_side(
     result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.99")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*gate min-acc: PASS*", "*gate baseline: PASS*"])
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-baseline-name=release-41",
-                                "--snapshot-update")
+    result = pytester.runpytest(
+        *gsm8k_args, LIMIT, "--gsm8k-baseline-name=release-41", "--snapshot-update"
+    )
     assert (pytester.path / "__snapshots__" / "gsm8k" / "release-41.gsm8k").is_file()
     assert (pytester.path / BASELINE).is_file()
 
@@ -195,8 +216,9 @@ def test_same_result_with_xdist(
     server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
     outputs = []
     for extra in ([], ["-n", "2"]):
-        result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache",
-                                    "--gsm8k-report=r.json", *extra)
+        result = pytester.runpytest(
+            *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=r.json", *extra
+        )
         assert result.ret == 1
         report = json.loads((pytester.path / "r.json").read_text())
         outputs.append((report["baseline"], report["gates"]))

@@ -22,10 +22,17 @@ import pytest
 from pytest_gsm8k.core.types import Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 0.0,
-        "max_tokens": 1024}
-RESPONSE = {"completions": [{"text": "#### 4", "finish_reason": "stop", "reasoning": None}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2}, "model": "m"}
+BODY = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "q"}],
+    "temperature": 0.0,
+    "max_tokens": 1024,
+}
+RESPONSE = {
+    "completions": [{"text": "#### 4", "finish_reason": "stop", "reasoning": None}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    "model": "m",
+}
 
 
 def make(tmp_path: Path, run: str = "run1", persistent: bool = True) -> ResponseCache:
@@ -91,11 +98,14 @@ def test_background_writes_run_done_after_the_entry_is_on_disk(tmp_path: Path) -
     seen: list[bool] = []
     keys = [cache_key("u", {**BODY, "seed": i}, "0") for i in range(50)]
     for key in keys:
-        cache.submit([(key, BODY, RESPONSE)],
-                     done=lambda key=key: seen.append(cache.get(key) is not None))
+        cache.submit(
+            [(key, BODY, RESPONSE)], done=lambda key=key: seen.append(cache.get(key) is not None)
+        )
     both = threading.Event()
-    cache.submit([(cache_key("u", BODY, "1"), BODY, RESPONSE),
-                  (cache_key("u", BODY, "2"), BODY, RESPONSE)], done=both.set)
+    cache.submit(
+        [(cache_key("u", BODY, "1"), BODY, RESPONSE), (cache_key("u", BODY, "2"), BODY, RESPONSE)],
+        done=both.set,
+    )
     assert both.wait(10)
     assert cache.flush(10)
     assert seen == [True] * 50
@@ -122,12 +132,17 @@ def test_failed_write_is_a_warning_and_still_calls_done(tmp_path: Path) -> None:
         pytest.param(lambda raw: raw[: len(raw) // 2], id="truncated"),
         pytest.param(lambda raw: b"", id="empty"),
         pytest.param(lambda raw: b"\xff\xfe not json", id="garbage"),
-        pytest.param(lambda raw: json.dumps({"v": 1, "response": {"completions": []}}).encode(),
-                     id="no-completions"),
-        pytest.param(lambda raw: json.dumps({"v": 99, "response": RESPONSE}).encode(),
-                     id="other-schema"),
-        pytest.param(lambda raw: json.dumps(
-            {"v": 1, "response": {"completions": [{"text": 4}]}}).encode(), id="bad-text"),
+        pytest.param(
+            lambda raw: json.dumps({"v": 1, "response": {"completions": []}}).encode(),
+            id="no-completions",
+        ),
+        pytest.param(
+            lambda raw: json.dumps({"v": 99, "response": RESPONSE}).encode(), id="other-schema"
+        ),
+        pytest.param(
+            lambda raw: json.dumps({"v": 1, "response": {"completions": [{"text": 4}]}}).encode(),
+            id="bad-text",
+        ),
         pytest.param(lambda raw: raw.replace(b'"key":"', b'"key":"0'), id="another-key"),
     ],
 )
@@ -177,8 +192,11 @@ def holder(tmp_path: Path) -> Any:
     procs: list[subprocess.Popen[str]] = []
 
     def start(key: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "cache"), key],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(tmp_path / "cache"), key],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         procs.append(proc)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         return proc

@@ -114,8 +114,13 @@ def test_shared_folder_loads_the_official_test_split(test_split: Split) -> None:
     assert test_split.problems[42].id == "test-0042"
     assert all(isinstance(p.gold, Decimal) for p in test_split.problems)
     assert test_split.fingerprint == SHARED_TEST_FINGERPRINT
-    assert test_split.identity() == {"name": test_split.name, "config": "main", "split": "test",
-                                     "rows": 1319, "fingerprint": SHARED_TEST_FINGERPRINT}
+    assert test_split.identity() == {
+        "name": test_split.name,
+        "config": "main",
+        "split": "test",
+        "rows": 1319,
+        "fingerprint": SHARED_TEST_FINGERPRINT,
+    }
 
 
 def test_train_split_and_socratic_config(test_split: Split) -> None:
@@ -157,7 +162,7 @@ def test_crlf_and_bom_are_accepted(tmp_path: Path) -> None:
     ("line", "needle"),
     [
         ('{"question": "x", ', "not valid JSON"),
-        ('[1, 2]', "expected a JSON object"),
+        ("[1, 2]", "expected a JSON object"),
         ('{"answer": "#### 4"}', "missing or empty 'question'"),
         ('{"question": "  ", "answer": "#### 4"}', "missing or empty 'question'"),
         ('{"question": "q"}', "missing or empty 'answer'"),
@@ -175,8 +180,11 @@ def test_bad_row_names_file_and_line(tmp_path: Path, line: str, needle: str) -> 
 
 def test_non_utf8_line_is_a_dataset_error(tmp_path: Path) -> None:
     path = tmp_path / "latin1.jsonl"
-    path.write_bytes(json.dumps(rows(1)[0]).encode() + b"\n" +
-                     '{"question": "caf\u00e9", "answer": "#### 1"}\n'.encode("latin-1"))
+    path.write_bytes(
+        json.dumps(rows(1)[0]).encode()
+        + b"\n"
+        + '{"question": "caf\u00e9", "answer": "#### 1"}\n'.encode("latin-1")
+    )
     message = error_of(str(path))
     assert message.startswith(f"{path}:2: ") and "UTF-8" in message
 
@@ -214,8 +222,9 @@ def test_hub_failure_points_at_a_local_copy(monkeypatch: pytest.MonkeyPatch) -> 
     datasets = pytest.importorskip("datasets")
 
     def offline(*args: Any, **kwargs: Any) -> Any:
-        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)"
-                              "\nsecond line")
+        raise ConnectionError(
+            "Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nsecond line"
+        )
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     message = error_of(None, hub_name="openai/gsm8k")
@@ -286,10 +295,9 @@ def test_subset_order_is_a_seeded_permutation(test_split: Split) -> None:
 # -- the datasets path: a folder laid out like the hub repository ------------------------
 
 
-
-
-def test_hub_layout_folder_matches_jsonl(hub_folder: Path, hf_cache: Path,
-                                         test_split: Split) -> None:
+def test_hub_layout_folder_matches_jsonl(
+    hub_folder: Path, hf_cache: Path, test_split: Split
+) -> None:
     split = load_split(str(hub_folder))
     assert len(split.problems) == 1319
     assert split.fingerprint == test_split.fingerprint == SHARED_TEST_FINGERPRINT
@@ -301,8 +309,9 @@ def test_hub_layout_folder_matches_jsonl(hub_folder: Path, hf_cache: Path,
     assert any(hf_cache.rglob("*.arrow"))  # went through datasets, into the test's cache
 
 
-def test_single_parquet_file_and_bad_parquet(hub_folder: Path, hf_cache: Path,
-                                             tmp_path: Path) -> None:
+def test_single_parquet_file_and_bad_parquet(
+    hub_folder: Path, hf_cache: Path, tmp_path: Path
+) -> None:
     one = load_split(str(hub_folder / "main" / "test-00000-of-00001.parquet"))
     assert len(one.problems) == 1319
     bad = tmp_path / "bad.parquet"
@@ -316,7 +325,14 @@ def test_parquet_row_errors_name_the_row(hf_cache: Path, tmp_path: Path) -> None
     pq = pytest.importorskip("pyarrow.parquet")
     good = rows(2)
     path = tmp_path / "rows.parquet"
-    pq.write_table(pa.table({"question": [good[0]["question"], good[1]["question"]],
-                             "answer": [good[0]["answer"], "no hashes"]}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "question": [good[0]["question"], good[1]["question"]],
+                "answer": [good[0]["answer"], "no hashes"],
+            }
+        ),
+        path,
+    )
     message = error_of(str(path))
     assert str(path) in message and "row 1" in message and "####" in message

@@ -74,8 +74,9 @@ def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
     pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(latency=0.25))
-    result = pytester.runpytest(*args, "--gsm8k-limit=48", "--gsm8k-concurrency=12",
-                                "--gsm8k-no-cache")
+    result = pytester.runpytest(
+        *args, "--gsm8k-limit=48", "--gsm8k-concurrency=12", "--gsm8k-no-cache"
+    )
     assert result.ret == 0, output(result)
     stats = server.stats()
     assert stats["peak_in_flight"] == 12
@@ -85,8 +86,11 @@ def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
 def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
     pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
 ) -> None:
-    script = Script(behaviours={i: "wrong" for i in range(0, 1319, 7)}
-                    | {i: "unparsed" for i in range(3, 1319, 11)}, latency=0.1)
+    script = Script(
+        behaviours={i: "wrong" for i in range(0, 1319, 7)}
+        | {i: "unparsed" for i in range(3, 1319, 11)},
+        latency=0.1,
+    )
     server.set_script(script)
     run = [*args, "--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache"]
     plain = pytester.runpytest(*run, "--gsm8k-report=plain.json")
@@ -111,17 +115,27 @@ def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
 
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_a_request_failing_after_retries_is_asked_no_more_than_the_retries(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    args: list[str],
+    keyed_env: str,
     xdist: list[str],
 ) -> None:
     server.set_script(Script(behaviours={i: "error500" for i in range(0, 1319, 4)}))
-    result = pytester.runpytest(*args, *xdist, "--gsm8k-limit=24", "--gsm8k-max-retries=1",
-                                "--gsm8k-no-cache", "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        *args,
+        *xdist,
+        "--gsm8k-limit=24",
+        "--gsm8k-max-retries=1",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
     report = read_report(pytester.path / "r.json")
     failed = {p["index"] for p in report["problems"] if p["outcome"] == "error"}
     assert failed and failed == {p["index"] for p in report["problems"] if p["index"] % 4 == 0}
     assert {p["error"] for p in report["problems"] if p["outcome"] == "error"} == {
-        "HTTP 500 after retries: The server had an error (scripted)."}
+        "HTTP 500 after retries: The server had an error (scripted)."
+    }
     counts = per_problem(server)
     assert all(counts[i] == (2 if i in failed else 1) for i in counts), counts  # 1 + 1 retry
     assert result.ret != 0
@@ -135,8 +149,13 @@ def test_429_storm_with_retry_after_ends_with_every_answer(
 ) -> None:
     storm = {i: {"429": 4} for i in range(1319)}
     server.set_script(Script(fail_first=storm, retry_after=0.05))
-    result = pytester.runpytest(*args, "--gsm8k-limit=30", "--gsm8k-concurrency=10",
-                                "--gsm8k-no-cache", "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        *args,
+        "--gsm8k-limit=30",
+        "--gsm8k-concurrency=10",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
     assert result.ret == 0, output(result)
     report = read_report(pytester.path / "r.json")
     assert report["counts"]["correct"] == 30 and report["counts"]["error"] == 0
@@ -167,8 +186,9 @@ def test_server_dying_mid_run_fails_fast_with_one_message(
 ) -> None:
     server.set_script(Script(latency=0.02))
     server.die_after = 40
-    result = pytester.runpytest(*args, "--gsm8k-concurrency=16", "--gsm8k-no-cache",
-                                "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        *args, "--gsm8k-concurrency=16", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+    )
     report = read_report(pytester.path / "r.json")
     _one_message_failure(result, report)
     # The run stops at the first item whose answer died with the server; answers that arrived
@@ -190,8 +210,9 @@ def test_server_killed_under_xdist_fails_fast_with_one_message(
 
     killer = threading.Thread(target=kill_after_some_answers, daemon=True)
     killer.start()
-    result = pytester.runpytest(*args, "-n", "2", "--gsm8k-concurrency=16",
-                                "--gsm8k-no-cache", "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        *args, "-n", "2", "--gsm8k-concurrency=16", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+    )
     killer.join()
     _one_message_failure(result, read_report(pytester.path / "r.json"))
 
@@ -212,20 +233,32 @@ def _settle(server: FakeOpenAIServer) -> None:
 
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    args: list[str],
+    keyed_env: str,
     xdist: list[str],
 ) -> None:
     server.set_script(Script(latency=0.05))
     cache = pytester.path / "cache"
-    run = [*args, *xdist, "--gsm8k-limit=120", "--gsm8k-concurrency=4",
-           f"--gsm8k-cache-dir={cache}"]
+    run = [
+        *args,
+        *xdist,
+        "--gsm8k-limit=120",
+        "--gsm8k-concurrency=4",
+        f"--gsm8k-cache-dir={cache}",
+    ]
     # Its own process group, killed as a whole the way a CI runner kills a job; its
     # temporary run folder (left behind by the kill) goes under pytester's folder.
     (pytester.path / "tmp").mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", *run], cwd=pytester.path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(pytester.path / "tmp")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *run],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
+    )
     try:
         deadline = time.monotonic() + 30
         while len(entries(cache)) < 20 and time.monotonic() < deadline:
@@ -266,7 +299,8 @@ def test_rerun_of_a_finished_run_sends_nothing_and_reports_the_same(
     assert comparable(one) == comparable(two)
     assert two["from_cache"] == 40 and one["from_cache"] == 0
     assert [line for line in first.outlines if line.startswith(HEADLINE)] == [
-        line for line in second.outlines if line.startswith(HEADLINE)]
+        line for line in second.outlines if line.startswith(HEADLINE)
+    ]
 
 
 def test_corrupt_cache_entries_are_warned_about_and_re_requested(
@@ -305,7 +339,10 @@ def test_cache_never_holds_the_api_key(
 
 
 def test_another_protocol_or_model_never_hits_the_entries(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    args: list[str],
+    keyed_env: str,
     gsm8k_data: Path,
 ) -> None:
     run = [*args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache"]
@@ -321,8 +358,9 @@ def test_another_protocol_or_model_never_hits_the_entries(
     other.start()
     try:
         moved = [a for a in run if not a.startswith(("--gsm8k-model", "--gsm8k-base-url"))]
-        result = pytester.runpytest(*moved, "--gsm8k-model=other-model",
-                                    f"--gsm8k-base-url={other.base_url}")
+        result = pytester.runpytest(
+            *moved, "--gsm8k-model=other-model", f"--gsm8k-base-url={other.base_url}"
+        )
         assert result.ret == 0, output(result)
         assert sent(other) == 10
     finally:
@@ -374,9 +412,14 @@ def test_user_callables_are_prefetched_concurrently(
 ) -> None:
     pytester.makeconftest(CALLABLE_CONFTEST.replace("{KIND}", kind))
     pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
-    result = pytester.runpytest(f"--gsm8k-data={gsm8k_data}", "-p", "no:hypothesispytest",
-                                "--gsm8k-limit=40",
-                                "--gsm8k-concurrency=20", "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        f"--gsm8k-data={gsm8k_data}",
+        "-p",
+        "no:hypothesispytest",
+        "--gsm8k-limit=40",
+        "--gsm8k-concurrency=20",
+        "--gsm8k-report=r.json",
+    )
     assert result.ret == 0, output(result)
     state = eval((pytester.path / "calls.json").read_text())  # noqa: S307 - our own file
     assert state["calls"] == 40 and state["peak"] == 20
@@ -406,9 +449,16 @@ def test_xdist_workers_share_a_user_callable_without_calling_it_twice(
     monkeypatch.setenv("CALLS_FILE", str(calls))
     pytester.makeconftest(XDIST_CALLABLE_CONFTEST)
     pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
-    result = pytester.runpytest("-n", "2", f"--gsm8k-data={gsm8k_data}", "--gsm8k-limit=40",
-                                "--gsm8k-concurrency=8", "-p", "no:hypothesispytest",
-                                "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        "-n",
+        "2",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-limit=40",
+        "--gsm8k-concurrency=8",
+        "-p",
+        "no:hypothesispytest",
+        "--gsm8k-report=r.json",
+    )
     assert result.ret == 0, output(result)
     ids = calls.read_text().split()
     assert len(ids) == 40 and len(set(ids)) == 40  # each problem asked once, across workers
@@ -443,8 +493,9 @@ class ScriptedClient:
 
 
 def requests(n: int) -> list[Request]:
-    return [Request(problem_id=f"p{i:03d}", api="chat", messages=(("user", f"q{i}"),))
-            for i in range(n)]
+    return [
+        Request(problem_id=f"p{i:03d}", api="chat", messages=(("user", f"q{i}"),)) for i in range(n)
+    ]
 
 
 @pytest.fixture
@@ -483,7 +534,8 @@ def test_one_failed_request_is_that_items_error_only(memory_cache: ResponseCache
 
 
 def test_fatal_error_aborts_every_unfinished_item_with_one_message(
-    memory_cache: ResponseCache, server: FakeOpenAIServer,
+    memory_cache: ResponseCache,
+    server: FakeOpenAIServer,
 ) -> None:
     import openai
 

@@ -31,7 +31,6 @@ DATA = data_dir() / "test.jsonl"
 MODEL = "fake-model"
 
 
-
 @pytest.fixture(scope="module")
 def gsm8k() -> tuple[list[str], list[str]]:
     questions, golds, _ = load_gsm8k(DATA)

@@ -47,15 +47,31 @@ def test_local_model_end_to_end(tmp_path: Path, gsm8k_data: Path) -> None:
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTEST_"))}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--gsm8k-model=local", "--gsm8k-limit=10",
-         f"--gsm8k-report={report}", f"--gsm8k-data={gsm8k_data}", "-p", "no:randomly"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--gsm8k-model=local",
+            "--gsm8k-limit=10",
+            f"--gsm8k-report={report}",
+            f"--gsm8k-data={gsm8k_data}",
+            "-p",
+            "no:randomly",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     headline = re.search(
         r"^gsm8k acc \(test@1, 5-shot CoT, completions\) = (\d\.\d{4})  "
-        r"\[95% CI \d\.\d{4}-\d\.\d{4}\]  n=10$", out, re.M)
+        r"\[95% CI \d\.\d{4}-\d\.\d{4}\]  n=10$",
+        out,
+        re.M,
+    )
     assert headline, out[-3000:]
     data = json.loads(report.read_text())
     assert data["n"] == 10 and len(data["problems"]) == 10

@@ -14,8 +14,12 @@ from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 PROBLEM = Problem(index=7, split="test", question="q?", answer="... #### 18", gold=Decimal(18))
 
 
-def _score(*texts: str, protocol: Protocol | None = None, finish: str = "stop",
-           reasoning: str | None = None) -> dict:
+def _score(
+    *texts: str,
+    protocol: Protocol | None = None,
+    finish: str = "stop",
+    reasoning: str | None = None,
+) -> dict:
     response = ModelResponse(
         completions=[Completion(text=t, finish_reason=finish, reasoning=reasoning) for t in texts]
     )
@@ -44,8 +48,12 @@ def test_test_at_1_outcomes(text: str, outcome: str, extracted: str | None) -> N
 
 def test_flexible_is_scored_beside_strict() -> None:
     record = _score("She makes $18 a day.")
-    assert record["rules"] == {"strict": False, "answer-is": False, "boxed": False,
-                               "flexible": True}
+    assert record["rules"] == {
+        "strict": False,
+        "answer-is": False,
+        "boxed": False,
+        "flexible": True,
+    }
 
 
 def test_truncated_when_cut_and_not_correct() -> None:
@@ -71,20 +79,27 @@ def test_pass_and_maj_decisions() -> None:
 def _summary(records: list[dict], protocol: Protocol | None = None, split: str = "test") -> Summary:
     protocol = protocol or Protocol()
     return Summary(
-        protocol=protocol.identity(), label=protocol.label,
+        protocol=protocol.identity(),
+        label=protocol.label,
         dataset={"name": "x", "config": "main", "split": split, "rows": 4, "fingerprint": "f"},
-        subset={"limit": None, "seed": 1234, "of": 4}, model="m", endpoint="http://e",
-        records=records, expected=len(records),
+        subset={"limit": None, "seed": 1234, "of": 4},
+        model="m",
+        endpoint="http://e",
+        records=records,
+        expected=len(records),
     )
 
 
 def test_summary_counts_accuracy_interval_and_gate() -> None:
-    records = [_score("#### 18"), _score("#### 18"), _score("#### 1"),
-               error_record(PROBLEM, "HTTP 500 after retries")]
+    records = [
+        _score("#### 18"),
+        _score("#### 18"),
+        _score("#### 1"),
+        error_record(PROBLEM, "HTTP 500 after retries"),
+    ]
     summary = _summary(records)
     assert summary.accuracy == 0.5
-    assert summary.counts() == {"correct": 2, "wrong": 1, "unparsed": 0, "truncated": 0,
-                                "error": 1}
+    assert summary.counts() == {"correct": 2, "wrong": 1, "unparsed": 0, "truncated": 0, "error": 1}
     low, high = summary.interval()
     assert 0.15 < low < 0.5 < high < 0.85
     gate = summary.gate_min_acc(0.6)
@@ -93,14 +108,18 @@ def test_summary_counts_accuracy_interval_and_gate() -> None:
 
 
 def test_train_split_headline_says_not_reportable() -> None:
-    assert "train split: not a reportable number" in _summary([_score("#### 18")],
-                                                             split="train").headline()
+    assert (
+        "train split: not a reportable number"
+        in _summary([_score("#### 18")], split="train").headline()
+    )
 
 
 def test_pass_at_k_over_problems() -> None:
     protocol = Protocol(name="pass@4", samples=4, temperature=0.7)
-    records = [_score("#### 18", "#### 1", "#### 1", "#### 1", protocol=protocol),
-               _score("#### 1", "#### 1", "#### 1", "#### 1", protocol=protocol)]
+    records = [
+        _score("#### 18", "#### 1", "#### 1", "#### 1", protocol=protocol),
+        _score("#### 1", "#### 1", "#### 1", "#### 1", protocol=protocol),
+    ]
     pass_at = _summary(records, protocol).pass_at()
     assert pass_at["pass@1"] == pytest.approx((1 / 4 + 0) / 2)
     assert pass_at["pass@2"] == pytest.approx((1 / 2 + 0) / 2)

@@ -110,8 +110,20 @@ def outcome_map(report: dict[str, Any], outcome: str) -> set[int]:
 
 def projection(report: dict[str, Any]) -> dict[str, Any]:
     """The parts of a report that must not depend on how the run was scheduled."""
-    keys = ("accuracy", "correct", "n", "expected", "complete", "counts", "rules", "protocol",
-            "dataset", "subset", "gates", "model")
+    keys = (
+        "accuracy",
+        "correct",
+        "n",
+        "expected",
+        "complete",
+        "counts",
+        "rules",
+        "protocol",
+        "dataset",
+        "subset",
+        "gates",
+        "model",
+    )
     problems = [
         {k: p[k] for k in ("index", "id", "gold", "extracted", "correct", "outcome", "response")}
         for p in report["problems"]
@@ -119,8 +131,7 @@ def projection(report: dict[str, Any]) -> dict[str, Any]:
     return {**{k: report[k] for k in keys}, "problems": problems}
 
 
-def assert_one_line_error(result: pytest.RunResult, server: FakeOpenAIServer,
-                          *needles: str) -> str:
+def assert_one_line_error(result: pytest.RunResult, server: FakeOpenAIServer, *needles: str) -> str:
     """A usage error: one ``ERROR: gsm8k: ...`` line holding every needle, no traceback,
     nothing sent to the server."""
     text = output(result)
@@ -194,8 +205,9 @@ def test_full_split_all_correct_in_empty_directory(
     assert report["dataset"]["fingerprint"] == _split().fingerprint
     assert report["dataset"]["name"] == "embedded openai/gsm8k"
     assert report["model"] == "fake-model" and report["protocol"]["name"] == "test@1"
-    assert report["gates"] == [{"name": "min-acc", "passed": True, "detail": report["gates"][0][
-        "detail"]}]
+    assert report["gates"] == [
+        {"name": "min-acc", "passed": True, "detail": report["gates"][0]["detail"]}
+    ]
     result.stdout.fnmatch_lines([f"{HEADLINE}1.0000  [[]95% CI *]  n=1319", "*1319 correct*"])
     assert completions_sent(server) == 1319
     assert "Traceback" not in text
@@ -238,8 +250,10 @@ def test_full_split_gate_fails_and_xdist_gives_the_same_report(
         assert len(gate_lines) == 1, text
         assert "FAIL" in gate_lines[0] and f"{expected_acc:.4f}" in gate_lines[0]
         assert f"{HEADLINE}{expected_acc:.4f}" in text
-        assert (f"{1319 - bad} correct, {len(wrong)} wrong, {len(unparsed)} unparsed, "
-                f"{len(truncated)} truncated") in text
+        assert (
+            f"{1319 - bad} correct, {len(wrong)} wrong, {len(unparsed)} unparsed, "
+            f"{len(truncated)} truncated"
+        ) in text
     assert projection(first) == projection(second)
 
 
@@ -282,16 +296,32 @@ def test_known_wrong_set_marked_exactly_and_counts_line(
     assert outcome_map(report, "truncated") == truncated
     assert outcome_map(report, "correct") == set(chosen) - wrong - unparsed - truncated
     assert report["accuracy"] == 36 / 40 and report["correct"] == 36 and report["n"] == 40
-    assert report["counts"] == {"correct": 36, "wrong": 2, "unparsed": 1, "truncated": 1,
-                                "error": 0}
+    assert report["counts"] == {
+        "correct": 36,
+        "wrong": 2,
+        "unparsed": 1,
+        "truncated": 1,
+        "error": 0,
+    }
     for record in report["problems"]:
-        assert set(record) >= {"index", "id", "gold", "extracted", "correct", "outcome",
-                               "response", "usage"}
+        assert set(record) >= {
+            "index",
+            "id",
+            "gold",
+            "extracted",
+            "correct",
+            "outcome",
+            "response",
+            "usage",
+        }
         assert record["usage"]["completion_tokens"] > 0
     assert "36 correct, 2 wrong, 1 unparsed, 1 truncated" in result.outlines[-1]
     assert "outcomes: 36 correct, 2 wrong, 1 unparsed, 1 truncated" in text
-    progress = "".join(line.split()[1] for line in result.outlines
-                       if line.startswith("gsm8k ") and re.search(r"\[ *\d+%\]$", line))
+    progress = "".join(
+        line.split()[1]
+        for line in result.outlines
+        if line.startswith("gsm8k ") and re.search(r"\[ *\d+%\]$", line)
+    )
     assert sorted(progress) == sorted("." * 36 + "ww" + "u" + "t"), progress
     assert f"{HEADLINE}0.9000" in text and "n=40" in text
     assert "FAIL" not in text
@@ -303,8 +333,12 @@ def test_flexible_accuracy_reported_beside_strict(
     # A strict pattern nothing matches: strict (gating) 0, flexible still sees the numbers.
     chosen = selected(20)
     server.set_script(Script(behaviours={chosen[0]: "wrong", chosen[1]: "unparsed"}))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-report=r.json",
-                                r"--gsm8k-answer-regex=ANSWER=(\d+)")
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-limit=20",
+        "--gsm8k-report=r.json",
+        r"--gsm8k-answer-regex=ANSWER=(\d+)",
+    )
     assert result.ret == 0, output(result)
     report = read_report(pytester)
     assert report["accuracy"] == 0.0
@@ -319,8 +353,12 @@ def test_answer_regex_replaces_strict_pattern(
 ) -> None:
     chosen = selected(10)
     server.set_script(Script(behaviours={chosen[2]: "wrong"}))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-report=r.json",
-                                r"--gsm8k-answer-regex=The answer is (-?[\d,.]+)")
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-limit=10",
+        "--gsm8k-report=r.json",
+        r"--gsm8k-answer-regex=The answer is (-?[\d,.]+)",
+    )
     assert result.ret == 0, output(result)
     report = read_report(pytester)
     assert report["accuracy"] == 9 / 10
@@ -330,8 +368,7 @@ def test_answer_regex_replaces_strict_pattern(
 def test_train_split_is_not_a_reportable_number(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-split=train", "--gsm8k-limit=3", "--co",
-                                "-q")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-split=train", "--gsm8k-limit=3", "--co", "-q")
     assert result.ret == 0, output(result)
     ids = collected_ids(result)
     assert len(ids) == 3 and all(re.fullmatch(r"gsm8k::test_gsm8k\[train-\d{4}\]", i) for i in ids)
@@ -427,8 +464,9 @@ def test_ini_twins_and_command_line_wins(
     assert [g["passed"] for g in report["gates"]] == [False]
     assert "--gsm8k-min-acc 0.95" in output(result)
 
-    result = pytester.runpytest("-p", "no:randomly", "--gsm8k-min-acc=0.85",
-                                "--gsm8k-report=cli.json")
+    result = pytester.runpytest(
+        "-p", "no:randomly", "--gsm8k-min-acc=0.85", "--gsm8k-report=cli.json"
+    )
     assert result.ret == 0, output(result)
     report = read_report(pytester, "cli.json")
     assert report["gates"][0]["passed"] is True and "0.85" in report["gates"][0]["detail"]
@@ -440,15 +478,23 @@ def test_ini_twins_and_command_line_wins(
 def test_user_test_is_parametrized_without_model(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_data: Path, keyed_env: str
 ) -> None:
-    pytester.makepyfile(test_mine="""
+    pytester.makepyfile(
+        test_mine="""
         from decimal import Decimal
 
         def test_mine(gsm8k_problem):
             assert isinstance(gsm8k_problem.gold, Decimal)
             assert gsm8k_problem.id == f"test-{gsm8k_problem.index:04d}"
-    """)
-    result = pytester.runpytest(f"--gsm8k-data={gsm8k_data}", "--gsm8k-limit=7",
-                                f"--gsm8k-base-url={server.base_url}", "-v", "-p", "no:randomly")
+    """
+    )
+    result = pytester.runpytest(
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-limit=7",
+        f"--gsm8k-base-url={server.base_url}",
+        "-v",
+        "-p",
+        "no:randomly",
+    )
     assert result.ret == 0, output(result)
     result.assert_outcomes(passed=7)
     text = output(result)
@@ -461,8 +507,13 @@ def test_user_test_is_parametrized_without_model(
 def test_builtin_test_not_collected_without_model(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_data: Path, keyed_env: str
 ) -> None:
-    result = pytester.runpytest(f"--gsm8k-data={gsm8k_data}", f"--gsm8k-base-url={server.base_url}",
-                                "--gsm8k-min-acc=0.9", "-p", "no:randomly")
+    result = pytester.runpytest(
+        f"--gsm8k-data={gsm8k_data}",
+        f"--gsm8k-base-url={server.base_url}",
+        "--gsm8k-min-acc=0.9",
+        "-p",
+        "no:randomly",
+    )
     assert result.ret == int(pytest.ExitCode.NO_TESTS_COLLECTED), output(result)
     assert "gsm8k acc" not in output(result)
     assert server.stats()["requests_total"] == 0
@@ -479,7 +530,8 @@ def test_plain_suite_imports_neither_datasets_nor_openai(
 ) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
-    pytester.makepyfile(test_plain="""
+    pytester.makepyfile(
+        test_plain="""
         import sys
 
         def test_plain(pytestconfig):
@@ -487,7 +539,8 @@ def test_plain_suite_imports_neither_datasets_nor_openai(
             heavy = sorted(m for m in ("datasets", "openai", "httpx", "pyarrow")
                            if m in sys.modules)
             assert heavy == [], heavy
-    """)
+    """
+    )
     result = pytester.runpytest_subprocess("-p", "no:randomly")
     assert result.ret == 0, output(result)
     result.assert_outcomes(passed=1)
@@ -496,20 +549,29 @@ def test_plain_suite_imports_neither_datasets_nor_openai(
 
 @pytest.mark.parametrize("kind", ["sync", "async", "list"])
 def test_callable_model_override_is_gated(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_data: Path, keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_data: Path,
+    keyed_env: str,
     kind: str,
 ) -> None:
-    pytester.makeconftest(CALLABLE_CONFTEST.format(data=str(gsm8k_data / "test.jsonl"),
-                                                   kind=kind))
-    pytester.makepyfile(test_model="""
+    pytester.makeconftest(CALLABLE_CONFTEST.format(data=str(gsm8k_data / "test.jsonl"), kind=kind))
+    pytester.makepyfile(
+        test_model="""
         def test_model(gsm8k_outcome):
             assert gsm8k_outcome.outcome in ("correct", "wrong")
-    """)
+    """
+    )
     chosen = selected(30)
     wrong = {i for i in chosen if i % 3 == 0}
     accuracy = (30 - len(wrong)) / 30
-    args = [f"--gsm8k-data={gsm8k_data}", "--gsm8k-limit=30", "--gsm8k-report=r.json",
-            "-p", "no:randomly"]
+    args = [
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-limit=30",
+        "--gsm8k-report=r.json",
+        "-p",
+        "no:randomly",
+    ]
     result = pytester.runpytest(*args, f"--gsm8k-min-acc={accuracy + 0.001!r}")
     assert result.ret == 1, output(result)
     report = read_report(pytester)
@@ -521,21 +583,27 @@ def test_callable_model_override_is_gated(
     assert server.stats()["requests_total"] == 0  # the callable, not HTTP
 
 
-def test_report_written_on_keyboard_interrupt(
-    pytester: pytest.Pytester, gsm8k_data: Path
-) -> None:
-    pytester.makeconftest(CALLABLE_CONFTEST.format(data=str(gsm8k_data / "test.jsonl"),
-                                                   kind="sync"))
-    pytester.makepyfile(test_model="""
+def test_report_written_on_keyboard_interrupt(pytester: pytest.Pytester, gsm8k_data: Path) -> None:
+    pytester.makeconftest(
+        CALLABLE_CONFTEST.format(data=str(gsm8k_data / "test.jsonl"), kind="sync")
+    )
+    pytester.makepyfile(
+        test_model="""
         SEEN = []
 
         def test_model(gsm8k_outcome):
             SEEN.append(gsm8k_outcome)
             if len(SEEN) == 4:
                 raise KeyboardInterrupt
-    """)
-    result = pytester.runpytest_subprocess(f"--gsm8k-data={gsm8k_data}", "--gsm8k-limit=10",
-                                           "--gsm8k-report=r.json", "-p", "no:randomly")
+    """
+    )
+    result = pytester.runpytest_subprocess(
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-limit=10",
+        "--gsm8k-report=r.json",
+        "-p",
+        "no:randomly",
+    )
     assert result.ret == int(pytest.ExitCode.INTERRUPTED), output(result)
     report = read_report(pytester)
     assert report["complete"] is False and report["expected"] == 10
@@ -547,8 +615,9 @@ def test_report_written_when_gate_fails(
 ) -> None:
     chosen = selected(10)
     server.set_script(Script(behaviours={chosen[0]: "wrong"}))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-min-acc=0.95",
-                                "--gsm8k-report=out/r.json")
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=10", "--gsm8k-min-acc=0.95", "--gsm8k-report=out/r.json"
+    )
     assert result.ret == 1
     report = read_report(pytester, "out/r.json")
     assert report["complete"] is True and report["accuracy"] == 0.9
@@ -569,25 +638,43 @@ BAD_INPUTS: dict[str, tuple[dict[str, str], list[str], list[str]]] = {
     # name: (files to write, extra args, needles in the one error line)
     "bad-json-line": (
         {"bad.jsonl": _jsonl([*GOOD_ROWS, '{"question": "x", '])},
-        ["--gsm8k-data=bad.jsonl"], ["bad.jsonl:4", "not valid JSON"]),
+        ["--gsm8k-data=bad.jsonl"],
+        ["bad.jsonl:4", "not valid JSON"],
+    ),
     "row-without-hashes": (
-        {"nohash.jsonl": _jsonl([GOOD_ROWS[0], {"question": "q", "answer": "it is 4"},
-                                 GOOD_ROWS[1]])},
-        ["--gsm8k-data=nohash.jsonl"], ["nohash.jsonl:2", "####"]),
+        {
+            "nohash.jsonl": _jsonl(
+                [GOOD_ROWS[0], {"question": "q", "answer": "it is 4"}, GOOD_ROWS[1]]
+            )
+        },
+        ["--gsm8k-data=nohash.jsonl"],
+        ["nohash.jsonl:2", "####"],
+    ),
     "answer-not-a-number": (
-        {"nan.jsonl": _jsonl([GOOD_ROWS[0], GOOD_ROWS[1], {"question": "q",
-                                                           "answer": "so #### many"}])},
-        ["--gsm8k-data=nan.jsonl"], ["nan.jsonl:3", "many"]),
+        {
+            "nan.jsonl": _jsonl(
+                [GOOD_ROWS[0], GOOD_ROWS[1], {"question": "q", "answer": "so #### many"}]
+            )
+        },
+        ["--gsm8k-data=nan.jsonl"],
+        ["nan.jsonl:3", "many"],
+    ),
     "missing-question": (
         {"noq.jsonl": _jsonl([{"answer": "#### 4"}])},
-        ["--gsm8k-data=noq.jsonl"], ["noq.jsonl:1", "question"]),
+        ["--gsm8k-data=noq.jsonl"],
+        ["noq.jsonl:1", "question"],
+    ),
     "missing-file": ({}, ["--gsm8k-data=missing.jsonl"], ["--gsm8k-data", "missing.jsonl"]),
     "folder-without-test-jsonl": (
         {"folder/train.jsonl": _jsonl(GOOD_ROWS)},
-        ["--gsm8k-data=folder"], ["--gsm8k-data", "folder", "test.jsonl"]),
+        ["--gsm8k-data=folder"],
+        ["--gsm8k-data", "folder", "test.jsonl"],
+    ),
     "wrong-row-count": (
         {"short/test.jsonl": _jsonl(GOOD_ROWS)},
-        ["--gsm8k-data=short"], ["short/test.jsonl", "1319", "has 3"]),
+        ["--gsm8k-data=short"],
+        ["short/test.jsonl", "1319", "has 3"],
+    ),
     "min-acc-not-a-number": ({}, ["--gsm8k-min-acc=abc"], ["--gsm8k-min-acc", "abc"]),
     "min-acc-out-of-range": ({}, ["--gsm8k-min-acc=1.5"], ["--gsm8k-min-acc", "1.5"]),
     "bad-protocol": ({}, ["--gsm8k-protocol=best@3"], ["--gsm8k-protocol", "best@3"]),
@@ -603,7 +690,10 @@ BAD_INPUTS: dict[str, tuple[dict[str, str], list[str], list[str]]] = {
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_is_one_line_error_before_any_request(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
     case: str,
 ) -> None:
     files, extra, needles = BAD_INPUTS[case]
@@ -611,22 +701,32 @@ def test_bad_input_is_one_line_error_before_any_request(
         target = pytester.path / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
-    args = [a for a in gsm8k_args if not (a.startswith("--gsm8k-data=") and any(
-        e.startswith("--gsm8k-data=") for e in extra))]
+    args = [
+        a
+        for a in gsm8k_args
+        if not (a.startswith("--gsm8k-data=") and any(e.startswith("--gsm8k-data=") for e in extra))
+    ]
     result = pytester.runpytest(*args, *extra, "--gsm8k-report=r.json")
     assert_one_line_error(result, server, *needles)
     assert server.stats()["requests_total"] == 0
     assert not (pytester.path / "r.json").exists()
 
 
-@pytest.mark.parametrize(("line", "needles"), [
-    ("gsm8k_min_acc = lots", ["min-acc", "lots"]),
-    ("gsm8k_limit = ten", ["limit", "ten"]),
-    ("gsm8k_no_cache = maybe", ["gsm8k_no_cache", "maybe"]),
-])
+@pytest.mark.parametrize(
+    ("line", "needles"),
+    [
+        ("gsm8k_min_acc = lots", ["min-acc", "lots"]),
+        ("gsm8k_limit = ten", ["limit", "ten"]),
+        ("gsm8k_no_cache = maybe", ["gsm8k_no_cache", "maybe"]),
+    ],
+)
 def test_bad_ini_value_names_the_option(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str,
-    line: str, needles: list[str],
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    line: str,
+    needles: list[str],
 ) -> None:
     pytester.makeini(f"[pytest]\n{line}\n")
     result = pytester.runpytest(*gsm8k_args)
@@ -661,12 +761,19 @@ def test_bad_data_with_user_test_under_xdist_is_one_line_error(
 def test_callable_override_with_builtin_test_needs_no_endpoint(
     pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
 ) -> None:
-    pytester.makeconftest(CALLABLE_CONFTEST.format(data=str(gsm8k_data / "test.jsonl"),
-                                                   kind="sync"))
+    pytester.makeconftest(
+        CALLABLE_CONFTEST.format(data=str(gsm8k_data / "test.jsonl"), kind="sync")
+    )
     port = free_closed_port()  # nothing listens: the callable must be all that is asked
-    result = pytester.runpytest("--gsm8k-model=my-callable", f"--gsm8k-data={gsm8k_data}",
-                                f"--gsm8k-base-url=http://127.0.0.1:{port}/v1",
-                                "--gsm8k-limit=6", "--gsm8k-report=r.json", "-p", "no:randomly")
+    result = pytester.runpytest(
+        "--gsm8k-model=my-callable",
+        f"--gsm8k-data={gsm8k_data}",
+        f"--gsm8k-base-url=http://127.0.0.1:{port}/v1",
+        "--gsm8k-limit=6",
+        "--gsm8k-report=r.json",
+        "-p",
+        "no:randomly",
+    )
     assert result.ret == 0, output(result)
     assert read_report(pytester)["n"] == 6
 
@@ -678,8 +785,11 @@ def test_unreachable_endpoint_is_one_message_within_seconds(
     pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
 ) -> None:
     port = free_closed_port()
-    result = pytester.runpytest("--gsm8k-model=fake-model", f"--gsm8k-data={gsm8k_data}",
-                                f"--gsm8k-base-url=http://127.0.0.1:{port}/v1")
+    result = pytester.runpytest(
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-data={gsm8k_data}",
+        f"--gsm8k-base-url=http://127.0.0.1:{port}/v1",
+    )
     text = output(result)
     assert result.ret == USAGE_ERROR, text
     lines = [line for line in text.splitlines() if line.startswith("ERROR: gsm8k:")]
@@ -688,7 +798,9 @@ def test_unreachable_endpoint_is_one_message_within_seconds(
 
 
 def test_wrong_key_is_a_401_message(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str],
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MY_KEY", "sk-wrong-OTHER-000")
@@ -707,12 +819,22 @@ def test_unknown_model_lists_served_models(
 
 
 def test_429_and_500_are_retried_and_end_correct(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
     fast_retries: None,
 ) -> None:
     chosen = selected(10)
-    server.set_script(Script(fail_first={chosen[0]: {"429": 2}, chosen[1]: {"500": 1},
-                                         chosen[2]: {"429": 1, "500": 1}}))
+    server.set_script(
+        Script(
+            fail_first={
+                chosen[0]: {"429": 2},
+                chosen[1]: {"500": 1},
+                chosen[2]: {"429": 1, "500": 1},
+            }
+        )
+    )
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
     report = read_report(pytester)
@@ -724,13 +846,17 @@ def test_429_and_500_are_retried_and_end_correct(
 
 
 def test_request_failing_after_retries_is_an_error(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
     fast_retries: None,
 ) -> None:
     chosen = selected(10)
     server.set_script(Script(behaviours={chosen[6]: "error500"}))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-max-retries=1",
-                                "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=10", "--gsm8k-max-retries=1", "--gsm8k-report=r.json"
+    )
     text = output(result)
     assert result.ret == 1, text
     assert result.parseoutcomes() == {"correct": 9, "errors": 1}
@@ -744,15 +870,23 @@ def test_request_failing_after_retries_is_an_error(
 
 
 def test_endpoint_dying_mid_run_stops_it_once_within_seconds(
-    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str,
+    pytester: pytest.Pytester,
+    gsm8k_data: Path,
+    keyed_env: str,
 ) -> None:
     # openai's real backoff (0.5 s, doubling): the breaker must stop the run before the
     # items' retries are used up, so it ends with one message, not one per problem.
     with FakeOpenAIServer(gsm8k_data / "test.jsonl", api_key=TEST_KEY, die_after=5) as dying:
         result = pytester.runpytest(
-            "--gsm8k-model=fake-model", f"--gsm8k-base-url={dying.base_url}",
-            f"--gsm8k-data={gsm8k_data}", "--gsm8k-limit=40", "--gsm8k-concurrency=2",
-            "--gsm8k-report=r.json", "-p", "no:randomly")
+            "--gsm8k-model=fake-model",
+            f"--gsm8k-base-url={dying.base_url}",
+            f"--gsm8k-data={gsm8k_data}",
+            "--gsm8k-limit=40",
+            "--gsm8k-concurrency=2",
+            "--gsm8k-report=r.json",
+            "-p",
+            "no:randomly",
+        )
     text = output(result)
     assert result.ret == 1, text
     assert "Traceback" not in text
@@ -771,11 +905,20 @@ def test_api_key_never_in_output_report_junit_or_cache(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     chosen = selected(12)
-    server.set_script(Script(behaviours={chosen[0]: "error500", chosen[1]: "wrong",
-                                         chosen[2]: "unparsed"}))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-max-retries=0",
-                                "--gsm8k-report=r.json", "--junitxml=junit.xml", "-v", "-rA",
-                                "--showlocals", "-l")
+    server.set_script(
+        Script(behaviours={chosen[0]: "error500", chosen[1]: "wrong", chosen[2]: "unparsed"})
+    )
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-limit=12",
+        "--gsm8k-max-retries=0",
+        "--gsm8k-report=r.json",
+        "--junitxml=junit.xml",
+        "-v",
+        "-rA",
+        "--showlocals",
+        "-l",
+    )
     assert result.ret == 1, output(result)
     assert server.stats()["auth_headers"] == [f"Bearer {TEST_KEY}"]  # the key was used
     assert TEST_KEY not in output(result)
@@ -792,15 +935,18 @@ def test_api_key_never_in_output_report_junit_or_cache(
 # -- the datasets path (a folder laid out like the hub repository) -----------------
 
 
-
-
 def test_hub_layout_folder_through_the_plugin(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str,
-    hub_folder: Path, hf_cache: Path,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    hub_folder: Path,
+    hf_cache: Path,
 ) -> None:
     args = [a for a in gsm8k_args if not a.startswith("--gsm8k-data=")]
-    result = pytester.runpytest(*args, f"--gsm8k-data={hub_folder}", "--gsm8k-limit=15",
-                                "--gsm8k-report=r.json")
+    result = pytester.runpytest(
+        *args, f"--gsm8k-data={hub_folder}", "--gsm8k-limit=15", "--gsm8k-report=r.json"
+    )
     assert result.ret == 0, output(result)
     report = read_report(pytester)
     jsonl = _split()

@@ -51,16 +51,25 @@ def test_lm_eval_preset_sends_lm_evals_requests_and_gets_its_scores(
 ) -> None:
     recorded = RECORDED["runs"][run]
     replies = {s["problem_index"]: s["response"] for s in recorded["samples"]}
-    server = ReplayServer(gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY,
-                          record=True)
+    server = ReplayServer(
+        gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY, record=True
+    )
     server.replies = replies
     server.start()
     try:
         selection = " or ".join(f"test-{i:04d}" for i in sorted(replies))
         result = pytester.runpytest(
-            "--gsm8k-model=fake-model", f"--gsm8k-base-url={server.base_url}",
-            f"--gsm8k-data={gsm8k_data}", "--gsm8k-preset=lm-eval", "--gsm8k-report=r.json",
-            "-k", selection, "-p", "no:randomly", *extra)
+            "--gsm8k-model=fake-model",
+            f"--gsm8k-base-url={server.base_url}",
+            f"--gsm8k-data={gsm8k_data}",
+            "--gsm8k-preset=lm-eval",
+            "--gsm8k-report=r.json",
+            "-k",
+            selection,
+            "-p",
+            "no:randomly",
+            *extra,
+        )
         bodies = server.stats()["bodies"]
     finally:
         server.stop()
@@ -75,8 +84,11 @@ def test_lm_eval_preset_sends_lm_evals_requests_and_gets_its_scores(
         assert report["rules"][name] == pytest.approx(value), name
     assert report["accuracy"] == pytest.approx(recorded["metrics"]["strict-match"])
     assert report["protocol"]["preset"] == "lm-eval"
-    label = "test@1, 5-shot CoT, completions, preset lm-eval" if run == "completions" else (
-        "test@1, 5-shot CoT, preset lm-eval")
+    label = (
+        "test@1, 5-shot CoT, completions, preset lm-eval"
+        if run == "completions"
+        else ("test@1, 5-shot CoT, preset lm-eval")
+    )
     result.stdout.fnmatch_lines([f"gsm8k acc ({label}) = *", "*strict-match* *flexible-extract*"])
 
 
@@ -84,10 +96,14 @@ def test_lm_eval_preset_sends_lm_evals_requests_and_gets_its_scores(
     ("args", "message"),
     [
         (["--gsm8k-preset=helm"], "--gsm8k-preset: unknown preset 'helm' (valid: lm-eval)"),
-        (["--gsm8k-preset=lm-eval", "--gsm8k-shots=8"],
-         "--gsm8k-preset lm-eval sets --gsm8k-shots itself; remove --gsm8k-shots"),
-        (["--gsm8k-preset=lm-eval", "--gsm8k-protocol=maj@4"],
-         "--gsm8k-preset lm-eval sets --gsm8k-protocol itself; remove --gsm8k-protocol"),
+        (
+            ["--gsm8k-preset=lm-eval", "--gsm8k-shots=8"],
+            "--gsm8k-preset lm-eval sets --gsm8k-shots itself; remove --gsm8k-shots",
+        ),
+        (
+            ["--gsm8k-preset=lm-eval", "--gsm8k-protocol=maj@4"],
+            "--gsm8k-preset lm-eval sets --gsm8k-protocol itself; remove --gsm8k-protocol",
+        ),
     ],
 )
 def test_preset_bad_input(

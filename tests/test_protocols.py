@@ -35,14 +35,16 @@ def sample_script(golds: list[str]) -> Script:
     g = golds
     w = [str(int(x) + 1) for x in golds]
     w2 = [str(int(x) + 2) for x in golds]
-    return Script(samples={
-        0: [g[0], g[0], w[0], None],   # pass, 2 correct; maj g (2 vs 1)
-        1: [w[1], w[1], g[1], None],   # pass, 1 correct; maj w (2 vs 1) -> wrong
-        2: [None, None, None, None],   # nothing parsed
-        3: [w[3], g[3], w[3], g[3]],   # pass, 2 correct; maj tie 2-2, w first -> wrong
-        4: [g[4], g[4], g[4], g[4]],   # 4 correct
-        5: [w[5], w2[5], w[5], w2[5]],  # 0 correct; maj w (tie, first) -> wrong
-    })
+    return Script(
+        samples={
+            0: [g[0], g[0], w[0], None],  # pass, 2 correct; maj g (2 vs 1)
+            1: [w[1], w[1], g[1], None],  # pass, 1 correct; maj w (2 vs 1) -> wrong
+            2: [None, None, None, None],  # nothing parsed
+            3: [w[3], g[3], w[3], g[3]],  # pass, 2 correct; maj tie 2-2, w first -> wrong
+            4: [g[4], g[4], g[4], g[4]],  # 4 correct
+            5: [w[5], w2[5], w[5], w2[5]],  # 0 correct; maj w (tie, first) -> wrong
+        }
+    )
 
 
 EXPECTED_N_CORRECT = [2, 1, 0, 2, 4, 0]
@@ -58,8 +60,9 @@ EXPECTED_PASS_AT = {
 
 @pytest.fixture(params=[True, False], ids=["n-honoured", "n-ignored"])
 def sampling_server(request: pytest.FixtureRequest, gsm8k_data: Path) -> Iterator[FakeOpenAIServer]:
-    srv = FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY,
-                           honour_n=request.param)
+    srv = FakeOpenAIServer(
+        gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY, honour_n=request.param
+    )
     srv.start()
     try:
         yield srv
@@ -68,14 +71,24 @@ def sampling_server(request: pytest.FixtureRequest, gsm8k_data: Path) -> Iterato
 
 
 def _args(server: FakeOpenAIServer, data: Path, *extra: str) -> list[str]:
-    return ["--gsm8k-model=fake-model", f"--gsm8k-base-url={server.base_url}",
-            f"--gsm8k-data={data}", "--gsm8k-report=r.json", "-p", "no:randomly", *extra]
+    return [
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url={server.base_url}",
+        f"--gsm8k-data={data}",
+        "--gsm8k-report=r.json",
+        "-p",
+        "no:randomly",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("protocol", ["pass@4", "maj@4"])
 def test_sampled_protocols_match_hand_computed_values(
-    pytester: pytest.Pytester, sampling_server: FakeOpenAIServer, six: tuple[Path, list[str]],
-    keyed_env: str, protocol: str,
+    pytester: pytest.Pytester,
+    sampling_server: FakeOpenAIServer,
+    six: tuple[Path, list[str]],
+    keyed_env: str,
+    protocol: str,
 ) -> None:
     data, golds = six
     sampling_server.set_script(sample_script(golds))
@@ -108,17 +121,20 @@ def test_few_shot_chat_turns_come_from_train_and_are_the_same_for_every_problem(
     pytester: pytest.Pytester, gsm8k_data: Path, six: tuple[Path, list[str]], keyed_env: str
 ) -> None:
     data, _ = six
-    srv = FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY,
-                           record=True).start()
+    srv = FakeOpenAIServer(
+        gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY, record=True
+    ).start()
     try:
-        result = pytester.runpytest(*_args(srv, data, "--gsm8k-shots=3",
-                                           "--gsm8k-system=You are careful."))
+        result = pytester.runpytest(
+            *_args(srv, data, "--gsm8k-shots=3", "--gsm8k-system=You are careful.")
+        )
         bodies = srv.stats()["bodies"]
     finally:
         srv.stop()
     assert result.ret == 0, result.stdout.str()
-    train_questions = {json.loads(x)["question"] for x in
-                       (gsm8k_data / "train.jsonl").read_text().splitlines()}
+    train_questions = {
+        json.loads(x)["question"] for x in (gsm8k_data / "train.jsonl").read_text().splitlines()
+    }
     shots = None
     for body in bodies:
         roles = [m["role"] for m in body["messages"]]
@@ -141,11 +157,20 @@ def test_completions_api_sends_text_prompt_with_stops(
     pytester: pytest.Pytester, gsm8k_data: Path, six: tuple[Path, list[str]], keyed_env: str
 ) -> None:
     data, _ = six
-    srv = FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY,
-                           record=True).start()
+    srv = FakeOpenAIServer(
+        gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY, record=True
+    ).start()
     try:
-        result = pytester.runpytest(*_args(srv, data, "--gsm8k-api=completions", "--gsm8k-shots=2",
-                                           "--gsm8k-stop=Question:", "--gsm8k-stop=\n\n"))
+        result = pytester.runpytest(
+            *_args(
+                srv,
+                data,
+                "--gsm8k-api=completions",
+                "--gsm8k-shots=2",
+                "--gsm8k-stop=Question:",
+                "--gsm8k-stop=\n\n",
+            )
+        )
         bodies = srv.stats()["bodies"]
     finally:
         srv.stop()
@@ -158,14 +183,23 @@ def test_completions_api_sends_text_prompt_with_stops(
 
 
 def test_fewshot_file_replaces_train(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, six: tuple[Path, list[str]],
-    keyed_env: str, tmp_path: Path,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    six: tuple[Path, list[str]],
+    keyed_env: str,
+    tmp_path: Path,
 ) -> None:
     data, _ = six
     shots = tmp_path / "wei8.jsonl"
-    shots.write_text("".join(json.dumps({"question": f"What is {i} + {i}?",
-                                         "answer": f"{i} + {i} = {2 * i}.\n#### {2 * i}"}) + "\n"
-                             for i in range(1, 9)))
+    shots.write_text(
+        "".join(
+            json.dumps(
+                {"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}.\n#### {2 * i}"}
+            )
+            + "\n"
+            for i in range(1, 9)
+        )
+    )
     result = pytester.runpytest(*_args(server, data, f"--gsm8k-fewshot-file={shots}"))
     assert result.ret == 0, result.stdout.str()
     report = json.loads((pytester.path / "r.json").read_text())
@@ -185,8 +219,12 @@ def test_fewshot_file_replaces_train(
     ],
 )
 def test_bad_protocol_options_are_one_line_errors(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, six: tuple[Path, list[str]],
-    keyed_env: str, args: list[str], message: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    six: tuple[Path, list[str]],
+    keyed_env: str,
+    args: list[str],
+    message: str,
 ) -> None:
     data, _ = six
     result = pytester.runpytest(*_args(server, data, *args))
@@ -197,13 +235,20 @@ def test_bad_protocol_options_are_one_line_errors(
 
 
 def test_fewshot_file_without_answers_names_file_and_line(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, six: tuple[Path, list[str]],
-    keyed_env: str, tmp_path: Path,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    six: tuple[Path, list[str]],
+    keyed_env: str,
+    tmp_path: Path,
 ) -> None:
     data, _ = six
     shots = tmp_path / "bad.jsonl"
-    shots.write_text(json.dumps({"question": "q1", "answer": "2 #### 2"}) + "\n"
-                     + json.dumps({"question": "q2", "answer": "no final line"}) + "\n")
+    shots.write_text(
+        json.dumps({"question": "q1", "answer": "2 #### 2"})
+        + "\n"
+        + json.dumps({"question": "q2", "answer": "no final line"})
+        + "\n"
+    )
     result = pytester.runpytest(*_args(server, data, f"--gsm8k-fewshot-file={shots}"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: gsm8k: {shots}:2: *####*"])
@@ -211,28 +256,40 @@ def test_fewshot_file_without_answers_names_file_and_line(
 
 
 def test_more_shots_than_exemplars_is_an_error(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, six: tuple[Path, list[str]],
-    keyed_env: str, tmp_path: Path,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    six: tuple[Path, list[str]],
+    keyed_env: str,
+    tmp_path: Path,
 ) -> None:
     data, _ = six
     shots = tmp_path / "two.jsonl"
-    shots.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n"
-                             for i in range(2)))
-    result = pytester.runpytest(*_args(server, data, f"--gsm8k-fewshot-file={shots}",
-                                       "--gsm8k-shots=5"))
+    shots.write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n" for i in range(2))
+    )
+    result = pytester.runpytest(
+        *_args(server, data, f"--gsm8k-fewshot-file={shots}", "--gsm8k-shots=5")
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: gsm8k: --gsm8k-shots 5: only 2 exemplars are available"])
 
 
 def test_pass_at_n_at_temperature_zero_warns(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, six: tuple[Path, list[str]],
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    six: tuple[Path, list[str]],
     keyed_env: str,
 ) -> None:
     data, _ = six
-    result = pytester.runpytest(*_args(server, data, "--gsm8k-protocol=pass@3",
-                                       "--gsm8k-temperature=0"))
-    result.stdout.fnmatch_lines(["*gsm8k: --gsm8k-protocol pass@3 at --gsm8k-temperature 0: "
-                                 "the 3 samples will be identical*"])
+    result = pytester.runpytest(
+        *_args(server, data, "--gsm8k-protocol=pass@3", "--gsm8k-temperature=0")
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*gsm8k: --gsm8k-protocol pass@3 at --gsm8k-temperature 0: "
+            "the 3 samples will be identical*"
+        ]
+    )
 
 
 def test_think_blocks_and_truncation_warning(
@@ -245,11 +302,14 @@ def test_think_blocks_and_truncation_warning(
     assert report["accuracy"] == 1.0  # the wrong number inside <think> never counts
     ids = sorted(p["index"] for p in report["problems"])[:3]
     server.set_script(Script(default="think", behaviours={i: "truncated" for i in ids}))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-report=r.json",
-                                "--gsm8k-no-cache")
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=40", "--gsm8k-report=r.json", "--gsm8k-no-cache"
+    )
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["counts"]["truncated"] == 3
-    result.stdout.fnmatch_lines([
-        "*37 correct, 0 wrong, 3 truncated*",
-        "*WARNING: 3 of 40 answers (7.5%) were cut by --gsm8k-max-tokens*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*37 correct, 0 wrong, 3 truncated*",
+            "*WARNING: 3 of 40 answers (7.5%) were cut by --gsm8k-max-tokens*",
+        ]
+    )

@@ -12,7 +12,7 @@ from pytest_gsm8k.core.settings import OPTIONS, Option, Settings, SettingsError,
 def settings(warnings: list[str] | None = None, **given: Any) -> Settings:
     """build_settings with ``given`` (keys like min_acc) as the only set values."""
     notes = warnings if warnings is not None else []
-    return build_settings(lambda o: given.get(o.dest[len("gsm8k_"):]), notes.append)
+    return build_settings(lambda o: given.get(o.dest[len("gsm8k_") :]), notes.append)
 
 
 def test_defaults_are_test_at_1_zero_shot_chat() -> None:
@@ -39,11 +39,12 @@ def test_the_key_is_never_an_option() -> None:
     assert "api-key-env" in names
 
 
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o.kind in ("int", "float")],
-                         ids=lambda o: o.name)
+@pytest.mark.parametrize(
+    "option", [o for o in OPTIONS if o.kind in ("int", "float")], ids=lambda o: o.name
+)
 def test_non_numbers_name_the_option(option: Option) -> None:
     with pytest.raises(SettingsError) as info:
-        settings(**{option.dest[len("gsm8k_"):]: "lots"})
+        settings(**{option.dest[len("gsm8k_") :]: "lots"})
     assert option.flag in str(info.value) and "lots" in str(info.value)
 
 
@@ -63,8 +64,9 @@ def test_non_numbers_name_the_option(option: Option) -> None:
         ({"no_cache": "maybe"}, "--gsm8k-no-cache"),
     ],
 )
-def test_bad_values_are_one_line_errors_naming_the_option(given: dict[str, str],
-                                                          needle: str) -> None:
+def test_bad_values_are_one_line_errors_naming_the_option(
+    given: dict[str, str], needle: str
+) -> None:
     with pytest.raises(SettingsError) as info:
         settings(**given)
     assert needle in str(info.value) and "\n" not in str(info.value)

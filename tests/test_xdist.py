@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,8 +63,15 @@ def test_a_model_of_any_scope_is_called_once_per_item(
     pytester.makeconftest(SCOPED_CONFTEST.replace("{SCOPE}", scope))
     test = "def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n"
     pytester.makepyfile(test_a=test, test_b=test)  # two modules: module scope makes two models
-    result = pytester.runpytest(*xdist, "--gsm8k-limit=10", "--gsm8k-concurrency=4",
-                                "-p", "no:hypothesispytest", "-W", "default")
+    result = pytester.runpytest(
+        *xdist,
+        "--gsm8k-limit=10",
+        "--gsm8k-concurrency=4",
+        "-p",
+        "no:hypothesispytest",
+        "-W",
+        "default",
+    )
     assert result.ret == 0, output(result)
     ids = calls.read_text().split()
     # 20 items over 10 problems: a session-scoped model answers each problem once for both
@@ -87,16 +95,20 @@ def pytest_sessionfinish(session):
 
 
 def test_under_xdist_the_controller_fetches_and_workers_import_no_http_client(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str],
-    keyed_env: str, monkeypatch: pytest.MonkeyPatch,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     probe = pytester.path / "probe"
     probe.mkdir()
     monkeypatch.setenv("PROBE_DIR", str(probe))
     pytester.makeconftest(WORKER_PROBE)
     server.set_script(Script(latency=0.02))
-    result = pytester.runpytest(*gsm8k_args, "-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache",
-                                "-p", "no:hypothesispytest")
+    result = pytester.runpytest(
+        *gsm8k_args, "-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache", "-p", "no:hypothesispytest"
+    )
     assert result.ret == 0, output(result)
     assert sent(server) == 40 and set(server.stats()["requests_by_index"].values()) == {1}
     seen = [json.loads(p.read_text()) for p in probe.iterdir()]
@@ -121,19 +133,33 @@ def _session_processes(sid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_sigkill_of_the_xdist_controller_leaves_no_process_and_a_rerun_sends_the_rest(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str,
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
 ) -> None:
     server.set_script(Script(latency=0.05))
     cache = pytester.path / "cache"
-    run = [*gsm8k_args, "-n", "2", "--gsm8k-limit=120", "--gsm8k-concurrency=4",
-           f"--gsm8k-cache-dir={cache}", "-p", "no:hypothesispytest"]
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", *run], cwd=pytester.path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    run = [
+        *gsm8k_args,
+        "-n",
+        "2",
+        "--gsm8k-limit=120",
+        "--gsm8k-concurrency=4",
+        f"--gsm8k-cache-dir={cache}",
+        "-p",
+        "no:hypothesispytest",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *run],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
-        while (len(list(cache.glob("responses/*/*.json"))) < 20
-               and time.monotonic() < deadline):
+        while len(list(cache.glob("responses/*/*.json"))) < 20 and time.monotonic() < deadline:
             time.sleep(0.01)
         os.kill(proc.pid, signal.SIGKILL)  # the controller alone, as the OOM killer would
         proc.wait()
@@ -179,15 +205,16 @@ class Scripted:
 
 
 def _requests(n: int) -> dict[str, Request]:
-    return {f"p{i}": Request(problem_id=f"p{i}", api="chat", messages=(("user", f"q{i}"),))
-            for i in range(n)}
+    return {
+        f"p{i}": Request(problem_id=f"p{i}", api="chat", messages=(("user", f"q{i}"),))
+        for i in range(n)
+    }
 
 
 @pytest.fixture
 def channel(tmp_path: Path):  # type: ignore[no-untyped-def]
     client = Scripted(fail={"p3"})
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False),
-                    concurrency=4)
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(8)
     server = AnswerServer(engine, known.get)
     address = server.start()
@@ -237,14 +264,12 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
             await asyncio.sleep(3600)
             raise AssertionError
 
-    engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False),
-                    concurrency=1)
+    engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(1)
     server = AnswerServer(engine, known.get)
     remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=600)
     try:
-        engine.loop.call_later  # the engine's loop is running
-        closer = __import__("threading").Timer(0.2, lambda: (server.close(), engine.close()))
+        closer = threading.Timer(0.2, lambda: (server.close(), engine.close()))
         closer.start()
         with pytest.raises(EndpointAborted):
             remote.result(known["p0"])

@@ -91,14 +91,18 @@ def first_difference(baseline: dict[str, Any], summary_json: dict[str, Any]) -> 
     base_protocol = {k: v for k, v in baseline["protocol"].items() if k != "label"}
     for key in sorted(set(now_protocol) | set(base_protocol)):
         if now_protocol.get(key) != base_protocol.get(key):
-            return (f"protocol {key} is {now_protocol.get(key)!r} here but "
-                    f"{base_protocol.get(key)!r} in the baseline")
+            return (
+                f"protocol {key} is {now_protocol.get(key)!r} here but "
+                f"{base_protocol.get(key)!r} in the baseline"
+            )
     for key in DATASET_KEYS:
         if key == "rows":
             continue  # a subset of the same split is comparable on its ids
         if summary_json["dataset"].get(key) != baseline["dataset"].get(key):
-            return (f"dataset {key} is {summary_json['dataset'].get(key)!r} here but "
-                    f"{baseline['dataset'].get(key)!r} in the baseline")
+            return (
+                f"dataset {key} is {summary_json['dataset'].get(key)!r} here but "
+                f"{baseline['dataset'].get(key)!r} in the baseline"
+            )
     return None
 
 

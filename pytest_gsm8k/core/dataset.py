@@ -94,9 +94,7 @@ def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> list[Problem]
 
 
 def rows_to_problems(rows: Iterable[Any], split: str, where: str) -> list[Problem]:
-    problems = [
-        _problem(i, split, row, f"{where}: row {i}") for i, row in enumerate(rows)
-    ]
+    problems = [_problem(i, split, row, f"{where}: row {i}") for i, row in enumerate(rows)]
     if not problems:
         raise DatasetError(f"{where}: no rows")
     return problems

@@ -29,9 +29,9 @@ from pytest_gsm8k.core.types import ModelResponse, Problem
 OUTCOMES = ("correct", "wrong", "unparsed", "truncated", "error")
 
 
-def _decide(protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal) -> tuple[
-    Decimal | None, bool, list[tuple[str, int]]
-]:
+def _decide(
+    protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal
+) -> tuple[Decimal | None, bool, list[tuple[str, int]]]:
     """The problem-level answer under the protocol's aggregation, for one rule."""
     values = [s.extracted[rule] for s in scores]
     if protocol.name.startswith("maj@"):
@@ -108,8 +108,9 @@ def score_response(
         "extracted": shown,
         "rules": rules,
         "n_samples": len(scores),
-        "n_correct": (sum(1 for s in scores if s.correct[gated]) if gated in RULES
-                      else int(correct)),
+        "n_correct": (
+            sum(1 for s in scores if s.correct[gated]) if gated in RULES else int(correct)
+        ),
         "response": response.completions[0].text if response.completions else "",
         "samples": samples,
         "usage": dict(response.usage),

@@ -211,9 +211,7 @@ def lm_eval_fewshot_indices(
     return draws[problem_index]
 
 
-def _examples(
-    problem_index: int, train: Sequence[tuple[str, str]]
-) -> list[tuple[str, str]]:
+def _examples(problem_index: int, train: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return [train[i] for i in lm_eval_fewshot_indices(problem_index, len(train))]
 
 

@@ -135,8 +135,10 @@ def chat_messages(protocol: Protocol, question: str) -> list[tuple[str, str]]:
 
 def completion_prompt(protocol: Protocol, question: str) -> str:
     """Plain-text few-shot prompt for base models: ``Question: ...\\nAnswer: ...`` blocks."""
-    parts = [f"Question: {ex.question}\nAnswer: {clean_solution(ex.answer)}\n\n"
-             for ex in protocol.exemplars]
+    parts = [
+        f"Question: {ex.question}\nAnswer: {clean_solution(ex.answer)}\n\n"
+        for ex in protocol.exemplars
+    ]
     parts.append(f"Question: {question}\nAnswer:")
     return "".join(parts)
 

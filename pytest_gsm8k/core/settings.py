@@ -42,16 +42,36 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("model", "str", "model id to evaluate; enables the built-in GSM8K test. "
-           "'local' serves a packaged GGUF model with llama.cpp", metavar="ID"),
-    Option("base-url", "str", "OpenAI-compatible base URL (default: $OPENAI_BASE_URL, else OpenAI)",
-           metavar="URL"),
-    Option("api-key-env", "str", "environment variable holding the API key", "OPENAI_API_KEY",
-           metavar="VAR"),
-    Option("data", "str", "local GSM8K file or folder instead of the embedded copy",
-           metavar="PATH"),
-    Option("dataset", "str", "load this Hugging Face dataset through datasets (same columns as "
-           "openai/gsm8k) instead of the embedded copy", metavar="NAME"),
+    Option(
+        "model",
+        "str",
+        "model id to evaluate; enables the built-in GSM8K test. "
+        "'local' serves a packaged GGUF model with llama.cpp",
+        metavar="ID",
+    ),
+    Option(
+        "base-url",
+        "str",
+        "OpenAI-compatible base URL (default: $OPENAI_BASE_URL, else OpenAI)",
+        metavar="URL",
+    ),
+    Option(
+        "api-key-env",
+        "str",
+        "environment variable holding the API key",
+        "OPENAI_API_KEY",
+        metavar="VAR",
+    ),
+    Option(
+        "data", "str", "local GSM8K file or folder instead of the embedded copy", metavar="PATH"
+    ),
+    Option(
+        "dataset",
+        "str",
+        "load this Hugging Face dataset through datasets (same columns as "
+        "openai/gsm8k) instead of the embedded copy",
+        metavar="NAME",
+    ),
     Option("config", "str", "dataset config: main or socratic", "main"),
     Option("split", "str", "split to evaluate (train is not a reportable number)", "test"),
     Option("limit", "int", "run a seeded, stable subset of N problems", metavar="N"),
@@ -60,37 +80,76 @@ OPTIONS: tuple[Option, ...] = (
     Option("protocol", "str", "test@1, pass@N or maj@N", "test@1"),
     Option("temperature", "float", "sampling temperature (default 0 for test@1, 0.7 otherwise)"),
     Option("shots", "int", "few-shot chain-of-thought exemplars drawn from train", 0, metavar="K"),
-    Option("fewshot-file", "str", "JSONL of your own exemplars (question/answer) instead of train",
-           metavar="PATH"),
+    Option(
+        "fewshot-file",
+        "str",
+        "JSONL of your own exemplars (question/answer) instead of train",
+        metavar="PATH",
+    ),
     Option("system", "str", "system prompt (chat API)", metavar="TEXT"),
     Option("api", "str", "chat or completions", "chat"),
     Option("stop", "list", "stop sequence (repeatable)", metavar="TEXT"),
     Option("max-tokens", "int", "max new tokens per sample", 1024, metavar="N"),
     Option("extract", "str", f"extractor that decides correctness: {', '.join(RULES)}", "strict"),
-    Option("answer-regex", "str", "replace the strict pattern; group 1 is the number",
-           metavar="REGEX"),
-    Option("preset", "str", "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k)",
-           metavar="NAME"),
+    Option(
+        "answer-regex", "str", "replace the strict pattern; group 1 is the number", metavar="REGEX"
+    ),
+    Option(
+        "preset",
+        "str",
+        "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k)",
+        metavar="NAME",
+    ),
     Option("report", "str", "write the JSON report here", metavar="PATH"),
-    Option("concurrency", "int", "requests in flight at once (per run, shared by xdist workers)",
-           32, metavar="N"),
+    Option(
+        "concurrency",
+        "int",
+        "requests in flight at once (per run, shared by xdist workers)",
+        32,
+        metavar="N",
+    ),
     Option("timeout", "float", "seconds per HTTP request", 300.0, metavar="S"),
     Option("max-retries", "int", "retries on 429, 5xx and dropped connections", 5, metavar="N"),
-    Option("cache-dir", "str", "response cache folder (default: pytest's cache dir)",
-           metavar="PATH"),
+    Option(
+        "cache-dir", "str", "response cache folder (default: pytest's cache dir)", metavar="PATH"
+    ),
     Option("no-cache", "bool", "do not read or write the response cache", False),
-    Option("local-threads", "int", "--gsm8k-model=local: llama.cpp threads (default: the CPUs "
-           "this process may use)", metavar="N"),
-    Option("local-ctx", "int", "--gsm8k-model=local: context size (default: 2048, more when "
-           "--gsm8k-max-tokens needs it)", metavar="N"),
-    Option("baseline", "str", "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under "
-           "the rootdir); written with --snapshot-update", metavar="PATH"),
-    Option("baseline-name", "str", "baseline name (default: derived from the protocol)",
-           metavar="NAME"),
-    Option("max-drop", "float", "fail when accuracy on the shared problems is below the "
-           "baseline's by more than this", 0.0, metavar="D"),
-    Option("alpha", "float", "instead of --gsm8k-max-drop, fail only when an exact one-sided "
-           "McNemar test rejects 'no regression' at this level", metavar="A"),
+    Option(
+        "local-threads",
+        "int",
+        "--gsm8k-model=local: llama.cpp threads (default: the CPUs this process may use)",
+        metavar="N",
+    ),
+    Option(
+        "local-ctx",
+        "int",
+        "--gsm8k-model=local: context size (default: 2048, more when --gsm8k-max-tokens needs it)",
+        metavar="N",
+    ),
+    Option(
+        "baseline",
+        "str",
+        "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under "
+        "the rootdir); written with --snapshot-update",
+        metavar="PATH",
+    ),
+    Option(
+        "baseline-name", "str", "baseline name (default: derived from the protocol)", metavar="NAME"
+    ),
+    Option(
+        "max-drop",
+        "float",
+        "fail when accuracy on the shared problems is below the baseline's by more than this",
+        0.0,
+        metavar="D",
+    ),
+    Option(
+        "alpha",
+        "float",
+        "instead of --gsm8k-max-drop, fail only when an exact one-sided "
+        "McNemar test rejects 'no regression' at this level",
+        metavar="A",
+    ),
     Option("require-baseline", "bool", "fail when no baseline exists", False),
 )
 
@@ -191,8 +250,16 @@ class Settings:
 
 PRESET_RULES = ("strict-match", "flexible-extract")
 #: options a preset fixes itself: giving one as well would silently change the peer's protocol
-PRESET_FIXED = ("protocol", "temperature", "shots", "fewshot_file", "max_tokens", "stop",
-                "extract", "answer_regex")
+PRESET_FIXED = (
+    "protocol",
+    "temperature",
+    "shots",
+    "fewshot_file",
+    "max_tokens",
+    "stop",
+    "extract",
+    "answer_regex",
+)
 
 
 def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
@@ -206,8 +273,14 @@ def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
         if key in given:
             flag = "--gsm8k-" + key.replace("_", "-")
             raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
-    values.update(protocol="test@1", temperature=spec.temperature, shots=spec.shots,
-                  max_tokens=spec.max_tokens, stop=list(spec.stop), extract="strict-match")
+    values.update(
+        protocol="test@1",
+        temperature=spec.temperature,
+        shots=spec.shots,
+        max_tokens=spec.max_tokens,
+        stop=list(spec.stop),
+        extract="strict-match",
+    )
     if "api" not in given:
         values["api"] = "completions"
 
@@ -222,7 +295,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     for option in OPTIONS:
         raw = get(option)
         value = _convert(option, raw)
-        key = option.dest[len("gsm8k_"):]
+        key = option.dest[len("gsm8k_") :]
         if value is not None:
             given.add(key)
         values[key] = option.default if value is None else value
@@ -248,16 +321,19 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     if not 0.0 <= temperature <= 2.0:
         raise SettingsError(f"--gsm8k-temperature: must be between 0 and 2, got {temperature}")
     if protocol != "test@1" and samples > 1 and temperature == 0.0:
-        warn(f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
-             "be identical")
+        warn(
+            f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
+            "be identical"
+        )
 
     def positive(name: str, *, allow_zero: bool = False) -> None:
         value = values[name.replace("-", "_")]
         if value is None:
             return
         if value < 0 or (value == 0 and not allow_zero):
-            raise SettingsError(f"--gsm8k-{name}: must be {'>= 0' if allow_zero else '> 0'}, "
-                                f"got {value}")
+            raise SettingsError(
+                f"--gsm8k-{name}: must be {'>= 0' if allow_zero else '> 0'}, got {value}"
+            )
 
     positive("limit")
     positive("max-tokens")

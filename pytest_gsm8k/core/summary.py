@@ -82,7 +82,8 @@ class Summary:
         """Problems the gated extractor missed but another rule got right."""
         gated = self.protocol["extractor"]
         return sum(
-            1 for r in self.records
+            1
+            for r in self.records
             if not r["rules"].get(gated) and any(v for k, v in r["rules"].items() if k != gated)
         )
 
@@ -96,9 +97,7 @@ class Summary:
         ks.append(samples)
         out: dict[str, float] = {}
         for k in sorted(set(ks)):
-            values = [
-                pass_at_k(max(r["n_samples"], k), r["n_correct"], k) for r in scored
-            ]
+            values = [pass_at_k(max(r["n_samples"], k), r["n_correct"], k) for r in scored]
             out[f"pass@{k}"] = sum(values) / len(self.records) if self.records else 0.0
         return out
 
@@ -158,8 +157,10 @@ class Summary:
         counts = self.counts()
         rules = self.rule_accuracy()
         out = [self.headline()]
-        out.append("  outcomes: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v or
-                                               k in ("correct", "wrong")))
+        out.append(
+            "  outcomes: "
+            + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k in ("correct", "wrong"))
+        )
         gated = self.protocol["extractor"]
         out.append(
             "  by extractor: "
@@ -172,14 +173,19 @@ class Summary:
         if pass_at:
             out.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in pass_at.items()))
         reported = self.reported_models()
-        shown = f" (server reported: {', '.join(reported)})" if reported and reported != [
-            self.model] else ""
+        shown = (
+            f" (server reported: {', '.join(reported)})"
+            if reported and reported != [self.model]
+            else ""
+        )
         out.append(f"  model: {self.model}{shown}  endpoint: {self.endpoint}")
         ds = self.dataset
         subset = ""
         if self.subset.get("limit") is not None:
-            subset = (f"; seeded subset of {self.subset['of']} (limit {self.subset['limit']}, "
-                      f"seed {self.subset['seed']})")
+            subset = (
+                f"; seeded subset of {self.subset['of']} (limit {self.subset['limit']}, "
+                f"seed {self.subset['seed']})"
+            )
         if self.subset.get("deselected"):
             subset += f"; {self.subset['deselected']} deselected (-k/-m/--lf)"
         out.append(

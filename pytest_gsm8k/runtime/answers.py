@@ -116,8 +116,9 @@ class RemoteAnswers:
     its own, shorter bounds; this one only ends a wait that nothing else ends).
     """
 
-    def __init__(self, address: tuple[str, int], token: str, *, endpoint: str, model: str,
-                 wait: float) -> None:
+    def __init__(
+        self, address: tuple[str, int], token: str, *, endpoint: str, model: str, wait: float
+    ) -> None:
         self.endpoint = endpoint
         self.model = model
         self.wait = wait
@@ -142,7 +143,8 @@ class RemoteAnswers:
         except TimeoutError:
             raise EndpointAborted(
                 f"no answer from the xdist controller for {request.problem_id} within "
-                f"{self.wait:g} s") from None
+                f"{self.wait:g} s"
+            ) from None
         except OSError as exc:
             raise EndpointAborted(f"the xdist controller's answer channel failed ({exc})") from None
         if not line:

@@ -224,8 +224,11 @@ class ResponseCache:
             try:
                 self.put(key, body, response)
             except OSError as exc:
-                self._warn(key, f"gsm8k cache: cannot write {self._entry_path(key)} "
-                                f"({exc.strerror or exc}); the answer is not cached")
+                self._warn(
+                    key,
+                    f"gsm8k cache: cannot write {self._entry_path(key)} "
+                    f"({exc.strerror or exc}); the answer is not cached",
+                )
             except Exception as exc:  # noqa: BLE001 - a cache problem never fails the run
                 self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
             finally:
@@ -260,8 +263,13 @@ class ResponseCache:
             if key in self._held:
                 return True
             try:
-                fcntl.lockf(self._claims_fd(), fcntl.LOCK_EX | fcntl.LOCK_NB, 1,
-                            self._offset(key), os.SEEK_SET)
+                fcntl.lockf(
+                    self._claims_fd(),
+                    fcntl.LOCK_EX | fcntl.LOCK_NB,
+                    1,
+                    self._offset(key),
+                    os.SEEK_SET,
+                )
             except OSError:
                 return False
             self._held.add(key)

@@ -150,11 +150,14 @@ def list_models(base_url: str | None, api_key: str | None, timeout: float = 10.0
     url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
-    request = urllib.request.Request(url, headers={
-        "Authorization": f"Bearer {api_key or 'EMPTY'}",
-        "Accept": "application/json",
-        "User-Agent": "pytest-gsm8k",
-    })
+    request = urllib.request.Request(
+        url,
+        headers={
+            "Authorization": f"Bearer {api_key or 'EMPTY'}",
+            "Accept": "application/json",
+            "User-Agent": "pytest-gsm8k",
+        },
+    )
     # The system's trust store, as the openai client's httpx2 (truststore) uses it.
     context = ssl.create_default_context() if url.startswith("https:") else None
     last: BaseException | None = None
@@ -210,9 +213,9 @@ class OpenAIClient:
         self.model = model
         self.breaker = breaker
         # What the openai client itself would use, and what cache keys name.
-        self.endpoint = (
-            base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        ).rstrip("/")
+        self.endpoint = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
+            "/"
+        )
         self._api_key = api_key
         self._timeout = timeout
         self._max_retries = max_retries
@@ -273,7 +276,8 @@ def _text(content: Any) -> str:
         return content
     if isinstance(content, list):  # content parts
         return "".join(
-            str(part.get("text", "")) for part in content
+            str(part.get("text", ""))
+            for part in content
             if isinstance(part, dict) and part.get("type", "text") == "text"
         )
     return ""
@@ -299,11 +303,13 @@ def parse_reply(data: Any, *, chat: bool) -> ModelResponse:
             message = choice.get("message")
             message = message if isinstance(message, dict) else {}
             reasoning = message.get("reasoning_content") or message.get("reasoning")
-            completions.append(Completion(
-                text=_text(message.get("content")),
-                finish_reason=finish,
-                reasoning=reasoning if isinstance(reasoning, str) else None,
-            ))
+            completions.append(
+                Completion(
+                    text=_text(message.get("content")),
+                    finish_reason=finish,
+                    reasoning=reasoning if isinstance(reasoning, str) else None,
+                )
+            )
         else:
             completions.append(Completion(text=_text(choice.get("text")), finish_reason=finish))
     usage = data.get("usage")

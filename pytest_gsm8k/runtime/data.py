@@ -31,12 +31,17 @@ from pytest_gsm8k.core.types import Problem
 #: pytest_gsm8k/data/LICENSE); the hub's openai/gsm8k parquet holds the same rows.
 EMBEDDED: dict[tuple[str, str], tuple[str, str]] = {
     ("main", "test"): (
-        "main-test.jsonl.xz", "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"),
+        "main-test.jsonl.xz",
+        "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
+    ),
     ("main", "train"): (
-        "main-train.jsonl.xz", "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465"),
+        "main-train.jsonl.xz",
+        "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
+    ),
     ("socratic", "test"): (
         "socratic-test.jsonl.xz",
-        "c96673362fa7a699f4836a9b6474a067448f95fe58064727501ee63ba4c3fdb6"),
+        "c96673362fa7a699f4836a9b6474a067448f95fe58064727501ee63ba4c3fdb6",
+    ),
 }
 EMBEDDED_NAME = f"embedded {HUB_NAME}"
 
@@ -69,14 +74,16 @@ def _read_embedded(config: str, split: str) -> list[Problem]:
         packed = resources.files("pytest_gsm8k").joinpath("data", filename).read_bytes()
         raw = lzma.decompress(packed)
     except (OSError, lzma.LZMAError) as exc:
-        raise DatasetError(f"{where}: cannot read pytest_gsm8k/data/{filename} ({exc}); "
-                           "reinstall pytest-gsm8k") from None
+        raise DatasetError(
+            f"{where}: cannot read pytest_gsm8k/data/{filename} ({exc}); reinstall pytest-gsm8k"
+        ) from None
     digest = hashlib.sha256(raw).hexdigest()
     if digest != pinned:
-        raise DatasetError(f"{where}: pytest_gsm8k/data/{filename} has sha256 {digest[:12]}..., "
-                           f"expected {pinned[:12]}...; reinstall pytest-gsm8k")
+        raise DatasetError(
+            f"{where}: pytest_gsm8k/data/{filename} has sha256 {digest[:12]}..., "
+            f"expected {pinned[:12]}...; reinstall pytest-gsm8k"
+        )
     return parse_jsonl(raw.splitlines(keepends=True), split, where)
-
 
 
 def _read_parquet(files: list[Path], split: str, where: str) -> list[Problem]:
@@ -189,5 +196,3 @@ def train_source(data: str | None) -> str | None:
         f"--gsm8k-shots: no train.jsonl next to {path} to draw exemplars from; "
         "use --gsm8k-fewshot-file"
     )
-
-

@@ -70,8 +70,10 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
     except ImportError:  # pragma: no cover
         return f"{type(exc).__name__}: {exc}", False
     if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-        return (f"the endpoint rejected the credentials (HTTP {exc.status_code}); "
-                "check the API key variable"), True
+        return (
+            f"the endpoint rejected the credentials (HTTP {exc.status_code}); "
+            "check the API key variable"
+        ), True
     if isinstance(exc, openai.NotFoundError):
         return f"the endpoint answered 404: {_api_message(exc)}", True
     if isinstance(exc, openai.APIStatusError):
@@ -247,8 +249,9 @@ class Engine:
         with contextlib.suppress(Exception):  # closing must never fail the run
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
         self.cache.flush()
-        self._loop.call_soon_threadsafe(self._fail_unfinished,
-                                        EndpointAborted(self.aborted or "the run ended"))
+        self._loop.call_soon_threadsafe(
+            self._fail_unfinished, EndpointAborted(self.aborted or "the run ended")
+        )
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
@@ -342,7 +345,8 @@ class Engine:
                 self._finish(job, response=response)
 
     def _store(
-        self, writes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        self,
+        writes: list[tuple[str, dict[str, Any], dict[str, Any]]],
         done: Callable[[], None] | None = None,
     ) -> None:
         if writes:
@@ -352,7 +356,10 @@ class Engine:
             done()
 
     def _finish(
-        self, job: Job, *, response: ModelResponse | None = None,
+        self,
+        job: Job,
+        *,
+        response: ModelResponse | None = None,
         error: BaseException | None = None,
     ) -> None:
         job.state = DONE

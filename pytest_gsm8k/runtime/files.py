@@ -29,13 +29,14 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool
         os.makedirs(folder, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     tmp = os.path.join(
-        folder, f".{os.path.basename(target)}.{os.getpid()}.{threading.get_ident()}.tmp")
+        folder, f".{os.path.basename(target)}.{os.getpid()}.{threading.get_ident()}.tmp"
+    )
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(payload)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(tmp, target)

@@ -309,8 +309,10 @@ def rebuild_hint() -> str:
         pinned = f"llama-cpp-python=={version('llama-cpp-python')}"
     except Exception:  # noqa: BLE001 - only the hint's precision depends on it
         pinned = "llama-cpp-python"
-    return (f'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-deps '
-            f"--no-cache-dir '{pinned}'")
+    return (
+        f'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-deps '
+        f"--no-cache-dir '{pinned}'"
+    )
 
 
 def describe_exit(returncode: int) -> str:
@@ -345,8 +347,10 @@ class LocalServer:
         how = describe_exit(code) if code is not None else "an unknown status"
         head = f"the local model server (llama.cpp, pid {self.pid}) died with {how}"
         if code is not None and -code in _CPU_FAULTS:
-            head += ("; if llama.cpp was compiled for another CPU (a native build), rebuild it "
-                     f"portable: {rebuild_hint()}")
+            head += (
+                "; if llama.cpp was compiled for another CPU (a native build), rebuild it "
+                f"portable: {rebuild_hint()}"
+            )
         return _with_tail(head + f" (log {self.log_path})", _tail(_read_log(self.log_path, 0), 8))
 
     def watch(self, on_death: Callable[[str], None]) -> None:
@@ -370,10 +374,12 @@ class LocalServer:
         and then dies on the first real completion: better once here, with the
         fix, than as the first item's error.
         """
-        body = json.dumps({"model": self.model, "prompt": "1 + 1 =", "max_tokens": 1,
-                           "temperature": 0}).encode()
-        request = urllib.request.Request(self.base_url + "/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": self.model, "prompt": "1 + 1 =", "max_tokens": 1, "temperature": 0}
+        ).encode()
+        request = urllib.request.Request(
+            self.base_url + "/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         try:
             with _OPENER.open(request, timeout=timeout) as resp:
                 resp.read()

@@ -170,7 +170,12 @@ def _run(
         argv += ["--limit", str(limit)]
     argv += flags
     real = [sys.executable, "-m", "lm_eval"] + [
-        str(tmp) if a == "<tmp>" else str(out) if a == "<out>" else model_args if a == shown_args
+        str(tmp)
+        if a == "<tmp>"
+        else str(out)
+        if a == "<out>"
+        else model_args
+        if a == shown_args
         else a
         for a in argv[1:]
     ]
@@ -198,9 +203,7 @@ def _run(
     (results_file,) = glob.glob(str(out / "*" / "results_*.json"))
     results = json.loads(Path(results_file).read_text())
     task_results = results["results"][TASK]
-    metrics = {
-        f: task_results[f"exact_match,{f}"] for f in ("strict-match", "flexible-extract")
-    }
+    metrics = {f: task_results[f"exact_match,{f}"] for f in ("strict-match", "flexible-extract")}
     samples: dict[int, dict[str, Any]] = {}
     (samples_file,) = glob.glob(str(out / "*" / f"samples_{TASK}_*.jsonl"))
     for line in Path(samples_file).read_text(encoding="utf-8").split("\n"):
@@ -240,7 +243,8 @@ def _scoring_cases() -> list[dict[str, Any]]:
         kwargs = {k: v for k, v in regex_step.items() if k != "function"}
         filters[f["name"]] = RegexFilter(**kwargs)
     metric_kwargs = {
-        k: v for k, v in cfg["metric_list"][0].items()
+        k: v
+        for k, v in cfg["metric_list"][0].items()
         if k in ("ignore_case", "ignore_punctuation", "regexes_to_ignore")
     }
     cases = []
