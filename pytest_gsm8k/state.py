@@ -328,6 +328,22 @@ class State:
 
     # the summary
 
+    def _late_record(self, problem: Problem) -> dict[str, Any] | None:
+        """The scored record of an answer the plugin's engine holds but no test read."""
+        from pytest_gsm8k.core.outcome import score_response
+
+        engine = self.engines.get(id(self._default_client))
+        if engine is None:
+            return None
+        protocol = self.protocol()
+        response = engine.ready(protocol.request(problem))
+        if response is None:
+            return None
+        record = score_response(problem, response, protocol, self.pattern)
+        record["endpoint"] = safe_url(engine.endpoint)
+        record["model"] = record["model"] or engine.model
+        return record
+
     def build_summary(self) -> Summary:
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.summary import Summary
@@ -338,8 +354,12 @@ class State:
         wanted = self.planned_ids if self.planned_ids is not None else {p.id for p in selected}
         ran = [p for p in selected if p.id in wanted]
         if self.aborted:
+            # The run stopped at the first item the failure reached; answers that had come
+            # in for later items (out of order) are scored, not thrown away.
             for problem in ran:
-                records.setdefault(problem.id, error_record(problem, self.aborted))
+                if problem.id not in records:
+                    records[problem.id] = self._late_record(problem) or error_record(
+                        problem, self.aborted)
         split = self.split()
         protocol = self.protocol()
         summary = Summary(

@@ -420,3 +420,42 @@ def test_server_dies_when_its_parent_exits_without_stopping_it(tmp_path: Path) -
     finally:
         if _pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@_real
+def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path: Path) -> None:
+    """A build for another CPU serves /models, then faults on the first completion (SIGILL or
+    SIGSEGV). The probe must say so with the signal, the log's tail and the rebuild command,
+    and the watcher must report a death at once, never as an unreachable endpoint."""
+    srv = start_local_server(resolve_model("local"), alias=DEFAULT_ALIAS,
+                             log_path=tmp_path / "server.log")
+    died: list[str] = []
+    try:
+        srv.probe()  # a healthy build answers one token
+        srv.watch(died.append)
+        os.kill(srv.pid, signal.SIGILL)  # what an unsupported instruction raises
+        with pytest.raises(LocalServerError) as info:
+            srv.probe(timeout=10)
+    finally:
+        srv.stop()
+    message = str(info.value)
+    head = message.splitlines()[0]
+    assert f"pid {srv.pid}) died with signal SIGILL" in head
+    assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall' in head
+    assert "--no-cache-dir" in head and "llama-cpp-python==" in head
+    assert "last lines of the server log" in message
+    deadline = time.monotonic() + 5
+    while not died and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(died) == 1 and died[0].splitlines()[0] == head
+
+
+@_real
+def test_a_stopped_server_is_not_reported_dead(tmp_path: Path) -> None:
+    srv = start_local_server(resolve_model("local"), alias=DEFAULT_ALIAS,
+                             log_path=tmp_path / "server.log")
+    died: list[str] = []
+    srv.watch(died.append)
+    srv.stop()
+    time.sleep(0.2)
+    assert died == []

@@ -12,8 +12,10 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,54 @@ def test_local_model_end_to_end(tmp_path: Path, gsm8k_data: Path) -> None:
         assert problem["usage"]["completion_tokens"] > 0
     pid = data["local_server"]["pid"]
     assert not _alive(pid), f"llama.cpp server pid {pid} outlived the run"
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_the_local_server_dying_mid_run_is_one_message_at_once(
+    tmp_path: Path, xdist: list[str]
+) -> None:
+    """SIGSEGV to the llama.cpp server after its first answers: the run stops with one
+    message naming the signal and the fix, not 'unreachable' and not one per problem."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTEST_"))}
+    env["TMPDIR"] = str(tmp_path / "tmp")  # the run's folder, with the server's log, goes here
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--gsm8k-model=local", "--gsm8k-limit=40",
+         "--gsm8k-max-tokens=64", "--gsm8k-no-cache", f"--gsm8k-report={report}",
+         "-p", "no:randomly", "-p", "no:hypothesispytest", *xdist],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    pid = None
+    for line in proc.stdout:
+        lines.append(line)
+        found = re.search(r"serving .* with llama\.cpp at \S+ \(pid (\d+),", line)
+        if found:
+            pid = int(found.group(1))
+            break
+    assert pid is not None, "".join(lines)
+    # uvicorn logs each request: the probe and three items' answers, then the crash
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        logs = list((tmp_path / "tmp").glob("gsm8k-run-*/llama-server.log"))
+        text = logs[0].read_text(errors="replace") if logs else ""
+        if text.count("POST /v1/completions") >= 4:
+            break
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGSEGV)
+    rest, _ = proc.communicate(timeout=120)
+    out = "".join(lines) + rest
+    assert proc.returncode == 1, out[-3000:]
+    deaths = re.findall(r"died with signal SIGSEGV", out)
+    assert deaths, out[-3000:]
+    assert "unreachable" not in out, out[-3000:]
+    assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF"' in out
+    assert out.count("gsm8k: run stopped:") == 1, out[-3000:]
+    data = json.loads(report.read_text())
+    assert data["complete"] is False
+    errors = {p["error"] for p in data["problems"] if p["outcome"] == "error"}
+    assert len(errors) == 1 and "died with signal SIGSEGV" in errors.pop()
+    assert 0 < data["counts"]["error"] < 40

@@ -221,6 +221,13 @@ class Engine:
                 if self._closed:
                     raise EndpointAborted(self.aborted or "the engine was closed") from None
 
+    def ready(self, request: Request) -> ModelResponse | None:
+        """The answer for ``request`` if it has arrived (never waits, never fetches)."""
+        job = self.by_request.get(request)
+        if job is None or not job.future.done() or job.future.exception() is not None:
+            return None
+        return job.future.result()
+
     def abort(self, message: str) -> None:
         """Stop sending; every unfinished item fails with ``message`` (any thread)."""
         if not self._closed:
