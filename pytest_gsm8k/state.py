@@ -359,7 +359,8 @@ class State:
             for problem in ran:
                 if problem.id not in records:
                     records[problem.id] = self._late_record(problem) or error_record(
-                        problem, self.aborted)
+                        problem, self.aborted
+                    )
         split = self.split()
         protocol = self.protocol()
         summary = Summary(

@@ -427,8 +427,9 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
     """A build for another CPU serves /models, then faults on the first completion (SIGILL or
     SIGSEGV). The probe must say so with the signal, the log's tail and the rebuild command,
     and the watcher must report a death at once, never as an unreachable endpoint."""
-    srv = start_local_server(resolve_model("local"), alias=DEFAULT_ALIAS,
-                             log_path=tmp_path / "server.log")
+    srv = start_local_server(
+        resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "server.log"
+    )
     died: list[str] = []
     try:
         srv.probe()  # a healthy build answers one token
@@ -452,8 +453,9 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
 
 @_real
 def test_a_stopped_server_is_not_reported_dead(tmp_path: Path) -> None:
-    srv = start_local_server(resolve_model("local"), alias=DEFAULT_ALIAS,
-                             log_path=tmp_path / "server.log")
+    srv = start_local_server(
+        resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "server.log"
+    )
     died: list[str] = []
     srv.watch(died.append)
     srv.stop()

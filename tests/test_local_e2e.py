@@ -100,10 +100,26 @@ def test_the_local_server_dying_mid_run_is_one_message_at_once(
     env["TMPDIR"] = str(tmp_path / "tmp")  # the run's folder, with the server's log, goes here
     (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "--gsm8k-model=local", "--gsm8k-limit=40",
-         "--gsm8k-max-tokens=64", "--gsm8k-no-cache", f"--gsm8k-report={report}",
-         "-p", "no:randomly", "-p", "no:hypothesispytest", *xdist],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--gsm8k-model=local",
+            "--gsm8k-limit=40",
+            "--gsm8k-max-tokens=64",
+            "--gsm8k-no-cache",
+            f"--gsm8k-report={report}",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:hypothesispytest",
+            *xdist,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     assert proc.stdout is not None
     lines: list[str] = []

@@ -2,7 +2,7 @@
 
 Run from this folder:
 
-    pytest --gsm8k-data=../../../shared/gsm8k --gsm8k-limit=20 test_my_model.py
+    pytest --gsm8k-limit=20 test_my_model.py
 
 The callable gets a :class:`pytest_gsm8k.Request` (``messages`` for the chat
 API, ``prompt`` for completions, ``n``, ``temperature``, ``max_tokens``,
