@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import re
 from decimal import Decimal
 
 import pytest
 from gsm8k_copy import data_dir
 
+from pytest_gsm8k.core import scoring
 from pytest_gsm8k.core.scoring import (
     RULES,
     STRICT_PATTERN,
@@ -537,3 +539,70 @@ def test_majority_vote_counts_sum_to_non_none_votes() -> None:
     values = [D(1), None, D(2), D(1), None, D("1.0"), D(4)]
     _, counts = majority_vote(values)
     assert sum(c for _, c in counts) == 5
+
+
+# -- hostile lengths: linear scoring ---------------------------------------------------
+
+_OLD_PAIR = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+
+
+def _reference_strip(text: str) -> str:
+    """The old, quadratic definition of strip_reasoning: the meaning to keep."""
+    out = _OLD_PAIR.sub("\n", text)
+    closes = list(re.finditer(r"</think>", out, re.IGNORECASE))
+    if closes:
+        out = out[closes[-1].end() :]
+    opening = re.search(r"<think>", out, re.IGNORECASE)
+    return (out[: opening.start()] if opening else out).strip()
+
+
+def test_linear_strip_reasoning_means_what_the_regex_meant() -> None:
+    rng = random.Random(7)
+    tokens = ["<think>", "</think>", "<THINK>", "</Think>", "a", " 1 ", "\n", "é", "<thi", "nk>"]
+    for _ in range(20000):
+        text = "".join(rng.choice(tokens) for _ in range(rng.randint(0, 14)))
+        assert strip_reasoning(text) == _reference_strip(text), text
+
+
+def test_last_prose_number_from_the_end_equals_the_left_to_right_scan() -> None:
+    rng = random.Random(11)
+    tokens = [" ", "1", "2", ",", ".", "-", "$", "\n", "1,000", "\u2212", "x", "12,34"]
+    for _ in range(20000):
+        text = "".join(rng.choice(tokens) for _ in range(rng.randint(0, 16)))
+        expected = None
+        for match in re.finditer(scoring._PROSE_NUMBER, text):
+            expected = parse_number(match.group(0))
+        assert extract(text, "flexible") == expected, text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>" * 1_500_000, {}),  # unclosed reasoning: no answer at all
+        ("</think>" * 1_000_000 + "#### 18", {"strict": "18", "flexible": "18"}),
+        ("<think>1</think>" * 600_000 + "The answer is 18.", {"answer-is": "18", "flexible": "18"}),
+        ("\\boxed{" * 1_400_000, {}),
+        ("\\boxed{7}" * 1_100_000, {"boxed": "7", "flexible": "7"}),
+        ("#### 1 " * 1_600_000, {"strict": "1", "flexible": "1"}),
+        ("The answer is 5 " * 600_000, {"answer-is": "5", "flexible": "5"}),
+        # a run of number characters longer than 256 is read from its last 256
+        ("1" * 10_000_000, {"flexible": "1" * 256}),
+    ],
+    ids=["open", "closes", "pairs", "boxed-open", "boxed", "hashes", "answer-is", "digits"],
+)
+def test_ten_megabyte_answers_score_linearly(text: str, expected: dict[str, str]) -> None:
+    """Each shape was quadratic somewhere (reasoning tags, braces, Fraction of a huge
+    number, a Python loop over millions of matches). Run, not timed: benchmarks time."""
+    score = score_text(text, Decimal(18))
+    want = {rule: Decimal(expected[rule]) if rule in expected else None for rule in RULES}
+    assert score.extracted == want
+    assert score.correct == {rule: want[rule] == 18 for rule in RULES}
+
+
+def test_numbers_equal_on_huge_and_tiny_numbers_without_big_integer_work() -> None:
+    assert numbers_equal(D("18"), D("18." + "0" * 100_000 + "1"))  # within 1e-6
+    assert not numbers_equal(D("1" * 100_000), D("1"))  # magnitudes apart: no Fraction
+    assert not numbers_equal(D("1" * 80), D("1" * 79 + "2"))
+    assert numbers_equal(D("0"), D("0.0000001")) and not numbers_equal(D("0"), D("1"))
+    assert not numbers_equal(D("-1"), D("1")) and numbers_equal(D("0"), D("-0"))
+    assert not numbers_equal(D("0.0000001"), D("5"))

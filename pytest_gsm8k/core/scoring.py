@@ -32,9 +32,11 @@ This module is pure logic: no pytest, no I/O, standard library only.
 from __future__ import annotations
 
 import re
+import string
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
 
 __all__ = [
@@ -80,6 +82,8 @@ _PROSE_NUMBER = (
     r"(?:\.\d+)?"
 )
 _FLEXIBLE_RE = re.compile(_PROSE_NUMBER)
+_NUMBER_CHARS = "0123456789,.$-\u2212"  # every character a prose number can hold
+_RUN_CAP = 256
 
 # "The answer is ...", "the final answer is: $1,800.", "answer is: 42",
 # "The answer is **42**", "Final answer: 42".  A leading "the" is not required
@@ -93,16 +97,18 @@ _ANSWER_IS_RE = re.compile(
     re.IGNORECASE,
 )
 
-_BOXED_START_RE = re.compile(r"\\boxed\s*\{")
+# The content may hold braces two levels deep (\boxed{\frac{1}{2}}, \boxed{\text{\$}18}).
+# Possessive quantifiers: linear, even on a text of unclosed \boxed{ (a looping answer).
+_BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]++|\{(?:[^{}]++|\{[^{}]*+\})*+\})*+)\}")
+
 # LaTeX wrappers whose content is a unit or label, never the number itself.
 _TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{[^{}]*\}")
 # LaTeX noise that may appear inside a boxed number: escaped dollar/percent,
 # thin/negative spaces, "{,}" thousands separators, \left/\right.
 _LATEX_NOISE_RE = re.compile(r"\\[$%,!;: ]|\{,\}|\\left|\\right|[$%]")
 
-_THINK_PAIR_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
-_THINK_OPEN_RE = re.compile(r"<think>", re.IGNORECASE)
+_THINK_PAIR_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE | re.ASCII)
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 _PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
 
@@ -181,14 +187,25 @@ def strip_reasoning(text: str) -> str:
     Removed blocks are replaced by a newline (so the numbers on either side
     cannot fuse into one) and the result is stripped of outer whitespace.
     """
-    out = _THINK_PAIR_RE.sub("\n", text)
-    closes = list(_THINK_CLOSE_RE.finditer(out))
-    if closes:
-        out = out[closes[-1].end() :]
-    opening = _THINK_OPEN_RE.search(out)
-    if opening is not None:
-        out = out[: opening.start()]
-    return out.strip()
+    # Linear in the text's length. The pair regex alone is quadratic on unclosed tags (from
+    # each one it scans to the end for a close), and a cached answer full of them would stall
+    # every rerun; so it only runs on the part up to the last </think>, where every opening
+    # tag has a closing one after it. Tags match ASCII case-insensitively, as the regex does.
+    last = _ascii_lower(text).rfind("</think>")
+    head, tail = ("", text) if last == -1 else (text[: last + 8], text[last + 8 :])
+    opening = _ascii_lower(tail).find("<think>")
+    if opening != -1:
+        tail = tail[:opening]  # never closed: the model ran out of tokens while thinking
+    head = _THINK_PAIR_RE.sub("\n", head)
+    orphan = _ascii_lower(head).rfind("</think>")
+    if orphan != -1:
+        head = head[orphan + 8 :]  # everything up to a closing tag without opening was reasoning
+    return (head + tail).strip()
+
+
+def _ascii_lower(text: str) -> str:
+    """Lowercase A-Z only: the same length as ``text``, so indices carry over."""
+    return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
 def _last_match_number(regex: re.Pattern[str], text: str, use_group: bool) -> Decimal | None:
@@ -197,39 +214,42 @@ def _last_match_number(regex: re.Pattern[str], text: str, use_group: bool) -> De
     Only the last match is considered, even if its text does not parse: the
     rule is "the final stated answer counts", not "the final parseable one".
     """
-    last: re.Match[str] | None = None
-    for match in regex.finditer(text):
-        last = match
-    if last is None:
+    # deque(maxlen=1) consumes the matches in C: a looping 10 MB answer can hold millions
+    final = deque(regex.finditer(text), maxlen=1)
+    if not final:
         return None
+    last = final[0]
     token = last.group(1) if use_group else last.group(0)
     if token is None:  # optional group that did not take part in the match
         return None
     return parse_number(token)
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every complete ``\\boxed{...}``, by position of the opening.
+def _last_prose_number(text: str) -> Decimal | None:
+    """The last number in prose (the flexible rule), found from the end of the text.
 
-    Braces are matched by counting, because the content can itself contain
-    braces (``\\boxed{18\\text{ dollars}}``).  A ``\\boxed{`` that is never
-    closed (a truncated completion) is ignored.
+    The last match holds the text's last digit, and no match crosses a character
+    outside :data:`_NUMBER_CHARS`, so scanning the run of number characters that
+    ends there gives exactly the left-to-right scan's last match. A run longer than
+    :data:`_RUN_CAP` (no real answer) is read from its last ``_RUN_CAP`` characters.
     """
-    contents: list[str] = []
-    for start in _BOXED_START_RE.finditer(text):
-        depth = 1
-        i = start.end()
-        while i < len(text):
-            ch = text[i]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    contents.append(text[start.end() : i])
-                    break
-            i += 1
-    return contents
+    last = max(text.rfind(digit) for digit in string.digits)
+    if last == -1:
+        return None
+    start = max(len(text[: last + 1].rstrip(_NUMBER_CHARS)), last + 1 - _RUN_CAP)
+    final = deque(_FLEXIBLE_RE.finditer(text, start), maxlen=1)
+    return parse_number(final[0].group(0)) if final else None
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last complete ``\\boxed{}``, the innermost one when nested
+    (``\\boxed{\\boxed{1}}`` gives ``1``): the box whose opening comes last."""
+    final = deque(_BOXED_RE.finditer(text), maxlen=1)
+    if not final:
+        return None
+    content = final[0].group(1)
+    inner = _last_boxed(content) if "\\boxed" in content else None
+    return content if inner is None else inner
 
 
 def _boxed_number(content: str) -> Decimal | None:
@@ -276,12 +296,14 @@ def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) 
             return _last_match_number(_STRICT_RE, visible, use_group=True)
         return _last_match_number(pattern, visible, use_group=pattern.groups >= 1)
     if rule == "answer-is":
+        if "answer" not in _ascii_lower(visible):
+            return None  # the case-insensitive regex scan costs ten times this check
         return _last_match_number(_ANSWER_IS_RE, visible, use_group=True)
     if rule == "boxed":
-        contents = _boxed_contents(visible)
-        return _boxed_number(contents[-1]) if contents else None
+        content = _last_boxed(visible)
+        return None if content is None else _boxed_number(content)
     if rule == "flexible":
-        return _last_match_number(_FLEXIBLE_RE, visible, use_group=False)
+        return _last_prose_number(visible)
     raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
 
 
@@ -317,6 +339,10 @@ def gold_number(answer: str) -> Decimal:
     return value
 
 
+_EXACT_DIGITS = 60  # longer numbers are compared after rounding to _FINE
+_FINE = Decimal("1e-9")
+
+
 def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
     """Whether two answers agree, within :data:`TOLERANCE`.
 
@@ -330,6 +356,19 @@ def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
         return False
     if not (a.is_finite() and b.is_finite()):
         return False
+    # Cheap answers first, so a 10-million-digit "number" from a looping model costs no
+    # big-integer arithmetic: magnitudes 100x apart (the larger >= 1) differ by far more
+    # than the tolerance; a very long number is compared at 1e-9, well inside it.
+    top = max(a.adjusted(), b.adjusted())
+    if a.is_zero() or b.is_zero():
+        if max(a, b, key=abs).adjusted() >= 0 and not (a.is_zero() and b.is_zero()):
+            return False
+    elif top >= 0 and abs(a.adjusted() - b.adjusted()) >= 2:
+        return False
+    if max(len(a.as_tuple().digits), len(b.as_tuple().digits)) > _EXACT_DIGITS:
+        with localcontext() as ctx:
+            ctx.prec = max(top, 0) + 20
+            a, b = a.quantize(_FINE), b.quantize(_FINE)
     return abs(Fraction(a) - Fraction(b)) <= Fraction(TOLERANCE)
 
 
