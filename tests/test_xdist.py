@@ -251,7 +251,8 @@ def test_a_wrong_token_gets_nothing(channel) -> None:  # type: ignore[no-untyped
     remote = RemoteAnswers(address, "not-the-token", endpoint="e", model="m", wait=10)
     try:
         remote.offer(list(known))
-        with pytest.raises(EndpointAborted, match="closed its answer channel"):
+        # the controller hangs up: EOF, or a broken pipe if it did so before our write
+        with pytest.raises(EndpointAborted, match="answer channel"):
             remote.result(known["p1"])
     finally:
         remote.close()
