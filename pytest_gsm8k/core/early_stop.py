@@ -1,0 +1,749 @@
+"""Early stopping for the release gates (issue 13). Pure: no I/O, no pytest, stdlib only.
+
+A gate's verdict is often fixed long before the last of the N problems has an
+answer. This module decides, after each outcome, whether the run may stop,
+in one of two modes:
+
+``certain``
+    Exact, no statistics. The verdict is reported only when no answers to the
+    remaining problems could change it (every remaining problem correct, or
+    every one not correct, gives the same verdict). Never differs from the
+    full run.
+
+``sequential``
+    Everything ``certain`` does, plus an anytime-valid test on the full
+    split's accuracy: the problems run in a seeded uniformly random order,
+    so the outcomes seen so far are a sample drawn *without replacement*
+    from the finite population of the N outcomes, and a confidence sequence
+    for that population's mean (Waudby-Smith & Ramdas, "Confidence sequences
+    for sampling without replacement", NeurIPS 2020) decides the gate once
+    it lies on one side of the threshold. Guarantee, for every population
+    (every possible full-run outcome vector), including one exactly at the
+    threshold: P(the early verdict differs from the full run's) <= alpha.
+
+Public API::
+
+    run_order(ids: Sequence[str], seed: int) -> list[str]
+    min_acc_count(min_acc: float, n: int) -> int
+    max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int
+    mcnemar_p(newly_failing: int, newly_passing: int) -> float
+
+    Decision(after: int, verdicts: dict[str, Verdict | None], how: dict[str, str])
+    EarlyStop(ids, *, mode, seed=0, alpha=0.05, min_acc=None, baseline=None,
+              max_drop=0.0, mcnemar_alpha=None, order=None)
+        .order: list[str]                 # the order the plugin should run the problems in
+        .observe(problem_id, correct) -> Decision | None   # None while undecided
+        .decision: Decision | None
+        .observed: int                    # outcomes fed to the statistics (a prefix of .order)
+        .to_json() -> dict[str, Any]
+        .headline() -> str
+
+How the plugin uses it: build one :class:`EarlyStop` per run with the ids of
+the full selected split, run (or at least schedule) the problems in
+``EarlyStop.order``, and call :meth:`EarlyStop.observe` with every outcome as
+it arrives, in any order. Once it returns a :class:`Decision`, cancel the
+rest; the verdicts in it are the gates' verdicts (a gate whose verdict is
+``None`` was not needed: another gate FAILed).
+
+Out-of-order arrivals (xdist, concurrency): the sequential guarantee needs
+the order in which outcomes enter the statistics to be independent of the
+outcomes. A fast wrong answer (an error, a refusal) may arrive before a slow
+correct one, so the arrival order is *not* independent of the outcomes.
+:meth:`EarlyStop.observe` therefore buffers arrivals and feeds the
+statistics only the contiguous prefix of the seeded order that has arrived
+(``certain`` mode needs no order and uses every arrival at once). The order
+is part of the protocol's identity: ``run_order`` derives it from SHA-256 of
+the seed and each id, not from :mod:`random`, so it is the same on every
+Python version and machine.
+
+Gate semantics (as :mod:`pytest_gsm8k.summary` and :mod:`pytest_gsm8k.gates`
+decide after a full run; reproduced here with the same float comparisons, then
+turned into integer thresholds so that every later comparison is exact):
+
+* min-acc: PASS iff ``correct / N >= min_acc``. ``min_acc_count`` gives the
+  smallest passing count ``c*``.
+* baseline, max-drop mode: over the M problem ids shared with the baseline,
+  PASS iff ``B/M - X/M <= max_drop + 1e-12`` (B, X: baseline and current
+  correct counts). ``max_drop_count`` gives the smallest passing ``x*``, so
+  the gate is a count threshold on X, the current run's correct answers
+  among the shared problems.
+* baseline, McNemar mode (``--gsm8k-alpha``): PASS iff the exact one-sided
+  McNemar p-value is ``>= alpha``. Only ``certain`` bounds apply to it (in
+  both modes): the p-value falls with more newly failing and rises with more
+  newly passing problems, so its extreme values over the unknowns are exact.
+  No sequential test: its verdict is not a threshold on one population mean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Literal
+
+__all__ = [
+    "Decision",
+    "EarlyStop",
+    "Mode",
+    "Verdict",
+    "max_drop_count",
+    "mcnemar_p",
+    "min_acc_count",
+    "run_order",
+]
+
+Mode = Literal["certain", "sequential"]
+Verdict = Literal["PASS", "FAIL"]
+
+#: tolerance of the baseline gate's comparison, as in gates.apply_baseline
+DROP_TOLERANCE = 1e-12
+
+# The betting mixture (see _WorTest). Offsets delta of the alternative mean from
+# the null mean, in units of the gate's quantity (accuracy, or accuracy drop),
+# with prior weights. Chosen by simulation (benchmarks/bench_early_stop.py):
+# weight on small offsets, where the run is long and every nat of evidence
+# counts; the large ones decide a broken model in a handful of problems.
+_BINARY_MIX = ((0.05, 2.0), (0.08, 3.0), (0.12, 3.0), (0.18, 2.0), (0.3, 1.0), (0.6, 1.0))
+_PAIRED_MIX = ((0.02, 2.0), (0.03, 3.0), (0.05, 3.0), (0.08, 2.0), (0.12, 1.0), (0.2, 1.0),
+               (0.4, 1.0))
+#: largest fraction of the capital any one bet may lose (keeps every factor >= 0.02)
+_MAX_FRACTION = 0.98
+
+
+# -- protocol pieces ---------------------------------------------------------------------------
+
+
+def run_order(ids: Sequence[str], seed: int) -> list[str]:
+    """The seeded run order: ids sorted by SHA-256 of ``"<seed>:<id>"`` (ties by id).
+
+    Sorting by a cryptographic hash of (seed, id) is a uniformly random
+    permutation for all practical purposes (the hash acts as a random
+    oracle), independent of the outcomes, and reproducible everywhere: no
+    dependence on :mod:`random`'s algorithm or on the order ``ids`` come in.
+    """
+    if len(set(ids)) != len(ids):
+        raise ValueError("problem ids must be unique")
+
+    def key(pid: str) -> tuple[bytes, str]:
+        return hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid
+
+    return sorted(ids, key=key)
+
+
+def min_acc_count(min_acc: float, n: int) -> int:
+    """Smallest correct count ``c`` in ``0..n+1`` with ``c / n >= min_acc`` (the gate's float test).
+
+    ``n + 1`` means no count passes (min_acc above 1). The estimate
+    ``ceil(min_acc * n)`` is computed exactly with :class:`fractions.Fraction`
+    (no ``0.85 * 1319`` rounding), then nudged so the result agrees with the
+    very comparison the full-run gate makes (``correct / n >= min_acc`` in
+    floats; ``c / n`` is correctly rounded, hence nondecreasing in ``c``).
+    """
+    if n < 1:
+        raise ValueError(f"need n >= 1, got {n}")
+    count = max(0, min(n + 1, math.ceil(Fraction(min_acc) * n)))
+    while count > 0 and (count - 1) / n >= min_acc:
+        count -= 1
+    while count <= n and count / n < min_acc:
+        count += 1
+    return count
+
+
+def max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int:
+    """Smallest current correct count ``x`` in ``0..shared+1`` that passes the max-drop gate.
+
+    The gate passes when ``B/M - x/M <= max_drop + 1e-12`` in floats
+    (gates.apply_baseline); the left side is nonincreasing in ``x`` (each
+    operation is correctly rounded, hence monotone), so the passing counts
+    are ``x >= x*``.
+    """
+    if shared < 1 or not 0 <= baseline_correct <= shared:
+        raise ValueError(f"need 0 <= baseline_correct <= shared >= 1, got {baseline_correct}, "
+                         f"{shared}")
+    limit = max_drop + DROP_TOLERANCE
+    base = baseline_correct / shared
+
+    def passes(x: int) -> bool:
+        return base - x / shared <= limit
+
+    x = max(0, min(shared + 1, math.ceil(Fraction(baseline_correct) - Fraction(max_drop) * shared)))
+    while x > 0 and passes(x - 1):
+        x -= 1
+    while x <= shared and not passes(x):
+        x += 1
+    return x
+
+
+def mcnemar_p(newly_failing: int, newly_passing: int) -> float:
+    """Exact one-sided McNemar p-value ``P(Bin(f+g, 1/2) >= f)``, as stats.mcnemar_one_sided.
+
+    Integer tail sum divided once (Python's int/int division is correctly
+    rounded); the terms come from the recurrence ``C(m, i+1) = C(m, i) (m-i)
+    / (i+1)`` so a call costs O(m) small-integer steps.
+    """
+    if newly_failing < 0 or newly_passing < 0:
+        raise ValueError("counts must be non-negative")
+    m = newly_failing + newly_passing
+    if m == 0:
+        return 1.0
+    term = math.comb(m, newly_failing)
+    tail = 0
+    for i in range(newly_failing, m + 1):
+        tail += term
+        term = term * (m - i) // (i + 1)
+    return tail / (1 << m)
+
+
+# -- the sequential test -----------------------------------------------------------------------
+
+
+class _WorTest:
+    """One-sided anytime-valid test about the total of a finite population, drawn WoR.
+
+    The population: ``size`` values in ``{0, 1, ..., scale}`` (read as
+    ``y = value / scale`` in [0, 1]), seen in a uniformly random order. The
+    null hypothesis: the population total (in value units) is ``<= null``
+    (``up=True``: we bet on large values) or ``>= null`` (``up=False``).
+
+    Capital process (Waudby-Smith & Ramdas 2020, section 3): before draw t,
+    with ``S`` the total of the t-1 values seen, the mean of the unseen values
+    under the boundary null is ``mu_t = (null - S) / (scale (size - t + 1))``,
+    which is exactly ``E[y_t | past]`` under it. For each bet j,
+    ``K_j = prod_t (1 + lam_jt (y_t - mu_t))`` (``mu_t - y_t`` for ``up=False``),
+    with ``lam_jt >= 0`` fixed before ``y_t`` is seen: a nonnegative martingale
+    under the null. The test's capital is the mixture ``K = sum_j w_j K_j``
+    (weights summing to 1), again a nonnegative martingale, and Ville's
+    inequality gives ``P(sup_t K_t >= 1/alpha) <= alpha`` under the null:
+    rejecting the first time ``K_t >= 1/alpha`` is wrong with probability at
+    most alpha, at whatever time the run stops.
+
+    Bets: ``lam_jt = min(delta_j / v_t, 0.98 / mu_t)`` (``/ (1 - mu_t)`` for
+    ``up=False``), which keeps every factor >= 0.02. For 0/1 outcomes
+    (``binary``) ``v_t = mu_t (1 - mu_t)``: the bet is then the Kelly bet
+    against an alternative predicting ``mu_t +- delta_j``, i.e. K_j is the
+    likelihood ratio of that alternative to the null (GRAPA is exact for
+    binary data). Otherwise ``v_t`` is the smoothed empirical variance of the
+    values seen so far (a plug-in of the "approximate GRAPA" kind), which
+    does not depend on the null.
+
+    Composite null (all totals on the null side, not only the boundary): the
+    factor is nondecreasing in mu_t for every observed y (for ``up=False``,
+    ``1 + lam (mu - y)`` with lam nondecreasing in mu, or ``1 - (0.98/(1-mu))
+    (y - mu)`` whose derivative in mu is ``0.98 (1 - y) / (1 - mu)^2 >= 0``;
+    symmetrically for ``up=True``), and mu_t is increasing in the null total.
+    So the capital computed at any total inside the null is at least the
+    capital at the boundary, pathwise, and is a nonnegative martingale under
+    that total: rejecting at the boundary rejects the whole composite null,
+    still at level alpha. The same monotonicity makes the set of totals the
+    test rejects an interval, so confidence bounds come by bisection.
+
+    When the boundary's ``mu_t`` leaves (0, 1) the bet is skipped
+    (``lam = 0``, always allowed). On the far side that only happens once the
+    verdict is certain anyway; at ``mu_t`` = 0 or 1 on the near side only the
+    boundary itself is still possible, so no monotonicity is needed.
+
+    Floats: capitals are products of floats (relative error ~1e-16 per step);
+    a capital that underflows to 0 only makes the test more conservative.
+    """
+
+    __slots__ = ("size", "scale", "null", "up", "binary", "threshold", "mix", "caps", "t",
+                 "seen", "seen_sq", "rejected")
+
+    def __init__(self, size: int, scale: int, null: int, up: bool, alpha: float,
+                 binary: bool) -> None:
+        self.size = size
+        self.scale = scale
+        self.null = null
+        self.up = up
+        self.binary = binary
+        self.threshold = 1.0 / alpha
+        mix = _BINARY_MIX if binary else _PAIRED_MIX
+        total_weight = sum(w for _, w in mix)
+        # deltas in units of y (a drop in accuracy of delta is delta/2 in y units when scale 2)
+        self.mix = [d / scale for d, _ in mix]
+        self.caps = [w / total_weight for _, w in mix]
+        self.t = 0
+        self.seen = 0
+        self.seen_sq = 0
+        self.rejected = False
+
+    def update(self, value: int) -> bool:
+        """Feed the next value (in the run order); True once the null is rejected."""
+        if not self.rejected:
+            num = self.null - self.seen
+            den = self.scale * (self.size - self.t)
+            if 0 < num < den:
+                mu = num / den
+                y = value / self.scale
+                if self.binary:
+                    var = mu * (1.0 - mu)
+                else:
+                    # smoothed variance: prior 1/4 (the largest on [0,1]) with weight 1
+                    n = self.t
+                    mean = self.seen / (self.scale * n) if n else 0.0
+                    ss = self.seen_sq / (self.scale * self.scale) - n * mean * mean
+                    var = max((0.25 + ss) / (1 + n), 1e-6)
+                if self.up:
+                    dev = y - mu
+                    limit = _MAX_FRACTION / mu
+                else:
+                    dev = mu - y
+                    limit = _MAX_FRACTION / (1.0 - mu)
+                caps = self.caps
+                capital = 0.0
+                for j, delta in enumerate(self.mix):
+                    lam = delta / var
+                    if lam > limit:
+                        lam = limit
+                    caps[j] *= 1.0 + lam * dev
+                    capital += caps[j]
+                if capital >= self.threshold:
+                    self.rejected = True
+        self.t += 1
+        self.seen += value
+        self.seen_sq += value * value
+        return self.rejected
+
+
+def _rejects(values: Sequence[int], size: int, scale: int, null: int, up: bool, alpha: float,
+             binary: bool) -> bool:
+    """Whether the test of ``null`` rejects at some time over ``values`` (a replay)."""
+    test = _WorTest(size, scale, null, up, alpha, binary)
+    return any(test.update(value) for value in values)
+
+
+def _bisect_last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """Largest k in [lo, hi] with ok(k), given ok(lo) and ok monotone (True then False)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+# -- the gates ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _CountGate:
+    """A gate that PASSes iff a count X over a population of ``size`` items is >= ``need``.
+
+    Both of today's max-drop style gates reduce to this: min-acc with X = the
+    correct answers over all N problems, and the baseline max-drop gate with X
+    = the correct answers over the M shared problems. ``value_of`` maps an
+    outcome to the sequential test's value: ``x`` itself (binary) or the
+    paired difference ``b - x + 1`` in {0, 1, 2} (scale 2), whose total is
+    ``B - X + M``.
+
+    Certain bounds: with ``correct`` of X known and ``unseen`` items left,
+    ``correct <= X <= correct + unseen``; PASS is certain when ``correct >=
+    need``, FAIL when ``correct + unseen < need``.
+
+    Sequential (two one-sided tests, each at the gate's alpha): FAIL when the
+    test of "X >= need" rejects, PASS when the test of "X <= need - 1"
+    rejects. If in truth X >= need (the full run PASSes), only an early FAIL
+    is wrong, and it needs the first test to reject a true null: probability
+    <= alpha. If X <= need - 1, only an early PASS is wrong: again <= alpha.
+    Exactly at the threshold (X = need) the full run PASSes, and the FAIL
+    test's boundary is that very population. No population gets more than
+    alpha, so no correction for testing both directions is needed.
+    """
+
+    name: str
+    size: int
+    need: int
+    alpha: float
+    paired: bool
+    baseline: dict[str, int] = field(default_factory=dict)
+    correct: int = 0
+    seen: int = 0
+    values: list[int] = field(default_factory=list)
+    fail_test: _WorTest | None = None
+    pass_test: _WorTest | None = None
+    baseline_total: int = 0
+
+    def start_tests(self) -> None:
+        scale = 2 if self.paired else 1
+        if self.paired:
+            # X >= need  <=>  total of (b - x + 1) <= B - need + M: bet on large values
+            self.fail_test = _WorTest(self.size, scale, self.baseline_total - self.need
+                                      + self.size, True, self.alpha, False)
+            self.pass_test = _WorTest(self.size, scale, self.baseline_total - self.need + 1
+                                      + self.size, False, self.alpha, False)
+        else:
+            self.fail_test = _WorTest(self.size, scale, self.need, False, self.alpha, True)
+            self.pass_test = _WorTest(self.size, scale, self.need - 1, True, self.alpha, True)
+
+    def value_of(self, pid: str, correct: bool) -> int:
+        return self.baseline[pid] - int(correct) + 1 if self.paired else int(correct)
+
+    def certain(self) -> Verdict | None:
+        if self.correct >= self.need:
+            return "PASS"
+        if self.correct + self.size - self.seen < self.need:
+            return "FAIL"
+        return None
+
+    def add(self, value: int, correct: bool) -> Verdict | None:
+        """Count one outcome; the verdict if certain or (with tests) sequentially decided."""
+        self.correct += int(correct)
+        self.seen += 1
+        verdict = self.certain()
+        if self.fail_test is None or self.pass_test is None:
+            return verdict
+        self.values.append(value)
+        failed = self.fail_test.update(value)
+        passed = self.pass_test.update(value)
+        if verdict is None:
+            if failed:
+                verdict = "FAIL"
+            elif passed:
+                verdict = "PASS"
+        return verdict
+
+    def count_bounds(self) -> tuple[int, int]:
+        """Exact range of the final count X."""
+        return self.correct, self.correct + self.size - self.seen
+
+    def count_interval(self) -> tuple[int, int]:
+        """Anytime-valid bounds on X: each end a one-sided (1 - alpha) bound, in the exact range.
+
+        The lower end is the smallest X that the test of "total <= X" (on the
+        gate's value scale) has not rejected, the upper end the largest X that
+        "total >= X" has not; replays of the history, by bisection (the
+        rejected sets are intervals, see _WorTest).
+        """
+        low, high = self.count_bounds()
+        if self.fail_test is None:
+            return low, high
+        scale = 2 if self.paired else 1
+        values = self.values
+        if self.paired:
+            # X = B + M - total; "X >= k" <=> total <= B + M - k (bet up)
+            def keeps_high(k: int) -> bool:
+                return not _rejects(values, self.size, scale,
+                                    self.baseline_total + self.size - k, True, self.alpha, False)
+
+            def keeps_low(k: int) -> bool:
+                return not _rejects(values, self.size, scale,
+                                    self.baseline_total + self.size - k, False, self.alpha, False)
+        else:
+            def keeps_high(k: int) -> bool:
+                return not _rejects(values, self.size, scale, k, False, self.alpha, True)
+
+            def keeps_low(k: int) -> bool:
+                return not _rejects(values, self.size, scale, k, True, self.alpha, True)
+
+        # kept sets: {k <= top} for the upper end, {k >= bottom} for the lower end
+        top = _bisect_last(low, high, keeps_high) if keeps_high(low) else low
+        bottom = low
+        if not keeps_low(low):
+            bottom = min(_bisect_last(low, high, lambda k: not keeps_low(k)) + 1, top)
+        return bottom, top
+
+
+@dataclass
+class _McNemarGate:
+    """The baseline gate in McNemar mode: certain bounds only (see the module docstring).
+
+    ``p(f, g)`` falls as f (newly failing) grows and rises as g (newly
+    passing) grows, so over the unknown outcomes the p-value ranges from
+    ``p(f + U1, g)`` (every unseen baseline-correct problem now fails) to
+    ``p(f, g + U0)`` (every unseen baseline-wrong problem now passes); U1, U0
+    count the unseen shared problems the baseline got right / wrong.
+    """
+
+    name: str
+    alpha: float
+    baseline: dict[str, int]
+    unseen_right: int = 0
+    unseen_wrong: int = 0
+    failing: int = 0
+    passing: int = 0
+    seen: int = 0
+
+    def add(self, pid: str, correct: bool) -> Verdict | None:
+        self.seen += 1
+        if self.baseline[pid]:
+            self.unseen_right -= 1
+            self.failing += not correct
+        else:
+            self.unseen_wrong -= 1
+            self.passing += correct
+        return self.certain()
+
+    def certain(self) -> Verdict | None:
+        if mcnemar_p(self.failing, self.passing + self.unseen_wrong) < self.alpha:
+            return "FAIL"
+        if mcnemar_p(self.failing + self.unseen_right, self.passing) >= self.alpha:
+            return "PASS"
+        return None
+
+    def p_range(self) -> tuple[float, float]:
+        return (mcnemar_p(self.failing + self.unseen_right, self.passing),
+                mcnemar_p(self.failing, self.passing + self.unseen_wrong))
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The run may stop: after ``after`` outcomes, these verdicts are settled.
+
+    ``verdicts`` maps every gate ("min-acc", "baseline") to "PASS", "FAIL", or
+    None (not settled; only when another gate FAILed, which fixes the run's
+    exit). ``how`` says per settled gate "certain" or "sequential".
+    """
+
+    after: int
+    verdicts: dict[str, Verdict | None]
+    how: dict[str, str]
+
+    @property
+    def passed(self) -> bool:
+        return all(v == "PASS" for v in self.verdicts.values())
+
+
+class EarlyStop:
+    """Decide a run's gates as early as allowed; one instance per run.
+
+    ``ids``: the problem ids of the full selected split (N = len(ids)).
+    ``mode``: "certain" or "sequential" (see the module docstring).
+    ``seed``: the run order's seed (``run_order``); ``order`` overrides it
+    with an explicit permutation of ``ids`` (simulations; a plugin that
+    computed ``run_order`` itself).
+    ``alpha``: the sequential mode's error bound for the whole run: with
+    both a min-acc and a max-drop baseline gate each gets ``alpha / 2``
+    (Bonferroni), so the run's exit status differs from the full run's with
+    probability at most ``alpha``.
+    ``min_acc``: the min-acc gate's threshold, or None.
+    ``baseline``: problem id -> baseline outcome (1 correct, 0 not) for the
+    baseline gate, or None; only ids in ``ids`` count (the shared problems).
+    ``max_drop`` / ``mcnemar_alpha``: the baseline gate's rule; with
+    ``mcnemar_alpha`` (``--gsm8k-alpha``) the McNemar rule, certain bounds only.
+
+    The run stops when every gate's verdict is settled or any gate FAILs.
+    """
+
+    def __init__(
+        self,
+        ids: Sequence[str],
+        *,
+        mode: Mode,
+        seed: int = 0,
+        alpha: float = 0.05,
+        min_acc: float | None = None,
+        baseline: dict[str, int] | None = None,
+        max_drop: float = 0.0,
+        mcnemar_alpha: float | None = None,
+        order: Sequence[str] | None = None,
+    ) -> None:
+        if mode not in ("certain", "sequential"):
+            raise ValueError(f"mode must be 'certain' or 'sequential', got {mode!r}")
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if not ids:
+            raise ValueError("no problems")
+        self.mode: Mode = mode
+        self.alpha = alpha
+        self.seed = seed
+        self.n_total = len(ids)
+        if order is None:
+            self.order = run_order(ids, seed)
+        else:
+            self.order = list(order)
+            if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
+                raise ValueError("order must be a permutation of ids")
+        self._position = {pid: i for i, pid in enumerate(self.order)}
+        self._arrived: dict[int, bool] = {}
+        self._next = 0  # next position of the order to feed (sequential)
+        self.observed = 0
+        self.decision: Decision | None = None
+        self._verdicts: dict[str, Verdict | None] = {}
+        self._how: dict[str, str] = {}
+        sequential = mode == "sequential"
+        self._min_acc: _CountGate | None = None
+        self._base: _CountGate | None = None
+        self._mcnemar: _McNemarGate | None = None
+        self.min_acc = min_acc
+        self.max_drop = max_drop
+        shared: dict[str, int] = {}
+        if baseline is not None:
+            shared = {pid: int(bool(baseline[pid])) for pid in self.order if pid in baseline}
+            if not shared:
+                raise ValueError("no problem id in common with the baseline")
+        tested = (min_acc is not None) + (baseline is not None and mcnemar_alpha is None)
+        self.gate_alpha = alpha / max(tested, 1)
+        if min_acc is not None:
+            self._min_acc = _CountGate("min-acc", self.n_total,
+                                       min_acc_count(min_acc, self.n_total), self.gate_alpha,
+                                       paired=False)
+            if sequential:
+                self._min_acc.start_tests()
+            self._verdicts["min-acc"] = None
+        if baseline is not None:
+            b_total = sum(shared.values())
+            if mcnemar_alpha is None:
+                self._base = _CountGate("baseline", len(shared),
+                                        max_drop_count(b_total, len(shared), max_drop),
+                                        self.gate_alpha, paired=True, baseline=shared,
+                                        baseline_total=b_total)
+                if sequential:
+                    self._base.start_tests()
+            else:
+                self._mcnemar = _McNemarGate("baseline", mcnemar_alpha, shared,
+                                             unseen_right=b_total,
+                                             unseen_wrong=len(shared) - b_total)
+            self._verdicts["baseline"] = None
+        if not self._verdicts:
+            raise ValueError("no gate to decide (need min_acc and/or baseline)")
+        self._settle_initial()
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def _settle_initial(self) -> None:
+        """Some verdicts are fixed before any outcome (min_acc 0, or above 1)."""
+        if self._min_acc is not None:
+            self._record("min-acc", self._min_acc.certain(), "certain")
+        if self._base is not None:
+            self._record("baseline", self._base.certain(), "certain")
+        if self._mcnemar is not None:
+            self._record("baseline", self._mcnemar.certain(), "certain")
+        self._check_done()
+
+    def _record(self, name: str, verdict: Verdict | None, how: str) -> None:
+        if verdict is not None and self._verdicts[name] is None:
+            self._verdicts[name] = verdict
+            self._how[name] = how
+
+    def _check_done(self) -> None:
+        values = self._verdicts.values()
+        if "FAIL" in values or all(v is not None for v in values):
+            self.decision = Decision(self.observed, dict(self._verdicts), dict(self._how))
+
+    def observe(self, problem_id: str, correct: bool) -> Decision | None:
+        """Record one problem's outcome (any arrival order); the Decision once the run may stop.
+
+        Sequential mode feeds the statistics only the contiguous prefix of
+        ``order`` that has arrived (buffering the rest), so the CS stays valid
+        whatever the arrival order. Outcomes after the decision are ignored.
+        Raises KeyError for an id not in the run, ValueError for a repeat.
+        """
+        position = self._position[problem_id]
+        if position in self._arrived or position < self._next:
+            raise ValueError(f"outcome for {problem_id!r} observed twice")
+        if self.decision is not None:
+            return self.decision
+        if self.mode == "certain":
+            self._arrived[position] = correct
+            self._feed(problem_id, correct)
+            return self.decision
+        self._arrived[position] = correct
+        while self._next in self._arrived and self.decision is None:
+            ok = self._arrived.pop(self._next)
+            pid = self.order[self._next]
+            self._next += 1
+            self._feed(pid, ok)
+        return self.decision
+
+    def _feed(self, pid: str, correct: bool) -> None:
+        self.observed += 1
+        how = "certain" if self.mode == "certain" else "sequential"
+        if self._min_acc is not None:
+            gate = self._min_acc
+            verdict = gate.add(int(correct), correct)
+            self._record("min-acc", verdict, "certain" if gate.certain() else how)
+        if self._base is not None and pid in self._base.baseline:
+            gate = self._base
+            verdict = gate.add(gate.value_of(pid, correct), correct)
+            self._record("baseline", verdict, "certain" if gate.certain() else how)
+        if self._mcnemar is not None and pid in self._mcnemar.baseline:
+            self._record("baseline", self._mcnemar.add(pid, correct), "certain")
+        self._check_done()
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def _gate_json(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"verdict": self._verdicts[name], "how": self._how.get(name)}
+        if name == "min-acc" and self._min_acc is not None:
+            gate = self._min_acc
+            n = gate.size
+            low, high = gate.count_bounds()
+            out.update(threshold=self.min_acc, observed=gate.seen, correct=gate.correct,
+                       bounds=[low / n, high / n])
+            if gate.fail_test is not None:
+                lo, hi = gate.count_interval()
+                out["interval"] = [lo / n, hi / n]
+        elif self._base is not None:
+            gate = self._base
+            m = gate.size
+            b = gate.baseline_total
+            low, high = gate.count_bounds()
+            out.update(rule="max-drop", max_drop=self.max_drop, shared=m, observed=gate.seen,
+                       baseline_accuracy=b / m, drop_bounds=[(b - high) / m, (b - low) / m])
+            if gate.fail_test is not None:
+                lo, hi = gate.count_interval()
+                out["drop_interval"] = [(b - hi) / m, (b - lo) / m]
+        elif self._mcnemar is not None:
+            lo_p, hi_p = self._mcnemar.p_range()
+            out.update(rule="mcnemar", alpha=self._mcnemar.alpha, observed=self._mcnemar.seen,
+                       p_bounds=[lo_p, hi_p])
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The early-stopping record for the JSON report (bounds are exact; intervals, CS)."""
+        return {
+            "mode": self.mode,
+            "alpha": self.alpha if self.mode == "sequential" else None,
+            "gate_alpha": self.gate_alpha if self.mode == "sequential" else None,
+            "seed": self.seed,
+            "n_total": self.n_total,
+            "observed": self.observed,
+            "decided_after": self.decision.after if self.decision else None,
+            "verdicts": dict(self._verdicts),
+            "gates": {name: self._gate_json(name) for name in self._verdicts},
+        }
+
+    def _gate_phrase(self, name: str) -> str:
+        verdict = self._verdicts[name]
+        info = self._gate_json(name)
+        if name == "min-acc":
+            low, high = info["bounds"]
+            if verdict is None:
+                what = f"{name} undecided (accuracy reachable {low:.4f}-{high:.4f})"
+            elif info["how"] == "certain":
+                reach = (f"at most {high:.4f} reachable" if verdict == "FAIL"
+                         else f"at least {low:.4f} already")
+                what = f"{name} verdict {verdict} is certain ({reach})"
+            else:
+                lo, hi = info["interval"]
+                what = (f"{name} verdict {verdict} at alpha {self.gate_alpha:g} (accuracy of the "
+                        f"full split in [{lo:.4f}, {hi:.4f}])")
+            return what
+        if info.get("rule") == "mcnemar":
+            lo_p, hi_p = info["p_bounds"]
+            state = "undecided" if verdict is None else f"verdict {verdict} is certain"
+            return f"baseline {state} (McNemar p reachable {lo_p:.4g}-{hi_p:.4g})"
+        low, high = info["drop_bounds"]
+        if verdict is None:
+            return f"baseline undecided (drop reachable {low:+.3f} to {high:+.3f})"
+        if info["how"] == "certain":
+            reach = (f"drop at least {low:+.3f}" if verdict == "FAIL"
+                     else f"drop at most {high:+.3f}")
+            return f"baseline verdict {verdict} is certain ({reach})"
+        lo, hi = info["drop_interval"]
+        return (f"baseline verdict {verdict} at alpha {self.gate_alpha:g} (drop of the full "
+                f"split in [{lo:+.3f}, {hi:+.3f}])")
+
+    def headline(self) -> str:
+        """One line for the terminal, e.g. "stopped after 212 of 1319 problems: ..."."""
+        phrases = "; ".join(self._gate_phrase(name) for name in self._verdicts
+                            if self.decision is None or self._verdicts[name] is not None)
+        if self.decision is None:
+            return f"not stopped early ({self.observed} of {self.n_total} problems): {phrases}"
+        return f"stopped after {self.decision.after} of {self.n_total} problems: {phrases}"
