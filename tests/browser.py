@@ -22,7 +22,8 @@ from typing import Any
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--remote-debugging-port=0"]
+         "--hide-scrollbars", "--disable-crash-reporter", "--disable-breakpad",
+         "--remote-debugging-port=0"]
 
 
 def chromium() -> str | None:
@@ -36,16 +37,24 @@ class Browser:
         exe = chromium()
         assert exe, "chromium not found"
         profile.mkdir(parents=True, exist_ok=True)
+        port_file = profile / "DevToolsActivePort"
+        port_file.unlink(missing_ok=True)  # a reused profile's file names a dead browser's port
         self.proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}",
                                       f"--window-size={width},{height}", "about:blank"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.events: list[dict[str, Any]] = []
         self._id = 0
-        port_file = profile / "DevToolsActivePort"
+        self.sock: socket.socket | None = None
+        try:
+            self._connect(port_file)
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self, port_file: Path) -> None:
         deadline = time.monotonic() + 60
         while not (port_file.is_file() and port_file.read_text().count("\n") >= 1):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
                 raise RuntimeError("chromium did not open its DevTools port")
             time.sleep(0.05)
         port = int(port_file.read_text().split()[0])
@@ -170,7 +179,7 @@ class Browser:
         return png
 
     def close(self) -> None:
-        if getattr(self, "sock", None):
+        if self.sock is not None:
             self.sock.close()
         self.proc.terminate()
         try:
