@@ -123,18 +123,31 @@
     }
   }
 
+  /* One row is cloned from a prototype and its five text slots filled: several times faster
+     than creating each element, which matters at 1,319 rows. */
+  var proto = el("details", "row");
+  var protoSummary = add(proto, "summary");
+  ["pid", "badge", "was", "nums", "q"].forEach(function (cls) { add(protoSummary, "span", cls); });
+  if (!data.baseline) protoSummary.removeChild(protoSummary.querySelector(".was"));
   function buildRow(p) {
-    var row = el("details", "row o-" + p.o + (p.ch ? " ch-" + p.ch : ""));
+    var row = proto.cloneNode(true);
+    row.className = "row o-" + p.o + (p.ch ? " ch-" + p.ch : "");
     row.id = "p-" + p.id;
-    var sum = add(row, "summary");
-    add(sum, "span", "pid", p.id);
-    add(sum, "span", "badge o-" + p.o, p.o);
-    if (data.baseline) add(sum, "span", "was", p.b ? "was " + p.b : "new");
-    add(sum, "span", "nums", "gold " + num(p.g) + " \u00b7 got " + num(p.x));
-    add(sum, "span", "q", snippet(p.q || p.r, 150));
-    row.addEventListener("toggle", function () { if (row.open && !row.filled) fill(row, p); });
+    var slots = row.firstChild.childNodes;
+    var i = 0;
+    slots[i++].textContent = p.id;
+    slots[i].className = "badge o-" + p.o;
+    slots[i++].textContent = p.o;
+    if (data.baseline) slots[i++].textContent = p.b ? "was " + p.b : "new";
+    slots[i++].textContent = "gold " + num(p.g) + " \u00b7 got " + num(p.x);
+    slots[i].textContent = snippet(p.q || p.r, 150);
     return row;
   }
+  var byRow = new Map();
+  list.addEventListener("toggle", function (event) {  /* toggle does not bubble: capture it */
+    var row = event.target;
+    if (row.open && !row.filled && byRow.has(row)) fill(row, byRow.get(row));
+  }, true);
 
   var GROUP_TITLES = { failing: "Newly failing", passing: "Newly passing", "": "Unchanged" };
   var frag = document.createDocumentFragment();
@@ -147,6 +160,7 @@
     }
     if (group) group.total += 1;
     var row = buildRow(p);
+    byRow.set(row, p);
     frag.appendChild(row);
     rows.push({ p: p, el: row, g: group });
   });
