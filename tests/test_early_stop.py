@@ -61,7 +61,7 @@ def test_max_drop_count_hand_values():
 
 
 def test_mcnemar_p_matches_stats():
-    from pytest_gsm8k.stats import mcnemar_one_sided
+    from pytest_gsm8k.core.stats import mcnemar_one_sided
 
     for f in range(0, 40):
         for g in range(0, 40, 3):

@@ -56,7 +56,7 @@ is part of the protocol's identity: ``run_order`` derives it from SHA-256 of
 the seed and each id, not from :mod:`random`, so it is the same on every
 Python version and machine.
 
-Gate semantics (as :mod:`pytest_gsm8k.summary` and :mod:`pytest_gsm8k.gates`
+Gate semantics (as :mod:`pytest_gsm8k.core.summary` and :mod:`pytest_gsm8k.gates`
 decide after a full run; reproduced here with the same float comparisons, then
 turned into integer thresholds so that every later comparison is exact):
 

@@ -1,0 +1,575 @@
+"""The run's report as one self-contained HTML page. Pure: a function of its arguments.
+
+Why a separate renderer: the JSON report is the record of a run; this page is a view of it
+for a person reviewing a release (in CI artifacts, opened from disk, offline). So it reads the
+JSON report dict (``Summary.to_json()``, schema 1) and never the plugin's state, and it does no
+I/O besides reading its two package assets (``html_report.css``, ``html_report.js``).
+
+Inputs (what the plugin passes to :func:`render_html`):
+
+- ``report``: the JSON report dict. Fields used: ``headline``, ``accuracy``, ``ci95``, ``n``,
+  ``expected``, ``complete``, ``counts``, ``rules``, ``format_failures``, ``pass_at_k``,
+  ``protocol`` (``label``, ``name``, ``extractor``, ...), ``model``, ``reported_models``,
+  ``endpoint``, ``dataset``, ``subset``, ``tokens``, ``from_cache``, ``gates``, ``baseline``,
+  ``problems``; optional, read when present: ``interrupted``, ``early_stop`` (``mode``,
+  ``alpha``, ``decided_after``, ``verdicts``, ``interval``/``bounds``, shown as given),
+  ``min_acc`` (else parsed from the ``min-acc`` gate's detail), ``started_at``,
+  ``finished_at``, ``duration_s``.
+- ``problems``: problem id -> :class:`ProblemText` (question and worked solution), which the
+  JSON report does not hold; build it with :func:`problem_texts` from the loaded split.
+  Fallback: a record's own ``question``/``solution`` fields, if the report ever carries them.
+- ``baseline_outcomes``: problem id -> the baseline's outcome, from the stored baseline
+  document via :func:`outcomes_from_baseline`. Fallback: a record's ``baseline_outcome``; then,
+  when every problem was compared (``baseline.shared == n``), "correct"/"not correct" derived
+  from the newly failing/passing lists.
+
+Safety: every text from the model, the data or the run is escaped. Header text goes through
+:func:`html.escape`; the problem data is embedded as JSON in a ``<script type=
+"application/json">`` block with every ``<``, ``>`` and ``&`` written as a ``\\u00XX`` escape
+(so no ``</script>``, ``<!--`` or tag can occur in it), and the page's script builds the list
+with ``textContent`` only. Credentials in the endpoint URL (user info, query) are dropped; the
+report holds no API key and nothing from the environment is read.
+
+Speed: the page builds one summary row per problem once, fills a problem's details when it is
+first opened, and filters by toggling ``hidden`` on the rows (see ``html_report.js``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
+
+#: outcome order and colours; the CSS classes ``o-<outcome>`` use the same colours
+OUTCOME_COLOURS = {
+    "correct": "#1a7f37",
+    "wrong": "#cf222e",
+    "unparsed": "#bf8700",
+    "truncated": "#8250df",
+    "error": "#57606a",
+}
+_CALC = re.compile(r"<<[^<>]*>>")
+
+
+@dataclass(frozen=True)
+class ProblemText:
+    """What the page shows of a problem beyond the JSON report: its text and worked solution."""
+
+    question: str
+    solution: str = ""
+
+
+class _ProblemLike(Protocol):
+    """A GSM8K row (``pytest_gsm8k.core.types.Problem`` fits): id, question, full answer text."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def question(self) -> str: ...
+
+    @property
+    def answer(self) -> str: ...
+
+
+def problem_texts(problems: Iterable[_ProblemLike]) -> dict[str, ProblemText]:
+    """id -> question and worked solution (the answer before ``####``, calculator
+    annotations ``<<48/2=24>>`` removed: they are for the dataset's tooling, not for readers)."""
+    out: dict[str, ProblemText] = {}
+    for p in problems:
+        solution = p.answer.rpartition("####")[0] if "####" in p.answer else p.answer
+        out[p.id] = ProblemText(p.question, _CALC.sub("", solution).strip())
+    return out
+
+
+def outcomes_from_baseline(baseline: Mapping[str, Any]) -> dict[str, str]:
+    """id -> outcome from a stored baseline document (``baseline.build``): its ``problems``
+    map holds an outcome string, or for sampled protocols a dict with an ``outcome``."""
+    out: dict[str, str] = {}
+    for pid, entry in dict(baseline.get("problems") or {}).items():
+        outcome = entry.get("outcome") if isinstance(entry, Mapping) else entry
+        if outcome is not None:
+            out[str(pid)] = str(outcome)
+    return out
+
+
+def render_html(
+    report: Mapping[str, Any],
+    problems: Mapping[str, ProblemText] | None = None,
+    baseline_outcomes: Mapping[str, str] | None = None,
+) -> str:
+    """The whole page as one string (inline CSS, JS, SVG and data; no external resource)."""
+    texts = problems or {}
+    base = report.get("baseline") if isinstance(report.get("baseline"), Mapping) else None
+    compared = base is not None and "shared" in base
+    failing = [str(i) for i in (base or {}).get("newly_failing") or []]
+    passing = [str(i) for i in (base or {}).get("newly_passing") or []]
+    records = list(report.get("problems") or [])
+    derived = _derived_baseline(report, records, failing, passing) if compared else {}
+    rank = {pid: 0 for pid in failing} | {pid: 1 for pid in passing}
+    ordered = sorted(records, key=lambda r: (rank.get(str(r.get("id")), 2), _int(r.get("index"))))
+    rows = [
+        _row(r, texts, baseline_outcomes or {}, derived, failing, passing) for r in ordered
+    ]
+    rule_names = list(report.get("rules") or {})
+    for r in records:
+        rule_names += [k for k in (r.get("rules") or {}) if k not in rule_names]
+    data = {
+        "problems": rows,
+        "rules": rule_names,
+        "gated": (report.get("protocol") or {}).get("extractor"),
+        "baseline": compared,
+        "outcomes": list(OUTCOME_COLOURS),
+    }
+    title = (f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} "
+             f"({(report.get('protocol') or {}).get('label', '')})")
+    script = _asset("html_report.js")
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return "".join([
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+        # a second wall behind the escaping: no network, and only the page's own script runs
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        f"style-src 'unsafe-inline'; script-src 'sha256-{digest}'\">",
+        f"<title>{_e(title)}</title><style>{_asset('html_report.css')}</style></head><body>",
+        _header(report, compared),
+        _toolbar(report, compared),
+        "<div id=\"rows\" aria-live=\"polite\"></div>",
+        "<noscript><p class=\"note\">The problem list needs JavaScript; the JSON report holds "
+        "the same data.</p></noscript></main>",
+        f"<script type=\"application/json\" id=\"gsm8k-data\">{_script_json(data)}</script>",
+        f"<script>{script}</script></body></html>\n",
+    ])
+
+
+# -- data for the page's script ----------------------------------------------------------------
+
+
+def _row(
+    r: Mapping[str, Any],
+    texts: Mapping[str, ProblemText],
+    base_given: Mapping[str, str],
+    derived: Mapping[str, str],
+    failing: Sequence[str],
+    passing: Sequence[str],
+) -> dict[str, Any]:
+    """One problem in the short keys the page's script reads (see html_report.js)."""
+    pid = str(r.get("id"))
+    text = texts.get(pid)
+    response = str(r.get("response") or "")
+    samples: list[dict[str, Any]] = []
+    for s in r.get("samples") or []:
+        sample: dict[str, Any] = {"f": s.get("finish_reason"), "x": s.get("extracted") or {}}
+        if s.get("text") != response or not samples:  # sample 0 is usually the response itself
+            sample["t"] = str(s.get("text") or "")
+        samples.append(sample)
+    if samples and samples[0].get("t") == response:
+        del samples[0]["t"]
+    change = "failing" if pid in failing else "passing" if pid in passing else ""
+    return {
+        "i": r.get("index"),
+        "id": pid,
+        "o": r.get("outcome"),
+        "b": base_given.get(pid) or r.get("baseline_outcome") or derived.get(pid),
+        "ch": change,
+        "g": r.get("gold"),
+        "x": r.get("extracted"),
+        "q": text.question if text else str(r.get("question") or ""),
+        "s": text.solution if text else str(r.get("solution") or ""),
+        "r": response,
+        "sm": samples,
+        "rules": r.get("rules") or {},
+        "nc": r.get("n_correct"),
+        "ns": r.get("n_samples"),
+        "v": r.get("votes"),
+        "e": r.get("error"),
+        "note": r.get("note"),
+        "u": r.get("usage") or {},
+    }
+
+
+def _derived_baseline(
+    report: Mapping[str, Any], records: list[Any], failing: list[str], passing: list[str]
+) -> dict[str, str]:
+    """Baseline correctness implied by the comparison, when every problem was compared."""
+    if (report.get("baseline") or {}).get("shared") != len(records):
+        return {}
+    out = {}
+    for r in records:
+        pid = str(r.get("id"))
+        was = (pid in failing) or (bool(r.get("correct")) and pid not in passing)
+        out[pid] = "correct" if was else "not correct"
+    return out
+
+
+def _script_json(data: Any) -> str:
+    """JSON that cannot end its ``<script>`` element or open a comment: ``<``, ``>`` and ``&``
+    become ``\\u003c``/``\\u003e``/``\\u0026``, which JSON.parse turns back into the same text."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+# -- the header ----------------------------------------------------------------------------
+
+
+def _header(report: Mapping[str, Any], compared: bool) -> str:
+    gates = [g for g in report.get("gates") or [] if isinstance(g, Mapping)]
+    counts = {str(k): _int(v) for k, v in (report.get("counts") or {}).items()}
+    failed = [g for g in gates if not g.get("passed")]
+    errors = counts.get("error", 0)
+    if failed or errors:
+        verdict, cls = "FAIL", "fail"
+    else:
+        verdict, cls = ("PASS", "pass") if gates else ("NO GATE", "none")
+    headline = report.get("headline") or _headline(report)
+    parts = [
+        f"<header><div class=\"top\"><span class=\"verdict {cls}\">{verdict}</span>",
+        f"<h1>{_e(headline)}</h1></div>",
+    ]
+    n, expected = _int(report.get("n")), _int(report.get("expected"))
+    if report.get("complete") is False or report.get("interrupted"):
+        why = " (run interrupted)" if report.get("interrupted") or n >= expected else ""
+        parts.append(f"<p class=\"banner warn\">INCOMPLETE: {n} of {expected} problems have a "
+                     f"result{why}; every number here covers only those.</p>")
+    early = report.get("early_stop")
+    if isinstance(early, Mapping) and early:
+        parts.append(f"<p class=\"banner info\">EARLY STOP: {_early_line(early)}</p>")
+    if errors:
+        parts.append(f"<p class=\"banner warn\">{errors} problem(s) ended in an error (no "
+                     "answer): the run fails.</p>")
+    parts.append("<section class=\"cards\">")
+    parts.append(_gates_card(gates))
+    parts.append(_run_card(report))
+    if compared:
+        parts.append(_baseline_card(report["baseline"]))
+    elif isinstance(report.get("baseline"), Mapping):
+        written = report["baseline"]
+        parts.append(f"<div class=\"card\"><h2>Baseline</h2><p>written to "
+                     f"<code>{_e(written.get('path'))}</code></p></div>")
+    if isinstance(early, Mapping) and early:
+        parts.append(_early_card(early))
+    parts.append("</section><section class=\"cards charts\">")
+    parts.append(_accuracy_card(report, compared))
+    parts.append(_outcome_card(counts))
+    if report.get("pass_at_k"):
+        parts.append(_pass_at_card(report["pass_at_k"]))
+    parts.append(_rules_card(report))
+    parts.append("</section></header><main>")
+    return "".join(parts)
+
+
+def _headline(report: Mapping[str, Any]) -> str:
+    """The terminal headline, for a report written before it carried one."""
+    low, high = (list(report.get("ci95") or []) + [0.0, 0.0])[:2]
+    label = (report.get("protocol") or {}).get("label", "?")
+    return (f"gsm8k acc ({label}) = {_fmt(report.get('accuracy'))}  "
+            f"[95% CI {_fmt(low)}-{_fmt(high)}]  n={report.get('n')}")
+
+
+def _gates_card(gates: list[Mapping[str, Any]]) -> str:
+    if not gates:
+        return "<div class=\"card\"><h2>Gates</h2><p class=\"note\">no gate was set</p></div>"
+    rows = "".join(
+        f"<tr><td><span class=\"badge {'pass' if g.get('passed') else 'fail'}\">"
+        f"{'PASS' if g.get('passed') else 'FAIL'}</span></td><th>{_e(g.get('name'))}</th>"
+        f"<td>{_e(g.get('detail'))}</td></tr>"
+        for g in gates
+    )
+    return f"<div class=\"card gates\"><h2>Gates</h2><table>{rows}</table></div>"
+
+
+def _run_card(report: Mapping[str, Any]) -> str:
+    proto = report.get("protocol") or {}
+    ds = report.get("dataset") or {}
+    sub = report.get("subset") or {}
+    tokens = report.get("tokens") or {}
+    model = str(report.get("model", ""))
+    reported = [str(m) for m in report.get("reported_models") or []]
+    if reported and reported != [model]:
+        model += f" (server reported: {', '.join(reported)})"
+    subset = ""
+    if sub.get("limit") is not None:
+        subset = (f"seeded subset of {sub.get('of')} (limit {sub.get('limit')}, "
+                  f"seed {sub.get('seed')})")
+    if sub.get("deselected"):
+        subset += f"{'; ' if subset else ''}{sub['deselected']} deselected (-k/-m/--lf)"
+    settings = ", ".join(f"{k} {proto[k]}" for k in ("temperature", "max_tokens", "api",
+                                                      "extractor", "preset")
+                         if proto.get(k) not in (None, ""))
+    items = [
+        ("model", model),
+        ("endpoint", _safe_endpoint(str(report.get("endpoint") or ""))),
+        ("protocol", f"{proto.get('label', '')}; {settings}"),
+        ("dataset", f"{ds.get('name', '')} {ds.get('config', '')}/{ds.get('split', '')}"
+                    + (f", {ds['rows']} rows" if ds.get("rows") else "")),
+        ("fingerprint", str(ds.get("fingerprint", ""))),
+        ("subset", subset),
+        ("tokens", f"prompt {_int(tokens.get('prompt_tokens')):,}, completion "
+                   f"{_int(tokens.get('completion_tokens')):,}; answers from cache: "
+                   f"{_int(report.get('from_cache'))} of {report.get('n')}"),
+        ("time", _time_line(report)),
+    ]
+    dl = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in items if v)
+    return f"<div class=\"card\"><h2>Run</h2><dl>{dl}</dl></div>"
+
+
+def _time_line(report: Mapping[str, Any]) -> str:
+    parts = []
+    if report.get("started_at"):
+        parts.append(f"started {report['started_at']}")
+    if report.get("finished_at"):
+        parts.append(f"finished {report['finished_at']}")
+    if isinstance(report.get("duration_s"), int | float):
+        parts.append(f"{float(report['duration_s']):.1f} s")
+    return ", ".join(parts)
+
+
+def _baseline_card(base: Mapping[str, Any]) -> str:
+    low, high = (list(base.get("difference_ci95") or []) + [0.0, 0.0])[:2]
+    where = (f"on the {base.get('shared')} problems shared with the baseline's "
+             f"{base.get('baseline_n')} (subset)" if base.get("subset")
+             else f"on {base.get('shared')} problems")
+    items = [
+        ("file", str(base.get("path", ""))),
+        ("accuracy", f"{_fmt(base.get('baseline_accuracy'))} \u2192 "
+                     f"{_fmt(base.get('current_accuracy'))} {where}"),
+        ("paired diff", f"{_float(base.get('difference')):+.4f} "
+                        f"[95% CI {_float(low):+.4f}, {_float(high):+.4f}]"),
+        ("McNemar", f"one-sided p = {_float(base.get('mcnemar_p')):.4g}"),
+        ("flips", f"{len(base.get('newly_failing') or [])} newly failing, "
+                  f"{len(base.get('newly_passing') or [])} newly passing"),
+    ]
+    dl = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    return f"<div class=\"card baseline\"><h2>Against the baseline</h2><dl>{dl}</dl></div>"
+
+
+def _early_line(early: Mapping[str, Any]) -> str:
+    bits = [f"{k.replace('_', ' ')} {_value(early[k])}"
+            for k in ("mode", "alpha", "decided_after") if k in early]
+    return _e("; ".join(bits) or "the run stopped before every problem was asked")
+
+
+def _early_card(early: Mapping[str, Any]) -> str:
+    dl = "".join(f"<dt>{_e(str(k).replace('_', ' '))}</dt><dd>{_e(_value(v))}</dd>"
+                 for k, v in early.items())
+    return f"<div class=\"card\"><h2>Early stop</h2><dl>{dl}</dl></div>"
+
+
+def _value(v: Any) -> str:
+    """A JSON value as a short readable phrase (numbers to 4 places)."""
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}: {_value(x)}" for k, x in v.items())
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return str(v)
+
+
+# -- pictures (inline SVG, drawn here) ------------------------------------------------------------
+
+
+def _min_acc(report: Mapping[str, Any]) -> float | None:
+    if isinstance(report.get("min_acc"), int | float):
+        return float(report["min_acc"])
+    for gate in report.get("gates") or []:
+        found = re.search(r"--gsm8k-min-acc ([0-9.]+)", str(gate.get("detail", "")))
+        if gate.get("name") == "min-acc" and found:
+            return float(found.group(1))
+    return None
+
+
+def _accuracy_card(report: Mapping[str, Any], compared: bool) -> str:
+    """Accuracy, its Wilson interval, the min-acc threshold and the baseline on one axis."""
+    acc = _float(report.get("accuracy"))
+    low, high = (list(report.get("ci95") or []) + [acc, acc])[:2]
+    marks: list[tuple[str, float]] = []
+    threshold = _min_acc(report)
+    if threshold is not None:
+        marks.append(("min-acc", threshold))
+    if compared:
+        marks.append(("baseline", _float(report["baseline"].get("baseline_accuracy"))))
+    values = [acc, _float(low), _float(high)] + [v for _, v in marks]
+    lo = max(0.0, math.floor((min(values) - 0.02) * 20) / 20)
+    hi = min(1.0, math.ceil((max(values) + 0.02) * 20) / 20)
+    width, left, right = 560, 20, 540
+
+    def x(v: float) -> float:
+        return left + (right - left) * (v - lo) / ((hi - lo) or 1)
+
+    step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2) if (hi - lo) / s <= 10.001)
+    svg = [f"<svg viewBox=\"0 0 {width} 112\" role=\"img\" class=\"chart\" "
+           f"aria-label=\"accuracy {acc:.4f}\">",
+           f"<line x1=\"{left}\" x2=\"{right}\" y1=\"80\" y2=\"80\" class=\"axis\"/>"]
+    tick = lo
+    while tick <= hi + 1e-9:
+        svg.append(f"<line x1=\"{x(tick):.1f}\" x2=\"{x(tick):.1f}\" y1=\"80\" y2=\"85\" "
+                   f"class=\"axis\"/><text x=\"{x(tick):.1f}\" y=\"98\" class=\"tick\">"
+                   f"{tick:.2f}</text>")
+        tick = round(tick + step, 6)
+    svg.append(f"<rect x=\"{x(_float(low)):.1f}\" y=\"26\" width=\""
+               f"{max(1.0, x(_float(high)) - x(_float(low))):.1f}\" height=\"14\" rx=\"3\" "
+               f"class=\"ci\"><title>Wilson 95% interval {_fmt(low)}-{_fmt(high)}</title></rect>")
+    svg.append(f"<circle cx=\"{x(acc):.1f}\" cy=\"33\" r=\"5\" class=\"acc\"/>"
+               f"<text x=\"{x(acc):.1f}\" y=\"18\" class=\"label strong\">{acc:.4f}</text>")
+    for name, value in marks:
+        if name == "min-acc":
+            svg.append(f"<line x1=\"{x(value):.1f}\" x2=\"{x(value):.1f}\" y1=\"8\" y2=\"80\" "
+                       f"class=\"threshold\"/><text x=\"{x(value) + 4:.1f}\" y=\"74\" "
+                       f"class=\"label left fail-text\">min-acc {value:g}</text>")
+        else:
+            cx = x(value)
+            svg.append(f"<path d=\"M{cx:.1f} 50 l6 6 l-6 6 l-6 -6 z\" class=\"base\"/>"
+                       f"<text x=\"{cx + 9:.1f}\" y=\"60\" class=\"label left\">baseline "
+                       f"{value:.4f}</text>")
+    svg.append("</svg>")
+    return ("<div class=\"card chart-card wide\"><h2>Accuracy, 95% interval</h2>"
+            + "".join(svg) + "</div>")
+
+
+def _outcome_card(counts: Mapping[str, int]) -> str:
+    """Outcome counts as one stacked bar with a legend."""
+    total = sum(counts.values()) or 1
+    names = list(OUTCOME_COLOURS) + [k for k in counts if k not in OUTCOME_COLOURS]
+    svg = ["<svg viewBox=\"0 0 560 28\" role=\"img\" class=\"chart\" aria-label=\"outcomes\">"]
+    offset = 0.0
+    for name in names:
+        count = counts.get(name, 0)
+        if not count:
+            continue
+        w = 560 * count / total
+        svg.append(f"<rect x=\"{offset:.1f}\" y=\"2\" width=\"{w:.1f}\" height=\"24\" "
+                   f"fill=\"{OUTCOME_COLOURS.get(name, '#888')}\"><title>{_e(name)}: {count}"
+                   f"</title></rect>")
+        offset += w
+    svg.append("</svg>")
+    legend = "".join(
+        f"<span class=\"legend\"><i class=\"o-{_e(name)}\"></i>{counts.get(name, 0)} "
+        f"{_e(name)}</span>" for name in names if counts.get(name) or name in ("correct", "wrong")
+    )
+    return ("<div class=\"card chart-card\"><h2>Outcomes</h2>" + "".join(svg)
+            + f"<p>{legend}</p></div>")
+
+
+def _pass_at_card(pass_at: Mapping[str, Any]) -> str:
+    """The pass@k curve, k on a log axis (the ks are 1, powers of two and N)."""
+    points = sorted((_int(k.split("@")[-1]), _float(v)) for k, v in pass_at.items())
+    if not points:
+        return ""
+    lo = max(0.0, math.floor((min(v for _, v in points) - 0.05) * 10) / 10)
+    width, height, left, right, top, bottom = 360, 170, 44, 340, 14, 136
+
+    def x(i: int) -> float:
+        return left + (right - left) * (i / max(1, len(points) - 1))
+
+    def y(v: float) -> float:
+        return bottom - (bottom - top) * (v - lo) / ((1.0 - lo) or 1)
+
+    svg = [f"<svg viewBox=\"0 0 {width} {height}\" role=\"img\" class=\"chart small\" "
+           "aria-label=\"pass@k\">",
+           f"<line x1=\"{left}\" x2=\"{right}\" y1=\"{bottom}\" y2=\"{bottom}\" class=\"axis\"/>",
+           f"<line x1=\"{left}\" x2=\"{left}\" y1=\"{top}\" y2=\"{bottom}\" class=\"axis\"/>"]
+    for v in (lo, (lo + 1) / 2, 1.0):
+        svg.append(f"<text x=\"{left - 6}\" y=\"{y(v) + 4:.1f}\" class=\"tick right\">"
+                   f"{v:.2f}</text>")
+    line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, (_, v) in enumerate(points))
+    svg.append(f"<polyline points=\"{line}\" class=\"curve\"/>")
+    for i, (k, v) in enumerate(points):
+        svg.append(f"<circle cx=\"{x(i):.1f}\" cy=\"{y(v):.1f}\" r=\"3.5\" class=\"acc\">"
+                   f"<title>pass@{k} = {v:.4f}</title></circle>"
+                   f"<text x=\"{x(i):.1f}\" y=\"{bottom + 16}\" class=\"tick\">{k}</text>"
+                   f"<text x=\"{x(i):.1f}\" y=\"{y(v) - 8:.1f}\" class=\"label\">{v:.3f}</text>")
+    svg.append(f"<text x=\"{(left + right) / 2}\" y=\"{height - 2}\" class=\"tick\">k</text>")
+    svg.append("</svg>")
+    return "<div class=\"card chart-card\"><h2>pass@k</h2>" + "".join(svg) + "</div>"
+
+
+def _rules_card(report: Mapping[str, Any]) -> str:
+    gated = (report.get("protocol") or {}).get("extractor")
+    rows = "".join(
+        f"<tr><th>{_e(rule)}{' *' if rule == gated else ''}</th><td>{_fmt(acc)}</td>"
+        f"<td><span class=\"meter\"><i style=\"width:{100 * _float(acc):.1f}%\"></i></span></td>"
+        f"</tr>"
+        for rule, acc in (report.get("rules") or {}).items()
+    )
+    return (f"<div class=\"card\"><h2>By extractor</h2><table class=\"rules\">{rows}</table>"
+            f"<p class=\"note\">* gates; format failures: {_int(report.get('format_failures'))}"
+            "</p></div>")
+
+
+def _toolbar(report: Mapping[str, Any], compared: bool) -> str:
+    counts = report.get("counts") or {}
+    options = "".join(
+        f"<option value=\"{_e(o)}\">{_e(o)} ({_int(counts.get(o))})</option>"
+        for o in OUTCOME_COLOURS
+    )
+    change = ""
+    if compared:
+        base = report["baseline"]
+        change = (
+            "<label>change <select id=\"f-change\"><option value=\"all\">all</option>"
+            f"<option value=\"failing\">newly failing ({len(base.get('newly_failing') or [])})"
+            f"</option><option value=\"passing\">newly passing "
+            f"({len(base.get('newly_passing') or [])})</option>"
+            "<option value=\"same\">unchanged</option></select></label>"
+        )
+    return (
+        "<div class=\"toolbar\"><h2>Problems</h2><label>outcome <select id=\"f-outcome\">"
+        f"<option value=\"all\">all ({_int(report.get('n'))})</option>"
+        f"<option value=\"notcorrect\">not correct</option>{options}</select></label>{change}"
+        "<input id=\"f-search\" type=\"search\" placeholder=\"search id or text\" "
+        "aria-label=\"search\"><span id=\"f-count\"></span></div>"
+    )
+
+
+# -- small helpers -------------------------------------------------------------------------------
+
+
+def _asset(name: str) -> str:
+    return resources.files("pytest_gsm8k.core").joinpath(name).read_text(encoding="utf-8")
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _fmt(value: Any) -> str:
+    return f"{_float(value):.4f}"
+
+
+def _safe_endpoint(url: str) -> str:
+    """The endpoint without user info or query string: where a secret could hide in a URL."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparseable endpoint)"
+    if not parts.netloc:
+        return url.split("?")[0]
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
