@@ -85,13 +85,15 @@ def min_acc_specs(quick: bool) -> list[dict[str, Any]]:
         counts |= {need - 13, need - 7, need - 1, need, need + 1, need + 7, need + 13}
         for correct in sorted(counts):
             outcomes = {pid: i < correct for i, pid in enumerate(IDS)}
-            specs.append({
-                "label": f"{correct / N:.4f} ({correct}) | {threshold:g}",
-                "key": (0, threshold, correct),
-                "outcomes": outcomes,
-                "gate": {"min_acc": threshold},
-                "full": "PASS" if correct >= need else "FAIL",
-            })
+            specs.append(
+                {
+                    "label": f"{correct / N:.4f} ({correct}) | {threshold:g}",
+                    "key": (0, threshold, correct),
+                    "outcomes": outcomes,
+                    "gate": {"min_acc": threshold},
+                    "full": "PASS" if correct >= need else "FAIL",
+                }
+            )
     return specs
 
 
@@ -99,8 +101,14 @@ def baseline_specs() -> list[dict[str, Any]]:
     """Paired populations: baseline 0.80, a given number of newly failing / passing problems."""
     specs = []
     base_correct = round(0.80 * N)
-    for max_drop, failing, passing in ((0.02, 66, 66), (0.02, 150, 18), (0.02, 92, 66),
-                                       (0.02, 93, 66), (0.05, 200, 40), (0.0, 30, 60)):
+    for max_drop, failing, passing in (
+        (0.02, 66, 66),
+        (0.02, 150, 18),
+        (0.02, 92, 66),
+        (0.02, 93, 66),
+        (0.05, 200, 40),
+        (0.0, 30, 60),
+    ):
         b = [1] * base_correct + [0] * (N - base_correct)
         x = b[:]
         for i in range(failing):
@@ -111,13 +119,15 @@ def baseline_specs() -> list[dict[str, Any]]:
         outcomes = {pid: bool(v) for pid, v in zip(IDS, x, strict=True)}
         need = max_drop_count(base_correct, N, max_drop)
         drop = (failing - passing) / N
-        specs.append({
-            "label": f"drop {drop:+.4f} (-{failing}/+{passing}) | {max_drop:g}",
-            "key": (1, max_drop, failing - passing),
-            "outcomes": outcomes,
-            "gate": {"baseline": baseline, "max_drop": max_drop},
-            "full": "PASS" if sum(x) >= need else "FAIL",
-        })
+        specs.append(
+            {
+                "label": f"drop {drop:+.4f} (-{failing}/+{passing}) | {max_drop:g}",
+                "key": (1, max_drop, failing - passing),
+                "outcomes": outcomes,
+                "gate": {"baseline": baseline, "max_drop": max_drop},
+                "full": "PASS" if sum(x) >= need else "FAIL",
+            }
+        )
     return specs
 
 
@@ -130,8 +140,11 @@ def main() -> int:
     args = parser.parse_args()
     orders = min(args.orders, 500) if args.quick else args.orders
     specs = min_acc_specs(args.quick) + baseline_specs()
-    jobs = [(mode, spec, orders, 1000 + i, args.alpha)
-            for i, spec in enumerate(specs) for mode in ("certain", "sequential")]
+    jobs = [
+        (mode, spec, orders, 1000 + i, args.alpha)
+        for i, spec in enumerate(specs)
+        for mode in ("certain", "sequential")
+    ]
     # the long ones (near a threshold) first, so the pool ends together
     jobs.sort(key=lambda j: (j[0] == "certain", j[1]["key"]))
     started = time.perf_counter()
@@ -143,18 +156,27 @@ def main() -> int:
     for res in results:
         by_key.setdefault(res["key"], {})[res["mode"]] = res
         labels[res["key"]] = (res["label"], res["full"])
-    print(f"N={N}, alpha={args.alpha:g}, {orders} random orders per row, {args.jobs} processes, "
-          f"{elapsed:.0f} s; 'problems' = median / 90th percentile of problems run to a verdict "
-          f"(the full run: {N})")
+    print(
+        f"N={N}, alpha={args.alpha:g}, {orders} random orders per row, {args.jobs} processes, "
+        f"{elapsed:.0f} s; 'problems' = median / 90th percentile of problems run to a verdict "
+        f"(the full run: {N})"
+    )
     worst = 0.0
-    for section, title, head in ((0, "min-acc gate", "accuracy (correct) | min_acc"),
-                                 (1, "baseline max-drop gate, baseline accuracy 0.80",
-                                  "drop (newly failing/passing) | max_drop")):
+    for section, title, head in (
+        (0, "min-acc gate", "accuracy (correct) | min_acc"),
+        (
+            1,
+            "baseline max-drop gate, baseline accuracy 0.80",
+            "drop (newly failing/passing) | max_drop",
+        ),
+    ):
         print()
         print(f"#### {title}")
         print()
-        print(f"| {head} | full run | certain: problems | sequential: problems "
-              "| sequential: disagreement |")
+        print(
+            f"| {head} | full run | certain: problems | sequential: problems "
+            "| sequential: disagreement |"
+        )
         print("|---|---|---|---|---|---|")
         for key in sorted(k for k in by_key if k[0] == section):
             label, full = labels[key]
@@ -163,11 +185,15 @@ def main() -> int:
             if cert["wrong"]:
                 raise AssertionError(f"certain mode disagreed with the full run: {label}")
             worst = max(worst, seq["wrong"])
-            print(f"| {label} | {full} | {cert['median']:g} / {cert['p90']} | "
-                  f"{seq['median']:g} / {seq['p90']} | {seq['wrong']:.4f} |")
+            print(
+                f"| {label} | {full} | {cert['median']:g} / {cert['p90']} | "
+                f"{seq['median']:g} / {seq['p90']} | {seq['wrong']:.4f} |"
+            )
     print()
-    print(f"worst sequential disagreement over all rows: {worst:.4f} (alpha {args.alpha:g}); "
-          "certain mode: 0 everywhere")
+    print(
+        f"worst sequential disagreement over all rows: {worst:.4f} (alpha {args.alpha:g}); "
+        "certain mode: 0 everywhere"
+    )
     return 0
 
 

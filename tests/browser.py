@@ -20,10 +20,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--disable-crash-reporter", "--disable-breakpad",
-         "--remote-debugging-port=0"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--disable-crash-reporter",
+    "--disable-breakpad",
+    "--remote-debugging-port=0",
+]
 
 
 def chromium() -> str | None:
@@ -39,9 +49,17 @@ class Browser:
         profile.mkdir(parents=True, exist_ok=True)
         port_file = profile / "DevToolsActivePort"
         port_file.unlink(missing_ok=True)  # a reused profile's file names a dead browser's port
-        self.proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}",
-                                      f"--window-size={width},{height}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                *FLAGS,
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.events: list[dict[str, Any]] = []
         self._id = 0
         self.sock: socket.socket | None = None
@@ -63,9 +81,13 @@ class Browser:
         path = page["webSocketDebuggerUrl"].split(str(port), 1)[1]
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket"
-                           f"\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.sock.sendall(
+            (
+                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket"
+                f"\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                "Sec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         head = b""
         while b"\r\n\r\n" not in head:
             head += self.sock.recv(1)
@@ -121,8 +143,7 @@ class Browser:
     def send(self, method: str, **params: Any) -> dict[str, Any]:
         """Call a CDP method and wait for its result (events that arrive meanwhile are kept)."""
         self._id += 1
-        self._send_frame(json.dumps({"id": self._id, "method": method,
-                                     "params": params}).encode())
+        self._send_frame(json.dumps({"id": self._id, "method": method, "params": params}).encode())
         while True:
             msg = self._recv_message()
             if msg.get("id") == self._id:
@@ -143,8 +164,9 @@ class Browser:
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression (promises awaited); page exceptions raise."""
-        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True,
-                           awaitPromise=True)
+        result = self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression[:80]}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -170,8 +192,11 @@ class Browser:
         return out
 
     def requested_urls(self) -> list[str]:
-        return [e["params"]["request"]["url"] for e in self.events
-                if e.get("method") == "Network.requestWillBeSent"]
+        return [
+            e["params"]["request"]["url"]
+            for e in self.events
+            if e.get("method") == "Network.requestWillBeSent"
+        ]
 
     def screenshot(self, path: Path) -> bytes:
         png = base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"])

@@ -82,8 +82,9 @@ def test_run_order_is_seeded_stable_and_input_order_free():
     assert run_order(["a", "b", "c", "d"], 0) == run_order(["d", "c", "b", "a"], 0)
     import hashlib
 
-    expected = sorted(["a", "b", "c", "d"],
-                      key=lambda p: hashlib.sha256(f"0:{p}".encode()).digest())
+    expected = sorted(
+        ["a", "b", "c", "d"], key=lambda p: hashlib.sha256(f"0:{p}".encode()).digest()
+    )
     assert run_order(["a", "b", "c", "d"], 0) == expected
 
 
@@ -231,13 +232,16 @@ def _distinct_orders(values: list[int]) -> list[tuple[int, ...]]:
     return sorted(set(itertools.permutations(values)))
 
 
-@pytest.mark.parametrize("values,up,null,scale,binary", [
-    ([1, 1, 1, 0, 0, 0], True, 3, 1, True),
-    ([1, 1, 1, 0, 0, 0], False, 3, 1, True),
-    ([1, 1, 0, 0, 0, 0], False, 2, 1, True),
-    ([2, 1, 1, 1, 0, 2], True, 7, 2, False),
-    ([2, 1, 1, 1, 0, 2], False, 7, 2, False),
-])
+@pytest.mark.parametrize(
+    "values,up,null,scale,binary",
+    [
+        ([1, 1, 1, 0, 0, 0], True, 3, 1, True),
+        ([1, 1, 1, 0, 0, 0], False, 3, 1, True),
+        ([1, 1, 0, 0, 0, 0], False, 2, 1, True),
+        ([2, 1, 1, 1, 0, 2], True, 7, 2, False),
+        ([2, 1, 1, 1, 0, 2], False, 7, 2, False),
+    ],
+)
 def test_capital_is_a_martingale_under_the_boundary_null(values, up, null, scale, binary):
     """E[K_t] = 1 for every t when the population total equals the null (exact enumeration)."""
     assert sum(values) == null
@@ -322,8 +326,14 @@ def test_sequential_baseline_wrong_rate_at_most_alpha():
         for perm in perms:
             order = [ids[i] for i in perm]
             outcomes = {pid: bool(x) for pid, (_, x) in zip(ids, pairs, strict=True)}
-            es = EarlyStop(ids, mode="sequential", baseline=baseline, max_drop=max_drop,
-                           alpha=alpha, order=order)
+            es = EarlyStop(
+                ids,
+                mode="sequential",
+                baseline=baseline,
+                max_drop=max_drop,
+                alpha=alpha,
+                order=order,
+            )
             decision = feed(es, outcomes)
             assert decision is not None
             wrong += decision.verdicts["baseline"] != full
@@ -356,11 +366,18 @@ def test_sequential_interval_contains_the_truth_and_agrees_with_verdict():
 
 def test_two_gates_split_alpha():
     ids = [str(i) for i in range(100)]
-    es = EarlyStop(ids, mode="sequential", alpha=0.1, min_acc=0.5,
-                   baseline=dict.fromkeys(ids, 1), max_drop=0.1)
+    es = EarlyStop(
+        ids, mode="sequential", alpha=0.1, min_acc=0.5, baseline=dict.fromkeys(ids, 1), max_drop=0.1
+    )
     assert es.gate_alpha == pytest.approx(0.05)
-    es = EarlyStop(ids, mode="sequential", alpha=0.1, min_acc=0.5,
-                   baseline=dict.fromkeys(ids, 1), mcnemar_alpha=0.05)
+    es = EarlyStop(
+        ids,
+        mode="sequential",
+        alpha=0.1,
+        min_acc=0.5,
+        baseline=dict.fromkeys(ids, 1),
+        mcnemar_alpha=0.05,
+    )
     assert es.gate_alpha == pytest.approx(0.1)  # McNemar has no sequential test
 
 
@@ -402,8 +419,17 @@ def test_to_json_and_headline_shapes():
     decision = feed(es, outcomes)
     assert decision is not None
     data = es.to_json()
-    assert set(data) == {"mode", "alpha", "gate_alpha", "seed", "n_total", "observed",
-                         "decided_after", "verdicts", "gates"}
+    assert set(data) == {
+        "mode",
+        "alpha",
+        "gate_alpha",
+        "seed",
+        "n_total",
+        "observed",
+        "decided_after",
+        "verdicts",
+        "gates",
+    }
     assert data["mode"] == "sequential" and data["decided_after"] == decision.after
     assert data["verdicts"] == {"min-acc": "FAIL"}
     gate = data["gates"]["min-acc"]
@@ -411,8 +437,10 @@ def test_to_json_and_headline_shapes():
     b_lo, b_hi = gate["bounds"]
     assert b_lo <= lo <= hi <= b_hi
     line = es.headline()
-    assert line.startswith(f"stopped after {decision.after} of 1319 problems: min-acc verdict "
-                           "FAIL at alpha 0.05 (accuracy of the full split in [")
+    assert line.startswith(
+        f"stopped after {decision.after} of 1319 problems: min-acc verdict "
+        "FAIL at alpha 0.05 (accuracy of the full split in ["
+    )
     assert f"{hi:.4f}]" in line
 
     es = EarlyStop(ids, mode="certain", min_acc=0.85)

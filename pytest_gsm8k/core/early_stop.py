@@ -106,8 +106,15 @@ DROP_TOLERANCE = 1e-12
 # weight on small offsets, where the run is long and every nat of evidence
 # counts; the large ones decide a broken model in a handful of problems.
 _BINARY_MIX = ((0.05, 2.0), (0.08, 3.0), (0.12, 3.0), (0.18, 2.0), (0.3, 1.0), (0.6, 1.0))
-_PAIRED_MIX = ((0.02, 2.0), (0.03, 3.0), (0.05, 3.0), (0.08, 2.0), (0.12, 1.0), (0.2, 1.0),
-               (0.4, 1.0))
+_PAIRED_MIX = (
+    (0.02, 2.0),
+    (0.03, 3.0),
+    (0.05, 3.0),
+    (0.08, 2.0),
+    (0.12, 1.0),
+    (0.2, 1.0),
+    (0.4, 1.0),
+)
 #: largest fraction of the capital any one bet may lose (keeps every factor >= 0.02)
 _MAX_FRACTION = 0.98
 
@@ -160,8 +167,9 @@ def max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int:
     are ``x >= x*``.
     """
     if shared < 1 or not 0 <= baseline_correct <= shared:
-        raise ValueError(f"need 0 <= baseline_correct <= shared >= 1, got {baseline_correct}, "
-                         f"{shared}")
+        raise ValueError(
+            f"need 0 <= baseline_correct <= shared >= 1, got {baseline_correct}, {shared}"
+        )
     limit = max_drop + DROP_TOLERANCE
     base = baseline_correct / shared
 
@@ -248,11 +256,24 @@ class _WorTest:
     a capital that underflows to 0 only makes the test more conservative.
     """
 
-    __slots__ = ("size", "scale", "null", "up", "binary", "threshold", "mix", "caps", "t",
-                 "seen", "seen_sq", "rejected")
+    __slots__ = (
+        "size",
+        "scale",
+        "null",
+        "up",
+        "binary",
+        "threshold",
+        "mix",
+        "caps",
+        "t",
+        "seen",
+        "seen_sq",
+        "rejected",
+    )
 
-    def __init__(self, size: int, scale: int, null: int, up: bool, alpha: float,
-                 binary: bool) -> None:
+    def __init__(
+        self, size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
+    ) -> None:
         self.size = size
         self.scale = scale
         self.null = null
@@ -307,8 +328,9 @@ class _WorTest:
         return self.rejected
 
 
-def _rejects(values: Sequence[int], size: int, scale: int, null: int, up: bool, alpha: float,
-             binary: bool) -> bool:
+def _rejects(
+    values: Sequence[int], size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
+) -> bool:
     """Whether the test of ``null`` rejects at some time over ``values`` (a replay)."""
     test = _WorTest(size, scale, null, up, alpha, binary)
     return any(test.update(value) for value in values)
@@ -370,10 +392,22 @@ class _CountGate:
         scale = 2 if self.paired else 1
         if self.paired:
             # X >= need  <=>  total of (b - x + 1) <= B - need + M: bet on large values
-            self.fail_test = _WorTest(self.size, scale, self.baseline_total - self.need
-                                      + self.size, True, self.alpha, False)
-            self.pass_test = _WorTest(self.size, scale, self.baseline_total - self.need + 1
-                                      + self.size, False, self.alpha, False)
+            self.fail_test = _WorTest(
+                self.size,
+                scale,
+                self.baseline_total - self.need + self.size,
+                True,
+                self.alpha,
+                False,
+            )
+            self.pass_test = _WorTest(
+                self.size,
+                scale,
+                self.baseline_total - self.need + 1 + self.size,
+                False,
+                self.alpha,
+                False,
+            )
         else:
             self.fail_test = _WorTest(self.size, scale, self.need, False, self.alpha, True)
             self.pass_test = _WorTest(self.size, scale, self.need - 1, True, self.alpha, True)
@@ -425,13 +459,28 @@ class _CountGate:
         if self.paired:
             # X = B + M - total; "X >= k" <=> total <= B + M - k (bet up)
             def keeps_high(k: int) -> bool:
-                return not _rejects(values, self.size, scale,
-                                    self.baseline_total + self.size - k, True, self.alpha, False)
+                return not _rejects(
+                    values,
+                    self.size,
+                    scale,
+                    self.baseline_total + self.size - k,
+                    True,
+                    self.alpha,
+                    False,
+                )
 
             def keeps_low(k: int) -> bool:
-                return not _rejects(values, self.size, scale,
-                                    self.baseline_total + self.size - k, False, self.alpha, False)
+                return not _rejects(
+                    values,
+                    self.size,
+                    scale,
+                    self.baseline_total + self.size - k,
+                    False,
+                    self.alpha,
+                    False,
+                )
         else:
+
             def keeps_high(k: int) -> bool:
                 return not _rejects(values, self.size, scale, k, False, self.alpha, True)
 
@@ -484,8 +533,10 @@ class _McNemarGate:
         return None
 
     def p_range(self) -> tuple[float, float]:
-        return (mcnemar_p(self.failing + self.unseen_right, self.passing),
-                mcnemar_p(self.failing, self.passing + self.unseen_wrong))
+        return (
+            mcnemar_p(self.failing + self.unseen_right, self.passing),
+            mcnemar_p(self.failing, self.passing + self.unseen_wrong),
+        )
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -580,25 +631,38 @@ class EarlyStop:
         tested = (min_acc is not None) + (baseline is not None and mcnemar_alpha is None)
         self.gate_alpha = alpha / max(tested, 1)
         if min_acc is not None:
-            self._min_acc = _CountGate("min-acc", self.n_total,
-                                       min_acc_count(min_acc, self.n_total), self.gate_alpha,
-                                       paired=False)
+            self._min_acc = _CountGate(
+                "min-acc",
+                self.n_total,
+                min_acc_count(min_acc, self.n_total),
+                self.gate_alpha,
+                paired=False,
+            )
             if sequential:
                 self._min_acc.start_tests()
             self._verdicts["min-acc"] = None
         if baseline is not None:
             b_total = sum(shared.values())
             if mcnemar_alpha is None:
-                self._base = _CountGate("baseline", len(shared),
-                                        max_drop_count(b_total, len(shared), max_drop),
-                                        self.gate_alpha, paired=True, baseline=shared,
-                                        baseline_total=b_total)
+                self._base = _CountGate(
+                    "baseline",
+                    len(shared),
+                    max_drop_count(b_total, len(shared), max_drop),
+                    self.gate_alpha,
+                    paired=True,
+                    baseline=shared,
+                    baseline_total=b_total,
+                )
                 if sequential:
                     self._base.start_tests()
             else:
-                self._mcnemar = _McNemarGate("baseline", mcnemar_alpha, shared,
-                                             unseen_right=b_total,
-                                             unseen_wrong=len(shared) - b_total)
+                self._mcnemar = _McNemarGate(
+                    "baseline",
+                    mcnemar_alpha,
+                    shared,
+                    unseen_right=b_total,
+                    unseen_wrong=len(shared) - b_total,
+                )
             self._verdicts["baseline"] = None
         if not self._verdicts:
             raise ValueError("no gate to decide (need min_acc and/or baseline)")
@@ -674,8 +738,12 @@ class EarlyStop:
             gate = self._min_acc
             n = gate.size
             low, high = gate.count_bounds()
-            out.update(threshold=self.min_acc, observed=gate.seen, correct=gate.correct,
-                       bounds=[low / n, high / n])
+            out.update(
+                threshold=self.min_acc,
+                observed=gate.seen,
+                correct=gate.correct,
+                bounds=[low / n, high / n],
+            )
             if gate.fail_test is not None:
                 lo, hi = gate.count_interval()
                 out["interval"] = [lo / n, hi / n]
@@ -684,15 +752,25 @@ class EarlyStop:
             m = gate.size
             b = gate.baseline_total
             low, high = gate.count_bounds()
-            out.update(rule="max-drop", max_drop=self.max_drop, shared=m, observed=gate.seen,
-                       baseline_accuracy=b / m, drop_bounds=[(b - high) / m, (b - low) / m])
+            out.update(
+                rule="max-drop",
+                max_drop=self.max_drop,
+                shared=m,
+                observed=gate.seen,
+                baseline_accuracy=b / m,
+                drop_bounds=[(b - high) / m, (b - low) / m],
+            )
             if gate.fail_test is not None:
                 lo, hi = gate.count_interval()
                 out["drop_interval"] = [(b - hi) / m, (b - lo) / m]
         elif self._mcnemar is not None:
             lo_p, hi_p = self._mcnemar.p_range()
-            out.update(rule="mcnemar", alpha=self._mcnemar.alpha, observed=self._mcnemar.seen,
-                       p_bounds=[lo_p, hi_p])
+            out.update(
+                rule="mcnemar",
+                alpha=self._mcnemar.alpha,
+                observed=self._mcnemar.seen,
+                p_bounds=[lo_p, hi_p],
+            )
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -717,13 +795,18 @@ class EarlyStop:
             if verdict is None:
                 what = f"{name} undecided (accuracy reachable {low:.4f}-{high:.4f})"
             elif info["how"] == "certain":
-                reach = (f"at most {high:.4f} reachable" if verdict == "FAIL"
-                         else f"at least {low:.4f} already")
+                reach = (
+                    f"at most {high:.4f} reachable"
+                    if verdict == "FAIL"
+                    else f"at least {low:.4f} already"
+                )
                 what = f"{name} verdict {verdict} is certain ({reach})"
             else:
                 lo, hi = info["interval"]
-                what = (f"{name} verdict {verdict} at alpha {self.gate_alpha:g} (accuracy of the "
-                        f"full split in [{lo:.4f}, {hi:.4f}])")
+                what = (
+                    f"{name} verdict {verdict} at alpha {self.gate_alpha:g} (accuracy of the "
+                    f"full split in [{lo:.4f}, {hi:.4f}])"
+                )
             return what
         if info.get("rule") == "mcnemar":
             lo_p, hi_p = info["p_bounds"]
@@ -733,17 +816,23 @@ class EarlyStop:
         if verdict is None:
             return f"baseline undecided (drop reachable {low:+.3f} to {high:+.3f})"
         if info["how"] == "certain":
-            reach = (f"drop at least {low:+.3f}" if verdict == "FAIL"
-                     else f"drop at most {high:+.3f}")
+            reach = (
+                f"drop at least {low:+.3f}" if verdict == "FAIL" else f"drop at most {high:+.3f}"
+            )
             return f"baseline verdict {verdict} is certain ({reach})"
         lo, hi = info["drop_interval"]
-        return (f"baseline verdict {verdict} at alpha {self.gate_alpha:g} (drop of the full "
-                f"split in [{lo:+.3f}, {hi:+.3f}])")
+        return (
+            f"baseline verdict {verdict} at alpha {self.gate_alpha:g} (drop of the full "
+            f"split in [{lo:+.3f}, {hi:+.3f}])"
+        )
 
     def headline(self) -> str:
         """One line for the terminal, e.g. "stopped after 212 of 1319 problems: ..."."""
-        phrases = "; ".join(self._gate_phrase(name) for name in self._verdicts
-                            if self.decision is None or self._verdicts[name] is not None)
+        phrases = "; ".join(
+            self._gate_phrase(name)
+            for name in self._verdicts
+            if self.decision is None or self._verdicts[name] is not None
+        )
         if self.decision is None:
             return f"not stopped early ({self.observed} of {self.n_total} problems): {phrases}"
         return f"stopped after {self.decision.after} of {self.n_total} problems: {phrases}"

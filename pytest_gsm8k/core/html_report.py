@@ -118,9 +118,7 @@ def render_html(
     derived = _derived_baseline(report, records, failing, passing) if compared else {}
     rank = {pid: 0 for pid in failing} | {pid: 1 for pid in passing}
     ordered = sorted(records, key=lambda r: (rank.get(str(r.get("id")), 2), _int(r.get("index"))))
-    rows = [
-        _row(r, texts, baseline_outcomes or {}, derived, failing, passing) for r in ordered
-    ]
+    rows = [_row(r, texts, baseline_outcomes or {}, derived, failing, passing) for r in ordered]
     rule_names = list(report.get("rules") or {})
     for r in records:
         rule_names += [k for k in (r.get("rules") or {}) if k not in rule_names]
@@ -131,25 +129,29 @@ def render_html(
         "baseline": compared,
         "outcomes": list(OUTCOME_COLOURS),
     }
-    title = (f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} "
-             f"({(report.get('protocol') or {}).get('label', '')})")
+    title = (
+        f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} "
+        f"({(report.get('protocol') or {}).get('label', '')})"
+    )
     script = _asset("html_report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    return "".join([
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
-        # a second wall behind the escaping: no network, and only the page's own script runs
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-        f"style-src 'unsafe-inline'; script-src 'sha256-{digest}'\">",
-        f"<title>{_e(title)}</title><style>{_asset('html_report.css')}</style></head><body>",
-        _header(report, compared),
-        _toolbar(report, compared),
-        "<div id=\"rows\" aria-live=\"polite\"></div>",
-        "<noscript><p class=\"note\">The problem list needs JavaScript; the JSON report holds "
-        "the same data.</p></noscript></main>",
-        f"<script type=\"application/json\" id=\"gsm8k-data\">{_script_json(data)}</script>",
-        f"<script>{script}</script></body></html>\n",
-    ])
+    return "".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            # a second wall behind the escaping: no network, and only the page's own script runs
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+            f"style-src 'unsafe-inline'; script-src 'sha256-{digest}'\">",
+            f"<title>{_e(title)}</title><style>{_asset('html_report.css')}</style></head><body>",
+            _header(report, compared),
+            _toolbar(report, compared),
+            '<div id="rows" aria-live="polite"></div>',
+            '<noscript><p class="note">The problem list needs JavaScript; the JSON report holds '
+            "the same data.</p></noscript></main>",
+            f'<script type="application/json" id="gsm8k-data">{_script_json(data)}</script>',
+            f"<script>{script}</script></body></html>\n",
+        ]
+    )
 
 
 # -- data for the page's script ----------------------------------------------------------------
@@ -233,32 +235,38 @@ def _header(report: Mapping[str, Any], compared: bool) -> str:
         verdict, cls = ("PASS", "pass") if gates else ("NO GATE", "none")
     headline = report.get("headline") or _headline(report)
     parts = [
-        f"<header><div class=\"top\"><span class=\"verdict {cls}\">{verdict}</span>",
+        f'<header><div class="top"><span class="verdict {cls}">{verdict}</span>',
         f"<h1>{_e(headline)}</h1></div>",
     ]
     n, expected = _int(report.get("n")), _int(report.get("expected"))
     if report.get("complete") is False or report.get("interrupted"):
         why = " (run interrupted)" if report.get("interrupted") or n >= expected else ""
-        parts.append(f"<p class=\"banner warn\">INCOMPLETE: {n} of {expected} problems have a "
-                     f"result{why}; every number here covers only those.</p>")
+        parts.append(
+            f'<p class="banner warn">INCOMPLETE: {n} of {expected} problems have a '
+            f"result{why}; every number here covers only those.</p>"
+        )
     early = report.get("early_stop")
     if isinstance(early, Mapping) and early:
-        parts.append(f"<p class=\"banner info\">EARLY STOP: {_early_line(early)}</p>")
+        parts.append(f'<p class="banner info">EARLY STOP: {_early_line(early)}</p>')
     if errors:
-        parts.append(f"<p class=\"banner warn\">{errors} problem(s) ended in an error (no "
-                     "answer): the run fails.</p>")
-    parts.append("<section class=\"cards\">")
+        parts.append(
+            f'<p class="banner warn">{errors} problem(s) ended in an error (no '
+            "answer): the run fails.</p>"
+        )
+    parts.append('<section class="cards">')
     parts.append(_gates_card(gates))
     parts.append(_run_card(report))
     if compared:
         parts.append(_baseline_card(report["baseline"]))
     elif isinstance(report.get("baseline"), Mapping):
         written = report["baseline"]
-        parts.append(f"<div class=\"card\"><h2>Baseline</h2><p>written to "
-                     f"<code>{_e(written.get('path'))}</code></p></div>")
+        parts.append(
+            f'<div class="card"><h2>Baseline</h2><p>written to '
+            f"<code>{_e(written.get('path'))}</code></p></div>"
+        )
     if isinstance(early, Mapping) and early:
         parts.append(_early_card(early))
-    parts.append("</section><section class=\"cards charts\">")
+    parts.append('</section><section class="cards charts">')
     parts.append(_accuracy_card(report, compared))
     parts.append(_outcome_card(counts))
     if report.get("pass_at_k"):
@@ -272,20 +280,22 @@ def _headline(report: Mapping[str, Any]) -> str:
     """The terminal headline, for a report written before it carried one."""
     low, high = (list(report.get("ci95") or []) + [0.0, 0.0])[:2]
     label = (report.get("protocol") or {}).get("label", "?")
-    return (f"gsm8k acc ({label}) = {_fmt(report.get('accuracy'))}  "
-            f"[95% CI {_fmt(low)}-{_fmt(high)}]  n={report.get('n')}")
+    return (
+        f"gsm8k acc ({label}) = {_fmt(report.get('accuracy'))}  "
+        f"[95% CI {_fmt(low)}-{_fmt(high)}]  n={report.get('n')}"
+    )
 
 
 def _gates_card(gates: list[Mapping[str, Any]]) -> str:
     if not gates:
-        return "<div class=\"card\"><h2>Gates</h2><p class=\"note\">no gate was set</p></div>"
+        return '<div class="card"><h2>Gates</h2><p class="note">no gate was set</p></div>'
     rows = "".join(
-        f"<tr><td><span class=\"badge {'pass' if g.get('passed') else 'fail'}\">"
+        f'<tr><td><span class="badge {"pass" if g.get("passed") else "fail"}">'
         f"{'PASS' if g.get('passed') else 'FAIL'}</span></td><th>{_e(g.get('name'))}</th>"
         f"<td>{_e(g.get('detail'))}</td></tr>"
         for g in gates
     )
-    return f"<div class=\"card gates\"><h2>Gates</h2><table>{rows}</table></div>"
+    return f'<div class="card gates"><h2>Gates</h2><table>{rows}</table></div>'
 
 
 def _run_card(report: Mapping[str, Any]) -> str:
@@ -299,28 +309,37 @@ def _run_card(report: Mapping[str, Any]) -> str:
         model += f" (server reported: {', '.join(reported)})"
     subset = ""
     if sub.get("limit") is not None:
-        subset = (f"seeded subset of {sub.get('of')} (limit {sub.get('limit')}, "
-                  f"seed {sub.get('seed')})")
+        subset = (
+            f"seeded subset of {sub.get('of')} (limit {sub.get('limit')}, seed {sub.get('seed')})"
+        )
     if sub.get("deselected"):
         subset += f"{'; ' if subset else ''}{sub['deselected']} deselected (-k/-m/--lf)"
-    settings = ", ".join(f"{k} {proto[k]}" for k in ("temperature", "max_tokens", "api",
-                                                      "extractor", "preset")
-                         if proto.get(k) not in (None, ""))
+    settings = ", ".join(
+        f"{k} {proto[k]}"
+        for k in ("temperature", "max_tokens", "api", "extractor", "preset")
+        if proto.get(k) not in (None, "")
+    )
     items = [
         ("model", model),
         ("endpoint", _safe_endpoint(str(report.get("endpoint") or ""))),
         ("protocol", f"{proto.get('label', '')}; {settings}"),
-        ("dataset", f"{ds.get('name', '')} {ds.get('config', '')}/{ds.get('split', '')}"
-                    + (f", {ds['rows']} rows" if ds.get("rows") else "")),
+        (
+            "dataset",
+            f"{ds.get('name', '')} {ds.get('config', '')}/{ds.get('split', '')}"
+            + (f", {ds['rows']} rows" if ds.get("rows") else ""),
+        ),
         ("fingerprint", str(ds.get("fingerprint", ""))),
         ("subset", subset),
-        ("tokens", f"prompt {_int(tokens.get('prompt_tokens')):,}, completion "
-                   f"{_int(tokens.get('completion_tokens')):,}; answers from cache: "
-                   f"{_int(report.get('from_cache'))} of {report.get('n')}"),
+        (
+            "tokens",
+            f"prompt {_int(tokens.get('prompt_tokens')):,}, completion "
+            f"{_int(tokens.get('completion_tokens')):,}; answers from cache: "
+            f"{_int(report.get('from_cache'))} of {report.get('n')}",
+        ),
         ("time", _time_line(report)),
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in items if v)
-    return f"<div class=\"card\"><h2>Run</h2><dl>{dl}</dl></div>"
+    return f'<div class="card"><h2>Run</h2><dl>{dl}</dl></div>'
 
 
 def _time_line(report: Mapping[str, Any]) -> str:
@@ -336,33 +355,49 @@ def _time_line(report: Mapping[str, Any]) -> str:
 
 def _baseline_card(base: Mapping[str, Any]) -> str:
     low, high = (list(base.get("difference_ci95") or []) + [0.0, 0.0])[:2]
-    where = (f"on the {base.get('shared')} problems shared with the baseline's "
-             f"{base.get('baseline_n')} (subset)" if base.get("subset")
-             else f"on {base.get('shared')} problems")
+    where = (
+        f"on the {base.get('shared')} problems shared with the baseline's "
+        f"{base.get('baseline_n')} (subset)"
+        if base.get("subset")
+        else f"on {base.get('shared')} problems"
+    )
     items = [
         ("file", str(base.get("path", ""))),
-        ("accuracy", f"{_fmt(base.get('baseline_accuracy'))} \u2192 "
-                     f"{_fmt(base.get('current_accuracy'))} {where}"),
-        ("paired diff", f"{_float(base.get('difference')):+.4f} "
-                        f"[95% CI {_float(low):+.4f}, {_float(high):+.4f}]"),
+        (
+            "accuracy",
+            f"{_fmt(base.get('baseline_accuracy'))} \u2192 "
+            f"{_fmt(base.get('current_accuracy'))} {where}",
+        ),
+        (
+            "paired diff",
+            f"{_float(base.get('difference')):+.4f} "
+            f"[95% CI {_float(low):+.4f}, {_float(high):+.4f}]",
+        ),
         ("McNemar", f"one-sided p = {_float(base.get('mcnemar_p')):.4g}"),
-        ("flips", f"{len(base.get('newly_failing') or [])} newly failing, "
-                  f"{len(base.get('newly_passing') or [])} newly passing"),
+        (
+            "flips",
+            f"{len(base.get('newly_failing') or [])} newly failing, "
+            f"{len(base.get('newly_passing') or [])} newly passing",
+        ),
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in items)
-    return f"<div class=\"card baseline\"><h2>Against the baseline</h2><dl>{dl}</dl></div>"
+    return f'<div class="card baseline"><h2>Against the baseline</h2><dl>{dl}</dl></div>'
 
 
 def _early_line(early: Mapping[str, Any]) -> str:
-    bits = [f"{k.replace('_', ' ')} {_value(early[k])}"
-            for k in ("mode", "alpha", "decided_after") if k in early]
+    bits = [
+        f"{k.replace('_', ' ')} {_value(early[k])}"
+        for k in ("mode", "alpha", "decided_after")
+        if k in early
+    ]
     return _e("; ".join(bits) or "the run stopped before every problem was asked")
 
 
 def _early_card(early: Mapping[str, Any]) -> str:
-    dl = "".join(f"<dt>{_e(str(k).replace('_', ' '))}</dt><dd>{_e(_value(v))}</dd>"
-                 for k, v in early.items())
-    return f"<div class=\"card\"><h2>Early stop</h2><dl>{dl}</dl></div>"
+    dl = "".join(
+        f"<dt>{_e(str(k).replace('_', ' '))}</dt><dd>{_e(_value(v))}</dd>" for k, v in early.items()
+    )
+    return f'<div class="card"><h2>Early stop</h2><dl>{dl}</dl></div>'
 
 
 def _value(v: Any) -> str:
@@ -410,57 +445,75 @@ def _accuracy_card(report: Mapping[str, Any], compared: bool) -> str:
         return left + (right - left) * (v - lo) / ((hi - lo) or 1)
 
     step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2) if (hi - lo) / s <= 10.001)
-    svg = [f"<svg viewBox=\"0 0 {width} 112\" role=\"img\" class=\"chart\" "
-           f"aria-label=\"accuracy {acc:.4f}\">",
-           f"<line x1=\"{left}\" x2=\"{right}\" y1=\"80\" y2=\"80\" class=\"axis\"/>"]
+    svg = [
+        f'<svg viewBox="0 0 {width} 112" role="img" class="chart" aria-label="accuracy {acc:.4f}">',
+        f'<line x1="{left}" x2="{right}" y1="80" y2="80" class="axis"/>',
+    ]
     tick = lo
     while tick <= hi + 1e-9:
-        svg.append(f"<line x1=\"{x(tick):.1f}\" x2=\"{x(tick):.1f}\" y1=\"80\" y2=\"85\" "
-                   f"class=\"axis\"/><text x=\"{x(tick):.1f}\" y=\"98\" class=\"tick\">"
-                   f"{tick:.2f}</text>")
+        svg.append(
+            f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="80" y2="85" '
+            f'class="axis"/><text x="{x(tick):.1f}" y="98" class="tick">'
+            f"{tick:.2f}</text>"
+        )
         tick = round(tick + step, 6)
-    svg.append(f"<rect x=\"{x(_float(low)):.1f}\" y=\"26\" width=\""
-               f"{max(1.0, x(_float(high)) - x(_float(low))):.1f}\" height=\"14\" rx=\"3\" "
-               f"class=\"ci\"><title>Wilson 95% interval {_fmt(low)}-{_fmt(high)}</title></rect>")
-    svg.append(f"<circle cx=\"{x(acc):.1f}\" cy=\"33\" r=\"5\" class=\"acc\"/>"
-               f"<text x=\"{x(acc):.1f}\" y=\"18\" class=\"label strong\">{acc:.4f}</text>")
+    svg.append(
+        f'<rect x="{x(_float(low)):.1f}" y="26" width="'
+        f'{max(1.0, x(_float(high)) - x(_float(low))):.1f}" height="14" rx="3" '
+        f'class="ci"><title>Wilson 95% interval {_fmt(low)}-{_fmt(high)}</title></rect>'
+    )
+    svg.append(
+        f'<circle cx="{x(acc):.1f}" cy="33" r="5" class="acc"/>'
+        f'<text x="{x(acc):.1f}" y="18" class="label strong">{acc:.4f}</text>'
+    )
     for name, value in marks:
         if name == "min-acc":
-            svg.append(f"<line x1=\"{x(value):.1f}\" x2=\"{x(value):.1f}\" y1=\"8\" y2=\"80\" "
-                       f"class=\"threshold\"/><text x=\"{x(value) + 4:.1f}\" y=\"74\" "
-                       f"class=\"label left fail-text\">min-acc {value:g}</text>")
+            svg.append(
+                f'<line x1="{x(value):.1f}" x2="{x(value):.1f}" y1="8" y2="80" '
+                f'class="threshold"/><text x="{x(value) + 4:.1f}" y="74" '
+                f'class="label left fail-text">min-acc {value:g}</text>'
+            )
         else:
             cx = x(value)
-            svg.append(f"<path d=\"M{cx:.1f} 50 l6 6 l-6 6 l-6 -6 z\" class=\"base\"/>"
-                       f"<text x=\"{cx + 9:.1f}\" y=\"60\" class=\"label left\">baseline "
-                       f"{value:.4f}</text>")
+            svg.append(
+                f'<path d="M{cx:.1f} 50 l6 6 l-6 6 l-6 -6 z" class="base"/>'
+                f'<text x="{cx + 9:.1f}" y="60" class="label left">baseline '
+                f"{value:.4f}</text>"
+            )
     svg.append("</svg>")
-    return ("<div class=\"card chart-card wide\"><h2>Accuracy, 95% interval</h2>"
-            + "".join(svg) + "</div>")
+    return (
+        '<div class="card chart-card wide"><h2>Accuracy, 95% interval</h2>'
+        + "".join(svg)
+        + "</div>"
+    )
 
 
 def _outcome_card(counts: Mapping[str, int]) -> str:
     """Outcome counts as one stacked bar with a legend."""
     total = sum(counts.values()) or 1
     names = list(OUTCOME_COLOURS) + [k for k in counts if k not in OUTCOME_COLOURS]
-    svg = ["<svg viewBox=\"0 0 560 28\" role=\"img\" class=\"chart\" aria-label=\"outcomes\">"]
+    svg = ['<svg viewBox="0 0 560 28" role="img" class="chart" aria-label="outcomes">']
     offset = 0.0
     for name in names:
         count = counts.get(name, 0)
         if not count:
             continue
         w = 560 * count / total
-        svg.append(f"<rect x=\"{offset:.1f}\" y=\"2\" width=\"{w:.1f}\" height=\"24\" "
-                   f"fill=\"{OUTCOME_COLOURS.get(name, '#888')}\"><title>{_e(name)}: {count}"
-                   f"</title></rect>")
+        svg.append(
+            f'<rect x="{offset:.1f}" y="2" width="{w:.1f}" height="24" '
+            f'fill="{OUTCOME_COLOURS.get(name, "#888")}"><title>{_e(name)}: {count}'
+            f"</title></rect>"
+        )
         offset += w
     svg.append("</svg>")
     legend = "".join(
-        f"<span class=\"legend\"><i class=\"o-{_e(name)}\"></i>{counts.get(name, 0)} "
-        f"{_e(name)}</span>" for name in names if counts.get(name) or name in ("correct", "wrong")
+        f'<span class="legend"><i class="o-{_e(name)}"></i>{counts.get(name, 0)} {_e(name)}</span>'
+        for name in names
+        if counts.get(name) or name in ("correct", "wrong")
     )
-    return ("<div class=\"card chart-card\"><h2>Outcomes</h2>" + "".join(svg)
-            + f"<p>{legend}</p></div>")
+    return (
+        '<div class="card chart-card"><h2>Outcomes</h2>' + "".join(svg) + f"<p>{legend}</p></div>"
+    )
 
 
 def _pass_at_card(pass_at: Mapping[str, Any]) -> str:
@@ -477,60 +530,63 @@ def _pass_at_card(pass_at: Mapping[str, Any]) -> str:
     def y(v: float) -> float:
         return bottom - (bottom - top) * (v - lo) / ((1.0 - lo) or 1)
 
-    svg = [f"<svg viewBox=\"0 0 {width} {height}\" role=\"img\" class=\"chart small\" "
-           "aria-label=\"pass@k\">",
-           f"<line x1=\"{left}\" x2=\"{right}\" y1=\"{bottom}\" y2=\"{bottom}\" class=\"axis\"/>",
-           f"<line x1=\"{left}\" x2=\"{left}\" y1=\"{top}\" y2=\"{bottom}\" class=\"axis\"/>"]
+    svg = [
+        f'<svg viewBox="0 0 {width} {height}" role="img" class="chart small" aria-label="pass@k">',
+        f'<line x1="{left}" x2="{right}" y1="{bottom}" y2="{bottom}" class="axis"/>',
+        f'<line x1="{left}" x2="{left}" y1="{top}" y2="{bottom}" class="axis"/>',
+    ]
     for v in (lo, (lo + 1) / 2, 1.0):
-        svg.append(f"<text x=\"{left - 6}\" y=\"{y(v) + 4:.1f}\" class=\"tick right\">"
-                   f"{v:.2f}</text>")
+        svg.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" class="tick right">{v:.2f}</text>')
     line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, (_, v) in enumerate(points))
-    svg.append(f"<polyline points=\"{line}\" class=\"curve\"/>")
+    svg.append(f'<polyline points="{line}" class="curve"/>')
     for i, (k, v) in enumerate(points):
-        svg.append(f"<circle cx=\"{x(i):.1f}\" cy=\"{y(v):.1f}\" r=\"3.5\" class=\"acc\">"
-                   f"<title>pass@{k} = {v:.4f}</title></circle>"
-                   f"<text x=\"{x(i):.1f}\" y=\"{bottom + 16}\" class=\"tick\">{k}</text>"
-                   f"<text x=\"{x(i):.1f}\" y=\"{y(v) - 8:.1f}\" class=\"label\">{v:.3f}</text>")
-    svg.append(f"<text x=\"{(left + right) / 2}\" y=\"{height - 2}\" class=\"tick\">k</text>")
+        svg.append(
+            f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3.5" class="acc">'
+            f"<title>pass@{k} = {v:.4f}</title></circle>"
+            f'<text x="{x(i):.1f}" y="{bottom + 16}" class="tick">{k}</text>'
+            f'<text x="{x(i):.1f}" y="{y(v) - 8:.1f}" class="label">{v:.3f}</text>'
+        )
+    svg.append(f'<text x="{(left + right) / 2}" y="{height - 2}" class="tick">k</text>')
     svg.append("</svg>")
-    return "<div class=\"card chart-card\"><h2>pass@k</h2>" + "".join(svg) + "</div>"
+    return '<div class="card chart-card"><h2>pass@k</h2>' + "".join(svg) + "</div>"
 
 
 def _rules_card(report: Mapping[str, Any]) -> str:
     gated = (report.get("protocol") or {}).get("extractor")
     rows = "".join(
         f"<tr><th>{_e(rule)}{' *' if rule == gated else ''}</th><td>{_fmt(acc)}</td>"
-        f"<td><span class=\"meter\"><i style=\"width:{100 * _float(acc):.1f}%\"></i></span></td>"
+        f'<td><span class="meter"><i style="width:{100 * _float(acc):.1f}%"></i></span></td>'
         f"</tr>"
         for rule, acc in (report.get("rules") or {}).items()
     )
-    return (f"<div class=\"card\"><h2>By extractor</h2><table class=\"rules\">{rows}</table>"
-            f"<p class=\"note\">* gates; format failures: {_int(report.get('format_failures'))}"
-            "</p></div>")
+    return (
+        f'<div class="card"><h2>By extractor</h2><table class="rules">{rows}</table>'
+        f'<p class="note">* gates; format failures: {_int(report.get("format_failures"))}'
+        "</p></div>"
+    )
 
 
 def _toolbar(report: Mapping[str, Any], compared: bool) -> str:
     counts = report.get("counts") or {}
     options = "".join(
-        f"<option value=\"{_e(o)}\">{_e(o)} ({_int(counts.get(o))})</option>"
-        for o in OUTCOME_COLOURS
+        f'<option value="{_e(o)}">{_e(o)} ({_int(counts.get(o))})</option>' for o in OUTCOME_COLOURS
     )
     change = ""
     if compared:
         base = report["baseline"]
         change = (
-            "<label>change <select id=\"f-change\"><option value=\"all\">all</option>"
-            f"<option value=\"failing\">newly failing ({len(base.get('newly_failing') or [])})"
-            f"</option><option value=\"passing\">newly passing "
+            '<label>change <select id="f-change"><option value="all">all</option>'
+            f'<option value="failing">newly failing ({len(base.get("newly_failing") or [])})'
+            f'</option><option value="passing">newly passing '
             f"({len(base.get('newly_passing') or [])})</option>"
-            "<option value=\"same\">unchanged</option></select></label>"
+            '<option value="same">unchanged</option></select></label>'
         )
     return (
-        "<div class=\"toolbar\"><h2>Problems</h2><label>outcome <select id=\"f-outcome\">"
-        f"<option value=\"all\">all ({_int(report.get('n'))})</option>"
-        f"<option value=\"notcorrect\">not correct</option>{options}</select></label>{change}"
-        "<input id=\"f-search\" type=\"search\" placeholder=\"search id or text\" "
-        "aria-label=\"search\"><span id=\"f-count\"></span></div>"
+        '<div class="toolbar"><h2>Problems</h2><label>outcome <select id="f-outcome">'
+        f'<option value="all">all ({_int(report.get("n"))})</option>'
+        f'<option value="notcorrect">not correct</option>{options}</select></label>{change}'
+        '<input id="f-search" type="search" placeholder="search id or text" '
+        'aria-label="search"><span id="f-count"></span></div>'
     )
 
 
