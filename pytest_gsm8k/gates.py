@@ -113,9 +113,11 @@ def apply_baseline(
     summary.add_gate("baseline", passed, detail)
 
 
-def markdown(summary: Summary, questions: dict[str, str]) -> str:
-    """The GitHub step summary: headline, gates, newly failing problems."""
+def markdown(summary: Summary, questions: dict[str, str], html: str | None = None) -> str:
+    """The GitHub step summary: headline, gates, newly failing problems, where the page is."""
     lines = [f"### {summary.headline()}", ""]
+    if html:
+        lines += [f"The run's page: `{html}` (a self-contained HTML file; see the artifacts).", ""]
     counts = ", ".join(f"{v} {k}" for k, v in summary.counts().items() if v)
     lines.append(
         f"Outcomes: {counts}. Model `{summary.model}`, dataset "

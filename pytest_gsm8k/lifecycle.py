@@ -5,7 +5,9 @@ gates. pytest types only; no hook definitions here.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Any
 
 import pytest
 
@@ -35,11 +37,28 @@ def release_gates(state: State, session: pytest.Session) -> None:
         shown = str(path)
     update = bool(getattr(config.option, "update_snapshots", False))
     gates.apply_baseline(summary, state.settings, path, update, shown)
+    state.baseline_file = path
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         questions = {p.id: p.question for p in state.split().problems}
         with open(step_summary, "a", encoding="utf-8") as handle:
-            handle.write(gates.markdown(summary, questions))
+            handle.write(gates.markdown(summary, questions, html=state.settings.html))
+
+
+def write_html(state: State, report: dict[str, Any]) -> None:
+    """The run's page (``--gsm8k-html``), atomically; the baseline's outcomes beside ours."""
+    from pytest_gsm8k.core import baseline as bl
+    from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
+    from pytest_gsm8k.runtime.files import write_atomic
+
+    assert state.settings.html is not None
+    outcomes = None
+    path = state.baseline_file
+    if path is not None and path.is_file():
+        with contextlib.suppress(OSError, UnicodeDecodeError, bl.BaselineError):
+            outcomes = outcomes_from_baseline(bl.loads(path.read_text(encoding="utf-8"), str(path)))
+    page = render_html(report, problem_texts(state.split().problems), outcomes)
+    write_atomic(state.settings.html, page)
 
 
 def overrides_present(session: pytest.Session) -> bool:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import gc
 import re
+import time
 from collections.abc import Generator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from pytest_gsm8k.lifecycle import (
     start_controller,
     start_early,
     start_local,
+    write_html,
 )
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
 
@@ -264,10 +267,19 @@ class StatePlugin:
         except DatasetError:
             return
         release_gates(state, session)
+        finished = time.time()
+        state.summary.extra.update(
+            started_at=_iso(state.started),
+            finished_at=_iso(finished),
+            duration_s=round(finished - state.started, 3),
+        )
+        report = state.summary.to_json()
         if state.settings.report:
             from pytest_gsm8k.runtime.files import write_json
 
-            write_json(state.settings.report, state.summary.to_json())
+            write_json(state.settings.report, report)
+        if state.settings.html:
+            write_html(state, report)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for message in self.warnings:
@@ -283,12 +295,18 @@ class StatePlugin:
             terminalreporter.write_line(f"gsm8k: run stopped: {self.state.aborted}", red=True)
         if self.state.settings.report:
             terminalreporter.write_line(f"  report: {self.state.settings.report}")
+        if self.state.settings.html:
+            terminalreporter.write_line(f"  page: {self.state.settings.html}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         summary = self.state.summary
         if summary is not None and summary.failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
 
 
 def _our_stop_under_xdist(exc: BaseException, state: State) -> bool:

@@ -22,6 +22,7 @@ import math
 import re
 import shutil
 import tempfile
+import time
 import uuid
 import warnings
 from collections import Counter
@@ -113,6 +114,8 @@ class State:
         #: xdist worker: the controller's answers (plugin's own client and protocol only)
         self.remote: RemoteAnswers | None = None
         self._warned_scope = False
+        self.baseline_file: Path | None = None  # where release_gates looked for the baseline
+        self.started = time.time()
         if self.workerinput is not None:
             self.run_id = str(self.workerinput["gsm8k_run_id"])
             self.run_dir = Path(self.workerinput["gsm8k_run_dir"])

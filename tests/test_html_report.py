@@ -359,19 +359,22 @@ def test_real_run_page_in_chromium(
             samples={ids[5]: [HOSTILE_ANSWER]},
         )
     )
-    result = pytester.runpytest_subprocess(*args, "--gsm8k-report=r.json", timeout=600)
+    page = tmp_path / "report.html"
+    result = pytester.runpytest_subprocess(
+        *args, "--gsm8k-report=r.json", f"--gsm8k-html={page}", timeout=600
+    )
     assert result.ret == 1, result.stdout.str()  # the baseline gate fails
+    result.stdout.fnmatch_lines([f"  page: {page}"])  # the terminal says where the page is
     report = json.loads((pytester.path / "r.json").read_text())
     failing = [f"test-{i:04d}" for i in sorted(ids[3:6])]
     assert report["baseline"]["newly_failing"] == failing
     assert report["baseline"]["newly_passing"] == [f"test-{ids[0]:04d}"]
+    # the page the plugin wrote is the page the renderer makes of this run
     stored = bl.loads(next((pytester.path / "__snapshots__").rglob("*.gsm8k")).read_text(), "b")
-    page = tmp_path / "report.html"
-    page.write_text(
-        render_html(report, problem_texts(_split().problems), outcomes_from_baseline(stored)),
-        encoding="utf-8",
-    )
+    expected = render_html(report, problem_texts(_split().problems), outcomes_from_baseline(stored))
+    assert page.read_text(encoding="utf-8") == expected
     assert "__pwned=1</script>" not in page.read_text()
+    assert keyed_env not in page.read_text()
 
     browser.open(page.as_uri())
     assert browser.evaluate("document.documentElement.dataset.ready") == "40"
@@ -484,3 +487,26 @@ def test_full_split_page_opens_and_filters(tmp_path: Path, browser: Browser) -> 
         f"lowercase text) {measured['search1']:.1f} ms, next search {measured['search2']:.1f} "
         f"ms, reset {measured['reset']:.1f} ms (each including layout)"
     )
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_the_page_is_written_when_the_gate_fails_and_when_the_endpoint_dies(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    ids = [p.index for p in select(_split().problems, 20, 1234)]
+    server.set_script(Script(behaviours={ids[0]: "wrong"}))
+    run = [*gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-no-cache", "-p", "no:hypothesispytest"]
+    result = pytester.runpytest(*run, "--gsm8k-min-acc=1", "--gsm8k-html=out/page.html")
+    assert result.ret == 1
+    page = (pytester.path / "out" / "page.html").read_text(encoding="utf-8")
+    assert "gsm8k acc (test@1, 0-shot CoT) = 0.9500" in page and "FAIL" in page
+    assert keyed_env not in page
+    server.die_after = 5  # the endpoint goes away mid-run: the page of what was done
+    result = pytester.runpytest(*run, "--gsm8k-html=out/page.html", "--gsm8k-max-retries=0")
+    assert result.ret == 1
+    page = (pytester.path / "out" / "page.html").read_text(encoding="utf-8")
+    assert "gsm8k acc" in page and "error" in page

@@ -151,6 +151,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="A",
     ),
     Option("require-baseline", "bool", "fail when no baseline exists", False),
+    Option("html", "str", "write the run's self-contained HTML page here", metavar="PATH"),
 )
 
 LOCAL_DEFAULTS: dict[str, Any] = {"api": "completions", "shots": 5, "max_tokens": 256}
@@ -234,6 +235,7 @@ class Settings:
     max_drop: float = 0.0
     alpha: float | None = None
     require_baseline: bool = False
+    html: str | None = None
 
     @property
     def aggregation(self) -> str:
@@ -404,4 +406,5 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         max_drop=float(values["max_drop"]),
         alpha=values["alpha"],
         require_baseline=bool(values["require_baseline"]),
+        html=values["html"] or None,
     )
