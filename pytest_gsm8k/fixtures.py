@@ -72,14 +72,17 @@ def gsm8k_outcome(
 ) -> GSM8KOutcome:
     """The scored answer for this item's problem (fetched ahead by the engine)."""
     from pytest_gsm8k.core.outcome import error_record, score_response
-    from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError
+    from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
 
     state = get_state(request.config)
     source, single_use = state.source_for(gsm8k_model, gsm8k_protocol)
     item = request.node
     failure: str | None = None
+    not_run: str | None = None
     try:
         response = source.result(gsm8k_protocol.request(gsm8k_problem))
+    except NotRun as exc:
+        not_run = str(exc)
     except EndpointError as exc:
         record = error_record(gsm8k_problem, str(exc))
         if isinstance(exc, EndpointAborted):
@@ -93,6 +96,8 @@ def gsm8k_outcome(
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)
         if single_use:
             source.close()
+    if not_run is not None:
+        pytest.skip(f"gsm8k: not run: {not_run}")
     if failure is not None:
         # Outside the except block: inside it, pytest would print the EndpointError too
         # ("During handling of the above exception, another exception occurred").

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -15,6 +16,9 @@ from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.early_stop import EarlyStop
 
 #: how long an xdist worker waits for one answer from the controller beyond the engine's
 #: own bounds (the controller's engine ends every request by then; this ends only a wait
@@ -36,13 +40,94 @@ def release_gates(state: State, session: pytest.Session) -> None:
     except ValueError:
         shown = str(path)
     update = bool(getattr(config.option, "update_snapshots", False))
-    gates.apply_baseline(summary, state.settings, path, update, shown)
     state.baseline_file = path
+    if update and state.early_stopped is not None:
+        summary.add_gate(
+            "baseline",
+            False,
+            f"not written to {shown}: the run stopped early "
+            "(--gsm8k-early-stop); a baseline is always a complete run",
+        )
+    else:
+        gates.apply_baseline(summary, state.settings, path, update, shown)
+        _early_baseline_verdict(state)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         questions = {p.id: p.question for p in state.split().problems}
         with open(step_summary, "a", encoding="utf-8") as handle:
             handle.write(gates.markdown(summary, questions, html=state.settings.html))
+
+
+def early_stop_for(state: State, session: pytest.Session) -> EarlyStop | None:
+    """The run's :class:`EarlyStop` (``--gsm8k-early-stop``), or None with nothing to decide.
+
+    Its problems are those this run set out to do (after deselection); its
+    baseline gate uses the stored baseline when one exists that this run may be
+    compared with (any refusal is reported by the normal baseline gate at the end).
+    """
+    from pytest_gsm8k.core import baseline as bl
+    from pytest_gsm8k.core.early_stop import EarlyStop
+
+    settings = state.settings
+    assert settings.early_stop in ("certain", "sequential")
+    wanted = state.planned_ids
+    ids = [p.id for p in state.selected() if wanted is None or p.id in wanted]
+    protocol = state.protocol()
+    config = session.config
+    dirname = str(getattr(config.option, "snapshot_dirname", None) or "__snapshots__")
+    path = gates_path(state, config, dirname)
+    outcomes: dict[str, int] | None = None
+    if path.is_file() and not getattr(config.option, "update_snapshots", False):
+        try:
+            stored = bl.loads(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, UnicodeDecodeError, bl.BaselineError):
+            stored = None
+        here = {
+            "protocol": {**protocol.identity(), "label": protocol.label},
+            "dataset": state.split().identity(),
+        }
+        if stored is not None and bl.first_difference(stored, here) is None:
+            outcomes = {}
+            for pid, value in stored["problems"].items():
+                outcome = value.get("outcome") if isinstance(value, dict) else value
+                outcomes[str(pid)] = int(outcome == "correct")
+            if not set(outcomes) & set(ids):
+                outcomes = None
+    if settings.min_acc is None and outcomes is None:
+        return None
+    return EarlyStop(
+        ids,
+        mode=settings.early_stop,  # type: ignore[arg-type]
+        seed=settings.seed,
+        alpha=settings.early_stop_alpha,
+        min_acc=settings.min_acc,
+        baseline=outcomes,
+        max_drop=settings.max_drop,
+        mcnemar_alpha=settings.alpha,
+    )
+
+
+def gates_path(state: State, config: pytest.Config, dirname: str) -> Path:
+    from pytest_gsm8k import gates
+
+    return gates.baseline_path(state.settings, config.rootpath, state.protocol().label, dirname)
+
+
+def _early_baseline_verdict(state: State) -> None:
+    """After an early stop the baseline gate's verdict is the early decision's, not the one
+    the partial run's drop would give (a gate another gate's FAIL made moot is not a FAIL)."""
+    early, summary = state.early, state.summary
+    if early is None or early.decision is None or state.early_stopped is None or not summary:
+        return
+    verdict = early.decision.verdicts.get("baseline")
+    for gate in summary.gates:
+        if gate.name == "baseline":
+            if verdict is None:
+                gate.passed = True
+                gate.detail = "undecided: the run stopped early on another gate's FAIL"
+            else:
+                gate.passed = verdict == "PASS"
+                gate.detail = early.headline()
 
 
 def write_html(state: State, report: dict[str, Any]) -> None:

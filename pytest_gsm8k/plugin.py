@@ -35,6 +35,7 @@ from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from 
 )
 from pytest_gsm8k.lifecycle import (
     check_data,
+    early_stop_for,
     model_overridden,
     preflight,
     release_gates,
@@ -114,6 +115,9 @@ class StatePlugin:
 
     def __init__(self, state: State) -> None:
         self.state = state
+        self.config = state.config
+        self.session: pytest.Session | None = None
+        self._early_tried = False
         self.warnings: list[str] = []  # cache warnings no test issued (xdist controller)
 
     @pytest.hookimpl(tryfirst=True)
@@ -125,6 +129,7 @@ class StatePlugin:
         the workers: their ``workerinput`` carries its address).
         """
         state = self.state
+        self.session = session
         if state.is_worker or not state.settings.model:
             return
         check_data(state)
@@ -218,9 +223,37 @@ class StatePlugin:
             return
         record = getattr(report, "gsm8k", None)
         if isinstance(record, dict):
+            fresh = str(record["id"]) not in self.state.records
             self.state.records.setdefault(str(record["id"]), record)
             if record["outcome"] == "error" and record.get("aborted"):
                 self.state.aborted = str(record["error"])
+            elif fresh and self.state.settings.early_stop:
+                self._observe_early(str(record["id"]), bool(record["correct"]))
+
+    def _observe_early(self, problem_id: str, correct: bool) -> None:
+        """Controller: one more outcome for --gsm8k-early-stop; stop the run once decided."""
+        state = self.state
+        if state.early is None and not self._early_tried:
+            self._early_tried = True
+            if self.session is not None:
+                state.early = early_stop_for(state, self.session)
+        if state.early is None or state.early_stopped is not None:
+            return
+        try:
+            decision = state.early.observe(problem_id, correct)
+        except (KeyError, ValueError):
+            return  # a problem outside the run's plan (a user's own test): not counted
+        if decision is None or state.early.observed >= state.early.n_total:
+            return
+        message = f"gsm8k: {state.early.headline()}"
+        state.early_stopped = message
+        for engine in state.engines.values():
+            engine.stop(message.removeprefix("gsm8k: "))
+        dsession = self.config.pluginmanager.get_plugin("dsession")
+        if dsession is not None:
+            dsession.shouldstop = message  # xdist stops handing out items
+        elif self.session is not None:
+            self.session.shouldstop = message
 
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
@@ -244,6 +277,8 @@ class StatePlugin:
         try:
             return (yield)
         except BaseException as exc:
+            if self.state.early_stopped is not None and str(exc) == self.state.early_stopped:
+                return True  # the gates' verdicts are settled: a finished run, not interrupted
             self.state.interrupted = True  # stopped before the end (complete: false)
             if _our_stop_under_xdist(exc, self.state):
                 # xdist turns a worker's session.shouldfail into Interrupted (exit code 2);
@@ -364,4 +399,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # traceback; pytest_collection_finish raises it as one usage-error line instead.
         state.data_error = f"gsm8k: {exc}"
         return
+    if state.settings.early_stop == "sequential":
+        # a seeded uniformly random order: the sequential test's outcomes are then a sample
+        # drawn without replacement from the split (its guarantee needs exactly that)
+        from pytest_gsm8k.core.early_stop import run_order
+
+        by_id = {p.id: p for p in problems}
+        problems = tuple(by_id[pid] for pid in run_order(list(by_id), state.settings.seed))
     metafunc.parametrize("gsm8k_problem", problems, ids=[p.id for p in problems])

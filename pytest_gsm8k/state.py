@@ -41,6 +41,7 @@ from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.runtime.data import load_split, train_source
 
 if TYPE_CHECKING:
+    from pytest_gsm8k.core.early_stop import EarlyStop
     from pytest_gsm8k.core.summary import Summary
     from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
     from pytest_gsm8k.runtime.cache import ResponseCache
@@ -115,6 +116,9 @@ class State:
         self.remote: RemoteAnswers | None = None
         self._warned_scope = False
         self.baseline_file: Path | None = None  # where release_gates looked for the baseline
+        #: --gsm8k-early-stop: the run's EarlyStop (controller), and its message once it stopped
+        self.early: EarlyStop | None = None
+        self.early_stopped: str | None = None
         self.started = time.time()
         if self.workerinput is not None:
             self.run_id = str(self.workerinput["gsm8k_run_id"])
@@ -270,6 +274,8 @@ class State:
             claims=claims,
             breaker=getattr(client, "breaker", None),
             share=_worker_share(self.workerinput),
+            # early stopping: fetch no further ahead of the tests than the concurrency
+            lookahead=self.concurrency() if self.settings.early_stop else None,
         )
         self.engines[id(model)] = engine
         if plan:
@@ -386,7 +392,16 @@ class State:
         )
         if self.local_info is not None:
             summary.extra["local_server"] = self.local_info
-        if self.settings.min_acc is not None:
+        early = self.early
+        decided = None
+        if early is not None:
+            summary.extra["early_stop"] = early.to_json()
+            summary.notes.append(f"  early stop ({early.mode}): {early.headline()}")
+            if early.decision is not None and self.early_stopped is not None:
+                decided = early.decision.verdicts.get("min-acc")
+        if early is not None and decided is not None:
+            summary.add_gate("min-acc", decided == "PASS", early.headline())
+        elif self.settings.min_acc is not None:
             summary.gate_min_acc(self.settings.min_acc)
         return summary
 

@@ -152,6 +152,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("require-baseline", "bool", "fail when no baseline exists", False),
     Option("html", "str", "write the run's self-contained HTML page here", metavar="PATH"),
+    Option(
+        "early-stop",
+        "str",
+        "stop once the gates' verdicts are settled: certain (exact) or "
+        "sequential (anytime-valid, at --gsm8k-early-stop-alpha)",
+        metavar="MODE",
+    ),
+    Option(
+        "early-stop-alpha",
+        "float",
+        "sequential early stop: the chance that its verdict differs from the full run's",
+        0.05,
+        metavar="A",
+    ),
 )
 
 LOCAL_DEFAULTS: dict[str, Any] = {"api": "completions", "shots": 5, "max_tokens": 256}
@@ -236,6 +250,8 @@ class Settings:
     alpha: float | None = None
     require_baseline: bool = False
     html: str | None = None
+    early_stop: str | None = None
+    early_stop_alpha: float = 0.05
 
     @property
     def aggregation(self) -> str:
@@ -367,6 +383,16 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
             raise SettingsError(
                 f"--gsm8k-answer-regex: invalid regular expression ({exc})"
             ) from None
+    early_stop = values["early_stop"] or None
+    if early_stop not in (None, "certain", "sequential"):
+        raise SettingsError(
+            f"--gsm8k-early-stop: expected certain or sequential, got {early_stop!r}"
+        )
+    if not 0.0 < float(values["early_stop_alpha"]) < 1.0:
+        raise SettingsError(
+            f"--gsm8k-early-stop-alpha: must be between 0 and 1 (exclusive), "
+            f"got {values['early_stop_alpha']}"
+        )
     if not str(values["api_key_env"]).strip():
         raise SettingsError("--gsm8k-api-key-env: must name an environment variable")
 
@@ -407,4 +433,6 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         alpha=values["alpha"],
         require_baseline=bool(values["require_baseline"]),
         html=values["html"] or None,
+        early_stop=early_stop,
+        early_stop_alpha=float(values["early_stop_alpha"]),
     )

@@ -14,8 +14,9 @@ Wire format, one JSON object per line:
   T, through xdist's ``workerinput``), then ``{"plan": [ids]}`` (the problems
   it collected, in run order: the controller prefetches them; every worker
   collects the same items, so later plans add nothing) and ``{"get": id}``;
-* controller -> worker, one line per ``get``: ``{"response": ..., "cached": n}``
-  or ``{"error": message, "aborted": bool}``.
+* controller -> worker, one line per ``get``: ``{"response": ..., "cached": n}``,
+  ``{"error": message, "aborted": bool}``, or ``{"not_run": message}`` once the
+  run stopped early (the worker skips the item).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_gsm8k.core.types import ModelResponse, Request
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
 
 LIMIT = 1 << 26  # longest line either side accepts (a pass@N answer set can be long)
 
@@ -106,6 +107,8 @@ class AnswerServer:
                 reply = {"response": response.to_json(), "cached": response.cached}
             except EndpointError as exc:
                 reply = {"error": str(exc), "aborted": isinstance(exc, EndpointAborted)}
+            except NotRun as exc:
+                reply = {"not_run": str(exc)}
         return json.dumps(reply, ensure_ascii=False).encode() + b"\n"
 
 
@@ -150,6 +153,8 @@ class RemoteAnswers:
         if not line:
             raise EndpointAborted("the xdist controller closed its answer channel (it ended)")
         reply = json.loads(line)
+        if "not_run" in reply:
+            raise NotRun(str(reply["not_run"]))
         if "error" in reply:
             error = EndpointAborted if reply.get("aborted") else EndpointError
             raise error(str(reply["error"]))

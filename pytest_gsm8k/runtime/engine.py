@@ -59,6 +59,10 @@ class EndpointAborted(EndpointError):
     """The endpoint is unusable; every remaining item fails with this message."""
 
 
+class NotRun(Exception):
+    """The run stopped early (the gates' verdicts are settled): this item is not run."""
+
+
 class _Elsewhere(Exception):
     """Another process holds the claim on this request and will write its entry."""
 
@@ -107,6 +111,7 @@ class Job:
     wanted: bool = False  # the test thread waits for it (loop thread only)
     watched: bool = False  # a watcher looks for another process's entry (loop thread only)
     queued: bool = False  # in the loop's run-order list (loop thread only)
+    consumed: bool = False  # a test (or the answer server) asked for it (loop thread only)
 
 
 class Engine:
@@ -121,6 +126,7 @@ class Engine:
         claims: bool = False,
         breaker: Breaker | None = None,
         share: tuple[int, int] | None = None,
+        lookahead: int | None = None,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -132,7 +138,13 @@ class Engine:
         # fetches its own share of the plan first (every k-th item), then helps with the
         # rest, so their claims rarely collide.
         self.share = share if claims and share is not None and share[1] > 1 else None
+        # At most this many answers fetched ahead of the ones asked for (None: no limit).
+        # Early stopping sets it: what is fetched beyond the decision is paid for and unused.
+        self.lookahead = lookahead
+        self._ahead = 0  # started, not yet asked for (loop thread only)
         self.aborted: str | None = None
+        #: the run stopped early: nothing more is sent; what is under way still arrives
+        self.stopped: str | None = None
         self.requests_sent = 0
         self.from_cache = 0
         self.by_request: dict[Request, Job] = {}  # test thread only
@@ -199,21 +211,30 @@ class Engine:
     async def answer(self, request: Request) -> ModelResponse:
         """On the loop: the response for ``request``, fetched next if it is not under way."""
         job = self.by_request.get(request)
+        if self.stopped is not None and (job is None or job.state == PLANNED):
+            raise NotRun(self.stopped)
         if job is None:
             job = self._new_job(request)
             self._plan([job], True)
         elif not job.future.done():
             self._want(job)
+        self._consume(job)
         return await asyncio.wrap_future(job.future)
 
     def result(self, request: Request) -> ModelResponse:
         """The response for ``request``: usually ready; otherwise fetched first, now."""
         job = self.by_request.get(request)
+        if self.stopped is not None and (
+            job is None or (not job.future.done() and job.state == PLANNED)
+        ):
+            raise NotRun(self.stopped)
         if job is None:
             job = self._new_job(request)
             self._loop.call_soon_threadsafe(self._plan, [job], True)
         elif not job.future.done():
             self._loop.call_soon_threadsafe(self._want, job)
+        if self.lookahead is not None:
+            self._loop.call_soon_threadsafe(self._consume, job)
         while True:
             try:
                 return job.future.result(timeout=0.5)
@@ -227,6 +248,18 @@ class Engine:
         if job is None or not job.future.done() or job.future.exception() is not None:
             return None
         return job.future.result()
+
+    def stop(self, message: str) -> None:
+        """Send nothing more (any thread): the run stopped early. Requests under way finish
+        and their answers are kept (cached); items not fetched yet raise :class:`NotRun`."""
+        self.stopped = message
+
+        def clear() -> None:
+            self._priority.clear()
+            self._scan = len(self._jobs)
+
+        if not self._closed:
+            self._loop.call_soon_threadsafe(clear)
 
     def abort(self, message: str) -> None:
         """Stop sending; every unfinished item fails with ``message`` (any thread)."""
@@ -298,15 +331,28 @@ class Engine:
         elif job.state == ELSEWHERE:
             self._watch(job)
 
+    def _consume(self, job: Job) -> None:
+        """A test asked for ``job``: it no longer counts as fetched ahead (loop thread)."""
+        if job.consumed:
+            return
+        job.consumed = True
+        if job.state != PLANNED:
+            self._ahead -= 1
+            self._kick()
+
     def _kick(self) -> None:
         if self._wake is not None:
             self._wake.set()
 
     def _next_job(self) -> Job | None:
+        if self.stopped is not None:
+            return None
         while self._priority:
             job = self._priority.popleft()
             if job.state == PLANNED:
                 return job
+        if self.lookahead is not None and self._ahead >= self.lookahead:
+            return None  # far enough ahead of the tests; a consumed answer kicks us again
         jobs = self._jobs
         while self._scan < len(jobs):
             job = jobs[self._scan]
@@ -324,11 +370,15 @@ class Engine:
                 await self._wake.wait()
                 continue
             job.state = RUNNING
+            if not job.consumed:
+                self._ahead += 1
             writes: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
             try:
                 response = await self._fetch(job.request, writes)
             except _Elsewhere:
                 job.state = ELSEWHERE
+                if not job.consumed:
+                    self._ahead -= 1  # another process fetches it, not us
                 if job.wanted:
                     self._watch(job)
                 continue

@@ -1,0 +1,172 @@
+"""--gsm8k-early-stop end to end: the plugin stops when the gates' verdicts are settled.
+
+Real runs (pytester) against the loopback fake server; the evidence is the server's
+own request count and the JSON report. The statistics themselves are tested in
+tests/test_early_stop.py; the simulation is benchmarks/bench_early_stop.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+
+
+def sent(server: FakeOpenAIServer) -> int:
+    by_path = server.stats()["requests_by_path"]
+    return int(by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0))
+
+
+def report(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+
+
+@XDIST
+def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-concurrency=8",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "-p",
+        "no:hypothesispytest",
+    )
+    assert result.ret == 1
+    # FAIL is certain once more than 0.15 * 1319 = 197.85 answers are not correct
+    assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
+    data = report(pytester.path / "r.json")
+    early = data["early_stop"]
+    assert early["mode"] == "certain" and early["decided_after"] == 198
+    assert early["verdicts"] == {"min-acc": "FAIL"}
+    assert data["complete"] is False and data["counts"]["error"] == 0
+    assert data["n"] == len(data["problems"]) >= 198  # every problem that ran is listed
+    result.stdout.fnmatch_lines(
+        [
+            "*early stop (certain): stopped after 198 of 1319 problems: min-acc verdict FAIL is "
+            "certain (at most 0.8499 reachable)*"
+        ]
+    )
+    gate = next(g for g in data["gates"] if g["name"] == "min-acc")
+    assert gate["passed"] is False and "stopped after 198 of 1319" in gate["detail"]
+
+
+@XDIST
+def test_sequential_passes_a_good_model_early_with_its_interval(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-min-acc=0.5",
+        "--gsm8k-early-stop=sequential",
+        "--gsm8k-concurrency=4",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "-p",
+        "no:hypothesispytest",
+    )
+    assert result.ret == 0, result.stdout.str()
+    data = report(pytester.path / "r.json")
+    early = data["early_stop"]
+    assert early["mode"] == "sequential" and early["alpha"] == 0.05
+    assert early["verdicts"] == {"min-acc": "PASS"}
+    assert early["decided_after"] < 100
+    # under xdist the workers' items arrive out of the seeded order: those beyond the
+    # prefix the test may use still ran; nothing was fetched beyond them but what was in flight
+    assert data["n"] < 100 and sent(server) <= data["n"] + 4
+    low, high = early["gates"]["min-acc"]["interval"]
+    assert 0.5 <= low <= high <= 1.0
+    result.stdout.fnmatch_lines(
+        ["*min-acc verdict PASS at alpha 0.05 (accuracy of the full split in *"]
+    )
+
+
+def test_the_sequential_order_is_the_seeded_one(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    from pytest_gsm8k.core.early_stop import run_order
+
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-early-stop=sequential", "--co", "-q", "--gsm8k-seed=7"
+    )
+    ids = [line.split("[", 1)[1].rstrip("]") for line in result.outlines if "[test-" in line]
+    assert len(ids) == 1319 and ids == run_order(sorted(ids), 7)
+
+
+def test_an_early_stopped_run_writes_no_baseline(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-no-cache",
+        "--snapshot-update",
+    )
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*gate baseline: FAIL: not written to *: the run stopped early*"])
+    assert not list(pytester.path.rglob("*.gsm8k"))
+
+
+def test_the_baseline_gate_stops_early_and_a_later_full_run_sends_only_the_rest(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    run = [
+        *gsm8k_args,
+        "--gsm8k-limit=200",
+        "--gsm8k-concurrency=4",
+        "--gsm8k-cache-dir=cache",
+        "-p",
+        "no:hypothesispytest",
+    ]
+    assert pytester.runpytest(*run, "--snapshot-update").ret == 0  # baseline: all correct
+    server.reset()
+    server.set_script(Script(default="wrong"))  # a release that broke everything
+    result = pytester.runpytest(
+        *run,
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-max-drop=0.1",
+        "--gsm8k-cache-dir=cache2",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 1
+    early = report(pytester.path / "r.json")["early_stop"]
+    # the drop exceeds 0.1 for certain once 21 of the 200 shared problems are wrong
+    assert early["verdicts"] == {"baseline": "FAIL"} and early["decided_after"] == 21
+    first = sent(server)
+    assert 21 <= first <= 21 + 4 + 1
+    server.reset()
+    full = pytester.runpytest(*run, "--gsm8k-cache-dir=cache2", "--gsm8k-report=full.json")
+    assert full.ret == 1
+    assert sent(server) == 200 - first  # the cache kept what the early run asked
+    assert report(pytester.path / "full.json")["n"] == 200
