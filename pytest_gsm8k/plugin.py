@@ -39,6 +39,7 @@ from pytest_gsm8k.lifecycle import (
     start_controller,
     start_early,
     start_local,
+    start_serve,
 )
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
 
@@ -122,10 +123,13 @@ class StatePlugin:
         the workers: their ``workerinput`` carries its address).
         """
         state = self.state
-        if state.is_worker or not state.settings.model:
+        settings = state.settings
+        if state.is_worker or not (settings.model or settings.serve):
             return
         check_data(state)
-        if state.settings.model.startswith("local"):
+        if settings.serve:
+            start_serve(state)
+        elif str(settings.model).startswith("local"):
             start_local(state)
         if not model_overridden(session.config):
             preflight(state)
@@ -159,8 +163,9 @@ class StatePlugin:
     def pytest_collection_modifyitems(
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        """Add the built-in test when --gsm8k-model is given (before -k/-m/--lf filter)."""
-        if not self.state.settings.model:
+        """Add the built-in test when --gsm8k-model or --gsm8k-serve is given (before
+        -k/-m/--lf filter)."""
+        if not (self.state.settings.model or self.state.settings.serve):
             return
         from pytest_gsm8k import builtin
 
@@ -232,7 +237,7 @@ class StatePlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         """After all items, on the controller: summary, gates, report (also when interrupted)."""
-        if self.state.settings.model or self.state.planned:
+        if self.state.settings.model or self.state.settings.serve or self.state.planned:
             # What is alive now (modules, the collected items) lives to the end: take it out
             # of the collector's way, so the run's collections and pytest's five full ones at
             # the end walk only what the run made (about 0.5 s per process on 1,319 items).
