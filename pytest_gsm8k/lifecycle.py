@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -238,7 +239,7 @@ def start_local(state: State) -> None:
         log = state.run_dir / "llama-server.log"
         # room for a 5-shot prompt (~1,000 tokens) plus the answer
         n_ctx = state.settings.local_ctx or max(
-            local.DEFAULT_N_CTX, 1536 + state.settings.max_tokens
+            local.DEFAULT_N_CTX, 1536 + (state.settings.max_tokens or 0)
         )
         server = local.start_local_server(
             path,
@@ -246,6 +247,8 @@ def start_local(state: State) -> None:
             log_path=log,
             n_ctx=n_ctx,
             threads=state.settings.local_threads,
+            startup_timeout=state.settings.serve_timeout,
+            progress=_progress_line(state, log),
         )
     except local.LocalServerError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
@@ -269,6 +272,86 @@ def start_local(state: State) -> None:
             f"gsm8k: serving {path.name} with llama.cpp at {server.base_url} "
             f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)"
         )
+    state.base_url = server.base_url
+    state.model_name = server.model
+
+
+def _write_line(state: State, line: str) -> None:
+    reporter = state.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+
+
+def _progress_line(state: State, log: Path) -> Callable[[float], None]:
+    def progress(waited: float) -> None:
+        _write_line(
+            state,
+            f"gsm8k: waiting for the model server to answer GET /v1/models "
+            f"({waited:.0f} s so far; log {log})",
+        )
+
+    return progress
+
+
+def start_serve(state: State) -> None:
+    """``--gsm8k-serve CMD``: start the run's server, wait for it, take its model if not given.
+
+    Started on the controller before xdist starts the workers, which get its URL and
+    model through ``workerinput``; stopped by ``State.close`` (and atexit, and the
+    kernel when pytest dies).
+    """
+    from pytest_gsm8k.runtime import serve
+    from pytest_gsm8k.runtime.client import PreflightError, list_models
+
+    settings = state.settings
+    command = settings.serve or ""
+    log = state.run_dir / "serve.log"
+    if "{port}" not in command:
+        raise pytest.UsageError(
+            "gsm8k: --gsm8k-serve: the command line has no {port}: the server must listen on "
+            "the port the plugin picks (e.g. --port {port})"
+        )
+    try:
+        server = serve.start_served(
+            command,
+            model=settings.model,
+            log_path=log,
+            startup_timeout=settings.serve_timeout,
+            progress=_progress_line(state, log),
+        )
+    except serve.ServeError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    state.local_server = server
+    if not settings.model:
+        try:
+            models = list_models(server.base_url, settings.api_key(), timeout=10.0)
+        except PreflightError as exc:
+            server.stop(timeout=2.0)
+            raise pytest.UsageError(
+                f"gsm8k: --gsm8k-serve: cannot list the server's models ({exc.detail}); "
+                "give --gsm8k-model"
+            ) from None
+        if len(models) != 1:
+            server.stop(timeout=2.0)
+            listed = ", ".join(models[:10]) + (", ..." if len(models) > 10 else "")
+            raise pytest.UsageError(
+                f"gsm8k: --gsm8k-serve: the server lists {len(models)} models "
+                f"({listed or 'none'}); choose one with --gsm8k-model"
+            )
+        server.model = models[0]
+    server.watch(state.server_died)
+    state.local_info = {
+        "pid": server.pid,
+        "command": command,
+        "base_url": server.base_url,
+        "model": server.model,
+        "startup_seconds": round(server.startup_seconds, 2),
+    }
+    _write_line(
+        state,
+        f"gsm8k: serving {server.model} with {command!r} at {server.base_url} "
+        f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)",
+    )
     state.base_url = server.base_url
     state.model_name = server.model
 

@@ -42,6 +42,7 @@ from pytest_gsm8k.lifecycle import (
     start_controller,
     start_early,
     start_local,
+    start_serve,
     write_html,
 )
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
@@ -130,10 +131,13 @@ class StatePlugin:
         """
         state = self.state
         self.session = session
-        if state.is_worker or not state.settings.model:
+        settings = state.settings
+        if state.is_worker or not (settings.model or settings.serve):
             return
         check_data(state)
-        if state.settings.model.startswith("local"):
+        if settings.serve:
+            start_serve(state)
+        elif str(settings.model).startswith("local"):
             start_local(state)
         if not model_overridden(session.config):
             preflight(state)
@@ -167,8 +171,9 @@ class StatePlugin:
     def pytest_collection_modifyitems(
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        """Add the built-in test when --gsm8k-model is given (before -k/-m/--lf filter)."""
-        if not self.state.settings.model:
+        """Add the built-in test when --gsm8k-model or --gsm8k-serve is given (before
+        -k/-m/--lf filter)."""
+        if not (self.state.settings.model or self.state.settings.serve):
             return
         from pytest_gsm8k import builtin
 
@@ -268,7 +273,7 @@ class StatePlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         """After all items, on the controller: summary, gates, report (also when interrupted)."""
-        if self.state.settings.model or self.state.planned:
+        if self.state.settings.model or self.state.settings.serve or self.state.planned:
             # What is alive now (modules, the collected items) lives to the end: take it out
             # of the collector's way, so the run's collections and pytest's five full ones at
             # the end walk only what the run made (about 0.5 s per process on 1,319 items).

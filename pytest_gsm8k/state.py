@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pytest_gsm8k.runtime.cache import ResponseCache
     from pytest_gsm8k.runtime.client import OpenAIClient
     from pytest_gsm8k.runtime.engine import Engine
-    from pytest_gsm8k.runtime.local import LocalServer
+    from pytest_gsm8k.runtime.serve import ServedProcess
 
 RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 STATE_NAME = "gsm8k-state"
@@ -105,7 +105,8 @@ class State:
         self.interrupted = False
         self.aborted: str | None = None
         self.data_error: str | None = None
-        self.local_server: LocalServer | None = None
+        #: the server this run started (--gsm8k-serve or --gsm8k-model=local)
+        self.local_server: ServedProcess | None = None
         self.local_info: dict[str, Any] | None = None
         self.server_death: str | None = None
         self.base_url = settings.resolved_base_url()
@@ -192,6 +193,7 @@ class State:
                 stop=s.stop,
                 extractor=s.extract,
                 answer_regex=s.answer_regex,
+                params=s.params,
             )
         return self._protocol
 
@@ -391,7 +393,8 @@ class State:
             interrupted=self.interrupted,
         )
         if self.local_info is not None:
-            summary.extra["local_server"] = self.local_info
+            key = "served" if self.settings.serve else "local_server"
+            summary.extra[key] = self.local_info
         early = self.early
         decided = None
         if early is not None:

@@ -342,6 +342,9 @@ class FakeOpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         die_after: int | None = None,
+        extra_models: Iterable[str] = (),
+        reasoning_field: bool = False,
+        record_file: str | Path | None = None,
     ) -> None:
         self.questions, self.golds, solutions = load_gsm8k(questions_path)
         self._steps = [" ".join(_CALC_RE.sub("", s).split()) for s in solutions]
@@ -355,6 +358,12 @@ class FakeOpenAIServer:
         self.host = host
         self.port = port
         self.die_after = die_after
+        #: more ids listed by GET /models (requests must still name ``model``)
+        self.extra_models = list(extra_models)
+        #: chat replies carry <think> reasoning in ``reasoning_content``, not in the content
+        self.reasoning_field = reasoning_field
+        #: every completion request body is appended here as one JSON line (server side)
+        self.record_file = Path(record_file) if record_file is not None else None
         self.on_kill: Callable[[], None] | None = None  # called (in the loop thread) after a kill
 
         self._lock = threading.Lock()
@@ -746,7 +755,11 @@ class FakeOpenAIServer:
                 )
             card = {"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}
             if path == "/models":
-                return _json_response(200, {"object": "list", "data": [card]})
+                cards = [card] + [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                    for m in self.extra_models
+                ]
+                return _json_response(200, {"object": "list", "data": cards})
             name = path[len("/models/") :]
             if name != self.model:
                 return self._model_not_found(name)
@@ -798,6 +811,9 @@ class FakeOpenAIServer:
             with self._lock:
                 self._bodies.append(req)
                 self._raw_bodies.append(body.decode("utf-8", "replace"))
+        if self.record_file is not None:
+            with self._lock, self.record_file.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(req) + "\n")
         model = req.get("model")
         if not isinstance(model, str) or not model:
             raise _BadRequest("you must provide a model parameter")
@@ -958,6 +974,17 @@ class FakeOpenAIServer:
             body = f"Let me think step by step. {steps} The answer is {gold}.\n#### {gold}"
         return lead + body + tail, finish
 
+    def _message(self, text: str) -> dict[str, Any]:
+        """The chat message; with ``reasoning_field`` a leading ``<think>`` block (closed or
+        cut by the token limit) goes to ``reasoning_content``, as vLLM's reasoning parsers do."""
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self.reasoning_field and text.lstrip().startswith("<think>"):
+            inner = text.lstrip()[len("<think>") :]
+            reasoning, closed, rest = inner.partition("</think>")
+            message["reasoning_content"] = reasoning.strip()
+            message["content"] = rest.strip() if closed else ""
+        return message
+
     def _render(
         self,
         chat: bool,
@@ -984,7 +1011,7 @@ class FakeOpenAIServer:
                         "choices": [
                             {
                                 "index": i,
-                                "message": {"role": "assistant", "content": t, "refusal": None},
+                                "message": self._message(t),
                                 "logprobs": None,
                                 "finish_reason": f,
                             }
@@ -1137,7 +1164,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-honour-n", action="store_true")
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--die-after", type=int, default=None)
+    ap.add_argument(
+        "--exit-code", type=int, default=0, help="exit status after --die-after or /_kill"
+    )
+    ap.add_argument(
+        "--exit-at-once", type=int, default=None, metavar="CODE", help="print and exit with CODE"
+    )
+    ap.add_argument(
+        "--never-ready", action="store_true", help="print a line, then never listen (sleep)"
+    )
+    ap.add_argument("--extra-model", action="append", default=[], help="also listed in /models")
+    ap.add_argument("--reasoning-field", action="store_true")
+    ap.add_argument("--record-file", default=None, help="append request bodies here (JSONL)")
     args = ap.parse_args(argv)
+    if args.exit_at_once is not None:
+        print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
+        return int(args.exit_at_once)
+    if args.never_ready:
+        print("fakeserver: loading a very large model...", flush=True)
+        while True:
+            time.sleep(3600)
 
     script = None
     if args.script:
@@ -1156,6 +1202,9 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         die_after=args.die_after,
+        extra_models=args.extra_model,
+        reasoning_field=args.reasoning_field,
+        record_file=args.record_file,
     )
     done = threading.Event()
     srv.on_kill = done.set
@@ -1165,7 +1214,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"FAKESERVER_URL={srv.base_url}", flush=True)
     while not done.wait(0.2):
         pass
+    killed = srv.killed
     srv.stop()
+    if killed and args.exit_code:
+        print(f"fakeserver: dying with exit code {args.exit_code}", flush=True)
+        return int(args.exit_code)
     return 0
 
 

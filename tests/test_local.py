@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import pytest_gsm8k.runtime.local as local
+import pytest_gsm8k.runtime.serve as serve
 from pytest_gsm8k.runtime.local import (
     DEFAULT_ALIAS,
     INSTALL_HINT,
@@ -340,7 +341,7 @@ def test_early_exit_reports_the_log_tail(tmp_path: Path) -> None:
     with pytest.raises(LocalServerError) as info:
         start_local_server(_gguf(tmp_path / "fake.gguf"), alias="x", log_path=tmp_path / "s.log")
     first, *rest = str(info.value).splitlines()
-    assert "exited with code" in first and "fake.gguf" in first
+    assert "exited with exit code" in first and "fake.gguf" in first
     assert 0 < len(rest) <= 22
     assert "Failed to load model" in str(info.value)
 
@@ -352,8 +353,8 @@ def test_a_taken_port_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         held.listen()
         taken = held.getsockname()[1]
         ports = iter([taken])
-        real_free_port = local._free_port
-        monkeypatch.setattr(local, "_free_port", lambda: next(ports, None) or real_free_port())
+        real_free_port = serve._free_port
+        monkeypatch.setattr(serve, "_free_port", lambda: next(ports, None) or real_free_port())
         srv = start_local_server(
             resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "s.log", n_ctx=256
         )

@@ -24,7 +24,7 @@ from pytest_gsm8k.core.scoring import (
     numbers_equal,
     score_text,
 )
-from pytest_gsm8k.core.types import ModelResponse, Problem
+from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 
 OUTCOMES = ("correct", "wrong", "unparsed", "truncated", "error")
 
@@ -47,6 +47,57 @@ def _decide(
     return value, numbers_equal(value, gold), []
 
 
+def _lower(text: str) -> str:
+    """Lowercase A-Z only (same length, so indices carry over)."""
+    return (
+        text.lower()
+        if text.isascii()
+        else "".join(c.lower() if "A" <= c <= "Z" else c for c in text)
+    )
+
+
+def reasoning_text(completion: Completion) -> str | None:
+    """The sample's reasoning, kept for the report and never scored: the server's
+    ``reasoning_content``, else what ``<think>`` blocks in the content hold (linear time)."""
+    if completion.reasoning:
+        return completion.reasoning
+    text = completion.text
+    lowered = _lower(text)
+    parts: list[str] = []
+    pos = 0
+    first_close = lowered.find("</think>")
+    first_open = lowered.find("<think>")
+    if first_close != -1 and (first_open == -1 or first_close < first_open):
+        parts.append(text[:first_close])  # the server stripped the opening tag
+        pos = first_close + 8
+    while True:
+        start = lowered.find("<think>", pos)
+        if start == -1:
+            break
+        end = lowered.find("</think>", start + 7)
+        if end == -1:
+            parts.append(text[start + 7 :])  # never closed: cut while reasoning
+            break
+        parts.append(text[start + 7 : end])
+        pos = end + 8
+    joined = "\n".join(part.strip() for part in parts).strip()
+    return joined or None
+
+
+def cut_while_reasoning(completion: Completion) -> bool:
+    """Whether the sample stopped inside its reasoning: a ``<think>`` never closed, or
+    reasoning but no visible content with no clean stop (the server hit the token limit)."""
+    lowered = _lower(completion.text)
+    last_open = lowered.rfind("<think>")
+    if last_open != -1 and lowered.find("</think>", last_open) == -1:
+        return True
+    return bool(
+        completion.reasoning
+        and not completion.text.strip()
+        and completion.finish_reason not in ("stop", "eos", "end_turn")
+    )
+
+
 def score_response(
     problem: Problem,
     response: ModelResponse,
@@ -59,7 +110,9 @@ def score_response(
     decision, correct, votes = _decide(
         protocol, scores, gated if gated in RULES else "strict", problem.gold
     )
-    truncated = [c.finish_reason == "length" for c in response.completions]
+    truncated = [
+        c.finish_reason == "length" or cut_while_reasoning(c) for c in response.completions
+    ]
     if correct:
         outcome = "correct"
     elif protocol.samples == 1 and any(truncated):
@@ -96,8 +149,10 @@ def score_response(
             "finish_reason": c.finish_reason,
             "extracted": {rule: format_number(s.extracted[rule]) for rule in RULES},
             "correct": s.correct.get(gated, correct),
+            "reasoning": reasoning_text(c),
+            "truncated": cut,
         }
-        for c, s in zip(response.completions, scores, strict=True)
+        for c, s, cut in zip(response.completions, scores, truncated, strict=True)
     ]
     record: dict[str, Any] = {
         "index": problem.index,

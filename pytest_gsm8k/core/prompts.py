@@ -8,10 +8,11 @@ model sees or how the answer is judged is a field of :class:`Protocol`, and
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core.types import Api, Problem, Request
@@ -41,19 +42,21 @@ class Protocol:
 
     name: str = "test@1"  # test@1, pass@N, maj@N
     samples: int = 1
-    temperature: float = 0.0
+    temperature: float | None = 0.0  # None: left to the server
     api: Api = "chat"
     shots: int = 0
     fewshot_source: str = "none"  # "train (seed 1234)" or a file name
     exemplars: tuple[Exemplar, ...] = field(default=(), repr=False)
     system: str | None = None
-    max_tokens: int = 1024
+    max_tokens: int | None = 1024  # None: left to the server
     stop: tuple[str, ...] = ()
     extractor: str = "strict"
     answer_regex: str | None = None
     preset: str | None = None
     #: the whole train split in file order, for presets that sample shots per problem
     train: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    #: --gsm8k-param: (key, canonical JSON) merged into every request body
+    params: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -66,7 +69,13 @@ class Protocol:
             parts.append(f"preset {self.preset}")
         if self.extractor not in ("strict", "strict-match"):
             parts.append(f"extract {self.extractor}")
+        if self.params:
+            parts.append("params " + " ".join(f"{k}={v}" for k, v in self.params))
         return ", ".join(parts)
+
+    def params_dict(self) -> dict[str, Any]:
+        """The --gsm8k-param values, decoded."""
+        return {key: json.loads(value) for key, value in self.params}
 
     def identity(self) -> dict[str, Any]:
         """Every field that makes two numbers comparable (exemplar texts hashed)."""
@@ -76,7 +85,7 @@ class Protocol:
         train_hash = hashlib.sha256(
             "\x00".join(f"{q}\x01{a}" for q, a in self.train).encode()
         ).hexdigest()[:16]
-        return {
+        identity: dict[str, Any] = {
             "name": self.name,
             "samples": self.samples,
             "temperature": self.temperature,
@@ -93,13 +102,17 @@ class Protocol:
             "answer_regex": self.answer_regex,
             "preset": self.preset,
         }
+        if self.params:  # absent without params: baselines recorded before them still match
+            identity["params"] = self.params_dict()
+        return identity
 
     def request(self, problem: Problem) -> Request:
         """The request for one problem."""
         if self.preset == "lm-eval":
             from pytest_gsm8k.core.presets import lm_eval_request
 
-            return lm_eval_request(problem, self.train, self.api, system=self.system)
+            request = lm_eval_request(problem, self.train, self.api, system=self.system)
+            return replace(request, params=self.params) if self.params else request
         if self.api == "chat":
             return Request(
                 problem_id=problem.id,
@@ -109,6 +122,7 @@ class Protocol:
                 max_tokens=self.max_tokens,
                 n=self.samples,
                 stop=self.stop,
+                params=self.params,
             )
         return Request(
             problem_id=problem.id,
@@ -118,6 +132,7 @@ class Protocol:
             max_tokens=self.max_tokens,
             n=self.samples,
             stop=self.stop or DEFAULT_COMPLETION_STOP,
+            params=self.params,
         )
 
 

@@ -8,6 +8,7 @@ names the option.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -111,6 +112,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout", "float", "seconds per HTTP request", 300.0, metavar="S"),
     Option("max-retries", "int", "retries on 429, 5xx and dropped connections", 5, metavar="N"),
     Option(
+        "serve",
+        "str",
+        "start this server command for the run ({port}: a free loopback port, {model}: "
+        "--gsm8k-model) and stop it at the end",
+        metavar="CMD",
+    ),
+    Option(
+        "serve-timeout",
+        "float",
+        "seconds --gsm8k-serve's server may take to answer GET /v1/models",
+        900.0,
+        metavar="S",
+    ),
+    Option(
+        "param",
+        "list",
+        "KEY=VALUE merged into every request body (VALUE is JSON when it parses, else a "
+        "string; repeatable)",
+        metavar="KEY=VALUE",
+    ),
+    Option(
         "cache-dir", "str", "response cache folder (default: pytest's cache dir)", metavar="PATH"
     ),
     Option("no-cache", "bool", "do not read or write the response cache", False),
@@ -184,10 +206,51 @@ def convert_bool(raw: Any) -> bool:
     raise ValueError(raw)
 
 
+#: options whose value ``none`` leaves the field out of the request body (server default)
+OMITTABLE = ("temperature", "max-tokens")
+OMIT = "none"
+
+#: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
+OWNED_FIELDS = {
+    "model": "use --gsm8k-model",
+    "messages": "the protocol builds them",
+    "prompt": "the protocol builds it",
+    "n": "use --gsm8k-protocol pass@N or maj@N",
+    "max_tokens": "use --gsm8k-max-tokens",
+    "temperature": "use --gsm8k-temperature",
+    "stop": "use --gsm8k-stop",
+    "stream": "the plugin reads whole replies",
+}
+
+
+def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` items as (key, canonical JSON): VALUE is JSON when it parses, else text."""
+    params: dict[str, str] = {}
+    for item in raw:
+        key, sep, text = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SettingsError(f"--gsm8k-param: expected KEY=VALUE, got {item!r}")
+        if key in OWNED_FIELDS:
+            raise SettingsError(
+                f"--gsm8k-param {key}: the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"
+            )
+        if key in params:
+            raise SettingsError(f"--gsm8k-param {key}: given twice")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        params[key] = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return tuple(params.items())
+
+
 def _convert(option: Option, raw: Any) -> Any:
     """Turn a command-line or ini value into the option's type, naming the option on failure."""
     if raw is None:
         return None
+    if option.name in OMITTABLE and str(raw).strip().lower() == OMIT:
+        return OMIT
     if option.kind == "list":
         if isinstance(raw, str):
             return [raw]
@@ -226,13 +289,13 @@ class Settings:
     min_acc: float | None
     protocol: str
     samples: int
-    temperature: float
+    temperature: float | None
     shots: int
     fewshot_file: str | None
     system: str | None
     api: Literal["chat", "completions"]
     stop: tuple[str, ...]
-    max_tokens: int
+    max_tokens: int | None
     extract: str
     answer_regex: str | None
     report: str | None
@@ -240,6 +303,10 @@ class Settings:
     concurrency: int
     timeout: float
     max_retries: int
+    serve: str | None
+    serve_timeout: float
+    #: --gsm8k-param: (key, canonical JSON of the value), in the order given
+    params: tuple[tuple[str, str], ...]
     cache_dir: str | None
     no_cache: bool
     local_threads: int | None = None
@@ -336,8 +403,13 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     temperature = values["temperature"]
     if temperature is None:
         temperature = 0.0 if protocol == "test@1" else 0.7
-    if not 0.0 <= temperature <= 2.0:
+    if temperature == OMIT:
+        temperature = None
+    elif not 0.0 <= temperature <= 2.0:
         raise SettingsError(f"--gsm8k-temperature: must be between 0 and 2, got {temperature}")
+    if values["max_tokens"] == OMIT:
+        values["max_tokens"] = None
+    params = parse_params(values["param"] or [])
     if protocol != "test@1" and samples > 1 and temperature == 0.0:
         warn(
             f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
@@ -358,6 +430,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     positive("concurrency")
     positive("timeout")
     positive("max-retries", allow_zero=True)
+    positive("serve-timeout")
     positive("shots", allow_zero=True)
     positive("local-threads")
     positive("local-ctx")
@@ -409,13 +482,13 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         min_acc=min_acc,
         protocol=protocol,
         samples=samples,
-        temperature=float(temperature),
+        temperature=None if temperature is None else float(temperature),
         shots=int(values["shots"]),
         fewshot_file=values["fewshot_file"] or None,
         system=values["system"] or None,
         api=api,
         stop=tuple(values["stop"] or ()),
-        max_tokens=int(values["max_tokens"]),
+        max_tokens=None if values["max_tokens"] is None else int(values["max_tokens"]),
         extract=extract,
         answer_regex=regex,
         report=values["report"] or None,
@@ -423,6 +496,9 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         concurrency=int(values["concurrency"]),
         timeout=float(values["timeout"]),
         max_retries=int(values["max_retries"]),
+        serve=values["serve"] or None,
+        serve_timeout=float(values["serve_timeout"]),
+        params=params,
         cache_dir=values["cache_dir"] or None,
         no_cache=bool(values["no_cache"]),
         local_threads=values["local_threads"],

@@ -45,11 +45,13 @@ class Request:
     api: Api
     messages: tuple[tuple[str, str], ...] = ()
     prompt: str = ""
-    temperature: float = 0.0
-    max_tokens: int = 1024
+    temperature: float | None = 0.0
+    max_tokens: int | None = 1024
     n: int = 1
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    #: --gsm8k-param: (key, canonical JSON) merged into the body last
+    params: tuple[tuple[str, str], ...] = ()
 
     def message_dicts(self) -> list[dict[str, str]]:
         """Chat messages in the OpenAI wire shape."""
@@ -62,8 +64,10 @@ class Request:
             body["messages"] = self.message_dicts()
         else:
             body["prompt"] = self.prompt
-        body["temperature"] = self.temperature
-        body["max_tokens"] = self.max_tokens
+        if self.temperature is not None:  # None: the server's default
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
         count = self.n if n is None else n
         if count != 1:
             body["n"] = count
@@ -72,6 +76,8 @@ class Request:
         chosen_seed = self.seed if seed is None else seed
         if chosen_seed is not None:
             body["seed"] = chosen_seed
+        for key, value in self.params:
+            body[key] = json.loads(value)
         return body
 
 

