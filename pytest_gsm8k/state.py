@@ -34,6 +34,7 @@ import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
+from pytest_gsm8k.core.scrub import Scrubber
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import ModelResponse, Problem, Request, stable_hash
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
@@ -267,6 +268,8 @@ class State:
             claims=claims,
             breaker=getattr(client, "breaker", None),
             share=_worker_share(self.workerinput),
+            scrub=self.scrubber(),
+            stall_timeout=self.settings.stall_timeout,
         )
         self.engines[id(model)] = engine
         if plan:
@@ -300,7 +303,18 @@ class State:
             if hasattr(model, "complete")
             else CallableClient(model, concurrency=1, model=self.settings.model)
         )
-        return Engine(client, self.cache(False), concurrency=1, claims=False)
+        return Engine(
+            client,
+            self.cache(False),
+            concurrency=1,
+            claims=False,
+            scrub=self.scrubber(),
+            stall_timeout=self.settings.stall_timeout,
+        )
+
+    def scrubber(self) -> Scrubber:
+        """What removes this run's secrets (the key, URL credentials) from outside text."""
+        return Scrubber(self.settings.api_key(), self.base_url)
 
     def server_died(self, message: str) -> None:
         """The model server this run started is gone: stop every engine with its message."""
