@@ -260,7 +260,9 @@ class StatePlugin:
             return
         for engine in state.engines.values():  # the controller's cache warnings
             self.warnings.extend(engine.take_warnings())
-        if not state.records and not state.aborted:
+        if not state.records and not state.aborted and not state.interrupted:
+            return  # (an interrupted run reports even when no item had finished)
+        if not state.records and not state.settings.model and not state.planned:
             return
         try:
             state.summary = state.build_summary()

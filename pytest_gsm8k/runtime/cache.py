@@ -128,8 +128,8 @@ class ResponseCache:
         path = self._entry_text(key)
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # not there (a folder that cannot exist: the write warns about it)
         except OSError as exc:
             self._warn_folder("read", exc)
             return None

@@ -140,8 +140,9 @@ def _watching_transport(breaker: Breaker, limits: Any) -> Any:
     return WatchingTransport()
 
 
-#: the longest Retry-After the openai client honours; past it, it uses its own backoff
-MAX_RETRY_AFTER = 60.0
+#: the longest Retry-After the openai client waits for (openai 3.x: 120 s); a longer one
+#: makes it give up on the request at once
+MAX_RETRY_AFTER = 120.0
 
 
 def _check_retry_after(breaker: Breaker, response: Any) -> None:
@@ -155,12 +156,16 @@ def _check_retry_after(breaker: Breaker, response: Any) -> None:
             seconds = float(headers["retry-after"])
     except ValueError:
         return  # an HTTP date: the client handles it the same way; not worth a note
-    if seconds is not None and seconds > MAX_RETRY_AFTER:
+    try:
+        from openai._constants import MAX_RETRY_AFTER_DELAY as limit
+    except ImportError:  # pragma: no cover - another openai release
+        limit = MAX_RETRY_AFTER
+    if seconds is not None and seconds > limit:
         breaker.note(
             "retry-after",
             f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP "
-            f"{response.status_code}); the openai client waits at most {MAX_RETRY_AFTER:g} s, "
-            "so it retried sooner (the request may fail after its retries)",
+            f"{response.status_code}), longer than the openai client waits ({limit:g} s): "
+            "those requests failed without waiting",
         )
 
 
