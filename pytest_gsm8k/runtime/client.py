@@ -156,10 +156,13 @@ def _check_retry_after(breaker: Breaker, response: Any) -> None:
             seconds = float(headers["retry-after"])
     except ValueError:
         return  # an HTTP date: the client handles it the same way; not worth a note
+    limit = MAX_RETRY_AFTER
     try:
-        from openai._constants import MAX_RETRY_AFTER_DELAY as limit
+        from openai._constants import MAX_RETRY_AFTER_DELAY
+
+        limit = float(MAX_RETRY_AFTER_DELAY)
     except ImportError:  # pragma: no cover - another openai release
-        limit = MAX_RETRY_AFTER
+        pass
     if seconds is not None and seconds > limit:
         breaker.note(
             "retry-after",
