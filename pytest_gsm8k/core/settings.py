@@ -160,7 +160,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("require-baseline", "bool", "fail when no baseline exists", False),
 )
 
-LOCAL_DEFAULTS: dict[str, Any] = {"api": "completions", "shots": 5, "max_tokens": 256}
+#: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
+#: request's: a CPU llama.cpp server under load may take minutes per answer, and its death is
+#: watched directly (runtime/local.py), so the stall detector only has to catch a hang
+LOCAL_DEFAULTS: dict[str, Any] = {
+    "api": "completions",
+    "shots": 5,
+    "max_tokens": 256,
+    "stall_timeout": 300.0,
+}
 #: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
 MAX_SAMPLES = 1024
 #: --gsm8k-concurrency above this is refused: more sockets than most systems allow one process
