@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
+from pytest_gsm8k.core.scrub import md_code, md_text
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.summary import Summary
 from pytest_gsm8k.runtime.files import write_atomic
@@ -115,20 +116,22 @@ def apply_baseline(
 
 def markdown(summary: Summary, questions: dict[str, str], html: str | None = None) -> str:
     """The GitHub step summary: headline, gates, newly failing problems, where the page is."""
-    lines = [f"### {summary.headline()}", ""]
+    lines = [f"### {md_text(summary.headline())}", ""]
     if html:
-        lines += [f"The run's page: `{html}` (a self-contained HTML file; see the artifacts).", ""]
+        lines += [
+            f"The run's page: `{md_text(html)}` (a self-contained HTML file; see the artifacts).",
+            "",
+        ]
     counts = ", ".join(f"{v} {k}" for k, v in summary.counts().items() if v)
-    lines.append(
-        f"Outcomes: {counts}. Model `{summary.model}`, dataset "
-        f"`{summary.dataset['config']}/{summary.dataset['split']}`."
-    )
+    dataset = f"{summary.dataset['config']}/{summary.dataset['split']}"
+    lines.append(f"Outcomes: {counts}. Model {md_code(summary.model)}, dataset {md_code(dataset)}.")
     lines.append("")
     if summary.gates:
         lines += ["| gate | result | detail |", "| --- | --- | --- |"]
         for gate in summary.gates:
-            detail = gate.detail.replace("|", "\\|")
-            lines.append(f"| {gate.name} | {'PASS' if gate.passed else 'FAIL'} | {detail} |")
+            detail = md_text(gate.detail)
+            name = md_text(gate.name)
+            lines.append(f"| {name} | {'PASS' if gate.passed else 'FAIL'} | {detail} |")
         lines.append("")
     base: Any = summary.extra.get("baseline") or {}
     failing = base.get("newly_failing") or []
@@ -138,7 +141,7 @@ def markdown(summary: Summary, questions: dict[str, str], html: str | None = Non
             text = " ".join(questions.get(pid, "").split())
             if len(text) > 100:
                 text = text[:97] + "..."
-            lines.append(f"- `{pid}`: {text}")
+            lines.append(f"- {md_code(pid)}: {md_text(text)}")
         if len(failing) > 50:
             lines.append(f"- ... and {len(failing) - 50} more (see the JSON report)")
         lines.append("")

@@ -404,3 +404,12 @@ def check_data(state: State) -> None:
         state.protocol()
     except DatasetError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
+    limit, size = state.settings.limit, len(state.split().problems)
+    if limit is not None and limit > size:
+        state.config.issue_config_time_warning(
+            pytest.PytestWarning(
+                f"gsm8k: --gsm8k-limit {limit} is above the {size} problems of the split: "
+                f"all {size} run"
+            ),
+            stacklevel=2,
+        )

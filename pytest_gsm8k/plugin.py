@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import gc
 import re
+import signal
+import threading
 import time
 from collections.abc import Generator
 from datetime import datetime, timezone
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.settings import OPTIONS, Option, SettingsError, build_settings, convert_bool
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from here
@@ -300,7 +303,9 @@ class StatePlugin:
             return
         for engine in state.engines.values():  # the controller's cache warnings
             self.warnings.extend(engine.take_warnings())
-        if not state.records and not state.aborted:
+        if not state.records and not state.aborted and not state.interrupted:
+            return  # (an interrupted run reports even when no item had finished)
+        if not state.records and not state.settings.model and not state.planned:
             return
         try:
             state.summary = state.build_summary()
@@ -323,7 +328,7 @@ class StatePlugin:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for message in self.warnings:
-            terminalreporter.write_line(message, yellow=True)
+            terminalreporter.write_line(printable(message), yellow=True)
         summary = self.state.summary
         if summary is None:
             return
@@ -332,7 +337,9 @@ class StatePlugin:
             failed_gate = line.startswith("  gate ") and ": FAIL:" in line
             terminalreporter.write_line(line, bold=index == 0, red=failed_gate)
         if self.state.aborted:
-            terminalreporter.write_line(f"gsm8k: run stopped: {self.state.aborted}", red=True)
+            terminalreporter.write_line(
+                f"gsm8k: run stopped: {printable(self.state.aborted)}", red=True
+            )
         if self.state.settings.report:
             terminalreporter.write_line(f"  report: {self.state.settings.report}")
         if self.state.settings.html:
@@ -380,6 +387,29 @@ def pytest_configure(config: pytest.Config) -> None:
     # interpreter's final collection too, which the controller waits for.
     if not hasattr(config, "workerinput"):
         config.add_cleanup(gc.unfreeze)
+        _end_on_sigterm(config)
+
+
+def _end_on_sigterm(config: pytest.Config) -> None:
+    """SIGTERM (a CI job cancelled, ``timeout``, ``kill``) ends the run like Ctrl-C: the
+    summary is printed, the report written, xdist's workers stopped. Only in the main
+    process, only over the default handler, restored when pytest unconfigures."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # somebody else's handler: leave it alone
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    config.add_cleanup(restore)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

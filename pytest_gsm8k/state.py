@@ -35,6 +35,7 @@ import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
+from pytest_gsm8k.core.scrub import Scrubber
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import ModelResponse, Problem, Request, stable_hash
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
@@ -278,6 +279,8 @@ class State:
             share=_worker_share(self.workerinput),
             # early stopping: fetch no further ahead of the tests than the concurrency
             lookahead=self.concurrency() if self.settings.early_stop else None,
+            scrub=self.scrubber(),
+            stall_timeout=self.settings.stall_timeout,
         )
         self.engines[id(model)] = engine
         if plan:
@@ -311,7 +314,18 @@ class State:
             if hasattr(model, "complete")
             else CallableClient(model, concurrency=1, model=self.settings.model)
         )
-        return Engine(client, self.cache(False), concurrency=1, claims=False)
+        return Engine(
+            client,
+            self.cache(False),
+            concurrency=1,
+            claims=False,
+            scrub=self.scrubber(),
+            stall_timeout=self.settings.stall_timeout,
+        )
+
+    def scrubber(self) -> Scrubber:
+        """What removes this run's secrets (the key, URL credentials) from outside text."""
+        return Scrubber(self.settings.api_key(), self.base_url)
 
     def server_died(self, message: str) -> None:
         """The model server this run started is gone: stop every engine with its message."""

@@ -82,7 +82,22 @@ __all__ = [
 ]
 
 #: Behaviours a problem can have.  "hang" never answers (for client timeouts).
-BEHAVIOURS = frozenset({"correct", "wrong", "unparsed", "truncated", "think", "error500", "hang"})
+BEHAVIOURS = frozenset(
+    {
+        "correct",
+        "wrong",
+        "unparsed",
+        "truncated",
+        "think",
+        "error500",
+        "hang",
+        # 200 replies with no usable answer (issue 12): an empty ``choices`` list, a null
+        # ``content`` (chat) / ``text`` (completions) without reasoning, a body that is not JSON
+        "nochoices",
+        "nullcontent",
+        "badjson",
+    }
+)
 
 #: Fault kinds accepted in ``Script.fail_first``; any other 3-digit status is allowed too.
 FAULT_KINDS = frozenset({"429", "500", "drop"})
@@ -219,6 +234,11 @@ class Script:
     latency: float | None = None
     latency_by_index: dict[int, float] = field(default_factory=dict)
     samples: dict[int, list[str | None]] = field(default_factory=dict)
+    #: hostile: echo the request's Authorization header (the API key) in every error body
+    #: and at the end of every answer's text
+    echo_auth: bool = False
+    #: the model name the replies report (default: the served model), e.g. with ANSI escapes
+    reported_model: str | None = None
 
     def __post_init__(self) -> None:
         self.behaviours = _int_keys(self.behaviours)
@@ -770,7 +790,9 @@ class FakeOpenAIServer:
                     405, _error_body("method not allowed", "invalid_request_error", None)
                 )
             try:
-                return await self._completion(path == "/chat/completions", body)
+                return await self._completion(
+                    path == "/chat/completions", body, headers.get("authorization")
+                )
             except _BadRequest as exc:
                 return _json_response(400, _error_body(str(exc), "invalid_request_error", None))
         return _json_response(
@@ -800,7 +822,7 @@ class FakeOpenAIServer:
             )
         return ""
 
-    async def _completion(self, chat: bool, body: bytes) -> _Response:
+    async def _completion(self, chat: bool, body: bytes, auth: str | None = None) -> _Response:
         try:
             req = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -868,6 +890,7 @@ class FakeOpenAIServer:
                         fault = kind
                         break
                     attempt -= count
+        echo = f" (you sent Authorization: {auth})" if script.echo_auth else ""
         if fault == "drop":
             return _Response(0, drop=True)
         if fault is not None:
@@ -877,12 +900,12 @@ class FakeOpenAIServer:
                 return _json_response(
                     429,
                     _error_body(
-                        "Rate limit reached (scripted).", "requests", "rate_limit_exceeded"
+                        "Rate limit reached (scripted)." + echo, "requests", "rate_limit_exceeded"
                     ),
                     headers=(("Retry-After", f"{ra:g}"), ("retry-after-ms", f"{ra * 1000:g}")),
                 )
             return _json_response(
-                status, _error_body(f"Scripted fault {status}.", "server_error", None)
+                status, _error_body(f"Scripted fault {status}.{echo}", "server_error", None)
             )
 
         delay = (self.latency if script.latency is None else script.latency) + (
@@ -895,8 +918,12 @@ class FakeOpenAIServer:
             await asyncio.sleep(delay)
         if behaviour == "error500":
             return _json_response(
-                500, _error_body("The server had an error (scripted).", "server_error", None)
+                500, _error_body("The server had an error (scripted)." + echo, "server_error", None)
             )
+        if behaviour == "badjson":
+            with self._lock:
+                self._completed += 1
+            return _Response(200, b'{"id": "cmpl-broken", "choices": [{"index": 0, "mess')
 
         # ---- generate choices
         stop = req.get("stop")
@@ -932,11 +959,13 @@ class FakeOpenAIServer:
             "completion_tokens": completion_words,
             "total_tokens": prompt_words + completion_words,
         }
+        if script.echo_auth:
+            texts = [(f"{t}\n(debug: your header was {auth})", f) for t, f in texts]
         resp = self._render(
             chat, rid, texts, usage, bool(req.get("stream")), req.get("stream_options")
         )
         resp.completed = True
-        return resp
+        return self._hostile(chat, resp, indices)
 
     def _generate(self, idx: int | None, chat: bool, sampling: bool) -> tuple[str, str]:
         """(text, finish_reason) for one choice, before stop/max_tokens handling."""
@@ -984,6 +1013,27 @@ class FakeOpenAIServer:
             message["reasoning_content"] = reasoning.strip()
             message["content"] = rest.strip() if closed else ""
         return message
+
+    def _hostile(self, chat: bool, resp: _Response, indices: list[int | None]) -> _Response:
+        """Apply the script's no-answer behaviours and reported model name to a 200 reply."""
+        script = self.script
+        kinds = {script.behaviour(i) for i in indices if i is not None}
+        if resp.content_type != "application/json" or not (
+            kinds & {"nochoices", "nullcontent"} or script.reported_model is not None
+        ):
+            return resp
+        data = json.loads(resp.body)
+        if script.reported_model is not None:
+            data["model"] = script.reported_model
+        if "nochoices" in kinds:
+            data["choices"] = []
+        elif "nullcontent" in kinds:
+            for choice in data["choices"]:
+                if chat:
+                    choice["message"]["content"] = None
+                else:
+                    choice["text"] = None
+        return _Response(200, json.dumps(data).encode(), completed=resp.completed)
 
     def _render(
         self,

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core.outcome import OUTCOMES
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
 SCHEMA = 1
@@ -77,7 +78,34 @@ def loads(text: str, where: str) -> dict[str, Any]:
     for key in ("protocol", "dataset", "problems"):
         if not isinstance(data.get(key), dict):
             raise BaselineError(f"{where}: corrupt baseline (no '{key}')")
+    _check_outcomes(data, where)
     return data
+
+
+def _check_outcomes(data: dict[str, Any], where: str) -> None:
+    """Every problem's outcome is an outcome name, and the stored accuracy is theirs.
+
+    A hand-edited baseline (an outcome typed wrong, null, or flipped to correct
+    without the accuracy) would otherwise gate against numbers nobody measured.
+    """
+    problems = data["problems"]
+    for pid, entry in problems.items():
+        outcome = entry.get("outcome") if isinstance(entry, dict) else entry
+        if not isinstance(outcome, str) or outcome not in OUTCOMES:
+            raise BaselineError(
+                f"{where}: corrupt baseline (problem {pid}: outcome {outcome!r} is not one of "
+                f"{', '.join(OUTCOMES)})"
+            )
+    accuracy = data.get("accuracy")
+    if not isinstance(accuracy, int | float) or isinstance(accuracy, bool):
+        raise BaselineError(f"{where}: corrupt baseline (no accuracy)")
+    if problems:
+        measured = sum(1 for entry in problems.values() if _correct(entry)) / len(problems)
+        if abs(measured - float(accuracy)) > 1e-6:
+            raise BaselineError(
+                f"{where}: corrupt baseline (its accuracy {float(accuracy):.6f} is not that of "
+                f"its {len(problems)} outcomes, {measured:.6f}: edited by hand?)"
+            )
 
 
 def _correct(entry: Any) -> bool:

@@ -137,6 +137,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("no-cache", "bool", "do not read or write the response cache", False),
     Option(
+        "stall-timeout",
+        "float",
+        "stop the run when no answer arrived for this many seconds while requests are in flight",
+        60.0,
+        metavar="S",
+    ),
+    Option(
         "local-threads",
         "int",
         "--gsm8k-model=local: llama.cpp threads (default: the CPUs this process may use)",
@@ -190,7 +197,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 
-LOCAL_DEFAULTS: dict[str, Any] = {"api": "completions", "shots": 5, "max_tokens": 256}
+#: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
+#: request's: a CPU llama.cpp server under load may take minutes per answer, and its death is
+#: watched directly (runtime/local.py), so the stall detector only has to catch a hang
+LOCAL_DEFAULTS: dict[str, Any] = {
+    "api": "completions",
+    "shots": 5,
+    "max_tokens": 256,
+    "stall_timeout": 300.0,
+}
+#: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
+MAX_SAMPLES = 1024
+#: --gsm8k-concurrency above this is refused: more sockets than most systems allow one process
+MAX_CONCURRENCY = 4096
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
@@ -309,6 +328,7 @@ class Settings:
     params: tuple[tuple[str, str], ...]
     cache_dir: str | None
     no_cache: bool
+    stall_timeout: float = 60.0
     local_threads: int | None = None
     local_ctx: int | None = None
     baseline: str | None = None
@@ -400,6 +420,8 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     samples = int(match.group(3)) if match.group(3) is not None else 1
     if samples < 1:
         raise SettingsError(f"--gsm8k-protocol {protocol}: N must be at least 1")
+    if samples > MAX_SAMPLES:
+        raise SettingsError(f"--gsm8k-protocol {protocol}: N must be at most {MAX_SAMPLES}")
     temperature = values["temperature"]
     if temperature is None:
         temperature = 0.0 if protocol == "test@1" else 0.7
@@ -428,6 +450,11 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     positive("limit")
     positive("max-tokens")
     positive("concurrency")
+    if int(values["concurrency"]) > MAX_CONCURRENCY:
+        raise SettingsError(
+            f"--gsm8k-concurrency: must be at most {MAX_CONCURRENCY}, got {values['concurrency']}"
+        )
+    positive("stall-timeout")
     positive("timeout")
     positive("max-retries", allow_zero=True)
     positive("serve-timeout")
@@ -451,11 +478,15 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     regex = values["answer_regex"]
     if regex is not None:
         try:
-            re.compile(regex)
+            compiled = re.compile(regex)
         except re.error as exc:
             raise SettingsError(
                 f"--gsm8k-answer-regex: invalid regular expression ({exc})"
             ) from None
+        if compiled.groups < 1:
+            raise SettingsError(
+                f"--gsm8k-answer-regex {regex!r}: needs a capture group (group 1 is the number)"
+            )
     early_stop = values["early_stop"] or None
     if early_stop not in (None, "certain", "sequential"):
         raise SettingsError(
@@ -501,6 +532,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         params=params,
         cache_dir=values["cache_dir"] or None,
         no_cache=bool(values["no_cache"]),
+        stall_timeout=float(values["stall_timeout"]),
         local_threads=values["local_threads"],
         local_ctx=values["local_ctx"],
         baseline=values["baseline"] or None,

@@ -13,6 +13,7 @@ from typing import Any
 
 from pytest_gsm8k.core.outcome import OUTCOMES
 from pytest_gsm8k.core.scoring import RULES
+from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.stats import pass_at_k, wilson_interval
 
 REPORT_SCHEMA = 1
@@ -212,7 +213,8 @@ class Summary:
         out.extend(self.notes)
         for gate in self.gates:
             out.append(f"  gate {gate.name}: {'PASS' if gate.passed else 'FAIL'}: {gate.detail}")
-        return out
+        # model names, endpoints and messages come from outside: no escapes reach a terminal
+        return [out[0], *("  " + printable(line[2:]) for line in out[1:])]
 
     def to_json(self) -> dict[str, Any]:
         records = sorted(self.records, key=lambda r: int(r["index"]))

@@ -128,10 +128,10 @@ class ResponseCache:
         path = self._entry_text(key)
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # not there (a folder that cannot exist: the write warns about it)
         except OSError as exc:
-            self._warn(key, f"gsm8k cache: cannot read {path} ({exc.strerror}); ignoring it")
+            self._warn_folder("read", exc)
             return None
         try:
             chunks = []
@@ -142,7 +142,7 @@ class ResponseCache:
                 chunks.append(chunk)
             raw = b"".join(chunks)
         except OSError as exc:
-            self._warn(key, f"gsm8k cache: cannot read {path} ({exc.strerror}); ignoring it")
+            self._warn_folder("read", exc)
             return None
         finally:
             os.close(fd)
@@ -224,11 +224,7 @@ class ResponseCache:
             try:
                 self.put(key, body, response)
             except OSError as exc:
-                self._warn(
-                    key,
-                    f"gsm8k cache: cannot write {self._entry_path(key)} "
-                    f"({exc.strerror or exc}); the answer is not cached",
-                )
+                self._warn_folder("write", exc)
             except Exception as exc:  # noqa: BLE001 - a cache problem never fails the run
                 self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
             finally:
@@ -374,6 +370,17 @@ class ResponseCache:
             taken = list(self.warnings)
             self.warnings.clear()
         return taken
+
+    def _warn_folder(self, action: str, exc: OSError) -> None:
+        """One warning per action and reason for the whole folder, not one per entry: an
+        unwritable or full cache folder fails every entry the same way."""
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        verb = "write to" if action == "write" else "read from"
+        consequence = "answers are not cached" if action == "write" else "entries are ignored"
+        self._warn(
+            f"{action}:{exc.errno}",
+            f"gsm8k cache: cannot {verb} the cache folder {self.root} ({reason}); {consequence}",
+        )
 
     def _warn(self, key: str, message: str) -> None:
         # Collected, not warned: this runs on the engine's threads, and the

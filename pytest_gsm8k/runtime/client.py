@@ -75,6 +75,15 @@ class Breaker:
         self.first: float | None = None
         self.last_error = ""
         self.on_open: Callable[[str], None] | None = None
+        #: one-line remarks about what the transport saw (a Retry-After the client ignores)
+        self.notes: list[str] = []
+        self._noted: set[str] = set()
+
+    def note(self, kind: str, message: str) -> None:
+        """Remember ``message`` once per ``kind`` (any thread; read by the engine)."""
+        if kind not in self._noted:
+            self._noted.add(kind)
+            self.notes.append(message)
 
     def fit(self, concurrency: int) -> None:
         """Lower the threshold for a run that has only ``concurrency`` requests in flight."""
@@ -112,16 +121,55 @@ def _watching_transport(breaker: Breaker, limits: Any) -> Any:
         async def handle_async_request(self, request: Any) -> Any:
             try:
                 response = await self.inner.handle_async_request(request)
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            except (
+                httpx.ConnectError,
+                httpx.RemoteProtocolError,
+                httpx.ReadError,
+                httpx.TimeoutException,  # a hung endpoint is as dead as a refusing one
+            ) as exc:
                 breaker.failure(exc)
                 raise
             breaker.success()
+            if response.status_code in (429, 503):
+                _check_retry_after(breaker, response)
             return response
 
         async def aclose(self) -> None:
             await self.inner.aclose()
 
     return WatchingTransport()
+
+
+#: the longest Retry-After the openai client waits for (openai 3.x: 120 s); a longer one
+#: makes it give up on the request at once
+MAX_RETRY_AFTER = 120.0
+
+
+def _check_retry_after(breaker: Breaker, response: Any) -> None:
+    """Say once when the endpoint asks for a longer wait than the client will make."""
+    headers = response.headers
+    seconds: float | None = None
+    try:
+        if headers.get("retry-after-ms") is not None:
+            seconds = float(headers["retry-after-ms"]) / 1000
+        elif headers.get("retry-after") is not None:
+            seconds = float(headers["retry-after"])
+    except ValueError:
+        return  # an HTTP date: the client handles it the same way; not worth a note
+    limit = MAX_RETRY_AFTER
+    try:
+        from openai._constants import MAX_RETRY_AFTER_DELAY
+
+        limit = float(MAX_RETRY_AFTER_DELAY)
+    except ImportError:  # pragma: no cover - another openai release
+        pass
+    if seconds is not None and seconds > limit:
+        breaker.note(
+            "retry-after",
+            f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP "
+            f"{response.status_code}), longer than the openai client waits ({limit:g} s): "
+            "those requests failed without waiting",
+        )
 
 
 class PreflightError(Exception):
@@ -294,6 +342,8 @@ def parse_reply(data: Any, *, chat: bool) -> ModelResponse:
         shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
         raise BadReply(f"the endpoint's reply has no choices: {shown}")
     choices = [c for c in data["choices"] if isinstance(c, dict)]
+    if not choices:
+        raise BadReply("the endpoint's reply has no choices (an empty list)")
     choices.sort(key=_choice_index)
     completions = []
     for choice in choices:
@@ -303,6 +353,10 @@ def parse_reply(data: Any, *, chat: bool) -> ModelResponse:
             message = choice.get("message")
             message = message if isinstance(message, dict) else {}
             reasoning = message.get("reasoning_content") or message.get("reasoning")
+            if message.get("content") is None and not isinstance(reasoning, str):
+                raise BadReply(
+                    "the endpoint's reply has no answer (message content is null, no reasoning)"
+                )
             completions.append(
                 Completion(
                     text=_text(message.get("content")),
@@ -311,6 +365,8 @@ def parse_reply(data: Any, *, chat: bool) -> ModelResponse:
                 )
             )
         else:
+            if choice.get("text") is None:
+                raise BadReply("the endpoint's reply has no answer (text is null)")
             completions.append(Completion(text=_text(choice.get("text")), finish_reason=finish))
     usage = data.get("usage")
     usage_dict: dict[str, int] = {}

@@ -26,7 +26,20 @@ test needs that answer).
 Failures are split in two: a request that fails after the openai client's
 retries is that item's error; an endpoint that is gone (the breaker opens,
 or a 401/404 says the key or the model is wrong) aborts the engine, and every
-unfinished item gets the same one-line message at once.
+unfinished item gets the same one-line message at once. Three more ways to
+stop, so the same failure on many requests is one message and a stop:
+
+* a 4xx (other than 408/429, which are retried) before any request succeeded:
+  the requests themselves are wrong (a bad parameter), every one will fail;
+* :data:`STORM` finished requests in a row failing with the same message (429s
+  or timeouts past the retry budget): nothing is getting through;
+* no answer at all for ``stall_timeout`` seconds while requests are in flight:
+  a hung endpoint that accepts connections and never answers.
+
+Everything that came from the endpoint (answers, model names, error messages)
+is scrubbed of the run's secrets (:class:`~pytest_gsm8k.core.scrub.Scrubber`)
+where it enters the engine, so no report, cache file or terminal line
+downstream can hold them.
 """
 
 from __future__ import annotations
@@ -36,11 +49,13 @@ import concurrent.futures
 import contextlib
 import functools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 from pytest_gsm8k.runtime.client import Breaker, ModelClient, one_sample
@@ -49,6 +64,12 @@ POLL_SECONDS = 0.01  # how often a waiter looks for another process's entry (cla
 CLAIM_CHECK_EVERY = 5  # polls between looks at whether the other worker still holds the claim
 
 PLANNED, RUNNING, ELSEWHERE, DONE = "planned", "running", "elsewhere", "done"
+
+#: finished requests in a row that failed the same way (each after its whole retry budget:
+#: by default six attempts over 15+ s) before the engine stops: past that nothing is getting
+#: through. Fewer could be one burst that hit a shared rate-limit window at once (requests in
+#: flight fail together); more would only spend minutes proving the same thing.
+STORM = 10
 
 
 class EndpointError(Exception):
@@ -67,6 +88,10 @@ class _Elsewhere(Exception):
     """Another process holds the claim on this request and will write its entry."""
 
 
+#: HTTP statuses the openai client retries (with 5xx); others fail at the first answer
+RETRIED = (408, 409, 429)
+
+
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """(one-line message, fatal?) for an exception from a model call."""
     try:
@@ -81,7 +106,9 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
     if isinstance(exc, openai.NotFoundError):
         return f"the endpoint answered 404: {_api_message(exc)}", True
     if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code} after retries: {_api_message(exc)}", False
+        status = exc.status_code
+        retried = " after retries" if status in RETRIED or status >= 500 else ""
+        return f"HTTP {status}{retried}: {_api_message(exc)}", False
     if isinstance(exc, openai.APITimeoutError):
         return "request timed out after retries (see --gsm8k-timeout)", False
     if isinstance(exc, openai.APIConnectionError):
@@ -127,8 +154,18 @@ class Engine:
         breaker: Breaker | None = None,
         share: tuple[int, int] | None = None,
         lookahead: int | None = None,
+        scrub: Scrubber | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         self.client = client
+        self.scrub = scrub or Scrubber()
+        self.stall_timeout = stall_timeout
+        self.breaker = breaker
+        self.succeeded = 0  # loop thread only: requests answered (from the cache too)
+        self._streak = 0  # loop thread only: finished requests in a row failing the same way
+        self._streak_message = ""
+        self._in_flight = 0  # loop thread only: calls to the client under way
+        self._progress = time.monotonic()  # loop thread only: the last answer, or a start
         self.cache = cache
         self.concurrency = max(1, concurrency)
         self.use_claims = claims
@@ -205,8 +242,17 @@ class Engine:
         return self.client.model
 
     def take_warnings(self) -> list[str]:
-        """Cache warnings collected on the engine's threads, for the test thread to issue."""
-        return self.cache.take_warnings()
+        """Cache warnings and transport notes collected on the engine's threads, for the test
+        thread to issue."""
+        taken = self.cache.take_warnings()
+        if self.breaker is not None and self.breaker.notes:
+            notes, self.breaker.notes[:] = list(self.breaker.notes), []
+            taken += [self._say(note) for note in notes]
+        return taken
+
+    def _say(self, message: str) -> str:
+        """A message fit to print: without secrets, escapes or control characters."""
+        return printable(self.scrub.text(message))
 
     async def answer(self, request: Request) -> ModelResponse:
         """On the loop: the response for ``request``, fetched next if it is not under way."""
@@ -317,6 +363,8 @@ class Engine:
             self._workers = [
                 self._loop.create_task(self._worker()) for _ in range(self.concurrency)
             ]
+            if self.stall_timeout:
+                self._workers.append(self._loop.create_task(self._stall_watch(self.stall_timeout)))
         else:
             self._kick()
 
@@ -389,11 +437,23 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - classified below, never lost
                 self._store(writes)
                 message, fatal = describe_error(exc)
+                message = self._say(message)
+                status = getattr(exc, "status_code", None)
                 if fatal:
                     self._abort(message)
+                elif (
+                    isinstance(status, int)
+                    and 400 <= status < 500
+                    and status not in RETRIED
+                    and self.succeeded == 0
+                ):
+                    self._abort(f"the endpoint refused the first requests: {message}")
                 else:
                     self._finish(job, error=EndpointError(message))
+                    self._count_failure(message)
                 continue
+            self.succeeded += 1
+            self._streak = 0
             if writes:
                 # The test gets the answer once it is on disk: what a test saw survives a kill.
                 job.state = DONE
@@ -425,6 +485,29 @@ class Engine:
         else:
             _resolve(job.future, error=error or EndpointError("no answer"))
 
+    def _count_failure(self, message: str) -> None:
+        """Stop after :data:`STORM` finished requests in a row failed the same way."""
+        if message == self._streak_message:
+            self._streak += 1
+        else:
+            self._streak_message, self._streak = message, 1
+        if self._streak >= STORM:
+            self._abort(
+                f"{message} ({STORM} requests in a row failed this way, none answered "
+                "between them); stopped sending"
+            )
+
+    async def _stall_watch(self, seconds: float) -> None:
+        """Abort when no answer arrived for ``seconds`` while requests were in flight."""
+        step = min(1.0, seconds / 4)
+        while self.aborted is None:
+            await asyncio.sleep(step)
+            if self._in_flight and time.monotonic() - self._progress >= seconds:
+                self._abort(
+                    f"no answer from {self.client.endpoint} for {seconds:g} s with "
+                    f"{self._in_flight} requests in flight (see --gsm8k-stall-timeout)"
+                )
+
     def _fail_unfinished(self, error: BaseException) -> None:
         for job in self._jobs:
             if not job.future.done():
@@ -434,6 +517,7 @@ class Engine:
     def _abort(self, message: str) -> None:
         if self.aborted is not None:
             return
+        message = self._say(message)
         self.aborted = message
         self._fail_unfinished(EndpointAborted(message))
         self._priority.clear()
@@ -524,7 +608,7 @@ class Engine:
         """
         if not self.use_store:
             self.requests_sent += 1
-            return await self.client.complete(request)
+            return await self._call(request)
         body = request.body(self.client.model)
         key = cache_key(self.client.endpoint, body, sample)
         while True:
@@ -553,7 +637,7 @@ class Engine:
         handed_off = False
         try:
             self.requests_sent += 1
-            response = await self.client.complete(request)
+            response = await self._call(request)
             if response.completions:
                 writes.append((key, body, response.to_json()))
                 handed_off = True
@@ -561,6 +645,35 @@ class Engine:
         finally:
             if self.use_claims and not handed_off:
                 self.cache.release(key)
+
+    async def _call(self, request: Request) -> ModelResponse:
+        """One call to the client: timed for the stall watch, its answer scrubbed."""
+        if self._in_flight == 0:
+            self._progress = time.monotonic()  # idle time is no stall
+        self._in_flight += 1
+        try:
+            response = await self.client.complete(request)
+        finally:
+            self._in_flight -= 1
+            self._progress = time.monotonic()
+        return self._clean(response)
+
+    def _clean(self, response: ModelResponse) -> ModelResponse:
+        """``response`` without the run's secrets (answers, reasoning, the model name)."""
+        scrub = self.scrub
+        if not scrub:
+            return response
+        response.completions = [
+            Completion(
+                text=scrub.text(c.text),
+                finish_reason=c.finish_reason,
+                reasoning=None if c.reasoning is None else scrub.text(c.reasoning),
+            )
+            for c in response.completions
+        ]
+        if response.model is not None:
+            response.model = scrub.text(response.model)
+        return response
 
 
 def _resolve(
