@@ -536,22 +536,32 @@ class Engine:
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
+    async def _await_entry(
+        self, key: str, done: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any] | None:
+        """Poll for the entry another process is writing (claims only): the entry, or None
+        once its claim is gone without one, the engine aborted, or ``done()``."""
+        polls = 0
+        while not done() and self.aborted is None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return hit
+            if polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key):
+                return None
+            polls += 1
+            await asyncio.sleep(POLL_SECONDS)
+        return None
+
     async def _watcher(self, job: Job) -> None:
         """Poll for the entry another process is writing; take the job back if it gave up."""
         key = self._key(job.request, _first_sample(job.request))
-        polls = 0
         try:
-            while not job.future.done() and self.aborted is None:
-                hit = self.cache.get(key)
-                if hit is not None and job.request.n == 1:
-                    self._finish(job, response=self._from_hit(hit))
-                    return
-                if hit is not None:
-                    break  # the entry is there, more samples to gather: a worker does it
-                if polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key):
-                    break  # the claim is gone without an entry: fetch it here
-                polls += 1
-                await asyncio.sleep(POLL_SECONDS)
+            hit = await self._await_entry(key, job.future.done)
+            if hit is not None and job.request.n == 1 and not job.future.done():
+                self._finish(job, response=self._from_hit(hit))
+                return
+            # an entry with more samples to gather, or a claim gone without an entry: a
+            # worker of ours takes it (mostly: reads the entry) next
         finally:
             job.watched = False
         if not job.future.done() and self.aborted is None:
@@ -626,12 +636,7 @@ class Engine:
             if defer:
                 raise _Elsewhere
             # Another process is sending it: wait for its entry, or for its claim to vanish.
-            polls = 0
-            while self.cache.get(key) is None and self.aborted is None:
-                await asyncio.sleep(POLL_SECONDS)
-                polls += 1
-                if polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key):
-                    break
+            await self._await_entry(key)
             if self.aborted is not None:
                 raise asyncio.CancelledError
         handed_off = False
