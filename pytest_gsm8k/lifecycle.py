@@ -15,6 +15,7 @@ import pytest
 
 from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
 
@@ -333,7 +334,9 @@ def start_serve(state: State) -> None:
             ) from None
         if len(models) != 1:
             server.stop(timeout=2.0)
-            listed = ", ".join(models[:10]) + (", ..." if len(models) > 10 else "")
+            listed = ", ".join(printable(m) for m in models[:10]) + (
+                ", ..." if len(models) > 10 else ""
+            )
             raise pytest.UsageError(
                 f"gsm8k: --gsm8k-serve: the server lists {len(models)} models "
                 f"({listed or 'none'}); choose one with --gsm8k-model"
@@ -369,6 +372,11 @@ def model_overridden(config: pytest.Config) -> bool:
     return False
 
 
+def _listing(models: list[str]) -> str:
+    """Up to ten model ids a server listed, fit for the terminal (escapes stripped)."""
+    return ", ".join(printable(m) for m in models[:10]) + (", ..." if len(models) > 10 else "")
+
+
 def preflight(state: State) -> None:
     """One cheap call at session start: unreachable, bad key or unknown model is one line."""
     from pytest_gsm8k.runtime.client import PreflightError, list_models
@@ -391,7 +399,9 @@ def preflight(state: State) -> None:
             ) from None
         return  # some servers have no /models; the first request will tell
     if models and state.model_name not in models:
-        listed = ", ".join(models[:10]) + (", ..." if len(models) > 10 else "")
+        listed = ", ".join(printable(m) for m in models[:10]) + (
+            ", ..." if len(models) > 10 else ""
+        )
         raise pytest.UsageError(
             f"gsm8k: model {state.model_name!r} is not served by {shown} (it serves: {listed})"
         )
