@@ -592,3 +592,19 @@ def test_an_endpoint_failure_exits_the_same_with_and_without_xdist(
         )
         codes[name] = int(result.ret)
     assert codes == {"plain": 1, "xdist": 1}
+
+
+def test_the_served_model_list_reaches_the_terminal_without_escapes(
+    pytester: pytest.Pytester, keyed_env: str
+) -> None:
+    from gsm8k_copy import data_dir
+
+    with FakeOpenAIServer(
+        data_dir() / "test.jsonl", model="evil\x1b[31mred\x07", api_key=keyed_env
+    ) as evil:
+        result = pytester.runpytest("--gsm8k-model=other", f"--gsm8k-base-url={evil.base_url}")
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == 4
+    line = next(x for x in text.splitlines() if x.startswith("ERROR: gsm8k:"))
+    assert "is not served" in line and "(it serves: evilred)" in line  # the escapes dropped
+    assert "\x1b" not in text and "\x07" not in text
