@@ -193,6 +193,7 @@ class Engine:
         self._workers: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._loop.set_exception_handler(self._loop_exception)
         self._thread = threading.Thread(target=self._run_loop, name="gsm8k-engine", daemon=True)
         self._thread.start()
         if breaker is not None:
@@ -209,6 +210,13 @@ class Engine:
                 self._loop.call_soon_threadsafe(self._abort, message)
 
             breaker.on_open = on_open
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """A cancellation that lands in a callback while the engine closes (Ctrl-C, SIGTERM)
+        is the shutdown itself, not an error to print with a traceback."""
+        if self._closed and isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        loop.default_exception_handler(context)
 
     # -- thread side -------------------------------------------------------
 
