@@ -75,6 +75,7 @@ def gsm8k_outcome(
     from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
 
     state = get_state(request.config)
+    state.heed_stop()
     source, single_use = state.source_for(gsm8k_model, gsm8k_protocol)
     item = request.node
     failure: str | None = None

@@ -260,6 +260,7 @@ class StatePlugin:
         dsession = self.config.pluginmanager.get_plugin("dsession")
         if dsession is not None:
             dsession.shouldstop = message  # xdist stops handing out items
+            state.announce_stop(message)  # and workers stop calling a model of their own
         elif self.session is not None:
             self.session.shouldstop = message
 

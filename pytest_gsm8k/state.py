@@ -18,6 +18,7 @@ Where a test's answer comes from (:meth:`State.source_for`):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shutil
@@ -40,6 +41,9 @@ from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import ModelResponse, Problem, Request, stable_hash
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.runtime.data import load_split, train_source
+
+#: in the run's folder: the controller's early-stop message for the xdist workers
+STOP_FILE = "early-stop"
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
@@ -117,6 +121,7 @@ class State:
         #: xdist worker: the controller's answers (plugin's own client and protocol only)
         self.remote: RemoteAnswers | None = None
         self._warned_scope = False
+        self._stop_heard = False
         self.baseline_file: Path | None = None  # where release_gates looked for the baseline
         #: --gsm8k-early-stop: the run's EarlyStop (controller), and its message once it stopped
         self.early: EarlyStop | None = None
@@ -326,6 +331,31 @@ class State:
     def scrubber(self) -> Scrubber:
         """What removes this run's secrets (the key, URL credentials) from outside text."""
         return Scrubber(self.settings.api_key(), self.base_url)
+
+    def announce_stop(self, message: str) -> None:
+        """Controller: tell the xdist workers the run stopped early.
+
+        Workers that call a user's model fetch for themselves and would go on
+        through the items xdist already handed them; a file in the run's folder
+        (which every worker knows) is the whole protocol. Best effort: a worker
+        that cannot read it still stops when xdist runs out of items for it.
+        """
+        from pytest_gsm8k.runtime.files import write_atomic
+
+        with contextlib.suppress(OSError):
+            write_atomic(self.run_dir / STOP_FILE, message)
+
+    def heed_stop(self) -> None:
+        """Worker, before each item: stop every engine once the controller announced a stop."""
+        if self._stop_heard or not self.is_worker:
+            return
+        try:
+            message = (self.run_dir / STOP_FILE).read_text(encoding="utf-8")
+        except OSError:
+            return
+        self._stop_heard = True
+        for engine in list(self.engines.values()):
+            engine.stop(message.removeprefix("gsm8k: "))
 
     def server_died(self, message: str) -> None:
         """The model server this run started is gone: stop every engine with its message."""
