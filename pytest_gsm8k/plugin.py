@@ -13,6 +13,7 @@ the gates and writes the report.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import re
 import signal
@@ -387,8 +388,28 @@ def pytest_configure(config: pytest.Config) -> None:
     # xdist worker's process ends right after: leaving its objects frozen spares the
     # interpreter's final collection too, which the controller waits for.
     if not hasattr(config, "workerinput"):
-        config.add_cleanup(gc.unfreeze)
+        config.add_cleanup(_unfreeze_until_exit)
         _end_on_sigterm(config)
+
+
+_freeze_at_exit = False
+
+
+def _unfreeze_until_exit() -> None:
+    """Give the objects frozen for the run back to the collector (pytest may run again in
+    this process: pytester, an IDE), and freeze whatever is left once the interpreter exits.
+
+    At exit CPython walks every object it tracks in two full collections; after a run of
+    1,319 items that is about 0.4 s of the run's wall time (measured against the freeze),
+    spent on memory the operating system takes back anyway. Frozen objects are still freed
+    by reference counting when modules are cleared, and atexit hooks (logging's flush,
+    weakref finalizers) still run: only cyclic garbage left at exit is not collected.
+    """
+    global _freeze_at_exit
+    if gc.get_freeze_count() and not _freeze_at_exit:
+        _freeze_at_exit = True
+        atexit.register(gc.freeze)
+    gc.unfreeze()
 
 
 def _end_on_sigterm(config: pytest.Config) -> None:

@@ -32,19 +32,24 @@ OUTCOMES = ("correct", "wrong", "unparsed", "truncated", "error")
 def _decide(
     protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal
 ) -> tuple[Decimal | None, bool, list[tuple[str, int]]]:
-    """The problem-level answer under the protocol's aggregation, for one rule."""
+    """The problem-level answer under the protocol's aggregation, for one rule.
+
+    Each sample's comparison with the gold number is already in ``scores``
+    (``SampleScore.correct``); only a majority vote's winner needs a new one.
+    """
     values = [s.extracted[rule] for s in scores]
     if protocol.name.startswith("maj@"):
         winner, votes = majority_vote(values)
         return winner, numbers_equal(winner, gold), votes
     if protocol.name.startswith("pass@"):
-        for value in values:
-            if numbers_equal(value, gold):
-                return value, True, []
+        for score in scores:
+            if score.correct[rule]:
+                return score.extracted[rule], True, []
         first = next((v for v in values if v is not None), None)
         return first, False, []
-    value = values[0] if values else None
-    return value, numbers_equal(value, gold), []
+    if not scores:
+        return None, False, []
+    return values[0], scores[0].correct[rule], []
 
 
 def _lower(text: str) -> str:

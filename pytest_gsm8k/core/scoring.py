@@ -365,6 +365,8 @@ def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
             return False
     elif top >= 0 and abs(a.adjusted() - b.adjusted()) >= 2:
         return False
+    if a == b:  # exact (1000 == 1E+3 == 1000.0): most answers, no Fraction needed
+        return True
     if max(len(a.as_tuple().digits), len(b.as_tuple().digits)) > _EXACT_DIGITS:
         with localcontext() as ctx:
             ctx.prec = max(top, 0) + 20
