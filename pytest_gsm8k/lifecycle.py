@@ -216,6 +216,16 @@ def start_early(state: State, session: pytest.Session) -> None:
     state.engine_for(state.default_client())
 
 
+def warm_engine(state: State) -> None:
+    """One process: start the engine for the plugin's own client now, and import and build
+    the HTTP client on its thread while pytest collects (about 0.3 s of openai imports
+    that would otherwise sit between the end of collection and the first request). The
+    plan follows at the end of collection (:func:`start_early`)."""
+    client = state.default_client()
+    engine = state.engine_for(client, plan=False)
+    engine.loop.call_soon_threadsafe(client.warm)
+
+
 def start_controller(state: State) -> None:
     """xdist controller: one engine for the plugin's own client, served to the workers.
 

@@ -47,6 +47,7 @@ from pytest_gsm8k.lifecycle import (
     start_early,
     start_local,
     start_serve,
+    warm_engine,
     write_html,
 )
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
@@ -143,10 +144,15 @@ class StatePlugin:
             start_serve(state)
         elif str(settings.model).startswith("local"):
             start_local(state)
-        if not model_overridden(session.config):
+        overridden = model_overridden(session.config)
+        if not overridden:
             preflight(state)
         if session.config.pluginmanager.has_plugin("dsession"):
             start_controller(state)
+        elif not overridden and not (
+            session.config.option.collectonly or getattr(session.config.option, "setupplan", False)
+        ):
+            warm_engine(state)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:

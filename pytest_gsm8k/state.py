@@ -122,6 +122,8 @@ class State:
         self.remote: RemoteAnswers | None = None
         self._warned_scope = False
         self._stop_heard = False
+        #: engines made with plan=False: the first engine_for(plan=True) plans them
+        self._unplanned: set[int] = set()
         self.baseline_file: Path | None = None  # where release_gates looked for the baseline
         #: --gsm8k-early-stop: the run's EarlyStop (controller), and its message once it stopped
         self.early: EarlyStop | None = None
@@ -264,6 +266,9 @@ class State:
 
         engine = self.engines.get(id(model))
         if engine is not None:
+            if plan and id(model) in self._unplanned:  # started early, unplanned until now
+                self._unplanned.discard(id(model))
+                engine.start([self.protocol().request(p) for p in self.planned])
             return engine
         client = model
         if not hasattr(model, "complete"):
@@ -290,6 +295,8 @@ class State:
         self.engines[id(model)] = engine
         if plan:
             engine.start([self.protocol().request(p) for p in self.planned])
+        else:
+            self._unplanned.add(id(model))
         return engine
 
     def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
