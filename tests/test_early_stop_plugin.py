@@ -151,7 +151,8 @@ def test_the_baseline_gate_stops_early_and_a_later_full_run_sends_only_the_rest(
     ]
     assert pytester.runpytest(*run, "--snapshot-update").ret == 0  # baseline: all correct
     server.reset()
-    server.set_script(Script(default="wrong"))  # a release that broke everything
+    # a release that broke everything; answers take long enough that some are under way at the stop
+    server.set_script(Script(default="wrong", latency=0.3))
     result = pytester.runpytest(
         *run,
         "--gsm8k-early-stop=certain",
@@ -166,9 +167,11 @@ def test_the_baseline_gate_stops_early_and_a_later_full_run_sends_only_the_rest(
     first = sent(server)
     assert 21 <= first <= 21 + 4 + 1
     server.reset()
+    server.set_script(Script(default="wrong"))
     full = pytester.runpytest(*run, "--gsm8k-cache-dir=cache2", "--gsm8k-report=full.json")
     assert full.ret == 1
-    assert sent(server) == 200 - first  # the cache kept what the early run asked
+    # the cache kept what the early run asked, including the answers under way at the stop
+    assert sent(server) == 200 - first
     assert report(pytester.path / "full.json")["n"] == 200
 
 

@@ -71,6 +71,11 @@ PLANNED, RUNNING, ELSEWHERE, DONE = "planned", "running", "elsewhere", "done"
 #: flight fail together); more would only spend minutes proving the same thing.
 STORM = 10
 
+#: after an early stop, how long closing waits for the requests already under way: they are
+#: paid for, and an answer that arrives is cached, so a later full run need not ask again.
+#: Bounded, because a slow endpoint must not hold the verdict back for a whole generation.
+STOP_GRACE_SECONDS = 5.0
+
 
 class EndpointError(Exception):
     """One item's request failed (after retries)."""
@@ -326,9 +331,14 @@ class Engine:
         return list(self.by_request.values())
 
     def close(self) -> None:
-        """Cancel what is left, close the client, stop the loop."""
+        """Cancel what is left, close the client, stop the loop. After an early stop the
+        requests under way first get :data:`STOP_GRACE_SECONDS` to arrive and be kept."""
         if self._closed or not self._loop.is_running():
             return
+        if self.stopped is not None and self.aborted is None:
+            under_way = [j.future for j in self._jobs if j.state == RUNNING]
+            if under_way:
+                concurrent.futures.wait(under_way, timeout=STOP_GRACE_SECONDS)
         self._closed = True
 
         async def shutdown() -> None:
