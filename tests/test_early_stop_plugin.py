@@ -67,6 +67,42 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
 
 
 @XDIST
+@pytest.mark.parametrize("protocol", ["pass@4", "maj@3"])
+def test_certain_stops_sampled_protocols_after_198_problems(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+    protocol: str,
+) -> None:
+    """pass@N and maj@N decide per problem from all its samples (one request with ``n``):
+    the stop counts problems, and no sample is asked for a problem past the stop."""
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        f"--gsm8k-protocol={protocol}",
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-concurrency=8",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "-p",
+        "no:hypothesispytest",
+    )
+    assert result.ret == 1, result.stdout.str()
+    assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
+    data = report(pytester.path / "r.json")
+    assert data["protocol"]["name"] == protocol
+    early = data["early_stop"]
+    assert early["decided_after"] == 198 and early["verdicts"] == {"min-acc": "FAIL"}
+    samples = int(protocol.split("@")[1])
+    assert all(len(p["samples"]) == samples for p in data["problems"]), "every sample kept"
+    result.stdout.fnmatch_lines([f"*gsm8k acc ({protocol}*", "*stopped after 198 of 1319*"])
+
+
+@XDIST
 def test_sequential_passes_a_good_model_early_with_its_interval(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

@@ -453,7 +453,8 @@ def test_a_429_storm_past_the_retry_budget_stops_once_nothing_gets_through(
     # session ended (the one that tripped it and, under xdist, one per worker), each in the ERRORS
     # section and the short summary: a small constant, never one per problem.
     carriers = 1 + (2 if xdist else 0)
-    assert sum("10 requests in a row" in line for line in text.splitlines()) <= 1 + 2 * carriers, text
+    stop_lines = sum("10 requests in a row" in line for line in text.splitlines())
+    assert stop_lines <= 1 + 2 * carriers, text
 
 
 def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> None:
