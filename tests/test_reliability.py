@@ -449,12 +449,13 @@ def test_a_429_storm_past_the_retry_budget_stops_once_nothing_gets_through(
     assert set(found) == {each, stop + "; stopped sending"}, found
     assert found[each] <= 10 + 2 and found[each] + found[stop + "; stopped sending"] == 60
     assert sent(server) <= 10 + 2  # the streak, plus what was in flight
-    # The stop is said once in the summary; beside it only the items that carried it before the
+    # The stop is said once in the summary (and once more in pytest's own "! ... !" line when the
+    # session stops before its last item); beside it only the items that carried it before the
     # session ended (the one that tripped it and, under xdist, one per worker), each in the ERRORS
     # section and the short summary: a small constant, never one per problem.
     carriers = 1 + (2 if xdist else 0)
     stop_lines = sum("10 requests in a row" in line for line in text.splitlines())
-    assert stop_lines <= 1 + 2 * carriers, text
+    assert stop_lines <= 2 + 2 * carriers, text
 
 
 def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> None:
