@@ -197,7 +197,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     rep = report(pytester)
     # the items that ran before the first hung one in run order, and no more
     assert rep["complete"] is False and rep["counts"]["correct"] <= 10
-    assert "Traceback" not in out
+    assert "Traceback" not in out, out
     # the children (xdist's workers) are stopped too: no process is left in the run's folder
     deadline = time.monotonic() + 15
     while _processes_in(pytester.path) and time.monotonic() < deadline:

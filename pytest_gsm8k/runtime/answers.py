@@ -93,6 +93,11 @@ class AnswerServer:
                     await writer.drain()
         except (ConnectionError, ValueError, asyncio.LimitOverrunError):
             pass  # a worker that went away, or a stray client: nothing to answer
+        except asyncio.CancelledError:
+            # The run is ending (Ctrl-C, SIGTERM): the engine cancelled the answer this
+            # connection waited for, or close() cancelled the handler. Ending quietly keeps
+            # asyncio's stream callback from printing the cancellation as a traceback.
+            pass
         finally:
             writer.close()
 
