@@ -50,6 +50,7 @@ from pytest_gsm8k.lifecycle import (
     warm_engine,
     write_html,
 )
+from pytest_gsm8k.runtime.logs import scrub_library_logs
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
 
 BUILTIN_NODEID = "gsm8k"
@@ -388,7 +389,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # once, not once per xdist worker
         for note in notes:
             config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
-    config.pluginmanager.register(StatePlugin(State(config, settings)), STATE_NAME)
+    state = State(config, settings)
+    config.pluginmanager.register(StatePlugin(state), STATE_NAME)
+    config.add_cleanup(scrub_library_logs(state.scrubber()))
     # Registered before the builtin unraisableexception plugin's cleanup, so it runs after
     # that one's gc passes (see pytest_runtestloop); harmless if nothing was frozen. An
     # xdist worker's process ends right after: leaving its objects frozen spares the

@@ -234,8 +234,8 @@ class Script:
     latency: float | None = None
     latency_by_index: dict[int, float] = field(default_factory=dict)
     samples: dict[int, list[str | None]] = field(default_factory=dict)
-    #: hostile: echo the request's Authorization header (the API key) in every error body
-    #: and at the end of every answer's text
+    #: hostile: echo the request's Authorization header (the API key) in every error body,
+    #: at the end of every answer's text and in a response header
     echo_auth: bool = False
     #: the model name the replies report (default: the served model), e.g. with ANSI escapes
     reported_model: str | None = None
@@ -727,6 +727,9 @@ class FakeOpenAIServer:
         finally:
             with self._lock:
                 self._in_flight -= 1
+        if self.script.echo_auth and auth is not None:
+            # proxies and gateways echo request headers back in response headers too
+            resp.headers = (*resp.headers, ("X-Echo-Authorization", auth))
         if resp.drop:
             with self._lock:
                 self._dropped += 1

@@ -1,0 +1,74 @@
+"""Keeping the run's secrets out of what the HTTP libraries log.
+
+The engine scrubs every response and error message before anything downstream
+sees it, but the libraries under it log on their own: at DEBUG, httpcore
+prints response headers (a proxy that echoes ``Authorization`` puts the key
+there), openai prints request options and retries, and a logged exception's
+text may hold an error body that quotes the key. pytest shows those records in
+the live log, in captured-log sections and in JUnit XML (``junit_logging``).
+
+A filter on the ``httpcore`` logger would miss ``httpcore.http11`` (logging
+runs a logger's filters only for records made by that very logger), and
+pytest's handlers come and go per test. So the scrubbing sits where every
+record is born: a log-record factory that, for the network libraries' loggers
+(and this plugin's), formats the message at once, replaces the secrets and
+drops the arguments, and does the same for a logged traceback. Records of other
+loggers are left exactly as they were made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pytest_gsm8k.core.scrub import Scrubber
+
+#: top-level logger names whose records are scrubbed: the HTTP stack under the
+#: ``openai`` package (httpx/httpcore, or their ``2`` forks), urllib3 for users'
+#: clients, asyncio (it logs exceptions of the engine's loop), and this plugin
+SCRUBBED_LOGGERS = frozenset(
+    {"openai", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "asyncio", "pytest_gsm8k"}
+)
+
+
+def scrub_record(record: logging.LogRecord, scrubber: Scrubber) -> None:
+    """Replace ``record``'s message, traceback and stack text by scrubbed text."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - logging reports a bad format itself, when it emits
+        return
+    record.msg = scrubber.text(message)
+    record.args = None
+    if record.exc_info:
+        text = logging.Formatter().formatException(record.exc_info)
+        record.exc_text = scrubber.text(text)
+        record.exc_info = None  # formatters print exc_text when exc_info is gone
+    if record.stack_info:
+        record.stack_info = scrubber.text(record.stack_info)
+
+
+def scrub_library_logs(scrubber: Scrubber) -> Callable[[], None]:
+    """Install the scrubbing record factory; returns what uninstalls it.
+
+    Nothing is installed when there is no secret to scrub. Uninstalling puts the
+    previous factory back only if nobody replaced ours meanwhile (a nested run
+    under pytester installs and removes its own in turn).
+    """
+    if not scrubber:
+        return lambda: None
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if record.name.partition(".")[0] in SCRUBBED_LOGGERS:
+            scrub_record(record, scrubber)
+        return record
+
+    logging.setLogRecordFactory(factory)
+
+    def restore() -> None:
+        if logging.getLogRecordFactory() is factory:
+            logging.setLogRecordFactory(previous)
+
+    return restore
