@@ -778,6 +778,28 @@ def test_callable_override_with_builtin_test_needs_no_endpoint(
     assert read_report(pytester)["n"] == 6
 
 
+def test_a_conftest_importing_the_plugins_own_fixtures_overrides_nothing(
+    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
+) -> None:
+    # Importing the plugin's fixtures by name (to use or re-export them) is not an override:
+    # the session-start check of the endpoint still runs and refuses an unreachable one.
+    pytester.makeconftest(
+        "from pytest_gsm8k.fixtures import gsm8k_model, gsm8k_protocol  # noqa: F401\n"
+    )
+    port = free_closed_port()
+    result = pytester.runpytest(
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-data={gsm8k_data}",
+        f"--gsm8k-base-url=http://127.0.0.1:{port}/v1",
+        "-p",
+        "no:randomly",
+    )
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    lines = [line for line in text.splitlines() if line.startswith("ERROR: gsm8k:")]
+    assert len(lines) == 1 and "cannot reach" in lines[0], text
+
+
 # -- endpoint problems ---------------------------------------------------------------
 
 

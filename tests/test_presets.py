@@ -19,6 +19,7 @@ import pytest
 
 from pytest_gsm8k.core import presets
 from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.settings import build_settings
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split
 
@@ -187,17 +188,25 @@ def test_fewshot_draws_are_sequential_per_problem() -> None:
 
 
 def test_protocol_fields_and_spec() -> None:
-    fields = presets.lm_eval_protocol_fields()
-    assert fields == {
-        "api": "completions",
-        "shots": 5,
-        "fewshot_source": "train (lm-eval sampler, seed 1234)",
-        "max_tokens": 256,
-        "stop": ("Question:", "</s>", "<|im_end|>"),
+    assert presets.LM_EVAL.settings() == {
+        "protocol": "test@1",
         "temperature": 0.0,
-        "preset": "lm-eval",
+        "shots": 5,
+        "max_tokens": 256,
+        "stop": ["Question:", "</s>", "<|im_end|>"],
+        "extract": "strict-match",
     }
-    protocol = Protocol(**fields)
+    settings = build_settings(lambda o: {"gsm8k_preset": "lm-eval"}.get(o.dest), lambda note: None)
+    assert (settings.protocol, settings.api, settings.extract) == (
+        "test@1",
+        "completions",
+        "strict-match",
+    )
+    assert (settings.shots, settings.max_tokens, settings.temperature) == (5, 256, 0.0)
+    assert tuple(settings.stop) == presets.LM_EVAL.stop
+    protocol = Protocol(
+        api="completions", shots=5, preset="lm-eval", fewshot_source=presets.LM_EVAL.fewshot_source
+    )
     assert protocol.identity()["preset"] == "lm-eval"
     assert presets.get_preset("lm-eval") is presets.LM_EVAL
     assert presets.LM_EVAL.extractors == ("strict-match", "flexible-extract")

@@ -103,7 +103,6 @@ __all__ = [
     "lm_eval_messages",
     "lm_eval_normalise",
     "lm_eval_prompt",
-    "lm_eval_protocol_fields",
     "lm_eval_request",
     "lm_eval_score",
     "lm_eval_strict",
@@ -129,6 +128,23 @@ class PresetSpec:
     seed: int | None
     extractors: tuple[str, ...]
     """Score names reported side by side, in the peer's order and spelling."""
+
+    def settings(self) -> dict[str, Any]:
+        """The run settings this preset fixes (``--gsm8k-*`` option names without the
+        prefix), the one place they are written: the options table applies them, and a
+        user who gives one of them as well gets an error instead of a silent mix.
+
+        ``api`` is left out: completions by default (as ``local-completions``), and a
+        user may switch it to ``chat`` (``local-chat-completions --apply_chat_template``).
+        """
+        return {
+            "protocol": "test@1",
+            "temperature": self.temperature,
+            "shots": self.shots,
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "extract": self.extractors[0],
+        }
 
 
 LM_EVAL = PresetSpec(
@@ -156,23 +172,6 @@ def get_preset(name: str) -> PresetSpec:
     except KeyError:
         valid = ", ".join(sorted(PRESETS))
         raise ValueError(f"--gsm8k-preset: unknown preset {name!r} (valid: {valid})") from None
-
-
-def lm_eval_protocol_fields() -> dict[str, Any]:
-    """Protocol fields the ``lm-eval`` preset fixes (keyword arguments for ``Protocol``).
-
-    ``api`` is the default (completions, as ``local-completions``); a caller
-    may switch it to ``chat`` (``local-chat-completions --apply_chat_template``).
-    """
-    return {
-        "api": "completions",
-        "shots": LM_EVAL.shots,
-        "fewshot_source": LM_EVAL.fewshot_source,
-        "max_tokens": LM_EVAL.max_tokens,
-        "stop": LM_EVAL.stop,
-        "temperature": LM_EVAL.temperature,
-        "preset": LM_EVAL.name,
-    }
 
 
 # --------------------------------------------------------------------------- few-shot draws

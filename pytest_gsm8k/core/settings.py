@@ -354,17 +354,9 @@ class Settings:
 
 
 PRESET_RULES = ("strict-match", "flexible-extract")
-#: options a preset fixes itself: giving one as well would silently change the peer's protocol
-PRESET_FIXED = (
-    "protocol",
-    "temperature",
-    "shots",
-    "fewshot_file",
-    "max_tokens",
-    "stop",
-    "extract",
-    "answer_regex",
-)
+#: options a preset decides beside the values it sets (PresetSpec.settings): its exemplars
+#: and its extraction; giving any of them as well would silently change the peer's protocol
+PRESET_ALSO_FIXED = ("fewshot_file", "answer_regex")
 
 
 def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
@@ -374,18 +366,12 @@ def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
         spec = get_preset(name)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
-    for key in PRESET_FIXED:
+    fixed = spec.settings()
+    for key in (*fixed, *PRESET_ALSO_FIXED):
         if key in given:
             flag = "--gsm8k-" + key.replace("_", "-")
             raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
-    values.update(
-        protocol="test@1",
-        temperature=spec.temperature,
-        shots=spec.shots,
-        max_tokens=spec.max_tokens,
-        stop=list(spec.stop),
-        extract="strict-match",
-    )
+    values.update(fixed)
     if "api" not in given:
         values["api"] = "completions"
 
