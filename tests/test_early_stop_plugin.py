@@ -7,24 +7,10 @@ tests/test_early_stop.py; the simulation is benchmarks/bench_early_stop.py.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-
-
-def sent(server: FakeOpenAIServer) -> int:
-    by_path = server.stats()["requests_by_path"]
-    return int(by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0))
-
-
-def report(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+from helpers import XDIST, sent
+from helpers import read_json as report
 
 
 @XDIST

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
+from helpers import output, sent
+from helpers import read_json as read_report
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache
@@ -38,18 +40,8 @@ def args(gsm8k_args: list[str]) -> list[str]:
     return [*gsm8k_args, "-p", "no:hypothesispytest"]
 
 
-def sent(server: FakeOpenAIServer) -> int:
-    """Completion requests the server received since its last reset."""
-    by_path = server.stats()["requests_by_path"]
-    return int(by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0))
-
-
 def per_problem(server: FakeOpenAIServer) -> dict[int, int]:
     return {int(k): int(v) for k, v in server.stats()["requests_by_index"].items()}
-
-
-def read_report(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
@@ -61,10 +53,6 @@ def comparable(report: dict[str, Any]) -> dict[str, Any]:
     }
     out["problems"] = [{k: v for k, v in p.items() if k != "cached"} for p in report["problems"]]
     return out
-
-
-def output(result: pytest.RunResult) -> str:
-    return result.stdout.str() + "\n" + result.stderr.str()
 
 
 def entries(cache_dir: Path) -> list[Path]:

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
+from helpers import XDIST, output
 
 from conftest import TEST_KEY
 from pytest_gsm8k.core.scrub import REDACTED, Scrubber
 from pytest_gsm8k.runtime.logs import scrub_library_logs, scrub_record
-
-XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 
 
 @XDIST
@@ -45,7 +44,7 @@ def test_library_logs_at_debug_are_scrubbed_of_an_echoed_key(
         "junit_logging=all",
         "-rA",
     )
-    text = result.stdout.str() + "\n" + result.stderr.str()
+    text = output(result)
     junit = (pytester.path / "junit.xml").read_text(encoding="utf-8")
     assert TEST_KEY in server.stats()["auth_headers"][0]  # it was sent, and echoed
     # the libraries did log (so the check below is about their lines, not an empty log)
@@ -77,7 +76,7 @@ def test_url_credentials_are_scrubbed_from_library_logs(
             "log_cli_level=DEBUG",
         )
         echoed = srv.stats()["auth_headers"]
-    text = result.stdout.str() + "\n" + result.stderr.str()
+    text = output(result)
     assert echoed and "HTTP Request" in text
     basic = base64.b64encode(f"alice:{password}".encode()).decode()
     assert basic in echoed[0]  # the server saw the credentials (and echoed them back)

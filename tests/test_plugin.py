@@ -23,6 +23,9 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
+from helpers import output
+from helpers import report as read_report
+from helpers import sent as completions_sent
 
 import pytest_gsm8k
 from conftest import TEST_KEY
@@ -85,19 +88,6 @@ def _split() -> Any:
 def selected(limit: int | None, seed: int = 1234) -> list[int]:
     """Indices the plugin runs for ``--gsm8k-limit=limit`` (computed by the pure module)."""
     return [p.index for p in select(_split().problems, limit, seed)]
-
-
-def output(result: pytest.RunResult) -> str:
-    return result.stdout.str() + "\n" + result.stderr.str()
-
-
-def read_report(pytester: pytest.Pytester, name: str = "r.json") -> dict[str, Any]:
-    return json.loads((pytester.path / name).read_text(encoding="utf-8"))
-
-
-def completions_sent(server: FakeOpenAIServer) -> int:
-    by_path = server.stats()["requests_by_path"]
-    return by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0)
 
 
 def collected_ids(result: pytest.RunResult) -> list[str]:

@@ -23,32 +23,19 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
+from helpers import XDIST, output, report, sent
 
 from conftest import TEST_KEY
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.scrub import Scrubber, md_code, md_text, printable
 from pytest_gsm8k.core.settings import SettingsError, build_settings
 
-XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture
 def args(gsm8k_args: list[str]) -> list[str]:
     return [*gsm8k_args, "-p", "no:hypothesispytest"]
-
-
-def output(result: pytest.RunResult) -> str:
-    return result.stdout.str() + "\n" + result.stderr.str()
-
-
-def sent(server: FakeOpenAIServer) -> int:
-    by_path = server.stats()["requests_by_path"]
-    return int(by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0))
-
-
-def report(pytester: pytest.Pytester, name: str = "r.json") -> dict[str, Any]:
-    return json.loads((pytester.path / name).read_text(encoding="utf-8"))
 
 
 def errors(rep: dict[str, Any]) -> Counter[str]:

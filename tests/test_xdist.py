@@ -22,21 +22,12 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
+from helpers import output, sent
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
 from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine
-
-
-def output(result: pytest.RunResult) -> str:
-    return result.stdout.str() + "\n" + result.stderr.str()
-
-
-def sent(server: FakeOpenAIServer) -> int:
-    by_path = server.stats()["requests_by_path"]
-    return int(by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0))
-
 
 SCOPED_CONFTEST = """
 import os

@@ -1,0 +1,39 @@
+"""What many test files need to read a pytester run and the scripted server: one copy.
+
+Fixtures live in conftest.py; these are plain functions (and the xdist
+parametrization) that tests import by name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import FakeOpenAIServer
+
+#: run a pytester test twice: in one process, and under pytest-xdist with two workers
+XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+
+
+def output(result: pytest.RunResult) -> str:
+    """Everything a pytester run printed, stdout then stderr."""
+    return result.stdout.str() + "\n" + result.stderr.str()
+
+
+def sent(server: FakeOpenAIServer) -> int:
+    """Completion requests (chat and plain) the server received since its last reset."""
+    by_path = server.stats()["requests_by_path"]
+    return int(by_path.get("/v1/chat/completions", 0) + by_path.get("/v1/completions", 0))
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON report (or any JSON file) as a dict."""
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def report(pytester: pytest.Pytester, name: str = "r.json") -> dict[str, Any]:
+    """The JSON report a pytester run wrote into its folder (``--gsm8k-report=r.json``)."""
+    return read_json(pytester.path / name)
