@@ -241,6 +241,8 @@ class StatePlugin:
         if isinstance(record, dict):
             fresh = str(record["id"]) not in self.state.records
             self.state.records.setdefault(str(record["id"]), record)
+            if self.state.answer_server is not None:
+                self.state.answer_server.settled(str(record["id"]))
             if record["outcome"] == "error" and record.get("aborted"):
                 self.state.aborted = str(record["error"])
             elif fresh and self.state.settings.early_stop:

@@ -29,7 +29,7 @@ from helpers import read_json as read_report
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.client import Breaker
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
 
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
 
@@ -509,6 +509,40 @@ def test_the_item_a_test_waits_for_jumps_the_queue(memory_cache: ResponseCache) 
     assert client.closed
     assert engine.requests_sent <= 30
     assert not (memory_cache.root / "responses").exists()  # no-cache: memory only
+
+
+def test_an_item_asked_for_just_before_an_early_stop_is_not_run_at_once(
+    memory_cache: ResponseCache,
+) -> None:
+    """The stop drops the queue; a test (or an xdist worker's answer) already waiting for a
+    job that had not started must learn it is not run, not wait for a fetch that never comes."""
+    client = ScriptedClient(delay=0.5)
+    engine = Engine(client, memory_cache, concurrency=1)
+    planned = requests(5)
+    outcome: list[BaseException | ModelResponse] = []
+
+    def wait_for_the_last() -> None:
+        try:
+            outcome.append(engine.result(planned[4]))
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    try:
+        engine.start(planned)
+        deadline = time.monotonic() + 5
+        while not client.order and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waiter = threading.Thread(target=wait_for_the_last)
+        waiter.start()
+        time.sleep(0.1)  # p000 under way (0.5 s), p004 first in the queue, not started
+        engine.stop("decided")
+        waiter.join(timeout=3)
+        assert not waiter.is_alive(), "still waiting for an answer that will never be fetched"
+        assert isinstance(outcome[0], NotRun), (outcome, client.order)
+        assert str(outcome[0]) == "decided"
+        assert client.order == ["p000"]
+    finally:
+        engine.close()
 
 
 def test_one_failed_request_is_that_items_error_only(memory_cache: ResponseCache) -> None:

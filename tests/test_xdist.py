@@ -268,3 +268,39 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
         closer.join()
     finally:
         remote.close()
+
+
+def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
+    tmp_path: Path,
+) -> None:
+    """The controller decides an early stop on the workers' reports, so an answer a worker
+    took but has not reported yet still counts toward the lookahead: otherwise the engine
+    keeps fetching past the decision by as many answers as are in transit."""
+    client = Scripted()
+    cache = ResponseCache(tmp_path / "c", "run", persistent=False)
+    engine = Engine(client, cache, concurrency=4, lookahead=3)
+    known = _requests(20)
+    server = AnswerServer(engine, known.get)
+    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
+
+    def settles_at(count: int) -> int:
+        deadline = time.monotonic() + 5
+        while len(client.order) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # room for anything fetched beyond it
+        return len(client.order)
+
+    try:
+        remote.offer(list(known))
+        assert settles_at(3) == 3  # the lookahead, nothing more
+        for i in range(5):  # a worker takes five answers: three prefetched, two asked for
+            assert remote.result(known[f"p{i}"]).completions[0].text == f"#### {i}"
+        assert settles_at(5) == 5  # taken is not reported: no prefetch beyond them
+        for i in range(5):
+            server.settled(f"p{i}")
+        assert settles_at(8) == 8  # five reported: three ahead again
+        assert client.order == [f"p{i}" for i in range(8)]
+    finally:
+        remote.close()
+        server.close()
+        engine.close()

@@ -74,6 +74,14 @@ class AnswerServer:
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shutdown(), self.engine.loop).result(5)
 
+    def settled(self, problem_id: str) -> None:
+        """The controller received the outcome for ``problem_id`` (see Engine.settle)."""
+        if self.engine.lookahead is None:
+            return
+        request = self.requests(problem_id)
+        if request is not None:
+            self.engine.settle(request)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -108,7 +116,8 @@ class AnswerServer:
             reply = {"error": f"the controller knows no problem {problem_id!r}", "aborted": False}
         else:
             try:
-                response = await self.engine.answer(request)
+                # counted as used when the worker's report arrives (settled), not now
+                response = await self.engine.answer(request, consume=False)
                 reply = {"response": response.to_json(), "cached": response.cached}
             except EndpointError as exc:
                 reply = {"error": str(exc), "aborted": isinstance(exc, EndpointAborted)}

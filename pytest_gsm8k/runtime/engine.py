@@ -267,8 +267,11 @@ class Engine:
         """A message fit to print: without secrets, escapes or control characters."""
         return printable(self.scrub.text(message))
 
-    async def answer(self, request: Request) -> ModelResponse:
-        """On the loop: the response for ``request``, fetched next if it is not under way."""
+    async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
+        """On the loop: the response for ``request``, fetched next if it is not under way.
+
+        ``consume=False``: the answer is used elsewhere (an xdist worker), so it counts as
+        fetched ahead until :meth:`settle` says its outcome came back."""
         job = self.by_request.get(request)
         if self.stopped is not None and (job is None or job.state == PLANNED):
             raise NotRun(self.stopped)
@@ -277,8 +280,21 @@ class Engine:
             self._plan([job], True)
         elif not job.future.done():
             self._want(job)
-        self._consume(job)
+        if consume:
+            self._consume(job)
         return await asyncio.wrap_future(job.future)
+
+    def settle(self, request: Request) -> None:
+        """Any thread: the outcome of ``request``'s answer is known, so it no longer counts
+        toward ``lookahead``. Under xdist this is when the worker's report reaches the
+        controller, not when the worker took the answer: the early-stop decision is made on
+        reports, and answers taken but not yet reported would be fetched past it."""
+        self._loop.call_soon_threadsafe(self._settle, request)
+
+    def _settle(self, request: Request) -> None:
+        job = self.by_request.get(request)
+        if job is not None:
+            self._consume(job)
 
     def result(self, request: Request) -> ModelResponse:
         """The response for ``request``: usually ready; otherwise fetched first, now."""
@@ -316,6 +332,11 @@ class Engine:
         def clear() -> None:
             self._priority.clear()
             self._scan = len(self._jobs)
+            # A job asked for just before the stop and not started would never be fetched
+            # now: its waiter (a test, or an xdist worker's answer) learns at once instead.
+            for job in self._jobs:
+                if job.state == PLANNED and not job.future.done():
+                    _resolve(job.future, error=NotRun(message))
 
         if not self._closed:
             self._loop.call_soon_threadsafe(clear)
@@ -584,6 +605,9 @@ class Engine:
             job.watched = False
         if not job.future.done() and self.aborted is None:
             job.state = PLANNED  # a worker fetches it (mostly: reads the entry) next
+            if self.stopped is not None:  # ... unless the run stopped: nothing is fetched now
+                _resolve(job.future, error=NotRun(self.stopped))
+                return
             self._priority.appendleft(job)
             self._kick()
 
