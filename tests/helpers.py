@@ -6,12 +6,15 @@ parametrization) that tests import by name.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fakeserver import FakeOpenAIServer
+from fakeserver import FakeOpenAIServer, Script
 
 #: run a pytester test twice: in one process, and under pytest-xdist with two workers
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
@@ -37,3 +40,23 @@ def read_json(path: Path) -> dict[str, Any]:
 def report(pytester: pytest.Pytester, name: str = "r.json") -> dict[str, Any]:
     """The JSON report a pytester run wrote into its folder (``--gsm8k-report=r.json``)."""
     return read_json(pytester.path / name)
+
+
+#: the password in the base URL of :func:`server_behind_a_password`
+URL_PASSWORD = "hunter2-PASSWORD-42"
+#: the same credentials as the Authorization header carries them (HTTP Basic)
+URL_BASIC = base64.b64encode(f"alice:{URL_PASSWORD}".encode()).decode()
+
+
+@contextlib.contextmanager
+def server_behind_a_password(
+    data: Path, monkeypatch: pytest.MonkeyPatch, script: Script
+) -> Iterator[tuple[FakeOpenAIServer, str]]:
+    """A fake server running ``script`` (with ``echo_auth``, it sends the credentials
+    back) and a base URL that carries user alice's password; no key or base URL comes
+    from the environment, so the URL's credentials are the only secret of the run."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with FakeOpenAIServer(data / "test.jsonl", model="fake-model") as srv:
+        srv.set_script(script)
+        yield srv, f"http://alice:{URL_PASSWORD}@127.0.0.1:{srv.port}/v1"

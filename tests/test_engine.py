@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import output, sent
+from helpers import XDIST, output, sent
 from helpers import read_json as read_report
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
@@ -105,7 +105,7 @@ def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
         assert headline == [line for line in spread.outlines if line.startswith(HEADLINE)]
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+@XDIST
 def test_a_request_failing_after_retries_is_asked_no_more_than_the_retries(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
@@ -223,7 +223,7 @@ def _settle(server: FakeOpenAIServer) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+@XDIST
 def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from browser import Browser, chromium
 from fakeserver import FakeOpenAIServer, Script
+from helpers import XDIST
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -489,7 +490,7 @@ def test_full_split_page_opens_and_filters(tmp_path: Path, browser: Browser) -> 
     )
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+@XDIST
 def test_the_page_is_written_when_the_gate_fails_and_when_the_endpoint_dies(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

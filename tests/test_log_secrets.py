@@ -5,14 +5,13 @@ section or JUnit XML, with and without ``-n 2``."""
 
 from __future__ import annotations
 
-import base64
 import logging
 import sys
 from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output
+from helpers import URL_BASIC, URL_PASSWORD, XDIST, output, server_behind_a_password
 
 from conftest import TEST_KEY
 from pytest_gsm8k.core.scrub import REDACTED, Scrubber
@@ -58,14 +57,10 @@ def test_library_logs_at_debug_are_scrubbed_of_an_echoed_key(
 def test_url_credentials_are_scrubbed_from_library_logs(
     pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    password = "hunter2-PASSWORD-42"
-    with FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model") as srv:
-        srv.set_script(Script(echo_auth=True))
+    with server_behind_a_password(gsm8k_data, monkeypatch, Script(echo_auth=True)) as (srv, url):
         result = pytester.runpytest(
             "--gsm8k-model=fake-model",
-            f"--gsm8k-base-url=http://alice:{password}@127.0.0.1:{srv.port}/v1",
+            f"--gsm8k-base-url={url}",
             "-p",
             "no:randomly",
             "--gsm8k-limit=4",
@@ -78,9 +73,8 @@ def test_url_credentials_are_scrubbed_from_library_logs(
         echoed = srv.stats()["auth_headers"]
     text = output(result)
     assert echoed and "HTTP Request" in text
-    basic = base64.b64encode(f"alice:{password}".encode()).decode()
-    assert basic in echoed[0]  # the server saw the credentials (and echoed them back)
-    assert password not in text and basic not in text
+    assert URL_BASIC in echoed[0]  # the server saw the credentials (and echoed them back)
+    assert URL_PASSWORD not in text and URL_BASIC not in text
 
 
 def test_scrub_record_cleans_message_arguments_and_traceback() -> None:

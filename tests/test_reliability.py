@@ -23,7 +23,15 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
-from helpers import XDIST, output, report, sent
+from helpers import (
+    URL_BASIC,
+    URL_PASSWORD,
+    XDIST,
+    output,
+    report,
+    sent,
+    server_behind_a_password,
+)
 
 from conftest import TEST_KEY
 from pytest_gsm8k.core import baseline as bl
@@ -258,14 +266,8 @@ def test_an_echoed_api_key_is_never_printed_or_written(
 def test_url_credentials_are_never_printed_or_written(
     pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    password = "hunter2-PASSWORD-42"
-    with FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model") as srv:
-        srv.set_script(
-            Script(echo_auth=True, behaviours={i: "error500" for i in range(0, 1319, 3)})
-        )
-        url = f"http://alice:{password}@127.0.0.1:{srv.port}/v1"
+    script = Script(echo_auth=True, behaviours={i: "error500" for i in range(0, 1319, 3)})
+    with server_behind_a_password(gsm8k_data, monkeypatch, script) as (srv, url):
         result = pytester.runpytest(
             "--gsm8k-model=fake-model",
             f"--gsm8k-base-url={url}",
@@ -280,12 +282,10 @@ def test_url_credentials_are_never_printed_or_written(
         echoed = srv.stats()["auth_headers"]
     text = output(result)
     assert echoed  # what the server saw (and echoed back)
-    assert password not in text and f"alice:{password}" not in text
+    assert URL_PASSWORD not in text and f"alice:{URL_PASSWORD}" not in text
     files = _all_text_under(pytester.path)
-    assert password not in files
-    import base64
-
-    assert base64.b64encode(f"alice:{password}".encode()).decode() not in text + files
+    assert URL_PASSWORD not in files
+    assert URL_BASIC not in text + files
     counts = report(pytester)["counts"]
     assert counts["error"] and counts["error"] + counts["correct"] == 12
 

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import XDIST
 
 from pytest_gsm8k.core.settings import SettingsError, parse_params
 
@@ -141,7 +142,7 @@ def test_params_parse_as_json_or_text_and_owned_fields_are_refused() -> None:
             parse_params([item])
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+@XDIST
 def test_serve_starts_the_server_sends_the_params_and_stops_it(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
 ) -> None:
@@ -285,7 +286,7 @@ def test_a_command_without_port_is_refused(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["ERROR: gsm8k: --gsm8k-serve: the command line has no {port}*"])
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+@XDIST
 def test_a_server_dying_mid_run_stops_the_run_with_one_message(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
 ) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import output, sent
+from helpers import XDIST, output, sent
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
@@ -44,7 +44,7 @@ def gsm8k_model():
 """
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+@XDIST
 @pytest.mark.parametrize("scope", ["function", "module", "session"])
 def test_a_model_of_any_scope_is_called_once_per_item(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, scope: str, xdist: list[str]
