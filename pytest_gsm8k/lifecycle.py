@@ -156,10 +156,9 @@ def defines_fixture(holder: object, names: tuple[str, ...] = OVERRIDABLE) -> boo
     """Whether ``holder`` (a conftest or plugin module, a test module or class) defines
     one of the fixtures ``names`` other than the plugin's own: a conftest that merely
     imports ``pytest_gsm8k.fixtures.gsm8k_model`` overrides nothing."""
-    ours = {"gsm8k_model": fixtures.gsm8k_model, "gsm8k_protocol": fixtures.gsm8k_protocol}
     for name in names:
         value = getattr(holder, name, None)
-        if value is not None and value is not ours.get(name):
+        if value is not None and value is not getattr(fixtures, name, None):
             return True
     return False
 

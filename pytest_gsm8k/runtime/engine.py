@@ -604,10 +604,10 @@ class Engine:
         finally:
             job.watched = False
         if not job.future.done() and self.aborted is None:
-            job.state = PLANNED  # a worker fetches it (mostly: reads the entry) next
-            if self.stopped is not None:  # ... unless the run stopped: nothing is fetched now
+            if self.stopped is not None:  # the run stopped meanwhile: nothing is fetched now
                 _resolve(job.future, error=NotRun(self.stopped))
                 return
+            job.state = PLANNED  # a worker fetches it (mostly: reads the entry) next
             self._priority.appendleft(job)
             self._kick()
 
