@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
+from pytest_gsm8k.core.gates import MaxDrop, McNemar
 from pytest_gsm8k.core.scrub import md_code, md_text
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.summary import Summary
@@ -97,21 +98,13 @@ def apply_baseline(
             else ""
         )
         summary.notes.append(f"  newly failing: {shown}{more}")
-    drop = cmp.baseline_acc - cmp.current_acc
     if settings.alpha is not None:
-        passed = cmp.p_value >= settings.alpha
-        detail = (
-            f"McNemar p={cmp.p_value:.4g} {'>=' if passed else '<'} --gsm8k-alpha "
-            f"{settings.alpha:g} ({len(cmp.newly_failing)} newly failing)"
+        summary.set_gate(
+            McNemar(settings.alpha).verdict(len(cmp.newly_failing), len(cmp.newly_passing))
         )
     else:
-        passed = drop <= settings.max_drop + 1e-12
-        detail = (
-            f"accuracy {cmp.current_acc:.4f} vs baseline {cmp.baseline_acc:.4f}: drop "
-            f"{max(drop, 0.0):.4f} {'<=' if passed else '>'} --gsm8k-max-drop "
-            f"{settings.max_drop:g}"
-        )
-    summary.add_gate("baseline", passed, detail)
+        rule = MaxDrop(settings.max_drop)
+        summary.set_gate(rule.verdict(cmp.baseline_correct, cmp.current_correct, cmp.shared))
 
 
 def markdown(summary: Summary, questions: dict[str, str], html: str | None = None) -> str:
@@ -131,7 +124,7 @@ def markdown(summary: Summary, questions: dict[str, str], html: str | None = Non
         for gate in summary.gates:
             detail = md_text(gate.detail)
             name = md_text(gate.name)
-            lines.append(f"| {name} | {'PASS' if gate.passed else 'FAIL'} | {detail} |")
+            lines.append(f"| {name} | {gate.word} | {detail} |")
         lines.append("")
     base: Any = summary.extra.get("baseline") or {}
     failing = base.get("newly_failing") or []

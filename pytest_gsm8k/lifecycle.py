@@ -15,6 +15,7 @@ import pytest
 
 from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.gates import GateVerdict
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
@@ -122,14 +123,13 @@ def _early_baseline_verdict(state: State) -> None:
     if early is None or early.decision is None or state.early_stopped is None or not summary:
         return
     verdict = early.decision.verdicts.get("baseline")
-    for gate in summary.gates:
-        if gate.name == "baseline":
-            if verdict is None:
-                gate.passed = True
-                gate.detail = "undecided: the run stopped early on another gate's FAIL"
-            else:
-                gate.passed = verdict == "PASS"
-                gate.detail = early.headline()
+    if not any(gate.name == "baseline" for gate in summary.gates):
+        return
+    if verdict is None:
+        detail = "undecided: the run stopped early on another gate's FAIL"
+    else:
+        detail = early.headline()
+    summary.set_gate(GateVerdict("baseline", "early-stop", verdict != "FAIL", detail))
 
 
 def write_html(state: State, report: dict[str, Any]) -> None:

@@ -28,7 +28,14 @@ import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.settings import OPTIONS, Option, SettingsError, build_settings, convert_bool
+from pytest_gsm8k.core.settings import (
+    OPTIONS,
+    Option,
+    SettingsError,
+    build_settings,
+    convert_bool,
+    is_local_spec,
+)
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from here
     GSM8KOutcome,
@@ -125,7 +132,22 @@ class StatePlugin:
         self.config = state.config
         self.session: pytest.Session | None = None
         self._early_tried = False
+        self._active = False
         self.warnings: list[str] = []  # cache warnings no test issued (xdist controller)
+
+    def activate(self) -> None:
+        """What a GSM8K run changes in the process, done once and only for a run that has
+        GSM8K work (an option asks for a model, or a gsm8k item was collected): like
+        xdist without ``-n``, the installed plugin leaves every other session alone.
+        Scrubbing the HTTP libraries' log records of the key; SIGTERM ending the run like
+        Ctrl-C (main process only)."""
+        if self._active:
+            return
+        self._active = True
+        config = self.config
+        config.add_cleanup(scrub_library_logs(self.state.scrubber()))
+        if not self.state.is_worker:
+            _end_on_sigterm(config)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -138,12 +160,14 @@ class StatePlugin:
         state = self.state
         self.session = session
         settings = state.settings
+        if settings.model or settings.serve:
+            self.activate()
         if state.is_worker or not (settings.model or settings.serve):
             return
         check_data(state)
         if settings.serve:
             start_serve(state)
-        elif str(settings.model).startswith("local"):
+        elif is_local_spec(settings.model):
             start_local(state)
         overridden = model_overridden(session.config)
         if not overridden:
@@ -160,7 +184,6 @@ class StatePlugin:
         """xdist controller: hand the run's identity and the answer server to each worker."""
         state = self.state
         node.workerinput["gsm8k_run_id"] = state.run_id
-        node.workerinput["gsm8k_run_dir"] = str(state.run_dir)
         node.workerinput["gsm8k_base_url"] = state.base_url
         node.workerinput["gsm8k_model"] = state.model_name
         if state.answer_server is not None:
@@ -208,6 +231,8 @@ class StatePlugin:
                 planned.append(problem)
         self.state.planned = planned
         self.state.planned_ids = {p.id for p in planned}
+        if planned:
+            self.activate()
         start_early(self.state, session)
 
     @pytest.hookimpl(optionalhook=True)
@@ -239,6 +264,7 @@ class StatePlugin:
             return
         record = getattr(report, "gsm8k", None)
         if isinstance(record, dict):
+            self.activate()  # an xdist controller learns of GSM8K work from the first record
             fresh = str(record["id"]) not in self.state.records
             self.state.records.setdefault(str(record["id"]), record)
             if self.state.answer_server is not None:
@@ -287,7 +313,7 @@ class StatePlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         """After all items, on the controller: summary, gates, report (also when interrupted)."""
-        if self.state.settings.model or self.state.settings.serve or self.state.planned:
+        if self._active:
             # What is alive now (modules, the collected items) lives to the end: take it out
             # of the collector's way, so the run's collections and pytest's five full ones at
             # the end walk only what the run made (about 0.5 s per process on 1,319 items).
@@ -344,9 +370,10 @@ class StatePlugin:
         if summary is None:
             return
         terminalreporter.write_sep("=", "gsm8k")
-        for index, line in enumerate(summary.lines()):
-            failed_gate = line.startswith("  gate ") and ": FAIL:" in line
-            terminalreporter.write_line(line, bold=index == 0, red=failed_gate)
+        for line, kind in summary.styled_lines():
+            terminalreporter.write_line(
+                line, bold=kind == "headline", red=kind == "fail", green=kind == "pass"
+            )
         if self.state.aborted:
             terminalreporter.write_line(
                 f"gsm8k: run stopped: {printable(self.state.aborted)}", red=True
@@ -393,14 +420,12 @@ def pytest_configure(config: pytest.Config) -> None:
             config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
     state = State(config, settings)
     config.pluginmanager.register(StatePlugin(state), STATE_NAME)
-    config.add_cleanup(scrub_library_logs(state.scrubber()))
     # Registered before the builtin unraisableexception plugin's cleanup, so it runs after
-    # that one's gc passes (see pytest_runtestloop); harmless if nothing was frozen. An
-    # xdist worker's process ends right after: leaving its objects frozen spares the
+    # that one's gc passes (see pytest_runtestloop); it does nothing if nothing was frozen.
+    # An xdist worker's process ends right after: leaving its objects frozen spares the
     # interpreter's final collection too, which the controller waits for.
     if not hasattr(config, "workerinput"):
         config.add_cleanup(_unfreeze_until_exit)
-        _end_on_sigterm(config)
 
 
 _freeze_at_exit = False

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
+from pytest_gsm8k.core.gates import GateVerdict
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.scrub import Scrubber
 from pytest_gsm8k.core.settings import Settings
@@ -129,18 +130,28 @@ class State:
         self.early: EarlyStop | None = None
         self.early_stopped: str | None = None
         self.started = time.time()
+        self._run_dir: Path | None = None
         if self.workerinput is not None:
             self.run_id = str(self.workerinput["gsm8k_run_id"])
-            self.run_dir = Path(self.workerinput["gsm8k_run_dir"])
             self.base_url = self.workerinput.get("gsm8k_base_url") or self.base_url
             self.model_name = self.workerinput.get("gsm8k_model") or self.model_name
             self.workers = int(self.workerinput.get("workercount", 1))
         else:
-            self.run_id = uuid.uuid4().hex[:12]
-            self.run_dir = Path(tempfile.mkdtemp(prefix="gsm8k-run-"))
+            self.run_id = uuid.uuid4().hex
             self.workers = 1
         self._caches: dict[bool, ResponseCache] = {}
         self._default_client: OpenAIClient | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's private folder (the per-run cache, the stop file), shared by the xdist
+        workers through the run id; made on first use only, so a session without GSM8K
+        items leaves no trace."""
+        if self._run_dir is None:
+            path = run_dir_for(self.run_id)
+            path.mkdir(mode=0o700, exist_ok=True)
+            self._run_dir = path
+        return self._run_dir
 
     # data and protocol, loaded lazily: a suite that never asks costs nothing
 
@@ -383,7 +394,7 @@ class State:
         if not self.is_worker:
             for cache in self._caches.values():
                 cache.close()
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            shutil.rmtree(run_dir_for(self.run_id), ignore_errors=True)
             if self.local_server is not None:
                 self.local_server.stop()
                 self.local_server = None
@@ -454,10 +465,23 @@ class State:
             if early.decision is not None and self.early_stopped is not None:
                 decided = early.decision.verdicts.get("min-acc")
         if early is not None and decided is not None:
-            summary.add_gate("min-acc", decided == "PASS", early.headline())
+            summary.set_gate(
+                GateVerdict(
+                    "min-acc",
+                    "early-stop",
+                    decided == "PASS",
+                    early.headline(),
+                    threshold=self.settings.min_acc,
+                )
+            )
         elif self.settings.min_acc is not None:
             summary.gate_min_acc(self.settings.min_acc)
         return summary
+
+
+def run_dir_for(run_id: str) -> Path:
+    """Where the run with this id keeps its private files (not created here)."""
+    return Path(tempfile.gettempdir()) / f"gsm8k-run-{run_id}"
 
 
 def _most_common(records: dict[str, dict[str, Any]], key: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Early stopping (issue 13): exact bounds, the WoR capital process, validity by enumeration."""
+"""Early stopping: exact bounds, the WoR capital process, validity by enumeration."""
 
 from __future__ import annotations
 
@@ -9,14 +9,9 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_gsm8k.core.early_stop import (
-    EarlyStop,
-    _WorTest,
-    max_drop_count,
-    mcnemar_p,
-    min_acc_count,
-    run_order,
-)
+from pytest_gsm8k.core.early_stop import EarlyStop, _WorTest, run_order
+from pytest_gsm8k.core.gates import max_drop_count, min_acc_count
+from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 IDS10 = [f"p{i}" for i in range(10)]
 
@@ -60,13 +55,13 @@ def test_max_drop_count_hand_values():
         assert x == 51 or b / 50 - x / 50 <= 0.02 + 1e-12
 
 
-def test_mcnemar_p_matches_stats():
-    from pytest_gsm8k.core.stats import mcnemar_one_sided
-
+def test_mcnemar_p_is_the_exact_binomial_tail():
     for f in range(0, 40):
         for g in range(0, 40, 3):
-            assert mcnemar_p(f, g) == mcnemar_one_sided(f, g)
-    assert mcnemar_p(3, 0) == 0.125
+            m = f + g
+            exact = sum(Fraction(math.comb(m, i), 2**m) for i in range(f, m + 1)) if m else 1
+            assert mcnemar_one_sided(f, g) == float(exact)
+    assert mcnemar_one_sided(3, 0) == 0.125
 
 
 # -- run order ---------------------------------------------------------------------------------

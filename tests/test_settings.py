@@ -94,3 +94,25 @@ def test_key_and_base_url_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     assert settings(base_url="http://opt:2/v1").resolved_base_url() == "http://opt:2/v1"
     monkeypatch.delenv("MY_KEY")
     assert s.api_key() is None
+
+
+@pytest.mark.parametrize(
+    ("model", "local"),
+    [
+        ("local", True),
+        ("local:/models/x.gguf", True),
+        ("local-model", False),  # LM Studio's usual id: a model id like any other
+        ("localhost-llama", False),
+        ("Local", False),
+        (None, False),
+    ],
+)
+def test_one_rule_says_what_the_local_preset_is(model: str | None, local: bool) -> None:
+    from pytest_gsm8k.core.settings import LOCAL_DEFAULTS, is_local_spec
+
+    assert is_local_spec(model) is local
+    s = settings(model=model)
+    preset = (s.api, s.shots, s.max_tokens) == tuple(
+        LOCAL_DEFAULTS[k] for k in ("api", "shots", "max_tokens")
+    )
+    assert preset is local

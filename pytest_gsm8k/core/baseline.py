@@ -147,6 +147,8 @@ class Comparison:
     high: float = 0.0
     subset: bool = False  # compared on fewer ids than the baseline holds
     baseline_n: int = 0
+    baseline_correct: int = 0  # over the shared ids
+    current_correct: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -202,4 +204,6 @@ def compare(baseline: dict[str, Any], records: list[dict[str, Any]]) -> Comparis
         high=high,
         subset=shared < len(base),
         baseline_n=len(base),
+        baseline_correct=base_correct,
+        current_correct=now_correct,
     )

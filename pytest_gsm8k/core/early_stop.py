@@ -1,4 +1,4 @@
-"""Early stopping for the release gates (issue 13). Pure: no I/O, no pytest, stdlib only.
+"""Early stopping for the release gates. Pure: no I/O, no pytest, stdlib only.
 
 A gate's verdict is often fixed long before the last of the N problems has an
 answer. This module decides, after each outcome, whether the run may stop,
@@ -24,9 +24,6 @@ in one of two modes:
 Public API::
 
     run_order(ids: Sequence[str], seed: int) -> list[str]
-    min_acc_count(min_acc: float, n: int) -> int
-    max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int
-    mcnemar_p(newly_failing: int, newly_passing: int) -> float
 
     Decision(after: int, verdicts: dict[str, Verdict | None], how: dict[str, str])
     EarlyStop(ids, *, mode, seed=0, alpha=0.05, min_acc=None, baseline=None,
@@ -56,49 +53,36 @@ is part of the protocol's identity: ``run_order`` derives it from SHA-256 of
 the seed and each id, not from :mod:`random`, so it is the same on every
 Python version and machine.
 
-Gate semantics (as :mod:`pytest_gsm8k.core.summary` and :mod:`pytest_gsm8k.gates`
-decide after a full run; reproduced here with the same float comparisons, then
-turned into integer thresholds so that every later comparison is exact):
+Gate semantics: the rules are :mod:`pytest_gsm8k.core.gates`' (one place), as
+integer thresholds on a count, so every comparison here is exact:
 
-* min-acc: PASS iff ``correct / N >= min_acc``. ``min_acc_count`` gives the
-  smallest passing count ``c*``.
-* baseline, max-drop mode: over the M problem ids shared with the baseline,
-  PASS iff ``B/M - X/M <= max_drop + 1e-12`` (B, X: baseline and current
-  correct counts). ``max_drop_count`` gives the smallest passing ``x*``, so
-  the gate is a count threshold on X, the current run's correct answers
-  among the shared problems.
-* baseline, McNemar mode (``--gsm8k-alpha``): PASS iff the exact one-sided
-  McNemar p-value is ``>= alpha``. Only ``certain`` bounds apply to it (in
-  both modes): the p-value falls with more newly failing and rises with more
-  newly passing problems, so its extreme values over the unknowns are exact.
-  No sequential test: its verdict is not a threshold on one population mean.
+* min-acc: PASS iff X >= ``MinAcc.need(N)``, X the correct answers over all N.
+* baseline, max-drop: PASS iff X >= ``MaxDrop.need(B, M)``, X the current
+  run's correct answers over the M problems shared with the baseline (B its
+  correct ones there).
+* baseline, McNemar (``--gsm8k-alpha``): only certain bounds apply (in both
+  modes; ``McNemar.certain``). No sequential test: its verdict is not a
+  threshold on one population mean.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Literal
+
+from pytest_gsm8k.core.gates import MaxDrop, McNemar, MinAcc, Verdict, count_certain
 
 __all__ = [
     "Decision",
     "EarlyStop",
     "Mode",
     "Verdict",
-    "max_drop_count",
-    "mcnemar_p",
-    "min_acc_count",
     "run_order",
 ]
 
 Mode = Literal["certain", "sequential"]
-Verdict = Literal["PASS", "FAIL"]
-
-#: tolerance of the baseline gate's comparison, as in gates.apply_baseline
-DROP_TOLERANCE = 1e-12
 
 # The betting mixture (see _WorTest). Offsets delta of the alternative mean from
 # the null mean, in units of the gate's quantity (accuracy, or accuracy drop),
@@ -137,71 +121,6 @@ def run_order(ids: Sequence[str], seed: int) -> list[str]:
         return hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid
 
     return sorted(ids, key=key)
-
-
-def min_acc_count(min_acc: float, n: int) -> int:
-    """Smallest correct count ``c`` in ``0..n+1`` with ``c / n >= min_acc`` (the gate's float test).
-
-    ``n + 1`` means no count passes (min_acc above 1). The estimate
-    ``ceil(min_acc * n)`` is computed exactly with :class:`fractions.Fraction`
-    (no ``0.85 * 1319`` rounding), then nudged so the result agrees with the
-    very comparison the full-run gate makes (``correct / n >= min_acc`` in
-    floats; ``c / n`` is correctly rounded, hence nondecreasing in ``c``).
-    """
-    if n < 1:
-        raise ValueError(f"need n >= 1, got {n}")
-    count = max(0, min(n + 1, math.ceil(Fraction(min_acc) * n)))
-    while count > 0 and (count - 1) / n >= min_acc:
-        count -= 1
-    while count <= n and count / n < min_acc:
-        count += 1
-    return count
-
-
-def max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int:
-    """Smallest current correct count ``x`` in ``0..shared+1`` that passes the max-drop gate.
-
-    The gate passes when ``B/M - x/M <= max_drop + 1e-12`` in floats
-    (gates.apply_baseline); the left side is nonincreasing in ``x`` (each
-    operation is correctly rounded, hence monotone), so the passing counts
-    are ``x >= x*``.
-    """
-    if shared < 1 or not 0 <= baseline_correct <= shared:
-        raise ValueError(
-            f"need 0 <= baseline_correct <= shared >= 1, got {baseline_correct}, {shared}"
-        )
-    limit = max_drop + DROP_TOLERANCE
-    base = baseline_correct / shared
-
-    def passes(x: int) -> bool:
-        return base - x / shared <= limit
-
-    x = max(0, min(shared + 1, math.ceil(Fraction(baseline_correct) - Fraction(max_drop) * shared)))
-    while x > 0 and passes(x - 1):
-        x -= 1
-    while x <= shared and not passes(x):
-        x += 1
-    return x
-
-
-def mcnemar_p(newly_failing: int, newly_passing: int) -> float:
-    """Exact one-sided McNemar p-value ``P(Bin(f+g, 1/2) >= f)``, as stats.mcnemar_one_sided.
-
-    Integer tail sum divided once (Python's int/int division is correctly
-    rounded); the terms come from the recurrence ``C(m, i+1) = C(m, i) (m-i)
-    / (i+1)`` so a call costs O(m) small-integer steps.
-    """
-    if newly_failing < 0 or newly_passing < 0:
-        raise ValueError("counts must be non-negative")
-    m = newly_failing + newly_passing
-    if m == 0:
-        return 1.0
-    term = math.comb(m, newly_failing)
-    tail = 0
-    for i in range(newly_failing, m + 1):
-        tail += term
-        term = term * (m - i) // (i + 1)
-    return tail / (1 << m)
 
 
 # -- the sequential test -----------------------------------------------------------------------
@@ -416,11 +335,7 @@ class _CountGate:
         return self.baseline[pid] - int(correct) + 1 if self.paired else int(correct)
 
     def certain(self) -> Verdict | None:
-        if self.correct >= self.need:
-            return "PASS"
-        if self.correct + self.size - self.seen < self.need:
-            return "FAIL"
-        return None
+        return count_certain(self.correct, self.seen, self.size, self.need)
 
     def add(self, value: int, correct: bool) -> Verdict | None:
         """Count one outcome; the verdict if certain or (with tests) sequentially decided."""
@@ -497,23 +412,23 @@ class _CountGate:
 
 @dataclass
 class _McNemarGate:
-    """The baseline gate in McNemar mode: certain bounds only (see the module docstring).
+    """The baseline gate in McNemar mode: the running counts for ``McNemar.certain``.
 
-    ``p(f, g)`` falls as f (newly failing) grows and rises as g (newly
-    passing) grows, so over the unknown outcomes the p-value ranges from
-    ``p(f + U1, g)`` (every unseen baseline-correct problem now fails) to
-    ``p(f, g + U0)`` (every unseen baseline-wrong problem now passes); U1, U0
-    count the unseen shared problems the baseline got right / wrong.
+    U1, U0 (``unseen_right``, ``unseen_wrong``) count the unseen shared problems
+    the baseline got right / wrong.
     """
 
-    name: str
-    alpha: float
+    rule: McNemar
     baseline: dict[str, int]
     unseen_right: int = 0
     unseen_wrong: int = 0
     failing: int = 0
     passing: int = 0
     seen: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.rule.alpha
 
     def add(self, pid: str, correct: bool) -> Verdict | None:
         self.seen += 1
@@ -526,17 +441,10 @@ class _McNemarGate:
         return self.certain()
 
     def certain(self) -> Verdict | None:
-        if mcnemar_p(self.failing, self.passing + self.unseen_wrong) < self.alpha:
-            return "FAIL"
-        if mcnemar_p(self.failing + self.unseen_right, self.passing) >= self.alpha:
-            return "PASS"
-        return None
+        return self.rule.certain(self.failing, self.passing, self.unseen_right, self.unseen_wrong)
 
     def p_range(self) -> tuple[float, float]:
-        return (
-            mcnemar_p(self.failing + self.unseen_right, self.passing),
-            mcnemar_p(self.failing, self.passing + self.unseen_wrong),
-        )
+        return self.rule.p_range(self.failing, self.passing, self.unseen_right, self.unseen_wrong)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -634,7 +542,7 @@ class EarlyStop:
             self._min_acc = _CountGate(
                 "min-acc",
                 self.n_total,
-                min_acc_count(min_acc, self.n_total),
+                MinAcc(min_acc).need(self.n_total),
                 self.gate_alpha,
                 paired=False,
             )
@@ -647,7 +555,7 @@ class EarlyStop:
                 self._base = _CountGate(
                     "baseline",
                     len(shared),
-                    max_drop_count(b_total, len(shared), max_drop),
+                    MaxDrop(max_drop).need(b_total, len(shared)),
                     self.gate_alpha,
                     paired=True,
                     baseline=shared,
@@ -657,8 +565,7 @@ class EarlyStop:
                     self._base.start_tests()
             else:
                 self._mcnemar = _McNemarGate(
-                    "baseline",
-                    mcnemar_alpha,
+                    McNemar(mcnemar_alpha),
                     shared,
                     unseen_right=b_total,
                     unseen_wrong=len(shared) - b_total,

@@ -13,8 +13,8 @@ Inputs (what the plugin passes to :func:`render_html`):
   ``endpoint``, ``dataset``, ``subset``, ``tokens``, ``from_cache``, ``gates``, ``baseline``,
   ``problems``; optional, read when present: ``interrupted``, ``early_stop`` (``mode``,
   ``alpha``, ``decided_after``, ``verdicts``, ``interval``/``bounds``, shown as given),
-  ``min_acc`` (else parsed from the ``min-acc`` gate's detail), ``started_at``,
-  ``finished_at``, ``duration_s``.
+  ``started_at``, ``finished_at``, ``duration_s``. The min-acc mark on the axis is the
+  ``min-acc`` gate's ``threshold`` field.
 - ``problems``: problem id -> :class:`ProblemText` (question and worked solution), which the
   JSON report does not hold; build it with :func:`problem_texts` from the loaded split.
   Fallback: a record's own ``question``/``solution`` fields, if the report ever carries them.
@@ -417,12 +417,12 @@ def _value(v: Any) -> str:
 
 
 def _min_acc(report: Mapping[str, Any]) -> float | None:
-    if isinstance(report.get("min_acc"), int | float):
-        return float(report["min_acc"])
+    """The min-acc gate's threshold, from its field (the rule states it; nothing is parsed)."""
     for gate in report.get("gates") or []:
-        found = re.search(r"--gsm8k-min-acc ([0-9.]+)", str(gate.get("detail", "")))
-        if gate.get("name") == "min-acc" and found:
-            return float(found.group(1))
+        if isinstance(gate, Mapping) and gate.get("name") == "min-acc":
+            threshold = gate.get("threshold")
+            if isinstance(threshold, int | float) and not isinstance(threshold, bool):
+                return float(threshold)
     return None
 
 

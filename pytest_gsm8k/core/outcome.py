@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any
 
 from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.records import OUTCOMES, Outcome, ProblemRecord, SampleRecord
 from pytest_gsm8k.core.scoring import (
     RULES,
     SampleScore,
@@ -26,7 +26,7 @@ from pytest_gsm8k.core.scoring import (
 )
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 
-OUTCOMES = ("correct", "wrong", "unparsed", "truncated", "error")
+__all__ = ["OUTCOMES", "error_record", "score_response"]
 
 
 def _decide(
@@ -108,7 +108,7 @@ def score_response(
     response: ModelResponse,
     protocol: Protocol,
     pattern: re.Pattern[str] | None = None,
-) -> dict[str, Any]:
+) -> ProblemRecord:
     """Score every sample with every rule, then decide the problem's outcome."""
     scores = [score_text(c.text, problem.gold, pattern) for c in response.completions]
     gated = protocol.extractor
@@ -118,6 +118,7 @@ def score_response(
     truncated = [
         c.finish_reason == "length" or cut_while_reasoning(c) for c in response.completions
     ]
+    outcome: Outcome
     if correct:
         outcome = "correct"
     elif protocol.samples == 1 and any(truncated):
@@ -148,7 +149,7 @@ def score_response(
     notes = []
     if any(not c.text.strip() and c.reasoning for c in response.completions):
         notes.append("empty content; the answer was only in reasoning_content")
-    samples = [
+    samples: list[SampleRecord] = [
         {
             "text": c.text,
             "finish_reason": c.finish_reason,
@@ -159,7 +160,7 @@ def score_response(
         }
         for c, s, cut in zip(response.completions, scores, truncated, strict=True)
     ]
-    record: dict[str, Any] = {
+    record: ProblemRecord = {
         "index": problem.index,
         "id": problem.id,
         "gold": format_number(problem.gold),
@@ -185,7 +186,7 @@ def score_response(
     return record
 
 
-def error_record(problem: Problem, message: str) -> dict[str, Any]:
+def error_record(problem: Problem, message: str) -> ProblemRecord:
     """The record of a problem whose request failed."""
     return {
         "index": problem.index,

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
+from typing import overload
 
 __all__ = [
     "RULES",
@@ -398,6 +399,14 @@ def score_text(text: str, gold: Decimal, pattern: re.Pattern[str] | None = None)
     extracted = {rule: _extract_stripped(visible, rule, pattern) for rule in RULES}
     correct = {rule: numbers_equal(value, gold) for rule, value in extracted.items()}
     return SampleScore(extracted=extracted, correct=correct)
+
+
+@overload
+def format_number(d: Decimal) -> str: ...
+
+
+@overload
+def format_number(d: Decimal | None) -> str | None: ...
 
 
 def format_number(d: Decimal | None) -> str | None:

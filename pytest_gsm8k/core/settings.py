@@ -213,6 +213,15 @@ MAX_CONCURRENCY = 4096
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
+def is_local_spec(model: object) -> bool:
+    """Whether ``--gsm8k-model`` names the local preset: exactly ``local`` or ``local:PATH``.
+
+    A model id that merely starts with "local" (LM Studio's ``local-model``) is a
+    model id like any other.
+    """
+    return isinstance(model, str) and (model == "local" or model.startswith("local:"))
+
+
 def convert_bool(raw: Any) -> bool:
     """The words pytest's own bool ini type accepts; ValueError otherwise."""
     if isinstance(raw, bool):
@@ -393,7 +402,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     preset = values["preset"]
     if preset is not None:
         _apply_preset(str(preset), values, given)
-    elif str(values["model"] or "").startswith("local"):
+    elif is_local_spec(values["model"]):
         # A base model does not follow chat instructions: few-shot completions with stops.
         for key, value in LOCAL_DEFAULTS.items():
             if key not in given:

@@ -115,7 +115,12 @@ def mcnemar_one_sided(newly_failing: int, newly_passing: int) -> float:
     m = newly_failing + newly_passing
     if m == 0:
         return 1.0
-    tail = sum(math.comb(m, i) for i in range(newly_failing, m + 1))
+    # C(m, i+1) = C(m, i) (m-i) / (i+1): O(m) small-integer steps for the whole tail
+    term = math.comb(m, newly_failing)
+    tail = 0
+    for i in range(newly_failing, m + 1):
+        tail += term
+        term = term * (m - i) // (i + 1)
     return tail / (1 << m)
 
 

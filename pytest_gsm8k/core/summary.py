@@ -11,19 +11,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_gsm8k.core.outcome import OUTCOMES
+from pytest_gsm8k.core.gates import GateVerdict, MinAcc
+from pytest_gsm8k.core.records import (
+    OUTCOMES,
+    REPORT_SCHEMA,
+    GateRecord,
+    ProblemRecord,
+    Report,
+    ReportExtras,
+)
 from pytest_gsm8k.core.scoring import RULES
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.stats import pass_at_k, wilson_interval
 
-REPORT_SCHEMA = 1
-
-
-@dataclass
-class Gate:
-    name: str
-    passed: bool
-    detail: str
+__all__ = ["REPORT_SCHEMA", "Summary"]
 
 
 @dataclass
@@ -34,14 +35,14 @@ class Summary:
     subset: dict[str, Any]
     model: str
     endpoint: str
-    records: list[dict[str, Any]]
+    records: list[ProblemRecord]
     expected: int
-    gates: list[Gate] = field(default_factory=list)
+    gates: list[GateVerdict] = field(default_factory=list)
     interrupted: bool = False
     #: extra terminal lines (baseline comparison), printed before the gates
     notes: list[str] = field(default_factory=list)
-    #: extra top-level JSON report fields (baseline comparison)
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: top-level JSON report fields some runs have (baseline comparison, server, times)
+    extra: ReportExtras = field(default_factory=lambda: ReportExtras())
 
     # -- derived numbers -----------------------------------------------------
 
@@ -122,20 +123,20 @@ class Summary:
     def has_errors(self) -> bool:
         return self.counts()["error"] > 0
 
-    def add_gate(self, name: str, passed: bool, detail: str) -> Gate:
-        gate = Gate(name, passed, detail)
-        self.gates.append(gate)
-        return gate
+    def add_gate(
+        self, name: str, passed: bool, detail: str, rule: str | None = None
+    ) -> GateVerdict:
+        """A verdict that compares no numbers (a refusal, a baseline that could not be used)."""
+        return self.set_gate(GateVerdict(name, rule or name, passed, detail))
 
-    def gate_min_acc(self, min_acc: float) -> Gate:
-        passed = self.accuracy >= min_acc
-        detail = (
-            f"accuracy {self.accuracy:.4f} ({self.label}, n={self.n}) "
-            f"{'>=' if passed else 'is below'} --gsm8k-min-acc {min_acc:g}"
-        )
-        gate = Gate("min-acc", passed, detail)
-        self.gates.append(gate)
-        return gate
+    def set_gate(self, verdict: GateVerdict) -> GateVerdict:
+        """Add ``verdict``, replacing an earlier one of the same gate."""
+        self.gates = [g for g in self.gates if g.name != verdict.name]
+        self.gates.append(verdict)
+        return verdict
+
+    def gate_min_acc(self, min_acc: float) -> GateVerdict:
+        return self.set_gate(MinAcc(min_acc).verdict(self.correct, self.n, self.label))
 
     @property
     def failed(self) -> bool:
@@ -155,6 +156,10 @@ class Summary:
 
     def lines(self) -> list[str]:
         """The terminal block: headline first, then the context a reader needs."""
+        return [text for text, _ in self.styled_lines()]
+
+    def styled_lines(self) -> list[tuple[str, str]]:
+        """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``."""
         counts = self.counts()
         rules = self.rule_accuracy()
         out = [self.headline()]
@@ -211,13 +216,17 @@ class Summary:
                 + (" (run interrupted)" if self.interrupted else "")
             )
         out.extend(self.notes)
-        for gate in self.gates:
-            out.append(f"  gate {gate.name}: {'PASS' if gate.passed else 'FAIL'}: {gate.detail}")
         # model names, endpoints and messages come from outside: no escapes reach a terminal
-        return [out[0], *("  " + printable(line[2:]) for line in out[1:])]
+        styled = [(out[0], "headline")]
+        styled += [("  " + printable(line[2:]), "info") for line in out[1:]]
+        for gate in self.gates:
+            line = f"  gate {gate.name}: {gate.word}: {printable(gate.detail)}"
+            styled.append((line, "pass" if gate.passed else "fail"))
+        return styled
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Report:
         records = sorted(self.records, key=lambda r: int(r["index"]))
+        gates: list[GateRecord] = [g.to_json() for g in self.gates]
         return {
             "schema": REPORT_SCHEMA,
             "headline": self.headline(),
@@ -239,7 +248,7 @@ class Summary:
             "subset": self.subset,
             "tokens": self.tokens(),
             "from_cache": self.from_cache(),
-            "gates": [{"name": g.name, "passed": g.passed, "detail": g.detail} for g in self.gates],
+            "gates": gates,
             **self.extra,
             "problems": records,
         }

@@ -1,0 +1,232 @@
+"""The release gates' rules, each written once. Pure: no I/O, no pytest.
+
+A gate spec states one rule and answers the two questions the run asks of it:
+
+* :meth:`verdict` on final counts, a :class:`GateVerdict` that carries the
+  rule, the measured value and the threshold as fields (the terminal, the
+  JSON report, the step summary and the page read those, never the prose);
+* :meth:`certain` on partial counts: the verdict when no outcome of the
+  problems still to run could change it, else None (the early stop).
+
+Every rule is reduced to an integer threshold on a count (``need``), computed
+so that it agrees exactly with the float comparison a reader of the rule would
+write (``correct / n >= min_acc``; ``B/M - X/M <= max_drop``), so that the
+final verdict and the early stop's bounds can never disagree by a rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from pytest_gsm8k.core.records import GateRecord
+from pytest_gsm8k.core.stats import mcnemar_one_sided
+
+__all__ = [
+    "DROP_TOLERANCE",
+    "GateVerdict",
+    "MaxDrop",
+    "McNemar",
+    "MinAcc",
+    "Verdict",
+    "count_certain",
+    "max_drop_count",
+    "min_acc_count",
+]
+
+Verdict = Literal["PASS", "FAIL"]
+
+#: slack of the drop comparison: a drop equal to --gsm8k-max-drop in decimal passes even
+#: when its float difference comes out a few ulps above it
+DROP_TOLERANCE = 1e-12
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """One gate's verdict: what was measured against what, and the sentence for people.
+
+    ``rule`` names the rule that decided (``min-acc``, ``max-drop``, ``mcnemar``,
+    ``early-stop``, or a refusal such as ``baseline-missing``); ``value`` and
+    ``threshold`` are the two numbers compared where the rule compares numbers.
+    """
+
+    name: str
+    rule: str
+    passed: bool
+    detail: str
+    value: float | None = None
+    threshold: float | None = None
+
+    @property
+    def word(self) -> Verdict:
+        return "PASS" if self.passed else "FAIL"
+
+    def to_json(self) -> GateRecord:
+        return {
+            "name": self.name,
+            "rule": self.rule,
+            "passed": self.passed,
+            "value": self.value,
+            "threshold": self.threshold,
+            "detail": self.detail,
+        }
+
+
+def min_acc_count(min_acc: float, n: int) -> int:
+    """Smallest correct count ``c`` in ``0..n+1`` with ``c / n >= min_acc`` in floats.
+
+    ``n + 1`` means no count passes (min_acc above 1). The estimate
+    ``ceil(min_acc * n)`` is exact (:class:`fractions.Fraction`, no ``0.85 * 1319``
+    rounding), then nudged to agree with the float comparison itself (``c / n``
+    is correctly rounded, hence nondecreasing in ``c``).
+    """
+    if n < 1:
+        raise ValueError(f"need n >= 1, got {n}")
+    count = max(0, min(n + 1, math.ceil(Fraction(min_acc) * n)))
+    while count > 0 and (count - 1) / n >= min_acc:
+        count -= 1
+    while count <= n and count / n < min_acc:
+        count += 1
+    return count
+
+
+def max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int:
+    """Smallest current correct count ``x`` in ``0..shared+1`` that passes the max-drop rule.
+
+    The rule: ``B/M - x/M <= max_drop + DROP_TOLERANCE`` in floats. The left side
+    is nonincreasing in ``x`` (each operation is correctly rounded, hence
+    monotone), so the passing counts are ``x >= x*``.
+    """
+    if shared < 1 or not 0 <= baseline_correct <= shared:
+        raise ValueError(
+            f"need 0 <= baseline_correct <= shared >= 1, got {baseline_correct}, {shared}"
+        )
+    limit = max_drop + DROP_TOLERANCE
+    base = baseline_correct / shared
+
+    def passes(x: int) -> bool:
+        return base - x / shared <= limit
+
+    x = max(0, min(shared + 1, math.ceil(Fraction(baseline_correct) - Fraction(max_drop) * shared)))
+    while x > 0 and passes(x - 1):
+        x -= 1
+    while x <= shared and not passes(x):
+        x += 1
+    return x
+
+
+def count_certain(correct: int, seen: int, size: int, need: int) -> Verdict | None:
+    """A count rule "X >= need" with ``correct`` of X known after ``seen`` of ``size`` items."""
+    if correct >= need:
+        return "PASS"
+    if correct + size - seen < need:
+        return "FAIL"
+    return None
+
+
+@dataclass(frozen=True)
+class MinAcc:
+    """``--gsm8k-min-acc``: the accuracy over the run's problems is at least ``threshold``."""
+
+    threshold: float
+    name: str = "min-acc"
+    option: str = "--gsm8k-min-acc"
+
+    def need(self, n: int) -> int:
+        return min_acc_count(self.threshold, n)
+
+    def passes(self, correct: int, n: int) -> bool:
+        return n > 0 and correct >= self.need(n)
+
+    def verdict(self, correct: int, n: int, label: str) -> GateVerdict:
+        if n == 0:
+            return GateVerdict(
+                self.name,
+                "min-acc",
+                False,
+                f"no problem has a result ({label}): nothing to compare with "
+                f"{self.option} {self.threshold:g}",
+                None,
+                self.threshold,
+            )
+        passed = self.passes(correct, n)
+        accuracy = correct / n
+        detail = (
+            f"accuracy {accuracy:.4f} ({label}, n={n}) "
+            f"{'>=' if passed else 'is below'} {self.option} {self.threshold:g}"
+        )
+        return GateVerdict(self.name, "min-acc", passed, detail, accuracy, self.threshold)
+
+    def certain(self, correct: int, seen: int, n: int) -> Verdict | None:
+        return count_certain(correct, seen, n, self.need(n))
+
+
+@dataclass(frozen=True)
+class MaxDrop:
+    """The baseline gate by drop: over the M shared problems, ``B/M - X/M <= max_drop``."""
+
+    max_drop: float
+    name: str = "baseline"
+    option: str = "--gsm8k-max-drop"
+
+    def need(self, baseline_correct: int, shared: int) -> int:
+        return max_drop_count(baseline_correct, shared, self.max_drop)
+
+    def verdict(self, baseline_correct: int, current_correct: int, shared: int) -> GateVerdict:
+        passed = current_correct >= self.need(baseline_correct, shared)
+        base, current = baseline_correct / shared, current_correct / shared
+        drop = base - current
+        detail = (
+            f"accuracy {current:.4f} vs baseline {base:.4f}: drop {max(drop, 0.0):.4f} "
+            f"{'<=' if passed else '>'} {self.option} {self.max_drop:g}"
+        )
+        return GateVerdict(self.name, "max-drop", passed, detail, drop, self.max_drop)
+
+    def certain(
+        self, baseline_correct: int, current_correct: int, seen: int, shared: int
+    ) -> Verdict | None:
+        return count_certain(current_correct, seen, shared, self.need(baseline_correct, shared))
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """The baseline gate by test (``--gsm8k-alpha``): FAIL when the exact one-sided McNemar
+    test rejects "no regression" at level ``alpha``."""
+
+    alpha: float
+    name: str = "baseline"
+    option: str = "--gsm8k-alpha"
+
+    def passes(self, newly_failing: int, newly_passing: int) -> bool:
+        return mcnemar_one_sided(newly_failing, newly_passing) >= self.alpha
+
+    def verdict(self, newly_failing: int, newly_passing: int) -> GateVerdict:
+        p = mcnemar_one_sided(newly_failing, newly_passing)
+        passed = p >= self.alpha
+        detail = (
+            f"McNemar p={p:.4g} {'>=' if passed else '<'} {self.option} {self.alpha:g} "
+            f"({newly_failing} newly failing)"
+        )
+        return GateVerdict(self.name, "mcnemar", passed, detail, p, self.alpha)
+
+    def certain(
+        self, failing: int, passing: int, unseen_right: int, unseen_wrong: int
+    ) -> Verdict | None:
+        """p falls with more newly failing and rises with more newly passing problems, so
+        over the unseen shared problems (``unseen_right`` the baseline got right,
+        ``unseen_wrong`` it got wrong) its extremes are exact."""
+        if not self.passes(failing, passing + unseen_wrong):
+            return "FAIL"
+        if self.passes(failing + unseen_right, passing):
+            return "PASS"
+        return None
+
+    def p_range(
+        self, failing: int, passing: int, unseen_right: int, unseen_wrong: int
+    ) -> tuple[float, float]:
+        return (
+            mcnemar_one_sided(failing + unseen_right, passing),
+            mcnemar_one_sided(failing, passing + unseen_wrong),
+        )
