@@ -1,0 +1,96 @@
+"""The run's plan: everything decided before the first request, frozen. Pure.
+
+Built once per process at session start (``pytest_gsm8k.planning``) from the
+options, the data and, on the controller, the server it started; read, never
+written, after that. Whatever changes during a run (the records, the answer
+sources, the early-stop decision) lives elsewhere, owned by one object each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pytest_gsm8k.core.dataset import Split
+from pytest_gsm8k.core.gates import MaxDrop, McNemar, MinAcc
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.types import Problem, Request
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the plugin's own client sends requests: the base URL (None: the OpenAI
+    default) and the model id, after any server the run started was asked for them."""
+
+    base_url: str | None
+    model: str | None
+
+
+@dataclass(frozen=True)
+class GateSpecs:
+    """The gates the options ask for, each rule stated once (core/gates.py)."""
+
+    min_acc: MinAcc | None
+    #: the rule against a stored baseline: by drop, or by McNemar with --gsm8k-alpha
+    baseline: MaxDrop | McNemar
+    require_baseline: bool
+
+    @staticmethod
+    def from_settings(settings: Settings) -> GateSpecs:
+        rule: MaxDrop | McNemar = (
+            McNemar(settings.alpha) if settings.alpha is not None else MaxDrop(settings.max_drop)
+        )
+        return GateSpecs(
+            min_acc=MinAcc(settings.min_acc) if settings.min_acc is not None else None,
+            baseline=rule,
+            require_baseline=settings.require_baseline,
+        )
+
+
+@dataclass(frozen=True)
+class StoredBaseline:
+    """The baseline file this run compares with or writes, read once.
+
+    ``document`` is the parsed baseline when the file exists and could be read;
+    ``error`` says why it could not (one line, naming the file); both are None
+    when there is no file.
+    """
+
+    path: Path
+    shown: str
+    document: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.document is not None or self.error is not None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What this run will do; the same value in every process of the run."""
+
+    run_id: str
+    settings: Settings
+    split: Split
+    #: the selected problems (after --gsm8k-limit), in the order the items run
+    problems: tuple[Problem, ...]
+    protocol: Protocol
+    endpoint: Endpoint
+    gates: GateSpecs
+    baseline: StoredBaseline | None
+    #: --snapshot-update: write the baseline instead of comparing with it
+    update_baseline: bool = False
+
+    @cached_property
+    def by_id(self) -> dict[str, Problem]:
+        """The selected problems by id (computed once; the plan never changes)."""
+        return {p.id: p for p in self.problems}
+
+    def request_for(self, problem_id: str) -> Request | None:
+        """The plugin protocol's request for a selected problem (None if not selected)."""
+        problem = self.by_id.get(problem_id)
+        return None if problem is None else self.protocol.request(problem)
