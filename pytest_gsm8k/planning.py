@@ -1,0 +1,133 @@
+"""Building the run's plan: options, data, protocol, baseline, gates, once per process.
+
+No hooks here; the plugin calls :func:`build_plan` when the run first needs the
+plan (session start on a process that serves or checks the endpoint, else the
+first parametrization). Data problems raise :class:`DatasetError`, which the
+plugin turns into one usage-error line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_gsm8k.core import baseline as bl
+from pytest_gsm8k.core.dataset import DatasetError, Split, select
+from pytest_gsm8k.core.plan import Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
+from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.runtime.data import load_split, train_source
+
+
+def build_protocol(settings: Settings, split: Split) -> Protocol:
+    """The protocol the options describe, its exemplars drawn (never from the evaluated split)."""
+    s = settings
+    exemplars: tuple[Exemplar, ...] = ()
+    train: tuple[tuple[str, str], ...] = ()
+    source = "none"
+    if s.preset:
+        from pytest_gsm8k.core.presets import get_preset
+
+        spec = get_preset(s.preset)
+        pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+        train = tuple((p.question, p.answer) for p in pool_split.problems)
+        source = spec.fewshot_source
+    elif s.shots or s.fewshot_file:
+        if s.fewshot_file:
+            pool_split = load_split(s.fewshot_file, "fewshot", s.config)
+            source = f"file {Path(s.fewshot_file).name}"
+        else:
+            pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+            source = f"train (seed {s.seed})"
+        evaluated = {p.question for p in split.problems}
+        pool = [
+            Exemplar(p.question, p.answer)
+            for p in pool_split.problems
+            if p.question not in evaluated
+        ]  # never show a test problem as a shot
+        shots = s.shots if s.shots else len(pool)
+        try:
+            exemplars = draw_exemplars(pool, shots, s.seed)
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from None
+    return Protocol(
+        name=s.protocol,
+        samples=s.samples,
+        temperature=s.temperature,
+        api=s.api,
+        shots=len(exemplars) if not s.preset else s.shots,
+        fewshot_source=source,
+        exemplars=exemplars,
+        train=train,
+        preset=s.preset,
+        system=s.system,
+        max_tokens=s.max_tokens,
+        stop=s.stop,
+        extractor=s.extract,
+        answer_regex=s.answer_regex,
+        params=s.params,
+    )
+
+
+def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
+    """The order the items run in: the split's, or for the sequential early stop a seeded
+    uniformly random one (its guarantee needs the outcomes to be a sample drawn without
+    replacement)."""
+    if settings.early_stop != "sequential":
+        return problems
+    from pytest_gsm8k.core.early_stop import run_order as seeded
+
+    by_id = {p.id: p for p in problems}
+    return tuple(by_id[pid] for pid in seeded(list(by_id), settings.seed))
+
+
+def baseline_path(settings: Settings, rootpath: Path, label: str, snapshot_dirname: str) -> Path:
+    """Where the baseline of this protocol lives (``--gsm8k-baseline``, a name, or the label)."""
+    if settings.baseline:
+        return Path(settings.baseline).expanduser()
+    name = settings.baseline_name or bl.default_name(label)
+    return rootpath / snapshot_dirname / "gsm8k" / f"{name}.gsm8k"
+
+
+def read_baseline(path: Path, rootpath: Path) -> StoredBaseline:
+    """The baseline file, read and checked once (a missing file is not an error here)."""
+    try:
+        shown = str(path.resolve().relative_to(rootpath.resolve()))
+    except (ValueError, OSError):
+        shown = str(path)
+    if not path.exists():
+        return StoredBaseline(path, shown)
+    try:
+        document = bl.loads(path.read_text(encoding="utf-8"), shown)
+    except (OSError, UnicodeDecodeError) as exc:
+        return StoredBaseline(path, shown, error=f"{shown}: cannot read ({exc})")
+    except bl.BaselineError as exc:
+        return StoredBaseline(path, shown, error=str(exc))
+    return StoredBaseline(path, shown, document=document)
+
+
+def build_plan(
+    settings: Settings,
+    *,
+    run_id: str,
+    endpoint: Endpoint,
+    rootpath: Path,
+    snapshot_dirname: str,
+    update_baseline: bool,
+) -> RunPlan:
+    """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
+    split = load_split(settings.data, settings.split, settings.config, settings.dataset)
+    selected = select(split.problems, settings.limit, settings.seed)
+    protocol = build_protocol(settings, split)
+    path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
+    return RunPlan(
+        run_id=run_id,
+        settings=settings,
+        split=split,
+        problems=run_order(settings, selected),
+        protocol=protocol,
+        endpoint=endpoint,
+        gates=GateSpecs.from_settings(settings),
+        baseline=read_baseline(path, rootpath),
+        update_baseline=update_baseline,
+    )
