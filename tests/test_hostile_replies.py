@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
+from pytest_gsm8k.runtime.bounded import PIECE, Counter, Decoder, Refused, encoding_of
 from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, OpenAIClient
 from pytest_gsm8k.runtime.data import load_split
@@ -199,22 +201,59 @@ def test_a_gzip_bomb_is_refused_before_it_is_decoded(
     )
     client.warm()
 
-    async def ask() -> None:
+    async def ask_twice() -> tuple[BaseException | None, int, str]:
+        """The bomb (its error, and the peak memory of asking), then the same reply small."""
+        error: BaseException | None = None
+        tracemalloc.start()
         try:
             await client.complete(request)
+        except Exception as exc:  # noqa: BLE001 - what was raised is the point
+            error = exc
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        server.set_script(Script(behaviours={index: "gzipbomb"}, bomb_chars=100_000))
+        try:
+            return error, peak, (await client.complete(request)).completions[0].text
         finally:
             await client.aclose()
 
-    tracemalloc.start()
-    try:
-        with pytest.raises(Exception, match="over 32 MiB decoded") as info:
-            asyncio.run(ask())
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert type(info.value).__name__ == "RefusedReply"
+    error, peak, answer = asyncio.run(ask_twice())
+    assert type(error).__name__ == "RefusedReply", error
+    assert "over 32 MiB decoded" in str(error)
     assert peak < 2 * MAX_REPLY_BYTES + (16 << 20), f"peak {peak:,} bytes"
-    assert sent(server) == 1  # refused at once, not retried
+    assert sent(server) == 2  # the bomb once (refused at once, not retried), then the small one
+    # the same reply compressed, but small: decoded and answered as usual
+    assert answer.strip().endswith(f"#### {server.golds[index]}") and len(answer) > 100_000
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", ""])
+def test_the_bounded_decoder_reads_what_it_asked_for_in_pieces(encoding: str) -> None:
+    data = b"".join(b"%d answer, " % i for i in range(300_000))  # about 3.5 MB
+    wbits = {"gzip": 31, "deflate": 15, "raw deflate": -15, "": 0}[encoding]
+    packed = data
+    if wbits:
+        packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+        packed = packer.compress(data) + packer.flush()
+    decoder = Decoder(encoding.replace("raw ", ""))
+    pieces = [p for i in range(0, len(packed), 65536) for p in decoder.feed(packed[i : i + 65536])]
+    pieces.append(decoder.finish())
+    assert b"".join(pieces) == data
+    assert max(len(p) for p in pieces) <= PIECE
+
+
+def test_the_bounded_decoder_refuses_what_it_cannot_bound() -> None:
+    with pytest.raises(Refused, match="encoded as 'br'"):
+        Decoder(encoding_of(["br"]))
+    with pytest.raises(Refused, match="encoded 2 times"):
+        encoding_of(["gzip", "deflate"])
+    assert encoding_of(["identity", " GZIP "]) == "gzip"
+    with pytest.raises(Refused, match="not valid compressed data"):
+        list(Decoder("gzip").feed(b"this is not gzip"))
+    counter = Counter(10)
+    counter.add(b"x" * 10)
+    with pytest.raises(Refused, match="over .* MiB decoded"):
+        counter.add(b"x")
 
 
 @XDIST
