@@ -249,7 +249,7 @@ class Script:
     echo_auth: bool = False
     #: the model name the replies report (default: the served model), e.g. with ANSI escapes
     reported_model: str | None = None
-    #: "huge": spaces before the answer (70 MB: more than any line the plugin once read)
+    #: "huge": spaces before the answer (70 MB: past the plugin's 32 MiB bound on a reply)
     huge_chars: int = 70_000_000
     #: "gzipbomb": spaces before the answer, gzip-compressed about 1000:1 on the wire
     bomb_chars: int = 200_000_000

@@ -62,9 +62,9 @@ def test_replies_over_the_bound_are_their_own_errors_and_never_shift_answers(
     keyed_env: str,
     xdist: list[str],
 ) -> None:
-    """70 MB answers (past the 64 MiB line the xdist channel once read, which then took
-    the rest of the reply for the next one) are refused after 32 MiB: each is its own
-    problem's error; every other problem is scored with its own answer."""
+    """70 MB answers (longer than a line-based channel reads at once, so the rest would be
+    read as the next reply) are refused at 32 MiB: each is its own problem's error; every
+    other problem is scored with its own answer, under xdist too."""
     indices = chosen(20)
     huge = {indices[2], indices[9], indices[15]}
     server.set_script(Script(behaviours=dict.fromkeys(huge, "huge")))

@@ -99,7 +99,7 @@ def test_key_and_base_url_come_from_the_environment(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "1e400"])
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.kind == "float"], ids=lambda o: o.name)
 def test_non_finite_numbers_are_refused_by_name(option: Option, value: str) -> None:
-    """nan passes every comparison (a nan stall timeout turned the watchdog off) and inf
+    """nan passes every comparison (a nan stall timeout would turn the watchdog off) and inf
     overflows a socket's timeout under xdist: neither is a value, for any number option."""
     with pytest.raises(SettingsError) as info:
         settings(**{option.dest[len("gsm8k_") :]: value})
