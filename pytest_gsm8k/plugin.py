@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import json
 import re
 import signal
 import threading
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.jsontext import escape_surrogates
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.settings import (
     OPTIONS,
@@ -257,6 +259,33 @@ class StatePlugin:
             report.when == "call" or (report.when == "setup" and record["outcome"] == "error")
         ):
             report.gsm8k = record  # type: ignore[attr-defined]
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_to_serializable(
+        self, report: pytest.CollectReport | pytest.TestReport
+    ) -> Generator[None, dict[str, Any] | None, dict[str, Any] | None]:
+        """An xdist worker's report on its way: a record whose text UTF-8 cannot encode (a
+        lone surrogate from a reply; execnet refuses such strings) travels as JSON text,
+        which keeps it exactly (:mod:`pytest_gsm8k.core.jsontext`)."""
+        data = yield
+        record = data.get("gsm8k") if isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(record, dict):
+            text = json.dumps(record, ensure_ascii=False)
+            escaped = escape_surrogates(text)
+            if escaped != text:
+                data["gsm8k"] = escaped
+        return data
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_from_serializable(
+        self, data: dict[str, Any]
+    ) -> Generator[None, object, object]:
+        """The controller's side of :meth:`pytest_report_to_serializable`."""
+        report = yield
+        text = getattr(report, "gsm8k", None)
+        if isinstance(text, str):
+            report.gsm8k = json.loads(text)  # type: ignore[attr-defined]
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

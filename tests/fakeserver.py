@@ -66,6 +66,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -96,8 +97,17 @@ BEHAVIOURS = frozenset(
         "nochoices",
         "nullcontent",
         "badjson",
+        # hostile sizes and text: a lone UTF-16 surrogate (``\ud83d``, legal in JSON, not
+        # encodable as UTF-8) in the answer; ``Script.huge_chars`` spaces before the answer;
+        # the same behind gzip (``Script.bomb_chars`` spaces: a few hundred KB on the wire)
+        "surrogate",
+        "huge",
+        "gzipbomb",
     }
 )
+
+#: the lone surrogate the "surrogate" behaviour puts in its answers (and its finish_reason)
+LONE_SURROGATE = "\ud83d"
 
 #: Fault kinds accepted in ``Script.fail_first``; any other 3-digit status is allowed too.
 FAULT_KINDS = frozenset({"429", "500", "drop"})
@@ -239,6 +249,12 @@ class Script:
     echo_auth: bool = False
     #: the model name the replies report (default: the served model), e.g. with ANSI escapes
     reported_model: str | None = None
+    #: "huge": spaces before the answer (70 MB: past the plugin's 32 MiB bound on a reply)
+    huge_chars: int = 70_000_000
+    #: "gzipbomb": spaces before the answer, gzip-compressed about 1000:1 on the wire
+    bomb_chars: int = 200_000_000
+    #: per problem: replace these fields of the reply's ``usage`` (e.g. negative counts)
+    usage_by_index: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.behaviours = _int_keys(self.behaviours)
@@ -247,6 +263,7 @@ class Script:
             for k, v in _int_keys(self.fail_first).items()
         }
         self.latency_by_index = {k: float(v) for k, v in _int_keys(self.latency_by_index).items()}
+        self.usage_by_index = {k: dict(v) for k, v in _int_keys(self.usage_by_index).items()}
         self.samples = {
             k: [None if s is None else str(s) for s in v]
             for k, v in _int_keys(self.samples).items()
@@ -332,6 +349,29 @@ class _Response:
 
 def _json_response(status: int, obj: Any, headers: tuple[tuple[str, str], ...] = ()) -> _Response:
     return _Response(status, json.dumps(obj).encode(), headers=headers)
+
+
+#: where the "gzipbomb" behaviour's spaces go (replaced when the body is compressed)
+BOMB_MARK = "\x00BOMB\x00"
+
+
+def _gzip_bomb(resp: _Response, spaces: int) -> _Response:
+    """``resp`` gzip-encoded, with ``spaces`` spaces in place of :data:`BOMB_MARK`: compressed
+    piece by piece, so the server never holds the decoded body (200 MB -> about 200 KB)."""
+    mark = json.dumps(BOMB_MARK)[1:-1].encode()
+    head, _, tail = resp.body.partition(mark)
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31)
+    parts = [packer.compress(head)]
+    block = b" " * (1 << 20)
+    for start in range(0, spaces, len(block)):
+        parts.append(packer.compress(block[: min(len(block), spaces - start)]))
+    parts += [packer.compress(tail), packer.flush()]
+    return _Response(
+        resp.status,
+        b"".join(parts),
+        headers=(*resp.headers, ("Content-Encoding", "gzip")),
+        completed=resp.completed,
+    )
 
 
 class _BadRequest(Exception):
@@ -957,18 +997,28 @@ class FakeOpenAIServer:
             rid = self._ids
             self._completed += 1
         completion_words = sum(_count_words(t) for t, _ in texts)
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_words,
             "completion_tokens": completion_words,
             "total_tokens": prompt_words + completion_words,
         }
+        for idx in indices:
+            if idx is not None:
+                usage.update(script.usage_by_index.get(idx, {}))
+        kinds = {script.behaviour(i) for i in indices if i is not None}
+        if "surrogate" in kinds:
+            texts = [(t, f + LONE_SURROGATE) for t, f in texts]
         if script.echo_auth:
             texts = [(f"{t}\n(debug: your header was {auth})", f) for t, f in texts]
         resp = self._render(
             chat, rid, texts, usage, bool(req.get("stream")), req.get("stream_options")
         )
         resp.completed = True
-        return self._hostile(chat, resp, indices)
+        resp = self._hostile(chat, resp, indices)
+        if "gzipbomb" in kinds and resp.content_type == "application/json":
+            loop = asyncio.get_running_loop()
+            resp = await loop.run_in_executor(None, _gzip_bomb, resp, script.bomb_chars)
+        return resp
 
     def _generate(self, idx: int | None, chat: bool, sampling: bool) -> tuple[str, str]:
         """(text, finish_reason) for one choice, before stop/max_tokens handling."""
@@ -996,6 +1046,15 @@ class FakeOpenAIServer:
             words = steps.split()
             body = "Let me think step by step. " + " ".join(words[: max(1, len(words) // 2)])
             return lead + body, "length"
+        elif behaviour == "surrogate":
+            body = (
+                f"Let me think {LONE_SURROGATE} step by step. {steps} "
+                f"The answer is {gold}.\n#### {gold}"
+            )
+        elif behaviour == "huge":
+            body = " " * self.script.huge_chars + _answer_text(gold)
+        elif behaviour == "gzipbomb":
+            body = BOMB_MARK + _answer_text(gold)
         elif behaviour == "think":
             body = (
                 f"<think>\nMaybe the answer is {_plus_one(gold)}. "

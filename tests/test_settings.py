@@ -116,3 +116,32 @@ def test_one_rule_says_what_the_local_preset_is(model: str | None, local: bool) 
         LOCAL_DEFAULTS[k] for k in ("api", "shots", "max_tokens")
     )
     assert preset is local
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "1e400"])
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.kind == "float"], ids=lambda o: o.name)
+def test_non_finite_numbers_are_refused_by_name(option: Option, value: str) -> None:
+    """nan passes every comparison (a nan stall timeout would turn the watchdog off) and inf
+    overflows a socket's timeout under xdist: neither is a value, for any number option."""
+    with pytest.raises(SettingsError) as info:
+        settings(**{option.dest[len("gsm8k_") :]: value})
+    message = str(info.value)
+    assert message.startswith(option.flag + ":") and value in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["timeout", "serve_timeout", "stall_timeout"])
+def test_waits_too_long_to_mean_anything_are_refused(name: str) -> None:
+    with pytest.raises(SettingsError, match="at most 1e.06 seconds, got 1e.300"):
+        settings(**{name: "1e300"})
+    assert getattr(settings(**{name: "86400"}), name) == 86400.0  # a day is a fine wait
+
+
+def test_a_non_finite_number_on_the_command_line_is_one_usage_error(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest("--gsm8k-model=m", "--gsm8k-timeout=inf", "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stdout.str() + result.stderr.str()
+    lines = [line for line in text.splitlines() if "gsm8k-timeout" in line]
+    assert lines == ["ERROR: gsm8k: --gsm8k-timeout: expected a finite number, got 'inf'"], text
+    assert "Traceback" not in text

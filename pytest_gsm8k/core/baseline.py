@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.outcome import OUTCOMES
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
@@ -63,7 +64,7 @@ def build(summary_json: dict[str, Any]) -> dict[str, Any]:
 
 def dumps(baseline: dict[str, Any]) -> str:
     """Stable text: sorted keys, one problem per line, so a baseline diff reads well in a PR."""
-    return json.dumps(baseline, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    return to_json(baseline, indent=1, sort_keys=True) + "\n"
 
 
 def loads(text: str, where: str) -> dict[str, Any]:

@@ -48,6 +48,8 @@ from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
+
 __all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
 
 #: outcome order and colours; the CSS classes ``o-<outcome>`` use the same colours
@@ -135,7 +137,9 @@ def render_html(
     )
     script = _asset("html_report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    return "".join(
+    # text UTF-8 cannot encode (a lone surrogate from a reply) shows as its escape; in the
+    # data block that escape is JSON, which the page's script reads back as the same text
+    page = "".join(
         [
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -152,6 +156,7 @@ def render_html(
             f"<script>{script}</script></body></html>\n",
         ]
     )
+    return escape_surrogates(page)
 
 
 # -- data for the page's script ----------------------------------------------------------------
@@ -217,7 +222,7 @@ def _derived_baseline(
 def _script_json(data: Any) -> str:
     """JSON that cannot end its ``<script>`` element or open a comment: ``<``, ``>`` and ``&``
     become ``\\u003c``/``\\u003e``/``\\u0026``, which JSON.parse turns back into the same text."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    text = to_json(data, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

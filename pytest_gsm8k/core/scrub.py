@@ -20,6 +20,8 @@ import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from pytest_gsm8k.core.jsontext import escape_surrogates
+
 REDACTED = "[redacted]"
 #: a secret shorter than this is not scrubbed from answers: replacing, say, a 2-character
 #: "key" everywhere would corrupt the model's answers (numbers included), and a key that
@@ -79,10 +81,11 @@ class Scrubber:
 
 
 def printable(text: str) -> str:
-    """``text`` without ANSI escape sequences and control characters (newlines -> spaces)."""
+    """``text`` without ANSI escape sequences and control characters (newlines -> spaces),
+    a lone surrogate shown as its ``\\uXXXX`` escape (a terminal cannot encode it)."""
     text = _ANSI.sub("", text)
     text = text.replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
-    return _CONTROL.sub("", text)
+    return escape_surrogates(_CONTROL.sub("", text))
 
 
 def md_text(text: str) -> str:

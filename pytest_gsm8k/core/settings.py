@@ -9,6 +9,7 @@ names the option.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -210,6 +211,10 @@ LOCAL_DEFAULTS: dict[str, Any] = {
 MAX_SAMPLES = 1024
 #: --gsm8k-concurrency above this is refused: more sockets than most systems allow one process
 MAX_CONCURRENCY = 4096
+#: options that are a number of seconds, and the longest one that means anything (about 11
+#: days): a wait past it is a wait for ever, and a longer one overflows a socket's timeout
+SECONDS = ("timeout", "serve-timeout", "stall-timeout")
+MAX_SECONDS = 1e6
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
@@ -295,9 +300,17 @@ def _convert(option: Option, raw: Any) -> Any:
             raise SettingsError(f"{option.flag}: expected an integer, got {raw!r}") from None
     if option.kind == "float":
         try:
-            return float(str(raw).strip())
+            value = float(str(raw).strip())
         except ValueError:
             raise SettingsError(f"{option.flag}: expected a number, got {raw!r}") from None
+        # nan passes every comparison check and inf overflows a socket's timeout
+        if not math.isfinite(value):
+            raise SettingsError(f"{option.flag}: expected a finite number, got {raw!r}")
+        if option.name in SECONDS and value > MAX_SECONDS:
+            raise SettingsError(
+                f"{option.flag}: must be at most {MAX_SECONDS:g} seconds, got {value:g}"
+            )
+        return value
     return str(raw)
 
 

@@ -16,6 +16,36 @@ from typing import Any, Literal
 
 Api = Literal["chat", "completions"]
 
+#: the largest token count one reply may report: a billion tokens for one GSM8K answer is
+#: no count, and summing such numbers would print nonsense totals
+MAX_TOKEN_COUNT = 10**9
+
+
+def valid_usage(raw: Any, names: tuple[str, ...] | None = None) -> tuple[dict[str, int], list[str]]:
+    """The token counts in ``raw`` (a reply's ``usage``, or a stored one) that are counts,
+    and a ``name=value`` note for each one that is not.
+
+    A count is an int (or an integral float) from 0 to :data:`MAX_TOKEN_COUNT`; a negative,
+    absurd, fractional, boolean or non-numeric value is left out, so it is never summed.
+    ``names`` limits which fields are read (default: all).
+    """
+    counts: dict[str, int] = {}
+    bad: list[str] = []
+    if not isinstance(raw, dict):
+        return counts, bad
+    for name in names if names is not None else tuple(raw):
+        if name not in raw:
+            continue
+        value = raw[name]
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_COUNT:
+            counts[str(name)] = value
+        else:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            bad.append(f"{name}={shown}")
+    return counts, bad
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -119,7 +149,7 @@ class ModelResponse:
             )
             for c in data["completions"]
         ]
-        usage = {str(k): int(v) for k, v in dict(data.get("usage") or {}).items()}
+        usage, _ = valid_usage(data.get("usage"))
         return cls(completions=comps, usage=usage, model=data.get("model"))
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import stable_hash
 from pytest_gsm8k.runtime.files import write_atomic
 
@@ -169,7 +170,7 @@ class ResponseCache:
             os.makedirs(folder, exist_ok=True)
             self._made_dirs.add(key[:2])
         data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "response": response}
-        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        payload = to_json_bytes(data, separators=(",", ":"))  # a lone surrogate stays escaped
         write_atomic(path, payload, mkdir=False)
 
     # -- background writes ---------------------------------------------------

@@ -3,12 +3,14 @@
 Both expose ``async complete(request) -> ModelResponse``. Retries with
 backoff and ``Retry-After`` are the openai client's own (configured, not
 rewritten); this module only adds a transport that watches connection-level
-failures so the engine can stop a run in seconds when the endpoint dies.
+failures so the engine can stop a run in seconds when the endpoint dies, and
+reads each reply within :data:`MAX_REPLY_BYTES` (:mod:`.bounded`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import os
@@ -19,7 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
-from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.core.types import Completion, ModelResponse, Request, valid_usage
+from pytest_gsm8k.runtime.bounded import ACCEPTED, Counter, Decoder, Refused, encoding_of, mib
+
+#: the most one problem's answer may take: one reply's body as decoded (a gzip bomb is
+#: refused after this much, not after all of it), or the JSON of all its samples gathered
+#: from several replies. Real GSM8K answers are kilobytes; pass@N with long reasoning in one
+#: reply stays in single megabytes. A bound, because a reply is held whole in memory, up to
+#: --gsm8k-concurrency of them at once.
+MAX_REPLY_BYTES = 32 << 20
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 """What the openai client uses when neither --gsm8k-base-url nor $OPENAI_BASE_URL is set."""
@@ -108,17 +118,79 @@ class Breaker:
             self.on_open(self.last_error)
 
 
+@functools.cache
+def refused_reply() -> type[Exception]:
+    """The error of a reply read no further (:class:`bounded.Refused`), as the openai client
+    raises it: an ``OpenAIError`` is raised at once, never retried (a retry would fetch the
+    same oversized reply again) and never wrapped as a connection error."""
+    import openai
+
+    class RefusedReply(openai.OpenAIError):
+        pass
+
+    return RefusedReply
+
+
+def _bounded(httpx: Any, response: Any, limit: int) -> Any:
+    """``response`` with a body decoded here, within ``limit`` bytes (see :mod:`.bounded`)."""
+    headers = response.headers
+    encoding = encoding_of(headers.get_list("content-encoding", split_commas=True))
+    decoder = Decoder(encoding)
+    length = headers.get("content-length", "")
+    if not encoding and length.isdigit() and int(length) > limit:
+        raise Refused(
+            f"the endpoint's reply is over {mib(limit)} ({int(length):,} bytes), the most one "
+            "problem's answer may take; refused unread"
+        )
+    base: Any = httpx.AsyncByteStream
+    refused = refused_reply()
+
+    class BoundedStream(base):  # type: ignore[misc]
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __aiter__(self) -> Any:
+            counter = Counter(limit)
+            try:
+                async for raw in self.inner:
+                    for piece in decoder.feed(raw):
+                        yield counter.add(piece)
+                tail = decoder.finish()
+                if tail:
+                    yield counter.add(tail)
+            except Refused as exc:
+                raise refused(str(exc)) from None
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    kept = [
+        (name, value)
+        for name, value in headers.multi_items()
+        if name.lower() not in ("content-encoding", "content-length")
+    ]
+    return httpx.Response(
+        response.status_code,
+        headers=kept,
+        stream=BoundedStream(response.stream),
+        extensions=response.extensions,
+    )
+
+
 def _watching_transport(breaker: Breaker, limits: Any) -> Any:
     httpx = _httpx()
     base: Any = httpx.AsyncBaseTransport
 
     class WatchingTransport(base):  # type: ignore[misc]
-        """Forwards to the normal transport, telling the breaker what happened."""
+        """Forwards to the normal transport, telling the breaker what happened, and reads
+        each reply within :data:`MAX_REPLY_BYTES`."""
 
         def __init__(self) -> None:
             self.inner = httpx.AsyncHTTPTransport(limits=limits)
 
         async def handle_async_request(self, request: Any) -> Any:
+            # only encodings a bounded decoder can read (httpx also offers br and zstd)
+            request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
             try:
                 response = await self.inner.handle_async_request(request)
             except (
@@ -132,7 +204,11 @@ def _watching_transport(breaker: Breaker, limits: Any) -> Any:
             breaker.success()
             if response.status_code in (429, 503):
                 _check_retry_after(breaker, response)
-            return response
+            try:
+                return _bounded(httpx, response, MAX_REPLY_BYTES)
+            except Refused as exc:
+                await response.aclose()
+                raise refused_reply()(str(exc)) from None
 
         async def aclose(self) -> None:
             await self.inner.aclose()
@@ -308,7 +384,14 @@ class OpenAIClient:
         client = self._client if self._client is not None else self.warm()
         path = "/chat/completions" if request.api == "chat" else "/completions"
         data = await client.post(path, body=request.body(self.model), cast_to=object)
-        return parse_reply(data, chat=request.api == "chat")
+        return parse_reply(data, chat=request.api == "chat", on_bad_usage=self._bad_usage)
+
+    def _bad_usage(self, which: str) -> None:
+        self.breaker.note(
+            "usage",
+            f"gsm8k: the endpoint reported token counts that are not counts ({which}); "
+            "they are left out of the token totals",
+        )
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -336,8 +419,13 @@ def _choice_index(choice: dict[str, Any]) -> int:
     return index if isinstance(index, int) else 0
 
 
-def parse_reply(data: Any, *, chat: bool) -> ModelResponse:
-    """A chat or text completion reply (JSON, already decoded) as a ModelResponse."""
+def parse_reply(
+    data: Any, *, chat: bool, on_bad_usage: Callable[[str], None] | None = None
+) -> ModelResponse:
+    """A chat or text completion reply (JSON, already decoded) as a ModelResponse.
+
+    Token counts that are not counts are left out; ``on_bad_usage`` hears which.
+    """
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
         shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
         raise BadReply(f"the endpoint's reply has no choices: {shown}")
@@ -368,12 +456,9 @@ def parse_reply(data: Any, *, chat: bool) -> ModelResponse:
             if choice.get("text") is None:
                 raise BadReply("the endpoint's reply has no answer (text is null)")
             completions.append(Completion(text=_text(choice.get("text")), finish_reason=finish))
-    usage = data.get("usage")
-    usage_dict: dict[str, int] = {}
-    if isinstance(usage, dict):
-        for name in ("prompt_tokens", "completion_tokens"):
-            value = usage.get(name)
-            usage_dict[name] = int(value) if isinstance(value, int | float) else 0
+    usage_dict, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
+    if bad and on_bad_usage is not None:
+        on_bad_usage(", ".join(bad))
     reported = data.get("model")
     return ModelResponse(
         completions=completions,

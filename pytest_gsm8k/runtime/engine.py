@@ -55,10 +55,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.runtime.bounded import mib
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
-from pytest_gsm8k.runtime.client import Breaker, ModelClient, one_sample
+from pytest_gsm8k.runtime.client import (
+    MAX_REPLY_BYTES,
+    Breaker,
+    ModelClient,
+    one_sample,
+    refused_reply,
+)
 
 POLL_SECONDS = 0.01  # how often a waiter looks for another process's entry (claims only)
 CLAIM_CHECK_EVERY = 5  # polls between looks at whether the other worker still holds the claim
@@ -89,6 +97,10 @@ class NotRun(Exception):
     """The run stopped early (the gates' verdicts are settled): this item is not run."""
 
 
+class AnswerTooLarge(Exception):
+    """All samples of one problem together take more than :data:`MAX_REPLY_BYTES` as JSON."""
+
+
 class _Elsewhere(Exception):
     """Another process holds the claim on this request and will write its entry."""
 
@@ -116,6 +128,8 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
         return f"HTTP {status}{retried}: {_api_message(exc)}", False
     if isinstance(exc, openai.APITimeoutError):
         return "request timed out after retries (see --gsm8k-timeout)", False
+    if isinstance(exc, (refused_reply(), AnswerTooLarge)):
+        return str(exc), False  # the message says it all
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
@@ -630,7 +644,7 @@ class Engine:
         first = await self._one(request, _first_sample(request), writes, defer=True)
         if len(first.completions) >= request.n:
             first.completions = first.completions[: request.n]
-            return first
+            return _bounded(first)
         completions = list(first.completions)
         usage = dict(first.usage)
         cached = first.cached
@@ -641,7 +655,9 @@ class Engine:
             cached += extra.cached
             for name, value in extra.usage.items():
                 usage[name] = usage.get(name, 0) + value
-        return ModelResponse(completions=completions, usage=usage, model=first.model, cached=cached)
+        return _bounded(
+            ModelResponse(completions=completions, usage=usage, model=first.model, cached=cached)
+        )
 
     async def _one(
         self,
@@ -735,6 +751,26 @@ def _resolve(
             future.set_exception(error)
         else:
             future.set_result(result)  # type: ignore[arg-type]
+
+
+def _bounded(response: ModelResponse) -> ModelResponse:
+    """``response``, unless its JSON (what the cache stores and the xdist channel carries) is
+    over :data:`MAX_REPLY_BYTES`: the same bound with and without xdist, so the verdict is too.
+
+    A character takes at most 6 bytes of JSON (an escape), so the exact size is measured
+    only for answers that could be near the bound.
+    """
+    texts = [(c.text, c.reasoning or "", c.finish_reason or "") for c in response.completions]
+    chars = sum(len(a) + len(b) + len(c) for a, b, c in texts) + len(response.model or "")
+    if 6 * chars + 256 * (len(texts) + 1) <= MAX_REPLY_BYTES:
+        return response
+    size = len(to_json_bytes(response.to_json()))
+    if size > MAX_REPLY_BYTES:
+        raise AnswerTooLarge(
+            f"the answers to this problem are over {mib(MAX_REPLY_BYTES)} as JSON "
+            f"({size:,} bytes), the most one problem's answer may take"
+        )
+    return response
 
 
 def _first_sample(request: Request) -> str:

@@ -10,11 +10,12 @@ one, never half of one.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from pytest_gsm8k.core.jsontext import to_json
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool = True) -> None:
@@ -47,8 +48,9 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """The JSON report, written atomically (an interrupted run keeps the previous one whole)."""
-    write_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    """The JSON report, written atomically (an interrupted run keeps the previous one whole);
+    text UTF-8 cannot encode (a lone surrogate from a reply) is kept as its JSON escape."""
+    write_atomic(path, to_json(data, indent=1) + "\n")
 
 
 def cpu_count() -> int:

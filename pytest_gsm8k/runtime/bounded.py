@@ -1,0 +1,106 @@
+"""Reading an HTTP reply's body with a bound on its decoded size.
+
+A reply is held whole in memory to be parsed as JSON, so its size is the
+memory one request costs. A compressed reply can be small on the wire and
+huge decoded (a gzip bomb: 200 KB that inflates to 200 MB), and an HTTP
+library decodes as it reads, with no limit. So the plugin's transport decodes
+the body itself, in pieces of at most :data:`PIECE` bytes, and stops as soon
+as the decoded total passes the limit: a refused reply never costs more than
+the limit and one piece, whatever it would have inflated to.
+
+Only the encodings the transport asks for (``Accept-Encoding: gzip,
+deflate``) are decoded; a reply in any other one is refused, since it could
+not be bounded without decoding it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+#: the most one decoding step produces (zlib's output bound per call)
+PIECE = 1 << 20
+#: what the transport asks the server for; a reply may use any of these or none
+ACCEPTED = ("gzip", "deflate")
+
+
+class Refused(Exception):
+    """The reply cannot be read within the bound (too large, or an encoding not asked for)."""
+
+
+class Decoder:
+    """Incremental decoding of one body: identity, gzip or deflate, in bounded pieces."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self._inflater: zlib._Decompress | None = None
+        self._first = True
+        if encoding in ("gzip", "x-gzip"):
+            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._inflater = zlib.decompressobj()
+        elif encoding not in ("", "identity"):
+            raise Refused(f"the endpoint's reply is encoded as {encoding!r}, not as asked for")
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """The decoded pieces of ``data`` (each at most :data:`PIECE` bytes)."""
+        inflater = self._inflater
+        if inflater is None:
+            yield data
+            return
+        first, self._first = self._first, False
+        try:
+            out = inflater.decompress(data, PIECE)
+        except zlib.error:
+            if not (first and self.encoding == "deflate"):
+                raise Refused("the endpoint's reply is not valid compressed data") from None
+            # "deflate" without the zlib wrapper, as some servers send it
+            inflater = self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+            out = inflater.decompress(data, PIECE)
+        while out:
+            yield out
+            if inflater.eof:
+                return  # anything after the end of the compressed data is ignored
+            out = inflater.decompress(inflater.unconsumed_tail, PIECE)
+
+    def finish(self) -> bytes:
+        """What the decoder still holds once the body ended (bounded: the input is consumed)."""
+        if self._inflater is None:
+            return b""
+        try:
+            return self._inflater.flush()
+        except zlib.error:
+            raise Refused("the endpoint's reply is not valid compressed data") from None
+
+
+def mib(size: int) -> str:
+    """``size`` bytes in MiB for a message (``32 MiB``)."""
+    return f"{size / (1 << 20):g} MiB"
+
+
+def encoding_of(values: list[str]) -> str:
+    """The one content coding of a reply (its Content-Encoding values), or Refused."""
+    codings = [v.strip().lower() for v in values if v.strip().lower() not in ("", "identity")]
+    if len(codings) > 1:
+        raise Refused(
+            f"the endpoint's reply is encoded {len(codings)} times ({', '.join(codings)}); "
+            "one encoding was asked for"
+        )
+    return codings[0] if codings else ""
+
+
+class Counter:
+    """Adds up decoded bytes; Refused once they pass ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+
+    def add(self, piece: bytes) -> bytes:
+        self.total += len(piece)
+        if self.total > self.limit:
+            raise Refused(
+                f"the endpoint's reply is over {mib(self.limit)} decoded, the most one "
+                "problem's answer may take; refused, the rest unread"
+            )
+        return piece
