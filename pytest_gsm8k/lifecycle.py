@@ -5,11 +5,10 @@ gates. pytest types only; no hook definitions here.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,8 +29,14 @@ REMOTE_WAIT_SLACK = 120.0
 
 
 def release_gates(state: State, session: pytest.Session) -> None:
-    """Baseline write/compare and the GitHub step summary, once, on the controller."""
+    """Baseline write/compare and the GitHub step summary, once, on the controller.
+
+    Whatever fails here is one line, never a crash at the end of a paid-for run: the
+    baseline as a failed gate, the step summary as an output that was not written.
+    """
     from pytest_gsm8k import gates
+    from pytest_gsm8k.runtime.outputs import reason
+    from pytest_gsm8k.writing import write_output
 
     config = session.config
     summary = state.summary
@@ -40,7 +45,7 @@ def release_gates(state: State, session: pytest.Session) -> None:
     path = gates.baseline_path(state.settings, config.rootpath, summary.label, dirname)
     try:
         shown = str(path.resolve().relative_to(config.rootpath.resolve()))
-    except ValueError:
+    except (ValueError, OSError):
         shown = str(path)
     update = bool(getattr(config.option, "update_snapshots", False))
     state.baseline_file = path
@@ -52,13 +57,17 @@ def release_gates(state: State, session: pytest.Session) -> None:
             "(--gsm8k-early-stop); a baseline is always a complete run",
         )
     else:
-        gates.apply_baseline(summary, state.settings, path, update, shown)
+        try:
+            gates.apply_baseline(summary, state.settings, path, update, shown)
+        except Exception as exc:
+            verb = "write" if update else "read"
+            summary.add_gate("baseline", False, f"{shown}: cannot {verb} it ({reason(exc)})")
         _early_baseline_verdict(state)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         questions = {p.id: p.question for p in state.split().problems}
-        with open(step_summary, "a", encoding="utf-8") as handle:
-            handle.write(gates.markdown(summary, questions, html=state.settings.html))
+        text = gates.markdown(summary, questions, html=state.settings.html)
+        write_output(state, "step_summary", step_summary, lambda: text)
 
 
 def early_stop_for(state: State, session: pytest.Session) -> EarlyStop | None:
@@ -130,22 +139,6 @@ def _early_baseline_verdict(state: State) -> None:
     else:
         detail = early.headline()
     summary.set_gate(GateVerdict("baseline", "early-stop", verdict != "FAIL", detail))
-
-
-def write_html(state: State, report: dict[str, Any]) -> None:
-    """The run's page (``--gsm8k-html``), atomically; the baseline's outcomes beside ours."""
-    from pytest_gsm8k.core import baseline as bl
-    from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
-    from pytest_gsm8k.runtime.files import write_atomic
-
-    assert state.settings.html is not None
-    outcomes = None
-    path = state.baseline_file
-    if path is not None and path.is_file():
-        with contextlib.suppress(OSError, UnicodeDecodeError, bl.BaselineError):
-            outcomes = outcomes_from_baseline(bl.loads(path.read_text(encoding="utf-8"), str(path)))
-    page = render_html(report, problem_texts(state.split().problems), outcomes)
-    write_atomic(state.settings.html, page)
 
 
 #: the plugin's own fixtures a user may replace (a conftest, plugin, test module or class)

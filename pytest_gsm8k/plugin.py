@@ -57,10 +57,16 @@ from pytest_gsm8k.lifecycle import (
     start_local,
     start_serve,
     warm_engine,
-    write_html,
 )
 from pytest_gsm8k.runtime.logs import scrub_library_logs
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
+from pytest_gsm8k.writing import (
+    check_baseline_path,
+    limit_descriptors,
+    preload_end,
+    prepare_outputs,
+    write_outputs,
+)
 
 BUILTIN_NODEID = "gsm8k"
 
@@ -153,7 +159,8 @@ class StatePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Controller: validate data and reach the endpoint before anything is sent.
+        """Controller: validate data and outputs and reach the endpoint before anything
+        is sent.
 
         Under xdist it also starts the run's one engine for the plugin's own
         client and the server the workers ask it through (before xdist starts
@@ -164,9 +171,16 @@ class StatePlugin:
         settings = state.settings
         if settings.model or settings.serve:
             self.activate()
-        if state.is_worker or not (settings.model or settings.serve):
+        if state.is_worker:
+            return
+        prepare_outputs(state, ("report", "html"))  # asked for by name: checked in any run
+        if not (settings.model or settings.serve):
             return
         check_data(state)
+        prepare_outputs(state, ("step_summary",))
+        check_baseline_path(state, session.config)
+        limit_descriptors(state)
+        preload_end()
         if settings.serve:
             start_serve(state)
         elif is_local_spec(settings.model):
@@ -384,13 +398,7 @@ class StatePlugin:
             finished_at=_iso(finished),
             duration_s=round(finished - state.started, 3),
         )
-        report = state.summary.to_json()
-        if state.settings.report:
-            from pytest_gsm8k.runtime.files import write_json
-
-            write_json(state.settings.report, report)
-        if state.settings.html:
-            write_html(state, report)
+        write_outputs(state, state.summary.to_json())
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for message in self.warnings:
@@ -407,15 +415,19 @@ class StatePlugin:
             terminalreporter.write_line(
                 f"gsm8k: run stopped: {printable(self.state.aborted)}", red=True
             )
-        if self.state.settings.report:
+        errors = self.state.output_errors
+        for message in errors.values():
+            terminalreporter.write_line(printable(message), red=True)
+        if self.state.settings.report and "report" not in errors:
             terminalreporter.write_line(f"  report: {self.state.settings.report}")
-        if self.state.settings.html:
+        if self.state.settings.html and "html" not in errors:
             terminalreporter.write_line(f"  page: {self.state.settings.html}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         summary = self.state.summary
-        if summary is not None and summary.failed and session.exitstatus == 0:
+        failed = (summary is not None and summary.failed) or bool(self.state.output_errors)
+        if failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -53,10 +53,16 @@ if TYPE_CHECKING:
     from pytest_gsm8k.runtime.cache import ResponseCache
     from pytest_gsm8k.runtime.client import OpenAIClient
     from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.outputs import Output
     from pytest_gsm8k.runtime.serve import ServedProcess
 
 RECORD_KEY = pytest.StashKey[dict[str, Any]]()
 STATE_NAME = "gsm8k-state"
+
+#: descriptors kept free of the concurrency's sockets: pytest's own files, the cache's
+#: writes, the imports, the report and the page at the end (plus a few per xdist worker)
+DESCRIPTOR_RESERVE = 64
+DESCRIPTOR_PER_WORKER = 4
 
 
 class AnswerSource(TypingProtocol):
@@ -141,6 +147,12 @@ class State:
             self.workers = 1
         self._caches: dict[bool, ResponseCache] = {}
         self._default_client: OpenAIClient | None = None
+        #: the run's outputs checked at session start, by key (report, html, step_summary)
+        self.outputs: dict[str, Output] = {}
+        #: outputs that could not be written at the end: key -> the one line saying why
+        self.output_errors: dict[str, str] = {}
+        self._room: tuple[int, int] | None = None
+        self._room_measured = False
 
     @property
     def run_dir(self) -> Path:
@@ -264,8 +276,23 @@ class State:
         return self._default_client
 
     def concurrency(self) -> int:
-        """The run's limit; split over the xdist workers only where each fetches itself."""
-        return max(1, math.ceil(self.settings.concurrency / max(1, self.workers)))
+        """The run's limit; split over the xdist workers only where each fetches itself,
+        and never more sockets than the open-file limit leaves room for."""
+        wanted = max(1, math.ceil(self.settings.concurrency / max(1, self.workers)))
+        room = self.descriptor_room()
+        return wanted if room is None else max(1, min(wanted, room[0]))
+
+    def descriptor_room(self) -> tuple[int, int] | None:
+        """(sockets this process may open for requests, the open-file limit), measured
+        once; None when the limit is unlimited or unknown."""
+        if not self._room_measured:
+            from pytest_gsm8k.runtime.files import descriptor_room
+
+            self._room_measured = True
+            workers = getattr(self.config.option, "numprocesses", None)
+            spawned = workers if isinstance(workers, int) and not self.is_worker else 0
+            self._room = descriptor_room(DESCRIPTOR_RESERVE + DESCRIPTOR_PER_WORKER * spawned)
+        return self._room
 
     def engine_for(self, model: Any, *, plan: bool = True) -> Engine:
         """The engine that calls ``model`` (created once per model object).
@@ -382,6 +409,9 @@ class State:
             engine.abort(message)
 
     def close(self) -> None:
+        for output in self.outputs.values():
+            output.close()
+        self.outputs.clear()
         if self.remote is not None:
             self.remote.close()
             self.remote = None

@@ -1,0 +1,152 @@
+"""The run's outputs, from the pytest side: where the end of the run writes (the JSON
+report, the page, the GitHub step summary, a baseline being recorded) is checked when the
+session starts, before any request; at the end each is written, and whatever fails is one
+line instead of a crash. How a path is written (file, device, FIFO) is
+:mod:`pytest_gsm8k.runtime.outputs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pytest_gsm8k.state import State
+
+#: the run's outputs: key -> (the option or variable that names it, appended to)
+OUTPUTS = {
+    "report": ("--gsm8k-report", False),
+    "html": ("--gsm8k-html", False),
+    "step_summary": ("$GITHUB_STEP_SUMMARY", True),
+}
+
+
+def prepare_outputs(state: State, keys: tuple[str, ...]) -> None:
+    """Controller, before any request: check where the run's end writes ``keys``; one
+    usage-error line naming the option when a path cannot be written."""
+    from pytest_gsm8k.runtime.outputs import OutputError, prepare
+
+    for key in keys:
+        path = _output_path(state, key)
+        if not path or key in state.outputs:
+            continue
+        what, append = OUTPUTS[key]
+        try:
+            state.outputs[key] = prepare(path, what, append=append)
+        except OutputError as exc:
+            raise pytest.UsageError(f"gsm8k: {exc}") from None
+
+
+def check_baseline_path(state: State, config: pytest.Config) -> None:
+    """Controller, before any request: a baseline name the file system cannot hold is
+    refused now; a baseline to be recorded (``--snapshot-update``) needs a folder it can
+    be written in."""
+    from pytest_gsm8k import gates
+    from pytest_gsm8k.runtime.outputs import OutputError, check_name, prepare
+
+    settings = state.settings
+    dirname = str(getattr(config.option, "snapshot_dirname", None) or "__snapshots__")
+    path = gates.baseline_path(settings, config.rootpath, state.protocol().label, dirname)
+    if settings.baseline:
+        what = "--gsm8k-baseline"
+    elif settings.baseline_name:
+        what = "--gsm8k-baseline-name"
+    else:
+        what = "the baseline name from the protocol (choose one with --gsm8k-baseline-name)"
+    try:
+        check_name(path, what)
+        if getattr(config.option, "update_snapshots", False):
+            prepare(path, "--snapshot-update: the baseline", streams=False)
+    except OutputError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+
+
+def write_outputs(state: State, report: dict[str, Any]) -> None:
+    """The JSON report and the page, each where its session-start check said; a failure
+    is one line (the summary is still printed, and the run fails)."""
+    from pytest_gsm8k.runtime.files import json_text
+
+    write_output(state, "report", state.settings.report, lambda: json_text(report))
+    write_output(state, "html", state.settings.html, lambda: page_html(state, report))
+
+
+def _output_path(state: State, key: str) -> str | None:
+    if key == "step_summary":
+        return os.environ.get("GITHUB_STEP_SUMMARY") or None
+    value = getattr(state.settings, key)
+    return str(value) if value else None
+
+
+def write_output(state: State, key: str, path: str | None, render: Callable[[], str]) -> None:
+    """Write output ``key`` (rendered by ``render``) to ``path``, through the check made at
+    session start (made now when there was none); a failure, rendering included, is kept
+    as one line in ``state.output_errors``."""
+    from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
+
+    if not path:
+        return
+    what, append = OUTPUTS[key]
+    try:
+        output = state.outputs.get(key) or prepare(path, what, append=append)
+        text = render()
+        if output.terminal:
+            _end_terminal_line(state)
+        output.write(text)
+    except OutputError as exc:
+        state.output_errors[key] = f"gsm8k: {exc}"
+    except Exception as exc:
+        state.output_errors[key] = f"gsm8k: {what}: cannot write {path}: {reason(exc)}"
+
+
+def _end_terminal_line(state: State) -> None:
+    """Before an output to pytest's own stdout or stderr: end the line of progress dots,
+    so the output starts on a line of its own (pytest keeps the width of the line so far
+    on its writer; a new line when that is unknown)."""
+    reporter = state.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    width: object = getattr(getattr(reporter, "_tw", None), "width_of_current_line", None)
+    if width != 0:
+        reporter.write("\n", flush=True)
+
+
+def preload_end() -> None:
+    """Import now what the end of the run imports: a run that later holds as many
+    sockets as its open-file limit allows must still be able to end (imports open
+    files)."""
+    from pytest_gsm8k import gates, snapshot  # noqa: F401
+    from pytest_gsm8k.core import html_report, outcome, summary  # noqa: F401
+    from pytest_gsm8k.runtime import files, outputs  # noqa: F401
+
+
+def limit_descriptors(state: State) -> None:
+    """One warning when the open-file limit leaves room for fewer requests in flight
+    than ``--gsm8k-concurrency``: the run goes on with fewer, and can still end."""
+    room = state.descriptor_room()
+    wanted = state.settings.concurrency
+    if room is None or room[0] >= wanted:
+        return
+    state.config.issue_config_time_warning(
+        pytest.PytestWarning(
+            f"gsm8k: --gsm8k-concurrency {wanted} needs more open files than the limit "
+            f"allows (ulimit -n {room[1]}): at most {max(1, room[0])} in flight; "
+            "raise the limit for more"
+        ),
+        stacklevel=2,
+    )
+
+
+def page_html(state: State, report: dict[str, Any]) -> str:
+    """The run's page (``--gsm8k-html``): the baseline's outcomes beside ours."""
+    from pytest_gsm8k.core import baseline as bl
+    from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
+
+    outcomes = None
+    path = state.baseline_file
+    with contextlib.suppress(OSError, UnicodeDecodeError, bl.BaselineError):
+        if path is not None and path.is_file():
+            outcomes = outcomes_from_baseline(bl.loads(path.read_text(encoding="utf-8"), str(path)))
+    return render_html(report, problem_texts(state.split().problems), outcomes)
