@@ -22,6 +22,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.outcome import OUTCOMES
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
@@ -89,9 +90,11 @@ def dumps(baseline: dict[str, Any]) -> str:
 
 def loads(text: str, where: str) -> dict[str, Any]:
     try:
-        data = json.loads(text)
+        data = jsondepth.loads(text)
     except json.JSONDecodeError as exc:
         raise BaselineError(f"{where}: corrupt baseline (line {exc.lineno}: {exc.msg})") from None
+    except jsondepth.TooDeep as exc:
+        raise BaselineError(f"{where}: corrupt baseline ({exc})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BaselineError(f"{where}: not a pytest-gsm8k baseline")
     if data.get("schema") != SCHEMA:

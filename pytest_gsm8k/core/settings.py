@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.scoring import RULES
 
 
@@ -270,7 +271,9 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
         if key in params:
             raise SettingsError(f"--gsm8k-param {key}: given twice")
         try:
-            value: Any = json.loads(text)
+            value: Any = jsondepth.loads(text)
+        except jsondepth.TooDeep as exc:
+            raise SettingsError(f"--gsm8k-param {key}: {exc}") from None
         except ValueError:
             value = text
         params[key] = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
