@@ -49,19 +49,22 @@ def release_gates(state: State, session: pytest.Session) -> None:
         shown = str(path)
     update = bool(getattr(config.option, "update_snapshots", False))
     state.baseline_file = path
-    if update and state.early_stopped is not None:
-        summary.add_gate(
-            "baseline",
-            False,
-            f"not written to {shown}: the run stopped early "
-            "(--gsm8k-early-stop); a baseline is always a complete run",
+    try:
+        gates.apply_baseline(
+            summary,
+            state.settings,
+            path,
+            update,
+            shown,
+            split=state.split().problems,
+            stopped_early=state.early_stopped is not None,
+            deselected_by=deselected_by(config),
+            run_ids={p.id for p in state.wanted()},
         )
-    else:
-        try:
-            gates.apply_baseline(summary, state.settings, path, update, shown)
-        except Exception as exc:
-            verb = "write" if update else "read"
-            summary.add_gate("baseline", False, f"{shown}: cannot {verb} it ({reason(exc)})")
+    except Exception as exc:
+        verb = "write" if update else "read"
+        summary.add_gate("baseline", False, f"{shown}: cannot {verb} it ({reason(exc)})")
+    if not update:
         _early_baseline_verdict(state)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
@@ -70,40 +73,59 @@ def release_gates(state: State, session: pytest.Session) -> None:
         write_output(state, "step_summary", step_summary, lambda: text)
 
 
+def deselected_by(config: pytest.Config) -> str:
+    """The options that may have deselected problems, as the command line spells them."""
+    option = config.option
+    named = [
+        flag
+        for flag, given in (
+            ("-k", getattr(option, "keyword", "")),
+            ("-m", getattr(option, "markexpr", "")),
+            ("--lf", getattr(option, "lf", False)),
+            ("--deselect", getattr(option, "deselect", None)),
+        )
+        if given
+    ]
+    return ", ".join(named) or "the test ids or paths given"
+
+
 def early_stop_for(state: State, session: pytest.Session) -> EarlyStop | None:
     """The run's :class:`EarlyStop` (``--gsm8k-early-stop``), or None with nothing to decide.
 
     Its problems are those this run set out to do (after deselection); its
     baseline gate uses the stored baseline when one exists that this run may be
-    compared with (any refusal is reported by the normal baseline gate at the end).
+    compared with (any refusal is reported by the normal baseline gate at the end),
+    and with ``--gsm8k-require-baseline`` only one that holds every problem of the run
+    (the gate at the end fails on any other, whatever the shared ones say).
     """
+    from pytest_gsm8k import gates
     from pytest_gsm8k.core import baseline as bl
     from pytest_gsm8k.core.early_stop import EarlyStop
 
     settings = state.settings
     assert settings.early_stop in ("certain", "sequential")
-    wanted = state.planned_ids
-    ids = [p.id for p in state.selected() if wanted is None or p.id in wanted]
+    ids = [p.id for p in state.wanted()]
     protocol = state.protocol()
     config = session.config
     dirname = str(getattr(config.option, "snapshot_dirname", None) or "__snapshots__")
     path = gates_path(state, config, dirname)
     outcomes: dict[str, int] | None = None
     if path.is_file() and not getattr(config.option, "update_snapshots", False):
-        try:
-            stored = bl.loads(path.read_text(encoding="utf-8"), str(path))
-        except (OSError, UnicodeDecodeError, bl.BaselineError):
-            stored = None
         here = {
             "protocol": {**protocol.identity(), "label": protocol.label},
             "dataset": state.split().identity(),
         }
-        if stored is not None and bl.first_difference(stored, here) is None:
+        try:
+            stored = gates.read_baseline(path, str(path), here, state.split().problems)
+        except bl.BaselineError:
+            stored = None
+        if stored is not None:
             outcomes = {}
             for pid, value in stored["problems"].items():
                 outcome = value.get("outcome") if isinstance(value, dict) else value
                 outcomes[str(pid)] = int(outcome == "correct")
-            if not set(outcomes) & set(ids):
+            shared = set(outcomes) & set(ids)
+            if not shared or (settings.require_baseline and len(shared) < len(ids)):
                 outcomes = None
     if settings.min_acc is None and outcomes is None:
         return None
@@ -127,9 +149,15 @@ def gates_path(state: State, config: pytest.Config, dirname: str) -> Path:
 
 def _early_baseline_verdict(state: State) -> None:
     """After an early stop the baseline gate's verdict is the early decision's, not the one
-    the partial run's drop would give (a gate another gate's FAIL made moot is not a FAIL)."""
+    the partial run's drop would give (a gate another gate's FAIL made moot is not a FAIL).
+
+    Only when the early stop decided on the baseline at all: a baseline gate it did not
+    know (no baseline, one refused, one that does not cover the run) keeps its verdict.
+    """
     early, summary = state.early, state.summary
     if early is None or early.decision is None or state.early_stopped is None or not summary:
+        return
+    if "baseline" not in early.decision.verdicts:
         return
     verdict = early.decision.verdicts.get("baseline")
     if not any(gate.name == "baseline" for gate in summary.gates):

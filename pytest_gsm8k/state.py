@@ -447,15 +447,20 @@ class State:
         record["model"] = record["model"] or engine.model
         return record
 
+    def wanted(self) -> list[Problem]:
+        """What this run set out to do: the selected problems it collected, after -k/-m/--lf
+        deselection (all of the selection until collection says otherwise)."""
+        selected = self.selected()
+        wanted = self.planned_ids if self.planned_ids is not None else {p.id for p in selected}
+        return [p for p in selected if p.id in wanted]
+
     def build_summary(self) -> Summary:
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.summary import Summary
 
         selected = self.selected()
         records = dict(self.records)
-        # What this run set out to do: the collected problems after -k/-m/--lf deselection.
-        wanted = self.planned_ids if self.planned_ids is not None else {p.id for p in selected}
-        ran = [p for p in selected if p.id in wanted]
+        ran = self.wanted()
         if self.aborted:
             # The run stopped at the first item the failure reached; answers that had come
             # in for later items (out of order) are scored, not thrown away.

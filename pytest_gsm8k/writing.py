@@ -141,12 +141,14 @@ def limit_descriptors(state: State) -> None:
 
 def page_html(state: State, report: dict[str, Any]) -> str:
     """The run's page (``--gsm8k-html``): the baseline's outcomes beside ours."""
+    from pytest_gsm8k import gates
     from pytest_gsm8k.core import baseline as bl
     from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
 
     outcomes = None
     path = state.baseline_file
-    with contextlib.suppress(OSError, UnicodeDecodeError, bl.BaselineError):
+    with contextlib.suppress(bl.BaselineError):
         if path is not None and path.is_file():
-            outcomes = outcomes_from_baseline(bl.loads(path.read_text(encoding="utf-8"), str(path)))
+            stored = gates.read_baseline(path, str(path), report, state.split().problems)
+            outcomes = outcomes_from_baseline(stored)
     return render_html(report, problem_texts(state.split().problems), outcomes)

@@ -6,6 +6,12 @@ comparison is paired: only problem ids present in both count, so a
 ``--gsm8k-limit`` smoke run is compared on its own subset, and the
 significance test is the exact one-sided McNemar test on the problems that
 flipped, not an unpaired test of two accuracies.
+
+Which problems a baseline holds is part of what it says. A full baseline
+holds exactly its selection (the split after its ``--gsm8k-limit`` and
+seed); a partial one (written only when asked) says so in ``partial`` with
+the ids it holds. :func:`loads` checks that the file agrees with itself,
+:func:`check_problem_set` that it agrees with the split.
 """
 
 from __future__ import annotations
@@ -13,12 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core import jsondepth
+from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.outcome import OUTCOMES
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
+from pytest_gsm8k.core.types import Problem
 
 SCHEMA = 1
 KIND = "pytest-gsm8k baseline"
@@ -48,8 +58,12 @@ def default_name(label: str) -> str:
     return f"{name[: NAME_LIMIT - len(digest) - 1].rstrip('_')}_{digest}"
 
 
-def build(summary_json: dict[str, Any]) -> dict[str, Any]:
-    """The baseline document from a run's JSON report (see summary.Summary.to_json)."""
+def build(summary_json: dict[str, Any], partial: str | None = None) -> dict[str, Any]:
+    """The baseline document from a run's JSON report (see summary.Summary.to_json).
+
+    ``partial``: why the run covers only part of its selection, for a partial
+    baseline (recorded with the size of the selection and the ids it holds).
+    """
     problems: dict[str, Any] = {}
     sampled = int(summary_json["protocol"]["samples"]) > 1
     for record in summary_json["problems"]:
@@ -62,7 +76,7 @@ def build(summary_json: dict[str, Any]) -> dict[str, Any]:
         else:
             problems[record["id"]] = record["outcome"]
     protocol = dict(summary_json["protocol"])
-    return {
+    document: dict[str, Any] = {
         "schema": SCHEMA,
         "kind": KIND,
         "protocol": protocol,
@@ -74,6 +88,14 @@ def build(summary_json: dict[str, Any]) -> dict[str, Any]:
         "subset": summary_json.get("subset", {}),
         "problems": dict(sorted(problems.items())),
     }
+    if partial is not None:
+        subset = summary_json.get("subset", {})
+        document["partial"] = {
+            "reason": partial,
+            "of": int(summary_json["expected"]) + int(subset.get("deselected") or 0),
+            "ids": sorted(problems),
+        }
+    return document
 
 
 def dumps(baseline: dict[str, Any]) -> str:
@@ -83,9 +105,11 @@ def dumps(baseline: dict[str, Any]) -> str:
 
 def loads(text: str, where: str) -> dict[str, Any]:
     try:
-        data = json.loads(text)
+        data = jsondepth.loads(text)
     except json.JSONDecodeError as exc:
         raise BaselineError(f"{where}: corrupt baseline (line {exc.lineno}: {exc.msg})") from None
+    except jsondepth.TooDeep as exc:
+        raise BaselineError(f"{where}: corrupt baseline ({exc})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BaselineError(f"{where}: not a pytest-gsm8k baseline")
     if data.get("schema") != SCHEMA:
@@ -94,6 +118,7 @@ def loads(text: str, where: str) -> dict[str, Any]:
         if not isinstance(data.get(key), dict):
             raise BaselineError(f"{where}: corrupt baseline (no '{key}')")
     _check_outcomes(data, where)
+    _check_problem_count(data, where)
     return data
 
 
@@ -121,6 +146,64 @@ def _check_outcomes(data: dict[str, Any], where: str) -> None:
                 f"{where}: corrupt baseline (its accuracy {float(accuracy):.6f} is not that of "
                 f"its {len(problems)} outcomes, {measured:.6f}: edited by hand?)"
             )
+
+
+def _check_problem_count(data: dict[str, Any], where: str) -> None:
+    """The stored count and partial ids are those of the stored outcomes."""
+    problems = data["problems"]
+    n = data.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n != len(problems)):
+        raise BaselineError(
+            f"{where}: corrupt baseline (its n {n!r} is not the {len(problems)} problems it "
+            "holds: edited by hand?)"
+        )
+    partial = data.get("partial")
+    if partial is None:
+        return
+    ids = partial.get("ids") if isinstance(partial, dict) else None
+    of = partial.get("of") if isinstance(partial, dict) else None
+    if not isinstance(ids, list) or not isinstance(of, int) or isinstance(of, bool):
+        raise BaselineError(f"{where}: corrupt baseline ('partial' has no ids or no 'of')")
+    if sorted(str(i) for i in ids) != sorted(problems) or len(ids) != len(problems):
+        raise BaselineError(
+            f"{where}: corrupt baseline (its partial ids are not the {len(problems)} problems it "
+            "holds: edited by hand?)"
+        )
+
+
+def _shown_ids(ids: Sequence[str], most: int = 5) -> str:
+    return ", ".join(ids[:most]) + (f", ... ({len(ids) - most} more)" if len(ids) > most else "")
+
+
+def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Problem]) -> None:
+    """Refuse a baseline whose problem ids do not fit ``split`` (the split it was recorded on,
+    by fingerprint): ids the split does not have, or a full baseline that does not hold
+    exactly its selection (a partial one must say so). Call after :func:`first_difference`.
+    """
+    ids = set(baseline["problems"])
+    known = {p.id for p in split}
+    unknown = sorted(ids - known)
+    if unknown:
+        name = baseline.get("dataset", {}).get("split", "")
+        raise BaselineError(
+            f"{where}: {len(unknown)} problem ids are not in the {name} split: "
+            f"{_shown_ids(unknown)} (edited by hand?)"
+        )
+    if baseline.get("partial") is not None:
+        return
+    subset = baseline.get("subset")
+    subset = subset if isinstance(subset, dict) else {}
+    limit, seed = subset.get("limit"), subset.get("seed", 0)
+    if not (limit is None or (isinstance(limit, int) and limit > 0)) or not isinstance(seed, int):
+        raise BaselineError(f"{where}: corrupt baseline (its subset limit or seed is not a number)")
+    selection = {p.id for p in select(tuple(split), limit, seed)}
+    if ids != selection:
+        described = "the whole split" if limit is None else f"limit {limit}, seed {seed}"
+        raise BaselineError(
+            f"{where}: its {len(ids)} problems are not the {len(selection)} of its selection "
+            f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "
+            "and it does not say it is partial; record it again with --snapshot-update"
+        )
 
 
 def _correct(entry: Any) -> bool:
@@ -164,6 +247,9 @@ class Comparison:
     baseline_n: int = 0
     baseline_correct: int = 0  # over the shared ids
     current_correct: int = 0
+    #: problems of the run the baseline does not hold, of the run's ``run_n``
+    not_in_baseline: int = 0
+    run_n: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -177,12 +263,22 @@ class Comparison:
             "mcnemar_p": self.p_value,
             "subset": self.subset,
             "baseline_n": self.baseline_n,
+            "not_in_baseline": self.not_in_baseline,
         }
 
 
-def compare(baseline: dict[str, Any], records: list[dict[str, Any]]) -> Comparison:
-    """Paired comparison on the problem ids present in both."""
+def compare(
+    baseline: dict[str, Any],
+    records: list[dict[str, Any]],
+    run_ids: Collection[str] | None = None,
+) -> Comparison:
+    """Paired comparison on the problem ids present in both.
+
+    ``run_ids``: the problems the run set out to do (default: those of ``records``);
+    those the baseline does not hold are counted in ``not_in_baseline``.
+    """
     base = baseline["problems"]
+    wanted = {str(r["id"]) for r in records} if run_ids is None else set(run_ids)
     both_correct = base_only = now_only = both_wrong = 0
     failing: list[str] = []
     passing: list[str] = []
@@ -221,4 +317,6 @@ def compare(baseline: dict[str, Any], records: list[dict[str, Any]]) -> Comparis
         baseline_n=len(base),
         baseline_correct=base_correct,
         current_correct=now_correct,
+        not_in_baseline=len(wanted - set(base)),
+        run_n=len(wanted),
     )

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.scoring import gold_number
 from pytest_gsm8k.core.types import Problem
 
@@ -84,7 +85,9 @@ def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> list[Problem]
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = jsondepth.loads(line)
+        except jsondepth.TooDeep as exc:
+            raise DatasetError(f"{where}:{lineno}: {exc}") from None
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{where}:{lineno}: not valid JSON ({exc.msg})") from None
         problems.append(_problem(len(problems), split, row, f"{where}:{lineno}"))

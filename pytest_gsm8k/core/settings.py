@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.scoring import RULES
 
 
@@ -180,7 +181,20 @@ OPTIONS: tuple[Option, ...] = (
         "McNemar test rejects 'no regression' at this level",
         metavar="A",
     ),
-    Option("require-baseline", "bool", "fail when no baseline exists", False),
+    Option(
+        "require-baseline",
+        "bool",
+        "fail when no baseline exists or it does not hold every problem of the run",
+        False,
+    ),
+    Option(
+        "baseline-partial",
+        "bool",
+        "let --snapshot-update write a baseline from a run that covers only part of its "
+        "selection (-k, -m, --lf, early stop), or one that holds fewer problems than the "
+        "baseline it replaces",
+        False,
+    ),
     Option("html", "str", "write the run's self-contained HTML page here", metavar="PATH"),
     Option(
         "early-stop",
@@ -271,7 +285,9 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
         if key in params:
             raise SettingsError(f"--gsm8k-param {key}: given twice")
         try:
-            value: Any = json.loads(text)
+            value: Any = jsondepth.loads(text)
+        except jsondepth.TooDeep as exc:
+            raise SettingsError(f"--gsm8k-param {key}: {exc}") from None
         except ValueError:
             value = text
         params[key] = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -358,6 +374,7 @@ class Settings:
     max_drop: float = 0.0
     alpha: float | None = None
     require_baseline: bool = False
+    baseline_partial: bool = False
     html: str | None = None
     early_stop: str | None = None
     early_stop_alpha: float = 0.05
@@ -548,6 +565,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         max_drop=float(values["max_drop"]),
         alpha=values["alpha"],
         require_baseline=bool(values["require_baseline"]),
+        baseline_partial=bool(values["baseline_partial"]),
         html=values["html"] or None,
         early_stop=early_stop,
         early_stop_alpha=float(values["early_stop_alpha"]),
