@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -417,13 +417,17 @@ def _listing(models: list[str]) -> str:
 
 
 def preflight(state: State) -> None:
-    """One cheap call at session start: unreachable, bad key or unknown model is one line."""
+    """One cheap call at session start: unreachable, bad key or unknown model is one line.
+    What the server says about the model is kept: cached answers are reused only while it
+    says the same."""
+    from pytest_gsm8k.core.identity import describe_server
     from pytest_gsm8k.runtime.client import PreflightError, list_models
 
     url = state.base_url
     shown = safe_url(url or DEFAULT_BASE_URL)
+    cards: list[dict[str, Any]] = []
     try:
-        models = list_models(url, state.settings.api_key(), timeout=10.0)
+        models = list_models(url, state.settings.api_key(), timeout=10.0, cards=cards)
     except PreflightError as exc:
         if exc.kind == "auth":
             raise pytest.UsageError(
@@ -444,6 +448,7 @@ def preflight(state: State) -> None:
         raise pytest.UsageError(
             f"gsm8k: model {state.model_name!r} is not served by {shown} (it serves: {listed})"
         )
+    state.server_identity = describe_server(cards, state.model_name or "")
 
 
 def check_data(state: State) -> None:

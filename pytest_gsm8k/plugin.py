@@ -202,6 +202,7 @@ class StatePlugin:
         node.workerinput["gsm8k_run_id"] = state.run_id
         node.workerinput["gsm8k_base_url"] = state.base_url
         node.workerinput["gsm8k_model"] = state.model_name
+        node.workerinput["gsm8k_server_identity"] = state.server_identity
         if state.answer_server is not None:
             node.workerinput["gsm8k_answers"] = list(state.answer_server.address)
             node.workerinput["gsm8k_answers_token"] = state.answer_server.token
@@ -383,6 +384,7 @@ class StatePlugin:
             return
         for engine in state.engines.values():  # the controller's cache warnings
             self.warnings.extend(engine.take_warnings())
+            self.warnings.extend(engine.notes())
         if not state.records and not state.aborted and not state.interrupted:
             return  # (an interrupted run reports even when no item had finished)
         if not state.records and not state.settings.model and not state.planned:

@@ -123,6 +123,9 @@ class State:
         self.server_death: str | None = None
         self.base_url = settings.resolved_base_url()
         self.model_name = settings.model
+        #: what the endpoint's GET /v1/models says about the model (None: it said nothing);
+        #: stored with each cached answer, which is reused only while it still says that
+        self.server_identity: dict[str, Any] | None = None
         #: xdist controller: serves its engine's answers to the workers
         self.answer_server: AnswerServer | None = None
         #: xdist worker: the controller's answers (plugin's own client and protocol only)
@@ -141,6 +144,7 @@ class State:
             self.run_id = str(self.workerinput["gsm8k_run_id"])
             self.base_url = self.workerinput.get("gsm8k_base_url") or self.base_url
             self.model_name = self.workerinput.get("gsm8k_model") or self.model_name
+            self.server_identity = self.workerinput.get("gsm8k_server_identity")
             self.workers = int(self.workerinput.get("workercount", 1))
         else:
             self.run_id = uuid.uuid4().hex
@@ -272,6 +276,9 @@ class State:
             max_retries=self.settings.max_retries,
             concurrency=self.concurrency(),
             breaker=Breaker(),
+            # the served port is new every run: the command line (with {port} as written)
+            # names the server in cache keys, so a rerun finds its answers
+            cache_endpoint=f"serve:{self.settings.serve}" if self.settings.serve else None,
         )
         return self._default_client
 
@@ -329,6 +336,8 @@ class State:
             lookahead=self.concurrency() if self.settings.early_stop else None,
             scrub=self.scrubber(),
             stall_timeout=self.settings.stall_timeout,
+            # what the server says about itself describes the plugin's own client only
+            identity=self.server_identity if client is self._default_client else None,
         )
         self.engines[id(model)] = engine
         if plan:

@@ -405,6 +405,10 @@ class FakeOpenAIServer:
         extra_models: Iterable[str] = (),
         reasoning_field: bool = False,
         record_file: str | Path | None = None,
+        root: str | None = None,
+        owned_by: str = "fake",
+        max_model_len: int | None = None,
+        fingerprint: str | None = "fake",
     ) -> None:
         self.questions, self.golds, solutions = load_gsm8k(questions_path)
         self._steps = [" ".join(_CALC_RE.sub("", s).split()) for s in solutions]
@@ -424,6 +428,14 @@ class FakeOpenAIServer:
         self.reasoning_field = reasoning_field
         #: every completion request body is appended here as one JSON line (server side)
         self.record_file = Path(record_file) if record_file is not None else None
+        #: what GET /models says about the served model (``root``, ``max_model_len``: only
+        #: when set, as vLLM gives them); a test changes them between runs to play a server
+        #: restarted with another model under the same name
+        self.root = root
+        self.owned_by = owned_by
+        self.max_model_len = max_model_len
+        #: every reply's ``system_fingerprint`` (None: the field is left out)
+        self.fingerprint = fingerprint
         self.on_kill: Callable[[], None] | None = None  # called (in the loop thread) after a kill
 
         self._lock = threading.Lock()
@@ -816,7 +828,16 @@ class FakeOpenAIServer:
                 return _json_response(
                     405, _error_body("method not allowed", "invalid_request_error", None)
                 )
-            card = {"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}
+            card: dict[str, Any] = {
+                "id": self.model,
+                "object": "model",
+                "created": 0,
+                "owned_by": self.owned_by,
+            }
+            if self.root is not None:
+                card["root"] = self.root
+            if self.max_model_len is not None:
+                card["max_model_len"] = self.max_model_len
             if path == "/models":
                 cards = [card] + [
                     {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
@@ -1112,8 +1133,9 @@ class FakeOpenAIServer:
                 "id": f"chatcmpl-fake{rid}",
                 "created": created,
                 "model": self.model,
-                "system_fingerprint": "fake",
             }
+            if self.fingerprint is not None:
+                base["system_fingerprint"] = self.fingerprint
             if not stream:
                 return _json_response(
                     200,
@@ -1164,6 +1186,8 @@ class FakeOpenAIServer:
                 "created": created,
                 "model": self.model,
             }
+            if self.fingerprint is not None:
+                base["system_fingerprint"] = self.fingerprint
             if not stream:
                 return _json_response(
                     200,
@@ -1288,6 +1312,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-model", action="append", default=[], help="also listed in /models")
     ap.add_argument("--reasoning-field", action="store_true")
     ap.add_argument("--record-file", default=None, help="append request bodies here (JSONL)")
+    ap.add_argument("--root", default=None, help="the model's root in GET /models")
+    ap.add_argument("--owned-by", default="fake", help="the model's owned_by in GET /models")
+    ap.add_argument("--max-model-len", type=int, default=None, help="... and its max_model_len")
+    ap.add_argument("--system-fingerprint", default="fake", help="every reply's fingerprint")
     args = ap.parse_args(argv)
     if args.exit_at_once is not None:
         print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
@@ -1317,6 +1345,10 @@ def main(argv: list[str] | None = None) -> int:
         extra_models=args.extra_model,
         reasoning_field=args.reasoning_field,
         record_file=args.record_file,
+        root=args.root,
+        owned_by=args.owned_by,
+        max_model_len=args.max_model_len,
+        fingerprint=args.system_fingerprint,
     )
     done = threading.Event()
     srv.on_kill = done.set

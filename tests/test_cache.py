@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakeserver import FakeOpenAIServer
+from helpers import output, report, sent
 
-from pytest_gsm8k.core.types import Request
+from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
+from pytest_gsm8k.runtime.engine import Engine
 
 BODY = {
     "model": "m",
@@ -80,10 +83,10 @@ def test_request_body_is_what_the_key_hashes() -> None:
 def test_put_get_roundtrip_and_layout(tmp_path: Path) -> None:
     cache = make(tmp_path)
     key = cache_key("u", BODY, "0")
-    assert cache.get(key) is None
+    assert cache.get(key, BODY) is None
     assert not (tmp_path / "cache").exists()  # nothing is created before the first write
     cache.put(key, BODY, RESPONSE)
-    got = cache.get(key)
+    got = cache.get(key, BODY)
     assert got is not None and got["completions"] == RESPONSE["completions"]
     assert got["_run"] == "run1"
     [path] = entry_files(tmp_path / "cache")
@@ -99,17 +102,21 @@ def test_background_writes_run_done_after_the_entry_is_on_disk(tmp_path: Path) -
     keys = [cache_key("u", {**BODY, "seed": i}, "0") for i in range(50)]
     for key in keys:
         cache.submit(
-            [(key, BODY, RESPONSE)], done=lambda key=key: seen.append(cache.get(key) is not None)
+            [(key, BODY, RESPONSE, None)],
+            done=lambda key=key: seen.append(cache.get(key, BODY) is not None),
         )
     both = threading.Event()
     cache.submit(
-        [(cache_key("u", BODY, "1"), BODY, RESPONSE), (cache_key("u", BODY, "2"), BODY, RESPONSE)],
+        [
+            (cache_key("u", BODY, "1"), BODY, RESPONSE, None),
+            (cache_key("u", BODY, "2"), BODY, RESPONSE, None),
+        ],
         done=both.set,
     )
     assert both.wait(10)
     assert cache.flush(10)
     assert seen == [True] * 50
-    assert cache.get(cache_key("u", BODY, "1")) and cache.get(cache_key("u", BODY, "2"))
+    assert cache.get(cache_key("u", BODY, "1"), BODY) and cache.get(cache_key("u", BODY, "2"), BODY)
     assert len(entry_files(tmp_path / "cache")) == 52
     cache.close()
 
@@ -119,7 +126,7 @@ def test_failed_write_is_a_warning_and_still_calls_done(tmp_path: Path) -> None:
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "responses").write_text("a file where the folder should be")
     done = threading.Event()
-    cache.submit([(cache_key("u", BODY, "0"), BODY, RESPONSE)], done=done.set)
+    cache.submit([(cache_key("u", BODY, "0"), BODY, RESPONSE, None)], done=done.set)
     assert done.wait(10)
     [warning] = cache.take_warnings()
     assert "cannot write" in warning and "not cached" in warning
@@ -143,7 +150,6 @@ def test_failed_write_is_a_warning_and_still_calls_done(tmp_path: Path) -> None:
             lambda raw: json.dumps({"v": 1, "response": {"completions": [{"text": 4}]}}).encode(),
             id="bad-text",
         ),
-        pytest.param(lambda raw: raw.replace(b'"key":"', b'"key":"0'), id="another-key"),
     ],
 )
 def test_corrupt_entry_is_ignored_with_one_warning(tmp_path: Path, damage: Any) -> None:
@@ -152,12 +158,12 @@ def test_corrupt_entry_is_ignored_with_one_warning(tmp_path: Path, damage: Any) 
     cache.put(key, BODY, RESPONSE)
     [path] = entry_files(tmp_path / "cache")
     path.write_bytes(damage(path.read_bytes()))
-    assert cache.get(key) is None
-    assert cache.get(key) is None
+    assert cache.get(key, BODY) is None
+    assert cache.get(key, BODY) is None
     [warning] = cache.take_warnings()
     assert "corrupt entry" in warning and "re-requested" in warning and str(path) in warning
     cache.put(key, BODY, RESPONSE)  # the re-requested answer replaces it
-    assert cache.get(key) is not None
+    assert cache.get(key, BODY) is not None
 
 
 def test_throwaway_cache_is_removed_persistent_one_keeps_entries(tmp_path: Path) -> None:
@@ -166,7 +172,7 @@ def test_throwaway_cache_is_removed_persistent_one_keeps_entries(tmp_path: Path)
     for cache in (keep, drop):
         key = cache_key("u", BODY, "0")
         assert cache.claim(key)
-        cache.submit([(key, BODY, RESPONSE)], release=True)
+        cache.submit([(key, BODY, RESPONSE, None)], release=True)
         cache.close()
     assert not (tmp_path / "drop").exists()
     assert len(entry_files(tmp_path / "keep")) == 1
@@ -247,3 +253,138 @@ def test_probing_a_claim_does_not_take_it(tmp_path: Path) -> None:
     assert mine.claim_owner_alive(key)
     mine.release(key)
     assert not mine.claim_owner_alive(key)
+
+
+# -- entries that do not belong where they are found -------------------------------------
+
+
+@pytest.fixture
+def run_args(gsm8k_args: list[str]) -> list[str]:
+    return [*gsm8k_args, "-p", "no:hypothesispytest", "--gsm8k-cache-dir=cache"]
+
+
+def _entries_by_problem(cache: Path) -> dict[str, Path]:
+    """The cache's entries by the problem their request asks (its question's first words)."""
+    return {
+        json.loads(path.read_text())["request"]["messages"][-1]["content"][:60]: path
+        for path in entry_files(cache)
+    }
+
+
+@pytest.mark.parametrize("without_key", [True, False], ids=["no-key-field", "key-field"])
+def test_an_entry_filed_under_another_request_is_asked_again(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    run_args: list[str],
+    keyed_env: str,
+    without_key: bool,
+) -> None:
+    """One problem's entry copied over another's file: the stored key and request name the
+    first problem, so the second is asked again, never graded with the first one's answer."""
+    run = [*run_args, "--gsm8k-limit=12"]
+    assert pytester.runpytest(*run).ret == 0
+    first, second, third, *_ = entry_files(pytester.path / "cache")
+    for source, target in ((first, second), (first, third)):
+        data = json.loads(source.read_text())
+        if without_key:
+            del data["key"]
+        target.write_text(json.dumps(data))
+    server.reset()
+    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    text = output(result)
+    assert result.ret == 0, text
+    assert sent(server) == 2
+    assert report(pytester)["counts"]["correct"] == 12
+    lines = [line for line in text.splitlines() if "filed under another request" in line]
+    assert len(lines) == 1, text  # one line per run, not one per entry
+
+
+def test_an_entry_whose_stored_request_differs_is_asked_again(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, run_args: list[str], keyed_env: str
+) -> None:
+    run = [*run_args, "--gsm8k-limit=6"]
+    assert pytester.runpytest(*run).ret == 0
+    path = entry_files(pytester.path / "cache")[0]
+    data = json.loads(path.read_text())
+    data["request"]["max_tokens"] = 7  # the answer of another request, under this key
+    path.write_text(json.dumps(data))
+    server.reset()
+    result = pytester.runpytest(*run)
+    assert result.ret == 0, output(result)
+    assert sent(server) == 1
+    assert "filed under another request" in output(result)
+
+
+def test_get_uses_an_entry_only_under_its_own_key_and_request(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    key, other = cache_key("u", BODY, "0"), cache_key("u", BODY, "1")
+    cache.put(key, BODY, RESPONSE)
+    assert cache.get(key, BODY) is not None
+    assert cache.get(key, {**BODY, "max_tokens": 7}) is None  # another request
+    [path] = entry_files(tmp_path / "cache")
+    moved = path.parent.parent / other[:2] / f"{other}.json"
+    moved.parent.mkdir(exist_ok=True)
+    moved.write_bytes(path.read_bytes())
+    assert cache.get(other, BODY) is None  # filed under another key
+    data = json.loads(path.read_text())
+    del data["key"]
+    path.write_text(json.dumps(data))
+    assert cache.get(key, BODY) is None  # no key: nothing says which request it answers
+    [warning] = cache.take_warnings()
+    assert "filed under another request" in warning
+
+
+# -- special files and hung reads -----------------------------------------------------------
+
+
+def test_a_fifo_at_an_entry_path_is_a_miss_with_one_warning(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, run_args: list[str], keyed_env: str
+) -> None:
+    """Opening a FIFO for reading waits for a writer: forever. The run must go on, ask
+    that problem again and say why once. (A subprocess with a bound: a hang fails.)"""
+    run = [*run_args, "--gsm8k-limit=3"]
+    assert pytester.runpytest(*run).ret == 0
+    path = entry_files(pytester.path / "cache")[1]
+    path.unlink()
+    os.mkfifo(path)
+    server.reset()
+    result = pytester.runpytest_subprocess(*run, timeout=60)
+    text = output(result)
+    assert result.ret == 0, text
+    assert sent(server) == 1
+    assert text.count("is not a regular file") == 1, text
+
+
+def test_a_hung_read_is_given_up_after_its_bound(tmp_path: Path) -> None:
+    """A hung network file system blocks the reading thread, never the engine's loop: after
+    the bound the entry counts as missing, and the cache is not read again this run."""
+    release = threading.Event()
+
+    class HungCache(ResponseCache):
+        def get(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
+            release.wait(30)  # what a read on a hung NFS mount does
+            return None
+
+    class Client:
+        endpoint, model, persistent_cache = "scripted:", "m", True
+
+        async def complete(self, request: Request) -> ModelResponse:
+            return ModelResponse(completions=[Completion(text="#### 4")])
+
+        async def aclose(self) -> None:
+            pass
+
+    cache = HungCache(tmp_path / "cache", "run")
+    engine = Engine(Client(), cache, concurrency=2, read_timeout=0.2)
+    planned = [
+        Request(problem_id=f"p{i}", api="chat", messages=(("user", f"q{i}"),)) for i in range(4)
+    ]
+    try:
+        engine.start(planned)
+        assert [engine.result(r).completions[0].text for r in planned] == ["#### 4"] * 4
+        assert engine.requests_sent == 4
+        [warning] = engine.take_warnings()
+        assert "not read for the rest of the run" in warning
+    finally:
+        release.set()
+        engine.close()

@@ -190,6 +190,30 @@ def test_serve_starts_the_server_sends_the_params_and_stops_it(
     assert _gone(lambda: _procs_with(fake.marker)), "the served process outlived the run"
 
 
+@XDIST
+def test_a_second_identical_serve_run_takes_its_answers_from_the_cache(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """The served port is new in every run: the cache is keyed by the command line (with
+    ``{port}`` as written) and the model, so resuming works; another command asks again."""
+    fake = Fake(gsm8k_data, tmp_path)
+    cache = f"--gsm8k-cache-dir={tmp_path / 'cache'}"
+    run = ["--gsm8k-limit=10", cache, *NOISE, *xdist]
+    first = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
+    assert first.ret == 0, first.stdout.str()
+    assert len(fake.bodies()) == 10
+    second = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
+    assert second.ret == 0, second.stdout.str()
+    assert len(fake.bodies()) == 10, "the second run sent requests again"
+    second.stdout.fnmatch_lines(["*answers from cache: 10 of 10*"])
+    # another command line (here: another checkpoint) is another server
+    other = f"{fake.command} --root /models/other"
+    third = pytester.runpytest(f"--gsm8k-serve={other}", *run)
+    assert third.ret == 0, third.stdout.str()
+    assert len(fake.bodies()) == 20
+    third.stdout.fnmatch_lines(["*answers from cache: 0 of 10*"])
+
+
 def test_params_and_omitted_fields_change_the_protocol_identity(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:

@@ -128,6 +128,8 @@ class ModelResponse:
     usage: dict[str, int] = field(default_factory=dict)
     model: str | None = None
     cached: int = 0  # how many of the completions came from the on-disk cache
+    #: the reply's ``system_fingerprint`` (the serving stack's build), when it gave one
+    fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -137,6 +139,7 @@ class ModelResponse:
             ],
             "usage": dict(self.usage),
             "model": self.model,
+            "system_fingerprint": self.fingerprint,
         }
 
     @classmethod
@@ -150,7 +153,13 @@ class ModelResponse:
             for c in data["completions"]
         ]
         usage, _ = valid_usage(data.get("usage"))
-        return cls(completions=comps, usage=usage, model=data.get("model"))
+        fingerprint = data.get("system_fingerprint")
+        return cls(
+            completions=comps,
+            usage=usage,
+            model=data.get("model"),
+            fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+        )
 
 
 def stable_hash(obj: Any) -> str:

@@ -1,11 +1,22 @@
 """On-disk response cache with cross-process claims.
 
 One small JSON file per request, named by the sha256 of everything that
-determines the answer (base URL, model, full request body, sample index), so
+determines the answer (base URL, or the command line of a server the run
+starts itself; model, full request body, sample index), so
 a different model or protocol can never hit another's entries. Files are
 written to a temporary name and renamed, so a run killed at any point
 (SIGKILL included) leaves only complete entries behind: that is the resume.
 
+An entry is used only under its own key and for its own request: it stores
+both, and a file that holds another key or another request body (copied or
+renamed into place) is ignored. It also stores what the server said about
+itself when it answered (its ``/v1/models`` card; the reply's model and
+fingerprint are in the response): the engine decides whether that still
+matches the server of this run (:mod:`pytest_gsm8k.core.identity`).
+
+Reads happen on a reader thread (:meth:`ResponseCache.read`) that the engine
+waits for with a bound, so a hung file system cannot stall its event loop;
+a file that is not a regular file (a FIFO) is refused without blocking.
 Writes happen on a background writer thread (:meth:`ResponseCache.submit`),
 so the event loop never waits for the file system; the engine hands an
 answer to its test only once it is on disk, so an answer a test has seen
@@ -21,16 +32,19 @@ it when its process dies, so a crashed worker can never block another. Where
 created with O_EXCL that holds its owner's pid. Claims are per run, so a
 crashed earlier run never blocks a new one.
 
-Entries never hold the API key: only the request body and the response.
+Entries never hold the API key: only the request body, the response and the
+server's description, all scrubbed before they get here.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
 import queue
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +61,11 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 SCHEMA = 1
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to guard against
+
+#: one entry to store: (key, request body, response, the server's description or None)
+Write = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
 
 
 def cache_key(base_url: str, body: dict[str, Any], sample: str) -> str:
@@ -115,6 +134,10 @@ class ResponseCache:
         self._written = 0
         self._submit_lock = threading.Lock()
         self._idle = threading.Condition()
+        self._reads: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+        #: why the cache is no longer read this run (a hung read), or None
+        self.unreadable: str | None = None
 
     # -- entries -------------------------------------------------------------
 
@@ -124,17 +147,33 @@ class ResponseCache:
     def _entry_text(self, key: str) -> str:
         return f"{self._entries_text}{os.sep}{key[:2]}{os.sep}{key}.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The stored response, or None. A corrupt entry is warned about once and ignored."""
+    def get(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored response to ``body`` filed under ``key``, or None.
+
+        An entry is used only when it names the same key and holds the same request
+        body: a file copied or renamed into place answers another request. Such an
+        entry, a corrupt one or a file that is not a regular file (a FIFO would block
+        the read forever) is warned about and treated as missing. The response comes
+        with the run (``_run``) and the server description (``_server``) it was
+        recorded under, for the engine to decide whether it still applies.
+        """
         path = self._entry_text(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
+            fd = os.open(path, os.O_RDONLY | _NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
             return None  # not there (a folder that cannot exist: the write warns about it)
         except OSError as exc:
             self._warn_folder("read", exc)
             return None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self._warn(
+                    "special",
+                    f"gsm8k cache: {path} is not a regular file; it is ignored and its "
+                    "request asked again",
+                )
+                return None
             chunks = []
             while True:
                 chunk = os.read(fd, 1 << 16)
@@ -151,38 +190,100 @@ class ResponseCache:
             data = json.loads(raw)
             if not isinstance(data, dict) or data.get("v") != SCHEMA:
                 raise ValueError("unexpected layout")
-            if data.get("key") not in (None, key):
-                raise ValueError("entry of another request")
             response = data.get("response")
             _check_response(response)
         except ValueError as exc:
             self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc}); it will be re-requested")
             return None
+        if data.get("key") != key or data.get("request") != body:
+            self._warn(
+                "mismatch",
+                f"gsm8k cache: {path} is filed under another request (its stored key or "
+                "request is not the one asked); such entries are ignored and asked again",
+            )
+            return None
         assert isinstance(response, dict)
         response["_run"] = data.get("run")
+        response["_server"] = data.get("server")
         return response
 
-    def put(self, key: str, body: dict[str, Any], response: dict[str, Any]) -> None:
-        """Store atomically: write a temporary file in the same folder, then rename."""
+    def put(
+        self,
+        key: str,
+        body: dict[str, Any],
+        response: dict[str, Any],
+        server: dict[str, Any] | None = None,
+    ) -> None:
+        """Store atomically: write a temporary file in the same folder, then rename.
+        ``server``: what the server said about itself when it gave this answer."""
         path = self._entry_text(key)
         folder = os.path.dirname(path)
         if key[:2] not in self._made_dirs:
             os.makedirs(folder, exist_ok=True)
             self._made_dirs.add(key[:2])
-        data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "response": response}
+        data = {
+            "v": SCHEMA,
+            "key": key,
+            "run": self.run_id,
+            "request": body,
+            "server": server,
+            "response": response,
+        }
         payload = to_json_bytes(data, separators=(",", ":"))  # a lone surrogate stays escaped
         write_atomic(path, payload, mkdir=False)
+
+    # -- reads off the caller's thread -----------------------------------------
+
+    def read(self, key: str, body: dict[str, Any]) -> concurrent.futures.Future[Any]:
+        """:meth:`get` on the reader thread: a hung file system (a network mount that no
+        longer answers) blocks that thread, never the caller, who bounds its wait and then
+        calls :meth:`stop_reading`."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self.unreadable is not None:
+            future.set_result(None)
+            return future
+        with self._submit_lock:
+            if self._reader is None:
+                self._reader = threading.Thread(
+                    target=self._read_loop, name="gsm8k-cache-reader", daemon=True
+                )
+                self._reader.start()
+        self._reads.put((key, body, future))
+        return future
+
+    def _read_loop(self) -> None:
+        while True:
+            job = self._reads.get()
+            if job is None:
+                return
+            key, body, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(None if self.unreadable is not None else self.get(key, body))
+            except BaseException as exc:  # noqa: BLE001 - handed to the reader's caller
+                future.set_exception(exc)
+
+    def stop_reading(self, seconds: float) -> None:
+        """A read took longer than ``seconds``: every later read is a miss (one warning)."""
+        if self.unreadable is None:
+            self.unreadable = f"a read took more than {seconds:g} s"
+            self._warn(
+                "hung",
+                f"gsm8k cache: reading an entry in {self.root} took more than {seconds:g} s "
+                "(a hung file system?); the cache is not read for the rest of the run",
+            )
 
     # -- background writes ---------------------------------------------------
 
     def submit(
         self,
-        items: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        items: list[Write],
         done: Callable[[], None] | None = None,
         *,
         release: bool = False,
     ) -> None:
-        """Write ``(key, body, response)`` entries on the writer thread, then (``release``)
+        """Write ``(key, body, response, server)`` entries on the writer thread, then (``release``)
         drop their claims, then call ``done``.
 
         A failed write is a warning (the answer is still good, it is just not
@@ -217,13 +318,13 @@ class ResponseCache:
 
     def _write_item(
         self,
-        items: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        items: list[Write],
         done: Callable[[], None] | None,
         release: bool,
     ) -> None:
-        for key, body, response in items:
+        for key, body, response, server in items:
             try:
-                self.put(key, body, response)
+                self.put(key, body, response, server)
             except OSError as exc:
                 self._warn_folder("write", exc)
             except Exception as exc:  # noqa: BLE001 - a cache problem never fails the run
@@ -347,6 +448,9 @@ class ResponseCache:
     def close(self) -> None:
         """Finish writing; remove this run's claims (and everything, for a throw-away cache)."""
         self.flush()
+        if self._reader is not None:
+            self._reads.put(None)  # a reader stuck in a hung read is a daemon: left behind
+            self._reader = None
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=5)

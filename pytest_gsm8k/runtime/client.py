@@ -46,7 +46,8 @@ def _httpx() -> Any:
 class ModelClient(Protocol):
     """What the engine needs from a model."""
 
-    #: identifies the endpoint in cache keys (base URL, or ``callable:<name>``)
+    #: identifies the endpoint (base URL, or ``callable:<name>``); cache keys use it unless
+    #: the client has a ``cache_endpoint`` (a name that outlives the URL)
     endpoint: str
     #: model id sent in requests and stored in cache keys
     model: str
@@ -258,8 +259,15 @@ class PreflightError(Exception):
         self.status = status
 
 
-def list_models(base_url: str | None, api_key: str | None, timeout: float = 10.0) -> list[str]:
-    """The model ids ``GET {base_url}/models`` lists, with the standard library only.
+def list_models(
+    base_url: str | None,
+    api_key: str | None,
+    timeout: float = 10.0,
+    cards: list[dict[str, Any]] | None = None,
+) -> list[str]:
+    """The model ids ``GET {base_url}/models`` lists, with the standard library only;
+    ``cards``, when given, also receives each listed model's whole card (what the server
+    says about it: the cache compares that between runs).
 
     The session-start check needs one small request; doing it without the
     openai package keeps its import (about half a second) off the path that
@@ -310,6 +318,8 @@ def list_models(base_url: str | None, api_key: str | None, timeout: float = 10.0
     models = data.get("data") if isinstance(data, dict) else None
     if not isinstance(models, list):
         return []
+    if cards is not None:
+        cards.extend(m for m in models if isinstance(m, dict) and "id" in m)
     return [str(m["id"]) for m in models if isinstance(m, dict) and "id" in m]
 
 
@@ -333,6 +343,7 @@ class OpenAIClient:
         max_retries: int,
         concurrency: int,
         breaker: Breaker,
+        cache_endpoint: str | None = None,
     ) -> None:
         self.model = model
         self.breaker = breaker
@@ -340,6 +351,9 @@ class OpenAIClient:
         self.endpoint = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
             "/"
         )
+        #: what cache keys name instead of the URL, for a server whose URL changes from run
+        #: to run (one the run starts itself on a free port)
+        self.cache_endpoint = cache_endpoint or self.endpoint
         self._api_key = api_key
         self._timeout = timeout
         self._max_retries = max_retries
@@ -460,10 +474,12 @@ def parse_reply(
     if bad and on_bad_usage is not None:
         on_bad_usage(", ".join(bad))
     reported = data.get("model")
+    fingerprint = data.get("system_fingerprint")
     return ModelResponse(
         completions=completions,
         usage=usage_dict,
         model=reported if isinstance(reported, str) else None,
+        fingerprint=fingerprint if isinstance(fingerprint, str) else None,
     )
 
 

@@ -36,6 +36,16 @@ stop, so the same failure on many requests is one message and a stop:
 * no answer at all for ``stall_timeout`` seconds while requests are in flight:
   a hung endpoint that accepts connections and never answers.
 
+Cached answers are reused only from the server this run talks to
+(:mod:`pytest_gsm8k.core.identity`): an entry recorded under another
+``/v1/models`` card is asked again, and so is one whose reply named another
+model or fingerprint than this run's replies do. A run learns its replies'
+identity from its first fresh answer, so answers cached by an earlier run are
+held back ("parked") while one is under way and checked once it arrives;
+when nothing more is being asked (the workers are idle, no call in flight)
+they are used on the card's word alone. Cache reads run on the cache's
+reader thread with a bound: a hung file system never stalls this loop.
+
 Everything that came from the endpoint (answers, model names, error messages)
 is scrubbed of the run's secrets (:class:`~pytest_gsm8k.core.scrub.Scrubber`)
 where it enters the engine, so no report, cache file or terminal line
@@ -50,16 +60,17 @@ import contextlib
 import functools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core.identity import Description, difference, reply_difference, reply_identity
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.bounded import mib
-from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
+from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
 from pytest_gsm8k.runtime.client import (
     MAX_REPLY_BYTES,
     Breaker,
@@ -71,7 +82,13 @@ from pytest_gsm8k.runtime.client import (
 POLL_SECONDS = 0.01  # how often a waiter looks for another process's entry (claims only)
 CLAIM_CHECK_EVERY = 5  # polls between looks at whether the other worker still holds the claim
 
-PLANNED, RUNNING, ELSEWHERE, DONE = "planned", "running", "elsewhere", "done"
+PLANNED, RUNNING, ELSEWHERE, PARKED, DONE = "planned", "running", "elsewhere", "parked", "done"
+
+#: how long one cache read may take before the cache is given up for the run: a local
+#: entry takes well under a millisecond; only a hung (network) file system takes this long
+READ_SECONDS = 10.0
+
+ReplyIdentity = tuple[str | None, str | None]
 
 #: finished requests in a row that failed the same way (each after its whole retry budget:
 #: by default six attempts over 15+ s) before the engine stops: past that nothing is getting
@@ -103,6 +120,14 @@ class AnswerTooLarge(Exception):
 
 class _Elsewhere(Exception):
     """Another process holds the claim on this request and will write its entry."""
+
+
+class _Parked(Exception):
+    """An answer cached by an earlier run waits for this run's first reply to be checked."""
+
+    def __init__(self, hit: dict[str, Any]) -> None:
+        super().__init__("parked")
+        self.hit = hit
 
 
 #: HTTP statuses the openai client retries (with 5xx); others fail at the first answer
@@ -175,9 +200,24 @@ class Engine:
         lookahead: int | None = None,
         scrub: Scrubber | None = None,
         stall_timeout: float | None = None,
+        identity: Description | None = None,
+        read_timeout: float = READ_SECONDS,
     ) -> None:
         self.client = client
         self.scrub = scrub or Scrubber()
+        #: what the server's GET /v1/models says about the model (stored with each answer)
+        self.identity: Description | None = self.scrub.obj(identity)
+        #: what cache keys name as the endpoint: the base URL, or a stabler name for a
+        #: server whose URL changes every run (--gsm8k-serve: its command line)
+        self.cache_endpoint = str(getattr(client, "cache_endpoint", None) or client.endpoint)
+        self.read_timeout = read_timeout
+        self._replies: dict[ReplyIdentity, None] = {}  # loop thread: this run's replies, in order
+        self._parked: list[tuple[Job, dict[str, Any]]] = []  # loop thread only
+        self._busy = 0  # loop thread only: workers handling a job
+        self._refused: set[str] = set()  # loop thread only: keys of entries not reused
+        self._refused_why: str | None = None
+        #: loop thread only: reply identities of earlier runs' answers used before any reply
+        self._unchecked: Counter[ReplyIdentity] = Counter()
         self.stall_timeout = stall_timeout
         self.breaker = breaker
         self.succeeded = 0  # loop thread only: requests answered (from the cache too)
@@ -277,6 +317,29 @@ class Engine:
             taken += [self._say(note) for note in notes]
         return taken
 
+    def notes(self) -> list[str]:
+        """Lines for the end of the run: cached answers this run did not trust (any thread,
+        once the engine is closed or idle)."""
+        lines = []
+        if self._refused:
+            count = len(self._refused)
+            were = "answer was" if count == 1 else "answers were"
+            lines.append(
+                f"gsm8k: {count} cached {were} recorded against a server that described "
+                f"itself differently ({self._refused_why}): asked again"
+            )
+        replies = list(self._replies)  # copies: the loop thread may still add to them
+        current = replies[0] if replies else None
+        late = {rid: n for rid, n in list(self._unchecked.items()) if rid not in replies}
+        if current is not None and late:
+            why = reply_difference(next(iter(late)), current)
+            lines.append(
+                f"gsm8k: {sum(late.values())} answers were graded from the cache before this "
+                f"run's first fresh reply showed the server replies differently ({why}); "
+                "rerun with --gsm8k-no-cache to ask them again"
+            )
+        return [self._say(line) for line in lines]
+
     def _say(self, message: str) -> str:
         """A message fit to print: without secrets, escapes or control characters."""
         return printable(self.scrub.text(message))
@@ -344,6 +407,7 @@ class Engine:
         self.stopped = message
 
         def clear() -> None:
+            self._release_parked()
             self._priority.clear()
             self._scan = len(self._jobs)
             # A job asked for just before the stop and not started would never be fetched
@@ -467,56 +531,73 @@ class Engine:
         while True:
             job = self._next_job()
             if job is None:
+                if self._parked and self._busy == 0:
+                    self._release_parked()  # nothing else is being asked: no reply to wait for
+                    continue
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            job.state = RUNNING
-            if not job.consumed:
-                self._ahead += 1
-            writes: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+            self._busy += 1
             try:
-                response = await self._fetch(job.request, writes)
-            except _Elsewhere:
-                job.state = ELSEWHERE
-                if not job.consumed:
-                    self._ahead -= 1  # another process fetches it, not us
-                if job.wanted:
-                    self._watch(job)
-                continue
-            except asyncio.CancelledError:
-                self._store(writes)  # samples that did arrive are kept
-                self._finish(job, error=EndpointAborted(self.aborted or "run cancelled"))
-                raise
-            except Exception as exc:  # noqa: BLE001 - classified below, never lost
-                self._store(writes)
-                message, fatal = describe_error(exc)
-                message = self._say(message)
-                status = getattr(exc, "status_code", None)
-                if fatal:
-                    self._abort(message)
-                elif (
-                    isinstance(status, int)
-                    and 400 <= status < 500
-                    and status not in RETRIED
-                    and self.succeeded == 0
-                ):
-                    self._abort(f"the endpoint refused the first requests: {message}")
-                else:
-                    self._finish(job, error=EndpointError(message))
-                    self._count_failure(message)
-                continue
+                await self._work(job)
+            finally:
+                self._busy -= 1
+
+    async def _work(self, job: Job) -> None:
+        """Fetch one job (or find who does, or park its cached answer)."""
+        job.state = RUNNING
+        if not job.consumed:
+            self._ahead += 1
+        writes: list[Write] = []
+        try:
+            response = await self._fetch(job.request, writes)
+        except _Parked as parked:
+            job.state = PARKED
+            self._parked.append((job, parked.hit))
             self.succeeded += 1
             self._streak = 0
-            if writes:
-                # The test gets the answer once it is on disk: what a test saw survives a kill.
-                job.state = DONE
-                self._store(writes, functools.partial(_resolve, job.future, response))
+            return
+        except _Elsewhere:
+            job.state = ELSEWHERE
+            if not job.consumed:
+                self._ahead -= 1  # another process fetches it, not us
+            if job.wanted:
+                self._watch(job)
+            return
+        except asyncio.CancelledError:
+            self._store(writes)  # samples that did arrive are kept
+            self._finish(job, error=EndpointAborted(self.aborted or "run cancelled"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified below, never lost
+            self._store(writes)
+            message, fatal = describe_error(exc)
+            message = self._say(message)
+            status = getattr(exc, "status_code", None)
+            if fatal:
+                self._abort(message)
+            elif (
+                isinstance(status, int)
+                and 400 <= status < 500
+                and status not in RETRIED
+                and self.succeeded == 0
+            ):
+                self._abort(f"the endpoint refused the first requests: {message}")
             else:
-                self._finish(job, response=response)
+                self._finish(job, error=EndpointError(message))
+                self._count_failure(message)
+            return
+        self.succeeded += 1
+        self._streak = 0
+        if writes:
+            # The test gets the answer once it is on disk: what a test saw survives a kill.
+            job.state = DONE
+            self._store(writes, functools.partial(_resolve, job.future, response))
+        else:
+            self._finish(job, response=response)
 
     def _store(
         self,
-        writes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        writes: list[Write],
         done: Callable[[], None] | None = None,
     ) -> None:
         if writes:
@@ -571,6 +652,7 @@ class Engine:
         if self.aborted is not None:
             return
         message = self._say(message)
+        self._release_parked()  # answers in hand are answers, whatever else failed
         self.aborted = message
         self._fail_unfinished(EndpointAborted(message))
         self._priority.clear()
@@ -590,13 +672,13 @@ class Engine:
         task.add_done_callback(self._side_tasks.discard)
 
     async def _await_entry(
-        self, key: str, done: Callable[[], bool] = lambda: False
+        self, key: str, body: dict[str, Any], done: Callable[[], bool] = lambda: False
     ) -> dict[str, Any] | None:
         """Poll for the entry another process is writing (claims only): the entry, or None
         once its claim is gone without one, the engine aborted, or ``done()``."""
         polls = 0
         while not done() and self.aborted is None:
-            hit = self.cache.get(key)
+            hit = await self._lookup(key, body)
             if hit is not None:
                 return hit
             if polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key):
@@ -607,9 +689,10 @@ class Engine:
 
     async def _watcher(self, job: Job) -> None:
         """Poll for the entry another process is writing; take the job back if it gave up."""
+        body = job.request.body(self.client.model)
         key = self._key(job.request, _first_sample(job.request))
         try:
-            hit = await self._await_entry(key, job.future.done)
+            hit = await self._await_entry(key, body, job.future.done)
             if hit is not None and job.request.n == 1 and not job.future.done():
                 self._finish(job, response=self._from_hit(hit))
                 return
@@ -628,7 +711,69 @@ class Engine:
     # -- loop side: fetching ---------------------------------------------------
 
     def _key(self, request: Request, sample: str) -> str:
-        return cache_key(self.client.endpoint, request.body(self.client.model), sample)
+        return cache_key(self.cache_endpoint, request.body(self.client.model), sample)
+
+    async def _read(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The entry for ``key`` from the cache's reader thread, waited for with a bound."""
+        future = self.cache.read(key, body)
+        if future.done():
+            return future.result()  # type: ignore[no-any-return]
+        try:
+            hit = await asyncio.wait_for(asyncio.wrap_future(future), self.read_timeout)
+        except asyncio.TimeoutError:
+            self.cache.stop_reading(self.read_timeout)
+            return None
+        return hit  # type: ignore[no-any-return]
+
+    async def _lookup(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The cached answer to ``body`` if it may be used here; None (and counted) when it
+        was recorded against a server that described itself differently."""
+        hit = await self._read(key, body)
+        if hit is None:
+            return None
+        rid = reply_identity(hit.get("model"), hit.get("system_fingerprint"))
+        if hit.get("_run") == self.cache.run_id:  # another worker's answer of this run
+            self._replies.setdefault(rid)
+            return hit
+        why = difference(hit.get("_server"), self.identity)
+        current = next(iter(self._replies), None)
+        if why is None and current is not None and rid not in self._replies:
+            why = reply_difference(rid, current)
+        if why is not None:
+            self._refused.add(key)
+            self._refused_why = self._refused_why or why
+            return None
+        return hit
+
+    def _release_parked(self) -> None:
+        """Use the parked answers that match this run's replies (all of them when none has
+        arrived: nothing else is being asked); fetch the others again."""
+        parked, self._parked = self._parked, []
+        for job, hit in parked:
+            if job.future.done():
+                continue
+            rid = reply_identity(hit.get("model"), hit.get("system_fingerprint"))
+            if not self._replies:
+                self._unchecked[rid] += 1
+            elif rid not in self._replies:
+                if self.stopped is not None:  # nothing is fetched any more
+                    job.state = DONE
+                    _resolve(job.future, error=NotRun(self.stopped))
+                    continue
+                job.state = PLANNED  # asked again: the lookup refuses the entry now
+                if not job.consumed:
+                    self._ahead -= 1
+                self._priority.appendleft(job)
+                continue
+            self._finish(job, response=self._from_hit(hit))
+        self._kick()
+
+    def _use(self, hit: dict[str, Any], defer: bool) -> ModelResponse:
+        """A usable entry's answer; an earlier run's waits (:class:`_Parked`) while this
+        run has no reply to check it against yet (``defer``: the first sample only)."""
+        if defer and not self._replies and hit.get("_run") != self.cache.run_id:
+            raise _Parked(hit)
+        return self._from_hit(hit)
 
     def _from_hit(self, hit: dict[str, Any]) -> ModelResponse:
         response = ModelResponse.from_json(hit)
@@ -637,9 +782,7 @@ class Engine:
             self.from_cache += 1
         return response
 
-    async def _fetch(
-        self, request: Request, writes: list[tuple[str, dict[str, Any], dict[str, Any]]]
-    ) -> ModelResponse:
+    async def _fetch(self, request: Request, writes: list[Write]) -> ModelResponse:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored."""
         first = await self._one(request, _first_sample(request), writes, defer=True)
         if len(first.completions) >= request.n:
@@ -656,21 +799,29 @@ class Engine:
             for name, value in extra.usage.items():
                 usage[name] = usage.get(name, 0) + value
         return _bounded(
-            ModelResponse(completions=completions, usage=usage, model=first.model, cached=cached)
+            ModelResponse(
+                completions=completions,
+                usage=usage,
+                model=first.model,
+                cached=cached,
+                fingerprint=first.fingerprint,
+            )
         )
 
     async def _one(
         self,
         request: Request,
         sample: str,
-        writes: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        writes: list[Write],
         *,
         defer: bool,
     ) -> ModelResponse:
         """One API call through the cache, honouring other processes' claims.
 
         ``defer``: when another process holds the claim, raise :class:`_Elsewhere`
-        (the worker moves on) instead of waiting here for its entry. A fresh
+        (the worker moves on) instead of waiting here for its entry; when the answer
+        is an earlier run's and no reply of this run has come to check it against,
+        raise :class:`_Parked` (the worker moves on, the answer waits). A fresh
         answer goes to ``writes``: the worker hands them to the cache's writer
         thread, which also drops their claims once the entries are on disk.
         """
@@ -678,23 +829,24 @@ class Engine:
             self.requests_sent += 1
             return await self._call(request)
         body = request.body(self.client.model)
-        key = cache_key(self.client.endpoint, body, sample)
+        key = cache_key(self.cache_endpoint, body, sample)
         while True:
-            hit = self.cache.get(key)
+            hit = await self._lookup(key, body)
             if hit is not None:
-                return self._from_hit(hit)
+                return self._use(hit, defer)
             if not self.use_claims:
                 break
             if self.cache.claim(key):
-                hit = self.cache.get(key)  # written and released between our get and claim?
+                # written and released between our look and the claim?
+                hit = await self._lookup(key, body)
                 if hit is None:
                     break
                 self.cache.release(key)
-                return self._from_hit(hit)
+                return self._use(hit, defer)
             if defer:
                 raise _Elsewhere
             # Another process is sending it: wait for its entry, or for its claim to vanish.
-            await self._await_entry(key)
+            await self._await_entry(key, body)
             if self.aborted is not None:
                 raise asyncio.CancelledError
         handed_off = False
@@ -702,7 +854,7 @@ class Engine:
             self.requests_sent += 1
             response = await self._call(request)
             if response.completions:
-                writes.append((key, body, response.to_json()))
+                writes.append((key, body, response.to_json(), self.identity))
                 handed_off = True
             return response
         finally:
@@ -719,7 +871,11 @@ class Engine:
         finally:
             self._in_flight -= 1
             self._progress = time.monotonic()
-        return self._clean(response)
+        response = self._clean(response)
+        self._replies.setdefault(reply_identity(response.model, response.fingerprint))
+        if self._parked:
+            self._release_parked()  # this run's first reply: the parked answers can be checked
+        return response
 
     def _clean(self, response: ModelResponse) -> ModelResponse:
         """``response`` without the run's secrets (answers, reasoning, the model name)."""
@@ -736,6 +892,8 @@ class Engine:
         ]
         if response.model is not None:
             response.model = scrub.text(response.model)
+        if response.fingerprint is not None:
+            response.fingerprint = scrub.text(response.fingerprint)
         return response
 
 
