@@ -1229,7 +1229,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-model", action="append", default=[], help="also listed in /models")
     ap.add_argument("--reasoning-field", action="store_true")
     ap.add_argument("--record-file", default=None, help="append request bodies here (JSONL)")
+    ap.add_argument("--argv-file", default=None, help="write the command line here (JSON)")
     args = ap.parse_args(argv)
+    if args.argv_file:
+        Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
     if args.exit_at_once is not None:
         print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
         return int(args.exit_at_once)
