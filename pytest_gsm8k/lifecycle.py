@@ -1,14 +1,16 @@
-"""Session steps the plugin's hooks call: the local server, the preflight check, the
+"""Session steps the plugin's hooks call: the run's server, the preflight check, the
 start of fetching (here, or on the xdist controller for every worker), the release
 gates. pytest types only; no hook definitions here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -21,6 +23,9 @@ from pytest_gsm8k.state import State, safe_url
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
+    from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec
+
+_S = TypeVar("_S", bound="ServedProcess")
 
 #: how long an xdist worker waits for one answer from the controller beyond the engine's
 #: own bounds (the controller's engine ends every request by then; this ends only a wait
@@ -275,46 +280,117 @@ def start_controller(state: State) -> None:
 
 
 def start_local(state: State) -> None:
+    """``--gsm8k-model=local[:PATH]``: serve the GGUF with llama.cpp, probe it once."""
     from pytest_gsm8k.runtime import local
 
     try:
         path = local.resolve_model(state.settings.model or "local")
-        log = state.run_dir / "llama-server.log"
         # room for a 5-shot prompt (~1,000 tokens) plus the answer
         n_ctx = state.settings.local_ctx or max(
             local.DEFAULT_N_CTX, 1536 + (state.settings.max_tokens or 0)
         )
-        server = local.start_local_server(
-            path,
-            alias=local.DEFAULT_ALIAS,
-            log_path=log,
-            n_ctx=n_ctx,
-            threads=state.settings.local_threads,
-            startup_timeout=state.settings.serve_timeout,
-            progress=_progress_line(state, log),
+        spec = local.local_spec(
+            path, alias=local.DEFAULT_ALIAS, n_ctx=n_ctx, threads=state.settings.local_threads
         )
     except local.LocalServerError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
-    state.local_server = server
+    server = _start_server(state, spec, "llama-server.log")
     try:
         server.probe()
     except local.LocalServerError as exc:
         server.stop(timeout=2.0)
         raise pytest.UsageError(f"gsm8k: {exc}") from None
+    _serving(state, server, {"gguf": str(path)}, f"{path.name} with llama.cpp")
+
+
+def start_serve(state: State) -> None:
+    """``--gsm8k-serve CMD``: start the run's server, wait for it, take its model if not given.
+
+    Started on the controller before xdist starts the workers, which get its URL and
+    model through ``workerinput``; stopped by ``State.close`` (and atexit, and its
+    supervisor when pytest dies).
+    """
+    from pytest_gsm8k.runtime import serve
+    from pytest_gsm8k.runtime.client import PreflightError, list_models
+
+    settings = state.settings
+    command = settings.serve or ""
+    if "{port}" not in command:
+        raise pytest.UsageError(
+            "gsm8k: --gsm8k-serve: the command line has no {port}: the server must listen on "
+            "the port the plugin picks (e.g. --port {port})"
+        )
+    try:
+        spec = serve.serve_spec(command, settings.model)
+    except serve.ServeError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    server = _start_server(state, spec, "serve.log")
+    if not settings.model:
+        try:
+            models = list_models(server.base_url, settings.api_key(), timeout=10.0)
+        except PreflightError as exc:
+            server.stop(timeout=2.0)
+            raise pytest.UsageError(
+                f"gsm8k: --gsm8k-serve: cannot list the server's models ({exc.detail}); "
+                "give --gsm8k-model"
+            ) from None
+        if len(models) != 1:
+            server.stop(timeout=2.0)
+            raise pytest.UsageError(
+                f"gsm8k: --gsm8k-serve: the server lists {len(models)} models "
+                f"({_listing(models) or 'none'}); choose one with --gsm8k-model"
+            )
+        server.model = models[0]
+    _serving(state, server, {"command": command}, f"{server.model} with {command!r}")
+
+
+def server_log(state: State, name: str) -> Path:
+    """Where a server's output goes: a file that stays after the run, so that the path an
+    error line names can be read. Under pytest's cache folder (``.pytest_cache/d/gsm8k/``,
+    the last run's) when the cache plugin is active; else a new file in the temp folder."""
+    cache = getattr(state.config, "cache", None)
+    if cache is not None:
+        with contextlib.suppress(OSError):
+            return Path(cache.mkdir("gsm8k")) / name
+    handle, path = tempfile.mkstemp(prefix=f"gsm8k-{Path(name).stem}-", suffix=".log")
+    os.close(handle)
+    return Path(path)
+
+
+def _start_server(state: State, spec: ServerSpec[_S], log_name: str) -> _S:
+    """Start ``spec`` (the one way both presets start a server); its failure is one line."""
+    from pytest_gsm8k.runtime.serve import start_server
+
+    log = server_log(state, log_name)
+    try:
+        server = start_server(
+            spec,
+            log_path=log,
+            startup_timeout=state.settings.serve_timeout,
+            progress=_progress_line(state, log),
+        )
+    except spec.error as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    state.local_server = server
+    return server
+
+
+def _serving(state: State, server: ServedProcess, about: dict[str, str], what: str) -> None:
+    """The server is the run's: watched, in the report, named on the terminal, asked."""
     server.watch(state.server_died)
     state.local_info = {
         "pid": server.pid,
-        "gguf": str(path),
+        **about,
         "base_url": server.base_url,
         "model": server.model,
         "startup_seconds": round(server.startup_seconds, 2),
+        "log": str(server.log_path),
     }
-    reporter = state.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(
-            f"gsm8k: serving {path.name} with llama.cpp at {server.base_url} "
-            f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)"
-        )
+    _write_line(
+        state,
+        f"gsm8k: serving {what} at {server.base_url} "
+        f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)",
+    )
     state.base_url = server.base_url
     state.model_name = server.model
 
@@ -334,71 +410,6 @@ def _progress_line(state: State, log: Path) -> Callable[[float], None]:
         )
 
     return progress
-
-
-def start_serve(state: State) -> None:
-    """``--gsm8k-serve CMD``: start the run's server, wait for it, take its model if not given.
-
-    Started on the controller before xdist starts the workers, which get its URL and
-    model through ``workerinput``; stopped by ``State.close`` (and atexit, and the
-    kernel when pytest dies).
-    """
-    from pytest_gsm8k.runtime import serve
-    from pytest_gsm8k.runtime.client import PreflightError, list_models
-
-    settings = state.settings
-    command = settings.serve or ""
-    log = state.run_dir / "serve.log"
-    if "{port}" not in command:
-        raise pytest.UsageError(
-            "gsm8k: --gsm8k-serve: the command line has no {port}: the server must listen on "
-            "the port the plugin picks (e.g. --port {port})"
-        )
-    try:
-        server = serve.start_served(
-            command,
-            model=settings.model,
-            log_path=log,
-            startup_timeout=settings.serve_timeout,
-            progress=_progress_line(state, log),
-        )
-    except serve.ServeError as exc:
-        raise pytest.UsageError(f"gsm8k: {exc}") from None
-    state.local_server = server
-    if not settings.model:
-        try:
-            models = list_models(server.base_url, settings.api_key(), timeout=10.0)
-        except PreflightError as exc:
-            server.stop(timeout=2.0)
-            raise pytest.UsageError(
-                f"gsm8k: --gsm8k-serve: cannot list the server's models ({exc.detail}); "
-                "give --gsm8k-model"
-            ) from None
-        if len(models) != 1:
-            server.stop(timeout=2.0)
-            listed = ", ".join(printable(m) for m in models[:10]) + (
-                ", ..." if len(models) > 10 else ""
-            )
-            raise pytest.UsageError(
-                f"gsm8k: --gsm8k-serve: the server lists {len(models)} models "
-                f"({listed or 'none'}); choose one with --gsm8k-model"
-            )
-        server.model = models[0]
-    server.watch(state.server_died)
-    state.local_info = {
-        "pid": server.pid,
-        "command": command,
-        "base_url": server.base_url,
-        "model": server.model,
-        "startup_seconds": round(server.startup_seconds, 2),
-    }
-    _write_line(
-        state,
-        f"gsm8k: serving {server.model} with {command!r} at {server.base_url} "
-        f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)",
-    )
-    state.base_url = server.base_url
-    state.model_name = server.model
 
 
 def model_overridden(config: pytest.Config) -> bool:

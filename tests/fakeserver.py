@@ -1316,7 +1316,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--owned-by", default="fake", help="the model's owned_by in GET /models")
     ap.add_argument("--max-model-len", type=int, default=None, help="... and its max_model_len")
     ap.add_argument("--system-fingerprint", default="fake", help="every reply's fingerprint")
+    ap.add_argument("--argv-file", default=None, help="write the command line here (JSON)")
     args = ap.parse_args(argv)
+    if args.argv_file:
+        Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
     if args.exit_at_once is not None:
         print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
         return int(args.exit_at_once)

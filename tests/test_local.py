@@ -291,7 +291,7 @@ def test_server_serves_the_alias_on_loopback(server: LocalServer) -> None:
         ids = [m["id"] for m in json.load(resp)["data"]]
     assert ids == [DEFAULT_ALIAS]
     assert 0 < server.startup_seconds < 120
-    assert server in local._LIVE  # the atexit handler would stop it
+    assert server in serve._LIVE  # the atexit handler would stop it
 
 
 @_real
@@ -324,16 +324,17 @@ def test_stop_leaves_no_process(tmp_path: Path) -> None:
     srv = started[0]
     time.sleep(0.3)  # PDEATHSIG would have struck by now
     pid = srv.pid
-    assert _pid_alive(pid) and os.getpgid(pid) == pid  # its own process group
+    assert _pid_alive(pid) and os.getpgid(pid) == srv.pgid  # its supervisor's group
+    assert os.getsid(pid) == srv.pgid  # a session of its own, not pytest's
     assert _answers(srv.base_url)
     srv.stop()
     assert srv.process.returncode is not None
     assert not _pid_alive(pid)
     with pytest.raises(ProcessLookupError):
-        os.killpg(pid, 0)
+        os.killpg(srv.pgid, 0)
     assert not _answers(srv.base_url)
     srv.stop()  # idempotent
-    assert srv not in local._LIVE
+    assert srv not in serve._LIVE
 
 
 @_real

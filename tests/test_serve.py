@@ -16,7 +16,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,9 +26,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import XDIST
+from fakeserver import FakeOpenAIServer
+from helpers import XDIST, output, sent
 
 from pytest_gsm8k.core.settings import SettingsError, parse_params
+from pytest_gsm8k.runtime import serve
 
 FAKESERVER = Path(__file__).resolve().parent / "fakeserver.py"
 NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider"]
@@ -76,9 +80,10 @@ def _gone(check: object, within: float = 15.0) -> bool:
 class Fake:
     """The scripted server's command line for --gsm8k-serve, with a unique marker."""
 
-    def __init__(self, data: Path, tmp: Path, *args: str, model: str = "fake-model") -> None:
+    def __init__(self, data: Path, tmp: Path, *args: str, model: str | None = "fake-model") -> None:
         self.marker = f"m{uuid.uuid4().hex[:10]}"
         self.record = tmp / f"bodies-{self.marker}.jsonl"
+        self.argv_file = tmp / f"argv-{self.marker}.json"
         self.words = [
             sys.executable,
             str(FAKESERVER),
@@ -86,16 +91,22 @@ class Fake:
             str(data / "test.jsonl"),
             "--port",
             "{port}",
-            "--model",
-            model,
+            *(["--model", model] if model is not None else []),
             "--record-file",
             str(self.record),  # holds the marker: finds the process in /proc
+            "--argv-file",
+            str(self.argv_file),
             *args,
         ]
 
     @property
     def command(self) -> str:
         return " ".join(shlex.quote(w) for w in self.words)
+
+    def argv(self) -> list[str]:
+        """The command line the server process got."""
+        words: list[str] = json.loads(self.argv_file.read_text())
+        return words
 
     def bodies(self) -> list[dict[str, object]]:
         if not self.record.exists():
@@ -187,6 +198,7 @@ def test_serve_starts_the_server_sends_the_params_and_stops_it(
         "reasoning_effort": "low",
     }
     assert report["served"]["command"] == command
+    assert "FAKESERVER_URL=" in Path(report["served"]["log"]).read_text()  # kept after the run
     assert _gone(lambda: _procs_with(fake.marker)), "the served process outlived the run"
 
 
@@ -378,9 +390,39 @@ def test_think_blocks_in_the_content_are_reported_as_reasoning(
         assert problem["outcome"] == "truncated" and problem["samples"][0]["truncated"] is True
 
 
-def test_sigkill_of_pytest_leaves_nothing_of_the_server(gsm8k_data: Path, tmp_path: Path) -> None:
-    """No Python code runs after SIGKILL: the kernel's PDEATHSIG ends the server."""
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+#: a served command with shell syntax around it: kill -9 of pytest must still end it all
+SHAPES = {
+    "direct": "{cmd}",
+    "variable": "GSM8K_TEST_VAR=1 {cmd}",
+    "pipe": "{cmd} 2>&1 | tee {log}",
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_sigkill_of_pytest_leaves_nothing_of_the_server(
+    gsm8k_data: Path, tmp_path: Path, shape: str
+) -> None:
+    """No Python code runs after SIGKILL: the supervisor sees pytest go and ends every
+    process of the command (the shell, the server, tee), and the port is free."""
     fake = Fake(gsm8k_data, tmp_path, "--latency=600")
+    tee_log = tmp_path / f"tee-{fake.marker}.log"  # the marker finds tee in /proc too
+    command = SHAPES[shape].format(cmd=fake.command, log=shlex.quote(str(tee_log)))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTEST_"))}
     proc = subprocess.Popen(
@@ -388,7 +430,7 @@ def test_sigkill_of_pytest_leaves_nothing_of_the_server(gsm8k_data: Path, tmp_pa
             sys.executable,
             "-m",
             "pytest",
-            f"--gsm8k-serve={fake.command}",
+            f"--gsm8k-serve={command}",
             "--gsm8k-limit=3",
             "--gsm8k-no-cache",
             *NOISE,
@@ -401,23 +443,136 @@ def test_sigkill_of_pytest_leaves_nothing_of_the_server(gsm8k_data: Path, tmp_pa
     )
     assert proc.stdout is not None
     lines = []
-    pid = None
+    pid = port = None
     try:
         for line in proc.stdout:
             lines.append(line)
-            found = re.search(r"gsm8k: serving .* \(pid (\d+),", line)
+            found = re.search(
+                r"gsm8k: serving .* at http://127\.0\.0\.1:(\d+)/v1 \(pid (\d+),", line
+            )
             if found:
-                pid = int(found.group(1))
+                port, pid = int(found.group(1)), int(found.group(2))
                 break
-        assert pid is not None, "".join(lines)
-        assert _group(pid), "the server is not running"
+        assert pid is not None and port is not None, "".join(lines)
+        assert _pid_alive(pid) and _procs_with(fake.marker), "the server is not running"
         assert _gone(lambda: len(fake.bodies()) < 1)  # the run is sending requests
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         proc.stdout.close()
-    assert _gone(lambda: _group(pid)), f"processes of the server's group {pid} remain"
+    assert _gone(lambda: _procs_with(fake.marker)), "processes of the server remain"
+    assert not _pid_alive(pid)
+    assert _gone(lambda: [port] if _listening(port) else []), f"port {port} is still served"
+
+
+DAEMONISING = {
+    "background": "{cmd} &",  # a shell line that starts the server and exits
+    "setsid": "setsid -f {cmd}",  # run directly; the server leaves the session too
+}
+
+
+@pytest.mark.parametrize("shape", list(DAEMONISING))
+def test_a_command_that_daemonises_is_one_line_and_leaves_nothing(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, shape: str
+) -> None:
+    if shape == "setsid" and shutil.which("setsid") is None:
+        pytest.skip("no setsid program here (util-linux)")
+    fake = Fake(gsm8k_data, tmp_path)
+    command = DAEMONISING[shape].format(cmd=fake.command)
+    result = pytester.runpytest(f"--gsm8k-serve={command}", "--gsm8k-limit=3", *NOISE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output(result)
+    err = result.stderr.str()
+    first = next(line for line in err.splitlines() if line.startswith("ERROR: gsm8k:"))
+    assert "exited (daemonised?) with exit code 0 before it was ready" in first, err
+    assert "leaving 1 process (pid " in first and "now stopped" in first, err
+    assert "run the server in the foreground" in first
+    assert _gone(lambda: _procs_with(fake.marker)), "the daemon outlived the run"
+    assert fake.bodies() == []
+
+
+def test_a_port_another_process_serves_is_named_and_never_measured(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command exits at once and the port it was given answers: that server is not
+    the command's (a daemon started through a service manager, say); refuse it."""
+    monkeypatch.setattr(serve, "_free_port", lambda: server.port)
+    result = pytester.runpytest(
+        "--gsm8k-serve=true --port {port}", "--gsm8k-model=fake-model", "--gsm8k-limit=3", *NOISE
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output(result)
+    first = next(
+        line for line in result.stderr.str().splitlines() if line.startswith("ERROR: gsm8k:")
+    )
+    assert "exited (daemonised?) with exit code 0 before it was ready" in first
+    assert f"port {server.port} is served by a process that is not one of its own" in first
+    assert sent(server) == 0
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache-dir", "no-cacheprovider"])
+def test_the_log_an_error_line_names_is_there_after_the_run(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, cache: bool
+) -> None:
+    fake = Fake(gsm8k_data, tmp_path, "--exit-at-once=3")
+    plugins = ["-p", "no:randomly"] + ([] if cache else ["-p", "no:cacheprovider"])
+    result = pytester.runpytest(f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", *plugins)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    first = next(
+        line for line in result.stderr.str().splitlines() if line.startswith("ERROR: gsm8k:")
+    )
+    named = re.search(r"\(log ([^)]+)\)", first)
+    assert named, first
+    log = Path(named.group(1))
+    assert "fakeserver: exiting at once with code 3" in log.read_text()
+    if cache:
+        assert log == pytester.path / ".pytest_cache" / "d" / "gsm8k" / "serve.log"
+
+
+#: where {model} stands in the command, and a model name that breaks out of that quoting
+INJECTIONS = {
+    "double-quotes": ('"{model}"', "$(touch {mark})"),
+    "single-quotes": ("'{model}'", "m & touch {mark} & true"),
+    "unquoted": ("{model}", "m$(touch {mark}) & touch {mark} & true"),
+}
+
+
+@pytest.mark.parametrize("syntax", ["", " 2>&1"], ids=["direct", "shell"])
+@pytest.mark.parametrize("form", list(INJECTIONS))
+def test_a_hostile_model_name_reaches_the_server_verbatim_and_never_runs(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, form: str, syntax: str
+) -> None:
+    mark = tmp_path / "ran"
+    placeholder, template = INJECTIONS[form]
+    model = template.format(mark=shlex.quote(str(mark)))
+    fake = Fake(gsm8k_data, tmp_path, model=None)
+    command = f"{fake.command} --model {placeholder}{syntax}"
+    result = pytester.runpytest(
+        f"--gsm8k-serve={command}",
+        f"--gsm8k-model={model}",
+        "--gsm8k-limit=2",
+        "--gsm8k-no-cache",
+        *NOISE,
+    )
+    assert not mark.exists(), "the model name ran as a command"
+    assert result.ret == 0, output(result)
+    argv = fake.argv()
+    assert argv[argv.index("--model") + 1] == model
+    assert {body["model"] for body in fake.bodies()} == {model}
     assert _gone(lambda: _procs_with(fake.marker))
+
+
+def test_a_model_name_that_a_script_would_run_is_refused_before_anything_starts(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    mark = tmp_path / "ran"
+    command = f"sh -c 'touch {tmp_path}/started; serve --model {{model}}' --port {{port}}"
+    result = pytester.runpytest(
+        f"--gsm8k-serve={command}", f"--gsm8k-model=$(touch {mark})", *NOISE
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: gsm8k: --gsm8k-serve: {model} stands in a script another program reads*"]
+    )
+    assert not mark.exists() and not (tmp_path / "started").exists()
 
 
 MISSING = [

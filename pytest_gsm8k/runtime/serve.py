@@ -1,25 +1,30 @@
-"""Start, watch and stop a model server process: ``--gsm8k-serve "CMD"`` and the
-``--gsm8k-model=local`` preset (which builds its command line in ``local.py``).
+"""Start, watch and stop a model server process: the one way the plugin runs a server,
+for ``--gsm8k-serve "CMD"`` (:func:`serve_spec`) and the ``--gsm8k-model=local`` preset
+(``local.py`` builds its spec).
 
-Plain process management, no pytest imports. The server gets a free loopback
-port (``{port}`` in the command line), is ready when ``GET /v1/models``
-answers 200 from a socket its own process group holds, and is stopped at the
-end: SIGTERM to its process group, SIGKILL after a grace period.
+Plain process management, no pytest imports. :func:`start_server` gives the server a
+free loopback port, waits until ``GET /v1/models`` answers 200 from a socket one of its
+own processes holds, and :meth:`ServedProcess.stop` ends it: SIGTERM to every process it
+started, SIGKILL after a grace period.
 
-Why the process handling is this careful: a leaked server keeps a model in
-memory and a port bound after the test run, and a run that dies half-way
-(Ctrl-C, an OOM kill, a SIGKILLed pytest) must not leave one behind. Three
-layers make sure it does not:
+Why the process handling is this careful: a leaked server keeps a model in memory and a
+port bound after the test run, and a run that dies half-way (Ctrl-C, an OOM kill, a
+SIGKILLed pytest) must not leave one behind, also when CMD is a shell line
+(``CUDA_VISIBLE_DEVICES=0 vllm serve ...``, ``... | tee log``) or a command that forks
+into the background. Three layers make sure it does not:
 
-* ``stop()`` signals the server's whole process group (it runs in its own
-  session), first SIGTERM, then SIGKILL;
+* every server runs under a small supervisor (``supervise.py``) in a session of its
+  own, the subreaper of all the command starts; ``stop()`` asks it to end the whole
+  tree, and a SIGKILL to its process group is the fallback;
 * an ``atexit`` handler stops every server still running at interpreter exit;
-* on Linux the child asks the kernel for ``PR_SET_PDEATHSIG = SIGKILL``, which
-  covers the cases where no Python code runs any more (the parent SIGKILLed).
-  The kernel sends it when the *thread* that forked the server exits, so all
-  servers are forked by one daemon thread that lives as long as the process.
-  A command line without shell syntax is started directly (no shell between
-  us and the server), so the signal reaches the server itself.
+* when no Python code runs any more (pytest SIGKILLed), the supervisor sees its control
+  pipe close, and on Linux also gets ``PR_SET_PDEATHSIG``, and ends the tree itself.
+  The kernel sends that signal when the *thread* that forked the supervisor exits, so
+  all supervisors are forked by one daemon thread that lives as long as the process.
+
+A command whose main process exits while others it started keep running (it
+daemonised) is reported as such and what it left is stopped: the run never measures a
+server it cannot stop.
 """
 
 from __future__ import annotations
@@ -30,8 +35,7 @@ import ctypes
 import json
 import os
 import queue
-import re
-import shlex
+import select
 import signal
 import socket
 import subprocess
@@ -45,26 +49,35 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
+
+from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
+from pytest_gsm8k.runtime.supervise import descendants
 
 __all__ = [
+    "LOOPBACK",
     "PROGRESS_EVERY",
     "ServeError",
     "ServedProcess",
+    "ServerSpec",
     "describe_exit",
-    "serve_argv",
-    "start_process",
-    "start_served",
+    "serve_spec",
+    "start_server",
 ]
 
 PROGRESS_EVERY = 30.0
 """Seconds between two progress lines while a server is not ready yet."""
 
+#: seconds between SIGTERM and SIGKILL when pytest dies without stopping the server
+DEATH_GRACE = 10.0
+
 _PORT_ATTEMPTS = 3
 _LOG_TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-#: characters that make a command line need a shell (pipes, lists, redirections, expansions)
-_SHELL_SYNTAX = re.compile(r"[;&|<>()$`\\\n*?~]|^\s*\w+=")
+_SUPERVISOR = Path(__file__).with_name("supervise.py")
+
+#: an opener for the server's loopback URL: never through an HTTP(S)_PROXY of the environment
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ServeError(Exception):
@@ -81,9 +94,18 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+def _processes(pids: Sequence[int]) -> str:
+    shown = ", ".join(str(p) for p in pids[:5]) + (", ..." if len(pids) > 5 else "")
+    return f"{len(pids)} process{'es' if len(pids) > 1 else ''} (pid {shown})"
+
+
 @dataclass(eq=False)
 class ServedProcess:
-    """A running model server; ``stop()`` it (or use it as a context manager)."""
+    """A running model server; ``stop()`` it (or use it as a context manager).
+
+    ``process`` is its supervisor; :attr:`pid` the command's own process, and
+    :attr:`returncode` how that one ended, as the supervisor reports it.
+    """
 
     base_url: str
     model: str
@@ -92,14 +114,95 @@ class ServedProcess:
     startup_seconds: float = field(default=0.0)
     #: how messages name it, e.g. ``the model server (vllm serve ...)``
     what: str = field(default="the model server")
+    #: write end of the supervisor's control pipe, read end of its status pipe
+    control_fd: int = field(default=-1, repr=False)
+    status_fd: int = field(default=-1, repr=False)
     _stopping: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _pending: bytes = field(default=b"", repr=False)
+    _status: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def pid(self) -> int:
+        """The command's own pid (the supervisor's until the command runs)."""
+        pid = self._status.get("pid")
+        return int(pid) if isinstance(pid, int) else self.process.pid
+
+    @property
+    def pgid(self) -> int:
+        """The process group of the supervisor and the command (the supervisor's pid)."""
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """How the command ended (negative: a signal); None while it runs."""
+        self._update()
+        code = self._status.get("exit", self._status.get("ended"))
+        return code if isinstance(code, int) else self.process.poll()
+
+    @property
+    def left(self) -> list[int]:
+        """Processes the command left running when it exited on its own (now stopped)."""
+        self._update()
+        return [int(p) for p in self._status.get("left", [])]
+
+    def finished(self) -> bool:
+        """Whether the command's main process has ended (or its supervisor has)."""
+        self._update()
+        ended = "ended" in self._status or "exit" in self._status
+        return ended or self.process.poll() is not None
+
+    def _update(self) -> None:
+        """Take the supervisor's news; all of it once the supervisor has exited."""
+        if self.process.poll() is None:
+            self._read_status()
+            return
+        deadline = time.monotonic() + 1.0  # its pipe is at its end: only a bound, never a wait
+        while self._read_status(wait=0.05) and time.monotonic() < deadline:
+            pass
+
+    def _read_status(self, wait: float = 0.0) -> bool:
+        """Take what the supervisor reported so far; False once its pipe is closed."""
+        with self._lock:
+            if self.status_fd < 0:
+                return False
+            readable, _, _ = select.select([self.status_fd], [], [], wait)
+            if not readable:
+                return True
+            data = os.read(self.status_fd, 65536)
+            if not data:
+                os.close(self.status_fd)
+                self.status_fd = -1
+                return False
+            self._pending += data
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    message = json.loads(line)
+                    if isinstance(message, dict):
+                        self._status.update(message)
+            return True
+
+    def _wait_started(self, deadline: float) -> str | None:
+        """Wait for the supervisor to report the command running; its error otherwise."""
+        while "pid" not in self._status and "error" not in self._status:
+            if not self._read_status(wait=0.05) or time.monotonic() > deadline:
+                break
+        if "pid" in self._status:
+            return None
+        return str(self._status.get("error", "its supervisor did not start it"))
 
     def death_head(self) -> str:
-        code = self.process.returncode
+        code = self.returncode
         how = describe_exit(code) if code is not None else "an unknown status"
+        verb = "exited (daemonised?)" if code == 0 and self.left else "died"
         if self.what.endswith(")"):
-            return f"{self.what[:-1]}, pid {self.pid}) died with {how}"
-        return f"{self.what} (pid {self.pid}) died with {how}"
+            head = f"{self.what[:-1]}, pid {self.pid}) {verb} with {how}"
+        else:
+            head = f"{self.what} (pid {self.pid}) {verb} with {how}"
+        if self.left:
+            head += f", leaving {_processes(self.left)} running, now stopped"
+        return head
 
     def death_message(self) -> str:
         """One line saying how the server died, then the last lines of its log."""
@@ -120,32 +223,42 @@ class ServedProcess:
 
         threading.Thread(target=wait, name="gsm8k-serve-watch", daemon=True).start()
 
-    @property
-    def pid(self) -> int:
-        """The server's pid, which is also its process-group id."""
-        return self.process.pid
-
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``timeout``; idempotent.
+        """End every process of the server: SIGTERM, SIGKILL after ``timeout``; idempotent.
 
-        The group is only signalled while the leader is not yet reaped: until
-        then its pid (= the group id) cannot have been reused by anyone else.
-        A leader that exits on SIGTERM while others of its group linger gets
-        them SIGKILLed too (nothing of the group outlives ``stop()``).
+        The supervisor does it (it sees processes that left the group); should it not
+        end in time, its process group is SIGKILLed. The group is only signalled while
+        the supervisor is not yet reaped or the group still has members: until then its
+        id cannot have been reused by anyone else.
         """
         proc = self.process
         self._stopping = True
         try:
             if proc.returncode is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                self._close_control(f"stop {timeout:g}\n".encode())
                 try:
-                    proc.wait(timeout=timeout)
+                    # it may be stopping what a daemonising command left (DEATH_GRACE)
+                    proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
                 except subprocess.TimeoutExpired:
+                    for pid in descendants(proc.pid):
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
                     _signal_group(proc.pid, signal.SIGKILL)
                     proc.wait()
+            self._close_control()
             _kill_stragglers(proc.pid, timeout)
+            self._update()
         finally:
             _forget(self)
+
+    def _close_control(self, message: bytes = b"") -> None:
+        if self.control_fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            if message:
+                os.write(self.control_fd, message)
+        os.close(self.control_fd)
+        self.control_fd = -1
 
     def __enter__(self: _S) -> _S:
         return self
@@ -160,6 +273,27 @@ class ServedProcess:
 
 
 _S = TypeVar("_S", bound=ServedProcess)
+
+
+@dataclass(frozen=True)
+class ServerSpec(Generic[_S]):
+    """How to start one server; :func:`start_server` adds the port and runs it."""
+
+    #: the command line for a port
+    command: Callable[[int], ServeCommand]
+    #: the model id it serves (with ``adopt_model``: the id it lists replaces it)
+    model: str
+    #: how messages name it, e.g. ``the model server (vllm serve ...)``
+    what: str
+    #: makes the :class:`ServedProcess` (a subclass adds its own checks)
+    factory: Callable[..., _S]
+    #: the exception its failures raise
+    error: type[Exception] = ServeError
+    #: its environment (None: ours); the command's own variables are added to it
+    env: Mapping[str, str] | None = None
+    adopt_model: bool = False
+    #: what error lines add beside the log, e.g. ``model /path/to.gguf``
+    context: str = ""
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -183,10 +317,10 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def _kill_stragglers(pgid: int, timeout: float) -> None:
-    """Members of the group left after its leader ended: TERM, then KILL after ``timeout``.
+    """Members of the group left after its supervisor ended: TERM, then KILL after ``timeout``.
 
-    Only called right after our own leader was reaped, so the group id is still ours:
-    a new process cannot get a pid that is some live group's id.
+    Only called right after our own supervisor was reaped, so the group id is still ours
+    while it has members: a new process cannot get a pid that is some live group's id.
     """
     members = _group_members(pgid)
     if not members:
@@ -240,8 +374,17 @@ def _free_port() -> int:
         return port
 
 
+def _listening(port: int) -> bool:
+    """Whether something accepts connections on loopback ``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the kernel SIGKILL the server when we die (Linux only).
+    """A ``preexec_fn`` that makes the kernel SIGTERM the supervisor when we die (Linux only).
 
     libc and ``prctl`` are looked up here, in the parent, so the forked child
     only makes the call (no dlopen/locks between fork and exec). If the parent
@@ -257,10 +400,10 @@ def _pdeathsig_preexec() -> Callable[[], None] | None:
     prctl.restype = ctypes.c_int
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     parent = os.getpid()
-    sigkill = int(signal.SIGKILL)
+    sigterm, sigkill = int(signal.SIGTERM), int(signal.SIGKILL)
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), sigkill)
 
@@ -268,26 +411,38 @@ def _pdeathsig_preexec() -> Callable[[], None] | None:
 
 
 def _spawn(
-    cmd: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start the server detached into its own session, all output to the log."""
-    full_env = dict(os.environ if env is None else env)
-    full_env["PYTHONUNBUFFERED"] = "1"  # the log tail must be current when we read it
+    argv: Sequence[str], log_path: Path, env: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start ``argv`` under its supervisor, detached into a new session, all output to the
+    log; returns the supervisor and our ends of its control and status pipes."""
+    control_r, control_w = os.pipe()
+    status_r, status_w = os.pipe()
+    supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
 
     def popen() -> subprocess.Popen[bytes]:
         with log_path.open("ab") as log:
             return subprocess.Popen(
-                list(cmd),
-                stdin=subprocess.DEVNULL,
+                [*supervisor, "--", *argv],
+                stdin=control_r,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=full_env,
+                env=dict(env),
                 start_new_session=True,
                 preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
+                pass_fds=(status_w,),
                 close_fds=True,
             )
 
-    return _on_spawner_thread(popen)
+    try:
+        proc = _on_spawner_thread(popen)
+    except BaseException:
+        os.close(control_w)
+        os.close(status_r)
+        raise
+    finally:
+        os.close(control_r)
+        os.close(status_w)
+    return proc, control_w, status_r
 
 
 _SpawnJob = tuple[Callable[[], "subprocess.Popen[bytes]"], "Future[subprocess.Popen[bytes]]"]
@@ -340,17 +495,13 @@ def _kill_orphan(future: Future[subprocess.Popen[bytes]]) -> None:
     proc.wait()
 
 
-# Loopback must never go through an HTTP(S)_PROXY from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _wait_ready(
     server: ServedProcess,
     deadline: float,
     progress: Callable[[float], None] | None = None,
     adopt_model: bool = False,
 ) -> bool | str:
-    """Poll until ready (True), the process exits ("exited") or time runs out ("timeout").
+    """Poll until ready (True), the command exits ("exited") or time runs out ("timeout").
 
     ``progress(seconds waited)`` is called every :data:`PROGRESS_EVERY` seconds.
     With ``adopt_model`` the served id replaces ``server.model`` when that is not served.
@@ -361,22 +512,22 @@ def _wait_ready(
     started = time.monotonic()
     next_progress = started + PROGRESS_EVERY
     while True:
-        if server.process.poll() is not None:
+        if server.finished():
             return "exited"
         try:
-            with _OPENER.open(url, timeout=2.0) as resp:
+            with LOOPBACK.open(url, timeout=2.0) as resp:
                 ok = resp.status == 200
                 body = resp.read()
         except (urllib.error.URLError, OSError, ValueError):
             ok = False
-        if ok and server.process.poll() is None and _owns_port(server.pid, port) is not False:
+        if ok and not server.finished() and _owns_port(server.pgid, port) is not False:
             served = _served_ids(body)
             if adopt_model and served and server.model not in served:
                 server.model = served[0]
             return True
         now = time.monotonic()
         if now >= deadline:
-            return "exited" if server.process.poll() is not None else "timeout"
+            return "exited" if server.finished() else "timeout"
         if progress is not None and now >= next_progress:
             progress(now - started)
             next_progress += PROGRESS_EVERY
@@ -392,12 +543,12 @@ def _served_ids(body: bytes) -> list[str]:
         return []
 
 
-def _owns_port(pgid: int, port: int) -> bool | None:
-    """Whether a process of group ``pgid`` holds the listening socket on loopback ``port``
-    (None: can't tell).
+def _owns_port(root: int, port: int) -> bool | None:
+    """Whether a process of the server (``root``, its supervisor, and all below it) holds
+    the listening socket on loopback ``port`` (None: can't tell).
 
     Linux only (``/proc``): lists the inodes of TCP sockets listening on the
-    port and looks for one of them among the file descriptors of the group's
+    port and looks for one of them among the file descriptors of the server's
     processes (a server may listen from a child of the process we started).
     """
     inodes: set[str] = set()
@@ -414,9 +565,8 @@ def _owns_port(pgid: int, port: int) -> bool | None:
                 inodes.add(cols[9])
     if not readable:
         return None
-    pids = [pgid] + [pid for pid in _group_members(pgid) if pid != pgid]
     seen_any = False
-    for pid in pids:
+    for pid in [root, *descendants(root)]:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -458,55 +608,78 @@ def _with_tail(head: str, tail: str) -> str:
     return f"{head}\nlast lines of the server log:\n{indented}"
 
 
-def start_process(
-    argv_for_port: Callable[[int], Sequence[str]],
+def _exited_head(server: ServedProcess, port: int) -> str:
+    """The first line for a command that ended before it was ready."""
+    code = server.returncode
+    how = describe_exit(code) if code is not None else "an unknown status"
+    if server.left:
+        verb = "exited (daemonised?)" if code == 0 else "exited"
+        return (
+            f"{server.what} {verb} with {how} before it was ready, leaving "
+            f"{_processes(server.left)} running, now stopped: run the server in the "
+            "foreground (no &, nohup, setsid or --daemon)"
+        )
+    if _listening(port):
+        return (
+            f"{server.what} exited (daemonised?) with {how} before it was ready, and port "
+            f"{port} is served by a process that is not one of its own: stop that server, "
+            "and run this one in the foreground (no &, nohup, setsid or --daemon)"
+        )
+    return f"{server.what} exited with {how} before it was ready"
+
+
+def start_server(
+    spec: ServerSpec[_S],
     *,
-    model: str,
     log_path: Path,
     startup_timeout: float,
-    what: str,
-    error: type[Exception] = ServeError,
-    factory: Callable[..., _S] = ServedProcess,  # type: ignore[assignment]
-    env: Mapping[str, str] | None = None,
     progress: Callable[[float], None] | None = None,
-    adopt_model: bool = False,
-    context: str = "",
 ) -> _S:
-    """Start ``argv_for_port(port)`` on a free loopback port and wait until it serves.
+    """Start ``spec`` on a free loopback port and wait until it serves.
 
-    Ready means ``GET http://127.0.0.1:{port}/v1/models`` answered 200 *from
-    the process group we started* (on Linux the listening socket is checked
-    to belong to it, so another server that grabbed the same port is never
-    mistaken for ours). If the port was taken between choosing and binding
-    it, another one is tried; any other early exit, or no answer within
-    ``startup_timeout`` seconds (for all tries together), raises ``error``
-    with the server's exit status and the tail of its log.
+    Ready means ``GET http://127.0.0.1:{port}/v1/models`` answered 200 *from the
+    server's own processes* (on Linux the listening socket is checked to belong to
+    one of them, so another server that grabbed the same port is never mistaken for
+    ours). If the port was taken between choosing and binding it, another one is
+    tried; any other early exit, or no answer within ``startup_timeout`` seconds (for
+    all tries together), raises ``spec.error`` with the server's exit status and the
+    tail of its log (``log_path``, which stays for the user to read).
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
     log_path.write_bytes(b"")
+    what = spec.what
     started = time.monotonic()
     deadline = started + startup_timeout
     last_port_error = ""
-    where = f" ({context}; log {log_path})" if context else f" (log {log_path})"
+    where = f" ({spec.context}; log {log_path})" if spec.context else f" (log {log_path})"
+    base_env = os.environ if spec.env is None else spec.env
     for _attempt in range(_PORT_ATTEMPTS):
         port = _free_port()
-        cmd = list(argv_for_port(port))
+        try:
+            command = spec.command(port)
+        except CommandError as exc:
+            raise spec.error(str(exc)) from None
+        env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
         try:
-            proc = _spawn(cmd, log_path, env)
+            proc, control, status = _spawn(command.argv, log_path, env)
         except OSError as exc:
-            raise error(f"{what} could not be started: {exc}") from None
-        server = factory(
+            raise spec.error(f"{what} could not be started: {exc}") from None
+        server = spec.factory(
             base_url=f"http://127.0.0.1:{port}/v1",
-            model=model,
+            model=spec.model,
             process=proc,
             log_path=log_path,
             what=what,
+            control_fd=control,
+            status_fd=status,
         )
         _remember(server)
         try:
-            outcome = _wait_ready(server, deadline, progress, adopt_model)
+            failure = server._wait_started(deadline)
+            outcome = failure or _wait_ready(server, deadline, progress, spec.adopt_model)
         except BaseException:  # KeyboardInterrupt included: never leave it running
             server.stop(timeout=2.0)
             raise
@@ -514,20 +687,22 @@ def start_process(
             server.startup_seconds = time.monotonic() - started
             return server
         server.stop(timeout=2.0)
+        if failure:
+            raise spec.error(f"{what} could not be started: {failure}{where}")
         text = _read_log(log_path, offset)
         tail = _tail(text)
-        if outcome == "exited" and _port_in_use(text):
+        if outcome == "exited" and not server.left and _port_in_use(text):
             last_port_error = tail
             continue
         if outcome == "exited":
-            head = f"{what} exited with {describe_exit(proc.returncode)} before it was ready{where}"
+            head = _exited_head(server, port) + where
         else:
             head = (
                 f"{what} did not answer GET {server.base_url}/models within "
                 f"{startup_timeout:g} s{where}"
             )
-        raise error(_with_tail(head, tail))
-    raise error(
+        raise spec.error(_with_tail(head, tail))
+    raise spec.error(
         _with_tail(
             f"Port in use: {what} could not bind a free port in {_PORT_ATTEMPTS} tries"
             f" (log {log_path})",
@@ -536,41 +711,26 @@ def start_process(
     )
 
 
-def serve_argv(command: str, port: int, model: str | None) -> list[str]:
-    """The argv that runs ``command`` with ``{port}`` and ``{model}`` filled in.
+def serve_spec(command: str, model: str | None) -> ServerSpec[ServedProcess]:
+    """The spec of ``--gsm8k-serve`` ``command``: ``{port}`` and ``{model}`` filled in so
+    that the model name can never become code (see :mod:`pytest_gsm8k.core.command`).
 
-    Without shell syntax the words are run directly (``shlex`` splitting, so
-    quotes work), which puts the server itself in our kill-on-death net;
-    anything else runs through ``/bin/sh -c`` with the model quoted.
+    :raises ServeError: an empty or unusable command line, as one line.
     """
-    if _SHELL_SYNTAX.search(command):
-        text = command.replace("{port}", str(port)).replace("{model}", shlex.quote(model or ""))
-        return ["/bin/sh", "-c", text]
-    words = shlex.split(command)
-    return [w.replace("{port}", str(port)).replace("{model}", model or "") for w in words]
-
-
-def start_served(
-    command: str,
-    *,
-    model: str | None,
-    log_path: Path,
-    startup_timeout: float,
-    progress: Callable[[float], None] | None = None,
-) -> ServedProcess:
-    """Start ``--gsm8k-serve`` ``command`` and wait until it serves (see :func:`start_process`)."""
     if not command.strip():
         raise ServeError("--gsm8k-serve: empty command line")
-    try:
-        serve_argv(command, 0, model)
-    except ValueError as exc:
-        raise ServeError(f"--gsm8k-serve: cannot split the command line ({exc})") from None
+
+    def fill(port: int) -> ServeCommand:
+        try:
+            return serve_command(command, port, model)
+        except CommandError as exc:
+            raise ServeError(f"--gsm8k-serve: {exc}") from None
+
+    fill(0)  # refused now, before anything starts
     shown = command if len(command) <= 80 else command[:77] + "..."
-    return start_process(
-        lambda port: serve_argv(command, port, model),
+    return ServerSpec(
+        command=fill,
         model=model or "",
-        log_path=log_path,
-        startup_timeout=startup_timeout,
         what=f"the model server ({shown})",
-        progress=progress,
+        factory=ServedProcess,
     )
