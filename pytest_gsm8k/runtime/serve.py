@@ -47,6 +47,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
+from pytest_gsm8k.core.scrub import redact_options
+from pytest_gsm8k.runtime.fetch import fetch
+
 __all__ = [
     "PROGRESS_EVERY",
     "ServeError",
@@ -363,10 +366,14 @@ def _wait_ready(
     while True:
         if server.process.poll() is not None:
             return "exited"
+        # one deadline for the whole answer: a server that drips it is not ready
+        wait = max(0.05, min(2.0, deadline - time.monotonic()))
         try:
-            with _OPENER.open(url, timeout=2.0) as resp:
-                ok = resp.status == 200
-                body = resp.read()
+            body = fetch(url, timeout=wait, proxies=False)
+            ok = True
+        except urllib.error.HTTPError as exc:
+            body = b""
+            ok = exc.code in (401, 403)  # up, and wants a key (vllm serve --api-key)
         except (urllib.error.URLError, OSError, ValueError):
             ok = False
         if ok and server.process.poll() is None and _owns_port(server.pid, port) is not False:
@@ -565,7 +572,8 @@ def start_served(
         serve_argv(command, 0, model)
     except ValueError as exc:
         raise ServeError(f"--gsm8k-serve: cannot split the command line ({exc})") from None
-    shown = command if len(command) <= 80 else command[:77] + "..."
+    shown = redact_options(command)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
     return start_process(
         lambda port: serve_argv(command, port, model),
         model=model or "",
