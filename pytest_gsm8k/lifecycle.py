@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 _S = TypeVar("_S", bound="ServedProcess")
 
+#: the longest the session-start ``GET /models`` may take in all (``--gsm8k-timeout`` when
+#: shorter): a listing is small, and a server that cannot send it in this time is not one a
+#: run can use
+PREFLIGHT_TIMEOUT = 10.0
+
 #: how long an xdist worker waits for one answer from the controller beyond the engine's
 #: own bounds (the controller's engine ends every request by then; this ends only a wait
 #: that nothing else would)
@@ -300,7 +305,7 @@ def start_local(state: State) -> None:
     except local.LocalServerError as exc:
         server.stop(timeout=2.0)
         raise pytest.UsageError(f"gsm8k: {exc}") from None
-    _serving(state, server, {"gguf": str(path)}, f"{path.name} with llama.cpp")
+    _serving(state, server, {"gguf": str(path)}, f"{_shown(state, path.name)} with llama.cpp")
 
 
 def start_serve(state: State) -> None:
@@ -320,14 +325,17 @@ def start_serve(state: State) -> None:
             "gsm8k: --gsm8k-serve: the command line has no {port}: the server must listen on "
             "the port the plugin picks (e.g. --port {port})"
         )
+    scrub = state.scrubber()
     try:
         spec = serve.serve_spec(command, settings.model)
     except serve.ServeError as exc:
-        raise pytest.UsageError(f"gsm8k: {exc}") from None
+        raise pytest.UsageError(f"gsm8k: {scrub.command(str(exc))}") from None
     server = _start_server(state, spec, "serve.log")
     if not settings.model:
         try:
-            models = list_models(server.base_url, settings.api_key(), timeout=10.0)
+            models = list_models(
+                server.base_url, settings.api_key(), timeout=_preflight_timeout(state)
+            )
         except PreflightError as exc:
             server.stop(timeout=2.0)
             raise pytest.UsageError(
@@ -338,10 +346,18 @@ def start_serve(state: State) -> None:
             server.stop(timeout=2.0)
             raise pytest.UsageError(
                 f"gsm8k: --gsm8k-serve: the server lists {len(models)} models "
-                f"({_listing(models) or 'none'}); choose one with --gsm8k-model"
+                f"({_listing(state, models) or 'none'}); choose one with --gsm8k-model"
+            )
+        if scrub.text(models[0]) != models[0]:
+            # adopted, the key would be the run's model name: terminal, report, baseline
+            server.stop(timeout=2.0)
+            raise pytest.UsageError(
+                f"gsm8k: --gsm8k-serve: the server's only model id holds the API key "
+                f"({_shown(state, models[0])}); choose the model with --gsm8k-model"
             )
         server.model = models[0]
-    _serving(state, server, {"command": command}, f"{server.model} with {command!r}")
+    shown = scrub.command(command)
+    _serving(state, server, {"command": shown}, f"{_shown(state, server.model)} with {shown!r}")
 
 
 def server_log(state: State, name: str) -> Path:
@@ -370,7 +386,7 @@ def _start_server(state: State, spec: ServerSpec[_S], log_name: str) -> _S:
             progress=_progress_line(state, log),
         )
     except spec.error as exc:
-        raise pytest.UsageError(f"gsm8k: {exc}") from None
+        raise pytest.UsageError(f"gsm8k: {state.scrubber().command(str(exc))}") from None
     state.local_server = server
     return server
 
@@ -388,11 +404,22 @@ def _serving(state: State, server: ServedProcess, about: dict[str, str], what: s
     }
     _write_line(
         state,
-        f"gsm8k: serving {what} at {server.base_url} "
+        f"gsm8k: serving {what} at {_shown(state, server.base_url)} "
         f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)",
     )
     state.base_url = server.base_url
     state.model_name = server.model
+
+
+def _shown(state: State, text: str) -> str:
+    """Text a server sent (a model id), fit for the terminal: no secret, no escapes."""
+    return printable(state.scrubber().text(text))
+
+
+def _listing(state: State, models: list[str]) -> str:
+    """Up to ten model ids a server listed, fit for the terminal (secrets and escapes out)."""
+    shown = ", ".join(_shown(state, m) for m in models[:10])
+    return shown + (", ..." if len(models) > 10 else "")
 
 
 def _write_line(state: State, line: str) -> None:
@@ -422,9 +449,8 @@ def model_overridden(config: pytest.Config) -> bool:
     return plugins_define(config, ("gsm8k_model",))
 
 
-def _listing(models: list[str]) -> str:
-    """Up to ten model ids a server listed, fit for the terminal (escapes stripped)."""
-    return ", ".join(printable(m) for m in models[:10]) + (", ..." if len(models) > 10 else "")
+def _preflight_timeout(state: State) -> float:
+    return min(state.settings.timeout, PREFLIGHT_TIMEOUT)
 
 
 def preflight(state: State) -> None:
@@ -437,8 +463,9 @@ def preflight(state: State) -> None:
     url = state.base_url
     shown = safe_url(url or DEFAULT_BASE_URL)
     cards: list[dict[str, Any]] = []
+    timeout = _preflight_timeout(state)
     try:
-        models = list_models(url, state.settings.api_key(), timeout=10.0, cards=cards)
+        models = list_models(url, state.settings.api_key(), timeout=timeout, cards=cards)
     except PreflightError as exc:
         if exc.kind == "auth":
             raise pytest.UsageError(
@@ -447,17 +474,20 @@ def preflight(state: State) -> None:
             ) from None
         if exc.kind == "forbidden":
             raise pytest.UsageError(f"gsm8k: {shown} refused access (HTTP 403)") from None
+        if exc.kind == "timeout":
+            raise pytest.UsageError(
+                f"gsm8k: {shown} did not answer GET /models within {timeout:g} s "
+                "(see --gsm8k-timeout)"
+            ) from None
         if exc.kind == "unreachable":
             raise pytest.UsageError(
                 f"gsm8k: cannot reach {shown}: {exc.detail} (check --gsm8k-base-url)"
             ) from None
         return  # some servers have no /models; the first request will tell
     if models and state.model_name not in models:
-        listed = ", ".join(printable(m) for m in models[:10]) + (
-            ", ..." if len(models) > 10 else ""
-        )
         raise pytest.UsageError(
-            f"gsm8k: model {state.model_name!r} is not served by {shown} (it serves: {listed})"
+            f"gsm8k: model {state.model_name!r} is not served by {shown} "
+            f"(it serves: {_listing(state, models)})"
         )
     state.server_identity = describe_server(cards, state.model_name or "")
 

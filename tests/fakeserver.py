@@ -126,6 +126,7 @@ _WORD_RE = re.compile(r"\S+")
 
 _REASONS = {
     200: "OK",
+    302: "Found",
     400: "Bad Request",
     401: "Unauthorized",
     404: "Not Found",
@@ -255,6 +256,17 @@ class Script:
     bomb_chars: int = 200_000_000
     #: per problem: replace these fields of the reply's ``usage`` (e.g. negative counts)
     usage_by_index: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: hostile: the request's Authorization header as every choice's ``finish_reason`` and
+    #: the reply's ``system_fingerprint`` (fields a client stores without reading them)
+    echo_auth_fields: bool = False
+    #: hostile: GET /models lists the key it was sent (the bearer token) as a model id
+    echo_auth_models: bool = False
+    #: GET /models answers 302 to this URL (a request whose query holds ``redirected`` is
+    #: served normally, so a redirect to the same server ends)
+    redirect_models: str | None = None
+    #: seconds between two bytes of GET /models's response (head and body): a server that
+    #: answers every read in time but never finishes
+    drip_models: float = 0.0
 
     def __post_init__(self) -> None:
         self.behaviours = _int_keys(self.behaviours)
@@ -344,6 +356,7 @@ class _Response:
     drop: bool = False
     hang: bool = False
     completed: bool = False  # a successful completion response (counts for die_after)
+    drip: float = 0.0  # seconds between two bytes of the response
     kill_after: bool = False  # /_shutdown: kill once this response is flushed
 
 
@@ -705,14 +718,21 @@ class FakeOpenAIServer:
                     return
                 body = await reader.readexactly(length) if length else b""
 
-            path = target.split("?", 1)[0]
-            resp = await self._dispatch(method, path, headers, body)
+            path, _, query = target.partition("?")
+            resp = await self._dispatch(method, path, headers, body, query)
             if self._killed and not resp.kill_after:
                 return
             if resp.drop:
                 writer.transport.abort()
                 return
-            writer.write(self._encode(resp, keep_alive))
+            data = self._encode(resp, keep_alive)
+            if resp.drip > 0:
+                for i in range(len(data)):
+                    writer.write(data[i : i + 1])
+                    await writer.drain()
+                    await asyncio.sleep(resp.drip)
+            else:
+                writer.write(data)
             await writer.drain()
             if resp.kill_after or (
                 resp.completed and self.die_after is not None and self._completed >= self.die_after
@@ -756,7 +776,7 @@ class FakeOpenAIServer:
                 self._n5xx += 1
 
     async def _dispatch(
-        self, method: str, path: str, headers: dict[str, str], body: bytes
+        self, method: str, path: str, headers: dict[str, str], body: bytes, query: str = ""
     ) -> _Response:
         if path.startswith("/_"):
             return self._admin(method, path, body)
@@ -775,7 +795,7 @@ class FakeOpenAIServer:
             elif auth not in self._auth_seen:
                 self._auth_seen.append(auth)
         try:
-            resp = await self._route(method, path, headers, body)
+            resp = await self._route(method, path, headers, body, query)
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -812,8 +832,11 @@ class FakeOpenAIServer:
         )
 
     async def _route(
-        self, method: str, path: str, headers: dict[str, str], body: bytes
+        self, method: str, path: str, headers: dict[str, str], body: bytes, query: str = ""
     ) -> _Response:
+        script = self.script
+        if path == "/models" and script.redirect_models and "redirected" not in query:
+            return _Response(302, headers=(("Location", script.redirect_models),))
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
             return _json_response(
                 401,
@@ -839,11 +862,16 @@ class FakeOpenAIServer:
             if self.max_model_len is not None:
                 card["max_model_len"] = self.max_model_len
             if path == "/models":
+                extra = list(self.extra_models)
+                auth = headers.get("authorization", "")
+                if script.echo_auth_models and auth:
+                    extra.append(auth.removeprefix("Bearer "))
                 cards = [card] + [
-                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
-                    for m in self.extra_models
+                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in extra
                 ]
-                return _json_response(200, {"object": "list", "data": cards})
+                listing = _json_response(200, {"object": "list", "data": cards})
+                listing.drip = script.drip_models
+                return listing
             name = path[len("/models/") :]
             if name != self.model:
                 return self._model_not_found(name)
@@ -1031,11 +1059,13 @@ class FakeOpenAIServer:
             texts = [(t, f + LONE_SURROGATE) for t, f in texts]
         if script.echo_auth:
             texts = [(f"{t}\n(debug: your header was {auth})", f) for t, f in texts]
+        if script.echo_auth_fields:
+            texts = [(t, str(auth)) for t, _ in texts]
         resp = self._render(
             chat, rid, texts, usage, bool(req.get("stream")), req.get("stream_options")
         )
         resp.completed = True
-        resp = self._hostile(chat, resp, indices)
+        resp = self._hostile(chat, resp, indices, auth)
         if "gzipbomb" in kinds and resp.content_type == "application/json":
             loop = asyncio.get_running_loop()
             resp = await loop.run_in_executor(None, _gzip_bomb, resp, script.bomb_chars)
@@ -1097,17 +1127,24 @@ class FakeOpenAIServer:
             message["content"] = rest.strip() if closed else ""
         return message
 
-    def _hostile(self, chat: bool, resp: _Response, indices: list[int | None]) -> _Response:
-        """Apply the script's no-answer behaviours and reported model name to a 200 reply."""
+    def _hostile(
+        self, chat: bool, resp: _Response, indices: list[int | None], auth: str | None = None
+    ) -> _Response:
+        """Apply the script's no-answer behaviours, reported model name and echoed
+        Authorization header to a 200 reply."""
         script = self.script
         kinds = {script.behaviour(i) for i in indices if i is not None}
         if resp.content_type != "application/json" or not (
-            kinds & {"nochoices", "nullcontent"} or script.reported_model is not None
+            kinds & {"nochoices", "nullcontent"}
+            or script.reported_model is not None
+            or script.echo_auth_fields
         ):
             return resp
         data = json.loads(resp.body)
         if script.reported_model is not None:
             data["model"] = script.reported_model
+        if script.echo_auth_fields:
+            data["system_fingerprint"] = str(auth)
         if "nochoices" in kinds:
             data["choices"] = []
         elif "nullcontent" in kinds:

@@ -8,8 +8,13 @@ Two concerns, one module:
   an error body, or in a 200 reply's text). :class:`Scrubber` replaces every
   occurrence; the runtime applies it where responses and error messages enter
   the engine, so everything downstream only ever sees scrubbed text.
+  Command lines (``--gsm8k-serve``) are shown and stored with the run's secrets
+  and the values of secret-named options (``--api-key X``, ``HF_TOKEN=X``)
+  replaced (:meth:`Scrubber.command`, :func:`redact_options`): the shell may
+  have expanded ``$OPENAI_API_KEY`` into the command before pytest saw it.
 * the terminal and Markdown: a model name or an error message from a server
-  may hold ANSI escapes or control characters (:func:`printable`), or Markdown
+  may hold ANSI escapes, control characters or invisible format characters
+  that reorder or hide text (bidi overrides) (:func:`printable`), or Markdown
   syntax (:func:`md_text`, :func:`md_code`).
 """
 
@@ -30,6 +35,28 @@ MIN_SECRET = 6
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: invisible characters that reorder, hide or smuggle text (bidi embeddings, overrides,
+#: isolates and marks; zero-width space, word joiner and invisible operators; the byte
+#: order mark; interlinear annotations; tag characters; musical format controls), the line
+#: and paragraph separators some terminals break lines at, and lone surrogates (which
+#: cannot even be encoded). Zero-width (non-)joiners are kept: scripts such as Persian
+#: and emoji sequences need them, and they hide nothing on their own.
+_FORMAT = re.compile(
+    "[\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
+    "\ufeff\ufff9-\ufffb\ud800-\udfff\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
+#: what names a secret: at the end of an option's or a variable's name
+_SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd)"
+_VALUE = r"""(?P<value>"[^"]*"|'[^']*'|[^\s"']+)"""
+#: an option whose name says it holds a secret, and its value (a shell word: quoted, or up
+#: to the next blank); ``--max-tokens`` and ``--tokenizer`` do not match (the name must
+#: end with the secret word); an environment assignment (``HF_TOKEN=x``) likewise
+_SECRET_OPTIONS = (
+    re.compile(rf"(?P<name>--?[\w.-]*?{_SECRET_WORD})(?P<sep>=|\s+){_VALUE}", re.IGNORECASE),
+    re.compile(rf"(?P<name>\b[a-z_][\w]*?{_SECRET_WORD})(?P<sep>=){_VALUE}", re.IGNORECASE),
+)
+#: a value that only names a variable (``$OPENAI_API_KEY``): not a secret, kept
+_VARIABLE = re.compile(r"""["']?\$\{?\w+\}?["']?""")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
 
 
@@ -67,6 +94,11 @@ class Scrubber:
                 value = value.replace(secret, replacement)
         return value
 
+    def command(self, value: str) -> str:
+        """A command line fit to show or store: the run's secrets and the values of
+        secret-named options replaced (:func:`redact_options`)."""
+        return redact_options(self.text(value))
+
     def obj(self, value: Any) -> Any:
         """``value`` with every string inside (dict keys and values, lists) scrubbed."""
         if not self.pairs:
@@ -80,12 +112,34 @@ class Scrubber:
         return value
 
 
+def redact_options(command: str) -> str:
+    """``command`` with the value of every option or assignment named like a secret
+    (``--api-key X``, ``--hf-token=X``, ``HF_TOKEN=X``) replaced; a value that only
+    names a variable (``$OPENAI_API_KEY``) is kept."""
+
+    def hide(match: re.Match[str]) -> str:
+        value = match["value"]
+        if _VARIABLE.fullmatch(value) or value == REDACTED:
+            return match[0]
+        return f"{match['name']}{match['sep']}{REDACTED}"
+
+    for pattern in _SECRET_OPTIONS:
+        command = pattern.sub(hide, command)
+    return command
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def printable(text: str) -> str:
-    """``text`` without ANSI escape sequences and control characters (newlines -> spaces),
-    a lone surrogate shown as its ``\\uXXXX`` escape (a terminal cannot encode it)."""
+    """``text`` fit for one terminal line: ANSI escape sequences and control characters
+    removed (newlines -> spaces), invisible format characters that could reorder or hide
+    text (a right-to-left override) shown as escapes (``\\u202e``)."""
     text = _ANSI.sub("", text)
     text = text.replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
-    return escape_surrogates(_CONTROL.sub("", text))
+    return escape_surrogates(_FORMAT.sub(_escape, _CONTROL.sub("", text)))
 
 
 def md_text(text: str) -> str:

@@ -250,7 +250,8 @@ def _check_retry_after(breaker: Breaker, response: Any) -> None:
 
 
 class PreflightError(Exception):
-    """``kind`` is "auth" (401), "forbidden" (403), "unreachable" or "status" (other HTTP)."""
+    """``kind`` is "auth" (401), "forbidden" (403), "unreachable", "timeout" (no complete
+    reply within the deadline) or "status" (other HTTP)."""
 
     def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
@@ -273,31 +274,38 @@ def list_models(
     openai package keeps its import (about half a second) off the path that
     starts xdist's workers: the controller never needs openai at all. One
     retry on a dropped or refused connection, like the openai client would.
+    ``timeout`` bounds the whole call, retry included (:func:`~.fetch.fetch`:
+    a server that drips its reply does not hold the session start), and the
+    key is never sent on to another origin by a redirect.
     """
     import json
     import ssl
     import urllib.error
-    import urllib.request
+
+    from pytest_gsm8k.runtime.fetch import FetchTimeout, fetch
 
     url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
-    request = urllib.request.Request(
-        url,
-        headers={
-            "Authorization": f"Bearer {api_key or 'EMPTY'}",
-            "Accept": "application/json",
-            "User-Agent": "pytest-gsm8k",
-        },
-    )
+    headers = {
+        "Authorization": f"Bearer {api_key or 'EMPTY'}",
+        "Accept": "application/json",
+        "User-Agent": "pytest-gsm8k",
+    }
     # The system's trust store, as the openai client's httpx2 (truststore) uses it.
     context = ssl.create_default_context() if url.startswith("https:") else None
+    deadline = time.monotonic() + timeout
+    raw: bytes | None = None
     last: BaseException | None = None
     for attempt in range(2):
-        try:
-            with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
-                raw = reply.read()
+        left = deadline - time.monotonic()
+        if left <= 0:
             break
+        try:
+            raw = fetch(url, timeout=left, headers=headers, context=context)
+            break
+        except FetchTimeout:
+            raise PreflightError("timeout", f"no complete reply within {timeout:g} s") from None
         except urllib.error.HTTPError as exc:
             if exc.code == 401:
                 raise PreflightError("auth", "HTTP 401", 401) from None
@@ -308,8 +316,8 @@ def list_models(
             reason = getattr(exc, "reason", exc)
             last = reason if isinstance(reason, BaseException) else exc
             if attempt == 0:
-                time.sleep(0.5)
-    else:
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    if raw is None:
         raise PreflightError("unreachable", type(last).__name__ if last else "error")
     try:
         data = json.loads(raw)

@@ -62,7 +62,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pytest_gsm8k.core.identity import Description, difference, reply_difference, reply_identity
@@ -878,22 +878,19 @@ class Engine:
         return response
 
     def _clean(self, response: ModelResponse) -> ModelResponse:
-        """``response`` without the run's secrets (answers, reasoning, the model name)."""
+        """``response`` without the run's secrets: every string the server sent (answers,
+        reasoning, finish reasons, the model name, whatever else the reply carries), so
+        that a field nobody reads still never stores or prints the key."""
         scrub = self.scrub
         if not scrub:
             return response
         response.completions = [
-            Completion(
-                text=scrub.text(c.text),
-                finish_reason=c.finish_reason,
-                reasoning=None if c.reasoning is None else scrub.text(c.reasoning),
-            )
+            replace(c, **{f.name: scrub.obj(getattr(c, f.name)) for f in fields(c)})
             for c in response.completions
         ]
-        if response.model is not None:
-            response.model = scrub.text(response.model)
-        if response.fingerprint is not None:
-            response.fingerprint = scrub.text(response.fingerprint)
+        for f in fields(response):
+            if f.name != "completions":
+                setattr(response, f.name, scrub.obj(getattr(response, f.name)))
         return response
 
 

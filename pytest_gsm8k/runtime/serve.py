@@ -52,6 +52,8 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
+from pytest_gsm8k.core.scrub import redact_options
+from pytest_gsm8k.runtime.fetch import fetch
 from pytest_gsm8k.runtime.supervise import descendants
 
 __all__ = [
@@ -514,10 +516,14 @@ def _wait_ready(
     while True:
         if server.finished():
             return "exited"
+        # one deadline for the whole answer: a server that drips it is not ready
+        wait = max(0.05, min(2.0, deadline - time.monotonic()))
         try:
-            with LOOPBACK.open(url, timeout=2.0) as resp:
-                ok = resp.status == 200
-                body = resp.read()
+            body = fetch(url, timeout=wait, proxies=False)
+            ok = True
+        except urllib.error.HTTPError as exc:
+            body = b""
+            ok = exc.code in (401, 403)  # up, and wants a key (vllm serve --api-key)
         except (urllib.error.URLError, OSError, ValueError):
             ok = False
         if ok and not server.finished() and _owns_port(server.pgid, port) is not False:
@@ -727,7 +733,8 @@ def serve_spec(command: str, model: str | None) -> ServerSpec[ServedProcess]:
             raise ServeError(f"--gsm8k-serve: {exc}") from None
 
     fill(0)  # refused now, before anything starts
-    shown = command if len(command) <= 80 else command[:77] + "..."
+    shown = redact_options(command)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
     return ServerSpec(
         command=fill,
         model=model or "",

@@ -1,0 +1,210 @@
+"""The API key never leaves the run by a side door: a hostile server echoing it in reply
+fields the plugin stores without reading them (``finish_reason``, ``system_fingerprint``),
+listing it as a model id, a ``--gsm8k-serve`` command line the shell expanded it into, or a
+redirect of the session-start ``GET /models`` to another origin. And what a server names
+itself reaches the terminal without escapes or invisible reordering (bidi overrides).
+
+Every check runs the plugin for real against the scripted server
+(:mod:`fakeserver`); the key must appear nowhere in the output or in any file the run
+wrote (cache, JSON report, HTML page, step summary).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import XDIST, output, report
+
+from conftest import TEST_KEY
+from pytest_gsm8k.core import scrub as scrubbing
+from pytest_gsm8k.core.scrub import REDACTED, Scrubber, printable
+from pytest_gsm8k.runtime.client import list_models
+
+FAKESERVER = Path(__file__).resolve().parent / "fakeserver.py"
+#: a served server that never gets ready fails the test in a minute, not in ten
+NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider", "--gsm8k-serve-timeout=60"]
+
+
+def _all_text_under(root: Path) -> str:
+    return "\n".join(
+        path.read_bytes().decode("utf-8", "replace") for path in root.rglob("*") if path.is_file()
+    )
+
+
+def _served(data: Path, *args: str, model: str = "fake-model") -> str:
+    """A --gsm8k-serve command line running the scripted server with ``args``."""
+    words = [sys.executable, str(FAKESERVER), "--data", str(data / "test.jsonl")]
+    words += ["--port", "{port}", "--model", model, *args]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+@XDIST
+def test_a_key_echoed_in_reply_fields_is_stored_and_printed_nowhere(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server.set_script(Script(echo_auth_fields=True))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step.md"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=6",
+        "--gsm8k-cache-dir=cache",
+        "--gsm8k-report=r.json",
+        "--gsm8k-html=page.html",
+        "-rA",
+    )
+    text = output(result)
+    assert result.ret == 0, text
+    assert TEST_KEY in server.stats()["auth_headers"][0]  # it was sent, and echoed
+    rep = report(pytester)
+    assert rep["counts"]["correct"] == 6
+    reasons = {s["finish_reason"] for p in rep["problems"] for s in p["samples"]}
+    assert reasons == {f"Bearer {REDACTED}"}
+    assert list((pytester.path / "cache").rglob("*.json"))
+    assert (pytester.path / "page.html").is_file()
+    assert TEST_KEY not in text
+    assert TEST_KEY not in _all_text_under(pytester.path)
+
+
+def test_a_key_listed_as_a_model_id_is_not_printed(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    server.set_script(Script(echo_auth_models=True))
+    result = pytester.runpytest(
+        "--gsm8k-model=not-served", f"--gsm8k-base-url={server.base_url}", *NOISE
+    )
+    text = output(result)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text
+    assert f"(it serves: fake-model, {REDACTED})" in text, text
+    assert TEST_KEY not in text
+
+
+def test_a_key_in_the_served_model_list_is_not_printed(
+    pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    listing = json.dumps({"echo_auth_models": True})
+    command = _served(gsm8k_data, "--script", listing)
+    result = pytester.runpytest(f"--gsm8k-serve={command}", "--gsm8k-limit=2", *NOISE)
+    text = output(result)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text
+    assert f"the server lists 2 models (fake-model, {REDACTED})" in text, text
+    assert TEST_KEY not in text
+
+
+def test_a_key_in_the_serve_command_is_not_printed_or_stored(
+    pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``--gsm8k-serve "... --api-key $OPENAI_API_KEY"`` reaches pytest: expanded (the
+    server then wants the key on every request, its readiness check included)."""
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    command = _served(gsm8k_data, "--api-key", TEST_KEY)
+    result = pytester.runpytest(
+        f"--gsm8k-serve={command}",
+        "--gsm8k-model=fake-model",
+        "--gsm8k-limit=2",
+        "--gsm8k-report=r.json",
+        "--gsm8k-html=page.html",
+        *NOISE,
+    )
+    text = output(result)
+    assert result.ret == 0, text
+    assert "gsm8k: serving fake-model with" in text and f"--api-key {REDACTED}" in text
+    assert f"--api-key {REDACTED}" in report(pytester)["served"]["command"]
+    assert TEST_KEY not in text
+    assert TEST_KEY not in _all_text_under(pytester.path)
+
+
+def test_a_served_model_whose_only_id_is_the_key_is_refused(
+    pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adopting it would make the key the run's model name (terminal, report, baseline)."""
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    command = _served(gsm8k_data, model=TEST_KEY)
+    result = pytester.runpytest(f"--gsm8k-serve={command}", "--gsm8k-limit=2", *NOISE)
+    text = output(result)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text
+    result.stderr.fnmatch_lines(
+        ["ERROR: gsm8k: --gsm8k-serve: the server's only model id holds the API key*"]
+    )
+    assert TEST_KEY not in text
+
+
+def test_the_preflight_never_sends_the_key_to_another_origin(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    gsm8k_data: Path,
+    keyed_env: str,
+) -> None:
+    with FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model") as elsewhere:
+        server.set_script(Script(redirect_models=f"{elsewhere.base_url}/models?redirected=1"))
+        result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=2", "--gsm8k-no-cache")
+        seen = elsewhere.stats()
+    assert result.ret == 0, output(result)
+    assert seen["requests_by_path"] == {"/v1/models": 1}  # the redirect was followed...
+    assert seen["auth_headers"] == [] and seen["requests_without_auth"] == 1  # ...keyless
+    assert any(TEST_KEY in h for h in server.stats()["auth_headers"])  # the origin had it
+
+
+def test_a_same_origin_redirect_keeps_the_key(server: FakeOpenAIServer) -> None:
+    """The server requires the key: the redirected listing answers only with it."""
+    server.set_script(Script(redirect_models=f"{server.base_url}/models?redirected=1"))
+    assert list_models(server.base_url, TEST_KEY, timeout=10.0) == ["fake-model"]
+    assert server.stats()["requests_by_path"] == {"/v1/models": 2}
+
+
+def test_the_serving_line_shows_the_server_model_id_without_escapes(
+    pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    model = "evil\x1b[2J\x1b[31mRED\u202eledom\x1b[0m"
+    result = pytester.runpytest(
+        f"--gsm8k-serve={_served(gsm8k_data, model=model)}", "--gsm8k-limit=2", *NOISE
+    )
+    text = output(result)
+    assert result.ret == 0, text
+    line = next(line for line in text.splitlines() if line.startswith("gsm8k: serving "))
+    assert line.startswith("gsm8k: serving evilRED\\u202eledom with "), line
+    assert "\x1b" not in text and "\u202e" not in text
+
+
+def test_printable_escapes_invisible_reordering_and_keeps_joiners() -> None:
+    assert printable("a\u202eb") == "a\\u202eb"
+    for char in "\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c\ufeff":
+        assert printable(f"x{char}y") == f"x\\u{ord(char):04x}y"
+    assert printable("line\u2028sep\u2029") == "line\\u2028sep\\u2029"
+    assert printable("zero\u200bwidth") == "zero\\u200bwidth"
+    assert printable("tag\U000e0041") == "tag\\U000e0041"
+    assert printable("lone \ud83d") == "lone \\ud83d"  # could not even be encoded
+    assert printable("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645") == (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # Persian needs its ZWNJ
+    )
+    assert printable("caf\u00e9 \u2014 \U0001f600") == "caf\u00e9 \u2014 \U0001f600"
+    assert printable("a\x1b[31mb\x1b]0;title\x07c\x00d\ne") == "abcd e"
+
+
+def test_command_lines_lose_secret_option_values_but_keep_variable_names() -> None:
+    scrub = Scrubber(TEST_KEY)
+    assert scrub.command(f"vllm serve m --api-key {TEST_KEY} --port {{port}}") == (
+        f"vllm serve m --api-key {REDACTED} --port {{port}}"
+    )
+    assert scrubbing.redact_options(
+        "x --api-key=abc HF_TOKEN=hf_abc --hf-token 'a b' --token=t"
+    ) == (f"x --api-key={REDACTED} HF_TOKEN={REDACTED} --hf-token {REDACTED} --token={REDACTED}")
+    kept = 'x --api-key $OPENAI_API_KEY --password "${PW}" --max-tokens 5 --tokenizer t'
+    assert scrubbing.redact_options(kept) == kept
