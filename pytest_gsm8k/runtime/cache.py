@@ -108,6 +108,16 @@ def _check_response(response: Any) -> None:
         raise ValueError("bad usage")
 
 
+def _replaceable(path: str) -> bool:
+    """Whether an entry may be written at ``path``: nothing there yet, or a regular file
+    (the atomic writer never renames over a FIFO, a device or a folder)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return True
+    return stat.S_ISREG(mode)
+
+
 class ResponseCache:
     """Response store under ``root``; ``persistent=False`` deletes it at :meth:`close`."""
 
@@ -230,6 +240,8 @@ class ResponseCache:
             "response": response,
         }
         payload = to_json_bytes(data, separators=(",", ":"))  # a lone surrogate stays escaped
+        if not _replaceable(path):
+            return  # a FIFO or device sits there: its read already warned, once
         write_atomic(path, payload, mkdir=False)
 
     # -- reads off the caller's thread -----------------------------------------
