@@ -12,6 +12,7 @@ import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.records import Outcome, ProblemRecord
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.state import RECORD_KEY, get_state, safe_url
 
@@ -21,14 +22,30 @@ from pytest_gsm8k.state import RECORD_KEY, get_state, safe_url
 class GSM8KOutcome:
     """What a test gets from ``gsm8k_outcome``: the scored answer to its problem."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, record: ProblemRecord) -> None:
         self.record = record
 
-    outcome = property(lambda self: str(self.record["outcome"]))
-    correct = property(lambda self: bool(self.record["correct"]))
-    extracted = property(lambda self: self.record["extracted"])
-    gold = property(lambda self: self.record["gold"])
-    response = property(lambda self: str(self.record["response"]))
+    @property
+    def outcome(self) -> Outcome:
+        return self.record["outcome"]
+
+    @property
+    def correct(self) -> bool:
+        return self.record["correct"]
+
+    @property
+    def extracted(self) -> str | None:
+        """The answer under the gating rule, as canonical number text (None: none found)."""
+        return self.record["extracted"]
+
+    @property
+    def gold(self) -> str:
+        return self.record["gold"]
+
+    @property
+    def response(self) -> str:
+        """The first sample's text."""
+        return self.record["response"]
 
     def __repr__(self) -> str:
         return (
@@ -47,7 +64,7 @@ def gsm8k_problem() -> Problem:
 def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
     """The evaluation protocol (test@1/pass@N/maj@N, shots, api, extractor ...)."""
     try:
-        return get_state(pytestconfig).protocol()
+        return get_state(pytestconfig).plan.protocol
     except DatasetError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
 
@@ -60,7 +77,7 @@ def gsm8k_model(pytestconfig: pytest.Config) -> Iterator[Any]:
     :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
     (sync or async) to gate a model that has no HTTP endpoint.
     """
-    yield get_state(pytestconfig).default_client()
+    yield get_state(pytestconfig).sources.default_client()
 
 
 @pytest.fixture
@@ -75,8 +92,9 @@ def gsm8k_outcome(
     from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
 
     state = get_state(request.config)
-    state.heed_stop()
-    source, single_use = state.source_for(gsm8k_model, gsm8k_protocol)
+    sources = state.sources
+    sources.heed_stop()
+    source, single_use = sources.source_for(gsm8k_model, gsm8k_protocol)
     item = request.node
     failure: str | None = None
     not_run: str | None = None
@@ -103,7 +121,7 @@ def gsm8k_outcome(
         # Outside the except block: inside it, pytest would print the EndpointError too
         # ("During handling of the above exception, another exception occurred").
         pytest.fail(failure, pytrace=False)
-    record = score_response(gsm8k_problem, response, gsm8k_protocol, state.pattern)
+    record = score_response(gsm8k_problem, response, gsm8k_protocol, state.plan.pattern)
     record["endpoint"] = safe_url(source.endpoint)
     record["model"] = record["model"] or source.model
     item.stash[RECORD_KEY] = record

@@ -7,12 +7,13 @@ and JSON report fields to it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from pathlib import Path
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.gates import MaxDrop, McNemar
+from pytest_gsm8k.core.gates import McNemar
+from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
+from pytest_gsm8k.core.records import Report
 from pytest_gsm8k.core.scrub import md_code, md_text
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.summary import Summary
@@ -22,59 +23,51 @@ from pytest_gsm8k.runtime.files import write_atomic
 SHOWN_IDS = 10
 
 
-def baseline_path(settings: Settings, rootpath: Path, label: str, snapshot_dirname: str) -> Path:
-    if settings.baseline:
-        return Path(settings.baseline).expanduser()
-    name = settings.baseline_name or bl.default_name(label)
-    return rootpath / snapshot_dirname / "gsm8k" / f"{name}.gsm8k"
-
-
-def read_baseline(
-    path: Path, shown: str, here: dict[str, Any], split: Sequence[Problem]
+def check_baseline(
+    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
 ) -> dict[str, Any]:
-    """The baseline at ``path``, checked: readable, consistent in itself, of the protocol and
-    dataset of ``here`` (a JSON report, or its protocol and dataset), and holding problems of
-    ``split`` (all of its selection unless it says it is partial).
+    """The stored baseline's document, checked: readable, consistent in itself, of the
+    protocol and dataset of ``here`` (a JSON report, or its protocol and dataset), and
+    holding problems of ``split`` (all of its selection unless it says it is partial).
 
-    Raises :class:`~pytest_gsm8k.core.baseline.BaselineError` with one line naming ``shown``.
+    Raises :class:`~pytest_gsm8k.core.baseline.BaselineError` with one line naming the file.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise bl.BaselineError(f"{shown}: cannot read ({exc})") from None
-    stored = bl.loads(text, shown)
-    difference = bl.first_difference(stored, here)
+    if stored.error is not None:
+        raise bl.BaselineError(stored.error)
+    if stored.document is None:
+        raise bl.BaselineError(f"no baseline at {stored.shown}")
+    difference = bl.first_difference(stored.document, here)
     if difference:
-        raise bl.BaselineError(f"refused to compare with {shown}: {difference}")
-    bl.check_problem_set(stored, shown, split)
-    return stored
+        raise bl.BaselineError(f"refused to compare with {stored.shown}: {difference}")
+    bl.check_problem_set(stored.document, stored.shown, split)
+    return stored.document
 
 
 def apply_baseline(
     summary: Summary,
-    settings: Settings,
-    path: Path,
-    update: bool,
-    shown_path: str,
+    plan: RunPlan,
     *,
-    split: Sequence[Problem],
     stopped_early: bool = False,
     deselected_by: str = "-k/-m/--lf",
     run_ids: Collection[str] | None = None,
 ) -> None:
     """Write the baseline (``--snapshot-update``) or compare with it; adds a gate either way.
 
-    ``split``: the dataset split's problems (what a baseline's ids are checked against);
     ``stopped_early``: the run stopped on ``--gsm8k-early-stop``; ``deselected_by``: the
     options that deselected problems, for the message when that makes a run partial;
     ``run_ids``: the problems the run set out to do (default: those with a record), all of
     which a baseline must hold for ``--gsm8k-require-baseline``.
     """
+    stored = plan.baseline
+    settings = plan.settings
+    split = plan.split.problems
+    assert stored is not None
+    shown_path = stored.shown
     report = summary.to_json()
-    if update:
-        _write_baseline(summary, settings, path, shown_path, split, stopped_early, deselected_by)
+    if plan.update_baseline:
+        _write_baseline(summary, settings, stored, split, stopped_early, deselected_by)
         return
-    if not path.exists():
+    if not stored.exists:
         message = (
             f"no baseline at {shown_path}; record one with: pytest <same options> --snapshot-update"
         )
@@ -84,12 +77,12 @@ def apply_baseline(
             summary.notes.append(f"  baseline: {message}")
         return
     try:
-        stored = read_baseline(path, shown_path, report, split)
+        document = check_baseline(stored, report, split)
     except bl.BaselineError as exc:
         summary.add_gate("baseline", False, str(exc))
         return
-    cmp = bl.compare(stored, summary.records, run_ids)
-    partial = stored.get("partial")
+    cmp = bl.compare(document, summary.records, run_ids)
+    partial = document.get("partial")
     summary.extra["baseline"] = {
         "path": shown_path,
         "partial": partial is not None,
@@ -141,20 +134,17 @@ def apply_baseline(
             "record a baseline of the whole selection with --snapshot-update",
         )
         return
-    if settings.alpha is not None:
-        summary.set_gate(
-            McNemar(settings.alpha).verdict(len(cmp.newly_failing), len(cmp.newly_passing))
-        )
+    rule = plan.gates.baseline
+    if isinstance(rule, McNemar):
+        summary.set_gate(rule.verdict(len(cmp.newly_failing), len(cmp.newly_passing)))
     else:
-        rule = MaxDrop(settings.max_drop)
         summary.set_gate(rule.verdict(cmp.baseline_correct, cmp.current_correct, cmp.shared))
 
 
 def _write_baseline(
     summary: Summary,
     settings: Settings,
-    path: Path,
-    shown: str,
+    stored: StoredBaseline,
     split: Sequence[Problem],
     stopped_early: bool,
     deselected_by: str,
@@ -162,6 +152,7 @@ def _write_baseline(
     """``--snapshot-update``: write the baseline only from a run that covers its whole
     selection, and never over a baseline that holds problems the run does not; both may be
     forced with ``--gsm8k-baseline-partial`` (a partial baseline then says it is one)."""
+    shown = stored.shown
     reason = None
     if summary.interrupted:
         reason = "the run was interrupted"
@@ -195,7 +186,7 @@ def _write_baseline(
         return
     report = summary.to_json()
     if not settings.baseline_partial:
-        dropped = _dropped(path, shown, report, split)
+        dropped = _dropped(stored, report, split)
         if dropped:
             summary.add_gate(
                 "baseline",
@@ -206,7 +197,7 @@ def _write_baseline(
             return
     from pytest_gsm8k.snapshot import serialize
 
-    write_atomic(path, serialize(bl.build(report, partial)))
+    write_atomic(stored.path, serialize(bl.build(report, partial)))
     size = f"n={summary.n}"
     if partial is not None:
         size += f" of the {selection} of its selection, partial: {partial};"
@@ -216,17 +207,17 @@ def _write_baseline(
     summary.extra["baseline"] = {"path": shown, "written": True, "partial": partial is not None}
 
 
-def _dropped(path: Path, shown: str, report: dict[str, Any], split: Sequence[Problem]) -> int:
-    """How many problems the usable baseline at ``path`` holds that the run has not (0 when
+def _dropped(stored: StoredBaseline, report: Report, split: Sequence[Problem]) -> int:
+    """How many problems the usable stored baseline holds that the run has not (0 when
     there is none, or it cannot be compared with this run: then it is replaced)."""
-    if not path.exists():
+    if not stored.exists:
         return 0
     try:
-        stored = read_baseline(path, shown, report, split)
+        document = check_baseline(stored, report, split)
     except bl.BaselineError:
         return 0
-    ran = {str(record["id"]) for record in report["problems"]}
-    return len(set(stored["problems"]) - ran)
+    ran = {record["id"] for record in report["problems"]}
+    return len(set(document["problems"]) - ran)
 
 
 def markdown(summary: Summary, questions: dict[str, str], html: str | None = None) -> str:

@@ -9,20 +9,23 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 from pytest_gsm8k import fixtures
-from pytest_gsm8k.core.dataset import DatasetError
-from pytest_gsm8k.core.gates import GateVerdict
+from pytest_gsm8k.core.gates import GateVerdict, McNemar
+from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
+    from pytest_gsm8k.core.summary import Summary
+    from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
     from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec
 
 _S = TypeVar("_S", bound="ServedProcess")
@@ -38,7 +41,7 @@ PREFLIGHT_TIMEOUT = 10.0
 REMOTE_WAIT_SLACK = 120.0
 
 
-def release_gates(state: State, session: pytest.Session) -> None:
+def release_gates(state: State, summary: Summary, session: pytest.Session) -> None:
     """Baseline write/compare and the GitHub step summary, once, on the controller.
 
     Whatever fails here is one line, never a crash at the end of a paid-for run: the
@@ -48,38 +51,27 @@ def release_gates(state: State, session: pytest.Session) -> None:
     from pytest_gsm8k.runtime.outputs import reason
     from pytest_gsm8k.writing import write_output
 
-    config = session.config
-    summary = state.summary
-    assert summary is not None
-    dirname = str(getattr(config.option, "snapshot_dirname", None) or "__snapshots__")
-    path = gates.baseline_path(state.settings, config.rootpath, summary.label, dirname)
-    try:
-        shown = str(path.resolve().relative_to(config.rootpath.resolve()))
-    except (ValueError, OSError):
-        shown = str(path)
-    update = bool(getattr(config.option, "update_snapshots", False))
-    state.baseline_file = path
+    plan, run = state.plan, state.run
+    assert plan.baseline is not None
     try:
         gates.apply_baseline(
             summary,
-            state.settings,
-            path,
-            update,
-            shown,
-            split=state.split().problems,
-            stopped_early=state.early_stopped is not None,
-            deselected_by=deselected_by(config),
-            run_ids={p.id for p in state.wanted()},
+            plan,
+            stopped_early=run.early_stopped is not None,
+            deselected_by=deselected_by(session.config),
+            run_ids={p.id for p in run.wanted(plan)},
         )
     except Exception as exc:
-        verb = "write" if update else "read"
-        summary.add_gate("baseline", False, f"{shown}: cannot {verb} it ({reason(exc)})")
-    if not update:
-        _early_baseline_verdict(state)
+        verb = "write" if plan.update_baseline else "read"
+        summary.add_gate(
+            "baseline", False, f"{plan.baseline.shown}: cannot {verb} it ({reason(exc)})"
+        )
+    if not plan.update_baseline:
+        _early_baseline_verdict(state, summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        questions = {p.id: p.question for p in state.split().problems}
-        text = gates.markdown(summary, questions, html=state.settings.html)
+        questions = {p.id: p.question for p in plan.split.problems}
+        text = gates.markdown(summary, questions, html=plan.settings.html)
         write_output(state, "step_summary", step_summary, lambda: text)
 
 
@@ -99,7 +91,7 @@ def deselected_by(config: pytest.Config) -> str:
     return ", ".join(named) or "the test ids or paths given"
 
 
-def early_stop_for(state: State, session: pytest.Session) -> EarlyStop | None:
+def early_stop_for(state: State) -> EarlyStop | None:
     """The run's :class:`EarlyStop` (``--gsm8k-early-stop``), or None with nothing to decide.
 
     Its problems are those this run set out to do (after deselection); its
@@ -112,21 +104,18 @@ def early_stop_for(state: State, session: pytest.Session) -> EarlyStop | None:
     from pytest_gsm8k.core import baseline as bl
     from pytest_gsm8k.core.early_stop import EarlyStop
 
-    settings = state.settings
+    plan = state.plan
+    settings = plan.settings
     assert settings.early_stop in ("certain", "sequential")
-    ids = [p.id for p in state.wanted()]
-    protocol = state.protocol()
-    config = session.config
-    dirname = str(getattr(config.option, "snapshot_dirname", None) or "__snapshots__")
-    path = gates_path(state, config, dirname)
+    ids = [p.id for p in state.run.wanted(plan)]
     outcomes: dict[str, int] | None = None
-    if path.is_file() and not getattr(config.option, "update_snapshots", False):
+    if plan.baseline is not None and plan.baseline.exists and not plan.update_baseline:
         here = {
-            "protocol": {**protocol.identity(), "label": protocol.label},
-            "dataset": state.split().identity(),
+            "protocol": {**plan.protocol.identity(), "label": plan.protocol.label},
+            "dataset": plan.split.identity(),
         }
         try:
-            stored = gates.read_baseline(path, str(path), here, state.split().problems)
+            stored = gates.check_baseline(plan.baseline, here, plan.split.problems)
         except bl.BaselineError:
             stored = None
         if stored is not None:
@@ -135,37 +124,34 @@ def early_stop_for(state: State, session: pytest.Session) -> EarlyStop | None:
                 outcome = value.get("outcome") if isinstance(value, dict) else value
                 outcomes[str(pid)] = int(outcome == "correct")
             shared = set(outcomes) & set(ids)
-            if not shared or (settings.require_baseline and len(shared) < len(ids)):
+            if not shared or (plan.gates.require_baseline and len(shared) < len(ids)):
                 outcomes = None
-    if settings.min_acc is None and outcomes is None:
+    min_acc = plan.gates.min_acc
+    if min_acc is None and outcomes is None:
         return None
+    rule = plan.gates.baseline
     return EarlyStop(
         ids,
         mode=settings.early_stop,  # type: ignore[arg-type]
         seed=settings.seed,
         alpha=settings.early_stop_alpha,
-        min_acc=settings.min_acc,
+        min_acc=min_acc.threshold if min_acc is not None else None,
         baseline=outcomes,
         max_drop=settings.max_drop,
-        mcnemar_alpha=settings.alpha,
+        mcnemar_alpha=rule.alpha if isinstance(rule, McNemar) else None,
     )
 
 
-def gates_path(state: State, config: pytest.Config, dirname: str) -> Path:
-    from pytest_gsm8k import gates
-
-    return gates.baseline_path(state.settings, config.rootpath, state.protocol().label, dirname)
-
-
-def _early_baseline_verdict(state: State) -> None:
+def _early_baseline_verdict(state: State, summary: Summary) -> None:
     """After an early stop the baseline gate's verdict is the early decision's, not the one
     the partial run's drop would give (a gate another gate's FAIL made moot is not a FAIL).
 
     Only when the early stop decided on the baseline at all: a baseline gate it did not
     know (no baseline, one refused, one that does not cover the run) keeps its verdict.
     """
-    early, summary = state.early, state.summary
-    if early is None or early.decision is None or state.early_stopped is None or not summary:
+    run = state.run
+    early = run.early
+    if early is None or early.decision is None or run.early_stopped is None:
         return
     if "baseline" not in early.decision.verdicts:
         return
@@ -228,47 +214,60 @@ def start_early(state: State, session: pytest.Session) -> None:
     broken = session.testsfailed and not getattr(
         config.option, "continue_on_collection_errors", False
     )
-    if not state.planned or not state.model_name or idle or broken:
+    collected = state.run.collected
+    if not collected or not state.plan.endpoint.model or idle or broken:
         return
     if overrides_present(session):
         return  # each model's engine starts at its first fixture setup
-    workerinput = state.workerinput
-    if workerinput is not None:
-        address = workerinput.get("gsm8k_answers")
-        if address is None:
-            return
-        from pytest_gsm8k.runtime.answers import RemoteAnswers
-
-        client = state.default_client()
-        wait = state.settings.timeout * (state.settings.max_retries + 1) + REMOTE_WAIT_SLACK
-        try:
-            state.remote = RemoteAnswers(
-                (str(address[0]), int(address[1])),
-                str(workerinput["gsm8k_answers_token"]),
-                endpoint=client.endpoint,
-                model=client.model,
-                wait=wait,
-            )
-            state.remote.offer([p.id for p in state.planned])
-        except OSError as exc:
-            raise pytest.UsageError(
-                f"gsm8k: cannot reach the xdist controller's answers ({exc})"
-            ) from None
+    sources = state.sources
+    if state.workerinput is not None:
+        remote = connect_remote(state)
+        if remote is not None:
+            sources.use_remote(remote)
         return
-    state.engine_for(state.default_client())
+    sources.engine_for(sources.default_client())
+
+
+def connect_remote(state: State) -> RemoteAnswers | None:
+    """xdist worker: the controller's answers, with this worker's plan offered (None when
+    the controller serves none: a run whose tests bring their own model)."""
+    from pytest_gsm8k.runtime.answers import RemoteAnswers
+
+    workerinput = state.workerinput or {}
+    address = workerinput.get("gsm8k_answers")
+    if address is None:
+        return None
+    client = state.sources.default_client()
+    settings = state.settings
+    wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
+    try:
+        remote = RemoteAnswers(
+            (str(address[0]), int(address[1])),
+            str(workerinput["gsm8k_answers_token"]),
+            endpoint=client.endpoint,
+            model=client.model,
+            wait=wait,
+        )
+        remote.offer([p.id for p in state.run.collected or ()])
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"gsm8k: cannot reach the xdist controller's answers ({exc})"
+        ) from None
+    return remote
 
 
 def warm_engine(state: State) -> None:
     """One process: start the engine for the plugin's own client now, and import and build
-    the HTTP client on its thread while pytest collects (about 0.3 s of openai imports
-    that would otherwise sit between the end of collection and the first request). The
-    plan follows at the end of collection (:func:`start_early`)."""
-    client = state.default_client()
-    engine = state.engine_for(client, plan=False)
+    the HTTP client on its thread while pytest collects (openai's imports would otherwise
+    sit between the end of collection and the first request). The plan follows at the end
+    of collection (:func:`start_early`)."""
+    sources = state.sources
+    client = sources.default_client()
+    engine = sources.engine_for(client, plan=False)
     engine.loop.call_soon_threadsafe(client.warm)
 
 
-def start_controller(state: State) -> None:
+def start_controller(state: State) -> AnswerServer:
     """xdist controller: one engine for the plugin's own client, served to the workers.
 
     The engine starts importing the HTTP client now, while xdist starts the
@@ -277,14 +276,16 @@ def start_controller(state: State) -> None:
     """
     from pytest_gsm8k.runtime.answers import AnswerServer
 
-    client = state.default_client()
-    engine = state.engine_for(client, plan=False)
+    sources = state.sources
+    client = sources.default_client()
+    engine = sources.engine_for(client, plan=False)
     engine.loop.call_soon_threadsafe(client.warm)
-    state.answer_server = AnswerServer(engine, state.request_for)
-    state.answer_server.start()
+    server = AnswerServer(engine, state.plan.request_for)
+    server.start()
+    return server
 
 
-def start_local(state: State) -> None:
+def start_local(state: State) -> ServerStarted:
     """``--gsm8k-model=local[:PATH]``: serve the GGUF with llama.cpp, probe it once."""
     from pytest_gsm8k.runtime import local
 
@@ -305,10 +306,12 @@ def start_local(state: State) -> None:
     except local.LocalServerError as exc:
         server.stop(timeout=2.0)
         raise pytest.UsageError(f"gsm8k: {exc}") from None
-    _serving(state, server, {"gguf": str(path)}, f"{_shown(state, path.name)} with llama.cpp")
+    return _serving(
+        state, server, {"gguf": str(path)}, f"{_shown(state, path.name)} with llama.cpp"
+    )
 
 
-def start_serve(state: State) -> None:
+def start_serve(state: State) -> ServerStarted:
     """``--gsm8k-serve CMD``: start the run's server, wait for it, take its model if not given.
 
     Started on the controller before xdist starts the workers, which get its URL and
@@ -355,9 +358,11 @@ def start_serve(state: State) -> None:
                 f"gsm8k: --gsm8k-serve: the server's only model id holds the API key "
                 f"({_shown(state, models[0])}); choose the model with --gsm8k-model"
             )
-        server.model = models[0]
+        server.use_model(models[0])
     shown = scrub.command(command)
-    _serving(state, server, {"command": shown}, f"{_shown(state, server.model)} with {shown!r}")
+    return _serving(
+        state, server, {"command": shown}, f"{_shown(state, server.model)} with {shown!r}"
+    )
 
 
 def server_log(state: State, name: str) -> Path:
@@ -387,14 +392,28 @@ def _start_server(state: State, spec: ServerSpec[_S], log_name: str) -> _S:
         )
     except spec.error as exc:
         raise pytest.UsageError(f"gsm8k: {state.scrubber().command(str(exc))}") from None
-    state.local_server = server
     return server
 
 
-def _serving(state: State, server: ServedProcess, about: dict[str, str], what: str) -> None:
-    """The server is the run's: watched, in the report, named on the terminal, asked."""
-    server.watch(state.server_died)
-    state.local_info = {
+@dataclass(frozen=True)
+class ServerStarted:
+    """A server this run started and is now the run's: what to ask it and what the report
+    says of it."""
+
+    server: ServedProcess
+    info: dict[str, Any]
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(base_url=self.server.base_url, model=self.server.model)
+
+
+def _serving(
+    state: State, server: ServedProcess, about: dict[str, str], what: str
+) -> ServerStarted:
+    """The server is the run's: watched, in the report, named on the terminal."""
+    server.watch(state.sources.server_died)
+    info: dict[str, Any] = {
         "pid": server.pid,
         **about,
         "base_url": server.base_url,
@@ -407,8 +426,7 @@ def _serving(state: State, server: ServedProcess, about: dict[str, str], what: s
         f"gsm8k: serving {what} at {_shown(state, server.base_url)} "
         f"(pid {server.pid}, ready in {server.startup_seconds:.1f} s)",
     )
-    state.base_url = server.base_url
-    state.model_name = server.model
+    return ServerStarted(server, info)
 
 
 def _shown(state: State, text: str) -> str:
@@ -453,14 +471,14 @@ def _preflight_timeout(state: State) -> float:
     return min(state.settings.timeout, PREFLIGHT_TIMEOUT)
 
 
-def preflight(state: State) -> None:
+def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     """One cheap call at session start: unreachable, bad key or unknown model is one line.
-    What the server says about the model is kept: cached answers are reused only while it
-    says the same."""
+    Returns ``endpoint`` with what the server says about the model: cached answers are
+    reused only while it says the same."""
     from pytest_gsm8k.core.identity import describe_server
     from pytest_gsm8k.runtime.client import PreflightError, list_models
 
-    url = state.base_url
+    url = endpoint.base_url
     shown = safe_url(url or DEFAULT_BASE_URL)
     cards: list[dict[str, Any]] = []
     timeout = _preflight_timeout(state)
@@ -483,23 +501,19 @@ def preflight(state: State) -> None:
             raise pytest.UsageError(
                 f"gsm8k: cannot reach {shown}: {exc.detail} (check --gsm8k-base-url)"
             ) from None
-        return  # some servers have no /models; the first request will tell
-    if models and state.model_name not in models:
+        return endpoint  # some servers have no /models; the first request will tell
+    if models and endpoint.model not in models:
         raise pytest.UsageError(
-            f"gsm8k: model {state.model_name!r} is not served by {shown} "
+            f"gsm8k: model {endpoint.model!r} is not served by {shown} "
             f"(it serves: {_listing(state, models)})"
         )
-    state.server_identity = describe_server(cards, state.model_name or "")
+    identity = describe_server(cards, endpoint.model or "")
+    return Endpoint(endpoint.base_url, endpoint.model, identity)
 
 
-def check_data(state: State) -> None:
-    """Load the split and the protocol now: a bad file or option is one usage-error line."""
-    try:
-        state.selected()
-        state.protocol()
-    except DatasetError as exc:
-        raise pytest.UsageError(f"gsm8k: {exc}") from None
-    limit, size = state.settings.limit, len(state.split().problems)
+def limit_note(state: State, plan: RunPlan) -> None:
+    """A --gsm8k-limit above the split's size runs the whole split: said once."""
+    limit, size = plan.settings.limit, len(plan.split.problems)
     if limit is not None and limit > size:
         state.config.issue_config_time_warning(
             pytest.PytestWarning(

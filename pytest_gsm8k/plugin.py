@@ -14,6 +14,7 @@ the gates and writes the report.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import json
 import re
@@ -47,8 +48,8 @@ from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from 
     gsm8k_protocol,
 )
 from pytest_gsm8k.lifecycle import (
-    check_data,
     early_stop_for,
+    limit_note,
     model_overridden,
     preflight,
     release_gates,
@@ -176,20 +177,33 @@ class StatePlugin:
         prepare_outputs(state, ("report", "html"))  # asked for by name: checked in any run
         if not (settings.model or settings.serve):
             return
-        check_data(state)
+        # The data, protocol and baseline first: a bad file is one line before any server
+        # starts. The plan is published once, with the endpoint the server and the
+        # preflight settle.
+        try:
+            draft = state.build_plan(state.default_endpoint())
+        except DatasetError as exc:
+            raise pytest.UsageError(f"gsm8k: {exc}") from None
+        limit_note(state, draft)
         prepare_outputs(state, ("step_summary",))
-        check_baseline_path(state, session.config)
+        check_baseline_path(draft)
         limit_descriptors(state)
         preload_end()
+        endpoint = draft.endpoint
+        started = None
         if settings.serve:
-            start_serve(state)
+            started = start_serve(state)
         elif is_local_spec(settings.model):
-            start_local(state)
+            started = start_local(state)
+        if started is not None:
+            state.sources.use_server(started.server, started.info)
+            endpoint = started.endpoint
         overridden = model_overridden(session.config)
         if not overridden:
-            preflight(state)
+            endpoint = preflight(state, endpoint)
+        state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
         if session.config.pluginmanager.has_plugin("dsession"):
-            start_controller(state)
+            state.sources.use_answer_server(start_controller(state))
         elif not overridden and not (
             session.config.option.collectonly or getattr(session.config.option, "setupplan", False)
         ):
@@ -199,13 +213,15 @@ class StatePlugin:
     def pytest_configure_node(self, node: Any) -> None:
         """xdist controller: hand the run's identity and the answer server to each worker."""
         state = self.state
+        endpoint = state.endpoint()
         node.workerinput["gsm8k_run_id"] = state.run_id
-        node.workerinput["gsm8k_base_url"] = state.base_url
-        node.workerinput["gsm8k_model"] = state.model_name
-        node.workerinput["gsm8k_server_identity"] = state.server_identity
-        if state.answer_server is not None:
-            node.workerinput["gsm8k_answers"] = list(state.answer_server.address)
-            node.workerinput["gsm8k_answers_token"] = state.answer_server.token
+        node.workerinput["gsm8k_base_url"] = endpoint.base_url
+        node.workerinput["gsm8k_model"] = endpoint.model
+        node.workerinput["gsm8k_server_identity"] = endpoint.identity
+        answers = state.sources.answer_server
+        if answers is not None:
+            node.workerinput["gsm8k_answers"] = list(answers.address)
+            node.workerinput["gsm8k_answers_token"] = answers.token
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(
@@ -215,7 +231,7 @@ class StatePlugin:
         may be prefetched (a narrower one exists for its own items only)."""
         value = yield
         if fixturedef.argname == "gsm8k_model":
-            self.state.model_scopes[id(value)] = fixturedef.scope
+            self.state.sources.note_scope(value, fixturedef.scope)
         return value
 
     @pytest.hookimpl(tryfirst=True)
@@ -236,8 +252,8 @@ class StatePlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Remember which problems this process will run, in run order, for the prefetcher."""
-        if self.state.data_error:
-            raise pytest.UsageError(self.state.data_error)
+        if self.state.run.data_error:
+            raise pytest.UsageError(self.state.run.data_error)
         seen: set[str] = set()
         planned: list[Problem] = []
         for item in session.items:
@@ -246,8 +262,7 @@ class StatePlugin:
             if isinstance(problem, Problem) and problem.id not in seen:
                 seen.add(problem.id)
                 planned.append(problem)
-        self.state.planned = planned
-        self.state.planned_ids = {p.id for p in planned}
+        self.state.run.collect(planned)
         if planned:
             self.activate()
         start_early(self.state, session)
@@ -255,14 +270,14 @@ class StatePlugin:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """xdist controller: which problems the workers collected (it collects nothing)."""
-        if self.state.planned_ids is not None:
+        if self.state.run.collected_ids is not None:
             return
         pattern = re.compile(rf"\b{re.escape(self.state.settings.split)}-\d{{4,}}\b")
         found: set[str] = set()
         for nodeid in ids:
             params = nodeid.rpartition("[")[2]
             found.update(pattern.findall(params))
-        self.state.planned_ids = found or None
+        self.state.run.learn_collected_ids(found)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -309,38 +324,37 @@ class StatePlugin:
         record = getattr(report, "gsm8k", None)
         if isinstance(record, dict):
             self.activate()  # an xdist controller learns of GSM8K work from the first record
-            fresh = str(record["id"]) not in self.state.records
-            self.state.records.setdefault(str(record["id"]), record)
-            if self.state.answer_server is not None:
-                self.state.answer_server.settled(str(record["id"]))
-            if record["outcome"] == "error" and record.get("aborted"):
-                self.state.aborted = str(record["error"])
-            elif fresh and self.state.settings.early_stop:
+            state = self.state
+            fresh = state.run.add_record(record)  # type: ignore[arg-type]
+            answers = state.sources.answer_server
+            if answers is not None:
+                answers.settled(str(record["id"]))
+            aborted = record["outcome"] == "error" and record.get("aborted")
+            if fresh and not aborted and state.settings.early_stop:
                 self._observe_early(str(record["id"]), bool(record["correct"]))
 
     def _observe_early(self, problem_id: str, correct: bool) -> None:
         """Controller: one more outcome for --gsm8k-early-stop; stop the run once decided."""
-        state = self.state
-        if state.early is None and not self._early_tried:
+        run = self.state.run
+        if run.early is None and not self._early_tried:
             self._early_tried = True
-            if self.session is not None:
-                state.early = early_stop_for(state, self.session)
-        if state.early is None or state.early_stopped is not None:
+            run.start_early_stop(early_stop_for(self.state))
+        early = run.early
+        if early is None or run.early_stopped is not None:
             return
         try:
-            decision = state.early.observe(problem_id, correct)
+            decision = early.observe(problem_id, correct)
         except (KeyError, ValueError):
             return  # a problem outside the run's plan (a user's own test): not counted
-        if decision is None or state.early.observed >= state.early.n_total:
+        if decision is None or early.observed >= early.n_total:
             return
-        message = f"gsm8k: {state.early.headline()}"
-        state.early_stopped = message
-        for engine in state.engines.values():
-            engine.stop(message.removeprefix("gsm8k: "))
+        message = f"gsm8k: {early.headline()}"
+        run.stop_early(message)
         dsession = self.config.pluginmanager.get_plugin("dsession")
+        # every engine stops; under xdist so do the workers that call a model of their own
+        self.state.sources.stop(message.removeprefix("gsm8k: "), workers=dsession is not None)
         if dsession is not None:
             dsession.shouldstop = message  # xdist stops handing out items
-            state.announce_stop(message)  # and workers stop calling a model of their own
         elif self.session is not None:
             self.session.shouldstop = message
 
@@ -366,9 +380,12 @@ class StatePlugin:
         try:
             return (yield)
         except BaseException as exc:
-            if self.state.early_stopped is not None and str(exc) == self.state.early_stopped:
+            if (
+                self.state.run.early_stopped is not None
+                and str(exc) == self.state.run.early_stopped
+            ):
                 return True  # the gates' verdicts are settled: a finished run, not interrupted
-            self.state.interrupted = True  # stopped before the end (complete: false)
+            self.state.run.interrupt()  # stopped before the end (complete: false)
             if _our_stop_under_xdist(exc, self.state):
                 # xdist turns a worker's session.shouldfail into Interrupted (exit code 2);
                 # the run stopped on an endpoint failure, which is a failed run (1), as
@@ -382,30 +399,31 @@ class StatePlugin:
         state = self.state
         if state.is_worker:
             return
-        for engine in state.engines.values():  # the controller's cache warnings
-            self.warnings.extend(engine.take_warnings())
-            self.warnings.extend(engine.notes())
-        if not state.records and not state.aborted and not state.interrupted:
+        self.warnings.extend(state.sources.take_notes())  # the controller's cache warnings
+        run = state.run
+        if not run.records and not run.aborted and not run.interrupted:
             return  # (an interrupted run reports even when no item had finished)
-        if not state.records and not state.settings.model and not state.planned:
+        if not run.records and not state.settings.model and not run.collected:
             return
         try:
-            state.summary = state.build_summary()
+            plan = state.plan
         except DatasetError:
             return
-        release_gates(state, session)
+        late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
+        summary = run.build_summary(plan, late=late, server=state.sources.server_info)
+        release_gates(state, summary, session)
         finished = time.time()
-        state.summary.extra.update(
-            started_at=_iso(state.started),
-            finished_at=_iso(finished),
-            duration_s=round(finished - state.started, 3),
-        )
-        write_outputs(state, state.summary.to_json())
+        summary.extra["started_at"] = _iso(run.started)
+        summary.extra["finished_at"] = _iso(finished)
+        summary.extra["duration_s"] = round(finished - run.started, 3)
+        run.finish(summary)
+        write_outputs(state, summary.to_json())
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for message in self.warnings:
             terminalreporter.write_line(printable(message), yellow=True)
-        summary = self.state.summary
+        run = self.state.run
+        summary = run.summary
         if summary is None:
             return
         terminalreporter.write_sep("=", "gsm8k")
@@ -413,11 +431,9 @@ class StatePlugin:
             terminalreporter.write_line(
                 line, bold=kind == "headline", red=kind == "fail", green=kind == "pass"
             )
-        if self.state.aborted:
-            terminalreporter.write_line(
-                f"gsm8k: run stopped: {printable(self.state.aborted)}", red=True
-            )
-        errors = self.state.output_errors
+        if run.aborted:
+            terminalreporter.write_line(f"gsm8k: run stopped: {printable(run.aborted)}", red=True)
+        errors = run.output_errors
         for message in errors.values():
             terminalreporter.write_line(printable(message), red=True)
         if self.state.settings.report and "report" not in errors:
@@ -427,8 +443,8 @@ class StatePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        summary = self.state.summary
-        failed = (summary is not None and summary.failed) or bool(self.state.output_errors)
+        run = self.state.run
+        failed = (run.summary is not None and run.summary.failed) or bool(run.output_errors)
         if failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -442,7 +458,7 @@ def _our_stop_under_xdist(exc: BaseException, state: State) -> bool:
     return (
         type(exc).__name__ == "Interrupted"
         and type(exc).__module__.startswith("xdist")
-        and state.aborted is not None
+        and state.run.aborted is not None
         and str(exc).startswith("gsm8k:")
     )
 
@@ -525,7 +541,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     state = get_state(metafunc.config)
     try:
-        problems = state.selected()
+        problems = state.plan.run_order
     except DatasetError as exc:
         if state.is_worker:
             # An xdist worker cannot end the session with a usage error (the controller,
@@ -533,13 +549,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.Collector.CollectError(f"gsm8k: {exc}") from None
         # Raised here (inside a collector) it would become a collection error with a
         # traceback; pytest_collection_finish raises it as one usage-error line instead.
-        state.data_error = f"gsm8k: {exc}"
+        state.run.fail_data(f"gsm8k: {exc}")
         return
-    if state.settings.early_stop == "sequential":
-        # a seeded uniformly random order: the sequential test's outcomes are then a sample
-        # drawn without replacement from the split (its guarantee needs exactly that)
-        from pytest_gsm8k.core.early_stop import run_order
-
-        by_id = {p.id: p for p in problems}
-        problems = tuple(by_id[pid] for pid in run_order(list(by_id), state.settings.seed))
     metafunc.parametrize("gsm8k_problem", problems, ids=[p.id for p in problems])

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
+from pytest_gsm8k.core.plan import RunPlan
+from pytest_gsm8k.core.records import Report
 from pytest_gsm8k.state import State
 
 #: the run's outputs: key -> (the option or variable that names it, appended to)
@@ -31,25 +32,24 @@ def prepare_outputs(state: State, keys: tuple[str, ...]) -> None:
 
     for key in keys:
         path = _output_path(state, key)
-        if not path or key in state.outputs:
+        if not path or key in state.run.outputs:
             continue
         what, append = OUTPUTS[key]
         try:
-            state.outputs[key] = prepare(path, what, append=append)
+            state.run.add_output(key, prepare(path, what, append=append))
         except OutputError as exc:
             raise pytest.UsageError(f"gsm8k: {exc}") from None
 
 
-def check_baseline_path(state: State, config: pytest.Config) -> None:
+def check_baseline_path(plan: RunPlan) -> None:
     """Controller, before any request: a baseline name the file system cannot hold is
     refused now; a baseline to be recorded (``--snapshot-update``) needs a folder it can
     be written in."""
-    from pytest_gsm8k import gates
     from pytest_gsm8k.runtime.outputs import OutputError, check_name, prepare
 
-    settings = state.settings
-    dirname = str(getattr(config.option, "snapshot_dirname", None) or "__snapshots__")
-    path = gates.baseline_path(settings, config.rootpath, state.protocol().label, dirname)
+    settings = plan.settings
+    assert plan.baseline is not None
+    path = plan.baseline.path
     if settings.baseline:
         what = "--gsm8k-baseline"
     elif settings.baseline_name:
@@ -58,13 +58,13 @@ def check_baseline_path(state: State, config: pytest.Config) -> None:
         what = "the baseline name from the protocol (choose one with --gsm8k-baseline-name)"
     try:
         check_name(path, what)
-        if getattr(config.option, "update_snapshots", False):
+        if plan.update_baseline:
             prepare(path, "--snapshot-update: the baseline", streams=False)
     except OutputError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
 
 
-def write_outputs(state: State, report: dict[str, Any]) -> None:
+def write_outputs(state: State, report: Report) -> None:
     """The JSON report and the page, each where its session-start check said; a failure
     is one line (the summary is still printed, and the run fails)."""
     from pytest_gsm8k.runtime.files import json_text
@@ -83,22 +83,22 @@ def _output_path(state: State, key: str) -> str | None:
 def write_output(state: State, key: str, path: str | None, render: Callable[[], str]) -> None:
     """Write output ``key`` (rendered by ``render``) to ``path``, through the check made at
     session start (made now when there was none); a failure, rendering included, is kept
-    as one line in ``state.output_errors``."""
+    as one line in the run's output errors."""
     from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
 
     if not path:
         return
     what, append = OUTPUTS[key]
     try:
-        output = state.outputs.get(key) or prepare(path, what, append=append)
+        output = state.run.outputs.get(key) or prepare(path, what, append=append)
         text = render()
         if output.terminal:
             _end_terminal_line(state)
         output.write(text)
     except OutputError as exc:
-        state.output_errors[key] = f"gsm8k: {exc}"
+        state.run.output_failed(key, f"gsm8k: {exc}")
     except Exception as exc:
-        state.output_errors[key] = f"gsm8k: {what}: cannot write {path}: {reason(exc)}"
+        state.run.output_failed(key, f"gsm8k: {what}: cannot write {path}: {reason(exc)}")
 
 
 def _end_terminal_line(state: State) -> None:
@@ -139,16 +139,17 @@ def limit_descriptors(state: State) -> None:
     )
 
 
-def page_html(state: State, report: dict[str, Any]) -> str:
+def page_html(state: State, report: Report) -> str:
     """The run's page (``--gsm8k-html``): the baseline's outcomes beside ours."""
     from pytest_gsm8k import gates
     from pytest_gsm8k.core import baseline as bl
     from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
 
+    plan = state.plan
     outcomes = None
-    path = state.baseline_file
-    with contextlib.suppress(bl.BaselineError):
-        if path is not None and path.is_file():
-            stored = gates.read_baseline(path, str(path), report, state.split().problems)
-            outcomes = outcomes_from_baseline(stored)
-    return render_html(report, problem_texts(state.split().problems), outcomes)
+    stored = plan.baseline
+    if stored is not None and stored.exists and not plan.update_baseline:
+        with contextlib.suppress(bl.BaselineError):
+            document = gates.check_baseline(stored, report, plan.split.problems)
+            outcomes = outcomes_from_baseline(document)
+    return render_html(report, problem_texts(plan.split.problems), outcomes)

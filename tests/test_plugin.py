@@ -196,7 +196,14 @@ def test_full_split_all_correct_in_empty_directory(
     assert report["dataset"]["name"] == "embedded openai/gsm8k"
     assert report["model"] == "fake-model" and report["protocol"]["name"] == "test@1"
     assert report["gates"] == [
-        {"name": "min-acc", "passed": True, "detail": report["gates"][0]["detail"]}
+        {
+            "name": "min-acc",
+            "rule": "min-acc",
+            "passed": True,
+            "value": 1.0,
+            "threshold": 1.0,
+            "detail": report["gates"][0]["detail"],
+        }
     ]
     result.stdout.fnmatch_lines([f"{HEADLINE}1.0000  [[]95% CI *]  n=1319", "*1319 correct*"])
     assert completions_sent(server) == 1319

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,7 @@ def default_name(label: str) -> str:
     return f"{name[: NAME_LIMIT - len(digest) - 1].rstrip('_')}_{digest}"
 
 
-def build(summary_json: dict[str, Any], partial: str | None = None) -> dict[str, Any]:
+def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
     """The baseline document from a run's JSON report (see summary.Summary.to_json).
 
     ``partial``: why the run covers only part of its selection, for a partial
@@ -211,7 +211,7 @@ def _correct(entry: Any) -> bool:
     return outcome == "correct"
 
 
-def first_difference(baseline: dict[str, Any], summary_json: dict[str, Any]) -> str | None:
+def first_difference(baseline: dict[str, Any], summary_json: Mapping[str, Any]) -> str | None:
     """The first protocol or dataset field that differs, as a phrase; None when comparable."""
     now_protocol = {k: v for k, v in summary_json["protocol"].items() if k != "label"}
     base_protocol = {k: v for k, v in baseline["protocol"].items() if k != "label"}
@@ -269,7 +269,7 @@ class Comparison:
 
 def compare(
     baseline: dict[str, Any],
-    records: list[dict[str, Any]],
+    records: Sequence[Mapping[str, Any]],
     run_ids: Collection[str] | None = None,
 ) -> Comparison:
     """Paired comparison on the problem ids present in both.

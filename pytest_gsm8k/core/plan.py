@@ -8,6 +8,7 @@ sources, the early-stop decision) lives elsewhere, owned by one object each.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -27,6 +28,9 @@ class Endpoint:
 
     base_url: str | None
     model: str | None
+    #: what the endpoint's GET /v1/models says about the model (None: it said nothing);
+    #: stored with each cached answer, which is reused only while it still says that
+    identity: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,14 +80,22 @@ class RunPlan:
     run_id: str
     settings: Settings
     split: Split
-    #: the selected problems (after --gsm8k-limit), in the order the items run
+    #: the selected problems (after --gsm8k-limit), in selection order
     problems: tuple[Problem, ...]
+    #: the same problems in the order the items run (seeded for the sequential early stop)
+    run_order: tuple[Problem, ...]
     protocol: Protocol
     endpoint: Endpoint
     gates: GateSpecs
     baseline: StoredBaseline | None
     #: --snapshot-update: write the baseline instead of comparing with it
     update_baseline: bool = False
+
+    @cached_property
+    def pattern(self) -> re.Pattern[str] | None:
+        """``--gsm8k-answer-regex``, compiled once."""
+        regex = self.settings.answer_regex
+        return re.compile(regex) if regex else None
 
     @cached_property
     def by_id(self) -> dict[str, Problem]:

@@ -15,6 +15,7 @@ import errno
 import os
 import stat
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def _refuse_special(target: str) -> None:
     raise FileExistsError(errno.EEXIST, "is not a regular file, not replaced", target)
 
 
-def json_text(data: dict[str, Any]) -> str:
+def json_text(data: Mapping[str, Any]) -> str:
     """The JSON report's text; text UTF-8 cannot encode (a lone surrogate from a reply) is
     kept as its JSON escape."""
     return to_json(data, indent=1) + "\n"

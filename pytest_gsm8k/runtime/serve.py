@@ -124,6 +124,10 @@ class ServedProcess:
     _pending: bytes = field(default=b"", repr=False)
     _status: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    def use_model(self, model: str) -> None:
+        """The model id to ask this server for (the one it lists, when none was given)."""
+        self.model = model
+
     @property
     def pid(self) -> int:
         """The command's own pid (the supervisor's until the command runs)."""

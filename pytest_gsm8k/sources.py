@@ -1,0 +1,321 @@
+"""Where a test's answer comes from, and who closes it: one :class:`Sources` per process.
+
+* the plugin's own client, one process: this process's :class:`Engine`;
+* the plugin's own client under xdist: the controller's engine, through
+  :class:`RemoteAnswers` (the controller fetches for every worker);
+* a user's session-scoped callable: this process's engine for it (under xdist, with
+  claims on the run's shared cache, since each worker has its own copy of it);
+* a narrower-scoped model: a one-shot engine for the item's own request (nothing can
+  be prefetched for a model that exists for one item only).
+
+It also holds the model server this run started, so that one object stops everything
+the run opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from typing import Protocol as TypingProtocol
+
+import pytest
+
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.records import ProblemRecord
+from pytest_gsm8k.core.types import ModelResponse, Problem, Request
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
+    from pytest_gsm8k.runtime.cache import ResponseCache
+    from pytest_gsm8k.runtime.client import OpenAIClient
+    from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.serve import ServedProcess
+    from pytest_gsm8k.state import State
+
+
+#: in the run's folder: the controller's early-stop message for the xdist workers
+STOP_FILE = "early-stop"
+
+
+class AnswerSource(TypingProtocol):
+    """Where a test's answer comes from: an engine here, or the xdist controller's."""
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    def result(self, request: Request) -> ModelResponse: ...
+
+    def take_warnings(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+class Sources:
+    """This process's answer sources, made on demand, closed together."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+        #: engines by id() of the model object they call (session-scoped models only)
+        self.engines: dict[int, Engine] = {}
+        #: engines made with plan=False: the first engine_for(plan=True) plans them
+        self._unplanned: set[int] = set()
+        #: the scope of each gsm8k_model value set up so far, by id() (pytest_fixture_setup)
+        self._scopes: dict[int, str] = {}
+        self._warned_scope = False
+        self._caches: dict[bool, ResponseCache] = {}
+        self._client: OpenAIClient | None = None
+        #: xdist worker: the controller's answers (plugin's own client and protocol only)
+        self.remote: RemoteAnswers | None = None
+        #: xdist controller: serves its engine's answers to the workers
+        self.answer_server: AnswerServer | None = None
+        #: the model server this run started (--gsm8k-serve or --gsm8k-model=local)
+        self.server: ServedProcess | None = None
+        #: what the report says of that server
+        self.server_info: dict[str, Any] | None = None
+        self.server_death: str | None = None
+        self._stop_heard = False
+
+    # what the plugin attaches
+
+    def use_server(self, server: ServedProcess, info: dict[str, Any]) -> None:
+        self.server = server
+        self.server_info = info
+
+    def use_remote(self, remote: RemoteAnswers) -> None:
+        self.remote = remote
+
+    def use_answer_server(self, server: AnswerServer) -> None:
+        self.answer_server = server
+
+    def note_scope(self, model: object, scope: str) -> None:
+        self._scopes[id(model)] = scope
+
+    # caches, clients, engines
+
+    def cache(self, persistent: bool) -> ResponseCache:
+        from pytest_gsm8k.runtime.cache import ResponseCache
+
+        state = self._state
+        persistent = persistent and not state.settings.no_cache
+        root: Path | None = None
+        if persistent:
+            if state.settings.cache_dir:
+                root = Path(state.settings.cache_dir).expanduser()
+            elif getattr(state.config, "cache", None) is not None:
+                root = state.config.cache.mkdir("gsm8k")
+        if root is None:
+            persistent = False
+            root = state.run_dir / "cache"
+        if persistent not in self._caches:
+            self._caches[persistent] = ResponseCache(root, state.run_id, persistent=persistent)
+        return self._caches[persistent]
+
+    def default_client(self) -> OpenAIClient:
+        """The process's one OpenAI-compatible client (the same object every time)."""
+        from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
+
+        if self._client is not None:
+            return self._client
+        state = self._state
+        endpoint = state.endpoint()
+        settings = state.settings
+        if not endpoint.model:
+            raise pytest.UsageError(
+                "gsm8k_model: no --gsm8k-model given and no gsm8k_model fixture override"
+            )
+        self._client = OpenAIClient(
+            model=endpoint.model,
+            base_url=endpoint.base_url,
+            api_key=settings.api_key(),
+            timeout=settings.timeout,
+            max_retries=settings.max_retries,
+            concurrency=state.concurrency(),
+            breaker=Breaker(),
+            # the served port is new every run: the command line (with {port} as written)
+            # names the server in cache keys, so a rerun finds its answers
+            cache_endpoint=f"serve:{settings.serve}" if settings.serve else None,
+        )
+        return self._client
+
+    def is_default(self, model: object) -> bool:
+        return model is not None and model is self._client
+
+    def _requests(self, problems: tuple[Problem, ...] | None) -> list[Request]:
+        protocol = self._state.plan.protocol
+        return [protocol.request(p) for p in problems or ()]
+
+    def engine_for(self, model: Any, *, plan: bool = True) -> Engine:
+        """The engine that calls ``model`` (created once per model object).
+
+        A session-scoped model's engine prefetches this process's collected items.
+        """
+        from pytest_gsm8k.runtime.client import CallableClient
+        from pytest_gsm8k.runtime.engine import Engine
+
+        state = self._state
+        engine = self.engines.get(id(model))
+        if engine is not None:
+            if plan and id(model) in self._unplanned:  # started early, unplanned until now
+                self._unplanned.discard(id(model))
+                engine.start(self._requests(state.run.collected))
+            return engine
+        client = model
+        if not hasattr(model, "complete"):
+            if not callable(model):
+                raise pytest.UsageError(
+                    f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
+                )
+            client = CallableClient(
+                model, concurrency=state.concurrency(), model=state.settings.model
+            )
+        settings = state.settings
+        engine = Engine(
+            client,
+            self.cache(bool(getattr(client, "persistent_cache", False))),
+            concurrency=state.concurrency(),
+            claims=state.is_worker,  # a user's model exists in every worker: share by claims
+            breaker=getattr(client, "breaker", None),
+            share=_worker_share(state.workerinput),
+            # early stopping: fetch no further ahead of the tests than the concurrency
+            lookahead=state.concurrency() if settings.early_stop else None,
+            scrub=state.scrubber(),
+            stall_timeout=settings.stall_timeout,
+            # what the server says about itself describes the plugin's own client only
+            identity=state.endpoint().identity if client is self._client else None,
+        )
+        self.engines[id(model)] = engine
+        if plan:
+            engine.start(self._requests(state.run.collected))
+        else:
+            self._unplanned.add(id(model))
+        return engine
+
+    def default_engine(self) -> Engine | None:
+        return self.engines.get(id(self._client)) if self._client is not None else None
+
+    def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
+        """Where this item's answer comes from, and whether that source is single-use."""
+        default = self.is_default(model) and protocol is self._state.plan.protocol
+        if default and self.remote is not None:
+            return self.remote, False
+        if self._scopes.get(id(model), "session") != "session":
+            if not self._warned_scope:
+                self._warned_scope = True
+                warnings.warn(
+                    pytest.PytestWarning(
+                        "gsm8k: gsm8k_model is not session-scoped: each item calls it for its own "
+                        "problem only, nothing is prefetched (make it session-scoped for speed)"
+                    ),
+                    stacklevel=3,
+                )
+            return self._one_shot(model), True
+        return self.engine_for(model), False
+
+    def _one_shot(self, model: Any) -> Engine:
+        from pytest_gsm8k.runtime.client import CallableClient
+        from pytest_gsm8k.runtime.engine import Engine
+
+        state = self._state
+        client = (
+            model
+            if hasattr(model, "complete")
+            else CallableClient(model, concurrency=1, model=state.settings.model)
+        )
+        return Engine(
+            client,
+            self.cache(False),
+            concurrency=1,
+            claims=False,
+            scrub=state.scrubber(),
+            stall_timeout=state.settings.stall_timeout,
+        )
+
+    def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
+        """The scored records of answers the plugin's engine holds but no test read."""
+        from pytest_gsm8k.core.outcome import score_response
+        from pytest_gsm8k.state import safe_url
+
+        engine = self.default_engine()
+        if engine is None:
+            return {}
+        plan = self._state.plan
+        out: dict[str, ProblemRecord] = {}
+        for problem in problems:
+            response = engine.ready(plan.protocol.request(problem))
+            if response is None:
+                continue
+            record = score_response(problem, response, plan.protocol, plan.pattern)
+            record["endpoint"] = safe_url(engine.endpoint)
+            record["model"] = record["model"] or engine.model
+            out[problem.id] = record
+        return out
+
+    # stopping
+
+    def stop(self, message: str, *, workers: bool) -> None:
+        """The run stopped early: every engine fetches nothing more; with ``workers`` (an
+        xdist controller) the workers hear it too (they may call a model of their own)."""
+        for engine in list(self.engines.values()):
+            engine.stop(message)
+        if workers:
+            from pytest_gsm8k.runtime.files import write_atomic
+
+            with contextlib.suppress(OSError):
+                write_atomic(self._state.run_dir / STOP_FILE, message)
+
+    def heed_stop(self) -> None:
+        """Worker, before each item: stop every engine once the controller announced a stop."""
+        if self._stop_heard or not self._state.is_worker:
+            return
+        try:
+            message = (self._state.run_dir / STOP_FILE).read_text(encoding="utf-8")
+        except OSError:
+            return
+        self._stop_heard = True
+        for engine in list(self.engines.values()):
+            engine.stop(message)
+
+    def server_died(self, message: str) -> None:
+        """The model server this run started is gone: stop every engine with its message."""
+        self.server_death = message
+        for engine in list(self.engines.values()):
+            engine.abort(message)
+
+    def take_notes(self) -> list[str]:
+        """The engines' warnings and end-of-run notes no test issued (the controller's)."""
+        out: list[str] = []
+        for engine in self.engines.values():
+            out.extend(engine.take_warnings())
+            out.extend(engine.notes())
+        return out
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
+        if self.answer_server is not None:
+            self.answer_server.close()
+            self.answer_server = None
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
+        if not self._state.is_worker:
+            for cache in self._caches.values():
+                cache.close()
+            if self.server is not None:
+                self.server.stop()
+                self.server = None
+
+
+def _worker_share(workerinput: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(index, count) of this xdist worker, for the engine's prefetch order; None otherwise."""
+    if workerinput is None:
+        return None
+    digits = str(workerinput.get("workerid", "")).lstrip("gw")
+    count = int(workerinput.get("workercount", 1) or 1)
+    return (int(digits) % count, count) if digits.isdigit() and count > 1 else None
