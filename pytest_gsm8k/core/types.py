@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
@@ -166,3 +167,10 @@ def stable_hash(obj: Any) -> str:
     """sha256 of canonical JSON: the same in every process and every run."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+#: what a user's model callable may return for one request: a text, several (one per
+#: sample), :class:`Completion` values, or a whole :class:`ModelResponse`
+Reply = str | list[str] | Completion | list[Completion] | ModelResponse
+#: a model a user plugs in through the ``gsm8k_model`` fixture, sync or async
+ModelCallable = Callable[[Request], Reply | Awaitable[Reply]]

@@ -16,12 +16,18 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
-from pytest_gsm8k.core.types import Completion, ModelResponse, Request, valid_usage
+from pytest_gsm8k.core.types import (
+    Completion,
+    ModelCallable,
+    ModelResponse,
+    Request,
+    valid_usage,
+)
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Counter, Decoder, Refused, encoding_of, mib
 
 #: the most one problem's answer may take: one reply's body as decoded (a gzip bomb is
@@ -491,10 +497,6 @@ def parse_reply(
     )
 
 
-Reply = str | list[str] | Completion | list[Completion] | ModelResponse
-UserModel = Callable[[Request], Reply | Awaitable[Reply]]
-
-
 def _to_response(reply: Any, where: str) -> ModelResponse:
     """Accept the shapes a user's callable may reasonably return."""
     if isinstance(reply, ModelResponse):
@@ -516,7 +518,7 @@ class CallableClient:
 
     persistent_cache = False  # the callable's code may change between runs: never reuse answers
 
-    def __init__(self, fn: UserModel, *, concurrency: int, model: str | None = None) -> None:
+    def __init__(self, fn: ModelCallable, *, concurrency: int, model: str | None = None) -> None:
         self.fn = fn
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         self.endpoint = f"callable:{getattr(fn, '__module__', '')}.{name}"
