@@ -24,6 +24,7 @@ import pytest
 
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
+from pytest_gsm8k.core.settings import Settings, is_local_spec
 from pytest_gsm8k.core.types import ModelResponse, Problem, Request
 
 if TYPE_CHECKING:
@@ -136,9 +137,10 @@ class Sources:
             max_retries=settings.max_retries,
             concurrency=state.concurrency(),
             breaker=Breaker(),
-            # the served port is new every run: the command line (with {port} as written)
-            # names the server in cache keys, so a rerun finds its answers
-            cache_endpoint=f"serve:{settings.serve}" if settings.serve else None,
+            # a server this run starts has a new port every run: the command line (with
+            # {port} as written) or the GGUF names it in cache keys, so a rerun finds its
+            # answers
+            cache_endpoint=_cache_endpoint(settings, self.server_info),
         )
         return self._client
 
@@ -310,6 +312,22 @@ class Sources:
             if self.server is not None:
                 self.server.stop()
                 self.server = None
+
+
+def _cache_endpoint(settings: Settings, server: dict[str, Any] | None) -> str | None:
+    """What names a server this run starts in cache keys (None: its base URL does): the
+    command line, or the GGUF file (its path and size: another build of the model is
+    another file)."""
+    if settings.serve:
+        return f"serve:{settings.serve}"
+    gguf = (server or {}).get("gguf")
+    if is_local_spec(settings.model) and isinstance(gguf, str):
+        try:
+            size = Path(gguf).stat().st_size
+        except OSError:
+            return None
+        return f"local:{gguf}:{size}"
+    return None
 
 
 def _worker_share(workerinput: dict[str, Any] | None) -> tuple[int, int] | None:

@@ -137,6 +137,15 @@ class _SameOriginCredentials(urllib.request.HTTPRedirectHandler):
         return new
 
 
+#: the largest body :func:`fetch` reads: a model list or a readiness answer is small, and a
+#: server that sends more is not read into memory
+MAX_BODY = 8 << 20
+
+
+class FetchTooLarge(OSError):
+    """The reply's body is over :data:`MAX_BODY`."""
+
+
 def fetch(
     url: str,
     *,
@@ -169,7 +178,10 @@ def fetch(
     def run() -> None:
         try:
             with opener.open(request, timeout=timeout) as reply:
-                outcome.append(reply.read())
+                body = reply.read(MAX_BODY + 1)
+                if len(body) > MAX_BODY:
+                    raise FetchTooLarge(f"a reply over {MAX_BODY // (1 << 20)} MiB")
+                outcome.append(body)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             outcome.append(exc)
         finally:
