@@ -1,4 +1,4 @@
-"""Simulation benchmark of early stopping (issue 13): how early, and how often wrong.
+"""Simulation benchmark of early stopping: how early, and how often wrong.
 
 A script, not a test. For outcome vectors of N=1319 problems with a given full-split
 accuracy, it runs early stopping over many uniformly random orders (the seeded run order's
@@ -9,7 +9,7 @@ before a verdict (N when the run never stops early).
 
     python benchmarks/bench_early_stop.py [--orders 10000] [--check 100] [--quick] [--jobs 2]
 
-Speed: the real ``pytest_gsm8k.core.early_stop.EarlyStop`` costs about 10 ms per order
+Speed: the real ``pytest_gsm8k.core.early_stop.EarlyStop`` costs milliseconds per order
 near a threshold, so 10,000 orders on the whole grid would take hours. The simulation
 therefore runs a numpy twin of its test (``_VecTest``: the same IEEE operations in the same
 order, one array lane per order) and replays the first ``--check`` orders of every row and
@@ -37,7 +37,7 @@ from pytest_gsm8k.core.early_stop import EarlyStop  # noqa: E402
 from pytest_gsm8k.core.gates import max_drop_count, min_acc_count  # noqa: E402
 
 N = 1319
-#: (accuracy, min_acc, mode, most problems as the median over orders), from issue 13
+#: (accuracy, min_acc, mode, most problems as the median over orders): the targets
 _TARGETS = (
     (0.0, 0.85, "certain", 198),
     (0.0, 0.85, "sequential", 20),
@@ -340,7 +340,7 @@ def main() -> int:
             )
     print()
     print()
-    print("targets (issue 13):")
+    print("targets:")
     missed = 0
     for correct, threshold, mode, most in _TARGETS:
         res = by_key.get((0, threshold, round(correct * N)), {}).get(mode)

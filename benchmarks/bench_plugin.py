@@ -28,9 +28,9 @@ What it does, for each latency:
   completion requests (reset before each run; it must be exactly 1,319, with
   no problem asked twice);
 * prints the median of the rounds per configuration and the ratios against
-  the reference, with the targets (issue 11, at 200 ms: single process at most
-  1.15x the reference, ``-n 2`` at most 1.05x the single process, at most
-  120 MB per process; at 0 ms, issue 3's 2x); exits 1 when one is missed.
+  the reference, with the targets (at 200 ms: single process at most 1.15x the
+  reference, ``-n 2`` at most 1.05x the single process, at most 120 MB per
+  process; at 0 ms, at most 2x the reference); exits 1 when one is missed.
 
 Peak RSS columns: ``main`` is the pytest process (the xdist controller under
 ``-n 2``, which runs the one engine), ``worker`` the largest xdist worker.

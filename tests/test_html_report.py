@@ -1,4 +1,4 @@
-"""The HTML report page (issue 15): a pure renderer of the JSON report, checked as text and
+"""The HTML report page: a pure renderer of the JSON report, checked as text and
 in a real headless Chromium (driven over the DevTools protocol by ``tests/browser.py``).
 
 The browser tests run the plugin (``pytester.runpytest_subprocess``) against the loopback fake

@@ -1,9 +1,9 @@
 """Tests for :mod:`pytest_gsm8k.runtime.local`: model resolution and the real server lifecycle.
 
 The resolution tests run everywhere. The server tests start the real
-``llama_cpp.server`` with the packaged Gemma 3 270M (about 1 s per start on two
-cores); where the ``local`` extra is missing they are skipped with the command
-that installs it, never silently.
+``llama_cpp.server`` with the packaged Gemma 3 270M (a small model: quick to start);
+where the ``local`` extra is missing they are skipped with the command that
+installs it, never silently.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, secrets in logs: what the HTTP libraries log (openai's request and response
+"""Secrets in logs: what the HTTP libraries log (openai's request and response
 lines, httpx's, their retry notes) passes through the run's scrubber, so a key or URL
 password that a server echoes back never reaches the terminal's live log, a captured log
 section or JUnit XML, with and without ``-n 2``."""

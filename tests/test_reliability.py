@@ -1,4 +1,4 @@
-"""Issue 12: fails loud, never hangs, never leaks.
+"""Fails loud, never hangs, never leaks.
 
 Each test reproduces one finding against the scripted server of tests/fakeserver.py
 (its hostile modes: ``echo_auth``, ``reported_model``, the ``hang``, ``nochoices``,

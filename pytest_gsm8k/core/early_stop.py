@@ -273,7 +273,7 @@ def _bisect_last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
 class _CountGate:
     """A gate that PASSes iff a count X over a population of ``size`` items is >= ``need``.
 
-    Both of today's max-drop style gates reduce to this: min-acc with X = the
+    Both threshold gates reduce to this: min-acc with X = the
     correct answers over all N problems, and the baseline max-drop gate with X
     = the correct answers over the M shared problems. ``value_of`` maps an
     outcome to the sequential test's value: ``x`` itself (binary) or the

@@ -34,6 +34,9 @@ class Option:
     help: str
     default: Any = None
     metavar: str | None = None
+    #: the default in words, for an option whose default is decided at run time (``default``
+    #: is None): README's options table shows it, and tests/test_options_table.py checks it
+    default_text: str = ""
 
     @property
     def flag(self) -> str:
@@ -57,6 +60,7 @@ OPTIONS: tuple[Option, ...] = (
         "str",
         "OpenAI-compatible base URL (default: $OPENAI_BASE_URL, else OpenAI)",
         metavar="URL",
+        default_text="`$OPENAI_BASE_URL`, else OpenAI",
     ),
     Option(
         "api-key-env",
@@ -66,7 +70,11 @@ OPTIONS: tuple[Option, ...] = (
         metavar="VAR",
     ),
     Option(
-        "data", "str", "local GSM8K file or folder instead of the embedded copy", metavar="PATH"
+        "data",
+        "str",
+        "local GSM8K file or folder instead of the embedded copy",
+        metavar="PATH",
+        default_text="the embedded copy",
     ),
     Option(
         "dataset",
@@ -74,6 +82,7 @@ OPTIONS: tuple[Option, ...] = (
         "load this Hugging Face dataset through datasets (same columns as "
         "openai/gsm8k) instead of the embedded copy",
         metavar="NAME",
+        default_text="the embedded copy",
     ),
     Option("config", "str", "dataset config: main or socratic", "main"),
     Option("split", "str", "split to evaluate (train is not a reportable number)", "test"),
@@ -81,7 +90,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", "int", "seed of the --gsm8k-limit subset and of few-shot sampling", 1234),
     Option("min-acc", "float", "fail the run when accuracy is below this", metavar="ACC"),
     Option("protocol", "str", "test@1, pass@N or maj@N", "test@1"),
-    Option("temperature", "float", "sampling temperature (default 0 for test@1, 0.7 otherwise)"),
+    Option(
+        "temperature",
+        "float",
+        "sampling temperature (default 0 for test@1, 0.7 otherwise)",
+        default_text="0, or 0.7 when sampling",
+    ),
     Option("shots", "int", "few-shot chain-of-thought exemplars drawn from train", 0, metavar="K"),
     Option(
         "fewshot-file",
@@ -91,7 +105,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("system", "str", "system prompt (chat API)", metavar="TEXT"),
     Option("api", "str", "chat or completions", "chat"),
-    Option("stop", "list", "stop sequence (repeatable)", metavar="TEXT"),
+    Option(
+        "stop",
+        "list",
+        "stop sequence (repeatable)",
+        metavar="TEXT",
+        default_text="completions: `Question:`, `</s>`, `<|im_end|>`, blank line",
+    ),
     Option("max-tokens", "int", "max new tokens per sample", 1024, metavar="N"),
     Option("extract", "str", f"extractor that decides correctness: {', '.join(RULES)}", "strict"),
     Option(
@@ -135,7 +155,11 @@ OPTIONS: tuple[Option, ...] = (
         metavar="KEY=VALUE",
     ),
     Option(
-        "cache-dir", "str", "response cache folder (default: pytest's cache dir)", metavar="PATH"
+        "cache-dir",
+        "str",
+        "response cache folder (default: pytest's cache dir)",
+        metavar="PATH",
+        default_text="`.pytest_cache/d/gsm8k`",
     ),
     Option("no-cache", "bool", "do not read or write the response cache", False),
     Option(
@@ -150,12 +174,14 @@ OPTIONS: tuple[Option, ...] = (
         "int",
         "--gsm8k-model=local: llama.cpp threads (default: the CPUs this process may use)",
         metavar="N",
+        default_text="the CPUs available",
     ),
     Option(
         "local-ctx",
         "int",
         "--gsm8k-model=local: context size (default: 2048, more when --gsm8k-max-tokens needs it)",
         metavar="N",
+        default_text="2048, more if `--gsm8k-max-tokens` needs it",
     ),
     Option(
         "baseline",
@@ -163,9 +189,14 @@ OPTIONS: tuple[Option, ...] = (
         "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under "
         "the rootdir); written with --snapshot-update",
         metavar="PATH",
+        default_text="`__snapshots__/gsm8k/<name>.gsm8k`",
     ),
     Option(
-        "baseline-name", "str", "baseline name (default: derived from the protocol)", metavar="NAME"
+        "baseline-name",
+        "str",
+        "baseline name (default: derived from the protocol)",
+        metavar="NAME",
+        default_text="from the protocol",
     ),
     Option(
         "max-drop",

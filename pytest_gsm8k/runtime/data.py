@@ -1,8 +1,8 @@
 """Where GSM8K rows come from: the embedded copy (default), a local file or folder, or a
 dataset on the Hugging Face hub through ``datasets``.
 
-Local JSONL is parsed here directly (no ``datasets`` import: it costs a
-second and ~100 MB per process, and every xdist worker loads the split).
+Local JSONL is parsed here directly (no ``datasets`` import: it is slow to
+import and large in memory, and every xdist worker loads the split).
 ``datasets`` is imported only for a named hub dataset and for parquet folders
 laid out like the hub repository.
 """

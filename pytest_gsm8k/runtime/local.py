@@ -385,7 +385,7 @@ def server_command(
         str(n_ctx),
         # The server's default (True) keeps logits for every prompt token: with
         # Gemma's 262k vocabulary that is 1 MB per token and makes a 5-shot
-        # prompt ~5x slower to ingest (180 vs 950 tokens/s on 2 cores). Only
+        # prompt several times slower to ingest. Only
         # ``logprobs`` requests need it, and GSM8K scoring does not use them.
         "--logits_all",
         "False",
