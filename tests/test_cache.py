@@ -1,4 +1,4 @@
-"""The response cache on its own: keys, atomic entries, corruption, claims across processes.
+"""The response cache on its own: keys, atomic entries, corruption, special files.
 
 End-to-end cache behaviour (resume after SIGKILL, reruns, corrupted entries
 in a real run, the headline's cache count) is in test_engine.py; these tests
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -171,88 +167,11 @@ def test_throwaway_cache_is_removed_persistent_one_keeps_entries(tmp_path: Path)
     drop = ResponseCache(tmp_path / "drop", "r", persistent=False)
     for cache in (keep, drop):
         key = cache_key("u", BODY, "0")
-        assert cache.claim(key)
-        cache.submit([(key, BODY, RESPONSE, None)], release=True)
+        cache.submit([(key, BODY, RESPONSE, None)])
         cache.close()
     assert not (tmp_path / "drop").exists()
     assert len(entry_files(tmp_path / "keep")) == 1
-    assert not (tmp_path / "keep" / "claims").exists()
-
-
-# -- claims ---------------------------------------------------------------------------
-
-HOLDER = r"""
-import sys, time
-from pathlib import Path
-from pytest_gsm8k.runtime.cache import ResponseCache
-cache = ResponseCache(Path(sys.argv[1]), "run1")
-assert cache.claim(sys.argv[2])
-print("held", flush=True)
-time.sleep(60)
-"""
-
-
-@pytest.fixture
-def holder(tmp_path: Path) -> Any:
-    """Another process that claims a key and sleeps (killed at the end)."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(key: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(tmp_path / "cache"), key],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
-
-
-def test_claim_is_exclusive_across_processes_and_dies_with_its_owner(
-    tmp_path: Path, holder: Any
-) -> None:
-    cache = make(tmp_path)
-    key, other = cache_key("u", BODY, "0"), cache_key("u", BODY, "1")
-    proc = holder(key)
-    assert not cache.claim(key)
-    assert cache.claim_owner_alive(key)
-    assert cache.claim(other)  # a different key is free
-    assert cache.claim(other)  # and claiming twice in one process is fine
-    os.kill(proc.pid, signal.SIGKILL)  # SIGKILL: no cleanup code runs in the owner
-    proc.wait()
-    deadline = time.monotonic() + 5
-    while cache.claim_owner_alive(key) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not cache.claim_owner_alive(key)
-    assert cache.claim(key)
-    cache.release(key)
-    cache.release(key)  # releasing twice is harmless
-    assert not cache.claim_owner_alive(key)
-    cache.close()
-
-
-def test_claims_of_another_run_never_block(tmp_path: Path, holder: Any) -> None:
-    key = cache_key("u", BODY, "0")
-    holder(key)  # holds it for run1
-    assert ResponseCache(tmp_path / "cache", "run2").claim(key)
-
-
-def test_probing_a_claim_does_not_take_it(tmp_path: Path) -> None:
-    mine = make(tmp_path)
-    key = cache_key("u", BODY, "0")
-    assert not mine.claim_owner_alive(key)
-    assert mine.claim(key)
-    assert mine.claim_owner_alive(key)
-    mine.release(key)
-    assert not mine.claim_owner_alive(key)
+    assert ResponseCache(tmp_path / "keep", "r2").get(cache_key("u", BODY, "0"), BODY)
 
 
 # -- entries that do not belong where they are found -------------------------------------

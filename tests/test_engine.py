@@ -511,6 +511,48 @@ def test_the_item_a_test_waits_for_jumps_the_queue(memory_cache: ResponseCache) 
     assert not (memory_cache.root / "responses").exists()  # no-cache: memory only
 
 
+def test_an_engine_with_no_plan_fetches_each_item_when_asked_and_nothing_more(
+    memory_cache: ResponseCache,
+) -> None:
+    """How a worker calls its own model under xdist: one item at a time, nothing planned or
+    prefetched (xdist spreads the items over the workers)."""
+    client = ScriptedClient(delay=0.01)
+    engine = Engine(client, memory_cache, concurrency=4)
+    asked = requests(6)
+    try:
+        engine.start([])
+        for count, request in enumerate(asked[:3], start=1):
+            assert engine.result(request).completions[0].text == f"#### {count - 1}"
+            assert client.order == [r.problem_id for r in asked[:count]]  # that one, no other
+        engine.stop("decided")
+        with pytest.raises(NotRun, match="^decided$"):
+            engine.result(asked[3])  # never asked before the stop: not run
+        assert engine.result(asked[0]).completions  # an answer in hand stays one
+    finally:
+        engine.close()
+    assert engine.requests_sent == 3
+
+
+def test_an_answer_another_worker_stored_is_read_not_asked_again(tmp_path: Path) -> None:
+    """Two workers of one run on the shared persistent cache, each asked per item: the one
+    that asks second for the same request finds the first one's entry (what the shared
+    cache gives workers that call a model of their own, when the timing allows)."""
+    first_client, second_client = ScriptedClient(), ScriptedClient()
+    first = Engine(first_client, ResponseCache(tmp_path / "c", "run"), concurrency=2)
+    second = Engine(second_client, ResponseCache(tmp_path / "c", "run"), concurrency=2)
+    [request, other] = requests(2)
+    try:
+        assert first.result(request).completions[0].text == "#### 0"  # on disk once returned
+        answer = second.result(request)
+        assert answer.completions[0].text == "#### 0" and answer.cached == 0  # this run's
+        assert second.result(other).completions[0].text == "#### 1"
+    finally:
+        first.close()
+        second.close()
+    assert first_client.order == ["p000"] and second_client.order == ["p001"]
+    assert (first.requests_sent, second.requests_sent) == (1, 1)
+
+
 def test_an_item_asked_for_just_before_an_early_stop_is_not_run_at_once(
     memory_cache: ResponseCache,
 ) -> None:

@@ -32,7 +32,7 @@ from pytest_gsm8k.core.html_report import render_html
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
-from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
+from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
 from pytest_gsm8k.runtime.bounded import PIECE, Counter, Decoder, Refused, encoding_of
 from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, OpenAIClient
@@ -151,7 +151,7 @@ def test_a_reply_for_another_problem_breaks_the_channel_for_good(
 ) -> None:
     address, replies = scripted_controller
     answer = {"completions": [{"text": "#### 1"}], "usage": {}, "model": None}
-    replies += [b"", b"", _frame({"id": "p1", "response": answer, "cached": 0})]
+    replies += [b"", _frame({"planned": 2}), _frame({"id": "p1", "response": answer, "cached": 0})]
     remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
     try:
         remote.offer(["p0", "p1"])
@@ -168,7 +168,7 @@ def test_a_frame_longer_than_the_channel_carries_is_never_read(
     scripted_controller: tuple[tuple[str, int], list[bytes]],
 ) -> None:
     address, replies = scripted_controller
-    replies += [b"", b"", struct.pack(">I", 1 << 31)]
+    replies += [b"", _frame({"planned": 1}), struct.pack(">I", 1 << 31)]
     remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
     try:
         remote.offer(["p0"])
@@ -176,6 +176,24 @@ def test_a_frame_longer_than_the_channel_carries_is_never_read(
             remote.result(Request(problem_id="p0", api="chat"))
     finally:
         remote.close()
+
+
+def test_a_plan_the_controller_does_not_acknowledge_fails_the_offer(
+    scripted_controller: tuple[tuple[str, int], list[bytes]],
+) -> None:
+    """The offer returns only once the controller recorded the plan: a reply that is not the
+    acknowledgement is a failed channel (an OSError, as a refused connection is)."""
+    address, replies = scripted_controller
+    replies += [b"", _frame({"id": "p0", "not_run": "decided"})]
+    channel = Channel(address, "t", wait=10)
+    try:
+        with pytest.raises(OSError, match="does not acknowledge"):
+            channel.offer(["p0"])
+        with pytest.raises(OSError, match="does not acknowledge"):
+            channel.offer(["p0"])  # broken for good: nothing more is read
+        assert channel.stopped() is None
+    finally:
+        channel.close()
 
 
 # -- a gzip bomb -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,9 @@ from fakeserver import FakeOpenAIServer, Script
 from helpers import XDIST, output, sent
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
-from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
+from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
 from pytest_gsm8k.runtime.cache import ResponseCache
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
 
 SCOPED_CONFTEST = """
 import os
@@ -202,8 +203,12 @@ def _requests(n: int) -> dict[str, Request]:
     }
 
 
+#: a scripted client, its engine, the answer server on it, its address, the known requests
+Parts = tuple["Scripted", Engine, AnswerServer, tuple[str, int], dict[str, Request]]
+
+
 @pytest.fixture
-def channel(tmp_path: Path):  # type: ignore[no-untyped-def]
+def channel(tmp_path: Path) -> Iterator[Parts]:
     client = Scripted(fail={"p3"})
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(8)
@@ -214,7 +219,7 @@ def channel(tmp_path: Path):  # type: ignore[no-untyped-def]
     engine.close()
 
 
-def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None:  # type: ignore[no-untyped-def]
+def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) -> None:
     client, engine, server, address, known = channel
     remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
     try:
@@ -237,13 +242,14 @@ def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None: 
     assert sorted(client.order) == sorted(known)  # the whole plan, each once
 
 
-def test_a_wrong_token_gets_nothing(channel) -> None:  # type: ignore[no-untyped-def]
+def test_a_wrong_token_gets_nothing(channel: Parts) -> None:
     client, engine, server, address, known = channel
     remote = RemoteAnswers(address, "not-the-token", endpoint="e", model="m", wait=10)
     try:
-        remote.offer(list(known))
         # the controller hangs up: EOF, or a broken pipe if it did so before our write
-        with pytest.raises(EndpointAborted, match="answer channel"):
+        with pytest.raises(OSError, match="channel"):
+            remote.offer(list(known))
+        with pytest.raises(EndpointAborted, match="channel"):
             remote.result(known["p1"])
     finally:
         remote.close()
@@ -260,8 +266,13 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
     known = _requests(1)
     server = AnswerServer(engine, known.get)
     remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=600)
+
+    def end_the_controller() -> None:
+        server.close()
+        engine.close()
+
     try:
-        closer = threading.Timer(0.2, lambda: (server.close(), engine.close()))
+        closer = threading.Timer(0.2, end_the_controller)
         closer.start()
         with pytest.raises(EndpointAborted):
             remote.result(known["p0"])
@@ -304,3 +315,120 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
         remote.close()
         server.close()
         engine.close()
+
+
+def _eventually(condition: Callable[[], object], seconds: float = 5.0) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` (asked every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class Gated(Scripted):
+    """Answers p0 at once and every other problem once ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    async def complete(self, request: Request) -> ModelResponse:
+        self.order.append(request.problem_id)
+        if request.problem_id != "p0":
+            await asyncio.to_thread(self.release.wait, 10)
+        return ModelResponse(completions=[Completion(text=f"#### {request.problem_id[1:]}")])
+
+
+def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
+    tmp_path: Path,
+) -> None:
+    """One call on the controller stops its engine and tells every worker: one that asks for
+    answers, one that only listens (a worker calling its own model), one that was not
+    probed before its next get, and one that connects after the stop."""
+    client = Gated()
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    known = _requests(8)
+    server = AnswerServer(engine, known.get)
+    address = server.start()
+    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    unprobed = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    listener = Channel(address, server.token)
+    late: Channel | None = None
+    try:
+        remote.offer(list(known))
+        listener.offer(["p0", "p1"])
+        assert _eventually(lambda: engine.ready(known["p0"]) and client.order == ["p0", "p1"])
+        assert remote.stopped() is None and listener.stopped() is None
+        server.stop_all("decided")
+        assert _eventually(lambda: remote.stopped() == "decided")
+        assert _eventually(lambda: listener.stopped() == "decided")
+        server.stop_all("decided again")  # the first stop is the one every worker hears
+        # answers the controller has still come; one never fetched is not run
+        assert remote.result(known["p0"]).completions[0].text == "#### 0"
+        with pytest.raises(NotRun, match="^decided$"):
+            remote.result(known["p5"])
+        # the stop frame waiting ahead of a reply is taken as the stop, not as the reply
+        assert unprobed.result(known["p0"]).completions[0].text == "#### 0"
+        assert unprobed.stopped() == "decided"
+        late = Channel(address, server.token)
+        late.offer(["p7"])  # the stop arrives first; the plan is still acknowledged
+        assert late.stopped() == "decided"
+        assert server.planned_ids() == {"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"}
+        client.release.set()  # the request under way at the stop arrives and is delivered
+        assert remote.result(known["p1"]).completions[0].text == "#### 1"
+        assert listener.stopped() == "decided" and remote.stopped() == "decided"
+    finally:
+        client.release.set()
+        for channel in (remote, unprobed, listener, late):
+            if channel is not None:
+                channel.close()
+        server.close()
+        engine.close()
+    assert client.order == ["p0", "p1"]  # nothing was sent after the stop
+
+
+def test_planned_ids_is_the_union_of_the_offers_and_only_an_answers_plan_is_fetched(
+    channel: Parts,
+) -> None:
+    client, engine, server, address, known = channel
+    first = Channel(address, server.token)
+    second = Channel(address, server.token)
+    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    try:
+        assert server.planned_ids() is None  # nobody offered yet
+        first.offer(["p0", "p1"])
+        # recorded by the time the offer returns: a report sent after it finds it there
+        assert server.planned_ids() == {"p0", "p1"}
+        second.offer(["p1", "p2", "zz"])  # ids the controller does not know are plans too
+        assert server.planned_ids() == {"p0", "p1", "p2", "zz"}
+        assert engine.jobs == []  # a channel without answers has nothing fetched for it
+        remote.offer(["p4", "p5"])
+        assert server.planned_ids() == {"p0", "p1", "p2", "zz", "p4", "p5"}
+        assert [job.request.problem_id for job in engine.jobs] == ["p4", "p5"]
+        assert remote.result(known["p5"]).completions[0].text == "#### 5"
+        copy = server.planned_ids()
+        assert copy is not None
+        copy.add("mine")  # a copy: the caller cannot change the controller's record
+        assert "mine" not in (server.planned_ids() or set())
+        assert first.stopped() is None and second.stopped() is None
+    finally:
+        for each in (first, second, remote):
+            each.close()
+    assert _eventually(lambda: sorted(client.order) == ["p4", "p5"])
+
+
+def test_a_channel_with_a_wrong_token_hears_no_stop_and_records_no_plan(
+    channel: Parts,
+) -> None:
+    client, engine, server, address, known = channel
+    stranger = Channel(address, "not-the-token", wait=10)
+    try:
+        with pytest.raises(OSError, match="channel"):
+            stranger.offer(["p0"])
+        server.stop_all("decided")
+        assert stranger.stopped() is None
+        assert server.planned_ids() is None
+    finally:
+        stranger.close()

@@ -1,4 +1,4 @@
-"""On-disk response cache with cross-process claims.
+"""On-disk response cache: one atomic file per request.
 
 One small JSON file per request, named by the sha256 of everything that
 determines the answer (base URL, or the command line of a server the run
@@ -22,16 +22,6 @@ so the event loop never waits for the file system; the engine hands an
 answer to its test only once it is on disk, so an answer a test has seen
 survives any kill.
 
-Claims make xdist workers share the work: before sending a request a
-process claims its key; whoever wins sends it, the others leave it alone (or
-wait for its entry when their own test needs it). A claim is an exclusive
-``fcntl`` lock on one byte of ``claims/<run>.lock`` (the byte is picked by
-the key): one system call, no file created per request, and the kernel drops
-it when its process dies, so a crashed worker can never block another. Where
-``fcntl`` is missing (Windows) a claim is a ``claims/<run>/<key>`` file
-created with O_EXCL that holds its owner's pid. Claims are per run, so a
-crashed earlier run never blocks a new one.
-
 Entries never hold the API key: only the request body, the response and the
 server's description, all scrubbed before they get here.
 """
@@ -46,7 +36,6 @@ import queue
 import shutil
 import stat
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,11 +43,6 @@ from typing import Any
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import stable_hash
 from pytest_gsm8k.runtime.files import write_atomic
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
 
 SCHEMA = 1
 
@@ -71,24 +55,6 @@ Write = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
 def cache_key(base_url: str, body: dict[str, Any], sample: str) -> str:
     """Key of one request: the endpoint, the exact body and which samples it yields."""
     return stable_hash({"v": SCHEMA, "base_url": base_url, "body": body, "sample": sample})
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stale(path: Path, seconds: float = 2.0) -> bool:
-    """An empty claim file older than ``seconds``: its owner died between create and write."""
-    try:
-        return time.time() - path.stat().st_mtime > seconds
-    except OSError:
-        return True
 
 
 def _check_response(response: Any) -> None:
@@ -124,20 +90,13 @@ class ResponseCache:
     def __init__(self, root: Path, run_id: str, *, persistent: bool = True) -> None:
         self.root = root
         self.entries = root / "responses"
-        self.claims = root / "claims" / run_id  # the O_EXCL fallback's folder
-        self.lock_path = root / "claims" / f"{run_id}.lock"
         self.run_id = run_id
         self.persistent = persistent
-        self._pid = os.getpid()
-        self._pid_text = str(self._pid).encode()
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
         self.warnings: list[str] = []
         self._made_dirs: set[str] = set()
         self._entries_text = os.fspath(self.entries)  # string paths: pathlib costs more than I/O
-        self._lock_fd: int | None = None
-        self._held: set[str] = set()
-        self._held_lock = threading.Lock()
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._submitted = 0
@@ -288,15 +247,9 @@ class ResponseCache:
 
     # -- background writes ---------------------------------------------------
 
-    def submit(
-        self,
-        items: list[Write],
-        done: Callable[[], None] | None = None,
-        *,
-        release: bool = False,
-    ) -> None:
-        """Write ``(key, body, response, server)`` entries on the writer thread, then (``release``)
-        drop their claims, then call ``done``.
+    def submit(self, items: list[Write], done: Callable[[], None] | None = None) -> None:
+        """Write ``(key, body, response, server)`` entries on the writer thread, then call
+        ``done``.
 
         A failed write is a warning (the answer is still good, it is just not
         cached); ``done`` is called either way. The writer takes whatever has
@@ -310,7 +263,7 @@ class ResponseCache:
                     target=self._write_loop, name="gsm8k-cache-writer", daemon=True
                 )
                 self._writer.start()
-        self._queue.put((items, done, release))
+        self._queue.put((items, done))
 
     def _write_loop(self) -> None:
         while True:
@@ -328,12 +281,7 @@ class ResponseCache:
             if stop:
                 return
 
-    def _write_item(
-        self,
-        items: list[Write],
-        done: Callable[[], None] | None,
-        release: bool,
-    ) -> None:
+    def _write_item(self, items: list[Write], done: Callable[[], None] | None) -> None:
         for key, body, response, server in items:
             try:
                 self.put(key, body, response, server)
@@ -341,9 +289,6 @@ class ResponseCache:
                 self._warn_folder("write", exc)
             except Exception as exc:  # noqa: BLE001 - a cache problem never fails the run
                 self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
-            finally:
-                if release:
-                    self.release(key)
         if done is not None:
             with contextlib.suppress(Exception):
                 done()
@@ -353,112 +298,10 @@ class ResponseCache:
         with self._idle:
             return self._idle.wait_for(lambda: self._written >= self._submitted, timeout)
 
-    # -- claims --------------------------------------------------------------
-
-    def _claims_fd(self) -> int:
-        if self._lock_fd is None:
-            self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        return self._lock_fd
-
-    @staticmethod
-    def _offset(key: str) -> int:
-        return int(key[:15], 16)  # 60 bits: a byte of a sparse, never written lock file
-
-    def claim(self, key: str) -> bool:
-        """True when this process now owns ``key``; False while another live process does."""
-        if fcntl is None:  # pragma: no cover - Windows
-            return self._claim_file(key)
-        with self._held_lock:
-            if key in self._held:
-                return True
-            try:
-                fcntl.lockf(
-                    self._claims_fd(),
-                    fcntl.LOCK_EX | fcntl.LOCK_NB,
-                    1,
-                    self._offset(key),
-                    os.SEEK_SET,
-                )
-            except OSError:
-                return False
-            self._held.add(key)
-            return True
-
-    def claim_owner_alive(self, key: str) -> bool:
-        """Whether somebody holds a claim on ``key`` (a waiter gives up otherwise)."""
-        if fcntl is None:  # pragma: no cover - Windows
-            return self._claim_file_alive(key)
-        with self._held_lock:
-            if key in self._held:
-                return True
-            fd, offset = self._claims_fd(), self._offset(key)
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset, os.SEEK_SET)
-            except OSError:
-                return True
-            fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset, os.SEEK_SET)
-            return False
-
-    def release(self, key: str) -> None:
-        if fcntl is None:  # pragma: no cover - Windows
-            with contextlib.suppress(FileNotFoundError):
-                (self.claims / key).unlink()
-            return
-        with self._held_lock:
-            if key not in self._held:
-                return
-            self._held.discard(key)
-            with contextlib.suppress(OSError):
-                fcntl.lockf(self._claims_fd(), fcntl.LOCK_UN, 1, self._offset(key), os.SEEK_SET)
-
-    def _claim_file(self, key: str) -> bool:  # pragma: no cover - Windows
-        path = self.claims / key
-        for _ in range(3):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileNotFoundError:
-                self.claims.mkdir(parents=True, exist_ok=True)
-                continue
-            except FileExistsError:
-                try:
-                    owner = int(path.read_bytes() or b"0")
-                except FileNotFoundError:
-                    continue  # released just now: try again
-                except (OSError, ValueError):
-                    return False  # unreadable: treat as taken
-                if owner == self._pid:
-                    return True
-                if owner == 0 and not _stale(path):
-                    return False  # created, its pid not written yet
-                if owner and _pid_alive(owner):
-                    return False
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()  # owner died mid-request: take it over
-                continue
-            try:
-                os.write(fd, self._pid_text)
-            finally:
-                os.close(fd)
-            return True
-        return False
-
-    def _claim_file_alive(self, key: str) -> bool:  # pragma: no cover - Windows
-        path = self.claims / key
-        try:
-            owner = int(path.read_bytes() or b"0")
-        except FileNotFoundError:
-            return False
-        except (OSError, ValueError):
-            return True
-        if owner == 0:
-            return not _stale(path)
-        return owner == self._pid or _pid_alive(owner)
-
     # -- the end ---------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish writing; remove this run's claims (and everything, for a throw-away cache)."""
+        """Finish writing (and remove everything, for a throw-away cache)."""
         self.flush()
         if self._reader is not None:
             self._reads.put(None)  # a reader stuck in a hung read is a daemon: left behind
@@ -467,18 +310,7 @@ class ResponseCache:
             self._queue.put(None)
             self._writer.join(timeout=5)
             self._writer = None
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = None
-            self._held.clear()
-        if self.persistent:
-            shutil.rmtree(self.claims, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                self.lock_path.unlink()
-            with contextlib.suppress(OSError):
-                self.claims.parent.rmdir()
-        else:
+        if not self.persistent:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def take_warnings(self) -> list[str]:

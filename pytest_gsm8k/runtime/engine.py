@@ -12,16 +12,16 @@ answer is already there it does not wake the loop at all (the two threads
 share one GIL, so every needless wake-up slows the other down).
 
 Requests go through the response cache when it can help: when it is
-persistent (resume, reruns) or shared with other processes. A single process
-with ``--gsm8k-no-cache`` keeps answers in memory only.
+persistent (resume, reruns; under xdist, also an answer another worker of the
+run already stored). With ``--gsm8k-no-cache`` a process keeps answers in
+memory only.
 
 The engine knows nothing of xdist. Under xdist with the plugin's own client,
 the controller runs the one engine and serves its answers to the workers
-(:mod:`pytest_gsm8k.runtime.answers`). Only a user's callable, which exists
-in the workers alone, makes several processes fetch: then ``claims=True``
-and the cache's claims decide who sends what (a process that finds a request
-claimed by another skips it, and watches for its entry only when its own
-test needs that answer).
+(:mod:`pytest_gsm8k.runtime.answers`). A user's callable exists in the
+workers alone; there each worker's engine is asked for one item at a time,
+with nothing planned (:meth:`Engine.result` fetches a request it was not
+given), since xdist already spreads the items over the workers.
 
 Failures are split in two: a request that fails after the openai client's
 retries is that item's error; an endpoint that is gone (the breaker opens,
@@ -79,10 +79,7 @@ from pytest_gsm8k.runtime.client import (
     refused_reply,
 )
 
-POLL_SECONDS = 0.01  # how often a waiter looks for another process's entry (claims only)
-CLAIM_CHECK_EVERY = 5  # polls between looks at whether the other worker still holds the claim
-
-PLANNED, RUNNING, ELSEWHERE, PARKED, DONE = "planned", "running", "elsewhere", "parked", "done"
+PLANNED, RUNNING, PARKED, DONE = "planned", "running", "parked", "done"
 
 #: how long one cache read may take before the cache is given up for the run: a local
 #: entry takes well under a millisecond; only a hung (network) file system takes this long
@@ -116,10 +113,6 @@ class NotRun(Exception):
 
 class AnswerTooLarge(Exception):
     """All samples of one problem together take more than :data:`MAX_REPLY_BYTES` as JSON."""
-
-
-class _Elsewhere(Exception):
-    """Another process holds the claim on this request and will write its entry."""
 
 
 class _Parked(Exception):
@@ -180,7 +173,6 @@ class Job:
     )
     state: str = PLANNED  # loop thread only
     wanted: bool = False  # the test thread waits for it (loop thread only)
-    watched: bool = False  # a watcher looks for another process's entry (loop thread only)
     queued: bool = False  # in the loop's run-order list (loop thread only)
     consumed: bool = False  # a test (or the answer server) asked for it (loop thread only)
 
@@ -194,9 +186,7 @@ class Engine:
         cache: ResponseCache,
         *,
         concurrency: int,
-        claims: bool = False,
         breaker: Breaker | None = None,
-        share: tuple[int, int] | None = None,
         lookahead: int | None = None,
         scrub: Scrubber | None = None,
         stall_timeout: float | None = None,
@@ -227,13 +217,9 @@ class Engine:
         self._progress = time.monotonic()  # loop thread only: the last answer, or a start
         self.cache = cache
         self.concurrency = max(1, concurrency)
-        self.use_claims = claims
-        # Only go to disk when it can help: resume across runs, or sharing across processes.
-        self.use_store = cache.persistent or claims
-        # (this process's index, number of processes) when several fetch with claims: each
-        # fetches its own share of the plan first (every k-th item), then helps with the
-        # rest, so their claims rarely collide.
-        self.share = share if claims and share is not None and share[1] > 1 else None
+        # Only go to disk when it can help: resume across runs (and answers another xdist
+        # worker of this run already stored); a throw-away cache is this process's memory.
+        self.use_store = cache.persistent
         # At most this many answers fetched ahead of the ones asked for (None: no limit).
         # Early stopping sets it: what is fetched beyond the decision is paid for and unused.
         self.lookahead = lookahead
@@ -250,7 +236,6 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._wake: asyncio.Event | None = None
         self._workers: list[asyncio.Task[None]] = []
-        self._side_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._loop.set_exception_handler(self._loop_exception)
         self._thread = threading.Thread(target=self._run_loop, name="gsm8k-engine", daemon=True)
@@ -463,13 +448,10 @@ class Engine:
     # -- loop side: scheduling ------------------------------------------------
 
     def _plan(self, jobs: list[Job], wanted: bool) -> None:
-        fresh = [job for job in jobs if not job.queued]
-        if self.share is not None and not wanted:
-            index, count = self.share
-            fresh = fresh[index::count] + [j for n, j in enumerate(fresh) if n % count != index]
-        for job in fresh:
-            job.queued = True
-            self._jobs.append(job)
+        for job in jobs:
+            if not job.queued:
+                job.queued = True
+                self._jobs.append(job)
         if self.aborted is not None:
             self._fail_unfinished(EndpointAborted(self.aborted))
             return
@@ -486,15 +468,13 @@ class Engine:
             self._kick()
 
     def _want(self, job: Job) -> None:
-        """The test thread waits for ``job``: fetch it next, or watch another process's work."""
+        """The test thread waits for ``job``: fetch it next."""
         job.wanted = True
         if job.future.done() or self.aborted is not None:
             return
         if job.state == PLANNED:
             self._priority.appendleft(job)
             self._kick()
-        elif job.state == ELSEWHERE:
-            self._watch(job)
 
     def _consume(self, job: Job) -> None:
         """A test asked for ``job``: it no longer counts as fetched ahead (loop thread)."""
@@ -544,7 +524,7 @@ class Engine:
                 self._busy -= 1
 
     async def _work(self, job: Job) -> None:
-        """Fetch one job (or find who does, or park its cached answer)."""
+        """Fetch one job (or park its cached answer)."""
         job.state = RUNNING
         if not job.consumed:
             self._ahead += 1
@@ -556,13 +536,6 @@ class Engine:
             self._parked.append((job, parked.hit))
             self.succeeded += 1
             self._streak = 0
-            return
-        except _Elsewhere:
-            job.state = ELSEWHERE
-            if not job.consumed:
-                self._ahead -= 1  # another process fetches it, not us
-            if job.wanted:
-                self._watch(job)
             return
         except asyncio.CancelledError:
             self._store(writes)  # samples that did arrive are kept
@@ -601,7 +574,7 @@ class Engine:
         done: Callable[[], None] | None = None,
     ) -> None:
         if writes:
-            self.cache.submit(list(writes), done, release=self.use_claims)
+            self.cache.submit(list(writes), done)
             writes.clear()
         elif done is not None:
             done()
@@ -657,61 +630,11 @@ class Engine:
         self._fail_unfinished(EndpointAborted(message))
         self._priority.clear()
         current = asyncio.current_task(self._loop)
-        for task in [*self._workers, *self._side_tasks]:
+        for task in self._workers:
             if task is not current:
                 task.cancel()
 
-    # -- loop side: another process's answers --------------------------------
-
-    def _watch(self, job: Job) -> None:
-        if job.watched:
-            return
-        job.watched = True
-        task = self._loop.create_task(self._watcher(job))
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-
-    async def _await_entry(
-        self, key: str, body: dict[str, Any], done: Callable[[], bool] = lambda: False
-    ) -> dict[str, Any] | None:
-        """Poll for the entry another process is writing (claims only): the entry, or None
-        once its claim is gone without one, the engine aborted, or ``done()``."""
-        polls = 0
-        while not done() and self.aborted is None:
-            hit = await self._lookup(key, body)
-            if hit is not None:
-                return hit
-            if polls % CLAIM_CHECK_EVERY == 0 and not self.cache.claim_owner_alive(key):
-                return None
-            polls += 1
-            await asyncio.sleep(POLL_SECONDS)
-        return None
-
-    async def _watcher(self, job: Job) -> None:
-        """Poll for the entry another process is writing; take the job back if it gave up."""
-        body = job.request.body(self.client.model)
-        key = self._key(job.request, _first_sample(job.request))
-        try:
-            hit = await self._await_entry(key, body, job.future.done)
-            if hit is not None and job.request.n == 1 and not job.future.done():
-                self._finish(job, response=self._from_hit(hit))
-                return
-            # an entry with more samples to gather, or a claim gone without an entry: a
-            # worker of ours takes it (mostly: reads the entry) next
-        finally:
-            job.watched = False
-        if not job.future.done() and self.aborted is None:
-            if self.stopped is not None:  # the run stopped meanwhile: nothing is fetched now
-                _resolve(job.future, error=NotRun(self.stopped))
-                return
-            job.state = PLANNED  # a worker fetches it (mostly: reads the entry) next
-            self._priority.appendleft(job)
-            self._kick()
-
     # -- loop side: fetching ---------------------------------------------------
-
-    def _key(self, request: Request, sample: str) -> str:
-        return cache_key(self.cache_endpoint, request.body(self.client.model), sample)
 
     async def _read(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The entry for ``key`` from the cache's reader thread, waited for with a bound."""
@@ -816,50 +739,25 @@ class Engine:
         *,
         defer: bool,
     ) -> ModelResponse:
-        """One API call through the cache, honouring other processes' claims.
+        """One API call through the cache.
 
-        ``defer``: when another process holds the claim, raise :class:`_Elsewhere`
-        (the worker moves on) instead of waiting here for its entry; when the answer
-        is an earlier run's and no reply of this run has come to check it against,
-        raise :class:`_Parked` (the worker moves on, the answer waits). A fresh
-        answer goes to ``writes``: the worker hands them to the cache's writer
-        thread, which also drops their claims once the entries are on disk.
+        ``defer``: when the answer is an earlier run's and no reply of this run has come to
+        check it against, raise :class:`_Parked` (the worker moves on, the answer waits). A
+        fresh answer goes to ``writes``: the worker hands them to the cache's writer thread.
         """
         if not self.use_store:
             self.requests_sent += 1
             return await self._call(request)
         body = request.body(self.client.model)
         key = cache_key(self.cache_endpoint, body, sample)
-        while True:
-            hit = await self._lookup(key, body)
-            if hit is not None:
-                return self._use(hit, defer)
-            if not self.use_claims:
-                break
-            if self.cache.claim(key):
-                # written and released between our look and the claim?
-                hit = await self._lookup(key, body)
-                if hit is None:
-                    break
-                self.cache.release(key)
-                return self._use(hit, defer)
-            if defer:
-                raise _Elsewhere
-            # Another process is sending it: wait for its entry, or for its claim to vanish.
-            await self._await_entry(key, body)
-            if self.aborted is not None:
-                raise asyncio.CancelledError
-        handed_off = False
-        try:
-            self.requests_sent += 1
-            response = await self._call(request)
-            if response.completions:
-                writes.append((key, body, response.to_json(), self.identity))
-                handed_off = True
-            return response
-        finally:
-            if self.use_claims and not handed_off:
-                self.cache.release(key)
+        hit = await self._lookup(key, body)
+        if hit is not None:
+            return self._use(hit, defer)
+        self.requests_sent += 1
+        response = await self._call(request)
+        if response.completions:
+            writes.append((key, body, response.to_json(), self.identity))
+        return response
 
     async def _call(self, request: Request) -> ModelResponse:
         """One call to the client: timed for the stall watch, its answer scrubbed."""
