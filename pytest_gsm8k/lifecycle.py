@@ -25,7 +25,7 @@ from pytest_gsm8k.state import State, safe_url
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
     from pytest_gsm8k.core.summary import Summary
-    from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
+    from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
     from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec
 
 _S = TypeVar("_S", bound="ServedProcess")
@@ -217,9 +217,14 @@ def start_early(state: State, session: pytest.Session) -> None:
     collected = state.run.collected
     if not collected or not state.plan.endpoint.model or idle or broken:
         return
-    if overrides_present(session):
-        return  # each model's engine starts at its first fixture setup
     sources = state.sources
+    if overrides_present(session):
+        # each model's engine starts at its first fixture setup; an xdist worker still
+        # offers its plan, and hears the controller's stop, on the answers channel
+        channel = open_channel(state)
+        if channel is not None:
+            sources.use_channel(channel)
+        return
     if state.workerinput is not None:
         remote = connect_remote(state)
         if remote is not None:
@@ -254,6 +259,27 @@ def connect_remote(state: State) -> RemoteAnswers | None:
             f"gsm8k: cannot reach the xdist controller's answers ({exc})"
         ) from None
     return remote
+
+
+def open_channel(state: State) -> Channel | None:
+    """xdist worker whose tests bring their own model: the channel to the controller, this
+    worker's plan offered on it (None outside xdist or without one)."""
+    from pytest_gsm8k.runtime.answers import Channel
+
+    workerinput = state.workerinput or {}
+    address = workerinput.get("gsm8k_answers")
+    if address is None:
+        return None
+    try:
+        channel = Channel(
+            (str(address[0]), int(address[1])), str(workerinput["gsm8k_answers_token"])
+        )
+        channel.offer([p.id for p in state.run.collected or ()])
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"gsm8k: cannot reach the xdist controller's answers ({exc})"
+        ) from None
+    return channel
 
 
 def warm_engine(state: State) -> None:

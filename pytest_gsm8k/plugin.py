@@ -269,8 +269,12 @@ class StatePlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """xdist controller: which problems the workers collected (it collects nothing)."""
-        if self.state.run.collected_ids is not None:
+        """xdist controller: which problems the workers collected (it collects nothing).
+
+        With an answers channel the workers send their plans on it (read when needed);
+        without one (no ``--gsm8k-model``: tests that bring their own model) the problem
+        ids are read from xdist's node ids."""
+        if self.state.run.collected_ids is not None or self.state.sources.answer_server:
             return
         pattern = re.compile(rf"\b{re.escape(self.state.settings.split)}-\d{{4,}}\b")
         found: set[str] = set()
@@ -338,6 +342,7 @@ class StatePlugin:
         run = self.state.run
         if run.early is None and not self._early_tried:
             self._early_tried = True
+            self._learn_plans()
             run.start_early_stop(early_stop_for(self.state))
         early = run.early
         if early is None or run.early_stopped is not None:
@@ -350,13 +355,20 @@ class StatePlugin:
             return
         message = f"gsm8k: {early.headline()}"
         run.stop_early(message)
+        self.state.sources.stop(message.removeprefix("gsm8k: "))
         dsession = self.config.pluginmanager.get_plugin("dsession")
-        # every engine stops; under xdist so do the workers that call a model of their own
-        self.state.sources.stop(message.removeprefix("gsm8k: "), workers=dsession is not None)
         if dsession is not None:
             dsession.shouldstop = message  # xdist stops handing out items
         elif self.session is not None:
             self.session.shouldstop = message
+
+    def _learn_plans(self) -> None:
+        """xdist controller: the problems the workers collected, from the plans they sent
+        on the answers channel (every worker offers its plan before it runs an item)."""
+        answers = self.state.sources.answer_server
+        planned = answers.planned_ids() if answers is not None else None
+        if planned is not None:
+            self.state.run.learn_collected_ids(planned)
 
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
@@ -409,6 +421,7 @@ class StatePlugin:
             plan = state.plan
         except DatasetError:
             return
+        self._learn_plans()
         late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
         summary = run.build_summary(plan, late=late, server=state.sources.server_info)
         release_gates(state, summary, session)

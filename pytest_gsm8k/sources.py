@@ -3,8 +3,8 @@
 * the plugin's own client, one process: this process's :class:`Engine`;
 * the plugin's own client under xdist: the controller's engine, through
   :class:`RemoteAnswers` (the controller fetches for every worker);
-* a user's session-scoped callable: this process's engine for it (under xdist, with
-  claims on the run's shared cache, since each worker has its own copy of it);
+* a user's session-scoped callable: this process's engine for it (under xdist it is
+  asked per item, as xdist hands the items out: each worker has its own copy of it);
 * a narrower-scoped model: a one-shot engine for the item's own request (nothing can
   be prefetched for a model that exists for one item only).
 
@@ -14,7 +14,6 @@ the run opened.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,16 +27,12 @@ from pytest_gsm8k.core.settings import Settings, is_local_spec
 from pytest_gsm8k.core.types import ModelResponse, Problem, Request
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
+    from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
     from pytest_gsm8k.runtime.cache import ResponseCache
     from pytest_gsm8k.runtime.client import OpenAIClient
     from pytest_gsm8k.runtime.engine import Engine
     from pytest_gsm8k.runtime.serve import ServedProcess
     from pytest_gsm8k.state import State
-
-
-#: in the run's folder: the controller's early-stop message for the xdist workers
-STOP_FILE = "early-stop"
 
 
 class AnswerSource(TypingProtocol):
@@ -72,6 +67,9 @@ class Sources:
         self._client: OpenAIClient | None = None
         #: xdist worker: the controller's answers (plugin's own client and protocol only)
         self.remote: RemoteAnswers | None = None
+        #: xdist worker whose tests bring their own model: the channel that carries its
+        #: plan to the controller and the controller's stop back
+        self.channel: Channel | None = None
         #: xdist controller: serves its engine's answers to the workers
         self.answer_server: AnswerServer | None = None
         #: the model server this run started (--gsm8k-serve or --gsm8k-model=local)
@@ -89,6 +87,9 @@ class Sources:
 
     def use_remote(self, remote: RemoteAnswers) -> None:
         self.remote = remote
+
+    def use_channel(self, channel: Channel) -> None:
+        self.channel = channel
 
     def use_answer_server(self, server: AnswerServer) -> None:
         self.answer_server = server
@@ -180,9 +181,7 @@ class Sources:
             client,
             self.cache(bool(getattr(client, "persistent_cache", False))),
             concurrency=state.concurrency(),
-            claims=state.is_worker,  # a user's model exists in every worker: share by claims
             breaker=getattr(client, "breaker", None),
-            share=_worker_share(state.workerinput),
             # early stopping: fetch no further ahead of the tests than the concurrency
             lookahead=state.concurrency() if settings.early_stop else None,
             scrub=state.scrubber(),
@@ -191,6 +190,8 @@ class Sources:
             identity=state.endpoint().identity if client is self._client else None,
         )
         self.engines[id(model)] = engine
+        if state.is_worker and client is not self._client:
+            return engine  # a user's model under xdist: per item (xdist spreads the items)
         if plan:
             engine.start(self._requests(state.run.collected))
         else:
@@ -232,7 +233,6 @@ class Sources:
             client,
             self.cache(False),
             concurrency=1,
-            claims=False,
             scrub=state.scrubber(),
             stall_timeout=state.settings.stall_timeout,
         )
@@ -259,24 +259,23 @@ class Sources:
 
     # stopping
 
-    def stop(self, message: str, *, workers: bool) -> None:
-        """The run stopped early: every engine fetches nothing more; with ``workers`` (an
-        xdist controller) the workers hear it too (they may call a model of their own)."""
+    def stop(self, message: str) -> None:
+        """The run stopped early: every engine fetches nothing more, and on an xdist
+        controller every worker hears it on the answers channel (also those that call a
+        model of their own)."""
         for engine in list(self.engines.values()):
             engine.stop(message)
-        if workers:
-            from pytest_gsm8k.runtime.files import write_atomic
-
-            with contextlib.suppress(OSError):
-                write_atomic(self._state.run_dir / STOP_FILE, message)
+        if self.answer_server is not None:
+            self.answer_server.stop_all(message)
 
     def heed_stop(self) -> None:
-        """Worker, before each item: stop every engine once the controller announced a stop."""
-        if self._stop_heard or not self._state.is_worker:
+        """xdist worker, before each item: once the controller announced a stop, every
+        engine here stops too (one non-blocking look at the channel)."""
+        if self._stop_heard:
             return
-        try:
-            message = (self._state.run_dir / STOP_FILE).read_text(encoding="utf-8")
-        except OSError:
+        channel = self.remote or self.channel
+        message = channel.stopped() if channel is not None else None
+        if message is None:
             return
         self._stop_heard = True
         for engine in list(self.engines.values()):
@@ -300,6 +299,9 @@ class Sources:
         if self.remote is not None:
             self.remote.close()
             self.remote = None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
         if self.answer_server is not None:
             self.answer_server.close()
             self.answer_server = None
@@ -328,12 +330,3 @@ def _cache_endpoint(settings: Settings, server: dict[str, Any] | None) -> str | 
             return None
         return f"local:{gguf}:{size}"
     return None
-
-
-def _worker_share(workerinput: dict[str, Any] | None) -> tuple[int, int] | None:
-    """(index, count) of this xdist worker, for the engine's prefetch order; None otherwise."""
-    if workerinput is None:
-        return None
-    digits = str(workerinput.get("workerid", "")).lstrip("gw")
-    count = int(workerinput.get("workercount", 1) or 1)
-    return (int(digits) % count, count) if digits.isdigit() and count > 1 else None

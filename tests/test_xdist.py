@@ -66,10 +66,18 @@ def test_a_model_of_any_scope_is_called_once_per_item(
     )
     assert result.ret == 0, output(result)
     ids = calls.read_text().split()
-    # 20 items over 10 problems: a session-scoped model answers each problem once for both
-    # modules; a narrower one is called for each item, once (not once per item per engine)
-    per_problem = 1 if scope == "session" else 2
-    assert len(set(ids)) == 10 and all(ids.count(i) == per_problem for i in ids), ids
+    # 20 items over 10 problems: in one process a session-scoped model answers each problem
+    # once for both modules; a narrower one is called for each item, once (not once per
+    # item per engine). Under xdist a user's model is asked per item, as xdist hands the
+    # items out: at most once per item, so the two modules' items of a problem that land on
+    # two workers may each ask it (the run's shared cache spares the second when it can).
+    assert len(set(ids)) == 10, ids
+    if scope == "session" and not xdist:
+        assert all(ids.count(i) == 1 for i in ids), ids
+    elif scope == "session":
+        assert all(1 <= ids.count(i) <= 2 for i in ids), ids
+    else:
+        assert all(ids.count(i) == 2 for i in ids), ids
     said = "not session-scoped" in output(result)
     assert said == (scope != "session"), output(result)
 

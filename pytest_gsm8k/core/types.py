@@ -2,8 +2,8 @@
 
 They are plain frozen dataclasses so that every stage of the pipeline
 (dataset -> request -> engine -> scoring -> report) can be tested on its own
-and so that requests hash the same in every process (the response cache and
-the xdist claims are keyed by them).
+and so that requests hash the same in every process (the response cache is
+keyed by them).
 """
 
 from __future__ import annotations
