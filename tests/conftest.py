@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakeserver import FakeOpenAIServer, Script
+from fakeserver import FakeOpenAIServer
 from gsm8k_copy import data_dir
+from helpers import TEST_KEY
 
 # pytester's in-process runs drop the modules first imported inside them. httpx imports
 # httpcore lazily, on the first connection, and caches httpcore's exception classes; once
@@ -26,8 +27,6 @@ from gsm8k_copy import data_dir
 for _name in ("httpcore2", "httpcore"):
     with contextlib.suppress(ImportError):
         importlib.import_module(_name)
-
-TEST_KEY = "sk-test-SECRET-1234567890"
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +105,3 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
     return tmp_path / "hf"
-
-
-__all__ = ["Script", "TEST_KEY"]

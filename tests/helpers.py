@@ -16,6 +16,17 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 
+#: the tests folder (shared helpers, the fake server, recorded data) and the repository above it
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+#: the scripted server as a program (``python fakeserver.py ...``), for serve commands
+FAKESERVER = TESTS / "fakeserver.py"
+#: what lm-evaluation-harness sent and scored, recorded by data/record_lm_eval.py
+LM_EVAL_RECORDING = TESTS / "data" / "lm_eval_requests.json"
+
+#: the API key the fake servers accept (conftest's ``server``, ``keyed_env``)
+TEST_KEY = "sk-test-SECRET-1234567890"
+
 #: run a pytester test twice: in one process, and under pytest-xdist with two workers
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import output
+from helpers import FAKESERVER, TEST_KEY, output
 
-from conftest import TEST_KEY
 from pytest_gsm8k.runtime.client import PreflightError, list_models
 
-FAKESERVER = Path(__file__).resolve().parent / "fakeserver.py"
 #: how long a run may take before the test calls it a hang (the drips below take minutes)
 BOUND = 60.0
 

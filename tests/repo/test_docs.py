@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from helpers import REPO
 
 from pytest_gsm8k.core.settings import OPTIONS
 
-REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO
 
 import pytest_gsm8k.runtime.local as local
 import pytest_gsm8k.runtime.serve as serve
@@ -37,7 +38,6 @@ from pytest_gsm8k.runtime.local import (
     start_local_server,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 LOCAL_PY = REPO / "pytest_gsm8k" / "runtime" / "local.py"
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None

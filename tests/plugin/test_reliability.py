@@ -24,6 +24,7 @@ import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
 from helpers import (
+    TEST_KEY,
     URL_BASIC,
     URL_PASSWORD,
     XDIST,
@@ -33,7 +34,6 @@ from helpers import (
     server_behind_a_password,
 )
 
-from conftest import TEST_KEY
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.scrub import Scrubber, md_code, md_text, printable
 from pytest_gsm8k.core.settings import SettingsError, build_settings

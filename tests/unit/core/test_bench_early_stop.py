@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_early_stop.py"
+from helpers import REPO
+
+SCRIPT = REPO / "benchmarks" / "bench_early_stop.py"
 
 
 def test_simulation_twin_agrees_with_early_stop_order_by_order() -> None:

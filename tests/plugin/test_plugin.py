@@ -23,12 +23,11 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
-from helpers import output
+from helpers import TEST_KEY, output
 from helpers import report as read_report
 from helpers import sent as completions_sent
 
 import pytest_gsm8k
-from conftest import TEST_KEY
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.scoring import format_number
 from pytest_gsm8k.runtime.data import load_split

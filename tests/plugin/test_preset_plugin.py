@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer
+from helpers import LM_EVAL_RECORDING, TEST_KEY
 
-from conftest import TEST_KEY
-
-RECORDED = json.loads((Path(__file__).parent / "data" / "lm_eval_requests.json").read_text())
+RECORDED = json.loads(LM_EVAL_RECORDING.read_text(encoding="utf-8"))
 
 
 class ReplayServer(FakeOpenAIServer):

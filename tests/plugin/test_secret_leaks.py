@@ -18,14 +18,12 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report
+from helpers import FAKESERVER, TEST_KEY, XDIST, output, report
 
-from conftest import TEST_KEY
 from pytest_gsm8k.core import scrub as scrubbing
 from pytest_gsm8k.core.scrub import REDACTED, Scrubber, printable
 from pytest_gsm8k.runtime.client import list_models
 
-FAKESERVER = Path(__file__).resolve().parent / "fakeserver.py"
 #: a served server that never gets ready fails the test in a minute, not in ten
 NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider", "--gsm8k-serve-timeout=60"]
 

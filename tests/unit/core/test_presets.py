@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LM_EVAL_RECORDING
 
 from pytest_gsm8k.core import presets
 from pytest_gsm8k.core.prompts import Protocol
@@ -23,8 +24,7 @@ from pytest_gsm8k.core.settings import build_settings
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "lm_eval_requests.json"
-RECORDED: dict[str, Any] = json.loads(FIXTURE.read_text(encoding="utf-8"))
+RECORDED: dict[str, Any] = json.loads(LM_EVAL_RECORDING.read_text(encoding="utf-8"))
 RUNS: dict[str, dict[str, Any]] = RECORDED["runs"]
 MODEL: str = RECORDED["model"]
 

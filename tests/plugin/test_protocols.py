@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
+from helpers import TEST_KEY
 
-from conftest import TEST_KEY
 from pytest_gsm8k.core.scoring import gold_number
 
 N_PROBLEMS = 6

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import URL_BASIC, URL_PASSWORD, XDIST, output, server_behind_a_password
+from helpers import TEST_KEY, URL_BASIC, URL_PASSWORD, XDIST, output, server_behind_a_password
 
-from conftest import TEST_KEY
 from pytest_gsm8k.core.scrub import REDACTED, Scrubber
 from pytest_gsm8k.runtime.logs import scrub_library_logs, scrub_record
 
