@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser import Browser
 from fakeserver import FakeOpenAIServer
 from gsm8k_copy import data_dir
 from helpers import TEST_KEY
@@ -105,3 +106,13 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
     return tmp_path / "hf"
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """Headless Chromium with a fresh profile (tests using it are marked NEEDS_CHROMIUM)."""
+    b = Browser(tmp_path / "chromium-profile", height=1500)
+    try:
+        yield b
+    finally:
+        b.close()

@@ -92,7 +92,7 @@ BEHAVIOURS = frozenset(
         "think",
         "error500",
         "hang",
-        # 200 replies with no usable answer (issue 12): an empty ``choices`` list, a null
+        # 200 replies with no usable answer: an empty ``choices`` list, a null
         # ``content`` (chat) / ``text`` (completions) without reasoning, a body that is not JSON
         "nochoices",
         "nullcontent",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import chromium
 from fakeserver import FakeOpenAIServer, Script
 
 #: the tests folder (shared helpers, the fake server, recorded data) and the repository above it
@@ -26,6 +27,11 @@ LM_EVAL_RECORDING = TESTS / "data" / "lm_eval_requests.json"
 
 #: the API key the fake servers accept (conftest's ``server``, ``keyed_env``)
 TEST_KEY = "sk-test-SECRET-1234567890"
+
+#: a test that drives headless Chromium: skipped, saying why, where it is not installed
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    chromium() is None, reason="chromium not found on PATH (apt-get install chromium)"
+)
 
 #: run a pytester test twice: in one process, and under pytest-xdist with two workers
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])

@@ -2,7 +2,7 @@
 
 Why: ``pytest_gsm8k/presets.py`` claims to send, for ``--gsm8k-preset lm-eval``,
 exactly the requests lm-eval sends for its ``gsm8k`` task and to score them
-exactly as lm-eval does.  ``tests/test_presets.py`` checks that claim against
+exactly as lm-eval does.  ``tests/unit/core/test_presets.py`` checks that claim against
 this fixture without needing lm-eval installed; this script is how the fixture
 is made, so anyone can regenerate it (e.g. for a new lm-eval release) and
 review the diff.
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     fixture = {
         "about": (
             "Requests and scores recorded from lm-evaluation-harness against tests/fakeserver.py "
-            "by tests/data/record_lm_eval.py; checked by tests/test_presets.py."
+            "by tests/data/record_lm_eval.py; checked by tests/unit/core/test_presets.py."
         ),
         "lm_eval_version": version,
         "environment": {

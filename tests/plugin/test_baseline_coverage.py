@@ -229,35 +229,3 @@ def test_an_early_stop_never_turns_a_failed_baseline_gate_into_a_pass(
     assert uncovered.ret == 1, output(uncovered)
     (line,) = _gate_lines(uncovered)
     assert "FAIL" in line and "are not in it" in line
-
-
-def _document(**fields: Any) -> str:
-    base = {
-        "schema": bl.SCHEMA,
-        "kind": bl.KIND,
-        "protocol": {},
-        "dataset": {},
-        "accuracy": 0.5,
-        "problems": {"test-0000": "correct", "test-0001": "wrong"},
-    }
-    return json.dumps(base | fields)
-
-
-@pytest.mark.parametrize(
-    ("fields", "needle"),
-    [
-        ({"n": 5}, "its n 5 is not the 2 problems it holds"),
-        ({"partial": {"reason": "-k", "of": 9, "ids": ["test-0000"]}}, "its partial ids"),
-        ({"partial": {"reason": "-k", "ids": ["test-0000", "test-0001"]}}, "no ids or no 'of'"),
-    ],
-)
-def test_a_stored_problem_set_that_is_not_its_outcomes_is_refused(
-    fields: dict[str, Any], needle: str
-) -> None:
-    with pytest.raises(bl.BaselineError) as info:
-        bl.loads(_document(**fields), "snap/b.gsm8k")
-    assert str(info.value).startswith("snap/b.gsm8k: corrupt baseline (") and needle in str(
-        info.value
-    )
-    partial = {"reason": "-k", "of": 9, "ids": ["test-0001", "test-0000"]}
-    assert bl.loads(_document(n=2, partial=partial), "x")["partial"] == partial

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import FAKESERVER, TEST_KEY, output
-
-from pytest_gsm8k.runtime.client import PreflightError, list_models
+from helpers import FAKESERVER, output
 
 #: how long a run may take before the test calls it a hang (the drips below take minutes)
 BOUND = 60.0
@@ -36,13 +34,6 @@ def test_a_dripping_model_list_ends_the_session_start_within_the_timeout(
     assert len(errors) == 1, text
     assert "did not answer GET /models within 2 s" in errors[0], errors
     assert "Traceback" not in text
-
-
-def test_list_models_has_one_deadline_for_the_whole_reply(server: FakeOpenAIServer) -> None:
-    server.set_script(Script(drip_models=0.2))
-    with pytest.raises(PreflightError) as info:
-        list_models(server.base_url, TEST_KEY, timeout=1.0)
-    assert info.value.kind == "timeout"
 
 
 def test_a_served_server_whose_readiness_answer_drips_fails_within_the_serve_timeout(

@@ -2,7 +2,7 @@
 
 Real runs (pytester) against the loopback fake server; the evidence is the server's
 own request count and the JSON report. The statistics themselves are tested in
-tests/test_early_stop.py; the simulation is benchmarks/bench_early_stop.py.
+tests/unit/core/test_early_stop.py; the simulation is benchmarks/bench_early_stop.py.
 """
 
 from __future__ import annotations

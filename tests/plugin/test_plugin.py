@@ -1,4 +1,4 @@
-"""End-to-end tests of the plugin (issue 2): pytest itself, run by ``pytester``, against
+"""End-to-end tests of the plugin: pytest itself, run by ``pytester``, against
 the real loopback fake OpenAI server (``tests/fakeserver.py``).
 
 Each test runs pytest in a fresh, empty pytester directory (a repository with no

@@ -20,9 +20,7 @@ import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import FAKESERVER, TEST_KEY, XDIST, output, report
 
-from pytest_gsm8k.core import scrub as scrubbing
-from pytest_gsm8k.core.scrub import REDACTED, Scrubber, printable
-from pytest_gsm8k.runtime.client import list_models
+from pytest_gsm8k.core.scrub import REDACTED
 
 #: a served server that never gets ready fails the test in a minute, not in ten
 NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider", "--gsm8k-serve-timeout=60"]
@@ -158,13 +156,6 @@ def test_the_preflight_never_sends_the_key_to_another_origin(
     assert any(TEST_KEY in h for h in server.stats()["auth_headers"])  # the origin had it
 
 
-def test_a_same_origin_redirect_keeps_the_key(server: FakeOpenAIServer) -> None:
-    """The server requires the key: the redirected listing answers only with it."""
-    server.set_script(Script(redirect_models=f"{server.base_url}/models?redirected=1"))
-    assert list_models(server.base_url, TEST_KEY, timeout=10.0) == ["fake-model"]
-    assert server.stats()["requests_by_path"] == {"/v1/models": 2}
-
-
 def test_the_serving_line_shows_the_server_model_id_without_escapes(
     pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,30 +170,3 @@ def test_the_serving_line_shows_the_server_model_id_without_escapes(
     line = next(line for line in text.splitlines() if line.startswith("gsm8k: serving "))
     assert line.startswith("gsm8k: serving evilRED\\u202eledom with "), line
     assert "\x1b" not in text and "\u202e" not in text
-
-
-def test_printable_escapes_invisible_reordering_and_keeps_joiners() -> None:
-    assert printable("a\u202eb") == "a\\u202eb"
-    for char in "\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c\ufeff":
-        assert printable(f"x{char}y") == f"x\\u{ord(char):04x}y"
-    assert printable("line\u2028sep\u2029") == "line\\u2028sep\\u2029"
-    assert printable("zero\u200bwidth") == "zero\\u200bwidth"
-    assert printable("tag\U000e0041") == "tag\\U000e0041"
-    assert printable("lone \ud83d") == "lone \\ud83d"  # could not even be encoded
-    assert printable("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645") == (
-        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # Persian needs its ZWNJ
-    )
-    assert printable("caf\u00e9 \u2014 \U0001f600") == "caf\u00e9 \u2014 \U0001f600"
-    assert printable("a\x1b[31mb\x1b]0;title\x07c\x00d\ne") == "abcd e"
-
-
-def test_command_lines_lose_secret_option_values_but_keep_variable_names() -> None:
-    scrub = Scrubber(TEST_KEY)
-    assert scrub.command(f"vllm serve m --api-key {TEST_KEY} --port {{port}}") == (
-        f"vllm serve m --api-key {REDACTED} --port {{port}}"
-    )
-    assert scrubbing.redact_options(
-        "x --api-key=abc HF_TOKEN=hf_abc --hf-token 'a b' --token=t"
-    ) == (f"x --api-key={REDACTED} HF_TOKEN={REDACTED} --hf-token {REDACTED} --token={REDACTED}")
-    kept = 'x --api-key $OPENAI_API_KEY --password "${PW}" --max-tokens 5 --tokenizer t'
-    assert scrubbing.redact_options(kept) == kept

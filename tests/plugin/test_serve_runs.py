@@ -29,7 +29,6 @@ import pytest
 from fakeserver import FakeOpenAIServer
 from helpers import FAKESERVER, XDIST, output, sent
 
-from pytest_gsm8k.core.settings import SettingsError, parse_params
 from pytest_gsm8k.runtime import serve
 
 NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider"]
@@ -117,39 +116,6 @@ class Fake:
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-
-
-def test_params_parse_as_json_or_text_and_owned_fields_are_refused() -> None:
-    params = dict(
-        parse_params(
-            [
-                "top_p=0.95",
-                "seed=7",
-                'chat_template_kwargs={"enable_thinking": false}',
-                "reasoning_effort=low",
-                "max_completion_tokens=4096",
-            ]
-        )
-    )
-    assert params == {
-        "top_p": "0.95",
-        "seed": "7",
-        "chat_template_kwargs": '{"enable_thinking":false}',
-        "reasoning_effort": '"low"',
-        "max_completion_tokens": "4096",
-    }
-    for item, option in [
-        ("max_tokens=5", "--gsm8k-max-tokens"),
-        ("temperature=1", "--gsm8k-temperature"),
-        ("stop=[]", "--gsm8k-stop"),
-        ("model=x", "--gsm8k-model"),
-        ("n=3", "--gsm8k-protocol"),
-    ]:
-        with pytest.raises(SettingsError, match=re.escape(option)):
-            parse_params([item])
-    for item in ("messages=[]", "prompt=hi", "novalue", "=1"):
-        with pytest.raises(SettingsError, match="--gsm8k-param"):
-            parse_params([item])
 
 
 @XDIST

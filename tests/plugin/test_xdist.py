@@ -10,24 +10,17 @@ server's (or the user's callable's) own count.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import XDIST, output, sent
-
-from pytest_gsm8k.core.types import Completion, ModelResponse, Request
-from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
-from pytest_gsm8k.runtime.cache import ResponseCache
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine
 
 SCOPED_CONFTEST = """
 import os
@@ -170,137 +163,3 @@ def test_sigkill_of_the_xdist_controller_leaves_no_process_and_a_rerun_sends_the
     assert result.ret == 0, output(result)
     assert sent(server) == 120 - kept
     assert set(server.stats()["requests_by_index"].values()) == {1}
-
-
-# -- the answer channel on its own --------------------------------------------------------
-
-
-class Scripted:
-    endpoint = "scripted:"
-    model = "scripted"
-    persistent_cache = False
-
-    def __init__(self, fail: set[str] | None = None) -> None:
-        self.fail = fail or set()
-        self.order: list[str] = []
-
-    async def complete(self, request: Request) -> ModelResponse:
-        self.order.append(request.problem_id)
-        await asyncio.sleep(0.01)
-        if request.problem_id in self.fail:
-            raise RuntimeError("scripted failure")
-        return ModelResponse(completions=[Completion(text=f"#### {request.problem_id[1:]}")])
-
-    async def aclose(self) -> None:
-        pass
-
-
-def _requests(n: int) -> dict[str, Request]:
-    return {
-        f"p{i}": Request(problem_id=f"p{i}", api="chat", messages=(("user", f"q{i}"),))
-        for i in range(n)
-    }
-
-
-@pytest.fixture
-def channel(tmp_path: Path):  # type: ignore[no-untyped-def]
-    client = Scripted(fail={"p3"})
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
-    known = _requests(8)
-    server = AnswerServer(engine, known.get)
-    address = server.start()
-    yield client, engine, server, address, known
-    server.close()
-    engine.close()
-
-
-def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None:  # type: ignore[no-untyped-def]
-    client, engine, server, address, known = channel
-    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
-    try:
-        remote.offer(list(known))
-        assert remote.result(known["p5"]).completions[0].text == "#### 5"
-        with pytest.raises(EndpointError) as info:
-            remote.result(known["p3"])
-        assert "scripted failure" in str(info.value)
-        assert not isinstance(info.value, EndpointAborted)
-        unknown = Request(problem_id="zz", api="chat")
-        with pytest.raises(EndpointError, match="knows no problem 'zz'"):
-            remote.result(unknown)
-        for pid in ("p0", "p7"):
-            assert remote.result(known[pid]).completions[0].text == f"#### {pid[1:]}"
-    finally:
-        remote.close()
-    deadline = time.monotonic() + 5
-    while len(client.order) < 8 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sorted(client.order) == sorted(known)  # the whole plan, each once
-
-
-def test_a_wrong_token_gets_nothing(channel) -> None:  # type: ignore[no-untyped-def]
-    client, engine, server, address, known = channel
-    remote = RemoteAnswers(address, "not-the-token", endpoint="e", model="m", wait=10)
-    try:
-        remote.offer(list(known))
-        # the controller hangs up: EOF, or a broken pipe if it did so before our write
-        with pytest.raises(EndpointAborted, match="answer channel"):
-            remote.result(known["p1"])
-    finally:
-        remote.close()
-    assert client.order == []
-
-
-def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
-    class Never(Scripted):
-        async def complete(self, request: Request) -> ModelResponse:
-            await asyncio.sleep(3600)
-            raise AssertionError
-
-    engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
-    known = _requests(1)
-    server = AnswerServer(engine, known.get)
-    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=600)
-    try:
-        closer = threading.Timer(0.2, lambda: (server.close(), engine.close()))
-        closer.start()
-        with pytest.raises(EndpointAborted):
-            remote.result(known["p0"])
-        closer.join()
-    finally:
-        remote.close()
-
-
-def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
-    tmp_path: Path,
-) -> None:
-    """The controller decides an early stop on the workers' reports, so an answer a worker
-    took but has not reported yet still counts toward the lookahead: otherwise the engine
-    keeps fetching past the decision by as many answers as are in transit."""
-    client = Scripted()
-    cache = ResponseCache(tmp_path / "c", "run", persistent=False)
-    engine = Engine(client, cache, concurrency=4, lookahead=3)
-    known = _requests(20)
-    server = AnswerServer(engine, known.get)
-    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
-
-    def settles_at(count: int) -> int:
-        deadline = time.monotonic() + 5
-        while len(client.order) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)  # room for anything fetched beyond it
-        return len(client.order)
-
-    try:
-        remote.offer(list(known))
-        assert settles_at(3) == 3  # the lookahead, nothing more
-        for i in range(5):  # a worker takes five answers: three prefetched, two asked for
-            assert remote.result(known[f"p{i}"]).completions[0].text == f"#### {i}"
-        assert settles_at(5) == 5  # taken is not reported: no prefetch beyond them
-        for i in range(5):
-            server.settled(f"p{i}")
-        assert settles_at(8) == 8  # five reported: three ahead again
-        assert client.order == [f"p{i}" for i in range(8)]
-    finally:
-        remote.close()
-        server.close()
-        engine.close()

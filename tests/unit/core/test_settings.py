@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from pytest_gsm8k.core.settings import OPTIONS, Option, Settings, SettingsError, build_settings
+from pytest_gsm8k.core.settings import (
+    OPTIONS,
+    Option,
+    Settings,
+    SettingsError,
+    build_settings,
+    parse_params,
+)
 
 
 def settings(warnings: list[str] | None = None, **given: Any) -> Settings:
@@ -23,14 +31,6 @@ def test_defaults_are_test_at_1_zero_shot_chat() -> None:
     assert s.limit is None and s.seed == 1234 and s.min_acc is None
     assert s.max_tokens >= 512  # generous enough for chain of thought
     assert s.api_key_env == "OPENAI_API_KEY" and s.model is None
-
-
-def test_every_option_has_a_flag_and_an_ini_twin(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--help")
-    text = result.stdout.str()
-    for option in OPTIONS:
-        assert option.flag in text, option.flag
-        assert option.dest in text, option.dest  # listed under [pytest] ini-options
 
 
 def test_the_key_is_never_an_option() -> None:
@@ -136,12 +136,57 @@ def test_waits_too_long_to_mean_anything_are_refused(name: str) -> None:
     assert getattr(settings(**{name: "86400"}), name) == 86400.0  # a day is a fine wait
 
 
-def test_a_non_finite_number_on_the_command_line_is_one_usage_error(
-    pytester: pytest.Pytester,
-) -> None:
-    result = pytester.runpytest("--gsm8k-model=m", "--gsm8k-timeout=inf", "-n", "2")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    text = result.stdout.str() + result.stderr.str()
-    lines = [line for line in text.splitlines() if "gsm8k-timeout" in line]
-    assert lines == ["ERROR: gsm8k: --gsm8k-timeout: expected a finite number, got 'inf'"], text
-    assert "Traceback" not in text
+def _settings(**given: Any) -> Any:
+    def get(option: Any) -> Any:
+        return given.get(option.dest[len("gsm8k_") :])
+
+    return build_settings(get, lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        ({"answer_regex": r"#### \d+"}, "needs a capture group"),
+        ({"protocol": "pass@2000"}, "at most 1024"),
+        ({"protocol": "maj@1025"}, "at most 1024"),
+        ({"concurrency": "5000"}, "at most 4096"),
+        ({"stall_timeout": "0"}, "--gsm8k-stall-timeout"),
+    ],
+)
+def test_settings_refused_with_one_line(given: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle.replace("(", r"\(")):
+        _settings(**given)
+    assert _settings(answer_regex=r"#### (\d+)", protocol="pass@1024", concurrency="4096")
+
+
+def test_params_parse_as_json_or_text_and_owned_fields_are_refused() -> None:
+    params = dict(
+        parse_params(
+            [
+                "top_p=0.95",
+                "seed=7",
+                'chat_template_kwargs={"enable_thinking": false}',
+                "reasoning_effort=low",
+                "max_completion_tokens=4096",
+            ]
+        )
+    )
+    assert params == {
+        "top_p": "0.95",
+        "seed": "7",
+        "chat_template_kwargs": '{"enable_thinking":false}',
+        "reasoning_effort": '"low"',
+        "max_completion_tokens": "4096",
+    }
+    for item, option in [
+        ("max_tokens=5", "--gsm8k-max-tokens"),
+        ("temperature=1", "--gsm8k-temperature"),
+        ("stop=[]", "--gsm8k-stop"),
+        ("model=x", "--gsm8k-model"),
+        ("n=3", "--gsm8k-protocol"),
+    ]:
+        with pytest.raises(SettingsError, match=re.escape(option)):
+            parse_params([item])
+    for item in ("messages=[]", "prompt=hi", "novalue", "=1"):
+        with pytest.raises(SettingsError, match="--gsm8k-param"):
+            parse_params([item])

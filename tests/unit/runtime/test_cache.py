@@ -1,8 +1,8 @@
 """The response cache on its own: keys, atomic entries, corruption, claims across processes.
 
 End-to-end cache behaviour (resume after SIGKILL, reruns, corrupted entries
-in a real run, the headline's cache count) is in test_engine.py; these tests
-pin the pieces those runs rely on.
+in a real run, the headline's cache count) is in tests/plugin/test_engine_runs.py and
+test_cache_runs.py; these tests pin the pieces those runs rely on.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakeserver import FakeOpenAIServer
-from helpers import output, report, sent
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
@@ -258,63 +256,6 @@ def test_probing_a_claim_does_not_take_it(tmp_path: Path) -> None:
 # -- entries that do not belong where they are found -------------------------------------
 
 
-@pytest.fixture
-def run_args(gsm8k_args: list[str]) -> list[str]:
-    return [*gsm8k_args, "-p", "no:hypothesispytest", "--gsm8k-cache-dir=cache"]
-
-
-def _entries_by_problem(cache: Path) -> dict[str, Path]:
-    """The cache's entries by the problem their request asks (its question's first words)."""
-    return {
-        json.loads(path.read_text())["request"]["messages"][-1]["content"][:60]: path
-        for path in entry_files(cache)
-    }
-
-
-@pytest.mark.parametrize("without_key", [True, False], ids=["no-key-field", "key-field"])
-def test_an_entry_filed_under_another_request_is_asked_again(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    run_args: list[str],
-    keyed_env: str,
-    without_key: bool,
-) -> None:
-    """One problem's entry copied over another's file: the stored key and request name the
-    first problem, so the second is asked again, never graded with the first one's answer."""
-    run = [*run_args, "--gsm8k-limit=12"]
-    assert pytester.runpytest(*run).ret == 0
-    first, second, third, *_ = entry_files(pytester.path / "cache")
-    for source, target in ((first, second), (first, third)):
-        data = json.loads(source.read_text())
-        if without_key:
-            del data["key"]
-        target.write_text(json.dumps(data))
-    server.reset()
-    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
-    text = output(result)
-    assert result.ret == 0, text
-    assert sent(server) == 2
-    assert report(pytester)["counts"]["correct"] == 12
-    lines = [line for line in text.splitlines() if "filed under another request" in line]
-    assert len(lines) == 1, text  # one line per run, not one per entry
-
-
-def test_an_entry_whose_stored_request_differs_is_asked_again(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, run_args: list[str], keyed_env: str
-) -> None:
-    run = [*run_args, "--gsm8k-limit=6"]
-    assert pytester.runpytest(*run).ret == 0
-    path = entry_files(pytester.path / "cache")[0]
-    data = json.loads(path.read_text())
-    data["request"]["max_tokens"] = 7  # the answer of another request, under this key
-    path.write_text(json.dumps(data))
-    server.reset()
-    result = pytester.runpytest(*run)
-    assert result.ret == 0, output(result)
-    assert sent(server) == 1
-    assert "filed under another request" in output(result)
-
-
 def test_get_uses_an_entry_only_under_its_own_key_and_request(tmp_path: Path) -> None:
     cache = make(tmp_path)
     key, other = cache_key("u", BODY, "0"), cache_key("u", BODY, "1")
@@ -334,25 +275,7 @@ def test_get_uses_an_entry_only_under_its_own_key_and_request(tmp_path: Path) ->
     assert "filed under another request" in warning
 
 
-# -- special files and hung reads -----------------------------------------------------------
-
-
-def test_a_fifo_at_an_entry_path_is_a_miss_with_one_warning(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, run_args: list[str], keyed_env: str
-) -> None:
-    """Opening a FIFO for reading waits for a writer: forever. The run must go on, ask
-    that problem again and say why once. (A subprocess with a bound: a hang fails.)"""
-    run = [*run_args, "--gsm8k-limit=3"]
-    assert pytester.runpytest(*run).ret == 0
-    path = entry_files(pytester.path / "cache")[1]
-    path.unlink()
-    os.mkfifo(path)
-    server.reset()
-    result = pytester.runpytest_subprocess(*run, timeout=60)
-    text = output(result)
-    assert result.ret == 0, text
-    assert sent(server) == 1
-    assert text.count("is not a regular file") == 1, text
+# -- hung reads -----------------------------------------------------------------------------
 
 
 def test_a_hung_read_is_given_up_after_its_bound(tmp_path: Path) -> None:

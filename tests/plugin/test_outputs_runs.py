@@ -22,7 +22,6 @@ from fakeserver import FakeOpenAIServer
 from helpers import XDIST, output, report, sent
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.runtime.files import write_atomic
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
@@ -194,47 +193,6 @@ def test_report_to_stdout_through_a_symlink(
     one_line(text, "report: out")
 
 
-def test_write_atomic_never_renames_over_a_special_file(tmp_path: Path) -> None:
-    fifo = tmp_path / "f"
-    os.mkfifo(fifo)
-    with pytest.raises(FileExistsError, match="not a regular file"):
-        write_atomic(fifo, "data")
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
-    (tmp_path / "d").mkdir()
-    with pytest.raises(IsADirectoryError):
-        write_atomic(tmp_path / "d", "data")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f"]  # no temporary left
-
-
-def test_a_fifo_whose_reader_stops_reading_ends_the_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from pytest_gsm8k.runtime import outputs
-
-    monkeypatch.setattr(outputs, "STREAM_WAIT", 0.3)
-    fifo = tmp_path / "f"
-    os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read
-    try:
-        out = outputs.prepare(fifo, "--gsm8k-report")
-        done: list[BaseException] = []
-
-        def write() -> None:
-            try:
-                out.write(b"x" * 1_000_000)  # far beyond a pipe's buffer
-            except BaseException as exc:
-                done.append(exc)
-
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        writer.join(60)
-        assert not writer.is_alive(), "the write to a stalled FIFO did not end"
-        assert len(done) == 1 and isinstance(done[0], TimeoutError)
-        out.close()
-    finally:
-        os.close(reader)
-
-
 # -- an unusable output path is one line before any request --------------------------------
 
 
@@ -328,16 +286,6 @@ def test_long_param_gives_a_short_stable_baseline_name(
     rerun = pytester.runpytest(*run)  # the same name again: compared, not "no baseline"
     assert rerun.ret == 0, output(rerun)
     assert "gate baseline: PASS" in one_line(output(rerun), "gate baseline:")
-
-
-def test_default_name_is_readable_stable_and_distinct() -> None:
-    short = "test@1, 0-shot CoT"
-    assert bl.default_name(short) == "test@1_0-shot_CoT"
-    one, two = ("test@1, 0-shot CoT, params " + "x" * 400 + end for end in ("a", "b"))
-    assert bl.default_name(one) == bl.default_name(one)
-    assert bl.default_name(one) != bl.default_name(two)
-    assert len(bl.default_name(one)) == bl.NAME_LIMIT
-    assert bl.default_name(one).startswith("test@1_0-shot_CoT_params_xxx")
 
 
 @pytest.mark.parametrize("option", ["--gsm8k-baseline-name", "--gsm8k-baseline"])
