@@ -15,10 +15,12 @@ import shutil
 import socket
 import struct
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
+from helpers import wait_until
 
 FLAGS = [
     "--headless",
@@ -38,6 +40,12 @@ FLAGS = [
 
 def chromium() -> str | None:
     return shutil.which("chromium")
+
+
+#: a test that drives headless Chromium: skipped, saying why, where it is not installed
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    chromium() is None, reason="chromium not found on PATH (apt-get install chromium)"
+)
 
 
 class Browser:
@@ -70,11 +78,14 @@ class Browser:
             raise
 
     def _connect(self, port_file: Path) -> None:
-        deadline = time.monotonic() + 60
-        while not (port_file.is_file() and port_file.read_text().count("\n") >= 1):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("chromium did not open its DevTools port")
-            time.sleep(0.05)
+        def written() -> bool:
+            return port_file.is_file() and port_file.read_text().count("\n") >= 1
+
+        def ended() -> bool:
+            return written() or self.proc.poll() is not None
+
+        if not (wait_until(ended, 60, interval=0.05) and written()):
+            raise RuntimeError("chromium did not open its DevTools port")
         port = int(port_file.read_text().split()[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as resp:
             page = next(t for t in json.load(resp) if t["type"] == "page")

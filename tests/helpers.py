@@ -9,12 +9,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium
 from fakeserver import FakeOpenAIServer, Script
 
 #: the tests folder (shared helpers, the fake server, recorded data) and the repository above it
@@ -28,13 +28,24 @@ LM_EVAL_RECORDING = TESTS / "data" / "lm_eval_requests.json"
 #: the API key the fake servers accept (conftest's ``server``, ``keyed_env``)
 TEST_KEY = "sk-test-SECRET-1234567890"
 
-#: a test that drives headless Chromium: skipped, saying why, where it is not installed
-NEEDS_CHROMIUM = pytest.mark.skipif(
-    chromium() is None, reason="chromium not found on PATH (apt-get install chromium)"
-)
-
 #: run a pytester test twice: in one process, and under pytest-xdist with two workers
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
+    """Call ``predicate`` every ``interval`` seconds until it returns something true or
+    ``timeout`` seconds have passed, and say whether it did.
+
+    A bound on a wait for something another thread or process does, never a timing
+    assertion: the caller asserts the result, or what it waited for, itself.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
 
 
 def output(result: pytest.RunResult) -> str:

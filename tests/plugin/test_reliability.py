@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from helpers import (
     report,
     sent,
     server_behind_a_password,
+    wait_until,
 )
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
@@ -171,9 +171,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
         env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
     )
     try:
-        deadline = time.monotonic() + 60
-        while server.stats()["in_flight"] < 20 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: server.stats()["in_flight"] >= 20, 60, interval=0.02)
         assert server.stats()["in_flight"] == 20
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -189,9 +187,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     assert rep["complete"] is False and rep["counts"]["correct"] <= 10
     assert "Traceback" not in out, out
     # the children (xdist's workers) are stopped too: no process is left in the run's folder
-    deadline = time.monotonic() + 15
-    while _processes_in(pytester.path) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not _processes_in(pytester.path), 15, interval=0.05)
     assert _processes_in(pytester.path) == []
 
 

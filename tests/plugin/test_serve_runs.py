@@ -21,13 +21,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import FAKESERVER, XDIST, output, sent
+from helpers import FAKESERVER, XDIST, output, sent, wait_until
 
 from pytest_gsm8k.runtime import serve
 
@@ -63,16 +62,6 @@ def _group(pgid: int) -> list[int]:
         if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             members.append(int(name))
     return members
-
-
-def _gone(check: object, within: float = 15.0) -> bool:
-    """Poll ``check()`` (a list) until it is empty; a bound, not a timing assertion."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not check():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return not check()  # type: ignore[operator]
 
 
 class Fake:
@@ -164,7 +153,9 @@ def test_serve_starts_the_server_sends_the_params_and_stops_it(
     }
     assert report["served"]["command"] == command
     assert "FAKESERVER_URL=" in Path(report["served"]["log"]).read_text()  # kept after the run
-    assert _gone(lambda: _procs_with(fake.marker)), "the served process outlived the run"
+    assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05), (
+        "the served process outlived the run"
+    )
 
 
 @XDIST
@@ -252,7 +243,7 @@ def test_several_listed_models_need_a_choice(
         ["ERROR: gsm8k: --gsm8k-serve: the server lists 2 models (fake-model, other-model)*"]
     )
     assert fake.bodies() == []
-    assert _gone(lambda: _procs_with(fake.marker))
+    assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05)
 
 
 def test_a_command_that_exits_at_once_is_one_line_with_its_code_and_output(
@@ -278,7 +269,7 @@ def test_a_server_that_never_gets_ready_times_out_and_is_stopped(
     err = result.stderr.str()
     assert "did not answer GET http://127.0.0.1:" in err and "within 1.5 s" in err, err
     assert "loading a very large model" in err
-    assert _gone(lambda: _procs_with(fake.marker))
+    assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05)
 
 
 def test_a_command_without_port_is_refused(pytester: pytest.Pytester) -> None:
@@ -420,14 +411,18 @@ def test_sigkill_of_pytest_leaves_nothing_of_the_server(
                 break
         assert pid is not None and port is not None, "".join(lines)
         assert _pid_alive(pid) and _procs_with(fake.marker), "the server is not running"
-        assert _gone(lambda: len(fake.bodies()) < 1)  # the run is sending requests
+        assert wait_until(fake.bodies, 15, interval=0.05)  # the run is sending requests
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         proc.stdout.close()
-    assert _gone(lambda: _procs_with(fake.marker)), "processes of the server remain"
+    assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05), (
+        "processes of the server remain"
+    )
     assert not _pid_alive(pid)
-    assert _gone(lambda: [port] if _listening(port) else []), f"port {port} is still served"
+    assert wait_until(lambda: not _listening(port), 15, interval=0.05), (
+        f"port {port} is still served"
+    )
 
 
 DAEMONISING = {
@@ -451,7 +446,9 @@ def test_a_command_that_daemonises_is_one_line_and_leaves_nothing(
     assert "exited (daemonised?) with exit code 0 before it was ready" in first, err
     assert "leaving 1 process (pid " in first and "now stopped" in first, err
     assert "run the server in the foreground" in first
-    assert _gone(lambda: _procs_with(fake.marker)), "the daemon outlived the run"
+    assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05), (
+        "the daemon outlived the run"
+    )
     assert fake.bodies() == []
 
 
@@ -522,7 +519,7 @@ def test_a_hostile_model_name_reaches_the_server_verbatim_and_never_runs(
     argv = fake.argv()
     assert argv[argv.index("--model") + 1] == model
     assert {body["model"] for body in fake.bodies()} == {model}
-    assert _gone(lambda: _procs_with(fake.marker))
+    assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05)
 
 
 def test_a_model_name_that_a_script_would_run_is_refused_before_anything_starts(
@@ -580,4 +577,6 @@ def test_llama_cpp_server_through_serve(pytester: pytest.Pytester) -> None:
     for problem in report["problems"]:
         assert problem["outcome"] in ("correct", "wrong", "unparsed", "truncated"), problem
         assert problem["usage"]["completion_tokens"] > 0
-    assert _gone(lambda: _procs_with(marker)), "llama.cpp server outlived the run"
+    assert wait_until(lambda: not _procs_with(marker), 15, interval=0.05), (
+        "llama.cpp server outlived the run"
+    )

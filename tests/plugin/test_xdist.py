@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, sent
+from helpers import XDIST, output, sent, wait_until
 
 SCOPED_CONFTEST = """
 import os
@@ -142,14 +142,10 @@ def test_sigkill_of_the_xdist_controller_leaves_no_process_and_a_rerun_sends_the
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while len(list(cache.glob("responses/*/*.json"))) < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(list(cache.glob("responses/*/*.json"))) >= 20, 60)
         os.kill(proc.pid, signal.SIGKILL)  # the controller alone, as the OOM killer would
         proc.wait()
-        deadline = time.monotonic() + 10
-        while _session_processes(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not _session_processes(proc.pid), 10, interval=0.05)
         left = _session_processes(proc.pid)
     finally:
         for pid in _session_processes(proc.pid):

@@ -12,8 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from browser import Browser
-from helpers import NEEDS_CHROMIUM
+from browser import NEEDS_CHROMIUM, Browser
 
 from pytest_gsm8k.core.html_report import (
     ProblemText,

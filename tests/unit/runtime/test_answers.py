@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
@@ -77,9 +78,7 @@ def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None: 
             assert remote.result(known[pid]).completions[0].text == f"#### {pid[1:]}"
     finally:
         remote.close()
-    deadline = time.monotonic() + 5
-    while len(client.order) < 8 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(client.order) >= 8, 5)
     assert sorted(client.order) == sorted(known)  # the whole plan, each once
 
 
@@ -130,9 +129,7 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
     remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
 
     def settles_at(count: int) -> int:
-        deadline = time.monotonic() + 5
-        while len(client.order) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(client.order) >= count, 5)
         time.sleep(0.3)  # room for anything fetched beyond it
         return len(client.order)
 

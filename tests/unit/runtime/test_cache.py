@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
@@ -226,10 +226,7 @@ def test_claim_is_exclusive_across_processes_and_dies_with_its_owner(
     assert cache.claim(other)  # and claiming twice in one process is fine
     os.kill(proc.pid, signal.SIGKILL)  # SIGKILL: no cleanup code runs in the owner
     proc.wait()
-    deadline = time.monotonic() + 5
-    while cache.claim_owner_alive(key) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not cache.claim_owner_alive(key)
+    assert wait_until(lambda: not cache.claim_owner_alive(key), 5)
     assert cache.claim(key)
     cache.release(key)
     cache.release(key)  # releasing twice is harmless

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer
+from helpers import wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache
@@ -87,9 +88,7 @@ def test_an_item_asked_for_just_before_an_early_stop_is_not_run_at_once(
 
     try:
         engine.start(planned)
-        deadline = time.monotonic() + 5
-        while not client.order and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda: client.order, 5)
         waiter = threading.Thread(target=wait_for_the_last)
         waiter.start()
         time.sleep(0.1)  # p000 under way (0.5 s), p004 first in the queue, not started

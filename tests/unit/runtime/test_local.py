@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO
+from helpers import REPO, wait_until
 
 import pytest_gsm8k.runtime.local as local
 import pytest_gsm8k.runtime.serve as serve
@@ -81,15 +81,6 @@ def _pid_alive(pid: int) -> bool:
             return False
         return True
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def _wait_dead(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not _pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return not _pid_alive(pid)
 
 
 def _answers(base_url: str) -> bool:
@@ -403,7 +394,9 @@ def test_server_dies_when_its_parent_is_sigkilled(tmp_path: Path) -> None:
         assert _pid_alive(pid) and _answers(url)
         parent.send_signal(signal.SIGKILL)  # no atexit, no finally: only PDEATHSIG is left
         parent.wait(timeout=10)
-        assert _wait_dead(pid, within=5.0), "server outlived its SIGKILLed parent"
+        assert wait_until(lambda: not _pid_alive(pid), 5, interval=0.05), (
+            "server outlived its SIGKILLed parent"
+        )
         assert not _answers(url)
     finally:
         if parent.poll() is None:
@@ -447,9 +440,7 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
     assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall' in head
     assert "--no-cache-dir" in head and "llama-cpp-python==" in head
     assert "last lines of the server log" in message
-    deadline = time.monotonic() + 5
-    while not died and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: died, 5)
     assert len(died) == 1 and died[0].splitlines()[0] == head
 
 
