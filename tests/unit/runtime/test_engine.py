@@ -145,22 +145,36 @@ def _fake_response(status: int) -> Any:
     return httpx.Response(status, request=httpx.Request("POST", "http://x/v1/chat/completions"))
 
 
+class FakeClock:
+    """A monotonic clock that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_breaker_needs_a_streak_in_numbers_and_in_time() -> None:
+    clock = FakeClock()
     opened: list[str] = []
-    breaker = Breaker(threshold=8, min_seconds=0.2)
+    breaker = Breaker(threshold=8, min_seconds=2.0, clock=clock)
     breaker.on_open = opened.append
     for _ in range(20):  # many at once: the requests in flight when a server dies
         breaker.failure(ConnectionError("refused"))
-    assert not opened  # not yet 0.2 s: a blip the client's retries may absorb
+    clock.now = 1.5
+    breaker.failure(ConnectionError("refused"))
+    assert not opened  # numbers, but not yet 2 s: a blip the client's retries may absorb
     breaker.success()
-    time.sleep(0.25)
+    clock.now = 10.0
     breaker.failure(ConnectionError("refused"))
     assert not opened and breaker.count == 1  # the success reset the streak
-    for _ in range(7):
+    clock.now = 12.0
+    for _ in range(6):
         breaker.failure(ConnectionError("refused"))
-    time.sleep(0.25)
+    assert not opened and breaker.count == 7  # 2 s since the streak began, 7 failures
     breaker.failure(ConnectionError("refused"))
-    assert opened and "ConnectionError: refused" in opened[0]
+    assert opened == ["ConnectionError: refused"]
     low = Breaker()
     low.fit(1)
     assert low.threshold == 3
