@@ -18,7 +18,7 @@ import pytest
 from browser import Browser
 from fakeserver import FakeOpenAIServer
 from gsm8k_copy import data_dir
-from helpers import TEST_KEY
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY
 
 # pytester's in-process runs drop the modules first imported inside them. httpx imports
 # httpcore lazily, on the first connection, and caches httpcore's exception classes; once
@@ -54,8 +54,7 @@ def gsm8k_args(server: FakeOpenAIServer) -> list[str]:
     return [
         "--gsm8k-model=fake-model",
         f"--gsm8k-base-url={server.base_url}",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     ]
 
 

@@ -28,6 +28,14 @@ LM_EVAL_RECORDING = TESTS / "data" / "lm_eval_requests.json"
 #: the API key the fake servers accept (conftest's ``server``, ``keyed_env``)
 TEST_KEY = "sk-test-SECRET-1234567890"
 
+#: Plugins an inner pytest run never loads, whatever the environment has installed:
+#: pytest-randomly would reorder the items (tests read outcomes in run order), hypothesis's
+#: plugin imports hypothesis at the end of every run (time only), pytest-benchmark warns
+#: under xdist. Every run a test starts passes these (``gsm8k_args`` includes them).
+NO_EXTRA_PLUGINS = ("-p", "no:randomly", "-p", "no:hypothesispytest", "-p", "no:benchmark")
+#: pytest's cache plugin off as well: the run has no .pytest_cache folder to write into
+NO_CACHEPROVIDER = ("-p", "no:cacheprovider")
+
 #: run a pytester test twice: in one process, and under pytest-xdist with two workers
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 

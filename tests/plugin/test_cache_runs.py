@@ -18,7 +18,7 @@ def entry_files(root: Path) -> list[Path]:
 
 @pytest.fixture
 def run_args(gsm8k_args: list[str]) -> list[str]:
-    return [*gsm8k_args, "-p", "no:hypothesispytest", "--gsm8k-cache-dir=cache"]
+    return [*gsm8k_args, "--gsm8k-cache-dir=cache"]
 
 
 def _entries_by_problem(cache: Path) -> dict[str, Path]:

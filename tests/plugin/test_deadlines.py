@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import FAKESERVER, output
+from helpers import FAKESERVER, NO_EXTRA_PLUGINS, output
 
 #: how long a run may take before the test calls it a hang (the drips below take minutes)
 BOUND = 60.0
@@ -45,7 +45,7 @@ def test_a_served_server_whose_readiness_answer_drips_fails_within_the_serve_tim
     words += ["--port", "{port}", "--script", json.dumps({"drip_models": 1.0})]
     command = " ".join(shlex.quote(w) for w in words)
     result = pytester.runpytest_subprocess(
-        f"--gsm8k-serve={command}", "--gsm8k-serve-timeout=3", "-p", "no:randomly", timeout=BOUND
+        f"--gsm8k-serve={command}", "--gsm8k-serve-timeout=3", *NO_EXTRA_PLUGINS, timeout=BOUND
     )
     text = output(result)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, sent
+from helpers import NO_EXTRA_PLUGINS, XDIST, sent
 from helpers import read_json as report
 
 
@@ -30,8 +30,6 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
         "--gsm8k-concurrency=8",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:hypothesispytest",
     )
     assert result.ret == 1
     # FAIL is certain once more than 0.15 * 1319 = 197.85 answers are not correct
@@ -74,8 +72,6 @@ def test_certain_stops_sampled_protocols_after_198_problems(
         "--gsm8k-concurrency=8",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:hypothesispytest",
     )
     assert result.ret == 1, result.stdout.str()
     assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
@@ -104,8 +100,6 @@ def test_sequential_passes_a_good_model_early_with_its_interval(
         "--gsm8k-concurrency=4",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:hypothesispytest",
     )
     assert result.ret == 0, result.stdout.str()
     data = report(pytester.path / "r.json")
@@ -168,8 +162,6 @@ def test_the_baseline_gate_stops_early_and_a_later_full_run_sends_only_the_rest(
         "--gsm8k-limit=200",
         "--gsm8k-concurrency=4",
         "--gsm8k-cache-dir=cache",
-        "-p",
-        "no:hypothesispytest",
     ]
     assert pytester.runpytest(*run, "--snapshot-update").ret == 0  # baseline: all correct
     server.reset()
@@ -228,8 +220,7 @@ def test_a_users_callable_stops_being_called_once_decided(
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=8",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:hypothesispytest",
+        *NO_EXTRA_PLUGINS,
     )
     assert result.ret == 1, result.stdout.str()
     ids = calls.read_text().split()

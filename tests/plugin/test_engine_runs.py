@@ -22,16 +22,10 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, sent, wait_until
+from helpers import NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
 from helpers import read_json as read_report
 
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
-
-
-@pytest.fixture
-def args(gsm8k_args: list[str]) -> list[str]:
-    """The shared options, minus the hypothesis plugin's end-of-run import (test speed only)."""
-    return [*gsm8k_args, "-p", "no:hypothesispytest"]
 
 
 def per_problem(server: FakeOpenAIServer) -> dict[int, int]:
@@ -57,11 +51,11 @@ def entries(cache_dir: Path) -> list[Path]:
 
 
 def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(latency=0.25))
     result = pytester.runpytest(
-        *args, "--gsm8k-limit=48", "--gsm8k-concurrency=12", "--gsm8k-no-cache"
+        *gsm8k_args, "--gsm8k-limit=48", "--gsm8k-concurrency=12", "--gsm8k-no-cache"
     )
     assert result.ret == 0, output(result)
     stats = server.stats()
@@ -70,7 +64,7 @@ def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
 
 
 def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     script = Script(
         behaviours={i: "wrong" for i in range(0, 1319, 7)}
@@ -78,7 +72,7 @@ def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
         latency=0.1,
     )
     server.set_script(script)
-    run = [*args, "--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache"]
+    run = [*gsm8k_args, "--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache"]
     plain = pytester.runpytest(*run, "--gsm8k-report=plain.json")
     assert plain.ret == 0, output(plain)
     assert sent(server) == 80
@@ -103,13 +97,13 @@ def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
 def test_a_request_failing_after_retries_is_asked_no_more_than_the_retries(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
     server.set_script(Script(behaviours={i: "error500" for i in range(0, 1319, 4)}))
     result = pytester.runpytest(
-        *args,
+        *gsm8k_args,
         *xdist,
         "--gsm8k-limit=24",
         "--gsm8k-max-retries=1",
@@ -131,12 +125,12 @@ def test_a_request_failing_after_retries_is_asked_no_more_than_the_retries(
 
 
 def test_429_storm_with_retry_after_ends_with_every_answer(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     storm = {i: {"429": 4} for i in range(1319)}
     server.set_script(Script(fail_first=storm, retry_after=0.05))
     result = pytester.runpytest(
-        *args,
+        *gsm8k_args,
         "--gsm8k-limit=30",
         "--gsm8k-concurrency=10",
         "--gsm8k-no-cache",
@@ -168,12 +162,12 @@ def _one_message_failure(result: pytest.RunResult, report: dict[str, Any]) -> st
 
 
 def test_server_dying_mid_run_fails_fast_with_one_message(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(latency=0.02))
     server.die_after = 40
     result = pytester.runpytest(
-        *args, "--gsm8k-concurrency=16", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+        *gsm8k_args, "--gsm8k-concurrency=16", "--gsm8k-no-cache", "--gsm8k-report=r.json"
     )
     report = read_report(pytester.path / "r.json")
     _one_message_failure(result, report)
@@ -184,7 +178,7 @@ def test_server_dying_mid_run_fails_fast_with_one_message(
 
 
 def test_server_killed_under_xdist_fails_fast_with_one_message(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(latency=0.05))
 
@@ -195,7 +189,12 @@ def test_server_killed_under_xdist_fails_fast_with_one_message(
     killer = threading.Thread(target=kill_after_some_answers, daemon=True)
     killer.start()
     result = pytester.runpytest(
-        *args, "-n", "2", "--gsm8k-concurrency=16", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+        *gsm8k_args,
+        "-n",
+        "2",
+        "--gsm8k-concurrency=16",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
     )
     killer.join()
     _one_message_failure(result, read_report(pytester.path / "r.json"))
@@ -221,14 +220,14 @@ def _settle(server: FakeOpenAIServer) -> None:
 def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
     server.set_script(Script(latency=0.05))
     cache = pytester.path / "cache"
     run = [
-        *args,
+        *gsm8k_args,
         *xdist,
         "--gsm8k-limit=120",
         "--gsm8k-concurrency=4",
@@ -267,10 +266,10 @@ def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
 
 
 def test_rerun_of_a_finished_run_sends_nothing_and_reports_the_same(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(behaviours={i: "wrong" for i in range(0, 1319, 5)}))
-    run = [*args, "--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
+    run = [*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
     first = pytester.runpytest(*run, "--gsm8k-report=first.json")
     assert first.ret == 0 and sent(server) == 40
     first.stdout.fnmatch_lines(["*answers from cache: 0 of 40*"])
@@ -288,9 +287,9 @@ def test_rerun_of_a_finished_run_sends_nothing_and_reports_the_same(
 
 
 def test_corrupt_cache_entries_are_warned_about_and_re_requested(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
-    run = [*args, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache"]
+    run = [*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache"]
     assert pytester.runpytest(*run).ret == 0
     files = entries(pytester.path / "cache")
     assert len(files) == 12
@@ -311,9 +310,9 @@ def test_corrupt_cache_entries_are_warned_about_and_re_requested(
 
 
 def test_cache_never_holds_the_api_key(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
-    result = pytester.runpytest(*args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache")
     assert result.ret == 0, output(result)
     files = [p for p in (pytester.path / "cache").rglob("*") if p.is_file()]
     assert len(entries(pytester.path / "cache")) == 10
@@ -325,11 +324,11 @@ def test_cache_never_holds_the_api_key(
 def test_another_protocol_or_model_never_hits_the_entries(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     gsm8k_data: Path,
 ) -> None:
-    run = [*args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache"]
+    run = [*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache"]
     assert pytester.runpytest(*run).ret == 0 and sent(server) == 10
     for change in ("--gsm8k-max-tokens=512", "--gsm8k-system=Be brief."):
         server.reset()
@@ -398,8 +397,7 @@ def test_user_callables_are_prefetched_concurrently(
     pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
     result = pytester.runpytest(
         f"--gsm8k-data={gsm8k_data}",
-        "-p",
-        "no:hypothesispytest",
+        *NO_EXTRA_PLUGINS,
         "--gsm8k-limit=40",
         "--gsm8k-concurrency=20",
         "--gsm8k-report=r.json",
@@ -439,8 +437,7 @@ def test_xdist_workers_share_a_user_callable_without_calling_it_twice(
         f"--gsm8k-data={gsm8k_data}",
         "--gsm8k-limit=40",
         "--gsm8k-concurrency=8",
-        "-p",
-        "no:hypothesispytest",
+        *NO_EXTRA_PLUGINS,
         "--gsm8k-report=r.json",
     )
     assert result.ret == 0, output(result)

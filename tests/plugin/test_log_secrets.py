@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import TEST_KEY, URL_BASIC, URL_PASSWORD, XDIST, output, server_behind_a_password
+from helpers import (
+    NO_EXTRA_PLUGINS,
+    TEST_KEY,
+    URL_BASIC,
+    URL_PASSWORD,
+    XDIST,
+    output,
+    server_behind_a_password,
+)
 
 
 @XDIST
@@ -55,8 +63,7 @@ def test_url_credentials_are_scrubbed_from_library_logs(
         result = pytester.runpytest(
             "--gsm8k-model=fake-model",
             f"--gsm8k-base-url={url}",
-            "-p",
-            "no:randomly",
+            *NO_EXTRA_PLUGINS,
             "--gsm8k-limit=4",
             "--gsm8k-no-cache",
             "-o",

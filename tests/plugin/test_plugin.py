@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
-from helpers import TEST_KEY, output
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, output
 from helpers import report as read_report
 from helpers import sent as completions_sent
 
@@ -229,7 +229,7 @@ def test_full_split_gate_fails_and_xdist_gives_the_same_report(
     assert completions_sent(server) == 1319
 
     server.reset()
-    xdist = pytester.runpytest(*args, "--gsm8k-report=xdist.json", "-n", "2", "-p", "no:benchmark")
+    xdist = pytester.runpytest(*args, "--gsm8k-report=xdist.json", "-n", "2")
     assert xdist.ret == 1, output(xdist)
     second = read_report(pytester, "xdist.json")
     assert completions_sent(server) == 1319  # no request sent twice across the workers
@@ -260,7 +260,7 @@ def test_gate_pass_is_the_same_with_n0_and_n2(
     server.set_script(Script(behaviours={chosen[1]: "wrong", chosen[20]: "unparsed"}))
     args = [*gsm8k_args, "--gsm8k-limit=30", "--gsm8k-min-acc=0.9", "--gsm8k-no-cache"]
     reports = []
-    runs = (("plain", []), ("n0", ["-n", "0"]), ("n2", ["-n", "2", "-p", "no:benchmark"]))
+    runs = (("plain", []), ("n0", ["-n", "0"]), ("n2", ["-n", "2"]))
     for name, extra in runs:
         server.reset()
         result = pytester.runpytest(*args, f"--gsm8k-report={name}.json", *extra)
@@ -453,7 +453,7 @@ def test_ini_twins_and_command_line_wins(
         gsm8k_min_acc = 0.95
         gsm8k_report = r.json
     """)
-    result = pytester.runpytest("-p", "no:randomly")
+    result = pytester.runpytest(*NO_EXTRA_PLUGINS)
     assert result.ret == 1, output(result)
     report = read_report(pytester)
     assert report["n"] == 20 and report["accuracy"] == 0.9
@@ -461,7 +461,7 @@ def test_ini_twins_and_command_line_wins(
     assert "--gsm8k-min-acc 0.95" in output(result)
 
     result = pytester.runpytest(
-        "-p", "no:randomly", "--gsm8k-min-acc=0.85", "--gsm8k-report=cli.json"
+        *NO_EXTRA_PLUGINS, "--gsm8k-min-acc=0.85", "--gsm8k-report=cli.json"
     )
     assert result.ret == 0, output(result)
     report = read_report(pytester, "cli.json")
@@ -488,8 +488,7 @@ def test_user_test_is_parametrized_without_model(
         "--gsm8k-limit=7",
         f"--gsm8k-base-url={server.base_url}",
         "-v",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     )
     assert result.ret == 0, output(result)
     result.assert_outcomes(passed=7)
@@ -507,8 +506,7 @@ def test_builtin_test_not_collected_without_model(
         f"--gsm8k-data={gsm8k_data}",
         f"--gsm8k-base-url={server.base_url}",
         "--gsm8k-min-acc=0.9",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     )
     assert result.ret == int(pytest.ExitCode.NO_TESTS_COLLECTED), output(result)
     assert "gsm8k acc" not in output(result)
@@ -537,7 +535,7 @@ def test_plain_suite_imports_neither_datasets_nor_openai(
             assert heavy == [], heavy
     """
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
+    result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS)
     assert result.ret == 0, output(result)
     result.assert_outcomes(passed=1)
     assert server.stats()["requests_total"] == 0
@@ -565,8 +563,7 @@ def test_callable_model_override_is_gated(
         f"--gsm8k-data={gsm8k_data}",
         "--gsm8k-limit=30",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     ]
     result = pytester.runpytest(*args, f"--gsm8k-min-acc={accuracy + 0.001!r}")
     assert result.ret == 1, output(result)
@@ -597,8 +594,7 @@ def test_report_written_on_keyboard_interrupt(pytester: pytest.Pytester, gsm8k_d
         f"--gsm8k-data={gsm8k_data}",
         "--gsm8k-limit=10",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     )
     assert result.ret == int(pytest.ExitCode.INTERRUPTED), output(result)
     report = read_report(pytester)
@@ -745,7 +741,7 @@ def test_bad_data_with_user_test_under_xdist_is_one_line_error(
     # collection error of the module: one line, no INTERNALERROR, nothing sent.
     pytester.makepyfile(test_mine="def test_mine(gsm8k_problem):\n    pass\n")
     (pytester.path / "bad.jsonl").write_text(_jsonl([GOOD_ROWS[0], "{oops"]), encoding="utf-8")
-    result = pytester.runpytest("--gsm8k-data=bad.jsonl", "-n", "2", "-p", "no:benchmark")
+    result = pytester.runpytest("--gsm8k-data=bad.jsonl", "-n", "2")
     text = output(result)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, text
     assert "Traceback" not in text and "INTERNALERROR" not in text, text
@@ -767,8 +763,7 @@ def test_callable_override_with_builtin_test_needs_no_endpoint(
         f"--gsm8k-base-url=http://127.0.0.1:{port}/v1",
         "--gsm8k-limit=6",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     )
     assert result.ret == 0, output(result)
     assert read_report(pytester)["n"] == 6
@@ -787,8 +782,7 @@ def test_a_conftest_importing_the_plugins_own_fixtures_overrides_nothing(
         "--gsm8k-model=fake-model",
         f"--gsm8k-data={gsm8k_data}",
         f"--gsm8k-base-url=http://127.0.0.1:{port}/v1",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     )
     text = output(result)
     assert result.ret == USAGE_ERROR, text
@@ -902,8 +896,7 @@ def test_endpoint_dying_mid_run_stops_it_once_within_seconds(
             "--gsm8k-limit=40",
             "--gsm8k-concurrency=2",
             "--gsm8k-report=r.json",
-            "-p",
-            "no:randomly",
+            *NO_EXTRA_PLUGINS,
         )
     text = output(result)
     assert result.ret == 1, text

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import LM_EVAL_RECORDING, TEST_KEY
+from helpers import LM_EVAL_RECORDING, NO_EXTRA_PLUGINS, TEST_KEY
 
 RECORDED = json.loads(LM_EVAL_RECORDING.read_text(encoding="utf-8"))
 
@@ -65,8 +65,7 @@ def test_lm_eval_preset_sends_lm_evals_requests_and_gets_its_scores(
             "--gsm8k-report=r.json",
             "-k",
             selection,
-            "-p",
-            "no:randomly",
+            *NO_EXTRA_PLUGINS,
             *extra,
         )
         bodies = server.stats()["bodies"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import TEST_KEY
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY
 
 from pytest_gsm8k.core.scoring import gold_number
 
@@ -76,8 +76,7 @@ def _args(server: FakeOpenAIServer, data: Path, *extra: str) -> list[str]:
         f"--gsm8k-base-url={server.base_url}",
         f"--gsm8k-data={data}",
         "--gsm8k-report=r.json",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
         *extra,
     ]
 

@@ -22,6 +22,7 @@ import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
 from helpers import (
+    NO_EXTRA_PLUGINS,
     TEST_KEY,
     URL_BASIC,
     URL_PASSWORD,
@@ -34,11 +35,6 @@ from helpers import (
 )
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
-
-
-@pytest.fixture
-def args(gsm8k_args: list[str]) -> list[str]:
-    return [*gsm8k_args, "-p", "no:hypothesispytest"]
 
 
 def errors(rep: dict[str, Any]) -> Counter[str]:
@@ -58,13 +54,17 @@ def rows_of(*indices: int) -> str:
 def test_unwritable_cache_folder_is_one_warning_and_a_complete_run(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
     (pytester.path / "afile").write_text("a regular file, not a folder\n")
     result = pytester.runpytest(
-        *args, *xdist, "--gsm8k-limit=30", "--gsm8k-cache-dir=afile/cache", "--gsm8k-report=r.json"
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=30",
+        "--gsm8k-cache-dir=afile/cache",
+        "--gsm8k-report=r.json",
     )
     text = output(result)
     assert result.ret == 0, text
@@ -80,7 +80,7 @@ def test_unwritable_cache_folder_is_one_warning_and_a_complete_run(
 def test_a_full_cache_file_system_is_one_warning(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
@@ -97,7 +97,7 @@ def test_a_full_cache_file_system_is_one_warning(
     try:
         (folder / "filler").write_bytes(b"x" * 60_000)  # leave about one page
         result = pytester.runpytest(
-            *args,
+            *gsm8k_args,
             *xdist,
             "--gsm8k-limit=40",
             f"--gsm8k-cache-dir={folder}",
@@ -119,14 +119,14 @@ def test_a_full_cache_file_system_is_one_warning(
 def test_repeated_identical_questions_are_all_answered(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
     data = pytester.path / "dup.jsonl"
     data.write_text(rows_of(0, 0, 1, 1, 0, 2, 2, 2), encoding="utf-8")
     result = pytester.runpytest(
-        *args, *xdist, f"--gsm8k-data={data}", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+        *gsm8k_args, *xdist, f"--gsm8k-data={data}", "--gsm8k-no-cache", "--gsm8k-report=r.json"
     )
     assert result.ret == 0, output(result)
     rep = report(pytester)
@@ -137,7 +137,7 @@ def test_repeated_identical_questions_are_all_answered(
 def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
@@ -156,7 +156,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
             sys.executable,
             "-m",
             "pytest",
-            *args,
+            *gsm8k_args,
             *xdist,
             "--gsm8k-limit=30",
             "--gsm8k-concurrency=30",
@@ -219,7 +219,7 @@ def _all_text_under(root: Path) -> str:
 def test_an_echoed_api_key_is_never_printed_or_written(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -231,7 +231,7 @@ def test_an_echoed_api_key_is_never_printed_or_written(
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
     result = pytester.runpytest(
-        *args,
+        *gsm8k_args,
         *xdist,
         "--gsm8k-limit=24",
         "--gsm8k-max-retries=0",
@@ -262,8 +262,7 @@ def test_url_credentials_are_never_printed_or_written(
         result = pytester.runpytest(
             "--gsm8k-model=fake-model",
             f"--gsm8k-base-url={url}",
-            "-p",
-            "no:randomly",
+            *NO_EXTRA_PLUGINS,
             "--gsm8k-limit=12",
             "--gsm8k-max-retries=0",
             "--gsm8k-cache-dir=cache",
@@ -288,7 +287,7 @@ def test_url_credentials_are_never_printed_or_written(
 def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baseline(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
@@ -298,7 +297,13 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     chosen = [p.index for p in select(load_split(None).problems, 12, 1234)]
     bad = {chosen[1]: "nochoices", chosen[4]: "nullcontent", chosen[7]: "badjson"}
     server.set_script(Script(behaviours=bad))
-    run = [*args, *xdist, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache", "--gsm8k-max-retries=0"]
+    run = [
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=12",
+        "--gsm8k-cache-dir=cache",
+        "--gsm8k-max-retries=0",
+    ]
     result = pytester.runpytest(*run, "--gsm8k-report=r.json", "--snapshot-update")
     text = output(result)
     assert result.ret == 1, text
@@ -321,13 +326,13 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
 def test_a_hung_endpoint_is_reported_by_the_stall_detector(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
     server.set_script(Script(default="hang"))
     result = pytester.runpytest(
-        *args,
+        *gsm8k_args,
         *xdist,
         "--gsm8k-limit=5",
         "--gsm8k-no-cache",
@@ -343,11 +348,11 @@ def test_a_hung_endpoint_is_reported_by_the_stall_detector(
 
 
 def test_timeouts_open_the_dead_endpoint_breaker(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(default="hang"))
     result = pytester.runpytest(
-        *args,
+        *gsm8k_args,
         "--gsm8k-limit=8",
         "--gsm8k-concurrency=4",
         "--gsm8k-no-cache",
@@ -368,13 +373,13 @@ def test_timeouts_open_the_dead_endpoint_breaker(
 def test_a_400_on_the_first_requests_stops_the_run_quoting_the_server(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
     server.set_script(Script(echo_auth=True, fail_first={i: {"400": 99} for i in range(1319)}))
     result = pytester.runpytest(
-        *args,
+        *gsm8k_args,
         *xdist,
         "--gsm8k-limit=40",
         "--gsm8k-concurrency=4",
@@ -395,13 +400,13 @@ def test_a_400_on_the_first_requests_stops_the_run_quoting_the_server(
 def test_a_429_storm_past_the_retry_budget_stops_once_nothing_gets_through(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    args: list[str],
+    gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
     server.set_script(Script(fail_first={i: {"429": 99} for i in range(1319)}, retry_after=0.01))
     result = pytester.runpytest(
-        *args,
+        *gsm8k_args,
         *xdist,
         "--gsm8k-limit=60",
         "--gsm8k-concurrency=2",
@@ -437,10 +442,10 @@ def test_answer_regex_without_group_is_a_usage_error(pytester: pytest.Pytester) 
 
 
 def test_model_names_from_the_server_reach_the_terminal_without_escapes(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(reported_model="evil\x1b[2J\x1b[31mRED\x07\rmodel"))
-    result = pytester.runpytest(*args, "--gsm8k-limit=3", "--gsm8k-no-cache")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-no-cache")
     text = output(result)
     assert result.ret == 0, text
     assert "server reported: evil" in text and "REDmodel" in text
@@ -448,12 +453,12 @@ def test_model_names_from_the_server_reach_the_terminal_without_escapes(
 
 
 def test_limit_above_the_split_runs_everything_and_says_so_once(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     data = pytester.path / "six.jsonl"
     data.write_text(rows_of(0, 1, 2, 3, 4, 5), encoding="utf-8")
     result = pytester.runpytest(
-        *args, f"--gsm8k-data={data}", "--gsm8k-limit=50", "--gsm8k-no-cache", "-n", "2"
+        *gsm8k_args, f"--gsm8k-data={data}", "--gsm8k-limit=50", "--gsm8k-no-cache", "-n", "2"
     )
     text = output(result)
     assert result.ret == 0, text
@@ -462,10 +467,10 @@ def test_limit_above_the_split_runs_everything_and_says_so_once(
 
 
 def test_a_retry_after_longer_than_the_client_waits_is_reported(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     server.set_script(Script(fail_first={i: {"429": 1} for i in range(1319)}, retry_after=600))
-    result = pytester.runpytest(*args, "--gsm8k-limit=3", "--gsm8k-no-cache", "-n", "2")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-no-cache", "-n", "2")
     text = output(result)
     assert result.ret == 1, text  # openai gives up on a Retry-After over 120 s: errors
     lines = [line for line in text.splitlines() if "asked to wait 600 s" in line]
@@ -477,14 +482,14 @@ def test_a_retry_after_longer_than_the_client_waits_is_reported(
 
 
 def test_an_endpoint_failure_exits_the_same_with_and_without_xdist(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     codes = {}
     for name, xdist in (("plain", []), ("xdist", ["-n", "2"])):
         server.reset()
         server.set_script(Script(default="hang"))
         result = pytester.runpytest(
-            *args, *xdist, "--gsm8k-limit=4", "--gsm8k-no-cache", "--gsm8k-stall-timeout=1"
+            *gsm8k_args, *xdist, "--gsm8k-limit=4", "--gsm8k-no-cache", "--gsm8k-stall-timeout=1"
         )
         codes[name] = int(result.ret)
     assert codes == {"plain": 1, "xdist": 1}

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import FAKESERVER, TEST_KEY, XDIST, output, report
+from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, TEST_KEY, XDIST, output, report
 
 from pytest_gsm8k.core.scrub import REDACTED
 
 #: a served server that never gets ready fails the test in a minute, not in ten
-NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider", "--gsm8k-serve-timeout=60"]
+NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER, "--gsm8k-serve-timeout=60"]
 
 
 def _all_text_under(root: Path) -> str:

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import FAKESERVER, XDIST, output, sent, wait_until
+from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
 
 from pytest_gsm8k.runtime import serve
 
-NOISE = ["-p", "no:randomly", "-p", "no:cacheprovider"]
+NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 
 
 def _procs_with(marker: str) -> list[int]:
@@ -475,7 +475,7 @@ def test_the_log_an_error_line_names_is_there_after_the_run(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, cache: bool
 ) -> None:
     fake = Fake(gsm8k_data, tmp_path, "--exit-at-once=3")
-    plugins = ["-p", "no:randomly"] + ([] if cache else ["-p", "no:cacheprovider"])
+    plugins = [*NO_EXTRA_PLUGINS, *([] if cache else NO_CACHEPROVIDER)]
     result = pytester.runpytest(f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", *plugins)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     first = next(

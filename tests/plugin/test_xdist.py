@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, sent, wait_until
+from helpers import NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
 
 SCOPED_CONFTEST = """
 import os
@@ -51,8 +51,7 @@ def test_a_model_of_any_scope_is_called_once_per_item(
         *xdist,
         "--gsm8k-limit=10",
         "--gsm8k-concurrency=4",
-        "-p",
-        "no:hypothesispytest",
+        *NO_EXTRA_PLUGINS,
         "-W",
         "default",
     )
@@ -90,9 +89,7 @@ def test_under_xdist_the_controller_fetches_and_workers_import_no_http_client(
     monkeypatch.setenv("PROBE_DIR", str(probe))
     pytester.makeconftest(WORKER_PROBE)
     server.set_script(Script(latency=0.02))
-    result = pytester.runpytest(
-        *gsm8k_args, "-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache", "-p", "no:hypothesispytest"
-    )
+    result = pytester.runpytest(*gsm8k_args, "-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache")
     assert result.ret == 0, output(result)
     assert sent(server) == 40 and set(server.stats()["requests_by_index"].values()) == {1}
     seen = [json.loads(p.read_text()) for p in probe.iterdir()]
@@ -131,8 +128,6 @@ def test_sigkill_of_the_xdist_controller_leaves_no_process_and_a_rerun_sends_the
         "--gsm8k-limit=120",
         "--gsm8k-concurrency=4",
         f"--gsm8k-cache-dir={cache}",
-        "-p",
-        "no:hypothesispytest",
     ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", *run],
