@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytest_gsm8k.core import early_stop as es_mod  # noqa: E402
-from pytest_gsm8k.core.early_stop import EarlyStop  # noqa: E402
-from pytest_gsm8k.core.gates import max_drop_count, min_acc_count  # noqa: E402
+from pytest_gsm8k.core import early_stop as es_mod
+from pytest_gsm8k.core.early_stop import EarlyStop
+from pytest_gsm8k.core.gates import max_drop_count, min_acc_count
 
 N = 1319
 #: (accuracy, min_acc, mode, most problems as the median over orders), from issue 13

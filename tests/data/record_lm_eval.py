@@ -251,7 +251,7 @@ def _scoring_cases() -> list[dict[str, Any]]:
     for text, gold in SCORING_CASES:
         case: dict[str, Any] = {"response": text, "gold": gold, "extracted": {}, "exact_match": {}}
         for name, flt in filters.items():
-            extracted = list(flt.apply([[text]], [{}]))[0][0]
+            extracted = next(iter(flt.apply([[text]], [{}])))[0]
             score = exact_match_hf_evaluate(
                 predictions=[extracted], references=[gold], **metric_kwargs
             )["exact_match"]

@@ -49,8 +49,10 @@ def test_a_deselected_run_does_not_replace_the_baseline(
     assert result.ret == 1, text
     (line,) = _gate_lines(result)
     assert f"FAIL: not written to {BASELINE}: 98 of the 100 problems of its selection were " in line
-    assert "deselected (-k)" in line and "--gsm8k-baseline-partial" in line
-    assert "baseline written" not in text and "Traceback" not in text
+    assert "deselected (-k)" in line
+    assert "--gsm8k-baseline-partial" in line
+    assert "baseline written" not in text
+    assert "Traceback" not in text
     assert (pytester.path / BASELINE).read_text() == recorded
     # the all-wrong model is still measured against the whole baseline
     result = pytester.runpytest(
@@ -86,7 +88,8 @@ def test_a_smaller_limit_does_not_replace_a_larger_baseline(
     assert result.ret == 1, output(result)
     (line,) = _gate_lines(result)
     assert f"FAIL: not written to {BASELINE}: it holds 80 problems this run does not have" in line
-    assert "delete it" in line and "--gsm8k-baseline-partial" in line
+    assert "delete it" in line
+    assert "--gsm8k-baseline-partial" in line
     assert (pytester.path / BASELINE).read_text() == recorded
     # a larger limit extends it
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=120", "--snapshot-update")
@@ -112,7 +115,8 @@ def test_a_smaller_baseline_than_the_run_says_so_and_fails_when_required(
     result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-require-baseline")
     assert result.ret == 1, output(result)
     (line,) = _gate_lines(result)
-    assert "FAIL" in line and "covers 20 of this run's 100 problems: 80 are not in it" in line
+    assert "FAIL" in line
+    assert "covers 20 of this run's 100 problems: 80 are not in it" in line
     assert "--gsm8k-require-baseline needs every problem of the run" in line
 
 
@@ -135,7 +139,8 @@ def test_a_partial_baseline_is_written_only_when_asked_and_says_so(
     )
     stored = bl.loads((pytester.path / BASELINE).read_text(), "b")
     assert stored["partial"]["ids"] == ["test-0082", "test-0112"]
-    assert stored["partial"]["of"] == 100 and "-k" in stored["partial"]["reason"]
+    assert stored["partial"]["of"] == 100
+    assert "-k" in stored["partial"]["reason"]
     assert report(pytester)["baseline"]["partial"] is True
     # the whole selection against it: said, and with --gsm8k-require-baseline a FAIL
     result = pytester.runpytest(*args)
@@ -146,7 +151,8 @@ def test_a_partial_baseline_is_written_only_when_asked_and_says_so(
     result = pytester.runpytest(*args, "--gsm8k-require-baseline")
     assert result.ret == 1, output(result)
     (line,) = _gate_lines(result)
-    assert "FAIL" in line and "covers 2 of this run's 100 problems: 98 are not in it" in line
+    assert "FAIL" in line
+    assert "covers 2 of this run's 100 problems: 98 are not in it" in line
 
 
 def _trim(path: Path, keep: list[str], extra: dict[str, Any]) -> None:
@@ -185,7 +191,8 @@ def test_a_hand_trimmed_baseline_is_refused_by_name(
     text = output(result)
     assert result.ret == 1, text
     (line,) = _gate_lines(result)
-    assert f"FAIL: {BASELINE}: " in line and needle in line, line
+    assert f"FAIL: {BASELINE}: " in line, line
+    assert needle in line, line
     assert "Traceback" not in text
 
 
@@ -197,14 +204,16 @@ def test_an_early_stopped_run_writes_a_partial_baseline_only_when_asked(
     result = pytester.runpytest(*args, "--snapshot-update")
     assert result.ret == 1
     (line,) = _gate_lines(result)
-    assert "not written" in line and "the run stopped early" in line
+    assert "not written" in line
+    assert "the run stopped early" in line
     assert "--gsm8k-baseline-partial" in line
     assert not (pytester.path / BASELINE).exists()
     result = pytester.runpytest(*args, "--snapshot-update", "--gsm8k-baseline-partial")
     assert result.ret == 1  # min-acc FAIL (decided early); the baseline is written
     stored = bl.loads((pytester.path / BASELINE).read_text(), "b")
     assert "stopped early" in stored["partial"]["reason"]
-    assert len(stored["problems"]) < 100 and stored["partial"]["of"] == 100
+    assert len(stored["problems"]) < 100
+    assert stored["partial"]["of"] == 100
 
 
 def test_an_early_stop_never_turns_a_failed_baseline_gate_into_a_pass(
@@ -228,4 +237,5 @@ def test_an_early_stop_never_turns_a_failed_baseline_gate_into_a_pass(
     uncovered = pytester.runpytest(*args, LIMIT, "--gsm8k-require-baseline")
     assert uncovered.ret == 1, output(uncovered)
     (line,) = _gate_lines(uncovered)
-    assert "FAIL" in line and "are not in it" in line
+    assert "FAIL" in line
+    assert "are not in it" in line

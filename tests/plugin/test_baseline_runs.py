@@ -36,8 +36,10 @@ def test_baseline_file_is_stable_sorted_json(
 ) -> None:
     text = (pytester.path / BASELINE).read_text()
     data = bl.loads(text, "baseline")
-    assert data["protocol"]["name"] == "test@1" and data["protocol"]["shots"] == 0
-    assert data["dataset"]["fingerprint"] and data["dataset"]["split"] == "test"
+    assert data["protocol"]["name"] == "test@1"
+    assert data["protocol"]["shots"] == 0
+    assert data["dataset"]["fingerprint"]
+    assert data["dataset"]["split"] == "test"
     assert list(data["problems"]) == sorted(data["problems"])
     assert set(data["problems"].values()) == {"correct"}
     assert len(data["problems"]) == 50

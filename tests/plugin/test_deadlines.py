@@ -49,4 +49,5 @@ def test_a_served_server_whose_readiness_answer_drips_fails_within_the_serve_tim
     )
     text = output(result)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text
-    assert "did not answer GET http://127.0.0.1:" in text and "within 3 s" in text, text
+    assert "did not answer GET http://127.0.0.1:" in text, text
+    assert "within 3 s" in text, text

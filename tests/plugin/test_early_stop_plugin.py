@@ -36,9 +36,11 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
     assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
     data = report(pytester.path / "r.json")
     early = data["early_stop"]
-    assert early["mode"] == "certain" and early["decided_after"] == 198
+    assert early["mode"] == "certain"
+    assert early["decided_after"] == 198
     assert early["verdicts"] == {"min-acc": "FAIL"}
-    assert data["complete"] is False and data["counts"]["error"] == 0
+    assert data["complete"] is False
+    assert data["counts"]["error"] == 0
     assert data["n"] == len(data["problems"]) >= 198  # every problem that ran is listed
     result.stdout.fnmatch_lines(
         [
@@ -47,7 +49,8 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
         ]
     )
     gate = next(g for g in data["gates"] if g["name"] == "min-acc")
-    assert gate["passed"] is False and "stopped after 198 of 1319" in gate["detail"]
+    assert gate["passed"] is False
+    assert "stopped after 198 of 1319" in gate["detail"]
 
 
 @XDIST
@@ -78,7 +81,8 @@ def test_certain_stops_sampled_protocols_after_198_problems(
     data = report(pytester.path / "r.json")
     assert data["protocol"]["name"] == protocol
     early = data["early_stop"]
-    assert early["decided_after"] == 198 and early["verdicts"] == {"min-acc": "FAIL"}
+    assert early["decided_after"] == 198
+    assert early["verdicts"] == {"min-acc": "FAIL"}
     samples = int(protocol.split("@")[1])
     assert all(len(p["samples"]) == samples for p in data["problems"]), "every sample kept"
     result.stdout.fnmatch_lines([f"*gsm8k acc ({protocol}*", "*stopped after 198 of 1319*"])
@@ -104,12 +108,14 @@ def test_sequential_passes_a_good_model_early_with_its_interval(
     assert result.ret == 0, result.stdout.str()
     data = report(pytester.path / "r.json")
     early = data["early_stop"]
-    assert early["mode"] == "sequential" and early["alpha"] == 0.05
+    assert early["mode"] == "sequential"
+    assert early["alpha"] == 0.05
     assert early["verdicts"] == {"min-acc": "PASS"}
     assert early["decided_after"] < 100
     # under xdist the workers' items arrive out of the seeded order: those beyond the
     # prefix the test may use still ran; nothing was fetched beyond them but what was in flight
-    assert data["n"] < 100 and sent(server) <= data["n"] + 4
+    assert data["n"] < 100
+    assert sent(server) <= data["n"] + 4
     low, high = early["gates"]["min-acc"]["interval"]
     assert 0.5 <= low <= high <= 1.0
     result.stdout.fnmatch_lines(
@@ -129,7 +135,8 @@ def test_the_sequential_order_is_the_seeded_one(
         *gsm8k_args, "--gsm8k-early-stop=sequential", "--co", "-q", "--gsm8k-seed=7"
     )
     ids = [line.split("[", 1)[1].rstrip("]") for line in result.outlines if "[test-" in line]
-    assert len(ids) == 1319 and ids == run_order(sorted(ids), 7)
+    assert len(ids) == 1319
+    assert ids == run_order(sorted(ids), 7)
 
 
 def test_an_early_stopped_run_writes_no_baseline(
@@ -177,7 +184,8 @@ def test_the_baseline_gate_stops_early_and_a_later_full_run_sends_only_the_rest(
     assert result.ret == 1
     early = report(pytester.path / "r.json")["early_stop"]
     # the drop exceeds 0.1 for certain once 21 of the 200 shared problems are wrong
-    assert early["verdicts"] == {"baseline": "FAIL"} and early["decided_after"] == 21
+    assert early["verdicts"] == {"baseline": "FAIL"}
+    assert early["decided_after"] == 21
     first = sent(server)
     assert 21 <= first <= 21 + 4 + 1
     server.reset()
@@ -230,5 +238,6 @@ def test_a_users_callable_stops_being_called_once_decided(
     # it (measured 204-207); without the word each worker ran all it held (562 calls)
     assert 198 <= len(ids) <= 198 + 8 + 8, len(ids)
     data = report(pytester.path / "r.json")
-    assert data["early_stop"]["decided_after"] == 198 and data["counts"]["error"] == 0
+    assert data["early_stop"]["decided_after"] == 198
+    assert data["counts"]["error"] == 0
     result.stdout.fnmatch_lines(["*stopped after 198 of 1319 problems*"])

@@ -60,7 +60,8 @@ def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
     assert result.ret == 0, output(result)
     stats = server.stats()
     assert stats["peak_in_flight"] == 12
-    assert sent(server) == 48 and set(per_problem(server).values()) == {1}
+    assert sent(server) == 48
+    assert set(per_problem(server).values()) == {1}
 
 
 def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
@@ -87,7 +88,8 @@ def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
         server.set_script(script)
         spread = pytester.runpytest(*run, "-n", workers, f"--gsm8k-report=x{workers}.json")
         assert spread.ret == 0, output(spread)
-        assert sent(server) == 80 and set(per_problem(server).values()) == {1}, workers
+        assert sent(server) == 80, workers
+        assert set(per_problem(server).values()) == {1}, workers
         assert 8 <= server.stats()["peak_in_flight"] <= 16  # never more than the limit
         assert comparable(read_report(pytester.path / f"x{workers}.json")) == comparable(one)
         assert headline == [line for line in spread.outlines if line.startswith(HEADLINE)]
@@ -112,7 +114,8 @@ def test_a_request_failing_after_retries_is_asked_no_more_than_the_retries(
     )
     report = read_report(pytester.path / "r.json")
     failed = {p["index"] for p in report["problems"] if p["outcome"] == "error"}
-    assert failed and failed == {p["index"] for p in report["problems"] if p["index"] % 4 == 0}
+    assert failed
+    assert failed == {p["index"] for p in report["problems"] if p["index"] % 4 == 0}
     assert {p["error"] for p in report["problems"] if p["outcome"] == "error"} == {
         "HTTP 500 after retries: The server had an error (scripted)."
     }
@@ -138,7 +141,8 @@ def test_429_storm_with_retry_after_ends_with_every_answer(
     )
     assert result.ret == 0, output(result)
     report = read_report(pytester.path / "r.json")
-    assert report["counts"]["correct"] == 30 and report["counts"]["error"] == 0
+    assert report["counts"]["correct"] == 30
+    assert report["counts"]["error"] == 0
     stats = server.stats()
     assert stats["status_counts"].get(429) == 120  # every request refused four times
     assert stats["status_counts"].get(200) == 31  # 30 answers and the preflight
@@ -150,12 +154,15 @@ def _one_message_failure(result: pytest.RunResult, report: dict[str, Any]) -> st
     text = output(result)
     assert result.ret not in (0, pytest.ExitCode.USAGE_ERROR), text
     errors = [p for p in report["problems"] if p["outcome"] == "error"]
-    assert errors and len(errors) + report["counts"]["correct"] == report["n"] == 1319
+    assert errors
+    assert len(errors) + report["counts"]["correct"] == report["n"] == 1319
     messages = Counter(p["error"] for p in errors)
     assert len(messages) == 1, messages  # one message shared by every unfinished item
     [message] = messages
-    assert "unreachable" in message and "stopped sending" in message
-    assert "Traceback" not in text and "raise " not in text
+    assert "unreachable" in message
+    assert "stopped sending" in message
+    assert "Traceback" not in text
+    assert "raise " not in text
     # a few lines name it (the failed item, the run-stopped line), not one per problem
     assert sum(message[:40] in line for line in text.splitlines()) <= 8, text
     return message
@@ -253,7 +260,8 @@ def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
     _settle(server)
     kept = len(entries(cache))
     first_run = sent(server)
-    assert 20 <= kept < 120 and kept <= first_run < 120
+    assert 20 <= kept < 120
+    assert kept <= first_run < 120
 
     server.reset()
     result = pytester.runpytest(*run, "--gsm8k-report=r.json")
@@ -261,7 +269,8 @@ def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
     assert sent(server) == 120 - kept  # only the missing ones
     assert set(per_problem(server).values()) == {1}
     report = read_report(pytester.path / "r.json")
-    assert report["counts"]["correct"] == 120 and report["from_cache"] == kept
+    assert report["counts"]["correct"] == 120
+    assert report["from_cache"] == kept
     result.stdout.fnmatch_lines([f"*answers from cache: {kept} of 120*"])
 
 
@@ -271,16 +280,19 @@ def test_rerun_of_a_finished_run_sends_nothing_and_reports_the_same(
     server.set_script(Script(behaviours={i: "wrong" for i in range(0, 1319, 5)}))
     run = [*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
     first = pytester.runpytest(*run, "--gsm8k-report=first.json")
-    assert first.ret == 0 and sent(server) == 40
+    assert first.ret == 0
+    assert sent(server) == 40
     first.stdout.fnmatch_lines(["*answers from cache: 0 of 40*"])
     server.reset()
     second = pytester.runpytest(*run, "--gsm8k-report=second.json")
-    assert second.ret == 0 and sent(server) == 0
+    assert second.ret == 0
+    assert sent(server) == 0
     second.stdout.fnmatch_lines(["*answers from cache: 40 of 40*"])
     one = read_report(pytester.path / "first.json")
     two = read_report(pytester.path / "second.json")
     assert comparable(one) == comparable(two)
-    assert two["from_cache"] == 40 and one["from_cache"] == 0
+    assert two["from_cache"] == 40
+    assert one["from_cache"] == 0
     assert [line for line in first.outlines if line.startswith(HEADLINE)] == [
         line for line in second.outlines if line.startswith(HEADLINE)
     ]
@@ -303,10 +315,12 @@ def test_corrupt_cache_entries_are_warned_about_and_re_requested(
     text = output(result)
     assert text.count("gsm8k cache: corrupt entry") == 3, text
     report = read_report(pytester.path / "r.json")
-    assert report["counts"]["correct"] == 12 and report["from_cache"] == 9
+    assert report["counts"]["correct"] == 12
+    assert report["from_cache"] == 9
     result.stdout.fnmatch_lines(["*answers from cache: 9 of 12*"])
     server.reset()
-    assert pytester.runpytest(*run).ret == 0 and sent(server) == 0  # repaired
+    assert pytester.runpytest(*run).ret == 0
+    assert sent(server) == 0  # repaired
 
 
 def test_cache_never_holds_the_api_key(
@@ -318,7 +332,8 @@ def test_cache_never_holds_the_api_key(
     assert len(entries(pytester.path / "cache")) == 10
     for path in files:
         raw = path.read_bytes()
-        assert keyed_env.encode() not in raw and b"Bearer" not in raw, path
+        assert keyed_env.encode() not in raw, path
+        assert b"Bearer" not in raw, path
 
 
 def test_another_protocol_or_model_never_hits_the_entries(
@@ -329,13 +344,15 @@ def test_another_protocol_or_model_never_hits_the_entries(
     gsm8k_data: Path,
 ) -> None:
     run = [*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache"]
-    assert pytester.runpytest(*run).ret == 0 and sent(server) == 10
+    assert pytester.runpytest(*run).ret == 0
+    assert sent(server) == 10
     for change in ("--gsm8k-max-tokens=512", "--gsm8k-system=Be brief."):
         server.reset()
         assert pytester.runpytest(*run, change).ret == 0
         assert sent(server) == 10, change
     server.reset()
-    assert pytester.runpytest(*run).ret == 0 and sent(server) == 0  # the original still hits
+    assert pytester.runpytest(*run).ret == 0
+    assert sent(server) == 0  # the original still hits
 
     other = FakeOpenAIServer(gsm8k_data / "test.jsonl", model="other-model", api_key=keyed_env)
     other.start()
@@ -404,7 +421,8 @@ def test_user_callables_are_prefetched_concurrently(
     )
     assert result.ret == 0, output(result)
     state = json.loads((pytester.path / "calls.json").read_text())
-    assert state["calls"] == 40 and state["peak"] == 20
+    assert state["calls"] == 40
+    assert state["peak"] == 20
     assert read_report(pytester.path / "r.json")["n"] == 40
 
 
@@ -442,5 +460,6 @@ def test_xdist_workers_share_a_user_callable_without_calling_it_twice(
     )
     assert result.ret == 0, output(result)
     ids = calls.read_text().split()
-    assert len(ids) == 40 and len(set(ids)) == 40  # each problem asked once, across workers
+    assert len(ids) == 40
+    assert len(set(ids)) == 40  # each problem asked once, across workers
     assert read_report(pytester.path / "r.json")["n"] == 40

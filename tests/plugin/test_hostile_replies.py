@@ -114,7 +114,8 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
     text = output(first)
     assert first.ret == 0, text
     assert not any(crash in text for crash in CRASHES), text
-    assert "answer channel" not in text and "gsm8k cache" not in text
+    assert "answer channel" not in text
+    assert "gsm8k cache" not in text
     assert "(server reported: fake-model\\ud83d)" in text  # shown as its escape
     record = by_index(report(pytester))[odd]
     assert record["outcome"] == "correct"
@@ -123,7 +124,8 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
     # the files are UTF-8 and hold the escape, which reads back as the same text
     assert "\\ud83d" in (pytester.path / "r.json").read_text(encoding="utf-8")
     page = (pytester.path / "p.html").read_text(encoding="utf-8")
-    assert "\\ud83d" in page and "<h1>gsm8k acc" in page
+    assert "\\ud83d" in page
+    assert "<h1>gsm8k acc" in page
     assert (pytester.path / "summary.md").read_text(encoding="utf-8").startswith("### gsm8k acc")
     entries = list((pytester.path / "cache" / "responses").rglob("*.json"))
     assert len(entries) == 6
@@ -162,7 +164,8 @@ def test_token_counts_that_are_not_counts_are_left_out_and_said_once(
     assert problems[indices[3]]["usage"]["prompt_tokens"] > 0  # good counts are kept
     for name in ("prompt_tokens", "completion_tokens"):
         counted = [p["usage"][name] for p in problems.values() if name in p["usage"]]
-        assert rep["tokens"][name] == sum(counted) and all(0 < c < 10**6 for c in counted)
+        assert rep["tokens"][name] == sum(counted)
+        assert all(0 < c < 10**6 for c in counted)
     tokens = rep["tokens"]
     assert f"tokens: prompt {tokens['prompt_tokens']:,}, completion " in text
     assert f"completion {tokens['completion_tokens']:,};" in text

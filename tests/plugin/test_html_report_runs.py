@@ -102,13 +102,15 @@ def test_real_run_page_in_chromium(
     assert browser.evaluate("document.documentElement.dataset.ready") == "40"
     hostile = f"test-{ids[5]:04d}"
     by_index = sorted(report["problems"], key=lambda p: p["index"])
-    rest = [p["id"] for p in by_index if p["id"] not in failing + [f"test-{ids[0]:04d}"]]
-    assert browser.evaluate(VISIBLE) == failing + [f"test-{ids[0]:04d}"] + rest
+    first = [*failing, f"test-{ids[0]:04d}"]
+    rest = [p["id"] for p in by_index if p["id"] not in first]
+    assert browser.evaluate(VISIBLE) == [*first, *rest]
     # every row opened: the hostile answer is on the page as text, and never ran
     browser.evaluate("document.querySelectorAll('#rows > details').forEach(d => d.open = true)")
     browser.evaluate("new Promise(r => setTimeout(r, 50))")
     row_text = browser.evaluate(f"document.getElementById('p-{hostile}').textContent")
-    assert HOSTILE_ANSWER in row_text and "baseline: correct" in row_text
+    assert HOSTILE_ANSWER in row_text
+    assert "baseline: correct" in row_text
     assert browser.evaluate("typeof window.__pwned") == "undefined"
     assert browser.evaluate("document.scripts.length") == 2
     assert (
@@ -135,14 +137,15 @@ def test_real_run_page_in_chromium(
     assert f"test-{ids[8]:04d}" in _set(browser, "f-search", question[10:50], "input")
     assert _set(browser, "f-search", "window.__pwned", "input") == [hostile]
     assert browser.evaluate("document.getElementById('f-count').textContent") == "1 of 40 shown"
-    assert _set(browser, "f-search", "", "input") == failing + [f"test-{ids[0]:04d}"] + rest
+    assert _set(browser, "f-search", "", "input") == [*first, *rest]
 
     browser.evaluate(
         "document.querySelectorAll('#rows > details').forEach((d, i) => "
         "d.open = i === 0 || d.id === 'p-" + hostile + "')"
     )
     png = browser.screenshot(tmp_path / "html-report.png")
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(png) > 20_000
     assert browser.errors() == []
     assert browser.requested_urls() == [page.as_uri()]  # the page fetched nothing else
 
@@ -161,10 +164,12 @@ def test_the_page_is_written_when_the_gate_fails_and_when_the_endpoint_dies(
     result = pytester.runpytest(*run, "--gsm8k-min-acc=1", "--gsm8k-html=out/page.html")
     assert result.ret == 1
     page = (pytester.path / "out" / "page.html").read_text(encoding="utf-8")
-    assert "gsm8k acc (test@1, 0-shot CoT) = 0.9500" in page and "FAIL" in page
+    assert "gsm8k acc (test@1, 0-shot CoT) = 0.9500" in page
+    assert "FAIL" in page
     assert keyed_env not in page
     server.die_after = 5  # the endpoint goes away mid-run: the page of what was done
     result = pytester.runpytest(*run, "--gsm8k-html=out/page.html", "--gsm8k-max-retries=0")
     assert result.ret == 1
     page = (pytester.path / "out" / "page.html").read_text(encoding="utf-8")
-    assert "gsm8k acc" in page and "error" in page
+    assert "gsm8k acc" in page
+    assert "error" in page

@@ -81,7 +81,8 @@ def test_a_restarted_server_that_lists_its_model_differently_is_asked_again(
     # The entries now hold the new server's answers: a third run takes them all.
     server.reset()
     third = pytester.runpytest(*run)
-    assert sent(server) == 0 and "answers from cache: 50 of 50" in output(third)
+    assert sent(server) == 0
+    assert "answers from cache: 50 of 50" in output(third)
     assert not changed_lines(output(third))
 
 
@@ -133,7 +134,8 @@ def test_an_unchanged_server_reuses_every_answer_without_a_line(
 ) -> None:
     server.root = "/models/good-checkpoint"
     first = pytester.runpytest(*args, *xdist, "--gsm8k-limit=20")
-    assert first.ret == 0 and sent(server) == 20
+    assert first.ret == 0
+    assert sent(server) == 20
     server.reset()
     # a partial rerun: the 20 cached answers wait for the first fresh reply, then are used
     second = pytester.runpytest(*args, *xdist, "--gsm8k-limit=30")

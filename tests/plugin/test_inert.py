@@ -36,7 +36,8 @@ def test_a_session_without_gsm8k_work_is_left_alone(
     result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS, *xdist)
     assert result.ret == 0, output(result)
     handler_default, factory_default = (pytester.path / "probe.txt").read_text().split()
-    assert handler_default == "True" and factory_default == "True"
+    assert handler_default == "True"
+    assert factory_default == "True"
     assert not _tmp_runs(str(tmp))
 
 
@@ -55,4 +56,5 @@ def test_a_gsm8k_run_installs_them(
     )
     assert result.ret == 0, output(result)
     handler_default, factory_default = (pytester.path / "probe.txt").read_text().split()
-    assert handler_default == "False" and factory_default == "False"
+    assert handler_default == "False"
+    assert factory_default == "False"

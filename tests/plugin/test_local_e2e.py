@@ -75,10 +75,12 @@ def test_local_model_end_to_end(tmp_path: Path, gsm8k_data: Path) -> None:
     )
     assert headline, out[-3000:]
     data = json.loads(report.read_text())
-    assert data["n"] == 10 and len(data["problems"]) == 10
+    assert data["n"] == 10
+    assert len(data["problems"]) == 10
     assert abs(data["accuracy"] - float(headline.group(1))) < 1e-4
     assert data["model"] == "gemma-3-270m-q4_k_m"
-    assert data["protocol"]["api"] == "completions" and data["protocol"]["shots"] == 5
+    assert data["protocol"]["api"] == "completions"
+    assert data["protocol"]["shots"] == 5
     for problem in data["problems"]:
         assert problem["outcome"] in ("correct", "wrong", "unparsed", "truncated"), problem
         assert problem["response"].strip(), problem  # real model text
@@ -154,5 +156,6 @@ def test_the_local_server_dying_mid_run_is_one_message_at_once(
     data = json.loads(report.read_text())
     assert data["complete"] is False
     errors = {p["error"] for p in data["problems"] if p["outcome"] == "error"}
-    assert len(errors) == 1 and "died with signal SIGSEGV" in errors.pop()
+    assert len(errors) == 1
+    assert "died with signal SIGSEGV" in errors.pop()
     assert 0 < data["counts"]["error"] < 40

@@ -48,7 +48,8 @@ def one_line(text: str, needle: str) -> str:
 
 
 def no_crash(text: str) -> None:
-    assert "INTERNALERROR" not in text and "Traceback" not in text, text
+    assert "INTERNALERROR" not in text, text
+    assert "Traceback" not in text, text
 
 
 class FifoReader:
@@ -127,7 +128,8 @@ def test_fifo_with_a_reader_receives_the_report_and_stays_a_fifo(
     text = output(result)
     assert result.ret == 0, text
     received = json.loads(reader.result())
-    assert received["n"] == 6 and received["counts"]["correct"] == 6
+    assert received["n"] == 6
+    assert received["counts"]["correct"] == 6
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
@@ -146,7 +148,8 @@ def test_fifo_without_a_reader_is_refused_before_any_request(
     assert result.ret == USAGE_ERROR, text
     no_crash(text)
     line = one_line(text, "gsm8k: --gsm8k-html:")
-    assert "FIFO with no reader" in line and str(fifo) in line
+    assert "FIFO with no reader" in line
+    assert str(fifo) in line
     assert sent(server) == 0
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
@@ -165,7 +168,8 @@ def test_symlink_to_a_regular_file_stays_a_link_and_its_target_gets_the_report(
         *gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--gsm8k-html=p.html"
     )
     assert result.ret == 0, output(result)
-    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert link.is_symlink()
+    assert os.readlink(link) == str(target)
     assert (pytester.path / "p.html").is_symlink()
     assert json.loads(target.read_text())["n"] == 5
     assert page_target.read_text().startswith("<!DOCTYPE html>")
@@ -183,7 +187,8 @@ def test_report_to_stdout_through_a_symlink(
     )
     text = result.stdout.str()
     assert result.ret == 0, output(result)
-    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
+    assert link.is_symlink()
+    assert os.readlink(link) == "/proc/self/fd/1"
     start = text.index('{\n "schema"')
     end = text.index("\n}\n", start) + 2
     assert json.loads(text[start:end])["n"] == 5
@@ -347,7 +352,8 @@ def test_open_file_limit_below_the_concurrency_still_ends_with_a_summary(
     assert "ulimit -n 40" in line
     one_line(text, "gsm8k acc (test@1, 0-shot CoT) = 1.0000")
     rep = report(pytester)
-    assert rep["counts"]["correct"] == 60 and rep["complete"] is True
+    assert rep["counts"]["correct"] == 60
+    assert rep["complete"] is True
     assert (pytester.path / "p.html").read_text().startswith("<!DOCTYPE html>")
 
 
@@ -433,6 +439,7 @@ def test_baseline_unwritable_at_the_end_fails_its_gate_in_one_line(
     no_crash(text)
     summary_printed(text)
     line = one_line(text, "gate baseline: FAIL")
-    assert "cannot write" in line and "is a folder" in line
+    assert "cannot write" in line
+    assert "is a folder" in line
     gates: list[dict[str, Any]] = report(pytester)["gates"]
     assert [g["name"] for g in gates if not g["passed"]] == ["baseline"]

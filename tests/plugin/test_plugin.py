@@ -15,7 +15,6 @@ import json
 import pkgutil
 import re
 import socket
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _warm_imports() -> Iterator[None]:
+def _warm_imports() -> None:
     """Import, once, what the inner runs would otherwise import again and again.
 
     pytester's in-process runs restore ``sys.modules`` afterwards, so whatever an inner
@@ -70,7 +69,6 @@ def _warm_imports() -> Iterator[None]:
         await client.close()
 
     asyncio.run(connect())
-    yield
 
 
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
@@ -186,14 +184,19 @@ def test_full_split_all_correct_in_empty_directory(
     text = output(result)
     assert result.ret == 0, text
     report = read_report(pytester)
-    assert report["n"] == 1319 and report["expected"] == 1319 and report["complete"] is True
-    assert report["accuracy"] == 1.0 and report["correct"] == 1319
+    assert report["n"] == 1319
+    assert report["expected"] == 1319
+    assert report["complete"] is True
+    assert report["accuracy"] == 1.0
+    assert report["correct"] == 1319
     assert len(report["problems"]) == 1319
     assert {p["id"] for p in report["problems"]} == {f"test-{i:04d}" for i in range(1319)}
-    assert report["dataset"]["split"] == "test" and report["dataset"]["rows"] == 1319
+    assert report["dataset"]["split"] == "test"
+    assert report["dataset"]["rows"] == 1319
     assert report["dataset"]["fingerprint"] == _split().fingerprint
     assert report["dataset"]["name"] == "embedded openai/gsm8k"
-    assert report["model"] == "fake-model" and report["protocol"]["name"] == "test@1"
+    assert report["model"] == "fake-model"
+    assert report["protocol"]["name"] == "test@1"
     assert report["gates"] == [
         {
             "name": "min-acc",
@@ -244,7 +247,8 @@ def test_full_split_gate_fails_and_xdist_gives_the_same_report(
         text = output(result)
         gate_lines = [line for line in text.splitlines() if "--gsm8k-min-acc 0.98" in line]
         assert len(gate_lines) == 1, text
-        assert "FAIL" in gate_lines[0] and f"{expected_acc:.4f}" in gate_lines[0]
+        assert "FAIL" in gate_lines[0]
+        assert f"{expected_acc:.4f}" in gate_lines[0]
         assert f"{HEADLINE}{expected_acc:.4f}" in text
         assert (
             f"{1319 - bad} correct, {len(wrong)} wrong, {len(unparsed)} unparsed, "
@@ -267,7 +271,8 @@ def test_gate_pass_is_the_same_with_n0_and_n2(
         assert result.ret == 0, output(result)
         assert completions_sent(server) == 30
         reports.append(read_report(pytester, f"{name}.json"))
-    assert reports[0]["accuracy"] == 28 / 30 and reports[0]["gates"][0]["passed"] is True
+    assert reports[0]["accuracy"] == 28 / 30
+    assert reports[0]["gates"][0]["passed"] is True
     assert projection(reports[0]) == projection(reports[1]) == projection(reports[2])
 
 
@@ -291,7 +296,9 @@ def test_known_wrong_set_marked_exactly_and_counts_line(
     assert outcome_map(report, "unparsed") == unparsed
     assert outcome_map(report, "truncated") == truncated
     assert outcome_map(report, "correct") == set(chosen) - wrong - unparsed - truncated
-    assert report["accuracy"] == 36 / 40 and report["correct"] == 36 and report["n"] == 40
+    assert report["accuracy"] == 36 / 40
+    assert report["correct"] == 36
+    assert report["n"] == 40
     assert report["counts"] == {
         "correct": 36,
         "wrong": 2,
@@ -319,7 +326,8 @@ def test_known_wrong_set_marked_exactly_and_counts_line(
         if line.startswith("gsm8k ") and re.search(r"\[ *\d+%\]$", line)
     )
     assert sorted(progress) == sorted("." * 36 + "ww" + "u" + "t"), progress
-    assert f"{HEADLINE}0.9000" in text and "n=40" in text
+    assert f"{HEADLINE}0.9000" in text
+    assert "n=40" in text
     assert "FAIL" not in text
 
 
@@ -367,7 +375,8 @@ def test_train_split_is_not_a_reportable_number(
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-split=train", "--gsm8k-limit=3", "--co", "-q")
     assert result.ret == 0, output(result)
     ids = collected_ids(result)
-    assert len(ids) == 3 and all(re.fullmatch(r"gsm8k::test_gsm8k\[train-\d{4}\]", i) for i in ids)
+    assert len(ids) == 3
+    assert all(re.fullmatch(r"gsm8k::test_gsm8k\[train-\d{4}\]", i) for i in ids)
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-split=train", "--gsm8k-limit=3")
     result.stdout.fnmatch_lines(["gsm8k acc*n=3*train split: not a reportable number*"])
 
@@ -390,11 +399,14 @@ def test_limit_subset_is_stable_seeded_and_nested(
     assert thirty == ids("--gsm8k-limit=30")  # stable across runs
     assert thirty != [f"gsm8k::test_gsm8k[test-{i:04d}]" for i in range(30)]  # not the first N
     ten = ids("--gsm8k-limit=10")
-    assert len(ten) == 10 and set(ten) < set(thirty)
+    assert len(ten) == 10
+    assert set(ten) < set(thirty)
     other_seed = ids("--gsm8k-limit=30", "--gsm8k-seed=7")
-    assert len(other_seed) == 30 and set(other_seed) != set(thirty)
+    assert len(other_seed) == 30
+    assert set(other_seed) != set(thirty)
     everything = ids()
-    assert len(everything) == 1319 and everything[42] == "gsm8k::test_gsm8k[test-0042]"
+    assert len(everything) == 1319
+    assert everything[42] == "gsm8k::test_gsm8k[test-0042]"
     assert completions_sent(server) == 0  # --co sends no completion request
 
 
@@ -421,7 +433,8 @@ def test_exitfirst_after_error_writes_partial_report_then_lf_reruns_it(
     assert result.parseoutcomes() == {"correct": 4, "errors": 1}
     assert "stopping after 1 failures" in text
     report = read_report(pytester)
-    assert report["complete"] is False and report["expected"] == 20
+    assert report["complete"] is False
+    assert report["expected"] == 20
     assert [p["index"] for p in report["problems"]] == chosen[:5]
     assert outcome_map(report, "error") == {broken}
     assert "HTTP 500" in report["problems"][4]["error"]
@@ -456,7 +469,8 @@ def test_ini_twins_and_command_line_wins(
     result = pytester.runpytest(*NO_EXTRA_PLUGINS)
     assert result.ret == 1, output(result)
     report = read_report(pytester)
-    assert report["n"] == 20 and report["accuracy"] == 0.9
+    assert report["n"] == 20
+    assert report["accuracy"] == 0.9
     assert [g["passed"] for g in report["gates"]] == [False]
     assert "--gsm8k-min-acc 0.95" in output(result)
 
@@ -465,7 +479,8 @@ def test_ini_twins_and_command_line_wins(
     )
     assert result.ret == 0, output(result)
     report = read_report(pytester, "cli.json")
-    assert report["gates"][0]["passed"] is True and "0.85" in report["gates"][0]["detail"]
+    assert report["gates"][0]["passed"] is True
+    assert "0.85" in report["gates"][0]["detail"]
 
 
 # -- fixtures and user tests ----------------------------------------------------------
@@ -568,7 +583,8 @@ def test_callable_model_override_is_gated(
     result = pytester.runpytest(*args, f"--gsm8k-min-acc={accuracy + 0.001!r}")
     assert result.ret == 1, output(result)
     report = read_report(pytester)
-    assert report["accuracy"] == accuracy and report["n"] == 30
+    assert report["accuracy"] == accuracy
+    assert report["n"] == 30
     assert outcome_map(report, "wrong") == wrong
     assert f"{HEADLINE}{accuracy:.4f}" in output(result)
     result = pytester.runpytest(*args, f"--gsm8k-min-acc={accuracy!r}")
@@ -598,7 +614,8 @@ def test_report_written_on_keyboard_interrupt(pytester: pytest.Pytester, gsm8k_d
     )
     assert result.ret == int(pytest.ExitCode.INTERRUPTED), output(result)
     report = read_report(pytester)
-    assert report["complete"] is False and report["expected"] == 10
+    assert report["complete"] is False
+    assert report["expected"] == 10
     assert [p["index"] for p in report["problems"]] == selected(10)[:3]
 
 
@@ -612,7 +629,8 @@ def test_report_written_when_gate_fails(
     )
     assert result.ret == 1
     report = read_report(pytester, "out/r.json")
-    assert report["complete"] is True and report["accuracy"] == 0.9
+    assert report["complete"] is True
+    assert report["accuracy"] == 0.9
     assert report["gates"][0]["passed"] is False
     assert report["gates"][0]["detail"] in output(result)
 
@@ -744,9 +762,11 @@ def test_bad_data_with_user_test_under_xdist_is_one_line_error(
     result = pytester.runpytest("--gsm8k-data=bad.jsonl", "-n", "2")
     text = output(result)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, text
-    assert "Traceback" not in text and "INTERNALERROR" not in text, text
+    assert "Traceback" not in text, text
+    assert "INTERNALERROR" not in text, text
     lines = [line for line in text.splitlines() if line.startswith("gsm8k: bad.jsonl:2:")]
-    assert len(lines) == 1 and "not valid JSON" in lines[0], text
+    assert len(lines) == 1, text
+    assert "not valid JSON" in lines[0], text
     assert completions_sent(server) == 0
 
 
@@ -787,7 +807,8 @@ def test_a_conftest_importing_the_plugins_own_fixtures_overrides_nothing(
     text = output(result)
     assert result.ret == USAGE_ERROR, text
     lines = [line for line in text.splitlines() if line.startswith("ERROR: gsm8k:")]
-    assert len(lines) == 1 and "cannot reach" in lines[0], text
+    assert len(lines) == 1, text
+    assert "cannot reach" in lines[0], text
 
 
 # -- endpoint problems ---------------------------------------------------------------
@@ -805,7 +826,9 @@ def test_unreachable_endpoint_is_one_message_within_seconds(
     text = output(result)
     assert result.ret == USAGE_ERROR, text
     lines = [line for line in text.splitlines() if line.startswith("ERROR: gsm8k:")]
-    assert len(lines) == 1 and "cannot reach" in lines[0] and str(port) in lines[0], text
+    assert len(lines) == 1, text
+    assert "cannot reach" in lines[0], text
+    assert str(port) in lines[0], text
     assert "Traceback" not in text
 
 
@@ -850,9 +873,11 @@ def test_429_and_500_are_retried_and_end_correct(
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
     report = read_report(pytester)
-    assert report["accuracy"] == 1.0 and report["n"] == 10
+    assert report["accuracy"] == 1.0
+    assert report["n"] == 10
     stats = server.stats()
-    assert stats["status_counts"].get(429) == 3 and stats["status_counts"].get(500) == 2
+    assert stats["status_counts"].get(429) == 3
+    assert stats["status_counts"].get(500) == 2
     assert stats["requests_by_index"][chosen[0]] == 3
     assert stats["requests_by_index"][chosen[2]] == 3
 
@@ -875,8 +900,10 @@ def test_request_failing_after_retries_is_an_error(
     assert server.stats()["requests_by_index"][chosen[6]] == 2  # one try plus one retry
     report = read_report(pytester)
     assert outcome_map(report, "error") == {chosen[6]}
-    assert report["counts"]["error"] == 1 and report["accuracy"] == 0.9
-    assert "HTTP 500" in text and "Traceback" not in text
+    assert report["counts"]["error"] == 1
+    assert report["accuracy"] == 0.9
+    assert "HTTP 500" in text
+    assert "Traceback" not in text
     assert "During handling" not in text  # one message, not the exception chain
     assert "1 error" in result.outlines[-1]
 

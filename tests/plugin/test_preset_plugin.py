@@ -11,7 +11,6 @@ must equal lm-eval's numbers.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,14 @@ RECORDED = json.loads(LM_EVAL_RECORDING.read_text(encoding="utf-8"))
 class ReplayServer(FakeOpenAIServer):
     """Answers each problem with the text lm-eval received from the recording server."""
 
-    replies: dict[int, str] = {}
+    def __init__(self, *args: Any, replies: dict[int, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replies = replies
 
     def _generate(self, idx: int | None, chat: bool, sampling: bool) -> tuple[str, str]:
         if idx is not None and idx in self.replies:
             return self.replies[idx], "stop"
         return super()._generate(idx, chat, sampling)
-
-
-@pytest.fixture
-def replay(gsm8k_data: Path) -> Iterator[type[ReplayServer]]:
-    yield ReplayServer
 
 
 def _canonical(body: dict[str, Any]) -> str:
@@ -51,9 +47,12 @@ def test_lm_eval_preset_sends_lm_evals_requests_and_gets_its_scores(
     recorded = RECORDED["runs"][run]
     replies = {s["problem_index"]: s["response"] for s in recorded["samples"]}
     server = ReplayServer(
-        gsm8k_data / "test.jsonl", model="fake-model", api_key=TEST_KEY, record=True
+        gsm8k_data / "test.jsonl",
+        model="fake-model",
+        api_key=TEST_KEY,
+        record=True,
+        replies=replies,
     )
-    server.replies = replies
     server.start()
     try:
         selection = " or ".join(f"test-{i:04d}" for i in sorted(replies))

@@ -100,7 +100,8 @@ def test_sampled_protocols_match_hand_computed_values(
     expected = EXPECTED_PASS if protocol == "pass@4" else EXPECTED_MAJ
     assert [p["correct"] for p in problems] == expected
     assert report["accuracy"] == pytest.approx(sum(expected) / N_PROBLEMS)
-    assert report["protocol"]["name"] == protocol and report["protocol"]["temperature"] == 0.7
+    assert report["protocol"]["name"] == protocol
+    assert report["protocol"]["temperature"] == 0.7
     result.stdout.fnmatch_lines([f"gsm8k acc ({protocol}, 0-shot CoT) = {sum(expected) / 6:.4f}*"])
     stats = sampling_server.stats()
     per_problem = 1 if sampling_server.honour_n else 4  # one call with n=4, or four calls
@@ -113,7 +114,8 @@ def test_sampled_protocols_match_hand_computed_values(
         votes = {p["index"]: p["votes"] for p in problems}
         assert votes[3] == [[str(int(golds[3]) + 1), 2], [golds[3], 2]]  # tie: first seen wins
         assert problems[3]["extracted"] == str(int(golds[3]) + 1)
-        assert problems[2]["outcome"] == "unparsed" and problems[2]["votes"] == []
+        assert problems[2]["outcome"] == "unparsed"
+        assert problems[2]["votes"] == []
 
 
 def test_few_shot_chat_turns_come_from_train_and_are_the_same_for_every_problem(
@@ -144,7 +146,8 @@ def test_few_shot_chat_turns_come_from_train_and_are_the_same_for_every_problem(
         for question_turn in exemplars[::2]:
             assert question_turn.split("\n\n")[0] in train_questions
         assert "<<" not in "".join(exemplars[1::2])  # calculator annotations removed
-        assert body["temperature"] == 0.0 and "n" not in body
+        assert body["temperature"] == 0.0
+        assert "n" not in body
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["protocol"]["shots"] == 3
     assert report["protocol"]["fewshot_source"] == "train (seed 1234)"
@@ -176,7 +179,8 @@ def test_completions_api_sends_text_prompt_with_stops(
     assert result.ret == 0, result.stdout.str()
     assert len(bodies) == N_PROBLEMS
     for body in bodies:
-        assert body["prompt"].count("Question: ") == 3 and body["prompt"].endswith("\nAnswer:")
+        assert body["prompt"].count("Question: ") == 3
+        assert body["prompt"].endswith("\nAnswer:")
         assert body["stop"] == ["Question:", "\n\n"]
     result.stdout.fnmatch_lines(["gsm8k acc (test@1, 2-shot CoT, completions) = 1.0000*"])
 

@@ -69,10 +69,12 @@ def test_unwritable_cache_folder_is_one_warning_and_a_complete_run(
     text = output(result)
     assert result.ret == 0, text
     rep = report(pytester)
-    assert rep["counts"]["correct"] == 30 and rep["complete"] is True
+    assert rep["counts"]["correct"] == 30
+    assert rep["complete"] is True
     warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
     assert len(warned) == 1, text
-    assert "afile/cache" in warned[0] and "Not a directory" in warned[0]
+    assert "afile/cache" in warned[0]
+    assert "Not a directory" in warned[0]
     assert sent(server) == 30
 
 
@@ -107,7 +109,8 @@ def test_a_full_cache_file_system_is_one_warning(
         assert result.ret == 0, text
         assert report(pytester)["counts"]["correct"] == 40
         warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
-        assert len(warned) == 1 and "No space left on device" in warned[0], text
+        assert len(warned) == 1, text
+        assert "No space left on device" in warned[0], text
     finally:
         subprocess.run(["umount", str(folder)], check=False)
 
@@ -130,7 +133,9 @@ def test_repeated_identical_questions_are_all_answered(
     )
     assert result.ret == 0, output(result)
     rep = report(pytester)
-    assert rep["n"] == 8 and rep["counts"]["correct"] == 8 and rep["complete"] is True
+    assert rep["n"] == 8
+    assert rep["counts"]["correct"] == 8
+    assert rep["complete"] is True
 
 
 @XDIST
@@ -184,7 +189,8 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     assert "INCOMPLETE" in out
     rep = report(pytester)
     # the items that ran before the first hung one in run order, and no more
-    assert rep["complete"] is False and rep["counts"]["correct"] <= 10
+    assert rep["complete"] is False
+    assert rep["counts"]["correct"] <= 10
     assert "Traceback" not in out, out
     # the children (xdist's workers) are stopped too: no process is left in the run's folder
     wait_until(lambda: not _processes_in(pytester.path), 15, interval=0.05)
@@ -244,13 +250,16 @@ def test_an_echoed_api_key_is_never_printed_or_written(
     text = output(result)
     assert TEST_KEY in server.stats()["auth_headers"][0]  # it was sent, and echoed
     rep = report(pytester)
-    assert rep["counts"]["error"] and rep["counts"]["correct"]
+    assert rep["counts"]["error"]
+    assert rep["counts"]["correct"]
     assert all("[redacted]" in p["error"] for p in rep["problems"] if p["outcome"] == "error")
     assert any("[redacted]" in p["response"] for p in rep["problems"] if p["outcome"] != "error")
     assert TEST_KEY not in text
     files = _all_text_under(pytester.path)
-    assert "[redacted]" in files and TEST_KEY not in files
-    assert (pytester.path / "junit.xml").exists() and step.exists()
+    assert "[redacted]" in files
+    assert TEST_KEY not in files
+    assert (pytester.path / "junit.xml").exists()
+    assert step.exists()
     assert list((pytester.path / "cache").rglob("*.json"))
 
 
@@ -272,12 +281,14 @@ def test_url_credentials_are_never_printed_or_written(
         echoed = srv.stats()["auth_headers"]
     text = output(result)
     assert echoed  # what the server saw (and echoed back)
-    assert URL_PASSWORD not in text and f"alice:{URL_PASSWORD}" not in text
+    assert URL_PASSWORD not in text
+    assert f"alice:{URL_PASSWORD}" not in text
     files = _all_text_under(pytester.path)
     assert URL_PASSWORD not in files
     assert URL_BASIC not in text + files
     counts = report(pytester)["counts"]
-    assert counts["error"] and counts["error"] + counts["correct"] == 12
+    assert counts["error"]
+    assert counts["error"] + counts["correct"] == 12
 
 
 # -- 4. replies with no usable answer --------------------------------------------------------
@@ -311,7 +322,8 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     assert {p["index"] for p in rep["problems"] if p["outcome"] == "error"} == set(bad), text
     assert rep["counts"]["correct"] == 9
     assert len(list((pytester.path / "cache" / "responses").rglob("*.json"))) == 9
-    assert "baseline: FAIL: not written" in text and "3 problems ended in an error" in text
+    assert "baseline: FAIL: not written" in text
+    assert "3 problems ended in an error" in text
     assert not (pytester.path / "__snapshots__").exists()
     server.reset()
     again = pytester.runpytest(*run, "--gsm8k-report=r2.json")
@@ -343,7 +355,8 @@ def test_a_hung_endpoint_is_reported_by_the_stall_detector(
     assert result.ret == 1, text
     message = f"no answer from {server.base_url} for 1 s with 5 requests in flight"
     assert set(errors(report(pytester))) == {message + " (see --gsm8k-stall-timeout)"}
-    assert message in text and "Traceback" not in text
+    assert message in text
+    assert "Traceback" not in text
     assert sent(server) == 5
 
 
@@ -362,7 +375,8 @@ def test_timeouts_open_the_dead_endpoint_breaker(
     )
     assert result.ret == 1, output(result)
     [message] = errors(report(pytester))
-    assert "unreachable" in message and "Timeout" in message
+    assert "unreachable" in message
+    assert "Timeout" in message
     assert sent(server) < 8 * 6  # stopped before every request spent its retries
 
 
@@ -390,7 +404,8 @@ def test_a_400_on_the_first_requests_stops_the_run_quoting_the_server(
     assert result.ret == 1, text
     [message] = errors(report(pytester))
     assert message.startswith("the endpoint refused the first requests: HTTP 400: Scripted fault")
-    assert "after retries" not in message and "[redacted]" in message
+    assert "after retries" not in message
+    assert "[redacted]" in message
     assert TEST_KEY not in text
     assert sent(server) <= 4  # no retries, nothing sent after the first answer
     assert server.stats()["status_counts"].get(400, 0) <= 4
@@ -420,7 +435,8 @@ def test_a_429_storm_past_the_retry_budget_stops_once_nothing_gets_through(
     stop = f"{each} (10 requests in a row failed this way, none answered between them)"
     found = errors(report(pytester))
     assert set(found) == {each, stop + "; stopped sending"}, found
-    assert found[each] <= 10 + 2 and found[each] + found[stop + "; stopped sending"] == 60
+    assert found[each] <= 10 + 2
+    assert found[each] + found[stop + "; stopped sending"] == 60
     assert sent(server) <= 10 + 2  # the streak, plus what was in flight
     # The stop is said once in the summary (and once more in pytest's own "! ... !" line when the
     # session stops before its last item); beside it only the items that carried it before the
@@ -438,7 +454,8 @@ def test_answer_regex_without_group_is_a_usage_error(pytester: pytest.Pytester) 
     result = pytester.runpytest("--gsm8k-model=m", "--gsm8k-answer-regex=#### \\d+")
     assert result.ret == USAGE_ERROR
     lines = [line for line in output(result).splitlines() if line.startswith("ERROR: gsm8k:")]
-    assert len(lines) == 1 and "capture group" in lines[0]
+    assert len(lines) == 1
+    assert "capture group" in lines[0]
 
 
 def test_model_names_from_the_server_reach_the_terminal_without_escapes(
@@ -448,8 +465,11 @@ def test_model_names_from_the_server_reach_the_terminal_without_escapes(
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-no-cache")
     text = output(result)
     assert result.ret == 0, text
-    assert "server reported: evil" in text and "REDmodel" in text
-    assert "\x1b[2J" not in text and "\x07" not in text and "\r" not in text
+    assert "server reported: evil" in text
+    assert "REDmodel" in text
+    assert "\x1b[2J" not in text
+    assert "\x07" not in text
+    assert "\r" not in text
 
 
 def test_limit_above_the_split_runs_everything_and_says_so_once(
@@ -474,7 +494,8 @@ def test_a_retry_after_longer_than_the_client_waits_is_reported(
     text = output(result)
     assert result.ret == 1, text  # openai gives up on a Retry-After over 120 s: errors
     lines = [line for line in text.splitlines() if "asked to wait 600 s" in line]
-    assert len(lines) == 1 and "longer than the openai client waits" in lines[0], text
+    assert len(lines) == 1, text
+    assert "longer than the openai client waits" in lines[0], text
     assert sent(server) == 3
 
 
@@ -507,5 +528,7 @@ def test_the_served_model_list_reaches_the_terminal_without_escapes(
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == 4
     line = next(x for x in text.splitlines() if x.startswith("ERROR: gsm8k:"))
-    assert "is not served" in line and "(it serves: evilred)" in line  # the escapes dropped
-    assert "\x1b" not in text and "\x07" not in text
+    assert "is not served" in line
+    assert "(it serves: evilred)" in line  # the escapes dropped
+    assert "\x1b" not in text
+    assert "\x07" not in text

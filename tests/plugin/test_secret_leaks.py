@@ -117,7 +117,8 @@ def test_a_key_in_the_serve_command_is_not_printed_or_stored(
     )
     text = output(result)
     assert result.ret == 0, text
-    assert "gsm8k: serving fake-model with" in text and f"--api-key {REDACTED}" in text
+    assert "gsm8k: serving fake-model with" in text
+    assert f"--api-key {REDACTED}" in text
     assert f"--api-key {REDACTED}" in report(pytester)["served"]["command"]
     assert TEST_KEY not in text
     assert TEST_KEY not in _all_text_under(pytester.path)
@@ -152,7 +153,8 @@ def test_the_preflight_never_sends_the_key_to_another_origin(
         seen = elsewhere.stats()
     assert result.ret == 0, output(result)
     assert seen["requests_by_path"] == {"/v1/models": 1}  # the redirect was followed...
-    assert seen["auth_headers"] == [] and seen["requests_without_auth"] == 1  # ...keyless
+    assert seen["auth_headers"] == []
+    assert seen["requests_without_auth"] == 1  # ...keyless
     assert any(TEST_KEY in h for h in server.stats()["auth_headers"])  # the origin had it
 
 
@@ -169,4 +171,5 @@ def test_the_serving_line_shows_the_server_model_id_without_escapes(
     assert result.ret == 0, text
     line = next(line for line in text.splitlines() if line.startswith("gsm8k: serving "))
     assert line.startswith("gsm8k: serving evilRED\\u202eledom with "), line
-    assert "\x1b" not in text and "\u202e" not in text
+    assert "\x1b" not in text
+    assert "\u202e" not in text

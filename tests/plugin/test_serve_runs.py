@@ -139,10 +139,12 @@ def test_serve_starts_the_server_sends_the_params_and_stops_it(
     bodies = fake.bodies()
     assert len(bodies) == 6
     for body in bodies:
-        assert body["top_p"] == 0.95 and body["seed"] == 7
+        assert body["top_p"] == 0.95
+        assert body["seed"] == 7
         assert body["chat_template_kwargs"] == {"enable_thinking": False}
         assert body["reasoning_effort"] == "low"
-        assert body["model"] == "fake-model" and body["max_tokens"] == 1024
+        assert body["model"] == "fake-model"
+        assert body["max_tokens"] == 1024
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["accuracy"] == 1.0
     assert report["protocol"]["params"] == {
@@ -207,7 +209,8 @@ def test_params_and_omitted_fields_change_the_protocol_identity(
     sent = fake.bodies()[3:]
     assert len(sent) == 3
     for body in sent:
-        assert "max_tokens" not in body and "temperature" not in body
+        assert "max_tokens" not in body
+        assert "temperature" not in body
         assert body["max_completion_tokens"] == 4096
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["protocol"]["params"] == {"max_completion_tokens": 4096}
@@ -267,7 +270,8 @@ def test_a_server_that_never_gets_ready_times_out_and_is_stopped(
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
-    assert "did not answer GET http://127.0.0.1:" in err and "within 1.5 s" in err, err
+    assert "did not answer GET http://127.0.0.1:" in err, err
+    assert "within 1.5 s" in err, err
     assert "loading a very large model" in err
     assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05)
 
@@ -301,7 +305,8 @@ def test_a_server_dying_mid_run_stops_the_run_with_one_message(
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["complete"] is False
     errors = {p["error"] for p in report["problems"] if p["outcome"] == "error"}
-    assert len(errors) == 1 and "died with exit code 7" in errors.pop()
+    assert len(errors) == 1
+    assert "died with exit code 7" in errors.pop()
     assert "fakeserver: dying with exit code 7" in out or "dying with exit code 7" in str(
         report["problems"]
     )
@@ -322,13 +327,16 @@ def test_reasoning_is_kept_per_sample_and_a_cut_in_reasoning_is_truncated(
         sample = problem["samples"][0]
         assert problem["outcome"] == "correct"
         assert sample["reasoning"].startswith("Maybe the answer is")  # a wrong number, unscored
-        assert "<think>" not in sample["text"] and sample["truncated"] is False
+        assert "<think>" not in sample["text"]
+        assert sample["truncated"] is False
     result = pytester.runpytest(*base, "--gsm8k-max-tokens=6", "--gsm8k-report=cut.json")
     report = json.loads((pytester.path / "cut.json").read_text())
     for problem in report["problems"]:
         sample = problem["samples"][0]
         assert problem["outcome"] == "truncated", problem
-        assert sample["text"] == "" and sample["reasoning"] and sample["truncated"] is True
+        assert sample["text"] == ""
+        assert sample["reasoning"]
+        assert sample["truncated"] is True
 
 
 def test_think_blocks_in_the_content_are_reported_as_reasoning(
@@ -343,7 +351,8 @@ def test_think_blocks_in_the_content_are_reported_as_reasoning(
         assert problem["samples"][0]["reasoning"].startswith("Maybe the answer is")
     pytester.runpytest(*base, "--gsm8k-max-tokens=6", "--gsm8k-report=cut.json")
     for problem in json.loads((pytester.path / "cut.json").read_text())["problems"]:
-        assert problem["outcome"] == "truncated" and problem["samples"][0]["truncated"] is True
+        assert problem["outcome"] == "truncated"
+        assert problem["samples"][0]["truncated"] is True
 
 
 def _pid_alive(pid: int) -> bool:
@@ -409,8 +418,10 @@ def test_sigkill_of_pytest_leaves_nothing_of_the_server(
             if found:
                 port, pid = int(found.group(1)), int(found.group(2))
                 break
-        assert pid is not None and port is not None, "".join(lines)
-        assert _pid_alive(pid) and _procs_with(fake.marker), "the server is not running"
+        assert pid is not None, "".join(lines)
+        assert port is not None, "".join(lines)
+        assert _pid_alive(pid), "the server is not running"
+        assert _procs_with(fake.marker), "the server is not running"
         assert wait_until(fake.bodies, 15, interval=0.05)  # the run is sending requests
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -444,7 +455,8 @@ def test_a_command_that_daemonises_is_one_line_and_leaves_nothing(
     err = result.stderr.str()
     first = next(line for line in err.splitlines() if line.startswith("ERROR: gsm8k:"))
     assert "exited (daemonised?) with exit code 0 before it was ready" in first, err
-    assert "leaving 1 process (pid " in first and "now stopped" in first, err
+    assert "leaving 1 process (pid " in first, err
+    assert "now stopped" in first, err
     assert "run the server in the foreground" in first
     assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05), (
         "the daemon outlived the run"
@@ -534,7 +546,8 @@ def test_a_model_name_that_a_script_would_run_is_refused_before_anything_starts(
     result.stderr.fnmatch_lines(
         ["ERROR: gsm8k: --gsm8k-serve: {model} stands in a script another program reads*"]
     )
-    assert not mark.exists() and not (tmp_path / "started").exists()
+    assert not mark.exists()
+    assert not (tmp_path / "started").exists()
 
 
 MISSING = [
@@ -573,7 +586,8 @@ def test_llama_cpp_server_through_serve(pytester: pytest.Pytester) -> None:
     out = result.stdout.str()
     assert result.ret == 0, out
     report = json.loads((pytester.path / "r.json").read_text())
-    assert report["model"] == marker and report["n"] == 3
+    assert report["model"] == marker
+    assert report["n"] == 3
     for problem in report["problems"]:
         assert problem["outcome"] in ("correct", "wrong", "unparsed", "truncated"), problem
         assert problem["usage"]["completion_tokens"] > 0

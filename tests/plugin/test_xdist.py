@@ -60,7 +60,8 @@ def test_a_model_of_any_scope_is_called_once_per_item(
     # 20 items over 10 problems: a session-scoped model answers each problem once for both
     # modules; a narrower one is called for each item, once (not once per item per engine)
     per_problem = 1 if scope == "session" else 2
-    assert len(set(ids)) == 10 and all(ids.count(i) == per_problem for i in ids), ids
+    assert len(set(ids)) == 10, ids
+    assert all(ids.count(i) == per_problem for i in ids), ids
     said = "not session-scoped" in output(result)
     assert said == (scope != "session"), output(result)
 
@@ -91,9 +92,11 @@ def test_under_xdist_the_controller_fetches_and_workers_import_no_http_client(
     server.set_script(Script(latency=0.02))
     result = pytester.runpytest(*gsm8k_args, "-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache")
     assert result.ret == 0, output(result)
-    assert sent(server) == 40 and set(server.stats()["requests_by_index"].values()) == {1}
+    assert sent(server) == 40
+    assert set(server.stats()["requests_by_index"].values()) == {1}
     seen = [json.loads(p.read_text()) for p in probe.iterdir()]
-    assert len(seen) == 2 and all(not s["openai"] and not s["httpx"] for s in seen), seen
+    assert len(seen) == 2, seen
+    assert all(not s["openai"] and not s["httpx"] for s in seen), seen
 
 
 def _session_processes(sid: int) -> list[int]:

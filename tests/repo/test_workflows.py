@@ -61,9 +61,8 @@ def test_actionlint_rejects_a_broken_workflow(tmp_path: Path) -> None:
     )
     proc = _lint([bad])
     assert proc.returncode == 1
-    assert (
-        'property "nope" is not defined' in proc.stdout and 'label "tpu" is unknown' in proc.stdout
-    )
+    assert 'property "nope" is not defined' in proc.stdout
+    assert 'label "tpu" is unknown' in proc.stdout
 
 
 def test_the_gate_workflow_gates_the_local_model_on_cpu_and_a_served_one_on_gpu() -> None:
@@ -73,11 +72,13 @@ def test_the_gate_workflow_gates_the_local_model_on_cpu_and_a_served_one_on_gpu(
     cpu_runs = " ".join(step.get("run", "") for step in cpu["steps"])
     assert "pip install -e '.[local]'" in cpu_runs
     assert any(s.get("env", {}).get("CMAKE_ARGS") == "-DGGML_NATIVE=OFF" for s in cpu["steps"])
-    assert "--gsm8k-model=local" in cpu_runs and "--gsm8k-limit=50" in cpu_runs
+    assert "--gsm8k-model=local" in cpu_runs
+    assert "--gsm8k-limit=50" in cpu_runs
     assert gpu["runs-on"] == ["self-hosted", "gpu"]
     gpu_runs = " ".join(step.get("run", "") for step in gpu["steps"])
     assert '--gsm8k-serve "vllm serve {model} --port {port}"' in gpu_runs
     for job in (cpu, gpu):
         uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload")]
-        assert uploads and "gsm8k-report.json" in uploads[0]["with"]["path"]
+        assert uploads
+        assert "gsm8k-report.json" in uploads[0]["with"]["path"]
         assert "gsm8k.html" in uploads[0]["with"]["path"]

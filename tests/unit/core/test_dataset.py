@@ -28,7 +28,8 @@ LIMIT5_SEED1234 = [719, 780, 910, 959, 1060]
 def test_fingerprint_sees_content_and_order() -> None:
     pairs = [("q1", "a #### 1"), ("q2", "a #### 2")]
     base = fingerprint(pairs)
-    assert base == fingerprint(list(pairs)) and len(base) == 16
+    assert base == fingerprint(list(pairs))
+    assert len(base) == 16
     assert fingerprint(pairs[::-1]) != base
     assert fingerprint([("q1", "a #### 1"), ("q2", "a #### 3")]) != base
     assert fingerprint([("q1a", " #### 1"), ("q2", "a #### 2")]) != base  # field boundary

@@ -84,7 +84,7 @@ def test_run_order_is_seeded_stable_and_input_order_free():
 
 
 def test_run_order_rejects_duplicates():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="problem ids must be unique"):
         run_order(["a", "a"], 0)
 
 
@@ -96,7 +96,8 @@ def test_certain_min_acc_fail_when_unreachable():
     for pid in IDS10[:3]:
         assert es.observe(pid, False) is None  # 7 of 10 still reachable
     decision = es.observe(IDS10[3], False)  # at most 6 of 10
-    assert decision is not None and decision.after == 4
+    assert decision is not None
+    assert decision.after == 4
     assert decision.verdicts == {"min-acc": "FAIL"}
     assert decision.how == {"min-acc": "certain"}
     assert "at most 0.6000 reachable" in es.headline()
@@ -107,7 +108,8 @@ def test_certain_min_acc_pass_exactly_at_threshold():
     for pid in IDS10[:6]:
         assert es.observe(pid, True) is None
     decision = es.observe(IDS10[6], True)  # 7/10 == 0.7 passes
-    assert decision is not None and decision.verdicts == {"min-acc": "PASS"}
+    assert decision is not None
+    assert decision.verdicts == {"min-acc": "PASS"}
     assert decision.passed
 
 
@@ -116,19 +118,21 @@ def test_certain_zero_accuracy_stops_by_198_of_1319():
     es = EarlyStop(ids, mode="certain", min_acc=0.85)
     decision = feed(es, dict.fromkeys(ids, False))
     # FAIL is certain as soon as not-correct > 0.15 * 1319 = 197.85
-    assert decision is not None and decision.after == 198
+    assert decision is not None
+    assert decision.after == 198
     assert decision.verdicts["min-acc"] == "FAIL"
 
 
 def test_certain_baseline_max_drop():
     # 10 shared problems, baseline 8 correct, max drop 0.2: pass iff current >= 6
     baseline = {pid: int(i < 8) for i, pid in enumerate(IDS10)}
-    es = EarlyStop(IDS10 + ["extra"], mode="certain", baseline=baseline, max_drop=0.2)
+    es = EarlyStop([*IDS10, "extra"], mode="certain", baseline=baseline, max_drop=0.2)
     assert es.observe("extra", False) is None  # not shared: no effect
     for pid in IDS10[:4]:
         assert es.observe(pid, False) is None  # 6 still reachable
     decision = es.observe(IDS10[4], False)
-    assert decision is not None and decision.verdicts == {"baseline": "FAIL"}
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "FAIL"}
     data = es.to_json()["gates"]["baseline"]
     assert data["drop_bounds"] == [pytest.approx(0.3), pytest.approx(0.8)]
 
@@ -139,7 +143,8 @@ def test_certain_baseline_pass():
     for pid in IDS10[:5]:
         assert es.observe(pid, True) is None
     decision = es.observe(IDS10[5], True)
-    assert decision is not None and decision.verdicts == {"baseline": "PASS"}
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "PASS"}
 
 
 def test_certain_several_gates_wait_for_all_or_stop_at_a_fail():
@@ -152,7 +157,8 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail():
     assert es.to_json()["verdicts"] == {"min-acc": "PASS", "baseline": None}
     es.observe(IDS10[3], True)
     decision = es.observe(IDS10[4], True)
-    assert decision is not None and decision.verdicts == {"min-acc": "PASS", "baseline": "PASS"}
+    assert decision is not None
+    assert decision.verdicts == {"min-acc": "PASS", "baseline": "PASS"}
 
     es = EarlyStop(IDS10, mode="certain", min_acc=0.3, baseline=baseline, max_drop=0.5)
     for pid in IDS10[:5]:
@@ -171,33 +177,36 @@ def test_certain_mcnemar_mode():
     assert es.observe("a", False) is None
     assert es.observe("b", False) is None
     decision = es.observe("c", False)
-    assert decision is not None and decision.verdicts == {"baseline": "FAIL"}
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "FAIL"}
     es = EarlyStop(ids, mode="certain", baseline=baseline, mcnemar_alpha=0.2)
     decision = es.observe("a", True)
-    assert decision is not None and decision.verdicts == {"baseline": "PASS"}
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "PASS"}
     assert "McNemar" in es.headline()
 
 
 def test_settled_before_any_outcome():
     es = EarlyStop(IDS10, mode="certain", min_acc=0.0)
-    assert es.decision is not None and es.decision.after == 0
+    assert es.decision is not None
+    assert es.decision.after == 0
     assert es.decision.verdicts == {"min-acc": "PASS"}
 
 
 def test_errors():
-    with pytest.raises(ValueError):
-        EarlyStop(IDS10, mode="certain")  # no gate
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no gate to decide"):
+        EarlyStop(IDS10, mode="certain")
+    with pytest.raises(ValueError, match="mode must be 'certain' or 'sequential'"):
         EarlyStop(IDS10, mode="bogus", min_acc=0.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no problem id in common with the baseline"):
         EarlyStop(IDS10, mode="certain", baseline={"zz": 1})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="order must be a permutation of ids"):
         EarlyStop(IDS10, mode="certain", min_acc=0.5, order=IDS10[:5])
     es = EarlyStop(IDS10, mode="sequential", min_acc=0.5)
     with pytest.raises(KeyError):
         es.observe("nope", True)
     es.observe(es.order[3], True)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="observed twice"):
         es.observe(es.order[3], True)
 
 
@@ -228,7 +237,7 @@ def _distinct_orders(values: list[int]) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize(
-    "values,up,null,scale,binary",
+    ("values", "up", "null", "scale", "binary"),
     [
         ([1, 1, 1, 0, 0, 0], True, 3, 1, True),
         ([1, 1, 1, 0, 0, 0], False, 3, 1, True),
@@ -339,7 +348,8 @@ def test_sequential_decides_a_broken_model_quickly():
     ids = [str(i) for i in range(1319)]
     es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=3)
     decision = feed(es, dict.fromkeys(ids, False))
-    assert decision is not None and decision.verdicts["min-acc"] == "FAIL"
+    assert decision is not None
+    assert decision.verdicts["min-acc"] == "FAIL"
     assert decision.after <= 20
     data = es.to_json()
     assert data["gates"]["min-acc"]["interval"][1] < 0.85
@@ -354,7 +364,8 @@ def test_sequential_interval_contains_the_truth_and_agrees_with_verdict():
         truth = sum(outcomes.values()) / 400
         es = EarlyStop(ids, mode="sequential", min_acc=0.75, seed=seed)
         decision = feed(es, outcomes)
-        assert decision is not None and decision.verdicts["min-acc"] == "FAIL"
+        assert decision is not None
+        assert decision.verdicts["min-acc"] == "FAIL"
         lo, hi = es.to_json()["gates"]["min-acc"]["interval"]
         assert lo <= truth <= hi < 0.75
 
@@ -400,7 +411,8 @@ def test_certain_mode_uses_every_arrival_at_once():
     es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
     for pid in reversed(es.order[-4:]):
         es.observe(pid, False)
-    assert es.decision is not None and es.observed == 4
+    assert es.decision is not None
+    assert es.observed == 4
 
 
 # -- report shapes -----------------------------------------------------------------------------
@@ -425,7 +437,8 @@ def test_to_json_and_headline_shapes():
         "verdicts",
         "gates",
     }
-    assert data["mode"] == "sequential" and data["decided_after"] == decision.after
+    assert data["mode"] == "sequential"
+    assert data["decided_after"] == decision.after
     assert data["verdicts"] == {"min-acc": "FAIL"}
     gate = data["gates"]["min-acc"]
     lo, hi = gate["interval"]
@@ -449,5 +462,6 @@ def test_fraction_threshold_exactness():
     # 0.1 + 0.2 style decimals: the count threshold follows the gate's float test
     n = 30
     c = min_acc_count(0.3, n)
-    assert c == 9 and math.isclose(9 / 30, 0.3)
+    assert c == 9
+    assert math.isclose(9 / 30, 0.3)
     assert Fraction(9, 30) == Fraction(3, 10)

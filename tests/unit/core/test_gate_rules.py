@@ -22,13 +22,16 @@ def test_min_acc_verdict_carries_value_and_threshold():
         0.85,
     )
     failed = MinAcc(0.85).verdict(16, 20, "x")
-    assert not failed.passed and failed.word == "FAIL" and failed.value == 0.8
+    assert not failed.passed
+    assert failed.word == "FAIL"
+    assert failed.value == 0.8
     assert failed.to_json()["threshold"] == 0.85
 
 
 def test_min_acc_with_no_result_fails_and_says_why():
     verdict = MinAcc(0.0).verdict(0, 0, "test@1")
-    assert not verdict.passed and verdict.value is None
+    assert not verdict.passed
+    assert verdict.value is None
     assert "no problem has a result" in verdict.detail
 
 
@@ -65,7 +68,8 @@ def test_max_drop_certain_bounds_agree_with_every_final_verdict(max_drop):
 def test_max_drop_verdict_fields():
     verdict = MaxDrop(0.05).verdict(80, 75, 100)
     assert verdict.passed  # 0.8 - 0.75 is 0.05000000000000004 in floats: within the slack
-    assert verdict.rule == "max-drop" and verdict.threshold == 0.05
+    assert verdict.rule == "max-drop"
+    assert verdict.threshold == 0.05
     assert verdict.value == pytest.approx(0.05)
     assert not MaxDrop(0.0).verdict(80, 79, 100).passed
 
@@ -85,4 +89,6 @@ def test_mcnemar_certain_bounds_are_the_extremes():
             assert finals == {"PASS", "FAIL"}
     verdict = rule.verdict(5, 0)
     assert verdict.value == mcnemar_one_sided(5, 0) == 1 / 32
-    assert not verdict.passed and verdict.rule == "mcnemar" and verdict.threshold == 0.05
+    assert not verdict.passed
+    assert verdict.rule == "mcnemar"
+    assert verdict.threshold == 0.05

@@ -156,7 +156,8 @@ def test_hostile_text_is_never_markup() -> None:
         if hostile != "</script>":
             assert hostile not in page, hostile
     # "</script>" only where the page's own two elements end: the data block and the code
-    assert page.count("<script") == 2 and page.count("</script>") == 2
+    assert page.count("<script") == 2
+    assert page.count("</script>") == 2
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the model name, shown as text
     data = _embedded(page)  # and the data survives the escaping unchanged
     assert [p["r"] for p in data["problems"]] == [r["response"] for r in records]
@@ -171,7 +172,8 @@ def test_no_external_resource_and_no_secret() -> None:
     )
     page = render_html(report)
     assert not re.search(r"""\b(src|href)\s*=|@import|url\(""", page)
-    assert "sk-live-XYZ" not in page and "sk-q-ABC" not in page
+    assert "sk-live-XYZ" not in page
+    assert "sk-q-ABC" not in page
     assert "https://api.example.com/v1" in page
     assert "default-src 'none'" in page  # CSP: no fetch, no image, no frame from anywhere
 
@@ -188,12 +190,16 @@ def test_header_holds_headline_gates_run_and_pictures() -> None:
     assert "gsm8k acc (test@1, 8-shot CoT) = 0.4000  [95% CI 0.5000-0.9000]  n=5" in page
     assert re.search(r'class="verdict fail">FAIL<', page)
     assert re.search(r'class="badge fail">FAIL</span></td><th>min-acc</th>', page)
-    assert "7573bc2082847ca0" in page and "http://127.0.0.1:9/v1" in page
-    assert "prompt 1,234, completion 5,678" in page and "61.2 s" in page
+    assert "7573bc2082847ca0" in page
+    assert "http://127.0.0.1:9/v1" in page
+    assert "prompt 1,234, completion 5,678" in page
+    assert "61.2 s" in page
     assert "min-acc 0.85" in page  # the threshold on the accuracy axis, parsed from the gate
     assert page.count("<svg") == 2  # accuracy axis, outcome bar; no pass@k without pass@N
-    assert "2 correct" in page and "1 truncated" in page
-    assert "INCOMPLETE" not in page and "EARLY STOP" not in page
+    assert "2 correct" in page
+    assert "1 truncated" in page
+    assert "INCOMPLETE" not in page
+    assert "EARLY STOP" not in page
 
 
 def test_pass_at_k_curve_when_sampled() -> None:
@@ -202,7 +208,8 @@ def test_pass_at_k_curve_when_sampled() -> None:
     )
     page = render_html(report)
     assert page.count("<svg") == 3
-    assert "pass@4 = 0.7800" in page and page.count("<polyline") == 1
+    assert "pass@4 = 0.7800" in page
+    assert page.count("<polyline") == 1
 
 
 def test_interrupted_and_early_stopped_runs_say_so() -> None:
@@ -257,7 +264,8 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
         "not correct",
         "correct",
     ]
-    assert "one-sided p = 0.6875" in page and "-0.0000 [95% CI -0.3000, +0.3000]" not in page
+    assert "one-sided p = 0.6875" in page
+    assert "-0.0000 [95% CI -0.3000, +0.3000]" not in page
     assert "+0.0000 [95% CI -0.3000, +0.3000]" in page
     # given the baseline's own outcomes, they win
     page = render_html(_report(records, baseline=baseline), None, {"test-0000": "unparsed"})
@@ -268,7 +276,9 @@ def test_problem_texts_and_baseline_outcomes() -> None:
     problem = _split().problems[0]
     text = problem_texts([problem])[problem.id]
     assert text.question == problem.question
-    assert "<<" not in text.solution and "####" not in text.solution and text.solution
+    assert "<<" not in text.solution
+    assert "####" not in text.solution
+    assert text.solution
     doc = {
         "problems": {
             "test-0001": "wrong",
@@ -283,7 +293,9 @@ def test_script_asset_cannot_close_its_element() -> None:
 
     for name in ("html_report.js", "html_report.css"):
         text = resources.files("pytest_gsm8k.core").joinpath(name).read_text()
-        assert "</script" not in text.lower() and "<!--" not in text and "</style" not in text
+        assert "</script" not in text.lower()
+        assert "<!--" not in text
+        assert "</style" not in text
 
 
 # -- a full split's page in headless Chromium --------------------------------------------------

@@ -43,7 +43,8 @@ def test_test_at_1_outcomes(text: str, outcome: str, extracted: str | None) -> N
     assert record["outcome"] == outcome
     assert record["extracted"] == extracted
     assert record["correct"] is (outcome == "correct")
-    assert record["id"] == "test-0007" and record["gold"] == "18"
+    assert record["id"] == "test-0007"
+    assert record["gold"] == "18"
 
 
 def test_flexible_is_scored_beside_strict() -> None:
@@ -70,10 +71,14 @@ def test_reasoning_only_response_is_unparsed_with_a_note() -> None:
 def test_pass_and_maj_decisions() -> None:
     texts = ("#### 17", "#### 18", "#### 17", "nothing")
     passed = _score(*texts, protocol=Protocol(name="pass@4", samples=4, temperature=0.7))
-    assert passed["correct"] and passed["n_correct"] == 1 and passed["n_samples"] == 4
+    assert passed["correct"]
+    assert passed["n_correct"] == 1
+    assert passed["n_samples"] == 4
     voted = _score(*texts, protocol=Protocol(name="maj@4", samples=4, temperature=0.7))
-    assert not voted["correct"] and voted["outcome"] == "wrong"
-    assert voted["extracted"] == "17" and voted["votes"] == [["17", 2], ["18", 1]]
+    assert not voted["correct"]
+    assert voted["outcome"] == "wrong"
+    assert voted["extracted"] == "17"
+    assert voted["votes"] == [["17", 2], ["18", 1]]
 
 
 def _summary(records: list[dict], protocol: Protocol | None = None, split: str = "test") -> Summary:
@@ -103,7 +108,8 @@ def test_summary_counts_accuracy_interval_and_gate() -> None:
     low, high = summary.interval()
     assert 0.15 < low < 0.5 < high < 0.85
     gate = summary.gate_min_acc(0.6)
-    assert not gate.passed and "is below --gsm8k-min-acc 0.6" in gate.detail
+    assert not gate.passed
+    assert "is below --gsm8k-min-acc 0.6" in gate.detail
     assert summary.headline().startswith("gsm8k acc (test@1, 0-shot CoT) = 0.5000  [95% CI ")
 
 

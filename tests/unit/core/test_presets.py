@@ -94,7 +94,8 @@ def test_request_equals_recorded(
     assert body["stop"] == sent["stop"] == ["Question:", "</s>", "<|im_end|>"]
     assert body["max_tokens"] == sent["max_tokens"] == 256
     assert body["temperature"] == sent["temperature"] == 0.0
-    assert isinstance(sent["temperature"], float) and isinstance(body["temperature"], float)
+    assert isinstance(sent["temperature"], float)
+    assert isinstance(body["temperature"], float)
     assert body["seed"] == sent["seed"] == 1234
     assert sorted(body) == sorted(sent)
     assert _canonical(body) == _canonical(sent)
@@ -181,9 +182,9 @@ def test_fewshot_draws_are_sequential_per_problem() -> None:
         assert presets.lm_eval_fewshot_indices(i, 7473) == replay[i]
     assert len({presets.lm_eval_fewshot_indices(i, 7473) for i in range(30)}) == 30
     assert presets.lm_eval_fewshot_indices(5, 10, shots=0) == ()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="problem index must be >= 0"):
         presets.lm_eval_fewshot_indices(-1, 7473)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot draw 5 examples from a pool of 4"):
         presets.lm_eval_fewshot_indices(0, 4)
 
 

@@ -603,6 +603,8 @@ def test_numbers_equal_on_huge_and_tiny_numbers_without_big_integer_work() -> No
     assert numbers_equal(D("18"), D("18." + "0" * 100_000 + "1"))  # within 1e-6
     assert not numbers_equal(D("1" * 100_000), D("1"))  # magnitudes apart: no Fraction
     assert not numbers_equal(D("1" * 80), D("1" * 79 + "2"))
-    assert numbers_equal(D("0"), D("0.0000001")) and not numbers_equal(D("0"), D("1"))
-    assert not numbers_equal(D("-1"), D("1")) and numbers_equal(D("0"), D("-0"))
+    assert numbers_equal(D("0"), D("0.0000001"))
+    assert not numbers_equal(D("0"), D("1"))
+    assert not numbers_equal(D("-1"), D("1"))
+    assert numbers_equal(D("0"), D("-0"))
     assert not numbers_equal(D("0.0000001"), D("5"))

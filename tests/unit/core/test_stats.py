@@ -59,12 +59,23 @@ def test_wilson_is_symmetric_under_complement() -> None:
     assert hi == pytest.approx(1 - clo)
 
 
+COUNTS = "need 0 <= k <= n"
+CONFIDENCE = "confidence must be strictly between 0 and 1"
+
+
 @pytest.mark.parametrize(
-    ("k", "n", "confidence"),
-    [(-1, 10, 0.95), (11, 10, 0.95), (1, -1, 0.95), (1, 10, 0.0), (1, 10, 1.0), (1, 10, 1.5)],
+    ("k", "n", "confidence", "needle"),
+    [
+        (-1, 10, 0.95, COUNTS),
+        (11, 10, 0.95, COUNTS),
+        (1, -1, 0.95, COUNTS),
+        (1, 10, 0.0, CONFIDENCE),
+        (1, 10, 1.0, CONFIDENCE),
+        (1, 10, 1.5, CONFIDENCE),
+    ],
 )
-def test_wilson_rejects_bad_arguments(k: int, n: int, confidence: float) -> None:
-    with pytest.raises(ValueError):
+def test_wilson_rejects_bad_arguments(k: int, n: int, confidence: float, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
         wilson_interval(k, n, confidence)
 
 
@@ -105,11 +116,17 @@ def test_pass_at_k_is_stable_for_large_n() -> None:
 
 
 @pytest.mark.parametrize(
-    ("n", "c", "k"),
-    [(4, 5, 1), (4, -1, 1), (4, 1, 0), (4, 1, 5), (0, 0, 1)],
+    ("n", "c", "k", "needle"),
+    [
+        (4, 5, 1, "need 0 <= c <= n"),
+        (4, -1, 1, "need 0 <= c <= n"),
+        (4, 1, 0, "need 1 <= k <= n"),
+        (4, 1, 5, "need 1 <= k <= n"),
+        (0, 0, 1, "need 1 <= k <= n"),
+    ],
 )
-def test_pass_at_k_rejects_bad_arguments(n: int, c: int, k: int) -> None:
-    with pytest.raises(ValueError):
+def test_pass_at_k_rejects_bad_arguments(n: int, c: int, k: int, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
         pass_at_k(n, c, k)
 
 
@@ -155,7 +172,7 @@ def test_mcnemar_more_regressions_is_more_significant() -> None:
 
 @pytest.mark.parametrize(("f", "p"), [(-1, 0), (0, -1)])
 def test_mcnemar_rejects_negative(f: int, p: int) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="counts must be non-negative"):
         mcnemar_one_sided(f, p)
 
 
@@ -266,7 +283,8 @@ def test_paired_interval_stays_in_range_at_extremes() -> None:
 def test_paired_interval_wider_at_higher_confidence() -> None:
     _, lo90, hi90 = paired_difference_interval(50, 10, 5, 35, confidence=0.90)
     _, lo99, hi99 = paired_difference_interval(50, 10, 5, 35, confidence=0.99)
-    assert lo99 < lo90 and hi90 < hi99
+    assert lo99 < lo90
+    assert hi90 < hi99
 
 
 def test_paired_interval_coverage_by_simulation() -> None:
@@ -286,11 +304,15 @@ def test_paired_interval_coverage_by_simulation() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cells", "confidence"),
-    [((-1, 0, 0, 1), 0.95), ((1, 1, 1, 1), 0.0), ((1, 1, 1, 1), 1.0)],
+    ("cells", "confidence", "needle"),
+    [
+        ((-1, 0, 0, 1), 0.95, "cell counts must be non-negative"),
+        ((1, 1, 1, 1), 0.0, CONFIDENCE),
+        ((1, 1, 1, 1), 1.0, CONFIDENCE),
+    ],
 )
 def test_paired_interval_rejects_bad_arguments(
-    cells: tuple[int, int, int, int], confidence: float
+    cells: tuple[int, int, int, int], confidence: float, needle: str
 ) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=needle):
         paired_difference_interval(*cells, confidence=confidence)

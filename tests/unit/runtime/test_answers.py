@@ -62,7 +62,7 @@ def channel(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None:  # type: ignore[no-untyped-def]
-    client, engine, server, address, known = channel
+    client, _engine, server, address, known = channel
     remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
     try:
         remote.offer(list(known))
@@ -83,7 +83,7 @@ def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None: 
 
 
 def test_a_wrong_token_gets_nothing(channel) -> None:  # type: ignore[no-untyped-def]
-    client, engine, server, address, known = channel
+    client, _engine, _server, address, known = channel
     remote = RemoteAnswers(address, "not-the-token", endpoint="e", model="m", wait=10)
     try:
         remote.offer(list(known))
@@ -234,7 +234,7 @@ def test_a_frame_longer_than_the_channel_carries_is_never_read(
     remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
     try:
         remote.offer(["p0"])
-        with pytest.raises(EndpointAborted, match="over the .*-byte limit"):
+        with pytest.raises(EndpointAborted, match=r"over the .*-byte limit"):
             remote.result(Request(problem_id="p0", api="chat"))
     finally:
         remote.close()

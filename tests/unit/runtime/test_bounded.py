@@ -35,5 +35,5 @@ def test_the_bounded_decoder_refuses_what_it_cannot_bound() -> None:
         list(Decoder("gzip").feed(b"this is not gzip"))
     counter = Counter(10)
     counter.add(b"x" * 10)
-    with pytest.raises(Refused, match="over .* MiB decoded"):
+    with pytest.raises(Refused, match=r"over .* MiB decoded"):
         counter.add(b"x")

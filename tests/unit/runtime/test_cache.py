@@ -85,12 +85,15 @@ def test_put_get_roundtrip_and_layout(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()  # nothing is created before the first write
     cache.put(key, BODY, RESPONSE)
     got = cache.get(key, BODY)
-    assert got is not None and got["completions"] == RESPONSE["completions"]
+    assert got is not None
+    assert got["completions"] == RESPONSE["completions"]
     assert got["_run"] == "run1"
     [path] = entry_files(tmp_path / "cache")
-    assert path.name == f"{key}.json" and path.parent.name == key[:2]
+    assert path.name == f"{key}.json"
+    assert path.parent.name == key[:2]
     data = json.loads(path.read_text())
-    assert data["request"] == BODY and data["key"] == key
+    assert data["request"] == BODY
+    assert data["key"] == key
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -114,7 +117,8 @@ def test_background_writes_run_done_after_the_entry_is_on_disk(tmp_path: Path) -
     assert both.wait(10)
     assert cache.flush(10)
     assert seen == [True] * 50
-    assert cache.get(cache_key("u", BODY, "1"), BODY) and cache.get(cache_key("u", BODY, "2"), BODY)
+    assert cache.get(cache_key("u", BODY, "1"), BODY)
+    assert cache.get(cache_key("u", BODY, "2"), BODY)
     assert len(entry_files(tmp_path / "cache")) == 52
     cache.close()
 
@@ -127,7 +131,8 @@ def test_failed_write_is_a_warning_and_still_calls_done(tmp_path: Path) -> None:
     cache.submit([(cache_key("u", BODY, "0"), BODY, RESPONSE, None)], done=done.set)
     assert done.wait(10)
     [warning] = cache.take_warnings()
-    assert "cannot write" in warning and "not cached" in warning
+    assert "cannot write" in warning
+    assert "not cached" in warning
     assert cache.take_warnings() == []
 
 
@@ -159,7 +164,9 @@ def test_corrupt_entry_is_ignored_with_one_warning(tmp_path: Path, damage: Any) 
     assert cache.get(key, BODY) is None
     assert cache.get(key, BODY) is None
     [warning] = cache.take_warnings()
-    assert "corrupt entry" in warning and "re-requested" in warning and str(path) in warning
+    assert "corrupt entry" in warning
+    assert "re-requested" in warning
+    assert str(path) in warning
     cache.put(key, BODY, RESPONSE)  # the re-requested answer replaces it
     assert cache.get(key, BODY) is not None
 
@@ -202,7 +209,8 @@ def holder(tmp_path: Path) -> Any:
             text=True,
         )
         procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "held"
         return proc
 
     yield start

@@ -72,16 +72,18 @@ def test_embedded_copy_is_the_default_and_equals_the_files(test_split: Split) ->
 def test_embedded_copy_is_checked_against_its_pinned_hash(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    name, sha = EMBEDDED[("main", "test")]
+    name, _sha = EMBEDDED[("main", "test")]
     monkeypatch.setitem(EMBEDDED, ("main", "test"), (name, "0" * 64))
     message = error_of(None)
-    assert "embedded openai/gsm8k main/test" in message and "expected 000000000000" in message
+    assert "embedded openai/gsm8k main/test" in message
+    assert "expected 000000000000" in message
     assert "reinstall pytest-gsm8k" in message
 
 
 def test_embedded_copy_has_no_socratic_train() -> None:
     message = error_of(None, "train", "socratic")
-    assert "socratic/train" in message and "--gsm8k-data" in message
+    assert "socratic/train" in message
+    assert "--gsm8k-data" in message
 
 
 def test_hub_layout_through_datasets_has_the_embedded_fingerprint(
@@ -104,7 +106,9 @@ def test_shared_folder_loads_the_official_test_split(test_split: Split) -> None:
     assert test_split.name.endswith("test.jsonl")
     assert (test_split.config, test_split.split) == ("main", "test")
     first = test_split.problems[0]
-    assert first.index == 0 and first.id == "test-0000" and first.gold == Decimal(18)
+    assert first.index == 0
+    assert first.id == "test-0000"
+    assert first.gold == Decimal(18)
     assert [p.index for p in test_split.problems] == list(range(1319))
     assert test_split.problems[42].id == "test-0042"
     assert all(isinstance(p.gold, Decimal) for p in test_split.problems)
@@ -120,10 +124,12 @@ def test_shared_folder_loads_the_official_test_split(test_split: Split) -> None:
 
 def test_train_split_and_socratic_config(test_split: Split) -> None:
     train = load_split(str(DATA), "train")
-    assert len(train.problems) == 7473 and train.problems[0].id == "train-0000"
+    assert len(train.problems) == 7473
+    assert train.problems[0].id == "train-0000"
     assert train.fingerprint != test_split.fingerprint
     socratic = load_split(str(DATA), "test", "socratic")
-    assert socratic.name.endswith("test_socratic.jsonl") and len(socratic.problems) == 1319
+    assert socratic.name.endswith("test_socratic.jsonl")
+    assert len(socratic.problems) == 1319
     assert [p.gold for p in socratic.problems] == [p.gold for p in test_split.problems]
     assert socratic.fingerprint != test_split.fingerprint
 
@@ -131,7 +137,8 @@ def test_train_split_and_socratic_config(test_split: Split) -> None:
 def test_a_users_own_file_is_not_size_checked(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "mine.jsonl", rows(3))
     split = load_split(str(path))
-    assert len(split.problems) == 3 and split.name == str(path)
+    assert len(split.problems) == 3
+    assert split.name == str(path)
 
 
 def test_blank_lines_are_skipped_and_line_numbers_stay_true(tmp_path: Path) -> None:
@@ -181,7 +188,8 @@ def test_non_utf8_line_is_a_dataset_error(tmp_path: Path) -> None:
         + '{"question": "caf\u00e9", "answer": "#### 1"}\n'.encode("latin-1")
     )
     message = error_of(str(path))
-    assert message.startswith(f"{path}:2: ") and "UTF-8" in message
+    assert message.startswith(f"{path}:2: ")
+    assert "UTF-8" in message
 
 
 def test_empty_file(tmp_path: Path) -> None:
@@ -192,10 +200,12 @@ def test_empty_file(tmp_path: Path) -> None:
 
 def test_missing_path_and_folder_without_split(tmp_path: Path) -> None:
     message = error_of(str(tmp_path / "nope.jsonl"))
-    assert "--gsm8k-data" in message and "nope.jsonl" in message
+    assert "--gsm8k-data" in message
+    assert "nope.jsonl" in message
     write_jsonl(tmp_path / "folder" / "train.jsonl", rows(3))
     message = error_of(str(tmp_path / "folder"))
-    assert "--gsm8k-data" in message and "test.jsonl" in message
+    assert "--gsm8k-data" in message
+    assert "test.jsonl" in message
     assert "main/test-*.parquet" in message
 
 
@@ -203,14 +213,16 @@ def test_official_test_split_must_have_1319_rows(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "short" / "test.jsonl", rows(5))
     message = error_of(str(tmp_path / "short"))
     assert str(tmp_path / "short" / "test.jsonl") in message
-    assert "1319" in message and "5" in message
+    assert "1319" in message
+    assert "5" in message
     write_jsonl(tmp_path / "short" / "train.jsonl", rows(5))
     assert len(load_split(str(tmp_path / "short"), "train").problems) == 5  # train: any size
 
 
 def test_unknown_config() -> None:
     message = error_of(str(DATA), "test", "mian")
-    assert "--gsm8k-config" in message and "mian" in message
+    assert "--gsm8k-config" in message
+    assert "mian" in message
 
 
 def test_hub_failure_points_at_a_local_copy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,7 +235,9 @@ def test_hub_failure_points_at_a_local_copy(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     message = error_of(None, hub_name="openai/gsm8k")
-    assert "openai/gsm8k" in message and "--gsm8k-data" in message and "second line" not in message
+    assert "openai/gsm8k" in message
+    assert "--gsm8k-data" in message
+    assert "second line" not in message
 
 
 def test_hub_rows_are_validated_and_size_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,7 +251,8 @@ def test_hub_rows_are_validated_and_size_checked(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(datasets, "load_dataset", fake)
     split = load_split(None, "train", hub_name="openai/gsm8k")
     assert calls == [("openai/gsm8k", "main", "train")]
-    assert split.name == "openai/gsm8k" and len(split.problems) == 3
+    assert split.name == "openai/gsm8k"
+    assert len(split.problems) == 3
     assert "1319" in error_of(None, "test", hub_name="openai/gsm8k")
 
 
@@ -266,7 +281,8 @@ def test_single_parquet_file_and_bad_parquet(
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not a parquet file at all")
     message = error_of(str(bad))
-    assert str(bad) in message and "cannot read parquet" in message
+    assert str(bad) in message
+    assert "cannot read parquet" in message
 
 
 def test_parquet_row_errors_name_the_row(hf_cache: Path, tmp_path: Path) -> None:
@@ -284,4 +300,6 @@ def test_parquet_row_errors_name_the_row(hf_cache: Path, tmp_path: Path) -> None
         path,
     )
     message = error_of(str(path))
-    assert str(path) in message and "row 1" in message and "####" in message
+    assert str(path) in message
+    assert "row 1" in message
+    assert "####" in message

@@ -83,7 +83,7 @@ def test_an_item_asked_for_just_before_an_early_stop_is_not_run_at_once(
     def wait_for_the_last() -> None:
         try:
             outcome.append(engine.result(planned[4]))
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:  # the test inspects it
             outcome.append(exc)
 
     try:
@@ -108,7 +108,7 @@ def test_one_failed_request_is_that_items_error_only(memory_cache: ResponseCache
     planned = requests(8)
     try:
         engine.start(planned)
-        with pytest.raises(EndpointError, match="^RuntimeError: boom$") as info:
+        with pytest.raises(EndpointError, match=r"^RuntimeError: boom$") as info:
             engine.result(planned[3])
         assert not isinstance(info.value, EndpointAborted)
         assert all(engine.result(r).completions for r in planned if r.problem_id != "p003")
@@ -133,7 +133,8 @@ def test_fatal_error_aborts_every_unfinished_item_with_one_message(
             with pytest.raises(EndpointAborted) as info:
                 engine.result(request)
             errors.add(str(info.value))
-        assert len(errors) == 1 and "credentials" in errors.pop()
+        assert len(errors) == 1
+        assert "credentials" in errors.pop()
         assert len(client.order) < 20  # it stopped sending
     finally:
         engine.close()
@@ -168,11 +169,13 @@ def test_breaker_needs_a_streak_in_numbers_and_in_time() -> None:
     breaker.success()
     clock.now = 10.0
     breaker.failure(ConnectionError("refused"))
-    assert not opened and breaker.count == 1  # the success reset the streak
+    assert not opened
+    assert breaker.count == 1  # the success reset the streak
     clock.now = 12.0
     for _ in range(6):
         breaker.failure(ConnectionError("refused"))
-    assert not opened and breaker.count == 7  # 2 s since the streak began, 7 failures
+    assert not opened
+    assert breaker.count == 7  # 2 s since the streak began, 7 failures
     breaker.failure(ConnectionError("refused"))
     assert opened == ["ConnectionError: refused"]
     low = Breaker()

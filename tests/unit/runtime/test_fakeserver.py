@@ -103,7 +103,8 @@ def test_correct_answers_end_with_gold(
         text = r.choices[0].message.content
         assert text.endswith(f"#### {golds[i]}"), (i, text)
         assert r.choices[0].finish_reason == "stop"
-        assert r.object == "chat.completion" and r.model == MODEL
+        assert r.object == "chat.completion"
+        assert r.model == MODEL
         assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert server.stats()["requests_by_index"] == {0: 1, 1: 1, 500: 1, 1318: 1}
 
@@ -119,9 +120,11 @@ def test_scripted_behaviours(gsm8k: tuple[list[str], list[str]]) -> None:
         assert unparsed.message.content == UNPARSED_TEXT
         assert not any(ch.isdigit() for ch in unparsed.message.content)
         truncated = ask(c, questions[3]).choices[0]
-        assert truncated.finish_reason == "length" and "####" not in truncated.message.content
+        assert truncated.finish_reason == "length"
+        assert "####" not in truncated.message.content
         think = ask(c, questions[4]).choices[0].message.content
-        assert think.startswith("<think>") and "</think>" in think
+        assert think.startswith("<think>")
+        assert "</think>" in think
         assert think.endswith(f"#### {golds[4]}")
 
 
@@ -137,12 +140,15 @@ def test_completions_and_stop(server: FakeOpenAIServer, gsm8k: tuple[list[str], 
     assert no_stop.choices[0].finish_reason == "length"
     stopped = c.completions.create(model=MODEL, prompt=prompt, stop=["\n\nQuestion:"])
     text = stopped.choices[0].text
-    assert text.startswith(" ") and text.endswith(f"#### {golds[7]}")
+    assert text.startswith(" ")
+    assert text.endswith(f"#### {golds[7]}")
     assert stopped.choices[0].finish_reason == "stop"
     chat = ask(c, questions[7], stop=["####"]).choices[0]
-    assert "####" not in chat.message.content and chat.finish_reason == "stop"
+    assert "####" not in chat.message.content
+    assert chat.finish_reason == "stop"
     short = ask(c, questions[7], max_tokens=3).choices[0]
-    assert short.finish_reason == "length" and len(short.message.content.split()) == 3
+    assert short.finish_reason == "length"
+    assert len(short.message.content.split()) == 3
 
 
 def test_unknown_model_is_404(server: FakeOpenAIServer, gsm8k: tuple[list[str], list[str]]) -> None:
@@ -212,7 +218,8 @@ def test_reset_and_set_script(server: FakeOpenAIServer, gsm8k: tuple[list[str], 
     assert ask(c, gsm8k[0][5]).choices[0].message.content == UNPARSED_TEXT
     server.reset()
     stats = server.stats()
-    assert stats["requests_total"] == 0 and stats["requests_by_index"] == {}
+    assert stats["requests_total"] == 0
+    assert stats["requests_by_index"] == {}
     assert stats["bodies"] == []
 
 
@@ -235,8 +242,10 @@ def test_n_honoured_with_samples(gsm8k: tuple[list[str], list[str]]) -> None:
         r = ask(c, questions[5], n=4, temperature=0.7)
         texts = [ch.message.content for ch in r.choices]
         assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
-        assert texts[0].endswith("#### 18") and texts[1].endswith("#### 19")
-        assert texts[2] == UNPARSED_TEXT and texts[3].endswith("#### 18")
+        assert texts[0].endswith("#### 18")
+        assert texts[1].endswith("#### 19")
+        assert texts[2] == UNPARSED_TEXT
+        assert texts[3].endswith("#### 18")
         # greedy requests ignore samples
         assert ask(c, questions[5]).choices[0].message.content.endswith(f"#### {golds[5]}")
         # a problem without samples: all n choices follow its behaviour
@@ -250,9 +259,11 @@ def test_n_not_honoured_serves_samples_in_order(gsm8k: tuple[list[str], list[str
     with FakeOpenAIServer(DATA, script=script, honour_n=False) as srv:
         c = client(srv)
         r = ask(c, questions[5], n=4, temperature=0.7)
-        assert len(r.choices) == 1 and r.choices[0].message.content.endswith("#### 18")
+        assert len(r.choices) == 1
+        assert r.choices[0].message.content.endswith("#### 18")
         later = [ask(c, questions[5], temperature=0.7).choices[0].message.content for _ in range(3)]
-        assert later[0].endswith("#### 19") and later[1] == UNPARSED_TEXT
+        assert later[0].endswith("#### 19")
+        assert later[1] == UNPARSED_TEXT
         assert later[2].endswith("#### 18")  # wraps around
 
 
@@ -289,9 +300,9 @@ def test_script_json_round_trip() -> None:
         samples={5: ["1", None]},
     )
     assert Script.from_json(script.to_json()) == script
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown behaviour 'explode'"):
         Script(behaviours={1: "explode"})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown fault kind 'boom'"):
         Script(fail_first={1: {"boom": 1}})
 
 
@@ -319,7 +330,8 @@ def test_concurrency_is_real(gsm8k: tuple[list[str], list[str]]) -> None:
         assert all(t.endswith(f"#### {golds[i]}") for i, t in enumerate(texts))
         # What the server counted, not seconds: all 32 were in flight at once.
         stats = srv.stats()
-        assert stats["peak_in_flight"] == 32 and stats["in_flight"] == 0
+        assert stats["peak_in_flight"] == 32
+        assert stats["in_flight"] == 0
 
 
 def test_kill_refuses_new_requests(
@@ -349,7 +361,8 @@ def test_cli_subprocess(gsm8k: tuple[list[str], list[str]]) -> None:
     questions, golds = gsm8k
     proc, url = serve_in_subprocess(DATA, latency=0.0, model="m2", script=Script(default="wrong"))
     try:
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        assert url.startswith("http://127.0.0.1:")
+        assert url.endswith("/v1")
         c = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
         r = c.chat.completions.create(model="m2", messages=chat_prompt(questions[0]))  # type: ignore[arg-type]
         assert (r.choices[0].message.content or "").endswith("#### 19")
@@ -358,7 +371,8 @@ def test_cli_subprocess(gsm8k: tuple[list[str], list[str]]) -> None:
         r = c.chat.completions.create(model="m2", messages=chat_prompt(questions[0]))  # type: ignore[arg-type]
         assert (r.choices[0].message.content or "").endswith(f"#### {golds[0]}")
         stats = get_json(root + "/_stats")
-        assert stats["requests_by_index"] == {"0": 2} and stats["completed"] == 2
+        assert stats["requests_by_index"] == {"0": 2}
+        assert stats["completed"] == 2
         post_json(root + "/_reset")
         assert get_json(root + "/_stats")["requests_total"] == 0
         post_json(root + "/_shutdown")

@@ -118,7 +118,8 @@ def test_non_gguf_file_is_rejected(tmp_path: Path) -> None:
         resolve_model(f"local:{bogus}")
     message = str(info.value)
     assert message.startswith(f"not a GGUF file: {bogus} (")
-    assert "b'PK\\x03\\x04'" in message and "\n" not in message
+    assert "b'PK\\x03\\x04'" in message
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize(
@@ -229,7 +230,8 @@ def test_packaged_model_is_verified_once_then_trusted(
     monkeypatch.setattr(local, "_module_missing", lambda name: False)
 
     assert resolve_model("local") == fake.target
-    assert len(fake.calls) == 1 and fake.calls[0][0] != fake.target  # built aside, renamed
+    assert len(fake.calls) == 1
+    assert fake.calls[0][0] != fake.target  # built aside, renamed
     assert fake.target.read_bytes() == fake.GOOD
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gemma.gguf", "gemma.gguf.verified"]
 
@@ -276,7 +278,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
 @_real
 def test_server_serves_the_alias_on_loopback(server: LocalServer) -> None:
     assert server.model == DEFAULT_ALIAS
-    assert server.base_url.startswith("http://127.0.0.1:") and server.base_url.endswith("/v1")
+    assert server.base_url.startswith("http://127.0.0.1:")
+    assert server.base_url.endswith("/v1")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(server.base_url + "/models", timeout=5) as resp:
         ids = [m["id"] for m in json.load(resp)["data"]]
@@ -294,7 +297,8 @@ def test_real_completion_through_openai(server: LocalServer) -> None:
         model=server.model, prompt="Question: 2+2?\nAnswer:", max_tokens=8, temperature=0
     )
     assert result.choices[0].text.strip()
-    assert result.usage is not None and 0 < result.usage.completion_tokens <= 8
+    assert result.usage is not None
+    assert 0 < result.usage.completion_tokens <= 8
 
 
 @_real
@@ -315,7 +319,8 @@ def test_stop_leaves_no_process(tmp_path: Path) -> None:
     srv = started[0]
     time.sleep(0.3)  # PDEATHSIG would have struck by now
     pid = srv.pid
-    assert _pid_alive(pid) and os.getpgid(pid) == srv.pgid  # its supervisor's group
+    assert _pid_alive(pid)
+    assert os.getpgid(pid) == srv.pgid  # its supervisor's group
     assert os.getsid(pid) == srv.pgid  # a session of its own, not pytest's
     assert _answers(srv.base_url)
     srv.stop()
@@ -333,7 +338,8 @@ def test_early_exit_reports_the_log_tail(tmp_path: Path) -> None:
     with pytest.raises(LocalServerError) as info:
         start_local_server(_gguf(tmp_path / "fake.gguf"), alias="x", log_path=tmp_path / "s.log")
     first, *rest = str(info.value).splitlines()
-    assert "exited with exit code" in first and "fake.gguf" in first
+    assert "exited with exit code" in first
+    assert "fake.gguf" in first
     assert 0 < len(rest) <= 22
     assert "Failed to load model" in str(info.value)
 
@@ -391,7 +397,8 @@ def _child_server(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int
 def test_server_dies_when_its_parent_is_sigkilled(tmp_path: Path) -> None:
     parent, pid, url = _child_server(tmp_path, "sleep")
     try:
-        assert _pid_alive(pid) and _answers(url)
+        assert _pid_alive(pid)
+        assert _answers(url)
         parent.send_signal(signal.SIGKILL)  # no atexit, no finally: only PDEATHSIG is left
         parent.wait(timeout=10)
         assert wait_until(lambda: not _pid_alive(pid), 5, interval=0.05), (
@@ -438,10 +445,12 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
     head = message.splitlines()[0]
     assert f"pid {srv.pid}) died with signal SIGILL" in head
     assert 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall' in head
-    assert "--no-cache-dir" in head and "llama-cpp-python==" in head
+    assert "--no-cache-dir" in head
+    assert "llama-cpp-python==" in head
     assert "last lines of the server log" in message
     wait_until(lambda: died, 5)
-    assert len(died) == 1 and died[0].splitlines()[0] == head
+    assert len(died) == 1
+    assert died[0].splitlines()[0] == head
 
 
 @_real

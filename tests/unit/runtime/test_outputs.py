@@ -32,7 +32,8 @@ def test_a_fifo_whose_reader_stops_reading_ends_the_write(
         writer.start()
         writer.join(60)
         assert not writer.is_alive(), "the write to a stalled FIFO did not end"
-        assert len(done) == 1 and isinstance(done[0], TimeoutError)
+        assert len(done) == 1
+        assert isinstance(done[0], TimeoutError)
         out.close()
     finally:
         os.close(reader)
