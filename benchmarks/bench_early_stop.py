@@ -343,14 +343,14 @@ def main() -> int:
     print("targets (issue 13):")
     missed = 0
     for correct, threshold, mode, most in _TARGETS:
-        res = by_key.get((0, threshold, round(correct * N)), {}).get(mode)
-        if res is None:
+        target = by_key.get((0, threshold, round(correct * N)), {}).get(mode)
+        if target is None:
             continue
-        ok = res["median"] <= most
+        ok = target["median"] <= most
         missed += not ok
         print(
             f"  {mode}: accuracy {correct:g} vs min_acc {threshold:g}: median "
-            f"{res['median']:g} problems (target <= {most}): {'OK' if ok else 'MISS'}"
+            f"{target['median']:g} problems (target <= {most}): {'OK' if ok else 'MISS'}"
         )
     ok = worst <= args.alpha
     missed += not ok

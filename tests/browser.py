@@ -106,10 +106,15 @@ class Browser:
 
     # -- websocket frames ---------------------------------------------------------------------
 
+    def _socket(self) -> socket.socket:
+        if self.sock is None:
+            raise ConnectionError("DevTools connection not open")
+        return self.sock
+
     def _recv_exact(self, n: int) -> bytes:
         buf = bytearray()
         while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
+            chunk = self._socket().recv(n - len(buf))
             if not chunk:
                 raise ConnectionError("DevTools connection closed")
             buf += chunk
@@ -127,7 +132,7 @@ class Browser:
         mask = os.urandom(4)
         stream = (mask * (n // 4 + 1))[:n]
         body = (int.from_bytes(payload, "big") ^ int.from_bytes(stream, "big")).to_bytes(n, "big")
-        self.sock.sendall(head + mask + body)
+        self._socket().sendall(head + mask + body)
 
     def _recv_message(self) -> dict[str, Any]:
         data = b""

@@ -229,13 +229,20 @@ def _run(
     }
 
 
+def _lm_eval_dir() -> Path:
+    """Where the installed lm-eval lives (its task files are read from there)."""
+    import lm_eval
+
+    return Path(lm_eval.__file__).parent
+
+
 def _scoring_cases() -> list[dict[str, Any]]:
     """Edge cases scored by lm-eval's own RegexFilter and exact_match code."""
     import yaml  # lm-eval depends on PyYAML
     from lm_eval.api.metrics import exact_match_hf_evaluate
     from lm_eval.filters.extraction import RegexFilter
 
-    cfg_path = Path(__import__("lm_eval").__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+    cfg_path = _lm_eval_dir() / "tasks" / "gsm8k" / "gsm8k.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     filters = {}
     for f in cfg["filter_list"]:
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": MODEL,
         "system_instruction": SYSTEM,
         "task_yaml": task_yaml.replace(str(data), "<data>").replace(
-            str(Path(__import__("lm_eval").__file__).parent), "<lm_eval>"
+            str(_lm_eval_dir()), "<lm_eval>"
         ),
         "script": {
             "behaviours": {str(k): v for k, v in BEHAVIOURS.items()},

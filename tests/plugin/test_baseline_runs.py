@@ -101,7 +101,7 @@ def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
 
     cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
     props = {
-        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        case.get("name"): {p.get("name"): p.get("value", "") for p in case.iter("property")}
         for case in cases
     }
     wrong = props[f"test_gsm8k[test-{flipped[0]:04d}]"]

@@ -165,7 +165,7 @@ def _one_message_failure(result: pytest.RunResult, report: dict[str, Any]) -> st
     assert "raise " not in text
     # a few lines name it (the failed item, the run-stopped line), not one per problem
     assert sum(message[:40] in line for line in text.splitlines()) <= 8, text
-    return message
+    return str(message)
 
 
 def test_server_dying_mid_run_fails_fast_with_one_message(

@@ -264,7 +264,7 @@ def test_gate_pass_is_the_same_with_n0_and_n2(
     server.set_script(Script(behaviours={chosen[1]: "wrong", chosen[20]: "unparsed"}))
     args = [*gsm8k_args, "--gsm8k-limit=30", "--gsm8k-min-acc=0.9", "--gsm8k-no-cache"]
     reports = []
-    runs = (("plain", []), ("n0", ["-n", "0"]), ("n2", ["-n", "2"]))
+    runs: list[tuple[str, list[str]]] = [("plain", []), ("n0", ["-n", "0"]), ("n2", ["-n", "2"])]
     for name, extra in runs:
         server.reset()
         result = pytester.runpytest(*args, f"--gsm8k-report={name}.json", *extra)

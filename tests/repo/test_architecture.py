@@ -70,7 +70,7 @@ def _foreign_assignments(path: Path) -> list[str]:
                     continue
                 if sub.attr in PYTEST_API:
                     continue
-                out.append(f"{path.name}:{node.lineno}: {ast.unparse(sub)}")
+                out.append(f"{path.name}:{sub.lineno}: {ast.unparse(sub)}")
     return out
 
 

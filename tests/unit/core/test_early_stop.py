@@ -9,14 +9,16 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_gsm8k.core.early_stop import EarlyStop, _WorTest, run_order
+from pytest_gsm8k.core.early_stop import Decision, EarlyStop, _WorTest, run_order
 from pytest_gsm8k.core.gates import max_drop_count, min_acc_count
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 IDS10 = [f"p{i}" for i in range(10)]
 
 
-def feed(es: EarlyStop, outcomes: dict[str, bool], order: list[str] | None = None):
+def feed(
+    es: EarlyStop, outcomes: dict[str, bool], order: list[str] | None = None
+) -> Decision | None:
     for pid in order or es.order:
         decision = es.observe(pid, outcomes[pid])
         if decision is not None:
@@ -27,7 +29,7 @@ def feed(es: EarlyStop, outcomes: dict[str, bool], order: list[str] | None = Non
 # -- thresholds --------------------------------------------------------------------------------
 
 
-def test_min_acc_count_hand_values():
+def test_min_acc_count_hand_values() -> None:
     assert min_acc_count(0.85, 1319) == 1122  # 0.85 * 1319 = 1121.15
     assert min_acc_count(0.85, 20) == 17  # exactly at the threshold passes
     assert min_acc_count(0.7, 10) == 7
@@ -37,14 +39,14 @@ def test_min_acc_count_hand_values():
 
 
 @pytest.mark.parametrize("threshold", [0.1, 0.3, 0.45, 0.5, 0.7, 0.85, 0.9, 0.95, 1 / 3])
-def test_min_acc_count_matches_the_gates_float_comparison(threshold):
+def test_min_acc_count_matches_the_gates_float_comparison(threshold: float) -> None:
     for n in range(1, 400):
         c = min_acc_count(threshold, n)
         assert c == n + 1 or c / n >= threshold
         assert c == 0 or (c - 1) / n < threshold
 
 
-def test_max_drop_count_hand_values():
+def test_max_drop_count_hand_values() -> None:
     # 0.8 - 0.75 = 0.05000000000000004 in floats: within the 1e-12 tolerance, so 75 passes
     assert max_drop_count(80, 100, 0.05) == 75
     assert max_drop_count(80, 100, 0.0) == 80
@@ -55,7 +57,7 @@ def test_max_drop_count_hand_values():
         assert x == 51 or b / 50 - x / 50 <= 0.02 + 1e-12
 
 
-def test_mcnemar_p_is_the_exact_binomial_tail():
+def test_mcnemar_p_is_the_exact_binomial_tail() -> None:
     for f in range(0, 40):
         for g in range(0, 40, 3):
             m = f + g
@@ -67,7 +69,7 @@ def test_mcnemar_p_is_the_exact_binomial_tail():
 # -- run order ---------------------------------------------------------------------------------
 
 
-def test_run_order_is_seeded_stable_and_input_order_free():
+def test_run_order_is_seeded_stable_and_input_order_free() -> None:
     ids = [f"test-{i}" for i in range(50)]
     order = run_order(ids, 7)
     assert sorted(order) == sorted(ids)
@@ -83,7 +85,7 @@ def test_run_order_is_seeded_stable_and_input_order_free():
     assert run_order(["a", "b", "c", "d"], 0) == expected
 
 
-def test_run_order_rejects_duplicates():
+def test_run_order_rejects_duplicates() -> None:
     with pytest.raises(ValueError, match="problem ids must be unique"):
         run_order(["a", "a"], 0)
 
@@ -91,7 +93,7 @@ def test_run_order_rejects_duplicates():
 # -- certain mode ------------------------------------------------------------------------------
 
 
-def test_certain_min_acc_fail_when_unreachable():
+def test_certain_min_acc_fail_when_unreachable() -> None:
     es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
     for pid in IDS10[:3]:
         assert es.observe(pid, False) is None  # 7 of 10 still reachable
@@ -103,7 +105,7 @@ def test_certain_min_acc_fail_when_unreachable():
     assert "at most 0.6000 reachable" in es.headline()
 
 
-def test_certain_min_acc_pass_exactly_at_threshold():
+def test_certain_min_acc_pass_exactly_at_threshold() -> None:
     es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
     for pid in IDS10[:6]:
         assert es.observe(pid, True) is None
@@ -113,7 +115,7 @@ def test_certain_min_acc_pass_exactly_at_threshold():
     assert decision.passed
 
 
-def test_certain_zero_accuracy_stops_by_198_of_1319():
+def test_certain_zero_accuracy_stops_by_198_of_1319() -> None:
     ids = [str(i) for i in range(1319)]
     es = EarlyStop(ids, mode="certain", min_acc=0.85)
     decision = feed(es, dict.fromkeys(ids, False))
@@ -123,7 +125,7 @@ def test_certain_zero_accuracy_stops_by_198_of_1319():
     assert decision.verdicts["min-acc"] == "FAIL"
 
 
-def test_certain_baseline_max_drop():
+def test_certain_baseline_max_drop() -> None:
     # 10 shared problems, baseline 8 correct, max drop 0.2: pass iff current >= 6
     baseline = {pid: int(i < 8) for i, pid in enumerate(IDS10)}
     es = EarlyStop([*IDS10, "extra"], mode="certain", baseline=baseline, max_drop=0.2)
@@ -137,7 +139,7 @@ def test_certain_baseline_max_drop():
     assert data["drop_bounds"] == [pytest.approx(0.3), pytest.approx(0.8)]
 
 
-def test_certain_baseline_pass():
+def test_certain_baseline_pass() -> None:
     baseline = {pid: int(i < 8) for i, pid in enumerate(IDS10)}
     es = EarlyStop(IDS10, mode="certain", baseline=baseline, max_drop=0.2)
     for pid in IDS10[:5]:
@@ -147,7 +149,7 @@ def test_certain_baseline_pass():
     assert decision.verdicts == {"baseline": "PASS"}
 
 
-def test_certain_several_gates_wait_for_all_or_stop_at_a_fail():
+def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
     baseline = {pid: 1 for pid in IDS10}
     es = EarlyStop(IDS10, mode="certain", min_acc=0.3, baseline=baseline, max_drop=0.5)
     for pid in IDS10[:3]:
@@ -169,7 +171,7 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail():
     assert not decision.passed
 
 
-def test_certain_mcnemar_mode():
+def test_certain_mcnemar_mode() -> None:
     ids = ["a", "b", "c"]
     baseline = dict.fromkeys(ids, 1)
     # alpha 0.2: 3 newly failing of 3 gives p = 1/8 (FAIL); 2 of 2 gives 1/4 (PASS)
@@ -186,14 +188,14 @@ def test_certain_mcnemar_mode():
     assert "McNemar" in es.headline()
 
 
-def test_settled_before_any_outcome():
+def test_settled_before_any_outcome() -> None:
     es = EarlyStop(IDS10, mode="certain", min_acc=0.0)
     assert es.decision is not None
     assert es.decision.after == 0
     assert es.decision.verdicts == {"min-acc": "PASS"}
 
 
-def test_errors():
+def test_errors() -> None:
     with pytest.raises(ValueError, match="no gate to decide"):
         EarlyStop(IDS10, mode="certain")
     with pytest.raises(ValueError, match="mode must be 'certain' or 'sequential'"):
@@ -213,7 +215,7 @@ def test_errors():
 # -- the WoR capital process -------------------------------------------------------------------
 
 
-def test_capital_process_by_hand_n4():
+def test_capital_process_by_hand_n4() -> None:
     # population of 4, null total 2, betting up; observed 1, 1
     test = _WorTest(size=4, scale=1, null=2, up=True, alpha=0.5, binary=True)
     # t=1: mu = 2/4, v = 1/4, lam_j = 4 delta_j (cap 0.98/0.5 = 1.96): factors 1 + 2 delta_j,
@@ -246,7 +248,9 @@ def _distinct_orders(values: list[int]) -> list[tuple[int, ...]]:
         ([2, 1, 1, 1, 0, 2], False, 7, 2, False),
     ],
 )
-def test_capital_is_a_martingale_under_the_boundary_null(values, up, null, scale, binary):
+def test_capital_is_a_martingale_under_the_boundary_null(
+    values: list[int], up: bool, null: int, scale: int, binary: bool
+) -> None:
     """E[K_t] = 1 for every t when the population total equals the null (exact enumeration)."""
     assert sum(values) == null
     orders = _distinct_orders(values)
@@ -260,7 +264,7 @@ def test_capital_is_a_martingale_under_the_boundary_null(values, up, null, scale
         assert total / len(orders) == pytest.approx(1.0, abs=1e-12)
 
 
-def test_capital_at_the_boundary_is_a_supermartingale_inside_the_null():
+def test_capital_at_the_boundary_is_a_supermartingale_inside_the_null() -> None:
     values = [1, 1, 0, 0, 0, 0]  # total 2 <= null 3: betting up
     orders = _distinct_orders(values)
     means = []
@@ -279,7 +283,7 @@ def test_capital_at_the_boundary_is_a_supermartingale_inside_the_null():
 # -- sequential validity by enumeration ---------------------------------------------------------
 
 
-def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float):
+def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float) -> tuple[float, float]:
     ids = [str(i) for i in range(n)]
     population = [1] * correct + [0] * (n - correct)
     full = "PASS" if correct / n >= min_acc else "FAIL"
@@ -296,7 +300,7 @@ def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float):
 
 
 @pytest.mark.parametrize("min_acc", [0.25, 0.5, 0.625, 0.75])
-def test_sequential_wrong_verdict_rate_at_most_alpha_n8(min_acc):
+def test_sequential_wrong_verdict_rate_at_most_alpha_n8(min_acc: float) -> None:
     alpha = 0.3
     worst = 0.0
     any_early = 0.0
@@ -308,14 +312,14 @@ def test_sequential_wrong_verdict_rate_at_most_alpha_n8(min_acc):
     assert any_early > 0  # the statistics did decide something early: the check bites
 
 
-def test_sequential_wrong_rate_bites_near_threshold_n10():
+def test_sequential_wrong_rate_bites_near_threshold_n10() -> None:
     # a population one below the threshold: early PASSes happen, and stay under alpha
     wrong, early = _wrong_rate_min_acc(10, 4, 0.5, 0.5)
     assert 0 < wrong <= 0.5
     assert early > 0
 
 
-def test_sequential_baseline_wrong_rate_at_most_alpha():
+def test_sequential_baseline_wrong_rate_at_most_alpha() -> None:
     # 6 shared problems: baseline outcome b and current x per problem
     pairs = [(1, 1), (1, 0), (1, 0), (0, 1), (1, 1), (0, 0)]
     ids = [f"q{i}" for i in range(len(pairs))]
@@ -344,7 +348,7 @@ def test_sequential_baseline_wrong_rate_at_most_alpha():
         assert wrong / len(perms) <= alpha
 
 
-def test_sequential_decides_a_broken_model_quickly():
+def test_sequential_decides_a_broken_model_quickly() -> None:
     ids = [str(i) for i in range(1319)]
     es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=3)
     decision = feed(es, dict.fromkeys(ids, False))
@@ -356,7 +360,7 @@ def test_sequential_decides_a_broken_model_quickly():
     assert data["gates"]["min-acc"]["interval"][0] == 0.0
 
 
-def test_sequential_interval_contains_the_truth_and_agrees_with_verdict():
+def test_sequential_interval_contains_the_truth_and_agrees_with_verdict() -> None:
     ids = [str(i) for i in range(400)]
     rng = random.Random(5)
     for seed in range(5):
@@ -370,7 +374,7 @@ def test_sequential_interval_contains_the_truth_and_agrees_with_verdict():
         assert lo <= truth <= hi < 0.75
 
 
-def test_two_gates_split_alpha():
+def test_two_gates_split_alpha() -> None:
     ids = [str(i) for i in range(100)]
     es = EarlyStop(
         ids, mode="sequential", alpha=0.1, min_acc=0.5, baseline=dict.fromkeys(ids, 1), max_drop=0.1
@@ -390,7 +394,7 @@ def test_two_gates_split_alpha():
 # -- out-of-order arrivals ---------------------------------------------------------------------
 
 
-def test_out_of_order_feeds_the_seeded_prefix():
+def test_out_of_order_feeds_the_seeded_prefix() -> None:
     ids = [str(i) for i in range(300)]
     outcomes = {pid: int(pid) % 5 == 0 for pid in ids}  # accuracy 0.2
     in_order = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=11)
@@ -407,7 +411,7 @@ def test_out_of_order_feeds_the_seeded_prefix():
     assert es.observed == expected.after
 
 
-def test_certain_mode_uses_every_arrival_at_once():
+def test_certain_mode_uses_every_arrival_at_once() -> None:
     es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
     for pid in reversed(es.order[-4:]):
         es.observe(pid, False)
@@ -418,7 +422,7 @@ def test_certain_mode_uses_every_arrival_at_once():
 # -- report shapes -----------------------------------------------------------------------------
 
 
-def test_to_json_and_headline_shapes():
+def test_to_json_and_headline_shapes() -> None:
     ids = [str(i) for i in range(1319)]
     es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=0)
     assert es.headline().startswith("not stopped early (0 of 1319 problems): min-acc undecided")
@@ -458,7 +462,7 @@ def test_to_json_and_headline_shapes():
     assert es.headline().endswith("min-acc verdict FAIL is certain (at most 0.8499 reachable)")
 
 
-def test_fraction_threshold_exactness():
+def test_fraction_threshold_exactness() -> None:
     # 0.1 + 0.2 style decimals: the count threshold follows the gate's float test
     n = 30
     c = min_acc_count(0.3, n)

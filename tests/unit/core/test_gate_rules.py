@@ -11,7 +11,7 @@ from pytest_gsm8k.core.gates import GateVerdict, MaxDrop, McNemar, MinAcc
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 
-def test_min_acc_verdict_carries_value_and_threshold():
+def test_min_acc_verdict_carries_value_and_threshold() -> None:
     verdict = MinAcc(0.85).verdict(17, 20, "test@1, 0-shot CoT")
     assert verdict == GateVerdict(
         "min-acc",
@@ -28,7 +28,7 @@ def test_min_acc_verdict_carries_value_and_threshold():
     assert failed.to_json()["threshold"] == 0.85
 
 
-def test_min_acc_with_no_result_fails_and_says_why():
+def test_min_acc_with_no_result_fails_and_says_why() -> None:
     verdict = MinAcc(0.0).verdict(0, 0, "test@1")
     assert not verdict.passed
     assert verdict.value is None
@@ -36,7 +36,7 @@ def test_min_acc_with_no_result_fails_and_says_why():
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.1, 1 / 3, 0.5, 0.85, 0.9, 1.0])
-def test_min_acc_certain_bounds_agree_with_every_final_verdict(threshold):
+def test_min_acc_certain_bounds_agree_with_every_final_verdict(threshold: float) -> None:
     rule = MinAcc(threshold)
     n = 12
     for seen in range(n + 1):
@@ -50,7 +50,7 @@ def test_min_acc_certain_bounds_agree_with_every_final_verdict(threshold):
 
 
 @pytest.mark.parametrize("max_drop", [0.0, 0.02, 0.05, 0.2])
-def test_max_drop_certain_bounds_agree_with_every_final_verdict(max_drop):
+def test_max_drop_certain_bounds_agree_with_every_final_verdict(max_drop: float) -> None:
     rule = MaxDrop(max_drop)
     shared = 10
     for base, seen in itertools.product(range(shared + 1), range(shared + 1)):
@@ -65,7 +65,7 @@ def test_max_drop_certain_bounds_agree_with_every_final_verdict(max_drop):
                 assert finals == {"PASS", "FAIL"}
 
 
-def test_max_drop_verdict_fields():
+def test_max_drop_verdict_fields() -> None:
     verdict = MaxDrop(0.05).verdict(80, 75, 100)
     assert verdict.passed  # 0.8 - 0.75 is 0.05000000000000004 in floats: within the slack
     assert verdict.rule == "max-drop"
@@ -74,7 +74,7 @@ def test_max_drop_verdict_fields():
     assert not MaxDrop(0.0).verdict(80, 79, 100).passed
 
 
-def test_mcnemar_certain_bounds_are_the_extremes():
+def test_mcnemar_certain_bounds_are_the_extremes() -> None:
     rule = McNemar(0.05)
     # 5 baseline-right and 3 baseline-wrong problems still unseen
     for failing, passing in itertools.product(range(8), range(4)):

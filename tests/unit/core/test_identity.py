@@ -3,11 +3,13 @@ differ."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pytest_gsm8k.core.identity import describe_server, difference, reply_difference
 
 
 def test_describe_server_keeps_what_names_the_model_behind_the_name() -> None:
-    cards = [
+    cards: list[dict[str, Any]] = [
         {"id": "other", "root": "/x"},
         {
             "id": "m",

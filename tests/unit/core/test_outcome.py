@@ -8,6 +8,7 @@ import pytest
 
 from pytest_gsm8k.core.outcome import error_record, score_response
 from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.summary import Summary
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 
@@ -19,7 +20,7 @@ def _score(
     protocol: Protocol | None = None,
     finish: str = "stop",
     reasoning: str | None = None,
-) -> dict:
+) -> ProblemRecord:
     response = ModelResponse(
         completions=[Completion(text=t, finish_reason=finish, reasoning=reasoning) for t in texts]
     )
@@ -81,7 +82,9 @@ def test_pass_and_maj_decisions() -> None:
     assert voted["votes"] == [["17", 2], ["18", 1]]
 
 
-def _summary(records: list[dict], protocol: Protocol | None = None, split: str = "test") -> Summary:
+def _summary(
+    records: list[ProblemRecord], protocol: Protocol | None = None, split: str = "test"
+) -> Summary:
     protocol = protocol or Protocol()
     return Summary(
         protocol=protocol.identity(),

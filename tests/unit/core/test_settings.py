@@ -17,7 +17,7 @@ from pytest_gsm8k.core.settings import (
 )
 
 
-def settings(warnings: list[str] | None = None, **given: Any) -> Settings:
+def settings(warnings: list[str] | None = None, /, **given: Any) -> Settings:
     """build_settings with ``given`` (keys like min_acc) as the only set values."""
     notes = warnings if warnings is not None else []
     return build_settings(lambda o: given.get(o.dest[len("gsm8k_") :]), notes.append)
@@ -32,6 +32,7 @@ def test_defaults_are_test_at_1_zero_shot_chat() -> None:
     assert s.limit is None
     assert s.seed == 1234
     assert s.min_acc is None
+    assert s.max_tokens is not None
     assert s.max_tokens >= 512  # generous enough for chain of thought
     assert s.api_key_env == "OPENAI_API_KEY"
     assert s.model is None

@@ -49,8 +49,12 @@ def _requests(n: int) -> dict[str, Request]:
     }
 
 
+#: the scripted client, its engine, the controller's answer server, its address, the plan
+Channel = tuple[Scripted, Engine, AnswerServer, tuple[str, int], dict[str, Request]]
+
+
 @pytest.fixture
-def channel(tmp_path: Path):  # type: ignore[no-untyped-def]
+def channel(tmp_path: Path) -> Iterator[Channel]:
     client = Scripted(fail={"p3"})
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(8)
@@ -61,7 +65,7 @@ def channel(tmp_path: Path):  # type: ignore[no-untyped-def]
     engine.close()
 
 
-def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None:  # type: ignore[no-untyped-def]
+def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Channel) -> None:
     client, _engine, server, address, known = channel
     remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
     try:
@@ -82,7 +86,7 @@ def test_the_channel_prefetches_the_plan_and_answers_each_get(channel) -> None: 
     assert sorted(client.order) == sorted(known)  # the whole plan, each once
 
 
-def test_a_wrong_token_gets_nothing(channel) -> None:  # type: ignore[no-untyped-def]
+def test_a_wrong_token_gets_nothing(channel: Channel) -> None:
     client, _engine, _server, address, known = channel
     remote = RemoteAnswers(address, "not-the-token", endpoint="e", model="m", wait=10)
     try:
@@ -106,7 +110,12 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
     server = AnswerServer(engine, known.get)
     remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=600)
     try:
-        closer = threading.Timer(0.2, lambda: (server.close(), engine.close()))
+
+        def close_both() -> None:
+            server.close()
+            engine.close()
+
+        closer = threading.Timer(0.2, close_both)
         closer.start()
         with pytest.raises(EndpointAborted):
             remote.result(known["p0"])
@@ -212,7 +221,7 @@ def test_a_reply_for_another_problem_breaks_the_channel_for_good(
     scripted_controller: tuple[tuple[str, int], list[bytes]],
 ) -> None:
     address, replies = scripted_controller
-    answer = {"completions": [{"text": "#### 1"}], "usage": {}, "model": None}
+    answer: dict[str, Any] = {"completions": [{"text": "#### 1"}], "usage": {}, "model": None}
     replies += [b"", b"", _frame({"id": "p1", "response": answer, "cached": 0})]
     remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
     try:

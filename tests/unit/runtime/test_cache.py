@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +101,13 @@ def test_put_get_roundtrip_and_layout(tmp_path: Path) -> None:
 def test_background_writes_run_done_after_the_entry_is_on_disk(tmp_path: Path) -> None:
     cache = make(tmp_path)
     seen: list[bool] = []
+
+    def done(key: str) -> Callable[[], None]:
+        return lambda: seen.append(cache.get(key, BODY) is not None)
+
     keys = [cache_key("u", {**BODY, "seed": i}, "0") for i in range(50)]
     for key in keys:
-        cache.submit(
-            [(key, BODY, RESPONSE, None)],
-            done=lambda key=key: seen.append(cache.get(key, BODY) is not None),
-        )
+        cache.submit([(key, BODY, RESPONSE, None)], done=done(key))
     both = threading.Event()
     cache.submit(
         [

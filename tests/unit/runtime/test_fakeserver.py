@@ -26,6 +26,7 @@ from fakeserver import (
     stop_subprocess,
 )
 from gsm8k_copy import data_dir
+from openai.types.chat import ChatCompletionMessageParam
 
 DATA = data_dir() / "test.jsonl"
 MODEL = "fake-model"
@@ -55,7 +56,7 @@ def client(srv: FakeOpenAIServer, **kw: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.base_url, **kw)
 
 
-def chat_prompt(question: str) -> list[dict[str, str]]:
+def chat_prompt(question: str) -> list[ChatCompletionMessageParam]:
     """A realistic chat prompt: few-shot turns, then question + instruction."""
     return [
         {"role": "system", "content": "You are a careful math tutor."},
@@ -69,7 +70,7 @@ def chat_prompt(question: str) -> list[dict[str, str]]:
 
 
 def ask(c: openai.OpenAI, question: str, **kw: Any) -> Any:
-    return c.chat.completions.create(model=MODEL, messages=chat_prompt(question), **kw)  # type: ignore[arg-type]
+    return c.chat.completions.create(model=MODEL, messages=chat_prompt(question), **kw)
 
 
 def get_json(url: str) -> Any:
@@ -319,7 +320,7 @@ def test_concurrency_is_real(gsm8k: tuple[list[str], list[str]]) -> None:
             t0 = time.perf_counter()
             rs = await asyncio.gather(
                 *(
-                    ac.chat.completions.create(model=MODEL, messages=chat_prompt(questions[i]))  # type: ignore[arg-type]
+                    ac.chat.completions.create(model=MODEL, messages=chat_prompt(questions[i]))
                     for i in range(32)
                 )
             )
@@ -364,11 +365,11 @@ def test_cli_subprocess(gsm8k: tuple[list[str], list[str]]) -> None:
         assert url.startswith("http://127.0.0.1:")
         assert url.endswith("/v1")
         c = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0)
-        r = c.chat.completions.create(model="m2", messages=chat_prompt(questions[0]))  # type: ignore[arg-type]
+        r = c.chat.completions.create(model="m2", messages=chat_prompt(questions[0]))
         assert (r.choices[0].message.content or "").endswith("#### 19")
         root = url.removesuffix("/v1")
         assert post_json(root + "/_script", json.loads(Script().to_json())) == {"ok": True}
-        r = c.chat.completions.create(model="m2", messages=chat_prompt(questions[0]))  # type: ignore[arg-type]
+        r = c.chat.completions.create(model="m2", messages=chat_prompt(questions[0]))
         assert (r.choices[0].message.content or "").endswith(f"#### {golds[0]}")
         stats = get_json(root + "/_stats")
         assert stats["requests_by_index"] == {"0": 2}

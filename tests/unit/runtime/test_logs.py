@@ -18,7 +18,7 @@ def test_scrub_record_cleans_message_arguments_and_traceback() -> None:
         raise RuntimeError(f"server said: you sent {TEST_KEY}")
     except RuntimeError:
         record = logging.LogRecord(
-            "httpcore.http11", logging.DEBUG, __file__, 1, "headers %r", ((TEST_KEY,),), True
+            "httpcore.http11", logging.DEBUG, __file__, 1, "headers %r", ((TEST_KEY,),), None
         )
         record.exc_info = sys.exc_info()
     scrub_record(record, scrubber)
