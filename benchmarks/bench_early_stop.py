@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytest_gsm8k.core import early_stop as es_mod  # noqa: E402
-from pytest_gsm8k.core.early_stop import EarlyStop  # noqa: E402
-from pytest_gsm8k.core.gates import max_drop_count, min_acc_count  # noqa: E402
+from pytest_gsm8k.core import early_stop as es_mod
+from pytest_gsm8k.core.early_stop import EarlyStop
+from pytest_gsm8k.core.gates import max_drop_count, min_acc_count
 
 N = 1319
 #: (accuracy, min_acc, mode, most problems as the median over orders): the targets
@@ -343,14 +343,14 @@ def main() -> int:
     print("targets:")
     missed = 0
     for correct, threshold, mode, most in _TARGETS:
-        res = by_key.get((0, threshold, round(correct * N)), {}).get(mode)
-        if res is None:
+        target = by_key.get((0, threshold, round(correct * N)), {}).get(mode)
+        if target is None:
             continue
-        ok = res["median"] <= most
+        ok = target["median"] <= most
         missed += not ok
         print(
             f"  {mode}: accuracy {correct:g} vs min_acc {threshold:g}: median "
-            f"{res['median']:g} problems (target <= {most}): {'OK' if ok else 'MISS'}"
+            f"{target['median']:g} problems (target <= {most}): {'OK' if ok else 'MISS'}"
         )
     ok = worst <= args.alpha
     missed += not ok

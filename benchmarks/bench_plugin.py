@@ -288,9 +288,7 @@ def bench_latency(
                 measured["requests"] = sent
                 measured["worst"] = worst
                 text = log.read_text(errors="replace")
-                measured["ok"] = measured["rc"] == 0 and (
-                    f"n={problems}" in text if name != "reference" else f"n={problems}" in text
-                )
+                measured["ok"] = measured["rc"] == 0 and f"n={problems}" in text
                 if not measured["ok"]:
                     tail = "\n".join(text.splitlines()[-15:])
                     print(

@@ -5,7 +5,6 @@ gsm8k_outcome. The plugin module re-exports them so pytest registers them.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -70,14 +69,14 @@ def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
 
 
 @pytest.fixture(scope="session")
-def gsm8k_model(pytestconfig: pytest.Config) -> Iterator[Any]:
+def gsm8k_model(pytestconfig: pytest.Config) -> Any:
     """The model: an OpenAI-compatible endpoint from the options.
 
     Override it in your conftest.py with any callable that takes a
     :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
     (sync or async) to gate a model that has no HTTP endpoint.
     """
-    yield get_state(pytestconfig).sources.default_client()
+    return get_state(pytestconfig).sources.default_client()
 
 
 @pytest.fixture

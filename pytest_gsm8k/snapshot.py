@@ -4,7 +4,7 @@ The baseline is a syrupy single-file snapshot: :class:`GSM8KBaselineExtension`
 serializes it (sorted keys, one problem per line) and gives it its own file
 extension, ``.gsm8k``. syrupy (7.x) discovers unused snapshots per extension,
 so an amber snapshot beside it never claims the baseline as its own
-(tests/test_baseline.py checks that it is neither reported nor deleted).
+(tests/plugin/test_baseline_runs.py checks that it is neither reported nor deleted).
 The baseline is written once, on the controller, after
 all items: not from a test item, so syrupy's per-item assertion machinery
 (which needs a test location) is not involved.

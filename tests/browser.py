@@ -15,10 +15,12 @@ import shutil
 import socket
 import struct
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
+from helpers import wait_until
 
 FLAGS = [
     "--headless",
@@ -38,6 +40,12 @@ FLAGS = [
 
 def chromium() -> str | None:
     return shutil.which("chromium")
+
+
+#: a test that drives headless Chromium: skipped, saying why, where it is not installed
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    chromium() is None, reason="chromium not found on PATH (apt-get install chromium)"
+)
 
 
 class Browser:
@@ -70,11 +78,14 @@ class Browser:
             raise
 
     def _connect(self, port_file: Path) -> None:
-        deadline = time.monotonic() + 60
-        while not (port_file.is_file() and port_file.read_text().count("\n") >= 1):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("chromium did not open its DevTools port")
-            time.sleep(0.05)
+        def written() -> bool:
+            return port_file.is_file() and port_file.read_text().count("\n") >= 1
+
+        def ended() -> bool:
+            return written() or self.proc.poll() is not None
+
+        if not (wait_until(ended, 60, interval=0.05) and written()):
+            raise RuntimeError("chromium did not open its DevTools port")
         port = int(port_file.read_text().split()[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as resp:
             page = next(t for t in json.load(resp) if t["type"] == "page")
@@ -95,10 +106,15 @@ class Browser:
 
     # -- websocket frames ---------------------------------------------------------------------
 
+    def _socket(self) -> socket.socket:
+        if self.sock is None:
+            raise ConnectionError("DevTools connection not open")
+        return self.sock
+
     def _recv_exact(self, n: int) -> bytes:
         buf = bytearray()
         while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
+            chunk = self._socket().recv(n - len(buf))
             if not chunk:
                 raise ConnectionError("DevTools connection closed")
             buf += chunk
@@ -116,7 +132,7 @@ class Browser:
         mask = os.urandom(4)
         stream = (mask * (n // 4 + 1))[:n]
         body = (int.from_bytes(payload, "big") ^ int.from_bytes(stream, "big")).to_bytes(n, "big")
-        self.sock.sendall(head + mask + body)
+        self._socket().sendall(head + mask + body)
 
     def _recv_message(self) -> dict[str, Any]:
         data = b""

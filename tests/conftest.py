@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakeserver import FakeOpenAIServer, Script
+from browser import Browser
+from fakeserver import FakeOpenAIServer
 from gsm8k_copy import data_dir
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY
 
 # pytester's in-process runs drop the modules first imported inside them. httpx imports
 # httpcore lazily, on the first connection, and caches httpcore's exception classes; once
@@ -26,8 +28,6 @@ from gsm8k_copy import data_dir
 for _name in ("httpcore2", "httpcore"):
     with contextlib.suppress(ImportError):
         importlib.import_module(_name)
-
-TEST_KEY = "sk-test-SECRET-1234567890"
 
 
 @pytest.fixture(scope="session")
@@ -54,8 +54,7 @@ def gsm8k_args(server: FakeOpenAIServer) -> list[str]:
     return [
         "--gsm8k-model=fake-model",
         f"--gsm8k-base-url={server.base_url}",
-        "-p",
-        "no:randomly",
+        *NO_EXTRA_PLUGINS,
     ]
 
 
@@ -108,4 +107,11 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "hf"
 
 
-__all__ = ["Script", "TEST_KEY"]
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """Headless Chromium with a fresh profile (tests using it are marked NEEDS_CHROMIUM)."""
+    b = Browser(tmp_path / "chromium-profile", height=1500)
+    try:
+        yield b
+    finally:
+        b.close()

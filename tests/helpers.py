@@ -9,15 +9,51 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 
+#: the tests folder (shared helpers, the fake server, recorded data) and the repository above it
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+#: the scripted server as a program (``python fakeserver.py ...``), for serve commands
+FAKESERVER = TESTS / "fakeserver.py"
+#: what lm-evaluation-harness sent and scored, recorded by data/record_lm_eval.py
+LM_EVAL_RECORDING = TESTS / "data" / "lm_eval_requests.json"
+
+#: the API key the fake servers accept (conftest's ``server``, ``keyed_env``)
+TEST_KEY = "sk-test-SECRET-1234567890"
+
+#: Plugins an inner pytest run never loads, whatever the environment has installed:
+#: pytest-randomly would reorder the items (tests read outcomes in run order), hypothesis's
+#: plugin imports hypothesis at the end of every run (time only), pytest-benchmark warns
+#: under xdist. Every run a test starts passes these (``gsm8k_args`` includes them).
+NO_EXTRA_PLUGINS = ("-p", "no:randomly", "-p", "no:hypothesispytest", "-p", "no:benchmark")
+#: pytest's cache plugin off as well: the run has no .pytest_cache folder to write into
+NO_CACHEPROVIDER = ("-p", "no:cacheprovider")
+
 #: run a pytester test twice: in one process, and under pytest-xdist with two workers
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
+    """Call ``predicate`` every ``interval`` seconds until it returns something true or
+    ``timeout`` seconds have passed, and say whether it did.
+
+    A bound on a wait for something another thread or process does, never a timing
+    assertion: the caller asserts the result, or what it waited for, itself.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
 
 
 def output(result: pytest.RunResult) -> str:

@@ -176,18 +176,18 @@ class _WorTest:
     """
 
     __slots__ = (
-        "size",
-        "scale",
-        "null",
-        "up",
         "binary",
-        "threshold",
-        "mix",
         "caps",
-        "t",
+        "mix",
+        "null",
+        "rejected",
+        "scale",
         "seen",
         "seen_sq",
-        "rejected",
+        "size",
+        "t",
+        "threshold",
+        "up",
     )
 
     def __init__(

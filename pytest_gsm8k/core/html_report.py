@@ -283,7 +283,7 @@ def _header(report: Mapping[str, Any], compared: bool) -> str:
 
 def _headline(report: Mapping[str, Any]) -> str:
     """The terminal headline, for a report written before it carried one."""
-    low, high = (list(report.get("ci95") or []) + [0.0, 0.0])[:2]
+    low, high = [*(report.get("ci95") or []), 0.0, 0.0][:2]
     label = (report.get("protocol") or {}).get("label", "?")
     return (
         f"gsm8k acc ({label}) = {_fmt(report.get('accuracy'))}  "
@@ -359,7 +359,7 @@ def _time_line(report: Mapping[str, Any]) -> str:
 
 
 def _baseline_card(base: Mapping[str, Any]) -> str:
-    low, high = (list(base.get("difference_ci95") or []) + [0.0, 0.0])[:2]
+    low, high = [*(base.get("difference_ci95") or []), 0.0, 0.0][:2]
     where = (
         f"on the {base.get('shared')} problems shared with the baseline's "
         f"{base.get('baseline_n')} (subset)"
@@ -434,7 +434,7 @@ def _min_acc(report: Mapping[str, Any]) -> float | None:
 def _accuracy_card(report: Mapping[str, Any], compared: bool) -> str:
     """Accuracy, its Wilson interval, the min-acc threshold and the baseline on one axis."""
     acc = _float(report.get("accuracy"))
-    low, high = (list(report.get("ci95") or []) + [acc, acc])[:2]
+    low, high = [*(report.get("ci95") or []), acc, acc][:2]
     marks: list[tuple[str, float]] = []
     threshold = _min_acc(report)
     if threshold is not None:

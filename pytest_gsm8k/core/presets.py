@@ -11,8 +11,8 @@ sent by the models ``local-completions`` and ``local-chat-completions
 --apply_chat_template`` (``lm_eval/models/openai_completions.py`` on top of
 ``lm_eval/models/api_models.py``).  The files each piece copies are named
 below; ``tests/data/lm_eval_requests.json`` holds request bodies and scores
-recorded from that version (``tests/data/record_lm_eval.py`` re-records them)
-and ``tests/test_presets.py`` checks this module against them byte for byte.
+recorded from that version (``tests/data/record_lm_eval.py`` re-records them) and
+``tests/unit/core/test_presets.py`` checks this module against them byte for byte.
 
 Prompt (``ConfigurableTask.fewshot_context`` / ``build_qa_turn`` in
 ``lm_eval/api/task.py``, ``Message``/``multiturn_to_singleturn`` in

@@ -232,7 +232,7 @@ class ResponseCache:
                 continue
             try:
                 future.set_result(None if self.unreadable is not None else self.get(key, body))
-            except BaseException as exc:  # noqa: BLE001 - handed to the reader's caller
+            except BaseException as exc:  # handed to the reader's caller
                 future.set_exception(exc)
 
     def stop_reading(self, seconds: float) -> None:
@@ -287,7 +287,7 @@ class ResponseCache:
                 self.put(key, body, response, server)
             except OSError as exc:
                 self._warn_folder("write", exc)
-            except Exception as exc:  # noqa: BLE001 - a cache problem never fails the run
+            except Exception as exc:  # a cache problem never fails the run
                 self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
         if done is not None:
             with contextlib.suppress(Exception):

@@ -83,11 +83,19 @@ class Breaker:
     grows only by retries, so :meth:`fit` lowers the threshold to the
     concurrency (at least 3): one request alone still trips it after about
     3.5 s instead of exhausting its retries and the next request's.
+
+    ``clock`` (seconds, monotonic) measures the streak; tests pass a clock they move.
     """
 
-    def __init__(self, threshold: int = 8, min_seconds: float = 2.0) -> None:
+    def __init__(
+        self,
+        threshold: int = 8,
+        min_seconds: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.threshold = threshold
         self.min_seconds = min_seconds
+        self.clock = clock
         self.count = 0
         self.first: float | None = None
         self.last_error = ""
@@ -111,7 +119,7 @@ class Breaker:
         self.first = None
 
     def failure(self, error: BaseException) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if self.count == 0:
             self.first = now
         self.count += 1

@@ -541,7 +541,7 @@ class Engine:
             self._store(writes)  # samples that did arrive are kept
             self._finish(job, error=EndpointAborted(self.aborted or "run cancelled"))
             raise
-        except Exception as exc:  # noqa: BLE001 - classified below, never lost
+        except Exception as exc:  # classified below, never lost
             self._store(writes)
             message, fatal = describe_error(exc)
             message = self._say(message)

@@ -182,7 +182,7 @@ def fetch(
                 if len(body) > MAX_BODY:
                     raise FetchTooLarge(f"a reply over {MAX_BODY // (1 << 20)} MiB")
                 outcome.append(body)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as exc:  # handed to the caller's thread
             outcome.append(exc)
         finally:
             done.set()

@@ -286,7 +286,7 @@ def rebuild_hint() -> str:
         from importlib.metadata import version
 
         pinned = f"llama-cpp-python=={version('llama-cpp-python')}"
-    except Exception:  # noqa: BLE001 - only the hint's precision depends on it
+    except Exception:  # only the hint's precision depends on it
         pinned = "llama-cpp-python"
     return (
         f'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-deps '

@@ -36,7 +36,7 @@ def scrub_record(record: logging.LogRecord, scrubber: Scrubber) -> None:
     """Replace ``record``'s message, traceback and stack text by scrubbed text."""
     try:
         message = record.getMessage()
-    except Exception:  # noqa: BLE001 - logging reports a bad format itself, when it emits
+    except Exception:  # logging reports a bad format itself, when it emits
         return
     record.msg = scrubber.text(message)
     record.args = None

@@ -2,7 +2,7 @@
 
 Why: ``pytest_gsm8k/presets.py`` claims to send, for ``--gsm8k-preset lm-eval``,
 exactly the requests lm-eval sends for its ``gsm8k`` task and to score them
-exactly as lm-eval does.  ``tests/test_presets.py`` checks that claim against
+exactly as lm-eval does.  ``tests/unit/core/test_presets.py`` checks that claim against
 this fixture without needing lm-eval installed; this script is how the fixture
 is made, so anyone can regenerate it (e.g. for a new lm-eval release) and
 review the diff.
@@ -229,13 +229,20 @@ def _run(
     }
 
 
+def _lm_eval_dir() -> Path:
+    """Where the installed lm-eval lives (its task files are read from there)."""
+    import lm_eval
+
+    return Path(lm_eval.__file__).parent
+
+
 def _scoring_cases() -> list[dict[str, Any]]:
     """Edge cases scored by lm-eval's own RegexFilter and exact_match code."""
     import yaml  # lm-eval depends on PyYAML
     from lm_eval.api.metrics import exact_match_hf_evaluate
     from lm_eval.filters.extraction import RegexFilter
 
-    cfg_path = Path(__import__("lm_eval").__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+    cfg_path = _lm_eval_dir() / "tasks" / "gsm8k" / "gsm8k.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     filters = {}
     for f in cfg["filter_list"]:
@@ -251,7 +258,7 @@ def _scoring_cases() -> list[dict[str, Any]]:
     for text, gold in SCORING_CASES:
         case: dict[str, Any] = {"response": text, "gold": gold, "extracted": {}, "exact_match": {}}
         for name, flt in filters.items():
-            extracted = list(flt.apply([[text]], [{}]))[0][0]
+            extracted = next(iter(flt.apply([[text]], [{}])))[0]
             score = exact_match_hf_evaluate(
                 predictions=[extracted], references=[gold], **metric_kwargs
             )["exact_match"]
@@ -295,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     fixture = {
         "about": (
             "Requests and scores recorded from lm-evaluation-harness against tests/fakeserver.py "
-            "by tests/data/record_lm_eval.py; checked by tests/test_presets.py."
+            "by tests/data/record_lm_eval.py; checked by tests/unit/core/test_presets.py."
         ),
         "lm_eval_version": version,
         "environment": {
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": MODEL,
         "system_instruction": SYSTEM,
         "task_yaml": task_yaml.replace(str(data), "<data>").replace(
-            str(Path(__import__("lm_eval").__file__).parent), "<lm_eval>"
+            str(_lm_eval_dir()), "<lm_eval>"
         ),
         "script": {
             "behaviours": {str(k): v for k, v in BEHAVIOURS.items()},

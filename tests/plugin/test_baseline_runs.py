@@ -1,0 +1,228 @@
+"""The release gate against a stored baseline (syrupy snapshot), end to end."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+
+from pytest_gsm8k.core import baseline as bl
+
+LIMIT = "--gsm8k-limit=50"
+BASELINE = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
+
+
+def _ids(pytester: pytest.Pytester) -> list[int]:
+    report = json.loads((pytester.path / "r.json").read_text())
+    return sorted(p["index"] for p in report["problems"])
+
+
+@pytest.fixture
+def recorded(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> list[int]:
+    """A baseline recorded from an all-correct run of the 50-problem subset."""
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-report=r.json", "--snapshot-update")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=50, accuracy 1.0000)*"])
+    return _ids(pytester)
+
+
+def test_baseline_file_is_stable_sorted_json(
+    pytester: pytest.Pytester, recorded: list[int]
+) -> None:
+    text = (pytester.path / BASELINE).read_text()
+    data = bl.loads(text, "baseline")
+    assert data["protocol"]["name"] == "test@1"
+    assert data["protocol"]["shots"] == 0
+    assert data["dataset"]["fingerprint"]
+    assert data["dataset"]["split"] == "test"
+    assert list(data["problems"]) == sorted(data["problems"])
+    assert set(data["problems"].values()) == {"correct"}
+    assert len(data["problems"]) == 50
+    assert text == bl.dumps(data)  # canonical formatting: a re-dump is byte-identical
+    assert "sk-test" not in text
+
+
+def test_identical_rerun_passes(
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+) -> None:
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "*1.0000 -> 1.0000 on 50 problems*",
+            "*0 newly failing, 0 newly passing; McNemar one-sided p=1*",
+            "*gate baseline: PASS*",
+        ]
+    )
+
+
+def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
+    pytester: pytest.Pytester,
+    recorded: list[int],
+    gsm8k_args: list[str],
+    server: FakeOpenAIServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    flipped = recorded[5:8]
+    server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
+    summary_md = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary_md))
+    result = pytester.runpytest(
+        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=r.json", "--junitxml=junit.xml"
+    )
+    assert result.ret == 1
+    ids = ", ".join(f"test-{i:04d}" for i in flipped)
+    # exact one-sided McNemar: 3 newly failing, 0 newly passing -> P(X >= 3 | Bin(3, 1/2)) = 1/8
+    result.stdout.fnmatch_lines(
+        [
+            "*1.0000 -> 0.9400 on 50 problems; diff -0.0600*",
+            "*3 newly failing, 0 newly passing; McNemar one-sided p=0.125*",
+            f"*newly failing: {ids}",
+            "*gate baseline: FAIL: accuracy 0.9400 vs baseline 1.0000: drop 0.0600 > "
+            "--gsm8k-max-drop 0*",
+        ]
+    )
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["baseline"]["newly_failing"] == [f"test-{i:04d}" for i in flipped]
+    assert report["baseline"]["mcnemar_p"] == pytest.approx(0.125)
+    assert [g["name"] for g in report["gates"] if not g["passed"]] == ["baseline"]
+
+    markdown = summary_md.read_text()
+    assert "### gsm8k acc (test@1, 0-shot CoT) = 0.9400" in markdown
+    assert "| baseline | FAIL |" in markdown
+    for i in flipped:
+        assert f"- `test-{i:04d}`: " in markdown
+
+    cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+    props = {
+        case.get("name"): {p.get("name"): p.get("value", "") for p in case.iter("property")}
+        for case in cases
+    }
+    wrong = props[f"test_gsm8k[test-{flipped[0]:04d}]"]
+    assert wrong["gsm8k_outcome"] == "wrong"
+    assert int(wrong["gsm8k_extracted"]) == int(wrong["gsm8k_gold"]) + 1
+
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-alpha=0.05")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*gate baseline: PASS: McNemar p=0.125 >= --gsm8k-alpha 0.05*"])
+
+
+def test_subset_run_is_compared_on_its_subset(
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+) -> None:
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-report=r.json")
+    assert result.ret == 0
+    shared = set(_ids(pytester)) & set(recorded)  # limit 20 is a subset of limit 50
+    assert len(shared) == 20
+    result.stdout.fnmatch_lines(["*on the 20 problems shared with the baseline's 50 (subset)*"])
+
+
+def test_protocol_mismatch_is_refused(
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+) -> None:
+    result = pytester.runpytest(
+        *gsm8k_args, LIMIT, "--gsm8k-max-tokens=512", f"--gsm8k-baseline={BASELINE}"
+    )
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            f"*gate baseline: FAIL: refused to compare with {BASELINE}: protocol max_tokens is 512 "
+            "here but 1024 in the baseline*"
+        ]
+    )
+
+
+def test_corrupt_baseline_is_named(
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+) -> None:
+    path = pytester.path / BASELINE
+    path.write_text(path.read_text()[:200])
+    result = pytester.runpytest(*gsm8k_args, LIMIT)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([f"*gate baseline: FAIL: {BASELINE}: corrupt baseline (line *"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_missing_baseline_is_a_note_unless_required(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [f"*baseline: no baseline at {BASELINE}; record one with: *--snapshot-update"]
+    )
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-require-baseline")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*gate baseline: FAIL: no baseline at*--gsm8k-require-baseline*"])
+
+
+def test_update_after_errors_refuses_to_write(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-report=r.json")
+    first = _ids(pytester)[0]
+    server.set_script(Script(behaviours={first: "error500"}))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-limit=10",
+        "--gsm8k-no-cache",
+        "--gsm8k-max-retries=0",
+        "--snapshot-update",
+    )
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [f"*gate baseline: FAIL: not written to {BASELINE}: 1 problems ended in an error*"]
+    )
+    assert not (pytester.path / BASELINE).exists()
+
+
+def test_both_gates_listed_and_named_baselines_side_by_side(
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+) -> None:
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.99")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*gate min-acc: PASS*", "*gate baseline: PASS*"])
+    result = pytester.runpytest(
+        *gsm8k_args, LIMIT, "--gsm8k-baseline-name=release-41", "--snapshot-update"
+    )
+    assert (pytester.path / "__snapshots__" / "gsm8k" / "release-41.gsm8k").is_file()
+    assert (pytester.path / BASELINE).is_file()
+
+
+def test_syrupy_never_reports_or_deletes_the_baseline(
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+) -> None:
+    # an ordinary amber snapshot test living in the same __snapshots__ folder
+    pytester.makepyfile(test_amber="def test_amber(snapshot):\n    assert snapshot == {'a': 1}\n")
+    result = pytester.runpytest("test_amber.py", "--snapshot-update")
+    assert result.ret == 0, result.stdout.str()
+    assert (pytester.path / BASELINE).is_file()
+    result = pytester.runpytest("test_amber.py")
+    assert result.ret == 0, result.stdout.str()
+    assert "unused" not in result.stdout.str().lower()
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "test_amber.py", "--snapshot-update")
+    assert result.ret == 0, result.stdout.str()
+    assert (pytester.path / BASELINE).is_file()
+
+
+def test_same_result_with_xdist(
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+) -> None:
+    flipped = recorded[:3]
+    server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
+    outputs = []
+    for extra in ([], ["-n", "2"]):
+        result = pytester.runpytest(
+            *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=r.json", *extra
+        )
+        assert result.ret == 1
+        report = json.loads((pytester.path / "r.json").read_text())
+        outputs.append((report["baseline"], report["gates"]))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0]["newly_failing"] == [f"test-{i:04d}" for i in flipped]

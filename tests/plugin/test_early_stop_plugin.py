@@ -1,0 +1,243 @@
+"""--gsm8k-early-stop end to end: the plugin stops when the gates' verdicts are settled.
+
+Real runs (pytester) against the loopback fake server; the evidence is the server's
+own request count and the JSON report. The statistics themselves are tested in
+tests/unit/core/test_early_stop.py; the simulation is benchmarks/bench_early_stop.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_EXTRA_PLUGINS, XDIST, sent
+from helpers import read_json as report
+
+
+@XDIST
+def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-concurrency=8",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 1
+    # FAIL is certain once more than 0.15 * 1319 = 197.85 answers are not correct
+    assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
+    data = report(pytester.path / "r.json")
+    early = data["early_stop"]
+    assert early["mode"] == "certain"
+    assert early["decided_after"] == 198
+    assert early["verdicts"] == {"min-acc": "FAIL"}
+    assert data["complete"] is False
+    assert data["counts"]["error"] == 0
+    assert data["n"] == len(data["problems"]) >= 198  # every problem that ran is listed
+    result.stdout.fnmatch_lines(
+        [
+            "*early stop (certain): stopped after 198 of 1319 problems: min-acc verdict FAIL is "
+            "certain (at most 0.8499 reachable)*"
+        ]
+    )
+    gate = next(g for g in data["gates"] if g["name"] == "min-acc")
+    assert gate["passed"] is False
+    assert "stopped after 198 of 1319" in gate["detail"]
+
+
+@XDIST
+@pytest.mark.parametrize("protocol", ["pass@4", "maj@3"])
+def test_certain_stops_sampled_protocols_after_198_problems(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+    protocol: str,
+) -> None:
+    """pass@N and maj@N decide per problem from all its samples (one request with ``n``):
+    the stop counts problems, and no sample is asked for a problem past the stop."""
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        f"--gsm8k-protocol={protocol}",
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-concurrency=8",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 1, result.stdout.str()
+    assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
+    data = report(pytester.path / "r.json")
+    assert data["protocol"]["name"] == protocol
+    early = data["early_stop"]
+    assert early["decided_after"] == 198
+    assert early["verdicts"] == {"min-acc": "FAIL"}
+    samples = int(protocol.split("@")[1])
+    assert all(len(p["samples"]) == samples for p in data["problems"]), "every sample kept"
+    result.stdout.fnmatch_lines([f"*gsm8k acc ({protocol}*", "*stopped after 198 of 1319*"])
+
+
+@XDIST
+def test_sequential_passes_a_good_model_early_with_its_interval(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-min-acc=0.5",
+        "--gsm8k-early-stop=sequential",
+        "--gsm8k-concurrency=4",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 0, result.stdout.str()
+    data = report(pytester.path / "r.json")
+    early = data["early_stop"]
+    assert early["mode"] == "sequential"
+    assert early["alpha"] == 0.05
+    assert early["verdicts"] == {"min-acc": "PASS"}
+    assert early["decided_after"] < 100
+    # under xdist the workers' items arrive out of the seeded order: those beyond the
+    # prefix the test may use still ran; nothing was fetched beyond them but what was in flight
+    assert data["n"] < 100
+    assert sent(server) <= data["n"] + 4
+    low, high = early["gates"]["min-acc"]["interval"]
+    assert 0.5 <= low <= high <= 1.0
+    result.stdout.fnmatch_lines(
+        ["*min-acc verdict PASS at alpha 0.05 (accuracy of the full split in *"]
+    )
+
+
+def test_the_sequential_order_is_the_seeded_one(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    from pytest_gsm8k.core.early_stop import run_order
+
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-early-stop=sequential", "--co", "-q", "--gsm8k-seed=7"
+    )
+    ids = [line.split("[", 1)[1].rstrip("]") for line in result.outlines if "[test-" in line]
+    assert len(ids) == 1319
+    assert ids == run_order(sorted(ids), 7)
+
+
+def test_an_early_stopped_run_writes_no_baseline(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-no-cache",
+        "--snapshot-update",
+    )
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*gate baseline: FAIL: not written to *: the run stopped early*"])
+    assert not list(pytester.path.rglob("*.gsm8k"))
+
+
+def test_the_baseline_gate_stops_early_and_a_later_full_run_sends_only_the_rest(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    run = [
+        *gsm8k_args,
+        "--gsm8k-limit=200",
+        "--gsm8k-concurrency=4",
+        "--gsm8k-cache-dir=cache",
+    ]
+    assert pytester.runpytest(*run, "--snapshot-update").ret == 0  # baseline: all correct
+    server.reset()
+    # a release that broke everything; answers take long enough that some are under way at the stop
+    server.set_script(Script(default="wrong", latency=0.3))
+    result = pytester.runpytest(
+        *run,
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-max-drop=0.1",
+        "--gsm8k-cache-dir=cache2",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 1
+    early = report(pytester.path / "r.json")["early_stop"]
+    # the drop exceeds 0.1 for certain once 21 of the 200 shared problems are wrong
+    assert early["verdicts"] == {"baseline": "FAIL"}
+    assert early["decided_after"] == 21
+    first = sent(server)
+    assert 21 <= first <= 21 + 4 + 1
+    server.reset()
+    server.set_script(Script(default="wrong"))
+    full = pytester.runpytest(*run, "--gsm8k-cache-dir=cache2", "--gsm8k-report=full.json")
+    assert full.ret == 1
+    # the cache kept what the early run asked, including the answers under way at the stop
+    assert sent(server) == 200 - first
+    assert report(pytester.path / "full.json")["n"] == 200
+
+
+WRONG_CALLABLE = """
+import os
+import pytest
+
+def model(request):
+    with open(os.environ["CALLS_FILE"], "a") as fh:  # O_APPEND: whole lines, any process
+        fh.write(request.problem_id + "\\n")
+    return "#### -1"
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return model
+"""
+
+
+@XDIST
+def test_a_users_callable_stops_being_called_once_decided(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, xdist: list[str]
+) -> None:
+    """Under xdist each worker calls a user's model itself: the controller's decision must
+    reach them, or each would go on through the items xdist already handed it."""
+    calls = pytester.path / "calls.txt"
+    monkeypatch.setenv("CALLS_FILE", str(calls))
+    pytester.makeconftest(WRONG_CALLABLE)
+    result = pytester.runpytest(
+        *xdist,
+        "--gsm8k-model=mine",
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-concurrency=8",
+        "--gsm8k-report=r.json",
+        *NO_EXTRA_PLUGINS,
+    )
+    assert result.ret == 1, result.stdout.str()
+    ids = calls.read_text().split()
+    assert len(ids) == len(set(ids))  # none twice
+    # decided after 198; what was in flight or prefetched (concurrency 8 in all) may finish,
+    # and under xdist a worker may run a few more items before the controller's word reaches
+    # it (measured 204-207); without the word each worker ran all it held (562 calls)
+    assert 198 <= len(ids) <= 198 + 8 + 8, len(ids)
+    data = report(pytester.path / "r.json")
+    assert data["early_stop"]["decided_after"] == 198
+    assert data["counts"]["error"] == 0
+    result.stdout.fnmatch_lines(["*stopped after 198 of 1319 problems*"])

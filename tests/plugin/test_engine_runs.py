@@ -1,0 +1,465 @@
+"""The engine end to end: prefetch, retries, fail-fast, resume, xdist, user callables.
+
+Every run is the real plugin (pytester, in-process unless xdist or a SIGKILL
+needs processes) against the loopback fake server of tests/fakeserver.py; the
+server's own counters (requests per problem, peak in flight, status codes)
+are the evidence, never the plugin's opinion of itself.
+The engine driven directly with scripted clients is in
+tests/unit/runtime/test_engine.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
+from helpers import read_json as read_report
+
+HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
+
+
+def per_problem(server: FakeOpenAIServer) -> dict[int, int]:
+    return {int(k): int(v) for k, v in server.stats()["requests_by_index"].items()}
+
+
+def comparable(report: dict[str, Any]) -> dict[str, Any]:
+    """A report without what legitimately differs between a run and its cached rerun."""
+    out = {
+        k: v
+        for k, v in report.items()
+        if k not in ("from_cache", "started_at", "finished_at", "duration_s")
+    }
+    out["problems"] = [{k: v for k, v in p.items() if k != "cached"} for p in report["problems"]]
+    return out
+
+
+def entries(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / "responses").glob("*/*.json"))
+
+
+# -- prefetch -------------------------------------------------------------------------
+
+
+def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(latency=0.25))
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=48", "--gsm8k-concurrency=12", "--gsm8k-no-cache"
+    )
+    assert result.ret == 0, output(result)
+    stats = server.stats()
+    assert stats["peak_in_flight"] == 12
+    assert sent(server) == 48
+    assert set(per_problem(server).values()) == {1}
+
+
+def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    script = Script(
+        behaviours={i: "wrong" for i in range(0, 1319, 7)}
+        | {i: "unparsed" for i in range(3, 1319, 11)},
+        latency=0.1,
+    )
+    server.set_script(script)
+    run = [*gsm8k_args, "--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache"]
+    plain = pytester.runpytest(*run, "--gsm8k-report=plain.json")
+    assert plain.ret == 0, output(plain)
+    assert sent(server) == 80
+    one = read_report(pytester.path / "plain.json")
+    assert 0 < one["correct"] < 80
+    headline = [line for line in plain.outlines if line.startswith(HEADLINE)]
+    assert headline
+    # -n auto is the cores (2 here); -n 3 has more workers than cores, so two of them wait
+    # for the fetcher's first answer.
+    for workers in ("2", "auto", "3"):
+        server.reset()
+        server.set_script(script)
+        spread = pytester.runpytest(*run, "-n", workers, f"--gsm8k-report=x{workers}.json")
+        assert spread.ret == 0, output(spread)
+        assert sent(server) == 80, workers
+        assert set(per_problem(server).values()) == {1}, workers
+        assert 8 <= server.stats()["peak_in_flight"] <= 16  # never more than the limit
+        assert comparable(read_report(pytester.path / f"x{workers}.json")) == comparable(one)
+        assert headline == [line for line in spread.outlines if line.startswith(HEADLINE)]
+
+
+@XDIST
+def test_a_request_failing_after_retries_is_asked_no_more_than_the_retries(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(behaviours={i: "error500" for i in range(0, 1319, 4)}))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=24",
+        "--gsm8k-max-retries=1",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    report = read_report(pytester.path / "r.json")
+    failed = {p["index"] for p in report["problems"] if p["outcome"] == "error"}
+    assert failed
+    assert failed == {p["index"] for p in report["problems"] if p["index"] % 4 == 0}
+    assert {p["error"] for p in report["problems"] if p["outcome"] == "error"} == {
+        "HTTP 500 after retries: The server had an error (scripted)."
+    }
+    counts = per_problem(server)
+    assert all(counts[i] == (2 if i in failed else 1) for i in counts), counts  # 1 + 1 retry
+    assert result.ret != 0
+
+
+# -- retries and fail-fast ----------------------------------------------------------
+
+
+def test_429_storm_with_retry_after_ends_with_every_answer(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    storm = {i: {"429": 4} for i in range(1319)}
+    server.set_script(Script(fail_first=storm, retry_after=0.05))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-limit=30",
+        "--gsm8k-concurrency=10",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 0, output(result)
+    report = read_report(pytester.path / "r.json")
+    assert report["counts"]["correct"] == 30
+    assert report["counts"]["error"] == 0
+    stats = server.stats()
+    assert stats["status_counts"].get(429) == 120  # every request refused four times
+    assert stats["status_counts"].get(200) == 31  # 30 answers and the preflight
+    assert "unreachable" not in output(result)
+
+
+def _one_message_failure(result: pytest.RunResult, report: dict[str, Any]) -> str:
+    """The checks every dead-endpoint run must pass; returns the shared message."""
+    text = output(result)
+    assert result.ret not in (0, pytest.ExitCode.USAGE_ERROR), text
+    errors = [p for p in report["problems"] if p["outcome"] == "error"]
+    assert errors
+    assert len(errors) + report["counts"]["correct"] == report["n"] == 1319
+    messages = Counter(p["error"] for p in errors)
+    assert len(messages) == 1, messages  # one message shared by every unfinished item
+    [message] = messages
+    assert "unreachable" in message
+    assert "stopped sending" in message
+    assert "Traceback" not in text
+    assert "raise " not in text
+    # a few lines name it (the failed item, the run-stopped line), not one per problem
+    assert sum(message[:40] in line for line in text.splitlines()) <= 8, text
+    return str(message)
+
+
+def test_server_dying_mid_run_fails_fast_with_one_message(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(latency=0.02))
+    server.die_after = 40
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-concurrency=16", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+    )
+    report = read_report(pytester.path / "r.json")
+    _one_message_failure(result, report)
+    # The run stops at the first item whose answer died with the server; answers that arrived
+    # for items after it (out of order, up to the concurrency) are reported as errors too.
+    assert 40 - 16 <= report["counts"]["correct"] <= 40
+    assert sent(server) <= 40 + 16
+
+
+def test_server_killed_under_xdist_fails_fast_with_one_message(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(latency=0.05))
+
+    def kill_after_some_answers() -> None:
+        wait_until(lambda: server.stats()["completed"] >= 30, 30)
+        server.kill()
+
+    killer = threading.Thread(target=kill_after_some_answers, daemon=True)
+    killer.start()
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "-n",
+        "2",
+        "--gsm8k-concurrency=16",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    killer.join()
+    _one_message_failure(result, read_report(pytester.path / "r.json"))
+
+
+# -- cache and resume -----------------------------------------------------------------
+
+
+def _settle(server: FakeOpenAIServer) -> None:
+    """Wait until nothing more arrives (bytes a killed client left in a socket included):
+    the same request count, with nothing in flight, four polls in a row."""
+    seen: list[int] = []
+
+    def quiet() -> bool:
+        stats = server.stats()
+        seen.append(-1 if stats["in_flight"] else stats["requests_total"])
+        return len(seen) >= 4 and seen[-1] >= 0 and len(set(seen[-4:])) == 1
+
+    assert wait_until(quiet, 30, interval=0.05), "the server never went quiet"
+
+
+@XDIST
+def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(latency=0.05))
+    cache = pytester.path / "cache"
+    run = [
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=120",
+        "--gsm8k-concurrency=4",
+        f"--gsm8k-cache-dir={cache}",
+    ]
+    # Its own process group, killed as a whole the way a CI runner kills a job; its
+    # temporary run folder (left behind by the kill) goes under pytester's folder.
+    (pytester.path / "tmp").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *run],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
+    )
+    try:
+        wait_until(lambda: len(entries(cache)) >= 20, 30)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    _settle(server)
+    kept = len(entries(cache))
+    first_run = sent(server)
+    assert 20 <= kept < 120
+    assert kept <= first_run < 120
+
+    server.reset()
+    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    assert result.ret == 0, output(result)
+    assert sent(server) == 120 - kept  # only the missing ones
+    assert set(per_problem(server).values()) == {1}
+    report = read_report(pytester.path / "r.json")
+    assert report["counts"]["correct"] == 120
+    assert report["from_cache"] == kept
+    result.stdout.fnmatch_lines([f"*answers from cache: {kept} of 120*"])
+
+
+def test_rerun_of_a_finished_run_sends_nothing_and_reports_the_same(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(behaviours={i: "wrong" for i in range(0, 1319, 5)}))
+    run = [*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
+    first = pytester.runpytest(*run, "--gsm8k-report=first.json")
+    assert first.ret == 0
+    assert sent(server) == 40
+    first.stdout.fnmatch_lines(["*answers from cache: 0 of 40*"])
+    server.reset()
+    second = pytester.runpytest(*run, "--gsm8k-report=second.json")
+    assert second.ret == 0
+    assert sent(server) == 0
+    second.stdout.fnmatch_lines(["*answers from cache: 40 of 40*"])
+    one = read_report(pytester.path / "first.json")
+    two = read_report(pytester.path / "second.json")
+    assert comparable(one) == comparable(two)
+    assert two["from_cache"] == 40
+    assert one["from_cache"] == 0
+    assert [line for line in first.outlines if line.startswith(HEADLINE)] == [
+        line for line in second.outlines if line.startswith(HEADLINE)
+    ]
+
+
+def test_corrupt_cache_entries_are_warned_about_and_re_requested(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    run = [*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache"]
+    assert pytester.runpytest(*run).ret == 0
+    files = entries(pytester.path / "cache")
+    assert len(files) == 12
+    files[0].write_bytes(files[0].read_bytes()[:50])  # truncated
+    files[1].write_text("not json at all")
+    files[2].write_text(json.dumps({"v": 1, "response": {"completions": "nope"}}))
+    server.reset()
+    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    assert result.ret == 0, output(result)
+    assert sent(server) == 3
+    text = output(result)
+    assert text.count("gsm8k cache: corrupt entry") == 3, text
+    report = read_report(pytester.path / "r.json")
+    assert report["counts"]["correct"] == 12
+    assert report["from_cache"] == 9
+    result.stdout.fnmatch_lines(["*answers from cache: 9 of 12*"])
+    server.reset()
+    assert pytester.runpytest(*run).ret == 0
+    assert sent(server) == 0  # repaired
+
+
+def test_cache_never_holds_the_api_key(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache")
+    assert result.ret == 0, output(result)
+    files = [p for p in (pytester.path / "cache").rglob("*") if p.is_file()]
+    assert len(entries(pytester.path / "cache")) == 10
+    for path in files:
+        raw = path.read_bytes()
+        assert keyed_env.encode() not in raw, path
+        assert b"Bearer" not in raw, path
+
+
+def test_another_protocol_or_model_never_hits_the_entries(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    gsm8k_data: Path,
+) -> None:
+    run = [*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache"]
+    assert pytester.runpytest(*run).ret == 0
+    assert sent(server) == 10
+    for change in ("--gsm8k-max-tokens=512", "--gsm8k-system=Be brief."):
+        server.reset()
+        assert pytester.runpytest(*run, change).ret == 0
+        assert sent(server) == 10, change
+    server.reset()
+    assert pytester.runpytest(*run).ret == 0
+    assert sent(server) == 0  # the original still hits
+
+    other = FakeOpenAIServer(gsm8k_data / "test.jsonl", model="other-model", api_key=keyed_env)
+    other.start()
+    try:
+        moved = [a for a in run if not a.startswith(("--gsm8k-model", "--gsm8k-base-url"))]
+        result = pytester.runpytest(
+            *moved, "--gsm8k-model=other-model", f"--gsm8k-base-url={other.base_url}"
+        )
+        assert result.ret == 0, output(result)
+        assert sent(other) == 10
+    finally:
+        other.stop()
+
+
+# -- user callables ---------------------------------------------------------------------
+
+CALLABLE_CONFTEST = """
+import asyncio, json, threading, time
+from pathlib import Path
+import pytest
+
+state = {"now": 0, "peak": 0, "calls": 0}
+lock = threading.Lock()
+
+def enter():
+    with lock:
+        state["now"] += 1
+        state["calls"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+
+def leave():
+    with lock:
+        state["now"] -= 1
+
+def sync_model(request):
+    enter()
+    time.sleep(0.2)
+    leave()
+    return "The answer is 0.\\n#### 0"
+
+async def async_model(request):
+    enter()
+    await asyncio.sleep(0.2)
+    leave()
+    return ["#### 0"]
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    yield {KIND}_model
+    Path("calls.json").write_text(json.dumps(state))
+"""
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_user_callables_are_prefetched_concurrently(
+    pytester: pytest.Pytester, gsm8k_data: Path, kind: str
+) -> None:
+    pytester.makeconftest(CALLABLE_CONFTEST.replace("{KIND}", kind))
+    pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    result = pytester.runpytest(
+        f"--gsm8k-data={gsm8k_data}",
+        *NO_EXTRA_PLUGINS,
+        "--gsm8k-limit=40",
+        "--gsm8k-concurrency=20",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 0, output(result)
+    state = json.loads((pytester.path / "calls.json").read_text())
+    assert state["calls"] == 40
+    assert state["peak"] == 20
+    assert read_report(pytester.path / "r.json")["n"] == 40
+
+
+XDIST_CALLABLE_CONFTEST = """
+import os, time
+import pytest
+
+def model(request):
+    with open(os.environ["CALLS_FILE"], "a") as fh:  # O_APPEND: whole lines, any process
+        fh.write(request.problem_id + "\\n")
+    time.sleep(0.05)
+    return "#### 0"
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return model
+"""
+
+
+def test_xdist_workers_share_a_user_callable_without_calling_it_twice(
+    pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = pytester.path / "calls.txt"
+    monkeypatch.setenv("CALLS_FILE", str(calls))
+    pytester.makeconftest(XDIST_CALLABLE_CONFTEST)
+    pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    result = pytester.runpytest(
+        "-n",
+        "2",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-limit=40",
+        "--gsm8k-concurrency=8",
+        *NO_EXTRA_PLUGINS,
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 0, output(result)
+    ids = calls.read_text().split()
+    assert len(ids) == 40
+    assert len(set(ids)) == 40  # each problem asked once, across workers
+    assert read_report(pytester.path / "r.json")["n"] == 40

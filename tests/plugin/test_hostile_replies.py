@@ -1,0 +1,172 @@
+"""Replies no real model sends, in real runs with and without xdist.
+
+A hostile or broken server may send a reply of 70 MB, a gzip bomb, text that
+UTF-8 cannot encode (a lone surrogate) or token counts that are not counts.
+Each must be that problem's own outcome (an ``error`` with one line, or the
+answer kept exactly), the same with and without xdist, and never a crash, a
+lost summary or another problem's answer. Every run talks HTTP to the
+scripted fake server. The pieces on their own (the xdist channel's frames, the bounded
+decoder, the client's gzip bound, surrogate escapes) are tested in tests/unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fakeserver import LONE_SURROGATE, FakeOpenAIServer, Script
+from helpers import XDIST, output, report, sent
+
+from pytest_gsm8k.core.dataset import select
+from pytest_gsm8k.runtime.data import load_split
+
+CRASHES = ("Traceback", "INTERNALERROR", "JSONDecodeError", "UnicodeEncodeError")
+
+
+def chosen(limit: int) -> list[int]:
+    """The problem indices ``--gsm8k-limit=limit`` runs, in run order."""
+    return [p.index for p in select(load_split(None).problems, limit, 1234)]
+
+
+def by_index(rep: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(p["index"]): p for p in rep["problems"]}
+
+
+# -- replies too large to keep ---------------------------------------------------------------
+
+
+@XDIST
+def test_replies_over_the_bound_are_their_own_errors_and_never_shift_answers(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """70 MB answers (longer than a line-based channel reads at once, so the rest would be
+    read as the next reply) are refused at 32 MiB: each is its own problem's error; every
+    other problem is scored with its own answer, under xdist too."""
+    indices = chosen(20)
+    huge = {indices[2], indices[9], indices[15]}
+    server.set_script(Script(behaviours=dict.fromkeys(huge, "huge")))
+    result = pytester.runpytest(
+        *gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-concurrency=4", "--gsm8k-report=r.json"
+    )
+    text = output(result)
+    assert result.ret == 1, text  # an error fails the run
+    assert not any(crash in text for crash in CRASHES), text
+    problems = by_index(report(pytester))
+    assert set(problems) == set(indices)
+    for index, record in problems.items():
+        if index in huge:
+            assert record["outcome"] == "error", record
+            assert record["error"].startswith("the endpoint's reply is over 32 MiB (7")
+            assert "\n" not in record["error"]
+        else:
+            assert record["outcome"] == "correct", (index, record["response"][-200:])
+            assert record["extracted"] == server.golds[index].replace(",", "")
+    assert sent(server) == 20  # a refused reply is not asked for again
+
+
+# -- a gzip bomb -----------------------------------------------------------------------------
+
+
+@XDIST
+def test_a_gzip_bomb_is_that_problems_error_with_one_line(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    indices = chosen(6)
+    server.set_script(Script(behaviours={indices[3]: "gzipbomb"}))
+    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=6", "--gsm8k-report=r.json")
+    text = output(result)
+    assert result.ret == 1, text
+    assert not any(crash in text for crash in CRASHES), text
+    problems = by_index(report(pytester))
+    assert problems[indices[3]]["outcome"] == "error"
+    assert "over 32 MiB decoded" in problems[indices[3]]["error"]
+    assert [problems[i]["outcome"] for i in indices if i != indices[3]] == ["correct"] * 5
+
+
+# -- text UTF-8 cannot encode ----------------------------------------------------------------
+
+
+@XDIST
+def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+    xdist: list[str],
+) -> None:
+    indices = chosen(6)
+    odd = indices[1]
+    server.set_script(
+        Script(behaviours={odd: "surrogate"}, reported_model=f"fake-model{LONE_SURROGATE}")
+    )
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
+    run = [*gsm8k_args, *xdist, "--gsm8k-limit=6", "--gsm8k-cache-dir=cache"]
+    first = pytester.runpytest(*run, "--gsm8k-report=r.json", "--gsm8k-html=p.html")
+    text = output(first)
+    assert first.ret == 0, text
+    assert not any(crash in text for crash in CRASHES), text
+    assert "answer channel" not in text
+    assert "gsm8k cache" not in text
+    assert "(server reported: fake-model\\ud83d)" in text  # shown as its escape
+    record = by_index(report(pytester))[odd]
+    assert record["outcome"] == "correct"
+    assert LONE_SURROGATE in record["response"]
+    assert record["samples"][0]["finish_reason"] == "stop" + LONE_SURROGATE
+    # the files are UTF-8 and hold the escape, which reads back as the same text
+    assert "\\ud83d" in (pytester.path / "r.json").read_text(encoding="utf-8")
+    page = (pytester.path / "p.html").read_text(encoding="utf-8")
+    assert "\\ud83d" in page
+    assert "<h1>gsm8k acc" in page
+    assert (pytester.path / "summary.md").read_text(encoding="utf-8").startswith("### gsm8k acc")
+    entries = list((pytester.path / "cache" / "responses").rglob("*.json"))
+    assert len(entries) == 6
+    server.reset()
+    again = pytester.runpytest(*run, "--gsm8k-report=r2.json")
+    assert again.ret == 0, output(again)
+    assert sent(server) == 0, output(again)
+    again.stdout.fnmatch_lines(["*answers from cache: 6 of 6*"])
+    assert by_index(report(pytester, "r2.json"))[odd]["response"] == record["response"]
+
+
+# -- token counts that are not counts --------------------------------------------------------
+
+
+def test_token_counts_that_are_not_counts_are_left_out_and_said_once(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    indices = chosen(5)
+    server.set_script(
+        Script(
+            usage_by_index={
+                indices[0]: {"prompt_tokens": -5},
+                indices[1]: {"completion_tokens": 10**30},
+                indices[2]: {"prompt_tokens": "many", "completion_tokens": True},
+            }
+        )
+    )
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=r.json")
+    text = output(result)
+    assert result.ret == 0, text
+    rep = report(pytester)
+    problems = by_index(rep)
+    assert "prompt_tokens" not in problems[indices[0]]["usage"]
+    assert "completion_tokens" not in problems[indices[1]]["usage"]
+    assert problems[indices[2]]["usage"] == {}
+    assert problems[indices[3]]["usage"]["prompt_tokens"] > 0  # good counts are kept
+    for name in ("prompt_tokens", "completion_tokens"):
+        counted = [p["usage"][name] for p in problems.values() if name in p["usage"]]
+        assert rep["tokens"][name] == sum(counted)
+        assert all(0 < c < 10**6 for c in counted)
+    tokens = rep["tokens"]
+    assert f"tokens: prompt {tokens['prompt_tokens']:,}, completion " in text
+    assert f"completion {tokens['completion_tokens']:,};" in text
+    assert text.count("token counts that are not counts (prompt_tokens=-5)") == 1, text

@@ -1,0 +1,534 @@
+"""Fails loud, never hangs, never leaks.
+
+Each test reproduces one finding against the scripted server of tests/fakeserver.py
+(its hostile modes: ``echo_auth``, ``reported_model``, the ``hang``, ``nochoices``,
+``nullcontent`` and ``badjson`` behaviours, scripted 4xx/429 faults), with and without
+``-n 2`` where xdist is involved. Evidence is what the server counted, the output and the
+files, never a wall clock: waits are bounded by short ``--gsm8k-stall-timeout``,
+``--gsm8k-timeout`` and ``--gsm8k-max-retries``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from gsm8k_copy import data_dir
+from helpers import (
+    NO_EXTRA_PLUGINS,
+    TEST_KEY,
+    URL_BASIC,
+    URL_PASSWORD,
+    XDIST,
+    output,
+    report,
+    sent,
+    server_behind_a_password,
+    wait_until,
+)
+
+USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
+
+
+def errors(rep: dict[str, Any]) -> Counter[str]:
+    return Counter(p["error"] for p in rep["problems"] if p["outcome"] == "error")
+
+
+def rows_of(*indices: int) -> str:
+    """JSONL of the embedded test split's rows at ``indices`` (repeats allowed)."""
+    lines = (data_dir() / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    return "".join(lines[i] + "\n" for i in indices)
+
+
+# -- 1. an unwritable or full cache folder ----------------------------------------------
+
+
+@XDIST
+def test_unwritable_cache_folder_is_one_warning_and_a_complete_run(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    (pytester.path / "afile").write_text("a regular file, not a folder\n")
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=30",
+        "--gsm8k-cache-dir=afile/cache",
+        "--gsm8k-report=r.json",
+    )
+    text = output(result)
+    assert result.ret == 0, text
+    rep = report(pytester)
+    assert rep["counts"]["correct"] == 30
+    assert rep["complete"] is True
+    warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
+    assert len(warned) == 1, text
+    assert "afile/cache" in warned[0]
+    assert "Not a directory" in warned[0]
+    assert sent(server) == 30
+
+
+@XDIST
+def test_a_full_cache_file_system_is_one_warning(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    folder = pytester.path / "tiny"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 64k tmpfs here: {mounted.stderr.strip() or 'mount failed'}")
+    try:
+        (folder / "filler").write_bytes(b"x" * 60_000)  # leave about one page
+        result = pytester.runpytest(
+            *gsm8k_args,
+            *xdist,
+            "--gsm8k-limit=40",
+            f"--gsm8k-cache-dir={folder}",
+            "--gsm8k-report=r.json",
+        )
+        text = output(result)
+        assert result.ret == 0, text
+        assert report(pytester)["counts"]["correct"] == 40
+        warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
+        assert len(warned) == 1, text
+        assert "No space left on device" in warned[0], text
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+# -- 2. repeated questions; SIGTERM -------------------------------------------------------
+
+
+@XDIST
+def test_repeated_identical_questions_are_all_answered(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    data = pytester.path / "dup.jsonl"
+    data.write_text(rows_of(0, 0, 1, 1, 0, 2, 2, 2), encoding="utf-8")
+    result = pytester.runpytest(
+        *gsm8k_args, *xdist, f"--gsm8k-data={data}", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+    )
+    assert result.ret == 0, output(result)
+    rep = report(pytester)
+    assert rep["n"] == 8
+    assert rep["counts"]["correct"] == 8
+    assert rep["complete"] is True
+
+
+@XDIST
+def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    # Ten answers come at once, then every request hangs: the run is stuck until the signal.
+    hung = {i: "hang" for i in range(1319)}
+    from pytest_gsm8k.core.dataset import select
+    from pytest_gsm8k.runtime.data import load_split
+
+    chosen = [p.index for p in select(load_split(None).problems, 30, 1234)]
+    for index in chosen[:10]:
+        hung.pop(index)
+    server.set_script(Script(behaviours=hung))
+    (pytester.path / "tmp").mkdir()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *gsm8k_args,
+            *xdist,
+            "--gsm8k-limit=30",
+            "--gsm8k-concurrency=30",
+            "--gsm8k-no-cache",
+            "--gsm8k-report=r.json",
+            "--gsm8k-stall-timeout=300",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
+    )
+    try:
+        wait_until(lambda: server.stats()["in_flight"] >= 20, 60, interval=0.02)
+        assert server.stats()["in_flight"] == 20
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == int(pytest.ExitCode.INTERRUPTED), out
+    assert "gsm8k acc (test@1, 0-shot CoT)" in out, out
+    assert "INCOMPLETE" in out
+    rep = report(pytester)
+    # the items that ran before the first hung one in run order, and no more
+    assert rep["complete"] is False
+    assert rep["counts"]["correct"] <= 10
+    assert "Traceback" not in out, out
+    # the children (xdist's workers) are stopped too: no process is left in the run's folder
+    wait_until(lambda: not _processes_in(pytester.path), 15, interval=0.05)
+    assert _processes_in(pytester.path) == []
+
+
+def _processes_in(folder: Path) -> list[int]:
+    """Processes whose working directory is ``folder`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if Path(os.readlink(entry / "cwd")) == folder:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+# -- 3. secrets ----------------------------------------------------------------------------
+
+
+def _all_text_under(root: Path) -> str:
+    parts = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            parts.append(path.read_bytes().decode("utf-8", "replace"))
+    return "\n".join(parts)
+
+
+@XDIST
+def test_an_echoed_api_key_is_never_printed_or_written(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server.set_script(Script(echo_auth=True, behaviours={i: "error500" for i in range(0, 1319, 3)}))
+    step = pytester.path / "step.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    tmp = pytester.path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=24",
+        "--gsm8k-max-retries=0",
+        "--gsm8k-cache-dir=cache",
+        "--gsm8k-report=r.json",
+        "--junitxml=junit.xml",
+        "--log-level=DEBUG",
+        "-rA",
+    )
+    text = output(result)
+    assert TEST_KEY in server.stats()["auth_headers"][0]  # it was sent, and echoed
+    rep = report(pytester)
+    assert rep["counts"]["error"]
+    assert rep["counts"]["correct"]
+    assert all("[redacted]" in p["error"] for p in rep["problems"] if p["outcome"] == "error")
+    assert any("[redacted]" in p["response"] for p in rep["problems"] if p["outcome"] != "error")
+    assert TEST_KEY not in text
+    files = _all_text_under(pytester.path)
+    assert "[redacted]" in files
+    assert TEST_KEY not in files
+    assert (pytester.path / "junit.xml").exists()
+    assert step.exists()
+    assert list((pytester.path / "cache").rglob("*.json"))
+
+
+def test_url_credentials_are_never_printed_or_written(
+    pytester: pytest.Pytester, gsm8k_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = Script(echo_auth=True, behaviours={i: "error500" for i in range(0, 1319, 3)})
+    with server_behind_a_password(gsm8k_data, monkeypatch, script) as (srv, url):
+        result = pytester.runpytest(
+            "--gsm8k-model=fake-model",
+            f"--gsm8k-base-url={url}",
+            *NO_EXTRA_PLUGINS,
+            "--gsm8k-limit=12",
+            "--gsm8k-max-retries=0",
+            "--gsm8k-cache-dir=cache",
+            "--gsm8k-report=r.json",
+            "--junitxml=junit.xml",
+        )
+        echoed = srv.stats()["auth_headers"]
+    text = output(result)
+    assert echoed  # what the server saw (and echoed back)
+    assert URL_PASSWORD not in text
+    assert f"alice:{URL_PASSWORD}" not in text
+    files = _all_text_under(pytester.path)
+    assert URL_PASSWORD not in files
+    assert URL_BASIC not in text + files
+    counts = report(pytester)["counts"]
+    assert counts["error"]
+    assert counts["error"] + counts["correct"] == 12
+
+
+# -- 4. replies with no usable answer --------------------------------------------------------
+
+
+@XDIST
+def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baseline(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    from pytest_gsm8k.core.dataset import select
+    from pytest_gsm8k.runtime.data import load_split
+
+    chosen = [p.index for p in select(load_split(None).problems, 12, 1234)]
+    bad = {chosen[1]: "nochoices", chosen[4]: "nullcontent", chosen[7]: "badjson"}
+    server.set_script(Script(behaviours=bad))
+    run = [
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=12",
+        "--gsm8k-cache-dir=cache",
+        "--gsm8k-max-retries=0",
+    ]
+    result = pytester.runpytest(*run, "--gsm8k-report=r.json", "--snapshot-update")
+    text = output(result)
+    assert result.ret == 1, text
+    rep = report(pytester)
+    assert {p["index"] for p in rep["problems"] if p["outcome"] == "error"} == set(bad), text
+    assert rep["counts"]["correct"] == 9
+    assert len(list((pytester.path / "cache" / "responses").rglob("*.json"))) == 9
+    assert "baseline: FAIL: not written" in text
+    assert "3 problems ended in an error" in text
+    assert not (pytester.path / "__snapshots__").exists()
+    server.reset()
+    again = pytester.runpytest(*run, "--gsm8k-report=r2.json")
+    assert again.ret == 1
+    assert sent(server) == 3  # only the unanswered ones are asked again
+
+
+# -- 5. a hung endpoint; timeouts and the breaker ---------------------------------------------
+
+
+@XDIST
+def test_a_hung_endpoint_is_reported_by_the_stall_detector(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(default="hang"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=5",
+        "--gsm8k-no-cache",
+        "--gsm8k-stall-timeout=1",
+        "--gsm8k-report=r.json",
+    )
+    text = output(result)
+    assert result.ret == 1, text
+    message = f"no answer from {server.base_url} for 1 s with 5 requests in flight"
+    assert set(errors(report(pytester))) == {message + " (see --gsm8k-stall-timeout)"}
+    assert message in text
+    assert "Traceback" not in text
+    assert sent(server) == 5
+
+
+def test_timeouts_open_the_dead_endpoint_breaker(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(default="hang"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-limit=8",
+        "--gsm8k-concurrency=4",
+        "--gsm8k-no-cache",
+        "--gsm8k-timeout=0.3",
+        "--gsm8k-max-retries=5",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 1, output(result)
+    [message] = errors(report(pytester))
+    assert "unreachable" in message
+    assert "Timeout" in message
+    assert sent(server) < 8 * 6  # stopped before every request spent its retries
+
+
+# -- 6. the same failure on many requests --------------------------------------------------
+
+
+@XDIST
+def test_a_400_on_the_first_requests_stops_the_run_quoting_the_server(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(echo_auth=True, fail_first={i: {"400": 99} for i in range(1319)}))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=40",
+        "--gsm8k-concurrency=4",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    text = output(result)
+    assert result.ret == 1, text
+    [message] = errors(report(pytester))
+    assert message.startswith("the endpoint refused the first requests: HTTP 400: Scripted fault")
+    assert "after retries" not in message
+    assert "[redacted]" in message
+    assert TEST_KEY not in text
+    assert sent(server) <= 4  # no retries, nothing sent after the first answer
+    assert server.stats()["status_counts"].get(400, 0) <= 4
+
+
+@XDIST
+def test_a_429_storm_past_the_retry_budget_stops_once_nothing_gets_through(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(fail_first={i: {"429": 99} for i in range(1319)}, retry_after=0.01))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=60",
+        "--gsm8k-concurrency=2",
+        "--gsm8k-no-cache",
+        "--gsm8k-max-retries=0",
+        "--gsm8k-report=r.json",
+    )
+    text = output(result)
+    assert result.ret == 1, text
+    each = "HTTP 429 after retries: Rate limit reached (scripted)."
+    stop = f"{each} (10 requests in a row failed this way, none answered between them)"
+    found = errors(report(pytester))
+    assert set(found) == {each, stop + "; stopped sending"}, found
+    assert found[each] <= 10 + 2
+    assert found[each] + found[stop + "; stopped sending"] == 60
+    assert sent(server) <= 10 + 2  # the streak, plus what was in flight
+    # The stop is said once in the summary (and once more in pytest's own "! ... !" line when the
+    # session stops before its last item); beside it only the items that carried it before the
+    # session ended (the one that tripped it and, under xdist, one per worker), each in the ERRORS
+    # section and the short summary: a small constant, never one per problem.
+    carriers = 1 + (2 if xdist else 0)
+    stop_lines = sum("10 requests in a row" in line for line in text.splitlines())
+    assert stop_lines <= 2 + 2 * carriers, text
+
+
+# -- 7. smaller -----------------------------------------------------------------------------
+
+
+def test_answer_regex_without_group_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--gsm8k-model=m", "--gsm8k-answer-regex=#### \\d+")
+    assert result.ret == USAGE_ERROR
+    lines = [line for line in output(result).splitlines() if line.startswith("ERROR: gsm8k:")]
+    assert len(lines) == 1
+    assert "capture group" in lines[0]
+
+
+def test_model_names_from_the_server_reach_the_terminal_without_escapes(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(reported_model="evil\x1b[2J\x1b[31mRED\x07\rmodel"))
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-no-cache")
+    text = output(result)
+    assert result.ret == 0, text
+    assert "server reported: evil" in text
+    assert "REDmodel" in text
+    assert "\x1b[2J" not in text
+    assert "\x07" not in text
+    assert "\r" not in text
+
+
+def test_limit_above_the_split_runs_everything_and_says_so_once(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    data = pytester.path / "six.jsonl"
+    data.write_text(rows_of(0, 1, 2, 3, 4, 5), encoding="utf-8")
+    result = pytester.runpytest(
+        *gsm8k_args, f"--gsm8k-data={data}", "--gsm8k-limit=50", "--gsm8k-no-cache", "-n", "2"
+    )
+    text = output(result)
+    assert result.ret == 0, text
+    assert sent(server) == 6
+    assert text.count("--gsm8k-limit 50 is above the 6 problems of the split: all 6 run") == 1
+
+
+def test_a_retry_after_longer_than_the_client_waits_is_reported(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    server.set_script(Script(fail_first={i: {"429": 1} for i in range(1319)}, retry_after=600))
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-no-cache", "-n", "2")
+    text = output(result)
+    assert result.ret == 1, text  # openai gives up on a Retry-After over 120 s: errors
+    lines = [line for line in text.splitlines() if "asked to wait 600 s" in line]
+    assert len(lines) == 1, text
+    assert "longer than the openai client waits" in lines[0], text
+    assert sent(server) == 3
+
+
+# -- 8. exit codes ---------------------------------------------------------------------------
+
+
+def test_an_endpoint_failure_exits_the_same_with_and_without_xdist(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    codes = {}
+    for name, xdist in (("plain", []), ("xdist", ["-n", "2"])):
+        server.reset()
+        server.set_script(Script(default="hang"))
+        result = pytester.runpytest(
+            *gsm8k_args, *xdist, "--gsm8k-limit=4", "--gsm8k-no-cache", "--gsm8k-stall-timeout=1"
+        )
+        codes[name] = int(result.ret)
+    assert codes == {"plain": 1, "xdist": 1}
+
+
+def test_the_served_model_list_reaches_the_terminal_without_escapes(
+    pytester: pytest.Pytester, keyed_env: str
+) -> None:
+    from gsm8k_copy import data_dir
+
+    with FakeOpenAIServer(
+        data_dir() / "test.jsonl", model="evil\x1b[31mred\x07", api_key=keyed_env
+    ) as evil:
+        result = pytester.runpytest("--gsm8k-model=other", f"--gsm8k-base-url={evil.base_url}")
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == 4
+    line = next(x for x in text.splitlines() if x.startswith("ERROR: gsm8k:"))
+    assert "is not served" in line
+    assert "(it serves: evilred)" in line  # the escapes dropped
+    assert "\x1b" not in text
+    assert "\x07" not in text

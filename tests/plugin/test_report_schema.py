@@ -1,0 +1,45 @@
+"""The JSON report matches its checked-in schema (pytest_gsm8k/schema/report.schema.json) for
+the shapes a run can take: a gated test@1 run, a sampled run compared with a baseline, xdist."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import XDIST, output, report
+
+
+def schema() -> dict[str, Any]:
+    text = resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+@XDIST
+def test_a_gated_run_and_a_baseline_comparison_match_the_schema(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    validator = jsonschema.Draft202012Validator(schema())
+    server.set_script(Script(behaviours={1: "wrong", 2: "unparsed"}))
+    first = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=8", "--gsm8k-min-acc=0.5", "--gsm8k-report=r.json", *xdist
+    )
+    assert first.ret == 0, output(first)
+    validator.validate(report(pytester))
+    assert report(pytester)["gates"][0]["threshold"] == 0.5
+    args = [*gsm8k_args, "--gsm8k-limit=8", "--gsm8k-protocol=maj@3", "--gsm8k-report=m.json"]
+    recorded = pytester.runpytest(*args, "--snapshot-update", *xdist)
+    assert recorded.ret == 0, output(recorded)
+    compared = pytester.runpytest(*args, "--gsm8k-alpha=0.05", *xdist)
+    data = report(pytester, "m.json")
+    validator.validate(data)
+    assert {g["rule"] for g in data["gates"]} == {"mcnemar"}, output(compared)
+    assert any("votes" in p for p in data["problems"])

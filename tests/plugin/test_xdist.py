@@ -1,0 +1,166 @@
+"""xdist without surprises: the controller's one engine, one call per item, nothing left.
+
+The plugin's own client under ``-n``: the controller fetches for every worker
+through :mod:`pytest_gsm8k.runtime.answers`; the workers never import an HTTP
+client. A user's model is called exactly once per item and sample whatever
+its fixture scope. Killing the controller leaves no process behind. Every
+run is the real plugin against the loopback fake server; the evidence is the
+server's (or the user's callable's) own count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
+
+SCOPED_CONFTEST = """
+import os
+import pytest
+
+def model(request):
+    with open(os.environ["CALLS_FILE"], "a") as fh:  # O_APPEND: whole lines, any process
+        fh.write(request.problem_id + "\\n")
+    return "#### 0"
+
+@pytest.fixture(scope="{SCOPE}")
+def gsm8k_model():
+    return lambda request: model(request)  # a new object per fixture instance
+"""
+
+
+@XDIST
+@pytest.mark.parametrize("scope", ["function", "module", "session"])
+def test_a_model_of_any_scope_is_called_once_per_item(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, scope: str, xdist: list[str]
+) -> None:
+    calls = pytester.path / "calls.txt"
+    monkeypatch.setenv("CALLS_FILE", str(calls))
+    pytester.makeconftest(SCOPED_CONFTEST.replace("{SCOPE}", scope))
+    test = "def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n"
+    pytester.makepyfile(test_a=test, test_b=test)  # two modules: module scope makes two models
+    result = pytester.runpytest(
+        *xdist,
+        "--gsm8k-limit=10",
+        "--gsm8k-concurrency=4",
+        *NO_EXTRA_PLUGINS,
+        "-W",
+        "default",
+    )
+    assert result.ret == 0, output(result)
+    ids = calls.read_text().split()
+    # 20 items over 10 problems: in one process a session-scoped model answers each problem
+    # once for both modules; a narrower one is called for each item, once (not once per
+    # item per engine). Under xdist a user's model is asked per item, as xdist hands the
+    # items out: at most once per item, so the two modules' items of a problem that land on
+    # two workers may each ask it (the run's shared cache spares the second when it can).
+    assert len(set(ids)) == 10, ids
+    if scope == "session" and not xdist:
+        assert all(ids.count(i) == 1 for i in ids), ids
+    elif scope == "session":
+        assert all(1 <= ids.count(i) <= 2 for i in ids), ids
+    else:
+        assert all(ids.count(i) == 2 for i in ids), ids
+    said = "not session-scoped" in output(result)
+    assert said == (scope != "session"), output(result)
+
+
+WORKER_PROBE = """
+import json, os, sys
+
+def pytest_sessionfinish(session):
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is not None:
+        with open(os.path.join(os.environ["PROBE_DIR"], workerinput["workerid"]), "w") as fh:
+            json.dump({"openai": "openai" in sys.modules,
+                       "httpx": any(m in sys.modules for m in ("httpx", "httpx2"))}, fh)
+"""
+
+
+def test_under_xdist_the_controller_fetches_and_workers_import_no_http_client(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probe = pytester.path / "probe"
+    probe.mkdir()
+    monkeypatch.setenv("PROBE_DIR", str(probe))
+    pytester.makeconftest(WORKER_PROBE)
+    server.set_script(Script(latency=0.02))
+    result = pytester.runpytest(*gsm8k_args, "-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache")
+    assert result.ret == 0, output(result)
+    assert sent(server) == 40
+    assert set(server.stats()["requests_by_index"].values()) == {1}
+    seen = [json.loads(p.read_text()) for p in probe.iterdir()]
+    assert len(seen) == 2, seen
+    assert all(not s["openai"] and not s["httpx"] for s in seen), seen
+
+
+def _session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid`` (Linux /proc)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ..., session id
+            alive.append(int(entry.name))
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_sigkill_of_the_xdist_controller_leaves_no_process_and_a_rerun_sends_the_rest(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    server.set_script(Script(latency=0.05))
+    cache = pytester.path / "cache"
+    run = [
+        *gsm8k_args,
+        "-n",
+        "2",
+        "--gsm8k-limit=120",
+        "--gsm8k-concurrency=4",
+        f"--gsm8k-cache-dir={cache}",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *run],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: len(list(cache.glob("responses/*/*.json"))) >= 20, 60)
+        os.kill(proc.pid, signal.SIGKILL)  # the controller alone, as the OOM killer would
+        proc.wait()
+        wait_until(lambda: not _session_processes(proc.pid), 10, interval=0.05)
+        left = _session_processes(proc.pid)
+    finally:
+        for pid in _session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes outlived the controller by 10 s: {left}"
+    time.sleep(0.3)  # answers in flight at the kill may still land on the server
+    kept = len(list(cache.glob("responses/*/*.json")))
+    assert 20 <= kept < 120
+    server.reset()
+    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    assert result.ret == 0, output(result)
+    assert sent(server) == 120 - kept
+    assert set(server.stats()["requests_by_index"].values()) == {1}

@@ -1,0 +1,114 @@
+"""The package's shape, read from its source: layers import only downward, nothing assigns
+the attributes of an object it does not own, and each rule is written once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import pytest_gsm8k
+
+PACKAGE = Path(pytest_gsm8k.__file__).parent
+PYTEST_LAYER = sorted(p for p in PACKAGE.glob("*.py"))
+#: attributes of pytest's own objects the plugin sets, as pytest documents it
+PYTEST_API = {"shouldstop", "shouldfail", "exitstatus", "gsm8k"}
+
+
+def _modules(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("layer", "allowed"),
+    [
+        ("core", ("pytest_gsm8k.core",)),
+        ("runtime", ("pytest_gsm8k.core", "pytest_gsm8k.runtime")),
+    ],
+)
+def test_layers_import_only_downward(layer: str, allowed: tuple[str, ...]) -> None:
+    for path in _modules(PACKAGE / layer):
+        for name in _imports(path):
+            if name.startswith("pytest_gsm8k"):
+                assert name.startswith(allowed), f"{path.name} imports {name}"
+            if layer == "core":
+                assert name.split(".")[0] not in {"pytest", "openai", "httpx", "datasets"}, (
+                    f"core/{path.name} imports {name}"
+                )
+
+
+def _foreign_assignments(path: Path) -> list[str]:
+    """``x.attr = ...`` where ``x`` is not ``self``/``cls`` (pytest's own API excepted)."""
+    out: list[str] = []
+    for node in ast.walk(_tree(path)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                if not (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)):
+                    continue
+                base = sub.value
+                if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                    continue
+                if sub.attr in PYTEST_API:
+                    continue
+                out.append(f"{path.name}:{sub.lineno}: {ast.unparse(sub)}")
+    return out
+
+
+def test_the_pytest_layer_assigns_only_its_own_attributes() -> None:
+    """The plan is frozen; the run, its sources and the server change through their own
+    methods: no hook or session step sets ``state.x``, ``run.x`` or ``server.x``."""
+    found = [line for path in PYTEST_LAYER for line in _foreign_assignments(path)]
+    assert found == []
+
+
+def test_the_assignment_check_sees_a_foreign_assignment(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(state):\n    state.base_url = 'x'\n    self = state\n")
+    assert _foreign_assignments(module) == ["m.py:2: state.base_url"]
+
+
+def _sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text(encoding="utf-8") for p in _modules(PACKAGE)}
+
+
+@pytest.mark.parametrize(
+    ("needle", "home"),
+    [
+        ("math.comb(", "core/stats.py"),  # the exact McNemar tail: one implementation
+        ("DROP_TOLERANCE = ", "core/gates.py"),  # the drop comparison's slack
+        ("def min_acc_count(", "core/gates.py"),
+        ("def max_drop_count(", "core/gates.py"),
+        ('option: str = "--gsm8k-min-acc"', "core/gates.py"),
+        ("def is_local_spec(", "core/settings.py"),
+        ("subprocess.Popen(", "runtime/serve.py"),  # one way to start a server
+        ("def start_server(", "runtime/serve.py"),
+    ],
+)
+def test_each_rule_is_written_once(needle: str, home: str) -> None:
+    holders = [name for name, text in _sources().items() if needle in text]
+    assert holders == [home]
+
+
+def test_no_other_rule_for_the_local_preset() -> None:
+    for name, text in _sources().items():
+        assert 'startswith("local")' not in text, name

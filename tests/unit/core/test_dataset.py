@@ -1,0 +1,66 @@
+"""Pure parts of the dataset: the fingerprint, seeded subsets and their order."""
+
+from __future__ import annotations
+
+import pytest
+from gsm8k_copy import data_dir
+
+from pytest_gsm8k.core.dataset import (
+    Split,
+    fingerprint,
+    select,
+    subset_order,
+)
+from pytest_gsm8k.runtime.data import load_split
+
+DATA = data_dir()
+
+
+@pytest.fixture(scope="module")
+def test_split() -> Split:
+    return load_split(str(DATA))
+
+
+#: Pinned: --gsm8k-limit 5 (seed 1234) must pick the same problems in every release.
+LIMIT5_SEED1234 = [719, 780, 910, 959, 1060]
+
+
+def test_fingerprint_sees_content_and_order() -> None:
+    pairs = [("q1", "a #### 1"), ("q2", "a #### 2")]
+    base = fingerprint(pairs)
+    assert base == fingerprint(list(pairs))
+    assert len(base) == 16
+    assert fingerprint(pairs[::-1]) != base
+    assert fingerprint([("q1", "a #### 1"), ("q2", "a #### 3")]) != base
+    assert fingerprint([("q1a", " #### 1"), ("q2", "a #### 2")]) != base  # field boundary
+
+
+def test_select_all_when_no_limit_or_limit_too_big(test_split: Split) -> None:
+    problems = test_split.problems
+    assert select(problems, None, 1234) == problems
+    assert select(problems, 5000, 1234) == problems
+    assert select(problems, 1319, 1234) == problems
+
+
+def test_select_is_seeded_stable_nested_and_in_split_order(test_split: Split) -> None:
+    problems = test_split.problems
+    fifty = select(problems, 50, 1234)
+    assert len(fifty) == 50
+    assert [p.index for p in fifty] == sorted(p.index for p in fifty)  # split order
+    assert select(problems, 50, 1234) == fifty
+    assert [p.index for p in fifty] != list(range(50))  # not simply the first N
+    twenty = select(problems, 20, 1234)
+    assert set(twenty) < set(fifty)
+    assert set(select(problems, 50, 7)) != set(fifty)
+    assert [p.index for p in select(problems, 5, 1234)] == LIMIT5_SEED1234
+
+
+def test_subset_order_is_a_seeded_permutation(test_split: Split) -> None:
+    problems = test_split.problems
+    order = list(subset_order(problems, 1234))
+    assert sorted(p.index for p in order) == list(range(1319))
+    assert list(subset_order(problems, 1234)) == order
+    assert list(subset_order(problems, 99)) != order
+    # The order of a problem depends on its id only, not on what else is in the list.
+    part = [p for p in problems if p.index % 2 == 0]
+    assert list(subset_order(part, 1234)) == [p for p in order if p.index % 2 == 0]

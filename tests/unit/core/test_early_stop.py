@@ -1,0 +1,471 @@
+"""Early stopping: exact bounds, the WoR capital process, validity by enumeration."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from fractions import Fraction
+
+import pytest
+
+from pytest_gsm8k.core.early_stop import Decision, EarlyStop, _WorTest, run_order
+from pytest_gsm8k.core.gates import max_drop_count, min_acc_count
+from pytest_gsm8k.core.stats import mcnemar_one_sided
+
+IDS10 = [f"p{i}" for i in range(10)]
+
+
+def feed(
+    es: EarlyStop, outcomes: dict[str, bool], order: list[str] | None = None
+) -> Decision | None:
+    for pid in order or es.order:
+        decision = es.observe(pid, outcomes[pid])
+        if decision is not None:
+            return decision
+    return None
+
+
+# -- thresholds --------------------------------------------------------------------------------
+
+
+def test_min_acc_count_hand_values() -> None:
+    assert min_acc_count(0.85, 1319) == 1122  # 0.85 * 1319 = 1121.15
+    assert min_acc_count(0.85, 20) == 17  # exactly at the threshold passes
+    assert min_acc_count(0.7, 10) == 7
+    assert min_acc_count(0.0, 10) == 0
+    assert min_acc_count(1.0, 10) == 10
+    assert min_acc_count(1.5, 10) == 11  # nothing passes
+
+
+@pytest.mark.parametrize("threshold", [0.1, 0.3, 0.45, 0.5, 0.7, 0.85, 0.9, 0.95, 1 / 3])
+def test_min_acc_count_matches_the_gates_float_comparison(threshold: float) -> None:
+    for n in range(1, 400):
+        c = min_acc_count(threshold, n)
+        assert c == n + 1 or c / n >= threshold
+        assert c == 0 or (c - 1) / n < threshold
+
+
+def test_max_drop_count_hand_values() -> None:
+    # 0.8 - 0.75 = 0.05000000000000004 in floats: within the 1e-12 tolerance, so 75 passes
+    assert max_drop_count(80, 100, 0.05) == 75
+    assert max_drop_count(80, 100, 0.0) == 80
+    assert max_drop_count(0, 100, 0.0) == 0
+    for b in range(0, 51):
+        x = max_drop_count(b, 50, 0.02)
+        assert x == 0 or not b / 50 - (x - 1) / 50 <= 0.02 + 1e-12
+        assert x == 51 or b / 50 - x / 50 <= 0.02 + 1e-12
+
+
+def test_mcnemar_p_is_the_exact_binomial_tail() -> None:
+    for f in range(0, 40):
+        for g in range(0, 40, 3):
+            m = f + g
+            exact = sum(Fraction(math.comb(m, i), 2**m) for i in range(f, m + 1)) if m else 1
+            assert mcnemar_one_sided(f, g) == float(exact)
+    assert mcnemar_one_sided(3, 0) == 0.125
+
+
+# -- run order ---------------------------------------------------------------------------------
+
+
+def test_run_order_is_seeded_stable_and_input_order_free() -> None:
+    ids = [f"test-{i}" for i in range(50)]
+    order = run_order(ids, 7)
+    assert sorted(order) == sorted(ids)
+    assert run_order(list(reversed(ids)), 7) == order
+    assert run_order(ids, 8) != order
+    # protocol identity: the order must never change between versions
+    assert run_order(["a", "b", "c", "d"], 0) == run_order(["d", "c", "b", "a"], 0)
+    import hashlib
+
+    expected = sorted(
+        ["a", "b", "c", "d"], key=lambda p: hashlib.sha256(f"0:{p}".encode()).digest()
+    )
+    assert run_order(["a", "b", "c", "d"], 0) == expected
+
+
+def test_run_order_rejects_duplicates() -> None:
+    with pytest.raises(ValueError, match="problem ids must be unique"):
+        run_order(["a", "a"], 0)
+
+
+# -- certain mode ------------------------------------------------------------------------------
+
+
+def test_certain_min_acc_fail_when_unreachable() -> None:
+    es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
+    for pid in IDS10[:3]:
+        assert es.observe(pid, False) is None  # 7 of 10 still reachable
+    decision = es.observe(IDS10[3], False)  # at most 6 of 10
+    assert decision is not None
+    assert decision.after == 4
+    assert decision.verdicts == {"min-acc": "FAIL"}
+    assert decision.how == {"min-acc": "certain"}
+    assert "at most 0.6000 reachable" in es.headline()
+
+
+def test_certain_min_acc_pass_exactly_at_threshold() -> None:
+    es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
+    for pid in IDS10[:6]:
+        assert es.observe(pid, True) is None
+    decision = es.observe(IDS10[6], True)  # 7/10 == 0.7 passes
+    assert decision is not None
+    assert decision.verdicts == {"min-acc": "PASS"}
+    assert decision.passed
+
+
+def test_certain_zero_accuracy_stops_by_198_of_1319() -> None:
+    ids = [str(i) for i in range(1319)]
+    es = EarlyStop(ids, mode="certain", min_acc=0.85)
+    decision = feed(es, dict.fromkeys(ids, False))
+    # FAIL is certain as soon as not-correct > 0.15 * 1319 = 197.85
+    assert decision is not None
+    assert decision.after == 198
+    assert decision.verdicts["min-acc"] == "FAIL"
+
+
+def test_certain_baseline_max_drop() -> None:
+    # 10 shared problems, baseline 8 correct, max drop 0.2: pass iff current >= 6
+    baseline = {pid: int(i < 8) for i, pid in enumerate(IDS10)}
+    es = EarlyStop([*IDS10, "extra"], mode="certain", baseline=baseline, max_drop=0.2)
+    assert es.observe("extra", False) is None  # not shared: no effect
+    for pid in IDS10[:4]:
+        assert es.observe(pid, False) is None  # 6 still reachable
+    decision = es.observe(IDS10[4], False)
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "FAIL"}
+    data = es.to_json()["gates"]["baseline"]
+    assert data["drop_bounds"] == [pytest.approx(0.3), pytest.approx(0.8)]
+
+
+def test_certain_baseline_pass() -> None:
+    baseline = {pid: int(i < 8) for i, pid in enumerate(IDS10)}
+    es = EarlyStop(IDS10, mode="certain", baseline=baseline, max_drop=0.2)
+    for pid in IDS10[:5]:
+        assert es.observe(pid, True) is None
+    decision = es.observe(IDS10[5], True)
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "PASS"}
+
+
+def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
+    baseline = {pid: 1 for pid in IDS10}
+    es = EarlyStop(IDS10, mode="certain", min_acc=0.3, baseline=baseline, max_drop=0.5)
+    for pid in IDS10[:3]:
+        es.observe(pid, True)
+    # min-acc PASS is certain (3/10), baseline needs 5 correct: not yet
+    assert es.decision is None
+    assert es.to_json()["verdicts"] == {"min-acc": "PASS", "baseline": None}
+    es.observe(IDS10[3], True)
+    decision = es.observe(IDS10[4], True)
+    assert decision is not None
+    assert decision.verdicts == {"min-acc": "PASS", "baseline": "PASS"}
+
+    es = EarlyStop(IDS10, mode="certain", min_acc=0.3, baseline=baseline, max_drop=0.5)
+    for pid in IDS10[:5]:
+        assert es.observe(pid, False) is None
+    decision = es.observe(IDS10[5], False)  # at most 4 of 10: baseline FAIL, min-acc open
+    assert decision is not None
+    assert decision.verdicts == {"min-acc": None, "baseline": "FAIL"}
+    assert not decision.passed
+
+
+def test_certain_mcnemar_mode() -> None:
+    ids = ["a", "b", "c"]
+    baseline = dict.fromkeys(ids, 1)
+    # alpha 0.2: 3 newly failing of 3 gives p = 1/8 (FAIL); 2 of 2 gives 1/4 (PASS)
+    es = EarlyStop(ids, mode="certain", baseline=baseline, mcnemar_alpha=0.2)
+    assert es.observe("a", False) is None
+    assert es.observe("b", False) is None
+    decision = es.observe("c", False)
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "FAIL"}
+    es = EarlyStop(ids, mode="certain", baseline=baseline, mcnemar_alpha=0.2)
+    decision = es.observe("a", True)
+    assert decision is not None
+    assert decision.verdicts == {"baseline": "PASS"}
+    assert "McNemar" in es.headline()
+
+
+def test_settled_before_any_outcome() -> None:
+    es = EarlyStop(IDS10, mode="certain", min_acc=0.0)
+    assert es.decision is not None
+    assert es.decision.after == 0
+    assert es.decision.verdicts == {"min-acc": "PASS"}
+
+
+def test_errors() -> None:
+    with pytest.raises(ValueError, match="no gate to decide"):
+        EarlyStop(IDS10, mode="certain")
+    with pytest.raises(ValueError, match="mode must be 'certain' or 'sequential'"):
+        EarlyStop(IDS10, mode="bogus", min_acc=0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no problem id in common with the baseline"):
+        EarlyStop(IDS10, mode="certain", baseline={"zz": 1})
+    with pytest.raises(ValueError, match="order must be a permutation of ids"):
+        EarlyStop(IDS10, mode="certain", min_acc=0.5, order=IDS10[:5])
+    es = EarlyStop(IDS10, mode="sequential", min_acc=0.5)
+    with pytest.raises(KeyError):
+        es.observe("nope", True)
+    es.observe(es.order[3], True)
+    with pytest.raises(ValueError, match="observed twice"):
+        es.observe(es.order[3], True)
+
+
+# -- the WoR capital process -------------------------------------------------------------------
+
+
+def test_capital_process_by_hand_n4() -> None:
+    # population of 4, null total 2, betting up; observed 1, 1
+    test = _WorTest(size=4, scale=1, null=2, up=True, alpha=0.5, binary=True)
+    # t=1: mu = 2/4, v = 1/4, lam_j = 4 delta_j (cap 0.98/0.5 = 1.96): factors 1 + 2 delta_j,
+    # the 0.6 bet capped at 1 + 1.96 * 0.5 = 1.98
+    assert not test.update(1)
+    factors1 = [1.1, 1.16, 1.24, 1.36, 1.6, 1.98]
+    weights = [2, 3, 3, 2, 1, 1]
+    expected1 = sum(w * f for w, f in zip(weights, factors1, strict=True)) / 12
+    assert sum(test.caps) == pytest.approx(expected1)
+    assert expected1 == pytest.approx(15.7 / 12)
+    # t=2: mu = (2 - 1)/3 = 1/3, v = 2/9, lam_j = 4.5 delta_j (cap 2.94): factors 1 + 3 delta_j
+    assert test.update(1)  # capital 24.6772 / 12 = 2.0564 >= 1/alpha = 2
+    factors2 = [1.15, 1.24, 1.36, 1.54, 1.9, 2.8]
+    expected2 = sum(w * a * b for w, a, b in zip(weights, factors1, factors2, strict=True)) / 12
+    assert expected2 == pytest.approx(24.6772 / 12)
+    assert sum(test.caps) == pytest.approx(expected2)
+
+
+def _distinct_orders(values: list[int]) -> list[tuple[int, ...]]:
+    return sorted(set(itertools.permutations(values)))
+
+
+@pytest.mark.parametrize(
+    ("values", "up", "null", "scale", "binary"),
+    [
+        ([1, 1, 1, 0, 0, 0], True, 3, 1, True),
+        ([1, 1, 1, 0, 0, 0], False, 3, 1, True),
+        ([1, 1, 0, 0, 0, 0], False, 2, 1, True),
+        ([2, 1, 1, 1, 0, 2], True, 7, 2, False),
+        ([2, 1, 1, 1, 0, 2], False, 7, 2, False),
+    ],
+)
+def test_capital_is_a_martingale_under_the_boundary_null(
+    values: list[int], up: bool, null: int, scale: int, binary: bool
+) -> None:
+    """E[K_t] = 1 for every t when the population total equals the null (exact enumeration)."""
+    assert sum(values) == null
+    orders = _distinct_orders(values)
+    for t in range(1, len(values) + 1):
+        total = 0.0
+        for order in orders:
+            test = _WorTest(len(values), scale, null, up, alpha=1e-9, binary=binary)
+            for v in order[:t]:
+                test.update(v)
+            total += sum(test.caps)
+        assert total / len(orders) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_capital_at_the_boundary_is_a_supermartingale_inside_the_null() -> None:
+    values = [1, 1, 0, 0, 0, 0]  # total 2 <= null 3: betting up
+    orders = _distinct_orders(values)
+    means = []
+    for t in range(1, 7):
+        caps = []
+        for order in orders:
+            test = _WorTest(6, 1, 3, True, alpha=1e-9, binary=True)
+            for v in order[:t]:
+                test.update(v)
+            caps.append(sum(test.caps))
+        means.append(sum(caps) / len(caps))
+    assert all(m <= 1.0 + 1e-12 for m in means)
+    assert means[-1] < 0.9  # it does lose money against a false-side population
+
+
+# -- sequential validity by enumeration ---------------------------------------------------------
+
+
+def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float) -> tuple[float, float]:
+    ids = [str(i) for i in range(n)]
+    population = [1] * correct + [0] * (n - correct)
+    full = "PASS" if correct / n >= min_acc else "FAIL"
+    wrong = early = 0
+    orders = _distinct_orders(population)
+    for values in orders:
+        outcomes = {pid: bool(v) for pid, v in zip(ids, values, strict=True)}
+        es = EarlyStop(ids, mode="sequential", min_acc=min_acc, alpha=alpha, order=ids)
+        decision = feed(es, outcomes)
+        assert decision is not None
+        wrong += decision.verdicts["min-acc"] != full
+        early += decision.how["min-acc"] == "sequential"
+    return wrong / len(orders), early / len(orders)
+
+
+@pytest.mark.parametrize("min_acc", [0.25, 0.5, 0.625, 0.75])
+def test_sequential_wrong_verdict_rate_at_most_alpha_n8(min_acc: float) -> None:
+    alpha = 0.3
+    worst = 0.0
+    any_early = 0.0
+    for correct in range(9):
+        wrong, early = _wrong_rate_min_acc(8, correct, min_acc, alpha)
+        assert wrong <= alpha + 1e-12, (correct, wrong)
+        worst = max(worst, wrong)
+        any_early += early
+    assert any_early > 0  # the statistics did decide something early: the check bites
+
+
+def test_sequential_wrong_rate_bites_near_threshold_n10() -> None:
+    # a population one below the threshold: early PASSes happen, and stay under alpha
+    wrong, early = _wrong_rate_min_acc(10, 4, 0.5, 0.5)
+    assert 0 < wrong <= 0.5
+    assert early > 0
+
+
+def test_sequential_baseline_wrong_rate_at_most_alpha() -> None:
+    # 6 shared problems: baseline outcome b and current x per problem
+    pairs = [(1, 1), (1, 0), (1, 0), (0, 1), (1, 1), (0, 0)]
+    ids = [f"q{i}" for i in range(len(pairs))]
+    baseline = {pid: b for pid, (b, _) in zip(ids, pairs, strict=True)}
+    alpha = 0.4
+    for max_drop in (0.0, 1 / 6, 0.2, 0.5):
+        b_total = sum(b for b, _ in pairs)
+        x_total = sum(x for _, x in pairs)
+        full = "PASS" if b_total / 6 - x_total / 6 <= max_drop + 1e-12 else "FAIL"
+        wrong = 0
+        perms = list(itertools.permutations(range(6)))
+        for perm in perms:
+            order = [ids[i] for i in perm]
+            outcomes = {pid: bool(x) for pid, (_, x) in zip(ids, pairs, strict=True)}
+            es = EarlyStop(
+                ids,
+                mode="sequential",
+                baseline=baseline,
+                max_drop=max_drop,
+                alpha=alpha,
+                order=order,
+            )
+            decision = feed(es, outcomes)
+            assert decision is not None
+            wrong += decision.verdicts["baseline"] != full
+        assert wrong / len(perms) <= alpha
+
+
+def test_sequential_decides_a_broken_model_quickly() -> None:
+    ids = [str(i) for i in range(1319)]
+    es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=3)
+    decision = feed(es, dict.fromkeys(ids, False))
+    assert decision is not None
+    assert decision.verdicts["min-acc"] == "FAIL"
+    assert decision.after <= 20
+    data = es.to_json()
+    assert data["gates"]["min-acc"]["interval"][1] < 0.85
+    assert data["gates"]["min-acc"]["interval"][0] == 0.0
+
+
+def test_sequential_interval_contains_the_truth_and_agrees_with_verdict() -> None:
+    ids = [str(i) for i in range(400)]
+    rng = random.Random(5)
+    for seed in range(5):
+        outcomes = {pid: rng.random() < 0.6 for pid in ids}
+        truth = sum(outcomes.values()) / 400
+        es = EarlyStop(ids, mode="sequential", min_acc=0.75, seed=seed)
+        decision = feed(es, outcomes)
+        assert decision is not None
+        assert decision.verdicts["min-acc"] == "FAIL"
+        lo, hi = es.to_json()["gates"]["min-acc"]["interval"]
+        assert lo <= truth <= hi < 0.75
+
+
+def test_two_gates_split_alpha() -> None:
+    ids = [str(i) for i in range(100)]
+    es = EarlyStop(
+        ids, mode="sequential", alpha=0.1, min_acc=0.5, baseline=dict.fromkeys(ids, 1), max_drop=0.1
+    )
+    assert es.gate_alpha == pytest.approx(0.05)
+    es = EarlyStop(
+        ids,
+        mode="sequential",
+        alpha=0.1,
+        min_acc=0.5,
+        baseline=dict.fromkeys(ids, 1),
+        mcnemar_alpha=0.05,
+    )
+    assert es.gate_alpha == pytest.approx(0.1)  # McNemar has no sequential test
+
+
+# -- out-of-order arrivals ---------------------------------------------------------------------
+
+
+def test_out_of_order_feeds_the_seeded_prefix() -> None:
+    ids = [str(i) for i in range(300)]
+    outcomes = {pid: int(pid) % 5 == 0 for pid in ids}  # accuracy 0.2
+    in_order = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=11)
+    expected = feed(in_order, outcomes)
+    assert expected is not None
+
+    es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=11)
+    first = es.order[0]
+    for pid in reversed(es.order[1:60]):
+        assert es.observe(pid, outcomes[pid]) is None  # nothing fed until the first arrives
+    assert es.observed == 0
+    decision = es.observe(first, outcomes[first])
+    assert decision == expected
+    assert es.observed == expected.after
+
+
+def test_certain_mode_uses_every_arrival_at_once() -> None:
+    es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
+    for pid in reversed(es.order[-4:]):
+        es.observe(pid, False)
+    assert es.decision is not None
+    assert es.observed == 4
+
+
+# -- report shapes -----------------------------------------------------------------------------
+
+
+def test_to_json_and_headline_shapes() -> None:
+    ids = [str(i) for i in range(1319)]
+    es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=0)
+    assert es.headline().startswith("not stopped early (0 of 1319 problems): min-acc undecided")
+    outcomes = {pid: int(pid) % 2 == 0 for pid in ids}
+    decision = feed(es, outcomes)
+    assert decision is not None
+    data = es.to_json()
+    assert set(data) == {
+        "mode",
+        "alpha",
+        "gate_alpha",
+        "seed",
+        "n_total",
+        "observed",
+        "decided_after",
+        "verdicts",
+        "gates",
+    }
+    assert data["mode"] == "sequential"
+    assert data["decided_after"] == decision.after
+    assert data["verdicts"] == {"min-acc": "FAIL"}
+    gate = data["gates"]["min-acc"]
+    lo, hi = gate["interval"]
+    b_lo, b_hi = gate["bounds"]
+    assert b_lo <= lo <= hi <= b_hi
+    line = es.headline()
+    assert line.startswith(
+        f"stopped after {decision.after} of 1319 problems: min-acc verdict "
+        "FAIL at alpha 0.05 (accuracy of the full split in ["
+    )
+    assert f"{hi:.4f}]" in line
+
+    es = EarlyStop(ids, mode="certain", min_acc=0.85)
+    feed(es, outcomes)
+    assert es.to_json()["alpha"] is None
+    assert "interval" not in es.to_json()["gates"]["min-acc"]
+    assert es.headline().endswith("min-acc verdict FAIL is certain (at most 0.8499 reachable)")
+
+
+def test_fraction_threshold_exactness() -> None:
+    # 0.1 + 0.2 style decimals: the count threshold follows the gate's float test
+    n = 30
+    c = min_acc_count(0.3, n)
+    assert c == 9
+    assert math.isclose(9 / 30, 0.3)
+    assert Fraction(9, 30) == Fraction(3, 10)

@@ -1,0 +1,94 @@
+"""The gate rules of core/gates.py: verdicts carry their numbers, and the final verdict and
+the early stop's certain bounds are one rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pytest_gsm8k.core.gates import GateVerdict, MaxDrop, McNemar, MinAcc
+from pytest_gsm8k.core.stats import mcnemar_one_sided
+
+
+def test_min_acc_verdict_carries_value_and_threshold() -> None:
+    verdict = MinAcc(0.85).verdict(17, 20, "test@1, 0-shot CoT")
+    assert verdict == GateVerdict(
+        "min-acc",
+        "min-acc",
+        True,
+        "accuracy 0.8500 (test@1, 0-shot CoT, n=20) >= --gsm8k-min-acc 0.85",
+        0.85,
+        0.85,
+    )
+    failed = MinAcc(0.85).verdict(16, 20, "x")
+    assert not failed.passed
+    assert failed.word == "FAIL"
+    assert failed.value == 0.8
+    assert failed.to_json()["threshold"] == 0.85
+
+
+def test_min_acc_with_no_result_fails_and_says_why() -> None:
+    verdict = MinAcc(0.0).verdict(0, 0, "test@1")
+    assert not verdict.passed
+    assert verdict.value is None
+    assert "no problem has a result" in verdict.detail
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.1, 1 / 3, 0.5, 0.85, 0.9, 1.0])
+def test_min_acc_certain_bounds_agree_with_every_final_verdict(threshold: float) -> None:
+    rule = MinAcc(threshold)
+    n = 12
+    for seen in range(n + 1):
+        for correct in range(seen + 1):
+            certain = rule.certain(correct, seen, n)
+            finals = {rule.verdict(correct + k, n, "x").word for k in range(n - seen + 1)}
+            if certain is not None:
+                assert finals == {certain}
+            else:
+                assert finals == {"PASS", "FAIL"}
+
+
+@pytest.mark.parametrize("max_drop", [0.0, 0.02, 0.05, 0.2])
+def test_max_drop_certain_bounds_agree_with_every_final_verdict(max_drop: float) -> None:
+    rule = MaxDrop(max_drop)
+    shared = 10
+    for base, seen in itertools.product(range(shared + 1), range(shared + 1)):
+        for correct in range(seen + 1):
+            certain = rule.certain(base, correct, seen, shared)
+            finals = {
+                rule.verdict(base, correct + k, shared).word for k in range(shared - seen + 1)
+            }
+            if certain is not None:
+                assert finals == {certain}
+            else:
+                assert finals == {"PASS", "FAIL"}
+
+
+def test_max_drop_verdict_fields() -> None:
+    verdict = MaxDrop(0.05).verdict(80, 75, 100)
+    assert verdict.passed  # 0.8 - 0.75 is 0.05000000000000004 in floats: within the slack
+    assert verdict.rule == "max-drop"
+    assert verdict.threshold == 0.05
+    assert verdict.value == pytest.approx(0.05)
+    assert not MaxDrop(0.0).verdict(80, 79, 100).passed
+
+
+def test_mcnemar_certain_bounds_are_the_extremes() -> None:
+    rule = McNemar(0.05)
+    # 5 baseline-right and 3 baseline-wrong problems still unseen
+    for failing, passing in itertools.product(range(8), range(4)):
+        certain = rule.certain(failing, passing, 5, 3)
+        finals = {
+            rule.verdict(failing + a, passing + b).word
+            for a, b in itertools.product(range(6), range(4))
+        }
+        if certain is not None:
+            assert finals == {certain}
+        else:
+            assert finals == {"PASS", "FAIL"}
+    verdict = rule.verdict(5, 0)
+    assert verdict.value == mcnemar_one_sided(5, 0) == 1 / 32
+    assert not verdict.passed
+    assert verdict.rule == "mcnemar"
+    assert verdict.threshold == 0.05

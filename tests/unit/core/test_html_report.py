@@ -1,0 +1,365 @@
+"""The HTML report page: a pure renderer of the JSON report, checked as text, and a full
+split's page opened in a real headless Chromium (driven over the DevTools protocol by
+``tests/browser.py``; skipped only when ``chromium`` is not installed). Pages of real runs are
+in tests/plugin/test_html_report_runs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from browser import NEEDS_CHROMIUM, Browser
+
+from pytest_gsm8k.core.html_report import (
+    ProblemText,
+    outcomes_from_baseline,
+    problem_texts,
+    render_html,
+)
+from pytest_gsm8k.runtime.data import load_split
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "</textarea>",
+    "</script>",
+    "<!--",
+    "<img src=x onerror=alert(2)>",
+]
+
+
+@cache
+def _split() -> Any:
+    return load_split(None)
+
+
+def _record(index: int, outcome: str, response: str = "", gold: str = "18") -> dict[str, Any]:
+    """A problem record shaped like outcome.score_response's."""
+    correct = outcome == "correct"
+    extracted = gold if correct else ("19" if outcome == "wrong" else None)
+    return {
+        "index": index,
+        "id": f"test-{index:04d}",
+        "gold": gold,
+        "outcome": outcome,
+        "correct": correct,
+        "extracted": extracted,
+        "rules": {"strict": correct, "answer-is": correct, "boxed": False, "flexible": correct},
+        "n_samples": 1,
+        "n_correct": int(correct),
+        "response": response or f"Step one.\nThe answer is {extracted}.\n#### {extracted}",
+        "samples": [
+            {
+                "text": response or f"Step one.\nThe answer is {extracted}.\n#### {extracted}",
+                "finish_reason": "stop",
+                "extracted": {
+                    "strict": extracted,
+                    "answer-is": extracted,
+                    "boxed": None,
+                    "flexible": extracted,
+                },
+                "correct": correct,
+            }
+        ],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 20},
+        "cached": 0,
+        "model": "m",
+        "error": None if outcome != "error" else "HTTP 500 after retries",
+    }
+
+
+def _report(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """A JSON report around ``records`` (numbers consistent with them)."""
+    n = len(records)
+    correct = sum(r["correct"] for r in records)
+    counts = {
+        o: sum(r["outcome"] == o for r in records)
+        for o in ("correct", "wrong", "unparsed", "truncated", "error")
+    }
+    return {
+        "schema": 1,
+        "headline": f"gsm8k acc (test@1, 8-shot CoT) = {correct / n:.4f}  [95% CI 0.5000-0.9000]"
+        f"  n={n}",
+        "accuracy": correct / n,
+        "correct": correct,
+        "n": n,
+        "expected": n,
+        "complete": True,
+        "ci95": [0.5, 0.9],
+        "counts": counts,
+        "rules": {
+            "strict": correct / n,
+            "answer-is": correct / n,
+            "boxed": 0.0,
+            "flexible": correct / n,
+        },
+        "format_failures": 0,
+        "pass_at_k": {},
+        "protocol": {
+            "name": "test@1",
+            "samples": 1,
+            "temperature": 0.0,
+            "extractor": "strict",
+            "max_tokens": 1024,
+            "api": "chat",
+            "label": "test@1, 8-shot CoT",
+        },
+        "model": "m",
+        "reported_models": ["m"],
+        "endpoint": "http://127.0.0.1:9/v1",
+        "dataset": {
+            "name": "openai/gsm8k",
+            "config": "main",
+            "split": "test",
+            "rows": 1319,
+            "fingerprint": "7573bc2082847ca0",
+        },
+        "subset": {},
+        "tokens": {"prompt_tokens": 1234, "completion_tokens": 5678},
+        "from_cache": 0,
+        "gates": [
+            {
+                "name": "min-acc",
+                "passed": False,
+                "detail": "accuracy 0.6000 (test@1, 8-shot CoT, n=5) is below --gsm8k-min-acc 0.85",
+            }
+        ],
+        "problems": records,
+        **extra,
+    }
+
+
+def _embedded(page: str) -> dict[str, Any]:
+    found = re.search(r'<script type="application/json" id="gsm8k-data">(.*?)</script>', page, re.S)
+    assert found
+    return dict(json.loads(found.group(1)))
+
+
+# -- the renderer, as text -------------------------------------------------------------------
+
+
+def test_hostile_text_is_never_markup() -> None:
+    records = [
+        _record(i, "wrong", response=f"Thinking {h} more\n#### {h}") for i, h in enumerate(HOSTILE)
+    ]
+    report = _report(records, model="<script>alert(1)</script>")
+    report["gates"][0]["detail"] = "</script><script>alert(1)</script>"
+    texts = {
+        r["id"]: ProblemText("<script>alert(1)</script> apples?", "</textarea><!-- 5")
+        for r in records
+    }
+    page = render_html(report, texts)
+    for hostile in HOSTILE:
+        if hostile != "</script>":
+            assert hostile not in page, hostile
+    # "</script>" only where the page's own two elements end: the data block and the code
+    assert page.count("<script") == 2
+    assert page.count("</script>") == 2
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the model name, shown as text
+    data = _embedded(page)  # and the data survives the escaping unchanged
+    assert [p["r"] for p in data["problems"]] == [r["response"] for r in records]
+    assert data["problems"][0]["q"] == "<script>alert(1)</script> apples?"
+    assert data["problems"][0]["s"] == "</textarea><!-- 5"
+
+
+def test_no_external_resource_and_no_secret() -> None:
+    report = _report(
+        [_record(0, "correct")],
+        endpoint="https://user:sk-live-XYZ@api.example.com/v1?api-key=sk-q-ABC",
+    )
+    page = render_html(report)
+    assert not re.search(r"""\b(src|href)\s*=|@import|url\(""", page)
+    assert "sk-live-XYZ" not in page
+    assert "sk-q-ABC" not in page
+    assert "https://api.example.com/v1" in page
+    assert "default-src 'none'" in page  # CSP: no fetch, no image, no frame from anywhere
+
+
+def test_header_holds_headline_gates_run_and_pictures() -> None:
+    records = [
+        _record(0, "correct"),
+        _record(1, "wrong"),
+        _record(2, "unparsed"),
+        _record(3, "correct"),
+        _record(4, "truncated"),
+    ]
+    page = render_html(_report(records, started_at="2024-05-01T10:00:00Z", duration_s=61.2))
+    assert "gsm8k acc (test@1, 8-shot CoT) = 0.4000  [95% CI 0.5000-0.9000]  n=5" in page
+    assert re.search(r'class="verdict fail">FAIL<', page)
+    assert re.search(r'class="badge fail">FAIL</span></td><th>min-acc</th>', page)
+    assert "7573bc2082847ca0" in page
+    assert "http://127.0.0.1:9/v1" in page
+    assert "prompt 1,234, completion 5,678" in page
+    assert "61.2 s" in page
+    assert "min-acc 0.85" in page  # the threshold on the accuracy axis, parsed from the gate
+    assert page.count("<svg") == 2  # accuracy axis, outcome bar; no pass@k without pass@N
+    assert "2 correct" in page
+    assert "1 truncated" in page
+    assert "INCOMPLETE" not in page
+    assert "EARLY STOP" not in page
+
+
+def test_pass_at_k_curve_when_sampled() -> None:
+    report = _report(
+        [_record(0, "correct")], pass_at_k={"pass@1": 0.61, "pass@2": 0.7, "pass@4": 0.78}
+    )
+    page = render_html(report)
+    assert page.count("<svg") == 3
+    assert "pass@4 = 0.7800" in page
+    assert page.count("<polyline") == 1
+
+
+def test_interrupted_and_early_stopped_runs_say_so() -> None:
+    report = _report([_record(0, "correct"), _record(1, "wrong")], complete=False, expected=1319)
+    report["early_stop"] = {
+        "mode": "sprt",
+        "alpha": 0.05,
+        "decided_after": 2,
+        "verdicts": {"min-acc": "fail"},
+        "bounds": [0.1, 0.9],
+    }
+    page = render_html(report)
+    assert "INCOMPLETE: 2 of 1319 problems have a result" in page
+    assert "EARLY STOP: mode sprt; alpha 0.05; decided after 2" in page
+    assert "<dt>verdicts</dt><dd>min-acc: fail</dd>" in page
+    assert "<dt>bounds</dt><dd>[0.1, 0.9]</dd>" in page
+
+
+def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> None:
+    outcomes = ["correct", "wrong", "correct", "unparsed", "wrong", "correct"]
+    records = [_record(i, o) for i, o in enumerate(outcomes)]
+    baseline = {
+        "path": "b.gsm8k",
+        "shared": 6,
+        "baseline_accuracy": 0.5,
+        "current_accuracy": 0.5,
+        "difference": 0.0,
+        "difference_ci95": [-0.3, 0.3],
+        "newly_failing": ["test-0003", "test-0004"],
+        "newly_passing": ["test-0000", "test-0005"],
+        "mcnemar_p": 0.6875,
+        "subset": False,
+        "baseline_n": 6,
+    }
+    page = render_html(_report(records, baseline=baseline))
+    data = _embedded(page)
+    assert [p["id"] for p in data["problems"]] == [
+        "test-0003",
+        "test-0004",
+        "test-0000",
+        "test-0005",
+        "test-0001",
+        "test-0002",
+    ]
+    assert [p["ch"] for p in data["problems"]] == ["failing"] * 2 + ["passing"] * 2 + [""] * 2
+    # without the baseline file, its correctness is derived from the flips
+    assert [p["b"] for p in data["problems"]] == [
+        "correct",
+        "correct",
+        "not correct",
+        "not correct",
+        "not correct",
+        "correct",
+    ]
+    assert "one-sided p = 0.6875" in page
+    assert "-0.0000 [95% CI -0.3000, +0.3000]" not in page
+    assert "+0.0000 [95% CI -0.3000, +0.3000]" in page
+    # given the baseline's own outcomes, they win
+    page = render_html(_report(records, baseline=baseline), None, {"test-0000": "unparsed"})
+    assert _embedded(page)["problems"][2]["b"] == "unparsed"
+
+
+def test_problem_texts_and_baseline_outcomes() -> None:
+    problem = _split().problems[0]
+    text = problem_texts([problem])[problem.id]
+    assert text.question == problem.question
+    assert "<<" not in text.solution
+    assert "####" not in text.solution
+    assert text.solution
+    doc = {
+        "problems": {
+            "test-0001": "wrong",
+            "test-0002": {"outcome": "correct", "n_correct": 3, "n_samples": 4},
+        }
+    }
+    assert outcomes_from_baseline(doc) == {"test-0001": "wrong", "test-0002": "correct"}
+
+
+def test_script_asset_cannot_close_its_element() -> None:
+    from importlib import resources
+
+    for name in ("html_report.js", "html_report.css"):
+        text = resources.files("pytest_gsm8k.core").joinpath(name).read_text()
+        assert "</script" not in text.lower()
+        assert "<!--" not in text
+        assert "</style" not in text
+
+
+# -- a full split's page in headless Chromium --------------------------------------------------
+
+
+@NEEDS_CHROMIUM
+def test_full_split_page_opens_and_filters(tmp_path: Path, browser: Browser) -> None:
+    """1,319 problems with ~1.5 KB responses: builds and filters in the browser; the times are
+    printed (``-s``), not asserted (no wall-clock assertions in this suite)."""
+    records = []
+    for p in _split().problems:
+        outcome = "correct" if p.index % 8 else ("wrong", "unparsed", "truncated")[p.index % 3]
+        body = (p.answer.rpartition("####")[0] + " ") * 8
+        rec = _record(
+            p.index, outcome, response=body[:1500] + "\nThe answer is 7.\n#### 7", gold=str(p.gold)
+        )
+        records.append(rec)
+    failing = [r["id"] for r in records if r["outcome"] != "correct"][::5]
+    report = _report(
+        records,
+        baseline={
+            "path": "b",
+            "shared": len(records),
+            "baseline_accuracy": 0.9,
+            "current_accuracy": 0.875,
+            "difference": -0.025,
+            "difference_ci95": [-0.04, -0.01],
+            "newly_failing": failing,
+            "newly_passing": [],
+            "mcnemar_p": 0.001,
+            "subset": False,
+            "baseline_n": len(records),
+        },
+    )
+    html_text = render_html(report, problem_texts(_split().problems))
+    page = tmp_path / "full.html"
+    page.write_text(html_text, encoding="utf-8")
+    browser.open(page.as_uri())
+    timings = browser.evaluate("window.gsm8kReport.timings")
+    paint = browser.evaluate(
+        "(performance.getEntriesByName('first-contentful-paint')[0] || {}).startTime || null"
+    )
+    measured = browser.evaluate("""(() => {
+        const s = document.getElementById('f-outcome'), q = document.getElementById('f-search');
+        const run = (f) => { const t = performance.now(); f(); document.body.offsetHeight;
+                             return performance.now() - t; };
+        const filter = run(() => { s.value = 'wrong'; s.dispatchEvent(new Event('change')); });
+        const shown = document.getElementById('f-count').textContent;
+        const search1 = run(() => { q.value = 'apples'; q.dispatchEvent(new Event('input')); });
+        const search2 = run(() => { q.value = 'bakery'; q.dispatchEvent(new Event('input')); });
+        const reset = run(() => { s.value = 'all'; q.value = '';
+                                  q.dispatchEvent(new Event('input')); });
+        return {filter, shown, search1, search2, reset};
+    })()""")
+    wrong = sum(r["outcome"] == "wrong" for r in records)
+    assert measured["shown"] == f"{wrong} of 1319 shown"
+    count = browser.evaluate("document.getElementById('f-count').textContent")
+    assert count == "1319 of 1319 shown"
+    assert browser.errors() == []
+    print(
+        f"\nHTML report, 1319 problems, {len(html_text) / 1e6:.2f} MB: parse JSON "
+        f"{timings['parseMs']:.1f} ms, build rows {timings['buildMs']:.1f} ms, ready at "
+        f"{timings['readyAt']:.0f} ms after navigation start, first contentful paint "
+        f"{paint} ms; filter 'wrong' {measured['filter']:.1f} ms, first search (builds the "
+        f"lowercase text) {measured['search1']:.1f} ms, next search {measured['search2']:.1f} "
+        f"ms, reset {measured['reset']:.1f} ms (each including layout)"
+    )

@@ -1,0 +1,140 @@
+"""Pure scoring of responses into outcome records, and their aggregation (no HTTP, no pytester)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from pytest_gsm8k.core.outcome import error_record, score_response
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.records import ProblemRecord
+from pytest_gsm8k.core.summary import Summary
+from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
+
+PROBLEM = Problem(index=7, split="test", question="q?", answer="... #### 18", gold=Decimal(18))
+
+
+def _score(
+    *texts: str,
+    protocol: Protocol | None = None,
+    finish: str = "stop",
+    reasoning: str | None = None,
+) -> ProblemRecord:
+    response = ModelResponse(
+        completions=[Completion(text=t, finish_reason=finish, reasoning=reasoning) for t in texts]
+    )
+    return score_response(PROBLEM, response, protocol or Protocol())
+
+
+@pytest.mark.parametrize(
+    ("text", "outcome", "extracted"),
+    [
+        ("So she makes $18.\n#### 18", "correct", "18"),
+        ("#### 18.00", "correct", "18"),
+        ("#### $18", "unparsed", None),  # the seed's strict rule has no '$'; flexible finds it
+        ("#### 19", "wrong", "19"),
+        ("I cannot say.", "unparsed", None),
+        ("<think>#### 5</think>\n#### 18", "correct", "18"),
+        ("<think>so it is #### 18</think>\nno idea", "unparsed", None),
+    ],
+)
+def test_test_at_1_outcomes(text: str, outcome: str, extracted: str | None) -> None:
+    record = _score(text)
+    assert record["outcome"] == outcome
+    assert record["extracted"] == extracted
+    assert record["correct"] is (outcome == "correct")
+    assert record["id"] == "test-0007"
+    assert record["gold"] == "18"
+
+
+def test_flexible_is_scored_beside_strict() -> None:
+    record = _score("She makes $18 a day.")
+    assert record["rules"] == {
+        "strict": False,
+        "answer-is": False,
+        "boxed": False,
+        "flexible": True,
+    }
+
+
+def test_truncated_when_cut_and_not_correct() -> None:
+    assert _score("Let me think: 3 + 4 =", finish="length")["outcome"] == "truncated"
+    assert _score("#### 18", finish="length")["outcome"] == "correct"
+
+
+def test_reasoning_only_response_is_unparsed_with_a_note() -> None:
+    record = _score("", reasoning="... so the answer is 18")
+    assert record["outcome"] == "unparsed"
+    assert "reasoning_content" in record["note"]
+
+
+def test_pass_and_maj_decisions() -> None:
+    texts = ("#### 17", "#### 18", "#### 17", "nothing")
+    passed = _score(*texts, protocol=Protocol(name="pass@4", samples=4, temperature=0.7))
+    assert passed["correct"]
+    assert passed["n_correct"] == 1
+    assert passed["n_samples"] == 4
+    voted = _score(*texts, protocol=Protocol(name="maj@4", samples=4, temperature=0.7))
+    assert not voted["correct"]
+    assert voted["outcome"] == "wrong"
+    assert voted["extracted"] == "17"
+    assert voted["votes"] == [["17", 2], ["18", 1]]
+
+
+def _summary(
+    records: list[ProblemRecord], protocol: Protocol | None = None, split: str = "test"
+) -> Summary:
+    protocol = protocol or Protocol()
+    return Summary(
+        protocol=protocol.identity(),
+        label=protocol.label,
+        dataset={"name": "x", "config": "main", "split": split, "rows": 4, "fingerprint": "f"},
+        subset={"limit": None, "seed": 1234, "of": 4},
+        model="m",
+        endpoint="http://e",
+        records=records,
+        expected=len(records),
+    )
+
+
+def test_summary_counts_accuracy_interval_and_gate() -> None:
+    records = [
+        _score("#### 18"),
+        _score("#### 18"),
+        _score("#### 1"),
+        error_record(PROBLEM, "HTTP 500 after retries"),
+    ]
+    summary = _summary(records)
+    assert summary.accuracy == 0.5
+    assert summary.counts() == {"correct": 2, "wrong": 1, "unparsed": 0, "truncated": 0, "error": 1}
+    low, high = summary.interval()
+    assert 0.15 < low < 0.5 < high < 0.85
+    gate = summary.gate_min_acc(0.6)
+    assert not gate.passed
+    assert "is below --gsm8k-min-acc 0.6" in gate.detail
+    assert summary.headline().startswith("gsm8k acc (test@1, 0-shot CoT) = 0.5000  [95% CI ")
+
+
+def test_train_split_headline_says_not_reportable() -> None:
+    assert (
+        "train split: not a reportable number"
+        in _summary([_score("#### 18")], split="train").headline()
+    )
+
+
+def test_pass_at_k_over_problems() -> None:
+    protocol = Protocol(name="pass@4", samples=4, temperature=0.7)
+    records = [
+        _score("#### 18", "#### 1", "#### 1", "#### 1", protocol=protocol),
+        _score("#### 1", "#### 1", "#### 1", "#### 1", protocol=protocol),
+    ]
+    pass_at = _summary(records, protocol).pass_at()
+    assert pass_at["pass@1"] == pytest.approx((1 / 4 + 0) / 2)
+    assert pass_at["pass@2"] == pytest.approx((1 / 2 + 0) / 2)
+    assert pass_at["pass@4"] == pytest.approx(0.5)
+
+
+def test_format_failures_count_strict_misses_another_rule_gets() -> None:
+    summary = _summary([_score("The answer is 18."), _score("#### 18"), _score("#### 3")])
+    assert summary.format_failures() == 1

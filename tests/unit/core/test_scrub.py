@@ -1,0 +1,52 @@
+"""Scrubbing secrets and making text printable: keys and URL credentials, secret options in
+command lines, invisible and reordering characters, Markdown and terminal text."""
+
+from __future__ import annotations
+
+from helpers import TEST_KEY
+
+from pytest_gsm8k.core import scrub as scrubbing
+from pytest_gsm8k.core.scrub import REDACTED, Scrubber, md_code, md_text, printable
+
+
+def test_printable_escapes_invisible_reordering_and_keeps_joiners() -> None:
+    assert printable("a\u202eb") == "a\\u202eb"
+    for char in "\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c\ufeff":
+        assert printable(f"x{char}y") == f"x\\u{ord(char):04x}y"
+    assert printable("line\u2028sep\u2029") == "line\\u2028sep\\u2029"
+    assert printable("zero\u200bwidth") == "zero\\u200bwidth"
+    assert printable("tag\U000e0041") == "tag\\U000e0041"
+    assert printable("lone \ud83d") == "lone \\ud83d"  # could not even be encoded
+    assert printable("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645") == (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # Persian needs its ZWNJ
+    )
+    assert printable("caf\u00e9 \u2014 \U0001f600") == "caf\u00e9 \u2014 \U0001f600"
+    assert printable("a\x1b[31mb\x1b]0;title\x07c\x00d\ne") == "abcd e"
+
+
+def test_command_lines_lose_secret_option_values_but_keep_variable_names() -> None:
+    scrub = Scrubber(TEST_KEY)
+    assert scrub.command(f"vllm serve m --api-key {TEST_KEY} --port {{port}}") == (
+        f"vllm serve m --api-key {REDACTED} --port {{port}}"
+    )
+    assert scrubbing.redact_options(
+        "x --api-key=abc HF_TOKEN=hf_abc --hf-token 'a b' --token=t"
+    ) == (f"x --api-key={REDACTED} HF_TOKEN={REDACTED} --hf-token {REDACTED} --token={REDACTED}")
+    kept = 'x --api-key $OPENAI_API_KEY --password "${PW}" --max-tokens 5 --tokenizer t'
+    assert scrubbing.redact_options(kept) == kept
+
+
+def test_scrubber_removes_keys_and_url_credentials() -> None:
+    scrub = Scrubber("sk-abcdef123", "https://bob:s3cr%40t-pass@host/v1")
+    assert scrub.text("Bearer sk-abcdef123!") == "Bearer [redacted]!"
+    assert scrub.text("https://bob:s3cr%40t-pass@host/v1") == "https://host/v1"
+    assert "s3cr@t-pass" not in scrub.text("pw s3cr@t-pass")
+    assert scrub.obj({"a": ["sk-abcdef123"]}) == {"a": ["[redacted]"]}
+    assert not Scrubber("ab", None)  # a 2-character key would corrupt answers: not scrubbed
+    assert Scrubber(None, None).text("18") == "18"
+
+
+def test_markdown_and_terminal_helpers() -> None:
+    assert printable("a\x1b[31mb\x1b]0;title\x07c\x00d\ne") == "abcd e"
+    assert md_code("a`b") == "``a`b``"
+    assert md_text("x|y *z* <b>") == "x\\|y \\*z\\* \\<b\\>"

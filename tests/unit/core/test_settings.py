@@ -1,0 +1,208 @@
+"""Unit tests for pytest_gsm8k.core.settings: the options table, defaults, validation, ini twins."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from pytest_gsm8k.core.settings import (
+    OPTIONS,
+    Option,
+    Settings,
+    SettingsError,
+    build_settings,
+    parse_params,
+)
+
+
+def settings(warnings: list[str] | None = None, /, **given: Any) -> Settings:
+    """build_settings with ``given`` (keys like min_acc) as the only set values."""
+    notes = warnings if warnings is not None else []
+    return build_settings(lambda o: given.get(o.dest[len("gsm8k_") :]), notes.append)
+
+
+def test_defaults_are_test_at_1_zero_shot_chat() -> None:
+    s = settings()
+    assert (s.protocol, s.samples, s.temperature, s.shots, s.api) == ("test@1", 1, 0.0, 0, "chat")
+    assert s.extract == "strict"
+    assert s.answer_regex is None
+    assert (s.dataset, s.config, s.split, s.data) == (None, "main", "test", None)  # embedded
+    assert s.limit is None
+    assert s.seed == 1234
+    assert s.min_acc is None
+    assert s.max_tokens is not None
+    assert s.max_tokens >= 512  # generous enough for chain of thought
+    assert s.api_key_env == "OPENAI_API_KEY"
+    assert s.model is None
+
+
+def test_the_key_is_never_an_option() -> None:
+    names = {o.name for o in OPTIONS}
+    assert "api-key" not in names
+    assert "key" not in names
+    assert "api-key-env" in names
+
+
+@pytest.mark.parametrize(
+    "option", [o for o in OPTIONS if o.kind in ("int", "float")], ids=lambda o: o.name
+)
+def test_non_numbers_name_the_option(option: Option) -> None:
+    with pytest.raises(SettingsError) as info:
+        settings(**{option.dest[len("gsm8k_") :]: "lots"})
+    assert option.flag in str(info.value)
+    assert "lots" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        ({"min_acc": "1.01"}, "--gsm8k-min-acc"),
+        ({"min_acc": "-0.1"}, "--gsm8k-min-acc"),
+        ({"limit": "0"}, "--gsm8k-limit"),
+        ({"max_tokens": "-5"}, "--gsm8k-max-tokens"),
+        ({"protocol": "best@3"}, "--gsm8k-protocol"),
+        ({"protocol": "pass@0"}, "--gsm8k-protocol"),
+        ({"temperature": "3"}, "--gsm8k-temperature"),
+        ({"api": "grpc"}, "--gsm8k-api"),
+        ({"extract": "nope"}, "--gsm8k-extract"),
+        ({"answer_regex": "(unclosed"}, "--gsm8k-answer-regex"),
+        ({"no_cache": "maybe"}, "--gsm8k-no-cache"),
+    ],
+)
+def test_bad_values_are_one_line_errors_naming_the_option(
+    given: dict[str, str], needle: str
+) -> None:
+    with pytest.raises(SettingsError) as info:
+        settings(**given)
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_sampled_protocols() -> None:
+    s = settings(protocol="maj@8")
+    assert s.samples == 8
+    assert s.temperature == 0.7
+    assert s.aggregation == "maj"
+    notes: list[str] = []
+    s = settings(notes, protocol="pass@4", temperature="0")
+    assert s.temperature == 0.0
+    assert any("identical" in n for n in notes)
+
+
+def test_ini_strings_are_converted() -> None:
+    s = settings(min_acc=" 0.85 ", limit="20", no_cache="true", stop=["Question:"])
+    assert s.min_acc == 0.85
+    assert s.limit == 20
+    assert s.no_cache is True
+    assert s.stop == ("Question:",)
+
+
+def test_key_and_base_url_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-123")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://env:1/v1")
+    s = settings(api_key_env="MY_KEY")
+    assert s.api_key() == "sk-123"
+    assert s.resolved_base_url() == "http://env:1/v1"
+    assert settings(base_url="http://opt:2/v1").resolved_base_url() == "http://opt:2/v1"
+    monkeypatch.delenv("MY_KEY")
+    assert s.api_key() is None
+
+
+@pytest.mark.parametrize(
+    ("model", "local"),
+    [
+        ("local", True),
+        ("local:/models/x.gguf", True),
+        ("local-model", False),  # LM Studio's usual id: a model id like any other
+        ("localhost-llama", False),
+        ("Local", False),
+        (None, False),
+    ],
+)
+def test_one_rule_says_what_the_local_preset_is(model: str | None, local: bool) -> None:
+    from pytest_gsm8k.core.settings import LOCAL_DEFAULTS, is_local_spec
+
+    assert is_local_spec(model) is local
+    s = settings(model=model)
+    preset = (s.api, s.shots, s.max_tokens) == tuple(
+        LOCAL_DEFAULTS[k] for k in ("api", "shots", "max_tokens")
+    )
+    assert preset is local
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "1e400"])
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.kind == "float"], ids=lambda o: o.name)
+def test_non_finite_numbers_are_refused_by_name(option: Option, value: str) -> None:
+    """nan passes every comparison (a nan stall timeout would turn the watchdog off) and inf
+    overflows a socket's timeout under xdist: neither is a value, for any number option."""
+    with pytest.raises(SettingsError) as info:
+        settings(**{option.dest[len("gsm8k_") :]: value})
+    message = str(info.value)
+    assert message.startswith(option.flag + ":")
+    assert value in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["timeout", "serve_timeout", "stall_timeout"])
+def test_waits_too_long_to_mean_anything_are_refused(name: str) -> None:
+    with pytest.raises(SettingsError, match=r"at most 1e\+06 seconds, got 1e\+300"):
+        settings(**{name: "1e300"})
+    assert getattr(settings(**{name: "86400"}), name) == 86400.0  # a day is a fine wait
+
+
+def _settings(**given: Any) -> Any:
+    def get(option: Any) -> Any:
+        return given.get(option.dest[len("gsm8k_") :])
+
+    return build_settings(get, lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        ({"answer_regex": r"#### \d+"}, "needs a capture group"),
+        ({"protocol": "pass@2000"}, "at most 1024"),
+        ({"protocol": "maj@1025"}, "at most 1024"),
+        ({"concurrency": "5000"}, "at most 4096"),
+        ({"stall_timeout": "0"}, "--gsm8k-stall-timeout"),
+    ],
+)
+def test_settings_refused_with_one_line(given: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle.replace("(", r"\(")):
+        _settings(**given)
+    assert _settings(answer_regex=r"#### (\d+)", protocol="pass@1024", concurrency="4096")
+
+
+def test_params_parse_as_json_or_text_and_owned_fields_are_refused() -> None:
+    params = dict(
+        parse_params(
+            [
+                "top_p=0.95",
+                "seed=7",
+                'chat_template_kwargs={"enable_thinking": false}',
+                "reasoning_effort=low",
+                "max_completion_tokens=4096",
+            ]
+        )
+    )
+    assert params == {
+        "top_p": "0.95",
+        "seed": "7",
+        "chat_template_kwargs": '{"enable_thinking":false}',
+        "reasoning_effort": '"low"',
+        "max_completion_tokens": "4096",
+    }
+    for item, option in [
+        ("max_tokens=5", "--gsm8k-max-tokens"),
+        ("temperature=1", "--gsm8k-temperature"),
+        ("stop=[]", "--gsm8k-stop"),
+        ("model=x", "--gsm8k-model"),
+        ("n=3", "--gsm8k-protocol"),
+    ]:
+        with pytest.raises(SettingsError, match=re.escape(option)):
+            parse_params([item])
+    for item in ("messages=[]", "prompt=hi", "novalue", "=1"):
+        with pytest.raises(SettingsError, match="--gsm8k-param"):
+            parse_params([item])

@@ -1,0 +1,377 @@
+"""The answer channel between the xdist controller and its workers, on its own: the plan is
+prefetched, each get answered, a wrong token gets nothing, a closed controller ends waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import wait_until
+
+from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
+from pytest_gsm8k.runtime.cache import ResponseCache
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+
+
+class Scripted:
+    endpoint = "scripted:"
+    model = "scripted"
+    persistent_cache = False
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.fail = fail or set()
+        self.order: list[str] = []
+
+    async def complete(self, request: Request) -> ModelResponse:
+        self.order.append(request.problem_id)
+        await asyncio.sleep(0.01)
+        if request.problem_id in self.fail:
+            raise RuntimeError("scripted failure")
+        return ModelResponse(completions=[Completion(text=f"#### {request.problem_id[1:]}")])
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _requests(n: int) -> dict[str, Request]:
+    return {
+        f"p{i}": Request(problem_id=f"p{i}", api="chat", messages=(("user", f"q{i}"),))
+        for i in range(n)
+    }
+
+
+#: the scripted client, its engine, the controller's answer server, its address, the plan
+Parts = tuple[Scripted, Engine, AnswerServer, tuple[str, int], dict[str, Request]]
+
+
+@pytest.fixture
+def channel(tmp_path: Path) -> Iterator[Parts]:
+    client = Scripted(fail={"p3"})
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
+    known = _requests(8)
+    server = AnswerServer(engine, known.get)
+    address = server.start()
+    yield client, engine, server, address, known
+    server.close()
+    engine.close()
+
+
+def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) -> None:
+    client, _engine, server, address, known = channel
+    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    try:
+        remote.offer(list(known))
+        assert remote.result(known["p5"]).completions[0].text == "#### 5"
+        with pytest.raises(EndpointError) as info:
+            remote.result(known["p3"])
+        assert "scripted failure" in str(info.value)
+        assert not isinstance(info.value, EndpointAborted)
+        unknown = Request(problem_id="zz", api="chat")
+        with pytest.raises(EndpointError, match="knows no problem 'zz'"):
+            remote.result(unknown)
+        for pid in ("p0", "p7"):
+            assert remote.result(known[pid]).completions[0].text == f"#### {pid[1:]}"
+    finally:
+        remote.close()
+    wait_until(lambda: len(client.order) >= 8, 5)
+    assert sorted(client.order) == sorted(known)  # the whole plan, each once
+
+
+def test_a_wrong_token_gets_nothing(channel: Parts) -> None:
+    client, _engine, _server, address, known = channel
+    remote = RemoteAnswers(address, "not-the-token", endpoint="e", model="m", wait=10)
+    try:
+        remote.offer(list(known))
+        # the controller hangs up: EOF, or a broken pipe if it did so before our write
+        with pytest.raises(EndpointAborted, match="answer channel"):
+            remote.result(known["p1"])
+    finally:
+        remote.close()
+    assert client.order == []
+
+
+def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
+    class Never(Scripted):
+        async def complete(self, request: Request) -> ModelResponse:
+            await asyncio.sleep(3600)
+            raise AssertionError
+
+    engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    known = _requests(1)
+    server = AnswerServer(engine, known.get)
+    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=600)
+    try:
+
+        def close_both() -> None:
+            server.close()
+            engine.close()
+
+        closer = threading.Timer(0.2, close_both)
+        closer.start()
+        with pytest.raises(EndpointAborted):
+            remote.result(known["p0"])
+        closer.join()
+    finally:
+        remote.close()
+
+
+def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
+    tmp_path: Path,
+) -> None:
+    """The controller decides an early stop on the workers' reports, so an answer a worker
+    took but has not reported yet still counts toward the lookahead: otherwise the engine
+    keeps fetching past the decision by as many answers as are in transit."""
+    client = Scripted()
+    cache = ResponseCache(tmp_path / "c", "run", persistent=False)
+    engine = Engine(client, cache, concurrency=4, lookahead=3)
+    known = _requests(20)
+    server = AnswerServer(engine, known.get)
+    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
+
+    def settles_at(count: int) -> int:
+        wait_until(lambda: len(client.order) >= count, 5)
+        time.sleep(0.3)  # room for anything fetched beyond it
+        return len(client.order)
+
+    try:
+        remote.offer(list(known))
+        assert settles_at(3) == 3  # the lookahead, nothing more
+        for i in range(5):  # a worker takes five answers: three prefetched, two asked for
+            assert remote.result(known[f"p{i}"]).completions[0].text == f"#### {i}"
+        assert settles_at(5) == 5  # taken is not reported: no prefetch beyond them
+        for i in range(5):
+            server.settled(f"p{i}")
+        assert settles_at(8) == 8  # five reported: three ahead again
+        assert client.order == [f"p{i}" for i in range(8)]
+    finally:
+        remote.close()
+        server.close()
+        engine.close()
+
+
+def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_its_own(
+    tmp_path: Path,
+) -> None:
+    """The controller never sends a frame longer than it may: such an answer becomes that
+    item's error, and the channel stays in step for the next problem."""
+
+    class Sized:
+        endpoint, model, persistent_cache = "sized", "m", False
+
+        async def complete(self, request: Request) -> ModelResponse:
+            size = 5000 if request.problem_id == "p1" else 10
+            return ModelResponse([Completion(text="x" * size + f"#### {request.problem_id}")])
+
+        async def aclose(self) -> None:
+            pass
+
+    known = {f"p{i}": Request(problem_id=f"p{i}", api="chat") for i in range(3)}
+    engine = Engine(Sized(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=2)
+    server = AnswerServer(engine, known.get, max_frame=2000)
+    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=1e300)
+    try:
+        remote.offer(list(known))
+        assert remote.result(known["p0"]).completions[0].text.endswith("#### p0")
+        with pytest.raises(EndpointError, match="more than the xdist answer channel carries"):
+            remote.result(known["p1"])
+        assert remote.result(known["p2"]).completions[0].text.endswith("#### p2")
+    finally:
+        remote.close()
+        server.close()
+        engine.close()
+
+
+@pytest.fixture
+def scripted_controller() -> Iterator[tuple[tuple[str, int], list[bytes]]]:
+    """A loopback socket that answers each frame it reads with the next of ``replies``
+    (raw bytes, framing included), then waits: a controller gone wrong."""
+    replies: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rb") as stream:
+            while head := stream.read(4):
+                stream.read(struct.unpack(">I", head)[0])
+                if replies:
+                    conn.sendall(replies.pop(0))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[:2], replies
+    listener.close()
+    thread.join(timeout=5)
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+def test_a_reply_for_another_problem_breaks_the_channel_for_good(
+    scripted_controller: tuple[tuple[str, int], list[bytes]],
+) -> None:
+    address, replies = scripted_controller
+    answer: dict[str, Any] = {"completions": [{"text": "#### 1"}], "usage": {}, "model": None}
+    replies += [b"", _frame({"planned": 2}), _frame({"id": "p1", "response": answer, "cached": 0})]
+    remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
+    try:
+        remote.offer(["p0", "p1"])
+        with pytest.raises(EndpointAborted, match="a reply for 'p1' where 'p0' was asked for"):
+            remote.result(Request(problem_id="p0", api="chat"))
+        # what follows on the stream cannot be trusted: nothing more is read from it
+        with pytest.raises(EndpointAborted, match="a reply for 'p1'"):
+            remote.result(Request(problem_id="p1", api="chat"))
+    finally:
+        remote.close()
+
+
+def test_a_frame_longer_than_the_channel_carries_is_never_read(
+    scripted_controller: tuple[tuple[str, int], list[bytes]],
+) -> None:
+    address, replies = scripted_controller
+    replies += [b"", _frame({"planned": 1}), struct.pack(">I", 1 << 31)]
+    remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
+    try:
+        remote.offer(["p0"])
+        with pytest.raises(EndpointAborted, match=r"over the .*-byte limit"):
+            remote.result(Request(problem_id="p0", api="chat"))
+    finally:
+        remote.close()
+
+
+def test_a_plan_the_controller_does_not_acknowledge_fails_the_offer(
+    scripted_controller: tuple[tuple[str, int], list[bytes]],
+) -> None:
+    """The offer returns only once the controller recorded the plan: a reply that is not the
+    acknowledgement is a failed channel (an OSError, as a refused connection is)."""
+    address, replies = scripted_controller
+    replies += [b"", _frame({"id": "p0", "not_run": "decided"})]
+    channel = Channel(address, "t", wait=10)
+    try:
+        with pytest.raises(OSError, match="does not acknowledge"):
+            channel.offer(["p0"])
+        with pytest.raises(OSError, match="does not acknowledge"):
+            channel.offer(["p0"])  # broken for good: nothing more is read
+        assert channel.stopped() is None
+    finally:
+        channel.close()
+
+
+class Gated(Scripted):
+    """Answers p0 at once and every other problem once ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    async def complete(self, request: Request) -> ModelResponse:
+        self.order.append(request.problem_id)
+        if request.problem_id != "p0":
+            await asyncio.to_thread(self.release.wait, 10)
+        return ModelResponse(completions=[Completion(text=f"#### {request.problem_id[1:]}")])
+
+
+def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
+    tmp_path: Path,
+) -> None:
+    """One call on the controller stops its engine and tells every worker: one that asks for
+    answers, one that only listens (a worker calling its own model), one that was not
+    probed before its next get, and one that connects after the stop."""
+    client = Gated()
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    known = _requests(8)
+    server = AnswerServer(engine, known.get)
+    address = server.start()
+    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    unprobed = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    listener = Channel(address, server.token)
+    late: Channel | None = None
+    try:
+        remote.offer(list(known))
+        listener.offer(["p0", "p1"])
+        assert wait_until(lambda: engine.ready(known["p0"]) and client.order == ["p0", "p1"], 5)
+        assert remote.stopped() is None
+        assert listener.stopped() is None
+        server.stop_all("decided")
+        assert wait_until(lambda: remote.stopped() == "decided", 5)
+        assert wait_until(lambda: listener.stopped() == "decided", 5)
+        server.stop_all("decided again")  # the first stop is the one every worker hears
+        # answers the controller has still come; one never fetched is not run
+        assert remote.result(known["p0"]).completions[0].text == "#### 0"
+        with pytest.raises(NotRun, match=r"^decided$"):
+            remote.result(known["p5"])
+        # the stop frame waiting ahead of a reply is taken as the stop, not as the reply
+        assert unprobed.result(known["p0"]).completions[0].text == "#### 0"
+        assert unprobed.stopped() == "decided"
+        late = Channel(address, server.token)
+        late.offer(["p7"])  # the stop arrives first; the plan is still acknowledged
+        assert late.stopped() == "decided"
+        assert server.planned_ids() == {"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"}
+        client.release.set()  # the request under way at the stop arrives and is delivered
+        assert remote.result(known["p1"]).completions[0].text == "#### 1"
+        assert listener.stopped() == "decided"
+        assert remote.stopped() == "decided"
+    finally:
+        client.release.set()
+        for channel in (remote, unprobed, listener, late):
+            if channel is not None:
+                channel.close()
+        server.close()
+        engine.close()
+    assert client.order == ["p0", "p1"]  # nothing was sent after the stop
+
+
+def test_planned_ids_is_the_union_of_the_offers_and_only_an_answers_plan_is_fetched(
+    channel: Parts,
+) -> None:
+    client, engine, server, address, known = channel
+    first = Channel(address, server.token)
+    second = Channel(address, server.token)
+    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    try:
+        assert server.planned_ids() is None  # nobody offered yet
+        first.offer(["p0", "p1"])
+        # recorded by the time the offer returns: a report sent after it finds it there
+        assert server.planned_ids() == {"p0", "p1"}
+        second.offer(["p1", "p2", "zz"])  # ids the controller does not know are plans too
+        assert server.planned_ids() == {"p0", "p1", "p2", "zz"}
+        assert engine.jobs == []  # a channel without answers has nothing fetched for it
+        remote.offer(["p4", "p5"])
+        assert server.planned_ids() == {"p0", "p1", "p2", "zz", "p4", "p5"}
+        assert [job.request.problem_id for job in engine.jobs] == ["p4", "p5"]
+        assert remote.result(known["p5"]).completions[0].text == "#### 5"
+        copy = server.planned_ids()
+        assert copy is not None
+        copy.add("mine")  # a copy: the caller cannot change the controller's record
+        assert "mine" not in (server.planned_ids() or set())
+        assert first.stopped() is None
+        assert second.stopped() is None
+    finally:
+        for each in (first, second, remote):
+            each.close()
+    assert wait_until(lambda: sorted(client.order) == ["p4", "p5"], 5)
+
+
+def test_a_channel_with_a_wrong_token_hears_no_stop_and_records_no_plan(
+    channel: Parts,
+) -> None:
+    _client, _engine, server, address, _known = channel
+    stranger = Channel(address, "not-the-token", wait=10)
+    try:
+        with pytest.raises(OSError, match="channel"):
+            stranger.offer(["p0"])
+        server.stop_all("decided")
+        assert stranger.stopped() is None
+        assert server.planned_ids() is None
+    finally:
+        stranger.close()

@@ -1,0 +1,39 @@
+"""Bounded decoding of replies: compressed bodies are read in pieces up to a limit, and what
+cannot be bounded is refused."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from pytest_gsm8k.runtime.bounded import PIECE, Counter, Decoder, Refused, encoding_of
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", ""])
+def test_the_bounded_decoder_reads_what_it_asked_for_in_pieces(encoding: str) -> None:
+    data = b"".join(b"%d answer, " % i for i in range(300_000))  # about 3.5 MB
+    wbits = {"gzip": 31, "deflate": 15, "raw deflate": -15, "": 0}[encoding]
+    packed = data
+    if wbits:
+        packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+        packed = packer.compress(data) + packer.flush()
+    decoder = Decoder(encoding.replace("raw ", ""))
+    pieces = [p for i in range(0, len(packed), 65536) for p in decoder.feed(packed[i : i + 65536])]
+    pieces.append(decoder.finish())
+    assert b"".join(pieces) == data
+    assert max(len(p) for p in pieces) <= PIECE
+
+
+def test_the_bounded_decoder_refuses_what_it_cannot_bound() -> None:
+    with pytest.raises(Refused, match="encoded as 'br'"):
+        Decoder(encoding_of(["br"]))
+    with pytest.raises(Refused, match="encoded 2 times"):
+        encoding_of(["gzip", "deflate"])
+    assert encoding_of(["identity", " GZIP "]) == "gzip"
+    with pytest.raises(Refused, match="not valid compressed data"):
+        list(Decoder("gzip").feed(b"this is not gzip"))
+    counter = Counter(10)
+    counter.add(b"x" * 10)
+    with pytest.raises(Refused, match=r"over .* MiB decoded"):
+        counter.add(b"x")

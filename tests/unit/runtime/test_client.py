@@ -1,0 +1,88 @@
+"""The OpenAI-compatible client against the scripted server: bounded replies, the model list's
+deadline, redirects that keep the key on the same origin."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import TEST_KEY, sent
+
+from pytest_gsm8k.core.dataset import select
+from pytest_gsm8k.core.types import Request
+from pytest_gsm8k.runtime.client import (
+    MAX_REPLY_BYTES,
+    Breaker,
+    OpenAIClient,
+    PreflightError,
+    list_models,
+)
+from pytest_gsm8k.runtime.data import load_split
+
+
+def chosen(limit: int) -> list[int]:
+    """The problem indices ``--gsm8k-limit=limit`` runs, in run order."""
+    return [p.index for p in select(load_split(None).problems, limit, 1234)]
+
+
+def test_a_gzip_bomb_is_refused_before_it_is_decoded(
+    server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    """200 KB on the wire that inflate to 200 MB: the transport stops decoding at the bound,
+    so the request costs about the bound in memory, not the bomb's size."""
+    index = chosen(1)[0]
+    server.set_script(Script(behaviours={index: "gzipbomb"}))
+    problem = load_split(None).problems[index]
+    request = Request(problem_id=problem.id, api="chat", messages=(("user", problem.question),))
+    client = OpenAIClient(
+        model="fake-model",
+        base_url=server.base_url,
+        api_key=keyed_env,
+        timeout=60,
+        max_retries=2,
+        concurrency=1,
+        breaker=Breaker(),
+    )
+    client.warm()
+
+    async def ask_twice() -> tuple[BaseException | None, int, str]:
+        """The bomb (its error, and the peak memory of asking), then the same reply small."""
+        error: BaseException | None = None
+        tracemalloc.start()
+        try:
+            await client.complete(request)
+        except Exception as exc:  # what was raised is the point
+            error = exc
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        server.set_script(Script(behaviours={index: "gzipbomb"}, bomb_chars=100_000))
+        try:
+            return error, peak, (await client.complete(request)).completions[0].text
+        finally:
+            await client.aclose()
+
+    error, peak, answer = asyncio.run(ask_twice())
+    assert type(error).__name__ == "RefusedReply", error
+    assert "over 32 MiB decoded" in str(error)
+    assert peak < 2 * MAX_REPLY_BYTES + (16 << 20), f"peak {peak:,} bytes"
+    assert sent(server) == 2  # the bomb once (refused at once, not retried), then the small one
+    # the same reply compressed, but small: decoded and answered as usual
+    assert answer.strip().endswith(f"#### {server.golds[index]}")
+    assert len(answer) > 100_000
+
+
+def test_a_same_origin_redirect_keeps_the_key(server: FakeOpenAIServer) -> None:
+    """The server requires the key: the redirected listing answers only with it."""
+    server.set_script(Script(redirect_models=f"{server.base_url}/models?redirected=1"))
+    assert list_models(server.base_url, TEST_KEY, timeout=10.0) == ["fake-model"]
+    assert server.stats()["requests_by_path"] == {"/v1/models": 2}
+
+
+def test_list_models_has_one_deadline_for_the_whole_reply(server: FakeOpenAIServer) -> None:
+    server.set_script(Script(drip_models=0.2))
+    with pytest.raises(PreflightError) as info:
+        list_models(server.base_url, TEST_KEY, timeout=1.0)
+    assert info.value.kind == "timeout"

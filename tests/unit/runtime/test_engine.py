@@ -1,0 +1,247 @@
+"""The engine on its own, driven with scripted clients: priority, early stop, one item's
+error, fatal errors; the circuit breaker; how errors are described."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakeserver import FakeOpenAIServer
+from helpers import wait_until
+
+from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.runtime.cache import ResponseCache
+from pytest_gsm8k.runtime.client import Breaker
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+
+
+class ScriptedClient:
+    """A model client whose answers and failures the test decides."""
+
+    endpoint = "scripted:"
+    model = "scripted"
+    persistent_cache = False
+
+    def __init__(self, delay: float = 0.0, fail: dict[str, Exception] | None = None) -> None:
+        self.delay = delay
+        self.fail = fail or {}
+        self.order: list[str] = []
+        self.closed = False
+
+    async def complete(self, request: Request) -> ModelResponse:
+        self.order.append(request.problem_id)
+        await asyncio.sleep(self.delay)
+        if request.problem_id in self.fail:
+            raise self.fail[request.problem_id]
+        return ModelResponse(completions=[Completion(text=f"#### {request.problem_id[-1]}")])
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def requests(n: int) -> list[Request]:
+    return [
+        Request(problem_id=f"p{i:03d}", api="chat", messages=(("user", f"q{i}"),)) for i in range(n)
+    ]
+
+
+@pytest.fixture
+def memory_cache(tmp_path: Path) -> ResponseCache:
+    return ResponseCache(tmp_path / "c", "run", persistent=False)
+
+
+def test_the_item_a_test_waits_for_jumps_the_queue(memory_cache: ResponseCache) -> None:
+    client = ScriptedClient(delay=0.05)
+    engine = Engine(client, memory_cache, concurrency=1)
+    planned = requests(30)
+    try:
+        engine.start(planned)
+        assert engine.result(planned[25]).completions[0].text == "#### 5"
+        assert client.order.index("p025") <= 2  # fetched next, not after 25 others
+        assert engine.result(planned[0]).completions
+    finally:
+        engine.close()
+    assert client.closed
+    assert engine.requests_sent <= 30
+    assert not (memory_cache.root / "responses").exists()  # no-cache: memory only
+
+
+def test_an_engine_with_no_plan_fetches_each_item_when_asked_and_nothing_more(
+    memory_cache: ResponseCache,
+) -> None:
+    """How a worker calls its own model under xdist: one item at a time, nothing planned or
+    prefetched (xdist spreads the items over the workers)."""
+    client = ScriptedClient(delay=0.01)
+    engine = Engine(client, memory_cache, concurrency=4)
+    asked = requests(6)
+    try:
+        engine.start([])
+        for count, request in enumerate(asked[:3], start=1):
+            assert engine.result(request).completions[0].text == f"#### {count - 1}"
+            assert client.order == [r.problem_id for r in asked[:count]]  # that one, no other
+        engine.stop("decided")
+        with pytest.raises(NotRun, match=r"^decided$"):
+            engine.result(asked[3])  # never asked before the stop: not run
+        assert engine.result(asked[0]).completions  # an answer in hand stays one
+    finally:
+        engine.close()
+    assert engine.requests_sent == 3
+
+
+def test_an_answer_another_worker_stored_is_read_not_asked_again(tmp_path: Path) -> None:
+    """Two workers of one run on the shared persistent cache, each asked per item: the one
+    that asks second for the same request finds the first one's entry (what the shared
+    cache gives workers that call a model of their own, when the timing allows)."""
+    first_client, second_client = ScriptedClient(), ScriptedClient()
+    first = Engine(first_client, ResponseCache(tmp_path / "c", "run"), concurrency=2)
+    second = Engine(second_client, ResponseCache(tmp_path / "c", "run"), concurrency=2)
+    [request, other] = requests(2)
+    try:
+        assert first.result(request).completions[0].text == "#### 0"  # on disk once returned
+        answer = second.result(request)
+        assert answer.completions[0].text == "#### 0"
+        assert answer.cached == 0  # this run's own entry, not an earlier run's
+        assert second.result(other).completions[0].text == "#### 1"
+    finally:
+        first.close()
+        second.close()
+    assert first_client.order == ["p000"]
+    assert second_client.order == ["p001"]
+    assert (first.requests_sent, second.requests_sent) == (1, 1)
+
+
+def test_an_item_asked_for_just_before_an_early_stop_is_not_run_at_once(
+    memory_cache: ResponseCache,
+) -> None:
+    """The stop drops the queue; a test (or an xdist worker's answer) already waiting for a
+    job that had not started must learn it is not run, not wait for a fetch that never comes."""
+    client = ScriptedClient(delay=0.5)
+    engine = Engine(client, memory_cache, concurrency=1)
+    planned = requests(5)
+    outcome: list[BaseException | ModelResponse] = []
+
+    def wait_for_the_last() -> None:
+        try:
+            outcome.append(engine.result(planned[4]))
+        except BaseException as exc:  # the test inspects it
+            outcome.append(exc)
+
+    try:
+        engine.start(planned)
+        assert wait_until(lambda: client.order, 5)
+        waiter = threading.Thread(target=wait_for_the_last)
+        waiter.start()
+        time.sleep(0.1)  # p000 under way (0.5 s), p004 first in the queue, not started
+        engine.stop("decided")
+        waiter.join(timeout=3)
+        assert not waiter.is_alive(), "still waiting for an answer that will never be fetched"
+        assert isinstance(outcome[0], NotRun), (outcome, client.order)
+        assert str(outcome[0]) == "decided"
+        assert client.order == ["p000"]
+    finally:
+        engine.close()
+
+
+def test_one_failed_request_is_that_items_error_only(memory_cache: ResponseCache) -> None:
+    client = ScriptedClient(fail={"p003": RuntimeError("boom\nsecond line")})
+    engine = Engine(client, memory_cache, concurrency=4)
+    planned = requests(8)
+    try:
+        engine.start(planned)
+        with pytest.raises(EndpointError, match=r"^RuntimeError: boom$") as info:
+            engine.result(planned[3])
+        assert not isinstance(info.value, EndpointAborted)
+        assert all(engine.result(r).completions for r in planned if r.problem_id != "p003")
+    finally:
+        engine.close()
+
+
+def test_fatal_error_aborts_every_unfinished_item_with_one_message(
+    memory_cache: ResponseCache,
+    server: FakeOpenAIServer,
+) -> None:
+    import openai
+
+    reply = openai.AuthenticationError("bad key", response=_fake_response(401), body=None)
+    client = ScriptedClient(delay=0.02, fail={"p002": reply})
+    engine = Engine(client, memory_cache, concurrency=2)
+    planned = requests(200)
+    try:
+        engine.start(planned)
+        errors = set()
+        for request in planned[2:]:
+            with pytest.raises(EndpointAborted) as info:
+                engine.result(request)
+            errors.add(str(info.value))
+        assert len(errors) == 1
+        assert "credentials" in errors.pop()
+        assert len(client.order) < 20  # it stopped sending
+    finally:
+        engine.close()
+
+
+def _fake_response(status: int) -> Any:
+    import httpx2 as httpx  # what this openai release is built on
+
+    return httpx.Response(status, request=httpx.Request("POST", "http://x/v1/chat/completions"))
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breaker_needs_a_streak_in_numbers_and_in_time() -> None:
+    clock = FakeClock()
+    opened: list[str] = []
+    breaker = Breaker(threshold=8, min_seconds=2.0, clock=clock)
+    breaker.on_open = opened.append
+    for _ in range(20):  # many at once: the requests in flight when a server dies
+        breaker.failure(ConnectionError("refused"))
+    clock.now = 1.5
+    breaker.failure(ConnectionError("refused"))
+    assert not opened  # numbers, but not yet 2 s: a blip the client's retries may absorb
+    breaker.success()
+    clock.now = 10.0
+    breaker.failure(ConnectionError("refused"))
+    assert not opened
+    assert breaker.count == 1  # the success reset the streak
+    clock.now = 12.0
+    for _ in range(6):
+        breaker.failure(ConnectionError("refused"))
+    assert not opened
+    assert breaker.count == 7  # 2 s since the streak began, 7 failures
+    breaker.failure(ConnectionError("refused"))
+    assert opened == ["ConnectionError: refused"]
+    low = Breaker()
+    low.fit(1)
+    assert low.threshold == 3
+    high = Breaker()
+    high.fit(64)
+    assert high.threshold == 8
+
+
+def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> None:
+    import httpx2 as httpx
+    import openai
+
+    from pytest_gsm8k.runtime.engine import describe_error
+
+    def status_error(code: int) -> openai.APIStatusError:
+        request = httpx.Request("POST", "http://x/v1/chat/completions")
+        response = httpx.Response(code, request=request, json={"error": {"message": "boom"}})
+        return openai.APIStatusError("boom", response=response, body={"message": "boom"})
+
+    assert describe_error(status_error(400)) == ("HTTP 400: boom", False)
+    assert describe_error(status_error(422))[0] == "HTTP 422: boom"
+    assert describe_error(status_error(429))[0] == "HTTP 429 after retries: boom"
+    assert describe_error(status_error(503))[0] == "HTTP 503 after retries: boom"
