@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from pytest_gsm8k.core.settings import LOCAL_DEFAULTS, OPTIONS, Option
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
 
 #: a row of the table: a cell with the flag, then the ini name, the default, the description
 _ROW = re.compile(r"^\|\s*`(--[^`]+)`\s*\|")
