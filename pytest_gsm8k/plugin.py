@@ -386,7 +386,7 @@ class StatePlugin:
         if self._active:
             # What is alive now (modules, the collected items) lives to the end: take it out
             # of the collector's way, so the run's collections and pytest's five full ones at
-            # the end walk only what the run made (about 0.5 s per process on 1,319 items).
+            # the end walk only what the run made (benchmarks/README.md measures the gain).
             # The cleanup registered in pytest_configure unfreezes it after those.
             gc.freeze()
         try:
@@ -507,9 +507,8 @@ def _unfreeze_until_exit() -> None:
     """Give the objects frozen for the run back to the collector (pytest may run again in
     this process: pytester, an IDE), and freeze whatever is left once the interpreter exits.
 
-    At exit CPython walks every object it tracks in two full collections; after a run of
-    1,319 items that is about 0.4 s of the run's wall time (measured against the freeze),
-    spent on memory the operating system takes back anyway. Frozen objects are still freed
+    At exit CPython walks every object it tracks in two full collections, a visible part
+    of a full run's wall time spent on memory the operating system takes back anyway. Frozen objects are still freed
     by reference counting when modules are cleared, and atexit hooks (logging's flush,
     weakref finalizers) still run: only cyclic garbage left at exit is not collected.
     """
