@@ -508,9 +508,10 @@ def _unfreeze_until_exit() -> None:
     this process: pytester, an IDE), and freeze whatever is left once the interpreter exits.
 
     At exit CPython walks every object it tracks in two full collections, a visible part
-    of a full run's wall time spent on memory the operating system takes back anyway. Frozen objects are still freed
-    by reference counting when modules are cleared, and atexit hooks (logging's flush,
-    weakref finalizers) still run: only cyclic garbage left at exit is not collected.
+    of a full run's wall time spent on memory the operating system takes back anyway.
+    Frozen objects are still freed by reference counting when modules are cleared, and
+    atexit hooks (logging's flush, weakref finalizers) still run: only cyclic garbage left
+    at exit is not collected.
     """
     global _freeze_at_exit
     if gc.get_freeze_count() and not _freeze_at_exit:
