@@ -71,6 +71,9 @@ def apply_baseline(
         message = (
             f"no baseline at {shown_path}; record one with: pytest <same options> --snapshot-update"
         )
+        nearby = _other_protocols(stored, report)
+        if nearby:
+            message += f" ({nearby})"
         if settings.require_baseline:
             summary.add_gate("baseline", False, message + " (--gsm8k-require-baseline)")
         else:
@@ -114,17 +117,20 @@ def apply_baseline(
         f"  baseline {shown_path}: {cmp.baseline_acc:.4f} -> {cmp.current_acc:.4f} {where}; "
         f"diff {cmp.diff:+.4f} [95% CI {cmp.low:+.4f}, {cmp.high:+.4f}]"
     )
+    recorded_with = document.get("model")
+    if isinstance(recorded_with, str) and recorded_with != summary.model:
+        summary.notes.append(
+            f"  the baseline was recorded with model {recorded_with} (this run: {summary.model})"
+        )
     summary.notes.append(
         f"  {len(cmp.newly_failing)} newly failing, {len(cmp.newly_passing)} newly passing; "
         f"McNemar one-sided p={cmp.p_value:.4g}"
     )
     if cmp.newly_failing:
         shown = ", ".join(cmp.newly_failing[:SHOWN_IDS])
-        more = (
-            f" (+{len(cmp.newly_failing) - SHOWN_IDS} more in the JSON report)"
-            if len(cmp.newly_failing) > SHOWN_IDS
-            else ""
-        )
+        left = len(cmp.newly_failing) - SHOWN_IDS
+        where_all = "in the JSON report" if settings.report else "with --gsm8k-report PATH"
+        more = f" (+{left} more {where_all})" if left > 0 else ""
         summary.notes.append(f"  newly failing: {shown}{more}")
     if uncovered is not None and settings.require_baseline:
         summary.add_gate(
@@ -205,6 +211,32 @@ def _write_baseline(
         size += ","
     summary.notes.append(f"  baseline written: {shown} ({size} accuracy {summary.accuracy:.4f})")
     summary.extra["baseline"] = {"path": shown, "written": True, "partial": partial is not None}
+
+
+def _other_protocols(stored: StoredBaseline, report: Report, most: int = 3) -> str:
+    """When this protocol has no baseline, the baselines beside where it would be and what
+    differs in each: a baseline is looked up by the protocol's label (its file name), and
+    every other field of the protocol must match it, so a changed option shows here."""
+    found: list[str] = []
+    try:
+        others = sorted(
+            (p for p in stored.path.parent.glob("*.gsm8k") if p != stored.path),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+    except OSError:
+        return ""
+    for path in others[:most]:
+        try:
+            document = bl.loads(path.read_text(encoding="utf-8"), path.name)
+        except (OSError, UnicodeDecodeError, bl.BaselineError):
+            continue
+        difference = bl.first_difference(document, report)
+        if difference:
+            found.append(f"{path.name}: {difference}")
+    if not found:
+        return ""
+    return "the baselines beside it are of other protocols: " + "; ".join(found)
 
 
 def _dropped(stored: StoredBaseline, report: Report, split: Sequence[Problem]) -> int:

@@ -80,6 +80,15 @@ class Summary:
             rule: sum(1 for r in self.records if r["rules"].get(rule)) / self.n for rule in names
         }
 
+    def silent_rules(self) -> set[str]:
+        """Our extraction rules that found no number in any sample of the run (a page of
+        0.0000 for them says nothing)."""
+        found: set[str] = set()
+        for record in self.records:
+            for sample in record["samples"]:
+                found.update(rule for rule, value in sample["extracted"].items() if value)
+        return {rule for rule in RULES if rule not in found} if self.records else set()
+
     def format_failures(self) -> int:
         """Problems the gated extractor missed but another rule got right."""
         gated = self.protocol["extractor"]
@@ -168,12 +177,21 @@ class Summary:
             + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k in ("correct", "wrong"))
         )
         gated = self.protocol["extractor"]
+        silent = self.silent_rules()
+        shown_rules = {r: a for r, a in rules.items() if r == gated or r not in silent}
         out.append(
             "  by extractor: "
             + ", ".join(
-                f"{rule}{'*' if rule == gated else ''} {acc:.4f}" for rule, acc in rules.items()
+                f"{rule}{'*' if rule == gated else ''} {acc:.4f}"
+                for rule, acc in shown_rules.items()
             )
-            + f"  (* gates; format failures: {self.format_failures()})"
+            + f"  (* gates; format failures: {self.format_failures()}"
+            + (
+                f"; no number found by {', '.join(sorted(silent - {gated}))}"
+                if silent - {gated}
+                else ""
+            )
+            + ")"
         )
         pass_at = self.pass_at()
         if pass_at:

@@ -529,8 +529,13 @@ class CallableClient:
     def __init__(self, fn: ModelCallable, *, concurrency: int, model: str | None = None) -> None:
         self.fn = fn
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-        self.endpoint = f"callable:{getattr(fn, '__module__', '')}.{name}"
-        self.model = model or name
+        module = getattr(fn, "__module__", None) or ""
+        # what a person reads: the dotted path to the function, without ``<locals>``
+        dotted = ".".join(
+            part for part in f"{module}.{name}".split(".") if part and part != "<locals>"
+        )
+        self.endpoint = f"callable:{dotted}"
+        self.model = model or dotted
         self._pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="gsm8k")
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__

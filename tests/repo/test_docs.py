@@ -78,3 +78,9 @@ def test_the_readme_commands_need_nothing_beside_the_repository() -> None:
     ]
     assert all("shared" not in b and "--gsm8k-data" not in b for b in blocks)
     assert all('CMAKE_ARGS="-DGGML_NATIVE=OFF"' in b for b in blocks)  # portable llama.cpp
+
+
+def test_readme_quotes_the_zero_shot_instruction_the_plugin_sends() -> None:
+    from pytest_gsm8k.core.prompts import COT_INSTRUCTION
+
+    assert f"    {COT_INSTRUCTION}\n" in README

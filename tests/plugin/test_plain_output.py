@@ -1,0 +1,115 @@
+"""What the terminal says is plain and true: passing gates in green, no 0.0000 for rules that
+found nothing, the baseline's own model when it differs, a callable model's dotted name,
+where the rest of a long list is, and which protocol's baseline is beside a missing one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import output, report
+
+BASELINE = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
+
+
+def test_a_passing_gate_is_green_and_a_failing_one_red(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    passed = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=3", "--gsm8k-min-acc=0.5", "--color=yes"
+    )
+    assert passed.ret == 0, output(passed)
+    line = next(x for x in passed.outlines if "gate min-acc: PASS" in x)
+    assert "\x1b[32m" in line  # green
+    server.set_script(Script(default="wrong"))
+    failed = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=3", "--gsm8k-min-acc=0.5", "--color=yes", "--gsm8k-no-cache"
+    )
+    line = next(x for x in output(failed).splitlines() if "gate min-acc:" in x)
+    assert "\x1b[31m" in line  # red
+
+
+def test_rules_that_found_no_number_are_named_not_printed_at_zero(
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    """The fake model answers "#### N": no \\boxed{} anywhere, so boxed found nothing."""
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3")
+    line = next(x for x in result.outlines if "by extractor:" in x)
+    assert "boxed 0.0000" not in line
+    assert "no number found by boxed" in line
+    assert "strict* 1.0000" in line
+
+
+def test_the_baselines_model_is_shown_when_it_is_another(
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    assert pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--snapshot-update").ret == 0
+    path = pytester.path / BASELINE
+    data = json.loads(path.read_text())
+    data["model"] = "release-41"
+    path.write_text(json.dumps(data))
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5")
+    assert result.ret == 0, output(result)
+    result.stdout.fnmatch_lines(
+        ["*the baseline was recorded with model release-41 (this run: fake-model)*"]
+    )
+    same = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--snapshot-update")
+    assert same.ret == 0
+    assert "recorded with model" not in output(pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5"))
+
+
+def test_the_rest_of_the_newly_failing_list_is_where_the_run_put_it(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    args = [*gsm8k_args, "--gsm8k-limit=30", "--gsm8k-no-cache"]
+    assert pytester.runpytest(*args, "--snapshot-update").ret == 0
+    server.set_script(Script(default="wrong"))
+    without = pytester.runpytest(*args)
+    assert "more with --gsm8k-report PATH)" in output(without)
+    assert "more in the JSON report" not in output(without)
+    with_report = pytester.runpytest(*args, "--gsm8k-report=r.json")
+    assert "more in the JSON report)" in output(with_report)
+    assert len(report(pytester)["baseline"]["newly_failing"]) == 30
+
+
+def test_a_missing_baseline_names_the_protocols_beside_it(
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    """One rule: a baseline is found by the protocol's label and every other field must
+    match; a protocol with no baseline names the ones beside it and what differs."""
+    assert pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--snapshot-update").ret == 0
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-shots=1")
+    text = output(result)
+    assert "no baseline at __snapshots__/gsm8k/test@1_1-shot_CoT.gsm8k" in text
+    assert "the baselines beside it are of other protocols: test@1_0-shot_CoT.gsm8k:" in text
+    required = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=3", "--gsm8k-shots=1", "--gsm8k-require-baseline"
+    )
+    assert required.ret == 1
+    assert "test@1_0-shot_CoT.gsm8k: protocol" in output(required)
+
+
+CALLABLE_CONFTEST = """
+import pytest
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    def answer(request):
+        return "#### 1"
+    return answer
+"""
+
+
+def test_a_callable_model_is_named_by_its_dotted_path(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CALLABLE_CONFTEST)
+    pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    result = pytester.runpytest("--gsm8k-limit=2", "--gsm8k-report=r.json", "-p", "no:randomly")
+    assert result.ret == 0, output(result)
+    data = report(pytester)
+    assert data["problems"][0]["model"] == "conftest.gsm8k_model.answer"
+    assert "<locals>" not in output(result)
