@@ -63,3 +63,28 @@ def test_the_ini_twin_names_the_file(
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3")
     assert result.ret == 0, output(result)
     assert (pytester.path / "from-ini.md").read_text().startswith("### gsm8k acc ")
+
+
+@XDIST
+def test_a_markdown_file_unwritable_at_the_end_is_one_line_and_fails_the_run(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    # a test of the user's turns the path into a folder after the session-start check
+    pytester.makepyfile(test_spoil="import os\n\ndef test_spoil():\n    os.mkdir('m.md')\n")
+    args = [*gsm8k_args, *xdist, "--gsm8k-limit=3", "--gsm8k-report=r.json"]
+    result = pytester.runpytest(*args, "--gsm8k-markdown=m.md")
+    text = output(result)
+    assert result.ret == 1, text
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if "gsm8k: --gsm8k-markdown:" in line]
+    assert len(lines) == 1, text
+    assert lines[0].startswith("gsm8k: --gsm8k-markdown: cannot write m.md: ")
+    assert "is a folder" in lines[0]
+    assert "  markdown: m.md" not in text
+    assert report(pytester)["n"] == 3
