@@ -12,6 +12,7 @@ from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.gates import McNemar
+from pytest_gsm8k.core.markdown import gate_table, problem_list
 from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 from pytest_gsm8k.core.records import Report
 from pytest_gsm8k.core.scrub import md_code, md_text
@@ -264,23 +265,8 @@ def markdown(summary: Summary, questions: dict[str, str], html: str | None = Non
     dataset = f"{summary.dataset['config']}/{summary.dataset['split']}"
     lines.append(f"Outcomes: {counts}. Model {md_code(summary.model)}, dataset {md_code(dataset)}.")
     lines.append("")
-    if summary.gates:
-        lines += ["| gate | result | detail |", "| --- | --- | --- |"]
-        for gate in summary.gates:
-            detail = md_text(gate.detail)
-            name = md_text(gate.name)
-            lines.append(f"| {name} | {gate.word} | {detail} |")
-        lines.append("")
+    lines += gate_table(summary.gates)
     base: Any = summary.extra.get("baseline") or {}
     failing = base.get("newly_failing") or []
-    if failing:
-        lines += [f"**Newly failing ({len(failing)}):**", ""]
-        for pid in failing[:50]:
-            text = " ".join(questions.get(pid, "").split())
-            if len(text) > 100:
-                text = text[:97] + "..."
-            lines.append(f"- {md_code(pid)}: {md_text(text)}")
-        if len(failing) > 50:
-            lines.append(f"- ... and {len(failing) - 50} more (see the JSON report)")
-        lines.append("")
+    lines += problem_list("Newly failing", failing, questions, "see the JSON report")
     return "\n".join(lines) + "\n"

@@ -42,7 +42,8 @@ REMOTE_WAIT_SLACK = 120.0
 
 
 def release_gates(state: State, summary: Summary, session: pytest.Session) -> None:
-    """Baseline write/compare and the GitHub step summary, once, on the controller.
+    """Baseline write/compare and the Markdown summary (``$GITHUB_STEP_SUMMARY``,
+    ``--gsm8k-markdown``), once, on the controller.
 
     Whatever fails here is one line, never a crash at the end of a paid-for run: the
     baseline as a failed gate, the step summary as an output that was not written.
@@ -69,10 +70,11 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
     if not plan.update_baseline:
         _early_baseline_verdict(state, summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
+    if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
         text = gates.markdown(summary, questions, html=plan.settings.html)
         write_output(state, "step_summary", step_summary, lambda: text)
+        write_output(state, "markdown", plan.settings.markdown, lambda: text)
 
 
 def deselected_by(config: pytest.Config) -> str:

@@ -174,7 +174,7 @@ class StatePlugin:
             self.activate()
         if state.is_worker:
             return
-        prepare_outputs(state, ("report", "html"))  # asked for by name: checked in any run
+        prepare_outputs(state, ("report", "html", "markdown"))  # asked for by name: any run
         if not (settings.model or settings.serve):
             return
         # The data, protocol and baseline first: a bad file is one line before any server
@@ -453,6 +453,8 @@ class StatePlugin:
             terminalreporter.write_line(f"  report: {self.state.settings.report}")
         if self.state.settings.html and "html" not in errors:
             terminalreporter.write_line(f"  page: {self.state.settings.html}")
+        if self.state.settings.markdown and "markdown" not in errors:
+            terminalreporter.write_line(f"  markdown: {self.state.settings.markdown}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

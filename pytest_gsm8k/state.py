@@ -85,7 +85,7 @@ class Run:
         #: the early stop's message once it stopped the run
         self.early_stopped: str | None = None
         self.summary: Summary | None = None
-        #: the run's outputs checked at session start, by key (report, html, step_summary)
+        #: the run's outputs checked at session start, by key (report, html, markdown, step_summary)
         self.outputs: dict[str, Output] = {}
         #: outputs that could not be written at the end: key -> the one line saying why
         self.output_errors: dict[str, str] = {}

@@ -1,7 +1,7 @@
 """The run's outputs, from the pytest side: where the end of the run writes (the JSON
-report, the page, the GitHub step summary, a baseline being recorded) is checked when the
-session starts, before any request; at the end each is written, and whatever fails is one
-line instead of a crash. How a path is written (file, device, FIFO) is
+report, the page, the Markdown summary, the GitHub step summary, a baseline being recorded)
+is checked when the session starts, before any request; at the end each is written, and
+whatever fails is one line instead of a crash. How a path is written (file, device, FIFO) is
 :mod:`pytest_gsm8k.runtime.outputs`.
 """
 
@@ -21,6 +21,7 @@ from pytest_gsm8k.state import State
 OUTPUTS = {
     "report": ("--gsm8k-report", False),
     "html": ("--gsm8k-html", False),
+    "markdown": ("--gsm8k-markdown", False),
     "step_summary": ("$GITHUB_STEP_SUMMARY", True),
 }
 

@@ -211,23 +211,33 @@ def _correct(entry: Any) -> bool:
     return outcome == "correct"
 
 
-def first_difference(baseline: dict[str, Any], summary_json: Mapping[str, Any]) -> str | None:
-    """The first protocol or dataset field that differs, as a phrase; None when comparable."""
+def first_difference(
+    baseline: Mapping[str, Any],
+    summary_json: Mapping[str, Any],
+    *,
+    here: str = "here",
+    there: str = "in the baseline",
+) -> str | None:
+    """The first protocol or dataset field that differs, as a phrase; None when comparable.
+
+    ``here`` and ``there`` name the two sides in the phrase (the run and the baseline; two
+    reports for ``python -m pytest_gsm8k compare``): one rule for every comparison of runs.
+    """
     now_protocol = {k: v for k, v in summary_json["protocol"].items() if k != "label"}
     base_protocol = {k: v for k, v in baseline["protocol"].items() if k != "label"}
     for key in sorted(set(now_protocol) | set(base_protocol)):
         if now_protocol.get(key) != base_protocol.get(key):
             return (
-                f"protocol {key} is {now_protocol.get(key)!r} here but "
-                f"{base_protocol.get(key)!r} in the baseline"
+                f"protocol {key} is {now_protocol.get(key)!r} {here} but "
+                f"{base_protocol.get(key)!r} {there}"
             )
     for key in DATASET_KEYS:
         if key == "rows":
             continue  # a subset of the same split is comparable on its ids
         if summary_json["dataset"].get(key) != baseline["dataset"].get(key):
             return (
-                f"dataset {key} is {summary_json['dataset'].get(key)!r} here but "
-                f"{baseline['dataset'].get(key)!r} in the baseline"
+                f"dataset {key} is {summary_json['dataset'].get(key)!r} {here} but "
+                f"{baseline['dataset'].get(key)!r} {there}"
             )
     return None
 

@@ -228,6 +228,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("html", "str", "write the run's self-contained HTML page here", metavar="PATH"),
     Option(
+        "markdown",
+        "str",
+        "write the run's Markdown summary (what $GITHUB_STEP_SUMMARY gets) here",
+        metavar="PATH",
+    ),
+    Option(
         "early-stop",
         "str",
         "stop once the gates' verdicts are settled: certain (exact) or "
@@ -407,6 +413,8 @@ class Settings:
     require_baseline: bool = False
     baseline_partial: bool = False
     html: str | None = None
+    #: --gsm8k-markdown: the step summary's Markdown, written to this file as well
+    markdown: str | None = None
     early_stop: str | None = None
     early_stop_alpha: float = 0.05
 
@@ -598,6 +606,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         require_baseline=bool(values["require_baseline"]),
         baseline_partial=bool(values["baseline_partial"]),
         html=values["html"] or None,
+        markdown=values["markdown"] or None,
         early_stop=early_stop,
         early_stop_alpha=float(values["early_stop_alpha"]),
     )

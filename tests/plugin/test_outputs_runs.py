@@ -201,7 +201,7 @@ def test_report_to_stdout_through_a_symlink(
 
 
 @XDIST
-@pytest.mark.parametrize("option", ["--gsm8k-report", "--gsm8k-html"])
+@pytest.mark.parametrize("option", ["--gsm8k-report", "--gsm8k-html", "--gsm8k-markdown"])
 def test_output_path_that_is_a_folder_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

@@ -1,0 +1,111 @@
+"""``python -m pytest_gsm8k``: commands that need no pytest run.
+
+``compare A.json B.json`` compares two JSON reports (``--gsm8k-report``) problem by
+problem and prints the result as the Markdown of the run's step summary. Exit codes:
+0 when B is not worse than A at ``--alpha``, 1 when it is, 2 when the two cannot be
+compared (different protocols or datasets, no problem in common, a file that is not a
+report: one ``gsm8k: ...`` line) or the command line is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_gsm8k.core.compare import CompareError, compare, load_report, markdown
+from pytest_gsm8k.core.scrub import printable
+
+#: exit codes
+BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
+
+
+def _alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and 0.0 < value < 1.0):
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    main = argparse.ArgumentParser(
+        prog="python -m pytest_gsm8k", description="pytest-gsm8k commands outside a pytest run"
+    )
+    commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cmp = commands.add_parser(
+        "compare",
+        help="is run B worse than run A? (two --gsm8k-report files)",
+        description=(
+            "Compare two JSON reports (--gsm8k-report) of the same protocol and dataset on "
+            "the problems both hold: the paired difference with its 95%% interval, the "
+            "exact one-sided McNemar test, the problems that flipped. Exit 1 when B is "
+            "worse than A at --alpha, 0 otherwise, 2 when they cannot be compared."
+        ),
+    )
+    cmp.add_argument("a", metavar="A.json", help="the reference run (the older release)")
+    cmp.add_argument("b", metavar="B.json", help="the run under test (the candidate)")
+    cmp.add_argument(
+        "--alpha",
+        type=_alpha,
+        default=0.05,
+        help="level of the McNemar test that decides 'B is worse' (default: 0.05)",
+    )
+    return main
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise CompareError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    return load_report(text, path)
+
+
+def _questions(report: Mapping[str, Any]) -> dict[str, str]:
+    """The questions of the report's split when it is the embedded copy (same
+    fingerprint): the flips are listed with their text. Empty otherwise."""
+    from pytest_gsm8k.core.dataset import DatasetError
+    from pytest_gsm8k.runtime.data import EMBEDDED, EMBEDDED_NAME, load_split
+
+    dataset = report["dataset"]
+    key = (dataset.get("config"), dataset.get("split"))
+    if dataset.get("name") != EMBEDDED_NAME or key not in EMBEDDED:
+        return {}
+    try:
+        split = load_split(None, split=str(key[1]), config=str(key[0]))
+    except (DatasetError, OSError):
+        return {}
+    if split.fingerprint != dataset.get("fingerprint"):
+        return {}
+    return {p.id: p.question for p in split.problems}
+
+
+def run_compare(a_path: str, b_path: str, alpha: float) -> int:
+    """The ``compare`` command: print the Markdown, return the exit code."""
+    try:
+        a, b = _read(a_path), _read(b_path)
+        result = compare(a, b, alpha=alpha, where=(a_path, b_path))
+    except CompareError as exc:
+        print(f"gsm8k: {printable(str(exc))}", file=sys.stderr)
+        return REFUSED
+    questions = _questions(a) if result.newly_failing or result.newly_passing else {}
+    sys.stdout.write(markdown(result, questions))
+    sys.stdout.flush()
+    return WORSE if result.worse else BETTER_OR_SAME
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "compare":
+        return run_compare(args.a, args.b, args.alpha)
+    raise AssertionError(args.command)  # pragma: no cover - argparse allows no other
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Two JSON reports compared on their own (core/compare.py): pairing by id, the exact
+statistics on small cases, refusals in one line naming the files, and the Markdown."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from pytest_gsm8k.core.compare import CompareError, compare, load_report, markdown, pairing
+from pytest_gsm8k.core.markdown import LISTED, problem_list
+from pytest_gsm8k.core.records import REPORT_SCHEMA
+from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
+
+PROTOCOL = {"name": "test@1", "samples": 1, "max_tokens": 1024, "label": "test@1, 0-shot CoT"}
+DATASET = {
+    "name": "embedded openai/gsm8k",
+    "config": "main",
+    "split": "test",
+    "fingerprint": "7573bc2082847ca0",
+    "rows": 1319,
+}
+
+
+def pid(index: int) -> str:
+    return f"test-{index:04d}"
+
+
+def report(
+    outcomes: dict[int, str],
+    *,
+    model: str = "m",
+    protocol: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A JSON report holding ``outcomes`` (index -> outcome), with what compare reads."""
+    problems = [
+        {"index": i, "id": pid(i), "outcome": o, "correct": o == "correct"}
+        for i, o in sorted(outcomes.items())
+    ]
+    return {
+        "schema": REPORT_SCHEMA,
+        "model": model,
+        "complete": True,
+        "protocol": dict(protocol or PROTOCOL),
+        "dataset": dict(dataset or DATASET),
+        "problems": problems,
+    }
+
+
+def every(indices: Iterable[int], outcome: str) -> dict[int, str]:
+    return dict.fromkeys(indices, outcome)
+
+
+def test_identical_runs_pass_with_nothing_flipped() -> None:
+    a = report(every(range(8), "correct") | every(range(8, 10), "wrong"))
+    result = compare(a, a)
+    assert (result.shared, result.only_a, result.only_b, result.errors) == (10, 0, 0, 0)
+    assert result.newly_failing == result.newly_passing == ()
+    assert result.p_value == 1.0
+    assert result.diff == 0.0
+    assert (result.diff, result.low, result.high) == paired_difference_interval(8, 0, 0, 2)
+    assert result.a.accuracy == result.b.accuracy == 0.8
+    assert result.verdict.passed
+    assert not result.worse
+
+
+def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
+    a = report(every(range(10), "correct"))
+    b = report(every(range(4), "correct") | every(range(4, 10), "wrong"))
+    result = compare(a, b)
+    assert result.newly_failing == tuple(pid(i) for i in range(4, 10))
+    assert result.newly_passing == ()
+    # exact one-sided McNemar: P(X >= 6 | Bin(6, 1/2)) = 1/64
+    assert result.p_value == 1 / 64
+    assert (result.diff, result.low, result.high) == paired_difference_interval(4, 6, 0, 0)
+    assert result.diff == pytest.approx(-0.6)
+    assert result.worse
+    assert result.verdict.rule == "mcnemar"
+    assert result.verdict.detail == "McNemar p=0.01562 < --alpha 0.05 (6 newly failing)"
+    assert not compare(a, b, alpha=0.01).worse
+
+
+def test_flips_both_ways_are_listed_in_problem_order() -> None:
+    a = report({12: "correct", 3: "correct", 5: "wrong", 7: "wrong", 9: "wrong", 1: "correct"})
+    b = report({12: "wrong", 3: "wrong", 5: "correct", 7: "correct", 9: "correct", 1: "correct"})
+    result = compare(a, b)
+    assert result.newly_failing == (pid(3), pid(12))
+    assert result.newly_passing == (pid(5), pid(7), pid(9))
+    assert result.p_value == mcnemar_one_sided(2, 3)
+    assert result.diff == pytest.approx(1 / 6)
+    assert not result.worse
+
+
+def test_only_the_ids_both_hold_are_paired_and_counted() -> None:
+    a = report(every(range(10), "correct"))
+    b = report(every(range(5, 15), "wrong"))
+    result = compare(a, b)
+    assert (result.shared, result.only_a, result.only_b) == (5, 5, 5)
+    assert result.newly_failing == tuple(pid(i) for i in range(5, 10))
+    assert result.a.n == result.b.n == 10
+    assert pairing(result) == (
+        "Paired on the 5 problems both reports hold (A holds 10, B holds 10; 5 only in A, "
+        "5 only in B)."
+    )
+
+
+def test_a_problem_that_ended_in_an_error_is_left_out_and_counted() -> None:
+    a = report(every(range(4), "correct"))
+    b = report({0: "error", 1: "correct", 2: "correct", 3: "wrong"})
+    result = compare(a, b)
+    assert (result.shared, result.errors) == (3, 1)
+    assert result.newly_failing == (pid(3),)
+    assert "1 that ended in an error in either, left out" in pairing(result)
+
+
+def test_reports_of_different_protocols_are_refused_naming_the_first_difference() -> None:
+    a = report(every(range(3), "correct"))
+    b = report(every(range(3), "correct"), protocol=PROTOCOL | {"max_tokens": 512})
+    with pytest.raises(CompareError) as info:
+        compare(a, b, where=("a.json", "b.json"))
+    assert str(info.value) == (
+        "refused to compare a.json with b.json: protocol max_tokens is 512 in B (b.json) but "
+        "1024 in A (a.json)"
+    )
+
+
+def test_reports_of_different_datasets_are_refused() -> None:
+    a = report(every(range(3), "correct"))
+    b = report(every(range(3), "correct"), dataset=DATASET | {"fingerprint": "0" * 16})
+    with pytest.raises(CompareError, match=r"^refused to compare A with B: dataset fingerprint"):
+        compare(a, b)
+
+
+def test_other_models_and_labels_compare_but_no_common_id_does_not() -> None:
+    a = report(every(range(3), "correct"), model="one")
+    b = report(every(range(3), "correct"), model="two", protocol=PROTOCOL | {"label": "x"})
+    assert compare(a, b).shared == 3
+    with pytest.raises(CompareError, match="no problem id in common"):
+        compare(a, report(every(range(3, 6), "correct")))
+    with pytest.raises(CompareError, match="all 3 problems both hold ended in an error"):
+        compare(a, report(every(range(3), "error")))
+
+
+def _text(**fields: Any) -> str:
+    return json.dumps(report(every(range(2), "correct")) | fields)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("{not json", "not JSON (line 1"),
+        ("[]", "not a pytest-gsm8k JSON report (written by --gsm8k-report)"),
+        ('{"kind": "pytest-gsm8k baseline"}', "not a pytest-gsm8k JSON report"),
+        (_text(schema=1), f"JSON report schema 1; this version reads schema {REPORT_SCHEMA}"),
+        (_text(protocol=None), "corrupt JSON report (no 'protocol')"),
+        (_text(problems={}), "'problems' is not a list"),
+        (_text(problems=[{"outcome": "correct"}]), "problem #0 has no id"),
+        (
+            _text(problems=[{"id": "t", "outcome": "correct", "correct": True}] * 2),
+            "problem t appears twice",
+        ),
+        (
+            _text(problems=[{"id": "t", "outcome": "right", "correct": True}]),
+            "problem t: outcome 'right'",
+        ),
+        ("[" * 100 + "]" * 100, "nested deeper than 64"),
+    ],
+)
+def test_a_file_that_is_not_a_report_is_one_line_naming_it(text: str, needle: str) -> None:
+    with pytest.raises(CompareError) as info:
+        load_report(text, "runs/a.json")
+    message = str(info.value)
+    assert message.startswith("runs/a.json: ")
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_markdown_reads_like_the_step_summary() -> None:
+    a = report(every(range(10), "correct"), model="release-41")
+    b = report(every(range(4), "correct") | every(range(4, 10), "wrong"), model="release-42")
+    questions = {pid(4): "Janet's ducks lay 16 eggs per day. " * 5}
+    text = markdown(compare(a, b, where=("a.json", "b.json")), questions)
+    lines = text.splitlines()
+    assert lines[0] == "### gsm8k compare (test@1, 0-shot CoT): B 0.4000 vs A 1.0000 on 10 problems"
+    assert "| A | `a.json` | `release-41` | 1.0000 | 10 |" in lines
+    assert "| B | `b.json` | `release-42` | 0.4000 | 10 |" in lines
+    assert "Paired on the 10 problems both reports hold (A holds 10, B holds 10)." in lines
+    (stats,) = [line for line in lines if line.startswith("Difference B - A: ")]
+    assert stats.startswith("Difference B - A: -0.6000 [95% CI -")
+    assert stats.endswith(
+        "; 6 newly failing, 0 newly passing; McNemar one-sided p=0.01562 (B worse than A)."
+    )
+    assert "| gate | result | detail |" in lines
+    assert "| compare | FAIL | McNemar p=0.01562 \\< --alpha 0.05 (6 newly failing) |" in lines
+    assert "**Newly failing in B (6):**" in lines
+    assert f"- `{pid(4)}`: Janet's ducks lay 16 eggs per day. Janet's ducks" in text
+    assert f"- `{pid(9)}`: " in lines
+    assert "Newly passing" not in text
+    assert text.endswith("\n")
+
+
+def test_markdown_escapes_what_came_from_outside() -> None:
+    a = report(every(range(2), "correct"), model="evil`|\x1b[31m*bold*")
+    text = markdown(compare(a, a, where=("a|b.json", "a.json")))
+    assert "\x1b" not in text
+    assert "| A | `a\\|b.json` | ``evil`\\|*bold*`` | 1.0000 | 2 |" in text
+
+
+def test_a_long_problem_list_says_how_many_more_and_where() -> None:
+    ids = [pid(i) for i in range(LISTED + 3)]
+    lines = problem_list("Newly failing in B", ids, {}, "see the JSON reports")
+    assert lines[0] == f"**Newly failing in B ({LISTED + 3}):**"
+    assert lines[-2] == "- ... and 3 more (see the JSON reports)"
+    assert len([line for line in lines if line.startswith("- `")]) == LISTED
+    assert problem_list("x", [], {}, "") == []
