@@ -59,8 +59,15 @@ from pytest_gsm8k.lifecycle import (
     start_serve,
     warm_engine,
 )
+from pytest_gsm8k.reporting import (
+    ProgressLine,
+    add_gates_to_junit,
+    is_unfinished,
+    progress_wanted,
+    report_unfinished,
+)
 from pytest_gsm8k.runtime.logs import scrub_library_logs
-from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, State, get_state
+from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, ItemRef, State, get_state
 from pytest_gsm8k.writing import (
     check_baseline_path,
     limit_descriptors,
@@ -143,6 +150,8 @@ class StatePlugin:
         self._early_tried = False
         self._active = False
         self.warnings: list[str] = []  # cache warnings no test issued (xdist controller)
+        #: the progress line, while the test loop runs (None: the dots)
+        self.progress: ProgressLine | None = None
 
     def activate(self) -> None:
         """What a GSM8K run changes in the process, done once and only for a run that has
@@ -256,13 +265,17 @@ class StatePlugin:
             raise pytest.UsageError(self.state.run.data_error)
         seen: set[str] = set()
         planned: list[Problem] = []
+        refs: list[ItemRef] = []
         for item in session.items:
             callspec = getattr(item, "callspec", None)
             problem = callspec.params.get("gsm8k_problem") if callspec is not None else None
+            problem_id = problem.id if isinstance(problem, Problem) else None
             if isinstance(problem, Problem) and problem.id not in seen:
                 seen.add(problem.id)
                 planned.append(problem)
+            refs.append(ItemRef(item.nodeid, problem_id, item.location))
         self.state.run.collect(planned)
+        self.state.run.collect_items(refs)
         if planned:
             self.activate()
         start_early(self.state, session)
@@ -273,14 +286,22 @@ class StatePlugin:
 
         With an answers channel the workers send their plans on it (read when needed);
         without one (no ``--gsm8k-model``: tests that bring their own model) the problem
-        ids are read from xdist's node ids."""
-        if self.state.run.collected_ids is not None or self.state.sources.answer_server:
-            return
+        ids are read from xdist's node ids.
+
+        The items themselves (node ids, and the problem in each id's parameters) are kept
+        in any case: a stopped run reports those no worker reached."""
         pattern = re.compile(rf"\b{re.escape(self.state.settings.split)}-\d{{4,}}\b")
+        refs: list[ItemRef] = []
         found: set[str] = set()
         for nodeid in ids:
-            params = nodeid.rpartition("[")[2]
-            found.update(pattern.findall(params))
+            params = nodeid.rpartition("[")[2] if "[" in nodeid else ""
+            problems = pattern.findall(params)
+            found.update(problems)
+            path, _, domain = nodeid.partition("::")
+            refs.append(ItemRef(nodeid, problems[0] if problems else None, (path, None, domain)))
+        self.state.run.collect_items(refs)
+        if self.state.run.collected_ids is not None or self.state.sources.answer_server:
+            return
         self.state.run.learn_collected_ids(found)
 
     @pytest.hookimpl(wrapper=True)
@@ -325,6 +346,9 @@ class StatePlugin:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.state.is_worker:
             return
+        self.state.run.note_report(report.nodeid)
+        if is_unfinished(report):
+            return  # made by the plugin for an item never reached: the summary counts it
         record = getattr(report, "gsm8k", None)
         if isinstance(record, dict):
             self.activate()  # an xdist controller learns of GSM8K work from the first record
@@ -336,6 +360,14 @@ class StatePlugin:
             aborted = record["outcome"] == "error" and record.get("aborted")
             if fresh and not aborted and state.settings.early_stop:
                 self._observe_early(str(record["id"]), bool(record["correct"]))
+            if fresh and self.progress is not None and self.progress.due():
+                self._draw_progress()
+
+    def _draw_progress(self) -> None:
+        """The progress line: answered problems (records) of the run's problems."""
+        assert self.progress is not None
+        total = len({ref.problem_id for ref in self.state.run.items if ref.problem_id})
+        self.progress.draw(self.state.run.records, total)
 
     def _observe_early(self, problem_id: str, correct: bool) -> None:
         """Controller: one more outcome for --gsm8k-early-stop; stop the run once decided."""
@@ -372,23 +404,41 @@ class StatePlugin:
 
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
-    ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+    ) -> tuple[str, str, str | tuple[str, dict[str, bool]]] | None:
+        """A GSM8K outcome's own letter and word; with the progress line, no letter for a
+        GSM8K item at all (the line counts them)."""
         record = getattr(report, "gsm8k", None)
+        ours = isinstance(record, dict) or is_unfinished(report)
         if report.when == "call" and report.passed and isinstance(record, dict):
             outcome = str(record["outcome"])
+            if self.progress is not None:
+                return outcome, "", ""
             letter, markup = LETTERS.get(outcome, (".", {"green": True}))
             return outcome, letter, (outcome.upper(), markup)
+        if self.progress is not None and ours and report.when == "setup" and not report.passed:
+            return ("error" if report.failed else "skipped"), "", ""
         return None
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
-        """After all items, on the controller: summary, gates, report (also when interrupted)."""
+        """After all items, on the controller: summary, gates, report (also when interrupted).
+
+        Innermost of the loop's wrappers (trylast), so that the reports of the items a
+        stopped run never reached are in before the terminal writes its final progress."""
         if self._active:
             # What is alive now (modules, the collected items) lives to the end: take it out
             # of the collector's way, so the run's collections and pytest's five full ones at
             # the end walk only what the run made (benchmarks/README.md measures the gain).
             # The cleanup registered in pytest_configure unfreezes it after those.
             gc.freeze()
+        settings = self.state.settings
+        gsm8k_run = settings.model or settings.serve or self._active
+        if (
+            gsm8k_run
+            and not self.state.is_worker
+            and progress_wanted(self.config, settings.progress)
+        ):
+            self.progress = ProgressLine(self.config)
         try:
             return (yield)
         except BaseException as exc:
@@ -405,6 +455,8 @@ class StatePlugin:
                 return True
             raise
         finally:
+            if self.progress is not None and self.state.run.records:
+                self._draw_progress()  # where the loop ended
             self._finish(session)
 
     def _finish(self, session: pytest.Session) -> None:
@@ -423,6 +475,7 @@ class StatePlugin:
             return
         self._learn_plans()
         late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
+        report_unfinished(self.config, state, late)
         summary = run.build_summary(plan, late=late, server=state.sources.server_info)
         release_gates(state, summary, session)
         finished = time.time()
@@ -458,7 +511,11 @@ class StatePlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """The exit code of a failed gate; the gates in the JUnit XML (before its writer,
+        which runs later, writes the file)."""
         run = self.state.run
+        if run.summary is not None:
+            add_gates_to_junit(self.config, run.summary)
         failed = (run.summary is not None and run.summary.failed) or bool(run.output_errors)
         if failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

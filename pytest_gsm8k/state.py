@@ -20,6 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -60,6 +61,16 @@ def safe_url(url: str) -> str:
     return url
 
 
+@dataclass(frozen=True)
+class ItemRef:
+    """One collected item as the aggregating process knows it: its node id, the GSM8K
+    problem it runs (None: a test without one) and its location for reports."""
+
+    nodeid: str
+    problem_id: str | None
+    location: tuple[str, int | None, str]
+
+
 def run_dir_for(run_id: str) -> Path:
     """Where the run with this id keeps its private files (not created here)."""
     return Path(tempfile.gettempdir()) / f"gsm8k-run-{run_id}"
@@ -76,6 +87,10 @@ class Run:
         #: xdist controller: the problem ids the workers collected
         self.collected_ids: frozenset[str] | None = None
         self.records: dict[str, ProblemRecord] = {}
+        #: every collected item, in run order (the workers' under xdist)
+        self.items: tuple[ItemRef, ...] = ()
+        #: node ids of the items that sent a report: the others were never run
+        self.reported: set[str] = set()
         self.interrupted = False
         #: the endpoint failure that stopped the run (every unfinished item shares it)
         self.aborted: str | None = None
@@ -101,7 +116,19 @@ class Run:
         if self.collected_ids is None and ids:
             self.collected_ids = frozenset(ids)
 
+    def collect_items(self, items: Sequence[ItemRef]) -> None:
+        """The collected items (once: every xdist worker collects the same ones)."""
+        if not self.items:
+            self.items = tuple(items)
+
     # what the items report
+
+    def note_report(self, nodeid: str) -> None:
+        self.reported.add(nodeid)
+
+    def unreported(self) -> list[ItemRef]:
+        """The collected items no report came for (the run stopped before them)."""
+        return [item for item in self.items if item.nodeid not in self.reported]
 
     def add_record(self, record: ProblemRecord) -> bool:
         """Keep ``record`` (the first one per problem wins); whether it was new."""
@@ -161,14 +188,15 @@ class Run:
         settings = plan.settings
         records = dict(self.records)
         ran = self.wanted(plan)
+        unreached = 0
         if self.aborted:
             # The run stopped at the first item the failure reached; answers that had come
             # in for later items (out of order) are scored, not thrown away.
             for problem in ran:
                 if problem.id not in records:
-                    records[problem.id] = late.get(problem.id) or error_record(
-                        problem, self.aborted
-                    )
+                    found = late.get(problem.id)
+                    unreached += found is None
+                    records[problem.id] = found or error_record(problem, self.aborted)
         split = plan.split
         selected = plan.problems
         summary = Summary(
@@ -189,6 +217,11 @@ class Run:
             expected=len(ran),
             interrupted=self.interrupted,
         )
+        if unreached:
+            summary.notes.append(
+                f"  {unreached} of the errors were not reached: the run stopped on the endpoint "
+                "failure (pytest counts them as skipped)"
+            )
         if server is not None:
             if settings.serve:
                 summary.extra["served"] = server

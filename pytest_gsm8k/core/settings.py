@@ -247,6 +247,13 @@ OPTIONS: tuple[Option, ...] = (
         0.05,
         metavar="A",
     ),
+    Option(
+        "progress",
+        "bool",
+        "show a progress line (answered/total, rate, ETA) in place of the dots; "
+        "ini false turns it off",
+        default_text="on when the output is a terminal",
+    ),
 )
 
 #: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
@@ -417,6 +424,8 @@ class Settings:
     markdown: str | None = None
     early_stop: str | None = None
     early_stop_alpha: float = 0.05
+    #: the progress line: True (asked for), False (ini false), None (on a terminal only)
+    progress: bool | None = None
 
     @property
     def aggregation(self) -> str:
@@ -609,4 +618,5 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         markdown=values["markdown"] or None,
         early_stop=early_stop,
         early_stop_alpha=float(values["early_stop_alpha"]),
+        progress=values["progress"],
     )

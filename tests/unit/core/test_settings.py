@@ -206,3 +206,12 @@ def test_params_parse_as_json_or_text_and_owned_fields_are_refused() -> None:
     for item in ("messages=[]", "prompt=hi", "novalue", "=1"):
         with pytest.raises(SettingsError, match="--gsm8k-param"):
             parse_params([item])
+
+
+@pytest.mark.parametrize(("given", "progress"), [(None, None), (True, True), ("false", False)])
+def test_the_progress_line_is_asked_for_turned_off_or_left_to_the_terminal(
+    given: object, progress: bool | None
+) -> None:
+    """--gsm8k-progress forces it on, ``gsm8k_progress = false`` off, and unset it is on
+    only when the output is a terminal (decided by the pytest layer)."""
+    assert settings(progress=given).progress is progress
