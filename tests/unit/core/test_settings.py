@@ -14,6 +14,7 @@ from pytest_gsm8k.core.settings import (
     SettingsError,
     build_settings,
     parse_params,
+    with_v1,
 )
 
 
@@ -206,3 +207,19 @@ def test_params_parse_as_json_or_text_and_owned_fields_are_refused() -> None:
     for item in ("messages=[]", "prompt=hi", "novalue", "=1"):
         with pytest.raises(SettingsError, match="--gsm8k-param"):
             parse_params([item])
+
+
+@pytest.mark.parametrize(
+    ("base_url", "suggested"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000/v1"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/v1"),
+        ("http://alice:pw@host/api?x=1", "http://host/api/v1"),
+        ("http://[::1]:8000", "http://[::1]:8000/v1"),
+        ("http://127.0.0.1:8000/v1", None),
+        ("http://127.0.0.1:8000/v1/", None),
+        ("not a url", None),
+    ],
+)
+def test_a_base_url_without_v1_gets_it_suggested(base_url: str, suggested: str | None) -> None:
+    assert with_v1(base_url) == suggested
