@@ -128,6 +128,31 @@ def test_a_base_url_without_v1_is_named_with_the_url_to_use(
 
 
 @XDIST
+def test_a_request_404_names_the_url_and_the_run_prints_no_accuracy(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, keyed_env: str, xdist: list[str]
+) -> None:
+    # No /models under this URL nor under its /v1: the session start cannot tell, the first
+    # request's 404 does, once for every item.
+    server.set_script(Script(v1_only=True))
+    base = server.base_url.removesuffix("/v1") + "/api"
+    result = pytester.runpytest(
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url={base}",
+        "--gsm8k-limit=3",
+        *NO_EXTRA_PLUGINS,
+        *xdist,
+    )
+    text = output(result)
+    assert result.ret == 1, text
+    stopped = [line for line in text.splitlines() if line.startswith("gsm8k: run stopped:")]
+    assert stopped == [
+        f"gsm8k: run stopped: POST {base}/chat/completions answered 404: Not Found "
+        f"(the base URL {base} does not end in /v1: try --gsm8k-base-url={base}/v1)"
+    ], text
+    assert "gsm8k acc (test@1, 0-shot CoT): no answers: 3 errors  n=3" in text, text
+
+
+@XDIST
 def test_a_run_with_no_answers_prints_no_accuracy(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
