@@ -19,6 +19,7 @@ from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.gates import GateVerdict, McNemar
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.scrub import printable
+from pytest_gsm8k.core.settings import plain_url, with_v1
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
 
@@ -529,6 +530,8 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             raise pytest.UsageError(
                 f"gsm8k: cannot reach {shown}: {exc.detail} (check --gsm8k-base-url)"
             ) from None
+        if exc.status == 404:
+            _refuse_without_v1(state, url or DEFAULT_BASE_URL, timeout)
         return endpoint  # some servers have no /models; the first request will tell
     if models and endpoint.model not in models:
         raise pytest.UsageError(
@@ -537,6 +540,26 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
         )
     identity = describe_server(cards, endpoint.model or "")
     return Endpoint(endpoint.base_url, endpoint.model, identity)
+
+
+def _refuse_without_v1(state: State, base_url: str, timeout: float) -> None:
+    """``GET {base_url}/models`` answered 404: when the base URL does not end in /v1 and the
+    same server answers under /v1, that is the URL to give; say so in one line (servers that
+    have no /models at all are left to the first request, whose 404 says the same)."""
+    from pytest_gsm8k.runtime.client import PreflightError, list_models
+
+    suggested = with_v1(base_url)
+    if suggested is None:
+        return
+    try:
+        list_models(suggested, state.settings.api_key(), timeout=timeout)
+    except PreflightError:
+        return
+    raise pytest.UsageError(
+        f"gsm8k: GET {plain_url(base_url).rstrip('/')}/models answered 404 and "
+        f"{suggested}/models answers: the base URL needs /v1 "
+        f"(--gsm8k-base-url={suggested})"
+    )
 
 
 def limit_note(state: State, plan: RunPlan) -> None:

@@ -48,9 +48,11 @@ from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from 
     gsm8k_protocol,
 )
 from pytest_gsm8k.lifecycle import (
+    defines_fixture,
     early_stop_for,
     limit_note,
     model_overridden,
+    plugins_define,
     preflight,
     release_gates,
     start_controller,
@@ -77,6 +79,10 @@ from pytest_gsm8k.writing import (
 )
 
 BUILTIN_NODEID = "gsm8k"
+
+#: how the run that needs a model and was given none ends (under xdist a worker's stop
+#: carries it to the controller, which ends the run with it as a usage error)
+NO_MODEL = "gsm8k: no model given"
 
 LETTERS = {
     "correct": (".", {"green": True}),
@@ -442,6 +448,8 @@ class StatePlugin:
         try:
             return (yield)
         except BaseException as exc:
+            if _no_model_under_xdist(exc):
+                raise pytest.UsageError(str(exc)) from None  # the workers' one line, once
             if (
                 self.state.run.early_stopped is not None
                 and str(exc) == self.state.run.early_stopped
@@ -535,8 +543,104 @@ def _our_stop_under_xdist(exc: BaseException, state: State) -> bool:
     )
 
 
+def _no_model_under_xdist(exc: BaseException) -> bool:
+    """Whether ``exc`` is xdist's Interrupted for a worker's :data:`NO_MODEL` stop."""
+    return (
+        type(exc).__name__ == "Interrupted"
+        and type(exc).__module__.startswith("xdist")
+        and str(exc).startswith(NO_MODEL)
+    )
+
+
+def _uses_default_model(item: pytest.Item) -> bool:
+    """Whether ``item`` gets ``gsm8k_model`` from the plugin's own fixture (which needs
+    --gsm8k-model or --gsm8k-serve): not parametrized, not overridden by its module or class
+    (a conftest's or plugin's override is checked once, by the caller)."""
+    if "gsm8k_model" not in getattr(item, "fixturenames", ()):
+        return False
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "gsm8k_model" in callspec.params:
+        return False
+    holders = (getattr(item, "module", None), getattr(item, "cls", None))
+    return not any(h is not None and defines_fixture(h, ("gsm8k_model",)) for h in holders)
+
+
+def _has_problem(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and isinstance(callspec.params.get("gsm8k_problem"), Problem)
+
+
+def unmeasured(session: pytest.Session, items: list[pytest.Item]) -> str | None:
+    """Why a run given no model (no --gsm8k-model, no --gsm8k-serve) cannot do what it
+    was asked, as one line; None when it can.
+
+    Tests that take the plugin's ``gsm8k_model`` would each fail the same way (1,319
+    tracebacks); gsm8k options on the command line with no GSM8K item to measure would
+    gate nothing and still exit green. ``--co`` lists, and asks for no model; a collection
+    error (bad data included) has its own line.
+    """
+    config = session.config
+    state = get_state(config)
+    settings = state.settings
+    option = config.option
+    if settings.model or settings.serve or option.collectonly:
+        return None
+    if session.testsfailed or state.run.data_error:
+        return None
+    if getattr(option, "setupplan", False):
+        return None
+    usage = "pass --gsm8k-model=ID (with --gsm8k-base-url=URL, ending in /v1) or --gsm8k-serve CMD"
+    needing = [item for item in items if _uses_default_model(item)]
+    if needing and not plugins_define(config, ("gsm8k_model",)):
+        more = f" and {len(needing) - 1} more" if len(needing) > 1 else ""
+        return (
+            f"{NO_MODEL}: {needing[0].nodeid}{more} use the gsm8k_model fixture; {usage}, "
+            "or override gsm8k_model in a conftest.py"
+        )
+    if any(_has_problem(item) for item in items):
+        return None
+    asked = [o.flag for o in OPTIONS if config.getoption(o.dest) is not None]
+    if not asked:
+        return None
+    return (
+        f"{NO_MODEL} and no test uses the gsm8k fixtures, so nothing was measured or gated "
+        f"({', '.join(asked)} given): {usage}, or run a test that uses gsm8k_outcome"
+    )
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
+    """After every plugin has filtered the items (-k, -m, --lf): a run that needs a model and
+    has none ends here, with one line (:func:`unmeasured`), before any test runs.
+
+    An xdist worker cannot end the session with a usage error (the controller would crash):
+    it runs nothing and stops with the line, which the controller raises."""
+    yield
+    message = unmeasured(session, items)
+    if message is None:
+        return
+    items[:] = []
+    if hasattr(config, "workerinput"):
+        session.shouldstop = message
+        return
+    raise pytest.UsageError(message)
+
+
 class BuiltinModule(pytest.Module):
     """The built-in test module, collected under the short node id ``gsm8k``."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    """Before conftests, testpaths and the cache use it: the rootdir the test paths alone
+    give, whatever a gsm8k option's value written with a space made pytest find."""
+    from pytest_gsm8k.rootdir import settle
+
+    settle(early_config, parser, args)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -267,6 +267,9 @@ class Script:
     #: seconds between two bytes of GET /models's response (head and body): a server that
     #: answers every read in time but never finishes
     drip_models: float = 0.0
+    #: serve only paths under /v1/ (as vLLM and Ollama do): any other path answers 404 with
+    #: FastAPI's body, the reply a base URL without /v1 gets
+    v1_only: bool = False
 
     def __post_init__(self) -> None:
         self.behaviours = _int_keys(self.behaviours)
@@ -780,6 +783,9 @@ class FakeOpenAIServer:
     ) -> _Response:
         if path.startswith("/_"):
             return self._admin(method, path, body)
+        if self.script.v1_only and not path.startswith("/v1/"):
+            self._count_status(404)
+            return _json_response(404, {"detail": "Not Found"})
         if path.startswith("/v1/"):
             path = path[3:]
         with self._lock:

@@ -100,12 +100,13 @@ class Report(ReportExtras):
 
     schema: int
     headline: str
-    accuracy: float
+    #: None when no problem was answered (every record an error): accuracy is undefined
+    accuracy: float | None
     correct: int
     n: int
     expected: int
     complete: bool
-    ci95: list[float]
+    ci95: list[float] | None
     counts: dict[str, int]
     rules: dict[str, float]
     format_failures: int

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.scoring import RULES
@@ -438,6 +439,27 @@ class Settings:
 
     def resolved_base_url(self) -> str | None:
         return self.base_url or os.environ.get("OPENAI_BASE_URL") or None
+
+
+def plain_url(url: str) -> str:
+    """``url`` fit to print: without credentials, query or fragment."""
+    parts = urlsplit(url.strip())
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if parts.port:
+        host += f":{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def with_v1(base_url: str) -> str | None:
+    """``base_url`` (fit to print) with ``/v1`` appended when its path does not end in /v1,
+    else None: vLLM, Ollama, SGLang and llama.cpp serve the OpenAI API under /v1, and a
+    base URL without it (``http://host:8000``) gets 404 for every request."""
+    shown = plain_url(base_url).rstrip("/")
+    if not urlsplit(shown).scheme or shown.endswith("/v1"):
+        return None
+    return shown + "/v1"
 
 
 PRESET_RULES = ("strict-match", "flexible-extract")

@@ -58,6 +58,12 @@ class Summary:
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else 0.0
 
+    @property
+    def answered(self) -> int:
+        """Problems the model answered (every outcome but ``error``): with none, accuracy is
+        undefined, not 0."""
+        return self.n - self.counts()["error"]
+
     def interval(self) -> tuple[float, float]:
         return wilson_interval(self.correct, self.n)
 
@@ -154,11 +160,16 @@ class Summary:
     # -- output ----------------------------------------------------------------
 
     def headline(self) -> str:
-        low, high = self.interval()
-        line = (
-            f"gsm8k acc ({self.label}) = {self.accuracy:.4f}  "
-            f"[95% CI {low:.4f}-{high:.4f}]  n={self.n}"
-        )
+        if not self.answered:
+            errors = self.counts()["error"]
+            line = f"gsm8k acc ({self.label}): no answers"
+            line += (f": {errors} errors" if errors else "") + f"  n={self.n}"
+        else:
+            low, high = self.interval()
+            line = (
+                f"gsm8k acc ({self.label}) = {self.accuracy:.4f}  "
+                f"[95% CI {low:.4f}-{high:.4f}]  n={self.n}"
+            )
         if self.dataset.get("split") != "test":
             line += f"  [{self.dataset.get('split')} split: not a reportable number]"
         return line
@@ -179,20 +190,21 @@ class Summary:
         gated = self.protocol["extractor"]
         silent = self.silent_rules()
         shown_rules = {r: a for r, a in rules.items() if r == gated or r not in silent}
-        out.append(
-            "  by extractor: "
-            + ", ".join(
-                f"{rule}{'*' if rule == gated else ''} {acc:.4f}"
-                for rule, acc in shown_rules.items()
+        if self.answered:  # with no answer every rule would read 0.0000
+            out.append(
+                "  by extractor: "
+                + ", ".join(
+                    f"{rule}{'*' if rule == gated else ''} {acc:.4f}"
+                    for rule, acc in shown_rules.items()
+                )
+                + f"  (* gates; format failures: {self.format_failures()}"
+                + (
+                    f"; no number found by {', '.join(sorted(silent - {gated}))}"
+                    if silent - {gated}
+                    else ""
+                )
+                + ")"
             )
-            + f"  (* gates; format failures: {self.format_failures()}"
-            + (
-                f"; no number found by {', '.join(sorted(silent - {gated}))}"
-                if silent - {gated}
-                else ""
-            )
-            + ")"
-        )
         pass_at = self.pass_at()
         if pass_at:
             out.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in pass_at.items()))
@@ -248,12 +260,12 @@ class Summary:
         return {
             "schema": REPORT_SCHEMA,
             "headline": self.headline(),
-            "accuracy": self.accuracy,
+            "accuracy": self.accuracy if self.answered else None,
             "correct": self.correct,
             "n": self.n,
             "expected": self.expected,
             "complete": self.n == self.expected and not self.interrupted,
-            "ci95": list(self.interval()),
+            "ci95": list(self.interval()) if self.answered else None,
             "counts": self.counts(),
             "rules": self.rule_accuracy(),
             "format_failures": self.format_failures(),

@@ -68,6 +68,7 @@ from typing import Any
 from pytest_gsm8k.core.identity import Description, difference, reply_difference, reply_identity
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.scrub import Scrubber, printable
+from pytest_gsm8k.core.settings import plain_url, with_v1
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.bounded import mib
 from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
@@ -139,7 +140,7 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
             "check the API key variable"
         ), True
     if isinstance(exc, openai.NotFoundError):
-        return f"the endpoint answered 404: {_api_message(exc)}", True
+        return not_found(exc), True
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retried = " after retries" if status in RETRIED or status >= 500 else ""
@@ -156,10 +157,35 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
 
 
+#: the paths the openai client appends to the base URL for a completion
+API_PATHS = ("/chat/completions", "/completions")
+
+
+def not_found(exc: Any) -> str:
+    """A 404's one line: the URL that answered it and, when the base URL does not end in
+    /v1 (the usual cause), the base URL to use instead."""
+    request = getattr(exc, "request", None)
+    url = str(getattr(request, "url", "") or "")
+    if not url:
+        return f"the endpoint answered 404: {_api_message(exc)}"
+    shown = plain_url(url)
+    base = next((shown[: -len(p)] for p in API_PATHS if shown.endswith(p)), shown)
+    line = f"{getattr(request, 'method', 'POST')} {shown} answered 404: {_api_message(exc)}"
+    suggested = with_v1(base)
+    if suggested is not None:
+        line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
+    return line
+
+
 def _api_message(exc: Any) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
-        message = body.get("message") or (body.get("error") or {}).get("message")
+        error = body.get("error")
+        message = (
+            body.get("message")
+            or (error.get("message") if isinstance(error, dict) else None)
+            or body.get("detail")  # FastAPI's 404 for a path it does not serve (vLLM)
+        )
         if message:
             return str(message)
     return str(getattr(exc, "message", exc)).splitlines()[0]

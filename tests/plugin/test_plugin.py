@@ -523,7 +523,9 @@ def test_builtin_test_not_collected_without_model(
         "--gsm8k-min-acc=0.9",
         *NO_EXTRA_PLUGINS,
     )
-    assert result.ret == int(pytest.ExitCode.NO_TESTS_COLLECTED), output(result)
+    # a gate asked for with nothing to measure is a usage error, not "no tests ran" (exit 5)
+    assert result.ret == USAGE_ERROR, output(result)
+    assert "gsm8k: no model given and no test uses the gsm8k fixtures" in output(result)
     assert "gsm8k acc" not in output(result)
     assert server.stats()["requests_total"] == 0
 

@@ -116,6 +116,23 @@ def test_summary_counts_accuracy_interval_and_gate() -> None:
     assert summary.headline().startswith("gsm8k acc (test@1, 0-shot CoT) = 0.5000  [95% CI ")
 
 
+def test_a_summary_with_no_answers_has_no_accuracy_figure() -> None:
+    errors = [error_record(PROBLEM, "HTTP 404"), error_record(PROBLEM, "HTTP 404")]
+    summary = _summary(errors)
+    assert summary.answered == 0
+    assert summary.headline() == "gsm8k acc (test@1, 0-shot CoT): no answers: 2 errors  n=2"
+    lines = summary.lines()
+    assert not any("0.0000" in line for line in lines), lines
+    assert not any("by extractor" in line for line in lines), lines
+    data = summary.to_json()
+    assert data["accuracy"] is None
+    assert data["ci95"] is None
+    assert _summary([]).headline() == "gsm8k acc (test@1, 0-shot CoT): no answers  n=0"
+    answered = _summary([*errors, _score("#### 1")])
+    assert answered.headline().startswith("gsm8k acc (test@1, 0-shot CoT) = 0.0000  [95% CI ")
+    assert answered.to_json()["accuracy"] == 0.0
+
+
 def test_train_split_headline_says_not_reportable() -> None:
     assert (
         "train split: not a reportable number"

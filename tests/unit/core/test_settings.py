@@ -14,6 +14,7 @@ from pytest_gsm8k.core.settings import (
     SettingsError,
     build_settings,
     parse_params,
+    with_v1,
 )
 
 
@@ -215,3 +216,19 @@ def test_the_progress_line_is_asked_for_turned_off_or_left_to_the_terminal(
     """--gsm8k-progress forces it on, ``gsm8k_progress = false`` off, and unset it is on
     only when the output is a terminal (decided by the pytest layer)."""
     assert settings(progress=given).progress is progress
+
+
+@pytest.mark.parametrize(
+    ("base_url", "suggested"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000/v1"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/v1"),
+        ("http://alice:pw@host/api?x=1", "http://host/api/v1"),
+        ("http://[::1]:8000", "http://[::1]:8000/v1"),
+        ("http://127.0.0.1:8000/v1", None),
+        ("http://127.0.0.1:8000/v1/", None),
+        ("not a url", None),
+    ],
+)
+def test_a_base_url_without_v1_gets_it_suggested(base_url: str, suggested: str | None) -> None:
+    assert with_v1(base_url) == suggested

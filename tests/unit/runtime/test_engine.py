@@ -230,6 +230,40 @@ def test_breaker_needs_a_streak_in_numbers_and_in_time() -> None:
     assert high.threshold == 8
 
 
+@pytest.mark.parametrize(
+    ("url", "body", "expected"),
+    [
+        (
+            "http://alice:pw@h:8000/chat/completions?x=1",
+            {"detail": "Not Found"},
+            "POST http://h:8000/chat/completions answered 404: Not Found (the base URL "
+            "http://h:8000 does not end in /v1: try --gsm8k-base-url=http://h:8000/v1)",
+        ),
+        (
+            "http://h:8000/api/completions",
+            {"detail": "Not Found"},
+            "POST http://h:8000/api/completions answered 404: Not Found (the base URL "
+            "http://h:8000/api does not end in /v1: try --gsm8k-base-url=http://h:8000/api/v1)",
+        ),
+        (
+            "http://h:8000/v1/chat/completions",
+            {"message": "The model `x` does not exist"},
+            "POST http://h:8000/v1/chat/completions answered 404: The model `x` does not exist",
+        ),
+    ],
+)
+def test_a_404_names_the_url_and_suggests_v1(url: str, body: dict[str, str], expected: str) -> None:
+    import httpx2 as httpx
+    import openai
+
+    from pytest_gsm8k.runtime.engine import describe_error
+
+    request = httpx.Request("POST", url)
+    response = httpx.Response(404, request=request, json=body)
+    error = openai.NotFoundError("Error code: 404", response=response, body=body)
+    assert describe_error(error) == (expected, True)
+
+
 def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> None:
     import httpx2 as httpx
     import openai

@@ -1,0 +1,235 @@
+"""What a newcomer's first mistakes print: one line that says what to do, once, and never a
+green exit for a run that measured nothing.
+
+A user's test that needs a model when none is given, gate options with no model, a base
+URL without ``/v1``, a run in which no problem got an answer, and path options written
+with a space (``--gsm8k-report /abs/r.json``), which pytest reads before the plugin is
+loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_EXTRA_PLUGINS, XDIST, output, read_json
+
+USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
+
+USER_TEST = """
+def test_math(gsm8k_outcome):
+    assert gsm8k_outcome.outcome in ("correct", "wrong", "unparsed", "truncated")
+"""
+
+
+def schema() -> dict[str, Any]:
+    text = resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "gsm8k: no model given" in line]
+
+
+@XDIST
+def test_a_users_test_without_a_model_is_one_line_once(
+    pytester: pytest.Pytester, xdist: list[str]
+) -> None:
+    pytester.makepyfile(test_mine=USER_TEST)
+    result = pytester.runpytest(*NO_EXTRA_PLUGINS, *xdist)
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    lines = error_lines(text)
+    assert len(lines) == 1, text
+    assert lines[0].startswith("ERROR: gsm8k: no model given: test_mine.py::test_math[test-0000]")
+    assert "and 1318 more use the gsm8k_model fixture" in lines[0]
+    assert "--gsm8k-model=ID" in lines[0]
+    assert "override gsm8k_model" in lines[0]
+    for noise in ("Traceback", "UsageError", "INTERNALERROR", "passed", "failed"):
+        assert noise not in text, text
+    assert text.count("gsm8k_model fixture") == 1, text
+
+
+@XDIST
+def test_a_users_test_with_its_own_model_needs_no_option(
+    pytester: pytest.Pytester, xdist: list[str]
+) -> None:
+    pytester.makepyfile(
+        test_mine=USER_TEST
+        + """
+import pytest
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return lambda request: "#### 0"
+"""
+    )
+    result = pytester.runpytest("--gsm8k-limit=3", *NO_EXTRA_PLUGINS, *xdist)
+    text = output(result)
+    assert result.ret == 0, text
+    assert not error_lines(text), text
+
+
+@XDIST
+def test_gate_options_without_a_model_are_a_usage_error_not_a_green_run(
+    pytester: pytest.Pytester, xdist: list[str]
+) -> None:
+    pytester.makepyfile(test_other="def test_other():\n    pass\n")
+    plain = pytester.runpytest(*NO_EXTRA_PLUGINS, *xdist)
+    assert plain.ret == 0, output(plain)  # no gsm8k option: the plugin stays out of the way
+    result = pytester.runpytest("--gsm8k-min-acc", "0.9", *NO_EXTRA_PLUGINS, *xdist)
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    lines = error_lines(text)
+    assert len(lines) == 1, text
+    assert "nothing was measured or gated (--gsm8k-min-acc given)" in lines[0], text
+    assert "--gsm8k-model=ID" in lines[0], text
+    assert "--gsm8k-serve CMD" in lines[0], text
+    assert "gsm8k_outcome" in lines[0], text
+    listed = pytester.runpytest("--co", "--gsm8k-min-acc=0.9", *NO_EXTRA_PLUGINS, *xdist)
+    assert listed.ret == 0, output(listed)  # listing asks for no model
+
+
+def test_gate_options_in_an_empty_folder_say_why_nothing_ran(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--gsm8k-report", "r.json", *NO_EXTRA_PLUGINS)
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    assert len(error_lines(text)) == 1, text
+    assert "(--gsm8k-report given)" in text
+
+
+# -- a base URL without /v1 ------------------------------------------------------------
+
+
+@XDIST
+def test_a_base_url_without_v1_is_named_with_the_url_to_use(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, keyed_env: str, xdist: list[str]
+) -> None:
+    server.set_script(Script(v1_only=True))
+    bare = server.base_url.removesuffix("/v1")
+    result = pytester.runpytest(
+        "--gsm8k-model=fake-model", f"--gsm8k-base-url={bare}", *NO_EXTRA_PLUGINS, *xdist
+    )
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    lines = [line for line in text.splitlines() if line.startswith("ERROR: gsm8k:")]
+    assert lines == [
+        f"ERROR: gsm8k: GET {bare}/models answered 404 and {server.base_url}/models answers: "
+        f"the base URL needs /v1 (--gsm8k-base-url={server.base_url})"
+    ], text
+    assert "gsm8k acc" not in text
+
+
+@XDIST
+def test_a_request_404_names_the_url_and_the_run_prints_no_accuracy(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, keyed_env: str, xdist: list[str]
+) -> None:
+    # No /models under this URL nor under its /v1: the session start cannot tell, the first
+    # request's 404 does, once for every item.
+    server.set_script(Script(v1_only=True))
+    base = server.base_url.removesuffix("/v1") + "/api"
+    result = pytester.runpytest(
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url={base}",
+        "--gsm8k-limit=3",
+        *NO_EXTRA_PLUGINS,
+        *xdist,
+    )
+    text = output(result)
+    assert result.ret == 1, text
+    stopped = [line for line in text.splitlines() if line.startswith("gsm8k: run stopped:")]
+    assert stopped == [
+        f"gsm8k: run stopped: POST {base}/chat/completions answered 404: Not Found "
+        f"(the base URL {base} does not end in /v1: try --gsm8k-base-url={base}/v1)"
+    ], text
+    assert "gsm8k acc (test@1, 0-shot CoT): no answers: 3 errors  n=3" in text, text
+
+
+@XDIST
+def test_a_run_with_no_answers_prints_no_accuracy(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(default="nochoices"))
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=4", "--gsm8k-report=r.json", "--gsm8k-min-acc=0.5", *xdist
+    )
+    text = output(result)
+    assert result.ret == 1, text
+    assert "gsm8k acc (test@1, 0-shot CoT): no answers: 4 errors  n=4" in text, text
+    assert not re.search(r"gsm8k acc .*= 0\.0000", text), text
+    assert "by extractor" not in text, text
+    data = read_json(pytester.path / "r.json")
+    assert data["accuracy"] is None
+    assert data["ci95"] is None
+    assert data["counts"]["error"] == 4
+    jsonschema.Draft202012Validator(schema()).validate(data)
+
+
+# -- path options written with a space ---------------------------------------------------
+
+
+def _project(pytester: pytest.Pytester) -> None:
+    """A repository with a pytest.ini (testpaths holding one ordinary test, addopts) and a
+    test outside testpaths that fails when collected."""
+    pytester.makeini("[pytest]\ntestpaths = tests\naddopts = -rA\n")
+    tests = pytester.mkdir("tests")
+    (tests / "test_unit.py").write_text("def test_unit():\n    pass\n", encoding="utf-8")
+    other = pytester.mkdir("other")
+    (other / "test_other.py").write_text("def test_other():\n    assert False\n", "utf-8")
+
+
+def _seen(result: pytest.RunResult) -> tuple[str, str, str]:
+    """(rootdir line, the count of items, the baseline gate) of a run's output."""
+    text = output(result)
+    rootdir = next(line for line in text.splitlines() if line.startswith("rootdir:"))
+    collected = re.search(r"(?:collected |workers \[)(\d+) items", text)
+    gate = re.search(r"gate baseline: (\w+)", text)
+    assert collected is not None, text
+    assert gate is not None, text
+    return rootdir.split(",")[0], collected.group(1), gate.group(1)
+
+
+@XDIST
+def test_path_options_written_with_a_space_keep_the_rootdir(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    gsm8k_data: Path,
+    keyed_env: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    xdist: list[str],
+) -> None:
+    _project(pytester)
+    out = tmp_path_factory.mktemp("outside")
+    report = out / "r.json"
+    data = gsm8k_data  # a folder outside the project, as the report's
+    args = [*gsm8k_args, "--gsm8k-limit=3", *xdist]
+    recorded = pytester.runpytest(
+        *args, f"--gsm8k-data={data}", f"--gsm8k-report={report}", "--snapshot-update"
+    )
+    assert recorded.ret == 0, output(recorded)
+    assert report.exists()
+    assert data.exists()
+    joined = pytester.runpytest(
+        *args, f"--gsm8k-data={data}", f"--gsm8k-report={report}", "--gsm8k-require-baseline"
+    )
+    spaced = pytester.runpytest(
+        *args, "--gsm8k-data", str(data), "--gsm8k-report", str(report), "--gsm8k-require-baseline"
+    )
+    assert joined.ret == 0, output(joined)
+    assert spaced.ret == 0, output(spaced)
+    assert _seen(joined) == _seen(spaced) == (f"rootdir: {pytester.path}", "4", "PASS")
+    for result in (joined, spaced):  # the ini's addopts applied
+        assert "PASSED tests/test_unit.py::test_unit" in output(result), output(result)
+    assert read_json(report)["n"] == 3
