@@ -79,6 +79,8 @@ from pytest_gsm8k.writing import (
 )
 
 BUILTIN_NODEID = "gsm8k"
+#: the marker every GSM8K item carries: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest
+GSM8K_MARK = pytest.mark.gsm8k
 
 #: how the run that needs a model and was given none ends (under xdist a worker's stop
 #: carries it to the controller, which ends the run with it as a usage error)
@@ -644,7 +646,7 @@ def pytest_load_initial_conftests(
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gsm8k: a GSM8K problem item")
+    config.addinivalue_line("markers", "gsm8k: a GSM8K problem item (-m gsm8k: only the gate)")
     notes: list[str] = []
     try:
         settings = build_settings(lambda o: _read_option(config, o), notes.append)
@@ -727,4 +729,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # traceback; pytest_collection_finish raises it as one usage-error line instead.
         state.run.fail_data(f"gsm8k: {exc}")
         return
-    metafunc.parametrize("gsm8k_problem", problems, ids=[p.id for p in problems])
+    # Every item of a problem carries the ``gsm8k`` marker (the built-in test's and a
+    # user's own), so ``pytest -m gsm8k`` runs only the gate in a repository with other tests.
+    metafunc.parametrize(
+        "gsm8k_problem", [pytest.param(p, id=p.id, marks=GSM8K_MARK) for p in problems]
+    )

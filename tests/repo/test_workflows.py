@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -70,15 +72,53 @@ def test_the_gate_workflow_gates_the_local_model_on_cpu_and_a_served_one_on_gpu(
     cpu, gpu = data["jobs"]["gsm8k-cpu"], data["jobs"]["gsm8k-gpu"]
     assert cpu["runs-on"] == "ubuntu-latest"
     cpu_runs = " ".join(step.get("run", "") for step in cpu["steps"])
-    assert "pip install -e '.[local]'" in cpu_runs
+    assert cpu["env"]["PYTEST_GSM8K"] == ".[local]"
+    assert 'pip install "$PYTEST_GSM8K"' in cpu_runs
     assert any(s.get("env", {}).get("CMAKE_ARGS") == "-DGGML_NATIVE=OFF" for s in cpu["steps"])
     assert "--gsm8k-model=local" in cpu_runs
     assert "--gsm8k-limit=50" in cpu_runs
     assert gpu["runs-on"] == ["self-hosted", "gpu"]
     gpu_runs = " ".join(step.get("run", "") for step in gpu["steps"])
-    assert '--gsm8k-serve "vllm serve {model} --port {port}"' in gpu_runs
+    assert '--gsm8k-serve="vllm serve {model} --port {port}"' in gpu_runs
     for job in (cpu, gpu):
+        runs = " ".join(step.get("run", "") for step in job["steps"])
+        # only the gate: a folder with no test code, and the marker every GSM8K item carries
+        assert "python -m pytest .github/gsm8k --rootdir=. -m gsm8k" in runs
+        # a real gate: a committed baseline, required
+        assert "--gsm8k-require-baseline" in runs
+        assert "--gsm8k-baseline=.github/gsm8k/" in runs
         uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload")]
         assert uploads
         assert "gsm8k-report.json" in uploads[0]["with"]["path"]
         assert "gsm8k.html" in uploads[0]["with"]["path"]
+
+
+def test_the_cpu_baseline_the_workflow_gates_on_is_committed() -> None:
+    """In this repository the workflow runs as written: its local model's baseline is here."""
+    data = yaml.safe_load((REPO / "examples" / "github" / "gsm8k-gate.yml").read_text())
+    runs = " ".join(step.get("run", "") for step in data["jobs"]["gsm8k-cpu"]["steps"])
+    path = re.search(r"--gsm8k-baseline=(\S+)", runs)
+    assert path is not None
+    baseline = json.loads((REPO / path.group(1)).read_text(encoding="utf-8"))
+    assert baseline["protocol"]["shots"] == 5  # the protocol --gsm8k-model=local implies
+    assert baseline["protocol"]["api"] == "completions"
+    assert len(baseline["problems"]) == 50
+
+
+def test_the_self_hosted_job_never_runs_for_a_pull_request_from_a_fork() -> None:
+    """A fork's pull request would run its code on the self-hosted machine: the GPU job
+    runs on the workflow's other triggers, and on a pull request only from this repository;
+    it installs into a virtualenv of its own, not the runner's Python."""
+    data = yaml.safe_load((REPO / "examples" / "github" / "gsm8k-gate.yml").read_text())
+    triggers = data[True]  # YAML 1.1 reads the key `on` as true
+    assert "pull_request_target" not in triggers
+    gpu = data["jobs"]["gsm8k-gpu"]
+    guard = " ".join(str(gpu.get("if", "")).split())
+    assert guard == (
+        "github.event_name != 'pull_request' "
+        "|| github.event.pull_request.head.repo.full_name == github.repository"
+    )
+    install = next(s["run"] for s in gpu["steps"] if "pip install" in s.get("run", ""))
+    assert 'python3 -m venv "$RUNNER_TEMP/gsm8k-venv"' in install
+    assert '"$RUNNER_TEMP/gsm8k-venv/bin/python" -m pip install' in install
+    assert "$GITHUB_PATH" in install

@@ -31,9 +31,10 @@ import pytest_gsm8k.runtime.local as local
 import pytest_gsm8k.runtime.serve as serve
 from pytest_gsm8k.runtime.local import (
     DEFAULT_ALIAS,
-    INSTALL_HINT,
     LocalServer,
     LocalServerError,
+    install_command,
+    install_hint,
     resolve_model,
     start_local_server,
 )
@@ -192,9 +193,52 @@ def test_missing_extra_gives_one_line_with_the_install_command(tmp_path: Path) -
         msg = out[key]
         assert msg is not None, key
         assert "\n" not in msg
-        assert msg.endswith(INSTALL_HINT)
+        assert msg.endswith(install_hint())
         assert missing in msg
     assert "gemma3" not in out["path"]  # a user GGUF does not need the packaged model
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "command"),
+    [
+        (None, "pip install 'pytest-gsm8k[local]'"),
+        (
+            {"url": "file:///src/pytest-gsm8k", "dir_info": {"editable": True}},
+            "pip install -e '/src/pytest-gsm8k[local]'",
+        ),
+        (
+            {"url": "file:///src/my%20clone", "dir_info": {}},
+            "pip install '/src/my clone[local]'",
+        ),
+        (
+            {
+                "url": "file:///tmp/dist/pytest_gsm8k-0.4.0-py3-none-any.whl",
+                "archive_info": {"hash": "sha256=00"},
+            },
+            "pip install 'pytest-gsm8k[local] @ "
+            "file:///tmp/dist/pytest_gsm8k-0.4.0-py3-none-any.whl'",
+        ),
+        (
+            {
+                "url": "https://example.org/team/pytest-gsm8k",
+                "vcs_info": {"vcs": "git", "commit_id": "abc123", "requested_revision": "v0.4"},
+            },
+            "pip install 'pytest-gsm8k[local] @ git+https://example.org/team/pytest-gsm8k@abc123'",
+        ),
+    ],
+    ids=["index", "editable-clone", "folder", "wheel", "git"],
+)
+def test_the_install_hint_names_the_source_pytest_gsm8k_came_from(
+    direct_url: dict[str, Any] | None, command: str
+) -> None:
+    """Not on an index: the extra is added from the clone, archive or repository it was
+    installed from (pip's PEP 610 record), so the hint works outside a clone too."""
+    assert install_command(direct_url) == command
+
+
+def test_the_install_hint_of_this_install_is_its_editable_clone() -> None:
+    """The suite runs from an editable install of the repository (README's commands)."""
+    assert install_hint() == f"pip install -e '{REPO}[local]'"
 
 
 class _FakePackage(types.ModuleType):

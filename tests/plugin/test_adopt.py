@@ -1,0 +1,156 @@
+"""The gate in a repository that has tests of its own: the ``gsm8k`` marker, and the example
+workflow's CPU job run as written, with the fake server in place of the packaged model."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_EXTRA_PLUGINS, REPO, XDIST, output
+
+WORKFLOW = REPO / "examples" / "github" / "gsm8k-gate.yml"
+
+USER_TESTS = {
+    "test_app": "def test_unrelated():\n    assert False\n",
+    "test_mine": (
+        "def test_mine(gsm8k_problem, gsm8k_outcome):\n    assert gsm8k_outcome.correct\n"
+    ),
+}
+
+
+def _cases(path: Path) -> list[str]:
+    """The test cases a JUnit XML file lists, by name."""
+    return [str(case.get("name")) for case in ET.parse(path).getroot().iter("testcase")]
+
+
+@XDIST
+def test_minus_m_gsm8k_runs_only_the_gsm8k_items(
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, xdist: list[str]
+) -> None:
+    """The built-in test's items and a user's own test over ``gsm8k_problem`` carry the
+    marker; an unrelated (failing) test beside them is deselected."""
+    pytester.makepyfile(**USER_TESTS)
+    result = pytester.runpytest(
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=5",
+        "-m",
+        "gsm8k",
+        "--strict-markers",
+        "--junitxml=junit.xml",
+    )
+    assert result.ret == 0, output(result)
+    names = _cases(pytester.path / "junit.xml")
+    assert sorted(name.partition("[")[0] for name in names) == 5 * ["test_gsm8k"] + 5 * [
+        "test_mine"
+    ]
+
+
+@XDIST
+def test_minus_m_not_gsm8k_runs_only_the_other_tests(
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, xdist: list[str]
+) -> None:
+    pytester.makepyfile(**USER_TESTS)
+    result = pytester.runpytest(
+        *gsm8k_args, *xdist, "--gsm8k-limit=5", "-m", "not gsm8k", "--junitxml=junit.xml"
+    )
+    assert result.ret == 1, output(result)
+    assert _cases(pytester.path / "junit.xml") == ["test_unrelated"]
+
+
+# -- the example workflow's CPU job, as written ---------------------------------------
+
+
+def _cpu_job_command() -> list[str]:
+    """The CPU job's pytest command, read from the workflow file and split as a shell would."""
+    workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    runs = [
+        str(step["run"])
+        for step in workflow["jobs"]["gsm8k-cpu"]["steps"]
+        if "--gsm8k-model=local" in str(step.get("run", ""))
+    ]
+    assert len(runs) == 1
+    argv = shlex.split(runs[0])
+    assert argv[:3] == ["python", "-m", "pytest"]
+    return argv
+
+
+def _with_fake_model(argv: list[str], server: FakeOpenAIServer) -> list[str]:
+    """The command with the fake server in place of the packaged model (and this
+    interpreter for ``python``); everything else exactly as the workflow has it."""
+    out = [sys.executable, *argv[1:]]
+    at = out.index("--gsm8k-model=local")
+    out[at : at + 1] = ["--gsm8k-model=fake-model", f"--gsm8k-base-url={server.base_url}"]
+    return [*out, *NO_EXTRA_PLUGINS]
+
+
+@pytest.fixture
+def user_repo(pytester: pytest.Pytester) -> Path:
+    """A fresh repository of a user: tests of its own under ``testpaths`` (a module that
+    fails as soon as it is imported, and a failing test), and the workflow copied into
+    .github/workflows."""
+    root = pytester.path
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "app"\nversion = "1"\n\n[tool.pytest.ini_options]\n'
+        'testpaths = ["tests"]\n',
+        encoding="utf-8",
+    )
+    (root / "tests").mkdir()
+    (root / "tests" / "test_app.py").write_text(
+        "raise RuntimeError('the gate collected the repository tests')\n\n"
+        "def test_app():\n    assert False\n",
+        encoding="utf-8",
+    )
+    (root / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(WORKFLOW, root / ".github" / "workflows" / WORKFLOW.name)
+    return root
+
+
+@XDIST
+def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
+    pytester: pytest.Pytester,
+    user_repo: Path,
+    server: FakeOpenAIServer,
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """No baseline: exit 1. Recorded with --snapshot-update as the workflow says: exit 0,
+    50 items and nothing else. Answers that got worse: exit 1."""
+    command = [*_with_fake_model(_cpu_job_command(), server), *xdist]
+    baseline_flag = next(a for a in command if a.startswith("--gsm8k-baseline="))
+    baseline = user_repo / baseline_flag.partition("=")[2]
+
+    def run() -> pytest.RunResult:
+        shutil.rmtree(user_repo / ".pytest_cache", ignore_errors=True)  # a fresh checkout
+        return pytester.run(*command, timeout=300)
+
+    baseline.parent.mkdir(parents=True)  # `mkdir -p .github/gsm8k`, as the workflow says
+    missing = run()
+    assert missing.ret == 1, output(missing)
+    assert "gate baseline: FAIL" in output(missing)
+
+    recorded = pytester.run(*command, "--snapshot-update", timeout=300)
+    assert recorded.ret == 0, output(recorded)
+    assert baseline.is_file()
+
+    passing = run()
+    assert passing.ret == 0, output(passing)
+    assert "gate baseline: PASS" in output(passing)
+    names = _cases(user_repo / "gsm8k-junit.xml")
+    assert len(names) == 50
+    assert all(name.startswith("test_gsm8k[test-") for name in names)
+    assert "test_app" not in output(passing)
+    assert (user_repo / "gsm8k-report.json").is_file()
+    assert (user_repo / "gsm8k.html").is_file()
+
+    server.set_script(Script(default="wrong"))
+    failing = run()
+    assert failing.ret == 1, output(failing)
+    assert "gate baseline: FAIL" in output(failing)
+    assert len(_cases(user_repo / "gsm8k-junit.xml")) == 50
