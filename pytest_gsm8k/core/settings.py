@@ -259,12 +259,15 @@ OPTIONS: tuple[Option, ...] = (
 
 #: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
 #: request's: a CPU llama.cpp server under load may take minutes per answer, and its death is
-#: watched directly (runtime/local.py), so the stall detector only has to catch a hang
+#: watched directly (runtime/local.py), so the stall detector only has to catch a hang. Two
+#: requests in flight: the server answers one at a time, so more only wait in its queue, where
+#: each one's --gsm8k-timeout runs (32 queued requests outlived it on a loaded machine)
 LOCAL_DEFAULTS: dict[str, Any] = {
     "api": "completions",
     "shots": 5,
     "max_tokens": 256,
     "stall_timeout": 300.0,
+    "concurrency": 2,
 }
 #: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
 MAX_SAMPLES = 1024
