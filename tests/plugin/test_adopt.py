@@ -25,8 +25,22 @@ USER_TESTS = {
 
 
 def _cases(path: Path) -> list[str]:
-    """The test cases a JUnit XML file lists, by name."""
-    return [str(case.get("name")) for case in ET.parse(path).getroot().iter("testcase")]
+    """The problems' test cases a JUnit XML file lists, by name (the gates' own test cases,
+    classname ``gsm8k.gates``, left out: :func:`_gates` reads those)."""
+    return [
+        str(case.get("name"))
+        for case in ET.parse(path).getroot().iter("testcase")
+        if case.get("classname") != "gsm8k.gates"
+    ]
+
+
+def _gates(path: Path) -> dict[str, bool]:
+    """The gates' test cases of a JUnit XML file: name -> passed."""
+    return {
+        str(case.get("name")): case.find("failure") is None
+        for case in ET.parse(path).getroot().iter("testcase")
+        if case.get("classname") == "gsm8k.gates"
+    }
 
 
 @XDIST
@@ -145,6 +159,7 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     names = _cases(user_repo / "gsm8k-junit.xml")
     assert len(names) == 50
     assert all(name.startswith("test_gsm8k[test-") for name in names)
+    assert _gates(user_repo / "gsm8k-junit.xml") == {"baseline": True}
     assert "test_app" not in output(passing)
     assert (user_repo / "gsm8k-report.json").is_file()
     assert (user_repo / "gsm8k.html").is_file()
@@ -154,3 +169,4 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     assert failing.ret == 1, output(failing)
     assert "gate baseline: FAIL" in output(failing)
     assert len(_cases(user_repo / "gsm8k-junit.xml")) == 50
+    assert _gates(user_repo / "gsm8k-junit.xml") == {"baseline": False}
