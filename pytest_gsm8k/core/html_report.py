@@ -432,7 +432,15 @@ def _min_acc(report: Mapping[str, Any]) -> float | None:
 
 
 def _accuracy_card(report: Mapping[str, Any], compared: bool) -> str:
-    """Accuracy, its Wilson interval, the min-acc threshold and the baseline on one axis."""
+    """Accuracy, its Wilson interval, the min-acc threshold and the baseline on one axis;
+    a run with no answer has no accuracy, and the card says so instead of drawing 0."""
+    if report.get("accuracy") is None:
+        counts = report.get("counts") or {}
+        return (
+            '<div class="card chart-card wide"><h2>Accuracy, 95% interval</h2>'
+            f'<p class="note">no answers: {_int(counts.get("error"))} errors, so no accuracy'
+            "</p></div>"
+        )
     acc = _float(report.get("accuracy"))
     low, high = [*(report.get("ci95") or []), acc, acc][:2]
     marks: list[tuple[str, float]] = []

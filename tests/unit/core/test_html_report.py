@@ -363,3 +363,12 @@ def test_full_split_page_opens_and_filters(tmp_path: Path, browser: Browser) -> 
         f"lowercase text) {measured['search1']:.1f} ms, next search {measured['search2']:.1f} "
         f"ms, reset {measured['reset']:.1f} ms (each including layout)"
     )
+
+
+def test_a_run_with_no_answers_has_no_accuracy_drawn() -> None:
+    records = [_record(i, "error") for i in range(3)]
+    report = _report(records)
+    report.update(accuracy=None, ci95=None, headline="gsm8k acc (test@1, 8-shot CoT): no answers")
+    page = render_html(report)
+    assert "no answers: 3 errors, so no accuracy" in page
+    assert 'aria-label="accuracy' not in page  # no chart with a 0.0000 point
