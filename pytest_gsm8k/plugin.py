@@ -463,6 +463,11 @@ class StatePlugin:
                 # the run stopped on an endpoint failure, which is a failed run (1), as
                 # without xdist. The errored items make pytest exit with 1.
                 return True
+            if isinstance(exc, KeyboardInterrupt) and exc.args == (SIGTERM_MESSAGE,):
+                # SIGTERM lands in whatever frame runs, some of which pytest cannot show
+                # (a line number of -1 makes its report of the interrupt crash): the run
+                # ends from here, with a traceback pytest can print
+                raise KeyboardInterrupt(SIGTERM_MESSAGE) from None
             raise
         finally:
             if self.progress is not None and self.state.run.records:
@@ -685,6 +690,10 @@ def _unfreeze_until_exit() -> None:
     gc.unfreeze()
 
 
+#: what the KeyboardInterrupt that SIGTERM raises says
+SIGTERM_MESSAGE = "SIGTERM"
+
+
 def _end_on_sigterm(config: pytest.Config) -> None:
     """SIGTERM (a CI job cancelled, ``timeout``, ``kill``) ends the run like Ctrl-C: the
     summary is printed, the report written, xdist's workers stopped. Only in the main
@@ -696,7 +705,7 @@ def _end_on_sigterm(config: pytest.Config) -> None:
 
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-        raise KeyboardInterrupt("SIGTERM")
+        raise KeyboardInterrupt(SIGTERM_MESSAGE)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
