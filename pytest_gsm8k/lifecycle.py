@@ -130,7 +130,7 @@ def early_stop_for(state: State) -> EarlyStop | None:
             if not shared or (plan.gates.require_baseline and len(shared) < len(ids)):
                 outcomes = None
     min_acc = plan.gates.min_acc
-    if min_acc is None and outcomes is None:
+    if min_acc is None and outcomes is None and not plan.gates.health:
         return None
     rule = plan.gates.baseline
     return EarlyStop(
@@ -142,6 +142,7 @@ def early_stop_for(state: State) -> EarlyStop | None:
         baseline=outcomes,
         max_drop=settings.max_drop,
         mcnemar_alpha=rule.alpha if isinstance(rule, McNemar) else None,
+        health=plan.gates.health,
     )
 
 

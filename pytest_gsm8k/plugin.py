@@ -367,7 +367,9 @@ class StatePlugin:
                 answers.settled(str(record["id"]))
             aborted = record["outcome"] == "error" and record.get("aborted")
             if fresh and not aborted and state.settings.early_stop:
-                self._observe_early(str(record["id"]), bool(record["correct"]))
+                self._observe_early(
+                    str(record["id"]), bool(record["correct"]), str(record["outcome"])
+                )
             if fresh and self.progress is not None and self.progress.due():
                 self._draw_progress()
 
@@ -377,7 +379,7 @@ class StatePlugin:
         total = len({ref.problem_id for ref in self.state.run.items if ref.problem_id})
         self.progress.draw(self.state.run.records, total)
 
-    def _observe_early(self, problem_id: str, correct: bool) -> None:
+    def _observe_early(self, problem_id: str, correct: bool, outcome: str) -> None:
         """Controller: one more outcome for --gsm8k-early-stop; stop the run once decided."""
         run = self.state.run
         if run.early is None and not self._early_tried:
@@ -388,7 +390,7 @@ class StatePlugin:
         if early is None or run.early_stopped is not None:
             return
         try:
-            decision = early.observe(problem_id, correct)
+            decision = early.observe(problem_id, correct, outcome)
         except (KeyError, ValueError):
             return  # a problem outside the run's plan (a user's own test): not counted
         if decision is None or early.observed >= early.n_total:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from pytest_gsm8k.core.gates import GateVerdict
+from pytest_gsm8k.core.gates import GateVerdict, Verdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber
@@ -180,8 +180,8 @@ class Run:
         server: dict[str, Any] | None,
     ) -> Summary:
         """The summary of the records (``late``: answers that arrived for items the run no
-        longer reached, scored), with the min-acc gate decided (by the early stop when it
-        settled it)."""
+        longer reached, scored), with the min-acc and answer-format health gates decided (by
+        the early stop when it settled them)."""
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.summary import Summary
 
@@ -229,11 +229,13 @@ class Run:
                 summary.extra["local_server"] = server
         early = self.early
         decided = None
+        settled: dict[str, Verdict | None] = {}
         if early is not None:
             summary.extra["early_stop"] = early.to_json()
             summary.notes.append(f"  early stop ({early.mode}): {early.headline()}")
             if early.decision is not None and self.early_stopped is not None:
-                decided = early.decision.verdicts.get("min-acc")
+                settled = early.decision.verdicts
+                decided = settled.get("min-acc")
         rule = plan.gates.min_acc
         if early is not None and decided is not None:
             summary.set_gate(
@@ -247,6 +249,25 @@ class Run:
             )
         elif rule is not None:
             summary.set_gate(rule.verdict(summary.correct, summary.n, summary.label))
+        for spec in plan.gates.health:
+            if spec.name not in settled:
+                summary.gate_share(spec)
+                continue
+            # the run stopped early: the early decision's verdict, not the partial counts'
+            # (a gate another gate's FAIL left undecided is not a FAIL)
+            verdict = settled[spec.name]
+            assert early is not None
+            summary.set_gate(
+                GateVerdict(
+                    spec.name,
+                    "early-stop",
+                    verdict != "FAIL",
+                    early.headline()
+                    if verdict is not None
+                    else "undecided: the run stopped early on another gate's FAIL",
+                    threshold=spec.rate,
+                )
+            )
         return summary
 
 

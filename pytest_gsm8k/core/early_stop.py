@@ -27,9 +27,9 @@ Public API::
 
     Decision(after: int, verdicts: dict[str, Verdict | None], how: dict[str, str])
     EarlyStop(ids, *, mode, seed=0, alpha=0.05, min_acc=None, baseline=None,
-              max_drop=0.0, mcnemar_alpha=None, order=None)
+              max_drop=0.0, mcnemar_alpha=None, health=(), order=None)
         .order: list[str]                 # the order the plugin should run the problems in
-        .observe(problem_id, correct) -> Decision | None   # None while undecided
+        .observe(problem_id, correct, outcome=None) -> Decision | None   # None while undecided
         .decision: Decision | None
         .observed: int                    # outcomes fed to the statistics (a prefix of .order)
         .to_json() -> dict[str, Any]
@@ -63,6 +63,12 @@ integer thresholds on a count, so every comparison here is exact:
 * baseline, McNemar (``--gsm8k-alpha``): only certain bounds apply (in both
   modes; ``McNemar.certain``). No sequential test: its verdict is not a
   threshold on one population mean.
+* the answer-format health gates (``--gsm8k-max-unparsed``, ``-truncated``,
+  ``-error``; ``MaxShare``): PASS iff X >= ``MaxShare.need(N)``, X the problems
+  over all N whose outcome is *not* the one counted (at most ``allowed`` may be).
+  The same count gate as min-acc, with "clean" in place of "correct": certain
+  bounds, and in sequential mode the same two tests, each gate at its share of
+  alpha.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_gsm8k.core.gates import MaxDrop, McNemar, MinAcc, Verdict, count_certain
+from pytest_gsm8k.core.gates import MaxDrop, MaxShare, McNemar, MinAcc, Verdict, count_certain
 
 __all__ = [
     "Decision",
@@ -454,9 +460,10 @@ class _McNemarGate:
 class Decision:
     """The run may stop: after ``after`` outcomes, these verdicts are settled.
 
-    ``verdicts`` maps every gate ("min-acc", "baseline") to "PASS", "FAIL", or
-    None (not settled; only when another gate FAILed, which fixes the run's
-    exit). ``how`` says per settled gate "certain" or "sequential".
+    ``verdicts`` maps every gate ("min-acc", "baseline", the health gates'
+    "max-unparsed", ...) to "PASS", "FAIL", or None (not settled; only when
+    another gate FAILed, which fixes the run's exit). ``how`` says per settled
+    gate "certain" or "sequential".
     """
 
     after: int
@@ -485,6 +492,8 @@ class EarlyStop:
     baseline gate, or None; only ids in ``ids`` count (the shared problems).
     ``max_drop`` / ``mcnemar_alpha``: the baseline gate's rule; with
     ``mcnemar_alpha`` (``--gsm8k-alpha``) the McNemar rule, certain bounds only.
+    ``health``: the answer-format health gates (``MaxShare``), each decided on the
+    outcomes :meth:`observe` is given.
 
     The run stops when every gate's verdict is settled or any gate FAILs.
     """
@@ -500,6 +509,7 @@ class EarlyStop:
         baseline: dict[str, int] | None = None,
         max_drop: float = 0.0,
         mcnemar_alpha: float | None = None,
+        health: Sequence[MaxShare] = (),
         order: Sequence[str] | None = None,
     ) -> None:
         if mode not in ("certain", "sequential"):
@@ -519,7 +529,7 @@ class EarlyStop:
             if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
                 raise ValueError("order must be a permutation of ids")
         self._position = {pid: i for i, pid in enumerate(self.order)}
-        self._arrived: dict[int, bool] = {}
+        self._arrived: dict[int, tuple[bool, str | None]] = {}
         self._next = 0  # next position of the order to feed (sequential)
         self.observed = 0
         self.decision: Decision | None = None
@@ -537,6 +547,7 @@ class EarlyStop:
             if not shared:
                 raise ValueError("no problem id in common with the baseline")
         tested = (min_acc is not None) + (baseline is not None and mcnemar_alpha is None)
+        tested += len(health)
         self.gate_alpha = alpha / max(tested, 1)
         if min_acc is not None:
             self._min_acc = _CountGate(
@@ -571,8 +582,20 @@ class EarlyStop:
                     unseen_wrong=len(shared) - b_total,
                 )
             self._verdicts["baseline"] = None
+        #: gate name -> (its rule, its count of the problems *not* of the counted outcome)
+        self._health: dict[str, tuple[MaxShare, _CountGate]] = {}
+        for spec in health:
+            if spec.name in self._verdicts:
+                raise ValueError(f"gate {spec.name} given twice")
+            gate = _CountGate(
+                spec.name, self.n_total, spec.need(self.n_total), self.gate_alpha, paired=False
+            )
+            if sequential:
+                gate.start_tests()
+            self._health[spec.name] = (spec, gate)
+            self._verdicts[spec.name] = None
         if not self._verdicts:
-            raise ValueError("no gate to decide (need min_acc and/or baseline)")
+            raise ValueError("no gate to decide (need min_acc, baseline and/or health)")
         self._settle_initial()
 
     # -- feeding ------------------------------------------------------------------------------
@@ -585,6 +608,8 @@ class EarlyStop:
             self._record("baseline", self._base.certain(), "certain")
         if self._mcnemar is not None:
             self._record("baseline", self._mcnemar.certain(), "certain")
+        for name, (_, gate) in self._health.items():
+            self._record(name, gate.certain(), "certain")
         self._check_done()
 
     def _record(self, name: str, verdict: Verdict | None, how: str) -> None:
@@ -597,8 +622,13 @@ class EarlyStop:
         if "FAIL" in values or all(v is not None for v in values):
             self.decision = Decision(self.observed, dict(self._verdicts), dict(self._how))
 
-    def observe(self, problem_id: str, correct: bool) -> Decision | None:
+    def observe(
+        self, problem_id: str, correct: bool, outcome: str | None = None
+    ) -> Decision | None:
         """Record one problem's outcome (any arrival order); the Decision once the run may stop.
+
+        ``outcome`` (``correct``, ``wrong``, ``unparsed``, ``truncated``, ``error``) is
+        needed by the health gates only; with one of them, None is refused (ValueError).
 
         Sequential mode feeds the statistics only the contiguous prefix of
         ``order`` that has arrived (buffering the rest), so the CS stays valid
@@ -608,21 +638,23 @@ class EarlyStop:
         position = self._position[problem_id]
         if position in self._arrived or position < self._next:
             raise ValueError(f"outcome for {problem_id!r} observed twice")
+        if self._health and outcome is None:
+            raise ValueError(f"outcome for {problem_id!r} needed by the health gates")
         if self.decision is not None:
             return self.decision
         if self.mode == "certain":
-            self._arrived[position] = correct
-            self._feed(problem_id, correct)
+            self._arrived[position] = (correct, outcome)
+            self._feed(problem_id, correct, outcome)
             return self.decision
-        self._arrived[position] = correct
+        self._arrived[position] = (correct, outcome)
         while self._next in self._arrived and self.decision is None:
-            ok = self._arrived.pop(self._next)
+            ok, kind = self._arrived.pop(self._next)
             pid = self.order[self._next]
             self._next += 1
-            self._feed(pid, ok)
+            self._feed(pid, ok, kind)
         return self.decision
 
-    def _feed(self, pid: str, correct: bool) -> None:
+    def _feed(self, pid: str, correct: bool, outcome: str | None = None) -> None:
         self.observed += 1
         how = "certain" if self.mode == "certain" else "sequential"
         if self._min_acc is not None:
@@ -635,13 +667,33 @@ class EarlyStop:
             self._record("baseline", verdict, "certain" if gate.certain() else how)
         if self._mcnemar is not None and pid in self._mcnemar.baseline:
             self._record("baseline", self._mcnemar.add(pid, correct), "certain")
+        for name, (spec, gate) in self._health.items():
+            clean = outcome != spec.outcome
+            verdict = gate.add(int(clean), clean)
+            self._record(name, verdict, "certain" if gate.certain() else how)
         self._check_done()
 
     # -- reporting ----------------------------------------------------------------------------
 
     def _gate_json(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = {"verdict": self._verdicts[name], "how": self._how.get(name)}
-        if name == "min-acc" and self._min_acc is not None:
+        if name in self._health:
+            spec, gate = self._health[name]
+            n = gate.size
+            low, high = gate.count_bounds()
+            # the gate counts the problems NOT of the outcome; its bounds, turned around
+            out.update(
+                rule=name,
+                threshold=spec.rate,
+                allowed=spec.allowed(n),
+                observed=gate.seen,
+                count=gate.seen - gate.correct,
+                bounds=[(n - high) / n, (n - low) / n],
+            )
+            if gate.fail_test is not None:
+                lo, hi = gate.count_interval()
+                out["interval"] = [(n - hi) / n, (n - lo) / n]
+        elif name == "min-acc" and self._min_acc is not None:
             gate = self._min_acc
             n = gate.size
             low, high = gate.count_bounds()
@@ -697,6 +749,23 @@ class EarlyStop:
     def _gate_phrase(self, name: str) -> str:
         verdict = self._verdicts[name]
         info = self._gate_json(name)
+        if name in self._health:
+            outcome = self._health[name][0].outcome
+            low, high = info["bounds"]
+            if verdict is None:
+                return f"{name} undecided ({outcome} share reachable {low:.4f}-{high:.4f})"
+            if info["how"] == "certain":
+                reach = (
+                    f"{info['count']} {outcome} already, {info['allowed']} allowed"
+                    if verdict == "FAIL"
+                    else f"at most {high:.4f} reachable"
+                )
+                return f"{name} verdict {verdict} is certain ({reach})"
+            lo, hi = info["interval"]
+            return (
+                f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({outcome} share of the "
+                f"full split in [{lo:.4f}, {hi:.4f}])"
+            )
         if name == "min-acc":
             low, high = info["bounds"]
             if verdict is None:

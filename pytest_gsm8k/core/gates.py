@@ -10,8 +10,9 @@ A gate spec states one rule and answers the two questions the run asks of it:
 
 Every rule is reduced to an integer threshold on a count (``need``), computed
 so that it agrees exactly with the float comparison a reader of the rule would
-write (``correct / n >= min_acc``; ``B/M - X/M <= max_drop``), so that the
-final verdict and the early stop's bounds can never disagree by a rounding.
+write (``correct / n >= min_acc``; ``B/M - X/M <= max_drop``; ``unparsed / n <=
+max_unparsed``), so that the final verdict and the early stop's bounds can never
+disagree by a rounding.
 """
 
 from __future__ import annotations
@@ -21,18 +22,21 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from pytest_gsm8k.core.records import GateRecord
+from pytest_gsm8k.core.records import GateRecord, Outcome
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 __all__ = [
     "DROP_TOLERANCE",
+    "HEALTH_OUTCOMES",
     "GateVerdict",
     "MaxDrop",
+    "MaxShare",
     "McNemar",
     "MinAcc",
     "Verdict",
     "count_certain",
     "max_drop_count",
+    "max_share_count",
     "min_acc_count",
 ]
 
@@ -115,6 +119,25 @@ def max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int:
     while x <= shared and not passes(x):
         x += 1
     return x
+
+
+def max_share_count(rate: float, n: int) -> int:
+    """Largest count ``k`` in ``0..n`` with ``k / n <= rate`` in floats (``rate`` in [0, 1]).
+
+    The estimate ``floor(rate * n)`` is exact (:class:`fractions.Fraction`), then nudged to
+    agree with the float comparison itself (``k / n`` is nondecreasing in ``k``), as
+    :func:`min_acc_count` does: a share exactly at the rate passes, one problem more fails.
+    """
+    if n < 1:
+        raise ValueError(f"need n >= 1, got {n}")
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"need 0 <= rate <= 1, got {rate}")
+    count = max(0, min(n, math.floor(Fraction(rate) * n)))
+    while count < n and (count + 1) / n <= rate:
+        count += 1
+    while count > 0 and count / n > rate:
+        count -= 1
+    return count
 
 
 def count_certain(correct: int, seen: int, size: int, need: int) -> Verdict | None:
@@ -230,3 +253,71 @@ class McNemar:
             mcnemar_one_sided(failing + unseen_right, passing),
             mcnemar_one_sided(failing, passing + unseen_wrong),
         )
+
+
+#: the outcomes an answer-format health gate may count (``--gsm8k-max-<outcome>``)
+HEALTH_OUTCOMES: tuple[Outcome, ...] = ("unparsed", "truncated", "error")
+
+#: how a gate's sentence names the problems of each counted outcome
+_HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "errors"}
+
+
+@dataclass(frozen=True)
+class MaxShare:
+    """``--gsm8k-max-unparsed`` / ``-truncated`` / ``-error``: the share of the run's problems
+    whose outcome is ``outcome`` is at most ``rate``.
+
+    The denominator is every problem with a result (``n`` of the headline, errors included:
+    the accuracy's denominator too); the numerator counts problem outcomes, one per problem,
+    as the report's ``counts`` do. With pass@N and maj@N a problem is ``unparsed`` or
+    ``truncated`` only when none of its samples gave a number (a cut sample among parsed
+    ones does not count): the gate reads the problem's outcome, never its samples. The rule
+    is an integer threshold (:func:`max_share_count`), so ``share <= rate`` passes exactly,
+    and the early stop reads it as "the problems *not* of this outcome are at least
+    ``n - allowed``" (:meth:`need`), the count form :func:`count_certain` decides.
+    """
+
+    outcome: Outcome
+    rate: float
+
+    @property
+    def name(self) -> str:
+        return f"max-{self.outcome}"
+
+    @property
+    def option(self) -> str:
+        return f"--gsm8k-max-{self.outcome}"
+
+    def allowed(self, n: int) -> int:
+        """The most problems of the outcome ``n`` problems may have and pass."""
+        return max_share_count(self.rate, n)
+
+    def need(self, n: int) -> int:
+        """The fewest problems of any *other* outcome that pass (the early stop's count)."""
+        return n - self.allowed(n)
+
+    def passes(self, count: int, n: int) -> bool:
+        return n > 0 and count <= self.allowed(n)
+
+    def verdict(self, count: int, n: int) -> GateVerdict:
+        if n == 0:
+            return GateVerdict(
+                self.name,
+                self.name,
+                False,
+                f"no problem has a result: nothing to compare with {self.option} {self.rate:g}",
+                None,
+                self.rate,
+            )
+        passed = self.passes(count, n)
+        share = count / n
+        detail = (
+            f"{share:.1%} of {n} problems {_HEALTH_WORDS[self.outcome]} ({count}; "
+            f"{self.allowed(n)} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
+        )
+        return GateVerdict(self.name, self.name, passed, detail, share, self.rate)
+
+    def certain(self, count: int, seen: int, n: int) -> Verdict | None:
+        """FAIL once ``count`` already exceeds what all ``n`` may hold; PASS once even every
+        unseen problem having the outcome stays within it."""
+        return count_certain(seen - count, seen, n, self.need(n))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.dataset import Split
-from pytest_gsm8k.core.gates import MaxDrop, McNemar, MinAcc
+from pytest_gsm8k.core.gates import HEALTH_OUTCOMES, MaxDrop, MaxShare, McNemar, MinAcc
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem, Request
@@ -41,6 +41,8 @@ class GateSpecs:
     #: the rule against a stored baseline: by drop, or by McNemar with --gsm8k-alpha
     baseline: MaxDrop | McNemar
     require_baseline: bool
+    #: the answer-format health gates (--gsm8k-max-unparsed, -truncated, -error) asked for
+    health: tuple[MaxShare, ...] = ()
 
     @staticmethod
     def from_settings(settings: Settings) -> GateSpecs:
@@ -51,6 +53,15 @@ class GateSpecs:
             min_acc=MinAcc(settings.min_acc) if settings.min_acc is not None else None,
             baseline=rule,
             require_baseline=settings.require_baseline,
+            health=tuple(
+                MaxShare(outcome, rate)
+                for outcome, rate in zip(
+                    HEALTH_OUTCOMES,
+                    (settings.max_unparsed, settings.max_truncated, settings.max_error),
+                    strict=True,
+                )
+                if rate is not None
+            ),
         )
 
 

@@ -90,6 +90,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("limit", "int", "run a seeded, stable subset of N problems", metavar="N"),
     Option("seed", "int", "seed of the --gsm8k-limit subset and of few-shot sampling", 1234),
     Option("min-acc", "float", "fail the run when accuracy is below this", metavar="ACC"),
+    Option(
+        "max-unparsed",
+        "float",
+        "fail the run when more than this share of its problems gave no number "
+        "the gating extractor finds",
+        metavar="RATE",
+    ),
+    Option(
+        "max-truncated",
+        "float",
+        "fail the run when more than this share of its problems were cut by "
+        "--gsm8k-max-tokens before an answer",
+        metavar="RATE",
+    ),
+    Option(
+        "max-error",
+        "float",
+        "fail the run when more than this share of its problems got no answer (an error)",
+        metavar="RATE",
+    ),
     Option("protocol", "str", "test@1, pass@N or maj@N", "test@1"),
     Option(
         "temperature",
@@ -424,6 +444,10 @@ class Settings:
     require_baseline: bool = False
     baseline_partial: bool = False
     html: str | None = None
+    #: --gsm8k-max-unparsed / -truncated / -error: the answer-format health gates' rates
+    max_unparsed: float | None = None
+    max_truncated: float | None = None
+    max_error: float | None = None
     #: --gsm8k-markdown: the step summary's Markdown, written to this file as well
     markdown: str | None = None
     early_stop: str | None = None
@@ -562,6 +586,10 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     min_acc = values["min_acc"]
     if min_acc is not None and not 0.0 <= min_acc <= 1.0:
         raise SettingsError(f"--gsm8k-min-acc: must be between 0 and 1, got {min_acc}")
+    for name in ("max-unparsed", "max-truncated", "max-error"):
+        rate = values[name.replace("-", "_")]
+        if rate is not None and not 0.0 <= rate <= 1.0:
+            raise SettingsError(f"--gsm8k-{name}: must be between 0 and 1, got {rate}")
     if not 0.0 <= float(values["max_drop"]) <= 1.0:
         raise SettingsError(f"--gsm8k-max-drop: must be between 0 and 1, got {values['max_drop']}")
     alpha = values["alpha"]
@@ -640,6 +668,9 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         require_baseline=bool(values["require_baseline"]),
         baseline_partial=bool(values["baseline_partial"]),
         html=values["html"] or None,
+        max_unparsed=values["max_unparsed"],
+        max_truncated=values["max_truncated"],
+        max_error=values["max_error"],
         markdown=values["markdown"] or None,
         early_stop=early_stop,
         early_stop_alpha=float(values["early_stop_alpha"]),

@@ -11,7 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_gsm8k.core.gates import GateVerdict, MinAcc
+from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc
+from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.records import (
     OUTCOMES,
     REPORT_SCHEMA,
@@ -153,6 +154,21 @@ class Summary:
     def gate_min_acc(self, min_acc: float) -> GateVerdict:
         return self.set_gate(MinAcc(min_acc).verdict(self.correct, self.n, self.label))
 
+    def gate_share(self, spec: MaxShare) -> GateVerdict:
+        """An answer-format health gate on the run's outcome counts."""
+        return self.set_gate(spec.verdict(self.counts()[spec.outcome], self.n))
+
+    def chat_hint(self) -> str | None:
+        """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
+        texts = (s["text"] for r in self.records for s in r["samples"])
+        return chat_api_hint(
+            str(self.protocol.get("api")),
+            [self.model, *self.reported_models()],
+            self.counts()["unparsed"],
+            self.n,
+            texts,
+        )
+
     @property
     def failed(self) -> bool:
         return any(not g.passed for g in self.gates)
@@ -246,6 +262,9 @@ class Summary:
                 + (" (run interrupted)" if self.interrupted else "")
             )
         out.extend(self.notes)
+        hint = self.chat_hint()
+        if hint is not None:
+            out.append("  " + hint)
         # model names, endpoints and messages come from outside: no escapes reach a terminal
         styled = [(out[0], "headline")]
         styled += [("  " + printable(line[2:]), "info") for line in out[1:]]

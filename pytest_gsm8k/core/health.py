@@ -1,0 +1,83 @@
+"""Answer-format health: the hint that a chat model is being asked through the completions API.
+
+Pure. A chat (instruction-tuned) model sent a raw prompt on ``/v1/completions`` sees no chat
+template: it often continues the prompt in its own turn markup, or answers without the
+``#### N`` line the strict extractor needs, and the run reads as a model that cannot do
+arithmetic (vllm-project/vllm#48253: 18.8% invalid answers through completions, against
+chat). The gates (``--gsm8k-max-unparsed``) say *that* the format failed; this says the
+likely *why*, once, whether or not a gate was set.
+
+The rule (:func:`chat_api_hint`): the run used ``--gsm8k-api completions``, at least
+:data:`HINT_MIN_SHARE` of its problems and at least :data:`HINT_MIN_COUNT` of them are
+``unparsed``, and the model looks like a chat model: its id (or a model id the server
+reported) contains ``instruct`` or ``chat``, or has ``it`` as a word of its own
+(``gemma-2-9b-it``), or a reply holds a chat template's turn token
+(:data:`TEMPLATE_TOKENS`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = ["HINT_MIN_COUNT", "HINT_MIN_SHARE", "TEMPLATE_TOKENS", "chat_api_hint", "chat_sign"]
+
+#: the unparsed share from which the hint is given (a few stray answers are not a pattern)
+HINT_MIN_SHARE = 0.10
+#: the fewest unparsed problems that give the hint (a 3-problem smoke run says nothing)
+HINT_MIN_COUNT = 5
+#: turn markup of the common chat templates (ChatML, Llama 3, Gemma, Mistral/Llama 2, Phi):
+#: a reply that holds one came from a model that expected its template
+TEMPLATE_TOKENS = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "[INST]",
+    "[/INST]",
+    "<|assistant|>",
+    "<|user|>",
+)
+#: words of a model id that mark an instruction-tuned model; ``it`` only as a whole word
+_ID_WORDS = ("instruct", "chat")
+_IT_WORD = re.compile(r"(?:^|[^a-z0-9])it(?:$|[^a-z0-9])")
+
+
+def chat_sign(models: Iterable[str], texts: Iterable[str]) -> str | None:
+    """Why the model looks like a chat model (a short phrase), or None when it does not."""
+    for model in models:
+        lowered = model.lower()
+        for word in _ID_WORDS:
+            if word in lowered:
+                return f"its id {model!r} has {word!r}"
+        if _IT_WORD.search(lowered):
+            return f"its id {model!r} has '-it'"
+    for text in texts:
+        for token in TEMPLATE_TOKENS:
+            if token in text:
+                return f"a reply holds the chat-template token {token!r}"
+    return None
+
+
+def chat_api_hint(
+    api: str, models: Iterable[str], unparsed: int, n: int, texts: Iterable[str]
+) -> str | None:
+    """The one line suggesting ``--gsm8k-api chat``, or None when the run gives no cause.
+
+    ``models``: the model id asked for and those the server reported; ``unparsed`` of ``n``
+    problems with a result; ``texts``: the replies (read only until a sign is found).
+    """
+    if api != "completions" or n < 1 or unparsed < HINT_MIN_COUNT:
+        return None
+    if unparsed / n < HINT_MIN_SHARE:
+        return None
+    sign = chat_sign(models, texts)
+    if sign is None:
+        return None
+    return (
+        f"hint: {unparsed / n:.1%} of {n} problems unparsed ({unparsed}) through "
+        f"--gsm8k-api completions, and the model looks like a chat model ({sign}): "
+        "try --gsm8k-api chat, which applies its chat template"
+    )
