@@ -259,7 +259,7 @@ class McNemar:
 HEALTH_OUTCOMES: tuple[Outcome, ...] = ("unparsed", "truncated", "error")
 
 #: how a gate's sentence names the problems of each counted outcome
-_HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "errors"}
+_HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "ended in an error"}
 
 
 @dataclass(frozen=True)

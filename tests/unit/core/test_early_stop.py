@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 
 from pytest_gsm8k.core.early_stop import Decision, EarlyStop, _WorTest, run_order
-from pytest_gsm8k.core.gates import max_drop_count, min_acc_count
+from pytest_gsm8k.core.gates import MaxShare, max_drop_count, min_acc_count
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 IDS10 = [f"p{i}" for i in range(10)]
@@ -469,3 +469,133 @@ def test_fraction_threshold_exactness() -> None:
     assert c == 9
     assert math.isclose(9 / 30, 0.3)
     assert Fraction(9, 30) == Fraction(3, 10)
+
+
+# -- the answer-format health gates -------------------------------------------------------------
+
+
+def feed_outcomes(es: EarlyStop, outcomes: dict[str, str]) -> Decision | None:
+    """Feed each problem's outcome word (``correct`` counts as correct) in the run order."""
+    for pid in es.order:
+        decision = es.observe(pid, outcomes[pid] == "correct", outcomes[pid])
+        if decision is not None:
+            return decision
+    return None
+
+
+def test_certain_health_gate_fails_once_the_count_exceeds_the_full_runs_allowance() -> None:
+    """max-truncated 0.05 over 1319 problems allows 65: the 66th truncated answer fails
+    the gate, whatever the rest would be."""
+    ids = [str(i) for i in range(1319)]
+    es = EarlyStop(ids, mode="certain", health=[MaxShare("truncated", 0.05)], seed=1)
+    decision = feed_outcomes(es, dict.fromkeys(ids, "truncated"))
+    assert decision is not None
+    assert decision.verdicts == {"max-truncated": "FAIL"}
+    assert decision.after == 66
+    gate = es.to_json()["gates"]["max-truncated"]
+    assert (gate["count"], gate["allowed"], gate["observed"]) == (66, 65, 66)
+    assert "max-truncated verdict FAIL is certain (66 truncated already, 65 allowed)" in (
+        es.headline()
+    )
+
+
+def test_certain_health_gate_passes_only_when_the_unseen_cannot_exceed_it() -> None:
+    """Every answer clean: PASS is certain once even all unseen problems truncated stay
+    within the allowance (10 problems at 0.2: 2 allowed, so after 8)."""
+    ids = [f"p{i}" for i in range(10)]
+    es = EarlyStop(ids, mode="certain", health=[MaxShare("truncated", 0.2)], order=ids)
+    decision = feed_outcomes(es, dict.fromkeys(ids, "wrong"))  # wrong is not truncated
+    assert decision is not None
+    assert decision.verdicts == {"max-truncated": "PASS"}
+    assert decision.after == 8
+
+
+def test_certain_health_gate_counts_only_its_own_outcome() -> None:
+    ids = [f"p{i}" for i in range(10)]
+    outcomes = dict.fromkeys(ids, "unparsed")
+    es = EarlyStop(
+        ids,
+        mode="certain",
+        health=[MaxShare("truncated", 0.0), MaxShare("unparsed", 0.1)],
+        order=ids,
+    )
+    decision = feed_outcomes(es, outcomes)
+    assert decision is not None
+    # unparsed allows 1 of 10: the second fails it; truncated is still open (not settled)
+    assert decision.verdicts == {"max-truncated": None, "max-unparsed": "FAIL"}
+    assert decision.after == 2
+
+
+def test_health_gates_at_rate_one_are_settled_before_any_outcome() -> None:
+    es = EarlyStop(IDS10, mode="certain", health=[MaxShare("error", 1.0)])
+    assert es.decision is not None
+    assert es.decision.verdicts == {"max-error": "PASS"}
+    assert es.decision.after == 0
+
+
+def test_health_gates_need_the_outcome_word() -> None:
+    es = EarlyStop(IDS10, mode="certain", health=[MaxShare("error", 0.5)])
+    with pytest.raises(ValueError, match="outcome"):
+        es.observe("p0", False)
+    with pytest.raises(ValueError, match="twice"):
+        EarlyStop(IDS10, mode="certain", health=[MaxShare("error", 0.5)] * 2)
+
+
+def test_health_gates_take_their_share_of_the_sequential_alpha() -> None:
+    ids = [str(i) for i in range(100)]
+    es = EarlyStop(
+        ids,
+        mode="sequential",
+        alpha=0.1,
+        min_acc=0.5,
+        health=[MaxShare("truncated", 0.05), MaxShare("error", 0.01)],
+    )
+    assert es.gate_alpha == pytest.approx(0.1 / 3)
+
+
+def test_sequential_health_gate_passes_a_clean_run_early() -> None:
+    """No answer truncated of 1319 against 0.05: the sequential test settles PASS long
+    before the certain bound would (after 1254), and its interval holds the truth, 0."""
+    ids = [str(i) for i in range(1319)]
+    es = EarlyStop(ids, mode="sequential", health=[MaxShare("truncated", 0.05)], seed=2)
+    decision = feed_outcomes(es, dict.fromkeys(ids, "correct"))
+    assert decision is not None
+    assert decision.verdicts == {"max-truncated": "PASS"}
+    assert decision.how == {"max-truncated": "sequential"}
+    assert decision.after < 200
+    lo, hi = es.to_json()["gates"]["max-truncated"]["interval"]
+    assert lo == 0.0
+    assert hi < 0.05
+    assert "max-truncated verdict PASS at alpha 0.05 (truncated share of the full split" in (
+        es.headline()
+    )
+
+
+def test_sequential_health_gate_wrong_verdict_rate_at_most_alpha() -> None:
+    """Every order of every population of 8 problems (k truncated), rate 0.25 (2 allowed):
+    the early verdict differs from the full run's in at most alpha of the orders."""
+    n, alpha = 8, 0.3
+    ids = [str(i) for i in range(n)]
+    any_early = 0
+    for bad in range(n + 1):
+        population = [1] * bad + [0] * (n - bad)
+        full = "PASS" if bad <= 2 else "FAIL"
+        wrong = 0
+        orders = _distinct_orders(population)
+        for values in orders:
+            outcomes = {
+                pid: "truncated" if v else "correct" for pid, v in zip(ids, values, strict=True)
+            }
+            es = EarlyStop(
+                ids,
+                mode="sequential",
+                alpha=alpha,
+                health=[MaxShare("truncated", 0.25)],
+                order=ids,
+            )
+            decision = feed_outcomes(es, outcomes)
+            assert decision is not None
+            wrong += decision.verdicts["max-truncated"] != full
+            any_early += decision.how["max-truncated"] == "sequential"
+        assert wrong / len(orders) <= alpha + 1e-12, (bad, wrong)
+    assert any_early > 0  # the statistics decided something early: the check bites

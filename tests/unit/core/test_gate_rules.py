@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from pytest_gsm8k.core.gates import GateVerdict, MaxDrop, McNemar, MinAcc
+from pytest_gsm8k.core.gates import GateVerdict, MaxDrop, MaxShare, McNemar, MinAcc, max_share_count
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 
@@ -92,3 +92,83 @@ def test_mcnemar_certain_bounds_are_the_extremes() -> None:
     assert not verdict.passed
     assert verdict.rule == "mcnemar"
     assert verdict.threshold == 0.05
+
+
+# -- the answer-format health gates (MaxShare) --------------------------------------------------
+
+
+def test_max_share_verdict_carries_share_count_and_rate() -> None:
+    rule = MaxShare("truncated", 0.05)
+    assert (rule.name, rule.option) == ("max-truncated", "--gsm8k-max-truncated")
+    failed = rule.verdict(120, 1319)
+    assert failed == GateVerdict(
+        "max-truncated",
+        "max-truncated",
+        False,
+        "9.1% of 1319 problems truncated (120; 65 allowed) > --gsm8k-max-truncated 0.05",
+        120 / 1319,
+        0.05,
+    )
+    passed = MaxShare("error", 0.05).verdict(65, 1319)
+    assert passed.passed
+    assert passed.detail == (
+        "4.9% of 1319 problems ended in an error (65; 65 allowed) <= --gsm8k-max-error 0.05"
+    )
+
+
+@pytest.mark.parametrize(
+    ("rate", "n", "allowed"),
+    [
+        (0.05, 100, 5),  # exactly at the rate passes: 5/100 <= 0.05
+        (0.05, 1319, 65),  # 65.95 allowed in reals: 65 problems
+        (0.1, 10, 1),
+        (0.1, 30, 3),  # 3/30 rounds to the double 0.1 is
+        (0.3, 10, 3),  # 3/10 == 0.3 in floats, though 0.3's double is below 3/10
+        (1 / 3, 3, 1),
+        (0.0, 1319, 0),  # rate 0: not one problem
+        (1.0, 1319, 1319),  # rate 1: every problem
+        (0.999, 1, 0),
+    ],
+)
+def test_max_share_count_is_the_float_comparison(rate: float, n: int, allowed: int) -> None:
+    rule = MaxShare("unparsed", rate)
+    assert max_share_count(rate, n) == allowed
+    assert rule.allowed(n) == allowed
+    assert rule.verdict(allowed, n).passed  # at the rate: PASS
+    if allowed < n:
+        assert not rule.verdict(allowed + 1, n).passed  # one more: FAIL
+
+
+def test_max_share_count_agrees_with_the_float_comparison_everywhere() -> None:
+    rates = [0.0, 0.01, 0.05, 0.1, 1 / 7, 0.2, 0.3, 1 / 3, 0.7, 0.9, 0.95, 0.99, 1.0]
+    for rate, n in itertools.product(rates, range(1, 120)):
+        allowed = max_share_count(rate, n)
+        assert [k / n <= rate for k in range(n + 1)] == [k <= allowed for k in range(n + 1)]
+
+
+def test_max_share_refuses_what_is_not_a_rate() -> None:
+    with pytest.raises(ValueError, match="rate"):
+        max_share_count(1.5, 10)
+    with pytest.raises(ValueError, match="n >= 1"):
+        max_share_count(0.1, 0)
+
+
+def test_max_share_with_no_result_fails_and_says_why() -> None:
+    verdict = MaxShare("unparsed", 1.0).verdict(0, 0)
+    assert not verdict.passed
+    assert verdict.value is None
+    assert "no problem has a result" in verdict.detail
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1, 0.25, 1 / 3, 0.5, 0.9, 1.0])
+def test_max_share_certain_bounds_agree_with_every_final_verdict(rate: float) -> None:
+    rule = MaxShare("truncated", rate)
+    n = 12
+    for seen in range(n + 1):
+        for count in range(seen + 1):
+            certain = rule.certain(count, seen, n)
+            finals = {rule.verdict(count + k, n).word for k in range(n - seen + 1)}
+            if certain is not None:
+                assert finals == {certain}
+            else:
+                assert finals == {"PASS", "FAIL"}

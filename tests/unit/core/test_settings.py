@@ -61,6 +61,9 @@ def test_non_numbers_name_the_option(option: Option) -> None:
     [
         ({"min_acc": "1.01"}, "--gsm8k-min-acc"),
         ({"min_acc": "-0.1"}, "--gsm8k-min-acc"),
+        ({"max_unparsed": "1.5"}, "--gsm8k-max-unparsed: must be between 0 and 1, got 1.5"),
+        ({"max_truncated": "-0.01"}, "--gsm8k-max-truncated: must be between 0 and 1"),
+        ({"max_error": "2"}, "--gsm8k-max-error: must be between 0 and 1, got 2"),
         ({"limit": "0"}, "--gsm8k-limit"),
         ({"max_tokens": "-5"}, "--gsm8k-max-tokens"),
         ({"protocol": "best@3"}, "--gsm8k-protocol"),
@@ -232,3 +235,19 @@ def test_the_progress_line_is_asked_for_turned_off_or_left_to_the_terminal(
 )
 def test_a_base_url_without_v1_gets_it_suggested(base_url: str, suggested: str | None) -> None:
     assert with_v1(base_url) == suggested
+
+
+def test_health_rates_are_read_and_become_gate_specs() -> None:
+    """Each given rate is one gate spec, in the fixed order unparsed, truncated, error; the
+    rates 0 and 1 are allowed (no problem may / every problem may)."""
+    from pytest_gsm8k.core.gates import MaxShare
+    from pytest_gsm8k.core.plan import GateSpecs
+
+    s = settings(max_truncated="0.05", max_unparsed=" 0 ", max_error="1")
+    assert (s.max_unparsed, s.max_truncated, s.max_error) == (0.0, 0.05, 1.0)
+    assert GateSpecs.from_settings(s).health == (
+        MaxShare("unparsed", 0.0),
+        MaxShare("truncated", 0.05),
+        MaxShare("error", 1.0),
+    )
+    assert GateSpecs.from_settings(settings()).health == ()
