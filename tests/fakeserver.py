@@ -103,6 +103,9 @@ BEHAVIOURS = frozenset(
         "surrogate",
         "huge",
         "gzipbomb",
+        # a chat model asked through /v1/completions: it answers in its own turn markup
+        # (Llama 3's header and end-of-turn tokens) and gives no number
+        "template",
     }
 )
 
@@ -1099,6 +1102,8 @@ class FakeOpenAIServer:
             body = _answer_text(_plus_one(gold))
         elif behaviour == "unparsed":
             body = UNPARSED_TEXT
+        elif behaviour == "template":
+            body = f"<|start_header_id|>assistant<|end_header_id|>\n{UNPARSED_TEXT}<|eot_id|>"
         elif behaviour == "truncated":
             words = steps.split()
             body = "Let me think step by step. " + " ".join(words[: max(1, len(words) // 2)])
