@@ -158,6 +158,34 @@ def test_the_early_stop_passes_a_health_gate_once_the_rest_cannot_fail_it(
     assert (gate["rule"], gate["passed"], gate["threshold"]) == ("early-stop", True, 0.5)
 
 
+def test_a_health_gate_left_open_by_another_gates_early_fail_is_not_a_fail(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    """Every answer wrong: min-acc 0.85 fails for certain after 198 problems, when no
+    answer was truncated but the full run's share is still open. The health gate says
+    so instead of judging the partial counts; the run fails on min-acc."""
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(
+        *gsm8k_args,
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-max-truncated=0.05",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-concurrency=8",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    assert result.ret == 1, output(result)
+    data = report(pytester)
+    assert data["early_stop"]["verdicts"] == {"min-acc": "FAIL", "max-truncated": None}
+    assert _gate(data, "min-acc")["passed"] is False
+    gate = _gate(data, "max-truncated")
+    assert (gate["rule"], gate["passed"]) == ("early-stop", True)
+    assert gate["detail"] == "undecided: the run stopped early on another gate's FAIL"
+
+
 # -- the chat-API hint -------------------------------------------------------------------------
 
 

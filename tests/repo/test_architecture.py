@@ -105,6 +105,9 @@ def _sources() -> dict[str, str]:
         ("DROP_TOLERANCE = ", "core/gates.py"),  # the drop comparison's slack
         ("def min_acc_count(", "core/gates.py"),
         ("def max_drop_count(", "core/gates.py"),
+        ("def max_share_count(", "core/gates.py"),  # the health gates' threshold
+        ("def chat_api_hint(", "core/health.py"),
+        ("TEMPLATE_TOKENS = (", "core/health.py"),
         ('option: str = "--gsm8k-min-acc"', "core/gates.py"),
         ("def is_local_spec(", "core/settings.py"),
         ("subprocess.Popen(", "runtime/serve.py"),  # one way to start a server
