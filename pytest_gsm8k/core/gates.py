@@ -18,10 +18,12 @@ disagree by a rounding.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
+from pytest_gsm8k.core.calibrated import Pair, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
@@ -33,6 +35,7 @@ __all__ = [
     "MaxShare",
     "McNemar",
     "MinAcc",
+    "NoiseAware",
     "Verdict",
     "count_certain",
     "max_drop_count",
@@ -253,6 +256,79 @@ class McNemar:
             mcnemar_one_sided(failing + unseen_right, passing),
             mcnemar_one_sided(failing, passing + unseen_wrong),
         )
+
+
+def _drop(pairs: Sequence[Pair]) -> float:
+    """Mean baseline rate minus mean candidate rate over the pairs (0 without pairs)."""
+    if not pairs:
+        return 0.0
+    return math.fsum(p.base_rate - p.now_rate for p in pairs) / len(pairs)
+
+
+@dataclass(frozen=True)
+class NoiseAware:
+    """The baseline gate by the noise-aware test (core/calibrated.py): FAIL when the
+    candidate is worse than the baseline beyond the baseline's own run-to-run noise at
+    level ``alpha`` AND its mean drop exceeds ``max_drop`` (the allowed drop on top).
+
+    Against a single-run baseline with a single candidate run the test is the exact
+    one-sided McNemar test; against ``--gsm8k-repeats K`` it weighs each problem by how
+    surprising its failure is given its K runs.
+    """
+
+    alpha: float
+    max_drop: float = 0.0
+    name: str = "baseline"
+    option: str = "--gsm8k-alpha"
+
+    def _fails(self, p: float, drop: float) -> bool:
+        return p < self.alpha and drop > self.max_drop + DROP_TOLERANCE
+
+    def verdict(self, pairs: Sequence[Pair]) -> GateVerdict:
+        p = p_value(pairs)
+        drop = _drop(pairs)
+        passed = not self._fails(p, drop)
+        stable = sum(1 for x in pairs if x.stable_flip)
+        noisy = sum(1 for x in pairs if x.stability == "noisy" and x.now_correct < x.now_runs)
+        runs = max((x.base_runs for x in pairs), default=1)
+        how = (
+            "exact McNemar"
+            if runs == 1 and all(x.now_runs == 1 for x in pairs)
+            else f"noise-aware, baseline {runs} runs per problem"
+        )
+        clause = f"p={p:.3g} {'<' if p < self.alpha else '>='} {self.option} {self.alpha:g}"
+        if p < self.alpha and self.max_drop > 0:
+            clause += (
+                f", drop {100 * drop:.2f} points {'>' if not passed else '<='} "
+                f"--gsm8k-max-drop {self.max_drop:g}"
+            )
+        detail = (
+            f"{clause} ({how}): {stable} always-right problem{'s' if stable != 1 else ''} "
+            f"failing now, {noisy} noisy one{'s' if noisy != 1 else ''} failing; "
+            f"accuracy drop {100 * drop:.2f} points"
+        )
+        return GateVerdict(self.name, "noise-aware", passed, detail, p, self.alpha)
+
+    def certain(
+        self, seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]
+    ) -> Verdict | None:
+        """The verdict when no outcome of the ``unseen`` problems (``(id, base_correct,
+        base_runs)``, one candidate run each) could change it, else None.
+
+        Exact for single candidate runs: ``p`` can only fall with each further failure
+        (core/calibrated.py), and the drop only grow, so "all unseen fail" and "all
+        unseen succeed" are the extremes. With repeats on the candidate (``now_runs >
+        1``) ``p`` is not monotone and the gate waits for the end (None).
+        """
+        if any(x.now_runs != 1 for x in seen):
+            return None
+        worst = [*seen, *(Pair(i, c, k, 0, 1) for i, c, k in unseen)]
+        if not self._fails(p_value(worst), _drop(worst)):
+            return "PASS"
+        best = [*seen, *(Pair(i, c, k, 1, 1) for i, c, k in unseen)]
+        if self._fails(p_value(best), _drop(best)):
+            return "FAIL"
+        return None
 
 
 #: the outcomes an answer-format health gate may count (``--gsm8k-max-<outcome>``)

@@ -20,6 +20,7 @@ import math
 from statistics import NormalDist
 
 __all__ = [
+    "hypergeometric_pmf",
     "mcnemar_one_sided",
     "paired_difference_interval",
     "pass_at_k",
@@ -122,6 +123,25 @@ def mcnemar_one_sided(newly_failing: int, newly_passing: int) -> float:
         tail += term
         term = term * (m - i) // (i + 1)
     return tail / (1 << m)
+
+
+def hypergeometric_pmf(total: int, before: int, after: int) -> tuple[float, ...]:
+    """``P(D = d)`` for ``d = 0..after``: how many of ``total`` successes fall among the
+    last ``after`` of ``before + after`` exchangeable runs.
+
+    The null law of the noise-aware baseline gate (core/calibrated.py): a problem
+    answered correctly ``total`` times over ``before`` baseline runs and ``after``
+    candidate runs, all with the same success rate, puts its successes on the runs
+    uniformly at random, whatever that rate is. Exact integers (``math.comb``), one
+    division per term. Raises ``ValueError`` unless ``0 <= total <= before + after``.
+    """
+    if before < 0 or after < 0 or not 0 <= total <= before + after:
+        raise ValueError(f"need 0 <= total <= before + after, got {total}, {before}, {after}")
+    whole = math.comb(before + after, after)
+    return tuple(
+        math.comb(total, d) * math.comb(before + after - total, after - d) / whole
+        for d in range(after + 1)
+    )
 
 
 def paired_difference_interval(
