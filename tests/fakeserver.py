@@ -428,6 +428,7 @@ class FakeOpenAIServer:
         owned_by: str = "fake",
         max_model_len: int | None = None,
         fingerprint: str | None = "fake",
+        model_optional: bool = False,
     ) -> None:
         self.questions, self.golds, solutions = load_gsm8k(questions_path)
         self._steps = [" ".join(_CALC_RE.sub("", s).split()) for s in solutions]
@@ -455,6 +456,9 @@ class FakeOpenAIServer:
         self.max_model_len = max_model_len
         #: every reply's ``system_fingerprint`` (None: the field is left out)
         self.fingerprint = fingerprint
+        #: a completion request without ``model`` is for the served model, as vLLM takes it
+        #: (its own GSM8K script sends none); otherwise a 400, as OpenAI answers it
+        self.model_optional = model_optional
         self.on_kill: Callable[[], None] | None = None  # called (in the loop thread) after a kill
 
         self._lock = threading.Lock()
@@ -938,6 +942,8 @@ class FakeOpenAIServer:
             with self._lock, self.record_file.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(req) + "\n")
         model = req.get("model")
+        if model is None and self.model_optional:
+            model = self.model
         if not isinstance(model, str) or not model:
             raise _BadRequest("you must provide a model parameter")
         if model != self.model:
@@ -1365,6 +1371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=None, help="... and its max_model_len")
     ap.add_argument("--system-fingerprint", default="fake", help="every reply's fingerprint")
     ap.add_argument("--argv-file", default=None, help="write the command line here (JSON)")
+    ap.add_argument(
+        "--model-optional", action="store_true", help="a request without `model` is for --model"
+    )
     args = ap.parse_args(argv)
     if args.argv_file:
         Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
@@ -1400,6 +1409,7 @@ def main(argv: list[str] | None = None) -> int:
         owned_by=args.owned_by,
         max_model_len=args.max_model_len,
         fingerprint=args.system_fingerprint,
+        model_optional=args.model_optional,
     )
     done = threading.Event()
     srv.on_kill = done.set
