@@ -4,8 +4,10 @@ deadline, redirects that keep the key on the same origin."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import tracemalloc
 
+import openai
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import TEST_KEY, sent
@@ -86,3 +88,83 @@ def test_list_models_has_one_deadline_for_the_whole_reply(server: FakeOpenAIServ
     with pytest.raises(PreflightError) as info:
         list_models(server.base_url, TEST_KEY, timeout=1.0)
     assert info.value.kind == "timeout"
+
+
+def _client(
+    base_url: str, key: str, *, timeout: float = 60, breaker: Breaker | None = None
+) -> OpenAIClient:
+    return OpenAIClient(
+        model="fake-model",
+        base_url=base_url,
+        api_key=key,
+        timeout=timeout,
+        max_retries=0,
+        concurrency=4,
+        breaker=breaker or Breaker(),
+    )
+
+
+def _first_request() -> Request:
+    problem = load_split(None).problems[0]
+    return Request(problem_id=problem.id, api="chat", messages=(("user", problem.question),))
+
+
+def _failure(client: OpenAIClient) -> BaseException:
+    async def ask() -> BaseException:
+        try:
+            await client.complete(_first_request())
+        except Exception as exc:  # what was raised is the point
+            return exc
+        finally:
+            await client.aclose()
+        raise AssertionError("the request succeeded")
+
+    return asyncio.run(ask())
+
+
+def test_aiohttp_carries_the_requests_when_installed(
+    server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    """openai's aiohttp extra installed: its transport under the watching one (less CPU per
+    request, the side-by-side bench); the answer is the same."""
+    pytest.importorskip("aiohttp")
+    client = _client(server.base_url, keyed_env)
+    assert type(client.warm()._client._transport.inner).__name__ == "AiohttpTransport"
+
+    async def ask() -> str:
+        try:
+            return (await client.complete(_first_request())).completions[0].text
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(ask()).strip().endswith(f"#### {server.golds[0]}")
+
+
+def test_a_refused_connection_is_a_connection_error_not_a_timeout(keyed_env: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    breaker = Breaker()
+    error = _failure(_client(f"http://127.0.0.1:{port}/v1", keyed_env, breaker=breaker))
+    assert type(error) is openai.APIConnectionError, repr(error)
+    assert type(error.__cause__).__name__ == "ConnectError", repr(error.__cause__)
+    assert breaker.count == 1  # counted towards a dead endpoint
+
+
+def test_a_dropped_connection_is_a_connection_error_not_a_timeout(
+    server: FakeOpenAIServer, keyed_env: str
+) -> None:
+    server.set_script(Script(fail_first={0: {"drop": 1}}))
+    breaker = Breaker()
+    error = _failure(_client(server.base_url, keyed_env, breaker=breaker))
+    assert type(error) is openai.APIConnectionError, repr(error)
+    assert type(error.__cause__).__name__ == "RemoteProtocolError", repr(error.__cause__)
+    assert breaker.count == 1
+
+
+def test_a_silent_endpoint_is_a_timeout(server: FakeOpenAIServer, keyed_env: str) -> None:
+    server.set_script(Script(behaviours={0: "hang"}))
+    breaker = Breaker()
+    error = _failure(_client(server.base_url, keyed_env, timeout=0.5, breaker=breaker))
+    assert isinstance(error, openai.APITimeoutError), repr(error)
+    assert breaker.count == 1
