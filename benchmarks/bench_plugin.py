@@ -183,12 +183,16 @@ def measure_main(argv: list[str]) -> int:
     wall = time.perf_counter() - start
     stop.set()
     sampler.join()
-    children_max = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KB on Linux
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_max = usage.ru_maxrss  # KB on Linux
     print(
         json.dumps(
             {
                 "rc": rc,
                 "wall": wall,
+                # CPU seconds of the whole tree (every process waited for): what load on
+                # the machine changes least
+                "cpu": usage.ru_utime + usage.ru_stime,
                 "children_max_kb": children_max,
                 "peaks": {str(pid): [label, kb] for pid, (label, kb) in peaks.items()},
             }

@@ -23,11 +23,13 @@ user's second run finds them):
   its own ``gsm8k`` task (a task file that includes lm-eval's ``gsm8k.yaml`` and only swaps
   the hub dataset for the same local files), in the bench's virtualenv.
 
-Per run: whole-process wall time, spawn to exit; peak RSS (``VmHWM``) of every process in
-the tree, sampled every 20 ms by ``bench_plugin.py``'s wrapper, shown as the largest process
-and the sum over the tree; the server's own count of completion requests (exactly the number
-of problems, none asked twice); and the accuracy each tool printed (the fake server answers
-every problem right). The table shows medians and the ratio to the vLLM script's median.
+Per run: whole-process wall time, spawn to exit; CPU time (user + system) of the whole
+process tree, which load from other work on the machine changes far less; peak RSS
+(``VmHWM``) of every process in the tree, sampled every 20 ms by ``bench_plugin.py``'s
+wrapper, shown as the largest process and the sum over the tree; the server's own count of
+completion requests (exactly the number of problems, none asked twice); and the accuracy
+each tool printed (the fake server answers every problem right). The table shows medians
+and the ratio to the vLLM script's median.
 
 Targets, full split only: the plugin (plain and ``-n 2``) at most 1.10x the vLLM script, and
 faster than lm-eval. Exit code 1 when a run failed or sent the wrong number of requests, or
@@ -313,7 +315,8 @@ def bench(setup: Setup, runs: list[str], rounds: int, warmup: bool, latency: flo
                     print(f"!! {name} failed, rc={measured['rc']}:\n{tail}", file=sys.stderr)
                 print(
                     f"  round {round_}{' (warm-up)' if round_ == 0 else ''}: {name:<12} "
-                    f"{measured['wall']:6.2f} s  largest process {measured['max_mb']:4.0f} MB  "
+                    f"{measured['wall']:6.2f} s  CPU {measured.get('cpu', 0.0):5.2f} s  "
+                    f"largest process {measured['max_mb']:4.0f} MB  "
                     f"tree {measured['tree_mb']:4.0f} MB  requests {measured['requests']}",
                     file=sys.stderr,
                     flush=True,
@@ -335,9 +338,9 @@ def summarize(
         f"{problems} problems, fake server {latency * 1000:.0f} ms per request, concurrency "
         f"{c}; wall: median of {rounds} round(s); peak RSS: max over the rounds",
         "",
-        "| run          | wall s | min..max s   | x vLLM | peak RSS MB (largest / tree) "
+        "| run          | wall s | min..max s   | x vLLM | CPU s | peak RSS MB (largest / tree) "
         "| requests | acc   |",
-        "|--------------|--------|--------------|--------|------------------------------"
+        "|--------------|--------|--------------|--------|-------|------------------------------"
         "|----------|-------|",
     ]
     medians = {name: statistics.median(r["wall"] for r in runs) for name, runs in results.items()}
@@ -351,9 +354,11 @@ def summarize(
         rss = f"{max(r['max_mb'] for r in runs):.0f} / {max(r['tree_mb'] for r in runs):.0f}"
         sent = ",".join(str(n) for n in sorted({r["requests"] for r in runs}))
         accs = ",".join(sorted({r["acc"] for r in runs}))
+        cpu = statistics.median(r.get("cpu", 0.0) for r in runs)
         lines.append(
             f"| {name:<12} | {medians[name]:6.2f} | {min(walls):5.2f}..{max(walls):5.2f} | "
-            f"{ratio} | {rss:>28} | {sent + ('' if exact else ' !'):>8} | {accs:<5} |"
+            f"{ratio} | {cpu:5.2f} | {rss:>28} | {sent + ('' if exact else ' !'):>8} | "
+            f"{accs:<5} |"
         )
     judged = problems == full
     lines += ["", "targets" + ("" if judged else " (judged on the full split only):")]

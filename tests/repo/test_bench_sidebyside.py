@@ -45,8 +45,8 @@ def _row(stdout: str, name: str) -> list[str]:
 
 def _assert_counted(stdout: str, name: str) -> None:
     cells = _row(stdout, name)
-    assert cells[5] == "20", cells  # the server's count: 20 requests, none twice
-    assert cells[6] == "1.000", cells  # the tool scored the fake server's right answers
+    assert cells[6] == "20", cells  # the server's count: 20 requests, none twice
+    assert cells[7] == "1.000", cells  # the tool scored the fake server's right answers
 
 
 def _skip_unless(reason: str | None) -> None:
