@@ -29,15 +29,15 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         from pytest_gsm8k.core.presets import get_preset
 
         spec = get_preset(s.preset)
-        pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+        pool_split = load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
         train = tuple((p.question, p.answer) for p in pool_split.problems)
         source = spec.fewshot_source
     elif s.shots or s.fewshot_file:
         if s.fewshot_file:
-            pool_split = load_split(s.fewshot_file, "fewshot", s.config)
+            pool_split = load_split(s.fewshot_file, "fewshot", s.dataset_config)
             source = f"file {Path(s.fewshot_file).name}"
         else:
-            pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+            pool_split = load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
             source = f"train (seed {s.seed})"
         evaluated = {p.question for p in split.problems}
         pool = [
@@ -116,7 +116,7 @@ def build_plan(
     update_baseline: bool,
 ) -> RunPlan:
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
-    split = load_split(settings.data, settings.split, settings.config, settings.dataset)
+    split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
     selected = select(split.problems, settings.limit, settings.seed)
     protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)

@@ -656,7 +656,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gsm8k: a GSM8K problem item (-m gsm8k: only the gate)")
     notes: list[str] = []
     try:
-        settings = build_settings(lambda o: _read_option(config, o), notes.append)
+        settings = build_settings(
+            lambda o: _read_option(config, o),
+            notes.append,
+            lambda path: (config.invocation_params.dir / Path(path).expanduser()).exists(),
+        )
     except SettingsError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     if not hasattr(config, "workerinput"):  # once, not once per xdist worker

@@ -85,7 +85,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME",
         default_text="the embedded copy",
     ),
-    Option("config", "str", "dataset config: main or socratic", "main"),
+    Option("dataset-config", "str", "dataset config: main or socratic", "main"),
+    Option(
+        "config",
+        "str",
+        "run vLLM's GSM8K CI configs: a config YAML, a folder of them, or a models-*.txt "
+        "list; each config's server is started in turn and gated at threshold - tolerance",
+        metavar="PATH",
+    ),
     Option("split", "str", "split to evaluate (train is not a reportable number)", "test"),
     Option("limit", "int", "run a seeded, stable subset of N problems", metavar="N"),
     Option("seed", "int", "seed of the --gsm8k-limit subset and of few-shot sampling", 1234),
@@ -407,7 +414,8 @@ class Settings:
     api_key_env: str
     data: str | None
     dataset: str | None
-    config: str
+    #: --gsm8k-dataset-config: main or socratic
+    dataset_config: str
     split: str
     limit: int | None
     seed: int
@@ -454,6 +462,8 @@ class Settings:
     early_stop_alpha: float = 0.05
     #: the progress line: True (asked for), False (ini false), None (on a terminal only)
     progress: bool | None = None
+    #: --gsm8k-config: vLLM's GSM8K configs (a YAML, a folder, a models-*.txt list)
+    vllm_config: str | None = None
 
     @property
     def aggregation(self) -> str:
@@ -512,10 +522,48 @@ def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
         values["api"] = "completions"
 
 
-def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) -> Settings:
+#: what --gsm8k-config meant before it took vLLM's configs: the dataset config
+DATASET_CONFIGS = ("main", "socratic")
+
+
+def _config_option(values: dict[str, Any], given: set[str], exists: Callable[[str], bool],
+                   warn: Callable[[str], None]) -> None:
+    """``--gsm8k-config main|socratic`` from before ``--gsm8k-dataset-config``: still the
+    dataset config (with a note) unless a file or folder of that name exists, which is then
+    ambiguous and refused."""
+    value = values["config"]
+    if value not in DATASET_CONFIGS:
+        return
+    if exists(value):
+        raise SettingsError(
+            f"--gsm8k-config {value}: a file or folder named {value!r} exists here; write "
+            f"--gsm8k-config ./{value} for vLLM configs or --gsm8k-dataset-config {value} "
+            "for the dataset config"
+        )
+    if "dataset_config" in given and values["dataset_config"] != value:
+        raise SettingsError(
+            f"--gsm8k-config {value} and --gsm8k-dataset-config {values['dataset_config']} "
+            "disagree; give --gsm8k-dataset-config only"
+        )
+    warn(
+        f"--gsm8k-config {value} selects the dataset config: write --gsm8k-dataset-config "
+        f"{value} (--gsm8k-config now takes vLLM config files)"
+    )
+    values["dataset_config"] = value
+    values["config"] = None
+    given.discard("config")
+    given.add("dataset_config")
+
+
+def build_settings(
+    get: Callable[[Option], Any],
+    warn: Callable[[str], None],
+    exists: Callable[[str], bool] = lambda path: False,
+) -> Settings:
     """Read every option through ``get`` (command line, then ini) and validate.
 
-    ``warn`` receives non-fatal remarks (e.g. pass@N at temperature 0).
+    ``warn`` receives non-fatal remarks (e.g. pass@N at temperature 0); ``exists`` says
+    whether a path exists (the caller's file system: this module does no I/O).
     """
     values: dict[str, Any] = {}
     given: set[str] = set()
@@ -526,6 +574,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         if value is not None:
             given.add(key)
         values[key] = option.default if value is None else value
+    _config_option(values, given, exists, warn)
     preset = values["preset"]
     if preset is not None:
         _apply_preset(str(preset), values, given)
@@ -632,7 +681,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         api_key_env=str(values["api_key_env"]),
         data=values["data"] or None,
         dataset=values["dataset"] or None,
-        config=str(values["config"]),
+        dataset_config=str(values["dataset_config"]),
         split=str(values["split"]),
         limit=values["limit"],
         seed=int(values["seed"]),
@@ -675,4 +724,5 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         early_stop=early_stop,
         early_stop_alpha=float(values["early_stop_alpha"]),
         progress=values["progress"],
+        vllm_config=values["config"] or None,
     )
