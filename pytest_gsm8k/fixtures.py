@@ -97,6 +97,8 @@ def gsm8k_outcome(
     item = request.node
     failure: str | None = None
     not_run: str | None = None
+    if gsm8k_problem.group:  # --gsm8k-config: the problem's config decides its protocol
+        gsm8k_protocol = state.plan.protocol_of(gsm8k_problem)
     try:
         response = source.result(gsm8k_protocol.request(gsm8k_problem))
     except NotRun as exc:

@@ -8,15 +8,21 @@ plugin turns into one usage-error line.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
-from pytest_gsm8k.core.plan import Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, StoredBaseline
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig
+from pytest_gsm8k.runtime.configs import load as load_configs
 from pytest_gsm8k.runtime.data import load_split, train_source
+
+#: vLLM's gsm8k_eval.py: the stop list it sends with every request
+VLLM_STOP = ("Question", "Assistant:", "<|separator|>")
 
 
 def build_protocol(settings: Settings, split: Split) -> Protocol:
@@ -69,6 +75,55 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
     )
 
 
+def protocol_for(config: VllmConfig, settings: Settings) -> Protocol:
+    """The protocol a vLLM config runs with: vLLM's gsm8k_eval.py with the config's
+    ``num_fewshot``, ``max_tokens``, ``temperature``, ``seed`` and chat/completions mode.
+    The one place a config becomes a protocol."""
+    pool = load_split(
+        train_source(settings.data), "train", settings.dataset_config, settings.dataset
+    )
+    shots = tuple(Exemplar(p.question, p.answer) for p in pool.problems[: config.num_fewshot])
+    params: tuple[tuple[str, str], ...] = ()
+    if config.seed is not None:
+        params = (("seed", str(config.seed)),)
+    return Protocol(
+        name="test@1",
+        samples=1,
+        temperature=config.temperature,
+        api="chat" if config.use_chat_completions else "completions",
+        shots=config.num_fewshot,
+        fewshot_source=f"train (the first {config.num_fewshot}, as vLLM)",
+        exemplars=shots,
+        max_tokens=config.max_tokens,
+        stop=VLLM_STOP,
+        extractor="flexible",
+        params=params,
+    )
+
+
+def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
+    """``--gsm8k-config``: each config with its protocol and its problems, the first
+    ``num_questions`` of the split as vLLM's script takes them (not a seeded subset)."""
+    assert settings.vllm_config is not None
+    try:
+        configs = load_configs(settings.vllm_config)
+    except ConfigError as exc:
+        raise DatasetError(str(exc)) from None
+    groups = []
+    for config in configs:
+        if config.gen_prefix:
+            raise DatasetError(
+                f"{config.source}: gen_prefix: not supported yet (vLLM's script appends it "
+                "after 'Answer:'); remove it or run this config with vLLM's own test"
+            )
+        problems = tuple(
+            dataclasses.replace(p, group=config.name)
+            for p in split.problems[: config.num_questions]
+        )
+        groups.append(ConfigGroup(config, protocol_for(config, settings), problems))
+    return tuple(groups)
+
+
 def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
     """The order the items run in: the split's, or for the sequential early stop a seeded
     uniformly random one (its guarantee needs the outcomes to be a sample drawn without
@@ -117,8 +172,13 @@ def build_plan(
 ) -> RunPlan:
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
-    selected = select(split.problems, settings.limit, settings.seed)
-    protocol = build_protocol(settings, split)
+    groups = config_groups(settings, split) if settings.vllm_config else ()
+    if groups:
+        selected = tuple(p for g in groups for p in g.problems)
+        protocol = groups[0].protocol
+    else:
+        selected = select(split.problems, settings.limit, settings.seed)
+        protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
     return RunPlan(
         run_id=run_id,
@@ -129,6 +189,8 @@ def build_plan(
         protocol=protocol,
         endpoint=endpoint,
         gates=GateSpecs.from_settings(settings),
-        baseline=read_baseline(path, rootpath),
+        # per-config baselines: refused at session start (one line), never half-applied
+        baseline=None if groups else read_baseline(path, rootpath),
         update_baseline=update_baseline,
+        groups=groups,
     )

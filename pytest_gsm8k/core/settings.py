@@ -526,8 +526,12 @@ def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
 DATASET_CONFIGS = ("main", "socratic")
 
 
-def _config_option(values: dict[str, Any], given: set[str], exists: Callable[[str], bool],
-                   warn: Callable[[str], None]) -> None:
+def _config_option(
+    values: dict[str, Any],
+    given: set[str],
+    exists: Callable[[str], bool],
+    warn: Callable[[str], None],
+) -> None:
     """``--gsm8k-config main|socratic`` from before ``--gsm8k-dataset-config``: still the
     dataset config (with a note) unless a file or folder of that name exists, which is then
     ambiguous and refused."""
@@ -555,6 +559,52 @@ def _config_option(values: dict[str, Any], given: set[str], exists: Callable[[st
     given.add("dataset_config")
 
 
+#: options a vLLM config decides, or that a matrix of configs cannot honour: with
+#: --gsm8k-config each is refused in one line saying why
+CONFIG_DECIDES = {
+    "model": "each config's model_name names its model",
+    "base_url": "each config's server is started for it (--gsm8k-serve changes the command)",
+    "limit": "each config's num_questions decides (vLLM's first N questions)",
+    "seed": "each config's seed decides (vLLM's request seed)",
+    "shots": "each config's num_fewshot decides",
+    "fewshot_file": "vLLM's configs take their shots from train",
+    "api": "each config's use_chat_completions decides",
+    "max_tokens": "each config's max_tokens decides",
+    "temperature": "each config's temperature decides",
+    "stop": "vLLM's stop list is part of its protocol",
+    "protocol": "vLLM's configs are test@1",
+    "system": "vLLM's script sends no system prompt",
+    "extract": "vLLM's scoring rule decides",
+    "answer_regex": "vLLM's scoring rule decides",
+    "param": "vLLM's request fields are the config's",
+    "split": "vLLM's configs run the test split",
+    "baseline": "per-config baselines are not supported yet",
+    "baseline_name": "per-config baselines are not supported yet",
+    "require_baseline": "per-config baselines are not supported yet",
+    "baseline_partial": "per-config baselines are not supported yet",
+    "alpha": "per-config baselines are not supported yet",
+    "early_stop": "an early stop across configs is not supported yet",
+}
+
+
+def _refuse_with_configs(given: set[str], values: dict[str, Any]) -> None:
+    for key, why in CONFIG_DECIDES.items():
+        if key in given:
+            flag = "--gsm8k-" + key.replace("_", "-")
+            raise SettingsError(f"{flag} cannot be combined with --gsm8k-config: {why}")
+    if float(values["max_drop"]) != 0.0:
+        raise SettingsError(
+            "--gsm8k-max-drop cannot be combined with --gsm8k-config: per-config baselines "
+            "are not supported yet"
+        )
+    serve = values["serve"]
+    if serve and "{server_args}" not in str(serve):
+        raise SettingsError(
+            "--gsm8k-serve with --gsm8k-config: the command line has no {server_args}: each "
+            "config's server_args (and the flags vLLM's test adds) go there"
+        )
+
+
 def build_settings(
     get: Callable[[Option], Any],
     warn: Callable[[str], None],
@@ -575,6 +625,8 @@ def build_settings(
             given.add(key)
         values[key] = option.default if value is None else value
     _config_option(values, given, exists, warn)
+    if values["config"]:
+        _refuse_with_configs(given, values)
     preset = values["preset"]
     if preset is not None:
         _apply_preset(str(preset), values, given)

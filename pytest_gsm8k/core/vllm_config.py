@@ -222,14 +222,21 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
         if key in data:
             values[key] = _number(data[key], where(key), low=0.0, high=1e6, open_low=True)
     if "rocm_request_timeout_seconds" in data:
-        _number(data["rocm_request_timeout_seconds"], where("rocm_request_timeout_seconds"),
-                low=0.0, high=1e6, open_low=True)
+        _number(
+            data["rocm_request_timeout_seconds"],
+            where("rocm_request_timeout_seconds"),
+            low=0.0,
+            high=1e6,
+            open_low=True,
+        )
     if "max_tokens" in data:
         values["max_tokens"] = _integer(data["max_tokens"], where("max_tokens"), low=1)
     if "use_chat_completions" in data:
         chat = data["use_chat_completions"]
         if not isinstance(chat, bool):
-            raise ConfigError(f"{where('use_chat_completions')}: expected true or false, got {chat!r}")
+            raise ConfigError(
+                f"{where('use_chat_completions')}: expected true or false, got {chat!r}"
+            )
         values["use_chat_completions"] = chat
     if "temperature" in data:
         raw_t = data["temperature"]

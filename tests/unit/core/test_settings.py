@@ -29,7 +29,12 @@ def test_defaults_are_test_at_1_zero_shot_chat() -> None:
     assert (s.protocol, s.samples, s.temperature, s.shots, s.api) == ("test@1", 1, 0.0, 0, "chat")
     assert s.extract == "strict"
     assert s.answer_regex is None
-    assert (s.dataset, s.dataset_config, s.split, s.data) == (None, "main", "test", None)  # embedded
+    assert (s.dataset, s.dataset_config, s.split, s.data) == (
+        None,
+        "main",
+        "test",
+        None,
+    )  # embedded
     assert s.limit is None
     assert s.seed == 1234
     assert s.min_acc is None
@@ -255,7 +260,9 @@ def test_health_rates_are_read_and_become_gate_specs() -> None:
 
 def _with_files(files: set[str], **given: Any) -> tuple[Settings, list[str]]:
     notes: list[str] = []
-    s = build_settings(lambda o: given.get(o.dest[len("gsm8k_") :]), notes.append, files.__contains__)
+    s = build_settings(
+        lambda o: given.get(o.dest[len("gsm8k_") :]), notes.append, files.__contains__
+    )
     return s, notes
 
 

@@ -108,7 +108,7 @@ def test_bad_fields_are_one_line_naming_file_line_and_field(extra: str, message:
         (QWEN.replace("0.375", "1.5"), "q.yaml:2: accuracy_threshold: must be >= 0 and <= 1"),
         (QWEN.replace("1319", "0"), "q.yaml:3: num_questions: must be >= 1"),
         (QWEN.replace("1319", "12.5"), "q.yaml:3: num_questions: expected an integer"),
-        (QWEN.replace('"--enforce-eager', '"--enforce-eager \'x'), "q.yaml:5: server_args: cannot"),
+        (QWEN.replace('"--enforce-eager', "\"--enforce-eager 'x"), "q.yaml:5: server_args: cannot"),
         (QWEN.replace("4096", "4096 --port 8000"), "q.yaml:5: server_args: --port is chosen"),
         ("model_name: [a\n", "q.yaml:2: not valid YAML"),
         ("- a\n- b\n", "q.yaml: expected a mapping"),
@@ -124,5 +124,5 @@ def test_bad_configs(text: str, message: str) -> None:
 def test_list_file_lines_as_vllms_conftest_reads_them() -> None:
     text = "# small models\nQwen3-0.6B-FP8.yaml\n\n  Llama.yaml  \n#off.yaml\n"
     assert parse_list(text, "models-small.txt") == [(2, "Qwen3-0.6B-FP8.yaml"), (4, "Llama.yaml")]
-    with pytest.raises(ConfigError, match="models-x.txt: names no config file"):
+    with pytest.raises(ConfigError, match=r"models-x\.txt: names no config file"):
         parse_list("# nothing\n\n", "models-x.txt")

@@ -45,7 +45,7 @@ def test_same_name_twice_and_empty_folder(tmp_path: Path) -> None:
         load(str(tmp_path))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ConfigError, match="holds no .yaml config"):
+    with pytest.raises(ConfigError, match=r"holds no \.yaml config"):
         load(str(empty))
     with pytest.raises(ConfigError, match="no such file or folder"):
         load(str(tmp_path / "nope"))
