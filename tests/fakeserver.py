@@ -57,6 +57,7 @@ Counters are cleared by ``reset()`` and ``set_script()``.
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import json
 import re
@@ -1365,9 +1366,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=None, help="... and its max_model_len")
     ap.add_argument("--system-fingerprint", default="fake", help="every reply's fingerprint")
     ap.add_argument("--argv-file", default=None, help="write the command line here (JSON)")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--events-file",
+        default=None,
+        help="append a JSON line when serving starts and when it stops (pid, port, model, "
+        "the command line and the VLLM_*/FAKESERVER_* environment): a matrix's sequence",
+    )
+    ap.add_argument(
+        "--accept-unknown",
+        action="store_true",
+        help="take flags meant for another server (vllm serve's) and only record them",
+    )
+    args, unknown = ap.parse_known_args(argv)
+    if unknown and not args.accept_unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.argv_file:
         Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
+    if not args.script and os.environ.get("FAKESERVER_SCRIPT"):
+        args.script = os.environ["FAKESERVER_SCRIPT"]  # a config's env can script its server
+
+    def event(kind: str, **fields: object) -> None:
+        if args.events_file:
+            line = {"event": kind, "pid": os.getpid(), "time": time.time(), **fields}
+            with open(args.events_file, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line) + "\n")
     if args.exit_at_once is not None:
         print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
         return int(args.exit_at_once)
@@ -1407,10 +1429,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     srv.start()
     print(f"FAKESERVER_URL={srv.base_url}", flush=True)
+    event(
+        "start",
+        port=srv.port,
+        model=args.model,
+        argv=sys.argv if argv is None else argv,
+        unknown=unknown,
+        env={k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "FAKESERVER_"))},
+    )
     while not done.wait(0.2):
         pass
     killed = srv.killed
     srv.stop()
+    event("stop")
     if killed and args.exit_code:
         print(f"fakeserver: dying with exit code {args.exit_code}", flush=True)
         return int(args.exit_code)
