@@ -57,9 +57,9 @@ Counters are cleared by ``reset()`` and ``set_script()``.
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
 import json
+import os
 import re
 import selectors
 import signal
@@ -1390,6 +1390,7 @@ def main(argv: list[str] | None = None) -> int:
             line = {"event": kind, "pid": os.getpid(), "time": time.time(), **fields}
             with open(args.events_file, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line) + "\n")
+
     if args.exit_at_once is not None:
         print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
         return int(args.exit_at_once)
