@@ -280,8 +280,6 @@ class Run:
         """--gsm8k-config: one summary per config, each gated as vLLM's test gates it
         (plus --gsm8k-min-acc and the health gates when asked), under one that counts
         them all and holds every gate."""
-        import dataclasses
-
         from pytest_gsm8k.core.gates import ToleranceFloor
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.summary import Summary
@@ -342,12 +340,7 @@ class Run:
                 )
             for spec in plan.gates.health:
                 summary.gate_share(spec)
-            summary.gates = [
-                g
-                if g.name.startswith(f"{config.name}:")
-                else dataclasses.replace(g, name=f"{config.name}:{g.name}")
-                for g in summary.gates
-            ]
+            summary.name_gates(config.name)
             configs.append(summary)
         first = plan.groups[0].protocol
         top = Summary(
@@ -366,9 +359,9 @@ class Run:
             records=[r for c in configs for r in c.records],
             expected=sum(c.expected for c in configs),
             interrupted=self.interrupted,
+            gates=[g for c in configs for g in c.gates],
             configs=configs,
         )
-        top.gates = [g for c in configs for g in c.gates]
         return top
 
 

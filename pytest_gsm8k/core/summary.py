@@ -8,7 +8,7 @@ without xdist, because the inputs are the same records.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc
@@ -153,6 +153,14 @@ class Summary:
         self.gates = [g for g in self.gates if g.name != verdict.name]
         self.gates.append(verdict)
         return verdict
+
+    def name_gates(self, config: str) -> None:
+        """--gsm8k-config: every gate of a config's summary named after it (``Qwen3:min-acc``),
+        so that the run's gates, in one list, stay apart."""
+        self.gates = [
+            g if g.name.startswith(f"{config}:") else replace(g, name=f"{config}:{g.name}")
+            for g in self.gates
+        ]
 
     def gate_min_acc(self, min_acc: float) -> GateVerdict:
         return self.set_gate(MinAcc(min_acc).verdict(self.correct, self.n, self.label))
