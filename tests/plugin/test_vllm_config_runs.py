@@ -9,13 +9,18 @@ import json
 import os
 import shlex
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, output
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
+REPORT_SCHEMA = json.loads(
+    resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+)
 
 #: three configs in vLLM's format: the fake server answers per FAKESERVER_SCRIPT (env)
 CONFIGS = {
@@ -146,6 +151,7 @@ def test_a_folder_of_vllm_configs_runs_in_sequence_and_gates_each(
 
     # verdicts: accuracy >= threshold - tolerance, per config
     report = json.loads((pytester.path / "r.json").read_text())
+    jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
     verdicts = {
         c["config"]["name"]: (c["correct"], c["n"], [g["passed"] for g in c["gates"]])
         for c in report["configs"]
