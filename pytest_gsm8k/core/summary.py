@@ -281,7 +281,9 @@ class Summary:
         out.append(f"  model: {self.model}{shown}  endpoint: {self.endpoint}")
         ds = self.dataset
         subset = ""
-        if self.subset.get("limit") is not None:
+        if self.subset.get("first") and self.subset.get("limit") is not None:
+            subset = f"; the first {self.subset['limit']} of {self.subset['of']} (num_questions)"
+        elif self.subset.get("limit") is not None:
             subset = (
                 f"; seeded subset of {self.subset['of']} (limit {self.subset['limit']}, "
                 f"seed {self.subset['seed']})"

@@ -99,6 +99,11 @@ class Matrix:
                 continue
             try:
                 launched = self._launch(name)
+                if self._closing.is_set():  # the run ended while this server started
+                    launched.server.stop()
+                    launched.engine.close()
+                    future.set_exception(EndpointAborted("the run ended before this config"))
+                    continue
             except LaunchError as exc:
                 future.set_exception(EndpointError(f"config {name}: {exc}"))
                 continue
@@ -114,7 +119,6 @@ class Matrix:
             self._wait_answered(engine, wanted)
             self._current = None
             launched.server.stop()
-            self._say(f"gsm8k: config {name}: server stopped (pid {launched.server.pid})")
 
     def _wait_answered(self, engine: Engine, requests: list[Request]) -> None:
         """Until every request of the config has its answer or error, or the run ends."""

@@ -110,6 +110,7 @@ def test_a_folder_of_vllm_configs_runs_in_sequence_and_gates_each(
         f"--gsm8k-data={gsm8k_data}",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        "--gsm8k-html=page.html",
         "-v",
         *NOISE,
         *xdist,
@@ -169,6 +170,13 @@ def test_a_folder_of_vllm_configs_runs_in_sequence_and_gates_each(
     }
     assert report["accuracy"] is None  # no pooled accuracy across models
     assert len(report["problems"]) == 14
+    # the page: every config's row in its own card, every problem's question
+    page = (pytester.path / "page.html").read_text()
+    card = page[page.index("vLLM configs (accuracy") :]
+    for name, floor in (("Alpha-1B", "0.8200"), ("Beta-7B-FP8", "0.6700"), ("Gamma-3B", "0.7000")):
+        assert f"<th>{name}</th>" in card
+        assert f"<td>{floor}</td>" in card
+    assert "Beta-7B-FP8:test-0003" in page
     # the terminal: a headline per config, then one verdict table
     assert "gsm8k vLLM configs: 2 of 3 pass" in out
     assert "gate Beta-7B-FP8:vllm-threshold: FAIL: accuracy 0.6000" in out
