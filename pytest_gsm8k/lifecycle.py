@@ -235,8 +235,8 @@ def start_early(state: State, session: pytest.Session) -> None:
         config.option, "continue_on_collection_errors", False
     )
     collected = state.run.collected
-    matrix = bool(state.plan.groups)
-    if not collected or not (state.plan.endpoint.model or matrix) or idle or broken:
+    matrix = bool(state.settings.vllm_config)
+    if not collected or idle or broken or not (matrix or state.plan.endpoint.model):
         return
     sources = state.sources
     if sources.matrix is not None:

@@ -290,6 +290,8 @@ class Run:
         for group in plan.groups:
             config = group.config
             ran = [p for p in group.problems if p.id in wanted]
+            if not ran:
+                continue  # deselected whole (-k, -m): its server never started, nothing to gate
             records: dict[str, ProblemRecord] = {}
             for problem in ran:
                 record = self.records.get(problem.id) or late.get(problem.id)

@@ -63,6 +63,8 @@ class Matrix:
             name: concurrent.futures.Future() for name in self.names
         }
         self._made: list[Engine] = []
+        #: configs whose failure to start an item has already said in full
+        self._said: set[str] = set()
         self._current: ServedProcess | None = None
         self._closing = threading.Event()
         self._lock = threading.Lock()
@@ -129,9 +131,22 @@ class Matrix:
 
     # -- the answer source (one process, or the xdist controller) -------------------
 
+    def _failed(self, name: str, exc: BaseException) -> BaseException:
+        """A config whose server did not start: its first item says why, the others say
+        only that (one message, not one per problem)."""
+        if not isinstance(exc, EndpointError) or isinstance(exc, EndpointAborted):
+            return exc
+        with self._lock:
+            first = name not in self._said
+            self._said.add(name)
+        if first:
+            return exc
+        return EndpointError(f"config {name}: its server did not start (its first item says why)")
+
     def engine_for(self, request: Request, timeout: float | None = None) -> Engine:
         """The engine of ``request``'s config, once its server is up (raises its failure)."""
-        future = self._engines.get(group_of(request.problem_id))
+        name = group_of(request.problem_id)
+        future = self._engines.get(name)
         if future is None:
             raise EndpointError(f"no config runs problem {request.problem_id!r}")
         while True:
@@ -142,6 +157,8 @@ class Matrix:
                     raise
                 if self._closing.is_set():
                     raise EndpointAborted("the run ended") from None
+            except (EndpointError, NotRun) as exc:
+                raise self._failed(name, exc) from None
 
     @property
     def endpoint(self) -> str:
@@ -196,10 +213,14 @@ class Matrix:
 
     async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
         """On the answer server's loop: wait for the config's engine, then its answer."""
-        future = self._engines.get(group_of(request.problem_id))
+        name = group_of(request.problem_id)
+        future = self._engines.get(name)
         if future is None:
             raise EndpointError(f"no config runs problem {request.problem_id!r}")
-        engine = await asyncio.wrap_future(future)
+        try:
+            engine = await asyncio.wrap_future(future)
+        except (EndpointError, NotRun) as exc:
+            raise self._failed(name, exc) from None
         inner = asyncio.run_coroutine_threadsafe(engine.answer(request, consume=False), engine.loop)
         return await asyncio.wrap_future(inner)
 

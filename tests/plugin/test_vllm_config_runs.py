@@ -231,3 +231,44 @@ def test_a_bad_config_names_its_file_and_line(pytester: pytest.Pytester, tmp_pat
     assert result.ret == 4, output(result)
     assert f"{folder / 'Broken.yaml'}:8: toleranse: unknown field" in result.stderr.str()
     assert "Traceback" not in output(result)
+
+
+@XDIST
+def test_a_config_whose_server_cannot_start_fails_alone_and_the_next_runs(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    folder = _configs(tmp_path / "configs")
+    # sorts between Alpha and Beta; its script is not JSON: the fake server exits at start
+    (folder / "Another.yaml").write_text(
+        CONFIGS["Alpha-1B.yaml"]
+        .replace("Alpha-1B", "Another")
+        .replace('\'{"default": "correct"}\'', "'{not json'"),
+        "utf-8",
+    )
+    events = tmp_path / "events.jsonl"
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, events)}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "-k",
+        "Alpha or Another or Gamma",
+        *NOISE,
+        *xdist,
+    )
+    out = output(result)
+    assert result.ret == 1, out
+    models = [e["model"] for e in _events(events) if e["event"] == "start"]
+    assert models == ["org/Alpha-1B", "org/Gamma-3B"]  # Beta deselected: never started
+    report = json.loads((pytester.path / "r.json").read_text())
+    configs = {c["config"]["name"]: c for c in report["configs"]}
+    assert sorted(configs) == ["Alpha-1B", "Another", "Gamma-3B"]
+    assert configs["Another"]["counts"]["error"] == 5
+    errors = [p for p in report["problems"] if p["id"].startswith("Another:")]
+    assert {p["outcome"] for p in errors} == {"error"}
+    # said in full once; the config's other items point to it
+    assert sum("exited with exit code 1" in str(p["error"]) for p in errors) == 1
+    assert out.count("exited with exit code 1 before it was ready") == 1
+    assert out.count("config Another: its server did not start (its first item says why)") == 4
+    assert "gsm8k vLLM configs: 2 of 3 pass" in out
