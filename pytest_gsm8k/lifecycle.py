@@ -310,7 +310,7 @@ def start_controller(state: State) -> AnswerServer:
     client = sources.default_client()
     engine = sources.engine_for(client, plan=False)
     engine.loop.call_soon_threadsafe(client.warm)
-    server = AnswerServer(engine, state.plan.request_for)
+    server = AnswerServer(engine, state.plan.request_for, repeats=state.settings.repeats)
     server.start()
     return server
 

@@ -150,7 +150,8 @@ class Sources:
 
     def _requests(self, problems: tuple[Problem, ...] | None) -> list[Request]:
         protocol = self._state.plan.protocol
-        return [protocol.request(p) for p in problems or ()]
+        repeats = self._state.settings.repeats
+        return [r for p in problems or () for r in protocol.request(p).asks(repeats)]
 
     def engine_for(self, model: Any, *, plan: bool = True) -> Engine:
         """The engine that calls ``model`` (created once per model object).
@@ -239,7 +240,7 @@ class Sources:
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
         """The scored records of answers the plugin's engine holds but no test read."""
-        from pytest_gsm8k.core.outcome import score_response
+        from pytest_gsm8k.core.outcome import combine_repeats, score_response
         from pytest_gsm8k.state import safe_url
 
         engine = self.default_engine()
@@ -248,10 +249,17 @@ class Sources:
         plan = self._state.plan
         out: dict[str, ProblemRecord] = {}
         for problem in problems:
-            response = engine.ready(plan.protocol.request(problem))
-            if response is None:
-                continue
-            record = score_response(problem, response, plan.protocol, plan.pattern)
+            asks = plan.protocol.request(problem).asks(plan.settings.repeats)
+            responses = [engine.ready(ask) for ask in asks]
+            if any(response is None for response in responses):
+                continue  # a problem is scored on all its repeats or not at all
+            record = combine_repeats(
+                [
+                    score_response(problem, response, plan.protocol, plan.pattern)
+                    for response in responses
+                    if response is not None
+                ]
+            )
             record["endpoint"] = safe_url(engine.endpoint)
             record["model"] = record["model"] or engine.model
             out[problem.id] = record

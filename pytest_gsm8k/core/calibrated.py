@@ -88,12 +88,18 @@ What the gate can see
 =====================
 
 :func:`detectable_drop` is the smallest drop, in problems turned from always
-right to wrong, the test detects with the given power: each such problem adds
-``w = ln² C(K + L, L)`` to ``S``; the null spread is ``sigma = sqrt(Σ Var(s_i |
-t_i))`` over the informative problems; normal approximation ``m = (z_{1-alpha} +
-z_{power}) sigma / w``, and at least the ``m`` that alone reach ``p < alpha``
-(``C(K + L, L)^-m < alpha``). It is an approximation for a sentence; the
-simulation in ``benchmarks/bench_gate.py`` checks it against the real rate.
+right to wrong, the test detects with the given power. Each such problem adds
+``w = ln² C(K + L, L)`` to ``S``, but it also becomes informative itself: the
+null mean grows by its conditional mean ``mu_f = w / C(K + L, L)`` and the null
+variance by its conditional variance ``v_f``. With ``sigma = sqrt(Σ Var(s_i |
+t_i))`` over the informative problems the normal approximation asks for the
+smallest ``m`` with ``m (w - mu_f) >= z_{1-alpha} sqrt(sigma² + m v_f) +
+z_{power} sigma``, and at least the ``m`` that alone reach ``p < alpha``
+(``C(K + L, L)^-m < alpha``). At n = 1319 with 10% of problems flipping at p =
+0.5 and alpha 0.01 that is 29 problems for a single-run baseline (McNemar's
+own power) and 8 for ``K = 5``. It is an approximation for a sentence;
+``tests/unit/core/test_calibrated.py`` checks it against a simulation of the
+test itself, and ``benchmarks/bench_gate.py`` against the real rate.
 """
 
 from __future__ import annotations
@@ -286,16 +292,31 @@ def null_moments(pairs: Iterable[Pair]) -> tuple[float, float]:
 
 def detectable_drop(pairs: Sequence[Pair], alpha: float, power: float = 0.8) -> int:
     """How many always-right problems must turn wrong for the test to see it with
-    ``power`` at level ``alpha`` (see the module docstring; an approximation)."""
+    ``power`` at level ``alpha`` (see the module docstring; an approximation).
+
+    Shift-aware: a flipped problem adds its observed score ``w`` to ``S``, but also joins
+    the informative problems, raising the null mean by ``mu_f`` and the null variance by
+    ``v_f`` (its own conditional law given ``t = K``). The smallest ``m`` with ``m (w -
+    mu_f) >= z_{1-alpha} sqrt(sigma^2 + m v_f) + z_{power} sigma`` is returned. For ``K = L
+    = 1`` that is McNemar's: half a flip's weight is its null mean, which a formula with the
+    whole weight missed by a factor of two.
+    """
     if not pairs:
         return 0
     before = max(p.base_runs for p in pairs)
     after = max(p.now_runs for p in pairs)
+    law = _law(before, before, after)  # a stable problem now failing: t = K of K + L
     weight = _scores(before, before, after)[0] / RESOLUTION  # ln² C(K + L, L), rounded
     if weight <= 0:
         return len(pairs) + 1
+    mean_f = sum(prob * score for score, prob in law) / RESOLUTION
+    var_f = sum(prob * score * score for score, prob in law) / RESOLUTION**2 - mean_f**2
     _, var = null_moments(pairs)
     normal = NormalDist()
-    spread = (normal.inv_cdf(1.0 - alpha) + normal.inv_cdf(power)) * math.sqrt(var) / weight
-    alone = math.log(1.0 / alpha) / math.sqrt(weight)
-    return max(1, math.ceil(max(spread, alone)))
+    z_alpha, z_power = normal.inv_cdf(1.0 - alpha), normal.inv_cdf(power)
+    alone = math.ceil(math.log(1.0 / alpha) / math.sqrt(weight) - 1e-9)
+    shift = weight - mean_f
+    for m in range(1, len(pairs) + 1):
+        if m * shift >= z_alpha * math.sqrt(var + m * var_f) + z_power * math.sqrt(var):
+            return max(m, alone)
+    return len(pairs) + 1

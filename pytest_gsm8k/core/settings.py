@@ -222,15 +222,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max-drop",
         "float",
-        "fail when accuracy on the shared problems is below the baseline's by more than this",
+        "allowed accuracy drop against the baseline on top of the noise-aware test: a FAIL "
+        "needs p < --gsm8k-alpha and a drop above this",
         0.0,
         metavar="D",
     ),
     Option(
         "alpha",
         "float",
-        "instead of --gsm8k-max-drop, fail only when an exact one-sided "
-        "McNemar test rejects 'no regression' at this level",
+        "level of the noise-aware baseline test (exact McNemar for single runs): an "
+        "unchanged model fails at most this often",
+        0.01,
         metavar="A",
     ),
     Option(
@@ -275,6 +277,14 @@ OPTIONS: tuple[Option, ...] = (
         "ini false turns it off",
         default_text="on when the output is a terminal",
     ),
+    Option(
+        "repeats",
+        "int",
+        "ask every problem K times (separate requests; test@1 only): a calibrated "
+        "baseline with --snapshot-update, a mean over K runs against one",
+        1,
+        metavar="K",
+    ),
 )
 
 #: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
@@ -297,6 +307,8 @@ MAX_CONCURRENCY = 4096
 #: days): a wait past it is a wait for ever, and a longer one overflows a socket's timeout
 SECONDS = ("timeout", "serve-timeout", "stall-timeout")
 MAX_SECONDS = 1e6
+#: --gsm8k-repeats above this is refused: K full runs of the split per run
+MAX_REPEATS = 100
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
@@ -440,7 +452,9 @@ class Settings:
     baseline: str | None = None
     baseline_name: str | None = None
     max_drop: float = 0.0
-    alpha: float | None = None
+    #: the noise-aware baseline test's level (core/calibrated.py): 0.01, so that an
+    #: unchanged build fails at most 1 run in 100 (the exact test is conservative)
+    alpha: float = 0.01
     require_baseline: bool = False
     baseline_partial: bool = False
     html: str | None = None
@@ -454,6 +468,8 @@ class Settings:
     early_stop_alpha: float = 0.05
     #: the progress line: True (asked for), False (ini false), None (on a terminal only)
     progress: bool | None = None
+    #: --gsm8k-repeats: how many times each problem is asked (separate requests)
+    repeats: int = 1
 
     @property
     def aggregation(self) -> str:
@@ -593,8 +609,16 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
     if not 0.0 <= float(values["max_drop"]) <= 1.0:
         raise SettingsError(f"--gsm8k-max-drop: must be between 0 and 1, got {values['max_drop']}")
     alpha = values["alpha"]
-    if alpha is not None and not 0.0 < alpha < 1.0:
+    if not 0.0 < alpha < 1.0:
         raise SettingsError(f"--gsm8k-alpha: must be between 0 and 1 (exclusive), got {alpha}")
+    repeats = values["repeats"]
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise SettingsError(f"--gsm8k-repeats: must be between 1 and {MAX_REPEATS}, got {repeats}")
+    if repeats > 1 and protocol != "test@1":
+        raise SettingsError(
+            f"--gsm8k-repeats {repeats}: repeats measure a single-sample protocol's run-to-run "
+            f"noise; --gsm8k-protocol {protocol} samples already (use test@1, or --gsm8k-repeats 1)"
+        )
     api = values["api"]
     if api not in ("chat", "completions"):
         raise SettingsError(f"--gsm8k-api: expected chat or completions, got {api!r}")
@@ -664,7 +688,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         baseline=values["baseline"] or None,
         baseline_name=values["baseline_name"] or None,
         max_drop=float(values["max_drop"]),
-        alpha=values["alpha"],
+        alpha=float(alpha),
         require_baseline=bool(values["require_baseline"]),
         baseline_partial=bool(values["baseline_partial"]),
         html=values["html"] or None,
@@ -675,4 +699,5 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         early_stop=early_stop,
         early_stop_alpha=float(values["early_stop_alpha"]),
         progress=values["progress"],
+        repeats=int(repeats),
     )

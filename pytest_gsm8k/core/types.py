@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -83,6 +83,14 @@ class Request:
     seed: int | None = None
     #: --gsm8k-param: (key, canonical JSON) merged into the body last
     params: tuple[tuple[str, str], ...] = ()
+    #: --gsm8k-repeats: which of the K separate asks of the problem this is (0-based). Not
+    #: in the body (the server sees the same request K times); part of the cache key's
+    #: sample for repeats after the first, so repeat 0 keeps the key of a run without repeats
+    repeat: int = 0
+
+    def asks(self, repeats: int) -> list[Request]:
+        """This request once per repeat (``--gsm8k-repeats``), repeat 0 first."""
+        return [replace(self, repeat=i) for i in range(max(1, repeats))]
 
     def message_dicts(self) -> list[dict[str, str]]:
         """Chat messages in the OpenAI wire shape."""
