@@ -249,7 +249,11 @@ class AnswerServer:
             reply["error"] = f"the controller knows no problem {problem_id!r}"
             reply["aborted"] = False
             return frame(reply)
-        if not isinstance(repeat, int) or isinstance(repeat, bool) or not 0 <= repeat < self.repeats:
+        if (
+            not isinstance(repeat, int)
+            or isinstance(repeat, bool)
+            or not 0 <= repeat < self.repeats
+        ):
             reply["error"] = (
                 f"the controller asks each problem {self.repeats} times: no repeat {repeat!r}"
             )

@@ -733,7 +733,9 @@ class Engine:
 
     async def _fetch(self, request: Request, writes: list[Write]) -> ModelResponse:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored."""
-        first = await self._one(request, sample_key(request, _first_sample(request)), writes, defer=True)
+        first = await self._one(
+            request, sample_key(request, _first_sample(request)), writes, defer=True
+        )
         if len(first.completions) >= request.n:
             first.completions = first.completions[: request.n]
             return _bounded(first)
