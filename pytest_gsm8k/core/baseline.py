@@ -161,9 +161,29 @@ def pairs(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> 
     return out
 
 
+#: stands in for a calibrated baseline's problems while the rest is dumped (see dumps)
+_PROBLEMS_SLOT = "\u0000problems\u0000"
+
+
 def dumps(baseline: dict[str, Any]) -> str:
-    """Stable text: sorted keys, one problem per line, so a baseline diff reads well in a PR."""
-    return to_json(baseline, indent=1, sort_keys=True) + "\n"
+    """Stable text: sorted keys, one problem per line, so a baseline diff reads well in a PR.
+
+    A calibrated baseline's entries are objects; each is written on its own line too
+    (``"test-0042": {"correct": 4, "outcome": "correct", "repeats": 5}``), so a problem that
+    changed is one changed line.
+    """
+    problems = baseline.get("problems")
+    if not isinstance(problems, dict) or not any(
+        isinstance(v, dict) and "repeats" in v for v in problems.values()
+    ):
+        return to_json(baseline, indent=1, sort_keys=True) + "\n"
+    text = to_json({**baseline, "problems": _PROBLEMS_SLOT}, indent=1, sort_keys=True)
+    rows = ",\n".join(
+        f"  {to_json(pid)}: {to_json(entry, sort_keys=True)}"
+        for pid, entry in sorted(problems.items())
+    )
+    block = "{\n" + rows + "\n }" if rows else "{}"
+    return text.replace(to_json(_PROBLEMS_SLOT), block, 1) + "\n"
 
 
 def loads(text: str, where: str) -> dict[str, Any]:
