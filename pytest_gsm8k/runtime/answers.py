@@ -443,9 +443,11 @@ class RemoteAnswers(Channel):
             self._send(ask)
             reply = self._next(time.monotonic() + self.wait)
             if reply.get("id") != request.problem_id or reply.get("repeat", 0) != request.repeat:
+                got = f" repeat {reply['repeat']!r}" if reply.get("repeat") else ""
+                want = f" repeat {request.repeat}" if request.repeat else ""
                 raise ConnectionError(
-                    f"a reply for {reply.get('id')!r} (repeat {reply.get('repeat', 0)!r}) where "
-                    f"{request.problem_id!r} (repeat {request.repeat}) was asked for"
+                    f"a reply for {reply.get('id')!r}{got} where {request.problem_id!r}{want} "
+                    "was asked for"
                 )
         except TimeoutError:
             self._broken = (
