@@ -62,8 +62,10 @@ process); every single-sample request for a noisy problem is right with
 probability ``noisy_p``, each request drawing independently (the k-th request
 for problem i draws from a hash of the seed, i and k), so the repeats of one
 run differ and so do two runs. The draw counters are never cleared (not by
-``reset()``, not by ``set_script()``): a rerun after a reset is a new run, not
-a replay of the last one. ``Script.drop`` turns that many stable-correct
+``reset()``, not by ``set_script()``, nor by ``POST /_script``): a rerun after a
+reset is a new run, not a replay of the last one. They live as long as the
+server process: a restarted server draws its first answers again, so change a
+running server's script over ``POST /_script`` rather than restarting it. ``Script.drop`` turns that many stable-correct
 problems wrong (a true regression): the first ones in ``drop_pool`` (default:
 index order) that are neither noisy nor scripted otherwise.
 """

@@ -9,8 +9,11 @@ with the stable flips listed first. The test itself: tests/unit/core/test_calibr
 
 from __future__ import annotations
 
+import json
+from importlib import resources
 from pathlib import Path
 
+import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import XDIST, output, report
@@ -26,6 +29,12 @@ BASELINE = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
 def _selected() -> list[int]:
     """The indices of the problems ``--gsm8k-limit=200`` runs (the default seed)."""
     return [p.index for p in select(load_split(None).problems, LIMIT, 1234)]
+
+
+def _validate(data: dict[str, object]) -> None:
+    """``data`` is a JSON report as its schema says (the baseline block's new fields too)."""
+    text = resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+    jsonschema.Draft202012Validator(json.loads(text)).validate(data)
 
 
 def _noisy(seed: int = 5, drop: int = 0) -> Script:
@@ -75,6 +84,7 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     assert len(text.splitlines()) < LIMIT + 60  # one line per problem, small and diffable
     base_report = report(pytester, "base.json")
     assert all(len(p["repeats"]) == 5 for p in base_report["problems"])
+    _validate(base_report)
 
     # an unchanged rerun (one run per problem): its noisy problems flip, the gate passes
     result = pytester.runpytest(*args, *xdist, "--gsm8k-report=r.json", "--gsm8k-markdown=s.md")
@@ -114,6 +124,7 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
         ]
     )
     data = report(pytester)
+    _validate(data)
     base = data["baseline"]
     assert base["stable_flips"] == dropped
     assert set(base["noisy_failing"]) <= seen_noisy
