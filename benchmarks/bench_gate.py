@@ -50,7 +50,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -61,7 +61,6 @@ from pytest_gsm8k.core.calibrated import (
     RESOLUTION,
     Pair,
     detectable_drop,
-    p_value,
     statistic,
 )
 from pytest_gsm8k.core.gates import McNemar, NoiseAware, max_drop_count
@@ -108,7 +107,11 @@ class Row:
     @property
     def label(self) -> str:
         split = "full" if self.size == N else f"limit {self.size}"
-        drop = "unchanged" if self.drop == 0 else f"drop {self.drop} ({100 * self.drop / self.size:.1f} pt)"
+        drop = (
+            "unchanged"
+            if self.drop == 0
+            else f"drop {self.drop} ({100 * self.drop / self.size:.1f} pt)"
+        )
         return f"{100 * self.noise:.0f}% noisy | {split} | K={self.repeats} | {drop}"
 
 
@@ -122,14 +125,14 @@ def _unit_score(q: float, weights: Weights) -> int:
     return round(RESOLUTION * math.log(min(1.0, q)) ** 2)
 
 
-@lru_cache(maxsize=None)
+@cache
 def fail_score(repeats: int, total: int, weights: Weights = "squared") -> int:
     """``z_t``: the score of a problem with ``total`` successes over ``repeats + 1`` runs
     whose candidate run failed."""
     return _unit_score(hypergeometric_pmf(total, repeats, 1)[0], weights)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _binomial(count: int, repeats: int, total: int) -> Any:
     """``P(Bin(count, q) = j)`` for ``q = (K + 1 - t) / (K + 1)``: exact integers, one
     rounding per term (``q`` is rational)."""
@@ -235,32 +238,34 @@ def run_row(
     candidate = now_sum
     failing = (first & ~sim.now).sum(axis=1) + row.drop
     passing = (~first & sim.now).sum(axis=1)
-    mcnemar = McNemar(MCNEMAR_ALPHA)
     max_drop = vllm = mc = 0
     for b, x, f, g in zip(
         baseline.tolist(), candidate.tolist(), failing.tolist(), passing.tolist(), strict=True
     ):
         max_drop += x < max_drop_count(b, row.size, 0.0)
         vllm += not x / row.size >= b / row.size - VLLM_TOLERANCE
-        mc += not _mcnemar_passes(mcnemar, f, g)
+        mc += not _mcnemar_passes(f, g)
     for r in range(min(check, reruns)) if weights == "squared" else ():
         _check(sim, r, alpha, float(p[r]), int(stats[r]), bool(fail[r]))
     drops = [detectable_drop(sim.pairs(r), alpha, 0.8) for r in range(min(predict, reruns))]
     predicted = float(np.median(drops)) if drops else math.nan
     return Result(
-        row, reruns, float(fail.mean()), max_drop / reruns, mc / reruns, vllm / reruns,
-        predicted, p, drop_units,
+        row,
+        reruns,
+        float(fail.mean()),
+        max_drop / reruns,
+        mc / reruns,
+        vllm / reruns,
+        predicted,
+        p,
+        drop_units,
     )
 
 
 @lru_cache(maxsize=100_000)
-def _mcnemar_cached(failing: int, passing: int) -> bool:
+def _mcnemar_passes(failing: int, passing: int) -> bool:
+    """The gate ``--gsm8k-alpha 0.05`` gives a single-run baseline (counts repeat: cached)."""
     return McNemar(MCNEMAR_ALPHA).passes(failing, passing)
-
-
-def _mcnemar_passes(gate: McNemar, failing: int, passing: int) -> bool:
-    assert gate.alpha == MCNEMAR_ALPHA
-    return _mcnemar_cached(failing, passing)
 
 
 class TwinMismatch(AssertionError):
@@ -358,15 +363,12 @@ def _honesty_section(
     return lines
 
 
-def _weights_section(
-    reruns: int, seed: int, alphas: Sequence[float]
-) -> tuple[list[str], dict[tuple[Weights, int, float], float]]:
+def _weights_section(reruns: int, seed: int, alphas: Sequence[float]) -> list[str]:
     """K = 5, full split, 10% noisy: the three weightings on the same reruns."""
     lines = [
         "| weights | candidate | " + " | ".join(f"FAIL share at {a:g}" for a in alphas) + " |",
         "|---|---|" + "---|" * len(alphas),
     ]
-    shares: dict[tuple[Weights, int, float], float] = {}
     for weights in ("count", "linear", "squared"):
         for drop in (0, round(N / 100)):
             row = Row(N, 0.10, 5, drop)
@@ -374,11 +376,10 @@ def _weights_section(
             cells = []
             for a in alphas:
                 share = float(((res.p_values < a) & (res.drop_units > 0)).mean())
-                shares[(weights, drop, a)] = share
                 cells.append(f"{share:.3f}")
             cand = "unchanged" if drop == 0 else f"drop {drop}"
             lines.append(f"| {weights} | {cand} | " + " | ".join(cells) + " |")
-    return lines, shares
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -413,10 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_scores()
     results = []
     for i, row in enumerate(rows(args.quick)):
-        results.append(run_row(row, reruns, args.alpha, weights, args.seed + i, args.check, predict))
+        results.append(
+            run_row(row, reruns, args.alpha, weights, args.seed + i, args.check, predict)
+        )
         print(f"  {row.label}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
     honesty = _honesty_section(results, reruns, args.alpha, weights, args.seed + 20_000)
-    weight_lines, shares = _weights_section(reruns, args.seed + 10_000, (0.001, args.alpha))
+    weight_lines = _weights_section(reruns, args.seed + 10_000, (0.001, args.alpha))
     elapsed = time.perf_counter() - started
     print(
         f"{reruns} reruns per row; stable problems {100 * ACCURACY:g}% right; noisy ones right "
@@ -434,8 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(*honesty, sep="\n")
     print()
     print(
-        f"Weights (10% noisy, full split, K=5, the same reruns for each): "
-        f"FAIL share of the noise-aware test"
+        "Weights (10% noisy, full split, K=5, the same reruns for each): "
+        "FAIL share of the noise-aware test"
     )
     print()
     print(*weight_lines, sep="\n")
@@ -470,7 +473,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  every row's first {min(args.check, reruns)} reruns replayed through NoiseAware: "
             "identical verdicts, statistics and p-values"
         )
-    del shares
     return 1 if missed else 0
 
 

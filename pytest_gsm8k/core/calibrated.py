@@ -92,10 +92,10 @@ right to always wrong, the test detects with the given power. Each such problem
 scores ``w = ln² C(K + L, L)`` and joins the informative problems, whose null
 law already expects ``μ_f = E[s]`` of it with variance ``v_f`` (for ``L = 1``:
 ``q w`` and ``q (1 - q) w²`` with ``q = 1 / (K + 1)``; with single runs half its
-weight, as McNemar expects a discordant pair to fall either way). With ``σ² =
+weight, as McNemar expects a discordant pair to fall either way). With ``sigma² =
 Σ Var(s_i | t_i)`` over the run's informative problems, the normal approximation
-asks for the smallest ``m`` with ``m (w - μ_f) >= z_{1-alpha} sqrt(σ² + m v_f) +
-z_{power} σ``, and at least the ``m`` that alone reach ``p < alpha``
+asks for the smallest ``m`` with ``m (w - μ_f) >= z_{1-alpha} sqrt(sigma² + m v_f)
++ z_{power} sigma``, and at least the ``m`` that alone reach ``p < alpha``
 (``C(K + L, L)^-m < alpha``). It is an approximation for a sentence;
 ``benchmarks/bench_gate.py`` runs the simulated drop it names (80% power named,
 0.76-0.82 simulated over K = 1..5, both splits and 10-20% noise).
