@@ -89,17 +89,18 @@ What the gate can see
 =====================
 
 :func:`detectable_drop` is the smallest drop, in problems turned from always
-right to always wrong, the test detects with the given power. Each such problem
-scores ``w = ln² C(K + L, L)`` and joins the informative problems, whose null
-law already expects ``μ_f = E[s]`` of it with variance ``v_f`` (for ``L = 1``:
-``q w`` and ``q (1 - q) w²`` with ``q = 1 / (K + 1)``; with single runs half its
-weight, as McNemar expects a discordant pair to fall either way). With ``sigma² =
-Σ Var(s_i | t_i)`` over the run's informative problems, the normal approximation
-asks for the smallest ``m`` with ``m (w - μ_f) >= z_{1-alpha} sqrt(sigma² + m v_f)
-+ z_{power} sigma``, and at least the ``m`` that alone reach ``p < alpha``
-(``C(K + L, L)^-m < alpha``). It is an approximation for a sentence;
-``benchmarks/bench_gate.py`` runs the simulated drop it names (80% power named,
-0.72-0.82 simulated over K = 1..5, both splits and 10-20% noise).
+right to wrong, the test detects with the given power. Each such problem adds
+``w = ln² C(K + L, L)`` to ``S``, but it also becomes informative itself: the
+null mean grows by its conditional mean ``mu_f = w / C(K + L, L)`` and the null
+variance by its conditional variance ``v_f``. With ``sigma = sqrt(Σ Var(s_i |
+t_i))`` over the informative problems the normal approximation asks for the
+smallest ``m`` with ``m (w - mu_f) >= z_{1-alpha} sqrt(sigma² + m v_f) +
+z_{power} sigma``, and at least the ``m`` that alone reach ``p < alpha``
+(``C(K + L, L)^-m < alpha``). At n = 1319 with 10% of problems flipping at p =
+0.5 and alpha 0.01 that is 29 problems for a single-run baseline (McNemar's
+own power) and 8 for ``K = 5``. It is an approximation for a sentence;
+``tests/unit/core/test_calibrated.py`` checks it against a simulation of the
+test itself, and ``benchmarks/bench_gate.py`` against the real rate.
 """
 
 from __future__ import annotations
@@ -291,25 +292,32 @@ def null_moments(pairs: Iterable[Pair]) -> tuple[float, float]:
 
 
 def detectable_drop(pairs: Sequence[Pair], alpha: float, power: float = 0.8) -> int:
-    """How many always-right problems must fail in every candidate run for the test to see
-    it with ``power`` at level ``alpha`` (see the module docstring; an approximation that
-    benchmarks/bench_gate.py checks against simulation)."""
+    """How many always-right problems must turn wrong for the test to see it with
+    ``power`` at level ``alpha`` (see the module docstring; an approximation).
+
+    Shift-aware: a flipped problem adds its observed score ``w`` to ``S``, but also joins
+    the informative problems, raising the null mean by ``mu_f`` and the null variance by
+    ``v_f`` (its own conditional law given ``t = K``). The smallest ``m`` with ``m (w -
+    mu_f) >= z_{1-alpha} sqrt(sigma^2 + m v_f) + z_{power} sigma`` is returned. For ``K = L
+    = 1`` that is McNemar's: half a flip's weight is its null mean, which a formula with the
+    whole weight missed by a factor of two.
+    """
     if not pairs:
         return 0
     before = max(p.base_runs for p in pairs)
     after = max(p.now_runs for p in pairs)
-    flip = Pair("flip", before, before, 0, after)
-    weight = flip.score / RESOLUTION  # ln² C(K + L, L), rounded
+    law = _law(before, before, after)  # a stable problem now failing: t = K of K + L
+    weight = _scores(before, before, after)[0] / RESOLUTION  # ln² C(K + L, L), rounded
     if weight <= 0:
         return len(pairs) + 1
-    # a flipped problem joins the informative ones: the null expects part of its score
-    flip_mean, flip_var = null_moments([flip])
-    gain = weight - flip_mean
+    mean_f = sum(prob * score for score, prob in law) / RESOLUTION
+    var_f = sum(prob * score * score for score, prob in law) / RESOLUTION**2 - mean_f**2
     _, var = null_moments(pairs)
     normal = NormalDist()
     z_alpha, z_power = normal.inv_cdf(1.0 - alpha), normal.inv_cdf(power)
-    alone = math.ceil(math.log(1.0 / alpha) / math.sqrt(weight))
+    alone = math.ceil(math.log(1.0 / alpha) / math.sqrt(weight) - 1e-9)
+    shift = weight - mean_f
     for m in range(1, len(pairs) + 1):
-        if m * gain >= z_alpha * math.sqrt(var + m * flip_var) + z_power * math.sqrt(var):
+        if m * shift >= z_alpha * math.sqrt(var + m * var_f) + z_power * math.sqrt(var):
             return max(m, alone)
     return len(pairs) + 1
