@@ -29,8 +29,15 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         from pytest_gsm8k.core.presets import get_preset
 
         spec = get_preset(s.preset)
-        pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
-        train = tuple((p.question, p.answer) for p in pool_split.problems)
+        if spec.fewshot_split == "evaluated":  # SGLang: the first rows of the file under test
+            rows = split.problems
+        else:
+            rows = load_split(train_source(s.data), "train", s.config, s.dataset).problems
+        train = tuple((p.question, p.answer) for p in rows)
+        if s.shots > len(train):
+            raise DatasetError(
+                f"--gsm8k-shots {s.shots}: the preset's example pool has only {len(train)} rows"
+            )
         source = spec.fewshot_source
     elif s.shots or s.fewshot_file:
         if s.fewshot_file:
