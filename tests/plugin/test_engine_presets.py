@@ -182,8 +182,8 @@ def test_sglang_preset_sends_its_prompt_to_completions(
         }
         for i in (0, 6)
     ]
-    assert sorted(bodies, key=lambda b: len(b["prompt"])) == sorted(
-        expected, key=lambda b: len(b["prompt"])
+    assert sorted(bodies, key=lambda b: str(b["prompt"])) == sorted(
+        expected, key=lambda b: str(b["prompt"])
     )
     result.stdout.fnmatch_lines(["gsm8k acc (test@1, 5-shot CoT, completions, preset sglang, *"])
 
