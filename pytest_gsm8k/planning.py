@@ -13,6 +13,7 @@ from pathlib import Path
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.plan import Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem
@@ -124,7 +125,9 @@ def build_plan(
 ) -> RunPlan:
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.config, settings.dataset)
-    selected = select(split.problems, settings.limit, settings.seed)
+    selected = select(
+        split.problems, settings.limit, settings.seed, first=takes_first(settings.preset)
+    )
     protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
     return RunPlan(

@@ -111,6 +111,7 @@ __all__ = [
     "lm_eval_score",
     "lm_eval_strict",
     "preset_settings",
+    "takes_first",
 ]
 
 LM_EVAL_VERSION = "0.4.13"
@@ -148,6 +149,9 @@ class PresetSpec:
     fewshot_split: str = "train"
     """Where the examples come from: ``train``, or ``evaluated`` (the first rows of the
     split under test itself, as SGLang's script does)."""
+    first_questions: bool = False
+    """``--gsm8k-limit N`` takes the first N problems, as the peer's ``--num-questions``
+    (a vLLM config's ``num_questions``) does, instead of a seeded subset."""
 
     def settings(self, api: str = "completions", shots: int | None = None) -> dict[str, Any]:
         """The run settings this preset fixes (``--gsm8k-*`` option names without the
@@ -200,6 +204,7 @@ VLLM = PresetSpec(
     chat_stop=(),
     adjustable=("shots",),
     also_fixed=("system",),
+    first_questions=True,
 )
 """vLLM's ``tests/evals/gsm8k/gsm8k_eval.py`` as its CI runs it (``evaluate_gsm8k``'s
 defaults); the requests are built in :mod:`pytest_gsm8k.core.engine_ci`."""
@@ -221,6 +226,7 @@ SGLANG = PresetSpec(
     also_fixed=("system",),
     apis=("completions",),
     fewshot_split="evaluated",
+    first_questions=True,
 )
 """SGLang's ``few_shot_gsm8k.py``: its prompt, stop list and sampling, sent to
 ``/v1/completions`` (the script itself posts to SGLang's native ``/generate``)."""
@@ -248,6 +254,12 @@ def preset_settings(
     if shots is not None and shots < 0:
         raise ValueError(f"--gsm8k-shots: must be >= 0, got {shots}")
     return {"preset": name, "api": api, **spec.settings(api, shots)}
+
+
+def takes_first(preset: str | None) -> bool:
+    """Whether ``--gsm8k-limit`` takes the first problems under ``preset`` (see
+    :attr:`PresetSpec.first_questions`); a seeded subset otherwise."""
+    return preset in PRESETS and PRESETS[preset].first_questions
 
 
 def get_preset(name: str) -> PresetSpec:

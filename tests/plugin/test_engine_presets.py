@@ -232,3 +232,37 @@ def test_shots_beyond_the_pool_is_one_line(
     result.stderr.fnmatch_lines(
         ["ERROR: gsm8k: --gsm8k-shots 2000: the preset's example pool has only 1319 rows"]
     )
+
+
+def test_engine_preset_limit_takes_the_first_problems_and_baselines_keep_it(
+    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
+) -> None:
+    """vLLM's num_questions (and SGLang's --num-questions) is the first N problems: under
+    an engine preset --gsm8k-limit N is too, and a baseline recorded so is read back so."""
+    server = FakeOpenAIServer(gsm8k_data / "test.jsonl", api_key=TEST_KEY, record=True)
+    server.start()
+    args = (
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url={server.base_url}",
+        "--gsm8k-preset=vllm",
+        "--gsm8k-limit=3",
+        "--gsm8k-report=r.json",
+        *NO_EXTRA_PLUGINS,
+    )
+    try:
+        first = pytester.runpytest(*args, "--snapshot-update")
+        prompts = sorted(
+            str(b["prompt"]).rsplit("Question: ", 1)[1] for b in server.stats()["bodies"]
+        )
+        again = pytester.runpytest(*args)
+    finally:
+        server.stop()
+    assert first.ret == 0, first.stdout.str()
+    rows = [json.loads(line) for line in (gsm8k_data / "test.jsonl").read_text().splitlines()]
+    assert prompts == sorted(f"{r['question']}\nAnswer:" for r in rows[:3])
+    first.stdout.fnmatch_lines(["*dataset: *; the first 3 of 1319*"])
+    assert again.ret == 0, again.stdout.str()
+    again.stdout.fnmatch_lines(["*baseline*3 problems*"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["subset"]["first"] is True
+    assert [p["id"] for p in report["problems"]] == ["test-0000", "test-0001", "test-0002"]
