@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from pytest_gsm8k import fixtures
-from pytest_gsm8k.core.gates import GateVerdict, McNemar
+from pytest_gsm8k.core.gates import GateVerdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.settings import plain_url, with_v1
@@ -128,6 +128,7 @@ def early_stop_for(state: State) -> EarlyStop | None:
     assert settings.early_stop in ("certain", "sequential")
     ids = [p.id for p in state.run.wanted(plan)]
     outcomes: dict[str, int] | None = None
+    runs: dict[str, int] = {}
     if plan.baseline is not None and plan.baseline.exists and not plan.update_baseline:
         here = {
             "protocol": {**plan.protocol.identity(), "label": plan.protocol.label},
@@ -140,15 +141,13 @@ def early_stop_for(state: State) -> EarlyStop | None:
         if stored is not None:
             outcomes = {}
             for pid, value in stored["problems"].items():
-                outcome = value.get("outcome") if isinstance(value, dict) else value
-                outcomes[str(pid)] = int(outcome == "correct")
+                outcomes[str(pid)], runs[str(pid)] = bl.runs(value)
             shared = set(outcomes) & set(ids)
             if not shared or (plan.gates.require_baseline and len(shared) < len(ids)):
                 outcomes = None
     min_acc = plan.gates.min_acc
     if min_acc is None and outcomes is None and not plan.gates.health:
         return None
-    rule = plan.gates.baseline
     return EarlyStop(
         ids,
         mode=settings.early_stop,  # type: ignore[arg-type]
@@ -156,8 +155,9 @@ def early_stop_for(state: State) -> EarlyStop | None:
         alpha=settings.early_stop_alpha,
         min_acc=min_acc.threshold if min_acc is not None else None,
         baseline=outcomes,
-        max_drop=settings.max_drop,
-        mcnemar_alpha=rule.alpha if isinstance(rule, McNemar) else None,
+        noise_aware=plan.gates.baseline,
+        baseline_runs=runs,
+        repeats=settings.repeats,
         health=plan.gates.health,
     )
 
@@ -334,7 +334,7 @@ def start_controller(state: State) -> AnswerServer:
     client = sources.default_client()
     engine = sources.engine_for(client, plan=False)
     engine.loop.call_soon_threadsafe(client.warm)
-    server = AnswerServer(engine, state.plan.request_for)
+    server = AnswerServer(engine, state.plan.request_for, repeats=state.settings.repeats)
     server.start()
     return server
 

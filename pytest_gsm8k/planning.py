@@ -14,15 +14,13 @@ from pathlib import Path
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig
 from pytest_gsm8k.runtime.configs import load as load_configs
 from pytest_gsm8k.runtime.data import load_split, train_source
-
-#: vLLM's gsm8k_eval.py: the stop list it sends with every request
-VLLM_STOP = ("Question", "Assistant:", "<|separator|>")
 
 
 def build_protocol(settings: Settings, split: Split) -> Protocol:
@@ -35,8 +33,15 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         from pytest_gsm8k.core.presets import get_preset
 
         spec = get_preset(s.preset)
-        pool_split = load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
-        train = tuple((p.question, p.answer) for p in pool_split.problems)
+        if spec.fewshot_split == "evaluated":  # SGLang: the first rows of the file under test
+            rows = split.problems
+        else:
+            rows = load_split(train_source(s.data), "train", s.dataset_config, s.dataset).problems
+        train = tuple((p.question, p.answer) for p in rows)
+        if s.shots > len(train):
+            raise DatasetError(
+                f"--gsm8k-shots {s.shots}: the preset's example pool has only {len(train)} rows"
+            )
         source = spec.fewshot_source
     elif s.shots or s.fewshot_file:
         if s.fewshot_file:
@@ -75,30 +80,47 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
     )
 
 
-def protocol_for(config: VllmConfig, settings: Settings) -> Protocol:
-    """The protocol a vLLM config runs with: vLLM's gsm8k_eval.py with the config's
-    ``num_fewshot``, ``max_tokens``, ``temperature``, ``seed`` and chat/completions mode.
-    The one place a config becomes a protocol."""
-    pool = load_split(
-        train_source(settings.data), "train", settings.dataset_config, settings.dataset
-    )
-    shots = tuple(Exemplar(p.question, p.answer) for p in pool.problems[: config.num_fewshot])
-    params: tuple[tuple[str, str], ...] = ()
-    if config.seed is not None:
-        params = (("seed", str(config.seed)),)
-    return Protocol(
-        name="test@1",
+#: what --gsm8k-preset vllm sends as gsm8k_eval.py's defaults: a config that sets another
+#: value would need another body than the preset's, so it is refused rather than half-run
+PRESET_FIXED = {"max_tokens": 256, "temperature": 0.0, "seed": 42}
+
+
+def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protocol:
+    """The protocol a vLLM config runs with: exactly ``--gsm8k-preset vllm --gsm8k-shots
+    <num_fewshot>`` (the requests of vLLM's gsm8k_eval.py, byte for byte). The one place a
+    config becomes a protocol; DatasetError (one line naming the file and field) for a
+    config the preset cannot send as vLLM's test would."""
+    from pytest_gsm8k.core.presets import preset_settings
+
+    for key, value in PRESET_FIXED.items():
+        if getattr(config, key) != value:
+            raise DatasetError(
+                f"{config.source}: {key}: {getattr(config, key)!r} is not supported yet "
+                f"(--gsm8k-preset vllm sends gsm8k_eval.py's {value!r})"
+            )
+    if config.use_chat_completions:
+        raise DatasetError(
+            f"{config.source}: use_chat_completions: not supported yet (vLLM's test then "
+            "sends the model name, which --gsm8k-preset vllm's chat body leaves out)"
+        )
+    values = preset_settings("vllm", api="completions", shots=config.num_fewshot)
+    preset = dataclasses.replace(
+        settings,
+        preset=str(values["preset"]),
+        api=values["api"],
+        protocol=str(values["protocol"]),
         samples=1,
-        temperature=config.temperature,
-        api="chat" if config.use_chat_completions else "completions",
-        shots=config.num_fewshot,
-        fewshot_source=f"train (the first {config.num_fewshot}, as vLLM)",
-        exemplars=shots,
-        max_tokens=config.max_tokens,
-        stop=VLLM_STOP,
-        extractor="flexible",
-        params=params,
+        temperature=values["temperature"],
+        shots=int(values["shots"]),
+        max_tokens=values["max_tokens"],
+        stop=tuple(values["stop"]),
+        extract=str(values["extract"]),
+        answer_regex=None,
+        system=None,
+        params=(),
+        fewshot_file=None,
     )
+    return build_protocol(preset, split)
 
 
 def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
@@ -120,7 +142,7 @@ def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
             dataclasses.replace(p, group=config.name)
             for p in split.problems[: config.num_questions]
         )
-        groups.append(ConfigGroup(config, protocol_for(config, settings), problems))
+        groups.append(ConfigGroup(config, protocol_for(config, settings, split), problems))
     return tuple(groups)
 
 
@@ -177,7 +199,9 @@ def build_plan(
         selected = tuple(p for g in groups for p in g.problems)
         protocol = groups[0].protocol
     else:
-        selected = select(split.problems, settings.limit, settings.seed)
+        selected = select(
+            split.problems, settings.limit, settings.seed, first=takes_first(settings.preset)
+        )
         protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
     return RunPlan(

@@ -172,7 +172,8 @@ class Sources:
 
     def _requests(self, problems: tuple[Problem, ...] | None) -> list[Request]:
         protocol = self._state.plan.protocol
-        return [protocol.request(p) for p in problems or ()]
+        repeats = self._state.settings.repeats
+        return [r for p in problems or () for r in protocol.request(p).asks(repeats)]
 
     def engine_for(self, model: Any, *, plan: bool = True) -> Engine:
         """The engine that calls ``model`` (created once per model object).
@@ -272,7 +273,7 @@ class Sources:
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
         """The scored records of answers the plugin's engine holds but no test read."""
-        from pytest_gsm8k.core.outcome import score_response
+        from pytest_gsm8k.core.outcome import combine_repeats, score_response
         from pytest_gsm8k.state import safe_url
 
         plan = self._state.plan
@@ -283,12 +284,20 @@ class Sources:
         out: dict[str, ProblemRecord] = {}
         for problem in problems:
             protocol = plan.protocol_of(problem)
-            request = protocol.request(problem)
-            engine = default if matrix is None else matrix.engine_of(request)
-            response = engine.ready(request) if engine is not None else None
-            if response is None or engine is None:
+            engine = default if matrix is None else matrix.engine_of(protocol.request(problem))
+            if engine is None:
                 continue
-            record = score_response(problem, response, protocol, plan.pattern)
+            asks = protocol.request(problem).asks(plan.settings.repeats)
+            responses = [engine.ready(ask) for ask in asks]
+            if any(response is None for response in responses):
+                continue  # a problem is scored on all its repeats or not at all
+            record = combine_repeats(
+                [
+                    score_response(problem, response, protocol, plan.pattern)
+                    for response in responses
+                    if response is not None
+                ]
+            )
             record["endpoint"] = safe_url(engine.endpoint)
             record["model"] = record["model"] or engine.model
             out[problem.id] = record

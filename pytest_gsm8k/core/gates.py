@@ -25,7 +25,6 @@ from typing import Literal
 
 from pytest_gsm8k.core.calibrated import Pair, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
-from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 __all__ = [
     "DROP_TOLERANCE",
@@ -33,7 +32,6 @@ __all__ = [
     "GateVerdict",
     "MaxDrop",
     "MaxShare",
-    "McNemar",
     "MinAcc",
     "NoiseAware",
     "ToleranceFloor",
@@ -55,7 +53,7 @@ DROP_TOLERANCE = 1e-12
 class GateVerdict:
     """One gate's verdict: what was measured against what, and the sentence for people.
 
-    ``rule`` names the rule that decided (``min-acc``, ``max-drop``, ``mcnemar``,
+    ``rule`` names the rule that decided (``min-acc``, ``max-drop``, ``noise-aware``,
     ``early-stop``, or a refusal such as ``baseline-missing``); ``value`` and
     ``threshold`` are the two numbers compared where the rule compares numbers.
     """
@@ -260,48 +258,6 @@ class MaxDrop:
         self, baseline_correct: int, current_correct: int, seen: int, shared: int
     ) -> Verdict | None:
         return count_certain(current_correct, seen, shared, self.need(baseline_correct, shared))
-
-
-@dataclass(frozen=True)
-class McNemar:
-    """The baseline gate by test (``--gsm8k-alpha``): FAIL when the exact one-sided McNemar
-    test rejects "no regression" at level ``alpha``."""
-
-    alpha: float
-    name: str = "baseline"
-    option: str = "--gsm8k-alpha"
-
-    def passes(self, newly_failing: int, newly_passing: int) -> bool:
-        return mcnemar_one_sided(newly_failing, newly_passing) >= self.alpha
-
-    def verdict(self, newly_failing: int, newly_passing: int) -> GateVerdict:
-        p = mcnemar_one_sided(newly_failing, newly_passing)
-        passed = p >= self.alpha
-        detail = (
-            f"McNemar p={p:.4g} {'>=' if passed else '<'} {self.option} {self.alpha:g} "
-            f"({newly_failing} newly failing)"
-        )
-        return GateVerdict(self.name, "mcnemar", passed, detail, p, self.alpha)
-
-    def certain(
-        self, failing: int, passing: int, unseen_right: int, unseen_wrong: int
-    ) -> Verdict | None:
-        """p falls with more newly failing and rises with more newly passing problems, so
-        over the unseen shared problems (``unseen_right`` the baseline got right,
-        ``unseen_wrong`` it got wrong) its extremes are exact."""
-        if not self.passes(failing, passing + unseen_wrong):
-            return "FAIL"
-        if self.passes(failing + unseen_right, passing):
-            return "PASS"
-        return None
-
-    def p_range(
-        self, failing: int, passing: int, unseen_right: int, unseen_wrong: int
-    ) -> tuple[float, float]:
-        return (
-            mcnemar_one_sided(failing + unseen_right, passing),
-            mcnemar_one_sided(failing, passing + unseen_wrong),
-        )
 
 
 def _drop(pairs: Sequence[Pair]) -> float:

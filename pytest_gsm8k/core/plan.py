@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.dataset import Split
-from pytest_gsm8k.core.gates import HEALTH_OUTCOMES, MaxDrop, MaxShare, McNemar, MinAcc
+from pytest_gsm8k.core.gates import HEALTH_OUTCOMES, MaxShare, MinAcc, NoiseAware
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem, Request
@@ -39,17 +39,16 @@ class GateSpecs:
     """The gates the options ask for, each rule stated once (core/gates.py)."""
 
     min_acc: MinAcc | None
-    #: the rule against a stored baseline: by drop, or by McNemar with --gsm8k-alpha
-    baseline: MaxDrop | McNemar
+    #: the rule against a stored baseline: the noise-aware test at --gsm8k-alpha, with
+    #: --gsm8k-max-drop allowed on top (exact McNemar against a single-run baseline)
+    baseline: NoiseAware
     require_baseline: bool
     #: the answer-format health gates (--gsm8k-max-unparsed, -truncated, -error) asked for
     health: tuple[MaxShare, ...] = ()
 
     @staticmethod
     def from_settings(settings: Settings) -> GateSpecs:
-        rule: MaxDrop | McNemar = (
-            McNemar(settings.alpha) if settings.alpha is not None else MaxDrop(settings.max_drop)
-        )
+        rule = NoiseAware(settings.alpha, settings.max_drop)
         return GateSpecs(
             min_acc=MinAcc(settings.min_acc) if settings.min_acc is not None else None,
             baseline=rule,

@@ -40,6 +40,10 @@ class _RecordExtras(TypedDict, total=False):
     note: str
     #: the run stopped on this item's failure (the endpoint is gone)
     aborted: bool
+    #: --gsm8k-repeats K > 1: the K outcomes in ask order (the record is the most common one's)
+    repeats: list[Outcome]
+    #: --gsm8k-repeats K > 1: how many of the K were correct
+    repeats_correct: int
 
 
 class ProblemRecord(_RecordExtras):

@@ -148,7 +148,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "preset",
         "str",
-        "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k)",
+        "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k), vllm (vLLM's "
+        "gsm8k_eval.py), sglang (SGLang's few_shot_gsm8k.py)",
         metavar="NAME",
     ),
     Option("report", "str", "write the JSON report here", metavar="PATH"),
@@ -229,15 +230,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max-drop",
         "float",
-        "fail when accuracy on the shared problems is below the baseline's by more than this",
+        "allowed accuracy drop against the baseline on top of the noise-aware test: a FAIL "
+        "needs p < --gsm8k-alpha and a drop above this",
         0.0,
         metavar="D",
     ),
     Option(
         "alpha",
         "float",
-        "instead of --gsm8k-max-drop, fail only when an exact one-sided "
-        "McNemar test rejects 'no regression' at this level",
+        "level of the noise-aware baseline test (exact McNemar for single runs): an "
+        "unchanged model fails at most this often",
+        0.01,
         metavar="A",
     ),
     Option(
@@ -282,6 +285,14 @@ OPTIONS: tuple[Option, ...] = (
         "ini false turns it off",
         default_text="on when the output is a terminal",
     ),
+    Option(
+        "repeats",
+        "int",
+        "ask every problem K times (separate requests; test@1 only): a calibrated "
+        "baseline with --snapshot-update, a mean over K runs against one",
+        1,
+        metavar="K",
+    ),
 )
 
 #: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
@@ -304,6 +315,8 @@ MAX_CONCURRENCY = 4096
 #: days): a wait past it is a wait for ever, and a longer one overflows a socket's timeout
 SECONDS = ("timeout", "serve-timeout", "stall-timeout")
 MAX_SECONDS = 1e6
+#: --gsm8k-repeats above this is refused: K full runs of the split per run
+MAX_REPEATS = 100
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
@@ -448,7 +461,9 @@ class Settings:
     baseline: str | None = None
     baseline_name: str | None = None
     max_drop: float = 0.0
-    alpha: float | None = None
+    #: the noise-aware baseline test's level (core/calibrated.py): 0.01, so that an
+    #: unchanged build fails at most 1 run in 100 (the exact test is conservative)
+    alpha: float = 0.01
     require_baseline: bool = False
     baseline_partial: bool = False
     html: str | None = None
@@ -462,6 +477,8 @@ class Settings:
     early_stop_alpha: float = 0.05
     #: the progress line: True (asked for), False (ini false), None (on a terminal only)
     progress: bool | None = None
+    #: --gsm8k-repeats: how many times each problem is asked (separate requests)
+    repeats: int = 1
     #: --gsm8k-config: vLLM's GSM8K configs (a YAML, a folder, a models-*.txt list)
     vllm_config: str | None = None
 
@@ -512,14 +529,26 @@ def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
         spec = get_preset(name)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
-    fixed = spec.settings()
-    for key in (*fixed, *PRESET_ALSO_FIXED):
-        if key in given:
+    api = values["api"] if "api" in given else "completions"
+    if api not in spec.apis:
+        raise SettingsError(
+            f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only "
+            f"(its peer has no {api} mode); remove --gsm8k-api"
+        )
+    shots = values["shots"] if "shots" in given and "shots" in spec.adjustable else None
+    fixed = spec.settings(api, shots)
+    for key in (*fixed, *PRESET_ALSO_FIXED, *spec.also_fixed):
+        if key in given and key not in spec.adjustable:
             flag = "--gsm8k-" + key.replace("_", "-")
             raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
     values.update(fixed)
-    if "api" not in given:
-        values["api"] = "completions"
+    values["api"] = api
+    if name == "vllm":
+        from pytest_gsm8k.core.engine_ci import vllm_param_error
+
+        error = vllm_param_error([key for key, _ in parse_params(values["param"] or [])], api)
+        if error:
+            raise SettingsError(error)
 
 
 #: what --gsm8k-config meant before it took vLLM's configs: the dataset config
@@ -584,6 +613,7 @@ CONFIG_DECIDES = {
     "baseline_partial": "per-config baselines are not supported yet",
     "alpha": "per-config baselines are not supported yet",
     "early_stop": "an early stop across configs is not supported yet",
+    "repeats": "per-config baselines are not supported yet",
 }
 
 
@@ -592,6 +622,11 @@ def _refuse_with_configs(given: set[str], values: dict[str, Any]) -> None:
         if key in given:
             flag = "--gsm8k-" + key.replace("_", "-")
             raise SettingsError(f"{flag} cannot be combined with --gsm8k-config: {why}")
+    if "preset" in given and values["preset"] != "vllm":
+        raise SettingsError(
+            f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
+            "every config runs --gsm8k-preset vllm (vLLM's own requests)"
+        )
     if float(values["max_drop"]) != 0.0:
         raise SettingsError(
             "--gsm8k-max-drop cannot be combined with --gsm8k-config: per-config baselines "
@@ -694,8 +729,16 @@ def build_settings(
     if not 0.0 <= float(values["max_drop"]) <= 1.0:
         raise SettingsError(f"--gsm8k-max-drop: must be between 0 and 1, got {values['max_drop']}")
     alpha = values["alpha"]
-    if alpha is not None and not 0.0 < alpha < 1.0:
+    if not 0.0 < alpha < 1.0:
         raise SettingsError(f"--gsm8k-alpha: must be between 0 and 1 (exclusive), got {alpha}")
+    repeats = values["repeats"]
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise SettingsError(f"--gsm8k-repeats: must be between 1 and {MAX_REPEATS}, got {repeats}")
+    if repeats > 1 and protocol != "test@1":
+        raise SettingsError(
+            f"--gsm8k-repeats {repeats}: repeats measure a single-sample protocol's run-to-run "
+            f"noise; --gsm8k-protocol {protocol} samples already (use test@1, or --gsm8k-repeats 1)"
+        )
     api = values["api"]
     if api not in ("chat", "completions"):
         raise SettingsError(f"--gsm8k-api: expected chat or completions, got {api!r}")
@@ -765,7 +808,7 @@ def build_settings(
         baseline=values["baseline"] or None,
         baseline_name=values["baseline_name"] or None,
         max_drop=float(values["max_drop"]),
-        alpha=values["alpha"],
+        alpha=float(alpha),
         require_baseline=bool(values["require_baseline"]),
         baseline_partial=bool(values["baseline_partial"]),
         html=values["html"] or None,
@@ -776,5 +819,6 @@ def build_settings(
         early_stop=early_stop,
         early_stop_alpha=float(values["early_stop_alpha"]),
         progress=values["progress"],
+        repeats=int(repeats),
         vllm_config=values["config"] or None,
     )

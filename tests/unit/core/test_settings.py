@@ -298,3 +298,35 @@ def test_old_and_new_dataset_config_options_must_agree() -> None:
         _with_files(set(), config="main", dataset_config="socratic")
     s, _ = _with_files(set(), config="main", dataset_config="main")
     assert s.dataset_config == "main"
+
+
+def test_repeats_default_to_one_and_alpha_to_001() -> None:
+    s = settings()
+    assert (s.repeats, s.alpha, s.max_drop) == (1, 0.01, 0.0)
+    assert settings(repeats=5).repeats == 5
+    assert settings(repeats=100).repeats == 100
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"repeats": 0}, "--gsm8k-repeats: must be between 1 and 100, got 0"),
+        ({"repeats": 101}, "--gsm8k-repeats: must be between 1 and 100, got 101"),
+        (
+            {"repeats": 2, "protocol": "pass@4"},
+            "--gsm8k-repeats 2: repeats measure a single-sample protocol's run-to-run noise; "
+            "--gsm8k-protocol pass@4 samples already (use test@1, or --gsm8k-repeats 1)",
+        ),
+        (
+            {"repeats": 2, "protocol": "maj@1"},
+            "--gsm8k-protocol maj@1 samples already",
+        ),
+        ({"alpha": 0.0}, "--gsm8k-alpha: must be between 0 and 1 (exclusive), got 0.0"),
+        ({"alpha": 1.0}, "--gsm8k-alpha: must be between 0 and 1 (exclusive), got 1.0"),
+    ],
+)
+def test_repeats_and_alpha_refusals_name_the_option(given: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        settings(**given)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
