@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, output
+from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, VLLM_RECORDING, XDIST, output
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 REPORT_SCHEMA = json.loads(
@@ -68,7 +68,7 @@ def _configs(folder: Path) -> Path:
     return folder
 
 
-def _serve(data: Path, events: Path) -> str:
+def _serve(data: Path, events: Path, *extra: str) -> str:
     words = [
         sys.executable,
         str(FAKESERVER),
@@ -81,6 +81,7 @@ def _serve(data: Path, events: Path) -> str:
         "--events-file",
         str(events),
         "--accept-unknown",
+        *extra,
     ]
     return " ".join(shlex.quote(w) for w in words) + " {server_args}"
 
@@ -272,3 +273,37 @@ def test_a_config_whose_server_cannot_start_fails_alone_and_the_next_runs(
     assert out.count("exited with exit code 1 before it was ready") == 1
     assert out.count("config Another: its server did not start (its first item says why)") == 4
     assert "gsm8k vLLM configs: 2 of 3 pass" in out
+
+
+@XDIST
+def test_a_config_runs_sends_the_bytes_of_vllms_script(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """Each config's requests are --gsm8k-preset vllm's with its num_fewshot over its first
+    num_questions problems: the bytes vLLM's gsm8k_eval.py sent (tests/data/vllm_requests.json,
+    recorded from the script itself), once each."""
+    recorded = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))["runs"]
+    runs = ("completions", "completions_3shot", "completions_0shot")
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for run in runs:
+        kwargs = recorded[run]["kwargs"]
+        (folder / f"{run}.yaml").write_text(
+            f'model_name: "org/{run}"\naccuracy_threshold: 0.0\n'
+            f"num_questions: {kwargs['num_questions']}\nnum_fewshot: {kwargs['num_shots']}\n",
+            encoding="utf-8",
+        )
+    raw = tmp_path / "raw.jsonl"
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl', '--raw-file', str(raw))}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        *NOISE,
+        *xdist,
+    )
+    assert result.ret == 0, output(result)
+    sent = [json.loads(line) for line in raw.read_text().splitlines()]
+    expected = [r["raw"] for run in runs for r in recorded[run]["requests"]]
+    assert len(sent) == len(expected) == 8 + 3 + 2
+    assert sorted(sent) == sorted(expected)
