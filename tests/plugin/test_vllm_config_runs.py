@@ -307,3 +307,33 @@ def test_a_config_runs_sends_the_bytes_of_vllms_script(
     expected = [r["raw"] for run in runs for r in recorded[run]["requests"]]
     assert len(sent) == len(expected) == 8 + 3 + 2
     assert sorted(sent) == sorted(expected)
+
+
+def test_our_gates_apply_to_each_config_beside_vllms(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    folder = _configs(tmp_path / "configs")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-min-acc=0.8",
+        "--gsm8k-max-error=0",
+        "--gsm8k-report=r.json",
+        "-k",
+        "Alpha or Gamma",
+        *NOISE,
+    )
+    assert result.ret == 1, output(result)
+    report = json.loads((pytester.path / "r.json").read_text())
+    gates = {g["name"]: g["passed"] for g in report["gates"]}
+    assert gates == {
+        "Alpha-1B:vllm-threshold": True,
+        "Alpha-1B:min-acc": True,
+        "Alpha-1B:max-error": True,
+        "Gamma-3B:vllm-threshold": True,  # 0.75 >= 0.9 - 0.2
+        "Gamma-3B:min-acc": False,  # 0.75 < 0.8
+        "Gamma-3B:max-error": True,
+    }
+    assert "gsm8k vLLM configs: 1 of 2 pass" in output(result)
