@@ -1463,6 +1463,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
     if not args.script and os.environ.get("FAKESERVER_SCRIPT"):
         args.script = os.environ["FAKESERVER_SCRIPT"]  # a config's env can script its server
+    if args.die_after is None and os.environ.get("FAKESERVER_DIE_AFTER"):
+        args.die_after = int(os.environ["FAKESERVER_DIE_AFTER"])  # ... or make it die
 
     def event(kind: str, **fields: object) -> None:
         if args.events_file:

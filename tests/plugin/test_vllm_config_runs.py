@@ -271,7 +271,7 @@ def test_a_config_whose_server_cannot_start_fails_alone_and_the_next_runs(
     # said in full once; the config's other items point to it
     assert sum("exited with exit code 1" in str(p["error"]) for p in errors) == 1
     assert out.count("exited with exit code 1 before it was ready") == 1
-    assert out.count("config Another: its server did not start (its first item says why)") == 4
+    assert out.count("config Another: its server failed (its first item says why)") == 4
     assert "gsm8k vLLM configs: 2 of 3 pass" in out
 
 
@@ -337,3 +337,37 @@ def test_our_gates_apply_to_each_config_beside_vllms(
         "Gamma-3B:max-error": True,
     }
     assert "gsm8k vLLM configs: 1 of 2 pass" in output(result)
+
+
+@XDIST
+def test_a_server_that_dies_mid_config_fails_that_config_and_the_next_runs(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    folder = _configs(tmp_path / "configs")
+    alpha = folder / "Alpha-1B.yaml"
+    alpha.write_text(alpha.read_text() + '  FAKESERVER_DIE_AFTER: "2"\n', "utf-8")
+    events = tmp_path / "events.jsonl"
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, events)}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-concurrency=1",
+        "--gsm8k-report=r.json",
+        "-k",
+        "Alpha or Gamma",
+        *NOISE,
+        *xdist,
+    )
+    out = output(result)
+    assert result.ret == 1, out
+    models = [e["model"] for e in _events(events) if e["event"] == "start"]
+    assert models == ["org/Alpha-1B", "org/Gamma-3B"]
+    report = json.loads((pytester.path / "r.json").read_text())
+    configs = {c["config"]["name"]: c for c in report["configs"]}
+    assert configs["Alpha-1B"]["counts"]["correct"] == 2
+    assert configs["Alpha-1B"]["counts"]["error"] == 3
+    assert configs["Gamma-3B"]["n"] == 4  # the next config ran whole
+    assert configs["Gamma-3B"]["counts"]["error"] == 0
+    errors = [str(p["error"]) for p in report["problems"] if p["outcome"] == "error"]
+    assert sum("its server failed (its first item says why)" in e for e in errors) == 2, errors
