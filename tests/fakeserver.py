@@ -65,9 +65,10 @@ run differ and so do two runs. The draw counters are never cleared (not by
 ``reset()``, not by ``set_script()``, nor by ``POST /_script``): a rerun after a
 reset is a new run, not a replay of the last one. They live as long as the
 server process: a restarted server draws its first answers again, so change a
-running server's script over ``POST /_script`` rather than restarting it. ``Script.drop`` turns that many stable-correct
-problems wrong (a true regression): the first ones in ``drop_pool`` (default:
-index order) that are neither noisy nor scripted otherwise.
+running server's script over ``POST /_script`` rather than restarting it.
+``Script.drop`` turns that many stable-correct problems wrong (a true
+regression): the first ones in ``drop_pool`` (default: index order) that are
+neither noisy nor scripted otherwise.
 """
 
 from __future__ import annotations
