@@ -13,6 +13,7 @@ from pathlib import Path
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.plan import Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem
@@ -29,8 +30,15 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         from pytest_gsm8k.core.presets import get_preset
 
         spec = get_preset(s.preset)
-        pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
-        train = tuple((p.question, p.answer) for p in pool_split.problems)
+        if spec.fewshot_split == "evaluated":  # SGLang: the first rows of the file under test
+            rows = split.problems
+        else:
+            rows = load_split(train_source(s.data), "train", s.config, s.dataset).problems
+        train = tuple((p.question, p.answer) for p in rows)
+        if s.shots > len(train):
+            raise DatasetError(
+                f"--gsm8k-shots {s.shots}: the preset's example pool has only {len(train)} rows"
+            )
         source = spec.fewshot_source
     elif s.shots or s.fewshot_file:
         if s.fewshot_file:
@@ -117,7 +125,9 @@ def build_plan(
 ) -> RunPlan:
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.config, settings.dataset)
-    selected = select(split.problems, settings.limit, settings.seed)
+    selected = select(
+        split.problems, settings.limit, settings.seed, first=takes_first(settings.preset)
+    )
     protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
     return RunPlan(

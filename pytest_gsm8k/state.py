@@ -27,8 +27,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from pytest_gsm8k.core.dataset import subset_record
 from pytest_gsm8k.core.gates import GateVerdict, Verdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
+from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber
 from pytest_gsm8k.core.settings import Settings
@@ -203,13 +205,14 @@ class Run:
             protocol=plan.protocol.identity(),
             label=plan.protocol.label,
             dataset=split.identity(),
-            subset={
-                "limit": settings.limit if len(selected) < len(split.problems) else None,
-                "seed": settings.seed,
-                "of": len(split.problems),
-                "ids_hash": _ids_hash(selected),
-                "deselected": len(selected) - len(ran),
-            },
+            subset=subset_record(
+                limit=settings.limit if len(selected) < len(split.problems) else None,
+                seed=settings.seed,
+                of=len(split.problems),
+                ids_hash=_ids_hash(selected),
+                deselected=len(selected) - len(ran),
+                first=takes_first(settings.preset),
+            ),
             model=plan.endpoint.model or _most_common(records, "model") or "(gsm8k_model fixture)",
             endpoint=_most_common(records, "endpoint")
             or safe_url(plan.endpoint.base_url or DEFAULT_BASE_URL),

@@ -314,9 +314,16 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
     limit, seed = subset.get("limit"), subset.get("seed", 0)
     if not (limit is None or (isinstance(limit, int) and limit > 0)) or not isinstance(seed, int):
         raise BaselineError(f"{where}: corrupt baseline (its subset limit or seed is not a number)")
-    selection = {p.id for p in select(tuple(split), limit, seed)}
+    first = subset.get("first") is True
+    selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
     if ids != selection:
-        described = "the whole split" if limit is None else f"limit {limit}, seed {seed}"
+        described = (
+            "the whole split"
+            if limit is None
+            else f"the first {limit}"
+            if first
+            else f"limit {limit}, seed {seed}"
+        )
         raise BaselineError(
             f"{where}: its {len(ids)} problems are not the {len(selection)} of its selection "
             f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "

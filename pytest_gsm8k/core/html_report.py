@@ -48,6 +48,7 @@ from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 
 __all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
@@ -321,11 +322,7 @@ def _run_card(report: Mapping[str, Any]) -> str:
     reported = [str(m) for m in report.get("reported_models") or []]
     if reported and reported != [model]:
         model += f" (server reported: {', '.join(reported)})"
-    subset = ""
-    if sub.get("limit") is not None:
-        subset = (
-            f"seeded subset of {sub.get('of')} (limit {sub.get('limit')}, seed {sub.get('seed')})"
-        )
+    subset = describe_subset(sub)
     if sub.get("deselected"):
         subset += f"{'; ' if subset else ''}{sub['deselected']} deselected (-k/-m/--lf)"
     settings = ", ".join(

@@ -25,6 +25,7 @@ from pytest_gsm8k.core.scoring import (
     format_number,
     majority_vote,
     numbers_equal,
+    rule_gold,
     score_text,
 )
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
@@ -33,7 +34,7 @@ __all__ = ["OUTCOMES", "combine_repeats", "error_record", "score_response"]
 
 
 def _decide(
-    protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal
+    protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal | None
 ) -> tuple[Decimal | None, bool, list[tuple[str, int]]]:
     """The problem-level answer under the protocol's aggregation, for one rule.
 
@@ -113,10 +114,12 @@ def score_response(
     pattern: re.Pattern[str] | None = None,
 ) -> ProblemRecord:
     """Score every sample with every rule, then decide the problem's outcome."""
-    scores = [score_text(c.text, problem.gold, pattern) for c in response.completions]
+    label = rule_gold("last-int", problem.answer, problem.gold)
+    scores = [score_text(c.text, problem.gold, pattern, label) for c in response.completions]
     gated = protocol.extractor
+    decided = gated if gated in RULES else "strict"
     decision, correct, votes = _decide(
-        protocol, scores, gated if gated in RULES else "strict", problem.gold
+        protocol, scores, decided, rule_gold(decided, problem.answer, problem.gold)
     )
     truncated = [
         c.finish_reason == "length" or cut_while_reasoning(c) for c in response.completions
@@ -130,7 +133,10 @@ def score_response(
         outcome = "truncated" if any(truncated) else "unparsed"
     else:
         outcome = "wrong"
-    rules = {rule: _decide(protocol, scores, rule, problem.gold)[1] for rule in RULES}
+    rules = {
+        rule: _decide(protocol, scores, rule, rule_gold(rule, problem.answer, problem.gold))[1]
+        for rule in RULES
+    }
     shown = format_number(decision)
     if protocol.preset == "lm-eval":
         # lm-eval's own filters and string match, labelled by its names; strict-match gates

@@ -141,7 +141,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "preset",
         "str",
-        "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k)",
+        "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k), vllm (vLLM's "
+        "gsm8k_eval.py), sglang (SGLang's few_shot_gsm8k.py)",
         metavar="NAME",
     ),
     Option("report", "str", "write the JSON report here", metavar="PATH"),
@@ -518,14 +519,26 @@ def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
         spec = get_preset(name)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
-    fixed = spec.settings()
-    for key in (*fixed, *PRESET_ALSO_FIXED):
-        if key in given:
+    api = values["api"] if "api" in given else "completions"
+    if api not in spec.apis:
+        raise SettingsError(
+            f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only "
+            f"(its peer has no {api} mode); remove --gsm8k-api"
+        )
+    shots = values["shots"] if "shots" in given and "shots" in spec.adjustable else None
+    fixed = spec.settings(api, shots)
+    for key in (*fixed, *PRESET_ALSO_FIXED, *spec.also_fixed):
+        if key in given and key not in spec.adjustable:
             flag = "--gsm8k-" + key.replace("_", "-")
             raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
     values.update(fixed)
-    if "api" not in given:
-        values["api"] = "completions"
+    values["api"] = api
+    if name == "vllm":
+        from pytest_gsm8k.core.engine_ci import vllm_param_error
+
+        error = vllm_param_error([key for key, _ in parse_params(values["param"] or [])], api)
+        if error:
+            raise SettingsError(error)
 
 
 def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) -> Settings:

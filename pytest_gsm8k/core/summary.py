@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc
 from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.records import (
@@ -232,12 +233,8 @@ class Summary:
         )
         out.append(f"  model: {self.model}{shown}  endpoint: {self.endpoint}")
         ds = self.dataset
-        subset = ""
-        if self.subset.get("limit") is not None:
-            subset = (
-                f"; seeded subset of {self.subset['of']} (limit {self.subset['limit']}, "
-                f"seed {self.subset['seed']})"
-            )
+        described = describe_subset(self.subset)
+        subset = f"; {described}" if described else ""
         if self.subset.get("deselected"):
             subset += f"; {self.subset['deselected']} deselected (-k/-m/--lf)"
         out.append(

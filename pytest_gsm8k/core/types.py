@@ -83,6 +83,10 @@ class Request:
     seed: int | None = None
     #: --gsm8k-param: (key, canonical JSON) merged into the body last
     params: tuple[tuple[str, str], ...] = ()
+    #: the body's exact JSON text, for a preset whose peer is copied byte for byte (key
+    #: order, separators, escapes, no ``model``): sent as it is, and part of the cache key.
+    #: The fields above then describe it for reports; ``None``: the body is :meth:`body`.
+    wire: str | None = None
     #: --gsm8k-repeats: which of the K separate asks of the problem this is (0-based). Not
     #: in the body (the server sees the same request K times); part of the cache key's
     #: sample for repeats after the first, so repeat 0 keeps the key of a run without repeats
@@ -97,7 +101,14 @@ class Request:
         return [{"role": role, "content": content} for role, content in self.messages]
 
     def body(self, model: str, n: int | None = None, seed: int | None = None) -> dict[str, Any]:
-        """The JSON body an OpenAI-compatible endpoint receives (and the cache key hashes)."""
+        """The JSON body an OpenAI-compatible endpoint receives (and the cache key hashes).
+
+        A request with a :attr:`wire` body is that body, whatever ``model``, ``n`` and
+        ``seed`` say: the preset that made it decided every field.
+        """
+        if self.wire is not None:
+            wire: dict[str, Any] = json.loads(self.wire)
+            return wire
         body: dict[str, Any] = {"model": model}
         if self.api == "chat":
             body["messages"] = self.message_dicts()

@@ -777,7 +777,7 @@ class Engine:
             self.requests_sent += 1
             return await self._call(request)
         body = request.body(self.client.model)
-        key = cache_key(self.cache_endpoint, body, sample)
+        key = cache_key(self.cache_endpoint, body, sample, request.wire)
         hit = await self._lookup(key, body)
         if hit is not None:
             return self._use(hit, defer)

@@ -55,6 +55,7 @@ def test_flexible_is_scored_beside_strict() -> None:
         "answer-is": False,
         "boxed": False,
         "flexible": True,
+        "last-int": True,
     }
 
 
