@@ -25,7 +25,6 @@ from typing import Literal
 
 from pytest_gsm8k.core.calibrated import Pair, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
-from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 __all__ = [
     "DROP_TOLERANCE",
@@ -33,7 +32,6 @@ __all__ = [
     "GateVerdict",
     "MaxDrop",
     "MaxShare",
-    "McNemar",
     "MinAcc",
     "NoiseAware",
     "Verdict",
@@ -214,20 +212,6 @@ class MaxDrop:
         self, baseline_correct: int, current_correct: int, seen: int, shared: int
     ) -> Verdict | None:
         return count_certain(current_correct, seen, shared, self.need(baseline_correct, shared))
-
-
-@dataclass(frozen=True)
-class McNemar:
-    """The exact one-sided McNemar test at level ``alpha`` on single-run flips: the old
-    ``--gsm8k-alpha`` gate, kept as the comparison column of ``benchmarks/bench_gate.py``.
-    The plugin's gates use :class:`NoiseAware`, which is this test for one run a side."""
-
-    alpha: float
-    name: str = "baseline"
-    option: str = "--gsm8k-alpha"
-
-    def passes(self, newly_failing: int, newly_passing: int) -> bool:
-        return mcnemar_one_sided(newly_failing, newly_passing) >= self.alpha
 
 
 def _drop(pairs: Sequence[Pair]) -> float:

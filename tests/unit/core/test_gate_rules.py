@@ -12,7 +12,6 @@ from pytest_gsm8k.core.gates import (
     GateVerdict,
     MaxDrop,
     MaxShare,
-    McNemar,
     MinAcc,
     NoiseAware,
     max_share_count,
@@ -174,12 +173,3 @@ def test_max_share_certain_bounds_agree_with_every_final_verdict(rate: float) ->
                 assert finals == {certain}
             else:
                 assert finals == {"PASS", "FAIL"}
-
-
-def test_the_old_mcnemar_rule_agrees_with_the_noise_aware_one_for_single_runs() -> None:
-    """McNemar stays for the benchmark's comparison column; on single runs it must give the
-    verdicts the plugin's gate gives."""
-    for failing, passing in itertools.product(range(9), range(4)):
-        pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(failing)]
-        pairs += [Pair(f"p{i}", 0, 1, 1, 1) for i in range(passing)]
-        assert McNemar(0.05).passes(failing, passing) == NoiseAware(0.05).verdict(pairs).passed
