@@ -16,9 +16,8 @@ user's second run finds them):
   one constant from vLLM (a URL) and downloads the data from vLLM's bucket on first use; the
   bench gives it a one-line stand-in module for the constant and the same data files,
   already in place where the script looks (``$TMPDIR``), so it never goes to the network;
-* ``plugin`` and ``plugin -n 2``: ``python -m pytest --gsm8k-model=...`` in an empty folder
-  (no conftest, no ini), 5-shot completions with vLLM's stop list and 256 max tokens, no
-  cache;
+* ``plugin`` and ``plugin -n 2``: ``python -m pytest --gsm8k-model=... --gsm8k-preset=vllm``
+  in an empty folder (no conftest, no ini), no cache: the script's requests byte for byte;
 * ``lm-eval``: ``python -m lm_eval --model local-completions`` with ``num_concurrent`` and
   its own ``gsm8k`` task (a task file that includes lm-eval's ``gsm8k.yaml`` and only swaps
   the hub dataset for the same local files), in the bench's virtualenv.
@@ -81,8 +80,6 @@ HOW_TO_GET_VENV = (
     'python3 -m venv {venv} && {venv}/bin/pip install "lm-eval[api]==0.4.13"  '
     "(lm-eval and the vLLM script's imports: aiohttp numpy regex requests tqdm)"
 )
-#: what vLLM's script stops at; the plugin is given the same
-VLLM_STOP = ("Question", "Assistant:", "<|separator|>")
 #: the stand-in for the one vLLM import the script has: the bucket its data would come from
 #: (never reached: the data files are already where it looks)
 VLLM_STUB = 'VLLM_S3_BUCKET_URL = "http://127.0.0.1:9/unreachable"\n'
@@ -185,12 +182,8 @@ def plugin_command(setup: Setup, xdist: bool, httpx: bool = False) -> list[str]:
     if setup.problems < setup.full:
         # the plugin refuses a cut split: a seeded subset of the same size instead
         argv.append(f"--gsm8k-limit={setup.problems}")
-    argv += setup.plugin_args or [
-        "--gsm8k-api=completions",
-        "--gsm8k-shots=5",
-        "--gsm8k-max-tokens=256",
-        *(f"--gsm8k-stop={stop}" for stop in VLLM_STOP),
-    ]
+    # the vllm preset: the script's requests byte for byte (docs/protocols.md)
+    argv += setup.plugin_args or ["--gsm8k-preset=vllm"]
     return [*argv, "-n", "2"] if xdist else argv
 
 
@@ -286,7 +279,7 @@ def bench(setup: Setup, runs: list[str], rounds: int, warmup: bool, latency: flo
     from fakeserver import serve_in_subprocess, stop_subprocess
 
     proc, base_url = serve_in_subprocess(
-        setup.data / "test.jsonl", latency=latency, model=MODEL, extra_args=["--model-optional"]
+        setup.data / "test.jsonl", latency=latency, model=MODEL
     )
     setup.base_url = base_url
     root = base_url.rsplit("/v1", 1)[0]

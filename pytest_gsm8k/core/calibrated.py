@@ -47,15 +47,16 @@ weighs what the issue asks for: a problem right 5 of 5 times that fails now
 (``t = 5`` of 6 runs, ``P(D = 0) = 1/6``) has ``u = ln 6 = 1.79``, ``s =
 3.21``; one right 3 of 5 times that fails (``P = 1/2``) ``u = 0.69``, ``s =
 0.48``; one right 1 of 5 times ``s = 0.03``. A plain count of failures weighs
-them alike and lets the flips of problems that flip anyway drown a real drop:
-with 10% of problems flipping at p = 0.5 and K = 5 the count sees a 13-problem
-regression at about 2 standard deviations. Fisher's combination (``Σ u_i``,
-the log of the product of the problems' own conditional p-values) sees it at
-about 5; squaring moves more of the say to the stable problems, where serving
-noise does not live: in simulation (``benchmarks/bench_gate.py``) the power for
-that drop at level 0.001 went from 75% (``Σ u``) to 98% (``Σ u²``) with the
-false-alarm rate unchanged, below the level. Any fixed weights keep the test
-exact; these are chosen for the failure a release gate exists for.
+them alike and lets the flips of problems that flip anyway drown a real drop;
+Fisher's combination (``Σ u_i``, the log of the product of the problems' own
+conditional p-values) does better; squaring moves more of the say to the stable
+problems, where serving noise does not live. Simulated (``python
+benchmarks/bench_gate.py --reruns 10000``: 1,319 problems, 10% flipping at p =
+0.5, K = 5, 13 always-right problems turned wrong), the test's power at level
+0.001 is 11% for the count, 75% for ``Σ u`` and 98% for ``Σ u²`` (34%, 95% and
+100% at 0.01), with false alarms at or below the level for all three. Any
+fixed weights keep the test exact; these are chosen for the failure a release
+gate exists for.
 
 Scores are rounded to integer units of ``1 / RESOLUTION``. The rounded ``S`` is
 the statistic (observed and null alike), so rounding costs a little
@@ -88,17 +89,24 @@ What the gate can see
 =====================
 
 :func:`detectable_drop` is the smallest drop, in problems turned from always
-right to wrong, the test detects with the given power: each such problem adds
-``w = ln² C(K + L, L)`` to ``S``; the null spread is ``sigma = sqrt(Σ Var(s_i |
-t_i))`` over the informative problems; normal approximation ``m = (z_{1-alpha} +
-z_{power}) sigma / w``, and at least the ``m`` that alone reach ``p < alpha``
-(``C(K + L, L)^-m < alpha``). It is an approximation for a sentence; the
-simulation in ``benchmarks/bench_gate.py`` checks it against the real rate.
+right to wrong, the test detects with the given power. Each such problem adds
+``w = ln² C(K + L, L)`` to ``S``, but it also becomes informative itself: the
+null mean grows by its conditional mean ``mu_f = w / C(K + L, L)`` and the null
+variance by its conditional variance ``v_f``. With ``sigma = sqrt(Σ Var(s_i |
+t_i))`` over the informative problems the normal approximation asks for the
+smallest ``m`` with ``m (w - mu_f) >= z_{1-alpha} sqrt(sigma² + m v_f) +
+z_{power} sigma``, and at least the ``m`` that alone reach ``p < alpha``
+(``C(K + L, L)^-m < alpha``). At n = 1319 with 10% of problems flipping at p =
+0.5 and alpha 0.01 that is 29 problems for a single-run baseline (McNemar's
+own power) and 8 for ``K = 5``. It is an approximation for a sentence;
+``tests/unit/core/test_calibrated.py`` checks it against a simulation of the
+test itself, and ``benchmarks/bench_gate.py`` against the real rate.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -256,17 +264,25 @@ def p_value(pairs: Sequence[Pair]) -> float:
 
 
 def _chernoff(informative: Sequence[Pair], observed: int) -> float:
-    """``min_λ e^{-λ S_obs} Π E[e^{λ s_i}]`` over a grid of λ: an upper bound on the tail."""
+    """``min_λ e^{-λ S_obs} Π E[e^{λ s_i}]`` over a grid of λ: an upper bound on the tail.
+
+    Problems with the same law (the same total and runs) share one factor, raised to their
+    count: a full run has a handful of laws, so each λ costs a handful of sums."""
+    strata = Counter(
+        (pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
+        for pair in informative
+    )
+    laws = [(_law(*key), count) for key, count in strata.items()]
     best = 0.0
     for step in range(1, 200):
         lam = 1e-4 * 1.08**step
         log_bound = -lam * observed
-        for pair in informative:
-            law = _law(pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
+        for law, count in laws:
             top = law[-1][0]
             # log Σ p e^{λ z} computed around the largest exponent
-            log_bound += lam * top + math.log(
-                math.fsum(prob * math.exp(lam * (score - top)) for score, prob in law)
+            log_bound += count * (
+                lam * top
+                + math.log(math.fsum(prob * math.exp(lam * (score - top)) for score, prob in law))
             )
         best = min(best, log_bound)
     return math.exp(best)
@@ -286,16 +302,31 @@ def null_moments(pairs: Iterable[Pair]) -> tuple[float, float]:
 
 def detectable_drop(pairs: Sequence[Pair], alpha: float, power: float = 0.8) -> int:
     """How many always-right problems must turn wrong for the test to see it with
-    ``power`` at level ``alpha`` (see the module docstring; an approximation)."""
+    ``power`` at level ``alpha`` (see the module docstring; an approximation).
+
+    Shift-aware: a flipped problem adds its observed score ``w`` to ``S``, but also joins
+    the informative problems, raising the null mean by ``mu_f`` and the null variance by
+    ``v_f`` (its own conditional law given ``t = K``). The smallest ``m`` with ``m (w -
+    mu_f) >= z_{1-alpha} sqrt(sigma^2 + m v_f) + z_{power} sigma`` is returned. For ``K = L
+    = 1`` that is McNemar's: half a flip's weight is its null mean, which a formula with the
+    whole weight missed by a factor of two.
+    """
     if not pairs:
         return 0
     before = max(p.base_runs for p in pairs)
     after = max(p.now_runs for p in pairs)
+    law = _law(before, before, after)  # a stable problem now failing: t = K of K + L
     weight = _scores(before, before, after)[0] / RESOLUTION  # ln² C(K + L, L), rounded
     if weight <= 0:
         return len(pairs) + 1
+    mean_f = sum(prob * score for score, prob in law) / RESOLUTION
+    var_f = sum(prob * score * score for score, prob in law) / RESOLUTION**2 - mean_f**2
     _, var = null_moments(pairs)
     normal = NormalDist()
-    spread = (normal.inv_cdf(1.0 - alpha) + normal.inv_cdf(power)) * math.sqrt(var) / weight
-    alone = math.log(1.0 / alpha) / math.sqrt(weight)
-    return max(1, math.ceil(max(spread, alone)))
+    z_alpha, z_power = normal.inv_cdf(1.0 - alpha), normal.inv_cdf(power)
+    alone = math.ceil(math.log(1.0 / alpha) / math.sqrt(weight) - 1e-9)
+    shift = weight - mean_f
+    for m in range(1, len(pairs) + 1):
+        if m * shift >= z_alpha * math.sqrt(var + m * var_f) + z_power * math.sqrt(var):
+            return max(m, alone)
+    return len(pairs) + 1
