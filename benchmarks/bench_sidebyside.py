@@ -278,9 +278,7 @@ def commands(setup: Setup, runs: list[str]) -> Iterator[tuple[str, list[str], di
 def bench(setup: Setup, runs: list[str], rounds: int, warmup: bool, latency: float) -> Any:
     from fakeserver import serve_in_subprocess, stop_subprocess
 
-    proc, base_url = serve_in_subprocess(
-        setup.data / "test.jsonl", latency=latency, model=MODEL
-    )
+    proc, base_url = serve_in_subprocess(setup.data / "test.jsonl", latency=latency, model=MODEL)
     setup.base_url = base_url
     root = base_url.rsplit("/v1", 1)[0]
     env = dict(os.environ)
