@@ -65,8 +65,8 @@ from pytest_gsm8k.core.calibrated import (
     detectable_drop,
     statistic,
 )
-from pytest_gsm8k.core.gates import McNemar, NoiseAware, max_drop_count
-from pytest_gsm8k.core.stats import hypergeometric_pmf
+from pytest_gsm8k.core.gates import NoiseAware, max_drop_count
+from pytest_gsm8k.core.stats import hypergeometric_pmf, mcnemar_one_sided
 
 Weights = Literal["squared", "linear", "count"]
 
@@ -266,8 +266,9 @@ def run_row(
 
 @lru_cache(maxsize=100_000)
 def _mcnemar_passes(failing: int, passing: int) -> bool:
-    """The gate ``--gsm8k-alpha 0.05`` gives a single-run baseline (counts repeat: cached)."""
-    return McNemar(MCNEMAR_ALPHA).passes(failing, passing)
+    """The old gate ``--gsm8k-alpha 0.05`` gave a single-run baseline: the exact one-sided
+    McNemar test (counts repeat: cached)."""
+    return bool(mcnemar_one_sided(failing, passing) >= MCNEMAR_ALPHA)
 
 
 class TwinMismatch(AssertionError):

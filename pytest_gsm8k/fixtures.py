@@ -87,7 +87,7 @@ def gsm8k_outcome(
     gsm8k_protocol: Protocol,
 ) -> GSM8KOutcome:
     """The scored answer for this item's problem (fetched ahead by the engine)."""
-    from pytest_gsm8k.core.outcome import error_record, score_response
+    from pytest_gsm8k.core.outcome import combine_repeats, error_record, score_response
     from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
 
     state = get_state(request.config)
@@ -97,8 +97,12 @@ def gsm8k_outcome(
     item = request.node
     failure: str | None = None
     not_run: str | None = None
+    if gsm8k_problem.group:  # --gsm8k-config: the problem's config decides its protocol
+        gsm8k_protocol = state.plan.protocol_of(gsm8k_problem)
+    asks = gsm8k_protocol.request(gsm8k_problem).asks(state.settings.repeats)
     try:
-        response = source.result(gsm8k_protocol.request(gsm8k_problem))
+        # --gsm8k-repeats K: K separate asks, one item (an error in any is the item's error)
+        responses = [source.result(ask) for ask in asks]
     except NotRun as exc:
         not_run = str(exc)
     except EndpointError as exc:
@@ -120,7 +124,12 @@ def gsm8k_outcome(
         # Outside the except block: inside it, pytest would print the EndpointError too
         # ("During handling of the above exception, another exception occurred").
         pytest.fail(failure, pytrace=False)
-    record = score_response(gsm8k_problem, response, gsm8k_protocol, state.plan.pattern)
+    record = combine_repeats(
+        [
+            score_response(gsm8k_problem, response, gsm8k_protocol, state.plan.pattern)
+            for response in responses
+        ]
+    )
     record["endpoint"] = safe_url(source.endpoint)
     record["model"] = record["model"] or source.model
     item.stash[RECORD_KEY] = record

@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.gates import McNemar
+from pytest_gsm8k.core.calibrated import Pair, detectable_drop
 from pytest_gsm8k.core.markdown import gate_table, problem_list
 from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 from pytest_gsm8k.core.records import Report
@@ -87,10 +87,14 @@ def apply_baseline(
         return
     cmp = bl.compare(document, summary.records, run_ids)
     partial = document.get("partial")
+    rule = plan.gates.baseline
+    pairs = bl.pairs(document, summary.records)
+    seen = noise_block(pairs, rule.alpha)
     summary.extra["baseline"] = {
         "path": shown_path,
         "partial": partial is not None,
         **cmp.to_json(),
+        **seen,
     }
     if cmp.shared == 0:
         summary.add_gate("baseline", False, f"no problem id in common with {shown_path}")
@@ -123,16 +127,21 @@ def apply_baseline(
         summary.notes.append(
             f"  the baseline was recorded with model {recorded_with} (this run: {summary.model})"
         )
+    summary.notes.append(f"  {noise_sentence(seen)}")
     summary.notes.append(
         f"  {len(cmp.newly_failing)} newly failing, {len(cmp.newly_passing)} newly passing; "
-        f"McNemar one-sided p={cmp.p_value:.4g}"
+        f"McNemar one-sided p={cmp.p_value:.4g}; noise-aware p={seen['p_value']:.4g}"
     )
-    if cmp.newly_failing:
-        shown = ", ".join(cmp.newly_failing[:SHOWN_IDS])
-        left = len(cmp.newly_failing) - SHOWN_IDS
-        where_all = "in the JSON report" if settings.report else "with --gsm8k-report PATH"
-        more = f" (+{left} more {where_all})" if left > 0 else ""
-        summary.notes.append(f"  newly failing: {shown}{more}")
+    where_all = "in the JSON report" if settings.report else "with --gsm8k-report PATH"
+    for title, ids in (
+        ("stable flips (right in every baseline run, failing now)", seen["stable_flips"]),
+        ("noisy problems failing now", seen["noisy_failing"]),
+    ):
+        if ids:
+            shown = ", ".join(ids[:SHOWN_IDS])
+            left = len(ids) - SHOWN_IDS
+            more = f" (+{left} more {where_all})" if left > 0 else ""
+            summary.notes.append(f"  {title}: {shown}{more}")
     if uncovered is not None and settings.require_baseline:
         summary.add_gate(
             "baseline",
@@ -141,11 +150,61 @@ def apply_baseline(
             "record a baseline of the whole selection with --snapshot-update",
         )
         return
-    rule = plan.gates.baseline
-    if isinstance(rule, McNemar):
-        summary.set_gate(rule.verdict(len(cmp.newly_failing), len(cmp.newly_passing)))
-    else:
-        summary.set_gate(rule.verdict(cmp.baseline_correct, cmp.current_correct, cmp.shared))
+    summary.set_gate(rule.verdict(pairs))
+
+
+def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
+    """What the noise-aware gate sees in the shared problems, for the report's baseline
+    block: its p-value, the smallest drop it detects, the stable flips (the regressions
+    worth reading first) and the noisy problems failing now, and the baseline's stability."""
+    from pytest_gsm8k.core.calibrated import p_value
+
+    counts = {"stable_correct": 0, "stable_wrong": 0, "noisy": 0}
+    for pair in pairs:
+        counts[pair.stability.replace("-", "_")] += 1
+    detectable = detectable_drop(pairs, alpha)
+    shared = len(pairs)
+    return {
+        "p_value": p_value(pairs),
+        "alpha": alpha,
+        "repeats": {
+            "baseline": max((p.base_runs for p in pairs), default=1),
+            "run": max((p.now_runs for p in pairs), default=1),
+        },
+        "detectable_drop": {
+            "problems": detectable,
+            "points": round(100 * detectable / shared, 2) if shared else None,
+            "power": 0.8,
+        },
+        "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
+        "noisy_failing": [
+            p.problem_id for p in pairs if p.stability == "noisy" and p.now_correct < p.now_runs
+        ],
+        "stability": counts,
+        "flip_rate": counts["noisy"] / shared if shared else 0.0,
+    }
+
+
+def noise_sentence(seen: Mapping[str, Any]) -> str:
+    """The terminal's line on what the gate can see (from :func:`noise_block`)."""
+    counts = seen["stability"]
+    shared = sum(counts.values())
+    runs = seen["repeats"]["baseline"]
+    drop = seen["detectable_drop"]
+    can_see = (
+        f"detects a drop of {drop['points']:.1f} points or more ({drop['problems']} problems; "
+        f"80% power, n={shared}, alpha={seen['alpha']:g})"
+    )
+    if runs == 1:
+        return (
+            f"noise: a single-run baseline cannot tell noisy problems from stable ones "
+            f"(record it with --gsm8k-repeats K); the gate {can_see}"
+        )
+    return (
+        f"noise: baseline of {runs} runs per problem: {counts['stable_correct']} stable-correct, "
+        f"{counts['stable_wrong']} stable-wrong, {counts['noisy']} noisy (flip rate "
+        f"{seen['flip_rate']:.1%}); the gate {can_see}"
+    )
 
 
 def _write_baseline(
@@ -267,6 +326,20 @@ def markdown(summary: Summary, questions: dict[str, str], html: str | None = Non
     lines.append("")
     lines += gate_table(summary.gates)
     base: Any = summary.extra.get("baseline") or {}
-    failing = base.get("newly_failing") or []
-    lines += problem_list("Newly failing", failing, questions, "see the JSON report")
+    if "stable_flips" in base:
+        lines += problem_list(
+            "Newly failing, stable (right in every baseline run)",
+            base["stable_flips"],
+            questions,
+            "see the JSON report",
+        )
+        lines += problem_list(
+            "Newly failing, noisy (right in some baseline runs)",
+            base.get("noisy_failing") or [],
+            questions,
+            "see the JSON report",
+        )
+    else:
+        failing = base.get("newly_failing") or []
+        lines += problem_list("Newly failing", failing, questions, "see the JSON report")
     return "\n".join(lines) + "\n"

@@ -52,13 +52,32 @@ in order (wrapping around at the end of the list).  So one request with
 requests get samples 0, 1, 2, 3 in arrival order.  ``honour_n=False`` makes
 the server return one choice regardless of ``n`` (consuming one sample).
 Counters are cleared by ``reset()`` and ``set_script()``.
+
+Noise
+-----
+Batched GPU serving answers some problems differently from run to run even at
+temperature 0. ``Script.noisy_rate`` makes that share of the problems noisy
+(which ones: a hash of ``noise_seed`` and the index, the same in every run and
+process); every single-sample request for a noisy problem is right with
+probability ``noisy_p``, each request drawing independently (the k-th request
+for problem i draws from a hash of the seed, i and k), so the repeats of one
+run differ and so do two runs. The draw counters are never cleared (not by
+``reset()``, not by ``set_script()``, nor by ``POST /_script``): a rerun after a
+reset is a new run, not a replay of the last one. They live as long as the
+server process: a restarted server draws its first answers again, so change a
+running server's script over ``POST /_script`` rather than restarting it.
+``Script.drop`` turns that many stable-correct problems wrong (a true
+regression): the first ones in ``drop_pool`` (default: index order) that are
+neither noisy nor scripted otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import os
 import re
 import selectors
 import signal
@@ -273,9 +292,21 @@ class Script:
     #: serve only paths under /v1/ (as vLLM and Ollama do): any other path answers 404 with
     #: FastAPI's body, the reply a base URL without /v1 gets
     v1_only: bool = False
+    #: serving noise (see "Noise" above): the share of problems that flip from request to
+    #: request, their chance of being right in each, and the seed of both choices
+    noisy_rate: float = 0.0
+    noisy_p: float = 0.5
+    noise_seed: int = 0
+    #: a true regression: this many stable-correct problems answered wrong, the first ones
+    #: of ``drop_pool`` (default: every problem, in index order)
+    drop: int = 0
+    drop_pool: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.behaviours = _int_keys(self.behaviours)
+        self.drop_pool = [int(i) for i in self.drop_pool]
+        if not 0.0 <= self.noisy_rate <= 1.0 or not 0.0 <= self.noisy_p <= 1.0:
+            raise ValueError("noisy_rate and noisy_p are shares, between 0 and 1")
         self.fail_first = {
             k: {str(kind): int(c) for kind, c in v.items()}
             for k, v in _int_keys(self.fail_first).items()
@@ -298,6 +329,18 @@ class Script:
 
     def behaviour(self, index: int) -> str:
         return self.behaviours.get(index, self.default)
+
+    def noisy(self, index: int) -> bool:
+        """Whether problem ``index`` is one of the noisy ones (``noisy_rate``)."""
+        return self.noisy_rate > 0 and _unit(self.noise_seed, index, -1) < self.noisy_rate
+
+    def dropped(self, count: int) -> frozenset[int]:
+        """The problems ``drop`` turns wrong, of ``count`` problems."""
+        if self.drop <= 0:
+            return frozenset()
+        pool = self.drop_pool or range(count)
+        stable = (i for i in pool if self.behaviour(i) == "correct" and not self.noisy(i))
+        return frozenset(i for _, i in zip(range(self.drop), stable, strict=False))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -326,6 +369,12 @@ def _plus_one(gold: str) -> str:
             return repr(float(plain) + 1)
         except ValueError:
             return "1" + plain
+
+
+def _unit(seed: int, index: int, draw: int) -> float:
+    """A uniform number in [0, 1) from SHA-256 of (seed, index, draw): the same everywhere."""
+    digest = hashlib.sha256(f"{seed}:{index}:{draw}".encode()).digest()
+    return int.from_bytes(digest[:7], "big") / 2**56
 
 
 def _answer_text(value: str) -> str:
@@ -424,6 +473,7 @@ class FakeOpenAIServer:
         extra_models: Iterable[str] = (),
         reasoning_field: bool = False,
         record_file: str | Path | None = None,
+        raw_file: str | Path | None = None,
         root: str | None = None,
         owned_by: str = "fake",
         max_model_len: int | None = None,
@@ -447,6 +497,7 @@ class FakeOpenAIServer:
         self.reasoning_field = reasoning_field
         #: every completion request body is appended here as one JSON line (server side)
         self.record_file = Path(record_file) if record_file is not None else None
+        self.raw_file = Path(raw_file) if raw_file is not None else None
         #: what GET /models says about the served model (``root``, ``max_model_len``: only
         #: when set, as vLLM gives them); a test changes them between runs to play a server
         #: restarted with another model under the same name
@@ -465,6 +516,9 @@ class FakeOpenAIServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._killed = False
         self._ids = 0
+        #: draws taken per noisy problem (never cleared: see "Noise" in the module docstring)
+        self._noise_pos: dict[int, int] = {}
+        self._drop_cache: tuple[Script, frozenset[int]] | None = None
         self._reset_locked()
 
     # ----------------------------------------------------------- public API
@@ -937,7 +991,11 @@ class FakeOpenAIServer:
         if self.record_file is not None:
             with self._lock, self.record_file.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(req) + "\n")
-        model = req.get("model")
+        if self.raw_file is not None:  # the bytes as received, one JSON string a line
+            with self._lock, self.raw_file.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(body.decode("utf-8", "replace")) + "\n")
+        # No model at all is the served one, as vLLM answers (its GSM8K script sends none).
+        model = req.get("model", self.model)
         if not isinstance(model, str) or not model:
             raise _BadRequest("you must provide a model parameter")
         if model != self.model:
@@ -1096,7 +1154,7 @@ class FakeOpenAIServer:
             body = UNPARSED_TEXT if value is None else _answer_text(value)
             return lead + body + tail, finish
         gold = self.golds[idx]
-        behaviour = self.script.behaviour(idx)
+        behaviour = self._noisy_behaviour(idx)
         steps = self._steps[idx]
         if behaviour == "wrong":
             body = _answer_text(_plus_one(gold))
@@ -1126,6 +1184,25 @@ class FakeOpenAIServer:
         else:
             body = f"Let me think step by step. {steps} The answer is {gold}.\n#### {gold}"
         return lead + body + tail, finish
+
+    def _noisy_behaviour(self, idx: int) -> str:
+        """The script's behaviour for one answer, after ``drop`` and the serving noise."""
+        script = self.script
+        behaviour = script.behaviour(idx)
+        if behaviour != "correct" or not (script.noisy_rate > 0 or script.drop > 0):
+            return behaviour
+        if script.noisy(idx):
+            with self._lock:
+                draw = self._noise_pos.get(idx, 0)
+                self._noise_pos[idx] = draw + 1
+            return "correct" if _unit(script.noise_seed, idx, draw) < script.noisy_p else "wrong"
+        with self._lock:
+            if self._drop_cache is None or self._drop_cache[0] is not script:
+                self._drop_cache = (script, script.dropped(len(self.golds)))
+            dropped = self._drop_cache[1]
+        if idx in dropped:
+            return "wrong"
+        return behaviour
 
     def _message(self, text: str) -> dict[str, Any]:
         """The chat message; with ``reasoning_field`` a leading ``<think>`` block (closed or
@@ -1360,14 +1437,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-model", action="append", default=[], help="also listed in /models")
     ap.add_argument("--reasoning-field", action="store_true")
     ap.add_argument("--record-file", default=None, help="append request bodies here (JSONL)")
+    ap.add_argument(
+        "--raw-file", default=None, help="append each request body's bytes here (JSON strings)"
+    )
     ap.add_argument("--root", default=None, help="the model's root in GET /models")
     ap.add_argument("--owned-by", default="fake", help="the model's owned_by in GET /models")
     ap.add_argument("--max-model-len", type=int, default=None, help="... and its max_model_len")
     ap.add_argument("--system-fingerprint", default="fake", help="every reply's fingerprint")
     ap.add_argument("--argv-file", default=None, help="write the command line here (JSON)")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--events-file",
+        default=None,
+        help="append a JSON line when serving starts and when it stops (pid, port, model, "
+        "the command line and the VLLM_*/FAKESERVER_* environment): a matrix's sequence",
+    )
+    ap.add_argument(
+        "--accept-unknown",
+        action="store_true",
+        help="take flags meant for another server (vllm serve's) and only record them",
+    )
+    args, unknown = ap.parse_known_args(argv)
+    if unknown and not args.accept_unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.argv_file:
         Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
+    if not args.script and os.environ.get("FAKESERVER_SCRIPT"):
+        args.script = os.environ["FAKESERVER_SCRIPT"]  # a config's env can script its server
+    if args.die_after is None and os.environ.get("FAKESERVER_DIE_AFTER"):
+        args.die_after = int(os.environ["FAKESERVER_DIE_AFTER"])  # ... or make it die
+
+    def event(kind: str, **fields: object) -> None:
+        if args.events_file:
+            line = {"event": kind, "pid": os.getpid(), "time": time.time(), **fields}
+            with open(args.events_file, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line) + "\n")
+
     if args.exit_at_once is not None:
         print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
         return int(args.exit_at_once)
@@ -1396,6 +1500,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_models=args.extra_model,
         reasoning_field=args.reasoning_field,
         record_file=args.record_file,
+        raw_file=args.raw_file,
         root=args.root,
         owned_by=args.owned_by,
         max_model_len=args.max_model_len,
@@ -1407,10 +1512,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     srv.start()
     print(f"FAKESERVER_URL={srv.base_url}", flush=True)
+    event(
+        "start",
+        port=srv.port,
+        model=args.model,
+        argv=sys.argv if argv is None else argv,
+        unknown=unknown,
+        env={k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "FAKESERVER_"))},
+    )
     while not done.wait(0.2):
         pass
     killed = srv.killed
     srv.stop()
+    event("stop")
     if killed and args.exit_code:
         print(f"fakeserver: dying with exit code {args.exit_code}", flush=True)
         return int(args.exit_code)

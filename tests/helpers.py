@@ -24,6 +24,8 @@ REPO = TESTS.parent
 FAKESERVER = TESTS / "fakeserver.py"
 #: what lm-evaluation-harness sent and scored, recorded by data/record_lm_eval.py
 LM_EVAL_RECORDING = TESTS / "data" / "lm_eval_requests.json"
+#: what vLLM's gsm8k_eval.py sent (the bytes) and scored, recorded by data/record_vllm.py
+VLLM_RECORDING = TESTS / "data" / "vllm_requests.json"
 
 #: the API key the fake servers accept (conftest's ``server``, ``keyed_env``)
 TEST_KEY = "sk-test-SECRET-1234567890"

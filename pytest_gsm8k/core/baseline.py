@@ -7,6 +7,13 @@ comparison is paired: only problem ids present in both count, so a
 significance test is the exact one-sided McNemar test on the problems that
 flipped, not an unpaired test of two accuracies.
 
+A calibrated baseline (``--snapshot-update --gsm8k-repeats K``) stores per problem
+``{"correct": c, "outcome": <the most common outcome>, "repeats": K}`` and a
+``calibration`` entry (K and how many problems were stable-correct, stable-wrong
+and noisy); every other format reads as one run per problem (:func:`runs`), so a
+baseline recorded before repeats existed gates as it did (the noise-aware test is
+then exact McNemar).
+
 Which problems a baseline holds is part of what it says. A full baseline
 holds exactly its selection (the split after its ``--gsm8k-limit`` and
 seed); a partial one (written only when asked) says so in ``partial`` with
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gsm8k.core import jsondepth
+from pytest_gsm8k.core.calibrated import Pair, stability
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.outcome import OUTCOMES
@@ -31,6 +39,8 @@ from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interva
 from pytest_gsm8k.core.types import Problem
 
 SCHEMA = 1
+#: the most repeats a calibrated entry may hold (--gsm8k-repeats' own bound)
+MAX_REPEATS = 100
 KIND = "pytest-gsm8k baseline"
 #: dataset fields that must match (the name/path differs between machines, the content must not)
 DATASET_KEYS = ("config", "split", "fingerprint", "rows")
@@ -66,8 +76,15 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
     """
     problems: dict[str, Any] = {}
     sampled = int(summary_json["protocol"]["samples"]) > 1
+    repeats = max((len(r.get("repeats") or ()) for r in summary_json["problems"]), default=0)
     for record in summary_json["problems"]:
-        if sampled:
+        if repeats > 1:
+            problems[record["id"]] = {
+                "correct": int(record.get("repeats_correct", int(record["correct"]))),
+                "outcome": record["outcome"],
+                "repeats": len(record.get("repeats") or ()) or 1,
+            }
+        elif sampled:
             problems[record["id"]] = {
                 "outcome": record["outcome"],
                 "n_correct": record["n_correct"],
@@ -88,6 +105,8 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
         "subset": summary_json.get("subset", {}),
         "problems": dict(sorted(problems.items())),
     }
+    if repeats > 1:
+        document["calibration"] = calibration(document["problems"])
     if partial is not None:
         subset = summary_json.get("subset", {})
         document["partial"] = {
@@ -98,9 +117,73 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
     return document
 
 
+def runs(entry: Any) -> tuple[int, int]:
+    """A stored problem's (correct runs, runs): ``(c, K)`` for a calibrated entry, else one
+    run, correct when its outcome is (a single-run or a pass@N/maj@N baseline)."""
+    if isinstance(entry, dict) and "repeats" in entry:
+        return int(entry["correct"]), int(entry["repeats"])
+    return int(_correct(entry)), 1
+
+
+def calibration(problems: Mapping[str, Any]) -> dict[str, int]:
+    """The ``calibration`` entry: K, and how many problems were right in every run, wrong
+    in every run, or noisy (both), from the stored entries."""
+    counts = {"stable-correct": 0, "stable-wrong": 0, "noisy": 0}
+    most = 1
+    for entry in problems.values():
+        correct, repeats = runs(entry)
+        most = max(most, repeats)
+        counts[stability(correct, repeats)] += 1
+    return {
+        "repeats": most,
+        "stable_correct": counts["stable-correct"],
+        "stable_wrong": counts["stable-wrong"],
+        "noisy": counts["noisy"],
+    }
+
+
+def pairs(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[Pair]:
+    """The noise-aware test's pairs, by problem id, for the problems both hold: the
+    baseline's ``c`` of ``K`` and the run's correct count of its repeats (one run without)."""
+    base = baseline["problems"]
+    out: list[Pair] = []
+    for record in sorted(records, key=lambda r: str(r["id"])):
+        pid = str(record["id"])
+        if pid not in base:
+            continue
+        base_correct, base_runs = runs(base[pid])
+        outcomes = record.get("repeats") or ()
+        if len(outcomes) > 1:
+            now_correct, now_runs = int(record["repeats_correct"]), len(outcomes)
+        else:
+            now_correct, now_runs = int(bool(record["correct"])), 1
+        out.append(Pair(pid, base_correct, base_runs, now_correct, now_runs))
+    return out
+
+
+#: stands in for a calibrated baseline's problems while the rest is dumped (see dumps)
+_PROBLEMS_SLOT = "\u0000problems\u0000"
+
+
 def dumps(baseline: dict[str, Any]) -> str:
-    """Stable text: sorted keys, one problem per line, so a baseline diff reads well in a PR."""
-    return to_json(baseline, indent=1, sort_keys=True) + "\n"
+    """Stable text: sorted keys, one problem per line, so a baseline diff reads well in a PR.
+
+    A calibrated baseline's entries are objects; each is written on its own line too
+    (``"test-0042": {"correct": 4, "outcome": "correct", "repeats": 5}``), so a problem that
+    changed is one changed line.
+    """
+    problems = baseline.get("problems")
+    if not isinstance(problems, dict) or not any(
+        isinstance(v, dict) and "repeats" in v for v in problems.values()
+    ):
+        return to_json(baseline, indent=1, sort_keys=True) + "\n"
+    text = to_json({**baseline, "problems": _PROBLEMS_SLOT}, indent=1, sort_keys=True)
+    rows = ",\n".join(
+        f"  {to_json(pid)}: {to_json(entry, sort_keys=True)}"
+        for pid, entry in sorted(problems.items())
+    )
+    block = "{\n" + rows + "\n }" if rows else "{}"
+    return text.replace(to_json(_PROBLEMS_SLOT), block, 1) + "\n"
 
 
 def loads(text: str, where: str) -> dict[str, Any]:
@@ -136,6 +219,14 @@ def _check_outcomes(data: dict[str, Any], where: str) -> None:
                 f"{where}: corrupt baseline (problem {pid}: outcome {outcome!r} is not one of "
                 f"{', '.join(OUTCOMES)})"
             )
+        if isinstance(entry, dict) and "repeats" in entry:
+            _check_repeats(pid, entry, where)
+    stored = data.get("calibration")
+    if stored is not None and stored != calibration(problems):
+        raise BaselineError(
+            f"{where}: corrupt baseline (its calibration {stored!r} is not that of its "
+            f"{len(problems)} problems, {calibration(problems)!r}: edited by hand?)"
+        )
     accuracy = data.get("accuracy")
     if not isinstance(accuracy, int | float) or isinstance(accuracy, bool):
         raise BaselineError(f"{where}: corrupt baseline (no accuracy)")
@@ -146,6 +237,33 @@ def _check_outcomes(data: dict[str, Any], where: str) -> None:
                 f"{where}: corrupt baseline (its accuracy {float(accuracy):.6f} is not that of "
                 f"its {len(problems)} outcomes, {measured:.6f}: edited by hand?)"
             )
+
+
+def _check_repeats(pid: str, entry: dict[str, Any], where: str) -> None:
+    """A calibrated entry: ``repeats`` K from 1 to 100, ``correct`` from 0 to K, and an
+    outcome that can be the most common of those runs."""
+    k, c = entry.get("repeats"), entry.get("correct")
+    if (
+        not isinstance(k, int)
+        or not isinstance(c, int)
+        or isinstance(k, bool)
+        or isinstance(c, bool)
+    ):
+        raise BaselineError(
+            f"{where}: corrupt baseline (problem {pid}: correct {c!r} of repeats {k!r} are not "
+            "counts)"
+        )
+    if not (1 <= k <= MAX_REPEATS and 0 <= c <= k):
+        raise BaselineError(
+            f"{where}: corrupt baseline (problem {pid}: correct {c} of {k} repeats)"
+        )
+    # the most common of the K outcomes: "correct" needs a correct run, any other outcome at
+    # least as many runs as the correct ones (a tie goes to the one seen first)
+    if (c == 0) if entry["outcome"] == "correct" else (2 * c > k):
+        raise BaselineError(
+            f"{where}: corrupt baseline (problem {pid}: outcome {entry['outcome']!r} with "
+            f"{c} of {k} repeats correct: edited by hand?)"
+        )
 
 
 def _check_problem_count(data: dict[str, Any], where: str) -> None:
@@ -196,9 +314,16 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
     limit, seed = subset.get("limit"), subset.get("seed", 0)
     if not (limit is None or (isinstance(limit, int) and limit > 0)) or not isinstance(seed, int):
         raise BaselineError(f"{where}: corrupt baseline (its subset limit or seed is not a number)")
-    selection = {p.id for p in select(tuple(split), limit, seed)}
+    first = subset.get("first") is True
+    selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
     if ids != selection:
-        described = "the whole split" if limit is None else f"limit {limit}, seed {seed}"
+        described = (
+            "the whole split"
+            if limit is None
+            else f"the first {limit}"
+            if first
+            else f"limit {limit}, seed {seed}"
+        )
         raise BaselineError(
             f"{where}: its {len(ids)} problems are not the {len(selection)} of its selection "
             f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "

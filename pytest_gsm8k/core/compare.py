@@ -4,8 +4,9 @@
 two runs that already happened (two models, two releases, two serving stacks): is B worse
 than A? The answer is paired, as against a baseline: only the problem ids both reports
 hold count, the difference in accuracy comes with Newcombe's interval, and "B is worse"
-is the exact one-sided McNemar test on the problems that flipped (the gate rule
-:class:`~pytest_gsm8k.core.gates.McNemar`, at ``--alpha``).
+is the baseline gate's own rule (:class:`~pytest_gsm8k.core.gates.NoiseAware`, at
+``--alpha``): the exact one-sided McNemar test on the problems that flipped when each report
+ran every problem once, the noise-aware test when a report holds ``--gsm8k-repeats`` runs.
 
 Two reports of different protocols or datasets are refused with the first field that
 differs (:func:`pytest_gsm8k.core.baseline.first_difference`, the baseline's own rule).
@@ -22,7 +23,8 @@ from typing import Any
 
 from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.baseline import first_difference
-from pytest_gsm8k.core.gates import GateVerdict, McNemar
+from pytest_gsm8k.core.calibrated import Pair
+from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.markdown import cell_code, gate_table, problem_list
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA
 from pytest_gsm8k.core.scrub import md_text
@@ -142,7 +144,9 @@ def compare(
     where: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
     """Compare report ``b`` with report ``a`` (both from :func:`load_report`) on the
-    problem ids both hold; the verdict fails when McNemar says B is worse at ``alpha``.
+    problem ids both hold; the verdict fails when the baseline gate's test (exact McNemar
+    for one run a side, noise-aware for reports with ``--gsm8k-repeats``) says B is worse
+    at ``alpha``.
 
     ``where`` names the two files in messages. Raises :class:`CompareError` for reports
     of different protocols or datasets, or with no problem to pair.
@@ -185,7 +189,14 @@ def compare(
     diff, low, high = paired_difference_interval(
         cells["both"], cells["a_only"], cells["b_only"], cells["neither"]
     )
-    rule = McNemar(alpha, name="compare", option="--alpha")
+    # the baseline gate's rule: noise-aware where a report carries --gsm8k-repeats (each
+    # side's K outcomes), exact McNemar for one run a side
+    rule = NoiseAware(alpha, name="compare", option="--alpha")
+    pairs = [
+        Pair(str(r["id"]), *_runs(in_a[str(r["id"])]), *_runs(in_b[str(r["id"])]))
+        for r in common
+        if "error" not in (in_a[str(r["id"])]["outcome"], in_b[str(r["id"])]["outcome"])
+    ]
     return Comparison(
         label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
         a=_side("A", where_a, a, (cells["both"] + cells["a_only"]) / shared),
@@ -200,8 +211,16 @@ def compare(
         low=low,
         high=high,
         p_value=mcnemar_one_sided(len(failing), len(passing)),
-        verdict=rule.verdict(len(failing), len(passing)),
+        verdict=rule.verdict(pairs),
     )
+
+
+def _runs(record: Mapping[str, Any]) -> tuple[int, int]:
+    """A record's (correct runs, runs): its ``--gsm8k-repeats`` outcomes, else one run."""
+    outcomes = record.get("repeats") or ()
+    if isinstance(outcomes, list) and len(outcomes) > 1:
+        return sum(1 for o in outcomes if o == "correct"), len(outcomes)
+    return int(bool(record["correct"])), 1
 
 
 def _side(name: str, where: str, report: Mapping[str, Any], accuracy: float) -> Side:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,9 +117,45 @@ def subset_order(problems: Iterable[Problem], seed: int) -> Iterator[Problem]:
     return iter(sorted(problems, key=key))
 
 
-def select(problems: tuple[Problem, ...], limit: int | None, seed: int) -> tuple[Problem, ...]:
-    """The seeded subset of size ``limit`` (all problems when None), in split order."""
+def select(
+    problems: tuple[Problem, ...], limit: int | None, seed: int, *, first: bool = False
+) -> tuple[Problem, ...]:
+    """The seeded subset of size ``limit`` (all problems when None), in split order; with
+    ``first``, the first ``limit`` problems instead (an engine's ``--num-questions``)."""
     if limit is None or limit >= len(problems):
         return problems
+    if first:
+        return problems[:limit]
     chosen = {p.index for _, p in zip(range(limit), subset_order(problems, seed), strict=False)}
     return tuple(p for p in problems if p.index in chosen)
+
+
+def subset_record(
+    *, limit: int | None, seed: int, of: int, ids_hash: str, deselected: int, first: bool
+) -> dict[str, Any]:
+    """The report's and the baseline's ``subset``: how the run's problems were chosen.
+
+    ``first`` (the first ``limit`` problems, an engine preset's ``--num-questions``) is
+    written only when it applies, so reports and baselines of seeded runs keep their shape.
+    """
+    record: dict[str, Any] = {
+        "limit": limit,
+        "seed": seed,
+        "of": of,
+        "ids_hash": ids_hash,
+        "deselected": deselected,
+    }
+    if first and limit is not None:
+        record["first"] = True
+    return record
+
+
+def describe_subset(subset: Mapping[str, Any]) -> str:
+    """``subset`` in words for the summary and the page ("" for the whole split)."""
+    if subset.get("limit") is None:
+        return ""
+    if subset.get("first"):
+        return f"the first {subset['limit']} of {subset.get('of')}"
+    return (
+        f"seeded subset of {subset.get('of')} (limit {subset['limit']}, seed {subset.get('seed')})"
+    )

@@ -27,7 +27,8 @@ Public API::
 
     Decision(after: int, verdicts: dict[str, Verdict | None], how: dict[str, str])
     EarlyStop(ids, *, mode, seed=0, alpha=0.05, min_acc=None, baseline=None,
-              max_drop=0.0, mcnemar_alpha=None, health=(), order=None)
+              max_drop=0.0, noise_aware=None, baseline_runs=None, repeats=1,
+              health=(), order=None)
         .order: list[str]                 # the order the plugin should run the problems in
         .observe(problem_id, correct, outcome=None) -> Decision | None   # None while undecided
         .decision: Decision | None
@@ -60,9 +61,16 @@ integer thresholds on a count, so every comparison here is exact:
 * baseline, max-drop: PASS iff X >= ``MaxDrop.need(B, M)``, X the current
   run's correct answers over the M problems shared with the baseline (B its
   correct ones there).
-* baseline, McNemar (``--gsm8k-alpha``): only certain bounds apply (in both
-  modes; ``McNemar.certain``). No sequential test: its verdict is not a
-  threshold on one population mean.
+* baseline, noise-aware (``--gsm8k-alpha``, the plugin's rule; exact McNemar
+  against a single-run baseline): only certain bounds apply (in both modes;
+  ``NoiseAware.certain``: its p-value can only fall with each further failure,
+  so "every unseen problem fails" and "every unseen problem is right" are its
+  extremes). No sequential test: its verdict is not a threshold on one
+  population mean. The p-value of 1,319 pairs costs milliseconds to a fraction
+  of a second, so the bounds are checked every 1% of the shared problems (and
+  at the last one), never changing the verdict, only when it is seen. With
+  ``--gsm8k-repeats`` on the candidate the p-value is not monotone in a
+  problem's outcome and the gate waits for the end of the run.
 * the answer-format health gates (``--gsm8k-max-unparsed``, ``-truncated``,
   ``-error``; ``MaxShare``): PASS iff X >= ``MaxShare.need(N)``, X the problems
   over all N whose outcome is *not* the one counted (at most ``allowed`` may be).
@@ -74,11 +82,13 @@ integer thresholds on a count, so every comparison here is exact:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_gsm8k.core.gates import MaxDrop, MaxShare, McNemar, MinAcc, Verdict, count_certain
+from pytest_gsm8k.core.calibrated import Pair, p_value
+from pytest_gsm8k.core.gates import MaxDrop, MaxShare, MinAcc, NoiseAware, Verdict, count_certain
 
 __all__ = [
     "Decision",
@@ -417,40 +427,59 @@ class _CountGate:
 
 
 @dataclass
-class _McNemarGate:
-    """The baseline gate in McNemar mode: the running counts for ``McNemar.certain``.
+class _NoiseAwareGate:
+    """The baseline gate by the noise-aware test: the outcomes so far for
+    ``NoiseAware.certain``, checked every ``every`` outcomes (and at the last one).
 
-    U1, U0 (``unseen_right``, ``unseen_wrong``) count the unseen shared problems
-    the baseline got right / wrong.
+    ``baseline``: shared problem id -> (correct runs, runs) in the baseline;
+    ``repeats``: the candidate's runs per problem (above 1 the gate waits for the end).
     """
 
-    rule: McNemar
-    baseline: dict[str, int]
-    unseen_right: int = 0
-    unseen_wrong: int = 0
-    failing: int = 0
-    passing: int = 0
-    seen: int = 0
+    rule: NoiseAware
+    baseline: dict[str, tuple[int, int]]
+    repeats: int = 1
+    every: int = 1
+    now: dict[str, int] = field(default_factory=dict)
+    since: int = 0
 
     @property
     def alpha(self) -> float:
         return self.rule.alpha
 
+    @property
+    def seen(self) -> int:
+        return len(self.now)
+
     def add(self, pid: str, correct: bool) -> Verdict | None:
-        self.seen += 1
-        if self.baseline[pid]:
-            self.unseen_right -= 1
-            self.failing += not correct
-        else:
-            self.unseen_wrong -= 1
-            self.passing += correct
+        self.now[pid] = int(correct)
+        self.since += 1
+        if self.since < self.every and self.seen < len(self.baseline):
+            return None
+        self.since = 0
         return self.certain()
 
+    def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:
+        seen: list[Pair] = []
+        unseen: list[tuple[str, int, int]] = []
+        for pid, (correct, runs) in self.baseline.items():
+            if pid in self.now:
+                seen.append(Pair(pid, correct, runs, self.now[pid], 1))
+            else:
+                unseen.append((pid, correct, runs))
+        return seen, unseen
+
     def certain(self) -> Verdict | None:
-        return self.rule.certain(self.failing, self.passing, self.unseen_right, self.unseen_wrong)
+        if self.repeats > 1:
+            return None
+        seen, unseen = self._split()
+        return self.rule.certain(seen, unseen)
 
     def p_range(self) -> tuple[float, float]:
-        return self.rule.p_range(self.failing, self.passing, self.unseen_right, self.unseen_wrong)
+        """The p-values reachable: every unseen problem failing, every one right."""
+        seen, unseen = self._split()
+        worst = [*seen, *(Pair(i, c, k, 0, 1) for i, c, k in unseen)]
+        best = [*seen, *(Pair(i, c, k, 1, 1) for i, c, k in unseen)]
+        return p_value(worst), p_value(best)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -490,8 +519,11 @@ class EarlyStop:
     ``min_acc``: the min-acc gate's threshold, or None.
     ``baseline``: problem id -> baseline outcome (1 correct, 0 not) for the
     baseline gate, or None; only ids in ``ids`` count (the shared problems).
-    ``max_drop`` / ``mcnemar_alpha``: the baseline gate's rule; with
-    ``mcnemar_alpha`` (``--gsm8k-alpha``) the McNemar rule, certain bounds only.
+    ``max_drop``: the baseline gate's rule when ``noise_aware`` is None (a count gate on
+    the drop, sequential tests too); ``noise_aware``: the plugin's rule
+    (:class:`NoiseAware`, ``max_drop`` its own field), certain bounds only, read with
+    ``baseline_runs`` (problem id -> the baseline's runs of it; ``baseline`` then holds
+    correct runs) and ``repeats`` (the candidate's runs per problem: above 1 it waits).
     ``health``: the answer-format health gates (``MaxShare``), each decided on the
     outcomes :meth:`observe` is given.
 
@@ -508,7 +540,9 @@ class EarlyStop:
         min_acc: float | None = None,
         baseline: dict[str, int] | None = None,
         max_drop: float = 0.0,
-        mcnemar_alpha: float | None = None,
+        noise_aware: NoiseAware | None = None,
+        baseline_runs: Mapping[str, int] | None = None,
+        repeats: int = 1,
         health: Sequence[MaxShare] = (),
         order: Sequence[str] | None = None,
     ) -> None:
@@ -538,15 +572,15 @@ class EarlyStop:
         sequential = mode == "sequential"
         self._min_acc: _CountGate | None = None
         self._base: _CountGate | None = None
-        self._mcnemar: _McNemarGate | None = None
+        self._noise: _NoiseAwareGate | None = None
         self.min_acc = min_acc
         self.max_drop = max_drop
         shared: dict[str, int] = {}
         if baseline is not None:
-            shared = {pid: int(bool(baseline[pid])) for pid in self.order if pid in baseline}
+            shared = {pid: int(baseline[pid]) for pid in self.order if pid in baseline}
             if not shared:
                 raise ValueError("no problem id in common with the baseline")
-        tested = (min_acc is not None) + (baseline is not None and mcnemar_alpha is None)
+        tested = (min_acc is not None) + (baseline is not None and noise_aware is None)
         tested += len(health)
         self.gate_alpha = alpha / max(tested, 1)
         if min_acc is not None:
@@ -561,8 +595,9 @@ class EarlyStop:
                 self._min_acc.start_tests()
             self._verdicts["min-acc"] = None
         if baseline is not None:
-            b_total = sum(shared.values())
-            if mcnemar_alpha is None:
+            b_total = sum(int(bool(v)) for v in shared.values())
+            if noise_aware is None:
+                shared = {pid: int(bool(v)) for pid, v in shared.items()}
                 self._base = _CountGate(
                     "baseline",
                     len(shared),
@@ -575,11 +610,12 @@ class EarlyStop:
                 if sequential:
                     self._base.start_tests()
             else:
-                self._mcnemar = _McNemarGate(
-                    McNemar(mcnemar_alpha),
-                    shared,
-                    unseen_right=b_total,
-                    unseen_wrong=len(shared) - b_total,
+                runs = baseline_runs or {}
+                self._noise = _NoiseAwareGate(
+                    noise_aware,
+                    {pid: (c, int(runs.get(pid, 1))) for pid, c in shared.items()},
+                    repeats=repeats,
+                    every=max(1, math.ceil(len(shared) / 100)),
                 )
             self._verdicts["baseline"] = None
         #: gate name -> (its rule, its count of the problems *not* of the counted outcome)
@@ -606,8 +642,8 @@ class EarlyStop:
             self._record("min-acc", self._min_acc.certain(), "certain")
         if self._base is not None:
             self._record("baseline", self._base.certain(), "certain")
-        if self._mcnemar is not None:
-            self._record("baseline", self._mcnemar.certain(), "certain")
+        if self._noise is not None:
+            self._record("baseline", self._noise.certain(), "certain")
         for name, (_, gate) in self._health.items():
             self._record(name, gate.certain(), "certain")
         self._check_done()
@@ -665,8 +701,8 @@ class EarlyStop:
             gate = self._base
             verdict = gate.add(gate.value_of(pid, correct), correct)
             self._record("baseline", verdict, "certain" if gate.certain() else how)
-        if self._mcnemar is not None and pid in self._mcnemar.baseline:
-            self._record("baseline", self._mcnemar.add(pid, correct), "certain")
+        if self._noise is not None and pid in self._noise.baseline:
+            self._record("baseline", self._noise.add(pid, correct), "certain")
         for name, (spec, gate) in self._health.items():
             clean = outcome != spec.outcome
             verdict = gate.add(int(clean), clean)
@@ -722,14 +758,17 @@ class EarlyStop:
             if gate.fail_test is not None:
                 lo, hi = gate.count_interval()
                 out["drop_interval"] = [(b - hi) / m, (b - lo) / m]
-        elif self._mcnemar is not None:
-            lo_p, hi_p = self._mcnemar.p_range()
-            out.update(
-                rule="mcnemar",
-                alpha=self._mcnemar.alpha,
-                observed=self._mcnemar.seen,
-                p_bounds=[lo_p, hi_p],
-            )
+        elif self._noise is not None:
+            if self._noise.repeats > 1:
+                out.update(rule="noise-aware", alpha=self._noise.alpha, observed=self._noise.seen)
+            else:
+                lo_p, hi_p = self._noise.p_range()
+                out.update(
+                    rule="noise-aware",
+                    alpha=self._noise.alpha,
+                    observed=self._noise.seen,
+                    p_bounds=[lo_p, hi_p],
+                )
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -784,10 +823,12 @@ class EarlyStop:
                     f"full split in [{lo:.4f}, {hi:.4f}])"
                 )
             return what
-        if info.get("rule") == "mcnemar":
+        if info.get("rule") == "noise-aware":
+            if "p_bounds" not in info:
+                return "baseline waits for the end of the run (--gsm8k-repeats on the candidate)"
             lo_p, hi_p = info["p_bounds"]
             state = "undecided" if verdict is None else f"verdict {verdict} is certain"
-            return f"baseline {state} (McNemar p reachable {lo_p:.4g}-{hi_p:.4g})"
+            return f"baseline {state} (noise-aware p reachable {lo_p:.4g}-{hi_p:.4g})"
         low, high = info["drop_bounds"]
         if verdict is None:
             return f"baseline undecided (drop reachable {low:+.3f} to {high:+.3f})"

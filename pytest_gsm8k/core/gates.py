@@ -25,7 +25,6 @@ from typing import Literal
 
 from pytest_gsm8k.core.calibrated import Pair, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
-from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 __all__ = [
     "DROP_TOLERANCE",
@@ -33,9 +32,9 @@ __all__ = [
     "GateVerdict",
     "MaxDrop",
     "MaxShare",
-    "McNemar",
     "MinAcc",
     "NoiseAware",
+    "ToleranceFloor",
     "Verdict",
     "count_certain",
     "max_drop_count",
@@ -54,7 +53,7 @@ DROP_TOLERANCE = 1e-12
 class GateVerdict:
     """One gate's verdict: what was measured against what, and the sentence for people.
 
-    ``rule`` names the rule that decided (``min-acc``, ``max-drop``, ``mcnemar``,
+    ``rule`` names the rule that decided (``min-acc``, ``max-drop``, ``noise-aware``,
     ``early-stop``, or a refusal such as ``baseline-missing``); ``value`` and
     ``threshold`` are the two numbers compared where the rule compares numbers.
     """
@@ -190,6 +189,51 @@ class MinAcc:
 
 
 @dataclass(frozen=True)
+class ToleranceFloor:
+    """A vLLM config's gate, exactly as vLLM's test_gsm8k_correctness.py asserts it:
+    ``accuracy >= accuracy_threshold - tolerance``, the floor computed in floats as there,
+    the accuracy over every question of the config (an error counts as not correct, as the
+    script scores a failed request)."""
+
+    config: str
+    threshold: float
+    tolerance: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.config}:vllm-threshold"
+
+    @property
+    def floor(self) -> float:
+        return self.threshold - self.tolerance
+
+    def need(self, n: int) -> int:
+        return min_acc_count(self.floor, n)
+
+    def verdict(self, correct: int, n: int, label: str) -> GateVerdict:
+        if n == 0:
+            return GateVerdict(
+                self.name,
+                "vllm-threshold",
+                False,
+                f"no problem has a result ({label})",
+                None,
+                self.floor,
+            )
+        passed = correct >= self.need(n)
+        accuracy = correct / n
+        detail = (
+            f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} "
+            f"accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} "
+            f"= {self.floor:.4f}"
+        )
+        return GateVerdict(self.name, "vllm-threshold", passed, detail, accuracy, self.floor)
+
+    def certain(self, correct: int, seen: int, n: int) -> Verdict | None:
+        return count_certain(correct, seen, n, self.need(n))
+
+
+@dataclass(frozen=True)
 class MaxDrop:
     """The baseline gate by drop: over the M shared problems, ``B/M - X/M <= max_drop``."""
 
@@ -214,48 +258,6 @@ class MaxDrop:
         self, baseline_correct: int, current_correct: int, seen: int, shared: int
     ) -> Verdict | None:
         return count_certain(current_correct, seen, shared, self.need(baseline_correct, shared))
-
-
-@dataclass(frozen=True)
-class McNemar:
-    """The baseline gate by test (``--gsm8k-alpha``): FAIL when the exact one-sided McNemar
-    test rejects "no regression" at level ``alpha``."""
-
-    alpha: float
-    name: str = "baseline"
-    option: str = "--gsm8k-alpha"
-
-    def passes(self, newly_failing: int, newly_passing: int) -> bool:
-        return mcnemar_one_sided(newly_failing, newly_passing) >= self.alpha
-
-    def verdict(self, newly_failing: int, newly_passing: int) -> GateVerdict:
-        p = mcnemar_one_sided(newly_failing, newly_passing)
-        passed = p >= self.alpha
-        detail = (
-            f"McNemar p={p:.4g} {'>=' if passed else '<'} {self.option} {self.alpha:g} "
-            f"({newly_failing} newly failing)"
-        )
-        return GateVerdict(self.name, "mcnemar", passed, detail, p, self.alpha)
-
-    def certain(
-        self, failing: int, passing: int, unseen_right: int, unseen_wrong: int
-    ) -> Verdict | None:
-        """p falls with more newly failing and rises with more newly passing problems, so
-        over the unseen shared problems (``unseen_right`` the baseline got right,
-        ``unseen_wrong`` it got wrong) its extremes are exact."""
-        if not self.passes(failing, passing + unseen_wrong):
-            return "FAIL"
-        if self.passes(failing + unseen_right, passing):
-            return "PASS"
-        return None
-
-    def p_range(
-        self, failing: int, passing: int, unseen_right: int, unseen_wrong: int
-    ) -> tuple[float, float]:
-        return (
-            mcnemar_one_sided(failing + unseen_right, passing),
-            mcnemar_one_sided(failing, passing + unseen_wrong),
-        )
 
 
 def _drop(pairs: Sequence[Pair]) -> float:

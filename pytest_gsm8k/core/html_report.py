@@ -48,6 +48,7 @@ from importlib import resources
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 
 __all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
@@ -116,10 +117,19 @@ def render_html(
     compared = base is not None and "shared" in base
     failing = [str(i) for i in (base or {}).get("newly_failing") or []]
     passing = [str(i) for i in (base or {}).get("newly_passing") or []]
+    # the regressions worth reading first: problems right in every baseline run that fail
+    # now, then the noisy ones failing, then any other change
+    stable = [str(i) for i in (base or {}).get("stable_flips") or []]
+    noisy = [str(i) for i in (base or {}).get("noisy_failing") or []]
     records = list(report.get("problems") or [])
     derived = _derived_baseline(report, records, failing, passing) if compared else {}
-    rank = {pid: 0 for pid in failing} | {pid: 1 for pid in passing}
-    ordered = sorted(records, key=lambda r: (rank.get(str(r.get("id")), 2), _int(r.get("index"))))
+    rank = (
+        {pid: 3 for pid in passing}
+        | {pid: 2 for pid in failing}
+        | {pid: 1 for pid in noisy}
+        | {pid: 0 for pid in stable}
+    )
+    ordered = sorted(records, key=lambda r: (rank.get(str(r.get("id")), 4), _int(r.get("index"))))
     rows = [_row(r, texts, baseline_outcomes or {}, derived, failing, passing) for r in ordered]
     rule_names = list(report.get("rules") or {})
     for r in records:
@@ -272,13 +282,50 @@ def _header(report: Mapping[str, Any], compared: bool) -> str:
     if isinstance(early, Mapping) and early:
         parts.append(_early_card(early))
     parts.append('</section><section class="cards charts">')
-    parts.append(_accuracy_card(report, compared))
-    parts.append(_outcome_card(counts))
-    if report.get("pass_at_k"):
-        parts.append(_pass_at_card(report["pass_at_k"]))
-    parts.append(_rules_card(report))
+    configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
+    if configs:  # --gsm8k-config: each config's accuracy; the pooled counts mean nothing
+        parts.append(_configs_card(configs))
+        parts.append(_outcome_card(counts))
+    else:
+        parts.append(_accuracy_card(report, compared))
+        parts.append(_outcome_card(counts))
+        if report.get("pass_at_k"):
+            parts.append(_pass_at_card(report["pass_at_k"]))
+        parts.append(_rules_card(report))
     parts.append("</section></header><main>")
     return "".join(parts)
+
+
+def _configs_card(configs: list[Mapping[str, Any]]) -> str:
+    """--gsm8k-config: one row per config: its model, n, accuracy with its interval, the
+    floor vLLM's rule needs (threshold - tolerance), the verdict and its protocol."""
+    rows = []
+    for c in configs:
+        config = c.get("config") or {}
+        gates = [g for g in c.get("gates") or [] if isinstance(g, Mapping)]
+        floor = next((g.get("threshold") for g in gates if g.get("rule") == "vllm-threshold"), None)
+        passed = all(g.get("passed") for g in gates)
+        low, high = [*(c.get("ci95") or []), None, None][:2]
+        accuracy = (
+            f"{_fmt(c.get('accuracy'))} [{_fmt(low)}-{_fmt(high)}]"
+            if c.get("accuracy") is not None
+            else "no answers"
+        )
+        rows.append(
+            f'<tr><td><span class="badge {"pass" if passed else "fail"}">'
+            f"{'PASS' if passed else 'FAIL'}</span></td><th>{_e(config.get('name'))}</th>"
+            f"<td>{_e(c.get('model'))}</td><td>{_int(c.get('n'))}</td><td>{_e(accuracy)}</td>"
+            f"<td>{_e(_fmt(floor) if floor is not None else '-')}</td>"
+            f"<td>{_e((c.get('protocol') or {}).get('label', ''))}</td></tr>"
+        )
+    head = (
+        "<tr><td></td><th>config</th><th>model</th><th>n</th><th>accuracy, 95% interval</th>"
+        "<th>floor</th><th>protocol</th></tr>"
+    )
+    return (
+        '<div class="card wide gates"><h2>vLLM configs (accuracy &gt;= threshold - '
+        f"tolerance)</h2><table>{head}{''.join(rows)}</table></div>"
+    )
 
 
 def _headline(report: Mapping[str, Any]) -> str:
@@ -312,11 +359,7 @@ def _run_card(report: Mapping[str, Any]) -> str:
     reported = [str(m) for m in report.get("reported_models") or []]
     if reported and reported != [model]:
         model += f" (server reported: {', '.join(reported)})"
-    subset = ""
-    if sub.get("limit") is not None:
-        subset = (
-            f"seeded subset of {sub.get('of')} (limit {sub.get('limit')}, seed {sub.get('seed')})"
-        )
+    subset = describe_subset(sub)
     if sub.get("deselected"):
         subset += f"{'; ' if subset else ''}{sub['deselected']} deselected (-k/-m/--lf)"
     settings = ", ".join(
@@ -385,6 +428,29 @@ def _baseline_card(base: Mapping[str, Any]) -> str:
             f"{len(base.get('newly_passing') or [])} newly passing",
         ),
     ]
+    if "stable_flips" in base:
+        stability = base.get("stability") or {}
+        drop = base.get("detectable_drop") or {}
+        runs = (base.get("repeats") or {}).get("baseline", 1)
+        items += [
+            (
+                "noise-aware",
+                f"p = {_float(base.get('p_value')):.4g} at alpha {_value(base.get('alpha'))}; "
+                f"detects a drop of {_float(drop.get('points')):.1f} points or more "
+                f"({_value(drop.get('problems'))} problems, 80% power)",
+            ),
+            (
+                "baseline noise",
+                f"{_value(runs)} runs per problem: {_int(stability.get('stable_correct'))} "
+                f"stable-correct, {_int(stability.get('stable_wrong'))} stable-wrong, "
+                f"{_int(stability.get('noisy'))} noisy",
+            ),
+            (
+                "failing now",
+                f"{len(base.get('stable_flips') or [])} stable flips (listed first), "
+                f"{len(base.get('noisy_failing') or [])} noisy",
+            ),
+        ]
     dl = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in items)
     return f'<div class="card baseline"><h2>Against the baseline</h2><dl>{dl}</dl></div>'
 

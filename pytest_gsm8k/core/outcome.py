@@ -12,7 +12,10 @@ correct and cut by the token limit), ``error`` (no answer: the request failed).
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Sequence
 from decimal import Decimal
+from typing import cast
 
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import OUTCOMES, Outcome, ProblemRecord, SampleRecord
@@ -22,15 +25,16 @@ from pytest_gsm8k.core.scoring import (
     format_number,
     majority_vote,
     numbers_equal,
+    rule_gold,
     score_text,
 )
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 
-__all__ = ["OUTCOMES", "error_record", "score_response"]
+__all__ = ["OUTCOMES", "combine_repeats", "error_record", "score_response"]
 
 
 def _decide(
-    protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal
+    protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal | None
 ) -> tuple[Decimal | None, bool, list[tuple[str, int]]]:
     """The problem-level answer under the protocol's aggregation, for one rule.
 
@@ -110,10 +114,12 @@ def score_response(
     pattern: re.Pattern[str] | None = None,
 ) -> ProblemRecord:
     """Score every sample with every rule, then decide the problem's outcome."""
-    scores = [score_text(c.text, problem.gold, pattern) for c in response.completions]
+    label = rule_gold("last-int", problem.answer, problem.gold)
+    scores = [score_text(c.text, problem.gold, pattern, label) for c in response.completions]
     gated = protocol.extractor
+    decided = gated if gated in RULES else "strict"
     decision, correct, votes = _decide(
-        protocol, scores, gated if gated in RULES else "strict", problem.gold
+        protocol, scores, decided, rule_gold(decided, problem.answer, problem.gold)
     )
     truncated = [
         c.finish_reason == "length" or cut_while_reasoning(c) for c in response.completions
@@ -127,7 +133,10 @@ def score_response(
         outcome = "truncated" if any(truncated) else "unparsed"
     else:
         outcome = "wrong"
-    rules = {rule: _decide(protocol, scores, rule, problem.gold)[1] for rule in RULES}
+    rules = {
+        rule: _decide(protocol, scores, rule, rule_gold(rule, problem.answer, problem.gold))[1]
+        for rule in RULES
+    }
     shown = format_number(decision)
     if protocol.preset == "lm-eval":
         # lm-eval's own filters and string match, labelled by its names; strict-match gates
@@ -205,3 +214,32 @@ def error_record(problem: Problem, message: str) -> ProblemRecord:
         "model": None,
         "error": message,
     }
+
+
+def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:
+    """One problem's record from its ``--gsm8k-repeats K`` records (repeat 0 first).
+
+    The item stays one per problem. Its outcome is the most common of the K (a tie goes to
+    the one seen first), and the record is that repeat's, so every reader of an outcome
+    (counts, health gates, the page) sees one of the answers as given; ``repeats`` keeps
+    the K outcomes in order and ``repeats_correct`` how many were correct, which the
+    calibrated baseline and the noise-aware gate read. Tokens and cache hits add up over
+    the K asks. A single record is returned unchanged (no ``repeats`` field: K = 1).
+    """
+    if not records:
+        raise ValueError("no record to combine")
+    if len(records) == 1:
+        return records[0]
+    outcomes = [r["outcome"] for r in records]
+    counts = Counter(outcomes)
+    top = max(counts.values())
+    chosen = next(r for r in records if counts[r["outcome"]] == top)
+    combined = cast(ProblemRecord, dict(chosen))
+    usage: Counter[str] = Counter()
+    for record in records:
+        usage.update(record.get("usage") or {})
+    combined["usage"] = dict(usage)
+    combined["cached"] = sum(int(r.get("cached") or 0) for r in records)
+    combined["repeats"] = outcomes
+    combined["repeats_correct"] = sum(1 for r in records if r["correct"])
+    return combined

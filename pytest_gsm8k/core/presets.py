@@ -1,6 +1,8 @@
 """Presets that reproduce another harness's GSM8K requests and scoring exactly.
 
-Pure functions: no pytest, no HTTP, no file access; standard library only.
+Pure functions: no pytest, no HTTP, no file access; standard library only. This module
+holds every preset's :class:`PresetSpec` and lm-eval's requests and scoring; the vLLM and
+SGLang presets' requests are built in :mod:`pytest_gsm8k.core.engine_ci`.
 
 ``lm-eval``
 ===========
@@ -94,6 +96,8 @@ __all__ = [
     "LM_EVAL_STRICT_PATTERN",
     "LM_EVAL_VERSION",
     "PRESETS",
+    "SGLANG",
+    "VLLM",
     "PresetSpec",
     "get_preset",
     "lm_eval_accuracy",
@@ -106,10 +110,14 @@ __all__ = [
     "lm_eval_request",
     "lm_eval_score",
     "lm_eval_strict",
+    "preset_settings",
+    "takes_first",
 ]
 
 LM_EVAL_VERSION = "0.4.13"
 """The lm-evaluation-harness release this preset was recorded against."""
+LM_EVAL_FEWSHOT_SEED = 1234
+"""``simple_evaluate(fewshot_random_seed=...)``'s default: the one generator's seed."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ class PresetSpec:
     harness: str
     version: str
     shots: int
-    fewshot_seed: int
+    fewshot_seed: int | None
     fewshot_source: str
     max_tokens: int
     temperature: float
@@ -128,21 +136,40 @@ class PresetSpec:
     seed: int | None
     extractors: tuple[str, ...]
     """Score names reported side by side, in the peer's order and spelling."""
+    chat_stop: tuple[str, ...] | None = None
+    """The stop list in chat mode when it differs from :attr:`stop` (None: the same)."""
+    adjustable: tuple[str, ...] = ()
+    """Settings a user may still give, as the peer's own flags allow (``shots``: its
+    ``--num-shots``, a vLLM config's ``num_fewshot``); the rest are the preset's."""
+    also_fixed: tuple[str, ...] = ()
+    """Settings a user may not give beside those :meth:`settings` returns (the peer has no
+    such thing, so giving one would silently change its protocol)."""
+    apis: tuple[str, ...] = ("completions", "chat")
+    """The APIs the peer sends to (completions is the preset's default)."""
+    fewshot_split: str = "train"
+    """Where the examples come from: ``train``, or ``evaluated`` (the first rows of the
+    split under test itself, as SGLang's script does)."""
+    first_questions: bool = False
+    """``--gsm8k-limit N`` takes the first N problems, as the peer's ``--num-questions``
+    (a vLLM config's ``num_questions``) does, instead of a seeded subset."""
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self, api: str = "completions", shots: int | None = None) -> dict[str, Any]:
         """The run settings this preset fixes (``--gsm8k-*`` option names without the
         prefix), the one place they are written: the options table applies them, and a
         user who gives one of them as well gets an error instead of a silent mix.
 
         ``api`` is left out: completions by default (as ``local-completions``), and a
-        user may switch it to ``chat`` (``local-chat-completions --apply_chat_template``).
+        user may switch it to ``chat`` (``local-chat-completions --apply_chat_template``)
+        where the peer has a chat mode. ``shots`` replaces the default number of examples
+        for a preset where it is :attr:`adjustable`.
         """
+        stop = self.chat_stop if api == "chat" and self.chat_stop is not None else self.stop
         return {
             "protocol": "test@1",
             "temperature": self.temperature,
-            "shots": self.shots,
+            "shots": self.shots if shots is None else shots,
             "max_tokens": self.max_tokens,
-            "stop": list(self.stop),
+            "stop": list(stop),
             "extract": self.extractors[0],
         }
 
@@ -152,7 +179,7 @@ LM_EVAL = PresetSpec(
     harness="lm-evaluation-harness",
     version=LM_EVAL_VERSION,
     shots=5,
-    fewshot_seed=1234,
+    fewshot_seed=LM_EVAL_FEWSHOT_SEED,
     fewshot_source="train (lm-eval sampler, seed 1234)",
     max_tokens=256,
     temperature=0.0,
@@ -161,8 +188,78 @@ LM_EVAL = PresetSpec(
     extractors=("strict-match", "flexible-extract"),
 )
 
-PRESETS: dict[str, PresetSpec] = {LM_EVAL.name: LM_EVAL}
+VLLM_SOURCE = "vllm-project/vllm tests/evals/gsm8k/gsm8k_eval.py"
+VLLM = PresetSpec(
+    name="vllm",
+    harness="vLLM's GSM8K CI (gsm8k_eval.py)",
+    version=f"{VLLM_SOURCE} (2026; see docs/protocols.md)",
+    shots=5,
+    fewshot_seed=None,
+    fewshot_source="train, the first N in file order (vLLM gsm8k_eval.py)",
+    max_tokens=256,
+    temperature=0.0,
+    stop=("Question", "Assistant:", "<|separator|>"),
+    seed=42,
+    extractors=("last-int",),
+    chat_stop=(),
+    adjustable=("shots",),
+    also_fixed=("system",),
+    first_questions=True,
+)
+"""vLLM's ``tests/evals/gsm8k/gsm8k_eval.py`` as its CI runs it (``evaluate_gsm8k``'s
+defaults); the requests are built in :mod:`pytest_gsm8k.core.engine_ci`."""
+
+SGLANG_SOURCE = "sgl-project/sglang python/sglang/test/few_shot_gsm8k.py @ 109fdd2f"
+SGLANG = PresetSpec(
+    name="sglang",
+    harness="SGLang's few-shot GSM8K benchmark (few_shot_gsm8k.py)",
+    version=SGLANG_SOURCE,
+    shots=5,
+    fewshot_seed=None,
+    fewshot_source="the evaluated split's first N rows (SGLang few_shot_gsm8k.py)",
+    max_tokens=512,
+    temperature=0.0,
+    stop=("Question", "Assistant:", "<|separator|>"),
+    seed=None,
+    extractors=("last-int",),
+    adjustable=("shots",),
+    also_fixed=("system",),
+    apis=("completions",),
+    fewshot_split="evaluated",
+    first_questions=True,
+)
+"""SGLang's ``few_shot_gsm8k.py``: its prompt, stop list and sampling, sent to
+``/v1/completions`` (the script itself posts to SGLang's native ``/generate``)."""
+
+PRESETS: dict[str, PresetSpec] = {p.name: p for p in (LM_EVAL, VLLM, SGLANG)}
 """Every preset by its ``--gsm8k-preset`` name."""
+
+
+def preset_settings(
+    name: str, *, api: str = "completions", shots: int | None = None
+) -> dict[str, Any]:
+    """The run settings of preset ``name`` for ``api`` and (where adjustable) ``shots``,
+    keyed by ``--gsm8k-*`` option name without the prefix, ``preset`` and ``api`` included.
+
+    What a caller that builds runs itself (one per vLLM config, its ``num_fewshot`` as
+    ``shots``) gives the options table, so that its runs are exactly ``--gsm8k-preset
+    NAME --gsm8k-shots N``. ``ValueError`` for an unknown preset, an API the peer has no
+    mode for, or ``shots`` the preset fixes.
+    """
+    spec = get_preset(name)
+    if api not in spec.apis:
+        raise ValueError(f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only")
+    if shots is not None and "shots" not in spec.adjustable:
+        raise ValueError(f"--gsm8k-preset {name} sets --gsm8k-shots itself")
+    if shots is not None and shots < 0:
+        raise ValueError(f"--gsm8k-shots: must be >= 0, got {shots}")
+    return {"preset": name, "api": api, **spec.settings(api, shots)}
+
+
+def takes_first(preset: str | None) -> bool:
+    """Whether ``--gsm8k-limit`` takes the first problems under ``preset`` (see
+    :attr:`PresetSpec.first_questions`); a seeded subset otherwise."""
+    return preset in PRESETS and PRESETS[preset].first_questions
 
 
 def get_preset(name: str) -> PresetSpec:
@@ -186,7 +283,7 @@ def lm_eval_fewshot_indices(
     problem_index: int,
     pool_size: int,
     shots: int = LM_EVAL.shots,
-    seed: int = LM_EVAL.fewshot_seed,
+    seed: int = LM_EVAL_FEWSHOT_SEED,
 ) -> tuple[int, ...]:
     """Train-pool indices of the examples lm-eval shows test problem ``problem_index``.
 

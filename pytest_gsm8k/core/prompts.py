@@ -53,7 +53,9 @@ class Protocol:
     extractor: str = "strict"
     answer_regex: str | None = None
     preset: str | None = None
-    #: the whole train split in file order, for presets that sample shots per problem
+    #: a preset's example pool in file order (question, raw answer): the whole train split
+    #: (lm-eval samples from it per problem, vLLM takes its first rows), or for SGLang the
+    #: evaluated split itself
     train: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     #: --gsm8k-param: (key, canonical JSON) merged into every request body
     params: tuple[tuple[str, str], ...] = ()
@@ -113,6 +115,14 @@ class Protocol:
 
             request = lm_eval_request(problem, self.train, self.api, system=self.system)
             return replace(request, params=self.params) if self.params else request
+        if self.preset == "vllm":
+            from pytest_gsm8k.core.engine_ci import vllm_request
+
+            return vllm_request(problem, self.train, self.api, self.shots, self.params)
+        if self.preset == "sglang":
+            from pytest_gsm8k.core.engine_ci import sglang_request
+
+            return sglang_request(problem, self.train, self.shots, self.params)
         if self.api == "chat":
             return Request(
                 problem_id=problem.id,

@@ -40,6 +40,10 @@ class _RecordExtras(TypedDict, total=False):
     note: str
     #: the run stopped on this item's failure (the endpoint is gone)
     aborted: bool
+    #: --gsm8k-repeats K > 1: the K outcomes in ask order (the record is the most common one's)
+    repeats: list[Outcome]
+    #: --gsm8k-repeats K > 1: how many of the K were correct
+    repeats_correct: int
 
 
 class ProblemRecord(_RecordExtras):
@@ -90,6 +94,10 @@ class ReportExtras(TypedDict, total=False):
     served: dict[str, object]
     #: --gsm8k-model=local: the llama.cpp server
     local_server: dict[str, object]
+    #: --gsm8k-config: the vLLM config of a config's report (its fields as given)
+    config: dict[str, object]
+    #: --gsm8k-config: each config's own report (the top level counts them all together)
+    configs: list[dict[str, object]]
     started_at: str
     finished_at: str
     duration_s: float

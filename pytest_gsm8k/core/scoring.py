@@ -22,6 +22,13 @@ styles and the choice of rule is itself a large source of score differences:
     LaTeX ``\\boxed{...}`` as produced by math-tuned models.
 ``flexible``
     The last number anywhere in the text; the most lenient rule.
+``last-int``
+    vLLM's and SGLang's GSM8K rule (``get_answer_value`` in vLLM's
+    ``tests/evals/gsm8k/gsm8k_eval.py`` and SGLang's ``few_shot_gsm8k.py``):
+    commas removed, the last run of digits, read as a Python integer literal.
+    No sign, no decimals, no ``<think>`` stripping; ``007`` is no answer (a
+    Python literal cannot have leading zeros).  The gating rule of
+    ``--gsm8k-preset vllm`` and ``sglang``.
 
 For every rule the *last* match wins, because models often restate or correct
 intermediate values before giving the final one.
@@ -31,6 +38,7 @@ This module is pure logic: no pytest, no I/O, standard library only.
 
 from __future__ import annotations
 
+import ast
 import re
 import string
 from collections import deque
@@ -44,19 +52,26 @@ __all__ = [
     "RULES",
     "STRICT_PATTERN",
     "TOLERANCE",
+    "WHOLE_TEXT_RULES",
     "SampleScore",
     "extract",
     "format_number",
     "gold_number",
+    "last_int",
     "majority_vote",
     "numbers_equal",
     "parse_number",
+    "rule_gold",
     "score_text",
     "strip_reasoning",
 ]
 
-RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible")
+RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible", "last-int")
 """Every extraction rule, in the order reports list them."""
+
+WHOLE_TEXT_RULES: tuple[str, ...] = ("last-int",)
+"""Rules that read the whole text, ``<think>`` reasoning included, as the peers they copy
+do; every other rule reads only what :func:`strip_reasoning` leaves."""
 
 STRICT_PATTERN = r"####\s*(-?[\d,]+(?:\.\d+)?)"
 """The GSM8K seed's rule, kept verbatim so strict scores match other harnesses."""
@@ -112,6 +127,14 @@ _THINK_PAIR_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE | r
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 _PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
+
+# The peers use the third-party ``regex`` module; for a str pattern its ``\d`` is the same
+# class as the standard library's: every Unicode decimal digit.
+_DIGITS_RE = re.compile(r"\d+")
+
+# The peers use the third-party ``regex`` module; for a str pattern its ``\d`` is the same
+# class as the standard library's: every Unicode decimal digit.
+_DIGITS_RE = re.compile(r"\d+")
 
 
 def parse_number(text: str) -> Decimal | None:
@@ -290,6 +313,25 @@ def _single_number(content: str) -> Decimal | None:
     return None
 
 
+def last_int(text: str) -> Decimal | None:
+    """vLLM's ``get_answer_value`` on a response: ``None`` where it returns ``INVALID``.
+
+    Commas go first (so ``1,2`` is ``12``), then the last run of ``\\d`` (any Unicode
+    decimal digit) is read with ``ast.literal_eval``, exactly as the peers do; its
+    ``SyntaxError`` (leading zeros, a non-ASCII digit, over 4300 digits) is their
+    ``INVALID``. Any other failure is ``None`` too, where the peers' script would stop.
+    The text is used whole: no ``<think>`` stripping, as the peers score the content.
+    """
+    final = deque(_DIGITS_RE.finditer(text.replace(",", "")), maxlen=1)
+    if not final:
+        return None
+    try:
+        value = ast.literal_eval(final[0].group(0))
+    except (SyntaxError, ValueError, MemoryError):
+        return None
+    return Decimal(value) if isinstance(value, int) else None
+
+
 def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) -> Decimal | None:
     """Apply ``rule`` to text that has already had its reasoning removed."""
     if rule == "strict":
@@ -321,6 +363,8 @@ def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Dec
     """
     if rule not in RULES:
         raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
+    if rule in WHOLE_TEXT_RULES:
+        return last_int(text)
     return _extract_stripped(strip_reasoning(text), rule, pattern)
 
 
@@ -389,16 +433,39 @@ class SampleScore:
     """Rule name -> whether the extracted number equals the gold one."""
 
 
-def score_text(text: str, gold: Decimal, pattern: re.Pattern[str] | None = None) -> SampleScore:
+def score_text(
+    text: str,
+    gold: Decimal,
+    pattern: re.Pattern[str] | None = None,
+    label: Decimal | None = None,
+) -> SampleScore:
     """Score one completion against ``gold`` under every rule in :data:`RULES`.
 
     ``pattern`` is forwarded to the strict rule (see :func:`extract`).  The
-    reasoning is stripped once and shared by all rules.
+    reasoning is stripped once and shared by all rules.  ``label`` is what the
+    ``last-int`` rule compares with: the peers' label, the same rule applied to the
+    gold answer text (:func:`rule_gold`); ``gold`` when not given.
     """
     visible = strip_reasoning(text)
-    extracted = {rule: _extract_stripped(visible, rule, pattern) for rule in RULES}
-    correct = {rule: numbers_equal(value, gold) for rule, value in extracted.items()}
+    extracted = {
+        rule: last_int(text)
+        if rule in WHOLE_TEXT_RULES
+        else _extract_stripped(visible, rule, pattern)
+        for rule in RULES
+    }
+    correct = {
+        rule: numbers_equal(value, label if rule == "last-int" and label is not None else gold)
+        for rule, value in extracted.items()
+    }
     return SampleScore(extracted=extracted, correct=correct)
+
+
+def rule_gold(rule: str, answer: str, gold: Decimal) -> Decimal | None:
+    """What ``rule`` counts as the right answer for a GSM8K ``answer`` field whose gold
+    number is ``gold``: ``gold`` itself, except for ``last-int``, whose peers compare with
+    the last integer of the answer text (so the gold ``-10`` is ``10``, and a model that
+    answers ``-10`` is right by their rule, as their scripts score it)."""
+    return last_int(answer) if rule == "last-int" else gold
 
 
 @overload

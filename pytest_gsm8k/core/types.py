@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -57,11 +57,15 @@ class Problem:
     question: str
     answer: str
     gold: Decimal
+    #: the vLLM config (--gsm8k-config) this problem is asked for: one group of items each
+    group: str = ""
 
     @property
     def id(self) -> str:
-        """Stable item id, e.g. ``test-0042``: it names the problem, not its run position."""
-        return f"{self.split}-{self.index:04d}"
+        """Stable item id, e.g. ``test-0042``: it names the problem, not its run position
+        (``Qwen3-0.6B-FP8:test-0042`` in a config's group)."""
+        plain = f"{self.split}-{self.index:04d}"
+        return f"{self.group}:{plain}" if self.group else plain
 
 
 @dataclass(frozen=True)
@@ -83,13 +87,32 @@ class Request:
     seed: int | None = None
     #: --gsm8k-param: (key, canonical JSON) merged into the body last
     params: tuple[tuple[str, str], ...] = ()
+    #: the body's exact JSON text, for a preset whose peer is copied byte for byte (key
+    #: order, separators, escapes, no ``model``): sent as it is, and part of the cache key.
+    #: The fields above then describe it for reports; ``None``: the body is :meth:`body`.
+    wire: str | None = None
+    #: --gsm8k-repeats: which of the K separate asks of the problem this is (0-based). Not
+    #: in the body (the server sees the same request K times); part of the cache key's
+    #: sample for repeats after the first, so repeat 0 keeps the key of a run without repeats
+    repeat: int = 0
+
+    def asks(self, repeats: int) -> list[Request]:
+        """This request once per repeat (``--gsm8k-repeats``), repeat 0 first."""
+        return [replace(self, repeat=i) for i in range(max(1, repeats))]
 
     def message_dicts(self) -> list[dict[str, str]]:
         """Chat messages in the OpenAI wire shape."""
         return [{"role": role, "content": content} for role, content in self.messages]
 
     def body(self, model: str, n: int | None = None, seed: int | None = None) -> dict[str, Any]:
-        """The JSON body an OpenAI-compatible endpoint receives (and the cache key hashes)."""
+        """The JSON body an OpenAI-compatible endpoint receives (and the cache key hashes).
+
+        A request with a :attr:`wire` body is that body, whatever ``model``, ``n`` and
+        ``seed`` say: the preset that made it decided every field.
+        """
+        if self.wire is not None:
+            wire: dict[str, Any] = json.loads(self.wire)
+            return wire
         body: dict[str, Any] = {"model": model}
         if self.api == "chat":
             body["messages"] = self.message_dicts()

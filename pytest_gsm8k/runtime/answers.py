@@ -47,12 +47,13 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
 
 HEADER = struct.Struct(">I")  # a frame's length
 #: the longest frame either side accepts: the largest answer the engine keeps, and room for
@@ -100,20 +101,43 @@ def _write(writer: asyncio.StreamWriter, body: bytes) -> None:
         writer.write(body)
 
 
+class AnswerEngine(Protocol):
+    """What the answer server needs of what it serves: an :class:`Engine`, or the matrix of
+    --gsm8k-config's engines (``runtime/matrix.py``)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def lookahead(self) -> int | None: ...
+
+    def start(self, requests: list[Request]) -> None: ...
+
+    async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse: ...
+
+    def settle(self, request: Request) -> None: ...
+
+    def stop(self, message: str) -> None: ...
+
+
 class AnswerServer:
     """Controller side: every worker's connection. Serves ``engine``'s answers, records the
     workers' plans and tells them of an early stop; ``requests`` maps a problem id to its
-    request (None for an id this run does not know)."""
+    request (None for an id this run does not know). With ``repeats`` K (``--gsm8k-repeats``)
+    each problem is K requests: a worker's ``get`` names the repeat (``"repeat": i``, absent
+    for the first), and the reply repeats it, so an answer is never taken for another ask."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: AnswerEngine,
         requests: Callable[[str], Request | None],
         *,
         max_frame: int = MAX_FRAME,
+        repeats: int = 1,
     ) -> None:
         self.engine = engine
         self.requests = requests
+        self.repeats = max(1, repeats)
         self.max_frame = max_frame
         self.token = secrets.token_hex(16)
         self._server: asyncio.Server | None = None
@@ -184,9 +208,15 @@ class AnswerServer:
         """The controller received the outcome for ``problem_id`` (see Engine.settle)."""
         if self.engine.lookahead is None:
             return
-        request = self.requests(problem_id)
-        if request is not None:
+        for request in self._asks(problem_id):
             self.engine.settle(request)
+
+    def _asks(self, problem_id: str) -> list[Request]:
+        """Every request of ``problem_id``, one per repeat (none for an unknown id)."""
+        request = self.requests(problem_id)
+        if request is None:
+            return []
+        return [replace(request, repeat=i) for i in range(self.repeats)]
 
     def _record(self, problem_ids: list[str]) -> None:
         with self._lock:
@@ -211,11 +241,11 @@ class AnswerServer:
                     ids = [str(pid) for pid in message["plan"]]
                     self._record(ids)
                     if message.get("fetch") is True:
-                        known = [self.requests(pid) for pid in ids]
-                        self.engine.start([r for r in known if r is not None])
+                        self.engine.start([r for pid in ids for r in self._asks(pid)])
                     _write(writer, frame({"planned": len(ids)}))
                 elif "get" in message:
-                    _write(writer, await self._reply(str(message["get"])))
+                    repeat = message.get("repeat", 0)
+                    _write(writer, await self._reply(str(message["get"]), repeat))
                 await writer.drain()
         except (ConnectionError, ValueError, TypeError):
             pass  # a worker that went away, or a stray client: nothing to answer
@@ -228,14 +258,27 @@ class AnswerServer:
             self._writers.discard(writer)
             writer.close()
 
-    async def _reply(self, problem_id: str) -> bytes:
-        """The body of the frame that answers ``get problem_id``."""
+    async def _reply(self, problem_id: str, repeat: object = 0) -> bytes:
+        """The body of the frame that answers ``get problem_id`` (its ``repeat``)."""
         request = self.requests(problem_id)
         reply: dict[str, Any] = {"id": problem_id}
+        if repeat:
+            reply["repeat"] = repeat
         if request is None:
             reply["error"] = f"the controller knows no problem {problem_id!r}"
             reply["aborted"] = False
             return frame(reply)
+        if (
+            not isinstance(repeat, int)
+            or isinstance(repeat, bool)
+            or not 0 <= repeat < self.repeats
+        ):
+            reply["error"] = (
+                f"the controller asks each problem {self.repeats} times: no repeat {repeat!r}"
+            )
+            reply["aborted"] = False
+            return frame(reply)
+        request = replace(request, repeat=repeat)
         try:
             # counted as used when the worker's report arrives (settled), not now
             response = await self.engine.answer(request, consume=False)
@@ -246,14 +289,15 @@ class AnswerServer:
             reply["not_run"] = str(exc)
         body = frame(reply)
         if len(body) > self.max_frame:
-            body = frame(
-                {
-                    "id": problem_id,
-                    "error": f"the answer is {len(body):,} bytes as JSON, more than the xdist "
-                    f"answer channel carries ({self.max_frame:,})",
-                    "aborted": False,
-                }
-            )
+            too_large: dict[str, Any] = {
+                "id": problem_id,
+                "error": f"the answer is {len(body):,} bytes as JSON, more than the xdist "
+                f"answer channel carries ({self.max_frame:,})",
+                "aborted": False,
+            }
+            if repeat:
+                too_large["repeat"] = repeat
+            body = frame(too_large)
         return body
 
 
@@ -412,11 +456,17 @@ class RemoteAnswers(Channel):
         if self._broken is not None:
             raise EndpointAborted(self._broken)
         try:
-            self._send({"get": request.problem_id})
+            ask: dict[str, Any] = {"get": request.problem_id}
+            if request.repeat:
+                ask["repeat"] = request.repeat
+            self._send(ask)
             reply = self._next(time.monotonic() + self.wait)
-            if reply.get("id") != request.problem_id:
+            if reply.get("id") != request.problem_id or reply.get("repeat", 0) != request.repeat:
+                got = f" repeat {reply['repeat']!r}" if reply.get("repeat") else ""
+                want = f" repeat {request.repeat}" if request.repeat else ""
                 raise ConnectionError(
-                    f"a reply for {reply.get('id')!r} where {request.problem_id!r} was asked for"
+                    f"a reply for {reply.get('id')!r}{got} where {request.problem_id!r}{want} "
+                    "was asked for"
                 )
         except TimeoutError:
             self._broken = (

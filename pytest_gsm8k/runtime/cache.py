@@ -52,9 +52,16 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to guard
 Write = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
 
 
-def cache_key(base_url: str, body: dict[str, Any], sample: str) -> str:
-    """Key of one request: the endpoint, the exact body and which samples it yields."""
-    return stable_hash({"v": SCHEMA, "base_url": base_url, "body": body, "sample": sample})
+def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None = None) -> str:
+    """Key of one request: the endpoint, the exact body and which samples it yields.
+
+    ``wire`` is the body's exact text when a preset fixes it byte for byte: the key then
+    names those bytes too (key order and escapes included), not only what they decode to.
+    """
+    key: dict[str, Any] = {"v": SCHEMA, "base_url": base_url, "body": body, "sample": sample}
+    if wire is not None:  # absent otherwise: every other run's keys stay as they were
+        key["wire"] = wire
+    return stable_hash(key)
 
 
 def _check_response(response: Any) -> None:

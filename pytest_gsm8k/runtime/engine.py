@@ -733,7 +733,9 @@ class Engine:
 
     async def _fetch(self, request: Request, writes: list[Write]) -> ModelResponse:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored."""
-        first = await self._one(request, _first_sample(request), writes, defer=True)
+        first = await self._one(
+            request, sample_key(request, _first_sample(request)), writes, defer=True
+        )
         if len(first.completions) >= request.n:
             first.completions = first.completions[: request.n]
             return _bounded(first)
@@ -742,7 +744,7 @@ class Engine:
         cached = first.cached
         single = one_sample(request)
         for index in range(len(completions), request.n):
-            extra = await self._one(single, str(index), writes, defer=False)
+            extra = await self._one(single, sample_key(request, str(index)), writes, defer=False)
             completions.extend(extra.completions[:1] or [Completion(text="")])
             cached += extra.cached
             for name, value in extra.usage.items():
@@ -775,7 +777,7 @@ class Engine:
             self.requests_sent += 1
             return await self._call(request)
         body = request.body(self.client.model)
-        key = cache_key(self.cache_endpoint, body, sample)
+        key = cache_key(self.cache_endpoint, body, sample, request.wire)
         hit = await self._lookup(key, body)
         if hit is not None:
             return self._use(hit, defer)
@@ -850,6 +852,13 @@ def _bounded(response: ModelResponse) -> ModelResponse:
             f"({size:,} bytes), the most one problem's answer may take"
         )
     return response
+
+
+def sample_key(request: Request, sample: str) -> str:
+    """The sample part of a cache key: as it always was for the first (or only) ask of a
+    problem, so caches written before --gsm8k-repeats stay valid; ``r<i>:`` in front for
+    repeat ``i`` of ``--gsm8k-repeats K``, whose body is the same but whose answer is not."""
+    return sample if request.repeat == 0 else f"r{request.repeat}:{sample}"
 
 
 def _first_sample(request: Request) -> str:

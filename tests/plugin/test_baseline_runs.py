@@ -61,7 +61,7 @@ def test_identical_rerun_passes(
     )
 
 
-def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
+def test_seven_flips_fail_the_default_gate_as_exact_mcnemar(
     pytester: pytest.Pytester,
     recorded: list[int],
     gsm8k_args: list[str],
@@ -69,7 +69,9 @@ def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    flipped = recorded[5:8]
+    """A single-run baseline (every format recorded before --gsm8k-repeats) gates by the
+    noise-aware test, which for one run a side is exact one-sided McNemar at alpha 0.01."""
+    flipped = recorded[5:12]
     server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
     summary_md = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary_md))
@@ -78,24 +80,32 @@ def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
     )
     assert result.ret == 1
     ids = ", ".join(f"test-{i:04d}" for i in flipped)
-    # exact one-sided McNemar: 3 newly failing, 0 newly passing -> P(X >= 3 | Bin(3, 1/2)) = 1/8
+    # exact one-sided McNemar: 7 newly failing, 0 newly passing -> P(X >= 7 | Bin(7, 1/2)) = 1/128
     result.stdout.fnmatch_lines(
         [
-            "*1.0000 -> 0.9400 on 50 problems; diff -0.0600*",
-            "*3 newly failing, 0 newly passing; McNemar one-sided p=0.125*",
-            f"*newly failing: {ids}",
-            "*gate baseline: FAIL: accuracy 0.9400 vs baseline 1.0000: drop 0.0600 > "
-            "--gsm8k-max-drop 0*",
+            "*1.0000 -> 0.8600 on 50 problems; diff -0.1400*",
+            "*noise: a single-run baseline cannot tell noisy problems from stable ones*",
+            "*7 newly failing, 0 newly passing; McNemar one-sided p=0.007812; "
+            "noise-aware p=0.007812",
+            f"*stable flips (right in every baseline run, failing now): {ids}",
+            "*gate baseline: FAIL: p=0.00781 < --gsm8k-alpha 0.01 (exact McNemar): 7 always-right "
+            "problems failing now, 0 noisy ones failing; accuracy drop 14.00 points",
         ]
     )
     report = json.loads((pytester.path / "r.json").read_text())
-    assert report["baseline"]["newly_failing"] == [f"test-{i:04d}" for i in flipped]
-    assert report["baseline"]["mcnemar_p"] == pytest.approx(0.125)
+    base = report["baseline"]
+    assert base["newly_failing"] == [f"test-{i:04d}" for i in flipped]
+    assert base["stable_flips"] == base["newly_failing"]
+    assert base["noisy_failing"] == []
+    assert base["mcnemar_p"] == pytest.approx(1 / 128)
+    assert base["p_value"] == pytest.approx(1 / 128)
+    assert base["repeats"] == {"baseline": 1, "run": 1}
     assert [g["name"] for g in report["gates"] if not g["passed"]] == ["baseline"]
 
     markdown = summary_md.read_text()
-    assert "### gsm8k acc (test@1, 0-shot CoT) = 0.9400" in markdown
+    assert "### gsm8k acc (test@1, 0-shot CoT) = 0.8600" in markdown
     assert "| baseline | FAIL |" in markdown
+    assert "**Newly failing, stable (right in every baseline run) (7):**" in markdown
     for i in flipped:
         assert f"- `test-{i:04d}`: " in markdown
 
@@ -108,9 +118,32 @@ def test_three_flips_fail_with_max_drop_zero_and_pass_with_alpha(
     assert wrong["gsm8k_outcome"] == "wrong"
     assert int(wrong["gsm8k_extracted"]) == int(wrong["gsm8k_gold"]) + 1
 
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-alpha=0.05")
+    # --gsm8k-max-drop is an allowed drop on top: 14 points <= 0.2 passes
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-drop=0.2")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["*gate baseline: PASS: McNemar p=0.125 >= --gsm8k-alpha 0.05*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*gate baseline: PASS: p=0.00781 < --gsm8k-alpha 0.01, drop 14.00 points <= "
+            "--gsm8k-max-drop 0.2 (exact McNemar)*"
+        ]
+    )
+
+
+def test_three_flips_are_within_the_noise_at_alpha_001(
+    pytester: pytest.Pytester,
+    recorded: list[int],
+    gsm8k_args: list[str],
+    server: FakeOpenAIServer,
+) -> None:
+    """Three always-right problems failing once: p = 1/8, no evidence at 0.01 (the old
+    default, any drop fails, failed this; a stricter level still can)."""
+    server.set_script(Script(behaviours={i: "wrong" for i in recorded[5:8]}))
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*gate baseline: PASS: p=0.125 >= --gsm8k-alpha 0.01*"])
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-alpha=0.2")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*gate baseline: FAIL: p=0.125 < --gsm8k-alpha 0.2*"])
 
 
 def test_subset_run_is_compared_on_its_subset(
@@ -214,7 +247,7 @@ def test_syrupy_never_reports_or_deletes_the_baseline(
 def test_same_result_with_xdist(
     pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
 ) -> None:
-    flipped = recorded[:3]
+    flipped = recorded[:7]
     server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
     outputs = []
     for extra in ([], ["-n", "2"]):

@@ -50,7 +50,12 @@ def test_a_worse_run_exits_1_with_its_flips_listed(
         line.startswith("Difference B - A: -0.3000 [95% CI ") and line.endswith(end)
         for line in lines
     ), text
-    assert "| compare | FAIL | McNemar p=0.01562 \\< --alpha 0.05 (6 newly failing) |" in lines
+    assert any(
+        line.startswith(
+            "| compare | FAIL | p=0.0156 \\< --alpha 0.05 (exact McNemar): 6 always-right"
+        )
+        for line in lines
+    )
     assert "**Newly failing in B (6):**" in lines
     listed = [line for line in lines if line.startswith("- `test-")]
     assert [line[3:12] for line in listed] == [f"test-{i:04d}" for i in sorted(flipped)]
@@ -58,7 +63,7 @@ def test_a_worse_run_exits_1_with_its_flips_listed(
 
     lenient = compare(pytester, "a.json", "b.json", "--alpha", "0.01")
     assert lenient.ret == 0
-    lenient.stdout.fnmatch_lines(["| compare | PASS | McNemar p=0.01562 \\>= --alpha 0.01 *"])
+    lenient.stdout.fnmatch_lines(["| compare | PASS | p=0.0156 \\>= --alpha 0.01 (exact McNemar)*"])
     better = compare(pytester, "b.json", "a.json")
     assert better.ret == 0
     better.stdout.fnmatch_lines(["**Newly passing in B (6):**"])
@@ -75,7 +80,8 @@ def test_identical_runs_exit_0(
         [
             "### gsm8k compare (test@1, 0-shot CoT): B 1.0000 vs A 1.0000 on 20 problems",
             "*; 0 newly failing, 0 newly passing; McNemar one-sided p=1 (B worse than A).",
-            "| compare | PASS | McNemar p=1 \\>= --alpha 0.05 (0 newly failing) |",
+            "| compare | PASS | p=1 \\>= --alpha 0.05 (exact McNemar): 0 always-right problems "
+            "failing now, 0 noisy ones failing; accuracy drop 0.00 points |",
         ]
     )
     assert "Newly" not in shown.stdout.str()

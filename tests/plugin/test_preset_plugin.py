@@ -92,7 +92,10 @@ def test_lm_eval_preset_sends_lm_evals_requests_and_gets_its_scores(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gsm8k-preset=helm"], "--gsm8k-preset: unknown preset 'helm' (valid: lm-eval)"),
+        (
+            ["--gsm8k-preset=helm"],
+            "--gsm8k-preset: unknown preset 'helm' (valid: lm-eval, sglang, vllm)",
+        ),
         (
             ["--gsm8k-preset=lm-eval", "--gsm8k-shots=8"],
             "--gsm8k-preset lm-eval sets --gsm8k-shots itself; remove --gsm8k-shots",

@@ -84,3 +84,116 @@ def test_default_name_is_readable_stable_and_distinct() -> None:
     assert bl.default_name(one) != bl.default_name(two)
     assert len(bl.default_name(one)) == bl.NAME_LIMIT
     assert bl.default_name(one).startswith("test@1_0-shot_CoT_params_xxx")
+
+
+# -- calibrated baselines (--gsm8k-repeats) ----------------------------------------------------
+
+
+def _report(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields of a JSON report bl.build reads."""
+    return {
+        "protocol": {"name": "test@1", "samples": 1, "label": "test@1, 0-shot CoT"},
+        "dataset": {"config": "main", "split": "test", "fingerprint": "f", "rows": 1319},
+        "model": "m",
+        "accuracy": sum(r["correct"] for r in records) / len(records),
+        "n": len(records),
+        "expected": len(records),
+        "problems": records,
+    }
+
+
+def _record(pid: str, outcomes: list[str]) -> dict[str, Any]:
+    record: dict[str, Any] = {"id": pid, "outcome": outcomes[0], "correct": False}
+    if len(outcomes) > 1:
+        top = max(outcomes, key=outcomes.count)  # first of the most common, as combine_repeats
+        record.update(outcome=top, repeats=outcomes)
+        record["repeats_correct"] = outcomes.count("correct")
+    record["correct"] = record["outcome"] == "correct"
+    return record
+
+
+def test_a_calibrated_baseline_stores_counts_and_its_calibration_on_one_line_each() -> None:
+    records = [
+        _record("test-0000", ["correct"] * 5),
+        _record("test-0001", ["wrong", "correct", "correct", "wrong", "correct"]),
+        _record("test-0002", ["wrong"] * 4 + ["unparsed"]),
+    ]
+    document = bl.build(_report(records))
+    assert document["problems"] == {
+        "test-0000": {"correct": 5, "outcome": "correct", "repeats": 5},
+        "test-0001": {"correct": 3, "outcome": "correct", "repeats": 5},
+        "test-0002": {"correct": 0, "outcome": "wrong", "repeats": 5},
+    }
+    assert document["calibration"] == {
+        "repeats": 5,
+        "stable_correct": 1,
+        "stable_wrong": 1,
+        "noisy": 1,
+    }
+    text = bl.dumps(document)
+    assert '  "test-0001": {"correct": 3, "outcome": "correct", "repeats": 5},' in text.splitlines()
+    loaded = bl.loads(text, "b.gsm8k")
+    assert loaded == document
+    assert [bl.runs(e) for e in loaded["problems"].values()] == [(5, 5), (3, 5), (0, 5)]
+
+
+@pytest.mark.parametrize(
+    "problems",
+    [
+        {"test-0000": "correct", "test-0001": "wrong"},  # single run (the first format)
+        {  # pass@N / maj@N: sample counts are not runs
+            "test-0000": {"outcome": "correct", "n_correct": 2, "n_samples": 4},
+            "test-0001": {"outcome": "wrong", "n_correct": 0, "n_samples": 4},
+        },
+    ],
+)
+def test_every_older_format_reads_as_one_run_per_problem(problems: dict[str, Any]) -> None:
+    loaded = bl.loads(_baseline(problems, 0.5), "old.gsm8k")
+    assert [bl.runs(e) for e in loaded["problems"].values()] == [(1, 1), (0, 1)]
+    pairs = bl.pairs(loaded, [{"id": "test-0000", "correct": False}, {"id": "x", "correct": 1}])
+    assert [(p.base_correct, p.base_runs, p.now_correct, p.now_runs) for p in pairs] == [
+        (1, 1, 0, 1)
+    ]
+    assert bl.calibration(loaded["problems"]) == {
+        "repeats": 1,
+        "stable_correct": 1,
+        "stable_wrong": 1,
+        "noisy": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        ({"correct": 6, "outcome": "correct", "repeats": 5}, "correct 6 of 5 repeats"),
+        ({"correct": 2, "outcome": "correct", "repeats": 0}, "correct 2 of 0 repeats"),
+        ({"correct": "5", "outcome": "correct", "repeats": 5}, "are not counts"),
+        ({"correct": True, "outcome": "correct", "repeats": 5}, "are not counts"),
+        ({"correct": 0, "outcome": "correct", "repeats": 5}, "edited by hand"),
+        ({"correct": 4, "outcome": "wrong", "repeats": 5}, "edited by hand"),
+    ],
+)
+def test_hand_edited_calibrated_entries_are_refused(entry: dict[str, Any], needle: str) -> None:
+    accuracy = 1.0 if entry["outcome"] == "correct" else 0.0
+    with pytest.raises(bl.BaselineError) as info:
+        bl.loads(_baseline({"test-0000": entry}, accuracy), "snap/b.gsm8k")
+    message = str(info.value)
+    assert message.startswith("snap/b.gsm8k: corrupt baseline (problem test-0000:")
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_a_calibration_that_is_not_its_problems_is_refused() -> None:
+    document = bl.build(_report([_record("test-0000", ["correct", "wrong", "correct"])]))
+    document["calibration"]["noisy"] = 0
+    with pytest.raises(bl.BaselineError, match=r"its calibration .* edited by hand"):
+        bl.loads(bl.dumps(document), "b.gsm8k")
+
+
+def test_pairs_read_the_candidates_repeats_as_a_mean() -> None:
+    document = bl.build(_report([_record("test-0000", ["correct"] * 5)]))
+    pairs = bl.pairs(document, [_record("test-0000", ["correct", "wrong", "correct"])])
+    assert [(p.base_correct, p.base_runs, p.now_correct, p.now_runs) for p in pairs] == [
+        (5, 5, 2, 3)
+    ]
+    assert pairs[0].stable_flip

@@ -78,8 +78,11 @@ def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
     assert (result.diff, result.low, result.high) == paired_difference_interval(4, 6, 0, 0)
     assert result.diff == pytest.approx(-0.6)
     assert result.worse
-    assert result.verdict.rule == "mcnemar"
-    assert result.verdict.detail == "McNemar p=0.01562 < --alpha 0.05 (6 newly failing)"
+    assert result.verdict.rule == "noise-aware"
+    assert result.verdict.detail == (
+        "p=0.0156 < --alpha 0.05 (exact McNemar): 6 always-right problems failing now, "
+        "0 noisy ones failing; accuracy drop 60.00 points"
+    )
     assert not compare(a, b, alpha=0.01).worse
 
 
@@ -194,7 +197,12 @@ def test_markdown_reads_like_the_step_summary() -> None:
         "; 6 newly failing, 0 newly passing; McNemar one-sided p=0.01562 (B worse than A)."
     )
     assert "| gate | result | detail |" in lines
-    assert "| compare | FAIL | McNemar p=0.01562 \\< --alpha 0.05 (6 newly failing) |" in lines
+    assert any(
+        line.startswith(
+            "| compare | FAIL | p=0.0156 \\< --alpha 0.05 (exact McNemar): 6 always-right"
+        )
+        for line in lines
+    )
     assert "**Newly failing in B (6):**" in lines
     assert f"- `{pid(4)}`: Janet's ducks lay 16 eggs per day. Janet's ducks" in text
     assert f"- `{pid(9)}`: " in lines
@@ -216,3 +224,22 @@ def test_a_long_problem_list_says_how_many_more_and_where() -> None:
     assert lines[-2] == "- ... and 3 more (see the JSON reports)"
     assert len([line for line in lines if line.startswith("- `")]) == LISTED
     assert problem_list("x", [], {}, "") == []
+
+
+def test_reports_with_repeats_are_compared_by_the_noise_aware_rule() -> None:
+    """A report run with --gsm8k-repeats carries each problem's outcomes: compare weighs a
+    failure by them, as the baseline gate does. Six problems right 2 of 5 times in A failing
+    once in B are noise; the same six right 5 of 5 times in A are a regression."""
+    a = report(every(range(10), "correct"))
+    b = report(every(range(4), "correct") | every(range(4, 10), "wrong"))
+    for record in a["problems"][4:]:
+        record.update(repeats=["correct", "correct", "wrong", "wrong", "wrong"])
+    noisy = compare(a, b)
+    assert noisy.verdict.passed
+    assert "noise-aware, baseline 5 runs per problem" in noisy.verdict.detail
+    assert "0 always-right problems failing now, 6 noisy ones failing" in noisy.verdict.detail
+    for record in a["problems"][4:]:
+        record["repeats"] = ["correct"] * 5
+    stable = compare(a, b)
+    assert stable.worse
+    assert "6 always-right problems failing now" in stable.verdict.detail

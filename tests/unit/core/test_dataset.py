@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from gsm8k_copy import data_dir
 
 from pytest_gsm8k.core.dataset import (
     Split,
+    describe_subset,
     fingerprint,
     select,
     subset_order,
+    subset_record,
 )
+from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split
 
 DATA = data_dir()
@@ -64,3 +69,21 @@ def test_subset_order_is_a_seeded_permutation(test_split: Split) -> None:
     # The order of a problem depends on its id only, not on what else is in the list.
     part = [p for p in problems if p.index % 2 == 0]
     assert list(subset_order(part, 1234)) == [p for p in order if p.index % 2 == 0]
+
+
+def test_select_first_takes_the_head_and_describes_it() -> None:
+    problems = tuple(
+        Problem(index=i, split="test", question=f"q{i}", answer=f"#### {i}", gold=Decimal(i))
+        for i in range(10)
+    )
+    assert [p.index for p in select(problems, 3, 1234, first=True)] == [0, 1, 2]
+    assert select(problems, 30, 1234, first=True) == problems
+    seeded = subset_record(limit=3, seed=1, of=10, ids_hash="h", deselected=0, first=False)
+    head = subset_record(limit=3, seed=1, of=10, ids_hash="h", deselected=0, first=True)
+    whole = subset_record(limit=None, seed=1, of=10, ids_hash="h", deselected=0, first=True)
+    assert "first" not in seeded
+    assert "first" not in whole
+    assert head["first"] is True
+    assert describe_subset(head) == "the first 3 of 10"
+    assert describe_subset(seeded) == "seeded subset of 10 (limit 3, seed 1)"
+    assert describe_subset(whole) == ""

@@ -9,8 +9,9 @@ from fractions import Fraction
 
 import pytest
 
+from pytest_gsm8k.core.calibrated import Pair
 from pytest_gsm8k.core.early_stop import Decision, EarlyStop, _WorTest, run_order
-from pytest_gsm8k.core.gates import MaxShare, max_drop_count, min_acc_count
+from pytest_gsm8k.core.gates import MaxShare, NoiseAware, max_drop_count, min_acc_count
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 IDS10 = [f"p{i}" for i in range(10)]
@@ -171,21 +172,77 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
     assert not decision.passed
 
 
-def test_certain_mcnemar_mode() -> None:
+def test_certain_noise_aware_single_run_is_mcnemar() -> None:
     ids = ["a", "b", "c"]
     baseline = dict.fromkeys(ids, 1)
     # alpha 0.2: 3 newly failing of 3 gives p = 1/8 (FAIL); 2 of 2 gives 1/4 (PASS)
-    es = EarlyStop(ids, mode="certain", baseline=baseline, mcnemar_alpha=0.2)
+    es = EarlyStop(ids, mode="certain", baseline=baseline, noise_aware=NoiseAware(0.2))
     assert es.observe("a", False) is None
     assert es.observe("b", False) is None
     decision = es.observe("c", False)
     assert decision is not None
     assert decision.verdicts == {"baseline": "FAIL"}
-    es = EarlyStop(ids, mode="certain", baseline=baseline, mcnemar_alpha=0.2)
+    es = EarlyStop(ids, mode="certain", baseline=baseline, noise_aware=NoiseAware(0.2))
     decision = es.observe("a", True)
     assert decision is not None
     assert decision.verdicts == {"baseline": "PASS"}
-    assert "McNemar" in es.headline()
+    assert "noise-aware p reachable" in es.headline()
+
+
+def test_certain_noise_aware_calibrated_agrees_with_full_run() -> None:
+    """Against a K=5 baseline the early verdict, whenever one is given, is the full run's
+    (random small cases; each outcome checked, no throttle below 100 problems)."""
+    rng = random.Random(7)
+    for _ in range(40):
+        ids = [f"p{i}" for i in range(12)]
+        base = {pid: rng.choice([0, 2, 3, 5, 5, 5]) for pid in ids}
+        now = {pid: rng.random() < base[pid] / 5 + 0.1 for pid in ids}
+        rule = NoiseAware(0.1)
+        full = rule.verdict([Pair(p, base[p], 5, int(now[p]), 1) for p in ids]).word
+        es = EarlyStop(
+            ids,
+            mode="certain",
+            baseline=base,
+            baseline_runs=dict.fromkeys(ids, 5),
+            noise_aware=rule,
+        )
+        decision = None
+        for pid in es.order:
+            decision = es.observe(pid, now[pid])
+            if decision is not None:
+                break
+        assert decision is not None  # decided at the last outcome at the latest
+        assert decision.verdicts["baseline"] == full
+
+
+def test_noise_aware_waits_with_repeats_and_is_throttled() -> None:
+    ids = [f"p{i:03d}" for i in range(300)]
+    base = dict.fromkeys(ids, 5)
+    # a candidate with repeats: p is not monotone in its outcomes, so no early verdict
+    es = EarlyStop(
+        ids,
+        mode="certain",
+        baseline=base,
+        baseline_runs=dict.fromkeys(ids, 5),
+        noise_aware=NoiseAware(0.01),
+        repeats=3,
+    )
+    for pid in es.order:
+        assert es.observe(pid, False) is None
+    assert "waits for the end" in es.headline()
+    # single runs: checked every 3 outcomes (1% of 300). Two stable flips already give
+    # p = 1/36 < 0.05 whatever follows; the FAIL is seen at the next check, the third
+    es = EarlyStop(
+        ids,
+        mode="certain",
+        baseline=base,
+        baseline_runs=dict.fromkeys(ids, 5),
+        noise_aware=NoiseAware(0.05),
+    )
+    decisions = [es.observe(pid, False) for pid in es.order[:3]]
+    assert decisions[:2] == [None, None]
+    assert decisions[2] is not None
+    assert decisions[2].verdicts == {"baseline": "FAIL"}
 
 
 def test_settled_before_any_outcome() -> None:
@@ -386,9 +443,9 @@ def test_two_gates_split_alpha() -> None:
         alpha=0.1,
         min_acc=0.5,
         baseline=dict.fromkeys(ids, 1),
-        mcnemar_alpha=0.05,
+        noise_aware=NoiseAware(0.05),
     )
-    assert es.gate_alpha == pytest.approx(0.1)  # McNemar has no sequential test
+    assert es.gate_alpha == pytest.approx(0.1)  # the noise-aware test has no sequential test
 
 
 # -- out-of-order arrivals ---------------------------------------------------------------------

@@ -7,7 +7,15 @@ import itertools
 
 import pytest
 
-from pytest_gsm8k.core.gates import GateVerdict, MaxDrop, MaxShare, McNemar, MinAcc, max_share_count
+from pytest_gsm8k.core.calibrated import Pair
+from pytest_gsm8k.core.gates import (
+    GateVerdict,
+    MaxDrop,
+    MaxShare,
+    MinAcc,
+    NoiseAware,
+    max_share_count,
+)
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 
@@ -74,24 +82,17 @@ def test_max_drop_verdict_fields() -> None:
     assert not MaxDrop(0.0).verdict(80, 79, 100).passed
 
 
-def test_mcnemar_certain_bounds_are_the_extremes() -> None:
-    rule = McNemar(0.05)
-    # 5 baseline-right and 3 baseline-wrong problems still unseen
-    for failing, passing in itertools.product(range(8), range(4)):
-        certain = rule.certain(failing, passing, 5, 3)
-        finals = {
-            rule.verdict(failing + a, passing + b).word
-            for a, b in itertools.product(range(6), range(4))
-        }
-        if certain is not None:
-            assert finals == {certain}
-        else:
-            assert finals == {"PASS", "FAIL"}
-    verdict = rule.verdict(5, 0)
-    assert verdict.value == mcnemar_one_sided(5, 0) == 1 / 32
+def test_noise_aware_single_run_verdict_is_mcnemars() -> None:
+    """One run a side: the baseline gate's p is exact one-sided McNemar's (the rule the old
+    McNemar spec stated, now the noise-aware test's special case)."""
+    rule = NoiseAware(0.05)
+    pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(5)] + [Pair("k", 1, 1, 1, 1)]
+    verdict = rule.verdict(pairs)
+    assert verdict.value == pytest.approx(mcnemar_one_sided(5, 0)) == 1 / 32
     assert not verdict.passed
-    assert verdict.rule == "mcnemar"
+    assert verdict.rule == "noise-aware"
     assert verdict.threshold == 0.05
+    assert "(exact McNemar)" in verdict.detail
 
 
 # -- the answer-format health gates (MaxShare) --------------------------------------------------
@@ -172,3 +173,22 @@ def test_max_share_certain_bounds_agree_with_every_final_verdict(rate: float) ->
                 assert finals == {certain}
             else:
                 assert finals == {"PASS", "FAIL"}
+
+
+@pytest.mark.parametrize(
+    ("threshold", "tolerance", "n"),
+    [(0.375, 0.08, 1319), (0.72, 0.08, 1319), (0.95, 0.08, 50), (0.9, 0.2, 4), (0.31, 0.0, 7)],
+)
+def test_tolerance_floor_is_vllms_float_comparison_exactly(
+    threshold: float, tolerance: float, n: int
+) -> None:
+    """vLLM's test asserts ``correct / n >= threshold - tolerance`` in floats: every count."""
+    from pytest_gsm8k.core.gates import ToleranceFloor
+
+    spec = ToleranceFloor("cfg", threshold, tolerance)
+    for correct in range(n + 1):
+        verdict = spec.verdict(correct, n, "p")
+        assert verdict.passed is (correct / n >= threshold - tolerance), correct
+        assert verdict.name == "cfg:vllm-threshold"
+        assert verdict.threshold == threshold - tolerance
+    assert not spec.verdict(0, 0, "p").passed

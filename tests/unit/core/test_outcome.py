@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from pytest_gsm8k.core.outcome import error_record, score_response
+from pytest_gsm8k.core.outcome import combine_repeats, error_record, score_response
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.summary import Summary
@@ -55,6 +55,7 @@ def test_flexible_is_scored_beside_strict() -> None:
         "answer-is": False,
         "boxed": False,
         "flexible": True,
+        "last-int": True,
     }
 
 
@@ -155,3 +156,27 @@ def test_pass_at_k_over_problems() -> None:
 def test_format_failures_count_strict_misses_another_rule_gets() -> None:
     summary = _summary([_score("The answer is 18."), _score("#### 18"), _score("#### 3")])
     assert summary.format_failures() == 1
+
+
+def test_repeats_combine_into_one_record_of_the_most_common_outcome() -> None:
+    """--gsm8k-repeats: one item per problem; its record is the most common outcome's (a tie
+    goes to the first seen), with the K outcomes and the correct count beside it."""
+    wrong, right, none = _score("#### 19"), _score("#### 18"), _score("no idea")
+    for record in (wrong, right, none):
+        record["usage"] = {"completion_tokens": 10}
+    combined = combine_repeats([wrong, right, right, none, wrong])
+    assert combined["outcome"] == "wrong"  # 2 wrong, 2 correct: wrong came first
+    assert combined["extracted"] == "19"
+    assert combined["repeats"] == ["wrong", "correct", "correct", "unparsed", "wrong"]
+    assert combined["repeats_correct"] == 2
+    assert combined["usage"] == {"completion_tokens": 50}
+    majority = combine_repeats([right, wrong, right])
+    assert (majority["outcome"], majority["correct"], majority["repeats_correct"]) == (
+        "correct",
+        True,
+        2,
+    )
+    assert "repeats" not in combine_repeats([right])  # K = 1: the record as it was
+    assert "repeats" not in right  # the inputs are not changed
+    with pytest.raises(ValueError, match="no record"):
+        combine_repeats([])

@@ -16,6 +16,7 @@ from pytest_gsm8k.core.scoring import (
     RULES,
     STRICT_PATTERN,
     TOLERANCE,
+    WHOLE_TEXT_RULES,
     SampleScore,
     extract,
     format_number,
@@ -35,7 +36,7 @@ D = Decimal
 
 
 def test_rules_and_strict_pattern_are_the_documented_ones() -> None:
-    assert RULES == ("strict", "answer-is", "boxed", "flexible")
+    assert RULES == ("strict", "answer-is", "boxed", "flexible", "last-int")
     assert STRICT_PATTERN == r"####\s*(-?[\d,]+(?:\.\d+)?)"
     assert D("1e-6") == TOLERANCE
 
@@ -324,10 +325,15 @@ def test_wrong_number_inside_think_is_ignored_right_answer_outside_counts() -> N
     assert all(score.correct.values())
 
 
+#: the rules that read only what strip_reasoning leaves
+STRIPPING_RULES = tuple(rule for rule in RULES if rule not in WHOLE_TEXT_RULES)
+
+
 def test_answer_only_inside_think_does_not_count() -> None:
     text = "<think>the answer is 5 \\boxed{5} #### 5</think>I am not sure."
-    for rule in RULES:
+    for rule in STRIPPING_RULES:
         assert extract(text, rule) is None, rule
+    assert extract(text, "last-int") == D(5)  # vLLM's rule reads the reasoning too
 
 
 @pytest.mark.parametrize(
@@ -338,8 +344,9 @@ def test_answer_only_inside_think_does_not_count() -> None:
     ],
 )
 def test_orphan_and_unclosed_think_tags(text: str) -> None:
-    for rule in RULES:
+    for rule in STRIPPING_RULES:
         assert extract(text, rule) == D(18), rule
+    assert extract(text, "last-int") == D(text.split()[-1])  # the whole text's last integer
 
 
 def test_unknown_rule_raises_naming_rule_and_valid_ones() -> None:
@@ -439,15 +446,27 @@ def test_score_text_covers_every_rule() -> None:
     assert isinstance(score, SampleScore)
     assert list(score.extracted) == list(RULES)
     assert list(score.correct) == list(RULES)
-    assert score.extracted == {"strict": D(8), "answer-is": D(7), "boxed": None, "flexible": D(9)}
-    assert score.correct == {"strict": True, "answer-is": False, "boxed": False, "flexible": False}
+    assert score.extracted == {
+        "strict": D(8),
+        "answer-is": D(7),
+        "boxed": None,
+        "flexible": D(9),
+        "last-int": D(9),
+    }
+    assert score.correct == {
+        "strict": True,
+        "answer-is": False,
+        "boxed": False,
+        "flexible": False,
+        "last-int": False,
+    }
 
 
 def test_score_text_ignores_reasoning() -> None:
     text = "<think>the answer is 5 \\boxed{5} #### 5</think>I am not sure."
     score = score_text(text, D(5))
-    assert score.extracted == dict.fromkeys(RULES)
-    assert not any(score.correct.values())
+    assert score.extracted == {**dict.fromkeys(STRIPPING_RULES), "last-int": D(5)}
+    assert score.correct == {**dict.fromkeys(STRIPPING_RULES, False), "last-int": True}
 
 
 def test_score_text_uses_custom_pattern() -> None:
@@ -579,13 +598,17 @@ def test_last_prose_number_from_the_end_equals_the_left_to_right_scan() -> None:
     ("text", "expected"),
     [
         ("<think>" * 1_500_000, {}),  # unclosed reasoning: no answer at all
-        ("</think>" * 1_000_000 + "#### 18", {"strict": "18", "flexible": "18"}),
-        ("<think>1</think>" * 600_000 + "The answer is 18.", {"answer-is": "18", "flexible": "18"}),
+        ("</think>" * 1_000_000 + "#### 18", {"strict": "18", "flexible": "18", "last-int": "18"}),
+        (
+            "<think>1</think>" * 600_000 + "The answer is 18.",
+            {"answer-is": "18", "flexible": "18", "last-int": "18"},
+        ),
         ("\\boxed{" * 1_400_000, {}),
-        ("\\boxed{7}" * 1_100_000, {"boxed": "7", "flexible": "7"}),
-        ("#### 1 " * 1_600_000, {"strict": "1", "flexible": "1"}),
-        ("The answer is 5 " * 600_000, {"answer-is": "5", "flexible": "5"}),
-        # a run of number characters longer than 256 is read from its last 256
+        ("\\boxed{7}" * 1_100_000, {"boxed": "7", "flexible": "7", "last-int": "7"}),
+        ("#### 1 " * 1_600_000, {"strict": "1", "flexible": "1", "last-int": "1"}),
+        ("The answer is 5 " * 600_000, {"answer-is": "5", "flexible": "5", "last-int": "5"}),
+        # a run of number characters longer than 256 is read from its last 256; last-int
+        # reads it as a Python literal, which has at most 4300 digits (vLLM's INVALID)
         ("1" * 10_000_000, {"flexible": "1" * 256}),
     ],
     ids=["open", "closes", "pairs", "boxed-open", "boxed", "hashes", "answer-is", "digits"],

@@ -10,6 +10,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -376,3 +377,30 @@ def test_a_channel_with_a_wrong_token_hears_no_stop_and_records_no_plan(
         assert server.planned_ids() is None
     finally:
         stranger.close()
+
+
+def test_each_repeat_is_its_own_ask_on_the_channel(tmp_path: Path) -> None:
+    """--gsm8k-repeats 3: a worker's plan makes the controller fetch every repeat; each get
+    names its repeat and the reply names it back; a repeat the run does not have is refused."""
+
+    class Counting(Scripted):
+        async def complete(self, request: Request) -> ModelResponse:
+            self.order.append(f"{request.problem_id}#{request.repeat}")
+            return ModelResponse(completions=[Completion(text=f"#### {request.repeat}")])
+
+    client = Counting()
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
+    known = _requests(2)
+    server = AnswerServer(engine, known.get, repeats=3)
+    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
+    try:
+        remote.offer(list(known))
+        for ask in known["p1"].asks(3):
+            assert remote.result(ask).completions[0].text == f"#### {ask.repeat}"
+        with pytest.raises(EndpointError, match="asks each problem 3 times: no repeat 3"):
+            remote.result(replace(known["p0"], repeat=3))
+    finally:
+        remote.close()
+        server.close()
+        engine.close()
+    assert sorted(client.order) == sorted(f"p{i}#{r}" for i in range(2) for r in range(3))

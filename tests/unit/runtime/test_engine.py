@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,15 @@ from fakeserver import FakeOpenAIServer
 from helpers import wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
-from pytest_gsm8k.runtime.cache import ResponseCache
+from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 from pytest_gsm8k.runtime.client import Breaker
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+from pytest_gsm8k.runtime.engine import (
+    EndpointAborted,
+    EndpointError,
+    Engine,
+    NotRun,
+    sample_key,
+)
 
 
 class ScriptedClient:
@@ -279,3 +286,32 @@ def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> 
     assert describe_error(status_error(422))[0] == "HTTP 422: boom"
     assert describe_error(status_error(429))[0] == "HTTP 429 after retries: boom"
     assert describe_error(status_error(503))[0] == "HTTP 503 after retries: boom"
+
+
+def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: Path) -> None:
+    """--gsm8k-repeats: repeat 0 keeps the key a run without repeats had (old caches stay
+    valid); each further repeat is a request of its own (same body) under its own key, and a
+    later run with more repeats asks only for those it has not got."""
+    client = ScriptedClient()
+    [request] = requests(1)
+    body = request.body(client.model)
+    assert sample_key(request, "0") == "0"
+    assert sample_key(replace(request, repeat=2), "0") == "r2:0"
+    keys = {cache_key(client.endpoint, body, sample_key(r, "0")) for r in request.asks(3)}
+    assert len(keys) == 3
+    assert cache_key(client.endpoint, body, "0") in keys  # the key without repeats
+
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run1"), concurrency=2)
+    try:
+        assert engine.result(request).completions  # a run without repeats
+    finally:
+        engine.close()
+    assert client.order == ["p000"]
+    client = ScriptedClient()
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run2"), concurrency=2)
+    try:
+        answers = [engine.result(ask) for ask in request.asks(3)]
+    finally:
+        engine.close()
+    assert [a.cached for a in answers] == [1, 0, 0]  # repeat 0 from the first run's cache
+    assert client.order == ["p000", "p000"]  # repeats 1 and 2 asked, each once

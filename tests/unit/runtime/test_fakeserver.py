@@ -129,6 +129,37 @@ def test_scripted_behaviours(gsm8k: tuple[list[str], list[str]]) -> None:
         assert think.endswith(f"#### {golds[4]}")
 
 
+def test_noisy_mode_flips_a_share_of_problems_per_request_and_drops_stable_ones(
+    gsm8k: tuple[list[str], list[str]],
+) -> None:
+    """noisy_rate picks the same problems every time; each request for one of them draws
+    anew (so repeats differ, a reset does not replay them); drop turns the first stable
+    problems of its pool wrong."""
+    questions, golds = gsm8k
+    script = Script(noisy_rate=0.3, noisy_p=0.5, noise_seed=3, drop=2, drop_pool=list(range(40)))
+    noisy = [i for i in range(40) if script.noisy(i)]
+    assert noisy == [i for i in range(40) if Script.from_json(script.to_json()).noisy(i)]
+    assert 5 <= len(noisy) <= 20
+    dropped = sorted(script.dropped(len(questions)))
+    assert dropped == [i for i in range(40) if i not in noisy][:2]
+
+    def right(c: openai.OpenAI, i: int) -> bool:
+        text = ask(c, questions[i]).choices[0].message.content
+        return bool(text.endswith(f"#### {golds[i]}"))
+
+    with FakeOpenAIServer(DATA, script=script) as srv:
+        c = client(srv)
+        stable = [i for i in range(40) if i not in noisy and i not in dropped][:3]
+        assert all(right(c, i) for i in stable for _ in range(3))
+        assert not any(right(c, i) for i in dropped for _ in range(3))
+        first = [right(c, i) for i in noisy for _ in range(4)]
+        srv.reset()
+        srv.set_script(script)
+        again = [right(c, i) for i in noisy for _ in range(4)]
+    assert 0.25 < sum(first) / len(first) < 0.75  # about noisy_p
+    assert first != again  # fresh draws after reset and set_script
+
+
 def test_completions_and_stop(server: FakeOpenAIServer, gsm8k: tuple[list[str], list[str]]) -> None:
     questions, golds = gsm8k
     c = client(server)

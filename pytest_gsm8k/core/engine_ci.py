@@ -1,0 +1,167 @@
+"""The inference engines' own GSM8K CI, request for request: ``--gsm8k-preset vllm`` and
+``--gsm8k-preset sglang``. Pure: standard library only.
+
+A threshold an engine's CI keeps holds only for the protocol it was measured with, so these
+presets send what the engines' scripts send (docs/protocols.md names the files and
+versions; ``tests/data/vllm_requests.json`` holds request bodies recorded from vLLM's real
+script, and the tests compare them byte for byte). Scoring is the scripts' rule, the
+``last-int`` extractor in :mod:`pytest_gsm8k.core.scoring`; what differs on purpose is
+that a request that failed is an ``error``, where the scripts count it as a wrong answer.
+
+vLLM (``tests/evals/gsm8k/gsm8k_eval.py``, ``evaluate_gsm8k`` with its defaults, which is
+what ``test_gsm8k_correctness.py`` calls per config)
+    Prompt: the first ``num_shots`` train rows as ``"Question: {q}\\nAnswer: {a}\\n\\n"``
+    (the whole answer, calculator annotations and ``#### N`` included), then
+    ``"Question: {q}\\nAnswer:"``. Completions body, in this key order:
+    ``prompt, max_tokens 256, stop ["Question", "Assistant:", "<|separator|>"],
+    temperature 0.0, seed 42``; no ``model`` (the server answers with the model it serves).
+    Chat (``use_chat_completions=True``): ``messages`` (one user message holding the same
+    prompt), ``max_tokens``, ``temperature``, ``seed``; no stop strings and no ``model``.
+    ``top_p``/``top_k`` (and in chat ``reasoning_effort``/``chat_template_kwargs``) follow
+    in that order when given (``--gsm8k-param``). The bytes are ``json.dumps`` with its
+    defaults, as aiohttp's ``json=`` sends them: ``", "``/``": "`` separators, non-ASCII
+    escaped.
+
+SGLang (``python/sglang/test/few_shot_gsm8k.py``)
+    Prompt: the first ``num_shots`` rows *of the evaluated file itself* (the script reads
+    the test file only), same text format as vLLM's; ``max_new_tokens`` 512, the same stop
+    list, temperature 0. The script posts to SGLang's native ``/generate``; here the same
+    prompt and sampling go to ``/v1/completions`` with the model's name, as every
+    OpenAI-compatible server takes them. Problems ``0 .. num_shots-1`` see their own
+    solution among the examples, as in the original.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_gsm8k.core.presets import SGLANG, VLLM
+from pytest_gsm8k.core.types import Api, Problem, Request
+
+__all__ = [
+    "VLLM_CHAT_PARAMS",
+    "VLLM_COMPLETION_PARAMS",
+    "fewshot_prompt",
+    "sglang_request",
+    "vllm_body",
+    "vllm_param_error",
+    "vllm_request",
+]
+
+#: the optional fields gsm8k_eval.py sends after its own, in its order (None: left out),
+#: and the type its command line gives each
+VLLM_COMPLETION_PARAMS: dict[str, type] = {"top_p": float, "top_k": int}
+VLLM_CHAT_PARAMS: dict[str, type] = {
+    **VLLM_COMPLETION_PARAMS,
+    "reasoning_effort": str,
+    "chat_template_kwargs": dict,
+}
+
+
+def fewshot_prompt(question: str, examples: Sequence[tuple[str, str]], shots: int) -> str:
+    """The engines' prompt: the first ``shots`` of ``examples`` (question, raw answer) in
+    order, each ``"Question: q\\nAnswer: a\\n\\n"``, then ``"Question: question\\nAnswer:"``."""
+    if shots > len(examples):
+        raise ValueError(f"--gsm8k-shots {shots}: only {len(examples)} examples are available")
+    head = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples[:shots])
+    return f"{head}Question: {question}\nAnswer:"
+
+
+def vllm_param_error(keys: Sequence[str], api: str) -> str | None:
+    """Why ``--gsm8k-param`` keys cannot go into a vLLM-preset body, or None when they can:
+    only the fields gsm8k_eval.py itself can send keep the body its own."""
+    allowed = VLLM_CHAT_PARAMS if api == "chat" else VLLM_COMPLETION_PARAMS
+    for key in keys:
+        if key not in allowed:
+            return (
+                f"--gsm8k-param {key}: --gsm8k-preset vllm sends only what gsm8k_eval.py "
+                f"sends; with --gsm8k-api {api} that is {', '.join(allowed)}"
+            )
+    return None
+
+
+def _vllm_extra(params: Sequence[tuple[str, str]], api: str) -> dict[str, Any]:
+    """``--gsm8k-param`` values in gsm8k_eval.py's order, as its command line types them
+    (``--top-p 1`` is the float ``1.0``)."""
+    error = vllm_param_error([key for key, _ in params], api)
+    if error:
+        raise ValueError(error)
+    given = {key: json.loads(value) for key, value in params}
+    allowed = VLLM_CHAT_PARAMS if api == "chat" else VLLM_COMPLETION_PARAMS
+    extra: dict[str, Any] = {}
+    for key, kind in allowed.items():
+        if key not in given:
+            continue
+        value = given[key]
+        if kind is dict:
+            if not isinstance(value, dict):
+                raise ValueError(f"--gsm8k-param {key}: expected a JSON object")
+        elif kind is str:
+            value = str(value)
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"--gsm8k-param {key}: expected a number, got {value!r}")
+        elif kind is int:
+            if value != int(value):
+                raise ValueError(f"--gsm8k-param {key}: expected a whole number, got {value!r}")
+            value = int(value)
+        else:
+            value = float(value)
+        extra[key] = value
+    return extra
+
+
+def vllm_body(prompt: str, api: Api = "completions", params: Sequence[tuple[str, str]] = ()) -> str:
+    """The exact JSON text gsm8k_eval.py posts for ``prompt`` (see the module docstring)."""
+    data: dict[str, Any]
+    if api == "chat":
+        data = {"messages": [{"role": "user", "content": prompt}], "max_tokens": VLLM.max_tokens}
+    else:
+        data = {"prompt": prompt, "max_tokens": VLLM.max_tokens, "stop": list(VLLM.stop)}
+    data["temperature"] = VLLM.temperature
+    data["seed"] = VLLM.seed
+    data.update(_vllm_extra(params, api))
+    return json.dumps(data)
+
+
+def vllm_request(
+    problem: Problem,
+    train: Sequence[tuple[str, str]],
+    api: Api = "completions",
+    shots: int = VLLM.shots,
+    params: Sequence[tuple[str, str]] = (),
+) -> Request:
+    """The request gsm8k_eval.py sends for ``problem``: its exact body in ``wire``, and the
+    same prompt and sampling in the fields reports read."""
+    prompt = fewshot_prompt(problem.question, train, shots)
+    common: dict[str, Any] = {
+        "problem_id": problem.id,
+        "temperature": VLLM.temperature,
+        "max_tokens": VLLM.max_tokens,
+        "seed": VLLM.seed,
+        "params": tuple(params),
+        "wire": vllm_body(prompt, api, params),
+    }
+    if api == "chat":
+        return Request(api="chat", messages=(("user", prompt),), **common)
+    return Request(api="completions", prompt=prompt, stop=VLLM.stop, **common)
+
+
+def sglang_request(
+    problem: Problem,
+    rows: Sequence[tuple[str, str]],
+    shots: int = SGLANG.shots,
+    params: Sequence[tuple[str, str]] = (),
+) -> Request:
+    """few_shot_gsm8k.py's prompt and sampling for ``problem`` as a completions request;
+    ``rows`` is the evaluated split in file order (its first ``shots`` are the examples)."""
+    return Request(
+        problem_id=problem.id,
+        api="completions",
+        prompt=fewshot_prompt(problem.question, rows, shots),
+        temperature=SGLANG.temperature,
+        max_tokens=SGLANG.max_tokens,
+        stop=SGLANG.stop,
+        params=tuple(params),
+    )

@@ -1,0 +1,221 @@
+"""The calibrated baseline and the noise-aware gate, end to end.
+
+Real runs (pytester), plain and under ``-n 2``, against the loopback fake server in its noisy
+mode: 10% of the selected problems answer right with probability 0.5 in every request, the
+rest always the same. A baseline recorded with ``--gsm8k-repeats 5`` knows which problems are
+noisy; an unchanged rerun passes, a true drop (stable-correct problems turned wrong) fails
+with the stable flips listed first. The test itself: tests/unit/core/test_calibrated.py.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import XDIST, output, report
+
+from pytest_gsm8k.core import baseline as bl
+from pytest_gsm8k.core.dataset import select
+from pytest_gsm8k.runtime.data import load_split
+
+LIMIT = 200
+BASELINE = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
+
+
+def _selected() -> list[int]:
+    """The indices of the problems ``--gsm8k-limit=200`` runs (the default seed)."""
+    return [p.index for p in select(load_split(None).problems, LIMIT, 1234)]
+
+
+def _validate(data: dict[str, object]) -> None:
+    """``data`` is a JSON report as its schema says (the baseline block's new fields too)."""
+    text = resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+    jsonschema.Draft202012Validator(json.loads(text)).validate(data)
+
+
+def _noisy(seed: int = 5, drop: int = 0) -> Script:
+    """10% of the problems noisy at p = 0.5; ``drop`` stable-correct ones of the run wrong."""
+    return Script(noisy_rate=0.1, noise_seed=seed, drop=drop, drop_pool=_selected())
+
+
+def _record(pytester: pytest.Pytester, args: list[str], xdist: list[str]) -> dict[str, object]:
+    result = pytester.runpytest(
+        *args, *xdist, "--gsm8k-repeats=5", "--snapshot-update", "--gsm8k-report=base.json"
+    )
+    assert result.ret == 0, output(result)
+    document = bl.loads((pytester.path / BASELINE).read_text(), "baseline")
+    return document
+
+
+@XDIST
+def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(_noisy())
+    args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
+    document = _record(pytester, args, xdist)
+    selected = _selected()
+    noisy = {f"test-{i:04d}" for i in selected if server.script.noisy(i)}
+    # the baseline: K=5 per problem, one line per problem, and its calibration
+    calibration = document["calibration"]
+    assert isinstance(calibration, dict)
+    assert calibration["repeats"] == 5
+    problems = document["problems"]
+    assert isinstance(problems, dict)
+    assert len(problems) == LIMIT
+    entries = list(problems.values())
+    assert all(set(e) == {"correct", "outcome", "repeats"} for e in entries)
+    assert all(e["repeats"] == 5 for e in entries)
+    seen_noisy = {pid for pid, e in problems.items() if 0 < e["correct"] < 5}
+    assert seen_noisy <= noisy  # a stable problem never looks noisy
+    assert len(seen_noisy) >= len(noisy) - 3  # a noisy one looks stable with chance 1/16
+    assert calibration["noisy"] == len(seen_noisy)
+    assert calibration["stable_correct"] + calibration["stable_wrong"] + len(seen_noisy) == LIMIT
+    text = (pytester.path / BASELINE).read_text()
+    assert text == bl.dumps(document)
+    assert len(text.splitlines()) < LIMIT + 60  # one line per problem, small and diffable
+    base_report = report(pytester, "base.json")
+    assert all(len(p["repeats"]) == 5 for p in base_report["problems"])
+    _validate(base_report)
+
+    # an unchanged rerun (one run per problem): its noisy problems flip, the gate passes
+    result = pytester.runpytest(*args, *xdist, "--gsm8k-report=r.json", "--gsm8k-markdown=s.md")
+    assert result.ret == 0, output(result)
+    result.stdout.fnmatch_lines(
+        [
+            f"*noise: baseline of 5 runs per problem: {calibration['stable_correct']} "
+            f"stable-correct, {calibration['stable_wrong']} stable-wrong, "
+            f"{calibration['noisy']} noisy (flip rate *); the gate detects a drop of * points "
+            f"or more (* problems; 80% power, n={LIMIT}, alpha=0.01)",
+            "*gate baseline: PASS: p=* >= --gsm8k-alpha 0.01 (noise-aware, baseline 5 runs per "
+            "problem)*",
+        ]
+    )
+    unchanged = report(pytester)["baseline"]
+    assert unchanged["stable_flips"] == []
+    assert unchanged["noisy_failing"]  # the noise is there, and is not a regression
+    assert set(unchanged["noisy_failing"]) <= seen_noisy
+
+    # a true drop: 26 stable-correct problems turned wrong (13 points): FAIL, stable flips first
+    server.set_script(_noisy(drop=26))
+    dropped = sorted(f"test-{i:04d}" for i in server.script.dropped(1319))
+    assert len(dropped) == 26
+    result = pytester.runpytest(
+        *args, *xdist, "--gsm8k-report=r.json", "--gsm8k-markdown=s.md", "--gsm8k-html=p.html"
+    )
+    assert result.ret == 1, output(result)
+    lines = result.stdout.lines
+    stable_line = next(i for i, line in enumerate(lines) if "stable flips (right in every" in line)
+    assert lines[stable_line].split(": ", 1)[1].startswith(", ".join(dropped[:10]))
+    noisy_lines = [i for i, line in enumerate(lines) if "noisy problems failing now" in line]
+    assert all(i > stable_line for i in noisy_lines)
+    result.stdout.fnmatch_lines(
+        [
+            "*gate baseline: FAIL: p=* < --gsm8k-alpha 0.01 (noise-aware, baseline 5 runs per "
+            "problem): 26 always-right problems failing now*"
+        ]
+    )
+    data = report(pytester)
+    _validate(data)
+    base = data["baseline"]
+    assert base["stable_flips"] == dropped
+    assert set(base["noisy_failing"]) <= seen_noisy
+    assert base["p_value"] < 0.01
+    assert base["repeats"] == {"baseline": 5, "run": 1}
+    assert base["stability"]["noisy"] == calibration["noisy"]
+    keys = list(base)
+    assert keys.index("stable_flips") < keys.index("noisy_failing")
+    markdown = (pytester.path / "s.md").read_text()
+    stable_at = markdown.index("**Newly failing, stable (right in every baseline run) (26):**")
+    assert markdown.index(f"`{dropped[0]}`") > stable_at
+    if base["noisy_failing"]:
+        assert markdown.index("**Newly failing, noisy (right in some baseline runs)") > stable_at
+    page = (pytester.path / "p.html").read_text()
+    assert "26 stable flips (listed first)" in page
+
+
+def test_candidate_repeats_are_compared_as_a_mean(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    """--gsm8k-repeats on the candidate: K asks per problem, one item each, the gate on
+    the mean; the same protocol label and baseline file as a single run (K is not in it)."""
+    server.set_script(_noisy())
+    args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
+    _record(pytester, args, [])
+    server.reset()
+    result = pytester.runpytest(*args, "--gsm8k-repeats=3", "--gsm8k-report=r.json")
+    assert result.ret == 0, output(result)
+    assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 3 * LIMIT
+    data = report(pytester)
+    assert data["n"] == LIMIT  # items stay one per problem
+    assert data["baseline"]["repeats"] == {"baseline": 5, "run": 3}
+    assert data["protocol"]["label"] == "test@1, 0-shot CoT"
+    result.stdout.fnmatch_lines(["*gate baseline: PASS*"])
+
+    server.set_script(_noisy(drop=26))
+    result = pytester.runpytest(*args, "--gsm8k-repeats=3", "--gsm8k-report=r.json")
+    assert result.ret == 1, output(result)
+    flips = set(report(pytester)["baseline"]["stable_flips"])
+    dropped = {f"test-{i:04d}" for i in server.script.dropped(1319)}
+    # every dropped problem, and at most a noisy one that was right 5 times of 5 by chance
+    assert dropped <= flips
+    assert len(flips - dropped) <= 2
+
+
+def test_repeats_resume_from_the_cache_per_repeat(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    """Repeat 0 keeps the key of a run without repeats; each further repeat has its own:
+    a K=3 run after a plain one asks only repeats 1 and 2, and a rerun asks nothing."""
+    args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-cache-dir=cache"]
+    assert pytester.runpytest(*args).ret == 0
+    assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 20
+    server.reset()
+    assert pytester.runpytest(*args, "--gsm8k-repeats=3").ret == 0
+    assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 40
+    server.reset()
+    result = pytester.runpytest(*args, "--gsm8k-repeats=3", "-n", "2")
+    assert result.ret == 0, output(result)
+    assert server.stats()["requests_by_path"].get("/v1/chat/completions", 0) == 0
+    result.stdout.fnmatch_lines(["*answers from cache: 20 of 20*"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gsm8k-repeats=0"], "gsm8k: --gsm8k-repeats: must be between 1 and 100, got 0"),
+        (["--gsm8k-repeats=101"], "gsm8k: --gsm8k-repeats: must be between 1 and 100, got 101"),
+        (
+            ["--gsm8k-repeats=3", "--gsm8k-protocol=maj@4"],
+            "gsm8k: --gsm8k-repeats 3: repeats measure a single-sample protocol's run-to-run "
+            "noise; --gsm8k-protocol maj@4 samples already (use test@1, or --gsm8k-repeats 1)",
+        ),
+    ],
+)
+def test_repeats_refusals_are_one_line(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", *extra)
+    assert result.ret != 0
+    text = output(result)
+    assert message in text, text
+    assert "Traceback" not in text
