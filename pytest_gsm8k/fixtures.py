@@ -97,6 +97,8 @@ def gsm8k_outcome(
     item = request.node
     failure: str | None = None
     not_run: str | None = None
+    if gsm8k_problem.group:  # --gsm8k-config: the problem's config decides its protocol
+        gsm8k_protocol = state.plan.protocol_of(gsm8k_problem)
     asks = gsm8k_protocol.request(gsm8k_problem).asks(state.settings.repeats)
     try:
         # --gsm8k-repeats K: K separate asks, one item (an error in any is the item's error)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
     from pytest_gsm8k.core.summary import Summary
     from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
+    from pytest_gsm8k.runtime.matrix import Launched, Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec
 
 _S = TypeVar("_S", bound="ServedProcess")
@@ -73,6 +74,21 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
+        text = gates.markdown(summary, questions, html=plan.settings.html)
+        write_output(state, "step_summary", step_summary, lambda: text)
+        write_output(state, "markdown", plan.settings.markdown, lambda: text)
+
+
+def release_matrix(state: State, summary: Summary) -> None:
+    """--gsm8k-config: the Markdown summary (``$GITHUB_STEP_SUMMARY``, ``--gsm8k-markdown``);
+    no baseline (refused at session start)."""
+    from pytest_gsm8k import gates
+    from pytest_gsm8k.writing import write_output
+
+    plan = state.plan
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary or plan.settings.markdown:
+        questions = {p.id: p.question for p in plan.problems}
         text = gates.markdown(summary, questions, html=plan.settings.html)
         write_output(state, "step_summary", step_summary, lambda: text)
         write_output(state, "markdown", plan.settings.markdown, lambda: text)
@@ -219,9 +235,13 @@ def start_early(state: State, session: pytest.Session) -> None:
         config.option, "continue_on_collection_errors", False
     )
     collected = state.run.collected
-    if not collected or not state.plan.endpoint.model or idle or broken:
+    matrix = bool(state.settings.vllm_config)
+    if not collected or idle or broken or not (matrix or state.plan.endpoint.model):
         return
     sources = state.sources
+    if sources.matrix is not None:
+        sources.matrix.begin([state.plan.protocol_of(p).request(p) for p in collected])
+        return
     if overrides_present(session):
         # each model's engine starts at its first fixture setup; an xdist worker still
         # offers its plan, and hears the controller's stop, on the answers channel
@@ -307,6 +327,10 @@ def start_controller(state: State) -> AnswerServer:
     from pytest_gsm8k.runtime.answers import AnswerServer
 
     sources = state.sources
+    if sources.matrix is not None:
+        server = AnswerServer(sources.matrix, state.plan.request_for)
+        server.start()
+        return server
     client = sources.default_client()
     engine = sources.engine_for(client, plan=False)
     engine.loop.call_soon_threadsafe(client.warm)
@@ -574,3 +598,109 @@ def limit_note(state: State, plan: RunPlan) -> None:
             ),
             stacklevel=2,
         )
+
+
+#: --gsm8k-config without --gsm8k-serve: how vLLM's test starts a config's server
+#: (RemoteOpenAIServer: ``vllm serve <model> <args>`` on a free port), on loopback here
+VLLM_SERVE = "vllm serve {model} {server_args} --host 127.0.0.1 --port {port}"
+
+
+def start_matrix(state: State) -> Matrix:
+    """--gsm8k-config: the configs' servers, started in sequence once the items are known
+    (:meth:`Matrix.begin`), each stopped before the next one starts."""
+    from pytest_gsm8k.runtime.matrix import Matrix
+
+    plan = state.plan
+    return Matrix(
+        [g.name for g in plan.groups],
+        lambda name: _launch_config(state, name),
+        say=lambda line: _write_line(state, printable(line)),
+    )
+
+
+def _launch_config(state: State, name: str) -> Launched:
+    """One config's server (its ``server_args`` and the flags vLLM's test adds, its
+    ``env``, waited for up to its ``startup_max_wait_seconds``) and the engine that asks
+    it; a failure is :class:`LaunchError`, one line."""
+    from pytest_gsm8k.core.identity import describe_server
+    from pytest_gsm8k.runtime import serve
+    from pytest_gsm8k.runtime.client import Breaker, OpenAIClient, PreflightError, list_models
+    from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.matrix import Launched, LaunchError
+
+    settings = state.settings
+    group = state.plan.group_by_name[name]
+    config = group.config
+    command = settings.serve or VLLM_SERVE
+    scrub = state.scrubber()
+    env = {**os.environ, **config.serve_env()}
+    try:
+        spec = serve.serve_spec(
+            command,
+            config.model_name,
+            server_args=config.serve_args(),
+            env=env,
+            context=f"config {config.source}",
+        )
+    except serve.ServeError as exc:
+        raise LaunchError(scrub.command(str(exc))) from None
+    log = server_log(state, f"serve-{name}.log")
+    try:
+        server = serve.start_server(
+            spec,
+            log_path=log,
+            startup_timeout=config.startup_max_wait_seconds,
+            progress=_progress_line(state, log),
+        )
+    except serve.ServeError as exc:
+        raise LaunchError(scrub.command(str(exc))) from None
+    cards: list[dict[str, Any]] = []
+    try:
+        models = list_models(
+            server.base_url, settings.api_key(), timeout=_preflight_timeout(state), cards=cards
+        )
+    except PreflightError:
+        models = []
+    if models and config.model_name not in models:
+        server.stop(timeout=2.0)
+        raise LaunchError(
+            f"the server does not serve {config.model_name!r} (it serves: "
+            f"{_listing(state, models)})"
+        )
+    client = OpenAIClient(
+        model=config.model_name,
+        base_url=server.base_url,
+        api_key=settings.api_key(),
+        timeout=config.request_timeout_seconds,
+        max_retries=settings.max_retries,
+        concurrency=config.max_concurrency or state.concurrency(),
+        breaker=Breaker(),
+        # the port changes every run: the command, the config and its arguments name it
+        cache_endpoint=f"serve:{scrub.command(command)} config:{name} "
+        f"args:{' '.join(config.serve_args())}",
+    )
+    engine = Engine(
+        client,
+        state.sources.cache(True),
+        concurrency=config.max_concurrency or state.concurrency(),
+        breaker=client.breaker,
+        scrub=scrub,
+        stall_timeout=settings.stall_timeout,
+        identity=describe_server(cards, config.model_name),
+    )
+    info: dict[str, Any] = {
+        "pid": server.pid,
+        "command": scrub.command(command),
+        "argv_args": list(config.serve_args()),
+        "base_url": server.base_url,
+        "model": config.model_name,
+        "startup_seconds": round(server.startup_seconds, 2),
+        "log": str(server.log_path),
+    }
+    state.sources.note_config_server(name, info)
+    _write_line(
+        state,
+        f"gsm8k: config {name}: serving {_shown(state, config.model_name)} at "
+        f"{server.base_url} (pid {server.pid}, ready in {server.startup_seconds:.1f} s)",
+    )
+    return Launched(server, engine)

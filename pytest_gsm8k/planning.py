@@ -8,15 +8,18 @@ plugin turns into one usage-error line.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
-from pytest_gsm8k.core.plan import Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, StoredBaseline
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig
+from pytest_gsm8k.runtime.configs import load as load_configs
 from pytest_gsm8k.runtime.data import load_split, train_source
 
 
@@ -33,7 +36,7 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         if spec.fewshot_split == "evaluated":  # SGLang: the first rows of the file under test
             rows = split.problems
         else:
-            rows = load_split(train_source(s.data), "train", s.config, s.dataset).problems
+            rows = load_split(train_source(s.data), "train", s.dataset_config, s.dataset).problems
         train = tuple((p.question, p.answer) for p in rows)
         if s.shots > len(train):
             raise DatasetError(
@@ -42,10 +45,10 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         source = spec.fewshot_source
     elif s.shots or s.fewshot_file:
         if s.fewshot_file:
-            pool_split = load_split(s.fewshot_file, "fewshot", s.config)
+            pool_split = load_split(s.fewshot_file, "fewshot", s.dataset_config)
             source = f"file {Path(s.fewshot_file).name}"
         else:
-            pool_split = load_split(train_source(s.data), "train", s.config, s.dataset)
+            pool_split = load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
             source = f"train (seed {s.seed})"
         evaluated = {p.question for p in split.problems}
         pool = [
@@ -75,6 +78,72 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         answer_regex=s.answer_regex,
         params=s.params,
     )
+
+
+#: what --gsm8k-preset vllm sends as gsm8k_eval.py's defaults: a config that sets another
+#: value would need another body than the preset's, so it is refused rather than half-run
+PRESET_FIXED = {"max_tokens": 256, "temperature": 0.0, "seed": 42}
+
+
+def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protocol:
+    """The protocol a vLLM config runs with: exactly ``--gsm8k-preset vllm --gsm8k-shots
+    <num_fewshot>`` (the requests of vLLM's gsm8k_eval.py, byte for byte). The one place a
+    config becomes a protocol; DatasetError (one line naming the file and field) for a
+    config the preset cannot send as vLLM's test would."""
+    from pytest_gsm8k.core.presets import preset_settings
+
+    for key, value in PRESET_FIXED.items():
+        if getattr(config, key) != value:
+            raise DatasetError(
+                f"{config.source}: {key}: {getattr(config, key)!r} is not supported yet "
+                f"(--gsm8k-preset vllm sends gsm8k_eval.py's {value!r})"
+            )
+    if config.use_chat_completions:
+        raise DatasetError(
+            f"{config.source}: use_chat_completions: not supported yet (vLLM's test then "
+            "sends the model name, which --gsm8k-preset vllm's chat body leaves out)"
+        )
+    values = preset_settings("vllm", api="completions", shots=config.num_fewshot)
+    preset = dataclasses.replace(
+        settings,
+        preset=str(values["preset"]),
+        api=values["api"],
+        protocol=str(values["protocol"]),
+        samples=1,
+        temperature=values["temperature"],
+        shots=int(values["shots"]),
+        max_tokens=values["max_tokens"],
+        stop=tuple(values["stop"]),
+        extract=str(values["extract"]),
+        answer_regex=None,
+        system=None,
+        params=(),
+        fewshot_file=None,
+    )
+    return build_protocol(preset, split)
+
+
+def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
+    """``--gsm8k-config``: each config with its protocol and its problems, the first
+    ``num_questions`` of the split as vLLM's script takes them (not a seeded subset)."""
+    assert settings.vllm_config is not None
+    try:
+        configs = load_configs(settings.vllm_config)
+    except ConfigError as exc:
+        raise DatasetError(str(exc)) from None
+    groups = []
+    for config in configs:
+        if config.gen_prefix:
+            raise DatasetError(
+                f"{config.source}: gen_prefix: not supported yet (vLLM's script appends it "
+                "after 'Answer:'); remove it or run this config with vLLM's own test"
+            )
+        problems = tuple(
+            dataclasses.replace(p, group=config.name)
+            for p in split.problems[: config.num_questions]
+        )
+        groups.append(ConfigGroup(config, protocol_for(config, settings, split), problems))
+    return tuple(groups)
 
 
 def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
@@ -124,11 +193,16 @@ def build_plan(
     update_baseline: bool,
 ) -> RunPlan:
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
-    split = load_split(settings.data, settings.split, settings.config, settings.dataset)
-    selected = select(
-        split.problems, settings.limit, settings.seed, first=takes_first(settings.preset)
-    )
-    protocol = build_protocol(settings, split)
+    split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
+    groups = config_groups(settings, split) if settings.vllm_config else ()
+    if groups:
+        selected = tuple(p for g in groups for p in g.problems)
+        protocol = groups[0].protocol
+    else:
+        selected = select(
+            split.problems, settings.limit, settings.seed, first=takes_first(settings.preset)
+        )
+        protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
     return RunPlan(
         run_id=run_id,
@@ -139,6 +213,8 @@ def build_plan(
         protocol=protocol,
         endpoint=endpoint,
         gates=GateSpecs.from_settings(settings),
-        baseline=read_baseline(path, rootpath),
+        # per-config baselines: refused at session start (one line), never half-applied
+        baseline=None if groups else read_baseline(path, rootpath),
         update_baseline=update_baseline,
+        groups=groups,
     )

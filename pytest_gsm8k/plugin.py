@@ -30,6 +30,7 @@ import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.jsontext import escape_surrogates
+from pytest_gsm8k.core.plan import RunPlan
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.settings import (
     OPTIONS,
@@ -55,9 +56,11 @@ from pytest_gsm8k.lifecycle import (
     plugins_define,
     preflight,
     release_gates,
+    release_matrix,
     start_controller,
     start_early,
     start_local,
+    start_matrix,
     start_serve,
     warm_engine,
 )
@@ -187,12 +190,12 @@ class StatePlugin:
         state = self.state
         self.session = session
         settings = state.settings
-        if settings.model or settings.serve:
+        if settings.model or settings.serve or settings.vllm_config:
             self.activate()
         if state.is_worker:
             return
         prepare_outputs(state, ("report", "html", "markdown"))  # asked for by name: any run
-        if not (settings.model or settings.serve):
+        if not (settings.model or settings.serve or settings.vllm_config):
             return
         # The data, protocol and baseline first: a bad file is one line before any server
         # starts. The plan is published once, with the endpoint the server and the
@@ -206,6 +209,9 @@ class StatePlugin:
         check_baseline_path(draft)
         limit_descriptors(state)
         preload_end()
+        if draft.groups:
+            self._start_configs(session, draft)
+            return
         endpoint = draft.endpoint
         started = None
         if settings.serve:
@@ -225,6 +231,25 @@ class StatePlugin:
             session.config.option.collectonly or getattr(session.config.option, "setupplan", False)
         ):
             warm_engine(state)
+
+    def _start_configs(self, session: pytest.Session, draft: RunPlan) -> None:
+        """--gsm8k-config: the plan is published as it is (each config's server is started
+        in turn once the items are known); what a matrix cannot honour is one line."""
+        state = self.state
+        if draft.update_baseline:
+            raise pytest.UsageError(
+                "gsm8k: --snapshot-update cannot be combined with --gsm8k-config: per-config "
+                "baselines are not supported yet"
+            )
+        if model_overridden(session.config):
+            raise pytest.UsageError(
+                "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model override "
+                "cannot take part (remove it, or run without --gsm8k-config)"
+            )
+        state.set_plan(draft)
+        state.sources.use_matrix(start_matrix(state))
+        if session.config.pluginmanager.has_plugin("dsession"):
+            state.sources.use_answer_server(start_controller(state))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -257,7 +282,8 @@ class StatePlugin:
     ) -> None:
         """Add the built-in test when --gsm8k-model or --gsm8k-serve is given (before
         -k/-m/--lf filter)."""
-        if not (self.state.settings.model or self.state.settings.serve):
+        settings = self.state.settings
+        if not (settings.model or settings.serve or settings.vllm_config):
             return
         from pytest_gsm8k import builtin
 
@@ -298,7 +324,10 @@ class StatePlugin:
 
         The items themselves (node ids, and the problem in each id's parameters) are kept
         in any case: a stopped run reports those no worker reached."""
-        pattern = re.compile(rf"\b{re.escape(self.state.settings.split)}-\d{{4,}}\b")
+        split = re.escape(self.state.settings.split)
+        # --gsm8k-config: a problem's id carries its config's name (``Qwen3:test-0001``)
+        group = r"(?:[^\s\[\]:]+:)?" if self.state.settings.vllm_config else r"\b"
+        pattern = re.compile(rf"{group}{split}-\d{{4,}}\b")
         refs: list[ItemRef] = []
         found: set[str] = set()
         for nodeid in ids:
@@ -442,7 +471,7 @@ class StatePlugin:
             # The cleanup registered in pytest_configure unfreezes it after those.
             gc.freeze()
         settings = self.state.settings
-        gsm8k_run = settings.model or settings.serve or self._active
+        gsm8k_run = settings.model or settings.serve or settings.vllm_config or self._active
         if (
             gsm8k_run
             and not self.state.is_worker
@@ -493,8 +522,14 @@ class StatePlugin:
         self._learn_plans()
         late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
         report_unfinished(self.config, state, late)
-        summary = run.build_summary(plan, late=late, server=state.sources.server_info)
-        release_gates(state, summary, session)
+        if plan.groups:
+            summary = run.build_matrix_summary(
+                plan, late=late, servers=state.sources.config_servers
+            )
+            release_matrix(state, summary)
+        else:
+            summary = run.build_summary(plan, late=late, server=state.sources.server_info)
+            release_gates(state, summary, session)
         finished = time.time()
         summary.extra["started_at"] = _iso(run.started)
         summary.extra["finished_at"] = _iso(finished)
@@ -592,7 +627,7 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item]) -> str | None:
     state = get_state(config)
     settings = state.settings
     option = config.option
-    if settings.model or settings.serve or option.collectonly:
+    if settings.model or settings.serve or settings.vllm_config or option.collectonly:
         return None
     if session.testsfailed or state.run.data_error:
         return None
@@ -656,7 +691,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gsm8k: a GSM8K problem item (-m gsm8k: only the gate)")
     notes: list[str] = []
     try:
-        settings = build_settings(lambda o: _read_option(config, o), notes.append)
+        settings = build_settings(
+            lambda o: _read_option(config, o),
+            notes.append,
+            lambda path: (config.invocation_params.dir / Path(path).expanduser()).exists(),
+        )
     except SettingsError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     if not hasattr(config, "workerinput"):  # once, not once per xdist worker

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pytest_gsm8k.runtime.cache import ResponseCache
     from pytest_gsm8k.runtime.client import OpenAIClient
     from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.matrix import Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess
     from pytest_gsm8k.state import State
 
@@ -49,6 +50,14 @@ class AnswerSource(TypingProtocol):
     def take_warnings(self) -> list[str]: ...
 
     def close(self) -> None: ...
+
+
+class ConfigsModel:
+    """The ``gsm8k_model`` value of a --gsm8k-config run: each config's own server answers
+    (through the :class:`~pytest_gsm8k.runtime.matrix.Matrix`, or the xdist controller)."""
+
+    endpoint = "(the configs' servers)"
+    model = "(the configs' models)"
 
 
 class Sources:
@@ -78,12 +87,22 @@ class Sources:
         self.server_info: dict[str, Any] | None = None
         self.server_death: str | None = None
         self._stop_heard = False
+        #: --gsm8k-config, on the process that fetches: the configs' servers in sequence
+        self.matrix: Matrix | None = None
+        #: --gsm8k-config: what each config's server reported, by config name
+        self.config_servers: dict[str, dict[str, Any]] = {}
 
     # what the plugin attaches
 
     def use_server(self, server: ServedProcess, info: dict[str, Any]) -> None:
         self.server = server
         self.server_info = info
+
+    def use_matrix(self, matrix: Matrix) -> None:
+        self.matrix = matrix
+
+    def note_config_server(self, name: str, info: dict[str, Any]) -> None:
+        self.config_servers[name] = info
 
     def use_remote(self, remote: RemoteAnswers) -> None:
         self.remote = remote
@@ -124,6 +143,9 @@ class Sources:
         if self._client is not None:
             return self._client
         state = self._state
+        if state.settings.vllm_config:
+            self._client = ConfigsModel()  # type: ignore[assignment]
+            return self._client  # type: ignore[return-value]
         endpoint = state.endpoint()
         settings = state.settings
         if not endpoint.model:
@@ -204,6 +226,17 @@ class Sources:
 
     def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
         """Where this item's answer comes from, and whether that source is single-use."""
+        if self._state.settings.vllm_config:
+            if not self.is_default(model):
+                raise pytest.UsageError(
+                    "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
+                    "override cannot take part (remove it, or run without --gsm8k-config)"
+                )
+            if self.remote is not None:
+                return self.remote, False
+            if self.matrix is None:
+                raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
+            return self.matrix, False
         default = self.is_default(model) and protocol is self._state.plan.protocol
         if default and self.remote is not None:
             return self.remote, False
@@ -243,19 +276,24 @@ class Sources:
         from pytest_gsm8k.core.outcome import combine_repeats, score_response
         from pytest_gsm8k.state import safe_url
 
-        engine = self.default_engine()
-        if engine is None:
-            return {}
         plan = self._state.plan
+        matrix = self.matrix
+        default = self.default_engine() if matrix is None else None
+        if default is None and matrix is None:
+            return {}
         out: dict[str, ProblemRecord] = {}
         for problem in problems:
-            asks = plan.protocol.request(problem).asks(plan.settings.repeats)
+            protocol = plan.protocol_of(problem)
+            engine = default if matrix is None else matrix.engine_of(protocol.request(problem))
+            if engine is None:
+                continue
+            asks = protocol.request(problem).asks(plan.settings.repeats)
             responses = [engine.ready(ask) for ask in asks]
             if any(response is None for response in responses):
                 continue  # a problem is scored on all its repeats or not at all
             record = combine_repeats(
                 [
-                    score_response(problem, response, plan.protocol, plan.pattern)
+                    score_response(problem, response, protocol, plan.pattern)
                     for response in responses
                     if response is not None
                 ]
@@ -273,6 +311,8 @@ class Sources:
         model of their own)."""
         for engine in list(self.engines.values()):
             engine.stop(message)
+        if self.matrix is not None:
+            self.matrix.stop(message)
         if self.answer_server is not None:
             self.answer_server.stop_all(message)
 
@@ -301,6 +341,9 @@ class Sources:
         for engine in self.engines.values():
             out.extend(engine.take_warnings())
             out.extend(engine.notes())
+        if self.matrix is not None:
+            out.extend(self.matrix.take_warnings())
+            out.extend(self.matrix.notes())
         return out
 
     def close(self) -> None:
@@ -316,6 +359,9 @@ class Sources:
         for engine in self.engines.values():
             engine.close()
         self.engines.clear()
+        if self.matrix is not None:
+            self.matrix.close()
+            self.matrix = None
         if not self._state.is_worker:
             for cache in self._caches.values():
                 cache.close()

@@ -273,6 +273,102 @@ class Run:
             )
         return summary
 
+    def build_matrix_summary(
+        self,
+        plan: RunPlan,
+        *,
+        late: dict[str, ProblemRecord],
+        servers: dict[str, dict[str, Any]],
+    ) -> Summary:
+        """--gsm8k-config: one summary per config, each gated as vLLM's test gates it
+        (plus --gsm8k-min-acc and the health gates when asked), under one that counts
+        them all and holds every gate."""
+        from pytest_gsm8k.core.gates import ToleranceFloor
+        from pytest_gsm8k.core.outcome import error_record
+        from pytest_gsm8k.core.summary import Summary
+
+        wanted = {p.id for p in self.wanted(plan)}
+        split = plan.split
+        configs: list[Summary] = []
+        for group in plan.groups:
+            config = group.config
+            ran = [p for p in group.problems if p.id in wanted]
+            if not ran:
+                continue  # deselected whole (-k, -m): its server never started, nothing to gate
+            records: dict[str, ProblemRecord] = {}
+            for problem in ran:
+                record = self.records.get(problem.id) or late.get(problem.id)
+                if record is None and self.aborted:
+                    record = error_record(problem, self.aborted)
+                if record is not None:
+                    records[problem.id] = record
+            server = servers.get(group.name)
+            summary = Summary(
+                protocol=group.protocol.identity(),
+                label=f"{group.name}: {group.protocol.label}",
+                dataset=split.identity(),
+                subset={
+                    "limit": config.num_questions
+                    if config.num_questions < len(split.problems)
+                    else None,
+                    "first": True,
+                    "seed": None,
+                    "of": len(split.problems),
+                    "ids_hash": _ids_hash(group.problems),
+                    "deselected": len(group.problems) - len(ran),
+                },
+                model=config.model_name,
+                endpoint=str((server or {}).get("base_url") or "(its server did not start)"),
+                records=list(records.values()),
+                expected=len(ran),
+                interrupted=self.interrupted,
+            )
+            summary.extra["config"] = {
+                "name": config.name,
+                "source": config.source,
+                "model_name": config.model_name,
+                "accuracy_threshold": config.accuracy_threshold,
+                "tolerance": config.tolerance,
+                "num_questions": config.num_questions,
+                "num_fewshot": config.num_fewshot,
+                "server_args": list(config.server_args),
+                "env": sorted(key for key, _ in config.env),
+                "fields": list(config.given),
+            }
+            if server is not None:
+                summary.extra["served"] = server
+            floor = ToleranceFloor(config.name, config.accuracy_threshold, config.tolerance)
+            summary.set_gate(floor.verdict(summary.correct, summary.n, group.protocol.label))
+            if plan.gates.min_acc is not None:
+                summary.set_gate(
+                    plan.gates.min_acc.verdict(summary.correct, summary.n, summary.label)
+                )
+            for spec in plan.gates.health:
+                summary.gate_share(spec)
+            summary.name_gates(config.name)
+            configs.append(summary)
+        first = plan.groups[0].protocol
+        top = Summary(
+            protocol=first.identity(),
+            label=f"{len(plan.groups)} vLLM configs",
+            dataset=split.identity(),
+            subset={
+                "limit": None,
+                "seed": None,
+                "of": len(split.problems),
+                "ids_hash": _ids_hash(plan.problems),
+                "deselected": len(plan.problems) - len(wanted),
+            },
+            model=", ".join(g.config.model_name for g in plan.groups),
+            endpoint="(one server per config)",
+            records=[r for c in configs for r in c.records],
+            expected=sum(c.expected for c in configs),
+            interrupted=self.interrupted,
+            gates=[g for c in configs for g in c.gates],
+            configs=configs,
+        )
+        return top
+
 
 class State:
     """One pytest process's part of the run: its settings and role, the plan (once), the

@@ -49,7 +49,8 @@ def check_baseline_path(plan: RunPlan) -> None:
     from pytest_gsm8k.runtime.outputs import OutputError, check_name, prepare
 
     settings = plan.settings
-    assert plan.baseline is not None
+    if plan.baseline is None:
+        return  # --gsm8k-config: no baseline (per-config baselines are refused)
     path = plan.baseline.path
     if settings.baseline:
         what = "--gsm8k-baseline"
@@ -153,4 +154,6 @@ def page_html(state: State, report: Report) -> str:
         with contextlib.suppress(bl.BaselineError):
             document = gates.check_baseline(stored, report, plan.split.problems)
             outcomes = outcomes_from_baseline(document)
-    return render_html(report, problem_texts(plan.split.problems), outcomes)
+    # --gsm8k-config: the problems' ids carry their config's name
+    problems = (*plan.split.problems, *plan.problems) if plan.groups else plan.split.problems
+    return render_html(report, problem_texts(problems), outcomes)

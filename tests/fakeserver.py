@@ -77,6 +77,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import re
 import selectors
 import signal
@@ -472,6 +473,7 @@ class FakeOpenAIServer:
         extra_models: Iterable[str] = (),
         reasoning_field: bool = False,
         record_file: str | Path | None = None,
+        raw_file: str | Path | None = None,
         root: str | None = None,
         owned_by: str = "fake",
         max_model_len: int | None = None,
@@ -495,6 +497,7 @@ class FakeOpenAIServer:
         self.reasoning_field = reasoning_field
         #: every completion request body is appended here as one JSON line (server side)
         self.record_file = Path(record_file) if record_file is not None else None
+        self.raw_file = Path(raw_file) if raw_file is not None else None
         #: what GET /models says about the served model (``root``, ``max_model_len``: only
         #: when set, as vLLM gives them); a test changes them between runs to play a server
         #: restarted with another model under the same name
@@ -988,6 +991,9 @@ class FakeOpenAIServer:
         if self.record_file is not None:
             with self._lock, self.record_file.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(req) + "\n")
+        if self.raw_file is not None:  # the bytes as received, one JSON string a line
+            with self._lock, self.raw_file.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(body.decode("utf-8", "replace")) + "\n")
         # No model at all is the served one, as vLLM answers (its GSM8K script sends none).
         model = req.get("model", self.model)
         if not isinstance(model, str) or not model:
@@ -1431,14 +1437,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-model", action="append", default=[], help="also listed in /models")
     ap.add_argument("--reasoning-field", action="store_true")
     ap.add_argument("--record-file", default=None, help="append request bodies here (JSONL)")
+    ap.add_argument(
+        "--raw-file", default=None, help="append each request body's bytes here (JSON strings)"
+    )
     ap.add_argument("--root", default=None, help="the model's root in GET /models")
     ap.add_argument("--owned-by", default="fake", help="the model's owned_by in GET /models")
     ap.add_argument("--max-model-len", type=int, default=None, help="... and its max_model_len")
     ap.add_argument("--system-fingerprint", default="fake", help="every reply's fingerprint")
     ap.add_argument("--argv-file", default=None, help="write the command line here (JSON)")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--events-file",
+        default=None,
+        help="append a JSON line when serving starts and when it stops (pid, port, model, "
+        "the command line and the VLLM_*/FAKESERVER_* environment): a matrix's sequence",
+    )
+    ap.add_argument(
+        "--accept-unknown",
+        action="store_true",
+        help="take flags meant for another server (vllm serve's) and only record them",
+    )
+    args, unknown = ap.parse_known_args(argv)
+    if unknown and not args.accept_unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.argv_file:
         Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
+    if not args.script and os.environ.get("FAKESERVER_SCRIPT"):
+        args.script = os.environ["FAKESERVER_SCRIPT"]  # a config's env can script its server
+    if args.die_after is None and os.environ.get("FAKESERVER_DIE_AFTER"):
+        args.die_after = int(os.environ["FAKESERVER_DIE_AFTER"])  # ... or make it die
+
+    def event(kind: str, **fields: object) -> None:
+        if args.events_file:
+            line = {"event": kind, "pid": os.getpid(), "time": time.time(), **fields}
+            with open(args.events_file, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line) + "\n")
+
     if args.exit_at_once is not None:
         print(f"fakeserver: exiting at once with code {args.exit_at_once}", flush=True)
         return int(args.exit_at_once)
@@ -1467,6 +1500,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_models=args.extra_model,
         reasoning_field=args.reasoning_field,
         record_file=args.record_file,
+        raw_file=args.raw_file,
         root=args.root,
         owned_by=args.owned_by,
         max_model_len=args.max_model_len,
@@ -1478,10 +1512,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     srv.start()
     print(f"FAKESERVER_URL={srv.base_url}", flush=True)
+    event(
+        "start",
+        port=srv.port,
+        model=args.model,
+        argv=sys.argv if argv is None else argv,
+        unknown=unknown,
+        env={k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "FAKESERVER_"))},
+    )
     while not done.wait(0.2):
         pass
     killed = srv.killed
     srv.stop()
+    event("stop")
     if killed and args.exit_code:
         print(f"fakeserver: dying with exit code {args.exit_code}", flush=True)
         return int(args.exit_code)

@@ -72,12 +72,28 @@ def needs_shell(command: str) -> bool:
     return _SHELL_SYNTAX.search(command) is not None
 
 
-def serve_command(command: str, port: int, model: str | None) -> ServeCommand:
+_SERVER_ARGS = "{server_args}"
+
+
+def serve_command(
+    command: str, port: int, model: str | None, server_args: tuple[str, ...] | None = None
+) -> ServeCommand:
     """``command`` with ``{port}`` and ``{model}`` filled in (see the module docstring).
 
     :raises CommandError: ``{model}`` without a model name, a line ``shlex`` cannot split,
         or a model name that would be read as code where ``{model}`` stands.
     """
+    if _SERVER_ARGS in command:
+        if server_args is None:
+            raise CommandError(
+                "the command line uses {server_args}, which only --gsm8k-config fills "
+                "(a config's server_args and the flags vLLM's test adds)"
+            )
+        if needs_shell(command):
+            raise CommandError(
+                "{server_args} needs a command line without shell syntax (its words are "
+                "passed as they are, never read by a shell)"
+            )
     if _MODEL in command and model is None:
         raise CommandError("the command line uses {model} but no model is given: add --gsm8k-model")
     name = model or ""
@@ -95,7 +111,15 @@ def serve_command(command: str, port: int, model: str | None) -> ServeCommand:
         if _MODEL in word and script and not _PLAIN_NAME.match(name):
             raise CommandError(_script_message(name))
         previous = word
-    return ServeCommand([w.replace(_MODEL, name) for w in words], env)
+    argv: list[str] = []
+    for word in words:
+        if word == _SERVER_ARGS:
+            argv.extend(server_args or ())
+        elif _SERVER_ARGS in word:
+            raise CommandError("{server_args} must be a word of its own in the command line")
+        else:
+            argv.append(word.replace(_MODEL, name))
+    return ServeCommand(argv, env)
 
 
 def _fill_shell_line(line: str, name: str) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "MaxShare",
     "MinAcc",
     "NoiseAware",
+    "ToleranceFloor",
     "Verdict",
     "count_certain",
     "max_drop_count",
@@ -182,6 +183,51 @@ class MinAcc:
             f"{'>=' if passed else 'is below'} {self.option} {self.threshold:g}"
         )
         return GateVerdict(self.name, "min-acc", passed, detail, accuracy, self.threshold)
+
+    def certain(self, correct: int, seen: int, n: int) -> Verdict | None:
+        return count_certain(correct, seen, n, self.need(n))
+
+
+@dataclass(frozen=True)
+class ToleranceFloor:
+    """A vLLM config's gate, exactly as vLLM's test_gsm8k_correctness.py asserts it:
+    ``accuracy >= accuracy_threshold - tolerance``, the floor computed in floats as there,
+    the accuracy over every question of the config (an error counts as not correct, as the
+    script scores a failed request)."""
+
+    config: str
+    threshold: float
+    tolerance: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.config}:vllm-threshold"
+
+    @property
+    def floor(self) -> float:
+        return self.threshold - self.tolerance
+
+    def need(self, n: int) -> int:
+        return min_acc_count(self.floor, n)
+
+    def verdict(self, correct: int, n: int, label: str) -> GateVerdict:
+        if n == 0:
+            return GateVerdict(
+                self.name,
+                "vllm-threshold",
+                False,
+                f"no problem has a result ({label})",
+                None,
+                self.floor,
+            )
+        passed = correct >= self.need(n)
+        accuracy = correct / n
+        detail = (
+            f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} "
+            f"accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} "
+            f"= {self.floor:.4f}"
+        )
+        return GateVerdict(self.name, "vllm-threshold", passed, detail, accuracy, self.floor)
 
     def certain(self, correct: int, seen: int, n: int) -> Verdict | None:
         return count_certain(correct, seen, n, self.need(n))

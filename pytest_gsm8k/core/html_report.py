@@ -282,13 +282,50 @@ def _header(report: Mapping[str, Any], compared: bool) -> str:
     if isinstance(early, Mapping) and early:
         parts.append(_early_card(early))
     parts.append('</section><section class="cards charts">')
-    parts.append(_accuracy_card(report, compared))
-    parts.append(_outcome_card(counts))
-    if report.get("pass_at_k"):
-        parts.append(_pass_at_card(report["pass_at_k"]))
-    parts.append(_rules_card(report))
+    configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
+    if configs:  # --gsm8k-config: each config's accuracy; the pooled counts mean nothing
+        parts.append(_configs_card(configs))
+        parts.append(_outcome_card(counts))
+    else:
+        parts.append(_accuracy_card(report, compared))
+        parts.append(_outcome_card(counts))
+        if report.get("pass_at_k"):
+            parts.append(_pass_at_card(report["pass_at_k"]))
+        parts.append(_rules_card(report))
     parts.append("</section></header><main>")
     return "".join(parts)
+
+
+def _configs_card(configs: list[Mapping[str, Any]]) -> str:
+    """--gsm8k-config: one row per config: its model, n, accuracy with its interval, the
+    floor vLLM's rule needs (threshold - tolerance), the verdict and its protocol."""
+    rows = []
+    for c in configs:
+        config = c.get("config") or {}
+        gates = [g for g in c.get("gates") or [] if isinstance(g, Mapping)]
+        floor = next((g.get("threshold") for g in gates if g.get("rule") == "vllm-threshold"), None)
+        passed = all(g.get("passed") for g in gates)
+        low, high = [*(c.get("ci95") or []), None, None][:2]
+        accuracy = (
+            f"{_fmt(c.get('accuracy'))} [{_fmt(low)}-{_fmt(high)}]"
+            if c.get("accuracy") is not None
+            else "no answers"
+        )
+        rows.append(
+            f'<tr><td><span class="badge {"pass" if passed else "fail"}">'
+            f"{'PASS' if passed else 'FAIL'}</span></td><th>{_e(config.get('name'))}</th>"
+            f"<td>{_e(c.get('model'))}</td><td>{_int(c.get('n'))}</td><td>{_e(accuracy)}</td>"
+            f"<td>{_e(_fmt(floor) if floor is not None else '-')}</td>"
+            f"<td>{_e((c.get('protocol') or {}).get('label', ''))}</td></tr>"
+        )
+    head = (
+        "<tr><td></td><th>config</th><th>model</th><th>n</th><th>accuracy, 95% interval</th>"
+        "<th>floor</th><th>protocol</th></tr>"
+    )
+    return (
+        '<div class="card wide gates"><h2>vLLM configs (accuracy &gt;= threshold - '
+        f"tolerance)</h2><table>{head}{''.join(rows)}</table></div>"
+    )
 
 
 def _headline(report: Mapping[str, Any]) -> str:

@@ -19,6 +19,7 @@ from pytest_gsm8k.core.gates import HEALTH_OUTCOMES, MaxShare, MinAcc, NoiseAwar
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem, Request
+from pytest_gsm8k.core.vllm_config import VllmConfig
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,21 @@ class GateSpecs:
 
 
 @dataclass(frozen=True)
+class ConfigGroup:
+    """One vLLM config of ``--gsm8k-config``: its own server, protocol and problems (whose
+    ids carry the config's name), gated on its own."""
+
+    config: VllmConfig
+    protocol: Protocol
+    #: the first ``num_questions`` problems of the split, as vLLM's script takes them
+    problems: tuple[Problem, ...]
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@dataclass(frozen=True)
 class StoredBaseline:
     """The baseline file this run compares with or writes, read once.
 
@@ -100,6 +116,9 @@ class RunPlan:
     baseline: StoredBaseline | None
     #: --snapshot-update: write the baseline instead of comparing with it
     update_baseline: bool = False
+    #: --gsm8k-config: the configs, run in this order, each on its own server (empty: a
+    #: run of one protocol against one endpoint)
+    groups: tuple[ConfigGroup, ...] = ()
 
     @cached_property
     def pattern(self) -> re.Pattern[str] | None:
@@ -112,7 +131,20 @@ class RunPlan:
         """The selected problems by id (computed once; the plan never changes)."""
         return {p.id: p for p in self.problems}
 
+    @cached_property
+    def group_by_name(self) -> dict[str, ConfigGroup]:
+        return {g.name: g for g in self.groups}
+
+    def group_of(self, problem: Problem) -> ConfigGroup | None:
+        """The config group ``problem`` is asked for (None outside --gsm8k-config)."""
+        return self.group_by_name.get(problem.group) if problem.group else None
+
+    def protocol_of(self, problem: Problem) -> Protocol:
+        """The protocol ``problem`` is asked with: its config's, else the run's."""
+        group = self.group_of(problem)
+        return group.protocol if group is not None else self.protocol
+
     def request_for(self, problem_id: str) -> Request | None:
         """The plugin protocol's request for a selected problem (None if not selected)."""
         problem = self.by_id.get(problem_id)
-        return None if problem is None else self.protocol.request(problem)
+        return None if problem is None else self.protocol_of(problem).request(problem)

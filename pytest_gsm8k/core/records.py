@@ -94,6 +94,10 @@ class ReportExtras(TypedDict, total=False):
     served: dict[str, object]
     #: --gsm8k-model=local: the llama.cpp server
     local_server: dict[str, object]
+    #: --gsm8k-config: the vLLM config of a config's report (its fields as given)
+    config: dict[str, object]
+    #: --gsm8k-config: each config's own report (the top level counts them all together)
+    configs: list[dict[str, object]]
     started_at: str
     finished_at: str
     duration_s: float

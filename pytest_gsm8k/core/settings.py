@@ -85,9 +85,21 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME",
         default_text="the embedded copy",
     ),
-    Option("config", "str", "dataset config: main or socratic", "main"),
+    Option("dataset-config", "str", "dataset config: main or socratic", "main"),
+    Option(
+        "config",
+        "str",
+        "run vLLM's GSM8K CI configs: a config YAML, a folder of them, or a models-*.txt "
+        "list; each config's server is started in turn and gated at threshold - tolerance",
+        metavar="PATH",
+    ),
     Option("split", "str", "split to evaluate (train is not a reportable number)", "test"),
-    Option("limit", "int", "run a seeded, stable subset of N problems", metavar="N"),
+    Option(
+        "limit",
+        "int",
+        "run a seeded, stable subset of N problems (the first N under the vllm and sglang presets)",
+        metavar="N",
+    ),
     Option("seed", "int", "seed of the --gsm8k-limit subset and of few-shot sampling", 1234),
     Option("min-acc", "float", "fail the run when accuracy is below this", metavar="ACC"),
     Option(
@@ -420,7 +432,8 @@ class Settings:
     api_key_env: str
     data: str | None
     dataset: str | None
-    config: str
+    #: --gsm8k-dataset-config: main or socratic
+    dataset_config: str
     split: str
     limit: int | None
     seed: int
@@ -471,6 +484,8 @@ class Settings:
     progress: bool | None = None
     #: --gsm8k-repeats: how many times each problem is asked (separate requests)
     repeats: int = 1
+    #: --gsm8k-config: vLLM's GSM8K configs (a YAML, a folder, a models-*.txt list)
+    vllm_config: str | None = None
 
     @property
     def aggregation(self) -> str:
@@ -541,10 +556,107 @@ def _apply_preset(name: str, values: dict[str, Any], given: set[str]) -> None:
             raise SettingsError(error)
 
 
-def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) -> Settings:
+#: what --gsm8k-config meant before it took vLLM's configs: the dataset config
+DATASET_CONFIGS = ("main", "socratic")
+
+
+def _config_option(
+    values: dict[str, Any],
+    given: set[str],
+    exists: Callable[[str], bool],
+    warn: Callable[[str], None],
+) -> None:
+    """``--gsm8k-config main|socratic`` from before ``--gsm8k-dataset-config``: still the
+    dataset config (with a note) unless a file or folder of that name exists, which is then
+    ambiguous and refused."""
+    value = values["config"]
+    if value not in DATASET_CONFIGS:
+        return
+    if exists(value):
+        raise SettingsError(
+            f"--gsm8k-config {value}: a file or folder named {value!r} exists here; write "
+            f"--gsm8k-config ./{value} for vLLM configs or --gsm8k-dataset-config {value} "
+            "for the dataset config"
+        )
+    if "dataset_config" in given and values["dataset_config"] != value:
+        raise SettingsError(
+            f"--gsm8k-config {value} and --gsm8k-dataset-config {values['dataset_config']} "
+            "disagree; give --gsm8k-dataset-config only"
+        )
+    warn(
+        f"--gsm8k-config {value} selects the dataset config: write --gsm8k-dataset-config "
+        f"{value} (--gsm8k-config now takes vLLM config files)"
+    )
+    values["dataset_config"] = value
+    values["config"] = None
+    given.discard("config")
+    given.add("dataset_config")
+
+
+#: options a vLLM config decides, or that a matrix of configs cannot honour: with
+#: --gsm8k-config each is refused in one line saying why
+CONFIG_DECIDES = {
+    "model": "each config's model_name names its model",
+    "base_url": "each config's server is started for it (--gsm8k-serve changes the command)",
+    "limit": "each config's num_questions decides (vLLM's first N questions)",
+    "seed": "each config's seed decides (vLLM's request seed)",
+    "shots": "each config's num_fewshot decides",
+    "fewshot_file": "vLLM's configs take their shots from train",
+    "api": "each config's use_chat_completions decides",
+    "max_tokens": "each config's max_tokens decides",
+    "temperature": "each config's temperature decides",
+    "stop": "vLLM's stop list is part of its protocol",
+    "protocol": "vLLM's configs are test@1",
+    "system": "vLLM's script sends no system prompt",
+    "extract": "vLLM's scoring rule decides",
+    "answer_regex": "vLLM's scoring rule decides",
+    "param": "vLLM's request fields are the config's",
+    "split": "vLLM's configs run the test split",
+    "baseline": "per-config baselines are not supported yet",
+    "baseline_name": "per-config baselines are not supported yet",
+    "require_baseline": "per-config baselines are not supported yet",
+    "baseline_partial": "per-config baselines are not supported yet",
+    "alpha": "per-config baselines are not supported yet",
+    "early_stop": "an early stop across configs is not supported yet",
+    "repeats": "per-config baselines are not supported yet",
+}
+
+
+def _refuse_with_configs(
+    given: set[str], values: dict[str, Any], warn: Callable[[str], None]
+) -> None:
+    for key, why in CONFIG_DECIDES.items():
+        if key in given:
+            flag = "--gsm8k-" + key.replace("_", "-")
+            raise SettingsError(f"{flag} cannot be combined with --gsm8k-config: {why}")
+    if "preset" in given and values["preset"] != "vllm":
+        raise SettingsError(
+            f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
+            "every config runs --gsm8k-preset vllm (vLLM's own requests)"
+        )
+    if float(values["max_drop"]) != 0.0:
+        raise SettingsError(
+            "--gsm8k-max-drop cannot be combined with --gsm8k-config: per-config baselines "
+            "are not supported yet"
+        )
+    serve = values["serve"]
+    if serve and "{server_args}" not in str(serve):
+        # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
+        warn(
+            "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
+            "vLLM's test adds are not passed to the server"
+        )
+
+
+def build_settings(
+    get: Callable[[Option], Any],
+    warn: Callable[[str], None],
+    exists: Callable[[str], bool] = lambda path: False,
+) -> Settings:
     """Read every option through ``get`` (command line, then ini) and validate.
 
-    ``warn`` receives non-fatal remarks (e.g. pass@N at temperature 0).
+    ``warn`` receives non-fatal remarks (e.g. pass@N at temperature 0); ``exists`` says
+    whether a path exists (the caller's file system: this module does no I/O).
     """
     values: dict[str, Any] = {}
     given: set[str] = set()
@@ -555,6 +667,9 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         if value is not None:
             given.add(key)
         values[key] = option.default if value is None else value
+    _config_option(values, given, exists, warn)
+    if values["config"]:
+        _refuse_with_configs(given, values, warn)
     preset = values["preset"]
     if preset is not None:
         _apply_preset(str(preset), values, given)
@@ -669,7 +784,7 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         api_key_env=str(values["api_key_env"]),
         data=values["data"] or None,
         dataset=values["dataset"] or None,
-        config=str(values["config"]),
+        dataset_config=str(values["dataset_config"]),
         split=str(values["split"]),
         limit=values["limit"],
         seed=int(values["seed"]),
@@ -713,4 +828,5 @@ def build_settings(get: Callable[[Option], Any], warn: Callable[[str], None]) ->
         early_stop_alpha=float(values["early_stop_alpha"]),
         progress=values["progress"],
         repeats=int(repeats),
+        vllm_config=values["config"] or None,
     )

@@ -8,7 +8,7 @@ without xdist, because the inputs are the same records.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core.dataset import describe_subset
@@ -45,6 +45,9 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     #: top-level JSON report fields some runs have (baseline comparison, server, times)
     extra: ReportExtras = field(default_factory=lambda: ReportExtras())
+    #: --gsm8k-config: each config's own summary, in run order (this one then counts them
+    #: all together, and says no accuracy of its own: different models, different protocols)
+    configs: list[Summary] = field(default_factory=list)
 
     # -- derived numbers -----------------------------------------------------
 
@@ -152,6 +155,14 @@ class Summary:
         self.gates.append(verdict)
         return verdict
 
+    def name_gates(self, config: str) -> None:
+        """--gsm8k-config: every gate of a config's summary named after it (``Qwen3:min-acc``),
+        so that the run's gates, in one list, stay apart."""
+        self.gates = [
+            g if g.name.startswith(f"{config}:") else replace(g, name=f"{config}:{g.name}")
+            for g in self.gates
+        ]
+
     def gate_min_acc(self, min_acc: float) -> GateVerdict:
         return self.set_gate(MinAcc(min_acc).verdict(self.correct, self.n, self.label))
 
@@ -176,7 +187,40 @@ class Summary:
 
     # -- output ----------------------------------------------------------------
 
+    def matrix_headline(self) -> str:
+        passed = sum(1 for c in self.configs if not c.failed)
+        only_vllm = all(g.rule == "vllm-threshold" for c in self.configs for g in c.gates)
+        rule = (
+            "accuracy >= accuracy_threshold - tolerance each"
+            if only_vllm
+            else "every gate of each config"
+        )
+        return f"gsm8k vLLM configs: {passed} of {len(self.configs)} pass ({rule})"
+
+    def verdict_table(self) -> list[str]:
+        """One row per config: its model, n, accuracy, the floor it needed, the verdict."""
+        rows = [("config", "model", "n", "accuracy", "floor", "verdict")]
+        for c in self.configs:
+            floor = next((g.threshold for g in c.gates if g.rule == "vllm-threshold"), None)
+            rows.append(
+                (
+                    str(c.extra.get("config", {}).get("name", c.label)),
+                    c.model,
+                    str(c.n),
+                    f"{c.accuracy:.4f}" if c.answered else "-",
+                    f"{floor:.4f}" if floor is not None else "-",
+                    "FAIL" if c.failed else "PASS",
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        return [
+            "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ]
+
     def headline(self) -> str:
+        if self.configs:
+            return self.matrix_headline()
         if not self.answered:
             errors = self.counts()["error"]
             line = f"gsm8k acc ({self.label}): no answers"
@@ -197,6 +241,13 @@ class Summary:
 
     def styled_lines(self) -> list[tuple[str, str]]:
         """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``."""
+        if self.configs:
+            blocks: list[tuple[str, str]] = []
+            for config in self.configs:
+                blocks.extend(config.styled_lines())
+            blocks.append((self.matrix_headline(), "headline"))
+            blocks.extend((printable(line), "info") for line in self.verdict_table())
+            return blocks
         counts = self.counts()
         rules = self.rule_accuracy()
         out = [self.headline()]
@@ -273,15 +324,17 @@ class Summary:
     def to_json(self) -> Report:
         records = sorted(self.records, key=lambda r: int(r["index"]))
         gates: list[GateRecord] = [g.to_json() for g in self.gates]
-        return {
+        matrix = bool(self.configs)
+        report: Report = {
             "schema": REPORT_SCHEMA,
             "headline": self.headline(),
-            "accuracy": self.accuracy if self.answered else None,
+            # a matrix pools different models and protocols: its configs say the accuracy
+            "accuracy": self.accuracy if self.answered and not matrix else None,
             "correct": self.correct,
             "n": self.n,
             "expected": self.expected,
             "complete": self.n == self.expected and not self.interrupted,
-            "ci95": list(self.interval()) if self.answered else None,
+            "ci95": list(self.interval()) if self.answered and not matrix else None,
             "counts": self.counts(),
             "rules": self.rule_accuracy(),
             "format_failures": self.format_failures(),
@@ -298,3 +351,9 @@ class Summary:
             **self.extra,
             "problems": records,
         }
+        if matrix:
+            # each config's problems are the top level's (their ids carry the config's name)
+            report["configs"] = [
+                {k: v for k, v in c.to_json().items() if k != "problems"} for c in self.configs
+            ]
+        return report

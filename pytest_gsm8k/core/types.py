@@ -57,11 +57,15 @@ class Problem:
     question: str
     answer: str
     gold: Decimal
+    #: the vLLM config (--gsm8k-config) this problem is asked for: one group of items each
+    group: str = ""
 
     @property
     def id(self) -> str:
-        """Stable item id, e.g. ``test-0042``: it names the problem, not its run position."""
-        return f"{self.split}-{self.index:04d}"
+        """Stable item id, e.g. ``test-0042``: it names the problem, not its run position
+        (``Qwen3-0.6B-FP8:test-0042`` in a config's group)."""
+        plain = f"{self.split}-{self.index:04d}"
+        return f"{self.group}:{plain}" if self.group else plain
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
 
 HEADER = struct.Struct(">I")  # a frame's length
 #: the longest frame either side accepts: the largest answer the engine keeps, and room for
@@ -101,6 +101,25 @@ def _write(writer: asyncio.StreamWriter, body: bytes) -> None:
         writer.write(body)
 
 
+class AnswerEngine(Protocol):
+    """What the answer server needs of what it serves: an :class:`Engine`, or the matrix of
+    --gsm8k-config's engines (``runtime/matrix.py``)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def lookahead(self) -> int | None: ...
+
+    def start(self, requests: list[Request]) -> None: ...
+
+    async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse: ...
+
+    def settle(self, request: Request) -> None: ...
+
+    def stop(self, message: str) -> None: ...
+
+
 class AnswerServer:
     """Controller side: every worker's connection. Serves ``engine``'s answers, records the
     workers' plans and tells them of an early stop; ``requests`` maps a problem id to its
@@ -110,7 +129,7 @@ class AnswerServer:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: AnswerEngine,
         requests: Callable[[str], Request | None],
         *,
         max_frame: int = MAX_FRAME,

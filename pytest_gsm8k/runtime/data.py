@@ -136,7 +136,9 @@ def load_split(
     the hub repository (``<config>/<split>-*.parquet``).
     """
     if config not in CONFIGS:
-        raise DatasetError(f"--gsm8k-config: unknown config {config!r} (expected main or socratic)")
+        raise DatasetError(
+            f"--gsm8k-dataset-config: unknown config {config!r} (expected main or socratic)"
+        )
     check_size = split == "test" and config == "main"
     if data is None and hub_name is None:
         name = EMBEDDED_NAME

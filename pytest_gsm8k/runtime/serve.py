@@ -721,7 +721,14 @@ def start_server(
     )
 
 
-def serve_spec(command: str, model: str | None) -> ServerSpec[ServedProcess]:
+def serve_spec(
+    command: str,
+    model: str | None,
+    *,
+    server_args: tuple[str, ...] | None = None,
+    env: Mapping[str, str] | None = None,
+    context: str = "",
+) -> ServerSpec[ServedProcess]:
     """The spec of ``--gsm8k-serve`` ``command``: ``{port}`` and ``{model}`` filled in so
     that the model name can never become code (see :mod:`pytest_gsm8k.core.command`).
 
@@ -732,7 +739,7 @@ def serve_spec(command: str, model: str | None) -> ServerSpec[ServedProcess]:
 
     def fill(port: int) -> ServeCommand:
         try:
-            return serve_command(command, port, model)
+            return serve_command(command, port, model, server_args)
         except CommandError as exc:
             raise ServeError(f"--gsm8k-serve: {exc}") from None
 
@@ -744,4 +751,6 @@ def serve_spec(command: str, model: str | None) -> ServerSpec[ServedProcess]:
         model=model or "",
         what=f"the model server ({shown})",
         factory=ServedProcess,
+        env=env,
+        context=context,
     )

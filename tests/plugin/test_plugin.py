@@ -696,7 +696,7 @@ BAD_INPUTS: dict[str, tuple[dict[str, str], list[str], list[str]]] = {
     "limit-zero": ({}, ["--gsm8k-limit=0"], ["--gsm8k-limit"]),
     "limit-not-int": ({}, ["--gsm8k-limit=ten"], ["--gsm8k-limit", "ten"]),
     "unknown-api": ({}, ["--gsm8k-api=grpc"], ["--gsm8k-api", "grpc"]),
-    "unknown-config": ({}, ["--gsm8k-config=mian"], ["--gsm8k-config", "mian"]),
+    "unknown-config": ({}, ["--gsm8k-dataset-config=mian"], ["--gsm8k-dataset-config", "mian"]),
 }
 
 

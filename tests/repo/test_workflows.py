@@ -112,13 +112,33 @@ def test_the_self_hosted_job_never_runs_for_a_pull_request_from_a_fork() -> None
     data = yaml.safe_load((REPO / "examples" / "github" / "gsm8k-gate.yml").read_text())
     triggers = data[True]  # YAML 1.1 reads the key `on` as true
     assert "pull_request_target" not in triggers
-    gpu = data["jobs"]["gsm8k-gpu"]
-    guard = " ".join(str(gpu.get("if", "")).split())
-    assert guard == (
-        "github.event_name != 'pull_request' "
-        "|| github.event.pull_request.head.repo.full_name == github.repository"
-    )
-    install = next(s["run"] for s in gpu["steps"] if "pip install" in s.get("run", ""))
-    assert 'python3 -m venv "$RUNNER_TEMP/gsm8k-venv"' in install
-    assert '"$RUNNER_TEMP/gsm8k-venv/bin/python" -m pip install' in install
-    assert "$GITHUB_PATH" in install
+    hosted = [job for job in data["jobs"].values() if "self-hosted" in job["runs-on"]]
+    assert len(hosted) == 2  # the served model and vLLM's configs
+    for gpu in hosted:
+        guard = " ".join(str(gpu.get("if", "")).split())
+        assert guard == (
+            "github.event_name != 'pull_request' "
+            "|| github.event.pull_request.head.repo.full_name == github.repository"
+        )
+        install = next(s["run"] for s in gpu["steps"] if "pip install" in s.get("run", ""))
+        assert 'python3 -m venv "$RUNNER_TEMP/gsm8k-venv"' in install
+        assert '"$RUNNER_TEMP/gsm8k-venv/bin/python" -m pip install' in install
+        assert "$GITHUB_PATH" in install
+
+
+def test_the_vllm_configs_job_runs_each_list_of_the_example_folder() -> None:
+    """A matrix over the example's list files, each run with --gsm8k-config; every config
+    they name is one the plugin reads (vLLM's format)."""
+    from pytest_gsm8k.runtime.configs import load
+
+    data = yaml.safe_load((REPO / "examples" / "github" / "gsm8k-gate.yml").read_text())
+    job = data["jobs"]["gsm8k-vllm-configs"]
+    folder = REPO / job["env"]["VLLM_CONFIGS"]
+    runs = " ".join(step.get("run", "") for step in job["steps"])
+    assert '--gsm8k-config="$VLLM_CONFIGS/$LIST"' in runs
+    assert 'python -m pytest "$VLLM_CONFIGS" --rootdir=. -m gsm8k' in runs
+    lists = job["strategy"]["matrix"]["list"]
+    assert sorted(lists) == sorted(p.name for p in folder.glob("models-*.txt"))
+    named = [c.name for name in lists for c in load(str(folder / name))]
+    assert sorted(named) == sorted(p.stem for p in folder.glob("*.yaml"))
+    assert len(named) == 3

@@ -173,3 +173,22 @@ def test_max_share_certain_bounds_agree_with_every_final_verdict(rate: float) ->
                 assert finals == {certain}
             else:
                 assert finals == {"PASS", "FAIL"}
+
+
+@pytest.mark.parametrize(
+    ("threshold", "tolerance", "n"),
+    [(0.375, 0.08, 1319), (0.72, 0.08, 1319), (0.95, 0.08, 50), (0.9, 0.2, 4), (0.31, 0.0, 7)],
+)
+def test_tolerance_floor_is_vllms_float_comparison_exactly(
+    threshold: float, tolerance: float, n: int
+) -> None:
+    """vLLM's test asserts ``correct / n >= threshold - tolerance`` in floats: every count."""
+    from pytest_gsm8k.core.gates import ToleranceFloor
+
+    spec = ToleranceFloor("cfg", threshold, tolerance)
+    for correct in range(n + 1):
+        verdict = spec.verdict(correct, n, "p")
+        assert verdict.passed is (correct / n >= threshold - tolerance), correct
+        assert verdict.name == "cfg:vllm-threshold"
+        assert verdict.threshold == threshold - tolerance
+    assert not spec.verdict(0, 0, "p").passed

@@ -122,3 +122,15 @@ def test_model_placeholder_without_a_model_is_refused() -> None:
     with pytest.raises(CommandError, match=r"uses \{model\} but no model is given"):
         serve_command("serve {model} --port {port}", 1, None)
     assert serve_command("serve --port {port}", 1, None).argv == ["serve", "--port", "1"]
+
+
+def test_server_args_are_spliced_as_words_never_read_by_a_shell() -> None:
+    args = ("--enforce-eager", "--speculative-config", '{"method": "mtp"}', "$(touch x)")
+    filled = serve_command("vllm serve {model} {server_args} --port {port}", 8000, "org/m", args)
+    assert filled.argv == ["vllm", "serve", "org/m", *args, "--port", "8000"]
+    with pytest.raises(CommandError, match="only --gsm8k-config fills"):
+        serve_command("vllm serve {model} {server_args} --port {port}", 1, "m")
+    with pytest.raises(CommandError, match="without shell syntax"):
+        serve_command("vllm serve {model} {server_args} --port {port} | tee log", 1, "m", args)
+    with pytest.raises(CommandError, match="a word of its own"):
+        serve_command("serve --args={server_args} --port {port}", 1, "m", args)

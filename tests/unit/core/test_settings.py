@@ -29,7 +29,12 @@ def test_defaults_are_test_at_1_zero_shot_chat() -> None:
     assert (s.protocol, s.samples, s.temperature, s.shots, s.api) == ("test@1", 1, 0.0, 0, "chat")
     assert s.extract == "strict"
     assert s.answer_regex is None
-    assert (s.dataset, s.config, s.split, s.data) == (None, "main", "test", None)  # embedded
+    assert (s.dataset, s.dataset_config, s.split, s.data) == (
+        None,
+        "main",
+        "test",
+        None,
+    )  # embedded
     assert s.limit is None
     assert s.seed == 1234
     assert s.min_acc is None
@@ -251,6 +256,59 @@ def test_health_rates_are_read_and_become_gate_specs() -> None:
         MaxShare("error", 1.0),
     )
     assert GateSpecs.from_settings(settings()).health == ()
+
+
+def _with_files(files: set[str], **given: Any) -> tuple[Settings, list[str]]:
+    notes: list[str] = []
+    s = build_settings(
+        lambda o: given.get(o.dest[len("gsm8k_") :]), notes.append, files.__contains__
+    )
+    return s, notes
+
+
+def test_gsm8k_config_takes_vllm_configs_and_dataset_config_the_dataset() -> None:
+    s, notes = _with_files(set(), config="ci/models.txt", dataset_config="socratic")
+    assert (s.vllm_config, s.dataset_config, notes) == ("ci/models.txt", "socratic", [])
+
+
+@pytest.mark.parametrize("name", ["main", "socratic"])
+def test_old_gsm8k_config_main_still_selects_the_dataset_config_with_a_note(name: str) -> None:
+    s, notes = _with_files(set(), config=name)
+    assert (s.vllm_config, s.dataset_config) == (None, name)
+    assert notes == [
+        f"--gsm8k-config {name} selects the dataset config: write --gsm8k-dataset-config "
+        f"{name} (--gsm8k-config now takes vLLM config files)"
+    ]
+
+
+def test_a_path_named_main_is_ambiguous_and_refused() -> None:
+    with pytest.raises(SettingsError) as caught:
+        _with_files({"main"}, config="main")
+    assert str(caught.value) == (
+        "--gsm8k-config main: a file or folder named 'main' exists here; write "
+        "--gsm8k-config ./main for vLLM configs or --gsm8k-dataset-config main for the "
+        "dataset config"
+    )
+    s, _ = _with_files({"main"}, config="./main")
+    assert s.vllm_config == "./main"
+
+
+def test_a_serve_command_without_server_args_says_they_are_not_passed() -> None:
+    s, notes = _with_files(set(), config="c", serve="sglang --model-path {model} --port {port}")
+    assert s.serve is not None
+    assert notes == [
+        "--gsm8k-serve has no {server_args}: the configs' server_args and the flags vLLM's "
+        "test adds are not passed to the server"
+    ]
+    _, quiet = _with_files(set(), config="c", serve="vllm serve {model} {server_args} -p {port}")
+    assert quiet == []
+
+
+def test_old_and_new_dataset_config_options_must_agree() -> None:
+    with pytest.raises(SettingsError, match="disagree; give --gsm8k-dataset-config only"):
+        _with_files(set(), config="main", dataset_config="socratic")
+    s, _ = _with_files(set(), config="main", dataset_config="main")
+    assert s.dataset_config == "main"
 
 
 def test_repeats_default_to_one_and_alpha_to_001() -> None:

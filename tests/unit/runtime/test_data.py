@@ -221,7 +221,7 @@ def test_official_test_split_must_have_1319_rows(tmp_path: Path) -> None:
 
 def test_unknown_config() -> None:
     message = error_of(str(DATA), "test", "mian")
-    assert "--gsm8k-config" in message
+    assert "--gsm8k-dataset-config" in message
     assert "mian" in message
 
 

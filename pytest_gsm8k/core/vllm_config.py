@@ -1,0 +1,271 @@
+"""vLLM's GSM8K CI configs (``tests/evals/gsm8k/configs/*.yaml``): parsed and checked. Pure.
+
+One YAML file per model, hardware and quantization, as vLLM's own CI reads them in
+``tests/evals/gsm8k/test_gsm8k_correctness.py`` (vllm-project/vllm; the ``tolerance`` field
+as of commit 05d96d7991cd3540989fa6038c7704bb54e1d310; the request fields, the
+``VLLM_ENGINE_READY_TIMEOUT_S`` variable and the 1200 s startup default in the version that
+also reads ``min_acceptance_length``). Every field that test reads is known here, with its
+default there, so a config gates here exactly as it gates there: accuracy over the first
+``num_questions`` test problems ``>= accuracy_threshold - tolerance``.
+
+A field this module does not know is refused (a newer vLLM may give it a meaning a run here
+would silently ignore); so is one a run here cannot honour (``min_acceptance_length``:
+speculative decoding's counters). Every error is one line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+#: what vLLM's test adds to every config's ``server_args``
+TEST_FLAGS = ("--trust-remote-code", "--disable-uvicorn-access-log")
+#: what vLLM's RemoteOpenAIServer (tests/utils.py) adds after them: the seed (its default)
+SERVER_SEED_FLAGS = ("--seed", "0")
+#: environment vLLM's RemoteOpenAIServer sets before the config's ``env``
+SERVER_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+#: set by the test after the config's ``env``, from ``startup_max_wait_seconds``
+READY_TIMEOUT_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
+DEFAULT_TOLERANCE = 0.08
+DEFAULT_STARTUP_MAX_WAIT_SECONDS = 1200.0
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 600.0
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_SEED = 42
+
+REQUIRED = ("model_name", "accuracy_threshold", "num_questions", "num_fewshot")
+#: fields vLLM's test reads, beside the required ones
+OPTIONAL = (
+    "tolerance",
+    "server_args",
+    "env",
+    "startup_max_wait_seconds",
+    "request_timeout_seconds",
+    "rocm_request_timeout_seconds",
+    "max_tokens",
+    "use_chat_completions",
+    "temperature",
+    "seed",
+    "gen_prefix",
+    "max_concurrency",
+    "min_acceptance_length",
+)
+#: fields found in vLLM's configs that its test never reads (so neither does a run here)
+IGNORED = ("max_model_len",)
+#: fields a run here cannot honour: refused with the reason
+UNSUPPORTED = {
+    "min_acceptance_length": "the speculative-decoding acceptance check reads vLLM's "
+    "/metrics counters, which this plugin does not gate; run this config with vLLM's own test",
+}
+
+
+class ConfigError(Exception):
+    """A config that cannot be run as vLLM's test would run it: one line, naming the file."""
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """One config, with vLLM's test's defaults filled in."""
+
+    #: the file's stem: the group's name in item ids, headlines and reports
+    name: str
+    #: the file as shown in messages
+    source: str
+    model_name: str
+    accuracy_threshold: float
+    num_questions: int
+    num_fewshot: int
+    tolerance: float = DEFAULT_TOLERANCE
+    #: ``server_args`` split as vLLM's test splits it (shlex)
+    server_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    startup_max_wait_seconds: float = DEFAULT_STARTUP_MAX_WAIT_SECONDS
+    request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    use_chat_completions: bool = False
+    #: None: left out of the request (the server's default), as vLLM's script does
+    temperature: float | None = 0.0
+    seed: int | None = DEFAULT_SEED
+    gen_prefix: str = ""
+    max_concurrency: int | None = None
+    #: the fields given, in file order (for the report)
+    given: tuple[str, ...] = field(default=())
+
+    @property
+    def floor(self) -> float:
+        """The accuracy the gate needs, computed as vLLM's test computes it."""
+        return self.accuracy_threshold - self.tolerance
+
+    def serve_args(self) -> tuple[str, ...]:
+        """``server_args`` plus the flags vLLM's test and its server wrapper add."""
+        return (*self.server_args, *TEST_FLAGS, *SERVER_SEED_FLAGS)
+
+    def serve_env(self) -> dict[str, str]:
+        """The server's environment on top of the run's: as vLLM's test builds it."""
+        env = dict(SERVER_ENV)
+        env.update(dict(self.env))
+        env[READY_TIMEOUT_ENV] = str(int(self.startup_max_wait_seconds))
+        return env
+
+
+def _line(node: yaml.Node | None) -> str:
+    return f":{node.start_mark.line + 1}" if node is not None else ""
+
+
+def _nodes(text: str, source: str) -> dict[str, yaml.Node]:
+    """The top-level keys' value nodes, for line numbers in errors."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(root, yaml.MappingNode):
+        return {}
+    return {str(k.value): v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
+
+
+def _number(
+    raw: Any, where: str, *, low: float, high: float | None = None, open_low: bool = False
+) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        raise ConfigError(f"{where}: expected a number, got {raw!r}")
+    value = float(raw)
+    if value < low or (open_low and value == low) or (high is not None and value > high):
+        bound = f"{'>' if open_low else '>='} {low:g}" + (f" and <= {high:g}" if high else "")
+        raise ConfigError(f"{where}: must be {bound}, got {raw!r}")
+    return value
+
+
+def _integer(raw: Any, where: str, *, low: int) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ConfigError(f"{where}: expected an integer, got {raw!r}")
+    if raw < low:
+        raise ConfigError(f"{where}: must be >= {low}, got {raw}")
+    return raw
+
+
+def parse(text: str, source: str, name: str) -> VllmConfig:
+    """The config in ``text`` (the file ``source``, named ``name`` in ids); ConfigError else."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source}{at}: not valid YAML ({problem})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected a mapping of vLLM's config fields (model_name, "
+            f"accuracy_threshold, ...), got {type(data).__name__}"
+        )
+    nodes = _nodes(text, source)
+
+    def where(key: str) -> str:
+        return f"{source}{_line(nodes.get(key))}: {key}"
+
+    for key in data:
+        if not isinstance(key, str) or key not in (*REQUIRED, *OPTIONAL, *IGNORED):
+            raise ConfigError(
+                f"{where(str(key))}: unknown field (vLLM's test reads "
+                f"{', '.join((*REQUIRED, *OPTIONAL))})"
+            )
+        if key in UNSUPPORTED:
+            raise ConfigError(f"{where(key)}: not supported: {UNSUPPORTED[key]}")
+    for key in REQUIRED:
+        if key not in data:
+            raise ConfigError(f"{source}: {key}: missing (vLLM's test requires it)")
+
+    model = data["model_name"]
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"{where('model_name')}: expected a model id, got {model!r}")
+    values: dict[str, Any] = {
+        "model_name": model.strip(),
+        "accuracy_threshold": _number(
+            data["accuracy_threshold"], where("accuracy_threshold"), low=0.0, high=1.0
+        ),
+        "num_questions": _integer(data["num_questions"], where("num_questions"), low=1),
+        "num_fewshot": _integer(data["num_fewshot"], where("num_fewshot"), low=0),
+    }
+    if "tolerance" in data:
+        values["tolerance"] = _number(data["tolerance"], where("tolerance"), low=0.0, high=1.0)
+    if data.get("server_args") is not None:
+        raw = data["server_args"]
+        if not isinstance(raw, str):
+            raise ConfigError(f"{where('server_args')}: expected a string, got {raw!r}")
+        try:
+            values["server_args"] = tuple(shlex.split(raw))
+        except ValueError as exc:
+            raise ConfigError(f"{where('server_args')}: cannot split ({exc})") from None
+        for flag in ("--port", "-p"):
+            if flag in values["server_args"]:
+                raise ConfigError(
+                    f"{where('server_args')}: {flag} is chosen by the run (a free port), "
+                    "as vLLM's test refuses it too"
+                )
+    if data.get("env") is not None:
+        env = data["env"]
+        if not isinstance(env, dict):
+            raise ConfigError(f"{where('env')}: expected a mapping of variables, got {env!r}")
+        pairs: list[tuple[str, str]] = []
+        for key, value in env.items():
+            if not isinstance(key, str) or not key or "=" in key:
+                raise ConfigError(f"{where('env')}: {key!r} is not a variable name")
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ConfigError(
+                    f"{where('env')}.{key}: expected a string (quote it), got {value!r}"
+                )
+            pairs.append((key, str(value)))
+        values["env"] = tuple(pairs)
+    for key in ("startup_max_wait_seconds", "request_timeout_seconds"):
+        if key in data:
+            values[key] = _number(data[key], where(key), low=0.0, high=1e6, open_low=True)
+    if "rocm_request_timeout_seconds" in data:
+        _number(
+            data["rocm_request_timeout_seconds"],
+            where("rocm_request_timeout_seconds"),
+            low=0.0,
+            high=1e6,
+            open_low=True,
+        )
+    if "max_tokens" in data:
+        values["max_tokens"] = _integer(data["max_tokens"], where("max_tokens"), low=1)
+    if "use_chat_completions" in data:
+        chat = data["use_chat_completions"]
+        if not isinstance(chat, bool):
+            raise ConfigError(
+                f"{where('use_chat_completions')}: expected true or false, got {chat!r}"
+            )
+        values["use_chat_completions"] = chat
+    if "temperature" in data:
+        raw_t = data["temperature"]
+        values["temperature"] = (
+            None if raw_t is None else _number(raw_t, where("temperature"), low=0.0, high=2.0)
+        )
+    if "seed" in data:
+        raw_s = data["seed"]
+        values["seed"] = None if raw_s is None else _integer(raw_s, where("seed"), low=0)
+    if data.get("gen_prefix") not in (None, ""):
+        prefix = data["gen_prefix"]
+        if not isinstance(prefix, str):
+            raise ConfigError(f"{where('gen_prefix')}: expected a string, got {prefix!r}")
+        values["gen_prefix"] = prefix
+    if data.get("max_concurrency") is not None:
+        values["max_concurrency"] = _integer(
+            data["max_concurrency"], where("max_concurrency"), low=1
+        )
+    return VllmConfig(name=name, source=source, given=tuple(data), **values)
+
+
+def parse_list(text: str, source: str) -> list[tuple[int, str]]:
+    """The config file names of a vLLM list file (``configs/models-*.txt``), with their line
+    numbers: one per line, blank lines and ``#`` comments skipped, as vLLM's conftest reads it."""
+    out: list[tuple[int, str]] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            out.append((number, line))
+    if not out:
+        raise ConfigError(f"{source}: names no config file")
+    return out

@@ -1,0 +1,128 @@
+"""vLLM's GSM8K config YAMLs: their fields with vLLM's test's defaults, and one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig, parse, parse_list
+
+QWEN = """\
+model_name: "Qwen/Qwen3-0.6B-FP8"
+accuracy_threshold: 0.375
+num_questions: 1319
+num_fewshot: 5
+server_args: "--enforce-eager --max-model-len 4096"
+"""
+
+
+def test_a_config_of_vllms_own_gets_its_tests_defaults() -> None:
+    config = parse(QWEN, "configs/Qwen3-0.6B-FP8.yaml", "Qwen3-0.6B-FP8")
+    assert config == VllmConfig(
+        name="Qwen3-0.6B-FP8",
+        source="configs/Qwen3-0.6B-FP8.yaml",
+        model_name="Qwen/Qwen3-0.6B-FP8",
+        accuracy_threshold=0.375,
+        num_questions=1319,
+        num_fewshot=5,
+        server_args=("--enforce-eager", "--max-model-len", "4096"),
+        given=("model_name", "accuracy_threshold", "num_questions", "num_fewshot", "server_args"),
+    )
+    assert config.tolerance == 0.08
+    assert config.floor == 0.375 - 0.08
+    assert config.startup_max_wait_seconds == 1200
+    assert (config.max_tokens, config.temperature, config.seed) == (256, 0.0, 42)
+    assert config.serve_args() == (
+        "--enforce-eager",
+        "--max-model-len",
+        "4096",
+        "--trust-remote-code",
+        "--disable-uvicorn-access-log",
+        "--seed",
+        "0",
+    )
+
+
+def test_folded_server_args_env_and_tolerance() -> None:
+    text = """\
+model_name: "deepseek-ai/DeepSeek-R1"
+accuracy_threshold: 0.95
+tolerance: 0.02
+num_questions: 50
+num_fewshot: 3
+startup_max_wait_seconds: 2400
+server_args: >-
+  --enforce-eager
+  --speculative-config '{"method":"mtp","num_speculative_tokens":1}'
+env:
+  VLLM_USE_DEEP_GEMM: "1"
+  VLLM_LOGGING_LEVEL: DEBUG
+  RETRIES: 3
+"""
+    config = parse(text, "r1.yaml", "r1")
+    assert config.server_args == (
+        "--enforce-eager",
+        "--speculative-config",
+        '{"method":"mtp","num_speculative_tokens":1}',
+    )
+    assert config.tolerance == 0.02
+    assert config.serve_env() == {
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_USE_DEEP_GEMM": "1",
+        "VLLM_LOGGING_LEVEL": "DEBUG",
+        "RETRIES": "3",
+        "VLLM_ENGINE_READY_TIMEOUT_S": "2400",
+    }
+
+
+def test_a_field_vllms_test_never_reads_is_ignored_as_it_ignores_it() -> None:
+    config = parse(QWEN + "max_model_len: 4096\n", "q.yaml", "q")
+    assert config.model_name == "Qwen/Qwen3-0.6B-FP8"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("acuracy_threshold: 0.5\n", "q.yaml:6: acuracy_threshold: unknown field"),
+        ("min_acceptance_length: 2.1\n", "q.yaml:6: min_acceptance_length: not supported"),
+        ("tolerance: -0.1\n", "q.yaml:6: tolerance: must be >= 0"),
+        ("tolerance: high\n", "q.yaml:6: tolerance: expected a number, got 'high'"),
+        ("env: [A]\n", "q.yaml:6: env: expected a mapping"),
+        ("env:\n  FLAG: true\n", "q.yaml:7: env.FLAG: expected a string (quote it)"),
+        ("max_tokens: 0\n", "q.yaml:6: max_tokens: must be >= 1"),
+        ("use_chat_completions: maybe\n", "q.yaml:6: use_chat_completions: expected true or false"),
+        ("startup_max_wait_seconds: 0\n", "q.yaml:6: startup_max_wait_seconds: must be > 0"),
+    ],
+)
+def test_bad_fields_are_one_line_naming_file_line_and_field(extra: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(QWEN + extra, "q.yaml", "q")
+    text = str(caught.value)
+    assert text.startswith(message), text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (QWEN.replace("num_fewshot: 5\n", ""), "q.yaml: num_fewshot: missing"),
+        (QWEN.replace("0.375", "1.5"), "q.yaml:2: accuracy_threshold: must be >= 0 and <= 1"),
+        (QWEN.replace("1319", "0"), "q.yaml:3: num_questions: must be >= 1"),
+        (QWEN.replace("1319", "12.5"), "q.yaml:3: num_questions: expected an integer"),
+        (QWEN.replace('"--enforce-eager', "\"--enforce-eager 'x"), "q.yaml:5: server_args: cannot"),
+        (QWEN.replace("4096", "4096 --port 8000"), "q.yaml:5: server_args: --port is chosen"),
+        ("model_name: [a\n", "q.yaml:2: not valid YAML"),
+        ("- a\n- b\n", "q.yaml: expected a mapping"),
+        (QWEN.replace('"Qwen/Qwen3-0.6B-FP8"', '""'), "q.yaml:1: model_name: expected a model"),
+    ],
+)
+def test_bad_configs(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(text, "q.yaml", "q")
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_list_file_lines_as_vllms_conftest_reads_them() -> None:
+    text = "# small models\nQwen3-0.6B-FP8.yaml\n\n  Llama.yaml  \n#off.yaml\n"
+    assert parse_list(text, "models-small.txt") == [(2, "Qwen3-0.6B-FP8.yaml"), (4, "Llama.yaml")]
+    with pytest.raises(ConfigError, match=r"models-x\.txt: names no config file"):
+        parse_list("# nothing\n\n", "models-x.txt")
