@@ -473,6 +473,7 @@ class FakeOpenAIServer:
         extra_models: Iterable[str] = (),
         reasoning_field: bool = False,
         record_file: str | Path | None = None,
+        raw_file: str | Path | None = None,
         root: str | None = None,
         owned_by: str = "fake",
         max_model_len: int | None = None,
@@ -496,6 +497,7 @@ class FakeOpenAIServer:
         self.reasoning_field = reasoning_field
         #: every completion request body is appended here as one JSON line (server side)
         self.record_file = Path(record_file) if record_file is not None else None
+        self.raw_file = Path(raw_file) if raw_file is not None else None
         #: what GET /models says about the served model (``root``, ``max_model_len``: only
         #: when set, as vLLM gives them); a test changes them between runs to play a server
         #: restarted with another model under the same name
@@ -989,6 +991,9 @@ class FakeOpenAIServer:
         if self.record_file is not None:
             with self._lock, self.record_file.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(req) + "\n")
+        if self.raw_file is not None:  # the bytes as received, one JSON string a line
+            with self._lock, self.raw_file.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(body.decode("utf-8", "replace")) + "\n")
         # No model at all is the served one, as vLLM answers (its GSM8K script sends none).
         model = req.get("model", self.model)
         if not isinstance(model, str) or not model:
@@ -1432,6 +1437,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-model", action="append", default=[], help="also listed in /models")
     ap.add_argument("--reasoning-field", action="store_true")
     ap.add_argument("--record-file", default=None, help="append request bodies here (JSONL)")
+    ap.add_argument(
+        "--raw-file", default=None, help="append each request body's bytes here (JSON strings)"
+    )
     ap.add_argument("--root", default=None, help="the model's root in GET /models")
     ap.add_argument("--owned-by", default="fake", help="the model's owned_by in GET /models")
     ap.add_argument("--max-model-len", type=int, default=None, help="... and its max_model_len")
@@ -1455,6 +1463,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.argv_file).write_text(json.dumps(sys.argv if argv is None else argv))
     if not args.script and os.environ.get("FAKESERVER_SCRIPT"):
         args.script = os.environ["FAKESERVER_SCRIPT"]  # a config's env can script its server
+    if args.die_after is None and os.environ.get("FAKESERVER_DIE_AFTER"):
+        args.die_after = int(os.environ["FAKESERVER_DIE_AFTER"])  # ... or make it die
 
     def event(kind: str, **fields: object) -> None:
         if args.events_file:
@@ -1490,6 +1500,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_models=args.extra_model,
         reasoning_field=args.reasoning_field,
         record_file=args.record_file,
+        raw_file=args.raw_file,
         root=args.root,
         owned_by=args.owned_by,
         max_model_len=args.max_model_len,

@@ -622,7 +622,9 @@ CONFIG_DECIDES = {
 }
 
 
-def _refuse_with_configs(given: set[str], values: dict[str, Any]) -> None:
+def _refuse_with_configs(
+    given: set[str], values: dict[str, Any], warn: Callable[[str], None]
+) -> None:
     for key, why in CONFIG_DECIDES.items():
         if key in given:
             flag = "--gsm8k-" + key.replace("_", "-")
@@ -639,9 +641,10 @@ def _refuse_with_configs(given: set[str], values: dict[str, Any]) -> None:
         )
     serve = values["serve"]
     if serve and "{server_args}" not in str(serve):
-        raise SettingsError(
-            "--gsm8k-serve with --gsm8k-config: the command line has no {server_args}: each "
-            "config's server_args (and the flags vLLM's test adds) go there"
+        # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
+        warn(
+            "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
+            "vLLM's test adds are not passed to the server"
         )
 
 
@@ -666,7 +669,7 @@ def build_settings(
         values[key] = option.default if value is None else value
     _config_option(values, given, exists, warn)
     if values["config"]:
-        _refuse_with_configs(given, values)
+        _refuse_with_configs(given, values, warn)
     preset = values["preset"]
     if preset is not None:
         _apply_preset(str(preset), values, given)

@@ -132,8 +132,8 @@ class Matrix:
     # -- the answer source (one process, or the xdist controller) -------------------
 
     def _failed(self, name: str, exc: BaseException) -> BaseException:
-        """A config whose server did not start: its first item says why, the others say
-        only that (one message, not one per problem)."""
+        """A config whose server did not start or died: its first item says why, the others
+        say only that (one message, not one per problem)."""
         if not isinstance(exc, EndpointError) or isinstance(exc, EndpointAborted):
             return exc
         with self._lock:
@@ -141,7 +141,7 @@ class Matrix:
             self._said.add(name)
         if first:
             return exc
-        return EndpointError(f"config {name}: its server did not start (its first item says why)")
+        return EndpointError(f"config {name}: its server failed (its first item says why)")
 
     def engine_for(self, request: Request, timeout: float | None = None) -> Engine:
         """The engine of ``request``'s config, once its server is up (raises its failure)."""
@@ -169,7 +169,19 @@ class Matrix:
         return "(the configs' models)"
 
     def result(self, request: Request) -> ModelResponse:
-        return self.engine_for(request).result(request)
+        engine = self.engine_for(request)
+        try:
+            return engine.result(request)
+        except EndpointAborted as exc:
+            raise self._config_failed(request, exc) from None
+
+    def _config_failed(self, request: Request, exc: EndpointAborted) -> BaseException:
+        """A config's server died or went unreachable mid-run: that config's failure (said
+        in full once), not the whole matrix's: the next config still runs, as in vLLM's CI."""
+        if self._closing.is_set():
+            return exc
+        name = group_of(request.problem_id)
+        return self._failed(name, EndpointError(f"config {name}: {exc}"))
 
     def take_warnings(self) -> list[str]:
         out: list[str] = []
@@ -222,7 +234,10 @@ class Matrix:
         except (EndpointError, NotRun) as exc:
             raise self._failed(name, exc) from None
         inner = asyncio.run_coroutine_threadsafe(engine.answer(request, consume=False), engine.loop)
-        return await asyncio.wrap_future(inner)
+        try:
+            return await asyncio.wrap_future(inner)
+        except EndpointAborted as exc:
+            raise self._config_failed(request, exc) from None
 
     def settle(self, request: Request) -> None:
         """Nothing to do: the matrix fetches without a lookahead."""

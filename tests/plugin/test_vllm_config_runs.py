@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, output
+from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, VLLM_RECORDING, XDIST, output
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 REPORT_SCHEMA = json.loads(
@@ -68,7 +68,7 @@ def _configs(folder: Path) -> Path:
     return folder
 
 
-def _serve(data: Path, events: Path) -> str:
+def _serve(data: Path, events: Path, *extra: str) -> str:
     words = [
         sys.executable,
         str(FAKESERVER),
@@ -81,6 +81,7 @@ def _serve(data: Path, events: Path) -> str:
         "--events-file",
         str(events),
         "--accept-unknown",
+        *extra,
     ]
     return " ".join(shlex.quote(w) for w in words) + " {server_args}"
 
@@ -210,7 +211,7 @@ def test_a_models_list_names_the_configs_in_its_order(
         (["--gsm8k-model=x"], "--gsm8k-model cannot be combined with --gsm8k-config"),
         (["--gsm8k-early-stop=certain"], "an early stop across configs is not supported"),
         (["--snapshot-update"], "--snapshot-update cannot be combined with --gsm8k-config"),
-        (["--gsm8k-serve=fake --port {port}"], "the command line has no {server_args}"),
+        (["--gsm8k-preset=lm-eval"], "every config runs --gsm8k-preset vllm"),
     ],
 )
 def test_what_a_matrix_cannot_honour_is_one_line(
@@ -270,5 +271,103 @@ def test_a_config_whose_server_cannot_start_fails_alone_and_the_next_runs(
     # said in full once; the config's other items point to it
     assert sum("exited with exit code 1" in str(p["error"]) for p in errors) == 1
     assert out.count("exited with exit code 1 before it was ready") == 1
-    assert out.count("config Another: its server did not start (its first item says why)") == 4
+    assert out.count("config Another: its server failed (its first item says why)") == 4
     assert "gsm8k vLLM configs: 2 of 3 pass" in out
+
+
+@XDIST
+def test_a_config_runs_sends_the_bytes_of_vllms_script(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """Each config's requests are --gsm8k-preset vllm's with its num_fewshot over its first
+    num_questions problems: the bytes vLLM's gsm8k_eval.py sent (tests/data/vllm_requests.json,
+    recorded from the script itself), once each."""
+    recorded = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))["runs"]
+    runs = ("completions", "completions_3shot", "completions_0shot")
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for run in runs:
+        kwargs = recorded[run]["kwargs"]
+        (folder / f"{run}.yaml").write_text(
+            f'model_name: "org/{run}"\naccuracy_threshold: 0.0\n'
+            f"num_questions: {kwargs['num_questions']}\nnum_fewshot: {kwargs['num_shots']}\n",
+            encoding="utf-8",
+        )
+    raw = tmp_path / "raw.jsonl"
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl', '--raw-file', str(raw))}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        *NOISE,
+        *xdist,
+    )
+    assert result.ret == 0, output(result)
+    sent = [json.loads(line) for line in raw.read_text().splitlines()]
+    expected = [r["raw"] for run in runs for r in recorded[run]["requests"]]
+    assert len(sent) == len(expected) == 8 + 3 + 2
+    assert sorted(sent) == sorted(expected)
+
+
+def test_our_gates_apply_to_each_config_beside_vllms(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    folder = _configs(tmp_path / "configs")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-min-acc=0.8",
+        "--gsm8k-max-error=0",
+        "--gsm8k-report=r.json",
+        "-k",
+        "Alpha or Gamma",
+        *NOISE,
+    )
+    assert result.ret == 1, output(result)
+    report = json.loads((pytester.path / "r.json").read_text())
+    gates = {g["name"]: g["passed"] for g in report["gates"]}
+    assert gates == {
+        "Alpha-1B:vllm-threshold": True,
+        "Alpha-1B:min-acc": True,
+        "Alpha-1B:max-error": True,
+        "Gamma-3B:vllm-threshold": True,  # 0.75 >= 0.9 - 0.2
+        "Gamma-3B:min-acc": False,  # 0.75 < 0.8
+        "Gamma-3B:max-error": True,
+    }
+    assert "gsm8k vLLM configs: 1 of 2 pass" in output(result)
+
+
+@XDIST
+def test_a_server_that_dies_mid_config_fails_that_config_and_the_next_runs(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    folder = _configs(tmp_path / "configs")
+    alpha = folder / "Alpha-1B.yaml"
+    alpha.write_text(alpha.read_text() + '  FAKESERVER_DIE_AFTER: "2"\n', "utf-8")
+    events = tmp_path / "events.jsonl"
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, events)}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-concurrency=1",
+        "--gsm8k-report=r.json",
+        "-k",
+        "Alpha or Gamma",
+        *NOISE,
+        *xdist,
+    )
+    out = output(result)
+    assert result.ret == 1, out
+    models = [e["model"] for e in _events(events) if e["event"] == "start"]
+    assert models == ["org/Alpha-1B", "org/Gamma-3B"]
+    report = json.loads((pytester.path / "r.json").read_text())
+    configs = {c["config"]["name"]: c for c in report["configs"]}
+    assert configs["Alpha-1B"]["counts"]["correct"] == 2
+    assert configs["Alpha-1B"]["counts"]["error"] == 3
+    assert configs["Gamma-3B"]["n"] == 4  # the next config ran whole
+    assert configs["Gamma-3B"]["counts"]["error"] == 0
+    errors = [str(p["error"]) for p in report["problems"] if p["outcome"] == "error"]
+    assert sum("its server failed (its first item says why)" in e for e in errors) == 2, errors

@@ -293,6 +293,17 @@ def test_a_path_named_main_is_ambiguous_and_refused() -> None:
     assert s.vllm_config == "./main"
 
 
+def test_a_serve_command_without_server_args_says_they_are_not_passed() -> None:
+    s, notes = _with_files(set(), config="c", serve="sglang --model-path {model} --port {port}")
+    assert s.serve is not None
+    assert notes == [
+        "--gsm8k-serve has no {server_args}: the configs' server_args and the flags vLLM's "
+        "test adds are not passed to the server"
+    ]
+    _, quiet = _with_files(set(), config="c", serve="vllm serve {model} {server_args} -p {port}")
+    assert quiet == []
+
+
 def test_old_and_new_dataset_config_options_must_agree() -> None:
     with pytest.raises(SettingsError, match="disagree; give --gsm8k-dataset-config only"):
         _with_files(set(), config="main", dataset_config="socratic")
