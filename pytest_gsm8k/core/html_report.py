@@ -436,7 +436,7 @@ def _baseline_card(base: Mapping[str, Any]) -> str:
             (
                 "noise-aware",
                 f"p = {_float(base.get('p_value')):.4g} at alpha {_value(base.get('alpha'))}; "
-                f"detects a drop of {_value(drop.get('points'))} points or more "
+                f"detects a drop of {_float(drop.get('points')):.1f} points or more "
                 f"({_value(drop.get('problems'))} problems, 80% power)",
             ),
             (

@@ -94,7 +94,12 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PATH",
     ),
     Option("split", "str", "split to evaluate (train is not a reportable number)", "test"),
-    Option("limit", "int", "run a seeded, stable subset of N problems", metavar="N"),
+    Option(
+        "limit",
+        "int",
+        "run a seeded, stable subset of N problems (the first N under the vllm and sglang presets)",
+        metavar="N",
+    ),
     Option("seed", "int", "seed of the --gsm8k-limit subset and of few-shot sampling", 1234),
     Option("min-acc", "float", "fail the run when accuracy is below this", metavar="ACC"),
     Option(

@@ -266,3 +266,20 @@ def test_engine_preset_limit_takes_the_first_problems_and_baselines_keep_it(
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["subset"]["first"] is True
     assert [p["id"] for p in report["problems"]] == ["test-0000", "test-0001", "test-0002"]
+
+
+def test_vllm_preset_repeats_send_the_same_bytes_each_time(
+    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
+) -> None:
+    """A calibrated baseline of vLLM's protocol: each repeat is the script's body again."""
+    recorded = RECORDED["runs"]["completions"]
+    server = FakeOpenAIServer(gsm8k_data / "test.jsonl", api_key=TEST_KEY, record=True)
+    server.start()
+    try:
+        result = _run(pytester, server, [0, 2], "--gsm8k-preset=vllm", "--gsm8k-repeats=3")
+        raws: list[str] = server.stats()["raw_bodies"]
+    finally:
+        server.stop()
+    assert result.ret == 0, result.stdout.str()
+    wanted = [r["raw"] for r in recorded["requests"] if r["problem_index"] in (0, 2)]
+    assert sorted(raws) == sorted(wanted * 3)

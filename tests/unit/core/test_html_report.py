@@ -272,6 +272,31 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
     assert _embedded(page)["problems"][2]["b"] == "unparsed"
 
 
+def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_gate_sees() -> None:
+    records = [_record(i, o) for i, o in enumerate(["wrong", "wrong", "wrong", "correct"])]
+    baseline = {
+        "path": "b.gsm8k",
+        "shared": 4,
+        "newly_failing": ["test-0000", "test-0001"],
+        "newly_passing": [],
+        "mcnemar_p": 0.25,
+        "p_value": 0.02,
+        "alpha": 0.01,
+        "repeats": {"baseline": 5, "run": 1},
+        "detectable_drop": {"problems": 2, "points": 50.0, "power": 0.8},
+        "stable_flips": ["test-0002"],
+        "noisy_failing": ["test-0000", "test-0001"],
+        "stability": {"stable_correct": 2, "stable_wrong": 0, "noisy": 2},
+        "flip_rate": 0.5,
+    }
+    page = render_html(_report(records, baseline=baseline))
+    ids = [p["id"] for p in _embedded(page)["problems"]]
+    assert ids == ["test-0002", "test-0000", "test-0001", "test-0003"]
+    assert "p = 0.02 at alpha 0.01; detects a drop of 50.0 points or more" in page
+    assert "5 runs per problem: 2 stable-correct, 0 stable-wrong, 2 noisy" in page
+    assert "1 stable flips (listed first), 2 noisy" in page
+
+
 def test_problem_texts_and_baseline_outcomes() -> None:
     problem = _split().problems[0]
     text = problem_texts([problem])[problem.id]
