@@ -22,7 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pytest_gsm8k.core.types import ModelResponse, Request
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+from pytest_gsm8k.runtime.engine import (
+    EndpointAborted,
+    EndpointError,
+    Engine,
+    NotRun,
+    SaidElsewhere,
+)
 from pytest_gsm8k.runtime.serve import ServedProcess
 
 #: how often a waiting driver or test looks whether the run is ending
@@ -143,7 +149,7 @@ class Matrix:
             self._said.add(name)
         if first:
             return exc
-        return EndpointError(f"config {name}: its server failed (its first item says why)")
+        return SaidElsewhere(f"config {name}: its server failed (its first item says why)")
 
     def engine_for(self, request: Request) -> Engine:
         """The engine of ``request``'s config, once its server is up (raises its failure).
