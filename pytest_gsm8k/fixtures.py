@@ -88,7 +88,7 @@ def gsm8k_outcome(
 ) -> GSM8KOutcome:
     """The scored answer for this item's problem (fetched ahead by the engine)."""
     from pytest_gsm8k.core.outcome import combine_repeats, error_record, score_response
-    from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
+    from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 
     state = get_state(request.config)
     sources = state.sources
@@ -104,6 +104,11 @@ def gsm8k_outcome(
         # --gsm8k-repeats K: K separate asks, one item (an error in any is the item's error)
         responses = [source.result(ask) for ask in asks]
     except NotRun as exc:
+        not_run = str(exc)
+    except SaidElsewhere as exc:
+        # an error for the counts, skipped quietly: its first item said the failure in full
+        item.stash[RECORD_KEY] = error_record(gsm8k_problem, str(exc))
+        item.user_properties.append(("gsm8k_outcome", "error"))
         not_run = str(exc)
     except EndpointError as exc:
         record = error_record(gsm8k_problem, str(exc))

@@ -7,9 +7,10 @@ without xdist, because the inputs are the same records.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc
@@ -71,6 +72,36 @@ class Summary:
 
     def interval(self) -> tuple[float, float]:
         return wilson_interval(self.correct, self.n)
+
+    def repeats(self) -> dict[str, object] | None:
+        """With ``--gsm8k-repeats K``: the mean accuracy over all K answers of each problem.
+
+        Each problem's record (and so the headline, the counts and the gates) takes the most
+        common of its K answers, which for a problem right with rate r is not r: a run that
+        asks K times must also say the plain per-answer rate, the test@1 estimate. Its 95%
+        interval is over problems (the mean of per-problem rates, normal approximation),
+        since the K answers of one problem are not independent of each other.
+        """
+        rates = [
+            int(r["repeats_correct"]) / len(r["repeats"])
+            for r in self.records
+            if r.get("repeats") and r["outcome"] != "error"
+        ]
+        if not rates:
+            return None
+        k = max(len(r.get("repeats") or ()) for r in self.records)
+        mean = math.fsum(rates) / len(rates)
+        spread = 0.0
+        if len(rates) > 1:
+            var = math.fsum((x - mean) ** 2 for x in rates) / (len(rates) - 1)
+            spread = 1.959964 * math.sqrt(var / len(rates))
+        answers = sum(len(r.get("repeats") or ()) for r in self.records)
+        return {
+            "per_problem": k,
+            "answers": answers,
+            "mean_accuracy": round(mean, 6),
+            "ci95": [round(max(0.0, mean - spread), 6), round(min(1.0, mean + spread), 6)],
+        }
 
     def counts(self) -> dict[str, int]:
         counter = Counter(r["outcome"] for r in self.records)
@@ -276,6 +307,15 @@ class Summary:
         pass_at = self.pass_at()
         if pass_at:
             out.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in pass_at.items()))
+        repeats = self.repeats()
+        if repeats is not None:
+            low, high = cast(list[float], repeats["ci95"])
+            out.append(
+                f"  repeats: {repeats['per_problem']} per problem ({repeats['answers']} answers): "
+                f"mean accuracy over every answer {cast(float, repeats['mean_accuracy']):.4f} "
+                f"[95% CI {low:.4f}-{high:.4f}]; the accuracy above and the gates' counts take "
+                "each problem's most common answer"
+            )
         reported = self.reported_models()
         shown = (
             f" (server reported: {', '.join(reported)})"
@@ -351,6 +391,9 @@ class Summary:
             **self.extra,
             "problems": records,
         }
+        repeats = self.repeats()
+        if repeats is not None:
+            report["repeats"] = repeats
         if matrix:
             # each config's problems are the top level's (their ids carry the config's name)
             report["configs"] = [

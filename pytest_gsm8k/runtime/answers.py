@@ -26,7 +26,8 @@ than the reader's cap ends the connection instead of being half read.
 * controller -> worker: ``{"planned": n}`` once a plan is recorded (so the plan
   is known before any report of that worker can arrive); one frame per ``get``,
   naming the problem it answers: ``{"id": id, "response": ..., "cached": n}``,
-  ``{"id": id, "error": message, "aborted": bool}``, or ``{"id": id, "not_run":
+  ``{"id": id, "error": message, "aborted": bool, "said": bool}`` (``said``: another
+  item reported this failure in full), or ``{"id": id, "not_run":
   message}`` once the run stopped early (the worker skips the item); and, at
   any time, ``{"stop": message}`` once (on connecting, to a worker that connects
   after the stop). An answer whose frame would be longer than :data:`MAX_FRAME`
@@ -53,7 +54,7 @@ from typing import Any, Protocol
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun
+from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 
 HEADER = struct.Struct(">I")  # a frame's length
 #: the longest frame either side accepts: the largest answer the engine keeps, and room for
@@ -284,7 +285,11 @@ class AnswerServer:
             response = await self.engine.answer(request, consume=False)
             reply.update(response=response.to_json(), cached=response.cached)
         except EndpointError as exc:
-            reply.update(error=str(exc), aborted=isinstance(exc, EndpointAborted))
+            reply.update(
+                error=str(exc),
+                aborted=isinstance(exc, EndpointAborted),
+                said=isinstance(exc, SaidElsewhere),
+            )
         except NotRun as exc:
             reply["not_run"] = str(exc)
         body = frame(reply)
@@ -483,7 +488,13 @@ class RemoteAnswers(Channel):
         if "not_run" in reply:
             raise NotRun(str(reply["not_run"]))
         if "error" in reply:
-            error = EndpointAborted if reply.get("aborted") else EndpointError
+            error = (
+                EndpointAborted
+                if reply.get("aborted")
+                else SaidElsewhere
+                if reply.get("said")
+                else EndpointError
+            )
             raise error(str(reply["error"]))
         response = ModelResponse.from_json(reply["response"])
         response.cached = int(reply.get("cached") or 0)

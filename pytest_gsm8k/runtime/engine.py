@@ -108,6 +108,12 @@ class EndpointAborted(EndpointError):
     """The endpoint is unusable; every remaining item fails with this message."""
 
 
+class SaidElsewhere(EndpointError):
+    """A failure another item already reported in full (a --gsm8k-config server that did not
+    start or died): this item's problem counts as an error, and the item is skipped quietly,
+    so a config of 1,319 problems gives one failure to read, not 1,319."""
+
+
 class NotRun(Exception):
     """The run stopped early (the gates' verdicts are settled): this item is not run."""
 

@@ -22,7 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pytest_gsm8k.core.types import ModelResponse, Request
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+from pytest_gsm8k.runtime.engine import (
+    EndpointAborted,
+    EndpointError,
+    Engine,
+    NotRun,
+    SaidElsewhere,
+)
 from pytest_gsm8k.runtime.serve import ServedProcess
 
 #: how often a waiting driver or test looks whether the run is ending
@@ -72,6 +78,8 @@ class Matrix:
         #: what each config's server reported (for the report): name -> fields
         self.servers: dict[str, dict[str, object]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: what the xdist answer server reads of an engine: the matrix fetches everything
+        self.lookahead: int | None = None
         self._loop_thread: threading.Thread | None = None
 
     # -- the driver --------------------------------------------------------------
@@ -141,20 +149,19 @@ class Matrix:
             self._said.add(name)
         if first:
             return exc
-        return EndpointError(f"config {name}: its server failed (its first item says why)")
+        return SaidElsewhere(f"config {name}: its server failed (its first item says why)")
 
-    def engine_for(self, request: Request, timeout: float | None = None) -> Engine:
-        """The engine of ``request``'s config, once its server is up (raises its failure)."""
+    def engine_for(self, request: Request) -> Engine:
+        """The engine of ``request``'s config, once its server is up (raises its failure).
+        The wait has the driver's bounds: each server's startup wait, then its answers."""
         name = group_of(request.problem_id)
         future = self._engines.get(name)
         if future is None:
             raise EndpointError(f"no config runs problem {request.problem_id!r}")
         while True:
             try:
-                return future.result(timeout=POLL_SECONDS if timeout is None else timeout)
+                return future.result(timeout=POLL_SECONDS)
             except concurrent.futures.TimeoutError:
-                if timeout is not None:
-                    raise
                 if self._closing.is_set():
                     raise EndpointAborted("the run ended") from None
             except (EndpointError, NotRun) as exc:
@@ -216,8 +223,6 @@ class Matrix:
                 thread.start()
                 self._loop, self._loop_thread = loop, thread
             return self._loop
-
-    lookahead: int | None = None
 
     def start(self, requests: list[Request]) -> None:
         """A worker's plan: the matrix fetches every collected item of every config."""

@@ -84,6 +84,14 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     assert len(text.splitlines()) < LIMIT + 60  # one line per problem, small and diffable
     base_report = report(pytester, "base.json")
     assert all(len(p["repeats"]) == 5 for p in base_report["problems"])
+    # the per-answer rate (the test@1 estimate) beside the most-common-answer accuracy
+    right = sum(e["correct"] for e in entries)
+    repeats = base_report["repeats"]
+    assert repeats["per_problem"] == 5
+    assert repeats["answers"] == 5 * LIMIT
+    assert repeats["mean_accuracy"] == pytest.approx(right / (5 * LIMIT), abs=1e-6)
+    low, high = repeats["ci95"]
+    assert low <= repeats["mean_accuracy"] <= high
     _validate(base_report)
 
     # an unchanged rerun (one run per problem): its noisy problems flip, the gate passes

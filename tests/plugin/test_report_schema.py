@@ -41,5 +41,5 @@ def test_a_gated_run_and_a_baseline_comparison_match_the_schema(
     compared = pytester.runpytest(*args, "--gsm8k-alpha=0.05", *xdist)
     data = report(pytester, "m.json")
     validator.validate(data)
-    assert {g["rule"] for g in data["gates"]} == {"mcnemar"}, output(compared)
+    assert {g["rule"] for g in data["gates"]} == {"noise-aware"}, output(compared)
     assert any("votes" in p for p in data["problems"])
