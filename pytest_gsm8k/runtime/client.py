@@ -175,8 +175,6 @@ def _bounded(httpx: Any, response: Any, limit: int) -> Any:
                     yield counter.add(tail)
             except Refused as exc:
                 raise refused(str(exc)) from None
-            except httpx.TransportError as exc:
-                raise _as_httpx(httpx, exc) from exc.__cause__
 
         async def aclose(self) -> None:
             await self.inner.aclose()
@@ -194,54 +192,6 @@ def _bounded(httpx: Any, response: Any, limit: int) -> Any:
     )
 
 
-def _inner_transport(httpx: Any, limits: Any) -> Any:
-    """The transport that talks to the endpoint: aiohttp's, through the adapter the openai
-    package ships with its ``aiohttp`` extra, when that is installed; else httpx's own.
-
-    Why aiohttp: the engine thread shares the GIL with pytest's, so the CPU each request
-    costs is wall time. aiohttp sends and reads a request in less CPU than httpx's transport
-    (benchmarks/README.md, the side-by-side bench). Everything above it (openai's retries,
-    timeouts and errors, the breaker, the bounded reads, environment proxies, which httpx
-    routes through its own transports) is unchanged; :func:`_as_httpx` keeps the error
-    classes httpx's transport raises.
-    """
-    try:
-        import aiohttp  # noqa: F401 - the adapter imports it; absent without the extra
-        from openai._vendor.httpx_aiohttp import AiohttpTransport
-    except ImportError:  # pragma: no cover - openai without its aiohttp extra
-        return httpx.AsyncHTTPTransport(limits=limits)
-    return AiohttpTransport(limits=limits)
-
-
-def _as_httpx(httpx: Any, exc: Any) -> Any:
-    """``exc`` as httpx's own transport would have raised it.
-
-    The aiohttp adapter maps every connection-level error to ``ConnectTimeout`` (so openai
-    would report a refused or dropped connection as a timeout): a refused connection is a
-    ``ConnectError`` again, a dropped or reset one a ``RemoteProtocolError``, a broken body a
-    ``ReadError``; timeouts stay timeouts. Errors that did not come from aiohttp pass as
-    they are.
-    """
-    cause = exc.__cause__
-    module = type(cause).__module__ if cause is not None else ""
-    if not module.startswith("aiohttp"):
-        return exc
-    import aiohttp
-
-    plain: Any
-    if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
-        return exc
-    if isinstance(cause, aiohttp.ClientConnectorError):
-        plain = httpx.ConnectError(str(cause))
-    elif isinstance(cause, aiohttp.ClientPayloadError):
-        plain = httpx.ReadError(str(cause))
-    elif isinstance(cause, aiohttp.ClientConnectionError):
-        plain = httpx.RemoteProtocolError(str(cause) or type(cause).__name__)
-    else:
-        return exc
-    return plain
-
-
 def _watching_transport(breaker: Breaker, limits: Any) -> Any:
     httpx = _httpx()
     base: Any = httpx.AsyncBaseTransport
@@ -251,29 +201,21 @@ def _watching_transport(breaker: Breaker, limits: Any) -> Any:
         each reply within :data:`MAX_REPLY_BYTES`."""
 
         def __init__(self) -> None:
-            self.inner = _inner_transport(httpx, limits)
+            self.inner = httpx.AsyncHTTPTransport(limits=limits)
 
         async def handle_async_request(self, request: Any) -> Any:
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
             request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
-            if request.url.userinfo:
-                # httpx's auth already made the header; aiohttp would add its own from the URL
-                request.url = request.url.copy_with(username=None, password=None)
             try:
                 response = await self.inner.handle_async_request(request)
-            except httpx.TransportError as exc:
-                plain = _as_httpx(httpx, exc)
-                if isinstance(
-                    plain,
-                    httpx.ConnectError
-                    | httpx.RemoteProtocolError
-                    | httpx.ReadError
-                    | httpx.TimeoutException,  # a hung endpoint is as dead as a refusing one
-                ):
-                    breaker.failure(plain)
-                if plain is exc:
-                    raise
-                raise plain from exc.__cause__
+            except (
+                httpx.ConnectError,
+                httpx.RemoteProtocolError,
+                httpx.ReadError,
+                httpx.TimeoutException,  # a hung endpoint is as dead as a refusing one
+            ) as exc:
+                breaker.failure(exc)
+                raise
             breaker.success()
             if response.status_code in (429, 503):
                 _check_retry_after(breaker, response)

@@ -122,24 +122,6 @@ def _failure(client: OpenAIClient) -> BaseException:
     return asyncio.run(ask())
 
 
-def test_aiohttp_carries_the_requests_when_installed(
-    server: FakeOpenAIServer, keyed_env: str
-) -> None:
-    """openai's aiohttp extra installed: its transport under the watching one (less CPU per
-    request, the side-by-side bench); the answer is the same."""
-    pytest.importorskip("aiohttp")
-    client = _client(server.base_url, keyed_env)
-    assert type(client.warm()._client._transport.inner).__name__ == "AiohttpTransport"
-
-    async def ask() -> str:
-        try:
-            return (await client.complete(_first_request())).completions[0].text
-        finally:
-            await client.aclose()
-
-    assert asyncio.run(ask()).strip().endswith(f"#### {server.golds[0]}")
-
-
 def test_a_refused_connection_is_a_connection_error_not_a_timeout(keyed_env: str) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
