@@ -51,17 +51,21 @@ def apply_baseline(
     stopped_early: bool = False,
     deselected_by: str = "-k/-m/--lf",
     run_ids: Collection[str] | None = None,
+    stored: StoredBaseline | None = None,
+    split: Sequence[Problem] | None = None,
 ) -> None:
     """Write the baseline (``--snapshot-update``) or compare with it; adds a gate either way.
 
     ``stopped_early``: the run stopped on ``--gsm8k-early-stop``; ``deselected_by``: the
     options that deselected problems, for the message when that makes a run partial;
     ``run_ids``: the problems the run set out to do (default: those with a record), all of
-    which a baseline must hold for ``--gsm8k-require-baseline``.
+    which a baseline must hold for ``--gsm8k-require-baseline``; ``stored`` and ``split``:
+    a config's baseline and its split's problems under the config's ids (``--gsm8k-config``;
+    default: the run's).
     """
-    stored = plan.baseline
+    stored = stored if stored is not None else plan.baseline
     settings = plan.settings
-    split = plan.split.problems
+    split = split if split is not None else plan.split.problems
     assert stored is not None
     shown_path = stored.shown
     report = summary.to_json()

@@ -6,6 +6,7 @@ gates. pytest types only; no hook definitions here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
@@ -79,13 +80,37 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
         write_output(state, "markdown", plan.settings.markdown, lambda: text)
 
 
-def release_matrix(state: State, summary: Summary) -> None:
-    """--gsm8k-config: the Markdown summary (``$GITHUB_STEP_SUMMARY``, ``--gsm8k-markdown``);
-    no baseline (refused at session start)."""
+def release_matrix(state: State, summary: Summary, session: pytest.Session) -> None:
+    """--gsm8k-config: each config's baseline written or compared (as a single run's, on
+    the config's own file), then the Markdown summary (``$GITHUB_STEP_SUMMARY``,
+    ``--gsm8k-markdown``)."""
     from pytest_gsm8k import gates
+    from pytest_gsm8k.runtime.outputs import reason
     from pytest_gsm8k.writing import write_output
 
     plan = state.plan
+    wanted = {p.id for p in state.run.wanted(plan)}
+    for config in summary.configs:
+        group = plan.group_by_name.get(str(config.extra.get("config", {}).get("name")))
+        if group is None or group.baseline is None:
+            continue
+        split = tuple(dataclasses.replace(p, group=group.name) for p in plan.split.problems)
+        try:
+            gates.apply_baseline(
+                config,
+                plan,
+                deselected_by=deselected_by(session.config),
+                run_ids={p.id for p in group.problems if p.id in wanted},
+                stored=group.baseline,
+                split=split,
+            )
+        except Exception as exc:
+            verb = "write" if plan.update_baseline else "read"
+            config.add_gate(
+                "baseline", False, f"{group.baseline.shown}: cannot {verb} it ({reason(exc)})"
+            )
+        config.name_gates(group.name)
+    summary.gates = [g for c in summary.configs for g in c.gates]
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.problems}

@@ -146,6 +146,23 @@ def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
     return tuple(groups)
 
 
+def with_baselines(
+    groups: tuple[ConfigGroup, ...], rootpath: Path, snapshot_dirname: str
+) -> tuple[ConfigGroup, ...]:
+    """Each config with its own baseline, named by its label (the config's name, then its
+    protocol's label): two configs of one protocol never share a file."""
+    return tuple(
+        dataclasses.replace(
+            group,
+            baseline=read_baseline(
+                rootpath / snapshot_dirname / "gsm8k" / f"{bl.default_name(group.label)}.gsm8k",
+                rootpath,
+            ),
+        )
+        for group in groups
+    )
+
+
 def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
     """The order the items run in: the split's, or for the sequential early stop a seeded
     uniformly random one (its guarantee needs the outcomes to be a sample drawn without
@@ -195,6 +212,7 @@ def build_plan(
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
     groups = config_groups(settings, split) if settings.vllm_config else ()
+    groups = with_baselines(groups, rootpath, snapshot_dirname)
     if groups:
         selected = tuple(p for g in groups for p in g.problems)
         protocol = groups[0].protocol
@@ -213,7 +231,7 @@ def build_plan(
         protocol=protocol,
         endpoint=endpoint,
         gates=GateSpecs.from_settings(settings),
-        # per-config baselines: refused at session start (one line), never half-applied
+        # --gsm8k-config: each config's own baseline is its group's
         baseline=None if groups else read_baseline(path, rootpath),
         update_baseline=update_baseline,
         groups=groups,

@@ -236,11 +236,6 @@ class StatePlugin:
         """--gsm8k-config: the plan is published as it is (each config's server is started
         in turn once the items are known); what a matrix cannot honour is one line."""
         state = self.state
-        if draft.update_baseline:
-            raise pytest.UsageError(
-                "gsm8k: --snapshot-update cannot be combined with --gsm8k-config: per-config "
-                "baselines are not supported yet"
-            )
         if model_overridden(session.config):
             raise pytest.UsageError(
                 "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model override "
@@ -526,7 +521,7 @@ class StatePlugin:
             summary = run.build_matrix_summary(
                 plan, late=late, servers=state.sources.config_servers
             )
-            release_matrix(state, summary)
+            release_matrix(state, summary, session)
         else:
             summary = run.build_summary(plan, late=late, server=state.sources.server_info)
             release_gates(state, summary, session)

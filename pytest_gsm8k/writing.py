@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -49,19 +50,23 @@ def check_baseline_path(plan: RunPlan) -> None:
     from pytest_gsm8k.runtime.outputs import OutputError, check_name, prepare
 
     settings = plan.settings
-    if plan.baseline is None:
-        return  # --gsm8k-config: no baseline (per-config baselines are refused)
-    path = plan.baseline.path
-    if settings.baseline:
-        what = "--gsm8k-baseline"
-    elif settings.baseline_name:
-        what = "--gsm8k-baseline-name"
-    else:
-        what = "the baseline name from the protocol (choose one with --gsm8k-baseline-name)"
+    checked: list[tuple[Path, str]] = []
+    if plan.baseline is not None:
+        if settings.baseline:
+            what = "--gsm8k-baseline"
+        elif settings.baseline_name:
+            what = "--gsm8k-baseline-name"
+        else:
+            what = "the baseline name from the protocol (choose one with --gsm8k-baseline-name)"
+        checked.append((plan.baseline.path, what))
+    for group in plan.groups:  # --gsm8k-config: each config's own baseline
+        if group.baseline is not None:
+            checked.append((group.baseline.path, f"config {group.name}'s baseline name"))
     try:
-        check_name(path, what)
-        if plan.update_baseline:
-            prepare(path, "--snapshot-update: the baseline", streams=False)
+        for path, what in checked:
+            check_name(path, what)
+            if plan.update_baseline:
+                prepare(path, "--snapshot-update: the baseline", streams=False)
     except OutputError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
 

@@ -55,6 +55,11 @@ class BaselineError(Exception):
 NAME_LIMIT = 200
 
 
+#: what names a vLLM config (--gsm8k-config) in its baseline: a baseline of one config must
+#: never gate another, even of the same protocol
+CONFIG_KEYS = ("name", "model_name")
+
+
 def default_name(label: str) -> str:
     """A file-system-safe name derived from the protocol label.
 
@@ -105,6 +110,10 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
         "subset": summary_json.get("subset", {}),
         "problems": dict(sorted(problems.items())),
     }
+    config = summary_json.get("config")
+    if isinstance(config, Mapping):
+        # --gsm8k-config: a config's baseline gates that config only (its name and model)
+        document["config"] = {key: config.get(key) for key in CONFIG_KEYS}
     if repeats > 1:
         document["calibration"] = calibration(document["problems"])
     if partial is not None:
@@ -356,6 +365,14 @@ def first_difference(
                 f"protocol {key} is {now_protocol.get(key)!r} {here} but "
                 f"{base_protocol.get(key)!r} {there}"
             )
+    now_config, base_config = summary_json.get("config"), baseline.get("config")
+    if now_config is not None or base_config is not None:
+        # a config's baseline is of that config: never one config's for another's run
+        now_c = now_config if isinstance(now_config, Mapping) else {}
+        base_c = base_config if isinstance(base_config, Mapping) else {}
+        for key in CONFIG_KEYS:
+            if now_c.get(key) != base_c.get(key):
+                return f"config {key} is {now_c.get(key)!r} {here} but {base_c.get(key)!r} {there}"
     for key in DATASET_KEYS:
         if key == "rows":
             continue  # a subset of the same split is comparable on its ids

@@ -66,21 +66,6 @@ class GateSpecs:
 
 
 @dataclass(frozen=True)
-class ConfigGroup:
-    """One vLLM config of ``--gsm8k-config``: its own server, protocol and problems (whose
-    ids carry the config's name), gated on its own."""
-
-    config: VllmConfig
-    protocol: Protocol
-    #: the first ``num_questions`` problems of the split, as vLLM's script takes them
-    problems: tuple[Problem, ...]
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-
-@dataclass(frozen=True)
 class StoredBaseline:
     """The baseline file this run compares with or writes, read once.
 
@@ -97,6 +82,28 @@ class StoredBaseline:
     @property
     def exists(self) -> bool:
         return self.document is not None or self.error is not None
+
+
+@dataclass(frozen=True)
+class ConfigGroup:
+    """One vLLM config of ``--gsm8k-config``: its own server, protocol and problems (whose
+    ids carry the config's name), gated on its own."""
+
+    config: VllmConfig
+    protocol: Protocol
+    #: the first ``num_questions`` problems of the split, as vLLM's script takes them
+    problems: tuple[Problem, ...]
+    #: this config's own baseline (``<config>_<protocol>.gsm8k``), read once like a run's
+    baseline: StoredBaseline | None = None
+
+    @property
+    def label(self) -> str:
+        """The config's headline label, which also names its baseline file."""
+        return f"{self.name}: {self.protocol.label}"
+
+    @property
+    def name(self) -> str:
+        return self.config.name
 
 
 @dataclass(frozen=True)

@@ -612,13 +612,10 @@ CONFIG_DECIDES = {
     "answer_regex": "vLLM's scoring rule decides",
     "param": "vLLM's request fields are the config's",
     "split": "vLLM's configs run the test split",
-    "baseline": "per-config baselines are not supported yet",
-    "baseline_name": "per-config baselines are not supported yet",
-    "require_baseline": "per-config baselines are not supported yet",
-    "baseline_partial": "per-config baselines are not supported yet",
-    "alpha": "per-config baselines are not supported yet",
+    "baseline": "each config's baseline is named by the config and its protocol",
+    "baseline_name": "each config's baseline is named by the config and its protocol",
     "early_stop": "an early stop across configs is not supported yet",
-    "repeats": "per-config baselines are not supported yet",
+    "repeats": "calibrated per-config baselines are not supported yet",
 }
 
 
@@ -633,11 +630,6 @@ def _refuse_with_configs(
         raise SettingsError(
             f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
             "every config runs --gsm8k-preset vllm (vLLM's own requests)"
-        )
-    if float(values["max_drop"]) != 0.0:
-        raise SettingsError(
-            "--gsm8k-max-drop cannot be combined with --gsm8k-config: per-config baselines "
-            "are not supported yet"
         )
     serve = values["serve"]
     if serve and "{server_args}" not in str(serve):

@@ -229,8 +229,9 @@ class Summary:
         return f"gsm8k vLLM configs: {passed} of {len(self.configs)} pass ({rule})"
 
     def verdict_table(self) -> list[str]:
-        """One row per config: its model, n, accuracy, the floor it needed, the verdict."""
-        rows = [("config", "model", "n", "accuracy", "floor", "verdict")]
+        """One row per config: its model, n, accuracy, the floor it needed, its baseline
+        gate's word (``none`` without one, ``written`` by --snapshot-update), the verdict."""
+        rows = [("config", "model", "n", "accuracy", "floor", "baseline", "verdict")]
         for c in self.configs:
             floor = next((g.threshold for g in c.gates if g.rule == "vllm-threshold"), None)
             rows.append(
@@ -240,6 +241,7 @@ class Summary:
                     str(c.n),
                     f"{c.accuracy:.4f}" if c.answered else "-",
                     f"{floor:.4f}" if floor is not None else "-",
+                    c.baseline_word(),
                     "FAIL" if c.failed else "PASS",
                 )
             )
@@ -248,6 +250,14 @@ class Summary:
             "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
             for row in rows
         ]
+
+    def baseline_word(self) -> str:
+        """A config's baseline gate in one word, for the verdict table."""
+        gate = next((g for g in self.gates if g.name.rpartition(":")[2] == "baseline"), None)
+        if gate is not None:
+            return gate.word
+        base: Any = self.extra.get("baseline") or {}
+        return "written" if base.get("written") else "none"
 
     def headline(self) -> str:
         if self.configs:

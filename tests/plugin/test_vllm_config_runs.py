@@ -182,8 +182,17 @@ def test_a_folder_of_vllm_configs_runs_in_sequence_and_gates_each(
     assert "gsm8k vLLM configs: 2 of 3 pass" in out
     assert "gate Beta-7B-FP8:vllm-threshold: FAIL: accuracy 0.6000" in out
     table = out[out.index("gsm8k vLLM configs: 2 of 3 pass") :].splitlines()[1:5]
-    assert table[0].split() == ["config", "model", "n", "accuracy", "floor", "verdict"]
-    assert table[2].split() == ["Beta-7B-FP8", "org/Beta-7B-FP8", "5", "0.6000", "0.6700", "FAIL"]
+    assert table[0].split() == [
+        "config",
+        "model",
+        "n",
+        "accuracy",
+        "floor",
+        "baseline",
+        "verdict",
+    ]
+    row = ["Beta-7B-FP8", "org/Beta-7B-FP8", "5", "0.6000", "0.6700", "none", "FAIL"]
+    assert table[2].split() == row
 
 
 def test_a_models_list_names_the_configs_in_its_order(
@@ -210,7 +219,8 @@ def test_a_models_list_names_the_configs_in_its_order(
         (["--gsm8k-limit=3"], "--gsm8k-limit cannot be combined with --gsm8k-config: each"),
         (["--gsm8k-model=x"], "--gsm8k-model cannot be combined with --gsm8k-config"),
         (["--gsm8k-early-stop=certain"], "an early stop across configs is not supported"),
-        (["--snapshot-update"], "--snapshot-update cannot be combined with --gsm8k-config"),
+        (["--gsm8k-repeats=3"], "calibrated per-config baselines are not supported yet"),
+        (["--gsm8k-baseline-name=x"], "each config's baseline is named by the config"),
         (["--gsm8k-preset=lm-eval"], "every config runs --gsm8k-preset vllm"),
     ],
 )
