@@ -295,12 +295,20 @@ def _other_protocols(stored: StoredBaseline, report: Report, most: int = 3) -> s
             document = bl.loads(path.read_text(encoding="utf-8"), path.name)
         except (OSError, UnicodeDecodeError, bl.BaselineError):
             continue
+        if _config_name(document) != _config_name(report):
+            continue  # another config's baseline (--gsm8k-config): not a changed option
         difference = bl.first_difference(document, report)
         if difference:
             found.append(f"{path.name}: {difference}")
     if not found:
         return ""
     return "the baselines beside it are of other protocols: " + "; ".join(found)
+
+
+def _config_name(document: Mapping[str, Any]) -> object:
+    """The vLLM config a baseline or report is of (None outside --gsm8k-config)."""
+    config = document.get("config")
+    return config.get("name") if isinstance(config, Mapping) else None
 
 
 def _dropped(stored: StoredBaseline, report: Report, split: Sequence[Problem]) -> int:

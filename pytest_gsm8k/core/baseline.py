@@ -321,9 +321,11 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
     subset = baseline.get("subset")
     subset = subset if isinstance(subset, dict) else {}
     limit, seed = subset.get("limit"), subset.get("seed", 0)
+    first = subset.get("first") is True
+    if first and seed is None:
+        seed = 0  # the first N (a vLLM config's): no seed chose them
     if not (limit is None or (isinstance(limit, int) and limit > 0)) or not isinstance(seed, int):
         raise BaselineError(f"{where}: corrupt baseline (its subset limit or seed is not a number)")
-    first = subset.get("first") is True
     selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
     if ids != selection:
         described = (
