@@ -110,7 +110,7 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
                 "baseline", False, f"{group.baseline.shown}: cannot {verb} it ({reason(exc)})"
             )
         config.name_gates(group.name)
-    summary.gates = [g for c in summary.configs for g in c.gates]
+    summary.gather_gates()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.problems}

@@ -194,6 +194,10 @@ class Summary:
             for g in self.gates
         ]
 
+    def gather_gates(self) -> None:
+        """--gsm8k-config: the run's gates are every config's (after a config gained one)."""
+        self.gates = [g for c in self.configs for g in c.gates]
+
     def gate_min_acc(self, min_acc: float) -> GateVerdict:
         return self.set_gate(MinAcc(min_acc).verdict(self.correct, self.n, self.label))
 
