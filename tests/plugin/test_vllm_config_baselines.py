@@ -158,3 +158,25 @@ def test_a_config_without_a_baseline_is_a_note_or_a_fail_when_required(
     assert required.ret == 1, out
     assert f"gate Delta-3B:baseline: FAIL: no baseline at {DELTA}" in out
     assert "gate Alpha-1B:baseline: PASS" in out
+
+
+def test_a_narrowed_config_records_its_baseline_only_when_told_it_is_partial(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    folder = _configs(tmp_path / "configs")
+    narrowed = ["-k", "Alpha-1B and test-000"]  # Alpha's first 10 of 20, Delta none
+    refused = _run(pytester, folder, gsm8k_data, "--snapshot-update", *narrowed)
+    out = output(refused)
+    assert refused.ret == 1, out
+    assert (
+        f"gate Alpha-1B:baseline: FAIL: not written to {ALPHA}: 10 of the 20 problems of its "
+        "selection were deselected (-k)"
+    ) in out
+    assert not (pytester.path / ALPHA).exists()
+    written = _run(
+        pytester, folder, gsm8k_data, "--snapshot-update", "--gsm8k-baseline-partial", *narrowed
+    )
+    assert written.ret == 0, output(written)
+    document = json.loads((pytester.path / ALPHA).read_text("utf-8"))
+    assert document["partial"]["reason"].startswith("10 of the 20 problems")
+    assert not (pytester.path / DELTA).exists()  # a config that did not run writes nothing
