@@ -197,3 +197,32 @@ def test_pairs_read_the_candidates_repeats_as_a_mean() -> None:
         (5, 5, 2, 3)
     ]
     assert pairs[0].stable_flip
+
+
+# -- a vLLM config's baseline (--gsm8k-config) --------------------------------------------------
+
+
+def _config_report(name: str, model: str) -> dict[str, Any]:
+    report = _report([_record(f"{name}:test-0000", ["correct"])])
+    report["config"] = {"name": name, "model_name": model, "accuracy_threshold": 0.5}
+    return report
+
+
+def test_a_configs_baseline_holds_its_name_and_model_and_gates_no_other_config() -> None:
+    document = bl.build(_config_report("Alpha", "org/Alpha"))
+    assert document["config"] == {"name": "Alpha", "model_name": "org/Alpha"}
+    assert bl.first_difference(document, _config_report("Alpha", "org/Alpha")) is None
+    assert bl.first_difference(document, _config_report("Delta", "org/Alpha")) == (
+        "config name is 'Delta' here but 'Alpha' in the baseline"
+    )
+    assert bl.first_difference(document, _config_report("Alpha", "org/Other")) == (
+        "config model_name is 'org/Other' here but 'org/Alpha' in the baseline"
+    )
+    # a single run's baseline never gates a config, nor a config's a single run
+    single = bl.build(_report([_record("test-0000", ["correct"])]))
+    assert bl.first_difference(single, _config_report("Alpha", "org/Alpha")) == (
+        "config name is 'Alpha' here but None in the baseline"
+    )
+    assert bl.first_difference(document, _report([_record("test-0000", ["correct"])])) == (
+        "config name is None here but 'Alpha' in the baseline"
+    )
