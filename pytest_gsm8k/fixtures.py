@@ -87,7 +87,7 @@ def gsm8k_outcome(
     gsm8k_protocol: Protocol,
 ) -> GSM8KOutcome:
     """The scored answer for this item's problem (fetched ahead by the engine)."""
-    from pytest_gsm8k.core.outcome import combine_repeats, error_record, score_response
+    from pytest_gsm8k.core.outcome import error_record, score_repeats
     from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 
     state = get_state(request.config)
@@ -105,11 +105,6 @@ def gsm8k_outcome(
         responses = [source.result(ask) for ask in asks]
     except NotRun as exc:
         not_run = str(exc)
-    except SaidElsewhere as exc:
-        # an error for the counts, skipped quietly: its first item said the failure in full
-        item.stash[RECORD_KEY] = error_record(gsm8k_problem, str(exc))
-        item.user_properties.append(("gsm8k_outcome", "error"))
-        not_run = str(exc)
     except EndpointError as exc:
         record = error_record(gsm8k_problem, str(exc))
         if isinstance(exc, EndpointAborted):
@@ -117,7 +112,10 @@ def gsm8k_outcome(
             request.session.shouldfail = f"gsm8k: {exc}"
         item.stash[RECORD_KEY] = record
         item.user_properties.append(("gsm8k_outcome", "error"))
-        failure = f"gsm8k: {exc}"
+        if isinstance(exc, SaidElsewhere):
+            not_run = str(exc)  # an error for the counts; another item said it in full
+        else:
+            failure = f"gsm8k: {exc}"
     finally:
         for message in source.take_warnings():
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)
@@ -129,12 +127,7 @@ def gsm8k_outcome(
         # Outside the except block: inside it, pytest would print the EndpointError too
         # ("During handling of the above exception, another exception occurred").
         pytest.fail(failure, pytrace=False)
-    record = combine_repeats(
-        [
-            score_response(gsm8k_problem, response, gsm8k_protocol, state.plan.pattern)
-            for response in responses
-        ]
-    )
+    record = score_repeats(gsm8k_problem, responses, gsm8k_protocol, state.plan.pattern)
     record["endpoint"] = safe_url(source.endpoint)
     record["model"] = record["model"] or source.model
     item.stash[RECORD_KEY] = record

@@ -273,7 +273,7 @@ class Sources:
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
         """The scored records of answers the plugin's engine holds but no test read."""
-        from pytest_gsm8k.core.outcome import combine_repeats, score_response
+        from pytest_gsm8k.core.outcome import score_repeats
         from pytest_gsm8k.state import safe_url
 
         plan = self._state.plan
@@ -284,20 +284,15 @@ class Sources:
         out: dict[str, ProblemRecord] = {}
         for problem in problems:
             protocol = plan.protocol_of(problem)
-            engine = default if matrix is None else matrix.engine_of(protocol.request(problem))
+            request = protocol.request(problem)
+            engine = default if matrix is None else matrix.engine_of(request)
             if engine is None:
                 continue
-            asks = protocol.request(problem).asks(plan.settings.repeats)
-            responses = [engine.ready(ask) for ask in asks]
-            if any(response is None for response in responses):
+            ready = [engine.ready(ask) for ask in request.asks(plan.settings.repeats)]
+            responses = [response for response in ready if response is not None]
+            if len(responses) < len(ready):
                 continue  # a problem is scored on all its repeats or not at all
-            record = combine_repeats(
-                [
-                    score_response(problem, response, protocol, plan.pattern)
-                    for response in responses
-                    if response is not None
-                ]
-            )
+            record = score_repeats(problem, responses, protocol, plan.pattern)
             record["endpoint"] = safe_url(engine.endpoint)
             record["model"] = record["model"] or engine.model
             out[problem.id] = record

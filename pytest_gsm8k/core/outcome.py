@@ -30,7 +30,7 @@ from pytest_gsm8k.core.scoring import (
 )
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 
-__all__ = ["OUTCOMES", "combine_repeats", "error_record", "score_response"]
+__all__ = ["OUTCOMES", "combine_repeats", "error_record", "score_repeats", "score_response"]
 
 
 def _decide(
@@ -214,6 +214,17 @@ def error_record(problem: Problem, message: str) -> ProblemRecord:
         "model": None,
         "error": message,
     }
+
+
+def score_repeats(
+    problem: Problem,
+    responses: Sequence[ModelResponse],
+    protocol: Protocol,
+    pattern: re.Pattern[str] | None = None,
+) -> ProblemRecord:
+    """One problem's record from the answers to its ``--gsm8k-repeats`` asks (one without
+    repeats): each scored, then combined (:func:`combine_repeats`)."""
+    return combine_repeats([score_response(problem, r, protocol, pattern) for r in responses])
 
 
 def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:

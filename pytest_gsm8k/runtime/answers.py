@@ -215,9 +215,7 @@ class AnswerServer:
     def _asks(self, problem_id: str) -> list[Request]:
         """Every request of ``problem_id``, one per repeat (none for an unknown id)."""
         request = self.requests(problem_id)
-        if request is None:
-            return []
-        return [replace(request, repeat=i) for i in range(self.repeats)]
+        return [] if request is None else request.asks(self.repeats)
 
     def _record(self, problem_ids: list[str]) -> None:
         with self._lock:
