@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -98,3 +100,22 @@ def server_behind_a_password(
     with FakeOpenAIServer(data / "test.jsonl", model="fake-model") as srv:
         srv.set_script(script)
         yield srv, f"http://alice:{URL_PASSWORD}@127.0.0.1:{srv.port}/v1"
+
+
+def config_serve(data: Path, *extra: str) -> str:
+    """A ``--gsm8k-serve`` line that starts the fake server for each --gsm8k-config config:
+    the config's model, ``extra`` flags, then the config's ``{server_args}`` as words (the
+    fake server takes vLLM's flags it does not know: ``--accept-unknown``)."""
+    words = [
+        sys.executable,
+        str(FAKESERVER),
+        "--data",
+        str(data / "test.jsonl"),
+        "--port",
+        "{port}",
+        "--model",
+        "{model}",
+        *extra,
+        "--accept-unknown",
+    ]
+    return " ".join(shlex.quote(w) for w in words) + " {server_args}"

@@ -6,14 +6,12 @@ noise-aware gate beside vLLM's rule, and one config's baseline never gates anoth
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from importlib import resources
 from pathlib import Path
 
 import jsonschema
 import pytest
-from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, output
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, output
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 REPORT_SCHEMA = json.loads(
@@ -45,25 +43,10 @@ def _configs(folder: Path, delta_script: str = '{"default": "correct"}') -> Path
     return folder
 
 
-def _serve(data: Path) -> str:
-    words = [
-        sys.executable,
-        str(FAKESERVER),
-        "--data",
-        str(data / "test.jsonl"),
-        "--port",
-        "{port}",
-        "--model",
-        "{model}",
-        "--accept-unknown",
-    ]
-    return " ".join(shlex.quote(w) for w in words) + " {server_args}"
-
-
 def _run(pytester: pytest.Pytester, folder: Path, data: Path, *args: str) -> pytest.RunResult:
     return pytester.runpytest(
         f"--gsm8k-config={folder}",
-        f"--gsm8k-serve={_serve(data)}",
+        f"--gsm8k-serve={config_serve(data)}",
         f"--gsm8k-data={data}",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, VLLM_RECORDING, XDIST, output
+from helpers import (
+    NO_CACHEPROVIDER,
+    NO_EXTRA_PLUGINS,
+    VLLM_RECORDING,
+    XDIST,
+    config_serve,
+    output,
+)
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 REPORT_SCHEMA = json.loads(
@@ -69,21 +74,7 @@ def _configs(folder: Path) -> Path:
 
 
 def _serve(data: Path, events: Path, *extra: str) -> str:
-    words = [
-        sys.executable,
-        str(FAKESERVER),
-        "--data",
-        str(data / "test.jsonl"),
-        "--port",
-        "{port}",
-        "--model",
-        "{model}",
-        "--events-file",
-        str(events),
-        "--accept-unknown",
-        *extra,
-    ]
-    return " ".join(shlex.quote(w) for w in words) + " {server_args}"
+    return config_serve(data, "--events-file", str(events), *extra)
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
