@@ -30,6 +30,17 @@ for _name in ("httpcore2", "httpcore"):
         importlib.import_module(_name)
 
 
+@pytest.fixture(autouse=True)
+def _terminal_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inner pytest runs lay out their output for 80 columns wherever the suite runs.
+
+    Without it the width comes from the outer terminal or ``COLUMNS``: a CI runner with a
+    wide ``COLUMNS`` showed whole error lines in the short test summary that an 80-column
+    run truncates, and a test counting a message saw it twice.
+    """
+    monkeypatch.setenv("COLUMNS", "80")
+
+
 @pytest.fixture(scope="session")
 def gsm8k_data() -> Path:
     """A folder with test.jsonl, train.jsonl and test_socratic.jsonl, unpacked from the
