@@ -28,7 +28,7 @@ Public API::
     Decision(after: int, verdicts: dict[str, Verdict | None], how: dict[str, str])
     EarlyStop(ids, *, mode, seed=0, alpha=0.05, min_acc=None, baseline=None,
               max_drop=0.0, noise_aware=None, baseline_runs=None, repeats=1,
-              health=(), order=None)
+              health=(), floor=None, order=None)
         .order: list[str]                 # the order the plugin should run the problems in
         .observe(problem_id, correct, outcome=None) -> Decision | None   # None while undecided
         .decision: Decision | None
@@ -58,6 +58,9 @@ Gate semantics: the rules are :mod:`pytest_gsm8k.core.gates`' (one place), as
 integer thresholds on a count, so every comparison here is exact:
 
 * min-acc: PASS iff X >= ``MinAcc.need(N)``, X the correct answers over all N.
+* a vLLM config's floor (``--gsm8k-config``; ``ToleranceFloor``, gate ``vllm-threshold``):
+  PASS iff X >= ``ToleranceFloor.need(N)``, the same count gate as min-acc at
+  ``accuracy_threshold - tolerance``.
 * baseline, max-drop: PASS iff X >= ``MaxDrop.need(B, M)``, X the current
   run's correct answers over the M problems shared with the baseline (B its
   correct ones there).
@@ -88,9 +91,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_gsm8k.core.calibrated import Pair, p_value
-from pytest_gsm8k.core.gates import MaxDrop, MaxShare, MinAcc, NoiseAware, Verdict, count_certain
+from pytest_gsm8k.core.gates import (
+    MaxDrop,
+    MaxShare,
+    MinAcc,
+    NoiseAware,
+    ToleranceFloor,
+    Verdict,
+    count_certain,
+)
 
 __all__ = [
+    "FLOOR",
     "Decision",
     "EarlyStop",
     "Mode",
@@ -99,6 +111,9 @@ __all__ = [
 ]
 
 Mode = Literal["certain", "sequential"]
+
+#: the name a vLLM config's floor (``ToleranceFloor``) has among the gates decided here
+FLOOR = "vllm-threshold"
 
 # The betting mixture (see _WorTest). Offsets delta of the alternative mean from
 # the null mean, in units of the gate's quantity (accuracy, or accuracy drop),
@@ -526,6 +541,8 @@ class EarlyStop:
     correct runs) and ``repeats`` (the candidate's runs per problem: above 1 it waits).
     ``health``: the answer-format health gates (``MaxShare``), each decided on the
     outcomes :meth:`observe` is given.
+    ``floor``: a vLLM config's gate (``--gsm8k-config``), decided as min-acc is, under
+    the name ``vllm-threshold``.
 
     The run stops when every gate's verdict is settled or any gate FAILs.
     """
@@ -544,6 +561,7 @@ class EarlyStop:
         baseline_runs: Mapping[str, int] | None = None,
         repeats: int = 1,
         health: Sequence[MaxShare] = (),
+        floor: ToleranceFloor | None = None,
         order: Sequence[str] | None = None,
     ) -> None:
         if mode not in ("certain", "sequential"):
@@ -570,7 +588,8 @@ class EarlyStop:
         self._verdicts: dict[str, Verdict | None] = {}
         self._how: dict[str, str] = {}
         sequential = mode == "sequential"
-        self._min_acc: _CountGate | None = None
+        #: the gates on the correct count over all N: name -> (threshold, its count gate)
+        self._accuracy: dict[str, tuple[float, _CountGate]] = {}
         self._base: _CountGate | None = None
         self._noise: _NoiseAwareGate | None = None
         self.min_acc = min_acc
@@ -580,20 +599,20 @@ class EarlyStop:
             shared = {pid: int(baseline[pid]) for pid in self.order if pid in baseline}
             if not shared:
                 raise ValueError("no problem id in common with the baseline")
-        tested = (min_acc is not None) + (baseline is not None and noise_aware is None)
+        counted: list[tuple[str, float, int]] = []
+        if min_acc is not None:
+            counted.append(("min-acc", min_acc, MinAcc(min_acc).need(self.n_total)))
+        if floor is not None:
+            counted.append((FLOOR, floor.floor, floor.need(self.n_total)))
+        tested = len(counted) + (baseline is not None and noise_aware is None)
         tested += len(health)
         self.gate_alpha = alpha / max(tested, 1)
-        if min_acc is not None:
-            self._min_acc = _CountGate(
-                "min-acc",
-                self.n_total,
-                MinAcc(min_acc).need(self.n_total),
-                self.gate_alpha,
-                paired=False,
-            )
+        for name, threshold, need in counted:
+            gate = _CountGate(name, self.n_total, need, self.gate_alpha, paired=False)
             if sequential:
-                self._min_acc.start_tests()
-            self._verdicts["min-acc"] = None
+                gate.start_tests()
+            self._accuracy[name] = (threshold, gate)
+            self._verdicts[name] = None
         if baseline is not None:
             b_total = sum(int(bool(v)) for v in shared.values())
             if noise_aware is None:
@@ -631,15 +650,15 @@ class EarlyStop:
             self._health[spec.name] = (spec, gate)
             self._verdicts[spec.name] = None
         if not self._verdicts:
-            raise ValueError("no gate to decide (need min_acc, baseline and/or health)")
+            raise ValueError("no gate to decide (need min_acc, floor, baseline and/or health)")
         self._settle_initial()
 
     # -- feeding ------------------------------------------------------------------------------
 
     def _settle_initial(self) -> None:
         """Some verdicts are fixed before any outcome (min_acc 0, or above 1)."""
-        if self._min_acc is not None:
-            self._record("min-acc", self._min_acc.certain(), "certain")
+        for name, (_, gate) in self._accuracy.items():
+            self._record(name, gate.certain(), "certain")
         if self._base is not None:
             self._record("baseline", self._base.certain(), "certain")
         if self._noise is not None:
@@ -693,10 +712,9 @@ class EarlyStop:
     def _feed(self, pid: str, correct: bool, outcome: str | None = None) -> None:
         self.observed += 1
         how = "certain" if self.mode == "certain" else "sequential"
-        if self._min_acc is not None:
-            gate = self._min_acc
+        for name, (_, gate) in self._accuracy.items():
             verdict = gate.add(int(correct), correct)
-            self._record("min-acc", verdict, "certain" if gate.certain() else how)
+            self._record(name, verdict, "certain" if gate.certain() else how)
         if self._base is not None and pid in self._base.baseline:
             gate = self._base
             verdict = gate.add(gate.value_of(pid, correct), correct)
@@ -729,12 +747,12 @@ class EarlyStop:
             if gate.fail_test is not None:
                 lo, hi = gate.count_interval()
                 out["interval"] = [(n - hi) / n, (n - lo) / n]
-        elif name == "min-acc" and self._min_acc is not None:
-            gate = self._min_acc
+        elif name in self._accuracy:
+            threshold, gate = self._accuracy[name]
             n = gate.size
             low, high = gate.count_bounds()
             out.update(
-                threshold=self.min_acc,
+                threshold=threshold,
                 observed=gate.seen,
                 correct=gate.correct,
                 bounds=[low / n, high / n],
@@ -805,7 +823,7 @@ class EarlyStop:
                 f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({outcome} share of the "
                 f"full split in [{lo:.4f}, {hi:.4f}])"
             )
-        if name == "min-acc":
+        if name in self._accuracy:
             low, high = info["bounds"]
             if verdict is None:
                 what = f"{name} undecided (accuracy reachable {low:.4f}-{high:.4f})"

@@ -10,8 +10,14 @@ from fractions import Fraction
 import pytest
 
 from pytest_gsm8k.core.calibrated import Pair
-from pytest_gsm8k.core.early_stop import Decision, EarlyStop, _WorTest, run_order
-from pytest_gsm8k.core.gates import MaxShare, NoiseAware, max_drop_count, min_acc_count
+from pytest_gsm8k.core.early_stop import FLOOR, Decision, EarlyStop, _WorTest, run_order
+from pytest_gsm8k.core.gates import (
+    MaxShare,
+    NoiseAware,
+    ToleranceFloor,
+    max_drop_count,
+    min_acc_count,
+)
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 IDS10 = [f"p{i}" for i in range(10)]
@@ -114,6 +120,40 @@ def test_certain_min_acc_pass_exactly_at_threshold() -> None:
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS"}
     assert decision.passed
+
+
+@pytest.mark.parametrize(("threshold", "tolerance"), [(0.9, 0.08), (0.75, 0.08), (0.7, 0.0)])
+def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
+    threshold: float, tolerance: float
+) -> None:
+    """A vLLM config's floor decided early is the final comparison's verdict, for every
+    outcome vector of 8 problems and every stopping point (exhaustive)."""
+    floor = ToleranceFloor("c", threshold, tolerance)
+    ids = [f"p{i}" for i in range(8)]
+    for outcomes in itertools.product([False, True], repeat=8):
+        final = floor.verdict(sum(outcomes), 8, "x").word
+        es = EarlyStop(ids, mode="certain", floor=floor, order=ids)
+        decision = feed(es, dict(zip(ids, outcomes, strict=True)), ids)
+        assert decision is not None  # decided at the last outcome at the latest
+        assert decision.verdicts == {FLOOR: final}
+        # not a problem later than needed: one outcome earlier it was still open
+        if decision.after > 1:
+            seen = outcomes[: decision.after - 1]
+            assert floor.certain(sum(seen), len(seen), 8) is None
+
+
+def test_the_floor_and_min_acc_are_two_gates_of_one_stop() -> None:
+    floor = ToleranceFloor("c", 0.5, 0.1)  # need 4 of 10
+    es = EarlyStop(IDS10, mode="certain", floor=floor, min_acc=0.8, order=IDS10)
+    for pid in IDS10[:4]:
+        assert es.observe(pid, True) is None  # the floor passes; min-acc (8 of 10) is open
+    assert "vllm-threshold verdict PASS is certain" in es.headline()
+    for pid in IDS10[4:7]:
+        assert es.observe(pid, True) is None
+    decision = es.observe(IDS10[7], True)
+    assert decision is not None
+    assert decision.verdicts == {"min-acc": "PASS", FLOOR: "PASS"}
+    assert es.to_json()["gates"][FLOOR]["threshold"] == floor.floor
 
 
 def test_certain_zero_accuracy_stops_by_198_of_1319() -> None:
