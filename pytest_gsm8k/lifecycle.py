@@ -6,10 +6,9 @@ gates. pytest types only; no hook definitions here.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,9 +17,10 @@ import pytest
 
 from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.gates import GateVerdict
-from pytest_gsm8k.core.plan import Endpoint, RunPlan
+from pytest_gsm8k.core.plan import Endpoint, RunPlan, StoredBaseline
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.settings import plain_url, with_v1
+from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
 
@@ -94,21 +94,25 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
         group = plan.group_by_name.get(str(config.extra.get("config", {}).get("name")))
         if group is None or group.baseline is None:
             continue
-        split = tuple(dataclasses.replace(p, group=group.name) for p in plan.split.problems)
+        early = state.run.config_early.get(group.name)
+        stopped = state.run.config_stopped.get(group.name)
         try:
             gates.apply_baseline(
                 config,
                 plan,
+                stopped_early=stopped is not None,
                 deselected_by=deselected_by(session.config),
                 run_ids={p.id for p in group.problems if p.id in wanted},
                 stored=group.baseline,
-                split=split,
+                split=group.split_problems(plan.split),
             )
         except Exception as exc:
             verb = "write" if plan.update_baseline else "read"
             config.add_gate(
                 "baseline", False, f"{group.baseline.shown}: cannot {verb} it ({reason(exc)})"
             )
+        if not plan.update_baseline:
+            early_baseline_verdict(early, stopped, config)
         config.name_gates(group.name)
     summary.gather_gates()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -140,36 +144,19 @@ def early_stop_for(state: State) -> EarlyStop | None:
 
     Its problems are those this run set out to do (after deselection); its
     baseline gate uses the stored baseline when one exists that this run may be
-    compared with (any refusal is reported by the normal baseline gate at the end),
-    and with ``--gsm8k-require-baseline`` only one that holds every problem of the run
-    (the gate at the end fails on any other, whatever the shared ones say).
+    compared with (:func:`_early_baseline`).
     """
-    from pytest_gsm8k import gates
-    from pytest_gsm8k.core import baseline as bl
     from pytest_gsm8k.core.early_stop import EarlyStop
 
     plan = state.plan
     settings = plan.settings
     assert settings.early_stop in ("certain", "sequential")
     ids = [p.id for p in state.run.wanted(plan)]
-    outcomes: dict[str, int] | None = None
-    runs: dict[str, int] = {}
-    if plan.baseline is not None and plan.baseline.exists and not plan.update_baseline:
-        here = {
-            "protocol": {**plan.protocol.identity(), "label": plan.protocol.label},
-            "dataset": plan.split.identity(),
-        }
-        try:
-            stored = gates.check_baseline(plan.baseline, here, plan.split.problems)
-        except bl.BaselineError:
-            stored = None
-        if stored is not None:
-            outcomes = {}
-            for pid, value in stored["problems"].items():
-                outcomes[str(pid)], runs[str(pid)] = bl.runs(value)
-            shared = set(outcomes) & set(ids)
-            if not shared or (plan.gates.require_baseline and len(shared) < len(ids)):
-                outcomes = None
+    here = {
+        "protocol": {**plan.protocol.identity(), "label": plan.protocol.label},
+        "dataset": plan.split.identity(),
+    }
+    outcomes, runs = _early_baseline(state, plan.baseline, here, plan.split.problems, ids)
     min_acc = plan.gates.min_acc
     if min_acc is None and outcomes is None and not plan.gates.health:
         return None
@@ -187,16 +174,95 @@ def early_stop_for(state: State) -> EarlyStop | None:
     )
 
 
+def config_early_stop_for(state: State, name: str) -> EarlyStop | None:
+    """--gsm8k-config: config ``name``'s own :class:`EarlyStop` (certain bounds only), or
+    None when none of its items is in the run.
+
+    Every gate of the config takes part, each as the end of the run decides it: vLLM's
+    floor, ``--gsm8k-min-acc`` and the health gates when asked, and the noise-aware gate
+    against the config's own baseline (:func:`_early_baseline`). The config stops once
+    all of them are certain, or one FAILs for certain.
+    """
+    from pytest_gsm8k.core.early_stop import EarlyStop
+
+    plan = state.plan
+    group = plan.group_by_name[name]
+    wanted = {p.id for p in state.run.wanted(plan)}
+    ids = [p.id for p in group.problems if p.id in wanted]
+    if not ids:
+        return None
+    here = {
+        "protocol": {**group.protocol.identity(), "label": group.label},
+        "dataset": plan.split.identity(),
+        "config": {"name": group.name, "model_name": group.config.model_name},
+    }
+    outcomes, runs = _early_baseline(
+        state, group.baseline, here, group.split_problems(plan.split), ids
+    )
+    min_acc = plan.gates.min_acc
+    return EarlyStop(
+        ids,
+        mode="certain",
+        order=ids,
+        min_acc=min_acc.threshold if min_acc is not None else None,
+        baseline=outcomes,
+        noise_aware=plan.gates.baseline,
+        baseline_runs=runs,
+        repeats=plan.settings.repeats,
+        health=plan.gates.health,
+        floor=group.floor,
+    )
+
+
+def _early_baseline(
+    state: State,
+    stored: StoredBaseline | None,
+    here: dict[str, Any],
+    split: Sequence[Problem],
+    ids: Sequence[str],
+) -> tuple[dict[str, int] | None, dict[str, int]]:
+    """The early stop's view of a stored baseline: each problem's correct runs and runs.
+
+    (None, {}) when there is none this run may be compared with (any refusal is reported by
+    the baseline gate at the end), when it shares no problem with ``ids``, with
+    ``--snapshot-update`` (the run writes it), and with ``--gsm8k-require-baseline`` when
+    it does not hold every problem of the run (the gate at the end fails on any other,
+    whatever the shared ones say).
+    """
+    from pytest_gsm8k import gates
+    from pytest_gsm8k.core import baseline as bl
+
+    plan = state.plan
+    if stored is None or not stored.exists or plan.update_baseline:
+        return None, {}
+    try:
+        document = gates.check_baseline(stored, here, split)
+    except bl.BaselineError:
+        return None, {}
+    outcomes: dict[str, int] = {}
+    runs: dict[str, int] = {}
+    for pid, value in document["problems"].items():
+        outcomes[str(pid)], runs[str(pid)] = bl.runs(value)
+    shared = set(outcomes) & set(ids)
+    if not shared or (plan.gates.require_baseline and len(shared) < len(ids)):
+        return None, {}
+    return outcomes, runs
+
+
 def _early_baseline_verdict(state: State, summary: Summary) -> None:
+    """The run's baseline gate after its early stop (:func:`early_baseline_verdict`)."""
+    early_baseline_verdict(state.run.early, state.run.early_stopped, summary)
+
+
+def early_baseline_verdict(early: EarlyStop | None, stopped: str | None, summary: Summary) -> None:
     """After an early stop the baseline gate's verdict is the early decision's, not the one
     the partial run's drop would give (a gate another gate's FAIL made moot is not a FAIL).
 
     Only when the early stop decided on the baseline at all: a baseline gate it did not
     know (no baseline, one refused, one that does not cover the run) keeps its verdict.
+    ``stopped``: the stop's message (None: the run, or the config, was not stopped early).
     """
-    run = state.run
-    early = run.early
-    if early is None or early.decision is None or run.early_stopped is None:
+    if early is None or early.decision is None or stopped is None:
         return
     if "baseline" not in early.decision.verdicts:
         return
@@ -640,6 +706,7 @@ def start_matrix(state: State) -> Matrix:
         [g.name for g in plan.groups],
         lambda name: _launch_config(state, name),
         say=lambda line: _write_line(state, printable(line)),
+        lookahead=state.concurrency() if state.settings.early_stop else None,
     )
 
 
@@ -692,13 +759,14 @@ def _launch_config(state: State, name: str) -> Launched:
             f"the server does not serve {config.model_name!r} (it serves: "
             f"{_listing(state, models)})"
         )
+    concurrency = config.max_concurrency or state.concurrency()
     client = OpenAIClient(
         model=config.model_name,
         base_url=server.base_url,
         api_key=settings.api_key(),
         timeout=config.request_timeout_seconds,
         max_retries=settings.max_retries,
-        concurrency=config.max_concurrency or state.concurrency(),
+        concurrency=concurrency,
         breaker=Breaker(),
         # the port changes every run: the command, the config and its arguments name it
         cache_endpoint=f"serve:{scrub.command(command)} config:{name} "
@@ -707,11 +775,14 @@ def _launch_config(state: State, name: str) -> Launched:
     engine = Engine(
         client,
         state.sources.cache(True),
-        concurrency=config.max_concurrency or state.concurrency(),
+        concurrency=concurrency,
         breaker=client.breaker,
         scrub=scrub,
         stall_timeout=settings.stall_timeout,
         identity=describe_server(cards, config.model_name),
+        # --gsm8k-early-stop: fetch no further ahead of the answers used than the
+        # concurrency (what is fetched past the config's decision is paid for and unused)
+        lookahead=concurrency if settings.early_stop else None,
     )
     info: dict[str, Any] = {
         "pid": server.pid,

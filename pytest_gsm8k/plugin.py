@@ -49,6 +49,7 @@ from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from 
     gsm8k_protocol,
 )
 from pytest_gsm8k.lifecycle import (
+    config_early_stop_for,
     defines_fixture,
     early_stop_for,
     limit_note,
@@ -406,6 +407,9 @@ class StatePlugin:
     def _observe_early(self, problem_id: str, correct: bool, outcome: str) -> None:
         """Controller: one more outcome for --gsm8k-early-stop; stop the run once decided."""
         run = self.state.run
+        if self.state.settings.vllm_config:
+            self._observe_config(problem_id, correct, outcome)
+            return
         if run.early is None and not self._early_tried:
             self._early_tried = True
             self._learn_plans()
@@ -427,6 +431,35 @@ class StatePlugin:
             dsession.shouldstop = message  # xdist stops handing out items
         elif self.session is not None:
             self.session.shouldstop = message
+
+    def _observe_config(self, problem_id: str, correct: bool, outcome: str) -> None:
+        """--gsm8k-config: one more outcome of a config; once every gate of that config is
+        certain (or one FAILs for certain) before its last problem, the config stops: its
+        items not fetched are skipped, its server stops, the next config's starts."""
+        from pytest_gsm8k.runtime.matrix import group_of
+
+        run = self.state.run
+        name = group_of(problem_id)
+        if name not in run.config_early:
+            self._learn_plans()
+            run.start_config_early_stop(name, config_early_stop_for(self.state, name))
+        early = run.config_early[name]
+        if early is None or name in run.config_stopped:
+            return
+        try:
+            decision = early.observe(problem_id, correct, outcome)
+        except (KeyError, ValueError):
+            return  # a problem outside the config's plan: not counted
+        if decision is None or early.observed >= early.n_total:
+            return
+        message = (
+            f"config {name} stopped early (--gsm8k-early-stop certain): {early.headline()}; "
+            "its problems not asked yet are skipped"
+        )
+        run.stop_config_early(name, message)
+        matrix = self.state.sources.matrix
+        if matrix is not None:
+            matrix.stop_config(name, message)
 
     def _learn_plans(self) -> None:
         """xdist controller: the problems the workers collected, from the plans they sent

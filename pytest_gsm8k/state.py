@@ -101,6 +101,10 @@ class Run:
         self.early: EarlyStop | None = None
         #: the early stop's message once it stopped the run
         self.early_stopped: str | None = None
+        #: --gsm8k-config with --gsm8k-early-stop: each config's own (None: nothing to decide)
+        self.config_early: dict[str, EarlyStop | None] = {}
+        #: configs stopped early: name -> the message their items not run are skipped with
+        self.config_stopped: dict[str, str] = {}
         self.summary: Summary | None = None
         #: the run's outputs checked at session start, by key (report, html, markdown, step_summary)
         self.outputs: dict[str, Output] = {}
@@ -151,6 +155,12 @@ class Run:
 
     def stop_early(self, message: str) -> None:
         self.early_stopped = message
+
+    def start_config_early_stop(self, name: str, early: EarlyStop | None) -> None:
+        self.config_early[name] = early
+
+    def stop_config_early(self, name: str, message: str) -> None:
+        self.config_stopped[name] = message
 
     def finish(self, summary: Summary) -> None:
         self.summary = summary
@@ -283,7 +293,6 @@ class Run:
         """--gsm8k-config: one summary per config, each gated as vLLM's test gates it
         (plus --gsm8k-min-acc and the health gates when asked), under one that counts
         them all and holds every gate."""
-        from pytest_gsm8k.core.gates import ToleranceFloor
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.summary import Summary
 
@@ -337,7 +346,7 @@ class Run:
             }
             if server is not None:
                 summary.extra["served"] = server
-            floor = ToleranceFloor(config.name, config.accuracy_threshold, config.tolerance)
+            floor = group.floor
             summary.set_gate(floor.verdict(summary.correct, summary.n, group.protocol.label))
             if plan.gates.min_acc is not None:
                 summary.set_gate(
@@ -345,6 +354,7 @@ class Run:
                 )
             for spec in plan.gates.health:
                 summary.gate_share(spec)
+            self._config_early_gates(group.name, summary)
             summary.name_gates(config.name)
             configs.append(summary)
         first = plan.groups[0].protocol
@@ -368,6 +378,43 @@ class Run:
             configs=configs,
         )
         return top
+
+    def _config_early_gates(self, name: str, summary: Summary) -> None:
+        """--gsm8k-config with --gsm8k-early-stop: the config's early-stop record and note;
+        once it stopped, each gate it settled takes the decision's verdict (the partial
+        counts' would not be the full run's; the decision's is, exactly)."""
+        from pytest_gsm8k.core.early_stop import FLOOR
+
+        early = self.config_early.get(name)
+        if early is None:
+            return
+        summary.extra["early_stop"] = early.to_json()
+        decision = early.decision
+        if decision is None or name not in self.config_stopped:
+            said = (
+                f"not stopped early: its verdicts were open until the last of its "
+                f"{early.n_total} problems"
+                if decision is not None
+                else early.headline()
+            )
+            summary.notes.append(f"  early stop ({early.mode}): {said}")
+            return
+        summary.notes.append(f"  early stop ({early.mode}): {early.headline()}")
+        for gate in list(summary.gates):
+            key = FLOOR if gate.rule == FLOOR else gate.name
+            if key not in decision.verdicts:
+                continue
+            verdict = decision.verdicts[key]
+            detail = (
+                early.headline()
+                if verdict is not None
+                else "undecided: the config stopped early on another gate's FAIL"
+            )
+            summary.set_gate(
+                GateVerdict(
+                    gate.name, "early-stop", verdict != "FAIL", detail, threshold=gate.threshold
+                )
+            )
 
 
 class State:

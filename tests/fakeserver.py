@@ -1523,8 +1523,13 @@ def main(argv: list[str] | None = None) -> int:
     while not done.wait(0.2):
         pass
     killed = srv.killed
+    by_path = srv.stats()["requests_by_path"]
     srv.stop()
-    event("stop")
+    # the completion requests it answered or refused, for a matrix's per-config counts
+    event(
+        "stop",
+        completions=by_path.get("/v1/completions", 0) + by_path.get("/v1/chat/completions", 0),
+    )
     if killed and args.exit_code:
         print(f"fakeserver: dying with exit code {args.exit_code}", flush=True)
         return int(args.exit_code)

@@ -8,6 +8,7 @@ sources, the early-stop decision) lives elsewhere, owned by one object each.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.dataset import Split
-from pytest_gsm8k.core.gates import HEALTH_OUTCOMES, MaxShare, MinAcc, NoiseAware
+from pytest_gsm8k.core.gates import HEALTH_OUTCOMES, MaxShare, MinAcc, NoiseAware, ToleranceFloor
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem, Request
@@ -104,6 +105,16 @@ class ConfigGroup:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def floor(self) -> ToleranceFloor:
+        """vLLM's gate of this config: accuracy >= accuracy_threshold - tolerance."""
+        return ToleranceFloor(self.name, self.config.accuracy_threshold, self.config.tolerance)
+
+    def split_problems(self, split: Split) -> tuple[Problem, ...]:
+        """``split``'s problems under this config's ids (``<config>:test-0001``): what its
+        baseline's problem set is checked against."""
+        return tuple(dataclasses.replace(p, group=self.name) for p in split.problems)
 
 
 @dataclass(frozen=True)

@@ -614,7 +614,6 @@ CONFIG_DECIDES = {
     "split": "vLLM's configs run the test split",
     "baseline": "each config's baseline is named by the config and its protocol",
     "baseline_name": "each config's baseline is named by the config and its protocol",
-    "early_stop": "an early stop across configs is not supported yet",
     "repeats": "calibrated per-config baselines are not supported yet",
 }
 
@@ -626,6 +625,13 @@ def _refuse_with_configs(
         if key in given:
             flag = "--gsm8k-" + key.replace("_", "-")
             raise SettingsError(f"{flag} cannot be combined with --gsm8k-config: {why}")
+    if values["early_stop"] == "sequential":
+        # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
+        raise SettingsError(
+            "--gsm8k-early-stop sequential cannot be combined with --gsm8k-config: each "
+            "config's verdict is vLLM's exact comparison over its first num_questions "
+            "problems (--gsm8k-early-stop certain stops each config once its verdict is fixed)"
+        )
     if "preset" in given and values["preset"] != "vllm":
         raise SettingsError(
             f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "

@@ -181,9 +181,11 @@ class Summary:
         return self.set_gate(GateVerdict(name, rule or name, passed, detail))
 
     def set_gate(self, verdict: GateVerdict) -> GateVerdict:
-        """Add ``verdict``, replacing an earlier one of the same gate."""
-        self.gates = [g for g in self.gates if g.name != verdict.name]
-        self.gates.append(verdict)
+        """Add ``verdict``, replacing an earlier one of the same gate (in its place)."""
+        if any(g.name == verdict.name for g in self.gates):
+            self.gates = [verdict if g.name == verdict.name else g for g in self.gates]
+        else:
+            self.gates.append(verdict)
         return verdict
 
     def name_gates(self, config: str) -> None:
@@ -222,9 +224,22 @@ class Summary:
 
     # -- output ----------------------------------------------------------------
 
+    def floor_gate(self) -> GateVerdict | None:
+        """A config's vLLM floor gate (``<config>:vllm-threshold``), however it was decided
+        (at the end, or by an early stop)."""
+        return next((g for g in self.gates if g.name.endswith(":vllm-threshold")), None)
+
+    def stopped_after(self) -> tuple[int, int] | None:
+        """(problems, of) when the early stop ended this config before its last problem."""
+        early: Any = self.extra.get("early_stop") or {}
+        after, total = early.get("decided_after"), early.get("n_total")
+        if isinstance(after, int) and isinstance(total, int) and after < total:
+            return after, total
+        return None
+
     def matrix_headline(self) -> str:
         passed = sum(1 for c in self.configs if not c.failed)
-        only_vllm = all(g.rule == "vllm-threshold" for c in self.configs for g in c.gates)
+        only_vllm = all(g is c.floor_gate() for c in self.configs for g in c.gates)
         rule = (
             "accuracy >= accuracy_threshold - tolerance each"
             if only_vllm
@@ -234,21 +249,27 @@ class Summary:
 
     def verdict_table(self) -> list[str]:
         """One row per config: its model, n, accuracy, the floor it needed, its baseline
-        gate's word (``none`` without one, ``written`` by --snapshot-update), the verdict."""
-        rows = [("config", "model", "n", "accuracy", "floor", "baseline", "verdict")]
+        gate's word (``none`` without one, ``written`` by --snapshot-update), with
+        --gsm8k-early-stop after how many of its problems it stopped (``-``: it ran them
+        all), the verdict."""
+        early = any("early_stop" in c.extra for c in self.configs)
+        head = ("config", "model", "n", "accuracy", "floor", "baseline")
+        rows: list[list[str]] = [[*head, *(["stopped"] if early else []), "verdict"]]
         for c in self.configs:
-            floor = next((g.threshold for g in c.gates if g.rule == "vllm-threshold"), None)
-            rows.append(
-                (
-                    str(c.extra.get("config", {}).get("name", c.label)),
-                    c.model,
-                    str(c.n),
-                    f"{c.accuracy:.4f}" if c.answered else "-",
-                    f"{floor:.4f}" if floor is not None else "-",
-                    c.baseline_word(),
-                    "FAIL" if c.failed else "PASS",
-                )
-            )
+            gate = c.floor_gate()
+            floor = gate.threshold if gate is not None else None
+            stopped = c.stopped_after()
+            row = [
+                str(c.extra.get("config", {}).get("name", c.label)),
+                c.model,
+                str(c.n),
+                f"{c.accuracy:.4f}" if c.answered else "-",
+                f"{floor:.4f}" if floor is not None else "-",
+                c.baseline_word(),
+            ]
+            if early:
+                row.append(f"{stopped[0]}/{stopped[1]}" if stopped else "-")
+            rows.append([*row, "FAIL" if c.failed else "PASS"])
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         return [
             "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()

@@ -10,6 +10,11 @@ and then read from it; an engine keeps its answers after its server stopped.
 Nothing here knows pytest: the glue hands in how a config's server and engine are made.
 A config whose server cannot start is that config's errors (one message, shared by its
 items); the next config still runs, as vLLM's own test goes on with the next config.
+
+``--gsm8k-early-stop``: once a config's verdict is settled the glue calls
+:meth:`Matrix.stop_config`; its engine sends nothing more, its items not yet fetched are
+:class:`NotRun` (skipped, one message), and the driver stops its server as soon as the
+requests under way have arrived, then starts the next config's.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class Matrix:
         launch: Callable[[str], Launched],
         *,
         say: Callable[[str], None] = lambda line: None,
+        lookahead: int | None = None,
     ) -> None:
         self.names = tuple(names)
         self._launch = launch
@@ -78,8 +84,12 @@ class Matrix:
         #: what each config's server reported (for the report): name -> fields
         self.servers: dict[str, dict[str, object]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: what the xdist answer server reads of an engine: the matrix fetches everything
-        self.lookahead: int | None = None
+        #: what the xdist answer server reads of an engine: None, the matrix fetches every
+        #: item; a number (--gsm8k-early-stop), each config's engine fetches only so far
+        #: ahead of the answers whose outcome came back (:meth:`settle`)
+        self.lookahead = lookahead
+        #: configs stopped early: name -> the message their items not fetched are skipped with
+        self._stopped: dict[str, str] = {}
         self._loop_thread: threading.Thread | None = None
 
     # -- the driver --------------------------------------------------------------
@@ -139,9 +149,27 @@ class Matrix:
 
     # -- the answer source (one process, or the xdist controller) -------------------
 
+    def stop_config(self, name: str, message: str) -> None:
+        """Config ``name``'s verdict is settled (--gsm8k-early-stop; any thread, the first
+        call counts): its engine sends nothing more, the items it has not fetched are
+        :class:`NotRun` with ``message``, and the driver moves on to the next config once
+        the requests under way have arrived."""
+        with self._lock:
+            if name in self._stopped:
+                return
+            self._stopped[name] = message
+        future = self._engines.get(name)
+        if future is not None and future.done() and future.exception() is None:
+            future.result().stop(message)
+        self._say(f"gsm8k: {message}")
+
     def _failed(self, name: str, exc: BaseException) -> BaseException:
         """A config whose server did not start or died: its first item says why, the others
-        say only that (one message, not one per problem)."""
+        say only that (one message, not one per problem); once the config was stopped early,
+        its items are not run."""
+        stopped = self._stopped.get(name)
+        if stopped is not None and isinstance(exc, EndpointError):
+            return NotRun(stopped)
         if not isinstance(exc, EndpointError) or isinstance(exc, EndpointAborted):
             return exc
         with self._lock:
@@ -245,7 +273,11 @@ class Matrix:
             raise self._config_failed(request, exc) from None
 
     def settle(self, request: Request) -> None:
-        """Nothing to do: the matrix fetches without a lookahead."""
+        """The outcome of ``request``'s answer came back: its config's engine may fetch
+        one more (only with a lookahead; never waits)."""
+        engine = self.engine_of(request)
+        if engine is not None:
+            engine.settle(request)
 
     def stop(self, message: str) -> None:
         for engine in list(self._made):
