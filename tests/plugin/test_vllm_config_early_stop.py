@@ -161,3 +161,89 @@ def test_sequential_is_refused_with_configs(pytester: pytest.Pytester, tmp_path:
         "verdict is vLLM's exact comparison" in result.stderr.str()
     )
     assert "Traceback" not in output(result)
+
+
+def test_min_acc_and_a_health_gate_hold_a_config_the_floor_alone_would_stop(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    folder = _configs(tmp_path / "configs", {"Good-3B.yaml": CONFIGS["Good-3B.yaml"]})
+    events = tmp_path / "events.jsonl"
+    gates = ["--gsm8k-min-acc=0.9", "--gsm8k-max-unparsed=0.1"]
+    result = _run(pytester, folder, gsm8k_data, events, "--gsm8k-early-stop=certain", *gates)
+    out = output(result)
+    assert result.ret == 0, out
+    config = json.loads((pytester.path / "r.json").read_text())["configs"][0]
+    # the floor is certain after 8; min-acc (18 of 20) and max-unparsed (18 clean) after 18
+    early = config["early_stop"]
+    assert early["decided_after"] == 18
+    assert early["verdicts"] == {
+        "min-acc": "PASS",
+        "vllm-threshold": "PASS",
+        "max-unparsed": "PASS",
+    }
+    assert {g["name"]: g["passed"] for g in config["gates"]} == {
+        "Good-3B:vllm-threshold": True,
+        "Good-3B:min-acc": True,
+        "Good-3B:max-unparsed": True,
+    }
+    assert 18 <= _sent(events)["org/Good-3B"] <= 18 + CONCURRENCY
+
+
+#: the label of the baselines' protocol (both configs 0-shot)
+LABEL = "test@1_0-shot_CoT_completions_preset_vllm_extract_last-int"
+
+
+@XDIST
+def test_a_configs_baseline_gate_decides_when_it_stops(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """Against its own baseline a config stops only once the noise-aware gate is certain too
+    (an unchanged config: later than its floor alone), or as soon as it FAILs for certain."""
+    lenient = ("0.5", "0.1", '{"default": "correct"}')  # the floor: 8 of 20, certain after 8
+    folder = _configs(tmp_path / "configs", {"Alpha-1B.yaml": lenient, "Delta-3B.yaml": lenient})
+    recorded = _run(pytester, folder, gsm8k_data, tmp_path / "rec.jsonl", "--snapshot-update")
+    assert recorded.ret == 0, output(recorded)
+    assert (pytester.path / f"__snapshots__/gsm8k/Delta-3B_{LABEL}.gsm8k").exists()
+    # Delta's release turns its first 8 problems wrong: its floor still passes (12 of 20)
+    _configs(folder, {"Delta-3B.yaml": ("0.5", "0.1", '{"drop": 8}')})
+    full = _run(pytester, folder, gsm8k_data, tmp_path / "full.jsonl", *xdist)
+    assert full.ret == 1, output(full)
+    full_report = json.loads((pytester.path / "r.json").read_text())
+
+    events = tmp_path / "early.jsonl"
+    result = _run(pytester, folder, gsm8k_data, events, "--gsm8k-early-stop=certain", *xdist)
+    out = output(result)
+    assert result.ret == 1, out
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert (
+        _verdicts(report)
+        == _verdicts(full_report)
+        == {
+            "Alpha-1B": {"Alpha-1B:vllm-threshold": True, "Alpha-1B:baseline": True},
+            "Delta-3B": {"Delta-3B:vllm-threshold": True, "Delta-3B:baseline": False},
+        }
+    )
+    configs = {c["config"]["name"]: c for c in report["configs"]}
+    # unchanged: p = 0.5^k falls below 0.01 at 7 newly failing problems, so PASS is certain
+    # once at most 6 are left (after 14), whatever the order; the floor alone after 8
+    alpha = configs["Alpha-1B"]["early_stop"]
+    assert alpha["decided_after"] == 14
+    assert alpha["verdicts"] == {"vllm-threshold": "PASS", "baseline": "PASS"}
+    # Delta: FAIL is certain with 7 of its 8 wrong problems seen (in order: after 7); its
+    # floor, open then, is no FAIL
+    delta = configs["Delta-3B"]["early_stop"]
+    assert delta["verdicts"] == {"vllm-threshold": None, "baseline": "FAIL"}
+    if not xdist:
+        assert delta["decided_after"] == 7
+    gates = {g["name"]: g for g in configs["Delta-3B"]["gates"]}
+    assert gates["Delta-3B:baseline"]["rule"] == "early-stop"
+    assert "baseline verdict FAIL is certain" in gates["Delta-3B:baseline"]["detail"]
+    assert gates["Delta-3B:vllm-threshold"]["detail"] == (
+        "undecided: the config stopped early on another gate's FAIL"
+    )
+    sent = _sent(events)
+    slack = CONCURRENCY + (2 if xdist else 0)
+    assert 14 <= sent["org/Alpha-1B"] <= 14 + slack, sent
+    assert sent["org/Delta-3B"] <= delta["decided_after"] + slack, sent
+    assert "gate Delta-3B:baseline: FAIL: stopped after" in out
+    assert "Traceback" not in out
