@@ -247,3 +247,24 @@ def test_a_configs_baseline_gate_decides_when_it_stops(
     assert sent["org/Delta-3B"] <= delta["decided_after"] + slack, sent
     assert "gate Delta-3B:baseline: FAIL: stopped after" in out
     assert "Traceback" not in out
+
+
+def test_a_config_stopped_early_writes_no_baseline(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    folder = _configs(tmp_path / "configs", {"Good-3B.yaml": CONFIGS["Good-3B.yaml"]})
+    result = _run(
+        pytester,
+        folder,
+        gsm8k_data,
+        tmp_path / "events.jsonl",
+        "--gsm8k-early-stop=certain",
+        "--snapshot-update",
+    )
+    out = output(result)
+    assert result.ret == 1, out
+    assert (
+        f"gate Good-3B:baseline: FAIL: not written to __snapshots__/gsm8k/Good-3B_{LABEL}.gsm8k: "
+        "the run stopped early (--gsm8k-early-stop)"
+    ) in out
+    assert not list(pytester.path.rglob("*.gsm8k"))
