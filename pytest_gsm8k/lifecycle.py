@@ -331,7 +331,10 @@ def start_early(state: State, session: pytest.Session) -> None:
         return
     sources = state.sources
     if sources.matrix is not None:
-        sources.matrix.begin([state.plan.protocol_of(p).request(p) for p in collected])
+        repeats = state.settings.repeats
+        sources.matrix.begin(
+            [r for p in collected for r in state.plan.protocol_of(p).request(p).asks(repeats)]
+        )
         return
     if overrides_present(session):
         # each model's engine starts at its first fixture setup; an xdist worker still
@@ -419,7 +422,9 @@ def start_controller(state: State) -> AnswerServer:
 
     sources = state.sources
     if sources.matrix is not None:
-        server = AnswerServer(sources.matrix, state.plan.request_for)
+        server = AnswerServer(
+            sources.matrix, state.plan.request_for, repeats=state.settings.repeats
+        )
         server.start()
         return server
     client = sources.default_client()

@@ -614,7 +614,6 @@ CONFIG_DECIDES = {
     "split": "vLLM's configs run the test split",
     "baseline": "each config's baseline is named by the config and its protocol",
     "baseline_name": "each config's baseline is named by the config and its protocol",
-    "repeats": "calibrated per-config baselines are not supported yet",
 }
 
 

@@ -43,10 +43,13 @@ def _configs(folder: Path, delta_script: str = '{"default": "correct"}') -> Path
     return folder
 
 
-def _run(pytester: pytest.Pytester, folder: Path, data: Path, *args: str) -> pytest.RunResult:
+def _run(
+    pytester: pytest.Pytester, folder: Path, data: Path, *args: str, events: Path | None = None
+) -> pytest.RunResult:
+    extra = ("--events-file", str(events)) if events is not None else ()
     return pytester.runpytest(
         f"--gsm8k-config={folder}",
-        f"--gsm8k-serve={config_serve(data)}",
+        f"--gsm8k-serve={config_serve(data, *extra)}",
         f"--gsm8k-data={data}",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
@@ -163,3 +166,92 @@ def test_a_narrowed_config_records_its_baseline_only_when_told_it_is_partial(
     document = json.loads((pytester.path / ALPHA).read_text("utf-8"))
     assert document["partial"]["reason"].startswith("10 of the 20 problems")
     assert not (pytester.path / DELTA).exists()  # a config that did not run writes nothing
+
+
+#: a noisy server: about 30% of the problems right with chance 0.5 in every request
+NOISY = '{"noisy_rate": 0.3, "noise_seed": 5}'
+
+
+def _sent(events: Path) -> dict[str, int]:
+    """Completion requests each config's server received, by model (its stop event)."""
+    seen = [json.loads(line) for line in events.read_text().splitlines() if line]
+    models = {e["pid"]: e["model"] for e in seen if e["event"] == "start"}
+    return {models[e["pid"]]: e["completions"] for e in seen if e["event"] == "stop"}
+
+
+@XDIST
+def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """``--snapshot-update --gsm8k-repeats 5`` records each config's 5 runs per problem; a
+    later single run gates each config with the noise-aware gate against its own: an
+    unchanged config passes though its noisy problems flip, a true drop fails with its
+    stable flips listed first."""
+    from fakeserver import Script
+
+    from pytest_gsm8k.core import baseline as bl
+
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name in ("Alpha-1B", "Delta-3B"):
+        (folder / f"{name}.yaml").write_text(_config(name, NOISY), "utf-8")
+    events = tmp_path / "record.jsonl"
+    recorded = _run(
+        pytester,
+        folder,
+        gsm8k_data,
+        "--snapshot-update",
+        "--gsm8k-repeats=5",
+        *xdist,
+        events=events,
+    )
+    out = output(recorded)
+    assert recorded.ret == 0, out
+    # each config's server was asked every problem 5 times, as separate requests
+    assert _sent(events) == {"org/Alpha-1B": 100, "org/Delta-3B": 100}
+    script = Script.from_json(NOISY)
+    noisy = {f"test-{i:04d}" for i in range(20) if script.noisy(i)}
+    assert 2 <= len(noisy) <= 12
+    for path, name in ((ALPHA, "Alpha-1B"), (DELTA, "Delta-3B")):
+        document = bl.loads((pytester.path / path).read_text("utf-8"), path)
+        assert document["config"]["name"] == name
+        assert document["calibration"]["repeats"] == 5
+        problems = document["problems"]
+        assert len(problems) == 20
+        assert all(e["repeats"] == 5 for e in problems.values())
+        seen_noisy = {pid.partition(":")[2] for pid, e in problems.items() if 0 < e["correct"] < 5}
+        assert seen_noisy <= noisy  # a stable problem never looks noisy
+    report = json.loads((pytester.path / "r.json").read_text("utf-8"))
+    for config in report["configs"]:
+        assert config["repeats"]["per_problem"] == 5
+        assert config["repeats"]["answers"] == 100
+
+    # unchanged, one run per problem: each config passes its calibrated gate
+    again = _run(pytester, folder, gsm8k_data, *xdist)
+    out = output(again)
+    assert again.ret == 0, out
+    for name in ("Alpha-1B", "Delta-3B"):
+        gate = next(line for line in out.splitlines() if f"gate {name}:baseline:" in line)
+        assert "PASS: p=" in gate, out
+        assert "(noise-aware, baseline 5 runs per problem)" in gate
+    assert "noise: baseline of 5 runs per problem:" in out
+
+    # Delta's release turns 8 stable-correct problems wrong: Delta alone fails, its stable
+    # flips listed
+    drop = '{"noisy_rate": 0.3, "noise_seed": 5, "drop": 8}'
+    (folder / "Delta-3B.yaml").write_text(_config("Delta-3B", drop), "utf-8")
+    dropped = sorted(f"Delta-3B:test-{i:04d}" for i in Script.from_json(drop).dropped(20))
+    assert len(dropped) == 8
+    worse = _run(pytester, folder, gsm8k_data, *xdist)
+    out = output(worse)
+    assert worse.ret == 1, out
+    assert "gate Delta-3B:baseline: FAIL: p=" in out
+    assert "8 always-right problems failing now" in out
+    assert "gate Alpha-1B:baseline: PASS" in out
+    blocks = {
+        c["config"]["name"]: c["baseline"]
+        for c in json.loads((pytester.path / "r.json").read_text("utf-8"))["configs"]
+    }
+    assert blocks["Delta-3B"]["stable_flips"] == dropped
+    assert blocks["Delta-3B"]["repeats"] == {"baseline": 5, "run": 1}
+    assert blocks["Alpha-1B"]["stable_flips"] == []

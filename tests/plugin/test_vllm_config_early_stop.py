@@ -268,3 +268,21 @@ def test_a_config_stopped_early_writes_no_baseline(
         "the run stopped early (--gsm8k-early-stop)"
     ) in out
     assert not list(pytester.path.rglob("*.gsm8k"))
+
+
+def test_repeats_and_the_early_stop_together_stop_a_config_by_its_problems(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    """With --gsm8k-repeats 3 a problem's outcome is its most common answer's: the broken
+    config is decided after 4 problems (12 asks), and no ask of a later problem is fetched
+    beyond the concurrency."""
+    folder = _configs(tmp_path / "configs", {"Broken-1B.yaml": CONFIGS["Broken-1B.yaml"]})
+    events = tmp_path / "events.jsonl"
+    args = ("--gsm8k-early-stop=certain", "--gsm8k-repeats=3")
+    result = _run(pytester, folder, gsm8k_data, events, *args)
+    out = output(result)
+    assert result.ret == 1, out
+    config = json.loads((pytester.path / "r.json").read_text())["configs"][0]
+    assert config["early_stop"]["decided_after"] == 4
+    assert config["repeats"]["per_problem"] == 3
+    assert 12 <= _sent(events)["org/Broken-1B"] <= 12 + CONCURRENCY

@@ -210,7 +210,6 @@ def test_a_models_list_names_the_configs_in_its_order(
         (["--gsm8k-limit=3"], "--gsm8k-limit cannot be combined with --gsm8k-config: each"),
         (["--gsm8k-model=x"], "--gsm8k-model cannot be combined with --gsm8k-config"),
         (["--gsm8k-early-stop=sequential"], "--gsm8k-early-stop sequential cannot be combined"),
-        (["--gsm8k-repeats=3"], "calibrated per-config baselines are not supported yet"),
         (["--gsm8k-baseline-name=x"], "each config's baseline is named by the config"),
         (["--gsm8k-preset=lm-eval"], "every config runs --gsm8k-preset vllm"),
     ],
