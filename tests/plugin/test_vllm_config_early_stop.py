@@ -19,25 +19,33 @@ from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, out
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 #: the run's concurrency: what a config's engine may fetch ahead of the outcomes back
 CONCURRENCY = 2
+#: under xdist each worker asks for its next item as soon as it reported the last, and the
+#: controller decides on the reports: on a loaded machine the two workers ran up to 8 items
+#: past the decision before it reached the config's engine (seen: 6 to 8, 2 cores, 5 busy
+#: processes); the plain run's bound is the concurrency alone
+WORKER_SLACK = 12
 
 CONFIGS = {
-    # every answer wrong: 0.82 of 20 needs 17 correct, out of reach after 4 wrong
+    # every answer wrong: 0.82 of 20 needs 17 correct, out of reach after 4 wrong (of 40:
+    # 33, after 8)
     "Broken-1B.yaml": ("0.9", "0.08", '{"default": "wrong"}'),
-    # every answer right: 0.5 - 0.1 of 20 needs 8 correct, certain after 8
+    # every answer right: 0.5 - 0.1 of 20 needs 8 correct, certain after 8 (of 40: 16)
     "Good-3B.yaml": ("0.5", "0.1", '{"default": "correct"}'),
     # every answer right against a floor of 1.0: open until its last problem
     "Tight-7B.yaml": ("1.0", "0.0", '{"default": "correct"}'),
 }
 
 
-def _configs(folder: Path, configs: dict[str, tuple[str, str, str]] = CONFIGS) -> Path:
+def _configs(
+    folder: Path, configs: dict[str, tuple[str, str, str]] = CONFIGS, questions: int = 20
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name, (threshold, tolerance, script) in configs.items():
         (folder / name).write_text(
             f'model_name: "org/{name.removesuffix(".yaml")}"\n'
             f"accuracy_threshold: {threshold}\n"
             f"tolerance: {tolerance}\n"
-            "num_questions: 20\n"
+            f"num_questions: {questions}\n"
             "num_fewshot: 0\n"
             "env:\n"
             f"  FAKESERVER_SCRIPT: '{script}'\n",
@@ -90,12 +98,12 @@ def _table(out: str) -> dict[str, list[str]]:
 def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_full_runs(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
 ) -> None:
-    folder = _configs(tmp_path / "configs")
+    folder = _configs(tmp_path / "configs", questions=40)
     full_events = tmp_path / "full.jsonl"
     full = _run(pytester, folder, gsm8k_data, full_events, *xdist)
     assert full.ret == 1, output(full)
     full_report = json.loads((pytester.path / "r.json").read_text())
-    assert _sent(full_events) == {"org/Broken-1B": 20, "org/Good-3B": 20, "org/Tight-7B": 20}
+    assert _sent(full_events) == {"org/Broken-1B": 40, "org/Good-3B": 40, "org/Tight-7B": 40}
 
     events = tmp_path / "early.jsonl"
     early = _run(pytester, folder, gsm8k_data, events, "--gsm8k-early-stop=certain", *xdist)
@@ -113,33 +121,33 @@ def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_
         }
     )
     configs = {c["config"]["name"]: c for c in report["configs"]}
-    assert configs["Broken-1B"]["early_stop"]["decided_after"] == 4
-    assert configs["Good-3B"]["early_stop"]["decided_after"] == 8
-    assert configs["Tight-7B"]["early_stop"]["decided_after"] == 20  # open to its last
-    assert configs["Tight-7B"]["n"] == 20
+    assert configs["Broken-1B"]["early_stop"]["decided_after"] == 8
+    assert configs["Good-3B"]["early_stop"]["decided_after"] == 16
+    assert configs["Tight-7B"]["early_stop"]["decided_after"] == 40  # open to its last
+    assert configs["Tight-7B"]["n"] == 40
     # what each server was asked: the decision, plus what was under way or fetched ahead
     # (the concurrency) and, under xdist, what each worker had asked for already
     sent = _sent(events)
-    slack = CONCURRENCY + (2 if xdist else 0)
-    assert 4 <= sent["org/Broken-1B"] <= 4 + slack, sent
-    assert 8 <= sent["org/Good-3B"] <= 8 + slack, sent
-    assert sent["org/Tight-7B"] == 20
+    slack = CONCURRENCY + (WORKER_SLACK if xdist else 0)
+    assert 8 <= sent["org/Broken-1B"] <= 8 + slack, sent
+    assert 16 <= sent["org/Good-3B"] <= 16 + slack, sent
+    assert sent["org/Tight-7B"] == 40
     # servers in sequence, each stopped before the next started, the stopped ones early
     assert [e["event"] for e in _events(events)] == ["start", "stop"] * 3
     # the summary says per config that it stopped and after how many problems
     assert (
-        "early stop (certain): stopped after 4 of 20 problems: vllm-threshold verdict FAIL "
+        "early stop (certain): stopped after 8 of 40 problems: vllm-threshold verdict FAIL "
         "is certain (at most 0.8000 reachable)" in out
     )
-    assert "early stop (certain): stopped after 8 of 20 problems: vllm-threshold verdict" in out
+    assert "early stop (certain): stopped after 16 of 40 problems: vllm-threshold verdict" in out
     assert (
         "early stop (certain): not stopped early: its verdicts were open until the last of "
-        "its 20 problems" in out
+        "its 40 problems" in out
     )
     table = _table(out)
     assert table["config"][-2:] == ["stopped", "verdict"]
-    assert table["Broken-1B"][-2:] == ["4/20", "FAIL"]
-    assert table["Good-3B"][-2:] == ["8/20", "PASS"]
+    assert table["Broken-1B"][-2:] == ["8/40", "FAIL"]
+    assert table["Good-3B"][-2:] == ["16/40", "PASS"]
     assert table["Tight-7B"][-2:] == ["-", "PASS"]
     # the items left are skipped, said in one line per config (pytest folds them)
     short = out[out.index("short test summary info") :]
@@ -148,7 +156,7 @@ def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_
     assert "not run: config Broken-1B stopped early (--gsm8k-early-stop certain)" in skipped[0]
     assert "not run: config Good-3B stopped early" in skipped[1]
     counts = early.parseoutcomes()
-    assert counts["skipped"] == 60 - report["n"]
+    assert counts["skipped"] == 120 - report["n"]
     assert "Traceback" not in out
 
 
@@ -241,10 +249,10 @@ def test_a_configs_baseline_gate_decides_when_it_stops(
     assert gates["Delta-3B:vllm-threshold"]["detail"] == (
         "undecided: the config stopped early on another gate's FAIL"
     )
-    sent = _sent(events)
-    slack = CONCURRENCY + (2 if xdist else 0)
-    assert 14 <= sent["org/Alpha-1B"] <= 14 + slack, sent
-    assert sent["org/Delta-3B"] <= delta["decided_after"] + slack, sent
+    if not xdist:  # (under xdist the workers' slack is most of 20 problems: see above)
+        sent = _sent(events)
+        assert 14 <= sent["org/Alpha-1B"] <= 14 + CONCURRENCY, sent
+        assert 7 <= sent["org/Delta-3B"] <= 7 + CONCURRENCY, sent
     assert "gate Delta-3B:baseline: FAIL: stopped after" in out
     assert "Traceback" not in out
 
