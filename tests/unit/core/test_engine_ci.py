@@ -241,3 +241,15 @@ def test_preset_settings_is_what_the_option_table_applies() -> None:
         presets.preset_settings("lm-eval", shots=3)
     with pytest.raises(ValueError, match="unknown preset 'helm'"):
         presets.preset_settings("helm")
+
+
+def test_the_presets_version_names_the_recorded_script_and_is_part_of_the_identity() -> None:
+    """The vllm preset names the script it copies by content (the recording's sha256); a
+    protocol's identity carries it, so a baseline of an older copy is never compared."""
+    from pytest_gsm8k.core.prompts import Protocol
+
+    version = presets.VLLM.version
+    assert RECORDED["script_sha256"].startswith(version.rsplit(" ", 1)[1])
+    ours = Protocol(api="completions", preset="vllm", extractor="last-int")
+    assert ours.identity()["preset_version"] == version
+    assert "preset_version" not in Protocol(api="completions").identity()
