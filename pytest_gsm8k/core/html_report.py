@@ -196,7 +196,7 @@ class _Changes:
         """Sort key: failing now (ranks 0-2), newly passing (3), unchanged (4), no baseline
         (5); configs in run order within each, so a config's failures stay together."""
         rank = self.rank.get(pid, 5 if self.change.get(pid) == "none" else 4)
-        return (min(rank, 2), config, rank, index)
+        return (max(rank - 2, 0), config, rank, index)
 
 
 def _configs(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -433,7 +433,8 @@ def _configs_card(configs: list[Mapping[str, Any]]) -> str:
 
 def _baseline_cell(config: Mapping[str, Any]) -> str:
     """A config's baseline in the configs card: ``FAIL 1.0000 -> 0.6000``, ``written``, the
-    gate's word alone (a baseline refused or missing), or ``-`` without one."""
+    gate's word alone (a baseline refused or required and missing), else ``none`` (the
+    terminal's verdict table says the same)."""
     base = config.get("baseline")
     gate = _baseline_gate(config.get("gates"))
     word = ("PASS" if gate.get("passed") else "FAIL") if gate is not None else ""
@@ -444,7 +445,7 @@ def _baseline_cell(config: Mapping[str, Any]) -> str:
         return f"{word} {accuracies}".strip()
     if isinstance(base, Mapping) and base.get("written"):
         return "written"
-    return word or "-"
+    return word or "none"
 
 
 def _headline(report: Mapping[str, Any]) -> str:
