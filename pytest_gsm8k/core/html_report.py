@@ -426,7 +426,7 @@ def _configs_card(configs: list[Mapping[str, Any]]) -> str:
         "<th>floor</th><th>baseline</th><th>protocol</th></tr>"
     )
     return (
-        '<div class="card wide gates"><h2>vLLM configs (accuracy &gt;= threshold - '
+        '<div class="card full gates"><h2>vLLM configs (accuracy &gt;= threshold - '
         f"tolerance)</h2><table>{head}{''.join(rows)}</table></div>"
     )
 
