@@ -14,14 +14,18 @@ Inputs (what the plugin passes to :func:`render_html`):
   ``problems``; optional, read when present: ``interrupted``, ``early_stop`` (``mode``,
   ``alpha``, ``decided_after``, ``verdicts``, ``interval``/``bounds``, shown as given),
   ``started_at``, ``finished_at``, ``duration_s``. The min-acc mark on the axis is the
-  ``min-acc`` gate's ``threshold`` field.
+  ``min-acc`` gate's ``threshold`` field. With ``--gsm8k-config``: ``configs`` (each config's
+  report without its problems); a config's ``baseline`` block and its ``<config>:baseline``
+  gate make its comparison, shown as a single run's is, and its problems are those whose ids
+  start with ``<config>:``.
 - ``problems``: problem id -> :class:`ProblemText` (question and worked solution), which the
   JSON report does not hold; build it with :func:`problem_texts` from the loaded split.
   Fallback: a record's own ``question``/``solution`` fields, if the report ever carries them.
 - ``baseline_outcomes``: problem id -> the baseline's outcome, from the stored baseline
-  document via :func:`outcomes_from_baseline`. Fallback: a record's ``baseline_outcome``; then,
-  when every problem was compared (``baseline.shared == n``), "correct"/"not correct" derived
-  from the newly failing/passing lists.
+  document via :func:`outcomes_from_baseline` (with ``--gsm8k-config``, every config's
+  baseline's in one map: the ids carry the config's name). Fallback: a record's
+  ``baseline_outcome``; then, when every problem was compared (``baseline.shared == n``),
+  "correct"/"not correct" derived from the newly failing/passing lists.
 
 Safety: every text from the model, the data or the run is escaped. Header text goes through
 :func:`html.escape`; the problem data is embedded as JSON in a ``<script type=
@@ -184,9 +188,9 @@ class _Comparison:
 
 @dataclass(frozen=True)
 class _Changes:
-    """Per problem id: how it changed against its baseline (``failing``, ``passing``, or
-    ``none`` for a config compared with no baseline), its place in the list, and the baseline
-    outcome the flips imply."""
+    """Per problem id: how it changed against its baseline (``failing``, ``passing``; ``none``
+    for a problem of a config that was not compared with a baseline, on a page where others
+    were), its rank in the list, and the baseline outcome the flips imply."""
 
     change: dict[str, str]
     rank: dict[str, int]
