@@ -648,9 +648,10 @@ def _launch_config(state: State, name: str) -> Launched:
     it; a failure is :class:`LaunchError`, one line."""
     from pytest_gsm8k.core.identity import describe_server
     from pytest_gsm8k.runtime import serve
-    from pytest_gsm8k.runtime.client import Breaker, OpenAIClient, PreflightError, list_models
+    from pytest_gsm8k.runtime.client import Breaker, PreflightError, list_models
     from pytest_gsm8k.runtime.engine import Engine
     from pytest_gsm8k.runtime.matrix import Launched, LaunchError
+    from pytest_gsm8k.runtime.wire import WireClient
 
     settings = state.settings
     group = state.plan.group_by_name[name]
@@ -691,7 +692,8 @@ def _launch_config(state: State, name: str) -> Launched:
             f"the server does not serve {config.model_name!r} (it serves: "
             f"{_listing(state, models)})"
         )
-    client = OpenAIClient(
+    # every config runs the vllm preset: its exact bytes over aiohttp, as vLLM's script
+    client = WireClient(
         model=config.model_name,
         base_url=server.base_url,
         api_key=settings.api_key(),

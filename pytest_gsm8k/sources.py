@@ -139,6 +139,7 @@ class Sources:
     def default_client(self) -> OpenAIClient:
         """The process's one OpenAI-compatible client (the same object every time)."""
         from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
+        from pytest_gsm8k.runtime.wire import WireClient
 
         if self._client is not None:
             return self._client
@@ -152,7 +153,9 @@ class Sources:
             raise pytest.UsageError(
                 "gsm8k_model: no --gsm8k-model given and no gsm8k_model fixture override"
             )
-        self._client = OpenAIClient(
+        # the vllm preset's exact bytes go as vLLM's script sends them: over aiohttp
+        kind = WireClient if settings.preset == "vllm" else OpenAIClient
+        self._client = kind(
             model=endpoint.model,
             base_url=endpoint.base_url,
             api_key=settings.api_key(),

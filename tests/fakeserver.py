@@ -632,6 +632,7 @@ class FakeOpenAIServer:
             if self.record:
                 out["bodies"] = list(self._bodies)
                 out["raw_bodies"] = list(self._raw_bodies)
+                out["request_headers"] = list(self._headers_seen)
             return out
 
     def reset(self) -> None:
@@ -675,6 +676,8 @@ class FakeOpenAIServer:
         self._no_auth = 0
         self._bodies: list[Any] = []
         self._raw_bodies: list[str] = []
+        #: with ``record``: each completion request's headers (names as received, lowered)
+        self._headers_seen: list[dict[str, str]] = []
         self._attempts: dict[int, int] = {}
         self._sample_pos: dict[int, int] = {}
 
@@ -852,6 +855,8 @@ class FakeOpenAIServer:
             self._in_flight += 1
             if self._in_flight > self._peak:
                 self._peak = self._in_flight
+            if self.record and path.endswith("completions"):
+                self._headers_seen.append(dict(headers))
             auth = headers.get("authorization")
             if auth is None:
                 self._no_auth += 1

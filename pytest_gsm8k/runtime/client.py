@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
+from pytest_gsm8k.core.retry import MAX_RETRY_AFTER
 from pytest_gsm8k.core.types import (
     Completion,
     ModelCallable,
@@ -231,14 +232,26 @@ def _watching_transport(breaker: Breaker, limits: Any) -> Any:
     return WatchingTransport()
 
 
-#: the longest Retry-After the openai client waits for (openai 3.x: 120 s); a longer one
-#: makes it give up on the request at once
-MAX_RETRY_AFTER = 120.0
+def _openai_retry_after_limit() -> float:
+    """The longest Retry-After the installed openai client waits for (3.x: 120 s, the
+    policy :mod:`~pytest_gsm8k.core.retry` copies); a longer one makes it give up at once."""
+    try:
+        from openai._constants import MAX_RETRY_AFTER_DELAY
+
+        return float(MAX_RETRY_AFTER_DELAY)
+    except ImportError:  # pragma: no cover - another openai release
+        return MAX_RETRY_AFTER
 
 
 def _check_retry_after(breaker: Breaker, response: Any) -> None:
-    """Say once when the endpoint asks for a longer wait than the client will make."""
-    headers = response.headers
+    note_long_retry_after(
+        breaker, response.status_code, response.headers, _openai_retry_after_limit()
+    )
+
+
+def note_long_retry_after(breaker: Breaker, status: int, headers: Any, limit: float) -> None:
+    """Say once when the endpoint asks for a longer wait than the client will make (an HTTP
+    date is handled the same way by both clients: not worth a note)."""
     seconds: float | None = None
     try:
         if headers.get("retry-after-ms") is not None:
@@ -246,19 +259,12 @@ def _check_retry_after(breaker: Breaker, response: Any) -> None:
         elif headers.get("retry-after") is not None:
             seconds = float(headers["retry-after"])
     except ValueError:
-        return  # an HTTP date: the client handles it the same way; not worth a note
-    limit = MAX_RETRY_AFTER
-    try:
-        from openai._constants import MAX_RETRY_AFTER_DELAY
-
-        limit = float(MAX_RETRY_AFTER_DELAY)
-    except ImportError:  # pragma: no cover - another openai release
-        pass
+        return
     if seconds is not None and seconds > limit:
         breaker.note(
             "retry-after",
             f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP "
-            f"{response.status_code}), longer than the openai client waits ({limit:g} s): "
+            f"{status}), longer than the client waits ({limit:g} s): "
             "those requests failed without waiting",
         )
 

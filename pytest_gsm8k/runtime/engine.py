@@ -79,6 +79,12 @@ from pytest_gsm8k.runtime.client import (
     one_sample,
     refused_reply,
 )
+from pytest_gsm8k.runtime.wire import (
+    ConnectionFailure,
+    HTTPStatusFailure,
+    RequestTimeout,
+    WireFailure,
+)
 
 PLANNED, RUNNING, PARKED, DONE = "planned", "running", "parked", "done"
 
@@ -136,31 +142,53 @@ RETRIED = (408, 409, 429)
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """(one-line message, fatal?) for an exception from a model call."""
+    if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
+        return _describe_wire(exc)
     try:
         import openai
     except ImportError:  # pragma: no cover
         return f"{type(exc).__name__}: {exc}", False
-    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-        return (
-            f"the endpoint rejected the credentials (HTTP {exc.status_code}); "
-            "check the API key variable"
-        ), True
-    if isinstance(exc, openai.NotFoundError):
-        return not_found(exc), True
     if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        retried = " after retries" if status in RETRIED or status >= 500 else ""
-        return f"HTTP {status}{retried}: {_api_message(exc)}", False
+        return _describe_status(exc, exc.status_code)
     if isinstance(exc, openai.APITimeoutError):
-        return "request timed out after retries (see --gsm8k-timeout)", False
+        return TIMED_OUT, False
     if isinstance(exc, (refused_reply(), AnswerTooLarge)):
         return str(exc), False  # the message says it all
     if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__
-        detail = f" ({type(cause).__name__}: {cause})" if cause else ""
-        return f"connection failed after retries{detail}", False
+        return _connection_failed(exc), False
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
+
+
+TIMED_OUT = "request timed out after retries (see --gsm8k-timeout)"
+
+
+def _describe_wire(exc: WireFailure) -> tuple[str, bool]:
+    if isinstance(exc, HTTPStatusFailure):
+        return _describe_status(exc, exc.status_code)
+    if isinstance(exc, RequestTimeout):
+        return TIMED_OUT, False
+    if isinstance(exc, ConnectionFailure):
+        return _connection_failed(exc), False
+    return str(exc), False  # a reply refused unread: the message says it all
+
+
+def _describe_status(exc: Exception, status: int) -> tuple[str, bool]:
+    """An HTTP error reply (the openai client's or the wire client's) in one line."""
+    if status in (401, 403):
+        return (
+            f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"
+        ), True
+    if status == 404:
+        return not_found(exc), True
+    retried = " after retries" if status in RETRIED or status >= 500 else ""
+    return f"HTTP {status}{retried}: {_api_message(exc)}", False
+
+
+def _connection_failed(exc: BaseException) -> str:
+    cause = exc.__cause__
+    detail = f" ({type(cause).__name__}: {cause})" if cause else ""
+    return f"connection failed after retries{detail}"
 
 
 #: the paths the openai client appends to the base URL for a completion

@@ -495,7 +495,7 @@ def test_a_retry_after_longer_than_the_client_waits_is_reported(
     assert result.ret == 1, text  # openai gives up on a Retry-After over 120 s: errors
     lines = [line for line in text.splitlines() if "asked to wait 600 s" in line]
     assert len(lines) == 1, text
-    assert "longer than the openai client waits" in lines[0], text
+    assert "longer than the client waits" in lines[0], text
     assert sent(server) == 3
 
 
