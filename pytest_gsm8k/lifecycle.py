@@ -6,7 +6,6 @@ gates. pytest types only; no hook definitions here.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
@@ -94,7 +93,7 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
         group = plan.group_by_name.get(str(config.extra.get("config", {}).get("name")))
         if group is None or group.baseline is None:
             continue
-        split = tuple(dataclasses.replace(p, group=group.name) for p in plan.split.problems)
+        split = group.split_problems(plan.split)
         try:
             gates.apply_baseline(
                 config,

@@ -9,7 +9,7 @@ sources, the early-stop decision) lives elsewhere, owned by one object each.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -104,6 +104,11 @@ class ConfigGroup:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def split_problems(self, split: Split) -> tuple[Problem, ...]:
+        """The whole split under this config's ids: what its baseline may hold (a baseline is
+        checked against the split, not only the ``num_questions`` the config asks)."""
+        return tuple(replace(p, group=self.name) for p in split.problems)
 
 
 @dataclass(frozen=True)
