@@ -325,7 +325,8 @@ def _dropped(stored: StoredBaseline, report: Report, split: Sequence[Problem]) -
 
 
 def markdown(summary: Summary, questions: dict[str, str], html: str | None = None) -> str:
-    """The GitHub step summary: headline, gates, newly failing problems, where the page is."""
+    """The GitHub step summary: headline, gates, newly failing problems (each config's, with
+    ``--gsm8k-config``), where the page is."""
     lines = [f"### {md_text(summary.headline())}", ""]
     if html:
         lines += [
@@ -337,21 +338,38 @@ def markdown(summary: Summary, questions: dict[str, str], html: str | None = Non
     lines.append(f"Outcomes: {counts}. Model {md_code(summary.model)}, dataset {md_code(dataset)}.")
     lines.append("")
     lines += gate_table(summary.gates)
-    base: Any = summary.extra.get("baseline") or {}
-    if "stable_flips" in base:
-        lines += problem_list(
-            "Newly failing, stable (right in every baseline run)",
-            base["stable_flips"],
-            questions,
-            "see the JSON report",
-        )
-        lines += problem_list(
-            "Newly failing, noisy (right in some baseline runs)",
-            base.get("noisy_failing") or [],
-            questions,
-            "see the JSON report",
-        )
-    else:
-        failing = base.get("newly_failing") or []
-        lines += problem_list("Newly failing", failing, questions, "see the JSON report")
+    lines += failing_lists(summary.extra.get("baseline") or {}, questions)
+    for config in summary.configs:
+        name = str(config.extra.get("config", {}).get("name", config.label))
+        lines += failing_lists(config.extra.get("baseline") or {}, questions, name)
     return "\n".join(lines) + "\n"
+
+
+def failing_lists(
+    base: Mapping[str, Any], questions: Mapping[str, str], config: str = ""
+) -> list[str]:
+    """The problems failing now against a baseline block, a run's or a ``config``'s (then
+    named in each title), each list bounded like every list of the summary
+    (:data:`~pytest_gsm8k.core.markdown.LISTED`): the stable flips, then the noisy ones; or
+    the newly failing, for a block without them. Nothing when none fails."""
+
+    def title(text: str) -> str:
+        return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
+
+    rest = "see the JSON report"
+    if "stable_flips" in base:
+        return [
+            *problem_list(
+                title("newly failing, stable (right in every baseline run)"),
+                base["stable_flips"],
+                questions,
+                rest,
+            ),
+            *problem_list(
+                title("newly failing, noisy (right in some baseline runs)"),
+                base.get("noisy_failing") or [],
+                questions,
+                rest,
+            ),
+        ]
+    return problem_list(title("newly failing"), base.get("newly_failing") or [], questions, rest)

@@ -7,15 +7,16 @@ whatever fails is one line instead of a crash. How a path is written (file, devi
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_gsm8k.core.plan import RunPlan
+from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 from pytest_gsm8k.core.records import Report
+from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.state import State
 
 #: the run's outputs: key -> (the option or variable that names it, appended to)
@@ -147,18 +148,40 @@ def limit_descriptors(state: State) -> None:
 
 
 def page_html(state: State, report: Report) -> str:
-    """The run's page (``--gsm8k-html``): the baseline's outcomes beside ours."""
-    from pytest_gsm8k import gates
-    from pytest_gsm8k.core import baseline as bl
-    from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
+    """The run's page (``--gsm8k-html``): the baseline's outcomes beside ours; with
+    ``--gsm8k-config``, each config's own baseline's beside its problems (their ids carry
+    the config's name, so the outcomes of every config's baseline fit in one map)."""
+    from pytest_gsm8k.core.html_report import problem_texts, render_html
 
     plan = state.plan
-    outcomes = None
-    stored = plan.baseline
-    if stored is not None and stored.exists and not plan.update_baseline:
-        with contextlib.suppress(bl.BaselineError):
-            document = gates.check_baseline(stored, report, plan.split.problems)
-            outcomes = outcomes_from_baseline(document)
+    outcomes: dict[str, str] = {}
+    if not plan.update_baseline:
+        if plan.baseline is not None:
+            outcomes |= _baseline_outcomes(plan.baseline, report, plan.split.problems)
+        for here in report.get("configs", []):
+            config = here.get("config")
+            name = config.get("name") if isinstance(config, Mapping) else None
+            group = plan.group_by_name.get(str(name))
+            if group is not None and group.baseline is not None:
+                split = group.split_problems(plan.split)
+                outcomes |= _baseline_outcomes(group.baseline, here, split)
     # --gsm8k-config: the problems' ids carry their config's name
     problems = (*plan.split.problems, *plan.problems) if plan.groups else plan.split.problems
-    return render_html(report, problem_texts(problems), outcomes)
+    return render_html(report, problem_texts(problems), outcomes or None)
+
+
+def _baseline_outcomes(
+    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
+) -> dict[str, str]:
+    """A stored baseline's outcome per problem, when it is one this run could compare with
+    (the gate said why when it is not: the page then derives what the flips imply)."""
+    from pytest_gsm8k import gates
+    from pytest_gsm8k.core import baseline as bl
+    from pytest_gsm8k.core.html_report import outcomes_from_baseline
+
+    if not stored.exists:
+        return {}
+    try:
+        return outcomes_from_baseline(gates.check_baseline(stored, here, split))
+    except bl.BaselineError:
+        return {}

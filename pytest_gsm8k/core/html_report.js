@@ -9,6 +9,7 @@
   var list = document.getElementById("rows");
   var fOutcome = document.getElementById("f-outcome");
   var fChange = document.getElementById("f-change");
+  var fConfig = document.getElementById("f-config");  /* --gsm8k-config: one config's rows */
   var fSearch = document.getElementById("f-search");
   var fCount = document.getElementById("f-count");
   var rows = [];
@@ -97,11 +98,11 @@
     var right = add(body, "section", "answer");
     var verdicts = add(right, "p", "verdicts");
     add(verdicts, "span", "badge o-" + p.o, "now: " + p.o);
-    if (data.baseline) {
+    if (data.baseline && p.ch !== "none") {
       add(verdicts, "span", "badge o-" + (p.b || "none").replace(/\s+/g, "-"),
         "baseline: " + (p.b || "not in baseline"));
     }
-    if (p.ch) add(verdicts, "span", "flag " + p.ch, "newly " + p.ch);
+    if (p.ch && p.ch !== "none") add(verdicts, "span", "flag " + p.ch, "newly " + p.ch);
     var ex = add(right, "p");
     add(ex, "b", null, "extracted ");
     add(ex, "span", "num", p.x === null || p.x === undefined ? "none" : p.x);
@@ -138,7 +139,8 @@
     slots[i++].textContent = p.id;
     slots[i].className = "badge o-" + p.o;
     slots[i++].textContent = p.o;
-    if (data.baseline) slots[i++].textContent = p.b ? "was " + p.b : "new";
+    /* "none": a config compared with no baseline (--gsm8k-config), so nothing to say */
+    if (data.baseline) slots[i++].textContent = p.ch === "none" ? "" : p.b ? "was " + p.b : "new";
     slots[i++].textContent = "gold " + num(p.g) + " \u00b7 got " + num(p.x);
     slots[i].textContent = snippet(p.q || p.r, 150);
     return row;
@@ -149,12 +151,17 @@
     if (row.open && !row.filled && byRow.has(row)) fill(row, byRow.get(row));
   }, true);
 
-  var GROUP_TITLES = { failing: "Newly failing", passing: "Newly passing", "": "Unchanged" };
+  var GROUP_TITLES = {
+    failing: "Newly failing", passing: "Newly passing", "": "Unchanged", none: "No baseline"
+  };
   var frag = document.createDocumentFragment();
   var group = null;
+  /* one group per change, and per config under --gsm8k-config (its rows come in run order) */
   data.problems.forEach(function (p) {
-    if (data.baseline && (!group || group.key !== p.ch)) {
-      group = { key: p.ch, el: el("h3", "group g-" + (p.ch || "same")), total: 0, visible: 0 };
+    var key = p.ch + "\u0000" + (p.c || "");
+    if (data.baseline && (!group || group.key !== key)) {
+      group = { key: key, ch: p.ch, c: p.c, el: el("h3", "group g-" + (p.ch || "same")),
+        total: 0, visible: 0 };
       groups.push(group);
       frag.appendChild(group.el);
     }
@@ -164,7 +171,9 @@
     frag.appendChild(row);
     rows.push({ p: p, el: row, g: group });
   });
-  groups.forEach(function (g) { g.el.textContent = GROUP_TITLES[g.key] + " (" + g.total + ")"; });
+  groups.forEach(function (g) {
+    g.el.textContent = GROUP_TITLES[g.ch] + (g.c ? ": " + g.c : "") + " (" + g.total + ")";
+  });
   list.appendChild(frag);
 
   function haystack(p) {
@@ -179,6 +188,7 @@
     var t = performance.now();
     var o = fOutcome.value;
     var c = fChange ? fChange.value : "all";
+    var cf = fConfig ? fConfig.value : "all";
     var q = fSearch.value.trim().toLowerCase();
     var shown = 0;
     groups.forEach(function (g) { g.visible = 0; });
@@ -186,6 +196,7 @@
       var p = rows[i].p;
       var ok = (o === "all" || (o === "notcorrect" ? p.o !== "correct" : p.o === o)) &&
         (c === "all" || (c === "same" ? !p.ch : p.ch === c)) &&
+        (cf === "all" || p.c === cf) &&
         (!q || haystack(p).indexOf(q) >= 0);
       if (rows[i].el.hidden === ok) rows[i].el.hidden = !ok;
       if (ok) {
@@ -201,6 +212,7 @@
 
   fOutcome.addEventListener("change", apply);
   if (fChange) fChange.addEventListener("change", apply);
+  if (fConfig) fConfig.addEventListener("change", apply);
   fSearch.addEventListener("input", apply);
   var report = {
     timings: { parseMs: parsedMs, buildMs: performance.now() - t0, readyAt: 0, lastFilterMs: 0 },

@@ -14,14 +14,18 @@ Inputs (what the plugin passes to :func:`render_html`):
   ``problems``; optional, read when present: ``interrupted``, ``early_stop`` (``mode``,
   ``alpha``, ``decided_after``, ``verdicts``, ``interval``/``bounds``, shown as given),
   ``started_at``, ``finished_at``, ``duration_s``. The min-acc mark on the axis is the
-  ``min-acc`` gate's ``threshold`` field.
+  ``min-acc`` gate's ``threshold`` field. With ``--gsm8k-config``: ``configs`` (each config's
+  report without its problems); a config's ``baseline`` block and its ``<config>:baseline``
+  gate make its comparison, shown as a single run's is, and its problems are those whose ids
+  start with ``<config>:``.
 - ``problems``: problem id -> :class:`ProblemText` (question and worked solution), which the
   JSON report does not hold; build it with :func:`problem_texts` from the loaded split.
   Fallback: a record's own ``question``/``solution`` fields, if the report ever carries them.
 - ``baseline_outcomes``: problem id -> the baseline's outcome, from the stored baseline
-  document via :func:`outcomes_from_baseline`. Fallback: a record's ``baseline_outcome``; then,
-  when every problem was compared (``baseline.shared == n``), "correct"/"not correct" derived
-  from the newly failing/passing lists.
+  document via :func:`outcomes_from_baseline` (with ``--gsm8k-config``, every config's
+  baseline's in one map: the ids carry the config's name). Fallback: a record's
+  ``baseline_outcome``; then, when every problem was compared (``baseline.shared == n``),
+  "correct"/"not correct" derived from the newly failing/passing lists.
 
 Safety: every text from the model, the data or the run is escaped. Header text goes through
 :func:`html.escape`; the problem data is embedded as JSON in a ``<script type=
@@ -42,10 +46,10 @@ import html
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 from urllib.parse import urlsplit, urlunsplit
 
 from pytest_gsm8k.core.dataset import describe_subset
@@ -113,24 +117,19 @@ def render_html(
 ) -> str:
     """The whole page as one string (inline CSS, JS, SVG and data; no external resource)."""
     texts = problems or {}
-    base = report.get("baseline") if isinstance(report.get("baseline"), Mapping) else None
-    compared = base is not None and "shared" in base
-    failing = [str(i) for i in (base or {}).get("newly_failing") or []]
-    passing = [str(i) for i in (base or {}).get("newly_passing") or []]
-    # the regressions worth reading first: problems right in every baseline run that fail
-    # now, then the noisy ones failing, then any other change
-    stable = [str(i) for i in (base or {}).get("stable_flips") or []]
-    noisy = [str(i) for i in (base or {}).get("noisy_failing") or []]
     records = list(report.get("problems") or [])
-    derived = _derived_baseline(report, records, failing, passing) if compared else {}
-    rank = (
-        {pid: 3 for pid in passing}
-        | {pid: 2 for pid in failing}
-        | {pid: 1 for pid in noisy}
-        | {pid: 0 for pid in stable}
+    configs = _configs(report)
+    comparisons = _comparisons(report)
+    compared = bool(comparisons)
+    changes = _changes(comparisons, records, matrix=bool(configs))
+    position = {_config_name(c): i for i, c in enumerate(configs)}
+    ordered = sorted(
+        records,
+        key=lambda r: changes.order(
+            str(r.get("id")), position.get(_config_of(str(r.get("id"))), 0), _int(r.get("index"))
+        ),
     )
-    ordered = sorted(records, key=lambda r: (rank.get(str(r.get("id")), 4), _int(r.get("index"))))
-    rows = [_row(r, texts, baseline_outcomes or {}, derived, failing, passing) for r in ordered]
+    rows = [_row(r, texts, baseline_outcomes or {}, changes) for r in ordered]
     rule_names = list(report.get("rules") or {})
     for r in records:
         rule_names += [k for k in (r.get("rules") or {}) if k not in rule_names]
@@ -157,8 +156,8 @@ def render_html(
             '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
             f"style-src 'unsafe-inline'; script-src 'sha256-{digest}'\">",
             f"<title>{_e(title)}</title><style>{_asset('html_report.css')}</style></head><body>",
-            _header(report, compared),
-            _toolbar(report, compared),
+            _header(report, comparisons),
+            _toolbar(report, comparisons),
             '<div id="rows" aria-live="polite"></div>',
             '<noscript><p class="note">The problem list needs JavaScript; the JSON report holds '
             "the same data.</p></noscript></main>",
@@ -169,6 +168,109 @@ def render_html(
     return escape_surrogates(page)
 
 
+# -- the baseline comparisons: a single run's, or each config's (--gsm8k-config) ---------------
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """One baseline comparison the page shows: the run's, or one config's."""
+
+    #: the config's name; "" for a single run
+    config: str
+    #: the report's baseline block (``shared``, ``newly_failing``, ...)
+    base: Mapping[str, Any]
+    #: its baseline gate's record, when the gate gave a verdict
+    gate: Mapping[str, Any] | None
+
+    def ids(self, key: str) -> list[str]:
+        return [str(i) for i in self.base.get(key) or []]
+
+
+@dataclass(frozen=True)
+class _Changes:
+    """Per problem id: how it changed against its baseline (``failing``, ``passing``; ``none``
+    for a problem of a config that was not compared with a baseline, on a page where others
+    were), its rank in the list, and the baseline outcome the flips imply."""
+
+    change: dict[str, str]
+    rank: dict[str, int]
+    derived: dict[str, str]
+
+    def order(self, pid: str, config: int, index: int) -> tuple[int, int, int, int]:
+        """Sort key: failing now (ranks 0-2), newly passing (3), unchanged (4), no baseline
+        (5); configs in run order within each, so a config's failures stay together."""
+        rank = self.rank.get(pid, 5 if self.change.get(pid) == "none" else 4)
+        return (max(rank - 2, 0), config, rank, index)
+
+
+def _configs(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
+
+
+def _config_name(config: Mapping[str, Any]) -> str:
+    return str((config.get("config") or {}).get("name", ""))
+
+
+def _config_of(pid: str) -> str:
+    """The config a problem id belongs to (``Qwen3:test-0042``); "" outside --gsm8k-config."""
+    return pid.rpartition(":")[0]
+
+
+def _baseline_gate(gates: Any) -> Mapping[str, Any] | None:
+    """The baseline gate among ``gates`` (``baseline``, or ``<config>:baseline``)."""
+    for g in gates or []:
+        if isinstance(g, Mapping) and str(g.get("name", "")).rpartition(":")[2] == "baseline":
+            return g
+    return None
+
+
+def _compared(base: object) -> TypeGuard[Mapping[str, Any]]:
+    """A baseline block of a comparison (not of a baseline just written)."""
+    return isinstance(base, Mapping) and "shared" in base
+
+
+def _comparisons(report: Mapping[str, Any]) -> list[_Comparison]:
+    """The run's comparison with its baseline, or each config's with its own, in run order."""
+    configs = _configs(report)
+    if not configs:
+        base = report.get("baseline")
+        if not _compared(base):
+            return []
+        return [_Comparison("", base, _baseline_gate(report.get("gates")))]
+    return [
+        _Comparison(_config_name(c), c["baseline"], _baseline_gate(c.get("gates")))
+        for c in configs
+        if _compared(c.get("baseline"))
+    ]
+
+
+def _changes(comparisons: list[_Comparison], records: list[Any], *, matrix: bool) -> _Changes:
+    """The regressions worth reading first: problems right in every baseline run that fail
+    now, then the noisy ones failing, then any other newly failing, then newly passing, then
+    the rest; a config with no comparison (none, or written now) last."""
+    change: dict[str, str] = {}
+    rank: dict[str, int] = {}
+    derived: dict[str, str] = {}
+    for c in comparisons:
+        failing, passing = c.ids("newly_failing"), c.ids("newly_passing")
+        own = [r for r in records if _config_of(str(r.get("id"))) == c.config]
+        derived |= _derived_baseline(c.base, own, failing, passing)
+        change |= {pid: "passing" for pid in passing} | {pid: "failing" for pid in failing}
+        rank |= (
+            {pid: 3 for pid in passing}
+            | {pid: 2 for pid in failing}
+            | {pid: 1 for pid in c.ids("noisy_failing")}
+            | {pid: 0 for pid in c.ids("stable_flips")}
+        )
+    if matrix and comparisons:
+        names = {c.config for c in comparisons}
+        for r in records:
+            pid = str(r.get("id"))
+            if _config_of(pid) not in names:
+                change[pid] = "none"
+    return _Changes(change, rank, derived)
+
+
 # -- data for the page's script ----------------------------------------------------------------
 
 
@@ -176,9 +278,7 @@ def _row(
     r: Mapping[str, Any],
     texts: Mapping[str, ProblemText],
     base_given: Mapping[str, str],
-    derived: Mapping[str, str],
-    failing: Sequence[str],
-    passing: Sequence[str],
+    changes: _Changes,
 ) -> dict[str, Any]:
     """One problem in the short keys the page's script reads (see html_report.js)."""
     pid = str(r.get("id"))
@@ -192,13 +292,12 @@ def _row(
         samples.append(sample)
     if samples and samples[0].get("t") == response:
         del samples[0]["t"]
-    change = "failing" if pid in failing else "passing" if pid in passing else ""
-    return {
+    row = {
         "i": r.get("index"),
         "id": pid,
         "o": r.get("outcome"),
-        "b": base_given.get(pid) or r.get("baseline_outcome") or derived.get(pid),
-        "ch": change,
+        "b": base_given.get(pid) or r.get("baseline_outcome") or changes.derived.get(pid),
+        "ch": changes.change.get(pid, ""),
         "g": r.get("gold"),
         "x": r.get("extracted"),
         "q": text.question if text else str(r.get("question") or ""),
@@ -213,13 +312,16 @@ def _row(
         "note": r.get("note"),
         "u": r.get("usage") or {},
     }
+    if _config_of(pid):
+        row["c"] = _config_of(pid)
+    return row
 
 
 def _derived_baseline(
-    report: Mapping[str, Any], records: list[Any], failing: list[str], passing: list[str]
+    base: Mapping[str, Any], records: list[Any], failing: list[str], passing: list[str]
 ) -> dict[str, str]:
     """Baseline correctness implied by the comparison, when every problem was compared."""
-    if (report.get("baseline") or {}).get("shared") != len(records):
+    if base.get("shared") != len(records):
         return {}
     out = {}
     for r in records:
@@ -239,7 +341,7 @@ def _script_json(data: Any) -> str:
 # -- the header ----------------------------------------------------------------------------
 
 
-def _header(report: Mapping[str, Any], compared: bool) -> str:
+def _header(report: Mapping[str, Any], comparisons: list[_Comparison]) -> str:
     gates = [g for g in report.get("gates") or [] if isinstance(g, Mapping)]
     counts = {str(k): _int(v) for k, v in (report.get("counts") or {}).items()}
     failed = [g for g in gates if not g.get("passed")]
@@ -271,8 +373,9 @@ def _header(report: Mapping[str, Any], compared: bool) -> str:
     parts.append('<section class="cards">')
     parts.append(_gates_card(gates))
     parts.append(_run_card(report))
-    if compared:
-        parts.append(_baseline_card(report["baseline"]))
+    configs = _configs(report)
+    if comparisons and not configs:
+        parts.append(_baseline_card(comparisons[0]))
     elif isinstance(report.get("baseline"), Mapping):
         written = report["baseline"]
         parts.append(
@@ -282,12 +385,14 @@ def _header(report: Mapping[str, Any], compared: bool) -> str:
     if isinstance(early, Mapping) and early:
         parts.append(_early_card(early))
     parts.append('</section><section class="cards charts">')
-    configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     if configs:  # --gsm8k-config: each config's accuracy; the pooled counts mean nothing
         parts.append(_configs_card(configs))
         parts.append(_outcome_card(counts))
+        if comparisons:  # each config against its own baseline, as a single run's card
+            parts.append('</section><section class="cards">')
+            parts.extend(_baseline_card(c) for c in comparisons)
     else:
-        parts.append(_accuracy_card(report, compared))
+        parts.append(_accuracy_card(report, bool(comparisons)))
         parts.append(_outcome_card(counts))
         if report.get("pass_at_k"):
             parts.append(_pass_at_card(report["pass_at_k"]))
@@ -298,7 +403,8 @@ def _header(report: Mapping[str, Any], compared: bool) -> str:
 
 def _configs_card(configs: list[Mapping[str, Any]]) -> str:
     """--gsm8k-config: one row per config: its model, n, accuracy with its interval, the
-    floor vLLM's rule needs (threshold - tolerance), the verdict and its protocol."""
+    floor vLLM's rule needs (threshold - tolerance), its baseline (the gate's word and the
+    baseline's accuracy before this run's), the verdict and its protocol."""
     rows = []
     for c in configs:
         config = c.get("config") or {}
@@ -316,16 +422,34 @@ def _configs_card(configs: list[Mapping[str, Any]]) -> str:
             f"{'PASS' if passed else 'FAIL'}</span></td><th>{_e(config.get('name'))}</th>"
             f"<td>{_e(c.get('model'))}</td><td>{_int(c.get('n'))}</td><td>{_e(accuracy)}</td>"
             f"<td>{_e(_fmt(floor) if floor is not None else '-')}</td>"
+            f"<td>{_e(_baseline_cell(c))}</td>"
             f"<td>{_e((c.get('protocol') or {}).get('label', ''))}</td></tr>"
         )
     head = (
         "<tr><td></td><th>config</th><th>model</th><th>n</th><th>accuracy, 95% interval</th>"
-        "<th>floor</th><th>protocol</th></tr>"
+        "<th>floor</th><th>baseline</th><th>protocol</th></tr>"
     )
     return (
-        '<div class="card wide gates"><h2>vLLM configs (accuracy &gt;= threshold - '
+        '<div class="card full gates"><h2>vLLM configs (accuracy &gt;= threshold - '
         f"tolerance)</h2><table>{head}{''.join(rows)}</table></div>"
     )
+
+
+def _baseline_cell(config: Mapping[str, Any]) -> str:
+    """A config's baseline in the configs card: ``FAIL 1.0000 -> 0.6000``, ``written``, the
+    gate's word alone (a baseline refused or required and missing), else ``none`` (the
+    terminal's verdict table says the same)."""
+    base = config.get("baseline")
+    gate = _baseline_gate(config.get("gates"))
+    word = ("PASS" if gate.get("passed") else "FAIL") if gate is not None else ""
+    if _compared(base):
+        accuracies = (
+            f"{_fmt(base.get('baseline_accuracy'))} \u2192 {_fmt(base.get('current_accuracy'))}"
+        )
+        return f"{word} {accuracies}".strip()
+    if isinstance(base, Mapping) and base.get("written"):
+        return "written"
+    return word or "none"
 
 
 def _headline(report: Mapping[str, Any]) -> str:
@@ -401,7 +525,11 @@ def _time_line(report: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _baseline_card(base: Mapping[str, Any]) -> str:
+def _baseline_card(comparison: _Comparison) -> str:
+    """A comparison with its baseline: the gate's verdict (rule, p-value, threshold), the
+    accuracy before and now, the flips and what the noise-aware gate sees. One card for a
+    single run, one per config with --gsm8k-config."""
+    base = comparison.base
     low, high = [*(base.get("difference_ci95") or []), 0.0, 0.0][:2]
     where = (
         f"on the {base.get('shared')} problems shared with the baseline's "
@@ -409,8 +537,11 @@ def _baseline_card(base: Mapping[str, Any]) -> str:
         if base.get("subset")
         else f"on {base.get('shared')} problems"
     )
-    items = [
-        ("file", str(base.get("path", ""))),
+    gate = comparison.gate
+    items = [("file", str(base.get("path", "")))]
+    if gate is not None:
+        items.append(("gate", f"{gate.get('rule')}: {gate.get('detail')}"))
+    items += [
         (
             "accuracy",
             f"{_fmt(base.get('baseline_accuracy'))} \u2192 "
@@ -452,7 +583,15 @@ def _baseline_card(base: Mapping[str, Any]) -> str:
             ),
         ]
     dl = "".join(f"<dt>{k}</dt><dd>{_e(v)}</dd>" for k, v in items)
-    return f'<div class="card baseline"><h2>Against the baseline</h2><dl>{dl}</dl></div>'
+    title = (
+        f"{_e(comparison.config)}: against its baseline"
+        if comparison.config
+        else ("Against the baseline")
+    )
+    if gate is not None:
+        word = "PASS" if gate.get("passed") else "FAIL"
+        title += f' <span class="badge {word.lower()}">{word}</span>'
+    return f'<div class="card baseline"><h2>{title}</h2><dl>{dl}</dl></div>'
 
 
 def _early_line(early: Mapping[str, Any]) -> str:
@@ -645,20 +784,27 @@ def _rules_card(report: Mapping[str, Any]) -> str:
     )
 
 
-def _toolbar(report: Mapping[str, Any], compared: bool) -> str:
+def _toolbar(report: Mapping[str, Any], comparisons: list[_Comparison]) -> str:
     counts = report.get("counts") or {}
     options = "".join(
         f'<option value="{_e(o)}">{_e(o)} ({_int(counts.get(o))})</option>' for o in OUTCOME_COLOURS
     )
     change = ""
-    if compared:
-        base = report["baseline"]
+    if comparisons:
+        failing = sum(len(c.ids("newly_failing")) for c in comparisons)
+        passing = sum(len(c.ids("newly_passing")) for c in comparisons)
         change = (
             '<label>change <select id="f-change"><option value="all">all</option>'
-            f'<option value="failing">newly failing ({len(base.get("newly_failing") or [])})'
-            f'</option><option value="passing">newly passing '
-            f"({len(base.get('newly_passing') or [])})</option>"
+            f'<option value="failing">newly failing ({failing})</option>'
+            f'<option value="passing">newly passing ({passing})</option>'
             '<option value="same">unchanged</option></select></label>'
+        )
+    configs = [_config_name(c) for c in _configs(report)]
+    if len(configs) > 1:
+        change += (
+            '<label>config <select id="f-config"><option value="all">all</option>'
+            + "".join(f'<option value="{_e(name)}">{_e(name)}</option>' for name in configs)
+            + "</select></label>"
         )
     return (
         '<div class="toolbar"><h2>Problems</h2><label>outcome <select id="f-outcome">'

@@ -114,13 +114,13 @@ def score_response(
     pattern: re.Pattern[str] | None = None,
 ) -> ProblemRecord:
     """Score every sample with every rule, then decide the problem's outcome."""
+    # what each rule counts as right, the answer text read once (rule_gold's last-int)
     label = rule_gold("last-int", problem.answer, problem.gold)
+    golds = {rule: label if rule == "last-int" else problem.gold for rule in RULES}
     scores = [score_text(c.text, problem.gold, pattern, label) for c in response.completions]
     gated = protocol.extractor
     decided = gated if gated in RULES else "strict"
-    decision, correct, votes = _decide(
-        protocol, scores, decided, rule_gold(decided, problem.answer, problem.gold)
-    )
+    decision, correct, votes = _decide(protocol, scores, decided, golds[decided])
     truncated = [
         c.finish_reason == "length" or cut_while_reasoning(c) for c in response.completions
     ]
@@ -133,10 +133,7 @@ def score_response(
         outcome = "truncated" if any(truncated) else "unparsed"
     else:
         outcome = "wrong"
-    rules = {
-        rule: _decide(protocol, scores, rule, rule_gold(rule, problem.answer, problem.gold))[1]
-        for rule in RULES
-    }
+    rules = {rule: _decide(protocol, scores, rule, golds[rule])[1] for rule in RULES}
     shown = format_number(decision)
     if protocol.preset == "lm-eval":
         # lm-eval's own filters and string match, labelled by its names; strict-match gates

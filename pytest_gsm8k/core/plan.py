@@ -8,9 +8,8 @@ sources, the early-stop decision) lives elsewhere, owned by one object each.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -112,9 +111,9 @@ class ConfigGroup:
         return ToleranceFloor(self.name, self.config.accuracy_threshold, self.config.tolerance)
 
     def split_problems(self, split: Split) -> tuple[Problem, ...]:
-        """``split``'s problems under this config's ids (``<config>:test-0001``): what its
-        baseline's problem set is checked against."""
-        return tuple(dataclasses.replace(p, group=self.name) for p in split.problems)
+        """The whole split under this config's ids: what its baseline may hold (a baseline is
+        checked against the split, not only the ``num_questions`` the config asks)."""
+        return tuple(replace(p, group=self.name) for p in split.problems)
 
 
 @dataclass(frozen=True)

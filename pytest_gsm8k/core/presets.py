@@ -192,7 +192,9 @@ VLLM_SOURCE = "vllm-project/vllm tests/evals/gsm8k/gsm8k_eval.py"
 VLLM = PresetSpec(
     name="vllm",
     harness="vLLM's GSM8K CI (gsm8k_eval.py)",
-    version=f"{VLLM_SOURCE} (2026; see docs/protocols.md)",
+    # the newest script the reference index held on 2026-12-05, named by its content (the
+    # index gave no commit; its completions bodies equal commit 03e09605's): docs/protocols.md
+    version=f"{VLLM_SOURCE} sha256 80aa6cb3f9aa4c3c",
     shots=5,
     fewshot_seed=None,
     fewshot_source="train, the first N in file order (vLLM gsm8k_eval.py)",

@@ -106,6 +106,13 @@ class Protocol:
         }
         if self.params:  # absent without params: baselines recorded before them still match
             identity["params"] = self.params_dict()
+        if self.preset is not None:
+            # which release of the peer's script the preset copies: a preset brought up to a
+            # new release is a new protocol, whose numbers are not compared with the old one's
+            from pytest_gsm8k.core.presets import PRESETS
+
+            spec = PRESETS.get(self.preset)
+            identity["preset_version"] = spec.version if spec is not None else None
         return identity
 
     def request(self, problem: Problem) -> Request:

@@ -313,6 +313,11 @@ def _single_number(content: str) -> Decimal | None:
     return None
 
 
+#: digit runs up to this long are read without ``ast.literal_eval`` (which reads them the
+#: same way: Python's int literal; its limit on digits is 4300)
+_PLAIN_DIGITS = 4000
+
+
 def last_int(text: str) -> Decimal | None:
     """vLLM's ``get_answer_value`` on a response: ``None`` where it returns ``INVALID``.
 
@@ -325,8 +330,11 @@ def last_int(text: str) -> Decimal | None:
     final = deque(_DIGITS_RE.finditer(text.replace(",", "")), maxlen=1)
     if not final:
         return None
+    digits = final[0].group(0)
+    if digits.isascii() and len(digits) <= _PLAIN_DIGITS and (digits[0] != "0" or digits == "0"):
+        return Decimal(int(digits))  # what literal_eval gives for these, 20x faster
     try:
-        value = ast.literal_eval(final[0].group(0))
+        value = ast.literal_eval(digits)
     except (SyntaxError, ValueError, MemoryError):
         return None
     return Decimal(value) if isinstance(value, int) else None

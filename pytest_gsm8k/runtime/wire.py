@@ -119,6 +119,9 @@ class WireClient(OpenAIClient):
                     headers=headers,
                     auto_decompress=False,
                     timeout=aiohttp.ClientTimeout(total=self._timeout),
+                    # proxies from the environment (HTTPS_PROXY, NO_PROXY), as the openai
+                    # client's httpx takes them: the same endpoint is reached the same way
+                    trust_env=True,
                 )
             return self._session
 

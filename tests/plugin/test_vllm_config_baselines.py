@@ -1,17 +1,23 @@
 """--gsm8k-config with baselines: ``--snapshot-update`` records one baseline per config (named
 by the config and its protocol), a later run gates each config against its own with the
-noise-aware gate beside vLLM's rule, and one config's baseline never gates another.
+noise-aware gate beside vLLM's rule, and one config's baseline never gates another. The page
+and the Markdown summary show each config's comparison and its changed problems.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
+from browser import NEEDS_CHROMIUM, Browser
 from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, output
+
+from pytest_gsm8k.runtime.data import load_split
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 REPORT_SCHEMA = json.loads(
@@ -23,13 +29,13 @@ ALPHA = f"__snapshots__/gsm8k/Alpha-1B_{LABEL}.gsm8k"
 DELTA = f"__snapshots__/gsm8k/Delta-3B_{LABEL}.gsm8k"
 
 
-def _config(model: str, script: str) -> str:
+def _config(model: str, script: str, questions: int = 20) -> str:
     # vLLM's rule is lenient here (0.5 - 0.1): a drop the baseline gate sees may pass it
     return (
         f'model_name: "org/{model}"\n'
         "accuracy_threshold: 0.5\n"
         "tolerance: 0.1\n"
-        "num_questions: 20\n"
+        f"num_questions: {questions}\n"
         "num_fewshot: 2\n"
         "env:\n"
         f"  FAKESERVER_SCRIPT: '{script}'\n"
@@ -255,3 +261,144 @@ def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
     assert blocks["Delta-3B"]["stable_flips"] == dropped
     assert blocks["Delta-3B"]["repeats"] == {"baseline": 5, "run": 1}
     assert blocks["Alpha-1B"]["stable_flips"] == []
+
+
+def _regressed_matrix(
+    pytester: pytest.Pytester, data: Path, folder: Path, xdist: list[str]
+) -> pytest.RunResult:
+    """Baselines recorded for Alpha (test-0003 wrong then) and Delta (60 problems, all right);
+    then Alpha answers all 20 (one newly passing), Delta turns 55 of its 60 wrong, and
+    Gamma, a config added since, has no baseline. The run writes page.html and summary.md."""
+    folder.mkdir(parents=True)
+
+    def write(name: str, script: str, questions: int = 20) -> None:
+        (folder / f"{name}.yaml").write_text(_config(name, script, questions), "utf-8")
+
+    write("Alpha-1B", '{"behaviours": {"3": "wrong"}}')
+    write("Delta-3B", '{"default": "correct"}', 60)
+    recorded = _run(pytester, folder, data, "--snapshot-update", *xdist)
+    assert recorded.ret == 0, output(recorded)
+    write("Alpha-1B", '{"default": "correct"}')
+    write("Delta-3B", '{"drop": 55}', 60)
+    write("Gamma-7B", '{"default": "correct"}')
+    outputs = ("--gsm8k-html=page.html", "--gsm8k-markdown=summary.md")
+    return _run(pytester, folder, data, *outputs, *xdist)
+
+
+def _embedded(page: str) -> dict[str, Any]:
+    found = re.search(r'<script type="application/json" id="gsm8k-data">(.*?)</script>', page)
+    assert found, "the page holds no data block"
+    return dict(json.loads(found.group(1)))
+
+
+def _ids(config: str, indexes: range | list[int]) -> list[str]:
+    return [f"{config}:test-{i:04d}" for i in indexes]
+
+
+@XDIST
+def test_the_page_and_the_markdown_show_each_configs_comparison(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    result = _regressed_matrix(pytester, gsm8k_data, tmp_path / "configs", xdist)
+    out = output(result)
+    assert result.ret == 1, out
+    assert "gate Delta-3B:baseline: FAIL" in out
+    assert "gate Alpha-1B:baseline: PASS" in out
+    page = (pytester.path / "page.html").read_text("utf-8")
+
+    # one card per compared config: the gate's verdict and rule, the accuracy before and now
+    assert 'Delta-3B: against its baseline <span class="badge fail">FAIL</span>' in page
+    assert 'Alpha-1B: against its baseline <span class="badge pass">PASS</span>' in page
+    assert "Gamma-7B: against its baseline" not in page
+    assert "<dt>gate</dt><dd>noise-aware: p=" in page
+    assert "&lt; --gsm8k-alpha 0.01 (exact McNemar): 55 always-right problems failing now" in page
+    assert "1.0000 \u2192 0.0833 on 60 problems" in page
+    assert "0.9500 \u2192 1.0000 on 20 problems" in page
+    assert "55 stable flips (listed first), 0 noisy" in page
+    # the configs card: each config's baseline column, as the terminal's table says it
+    assert "<td>FAIL 1.0000 \u2192 0.0833</td>" in page
+    assert "<td>PASS 0.9500 \u2192 1.0000</td>" in page
+    assert "<td>none</td>" in page  # Gamma
+    assert 'newly failing (55)</option><option value="passing">newly passing (1)' in page
+    assert '<select id="f-config">' in page
+
+    # the problems: Delta's newly failing first, Alpha's newly passing, then the unchanged,
+    # config by config, and Gamma's (no baseline) last
+    rows = _embedded(page)["problems"]
+    assert [r["id"] for r in rows] == [
+        *_ids("Delta-3B", range(55)),
+        "Alpha-1B:test-0003",
+        *_ids("Alpha-1B", [i for i in range(20) if i != 3]),
+        *_ids("Delta-3B", range(55, 60)),
+        *_ids("Gamma-7B", range(20)),
+    ]
+    by_id = {r["id"]: r for r in rows}
+    assert [by_id[i]["ch"] for i in ("Delta-3B:test-0000", "Alpha-1B:test-0003")] == [
+        "failing",
+        "passing",
+    ]
+    assert {by_id[i]["ch"] for i in _ids("Gamma-7B", range(20))} == {"none"}
+    assert {by_id[i]["ch"] for i in _ids("Delta-3B", range(55, 60))} == {""}
+    # the baseline's own outcome, read from the config's file (the flips alone would say
+    # "not correct"); none for a config without a baseline
+    assert by_id["Alpha-1B:test-0003"]["b"] == "wrong"
+    assert by_id["Delta-3B:test-0000"]["b"] == "correct"
+    assert by_id["Gamma-7B:test-0000"]["b"] is None
+    assert by_id["Delta-3B:test-0000"]["c"] == "Delta-3B"
+
+    # the Markdown: each config's newly failing problems, bounded like a single run's list
+    markdown = (pytester.path / "summary.md").read_text("utf-8")
+    assert markdown.startswith("### gsm8k vLLM configs: 2 of 3 pass")
+    title = "**Delta-3B: newly failing, stable (right in every baseline run) (55):**"
+    assert title in markdown
+    listed = markdown[markdown.index(title) :].split("\n\n")[1].splitlines()
+    question = " ".join(load_split(None).problems[0].question.split())[:40]
+    assert listed[0].startswith(f"- `Delta-3B:test-0000`: {question}")
+    assert len(listed) == 51
+    assert listed[-1] == "- ... and 5 more (see the JSON report)"
+    assert "Delta-3B: newly failing, noisy" not in markdown  # no noisy problem fails
+    assert "Alpha-1B: newly failing" not in markdown
+    assert "Gamma-7B: newly failing" not in markdown
+
+
+@NEEDS_CHROMIUM
+def test_the_matrix_page_in_chromium(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, browser: Browser
+) -> None:
+    result = _regressed_matrix(pytester, gsm8k_data, tmp_path / "configs", [])
+    assert result.ret == 1, output(result)
+    browser.open((pytester.path / "page.html").as_uri())
+    assert browser.evaluate("document.documentElement.dataset.ready") == "100"
+    groups = "[...document.querySelectorAll('#rows > h3')].filter(e => !e.hidden)"
+    assert browser.evaluate(f"{groups}.map(e => e.textContent)") == [
+        "Newly failing: Delta-3B (55)",
+        "Newly passing: Alpha-1B (1)",
+        "Unchanged: Alpha-1B (19)",
+        "Unchanged: Delta-3B (5)",
+        "No baseline: Gamma-7B (20)",
+    ]
+    # one config's rows alone, then its newly failing ones
+    browser.evaluate(
+        "(() => { const e = document.getElementById('f-config'); e.value = 'Alpha-1B'; "
+        "e.dispatchEvent(new Event('change')); })()"
+    )
+    assert browser.evaluate("document.getElementById('f-count').textContent") == "20 of 100 shown"
+    assert browser.evaluate(f"{groups}.length") == 2
+    browser.evaluate(
+        "(() => { const e = document.getElementById('f-change'); e.value = 'passing'; "
+        "e.dispatchEvent(new Event('change')); })()"
+    )
+    shown = "[...document.querySelectorAll('#rows > details')].filter(e => !e.hidden)"
+    assert browser.evaluate(f"{shown}.map(e => e.id)") == ["p-Alpha-1B:test-0003"]
+    row = "document.getElementById('p-Alpha-1B:test-0003')"
+    browser.evaluate(f"{row}.open = true")
+    browser.evaluate("new Promise(r => setTimeout(r, 50))")
+    text = browser.evaluate(f"{row}.textContent")
+    assert "baseline: wrong" in text
+    assert "newly passing" in text
+    # a config with no baseline says nothing of one
+    gamma = "document.getElementById('p-Gamma-7B:test-0000')"
+    browser.evaluate(f"{gamma}.open = true")
+    browser.evaluate("new Promise(r => setTimeout(r, 50))")
+    assert "baseline" not in browser.evaluate(f"{gamma}.textContent")
+    assert browser.errors() == []

@@ -138,6 +138,37 @@ def test_last_int_is_get_answer_value(case: dict[str, Any]) -> None:
     assert value == (None if case["value"] == INVALID else Decimal(case["value"]))
 
 
+def _literal_last_int(text: str) -> Decimal | None:
+    """last_int the slow way: every digit run through ``ast.literal_eval``, as vLLM reads it."""
+    import ast
+    import re
+
+    runs = re.findall(r"\d+", text.replace(",", ""))
+    if not runs:
+        return None
+    try:
+        value = ast.literal_eval(runs[-1])
+    except (SyntaxError, ValueError, MemoryError):
+        return None
+    return Decimal(value) if isinstance(value, int) else None
+
+
+def test_last_ints_fast_path_reads_what_literal_eval_reads() -> None:
+    """Plain ASCII digit runs skip literal_eval; leading zeros, other scripts' digits and
+    runs near Python's 4300-digit limit still go through it, with the same answers."""
+    import random
+
+    edges = ["0", "00", "007", "10", "1" * 3999, "1" * 4000, "1" * 4001, "1" * 4300, "1" * 4301]
+    edges += ["\u0663", "12\u0663", "x 5 y 0012", "-3", "a1,234b", "1,2", "0,5"]
+    rnd = random.Random(7)
+    texts = edges + [
+        "".join(rnd.choice("0123456789 ,a-.\u0663") for _ in range(rnd.randint(0, 14)))
+        for _ in range(5000)
+    ]
+    for text in texts:
+        assert last_int(text) == _literal_last_int(text), text[:40]
+
+
 @pytest.mark.parametrize("name", [n for n, run in RUNS.items() if "answers" in run])
 def test_scripts_accuracy_recomputed_with_last_int(
     name: str, test_problems: tuple[Problem, ...]
@@ -210,3 +241,15 @@ def test_preset_settings_is_what_the_option_table_applies() -> None:
         presets.preset_settings("lm-eval", shots=3)
     with pytest.raises(ValueError, match="unknown preset 'helm'"):
         presets.preset_settings("helm")
+
+
+def test_the_presets_version_names_the_recorded_script_and_is_part_of_the_identity() -> None:
+    """The vllm preset names the script it copies by content (the recording's sha256); a
+    protocol's identity carries it, so a baseline of an older copy is never compared."""
+    from pytest_gsm8k.core.prompts import Protocol
+
+    version = presets.VLLM.version
+    assert RECORDED["script_sha256"].startswith(version.rsplit(" ", 1)[1])
+    ours = Protocol(api="completions", preset="vllm", extractor="last-int")
+    assert ours.identity()["preset_version"] == version
+    assert "preset_version" not in Protocol(api="completions").identity()

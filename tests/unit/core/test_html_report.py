@@ -397,3 +397,44 @@ def test_a_run_with_no_answers_has_no_accuracy_drawn() -> None:
     page = render_html(report)
     assert "no answers: 3 errors, so no accuracy" in page
     assert 'aria-label="accuracy' not in page  # no chart with a 0.0000 point
+
+
+def test_a_configs_baseline_written_refused_or_missing_says_so_and_compares_nothing() -> None:
+    """--gsm8k-config: a config whose baseline was written now, refused or absent has no
+    comparison card and no changed rows; the configs table says which it was."""
+
+    def config(name: str, baseline: dict[str, Any] | None, gate: bool | None) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "config": {"name": name},
+            "model": f"org/{name}",
+            "n": 2,
+            "accuracy": 0.5,
+            "ci95": [0.1, 0.9],
+            "protocol": {"label": f"{name}: test@1"},
+            "gates": []
+            if gate is None
+            else [{"name": f"{name}:baseline", "rule": "baseline", "passed": gate, "detail": "x"}],
+        }
+        if baseline is not None:
+            entry["baseline"] = baseline
+        return entry
+
+    records = [
+        {**_record(i, "correct"), "id": f"{name}:test-{i:04d}"}
+        for name in ("A", "B", "C")
+        for i in range(2)
+    ]
+    configs = [
+        config("A", {"path": "a.gsm8k", "written": True, "partial": False}, None),
+        config("B", None, False),  # refused: the gate's FAIL says why, no block
+        config("C", None, None),  # none: a note in the terminal
+    ]
+    page = render_html(_report(records, configs=configs))
+    cells = re.findall(r"<td>(written|FAIL|none)</td>", page)
+    assert cells == ["written", "FAIL", "none"]
+    assert "against its baseline" not in page
+    assert 'id="f-change"' not in page
+    data = _embedded(page)
+    assert data["baseline"] is False
+    assert {p["ch"] for p in data["problems"]} == {""}
+    assert [p["c"] for p in data["problems"]] == ["A", "A", "B", "B", "C", "C"]
