@@ -404,12 +404,18 @@ def _header(report: Mapping[str, Any], comparisons: list[_Comparison]) -> str:
 def _configs_card(configs: list[Mapping[str, Any]]) -> str:
     """--gsm8k-config: one row per config: its model, n, accuracy with its interval, the
     floor vLLM's rule needs (threshold - tolerance), its baseline (the gate's word and the
-    baseline's accuracy before this run's), the verdict and its protocol."""
+    baseline's accuracy before this run's), with --gsm8k-early-stop after how many of its
+    problems it stopped, the verdict and its protocol."""
     rows = []
+    early = any(isinstance(c.get("early_stop"), Mapping) for c in configs)
     for c in configs:
         config = c.get("config") or {}
         gates = [g for g in c.get("gates") or [] if isinstance(g, Mapping)]
-        floor = next((g.get("threshold") for g in gates if g.get("rule") == "vllm-threshold"), None)
+        # the floor gate by its name: decided by an early stop, its rule is "early-stop"
+        floor = next(
+            (g.get("threshold") for g in gates if str(g.get("name")).endswith(":vllm-threshold")),
+            None,
+        )
         passed = all(g.get("passed") for g in gates)
         low, high = [*(c.get("ci95") or []), None, None][:2]
         accuracy = (
@@ -423,16 +429,30 @@ def _configs_card(configs: list[Mapping[str, Any]]) -> str:
             f"<td>{_e(c.get('model'))}</td><td>{_int(c.get('n'))}</td><td>{_e(accuracy)}</td>"
             f"<td>{_e(_fmt(floor) if floor is not None else '-')}</td>"
             f"<td>{_e(_baseline_cell(c))}</td>"
-            f"<td>{_e((c.get('protocol') or {}).get('label', ''))}</td></tr>"
+            + (f"<td>{_e(_stopped_cell(c.get('early_stop')))}</td>" if early else "")
+            + f"<td>{_e((c.get('protocol') or {}).get('label', ''))}</td></tr>"
         )
     head = (
         "<tr><td></td><th>config</th><th>model</th><th>n</th><th>accuracy, 95% interval</th>"
-        "<th>floor</th><th>baseline</th><th>protocol</th></tr>"
+        "<th>floor</th><th>baseline</th>"
+        + ("<th>stopped</th>" if early else "")
+        + "<th>protocol</th></tr>"
     )
     return (
         '<div class="card full gates"><h2>vLLM configs (accuracy &gt;= threshold - '
         f"tolerance)</h2><table>{head}{''.join(rows)}</table></div>"
     )
+
+
+def _stopped_cell(early: object) -> str:
+    """A config's early stop in the configs card: ``after 8 of 40``, or ``-`` when it ran
+    every problem (the terminal's ``stopped`` column says the same)."""
+    if not isinstance(early, Mapping):
+        return "-"
+    after, total = early.get("decided_after"), early.get("n_total")
+    if isinstance(after, int) and isinstance(total, int) and after < total:
+        return f"after {after} of {total}"
+    return "-"
 
 
 def _baseline_cell(config: Mapping[str, Any]) -> str:

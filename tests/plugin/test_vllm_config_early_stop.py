@@ -106,7 +106,15 @@ def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_
     assert _sent(full_events) == {"org/Broken-1B": 40, "org/Good-3B": 40, "org/Tight-7B": 40}
 
     events = tmp_path / "early.jsonl"
-    early = _run(pytester, folder, gsm8k_data, events, "--gsm8k-early-stop=certain", *xdist)
+    early = _run(
+        pytester,
+        folder,
+        gsm8k_data,
+        events,
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-html=page.html",
+        *xdist,
+    )
     out = output(early)
     assert early.ret == full.ret, out
     report = json.loads((pytester.path / "r.json").read_text())
@@ -149,6 +157,14 @@ def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_
     assert table["Broken-1B"][-2:] == ["8/40", "FAIL"]
     assert table["Good-3B"][-2:] == ["16/40", "PASS"]
     assert table["Tight-7B"][-2:] == ["-", "PASS"]
+    # the page's configs card: each config's floor, and after how many problems it stopped
+    page = (pytester.path / "page.html").read_text()
+    card = page[page.index("vLLM configs (accuracy") :]
+    assert "<th>stopped</th>" in card
+    assert "<th>Broken-1B</th><td>org/Broken-1B</td>" in card
+    for floor, stopped in (("0.8200", "after 8 of 40"), ("0.4000", "after 16 of 40")):
+        assert f"<td>{floor}</td><td>none</td><td>{stopped}</td>" in card
+    assert "<td>1.0000</td><td>none</td><td>-</td>" in card
     # the items left are skipped, said in one line per config (pytest folds them)
     short = out[out.index("short test summary info") :]
     skipped = [line for line in short.splitlines() if line.startswith("SKIPPED")]
