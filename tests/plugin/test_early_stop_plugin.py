@@ -236,9 +236,11 @@ def test_a_users_callable_stops_being_called_once_decided(
     ids = calls.read_text().split()
     assert len(ids) == len(set(ids))  # none twice
     # decided after 198; what was in flight or prefetched (concurrency 8 in all) may finish,
-    # and under xdist a worker may run a few more items before the controller's word reaches
-    # it (measured 204-207); without the word each worker ran all it held (562 calls)
-    assert 198 <= len(ids) <= 198 + 8 + 8, len(ids)
+    # and under xdist a worker runs more items until the controller has read their reports
+    # and its word reaches it: the user's model answers at once, so the overshoot is however
+    # many items fit in that lag (204-207 on a quiet machine, 218 once in CI's -n auto run
+    # on 2 cores). Without the word each worker ran all it held (562 calls).
+    assert 198 <= len(ids) <= 198 + 8 + 48, len(ids)
     data = report(pytester.path / "r.json")
     assert data["early_stop"]["decided_after"] == 198
     assert data["counts"]["error"] == 0
