@@ -139,6 +139,37 @@ def deselected_by(config: pytest.Config) -> str:
     return ", ".join(named) or "the test ids or paths given"
 
 
+#: xdist controller: the head start (:meth:`AnswerServer.head_start`) is this many rounds of
+#: --gsm8k-concurrency requests, about the workers' start-up at a fast endpoint's latency
+HEAD_START_ROUNDS = 4
+
+
+def head_start_limit(config: pytest.Config, concurrency: int) -> int:
+    """xdist controller: how many requests of its own plan it may send before a worker
+    offers one (0: none).
+
+    Only while nothing visible at session start says the workers will collect other
+    items than the plan's: no -k, no -m but ``gsm8k``, no --deselect, --lf or stepwise, no
+    test ids, no collect-only or setup plan (a conftest ``gsm8k_model`` override is
+    checked by the caller). What stays invisible (a test module's own override, a
+    conftest that deselects) costs at most this many requests, never an outcome.
+    """
+    option = config.option
+    filtered = (
+        getattr(option, "keyword", "")
+        or (getattr(option, "markexpr", "") or "").strip() not in ("", "gsm8k")
+        or getattr(option, "deselect", None)
+        or getattr(option, "lf", False)
+        or getattr(option, "stepwise", False)
+        or getattr(option, "stepwise_skip", False)
+        or getattr(option, "collectonly", False)
+        or getattr(option, "setupplan", False)
+        or getattr(option, "setuponly", False)
+        or any("::" in str(arg) for arg in config.args)
+    )
+    return 0 if filtered else HEAD_START_ROUNDS * max(1, concurrency)
+
+
 def early_stop_for(state: State) -> EarlyStop | None:
     """The run's :class:`EarlyStop` (``--gsm8k-early-stop``), or None with nothing to decide.
 
@@ -411,12 +442,13 @@ def warm_engine(state: State) -> None:
     engine.loop.call_soon_threadsafe(client.warm)
 
 
-def start_controller(state: State) -> AnswerServer:
+def start_controller(state: State, head_start: int = 0) -> AnswerServer:
     """xdist controller: one engine for the plugin's own client, served to the workers.
 
     The engine starts importing the HTTP client now, while xdist starts the
-    workers; it sends nothing until a worker offers its plan (a run whose
-    tests all override the model never asks).
+    workers, and sends the first ``head_start`` requests of the plan
+    (:func:`head_start_limit`); the rest waits until a worker offers its plan
+    (a run whose tests all override the model asks for nothing more).
     """
     from pytest_gsm8k.runtime.answers import AnswerServer
 
@@ -432,6 +464,8 @@ def start_controller(state: State) -> AnswerServer:
     engine.loop.call_soon_threadsafe(client.warm)
     server = AnswerServer(engine, state.plan.request_for, repeats=state.settings.repeats)
     server.start()
+    if head_start:
+        server.head_start([p.id for p in state.plan.run_order], head_start)
     return server
 
 

@@ -177,6 +177,27 @@ class AnswerServer:
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shutdown(), self.engine.loop).result(5)
 
+    def head_start(self, problem_ids: list[str], limit: int) -> int:
+        """Begin fetching the first of ``problem_ids`` (the controller's own plan, in run
+        order) before any worker has offered its plan; returns how many requests started.
+
+        Why: an xdist worker offers its plan only once it has started, imported and
+        collected (about half a second, CPU-bound on a small machine), and until then the
+        endpoint idles; the controller already knows the plan. At most ``limit`` requests
+        are sent on this guess: should the workers collect other items after all (a
+        ``gsm8k_model`` override inside a test module, a conftest that deselects), that is
+        all that was asked for nothing. Answers are only ever delivered for a worker's
+        ``get``, so a guess never changes an outcome; the workers' offers add the rest.
+        """
+        asks: list[Request] = []
+        for problem_id in problem_ids:
+            if len(asks) >= limit:
+                break
+            asks.extend(self._asks(problem_id)[: limit - len(asks)])
+        if asks:
+            self.engine.start(asks)
+        return len(asks)
+
     def planned_ids(self) -> set[str] | None:
         """The problems the workers offered, all plans together; None until one offered.
 
