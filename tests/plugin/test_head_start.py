@@ -47,7 +47,9 @@ def _completions(server: FakeOpenAIServer) -> int:
     return int(server.stats()["requests_by_path"].get("/v1/chat/completions", 0))
 
 
-def _run(pytester: pytest.Pytester, server: FakeOpenAIServer, data: Path, *extra: str):
+def _run(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, data: Path, *extra: str
+) -> pytest.RunResult:
     return pytester.runpytest(
         "-n",
         "2",
