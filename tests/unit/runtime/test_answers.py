@@ -404,3 +404,38 @@ def test_each_repeat_is_its_own_ask_on_the_channel(tmp_path: Path) -> None:
         server.close()
         engine.close()
     assert sorted(client.order) == sorted(f"p{i}#{r}" for i in range(2) for r in range(3))
+
+
+def test_a_head_start_fetches_at_most_its_limit_in_order_and_an_offer_adds_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The controller's guess before any plan: the first ``limit`` asks (repeats counted),
+    in the order given; the worker's offer then adds what is left, nothing twice."""
+
+    class Counting(Scripted):
+        async def complete(self, request: Request) -> ModelResponse:
+            self.order.append(f"{request.problem_id}#{request.repeat}")
+            return ModelResponse(completions=[Completion(text="#### 1")])
+
+    client = Counting()
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    known = _requests(4)
+    server = AnswerServer(engine, known.get, repeats=2)
+    address = server.start()
+    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    try:
+        assert server.head_start(["p2", "p0", "p1", "p3"], 3) == 3
+        assert wait_until(lambda: len(client.order) == 3, 5)
+        time.sleep(0.05)  # anything beyond the limit would be sent by now
+        assert client.order == ["p2#0", "p2#1", "p0#0"]
+        assert server.planned_ids() is None  # a guess is not a worker's plan
+        remote.offer(list(known))
+        for ask in known["p3"].asks(2):
+            assert remote.result(ask).completions[0].text == "#### 1"
+        assert wait_until(lambda: len(client.order) == 8, 5)
+    finally:
+        remote.close()
+        server.close()
+        engine.close()
+    assert sorted(client.order) == sorted(f"p{i}#{r}" for i in range(4) for r in range(2))
+    assert server.head_start(["zz"], 5) == 0  # a problem the run does not know: nothing
