@@ -11,6 +11,7 @@ files, never a wall clock: waits are bounded by short ``--gsm8k-stall-timeout``,
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -173,13 +174,23 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
+        env={**os.environ, "TMPDIR": str(pytester.path / "tmp"), "PYTHONUNBUFFERED": "1"},
     )
     try:
+        head = ""
+        if xdist:
+            # the controller's head start has requests in flight while xdist still starts
+            # the workers: the signal is for a run whose test loop is under way
+            assert proc.stdout is not None
+            while not re.search(r"\d+ workers \[\d+ items\]", head):
+                line = proc.stdout.readline()
+                assert line, head
+                head += line
         wait_until(lambda: server.stats()["in_flight"] >= 20, 60, interval=0.02)
         assert server.stats()["in_flight"] == 20
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
+        out = head + out
     finally:
         if proc.poll() is None:
             proc.kill()
