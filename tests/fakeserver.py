@@ -628,6 +628,7 @@ class FakeOpenAIServer:
                 "auth_headers": list(self._auth_seen),
                 "requests_without_auth": self._no_auth,
                 "killed": self._killed,
+                "proxied": dict(self._proxied),
             }
             if self.record:
                 out["bodies"] = list(self._bodies)
@@ -678,6 +679,8 @@ class FakeOpenAIServer:
         self._raw_bodies: list[str] = []
         #: with ``record``: each completion request's headers (names as received, lowered)
         self._headers_seen: list[dict[str, str]] = []
+        #: requests that came as a forward proxy gets them (absolute-form targets), by host
+        self._proxied: dict[str, int] = {}
         self._attempts: dict[int, int] = {}
         self._sample_pos: dict[int, int] = {}
 
@@ -781,6 +784,13 @@ class FakeOpenAIServer:
                     return
                 body = await reader.readexactly(length) if length else b""
 
+            if target.startswith(("http://", "https://")):
+                # absolute-form (RFC 9112 3.2.2): a client sent it here as to a proxy; served
+                # as if for this server, and counted by the host it named
+                host, _, rest = target.partition("://")[2].partition("/")
+                target = "/" + rest
+                with self._lock:
+                    self._proxied[host] = self._proxied.get(host, 0) + 1
             path, _, query = target.partition("?")
             resp = await self._dispatch(method, path, headers, body, query)
             if self._killed and not resp.kill_after:

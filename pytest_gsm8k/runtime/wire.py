@@ -88,6 +88,20 @@ class ReplyRefused(WireFailure):
     Never retried: asking again fetches the same reply."""
 
 
+def env_proxy(endpoint: str) -> tuple[Any, Any]:
+    """The proxy the environment names for ``endpoint`` (``HTTPS_PROXY``/``HTTP_PROXY``,
+    ``NO_PROXY`` honoured, as openai's httpx reads them) and its credentials, or
+    ``(None, None)``: read once per client, not once per request."""
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    try:
+        proxy, auth = get_env_proxy_for_url(URL(endpoint))
+    except (LookupError, ValueError):
+        return None, None
+    return proxy, auth
+
+
 class WireClient(OpenAIClient):
     """An OpenAI-compatible endpoint for requests with exact bytes (:attr:`Request.wire`).
 
@@ -100,6 +114,9 @@ class WireClient(OpenAIClient):
         super().__init__(**kwargs)
         self._session: Any = None
         self._session_lock = threading.Lock()
+        #: the proxy for the endpoint (and its credentials), read from the environment once
+        self._proxy: Any = None
+        self._proxy_auth: Any = None
 
     def warm(self) -> Any:
         """The aiohttp session, made now if it was not yet (on the engine's loop: aiohttp
@@ -114,14 +131,17 @@ class WireClient(OpenAIClient):
                 }
                 if self._api_key:
                     headers["Authorization"] = f"Bearer {self._api_key}"
+                self._proxy, self._proxy_auth = env_proxy(self.endpoint)
                 self._session = aiohttp.ClientSession(
                     connector=aiohttp.TCPConnector(limit=self._concurrency),
                     headers=headers,
                     auto_decompress=False,
                     timeout=aiohttp.ClientTimeout(total=self._timeout),
-                    # proxies from the environment (HTTPS_PROXY, NO_PROXY), as the openai
-                    # client's httpx takes them: the same endpoint is reached the same way
-                    trust_env=True,
+                    # not trust_env: it reads ~/.netrc and the proxy variables again for
+                    # every request, each on a thread of its own, and a netrc entry for the
+                    # host makes every request with a key fail (Basic auth beside Bearer);
+                    # openai's httpx takes the proxy from the environment and no netrc
+                    trust_env=False,
                 )
             return self._session
 
@@ -160,7 +180,9 @@ class WireClient(OpenAIClient):
         import aiohttp
 
         try:
-            async with session.post(url, data=payload) as response:
+            async with session.post(
+                url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth
+            ) as response:
                 self.breaker.success()
                 if response.status in (429, 503):
                     note_long_retry_after(

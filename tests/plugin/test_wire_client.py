@@ -234,3 +234,48 @@ def test_the_request_carries_the_scripts_headers_and_the_key_only_when_set(
         assert TEST_KEY not in output(result)
     finally:
         keyless.stop()
+
+
+UPSTREAM = "gsm8k-upstream.invalid"  # never resolves (RFC 6761): reached only through a proxy
+
+
+@XDIST
+def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    keyed_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+    xdist: list[str],
+) -> None:
+    """HTTP_PROXY is honoured as openai's httpx honours it (the fake server takes the
+    proxied requests), NO_PROXY too; a ~/.netrc entry for the host is not read (with it,
+    aiohttp's trust_env added Basic auth beside the key and every request failed)."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.port}")
+    netrc = pytester.path / "netrc"
+    netrc.write_text(f"machine {UPSTREAM} login someone password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    run = [
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url=http://{UPSTREAM}/v1",
+        *NO_EXTRA_PLUGINS,
+        *xdist,
+        PRESET,
+        "--gsm8k-limit=4",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    ]
+    result = pytester.runpytest(*run)
+    assert result.ret == 0, output(result)
+    assert set(outcomes(report(pytester)).values()) == {"correct"}
+    stats = server.stats()
+    assert stats["proxied"] == {UPSTREAM: 1 + 4}  # GET /models, then each problem
+    assert stats["auth_headers"] == [f"Bearer {TEST_KEY}"]
+    monkeypatch.setenv("NO_PROXY", UPSTREAM)
+    server.reset()
+    result = pytester.runpytest(*run)
+    assert result.ret != 0
+    assert server.stats()["requests_total"] == 0  # not through the proxy: nowhere
+    assert f"{UPSTREAM}" in output(result)
