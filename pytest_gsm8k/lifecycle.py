@@ -140,19 +140,22 @@ def deselected_by(config: pytest.Config) -> str:
 
 
 #: xdist controller: the head start (:meth:`AnswerServer.head_start`) is this many rounds of
-#: --gsm8k-concurrency requests, about the workers' start-up at a fast endpoint's latency
+#: the engine's concurrency, about the workers' start-up at a fast endpoint's latency, and
+#: never more than :data:`HEAD_START_MAX` requests
 HEAD_START_ROUNDS = 4
+HEAD_START_MAX = 256
 
 
-def head_start_limit(config: pytest.Config, concurrency: int) -> int:
-    """xdist controller: how many requests of its own plan it may send before a worker
-    offers one (0: none).
+def head_start_allowed(config: pytest.Config) -> bool:
+    """xdist controller: whether it may send requests of its own plan before a worker
+    offers one.
 
     Only while nothing visible at session start says the workers will collect other
-    items than the plan's: no -k, no -m but ``gsm8k``, no --deselect, --lf or stepwise, no
-    test ids, no collect-only or setup plan (a conftest ``gsm8k_model`` override is
-    checked by the caller). What stays invisible (a test module's own override, a
-    conftest that deselects) costs at most this many requests, never an outcome.
+    items than the plan's, or ask another model: no -k, no -m but ``gsm8k``, no
+    --deselect, --lf or stepwise, no test ids, no collect-only or setup plan, no conftest
+    or plugin with its own ``gsm8k_model`` or ``gsm8k_protocol``. What stays invisible
+    (a test module's own fixture, a conftest hook that deselects) costs at most the head
+    start's requests, never an outcome.
     """
     option = config.option
     filtered = (
@@ -167,7 +170,7 @@ def head_start_limit(config: pytest.Config, concurrency: int) -> int:
         or getattr(option, "setuponly", False)
         or any("::" in str(arg) for arg in config.args)
     )
-    return 0 if filtered else HEAD_START_ROUNDS * max(1, concurrency)
+    return not filtered and not plugins_define(config)
 
 
 def early_stop_for(state: State) -> EarlyStop | None:
@@ -442,13 +445,13 @@ def warm_engine(state: State) -> None:
     engine.loop.call_soon_threadsafe(client.warm)
 
 
-def start_controller(state: State, head_start: int = 0) -> AnswerServer:
+def start_controller(state: State, head_start: bool = False) -> AnswerServer:
     """xdist controller: one engine for the plugin's own client, served to the workers.
 
     The engine starts importing the HTTP client now, while xdist starts the
-    workers, and sends the first ``head_start`` requests of the plan
-    (:func:`head_start_limit`); the rest waits until a worker offers its plan
-    (a run whose tests all override the model asks for nothing more).
+    workers and, with ``head_start`` (:func:`head_start_allowed`), sends the first
+    requests of the plan; the rest waits until a worker offers its plan (a run whose
+    tests all override the model asks for nothing more).
     """
     from pytest_gsm8k.runtime.answers import AnswerServer
 
@@ -465,7 +468,8 @@ def start_controller(state: State, head_start: int = 0) -> AnswerServer:
     server = AnswerServer(engine, state.plan.request_for, repeats=state.settings.repeats)
     server.start()
     if head_start:
-        server.head_start([p.id for p in state.plan.run_order], head_start)
+        limit = min(HEAD_START_ROUNDS * engine.concurrency, HEAD_START_MAX)
+        server.head_start([p.id for p in state.plan.run_order], limit)
     return server
 
 

@@ -52,7 +52,7 @@ from pytest_gsm8k.lifecycle import (
     config_early_stop_for,
     defines_fixture,
     early_stop_for,
-    head_start_limit,
+    head_start_allowed,
     limit_note,
     model_overridden,
     plugins_define,
@@ -228,7 +228,7 @@ class StatePlugin:
             endpoint = preflight(state, endpoint)
         state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
         if session.config.pluginmanager.has_plugin("dsession"):
-            ahead = 0 if overridden else head_start_limit(session.config, settings.concurrency)
+            ahead = not overridden and head_start_allowed(session.config)
             state.sources.use_answer_server(start_controller(state, ahead))
         elif not overridden and not (
             session.config.option.collectonly or getattr(session.config.option, "setupplan", False)

@@ -112,7 +112,7 @@ class AnswerEngine(Protocol):
     @property
     def lookahead(self) -> int | None: ...
 
-    def start(self, requests: list[Request]) -> None: ...
+    def start(self, requests: list[Request], *, guess: bool = False) -> None: ...
 
     async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse: ...
 
@@ -189,13 +189,17 @@ class AnswerServer:
         all that was asked for nothing. Answers are only ever delivered for a worker's
         ``get``, so a guess never changes an outcome; the workers' offers add the rest.
         """
+        if self.engine.lookahead is not None:
+            # an early stop bounds what is fetched ahead of the asks: guessed answers the
+            # workers ask for late (another order) or never would fill that bound
+            return 0
         asks: list[Request] = []
         for problem_id in problem_ids:
             if len(asks) >= limit:
                 break
             asks.extend(self._asks(problem_id)[: limit - len(asks)])
         if asks:
-            self.engine.start(asks)
+            self.engine.start(asks, guess=True)
         return len(asks)
 
     def planned_ids(self) -> set[str] | None:

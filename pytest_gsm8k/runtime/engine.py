@@ -235,6 +235,9 @@ class Job:
     wanted: bool = False  # the test thread waits for it (loop thread only)
     queued: bool = False  # in the loop's run-order list (loop thread only)
     consumed: bool = False  # a test (or the answer server) asked for it (loop thread only)
+    #: planned on a guess (the xdist controller's head start) and not yet by a plan or an
+    #: ask: its failure is its own and decides nothing for the run (loop thread only)
+    guess: bool = False
 
 
 class Engine:
@@ -291,6 +294,8 @@ class Engine:
         self.from_cache = 0
         self.by_request: dict[Request, Job] = {}  # test thread only
         self._jobs: list[Job] = []  # loop thread only, in run order
+        self._planned = False  # loop thread only: a plan (not a guess) or an ask came
+        self._holding = False  # loop thread only: parked answers wait for a real plan
         self._scan = 0
         self._priority: deque[Job] = deque()
         self._loop = asyncio.new_event_loop()
@@ -328,10 +333,17 @@ class Engine:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
 
-    def start(self, requests: list[Request]) -> None:
-        """Plan and begin fetching ``requests`` in this order."""
+    def start(self, requests: list[Request], *, guess: bool = False) -> None:
+        """Plan and begin fetching ``requests`` in this order.
+
+        ``guess``: requests nobody has planned yet (the xdist controller's head start).
+        Until a real plan or an ask arrives, answers from an earlier run's cache stay
+        parked (only a fresh reply of this run can vouch for them, and a guess may be all
+        that is fetched for a while), and a guessed request's failure is only its own:
+        it aborts nothing (a conftest may have deselected it for the very reason it fails).
+        """
         jobs = [self._new_job(request) for request in requests]
-        self._loop.call_soon_threadsafe(self._plan, jobs, False)
+        self._loop.call_soon_threadsafe(self._plan, jobs, False, guess)
 
     def _new_job(self, request: Request) -> Job:
         job = self.by_request.get(request)
@@ -400,8 +412,13 @@ class Engine:
         if job is None:
             job = self._new_job(request)
             self._plan([job], True)
-        elif not job.future.done():
-            self._want(job)
+        else:
+            job.guess = False  # asked for: no longer a guess
+            if self._holding:  # an ask before any plan: what is parked may go now
+                self._planned, self._holding = True, False
+                self._kick()
+            if not job.future.done():
+                self._want(job)
         if consume:
             self._consume(job)
         return await asyncio.wrap_future(job.future)
@@ -507,11 +524,19 @@ class Engine:
 
     # -- loop side: scheduling ------------------------------------------------
 
-    def _plan(self, jobs: list[Job], wanted: bool) -> None:
+    def _plan(self, jobs: list[Job], wanted: bool, guess: bool = False) -> None:
         for job in jobs:
             if not job.queued:
                 job.queued = True
+                job.guess = guess
                 self._jobs.append(job)
+            elif not guess:
+                job.guess = False
+        if guess:
+            self._holding = self._holding or not self._planned
+        else:
+            self._planned = True
+            self._holding = False
         if self.aborted is not None:
             self._fail_unfinished(EndpointAborted(self.aborted))
             return
@@ -571,7 +596,7 @@ class Engine:
         while True:
             job = self._next_job()
             if job is None:
-                if self._parked and self._busy == 0:
+                if self._parked and self._busy == 0 and not self._holding:
                     self._release_parked()  # nothing else is being asked: no reply to wait for
                     continue
                 self._wake.clear()
@@ -608,6 +633,8 @@ class Engine:
             status = getattr(exc, "status_code", None)
             if fatal:
                 self._abort(message)
+            elif job.guess:
+                self._finish(job, error=EndpointError(message))
             elif (
                 isinstance(status, int)
                 and 400 <= status < 500

@@ -252,8 +252,9 @@ class Matrix:
                 self._loop, self._loop_thread = loop, thread
             return self._loop
 
-    def start(self, requests: list[Request]) -> None:
-        """A worker's plan: the matrix fetches every collected item of every config."""
+    def start(self, requests: list[Request], *, guess: bool = False) -> None:
+        """A worker's plan: the matrix fetches every collected item of every config (it
+        is never given a guess: the controller's head start is for one engine only)."""
         self.begin(requests)
 
     async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:

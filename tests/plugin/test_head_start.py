@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakeserver import FakeOpenAIServer
-from helpers import NO_EXTRA_PLUGINS, output, report
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_EXTRA_PLUGINS, output, report, sent
 
 #: the workers wait in collection (up to ``wait`` seconds) until the endpoint has seen
 #: ``want`` completions, and write down how many it had: only a controller that sends before
@@ -35,6 +35,20 @@ def _seen(pytester: pytest.Pytester) -> list[int]:
     """What each worker found at the end of its collection."""
     return sorted(int(p.read_text()) for p in pytester.path.glob("seen-gw*"))
 
+
+#: a conftest's own gsm8k_model or gsm8k_protocol: what the plugin's would give
+OWN_FIXTURE = """
+import pytest
+from pytest_gsm8k.plugin import get_state
+
+@pytest.fixture(scope="session")
+def gsm8k_model(pytestconfig):
+    return get_state(pytestconfig).sources.default_client()
+
+@pytest.fixture(scope="session")
+def gsm8k_protocol(pytestconfig):
+    return get_state(pytestconfig).plan.protocol
+"""
 
 #: deselects every GSM8K item but the last three, where the controller cannot see it
 KEEP_LAST_THREE = """
@@ -85,8 +99,11 @@ def test_the_controller_sends_its_plan_before_the_workers_offer_it_each_problem_
         ["-m", "gsm8k and not slow"],
         ["--deselect", "gsm8k::test_gsm8k"],
         ["--lf"],
+        ["--sw"],
+        ["conftest-model"],
+        ["conftest-protocol"],
     ],
-    ids=["-k", "-m", "--deselect", "--lf"],
+    ids=["-k", "-m", "--deselect", "--lf", "--sw", "conftest-model", "conftest-protocol"],
 )
 def test_no_head_start_when_an_option_may_deselect(
     pytester: pytest.Pytester,
@@ -96,7 +113,14 @@ def test_no_head_start_when_an_option_may_deselect(
     option: list[str],
 ) -> None:
     """Nothing is sent before a worker offers its plan (each waits a second for it)."""
-    pytester.makeconftest(WAIT_FOR_HEAD_START.format(port=server.port, want=1, wait=1))
+    conftest = WAIT_FOR_HEAD_START.format(port=server.port, want=1, wait=1)
+    if option[0].startswith("conftest-"):
+        # the plugin's own fixture, passed through: the workers ask their own engines
+        name = "gsm8k_" + option[0].split("-")[1]
+        own = OWN_FIXTURE.split("@pytest.fixture")
+        conftest += own[0] + "".join("@pytest.fixture" + f for f in own[1:] if f" {name}(" in f)
+        option = []
+    pytester.makeconftest(conftest)
     pytester.makeini("[pytest]\nmarkers =\n    slow: a slow test\n")
     result = _run(pytester, server, gsm8k_data, "--gsm8k-limit=20", *option)
     assert result.ret in (0, 5), output(result)  # --deselect of all runs nothing
@@ -116,3 +140,41 @@ def test_a_deselection_the_controller_cannot_see_costs_at_most_the_head_start(
     # the three kept problems, and at most the head start's 4 x 2 guessed from the plan
     # (the three are its last: none of them is among the guessed)
     assert 3 <= _completions(server) <= 3 + 8
+
+
+#: the first 8 problems of the run order only (a run interrupted early, say)
+KEEP_FIRST_EIGHT = """
+def pytest_collection_modifyitems(config, items):
+    items[:] = items[:8]
+"""
+
+
+def test_cached_answers_the_head_start_finds_are_checked_against_a_fresh_reply(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_data: Path, keyed_env: str
+) -> None:
+    """The head start's requests are the run order's first: exactly what an interrupted
+    run left in the cache. Those answers wait for this run's first fresh reply (here from
+    a server that now replies as another build) instead of being used on the card alone."""
+    args = [
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url={server.base_url}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-concurrency=2",
+        "--gsm8k-limit=50",
+        "--gsm8k-cache-dir=cache",
+        *NO_EXTRA_PLUGINS,
+    ]
+    pytester.makeconftest(KEEP_FIRST_EIGHT)
+    first = pytester.runpytest(*args)
+    assert first.ret == 0, output(first)
+    assert sent(server) == 8
+    (pytester.path / "conftest.py").unlink()
+    server.set_script(Script(default="wrong"))
+    server.fingerprint = "fp-2"
+    server.reset()
+    second = pytester.runpytest(*args, "-n", "2", "--gsm8k-report=r.json")
+    text = output(second)
+    assert second.ret == 0, text
+    assert sent(server) == 50, text  # the 8 cached answers asked again
+    assert report(pytester)["counts"]["correct"] == 0
+    assert "8 cached answers" in text, text

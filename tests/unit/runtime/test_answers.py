@@ -439,3 +439,59 @@ def test_a_head_start_fetches_at_most_its_limit_in_order_and_an_offer_adds_the_r
         engine.close()
     assert sorted(client.order) == sorted(f"p{i}#{r}" for i in range(4) for r in range(2))
     assert server.head_start(["zz"], 5) == 0  # a problem the run does not know: nothing
+
+
+def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_start(
+    tmp_path: Path,
+) -> None:
+    """A 400 on a guessed request (one a conftest may have deselected because it fails)
+    aborts nothing; the same 400 on a planned first request still ends the run. Under an
+    early stop's lookahead the head start sends nothing."""
+    from pytest_gsm8k.runtime.wire import HTTPStatusFailure
+
+    class Refusing(Scripted):
+        async def complete(self, request: Request) -> ModelResponse:
+            self.order.append(request.problem_id)
+            if request.problem_id in self.fail:
+                raise HTTPStatusFailure(400, {"error": {"message": "too long"}}, "u", {})
+            return ModelResponse(completions=[Completion(text="#### 1")])
+
+    known = _requests(4)
+    client = Refusing(fail={"p0"})
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    server = AnswerServer(engine, known.get)
+    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
+    try:
+        assert server.head_start(["p0"], 1) == 1
+        assert wait_until(lambda: client.order == ["p0"], 5)
+        time.sleep(0.05)
+        assert engine.aborted is None
+        remote.offer(["p1", "p2"])
+        assert remote.result(known["p2"]).completions[0].text == "#### 1"
+    finally:
+        remote.close()
+        server.close()
+        engine.close()
+
+    planned = Refusing(fail={"p0"})
+    engine = Engine(planned, ResponseCache(tmp_path / "d", "run", persistent=False), concurrency=1)
+    try:
+        engine.start([known["p0"], known["p1"]])
+        assert wait_until(lambda: engine.aborted is not None, 5)
+        assert "refused the first requests" in str(engine.aborted)
+    finally:
+        engine.close()
+
+    ahead = Scripted()
+    engine = Engine(
+        ahead, ResponseCache(tmp_path / "e", "run", persistent=False), concurrency=2, lookahead=2
+    )
+    server = AnswerServer(engine, known.get)
+    server.start()
+    try:
+        assert server.head_start(list(known), 8) == 0
+        time.sleep(0.05)
+        assert ahead.order == []
+    finally:
+        server.close()
+        engine.close()
