@@ -805,18 +805,22 @@ def _launch_config(state: State, name: str) -> Launched:
         )
     concurrency = config.max_concurrency or state.concurrency()
     # every config runs the vllm preset: its exact bytes over aiohttp, as vLLM's script
-    client = WireClient(
-        model=config.model_name,
-        base_url=server.base_url,
-        api_key=settings.api_key(),
-        timeout=config.request_timeout_seconds,
-        max_retries=settings.max_retries,
-        concurrency=concurrency,
-        breaker=Breaker(),
-        # the port changes every run: the command, the config and its arguments name it
-        cache_endpoint=f"serve:{scrub.command(command)} config:{name} "
-        f"args:{' '.join(config.serve_args())}",
-    )
+    try:
+        client = WireClient(
+            model=config.model_name,
+            base_url=server.base_url,
+            api_key=settings.api_key(),
+            timeout=config.request_timeout_seconds,
+            max_retries=settings.max_retries,
+            concurrency=concurrency,
+            breaker=Breaker(),
+            # the port changes every run: the command, the config and its arguments name it
+            cache_endpoint=f"serve:{scrub.command(command)} config:{name} "
+            f"args:{' '.join(config.serve_args())}",
+        )
+    except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
+        server.stop(timeout=2.0)
+        raise LaunchError(str(exc)) from None
     engine = Engine(
         client,
         state.sources.cache(True),

@@ -155,20 +155,24 @@ class Sources:
             )
         # the vllm preset's exact bytes go as vLLM's script sends them: over aiohttp
         kind = WireClient if settings.preset == "vllm" else OpenAIClient
-        self._client = kind(
-            model=endpoint.model,
-            base_url=endpoint.base_url,
-            api_key=settings.api_key(),
-            timeout=settings.timeout,
-            max_retries=settings.max_retries,
-            concurrency=state.concurrency(),
-            breaker=Breaker(),
-            # a server this run starts has a new port every run: the command line (with
-            # {port} as written) or the GGUF names it in cache keys, so a rerun finds its
-            # answers
-            cache_endpoint=_cache_endpoint(settings, self.server_info),
-        )
-        return self._client
+        try:
+            client = kind(
+                model=endpoint.model,
+                base_url=endpoint.base_url,
+                api_key=settings.api_key(),
+                timeout=settings.timeout,
+                max_retries=settings.max_retries,
+                concurrency=state.concurrency(),
+                breaker=Breaker(),
+                # a server this run starts has a new port every run: the command line (with
+                # {port} as written) or the GGUF names it in cache keys, so a rerun finds its
+                # answers
+                cache_endpoint=_cache_endpoint(settings, self.server_info),
+            )
+        except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
+            raise pytest.UsageError(f"gsm8k: {exc}") from None
+        self._client = client
+        return client
 
     def is_default(self, model: object) -> bool:
         return model is not None and model is self._client

@@ -295,6 +295,8 @@ class Engine:
         self.by_request: dict[Request, Job] = {}  # test thread only
         self._jobs: list[Job] = []  # loop thread only, in run order
         self._planned = False  # loop thread only: a plan (not a guess) or an ask came
+        #: loop thread only: guessed jobs' failures, waiting for a plan or an ask
+        self._held: list[tuple[Job, str, object]] = []
         self._holding = False  # loop thread only: parked answers wait for a real plan
         self._scan = 0
         self._priority: deque[Job] = deque()
@@ -417,6 +419,7 @@ class Engine:
             if self._holding:  # an ask before any plan: what is parked may go now
                 self._planned, self._holding = True, False
                 self._kick()
+            self._adopt_failures()
             if not job.future.done():
                 self._want(job)
         if consume:
@@ -537,6 +540,7 @@ class Engine:
         else:
             self._planned = True
             self._holding = False
+            self._adopt_failures()
         if self.aborted is not None:
             self._fail_unfinished(EndpointAborted(self.aborted))
             return
@@ -629,22 +633,8 @@ class Engine:
         except Exception as exc:  # classified below, never lost
             self._store(writes)
             message, fatal = describe_error(exc)
-            message = self._say(message)
             status = getattr(exc, "status_code", None)
-            if fatal:
-                self._abort(message)
-            elif job.guess:
-                self._finish(job, error=EndpointError(message))
-            elif (
-                isinstance(status, int)
-                and 400 <= status < 500
-                and status not in RETRIED
-                and self.succeeded == 0
-            ):
-                self._abort(f"the endpoint refused the first requests: {message}")
-            else:
-                self._finish(job, error=EndpointError(message))
-                self._count_failure(message)
+            self._failed(job, self._say(message), fatal, status)
             return
         self.succeeded += 1
         self._streak = 0
@@ -654,6 +644,39 @@ class Engine:
             self._store(writes, functools.partial(_resolve, job.future, response))
         else:
             self._finish(job, response=response)
+
+    def _failed(self, job: Job, message: str, fatal: bool, status: object) -> None:
+        """A request failed for good: the job's error, and what it says of the endpoint.
+
+        A guessed job's failure waits (unresolved) for a plan or an ask: only then is it
+        known whether the run asks for it at all (:meth:`_adopt_failures`)."""
+        if fatal:
+            self._abort(message)
+        elif job.guess:
+            job.state = DONE
+            self._held.append((job, message, status))
+        elif (
+            isinstance(status, int)
+            and 400 <= status < 500
+            and status not in RETRIED
+            and self.succeeded == 0
+        ):
+            self._abort(f"the endpoint refused the first requests: {message}")
+        else:
+            self._finish(job, error=EndpointError(message))
+            self._count_failure(message)
+
+    def _adopt_failures(self) -> None:
+        """A plan or an ask came: the guessed jobs it took fail now as any job fails; the
+        others' failures decide nothing (their futures get the error, nobody waits)."""
+        held, self._held = self._held, []
+        for job, message, status in held:
+            if job.future.done():
+                continue
+            if job.guess:
+                _resolve(job.future, error=EndpointError(message))
+            else:
+                self._failed(job, message, False, status)
 
     def _store(
         self,

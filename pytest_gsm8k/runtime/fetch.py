@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from pytest_gsm8k.core.proxy import proxy_for
+
 __all__ = ["FetchTimeout", "fetch"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -160,7 +162,8 @@ def fetch(
 
     Raises :class:`FetchTimeout` at the deadline, ``urllib.error.HTTPError`` for a
     status that is not 2xx, ``urllib.error.URLError`` or ``OSError`` when the server
-    cannot be reached. ``proxies=False`` ignores ``HTTP(S)_PROXY`` (loopback servers).
+    cannot be reached. The proxy is the one openai's httpx would use (``core/proxy.py``);
+    ``proxies=False`` ignores ``HTTP(S)_PROXY`` (loopback servers).
     """
     sockets = _Sockets()
     handlers: list[urllib.request.BaseHandler] = [
@@ -168,7 +171,15 @@ def fetch(
         _HTTPSHandler(sockets, context),
         _SameOriginCredentials(),
     ]
-    if not proxies:
+    if proxies:
+        # the proxy as the openai client's httpx picks it (urllib's own NO_PROXY reading
+        # knows no networks or ports); one urllib cannot use (socks) is left to urllib
+        proxy = proxy_for(url, urllib.request.getproxies())
+        if proxy is None:
+            handlers.append(urllib.request.ProxyHandler({}))
+        elif proxy.lower().startswith("http://"):
+            handlers.append(urllib.request.ProxyHandler({"http": proxy, "https": proxy}))
+    else:
         handlers.append(urllib.request.ProxyHandler({}))
     opener = urllib.request.build_opener(*handlers)
     request = urllib.request.Request(url, data=data, headers=dict(headers or {}))

@@ -88,18 +88,26 @@ class ReplyRefused(WireFailure):
     Never retried: asking again fetches the same reply."""
 
 
-def env_proxy(endpoint: str) -> tuple[Any, Any]:
-    """The proxy the environment names for ``endpoint`` (``HTTPS_PROXY``/``HTTP_PROXY``,
-    ``NO_PROXY`` honoured, as openai's httpx reads them) and its credentials, or
-    ``(None, None)``: read once per client, not once per request."""
-    from aiohttp.helpers import get_env_proxy_for_url
-    from yarl import URL
+def env_proxy(endpoint: str) -> str | None:
+    """The proxy the environment names for ``endpoint``, as openai's httpx reads it
+    (``core/proxy.py``), or None: read once per client, not once per request.
 
-    try:
-        proxy, auth = get_env_proxy_for_url(URL(endpoint))
-    except (LookupError, ValueError):
-        return None, None
-    return proxy, auth
+    Raises ValueError (one line) for a proxy aiohttp cannot use: only ``http://`` proxies
+    (an ``https://`` endpoint is tunnelled through them with CONNECT).
+    """
+    import urllib.request
+
+    from pytest_gsm8k.core.proxy import proxy_for
+
+    proxy = proxy_for(endpoint, urllib.request.getproxies())
+    if proxy is not None and not proxy.lower().startswith("http://"):
+        scheme = proxy.partition("://")[0]
+        raise ValueError(
+            f"the environment names a {scheme}:// proxy for the endpoint, and the "
+            "vllm preset's client (aiohttp) can use http:// proxies only; name an http:// "
+            "proxy or exempt the host in NO_PROXY"
+        )
+    return proxy
 
 
 class WireClient(OpenAIClient):
@@ -114,8 +122,9 @@ class WireClient(OpenAIClient):
         super().__init__(**kwargs)
         self._session: Any = None
         self._session_lock = threading.Lock()
-        #: the proxy for the endpoint (and its credentials), read from the environment once
-        self._proxy: Any = None
+        #: the proxy for the endpoint, read from the environment once (ValueError: unusable)
+        self._proxy_url = env_proxy(self.endpoint)
+        self._proxy: Any = None  # as aiohttp takes it, and its credentials: made by warm()
         self._proxy_auth: Any = None
 
     def warm(self) -> Any:
@@ -131,7 +140,13 @@ class WireClient(OpenAIClient):
                 }
                 if self._api_key:
                     headers["Authorization"] = f"Bearer {self._api_key}"
-                self._proxy, self._proxy_auth = env_proxy(self.endpoint)
+                if self._proxy_url is not None:
+                    from yarl import URL
+
+                    proxy = URL(self._proxy_url)
+                    if proxy.user is not None:
+                        self._proxy_auth = aiohttp.BasicAuth(proxy.user, proxy.password or "")
+                    self._proxy = proxy.with_user(None)
                 self._session = aiohttp.ClientSession(
                     connector=aiohttp.TCPConnector(limit=self._concurrency),
                     headers=headers,

@@ -482,6 +482,21 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     finally:
         engine.close()
 
+    # a guess the plan then takes fails as a planned request would: the run ends
+    adopted = Refusing(fail={"p0"})
+    engine = Engine(adopted, ResponseCache(tmp_path / "f", "run", persistent=False), concurrency=1)
+    try:
+        engine.start([known["p0"]], guess=True)
+        assert wait_until(lambda: adopted.order == ["p0"], 5)
+        time.sleep(0.05)
+        assert engine.aborted is None
+        engine.start([known["p0"], known["p1"]])
+        assert wait_until(lambda: engine.aborted is not None, 5)
+        assert "refused the first requests" in str(engine.aborted)
+        assert adopted.order == ["p0"]  # nothing more was sent
+    finally:
+        engine.close()
+
     ahead = Scripted()
     engine = Engine(
         ahead, ResponseCache(tmp_path / "e", "run", persistent=False), concurrency=2, lookahead=2
