@@ -208,6 +208,49 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     assert _processes_in(pytester.path) == []
 
 
+def test_sigterm_while_the_controllers_head_start_waits_ends_cleanly(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    """Under xdist the controller has requests in flight before the test loop (its head
+    start), possibly while xdist still starts the workers: a SIGTERM then ends the run as
+    interrupted, without a traceback, and leaves no process behind."""
+    server.set_script(Script(behaviours={i: "hang" for i in range(1319)}))
+    (pytester.path / "tmp").mkdir()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *gsm8k_args,
+            "-n",
+            "2",
+            "--gsm8k-limit=30",
+            "--gsm8k-concurrency=5",
+            "--gsm8k-no-cache",
+            "--gsm8k-stall-timeout=300",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
+    )
+    try:
+        # the head start's first 5 (the concurrency), hanging: sent before any plan
+        assert wait_until(lambda: server.stats()["in_flight"] >= 5, 60, interval=0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == int(pytest.ExitCode.INTERRUPTED), out
+    assert "Traceback" not in out, out
+    assert "INTERNALERROR" not in out, out
+    wait_until(lambda: not _processes_in(pytester.path), 15, interval=0.05)
+    assert _processes_in(pytester.path) == []
+
+
 def _processes_in(folder: Path) -> list[int]:
     """Processes whose working directory is ``folder`` (Linux /proc)."""
     found = []
