@@ -140,6 +140,13 @@ class _Parked(Exception):
 RETRIED = (408, 409, 429)
 
 
+def _refused_first(status: object, succeeded: int) -> bool:
+    """A 4xx that no retry changes, before any request succeeded: the endpoint refuses
+    what this run sends (a wrong parameter, a model it does not serve)."""
+    client_error = isinstance(status, int) and 400 <= status < 500 and status not in RETRIED
+    return client_error and not succeeded
+
+
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """(one-line message, fatal?) for an exception from a model call."""
     if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
@@ -297,6 +304,9 @@ class Engine:
         self._planned = False  # loop thread only: a plan (not a guess) or an ask came
         #: loop thread only: guessed jobs' failures, waiting for a plan or an ask
         self._held: list[tuple[Job, str, object]] = []
+        #: loop thread only: a guess was refused as a first request: guess no more until
+        #: a plan comes (what is refused once is likely refused again)
+        self._guesses_refused = False
         self._holding = False  # loop thread only: parked answers wait for a real plan
         self._scan = 0
         self._priority: deque[Job] = deque()
@@ -540,6 +550,7 @@ class Engine:
         else:
             self._planned = True
             self._holding = False
+            self._guesses_refused = False
             self._adopt_failures()
         if self.aborted is not None:
             self._fail_unfinished(EndpointAborted(self.aborted))
@@ -590,6 +601,8 @@ class Engine:
         jobs = self._jobs
         while self._scan < len(jobs):
             job = jobs[self._scan]
+            if job.guess and self._guesses_refused:
+                return None  # a plan kicks us again
             self._scan += 1
             if job.state == PLANNED:
                 return job
@@ -655,12 +668,9 @@ class Engine:
         elif job.guess:
             job.state = DONE
             self._held.append((job, message, status))
-        elif (
-            isinstance(status, int)
-            and 400 <= status < 500
-            and status not in RETRIED
-            and self.succeeded == 0
-        ):
+            if _refused_first(status, self.succeeded):
+                self._guesses_refused = True  # no more guesses at an endpoint refusing them
+        elif _refused_first(status, self.succeeded):
             self._abort(f"the endpoint refused the first requests: {message}")
         else:
             self._finish(job, error=EndpointError(message))
