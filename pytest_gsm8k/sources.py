@@ -177,25 +177,36 @@ class Sources:
     def is_default(self, model: object) -> bool:
         return model is not None and model is self._client
 
-    def _requests(self, problems: tuple[Problem, ...] | None) -> list[Request]:
-        protocol = self._state.plan.protocol
+    def _requests(
+        self, problems: tuple[Problem, ...] | None, protocol: Protocol | None = None
+    ) -> list[Request]:
+        protocol = protocol or self._state.plan.protocol
         repeats = self._state.settings.repeats
         return [r for p in problems or () for r in protocol.request(p).asks(repeats)]
 
-    def engine_for(self, model: Any, *, plan: bool = True) -> Engine:
+    def engine_for(
+        self, model: Any, *, plan: bool = True, protocol: Protocol | None = None
+    ) -> Engine:
         """The engine that calls ``model`` (created once per model object).
 
-        A session-scoped model's engine prefetches this process's collected items.
+        A session-scoped model's engine prefetches this process's collected items, asked
+        as ``protocol`` asks them (the first protocol it is asked for: a conftest's own
+        ``gsm8k_protocol`` too, whose requests the plan's would never match). An xdist
+        worker prefetches only the plan's protocol of the plugin's own client: any other
+        is asked per item, as xdist hands the items out (each worker would otherwise fetch
+        every problem).
         """
         from pytest_gsm8k.runtime.client import CallableClient
         from pytest_gsm8k.runtime.engine import Engine
 
         state = self._state
+        own = protocol is None or protocol == state.plan.protocol
         engine = self.engines.get(id(model))
         if engine is not None:
             if plan and id(model) in self._unplanned:  # started early, unplanned until now
                 self._unplanned.discard(id(model))
-                engine.start(self._requests(state.run.collected))
+                if own or not state.is_worker:
+                    engine.start(self._requests(state.run.collected, protocol))
             return engine
         client = model
         if not hasattr(model, "complete"):
@@ -220,10 +231,10 @@ class Sources:
             identity=state.endpoint().identity if client is self._client else None,
         )
         self.engines[id(model)] = engine
-        if state.is_worker and client is not self._client:
-            return engine  # a user's model under xdist: per item (xdist spreads the items)
+        if state.is_worker and (client is not self._client or not own):
+            return engine  # a user's model or protocol under xdist: per item
         if plan:
-            engine.start(self._requests(state.run.collected))
+            engine.start(self._requests(state.run.collected, protocol))
         else:
             self._unplanned.add(id(model))
         return engine
@@ -258,7 +269,7 @@ class Sources:
                     stacklevel=3,
                 )
             return self._one_shot(model), True
-        return self.engine_for(model), False
+        return self.engine_for(model, protocol=protocol), False
 
     def _one_shot(self, model: Any) -> Engine:
         from pytest_gsm8k.runtime.client import CallableClient

@@ -316,3 +316,45 @@ def test_think_blocks_and_truncation_warning(
             "*WARNING: 3 of 40 answers (7.5%) were cut by --gsm8k-max-tokens*",
         ]
     )
+
+
+OWN_PROTOCOL = """
+import dataclasses
+import pytest
+from pytest_gsm8k.plugin import get_state
+
+@pytest.fixture(scope="session")
+def gsm8k_protocol(pytestconfig):
+    return dataclasses.replace(get_state(pytestconfig).plan.protocol, max_tokens=123)
+"""
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_a_conftest_protocol_is_what_is_prefetched_and_each_problem_is_asked_once(
+    pytester: pytest.Pytester,
+    gsm8k_data: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    xdist: list[str],
+) -> None:
+    """The prefetch asks what the items ask (the override's requests, not the plan's:
+    those would be paid for and never used); under xdist each worker asks per item."""
+    recording = FakeOpenAIServer(gsm8k_data / "test.jsonl", model="fake-model", record=True)
+    recording.start()
+    try:
+        monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+        pytester.makeconftest(OWN_PROTOCOL)
+        result = pytester.runpytest(
+            "--gsm8k-model=fake-model",
+            f"--gsm8k-base-url={recording.base_url}",
+            "--gsm8k-limit=6",
+            "--gsm8k-concurrency=4",
+            "--gsm8k-no-cache",
+            *xdist,
+            *NO_EXTRA_PLUGINS,
+        )
+        assert result.ret == 0, result.stdout.str()
+        bodies = recording.stats()["bodies"]
+        assert len(bodies) == 6  # before: 12, under -n 2 18
+        assert {b["max_tokens"] for b in bodies} == {123}
+    finally:
+        recording.stop()
