@@ -19,7 +19,7 @@ from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.gates import GateVerdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan, StoredBaseline
 from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.settings import plain_url, with_v1
+from pytest_gsm8k.core.settings import plain_url, url_problem, with_v1
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
@@ -667,6 +667,9 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     from pytest_gsm8k.runtime.client import PreflightError, list_models
 
     url = endpoint.base_url
+    if url and (problem := url_problem(url)):
+        source = "--gsm8k-base-url" if state.settings.base_url else "$OPENAI_BASE_URL"
+        raise pytest.UsageError(f"gsm8k: {source}: {problem}")  # the URL may hold a secret
     shown = safe_url(url or DEFAULT_BASE_URL)
     cards: list[dict[str, Any]] = []
     timeout = _preflight_timeout(state)

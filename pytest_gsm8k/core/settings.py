@@ -500,6 +500,19 @@ class Settings:
         return self.base_url or os.environ.get("OPENAI_BASE_URL") or None
 
 
+def url_problem(url: str) -> str | None:
+    """What makes ``url`` unusable as a base URL, or None. Only what would otherwise
+    surface as a traceback deep in a request (a port out of range or not a number, a
+    malformed IPv6 host); what a server could still answer is left to the first call."""
+    try:
+        parts = urlsplit(url.strip())
+        if parts.port is not None and parts.port < 0:  # pragma: no cover (urllib raises)
+            return "negative port"
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def plain_url(url: str) -> str:
     """``url`` fit to print: without credentials, query or fragment."""
     parts = urlsplit(url.strip())
@@ -772,6 +785,9 @@ def build_settings(
             f"--gsm8k-early-stop-alpha: must be between 0 and 1 (exclusive), "
             f"got {values['early_stop_alpha']}"
         )
+    base_url = values["base_url"]
+    if base_url and (problem := url_problem(str(base_url))):
+        raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
     if not str(values["api_key_env"]).strip():
         raise SettingsError("--gsm8k-api-key-env: must name an environment variable")
 

@@ -303,7 +303,7 @@ class Engine:
         self._jobs: list[Job] = []  # loop thread only, in run order
         self._planned = False  # loop thread only: a plan (not a guess) or an ask came
         #: loop thread only: guessed jobs' failures, waiting for a plan or an ask
-        self._held: list[tuple[Job, str, object]] = []
+        self._held: list[tuple[Job, str, bool]] = []  # (job, message, refused first)
         #: loop thread only: a guess was refused as a first request: guess no more until
         #: a plan comes (what is refused once is likely refused again)
         self._guesses_refused = False
@@ -351,8 +351,10 @@ class Engine:
         ``guess``: requests nobody has planned yet (the xdist controller's head start).
         Until a real plan or an ask arrives, answers from an earlier run's cache stay
         parked (only a fresh reply of this run can vouch for them, and a guess may be all
-        that is fetched for a while), and a guessed request's failure is only its own:
-        it aborts nothing (a conftest may have deselected it for the very reason it fails).
+        that is fetched for a while), and a guessed request's refusal is only its own: it
+        aborts nothing unless a plan or an ask takes that request (a conftest may have
+        deselected it for the very reason it fails). A run of identical failures is the
+        endpoint's, whoever asked: it stops the run as it would without guesses.
         """
         jobs = [self._new_job(request) for request in requests]
         self._loop.call_soon_threadsafe(self._plan, jobs, False, guess)
@@ -662,14 +664,22 @@ class Engine:
         """A request failed for good: the job's error, and what it says of the endpoint.
 
         A guessed job's failure waits (unresolved) for a plan or an ask: only then is it
-        known whether the run asks for it at all (:meth:`_adopt_failures`)."""
+        known whether the run asks for it at all (:meth:`_adopt_failures`). What the
+        failure says of the endpoint is judged now, in the order things happened: whether
+        nothing had succeeded yet is kept with it, and it counts toward the run of
+        identical failures at once (answers between failures break that run, whoever
+        asked for either; replaying held failures later would count them as one run)."""
         if fatal:
             self._abort(message)
         elif job.guess:
             job.state = DONE
-            self._held.append((job, message, status))
-            if _refused_first(status, self.succeeded):
-                self._guesses_refused = True  # no more guesses at an endpoint refusing them
+            refused = _refused_first(status, self.succeeded)
+            self._held.append((job, message, refused))
+            if refused:
+                if not self._planned:  # after a plan, guesses left are sent as planned
+                    self._guesses_refused = True  # no more guesses at a refusing endpoint
+            else:
+                self._count_failure(message)
         elif _refused_first(status, self.succeeded):
             self._abort(f"the endpoint refused the first requests: {message}")
         else:
@@ -680,13 +690,15 @@ class Engine:
         """A plan or an ask came: the guessed jobs it took fail now as any job fails; the
         others' failures decide nothing (their futures get the error, nobody waits)."""
         held, self._held = self._held, []
-        for job, message, status in held:
+        for job, message, refused in held:
             if job.future.done():
                 continue
             if job.guess:
                 _resolve(job.future, error=EndpointError(message))
+            elif refused:
+                self._abort(f"the endpoint refused the first requests: {message}")
             else:
-                self._failed(job, message, False, status)
+                self._finish(job, error=EndpointError(message))  # counted when it failed
 
     def _store(
         self,
@@ -745,7 +757,10 @@ class Engine:
         if self.aborted is not None:
             return
         message = self._say(message)
-        self._release_parked()  # answers in hand are answers, whatever else failed
+        # Answers in hand are answers, whatever else failed: this holds for answers parked
+        # behind a head start too (graded on the server's card alone, as any parked answer
+        # of a run that ends before its first fresh reply).
+        self._release_parked()
         self.aborted = message
         self._fail_unfinished(EndpointAborted(message))
         self._priority.clear()

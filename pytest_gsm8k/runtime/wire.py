@@ -99,7 +99,10 @@ def env_proxy(endpoint: str) -> str | None:
 
     from pytest_gsm8k.core.proxy import proxy_for
 
-    proxy = proxy_for(endpoint, urllib.request.getproxies())
+    try:
+        proxy = proxy_for(endpoint, urllib.request.getproxies())
+    except ValueError as exc:  # e.g. a port out of range: say which URL, not "proxy"
+        raise ValueError(f"the endpoint URL is not usable: {exc}") from None
     if proxy is not None and not proxy.lower().startswith("http://"):
         scheme = proxy.partition("://")[0]
         raise ValueError(

@@ -128,6 +128,31 @@ def test_a_base_url_without_v1_is_named_with_the_url_to_use(
 
 
 @XDIST
+@pytest.mark.parametrize("where", ["option", "env", "env-vllm"])
+def test_a_base_url_with_a_bad_port_is_one_line_naming_where_it_came_from(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, xdist: list[str], where: str
+) -> None:
+    """A port out of range used to be an INTERNALERROR wall from the session-start check.
+    The line names the option or the variable, never the URL (it may carry a secret)."""
+    url = "http://user:s3cret@127.0.0.1:99999/v1"
+    args = ["--gsm8k-model=m", "--gsm8k-limit=2", *NO_EXTRA_PLUGINS, *xdist]
+    if where == "option":
+        args.append(f"--gsm8k-base-url={url}")
+    else:
+        monkeypatch.setenv("OPENAI_BASE_URL", url)
+    if where == "env-vllm":
+        args.append("--gsm8k-preset=vllm")
+    result = pytester.runpytest_subprocess(*args)
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    source = "--gsm8k-base-url" if where == "option" else "$OPENAI_BASE_URL"
+    lines = [line for line in text.splitlines() if "gsm8k" in line and "ERROR" in line]
+    assert lines == [f"ERROR: gsm8k: {source}: Port out of range 0-65535"], text
+    for noise in ("Traceback", "INTERNALERROR", "s3cret"):
+        assert noise not in text, text
+
+
+@XDIST
 def test_a_request_404_names_the_url_and_the_run_prints_no_accuracy(
     pytester: pytest.Pytester, server: FakeOpenAIServer, keyed_env: str, xdist: list[str]
 ) -> None:

@@ -315,3 +315,79 @@ def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: P
         engine.close()
     assert [a.cached for a in answers] == [1, 0, 0]  # repeat 0 from the first run's cache
     assert client.order == ["p000", "p000"]  # repeats 1 and 2 asked, each once
+
+
+class _Refusal(Exception):
+    """A 400 as the vllm preset's client raises it (``status_code`` is what counts)."""
+
+    status_code = 400
+
+
+@pytest.mark.parametrize(
+    ("failing", "storm"),
+    [
+        pytest.param({1, 3, 5, 7, 9, 11, 12, 13, 14, 15}, False, id="answers-between"),
+        pytest.param(set(range(16)), True, id="all-fail"),
+    ],
+)
+def test_guessed_failures_count_toward_a_storm_as_they_happened(
+    tmp_path: Path, failing: set[int], storm: bool
+) -> None:
+    """The xdist head start's failures are held until a plan takes them; the verdict on
+    the endpoint must be the one the same requests planned directly get. Ten failures
+    with answers between them are ten errors, not a storm (replaying them in a row at
+    adoption once aborted such a run); sixteen in a row are a storm either way."""
+    planned = requests(16)
+    fail = {f"p{i:03d}" for i in failing}
+    for guessed in (False, True):
+        aborted = _run_with_failures(tmp_path / str(guessed), planned, fail, guessed=guessed)
+        assert (aborted is not None) == storm, (guessed, aborted)
+        if storm:
+            assert "10 requests in a row failed this way" in str(aborted)
+
+
+def _run_with_failures(
+    folder: Path, planned: list[Request], fail: set[str], *, guessed: bool
+) -> str | None:
+    """Plan ``planned`` (first guessed when ``guessed``), fail ``fail``; the abort message."""
+    client = ScriptedClient(delay=0.01, fail={p: RuntimeError("scripted failure") for p in fail})
+    engine = Engine(client, ResponseCache(folder, "run", persistent=False), concurrency=4)
+    try:
+        if guessed:
+            engine.start(planned, guess=True)
+            assert wait_until(lambda: len(client.order) == 16 or engine.aborted, 5)
+            time.sleep(0.05)
+        engine.start(planned)
+        assert wait_until(lambda: all(engine.by_request[r].future.done() for r in planned), 5)
+        for r in planned:
+            error = engine.by_request[r].future.exception()
+            if engine.aborted is None:
+                assert (error is not None) == (r.problem_id in fail), r.problem_id
+                assert error is None or isinstance(error, EndpointError)
+            else:  # the storm's first failures are errors, the rest aborted
+                assert isinstance(error, (EndpointError, EndpointAborted))
+        return engine.aborted
+    finally:
+        engine.close()
+
+
+def test_refused_guesses_no_plan_takes_do_not_stop_the_plans_prefetch(
+    memory_cache: ResponseCache,
+) -> None:
+    """Guesses the endpoint refuses (400 before any answer) stop further guessing; a plan
+    that takes none of them (a conftest deselected them) must still be fetched ahead, even
+    when a guess left over is refused again after the plan."""
+    client = ScriptedClient(delay=0.01, fail={"p000": _Refusal(), "p001": _Refusal()})
+    engine = Engine(client, memory_cache, concurrency=1)
+    planned = requests(9)
+    try:
+        engine.start(planned[:3], guess=True)
+        assert wait_until(lambda: client.order == ["p000"], 5)
+        time.sleep(0.1)
+        assert client.order == ["p000"]  # no more guesses at a refusing endpoint
+        engine.start(planned[3:])
+        assert wait_until(lambda: len(client.order) == 9, 5), client.order
+        assert engine.aborted is None
+        assert client.order[3:] == [r.problem_id for r in planned[3:]]
+    finally:
+        engine.close()
