@@ -12,7 +12,7 @@ from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import Pair, detectable_drop
-from pytest_gsm8k.core.markdown import gate_table, problem_list
+from pytest_gsm8k.core.markdown import LISTED, fit, gate_table, problem_list
 from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 from pytest_gsm8k.core.records import Report
 from pytest_gsm8k.core.scrub import md_code, md_text
@@ -326,7 +326,12 @@ def _dropped(stored: StoredBaseline, report: Report, split: Sequence[Problem]) -
 
 def markdown(summary: Summary, questions: dict[str, str], html: str | None = None) -> str:
     """The GitHub step summary: headline, gates, newly failing problems (each config's, with
-    ``--gsm8k-config``), where the page is."""
+    ``--gsm8k-config``), where the page is; the lists as long as GitHub's size bound allows
+    (many configs' lists add up)."""
+    return fit(lambda listed: _markdown(summary, questions, html, listed))
+
+
+def _markdown(summary: Summary, questions: dict[str, str], html: str | None, listed: int) -> str:
     lines = [f"### {md_text(summary.headline())}", ""]
     if html:
         lines += [
@@ -338,20 +343,19 @@ def markdown(summary: Summary, questions: dict[str, str], html: str | None = Non
     lines.append(f"Outcomes: {counts}. Model {md_code(summary.model)}, dataset {md_code(dataset)}.")
     lines.append("")
     lines += gate_table(summary.gates)
-    lines += failing_lists(summary.extra.get("baseline") or {}, questions)
+    lines += failing_lists(summary.extra.get("baseline") or {}, questions, listed=listed)
     for config in summary.configs:
         name = str(config.extra.get("config", {}).get("name", config.label))
-        lines += failing_lists(config.extra.get("baseline") or {}, questions, name)
+        lines += failing_lists(config.extra.get("baseline") or {}, questions, name, listed)
     return "\n".join(lines) + "\n"
 
 
 def failing_lists(
-    base: Mapping[str, Any], questions: Mapping[str, str], config: str = ""
+    base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
     """The problems failing now against a baseline block, a run's or a ``config``'s (then
-    named in each title), each list bounded like every list of the summary
-    (:data:`~pytest_gsm8k.core.markdown.LISTED`): the stable flips, then the noisy ones; or
-    the newly failing, for a block without them. Nothing when none fails."""
+    named in each title), each list at most ``listed`` long: the stable flips, then the
+    noisy ones; or the newly failing, for a block without them. Nothing when none fails."""
 
     def title(text: str) -> str:
         return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
@@ -364,12 +368,15 @@ def failing_lists(
                 base["stable_flips"],
                 questions,
                 rest,
+                listed,
             ),
             *problem_list(
                 title("newly failing, noisy (right in some baseline runs)"),
                 base.get("noisy_failing") or [],
                 questions,
                 rest,
+                listed,
             ),
         ]
-    return problem_list(title("newly failing"), base.get("newly_failing") or [], questions, rest)
+    failing = base.get("newly_failing") or []
+    return problem_list(title("newly failing"), failing, questions, rest, listed)
