@@ -70,8 +70,9 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
         summary.add_gate(
             "baseline", False, f"{plan.baseline.shown}: cannot {verb} it ({reason(exc)})"
         )
-    if not plan.update_baseline:
+    if not plan.update_baseline:  # a baseline write has its own coverage rules
         _early_baseline_verdict(state, summary)
+        summary.undecide_on_a_partial_selection(deselected_by(session.config))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
@@ -114,6 +115,9 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
         if not plan.update_baseline:
             early_baseline_verdict(early, stopped, config)
         config.name_gates(group.name)
+    if not plan.update_baseline:  # a baseline write has its own coverage rules
+        for config in summary.configs:  # a config deselected whole is not in the list
+            config.undecide_on_a_partial_selection(deselected_by(session.config))
     summary.gather_gates()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:

@@ -196,6 +196,28 @@ class Summary:
             for g in self.gates
         ]
 
+    def undecide_on_a_partial_selection(self, by: str) -> None:
+        """No gate passes on a selection narrowed by -k, -m, --lf, --deselect or test ids.
+
+        A threshold or a baseline holds for the problems it was set for; a narrowed
+        selection is not a sample of them (``--lf`` picks exactly the problems that failed,
+        and after a hiccup passes on the one that errored). What ran is still reported;
+        a subset on purpose is ``--gsm8k-limit``, which every gate and baseline knows of.
+        ``by``: the options, as the command line spells them."""
+        deselected = int(self.subset.get("deselected") or 0)
+        if not deselected:
+            return
+        selection = self.expected + deselected
+        why = (
+            f"not a verdict: {deselected} of the {selection} problems of its selection were "
+            f"deselected ({by}); a gate holds for the whole selection (a subset on purpose: "
+            "--gsm8k-limit)"
+        )
+        self.gates = [
+            replace(g, passed=False, detail=f"{why}; on what ran: {g.detail}") if g.passed else g
+            for g in self.gates
+        ]
+
     def gather_gates(self) -> None:
         """--gsm8k-config: the run's gates are every config's (after a config gained one)."""
         self.gates = [g for c in self.configs for g in c.gates]

@@ -239,3 +239,31 @@ def test_an_early_stop_never_turns_a_failed_baseline_gate_into_a_pass(
     (line,) = _gate_lines(uncovered)
     assert "FAIL" in line
     assert "are not in it" in line
+
+
+@XDIST
+def test_no_gate_passes_on_a_last_failed_rerun_after_a_hiccup(
+    pytester: pytest.Pytester,
+    recorded: str,
+    gsm8k_args: list[str],
+    server: FakeOpenAIServer,
+    xdist: list[str],
+) -> None:
+    """Two problems fail on a transient 500 and the run FAILs its floor; `--lf` once the
+    hiccup is over reruns exactly those two, which now pass: neither min-acc nor the baseline
+    may PASS on them (it once did, exit 0). What ran is still shown."""
+    server.set_script(Script(behaviours={82: "error500", 112: "error500"}))
+    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0", *xdist]
+    assert pytester.runpytest(*args, "--gsm8k-min-acc=0.99").ret == 1
+    server.set_script(Script())
+    result = pytester.runpytest(*args, "--gsm8k-min-acc=0.99", "--lf")
+    text = output(result)
+    assert result.ret == 1, text
+    for gate in ("min-acc", "baseline"):
+        (line,) = [line for line in result.outlines if f"gate {gate}:" in line]
+        assert f"gate {gate}: FAIL: not a verdict: 98 of the 100 problems of its selection " in line
+        assert "were deselected (--lf); a gate holds for the whole selection" in line
+    assert "accuracy 1.0000 (test@1, 0-shot CoT, n=2) >= --gsm8k-min-acc 0.99" in text
+    assert "Traceback" not in text
+    # the same options without --lf: the whole selection, a real PASS
+    assert pytester.runpytest(*args, "--gsm8k-min-acc=0.99").ret == 0

@@ -376,3 +376,39 @@ def test_a_server_that_dies_mid_config_fails_that_config_and_the_next_runs(
     assert configs["Gamma-3B"]["counts"]["error"] == 0
     errors = [str(p["error"]) for p in report["problems"] if p["outcome"] == "error"]
     assert sum("its server failed (its first item says why)" in e for e in errors) == 2, errors
+
+
+@XDIST
+def test_a_config_run_on_part_of_its_questions_is_no_verdict(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """vLLM's floor holds for a config's first num_questions: with its one wrong question
+    deselected, Gamma's 3 of 3 must not PASS (it once did, exit 0). A config selected
+    whole (Alpha) keeps its verdict; one deselected whole (Beta) is not gated."""
+    folder = _configs(tmp_path / "configs")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "-k",
+        "Alpha or (Gamma and not test-0000)",
+        *NOISE,
+        *xdist,
+    )
+    out = output(result)
+    assert result.ret == 1, out
+    report = json.loads((pytester.path / "r.json").read_text())
+    gates = {g["name"]: g for g in report["gates"]}
+    assert {name: g["passed"] for name, g in gates.items()} == {
+        "Alpha-1B:vllm-threshold": True,
+        "Gamma-3B:vllm-threshold": False,
+    }
+    detail = gates["Gamma-3B:vllm-threshold"]["detail"]
+    assert detail.startswith(
+        "not a verdict: 1 of the 4 problems of its selection were deselected (-k)"
+    ), detail
+    assert "accuracy 1.0000" in detail
+    assert "n=3" in detail
+    assert "Traceback" not in out
