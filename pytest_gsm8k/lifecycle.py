@@ -810,6 +810,8 @@ def _launch_config(state: State, name: str) -> Launched:
             f"the server does not serve {config.model_name!r} (it serves: "
             f"{_listing(state, models)})"
         )
+    from pytest_gsm8k.runtime.serve import server_env_digest
+
     concurrency = config.max_concurrency or state.concurrency()
     # every config runs the vllm preset: its exact bytes over aiohttp, as vLLM's script
     try:
@@ -822,8 +824,11 @@ def _launch_config(state: State, name: str) -> Launched:
             concurrency=concurrency,
             breaker=Breaker(),
             # the port changes every run: the command, the config and its arguments name it
-            cache_endpoint=f"serve:{scrub.command(command)} config:{name} "
-            f"args:{' '.join(config.serve_args())}",
+            cache_endpoint=state.sources.started_generation(
+                name,
+                f"serve:{scrub.command(command)} config:{name} "
+                f"args:{' '.join(config.serve_args())} env:{server_env_digest(config.env)}",
+            ),
         )
     except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
         server.stop(timeout=2.0)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Generator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -75,6 +75,9 @@ from pytest_gsm8k.reporting import (
 )
 from pytest_gsm8k.runtime.logs import scrub_library_logs
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, ItemRef, State, get_state
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.summary import Summary
 from pytest_gsm8k.writing import (
     check_baseline_path,
     limit_descriptors,
@@ -560,6 +563,7 @@ class StatePlugin:
         else:
             summary = run.build_summary(plan, late=late, server=state.sources.server_info)
             release_gates(state, summary, session)
+        state.sources.finish_started(lambda name: _complete(summary, name, run.aborted))
         finished = time.time()
         summary.extra["started_at"] = _iso(run.started)
         summary.extra["finished_at"] = _iso(finished)
@@ -601,6 +605,17 @@ class StatePlugin:
         failed = (run.summary is not None and run.summary.failed) or bool(run.output_errors)
         if failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _complete(summary: Summary, config: str, aborted: str | None) -> bool:
+    """Whether the run (``config`` "") or that config has an answer for every problem it
+    set out to ask: then its started server's answers are not reused by the next run."""
+    if aborted or summary.interrupted:
+        return False
+    if config:
+        found = [c for c in summary.configs if c.extra.get("config", {}).get("name") == config]
+        return len(found) == 1 and _complete(found[0], "", None)
+    return not summary.counts().get("error") and summary.n > 0
 
 
 def _iso(seconds: float) -> str:

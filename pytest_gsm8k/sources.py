@@ -15,6 +15,7 @@ the run opened.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from typing import Protocol as TypingProtocol
@@ -91,6 +92,9 @@ class Sources:
         self.matrix: Matrix | None = None
         #: --gsm8k-config: what each config's server reported, by config name
         self.config_servers: dict[str, dict[str, Any]] = {}
+        #: servers this run started, by config name ("" for --gsm8k-serve and the local
+        #: model): (what names it in cache keys, the generation of runs this one read)
+        self.started: dict[str, tuple[str, int]] = {}
 
     # what the plugin attaches
 
@@ -165,14 +169,39 @@ class Sources:
                 concurrency=state.concurrency(),
                 breaker=Breaker(),
                 # a server this run starts has a new port every run: the command line (with
-                # {port} as written) or the GGUF names it in cache keys, so a rerun finds its
-                # answers
-                cache_endpoint=_cache_endpoint(settings, self.server_info),
+                # {port} as written) or the GGUF names it in cache keys, so a resumed run
+                # finds its answers (and the next run, see started_generation, does not)
+                cache_endpoint=self._started_endpoint(_cache_endpoint(settings, self.server_info)),
             )
         except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
             raise pytest.UsageError(f"gsm8k: {exc}") from None
         self._client = client
         return client
+
+    def _started_endpoint(self, name: str | None) -> str | None:
+        """``name`` (what names a server this run starts) with the generation of its runs
+        (:meth:`ResponseCache.generation`): answers resume an unfinished run only."""
+        if name is None:
+            return None
+        generation = self.cache(True).generation(name)
+        self.started[""] = (name, generation)
+        return f"{name} gen:{generation}"
+
+    def started_generation(self, name: str, base: str) -> str:
+        """A config's server (``name``): its cache name with its run generation."""
+        generation = self.cache(True).generation(base)
+        self.started[name] = (base, generation)
+        return f"{base} gen:{generation}"
+
+    def finish_started(self, complete: Callable[[str], bool]) -> None:
+        """At the end (controller or a run without xdist): each started server whose run
+        ``complete(config name or "")`` says has every answer is done; the next run asks
+        again."""
+        if self._state.is_worker:
+            return
+        for key, (name, generation) in self.started.items():
+            if complete(key):
+                self.cache(True).finished(name, generation)
 
     def is_default(self, model: object) -> bool:
         return model is not None and model is self._client
@@ -389,13 +418,15 @@ def _cache_endpoint(settings: Settings, server: dict[str, Any] | None) -> str | 
     """What names a server this run starts in cache keys (None: its base URL does): the
     command line, or the GGUF file (its path and size: another build of the model is
     another file)."""
+    from pytest_gsm8k.runtime.serve import server_env_digest
+
     if settings.serve:
-        return f"serve:{settings.serve}"
+        return f"serve:{settings.serve} env:{server_env_digest()}"
     gguf = (server or {}).get("gguf")
     if is_local_spec(settings.model) and isinstance(gguf, str):
         try:
             size = Path(gguf).stat().st_size
         except OSError:
             return None
-        return f"local:{gguf}:{size}"
+        return f"local:{gguf}:{size} env:{server_env_digest()}"
     return None

@@ -300,6 +300,45 @@ class ResponseCache:
             with contextlib.suppress(Exception):
                 done()
 
+    # -- generations of a server this run starts ------------------------------
+
+    def _generation_path(self, name: str) -> Path:
+        return self.root / "generations" / f"{stable_hash({'server': name})}.json"
+
+    def generation(self, name: str) -> int:
+        """How many runs against the server ``name`` (one this run starts: its command,
+        config and environment) finished, so far (0 when none did, or when it cannot be
+        read). A started server is the thing under test: its answers resume a run that did
+        not finish, and are never reused by the next run (a rebuilt engine, an edited
+        kernel, a changed environment variable describe themselves the same)."""
+        if not self.persistent:
+            return 0
+        try:
+            data = json.loads(self._generation_path(name).read_text("utf-8"))
+            value = data.get("generation") if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            return 0
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    def finished(self, name: str, generation: int) -> None:
+        """The run against ``name`` that read ``generation`` has every answer it needs: the
+        next run asks again. A folder that cannot be written is one warning (the next run
+        would then reuse these answers, which it says as it does)."""
+        if not self.persistent:
+            return
+        try:
+            write_atomic(
+                self._generation_path(name),
+                json.dumps({"generation": generation + 1}) + "\n",
+            )
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            self._warn(
+                "generation",
+                f"gsm8k cache: cannot record in {self.root} that this run finished ({reason}); "
+                "the next run reuses its answers",
+            )
+
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted entry is written; False on timeout."""
         with self._idle:

@@ -86,6 +86,40 @@ class ServeError(Exception):
     """A server could not be started; the first line is for the user, the log tail follows."""
 
 
+#: environment variables a serving stack reads (its backends, kernels, devices, checkpoints):
+#: the server a run starts inherits them, so they name it in cache keys
+SERVER_ENV_PREFIXES = (
+    "VLLM_",
+    "SGLANG_",
+    "CUDA_",
+    "NCCL_",
+    "ROCM_",
+    "HIP_",
+    "HSA_",
+    "TORCH",
+    "PYTORCH_",
+    "TRITON_",
+    "HF_",
+    "TRANSFORMERS_",
+    "LLAMA_",
+    "GGML_",
+    "OMP_",
+    "FAKESERVER_",
+)
+
+
+def server_env_digest(extra: Sequence[tuple[str, str]] = ()) -> str:
+    """A digest of what a started server reads from its environment: the variables of
+    :data:`SERVER_ENV_PREFIXES` it inherits, and ``extra`` (a vLLM config's ``env``) on top.
+    A digest, not the values: they may hold tokens (``HF_TOKEN``)."""
+    import hashlib
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(SERVER_ENV_PREFIXES)}
+    env.update(dict(extra))
+    text = json.dumps(sorted(env.items()), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def describe_exit(returncode: int) -> str:
     """``signal SIGSEGV`` or ``exit code 3``: how a child process ended."""
     if returncode < 0:

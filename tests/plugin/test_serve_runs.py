@@ -161,27 +161,41 @@ def test_serve_starts_the_server_sends_the_params_and_stops_it(
 
 
 @XDIST
-def test_a_second_identical_serve_run_takes_its_answers_from_the_cache(
+def test_a_serve_run_resumes_an_unfinished_run_and_never_reuses_a_finished_one(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
 ) -> None:
     """The served port is new in every run: the cache is keyed by the command line (with
-    ``{port}`` as written) and the model, so resuming works; another command asks again."""
-    fake = Fake(gsm8k_data, tmp_path)
+    ``{port}`` as written), so a run that did not finish resumes (only the problem that
+    errored is asked again). A started server is the thing under test: once a run has every
+    answer, the next run asks again (a rebuilt engine describes itself the same; reusing
+    its answers once passed a regressed build). Another command is another server."""
+    rows = (gsm8k_data / "test.jsonl").read_text().splitlines()[:10]
+    data = tmp_path / "ten.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"behaviours": {"3": "error500"}}))
+    fake = Fake(gsm8k_data, tmp_path, "--script", str(script))
     cache = f"--gsm8k-cache-dir={tmp_path / 'cache'}"
-    run = ["--gsm8k-limit=10", cache, *NOISE, *xdist]
+    run = [f"--gsm8k-data={data}", "--gsm8k-max-retries=0", cache, *NOISE, *xdist]
     first = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
-    assert first.ret == 0, first.stdout.str()
+    assert first.ret == 1, first.stdout.str()  # one error: the run did not finish
     assert len(fake.bodies()) == 10
+    script.write_text("{}")  # the hiccup is over
     second = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
     assert second.ret == 0, second.stdout.str()
-    assert len(fake.bodies()) == 10, "the second run sent requests again"
-    second.stdout.fnmatch_lines(["*answers from cache: 10 of 10*"])
+    assert len(fake.bodies()) == 11, "the resumed run asked more than the errored problem"
+    second.stdout.fnmatch_lines(["*answers from cache: 9 of 10*"])
+    third = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
+    assert third.ret == 0, third.stdout.str()
+    assert len(fake.bodies()) == 21, "a finished run's answers were reused"
+    third.stdout.fnmatch_lines(["*answers from cache: 0 of 10*"])
     # another command line (here: another checkpoint) is another server
     other = f"{fake.command} --root /models/other"
-    third = pytester.runpytest(f"--gsm8k-serve={other}", *run)
-    assert third.ret == 0, third.stdout.str()
-    assert len(fake.bodies()) == 20
-    third.stdout.fnmatch_lines(["*answers from cache: 0 of 10*"])
+    script.write_text(json.dumps({"behaviours": {"3": "error500"}}))
+    fourth = pytester.runpytest(f"--gsm8k-serve={other}", *run)
+    assert fourth.ret == 1, fourth.stdout.str()
+    assert len(fake.bodies()) == 31
+    fourth.stdout.fnmatch_lines(["*answers from cache: 0 of 10*"])
 
 
 def test_params_and_omitted_fields_change_the_protocol_identity(

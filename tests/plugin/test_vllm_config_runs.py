@@ -412,3 +412,40 @@ def test_a_config_run_on_part_of_its_questions_is_no_verdict(
     assert "accuracy 1.0000" in detail
     assert "n=3" in detail
     assert "Traceback" not in out
+
+
+def test_a_config_resumes_only_its_unfinished_run_and_only_with_the_same_env(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    """A config's server is the thing under test. A run that errored resumes (the answers
+    it has are kept); a config whose ``env`` changed is another server (once, a changed
+    backend variable reran on the old answers and passed); a finished run's answers are
+    never reused by the next run."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    yaml = folder / "Alpha-1B.yaml"
+    text = CONFIGS["Alpha-1B.yaml"]
+    yaml.write_text(text.replace('{"default": "correct"}', '{"behaviours": {"2": "error500"}}'))
+    bodies = tmp_path / "bodies.jsonl"
+    args = [
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'e.jsonl', '--record-file', str(bodies))}",
+        f"--gsm8k-data={gsm8k_data}",
+        f"--gsm8k-cache-dir={tmp_path / 'cache'}",
+        "--gsm8k-max-retries=0",
+        *NOISE,
+    ]
+
+    def sent() -> int:
+        return len(bodies.read_text().splitlines()) if bodies.exists() else 0
+
+    assert pytester.runpytest(*args).ret == 1  # one error: unfinished
+    assert sent() == 5
+    yaml.write_text(text.replace('{"default": "correct"}', '{"default": "wrong"}'))
+    changed = pytester.runpytest(*args)  # another env: nothing of the first run is reused
+    assert changed.ret == 1, output(changed)
+    assert sent() == 10
+    changed.stdout.fnmatch_lines(["*answers from cache: 0 of 5*"])
+    again = pytester.runpytest(*args)  # the same env, but that run finished: asked again
+    assert again.ret == 1, output(again)
+    assert sent() == 15
