@@ -839,7 +839,10 @@ def _launch_config(state: State, name: str) -> Launched:
         concurrency=concurrency,
         breaker=client.breaker,
         scrub=scrub,
-        stall_timeout=settings.stall_timeout,
+        # a config's answers may each take up to its request_timeout_seconds (vLLM's test
+        # waits that long): no answer for less than that is not a stall
+        stall_timeout=settings.stall_timeout
+        and max(settings.stall_timeout, config.request_timeout_seconds),
         identity=describe_server(cards, config.model_name),
         # --gsm8k-early-stop: fetch no further ahead of the answers used than the
         # concurrency (what is fetched past the config's decision is paid for and unused)

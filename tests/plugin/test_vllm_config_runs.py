@@ -449,3 +449,26 @@ def test_a_config_resumes_only_its_unfinished_run_and_only_with_the_same_env(
     again = pytester.runpytest(*args)  # the same env, but that run finished: asked again
     assert again.ret == 1, output(again)
     assert sent() == 15
+
+
+def test_a_configs_request_timeout_is_not_a_stall(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    """vLLM's test waits request_timeout_seconds for an answer; a slow config (8-shot on
+    CPU) must not be cut by the shorter --gsm8k-stall-timeout (once a spurious FAIL)."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "Alpha-1B.yaml").write_text(
+        CONFIGS["Alpha-1B.yaml"] + "request_timeout_seconds: 30\n", encoding="utf-8"
+    )
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'e.jsonl', '--latency', '1.5')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-stall-timeout=0.5",
+        *NOISE,
+    )
+    out = output(result)
+    assert result.ret == 0, out
+    assert "no answer from" not in out
