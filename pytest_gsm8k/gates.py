@@ -265,6 +265,10 @@ def _write_baseline(
                 "delete it to record a smaller one, or pass --gsm8k-baseline-partial",
             )
             return
+    fewer = _fewer_repeats(stored, settings.repeats)
+    if fewer is not None:
+        summary.add_gate("baseline", False, f"not written to {shown}: {fewer}")
+        return
     from pytest_gsm8k.snapshot import serialize
 
     write_atomic(stored.path, serialize(bl.build(report, partial)))
@@ -275,6 +279,24 @@ def _write_baseline(
         size += ","
     summary.notes.append(f"  baseline written: {shown} ({size} accuracy {summary.accuracy:.4f})")
     summary.extra["baseline"] = {"path": shown, "written": True, "partial": partial is not None}
+
+
+def _fewer_repeats(stored: StoredBaseline, repeats: int) -> str | None:
+    """Why a run with ``repeats`` per problem may not replace ``stored``: a calibrated
+    baseline of more runs per problem knows each problem's noise, and a single-run one in
+    its place would silently cost the gate its power (a 1-point drop caught 13% of the time
+    instead of 99%). None when it may."""
+    document = stored.document
+    calibration = document.get("calibration") if isinstance(document, dict) else None
+    stored_k = calibration.get("repeats") if isinstance(calibration, dict) else None
+    if not isinstance(stored_k, int) or stored_k <= repeats:
+        return None
+    made = f"{repeats} runs" if repeats > 1 else "1 run"
+    return (
+        f"it is calibrated over {stored_k} runs per problem and this run made {made}; "
+        f"record it with --gsm8k-repeats {stored_k} (or delete the file to record a "
+        "baseline of fewer runs)"
+    )
 
 
 def _other_protocols(stored: StoredBaseline, report: Report, most: int = 3) -> str:

@@ -181,6 +181,33 @@ def test_candidate_repeats_are_compared_as_a_mean(
     assert len(flips - dropped) <= 2
 
 
+def test_a_calibrated_baseline_is_not_replaced_by_one_of_fewer_runs(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+) -> None:
+    """--snapshot-update without --gsm8k-repeats once replaced a K=5 baseline with a
+    single-run one, without a word: the gate then fell back to McNemar and lost its power."""
+    server.set_script(_noisy())
+    args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-no-cache"]
+    _record(pytester, args, [])
+    recorded = (pytester.path / BASELINE).read_text()
+    for fewer in ([], ["--gsm8k-repeats=3"]):
+        result = pytester.runpytest(*args, *fewer, "--snapshot-update")
+        out = output(result)
+        assert result.ret == 1, out
+        made = "3 runs" if fewer else "1 run"
+        result.stdout.fnmatch_lines(
+            [
+                f"*gate baseline: FAIL: not written to {BASELINE}: it is calibrated over 5 runs "
+                f"per problem and this run made {made}; record it with --gsm8k-repeats 5*"
+            ]
+        )
+        assert (pytester.path / BASELINE).read_text() == recorded
+    assert pytester.runpytest(*args, "--gsm8k-repeats=5", "--snapshot-update").ret == 0
+
+
 def test_repeats_resume_from_the_cache_per_repeat(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
