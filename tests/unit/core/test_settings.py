@@ -332,8 +332,9 @@ def test_repeats_default_to_one_and_alpha_to_001() -> None:
             {"repeats": 2, "protocol": "maj@1"},
             "--gsm8k-protocol maj@1 samples already",
         ),
-        ({"alpha": 0.0}, "--gsm8k-alpha: must be between 0 and 1 (exclusive), got 0.0"),
-        ({"alpha": 1.0}, "--gsm8k-alpha: must be between 0 and 1 (exclusive), got 1.0"),
+        ({"alpha": 0.0}, "--gsm8k-alpha: must be at least 1e-06 and below 1, got 0.0"),
+        ({"alpha": 1.0}, "--gsm8k-alpha: must be at least 1e-06 and below 1, got 1.0"),
+        ({"alpha": 1e-17}, "--gsm8k-alpha: must be at least 1e-06 and below 1, got 1e-17"),
     ],
 )
 def test_repeats_and_alpha_refusals_name_the_option(given: dict[str, Any], message: str) -> None:
