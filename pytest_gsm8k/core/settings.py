@@ -20,7 +20,6 @@ from urllib.parse import urlsplit, urlunsplit
 from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.scoring import RULES
 
-
 #: the smallest --gsm8k-alpha: far below any CI gate's, and where the calibrated test's
 #: bounds stop being exact (below 1e-12 its shortcut may return a bound for the p-value)
 MIN_ALPHA = 1e-6
