@@ -792,6 +792,13 @@ def build_settings(
             f"--gsm8k-early-stop-alpha: must be between 0 and 1 (exclusive), "
             f"got {values['early_stop_alpha']}"
         )
+    serve = values["serve"]
+    if serve and "{port}" not in str(serve):
+        raise SettingsError(
+            "--gsm8k-serve: the command line has no {port}: the server must listen on the free "
+            "loopback port the run picks, where it is waited for (e.g. 'vllm serve {model} "
+            "--port {port}')"
+        )
     base_url = values["base_url"]
     if base_url and (problem := url_problem(str(base_url))):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret

@@ -290,8 +290,17 @@ def test_a_server_that_never_gets_ready_times_out_and_is_stopped(
     assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05)
 
 
-def test_a_command_without_port_is_refused(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--gsm8k-serve=sleep 100", *NOISE)
+@pytest.mark.parametrize("configs", [False, True], ids=["serve", "config"])
+def test_a_command_without_port_is_refused(
+    pytester: pytest.Pytester, tmp_path: Path, configs: bool
+) -> None:
+    """Before any server starts: with --gsm8k-config each config once waited its whole
+    startup_max_wait_seconds for a server listening elsewhere."""
+    extra = []
+    if configs:
+        (tmp_path / "A.yaml").write_text('model_name: "org/A"\naccuracy_threshold: 0.5\n')
+        extra = [f"--gsm8k-config={tmp_path / 'A.yaml'}"]
+    result = pytester.runpytest("--gsm8k-serve=sleep 100 {server_args}", *extra, *NOISE)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: gsm8k: --gsm8k-serve: the command line has no {port}*"])
 
