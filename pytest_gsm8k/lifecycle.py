@@ -116,8 +116,9 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
             early_baseline_verdict(early, stopped, config)
         config.name_gates(group.name)
     if not plan.update_baseline:  # a baseline write has its own coverage rules
+        by = deselected_by(session.config)
         for config in summary.configs:  # a config deselected whole is not in the list
-            config.undecide_on_a_partial_selection(deselected_by(session.config))
+            config.undecide_on_a_partial_selection(by)
     summary.gather_gates()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:

@@ -75,9 +75,6 @@ from pytest_gsm8k.reporting import (
 )
 from pytest_gsm8k.runtime.logs import scrub_library_logs
 from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, ItemRef, State, get_state
-
-if TYPE_CHECKING:
-    from pytest_gsm8k.core.summary import Summary
 from pytest_gsm8k.writing import (
     check_baseline_path,
     limit_descriptors,
@@ -85,6 +82,9 @@ from pytest_gsm8k.writing import (
     prepare_outputs,
     write_outputs,
 )
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.summary import Summary
 
 BUILTIN_NODEID = "gsm8k"
 #: the marker every GSM8K item carries: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest

@@ -159,6 +159,7 @@ class Sources:
             )
         # the vllm preset's exact bytes go as vLLM's script sends them: over aiohttp
         kind = WireClient if settings.preset == "vllm" else OpenAIClient
+        started = _cache_endpoint(settings, self.server_info)
         try:
             client = kind(
                 model=endpoint.model,
@@ -171,26 +172,19 @@ class Sources:
                 # a server this run starts has a new port every run: the command line (with
                 # {port} as written) or the GGUF names it in cache keys, so a resumed run
                 # finds its answers (and the next run, see started_generation, does not)
-                cache_endpoint=self._started_endpoint(_cache_endpoint(settings, self.server_info)),
+                cache_endpoint=started and self.started_generation("", started),
             )
         except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
             raise pytest.UsageError(f"gsm8k: {exc}") from None
         self._client = client
         return client
 
-    def _started_endpoint(self, name: str | None) -> str | None:
-        """``name`` (what names a server this run starts) with the generation of its runs
+    def started_generation(self, config: str, base: str) -> str:
+        """``base`` (what names a server this run starts; ``config`` "" for --gsm8k-serve
+        and the local model) with the generation of its runs
         (:meth:`ResponseCache.generation`): answers resume an unfinished run only."""
-        if name is None:
-            return None
-        generation = self.cache(True).generation(name)
-        self.started[""] = (name, generation)
-        return f"{name} gen:{generation}"
-
-    def started_generation(self, name: str, base: str) -> str:
-        """A config's server (``name``): its cache name with its run generation."""
         generation = self.cache(True).generation(base)
-        self.started[name] = (base, generation)
+        self.started[config] = (base, generation)
         return f"{base} gen:{generation}"
 
     def finish_started(self, complete: Callable[[str], bool]) -> None:
