@@ -13,6 +13,7 @@ import hashlib
 import lzma
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from pytest_gsm8k.core.dataset import (
     CONFIGS,
@@ -25,6 +26,7 @@ from pytest_gsm8k.core.dataset import (
     rows_to_problems,
 )
 from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.runtime.install import install_hint
 
 #: (config, split) -> (file in pytest_gsm8k/data, sha256 of the uncompressed JSONL). The hashes
 #: are those of openai/grade-school-math's grade_school_math/data files (MIT licence,
@@ -86,12 +88,23 @@ def _read_embedded(config: str, split: str) -> list[Problem]:
     return parse_jsonl(raw.splitlines(keepends=True), split, where)
 
 
-def _read_parquet(files: list[Path], split: str, where: str) -> list[Problem]:
-    """Parquet through ``datasets`` (the same code path as the hub download)."""
+def _datasets(what: str) -> Any:
+    """The ``datasets`` package, which lives in the ``hub`` extra: the data ships inside
+    the plugin, and ``datasets`` brings pyarrow and pandas (some 250 MB) that a run of the
+    embedded copy or of a JSONL file never uses. Missing, it is one line with the command
+    that adds the extra to the install the user has."""
     try:
         import datasets
-    except ImportError:  # pragma: no cover - datasets is a hard dependency
-        raise DatasetError("reading parquet needs the 'datasets' package") from None
+    except ImportError:
+        raise DatasetError(
+            f"{what} needs the 'datasets' package, in the 'hub' extra: {install_hint('hub')}"
+        ) from None
+    return datasets
+
+
+def _read_parquet(files: list[Path], split: str, where: str) -> list[Problem]:
+    """Parquet through ``datasets`` (the same code path as the hub download)."""
+    datasets = _datasets("reading parquet")
     try:
         ds = datasets.load_dataset(
             "parquet", data_files={split: [str(f) for f in files]}, split=split
@@ -106,10 +119,7 @@ def _hub_files(folder: Path, config: str, split: str) -> list[Path]:
 
 
 def _load_hub(name: str, config: str, split: str) -> list[Problem]:
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover
-        raise DatasetError("loading from the hub needs the 'datasets' package") from None
+    datasets = _datasets(f"--gsm8k-dataset {name}")
     try:
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as exc:

@@ -16,7 +16,6 @@ import importlib
 import importlib.util
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 
 from pytest_gsm8k.core.command import ServeCommand
 from pytest_gsm8k.runtime.files import cpu_count, write_atomic
+from pytest_gsm8k.runtime.install import install_command, install_hint
 from pytest_gsm8k.runtime.serve import LOOPBACK, ServedProcess, ServerSpec, start_server
 
 __all__ = [
@@ -53,52 +53,6 @@ DEFAULT_N_CTX = 2048
 
 Gemma 3 270M itself supports 32k; a bigger window only costs memory (KV cache).
 """
-
-DIST_NAME = "pytest-gsm8k"
-"""The distribution whose install record (PEP 610 ``direct_url.json``) names its source."""
-
-
-def install_command(direct_url: Mapping[str, Any] | None) -> str:
-    """The pip command that adds the ``local`` extra to pytest-gsm8k as it was installed.
-
-    pytest-gsm8k is installed from a clone, a wheel or sdist, or a git URL, not from an
-    index, so a bare ``pip install 'pytest-gsm8k[local]'`` would look for it where it is
-    not. ``direct_url`` is the install record pip wrote (None: installed from an index, or
-    no record), and the command names the same source: the clone's folder (editable when it
-    was), the archive's or the repository's URL at the installed commit.
-    """
-    record: Mapping[str, Any] = direct_url or {}
-    url = str(record.get("url") or "")
-    if not url:
-        return "pip install " + shlex.quote(f"{DIST_NAME}[local]")
-    dir_info = record.get("dir_info")
-    if isinstance(dir_info, Mapping) and url.startswith("file://"):
-        folder = urllib.request.url2pathname(url.removeprefix("file://"))
-        editable = "-e " if dir_info.get("editable") else ""
-        return f"pip install {editable}" + shlex.quote(f"{folder}[local]")
-    vcs_info = record.get("vcs_info")
-    if isinstance(vcs_info, Mapping):
-        revision = vcs_info.get("commit_id") or vcs_info.get("requested_revision")
-        url = f"{vcs_info.get('vcs', 'git')}+{url}" + (f"@{revision}" if revision else "")
-    return "pip install " + shlex.quote(f"{DIST_NAME}[local] @ {url}")
-
-
-def install_hint() -> str:
-    """:func:`install_command` for the installed pytest-gsm8k, from the install record of
-    the first of its distributions that has one (a clone's folder on ``sys.path`` also
-    shows its ``.egg-info``, which has none)."""
-    from importlib import metadata
-
-    for dist in metadata.distributions(name=DIST_NAME):
-        try:
-            text = dist.read_text("direct_url.json")
-            data = json.loads(text) if text else None
-        except (ValueError, OSError):
-            continue
-        if isinstance(data, Mapping):
-            return install_command(data)
-    return install_command(None)
-
 
 GGUF_MAGIC = b"GGUF"
 

@@ -258,3 +258,32 @@ def test_path_options_written_with_a_space_keep_the_rootdir(
     for result in (joined, spaced):  # the ini's addopts applied
         assert "PASSED tests/test_unit.py::test_unit" in output(result), output(result)
     assert read_json(report)["n"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["--gsm8k-dataset=someone/gsm8k-variant"], "--gsm8k-dataset someone/gsm8k-variant"),
+        (["--gsm8k-data=rows.parquet"], "reading parquet"),
+    ],
+    ids=["hub", "parquet"],
+)
+def test_a_hub_dataset_without_the_hub_extra_names_the_extra_in_one_line(
+    pytester: pytest.Pytester, args: list[str], what: str
+) -> None:
+    """``datasets`` is in the ``hub`` extra, not a dependency (pyarrow and pandas, some 250 MB
+    no embedded-copy run uses): where it is missing, the run that needs it says which extra
+    and the pip command for this install, once, before anything is sent."""
+    # a module that shadows the installed package, as a machine without it would see it
+    pytester.makepyfile(datasets="raise ImportError('No module named datasets')")
+    pytester.path.joinpath("rows.parquet").write_bytes(b"PAR1")
+    result = pytester.runpytest_subprocess(
+        *NO_EXTRA_PLUGINS, "--gsm8k-model=m", "--gsm8k-base-url=http://127.0.0.1:9/v1", *args
+    )
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    lines = [line for line in text.splitlines() if "'hub' extra" in line]
+    assert len(lines) == 1, text
+    assert f"{what} needs the 'datasets' package, in the 'hub' extra: pip install" in lines[0]
+    assert "pytest-gsm8k[hub]" in lines[0] or "[hub]'" in lines[0], lines[0]
+    assert "Traceback" not in text, text
