@@ -688,6 +688,11 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item]) -> str | None:
         )
     if any(_has_problem(item) for item in items):
         return None
+    if _selects_gsm8k(getattr(option, "markexpr", "")):
+        return (
+            f"{NO_MODEL}: -m {option.markexpr!r} selects the GSM8K items, which exist only "
+            f"with a model: {usage} (or gsm8k_model in the ini)"
+        )
     asked = [o.flag for o in OPTIONS if config.getoption(o.dest) is not None]
     if not asked:
         return None
@@ -695,6 +700,28 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item]) -> str | None:
         f"{NO_MODEL} and no test uses the gsm8k fixtures, so nothing was measured or gated "
         f"({', '.join(asked)} given): {usage}, or run a test that uses gsm8k_outcome"
     )
+
+
+def _selects_gsm8k(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` asks for the GSM8K items: true for an item with only the
+    ``gsm8k`` marker and false for one without it (``-m gsm8k``, ``-m "gsm8k and not slow"``;
+    not ``-m "not gsm8k"``). Read as Python's ``and``/``or``/``not`` over marker names, which
+    is pytest's grammar; an expression with anything else (keyword arguments) is left alone."""
+    tokens = re.findall(r"\(|\)|[^\s()]+", markexpr)
+    if not tokens or any(not re.fullmatch(r"[()]|[A-Za-z_][\w.-]*", t) for t in tokens):
+        return False
+    words = {"and", "or", "not", "(", ")"}
+
+    def value(gsm8k: bool) -> bool:
+        text = " ".join(
+            t if t in words else str(gsm8k if t == "gsm8k" else False) for t in tokens
+        )
+        try:
+            return bool(eval(text, {"__builtins__": {}}, {}))  # only True/False/and/or/not
+        except SyntaxError:
+            return False
+
+    return value(True) and not value(False)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -287,3 +287,47 @@ def test_a_hub_dataset_without_the_hub_extra_names_the_extra_in_one_line(
     assert f"{what} needs the 'datasets' package, in the 'hub' extra: pip install" in lines[0]
     assert "pytest-gsm8k[hub]" in lines[0] or "[hub]'" in lines[0], lines[0]
     assert "Traceback" not in text, text
+
+
+@XDIST
+def test_the_gate_selected_with_no_model_is_one_line_naming_the_option(
+    pytester: pytest.Pytester, xdist: list[str]
+) -> None:
+    """``pytest -m gsm8k`` with no model: the GSM8K items exist only with a model, so pytest
+    saw nothing to select ("4 deselected", exit 5) and said nothing of why. One line naming
+    --gsm8k-model and the ini key; ``-m "not gsm8k"`` (the rest of the suite) is untouched."""
+    pytester.makepyfile(test_mine="def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    result = pytester.runpytest(*NO_EXTRA_PLUGINS, *xdist, "-m", "gsm8k")
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    lines = error_lines(text)
+    assert len(lines) == 1, text
+    assert "-m 'gsm8k' selects the GSM8K items" in lines[0]
+    assert "--gsm8k-model=ID" in lines[0]
+    assert "gsm8k_model in the ini" in lines[0]
+    assert "Traceback" not in text, text
+    rest = pytester.runpytest(*NO_EXTRA_PLUGINS, *xdist, "-m", "not gsm8k")
+    assert rest.ret == 0, output(rest)
+    rest.assert_outcomes(passed=2)
+    both = pytester.runpytest(*NO_EXTRA_PLUGINS, *xdist, "-m", "gsm8k or not gsm8k")
+    assert both.ret == 0, output(both)
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "selects"),
+    [
+        ("gsm8k", True),
+        ("gsm8k and not slow", True),
+        ("(gsm8k or smoke) and not slow", True),
+        ("not gsm8k", False),
+        ("gsm8k or not gsm8k", False),
+        ("smoke", False),
+        ("", False),
+        ("gsm8k(x=1)", False),
+        ("gsm8k and", False),
+    ],
+)
+def test_which_mark_expressions_ask_for_the_gate(markexpr: str, selects: bool) -> None:
+    from pytest_gsm8k.plugin import _selects_gsm8k
+
+    assert _selects_gsm8k(markexpr) is selects
