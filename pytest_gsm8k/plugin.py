@@ -713,9 +713,7 @@ def _selects_gsm8k(markexpr: str) -> bool:
     words = {"and", "or", "not", "(", ")"}
 
     def value(gsm8k: bool) -> bool:
-        text = " ".join(
-            t if t in words else str(gsm8k if t == "gsm8k" else False) for t in tokens
-        )
+        text = " ".join(t if t in words else str(gsm8k if t == "gsm8k" else False) for t in tokens)
         try:
             return bool(eval(text, {"__builtins__": {}}, {}))  # only True/False/and/or/not
         except SyntaxError:
