@@ -301,6 +301,9 @@ class Script:
     #: of ``drop_pool`` (default: every problem, in index order)
     drop: int = 0
     drop_pool: list[int] = field(default_factory=list)
+    #: refuse as OpenAI's reasoning models do: 400 for ``max_tokens`` (they take
+    #: ``max_completion_tokens``), then 400 for any temperature but 1
+    reasoning: bool = False
 
     def __post_init__(self) -> None:
         self.behaviours = _int_keys(self.behaviours)
@@ -400,6 +403,28 @@ def _error_body(
     message: str, type_: str, code: str | None, param: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _reasoning_refusal(req: dict[str, Any]) -> dict[str, Any] | None:
+    """The 400 bodies OpenAI's reasoning models answer, one fault at a time as they do."""
+    if "max_tokens" in req:
+        return _error_body(
+            "Unsupported parameter: 'max_tokens' is not supported with this model. "
+            "Use 'max_completion_tokens' instead.",
+            "invalid_request_error",
+            "unsupported_parameter",
+            "max_tokens",
+        )
+    temperature = req.get("temperature")
+    if temperature is not None and temperature != 1:
+        return _error_body(
+            f"Unsupported value: 'temperature' does not support {temperature} with this "
+            "model. Only the default (1) value is supported.",
+            "invalid_request_error",
+            "unsupported_value",
+            "temperature",
+        )
+    return None
 
 
 @dataclass
@@ -1015,6 +1040,9 @@ class FakeOpenAIServer:
             raise _BadRequest("you must provide a model parameter")
         if model != self.model:
             return self._model_not_found(model)
+        refusal = _reasoning_refusal(req) if self.script.reasoning else None
+        if refusal is not None:
+            return _json_response(400, refusal)
 
         # ---- which problem(s)
         prompts: list[str]

@@ -20,7 +20,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["HINT_MIN_COUNT", "HINT_MIN_SHARE", "TEMPLATE_TOKENS", "chat_api_hint", "chat_sign"]
+__all__ = [
+    "HINT_MIN_COUNT",
+    "HINT_MIN_SHARE",
+    "TEMPLATE_TOKENS",
+    "chat_api_hint",
+    "chat_sign",
+    "reasoning_model_hint",
+]
 
 #: the unparsed share from which the hint is given (a few stray answers are not a pattern)
 HINT_MIN_SHARE = 0.10
@@ -81,3 +88,28 @@ def chat_api_hint(
         f"--gsm8k-api completions, and the model looks like a chat model ({sign}): "
         "try --gsm8k-api chat, which applies its chat template"
     )
+
+
+#: what OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, ...) answer, with HTTP 400, to the
+#: request fields a classic chat model takes: ``max_tokens`` (they take
+#: ``max_completion_tokens``) and a temperature other than 1 (they sample at 1 only)
+_REASONING_REFUSALS = (
+    re.compile(r"Unsupported parameter: 'max_tokens'.*max_completion_tokens", re.IGNORECASE),
+    re.compile(r"Unsupported value: 'temperature' does not support", re.IGNORECASE),
+)
+
+REASONING_MODEL_FIX = (
+    "this endpoint refuses as OpenAI's reasoning models do: run with --gsm8k-max-tokens none "
+    "--gsm8k-param max_completion_tokens=N --gsm8k-temperature none (such a model samples at "
+    "temperature 1: calibrate its baseline with --gsm8k-repeats K)"
+)
+
+
+def reasoning_model_hint(message: str) -> str | None:
+    """The options that get a reasoning model through, when ``message`` (an HTTP 400's text)
+    is one of its refusals: the endpoint names one field at a time, so a newcomer met two
+    stops, one fix each, and would not guess the third option (``max_completion_tokens``).
+    All three are named at the first."""
+    if any(pattern.search(message) for pattern in _REASONING_REFUSALS):
+        return REASONING_MODEL_FIX
+    return None

@@ -65,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from pytest_gsm8k.core.health import reasoning_model_hint
 from pytest_gsm8k.core.identity import Description, difference, reply_difference, reply_identity
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.scrub import Scrubber, printable
@@ -189,7 +190,9 @@ def _describe_status(exc: Exception, status: int) -> tuple[str, bool]:
     if status == 404:
         return not_found(exc), True
     retried = " after retries" if status in RETRIED or status >= 500 else ""
-    return f"HTTP {status}{retried}: {_api_message(exc)}", False
+    message = _api_message(exc)
+    hint = reasoning_model_hint(message) if status == 400 else None
+    return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
 
 
 def _connection_failed(exc: BaseException) -> str:

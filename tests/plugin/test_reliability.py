@@ -586,3 +586,46 @@ def test_the_served_model_list_reaches_the_terminal_without_escapes(
     assert "(it serves: evilred)" in line  # the escapes dropped
     assert "\x1b" not in text
     assert "\x07" not in text
+
+
+@XDIST
+def test_a_reasoning_models_refusal_names_every_option_that_gets_it_through(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """OpenAI's reasoning models refuse ``max_tokens``, then any temperature but 1, one 400
+    at a time: the run stopped with the server's text twice, one fix each, and the way
+    through (``max_completion_tokens``) was left to guess. The first stop names all three
+    options; with them the run goes through, its requests holding none of the refused
+    fields."""
+    server.set_script(Script(reasoning=True))
+    common = (*gsm8k_args, *xdist, "--gsm8k-limit=6", "--gsm8k-concurrency=2")
+    result = pytester.runpytest(*common, "--gsm8k-report=r.json")
+    text = output(result)
+    assert result.ret == 1, text
+    [message] = errors(report(pytester))
+    assert "Unsupported parameter: 'max_tokens'" in message
+    for option in (
+        "--gsm8k-max-tokens none",
+        "--gsm8k-param max_completion_tokens=N",
+        "--gsm8k-temperature none",
+        "--gsm8k-repeats",
+    ):
+        assert option in message, message
+    server.reset()
+    server.set_script(Script(reasoning=True))
+    server.record = True
+    fixed = pytester.runpytest(
+        *common,
+        "--gsm8k-max-tokens=none",
+        "--gsm8k-param=max_completion_tokens=512",
+        "--gsm8k-temperature=none",
+    )
+    assert fixed.ret == 0, output(fixed)
+    bodies: list[dict[str, Any]] = server.stats()["bodies"]
+    assert bodies
+    assert all("max_tokens" not in b and "temperature" not in b for b in bodies)
+    assert all(b["max_completion_tokens"] == 512 for b in bodies)
