@@ -629,9 +629,15 @@ def _listing(state: State, models: list[str]) -> str:
 
 
 def _write_line(state: State, line: str) -> None:
+    """A line of its own, also while the test loop writes its letters: under xdist pytest
+    writes them without marking the line as taken (``currentfspath``), so ``write_line``
+    would splice the line into the dots (``..gsm8k: config B: serving ...``)."""
     reporter = state.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
+    if reporter is None:
+        return
+    if state.run.records and not reporter.currentfspath:
+        reporter.currentfspath = -2  # what pytest sets after writing on a line
+    reporter.write_line(line)
 
 
 def _progress_line(state: State, log: Path) -> Callable[[float], None]:

@@ -34,8 +34,11 @@ GATES_NODEID = "gsm8k::gates"
 #: the reports this module makes carry this attribute (true): the plugin's own
 #: aggregation skips them (the summary already counts what they say)
 UNFINISHED = "gsm8k_unfinished"
-#: seconds between two drawings of the progress line
+#: seconds between two drawings of the progress line on a terminal
 PROGRESS_INTERVAL = 0.5
+#: seconds between two progress lines in a log (not a terminal): one line each, not a
+#: rewrite, and few enough that an hour's run stays readable
+LOG_PROGRESS_INTERVAL = 10.0
 
 
 def is_unfinished(report: pytest.TestReport) -> bool:
@@ -155,16 +158,21 @@ def progress_wanted(config: pytest.Config, asked: bool | None) -> bool:
 class ProgressLine:
     """The progress line on pytest's terminal: redrawn at most every
     :data:`PROGRESS_INTERVAL` seconds (and always at the end), with the terminal
-    reporter's rewrite of the current line."""
+    reporter's rewrite of the current line. Into a log that is not a terminal (asked for
+    with ``--gsm8k-progress``) a rewrite is carriage returns on one endless line: there it
+    is a plain line every :data:`LOG_PROGRESS_INTERVAL` seconds."""
 
     def __init__(self, config: pytest.Config, clock: Callable[[], float] = time.monotonic) -> None:
         self._reporter = config.pluginmanager.get_plugin("terminalreporter")
+        self._tty = self._reporter is not None and bool(self._reporter.isatty())
         self._clock = clock
         self._started = clock()
         self._drawn_at: float | None = None
+        self._drawn_done = -1
 
     def due(self) -> bool:
-        return self._drawn_at is None or self._clock() - self._drawn_at >= PROGRESS_INTERVAL
+        every = PROGRESS_INTERVAL if self._tty else LOG_PROGRESS_INTERVAL
+        return self._drawn_at is None or self._clock() - self._drawn_at >= every
 
     def draw(self, records: Mapping[str, ProblemRecord], total: int) -> None:
         if self._reporter is None or total <= 0:
@@ -174,4 +182,8 @@ class ProgressLine:
         counter = Counter(r["outcome"] for r in records.values())
         counts: dict[str, int] = {o: counter[o] for o in OUTCOMES}
         line = Progress(len(records), total, now - self._started, counts).line()
-        self._reporter.rewrite(line, erase=True)
+        if self._tty:
+            self._reporter.rewrite(line, erase=True)
+        elif len(records) != self._drawn_done:  # a log: no line twice
+            self._reporter.write_line(line)
+        self._drawn_done = len(records)

@@ -12,7 +12,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Progress", "format_duration"]
+__all__ = ["ETA_AFTER", "Progress", "format_duration"]
+
+#: answers before an ETA is shown (or a twentieth of the run, if more): the first replies
+#: arrive together (every request in flight left at once), so a rate read after one answer
+#: is off by up to the concurrency ("ETA 1h10m" for a run of a few minutes)
+ETA_AFTER = 20
 
 
 def format_duration(seconds: float) -> str:
@@ -50,11 +55,11 @@ class Progress:
     @property
     def eta(self) -> float | None:
         """Seconds left at the rate so far; 0 once every problem is answered, None while
-        no rate is known."""
+        no rate is known: before :data:`ETA_AFTER` answers (or a twentieth of the run)."""
         if self.done >= self.total:
             return 0.0
         rate = self.rate
-        if rate is None:
+        if rate is None or self.done < max(ETA_AFTER, self.total // 20):
             return None
         return (self.total - self.done) / rate
 

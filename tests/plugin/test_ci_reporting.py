@@ -13,6 +13,9 @@ Real runs (pytester, and a subprocess where the raw bytes matter) against the fa
 
 from __future__ import annotations
 
+import os
+import pty
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -222,14 +225,65 @@ def _raw_run(pytester: pytest.Pytester, *args: str) -> str:
     return done.stdout.decode("utf-8", "replace")
 
 
+def _tty_run(pytester: pytest.Pytester, *args: str) -> str:
+    """A run in its own process writing to a terminal (a pseudo-terminal), its output as
+    written."""
+    main, secondary = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *args],
+            cwd=pytester.path,
+            stdin=subprocess.DEVNULL,
+            stdout=secondary,
+            stderr=secondary,
+        )
+    finally:
+        os.close(secondary)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    proc.wait(timeout=300)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 @XDIST
-def test_the_progress_line_rewrites_the_current_line_when_asked(
+def test_the_progress_line_rewrites_the_current_line_on_a_terminal(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
     xdist: list[str],
 ) -> None:
+    server.set_script(Script(default="wrong"))
+    out = _tty_run(
+        pytester, *gsm8k_args, *NO_CACHEPROVIDER, *xdist, "--gsm8k-limit=5", "--gsm8k-no-cache"
+    )
+    plain = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out)
+    assert "\rgsm8k: 5/5 answered (5 wrong)  " in plain, out
+    final = plain.rpartition("\rgsm8k: 5/5 answered")[2].splitlines()[0]
+    assert "/s  done in " in final
+    # the line replaces the dots: no outcome letters, and the final count is pytest's as ever
+    assert "wwwww" not in plain
+    assert "5 wrong" in plain.splitlines()[-1]
+
+
+@XDIST
+def test_the_progress_asked_for_in_a_log_is_plain_lines(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """``--gsm8k-progress`` into a file (a CI log): a rewrite there was one line holding
+    17 carriage returns. Plain lines, each once, the last one the finished run's."""
     server.set_script(Script(default="wrong"))
     out = _raw_run(
         pytester,
@@ -240,10 +294,12 @@ def test_the_progress_line_rewrites_the_current_line_when_asked(
         "--gsm8k-no-cache",
         "--gsm8k-progress",
     )
-    assert "\rgsm8k: 5/5 answered (5 wrong)  " in out, out
-    final = out.rpartition("\rgsm8k: 5/5 answered")[2].splitlines()[0]
-    assert "/s  done in " in final
-    # the line replaces the dots: no outcome letters, and the final count is pytest's as ever
+    assert "\r" not in out, out
+    lines = [line for line in out.splitlines() if line.startswith("gsm8k: ") and "answered" in line]
+    assert lines, out
+    assert len(lines) == len(set(lines)), out
+    assert lines[-1].startswith("gsm8k: 5/5 answered (5 wrong)  "), out
+    assert "/s  done in " in lines[-1]
     assert "wwwww" not in out
     assert "5 wrong" in out.splitlines()[-1]
 

@@ -472,3 +472,24 @@ def test_a_configs_request_timeout_is_not_a_stall(
     out = output(result)
     assert result.ret == 0, out
     assert "no answer from" not in out
+
+
+@XDIST
+def test_each_configs_serving_line_stands_on_its_own_line(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """A config's "serving ..." line is written while the dots of the previous config are on
+    the current line: it was spliced into them (``..gsm8k: config ...``)."""
+    folder = _configs(tmp_path / "configs")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        *NOISE,
+        *xdist,
+    )
+    out = output(result)
+    serving = [line for line in out.splitlines() if ": serving " in line]
+    assert len(serving) == 3, out
+    assert all(line.startswith("gsm8k: config ") for line in serving), out

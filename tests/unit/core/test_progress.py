@@ -50,3 +50,13 @@ def test_a_finished_run_says_how_long_it_took() -> None:
     progress = Progress(done=50, total=50, elapsed=125.0, counts={"correct": 50})
     assert progress.eta == 0.0
     assert progress.line() == "gsm8k: 50/50 answered (50 correct)  0.40/s  done in 2m05s"
+
+
+def test_no_eta_until_the_rate_stands_for_the_run() -> None:
+    """The first replies arrive together: an ETA after one of them said "1h10m" for a run
+    of minutes. None until 20 answers, or a twentieth of the run if that is more."""
+    assert Progress(done=1, total=1319, elapsed=2.0).eta is None
+    assert Progress(done=64, total=1319, elapsed=10.0).eta is None
+    assert Progress(done=65, total=1319, elapsed=10.0).eta == pytest.approx(1254 / 6.5)
+    assert Progress(done=19, total=100, elapsed=10.0).line().endswith("ETA -")
+    assert Progress(done=20, total=100, elapsed=10.0).line().endswith("ETA 40s")
