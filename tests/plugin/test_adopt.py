@@ -156,17 +156,17 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     passing = run()
     assert passing.ret == 0, output(passing)
     assert "gate baseline: PASS" in output(passing)
-    names = _cases(user_repo / "gsm8k-junit.xml")
+    names = _cases(user_repo / "gsm8k-out" / "junit.xml")
     assert len(names) == 50
     assert all(name.startswith("test_gsm8k[test-") for name in names)
-    assert _gates(user_repo / "gsm8k-junit.xml") == {"baseline": True}
+    assert _gates(user_repo / "gsm8k-out" / "junit.xml") == {"baseline": True}
     assert "test_app" not in output(passing)
-    assert (user_repo / "gsm8k-report.json").is_file()
-    assert (user_repo / "gsm8k.html").is_file()
+    assert (user_repo / "gsm8k-out" / "report.json").is_file()
+    assert (user_repo / "gsm8k-out" / "gsm8k.html").is_file()
 
     server.set_script(Script(default="wrong"))
     failing = run()
     assert failing.ret == 1, output(failing)
     assert "gate baseline: FAIL" in output(failing)
-    assert len(_cases(user_repo / "gsm8k-junit.xml")) == 50
-    assert _gates(user_repo / "gsm8k-junit.xml") == {"baseline": False}
+    assert len(_cases(user_repo / "gsm8k-out" / "junit.xml")) == 50
+    assert _gates(user_repo / "gsm8k-out" / "junit.xml") == {"baseline": False}

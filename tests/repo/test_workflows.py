@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -72,7 +73,6 @@ def test_the_gate_workflow_gates_the_local_model_on_cpu_and_a_served_one_on_gpu(
     cpu, gpu = data["jobs"]["gsm8k-cpu"], data["jobs"]["gsm8k-gpu"]
     assert cpu["runs-on"] == "ubuntu-latest"
     cpu_runs = " ".join(step.get("run", "") for step in cpu["steps"])
-    assert cpu["env"]["PYTEST_GSM8K"] == ".[local]"
     assert 'pip install "$PYTEST_GSM8K"' in cpu_runs
     assert any(s.get("env", {}).get("CMAKE_ARGS") == "-DGGML_NATIVE=OFF" for s in cpu["steps"])
     assert "--gsm8k-model=local" in cpu_runs
@@ -89,8 +89,124 @@ def test_the_gate_workflow_gates_the_local_model_on_cpu_and_a_served_one_on_gpu(
         assert "--gsm8k-baseline=.github/gsm8k/" in runs
         uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload")]
         assert uploads
-        assert "gsm8k-report.json" in uploads[0]["with"]["path"]
-        assert "gsm8k.html" in uploads[0]["with"]["path"]
+        assert uploads[0]["with"]["path"] == "gsm8k-out/"
+
+
+def _workflow() -> dict[Any, Any]:
+    data: dict[Any, Any] = yaml.safe_load(
+        (REPO / "examples" / "github" / "gsm8k-gate.yml").read_text()
+    )
+    return data
+
+
+def test_every_output_of_every_job_lands_in_the_uploaded_folder() -> None:
+    """Reports written at the repository's root were left untracked in a user's checkout:
+    every file a job writes is under gsm8k-out/, the folder its artifact uploads."""
+    for name, job in _workflow()["jobs"].items():
+        runs = " ".join(step.get("run", "") for step in job["steps"])
+        written = re.findall(r"--(?:gsm8k-report|gsm8k-html|gsm8k-markdown|junitxml)=(\S+)", runs)
+        assert len(written) == 3, name
+        assert all(path.startswith("gsm8k-out/") for path in written), (name, written)
+
+
+def _step_script(job: dict[str, Any], name_starts: str) -> str:
+    [step] = [s for s in job["steps"] if str(s.get("name", "")).startswith(name_starts)]
+    return str(step["run"])
+
+
+@pytest.mark.parametrize("value", ["", ".github/gsm8k/pytest_gsm8k-0.1.0-py3-none-any.whl"])
+def test_a_workflow_copied_without_setting_where_the_plugin_comes_from_stops_saying_so(
+    value: str,
+) -> None:
+    """The default ".[local]" installed the user's own package ("tinycalc does not provide
+    the extra 'local'"), then found no pytest. Now the default is empty, and each job's first
+    step stops with one line naming PYTEST_GSM8K and what to set it to."""
+    data = _workflow()
+    assert data["env"]["PYTEST_GSM8K"] == ""
+    for name, job in data["jobs"].items():
+        assert "PYTEST_GSM8K" not in job.get("env", {}), name  # one place to set it
+        assert str(job["steps"][1].get("name", "")).startswith("Check that PYTEST_GSM8K"), name
+        script = _step_script(job, "Check that PYTEST_GSM8K")
+        done = subprocess.run(
+            ["bash", "-e", "-c", script],
+            env={**os.environ, "PYTEST_GSM8K": value},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if value:
+            assert done.returncode == 0, done.stdout
+        else:
+            assert done.returncode == 1, name
+            [line] = done.stdout.splitlines()
+            assert line.startswith("::error::set PYTEST_GSM8K at the top of this workflow")
+
+
+def test_an_install_that_is_not_the_plugin_stops_the_job_saying_so(tmp_path: Path) -> None:
+    """PYTEST_GSM8K pointing at the user's own package ("."): pip installs it happily; the
+    install step then finds no pytest_gsm8k and stops with one line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("python", "python3"):  # an interpreter where every import fails
+        fake = bin_dir / tool
+        fake.write_text(
+            "#!/bin/sh\n"
+            'if [ "$1" = -m ] && [ "$2" = venv ]; then\n'
+            '  mkdir -p "$3/bin"; cp "$0" "$3/bin/python"\n'
+            "fi\n"
+            '[ "$1" = -c ] && exit 1\n'
+            "exit 0\n",
+            encoding="utf-8",
+        )
+        fake.chmod(0o755)
+    for name, job in _workflow()["jobs"].items():
+        script = _step_script(job, "Install the plugin")
+        done = subprocess.run(
+            ["bash", "-e", "-c", script],
+            env={
+                **os.environ,
+                "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                "PYTEST_GSM8K": ".",
+                "RUNNER_TEMP": str(tmp_path),
+                "GITHUB_PATH": str(tmp_path / "github_path"),
+            },
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 1, (name, done.stdout, done.stderr)
+        assert "::error::PYTEST_GSM8K=. did not install pytest-gsm8k" in done.stdout, name
+
+
+def test_the_cpu_job_installs_the_local_extra_and_keeps_its_compiled_wheel() -> None:
+    """The packages it adds are the ``local`` extra's, and pip's cache (llama.cpp's wheel,
+    7-10 minutes to compile) is kept between runs, keyed on the build flags."""
+    import tomllib
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["local"]
+    cpu = _workflow()["jobs"]["gsm8k-cpu"]
+    install = _step_script(cpu, "Install the plugin")
+    assert " ".join(f'"{req}"' for req in extra) in install
+    [cache] = [s for s in cpu["steps"] if str(s.get("uses", "")).startswith("actions/cache")]
+    assert cache["with"]["path"] == "~/.cache/pip"
+    assert "ggml-native-off" in cache["with"]["key"]
+    steps = [str(s.get("name", s.get("uses"))) for s in cpu["steps"]]
+    assert steps.index(str(cache["name"])) < steps.index(
+        next(n for n in steps if n.startswith("Install the plugin"))
+    )
+
+
+def test_the_example_names_the_wheel_this_version_builds_and_a_calibrated_gpu_baseline() -> None:
+    """The wheel name said 0.4.0 where the build makes 0.1.0; the GPU job's baseline was one
+    run, though README presents --gsm8k-repeats as the way not to flake."""
+    import pytest_gsm8k
+
+    text = (REPO / "examples" / "github" / "gsm8k-gate.yml").read_text()
+    wheels = set(re.findall(r"pytest_gsm8k-(\d[^-]*)-py3-none-any\.whl", text))
+    assert wheels == {pytest_gsm8k.__version__}
+    assert "--snapshot-update --gsm8k-repeats 5" in text
 
 
 def test_the_cpu_baseline_the_workflow_gates_on_is_committed() -> None:
