@@ -666,10 +666,12 @@ def _preflight_timeout(state: State) -> float:
 
 
 def preflight(state: State, endpoint: Endpoint) -> Endpoint:
-    """One cheap call at session start: unreachable, bad key or unknown model is one line.
-    Returns ``endpoint`` with what the server says about the model: cached answers are
-    reused only while it says the same."""
-    from pytest_gsm8k.core.identity import describe_server
+    """One cheap call at session start: unreachable, bad key, unknown model, or a model that
+    would not answer the preset's requests (they name none: an adapter's run would grade
+    its base) is one line. Returns ``endpoint`` with what the server says about the model:
+    cached answers are reused only while it says the same."""
+    from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
+    from pytest_gsm8k.core.presets import sends_model
     from pytest_gsm8k.runtime.client import PreflightError, list_models
 
     url = endpoint.base_url
@@ -706,6 +708,11 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             f"gsm8k: model {endpoint.model!r} is not served by {shown} "
             f"(it serves: {_listing(state, models)})"
         )
+    if not sends_model(state.settings.preset):
+        why = unnamed_answerer(cards, endpoint.model or "")
+        if why is not None:
+            line = unnamed_refusal(endpoint.model or "", why)
+            raise pytest.UsageError(f"gsm8k: --gsm8k-model {_shown(state, line)}")
     identity = describe_server(cards, endpoint.model or "")
     return Endpoint(endpoint.base_url, endpoint.model, identity)
 
@@ -766,7 +773,7 @@ def _launch_config(state: State, name: str) -> Launched:
     """One config's server (its ``server_args`` and the flags vLLM's test adds, its
     ``env``, waited for up to its ``startup_max_wait_seconds``) and the engine that asks
     it; a failure is :class:`LaunchError`, one line."""
-    from pytest_gsm8k.core.identity import describe_server
+    from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
     from pytest_gsm8k.runtime import serve
     from pytest_gsm8k.runtime.client import Breaker, PreflightError, list_models
     from pytest_gsm8k.runtime.engine import Engine
@@ -812,6 +819,10 @@ def _launch_config(state: State, name: str) -> Launched:
             f"the server does not serve {config.model_name!r} (it serves: "
             f"{_listing(state, models)})"
         )
+    why = unnamed_answerer(cards, config.model_name)  # the vllm preset names no model
+    if why is not None:
+        server.stop(timeout=2.0)
+        raise LaunchError(_shown(state, unnamed_refusal(config.model_name, why)))
     from pytest_gsm8k.runtime.serve import server_env_digest
 
     concurrency = config.max_concurrency or state.concurrency()
@@ -845,7 +856,8 @@ def _launch_config(state: State, name: str) -> Launched:
         # waits that long): no answer for less than that is not a stall
         stall_timeout=settings.stall_timeout
         and max(settings.stall_timeout, config.request_timeout_seconds),
-        identity=describe_server(cards, config.model_name),
+        identity=(identity := describe_server(cards, config.model_name)),
+        named=config.model_name if identity is None else None,  # no listing: the replies tell
         # --gsm8k-early-stop: fetch no further ahead of the answers used than the
         # concurrency (what is fetched past the config's decision is paid for and unused)
         lookahead=concurrency if settings.early_stop else None,

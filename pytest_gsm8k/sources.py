@@ -254,6 +254,10 @@ class Sources:
             stall_timeout=settings.stall_timeout,
             # what the server says about itself describes the plugin's own client only
             identity=state.endpoint().identity if client is self._client else None,
+            # no listing showed who answers a request without a model field: its replies do
+            named=state.endpoint().model
+            if client is self._client and state.endpoint().identity is None
+            else None,
         )
         self.engines[id(model)] = engine
         if state.is_worker and (client is not self._client or not own):

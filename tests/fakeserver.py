@@ -289,6 +289,8 @@ class Script:
     #: seconds between two bytes of GET /models's response (head and body): a server that
     #: answers every read in time but never finishes
     drip_models: float = 0.0
+    #: GET /models answers 404: a server (or a proxy in front of one) that lists no models
+    unlisted: bool = False
     #: serve only paths under /v1/ (as vLLM and Ollama do): any other path answers 404 with
     #: FastAPI's body, the reply a base URL without /v1 gets
     v1_only: bool = False
@@ -496,6 +498,7 @@ class FakeOpenAIServer:
         port: int = 0,
         die_after: int | None = None,
         extra_models: Iterable[str] = (),
+        adapters: Iterable[str] = (),
         reasoning_field: bool = False,
         record_file: str | Path | None = None,
         raw_file: str | Path | None = None,
@@ -518,6 +521,10 @@ class FakeOpenAIServer:
         self.die_after = die_after
         #: more ids listed by GET /models (requests must still name ``model``)
         self.extra_models = list(extra_models)
+        #: LoRA adapters on top of ``model``, listed as vLLM lists them (``root`` their
+        #: folder, ``parent`` the base); a request naming one is answered (the same answers)
+        #: with its name in the reply, a request naming none by the base, as vLLM does
+        self.adapters = list(adapters)
         #: chat replies carry <think> reasoning in ``reasoning_content``, not in the content
         self.reasoning_field = reasoning_field
         #: every completion request body is appended here as one JSON line (server side)
@@ -949,6 +956,8 @@ class FakeOpenAIServer:
                     "invalid_api_key",
                 ),
             )
+        if script.unlisted and (path == "/models" or path.startswith("/models/")):
+            return self._model_not_found(path)
         if path == "/models" or path.startswith("/models/"):
             if method != "GET":
                 return _json_response(
@@ -969,9 +978,17 @@ class FakeOpenAIServer:
                 auth = headers.get("authorization", "")
                 if script.echo_auth_models and auth:
                     extra.append(auth.removeprefix("Bearer "))
-                cards = [card] + [
-                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in extra
-                ]
+                cards = (
+                    [card]
+                    + [
+                        {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                        for m in extra
+                    ]
+                    + [
+                        {**card, "id": a, "root": f"/adapters/{a}", "parent": self.model}
+                        for a in self.adapters
+                    ]
+                )
                 listing = _json_response(200, {"object": "list", "data": cards})
                 listing.drip = script.drip_models
                 return listing
@@ -1038,7 +1055,7 @@ class FakeOpenAIServer:
         model = req.get("model", self.model)
         if not isinstance(model, str) or not model:
             raise _BadRequest("you must provide a model parameter")
-        if model != self.model:
+        if model != self.model and model not in self.adapters:
             return self._model_not_found(model)
         refusal = _reasoning_refusal(req) if self.script.reasoning else None
         if refusal is not None:
@@ -1175,7 +1192,7 @@ class FakeOpenAIServer:
             chat, rid, texts, usage, bool(req.get("stream")), req.get("stream_options")
         )
         resp.completed = True
-        resp = self._hostile(chat, resp, indices, auth)
+        resp = self._hostile(chat, resp, indices, auth, model)
         if "gzipbomb" in kinds and resp.content_type == "application/json":
             loop = asyncio.get_running_loop()
             resp = await loop.run_in_executor(None, _gzip_bomb, resp, script.bomb_chars)
@@ -1259,21 +1276,27 @@ class FakeOpenAIServer:
         return message
 
     def _hostile(
-        self, chat: bool, resp: _Response, indices: list[int | None], auth: str | None = None
+        self,
+        chat: bool,
+        resp: _Response,
+        indices: list[int | None],
+        auth: str | None = None,
+        model: str | None = None,
     ) -> _Response:
-        """Apply the script's no-answer behaviours, reported model name and echoed
-        Authorization header to a 200 reply."""
+        """Apply the script's no-answer behaviours, reported model name (else the adapter
+        ``model`` asked for) and echoed Authorization header to a 200 reply."""
         script = self.script
         kinds = {script.behaviour(i) for i in indices if i is not None}
+        reported = script.reported_model if script.reported_model is not None else model
+        if reported == self.model:
+            reported = None
         if resp.content_type != "application/json" or not (
-            kinds & {"nochoices", "nullcontent"}
-            or script.reported_model is not None
-            or script.echo_auth_fields
+            kinds & {"nochoices", "nullcontent"} or reported is not None or script.echo_auth_fields
         ):
             return resp
         data = json.loads(resp.body)
-        if script.reported_model is not None:
-            data["model"] = script.reported_model
+        if reported is not None:
+            data["model"] = reported
         if script.echo_auth_fields:
             data["system_fingerprint"] = str(auth)
         if "nochoices" in kinds:
@@ -1478,6 +1501,7 @@ def main(argv: list[str] | None = None) -> int:
         "--never-ready", action="store_true", help="print a line, then never listen (sleep)"
     )
     ap.add_argument("--extra-model", action="append", default=[], help="also listed in /models")
+    ap.add_argument("--adapter", action="append", default=[], help="a LoRA adapter of --model")
     ap.add_argument("--reasoning-field", action="store_true")
     ap.add_argument("--record-file", default=None, help="append request bodies here (JSONL)")
     ap.add_argument(
@@ -1541,6 +1565,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         die_after=args.die_after,
         extra_models=args.extra_model,
+        adapters=args.adapter,
         reasoning_field=args.reasoning_field,
         record_file=args.record_file,
         raw_file=args.raw_file,

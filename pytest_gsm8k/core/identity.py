@@ -15,6 +15,14 @@ as it did when they were recorded, in two places:
 
 :func:`difference` names the first thing that differs, for the one line
 that says why cached answers were asked again.
+
+The same two places say whether the model named is the one that answers at all. A request
+with no ``model`` field (the ``vllm`` preset sends none, as vLLM's own script) is answered
+by the server's default model: with LoRA adapters served, that is the base model, and a run
+labelled with the adapter's name would grade the base. :func:`unnamed_answerer` reads that
+from the listing (vLLM lists an adapter with ``parent``, older versions with ``root``, naming
+its base), :func:`unnamed_reply` from a reply when there is no listing to go by, and
+:func:`unnamed_refusal` is the one line that refuses such a run.
 """
 
 from __future__ import annotations
@@ -77,6 +85,71 @@ def reply_difference(
         if old != new:
             return f"reply {name} {_shown(old)} -> {_shown(new)}"
     return None
+
+
+def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
+    """Why ``GET /v1/models`` (its ``cards``) shows that a request with no ``model`` field is
+    not answered by ``model``, or None: ``model`` is the one model served, or a base model
+    beside its own adapters and other names of itself (the same ``root``), or not listed at
+    all (the preflight refuses that on its own)."""
+    ids = {card.get("id") for card in cards if isinstance(card.get("id"), str)}
+    named = next((card for card in cards if card.get("id") == model), None)
+    if named is None:
+        return None
+    base = _base_of(named, ids)
+    if base is not None:
+        return f"GET /v1/models lists it as an adapter of {_brief(base)}, which answers instead"
+    others = [
+        str(card["id"])
+        for card in cards
+        if card.get("id") in ids - {model}
+        and _base_of(card, ids) is None
+        and not (isinstance(named.get("root"), str) and card.get("root") == named.get("root"))
+    ]
+    if not others:
+        return None
+    shown = ", ".join(_brief(name) for name in others[:3])
+    more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+    return (
+        f"GET /v1/models lists {shown}{more} beside it, and which one answers is the server's "
+        "choice"
+    )
+
+
+def unnamed_reply(reply_model: str | None, model: str) -> str | None:
+    """Why a reply to a request with no ``model`` field shows that ``model`` did not answer
+    it (the reply names another), or None. Only for a server whose listing did not already
+    show who answers: a listed model's replies may name its file (llama.cpp does)."""
+    if reply_model is None or reply_model == model:
+        return None
+    return f"the replies name {_brief(reply_model)}"
+
+
+def unnamed_refusal(model: str, why: str) -> str:
+    """The one line that refuses a run of requests without a ``model`` field when ``why``
+    (:func:`unnamed_answerer`, :func:`unnamed_reply`) shows that ``model`` does not answer."""
+    return (
+        f"{_brief(model)} is not the model that answers: {why}. The vllm preset sends no "
+        "model field (as vLLM's gsm8k_eval.py), so the server's default model answers under "
+        "this name; to run an adapter, send its name (leave out --gsm8k-preset vllm, with "
+        "--gsm8k-api chat for chat mode) or serve it, merged, as the server's only model"
+    )
+
+
+def _base_of(card: dict[str, Any], ids: set[Any]) -> str | None:
+    """The base model an adapter's card names: its ``parent`` (vLLM), or a ``root`` that is
+    another listed id (vLLM before ``parent``); None for a base model."""
+    for name in ("parent", "root"):
+        value = card.get(name)
+        named = isinstance(value, str) and value and value != card.get("id")
+        if named and (name == "parent" or value in ids):
+            return str(value)
+    return None
+
+
+def _brief(name: str) -> str:
+    """A model name as a message shows it: quoted, at most 80 characters of it."""
+    return repr(name if len(name) <= 80 else name[:77] + "...")
 
 
 def _field_order(name: str) -> tuple[int, str]:

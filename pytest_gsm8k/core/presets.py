@@ -111,6 +111,7 @@ __all__ = [
     "lm_eval_score",
     "lm_eval_strict",
     "preset_settings",
+    "sends_model",
     "takes_first",
 ]
 
@@ -152,6 +153,10 @@ class PresetSpec:
     first_questions: bool = False
     """``--gsm8k-limit N`` takes the first N problems, as the peer's ``--num-questions``
     (a vLLM config's ``num_questions``) does, instead of a seeded subset."""
+    model_field: bool = True
+    """The requests name the model (``model`` in the body). vLLM's script sends none, so
+    the server's default model answers: the run checks that this is the model named
+    (:func:`pytest_gsm8k.core.identity.unnamed_answerer`)."""
 
     def settings(self, api: str = "completions", shots: int | None = None) -> dict[str, Any]:
         """The run settings this preset fixes (``--gsm8k-*`` option names without the
@@ -207,6 +212,7 @@ VLLM = PresetSpec(
     adjustable=("shots",),
     also_fixed=("system",),
     first_questions=True,
+    model_field=False,
 )
 """vLLM's ``tests/evals/gsm8k/gsm8k_eval.py`` as its CI runs it (``evaluate_gsm8k``'s
 defaults); the requests are built in :mod:`pytest_gsm8k.core.engine_ci`."""
@@ -262,6 +268,11 @@ def takes_first(preset: str | None) -> bool:
     """Whether ``--gsm8k-limit`` takes the first problems under ``preset`` (see
     :attr:`PresetSpec.first_questions`); a seeded subset otherwise."""
     return preset in PRESETS and PRESETS[preset].first_questions
+
+
+def sends_model(preset: str | None) -> bool:
+    """Whether the requests of ``preset`` (None: the plugin's own) name the model."""
+    return preset not in PRESETS or PRESETS[preset].model_field
 
 
 def get_preset(name: str) -> PresetSpec:

@@ -25,8 +25,10 @@ given), since xdist already spreads the items over the workers.
 
 Failures are split in two: a request that fails after the openai client's
 retries is that item's error; an endpoint that is gone (the breaker opens,
-or a 401/404 says the key or the model is wrong) aborts the engine, and every
-unfinished item gets the same one-line message at once. Three more ways to
+or a 401/404 says the key or the model is wrong, or a reply to a request that
+names no model names another model than the run's while no ``GET /v1/models``
+showed who answers: ``named``) aborts the engine, and every unfinished item
+gets the same one-line message at once. Three more ways to
 stop, so the same failure on many requests is one message and a stop:
 
 * a 4xx (other than 408/429, which are retried) before any request succeeded:
@@ -66,7 +68,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pytest_gsm8k.core.health import reasoning_model_hint
-from pytest_gsm8k.core.identity import Description, difference, reply_difference, reply_identity
+from pytest_gsm8k.core.identity import (
+    Description,
+    difference,
+    reply_difference,
+    reply_identity,
+    unnamed_refusal,
+    unnamed_reply,
+)
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.settings import plain_url, with_v1
@@ -129,6 +138,11 @@ class AnswerTooLarge(Exception):
     """All samples of one problem together take more than :data:`MAX_REPLY_BYTES` as JSON."""
 
 
+class AnotherModel(Exception):
+    """A reply to a request that names no model names another model than the run's: the
+    run would grade that model under the name given (fatal: every answer is that model's)."""
+
+
 class _Parked(Exception):
     """An answer cached by an earlier run waits for this run's first reply to be checked."""
 
@@ -150,6 +164,8 @@ def _refused_first(status: object, succeeded: int) -> bool:
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """(one-line message, fatal?) for an exception from a model call."""
+    if isinstance(exc, AnotherModel):
+        return str(exc), True
     if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
         return _describe_wire(exc)
     try:
@@ -264,12 +280,16 @@ class Engine:
         scrub: Scrubber | None = None,
         stall_timeout: float | None = None,
         identity: Description | None = None,
+        named: str | None = None,
         read_timeout: float = READ_SECONDS,
     ) -> None:
         self.client = client
         self.scrub = scrub or Scrubber()
         #: what the server's GET /v1/models says about the model (stored with each answer)
         self.identity: Description | None = self.scrub.obj(identity)
+        #: the model a reply to a request without a model field must name (None: not
+        #: judged: GET /v1/models showed who answers, or the client is a user's)
+        self.named = named
         #: what cache keys name as the endpoint: the base URL, or a stabler name for a
         #: server whose URL changes every run (--gsm8k-serve: its command line)
         self.cache_endpoint = str(getattr(client, "cache_endpoint", None) or client.endpoint)
@@ -910,7 +930,12 @@ class Engine:
             self._in_flight -= 1
             self._progress = time.monotonic()
         response = self._clean(response)
-        self._replies.setdefault(reply_identity(response.model, response.fingerprint))
+        rid = reply_identity(response.model, response.fingerprint)
+        if rid not in self._replies and self.named is not None:
+            why = unnamed_reply(rid[0], self.named)
+            if why is not None and "model" not in request.body(self.named):
+                raise AnotherModel(unnamed_refusal(self.named, why))
+        self._replies.setdefault(rid)
         if self._parked:
             self._release_parked()  # this run's first reply: the parked answers can be checked
         return response

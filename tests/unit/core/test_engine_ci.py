@@ -253,3 +253,24 @@ def test_the_presets_version_names_the_recorded_script_and_is_part_of_the_identi
     ours = Protocol(api="completions", preset="vllm", extractor="last-int")
     assert ours.identity()["preset_version"] == version
     assert "preset_version" not in Protocol(api="completions").identity()
+
+
+def test_sends_model_is_what_each_presets_bodies_say(
+    test_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
+) -> None:
+    """The model under test is the one named: a run checks who answers a request that names
+    no model (GET /v1/models, the replies) for the presets whose bodies name none, so
+    :func:`presets.sends_model` must be what the bodies themselves say, in every API."""
+    problem = test_problems[0]
+    bodies = {
+        ("vllm", "completions"): vllm_request(problem, train_rows).body("m"),
+        ("vllm", "chat"): vllm_request(problem, train_rows, "chat").body("m"),
+        ("sglang", "completions"): sglang_request(problem, train_rows).body("m"),
+        ("lm-eval", "completions"): presets.lm_eval_request(problem, train_rows).body("m"),
+        ("lm-eval", "chat"): presets.lm_eval_request(problem, train_rows, "chat").body("m"),
+    }
+    assert {name for name, _ in bodies} == set(presets.PRESETS)
+    for (name, api), body in bodies.items():
+        assert ("model" in body) is presets.sends_model(name), (name, api)
+    assert not presets.sends_model("vllm")
+    assert presets.sends_model(None)  # the plugin's own requests name the model
