@@ -357,7 +357,7 @@ def _markdown(summary: Summary, questions: dict[str, str], html: str | None, lis
     lines = [f"### {md_text(summary.headline())}", ""]
     if html:
         lines += [
-            f"The run's page: `{md_text(html)}` (a self-contained HTML file; see the artifacts).",
+            f"The run's page: {md_code(html)} (a self-contained HTML file; see the artifacts).",
             "",
         ]
     counts = ", ".join(f"{v} {k}" for k, v in summary.counts().items() if v)

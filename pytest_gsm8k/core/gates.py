@@ -25,6 +25,7 @@ from typing import Literal
 
 from pytest_gsm8k.core.calibrated import Pair, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
+from pytest_gsm8k.core.scrub import printable
 
 __all__ = [
     "DROP_TOLERANCE",
@@ -64,6 +65,12 @@ class GateVerdict:
     detail: str
     value: float | None = None
     threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        # the name and the sentence hold names from outside (a config's file name, a label,
+        # a model id): every output shows them, so they are made fit for one line here, once
+        object.__setattr__(self, "name", printable(self.name))
+        object.__setattr__(self, "detail", printable(self.detail))
 
     @property
     def word(self) -> Verdict:

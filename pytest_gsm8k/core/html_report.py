@@ -33,6 +33,8 @@ Safety: every text from the model, the data or the run is escaped. Header text g
 (so no ``</script>``, ``<!--`` or tag can occur in it), and the page's script builds the list
 with ``textContent`` only. Credentials in the endpoint URL (user info, query) are dropped; the
 report holds no API key and nothing from the environment is read.
+Header text is also one line without control or bidi characters, as on the terminal
+(:func:`~pytest_gsm8k.core.scrub.printable`): a model id a server reported, a config's name.
 
 Speed: the page builds one summary row per problem once, fills a problem's details when it is
 first opened, and filters by toggling ``hidden`` on the rows (see ``html_report.js``).
@@ -54,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
+from pytest_gsm8k.core.scrub import printable
 
 __all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
 
@@ -843,7 +846,9 @@ def _asset(name: str) -> str:
 
 
 def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """Text for the page's markup: one line without escapes or reordering characters
+    (:func:`~pytest_gsm8k.core.scrub.printable`, as on the terminal), HTML-escaped."""
+    return html.escape(printable("" if value is None else str(value)), quote=True)
 
 
 def _int(value: Any) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.types import Api, Problem, Request
 
 COT_INSTRUCTION = (
@@ -62,7 +63,8 @@ class Protocol:
 
     @property
     def label(self) -> str:
-        """Short name for headlines, e.g. ``test@1, 0-shot CoT``."""
+        """Short name for headlines, e.g. ``test@1, 0-shot CoT``; fit for one line (a
+        --gsm8k-param key or value may hold a newline or an escape)."""
         shots = f"{self.shots}-shot CoT"
         parts = [self.name, shots]
         if self.api == "completions":
@@ -73,7 +75,7 @@ class Protocol:
             parts.append(f"extract {self.extractor}")
         if self.params:
             parts.append("params " + " ".join(f"{k}={v}" for k, v in self.params))
-        return ", ".join(parts)
+        return printable(", ".join(parts))
 
     def params_dict(self) -> dict[str, Any]:
         """The --gsm8k-param values, decoded."""

@@ -411,7 +411,7 @@ class Summary:
         if hint is not None:
             out.append("  " + hint)
         # model names, endpoints and messages come from outside: no escapes reach a terminal
-        styled = [(out[0], "headline")]
+        styled = [(printable(out[0]), "headline")]
         styled += [("  " + printable(line[2:]), "info") for line in out[1:]]
         for gate in self.gates:
             line = f"  gate {gate.name}: {gate.word}: {printable(gate.detail)}"

@@ -7,14 +7,15 @@
   whose file is missing with a printed line; here it is an error naming the line, so a
   matrix never shrinks unseen.
 
-Each config is named by its file's stem, as vLLM's own item ids are; two configs with the
-same name are refused.
+Each config is named by its file's stem, as vLLM's own item ids are, fit for one line
+(``core.scrub.printable``); two configs with the same name are refused.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig, parse, parse_list
 
 SUFFIXES = (".yaml", ".yml")
@@ -28,7 +29,10 @@ def _read(path: Path, shown: str) -> str:
 
 
 def _one(path: Path) -> VllmConfig:
-    return parse(_read(path, str(path)), str(path), path.stem)
+    # the name and the path are shown everywhere (ids, gate names, every output): escaped once,
+    # here, so a file name holding a newline or an escape forges no line anywhere
+    shown = printable(str(path))
+    return parse(_read(path, shown), shown, printable(path.stem))
 
 
 def load(path: str) -> tuple[VllmConfig, ...]:

@@ -3,6 +3,7 @@ the early stop's certain bounds are one rule."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -192,3 +193,15 @@ def test_tolerance_floor_is_vllms_float_comparison_exactly(
         assert verdict.name == "cfg:vllm-threshold"
         assert verdict.threshold == threshold - tolerance
     assert not spec.verdict(0, 0, "p").passed
+
+
+def test_a_verdicts_name_and_detail_are_one_line_whoever_built_them() -> None:
+    """Issue 31, case 18: a gate's name and sentence hold names from outside (a config's
+    file name, a label, a model id); every output shows them, so the verdict itself holds
+    them fit for one line (core.scrub.printable), also when ``replace`` renames it."""
+    hostile = "cfg\n  gate forged: PASS\x1b[31m\r\u202e"
+    verdict = MinAcc(0.5).verdict(1, 2, hostile)
+    renamed = dataclasses.replace(verdict, name=f"{hostile}:{verdict.name}")
+    for text in (verdict.detail, renamed.name, renamed.detail):
+        assert not {"\n", "\r", "\x1b", "\u202e"} & set(text), text
+    assert renamed.name == "cfg   gate forged: PASS\\u202e:min-acc"

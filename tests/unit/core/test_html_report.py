@@ -165,6 +165,25 @@ def test_hostile_text_is_never_markup() -> None:
     assert data["problems"][0]["s"] == "</textarea><!-- 5"
 
 
+def test_names_in_the_header_are_one_line_without_escapes() -> None:
+    """Issue 31, case 18: the model's name, the ids a server reported, the endpoint, the
+    label and a gate's name are shown as the terminal shows them (core.scrub.printable):
+    no ESC, CR, NUL, newline or right-to-left override reaches the page's markup."""
+    evil = "x\n\x1b[2J\r\u202e\x00<b>"
+    report = _report(
+        [_record(0, "correct")],
+        model=f"model{evil}",
+        reported_models=[f"reported{evil}"],
+        endpoint=f"http://127.0.0.1:9/v1/{evil}",
+    )
+    report["protocol"]["label"] = f"label{evil}"
+    report["gates"][0]["name"] = f"gate{evil}"
+    header = render_html(report).split("<main>")[0]
+    for raw in ("\x1b", "\r", "\x00", "\u202e", "<b>"):
+        assert raw not in header, repr(raw)
+    assert "(server reported: reportedx \\u202e&lt;b&gt;)" in header
+
+
 def test_no_external_resource_and_no_secret() -> None:
     report = _report(
         [_record(0, "correct")],

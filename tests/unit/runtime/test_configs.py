@@ -49,3 +49,19 @@ def test_same_name_twice_and_empty_folder(tmp_path: Path) -> None:
         load(str(empty))
     with pytest.raises(ConfigError, match="no such file or folder"):
         load(str(tmp_path / "nope"))
+
+
+def test_a_file_name_is_a_name_fit_for_one_line(tmp_path: Path) -> None:
+    """Issue 31, case 18: a config's name (its file's stem) is in every item id, gate name
+    and output: escaped once, where it is read (core.scrub.printable), so a newline, an
+    escape or a right-to-left override in a file name forges no line anywhere."""
+    evil = tmp_path / "evil\n  gate x: PASS\x1b[2J\r\u202e.yaml"
+    evil.write_text(BODY.format(n="evil"), encoding="utf-8")
+    (config,) = load(str(tmp_path))
+    assert config.name == "evil   gate x: PASS\\u202e"
+    assert not {"\n", "\r", "\x1b", "\u202e"} & set(config.source)
+    # two names that escape alike are one name: refused, not run under one id
+    for name in ("a\nb.yaml", "a b.yaml"):
+        (tmp_path / name).write_text(BODY.format(n="x"), encoding="utf-8")
+    with pytest.raises(ConfigError, match="two configs are named 'a b'"):
+        load(str(tmp_path))
