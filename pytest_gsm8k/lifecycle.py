@@ -636,7 +636,7 @@ def _write_line(state: State, line: str) -> None:
     if reporter is None:
         return
     if state.run.records and not reporter.currentfspath:
-        reporter.currentfspath = -2  # what pytest sets after writing on a line
+        reporter.write("\n")  # letters (or the progress line) are on the current line
     reporter.write_line(line)
 
 

@@ -765,6 +765,7 @@ def pytest_configure(config: pytest.Config) -> None:
             lambda o: _read_option(config, o),
             notes.append,
             lambda path: (config.invocation_params.dir / Path(path).expanduser()).exists(),
+            lambda o: config.getoption(o.dest) is None,  # not on the command line: the ini's
         )
     except SettingsError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None

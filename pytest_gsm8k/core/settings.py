@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -634,13 +634,47 @@ CONFIG_DECIDES = {
 }
 
 
-def _refuse_with_configs(
-    given: set[str], values: dict[str, Any], warn: Callable[[str], None]
+def _mode_wins(
+    mode: str,
+    decides: Mapping[str, str],
+    given: set[str],
+    values: dict[str, Any],
+    from_ini: set[str],
+    warn: Callable[[str], None],
 ) -> None:
-    for key, why in CONFIG_DECIDES.items():
-        if key in given:
-            flag = "--gsm8k-" + key.replace("_", "-")
-            raise SettingsError(f"{flag} cannot be combined with --gsm8k-config: {why}")
+    """The one rule for values a mode decides itself (``--gsm8k-config``: each config's
+    server, protocol and floor; ``--gsm8k-serve`` and the local model: the server's URL).
+    Given on the command line beside the mode, a value is a conflict the user wrote: refused
+    in one line. Read from the ini (written once for another recipe), the mode wins and one
+    note names the key set aside: the ini README suggests must not break the other recipes."""
+    for key, why in decides.items():
+        if key not in given:
+            continue
+        flag = "--gsm8k-" + key.replace("_", "-")
+        if key not in from_ini:
+            raise SettingsError(f"{flag} cannot be combined with {mode}: {why}")
+        warn(f"ini gsm8k_{key} set aside: {mode} runs ({why}); {flag}= clears it")
+        given.discard(key)
+        values[key] = next(o.default for o in OPTIONS if o.dest == f"gsm8k_{key}")
+
+
+#: what a server the run starts decides (--gsm8k-serve, the local model)
+SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own URL"}
+
+
+def _refuse_with_configs(
+    given: set[str], values: dict[str, Any], from_ini: set[str], warn: Callable[[str], None]
+) -> None:
+    # an ini floor would gate every config beside its own accuracy_threshold - tolerance
+    ini_only = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
+    _mode_wins(
+        "--gsm8k-config",
+        {**CONFIG_DECIDES, **{k: v for k, v in ini_only.items() if k in from_ini}},
+        given,
+        values,
+        from_ini,
+        warn,
+    )
     if values["early_stop"] == "sequential":
         # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
         raise SettingsError(
@@ -666,24 +700,37 @@ def build_settings(
     get: Callable[[Option], Any],
     warn: Callable[[str], None],
     exists: Callable[[str], bool] = lambda path: False,
+    from_ini: Callable[[Option], bool] = lambda option: False,
 ) -> Settings:
     """Read every option through ``get`` (command line, then ini) and validate.
 
     ``warn`` receives non-fatal remarks (e.g. pass@N at temperature 0); ``exists`` says
-    whether a path exists (the caller's file system: this module does no I/O).
+    whether a path exists (the caller's file system: this module does no I/O); ``from_ini``
+    whether an option's value came from the ini file rather than the command line (a mode
+    sets an ini value aside, where the same value on the command line is refused). An
+    empty value (``--gsm8k-base-url=``) is no value: on the command line it clears the
+    ini's.
     """
     values: dict[str, Any] = {}
     given: set[str] = set()
+    ini: set[str] = set()
     for option in OPTIONS:
         raw = get(option)
+        if isinstance(raw, str) and not raw.strip():
+            raw = None
         value = _convert(option, raw)
         key = option.dest[len("gsm8k_") :]
         if value is not None:
             given.add(key)
+            if from_ini(option):
+                ini.add(key)
         values[key] = option.default if value is None else value
     _config_option(values, given, exists, warn)
     if values["config"]:
-        _refuse_with_configs(given, values, warn)
+        _refuse_with_configs(given, values, ini, warn)
+    if values["serve"] or is_local_spec(values["model"]):
+        mode = "--gsm8k-serve" if values["serve"] else "--gsm8k-model=local"
+        _mode_wins(mode, SERVE_DECIDES, given, values, ini, warn)
     preset = values["preset"]
     if preset is not None:
         _apply_preset(str(preset), values, given)

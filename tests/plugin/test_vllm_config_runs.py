@@ -493,3 +493,36 @@ def test_each_configs_serving_line_stands_on_its_own_line(
     serving = [line for line in out.splitlines() if ": serving " in line]
     assert len(serving) == 3, out
     assert all(line.startswith("gsm8k: config ") for line in serving), out
+
+
+@XDIST
+def test_the_ini_readme_suggests_works_with_the_configs_recipe(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """README's ini (a URL and a floor) beside --gsm8k-config: the run was refused for a
+    flag never passed, and the ini's floor gated every config. The configs' own floors
+    decide (Beta fails its own, Alpha and Gamma pass theirs, not the ini's 0.99), and each
+    key set aside is named once."""
+    pytester.makeini("[pytest]\ngsm8k_base_url = http://127.0.0.1:9/v1\ngsm8k_min_acc = 0.99\n")
+    folder = _configs(tmp_path / "configs")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        *NOISE,
+        *xdist,
+    )
+    out = output(result)
+    assert result.ret == 1, out
+    assert "cannot be combined" not in out
+    assert out.count("ini gsm8k_base_url set aside: --gsm8k-config runs") == 1, out
+    assert out.count("ini gsm8k_min_acc set aside: --gsm8k-config runs") == 1, out
+    report = json.loads((pytester.path / "r.json").read_text())
+    verdicts = {g["name"]: g["passed"] for g in report["gates"]}
+    assert verdicts == {
+        "Alpha-1B:vllm-threshold": True,
+        "Beta-7B-FP8:vllm-threshold": False,
+        "Gamma-3B:vllm-threshold": True,
+    }, verdicts

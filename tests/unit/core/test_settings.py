@@ -342,3 +342,87 @@ def test_repeats_and_alpha_refusals_name_the_option(given: dict[str, Any], messa
         settings(**given)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def _from(cli: dict[str, Any], ini: dict[str, Any], notes: list[str]) -> Settings:
+    """build_settings as pytest reads it: the command line first, then the ini."""
+
+    def get(option: Option) -> Any:
+        key = option.dest[len("gsm8k_") :]
+        return cli[key] if key in cli else ini.get(key)
+
+    return build_settings(get, notes.append, from_ini=lambda o: o.dest[len("gsm8k_") :] not in cli)
+
+
+README_INI = {"base_url": "http://127.0.0.1:8000/v1", "min_acc": "0.85"}
+
+
+def test_a_mode_sets_aside_the_ini_values_it_decides_and_names_each_once() -> None:
+    """The ini README suggests (a URL and a floor) broke --gsm8k-config ("--gsm8k-base-url
+    cannot be combined", a flag never passed) and gated every config with the ini's floor:
+    the mode wins, one note per key set aside."""
+    notes: list[str] = []
+    s = _from({"config": "configs/"}, README_INI, notes)
+    assert s.base_url is None
+    assert s.min_acc is None  # each config's accuracy_threshold - tolerance is its floor
+    assert len(notes) == 2, notes
+    assert notes[0].startswith("ini gsm8k_base_url set aside: --gsm8k-config runs")
+    assert notes[1].startswith("ini gsm8k_min_acc set aside: --gsm8k-config runs")
+    assert all(note.endswith("= clears it") for note in notes)
+
+
+@pytest.mark.parametrize(
+    "mode", [{"serve": "vllm serve {model} --port {port}"}, {"model": "local"}], ids=str
+)
+def test_a_server_the_run_starts_sets_aside_the_ini_url(mode: dict[str, str]) -> None:
+    """--gsm8k-serve silently overrode the ini's URL: now said, and the floor is kept (it
+    applies to a served model as to any)."""
+    notes: list[str] = []
+    s = _from(mode, README_INI, notes)
+    assert s.base_url is None
+    assert s.min_acc == 0.85
+    [note] = notes
+    assert note.startswith("ini gsm8k_base_url set aside: --gsm8k-")
+
+
+@pytest.mark.parametrize(
+    ("cli", "flag", "mode"),
+    [
+        ({"config": "c/", "base_url": "http://h:1/v1"}, "--gsm8k-base-url", "--gsm8k-config"),
+        ({"config": "c/", "shots": "5"}, "--gsm8k-shots", "--gsm8k-config"),
+        (
+            {"serve": "vllm serve {model} --port {port}", "base_url": "http://h:1/v1"},
+            "--gsm8k-base-url",
+            "--gsm8k-serve",
+        ),
+        (
+            {"model": "local", "base_url": "http://h:1/v1"},
+            "--gsm8k-base-url",
+            "--gsm8k-model=local",
+        ),
+    ],
+    ids=["config-url", "config-shots", "serve-url", "local-url"],
+)
+def test_the_same_values_on_the_command_line_are_a_conflict_refused(
+    cli: dict[str, str], flag: str, mode: str
+) -> None:
+    with pytest.raises(SettingsError, match=f"^{flag} cannot be combined with {mode}: "):
+        _from(cli, {}, [])
+
+
+def test_a_floor_on_the_command_line_still_gates_each_config() -> None:
+    notes: list[str] = []
+    s = _from({"config": "c/", "min_acc": "0.8"}, {}, notes)
+    assert s.min_acc == 0.8
+    assert notes == []
+
+
+@pytest.mark.parametrize("key", ["base_url", "min_acc", "limit", "serve"])
+def test_an_empty_value_on_the_command_line_clears_the_ini(key: str) -> None:
+    """``--gsm8k-base-url=`` did not clear the ini's value (it was given, as ""): only
+    ``-o gsm8k_base_url=`` did, found by trial."""
+    ini = {**README_INI, "limit": "20", "serve": "vllm serve {model} --port {port}"}
+    notes: list[str] = []
+    s = _from({key: "", "config": "c/"}, ini, notes)
+    assert getattr(s, key) is None
+    assert not any(f"gsm8k_{key} " in note for note in notes)
