@@ -1,10 +1,12 @@
 """``python -m pytest_gsm8k``: commands that need no pytest run.
 
 ``compare A.json B.json`` compares two JSON reports (``--gsm8k-report``) problem by
-problem and prints the result as the Markdown of the run's step summary. Exit codes:
-0 when B is not worse than A at ``--alpha``, 1 when it is, 2 when the two cannot be
-compared (different protocols or datasets, no problem in common, a file that is not a
-report: one ``gsm8k: ...`` line) or the command line is wrong.
+problem (two ``--gsm8k-config`` reports config by config) and prints the result as the
+Markdown of the run's step summary. Exit codes: 0 when B is not worse than A at
+``--alpha`` (in every config), 1 when it is, or when errors leave a comparison undecided
+(one ``gsm8k: ...`` line each), 2 when the two, or a config of them, cannot be compared
+(different protocols or datasets, no problem in common, a file that is not a report or
+breaks its schema: one ``gsm8k: ...`` line each) or the command line is wrong.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_gsm8k.core.compare import CompareError, compare, load_report, markdown
-from pytest_gsm8k.core.scrub import printable
+from pytest_gsm8k.core.compare import CompareError, clip, compare_all, load_report, markdown
+from pytest_gsm8k.core.scrub import md_text, printable
 
 #: exit codes
 BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
@@ -43,8 +45,9 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Compare two JSON reports (--gsm8k-report) of the same protocol and dataset on "
             "the problems both hold: the paired difference with its 95%% interval, the "
-            "exact one-sided McNemar test, the problems that flipped. Exit 1 when B is "
-            "worse than A at --alpha, 0 otherwise, 2 when they cannot be compared."
+            "exact one-sided McNemar test, the problems that flipped; two --gsm8k-config "
+            "reports config by config. Exit 1 when B is worse than A at --alpha or errors "
+            "leave it undecided, 0 otherwise, 2 when they (or a config) cannot be compared."
         ),
     )
     cmp.add_argument("a", metavar="A.json", help="the reference run (the older release)")
@@ -86,18 +89,40 @@ def _questions(report: Mapping[str, Any]) -> dict[str, str]:
     return {p.id: p.question for p in split.problems}
 
 
+def _say(text: str) -> None:
+    print(f"gsm8k: {clip(printable(text), 500)}", file=sys.stderr)
+
+
 def run_compare(a_path: str, b_path: str, alpha: float) -> int:
-    """The ``compare`` command: print the Markdown, return the exit code."""
+    """The ``compare`` command: print the Markdown, return the exit code (the worst of
+    the comparisons': a matrix's configs each have one)."""
     try:
         a, b = _read(a_path), _read(b_path)
-        result = compare(a, b, alpha=alpha, where=(a_path, b_path))
+        results = compare_all(a, b, alpha=alpha, where=(a_path, b_path))
     except CompareError as exc:
-        print(f"gsm8k: {printable(str(exc))}", file=sys.stderr)
+        _say(str(exc))
         return REFUSED
-    questions = _questions(a) if result.newly_failing or result.newly_passing else {}
-    sys.stdout.write(markdown(result, questions))
+    code = BETTER_OR_SAME
+    plain: dict[str, str] | None = None
+    for result in results:
+        if isinstance(result, CompareError):
+            _say(str(result))
+            sys.stdout.write(f"### gsm8k compare: {md_text(clip(str(result), 500))}\n\n")
+            code = REFUSED
+            continue
+        flips = (*result.newly_failing, *result.newly_passing)
+        if flips and plain is None:
+            plain = _questions(a)
+        # a config's ids carry its name (alpha:test-0042), the split's do not
+        texts = {pid: (plain or {}).get(pid.rpartition(":")[2], "") for pid in flips}
+        sys.stdout.write(markdown(result, texts))
+        if result.undecided:
+            name = f"config {clip(result.config)}: " if result.config else ""
+            _say(f"{name}compare undecided: {result.undecided}")
+        if result.worse:
+            code = max(code, WORSE)
     sys.stdout.flush()
-    return WORSE if result.worse else BETTER_OR_SAME
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,19 +10,32 @@ ran every problem once, the noise-aware test when a report holds ``--gsm8k-repea
 
 Two reports of different protocols or datasets are refused with the first field that
 differs (:func:`pytest_gsm8k.core.baseline.first_difference`, the baseline's own rule).
-A problem that ended in an error in either report is no measurement of the model: it is
-left out of the pairing and counted.
+Two reports of a ``--gsm8k-config`` matrix are compared config by config
+(:func:`compare_all`), each by those rules and with its own verdict: a matrix's configs
+are different models and protocols, and pooled, one config's drop hides behind another's
+rise.
+
+A problem that ended in an error in either report (in any of its runs) is no measurement
+of the model: it is left out of the pairing and counted, and the comparison is undecided
+(never a PASS). The rule is "any error", not "an error that could change the verdict":
+it needs no monotonicity of the test (the noise-aware test has none with repeats), cannot
+be gamed by which problems fail, and a run with errors already failed its own items.
+
+A report is untrusted input: :func:`load_report` checks every field compare reads against
+the bounds ``report.schema.json`` also states (:data:`MAX_PROBLEMS`, :data:`MAX_CONFIGS`,
+:data:`MAX_ID`, ``--gsm8k-repeats``' own bound, the outcome names), so a forged list
+cannot make the test's work unbounded (a ``repeats`` list of 1,000,000 entries hung it).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.baseline import first_difference
+from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference
 from pytest_gsm8k.core.calibrated import Pair
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.markdown import cell_code, gate_table, problem_list
@@ -30,7 +43,30 @@ from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA
 from pytest_gsm8k.core.scrub import md_text
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
-__all__ = ["CompareError", "Comparison", "Side", "compare", "load_report", "markdown", "pairing"]
+__all__ = [
+    "MAX_CONFIGS",
+    "MAX_ID",
+    "MAX_PROBLEMS",
+    "CompareError",
+    "Comparison",
+    "Side",
+    "clip",
+    "compare",
+    "compare_all",
+    "load_report",
+    "markdown",
+    "pairing",
+]
+
+#: the most problems a report may hold: a matrix of many configs, each a whole split
+MAX_PROBLEMS = 100_000
+#: the most configs a --gsm8k-config report may hold
+MAX_CONFIGS = 1_000
+#: the longest problem id (a config's name, a file name's stem, then ``test-0042``) and
+#: config name
+MAX_ID = 1_000
+#: the most characters of a value from a report that compare prints in one place
+SHOWN = 200
 
 
 class CompareError(Exception):
@@ -40,9 +76,10 @@ class CompareError(Exception):
 
 def load_report(text: str | bytes, where: str) -> dict[str, Any]:
     """A JSON report (``--gsm8k-report``) from its text, checked for what a comparison
-    reads: the protocol, the dataset, and each problem's id, outcome and correctness.
+    reads (the protocol, the dataset, each problem's id, outcome, correctness and repeats,
+    a matrix's configs) within the bounds of ``report.schema.json``.
 
-    Raises :class:`CompareError` naming ``where``.
+    Raises :class:`CompareError` naming ``where`` and the field that is wrong.
     """
     try:
         data = jsondepth.loads(text)
@@ -54,30 +91,101 @@ def load_report(text: str | bytes, where: str) -> dict[str, Any]:
         raise CompareError(f"{where}: not a pytest-gsm8k JSON report (written by --gsm8k-report)")
     if data["schema"] != REPORT_SCHEMA:
         raise CompareError(
-            f"{where}: JSON report schema {data['schema']!r}; this version reads "
+            f"{where}: JSON report schema {_shown(data['schema'])}; this version reads "
             f"schema {REPORT_SCHEMA}"
         )
-    for key in ("protocol", "dataset"):
-        if not isinstance(data.get(key), dict):
-            raise CompareError(f"{where}: corrupt JSON report (no '{key}')")
-    problems = data["problems"]
-    if not isinstance(problems, list):
-        raise CompareError(f"{where}: corrupt JSON report ('problems' is not a list)")
+    _check_run(data, where, "")
+    problems = _check_list(data["problems"], MAX_PROBLEMS, where, "problems")
     seen: set[str] = set()
     for number, record in enumerate(problems):
-        pid = record.get("id") if isinstance(record, dict) else None
-        if not isinstance(pid, str) or not isinstance(record, dict):
-            raise CompareError(f"{where}: corrupt JSON report (problem #{number} has no id)")
-        if pid in seen:
-            raise CompareError(f"{where}: corrupt JSON report (problem {pid} appears twice)")
-        seen.add(pid)
-        outcome, correct = record.get("outcome"), record.get("correct")
-        if outcome not in OUTCOMES or not isinstance(correct, bool):
-            raise CompareError(
-                f"{where}: corrupt JSON report (problem {pid}: outcome {outcome!r}, "
-                f"correct {correct!r})"
-            )
+        _check_problem(record, where, f"problems[{number}]", seen)
+    if "configs" in data:
+        names: set[str] = set()
+        for number, entry in enumerate(_check_list(data["configs"], MAX_CONFIGS, where, "configs")):
+            at = f"configs[{number}]"
+            _check_run(entry, where, at + ".")
+            config = entry.get("config")
+            name = config.get("name") if isinstance(config, dict) else None
+            _unique(name, names, where, f"{at}.config.name")
+        for number, record in enumerate(problems):
+            if record["id"].rpartition(":")[0] not in names:
+                raise _bad(
+                    where, f"problems[{number}].id", f"{_shown(record['id'])} names no config"
+                )
     return data
+
+
+def _bad(where: str, field: str, why: str) -> CompareError:
+    return CompareError(f"{where}: corrupt JSON report ({field}: {why})")
+
+
+def _shown(value: object) -> str:
+    """A value from a report as a message shows it: its repr, at most 40 characters."""
+    return clip(repr(value), 40)
+
+
+def clip(text: str, limit: int = SHOWN) -> str:
+    """``text`` cut to ``limit`` characters (the cut marked ``...``): a report's values are
+    printed bounded."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _unique(value: object, seen: set[str], where: str, field: str) -> None:
+    """``value`` as an id or name (1 to MAX_ID characters) not in ``seen``, added to it."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID:
+        raise _bad(where, field, f"{_shown(value)} is not a string of 1 to {MAX_ID} characters")
+    if value in seen:
+        raise _bad(where, field, f"{_shown(value)} appears twice")
+    seen.add(value)
+
+
+def _check_list(value: object, most: int, where: str, field: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _bad(where, field, "not a list")
+    if len(value) > most:
+        raise _bad(where, field, f"{len(value)} entries, at most {most}")
+    return value
+
+
+def _check_run(run: object, where: str, at: str) -> None:
+    """A report, or a config's entry in one: what compare reads of it besides problems."""
+    if not isinstance(run, dict):
+        raise _bad(where, at.rstrip(".") or "report", "not an object")
+    for key in ("protocol", "dataset"):
+        if not isinstance(run.get(key), dict):
+            raise _bad(where, at + key, "missing or not an object")
+    if not isinstance(run.get("model", ""), str):
+        raise _bad(where, at + "model", "not a string")
+
+
+def _check_problem(record: object, where: str, at: str, seen: set[str]) -> None:
+    """One problem's record: a unique id, an outcome name with its correctness, and with
+    --gsm8k-repeats 2 to MAX_REPEATS outcome names."""
+    if not isinstance(record, dict):
+        raise _bad(where, at, "not an object")
+    _unique(record.get("id"), seen, where, f"{at}.id")
+    index = record.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise _bad(where, f"{at}.index", f"{_shown(index)} is not a count")
+    outcome = record.get("outcome")
+    if outcome not in OUTCOMES:
+        raise _bad(where, f"{at}.outcome", f"{_shown(outcome)} is not one of {', '.join(OUTCOMES)}")
+    if record.get("correct") is not (outcome == "correct"):
+        raise _bad(
+            where, f"{at}.correct", f"{_shown(record.get('correct'))} with outcome {outcome}"
+        )
+    if "repeats" in record:
+        runs = record["repeats"]
+        if not isinstance(runs, list) or not 2 <= len(runs) <= MAX_REPEATS:
+            count = f"{len(runs)} entries" if isinstance(runs, list) else "not a list"
+            raise _bad(where, f"{at}.repeats", f"{count}, not 2 to {MAX_REPEATS} outcomes")
+        for number, run in enumerate(runs):
+            if run not in OUTCOMES:
+                raise _bad(
+                    where,
+                    f"{at}.repeats[{number}]",
+                    f"{_shown(run)} is not one of {', '.join(OUTCOMES)}",
+                )
 
 
 @dataclass(frozen=True)
@@ -121,6 +229,10 @@ class Comparison:
     #: exact one-sided McNemar p-value for "B is worse than A"
     p_value: float
     verdict: GateVerdict
+    #: why the verdict is no verdict (errors that could hide a drop), else None
+    undecided: str | None = None
+    #: the --gsm8k-config config compared ("" for two reports of one run each)
+    config: str = ""
 
     @property
     def worse(self) -> bool:
@@ -146,7 +258,8 @@ def compare(
     """Compare report ``b`` with report ``a`` (both from :func:`load_report`) on the
     problem ids both hold; the verdict fails when the baseline gate's test (exact McNemar
     for one run a side, noise-aware for reports with ``--gsm8k-repeats``) says B is worse
-    at ``alpha``.
+    at ``alpha``, and is undecided (not passed, :attr:`Comparison.undecided` says why)
+    when a problem both hold ended in an error in either.
 
     ``where`` names the two files in messages. Raises :class:`CompareError` for reports
     of different protocols or datasets, or with no problem to pair.
@@ -160,13 +273,18 @@ def compare(
     cells = {"both": 0, "a_only": 0, "b_only": 0, "neither": 0}
     failing: list[str] = []
     passing: list[str] = []
-    errors = 0
+    pairs: list[Pair] = []
+    errors_a = errors_b = 0
     for record in common:
         pid = str(record["id"])
         then, now = in_a[pid], in_b[pid]
-        if "error" in (then["outcome"], now["outcome"]):
-            errors += 1
+        if _errored(then) or _errored(now):
+            errors_a += _errored(then)
+            errors_b += _errored(now)
             continue
+        # the baseline gate's rule: noise-aware where a report carries --gsm8k-repeats (each
+        # side's K outcomes), exact McNemar for one run a side
+        pairs.append(Pair(pid, *_runs(then), *_runs(now)))
         was, is_ = bool(then["correct"]), bool(now["correct"])
         if was and is_:
             cells["both"] += 1
@@ -178,7 +296,8 @@ def compare(
             passing.append(pid)
         else:
             cells["neither"] += 1
-    shared = sum(cells.values())
+    shared = len(pairs)
+    errors = len(common) - shared
     if shared == 0:
         why = (
             f"all {errors} problems both hold ended in an error in one of them"
@@ -189,14 +308,18 @@ def compare(
     diff, low, high = paired_difference_interval(
         cells["both"], cells["a_only"], cells["b_only"], cells["neither"]
     )
-    # the baseline gate's rule: noise-aware where a report carries --gsm8k-repeats (each
-    # side's K outcomes), exact McNemar for one run a side
-    rule = NoiseAware(alpha, name="compare", option="--alpha")
-    pairs = [
-        Pair(str(r["id"]), *_runs(in_a[str(r["id"])]), *_runs(in_b[str(r["id"])]))
-        for r in common
-        if "error" not in (in_a[str(r["id"])]["outcome"], in_b[str(r["id"])]["outcome"])
-    ]
+    verdict = NoiseAware(alpha, name="compare", option="--alpha").verdict(pairs)
+    undecided = None
+    if errors and verdict.passed:
+        # a gate that was not decided never passes: an unanswered problem may be a failure
+        undecided = (
+            f"{errors} of the {len(common)} problems both reports hold ended in an error "
+            f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop: "
+            "rerun until every problem has an answer"
+        )
+        detail = f"not a verdict: {undecided}; on what ran: {verdict.detail}"
+        verdict = replace(verdict, passed=False, detail=detail)
+    config = a.get("config")
     return Comparison(
         label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
         a=_side("A", where_a, a, (cells["both"] + cells["a_only"]) / shared),
@@ -211,8 +334,65 @@ def compare(
         low=low,
         high=high,
         p_value=mcnemar_one_sided(len(failing), len(passing)),
-        verdict=rule.verdict(pairs),
+        verdict=verdict,
+        undecided=undecided,
+        config=str(config.get("name") or "") if isinstance(config, Mapping) else "",
     )
+
+
+def compare_all(
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    *,
+    alpha: float = 0.05,
+    where: tuple[str, str] = ("A", "B"),
+) -> list[Comparison | CompareError]:
+    """:func:`compare` for two reports of one run each; for two ``--gsm8k-config`` reports
+    one entry per config (A's order, then B's new ones), each compared by the same rules on
+    its own problems, or refused on its own (a :class:`CompareError` naming the config).
+
+    Raises :class:`CompareError` for a matrix compared with a single run, or as
+    :func:`compare` does for two single runs.
+    """
+    where_a, where_b = where
+    if ("configs" in a) != ("configs" in b):
+        matrix, other = (where_a, where_b) if "configs" in a else (where_b, where_a)
+        raise CompareError(
+            f"refused to compare {where_a} with {where_b}: {matrix} is a --gsm8k-config "
+            f"report (one comparison per config), {other} is not"
+        )
+    if "configs" not in a:
+        return [compare(a, b, alpha=alpha, where=where)]
+    runs_a, runs_b = _configs(a), _configs(b)
+    results: list[Comparison | CompareError] = []
+    for name in [*runs_a, *(n for n in runs_b if n not in runs_a)]:
+        try:
+            if name not in runs_a or name not in runs_b:
+                holder = where_a if name in runs_a else where_b
+                raise CompareError(
+                    f"refused to compare {where_a} with {where_b}: only {holder} has it"
+                )
+            results.append(compare(runs_a[name], runs_b[name], alpha=alpha, where=where))
+        except CompareError as exc:
+            results.append(CompareError(f"config {clip(name)}: {exc}"))
+    return results
+
+
+def _configs(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A matrix report's configs by name, each a report of its own: its entry in
+    ``configs`` with the problems whose ids carry its name (``alpha:test-0042``)."""
+    problems: dict[str, list[Any]] = {}
+    for record in report["problems"]:
+        problems.setdefault(record["id"].rpartition(":")[0], []).append(record)
+    return {
+        entry["config"]["name"]: {**entry, "problems": problems.get(entry["config"]["name"], [])}
+        for entry in report["configs"]
+    }
+
+
+def _errored(record: Mapping[str, Any]) -> bool:
+    """The problem ended in an error, in its one run or in any of its repeats."""
+    return record["outcome"] == "error" or "error" in (record.get("repeats") or ())
 
 
 def _runs(record: Mapping[str, Any]) -> tuple[int, int]:
@@ -262,7 +442,7 @@ def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> 
     a, b = result.a, result.b
     texts = questions or {}
     lines = [
-        f"### gsm8k compare ({md_text(result.label)}): B {b.accuracy:.4f} vs A "
+        f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
         f"{a.accuracy:.4f} on {_plural(result.shared, 'problem', 'problems')}",
         "",
         "| run | report | model | accuracy (paired) | problems |",
@@ -271,7 +451,7 @@ def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> 
     for side in (a, b):
         held = f"{side.n}" + ("" if side.complete else " (incomplete run)")
         lines.append(
-            f"| {side.name} | {cell_code(side.where)} | {cell_code(side.model)} | "
+            f"| {side.name} | {cell_code(side.where)} | {cell_code(clip(side.model))} | "
             f"{side.accuracy:.4f} | {held} |"
         )
     lines += [

@@ -1,16 +1,31 @@
 """``python -m pytest_gsm8k compare`` on JSON reports the suite's own runs wrote (the
 scripted server behind them): a worse run exits 1 with its flips listed, an identical one
-exits 0, reports of different protocols are refused in one line with exit 2."""
+exits 0, reports of different protocols are refused in one line with exit 2. compare applies
+the gate's own rules: a --gsm8k-config matrix config by config, errors never hide a drop,
+a report is untrusted input checked against the schema's bounds."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import report
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, output, report
+
+from pytest_gsm8k.core.baseline import MAX_REPEATS
+from pytest_gsm8k.core.compare import MAX_CONFIGS, MAX_ID, MAX_PROBLEMS, load_report
+from pytest_gsm8k.core.records import OUTCOMES
 
 LIMIT = "--gsm8k-limit=20"
+SCHEMA = json.loads(
+    resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+)
 
 
 def compare(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -126,3 +141,215 @@ def test_a_missing_file_or_a_bad_alpha_is_refused(
     bad = compare(pytester, "a.json", "a.json", "--alpha", "1.5")
     assert bad.ret == 2
     assert "--alpha: must be between 0 and 1 (exclusive), got 1.5" in bad.stderr.str()
+
+
+def _config(questions: int, wrong: range, shots: int = 0) -> str:
+    """A vLLM config whose fake server answers the problems of ``wrong`` wrong."""
+    script = json.dumps({"behaviours": {str(i): "wrong" for i in wrong}})
+    return (
+        'model_name: "org/M"\naccuracy_threshold: 0.5\n'
+        f"num_questions: {questions}\nnum_fewshot: {shots}\nenv:\n  FAKESERVER_SCRIPT: '{script}'\n"
+    )
+
+
+def _matrix(
+    pytester: pytest.Pytester, data: Path, name: str, configs: dict[str, str], *extra: str
+) -> dict[str, Any]:
+    """A --gsm8k-config run of ``configs`` (file stem -> YAML) writing report ``name``."""
+    folder = pytester.path / f"configs-{name}"
+    folder.mkdir()
+    for stem, text in configs.items():
+        (folder / f"{stem}.yaml").write_text(text, encoding="utf-8")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={config_serve(data)}",
+        f"--gsm8k-data={data}",
+        "--gsm8k-no-cache",
+        f"--gsm8k-report={name}",
+        *NO_EXTRA_PLUGINS,
+        *NO_CACHEPROVIDER,
+        *extra,
+    )
+    assert (pytester.path / name).exists(), output(result)
+    return report(pytester, name)
+
+
+def test_a_matrix_is_compared_config_by_config_each_with_its_verdict(
+    pytester: pytest.Pytester, gsm8k_data: Path
+) -> None:
+    """Rule: compare applies the gate's own rules, and a matrix's gate is per config (its
+    configs are different models and protocols, never pooled). alpha fell from 0.90 to 0.56,
+    beta rose from 0.56 to 0.90: pooled, the 17 flips each way gave p=0.54, PASS, exit 0."""
+    _matrix(
+        pytester,
+        gsm8k_data,
+        "a.json",
+        {"alpha": _config(50, range(5)), "beta": _config(50, range(22))},
+    )
+    _matrix(
+        pytester,
+        gsm8k_data,
+        "b.json",
+        {"alpha": _config(50, range(22)), "beta": _config(50, range(5))},
+        "-n",
+        "2",
+    )
+    shown = compare(pytester, "a.json", "b.json")
+    text = shown.stdout.str()
+    assert shown.ret == 1, text + shown.stderr.str()
+    lines = text.splitlines()
+    shown.stdout.fnmatch_lines(
+        [
+            "### gsm8k compare (alpha: test@1, *): B 0.5600 vs A 0.9000 on 50 problems",
+            "| compare | FAIL | p=7.63e-06 \\< --alpha 0.05 (exact McNemar): 17 *",
+            "### gsm8k compare (beta: test@1, *): B 0.9000 vs A 0.5600 on 50 problems",
+            "| compare | PASS | p=1 \\>= --alpha 0.05 *",
+        ]
+    )
+    verdicts = [line.split(" | ")[1] for line in lines if line.startswith("| compare | ")]
+    assert verdicts == ["FAIL", "PASS"], text
+    assert "**Newly failing in B (17):**" in lines
+    assert "**Newly passing in B (17):**" in lines
+    # each config's own verdict: b.json against itself passes every config
+    assert compare(pytester, "b.json", "b.json").ret == 0
+
+
+def test_a_config_of_another_protocol_is_refused_on_its_own(
+    pytester: pytest.Pytester, gsm8k_data: Path
+) -> None:
+    """Rule: reports of different protocols are refused, config by config as for a whole
+    report. beta asked 0-shot in A and 5-shot in B: compared pooled, PASS."""
+    _matrix(
+        pytester,
+        gsm8k_data,
+        "a.json",
+        {"alpha": _config(10, range(0)), "beta": _config(10, range(0))},
+    )
+    _matrix(
+        pytester,
+        gsm8k_data,
+        "b.json",
+        {"alpha": _config(10, range(0)), "beta": _config(10, range(0), shots=5)},
+    )
+    shown = compare(pytester, "a.json", "b.json")
+    assert shown.ret == 2, shown.stdout.str() + shown.stderr.str()
+    (line,) = shown.stderr.lines
+    assert line.startswith(
+        "gsm8k: config beta: refused to compare a.json with b.json: protocol "
+    ), line
+    shown.stdout.fnmatch_lines(
+        [
+            "### gsm8k compare (alpha: test@1, *): B 1.0000 vs A 1.0000 on 10 problems",
+            "| compare | PASS | *",
+            "### gsm8k compare: config beta: refused to compare a.json with b.json: protocol *",
+        ]
+    )
+    # a report of one run is not a matrix: refused whole
+    single = _matrix(pytester, gsm8k_data, "c.json", {"alpha": _config(10, range(0))})
+    (pytester.path / "d.json").write_text(
+        json.dumps({k: v for k, v in single.items() if k != "configs"})
+    )
+    whole = compare(pytester, "a.json", "d.json")
+    assert whole.ret == 2
+    assert whole.stdout.str() == ""
+    assert whole.stderr.lines == [
+        "gsm8k: refused to compare a.json with d.json: a.json is a --gsm8k-config report "
+        "(one comparison per config), d.json is not"
+    ]
+
+
+def test_errors_that_could_hide_a_drop_leave_the_comparison_undecided(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], first: list[int]
+) -> None:
+    """Rule: a gate that was not decided never passes. B's server answered 500 for exactly
+    the problems B gets wrong: with errors left out compare said "B 1.0000 vs A 1.0000",
+    PASS, exit 0. Any problem that ended in an error makes the comparison undecided."""
+    server.set_script(Script(behaviours={i: "error500" for i in first[3:9]}))
+    result = pytester.runpytest(
+        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0", "--gsm8k-report=b.json"
+    )
+    assert report(pytester, "b.json")["counts"]["error"] == 6, output(result)
+    shown = compare(pytester, "a.json", "b.json")
+    assert shown.ret == 1, shown.stdout.str() + shown.stderr.str()
+    assert shown.stderr.lines == [
+        "gsm8k: compare undecided: 6 of the 20 problems both reports hold ended in an error "
+        "(0 in A, 6 in B), and unanswered they could hide a drop: rerun until every problem "
+        "has an answer"
+    ]
+    shown.stdout.fnmatch_lines(["| compare | FAIL | not a verdict: 6 of the 20 problems *"])
+    # the other way round: errors in A hide B's drop as well
+    assert compare(pytester, "b.json", "a.json").ret == 1
+
+
+def _forged(pytester: pytest.Pytester, name: str, change: Any) -> str:
+    data = report(pytester, "a.json")
+    change(data)
+    (pytester.path / name).write_text(json.dumps(data), encoding="utf-8")
+    return name
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            lambda d: d["problems"][0].update(repeats=["correct", "wrong"] * 10_000),
+            "problems[0].repeats",
+        ),
+        (
+            lambda d: [p.update(repeats=["correct", "wrong"] * 500_000) for p in d["problems"][:1]],
+            "problems[0].repeats",
+        ),
+        (
+            lambda d: d["problems"][2].update(repeats=["correct", "banana"]),
+            "problems[2].repeats[1]",
+        ),
+        (lambda d: d["problems"][1].update(outcome="banana"), "problems[1].outcome"),
+        (lambda d: d["problems"][1].update(correct=True, outcome="wrong"), "problems[1].correct"),
+        (lambda d: d["problems"][1].update(id="x" * (MAX_ID + 1)), "problems[1].id"),
+        (lambda d: d["problems"].extend({"id": str(i)} for i in range(MAX_PROBLEMS)), "problems"),
+    ],
+    ids=[
+        "repeats-20k",
+        "repeats-1M",
+        "banana-repeat",
+        "banana",
+        "correct-wrong",
+        "long-id",
+        "many",
+    ],
+)
+def test_a_forged_report_is_refused_in_one_line_naming_the_field(
+    pytester: pytest.Pytester, first: list[int], change: Any, field: str
+) -> None:
+    """Rule: a report is untrusted input, checked against the schema's bounds before any
+    comparison. A forged repeats list of 20,000 entries took 46 s, of 1,000,000 it hung; an
+    outcome "banana" was accepted. The shipped schema refuses the same report."""
+    name = _forged(pytester, "forged.json", change)
+    started = time.monotonic()
+    shown = pytester.run(
+        sys.executable, "-m", "pytest_gsm8k", "compare", "a.json", name, timeout=60
+    )
+    assert time.monotonic() - started < 30
+    assert shown.ret == 2, shown.stdout.str() + shown.stderr.str()
+    (line,) = shown.stderr.lines
+    assert line.startswith(f"gsm8k: forged.json: corrupt JSON report ({field}: "), line
+    assert len(line) < 300
+    data = json.loads((pytester.path / name).read_text())
+    assert not jsonschema.Draft202012Validator(SCHEMA).is_valid(data)
+
+
+def test_the_schema_carries_the_bounds_compare_checks(
+    pytester: pytest.Pytester, first: list[int]
+) -> None:
+    """Rule: one set of bounds: what compare refuses the shipped schema refuses, and a real
+    report passes both."""
+    data = report(pytester, "a.json")
+    jsonschema.Draft202012Validator(SCHEMA).validate(data)
+    load_report(json.dumps(data), "a.json")
+    problems = SCHEMA["properties"]["problems"]
+    problem = SCHEMA["$defs"]["problem"]["properties"]
+    assert problems["maxItems"] == MAX_PROBLEMS
+    assert SCHEMA["properties"]["configs"]["maxItems"] == MAX_CONFIGS
+    assert problem["id"]["maxLength"] == MAX_ID
+    assert problem["repeats"]["maxItems"] == MAX_REPEATS
+    assert problem["repeats"]["items"]["enum"] == problem["outcome"]["enum"] == list(OUTCOMES)

@@ -9,7 +9,17 @@ from typing import Any
 
 import pytest
 
-from pytest_gsm8k.core.compare import CompareError, compare, load_report, markdown, pairing
+from pytest_gsm8k.core.compare import (
+    MAX_CONFIGS,
+    MAX_PROBLEMS,
+    CompareError,
+    Comparison,
+    compare,
+    compare_all,
+    load_report,
+    markdown,
+    pairing,
+)
 from pytest_gsm8k.core.markdown import LISTED, problem_list
 from pytest_gsm8k.core.records import REPORT_SCHEMA
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
@@ -119,6 +129,107 @@ def test_a_problem_that_ended_in_an_error_is_left_out_and_counted() -> None:
     assert "1 that ended in an error in either, left out" in pairing(result)
 
 
+@pytest.mark.parametrize("side", ["A", "B"])
+def test_errors_leave_a_passing_comparison_undecided(side: str) -> None:
+    """Rule: a gate that was not decided never passes. Six unanswered problems in B (or in
+    A) could be six failures of B: left out, the rest passed."""
+    good = report(every(range(20), "correct"))
+    errored = report(every(range(6), "error") | every(range(6, 20), "correct"))
+    a, b = (errored, good) if side == "A" else (good, errored)
+    result = compare(a, b)
+    assert result.worse
+    counts = "(6 in A, 0 in B)" if side == "A" else "(0 in A, 6 in B)"
+    assert result.undecided == (
+        f"6 of the 20 problems both reports hold ended in an error {counts}, and unanswered "
+        "they could hide a drop: rerun until every problem has an answer"
+    )
+    assert result.verdict.rule == "noise-aware"
+    assert result.verdict.detail.startswith(f"not a verdict: {result.undecided}; on what ran: p=1")
+
+
+def test_an_error_in_one_of_a_problems_repeats_counts_as_an_error() -> None:
+    a = report(every(range(20), "correct"))
+    b = report(every(range(20), "correct"))
+    b["problems"][0]["repeats"] = ["correct", "error", "correct"]
+    result = compare(a, b)
+    assert (result.errors, result.worse) == (1, True)
+    assert "(0 in A, 1 in B)" in str(result.undecided)
+
+
+def test_a_failing_comparison_with_errors_stays_a_fail_of_its_rule() -> None:
+    a = report(every(range(20), "correct"))
+    b = report({0: "error"} | every(range(1, 10), "wrong") | every(range(10, 20), "correct"))
+    result = compare(a, b)
+    assert result.worse
+    assert result.undecided is None
+    assert result.verdict.detail.startswith("p=0.00195 < --alpha 0.05")
+
+
+def matrix(configs: dict[str, dict[int, str]], **protocols: dict[str, Any]) -> dict[str, Any]:
+    """A --gsm8k-config report: per config its entry and its problems, ids carrying its name."""
+    top = report({})
+    top["configs"] = []
+    for name, outcomes in configs.items():
+        entry = report(outcomes, model=f"org/{name}", protocol=protocols.get(name))
+        entry["config"] = {"name": name, "model_name": f"org/{name}"}
+        for record in entry.pop("problems"):
+            top["problems"].append(record | {"id": f"{name}:{record['id']}"})
+        top["configs"].append(entry)
+    return top
+
+
+def test_a_matrix_is_compared_config_by_config() -> None:
+    """Rule: a matrix's configs are gated each on its own; pooled, alpha's drop hid behind
+    beta's rise (17 flips each way, p=0.57)."""
+    high = every(range(45), "correct") | every(range(45, 50), "wrong")
+    low = every(range(28), "correct") | every(range(28, 50), "wrong")
+    a = matrix({"alpha": high, "beta": low})
+    b = matrix({"alpha": low, "beta": high})
+    results = compare_all(load_report(json.dumps(a), "a"), load_report(json.dumps(b), "b"))
+    assert all(isinstance(r, Comparison) for r in results)
+    alpha, beta = (r for r in results if isinstance(r, Comparison))
+    assert (alpha.config, alpha.shared, len(alpha.newly_failing), alpha.worse) == (
+        "alpha",
+        50,
+        17,
+        True,
+    )
+    assert alpha.newly_failing[0] == "alpha:test-0028"
+    assert (beta.config, len(beta.newly_passing), beta.worse) == ("beta", 17, False)
+    assert alpha.a.model == "org/alpha"
+    # two plain reports: one comparison
+    (single,) = compare_all(report(high), report(low))
+    assert isinstance(single, Comparison)
+    assert single.config == ""
+
+
+def test_a_config_of_another_protocol_or_in_one_report_only_is_refused_on_its_own() -> None:
+    a = matrix({"alpha": every(range(5), "correct"), "beta": every(range(5), "correct")})
+    b = matrix(
+        {"beta": every(range(5), "correct"), "gamma": every(range(5), "correct")},
+        beta=PROTOCOL | {"shots": 5},
+    )
+    results = compare_all(a, b, where=("a.json", "b.json"))
+    assert [str(r) for r in results if isinstance(r, CompareError)] == [
+        "config alpha: refused to compare a.json with b.json: only a.json has it",
+        "config beta: refused to compare a.json with b.json: protocol shots is 5 in B (b.json) "
+        "but None in A (a.json)",
+        "config gamma: refused to compare a.json with b.json: only b.json has it",
+    ]
+    with pytest.raises(CompareError, match=r"b\.json is a --gsm8k-config report \(one compar"):
+        compare_all(report(every(range(5), "correct")), b, where=("a.json", "b.json"))
+
+
+def test_the_bounds_of_a_report_are_checked_before_anything_is_compared() -> None:
+    """Rule: a report is untrusted input (a forged list of 1,000,000 repeats hung)."""
+    many = report(every(range(MAX_PROBLEMS + 1), "correct"))
+    with pytest.raises(CompareError, match=rf"\(problems: {MAX_PROBLEMS + 1} entries, at most"):
+        load_report(json.dumps(many), "a")
+    configs = matrix({f"c{i}": {} for i in range(MAX_CONFIGS + 1)})
+    with pytest.raises(CompareError, match=rf"\(configs: {MAX_CONFIGS + 1} entries, at most"):
+        load_report(json.dumps(configs), "a")
+
+
 def test_reports_of_different_protocols_are_refused_naming_the_first_difference() -> None:
     a = report(every(range(3), "correct"))
     b = report(every(range(3), "correct"), protocol=PROTOCOL | {"max_tokens": 512})
@@ -158,16 +269,60 @@ def _text(**fields: Any) -> str:
         ("[]", "not a pytest-gsm8k JSON report (written by --gsm8k-report)"),
         ('{"kind": "pytest-gsm8k baseline"}', "not a pytest-gsm8k JSON report"),
         (_text(schema=1), f"JSON report schema 1; this version reads schema {REPORT_SCHEMA}"),
-        (_text(protocol=None), "corrupt JSON report (no 'protocol')"),
-        (_text(problems={}), "'problems' is not a list"),
-        (_text(problems=[{"outcome": "correct"}]), "problem #0 has no id"),
+        (_text(protocol=None), "corrupt JSON report (protocol: missing or not an object)"),
+        (_text(problems={}), "(problems: not a list)"),
+        (
+            _text(problems=[{"outcome": "correct"}]),
+            "(problems[0].id: None is not a string of 1 to 1000 characters)",
+        ),
         (
             _text(problems=[{"id": "t", "outcome": "correct", "correct": True}] * 2),
-            "problem t appears twice",
+            "(problems[1].id: 't' appears twice)",
         ),
         (
             _text(problems=[{"id": "t", "outcome": "right", "correct": True}]),
-            "problem t: outcome 'right'",
+            "(problems[0].outcome: 'right' is not one of correct, wrong, unparsed, truncated, "
+            "error)",
+        ),
+        (
+            _text(problems=[{"id": "t", "outcome": "correct", "correct": True, "index": -1}]),
+            "(problems[0].index: -1 is not a count)",
+        ),
+        (_text(model={"a": 1}), "(model: not a string)"),
+        (
+            _text(problems=[{"id": "t", "outcome": "wrong", "correct": True, "repeats": []}]),
+            "(problems[0].correct: True with outcome wrong)",
+        ),
+        (
+            _text(problems=[{"id": "t", "outcome": "wrong", "correct": False, "repeats": ["x"]}]),
+            "(problems[0].repeats: 1 entries, not 2 to 100 outcomes)",
+        ),
+        (
+            _text(problems=[{"id": "t", "outcome": "wrong", "correct": False, "repeats": "ab"}]),
+            "(problems[0].repeats: not a list, not 2 to 100 outcomes)",
+        ),
+        (
+            _text(
+                problems=[
+                    {"id": "t", "outcome": "wrong", "correct": False, "repeats": ["wrong", 7]}
+                ]
+            ),
+            "(problems[0].repeats[1]: 7 is not one of correct, wrong",
+        ),
+        (
+            _text(problems=[{"id": ["t"], "outcome": "wrong", "correct": False}]),
+            "(problems[0].id: ['t'] is not a string",
+        ),
+        (_text(configs={}), "(configs: not a list)"),
+        (_text(configs=[{"protocol": {}, "dataset": {}}]), "(configs[0].config.name: None is"),
+        (_text(configs=[{"protocol": {}}]), "(configs[0].dataset: missing or not an object)"),
+        (
+            _text(configs=[{"protocol": {}, "dataset": {}, "config": {"name": "test"}}]),
+            "(problems[0].id: 'test-0000' names no config)",
+        ),
+        (
+            _text(schema="x" * 10_000),
+            "JSON report schema 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...;",
         ),
         ("[" * 100 + "]" * 100, "nested deeper than 64"),
     ],
