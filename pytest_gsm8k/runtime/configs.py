@@ -1,7 +1,9 @@
 """``--gsm8k-config PATH``: vLLM's GSM8K configs read from a file, a folder or a list file.
 
 * a ``.yaml``/``.yml`` file: one config;
-* a folder: every ``.yaml``/``.yml`` file in it (not below it), in name order;
+* a folder: every ``.yaml``/``.yml`` file in it (not below it), in name order; an entry
+  that looks meant as a config but is not one (``Bad.YAML``, a folder named ``x.yaml``) and
+  a broken link (to nothing, or a loop) are refused by name, never skipped;
 * a ``.txt`` list file (vLLM's ``configs/models-*.txt``): the configs it names, one per
   line, relative to the list file's folder, in its order. vLLM's conftest skips a name
   whose file is missing with a printed line; here it is an error naming the line, so a
@@ -31,15 +33,39 @@ def _one(path: Path) -> VllmConfig:
     return parse(_read(path, str(path)), str(path), path.stem)
 
 
+def _suffix(path: Path) -> bool:
+    """Whether ``path`` is named as a config (a suffix in capitals is refused, not skipped)."""
+    if path.suffix.lower() not in SUFFIXES:
+        return False
+    if path.suffix not in SUFFIXES:
+        raise ConfigError(f"{path}: a config's name must end in .yaml or .yml (lower case)")
+    return True
+
+
+def _folder(folder: Path) -> list[Path]:
+    """The folder's configs, in name order: the run never shrinks unseen, so whatever in it
+    may have been meant as one and cannot be read as one is refused by name."""
+    files = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() and not entry.exists():
+            raise ConfigError(f"{entry}: a broken link (to nothing, or a loop): fix or remove it")
+        if not _suffix(entry):
+            continue
+        if not entry.is_file():
+            raise ConfigError(f"{entry}: not a file (a config is a .yaml file)")
+        files.append(entry)
+    return files
+
+
 def load(path: str) -> tuple[VllmConfig, ...]:
     """The configs ``path`` names, in run order; ConfigError (one line) otherwise."""
     where = Path(path).expanduser()
     if where.is_dir():
-        files = sorted(p for p in where.iterdir() if p.suffix in SUFFIXES and p.is_file())
+        files = _folder(where)
         if not files:
             raise ConfigError(f"--gsm8k-config {path}: the folder holds no .yaml config")
         configs = [_one(p) for p in files]
-    elif where.is_file() and where.suffix in SUFFIXES:
+    elif where.is_file() and _suffix(where):
         configs = [_one(where)]
     elif where.is_file():
         text = _read(where, str(where))

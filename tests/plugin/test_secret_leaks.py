@@ -12,8 +12,10 @@ wrote (cache, JSON report, HTML page, step summary).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,96 @@ def test_the_serving_line_shows_the_server_model_id_without_escapes(
     assert line.startswith("gsm8k: serving evilRED\\u202eledom with "), line
     assert "\x1b" not in text
     assert "\u202e" not in text
+
+
+#: secrets a config's env holds: named like one, and shaped like a token under a plain name
+ENV_TOKEN = "hf_SECRETenvTOKEN0987654321"
+ENV_SHAPED = "ghp_SECRETshapedTOKEN1122334455"
+
+
+def _fake_vllm(folder: Path, data: Path) -> Path:
+    """A ``vllm`` program on PATH serving the scripted server, after printing its arguments
+    and environment as vLLM does at startup (``non-default args: {..., 'api_key': ...}``)."""
+    folder.mkdir()
+    program = folder / "vllm"
+    fake = [sys.executable, str(FAKESERVER), "--data", str(data / "test.jsonl")]
+    program.write_text(
+        "#!/bin/sh\n"
+        'echo "INFO vllm args: $*"\n'
+        'echo "INFO vllm env: HF_TOKEN=$HF_TOKEN SHAPED=$SHAPED"\n'
+        'shift; model="$1"; shift\n'
+        f'exec {shlex.join(fake)} --model "$model" --accept-unknown "$@"\n',
+        encoding="utf-8",
+    )
+    program.chmod(0o755)
+    return folder
+
+
+def _config(server_args: str, env: str = "") -> str:
+    return (
+        'model_name: "org/m"\naccuracy_threshold: 0.5\nnum_questions: 3\nnum_fewshot: 0\n'
+        f"server_args: {json.dumps(server_args)}\n{env}"
+    )
+
+
+@XDIST
+def test_a_key_in_a_configs_server_args_or_env_is_written_nowhere(
+    pytester: pytest.Pytester,
+    gsm8k_data: Path,
+    tmp_path: Path,
+    xdist: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule: nothing the run writes holds a secret. A config's ``server_args`` with
+    ``--api-key KEY``, ``--api-key=KEY`` or ``a=KEY`` (KEY the run's OPENAI_API_KEY), and its
+    ``env`` tokens, went verbatim into the JSON report (``configs[].config.server_args``,
+    ``served.argv_args``), and the server's own output (its arguments) into its log under
+    the cache folder; a server that dies shows that log's tail on the terminal."""
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv("PATH", f"{_fake_vllm(tmp_path / 'bin', gsm8k_data)}:{os.environ['PATH']}")
+    temp = tmp_path / "temp"  # the run's private folder (and any temp file) lands here
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step.md"))
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    env = f"env:\n  HF_TOKEN: {ENV_TOKEN}\n  SHAPED: {ENV_SHAPED}\n"
+    for name, text in {
+        "Spaced": _config(f"--api-key {TEST_KEY} --enforce-eager", env),
+        "Joined": _config(f"--api-key={TEST_KEY}"),
+        "Bare": _config(f"a={TEST_KEY}"),
+        "Dies": _config(f"--api-key {TEST_KEY} --exit-at-once 3"),
+    }.items():
+        (configs / f"{name}.yaml").write_text(text, encoding="utf-8")
+    result = pytester.runpytest(
+        f"--gsm8k-config={configs}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-cache-dir=cache",
+        "--gsm8k-report=r.json",
+        "--gsm8k-html=page.html",
+        "--gsm8k-markdown=summary.md",
+        "--junitxml=junit.xml",
+        "-rA",
+        *NO_EXTRA_PLUGINS,
+        *xdist,
+    )
+    text = output(result)
+    assert result.ret == 1, text  # Dies fails; the three others pass
+    assert "gsm8k vLLM configs: 3 of 4 pass" in text, text
+    assert "exited with exit code 3" in text, text  # its log's tail was shown...
+    assert f"args: serve org/m --api-key {REDACTED} --exit-at-once 3" in text, text  # ...scrubbed
+    rep = report(pytester)
+    by_name = {c["config"]["name"]: c for c in rep["configs"]}
+    assert by_name["Spaced"]["config"]["server_args"] == ["--api-key", REDACTED, "--enforce-eager"]
+    assert by_name["Joined"]["served"]["argv_args"][0] == f"--api-key={REDACTED}"
+    assert by_name["Bare"]["config"]["server_args"] == [f"a={REDACTED}"]
+    log = (pytester.path / ".pytest_cache/d/gsm8k/serve-Spaced.log").read_text("utf-8")
+    assert f"args: serve org/m --api-key {REDACTED} --enforce-eager" in log, log
+    assert f"HF_TOKEN={REDACTED} SHAPED={REDACTED}" in log, log
+    for secret in (TEST_KEY, ENV_TOKEN, ENV_SHAPED):
+        assert secret not in text
+        for root in (pytester.path, temp):
+            leaks = [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+            assert not leaks, (secret, leaks)
