@@ -160,10 +160,10 @@ def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
     for word in words:
         assigned = _SECRET_ASSIGNMENT.fullmatch(word)
         value = assigned["value"] if assigned else word
-        if (assigned or _SECRET_FLAG.fullmatch(previous)) and value and value != REDACTED:
-            if not _VARIABLE.fullmatch(value):
-                values.append(value)
-                word = f"{assigned['name']}={REDACTED}" if assigned else REDACTED
+        secret = assigned or _SECRET_FLAG.fullmatch(previous)
+        if secret and value and value != REDACTED and not _VARIABLE.fullmatch(value):
+            values.append(value)
+            word = f"{assigned['name']}={REDACTED}" if assigned else REDACTED
         shown.append(word)
         previous = word
     return shown, values

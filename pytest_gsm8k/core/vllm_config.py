@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import reprlib
 import shlex
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,17 +149,17 @@ class _Loader(yaml.SafeLoader):
     """``safe_load`` that refuses anchors and aliases (before anything expands) and a key
     given twice in one mapping (which ``safe_load`` resolves silently: the later wins)."""
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
-        event = self.peek_event()
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise _Refused(
                 event.start_mark,
                 "anchors and aliases are not supported (vLLM's configs use none): "
                 "write the value out",
             )
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        return super().compose_node(parent, index)
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         first: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
@@ -168,8 +169,7 @@ class _Loader(yaml.SafeLoader):
             if key in first:
                 raise _Refused(
                     key_node.start_mark,
-                    f"{_name(key)}: given twice "
-                    f"(first on line {first[key]})",
+                    f"{_name(key)}: given twice (first on line {first[key]})",
                 )
             first[key] = line
         return super().construct_mapping(node, deep)

@@ -177,14 +177,14 @@ def test_the_serving_line_shows_the_server_model_id_without_escapes(
     assert "\u202e" not in text
 
 
-#: secrets a config's env holds: named like one, and shaped like a token under a plain name
-ENV_TOKEN = "hf_SECRETenvTOKEN0987654321"
-ENV_SHAPED = "ghp_SECRETshapedTOKEN1122334455"
-
-
-def _fake_vllm(folder: Path, data: Path) -> Path:
-    """A ``vllm`` program on PATH serving the scripted server, after printing its arguments
-    and environment as vLLM does at startup (``non-default args: {..., 'api_key': ...}``)."""
+def _keyed_vllm(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The run's key in OPENAI_API_KEY, a ``vllm`` program on PATH that serves the scripted
+    server after printing its arguments and environment (as vLLM prints its non-default
+    args, ``api_key`` among them), and the temp folder moved under ``tmp_path`` (returned),
+    so that every file the run writes is where a test can read it."""
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    folder = tmp_path / "bin"
     folder.mkdir()
     program = folder / "vllm"
     fake = [sys.executable, str(FAKESERVER), "--data", str(data / "test.jsonl")]
@@ -197,7 +197,54 @@ def _fake_vllm(folder: Path, data: Path) -> Path:
         encoding="utf-8",
     )
     program.chmod(0o755)
-    return folder
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    return temp
+
+
+def _files_holding(secret: str, *roots: Path) -> list[Path]:
+    return [
+        path
+        for root in roots
+        for path in root.rglob("*")
+        if path.is_file() and secret.encode() in path.read_bytes()
+    ]
+
+
+@XDIST
+def test_a_key_the_served_command_prints_is_kept_out_of_its_log(
+    pytester: pytest.Pytester,
+    gsm8k_data: Path,
+    tmp_path: Path,
+    xdist: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule: nothing the run writes holds a secret. ``--gsm8k-serve "vllm serve ... --api-key
+    $OPENAI_API_KEY"`` reaches pytest expanded, and the server prints its arguments into its
+    log, which stays under the cache folder after the run."""
+    temp = _keyed_vllm(tmp_path, gsm8k_data, monkeypatch)
+    command = f"vllm serve fake-model --api-key {TEST_KEY} --host 127.0.0.1 --port {{port}}"
+    result = pytester.runpytest(
+        f"--gsm8k-serve={command}",
+        "--gsm8k-limit=2",
+        "--gsm8k-report=r.json",
+        *NO_EXTRA_PLUGINS,
+        *xdist,
+    )
+    text = output(result)
+    assert result.ret == 0, text
+    log = (pytester.path / ".pytest_cache/d/gsm8k/serve.log").read_text("utf-8")
+    assert f"args: serve fake-model --api-key {REDACTED} --host" in log, log
+    assert TEST_KEY not in text
+    assert not _files_holding(TEST_KEY, pytester.path, temp)
+
+
+#: secrets a config's env holds: named like one, and shaped like a token under a plain name
+ENV_TOKEN = "hf_SECRETenvTOKEN0987654321"
+ENV_SHAPED = "ghp_SECRETshapedTOKEN1122334455"
 
 
 def _config(server_args: str, env: str = "") -> str:
@@ -220,13 +267,7 @@ def test_a_key_in_a_configs_server_args_or_env_is_written_nowhere(
     ``env`` tokens, went verbatim into the JSON report (``configs[].config.server_args``,
     ``served.argv_args``), and the server's own output (its arguments) into its log under
     the cache folder; a server that dies shows that log's tail on the terminal."""
-    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    monkeypatch.setenv("PATH", f"{_fake_vllm(tmp_path / 'bin', gsm8k_data)}:{os.environ['PATH']}")
-    temp = tmp_path / "temp"  # the run's private folder (and any temp file) lands here
-    temp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temp))
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    temp = _keyed_vllm(tmp_path, gsm8k_data, monkeypatch)
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step.md"))
     configs = tmp_path / "configs"
     configs.mkdir()
@@ -265,6 +306,4 @@ def test_a_key_in_a_configs_server_args_or_env_is_written_nowhere(
     assert f"HF_TOKEN={REDACTED} SHAPED={REDACTED}" in log, log
     for secret in (TEST_KEY, ENV_TOKEN, ENV_SHAPED):
         assert secret not in text
-        for root in (pytester.path, temp):
-            leaks = [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
-            assert not leaks, (secret, leaks)
+        assert not _files_holding(secret, pytester.path, temp), secret

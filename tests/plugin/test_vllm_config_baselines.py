@@ -421,7 +421,8 @@ def test_configs_whose_baseline_files_would_clash_are_refused_before_any_request
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     lines = [line for line in out.splitlines() if "one baseline file" in line]
     assert len(lines) == 1, out
-    assert lines[0].startswith("ERROR: gsm8k: --gsm8k-config: configs 'a\\nb', 'a b' and 'a_b' "), out
+    head = "ERROR: gsm8k: --gsm8k-config: configs 'a\\nb', 'a b' and 'a_b' would share"
+    assert lines[0].startswith(head), out
     assert f"a_b_{LABEL}.gsm8k" in lines[0], out
     assert "baseline written" not in out
     assert not events.exists()  # no server started, no request sent

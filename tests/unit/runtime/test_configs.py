@@ -55,7 +55,10 @@ def test_same_name_twice_and_empty_folder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda d: _write(d, "Bad.YAML"), r"Bad\.YAML: a config's name must end in \.yaml or \.yml"),
+        (
+            lambda d: _write(d, "Bad.YAML"),
+            r"Bad\.YAML: a config's name must end in \.yaml or \.yml",
+        ),
         (lambda d: (d / "gone.yaml").symlink_to(d / "nowhere.yaml"), r"gone\.yaml: a broken link"),
         (lambda d: (d / "loop.yaml").symlink_to(d / "loop.yaml"), r"loop\.yaml: a broken link"),
         (lambda d: (d / "x.yaml").mkdir(), r"x\.yaml: not a file"),
