@@ -132,8 +132,8 @@ def _shown(value: Any) -> str:
     return _SHOW.repr(value)
 
 
-def _name(key: object) -> str:
-    """A key as messages name it: unquoted, escapes shown, cut to a readable length."""
+def clip(key: object) -> str:
+    """A name (a key, a file) as messages show it: unquoted, escapes shown, cut short."""
     return _SHOW.repr(str(key))[1:-1]
 
 
@@ -169,7 +169,7 @@ class _Loader(yaml.SafeLoader):
             if key in first:
                 raise _Refused(
                     key_node.start_mark,
-                    f"{_name(key)}: given twice (first on line {first[key]})",
+                    f"{clip(key)}: given twice (first on line {first[key]})",
                 )
             first[key] = line
         return super().construct_mapping(node, deep)
@@ -229,7 +229,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
     def where(key: str) -> str:
         node = nodes.get(key)
         line = f":{node.start_mark.line + 1}" if node is not None else ""
-        return f"{source}{line}: {_name(key)}"
+        return f"{source}{line}: {clip(key)}"
 
     for key in data:
         if not isinstance(key, str) or key not in (*REQUIRED, *OPTIONAL, *IGNORED):
@@ -280,8 +280,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
                 raise ConfigError(f"{where('env')}: {_shown(key)} is not a variable name")
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise ConfigError(
-                    f"{where('env')}.{_name(key)}: expected a string (quote it), "
-                    f"got {_shown(value)}"
+                    f"{where('env')}.{clip(key)}: expected a string (quote it), got {_shown(value)}"
                 )
             pairs.append((key, str(value)))
         values["env"] = tuple(pairs)

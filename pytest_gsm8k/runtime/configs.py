@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig, parse, parse_list
+from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig, clip, parse, parse_list
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -59,7 +59,22 @@ def _folder(folder: Path) -> list[Path]:
 
 def load(path: str) -> tuple[VllmConfig, ...]:
     """The configs ``path`` names, in run order; ConfigError (one line) otherwise."""
-    where = Path(path).expanduser()
+    try:
+        configs = _load(Path(path).expanduser(), path)
+    except OSError as exc:  # a name too long, a folder that cannot be listed
+        raise ConfigError(f"--gsm8k-config {clip(path)}: cannot read ({exc.strerror})") from None
+    seen: dict[str, str] = {}
+    for config in configs:
+        if config.name in seen:
+            raise ConfigError(
+                f"--gsm8k-config {path}: two configs are named {config.name!r} "
+                f"({seen[config.name]} and {config.source})"
+            )
+        seen[config.name] = config.source
+    return tuple(configs)
+
+
+def _load(where: Path, path: str) -> list[VllmConfig]:
     if where.is_dir():
         files = _folder(where)
         if not files:
@@ -73,16 +88,8 @@ def load(path: str) -> tuple[VllmConfig, ...]:
         for number, name in parse_list(text, str(where)):
             target = where.parent / name
             if not target.is_file():
-                raise ConfigError(f"{where}:{number}: no config file {target}")
+                raise ConfigError(f"{where}:{number}: no config file {clip(name)}")
             configs.append(_one(target))
     else:
-        raise ConfigError(f"--gsm8k-config {path}: no such file or folder")
-    seen: dict[str, str] = {}
-    for config in configs:
-        if config.name in seen:
-            raise ConfigError(
-                f"--gsm8k-config {path}: two configs are named {config.name!r} "
-                f"({seen[config.name]} and {config.source})"
-            )
-        seen[config.name] = config.source
-    return tuple(configs)
+        raise ConfigError(f"--gsm8k-config {clip(path)}: no such file or folder")
+    return configs

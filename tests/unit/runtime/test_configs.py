@@ -86,3 +86,13 @@ def test_a_config_file_named_with_capitals_is_refused_not_read_as_a_list(tmp_pat
     path = _write(tmp_path, "Bad.YML")
     with pytest.raises(ConfigError, match=r"Bad\.YML: a config's name must end in \.yaml or \.yml"):
         load(str(path))
+
+
+def test_a_name_too_long_is_one_line_shown_cut_short(tmp_path: Path) -> None:
+    """Rule: a user's value is never printed unbounded, and never a traceback."""
+    listing = tmp_path / "models.txt"
+    listing.write_text("a" * 5000 + ".yaml\n", encoding="utf-8")
+    for path in (listing, tmp_path / ("b" * 5000)):
+        with pytest.raises(ConfigError) as caught:
+            load(str(path))
+        assert len(str(caught.value)) < 300 + len(str(tmp_path)), str(caught.value)[:400]
