@@ -163,15 +163,13 @@ class _Loader(yaml.SafeLoader):
         first: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str | int | float | bool) or key is None:
-                continue  # safe_load's own check refuses what it cannot hash
-            line = key_node.start_mark.line + 1
+            if not isinstance(key, Hashable):
+                continue  # safe_load's own check refuses it
             if key in first:
                 raise _Refused(
-                    key_node.start_mark,
-                    f"{clip(key)}: given twice (first on line {first[key]})",
+                    key_node.start_mark, f"{clip(key)}: given twice (first on line {first[key]})"
                 )
-            first[key] = line
+            first[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
 
 
