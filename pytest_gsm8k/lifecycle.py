@@ -577,6 +577,7 @@ def _start_server(state: State, spec: ServerSpec[_S], log_name: str) -> _S:
             log_path=log,
             startup_timeout=state.settings.serve_timeout,
             progress=_progress_line(state, log),
+            scrub=state.scrubber().command,
         )
     except spec.error as exc:
         raise pytest.UsageError(f"gsm8k: {state.scrubber().command(str(exc))}") from None
@@ -803,6 +804,7 @@ def _launch_config(state: State, name: str) -> Launched:
             log_path=log,
             startup_timeout=config.startup_max_wait_seconds,
             progress=_progress_line(state, log),
+            scrub=scrub.command,
         )
     except serve.ServeError as exc:
         raise LaunchError(scrub.command(str(exc))) from None
@@ -865,13 +867,13 @@ def _launch_config(state: State, name: str) -> Launched:
     info: dict[str, Any] = {
         "pid": server.pid,
         "command": scrub.command(command),
-        "argv_args": list(config.serve_args()),
+        "argv_args": scrub.words(config.serve_args()),
         "base_url": server.base_url,
         "model": config.model_name,
         "startup_seconds": round(server.startup_seconds, 2),
         "log": str(server.log_path),
     }
-    state.sources.note_config_server(name, info)
+    state.sources.note_config_server(name, scrub.obj(info))
     _write_line(
         state,
         f"gsm8k: config {name}: serving {_shown(state, config.model_name)} at "

@@ -150,14 +150,24 @@ def with_baselines(
     groups: tuple[ConfigGroup, ...], rootpath: Path, snapshot_dirname: str
 ) -> tuple[ConfigGroup, ...]:
     """Each config with its own baseline, named by its label (the config's name, then its
-    protocol's label): two configs of one protocol never share a file."""
+    protocol's label): two configs of one protocol never share a file, and configs whose
+    names differ only where a file name cannot (``a b``, ``a_b``; case, for the file
+    systems that ignore it) are refused, naming them, before any server starts."""
+    sharing: dict[str, list[ConfigGroup]] = {}
+    for group in groups:
+        sharing.setdefault(bl.default_name(group.label).casefold(), []).append(group)
+    for clash in sharing.values():
+        if len(clash) > 1:
+            names = [repr(g.name) for g in clash]
+            raise DatasetError(
+                f"--gsm8k-config: configs {', '.join(names[:-1])} and {names[-1]} would share "
+                f"one baseline file ({bl.default_name(clash[0].label)}.gsm8k): rename all but one"
+            )
+    folder = rootpath / snapshot_dirname / "gsm8k"
     return tuple(
         dataclasses.replace(
             group,
-            baseline=read_baseline(
-                rootpath / snapshot_dirname / "gsm8k" / f"{bl.default_name(group.label)}.gsm8k",
-                rootpath,
-            ),
+            baseline=read_baseline(folder / f"{bl.default_name(group.label)}.gsm8k", rootpath),
         )
         for group in groups
     )

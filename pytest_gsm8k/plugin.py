@@ -557,7 +557,7 @@ class StatePlugin:
         report_unfinished(self.config, state, late)
         if plan.groups:
             summary = run.build_matrix_summary(
-                plan, late=late, servers=state.sources.config_servers
+                plan, late=late, servers=state.sources.config_servers, scrub=state.scrubber()
             )
             release_matrix(state, summary, session)
         else:

@@ -14,6 +14,7 @@ Nothing outside these classes assigns their attributes: they change through meth
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -32,7 +33,7 @@ from pytest_gsm8k.core.gates import GateVerdict, Verdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.records import ProblemRecord
-from pytest_gsm8k.core.scrub import Scrubber
+from pytest_gsm8k.core.scrub import Scrubber, command_secrets
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem, stable_hash
 from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
@@ -289,6 +290,7 @@ class Run:
         *,
         late: dict[str, ProblemRecord],
         servers: dict[str, dict[str, Any]],
+        scrub: Scrubber,
     ) -> Summary:
         """--gsm8k-config: one summary per config, each gated as vLLM's test gates it
         (plus --gsm8k-min-acc and the health gates when asked), under one that counts
@@ -332,18 +334,20 @@ class Run:
                 expected=len(ran),
                 interrupted=self.interrupted,
             )
-            summary.extra["config"] = {
-                "name": config.name,
-                "source": config.source,
-                "model_name": config.model_name,
-                "accuracy_threshold": config.accuracy_threshold,
-                "tolerance": config.tolerance,
-                "num_questions": config.num_questions,
-                "num_fewshot": config.num_fewshot,
-                "server_args": list(config.server_args),
-                "env": sorted(key for key, _ in config.env),
-                "fields": list(config.given),
-            }
+            summary.extra["config"] = scrub.obj(
+                {
+                    "name": config.name,
+                    "source": config.source,
+                    "model_name": config.model_name,
+                    "accuracy_threshold": config.accuracy_threshold,
+                    "tolerance": config.tolerance,
+                    "num_questions": config.num_questions,
+                    "num_fewshot": config.num_fewshot,
+                    "server_args": scrub.words(config.server_args),
+                    "env": sorted(key for key, _ in config.env),
+                    "fields": list(config.given),
+                }
+            )
             if server is not None:
                 summary.extra["served"] = server
             floor = group.floor
@@ -505,8 +509,14 @@ class State:
         return self._run_dir
 
     def scrubber(self) -> Scrubber:
-        """What removes this run's secrets (the key, URL credentials) from outside text."""
-        return Scrubber(self.settings.api_key(), self.endpoint().base_url)
+        """What removes this run's secrets from outside text: the key, URL credentials,
+        ``VLLM_API_KEY``, and what ``--gsm8k-serve`` and each config give a server as a
+        secret (``--api-key X``, an ``env`` token), which the server prints."""
+        settings = self.settings
+        others = [os.environ.get("VLLM_API_KEY", ""), *command_secrets(settings.serve or "")]
+        for group in self._plan.groups if self._plan is not None else ():
+            others += group.config.secrets()
+        return Scrubber(settings.api_key(), self.endpoint().base_url, others)
 
     def concurrency(self) -> int:
         """The run's limit; split over the xdist workers only where each fetches itself,

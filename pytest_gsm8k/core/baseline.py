@@ -202,6 +202,7 @@ def loads(text: str, where: str) -> dict[str, Any]:
         raise BaselineError(f"{where}: corrupt baseline (line {exc.lineno}: {exc.msg})") from None
     except jsondepth.TooDeep as exc:
         raise BaselineError(f"{where}: corrupt baseline ({exc})") from None
+    _refuse_duplicates(text, where)
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BaselineError(f"{where}: not a pytest-gsm8k baseline")
     if data.get("schema") != SCHEMA:
@@ -212,6 +213,34 @@ def loads(text: str, where: str) -> dict[str, Any]:
     _check_outcomes(data, where)
     _check_problem_count(data, where)
     return data
+
+
+#: what delimits JSON's objects and keys: strings (escapes included), brackets, colons
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
+
+
+def _refuse_duplicates(text: str, where: str) -> None:
+    """A key given twice in one object (a problem id pasted twice) is refused with its line:
+    ``json`` keeps the later copy silently. Only called on text that parsed."""
+    keys: list[set[str] | None] = []  # per open object its keys (None: an array)
+    last: re.Match[str] | None = None  # the string just read: a key when a colon follows
+    for token in _JSON_TOKEN.finditer(text):
+        mark = token[0]
+        if mark == ":" and last is not None and keys and keys[-1] is not None:
+            raw = last[0]
+            key = json.loads(raw) if "\\" in raw else raw[1:-1]
+            if key in keys[-1]:
+                line = text.count("\n", 0, last.start()) + 1
+                raise BaselineError(
+                    f"{where}:{line}: corrupt baseline ({key[:80]!r} given twice in one object; "
+                    "only one copy may stay)"
+                )
+            keys[-1].add(key)
+        elif mark in ("{", "["):
+            keys.append(set() if mark == "{" else None)
+        elif mark in ("}", "]"):
+            keys.pop()
+        last = token if mark.startswith('"') else None
 
 
 def _check_outcomes(data: dict[str, Any], where: str) -> None:

@@ -11,7 +11,10 @@ Two concerns, one module:
   Command lines (``--gsm8k-serve``) are shown and stored with the run's secrets
   and the values of secret-named options (``--api-key X``, ``HF_TOKEN=X``)
   replaced (:meth:`Scrubber.command`, :func:`redact_options`): the shell may
-  have expanded ``$OPENAI_API_KEY`` into the command before pytest saw it.
+  have expanded ``$OPENAI_API_KEY`` into the command before pytest saw it. Those values,
+  ``VLLM_API_KEY`` and a vLLM config's secrets (its ``server_args``' secret options, its
+  ``env``'s secret-named or token-shaped values: :func:`secret_args`, :func:`secret_env`)
+  are secrets of the run as well: a server prints its arguments into its log.
 * the terminal and Markdown: a model name or an error message from a server
   may hold ANSI escapes, control characters or invisible format characters
   that reorder or hide text (bidi overrides) (:func:`printable`), or Markdown
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import base64
 import re
+import shlex
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -57,17 +62,29 @@ _SECRET_OPTIONS = (
 )
 #: a value that only names a variable (``$OPENAI_API_KEY``): not a secret, kept
 _VARIABLE = re.compile(r"""["']?\$\{?\w+\}?["']?""")
+#: one argument that names a secret option (``--api-key``), or gives one its value
+#: (``--api-key=X``, ``HF_TOKEN=X``)
+_SECRET_FLAG = re.compile(rf"--?[\w.-]*?{_SECRET_WORD}", re.IGNORECASE)
+_SECRET_ASSIGNMENT = re.compile(
+    rf"(?P<name>--?[\w.-]*?{_SECRET_WORD}|[a-z_]\w*?{_SECRET_WORD})=(?P<value>.*)",
+    re.IGNORECASE | re.DOTALL,
+)
+#: a value that is a key whatever its variable is called: the usual tokens' prefixes
+_KEYLIKE = re.compile(
+    r"(?:sk|pk|rk)-[\w-]{8,}|hf_\w{8,}|gh[pousr]_\w{8,}|github_pat_\w{8,}|glpat-[\w-]{8,}"
+    r"|xox[abporst]-[\w-]{8,}|AKIA[0-9A-Z]{12,}"
+)
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
 
 
 class Scrubber:
     """Replaces the secrets it was given (and their usual encodings) in text."""
 
-    def __init__(self, api_key: str | None = None, base_url: str | None = None) -> None:
+    def __init__(
+        self, api_key: str | None = None, base_url: str | None = None, others: Iterable[str] = ()
+    ) -> None:
         pairs: list[tuple[str, str]] = []
-        secrets: list[str] = []
-        if api_key and len(api_key) >= MIN_SECRET:
-            secrets.append(api_key)
+        secrets = [s for s in (api_key, *others) if s and len(s) >= MIN_SECRET]
         if base_url:
             parts = urlsplit(base_url)
             netloc = parts.netloc
@@ -99,6 +116,10 @@ class Scrubber:
         secret-named options replaced (:func:`redact_options`)."""
         return redact_options(self.text(value))
 
+    def words(self, words: Sequence[str]) -> list[str]:
+        """A command's arguments fit to show or store (:meth:`command`, word by word)."""
+        return [self.text(word) for word in secret_args(words)[0]]
+
     def obj(self, value: Any) -> Any:
         """``value`` with every string inside (dict keys and values, lists) scrubbed."""
         if not self.pairs:
@@ -126,6 +147,45 @@ def redact_options(command: str) -> str:
     for pattern in _SECRET_OPTIONS:
         command = pattern.sub(hide, command)
     return command
+
+
+def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``words`` (a command's arguments) with the value of every option or assignment named
+    like a secret replaced (``--api-key X``, ``--api-key=X``, ``HF_TOKEN=X``), and those
+    values: the server prints its arguments, so they are secrets of the run (a value that
+    only names a variable is neither)."""
+    shown: list[str] = []
+    values: list[str] = []
+    previous = ""
+    for word in words:
+        assigned = _SECRET_ASSIGNMENT.fullmatch(word)
+        value = assigned["value"] if assigned else word
+        secret = assigned or _SECRET_FLAG.fullmatch(previous)
+        if secret and value and value != REDACTED and not _VARIABLE.fullmatch(value):
+            values.append(value)
+            word = f"{assigned['name']}={REDACTED}" if assigned else REDACTED
+        shown.append(word)
+        previous = word
+    return shown, values
+
+
+def command_secrets(command: str) -> list[str]:
+    """The secret option values of a command line (:func:`secret_args` of its words)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return secret_args(words)[1]
+
+
+def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
+    """The values of ``variables`` that are secrets: named like one (``HF_TOKEN``,
+    ``VLLM_API_KEY``), or shaped like a token whatever the name (``sk-...``, ``hf_...``)."""
+    return [
+        value
+        for name, value in variables
+        if re.search(rf"{_SECRET_WORD}$", name, re.IGNORECASE) or _KEYLIKE.fullmatch(value)
+    ]
 
 
 def _escape(match: re.Match[str]) -> str:

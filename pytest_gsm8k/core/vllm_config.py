@@ -10,17 +10,24 @@ default there, so a config gates here exactly as it gates there: accuracy over t
 
 A field this module does not know is refused (a newer vLLM may give it a meaning a run here
 would silently ignore); so is one a run here cannot honour (``min_acceptance_length``:
-speculative decoding's counters). Every error is one line naming the file and the field.
+speculative decoding's counters), a key given twice (YAML keeps the later silently) and an
+anchor or alias (vLLM's configs use none; a few hundred bytes of nested aliases expand to
+gigabytes). Every error is one line naming the file, the line and the field, a value in it
+shown only in part.
 """
 
 from __future__ import annotations
 
 import math
+import reprlib
 import shlex
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from pytest_gsm8k.core.scrub import secret_args, secret_env
 
 #: what vLLM's test adds to every config's ``server_args``
 TEST_FLAGS = ("--trust-remote-code", "--disable-uvicorn-access-log")
@@ -103,6 +110,11 @@ class VllmConfig:
         """``server_args`` plus the flags vLLM's test and its server wrapper add."""
         return (*self.server_args, *TEST_FLAGS, *SERVER_SEED_FLAGS)
 
+    def secrets(self) -> list[str]:
+        """What the server is given that is a secret (an ``--api-key``'s value, an ``env``
+        token): the run scrubs it from everything it shows and stores."""
+        return secret_args(self.server_args)[1] + secret_env(self.env)
+
     def serve_env(self) -> dict[str, str]:
         """The server's environment on top of the run's: as vLLM's test builds it."""
         env = dict(SERVER_ENV)
@@ -111,59 +123,111 @@ class VllmConfig:
         return env
 
 
-def _line(node: yaml.Node | None) -> str:
-    return f":{node.start_mark.line + 1}" if node is not None else ""
+#: a user's value in an error: its repr, cut to a readable length
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 60
 
 
-def _nodes(text: str, source: str) -> dict[str, yaml.Node]:
-    """The top-level keys' value nodes, for line numbers in errors."""
+def _shown(value: Any) -> str:
+    return _SHOW.repr(value)
+
+
+def clip(key: object) -> str:
+    """A name (a key, a file) as messages show it: unquoted, escapes shown, cut short."""
+    return _SHOW.repr(str(key))[1:-1]
+
+
+class _Refused(Exception):
+    """What YAML allows and a config may not use, at ``mark``."""
+
+    def __init__(self, mark: yaml.Mark, message: str) -> None:
+        super().__init__(message)
+        self.line = mark.line + 1
+
+
+class _Loader(yaml.SafeLoader):
+    """``safe_load`` that refuses anchors and aliases (before anything expands) and a key
+    given twice in one mapping (which ``safe_load`` resolves silently: the later wins)."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise _Refused(
+                event.start_mark,
+                "anchors and aliases are not supported (vLLM's configs use none): "
+                "write the value out",
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # safe_load's own check refuses it
+            if key in first:
+                raise _Refused(
+                    key_node.start_mark, f"{clip(key)}: given twice (first on line {first[key]})"
+                )
+            first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
+    """The document in ``text`` and its top-level keys' value nodes (for lines in errors)."""
+    loader = _Loader(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return {}
+        root = loader.get_single_node()
+        data = None if root is None else loader.construct_document(root)
+    except _Refused as exc:
+        raise ConfigError(f"{source}:{exc.line}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source}{at}: not valid YAML ({problem[:200]})") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ConfigError(f"{source}: not valid YAML ({str(exc)[:200]})") from None
+    finally:
+        loader.dispose()
     if not isinstance(root, yaml.MappingNode):
-        return {}
-    return {str(k.value): v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
+        return data, {}
+    return data, {str(k.value): v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
 
 
 def _number(
     raw: Any, where: str, *, low: float, high: float | None = None, open_low: bool = False
 ) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-        raise ConfigError(f"{where}: expected a number, got {raw!r}")
+        raise ConfigError(f"{where}: expected a number, got {_shown(raw)}")
     value = float(raw)
     if value < low or (open_low and value == low) or (high is not None and value > high):
         bound = f"{'>' if open_low else '>='} {low:g}" + (f" and <= {high:g}" if high else "")
-        raise ConfigError(f"{where}: must be {bound}, got {raw!r}")
+        raise ConfigError(f"{where}: must be {bound}, got {_shown(raw)}")
     return value
 
 
 def _integer(raw: Any, where: str, *, low: int) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int):
-        raise ConfigError(f"{where}: expected an integer, got {raw!r}")
+        raise ConfigError(f"{where}: expected an integer, got {_shown(raw)}")
     if raw < low:
-        raise ConfigError(f"{where}: must be >= {low}, got {raw}")
+        raise ConfigError(f"{where}: must be >= {low}, got {_shown(raw)}")
     return raw
 
 
 def parse(text: str, source: str, name: str) -> VllmConfig:
     """The config in ``text`` (the file ``source``, named ``name`` in ids); ConfigError else."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source}{at}: not valid YAML ({problem})") from None
+    data, nodes = _load(text, source)
     if not isinstance(data, dict):
         raise ConfigError(
             f"{source}: expected a mapping of vLLM's config fields (model_name, "
             f"accuracy_threshold, ...), got {type(data).__name__}"
         )
-    nodes = _nodes(text, source)
 
     def where(key: str) -> str:
-        return f"{source}{_line(nodes.get(key))}: {key}"
+        node = nodes.get(key)
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        return f"{source}{line}: {clip(key)}"
 
     for key in data:
         if not isinstance(key, str) or key not in (*REQUIRED, *OPTIONAL, *IGNORED):
@@ -179,7 +243,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
 
     model = data["model_name"]
     if not isinstance(model, str) or not model.strip():
-        raise ConfigError(f"{where('model_name')}: expected a model id, got {model!r}")
+        raise ConfigError(f"{where('model_name')}: expected a model id, got {_shown(model)}")
     values: dict[str, Any] = {
         "model_name": model.strip(),
         "accuracy_threshold": _number(
@@ -193,7 +257,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
     if data.get("server_args") is not None:
         raw = data["server_args"]
         if not isinstance(raw, str):
-            raise ConfigError(f"{where('server_args')}: expected a string, got {raw!r}")
+            raise ConfigError(f"{where('server_args')}: expected a string, got {_shown(raw)}")
         try:
             values["server_args"] = tuple(shlex.split(raw))
         except ValueError as exc:
@@ -207,14 +271,14 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
     if data.get("env") is not None:
         env = data["env"]
         if not isinstance(env, dict):
-            raise ConfigError(f"{where('env')}: expected a mapping of variables, got {env!r}")
+            raise ConfigError(f"{where('env')}: expected a mapping of variables, got {_shown(env)}")
         pairs: list[tuple[str, str]] = []
         for key, value in env.items():
             if not isinstance(key, str) or not key or "=" in key:
-                raise ConfigError(f"{where('env')}: {key!r} is not a variable name")
+                raise ConfigError(f"{where('env')}: {_shown(key)} is not a variable name")
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise ConfigError(
-                    f"{where('env')}.{key}: expected a string (quote it), got {value!r}"
+                    f"{where('env')}.{clip(key)}: expected a string (quote it), got {_shown(value)}"
                 )
             pairs.append((key, str(value)))
         values["env"] = tuple(pairs)
@@ -235,7 +299,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
         chat = data["use_chat_completions"]
         if not isinstance(chat, bool):
             raise ConfigError(
-                f"{where('use_chat_completions')}: expected true or false, got {chat!r}"
+                f"{where('use_chat_completions')}: expected true or false, got {_shown(chat)}"
             )
         values["use_chat_completions"] = chat
     if "temperature" in data:
@@ -249,7 +313,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
     if data.get("gen_prefix") not in (None, ""):
         prefix = data["gen_prefix"]
         if not isinstance(prefix, str):
-            raise ConfigError(f"{where('gen_prefix')}: expected a string, got {prefix!r}")
+            raise ConfigError(f"{where('gen_prefix')}: expected a string, got {_shown(prefix)}")
         values["gen_prefix"] = prefix
     if data.get("max_concurrency") is not None:
         values["max_concurrency"] = _integer(

@@ -1,7 +1,9 @@
 """``--gsm8k-config PATH``: vLLM's GSM8K configs read from a file, a folder or a list file.
 
 * a ``.yaml``/``.yml`` file: one config;
-* a folder: every ``.yaml``/``.yml`` file in it (not below it), in name order;
+* a folder: every ``.yaml``/``.yml`` file in it (not below it), in name order; an entry
+  that looks meant as a config but is not one (``Bad.YAML``, a folder named ``x.yaml``) and
+  a broken link (to nothing, or a loop) are refused by name, never skipped;
 * a ``.txt`` list file (vLLM's ``configs/models-*.txt``): the configs it names, one per
   line, relative to the list file's folder, in its order. vLLM's conftest skips a name
   whose file is missing with a printed line; here it is an error naming the line, so a
@@ -16,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig, parse, parse_list
+from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig, clip, parse, parse_list
 
 SUFFIXES = (".yaml", ".yml")
 
@@ -35,26 +37,40 @@ def _one(path: Path) -> VllmConfig:
     return parse(_read(path, shown), shown, printable(path.stem))
 
 
+def _suffix(path: Path) -> bool:
+    """Whether ``path`` is named as a config (a suffix in capitals is refused, not skipped)."""
+    if path.suffix.lower() not in SUFFIXES:
+        return False
+    if path.suffix not in SUFFIXES:
+        raise ConfigError(
+            f"{printable(str(path))}: a config's name must end in .yaml or .yml (lower case)"
+        )
+    return True
+
+
+def _folder(folder: Path) -> list[Path]:
+    """The folder's configs, in name order: the run never shrinks unseen, so whatever in it
+    may have been meant as one and cannot be read as one is refused by name."""
+    files = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() and not entry.exists():
+            raise ConfigError(
+                f"{printable(str(entry))}: a broken link (to nothing, or a loop): fix or remove it"
+            )
+        if not _suffix(entry):
+            continue
+        if not entry.is_file():
+            raise ConfigError(f"{printable(str(entry))}: not a file (a config is a .yaml file)")
+        files.append(entry)
+    return files
+
+
 def load(path: str) -> tuple[VllmConfig, ...]:
     """The configs ``path`` names, in run order; ConfigError (one line) otherwise."""
-    where = Path(path).expanduser()
-    if where.is_dir():
-        files = sorted(p for p in where.iterdir() if p.suffix in SUFFIXES and p.is_file())
-        if not files:
-            raise ConfigError(f"--gsm8k-config {path}: the folder holds no .yaml config")
-        configs = [_one(p) for p in files]
-    elif where.is_file() and where.suffix in SUFFIXES:
-        configs = [_one(where)]
-    elif where.is_file():
-        text = _read(where, str(where))
-        configs = []
-        for number, name in parse_list(text, str(where)):
-            target = where.parent / name
-            if not target.is_file():
-                raise ConfigError(f"{where}:{number}: no config file {target}")
-            configs.append(_one(target))
-    else:
-        raise ConfigError(f"--gsm8k-config {path}: no such file or folder")
+    try:
+        configs = _load(Path(path).expanduser(), path)
+    except OSError as exc:  # a name too long, a folder that cannot be listed
+        raise ConfigError(f"--gsm8k-config {clip(path)}: cannot read ({exc.strerror})") from None
     seen: dict[str, str] = {}
     for config in configs:
         if config.name in seen:
@@ -64,3 +80,24 @@ def load(path: str) -> tuple[VllmConfig, ...]:
             )
         seen[config.name] = config.source
     return tuple(configs)
+
+
+def _load(where: Path, path: str) -> list[VllmConfig]:
+    if where.is_dir():
+        files = _folder(where)
+        if not files:
+            raise ConfigError(f"--gsm8k-config {path}: the folder holds no .yaml config")
+        configs = [_one(p) for p in files]
+    elif where.is_file() and _suffix(where):
+        configs = [_one(where)]
+    elif where.is_file():
+        text = _read(where, str(where))
+        configs = []
+        for number, name in parse_list(text, str(where)):
+            target = where.parent / name
+            if not target.is_file():
+                raise ConfigError(f"{where}:{number}: no config file {clip(name)}")
+            configs.append(_one(target))
+    else:
+        raise ConfigError(f"--gsm8k-config {clip(path)}: no such file or folder")
+    return configs

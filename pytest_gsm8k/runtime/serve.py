@@ -25,6 +25,10 @@ into the background. Three layers make sure it does not:
 A command whose main process exits while others it started keep running (it
 daemonised) is reported as such and what it left is stopped: the run never measures a
 server it cannot stop.
+
+The server's output reaches its log through a pipe, each line scrubbed of the run's
+secrets first (a server prints its arguments at startup, ``--api-key`` among them, and
+the log stays after the run): :func:`_copy_log`.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
 from pytest_gsm8k.core.scrub import redact_options
@@ -75,6 +79,12 @@ DEATH_GRACE = 10.0
 
 _PORT_ATTEMPTS = 3
 _LOG_TAIL_LINES = 20
+#: how long a log's reader waits for the output of a server that ended to arrive
+_LOG_DRAIN_SECONDS = 2.0
+#: the longest line the log copier holds before it writes, and what it keeps back of it
+#: then (longer than any secret)
+_LOG_LINE_LIMIT = 1 << 20
+_LOG_KEEP = 4096
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _SUPERVISOR = Path(__file__).with_name("supervise.py")
 
@@ -157,6 +167,15 @@ class ServedProcess:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _pending: bytes = field(default=b"", repr=False)
     _status: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: the thread that copies the server's output into its log
+    copier: threading.Thread | None = field(default=None, repr=False)
+
+    def log_text(self, offset: int = 0) -> str:
+        """What the server wrote to its log from ``offset``, once its output has arrived
+        (the server has ended: the copier drains the pipe, briefly)."""
+        if self.copier is not None:
+            self.copier.join(timeout=_LOG_DRAIN_SECONDS)
+        return _read_log(self.log_path, offset)
 
     def use_model(self, model: str) -> None:
         """The model id to ask this server for (the one it lists, when none was given)."""
@@ -247,7 +266,7 @@ class ServedProcess:
     def death_message(self) -> str:
         """One line saying how the server died, then the last lines of its log."""
         head = self.death_head() + f" (log {self.log_path})"
-        return _with_tail(head, _tail(_read_log(self.log_path, 0), 8))
+        return _with_tail(head, _tail(self.log_text(), 8))
 
     def watch(self, on_death: Callable[[str], None]) -> None:
         """Call ``on_death(message)`` from a thread as soon as the server exits unasked.
@@ -451,38 +470,79 @@ def _pdeathsig_preexec() -> Callable[[], None] | None:
 
 
 def _spawn(
-    argv: Sequence[str], log_path: Path, env: Mapping[str, str]
-) -> tuple[subprocess.Popen[bytes], int, int]:
-    """Start ``argv`` under its supervisor, detached into a new session, all output to the
-    log; returns the supervisor and our ends of its control and status pipes."""
+    argv: Sequence[str], log_path: Path, env: Mapping[str, str], scrub: Callable[[str], str]
+) -> tuple[subprocess.Popen[bytes], int, int, threading.Thread]:
+    """Start ``argv`` under its supervisor, detached into a new session, all output through
+    ``scrub`` to the log; returns the supervisor, our ends of its control and status pipes
+    and the log's copier."""
+    log = log_path.open("ab")  # unwritable: an OSError now, before anything starts
     control_r, control_w = os.pipe()
     status_r, status_w = os.pipe()
+    output_r, output_w = os.pipe()
     supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
 
     def popen() -> subprocess.Popen[bytes]:
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                [*supervisor, "--", *argv],
-                stdin=control_r,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                start_new_session=True,
-                preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
-                pass_fds=(status_w,),
-                close_fds=True,
-            )
+        return subprocess.Popen(
+            [*supervisor, "--", *argv],
+            stdin=control_r,
+            stdout=output_w,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
+            pass_fds=(status_w,),
+            close_fds=True,
+        )
 
     try:
         proc = _on_spawner_thread(popen)
     except BaseException:
-        os.close(control_w)
-        os.close(status_r)
+        for fd in (control_w, status_r, output_r):
+            os.close(fd)
+        log.close()
         raise
     finally:
-        os.close(control_r)
-        os.close(status_w)
-    return proc, control_w, status_r
+        for fd in (control_r, status_w, output_w):
+            os.close(fd)
+    copier = threading.Thread(
+        target=_copy_log, args=(output_r, log, scrub), name="gsm8k-serve-log", daemon=True
+    )
+    copier.start()
+    return proc, control_w, status_r, copier
+
+
+def _copy_log(source: int, log: BinaryIO, scrub: Callable[[str], str]) -> None:
+    """The server's output into its log until every process holding the pipe has ended,
+    line by line through ``scrub``: no secret it prints reaches the disk. A line not ended
+    yet waits, up to :data:`_LOG_LINE_LIMIT` characters; then it is scrubbed and written
+    but for its last :data:`_LOG_KEEP`, where a secret cut short by the pipe may start.
+    A log that cannot be written (a full disk) is still drained: the server never blocks."""
+    failed = False
+
+    def write(text: str) -> None:
+        nonlocal failed
+        if failed:
+            return
+        try:
+            log.write(text.encode("utf-8", "surrogateescape"))
+            log.flush()
+        except OSError:
+            failed = True
+
+    with os.fdopen(source, "rb", buffering=0) as pipe, log:
+        pending = ""
+        while data := pipe.read(65536):
+            pending += data.decode("utf-8", "surrogateescape")
+            cut = pending.rfind("\n") + 1
+            if cut:
+                write(scrub(pending[:cut]))
+                pending = pending[cut:]
+            elif len(pending) > _LOG_LINE_LIMIT:
+                text = scrub(pending)
+                write(text[:-_LOG_KEEP])
+                pending = text[-_LOG_KEEP:]
+        if pending:
+            write(scrub(pending))
 
 
 _SpawnJob = tuple[Callable[[], "subprocess.Popen[bytes]"], "Future[subprocess.Popen[bytes]]"]
@@ -678,8 +738,10 @@ def start_server(
     log_path: Path,
     startup_timeout: float,
     progress: Callable[[float], None] | None = None,
+    scrub: Callable[[str], str] = str,
 ) -> _S:
-    """Start ``spec`` on a free loopback port and wait until it serves.
+    """Start ``spec`` on a free loopback port and wait until it serves; its output goes
+    to ``log_path`` through ``scrub`` (which removes the run's secrets).
 
     Ready means ``GET http://127.0.0.1:{port}/v1/models`` answered 200 *from the
     server's own processes* (on Linux the listening socket is checked to belong to
@@ -708,7 +770,7 @@ def start_server(
         env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
         try:
-            proc, control, status = _spawn(command.argv, log_path, env)
+            proc, control, status, copier = _spawn(command.argv, log_path, env, scrub)
         except OSError as exc:
             raise spec.error(f"{what} could not be started: {exc}") from None
         server = spec.factory(
@@ -719,6 +781,7 @@ def start_server(
             what=what,
             control_fd=control,
             status_fd=status,
+            copier=copier,
         )
         _remember(server)
         try:
@@ -733,7 +796,7 @@ def start_server(
         server.stop(timeout=2.0)
         if failure:
             raise spec.error(f"{what} could not be started: {failure}{where}")
-        text = _read_log(log_path, offset)
+        text = server.log_text(offset)
         tail = _tail(text)
         if outcome == "exited" and not server.left and _port_in_use(text):
             last_port_error = tail

@@ -12,8 +12,10 @@ wrote (cache, JSON report, HTML page, step summary).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,135 @@ def test_the_serving_line_shows_the_server_model_id_without_escapes(
     assert line.startswith("gsm8k: serving evilRED\\u202eledom with "), line
     assert "\x1b" not in text
     assert "\u202e" not in text
+
+
+def _keyed_vllm(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The run's key in OPENAI_API_KEY, a ``vllm`` program on PATH that serves the scripted
+    server after printing its arguments and environment (as vLLM prints its non-default
+    args, ``api_key`` among them), and the temp folder moved under ``tmp_path`` (returned),
+    so that every file the run writes is where a test can read it."""
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    program = folder / "vllm"
+    fake = [sys.executable, str(FAKESERVER), "--data", str(data / "test.jsonl")]
+    program.write_text(
+        "#!/bin/sh\n"
+        'echo "INFO vllm args: $*"\n'
+        'echo "INFO vllm env: HF_TOKEN=$HF_TOKEN SHAPED=$SHAPED"\n'
+        'shift; model="$1"; shift\n'
+        f'exec {shlex.join(fake)} --model "$model" --accept-unknown "$@"\n',
+        encoding="utf-8",
+    )
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    return temp
+
+
+def _files_holding(secret: str, *roots: Path) -> list[Path]:
+    return [
+        path
+        for root in roots
+        for path in root.rglob("*")
+        if path.is_file() and secret.encode() in path.read_bytes()
+    ]
+
+
+@XDIST
+def test_a_key_the_served_command_prints_is_kept_out_of_its_log(
+    pytester: pytest.Pytester,
+    gsm8k_data: Path,
+    tmp_path: Path,
+    xdist: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule: nothing the run writes holds a secret. ``--gsm8k-serve "vllm serve ... --api-key
+    $OPENAI_API_KEY"`` reaches pytest expanded, and the server prints its arguments into its
+    log, which stays under the cache folder after the run."""
+    temp = _keyed_vllm(tmp_path, gsm8k_data, monkeypatch)
+    command = f"vllm serve fake-model --api-key {TEST_KEY} --host 127.0.0.1 --port {{port}}"
+    result = pytester.runpytest(
+        f"--gsm8k-serve={command}",
+        "--gsm8k-limit=2",
+        "--gsm8k-report=r.json",
+        *NO_EXTRA_PLUGINS,
+        *xdist,
+    )
+    text = output(result)
+    assert result.ret == 0, text
+    log = (pytester.path / ".pytest_cache/d/gsm8k/serve.log").read_text("utf-8")
+    assert f"args: serve fake-model --api-key {REDACTED} --host" in log, log
+    assert TEST_KEY not in text
+    assert not _files_holding(TEST_KEY, pytester.path, temp)
+
+
+#: secrets a config's env holds: named like one, and shaped like a token under a plain name
+ENV_TOKEN = "hf_SECRETenvTOKEN0987654321"
+ENV_SHAPED = "ghp_SECRETshapedTOKEN1122334455"
+
+
+def _config(server_args: str, env: str = "") -> str:
+    return (
+        'model_name: "org/m"\naccuracy_threshold: 0.5\nnum_questions: 3\nnum_fewshot: 0\n'
+        f"server_args: {json.dumps(server_args)}\n{env}"
+    )
+
+
+@XDIST
+def test_a_key_in_a_configs_server_args_or_env_is_written_nowhere(
+    pytester: pytest.Pytester,
+    gsm8k_data: Path,
+    tmp_path: Path,
+    xdist: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule: nothing the run writes holds a secret. A config's ``server_args`` with
+    ``--api-key KEY``, ``--api-key=KEY`` or ``a=KEY`` (KEY the run's OPENAI_API_KEY), and its
+    ``env`` tokens, went verbatim into the JSON report (``configs[].config.server_args``,
+    ``served.argv_args``), and the server's own output (its arguments) into its log under
+    the cache folder; a server that dies shows that log's tail on the terminal."""
+    temp = _keyed_vllm(tmp_path, gsm8k_data, monkeypatch)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step.md"))
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    env = f"env:\n  HF_TOKEN: {ENV_TOKEN}\n  SHAPED: {ENV_SHAPED}\n"
+    for name, text in {
+        "Spaced": _config(f"--api-key {TEST_KEY} --enforce-eager", env),
+        "Joined": _config(f"--api-key={TEST_KEY}"),
+        "Bare": _config(f"a={TEST_KEY}"),
+        "Dies": _config(f"--api-key {TEST_KEY} --exit-at-once 3"),
+    }.items():
+        (configs / f"{name}.yaml").write_text(text, encoding="utf-8")
+    result = pytester.runpytest(
+        f"--gsm8k-config={configs}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-cache-dir=cache",
+        "--gsm8k-report=r.json",
+        "--gsm8k-html=page.html",
+        "--gsm8k-markdown=summary.md",
+        "--junitxml=junit.xml",
+        "-rA",
+        *NO_EXTRA_PLUGINS,
+        *xdist,
+    )
+    text = output(result)
+    assert result.ret == 1, text  # Dies fails; the three others pass
+    assert "gsm8k vLLM configs: 3 of 4 pass" in text, text
+    assert "exited with exit code 3" in text, text  # its log's tail was shown...
+    assert f"args: serve org/m --api-key {REDACTED} --exit-at-once 3" in text, text  # ...scrubbed
+    rep = report(pytester)
+    by_name = {c["config"]["name"]: c for c in rep["configs"]}
+    assert by_name["Spaced"]["config"]["server_args"] == ["--api-key", REDACTED, "--enforce-eager"]
+    assert by_name["Joined"]["served"]["argv_args"][0] == f"--api-key={REDACTED}"
+    assert by_name["Bare"]["config"]["server_args"] == [f"a={REDACTED}"]
+    log = (pytester.path / ".pytest_cache/d/gsm8k/serve-Spaced.log").read_text("utf-8")
+    assert f"args: serve org/m --api-key {REDACTED} --enforce-eager" in log, log
+    assert f"HF_TOKEN={REDACTED} SHAPED={REDACTED}" in log, log
+    for secret in (TEST_KEY, ENV_TOKEN, ENV_SHAPED):
+        assert secret not in text
+        assert not _files_holding(secret, pytester.path, temp), secret

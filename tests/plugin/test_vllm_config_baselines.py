@@ -402,3 +402,28 @@ def test_the_matrix_page_in_chromium(
     browser.evaluate("new Promise(r => setTimeout(r, 50))")
     assert "baseline" not in browser.evaluate(f"{gamma}.textContent")
     assert browser.errors() == []
+
+
+@XDIST
+def test_configs_whose_baseline_files_would_clash_are_refused_before_any_request(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """Rule: two configs never share one baseline file. ``a b``, ``a\\nb`` and ``a_b`` all
+    name ``a_b_<protocol>.gsm8k``: --snapshot-update said "baseline written" three times
+    and kept one. Refused in one line naming the configs and the file, no server started."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name in ("a b", "a\nb", "a_b"):
+        (folder / f"{name}.yaml").write_text(_config("Alpha-1B", '{"default": "correct"}'), "utf-8")
+    events = tmp_path / "events.jsonl"
+    result = _run(pytester, folder, gsm8k_data, "--snapshot-update", *xdist, events=events)
+    out = output(result)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    lines = [line for line in out.splitlines() if "one baseline file" in line]
+    assert len(lines) == 1, out
+    head = "ERROR: gsm8k: --gsm8k-config: configs 'a\\nb', 'a b' and 'a_b' would share"
+    assert lines[0].startswith(head), out
+    assert f"a_b_{LABEL}.gsm8k" in lines[0], out
+    assert "baseline written" not in out
+    assert not events.exists()  # no server started, no request sent
+    assert not (pytester.path / "__snapshots__").exists()

@@ -226,3 +226,27 @@ def test_a_configs_baseline_holds_its_name_and_model_and_gates_no_other_config()
     assert bl.first_difference(document, _report([_record("test-0000", ["correct"])])) == (
         "config name is None here but 'Alpha' in the baseline"
     )
+
+
+def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_its_line() -> None:
+    """Rule: a duplicate key in a baseline is refused (json keeps the later copy silently:
+    a problem id pasted twice would gate against whichever outcome came last)."""
+    text = bl.dumps(json.loads(_document()))
+    # the later copy agrees with the stored accuracy: nothing else would refuse the file
+    doubled = text.replace('"test-0001": "wrong"', '"test-0001": "wrong",\n  "test-0000": "wrong"')
+    doubled = doubled.replace('"accuracy": 0.5', '"accuracy": 0.0')
+    assert doubled.count('"test-0000"') == 2
+    line = doubled.splitlines().index('  "test-0000": "wrong"') + 1
+    with pytest.raises(bl.BaselineError) as info:
+        bl.loads(doubled, "snap/b.gsm8k")
+    message = str(info.value)
+    assert message.startswith(f"snap/b.gsm8k:{line}: ")
+    assert "'test-0000' given twice" in message
+    assert "\n" not in message
+    # the same key in two different objects is no duplicate
+    calibrated = _document(
+        problems={"test-0000": {"correct": 1, "outcome": "correct", "repeats": 1}}, accuracy=1.0
+    )
+    assert bl.loads(calibrated, "x")
+    with pytest.raises(bl.BaselineError, match=r"x:1: .*'accuracy' given twice"):
+        bl.loads(_document()[:-1] + ', "accuracy": 1.0}', "x")

@@ -50,3 +50,33 @@ def test_markdown_and_terminal_helpers() -> None:
     assert printable("a\x1b[31mb\x1b]0;title\x07c\x00d\ne") == "abcd e"
     assert md_code("a`b") == "``a`b``"
     assert md_text("x|y *z* <b>") == "x\\|y \\*z\\* \\<b\\>"
+
+
+def test_a_commands_secret_values_are_found_and_replaced_word_by_word() -> None:
+    """Rule: a secret given to a server (``--api-key X``, ``--api-key=X``, ``HF_TOKEN=X``)
+    is a secret of the run: the server prints its arguments, so the value is scrubbed from
+    everything, and the arguments are stored with it replaced."""
+    words = ["--api-key", "k-spaced", "--hf-token=k-joined", "HF_TOKEN=k-env", "--max-tokens", "5"]
+    shown, values = scrubbing.secret_args([*words, "--api-key", "$OPENAI_API_KEY"])
+    assert values == ["k-spaced", "k-joined", "k-env"]
+    assert shown == [
+        "--api-key",
+        REDACTED,
+        f"--hf-token={REDACTED}",
+        f"HF_TOKEN={REDACTED}",
+        "--max-tokens",
+        "5",
+        "--api-key",
+        "$OPENAI_API_KEY",
+    ]
+    assert scrubbing.command_secrets("vllm serve m --api-key 'a b c' --port {port}") == ["a b c"]
+    assert scrubbing.command_secrets("unbalanced 'quote --api-key=abcdef") == ["abcdef"]
+    env = [("HF_TOKEN", "plain-value"), ("MY_CRED", "sk-abcdef123456"), ("MODEL", "org/m-8B")]
+    assert scrubbing.secret_env(env) == ["plain-value", "sk-abcdef123456"]
+    scrub = Scrubber(None, None, ["k-spaced-long", "short"])
+    assert scrub.text("x k-spaced-long a=short") == f"x {REDACTED} a=short"  # 5 < MIN_SECRET
+    assert scrub.words(["a=k-spaced-long", "--api-key", "abc"]) == [
+        f"a={REDACTED}",
+        "--api-key",
+        REDACTED,
+    ]

@@ -126,3 +126,49 @@ def test_list_file_lines_as_vllms_conftest_reads_them() -> None:
     assert parse_list(text, "models-small.txt") == [(2, "Qwen3-0.6B-FP8.yaml"), (4, "Llama.yaml")]
     with pytest.raises(ConfigError, match=r"models-x\.txt: names no config file"):
         parse_list("# nothing\n\n", "models-x.txt")
+
+
+def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_its_line() -> None:
+    """Rule: a duplicate key in a config is refused (YAML keeps the later value silently:
+    accuracy_threshold 0.9, then 0.05, gated at 0.05)."""
+    with pytest.raises(ConfigError) as caught:
+        parse(QWEN + "accuracy_threshold: 0.05\n", "q.yaml", "q")
+    text = str(caught.value)
+    assert text == "q.yaml:6: accuracy_threshold: given twice (first on line 2)", text
+    env = QWEN + "env:\n  VLLM_X: '1'\n  VLLM_X: '2'\n"
+    with pytest.raises(ConfigError, match=r"^q\.yaml:8: VLLM_X: given twice \(first on line 7\)"):
+        parse(env, "q.yaml", "q")
+
+
+def test_anchors_and_aliases_are_refused_before_anything_expands() -> None:
+    """Rule: a config may not use YAML anchors or aliases (vLLM's configs use none): nested
+    aliases in 543 bytes expanded to gigabytes, and the error printed the expansion."""
+    bomb = 'model_name:\n  - &a ["x","x","x","x","x","x","x","x","x"]\n'
+    for level in "bcdefgh":
+        previous = ",".join([f"*{chr(ord(level) - 1)}"] * 5)
+        bomb += f"  - &{level} [{previous}]\n"
+    bomb += QWEN.split("\n", 1)[1]
+    assert len(bomb) < 600
+    with pytest.raises(ConfigError) as caught:
+        parse(bomb, "q.yaml", "q")
+    text = str(caught.value)
+    assert text.startswith("q.yaml:2: anchors and aliases are not supported"), text[:300]
+    assert len(text) < 300
+    alias = QWEN + "tolerance: &t 0.1\n"
+    with pytest.raises(ConfigError, match=r"^q\.yaml:6: anchors and aliases are not supported"):
+        parse(alias, "q.yaml", "q")
+
+
+def test_a_bad_value_is_shown_bounded() -> None:
+    """Rule: a user's value is never printed unbounded: an error shows its beginning."""
+    value = "[" + ", ".join(["123456789"] * 10_000) + "]"
+    for text in (
+        QWEN.replace('"Qwen/Qwen3-0.6B-FP8"', value),
+        QWEN + f"tolerance: {value}\n",
+        QWEN + f"env: {value}\n",
+        QWEN + f"env:\n  {'X' * 100_000}=: '1'\n",
+        QWEN.replace("1319", "9" * 5000),  # more digits than Python converts: no traceback
+    ):
+        with pytest.raises(ConfigError) as caught:
+            parse(text, "q.yaml", "q")
+        assert len(str(caught.value)) < 300, str(caught.value)[:500]

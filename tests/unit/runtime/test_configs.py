@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +66,49 @@ def test_a_file_name_is_a_name_fit_for_one_line(tmp_path: Path) -> None:
         (tmp_path / name).write_text(BODY.format(n="x"), encoding="utf-8")
     with pytest.raises(ConfigError, match="two configs are named 'a b'"):
         load(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda d: _write(d, "Bad.YAML"),
+            r"Bad\.YAML: a config's name must end in \.yaml or \.yml",
+        ),
+        (lambda d: (d / "gone.yaml").symlink_to(d / "nowhere.yaml"), r"gone\.yaml: a broken link"),
+        (lambda d: (d / "loop.yaml").symlink_to(d / "loop.yaml"), r"loop\.yaml: a broken link"),
+        (lambda d: (d / "x.yaml").mkdir(), r"x\.yaml: not a file"),
+        (lambda d: (d / "link").symlink_to(d / "nowhere"), r"link: a broken link"),
+    ],
+    ids=["suffix-case", "dangling-link", "link-loop", "folder", "dangling-any-name"],
+)
+def test_a_folder_entry_that_is_not_a_config_file_is_refused_by_name(
+    tmp_path: Path, make: Any, message: str
+) -> None:
+    """Rule: a config folder never shrinks unseen: an entry that looks meant as a config
+    but cannot be read as one (a suffix in capitals, a broken link, a folder named x.yaml)
+    is refused by name, not skipped ("1 of 1 pass" with four configs in the folder)."""
+    _write(tmp_path, "good.yaml")
+    (tmp_path / "models-ci.txt").write_text("good.yaml\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text("kept: not a config", encoding="utf-8")
+    assert [c.name for c in load(str(tmp_path))] == ["good"]
+    make(tmp_path)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load(str(tmp_path))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_config_file_named_with_capitals_is_refused_not_read_as_a_list(tmp_path: Path) -> None:
+    path = _write(tmp_path, "Bad.YML")
+    with pytest.raises(ConfigError, match=r"Bad\.YML: a config's name must end in \.yaml or \.yml"):
+        load(str(path))
+
+
+def test_a_name_too_long_is_one_line_shown_cut_short(tmp_path: Path) -> None:
+    """Rule: a user's value is never printed unbounded, and never a traceback."""
+    listing = tmp_path / "models.txt"
+    listing.write_text("a" * 5000 + ".yaml\n", encoding="utf-8")
+    for path in (listing, tmp_path / ("b" * 5000)):
+        with pytest.raises(ConfigError) as caught:
+            load(str(path))
+        assert len(str(caught.value)) < 300 + len(str(tmp_path)), str(caught.value)[:400]
