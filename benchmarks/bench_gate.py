@@ -40,6 +40,7 @@ Speed: about 3 minutes for the whole table on one core (numpy).
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -243,9 +244,12 @@ def run_cell(
 
 
 def _check(base: Any, now: Any, k: int, ell: int, twin_p: Sequence[float], alpha: float) -> None:
-    pairs = [Pair(str(i), int(c), k, int(d), ell) for i, (c, d) in enumerate(zip(base, now))]
+    pairs = [
+        Pair(str(i), int(c), k, int(d), ell) for i, (c, d) in enumerate(zip(base, now, strict=True))
+    ]
     real = evidence(pairs)
-    for name, mine, theirs in zip(("flip", "drop", "rise"), twin_p, (real.flip, real.drop, real.rise)):
+    reals = (real.flip, real.drop, real.rise)
+    for name, mine, theirs in zip(("flip", "drop", "rise"), twin_p, reals, strict=True):
         if abs(mine - theirs) > 1e-9 and not (mine < 1e-12 and theirs < 1e-12):
             raise TwinMismatch(f"K={k}, L={ell}: {name} p {mine!r} (twin) != {theirs!r} (real)")
     mine_claim = float(claims(base[None], now[None], k, ell, alpha)[0])
@@ -283,7 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for points in POINTS:
                         cells.append(
                             run_cell(
-                                family, rates, k, ell, shape, points * N / 100, args, seed := seed + 1
+                                family,
+                                rates,
+                                k,
+                                ell,
+                                shape,
+                                points * N / 100,
+                                args,
+                                seed := seed + 1,
                             )
                         )
                 powers = [
@@ -293,7 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for f in (0.8, 1.0, 1.2)
                 ]
                 honesty.append((null, powers))
-                print(f"  {family} K={k} L={ell}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+                print(
+                    f"  {family} K={k} L={ell}: {time.perf_counter() - started:.0f} s",
+                    file=sys.stderr,
+                )
     print(
         f"{args.reruns} reruns per cell, n={N}, alpha {args.alpha:g}; FAIL share of the gate "
         f"(false alarms when unchanged, power otherwise) | the known-variance z-test's; "
@@ -328,7 +342,8 @@ def table(cells: Sequence[Cell]) -> list[str]:
 
 def interpolate(claim: float, powers: Sequence[float]) -> str:
     xs = [0.8 * claim, claim, 1.2 * claim]
-    for (x0, y0), (x1, y1) in zip(zip(xs, powers), zip(xs[1:], powers[1:])):
+    points = list(zip(xs, powers, strict=True))
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if y0 <= 0.8 <= y1 and y1 > y0:
             return f"{100 * (x0 + (0.8 - y0) * (x1 - x0) / (y1 - y0)) / N:.2f}"
     return "< 0.8x" if powers[0] > 0.8 else "> 1.2x"
@@ -382,9 +397,13 @@ def targets(cells: Sequence[Cell], honesty: Sequence[tuple[Cell, list[float]]], 
                 f"  claim, {null.family} K={null.k} L={null.ell}: 80% power not within "
                 f"+-20% of {100 * null.claim / N:.2f} pt (power {powers}): FAIL"
             )
-    print(f"  claims within +-20% of the simulated 80%-power drop: {len(honesty) - sum(not (p[0] <= 0.8 <= p[2]) for _, p in honesty)} of {len(honesty)}")
+    within = sum(p[0] <= 0.8 <= p[2] for _, p in honesty)
+    print(f"  claims within +-20% of the simulated 80%-power drop: {within} of {len(honesty)}")
     if args.check:
-        print(f"  the first {args.check} reruns of every cell replayed through evidence() and reach(): identical")
+        print(
+            f"  the first {args.check} reruns of every cell replayed through evidence() and "
+            "reach(): identical"
+        )
     return 1 if missed else 0
 
 

@@ -70,7 +70,7 @@ d_i`` with ``w_i = 1 / K_i + 1 / L_i``: a large ``Δ`` is a small ``U = Σ a_i
 d_i`` with integer ``a_i ∝ w_i`` (all 1 when every problem has the same ``K``
 and ``L``). Its exact conditional p-value ``P(U* <= U_obs)`` is again a capped
 convolution, of the hypergeometric laws, ``O(m U_obs L)``. Its null variance, in
-problems, is ``σ² = Σ w_i v_i`` with ``v_i = t_i (N_i - t_i) / (N_i (N_i -
+problems, is ``sigma² = Σ w_i v_i`` with ``v_i = t_i (N_i - t_i) / (N_i (N_i -
 1))``, the unbiased estimate of ``θ_i (1 - θ_i)`` from all ``N_i`` runs: the
 known-variance z-test on ``Δ`` (variance ``Σ θ_i (1 - θ_i) w_i``) in
 expectation, which is why the two have the same power (simulated:
@@ -113,15 +113,15 @@ What the gate can see
 for the least favourable shape: a drop spread thin over the noisy problems,
 which the flip statistic hardly sees, so the rate statistic must, at its level
 ``alpha' = (1 - FLIP_SHARE) alpha``. Under such a drop ``Δ`` is about normal
-with mean the drop and the null's standard deviation ``σ``, so the drop seen
-with power ``1 - β`` is ``(z_{1 - alpha'} + z_{1 - β}) σ`` problems (the
+with mean the drop and the null's standard deviation ``sigma``, so the drop seen
+with power ``1 - beta`` is ``(z_{1 - alpha'} + z_{1 - beta}) sigma`` problems (the
 power of a one-sided z-test, e.g. Lachin 1981, "Introduction to sample size
 determination and power analysis for clinical trials", Controlled Clinical
 Trials 2:93-113). It is never below the drop that alone reaches ``alpha'``:
 ``m`` problems failing every candidate run from ``K`` of ``K`` have ``p =
-C(K + L, L)^-m``. Since ``σ² = Σ v_i (1 / K + 1 / L)``, the candidate repeats
+C(K + L, L)^-m``. Since ``sigma² = Σ v_i (1 / K + 1 / L)``, the candidate repeats
 ``L`` that bring it to one point are the smallest with ``(z_{1 - alpha'} +
-z_{1-β})² Σ v_i (1 / K + 1 / L) <= (n / 100)²``; none, when the baseline's own
+z_{1-beta})² Σ v_i (1 / K + 1 / L) <= (n / 100)²``; none, when the baseline's own
 ``1 / K`` share is already too large (record it with more repeats).
 ``benchmarks/bench_gate.py`` checks the claim against the simulated 80%-power
 drop for three noise families.
@@ -133,8 +133,8 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from fractions import Fraction
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Literal
 

@@ -167,7 +167,9 @@ class MinAcc:
     def passes(self, correct: int, n: int) -> bool:
         return n > 0 and correct >= self.need(n)
 
-    def verdict(self, correct: int, n: int, label: str) -> GateVerdict:
+    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
+        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``, whose
+        accuracy is the mean over every answer)."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -178,10 +180,11 @@ class MinAcc:
                 None,
                 self.threshold,
             )
-        passed = self.passes(correct, n)
-        accuracy = correct / n
+        passed = self.passes(correct, n * runs)
+        accuracy = correct / (n * runs)
+        every = f", mean of {runs} answers each" if runs > 1 else ""
         detail = (
-            f"accuracy {accuracy:.4f} ({label}, n={n}) "
+            f"accuracy {accuracy:.4f} ({label}, n={n}{every}) "
             f"{'>=' if passed else 'is below'} {self.option} {self.threshold:g}"
         )
         return GateVerdict(self.name, "min-acc", passed, detail, accuracy, self.threshold)
@@ -212,7 +215,8 @@ class ToleranceFloor:
     def need(self, n: int) -> int:
         return min_acc_count(self.floor, n)
 
-    def verdict(self, correct: int, n: int, label: str) -> GateVerdict:
+    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
+        """``correct`` of the ``n * runs`` answers, as :meth:`MinAcc.verdict`."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -222,8 +226,8 @@ class ToleranceFloor:
                 None,
                 self.floor,
             )
-        passed = correct >= self.need(n)
-        accuracy = correct / n
+        passed = correct >= self.need(n * runs)
+        accuracy = correct / (n * runs)
         detail = (
             f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} "
             f"accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} "
@@ -429,7 +433,9 @@ class MaxShare:
     def passes(self, count: int, n: int) -> bool:
         return n > 0 and count <= self.allowed(n)
 
-    def verdict(self, count: int, n: int) -> GateVerdict:
+    def verdict(self, count: int, n: int, runs: int = 1) -> GateVerdict:
+        """``count`` of the ``n * runs`` answers have the outcome (``runs``:
+        ``--gsm8k-repeats``, where every answer counts, as for the accuracy)."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -439,11 +445,13 @@ class MaxShare:
                 None,
                 self.rate,
             )
-        passed = self.passes(count, n)
-        share = count / n
+        total = n * runs
+        passed = self.passes(count, total)
+        share = count / total
+        what = f"{total} answers" if runs > 1 else f"{n} problems"
         detail = (
-            f"{share:.1%} of {n} problems {_HEALTH_WORDS[self.outcome]} ({count}; "
-            f"{self.allowed(n)} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
+            f"{share:.1%} of {what} {_HEALTH_WORDS[self.outcome]} ({count}; "
+            f"{self.allowed(total)} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
         )
         return GateVerdict(self.name, self.name, passed, detail, share, self.rate)
 
