@@ -210,8 +210,6 @@ def test_certain_agrees_with_every_completion(seed: int) -> None:
         assert claim is not None
 
 
-
-
 def test_rate_statistic_null_by_hand() -> None:
     """Three problems, K = 5, one candidate run: given its total ``t`` of 6 runs, a problem's
     candidate run is right with probability t/6. a: t = 3 (1/2), b: t = 5 (5/6), c: t = 3

@@ -198,8 +198,7 @@ def test_markdown_reads_like_the_step_summary() -> None:
     (stats,) = [line for line in lines if line.startswith("Difference B - A: ")]
     assert stats.startswith("Difference B - A: -0.6000 [95% CI -")
     assert stats.endswith(
-        "; 6 newly failing, 0 newly passing; one-sided p=0.01562 (B worse than A; the gate's "
-        "test)."
+        "; 6 newly failing, 0 newly passing; one-sided p=0.01562 (B worse than A; the gate's test)."
     )
     assert "| gate | result | detail |" in lines
     assert any(
