@@ -57,7 +57,11 @@ Python version and machine.
 Gate semantics: the rules are :mod:`pytest_gsm8k.core.gates`' (one place), as
 integer thresholds on a count, so every comparison here is exact:
 
-* min-acc: PASS iff X >= ``MinAcc.need(N)``, X the correct answers over all N.
+* min-acc: PASS iff X >= ``MinAcc.need(N)``, X the correct answers over all N. With
+  ``--gsm8k-repeats K`` (``repeats``) X counts correct *answers* over all N K (test@1 is
+  their mean, as at the end of the run): each problem adds 0..K, the certain bounds scale
+  by K and the sequential tests take values in {0..K} (scale K, the non-binary bet). The
+  floor and the health gates (answers *not* of the outcome) likewise.
 * a vLLM config's floor (``--gsm8k-config``; ``ToleranceFloor``, gate ``vllm-threshold``):
   PASS iff X >= ``ToleranceFloor.need(N)``, the same count gate as min-acc at
   ``accuracy_threshold - tolerance``.
