@@ -482,7 +482,10 @@ def reach(pairs: Sequence[Pair], alpha: float, power: float = 0.8, most: int = 1
     before = max(p.base_runs for p in pairs)
 
     def drop(now_share: float, after: int) -> float:
-        alone = math.ceil(math.log(1.0 / level) / math.log(math.comb(before + after, after)))
+        # m problems failing every candidate run from K of K alone: p = C(K + L, L)^-m
+        alone = math.ceil(
+            math.log(1.0 / level) / -math.log(hypergeometric_pmf(before, before, after)[0])
+        )
         return max(z * math.sqrt(base_share + now_share), float(alone))
 
     after = max(p.now_runs for p in pairs)
