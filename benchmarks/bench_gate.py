@@ -1,486 +1,409 @@
-"""Simulation of the baseline gates under serving noise: false alarms and power.
+"""Simulation of the noise-aware baseline gate under serving noise: false alarms, power, claims.
 
-A script, not a test. A population of GSM8K problems, most stable (always right or always
-wrong) and a share flipping at random from run to run (serving noise), is run as a baseline
-recorded ``K`` times per problem and a candidate run once, many times over. Per row it
-prints how often each gate FAILs: the false-alarm rate for an unchanged model, the power for
-a true drop (stable-correct problems now always wrong):
+A script, not a test. Three families of per-problem success rates (serving noise as it is,
+not as the gate was built around), three shapes of regression, baselines recorded K = 1, 3,
+5 and 10 times per problem, candidates run once or 5 times, 1,000 reruns per cell:
 
-* the noise-aware gate (core/calibrated.py, ``NoiseAware(alpha, max_drop=0)``: the default
-  gate against a baseline), beside the drop it says it detects with 80% power
-  (:func:`~pytest_gsm8k.core.calibrated.detectable_drop`, median over the first reruns);
-* the old default ``--gsm8k-max-drop 0`` (any drop fails), exact McNemar at
-  ``--gsm8k-alpha 0.05`` and vLLM's rule (accuracy >= baseline accuracy - 0.08, the absolute
-  tolerance of its tests/evals/gsm8k/test_gsm8k_correctness.py), each on the baseline's first
-  run against the candidate, as a single-run baseline holds.
+* families: ``half-0.5`` (10% of problems right at 0.5, the rest stable, 75% of them
+  right); ``uniform`` (two thirds always right, an eighth always wrong, a fifth at rates
+  uniform over (0.05, 0.95)); ``beta`` (65% Beta(30, 0.3), 15% Beta(0.3, 30), 20%
+  Beta(1, 1): hardly any problem exactly stable, many right K of K without being certain);
+* shapes, each a drop of 1 and 2 points of the split: ``stable`` (the most reliable
+  problems turn always wrong), ``spread`` (every noisy problem's rate, 0.01 < r < 0.99,
+  lowered by the same amount), ``both`` (half each).
 
-    python benchmarks/bench_gate.py [--reruns 1000] [--check 10] [--quick] [--alpha 0.01]
-                                    [--weights squared|linear|count] [--seed 2026]
+Per cell it prints the gate's FAIL share (``NoiseAware(alpha)``: false alarms for an
+unchanged model, power for a drop) beside the known-variance z-test's (``Σ (c/K - d/L) >
+z sqrt(Σ r (1 - r) (1/K + 1/L))`` with the true rates: the benchmark the issue names), and per
+family, K and L the drop the gate says it detects with 80% power (:func:`reach`, median over
+the unchanged cell's reruns) beside the power simulated at 0.8, 1 and 1.2 times it
+(``spread``, the least favourable shape) and the 80%-power drop interpolated from them.
 
-It ends with the targets (full split, 10% of problems flipping at p = 0.5), each PASS or
-FAIL, and exits 1 on a miss.
+    python benchmarks/bench_gate.py [--reruns 1000] [--alpha 0.01] [--check 3] [--quick]
 
-Speed: the real ``p_value`` is an exact capped convolution in pure Python, 20-170 ms per
-rerun of the full split (the Pairs built, the drop rows with 20% noise the slowest), so the
-table's 48,000 reruns take half an hour of CPU; the twin below, under 2 ms. With one candidate
-run per problem (``L = 1``) the test's statistic depends only on ``(m_t, f_t)`` for ``t =
-1..K``: how many informative problems have ``t`` successes over their ``K + 1`` runs, and how
-many of those failed now. Each such failure scores ``z_t = round(16 ln² q_t)`` with ``q_t =
-P(D = 0 | t) = (K + 1 - t) / (K + 1)``, so the null law of ``S`` is a sum of ``K`` scaled
-binomials, ``Σ z_t Bin(m_t, q_t)``: :func:`twin_p_value` convolves them with numpy (exact
-rational binomial probabilities, one rounding each). ``--check N`` rebuilds the first ``N``
-reruns of every row as :class:`~pytest_gsm8k.core.calibrated.Pair` lists and requires the
-real ``NoiseAware(alpha).verdict`` to give the same verdict and p-value, and
-:func:`~pytest_gsm8k.core.calibrated.statistic` the same ``S``; any difference stops the
-script with an error. Only public names of the package are used: the per-problem score is
-recomputed from :func:`~pytest_gsm8k.core.stats.hypergeometric_pmf` with the module's
-``RESOLUTION`` and checked against ``Pair.score`` for every ``(K, t)``.
+It ends with the targets, each PASS or FAIL, and exits 1 on a miss.
 
-``--weights`` reproduces the comparison in core/calibrated.py's docstring: ``linear`` scores
-a failure ``round(16 u)`` (Fisher's combination, ``u = -ln q_t``), ``count`` scores it 1 (a
-plain count of failures, weighted alike); both are exact conditional tests too, but only the
-default ``squared`` is the gate, so ``--check`` covers the squared twin only. A section at
-the end compares the three at ``K = 5`` by default.
+The twin. The real test (core/calibrated.py) is an exact convolution in pure Python, 5-250
+ms per rerun; 240,000 reruns need a vectorised twin. With every problem run K and L times the
+test depends only on, per total ``t`` of successes over the ``K + L`` runs, how many
+problems ``m_t`` have it, their summed flip scores and their summed candidate successes. The
+null law of each statistic is then ``Π_t law_t^{m_t}`` (a convolution power per stratum),
+computed for a chunk of reruns at once through the discrete Fourier transform: ``exp(m @ log
+rfft(law_t))`` then one inverse transform per rerun. The per-stratum laws are built from the
+package's own ``Pair.score`` and ``hypergeometric_pmf``; ``--check N`` replays the first N
+reruns of every cell through the real :func:`evidence` and :func:`reach` and stops with an
+error on any difference above 1e-9 (the Fourier transform's rounding).
+
+Speed: 2,423 s for the whole table (240 cells of 1,000 reruns) on 2 shared cores under load
+(load average 7-10); `--quick` (100 reruns, K 1 and 5) under 2 minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
-from typing import Any, Literal
+from functools import cache
+from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pytest_gsm8k.core.calibrated import (
-    RESOLUTION,
-    Pair,
-    detectable_drop,
-    statistic,
-)
-from pytest_gsm8k.core.gates import NoiseAware, max_drop_count
-from pytest_gsm8k.core.stats import hypergeometric_pmf, mcnemar_one_sided
-
-Weights = Literal["squared", "linear", "count"]
+from pytest_gsm8k.core.calibrated import FLIP_SHARE, Pair, evidence, reach
+from pytest_gsm8k.core.stats import hypergeometric_pmf
 
 N = 1319
-LIMIT = 200
-#: vLLM's tests/evals/gsm8k: accuracy >= accuracy_threshold - tolerance (default 0.08)
-VLLM_TOLERANCE = 0.08
-MCNEMAR_ALPHA = 0.05
-#: share of the stable problems the model gets right (GSM8K's range for a good small model)
-ACCURACY = 0.75
-#: true drops in points of the split: 13, 26 and 53 problems of 1,319; 2, 4, 8 of 200
-DROP_POINTS = (1, 2, 4)
-REPEATS = (1, 2, 3, 5)
+REPEATS = (1, 3, 5, 10)
+CANDIDATE = (1, 5)
+POINTS = (1, 2)
+SHAPES = ("stable", "spread", "both")
+#: the rates counted as noisy by the spread shape
+NOISY = (0.01, 0.99)
+CHUNK = 50
 
 
-@dataclass(frozen=True)
-class Row:
-    """One simulated setting: ``size`` problems, ``noisy`` of them flipping at ``rate``, the
-    rest split into stable-correct and stable-wrong; ``drop`` stable-correct problems always
-    wrong in the candidate; the baseline run ``repeats`` times, the candidate once."""
-
-    size: int
-    noise: float
-    repeats: int
-    drop: int
-    rate: float = 0.5
-
-    @property
-    def noisy(self) -> int:
-        return round(self.noise * self.size)
-
-    @property
-    def stable_correct(self) -> int:
-        return round(ACCURACY * (self.size - self.noisy))
-
-    @property
-    def stable_wrong(self) -> int:
-        return self.size - self.noisy - self.stable_correct
-
-    @property
-    def label(self) -> str:
-        split = "full" if self.size == N else f"limit {self.size}"
-        drop = (
-            "unchanged"
-            if self.drop == 0
-            else f"drop {self.drop} ({100 * self.drop / self.size:.1f} pt)"
-        )
-        return f"{100 * self.noise:.0f}% noisy | {split} | K={self.repeats} | {drop}"
+def _half(rng: np.random.Generator) -> Any:
+    noisy = round(0.10 * N)
+    right = round(0.75 * (N - noisy))
+    return np.concatenate([np.ones(right), np.zeros(N - noisy - right), np.full(noisy, 0.5)])
 
 
-def _unit_score(q: float, weights: Weights) -> int:
-    """A failure's integer score given ``q = P(D = 0 | t)``, as ``calibrated._scores``
-    writes it for ``squared`` (checked against ``Pair.score`` by :func:`check_scores`)."""
-    if weights == "count":
-        return 1
-    if weights == "linear":
-        return round(RESOLUTION * -math.log(min(1.0, q)))
-    return round(RESOLUTION * math.log(min(1.0, q)) ** 2)
+def _uniform(rng: np.random.Generator) -> Any:
+    noisy, wrong = round(N / 5), round(N / 8)
+    right = N - noisy - wrong
+    return np.concatenate([np.ones(right), np.zeros(wrong), rng.uniform(0.05, 0.95, noisy)])
 
 
-@cache
-def fail_score(repeats: int, total: int, weights: Weights = "squared") -> int:
-    """``z_t``: the score of a problem with ``total`` successes over ``repeats + 1`` runs
-    whose candidate run failed."""
-    return _unit_score(hypergeometric_pmf(total, repeats, 1)[0], weights)
-
-
-@cache
-def _binomial(count: int, repeats: int, total: int) -> Any:
-    """``P(Bin(count, q) = j)`` for ``q = (K + 1 - t) / (K + 1)``: exact integers, one
-    rounding per term (``q`` is rational)."""
-    good, bad, whole = repeats + 1 - total, total, (repeats + 1) ** count
-    return np.array(
-        [math.comb(count, j) * good**j * bad ** (count - j) / whole for j in range(count + 1)]
+def _beta(rng: np.random.Generator) -> Any:
+    high, low = round(0.65 * N), round(0.15 * N)
+    return np.concatenate(
+        [rng.beta(30, 0.3, high), rng.beta(0.3, 30, low), rng.beta(1, 1, N - high - low)]
     )
 
 
-@lru_cache(maxsize=200_000)
-def twin_p_value(
-    repeats: int, strata: tuple[tuple[int, int], ...], weights: Weights = "squared"
-) -> tuple[float, int]:
-    """``(p, S)`` of the noise-aware test from the strata ``((m_t, f_t) for t = 1..K)``:
-    ``P(Σ z_t Bin(m_t, q_t) >= S_obs)`` with ``S_obs = Σ z_t f_t`` (1.0 when ``S_obs <=
-    0``, as ``p_value``)."""
-    observed = sum(fail_score(repeats, t, weights) * f for t, (_, f) in enumerate(strata, 1))
-    if observed <= 0:
-        return 1.0, observed
-    dist = np.ones(1)
-    for t, (m, _) in enumerate(strata, 1):
-        z = fail_score(repeats, t, weights)
-        if m == 0 or z == 0:
-            continue
-        spread = np.zeros(m * z + 1)
-        spread[::z] = _binomial(m, repeats, t)
-        dist = np.convolve(dist, spread)
-    return min(1.0, math.fsum(dist[observed:].tolist())), observed
+FAMILIES: dict[str, Callable[[np.random.Generator], Any]] = {
+    "half-0.5": _half,
+    "uniform": _uniform,
+    "beta": _beta,
+}
+
+
+def regress(rates: Any, shape: str, problems: float) -> Any:
+    """The candidate's rates: ``problems`` (in problems of the split) taken off in ``shape``."""
+    out = rates.copy()
+    stable = problems if shape == "stable" else problems / 2 if shape == "both" else 0.0
+    if stable:
+        top = np.argsort(-rates, kind="stable")[: round(stable)]
+        out[top] = 0.0
+    spread = problems - stable
+    if spread:
+        noisy = (out > NOISY[0]) & (out < NOISY[1])
+        if out[noisy].sum() < spread:
+            raise ValueError(f"cannot spread {spread:.1f} problems over the noisy ones")
+        low, high = 0.0, 1.0  # bisection on the common shift
+        for _ in range(60):
+            mid = (low + high) / 2
+            if (out[noisy] - np.maximum(out[noisy] - mid, 0.0)).sum() < spread:
+                low = mid
+            else:
+                high = mid
+        out[noisy] = np.maximum(out[noisy] - high, 0.0)
+    return out
+
+
+@cache
+def tables(k: int, ell: int) -> tuple[Any, Any]:
+    """Per total ``t``: the flip score of each candidate count ``d`` (``Pair.score``, the
+    package's own) and the null pmf of ``d`` (``hypergeometric_pmf``)."""
+    scores = np.zeros((k + ell + 1, ell + 1), dtype=np.int64)
+    pmf = np.zeros((k + ell + 1, ell + 1))
+    for t in range(k + ell + 1):
+        pmf[t] = hypergeometric_pmf(t, k, ell)
+        for d in range(ell + 1):
+            if 0 <= t - d <= k:
+                scores[t, d] = Pair("x", t - d, k, d, ell).score
+    return scores, pmf
+
+
+def _power_laws(counts: Any, laws: Sequence[tuple[Any, Any]], size: int) -> Any:
+    """Per rerun, the law of ``Σ_t`` of ``counts[:, t]`` iid draws from ``laws[t]`` (values,
+    probabilities), on ``0..size-1``: ``exp(counts @ log rfft(law_t))``, inverted."""
+    logs = np.zeros((len(laws), size // 2 + 1), dtype=complex)
+    for t, (values, probs) in enumerate(laws):
+        law = np.zeros(size)
+        np.add.at(law, values, probs)
+        spectrum = np.fft.rfft(law)
+        logs[t] = np.log(np.maximum(np.abs(spectrum), 1e-300)) + 1j * np.angle(spectrum)
+    return np.maximum(np.fft.irfft(np.exp(counts @ logs), size, axis=1), 0.0)
+
+
+def twin(base: Any, now: Any, k: int, ell: int) -> tuple[Any, Any, Any]:
+    """``(flip, drop, rise)`` p-values of reruns ``base`` (reruns x problems, correct of
+    ``k``) and ``now`` (correct of ``ell``)."""
+    scores, pmf = tables(k, ell)
+    total = base + now
+    informative = (total > 0) & (total < k + ell)
+    strata = range(1, k + ell)
+    counts = np.stack([(total == t).sum(axis=1) for t in strata], axis=1).astype(float)
+    flip_obs = np.where(informative, scores[total, now], 0).sum(axis=1)
+    succ_obs = np.where(informative, now, 0).sum(axis=1)
+    d = np.arange(ell + 1)
+    rate_laws = [(d, pmf[t]) for t in strata]
+    size = 1 << int(ell * counts.sum(axis=1).max() + 2).bit_length()
+    law = _power_laws(counts, rate_laws, size)
+    below = np.cumsum(law, axis=1)
+    rows = np.arange(len(base))
+    drop = np.minimum(below[rows, succ_obs], 1.0)
+    rise = np.minimum(1.0 - np.where(succ_obs > 0, below[rows, succ_obs - 1], 0.0), 1.0)
+    if k == 1 and ell == 1:
+        return drop, drop, rise
+    flip_laws = [(scores[t], pmf[t]) for t in strata]
+    mean = np.array([(s * p).sum() for s, p in flip_laws])
+    var = np.array([(s * s * p).sum() for s, p in flip_laws]) - mean**2
+    reach_ = counts @ mean + 14 * np.sqrt(counts @ var) + 20 * scores.max()
+    size = 1 << int(reach_.max()).bit_length()
+    law = _power_laws(counts, flip_laws, size)
+    above = np.cumsum(law[:, ::-1], axis=1)[:, ::-1]
+    clipped = np.minimum(flip_obs, size - 1)
+    flip = np.where(flip_obs < size, np.minimum(above[rows, clipped], 1.0), 0.0)
+    return flip, drop, rise
+
+
+def combined(flip: Any, drop: Any, k: int, ell: int) -> Any:
+    if k == 1 and ell == 1:
+        return drop
+    return np.minimum(1.0, np.minimum(flip / FLIP_SHARE, drop / (1.0 - FLIP_SHARE)))
+
+
+def claims(base: Any, now: Any, k: int, ell: int, alpha: float) -> Any:
+    """:func:`reach` in problems, per rerun (the normal part and the floor, as there)."""
+    level = alpha if k == ell == 1 else (1.0 - FLIP_SHARE) * alpha
+    z = NormalDist().inv_cdf(1.0 - level) + NormalDist().inv_cdf(0.8)
+    runs = k + ell
+    total = base + now
+    v = total * (runs - total) / (runs * (runs - 1))
+    normal = z * np.sqrt(v.sum(axis=1) * (1.0 / k + 1.0 / ell))
+    alone = math.ceil(math.log(1.0 / level) / math.log(math.comb(runs, ell)))
+    return np.maximum(normal, alone)
 
 
 @dataclass
-class Reruns:
-    """One row's simulated reruns (arrays over reruns, or over reruns and noisy problems)."""
-
-    row: Row
-    base_runs: Any  # (reruns, noisy, K) bool: the noisy problems' baseline runs
-    now: Any  # (reruns, noisy) bool: their candidate run
-
-    def strata(self, rerun: int) -> tuple[tuple[int, int], ...]:
-        c = self.base_runs[rerun].sum(axis=1)
-        d = self.now[rerun]
-        k = self.row.repeats
-        out = []
-        for t in range(1, k + 1):
-            m = int(np.count_nonzero(c + d == t))
-            f = int(np.count_nonzero((c == t) & ~d))
-            if t == k:  # the dropped problems: right K of K, wrong now
-                m, f = m + self.row.drop, f + self.row.drop
-            out.append((m, f))
-        return tuple(out)
-
-    def pairs(self, rerun: int) -> list[Pair]:
-        """The rerun as the gate sees it: one Pair per problem."""
-        row, k = self.row, self.row.repeats
-        c = self.base_runs[rerun].sum(axis=1)
-        d = self.now[rerun]
-        pairs = [Pair(f"n{i}", int(c[i]), k, int(d[i]), 1) for i in range(row.noisy)]
-        pairs += [
-            Pair(f"c{i}", k, k, 0 if i < row.drop else 1, 1) for i in range(row.stable_correct)
-        ]
-        pairs += [Pair(f"w{i}", 0, k, 0, 1) for i in range(row.stable_wrong)]
-        return pairs
-
-
-def simulate(row: Row, reruns: int, rng: np.random.Generator) -> Reruns:
-    base = rng.random((reruns, row.noisy, row.repeats)) < row.rate
-    now = rng.random((reruns, row.noisy)) < row.rate
-    return Reruns(row, base, now)
-
-
-@dataclass
-class Result:
-    """FAIL shares over the reruns, and the p-values of the noise-aware test."""
-
-    row: Row
-    reruns: int
-    noise_aware: float
-    max_drop: float
-    mcnemar: float
-    vllm: float
-    predicted: float  # median detectable_drop at 80% power, in problems
-    p_values: Any  # (reruns,) float
-    drop_units: Any  # (reruns,) int: K * size * (mean baseline rate - mean candidate rate)
-
-
-def run_row(
-    row: Row, reruns: int, alpha: float, weights: Weights, seed: int, check: int, predict: int
-) -> Result:
-    sim = simulate(row, reruns, np.random.default_rng(seed))
-    k = row.repeats
-    p = np.empty(reruns)
-    stats = np.empty(reruns, dtype=np.int64)
-    for r in range(reruns):
-        p[r], stats[r] = twin_p_value(k, sim.strata(r), weights)
-    # the noise-aware gate's drop clause (max_drop 0): mean baseline rate above the candidate's
-    base_sum = sim.base_runs.sum(axis=(1, 2)) + k * row.stable_correct
-    now_sum = sim.now.sum(axis=1) + row.stable_correct - row.drop
-    drop_units = base_sum - k * now_sum
-    fail = (p < alpha) & (drop_units > 0)
-    # the single-run gates read the baseline's first run
-    first = sim.base_runs[:, :, 0]
-    baseline = first.sum(axis=1) + row.stable_correct
-    candidate = now_sum
-    failing = (first & ~sim.now).sum(axis=1) + row.drop
-    passing = (~first & sim.now).sum(axis=1)
-    max_drop = vllm = mc = 0
-    for b, x, f, g in zip(
-        baseline.tolist(), candidate.tolist(), failing.tolist(), passing.tolist(), strict=True
-    ):
-        max_drop += x < max_drop_count(b, row.size, 0.0)
-        vllm += not x / row.size >= b / row.size - VLLM_TOLERANCE
-        mc += not _mcnemar_passes(f, g)
-    for r in range(min(check, reruns)) if weights == "squared" else ():
-        _check(sim, r, alpha, float(p[r]), int(stats[r]), bool(fail[r]))
-    drops = [detectable_drop(sim.pairs(r), alpha, 0.8) for r in range(min(predict, reruns))]
-    predicted = float(np.median(drops)) if drops else math.nan
-    return Result(
-        row,
-        reruns,
-        float(fail.mean()),
-        max_drop / reruns,
-        mc / reruns,
-        vllm / reruns,
-        predicted,
-        p,
-        drop_units,
-    )
-
-
-@lru_cache(maxsize=100_000)
-def _mcnemar_passes(failing: int, passing: int) -> bool:
-    """The old gate ``--gsm8k-alpha 0.05`` gave a single-run baseline: the exact one-sided
-    McNemar test (counts repeat: cached)."""
-    return bool(mcnemar_one_sided(failing, passing) >= MCNEMAR_ALPHA)
+class Cell:
+    family: str
+    k: int
+    ell: int
+    shape: str
+    problems: float
+    gate: float
+    ztest: float
+    claim: float  # median reach() over the reruns, in problems
 
 
 class TwinMismatch(AssertionError):
     """The numpy twin and the real test disagree: the figures would be about another test."""
 
 
-def _check(sim: Reruns, rerun: int, alpha: float, p: float, s: int, fail: bool) -> None:
-    pairs = sim.pairs(rerun)
-    real = NoiseAware(alpha).verdict(pairs)
-    real_s = statistic(pairs)
-    real_p = real.value
-    assert real_p is not None
-    where = f"{sim.row.label}, rerun {rerun}"
-    if real_s != s:
-        raise TwinMismatch(f"{where}: statistic {s} (twin) != {real_s} (calibrated.statistic)")
-    if real.passed == fail:
-        raise TwinMismatch(
-            f"{where}: twin says {'FAIL' if fail else 'PASS'}, NoiseAware says {real.word} "
-            f"(p {p!r} vs {real_p!r})"
-        )
-    if not p_values_agree(p, real_p):
-        raise TwinMismatch(f"{where}: p-value {p!r} (twin) != {real_p!r} (NoiseAware)")
+def run_cell(
+    family: str, rates: Any, k: int, ell: int, shape: str, problems: float, args: Any, seed: int
+) -> Cell:
+    rng = np.random.default_rng(seed)
+    after = regress(rates, shape, problems) if problems else rates
+    z = NormalDist().inv_cdf(1.0 - args.alpha)
+    sd = math.sqrt(float((rates * (1 - rates)).sum()) * (1.0 / k + 1.0 / ell))
+    fails = ztests = 0
+    claimed: list[Any] = []
+    for start in range(0, args.reruns, CHUNK):
+        size = min(CHUNK, args.reruns - start)
+        base = rng.binomial(k, rates, (size, N))
+        now = rng.binomial(ell, after, (size, N))
+        flip, drop, rise = twin(base, now, k, ell)
+        p = combined(flip, drop, k, ell)
+        delta = base.sum(axis=1) / k - now.sum(axis=1) / ell
+        fails += int(((p < args.alpha) & (delta > 0)).sum())
+        ztests += int((delta > z * sd).sum())
+        claimed.append(claims(base, now, k, ell, args.alpha))
+        if start == 0:
+            for r in range(min(args.check, size)):
+                _check(base[r], now[r], k, ell, (flip[r], drop[r], rise[r]), args.alpha)
+    return Cell(
+        family,
+        k,
+        ell,
+        shape,
+        problems,
+        fails / args.reruns,
+        ztests / args.reruns,
+        float(np.median(np.concatenate(claimed))),
+    )
 
 
-def p_values_agree(twin: float, real: float) -> bool:
-    """Equal to 1e-9 relative, or both below 1e-12 (where ``p_value`` may return its
-    Chernoff bound instead of the exact tail: the verdict is the same)."""
-    if twin < 1e-12 and real < 1e-12:
-        return True
-    return abs(twin - real) <= 1e-9 * max(abs(real), 1e-300)
-
-
-def check_scores(max_repeats: int = 8) -> None:
-    """The twin's per-failure scores are ``Pair.score`` for every ``K`` and ``t``."""
-    for k in range(1, max_repeats + 1):
-        for t in range(1, k + 1):
-            real = Pair("x", t, k, 0, 1).score
-            if real != fail_score(k, t):
-                raise TwinMismatch(f"K={k}, t={t}: score {fail_score(k, t)} != Pair.score {real}")
-
-
-def rows(quick: bool) -> list[Row]:
-    out = []
-    for noise, sizes in ((0.10, (N, LIMIT)), (0.20, (N,))):
-        for size in sizes:
-            for k in REPEATS:
-                for points in (0, *DROP_POINTS):
-                    out.append(Row(size, noise, k, round(points * size / 100)))
-    if quick:
-        out = [r for r in out if r.repeats in (1, 5) and r.drop <= round(2 * r.size / 100)]
-    return out
+def _check(base: Any, now: Any, k: int, ell: int, twin_p: Sequence[float], alpha: float) -> None:
+    pairs = [
+        Pair(str(i), int(c), k, int(d), ell) for i, (c, d) in enumerate(zip(base, now, strict=True))
+    ]
+    real = evidence(pairs)
+    reals = (real.flip, real.drop, real.rise)
+    for name, mine, theirs in zip(("flip", "drop", "rise"), twin_p, reals, strict=True):
+        if abs(mine - theirs) > 1e-9 and not (mine < 1e-12 and theirs < 1e-12):
+            raise TwinMismatch(f"K={k}, L={ell}: {name} p {mine!r} (twin) != {theirs!r} (real)")
+    mine_claim = float(claims(base[None], now[None], k, ell, alpha)[0])
+    real_claim = reach(pairs, alpha).problems
+    if abs(mine_claim - real_claim) > 1e-9:
+        raise TwinMismatch(f"K={k}, L={ell}: reach {mine_claim!r} (twin) != {real_claim!r}")
 
 
 def _se(rate: float, reruns: int) -> float:
     return math.sqrt(rate * (1.0 - rate) / reruns)
 
 
-def _table(results: Sequence[Result], alpha: float, weights: Weights) -> list[str]:
-    gate = "noise-aware" + ("" if weights == "squared" else f" ({weights} weights)")
-    lines = [
-        f"| noise | split | K | candidate | {gate} {alpha:g} | detects (80%) "
-        f"| max-drop 0 | McNemar {MCNEMAR_ALPHA:g} | vLLM -{VLLM_TOLERANCE:g} |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for res in results:
-        noise, split, k, cand = res.row.label.split(" | ")
-        pts = 100 * res.predicted / res.row.size
-        lines.append(
-            f"| {noise} | {split} | {k} | {cand} | {res.noise_aware:.3f} "
-            f"| {res.predicted:g} ({pts:.1f} pt) | {res.max_drop:.3f} | {res.mcnemar:.3f} "
-            f"| {res.vllm:.3f} |"
-        )
-    return lines
-
-
-def _honesty_section(
-    results: Sequence[Result], reruns: int, alpha: float, weights: Weights, seed: int
-) -> list[str]:
-    """Per noise, split and K: the power at the drop the unchanged row's reruns predict."""
-    lines = [
-        "| noise | split | K | says it detects (80%) | simulated power there |",
-        "|---|---|---|---|---|",
-    ]
-    for i, res in enumerate(r for r in results if r.row.drop == 0):
-        if math.isnan(res.predicted):
-            continue
-        drop = min(math.ceil(res.predicted), res.row.stable_correct)
-        row = Row(res.row.size, res.row.noise, res.row.repeats, drop, res.row.rate)
-        power = run_row(row, reruns, alpha, weights, seed + i, 0, 0).noise_aware
-        noise, split, k, _ = res.row.label.split(" | ")
-        lines.append(
-            f"| {noise} | {split} | {k} | {drop} ({100 * drop / row.size:.1f} pt) "
-            f"| {power:.3f} +- {_se(power, reruns):.3f} |"
-        )
-    return lines
-
-
-def _weights_section(reruns: int, seed: int, alpha: float) -> list[str]:
-    """K = 5, full split, 10% noisy: the three weightings on the same reruns; the test alone
-    (``p < level``) and the gate at ``alpha`` (the test and a mean drop above 0)."""
-    levels = sorted({0.001, alpha})
-    lines = [
-        "| weights | candidate | "
-        + " | ".join(f"test p < {a:g}" for a in levels)
-        + f" | gate at {alpha:g} |",
-        "|---|---|" + "---|" * (len(levels) + 1),
-    ]
-    for weights in ("count", "linear", "squared"):
-        for drop in (0, round(N / 100)):
-            res = run_row(Row(N, 0.10, 5, drop), reruns, alpha, weights, seed + drop, 0, 0)
-            cells = [f"{float((res.p_values < a).mean()):.3f}" for a in levels]
-            cells.append(f"{res.noise_aware:.3f}")
-            cand = "unchanged" if drop == 0 else f"drop {drop} (1 pt)"
-            lines.append(f"| {weights} | {cand} | " + " | ".join(cells) + " |")
-    return lines
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--reruns", type=int, default=1000)
-    parser.add_argument("--quick", action="store_true", help="fewer rows, 100 reruns: a smoke")
-    parser.add_argument("--alpha", type=float, default=0.01, help="the noise-aware gate's level")
-    parser.add_argument(
-        "--weights",
-        choices=("squared", "linear", "count"),
-        default="squared",
-        help="the main table's scores (squared: the gate; the others for comparison)",
-    )
-    parser.add_argument(
-        "--check",
-        type=int,
-        default=10,
-        help="reruns per row replayed through the real NoiseAware (default 10)",
-    )
-    parser.add_argument(
-        "--predict",
-        type=int,
-        default=20,
-        help="reruns per row whose detectable_drop makes the median shown (default 20)",
-    )
+    parser.add_argument("--alpha", type=float, default=0.01)
+    parser.add_argument("--check", type=int, default=3, help="reruns per cell replayed for real")
+    parser.add_argument("--quick", action="store_true", help="100 reruns, K 1 and 5: a smoke")
     parser.add_argument("--seed", type=int, default=2026)
     args = parser.parse_args(argv)
-    reruns = min(args.reruns, 100) if args.quick else args.reruns
-    predict = min(args.predict, 3) if args.quick else args.predict
-    weights: Weights = args.weights
+    if args.quick:
+        args.reruns = min(args.reruns, 100)
+    repeats = (1, 5) if args.quick else REPEATS
     started = time.perf_counter()
-    check_scores()
-    results = []
-    for i, row in enumerate(rows(args.quick)):
-        results.append(
-            run_row(row, reruns, args.alpha, weights, args.seed + i, args.check, predict)
+    cells: list[Cell] = []
+    honesty: list[tuple[Cell, list[float]]] = []
+    seed = args.seed
+    for family, make in FAMILIES.items():
+        rates = make(np.random.default_rng(args.seed))
+        for k in repeats:
+            for ell in CANDIDATE:
+                null = run_cell(family, rates, k, ell, "none", 0.0, args, seed := seed + 1)
+                cells.append(null)
+                for shape in SHAPES:
+                    for points in POINTS:
+                        cells.append(
+                            run_cell(
+                                family,
+                                rates,
+                                k,
+                                ell,
+                                shape,
+                                points * N / 100,
+                                args,
+                                seed := seed + 1,
+                            )
+                        )
+                powers = [
+                    run_cell(
+                        family, rates, k, ell, "spread", f * null.claim, args, seed := seed + 1
+                    ).gate
+                    for f in (0.8, 1.0, 1.2)
+                ]
+                honesty.append((null, powers))
+                print(
+                    f"  {family} K={k} L={ell}: {time.perf_counter() - started:.0f} s",
+                    file=sys.stderr,
+                )
+    print(
+        f"{args.reruns} reruns per cell, n={N}, alpha {args.alpha:g}; FAIL share of the gate "
+        f"(false alarms when unchanged, power otherwise) | the known-variance z-test's; "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    print()
+    print(*table(cells), sep="\n")
+    print()
+    print(*honesty_table(honesty), sep="\n")
+    print()
+    return targets(cells, honesty, args)
+
+
+def table(cells: Sequence[Cell]) -> list[str]:
+    head = ["family", "K", "L", "unchanged"] + [f"{s} {p} pt" for s in SHAPES for p in POINTS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by = {(c.family, c.k, c.ell, c.shape, round(c.problems)): c for c in cells}
+    for family in FAMILIES:
+        for k in REPEATS:
+            for ell in CANDIDATE:
+                null = by.get((family, k, ell, "none", 0))
+                if null is None:
+                    continue
+                row = [family, str(k), str(ell), f"{null.gate:.3f}"]
+                for shape in SHAPES:
+                    for points in POINTS:
+                        c = by[(family, k, ell, shape, round(points * N / 100))]
+                        row.append(f"{c.gate:.2f} \\| {c.ztest:.2f}")
+                lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def interpolate(claim: float, powers: Sequence[float]) -> str:
+    xs = [0.8 * claim, claim, 1.2 * claim]
+    points = list(zip(xs, powers, strict=True))
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if y0 <= 0.8 <= y1 and y1 > y0:
+            return f"{100 * (x0 + (0.8 - y0) * (x1 - x0) / (y1 - y0)) / N:.2f}"
+    return "< 0.8x" if powers[0] > 0.8 else "> 1.2x"
+
+
+def honesty_table(honesty: Sequence[tuple[Cell, list[float]]]) -> list[str]:
+    lines = [
+        "| family | K | L | says it detects (80%) | power at 0.8x, 1x, 1.2x | simulated 80% drop |",
+        "|---|---|---|---|---|---|",
+    ]
+    for null, powers in honesty:
+        lines.append(
+            f"| {null.family} | {null.k} | {null.ell} | {100 * null.claim / N:.2f} pt "
+            f"| {' / '.join(f'{p:.2f}' for p in powers)} | {interpolate(null.claim, powers)} pt |"
         )
-        print(f"  {row.label}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    # detectable_drop speaks for the squared scores (the gate's): the others have no figure
-    honesty = (
-        _honesty_section(results, reruns, args.alpha, weights, args.seed + 20_000)
-        if weights == "squared"
-        else ["(the gate's own scores only: run without --weights)"]
-    )
-    weight_lines = _weights_section(reruns, args.seed + 10_000, args.alpha)
-    elapsed = time.perf_counter() - started
-    print(
-        f"{reruns} reruns per row; stable problems {100 * ACCURACY:g}% right; noisy ones right "
-        f"with p = 0.5 in each run; baseline K runs per problem, candidate one; "
-        f"FAIL share = false alarms (unchanged) or power (drop); {elapsed:.0f} s"
-    )
-    print()
-    print(*_table(results, args.alpha, weights), sep="\n")
-    print()
-    print(
-        "The drop the gate says it detects with 80% power (detectable_drop, the median over "
-        "the unchanged row's reruns), simulated:"
-    )
-    print()
-    print(*honesty, sep="\n")
-    print()
-    print(
-        "Weights (10% noisy, full split, K=5, the same reruns for each): FAIL share of the "
-        "noise-aware test alone and of the gate (the test and a mean drop above 0)"
-    )
-    print()
-    print(*weight_lines, sep="\n")
-    print()
-    print("targets (full split, 10% noisy at p = 0.5):")
+    return lines
+
+
+def targets(cells: Sequence[Cell], honesty: Sequence[tuple[Cell, list[float]]], args: Any) -> int:
     missed = 0
-    by_row = {res.row: res for res in results}
-    bound = args.alpha + 2 * _se(args.alpha, reruns)
-    for k in REPEATS:
-        res = by_row.get(Row(N, 0.10, k, 0))
-        if res is None:
-            continue
-        ok = res.noise_aware <= bound
+    bound = args.alpha + 2 * _se(args.alpha, args.reruns)
+    worst = max((c for c in cells if c.shape == "none"), key=lambda c: c.gate)
+    ok = worst.gate <= bound
+    missed += not ok
+    print(
+        f"  false alarms: at most {worst.gate:.4f} ({worst.family} K={worst.k} L={worst.ell}; "
+        f"target <= alpha + 2 SE = {bound:.4f}): {'PASS' if ok else 'FAIL'}"
+    )
+    spread = [c for c in cells if c.shape == "spread"]
+    gap = max(spread, key=lambda c: c.ztest - c.gate)
+    ok = gap.ztest - gap.gate <= 0.10
+    missed += not ok
+    print(
+        f"  spread shifts: power at most {100 * (gap.ztest - gap.gate):.1f} points below the "
+        f"z-test's ({gap.family} K={gap.k} L={gap.ell} {round(100 * gap.problems / N)} pt: "
+        f"{gap.gate:.3f} vs {gap.ztest:.3f}; target <= 10): {'PASS' if ok else 'FAIL'}"
+    )
+    stable = [c for c in cells if c.shape == "stable" and c.k == 5 and round(c.problems) == 13]
+    for c in stable:
+        ok = c.gate >= 0.95
         missed += not ok
         print(
-            f"  unchanged, K={k}: false alarms {res.noise_aware:.4f} (target <= alpha + 2 SE "
-            f"= {bound:.4f}): {'PASS' if ok else 'FAIL'}"
+            f"  1-point stable break, {c.family} K=5 L={c.ell}: caught {c.gate:.3f} "
+            f"(target >= 0.95): {'PASS' if ok else 'FAIL'}"
         )
-    for points, least in ((1, 0.95), (2, 0.999)):
-        res = by_row.get(Row(N, 0.10, 5, round(points * N / 100)))
-        if res is None:
-            continue
-        ok = res.noise_aware >= least
+    for null, powers in honesty:
+        ok = powers[0] <= 0.8 <= powers[2]
         missed += not ok
+        if not ok:
+            print(
+                f"  claim, {null.family} K={null.k} L={null.ell}: 80% power not within "
+                f"+-20% of {100 * null.claim / N:.2f} pt (power {powers}): FAIL"
+            )
+    within = sum(p[0] <= 0.8 <= p[2] for _, p in honesty)
+    print(f"  claims within +-20% of the simulated 80%-power drop: {within} of {len(honesty)}")
+    if args.check:
         print(
-            f"  {points}-point drop ({res.row.drop} problems), K=5: power {res.noise_aware:.4f} "
-            f"+- {_se(res.noise_aware, reruns):.4f} (target >= {least:g}): "
-            f"{'PASS' if ok else 'FAIL'}"
-        )
-    if args.check and weights == "squared":
-        print(
-            f"  every row's first {min(args.check, reruns)} reruns replayed through NoiseAware: "
-            "identical verdicts, statistics and p-values"
+            f"  the first {args.check} reruns of every cell replayed through evidence() and "
+            "reach(): identical"
         )
     return 1 if missed else 0
 

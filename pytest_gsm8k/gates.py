@@ -11,7 +11,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.calibrated import Pair, detectable_drop
+from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach
+from pytest_gsm8k.core.gates import difference_words, failing_words
 from pytest_gsm8k.core.markdown import LISTED, fit, gate_table, problem_list
 from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 from pytest_gsm8k.core.records import Report
@@ -123,8 +124,8 @@ def apply_baseline(
         else f"on {cmp.shared} problems"
     )
     summary.notes.append(
-        f"  baseline {shown_path}: {cmp.baseline_acc:.4f} -> {cmp.current_acc:.4f} {where}; "
-        f"diff {cmp.diff:+.4f} [95% CI {cmp.low:+.4f}, {cmp.high:+.4f}]"
+        f"  baseline {shown_path}: {seen['baseline_accuracy']:.4f} -> "
+        f"{seen['current_accuracy']:.4f} {where}; {difference_words(pairs)}"
     )
     recorded_with = document.get("model")
     if isinstance(recorded_with, str) and recorded_with != summary.model:
@@ -132,14 +133,20 @@ def apply_baseline(
             f"  the baseline was recorded with model {recorded_with} (this run: {summary.model})"
         )
     summary.notes.append(f"  {noise_sentence(seen)}")
-    summary.notes.append(
-        f"  {len(cmp.newly_failing)} newly failing, {len(cmp.newly_passing)} newly passing; "
-        f"McNemar one-sided p={cmp.p_value:.4g}; noise-aware p={seen['p_value']:.4g}"
-    )
+    summary.notes.append(f"  {failing_words(pairs)}; p={seen['p_value']:.4g}")
+    rise = rule.rise(pairs)
+    if rise is not None:
+        summary.notes.append(f"  {rise}")
     where_all = "in the JSON report" if settings.report else "with --gsm8k-report PATH"
+    runs = seen["repeats"]["baseline"]
     for title, ids in (
-        ("stable flips (right in every baseline run, failing now)", seen["stable_flips"]),
-        ("noisy problems failing now", seen["noisy_failing"]),
+        (
+            f"newly failing, stable (right in all {runs} baseline runs)"
+            if runs > 1
+            else "newly failing",
+            seen["stable_flips"] if runs > 1 else seen["newly_failing"],
+        ),
+        ("newly failing, noisy (right in some baseline runs)", seen["noisy_failing"]),
     ):
         if ids:
             shown = ", ".join(ids[:SHOWN_IDS])
@@ -159,31 +166,39 @@ def apply_baseline(
 
 def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
     """What the noise-aware gate sees in the shared problems, for the report's baseline
-    block: its p-value, the smallest drop it detects, the stable flips (the regressions
-    worth reading first) and the noisy problems failing now, and the baseline's stability."""
-    from pytest_gsm8k.core.calibrated import p_value
-
+    block: its p-values, the one estimate of the difference, the smallest drop it detects,
+    the newly failing problems (stable ones first: the regressions worth reading first),
+    and the baseline's stability."""
     counts = {"stable_correct": 0, "stable_wrong": 0, "noisy": 0}
     for pair in pairs:
         counts[pair.stability.replace("-", "_")] += 1
-    detectable = detectable_drop(pairs, alpha)
+    seen = evidence(pairs)
+    can = reach(pairs, alpha)
+    diff, low, high = difference(pairs)
     shared = len(pairs)
+    runs = max((p.base_runs for p in pairs), default=1)
     return {
-        "p_value": p_value(pairs),
+        # like with like: the mean rates over every run of each side, one estimate
+        "baseline_accuracy": sum(p.base_rate for p in pairs) / shared if shared else 0.0,
+        "current_accuracy": sum(p.now_rate for p in pairs) / shared if shared else 0.0,
+        "difference": diff,
+        "difference_ci95": [low, high],
+        "p_value": seen.p,
+        "p_values": {"flips": seen.flip, "drop": seen.drop, "rise": seen.rise},
         "alpha": alpha,
-        "repeats": {
-            "baseline": max((p.base_runs for p in pairs), default=1),
-            "run": max((p.now_runs for p in pairs), default=1),
-        },
+        "repeats": {"baseline": runs, "run": max((p.now_runs for p in pairs), default=1)},
         "detectable_drop": {
-            "problems": detectable,
-            "points": round(100 * detectable / shared, 2) if shared else None,
-            "power": 0.8,
+            "problems": round(can.problems, 1),
+            "points": round(can.points, 2) if shared else None,
+            "power": can.power,
+            "repeats_for_one_point": can.repeats_for_one_point,
         },
-        "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
-        "noisy_failing": [
-            p.problem_id for p in pairs if p.stability == "noisy" and p.now_correct < p.now_runs
+        "newly_failing": [p.problem_id for p in pairs if p.failing],
+        "newly_passing": [
+            p.problem_id for p in pairs if p.base_correct < p.base_runs and p.now_correct > 0
         ],
+        "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
+        "noisy_failing": [p.problem_id for p in pairs if p.failing and p.stability == "noisy"],
         "stability": counts,
         "flip_rate": counts["noisy"] / shared if shared else 0.0,
     }
@@ -195,10 +210,20 @@ def noise_sentence(seen: Mapping[str, Any]) -> str:
     shared = sum(counts.values())
     runs = seen["repeats"]["baseline"]
     drop = seen["detectable_drop"]
+    more = drop["repeats_for_one_point"]
     can_see = (
-        f"detects a drop of {drop['points']:.1f} points or more ({drop['problems']} problems; "
-        f"80% power, n={shared}, alpha={seen['alpha']:g})"
+        f"detects a drop of {drop['points']:.1f} points or more spread over the noisy "
+        f"problems ({drop['problems']:g} problems; 80% power, n={shared}, "
+        f"alpha={seen['alpha']:g}); "
+        + (
+            f"{more} candidate run{'s' if more != 1 else ''} per problem (--gsm8k-repeats) "
+            "would reach 1 point"
+            if more is not None
+            else "no number of candidate repeats reaches 1 point with this baseline"
+        )
     )
+    if drop["points"] > 5:
+        can_see += "; it cannot reach 80% power against a 5-point drop at this size"
     if runs == 1:
         return (
             f"noise: a single-run baseline cannot tell noisy problems from stable ones "
@@ -383,7 +408,7 @@ def failing_lists(
         return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
 
     rest = "see the JSON report"
-    if "stable_flips" in base:
+    if (base.get("repeats") or {}).get("baseline", 1) > 1:
         return [
             *problem_list(
                 title("newly failing, stable (right in every baseline run)"),

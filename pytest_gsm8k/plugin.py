@@ -398,7 +398,10 @@ class StatePlugin:
             aborted = record["outcome"] == "error" and record.get("aborted")
             if fresh and not aborted and state.settings.early_stop:
                 self._observe_early(
-                    str(record["id"]), bool(record["correct"]), str(record["outcome"])
+                    str(record["id"]),
+                    bool(record["correct"]),
+                    str(record["outcome"]),
+                    [str(x) for x in record.get("repeats") or ()],
                 )
             if fresh and self.progress is not None and self.progress.due():
                 self._draw_progress()
@@ -409,11 +412,14 @@ class StatePlugin:
         total = len({ref.problem_id for ref in self.state.run.items if ref.problem_id})
         self.progress.draw(self.state.run.records, total)
 
-    def _observe_early(self, problem_id: str, correct: bool, outcome: str) -> None:
-        """Controller: one more outcome for --gsm8k-early-stop; stop the run once decided."""
+    def _observe_early(
+        self, problem_id: str, correct: bool, outcome: str, answers: list[str]
+    ) -> None:
+        """Controller: one more outcome for --gsm8k-early-stop (with --gsm8k-repeats, its
+        answers' outcomes too); stop the run once decided."""
         run = self.state.run
         if self.state.settings.vllm_config:
-            self._observe_config(problem_id, correct, outcome)
+            self._observe_config(problem_id, correct, outcome, answers)
             return
         if run.early is None and not self._early_tried:
             self._early_tried = True
@@ -423,7 +429,7 @@ class StatePlugin:
         if early is None or run.early_stopped is not None:
             return
         try:
-            decision = early.observe(problem_id, correct, outcome)
+            decision = early.observe(problem_id, correct, outcome, answers)
         except (KeyError, ValueError):
             return  # a problem outside the run's plan (a user's own test): not counted
         if decision is None or early.observed >= early.n_total:
@@ -437,7 +443,9 @@ class StatePlugin:
         elif self.session is not None:
             self.session.shouldstop = message
 
-    def _observe_config(self, problem_id: str, correct: bool, outcome: str) -> None:
+    def _observe_config(
+        self, problem_id: str, correct: bool, outcome: str, answers: list[str]
+    ) -> None:
         """--gsm8k-config: one more outcome of a config; once every gate of that config is
         certain (or one FAILs for certain) before its last problem, the config stops: its
         items not fetched are skipped, its server stops, the next config's starts."""
@@ -452,7 +460,7 @@ class StatePlugin:
         if early is None or name in run.config_stopped:
             return
         try:
-            decision = early.observe(problem_id, correct, outcome)
+            decision = early.observe(problem_id, correct, outcome, answers)
         except (KeyError, ValueError):
             return  # a problem outside the config's plan: not counted
         if decision is None or early.observed >= early.n_total:

@@ -262,7 +262,7 @@ class Run:
                 )
             )
         elif rule is not None:
-            summary.set_gate(rule.verdict(summary.correct, summary.n, summary.label))
+            summary.set_gate(summary.gate_min_acc_by(rule))
         for spec in plan.gates.health:
             if spec.name not in settled:
                 summary.gate_share(spec)
@@ -351,11 +351,9 @@ class Run:
             if server is not None:
                 summary.extra["served"] = server
             floor = group.floor
-            summary.set_gate(floor.verdict(summary.correct, summary.n, group.protocol.label))
+            summary.set_gate(summary.gate_min_acc_by(floor, group.protocol.label))
             if plan.gates.min_acc is not None:
-                summary.set_gate(
-                    plan.gates.min_acc.verdict(summary.correct, summary.n, summary.label)
-                )
+                summary.set_gate(summary.gate_min_acc_by(plan.gates.min_acc))
             for spec in plan.gates.health:
                 summary.gate_share(spec)
             self._config_early_gates(group.name, summary)

@@ -270,7 +270,10 @@ def _check_outcomes(data: dict[str, Any], where: str) -> None:
         raise BaselineError(f"{where}: corrupt baseline (no accuracy)")
     if problems:
         measured = sum(1 for entry in problems.values() if _correct(entry)) / len(problems)
-        if abs(measured - float(accuracy)) > 1e-6:
+        # a calibrated baseline's accuracy is the mean over every run (test@1); one written
+        # before that holds its outcomes' (the most common answer's): both are consistent
+        mean = sum(c / k for c, k in map(runs, problems.values())) / len(problems)
+        if min(abs(measured - float(accuracy)), abs(mean - float(accuracy))) > 1e-6:
             raise BaselineError(
                 f"{where}: corrupt baseline (its accuracy {float(accuracy):.6f} is not that of "
                 f"its {len(problems)} outcomes, {measured:.6f}: edited by hand?)"

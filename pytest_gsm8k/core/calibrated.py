@@ -6,8 +6,10 @@ counts every flip as evidence (``--gsm8k-max-drop 0``) fails unchanged
 builds; a tolerance wide enough to absorb the noise (vLLM's ``threshold -
 0.08``) misses real drops. This module measures the noise instead, from a
 baseline recorded ``K`` times per problem (``--gsm8k-repeats K``), and tests
-the candidate against it. It is written for the case where most problems are
-stable and a minority flips, which is what serving noise looks like.
+the candidate against it. A regression has two shapes, and the test has a
+statistic for each: stable problems break (a broken template, a bad kernel on
+some inputs), or the rates of the noisy problems drift down a little (a
+quantization, a kernel or scheduler change).
 
 The model
 =========
@@ -17,90 +19,112 @@ baseline saw ``c_i`` correct of ``K_i`` runs, the candidate ``d_i`` of ``L_i``
 (``L_i = 1`` for a single run, more with ``--gsm8k-repeats`` on the candidate).
 Runs are independent given ``θ_i``. The null hypothesis "no regression" is
 ``θ'_i = θ_i`` for every problem (an improvement anywhere only makes the test
-more conservative).
+more conservative: given its total, ``D_i`` follows Fisher's noncentral
+hypergeometric law, stochastically larger when ``θ'_i > θ_i``).
 
 The conditional null (no prior, no estimated rates)
 ===================================================
 
-Under the null, the ``K_i + L_i`` runs of problem ``i`` are exchangeable. Given
-their total ``t_i = c_i + d_i``, which runs hold the successes is uniform, so
-``D_i`` given ``t_i`` is hypergeometric::
+Under the null, the ``N_i = K_i + L_i`` runs of problem ``i`` are exchangeable.
+Given their total ``t_i = c_i + d_i``, which runs hold the successes is uniform,
+so ``D_i`` given ``t_i`` is hypergeometric::
 
-    P(D_i = d | t_i) = C(t_i, d) C(K_i + L_i - t_i, L_i - d) / C(K_i + L_i, L_i)
+    P(D_i = d | t_i) = C(t_i, d) C(N_i - t_i, L_i - d) / C(N_i, L_i)
 
-and this does not depend on ``θ_i``. Conditioning on every ``t_i`` makes the
-test exact whatever the rates are: the estimation error of rates from ``K``
-repeats, the question the issue raises, never enters, because no rate is
-estimated. Problems with ``t_i = 0`` or ``t_i = K_i + L_i`` (never or always
-right in every run) carry no information and drop out, exactly as concordant
-pairs do in McNemar's test. With ``K_i = L_i = 1`` the test *is* the exact
-one-sided McNemar test (every informative problem is a discordant pair, and
-each weighs the same).
+and this does not depend on ``θ_i``. Conditioning on every ``t_i`` makes both
+statistics below exact whatever the rates are. In particular a problem right in
+``K`` of ``K`` baseline runs is not treated as certain (a 0.9-rate problem is
+right 5 of 5 times 59% of the time): if the candidate misses it once, its null
+probability of doing so is ``L / (K + L)`` given the total, not 0, so serving
+noise on such problems is inside the null. Problems with ``t_i = 0`` or ``t_i =
+N_i`` carry no information and drop out, as concordant pairs do in McNemar's
+test. With ``K_i = L_i = 1`` both statistics *are* the exact one-sided McNemar
+test.
 
-The statistic: each problem weighs its own surprise, squared
-===========================================================
+Statistic 1, flips: each problem weighs its own surprise, squared
+================================================================
 
 Per problem the surprise is that of the candidate doing this badly or worse,
-``u_i = -ln P(D_i <= d_i | t_i)`` (0 when ``d_i`` is the most the problem
-could have scored), and the score is ``s_i = u_i ** 2``; ``S = Σ s_i``. It
-weighs what the issue asks for: a problem right 5 of 5 times that fails now
-(``t = 5`` of 6 runs, ``P(D = 0) = 1/6``) has ``u = ln 6 = 1.79``, ``s =
-3.21``; one right 3 of 5 times that fails (``P = 1/2``) ``u = 0.69``, ``s =
-0.48``; one right 1 of 5 times ``s = 0.03``. A plain count of failures weighs
-them alike and lets the flips of problems that flip anyway drown a real drop;
-Fisher's combination (``Σ u_i``, the log of the product of the problems' own
-conditional p-values) does better; squaring moves more of the say to the stable
-problems, where serving noise does not live. Simulated (``python
-benchmarks/bench_gate.py --reruns 10000``: 1,319 problems, 10% flipping at p =
-0.5, K = 5, 13 always-right problems turned wrong), the test's power at level
-0.001 is 11% for the count, 75% for ``Σ u`` and 98% for ``Σ u²`` (34%, 95% and
-100% at 0.01), with false alarms at or below the level for all three. Any
-fixed weights keep the test exact; these are chosen for the failure a release
-gate exists for.
+``u_i = -ln P(D_i <= d_i | t_i)``, and the score is ``s_i = u_i ** 2``; ``S =
+Σ s_i``. A problem right 5 of 5 times that fails now (``t = 5`` of 6 runs,
+``P(D = 0) = 1/6``) has ``s = ln² 6 = 3.21``; one right 3 of 5 times that fails
+``s = ln² 2 = 0.48``; one right 1 of 5 times ``s = 0.03``. Squaring gives the
+say to the stable problems, where serving noise does not live: 13 stable
+problems broken among 10% noisy ones (K = 5) are caught at 0.001 98% of the
+time, against 11% for a plain count of failures. Scores are rounded to integer
+units of ``1 / RESOLUTION`` (observed and null alike: resolution is lost, never
+validity), and ``P(S* >= S_obs)`` is the convolution of the per-problem score
+laws with the running total capped at ``S_obs``, ``O(m S_obs)``; in a collapse
+a Chernoff bound below ``1e-12`` is returned instead (an upper bound on ``p``:
+the same verdict).
 
-Scores are rounded to integer units of ``1 / RESOLUTION``. The rounded ``S`` is
-the statistic (observed and null alike), so rounding costs a little
-resolution, never validity. The p-value ``P(S* >= S_obs)`` is then exact: the
-null law of ``S*`` is the convolution of the per-problem score laws, summed
-with the running total capped at ``S_obs`` (scores are never negative, so a
-partial sum that reaches it stays there), which costs ``O(m * S_obs)`` for
-``m`` informative problems. When that is large (a collapse: hundreds of
-stable problems failing) and the Chernoff bound ``min_λ e^{-λ S_obs} Π
-E[e^{λ s_i}]`` is already below ``1e-12``, that bound is returned: an upper
-bound on ``p``, so the verdict it gives is the exact test's.
+Statistic 2, the rate difference
+================================
+
+The flip statistic is nearly blind to a drift of the noisy rates: each noisy
+problem failing once more is hardly a surprise, and the squared weights spend
+the power elsewhere. The estimate of the drop itself is the difference of the
+mean rates, ``Δ = Σ (c_i / K_i - d_i / L_i)`` (in problems; ``/ n`` for
+accuracy). Given the totals, ``c_i = t_i - d_i``, so ``Δ = Σ t_i / K_i - Σ w_i
+d_i`` with ``w_i = 1 / K_i + 1 / L_i``: a large ``Δ`` is a small ``U = Σ a_i
+d_i`` with integer ``a_i ∝ w_i`` (all 1 when every problem has the same ``K``
+and ``L``). Its exact conditional p-value ``P(U* <= U_obs)`` is again a capped
+convolution, of the hypergeometric laws, ``O(m U_obs L)``. Its null variance, in
+problems, is ``sigma² = Σ w_i v_i`` with ``v_i = t_i (N_i - t_i) / (N_i (N_i -
+1))``, the unbiased estimate of ``θ_i (1 - θ_i)`` from all ``N_i`` runs: the
+known-variance z-test on ``Δ`` (variance ``Σ θ_i (1 - θ_i) w_i``) in
+expectation, which is why the two have the same power (simulated:
+``benchmarks/bench_gate.py``). The opposite tail, ``P(U* >= U_obs)``, is a rise
+noise cannot explain: the gate warns on it (a changed prompt or extractor, the
+wrong model, contamination), it never fails on it.
+
+One null, alpha split
+=====================
+
+Both statistics are tests of the same conditional null. The gate's p-value is
+the weighted Bonferroni combination ``p = min(1, p_S / FLIP_SHARE, p_U / (1 -
+FLIP_SHARE))``: ``P(p < alpha) <= FLIP_SHARE alpha + (1 - FLIP_SHARE) alpha``,
+exact, deterministic, with no simulation. With ``K = L = 1`` everywhere the two
+statistics are the same McNemar test and ``p = p_U``. The split costs the rate
+statistic ``z_{1 - 0.75 alpha}`` instead of ``z_{1 - alpha}`` (2.43 against
+2.33 at 0.01: a few points of power); the flip statistic at ``alpha / 4`` still
+catches a 1-point stable break with K = 5 in more than 95% of reruns.
 
 Monotone in every outcome (what the early stop relies on)
 =========================================================
 
-For ``L_i = 1``: let ``R`` be the null sum over the other problems and ``r``
-their observed part. If problem ``i`` fails (``t = c``) its score law is
-``z`` with probability ``q = P(D = 0 | c)``, else 0, and ``p_fail = q P(R >=
-r) + (1 - q) P(R >= r + z) <= P(R >= r)``; if it succeeds (``t = c + 1``) it
-adds a nonnegative law and 0 observed, so ``p_succ = P(R + X >= r) >= P(R >=
-r)``. Hence each further failure can only lower ``p``, and over problems not
-seen yet the extremes of ``p`` are "all fail" and "all succeed": the early
-stop's verdicts are certain, as for the count gates (the tests check it on
-random small cases, ``tests/unit/core/test_calibrated.py``). For ``L_i > 1`` it
-does not hold (a problem going from 1 to 2 of 2 can *lower* ``p``: it moves to a
-stratum whose null law is wider), so with repeats on the candidate the early
-stop leaves this gate to the end of the run.
+For ``L_i = 1``, let ``R`` be the null sum over the other problems and ``r``
+their observed part. Flips: if problem ``i`` fails (``t = c``) its score law is
+``z`` with probability ``q = P(D = 0 | c)``, else 0, and ``p_fail = q P(R >= r)
++ (1 - q) P(R >= r + z) <= P(R >= r)``; if it succeeds it adds a nonnegative law
+and 0 observed, so ``p_succ >= P(R >= r)``. Rate: if it fails, ``p_fail = P(R +
+a B <= r) <= P(R <= r)`` (``B`` its Bernoulli law); if it succeeds, ``p_succ =
+P(R + a B' <= r + a) >= P(R <= r)``. Hence each further failure can only lower
+both p-values and their combination, and over problems not seen yet the
+extremes of ``p`` are "all fail" and "all succeed": the early stop's verdicts
+are certain (``tests/unit/core/test_calibrated.py`` checks it on random small
+cases). For ``L_i > 1`` it does not hold, so with repeats on the candidate the
+early stop leaves this gate to the end of the run.
 
 What the gate can see
 =====================
 
-:func:`detectable_drop` is the smallest drop, in problems turned from always
-right to wrong, the test detects with the given power. Each such problem adds
-``w = ln² C(K + L, L)`` to ``S``, but it also becomes informative itself: the
-null mean grows by its conditional mean ``mu_f = w / C(K + L, L)`` and the null
-variance by its conditional variance ``v_f``. With ``sigma = sqrt(Σ Var(s_i |
-t_i))`` over the informative problems the normal approximation asks for the
-smallest ``m`` with ``m (w - mu_f) >= z_{1-alpha} sqrt(sigma² + m v_f) +
-z_{power} sigma``, and at least the ``m`` that alone reach ``p < alpha``
-(``C(K + L, L)^-m < alpha``). At n = 1319 with 10% of problems flipping at p =
-0.5 and alpha 0.01 that is 29 problems for a single-run baseline (McNemar's
-own power) and 8 for ``K = 5``. It is an approximation for a sentence;
-``tests/unit/core/test_calibrated.py`` checks it against a simulation of the
-test itself, and ``benchmarks/bench_gate.py`` against the real rate.
+:func:`reach` is the smallest drop the test detects with the given power,
+for the least favourable shape: a drop spread thin over the noisy problems,
+which the flip statistic hardly sees, so the rate statistic must, at its level
+``alpha' = (1 - FLIP_SHARE) alpha``. Under such a drop ``Δ`` is about normal
+with mean the drop and the null's standard deviation ``sigma``, so the drop seen
+with power ``1 - beta`` is ``(z_{1 - alpha'} + z_{1 - beta}) sigma`` problems (the
+power of a one-sided z-test, e.g. Lachin 1981, "Introduction to sample size
+determination and power analysis for clinical trials", Controlled Clinical
+Trials 2:93-113). It is never below the drop that alone reaches ``alpha'``:
+``m`` problems failing every candidate run from ``K`` of ``K`` have ``p =
+C(K + L, L)^-m``. Since ``sigma² = Σ v_i (1 / K + 1 / L)``, the candidate repeats
+``L`` that bring it to one point are the smallest with ``(z_{1 - alpha'} +
+z_{1-beta})² Σ v_i (1 / K + 1 / L) <= (n / 100)²``; none, when the baseline's own
+``1 / K`` share is already too large (record it with more repeats).
+``benchmarks/bench_gate.py`` checks the claim against the simulated 80%-power
+drop for three noise families.
 """
 
 from __future__ import annotations
@@ -109,19 +133,25 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from statistics import NormalDist
 from typing import Literal
 
-from pytest_gsm8k.core.stats import hypergeometric_pmf
+from pytest_gsm8k.core.stats import hypergeometric_pmf, paired_difference_interval
 
 __all__ = [
+    "FLIP_SHARE",
     "RESOLUTION",
+    "Evidence",
     "Pair",
+    "Reach",
     "Stability",
-    "detectable_drop",
-    "null_moments",
+    "difference",
+    "evidence",
+    "flip_p_value",
     "p_value",
+    "reach",
     "stability",
     "statistic",
 ]
@@ -135,6 +165,10 @@ RESOLUTION = 16
 _EXACT_WORK = 3_000_000
 #: a Chernoff bound below this is returned instead of the exact tail
 _NEGLIGIBLE = 1e-12
+#: the share of alpha the flip statistic gets; the rate statistic gets the rest
+FLIP_SHARE = 0.25
+#: integer weights of the rate statistic above this are rounded (an unusual mix of K and L)
+_MAX_WEIGHT = 64
 
 Stability = Literal["stable-correct", "stable-wrong", "noisy"]
 
@@ -169,10 +203,15 @@ class Pair:
         return stability(self.base_correct, self.base_runs)
 
     @property
+    def failing(self) -> bool:
+        """Newly failing: right in some baseline run, wrong in some candidate run now."""
+        return self.base_correct > 0 and self.now_correct < self.now_runs
+
+    @property
     def stable_flip(self) -> bool:
-        """Always right in the baseline, wrong at least once now: the regressions worth
-        reading first (with a single-run baseline every right problem counts as stable)."""
-        return self.base_correct == self.base_runs and self.now_correct < self.now_runs
+        """Right in every one of several baseline runs, wrong at least once now: the
+        regressions worth reading first (a single-run baseline has none: it cannot tell)."""
+        return self.base_runs > 1 and self.base_correct == self.base_runs and self.failing
 
     @property
     def score(self) -> int:
@@ -228,7 +267,7 @@ def statistic(pairs: Iterable[Pair]) -> int:
     return sum(p.score for p in pairs)
 
 
-def p_value(pairs: Sequence[Pair]) -> float:
+def flip_p_value(pairs: Sequence[Pair]) -> float:
     """Exact ``P(S* >= S_obs)`` under the conditional null (see the module docstring)."""
     informative = _informative(pairs)
     observed = statistic(informative)
@@ -288,45 +327,169 @@ def _chernoff(informative: Sequence[Pair], observed: int) -> float:
     return math.exp(best)
 
 
-def null_moments(pairs: Iterable[Pair]) -> tuple[float, float]:
-    """Mean and variance of ``S*`` under the conditional null, in squared nats."""
-    mean = var = 0.0
-    for pair in _informative(pairs):
-        law = _law(pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
-        m1 = sum(prob * score for score, prob in law) / RESOLUTION
-        m2 = sum(prob * score * score for score, prob in law) / RESOLUTION**2
-        mean += m1
-        var += m2 - m1 * m1
-    return mean, var
+def _weights(informative: Sequence[Pair]) -> list[int]:
+    """The rate statistic's integer weights ``a_i ∝ 1 / K_i + 1 / L_i`` (all 1 when every
+    problem has the same runs; rounded, which keeps the test exact, when they would be
+    large: the statistic is then a close cousin of ``Δ``, tested exactly all the same)."""
+    fractions = [Fraction(1, p.base_runs) + Fraction(1, p.now_runs) for p in informative]
+    if not fractions:
+        return []
+    common = math.lcm(*(f.denominator for f in fractions))
+    numerators = [int(f * common) for f in fractions]
+    divisor = math.gcd(*numerators)
+    weights = [x // divisor for x in numerators]
+    if max(weights) > _MAX_WEIGHT:
+        top = max(fractions)
+        weights = [max(1, round(_MAX_WEIGHT * f / top)) for f in fractions]
+    return weights
 
 
-def detectable_drop(pairs: Sequence[Pair], alpha: float, power: float = 0.8) -> int:
-    """How many always-right problems must turn wrong for the test to see it with
-    ``power`` at level ``alpha`` (see the module docstring; an approximation).
+def _at_most(laws: Sequence[tuple[int, Sequence[float]]], observed: int) -> float:
+    """``P(Σ a X <= observed)`` for independent ``X`` with the given pmfs over ``0, 1, ...``
+    and integer weights ``a >= 1``: the convolution, capped at ``observed`` (terms are
+    never negative, so mass above it never returns)."""
+    if observed < 0:
+        return 0.0
+    dist = [0.0] * (observed + 1)
+    dist[0] = 1.0
+    reach = 0  # highest index holding mass
+    for weight, pmf in laws:
+        new = [0.0] * (observed + 1)
+        for x, prob in enumerate(pmf):
+            shift = weight * x
+            if shift > observed:
+                break
+            if prob == 0.0:
+                continue
+            top = min(reach, observed - shift) + 1
+            new[shift : shift + top] = [
+                n + prob * d for n, d in zip(new[shift : shift + top], dist[:top], strict=True)
+            ]
+        dist = new
+        reach = min(observed, reach + weight * (len(pmf) - 1))
+    return min(1.0, math.fsum(dist))
 
-    Shift-aware: a flipped problem adds its observed score ``w`` to ``S``, but also joins
-    the informative problems, raising the null mean by ``mu_f`` and the null variance by
-    ``v_f`` (its own conditional law given ``t = K``). The smallest ``m`` with ``m (w -
-    mu_f) >= z_{1-alpha} sqrt(sigma^2 + m v_f) + z_{power} sigma`` is returned. For ``K = L
-    = 1`` that is McNemar's: half a flip's weight is its null mean, which a formula with the
-    whole weight missed by a factor of two.
-    """
-    if not pairs:
-        return 0
-    before = max(p.base_runs for p in pairs)
-    after = max(p.now_runs for p in pairs)
-    law = _law(before, before, after)  # a stable problem now failing: t = K of K + L
-    weight = _scores(before, before, after)[0] / RESOLUTION  # ln² C(K + L, L), rounded
-    if weight <= 0:
-        return len(pairs) + 1
-    mean_f = sum(prob * score for score, prob in law) / RESOLUTION
-    var_f = sum(prob * score * score for score, prob in law) / RESOLUTION**2 - mean_f**2
-    _, var = null_moments(pairs)
+
+def rate_p_values(pairs: Sequence[Pair]) -> tuple[float, float]:
+    """The rate statistic's exact conditional p-values: ``(drop, rise)``, i.e. ``P(U* <=
+    U_obs)`` and ``P(U* >= U_obs)`` (see the module docstring)."""
+    informative = _informative(pairs)
+    weights = _weights(informative)
+    down: list[tuple[int, Sequence[float]]] = []
+    up: list[tuple[int, Sequence[float]]] = []
+    successes = failures = 0
+    for pair, weight in zip(informative, weights, strict=True):
+        pmf = hypergeometric_pmf(
+            pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs
+        )
+        down.append((weight, pmf))
+        up.append((weight, pmf[::-1]))  # the candidate's failures
+        successes += weight * pair.now_correct
+        failures += weight * (pair.now_runs - pair.now_correct)
+    return _at_most(down, successes), _at_most(up, failures)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The test's p-values on one comparison: ``flip`` (statistic 1), ``drop`` and
+    ``rise`` (statistic 2's two tails); ``p`` is the gate's: their combination, or with
+    one run a side (``mcnemar``, where both statistics are McNemar's) ``drop`` itself."""
+
+    flip: float
+    drop: float
+    rise: float
+    mcnemar: bool = False
+
+    @property
+    def p(self) -> float:
+        if self.mcnemar:
+            return self.drop
+        return min(1.0, self.flip / FLIP_SHARE, self.drop / (1.0 - FLIP_SHARE))
+
+
+def _mcnemar(pairs: Sequence[Pair]) -> bool:
+    """One run a side everywhere: both statistics are the exact McNemar test."""
+    return all(p.base_runs == 1 and p.now_runs == 1 for p in pairs)
+
+
+def evidence(pairs: Sequence[Pair]) -> Evidence:
+    """Both statistics' exact conditional p-values (see the module docstring)."""
+    drop, rise = rate_p_values(pairs)
+    if _mcnemar(pairs):
+        return Evidence(drop, drop, rise, mcnemar=True)
+    return Evidence(flip_p_value(pairs), drop, rise)
+
+
+def p_value(pairs: Sequence[Pair]) -> float:
+    """The gate's p-value (:attr:`Evidence.p`)."""
+    return evidence(pairs).p
+
+
+def difference(pairs: Sequence[Pair], confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(diff, low, high)``: the candidate's mean rate minus the baseline's over the
+    pairs, with its interval; the one estimate every line against a baseline shows.
+
+    Problems are the unit: with one run a side it is Newcombe's interval for paired
+    proportions (core/stats.py); with repeats, the normal interval of the mean of the
+    per-problem differences ``now_rate - base_rate``, whose variance ``Σ (δ_i - δ̄)² /
+    (n (n - 1))`` holds both sides' run-to-run noise and the problems' spread (the paired
+    t-interval, treating problems as the sampled unit)."""
+    n = len(pairs)
+    if n == 0:
+        return 0.0, -1.0, 1.0
+    if _mcnemar(pairs):
+        cells = Counter((p.base_correct, p.now_correct) for p in pairs)
+        return paired_difference_interval(
+            cells[1, 1], cells[1, 0], cells[0, 1], cells[0, 0], confidence
+        )
+    deltas = [p.now_rate - p.base_rate for p in pairs]
+    diff = math.fsum(deltas) / n
+    if n < 2:
+        return diff, -1.0, 1.0
+    var = math.fsum((x - diff) ** 2 for x in deltas) / (n * (n - 1))
+    half = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(var)
+    return diff, max(-1.0, diff - half), min(1.0, diff + half)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What the gate can see (:func:`reach`): the spread drop it detects with ``power``,
+    in problems and in points of the ``n`` problems, and how many candidate repeats would
+    bring that to one point with this baseline (None: none up to ``most``)."""
+
+    problems: float
+    points: float
+    power: float
+    repeats_for_one_point: int | None
+
+
+def reach(pairs: Sequence[Pair], alpha: float, power: float = 0.8, most: int = 100) -> Reach:
+    """The smallest drop the test detects with ``power`` at level ``alpha``, for the least
+    favourable shape (a drop spread over the noisy problems; see the module docstring)."""
+    n = len(pairs)
+    if n == 0:
+        return Reach(0.0, 0.0, power, None)
+    level = alpha if _mcnemar(pairs) else (1.0 - FLIP_SHARE) * alpha
     normal = NormalDist()
-    z_alpha, z_power = normal.inv_cdf(1.0 - alpha), normal.inv_cdf(power)
-    alone = math.ceil(math.log(1.0 / alpha) / math.sqrt(weight) - 1e-9)
-    shift = weight - mean_f
-    for m in range(1, len(pairs) + 1):
-        if m * shift >= z_alpha * math.sqrt(var + m * var_f) + z_power * math.sqrt(var):
-            return max(m, alone)
-    return len(pairs) + 1
+    z = normal.inv_cdf(1.0 - level) + normal.inv_cdf(power)
+    base_share = now_share = 0.0
+    for pair in pairs:
+        runs = pair.base_runs + pair.now_runs
+        total = pair.base_correct + pair.now_correct
+        v = total * (runs - total) / (runs * (runs - 1))
+        base_share += v / pair.base_runs
+        now_share += v / pair.now_runs
+    before = max(p.base_runs for p in pairs)
+
+    def drop(now_share: float, after: int) -> float:
+        # m problems failing every candidate run from K of K alone: p = C(K + L, L)^-m
+        alone = math.ceil(
+            math.log(1.0 / level) / -math.log(hypergeometric_pmf(before, before, after)[0])
+        )
+        return max(z * math.sqrt(base_share + now_share), float(alone))
+
+    after = max(p.now_runs for p in pairs)
+    problems = drop(now_share, after)
+    plain = now_share * after  # Σ v_i at one candidate run
+    enough = next((r for r in range(1, most + 1) if drop(plain / r, r) <= n / 100), None)
+    return Reach(problems, 100 * problems / n, power, enough)

@@ -34,14 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pytest_gsm8k.core import jsondepth
+from pytest_gsm8k.core import calibrated, jsondepth
 from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference
 from pytest_gsm8k.core.calibrated import Pair
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.markdown import cell_code, gate_table, problem_list
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA
 from pytest_gsm8k.core.scrub import md_text
-from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
 __all__ = [
     "MAX_CONFIGS",
@@ -270,9 +269,6 @@ def compare(
         raise CompareError(f"refused to compare {where_a} with {where_b}: {difference}")
     in_a, in_b = _records(a), _records(b)
     common = sorted((in_a[pid] for pid in in_a.keys() & in_b.keys()), key=_order)
-    cells = {"both": 0, "a_only": 0, "b_only": 0, "neither": 0}
-    failing: list[str] = []
-    passing: list[str] = []
     pairs: list[Pair] = []
     errors_a = errors_b = 0
     for record in common:
@@ -282,20 +278,7 @@ def compare(
             errors_a += _errored(then)
             errors_b += _errored(now)
             continue
-        # the baseline gate's rule: noise-aware where a report carries --gsm8k-repeats (each
-        # side's K outcomes), exact McNemar for one run a side
         pairs.append(Pair(pid, *_runs(then), *_runs(now)))
-        was, is_ = bool(then["correct"]), bool(now["correct"])
-        if was and is_:
-            cells["both"] += 1
-        elif was:
-            cells["a_only"] += 1
-            failing.append(pid)
-        elif is_:
-            cells["b_only"] += 1
-            passing.append(pid)
-        else:
-            cells["neither"] += 1
     shared = len(pairs)
     errors = len(common) - shared
     if shared == 0:
@@ -305,9 +288,10 @@ def compare(
             else "no problem id in common"
         )
         raise CompareError(f"nothing to compare in {where_a} and {where_b}: {why}")
-    diff, low, high = paired_difference_interval(
-        cells["both"], cells["a_only"], cells["b_only"], cells["neither"]
-    )
+    # like with like: each side's mean rate over every run it holds (its --gsm8k-repeats
+    # outcomes, else its one run), one estimate of their difference; the verdict is the
+    # baseline gate's rule (noise-aware, exact McNemar for one run a side)
+    diff, low, high = calibrated.difference(pairs)
     verdict = NoiseAware(alpha, name="compare", option="--alpha").verdict(pairs)
     undecided = None
     if errors and verdict.passed:
@@ -322,18 +306,20 @@ def compare(
     config = a.get("config")
     return Comparison(
         label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
-        a=_side("A", where_a, a, (cells["both"] + cells["a_only"]) / shared),
-        b=_side("B", where_b, b, (cells["both"] + cells["b_only"]) / shared),
+        a=_side("A", where_a, a, sum(x.base_rate for x in pairs) / shared),
+        b=_side("B", where_b, b, sum(x.now_rate for x in pairs) / shared),
         shared=shared,
         only_a=len(in_a.keys() - in_b.keys()),
         only_b=len(in_b.keys() - in_a.keys()),
         errors=errors,
-        newly_failing=tuple(failing),
-        newly_passing=tuple(passing),
+        newly_failing=tuple(x.problem_id for x in pairs if x.failing),
+        newly_passing=tuple(
+            x.problem_id for x in pairs if x.base_correct < x.base_runs and x.now_correct > 0
+        ),
         diff=diff,
         low=low,
         high=high,
-        p_value=mcnemar_one_sided(len(failing), len(passing)),
+        p_value=calibrated.p_value(pairs),
         verdict=verdict,
         undecided=undecided,
         config=str(config.get("name") or "") if isinstance(config, Mapping) else "",
@@ -460,7 +446,7 @@ def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> 
         "",
         f"Difference B - A: {result.diff:+.4f} [95% CI {result.low:+.4f}, {result.high:+.4f}]; "
         f"{len(result.newly_failing)} newly failing, {len(result.newly_passing)} newly passing; "
-        f"McNemar one-sided p={result.p_value:.4g} (B worse than A).",
+        f"one-sided p={result.p_value:.4g} (B worse than A; the gate's test).",
         "",
     ]
     lines += gate_table([result.verdict])

@@ -57,7 +57,11 @@ Python version and machine.
 Gate semantics: the rules are :mod:`pytest_gsm8k.core.gates`' (one place), as
 integer thresholds on a count, so every comparison here is exact:
 
-* min-acc: PASS iff X >= ``MinAcc.need(N)``, X the correct answers over all N.
+* min-acc: PASS iff X >= ``MinAcc.need(N)``, X the correct answers over all N. With
+  ``--gsm8k-repeats K`` (``repeats``) X counts correct *answers* over all N K (test@1 is
+  their mean, as at the end of the run): each problem adds 0..K, the certain bounds scale
+  by K and the sequential tests take values in {0..K} (scale K, the non-binary bet). The
+  floor and the health gates (answers *not* of the outcome) likewise.
 * a vLLM config's floor (``--gsm8k-config``; ``ToleranceFloor``, gate ``vllm-threshold``):
   PASS iff X >= ``ToleranceFloor.need(N)``, the same count gate as min-acc at
   ``accuracy_threshold - tolerance``.
@@ -337,6 +341,9 @@ class _CountGate:
     fail_test: _WorTest | None = None
     pass_test: _WorTest | None = None
     baseline_total: int = 0
+    #: answers per item (``--gsm8k-repeats``; unpaired gates): X counts correct answers, each
+    #: item adds 0..runs, and ``need`` is in answers
+    runs: int = 1
 
     def start_tests(self) -> None:
         scale = 2 if self.paired else 1
@@ -359,16 +366,17 @@ class _CountGate:
                 False,
             )
         else:
-            self.fail_test = _WorTest(self.size, scale, self.need, False, self.alpha, True)
-            self.pass_test = _WorTest(self.size, scale, self.need - 1, True, self.alpha, True)
+            binary = self.runs == 1
+            self.fail_test = _WorTest(self.size, self.runs, self.need, False, self.alpha, binary)
+            self.pass_test = _WorTest(self.size, self.runs, self.need - 1, True, self.alpha, binary)
 
     def value_of(self, pid: str, correct: bool) -> int:
         return self.baseline[pid] - int(correct) + 1 if self.paired else int(correct)
 
     def certain(self) -> Verdict | None:
-        return count_certain(self.correct, self.seen, self.size, self.need)
+        return count_certain(self.correct, self.seen * self.runs, self.size * self.runs, self.need)
 
-    def add(self, value: int, correct: bool) -> Verdict | None:
+    def add(self, value: int, correct: int) -> Verdict | None:
         """Count one outcome; the verdict if certain or (with tests) sequentially decided."""
         self.correct += int(correct)
         self.seen += 1
@@ -387,7 +395,7 @@ class _CountGate:
 
     def count_bounds(self) -> tuple[int, int]:
         """Exact range of the final count X."""
-        return self.correct, self.correct + self.size - self.seen
+        return self.correct, self.correct + (self.size - self.seen) * self.runs
 
     def count_interval(self) -> tuple[int, int]:
         """Anytime-valid bounds on X: each end a one-sided (1 - alpha) bound, in the exact range.
@@ -400,7 +408,7 @@ class _CountGate:
         low, high = self.count_bounds()
         if self.fail_test is None:
             return low, high
-        scale = 2 if self.paired else 1
+        scale = 2 if self.paired else self.runs
         values = self.values
         if self.paired:
             # X = B + M - total; "X >= k" <=> total <= B + M - k (bet up)
@@ -428,10 +436,10 @@ class _CountGate:
         else:
 
             def keeps_high(k: int) -> bool:
-                return not _rejects(values, self.size, scale, k, False, self.alpha, True)
+                return not _rejects(values, self.size, scale, k, False, self.alpha, scale == 1)
 
             def keeps_low(k: int) -> bool:
-                return not _rejects(values, self.size, scale, k, True, self.alpha, True)
+                return not _rejects(values, self.size, scale, k, True, self.alpha, scale == 1)
 
         # kept sets: {k <= top} for the upper end, {k >= bottom} for the lower end
         top = _bisect_last(low, high, keeps_high) if keeps_high(low) else low
@@ -581,7 +589,9 @@ class EarlyStop:
             if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
                 raise ValueError("order must be a permutation of ids")
         self._position = {pid: i for i, pid in enumerate(self.order)}
-        self._arrived: dict[int, tuple[bool, str | None]] = {}
+        self._arrived: dict[int, tuple[bool, str | None, tuple[str, ...]]] = {}
+        #: answers per problem (--gsm8k-repeats): the count gates count answers
+        self.repeats = repeats
         self._next = 0  # next position of the order to feed (sequential)
         self.observed = 0
         self.decision: Decision | None = None
@@ -601,14 +611,14 @@ class EarlyStop:
                 raise ValueError("no problem id in common with the baseline")
         counted: list[tuple[str, float, int]] = []
         if min_acc is not None:
-            counted.append(("min-acc", min_acc, MinAcc(min_acc).need(self.n_total)))
+            counted.append(("min-acc", min_acc, MinAcc(min_acc).need(self.n_total * repeats)))
         if floor is not None:
-            counted.append((FLOOR, floor.floor, floor.need(self.n_total)))
+            counted.append((FLOOR, floor.floor, floor.need(self.n_total * repeats)))
         tested = len(counted) + (baseline is not None and noise_aware is None)
         tested += len(health)
         self.gate_alpha = alpha / max(tested, 1)
         for name, threshold, need in counted:
-            gate = _CountGate(name, self.n_total, need, self.gate_alpha, paired=False)
+            gate = _CountGate(name, self.n_total, need, self.gate_alpha, paired=False, runs=repeats)
             if sequential:
                 gate.start_tests()
             self._accuracy[name] = (threshold, gate)
@@ -643,7 +653,12 @@ class EarlyStop:
             if spec.name in self._verdicts:
                 raise ValueError(f"gate {spec.name} given twice")
             gate = _CountGate(
-                spec.name, self.n_total, spec.need(self.n_total), self.gate_alpha, paired=False
+                spec.name,
+                self.n_total,
+                spec.need(self.n_total * repeats),
+                self.gate_alpha,
+                paired=False,
+                runs=repeats,
             )
             if sequential:
                 gate.start_tests()
@@ -678,12 +693,19 @@ class EarlyStop:
             self.decision = Decision(self.observed, dict(self._verdicts), dict(self._how))
 
     def observe(
-        self, problem_id: str, correct: bool, outcome: str | None = None
+        self,
+        problem_id: str,
+        correct: bool,
+        outcome: str | None = None,
+        answers: Sequence[str] = (),
     ) -> Decision | None:
         """Record one problem's outcome (any arrival order); the Decision once the run may stop.
 
         ``outcome`` (``correct``, ``wrong``, ``unparsed``, ``truncated``, ``error``) is
         needed by the health gates only; with one of them, None is refused (ValueError).
+        ``answers``: with ``repeats`` above 1, the outcomes of the problem's answers (the
+        count gates count answers, as the end of the run does; none: ``outcome`` for each,
+        as for an error, which is the whole item's).
 
         Sequential mode feeds the statistics only the contiguous prefix of
         ``order`` that has arrived (buffering the rest), so the CS stays valid
@@ -698,22 +720,27 @@ class EarlyStop:
         if self.decision is not None:
             return self.decision
         if self.mode == "certain":
-            self._arrived[position] = (correct, outcome)
-            self._feed(problem_id, correct, outcome)
+            self._arrived[position] = (correct, outcome, tuple(answers))
+            self._feed(problem_id, correct, outcome, answers)
             return self.decision
-        self._arrived[position] = (correct, outcome)
+        self._arrived[position] = (correct, outcome, tuple(answers))
         while self._next in self._arrived and self.decision is None:
-            ok, kind = self._arrived.pop(self._next)
+            ok, kind, given = self._arrived.pop(self._next)
             pid = self.order[self._next]
             self._next += 1
-            self._feed(pid, ok, kind)
+            self._feed(pid, ok, kind, given)
         return self.decision
 
-    def _feed(self, pid: str, correct: bool, outcome: str | None = None) -> None:
+    def _feed(
+        self, pid: str, correct: bool, outcome: str | None = None, answers: Sequence[str] = ()
+    ) -> None:
         self.observed += 1
         how = "certain" if self.mode == "certain" else "sequential"
+        runs = self.repeats
+        answers = list(answers or ()) or [outcome or ("correct" if correct else "wrong")] * runs
+        right = answers.count("correct") if runs > 1 else int(correct)
         for name, (_, gate) in self._accuracy.items():
-            verdict = gate.add(int(correct), correct)
+            verdict = gate.add(right, right)
             self._record(name, verdict, "certain" if gate.certain() else how)
         if self._base is not None and pid in self._base.baseline:
             gate = self._base
@@ -722,8 +749,8 @@ class EarlyStop:
         if self._noise is not None and pid in self._noise.baseline:
             self._record("baseline", self._noise.add(pid, correct), "certain")
         for name, (spec, gate) in self._health.items():
-            clean = outcome != spec.outcome
-            verdict = gate.add(int(clean), clean)
+            clean = runs - answers.count(spec.outcome) if runs > 1 else int(outcome != spec.outcome)
+            verdict = gate.add(clean, clean)
             self._record(name, verdict, "certain" if gate.certain() else how)
         self._check_done()
 
@@ -733,7 +760,7 @@ class EarlyStop:
         out: dict[str, Any] = {"verdict": self._verdicts[name], "how": self._how.get(name)}
         if name in self._health:
             spec, gate = self._health[name]
-            n = gate.size
+            n = gate.size * gate.runs
             low, high = gate.count_bounds()
             # the gate counts the problems NOT of the outcome; its bounds, turned around
             out.update(
@@ -741,7 +768,7 @@ class EarlyStop:
                 threshold=spec.rate,
                 allowed=spec.allowed(n),
                 observed=gate.seen,
-                count=gate.seen - gate.correct,
+                count=gate.seen * gate.runs - gate.correct,
                 bounds=[(n - high) / n, (n - low) / n],
             )
             if gate.fail_test is not None:
@@ -749,7 +776,7 @@ class EarlyStop:
                 out["interval"] = [(n - hi) / n, (n - lo) / n]
         elif name in self._accuracy:
             threshold, gate = self._accuracy[name]
-            n = gate.size
+            n = gate.size * gate.runs
             low, high = gate.count_bounds()
             out.update(
                 threshold=threshold,

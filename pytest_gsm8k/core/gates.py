@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from pytest_gsm8k.core.calibrated import Pair, p_value
+from pytest_gsm8k.core.calibrated import Pair, difference, evidence, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
 from pytest_gsm8k.core.scrub import printable
 
@@ -38,6 +38,8 @@ __all__ = [
     "ToleranceFloor",
     "Verdict",
     "count_certain",
+    "difference_words",
+    "failing_words",
     "max_drop_count",
     "max_share_count",
     "min_acc_count",
@@ -172,7 +174,9 @@ class MinAcc:
     def passes(self, correct: int, n: int) -> bool:
         return n > 0 and correct >= self.need(n)
 
-    def verdict(self, correct: int, n: int, label: str) -> GateVerdict:
+    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
+        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``, whose
+        accuracy is the mean over every answer)."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -183,10 +187,11 @@ class MinAcc:
                 None,
                 self.threshold,
             )
-        passed = self.passes(correct, n)
-        accuracy = correct / n
+        passed = self.passes(correct, n * runs)
+        accuracy = correct / (n * runs)
+        every = f", mean of {runs} answers each" if runs > 1 else ""
         detail = (
-            f"accuracy {accuracy:.4f} ({label}, n={n}) "
+            f"accuracy {accuracy:.4f} ({label}, n={n}{every}) "
             f"{'>=' if passed else 'is below'} {self.option} {self.threshold:g}"
         )
         return GateVerdict(self.name, "min-acc", passed, detail, accuracy, self.threshold)
@@ -217,7 +222,8 @@ class ToleranceFloor:
     def need(self, n: int) -> int:
         return min_acc_count(self.floor, n)
 
-    def verdict(self, correct: int, n: int, label: str) -> GateVerdict:
+    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
+        """``correct`` of the ``n * runs`` answers, as :meth:`MinAcc.verdict`."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -227,8 +233,8 @@ class ToleranceFloor:
                 None,
                 self.floor,
             )
-        passed = correct >= self.need(n)
-        accuracy = correct / n
+        passed = correct >= self.need(n * runs)
+        accuracy = correct / (n * runs)
         detail = (
             f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} "
             f"accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} "
@@ -269,9 +275,29 @@ class MaxDrop:
 
 def _drop(pairs: Sequence[Pair]) -> float:
     """Mean baseline rate minus mean candidate rate over the pairs (0 without pairs)."""
-    if not pairs:
-        return 0.0
-    return math.fsum(p.base_rate - p.now_rate for p in pairs) / len(pairs)
+    return -difference(pairs)[0] if pairs else 0.0
+
+
+def failing_words(pairs: Sequence[Pair]) -> str:
+    """The problems failing now, in counts that add up: against a single-run baseline
+    newly failing and newly passing (it cannot tell stable from noisy); against a
+    calibrated one the failing split into stable (right in every baseline run) and noisy."""
+    failing = [x for x in pairs if x.failing]
+    runs = max((x.base_runs for x in pairs), default=1)
+    if runs == 1:
+        passing = sum(1 for x in pairs if x.base_correct == 0 and x.now_correct > 0)
+        return f"{len(failing)} newly failing, {passing} newly passing"
+    stable = sum(1 for x in failing if x.stable_flip)
+    return (
+        f"{len(failing)} newly failing: {stable} stable (right in all {runs} baseline runs), "
+        f"{len(failing) - stable} noisy"
+    )
+
+
+def difference_words(pairs: Sequence[Pair]) -> str:
+    """The one estimate of the difference against a baseline, as every line shows it."""
+    diff, low, high = difference(pairs)
+    return f"diff {100 * diff:+.2f} points [95% CI {100 * low:+.2f}, {100 * high:+.2f}]"
 
 
 @dataclass(frozen=True)
@@ -281,8 +307,8 @@ class NoiseAware:
     level ``alpha`` AND its mean drop exceeds ``max_drop`` (the allowed drop on top).
 
     Against a single-run baseline with a single candidate run the test is the exact
-    one-sided McNemar test; against ``--gsm8k-repeats K`` it weighs each problem by how
-    surprising its failure is given its K runs.
+    one-sided McNemar test; against ``--gsm8k-repeats K`` it combines a statistic on the
+    stable problems that break with one on the mean rate difference.
     """
 
     alpha: float
@@ -293,30 +319,57 @@ class NoiseAware:
     def _fails(self, p: float, drop: float) -> bool:
         return p < self.alpha and drop > self.max_drop + DROP_TOLERANCE
 
+    def can_fail(self, pairs: Sequence[Pair]) -> bool:
+        """Whether any candidate outcome could FAIL this gate on these problems: the
+        smallest attainable p (every candidate run wrong) is below alpha. A gate that
+        cannot fail at this size decides nothing."""
+        worst = [Pair(x.problem_id, x.base_correct, x.base_runs, 0, x.now_runs) for x in pairs]
+        return p_value(worst) < self.alpha
+
     def verdict(self, pairs: Sequence[Pair]) -> GateVerdict:
-        p = p_value(pairs)
+        seen = evidence(pairs)
+        p = seen.p
         drop = _drop(pairs)
-        passed = not self._fails(p, drop)
-        stable = sum(1 for x in pairs if x.stable_flip)
-        noisy = sum(1 for x in pairs if x.stability == "noisy" and x.now_correct < x.now_runs)
         runs = max((x.base_runs for x in pairs), default=1)
         how = (
             "exact McNemar"
-            if runs == 1 and all(x.now_runs == 1 for x in pairs)
-            else f"noise-aware, baseline {runs} runs per problem"
+            if seen.mcnemar
+            else f"noise-aware, baseline {runs} run{'s' if runs != 1 else ''} per problem"
         )
+        words = f"{failing_words(pairs)}; {difference_words(pairs)}"
+        if not self.can_fail(pairs):
+            return GateVerdict(
+                self.name,
+                "noise-aware",
+                False,
+                f"undecided: the test cannot fail on {len(pairs)} problems (its smallest p is "
+                f"not below {self.option} {self.alpha:g}); compare more problems ({words})",
+                p,
+                self.alpha,
+            )
+        passed = not self._fails(p, drop)
         clause = f"p={p:.3g} {'<' if p < self.alpha else '>='} {self.option} {self.alpha:g}"
         if p < self.alpha and self.max_drop > 0:
             clause += (
                 f", drop {100 * drop:.2f} points {'>' if not passed else '<='} "
                 f"--gsm8k-max-drop {self.max_drop:g}"
             )
-        detail = (
-            f"{clause} ({how}): {stable} always-right problem{'s' if stable != 1 else ''} "
-            f"failing now, {noisy} noisy one{'s' if noisy != 1 else ''} failing; "
-            f"accuracy drop {100 * drop:.2f} points"
+        return GateVerdict(
+            self.name, "noise-aware", passed, f"{clause} ({how}): {words}", p, self.alpha
         )
-        return GateVerdict(self.name, "noise-aware", passed, detail, p, self.alpha)
+
+    def rise(self, pairs: Sequence[Pair]) -> str | None:
+        """The warning for a rise noise cannot explain (the other tail below alpha), or None:
+        it never fails the gate, but a better score than the baseline's noise allows is
+        more often a changed measurement than a better model."""
+        p = evidence(pairs).rise
+        if p >= self.alpha:
+            return None
+        return (
+            f"WARNING: better than the baseline beyond its noise (p={p:.3g} < {self.option} "
+            f"{self.alpha:g}; {difference_words(pairs)}): check for a changed prompt or "
+            "extractor, the wrong model or endpoint, or contamination before trusting it"
+        )
 
     def certain(
         self, seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]
@@ -324,14 +377,17 @@ class NoiseAware:
         """The verdict when no outcome of the ``unseen`` problems (``(id, base_correct,
         base_runs)``, one candidate run each) could change it, else None.
 
-        Exact for single candidate runs: ``p`` can only fall with each further failure
-        (core/calibrated.py), and the drop only grow, so "all unseen fail" and "all
-        unseen succeed" are the extremes. With repeats on the candidate (``now_runs >
-        1``) ``p`` is not monotone and the gate waits for the end (None).
+        Exact for single candidate runs: both statistics' p can only fall with each further
+        failure (core/calibrated.py), and the drop only grow, so "all unseen fail" and "all
+        unseen succeed" are the extremes. With repeats on the candidate (``now_runs > 1``)
+        ``p`` is not monotone and the gate waits for the end (None); a gate that cannot
+        fail at this size is never certain (its verdict is undecided, at the end).
         """
         if any(x.now_runs != 1 for x in seen):
             return None
         worst = [*seen, *(Pair(i, c, k, 0, 1) for i, c, k in unseen)]
+        if not self.can_fail(worst):
+            return None
         if not self._fails(p_value(worst), _drop(worst)):
             return "PASS"
         best = [*seen, *(Pair(i, c, k, 1, 1) for i, c, k in unseen)]
@@ -384,7 +440,9 @@ class MaxShare:
     def passes(self, count: int, n: int) -> bool:
         return n > 0 and count <= self.allowed(n)
 
-    def verdict(self, count: int, n: int) -> GateVerdict:
+    def verdict(self, count: int, n: int, runs: int = 1) -> GateVerdict:
+        """``count`` of the ``n * runs`` answers have the outcome (``runs``:
+        ``--gsm8k-repeats``, where every answer counts, as for the accuracy)."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -394,11 +452,13 @@ class MaxShare:
                 None,
                 self.rate,
             )
-        passed = self.passes(count, n)
-        share = count / n
+        total = n * runs
+        passed = self.passes(count, total)
+        share = count / total
+        what = f"{total} answers" if runs > 1 else f"{n} problems"
         detail = (
-            f"{share:.1%} of {n} problems {_HEALTH_WORDS[self.outcome]} ({count}; "
-            f"{self.allowed(n)} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
+            f"{share:.1%} of {what} {_HEALTH_WORDS[self.outcome]} ({count}; "
+            f"{self.allowed(total)} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
         )
         return GateVerdict(self.name, self.name, passed, detail, share, self.rate)
 

@@ -582,10 +582,10 @@ def _baseline_card(comparison: _Comparison) -> str:
             f"{len(base.get('newly_passing') or [])} newly passing",
         ),
     ]
-    if "stable_flips" in base:
+    runs = (base.get("repeats") or {}).get("baseline", 1)
+    if "stable_flips" in base and isinstance(runs, int) and runs > 1:
         stability = base.get("stability") or {}
         drop = base.get("detectable_drop") or {}
-        runs = (base.get("repeats") or {}).get("baseline", 1)
         items += [
             (
                 "noise-aware",
@@ -601,7 +601,8 @@ def _baseline_card(comparison: _Comparison) -> str:
             ),
             (
                 "failing now",
-                f"{len(base.get('stable_flips') or [])} stable flips (listed first), "
+                f"{len(base.get('newly_failing') or [])} newly failing: "
+                f"{len(base.get('stable_flips') or [])} stable (listed first), "
                 f"{len(base.get('noisy_failing') or [])} noisy",
             ),
         ]

@@ -5,6 +5,7 @@ about 13 problems and frequently within noise.  A regression gate that
 compares raw accuracies would flap; these helpers quantify the noise instead:
 
 * :func:`wilson_interval` -- confidence interval for one accuracy;
+* :func:`clustered_interval` -- the same for a mean over repeated answers per problem;
 * :func:`pass_at_k` -- unbiased pass@k from n samples per problem;
 * :func:`mcnemar_one_sided` -- exact test for "the new run is worse" using
   only the problems whose outcome changed;
@@ -17,9 +18,11 @@ Pure logic, standard library only, no pytest imports.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
 
 __all__ = [
+    "clustered_interval",
     "hypergeometric_pmf",
     "mcnemar_one_sided",
     "paired_difference_interval",
@@ -35,7 +38,7 @@ def _z_value(confidence: float) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
 
 
-def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
+def _wilson(k: float, n: float, z: float) -> tuple[float, float]:
     """Wilson score interval for ``k`` successes out of ``n > 0`` at quantile ``z``."""
     p = k / n
     z2 = z * z
@@ -66,6 +69,34 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     if n == 0:
         return 0.0, 1.0
     return _wilson(k, n, z)
+
+
+def clustered_interval(
+    rates: Sequence[float], runs: int, confidence: float = 0.95
+) -> tuple[float, float]:
+    """Interval for the mean of per-problem rates (``--gsm8k-repeats``: each problem right
+    in some of its ``runs`` answers), the problems being the unit.
+
+    The answers of one problem are not independent draws of the accuracy (a problem right
+    at rate 0.9 is one problem, not nine tenths of ``runs`` of them), so a Wilson interval
+    over every answer would be too narrow. The variance of the mean over problems,
+    ``V = Σ (r_i - p)² / n²``, gives the effective sample size ``n_eff = p (1 - p) / V``
+    (Kish's, between ``n`` and ``n · runs``), and the interval is Wilson's at ``n_eff``:
+    Korn & Graubard (1998), "Confidence intervals for proportions with small expected
+    number of positive counts estimated from survey data", Survey Methodology 24:193-201;
+    compared in Dean & Pagano (2015), "Evaluating confidence interval methods for binomial
+    proportions in clustered surveys", J. Survey Stat. Methodol. 3:484-503. With one run
+    per problem ``n_eff = n`` and it is exactly :func:`wilson_interval`.
+    """
+    n = len(rates)
+    z = _z_value(confidence)
+    if n == 0:
+        return 0.0, 1.0
+    p = math.fsum(rates) / n
+    var = math.fsum((r - p) ** 2 for r in rates) / (n * n)
+    most = n * max(1, runs)
+    effective = most if var <= 0.0 or p in (0.0, 1.0) else min(most, p * (1.0 - p) / var)
+    return _wilson(p * effective, effective, z)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

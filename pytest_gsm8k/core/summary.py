@@ -7,13 +7,12 @@ without xdist, because the inputs are the same records.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from pytest_gsm8k.core.dataset import describe_subset
-from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc
+from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc, ToleranceFloor
 from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.records import (
     OUTCOMES,
@@ -25,7 +24,7 @@ from pytest_gsm8k.core.records import (
 )
 from pytest_gsm8k.core.scoring import RULES
 from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.stats import pass_at_k, wilson_interval
+from pytest_gsm8k.core.stats import clustered_interval, pass_at_k, wilson_interval
 
 __all__ = ["REPORT_SCHEMA", "Summary"]
 
@@ -58,11 +57,30 @@ class Summary:
 
     @property
     def correct(self) -> int:
+        """Problems whose record is correct (with repeats: whose most common answer is)."""
         return sum(1 for r in self.records if r["correct"])
 
     @property
+    def runs(self) -> int:
+        """Answers per problem: ``--gsm8k-repeats K``'s K, else 1."""
+        return max((len(r.get("repeats") or ()) for r in self.records), default=0) or 1
+
+    def answers(self, record: ProblemRecord) -> list[str]:
+        """A record's answers' outcomes: its repeats, or its one outcome for each of the
+        run's answers (an error is the whole item's, every answer of it)."""
+        return list(record.get("repeats") or ()) or [record["outcome"]] * self.runs
+
+    @property
+    def answers_correct(self) -> int:
+        """Correct answers over every answer of the run (``correct`` without repeats)."""
+        if self.runs == 1:
+            return self.correct
+        return sum(int(r.get("repeats_correct") or 0) for r in self.records)
+
+    @property
     def accuracy(self) -> float:
-        return self.correct / self.n if self.n else 0.0
+        """test@1: the mean over every answer (with repeats, never a majority of them)."""
+        return self.answers_correct / (self.n * self.runs) if self.n else 0.0
 
     @property
     def answered(self) -> int:
@@ -71,36 +89,26 @@ class Summary:
         return self.n - self.counts()["error"]
 
     def interval(self) -> tuple[float, float]:
-        return wilson_interval(self.correct, self.n)
+        """Wilson's interval; with repeats, Wilson's at the effective number of problems
+        (core/stats.py ``clustered_interval``: the problems are the unit, not the answers)."""
+        if self.runs == 1:
+            return wilson_interval(self.correct, self.n)
+        k = self.runs
+        return clustered_interval([int(r.get("repeats_correct") or 0) / k for r in self.records], k)
 
     def repeats(self) -> dict[str, object] | None:
-        """With ``--gsm8k-repeats K``: the mean accuracy over all K answers of each problem.
-
-        Each problem's record (and so the headline, the counts and the gates) takes the most
-        common of its K answers, which for a problem right with rate r is not r: a run that
-        asks K times must also say the plain per-answer rate, the test@1 estimate. Its 95%
-        interval is over problems (the mean of per-problem rates, normal approximation),
-        since the K answers of one problem are not independent of each other.
-        """
-        rates = [
-            int(r["repeats_correct"]) / len(r["repeats"])
-            for r in self.records
-            if r.get("repeats") and r["outcome"] != "error"
-        ]
-        if not rates:
+        """With ``--gsm8k-repeats K``: K, the answers, the mean over every answer (the
+        headline's test@1, with its interval over problems) and maj@K, the accuracy of
+        each problem's most common answer (what the outcome counts count)."""
+        if self.runs == 1:
             return None
-        k = max(len(r.get("repeats") or ()) for r in self.records)
-        mean = math.fsum(rates) / len(rates)
-        spread = 0.0
-        if len(rates) > 1:
-            var = math.fsum((x - mean) ** 2 for x in rates) / (len(rates) - 1)
-            spread = 1.959964 * math.sqrt(var / len(rates))
-        answers = sum(len(r.get("repeats") or ()) for r in self.records)
+        low, high = self.interval()
         return {
-            "per_problem": k,
-            "answers": answers,
-            "mean_accuracy": round(mean, 6),
-            "ci95": [round(max(0.0, mean - spread), 6), round(min(1.0, mean + spread), 6)],
+            "per_problem": self.runs,
+            "answers": self.n * self.runs,
+            "mean_accuracy": round(self.accuracy, 6),
+            "ci95": [round(low, 6), round(high, 6)],
+            "majority_accuracy": round(self.correct / self.n, 6) if self.n else 0.0,
         }
 
     def counts(self) -> dict[str, int]:
@@ -223,11 +231,16 @@ class Summary:
         self.gates = [g for c in self.configs for g in c.gates]
 
     def gate_min_acc(self, min_acc: float) -> GateVerdict:
-        return self.set_gate(MinAcc(min_acc).verdict(self.correct, self.n, self.label))
+        return self.set_gate(self.gate_min_acc_by(MinAcc(min_acc)))
+
+    def gate_min_acc_by(self, spec: MinAcc | ToleranceFloor, label: str = "") -> GateVerdict:
+        """A floor's verdict on the headline's accuracy: every answer counts (repeats too)."""
+        return spec.verdict(self.answers_correct, self.n, label or self.label, self.runs)
 
     def gate_share(self, spec: MaxShare) -> GateVerdict:
-        """An answer-format health gate on the run's outcome counts."""
-        return self.set_gate(spec.verdict(self.counts()[spec.outcome], self.n))
+        """An answer-format health gate on the run's answers (with repeats: every answer)."""
+        count = sum(self.answers(r).count(spec.outcome) for r in self.records)
+        return self.set_gate(spec.verdict(count, self.n, self.runs))
 
     def chat_hint(self) -> str | None:
         """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
@@ -366,12 +379,12 @@ class Summary:
             out.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in pass_at.items()))
         repeats = self.repeats()
         if repeats is not None:
-            low, high = cast(list[float], repeats["ci95"])
+            k = self.runs
             out.append(
-                f"  repeats: {repeats['per_problem']} per problem ({repeats['answers']} answers): "
-                f"mean accuracy over every answer {cast(float, repeats['mean_accuracy']):.4f} "
-                f"[95% CI {low:.4f}-{high:.4f}]; the accuracy above and the gates' counts take "
-                "each problem's most common answer"
+                f"  repeats: {k} per problem ({repeats['answers']} answers): the accuracy above "
+                f"and the gates are the mean over every answer (interval over problems); "
+                f"maj@{k} (each problem's most common answer, what the outcomes count) "
+                f"{cast(float, repeats['majority_accuracy']):.4f}"
             )
         reported = self.reported_models()
         shown = (

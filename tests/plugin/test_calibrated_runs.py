@@ -102,7 +102,8 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
             f"*noise: baseline of 5 runs per problem: {calibration['stable_correct']} "
             f"stable-correct, {calibration['stable_wrong']} stable-wrong, "
             f"{calibration['noisy']} noisy (flip rate *); the gate detects a drop of * points "
-            f"or more (* problems; 80% power, n={LIMIT}, alpha=0.01)",
+            f"or more spread over the noisy problems (* problems; 80% power, n={LIMIT}, "
+            "alpha=0.01); *",
             "*gate baseline: PASS: p=* >= --gsm8k-alpha 0.01 (noise-aware, baseline 5 runs per "
             "problem)*",
         ]
@@ -121,14 +122,16 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     )
     assert result.ret == 1, output(result)
     lines = result.stdout.lines
-    stable_line = next(i for i, line in enumerate(lines) if "stable flips (right in every" in line)
+    stable_line = next(
+        i for i, line in enumerate(lines) if "newly failing, stable (right in all 5" in line
+    )
     assert lines[stable_line].split(": ", 1)[1].startswith(", ".join(dropped[:10]))
-    noisy_lines = [i for i, line in enumerate(lines) if "noisy problems failing now" in line]
+    noisy_lines = [i for i, line in enumerate(lines) if "newly failing, noisy (right" in line]
     assert all(i > stable_line for i in noisy_lines)
     result.stdout.fnmatch_lines(
         [
             "*gate baseline: FAIL: p=* < --gsm8k-alpha 0.01 (noise-aware, baseline 5 runs per "
-            "problem): 26 always-right problems failing now*"
+            "problem): * newly failing: 26 stable (right in all 5 baseline runs), * noisy; diff *"
         ]
     )
     data = report(pytester)
@@ -143,11 +146,12 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     assert keys.index("stable_flips") < keys.index("noisy_failing")
     markdown = (pytester.path / "s.md").read_text()
     stable_at = markdown.index("**Newly failing, stable (right in every baseline run) (26):**")
+    assert len(base["newly_failing"]) == 26 + len(base["noisy_failing"])  # counts add up
     assert markdown.index(f"`{dropped[0]}`") > stable_at
     if base["noisy_failing"]:
         assert markdown.index("**Newly failing, noisy (right in some baseline runs)") > stable_at
     page = (pytester.path / "p.html").read_text()
-    assert "26 stable flips (listed first)" in page
+    assert "26 stable (listed first)" in page
 
 
 def test_candidate_repeats_are_compared_as_a_mean(
@@ -254,3 +258,52 @@ def test_repeats_refusals_are_one_line(
     text = output(result)
     assert message in text, text
     assert "Traceback" not in text
+
+
+@XDIST
+def test_repeats_headline_and_min_acc_are_the_mean_over_every_answer(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """Issue 32, point 1: with --gsm8k-repeats K the headline, the report's accuracy and
+    --gsm8k-min-acc are test@1, the mean over every answer, not each problem's most common
+    answer (maj@K, named so). Point 2: against a calibrated baseline the baseline line
+    compares mean with mean, with the same diff and interval as the gate's line."""
+    server.set_script(_noisy())
+    args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
+    document = _record(pytester, args, xdist)
+    base = report(pytester, "base.json")
+    answers = [p["repeats"] for p in base["problems"]]
+    mean = sum(r.count("correct") for r in answers) / (5 * LIMIT)
+    majority = sum(1 for p in base["problems"] if p["correct"]) / LIMIT
+    assert mean != majority  # the noise makes them differ on this script
+    assert base["accuracy"] == pytest.approx(mean, abs=1e-12)
+    assert base["repeats"]["majority_accuracy"] == pytest.approx(majority, abs=1e-6)
+    assert f"= {mean:.4f}" in base["headline"]
+    low, high = base["ci95"]
+    assert low < mean < high
+    assert document["accuracy"] == pytest.approx(mean, abs=1e-6)
+    # a min-acc between the two: the mean decides, in the gate's own words
+    between = (mean + majority) / 2
+    result = pytester.runpytest(
+        *args, *xdist, "--gsm8k-repeats=5", f"--gsm8k-min-acc={between}", "--gsm8k-report=r.json"
+    )
+    out = output(result)
+    data = report(pytester)
+    shown = data["accuracy"]
+    assert (result.ret == 0) == (shown >= between), out
+    gate = next(g for g in data["gates"] if g["name"] == "min-acc")
+    assert gate["value"] == pytest.approx(shown)
+    assert "mean of 5 answers each" in gate["detail"]
+    result.stdout.fnmatch_lines(["*maj@5 (each problem's most common answer*"])
+    # like with like: the baseline line's diff is the gate's, one estimate, one interval
+    line = next(x for x in result.stdout.lines if "baseline __snapshots__" in x)
+    diff = line.split("; ", 1)[1]
+    assert diff.startswith("diff ")
+    assert "[95% CI " in diff
+    gate_line = next(x for x in result.stdout.lines if "gate baseline:" in x)
+    assert gate_line.endswith(diff)
+    assert data["baseline"]["current_accuracy"] == pytest.approx(shown, abs=1e-9)

@@ -252,7 +252,7 @@ def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
     out = output(worse)
     assert worse.ret == 1, out
     assert "gate Delta-3B:baseline: FAIL: p=" in out
-    assert "8 always-right problems failing now" in out
+    assert "newly failing: 8 stable (right in all" in out
     assert "gate Alpha-1B:baseline: PASS" in out
     blocks = {
         c["config"]["name"]: c["baseline"]
@@ -311,10 +311,12 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
     assert 'Alpha-1B: against its baseline <span class="badge pass">PASS</span>' in page
     assert "Gamma-7B: against its baseline" not in page
     assert "<dt>gate</dt><dd>noise-aware: p=" in page
-    assert "&lt; --gsm8k-alpha 0.01 (exact McNemar): 55 always-right problems failing now" in page
+    assert "&lt; --gsm8k-alpha 0.01 (exact McNemar): 55 newly failing, " in page
     assert "1.0000 \u2192 0.0833 on 60 problems" in page
     assert "0.9500 \u2192 1.0000 on 20 problems" in page
-    assert "55 stable flips (listed first), 0 noisy" in page
+    # single-run baselines: newly failing and passing, never "stable" (issue 32, point 5)
+    assert "55 newly failing, 0 newly passing" in page
+    assert "stable (listed first)" not in page
     # the configs card: each config's baseline column, as the terminal's table says it
     assert "<td>FAIL 1.0000 \u2192 0.0833</td>" in page
     assert "<td>PASS 0.9500 \u2192 1.0000</td>" in page
@@ -349,7 +351,7 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
     # the Markdown: each config's newly failing problems, bounded like a single run's list
     markdown = (pytester.path / "summary.md").read_text("utf-8")
     assert markdown.startswith("### gsm8k vLLM configs: 2 of 3 pass")
-    title = "**Delta-3B: newly failing, stable (right in every baseline run) (55):**"
+    title = "**Delta-3B: newly failing (55):**"
     assert title in markdown
     listed = markdown[markdown.index(title) :].split("\n\n")[1].splitlines()
     question = " ".join(load_split(None).problems[0].question.split())[:40]

@@ -10,11 +10,15 @@ import time
 import pytest
 
 from pytest_gsm8k.core.calibrated import (
+    FLIP_SHARE,
     RESOLUTION,
     Pair,
-    detectable_drop,
-    null_moments,
+    difference,
+    evidence,
+    flip_p_value,
     p_value,
+    rate_p_values,
+    reach,
     statistic,
 )
 from pytest_gsm8k.core.stats import mcnemar_one_sided
@@ -65,7 +69,7 @@ def _random_pairs(rng: random.Random, count: int, before: int, after: int) -> li
 def test_p_value_equals_brute_force_enumeration(seed: int) -> None:
     rng = random.Random(seed)
     pairs = _random_pairs(rng, rng.randint(1, 6), 5, 3)
-    assert p_value(pairs) == pytest.approx(_brute_p(pairs), rel=1e-9, abs=1e-12)
+    assert flip_p_value(pairs) == pytest.approx(_brute_p(pairs), rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +90,7 @@ def test_a_stable_problem_that_fails_weighs_more_than_a_noisy_one() -> None:
     assert noisy.score == round(RESOLUTION * math.log(2) ** 2)
     assert stable.score > noisy.score > rare.score > 0
     assert Pair("ok", 5, 5, 1, 1).score == 0
-    assert p_value([stable] * 3) < p_value([noisy] * 3)
+    assert flip_p_value([stable] * 3) < flip_p_value([noisy] * 3)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -111,34 +115,6 @@ def test_each_further_failure_can_only_lower_p(seed: int) -> None:
             assert p_value(lower) <= p_value(higher) + 1e-12
 
 
-def test_null_moments_match_the_exact_law() -> None:
-    pairs = [Pair("a", 3, 5, 0, 1), Pair("b", 2, 3, 1, 2), Pair("c", 5, 5, 0, 1)]
-    mean, var = null_moments(pairs)
-    # enumerate the same law by brute force
-    laws = []
-    for pair in pairs:
-        total = pair.base_correct + pair.now_correct
-        row = []
-        for d in range(pair.now_runs + 1):
-            prob = _hypergeom(total, pair.base_runs, pair.now_runs, d)
-            if prob > 0:
-                row.append(
-                    (
-                        Pair("x", total - d, pair.base_runs, d, pair.now_runs).score / RESOLUTION,
-                        prob,
-                    )
-                )
-        laws.append(row)
-    m1 = m2 = 0.0
-    for combo in itertools.product(*laws):
-        prob = math.prod(p for _, p in combo)
-        s = sum(v for v, _ in combo)
-        m1 += prob * s
-        m2 += prob * s * s
-    assert mean == pytest.approx(m1)
-    assert var == pytest.approx(m2 - m1 * m1)
-
-
 def test_the_p_value_is_valid_under_the_null_by_simulation() -> None:
     """Unchanged model, noisy problems: P(p < alpha) <= alpha (within simulation error)."""
     rng = random.Random(7)
@@ -161,7 +137,7 @@ def test_a_collapse_is_decided_by_a_bound_below_the_exact_tail() -> None:
         Pair(f"n{i}", 2, 5, i % 2, 1) for i in range(300)
     ]
     started = time.perf_counter()
-    p = p_value(pairs)
+    p = flip_p_value(pairs)
     assert 0.0 <= p < 1e-12
     assert time.perf_counter() - started < 10
 
@@ -185,41 +161,6 @@ def test_a_full_run_is_cheap() -> None:
     assert time.perf_counter() - started < 20
 
 
-def test_detectable_drop_single_runs_needs_a_handful() -> None:
-    pairs = [Pair(str(i), 1, 1, 1, 1) for i in range(1000)]
-    # nothing informative: only failures alone can reach alpha: 2^-m < 0.01 -> 7
-    assert detectable_drop(pairs, 0.01) == 7
-    noisy = pairs + [Pair(f"n{i}", i % 2, 1, 1 - i % 2, 1) for i in range(100)]
-    assert detectable_drop(noisy, 0.01) > 7
-
-
-def test_detectable_drop_has_the_power_it_claims_against_single_runs() -> None:
-    """Single runs make the test exact McNemar, whose power is simulated here directly.
-
-    1,000 stable-right problems and 132 flipping at p = 0.5 in every run: the drop the
-    function names must be caught in about 80% of reruns. A flipped problem is a discordant
-    pair the null expects to fall either way half the time, so it adds half its weight over
-    the null mean (the first version counted all of it, named 13 and had 15% power)."""
-    rng = random.Random(7)
-
-    def rerun() -> list[tuple[bool, bool]]:
-        return [(rng.random() < 0.5, rng.random() < 0.5) for _ in range(132)]
-
-    def unchanged() -> list[Pair]:
-        pairs = [Pair(f"n{i}", int(b), 1, int(n), 1) for i, (b, n) in enumerate(rerun())]
-        return pairs + [Pair(f"s{i}", 1, 1, 1, 1) for i in range(1000)]
-
-    def caught(drop: int) -> bool:
-        noise = rerun()
-        failing = sum(b and not n for b, n in noise) + drop
-        passing = sum(n and not b for b, n in noise)
-        return mcnemar_one_sided(failing, passing) < 0.01
-
-    named = sorted(detectable_drop(unchanged(), 0.01) for _ in range(9))[4]
-    assert 25 <= named <= 35
-    assert 700 <= sum(caught(named) for _ in range(1000)) <= 900
-
-
 def test_the_gate_fails_a_significant_drop_and_names_the_stable_flips() -> None:
     from pytest_gsm8k.core.gates import NoiseAware
 
@@ -229,7 +170,7 @@ def test_the_gate_fails_a_significant_drop_and_names_the_stable_flips() -> None:
     verdict = NoiseAware(0.01).verdict(pairs)
     assert not verdict.passed
     assert verdict.rule == "noise-aware"
-    assert "6 always-right problems failing now" in verdict.detail
+    assert "6 newly failing: 6 stable (right in all 5 baseline runs), 0 noisy" in verdict.detail
     assert verdict.value is not None
     assert verdict.value < 0.01
     # the same flips within an allowed drop of 10 points pass
@@ -269,51 +210,164 @@ def test_certain_agrees_with_every_completion(seed: int) -> None:
         assert claim is not None
 
 
-def _noisy_run(
-    rng: random.Random, n: int, before: int, drop: int, noisy: float = 0.1
-) -> list[Pair]:
-    """A model right on 90% of its problems, ``noisy`` of them flipping at p = 0.5 in every
-    run; the candidate is one run with ``drop`` always-right problems turned wrong."""
-    pairs = []
-    flipped = 0
-    for i in reversed(range(n)):
-        if i < noisy * n:
-            base = sum(rng.random() < 0.5 for _ in range(before))
-            now = int(rng.random() < 0.5)
-        elif i % 10 == 9:
-            base, now = 0, 0
-        else:
-            base, now = before, int(flipped >= drop)
-            flipped += 1 - now
-        pairs.append(Pair(f"p{i}", base, before, now, 1))
-    assert flipped == drop
-    return pairs
+def test_rate_statistic_null_by_hand() -> None:
+    """Three problems, K = 5, one candidate run: given its total ``t`` of 6 runs, a problem's
+    candidate run is right with probability t/6. a: t = 3 (1/2), b: t = 5 (5/6), c: t = 3
+    (1/2); one success observed (c). P(U <= 1) = P(U = 0) + P(U = 1) = 1/24 + (2/24 + 5/24)
+    = 1/3, and the other tail P(U >= 1) = 1 - 1/24."""
+    pairs = [Pair("a", 3, 5, 0, 1), Pair("b", 5, 5, 0, 1), Pair("c", 2, 5, 1, 1)]
+    drop, rise = rate_p_values(pairs)
+    assert drop == pytest.approx(1 / 3, rel=1e-12)
+    assert rise == pytest.approx(23 / 24, rel=1e-12)
+    seen = evidence(pairs)
+    assert seen.p == pytest.approx(min(1.0, seen.flip / FLIP_SHARE, drop / (1 - FLIP_SHARE)))
 
 
-@pytest.mark.parametrize("before", [1, 5])
-def test_detectable_drop_has_about_the_power_it_claims(before: int) -> None:
-    """The drop detectable_drop names is caught in about 80% of simulated reruns at its
-    alpha (the test itself, not its approximation), and half of it clearly less often: the
-    number printed is neither optimistic nor far too cautious. For one run a side the
-    formula once left out a flip's own null mean and printed half the drop McNemar needs."""
-    rng = random.Random(2024)
-    n, alpha = 400, 0.05
-    drop = detectable_drop(_noisy_run(rng, n, before, 0), alpha)
-    assert 2 <= drop <= 40
-
-    def power(m: int, reruns: int = 150) -> float:
-        hits = sum(p_value(_noisy_run(rng, n, before, m)) < alpha for _ in range(reruns))
-        return hits / reruns
-
-    assert 0.65 <= power(drop) <= 0.97
-    assert power(max(1, drop // 2)) < 0.6
+def test_rate_statistic_with_repeats_on_both_sides_by_hand() -> None:
+    """K = 2, L = 2, one problem with t = 2 of 4: D is hypergeometric, P(D = 0) = 1/6,
+    P(1) = 4/6, P(2) = 1/6. Observed D = 0: drop p = 1/6, rise p = 1."""
+    drop, rise = rate_p_values([Pair("a", 2, 2, 0, 2), Pair("same", 2, 2, 2, 2)])
+    assert drop == pytest.approx(1 / 6, rel=1e-12)
+    assert rise == pytest.approx(1.0, rel=1e-12)
 
 
-def test_detectable_drop_at_the_issues_numbers() -> None:
-    """n = 1319, alpha 0.01, 10% of problems noisy at p = 0.5: about 30 problems for a
-    single-run baseline (McNemar's own power), 8 with K = 5."""
-    rng = random.Random(1)
-    single = detectable_drop(_noisy_run(rng, 1319, 1, 0), 0.01)
-    calibrated = detectable_drop(_noisy_run(rng, 1319, 5, 0), 0.01)
-    assert 25 <= single <= 36
-    assert 6 <= calibrated <= 10
+@pytest.mark.parametrize("seed", range(20))
+def test_rate_p_values_equal_brute_force_enumeration(seed: int) -> None:
+    """Mixed K and L (integer weights 1/K + 1/L): both tails by enumerating every
+    candidate outcome with the same totals."""
+    rng = random.Random(300 + seed)
+    pairs = _random_pairs(rng, rng.randint(1, 5), 4, 3)
+
+    def rate_drop(pp: list[Pair]) -> float:
+        return sum(p.base_rate - p.now_rate for p in pp)
+
+    observed = rate_drop(pairs)
+    options = []
+    for pair in pairs:
+        total = pair.base_correct + pair.now_correct
+        row = []
+        for d in range(pair.now_runs + 1):
+            prob = _hypergeom(total, pair.base_runs, pair.now_runs, d)
+            if prob > 0:
+                row.append((Pair("x", total - d, pair.base_runs, d, pair.now_runs), prob))
+        options.append(row)
+    low = high = 0.0
+    for combo in itertools.product(*options):
+        prob = math.prod(p for _, p in combo)
+        value = rate_drop([x for x, _ in combo])
+        low += prob * (value >= observed - 1e-9)  # a drop at least as large: U* <= U_obs
+        high += prob * (value <= observed + 1e-9)
+    drop, rise = rate_p_values(pairs)
+    assert drop == pytest.approx(low, rel=1e-9, abs=1e-12)
+    assert rise == pytest.approx(high, rel=1e-9, abs=1e-12)
+
+
+def test_a_right_k_of_k_problem_is_not_certain() -> None:
+    """The null must not treat 5 of 5 as certain: 20 problems right 5 of 5 times, one
+    candidate miss among them (what a 0.97-rate problem does). Only that one is
+    informative: t = 5 of 6, P(D = 0) = 1/6 for both statistics, so p = (1/6) / (3/4)."""
+    pairs = [Pair(f"s{i}", 5, 5, int(i != 0), 1) for i in range(20)]
+    assert p_value(pairs) == pytest.approx(2 / 9, rel=1e-12)
+
+
+def test_the_rate_statistic_sees_a_spread_drop_the_flips_miss() -> None:
+    """400 noisy problems right 3 of 6 in the baseline; the candidate (6 runs) right 2 of 6
+    on each: no stable problem breaks, the mean rate fell 16.7 points."""
+    pairs = [Pair(f"n{i}", 3, 6, 2, 6) for i in range(400)]
+    seen = evidence(pairs)
+    assert seen.drop < 1e-6
+    assert seen.p < 0.01
+    assert seen.rise > 0.99
+
+
+def test_a_rise_warns_and_does_not_fail() -> None:
+    from pytest_gsm8k.core.gates import NoiseAware
+
+    pairs = [Pair(f"n{i}", 1, 5, 1, 1) for i in range(60)] + [
+        Pair(f"s{i}", 5, 5, 1, 1) for i in range(100)
+    ]
+    gate = NoiseAware(0.01)
+    assert gate.verdict(pairs).passed
+    warning = gate.rise(pairs)
+    assert warning is not None
+    assert "changed prompt or extractor" in warning
+    assert "contamination" in warning
+    assert gate.rise(pairs[60:]) is None
+
+
+def test_single_run_words_have_no_stable_flips() -> None:
+    """Against a single-run baseline there is no "always-right" and no stable flip; the
+    counts of newly failing and newly passing are the McNemar table's."""
+    from pytest_gsm8k.core.gates import NoiseAware
+
+    pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(5)] + [Pair("p", 0, 1, 1, 1)]
+    detail = NoiseAware(0.5).verdict(pairs).detail
+    assert "5 newly failing, 1 newly passing" in detail
+    assert "stable" not in detail
+    assert "always" not in detail
+    assert not any(p.stable_flip for p in pairs)
+
+
+def test_calibrated_counts_add_up() -> None:
+    pairs = [Pair("s", 3, 3, 0, 1), Pair("n", 2, 3, 0, 1), Pair("w", 0, 3, 0, 1)]
+    pairs += [Pair("ok", 3, 3, 1, 1)]
+    from pytest_gsm8k.core.gates import failing_words
+
+    assert failing_words(pairs) == (
+        "2 newly failing: 1 stable (right in all 3 baseline runs), 1 noisy"
+    )
+
+
+def test_difference_is_the_mean_rates_with_one_interval() -> None:
+    pairs = [Pair("a", 5, 5, 1, 2), Pair("b", 2, 5, 2, 2), Pair("c", 0, 5, 0, 2)]
+    diff, low, high = difference(pairs)
+    assert diff == pytest.approx(((0.5 - 1) + (1 - 0.4) + 0) / 3)
+    assert low < diff < high
+    # one run a side: Newcombe's paired interval, as core/stats.py computes it
+    from pytest_gsm8k.core.stats import paired_difference_interval
+
+    single = [Pair("a", 1, 1, 0, 1), Pair("b", 1, 1, 1, 1), Pair("c", 0, 1, 1, 1)]
+    assert difference(single) == paired_difference_interval(1, 1, 1, 0)
+
+
+def test_reach_by_hand_and_repeats_for_one_point() -> None:
+    """One run a side, 100 discordant pairs (t = 1 of 2: v = 1/2) among 1,000: sigma² =
+    100 * 1/2 * (1 + 1) = 100, so the drop seen with 80% power at 0.01 is (z_0.99 +
+    z_0.8) * 10 = 31.7 problems, 3.17 points; 1 point (10 problems) needs L with
+    (z_0.99 + z_0.8)² * 50 * (1 + 1/L) <= 100: never (the baseline's share alone is 50)."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.99) + NormalDist().inv_cdf(0.8)
+    pairs = [Pair(f"d{i}", i % 2, 1, 1 - i % 2, 1) for i in range(100)]
+    pairs += [Pair(f"s{i}", 1, 1, 1, 1) for i in range(900)]
+    can = reach(pairs, 0.01)
+    assert can.problems == pytest.approx(10 * z)
+    assert can.points == pytest.approx(z)
+    assert can.repeats_for_one_point is None
+    # K = 10, 20 problems at t = 5 of 11 (v = 5*6/110): a 1-point drop needs few repeats
+    calibrated = [Pair(f"n{i}", 5, 10, 0, 1) for i in range(20)]
+    calibrated += [Pair(f"s{i}", 10, 10, 1, 1) for i in range(980)]
+    want = next(
+        ell
+        for ell in range(1, 101)
+        if max(
+            z * math.sqrt(20 * 30 / 110 * (1 / 10 + 1 / ell)),
+            math.ceil(math.log(1 / 0.0075) / math.log(math.comb(10 + ell, ell))),
+        )
+        <= 10
+    )
+    assert reach(calibrated, 0.01).repeats_for_one_point == want
+
+
+def test_the_gate_says_when_it_cannot_fail() -> None:
+    """Six problems, a single-run baseline right on all, the candidate wrong on all: the
+    smallest p is 1/64 > 0.01, the gate cannot fail at this size and never passes."""
+    from pytest_gsm8k.core.gates import NoiseAware
+
+    pairs = [Pair(f"p{i}", 1, 1, 0, 1) for i in range(6)]
+    gate = NoiseAware(0.01)
+    assert not gate.can_fail(pairs)
+    verdict = gate.verdict(pairs)
+    assert not verdict.passed
+    assert verdict.detail.startswith("undecided: the test cannot fail on 6 problems")
+    assert gate.can_fail(pairs * 2)

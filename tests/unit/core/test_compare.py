@@ -90,8 +90,10 @@ def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
     assert result.worse
     assert result.verdict.rule == "noise-aware"
     assert result.verdict.detail == (
-        "p=0.0156 < --alpha 0.05 (exact McNemar): 6 always-right problems failing now, "
-        "0 noisy ones failing; accuracy drop 60.00 points"
+        # two single runs: no "always-right" (issue 32, point 5), and the diff is the one
+        # estimate every line shows, with its one interval (point 2)
+        "p=0.0156 < --alpha 0.05 (exact McNemar): 6 newly failing, 0 newly passing; "
+        "diff -60.00 points [95% CI -83.18, -20.05]"
     )
     assert not compare(a, b, alpha=0.01).worse
 
@@ -104,7 +106,9 @@ def test_flips_both_ways_are_listed_in_problem_order() -> None:
     assert result.newly_passing == (pid(5), pid(7), pid(9))
     assert result.p_value == mcnemar_one_sided(2, 3)
     assert result.diff == pytest.approx(1 / 6)
-    assert not result.worse
+    # 6 problems: even all failing gives p = 1/8 > 0.05, a test that cannot fail decides
+    # nothing (it is undecided, never a PASS)
+    assert result.verdict.detail.startswith("undecided: the test cannot fail on 6 problems")
 
 
 def test_only_the_ids_both_hold_are_paired_and_counted() -> None:
@@ -349,12 +353,13 @@ def test_markdown_reads_like_the_step_summary() -> None:
     (stats,) = [line for line in lines if line.startswith("Difference B - A: ")]
     assert stats.startswith("Difference B - A: -0.6000 [95% CI -")
     assert stats.endswith(
-        "; 6 newly failing, 0 newly passing; McNemar one-sided p=0.01562 (B worse than A)."
+        "; 6 newly failing, 0 newly passing; one-sided p=0.01562 (B worse than A; the gate's test)."
     )
     assert "| gate | result | detail |" in lines
     assert any(
         line.startswith(
-            "| compare | FAIL | p=0.0156 \\< --alpha 0.05 (exact McNemar): 6 always-right"
+            "| compare | FAIL | p=0.0156 \\< --alpha 0.05 (exact McNemar): 6 newly failing, 0 "
+            "newly passing"
         )
         for line in lines
     )
@@ -392,9 +397,13 @@ def test_reports_with_repeats_are_compared_by_the_noise_aware_rule() -> None:
     noisy = compare(a, b)
     assert noisy.verdict.passed
     assert "noise-aware, baseline 5 runs per problem" in noisy.verdict.detail
-    assert "0 always-right problems failing now, 6 noisy ones failing" in noisy.verdict.detail
+    assert "6 newly failing: 0 stable (right in all 5 baseline runs), 6 noisy" in (
+        noisy.verdict.detail
+    )
     for record in a["problems"][4:]:
         record["repeats"] = ["correct"] * 5
     stable = compare(a, b)
     assert stable.worse
-    assert "6 always-right problems failing now" in stable.verdict.detail
+    assert "6 newly failing: 6 stable (right in all 5 baseline runs), 0 noisy" in (
+        stable.verdict.detail
+    )

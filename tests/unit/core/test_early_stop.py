@@ -696,3 +696,17 @@ def test_sequential_health_gate_wrong_verdict_rate_at_most_alpha() -> None:
             any_early += decision.how["max-truncated"] == "sequential"
         assert wrong / len(orders) <= alpha + 1e-12, (bad, wrong)
     assert any_early > 0  # the statistics decided something early: the check bites
+
+
+def test_with_repeats_min_acc_counts_every_answer() -> None:
+    """--gsm8k-repeats 3: the early stop decides min-acc on the mean over every answer, as
+    the end of the run does (issue 32). Four problems right 2 of 3 times: their majorities
+    are all right (1.0) but test@1 is 2/3, below 0.7 for certain after all four."""
+    stop = EarlyStop(["a", "b", "c", "d"], mode="certain", min_acc=0.7, repeats=3)
+    answers = ["correct", "correct", "wrong"]
+    decisions = [stop.observe(pid, True, "correct", answers) for pid in "abcd"]
+    assert decisions[2] is None
+    decision = decisions[3]
+    assert decision is not None
+    assert decision.verdicts["min-acc"] == "FAIL"
+    assert stop.to_json()["gates"]["min-acc"]["bounds"] == [8 / 12, 8 / 12]

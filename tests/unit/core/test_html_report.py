@@ -296,7 +296,7 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
     baseline = {
         "path": "b.gsm8k",
         "shared": 4,
-        "newly_failing": ["test-0000", "test-0001"],
+        "newly_failing": ["test-0000", "test-0001", "test-0002"],
         "newly_passing": [],
         "mcnemar_p": 0.25,
         "p_value": 0.02,
@@ -313,7 +313,7 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
     assert ids == ["test-0002", "test-0000", "test-0001", "test-0003"]
     assert "p = 0.02 at alpha 0.01; detects a drop of 50.0 points or more" in page
     assert "5 runs per problem: 2 stable-correct, 0 stable-wrong, 2 noisy" in page
-    assert "1 stable flips (listed first), 2 noisy" in page
+    assert "3 newly failing: 1 stable (listed first), 2 noisy" in page
 
 
 def test_problem_texts_and_baseline_outcomes() -> None:
