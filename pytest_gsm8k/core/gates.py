@@ -87,17 +87,24 @@ class GateVerdict:
         }
 
 
+#: how an undecided gate's sentence begins (:func:`undecided`)
+NOT_A_VERDICT = "not a verdict: "
+
+
 def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
     """``verdict`` as no verdict: a gate that was not decided never passes (FAIL, exit 1).
 
     ``why`` says why and what to do, in one clause; the detail keeps what the rule said on
-    what ran. A FAIL stays as it is: the run fails either way, and its reason is the rule's.
+    what ran. A gate already undecided gains ``why`` in front (each reason is one to act on);
+    a FAIL stays as it is: the run fails either way, and its reason is the rule's.
     """
-    if not verdict.passed:
+    if verdict.passed:
+        detail = f"{NOT_A_VERDICT}{why}; on what ran: {verdict.detail}"
+    elif verdict.detail.startswith(NOT_A_VERDICT):
+        detail = f"{NOT_A_VERDICT}{why}; {verdict.detail.removeprefix(NOT_A_VERDICT)}"
+    else:
         return verdict
-    return replace(
-        verdict, passed=False, detail=f"not a verdict: {why}; on what ran: {verdict.detail}"
-    )
+    return replace(verdict, passed=False, detail=detail)
 
 
 def min_acc_count(min_acc: float, n: int) -> int:

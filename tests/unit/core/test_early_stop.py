@@ -305,7 +305,7 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
         {"health": [MaxShare("error", 1.0)]},
         {"baseline": dict.fromkeys(six, 1), "noise_aware": NoiseAware(0.01)},
     ):
-        es = EarlyStop(six, mode=mode, order=six, **gates)  # type: ignore[arg-type]
+        es = EarlyStop(six, mode=mode, order=six, **gates)
         assert es.decision is None, gates
         for pid in six:
             assert es.observe(pid, False, "wrong") is None, gates
