@@ -99,32 +99,35 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
 
     plan = state.plan
     wanted = {p.id for p in state.run.wanted(plan)}
-    by = deselected_by(session.config)
-    for config in summary.configs:  # a config deselected whole is not in the list
-        name = str(config.extra.get("config", {}).get("name"))
-        group = plan.group_by_name.get(name)
-        stopped = state.run.config_stopped.get(name)
-        if group is not None and group.baseline is not None:
-            try:
-                gates.apply_baseline(
-                    config,
-                    plan,
-                    stopped_early=stopped is not None,
-                    deselected_by=by,
-                    run_ids={p.id for p in group.problems if p.id in wanted},
-                    stored=group.baseline,
-                    split=group.split_problems(plan.split),
-                )
-            except Exception as exc:
-                verb = "write" if plan.update_baseline else "read"
-                config.add_gate(
-                    "baseline", False, f"{group.baseline.shown}: cannot {verb} it ({reason(exc)})"
-                )
-            if not plan.update_baseline:
-                early_baseline_verdict(state.run.config_early.get(name), stopped, config)
-            config.name_gates(group.name)
+    for config in summary.configs:
+        group = plan.group_by_name.get(str(config.extra.get("config", {}).get("name")))
+        if group is None or group.baseline is None:
+            continue
+        early = state.run.config_early.get(group.name)
+        stopped = state.run.config_stopped.get(group.name)
+        try:
+            gates.apply_baseline(
+                config,
+                plan,
+                stopped_early=stopped is not None,
+                deselected_by=deselected_by(session.config),
+                run_ids={p.id for p in group.problems if p.id in wanted},
+                stored=group.baseline,
+                split=group.split_problems(plan.split),
+            )
+        except Exception as exc:
+            verb = "write" if plan.update_baseline else "read"
+            config.add_gate(
+                "baseline", False, f"{group.baseline.shown}: cannot {verb} it ({reason(exc)})"
+            )
         if not plan.update_baseline:
-            config.undecide_without_results(by, stopped is not None)
+            early_baseline_verdict(early, stopped, config)
+        config.name_gates(group.name)
+    if not plan.update_baseline:  # a baseline write has its own coverage rules
+        by = deselected_by(session.config)
+        for config in summary.configs:  # a config deselected whole is not in the list
+            name = str(config.extra.get("config", {}).get("name"))
+            config.undecide_without_results(by, name in state.run.config_stopped)
     summary.gather_gates()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:

@@ -553,7 +553,7 @@ class StatePlugin:
             return  # (an interrupted run reports even when no item had finished)
         settings = state.settings
         asked = settings.model or settings.serve or settings.vllm_config
-        if not run.records and not asked and not run.collected:
+        if not run.records and not asked and not (run.collected or run.collected_ids):
             return
         try:
             plan = state.plan

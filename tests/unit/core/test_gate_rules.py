@@ -233,13 +233,20 @@ def test_count_gates_that_cannot_fail_say_why_and_what_to_do() -> None:
     assert MaxDrop(0.5).cannot_fail(6, 10) is None
 
 
-def test_a_failed_verdict_stays_a_fail() -> None:
-    """``undecided`` only takes a PASS away: a FAIL keeps its own reason."""
+def test_a_failed_verdict_stays_a_fail_and_each_reason_is_said() -> None:
+    """``undecided`` takes a PASS away: a FAIL keeps its own reason, and a gate already no
+    verdict gains the new reason in front (a narrowed run of a gate that cannot fail: both)."""
     failed = MinAcc(0.9).verdict(1, 10, "x")
     assert undecided(failed, "why") is failed
     made = undecided(MinAcc(0.5).verdict(9, 10, "x"), "why; do this")
     assert not made.passed
     assert made.detail.startswith("not a verdict: why; do this; on what ran: accuracy 0.9000")
+    both = undecided(MinAcc(0.0).verdict(9, 10, "x"), "2 of 10 deselected")
+    assert not both.passed
+    assert both.detail.startswith(
+        "not a verdict: 2 of 10 deselected; --gsm8k-min-acc 0 cannot fail (every accuracy "
+        "reaches it): set it above 0; on what ran: accuracy 0.9000"
+    )
 
 
 def test_a_single_run_baseline_of_six_problems_cannot_fail_at_alpha_001() -> None:
