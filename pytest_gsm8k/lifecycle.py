@@ -50,6 +50,12 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
 
     Whatever fails here is one line, never a crash at the end of a paid-for run: the
     baseline as a failed gate, the step summary as an output that was not written.
+
+    A gate passes only on a result for every problem of its selection (or what an early stop
+    decided for them): :meth:`Summary.undecide_without_results`. With ``--snapshot-update``
+    the baseline write's own coverage rule stands in for it: it refuses (a FAIL) a run with
+    problems lacking a result, and a narrowed one unless ``--gsm8k-baseline-partial``
+    accepts it on purpose.
     """
     from pytest_gsm8k import gates
     from pytest_gsm8k.runtime.outputs import reason
@@ -70,9 +76,11 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
         summary.add_gate(
             "baseline", False, f"{plan.baseline.shown}: cannot {verb} it ({reason(exc)})"
         )
-    if not plan.update_baseline:  # a baseline write has its own coverage rules
+    if not plan.update_baseline:  # a baseline write has its own coverage rules (below)
         _early_baseline_verdict(state, summary)
-        summary.undecide_on_a_partial_selection(deselected_by(session.config))
+        summary.undecide_without_results(
+            deselected_by(session.config), run.early_stopped is not None
+        )
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
@@ -118,7 +126,8 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
     if not plan.update_baseline:  # a baseline write has its own coverage rules
         by = deselected_by(session.config)
         for config in summary.configs:  # a config deselected whole is not in the list
-            config.undecide_on_a_partial_selection(by)
+            name = str(config.extra.get("config", {}).get("name"))
+            config.undecide_without_results(by, name in state.run.config_stopped)
     summary.gather_gates()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:

@@ -552,9 +552,16 @@ class StatePlugin:
             return
         self.warnings.extend(state.sources.take_notes())  # the controller's cache warnings
         run = state.run
-        if not run.records and not run.aborted and not run.interrupted:
+        option = self.config.option
+        dry = option.collectonly or getattr(option, "setupplan", False)
+        # an item that reported without a record was skipped: with every item skipped
+        # there is no result, and a gate must say so rather than not be seen at all
+        skipped = not dry and any(r.problem_id and r.nodeid in run.reported for r in run.items)
+        if not run.records and not run.aborted and not run.interrupted and not skipped:
             return  # (an interrupted run reports even when no item had finished)
-        if not run.records and not state.settings.model and not run.collected:
+        settings = state.settings
+        asked = settings.model or settings.serve or settings.vllm_config
+        if not run.records and not asked and not (run.collected or run.collected_ids):
             return
         try:
             plan = state.plan

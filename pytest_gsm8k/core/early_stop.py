@@ -346,6 +346,8 @@ class _CountGate:
     runs: int = 1
 
     def start_tests(self) -> None:
+        if self.need <= 0:
+            return  # no count fails it: never decided, early or not (no verdict at all)
         scale = 2 if self.paired else 1
         if self.paired:
             # X >= need  <=>  total of (b - x + 1) <= B - need + M: bet on large values
@@ -671,7 +673,9 @@ class EarlyStop:
     # -- feeding ------------------------------------------------------------------------------
 
     def _settle_initial(self) -> None:
-        """Some verdicts are fixed before any outcome (min_acc 0, or above 1)."""
+        """Some verdicts are fixed before any outcome (min_acc above 1). A gate that cannot
+        fail (min_acc 0, a floor at or below 0, a baseline test whose smallest p is not below
+        alpha) is never settled: its verdict is no verdict (core/gates.py)."""
         for name, (_, gate) in self._accuracy.items():
             self._record(name, gate.certain(), "certain")
         if self._base is not None:

@@ -1,12 +1,17 @@
 """The release gates' rules, each written once. Pure: no I/O, no pytest.
 
-A gate spec states one rule and answers the two questions the run asks of it:
+A gate spec states one rule and answers the three questions the run asks of it:
 
 * :meth:`verdict` on final counts, a :class:`GateVerdict` that carries the
   rule, the measured value and the threshold as fields (the terminal, the
   JSON report, the step summary and the page read those, never the prose);
 * :meth:`certain` on partial counts: the verdict when no outcome of the
-  problems still to run could change it, else None (the early stop).
+  problems still to run could change it, else None (the early stop);
+* :meth:`cannot_fail` at the run's size: why no outcome at all could FAIL the
+  gate (a floor at or below 0, a test whose smallest p is not below alpha),
+  else None. A gate that was not decided never passes: :meth:`verdict` then
+  gives :func:`undecided` instead of a PASS, and :meth:`certain` never says
+  PASS (the early stop leaves such a gate to the end of the run).
 
 Every rule is reduced to an integer threshold on a count (``need``), computed
 so that it agrees exactly with the float comparison a reader of the rule would
@@ -19,8 +24,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import lru_cache
 from typing import Literal
 
 from pytest_gsm8k.core.calibrated import Pair, difference, evidence, p_value
@@ -43,6 +49,7 @@ __all__ = [
     "max_drop_count",
     "max_share_count",
     "min_acc_count",
+    "undecided",
 ]
 
 Verdict = Literal["PASS", "FAIL"]
@@ -87,6 +94,26 @@ class GateVerdict:
             "threshold": self.threshold,
             "detail": self.detail,
         }
+
+
+#: how an undecided gate's sentence begins (:func:`undecided`)
+NOT_A_VERDICT = "not a verdict: "
+
+
+def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
+    """``verdict`` as no verdict: a gate that was not decided never passes (FAIL, exit 1).
+
+    ``why`` says why and what to do, in one clause; the detail keeps what the rule said on
+    what ran. A gate already undecided gains ``why`` in front (each reason is one to act on);
+    a FAIL stays as it is: the run fails either way, and its reason is the rule's.
+    """
+    if verdict.passed:
+        detail = f"{NOT_A_VERDICT}{why}; on what ran: {verdict.detail}"
+    elif verdict.detail.startswith(NOT_A_VERDICT):
+        detail = f"{NOT_A_VERDICT}{why}; {verdict.detail.removeprefix(NOT_A_VERDICT)}"
+    else:
+        return verdict
+    return replace(verdict, passed=False, detail=detail)
 
 
 def min_acc_count(min_acc: float, n: int) -> int:
@@ -152,7 +179,11 @@ def max_share_count(rate: float, n: int) -> int:
 
 
 def count_certain(correct: int, seen: int, size: int, need: int) -> Verdict | None:
-    """A count rule "X >= need" with ``correct`` of X known after ``seen`` of ``size`` items."""
+    """A count rule "X >= need" with ``correct`` of X known after ``seen`` of ``size`` items.
+
+    Never PASS for a rule no count fails (``need <= 0``): its verdict is no verdict."""
+    if need <= 0:
+        return None
     if correct >= need:
         return "PASS"
     if correct + size - seen < need:
@@ -194,10 +225,21 @@ class MinAcc:
             f"accuracy {accuracy:.4f} ({label}, n={n}{every}) "
             f"{'>=' if passed else 'is below'} {self.option} {self.threshold:g}"
         )
-        return GateVerdict(self.name, "min-acc", passed, detail, accuracy, self.threshold)
+        verdict = GateVerdict(self.name, "min-acc", passed, detail, accuracy, self.threshold)
+        why = self.cannot_fail(n)
+        return verdict if why is None else undecided(verdict, why)
 
     def certain(self, correct: int, seen: int, n: int) -> Verdict | None:
         return count_certain(correct, seen, n, self.need(n))
+
+    def cannot_fail(self, n: int) -> str | None:
+        """Why no accuracy of ``n`` problems fails the gate (a threshold of 0), or None."""
+        if n < 1 or self.need(n) > 0:
+            return None
+        return (
+            f"{self.option} {self.threshold:g} cannot fail (every accuracy reaches it): set it "
+            "above 0"
+        )
 
 
 @dataclass(frozen=True)
@@ -240,10 +282,22 @@ class ToleranceFloor:
             f"accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} "
             f"= {self.floor:.4f}"
         )
-        return GateVerdict(self.name, "vllm-threshold", passed, detail, accuracy, self.floor)
+        verdict = GateVerdict(self.name, "vllm-threshold", passed, detail, accuracy, self.floor)
+        why = self.cannot_fail(n)
+        return verdict if why is None else undecided(verdict, why)
 
     def certain(self, correct: int, seen: int, n: int) -> Verdict | None:
         return count_certain(correct, seen, n, self.need(n))
+
+    def cannot_fail(self, n: int) -> str | None:
+        """Why no accuracy of ``n`` problems fails the floor (at or below 0), or None."""
+        if n < 1 or self.need(n) > 0:
+            return None
+        return (
+            f"its floor accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} = "
+            f"{self.floor:.4f} is at or below 0, so no accuracy fails it: raise "
+            "accuracy_threshold (or lower tolerance) in the config"
+        )
 
 
 @dataclass(frozen=True)
@@ -265,12 +319,23 @@ class MaxDrop:
             f"accuracy {current:.4f} vs baseline {base:.4f}: drop {max(drop, 0.0):.4f} "
             f"{'<=' if passed else '>'} {self.option} {self.max_drop:g}"
         )
-        return GateVerdict(self.name, "max-drop", passed, detail, drop, self.max_drop)
+        verdict = GateVerdict(self.name, "max-drop", passed, detail, drop, self.max_drop)
+        why = self.cannot_fail(baseline_correct, shared)
+        return verdict if why is None else undecided(verdict, why)
 
     def certain(
         self, baseline_correct: int, current_correct: int, seen: int, shared: int
     ) -> Verdict | None:
         return count_certain(current_correct, seen, shared, self.need(baseline_correct, shared))
+
+    def cannot_fail(self, baseline_correct: int, shared: int) -> str | None:
+        """Why no drop from this baseline exceeds ``max_drop`` (one at or below it), or None."""
+        if self.need(baseline_correct, shared) > 0:
+            return None
+        return (
+            f"the baseline's accuracy {baseline_correct / shared:.4f} on these {shared} problems "
+            f"cannot drop by more than {self.option} {self.max_drop:g}: lower it"
+        )
 
 
 def _drop(pairs: Sequence[Pair]) -> float:
@@ -319,13 +384,6 @@ class NoiseAware:
     def _fails(self, p: float, drop: float) -> bool:
         return p < self.alpha and drop > self.max_drop + DROP_TOLERANCE
 
-    def can_fail(self, pairs: Sequence[Pair]) -> bool:
-        """Whether any candidate outcome could FAIL this gate on these problems: the
-        smallest attainable p (every candidate run wrong) is below alpha. A gate that
-        cannot fail at this size decides nothing."""
-        worst = [Pair(x.problem_id, x.base_correct, x.base_runs, 0, x.now_runs) for x in pairs]
-        return p_value(worst) < self.alpha
-
     def verdict(self, pairs: Sequence[Pair]) -> GateVerdict:
         seen = evidence(pairs)
         p = seen.p
@@ -337,16 +395,6 @@ class NoiseAware:
             else f"noise-aware, baseline {runs} run{'s' if runs != 1 else ''} per problem"
         )
         words = f"{failing_words(pairs)}; {difference_words(pairs)}"
-        if not self.can_fail(pairs):
-            return GateVerdict(
-                self.name,
-                "noise-aware",
-                False,
-                f"undecided: the test cannot fail on {len(pairs)} problems (its smallest p is "
-                f"not below {self.option} {self.alpha:g}); compare more problems ({words})",
-                p,
-                self.alpha,
-            )
         passed = not self._fails(p, drop)
         clause = f"p={p:.3g} {'<' if p < self.alpha else '>='} {self.option} {self.alpha:g}"
         if p < self.alpha and self.max_drop > 0:
@@ -354,9 +402,11 @@ class NoiseAware:
                 f", drop {100 * drop:.2f} points {'>' if not passed else '<='} "
                 f"--gsm8k-max-drop {self.max_drop:g}"
             )
-        return GateVerdict(
+        verdict = GateVerdict(
             self.name, "noise-aware", passed, f"{clause} ({how}): {words}", p, self.alpha
         )
+        why = self.cannot_fail(pairs) if passed else None
+        return verdict if why is None else undecided(verdict, why)
 
     def rise(self, pairs: Sequence[Pair]) -> str | None:
         """The warning for a rise noise cannot explain (the other tail below alpha), or None:
@@ -369,6 +419,31 @@ class NoiseAware:
             f"WARNING: better than the baseline beyond its noise (p={p:.3g} < {self.option} "
             f"{self.alpha:g}; {difference_words(pairs)}): check for a changed prompt or "
             "extractor, the wrong model or endpoint, or contamination before trusting it"
+        )
+
+    def cannot_fail(self, pairs: Sequence[Pair]) -> str | None:
+        """Why no outcome of the candidate on these problems fails the gate, or None.
+
+        Only the baseline's side of ``pairs`` counts (and the candidate's runs per
+        problem): the extreme is every candidate answer wrong, which gives the smallest p
+        (exactly, for single candidate runs: see :meth:`certain`) and the largest drop.
+        Six problems right in a single-run baseline reach p = 1/64 at best, which is not
+        below alpha 0.01: such a gate could not fail, and is no verdict.
+        """
+        p, drop = _all_wrong(
+            tuple(sorted((x.base_correct, x.base_runs, x.now_runs) for x in pairs))
+        )
+        if self._fails(p, drop):
+            return None
+        size = f"{len(pairs)} problem{'s' if len(pairs) != 1 else ''}"
+        if p >= self.alpha:
+            return (
+                f"the smallest p {size} can give (every answer wrong) is {p:.3g} >= "
+                f"{self.option} {self.alpha:g}, so the test cannot fail: use more problems"
+            )
+        return (
+            f"the largest drop {size} can show (every answer wrong) is {100 * drop:.2f} "
+            f"points, within --gsm8k-max-drop {self.max_drop:g}: lower it"
         )
 
     def certain(
@@ -386,14 +461,21 @@ class NoiseAware:
         if any(x.now_runs != 1 for x in seen):
             return None
         worst = [*seen, *(Pair(i, c, k, 0, 1) for i, c, k in unseen)]
-        if not self.can_fail(worst):
-            return None
         if not self._fails(p_value(worst), _drop(worst)):
-            return "PASS"
+            return "PASS" if self.cannot_fail(worst) is None else None
         best = [*seen, *(Pair(i, c, k, 1, 1) for i, c, k in unseen)]
         if self._fails(p_value(best), _drop(best)):
             return "FAIL"
         return None
+
+
+@lru_cache(maxsize=64)
+def _all_wrong(sides: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
+    """The p and the drop when every candidate answer is wrong, for problems given as
+    (baseline correct, baseline runs, candidate runs): what :meth:`NoiseAware.cannot_fail`
+    compares. Cached: the early stop asks it about the same problems at every check."""
+    worst = [Pair(str(i), c, k, 0, runs) for i, (c, k, runs) in enumerate(sides)]
+    return p_value(worst), _drop(worst)
 
 
 #: the outcomes an answer-format health gate may count (``--gsm8k-max-<outcome>``)
@@ -460,9 +542,20 @@ class MaxShare:
             f"{share:.1%} of {what} {_HEALTH_WORDS[self.outcome]} ({count}; "
             f"{self.allowed(total)} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
         )
-        return GateVerdict(self.name, self.name, passed, detail, share, self.rate)
+        verdict = GateVerdict(self.name, self.name, passed, detail, share, self.rate)
+        why = self.cannot_fail(n)
+        return verdict if why is None else undecided(verdict, why)
 
     def certain(self, count: int, seen: int, n: int) -> Verdict | None:
         """FAIL once ``count`` already exceeds what all ``n`` may hold; PASS once even every
         unseen problem having the outcome stays within it."""
         return count_certain(seen - count, seen, n, self.need(n))
+
+    def cannot_fail(self, n: int) -> str | None:
+        """Why no count of ``n`` problems fails the gate (a rate of 1), or None."""
+        if n < 1 or self.allowed(n) < n:
+            return None
+        return (
+            f"{self.option} {self.rate:g} allows every problem to be "
+            f"{_HEALTH_WORDS[self.outcome]}, so it cannot fail: set it below 1"
+        )

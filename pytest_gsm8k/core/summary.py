@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from pytest_gsm8k.core.dataset import describe_subset
-from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc, ToleranceFloor
+from pytest_gsm8k.core.gates import GateVerdict, MaxShare, MinAcc, ToleranceFloor, undecided
 from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.records import (
     OUTCOMES,
@@ -204,27 +204,31 @@ class Summary:
             for g in self.gates
         ]
 
-    def undecide_on_a_partial_selection(self, by: str) -> None:
-        """No gate passes on a selection narrowed by -k, -m, --lf, --deselect or test ids.
+    def undecide_without_results(self, by: str, stopped_early: bool = False) -> None:
+        """No gate passes unless every problem of its selection has a result.
 
-        A threshold or a baseline holds for the problems it was set for; a narrowed
-        selection is not a sample of them (``--lf`` picks exactly the problems that failed,
-        and after a hiccup passes on the one that errored). What ran is still reported;
-        a subset on purpose is ``--gsm8k-limit``, which every gate and baseline knows of.
-        ``by``: the options, as the command line spells them."""
+        A threshold or a baseline holds for the problems it was set for; what a selection
+        narrowed by -k, -m, --lf, --deselect or test ids left, or what ran around the items
+        a marker or a conftest skipped (the very ones the model gets wrong, say) or the run
+        never reached, is not a sample of them. What ran is still reported; a subset on
+        purpose is ``--gsm8k-limit``, which every gate and baseline knows of. The problems
+        an early stop left (``stopped_early``) are decided by its guarantee.
+        ``by``: the options that may have deselected, as the command line spells them."""
         deselected = int(self.subset.get("deselected") or 0)
-        if not deselected:
-            return
-        selection = self.expected + deselected
-        why = (
-            f"not a verdict: {deselected} of the {selection} problems of its selection were "
-            f"deselected ({by}); a gate holds for the whole selection (a subset on purpose: "
-            "--gsm8k-limit)"
-        )
-        self.gates = [
-            replace(g, passed=False, detail=f"{why}; on what ran: {g.detail}") if g.passed else g
-            for g in self.gates
-        ]
+        missing = 0 if stopped_early else self.expected - self.n
+        of = f"of the {self.expected + deselected} problems of its selection"
+        said = []
+        if deselected:
+            said.append(f"{deselected} {of} were deselected ({by})")
+        if missing > 0:
+            stopped = "; the run was interrupted" if self.interrupted else ""
+            said.append(f"{missing} {of} have no result (skipped, or not reached{stopped})")
+        if said:
+            why = (
+                f"{' and '.join(said)}; a gate holds for the whole selection: run the whole "
+                "selection (a subset on purpose: --gsm8k-limit)"
+            )
+            self.gates = [undecided(g, why) for g in self.gates]
 
     def gather_gates(self) -> None:
         """--gsm8k-config: the run's gates are every config's (after a config gained one)."""

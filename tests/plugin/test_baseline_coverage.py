@@ -142,12 +142,15 @@ def test_a_partial_baseline_is_written_only_when_asked_and_says_so(
     assert stored["partial"]["of"] == 100
     assert "-k" in stored["partial"]["reason"]
     assert report(pytester)["baseline"]["partial"] is True
-    # the whole selection against it: said, and with --gsm8k-require-baseline a FAIL
+    # the whole selection against it: said; compared on its two problems (both wrong in it)
+    # the gate could not fail, which is no verdict (rule 2); --gsm8k-require-baseline: a FAIL
     result = pytester.runpytest(*args)
-    assert result.ret == 0, output(result)
+    assert result.ret == 1, output(result)
     result.stdout.fnmatch_lines(
         [f"*baseline: {BASELINE} covers 2 of this run's 100 problems: 98 are not in it*"]
     )
+    (line,) = _gate_lines(result)
+    assert "FAIL: not a verdict: the smallest p 2 problems can give (every answer wrong)" in line
     result = pytester.runpytest(*args, "--gsm8k-require-baseline")
     assert result.ret == 1, output(result)
     (line,) = _gate_lines(result)

@@ -246,6 +246,8 @@ def test_engine_preset_limit_takes_the_first_problems_and_baselines_keep_it(
         f"--gsm8k-base-url={server.base_url}",
         "--gsm8k-preset=vllm",
         "--gsm8k-limit=3",
+        # three problems reach p = 1/8 at best: a baseline gate at 0.2 can fail (rule 2)
+        "--gsm8k-alpha=0.2",
         "--gsm8k-report=r.json",
         *NO_EXTRA_PLUGINS,
     )

@@ -366,8 +366,8 @@ def test_the_gate_says_when_it_cannot_fail() -> None:
 
     pairs = [Pair(f"p{i}", 1, 1, 0, 1) for i in range(6)]
     gate = NoiseAware(0.01)
-    assert not gate.can_fail(pairs)
+    assert gate.cannot_fail(pairs) is not None
     verdict = gate.verdict(pairs)
     assert not verdict.passed
-    assert verdict.detail.startswith("undecided: the test cannot fail on 6 problems")
-    assert gate.can_fail(pairs * 2)
+    assert verdict.detail.startswith("not a verdict: the smallest p 6 problems can give")
+    assert gate.cannot_fail(pairs * 2) is None

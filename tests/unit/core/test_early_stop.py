@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 
 from pytest_gsm8k.core.calibrated import Pair
-from pytest_gsm8k.core.early_stop import FLOOR, Decision, EarlyStop, _WorTest, run_order
+from pytest_gsm8k.core.early_stop import FLOOR, Decision, EarlyStop, Mode, _WorTest, run_order
 from pytest_gsm8k.core.gates import (
     MaxShare,
     NoiseAware,
@@ -286,10 +286,30 @@ def test_noise_aware_waits_with_repeats_and_is_throttled() -> None:
 
 
 def test_settled_before_any_outcome() -> None:
-    es = EarlyStop(IDS10, mode="certain", min_acc=0.0)
+    es = EarlyStop(IDS10, mode="certain", min_acc=1.5)
     assert es.decision is not None
     assert es.decision.after == 0
-    assert es.decision.verdicts == {"min-acc": "PASS"}
+    assert es.decision.verdicts == {"min-acc": "FAIL"}
+
+
+@pytest.mark.parametrize("mode", ["certain", "sequential"])
+def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
+    """Rule 2 (issue 31): min-acc 0, a floor at or below 0, a health gate at rate 1 and a
+    baseline test whose smallest p is not below alpha were "certain" to PASS before the first
+    outcome, and the run stopped with a PASS after one problem. A gate no outcome can fail
+    is no verdict: the early stop leaves it open to the end of the run."""
+    six = IDS10[:6]
+    for gates in (
+        {"min_acc": 0.0},
+        {"floor": ToleranceFloor("cfg", 0.05, 0.08)},
+        {"health": [MaxShare("error", 1.0)]},
+        {"baseline": dict.fromkeys(six, 1), "noise_aware": NoiseAware(0.01)},
+    ):
+        es = EarlyStop(six, mode=mode, order=six, **gates)
+        assert es.decision is None, gates
+        for pid in six:
+            assert es.observe(pid, False, "wrong") is None, gates
+        assert None in es.to_json()["verdicts"].values()
 
 
 def test_errors() -> None:
@@ -621,13 +641,6 @@ def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     # unparsed allows 1 of 10: the second fails it; truncated is still open (not settled)
     assert decision.verdicts == {"max-truncated": None, "max-unparsed": "FAIL"}
     assert decision.after == 2
-
-
-def test_health_gates_at_rate_one_are_settled_before_any_outcome() -> None:
-    es = EarlyStop(IDS10, mode="certain", health=[MaxShare("error", 1.0)])
-    assert es.decision is not None
-    assert es.decision.verdicts == {"max-error": "PASS"}
-    assert es.decision.after == 0
 
 
 def test_health_gates_need_the_outcome_word() -> None:

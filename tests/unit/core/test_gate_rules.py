@@ -1,5 +1,6 @@
-"""The gate rules of core/gates.py: verdicts carry their numbers, and the final verdict and
-the early stop's certain bounds are one rule."""
+"""The gate rules of core/gates.py: verdicts carry their numbers, the final verdict and
+the early stop's certain bounds are one rule, and a gate that cannot fail at the run's size
+is no verdict (issue 31, rule 2)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import itertools
 
 import pytest
 
-from pytest_gsm8k.core.calibrated import Pair
+from pytest_gsm8k.core.calibrated import Pair, p_value
 from pytest_gsm8k.core.gates import (
     GateVerdict,
     MaxDrop,
     MaxShare,
     MinAcc,
     NoiseAware,
+    ToleranceFloor,
+    _drop,
     max_share_count,
+    undecided,
 )
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
@@ -55,7 +59,8 @@ def test_min_acc_certain_bounds_agree_with_every_final_verdict(threshold: float)
             if certain is not None:
                 assert finals == {certain}
             else:
-                assert finals == {"PASS", "FAIL"}
+                # open, or a gate that cannot fail: no verdict whatever comes (never certain)
+                assert finals == ({"FAIL"} if rule.cannot_fail(n) else {"PASS", "FAIL"})
 
 
 @pytest.mark.parametrize("max_drop", [0.0, 0.02, 0.05, 0.2])
@@ -71,7 +76,8 @@ def test_max_drop_certain_bounds_agree_with_every_final_verdict(max_drop: float)
             if certain is not None:
                 assert finals == {certain}
             else:
-                assert finals == {"PASS", "FAIL"}
+                stuck = rule.cannot_fail(base, shared)
+                assert finals == ({"FAIL"} if stuck else {"PASS", "FAIL"})
 
 
 def test_max_drop_verdict_fields() -> None:
@@ -136,9 +142,12 @@ def test_max_share_count_is_the_float_comparison(rate: float, n: int, allowed: i
     rule = MaxShare("unparsed", rate)
     assert max_share_count(rate, n) == allowed
     assert rule.allowed(n) == allowed
-    assert rule.verdict(allowed, n).passed  # at the rate: PASS
     if allowed < n:
+        assert rule.verdict(allowed, n).passed  # at the rate: PASS
         assert not rule.verdict(allowed + 1, n).passed  # one more: FAIL
+    else:  # every problem allowed: the gate cannot fail, and is no verdict
+        assert rule.cannot_fail(n) is not None
+        assert not rule.verdict(allowed, n).passed
 
 
 def test_max_share_count_agrees_with_the_float_comparison_everywhere() -> None:
@@ -173,7 +182,7 @@ def test_max_share_certain_bounds_agree_with_every_final_verdict(rate: float) ->
             if certain is not None:
                 assert finals == {certain}
             else:
-                assert finals == {"PASS", "FAIL"}
+                assert finals == ({"FAIL"} if rule.cannot_fail(n) else {"PASS", "FAIL"})
 
 
 @pytest.mark.parametrize(
@@ -205,3 +214,95 @@ def test_a_verdicts_name_and_detail_are_one_line_whoever_built_them() -> None:
     for text in (verdict.detail, renamed.name, renamed.detail):
         assert not {"\n", "\r", "\x1b", "\u202e"} & set(text), text
     assert renamed.name == "cfg   gate forged: PASS\\u202e:min-acc"
+
+
+# -- rule 2: a gate that cannot fail at the run's size is no verdict ----------------------------
+
+
+def test_count_gates_that_cannot_fail_say_why_and_what_to_do() -> None:
+    """Issue 31 case 7: a vLLM config at accuracy_threshold 0.05 with the default tolerance
+    0.08 has a floor of -0.03, which a model at 0.0000 PASSed; min-acc 0 and a health gate at
+    rate 1 are the same. Each says why, names what to change, and is no verdict."""
+    floor = ToleranceFloor("cfg", 0.05, 0.08)
+    why = floor.cannot_fail(8)
+    assert why is not None
+    assert "accuracy_threshold 0.05 - tolerance 0.08 = -0.0300 is at or below 0" in why
+    assert "raise accuracy_threshold" in why
+    verdict = floor.verdict(0, 8, "x")
+    assert not verdict.passed
+    assert verdict.detail.startswith(f"not a verdict: {why}; on what ran: accuracy 0.0000")
+    assert verdict.rule == "vllm-threshold"
+    assert (verdict.value, verdict.threshold) == (0.0, floor.floor)
+    assert ToleranceFloor("cfg", 0.08, 0.08).cannot_fail(8) is not None  # a floor of exactly 0
+    assert ToleranceFloor("cfg", 0.09, 0.08).cannot_fail(8) is None  # 0.01: 0 of 8 fails it
+    assert not ToleranceFloor("cfg", 0.09, 0.08).verdict(0, 8, "x").passed
+
+    assert "set it above 0" in str(MinAcc(0.0).cannot_fail(10))
+    assert MinAcc(1e-9).cannot_fail(10) is None
+    assert "not a verdict" in MinAcc(0.0).verdict(10, 10, "x").detail
+    assert "set it below 1" in str(MaxShare("error", 1.0).cannot_fail(5))
+    assert MaxShare("error", 0.999).cannot_fail(5) is None
+    assert "lower it" in str(MaxDrop(0.5).cannot_fail(4, 10))  # 0.4 cannot drop by 0.5
+    assert MaxDrop(0.5).cannot_fail(6, 10) is None
+
+
+def test_a_failed_verdict_stays_a_fail_and_each_reason_is_said() -> None:
+    """``undecided`` takes a PASS away: a FAIL keeps its own reason, and a gate already no
+    verdict gains the new reason in front (a narrowed run of a gate that cannot fail: both)."""
+    failed = MinAcc(0.9).verdict(1, 10, "x")
+    assert undecided(failed, "why") is failed
+    made = undecided(MinAcc(0.5).verdict(9, 10, "x"), "why; do this")
+    assert not made.passed
+    assert made.detail.startswith("not a verdict: why; do this; on what ran: accuracy 0.9000")
+    both = undecided(MinAcc(0.0).verdict(9, 10, "x"), "2 of 10 deselected")
+    assert not both.passed
+    assert both.detail.startswith(
+        "not a verdict: 2 of 10 deselected; --gsm8k-min-acc 0 cannot fail (every accuracy "
+        "reaches it): set it above 0; on what ran: accuracy 0.9000"
+    )
+
+
+def test_a_single_run_baseline_of_six_problems_cannot_fail_at_alpha_001() -> None:
+    """Issue 31 case 6: six problems, a baseline at 1.0, the model at 0.0: p = 1/64 is the
+    smallest p there is, not below 0.01, and the gate PASSed. Seven can reach 1/128."""
+    six = [Pair(f"p{i}", 1, 1, 0, 1) for i in range(6)]
+    rule = NoiseAware(0.01)
+    why = rule.cannot_fail(six)
+    assert why is not None
+    assert "the smallest p 6 problems can give (every answer wrong) is 0.0156 >= " in why
+    assert "--gsm8k-alpha 0.01" in why
+    assert "use more problems" in why
+    verdict = rule.verdict(six)
+    assert not verdict.passed
+    assert verdict.detail.startswith(f"not a verdict: {why}; on what ran: p=0.0156 >= ")
+    assert rule.certain([], [(p.problem_id, 1, 1) for p in six]) is None  # never "PASS"
+    seven = [Pair(f"p{i}", 1, 1, 0, 1) for i in range(7)]
+    assert rule.cannot_fail(seven) is None
+    assert not rule.verdict(seven).passed
+    assert "not a verdict" not in rule.verdict(seven).detail
+    assert NoiseAware(0.05).cannot_fail(six) is None  # 1/64 < 0.05
+    # the drop allowed on top: six stable problems lost are a drop of 100 points at most
+    assert "within --gsm8k-max-drop 1" in str(NoiseAware(0.05, max_drop=1.0).cannot_fail(six))
+
+
+@pytest.mark.parametrize("max_drop", [0.0, 0.3])
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.2])
+def test_noise_aware_cannot_fail_exactly_when_no_candidate_outcome_fails(
+    alpha: float, max_drop: float
+) -> None:
+    """Against every small baseline (up to 7 problems, 1 or 3 runs each), with single
+    candidate runs: ``cannot_fail`` says None exactly when some outcome of the candidate
+    FAILs the test (brute force over every outcome)."""
+    rule = NoiseAware(alpha, max_drop)
+    for size in range(1, 8):
+        for runs in (1, 3):
+            for base in itertools.combinations_with_replacement(range(runs + 1), size):
+                baseline = [(f"p{i}", c, runs) for i, c in enumerate(base)]
+                outcomes = itertools.product((0, 1), repeat=size)
+                every = [
+                    [Pair(i, c, k, d, 1) for (i, c, k), d in zip(baseline, now, strict=True)]
+                    for now in outcomes
+                ]
+                fails = any(rule._fails(p_value(pairs), _drop(pairs)) for pairs in every)
+                pairs = [Pair(i, c, k, 1, 1) for i, c, k in baseline]
+                assert (rule.cannot_fail(pairs) is None) is fails, (base, runs)

@@ -1,0 +1,212 @@
+"""Rule 2, a gate that was not decided never passes (issue 31, cases 5-7): a selected problem
+without a result (skipped by a marker or a conftest, not reached) and a gate that cannot fail
+at the run's size (a floor at or below 0, a baseline test whose smallest p is above alpha)
+make the gate *undecided*: exit 1 and one line saying why and what to do."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, output, report
+
+NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
+
+#: a conftest that skips every problem its ``SKIPPED`` test picks (by index), as a user could to
+#: hide the problems the model gets wrong
+SKIPPING_CONFTEST = """\
+import pytest
+
+def SKIPPED(index):
+    return {rule}
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        problem = callspec.params.get("gsm8k_problem") if callspec is not None else None
+        if problem is not None and SKIPPED(problem.index):
+            item.add_marker(pytest.mark.skip(reason="the model gets it wrong"))
+"""
+
+#: the model is wrong on every odd problem, and the conftest skips exactly those
+ODD_WRONG = Script(behaviours={i: "wrong" for i in range(1, 1319, 2)})
+
+
+def _gate_line(result: pytest.RunResult, gate: str) -> str:
+    (line,) = [line for line in result.outlines if f"gate {gate}:" in line]
+    return line
+
+
+@XDIST
+def test_problems_a_conftest_skips_leave_min_acc_undecided(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """Rule 2 (case 5): a conftest skipping the problems the model gets wrong once passed
+    min-acc at 1.0000 on what was left ("INCOMPLETE: 45 of 100", exit 0)."""
+    pytester.makeconftest(SKIPPING_CONFTEST.format(rule="index % 2 == 1"))
+    server.set_script(ODD_WRONG)
+    result = pytester.runpytest(
+        *gsm8k_args, "--gsm8k-limit=20", "--gsm8k-min-acc=0.9", "--gsm8k-report=r.json", *xdist
+    )
+    text = output(result)
+    assert result.ret == 1, text
+    rep = report(pytester)
+    missing = rep["expected"] - rep["n"]
+    assert 0 < missing < 20, rep["n"]
+    assert rep["counts"]["wrong"] == 0  # only the right ones ran
+    line = _gate_line(result, "min-acc")
+    assert (
+        f"gate min-acc: FAIL: not a verdict: {missing} of the 20 problems of its selection have "
+        "no result (skipped, or not reached)" in line
+    ), line
+    assert "run the whole selection" in line
+    assert "accuracy 1.0000" in line  # what ran is still shown
+    assert f"INCOMPLETE: {rep['n']} of 20 problems have a result" in text
+    assert [g["passed"] for g in rep["gates"]] == [False]
+    assert "Traceback" not in text
+
+
+@XDIST
+def test_every_problem_skipped_is_no_pass_either(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """Rule 2 (case 5, the extreme): with every problem skipped there was no summary at all,
+    and the run passed its min-acc gate by saying nothing (exit 0)."""
+    pytester.makeconftest(SKIPPING_CONFTEST.format(rule="True"))
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=6", "--gsm8k-min-acc=0.9", *xdist)
+    text = output(result)
+    assert result.ret == 1, text
+    line = _gate_line(result, "min-acc")
+    assert "FAIL: no problem has a result" in line, line
+    assert "INCOMPLETE: 0 of 6 problems have a result" in text
+
+
+def _config(folder: Path, threshold: str, script: str, questions: int = 8) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "Alpha-1B.yaml").write_text(
+        'model_name: "org/Alpha-1B"\n'
+        f"accuracy_threshold: {threshold}\n"
+        f"num_questions: {questions}\n"
+        "num_fewshot: 0\n"
+        "env:\n"
+        f"  FAKESERVER_SCRIPT: '{script}'\n",
+        encoding="utf-8",
+    )
+    return folder
+
+
+def _run_config(
+    pytester: pytest.Pytester, folder: Path, data: Path, *args: str
+) -> pytest.RunResult:
+    return pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={config_serve(data)}",
+        f"--gsm8k-data={data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        *args,
+        *NOISE,
+    )
+
+
+@XDIST
+def test_a_config_whose_wrong_problems_a_conftest_skips_is_undecided(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """Rule 2 (case 5 with --gsm8k-config): 4 of a config's 8 problems skipped by a conftest
+    (the four it gets wrong), its floor PASSed on the other four (exit 0)."""
+    pytester.makeconftest(SKIPPING_CONFTEST.format(rule="index % 2 == 1"))
+    odd = '{"behaviours": {"1": "wrong", "3": "wrong", "5": "wrong", "7": "wrong"}}'
+    folder = _config(tmp_path / "configs", "0.9", odd)
+    result = _run_config(pytester, folder, gsm8k_data, *xdist)
+    text = output(result)
+    assert result.ret == 1, text
+    line = _gate_line(result, "Alpha-1B:vllm-threshold")
+    assert (
+        "FAIL: not a verdict: 4 of the 8 problems of its selection have no result (skipped, "
+        "or not reached)" in line
+    ), line
+    assert "accuracy 1.0000" in line
+    assert "gsm8k vLLM configs: 0 of 1 pass" in text
+    assert "Traceback" not in text
+
+
+@XDIST
+def test_a_baseline_gate_that_cannot_fail_at_this_size_is_undecided(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """Rule 2 (case 6): six problems, a single-run baseline at 1.0, the model now at 0.0: the
+    smallest p six problems can give is 1/64, above alpha 0.01, so the gate could not fail,
+    and it PASSed (exit 0) while saying it "detects a drop of 116.7 points"."""
+    args = [*gsm8k_args, "--gsm8k-limit=6", "--gsm8k-no-cache"]
+    assert pytester.runpytest(*args, "--snapshot-update").ret == 0
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(*args, *xdist)
+    text = output(result)
+    assert result.ret == 1, text
+    line = _gate_line(result, "baseline")
+    assert "gate baseline: FAIL: not a verdict: " in line, line
+    assert re.search(r"smallest p .*0\.0156 >= --gsm8k-alpha 0\.01", line), line
+    assert "use more problems" in line
+    assert "on what ran: p=0.0156 >= --gsm8k-alpha 0.01" in line  # what the test said
+    # seven problems can fail it: a real verdict, a FAIL
+    args = [*gsm8k_args, "--gsm8k-limit=7", "--gsm8k-no-cache"]
+    server.set_script(Script())
+    assert pytester.runpytest(*args, "--snapshot-update").ret == 0
+    server.set_script(Script(default="wrong"))
+    result = pytester.runpytest(*args, *xdist)
+    assert result.ret == 1, output(result)
+    line = _gate_line(result, "baseline")
+    assert "FAIL: p=0.00781 < --gsm8k-alpha 0.01" in line, line
+    assert "not a verdict" not in line
+
+
+@XDIST
+def test_a_config_floor_at_or_below_zero_is_undecided(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """Rule 2 (case 7): accuracy_threshold 0.05 with the default tolerance 0.08 is a floor of
+    -0.03, which no accuracy fails: a model at 0.0000 PASSed with no warning (exit 0)."""
+    folder = _config(tmp_path / "configs", "0.05", '{"default": "wrong"}')
+    result = _run_config(pytester, folder, gsm8k_data, *xdist)
+    text = output(result)
+    assert result.ret == 1, text
+    line = _gate_line(result, "Alpha-1B:vllm-threshold")
+    assert (
+        "FAIL: not a verdict: its floor accuracy_threshold 0.05 - tolerance 0.08 = -0.0300 is "
+        "at or below 0" in line
+    ), line
+    assert "raise accuracy_threshold" in line
+    assert "accuracy 0.0000" in line
+    assert [(g["name"], g["passed"]) for g in report(pytester)["gates"]] == [
+        ("Alpha-1B:vllm-threshold", False)
+    ]
+
+
+def test_an_early_stop_never_passes_a_floor_that_cannot_fail(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    """Rule 2 with --gsm8k-early-stop: a floor at or below 0 was "certain" to PASS before the
+    first answer, and the config stopped after one problem with a PASS. The early stop never
+    decides a gate that cannot fail: the config runs on, and its gate is undecided."""
+    folder = _config(tmp_path / "configs", "0.05", '{"default": "wrong"}')
+    result = _run_config(pytester, folder, gsm8k_data, "--gsm8k-early-stop=certain")
+    text = output(result)
+    assert result.ret == 1, text
+    line = _gate_line(result, "Alpha-1B:vllm-threshold")
+    assert "FAIL: not a verdict: its floor " in line, line
+    assert report(pytester)["configs"][0]["n"] == 8
