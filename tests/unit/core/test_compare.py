@@ -107,9 +107,11 @@ def test_flips_both_ways_are_listed_in_problem_order() -> None:
     assert result.newly_passing == (pid(5), pid(7), pid(9))
     assert result.p_value == mcnemar_one_sided(2, 3)
     assert result.diff == pytest.approx(1 / 6)
-    # 6 problems: even all failing gives p = 1/8 > 0.05, a test that cannot fail decides
-    # nothing (it is undecided, never a PASS)
-    assert result.verdict.detail.startswith("undecided: the test cannot fail on 6 problems")
+    # at 0.05, three right in A: even all failing gives p = 1/8, a test that cannot fail
+    # decides nothing (it is undecided, never a PASS)
+    at_05 = compare(a, b).verdict
+    assert not at_05.passed
+    assert at_05.detail.startswith("not a verdict: the smallest p 6 problems can give")
 
 
 def test_only_the_ids_both_hold_are_paired_and_counted() -> None:
