@@ -73,6 +73,8 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
     if not plan.update_baseline:  # a baseline write has its own coverage rules
         _early_baseline_verdict(state, summary)
         summary.undecide_on_a_partial_selection(deselected_by(session.config))
+    if plan.settings.resume:
+        summary.note_resumed()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
@@ -120,6 +122,8 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
         for config in summary.configs:  # a config deselected whole is not in the list
             config.undecide_on_a_partial_selection(by)
     summary.gather_gates()
+    if plan.settings.resume:
+        summary.note_resumed()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.problems}
