@@ -408,7 +408,7 @@ class Engine:
             lines.append(
                 f"gsm8k: {sum(late.values())} answers were graded from the cache before this "
                 f"run's first fresh reply showed the server replies differently ({why}); "
-                "rerun with --gsm8k-no-cache to ask them again"
+                "rerun without --gsm8k-resume to ask them again"
             )
         return [self._say(line) for line in lines]
 

@@ -107,6 +107,7 @@ def test_rule1_a_rerun_of_a_serve_command_asks_the_rebuilt_server_again(
     assert "gate min-acc: FAIL" in text
 
 
+@XDIST
 def test_rule1_with_resume_every_output_says_how_many_answers_came_from_earlier_runs(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
@@ -115,6 +116,7 @@ def test_rule1_with_resume_every_output_says_how_many_answers_came_from_earlier_
     keyed_env: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    xdist: list[str],
 ) -> None:
     """Rule 1: reading the cache is the user's choice (--gsm8k-resume, to resume a run of the
     same build); then the terminal summary, each gate line, the JSON report, the Markdown
@@ -122,7 +124,7 @@ def test_rule1_with_resume_every_output_says_how_many_answers_came_from_earlier_
     earlier runs."""
     server.set_script(Script(behaviours={3: "error500"}))
     data = f"--gsm8k-data={_first_rows(gsm8k_data, tmp_path, 40)}"
-    run = [*gsm8k_args, data, "--gsm8k-max-retries=0", "--gsm8k-cache-dir=c"]
+    run = [*gsm8k_args, *xdist, data, "--gsm8k-max-retries=0", "--gsm8k-cache-dir=c"]
     first = pytester.runpytest(*run, "--gsm8k-min-acc=0.85")
     assert first.ret == 1, output(first)
     server.set_script(Script())
