@@ -388,6 +388,8 @@ def _markdown(summary: Summary, questions: dict[str, str], html: str | None, lis
     counts = ", ".join(f"{v} {k}" for k, v in summary.counts().items() if v)
     dataset = f"{summary.dataset['config']}/{summary.dataset['split']}"
     lines.append(f"Outcomes: {counts}. Model {md_code(summary.model)}, dataset {md_code(dataset)}.")
+    if summary.resumed:
+        lines[-1] += f" {summary.earlier_answers()}."
     lines.append("")
     lines += gate_table(summary.gates)
     lines += failing_lists(summary.extra.get("baseline") or {}, questions, listed=listed)

@@ -81,6 +81,8 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
         summary.undecide_without_results(
             deselected_by(session.config), run.early_stopped is not None
         )
+    if plan.settings.resume:
+        summary.note_resumed()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
@@ -129,6 +131,8 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
             name = str(config.extra.get("config", {}).get("name"))
             config.undecide_without_results(by, name in state.run.config_stopped)
     summary.gather_gates()
+    if plan.settings.resume:
+        summary.note_resumed()
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.problems}

@@ -117,7 +117,15 @@ def report_unfinished(
 
 def gate_reports(summary: Summary) -> list[pytest.TestReport]:
     """Each gate as a test's call and teardown reports: passed, or failed with the
-    gate's detail as its message."""
+    gate's detail as its message. With --gsm8k-resume each also has the property
+    ``answers_from_earlier_runs`` (``39 of 40``; a config's gate, its config's count),
+    since a passed test case shows no detail."""
+    earlier = {
+        gate.name: f"{part.from_cache()} of {part.n}"
+        for part in (summary.configs or [summary])
+        for gate in part.gates
+        if summary.resumed
+    }
     out: list[pytest.TestReport] = []
     for gate in summary.gates:
         nodeid = f"{GATES_NODEID}::{gate.name}"
@@ -126,7 +134,14 @@ def gate_reports(summary: Summary) -> list[pytest.TestReport]:
             out.append(pytest.TestReport(nodeid, location, {}, "passed", None, "call"))
         else:
             out.append(pytest.TestReport(nodeid, location, {}, "failed", gate.detail, "call"))
-        out.append(pytest.TestReport(nodeid, location, {}, "passed", None, "teardown"))
+        properties = (
+            [("answers_from_earlier_runs", earlier[gate.name])] if gate.name in earlier else []
+        )
+        out.append(
+            pytest.TestReport(
+                nodeid, location, {}, "passed", None, "teardown", user_properties=properties
+            )
+        )
     return out
 
 

@@ -137,7 +137,9 @@ class Sources:
             persistent = False
             root = state.run_dir / "cache"
         if persistent not in self._caches:
-            self._caches[persistent] = ResponseCache(root, state.run_id, persistent=persistent)
+            self._caches[persistent] = ResponseCache(
+                root, state.run_id, persistent=persistent, resume=state.settings.resume
+            )
         return self._caches[persistent]
 
     def default_client(self) -> OpenAIClient:

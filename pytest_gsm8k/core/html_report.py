@@ -11,7 +11,7 @@ Inputs (what the plugin passes to :func:`render_html`):
   ``expected``, ``complete``, ``counts``, ``rules``, ``format_failures``, ``pass_at_k``,
   ``protocol`` (``label``, ``name``, ``extractor``, ...), ``model``, ``reported_models``,
   ``endpoint``, ``dataset``, ``subset``, ``tokens``, ``from_cache``, ``gates``, ``baseline``,
-  ``problems``; optional, read when present: ``interrupted``, ``early_stop`` (``mode``,
+  ``problems``; optional, read when present: ``resumed``, ``interrupted``, ``early_stop`` (``mode``,
   ``alpha``, ``decided_after``, ``verdicts``, ``interval``/``bounds``, shown as given),
   ``started_at``, ``finished_at``, ``duration_s``. The min-acc mark on the axis is the
   ``min-acc`` gate's ``threshold`` field. With ``--gsm8k-config``: ``configs`` (each config's
@@ -529,7 +529,8 @@ def _run_card(report: Mapping[str, Any]) -> str:
             "tokens",
             f"prompt {_int(tokens.get('prompt_tokens')):,}, completion "
             f"{_int(tokens.get('completion_tokens')):,}; answers from cache: "
-            f"{_int(report.get('from_cache'))} of {report.get('n')}",
+            f"{_int(report.get('from_cache'))} of {report.get('n')}"
+            + (" (earlier runs, read with --gsm8k-resume)" if report.get("resumed") else ""),
         ),
         ("time", _time_line(report)),
     ]

@@ -129,5 +129,7 @@ class Report(ReportExtras):
     subset: dict[str, object]
     tokens: dict[str, int]
     from_cache: int
+    #: --gsm8k-resume: answers of earlier runs were read from the cache (``from_cache`` of them)
+    resumed: bool
     gates: list[GateRecord]
     problems: list[ProblemRecord]

@@ -201,6 +201,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("no-cache", "bool", "do not read or write the response cache", False),
     Option(
+        "resume",
+        "bool",
+        "read answers earlier runs left in the response cache (resume an unfinished run of "
+        "the same build, or re-score offline); by default every answer is asked for again",
+        False,
+    ),
+    Option(
         "stall-timeout",
         "float",
         "stop the run when no answer arrived for this many seconds while requests are in flight",
@@ -464,6 +471,8 @@ class Settings:
     params: tuple[tuple[str, str], ...]
     cache_dir: str | None
     no_cache: bool
+    #: --gsm8k-resume: read earlier runs' answers from the cache (otherwise only written)
+    resume: bool = False
     stall_timeout: float = 60.0
     local_threads: int | None = None
     local_ctx: int | None = None
@@ -839,6 +848,10 @@ def build_settings(
             f"--gsm8k-early-stop-alpha: must be between 0 and 1 (exclusive), "
             f"got {values['early_stop_alpha']}"
         )
+    if values["resume"] and values["no_cache"]:
+        raise SettingsError(
+            "--gsm8k-resume reads the response cache that --gsm8k-no-cache turns off: give one"
+        )
     serve = values["serve"]
     if serve and "{port}" not in str(serve):
         raise SettingsError(
@@ -884,6 +897,7 @@ def build_settings(
         params=params,
         cache_dir=values["cache_dir"] or None,
         no_cache=bool(values["no_cache"]),
+        resume=bool(values["resume"]),
         stall_timeout=float(values["stall_timeout"]),
         local_threads=values["local_threads"],
         local_ctx=values["local_ctx"],

@@ -48,6 +48,8 @@ class Summary:
     #: --gsm8k-config: each config's own summary, in run order (this one then counts them
     #: all together, and says no accuracy of its own: different models, different protocols)
     configs: list[Summary] = field(default_factory=list)
+    #: --gsm8k-resume: the cache was read, and every output says how many answers it gave
+    resumed: bool = False
 
     # -- derived numbers -----------------------------------------------------
 
@@ -230,6 +232,24 @@ class Summary:
             )
             self.gates = [undecided(g, why) for g in self.gates]
 
+    def earlier_answers(self) -> str:
+        """How many answers came from earlier runs, as every output of a resumed run says."""
+        return f"{self.from_cache()} of {self.n} answers from earlier runs (--gsm8k-resume)"
+
+    def note_resumed(self) -> None:
+        """--gsm8k-resume, once the gates are final: each gate (each config's, with its own
+        count) says how many of the answers it rests on came from earlier runs, wherever a
+        gate is shown (terminal, JSON, page, Markdown, JUnit)."""
+        self.resumed = True
+        for config in self.configs:
+            config.note_resumed()
+        if self.configs:
+            self.gather_gates()
+            return
+        self.gates = [
+            replace(g, detail=f"{g.detail}; {self.earlier_answers()}") for g in self.gates
+        ]
+
     def gather_gates(self) -> None:
         """--gsm8k-config: the run's gates are every config's (after a config gained one)."""
         self.gates = [g for c in self.configs for g in c.gates]
@@ -411,6 +431,7 @@ class Summary:
             f"  tokens: prompt {tokens.get('prompt_tokens', 0):,}, completion "
             f"{tokens.get('completion_tokens', 0):,}; answers from cache: "
             f"{self.from_cache()} of {self.n}"
+            + (" (earlier runs, read with --gsm8k-resume)" if self.resumed else "")
         )
         if self.truncated_share() > 0.01:
             out.append(
@@ -461,6 +482,7 @@ class Summary:
             "subset": self.subset,
             "tokens": self.tokens(),
             "from_cache": self.from_cache(),
+            "resumed": self.resumed,
             "gates": gates,
             **self.extra,
             "problems": records,

@@ -24,21 +24,33 @@ survives any kill.
 
 Entries never hold the API key: only the request body, the response and the
 server's description, all scrubbed before they get here.
+
+**A verdict rests on answers this run received.** Every entry names the run that wrote it,
+and by default the cache is written but only this run's own entries are read (answers
+another xdist worker of the run already stored): the same served name can hide new weights,
+and the same command a rebuilt engine, so only asking again tests the build. With
+``resume`` (``--gsm8k-resume``) earlier runs' entries are read too, except those of a run
+still going: a process that writes entries holds a shared ``flock`` on
+``runs/<run id>.lock`` for as long as it may write, which the operating system drops when
+the process ends, however it ends (a crashed or killed run's answers can be resumed; two
+runs at once never read each other's).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import fcntl
 import json
 import os
 import queue
+import re
 import shutil
 import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import stable_hash
@@ -50,6 +62,9 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to guard
 
 #: one entry to store: (key, request body, response, the server's description or None)
 Write = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
+
+#: what a run id stored in an entry must look like to name its lock file (a uuid's hex)
+_RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 
 def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None = None) -> str:
@@ -91,14 +106,52 @@ def _replaceable(path: str) -> bool:
     return stat.S_ISREG(mode)
 
 
-class ResponseCache:
-    """Response store under ``root``; ``persistent=False`` deletes it at :meth:`close`."""
+def _running(path: str) -> bool:
+    """Whether a process still holds the run lock at ``path`` (a run still going).
 
-    def __init__(self, root: Path, run_id: str, *, persistent: bool = True) -> None:
+    Taking the lock exclusively, without waiting, fails while any process of that run
+    holds it shared. No file: the run ended (it removes its lock) or never wrote. A lock
+    that cannot be tried (an unreadable file) counts as held: its entries are asked again.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | _NONBLOCK)  # NFS locks exclusively only for writing
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            fd = os.open(path, os.O_RDONLY | _NONBLOCK)  # a read-only copy of a cache
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True  # held (or the file system cannot tell): not read
+    finally:
+        os.close(fd)  # and with it the lock just taken
+    return False
+
+
+class ResponseCache:
+    """Response store under ``root``; ``persistent=False`` deletes it at :meth:`close`.
+
+    ``resume``: also read the entries of earlier runs that are no longer going
+    (``--gsm8k-resume``); otherwise only this run's own entries are read.
+    """
+
+    def __init__(
+        self, root: Path, run_id: str, *, persistent: bool = True, resume: bool = False
+    ) -> None:
         self.root = root
         self.entries = root / "responses"
         self.run_id = run_id
         self.persistent = persistent
+        self.resume = resume
+        #: held (shared) from this process's first entry until :meth:`close`: the run is going
+        self._run_lock: IO[bytes] | None = None
+        #: whether each other run whose entries were found is still going (asked once each)
+        self._going: dict[str, bool] = {}
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
         self.warnings: list[str] = []
@@ -129,9 +182,11 @@ class ResponseCache:
         An entry is used only when it names the same key and holds the same request
         body: a file copied or renamed into place answers another request. Such an
         entry, a corrupt one or a file that is not a regular file (a FIFO would block
-        the read forever) is warned about and treated as missing. The response comes
-        with the run (``_run``) and the server description (``_server``) it was
-        recorded under, for the engine to decide whether it still applies.
+        the read forever) is warned about and treated as missing. So is, silently, an
+        entry another run wrote, unless ``resume`` and that run is no longer going
+        (:func:`_running`). The response comes with the run (``_run``) and the server
+        description (``_server``) it was recorded under, for the engine to decide
+        whether it still applies.
         """
         path = self._entry_text(key)
         try:
@@ -168,6 +223,9 @@ class ResponseCache:
                 raise ValueError("unexpected layout")
             response = data.get("response")
             _check_response(response)
+            run = data.get("run")
+            if not isinstance(run, str) or not _RUN_ID.fullmatch(run):
+                raise ValueError("no run id")
         except ValueError as exc:
             self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc}); it will be re-requested")
             return None
@@ -178,10 +236,57 @@ class ResponseCache:
                 "request is not the one asked); such entries are ignored and asked again",
             )
             return None
+        if run != self.run_id and not (self.resume and not self._still_going(run)):
+            return None
         assert isinstance(response, dict)
-        response["_run"] = data.get("run")
+        response["_run"] = run
         response["_server"] = data.get("server")
         return response
+
+    def _lock_path(self, run: str) -> str:
+        return os.path.join(self.root, "runs", f"{run}.lock")
+
+    def _still_going(self, run: str) -> bool:
+        """Whether the run that wrote an entry is still going (judged once per run: its
+        entries are all read or all asked again), with one warning when it is."""
+        going = self._going.get(run)
+        if going is None:
+            going = self._going[run] = _running(self._lock_path(run))
+            if going:
+                self._warn(
+                    "going",
+                    f"gsm8k cache: {self.root} holds answers of another run that is still "
+                    "going; they are not read (asked again)",
+                )
+        return going
+
+    def _hold_run(self) -> None:
+        """Before this process's first entry: hold the run's lock, shared (an xdist worker
+        and the controller write for one run), so that no resume reads these entries while
+        the run goes on. A lock that cannot be held is an OSError: the entry is not
+        written (a warning), since nothing would then keep another run from reading it."""
+        if self._run_lock is not None or not self.persistent:
+            return
+        path = self._lock_path(self.run_id)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle = open(path, "a+b")  # noqa: SIM115 (held until close)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        except BaseException:
+            handle.close()
+            raise
+        self._run_lock = handle
+
+    def _release_run(self) -> None:
+        """The run's entries are all written: let go of its lock, and remove the file when
+        no other process of the run still holds it."""
+        handle, self._run_lock = self._run_lock, None
+        if handle is None:
+            return
+        with contextlib.suppress(OSError):
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(handle.name)
+        handle.close()
 
     def put(
         self,
@@ -192,6 +297,7 @@ class ResponseCache:
     ) -> None:
         """Store atomically: write a temporary file in the same folder, then rename.
         ``server``: what the server said about itself when it gave this answer."""
+        self._hold_run()
         path = self._entry_text(key)
         folder = os.path.dirname(path)
         if key[:2] not in self._made_dirs:
@@ -356,6 +462,7 @@ class ResponseCache:
             self._queue.put(None)
             self._writer.join(timeout=5)
             self._writer = None
+        self._release_run()
         if not self.persistent:
             shutil.rmtree(self.root, ignore_errors=True)
 

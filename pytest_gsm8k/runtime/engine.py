@@ -12,9 +12,10 @@ answer is already there it does not wake the loop at all (the two threads
 share one GIL, so every needless wake-up slows the other down).
 
 Requests go through the response cache when it can help: when it is
-persistent (resume, reruns; under xdist, also an answer another worker of the
-run already stored). With ``--gsm8k-no-cache`` a process keeps answers in
-memory only.
+persistent (``--gsm8k-resume``; under xdist, also an answer another worker of the
+run already stored). Without ``--gsm8k-resume`` the cache hands out this run's
+own answers only (:mod:`pytest_gsm8k.runtime.cache`): a verdict rests on answers
+this run received. With ``--gsm8k-no-cache`` a process keeps answers in memory only.
 
 The engine knows nothing of xdist. Under xdist with the plugin's own client,
 the controller runs the one engine and serves its answers to the workers
@@ -111,7 +112,7 @@ ReplyIdentity = tuple[str | None, str | None]
 STORM = 10
 
 #: after an early stop, how long closing waits for the requests already under way: they are
-#: paid for, and an answer that arrives is cached, so a later full run need not ask again.
+#: paid for, and an answer that arrives is cached, so a later resumed run need not ask again.
 #: Bounded, because a slow endpoint must not hold the verdict back for a whole generation.
 STOP_GRACE_SECONDS = 5.0
 
@@ -430,7 +431,7 @@ class Engine:
             lines.append(
                 f"gsm8k: {sum(late.values())} answers were graded from the cache before this "
                 f"run's first fresh reply showed the server replies differently ({why}); "
-                "rerun with --gsm8k-no-cache to ask them again"
+                "rerun without --gsm8k-resume to ask them again"
             )
         return [self._say(line) for line in lines]
 

@@ -1,5 +1,6 @@
-"""The response cache in real runs: entries that do not belong where they are found are
-asked again, and a special file at an entry's path is a miss, never a hang."""
+"""The response cache in real runs, read as a resume reads it (--gsm8k-resume): entries that
+do not belong where they are found are asked again, and a special file at an entry's path is
+a miss, never a hang."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def entry_files(root: Path) -> list[Path]:
 
 @pytest.fixture
 def run_args(gsm8k_args: list[str]) -> list[str]:
-    return [*gsm8k_args, "--gsm8k-cache-dir=cache"]
+    return [*gsm8k_args, "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
 
 
 def _entries_by_problem(cache: Path) -> dict[str, Path]:

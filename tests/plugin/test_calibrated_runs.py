@@ -219,8 +219,9 @@ def test_repeats_resume_from_the_cache_per_repeat(
     keyed_env: str,
 ) -> None:
     """Repeat 0 keeps the key of a run without repeats; each further repeat has its own:
-    a K=3 run after a plain one asks only repeats 1 and 2, and a rerun asks nothing."""
-    args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-cache-dir=cache"]
+    a K=3 run resumed after a plain one asks only repeats 1 and 2, and a resumed rerun asks
+    nothing."""
+    args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
     assert pytester.runpytest(*args).ret == 0
     assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 20
     server.reset()

@@ -192,7 +192,9 @@ def test_the_baseline_gate_stops_early_and_a_later_full_run_sends_only_the_rest(
     assert 22 <= first <= 22 + 4 + 1
     server.reset()
     server.set_script(Script(default="wrong"))
-    full = pytester.runpytest(*run, "--gsm8k-cache-dir=cache2", "--gsm8k-report=full.json")
+    full = pytester.runpytest(
+        *run, "--gsm8k-cache-dir=cache2", "--gsm8k-resume", "--gsm8k-report=full.json"
+    )
     assert full.ret == 1
     # the cache kept what the early run asked, including the answers under way at the stop
     assert sent(server) == 200 - first

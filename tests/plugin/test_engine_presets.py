@@ -134,9 +134,11 @@ def test_vllm_preset_outcomes_a_failed_request_is_an_error(
     }
 
 
-def test_vllm_preset_cache_rerun_sends_nothing(
+def test_vllm_preset_resumed_rerun_sends_nothing(
     pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
 ) -> None:
+    """The vllm preset's cache keys name its exact bytes: a resumed rerun (--gsm8k-resume)
+    finds every answer, another body (4 shots) none."""
     server = FakeOpenAIServer(gsm8k_data / "test.jsonl", api_key=TEST_KEY)
 
     def completions() -> int:
@@ -146,9 +148,10 @@ def test_vllm_preset_cache_rerun_sends_nothing(
     try:
         first = _run(pytester, server, [0, 1, 2], "--gsm8k-preset=vllm")
         sent = completions()
-        second = _run(pytester, server, [0, 1, 2], "--gsm8k-preset=vllm")
+        resume = ("--gsm8k-preset=vllm", "--gsm8k-resume")
+        second = _run(pytester, server, [0, 1, 2], *resume)
         again = completions() - sent
-        third = _run(pytester, server, [0, 1, 2], "--gsm8k-preset=vllm", "--gsm8k-shots=4")
+        third = _run(pytester, server, [0, 1, 2], *resume, "--gsm8k-shots=4")
         other = completions() - sent
     finally:
         server.stop()

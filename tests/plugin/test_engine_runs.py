@@ -37,7 +37,7 @@ def comparable(report: dict[str, Any]) -> dict[str, Any]:
     out = {
         k: v
         for k, v in report.items()
-        if k not in ("from_cache", "started_at", "finished_at", "duration_s")
+        if k not in ("from_cache", "resumed", "started_at", "finished_at", "duration_s")
     }
     out["problems"] = [{k: v for k, v in p.items() if k != "cached"} for p in report["problems"]]
     return out
@@ -264,7 +264,7 @@ def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
     assert kept <= first_run < 120
 
     server.reset()
-    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    result = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
     assert sent(server) == 120 - kept  # only the missing ones
     assert set(per_problem(server).values()) == {1}
@@ -274,9 +274,11 @@ def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
     result.stdout.fnmatch_lines([f"*answers from cache: {kept} of 120*"])
 
 
-def test_rerun_of_a_finished_run_sends_nothing_and_reports_the_same(
+def test_rerun_of_a_finished_run_asks_again_and_a_resume_sends_nothing_and_reports_the_same(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
+    """A verdict rests on answers this run received: a rerun asks the endpoint again. With
+    --gsm8k-resume (re-scoring offline) it reads every answer and reports the same."""
     server.set_script(Script(behaviours={i: "wrong" for i in range(0, 1319, 5)}))
     run = [*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
     first = pytester.runpytest(*run, "--gsm8k-report=first.json")
@@ -284,7 +286,15 @@ def test_rerun_of_a_finished_run_sends_nothing_and_reports_the_same(
     assert sent(server) == 40
     first.stdout.fnmatch_lines(["*answers from cache: 0 of 40*"])
     server.reset()
-    second = pytester.runpytest(*run, "--gsm8k-report=second.json")
+    rerun = pytester.runpytest(*run, "--gsm8k-report=rerun.json")
+    assert rerun.ret == 0
+    assert sent(server) == 40
+    rerun.stdout.fnmatch_lines(["*answers from cache: 0 of 40*"])
+    assert comparable(read_report(pytester.path / "rerun.json")) == comparable(
+        read_report(pytester.path / "first.json")
+    )
+    server.reset()
+    second = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=second.json")
     assert second.ret == 0
     assert sent(server) == 0
     second.stdout.fnmatch_lines(["*answers from cache: 40 of 40*"])
@@ -309,7 +319,7 @@ def test_corrupt_cache_entries_are_warned_about_and_re_requested(
     files[1].write_text("not json at all")
     files[2].write_text(json.dumps({"v": 1, "response": {"completions": "nope"}}))
     server.reset()
-    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    result = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
     assert sent(server) == 3
     text = output(result)
@@ -319,7 +329,7 @@ def test_corrupt_cache_entries_are_warned_about_and_re_requested(
     assert report["from_cache"] == 9
     result.stdout.fnmatch_lines(["*answers from cache: 9 of 12*"])
     server.reset()
-    assert pytester.runpytest(*run).ret == 0
+    assert pytester.runpytest(*run, "--gsm8k-resume").ret == 0
     assert sent(server) == 0  # repaired
 
 
@@ -343,7 +353,7 @@ def test_another_protocol_or_model_never_hits_the_entries(
     keyed_env: str,
     gsm8k_data: Path,
 ) -> None:
-    run = [*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache"]
+    run = [*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
     assert pytester.runpytest(*run).ret == 0
     assert sent(server) == 10
     for change in ("--gsm8k-max-tokens=512", "--gsm8k-system=Be brief."):

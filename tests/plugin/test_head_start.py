@@ -172,7 +172,7 @@ def test_cached_answers_the_head_start_finds_are_checked_against_a_fresh_reply(
     server.set_script(Script(default="wrong"))
     server.fingerprint = "fp-2"
     server.reset()
-    second = pytester.runpytest(*args, "-n", "2", "--gsm8k-report=r.json")
+    second = pytester.runpytest(*args, "-n", "2", "--gsm8k-resume", "--gsm8k-report=r.json")
     text = output(second)
     assert second.ret == 0, text
     assert sent(server) == 50, text  # the 8 cached answers asked again

@@ -130,7 +130,7 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
     entries = list((pytester.path / "cache" / "responses").rglob("*.json"))
     assert len(entries) == 6
     server.reset()
-    again = pytester.runpytest(*run, "--gsm8k-report=r2.json")
+    again = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r2.json")
     assert again.ret == 0, output(again)
     assert sent(server) == 0, output(again)
     again.stdout.fnmatch_lines(["*answers from cache: 6 of 6*"])

@@ -1,4 +1,5 @@
-"""Cached answers are reused only for the server that gave them.
+"""Cached answers are reused only for the server that gave them (when a run reads the cache
+at all: --gsm8k-resume).
 
 A release gate that graded an old model's cached answers would pass a new,
 worse model silently. Each run here records answers from the scripted
@@ -25,7 +26,7 @@ CHANGED_LINE = re.compile(
 
 @pytest.fixture
 def args(gsm8k_args: list[str]) -> list[str]:
-    return [*gsm8k_args, "--gsm8k-cache-dir=cache"]
+    return [*gsm8k_args, "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
 
 
 def changed_lines(text: str) -> list[re.Match[str]]:

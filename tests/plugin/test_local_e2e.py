@@ -87,10 +87,16 @@ def test_local_model_end_to_end(tmp_path: Path, gsm8k_data: Path) -> None:
         assert problem["usage"]["completion_tokens"] > 0
     pid = data["local_server"]["pid"]
     assert not _alive(pid), f"llama.cpp server pid {pid} outlived the run"
-    # The same command again: the server this run starts is the thing under test, and the
-    # first run finished, so every problem is asked again (only an unfinished run resumes).
+    # The same command again, even resumed: the server this run starts is the thing under
+    # test, and the first run finished, so every problem is asked again (only an unfinished
+    # run resumes).
     again = subprocess.run(
-        proc.args, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
+        [*proc.args, "--gsm8k-resume"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
     )
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     rerun = json.loads(report.read_text())

@@ -380,7 +380,7 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     assert "3 problems ended in an error" in text
     assert not (pytester.path / "__snapshots__").exists()
     server.reset()
-    again = pytester.runpytest(*run, "--gsm8k-report=r2.json")
+    again = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r2.json")
     assert again.ret == 1
     assert sent(server) == 3  # only the unanswered ones are asked again
 

@@ -165,10 +165,11 @@ def test_a_serve_run_resumes_an_unfinished_run_and_never_reuses_a_finished_one(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
 ) -> None:
     """The served port is new in every run: the cache is keyed by the command line (with
-    ``{port}`` as written), so a run that did not finish resumes (only the problem that
-    errored is asked again). A started server is the thing under test: once a run has every
-    answer, the next run asks again (a rebuilt engine describes itself the same; reusing
-    its answers once passed a regressed build). Another command is another server."""
+    ``{port}`` as written), so a run that did not finish resumes with --gsm8k-resume (only
+    the problem that errored is asked again). A started server is the thing under test:
+    once a run has every answer, the next run asks again, even with --gsm8k-resume (a
+    rebuilt engine describes itself the same; reusing its answers once passed a regressed
+    build). Another command is another server."""
     rows = (gsm8k_data / "test.jsonl").read_text().splitlines()[:10]
     data = tmp_path / "ten.jsonl"
     data.write_text("\n".join(rows) + "\n")
@@ -176,7 +177,8 @@ def test_a_serve_run_resumes_an_unfinished_run_and_never_reuses_a_finished_one(
     script.write_text(json.dumps({"behaviours": {"3": "error500"}}))
     fake = Fake(gsm8k_data, tmp_path, "--script", str(script))
     cache = f"--gsm8k-cache-dir={tmp_path / 'cache'}"
-    run = [f"--gsm8k-data={data}", "--gsm8k-max-retries=0", cache, *NOISE, *xdist]
+    run = [f"--gsm8k-data={data}", "--gsm8k-max-retries=0", cache, "--gsm8k-resume"]
+    run += [*NOISE, *xdist]
     first = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
     assert first.ret == 1, first.stdout.str()  # one error: the run did not finish
     assert len(fake.bodies()) == 10

@@ -418,10 +418,10 @@ def test_a_config_run_on_part_of_its_questions_is_no_verdict(
 def test_a_config_resumes_only_its_unfinished_run_and_only_with_the_same_env(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
-    """A config's server is the thing under test. A run that errored resumes (the answers
-    it has are kept); a config whose ``env`` changed is another server (once, a changed
-    backend variable reran on the old answers and passed); a finished run's answers are
-    never reused by the next run."""
+    """A config's server is the thing under test. A run that errored resumes with
+    --gsm8k-resume (the answers it has are kept); a config whose ``env`` changed is
+    another server (once, a changed backend variable reran on the old answers and passed);
+    a finished run's answers are never reused by the next run."""
     folder = tmp_path / "configs"
     folder.mkdir()
     yaml = folder / "Alpha-1B.yaml"
@@ -433,6 +433,7 @@ def test_a_config_resumes_only_its_unfinished_run_and_only_with_the_same_env(
         f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'e.jsonl', '--record-file', str(bodies))}",
         f"--gsm8k-data={gsm8k_data}",
         f"--gsm8k-cache-dir={tmp_path / 'cache'}",
+        "--gsm8k-resume",
         "--gsm8k-max-retries=0",
         *NOISE,
     ]

@@ -160,7 +160,7 @@ def test_sigkill_of_the_xdist_controller_leaves_no_process_and_a_rerun_sends_the
     kept = len(list(cache.glob("responses/*/*.json")))
     assert 20 <= kept < 120
     server.reset()
-    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    result = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
     assert sent(server) == 120 - kept
     assert set(server.stats()["requests_by_index"].values()) == {1}

@@ -42,6 +42,7 @@ def test_defaults_are_test_at_1_zero_shot_chat() -> None:
     assert s.max_tokens >= 512  # generous enough for chain of thought
     assert s.api_key_env == "OPENAI_API_KEY"
     assert s.model is None
+    assert s.resume is False  # a verdict rests on answers this run received
 
 
 def test_the_key_is_never_an_option() -> None:
@@ -176,6 +177,7 @@ def _settings(**given: Any) -> Any:
         ({"protocol": "maj@1025"}, "at most 1024"),
         ({"concurrency": "5000"}, "at most 4096"),
         ({"stall_timeout": "0"}, "--gsm8k-stall-timeout"),
+        ({"resume": True, "no_cache": True}, "--gsm8k-resume reads the response cache that"),
     ],
 )
 def test_settings_refused_with_one_line(given: dict[str, Any], needle: str) -> None:

@@ -8,6 +8,9 @@ test_cache_runs.py; these tests pin the pieces those runs rely on.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -177,7 +180,65 @@ def test_throwaway_cache_is_removed_persistent_one_keeps_entries(tmp_path: Path)
         cache.close()
     assert not (tmp_path / "drop").exists()
     assert len(entry_files(tmp_path / "keep")) == 1
-    assert ResponseCache(tmp_path / "keep", "r2").get(cache_key("u", BODY, "0"), BODY)
+    assert ResponseCache(tmp_path / "keep", "r2", resume=True).get(cache_key("u", BODY, "0"), BODY)
+
+
+# -- whose entries are read: a verdict rests on answers this run received --------------------
+
+
+def test_rule1_another_runs_entries_are_read_only_with_resume(tmp_path: Path) -> None:
+    """Rule 1: by default a cache hands out this run's own entries only (another xdist
+    worker's answer); an earlier run's are read only when the user resumes."""
+    key = cache_key("u", BODY, "0")
+    earlier = make(tmp_path, "earlier")
+    earlier.put(key, BODY, RESPONSE)
+    assert earlier.get(key, BODY) is not None  # its own entry
+    earlier.close()
+    assert make(tmp_path, "now").get(key, BODY) is None
+    hit = ResponseCache(tmp_path / "cache", "now", resume=True).get(key, BODY)
+    assert hit is not None
+    assert hit["_run"] == "earlier"
+    assert not (tmp_path / "cache" / "runs" / "earlier.lock").exists()  # removed when done
+
+
+def test_rule1_a_run_still_going_is_never_read_even_with_resume(tmp_path: Path) -> None:
+    """Rule 1: a run holds its lock from its first entry until it closes; a resume reads
+    none of its entries meanwhile (one warning), and all of them once it has ended."""
+    key = cache_key("u", BODY, "0")
+    going = make(tmp_path, "going")
+    going.put(key, BODY, RESPONSE)
+    reader = ResponseCache(tmp_path / "cache", "now", resume=True)
+    assert reader.get(key, BODY) is None
+    assert reader.get(key, BODY) is None
+    [warning] = reader.take_warnings()
+    assert "another run that is still going" in warning
+    going.close()
+    assert ResponseCache(tmp_path / "cache", "later", resume=True).get(key, BODY) is not None
+
+
+def test_rule1_a_killed_runs_entries_can_be_resumed(tmp_path: Path) -> None:
+    """Rule 1: the lock goes with the process however it ends: a run killed with SIGKILL
+    (it never closed its cache) leaves entries a resume reads."""
+    key = cache_key("u", BODY, "0")
+    code = (
+        "import json, os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from pytest_gsm8k.runtime.cache import ResponseCache\n"
+        "key, body, response = json.loads(sys.argv[2])\n"
+        "ResponseCache(Path(sys.argv[1]), 'killed').put(key, body, response)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    root = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root), json.dumps([key, BODY, RESPONSE])],
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL
+    assert (root / "runs" / "killed.lock").exists()  # left behind, but no longer held
+    hit = ResponseCache(root, "now", resume=True).get(key, BODY)
+    assert hit is not None
+    assert hit["_run"] == "killed"
 
 
 # -- entries that do not belong where they are found -------------------------------------

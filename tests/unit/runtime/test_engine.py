@@ -301,14 +301,16 @@ def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: P
     assert len(keys) == 3
     assert cache_key(client.endpoint, body, "0") in keys  # the key without repeats
 
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run1"), concurrency=2)
+    cache = ResponseCache(tmp_path / "c", "run1")
+    engine = Engine(client, cache, concurrency=2)
     try:
         assert engine.result(request).completions  # a run without repeats
     finally:
         engine.close()
+        cache.close()  # that run ended (a run still going is never read)
     assert client.order == ["p000"]
     client = ScriptedClient()
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run2"), concurrency=2)
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run2", resume=True), concurrency=2)
     try:
         answers = [engine.result(ask) for ask in request.asks(3)]
     finally:
