@@ -74,12 +74,20 @@ def apply_baseline(
         _write_baseline(summary, settings, stored, split, stopped_early, deselected_by)
         return
     if not stored.exists:
-        message = (
-            f"no baseline at {shown_path}; record one with: pytest <same options> --snapshot-update"
-        )
-        nearby = _other_protocols(stored, report)
-        if nearby:
-            message += f" ({nearby})"
+        record = "pytest <same options> --snapshot-update"
+        moved = bl.moved_from(stored.beside, report)
+        if moved is not None and not (settings.baseline or settings.baseline_name):
+            # found by its label, a changed protocol finds no file: never "no baseline yet"
+            summary.add_gate(
+                "baseline",
+                False,
+                f"no baseline of this protocol at {shown_path}, but one of another protocol on "
+                f"the same data: {moved}; record this protocol's with: {record}",
+            )
+            return
+        message = f"no baseline at {shown_path}; record one with: {record}"
+        if moved is not None:
+            message += f" (one of another protocol is beside it: {moved})"
         if settings.require_baseline:
             summary.add_gate("baseline", False, message + " (--gsm8k-require-baseline)")
         else:
@@ -322,40 +330,6 @@ def _fewer_repeats(stored: StoredBaseline, repeats: int) -> str | None:
         f"record it with --gsm8k-repeats {stored_k} (or delete the file to record a "
         "baseline of fewer runs)"
     )
-
-
-def _other_protocols(stored: StoredBaseline, report: Report, most: int = 3) -> str:
-    """When this protocol has no baseline, the baselines beside where it would be and what
-    differs in each: a baseline is looked up by the protocol's label (its file name), and
-    every other field of the protocol must match it, so a changed option shows here."""
-    found: list[str] = []
-    try:
-        others = sorted(
-            (p for p in stored.path.parent.glob("*.gsm8k") if p != stored.path),
-            key=lambda p: p.stat().st_mtime,
-            reverse=True,
-        )
-    except OSError:
-        return ""
-    for path in others[:most]:
-        try:
-            document = bl.loads(path.read_text(encoding="utf-8"), path.name)
-        except (OSError, UnicodeDecodeError, bl.BaselineError):
-            continue
-        if _config_name(document) != _config_name(report):
-            continue  # another config's baseline (--gsm8k-config): not a changed option
-        difference = bl.first_difference(document, report)
-        if difference:
-            found.append(f"{path.name}: {difference}")
-    if not found:
-        return ""
-    return "the baselines beside it are of other protocols: " + "; ".join(found)
-
-
-def _config_name(document: Mapping[str, Any]) -> object:
-    """The vLLM config a baseline or report is of (None outside --gsm8k-config)."""
-    config = document.get("config")
-    return config.get("name") if isinstance(config, Mapping) else None
 
 
 def _dropped(stored: StoredBaseline, report: Report, split: Sequence[Problem]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
@@ -193,14 +194,15 @@ def baseline_path(settings: Settings, rootpath: Path, label: str, snapshot_dirna
     return rootpath / snapshot_dirname / "gsm8k" / f"{name}.gsm8k"
 
 
-def read_baseline(path: Path, rootpath: Path) -> StoredBaseline:
-    """The baseline file, read and checked once (a missing file is not an error here)."""
+def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBaseline:
+    """The baseline file, read and checked once (a missing file is not an error here; then,
+    with ``beside``, the baselines in its folder are read for the gate to name)."""
     try:
         shown = str(path.resolve().relative_to(rootpath.resolve()))
     except (ValueError, OSError):
         shown = str(path)
     if not path.exists():
-        return StoredBaseline(path, shown)
+        return StoredBaseline(path, shown, beside=_beside(path, rootpath) if beside else ())
     try:
         document = bl.loads(path.read_text(encoding="utf-8"), shown)
     except (OSError, UnicodeDecodeError) as exc:
@@ -208,6 +210,17 @@ def read_baseline(path: Path, rootpath: Path) -> StoredBaseline:
     except bl.BaselineError as exc:
         return StoredBaseline(path, shown, error=str(exc))
     return StoredBaseline(path, shown, document=document)
+
+
+def _beside(path: Path, rootpath: Path) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The readable baselines in ``path``'s folder, newest first (unreadable ones are not
+    this protocol's to judge: they are skipped)."""
+    try:
+        found = sorted(path.parent.glob("*.gsm8k"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return ()
+    read = (read_baseline(p, rootpath, beside=False) for p in found)
+    return tuple((b.shown, b.document) for b in read if b.document is not None)
 
 
 def build_plan(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,9 @@ NAME_LIMIT = 200
 #: what names a vLLM config (--gsm8k-config) in its baseline: a baseline of one config must
 #: never gate another, even of the same protocol
 CONFIG_KEYS = ("name", "model_name")
+#: protocol fields that follow from others (the shots and their seed or file): named only
+#: when nothing a user sets differs
+DERIVED = ("fewshot_hash", "fewshot_source")
 
 
 def default_name(label: str) -> str:
@@ -393,7 +396,8 @@ def first_difference(
     """
     now_protocol = {k: v for k, v in summary_json["protocol"].items() if k != "label"}
     base_protocol = {k: v for k, v in baseline["protocol"].items() if k != "label"}
-    for key in sorted(set(now_protocol) | set(base_protocol)):
+    # the options a user sets before what follows from them: "shots is 5", not a hash
+    for key in sorted(set(now_protocol) | set(base_protocol), key=lambda k: (k in DERIVED, k)):
         if now_protocol.get(key) != base_protocol.get(key):
             return (
                 f"protocol {key} is {now_protocol.get(key)!r} {here} but "
@@ -416,6 +420,36 @@ def first_difference(
                 f"{baseline['dataset'].get(key)!r} {there}"
             )
     return None
+
+
+def moved_from(
+    beside: Iterable[tuple[str, Mapping[str, Any]]], here: Mapping[str, Any]
+) -> str | None:
+    """Where the baseline of a protocol that has none may have moved from: the first of
+    ``beside`` (the baselines in its folder, named by other labels) of the same dataset and
+    config as ``here`` but another protocol, as ``<file> (<the field that differs>)``.
+
+    None for a first baseline, or when only other datasets' or other configs' are beside it.
+    A baseline is found by its protocol's label, so a changed label (shots, api, params)
+    would otherwise pass as "no baseline yet".
+    """
+    for shown, document in beside:
+        if _config_name(document) != _config_name(here) or any(
+            document["dataset"].get(key) != here["dataset"].get(key)
+            for key in DATASET_KEYS
+            if key != "rows"
+        ):
+            continue
+        difference = first_difference(document, here, there="there")
+        if difference:
+            return f"{shown} ({difference})"
+    return None
+
+
+def _config_name(document: Mapping[str, Any]) -> object:
+    """The vLLM config a baseline or report is of (None outside --gsm8k-config)."""
+    config = document.get("config")
+    return config.get("name") if isinstance(config, Mapping) else None
 
 
 @dataclass

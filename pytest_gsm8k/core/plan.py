@@ -71,13 +71,16 @@ class StoredBaseline:
 
     ``document`` is the parsed baseline when the file exists and could be read;
     ``error`` says why it could not (one line, naming the file); both are None
-    when there is no file.
+    when there is no file, and then ``beside`` holds the readable baselines in its
+    folder (shown path, document; newest first), one of which a changed protocol may
+    have moved from (:func:`~pytest_gsm8k.core.baseline.moved_from`).
     """
 
     path: Path
     shown: str
     document: dict[str, Any] | None = None
     error: str | None = None
+    beside: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @property
     def exists(self) -> bool:

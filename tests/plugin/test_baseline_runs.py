@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
+from helpers import XDIST, output
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -194,6 +195,40 @@ def test_missing_baseline_is_a_note_unless_required(
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-require-baseline")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*gate baseline: FAIL: no baseline at*--gsm8k-require-baseline*"])
+
+
+@XDIST
+def test_a_protocol_change_fails_the_gate_naming_the_baseline_it_moved_from(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """Rule: a protocol with no baseline of its own, beside a baseline of another protocol on
+    the same data, fails the baseline gate (without --gsm8k-require-baseline too), naming
+    that file and the field that differs, until its own baseline is recorded (issue 34.2)."""
+    args = [*gsm8k_args, "--gsm8k-limit=10", *xdist]
+    assert pytester.runpytest(*args, "--snapshot-update").ret == 0
+    result = pytester.runpytest(*args, "--gsm8k-shots=5")
+    assert result.ret == 1, output(result)
+    result.stdout.fnmatch_lines(
+        [
+            "*gate baseline: FAIL: no baseline of this protocol at "
+            "__snapshots__/gsm8k/test@1_5-shot_CoT.gsm8k, but one of another protocol on the "
+            f"same data: {BASELINE} (protocol shots is 5 here but 0 there); record this "
+            "protocol's with: pytest <same options> --snapshot-update"
+        ]
+    )
+    # recorded as the line says, the new protocol gates against its own baseline
+    assert pytester.runpytest(*args, "--gsm8k-shots=5", "--snapshot-update").ret == 0
+    again = pytester.runpytest(*args, "--gsm8k-shots=5")
+    assert again.ret == 0, output(again)
+    again.stdout.fnmatch_lines(["*gate baseline: PASS*"])
+    # a baseline chosen by name is the one the user named: a missing one stays a note
+    named = pytester.runpytest(*args, "--gsm8k-shots=2", "--gsm8k-baseline-name=explore")
+    assert named.ret == 0, output(named)
+    assert "no baseline at __snapshots__/gsm8k/explore.gsm8k; record one with" in output(named)
 
 
 def test_update_after_errors_refuses_to_write(

@@ -78,21 +78,19 @@ def test_the_rest_of_the_newly_failing_list_is_where_the_run_put_it(
     assert len(report(pytester)["baseline"]["newly_failing"]) == 30
 
 
-def test_a_missing_baseline_names_the_protocols_beside_it(
+def test_a_missing_baseline_names_the_protocol_beside_it_by_the_option_that_differs(
     pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     """One rule: a baseline is found by the protocol's label and every other field must
-    match; a protocol with no baseline names the ones beside it and what differs."""
+    match; a protocol with no baseline names the one beside it and what differs, by the
+    option a user sets (shots), not the hash of the exemplars that follow from it."""
     assert pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--snapshot-update").ret == 0
     result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-shots=1")
     text = output(result)
-    assert "no baseline at __snapshots__/gsm8k/test@1_1-shot_CoT.gsm8k" in text
-    assert "the baselines beside it are of other protocols: test@1_0-shot_CoT.gsm8k:" in text
-    required = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=3", "--gsm8k-shots=1", "--gsm8k-require-baseline"
-    )
-    assert required.ret == 1
-    assert "test@1_0-shot_CoT.gsm8k: protocol" in output(required)
+    assert result.ret == 1, text
+    assert "no baseline of this protocol at __snapshots__/gsm8k/test@1_1-shot_CoT.gsm8k" in text
+    assert f"{BASELINE} (protocol shots is 1 here but 0 there)" in text
+    assert "fewshot_hash" not in text
 
 
 CALLABLE_CONFTEST = """

@@ -29,23 +29,26 @@ ALPHA = f"__snapshots__/gsm8k/Alpha-1B_{LABEL}.gsm8k"
 DELTA = f"__snapshots__/gsm8k/Delta-3B_{LABEL}.gsm8k"
 
 
-def _config(model: str, script: str, questions: int = 20) -> str:
+def _config(model: str, script: str, questions: int = 20, shots: int = 2) -> str:
     # vLLM's rule is lenient here (0.5 - 0.1): a drop the baseline gate sees may pass it
     return (
         f'model_name: "org/{model}"\n'
         "accuracy_threshold: 0.5\n"
         "tolerance: 0.1\n"
         f"num_questions: {questions}\n"
-        "num_fewshot: 2\n"
+        f"num_fewshot: {shots}\n"
         "env:\n"
         f"  FAKESERVER_SCRIPT: '{script}'\n"
     )
 
 
-def _configs(folder: Path, delta_script: str = '{"default": "correct"}') -> Path:
+def _configs(
+    folder: Path, delta_script: str = '{"default": "correct"}', delta_shots: int = 2
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "Alpha-1B.yaml").write_text(_config("Alpha-1B", '{"default": "correct"}'), "utf-8")
-    (folder / "Delta-3B.yaml").write_text(_config("Delta-3B", delta_script), "utf-8")
+    delta = _config("Delta-3B", delta_script, shots=delta_shots)
+    (folder / "Delta-3B.yaml").write_text(delta, "utf-8")
     return folder
 
 
@@ -143,13 +146,36 @@ def test_a_config_without_a_baseline_is_a_note_or_a_fail_when_required(
     out = output(noted)
     assert noted.ret == 0, out
     assert f"baseline: no baseline at {DELTA}; record one with" in out
-    assert "the baselines beside it" not in out  # Alpha's is another config's, not a change
+    assert "another protocol" not in out  # Alpha's is another config's, not a change
     assert _table(out)["Delta-3B"][-2:] == ["none", "PASS"]
     required = _run(pytester, folder, gsm8k_data, "--gsm8k-require-baseline")
     out = output(required)
     assert required.ret == 1, out
     assert f"gate Delta-3B:baseline: FAIL: no baseline at {DELTA}" in out
     assert "gate Alpha-1B:baseline: PASS" in out
+
+
+@XDIST
+def test_a_configs_protocol_change_fails_its_gate_naming_its_baseline(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """Rule, per config: a config whose protocol changed (its num_fewshot) has no baseline
+    under its new label, and its baseline of the old protocol beside it fails its gate,
+    named with the field that differs; the other config still passes its own (issue 34.2)."""
+    folder = _configs(tmp_path / "configs")
+    assert _run(pytester, folder, gsm8k_data, "--snapshot-update", *xdist).ret == 0
+    _configs(folder, delta_shots=3)
+    changed = _run(pytester, folder, gsm8k_data, *xdist)
+    out = output(changed)
+    assert changed.ret == 1, out
+    moved = DELTA.replace("2-shot", "3-shot")
+    assert (
+        f"gate Delta-3B:baseline: FAIL: no baseline of this protocol at {moved}, but one of "
+        f"another protocol on the same data: {DELTA} (protocol shots is 3 here but 2 there); "
+        "record this protocol's with: pytest <same options> --snapshot-update"
+    ) in out
+    assert "gate Alpha-1B:baseline: PASS" in out
+    assert _table(out)["Delta-3B"][-2:] == ["FAIL", "FAIL"]
 
 
 def test_a_narrowed_config_records_its_baseline_only_when_told_it_is_partial(

@@ -49,6 +49,9 @@ def test_the_section_has_the_commands_it_describes() -> None:
     assert commands[-1].startswith("pytest -m gsm8k ")
     assert EXAMPLE_URL in _ini()
     assert "gsm8k_model" not in _ini()  # it would put the gate in every run of the suite
+    # the ini requires a baseline (a changed protocol fails anyway): the first is recorded
+    assert "gsm8k_require_baseline = true" in _ini()
+    assert commands[-2] == commands[-1] + " --snapshot-update"
 
 
 def _clean_env() -> dict[str, str]:
@@ -99,6 +102,8 @@ def test_the_section_works_from_a_wheel_in_a_fresh_virtualenv(
     assert proc.returncode == 0, shown
     assert "gsm8k acc (test@1, 0-shot CoT) = 1.0000" in proc.stdout, shown
     assert "gate min-acc: PASS" in proc.stdout, shown
+    assert "baseline written: __snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k" in proc.stdout, shown
+    assert "gate baseline: PASS" in proc.stdout, shown
     assert "1 deselected, 1319 correct" in proc.stdout, shown
     assert "test_app" not in proc.stdout
 

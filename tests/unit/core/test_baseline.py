@@ -228,6 +228,47 @@ def test_a_configs_baseline_holds_its_name_and_model_and_gates_no_other_config()
     )
 
 
+# -- a protocol that has no baseline, beside one of another protocol ----------------------------
+
+
+def _shots(report: dict[str, Any], shots: int, **dataset: Any) -> dict[str, Any]:
+    """``report`` asked with ``shots`` exemplars (and another dataset's fields, if given)."""
+    fewshot = {"fewshot_hash": "ab12" if shots else None, "fewshot_source": "train (seed 1)"}
+    return report | {
+        "protocol": report["protocol"] | {"shots": shots, **fewshot},
+        "dataset": report["dataset"] | dataset,
+    }
+
+
+def test_the_first_difference_is_an_option_a_user_sets_not_what_follows_from_it() -> None:
+    """Rule: "shots is 5 here but 0 there", never the exemplars' hash (issue 34.2)."""
+    base = bl.build(_shots(_report([_record("test-0000", ["correct"])]), 0))
+    now = _shots(_report([_record("test-0000", ["correct"])]), 5)
+    assert bl.first_difference(base, now, there="there") == "protocol shots is 5 here but 0 there"
+
+
+def test_a_protocol_moved_from_the_baseline_of_the_same_data_and_config_only() -> None:
+    """Rule: a missing baseline's protocol moved from a baseline beside it of the same dataset
+    and config but another protocol; another dataset's or config's is no move (issue 34.2)."""
+    run = _shots(_report([_record("test-0000", ["correct"])]), 5)
+    old = bl.build(_shots(_report([_record("test-0000", ["correct"])]), 0))
+    other_data = bl.build(_shots(_report([_record("test-0000", ["correct"])]), 0, fingerprint="g"))
+    configs = bl.build(_shots(_config_report("Alpha", "org/Alpha"), 0))
+    smaller = old | {"dataset": old["dataset"] | {"rows": 50}}  # a subset of the same split
+    assert bl.moved_from([], run) is None
+    assert bl.moved_from([("o.gsm8k", other_data), ("c.gsm8k", configs)], run) is None
+    assert bl.moved_from([("o.gsm8k", other_data), ("b.gsm8k", smaller)], run) == (
+        "b.gsm8k (protocol shots is 5 here but 0 there)"
+    )
+    # a config's protocol moves within the config's own name (its model may change too)
+    alpha = _shots(_config_report("Alpha", "org/Alpha-2"), 5)
+    assert bl.moved_from([("d.gsm8k", old), ("c.gsm8k", configs)], alpha) == (
+        "c.gsm8k (protocol shots is 5 here but 0 there)"
+    )
+    # the same protocol under another name (--gsm8k-baseline-name) is not another protocol
+    assert bl.moved_from([("named.gsm8k", bl.build(run))], run) is None
+
+
 def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_its_line() -> None:
     """Rule: a duplicate key in a baseline is refused (json keeps the later copy silently:
     a problem id pasted twice would gate against whichever outcome came last)."""
