@@ -13,11 +13,12 @@ from typing import Any
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach
 from pytest_gsm8k.core.gates import difference_words, failing_words
-from pytest_gsm8k.core.markdown import LISTED, fit, gate_table, problem_list
+from pytest_gsm8k.core.markdown import against_baseline, fit, gate_table
 from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 from pytest_gsm8k.core.records import Report
 from pytest_gsm8k.core.scrub import md_code, md_text
 from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.stats import accuracy_interval
 from pytest_gsm8k.core.summary import Summary
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.files import write_atomic
@@ -185,16 +186,20 @@ def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
     diff, low, high = difference(pairs)
     shared = len(pairs)
     runs = max((p.base_runs for p in pairs), default=1)
+    now_runs = max((p.now_runs for p in pairs), default=1)
     return {
         # like with like: the mean rates over every run of each side, one estimate
         "baseline_accuracy": sum(p.base_rate for p in pairs) / shared if shared else 0.0,
         "current_accuracy": sum(p.now_rate for p in pairs) / shared if shared else 0.0,
+        # each side's interval by the headline's rule (one run: Wilson; repeats: clustered)
+        "baseline_ci95": list(accuracy_interval([p.base_rate for p in pairs], runs)),
+        "current_ci95": list(accuracy_interval([p.now_rate for p in pairs], now_runs)),
         "difference": diff,
         "difference_ci95": [low, high],
         "p_value": seen.p,
         "p_values": {"flips": seen.flip, "drop": seen.drop, "rise": seen.rise},
         "alpha": alpha,
-        "repeats": {"baseline": runs, "run": max((p.now_runs for p in pairs), default=1)},
+        "repeats": {"baseline": runs, "run": now_runs},
         "detectable_drop": {
             "problems": round(can.problems, 1),
             "points": round(can.points, 2) if shared else None,
@@ -345,20 +350,29 @@ def _dropped(stored: StoredBaseline, report: Report, split: Sequence[Problem]) -
     return len(set(document["problems"]) - ran)
 
 
-def markdown(summary: Summary, questions: dict[str, str], html: str | None = None) -> str:
-    """The GitHub step summary: headline, gates, newly failing problems (each config's, with
-    ``--gsm8k-config``), where the page is; the lists as long as GitHub's size bound allows
-    (many configs' lists add up)."""
+def markdown(
+    summary: Summary, questions: dict[str, str], html: tuple[str, bool] | None = None
+) -> str:
+    """The GitHub step summary: headline, gates, the comparison with the baseline and its
+    flips (each config's, with ``--gsm8k-config``), where the page is (``html``: its path
+    relative to the repository and True, or its file's name and False: writing.py
+    ``page_path``); the lists as long as GitHub's size bound allows (many configs'
+    lists add up)."""
     return fit(lambda listed: _markdown(summary, questions, html, listed))
 
 
-def _markdown(summary: Summary, questions: dict[str, str], html: str | None, listed: int) -> str:
+def _markdown(
+    summary: Summary, questions: dict[str, str], html: tuple[str, bool] | None, listed: int
+) -> str:
     lines = [f"### {md_text(summary.headline())}", ""]
     if html:
-        lines += [
-            f"The run's page: {md_code(html)} (a self-contained HTML file; see the artifacts).",
-            "",
-        ]
+        where = (
+            f"{md_code(html[0])} (relative to the repository; a self-contained HTML file: "
+            "see the job's artifacts)"
+            if html[1]
+            else f"{md_code(html[0])} in the job's artifact (a self-contained HTML file)"
+        )
+        lines += [f"The run's page: {where}.", ""]
     counts = ", ".join(f"{v} {k}" for k, v in summary.counts().items() if v)
     dataset = f"{summary.dataset['config']}/{summary.dataset['split']}"
     lines.append(f"Outcomes: {counts}. Model {md_code(summary.model)}, dataset {md_code(dataset)}.")
@@ -366,40 +380,8 @@ def _markdown(summary: Summary, questions: dict[str, str], html: str | None, lis
         lines[-1] += f" {summary.earlier_answers()}."
     lines.append("")
     lines += gate_table(summary.gates)
-    lines += failing_lists(summary.extra.get("baseline") or {}, questions, listed=listed)
+    lines += against_baseline(summary.extra.get("baseline") or {}, questions, listed=listed)
     for config in summary.configs:
         name = str(config.extra.get("config", {}).get("name", config.label))
-        lines += failing_lists(config.extra.get("baseline") or {}, questions, name, listed)
+        lines += against_baseline(config.extra.get("baseline") or {}, questions, name, listed)
     return "\n".join(lines) + "\n"
-
-
-def failing_lists(
-    base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
-) -> list[str]:
-    """The problems failing now against a baseline block, a run's or a ``config``'s (then
-    named in each title), each list at most ``listed`` long: the stable flips, then the
-    noisy ones; or the newly failing, for a block without them. Nothing when none fails."""
-
-    def title(text: str) -> str:
-        return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
-
-    rest = "see the JSON report"
-    if (base.get("repeats") or {}).get("baseline", 1) > 1:
-        return [
-            *problem_list(
-                title("newly failing, stable (right in every baseline run)"),
-                base["stable_flips"],
-                questions,
-                rest,
-                listed,
-            ),
-            *problem_list(
-                title("newly failing, noisy (right in some baseline runs)"),
-                base.get("noisy_failing") or [],
-                questions,
-                rest,
-                listed,
-            ),
-        ]
-    failing = base.get("newly_failing") or []
-    return problem_list(title("newly failing"), failing, questions, rest, listed)

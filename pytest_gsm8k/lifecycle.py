@@ -59,7 +59,7 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
     """
     from pytest_gsm8k import gates
     from pytest_gsm8k.runtime.outputs import reason
-    from pytest_gsm8k.writing import write_output
+    from pytest_gsm8k.writing import page_path, write_output
 
     plan, run = state.plan, state.run
     assert plan.baseline is not None
@@ -86,7 +86,7 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
-        text = gates.markdown(summary, questions, html=plan.settings.html)
+        text = gates.markdown(summary, questions, html=page_path(state))
         write_output(state, "step_summary", step_summary, lambda: text)
         write_output(state, "markdown", plan.settings.markdown, lambda: text)
 
@@ -97,7 +97,7 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
     ``--gsm8k-markdown``)."""
     from pytest_gsm8k import gates
     from pytest_gsm8k.runtime.outputs import reason
-    from pytest_gsm8k.writing import write_output
+    from pytest_gsm8k.writing import page_path, write_output
 
     plan = state.plan
     wanted = {p.id for p in state.run.wanted(plan)}
@@ -136,7 +136,7 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.problems}
-        text = gates.markdown(summary, questions, html=plan.settings.html)
+        text = gates.markdown(summary, questions, html=page_path(state))
         write_output(state, "step_summary", step_summary, lambda: text)
         write_output(state, "markdown", plan.settings.markdown, lambda: text)
 

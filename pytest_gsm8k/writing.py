@@ -109,6 +109,28 @@ def write_output(state: State, key: str, path: str | None, render: Callable[[], 
         state.run.output_failed(key, f"gsm8k: {what}: cannot write {path}: {reason(exc)}")
 
 
+def page_path(state: State) -> tuple[str, bool] | None:
+    """Where the step summary says the page is: its path relative to the repository
+    (pytest's rootdir) and True, or its file's name (what the job's artifact holds) and
+    False; never this machine's absolute path. None without a page, or for a page written
+    to a stream (a device, a FIFO: no file a reader could open)."""
+    path = state.settings.html
+    output = state.run.outputs.get("html")
+    if not path or (output is not None and output.fd is not None):
+        return None
+    config = state.config
+    full = config.invocation_params.dir / Path(path).expanduser()
+    root = config.rootpath
+    # as written first (a link keeps its name), then with the links resolved
+    for here, under in (
+        (Path(os.path.abspath(full)), root.absolute()),
+        (full.resolve(), root.resolve()),
+    ):
+        if here.is_relative_to(under):
+            return here.relative_to(under).as_posix(), True
+    return Path(os.path.abspath(full)).name, False
+
+
 def _end_terminal_line(state: State) -> None:
     """Before an output to pytest's own stdout or stderr: end the line of progress dots,
     so the output starts on a line of its own (pytest keeps the width of the line so far

@@ -46,9 +46,11 @@ __all__ = [
     "count_certain",
     "difference_words",
     "failing_words",
+    "flip_words",
     "max_drop_count",
     "max_share_count",
     "min_acc_count",
+    "points_words",
     "undecided",
 ]
 
@@ -349,19 +351,30 @@ def failing_words(pairs: Sequence[Pair]) -> str:
     calibrated one the failing split into stable (right in every baseline run) and noisy."""
     failing = [x for x in pairs if x.failing]
     runs = max((x.base_runs for x in pairs), default=1)
-    if runs == 1:
-        passing = sum(1 for x in pairs if x.base_correct == 0 and x.now_correct > 0)
-        return f"{len(failing)} newly failing, {passing} newly passing"
+    passing = sum(1 for x in pairs if x.base_correct == 0 and x.now_correct > 0)
     stable = sum(1 for x in failing if x.stable_flip)
+    return flip_words(len(failing), passing, stable, runs)
+
+
+def flip_words(failing: int, passing: int, stable: int, runs: int) -> str:
+    """:func:`failing_words` from the counts a report's baseline block holds (``passing``
+    is said only against a single-run baseline, ``stable`` only against a calibrated one
+    of ``runs`` runs)."""
+    if runs == 1:
+        return f"{failing} newly failing, {passing} newly passing"
     return (
-        f"{len(failing)} newly failing: {stable} stable (right in all {runs} baseline runs), "
-        f"{len(failing) - stable} noisy"
+        f"{failing} newly failing: {stable} stable (right in all {runs} baseline runs), "
+        f"{failing - stable} noisy"
     )
 
 
 def difference_words(pairs: Sequence[Pair]) -> str:
     """The one estimate of the difference against a baseline, as every line shows it."""
-    diff, low, high = difference(pairs)
+    return points_words(*difference(pairs))
+
+
+def points_words(diff: float, low: float, high: float) -> str:
+    """:func:`difference_words` from the estimate a report's baseline block holds."""
     return f"diff {100 * diff:+.2f} points [95% CI {100 * low:+.2f}, {100 * high:+.2f}]"
 
 

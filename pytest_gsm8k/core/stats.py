@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from statistics import NormalDist
 
 __all__ = [
+    "accuracy_interval",
     "clustered_interval",
     "hypergeometric_pmf",
     "mcnemar_one_sided",
@@ -97,6 +98,16 @@ def clustered_interval(
     most = n * max(1, runs)
     effective = most if var <= 0.0 or p in (0.0, 1.0) else min(most, p * (1.0 - p) / var)
     return _wilson(p * effective, effective, z)
+
+
+def accuracy_interval(rates: Sequence[float], runs: int) -> tuple[float, float]:
+    """The interval of an accuracy that is the mean of per-problem ``rates`` (each right in
+    a share of its ``runs`` answers): Wilson's on the count with one run, else
+    :func:`clustered_interval`. The headline's and both sides' of a baseline comparison, so
+    the same problems' accuracy has the same interval wherever it is shown."""
+    if runs <= 1:
+        return wilson_interval(round(math.fsum(rates)), len(rates))
+    return clustered_interval(rates, runs)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -24,7 +24,7 @@ from pytest_gsm8k.core.records import (
 )
 from pytest_gsm8k.core.scoring import RULES
 from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.stats import clustered_interval, pass_at_k, wilson_interval
+from pytest_gsm8k.core.stats import accuracy_interval, pass_at_k
 
 __all__ = ["REPORT_SCHEMA", "Summary"]
 
@@ -93,10 +93,12 @@ class Summary:
     def interval(self) -> tuple[float, float]:
         """Wilson's interval; with repeats, Wilson's at the effective number of problems
         (core/stats.py ``clustered_interval``: the problems are the unit, not the answers)."""
-        if self.runs == 1:
-            return wilson_interval(self.correct, self.n)
         k = self.runs
-        return clustered_interval([int(r.get("repeats_correct") or 0) / k for r in self.records], k)
+        rates = [
+            int(r.get("repeats_correct") or 0) / k if k > 1 else float(bool(r["correct"]))
+            for r in self.records
+        ]
+        return accuracy_interval(rates, k)
 
     def repeats(self) -> dict[str, object] | None:
         """With ``--gsm8k-repeats K``: K, the answers, the mean over every answer (the

@@ -4,9 +4,15 @@ be written is refused before any request: tests/plugin/test_outputs_runs.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import XDIST, output, report
+
+from pytest_gsm8k.core.dataset import select
+from pytest_gsm8k.core.scrub import md_text
+from pytest_gsm8k.runtime.data import load_split
 
 LIMIT = "--gsm8k-limit=20"
 
@@ -88,3 +94,95 @@ def test_a_markdown_file_unwritable_at_the_end_is_one_line_and_fails_the_run(
     assert "is a folder" in lines[0]
     assert "  markdown: m.md" not in text
     assert report(pytester)["n"] == 3
+
+
+@XDIST
+def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 34 (8): a reviewer reads the baseline's accuracy and this run's, each with its
+    interval, the one difference estimate, the flips (newly failing and newly passing), the
+    same numbers the terminal and the JSON report say; and where the page is, relative to the
+    repository or as the artifact's file, never this machine's absolute path."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    ids = [p.index for p in select(load_split(None).problems, 40, 1234)]
+    args = [*gsm8k_args, *xdist, "--gsm8k-limit=40", "--gsm8k-no-cache", "--gsm8k-markdown=m.md"]
+    # the baseline: one problem wrong then; the page outside the repository
+    server.set_script(Script(behaviours={ids[0]: "wrong"}))
+    outside = tmp_path / "pages" / "gsm8k.html"
+    recorded = pytester.runpytest(*args, "--snapshot-update", f"--gsm8k-html={outside}")
+    assert recorded.ret == 0, output(recorded)
+    markdown = (pytester.path / "m.md").read_text()
+    assert str(tmp_path) not in markdown
+    assert "The run's page: `gsm8k.html` in the job's artifact" in markdown
+    assert "Baseline written: `__snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k`." in markdown
+
+    # ten of its right problems wrong now, the wrong one right: the page inside the repository
+    server.set_script(Script(behaviours={i: "wrong" for i in ids[3:13]}))
+    inside = pytester.path / "out" / "gsm8k.html"
+    result = pytester.runpytest(*args, "--gsm8k-report=r.json", f"--gsm8k-html={inside}")
+    text = output(result)
+    assert result.ret == 1, text
+    markdown = (pytester.path / "m.md").read_text()
+    assert str(pytester.path) not in markdown
+    assert "The run's page: `out/gsm8k.html` (relative to the repository" in markdown
+    data = report(pytester)
+    base = data["baseline"]
+    assert "**Against the baseline** `__snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k`, on 40 " in (
+        markdown
+    )
+    low, high = base["baseline_ci95"]
+    assert f"| baseline | 0.9750 | {low:.4f}-{high:.4f} |" in markdown
+    # this run's interval is the headline's (all its problems are compared)
+    assert base["current_ci95"] == data["ci95"]
+    low, high = data["ci95"]
+    assert f"| this run | 0.7500 | {low:.4f}-{high:.4f} |" in markdown
+    assert f"[95% CI {low:.4f}-{high:.4f}]  n=40" in data["headline"]
+    # the terminal's baseline line: the same accuracies, the same difference estimate
+    line = next(x for x in text.splitlines() if x.startswith("  baseline __snapshots__"))
+    assert ": 0.9750 -> 0.7500 on 40 problems; diff " in line
+    said = line.split("; ", 1)[1]
+    assert md_text(f"Diff{said[4:]}; 10 newly failing, 1 newly passing.") in markdown
+    assert "10 newly failing, 1 newly passing; p=" in text
+    # the flips, each problem listed
+    failing = markdown.index("**Newly failing (10):**")
+    passing = markdown.index("**Newly passing (1):**")
+    assert failing < passing
+    assert markdown.index(f"- `test-{ids[3]:04d}`: ") > failing
+    assert markdown.index(f"- `test-{ids[0]:04d}`: ") > passing
+    assert "stable" not in markdown  # a single-run baseline cannot tell
+    assert "noisy" not in markdown
+
+
+def test_the_page_is_named_as_given_and_a_page_on_a_device_is_not_named(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 34 (8): the page's path relative to the repository as it was given (a link keeps
+    its own name, not its target's); a page written to a device or FIFO is no file a reader
+    could open, and the summary names none (it printed the device's absolute path)."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    (pytester.path / "keep").mkdir()
+    (pytester.path / "p.html").symlink_to(pytester.path / "keep" / "page.html")
+    args = [*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-markdown=m.md"]
+    result = pytester.runpytest(*args, "--gsm8k-html=p.html")
+    assert result.ret == 0, output(result)
+    assert (
+        "The run's page: `p.html` (relative to the repository"
+        in (pytester.path / "m.md").read_text()
+    )
+    result = pytester.runpytest(*args, "--gsm8k-html=/dev/null")
+    assert result.ret == 0, output(result)
+    markdown = (pytester.path / "m.md").read_text()
+    assert markdown.startswith("### gsm8k acc ")
+    assert "page" not in markdown
+    assert "/dev/null" not in markdown

@@ -387,6 +387,23 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
     assert "Delta-3B: newly failing, noisy" not in markdown  # no noisy problem fails
     assert "Alpha-1B: newly failing" not in markdown
     assert "Gamma-7B: newly failing" not in markdown
+    # each config's accuracy before and now with their intervals, as its report block says
+    # (issue 34, point 8); Gamma has no baseline: no comparison
+    blocks = {
+        c["config"]["name"]: c["baseline"]
+        for c in json.loads((pytester.path / "r.json").read_text("utf-8"))["configs"]
+        if "baseline" in c
+    }
+    for name, before, now in (("Delta-3B", "1.0000", "0.0833"), ("Alpha-1B", "0.9500", "1.0000")):
+        section = markdown[markdown.index(f"**{name}: against its baseline** `__snapshots__/") :]
+        low, high = blocks[name]["baseline_ci95"]
+        assert f"| baseline | {before} | {low:.4f}-{high:.4f} |" in section
+        low, high = blocks[name]["current_ci95"]
+        assert f"| this run | {now} | {low:.4f}-{high:.4f} |" in section
+    assert "Delta-3B: against its baseline** `__snapshots__/gsm8k/Delta-3B_" in markdown
+    assert "55 newly failing, 0 newly passing." in markdown
+    assert "**Alpha-1B: newly passing (1):**\n\n- `Alpha-1B:test-0003`: " in markdown
+    assert "Gamma-7B: against its baseline" not in markdown
 
 
 @NEEDS_CHROMIUM

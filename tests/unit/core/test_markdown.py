@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from pytest_gsm8k.core.markdown import LISTED, MAX_BYTES, fit, problem_list
+from pytest_gsm8k.core.calibrated import Pair, difference
+from pytest_gsm8k.core.gates import difference_words, failing_words
+from pytest_gsm8k.core.markdown import LISTED, MAX_BYTES, against_baseline, fit, problem_list
+from pytest_gsm8k.core.scrub import md_text
+from pytest_gsm8k.core.stats import accuracy_interval, wilson_interval
 
 QUESTIONS = {
     f"p{i}": f"Person {i} buys 12 boxes of 24 apples, gives away a third of them and eats "
@@ -57,3 +62,113 @@ def test_a_summary_too_large_even_without_lists_is_cut_at_a_line_and_says_so() -
     assert text.endswith("see the JSON report._\n")
     kept = text.rsplit("\n_... cut here", 1)[0]
     assert build(0).startswith(kept)  # whole lines of the shortest form, nothing invented
+
+
+def _block(pairs: list[Pair], path: str = "__snapshots__/gsm8k/b.gsm8k") -> dict[str, Any]:
+    """A baseline block as the JSON report holds it (the fields the summary reads), made by
+    the functions the run's gate uses."""
+    diff, low, high = difference(pairs)
+    runs = max(p.base_runs for p in pairs)
+    now_runs = max(p.now_runs for p in pairs)
+    return {
+        "path": path,
+        "shared": len(pairs),
+        "subset": False,
+        "baseline_n": len(pairs),
+        "not_in_baseline": 0,
+        "baseline_accuracy": sum(p.base_rate for p in pairs) / len(pairs),
+        "current_accuracy": sum(p.now_rate for p in pairs) / len(pairs),
+        "baseline_ci95": list(accuracy_interval([p.base_rate for p in pairs], runs)),
+        "current_ci95": list(accuracy_interval([p.now_rate for p in pairs], now_runs)),
+        "difference": diff,
+        "difference_ci95": [low, high],
+        "repeats": {"baseline": runs, "run": now_runs},
+        "newly_failing": [p.problem_id for p in pairs if p.failing],
+        "newly_passing": [
+            p.problem_id for p in pairs if p.base_correct < p.base_runs and p.now_correct > 0
+        ],
+        "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
+        "noisy_failing": [p.problem_id for p in pairs if p.failing and p.stability == "noisy"],
+    }
+
+
+#: a single-run baseline: p0 wrong then, right now; p1-p9 right then, wrong now; p10-p39 right
+SINGLE = [
+    Pair("p0", 0, 1, 1, 1),
+    *(Pair(f"p{i}", 1, 1, 0, 1) for i in range(1, 10)),
+    *(Pair(f"p{i}", 1, 1, 1, 1) for i in range(10, 40)),
+]
+
+
+def test_the_summary_shows_before_and_after_with_intervals_and_the_terminals_words() -> None:
+    """Issue 34 (8): what a reviewer reads holds the baseline's accuracy and this run's, each
+    with its interval, the one difference estimate and the flips, in the terminal's words."""
+    base = _block(SINGLE)
+    lines = against_baseline(base, QUESTIONS)
+    text = "\n".join(lines)
+    assert lines[0] == "**Against the baseline** `__snapshots__/gsm8k/b.gsm8k`, on 40 problems:"
+    b_low, b_high = base["baseline_ci95"]
+    c_low, c_high = base["current_ci95"]
+    assert f"| baseline | 0.9750 | {b_low:.4f}-{b_high:.4f} |" in lines
+    assert f"| this run | 0.7750 | {c_low:.4f}-{c_high:.4f} |" in lines
+    # the run's interval over all its problems is the headline's (one rule, core/stats.py)
+    c_wilson = wilson_interval(31, 40)
+    assert (c_low, c_high) == c_wilson
+    # the terminal's baseline line and gate say these, from the pairs themselves
+    said = md_text(f"{difference_words(SINGLE)}; {failing_words(SINGLE)}")
+    assert said.startswith("diff -20.00 points \\[95% CI ")
+    assert f"{said[0].upper()}{said[1:]}." in lines
+    assert "9 newly failing, 1 newly passing." in text
+    assert "**Newly failing (9):**" in lines
+    assert "**Newly passing (1):**" in lines
+    assert text.index("**Newly failing (9):**") < text.index("**Newly passing (1):**")
+    assert "- `p0`: Person 0 buys" in text
+    assert "stable" not in text  # one run cannot tell stable from noisy
+    assert "noisy" not in text
+
+
+def test_against_a_calibrated_baseline_the_flips_are_stable_or_noisy() -> None:
+    pairs = [
+        Pair("p0", 5, 5, 0, 1),  # a stable flip
+        Pair("p1", 3, 5, 0, 1),  # noisy, failing now
+        Pair("p2", 2, 5, 1, 1),  # noisy, right now
+        *(Pair(f"p{i}", 5, 5, 1, 1) for i in range(3, 30)),
+    ]
+    text = "\n".join(against_baseline(_block(pairs), QUESTIONS))
+    assert "| baseline (5 runs per problem) | " in text
+    assert md_text(failing_words(pairs)) in text
+    assert "2 newly failing: 1 stable (right in all 5 baseline runs), 1 noisy" in text
+    stable = text.index("**Newly failing, stable (right in every baseline run) (1):**")
+    noisy = text.index("**Newly failing, noisy (right in some baseline runs) (1):**")
+    passing = text.index("**Newly passing (wrong in some baseline runs) (1):**")
+    assert stable < noisy < passing
+
+
+def test_a_configs_comparison_is_named_and_a_path_outside_the_repository_is_its_name() -> None:
+    """A path of this machine (a baseline outside the rootdir) never reaches the summary."""
+    base = _block(SINGLE, path="/home/ci/work/baselines/release.gsm8k")
+    text = "\n".join(against_baseline(base, QUESTIONS, config="Qwen3-8B"))
+    assert "/home/ci" not in text
+    assert text.startswith("**Qwen3-8B: against its baseline** `release.gsm8k`, on 40 problems:")
+    assert "**Qwen3-8B: newly failing (9):**" in text
+    assert "**Qwen3-8B: newly passing (1):**" in text
+
+
+def test_a_subset_comparison_says_on_what() -> None:
+    base = {**_block(SINGLE), "subset": True, "baseline_n": 50, "not_in_baseline": 3}
+    first = against_baseline(base, QUESTIONS)[0]
+    assert first.endswith(
+        "on the 40 problems shared with the baseline's 50 (subset); 3 of this run's "
+        "problems are not in it:"
+    )
+
+
+def test_a_written_baseline_is_one_line_and_no_comparison_is_none() -> None:
+    written = {"path": "__snapshots__/gsm8k/b.gsm8k", "written": True, "partial": False}
+    assert against_baseline(written, QUESTIONS) == [
+        "Baseline written: `__snapshots__/gsm8k/b.gsm8k`.",
+        "",
+    ]
+    assert against_baseline({}, QUESTIONS) == []
+    refused = {"path": "b.gsm8k", **_block(SINGLE), "shared": 0}
+    assert against_baseline(refused, QUESTIONS) == []  # the gate says why
