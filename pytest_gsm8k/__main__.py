@@ -44,10 +44,11 @@ def parser() -> argparse.ArgumentParser:
         help="is run B worse than run A? (two --gsm8k-report files)",
         description=(
             "Compare two JSON reports (--gsm8k-report) of the same protocol and dataset on "
-            "the problems both hold: the paired difference with its 95%% interval, the "
-            "exact one-sided McNemar test, the problems that flipped; two --gsm8k-config "
-            "reports config by config. Exit 1 when B is worse than A at --alpha or errors "
-            "leave it undecided, 0 otherwise, 2 when they (or a config) cannot be compared."
+            "the problems both hold: their difference with its 95 percent interval, the "
+            "gate's one-sided test, the problems that flipped; two --gsm8k-config "
+            "reports config by config. Exit 1 when B is worse than A at --alpha or the "
+            "comparison is undecided (errors, problems a report left out, too few problems), "
+            "0 otherwise, 2 when they (or a config) cannot be compared."
         ),
     )
     cmp.add_argument("a", metavar="A.json", help="the reference run (the older release)")

@@ -293,14 +293,18 @@ def compare(
     # baseline gate's rule (noise-aware, exact McNemar for one run a side)
     diff, low, high = calibrated.difference(pairs)
     verdict = NoiseAware(alpha, name="compare", option="--alpha").verdict(pairs)
-    undecided = None
-    if errors and verdict.passed:
-        # a gate that was not decided never passes: an unanswered problem may be a failure
-        undecided = (
+    # a gate that was not decided never passes: an unanswered problem may be a failure, and
+    # so may one a report left out (deselected, skipped, not reached)
+    gaps = [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
+    if errors:
+        gaps.insert(
+            0,
             f"{errors} of the {len(common)} problems both reports hold ended in an error "
-            f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop: "
-            "rerun until every problem has an answer"
+            f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop",
         )
+    undecided = None
+    if gaps and verdict.passed:
+        undecided = "; ".join(gaps) + ": rerun until every problem has an answer"
         detail = f"not a verdict: {undecided}; on what ran: {verdict.detail}"
         verdict = replace(verdict, passed=False, detail=detail)
     config = a.get("config")
@@ -387,6 +391,20 @@ def _runs(record: Mapping[str, Any]) -> tuple[int, int]:
     if isinstance(outcomes, list) and len(outcomes) > 1:
         return sum(1 for o in outcomes if o == "correct"), len(outcomes)
     return int(bool(record["correct"])), 1
+
+
+def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
+    """Why ``report`` does not hold its whole selection, or None: problems left out of a run
+    (``--deselect``, ``-k``, a conftest, a stop) are what a report that hides its failures
+    would leave out, so a comparison on the rest decides nothing."""
+    subset = report.get("subset")
+    deselected = subset.get("deselected") if isinstance(subset, Mapping) else None
+    if isinstance(deselected, int) and deselected > 0:
+        return f"{name} left {deselected} problems of its selection out (deselected)"
+    if report.get("complete") is False:
+        n, expected = report.get("n"), report.get("expected")
+        return f"{name} is an incomplete run ({n} of {expected} problems have a result)"
+    return None
 
 
 def _side(name: str, where: str, report: Mapping[str, Any], accuracy: float) -> Side:

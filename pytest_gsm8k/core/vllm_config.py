@@ -188,6 +188,8 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
         raise ConfigError(f"{source}{at}: not valid YAML ({problem[:200]})") from None
     except ValueError as exc:  # an integer of more digits than Python converts
         raise ConfigError(f"{source}: not valid YAML ({str(exc)[:200]})") from None
+    except RecursionError:  # lists or mappings nested thousands deep: no config is
+        raise ConfigError(f"{source}: nested too deeply (vLLM's configs are flat)") from None
     finally:
         loader.dispose()
     if not isinstance(root, yaml.MappingNode):
@@ -213,6 +215,11 @@ def _integer(raw: Any, where: str, *, low: int) -> int:
     if raw < low:
         raise ConfigError(f"{where}: must be >= {low}, got {_shown(raw)}")
     return raw
+
+
+#: the longest model id a config may name (Hugging Face's repo ids are at most 96 characters;
+#: a local path may be longer)
+MAX_MODEL_NAME = 1000
 
 
 def parse(text: str, source: str, name: str) -> VllmConfig:
@@ -244,6 +251,12 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
     model = data["model_name"]
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(f"{where('model_name')}: expected a model id, got {_shown(model)}")
+    if len(model) > MAX_MODEL_NAME or "\x00" in model:
+        # shown on every line that names the config's model, and passed to the server
+        raise ConfigError(
+            f"{where('model_name')}: expected a model id (at most {MAX_MODEL_NAME} characters, "
+            f"no NUL), got {_shown(model)}"
+        )
     values: dict[str, Any] = {
         "model_name": model.strip(),
         "accuracy_threshold": _number(

@@ -284,6 +284,45 @@ def test_errors_that_could_hide_a_drop_leave_the_comparison_undecided(
     assert compare(pytester, "b.json", "a.json").ret == 1
 
 
+@pytest.mark.parametrize("how", ["deselect", "conftest-skip"])
+def test_problems_a_report_left_out_leave_the_comparison_undecided(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    first: list[int],
+    how: str,
+) -> None:
+    """Rule: a gate that was not decided never passes. B's run left out exactly the problems
+    it gets wrong (``--deselect`` them, or a conftest skips them): compare paired the rest,
+    "B 1.0000 vs A 1.0000", PASS, exit 0. A report that does not hold its whole selection
+    leaves the comparison undecided (the hostile review's finding)."""
+    wrong = first[3:9]
+    server.set_script(Script(behaviours={i: "wrong" for i in wrong}))
+    ids = [p["id"] for p in report(pytester, "a.json")["problems"] if p["index"] in wrong]
+    if how == "deselect":
+        extra = [f"--deselect=gsm8k::test_gsm8k[{pid}]" for pid in ids]
+    else:
+        pytester.makeconftest(
+            "import pytest\n"
+            f"WRONG = {ids!r}\n"
+            "def pytest_collection_modifyitems(items):\n"
+            "    for item in items:\n"
+            "        if any(f'[{pid}]' in item.nodeid for pid in WRONG):\n"
+            "            item.add_marker(pytest.mark.skip(reason='hidden'))\n"
+        )
+        extra = []
+    pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=b.json", *extra)
+    assert report(pytester, "b.json")["n"] == 14
+    shown = compare(pytester, "a.json", "b.json")
+    assert shown.ret == 1, shown.stdout.str() + shown.stderr.str()
+    [line] = shown.stderr.lines
+    assert line.startswith("gsm8k: compare undecided: B "), line
+    assert line.endswith("rerun until every problem has an answer"), line
+    shown.stdout.fnmatch_lines(["| compare | FAIL | not a verdict: B *"])
+    # the other way round: A's left-out problems could hide B's drop as well
+    assert compare(pytester, "b.json", "a.json").ret == 1
+
+
 def _forged(pytester: pytest.Pytester, name: str, change: Any) -> str:
     data = report(pytester, "a.json")
     change(data)

@@ -172,3 +172,27 @@ def test_a_bad_value_is_shown_bounded() -> None:
         with pytest.raises(ConfigError) as caught:
             parse(text, "q.yaml", "q")
         assert len(str(caught.value)) < 300, str(caught.value)[:500]
+
+
+@pytest.mark.parametrize(
+    "nested", ["[" * 5000 + "]" * 5000, "{a: " * 3000 + "1" + "}" * 3000], ids=["list", "map"]
+)
+def test_a_value_nested_thousands_deep_is_one_line(nested: str) -> None:
+    """The hostile review: ``env: [[[[...]]]]`` 5,000 deep was a RecursionError, an
+    INTERNALERROR wall of 3,000 lines; a config nested so deep is one line."""
+    text = QWEN + f"env: {nested}\n"
+    with pytest.raises(ConfigError) as caught:
+        parse(text, "q.yaml", "q")
+    assert str(caught.value) == "q.yaml: nested too deeply (vLLM's configs are flat)"
+
+
+@pytest.mark.parametrize("model", ["A" * 3_000_000, "org/model\x00x"], ids=["huge", "nul"])
+def test_a_model_name_too_long_or_with_a_nul_is_refused_shown_short(model: str) -> None:
+    """The hostile review: a 3 MB model_name was printed whole (9 MB of terminal); a NUL
+    failed the server later as "embedded null byte". Refused by name, shown cut short."""
+    text = f"model_name: {model!r}\n" + QWEN.split("\n", 1)[1]
+    with pytest.raises(ConfigError) as caught:
+        parse(text.replace("'", '"'), "q.yaml", "q")
+    message = str(caught.value)
+    assert message.startswith("q.yaml:1: model_name: expected a model id (at most 1000"), message
+    assert len(message) < 400
