@@ -379,6 +379,8 @@ class Run:
             gates=[g for c in configs for g in c.gates],
             configs=configs,
         )
+        shown = {c.extra["config"]["name"] for c in configs}
+        top.extra["not_run"] = [g.name for g in plan.groups if g.name not in shown]
         return top
 
     def _config_early_gates(self, name: str, summary: Summary) -> None:

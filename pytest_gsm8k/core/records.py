@@ -98,6 +98,8 @@ class ReportExtras(TypedDict, total=False):
     config: dict[str, object]
     #: --gsm8k-config: each config's own report (the top level counts them all together)
     configs: list[dict[str, object]]
+    #: --gsm8k-config: the configs deselected whole (-k, -m): never run, no verdict of theirs
+    not_run: list[str]
     #: --gsm8k-repeats K > 1: K, the answers, and the mean accuracy over every answer
     repeats: dict[str, object]
     started_at: str

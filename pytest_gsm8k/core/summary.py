@@ -306,7 +306,11 @@ class Summary:
             if only_vllm
             else "every gate of each config"
         )
-        return f"gsm8k vLLM configs: {passed} of {len(self.configs)} pass ({rule})"
+        # a config deselected whole (-k, -m) gates nothing and is fine, but a CI log must show
+        # that it never ran
+        skipped = self.extra.get("not_run") or []
+        not_run = f"; not run (deselected whole): {', '.join(skipped)}" if skipped else ""
+        return f"gsm8k vLLM configs: {passed} of {len(self.configs)} pass ({rule}){not_run}"
 
     def verdict_table(self) -> list[str]:
         """One row per config: its model, n, accuracy, the floor it needed, its baseline

@@ -528,3 +528,32 @@ def test_the_ini_readme_suggests_works_with_the_configs_recipe(
         "Beta-7B-FP8:vllm-threshold": False,
         "Gamma-3B:vllm-threshold": True,
     }, verdicts
+
+
+@XDIST
+def test_a_config_deselected_whole_is_named_as_not_run(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """A config deselected whole gates nothing (by design), but the log said "1 of 1 pass"
+    and named the others nowhere (the hostile review): the headline names them as not run."""
+    folder = _configs(tmp_path / "configs")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "-k",
+        "Alpha",
+        *NOISE,
+        *xdist,
+    )
+    out = output(result)
+    assert result.ret == 0, out
+    assert (
+        "gsm8k vLLM configs: 1 of 1 pass (accuracy >= accuracy_threshold - tolerance each); "
+        "not run (deselected whole): Beta-7B-FP8, Gamma-3B"
+    ) in out, out
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["not_run"] == ["Beta-7B-FP8", "Gamma-3B"]
+    jsonschema.validate(report, REPORT_SCHEMA)
