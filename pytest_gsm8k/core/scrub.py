@@ -50,25 +50,34 @@ _FORMAT = re.compile(
     "[\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
     "\ufeff\ufff9-\ufffb\ud800-\udfff\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
 )
-#: what names a secret: at the end of an option's or a variable's name
+#: what names a secret: at the end of an option's or a variable's name (``--hftoken``), or
+#: as one part of it (``--secret-key``, ``AWS_SECRET_ACCESS_KEY``) unless the last part
+#: says the value only points at one (``--hf-token-file``: a path); ``--max-tokens`` and
+#: ``--tokenizer`` are not secret names
 _SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd)"
-_VALUE = r"""(?P<value>"[^"]*"|'[^']*'|[^\s"']+)"""
-#: an option whose name says it holds a secret, and its value (a shell word: quoted, or up
-#: to the next blank); ``--max-tokens`` and ``--tokenizer`` do not match (the name must
-#: end with the secret word); an environment assignment (``HF_TOKEN=x``) likewise
-_SECRET_OPTIONS = (
-    re.compile(rf"(?P<name>--?[\w.-]*?{_SECRET_WORD})(?P<sep>=|\s+){_VALUE}", re.IGNORECASE),
-    re.compile(rf"(?P<name>\b[a-z_][\w]*?{_SECRET_WORD})(?P<sep>=){_VALUE}", re.IGNORECASE),
+_SECRET_END = re.compile(rf"{_SECRET_WORD}$", re.IGNORECASE)
+_SECRET_PARTS = {"key", "token", "secret", "password", "passwd", "credential", "credentials"}
+_SECRET_PARTS |= {"auth", "apikey"}
+_POINTER_PARTS = {"file", "path", "dir", "env", "var", "id", "ids"}
+_VALUE = r"""(?P<value>"[^"]*"|'[^']*'|(?!-)[^\s"']+)"""
+#: an option and its value (a shell word: quoted, or up to the next blank; never an option)
+_OPTION = re.compile(rf"(?<![\w.-])(?P<name>--?[\w.-]+)(?P<sep>=|\s+){_VALUE}")
+#: secrets inside a word: a URL's password, a JSON key's string value, a ``k=v`` pair
+#: (``HF_TOKEN=x``, ``a=1,token=x``); ``name`` is None for the URL, whose password it is
+_INSIDE = (
+    re.compile(r"""(?P<sep>\b[a-z][a-z0-9+.-]*://[^\s/@'"]*:)(?P<value>[^\s/'"]+)@""", re.I),
+    re.compile(r'(?P<name>"[^"\\]*")(?P<sep>\s*:\s*)"(?P<value>(?:[^"\\]|\\.)*)"'),
+    re.compile(
+        r"""(?<![\w.-])(?P<name>[a-z_][\w.-]*)(?P<sep>=)(?P<value>"[^"]*"|'[^']*'|[^\s"',;}]+)""",
+        re.I,
+    ),
 )
 #: a value that only names a variable (``$OPENAI_API_KEY``): not a secret, kept
 _VARIABLE = re.compile(r"""["']?\$\{?\w+\}?["']?""")
-#: one argument that names a secret option (``--api-key``), or gives one its value
-#: (``--api-key=X``, ``HF_TOKEN=X``)
-_SECRET_FLAG = re.compile(rf"--?[\w.-]*?{_SECRET_WORD}", re.IGNORECASE)
-_SECRET_ASSIGNMENT = re.compile(
-    rf"(?P<name>--?[\w.-]*?{_SECRET_WORD}|[a-z_]\w*?{_SECRET_WORD})=(?P<value>.*)",
-    re.IGNORECASE | re.DOTALL,
-)
+#: one argument that is an option, or gives one or a variable its value (``--api-key=X``,
+#: ``HF_TOKEN=X``)
+_FLAG = re.compile(r"--?[\w.-]+")
+_ASSIGNMENT = re.compile(r"(?P<name>--?[\w.-]+|[a-z_]\w*)=(?P<value>.*)", re.IGNORECASE | re.DOTALL)
 #: a value that is a key whatever its variable is called: the usual tokens' prefixes
 _KEYLIKE = re.compile(
     r"(?:sk|pk|rk)-[\w-]{8,}|hf_\w{8,}|gh[pousr]_\w{8,}|github_pat_\w{8,}|glpat-[\w-]{8,}"
@@ -133,37 +142,69 @@ class Scrubber:
         return value
 
 
+def _secret_name(name: str) -> bool:
+    """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_WORD`)."""
+    name = name.strip("\"'-")
+    parts = re.split(r"[-_.]+", name.lower())
+    if parts[-1] in _POINTER_PARTS:
+        return False
+    return bool(_SECRET_END.search(name)) or not _SECRET_PARTS.isdisjoint(parts)
+
+
+def _kept(value: str) -> bool:
+    """Whether a secret-named ``value`` is shown as it is: empty, hidden already, or only
+    the name of a variable (``$OPENAI_API_KEY``)."""
+    return value in ("", REDACTED) or bool(_VARIABLE.fullmatch(value))
+
+
+def _hide(match: re.Match[str], values: list[str]) -> str:
+    """``match`` with its ``value`` replaced if its ``name`` (a URL has none) is a secret's;
+    the value (and a URL password's decoded form) added to ``values``."""
+    name = match.groupdict().get("name")
+    value = match["value"]
+    if (name is not None and not _secret_name(name)) or _kept(value):
+        return match[0]
+    values += [value] if name is not None or unquote(value) == value else [value, unquote(value)]
+    start, end = match.start("value") - match.start(), match.end("value") - match.start()
+    return match[0][:start] + REDACTED + match[0][end:]
+
+
+def _inside(text: str, values: list[str]) -> str:
+    """``text`` with the secrets inside a word replaced (:data:`_INSIDE`), added to ``values``."""
+    for pattern in _INSIDE:
+        text = pattern.sub(lambda match: _hide(match, values), text)
+    return text
+
+
 def redact_options(command: str) -> str:
     """``command`` with the value of every option or assignment named like a secret
-    (``--api-key X``, ``--hf-token=X``, ``HF_TOKEN=X``) replaced; a value that only
-    names a variable (``$OPENAI_API_KEY``) is kept."""
-
-    def hide(match: re.Match[str]) -> str:
-        value = match["value"]
-        if _VARIABLE.fullmatch(value) or value == REDACTED:
-            return match[0]
-        return f"{match['name']}{match['sep']}{REDACTED}"
-
-    for pattern in _SECRET_OPTIONS:
-        command = pattern.sub(hide, command)
-    return command
+    (``--api-key X``, ``--secret-key=X``, ``HF_TOKEN=X``), every URL password and every
+    secret-named JSON key's value replaced; a value that only names a variable
+    (``$OPENAI_API_KEY``) is kept."""
+    values: list[str] = []
+    return _inside(_OPTION.sub(lambda match: _hide(match, values), command), values)
 
 
 def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
     """``words`` (a command's arguments) with the value of every option or assignment named
-    like a secret replaced (``--api-key X``, ``--api-key=X``, ``HF_TOKEN=X``), and those
+    like a secret replaced (``--api-key X``, ``--api-key=X``, ``HF_TOKEN=X``), and URL
+    passwords and secret-named keys' values inside a word (``{"hf_token": X}``), and those
     values: the server prints its arguments, so they are secrets of the run (a value that
     only names a variable is neither)."""
     shown: list[str] = []
     values: list[str] = []
     previous = ""
     for word in words:
-        assigned = _SECRET_ASSIGNMENT.fullmatch(word)
-        value = assigned["value"] if assigned else word
-        secret = assigned or _SECRET_FLAG.fullmatch(previous)
-        if secret and value and value != REDACTED and not _VARIABLE.fullmatch(value):
-            values.append(value)
-            word = f"{assigned['name']}={REDACTED}" if assigned else REDACTED
+        assigned = _ASSIGNMENT.fullmatch(word)
+        if assigned and _secret_name(assigned["name"]) and not _kept(assigned["value"]):
+            values.append(assigned["value"])
+            word = f"{assigned['name']}={REDACTED}"
+        elif _FLAG.fullmatch(previous) and _secret_name(previous) and word[:1] != "-":
+            if not _kept(word):
+                values.append(word)
+                word = REDACTED
+        else:
+            word = _inside(word, values)
         shown.append(word)
         previous = word
     return shown, values
@@ -181,11 +222,7 @@ def command_secrets(command: str) -> list[str]:
 def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
     """The values of ``variables`` that are secrets: named like one (``HF_TOKEN``,
     ``VLLM_API_KEY``), or shaped like a token whatever the name (``sk-...``, ``hf_...``)."""
-    return [
-        value
-        for name, value in variables
-        if re.search(rf"{_SECRET_WORD}$", name, re.IGNORECASE) or _KEYLIKE.fullmatch(value)
-    ]
+    return [value for name, value in variables if _secret_name(name) or _KEYLIKE.fullmatch(value)]
 
 
 def _escape(match: re.Match[str]) -> str:

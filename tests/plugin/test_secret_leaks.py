@@ -24,6 +24,18 @@ from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, TEST_KEY, XD
 
 from pytest_gsm8k.core.scrub import REDACTED
 
+#: secrets a server is given in other shapes than ``--api-key``: a URL's password, an option
+#: whose name holds a secret word before its end, a secret-named key inside a JSON argument
+SHAPED_SECRETS = ("SECRETppp000", "SECRETqqq000", "SECRETsss000")
+SHAPES = [
+    "--x",
+    "https://u:SECRETppp000@h/",
+    "--secret-key",
+    "SECRETqqq000",
+    "--hf-overrides",
+    '{"hf_token": "SECRETsss000"}',
+]
+
 #: a served server that never gets ready fails the test in a minute, not in ten
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER, "--gsm8k-serve-timeout=60"]
 
@@ -108,7 +120,7 @@ def test_a_key_in_the_serve_command_is_not_printed_or_stored(
     server then wants the key on every request, its readiness check included)."""
     monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    command = _served(gsm8k_data, "--api-key", TEST_KEY)
+    command = _served(gsm8k_data, "--api-key", TEST_KEY, "--accept-unknown", *SHAPES)
     result = pytester.runpytest(
         f"--gsm8k-serve={command}",
         "--gsm8k-model=fake-model",
@@ -122,8 +134,9 @@ def test_a_key_in_the_serve_command_is_not_printed_or_stored(
     assert "gsm8k: serving fake-model with" in text
     assert f"--api-key {REDACTED}" in text
     assert f"--api-key {REDACTED}" in report(pytester)["served"]["command"]
-    assert TEST_KEY not in text
-    assert TEST_KEY not in _all_text_under(pytester.path)
+    for secret in (TEST_KEY, *SHAPED_SECRETS):
+        assert secret not in text, secret
+        assert secret not in _all_text_under(pytester.path), secret
 
 
 def test_a_served_model_whose_only_id_is_the_key_is_refused(
@@ -276,7 +289,7 @@ def test_a_key_in_a_configs_server_args_or_env_is_written_nowhere(
         "Spaced": _config(f"--api-key {TEST_KEY} --enforce-eager", env),
         "Joined": _config(f"--api-key={TEST_KEY}"),
         "Bare": _config(f"a={TEST_KEY}"),
-        "Dies": _config(f"--api-key {TEST_KEY} --exit-at-once 3"),
+        "Dies": _config(f"--api-key {TEST_KEY} --exit-at-once 3 {shlex.join(SHAPES)}"),
     }.items():
         (configs / f"{name}.yaml").write_text(text, encoding="utf-8")
     result = pytester.runpytest(
@@ -304,6 +317,6 @@ def test_a_key_in_a_configs_server_args_or_env_is_written_nowhere(
     log = (pytester.path / ".pytest_cache/d/gsm8k/serve-Spaced.log").read_text("utf-8")
     assert f"args: serve org/m --api-key {REDACTED} --enforce-eager" in log, log
     assert f"HF_TOKEN={REDACTED} SHAPED={REDACTED}" in log, log
-    for secret in (TEST_KEY, ENV_TOKEN, ENV_SHAPED):
+    for secret in (TEST_KEY, ENV_TOKEN, ENV_SHAPED, *SHAPED_SECRETS):
         assert secret not in text
         assert not _files_holding(secret, pytester.path, temp), secret

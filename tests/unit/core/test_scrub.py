@@ -80,3 +80,32 @@ def test_a_commands_secret_values_are_found_and_replaced_word_by_word() -> None:
         "--api-key",
         REDACTED,
     ]
+
+
+def test_url_passwords_secret_named_options_and_json_keys_are_hidden_and_collected() -> None:
+    """Rule: a secret given to a server in any of its shapes never reaches a report, the
+    terminal or a log: a URL's password (``scheme://user:PASSWORD@host``), the value of an
+    option whose name holds a secret word anywhere (``--secret-key X``; a file option such
+    as ``--hf-token-file`` names a path, not a secret), and the value of a secret-named key
+    inside a JSON or ``k=v`` argument. The values are collected as the run's secrets too."""
+    command = (
+        "VLLM_API_KEY=S1 serve.sh {port} {model} --api-key=S2 --x https://u:SECRETPPP000@h/ "
+        '--secret-key SECRETQQQ000 --hf-overrides \'{"hf_token":"SECRETSSS000"}\' '
+        "--lora-modules a=https://user:SECRETDDD444@example.com/x --y a=1,token=SECRETKV0001 "
+        "--hf-token-file /run/tok --return-tokens-as-token-ids --max-tokens 5"
+    )
+    secrets = ["SECRETPPP000", "SECRETQQQ000", "SECRETSSS000", "SECRETDDD444", "SECRETKV0001"]
+    shown = scrubbing.redact_options(command)
+    for secret in secrets:
+        assert secret not in shown, shown
+    assert "https://u:[redacted]@h/" in shown
+    assert '{"hf_token":"[redacted]"}' in shown
+    assert "--hf-token-file /run/tok --return-tokens-as-token-ids --max-tokens 5" in shown
+    found = scrubbing.command_secrets(command)
+    assert set(secrets) <= set(found), found
+    assert "/run/tok" not in found
+    words = ["--hf-overrides", '{"token": "SECRETEEE555", "max_tokens": 9}', "--x", "a=b"]
+    shown_words, values = scrubbing.secret_args(words)
+    assert values == ["SECRETEEE555"]
+    assert shown_words[1] == '{"token": "[redacted]", "max_tokens": 9}'
+    assert scrubbing.secret_env([("AWS_SECRET_ACCESS_KEY", "plain-value")]) == ["plain-value"]
