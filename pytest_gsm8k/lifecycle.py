@@ -19,9 +19,8 @@ from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.gates import GateVerdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan, StoredBaseline
 from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.settings import plain_url, url_problem, with_v1
+from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, plain_url, url_problem, with_v1
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 from pytest_gsm8k.state import State, safe_url
 
 if TYPE_CHECKING:

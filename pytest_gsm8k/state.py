@@ -34,9 +34,8 @@ from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, command_secrets
-from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, Settings
 from pytest_gsm8k.core.types import Problem, stable_hash
-from pytest_gsm8k.runtime.client import DEFAULT_BASE_URL
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop

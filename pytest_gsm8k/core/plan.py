@@ -12,14 +12,16 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core.dataset import Split
 from pytest_gsm8k.core.gates import HEALTH_OUTCOMES, MaxShare, MinAcc, NoiseAware, ToleranceFloor
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem, Request
-from pytest_gsm8k.core.vllm_config import VllmConfig
+
+if TYPE_CHECKING:  # yaml, which vllm_config reads with, only for a run of configs
+    from pytest_gsm8k.core.vllm_config import VllmConfig
 
 
 @dataclass(frozen=True)

@@ -619,6 +619,12 @@ def _config_option(
     given.add("dataset_config")
 
 
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+"""What the openai client uses when neither --gsm8k-base-url nor $OPENAI_BASE_URL is set
+(here, not in runtime/client.py, so the pytest layer names it without importing asyncio and
+the client at every pytest start: an installed plugin costs unrelated runs nothing)."""
+
+
 #: options a vLLM config decides, or that a matrix of configs cannot honour: with
 #: --gsm8k-config each is refused in one line saying why
 CONFIG_DECIDES = {

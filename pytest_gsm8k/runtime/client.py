@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER
+from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
 from pytest_gsm8k.core.types import (
     Completion,
     ModelCallable,
@@ -37,9 +38,6 @@ from pytest_gsm8k.runtime.bounded import ACCEPTED, Counter, Decoder, Refused, en
 #: reply stays in single megabytes. A bound, because a reply is held whole in memory, up to
 #: --gsm8k-concurrency of them at once.
 MAX_REPLY_BYTES = 32 << 20
-
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
-"""What the openai client uses when neither --gsm8k-base-url nor $OPENAI_BASE_URL is set."""
 
 
 def _httpx() -> Any:
