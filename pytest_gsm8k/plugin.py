@@ -258,6 +258,7 @@ class StatePlugin:
         state = self.state
         endpoint = state.endpoint()
         node.workerinput["gsm8k_run_id"] = state.run_id
+        node.workerinput["gsm8k_run_started"] = state.run.started  # what --gsm8k-resume reads
         node.workerinput["gsm8k_base_url"] = endpoint.base_url
         node.workerinput["gsm8k_model"] = endpoint.model
         node.workerinput["gsm8k_server_identity"] = endpoint.identity

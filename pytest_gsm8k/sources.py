@@ -138,7 +138,11 @@ class Sources:
             root = state.run_dir / "cache"
         if persistent not in self._caches:
             self._caches[persistent] = ResponseCache(
-                root, state.run_id, persistent=persistent, resume=state.settings.resume
+                root,
+                state.run_id,
+                persistent=persistent,
+                resume=state.settings.resume,
+                started=state.run.started,
             )
         return self._caches[persistent]
 

@@ -442,6 +442,8 @@ class State:
         self._room: tuple[int, int] | None = None
         self._room_measured = False
         self.run = Run()
+        if self.workerinput is not None:  # the run started when the controller did
+            self.run.started = float(self.workerinput.get("gsm8k_run_started", self.run.started))
         self.sources: Sources = Sources(self)
 
     # the plan

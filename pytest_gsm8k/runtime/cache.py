@@ -33,7 +33,11 @@ and the same command a rebuilt engine, so only asking again tests the build. Wit
 still going: a process that writes entries holds a shared ``flock`` on
 ``runs/<run id>.lock`` for as long as it may write, which the operating system drops when
 the process ends, however it ends (a crashed or killed run's answers can be resumed; two
-runs at once never read each other's).
+runs at once never read each other's). And only runs that had **ended before this run
+started** are read: a run that held its lock when this cache was opened is never read, nor
+is any entry another run wrote after this run started (its file's mtime against the run's
+start, which xdist workers take from the controller; the same clock on one machine), so a
+run that started later and ended first never lends this run its answers.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import re
 import shutil
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -136,22 +141,32 @@ def _running(path: str) -> bool:
 class ResponseCache:
     """Response store under ``root``; ``persistent=False`` deletes it at :meth:`close`.
 
-    ``resume``: also read the entries of earlier runs that are no longer going
-    (``--gsm8k-resume``); otherwise only this run's own entries are read.
+    ``resume``: also read the entries of earlier runs that had ended before ``started``
+    (``--gsm8k-resume``; the run's start, ``time.time()``, now when not given); otherwise
+    only this run's own entries are read.
     """
 
     def __init__(
-        self, root: Path, run_id: str, *, persistent: bool = True, resume: bool = False
+        self,
+        root: Path,
+        run_id: str,
+        *,
+        persistent: bool = True,
+        resume: bool = False,
+        started: float | None = None,
     ) -> None:
         self.root = root
         self.entries = root / "responses"
         self.run_id = run_id
         self.persistent = persistent
         self.resume = resume
+        self.started = time.time() if started is None else started
         #: held (shared) from this process's first entry until :meth:`close`: the run is going
         self._run_lock: IO[bytes] | None = None
         #: whether each other run whose entries were found is still going (asked once each)
         self._going: dict[str, bool] = {}
+        #: the runs going when this cache was opened: never read, even once they end
+        self._going_at_start = self._runs_going() if resume else frozenset()
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
         self.warnings: list[str] = []
@@ -198,7 +213,8 @@ class ResponseCache:
             self._warn_folder("read", exc)
             return None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 self._warn(
                     "special",
                     f"gsm8k cache: {path} is not a regular file; it is ignored and its "
@@ -236,7 +252,7 @@ class ResponseCache:
                 "request is not the one asked); such entries are ignored and asked again",
             )
             return None
-        if run != self.run_id and not (self.resume and not self._still_going(run)):
+        if run != self.run_id and not (self.resume and self._ended_before(run, info.st_mtime)):
             return None
         assert isinstance(response, dict)
         response["_run"] = run
@@ -246,19 +262,40 @@ class ResponseCache:
     def _lock_path(self, run: str) -> str:
         return os.path.join(self.root, "runs", f"{run}.lock")
 
-    def _still_going(self, run: str) -> bool:
-        """Whether the run that wrote an entry is still going (judged once per run: its
-        entries are all read or all asked again), with one warning when it is."""
+    def _runs_going(self) -> frozenset[str]:
+        """The runs that hold their lock now (an unreadable folder: none known)."""
+        try:
+            names = os.listdir(os.path.join(self.root, "runs"))
+        except OSError:
+            return frozenset()
+        runs = (name.removesuffix(".lock") for name in names if name.endswith(".lock"))
+        return frozenset(
+            run for run in runs if run != self.run_id and _running(self._lock_path(run))
+        )
+
+    def _ended_before(self, run: str, written: float) -> bool:
+        """Whether the run that wrote an entry (at ``written``) had ended before this run
+        started: it wrote the entry before then, it was not going then, and it is not going
+        now (judged once per run: its entries are all read or all asked again). One warning
+        when it overlapped this run."""
+        if written >= self.started:
+            self._warn(
+                "later",
+                f"gsm8k cache: {self.root} holds answers another run wrote after this run "
+                "started; they are not read (asked again)",
+            )
+            return False
         going = self._going.get(run)
         if going is None:
-            going = self._going[run] = _running(self._lock_path(run))
+            going = run in self._going_at_start or _running(self._lock_path(run))
+            self._going[run] = going
             if going:
                 self._warn(
                     "going",
                     f"gsm8k cache: {self.root} holds answers of another run that is still "
-                    "going; they are not read (asked again)",
+                    "going (or was when this run started); they are not read (asked again)",
                 )
-        return going
+        return not going
 
     def _hold_run(self) -> None:
         """Before this process's first entry: hold the run's lock, shared (an xdist worker

@@ -341,6 +341,59 @@ def test_rule1_two_runs_at_once_never_read_each_others_answers(
 
 
 @XDIST
+def test_rule1_a_resumed_run_never_reads_a_run_that_started_after_it(
+    pytester: pytest.Pytester,
+    gsm8k_data: Path,
+    tmp_path: Path,
+    xdist: list[str],
+) -> None:
+    """Rule 1, two runs at once, the later one first to end: a slow resumed run of a 0%
+    build and, started after it, a fast run of a good build of the same --gsm8k-serve
+    command in one rootdir. Once the fast run ended (its lock released), the slow one read
+    its answers as "earlier runs" and passed. With --gsm8k-resume a run reads only the
+    answers of runs that ended before it started: it asks its own server for every one."""
+    data = _first_rows(gsm8k_data, tmp_path, 100)
+    script = tmp_path / "script.json"  # read by each server as it starts
+    script.write_text(json.dumps({"default": "wrong", "latency": 1.0}))
+    run = [
+        f"--gsm8k-serve={_serve_line(gsm8k_data, '--script', str(script))}",
+        f"--gsm8k-data={data}",
+        "--gsm8k-limit=12",
+        "--gsm8k-min-acc=0.8",
+        *NO_EXTRA_PLUGINS,  # pytest's cache plugin on: both runs share the rootdir's cache
+    ]
+    (pytester.path / "tmp").mkdir()
+    slow_args = ["--gsm8k-resume", "--gsm8k-concurrency=1", "--gsm8k-report=slow.json"]
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *run, *xdist, *slow_args],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
+    )
+    cache = pytester.path / ".pytest_cache" / "d" / "gsm8k"
+    try:
+        # the slow run's server read its script: it has an answer on disk
+        assert wait_until(lambda: _entries(cache) >= 1, 60), "the slow run never got going"
+        script.write_text(json.dumps({}))
+        fast = pytester.runpytest(*run, "--gsm8k-report=fast.json")
+        assert fast.ret == 0, output(fast)
+        assert slow.poll() is None, "the slow run ended before the fast one: not overlapping"
+        text, _ = slow.communicate(timeout=120)
+    finally:
+        if slow.poll() is None:
+            os.killpg(slow.pid, signal.SIGKILL)
+        slow.wait()
+    assert slow.returncode == 1, text
+    doc = report(pytester, "slow.json")
+    assert doc["from_cache"] == 0, text
+    assert doc["accuracy"] == 0.0, text
+    assert "gate min-acc: FAIL" in text
+
+
+@XDIST
 def test_rule1_weights_swapped_behind_the_same_name_and_card_are_caught_by_default(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

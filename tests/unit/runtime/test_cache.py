@@ -8,6 +8,7 @@ test_cache_runs.py; these tests pin the pieces those runs rely on.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -214,6 +215,32 @@ def test_rule1_a_run_still_going_is_never_read_even_with_resume(tmp_path: Path) 
     assert "another run that is still going" in warning
     going.close()
     assert ResponseCache(tmp_path / "cache", "later", resume=True).get(key, BODY) is not None
+
+
+def test_rule1_a_resume_reads_only_runs_that_ended_before_it_started(tmp_path: Path) -> None:
+    """Rule 1: a resumed run that started first read the answers of a run that started
+    after it and ended first (its lock released). A resume reads only the runs that had
+    ended before it started: not a run going when it started, even once that run has
+    ended, nor an entry another run wrote after it started; its own entries it reads."""
+    first, second, own = (cache_key("u", BODY, str(i)) for i in range(3))
+    overlapping = make(tmp_path, "overlapping")
+    overlapping.put(first, BODY, RESPONSE)  # written before the resumed run started
+    resumed = ResponseCache(tmp_path / "cache", "resumed", resume=True)
+    overlapping.close()
+    later = make(tmp_path, "later")
+    later.put(second, BODY, RESPONSE)
+    later.close()
+    os.utime(resumed._entry_path(second), (resumed.started + 1, resumed.started + 1))
+    resumed.put(own, BODY, RESPONSE)
+    assert resumed.get(first, BODY) is None
+    assert resumed.get(second, BODY) is None
+    assert resumed.get(own, BODY) is not None
+    assert len(resumed.take_warnings()) == 2
+    # a run that starts after both ended reads them
+    fresh = ResponseCache(tmp_path / "cache", "fresh", resume=True, started=resumed.started + 2)
+    assert fresh.get(first, BODY) is not None
+    assert fresh.get(second, BODY) is not None
+    resumed.close()
 
 
 def test_rule1_a_killed_runs_entries_can_be_resumed(tmp_path: Path) -> None:
