@@ -82,8 +82,9 @@ class Run:
     """What the run learns as it goes, on the process that aggregates (the controller, or
     the only process); a worker uses only :attr:`collected`."""
 
-    def __init__(self) -> None:
-        self.started = time.time()
+    def __init__(self, started: float | None = None) -> None:
+        #: when the run started (an xdist worker: when its controller did)
+        self.started = time.time() if started is None else started
         #: the problems this process collected, in run order (None until collection ends)
         self.collected: tuple[Problem, ...] | None = None
         #: xdist controller: the problem ids the workers collected
@@ -441,9 +442,9 @@ class State:
         self._run_dir: Path | None = None
         self._room: tuple[int, int] | None = None
         self._room_measured = False
-        self.run = Run()
-        if self.workerinput is not None:  # the run started when the controller did
-            self.run.started = float(self.workerinput.get("gsm8k_run_started", self.run.started))
+        # an xdist worker's run started when its controller did (what --gsm8k-resume reads)
+        started = (self.workerinput or {}).get("gsm8k_run_started")
+        self.run = Run(None if started is None else float(started))
         self.sources: Sources = Sources(self)
 
     # the plan
