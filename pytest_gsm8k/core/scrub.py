@@ -28,7 +28,7 @@ import re
 import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pytest_gsm8k.core.jsontext import escape_surrogates
 
@@ -84,6 +84,17 @@ _KEYLIKE = re.compile(
     r"|xox[abporst]-[\w-]{8,}|AKIA[0-9A-Z]{12,}"
 )
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
+
+
+def shown_url(url: str) -> str:
+    """A URL fit to print: credentials in it are removed."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
 
 
 class Scrubber:
