@@ -87,14 +87,15 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
 
 
 def shown_url(url: str) -> str:
-    """A URL fit to print: credentials in it are removed."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
+    """``url`` fit to print or store (reports, the page, error lines): without the user
+    info, query or fragment, where a secret can hide (``user:pw@``, ``?api-key=``); the
+    host (an IPv6 one in its brackets), port and path as written."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return "(unparseable URL)"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 class Scrubber:
