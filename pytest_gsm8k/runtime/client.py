@@ -284,6 +284,13 @@ class PreflightError(Exception):
 MAX_JSON_BODY = 8 << 20
 
 
+@functools.cache
+def _tls_context(trust_env: bool) -> Any:
+    """httpx's default TLS context, made once: loading the trust store takes tens of ms,
+    and a server's readiness is polled many times a second."""
+    return _httpx().create_ssl_context(trust_env=trust_env)
+
+
 def get_json(
     url: str, headers: Mapping[str, str] | None, deadline: float, *, proxies: bool = True
 ) -> Any:
@@ -299,8 +306,11 @@ def get_json(
     httpx = _httpx()
 
     async def get() -> bytes:
+        tls = _tls_context(proxies)
         async with (
-            httpx.AsyncClient(timeout=deadline, follow_redirects=True, trust_env=proxies) as client,
+            httpx.AsyncClient(
+                timeout=deadline, follow_redirects=True, trust_env=proxies, verify=tls
+            ) as client,
             client.stream("GET", url, headers=dict(headers or {})) as reply,
         ):
             status = reply.status_code
