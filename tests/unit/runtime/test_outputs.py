@@ -56,7 +56,7 @@ def test_another_process_s_descriptor_is_refused_and_its_file_untouched(
     with log.open("w") as sink:
         other = subprocess.Popen(["sleep", "60"], stdout=sink)
     try:
-        with pytest.raises(outputs.OutputError, match="^--gsm8k-report: /proc/"):
+        with pytest.raises(outputs.OutputError, match=r"^--gsm8k-report: /proc/"):
             outputs.prepare(f"/proc/{other.pid}/fd/1", "--gsm8k-report", streams=streams)
     finally:
         other.kill()
@@ -78,7 +78,8 @@ def test_this_process_s_stdout_is_written_through_its_own_descriptor(
     (tmp_path / "link").symlink_to("/proc/self/fd/1")
     out = outputs.prepare(path, "--gsm8k-report")
     try:
-        assert out.fd is not None and out.terminal
+        assert out.fd is not None
+        assert out.terminal
         assert os.path.samestat(os.fstat(out.fd), os.fstat(1))
     finally:
         out.close()
