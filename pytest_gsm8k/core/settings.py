@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.scoring import RULES
@@ -527,14 +527,10 @@ def url_problem(url: str) -> str | None:
 
 
 def plain_url(url: str) -> str:
-    """``url`` fit to print: without credentials, query or fragment."""
-    parts = urlsplit(url.strip())
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    if parts.port:
-        host += f":{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    """``url`` fit to print (one rule: :func:`pytest_gsm8k.core.scrub.shown_url`)."""
+    from pytest_gsm8k.core.scrub import shown_url
+
+    return shown_url(url)
 
 
 def with_v1(base_url: str) -> str | None:
