@@ -258,3 +258,22 @@ def test_the_vllm_configs_job_runs_each_list_of_the_example_folder() -> None:
     named = [c.name for name in lists for c in load(str(folder / name))]
     assert sorted(named) == sorted(p.stem for p in folder.glob("*.yaml"))
     assert len(named) == 3
+
+
+def test_the_endpoint_job_gates_on_readme_s_step_3_baseline_with_its_url_and_key_secret() -> None:
+    """README's steps 1-4 set up a model behind an endpoint and record its baseline; step 5
+    had no job that used either. The endpoint job gates on the file step 3 writes, takes the
+    URL and the key from the repository's secrets (never written in the file), and, like the
+    self-hosted jobs, never runs for a fork's pull request (which gets no secrets)."""
+    job = _workflow()["jobs"]["gsm8k-endpoint"]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    written = re.search(r"writes\s+`(__snapshots__/gsm8k/[^`]+)`", readme)
+    assert written is not None
+    gate = next(s for s in job["steps"] if "--gsm8k-base-url" in s.get("run", ""))
+    assert f"--gsm8k-baseline={written.group(1)}" in gate["run"]
+    assert "--gsm8k-require-baseline" in gate["run"]
+    assert gate["env"] == {
+        "GSM8K_BASE_URL": "${{ secrets.GSM8K_BASE_URL }}",
+        "OPENAI_API_KEY": "${{ secrets.OPENAI_API_KEY }}",
+    }
+    assert "head.repo.full_name == github.repository" in str(job["if"])
