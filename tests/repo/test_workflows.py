@@ -180,7 +180,7 @@ def test_an_install_that_is_not_the_plugin_stops_the_job_saying_so(tmp_path: Pat
 
 def test_the_cpu_job_installs_the_local_extra_and_keeps_its_compiled_wheel() -> None:
     """The packages it adds are the ``local`` extra's, and pip's cache (llama.cpp's wheel,
-    7-10 minutes to compile) is kept between runs, keyed on the build flags."""
+    minutes to compile) is kept between runs, keyed on the build flags."""
     import tomllib
 
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
