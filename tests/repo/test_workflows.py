@@ -277,3 +277,39 @@ def test_the_endpoint_job_gates_on_readme_s_step_3_baseline_with_its_url_and_key
         "OPENAI_API_KEY": "${{ secrets.OPENAI_API_KEY }}",
     }
     assert "head.repo.full_name == github.repository" in str(job["if"])
+
+
+#: what a job's gate command has that its recording command leaves out: the outputs, and the
+#: requirement of the baseline the recording writes
+NOT_RECORDED = ("--gsm8k-require-baseline", "--gsm8k-report=", "--gsm8k-html=", "--junitxml=")
+
+
+@pytest.mark.parametrize(
+    ("job", "baseline", "extra"),
+    [
+        ("gsm8k-cpu", ".github/gsm8k/local-50.gsm8k", ["--snapshot-update"]),
+        (
+            "gsm8k-gpu",
+            ".github/gsm8k/gpu.gsm8k",
+            ["--snapshot-update", "--gsm8k-repeats", "5"],
+        ),
+    ],
+)
+def test_the_header_records_each_baseline_with_its_job_s_own_command(
+    job: str, baseline: str, extra: list[str]
+) -> None:
+    """A baseline recorded with other options than the job's is refused by the job (another
+    protocol) or gates another model: the header's recording command is the job's command,
+    its variables filled in, less the outputs and the baseline requirement."""
+    import shlex
+
+    text = (REPO / "examples" / "github" / "gsm8k-gate.yml").read_text(encoding="utf-8")
+    [line] = [
+        x for x in text.splitlines() if x.startswith("#   python -m pytest") and baseline in x
+    ]
+    recorded = shlex.split(line.removeprefix("#   "))
+    spec = _workflow()["jobs"][job]
+    gate = next(s for s in spec["steps"] if f"--gsm8k-baseline={baseline}" in s.get("run", ""))
+    values = spec.get("env", {})
+    argv = [re.sub(r"\$(\w+)", lambda m: values[m.group(1)], a) for a in shlex.split(gate["run"])]
+    assert recorded == [a for a in argv if not a.startswith(NOT_RECORDED)] + extra
