@@ -138,7 +138,11 @@ from functools import lru_cache
 from statistics import NormalDist
 from typing import Literal
 
-from pytest_gsm8k.core.stats import hypergeometric_pmf, paired_difference_interval
+from pytest_gsm8k.core.stats import (
+    hypergeometric_pmf,
+    mcnemar_one_sided,
+    paired_difference_interval,
+)
 
 __all__ = [
     "FLIP_SHARE",
@@ -374,6 +378,12 @@ def rate_p_values(pairs: Sequence[Pair]) -> tuple[float, float]:
     """The rate statistic's exact conditional p-values: ``(drop, rise)``, i.e. ``P(U* <=
     U_obs)`` and ``P(U* >= U_obs)`` (see the module docstring)."""
     informative = _informative(pairs)
+    if all(p.base_runs == p.now_runs == 1 for p in informative):
+        # one run a side: U is Binomial(m, 1/2) over the m discordant pairs, the exact
+        # McNemar tails in O(m) (the convolution below is O(m U_obs): 5,000 flips took 40 s)
+        passing = sum(p.now_correct for p in informative)
+        failing = len(informative) - passing
+        return mcnemar_one_sided(failing, passing), mcnemar_one_sided(passing, failing)
     weights = _weights(informative)
     down: list[tuple[int, Sequence[float]]] = []
     up: list[tuple[int, Sequence[float]]] = []

@@ -371,3 +371,20 @@ def test_the_gate_says_when_it_cannot_fail() -> None:
     assert not verdict.passed
     assert verdict.detail.startswith("not a verdict: the smallest p 6 problems can give")
     assert gate.cannot_fail(pairs * 2) is None
+
+
+def test_one_run_a_side_is_linear_in_the_flips() -> None:
+    """With one run a side the rate statistic is the exact McNemar test, O(m) in the m
+    discordant pairs: 5,000 of them once took 9 s (40 s under load) through the O(m U_obs)
+    convolution. The bound is generous (the shortcut takes milliseconds); the tails are
+    McNemar's both ways."""
+    pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(2600)]
+    pairs += [Pair(f"p{i}", 0, 1, 1, 1) for i in range(2400)]
+    pairs += [Pair("same", 1, 1, 1, 1)]
+    started = time.perf_counter()
+    seen = evidence(pairs)
+    assert time.perf_counter() - started < 2.0
+    assert seen.mcnemar
+    assert seen.drop == pytest.approx(mcnemar_one_sided(2600, 2400), rel=1e-12)
+    assert seen.rise == pytest.approx(mcnemar_one_sided(2400, 2600), rel=1e-12)
+    assert seen.p == seen.drop < 0.01
