@@ -160,9 +160,9 @@ __all__ = [
     "statistic",
 ]
 
-#: score units per squared nat: fine enough that the weights keep their order
-#: (ln(6/5)² = 0.033 is 1 unit, ln 2² = 0.48 is 8, ln 6² = 3.21 is 51), coarse enough
-#: that the exact p-value of a full run costs milliseconds
+#: score units: the most surprising outcome of a problem scores ``RESOLUTION u_max²``
+#: (K = 5, one candidate run: 51 units, a 4-of-5 problem failing 7, a 3-of-5 one 1), fine
+#: enough for the stable flips, coarse enough that a full run's exact p costs milliseconds
 RESOLUTION = 16
 #: above this many steps (informative problems x observed score) the Chernoff bound is
 #: tried first (see the module docstring)
@@ -248,9 +248,12 @@ def _law(total: int, before: int, after: int) -> tuple[tuple[int, float], ...]:
 
 @lru_cache(maxsize=4096)
 def _scores(total: int, before: int, after: int) -> tuple[int, ...]:
-    """``round(RESOLUTION * ln(P(D <= d | total)) ** 2)`` for ``d = 0..after`` (0 where
-    ``P(D <= d) = 0``: an impossible outcome is never observed and has no mass)."""
+    """``round(RESOLUTION * u ** 4 / u_max ** 2)`` for ``d = 0..after``, ``u = -ln P(D <= d |
+    total)`` and ``u_max = ln C(before + after, after)``, the surprise of a problem right in
+    every baseline run and wrong in every candidate run (0 where ``P(D <= d) = 0``: an
+    impossible outcome is never observed and has no mass)."""
     pmf = hypergeometric_pmf(total, before, after)
+    most = math.log(hypergeometric_pmf(before, before, after)[0]) ** 2  # 1 / C(K + L, L)
     scores: list[int] = []
     below = 0.0
     for prob in pmf:
@@ -258,7 +261,7 @@ def _scores(total: int, before: int, after: int) -> tuple[int, ...]:
         if prob == 0.0 and below == 0.0:
             scores.append(0)
         else:
-            scores.append(round(RESOLUTION * math.log(min(1.0, below)) ** 2))
+            scores.append(round(RESOLUTION * math.log(min(1.0, below)) ** 4 / most))
     return tuple(scores)
 
 
