@@ -58,9 +58,9 @@ test against "problems right in every run now fail" counts the extreme
 outcomes alone; the count loses to its discreteness and misses a partial break
 with candidate repeats, such as a problem now right 1 of 5 times). Simulated
 (``benchmarks/bench_gate.py``, K = 5, one candidate run, 1-point stable break,
-the flips at ``alpha / 4``, 500 reruns): ``u²`` 74% (uniform family) and 45%
-(beta), ``u⁴ / u_max²`` 84% and 50%, the count 80% and 49%; on 10% noisy problems
-at 0.5 all of them 98%. Dividing by ``u_max²`` keeps the largest score where
+the flips at ``alpha / 4``, 1,000 reruns): ``u²`` 74% (uniform family) and 43%
+(beta), ``u⁴ / u_max²`` 82% and 48%, the count 80% and 49% (400 reruns); on 10%
+noisy problems at 0.5 all of them 98%. Dividing by ``u_max²`` keeps the largest score where
 ``u²`` had it. Scores are rounded to integer units (``RESOLUTION u_max²`` for
 the extreme outcome; observed and null alike: resolution is lost, never
 validity), and ``P(S* >= S_obs)`` is the convolution of the per-problem score
