@@ -45,28 +45,28 @@ Statistic 1, flips: each problem weighs its own surprise
 ========================================================
 
 Per problem the surprise is that of the candidate doing this badly or worse,
-``u_i = -ln P(D_i <= d_i | t_i)``, and the score is ``s_i = u_i⁴ / u_max²``, where
-``u_max = ln C(K_i + L_i, L_i)`` is the surprise of the most extreme outcome
-(right in every baseline run, wrong in every candidate run); ``S = Σ s_i``. With
-K = 5 and one candidate run, a problem right 5 of 5 times that fails now (``t =
-5`` of 6 runs, ``P(D = 0) = 1/6``) has ``s = ln² 6 = 3.21``; one right 4 of 5
-times (``P = 1/3``) ``s = ln⁴ 3 / ln² 6 = 0.45``; 3 of 5, 0.07; 1 of 5,
-0.00001. The weights are steep because a stable break lands on the extreme
+``u_i = -ln P(D_i <= d_i | t_i)``, and the score is ``s_i = u_i⁴ / u_max²``,
+where ``u_max = ln C(K_i + L_i, L_i)`` is the surprise of the most extreme
+outcome (right in every baseline run, wrong in every candidate run); ``S = Σ
+s_i``. With K = 5 and one candidate run, a problem right 5 of 5 times that fails
+now (``t = 5`` of 6 runs, ``P(D = 0) = 1/6``) has ``s = ln² 6 = 3.21``; one
+right 4 of 5 times (``P = 1/3``) ``s = ln⁴ 3 / ln² 6 = 0.45``; 3 of 5, 0.07; 1
+of 5, 0.00001. The weights are steep because a stable break lands on the extreme
 outcome only, while serving noise fills every stratum: each weight given to the
 4-of-5 and 3-of-5 problems adds null variance and no signal (the most powerful
-test against "problems right in every run now fail" counts the extreme
-outcomes alone; the count loses to its discreteness and misses a partial break
-with candidate repeats, such as a problem now right 1 of 5 times). Simulated
+test against "problems right in every run now fail" counts the extreme outcomes
+alone; the count loses to its discreteness and misses a partial break with
+candidate repeats, such as a problem now right 1 of 5 times). Simulated
 (``benchmarks/bench_gate.py``, K = 5, one candidate run, 1-point stable break,
 the flips at ``alpha / 4``, 1,000 reruns): ``u²`` 74% (uniform family) and 43%
 (beta), ``u⁴ / u_max²`` 82% and 48%, the count 80% and 49% (400 reruns); on 10%
-noisy problems at 0.5 all of them 98%. Dividing by ``u_max²`` keeps the largest score where
-``u²`` had it. Scores are rounded to integer units (``RESOLUTION u_max²`` for
-the extreme outcome; observed and null alike: resolution is lost, never
-validity), and ``P(S* >= S_obs)`` is the convolution of the per-problem score
-laws with the running total capped at ``S_obs``, ``O(m S_obs)``; in a collapse
-a Chernoff bound below ``1e-12`` is returned instead (an upper bound on ``p``:
-the same verdict).
+noisy problems at 0.5 all of them 98%. Dividing by ``u_max²`` keeps the largest
+score where ``u²`` had it. Scores are rounded to integer units (``RESOLUTION
+u_max²`` for the extreme outcome; observed and null alike: resolution is lost,
+never validity), and ``P(S* >= S_obs)`` is the convolution of the per-problem
+score laws with the running total capped at ``S_obs``, ``O(m S_obs)``; in a
+collapse a Chernoff bound below ``1e-12`` is returned instead (an upper bound on
+``p``: the same verdict).
 
 What one candidate run can see of a stable break. A problem that broke looks
 like one right K of K times that fails by noise, and how often those fail
@@ -115,12 +115,16 @@ split costs the rate statistic ``z_{1 - 0.75 alpha}`` instead of ``z_{1 -
 alpha}`` (2.43 against 2.33 at 0.01: a few points of power). More alpha for the
 flips buys little and costs the rate statistic what the issue's other target
 needs: at 3/8 a 1-point stable break (K = 5, one candidate run) is caught 88%
-(uniform) and 57% (beta) of the time instead of 84% and 50%, and a 1-point
-spread shift on 10% noisy problems at 0.5 falls 9 points below the
-known-variance z-test (500 reruns). The split is fixed, never chosen from the
-data: one chosen from the totals would keep the test exact but break the
-monotonicity below (one more failure changes a total, hence the split), and one
-chosen from the baseline's outcomes alone is not exact given the totals.
+(uniform) and 57% (beta) of the time instead of 84% and 50% at 1/4 on the same
+500 reruns, and a 1-point spread shift on 10% noisy problems at 0.5 falls 9
+points below the known-variance z-test with K = 3 and K = 5. The split is fixed,
+never chosen from the data: one chosen from the totals would keep the test exact
+but break the monotonicity below (one more failure changes a total, hence the
+split), and one chosen from the baseline's outcomes alone is not exact given the
+totals. Nor would the minimum of the two p-values under their joint null gain:
+it reclaims only the alpha both reject on, and under the null they hardly
+overlap (both below their share in 0 and 3 of 10,000 reruns, K = 5, one
+candidate run, uniform and beta families).
 
 Monotone in every outcome (what the early stop relies on)
 =========================================================
