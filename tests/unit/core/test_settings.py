@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -428,3 +430,26 @@ def test_an_empty_value_on_the_command_line_clears_the_ini(key: str) -> None:
     s = _from({key: "", "config": "c/"}, ini, notes)
     assert getattr(s, key) is None
     assert not any(f"gsm8k_{key} " in note for note in notes)
+
+
+def test_the_extract_choices_are_the_scoring_rules() -> None:
+    """--gsm8k-extract's choices are written in settings (so that pytest's start does not
+    import the scoring code): they must be scoring's rules, in its order."""
+    from pytest_gsm8k.core.scoring import RULES
+    from pytest_gsm8k.core.settings import EXTRACTORS
+
+    assert EXTRACTORS == RULES
+
+
+def test_the_options_import_nothing_heavy() -> None:
+    """Issue 34 #4: the plugin imports the options at every pytest start, used or not, so
+    core/settings.py imports only what reading them needs (no scoring, statistics, data)."""
+    code = (
+        "import sys, pytest_gsm8k; before = set(sys.modules); "
+        "import pytest_gsm8k.core.settings; print(sorted(set(sys.modules) - before))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "['pytest_gsm8k.core.jsondepth',",
+        "'pytest_gsm8k.core.settings']",
+    ]
