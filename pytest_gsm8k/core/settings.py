@@ -137,6 +137,8 @@ class Option:
         return number
 
     def _out_of_range(self, v: float) -> str | None:
+        """What is wrong with ``v`` for the range, or None: a range with two ends is said as
+        one, a lower end alone (or with a ceiling) as ``> 0`` / ``>= 0``, a ceiling alone."""
         gt, ge, lt, le = self.gt, self.ge, self.lt, self.le
         inside = (gt is None or v > gt) and (ge is None or v >= ge)
         if inside and (lt is None or v < lt) and (le is None or v <= le):
@@ -151,7 +153,8 @@ class Option:
             return f"must be > {gt:g}, got {v}"
         if ge is not None and v < ge:
             return f"must be >= {ge:g}, got {v}"
-        return f"must be at most {le:g}{self.unit}, got {v:g}"
+        shown = f"{v:g}" if isinstance(v, float) else v  # 1e+300 seconds, 5000 requests
+        return f"must be at most {le:g}{self.unit}, got {shown}"
 
 
 def opt(help: str, default: Any = None, **spec: Any) -> Any:
@@ -171,223 +174,135 @@ class Settings:
     """Validated settings, each field an option's declaration (the flag is the field's name
     with dashes). Pure data: no pytest objects inside."""
 
+    # fmt: off
     model: str | None = opt(
-        "model id to evaluate; enables the built-in GSM8K test. "
-        "'local' serves a packaged GGUF model with llama.cpp",
-        metavar="ID",
-    )
+        "model id to evaluate; enables the built-in GSM8K test. 'local' serves a packaged GGUF "
+        "model with llama.cpp", metavar="ID")
     base_url: str | None = opt(
         "OpenAI-compatible base URL (default: $OPENAI_BASE_URL, else OpenAI)",
-        metavar="URL",
-        default_text="`$OPENAI_BASE_URL`, else OpenAI",
-    )
+        metavar="URL", default_text="`$OPENAI_BASE_URL`, else OpenAI")
     api_key_env: str = opt(
-        "environment variable holding the API key", "OPENAI_API_KEY", metavar="VAR"
-    )
+        "environment variable holding the API key", "OPENAI_API_KEY", metavar="VAR")
     data: str | None = opt(
         "local GSM8K file or folder instead of the embedded copy",
-        **_PATH,
-        default_text="the embedded copy",
-    )
+        **_PATH, default_text="the embedded copy")
     dataset: str | None = opt(
-        "load this Hugging Face dataset through datasets (same columns as "
-        "openai/gsm8k) instead of the embedded copy",
-        metavar="NAME",
-        default_text="the embedded copy",
-    )
+        "load this Hugging Face dataset through datasets (same columns as openai/gsm8k) instead of "
+        "the embedded copy", metavar="NAME", default_text="the embedded copy")
     dataset_config: str = opt("dataset config: main or socratic", "main")
-    #: --gsm8k-config: vLLM's GSM8K configs (a YAML, a folder, a models-*.txt list)
+    #: --gsm8k-config (the field keeps its older name)
     vllm_config: str | None = opt(
-        "run vLLM's GSM8K CI configs: a config YAML, a folder of them, or a models-*.txt "
-        "list; each config's server is started in turn and gated at threshold - tolerance",
-        **_PATH,
-        name="config",
-    )
+        "run vLLM's GSM8K CI configs: a config YAML, a folder of them, or a models-*.txt list; "
+        "each config's server is started in turn and gated at threshold - tolerance",
+        **_PATH, name="config")
     split: str = opt("split to evaluate (train is not a reportable number)", "test")
     limit: int | None = opt(
         "run a seeded, stable subset of N problems (the first N under the vllm and sglang presets)",
-        **_COUNT,
-    )
+        **_COUNT)
     seed: int = opt("seed of the --gsm8k-limit subset and of few-shot sampling", 1234)
     min_acc: float | None = opt(
-        "fail the run when accuracy is below this", metavar="ACC", ge=0, le=1
-    )
+        "fail the run when accuracy is below this", metavar="ACC", ge=0, le=1)
     #: --gsm8k-max-unparsed / -truncated / -error: the answer-format health gates' rates
     max_unparsed: float | None = opt(
-        "fail the run when more than this share of its problems gave no number "
-        "the gating extractor finds",
-        **_RATE,
-    )
+        "fail the run when more than this share of its problems gave no number the gating "
+        "extractor finds", **_RATE)
     max_truncated: float | None = opt(
-        "fail the run when more than this share of its problems were cut by "
-        "--gsm8k-max-tokens before an answer",
-        **_RATE,
-    )
+        "fail the run when more than this share of its problems were cut by --gsm8k-max-tokens "
+        "before an answer", **_RATE)
     max_error: float | None = opt(
-        "fail the run when more than this share of its problems got no answer (an error)",
-        **_RATE,
-    )
+        "fail the run when more than this share of its problems got no answer (an error)", **_RATE)
     protocol: str = opt("test@1, pass@N or maj@N", "test@1")
     temperature: float | None = opt(
         "sampling temperature (default 0 for test@1, 0.7 otherwise)",
-        default_text="0, or 0.7 when sampling",
-        ge=0,
-        le=2,
-        omit=True,
-    )
+        default_text="0, or 0.7 when sampling", ge=0, le=2, omit=True)
     shots: int = opt("few-shot chain-of-thought exemplars drawn from train", 0, metavar="K", ge=0)
     fewshot_file: str | None = opt(
-        "JSONL of your own exemplars (question/answer) instead of train", metavar="PATH"
-    )
+        "JSONL of your own exemplars (question/answer) instead of train", metavar="PATH")
     system: str | None = opt("system prompt (chat API)", metavar="TEXT")
     api: Literal["chat", "completions"] = opt(
-        "chat or completions", "chat", choices=("chat", "completions")
-    )
+        "chat or completions", "chat", choices=("chat", "completions"))
     stop: tuple[str, ...] = opt(
-        "stop sequence (repeatable)",
-        (),
-        metavar="TEXT",
-        default_text="completions: `Question:`, `</s>`, `<|im_end|>`, blank line",
-    )
+        "stop sequence (repeatable)", (), metavar="TEXT",
+        default_text="completions: `Question:`, `</s>`, `<|im_end|>`, blank line")
     max_tokens: int | None = opt("max new tokens per sample", 1024, omit=True, **_COUNT)
     extract: str = opt(
         f"extractor that decides correctness: {', '.join(EXTRACTORS)}",
-        "strict",
-        choices=EXTRACTORS,
-    )
+        "strict", choices=EXTRACTORS)
     answer_regex: str | None = opt(
-        "replace the strict pattern; group 1 is the number", metavar="REGEX"
-    )
+        "replace the strict pattern; group 1 is the number", metavar="REGEX")
     preset: str | None = opt(
         "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k), vllm (vLLM's "
-        "gsm8k_eval.py), sglang (SGLang's few_shot_gsm8k.py)",
-        metavar="NAME",
-    )
+        "gsm8k_eval.py), sglang (SGLang's few_shot_gsm8k.py)", metavar="NAME")
     report: str | None = opt("write the JSON report here", metavar="PATH")
     concurrency: int = opt(
         "requests in flight at once (per run, shared by xdist workers)",
-        32,
-        le=MAX_CONCURRENCY,
-        **_COUNT,
-    )
+        32, le=MAX_CONCURRENCY, **_COUNT)
     timeout: float = opt("seconds per HTTP request", 300.0, **_SECONDS)
     max_retries: int = opt("retries on 429, 5xx and dropped connections", 5, metavar="N", ge=0)
     serve: str | None = opt(
         "start this server command for the run ({port}: a free loopback port, {model}: "
-        "--gsm8k-model) and stop it at the end",
-        metavar="CMD",
-    )
+        "--gsm8k-model) and stop it at the end", metavar="CMD")
     serve_timeout: float = opt(
-        "seconds --gsm8k-serve's server may take to answer GET /v1/models", 900.0, **_SECONDS
-    )
+        "seconds --gsm8k-serve's server may take to answer GET /v1/models", 900.0, **_SECONDS)
     #: --gsm8k-param: (key, canonical JSON of the value), in the order given
     params: tuple[tuple[str, str], ...] = opt(
-        "KEY=VALUE merged into every request body (VALUE is JSON when it parses, else a "
-        "string; repeatable)",
-        (),
-        metavar="KEY=VALUE",
-        name="param",
-    )
+        "KEY=VALUE merged into every request body (VALUE is JSON when it parses, else a string; "
+        "repeatable)", (), metavar="KEY=VALUE", name="param")
     cache_dir: str | None = opt(
         "response cache folder (default: pytest's cache dir)",
-        **_PATH,
-        default_text="`.pytest_cache/d/gsm8k`",
-    )
+        **_PATH, default_text="`.pytest_cache/d/gsm8k`")
     no_cache: bool = opt("do not read or write the response cache", False)
-    #: --gsm8k-resume: read earlier runs' answers from the cache (otherwise only written)
     resume: bool = opt(
-        "read answers earlier runs left in the response cache (resume an unfinished run of "
-        "the same build, or re-score offline); by default every answer is asked for again",
-        False,
-    )
+        "read answers earlier runs left in the response cache (resume an unfinished run of the "
+        "same build, or re-score offline); by default every answer is asked for again", False)
     stall_timeout: float = opt(
         "stop the run when no answer arrived for this many seconds while requests are in flight",
-        60.0,
-        **_SECONDS,
-    )
+        60.0, **_SECONDS)
     local_threads: int | None = opt(
         "--gsm8k-model=local: llama.cpp threads (default: the CPUs this process may use)",
-        default_text="the CPUs available",
-        **_COUNT,
-    )
+        default_text="the CPUs available", **_COUNT)
     local_ctx: int | None = opt(
         "--gsm8k-model=local: context size (default: 2048, more when --gsm8k-max-tokens needs it)",
-        default_text="2048, more if `--gsm8k-max-tokens` needs it",
-        **_COUNT,
-    )
+        default_text="2048, more if `--gsm8k-max-tokens` needs it", **_COUNT)
     baseline: str | None = opt(
-        "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under "
-        "the rootdir); written with --snapshot-update",
-        **_PATH,
-        default_text="`__snapshots__/gsm8k/<name>.gsm8k`",
-    )
+        "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under the rootdir); written with "
+        "--snapshot-update", **_PATH, default_text="`__snapshots__/gsm8k/<name>.gsm8k`")
     baseline_name: str | None = opt(
         "baseline name (default: derived from the protocol)",
-        metavar="NAME",
-        default_text="from the protocol",
-    )
+        metavar="NAME", default_text="from the protocol")
     max_drop: float = opt(
         "allowed accuracy drop against the baseline on top of the noise-aware test: a FAIL "
-        "needs p < --gsm8k-alpha and a drop above this",
-        0.0,
-        metavar="D",
-        ge=0,
-        le=1,
-    )
+        "needs p < --gsm8k-alpha and a drop above this", 0.0, metavar="D", ge=0, le=1)
     #: the noise-aware baseline test's level (core/calibrated.py): 0.01, so that an
     #: unchanged build fails at most 1 run in 100 (the exact test is conservative)
     alpha: float = opt(
-        "level of the noise-aware baseline test (exact McNemar for single runs): an "
-        "unchanged model fails at most this often",
-        0.01,
-        metavar="A",
-        ge=MIN_ALPHA,
-        lt=1,
-        why="the noise-aware test's tail shortcuts are exact only above that",
-    )
+        "level of the noise-aware baseline test (exact McNemar for single runs): an unchanged "
+        "model fails at most this often",
+        0.01, metavar="A", ge=MIN_ALPHA, lt=1,
+        why="the noise-aware test's tail shortcuts are exact only above that")
     require_baseline: bool = opt(
-        "fail when no baseline exists or it does not hold every problem of the run", False
-    )
+        "fail when no baseline exists or it does not hold every problem of the run", False)
     baseline_partial: bool = opt(
-        "let --snapshot-update write a baseline from a run that covers only part of its "
-        "selection (-k, -m, --lf, early stop), or one that holds fewer problems than the "
-        "baseline it replaces",
-        False,
-    )
+        "let --snapshot-update write a baseline from a run that covers only part of its selection "
+        "(-k, -m, --lf, early stop), or one that holds fewer problems than the baseline it "
+        "replaces", False)
     html: str | None = opt("write the run's self-contained HTML page here", metavar="PATH")
-    #: --gsm8k-markdown: the step summary's Markdown, written to this file as well
     markdown: str | None = opt(
-        "write the run's Markdown summary (what $GITHUB_STEP_SUMMARY gets) here",
-        **_PATH,
-    )
+        "write the run's Markdown summary (what $GITHUB_STEP_SUMMARY gets) here", **_PATH)
     early_stop: str | None = opt(
-        "stop once the gates' verdicts are settled: certain (exact) or "
-        "sequential (anytime-valid, at --gsm8k-early-stop-alpha)",
-        metavar="MODE",
-        choices=("certain", "sequential"),
-    )
+        "stop once the gates' verdicts are settled: certain (exact) or sequential (anytime-valid, "
+        "at --gsm8k-early-stop-alpha)", metavar="MODE", choices=("certain", "sequential"))
     early_stop_alpha: float = opt(
         "sequential early stop: the chance that its verdict differs from the full run's",
-        0.05,
-        metavar="A",
-        gt=0,
-        lt=1,
-    )
+        0.05, metavar="A", gt=0, lt=1)
     #: the progress line: True (asked for), False (ini false), None (on a terminal only)
     progress: bool | None = opt(
-        "show a progress line (answered/total, rate, ETA) in place of the dots; "
-        "ini false turns it off",
-        default_text="on when the output is a terminal",
-    )
-    #: --gsm8k-repeats: how many times each problem is asked (separate requests)
+        "show a progress line (answered/total, rate, ETA) in place of the dots; ini false turns it "
+        "off", default_text="on when the output is a terminal")
     repeats: int = opt(
-        "ask every problem K times (separate requests; test@1 only): a calibrated "
-        "baseline with --snapshot-update, a mean over K runs against one",
-        1,
-        metavar="K",
-        ge=1,
-        le=MAX_REPEATS,
-    )
+        "ask every problem K times (separate requests; test@1 only): a calibrated baseline with "
+        "--snapshot-update, a mean over K runs against one", 1, metavar="K", ge=1, le=MAX_REPEATS)
+    # fmt: on
     #: pass@N / maj@N's N (1 for test@1): read from the protocol, not an option
     samples: int = 1
 
