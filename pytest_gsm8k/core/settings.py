@@ -549,11 +549,15 @@ class _Read:
 
 def _across(read: _Read, exists: Callable[[str], bool]) -> int:
     """The rules that relate options to one another, in order (each option's own type,
-    range and choices were checked as it was read); returns the protocol's N."""
+    range and choices were checked as it was read); returns the protocol's N. The modes
+    first (the old ``--gsm8k-config main``, vLLM's configs, a server the run starts), then
+    the values they leave to a preset or the local model, then the protocol and what
+    depends on it, then the values whose check needs more than a range."""
     values, given, warn = read.values, read.given, read.warn
     read.old_config(exists)
     if values["config"]:
-        read.mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **_only(CONFIG_SETS_ASIDE, read.ini)})
+        sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if key in read.ini}
+        read.mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
         if values["early_stop"] == "sequential":
             # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
             raise SettingsError(
@@ -630,10 +634,6 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
     if values["base_url"] and (problem := url_problem(values["base_url"])):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
     return samples
-
-
-def _only(rules: Mapping[str, str], keys: set[str]) -> dict[str, str]:
-    return {key: why for key, why in rules.items() if key in keys}
 
 
 def build_settings(
