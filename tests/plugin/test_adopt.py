@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, REPO, XDIST, output
+from helpers import NO_EXTRA_PLUGINS, REPO, output
 
 WORKFLOW = REPO / "examples" / "github" / "gsm8k-gate.yml"
 
@@ -43,16 +43,14 @@ def _gates(path: Path) -> dict[str, bool]:
     }
 
 
-@XDIST
 def test_minus_m_gsm8k_runs_only_the_gsm8k_items(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     """The built-in test's items and a user's own test over ``gsm8k_problem`` carry the
     marker; an unrelated (failing) test beside them is deselected."""
     pytester.makepyfile(**USER_TESTS)
     result = pytester.runpytest(
         *gsm8k_args,
-        *xdist,
         "--gsm8k-limit=5",
         "-m",
         "gsm8k",
@@ -66,13 +64,12 @@ def test_minus_m_gsm8k_runs_only_the_gsm8k_items(
     ]
 
 
-@XDIST
 def test_minus_m_not_gsm8k_runs_only_the_other_tests(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
 ) -> None:
     pytester.makepyfile(**USER_TESTS)
     result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", "-m", "not gsm8k", "--junitxml=junit.xml"
+        *gsm8k_args, "--gsm8k-limit=5", "-m", "not gsm8k", "--junitxml=junit.xml"
     )
     assert result.ret == 1, output(result)
     assert _cases(pytester.path / "junit.xml") == ["test_unrelated"]
@@ -126,17 +123,15 @@ def user_repo(pytester: pytest.Pytester) -> Path:
     return root
 
 
-@XDIST
 def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     pytester: pytest.Pytester,
     user_repo: Path,
     server: FakeOpenAIServer,
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """No baseline: exit 1. Recorded with --snapshot-update as the workflow says: exit 0,
     50 items and nothing else. Answers that got worse: exit 1."""
-    command = [*_with_fake_model(_cpu_job_command(), server), *xdist]
+    command = _with_fake_model(_cpu_job_command(), server)
     baseline_flag = next(a for a in command if a.startswith("--gsm8k-baseline="))
     baseline = user_repo / baseline_flag.partition("=")[2]
 

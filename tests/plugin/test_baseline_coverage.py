@@ -33,17 +33,15 @@ def _gate_lines(result: pytest.RunResult) -> list[str]:
     return [line for line in result.outlines if "gate baseline:" in line]
 
 
-@XDIST
 def test_a_deselected_run_does_not_replace_the_baseline(
     pytester: pytest.Pytester,
     recorded: str,
     gsm8k_args: list[str],
     server: FakeOpenAIServer,
-    xdist: list[str],
 ) -> None:
     server.set_script(Script(default="wrong"))
     result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "-k", TWO, "--snapshot-update", *xdist
+        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "-k", TWO, "--snapshot-update"
     )
     text = output(result)
     assert result.ret == 1, text
@@ -55,23 +53,19 @@ def test_a_deselected_run_does_not_replace_the_baseline(
     assert "Traceback" not in text
     assert (pytester.path / BASELINE).read_text() == recorded
     # the all-wrong model is still measured against the whole baseline
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-require-baseline", *xdist
-    )
+    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-require-baseline")
     assert result.ret == 1, output(result)
     result.stdout.fnmatch_lines(["*1.0000 -> 0.0000 on 100 problems*", "*gate baseline: FAIL*"])
 
 
-@XDIST
 def test_a_last_failed_run_does_not_replace_the_baseline(
     pytester: pytest.Pytester,
     recorded: str,
     gsm8k_args: list[str],
     server: FakeOpenAIServer,
-    xdist: list[str],
 ) -> None:
     server.set_script(Script(behaviours={82: "error500", 112: "error500"}))
-    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0", *xdist]
+    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0"]
     assert pytester.runpytest(*args).ret == 1  # two errors: --lf's last failures
     server.set_script(Script(default="wrong"))
     result = pytester.runpytest(*args, "--lf", "--snapshot-update")
@@ -120,16 +114,14 @@ def test_a_smaller_baseline_than_the_run_says_so_and_fails_when_required(
     assert "--gsm8k-require-baseline needs every problem of the run" in line
 
 
-@XDIST
 def test_a_partial_baseline_is_written_only_when_asked_and_says_so(
     pytester: pytest.Pytester,
     recorded: str,
     gsm8k_args: list[str],
     server: FakeOpenAIServer,
-    xdist: list[str],
 ) -> None:
     server.set_script(Script(default="wrong"))
-    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache", *xdist]
+    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache"]
     result = pytester.runpytest(
         *args, "-k", TWO, "--snapshot-update", "--gsm8k-baseline-partial", "--gsm8k-report=r.json"
     )

@@ -60,18 +60,15 @@ def headline_counts(data: dict[str, Any]) -> dict[str, int]:
 # -- the gates in JUnit XML -------------------------------------------------------------------
 
 
-@XDIST
 def test_a_failed_gate_is_a_failed_junit_test_case(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     server.set_script(Script(default="wrong"))
     result = pytester.runpytest(
         *gsm8k_args,
-        *xdist,
         "--gsm8k-limit=6",
         "--gsm8k-min-acc=0.5",
         "--gsm8k-no-cache",
@@ -91,17 +88,14 @@ def test_a_failed_gate_is_a_failed_junit_test_case(
     assert pytest_counts(result) == {"wrong": 6}
 
 
-@XDIST
 def test_a_passing_gate_is_a_passing_junit_test_case(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     result = pytester.runpytest(
         *gsm8k_args,
-        *xdist,
         "--gsm8k-limit=4",
         "--gsm8k-min-acc=0.5",
         "--gsm8k-no-cache",
@@ -274,13 +268,11 @@ def test_the_progress_line_rewrites_the_current_line_on_a_terminal(
     assert "5 wrong" in plain.splitlines()[-1]
 
 
-@XDIST
 def test_the_progress_asked_for_in_a_log_is_plain_lines(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """``--gsm8k-progress`` into a file (a CI log): a rewrite there was one line holding
     17 carriage returns. Plain lines, each once, the last one the finished run's."""
@@ -289,7 +281,6 @@ def test_the_progress_asked_for_in_a_log_is_plain_lines(
         pytester,
         *gsm8k_args,
         *NO_CACHEPROVIDER,
-        *xdist,
         "--gsm8k-limit=5",
         "--gsm8k-no-cache",
         "--gsm8k-progress",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, XDIST, output, report, sent
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, output, report, sent
 
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.runtime.data import load_split
@@ -46,14 +46,12 @@ def _junit_gates(path: Path) -> dict[str, ET.Element]:
     }
 
 
-@XDIST
 @pytest.mark.parametrize("outcome", ["truncated", "unparsed", "error"])
 def test_a_health_gate_fails_the_run_with_one_line_and_passes_under_a_looser_rate(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     outcome: str,
 ) -> None:
     """4 of 20 problems (20%) of one outcome: ``--gsm8k-max-<outcome> 0.1`` (2 allowed)
@@ -63,7 +61,7 @@ def test_a_health_gate_fails_the_run_with_one_line_and_passes_under_a_looser_rat
     server.set_script(Script(behaviours=dict.fromkeys(bad, BEHAVIOUR[outcome])))
     name, flag = f"max-{outcome}", f"--gsm8k-max-{outcome}"
     word = "ended in an error" if outcome == "error" else outcome
-    args = [*gsm8k_args, *xdist, f"--gsm8k-limit={LIMIT}", "--gsm8k-max-retries=0"]
+    args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-max-retries=0"]
     result = pytester.runpytest(
         *args,
         f"{flag}=0.1",
@@ -99,20 +97,17 @@ def test_a_health_gate_fails_the_run_with_one_line_and_passes_under_a_looser_rat
     assert looser.ret == (1 if outcome == "error" else 0), output(looser)
 
 
-@XDIST
 def test_the_early_stop_fails_a_rambling_model_after_66_of_1319_problems(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """Every answer cut by the token limit: 0.05 of 1319 allows 65, so FAIL is certain
     at the 66th, and the run stops there (plus the requests already in flight)."""
     server.set_script(Script(default="truncated"))
     result = pytester.runpytest(
         *gsm8k_args,
-        *xdist,
         "--gsm8k-max-truncated=0.05",
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=8",
@@ -131,19 +126,16 @@ def test_the_early_stop_fails_a_rambling_model_after_66_of_1319_problems(
     )
 
 
-@XDIST
 def test_the_early_stop_passes_a_health_gate_once_the_rest_cannot_fail_it(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """20 clean answers against 0.5 (10 allowed): PASS is certain after 10, and the
     stopped run exits 0 with the early verdict as the gate's."""
     result = pytester.runpytest(
         *gsm8k_args,
-        *xdist,
         f"--gsm8k-limit={LIMIT}",
         "--gsm8k-max-unparsed=0.5",
         "--gsm8k-early-stop=certain",
@@ -204,9 +196,8 @@ HINT = (
 )
 
 
-@XDIST
 def test_the_hint_names_a_chat_model_on_the_completions_api_once(
-    pytester: pytest.Pytester, instruct_server: FakeOpenAIServer, keyed_env: str, xdist: list[str]
+    pytester: pytest.Pytester, instruct_server: FakeOpenAIServer, keyed_env: str
 ) -> None:
     """No gate set: the hint is one line of the gsm8k block; the chat API gets none."""
     instruct_server.set_script(Script(behaviours=dict.fromkeys(_selected()[:6], "unparsed")))
@@ -214,7 +205,6 @@ def test_the_hint_names_a_chat_model_on_the_completions_api_once(
         "--gsm8k-model=Qwen2.5-7B-Instruct",
         f"--gsm8k-base-url={instruct_server.base_url}",
         *NO_EXTRA_PLUGINS,
-        *xdist,
         f"--gsm8k-limit={LIMIT}",
     ]
     result = pytester.runpytest(*args, "--gsm8k-api=completions")
@@ -228,18 +218,16 @@ def test_the_hint_names_a_chat_model_on_the_completions_api_once(
     assert "hint:" not in output(chat)
 
 
-@XDIST
 def test_the_hint_reads_chat_template_tokens_in_the_replies(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """A model id that says nothing (``fake-model``): replies in Llama 3's turn markup are
     the sign; the same share of plain unparsed replies gives no hint."""
     six = _selected()[:6]
-    args = [*gsm8k_args, *xdist, f"--gsm8k-limit={LIMIT}", "--gsm8k-api=completions"]
+    args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-api=completions"]
     server.set_script(Script(behaviours=dict.fromkeys(six, "template")))
     result = pytester.runpytest(*args, "--gsm8k-no-cache", "--gsm8k-max-unparsed=0.1")
     assert result.ret == 1, output(result)

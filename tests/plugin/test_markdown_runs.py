@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report
+from helpers import output, report
 
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.scrub import md_text
@@ -17,13 +17,11 @@ from pytest_gsm8k.runtime.data import load_split
 LIMIT = "--gsm8k-limit=20"
 
 
-@XDIST
 def test_the_markdown_file_is_the_step_summary_replaced_each_run(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = pytester.path / "step.md"
@@ -33,7 +31,7 @@ def test_the_markdown_file_is_the_step_summary_replaced_each_run(
     written.parent.mkdir()
     written.write_text("stale\n")
     server.set_script(Script(default="wrong"))
-    args = [*gsm8k_args, *xdist, LIMIT, "--gsm8k-min-acc=0.99", "--gsm8k-report=r.json"]
+    args = [*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.99", "--gsm8k-report=r.json"]
     result = pytester.runpytest(*args, "--gsm8k-markdown=out/summary.md")
     text = output(result)
     assert result.ret == 1, text
@@ -71,19 +69,17 @@ def test_the_ini_twin_names_the_file(
     assert (pytester.path / "from-ini.md").read_text().startswith("### gsm8k acc ")
 
 
-@XDIST
 def test_a_markdown_file_unwritable_at_the_end_is_one_line_and_fails_the_run(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     # a test of the user's turns the path into a folder after the session-start check
     pytester.makepyfile(test_spoil="import os\n\ndef test_spoil():\n    os.mkdir('m.md')\n")
-    args = [*gsm8k_args, *xdist, "--gsm8k-limit=3", "--gsm8k-report=r.json"]
+    args = [*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-report=r.json"]
     result = pytester.runpytest(*args, "--gsm8k-markdown=m.md")
     text = output(result)
     assert result.ret == 1, text
@@ -96,13 +92,11 @@ def test_a_markdown_file_unwritable_at_the_end_is_one_line_and_fails_the_run(
     assert report(pytester)["n"] == 3
 
 
-@XDIST
 def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -112,7 +106,7 @@ def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     repository or as the artifact's file, never this machine's absolute path."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     ids = [p.index for p in select(load_split(None).problems, 40, 1234)]
-    args = [*gsm8k_args, *xdist, "--gsm8k-limit=40", "--gsm8k-no-cache", "--gsm8k-markdown=m.md"]
+    args = [*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-no-cache", "--gsm8k-markdown=m.md"]
     # the baseline: one problem wrong then; the page outside the repository
     server.set_script(Script(behaviours={ids[0]: "wrong"}))
     outside = tmp_path / "pages" / "gsm8k.html"

@@ -92,17 +92,15 @@ class FifoReader:
 # -- special files are written to, never replaced ------------------------------------------
 
 
-@XDIST
 def test_report_and_page_to_a_character_device_leave_it_a_device(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     device = null_device(pytester.path)
     result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", f"--gsm8k-report={device}", f"--gsm8k-html={device}"
+        *gsm8k_args, "--gsm8k-limit=5", f"--gsm8k-report={device}", f"--gsm8k-html={device}"
     )
     text = output(result)
     assert result.ret == 0, text
@@ -113,18 +111,16 @@ def test_report_and_page_to_a_character_device_leave_it_a_device(
     assert not list(pytester.path.glob(".null.*"))  # no temporary file left beside it
 
 
-@XDIST
 def test_fifo_with_a_reader_receives_the_report_and_stays_a_fifo(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     fifo = pytester.path / "report.fifo"
     os.mkfifo(fifo)
     reader = FifoReader(fifo)
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=6", f"--gsm8k-report={fifo}")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=6", f"--gsm8k-report={fifo}")
     text = output(result)
     assert result.ret == 0, text
     received = json.loads(reader.result())
@@ -200,18 +196,16 @@ def test_report_to_stdout_through_a_symlink(
 # -- an unusable output path is one line before any request --------------------------------
 
 
-@XDIST
 @pytest.mark.parametrize("option", ["--gsm8k-report", "--gsm8k-html", "--gsm8k-markdown"])
 def test_output_path_that_is_a_folder_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     option: str,
 ) -> None:
     (pytester.path / "out").mkdir()
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=5", f"{option}=out")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", f"{option}=out")
     text = output(result)
     assert result.ret == USAGE_ERROR, text
     no_crash(text)
@@ -254,18 +248,16 @@ def test_a_missing_report_folder_is_made(
     assert report(pytester, "a/b/r.json")["n"] == 5
 
 
-@XDIST
 def test_step_summary_that_is_a_folder_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (pytester.path / "summary").mkdir()
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary"))
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=5")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5")
     text = output(result)
     assert result.ret == USAGE_ERROR, text
     no_crash(text)
@@ -381,17 +373,15 @@ def summary_printed(text: str) -> None:
     one_line(text, "gsm8k acc (test@1, 0-shot CoT) = 1.0000")
 
 
-@XDIST
 def test_report_and_page_unwritable_at_the_end_are_one_line_each(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     spoil(pytester, pytester.path / "r.json", pytester.path / "p.html")
     result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--gsm8k-html=p.html"
+        *gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--gsm8k-html=p.html"
     )
     text = output(result)
     assert result.ret == 1, text
@@ -402,19 +392,17 @@ def test_report_and_page_unwritable_at_the_end_are_one_line_each(
     assert "report: r.json" not in text
 
 
-@XDIST
 def test_step_summary_unwritable_at_the_end_is_one_line_and_the_report_is_written(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = pytester.path / "step" / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     spoil(pytester, step)
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=5", "--gsm8k-report=r.json")
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=r.json")
     text = output(result)
     assert result.ret == 1, text
     no_crash(text)
@@ -423,17 +411,15 @@ def test_step_summary_unwritable_at_the_end_is_one_line_and_the_report_is_writte
     assert report(pytester)["n"] == 5
 
 
-@XDIST
 def test_baseline_unwritable_at_the_end_fails_its_gate_in_one_line(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     spoil(pytester, pytester.path / "__snapshots__" / "gsm8k" / "test@1_0-shot_CoT.gsm8k")
     result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--snapshot-update"
+        *gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--snapshot-update"
     )
     text = output(result)
     assert result.ret == 1, text
