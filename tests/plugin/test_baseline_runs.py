@@ -23,7 +23,7 @@ def _ids(report: dict[str, Any]) -> list[int]:
 @pytest.fixture
 def recorded(gsm8k_run: GsmRun) -> list[int]:
     """A baseline recorded from an all-correct run of the 50-problem subset."""
-    result, report = gsm8k_run(LIMIT, "--snapshot-update")
+    result, report = gsm8k_run(LIMIT, "--snapshot-update", xdist=())
     result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=50, accuracy 1.0000)*"])
     return _ids(report)
 
