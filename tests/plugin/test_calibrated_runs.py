@@ -162,7 +162,7 @@ def test_candidate_repeats_are_compared_as_a_mean(
     the mean; the same protocol label and baseline file as a single run (K is not in it)."""
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    _record(pytester, args, [])
+    _record(pytester, args)
     server.reset()
     result = pytester.runpytest(*args, "--gsm8k-repeats=3", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
@@ -193,7 +193,7 @@ def test_a_calibrated_baseline_is_not_replaced_by_one_of_fewer_runs(
     single-run one, without a word: the gate then fell back to McNemar and lost its power."""
     server.set_script(_noisy())
     args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-no-cache"]
-    _record(pytester, args, [])
+    _record(pytester, args)
     recorded = (pytester.path / BASELINE).read_text()
     for fewer in ([], ["--gsm8k-repeats=3"]):
         result = pytester.runpytest(*args, *fewer, "--snapshot-update")
