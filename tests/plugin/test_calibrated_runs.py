@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import output, report
+from helpers import GsmRun, output, report
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -213,21 +213,19 @@ def test_a_calibrated_baseline_is_not_replaced_by_one_of_fewer_runs(
 def test_repeats_resume_from_the_cache_per_repeat(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
 ) -> None:
     """Repeat 0 keeps the key of a run without repeats; each further repeat has its own:
     a K=3 run resumed after a plain one asks only repeats 1 and 2, and a resumed rerun asks
     nothing."""
-    args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
-    assert pytester.runpytest(*args).ret == 0
+    args = ["--gsm8k-limit=20", "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
+    gsm8k_run(*args, report=None)
     assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 20
     server.reset()
-    assert pytester.runpytest(*args, "--gsm8k-repeats=3").ret == 0
+    gsm8k_run(*args, "--gsm8k-repeats=3", report=None)
     assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 40
     server.reset()
-    result = pytester.runpytest(*args, "--gsm8k-repeats=3", "-n", "2")
-    assert result.ret == 0, output(result)
+    result, _ = gsm8k_run(*args, "--gsm8k-repeats=3", "-n", "2", report=None)
     assert server.stats()["requests_by_path"].get("/v1/chat/completions", 0) == 0
     result.stdout.fnmatch_lines(["*answers from cache: 20 of 20*"])
 
