@@ -97,9 +97,9 @@ def gsm8k_run(
     an argument names a report already, then the test's ``@XDIST`` parameter (``-n 2`` or
     nothing; ``xdist=`` overrides it, e.g. ``xdist=()`` for a plain run inside an ``@XDIST``
     test, and in a fixture that records a set-up run: a fixture's call takes the parameter
-    of the test it serves). The exit code must be ``ret`` (None: not checked), with the run's output as the
-    message; ``report`` is read back (it must exist), or None is returned with
-    ``report=None``.
+    of the test it serves). The exit code must be ``ret`` (None: not checked), with the
+    run's output as the message; ``report`` is read back (it must exist), or None is
+    returned with ``report=None``.
     """
     param_xdist = xdist
 
