@@ -715,6 +715,8 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             raise pytest.UsageError(
                 f"gsm8k: cannot reach {shown}: {exc.detail} (check --gsm8k-base-url)"
             ) from None
+        if exc.kind == "proxy":
+            raise pytest.UsageError(f"gsm8k: {exc.detail}") from None
         if exc.status == 404:
             _refuse_without_v1(state, url or DEFAULT_BASE_URL, timeout)
         return endpoint  # some servers have no /models; the first request will tell
