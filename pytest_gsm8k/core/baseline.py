@@ -84,7 +84,7 @@ def default_name(label: str) -> str:
 
 
 def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
-    """The baseline document from a run's JSON report (see summary.Summary.to_json).
+    """The baseline document from a run's JSON report (core/verdict.py: RunVerdict.to_json).
 
     ``partial``: why the run covers only part of its selection, for a partial
     baseline (recorded with the size of the selection and the ids it holds).

@@ -30,47 +30,20 @@ from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.counts import Counts
 from pytest_gsm8k.core.gates import (
     GateVerdict,
-    MaxShare,
-    MinAcc,
-    NoiseAware,
     ToleranceFloor,
     Verdict,
     difference_words,
     failing_words,
     undecided,
 )
+from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import REPORT_SCHEMA, ProblemRecord, Report
 from pytest_gsm8k.core.types import Problem
-
-__all__ = [
-    "BaselineInput",
-    "EarlyOutcome",
-    "Group",
-    "GroupInput",
-    "GroupVerdict",
-    "RunVerdict",
-    "Selection",
-    "Specs",
-    "decide",
-    "decide_run",
-]
 
 #: problem ids a terminal list of flips shows before "+N more"
 SHOWN_IDS = 10
 #: the early stop's name for a config's vLLM floor (core/early_stop.py FLOOR)
 FLOOR = "vllm-threshold"
-
-
-@dataclass(frozen=True)
-class Specs:
-    """The gates of one group, each rule stated once (core/gates.py): a config's vLLM floor,
-    ``--gsm8k-min-acc``, the answer-format health gates, the baseline rule."""
-
-    baseline: NoiseAware
-    min_acc: MinAcc | None = None
-    health: tuple[MaxShare, ...] = ()
-    floor: ToleranceFloor | None = None
-    require_baseline: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,7 +61,9 @@ class Group:
     subset: Mapping[str, Any]
     model: str
     endpoint: str
-    specs: Specs
+    #: the gates the options ask for (core/plan.py), and a config's vLLM floor
+    specs: GateSpecs
+    floor: ToleranceFloor | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: where the JSON report is written ("" without one): where the flips listed in full are
     report: str = ""
@@ -133,7 +108,7 @@ class EarlyOutcome:
 class BaselineInput:
     """The group's stored baseline (read once at plan time) and what to do with it."""
 
-    stored: Any  # core/plan.py StoredBaseline (path, shown, document, error, beside)
+    stored: StoredBaseline
     #: the whole split under the group's ids: what a baseline may hold
     split: tuple[Problem, ...]
     #: --snapshot-update: write it; --gsm8k-baseline-partial: a partial one may be written
@@ -168,8 +143,11 @@ class GroupVerdict(Counts):
     notes: tuple[str, ...] = ()
     #: the report's blocks beyond the numbers (served, config, early_stop, baseline)
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: --snapshot-update: the baseline document to write (decide never writes)
+    #: --snapshot-update: the baseline document to write (decide never writes) and where
     baseline_write: Mapping[str, Any] | None = None
+    baseline: BaselineInput | None = None
+    #: the stored baseline document it was compared with (checked; the page shows it)
+    compared: Mapping[str, Any] | None = None
     #: the matrix's top: each config's verdict (this one counts them all together)
     configs: tuple[GroupVerdict, ...] = ()
 
@@ -343,12 +321,14 @@ def decide(
                 f"{early.n_total} problems"
             )
         notes.append(f"  early stop ({early.mode}): {said}")
-    v = GroupVerdict(group, tuple(records), selection, notes=tuple(notes), extra=extra)
+    v = GroupVerdict(
+        group, tuple(records), selection, notes=tuple(notes), extra=extra, baseline=baseline
+    )
     # 1-2: the numbers and each spec's verdict on them
     specs = group.specs
     gates: list[GateVerdict] = []
-    if specs.floor is not None:
-        gates.append(specs.floor.verdict(v.answers_correct, v.n, group.protocol_label, v.runs))
+    if group.floor is not None:
+        gates.append(group.floor.verdict(v.answers_correct, v.n, group.protocol_label, v.runs))
     if specs.min_acc is not None:
         gates.append(specs.min_acc.verdict(v.answers_correct, v.n, group.label, v.runs))
     for spec in specs.health:
@@ -371,20 +351,9 @@ def decide(
         v = replace(v, gates=tuple(replace(g, detail=f"{g.detail}; {said}") for g in v.gates))
     # 8: a shard's gates wait for the merge
     if selection.shard is not None:
-        i, n = selection.shard
-        v = replace(
-            v,
-            gates=tuple(
-                replace(
-                    g,
-                    rule="shard",
-                    passed=True,
-                    undecided=True,
-                    detail=f"shard {i} of {n}: verdict at the merge",
-                )
-                for g in v.gates
-            ),
-        )
+        wait = f"shard {selection.shard[0]} of {selection.shard[1]}: verdict at the merge"
+        shard = {"rule": "shard", "passed": True, "undecided": True, "detail": wait}
+        v = replace(v, gates=tuple(replace(g, **shard) for g in v.gates))  # type: ignore[arg-type]
     return v
 
 
@@ -475,6 +444,7 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
         document = bl.check(stored, report, baseline.split)
     except bl.BaselineError as exc:
         return _fail(v, str(exc))
+    v = replace(v, compared=document)
     cmp = bl.compare(document, v.records, v.selection.ids)
     partial = document.get("partial")
     rule = specs.baseline

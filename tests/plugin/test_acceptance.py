@@ -223,3 +223,30 @@ def test_plain_and_xdist_give_the_recorded_outputs(
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
         assert text == path.read_text(encoding="utf-8"), f"{name} differs from the golden copy"
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_a_baseline_write_that_fails_is_the_baseline_gates_fail_and_nothing_says_written(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """The one derived copy of the verdict: the writer runs after the verdict step, and a
+    write that fails (here a folder took the file's place after the session-start check)
+    turns the baseline gate into a FAIL naming the file and why, in every output."""
+    target = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
+    pytester.makeconftest(
+        "from pathlib import Path\n"
+        "def pytest_collection_finish(session):\n"
+        f"    Path({str(target)!r}).mkdir(parents=True, exist_ok=True)\n"
+    )
+    report, block, markdown = _run(pytester, [*gsm8k_args, LIMIT, "--snapshot-update"], xdist, 1)
+    (gate,) = report["gates"]
+    assert (gate["name"], gate["passed"]) == ("baseline", False)
+    assert gate["detail"].startswith(f"{target}: cannot write it (")
+    assert "baseline" not in report
+    assert not any("baseline written" in line for line in block)
+    assert f"  gate baseline: FAIL: {target}: cannot write it (" in "\n".join(block)
+    assert "| baseline | FAIL |" in markdown

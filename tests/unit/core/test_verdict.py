@@ -16,7 +16,7 @@ import pytest
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.gates import MinAcc, NoiseAware, ToleranceFloor
 from pytest_gsm8k.core.outcome import score_response
-from pytest_gsm8k.core.plan import StoredBaseline
+from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.render import markdown, styled_lines
@@ -28,7 +28,6 @@ from pytest_gsm8k.core.verdict import (
     GroupInput,
     RunVerdict,
     Selection,
-    Specs,
     decide_run,
 )
 
@@ -83,11 +82,8 @@ def _group(name: str = "", min_acc: float | None = 0.5) -> Group:
         subset=SUBSET,
         model="m",
         endpoint="http://e",
-        specs=Specs(
-            baseline=NoiseAware(0.01),
-            min_acc=MinAcc(min_acc) if min_acc is not None else None,
-            floor=floor,
-        ),
+        specs=GateSpecs(MinAcc(min_acc) if min_acc is not None else None, NOISE, False),
+        floor=floor,
         extra={"config": _config(name)} if name else {},
     )
 
@@ -127,7 +123,7 @@ def _decide(
             SUBSET,
             "m",
             "-",
-            Specs(NoiseAware(0.01)),
+            GateSpecs(None, NOISE, False),
         )
     return decide_run(inputs, top=top)
 
@@ -243,7 +239,15 @@ def _resumed(matrix: bool) -> RunVerdict:
     ]
     top = (
         Group(
-            "", "2", PROTOCOL.identity(), LABEL, DATASET, SUBSET, "m", "-", Specs(NoiseAware(0.01))
+            "",
+            "2",
+            PROTOCOL.identity(),
+            LABEL,
+            DATASET,
+            SUBSET,
+            "m",
+            "-",
+            GateSpecs(None, NOISE, False),
         )
         if matrix
         else None
