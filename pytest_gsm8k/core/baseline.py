@@ -27,7 +27,6 @@ import hashlib
 import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsondepth
@@ -35,11 +34,7 @@ from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach, stab
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.outcome import OUTCOMES
-from pytest_gsm8k.core.stats import (
-    accuracy_interval,
-    mcnemar_one_sided,
-    paired_difference_interval,
-)
+from pytest_gsm8k.core.stats import accuracy_interval, mcnemar_one_sided
 from pytest_gsm8k.core.types import Problem
 
 if TYPE_CHECKING:
@@ -459,94 +454,25 @@ def _config_name(document: Mapping[str, Any]) -> object:
     return config.get("name") if isinstance(config, Mapping) else None
 
 
-@dataclass
-class Comparison:
-    shared: int
-    baseline_acc: float
-    current_acc: float
-    newly_failing: list[str] = field(default_factory=list)
-    newly_passing: list[str] = field(default_factory=list)
-    p_value: float = 1.0
-    diff: float = 0.0
-    low: float = 0.0
-    high: float = 0.0
-    subset: bool = False  # compared on fewer ids than the baseline holds
-    baseline_n: int = 0
-    baseline_correct: int = 0  # over the shared ids
-    current_correct: int = 0
-    #: problems of the run the baseline does not hold, of the run's ``run_n``
-    not_in_baseline: int = 0
-    run_n: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "shared": self.shared,
-            "baseline_accuracy": self.baseline_acc,
-            "current_accuracy": self.current_acc,
-            "difference": self.diff,
-            "difference_ci95": [self.low, self.high],
-            "newly_failing": self.newly_failing,
-            "newly_passing": self.newly_passing,
-            "mcnemar_p": self.p_value,
-            "subset": self.subset,
-            "baseline_n": self.baseline_n,
-            "not_in_baseline": self.not_in_baseline,
-        }
-
-
 def compare(
-    baseline: dict[str, Any],
-    records: Sequence[Mapping[str, Any]],
-    run_ids: Collection[str] | None = None,
-) -> Comparison:
-    """Paired comparison on the problem ids present in both.
-
-    ``run_ids``: the problems the run set out to do (default: those of ``records``);
-    those the baseline does not hold are counted in ``not_in_baseline``.
-    """
+    baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], run_ids: Collection[str]
+) -> dict[str, Any]:
+    """The report's counts of a comparison, beside what :func:`noise_block` says of the
+    shared problems: how many there are, whether the baseline holds more (``subset``), how
+    many of the problems the run set out to do (``run_ids``) it does not hold, and the exact
+    one-sided McNemar p on the problems whose outcome flipped."""
     base = baseline["problems"]
-    wanted = {str(r["id"]) for r in records} if run_ids is None else set(run_ids)
-    both_correct = base_only = now_only = both_wrong = 0
-    failing: list[str] = []
-    passing: list[str] = []
-    base_correct = now_correct = 0
-    for record in sorted(records, key=lambda r: str(r["id"])):
-        pid = str(record["id"])
-        if pid not in base:
-            continue
-        was = _correct(base[pid])
-        now = bool(record["correct"])
-        base_correct += was
-        now_correct += now
-        if was and now:
-            both_correct += 1
-        elif was:
-            base_only += 1
-            failing.append(pid)
-        elif now:
-            now_only += 1
-            passing.append(pid)
-        else:
-            both_wrong += 1
-    shared = both_correct + base_only + now_only + both_wrong
-    diff, low, high = paired_difference_interval(both_correct, base_only, now_only, both_wrong)
-    return Comparison(
-        shared=shared,
-        baseline_acc=base_correct / shared if shared else 0.0,
-        current_acc=now_correct / shared if shared else 0.0,
-        newly_failing=failing,
-        newly_passing=passing,
-        p_value=mcnemar_one_sided(base_only, now_only),
-        diff=diff,
-        low=low,
-        high=high,
-        subset=shared < len(base),
-        baseline_n=len(base),
-        baseline_correct=base_correct,
-        current_correct=now_correct,
-        not_in_baseline=len(wanted - set(base)),
-        run_n=len(wanted),
-    )
+    shared = [r for r in records if str(r["id"]) in base]
+    was = [_correct(base[str(r["id"])]) for r in shared]
+    base_only = sum(1 for r, w in zip(shared, was, strict=True) if w and not r["correct"])
+    now_only = sum(1 for r, w in zip(shared, was, strict=True) if not w and r["correct"])
+    return {
+        "shared": len(shared),
+        "mcnemar_p": mcnemar_one_sided(base_only, now_only),
+        "subset": len(shared) < len(base),
+        "baseline_n": len(base),
+        "not_in_baseline": len(set(run_ids) - set(base)),
+    }
 
 
 def check(

@@ -28,6 +28,7 @@ from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.counts import Counts
+from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import (
     GateVerdict,
     ToleranceFloor,
@@ -42,8 +43,6 @@ from pytest_gsm8k.core.types import Problem
 
 #: problem ids a terminal list of flips shows before "+N more"
 SHOWN_IDS = 10
-#: the early stop's name for a config's vLLM floor (core/early_stop.py FLOOR)
-FLOOR = "vllm-threshold"
 
 
 @dataclass(frozen=True)
@@ -450,26 +449,27 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     rule = specs.baseline
     pairs = bl.pairs(document, v.records)
     seen = bl.noise_block(pairs, rule.alpha)
-    block = {"path": shown, "partial": partial is not None, **cmp.to_json(), **seen}
+    block = {"path": shown, "partial": partial is not None, **cmp, **seen}
     v = replace(v, extra={**v.extra, "baseline": block})
-    if cmp.shared == 0:
+    shared, missing, run_n = cmp["shared"], cmp["not_in_baseline"], len(set(v.selection.ids))
+    if shared == 0:
         return _fail(v, f"no problem id in common with {shown}")
     notes = list(v.notes)
     uncovered = None
-    if cmp.not_in_baseline:
+    if missing:
         # the comparison counts only the shared problems: never unsaid for the whole run
         uncovered = (
-            f"{shown} covers {cmp.run_n - cmp.not_in_baseline} of this run's {cmp.run_n} "
-            f"problems: {cmp.not_in_baseline} are not in it"
+            f"{shown} covers {run_n - missing} of this run's {run_n} problems: {missing} are "
+            "not in it"
         )
         if partial is not None:
             uncovered += f" (a partial baseline: {partial.get('reason', '')})"
         if not specs.require_baseline:
-            notes.append(f"  baseline: {uncovered}; the gate compares the {cmp.shared} it holds")
+            notes.append(f"  baseline: {uncovered}; the gate compares the {shared} it holds")
     where = (
-        f"on the {cmp.shared} problems shared with the baseline's {cmp.baseline_n} (subset)"
-        if cmp.subset
-        else f"on {cmp.shared} problems"
+        f"on the {shared} problems shared with the baseline's {cmp['baseline_n']} (subset)"
+        if cmp["subset"]
+        else f"on {shared} problems"
     )
     notes.append(
         f"  baseline {shown}: {seen['baseline_accuracy']:.4f} -> "
