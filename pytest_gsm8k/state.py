@@ -240,7 +240,8 @@ class Run:
                         unreached += arrived is None
                         records[problem.id] = arrived or error_record(problem, self.aborted)
             selected = plan.problems
-            extra = {("served" if settings.serve else "local_server"): server} if server else {}
+            where = "served" if settings.serve else "local_server"
+            extra = {where: server} if server is not None else {}
             group = Group(
                 name="",
                 label=plan.protocol.label,
@@ -319,7 +320,8 @@ class Run:
                 endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
                 specs=plan.gates,
                 floor=planned.floor,
-                extra={"config": scrub.obj(block), **({"served": served} if served else {})},
+                extra={"config": scrub.obj(block)}
+                | ({"served": served} if served is not None else {}),
                 report=settings.report or "",
             )
             inputs.append(
