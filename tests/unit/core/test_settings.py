@@ -451,6 +451,7 @@ def test_the_options_import_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     new = out.stdout.split()
     assert [m for m in new if m.startswith("pytest_gsm8k")] == [
+        "pytest_gsm8k.core",
         "pytest_gsm8k.core.jsondepth",
         "pytest_gsm8k.core.settings",
     ]
