@@ -142,3 +142,28 @@ def test_a_session_without_gsm8k_work_loads_only_the_options(
     assert result.ret == 0, output(result)
     loaded = json.loads((pytester.path / "modules.json").read_text())
     assert loaded == sorted([*PLUGIN_IMPORTS, "pytest_gsm8k.rootdir"])
+
+
+OWN_MODEL = """
+import pytest
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return lambda request: "#### 0"
+"""
+
+
+@XDIST
+def test_a_users_own_test_with_no_option_is_still_measured(
+    pytester: pytest.Pytester, xdist: list[str]
+) -> None:
+    """The State made on first use: a test that takes gsm8k_outcome, with the model from a
+    conftest and no gsm8k option or ini key, is GSM8K work all the same (the summary and the
+    gate, plain and under xdist, where the controller collects nothing)."""
+    pytester.makeconftest(OWN_MODEL)
+    pytester.makepyfile(test_own="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    result = pytester.runpytest_subprocess(
+        *NO_EXTRA_PLUGINS, "-p", "no:cacheprovider", "-k", "test-0001 or test-0002", *xdist
+    )
+    assert result.ret == 0, output(result)
+    result.stdout.fnmatch_lines(["gsm8k acc (test@1, 0-shot CoT) = 0.0000 * n=2", "*2 wrong*"])
