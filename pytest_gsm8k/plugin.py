@@ -128,10 +128,11 @@ def _read_option(config: pytest.Config, option: Option) -> Any:
 class StatePlugin:
     """Holds the State; hooks that need it live on it.
 
-    The State is made on first use: with a gsm8k option or ini key at once (pytest_configure),
-    else when something asks for it (a gsm8k fixture, a GSM8K item's parametrization, an
-    xdist controller starting its workers). Until then the session has no GSM8K work and
-    each hook returns at once (:meth:`_idle`), importing nothing of the run's machinery."""
+    The State is made on first use: at once when the session start has work for it or a gsm8k
+    option is on the command line (pytest_configure), else when something asks for it (a
+    gsm8k fixture, a GSM8K item's parametrization, an xdist controller starting its workers).
+    Until then the session has no GSM8K work and each hook returns at once (:meth:`_idle`),
+    importing nothing of the run's machinery."""
 
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
@@ -857,8 +858,14 @@ def pytest_configure(config: pytest.Config) -> None:
         for note in notes:
             config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
     plugin = StatePlugin(config, settings)
-    if any(_read_option(config, option) is not None for option in OPTIONS):
-        plugin.state  # noqa: B018 - a gsm8k option or ini key is given: GSM8K work, made now
+    # Made now when the session start has work for it (a model to reach or a server to
+    # start, an output to check) or a gsm8k option is on the command line (with no model it
+    # is refused after collection); ini values alone, as README's "In your repository" sets
+    # them, wait for a GSM8K item: the repository's other runs do not pay for the State.
+    given = any(config.getoption(option.dest) is not None for option in OPTIONS)
+    work = settings.model or settings.serve or settings.vllm_config
+    if given or work or settings.report or settings.html or settings.markdown:
+        plugin.state  # noqa: B018 - made here, on purpose
     config.pluginmanager.register(plugin, STATE_NAME)
     # Registered before the builtin unraisableexception plugin's cleanup, so it runs after
     # that one's gc passes (see pytest_runtestloop); it does nothing if nothing was frozen.

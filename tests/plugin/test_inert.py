@@ -128,14 +128,27 @@ def pytest_unconfigure(config):
 """
 
 
+#: README's "In your repository" ini: the model stays on the command line
+README_INI = """
+[pytest]
+gsm8k_base_url = http://127.0.0.1:8000/v1
+gsm8k_min_acc = 0.85
+gsm8k_require_baseline = true
+"""
+
+
+@pytest.mark.parametrize("ini", ["", README_INI], ids=["no-ini", "readme-ini"])
 def test_a_session_without_gsm8k_work_loads_only_the_options(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ini: str
 ) -> None:
     """Issue 34 #4: a suite that never uses the plugin does not pay for it. With no gsm8k
-    option, ini key or item, the session imports the option table, the fixtures'
-    definitions and the rootdir check, and no more of the package (no State, no plan, no
-    engine): the plugin's hooks return before they need any of it."""
+    option on the command line and no GSM8K item (ini values as README sets them or none),
+    the session imports the option table, the fixtures' definitions and the rootdir check,
+    and no more of the package (no State, no plan, no engine): the plugin's hooks return
+    before they need any of it."""
     monkeypatch.setenv("PROBE_OUT", str(pytester.path / "modules.json"))
+    if ini:
+        pytester.makeini(ini)
     pytester.makeconftest(MODULES_PROBE)
     pytester.makepyfile(test_probe="def test_one():\n    assert 1\n")
     result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS, "-p", "no:cacheprovider")
