@@ -1,77 +1,30 @@
 """Early stopping for the release gates. Pure: no I/O, no pytest, stdlib only.
 
-A gate's verdict is often fixed long before the last of the N problems has an
-answer. This module decides, after each outcome, whether the run may stop,
-in one of two modes:
+What the two modes promise is docs/early-stop.md's: ``certain`` reports a gate's verdict once
+no answer to the problems still to run could change it (the gate spec's own ``certain()``,
+core/gates.py, the rule of its final verdict); ``sequential`` adds, for the count gates, an
+anytime-valid test on the whole selection's count (without replacement: :class:`_WorTest`,
+whose docstring holds the proof), wrong with probability at most alpha for every population.
 
-``certain``
-    Exact, no statistics. The verdict is reported only when no answers to the
-    remaining problems could change it: each gate spec's own ``certain()``
-    (core/gates.py) says so, the same rule as its final verdict. Never differs
-    from the full run.
+How the plugin uses it: one :class:`EarlyStop` per group (the run, or each ``--gsm8k-config``
+config: :meth:`EarlyStop.for_group`) with the ids of its selected problems; run the problems
+in ``EarlyStop.order`` and call :meth:`EarlyStop.observe` with every outcome as it arrives.
+Once it returns a :class:`Decision`, cancel the rest: its verdicts are the gates' (``None``:
+not needed, another gate FAILed).
 
-``sequential``
-    Everything ``certain`` does, plus an anytime-valid test on the full
-    split's count: the problems run in a seeded uniformly random order,
-    so the outcomes seen so far are a sample drawn *without replacement*
-    from the finite population of the N outcomes, and a confidence sequence
-    for that population's mean (Waudby-Smith & Ramdas, "Confidence sequences
-    for sampling without replacement", NeurIPS 2020) decides the gate once
-    it lies on one side of the threshold. Guarantee, for every population
-    (every possible full-run outcome vector), including one exactly at the
-    threshold: P(the early verdict differs from the full run's) <= alpha.
+Out-of-order arrivals (xdist, concurrency): a fast wrong answer (an error, a refusal) may
+arrive before a slow correct one, so the arrival order is not independent of the outcomes,
+which the sequential guarantee needs. :meth:`EarlyStop.observe` therefore feeds the
+statistics only the contiguous prefix of the seeded order that has arrived (``certain`` needs
+no order and uses every arrival at once). The order is part of the protocol's identity:
+:func:`run_order` derives it from SHA-256 of the seed and each id, the same everywhere.
 
-Public API::
-
-    run_order(ids: Sequence[str], seed: int) -> list[str]
-
-    Decision(after: int, verdicts: dict[str, Verdict | None], how: dict[str, str])
-    EarlyStop(ids, gates, *, mode, seed=0, alpha=0.05, baseline=None, repeats=1, order=None)
-    EarlyStop.for_group(ids, specs, *, mode, floor=None, baseline=None, ...) -> EarlyStop | None
-        .order: list[str]                 # the order the plugin should run the problems in
-        .observe(problem_id, correct, outcome=None) -> Decision | None   # None while undecided
-        .decision: Decision | None
-        .observed: int                    # outcomes fed to the statistics (a prefix of .order)
-        .to_json() -> dict[str, Any]
-        .headline() -> str
-
-How the plugin uses it: build one :class:`EarlyStop` per group (the run, or each
-``--gsm8k-config`` config: :meth:`EarlyStop.for_group`) with the ids of its selected
-problems, run (or at least schedule) the problems in ``EarlyStop.order``, and call
-:meth:`EarlyStop.observe` with every outcome as it arrives, in any order. Once it
-returns a :class:`Decision`, cancel the rest; the verdicts in it are the gates'
-verdicts (a gate whose verdict is ``None`` was not needed: another gate FAILed).
-
-Out-of-order arrivals (xdist, concurrency): the sequential guarantee needs
-the order in which outcomes enter the statistics to be independent of the
-outcomes. A fast wrong answer (an error, a refusal) may arrive before a slow
-correct one, so the arrival order is *not* independent of the outcomes.
-:meth:`EarlyStop.observe` therefore buffers arrivals and feeds the
-statistics only the contiguous prefix of the seeded order that has arrived
-(``certain`` mode needs no order and uses every arrival at once). The order
-is part of the protocol's identity: ``run_order`` derives it from SHA-256 of
-the seed and each id, not from :mod:`random`, so it is the same on every
-Python version and machine.
-
-The gates are :mod:`pytest_gsm8k.core.gates`' specs, each rule stated once there:
-
-* the count rules (``MinAcc``; a vLLM config's ``ToleranceFloor``, named
-  ``vllm-threshold`` here; the health gates ``MaxShare``, which count the problems
-  *not* of their outcome): PASS iff the good count X over all N is at least the spec's
-  ``need(N)``, settled by the spec's ``certain()``. With ``--gsm8k-repeats K``
-  (``repeats``) X counts answers over all N K (test@1 is their mean, as at the end of
-  the run): each problem adds 0..K and the sequential tests take values in {0..K}
-  (scale K, the non-binary bet). In sequential mode each has two tests, at its share of
-  alpha.
-* the baseline, ``NoiseAware`` (``--gsm8k-alpha``; exact McNemar against a single-run
-  baseline): only ``NoiseAware.certain`` applies, in both modes (its p-value can only
-  fall with each further failure, so "every unseen problem fails" and "every unseen
-  problem is right" are its extremes). No sequential test: its verdict is not a
-  threshold on one population mean. The p-value of 1,319 pairs costs milliseconds to a
-  fraction of a second, so it is checked every 1% of the shared problems (and at the
-  last one), never changing the verdict, only when it is seen. With
-  ``--gsm8k-repeats`` on the candidate the p-value is not monotone in a problem's
-  outcome and the gate waits for the end of the run.
+The noise-aware baseline gate has certain bounds only, in both modes: its p-value can only
+fall with each further failure, so "every unseen problem fails" and "every unseen problem is
+right" are its extremes. It is checked every 1% of the shared problems (a p-value of 1,319
+pairs costs up to a fraction of a second), and with ``--gsm8k-repeats`` on the candidate (not
+monotone then) it waits for the end of the run. With ``--gsm8k-repeats K`` the count gates
+count answers over all N K, each problem adding 0..K (the sequential tests at scale K).
 """
 
 from __future__ import annotations
@@ -620,11 +573,10 @@ class EarlyStop:
             raise ValueError(f"outcome for {problem_id!r} needed by the health gates")
         if self.decision is not None:
             return self.decision
+        self._arrived[position] = (correct, outcome, tuple(answers))
         if self.mode == "certain":
-            self._arrived[position] = (correct, outcome, tuple(answers))
             self._feed(problem_id, correct, outcome, answers)
             return self.decision
-        self._arrived[position] = (correct, outcome, tuple(answers))
         while self._next in self._arrived and self.decision is None:
             ok, kind, given = self._arrived.pop(self._next)
             pid = self.order[self._next]
