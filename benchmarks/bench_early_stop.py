@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pytest_gsm8k.core import early_stop as es_mod
 from pytest_gsm8k.core.early_stop import EarlyStop
-from pytest_gsm8k.core.gates import max_drop_count, min_acc_count
+from pytest_gsm8k.core.gates import MinAcc, min_acc_count
 
 N = 1319
 #: (accuracy, min_acc, mode, most problems as the median over orders): the targets
@@ -50,45 +50,31 @@ _CHUNK = 20000
 IDS = [str(i) for i in range(N)]
 
 
-def _vec_mix(binary: bool, scale: int) -> tuple[list[float], list[float]]:
-    mix = es_mod._BINARY_MIX if binary else es_mod._PAIRED_MIX
-    total = sum(w for _, w in mix)
-    return [d / scale for d, _ in mix], [w / total for _, w in mix]
-
-
 class _VecTest:
-    """``early_stop._WorTest`` over many orders at once: the same float operations, in the
-    same order, on numpy arrays (one lane per order), so every lane's capital is bit-for-bit
-    the scalar test's. ``--check`` replays orders through the real class to prove it."""
+    """``early_stop._WorTest`` (binary, scale 1) over many orders at once: the same float
+    operations, in the same order, on numpy arrays (one lane per order), so every lane's
+    capital is bit-for-bit the scalar test's. ``--check`` replays orders through the real
+    class to prove it."""
 
-    def __init__(
-        self, lanes: int, size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
-    ) -> None:
-        self.size, self.scale, self.null, self.up, self.binary = size, scale, null, up, binary
+    def __init__(self, lanes: int, size: int, null: int, up: bool, alpha: float) -> None:
+        self.size, self.null, self.up = size, null, up
         self.threshold = 1.0 / alpha
-        deltas, weights = _vec_mix(binary, scale)
-        self.mix = deltas
-        self.caps = [np.full(lanes, w) for w in weights]
+        total = sum(w for _, w in es_mod._BINARY_MIX)
+        self.mix = [d for d, _ in es_mod._BINARY_MIX]
+        self.caps = [np.full(lanes, w / total) for _, w in es_mod._BINARY_MIX]
         self.t = 0
         self.seen = np.zeros(lanes, dtype=np.int64)
-        self.seen_sq = np.zeros(lanes, dtype=np.int64)
         self.rejected = np.zeros(lanes, dtype=bool)
 
     def update(self, value: Any) -> Any:
         num = self.null - self.seen
-        den = self.scale * (self.size - self.t)
+        den = self.size - self.t
         active = ~self.rejected & (num > 0) & (num < den)
         if active.any():
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 mu = num / den
-                y = value / self.scale
-                if self.binary:
-                    var = mu * (1.0 - mu)
-                else:
-                    n = self.t
-                    mean = self.seen / (self.scale * n) if n else np.zeros_like(mu)
-                    ss = self.seen_sq / (self.scale * self.scale) - n * mean * mean
-                    var = np.maximum((0.25 + ss) / (1 + n), 1e-6)
+                y = value / 1  # as _WorTest: value / scale, at scale 1
+                var = mu * (1.0 - mu)
                 if self.up:
                     dev = y - mu
                     limit = es_mod._MAX_FRACTION / mu
@@ -103,50 +89,33 @@ class _VecTest:
             self.rejected |= active & (capital >= self.threshold)
         self.t += 1
         self.seen += value
-        self.seen_sq += value * value
         return self.rejected
-
-
-def _gate_setup(spec: dict[str, Any]) -> tuple[Any, Any, int, int, bool, int]:
-    """Per problem (in id order): the gate's value and the outcome; size, need, paired, B."""
-    x = np.array([int(spec["outcomes"][pid]) for pid in IDS], dtype=np.int64)
-    gate = spec["gate"]
-    if "min_acc" in gate:
-        return x, x, N, min_acc_count(gate["min_acc"], N), False, 0
-    b = np.array([gate["baseline"][pid] for pid in IDS], dtype=np.int64)
-    base = int(b.sum())
-    return b - x + 1, x, N, max_drop_count(base, N, gate["max_drop"]), True, base
 
 
 def _simulate(mode: str, spec: dict[str, Any], perms: Any, alpha: float) -> tuple[Any, Any]:
     """Stop times and FAIL flags of every order (one lane each), vectorised over the orders."""
-    values, x, size, need, paired, base = _gate_setup(spec)
-    vals = np.ascontiguousarray(values[perms].T)  # (N, orders)
-    xs = np.ascontiguousarray(x[perms].T)
+    x = np.array([int(spec["outcomes"][pid]) for pid in IDS], dtype=np.int64)
+    need = min_acc_count(spec["min_acc"], N)
+    xs = np.ascontiguousarray(x[perms].T)  # (N, orders)
     lanes = perms.shape[0]
     seen = np.arange(1, N + 1)[:, None]
     if mode == "certain":
         correct = np.cumsum(xs, axis=0)
-        fail = correct + size - seen < need
+        fail = correct + N - seen < need
         decided = (correct >= need) | fail
         first = decided.argmax(axis=0)
         return first + 1, fail[first, np.arange(lanes)]
-    scale = 2 if paired else 1
-    if paired:
-        fail_test = _VecTest(lanes, size, scale, base - need + size, True, alpha, False)
-        pass_test = _VecTest(lanes, size, scale, base - need + 1 + size, False, alpha, False)
-    else:
-        fail_test = _VecTest(lanes, size, scale, need, False, alpha, True)
-        pass_test = _VecTest(lanes, size, scale, need - 1, True, alpha, True)
+    fail_test = _VecTest(lanes, N, need, False, alpha)
+    pass_test = _VecTest(lanes, N, need - 1, True, alpha)
     stop = np.full(lanes, -1)
     is_fail = np.zeros(lanes, dtype=bool)
     correct = np.zeros(lanes, dtype=np.int64)
     for t in range(N):
         correct += xs[t]
         cert_pass = correct >= need
-        cert_fail = correct + size - (t + 1) < need
-        failed = fail_test.update(vals[t])
-        passed = pass_test.update(vals[t])
+        cert_fail = correct + N - (t + 1) < need
+        failed = fail_test.update(xs[t])
+        passed = pass_test.update(xs[t])
         fail_now = cert_fail | (~cert_pass & failed)
         new = (stop < 0) & (cert_pass | fail_now | passed)
         stop[new] = t + 1
@@ -159,7 +128,7 @@ def _simulate(mode: str, spec: dict[str, Any], perms: Any, alpha: float) -> tupl
 def _replay(mode: str, spec: dict[str, Any], perm: Any, alpha: float) -> tuple[int, bool]:
     """One order through the real ``EarlyStop``: (problems to the decision, FAIL?)."""
     order = [IDS[i] for i in perm]
-    es = EarlyStop(IDS, mode=mode, alpha=alpha, order=order, **spec["gate"])  # type: ignore[arg-type]
+    es = EarlyStop(IDS, [MinAcc(spec["min_acc"])], mode=mode, alpha=alpha, order=order)  # type: ignore[arg-type]
     decision = es.decision
     for pid in order:
         if decision is not None:
@@ -220,44 +189,10 @@ def min_acc_specs(quick: bool) -> list[dict[str, Any]]:
                     "label": f"{correct / N:.4f} ({correct}) | {threshold:g}",
                     "key": (0, threshold, correct),
                     "outcomes": outcomes,
-                    "gate": {"min_acc": threshold},
+                    "min_acc": threshold,
                     "full": "PASS" if correct >= need else "FAIL",
                 }
             )
-    return specs
-
-
-def baseline_specs() -> list[dict[str, Any]]:
-    """Paired populations: baseline 0.80, a given number of newly failing / passing problems."""
-    specs = []
-    base_correct = round(0.80 * N)
-    for max_drop, failing, passing in (
-        (0.02, 66, 66),
-        (0.02, 150, 18),
-        (0.02, 92, 66),
-        (0.02, 93, 66),
-        (0.05, 200, 40),
-        (0.0, 30, 60),
-    ):
-        b = [1] * base_correct + [0] * (N - base_correct)
-        x = b[:]
-        for i in range(failing):
-            x[i] = 0
-        for i in range(passing):
-            x[base_correct + i] = 1
-        baseline = dict(zip(IDS, b, strict=True))
-        outcomes = {pid: bool(v) for pid, v in zip(IDS, x, strict=True)}
-        need = max_drop_count(base_correct, N, max_drop)
-        drop = (failing - passing) / N
-        specs.append(
-            {
-                "label": f"drop {drop:+.4f} (-{failing}/+{passing}) | {max_drop:g}",
-                "key": (1, max_drop, failing - passing),
-                "outcomes": outcomes,
-                "gate": {"baseline": baseline, "max_drop": max_drop},
-                "full": "PASS" if sum(x) >= need else "FAIL",
-            }
-        )
     return specs
 
 
@@ -282,7 +217,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     orders = min(args.orders, 500) if args.quick else args.orders
-    specs = min_acc_specs(args.quick) + baseline_specs()
+    specs = min_acc_specs(args.quick)
     if args.only:
         specs = [s for s in specs if any(text in s["label"] for text in args.only)]
     jobs = [
@@ -307,37 +242,26 @@ def main() -> int:
         f"(the full run: {N})"
     )
     worst, worst_label = 0.0, ""
-    for section, title, head in (
-        (0, "min-acc gate", "accuracy (correct) | min_acc"),
-        (
-            1,
-            "baseline max-drop gate, baseline accuracy 0.80",
-            "drop (newly failing/passing) | max_drop",
-        ),
-    ):
-        keys = sorted(k for k in by_key if k[0] == section)
-        if not keys:
-            continue
-        print()
-        print(f"#### {title}")
-        print()
+    print()
+    print("#### min-acc gate")
+    print()
+    print(
+        "| accuracy (correct) | min_acc | full run | certain: problems | sequential: problems "
+        "| sequential: disagreement |"
+    )
+    print("|---|---|---|---|---|---|")
+    for key in sorted(by_key):
+        label, full = labels[key]
+        cert = by_key[key]["certain"]
+        seq = by_key[key]["sequential"]
+        if cert["wrong"]:
+            raise AssertionError(f"certain mode disagreed with the full run: {label}")
+        if seq["wrong"] > worst:
+            worst, worst_label = seq["wrong"], label
         print(
-            f"| {head} | full run | certain: problems | sequential: problems "
-            "| sequential: disagreement |"
+            f"| {label} | {full} | {cert['median']:g} / {cert['p90']} | "
+            f"{seq['median']:g} / {seq['p90']} | {seq['wrong']:.4f} |"
         )
-        print("|---|---|---|---|---|---|")
-        for key in keys:
-            label, full = labels[key]
-            cert = by_key[key]["certain"]
-            seq = by_key[key]["sequential"]
-            if cert["wrong"]:
-                raise AssertionError(f"certain mode disagreed with the full run: {label}")
-            if seq["wrong"] > worst:
-                worst, worst_label = seq["wrong"], label
-            print(
-                f"| {label} | {full} | {cert['median']:g} / {cert['p90']} | "
-                f"{seq['median']:g} / {seq['p90']} | {seq['wrong']:.4f} |"
-            )
     print()
     print()
     print("targets:")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from pytest_gsm8k import fixtures
-from pytest_gsm8k.core.plan import Endpoint, RunPlan, StoredBaseline
+from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, plain_url, url_problem, with_v1
-from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.state import State, safe_url
 
 if TYPE_CHECKING:
@@ -91,113 +90,48 @@ def head_start_allowed(config: pytest.Config) -> bool:
     return not filtered and not plugins_define(config)
 
 
-def early_stop_for(state: State) -> EarlyStop | None:
-    """The run's :class:`EarlyStop` (``--gsm8k-early-stop``), or None with nothing to decide.
+def early_stop_for(state: State, name: str = "") -> EarlyStop | None:
+    """The :class:`EarlyStop` of one group (``--gsm8k-early-stop``): the run's (``name``
+    ""), or ``--gsm8k-config`` config ``name``'s; None with nothing to decide.
 
-    Its problems are those this run set out to do (after deselection); its
-    baseline gate uses the stored baseline when one exists that this run may be
-    compared with (:func:`_early_baseline`).
+    Its problems are those the group set out to do (after deselection); every gate of the
+    group takes part as the end of the run decides it, the noise-aware gate against the
+    group's stored baseline when there is one it may be compared with: none with
+    ``--snapshot-update`` (the run writes it), none that is refused (the baseline gate at
+    the end says why).
     """
+    from pytest_gsm8k.core import baseline as bl
     from pytest_gsm8k.core.early_stop import EarlyStop
 
     plan = state.plan
     settings = plan.settings
-    assert settings.early_stop in ("certain", "sequential")
-    ids = [p.id for p in state.run.wanted(plan)]
-    here = {
-        "protocol": {**plan.protocol.identity(), "label": plan.protocol.label},
-        "dataset": plan.split.identity(),
-    }
-    outcomes, runs = _early_baseline(state, plan.baseline, here, plan.split.problems, ids)
-    min_acc = plan.gates.min_acc
-    if min_acc is None and outcomes is None and not plan.gates.health:
-        return None
-    return EarlyStop(
-        ids,
-        mode=settings.early_stop,  # type: ignore[arg-type]
-        seed=settings.seed,
-        alpha=settings.early_stop_alpha,
-        min_acc=min_acc.threshold if min_acc is not None else None,
-        baseline=outcomes,
-        noise_aware=plan.gates.baseline,
-        baseline_runs=runs,
-        repeats=settings.repeats,
-        health=plan.gates.health,
-    )
-
-
-def config_early_stop_for(state: State, name: str) -> EarlyStop | None:
-    """--gsm8k-config: config ``name``'s own :class:`EarlyStop` (certain bounds only), or
-    None when none of its items is in the run.
-
-    Every gate of the config takes part, each as the end of the run decides it: vLLM's
-    floor, ``--gsm8k-min-acc`` and the health gates when asked, and the noise-aware gate
-    against the config's own baseline (:func:`_early_baseline`). The config stops once
-    all of them are certain, or one FAILs for certain.
-    """
-    from pytest_gsm8k.core.early_stop import EarlyStop
-
-    plan = state.plan
-    group = plan.group_by_name[name]
     wanted = {p.id for p in state.run.wanted(plan)}
-    ids = [p.id for p in group.problems if p.id in wanted]
-    if not ids:
-        return None
-    here = {
-        "protocol": {**group.protocol.identity(), "label": group.label},
-        "dataset": plan.split.identity(),
-        "config": {"name": group.name, "model_name": group.config.model_name},
-    }
-    outcomes, runs = _early_baseline(
-        state, group.baseline, here, group.split_problems(plan.split), ids
+    group = plan.group_by_name[name] if name else None
+    here: dict[str, Any] = {"dataset": plan.split.identity()}
+    if group is None:
+        problems, stored, split = plan.problems, plan.baseline, plan.split.problems
+        here["protocol"] = {**plan.protocol.identity(), "label": plan.protocol.label}
+        floor, seed = None, settings.seed
+    else:
+        # a config is decided by the certain bounds only (no order counts there)
+        problems, stored, split = group.problems, group.baseline, group.split_problems(plan.split)
+        here["protocol"] = {**group.protocol.identity(), "label": group.label}
+        here["config"] = {"name": group.name, "model_name": group.config.model_name}
+        floor, seed = group.floor, 0
+    document = None
+    if stored is not None and stored.exists and not plan.update_baseline:
+        with contextlib.suppress(bl.BaselineError):
+            document = bl.check(stored, here, split)["problems"]
+    return EarlyStop.for_group(
+        [p.id for p in problems if p.id in wanted],
+        plan.gates,
+        mode=settings.early_stop,  # type: ignore[arg-type]
+        floor=floor,
+        baseline=document,
+        seed=seed,
+        alpha=settings.early_stop_alpha,
+        repeats=settings.repeats,
     )
-    min_acc = plan.gates.min_acc
-    return EarlyStop(
-        ids,
-        mode="certain",
-        order=ids,
-        min_acc=min_acc.threshold if min_acc is not None else None,
-        baseline=outcomes,
-        noise_aware=plan.gates.baseline,
-        baseline_runs=runs,
-        repeats=plan.settings.repeats,
-        health=plan.gates.health,
-        floor=group.floor,
-    )
-
-
-def _early_baseline(
-    state: State,
-    stored: StoredBaseline | None,
-    here: dict[str, Any],
-    split: Sequence[Problem],
-    ids: Sequence[str],
-) -> tuple[dict[str, int] | None, dict[str, int]]:
-    """The early stop's view of a stored baseline: each problem's correct runs and runs.
-
-    (None, {}) when there is none this run may be compared with (any refusal is reported by
-    the baseline gate at the end), when it shares no problem with ``ids``, with
-    ``--snapshot-update`` (the run writes it), and with ``--gsm8k-require-baseline`` when
-    it does not hold every problem of the run (the gate at the end fails on any other,
-    whatever the shared ones say).
-    """
-    from pytest_gsm8k.core import baseline as bl
-
-    plan = state.plan
-    if stored is None or not stored.exists or plan.update_baseline:
-        return None, {}
-    try:
-        document = bl.check(stored, here, split)
-    except bl.BaselineError:
-        return None, {}
-    outcomes: dict[str, int] = {}
-    runs: dict[str, int] = {}
-    for pid, value in document["problems"].items():
-        outcomes[str(pid)], runs[str(pid)] = bl.runs(value)
-    shared = set(outcomes) & set(ids)
-    if not shared or (plan.gates.require_baseline and len(shared) < len(ids)):
-        return None, {}
-    return outcomes, runs
 
 
 #: the plugin's own fixtures a user may replace (a conftest, plugin, test module or class)

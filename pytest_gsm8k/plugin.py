@@ -139,7 +139,6 @@ class StatePlugin:
         self.settings = settings
         self._state: State | None = None
         self.session: pytest.Session | None = None
-        self._early_tried = False
         self._active = False
         self.warnings: list[str] = []  # cache warnings no test issued (xdist controller)
         #: the progress line, while the test loop runs (None: the dots)
@@ -448,66 +447,44 @@ class StatePlugin:
         self, problem_id: str, correct: bool, outcome: str, answers: list[str]
     ) -> None:
         """Controller: one more outcome for --gsm8k-early-stop (with --gsm8k-repeats, its
-        answers' outcomes too); stop the run once decided."""
+        answers' outcomes too), fed to its group's early stop: the run's, or with
+        --gsm8k-config its config's. Once that is decided before the group's last problem,
+        the group stops: a run at once; a config's items not fetched are skipped, its server
+        stops and the next config's starts."""
         from pytest_gsm8k.lifecycle import early_stop_for
+        from pytest_gsm8k.runtime.matrix import group_of
 
         run = self.state.run
-        if self.state.settings.vllm_config:
-            self._observe_config(problem_id, correct, outcome, answers)
-            return
-        if run.early is None and not self._early_tried:
-            self._early_tried = True
+        name = group_of(problem_id) if self.state.settings.vllm_config else ""
+        if name not in run.early:
             self._learn_plans()
-            run.start_early_stop(early_stop_for(self.state))
-        early = run.early
-        if early is None or run.early_stopped is not None:
+            run.start_early_stop(name, early_stop_for(self.state, name))
+        early = run.early[name]
+        if early is None or name in run.stopped:
             return
         try:
             decision = early.observe(problem_id, correct, outcome, answers)
         except (KeyError, ValueError):
-            return  # a problem outside the run's plan (a user's own test): not counted
+            return  # a problem outside the group's plan (a user's own test): not counted
         if decision is None or early.observed >= early.n_total:
             return
+        if name:
+            message = (
+                f"config {name} stopped early (--gsm8k-early-stop {early.mode}): "
+                f"{early.headline()}; its problems not asked yet are skipped"
+            )
+            run.stop_early(name, message)
+            if self.state.sources.matrix is not None:
+                self.state.sources.matrix.stop_config(name, message)
+            return
         message = f"gsm8k: {early.headline()}"
-        run.stop_early(message)
+        run.stop_early(name, message)
         self.state.sources.stop(message.removeprefix("gsm8k: "))
         dsession = self.config.pluginmanager.get_plugin("dsession")
         if dsession is not None:
             dsession.shouldstop = message  # xdist stops handing out items
         elif self.session is not None:
             self.session.shouldstop = message
-
-    def _observe_config(
-        self, problem_id: str, correct: bool, outcome: str, answers: list[str]
-    ) -> None:
-        """--gsm8k-config: one more outcome of a config; once every gate of that config is
-        certain (or one FAILs for certain) before its last problem, the config stops: its
-        items not fetched are skipped, its server stops, the next config's starts."""
-        from pytest_gsm8k.lifecycle import config_early_stop_for
-        from pytest_gsm8k.runtime.matrix import group_of
-
-        run = self.state.run
-        name = group_of(problem_id)
-        if name not in run.config_early:
-            self._learn_plans()
-            run.start_config_early_stop(name, config_early_stop_for(self.state, name))
-        early = run.config_early[name]
-        if early is None or name in run.config_stopped:
-            return
-        try:
-            decision = early.observe(problem_id, correct, outcome, answers)
-        except (KeyError, ValueError):
-            return  # a problem outside the config's plan: not counted
-        if decision is None or early.observed >= early.n_total:
-            return
-        message = (
-            f"config {name} stopped early (--gsm8k-early-stop certain): {early.headline()}; "
-            "its problems not asked yet are skipped"
-        )
-        run.stop_config_early(name, message)
-        matrix = self.state.sources.matrix
-        if matrix is not None:
-            matrix.stop_config(name, message)
 
     def _learn_plans(self) -> None:
         """xdist controller: the problems the workers collected, from the plans they sent

@@ -90,13 +90,11 @@ class Run:
         self.aborted: str | None = None
         #: a data problem found while parametrizing, raised as one line after collection
         self.data_error: str | None = None
-        self.early: EarlyStop | None = None
-        #: the early stop's message once it stopped the run
-        self.early_stopped: str | None = None
-        #: --gsm8k-config with --gsm8k-early-stop: each config's own (None: nothing to decide)
-        self.config_early: dict[str, EarlyStop | None] = {}
-        #: configs stopped early: name -> the message their items not run are skipped with
-        self.config_stopped: dict[str, str] = {}
+        #: --gsm8k-early-stop: each group's (the run's "", or each config's by name; None:
+        #: nothing to decide), made at its first outcome
+        self.early: dict[str, EarlyStop | None] = {}
+        #: the groups stopped early: name -> the message their items not run end with
+        self.stopped: dict[str, str] = {}
         #: the run's verdict, once decided (every output renders from it)
         self.verdict: RunVerdict | None = None
         #: the run's outputs checked at session start, by key (report, html, markdown, step_summary)
@@ -143,17 +141,16 @@ class Run:
     def fail_data(self, message: str) -> None:
         self.data_error = message
 
-    def start_early_stop(self, early: EarlyStop | None) -> None:
-        self.early = early
+    def start_early_stop(self, name: str, early: EarlyStop | None) -> None:
+        self.early[name] = early
 
-    def stop_early(self, message: str) -> None:
-        self.early_stopped = message
+    def stop_early(self, name: str, message: str) -> None:
+        self.stopped[name] = message
 
-    def start_config_early_stop(self, name: str, early: EarlyStop | None) -> None:
-        self.config_early[name] = early
-
-    def stop_config_early(self, name: str, message: str) -> None:
-        self.config_stopped[name] = message
+    @property
+    def early_stopped(self) -> str | None:
+        """The message the early stop ended the whole run with (a run of one group)."""
+        return self.stopped.get("")
 
     def finish(self, verdict: RunVerdict) -> None:
         self.verdict = verdict
@@ -262,7 +259,7 @@ class Run:
                 tuple(records.values()),
                 selection(wanted, len(selected), unreached),
                 baseline(plan.baseline, split.problems),
-                _early(self.early, self.early_stopped is not None),
+                _early(self.early.get(""), "" in self.stopped),
             )
             return [run], None, []
         ids = {p.id for p in wanted}
@@ -322,9 +319,7 @@ class Run:
                     tuple(found.values()),
                     selection(ran, len(planned.problems)),
                     baseline(planned.baseline, planned.split_problems(split)),
-                    _early(
-                        self.config_early.get(planned.name), planned.name in self.config_stopped
-                    ),
+                    _early(self.early.get(planned.name), planned.name in self.stopped),
                 )
             )
         first = plan.groups[0].protocol

@@ -1,89 +1,30 @@
 """Early stopping for the release gates. Pure: no I/O, no pytest, stdlib only.
 
-A gate's verdict is often fixed long before the last of the N problems has an
-answer. This module decides, after each outcome, whether the run may stop,
-in one of two modes:
+What the two modes promise is docs/early-stop.md's: ``certain`` reports a gate's verdict once
+no answer to the problems still to run could change it (the gate spec's own ``certain()``,
+core/gates.py, the rule of its final verdict); ``sequential`` adds, for the count gates, an
+anytime-valid test on the whole selection's count (without replacement: :class:`_WorTest`,
+whose docstring holds the proof), wrong with probability at most alpha for every population.
 
-``certain``
-    Exact, no statistics. The verdict is reported only when no answers to the
-    remaining problems could change it (every remaining problem correct, or
-    every one not correct, gives the same verdict). Never differs from the
-    full run.
+How the plugin uses it: one :class:`EarlyStop` per group (the run, or each ``--gsm8k-config``
+config: :meth:`EarlyStop.for_group`) with the ids of its selected problems; run the problems
+in ``EarlyStop.order`` and call :meth:`EarlyStop.observe` with every outcome as it arrives.
+Once it returns a :class:`Decision`, cancel the rest: its verdicts are the gates' (``None``:
+not needed, another gate FAILed).
 
-``sequential``
-    Everything ``certain`` does, plus an anytime-valid test on the full
-    split's accuracy: the problems run in a seeded uniformly random order,
-    so the outcomes seen so far are a sample drawn *without replacement*
-    from the finite population of the N outcomes, and a confidence sequence
-    for that population's mean (Waudby-Smith & Ramdas, "Confidence sequences
-    for sampling without replacement", NeurIPS 2020) decides the gate once
-    it lies on one side of the threshold. Guarantee, for every population
-    (every possible full-run outcome vector), including one exactly at the
-    threshold: P(the early verdict differs from the full run's) <= alpha.
+Out-of-order arrivals (xdist, concurrency): a fast wrong answer (an error, a refusal) may
+arrive before a slow correct one, so the arrival order is not independent of the outcomes,
+which the sequential guarantee needs. :meth:`EarlyStop.observe` therefore feeds the
+statistics only the contiguous prefix of the seeded order that has arrived (``certain`` needs
+no order and uses every arrival at once). The order is part of the protocol's identity:
+:func:`run_order` derives it from SHA-256 of the seed and each id, the same everywhere.
 
-Public API::
-
-    run_order(ids: Sequence[str], seed: int) -> list[str]
-
-    Decision(after: int, verdicts: dict[str, Verdict | None], how: dict[str, str])
-    EarlyStop(ids, *, mode, seed=0, alpha=0.05, min_acc=None, baseline=None,
-              max_drop=0.0, noise_aware=None, baseline_runs=None, repeats=1,
-              health=(), floor=None, order=None)
-        .order: list[str]                 # the order the plugin should run the problems in
-        .observe(problem_id, correct, outcome=None) -> Decision | None   # None while undecided
-        .decision: Decision | None
-        .observed: int                    # outcomes fed to the statistics (a prefix of .order)
-        .to_json() -> dict[str, Any]
-        .headline() -> str
-
-How the plugin uses it: build one :class:`EarlyStop` per run with the ids of
-the full selected split, run (or at least schedule) the problems in
-``EarlyStop.order``, and call :meth:`EarlyStop.observe` with every outcome as
-it arrives, in any order. Once it returns a :class:`Decision`, cancel the
-rest; the verdicts in it are the gates' verdicts (a gate whose verdict is
-``None`` was not needed: another gate FAILed).
-
-Out-of-order arrivals (xdist, concurrency): the sequential guarantee needs
-the order in which outcomes enter the statistics to be independent of the
-outcomes. A fast wrong answer (an error, a refusal) may arrive before a slow
-correct one, so the arrival order is *not* independent of the outcomes.
-:meth:`EarlyStop.observe` therefore buffers arrivals and feeds the
-statistics only the contiguous prefix of the seeded order that has arrived
-(``certain`` mode needs no order and uses every arrival at once). The order
-is part of the protocol's identity: ``run_order`` derives it from SHA-256 of
-the seed and each id, not from :mod:`random`, so it is the same on every
-Python version and machine.
-
-Gate semantics: the rules are :mod:`pytest_gsm8k.core.gates`' (one place), as
-integer thresholds on a count, so every comparison here is exact:
-
-* min-acc: PASS iff X >= ``MinAcc.need(N)``, X the correct answers over all N. With
-  ``--gsm8k-repeats K`` (``repeats``) X counts correct *answers* over all N K (test@1 is
-  their mean, as at the end of the run): each problem adds 0..K, the certain bounds scale
-  by K and the sequential tests take values in {0..K} (scale K, the non-binary bet). The
-  floor and the health gates (answers *not* of the outcome) likewise.
-* a vLLM config's floor (``--gsm8k-config``; ``ToleranceFloor``, gate ``vllm-threshold``):
-  PASS iff X >= ``ToleranceFloor.need(N)``, the same count gate as min-acc at
-  ``accuracy_threshold - tolerance``.
-* baseline, max-drop: PASS iff X >= ``MaxDrop.need(B, M)``, X the current
-  run's correct answers over the M problems shared with the baseline (B its
-  correct ones there).
-* baseline, noise-aware (``--gsm8k-alpha``, the plugin's rule; exact McNemar
-  against a single-run baseline): only certain bounds apply (in both modes;
-  ``NoiseAware.certain``: its p-value can only fall with each further failure,
-  so "every unseen problem fails" and "every unseen problem is right" are its
-  extremes). No sequential test: its verdict is not a threshold on one
-  population mean. The p-value of 1,319 pairs costs milliseconds to a fraction
-  of a second, so the bounds are checked every 1% of the shared problems (and
-  at the last one), never changing the verdict, only when it is seen. With
-  ``--gsm8k-repeats`` on the candidate the p-value is not monotone in a
-  problem's outcome and the gate waits for the end of the run.
-* the answer-format health gates (``--gsm8k-max-unparsed``, ``-truncated``,
-  ``-error``; ``MaxShare``): PASS iff X >= ``MaxShare.need(N)``, X the problems
-  over all N whose outcome is *not* the one counted (at most ``allowed`` may be).
-  The same count gate as min-acc, with "clean" in place of "correct": certain
-  bounds, and in sequential mode the same two tests, each gate at its share of
-  alpha.
+The noise-aware baseline gate has certain bounds only, in both modes: its p-value can only
+fall with each further failure, so "every unseen problem fails" and "every unseen problem is
+right" are its extremes. It is checked every 1% of the shared problems (a p-value of 1,319
+pairs costs up to a fraction of a second), and with ``--gsm8k-repeats`` on the candidate (not
+monotone then) it waits for the end of the run. With ``--gsm8k-repeats K`` the count gates
+count answers over all N K, each problem adding 0..K (the sequential tests at scale K).
 """
 
 from __future__ import annotations
@@ -92,21 +33,18 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import Pair, p_value
-from pytest_gsm8k.core.gates import (
-    MaxDrop,
-    MaxShare,
-    MinAcc,
-    NoiseAware,
-    ToleranceFloor,
-    Verdict,
-    count_certain,
-)
+from pytest_gsm8k.core.gates import MaxShare, MinAcc, NoiseAware, ToleranceFloor, Verdict
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.plan import GateSpecs
 
 __all__ = [
     "FLOOR",
+    "CountSpec",
     "Decision",
     "EarlyStop",
     "Mode",
@@ -120,12 +58,12 @@ Mode = Literal["certain", "sequential"]
 FLOOR = "vllm-threshold"
 
 # The betting mixture (see _WorTest). Offsets delta of the alternative mean from
-# the null mean, in units of the gate's quantity (accuracy, or accuracy drop),
-# with prior weights. Chosen by simulation (benchmarks/bench_early_stop.py):
-# weight on small offsets, where the run is long and every nat of evidence
-# counts; the large ones decide a broken model in a handful of problems.
+# the null mean, in units of the gate's quantity (accuracy, or a share), with prior
+# weights; _VALUED_MIX for values in {0..K} (--gsm8k-repeats K). Chosen by simulation
+# (benchmarks/bench_early_stop.py): weight on small offsets, where the run is long and
+# every nat of evidence counts; the large ones decide a broken model in a few problems.
 _BINARY_MIX = ((0.05, 2.0), (0.08, 3.0), (0.12, 3.0), (0.18, 2.0), (0.3, 1.0), (0.6, 1.0))
-_PAIRED_MIX = (
+_VALUED_MIX = (
     (0.02, 2.0),
     (0.03, 3.0),
     (0.05, 3.0),
@@ -234,9 +172,9 @@ class _WorTest:
         self.up = up
         self.binary = binary
         self.threshold = 1.0 / alpha
-        mix = _BINARY_MIX if binary else _PAIRED_MIX
+        mix = _BINARY_MIX if binary else _VALUED_MIX
         total_weight = sum(w for _, w in mix)
-        # deltas in units of y (a drop in accuracy of delta is delta/2 in y units when scale 2)
+        # deltas in units of y (an accuracy offset of delta is delta/K in y units at scale K)
         self.mix = [d / scale for d, _ in mix]
         self.caps = [w / total_weight for _, w in mix]
         self.t = 0
@@ -303,91 +241,61 @@ def _bisect_last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
 
 # -- the gates ---------------------------------------------------------------------------------
 
+#: the gate specs decided on a count (core/gates.py)
+CountSpec = MinAcc | ToleranceFloor | MaxShare
+
 
 @dataclass
 class _CountGate:
-    """A gate that PASSes iff a count X over a population of ``size`` items is >= ``need``.
+    """A count rule on ``size`` problems of ``runs`` answers each: PASS iff the good answers
+    X (correct; for a health gate, not of its outcome) reach ``spec.need(size * runs)``.
 
-    Both threshold gates reduce to this: min-acc with X = the
-    correct answers over all N problems, and the baseline max-drop gate with X
-    = the correct answers over the M shared problems. ``value_of`` maps an
-    outcome to the sequential test's value: ``x`` itself (binary) or the
-    paired difference ``b - x + 1`` in {0, 1, 2} (scale 2), whose total is
-    ``B - X + M``.
-
-    Certain bounds: with ``correct`` of X known and ``unseen`` items left,
-    ``correct <= X <= correct + unseen``; PASS is certain when ``correct >=
-    need``, FAIL when ``correct + unseen < need``.
-
-    Sequential (two one-sided tests, each at the gate's alpha): FAIL when the
-    test of "X >= need" rejects, PASS when the test of "X <= need - 1"
-    rejects. If in truth X >= need (the full run PASSes), only an early FAIL
-    is wrong, and it needs the first test to reject a true null: probability
-    <= alpha. If X <= need - 1, only an early PASS is wrong: again <= alpha.
-    Exactly at the threshold (X = need) the full run PASSes, and the FAIL
-    test's boundary is that very population. No population gets more than
-    alpha, so no correction for testing both directions is needed.
+    The spec's own ``certain()`` settles it on the exact range of X (what is good so far,
+    plus every unseen answer). Sequential (two one-sided tests, each at the gate's alpha):
+    FAIL when the test of "X >= need" rejects, PASS when the test of "X <= need - 1"
+    rejects. If in truth X >= need (the full run PASSes), only an early FAIL is wrong, and
+    it needs the first test to reject a true null: probability <= alpha. If X <= need - 1,
+    only an early PASS is wrong: again <= alpha. Exactly at the threshold (X = need) the
+    full run PASSes, and the FAIL test's boundary is that very population. No population
+    gets more than alpha, so no correction for testing both directions is needed.
     """
 
-    name: str
+    spec: CountSpec
     size: int
-    need: int
     alpha: float
-    paired: bool
-    baseline: dict[str, int] = field(default_factory=dict)
-    correct: int = 0
+    runs: int = 1
+    good: int = 0
     seen: int = 0
     values: list[int] = field(default_factory=list)
     fail_test: _WorTest | None = None
     pass_test: _WorTest | None = None
-    baseline_total: int = 0
-    #: answers per item (``--gsm8k-repeats``; unpaired gates): X counts correct answers, each
-    #: item adds 0..runs, and ``need`` is in answers
-    runs: int = 1
+
+    def __post_init__(self) -> None:
+        self.need = self.spec.need(self.size * self.runs)
 
     def start_tests(self) -> None:
         if self.need <= 0:
             return  # no count fails it: never decided, early or not (no verdict at all)
-        scale = 2 if self.paired else 1
-        if self.paired:
-            # X >= need  <=>  total of (b - x + 1) <= B - need + M: bet on large values
-            self.fail_test = _WorTest(
-                self.size,
-                scale,
-                self.baseline_total - self.need + self.size,
-                True,
-                self.alpha,
-                False,
-            )
-            self.pass_test = _WorTest(
-                self.size,
-                scale,
-                self.baseline_total - self.need + 1 + self.size,
-                False,
-                self.alpha,
-                False,
-            )
-        else:
-            binary = self.runs == 1
-            self.fail_test = _WorTest(self.size, self.runs, self.need, False, self.alpha, binary)
-            self.pass_test = _WorTest(self.size, self.runs, self.need - 1, True, self.alpha, binary)
-
-    def value_of(self, pid: str, correct: bool) -> int:
-        return self.baseline[pid] - int(correct) + 1 if self.paired else int(correct)
+        binary = self.runs == 1
+        self.fail_test = _WorTest(self.size, self.runs, self.need, False, self.alpha, binary)
+        self.pass_test = _WorTest(self.size, self.runs, self.need - 1, True, self.alpha, binary)
 
     def certain(self) -> Verdict | None:
-        return count_certain(self.correct, self.seen * self.runs, self.size * self.runs, self.need)
+        n, seen = self.size * self.runs, self.seen * self.runs
+        if isinstance(self.spec, MaxShare):  # its rule counts the answers of its outcome
+            return self.spec.certain(seen - self.good, seen, n)
+        return self.spec.certain(self.good, seen, n)
 
-    def add(self, value: int, correct: int) -> Verdict | None:
-        """Count one outcome; the verdict if certain or (with tests) sequentially decided."""
-        self.correct += int(correct)
+    def add(self, good: int) -> Verdict | None:
+        """Count one problem's good answers; the verdict if certain or sequentially decided."""
+        self.good += good
         self.seen += 1
         verdict = self.certain()
         if self.fail_test is None or self.pass_test is None:
             return verdict
-        self.values.append(value)
-        failed = self.fail_test.update(value)
-        passed = self.pass_test.update(value)
+        self.values.append(good)
+        failed = self.fail_test.update(good)
+        passed = self.pass_test.update(good)
         if verdict is None:
             if failed:
                 verdict = "FAIL"
@@ -397,51 +305,25 @@ class _CountGate:
 
     def count_bounds(self) -> tuple[int, int]:
         """Exact range of the final count X."""
-        return self.correct, self.correct + (self.size - self.seen) * self.runs
+        return self.good, self.good + (self.size - self.seen) * self.runs
 
     def count_interval(self) -> tuple[int, int]:
         """Anytime-valid bounds on X: each end a one-sided (1 - alpha) bound, in the exact range.
 
-        The lower end is the smallest X that the test of "total <= X" (on the
-        gate's value scale) has not rejected, the upper end the largest X that
-        "total >= X" has not; replays of the history, by bisection (the
-        rejected sets are intervals, see _WorTest).
+        The lower end is the smallest X that the test of "total <= X" has not rejected, the
+        upper end the largest X that "total >= X" has not; replays of the history, by
+        bisection (the rejected sets are intervals, see _WorTest).
         """
         low, high = self.count_bounds()
         if self.fail_test is None:
             return low, high
-        scale = 2 if self.paired else self.runs
-        values = self.values
-        if self.paired:
-            # X = B + M - total; "X >= k" <=> total <= B + M - k (bet up)
-            def keeps_high(k: int) -> bool:
-                return not _rejects(
-                    values,
-                    self.size,
-                    scale,
-                    self.baseline_total + self.size - k,
-                    True,
-                    self.alpha,
-                    False,
-                )
+        values, size, scale, alpha = self.values, self.size, self.runs, self.alpha
 
-            def keeps_low(k: int) -> bool:
-                return not _rejects(
-                    values,
-                    self.size,
-                    scale,
-                    self.baseline_total + self.size - k,
-                    False,
-                    self.alpha,
-                    False,
-                )
-        else:
+        def keeps_high(k: int) -> bool:
+            return not _rejects(values, size, scale, k, False, alpha, scale == 1)
 
-            def keeps_high(k: int) -> bool:
-                return not _rejects(values, self.size, scale, k, False, self.alpha, scale == 1)
-
-            def keeps_low(k: int) -> bool:
-                return not _rejects(values, self.size, scale, k, True, self.alpha, scale == 1)
+        def keeps_low(k: int) -> bool:
+            return not _rejects(values, size, scale, k, True, alpha, scale == 1)
 
         # kept sets: {k <= top} for the upper end, {k >= bottom} for the lower end
         top = _bisect_last(low, high, keeps_high) if keeps_high(low) else low
@@ -530,48 +412,37 @@ class Decision:
 
 
 class EarlyStop:
-    """Decide a run's gates as early as allowed; one instance per run.
+    """Decide a group's gates as early as allowed; one instance per group (the run, or one
+    ``--gsm8k-config`` config: :meth:`for_group`).
 
-    ``ids``: the problem ids of the full selected split (N = len(ids)).
+    ``ids``: the problem ids of the group's selected problems (N = len(ids)).
+    ``gates``: its gate specs (core/gates.py), in the order they are shown: ``MinAcc``, a
+    config's ``ToleranceFloor``, ``NoiseAware`` (read with ``baseline``: problem id -> the
+    stored baseline's (correct runs, runs); only ids in ``ids`` count, the shared
+    problems) and the health gates' ``MaxShare`` (decided on the outcomes
+    :meth:`observe` is given).
     ``mode``: "certain" or "sequential" (see the module docstring).
-    ``seed``: the run order's seed (``run_order``); ``order`` overrides it
-    with an explicit permutation of ``ids`` (simulations; a plugin that
-    computed ``run_order`` itself).
-    ``alpha``: the sequential mode's error bound for the whole run: with
-    both a min-acc and a max-drop baseline gate each gets ``alpha / 2``
-    (Bonferroni), so the run's exit status differs from the full run's with
-    probability at most ``alpha``.
-    ``min_acc``: the min-acc gate's threshold, or None.
-    ``baseline``: problem id -> baseline outcome (1 correct, 0 not) for the
-    baseline gate, or None; only ids in ``ids`` count (the shared problems).
-    ``max_drop``: the baseline gate's rule when ``noise_aware`` is None (a count gate on
-    the drop, sequential tests too); ``noise_aware``: the plugin's rule
-    (:class:`NoiseAware`, ``max_drop`` its own field), certain bounds only, read with
-    ``baseline_runs`` (problem id -> the baseline's runs of it; ``baseline`` then holds
-    correct runs) and ``repeats`` (the candidate's runs per problem: above 1 it waits).
-    ``health``: the answer-format health gates (``MaxShare``), each decided on the
-    outcomes :meth:`observe` is given.
-    ``floor``: a vLLM config's gate (``--gsm8k-config``), decided as min-acc is, under
-    the name ``vllm-threshold``.
+    ``seed``: the run order's seed (``run_order``); ``order`` overrides it with an explicit
+    permutation of ``ids`` (simulations).
+    ``alpha``: the sequential mode's error bound for the whole group, split evenly over the
+    count gates (Bonferroni; the noise-aware gate has no sequential test), so the exit
+    status differs from the full run's with probability at most ``alpha``.
+    ``repeats``: the candidate's answers per problem (``--gsm8k-repeats``): the count gates
+    count answers; above 1 the noise-aware gate waits for the end.
 
-    The run stops when every gate's verdict is settled or any gate FAILs.
+    The group stops when every gate's verdict is settled or any gate FAILs.
     """
 
     def __init__(
         self,
         ids: Sequence[str],
+        gates: Sequence[CountSpec | NoiseAware],
         *,
         mode: Mode,
         seed: int = 0,
         alpha: float = 0.05,
-        min_acc: float | None = None,
-        baseline: dict[str, int] | None = None,
-        max_drop: float = 0.0,
-        noise_aware: NoiseAware | None = None,
-        baseline_runs: Mapping[str, int] | None = None,
+        baseline: Mapping[str, tuple[int, int]] | None = None,
         repeats: int = 1,
-        health: Sequence[MaxShare] = (),
-        floor: ToleranceFloor | None = None,
         order: Sequence[str] | None = None,
     ) -> None:
         if mode not in ("certain", "sequential"):
@@ -580,6 +451,8 @@ class EarlyStop:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if not ids:
             raise ValueError("no problems")
+        if not gates:
+            raise ValueError("no gate to decide (need min-acc, a floor, a baseline or health)")
         self.mode: Mode = mode
         self.alpha = alpha
         self.seed = seed
@@ -592,99 +465,76 @@ class EarlyStop:
                 raise ValueError("order must be a permutation of ids")
         self._position = {pid: i for i, pid in enumerate(self.order)}
         self._arrived: dict[int, tuple[bool, str | None, tuple[str, ...]]] = {}
-        #: answers per problem (--gsm8k-repeats): the count gates count answers
         self.repeats = repeats
         self._next = 0  # next position of the order to feed (sequential)
         self.observed = 0
         self.decision: Decision | None = None
         self._verdicts: dict[str, Verdict | None] = {}
         self._how: dict[str, str] = {}
-        sequential = mode == "sequential"
-        #: the gates on the correct count over all N: name -> (threshold, its count gate)
-        self._accuracy: dict[str, tuple[float, _CountGate]] = {}
-        self._base: _CountGate | None = None
+        self._counts: dict[str, _CountGate] = {}
         self._noise: _NoiseAwareGate | None = None
-        self.min_acc = min_acc
-        self.max_drop = max_drop
-        shared: dict[str, int] = {}
-        if baseline is not None:
-            shared = {pid: int(baseline[pid]) for pid in self.order if pid in baseline}
-            if not shared:
-                raise ValueError("no problem id in common with the baseline")
-        counted: list[tuple[str, float, int]] = []
-        if min_acc is not None:
-            counted.append(("min-acc", min_acc, MinAcc(min_acc).need(self.n_total * repeats)))
-        if floor is not None:
-            counted.append((FLOOR, floor.floor, floor.need(self.n_total * repeats)))
-        tested = len(counted) + (baseline is not None and noise_aware is None)
-        tested += len(health)
-        self.gate_alpha = alpha / max(tested, 1)
-        for name, threshold, need in counted:
-            gate = _CountGate(name, self.n_total, need, self.gate_alpha, paired=False, runs=repeats)
-            if sequential:
-                gate.start_tests()
-            self._accuracy[name] = (threshold, gate)
+        self.gate_alpha = alpha / max(sum(not isinstance(g, NoiseAware) for g in gates), 1)
+        for spec in gates:
+            name = FLOOR if isinstance(spec, ToleranceFloor) else spec.name
+            if name in self._verdicts:
+                raise ValueError(f"gate {name} given twice")
             self._verdicts[name] = None
-        if baseline is not None:
-            b_total = sum(int(bool(v)) for v in shared.values())
-            if noise_aware is None:
-                shared = {pid: int(bool(v)) for pid, v in shared.items()}
-                self._base = _CountGate(
-                    "baseline",
-                    len(shared),
-                    MaxDrop(max_drop).need(b_total, len(shared)),
-                    self.gate_alpha,
-                    paired=True,
-                    baseline=shared,
-                    baseline_total=b_total,
-                )
-                if sequential:
-                    self._base.start_tests()
-            else:
-                runs = baseline_runs or {}
-                self._noise = _NoiseAwareGate(
-                    noise_aware,
-                    {pid: (c, int(runs.get(pid, 1))) for pid, c in shared.items()},
-                    repeats=repeats,
-                    every=max(1, math.ceil(len(shared) / 100)),
-                )
-            self._verdicts["baseline"] = None
-        #: gate name -> (its rule, its count of the problems *not* of the counted outcome)
-        self._health: dict[str, tuple[MaxShare, _CountGate]] = {}
-        for spec in health:
-            if spec.name in self._verdicts:
-                raise ValueError(f"gate {spec.name} given twice")
-            gate = _CountGate(
-                spec.name,
-                self.n_total,
-                spec.need(self.n_total * repeats),
-                self.gate_alpha,
-                paired=False,
-                runs=repeats,
-            )
-            if sequential:
+            if isinstance(spec, NoiseAware):
+                given = baseline or {}
+                shared = {pid: given[pid] for pid in self.order if pid in given}
+                if not shared:
+                    raise ValueError("no problem id in common with the baseline")
+                every = max(1, math.ceil(len(shared) / 100))
+                self._noise = _NoiseAwareGate(spec, shared, repeats=repeats, every=every)
+                continue
+            gate = _CountGate(spec, self.n_total, self.gate_alpha, runs=repeats)
+            if mode == "sequential":
                 gate.start_tests()
-            self._health[spec.name] = (spec, gate)
-            self._verdicts[spec.name] = None
-        if not self._verdicts:
-            raise ValueError("no gate to decide (need min_acc, floor, baseline and/or health)")
-        self._settle_initial()
-
-    # -- feeding ------------------------------------------------------------------------------
-
-    def _settle_initial(self) -> None:
-        """Some verdicts are fixed before any outcome (min_acc above 1). A gate that cannot
-        fail (min_acc 0, a floor at or below 0, a baseline test whose smallest p is not below
-        alpha) is never settled: its verdict is no verdict (core/gates.py)."""
-        for name, (_, gate) in self._accuracy.items():
+            self._counts[name] = gate
+        self._health = any(isinstance(g.spec, MaxShare) for g in self._counts.values())
+        # Some verdicts are fixed before any outcome (min-acc above 1). A gate that cannot
+        # fail (min-acc 0, a floor at or below 0, a baseline test whose smallest p is not
+        # below alpha) is never settled: its spec's certain() never says PASS for it.
+        for name, gate in self._counts.items():
             self._record(name, gate.certain(), "certain")
-        if self._base is not None:
-            self._record("baseline", self._base.certain(), "certain")
         if self._noise is not None:
             self._record("baseline", self._noise.certain(), "certain")
-        for name, (_, gate) in self._health.items():
-            self._record(name, gate.certain(), "certain")
         self._check_done()
+
+    @classmethod
+    def for_group(
+        cls,
+        ids: Sequence[str],
+        specs: GateSpecs,
+        *,
+        mode: Mode,
+        floor: ToleranceFloor | None = None,
+        baseline: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        alpha: float = 0.05,
+        repeats: int = 1,
+    ) -> EarlyStop | None:
+        """One group's early stop from its gate specs (and a config's ``floor``), or None
+        when it has no problem or nothing to decide.
+
+        ``baseline``: the stored baseline's problems, checked for this group (None: there
+        is none it may be compared with). The noise-aware gate takes part when it shares a
+        problem with ``ids``; with ``--gsm8k-require-baseline`` only when it holds every
+        one (the gate at the end fails on any other, whatever the shared ones say).
+        """
+        runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
+        shared = len(set(runs) & set(ids))
+        compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
+        gates = [
+            *(spec for spec in (specs.min_acc, floor) if spec is not None),
+            *((specs.baseline,) if compared else ()),
+            *specs.health,
+        ]
+        if not ids or not gates:
+            return None
+        return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
+
+    # -- feeding ------------------------------------------------------------------------------
 
     def _record(self, name: str, verdict: Verdict | None, how: str) -> None:
         if verdict is not None and self._verdicts[name] is None:
@@ -723,11 +573,10 @@ class EarlyStop:
             raise ValueError(f"outcome for {problem_id!r} needed by the health gates")
         if self.decision is not None:
             return self.decision
+        self._arrived[position] = (correct, outcome, tuple(answers))
         if self.mode == "certain":
-            self._arrived[position] = (correct, outcome, tuple(answers))
             self._feed(problem_id, correct, outcome, answers)
             return self.decision
-        self._arrived[position] = (correct, outcome, tuple(answers))
         while self._next in self._arrived and self.decision is None:
             ok, kind, given = self._arrived.pop(self._next)
             pid = self.order[self._next]
@@ -742,82 +591,55 @@ class EarlyStop:
         how = "certain" if self.mode == "certain" else "sequential"
         runs = self.repeats
         answers = list(answers or ()) or [outcome or ("correct" if correct else "wrong")] * runs
-        right = answers.count("correct") if runs > 1 else int(correct)
-        for name, (_, gate) in self._accuracy.items():
-            verdict = gate.add(right, right)
+        for name, gate in self._counts.items():
+            spec = gate.spec
+            if isinstance(spec, MaxShare):  # good: the answers not of its outcome
+                good = runs - answers.count(spec.outcome) if runs > 1 else outcome != spec.outcome
+            else:
+                good = answers.count("correct") if runs > 1 else correct
+            verdict = gate.add(int(good))
             self._record(name, verdict, "certain" if gate.certain() else how)
-        if self._base is not None and pid in self._base.baseline:
-            gate = self._base
-            verdict = gate.add(gate.value_of(pid, correct), correct)
-            self._record("baseline", verdict, "certain" if gate.certain() else how)
         if self._noise is not None and pid in self._noise.baseline:
             self._record("baseline", self._noise.add(pid, correct), "certain")
-        for name, (spec, gate) in self._health.items():
-            clean = runs - answers.count(spec.outcome) if runs > 1 else int(outcome != spec.outcome)
-            verdict = gate.add(clean, clean)
-            self._record(name, verdict, "certain" if gate.certain() else how)
         self._check_done()
 
     # -- reporting ----------------------------------------------------------------------------
 
     def _gate_json(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = {"verdict": self._verdicts[name], "how": self._how.get(name)}
-        if name in self._health:
-            spec, gate = self._health[name]
+        gate = self._counts.get(name)
+        if gate is not None:
+            spec = gate.spec
             n = gate.size * gate.runs
             low, high = gate.count_bounds()
-            # the gate counts the problems NOT of the outcome; its bounds, turned around
-            out.update(
-                rule=name,
-                threshold=spec.rate,
-                allowed=spec.allowed(n),
-                observed=gate.seen,
-                count=gate.seen * gate.runs - gate.correct,
-                bounds=[(n - high) / n, (n - low) / n],
-            )
-            if gate.fail_test is not None:
-                lo, hi = gate.count_interval()
-                out["interval"] = [(n - hi) / n, (n - lo) / n]
-        elif name in self._accuracy:
-            threshold, gate = self._accuracy[name]
-            n = gate.size * gate.runs
-            low, high = gate.count_bounds()
-            out.update(
-                threshold=threshold,
-                observed=gate.seen,
-                correct=gate.correct,
-                bounds=[low / n, high / n],
-            )
-            if gate.fail_test is not None:
-                lo, hi = gate.count_interval()
-                out["interval"] = [lo / n, hi / n]
-        elif self._base is not None:
-            gate = self._base
-            m = gate.size
-            b = gate.baseline_total
-            low, high = gate.count_bounds()
-            out.update(
-                rule="max-drop",
-                max_drop=self.max_drop,
-                shared=m,
-                observed=gate.seen,
-                baseline_accuracy=b / m,
-                drop_bounds=[(b - high) / m, (b - low) / m],
-            )
-            if gate.fail_test is not None:
-                lo, hi = gate.count_interval()
-                out["drop_interval"] = [(b - hi) / m, (b - lo) / m]
-        elif self._noise is not None:
-            if self._noise.repeats > 1:
-                out.update(rule="noise-aware", alpha=self._noise.alpha, observed=self._noise.seen)
-            else:
-                lo_p, hi_p = self._noise.p_range()
+            lo, hi = gate.count_interval() if gate.fail_test is not None else (low, high)
+            if isinstance(spec, MaxShare):
+                # the gate counts the problems NOT of the outcome; its bounds, turned around
                 out.update(
-                    rule="noise-aware",
-                    alpha=self._noise.alpha,
-                    observed=self._noise.seen,
-                    p_bounds=[lo_p, hi_p],
+                    rule=name,
+                    threshold=spec.rate,
+                    allowed=spec.allowed(n),
+                    observed=gate.seen,
+                    count=gate.seen * gate.runs - gate.good,
+                    bounds=[(n - high) / n, (n - low) / n],
                 )
+                interval = [(n - hi) / n, (n - lo) / n]
+            else:
+                threshold = spec.floor if isinstance(spec, ToleranceFloor) else spec.threshold
+                out.update(
+                    threshold=threshold,
+                    observed=gate.seen,
+                    correct=gate.good,
+                    bounds=[low / n, high / n],
+                )
+                interval = [lo / n, hi / n]
+            if gate.fail_test is not None:
+                out["interval"] = interval
+        elif self._noise is not None:
+            noise = self._noise
+            out.update(rule="noise-aware", alpha=noise.alpha, observed=noise.seen)
+            if noise.repeats == 1:
+                out["p_bounds"] = list(noise.p_range())
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -837,59 +659,36 @@ class EarlyStop:
     def _gate_phrase(self, name: str) -> str:
         verdict = self._verdicts[name]
         info = self._gate_json(name)
-        if name in self._health:
-            outcome = self._health[name][0].outcome
-            low, high = info["bounds"]
-            if verdict is None:
-                return f"{name} undecided ({outcome} share reachable {low:.4f}-{high:.4f})"
-            if info["how"] == "certain":
-                reach = (
-                    f"{info['count']} {outcome} already, {info['allowed']} allowed"
-                    if verdict == "FAIL"
-                    else f"at most {high:.4f} reachable"
-                )
-                return f"{name} verdict {verdict} is certain ({reach})"
-            lo, hi = info["interval"]
-            return (
-                f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({outcome} share of the "
-                f"full split in [{lo:.4f}, {hi:.4f}])"
-            )
-        if name in self._accuracy:
-            low, high = info["bounds"]
-            if verdict is None:
-                what = f"{name} undecided (accuracy reachable {low:.4f}-{high:.4f})"
-            elif info["how"] == "certain":
-                reach = (
-                    f"at most {high:.4f} reachable"
-                    if verdict == "FAIL"
-                    else f"at least {low:.4f} already"
-                )
-                what = f"{name} verdict {verdict} is certain ({reach})"
-            else:
-                lo, hi = info["interval"]
-                what = (
-                    f"{name} verdict {verdict} at alpha {self.gate_alpha:g} (accuracy of the "
-                    f"full split in [{lo:.4f}, {hi:.4f}])"
-                )
-            return what
-        if info.get("rule") == "noise-aware":
+        gate = self._counts.get(name)
+        if gate is None:  # the noise-aware baseline gate
             if "p_bounds" not in info:
                 return "baseline waits for the end of the run (--gsm8k-repeats on the candidate)"
             lo_p, hi_p = info["p_bounds"]
             state = "undecided" if verdict is None else f"verdict {verdict} is certain"
             return f"baseline {state} (noise-aware p reachable {lo_p:.4g}-{hi_p:.4g})"
-        low, high = info["drop_bounds"]
+        spec = gate.spec
+        what = f"{spec.outcome} share" if isinstance(spec, MaxShare) else "accuracy"
+        low, high = info["bounds"]
         if verdict is None:
-            return f"baseline undecided (drop reachable {low:+.3f} to {high:+.3f})"
+            return f"{name} undecided ({what} reachable {low:.4f}-{high:.4f})"
         if info["how"] == "certain":
-            reach = (
-                f"drop at least {low:+.3f}" if verdict == "FAIL" else f"drop at most {high:+.3f}"
-            )
-            return f"baseline verdict {verdict} is certain ({reach})"
-        lo, hi = info["drop_interval"]
+            if isinstance(spec, MaxShare):
+                reach = (
+                    f"{info['count']} {spec.outcome} already, {info['allowed']} allowed"
+                    if verdict == "FAIL"
+                    else f"at most {high:.4f} reachable"
+                )
+            else:
+                reach = (
+                    f"at most {high:.4f} reachable"
+                    if verdict == "FAIL"
+                    else f"at least {low:.4f} already"
+                )
+            return f"{name} verdict {verdict} is certain ({reach})"
+        lo, hi = info["interval"]
         return (
-            f"baseline verdict {verdict} at alpha {self.gate_alpha:g} (drop of the full "
-            f"split in [{lo:+.3f}, {hi:+.3f}])"
+            f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({what} of the full split "
+            f"in [{lo:.4f}, {hi:.4f}])"
         )
 
     def headline(self) -> str:

@@ -15,9 +15,8 @@ A gate spec states one rule and answers the three questions the run asks of it:
 
 Every rule is reduced to an integer threshold on a count (``need``), computed
 so that it agrees exactly with the float comparison a reader of the rule would
-write (``correct / n >= min_acc``; ``B/M - X/M <= max_drop``; ``unparsed / n <=
-max_unparsed``), so that the final verdict and the early stop's bounds can never
-disagree by a rounding.
+write (``correct / n >= min_acc``; ``unparsed / n <= max_unparsed``), so that the final
+verdict and the early stop's bounds can never disagree by a rounding.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ __all__ = [
     "DROP_TOLERANCE",
     "HEALTH_OUTCOMES",
     "GateVerdict",
-    "MaxDrop",
     "MaxShare",
     "MinAcc",
     "NoiseAware",
@@ -48,7 +46,6 @@ __all__ = [
     "difference_words",
     "failing_words",
     "flip_words",
-    "max_drop_count",
     "max_share_count",
     "min_acc_count",
     "points_words",
@@ -70,7 +67,7 @@ DROP_TOLERANCE = 1e-12
 class GateVerdict:
     """One gate's verdict: what was measured against what, and the sentence for people.
 
-    ``rule`` names the rule that decided (``min-acc``, ``max-drop``, ``noise-aware``,
+    ``rule`` names the rule that decided (``min-acc``, ``noise-aware``,
     ``early-stop``, or a refusal such as ``baseline-missing``); ``value`` and
     ``threshold`` are the two numbers compared where the rule compares numbers.
     ``passed`` is "does not block the run"; ``undecided`` says the gate was not decided
@@ -144,31 +141,6 @@ def min_acc_count(min_acc: float, n: int) -> int:
     while count <= n and count / n < min_acc:
         count += 1
     return count
-
-
-def max_drop_count(baseline_correct: int, shared: int, max_drop: float) -> int:
-    """Smallest current correct count ``x`` in ``0..shared+1`` that passes the max-drop rule.
-
-    The rule: ``B/M - x/M <= max_drop + DROP_TOLERANCE`` in floats. The left side
-    is nonincreasing in ``x`` (each operation is correctly rounded, hence
-    monotone), so the passing counts are ``x >= x*``.
-    """
-    if shared < 1 or not 0 <= baseline_correct <= shared:
-        raise ValueError(
-            f"need 0 <= baseline_correct <= shared >= 1, got {baseline_correct}, {shared}"
-        )
-    limit = max_drop + DROP_TOLERANCE
-    base = baseline_correct / shared
-
-    def passes(x: int) -> bool:
-        return base - x / shared <= limit
-
-    x = max(0, min(shared + 1, math.ceil(Fraction(baseline_correct) - Fraction(max_drop) * shared)))
-    while x > 0 and passes(x - 1):
-        x -= 1
-    while x <= shared and not passes(x):
-        x += 1
-    return x
 
 
 def max_share_count(rate: float, n: int) -> int:
@@ -309,44 +281,6 @@ class ToleranceFloor:
             f"its floor accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} = "
             f"{self.floor:.4f} is at or below 0, so no accuracy fails it: raise "
             "accuracy_threshold (or lower tolerance) in the config"
-        )
-
-
-@dataclass(frozen=True)
-class MaxDrop:
-    """The baseline gate by drop: over the M shared problems, ``B/M - X/M <= max_drop``."""
-
-    max_drop: float
-    name: str = "baseline"
-    option: str = "--gsm8k-max-drop"
-
-    def need(self, baseline_correct: int, shared: int) -> int:
-        return max_drop_count(baseline_correct, shared, self.max_drop)
-
-    def verdict(self, baseline_correct: int, current_correct: int, shared: int) -> GateVerdict:
-        passed = current_correct >= self.need(baseline_correct, shared)
-        base, current = baseline_correct / shared, current_correct / shared
-        drop = base - current
-        detail = (
-            f"accuracy {current:.4f} vs baseline {base:.4f}: drop {max(drop, 0.0):.4f} "
-            f"{'<=' if passed else '>'} {self.option} {self.max_drop:g}"
-        )
-        verdict = GateVerdict(self.name, "max-drop", passed, detail, drop, self.max_drop)
-        why = self.cannot_fail(baseline_correct, shared)
-        return verdict if why is None else undecided(verdict, why)
-
-    def certain(
-        self, baseline_correct: int, current_correct: int, seen: int, shared: int
-    ) -> Verdict | None:
-        return count_certain(current_correct, seen, shared, self.need(baseline_correct, shared))
-
-    def cannot_fail(self, baseline_correct: int, shared: int) -> str | None:
-        """Why no drop from this baseline exceeds ``max_drop`` (one at or below it), or None."""
-        if self.need(baseline_correct, shared) > 0:
-            return None
-        return (
-            f"the baseline's accuracy {baseline_correct / shared:.4f} on these {shared} problems "
-            f"cannot drop by more than {self.option} {self.max_drop:g}: lower it"
         )
 
 

@@ -18,7 +18,7 @@ SCRIPT = REPO / "benchmarks" / "bench_early_stop.py"
 
 
 def test_simulation_twin_agrees_with_early_stop_order_by_order() -> None:
-    rows = ["(1121) | 0.85", "(1109) | 0.85", "(660) | 0.45", "(-93/+66)", "(-30/+60)"]
+    rows = ["(1121) | 0.85", "(1109) | 0.85", "(660) | 0.45"]
     cmd = [sys.executable, str(SCRIPT), "--orders", "40", "--check", "40", "--jobs", "1"]
     for row in rows:
         cmd += ["--only", row]

@@ -104,7 +104,6 @@ def _sources() -> dict[str, str]:
         ("math.comb(", "core/stats.py"),  # the exact McNemar tail: one implementation
         ("DROP_TOLERANCE = ", "core/gates.py"),  # the drop comparison's slack
         ("def min_acc_count(", "core/gates.py"),
-        ("def max_drop_count(", "core/gates.py"),
         ("def max_share_count(", "core/gates.py"),  # the health gates' threshold
         ("def chat_api_hint(", "core/health.py"),
         ("TEMPLATE_TOKENS = (", "core/health.py"),

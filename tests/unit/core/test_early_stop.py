@@ -10,14 +10,17 @@ from fractions import Fraction
 import pytest
 
 from pytest_gsm8k.core.calibrated import Pair
-from pytest_gsm8k.core.early_stop import FLOOR, Decision, EarlyStop, Mode, _WorTest, run_order
-from pytest_gsm8k.core.gates import (
-    MaxShare,
-    NoiseAware,
-    ToleranceFloor,
-    max_drop_count,
-    min_acc_count,
+from pytest_gsm8k.core.early_stop import (
+    FLOOR,
+    CountSpec,
+    Decision,
+    EarlyStop,
+    Mode,
+    _WorTest,
+    run_order,
 )
+from pytest_gsm8k.core.gates import MaxShare, MinAcc, NoiseAware, ToleranceFloor, min_acc_count
+from pytest_gsm8k.core.plan import GateSpecs
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
 IDS10 = [f"p{i}" for i in range(10)]
@@ -51,17 +54,6 @@ def test_min_acc_count_matches_the_gates_float_comparison(threshold: float) -> N
         c = min_acc_count(threshold, n)
         assert c == n + 1 or c / n >= threshold
         assert c == 0 or (c - 1) / n < threshold
-
-
-def test_max_drop_count_hand_values() -> None:
-    # 0.8 - 0.75 = 0.05000000000000004 in floats: within the 1e-12 tolerance, so 75 passes
-    assert max_drop_count(80, 100, 0.05) == 75
-    assert max_drop_count(80, 100, 0.0) == 80
-    assert max_drop_count(0, 100, 0.0) == 0
-    for b in range(0, 51):
-        x = max_drop_count(b, 50, 0.02)
-        assert x == 0 or not b / 50 - (x - 1) / 50 <= 0.02 + 1e-12
-        assert x == 51 or b / 50 - x / 50 <= 0.02 + 1e-12
 
 
 def test_mcnemar_p_is_the_exact_binomial_tail() -> None:
@@ -101,7 +93,7 @@ def test_run_order_rejects_duplicates() -> None:
 
 
 def test_certain_min_acc_fail_when_unreachable() -> None:
-    es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
+    es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in IDS10[:3]:
         assert es.observe(pid, False) is None  # 7 of 10 still reachable
     decision = es.observe(IDS10[3], False)  # at most 6 of 10
@@ -113,7 +105,7 @@ def test_certain_min_acc_fail_when_unreachable() -> None:
 
 
 def test_certain_min_acc_pass_exactly_at_threshold() -> None:
-    es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
+    es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in IDS10[:6]:
         assert es.observe(pid, True) is None
     decision = es.observe(IDS10[6], True)  # 7/10 == 0.7 passes
@@ -132,7 +124,7 @@ def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
     ids = [f"p{i}" for i in range(8)]
     for outcomes in itertools.product([False, True], repeat=8):
         final = floor.verdict(sum(outcomes), 8, "x").word
-        es = EarlyStop(ids, mode="certain", floor=floor, order=ids)
+        es = EarlyStop(ids, [floor], mode="certain", order=ids)
         decision = feed(es, dict(zip(ids, outcomes, strict=True)), ids)
         assert decision is not None  # decided at the last outcome at the latest
         assert decision.verdicts == {FLOOR: final}
@@ -144,7 +136,7 @@ def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
 
 def test_the_floor_and_min_acc_are_two_gates_of_one_stop() -> None:
     floor = ToleranceFloor("c", 0.5, 0.1)  # need 4 of 10
-    es = EarlyStop(IDS10, mode="certain", floor=floor, min_acc=0.8, order=IDS10)
+    es = EarlyStop(IDS10, [MinAcc(0.8), floor], mode="certain", order=IDS10)
     for pid in IDS10[:4]:
         assert es.observe(pid, True) is None  # the floor passes; min-acc (8 of 10) is open
     assert "vllm-threshold verdict PASS is certain" in es.headline()
@@ -158,7 +150,7 @@ def test_the_floor_and_min_acc_are_two_gates_of_one_stop() -> None:
 
 def test_certain_zero_accuracy_stops_by_198_of_1319() -> None:
     ids = [str(i) for i in range(1319)]
-    es = EarlyStop(ids, mode="certain", min_acc=0.85)
+    es = EarlyStop(ids, [MinAcc(0.85)], mode="certain")
     decision = feed(es, dict.fromkeys(ids, False))
     # FAIL is certain as soon as not-correct > 0.15 * 1319 = 197.85
     assert decision is not None
@@ -166,47 +158,27 @@ def test_certain_zero_accuracy_stops_by_198_of_1319() -> None:
     assert decision.verdicts["min-acc"] == "FAIL"
 
 
-def test_certain_baseline_max_drop() -> None:
-    # 10 shared problems, baseline 8 correct, max drop 0.2: pass iff current >= 6
-    baseline = {pid: int(i < 8) for i, pid in enumerate(IDS10)}
-    es = EarlyStop([*IDS10, "extra"], mode="certain", baseline=baseline, max_drop=0.2)
-    assert es.observe("extra", False) is None  # not shared: no effect
-    for pid in IDS10[:4]:
-        assert es.observe(pid, False) is None  # 6 still reachable
-    decision = es.observe(IDS10[4], False)
-    assert decision is not None
-    assert decision.verdicts == {"baseline": "FAIL"}
-    data = es.to_json()["gates"]["baseline"]
-    assert data["drop_bounds"] == [pytest.approx(0.3), pytest.approx(0.8)]
-
-
-def test_certain_baseline_pass() -> None:
-    baseline = {pid: int(i < 8) for i, pid in enumerate(IDS10)}
-    es = EarlyStop(IDS10, mode="certain", baseline=baseline, max_drop=0.2)
-    for pid in IDS10[:5]:
+def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
+    # every baseline answer right, alpha 0.05: 5 newly failing give p = 1/32 (FAIL whatever
+    # follows); 6 right leave at most 4 to fail, p >= 1/16 (PASS)
+    gates: list[CountSpec | NoiseAware] = [MinAcc(0.3), NoiseAware(0.05)]
+    baseline = dict.fromkeys(IDS10, (1, 1))
+    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline, order=IDS10)
+    for pid in IDS10[:3]:
+        es.observe(pid, True)
+    # min-acc PASS is certain (3/10), the baseline needs 6 right: not yet
+    assert es.decision is None
+    assert es.to_json()["verdicts"] == {"min-acc": "PASS", "baseline": None}
+    for pid in IDS10[3:5]:
         assert es.observe(pid, True) is None
     decision = es.observe(IDS10[5], True)
     assert decision is not None
-    assert decision.verdicts == {"baseline": "PASS"}
-
-
-def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
-    baseline = {pid: 1 for pid in IDS10}
-    es = EarlyStop(IDS10, mode="certain", min_acc=0.3, baseline=baseline, max_drop=0.5)
-    for pid in IDS10[:3]:
-        es.observe(pid, True)
-    # min-acc PASS is certain (3/10), baseline needs 5 correct: not yet
-    assert es.decision is None
-    assert es.to_json()["verdicts"] == {"min-acc": "PASS", "baseline": None}
-    es.observe(IDS10[3], True)
-    decision = es.observe(IDS10[4], True)
-    assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS", "baseline": "PASS"}
 
-    es = EarlyStop(IDS10, mode="certain", min_acc=0.3, baseline=baseline, max_drop=0.5)
-    for pid in IDS10[:5]:
+    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline, order=IDS10)
+    for pid in IDS10[:4]:
         assert es.observe(pid, False) is None
-    decision = es.observe(IDS10[5], False)  # at most 4 of 10: baseline FAIL, min-acc open
+    decision = es.observe(IDS10[4], False)  # baseline FAIL; min-acc (3 of 5 left) open
     assert decision is not None
     assert decision.verdicts == {"min-acc": None, "baseline": "FAIL"}
     assert not decision.passed
@@ -214,15 +186,15 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
 
 def test_certain_noise_aware_single_run_is_mcnemar() -> None:
     ids = ["a", "b", "c"]
-    baseline = dict.fromkeys(ids, 1)
+    baseline = dict.fromkeys(ids, (1, 1))
     # alpha 0.2: 3 newly failing of 3 gives p = 1/8 (FAIL); 2 of 2 gives 1/4 (PASS)
-    es = EarlyStop(ids, mode="certain", baseline=baseline, noise_aware=NoiseAware(0.2))
+    es = EarlyStop(ids, [NoiseAware(0.2)], mode="certain", baseline=baseline)
     assert es.observe("a", False) is None
     assert es.observe("b", False) is None
     decision = es.observe("c", False)
     assert decision is not None
     assert decision.verdicts == {"baseline": "FAIL"}
-    es = EarlyStop(ids, mode="certain", baseline=baseline, noise_aware=NoiseAware(0.2))
+    es = EarlyStop(ids, [NoiseAware(0.2)], mode="certain", baseline=baseline)
     decision = es.observe("a", True)
     assert decision is not None
     assert decision.verdicts == {"baseline": "PASS"}
@@ -239,13 +211,7 @@ def test_certain_noise_aware_calibrated_agrees_with_full_run() -> None:
         now = {pid: rng.random() < base[pid] / 5 + 0.1 for pid in ids}
         rule = NoiseAware(0.1)
         full = rule.verdict([Pair(p, base[p], 5, int(now[p]), 1) for p in ids]).word
-        es = EarlyStop(
-            ids,
-            mode="certain",
-            baseline=base,
-            baseline_runs=dict.fromkeys(ids, 5),
-            noise_aware=rule,
-        )
+        es = EarlyStop(ids, [rule], mode="certain", baseline={p: (base[p], 5) for p in ids})
         decision = None
         for pid in es.order:
             decision = es.observe(pid, now[pid])
@@ -257,28 +223,15 @@ def test_certain_noise_aware_calibrated_agrees_with_full_run() -> None:
 
 def test_noise_aware_waits_with_repeats_and_is_throttled() -> None:
     ids = [f"p{i:03d}" for i in range(300)]
-    base = dict.fromkeys(ids, 5)
+    base = dict.fromkeys(ids, (5, 5))
     # a candidate with repeats: p is not monotone in its outcomes, so no early verdict
-    es = EarlyStop(
-        ids,
-        mode="certain",
-        baseline=base,
-        baseline_runs=dict.fromkeys(ids, 5),
-        noise_aware=NoiseAware(0.01),
-        repeats=3,
-    )
+    es = EarlyStop(ids, [NoiseAware(0.01)], mode="certain", baseline=base, repeats=3)
     for pid in es.order:
         assert es.observe(pid, False) is None
     assert "waits for the end" in es.headline()
     # single runs: checked every 3 outcomes (1% of 300). Two stable flips already give
     # p = 1/36 < 0.05 whatever follows; the FAIL is seen at the next check, the third
-    es = EarlyStop(
-        ids,
-        mode="certain",
-        baseline=base,
-        baseline_runs=dict.fromkeys(ids, 5),
-        noise_aware=NoiseAware(0.05),
-    )
+    es = EarlyStop(ids, [NoiseAware(0.05)], mode="certain", baseline=base)
     decisions = [es.observe(pid, False) for pid in es.order[:3]]
     assert decisions[:2] == [None, None]
     assert decisions[2] is not None
@@ -286,7 +239,7 @@ def test_noise_aware_waits_with_repeats_and_is_throttled() -> None:
 
 
 def test_settled_before_any_outcome() -> None:
-    es = EarlyStop(IDS10, mode="certain", min_acc=1.5)
+    es = EarlyStop(IDS10, [MinAcc(1.5)], mode="certain")
     assert es.decision is not None
     assert es.decision.after == 0
     assert es.decision.verdicts == {"min-acc": "FAIL"}
@@ -300,12 +253,13 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
     is no verdict: the early stop leaves it open to the end of the run."""
     six = IDS10[:6]
     for gates in (
-        {"min_acc": 0.0},
-        {"floor": ToleranceFloor("cfg", 0.05, 0.08)},
-        {"health": [MaxShare("error", 1.0)]},
-        {"baseline": dict.fromkeys(six, 1), "noise_aware": NoiseAware(0.01)},
+        [MinAcc(0.0)],
+        [ToleranceFloor("cfg", 0.05, 0.08)],
+        [MaxShare("error", 1.0)],
+        [NoiseAware(0.01)],
     ):
-        es = EarlyStop(six, mode=mode, order=six, **gates)
+        baseline = dict.fromkeys(six, (1, 1))
+        es = EarlyStop(six, gates, mode=mode, order=six, baseline=baseline)
         assert es.decision is None, gates
         for pid in six:
             assert es.observe(pid, False, "wrong") is None, gates
@@ -314,19 +268,39 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
 
 def test_errors() -> None:
     with pytest.raises(ValueError, match="no gate to decide"):
-        EarlyStop(IDS10, mode="certain")
+        EarlyStop(IDS10, [], mode="certain")
     with pytest.raises(ValueError, match="mode must be 'certain' or 'sequential'"):
-        EarlyStop(IDS10, mode="bogus", min_acc=0.5)  # type: ignore[arg-type]
+        EarlyStop(IDS10, [MinAcc(0.5)], mode="bogus")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no problem id in common with the baseline"):
-        EarlyStop(IDS10, mode="certain", baseline={"zz": 1})
+        EarlyStop(IDS10, [NoiseAware(0.01)], mode="certain", baseline={"zz": (1, 1)})
     with pytest.raises(ValueError, match="order must be a permutation of ids"):
-        EarlyStop(IDS10, mode="certain", min_acc=0.5, order=IDS10[:5])
-    es = EarlyStop(IDS10, mode="sequential", min_acc=0.5)
+        EarlyStop(IDS10, [MinAcc(0.5)], mode="certain", order=IDS10[:5])
+    es = EarlyStop(IDS10, [MinAcc(0.5)], mode="sequential")
     with pytest.raises(KeyError):
         es.observe("nope", True)
     es.observe(es.order[3], True)
     with pytest.raises(ValueError, match="observed twice"):
         es.observe(es.order[3], True)
+
+
+def test_for_group_builds_the_groups_gates_from_its_specs() -> None:
+    """One builder for a run and a config: the specs in the order the verdict shows them,
+    the baseline only when it shares a problem (with --gsm8k-require-baseline only when it
+    holds every one), None with nothing to decide."""
+    specs = GateSpecs(MinAcc(0.5), NoiseAware(0.05), False, (MaxShare("error", 0.1),))
+    floor = ToleranceFloor("cfg", 0.6, 0.1)
+    stored = {pid: {"outcome": "correct"} for pid in IDS10[:4]}
+    es = EarlyStop.for_group(IDS10, specs, mode="certain", floor=floor, baseline=stored)
+    assert es is not None
+    assert list(es.to_json()["verdicts"]) == ["min-acc", FLOOR, "baseline", "max-error"]
+    required = GateSpecs(MinAcc(0.5), NoiseAware(0.05), True)
+    es = EarlyStop.for_group(IDS10, required, mode="certain", baseline=stored)
+    assert es is not None
+    assert list(es.to_json()["verdicts"]) == ["min-acc"]
+    alone = GateSpecs(None, NoiseAware(0.05), False)
+    assert EarlyStop.for_group(IDS10, alone, mode="certain") is None
+    assert EarlyStop.for_group(IDS10, alone, mode="certain", baseline={"zz": "correct"}) is None
+    assert EarlyStop.for_group([], specs, mode="certain", floor=floor) is None
 
 
 # -- the WoR capital process -------------------------------------------------------------------
@@ -408,7 +382,7 @@ def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float) -> t
     orders = _distinct_orders(population)
     for values in orders:
         outcomes = {pid: bool(v) for pid, v in zip(ids, values, strict=True)}
-        es = EarlyStop(ids, mode="sequential", min_acc=min_acc, alpha=alpha, order=ids)
+        es = EarlyStop(ids, [MinAcc(min_acc)], mode="sequential", alpha=alpha, order=ids)
         decision = feed(es, outcomes)
         assert decision is not None
         wrong += decision.verdicts["min-acc"] != full
@@ -436,38 +410,9 @@ def test_sequential_wrong_rate_bites_near_threshold_n10() -> None:
     assert early > 0
 
 
-def test_sequential_baseline_wrong_rate_at_most_alpha() -> None:
-    # 6 shared problems: baseline outcome b and current x per problem
-    pairs = [(1, 1), (1, 0), (1, 0), (0, 1), (1, 1), (0, 0)]
-    ids = [f"q{i}" for i in range(len(pairs))]
-    baseline = {pid: b for pid, (b, _) in zip(ids, pairs, strict=True)}
-    alpha = 0.4
-    for max_drop in (0.0, 1 / 6, 0.2, 0.5):
-        b_total = sum(b for b, _ in pairs)
-        x_total = sum(x for _, x in pairs)
-        full = "PASS" if b_total / 6 - x_total / 6 <= max_drop + 1e-12 else "FAIL"
-        wrong = 0
-        perms = list(itertools.permutations(range(6)))
-        for perm in perms:
-            order = [ids[i] for i in perm]
-            outcomes = {pid: bool(x) for pid, (_, x) in zip(ids, pairs, strict=True)}
-            es = EarlyStop(
-                ids,
-                mode="sequential",
-                baseline=baseline,
-                max_drop=max_drop,
-                alpha=alpha,
-                order=order,
-            )
-            decision = feed(es, outcomes)
-            assert decision is not None
-            wrong += decision.verdicts["baseline"] != full
-        assert wrong / len(perms) <= alpha
-
-
 def test_sequential_decides_a_broken_model_quickly() -> None:
     ids = [str(i) for i in range(1319)]
-    es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=3)
+    es = EarlyStop(ids, [MinAcc(0.85)], mode="sequential", seed=3)
     decision = feed(es, dict.fromkeys(ids, False))
     assert decision is not None
     assert decision.verdicts["min-acc"] == "FAIL"
@@ -483,7 +428,7 @@ def test_sequential_interval_contains_the_truth_and_agrees_with_verdict() -> Non
     for seed in range(5):
         outcomes = {pid: rng.random() < 0.6 for pid in ids}
         truth = sum(outcomes.values()) / 400
-        es = EarlyStop(ids, mode="sequential", min_acc=0.75, seed=seed)
+        es = EarlyStop(ids, [MinAcc(0.75)], mode="sequential", seed=seed)
         decision = feed(es, outcomes)
         assert decision is not None
         assert decision.verdicts["min-acc"] == "FAIL"
@@ -493,17 +438,14 @@ def test_sequential_interval_contains_the_truth_and_agrees_with_verdict() -> Non
 
 def test_two_gates_split_alpha() -> None:
     ids = [str(i) for i in range(100)]
-    es = EarlyStop(
-        ids, mode="sequential", alpha=0.1, min_acc=0.5, baseline=dict.fromkeys(ids, 1), max_drop=0.1
-    )
+    es = EarlyStop(ids, [MinAcc(0.5), MaxShare("error", 0.1)], mode="sequential", alpha=0.1)
     assert es.gate_alpha == pytest.approx(0.05)
     es = EarlyStop(
         ids,
+        [MinAcc(0.5), NoiseAware(0.05)],
         mode="sequential",
         alpha=0.1,
-        min_acc=0.5,
-        baseline=dict.fromkeys(ids, 1),
-        noise_aware=NoiseAware(0.05),
+        baseline=dict.fromkeys(ids, (1, 1)),
     )
     assert es.gate_alpha == pytest.approx(0.1)  # the noise-aware test has no sequential test
 
@@ -514,11 +456,11 @@ def test_two_gates_split_alpha() -> None:
 def test_out_of_order_feeds_the_seeded_prefix() -> None:
     ids = [str(i) for i in range(300)]
     outcomes = {pid: int(pid) % 5 == 0 for pid in ids}  # accuracy 0.2
-    in_order = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=11)
+    in_order = EarlyStop(ids, [MinAcc(0.85)], mode="sequential", seed=11)
     expected = feed(in_order, outcomes)
     assert expected is not None
 
-    es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=11)
+    es = EarlyStop(ids, [MinAcc(0.85)], mode="sequential", seed=11)
     first = es.order[0]
     for pid in reversed(es.order[1:60]):
         assert es.observe(pid, outcomes[pid]) is None  # nothing fed until the first arrives
@@ -529,7 +471,7 @@ def test_out_of_order_feeds_the_seeded_prefix() -> None:
 
 
 def test_certain_mode_uses_every_arrival_at_once() -> None:
-    es = EarlyStop(IDS10, mode="certain", min_acc=0.7)
+    es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in reversed(es.order[-4:]):
         es.observe(pid, False)
     assert es.decision is not None
@@ -541,7 +483,7 @@ def test_certain_mode_uses_every_arrival_at_once() -> None:
 
 def test_to_json_and_headline_shapes() -> None:
     ids = [str(i) for i in range(1319)]
-    es = EarlyStop(ids, mode="sequential", min_acc=0.85, seed=0)
+    es = EarlyStop(ids, [MinAcc(0.85)], mode="sequential", seed=0)
     assert es.headline().startswith("not stopped early (0 of 1319 problems): min-acc undecided")
     outcomes = {pid: int(pid) % 2 == 0 for pid in ids}
     decision = feed(es, outcomes)
@@ -572,7 +514,7 @@ def test_to_json_and_headline_shapes() -> None:
     )
     assert f"{hi:.4f}]" in line
 
-    es = EarlyStop(ids, mode="certain", min_acc=0.85)
+    es = EarlyStop(ids, [MinAcc(0.85)], mode="certain")
     feed(es, outcomes)
     assert es.to_json()["alpha"] is None
     assert "interval" not in es.to_json()["gates"]["min-acc"]
@@ -604,7 +546,7 @@ def test_certain_health_gate_fails_once_the_count_exceeds_the_full_runs_allowanc
     """max-truncated 0.05 over 1319 problems allows 65: the 66th truncated answer fails
     the gate, whatever the rest would be."""
     ids = [str(i) for i in range(1319)]
-    es = EarlyStop(ids, mode="certain", health=[MaxShare("truncated", 0.05)], seed=1)
+    es = EarlyStop(ids, [MaxShare("truncated", 0.05)], mode="certain", seed=1)
     decision = feed_outcomes(es, dict.fromkeys(ids, "truncated"))
     assert decision is not None
     assert decision.verdicts == {"max-truncated": "FAIL"}
@@ -620,7 +562,7 @@ def test_certain_health_gate_passes_only_when_the_unseen_cannot_exceed_it() -> N
     """Every answer clean: PASS is certain once even all unseen problems truncated stay
     within the allowance (10 problems at 0.2: 2 allowed, so after 8)."""
     ids = [f"p{i}" for i in range(10)]
-    es = EarlyStop(ids, mode="certain", health=[MaxShare("truncated", 0.2)], order=ids)
+    es = EarlyStop(ids, [MaxShare("truncated", 0.2)], mode="certain", order=ids)
     decision = feed_outcomes(es, dict.fromkeys(ids, "wrong"))  # wrong is not truncated
     assert decision is not None
     assert decision.verdicts == {"max-truncated": "PASS"}
@@ -631,10 +573,7 @@ def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     ids = [f"p{i}" for i in range(10)]
     outcomes = dict.fromkeys(ids, "unparsed")
     es = EarlyStop(
-        ids,
-        mode="certain",
-        health=[MaxShare("truncated", 0.0), MaxShare("unparsed", 0.1)],
-        order=ids,
+        ids, [MaxShare("truncated", 0.0), MaxShare("unparsed", 0.1)], mode="certain", order=ids
     )
     decision = feed_outcomes(es, outcomes)
     assert decision is not None
@@ -644,22 +583,17 @@ def test_certain_health_gate_counts_only_its_own_outcome() -> None:
 
 
 def test_health_gates_need_the_outcome_word() -> None:
-    es = EarlyStop(IDS10, mode="certain", health=[MaxShare("error", 0.5)])
+    es = EarlyStop(IDS10, [MaxShare("error", 0.5)], mode="certain")
     with pytest.raises(ValueError, match="outcome"):
         es.observe("p0", False)
     with pytest.raises(ValueError, match="twice"):
-        EarlyStop(IDS10, mode="certain", health=[MaxShare("error", 0.5)] * 2)
+        EarlyStop(IDS10, [MaxShare("error", 0.5)] * 2, mode="certain")
 
 
 def test_health_gates_take_their_share_of_the_sequential_alpha() -> None:
     ids = [str(i) for i in range(100)]
-    es = EarlyStop(
-        ids,
-        mode="sequential",
-        alpha=0.1,
-        min_acc=0.5,
-        health=[MaxShare("truncated", 0.05), MaxShare("error", 0.01)],
-    )
+    gates: list[CountSpec] = [MinAcc(0.5), MaxShare("truncated", 0.05), MaxShare("error", 0.01)]
+    es = EarlyStop(ids, gates, mode="sequential", alpha=0.1)
     assert es.gate_alpha == pytest.approx(0.1 / 3)
 
 
@@ -667,7 +601,7 @@ def test_sequential_health_gate_passes_a_clean_run_early() -> None:
     """No answer truncated of 1319 against 0.05: the sequential test settles PASS long
     before the certain bound would (after 1254), and its interval holds the truth, 0."""
     ids = [str(i) for i in range(1319)]
-    es = EarlyStop(ids, mode="sequential", health=[MaxShare("truncated", 0.05)], seed=2)
+    es = EarlyStop(ids, [MaxShare("truncated", 0.05)], mode="sequential", seed=2)
     decision = feed_outcomes(es, dict.fromkeys(ids, "correct"))
     assert decision is not None
     assert decision.verdicts == {"max-truncated": "PASS"}
@@ -697,11 +631,7 @@ def test_sequential_health_gate_wrong_verdict_rate_at_most_alpha() -> None:
                 pid: "truncated" if v else "correct" for pid, v in zip(ids, values, strict=True)
             }
             es = EarlyStop(
-                ids,
-                mode="sequential",
-                alpha=alpha,
-                health=[MaxShare("truncated", 0.25)],
-                order=ids,
+                ids, [MaxShare("truncated", 0.25)], mode="sequential", alpha=alpha, order=ids
             )
             decision = feed_outcomes(es, outcomes)
             assert decision is not None
@@ -715,7 +645,7 @@ def test_with_repeats_min_acc_counts_every_answer() -> None:
     """--gsm8k-repeats 3: the early stop decides min-acc on the mean over every answer, as
     the end of the run does (issue 32). Four problems right 2 of 3 times: their majorities
     are all right (1.0) but test@1 is 2/3, below 0.7 for certain after all four."""
-    stop = EarlyStop(["a", "b", "c", "d"], mode="certain", min_acc=0.7, repeats=3)
+    stop = EarlyStop(["a", "b", "c", "d"], [MinAcc(0.7)], mode="certain", repeats=3)
     answers = ["correct", "correct", "wrong"]
     decisions = [stop.observe(pid, True, "correct", answers) for pid in "abcd"]
     assert decisions[2] is None

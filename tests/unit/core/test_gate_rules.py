@@ -12,7 +12,6 @@ import pytest
 from pytest_gsm8k.core.calibrated import Pair, p_value
 from pytest_gsm8k.core.gates import (
     GateVerdict,
-    MaxDrop,
     MaxShare,
     MinAcc,
     NoiseAware,
@@ -61,32 +60,6 @@ def test_min_acc_certain_bounds_agree_with_every_final_verdict(threshold: float)
             else:
                 # open, or a gate that cannot fail: no verdict whatever comes (never certain)
                 assert finals == ({"FAIL"} if rule.cannot_fail(n) else {"PASS", "FAIL"})
-
-
-@pytest.mark.parametrize("max_drop", [0.0, 0.02, 0.05, 0.2])
-def test_max_drop_certain_bounds_agree_with_every_final_verdict(max_drop: float) -> None:
-    rule = MaxDrop(max_drop)
-    shared = 10
-    for base, seen in itertools.product(range(shared + 1), range(shared + 1)):
-        for correct in range(seen + 1):
-            certain = rule.certain(base, correct, seen, shared)
-            finals = {
-                rule.verdict(base, correct + k, shared).word for k in range(shared - seen + 1)
-            }
-            if certain is not None:
-                assert finals == {certain}
-            else:
-                stuck = rule.cannot_fail(base, shared)
-                assert finals == ({"FAIL"} if stuck else {"PASS", "FAIL"})
-
-
-def test_max_drop_verdict_fields() -> None:
-    verdict = MaxDrop(0.05).verdict(80, 75, 100)
-    assert verdict.passed  # 0.8 - 0.75 is 0.05000000000000004 in floats: within the slack
-    assert verdict.rule == "max-drop"
-    assert verdict.threshold == 0.05
-    assert verdict.value == pytest.approx(0.05)
-    assert not MaxDrop(0.0).verdict(80, 79, 100).passed
 
 
 def test_noise_aware_single_run_verdict_is_mcnemars() -> None:
@@ -242,8 +215,6 @@ def test_count_gates_that_cannot_fail_say_why_and_what_to_do() -> None:
     assert "not a verdict" in MinAcc(0.0).verdict(10, 10, "x").detail
     assert "set it below 1" in str(MaxShare("error", 1.0).cannot_fail(5))
     assert MaxShare("error", 0.999).cannot_fail(5) is None
-    assert "lower it" in str(MaxDrop(0.5).cannot_fail(4, 10))  # 0.4 cannot drop by 0.5
-    assert MaxDrop(0.5).cannot_fail(6, 10) is None
 
 
 def test_a_failed_verdict_stays_a_fail_and_each_reason_is_said() -> None:
