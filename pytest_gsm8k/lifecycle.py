@@ -82,6 +82,8 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
         )
     if plan.settings.resume:
         summary.note_resumed()
+    if plan.shard is not None:
+        wait_for_merge(summary, plan)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
@@ -132,12 +134,35 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
     summary.gather_gates()
     if plan.settings.resume:
         summary.note_resumed()
+    if plan.shard is not None:
+        wait_for_merge(summary, plan)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.problems}
         text = gates.markdown(summary, questions, html=page_path(state))
         write_output(state, "step_summary", step_summary, lambda: text)
         write_output(state, "markdown", plan.settings.markdown, lambda: text)
+
+
+def wait_for_merge(summary: Summary, plan: RunPlan) -> None:
+    """``--gsm8k-shard``: no gate is decided on one shard's answers (a slice is no sample a
+    threshold or baseline was set for, and its share of errors says nothing of the run's);
+    every gate waits for ``python -m pytest_gsm8k merge``, and the report carries what the
+    merge needs (core/merge.py). Until the pure verdict step has a non-blocking undecided
+    word, a shard's gates are undecided the blocking way (exit 1)."""
+    from dataclasses import replace
+
+    from pytest_gsm8k.core.merge import shard_record
+
+    shard = plan.shard
+    assert shard is not None
+    why = f"shard {shard.index} of {shard.count}: verdict at the merge"
+    for part in (summary, *summary.configs):
+        for gate in list(part.gates):
+            undecided = f"not a verdict: {why}"
+            part.set_gate(replace(gate, rule="shard", passed=False, value=None, detail=undecided))
+    summary.notes.append(f"  {why} (python -m pytest_gsm8k merge SHARD.json...)")
+    summary.extra["shard"] = shard_record(plan)
 
 
 def deselected_by(config: pytest.Config) -> str:

@@ -14,7 +14,15 @@ from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
-from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.merge import selection_hash, shard_slice
+from pytest_gsm8k.core.plan import (
+    ConfigGroup,
+    Endpoint,
+    GateSpecs,
+    RunPlan,
+    Shard,
+    StoredBaseline,
+)
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings
@@ -245,6 +253,19 @@ def build_plan(
         )
         protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
+    shard = None
+    if settings.shard is not None:
+        # every config's questions are striped over the shards: each shard runs every config
+        index, count = settings.shard
+        ids_hash = selection_hash([p.id for p in selected])
+        shard = Shard(index, count, len(selected), ids_hash, update_baseline)
+        update_baseline = False  # the merge writes it, from every shard's answers
+        selected = shard_slice(selected, index, count)
+        mine = {p.id for p in selected}
+        groups = tuple(
+            dataclasses.replace(g, problems=tuple(p for p in g.problems if p.id in mine))
+            for g in groups
+        )
     return RunPlan(
         run_id=run_id,
         settings=settings,
@@ -258,4 +279,5 @@ def build_plan(
         baseline=None if groups else read_baseline(path, rootpath),
         update_baseline=update_baseline,
         groups=groups,
+        shard=shard,
     )

@@ -309,6 +309,12 @@ OPTIONS: tuple[Option, ...] = (
         1,
         metavar="K",
     ),
+    Option(
+        "shard",
+        "str",
+        "run shard I of N (a CI matrix job); python -m pytest_gsm8k merge gates the shards",
+        metavar="I/N",
+    ),
 )
 
 #: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
@@ -499,6 +505,8 @@ class Settings:
     repeats: int = 1
     #: --gsm8k-config: vLLM's GSM8K configs (a YAML, a folder, a models-*.txt list)
     vllm_config: str | None = None
+    #: --gsm8k-shard I/N: (I, N), the slice of the selection this run asks (core/merge.py)
+    shard: tuple[int, int] | None = None
 
     @property
     def aggregation(self) -> str:
@@ -711,6 +719,25 @@ def _refuse_with_configs(
         )
 
 
+#: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
+MAX_SHARDS = 256
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--gsm8k-shard I/N`` as ``(I, N)``, with ``1 <= I <= N <= MAX_SHARDS``."""
+    match = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", text)
+    if not match:
+        raise SettingsError(
+            f"--gsm8k-shard: expected I/N (shard I of N, e.g. 2/4), got {text[:40]!r}"
+        )
+    index, count = int(match.group(1)), int(match.group(2))
+    if not 1 <= count <= MAX_SHARDS:
+        raise SettingsError(f"--gsm8k-shard {index}/{count}: N must be between 1 and {MAX_SHARDS}")
+    if not 1 <= index <= count:
+        raise SettingsError(f"--gsm8k-shard {index}/{count}: I must be between 1 and N ({count})")
+    return index, count
+
+
 def build_settings(
     get: Callable[[Option], Any],
     warn: Callable[[str], None],
@@ -854,6 +881,12 @@ def build_settings(
             f"--gsm8k-early-stop-alpha: must be between 0 and 1 (exclusive), "
             f"got {values['early_stop_alpha']}"
         )
+    shard = parse_shard(str(values["shard"])) if values["shard"] else None
+    if shard and early_stop:
+        raise SettingsError(
+            "--gsm8k-shard cannot be combined with --gsm8k-early-stop: a shard cannot "
+            "see the other shards' answers (the merge decides on all of them)"
+        )
     if values["resume"] and values["no_cache"]:
         raise SettingsError(
             "--gsm8k-resume reads the response cache that --gsm8k-no-cache turns off: give one"
@@ -923,4 +956,5 @@ def build_settings(
         progress=values["progress"],
         repeats=int(repeats),
         vllm_config=values["config"] or None,
+        shard=shard,
     )

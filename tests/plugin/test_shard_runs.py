@@ -1,0 +1,125 @@
+"""--gsm8k-shard I/N (#35): each CI job runs its stride slice of the run's selection against
+the scripted server, decides no gate (a shard cannot see the others), and writes a report
+that carries what the merge needs: its place, its ids, the run's plan."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from fakeserver import FakeOpenAIServer, Script
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, output, report, sent
+
+SCHEMA = json.loads(
+    resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+)
+LIMIT = "--gsm8k-limit=30"
+
+
+def shard_run(
+    pytester: pytest.Pytester, args: list[str], index: int, count: int, *extra: str
+) -> dict[str, Any]:
+    result = pytester.runpytest(
+        *args, f"--gsm8k-shard={index}/{count}", f"--gsm8k-report=s{index}.json", *extra
+    )
+    assert result.ret in (0, 1), output(result)  # a gate's word, never a usage error
+    text = output(result)
+    if "--gsm8k-min-acc=0.5" in args:
+        assert f"shard {index} of {count}: verdict at the merge" in text, text
+    assert "gate min-acc: PASS" not in text
+    assert "gate min-acc: FAIL: 0." not in text
+    return report(pytester, f"s{index}.json")
+
+
+@XDIST
+def test_the_shards_partition_the_selection_and_leave_the_verdict_to_the_merge(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    server.set_script(Script(behaviours={i: "wrong" for i in range(0, 1319, 3)}))
+    args = [*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.5", "--gsm8k-no-cache", *xdist]
+    whole = pytester.runpytest(*args, "--gsm8k-report=whole.json")
+    selection = [p["id"] for p in report(pytester, "whole.json")["problems"]]
+    assert len(selection) == 30, output(whole)
+    server.reset()
+    reports = [shard_run(pytester, args, i, 3) for i in (1, 2, 3)]
+    assert sent(server) == 30  # every problem asked once, by one shard
+    for index, shard in enumerate(reports, start=1):
+        jsonschema.validate(shard, SCHEMA)
+        block = shard["shard"]
+        assert (block["index"], block["count"]) == (index, 3)
+        # a stride slice of the run's selection: spread over it, balanced, in run order
+        assert block["ids"] == selection[index - 1 :: 3]
+        assert [p["id"] for p in shard["problems"]] == block["ids"]
+        assert block["plan"] == reports[0]["shard"]["plan"]  # one run's plan in every shard
+        assert block["plan"]["selection"]["size"] == 30
+        # a shard's gates wait for the merge: no word on a slice
+        [gate] = shard["gates"]
+        assert (gate["name"], gate["rule"]) == ("min-acc", "shard")
+        assert gate["detail"].endswith(f"shard {index} of 3: verdict at the merge")
+    assert sorted(i for s in reports for i in s["shard"]["ids"]) == sorted(selection)
+
+
+def test_a_shard_of_a_baseline_update_writes_no_baseline(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    """--snapshot-update on the shards: the merge writes the baseline, from every shard's
+    answers, under a single run's coverage rules; a shard's slice never becomes one."""
+    shard = shard_run(pytester, [*gsm8k_args, LIMIT], 1, 2, "--snapshot-update")
+    assert not (pytester.path / "__snapshots__").exists()
+    assert shard["shard"]["plan"]["update_baseline"] is True
+    assert "baseline" not in shard  # neither written nor compared with
+
+
+def test_repeats_and_samples_of_a_problem_stay_in_its_shard(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    shard = shard_run(pytester, [*gsm8k_args, LIMIT, "--gsm8k-repeats=3"], 2, 4)
+    ids = shard["shard"]["ids"]
+    assert len(ids) == 8  # 30 = 8 + 8 + 7 + 7: shards 1 and 2 hold one more
+    assert sent(server) == 3 * len(ids)
+    assert all(len(p["repeats"]) == 3 for p in shard["problems"])
+    assert shard["shard"]["plan"]["repeats"] == 3
+
+
+CONFIG = """\
+model_name: "org/{name}"
+accuracy_threshold: 0.5
+num_questions: {n}
+num_fewshot: 0
+"""
+
+
+def test_each_shard_runs_a_slice_of_every_config(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name, n in (("Alpha", 5), ("Beta", 4)):
+        (folder / f"{name}.yaml").write_text(CONFIG.format(name=name, n=n), encoding="utf-8")
+    args = [
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={config_serve(gsm8k_data)}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        *NO_EXTRA_PLUGINS,
+        *NO_CACHEPROVIDER,
+    ]
+    reports = [shard_run(pytester, args, i, 2) for i in (1, 2)]
+    for shard in reports:
+        jsonschema.validate(shard, SCHEMA)
+        names = {p["id"].partition(":")[0] for p in shard["problems"]}
+        assert names == {"Alpha", "Beta"}  # every shard runs every config
+        assert [c["name"] for c in shard["shard"]["plan"]["configs"]] == ["Alpha", "Beta"]
+        assert {g["rule"] for g in shard["gates"]} == {"shard"}
+    ids = [i for s in reports for i in s["shard"]["ids"]]
+    assert sorted(ids) == sorted(
+        [f"Alpha:test-{i:04d}" for i in range(5)] + [f"Beta:test-{i:04d}" for i in range(4)]
+    )
