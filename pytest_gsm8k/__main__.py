@@ -1,5 +1,10 @@
 """``python -m pytest_gsm8k``: commands that need no pytest run.
 
+``merge SHARD.json...`` puts the reports of ``--gsm8k-shard I/N`` runs (one CI matrix job
+each) back together into the verdict one machine would have given: 0 or 1 as that run's
+exit code, 2 when the reports are not every shard of one run (one ``gsm8k: ...`` line
+naming which).
+
 ``compare A.json B.json`` compares two JSON reports (``--gsm8k-report``) problem by
 problem (two ``--gsm8k-config`` reports config by config) and prints the result as the
 Markdown of the run's step summary. Exit codes: 0 when B is not worse than A at
@@ -59,6 +64,24 @@ def parser() -> argparse.ArgumentParser:
         default=0.05,
         help="level of the McNemar test that decides 'B is worse' (default: 0.05)",
     )
+    mrg = commands.add_parser(
+        "merge",
+        help="the verdict of a run's --gsm8k-shard reports (one per CI matrix job)",
+        description=(
+            "Check that the reports are every shard of one run (the same plan, each shard "
+            "1..N once, each the slice its plan implies, no problem twice), then decide its "
+            "gates as the unsharded run would and write its outputs. Exit 0 or 1 as that "
+            "run, 2 when the reports are not the shards of one run."
+        ),
+    )
+    mrg.add_argument("shards", nargs="+", metavar="SHARD.json", help="every shard's report")
+    for flag, what in (
+        ("--report", "the merged JSON report"),
+        ("--html", "the run's HTML page"),
+        ("--markdown", "the run's Markdown summary (also $GITHUB_STEP_SUMMARY when set)"),
+        ("--junitxml", "JUnit XML with one test case per gate"),
+    ):
+        mrg.add_argument(flag, metavar="PATH", help=f"write {what} here")
     return main
 
 
@@ -126,10 +149,28 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
     return code
 
 
+def run_merge(args: argparse.Namespace) -> int:
+    """The ``merge`` command: the shards checked to be one run, then its verdict."""
+    from pytest_gsm8k.core.merge import ShardError, check_shards
+
+    try:
+        merged = check_shards([(path, _read(path)) for path in args.shards])
+    except (CompareError, ShardError) as exc:
+        _say(str(exc))
+        return REFUSED
+    _say(
+        f"{merged.count} shards of one run ({len(merged.selection)} problems) checked; "
+        "deciding them waits for the pure verdict step (issue #35, step 3)"
+    )
+    return REFUSED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
         return run_compare(args.a, args.b, args.alpha)
+    if args.command == "merge":
+        return run_merge(args)
     raise AssertionError(args.command)  # pragma: no cover - argparse allows no other
 
 

@@ -5,6 +5,7 @@ that carries what the merge needs: its place, its ids, the run's plan."""
 from __future__ import annotations
 
 import json
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -123,3 +124,33 @@ def test_each_shard_runs_a_slice_of_every_config(
     assert sorted(ids) == sorted(
         [f"Alpha:test-{i:04d}" for i in range(5)] + [f"Beta:test-{i:04d}" for i in range(4)]
     )
+
+
+def merge(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """``python -m pytest_gsm8k merge``, as a CI job runs it, in the shards' folder."""
+    return pytester.run(sys.executable, "-m", "pytest_gsm8k", "merge", *args)
+
+
+def test_a_merge_of_part_of_a_run_or_of_two_runs_is_no_verdict(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    args = [*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-min-acc=0.5"]
+    for index in (1, 2, 3):
+        shard_run(pytester, args, index, 3)
+    pytester.runpytest(
+        *args[:-1], "--gsm8k-min-acc=0.6", "--gsm8k-shard=3/3", "--gsm8k-report=o.json"
+    )
+    cases = {
+        ("s1.json", "s2.json"): "gsm8k: shard 3 of 3 missing: no verdict on part of a run "
+        "(given: 1, 2)",
+        ("s1.json", "s2.json", "s2.json"): "gsm8k: shard 2 of 3 given twice: s2.json and s2.json",
+        ("s1.json", "s2.json", "o.json"): "gsm8k: shards of different runs: s1.json and o.json "
+        "differ in plan.gates.min_acc.threshold",
+        ("s1.json", "s2.json", "missing.json"): "gsm8k: missing.json: cannot read it (No such "
+        "file or directory)",
+    }
+    for given, line in cases.items():
+        result = merge(pytester, *given, "--report=m.json")
+        assert result.ret == 2, output(result)
+        assert result.stderr.lines == [line]
+        assert not (pytester.path / "m.json").exists()
