@@ -151,15 +151,23 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
 
 def run_merge(args: argparse.Namespace) -> int:
     """The ``merge`` command: the shards checked to be one run, then its verdict."""
-    from pytest_gsm8k.core.merge import ShardError, check_shards
+    from pathlib import Path
 
+    from pytest_gsm8k.core.dataset import DatasetError
+    from pytest_gsm8k.core.merge import ShardError, check_shards
+    from pytest_gsm8k.planning import replan
+
+    outputs = {"report": args.report, "html": args.html, "markdown": args.markdown}
     try:
-        merged = check_shards([(path, _read(path)) for path in args.shards])
-    except (CompareError, ShardError) as exc:
+        reports = [(path, _read(path)) for path in args.shards]
+        merged = check_shards(reports)
+        model = reports[0][1].get("model")
+        plan = replan(merged.plan, Path.cwd(), model if isinstance(model, str) else None, outputs)
+    except (CompareError, ShardError, DatasetError) as exc:
         _say(str(exc))
         return REFUSED
     _say(
-        f"{merged.count} shards of one run ({len(merged.selection)} problems) checked; "
+        f"{merged.count} shards of one run ({len(plan.problems)} problems) checked; "
         "deciding them waits for the pure verdict step (issue #35, step 3)"
     )
     return REFUSED

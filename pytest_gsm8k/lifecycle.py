@@ -83,7 +83,7 @@ def release_gates(state: State, summary: Summary, session: pytest.Session) -> No
     if plan.settings.resume:
         summary.note_resumed()
     if plan.shard is not None:
-        wait_for_merge(summary, plan)
+        wait_for_merge(state, summary, session)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.split.problems}
@@ -135,7 +135,7 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
     if plan.settings.resume:
         summary.note_resumed()
     if plan.shard is not None:
-        wait_for_merge(summary, plan)
+        wait_for_merge(state, summary, session)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         questions = {p.id: p.question for p in plan.problems}
@@ -144,7 +144,7 @@ def release_matrix(state: State, summary: Summary, session: pytest.Session) -> N
         write_output(state, "markdown", plan.settings.markdown, lambda: text)
 
 
-def wait_for_merge(summary: Summary, plan: RunPlan) -> None:
+def wait_for_merge(state: State, summary: Summary, session: pytest.Session) -> None:
     """``--gsm8k-shard``: no gate is decided on one shard's answers (a slice is no sample a
     threshold or baseline was set for, and its share of errors says nothing of the run's);
     every gate waits for ``python -m pytest_gsm8k merge``, and the report carries what the
@@ -154,6 +154,7 @@ def wait_for_merge(summary: Summary, plan: RunPlan) -> None:
 
     from pytest_gsm8k.core.merge import shard_record
 
+    plan, run = state.plan, state.run
     shard = plan.shard
     assert shard is not None
     why = f"shard {shard.index} of {shard.count}: verdict at the merge"
@@ -162,7 +163,15 @@ def wait_for_merge(summary: Summary, plan: RunPlan) -> None:
             undecided = f"not a verdict: {why}"
             part.set_gate(replace(gate, rule="shard", passed=False, value=None, detail=undecided))
     summary.notes.append(f"  {why} (python -m pytest_gsm8k merge SHARD.json...)")
-    summary.extra["shard"] = shard_record(plan)
+    wanted = {p.id for p in run.wanted(plan)}
+    option = session.config.option
+    summary.extra["shard"] = shard_record(
+        plan,
+        snapshot_dirname=str(getattr(option, "snapshot_dirname", None) or "__snapshots__"),
+        deselected=[p.id for p in plan.problems if p.id not in wanted],
+        deselected_by=deselected_by(session.config),
+        interrupted=run.interrupted,
+    )
 
 
 def deselected_by(config: pytest.Config) -> str:

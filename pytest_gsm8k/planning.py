@@ -9,6 +9,8 @@ plugin turns into one usage-error line.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +283,44 @@ def build_plan(
         groups=groups,
         shard=shard,
     )
+
+
+def replan(
+    block: Mapping[str, Any], rootpath: Path, model: str | None, outputs: Mapping[str, Any]
+) -> RunPlan:
+    """The whole run's plan again, at the merge of its shards (``block``: their plan): the
+    options it states, the data and configs they name and the baseline read here, from
+    ``rootpath``; ``model``: what the shards' endpoint served; ``outputs``: the merge's own
+    report, page and Markdown paths. What one machine running every shard's problems would
+    have planned, or :class:`ShardError` naming the first field that differs when the merge
+    here does not plan what the shards planned (another checkout, data or baseline)."""
+    from pytest_gsm8k.core.merge import (
+        ShardError,
+        plan_difference,
+        planned_settings,
+        selection_hash,
+        shard_record,
+    )
+    from pytest_gsm8k.core.settings import build_settings
+
+    settings = planned_settings(block, build_settings(lambda option: None, lambda note: None))
+    snapshots = str(block.get("snapshot_dirname") or "__snapshots__")
+    plan = build_plan(
+        dataclasses.replace(settings, **outputs),
+        run_id="merge",
+        endpoint=Endpoint(None, model),
+        rootpath=rootpath,
+        snapshot_dirname=snapshots,
+        update_baseline=block.get("update_baseline") is True,
+    )
+    ids = [p.id for p in plan.problems]
+    whole = Shard(1, 1, len(ids), selection_hash(ids), plan.update_baseline)
+    record = shard_record(dataclasses.replace(plan, shard=whole), snapshot_dirname=snapshots)
+    again = json.loads(json.dumps(record["plan"]))  # as the shards' report holds it
+    if again != block:
+        raise ShardError(
+            f"the merge here does not plan what the shards planned: "
+            f"{plan_difference(block, again)} differs (run it at the root of the "
+            "checkout the shards ran in, with the same data and baseline)"
+        )
+    return plan

@@ -19,10 +19,10 @@ twice. Anything else is no verdict, one line naming which.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pytest_gsm8k.core.settings import MAX_SHARDS
+from pytest_gsm8k.core.settings import MAX_SHARDS, Settings
 from pytest_gsm8k.core.types import stable_hash
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ __all__ = [
     "ShardError",
     "check_shards",
     "interleave",
+    "plan_difference",
+    "planned_settings",
     "shard_record",
     "shard_slice",
 ]
@@ -86,11 +88,60 @@ def _baseline(stored: StoredBaseline | None) -> dict[str, Any] | None:
     }
 
 
-def shard_record(plan: RunPlan) -> dict[str, Any]:
-    """The report's ``shard`` block of a shard's run (``plan.shard`` set)."""
+#: the options a verdict depends on (through the plan and its gates): every shard of a run
+#: has the same, and the merge plans the whole run again from them. The others are each
+#: shard's own (its server, outputs, cache, timing), and the base URL and the serve command
+#: may hold secrets: none of them is written.
+PLANNED = (
+    "model",
+    "data",
+    "dataset",
+    "dataset_config",
+    "split",
+    "limit",
+    "seed",
+    "min_acc",
+    "protocol",
+    "samples",
+    "temperature",
+    "shots",
+    "fewshot_file",
+    "system",
+    "api",
+    "stop",
+    "max_tokens",
+    "extract",
+    "answer_regex",
+    "preset",
+    "params",
+    "baseline",
+    "baseline_name",
+    "max_drop",
+    "alpha",
+    "require_baseline",
+    "baseline_partial",
+    "max_unparsed",
+    "max_truncated",
+    "max_error",
+    "repeats",
+    "vllm_config",
+    "resume",
+)
+
+
+def shard_record(
+    plan: RunPlan,
+    *,
+    snapshot_dirname: str,
+    deselected: Sequence[str] = (),
+    deselected_by: str = "",
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """The report's ``shard`` block of a shard's run (``plan.shard`` set): its place, its
+    ids, what of them it did not run (``deselected`` by ``deselected_by``; ``interrupted``),
+    and the run's plan."""
     shard = plan.shard
     assert shard is not None
-    settings = plan.settings
     configs = [
         {
             "name": g.name,
@@ -105,20 +156,38 @@ def shard_record(plan: RunPlan) -> dict[str, Any]:
         "index": shard.index,
         "count": shard.count,
         "ids": [p.id for p in plan.problems],
+        "deselected": list(deselected),
+        "deselected_by": deselected_by,
+        "interrupted": interrupted,
         "plan": {
+            "settings": {key: getattr(plan.settings, key) for key in PLANNED},
+            "snapshot_dirname": snapshot_dirname,
             "selection": {"size": shard.size, "ids_hash": shard.ids_hash},
             "protocol": plan.protocol.identity(),
             "dataset": plan.split.identity(),
-            "model": settings.model,
             "gates": asdict(plan.gates),
-            "repeats": settings.repeats,
-            "resume": settings.resume,
             "baseline": _baseline(plan.baseline),
             "update_baseline": shard.update_baseline,
-            "baseline_partial": settings.baseline_partial,
             "configs": configs,
         },
     }
+
+
+def planned_settings(block: Mapping[str, Any], defaults: Settings) -> Settings:
+    """The settings a shard's plan block states, over ``defaults`` (lists back to tuples);
+    :class:`ShardError` when a value is not one an option gives."""
+    stored = block.get("settings")
+    if not isinstance(stored, dict) or set(stored) != set(PLANNED):
+        raise ShardError("corrupt shard plan (settings)")
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, list):
+            return tuple(plain(v) for v in value)
+        if value is None or isinstance(value, str | int | float):  # bool is an int
+            return value
+        raise ShardError(f"corrupt shard plan (a setting is {type(value).__name__})")
+
+    return replace(defaults, **{key: plain(value) for key, value in stored.items()})
 
 
 @dataclass(frozen=True)
@@ -130,6 +199,11 @@ class Merged:
     plan: Mapping[str, Any]
     selection: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]
+    #: the problems a shard did not run (-k, -m, --lf), and the options that deselected them
+    deselected: frozenset[str] = frozenset()
+    deselected_by: str = ""
+    #: a shard was interrupted before its end
+    interrupted: bool = False
 
 
 def _shard_of(report: Mapping[str, Any], where: str) -> tuple[int, int, list[str], Any]:
@@ -149,12 +223,12 @@ def _shard_of(report: Mapping[str, Any], where: str) -> tuple[int, int, list[str
     return index, count, ids, plan
 
 
-def _first_difference(a: Any, b: Any, at: str = "plan") -> str:
+def plan_difference(a: Any, b: Any, at: str = "plan") -> str:
     """Where two plans differ first, as a dotted path (``plan.gates.min_acc``)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b)):
             if a.get(key) != b.get(key):
-                return _first_difference(a.get(key), b.get(key), f"{at}.{key}")
+                return plan_difference(a.get(key), b.get(key), f"{at}.{key}")
     return at
 
 
@@ -176,7 +250,7 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
         if other != plan:
             raise ShardError(
                 f"shards of different runs: {first_where} and {where} differ in "
-                f"{_first_difference(plan, other)}"
+                f"{plan_difference(plan, other)}"
             )
         if index in by_index:
             raise ShardError(f"shard {index} of {count} given twice: {by_index[index]} and {where}")
@@ -204,8 +278,14 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
         )
     records: list[Mapping[str, Any]] = []
     seen: dict[object, str] = {}
+    deselected: set[str] = set()
     for where, index, _, ids, _, report in shards:
         own = set(ids)
+        block = report["shard"]
+        left = block.get("deselected", [])
+        if not isinstance(left, list) or not own.issuperset(left):
+            raise ShardError(f"{where}: corrupt shard block (deselected)")
+        deselected.update(left)
         for record in _records(report):
             pid = record.get("id")
             shown = repr(str(pid)[:80])
@@ -215,7 +295,16 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
                 raise ShardError(f"{where}: problem {shown} is not in shard {index}'s slice")
             seen[pid] = where
             records.append(record)
-    return Merged(count, plan, tuple(selection), tuple(records))
+    blocks = [report["shard"] for *_, report in shards]
+    return Merged(
+        count,
+        plan,
+        tuple(selection),
+        tuple(records),
+        frozenset(deselected),
+        next((str(b.get("deselected_by")) for b in blocks if b.get("deselected")), ""),
+        any(b.get("interrupted") is True for b in blocks),
+    )
 
 
 def _records(report: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:

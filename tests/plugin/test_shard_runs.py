@@ -87,7 +87,7 @@ def test_repeats_and_samples_of_a_problem_stay_in_its_shard(
     assert len(ids) == 8  # 30 = 8 + 8 + 7 + 7: shards 1 and 2 hold one more
     assert sent(server) == 3 * len(ids)
     assert all(len(p["repeats"]) == 3 for p in shard["problems"])
-    assert shard["shard"]["plan"]["repeats"] == 3
+    assert shard["shard"]["plan"]["settings"]["repeats"] == 3
 
 
 CONFIG = """\
@@ -154,3 +154,14 @@ def test_a_merge_of_part_of_a_run_or_of_two_runs_is_no_verdict(
         assert result.ret == 2, output(result)
         assert result.stderr.lines == [line]
         assert not (pytester.path / "m.json").exists()
+    # merged where the run's baseline is not the one the shards read: another run
+    snapshots = pytester.path / "__snapshots__" / "gsm8k"
+    snapshots.mkdir(parents=True)
+    (snapshots / "test@1_0-shot_CoT.gsm8k").write_text("{}", encoding="utf-8")
+    result = merge(pytester, "s1.json", "s2.json", "s3.json", "--report=m.json")
+    assert result.ret == 2, output(result)
+    assert result.stderr.lines == [
+        "gsm8k: the merge here does not plan what the shards planned: plan.baseline.error "
+        "differs (run it at the root of the checkout the shards ran in, with the same data "
+        "and baseline)"
+    ]

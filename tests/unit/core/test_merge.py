@@ -4,14 +4,17 @@ accept reports only as the shards of one run (#35)."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
 from pytest_gsm8k.core.merge import (
+    PLANNED,
     ShardError,
     check_shards,
     interleave,
+    planned_settings,
     selection_hash,
     shard_slice,
 )
@@ -161,3 +164,17 @@ def test_a_report_that_is_not_a_shards_is_refused() -> None:
     reports[0][1]["shard"]["index"] = 0
     with pytest.raises(ShardError, match=r"s1.json: corrupt shard block"):
         check_shards(reports)
+
+
+def test_the_plans_settings_come_back_as_the_options_gave_them() -> None:
+    given = settings(limit="30", stop=["Q:", "\n\n"], param=["top_p=0.5"], min_acc="0.8")
+    stored = {key: getattr(given, key) for key in PLANNED}
+    block = json.loads(json.dumps({"settings": stored}))  # as a report holds it
+    again = planned_settings(block, settings())
+    assert again == given
+    block["settings"]["limit"] = {"not": "an option's value"}
+    with pytest.raises(ShardError, match=r"corrupt shard plan \(a setting is dict\)"):
+        planned_settings(block, settings())
+    del block["settings"]["limit"]
+    with pytest.raises(ShardError, match=r"corrupt shard plan \(settings\)"):
+        planned_settings(block, settings())
