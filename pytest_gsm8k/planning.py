@@ -262,6 +262,11 @@ def build_plan(
         ids_hash = selection_hash([p.id for p in selected])
         shard = Shard(index, count, len(selected), ids_hash, update_baseline)
         update_baseline = False  # the merge writes it, from every shard's answers
+        if count > len(selected):  # an empty shard would report nothing to merge
+            raise DatasetError(
+                f"--gsm8k-shard {index}/{count}: the selection has {len(selected)} problems; "
+                f"cut it into at most {len(selected)} shards"
+            )
         selected = shard_slice(selected, index, count)
         mine = {p.id for p in selected}
         groups = tuple(

@@ -165,3 +165,16 @@ def test_a_merge_of_part_of_a_run_or_of_two_runs_is_no_verdict(
         "differs (run it at the root of the checkout the shards ran in, with the same data "
         "and baseline)"
     ]
+
+
+def test_more_shards_than_problems_is_one_line(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    """An empty shard would report nothing, and the merge would then miss it."""
+    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=2", "--gsm8k-shard=3/4")
+    assert result.ret == 4, output(result)
+    assert (
+        "ERROR: gsm8k: --gsm8k-shard 3/4: the selection has 2 problems; cut it into at most 2 "
+        "shards" in result.stderr.lines
+    )
+    assert sent(server) == 0
