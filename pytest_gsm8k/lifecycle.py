@@ -164,10 +164,8 @@ def wait_for_merge(state: State, summary: Summary, session: pytest.Session) -> N
             part.set_gate(replace(gate, rule="shard", passed=False, value=None, detail=undecided))
     summary.notes.append(f"  {why} (python -m pytest_gsm8k merge SHARD.json...)")
     wanted = {p.id for p in run.wanted(plan)}
-    option = session.config.option
     summary.extra["shard"] = shard_record(
         plan,
-        snapshot_dirname=str(getattr(option, "snapshot_dirname", None) or "__snapshots__"),
         deselected=[p.id for p in plan.problems if p.id not in wanted],
         deselected_by=deselected_by(session.config),
         interrupted=run.interrupted,

@@ -260,7 +260,7 @@ def build_plan(
         # every config's questions are striped over the shards: each shard runs every config
         index, count = settings.shard
         ids_hash = selection_hash([p.id for p in selected])
-        shard = Shard(index, count, len(selected), ids_hash, update_baseline)
+        shard = Shard(index, count, len(selected), ids_hash, update_baseline, snapshot_dirname)
         update_baseline = False  # the merge writes it, from every shard's answers
         if count > len(selected):  # an empty shard would report nothing to merge
             raise DatasetError(
@@ -319,8 +319,8 @@ def replan(
         update_baseline=block.get("update_baseline") is True,
     )
     ids = [p.id for p in plan.problems]
-    whole = Shard(1, 1, len(ids), selection_hash(ids), plan.update_baseline)
-    record = shard_record(dataclasses.replace(plan, shard=whole), snapshot_dirname=snapshots)
+    whole = Shard(1, 1, len(ids), selection_hash(ids), plan.update_baseline, snapshots)
+    record = shard_record(dataclasses.replace(plan, shard=whole))
     again = json.loads(json.dumps(record["plan"]))  # as the shards' report holds it
     if again != block:
         raise ShardError(

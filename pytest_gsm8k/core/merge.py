@@ -132,7 +132,6 @@ PLANNED = (
 def shard_record(
     plan: RunPlan,
     *,
-    snapshot_dirname: str,
     deselected: Sequence[str] = (),
     deselected_by: str = "",
     interrupted: bool = False,
@@ -161,7 +160,7 @@ def shard_record(
         "interrupted": interrupted,
         "plan": {
             "settings": {key: getattr(plan.settings, key) for key in PLANNED},
-            "snapshot_dirname": snapshot_dirname,
+            "snapshot_dirname": shard.snapshot_dirname,
             "selection": {"size": shard.size, "ids_hash": shard.ids_hash},
             "protocol": plan.protocol.identity(),
             "dataset": plan.split.identity(),

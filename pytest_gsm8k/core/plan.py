@@ -133,6 +133,8 @@ class Shard:
     size: int
     ids_hash: str
     update_baseline: bool = False
+    #: where the run's baselines live under the rootdir (syrupy's --snapshot-dirname)
+    snapshot_dirname: str = "__snapshots__"
 
 
 @dataclass(frozen=True)
