@@ -292,6 +292,7 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
                 raise ShardError(f"problem {shown} is in two shards: {seen[pid]} and {where}")
             if pid not in own:
                 raise ShardError(f"{where}: problem {shown} is not in shard {index}'s slice")
+            _check_record(record, where)
             seen[pid] = where
             records.append(record)
     blocks = [report["shard"] for *_, report in shards]
@@ -304,6 +305,53 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
         next((str(b.get("deselected_by")) for b in blocks if b.get("deselected")), ""),
         any(b.get("interrupted") is True for b in blocks),
     )
+
+
+#: what each record holds, as the verdict and the outputs read it (report.schema.json's
+#: required fields): a shard's report is untrusted input, checked before anything reads it
+_NONE = type(None)
+RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "gold": (str,),
+    "extracted": (str, _NONE),
+    "rules": (dict,),
+    "n_samples": (int,),
+    "n_correct": (int,),
+    "response": (str,),
+    "samples": (list,),
+    "usage": (dict,),
+    "cached": (int,),
+    "model": (str, _NONE),
+    "error": (str, _NONE),
+}
+SAMPLE_TYPES: dict[str, tuple[type, ...]] = {
+    "text": (str,),
+    "finish_reason": (str, _NONE),
+    "extracted": (dict,),
+    "correct": (bool,),
+    "reasoning": (str, _NONE),
+    "truncated": (bool,),
+}
+
+
+def _check_record(record: Mapping[str, Any], where: str) -> None:
+    """A record's fields beyond what compare's reader checked (id, index, outcome, correct,
+    repeats), with their types; ShardError naming the problem and the field."""
+    at = f"{where}: corrupt record of {str(record.get('id'))[:80]!r}"
+
+    def typed(value: Mapping[str, Any], fields: Mapping[str, tuple[type, ...]]) -> None:
+        for field, types in fields.items():
+            if not isinstance(value.get(field, ...), types):
+                raise ShardError(f"{at} ({field})")
+
+    typed(record, RECORD_TYPES)
+    for sample in record["samples"]:
+        if not isinstance(sample, dict):
+            raise ShardError(f"{at} (samples)")
+        typed(sample, SAMPLE_TYPES)
+    if not all(isinstance(v, bool) for v in record["rules"].values()) or not all(
+        isinstance(v, int) and v >= 0 for v in record["usage"].values()
+    ):
+        raise ShardError(f"{at} (rules or usage)")
 
 
 def _records(report: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:

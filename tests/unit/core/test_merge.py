@@ -82,6 +82,32 @@ def test_a_shard_is_parsed_and_refused_with_the_early_stop() -> None:
 # check_shards: reports as the shards of ONE run
 
 
+def record(pid: str) -> dict[str, Any]:
+    """A record as a shard's report holds it (the fields the merge checks)."""
+    sample = {
+        "text": "#### 1",
+        "finish_reason": "stop",
+        "extracted": {"strict": "1"},
+        "correct": True,
+        "reasoning": None,
+        "truncated": False,
+    }
+    return {
+        "id": pid,
+        "gold": "1",
+        "extracted": "1",
+        "rules": {"strict": True},
+        "n_samples": 1,
+        "n_correct": 1,
+        "response": "#### 1",
+        "samples": [sample],
+        "usage": {"prompt_tokens": 10},
+        "cached": 0,
+        "model": "m",
+        "error": None,
+    }
+
+
 def shards(
     count: int = 3, size: int = 10, ids: list[str] | None = None, **plan: Any
 ) -> list[tuple[str, dict[str, Any]]]:
@@ -99,7 +125,7 @@ def shards(
         mine = list(shard_slice(ids, index, count))
         report = {
             "shard": {"index": index, "count": count, "ids": mine, "plan": copy.deepcopy(block)},
-            "problems": [{"id": pid} for pid in mine],
+            "problems": [record(pid) for pid in mine],
         }
         out.append((f"s{index}.json", report))
     return out
@@ -149,7 +175,7 @@ def test_a_shard_that_ran_another_slice_is_refused() -> None:
 
 def test_a_record_outside_its_shard_or_in_two_shards_is_refused() -> None:
     reports = shards()
-    reports[0][1]["problems"].append({"id": "test-0001"})  # shard 2's problem
+    reports[0][1]["problems"].append(record("test-0001"))  # shard 2's problem
     with pytest.raises(ShardError, match=r"s1.json: problem 'test-0001' is not in shard 1's"):
         check_shards(reports)
     # a forged plan whose selection holds a problem twice, once in each of two shards
@@ -178,3 +204,21 @@ def test_the_plans_settings_come_back_as_the_options_gave_them() -> None:
     del block["settings"]["limit"]
     with pytest.raises(ShardError, match=r"corrupt shard plan \(settings\)"):
         planned_settings(block, settings())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("rules", ["strict"], "rules"),
+        ("samples", "text", "samples"),
+        ("samples", [{"text": 1}], "text"),
+        ("usage", {"prompt_tokens": -1}, "rules or usage"),
+        ("error", 3, "error"),
+    ],
+)
+def test_a_forged_record_is_one_line_naming_its_field(field: str, value: Any, said: str) -> None:
+    reports = shards()
+    reports[1][1]["problems"][0][field] = value
+    with pytest.raises(ShardError) as info:
+        check_shards(reports)
+    assert str(info.value) == f"s2.json: corrupt record of 'test-0001' ({said})"
