@@ -20,6 +20,9 @@ the unchanged cell's reruns) beside the power simulated at 0.8, 1 and 1.2 times 
 (``spread``, the least favourable shape) and the 80%-power drop interpolated from them.
 
     python benchmarks/bench_gate.py [--reruns 1000] [--alpha 0.01] [--check 3] [--quick]
+                                    [--family F] [--k K] [--l L]
+
+``--family``, ``--k`` and ``--l`` (repeatable) run a subset, drawing the full table's reruns.
 
 It ends with the targets, each PASS or FAIL, and exits 1 on a miss.
 
@@ -34,8 +37,9 @@ package's own ``Pair.score`` and ``hypergeometric_pmf``; ``--check N`` replays t
 reruns of every cell through the real :func:`evidence` and :func:`reach` and stops with an
 error on any difference above 1e-9 (the Fourier transform's rounding).
 
-Speed: 2,423 s for the whole table (240 cells of 1,000 reruns) on 2 shared cores under load
-(load average 7-10); `--quick` (100 reruns, K 1 and 5) under 2 minutes.
+Speed: 1,103 s for the whole table (240 cells of 1,000 reruns) on 2 shared cores under load
+(load average 6-15; 2,423 s at another time); `--quick` (100 reruns, K 1 and 5) under 2
+minutes.
 """
 
 from __future__ import annotations
@@ -270,45 +274,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", type=int, default=3, help="reruns per cell replayed for real")
     parser.add_argument("--quick", action="store_true", help="100 reruns, K 1 and 5: a smoke")
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument(
+        "--family", action="append", choices=list(FAMILIES), help="only these (repeatable)"
+    )
+    parser.add_argument("--k", type=int, action="append", help="only these baseline K")
+    parser.add_argument("--l", type=int, action="append", help="only these candidate L")
     args = parser.parse_args(argv)
     if args.quick:
         args.reruns = min(args.reruns, 100)
-    repeats = (1, 5) if args.quick else REPEATS
+    repeats = args.k or ((1, 5) if args.quick else REPEATS)
+    candidate = args.l or CANDIDATE
     started = time.perf_counter()
     cells: list[Cell] = []
     honesty: list[tuple[Cell, list[float]]] = []
     seed = args.seed
     for family, make in FAMILIES.items():
+        if family not in (args.family or FAMILIES):
+            continue
         rates = make(np.random.default_rng(args.seed))
-        for k in repeats:
-            for ell in CANDIDATE:
-                null = run_cell(family, rates, k, ell, "none", 0.0, args, seed := seed + 1)
-                cells.append(null)
-                for shape in SHAPES:
-                    for points in POINTS:
-                        cells.append(
-                            run_cell(
-                                family,
-                                rates,
-                                k,
-                                ell,
-                                shape,
-                                points * N / 100,
-                                args,
-                                seed := seed + 1,
-                            )
+        for k, ell in itertools.product(repeats, candidate):
+            seed = args.seed + _CELLS * _block(family, k, ell)
+            null = run_cell(family, rates, k, ell, "none", 0.0, args, seed := seed + 1)
+            cells.append(null)
+            for shape in SHAPES:
+                for points in POINTS:
+                    cells.append(
+                        run_cell(
+                            family,
+                            rates,
+                            k,
+                            ell,
+                            shape,
+                            points * N / 100,
+                            args,
+                            seed := seed + 1,
                         )
-                powers = [
-                    run_cell(
-                        family, rates, k, ell, "spread", f * null.claim, args, seed := seed + 1
-                    ).gate
-                    for f in (0.8, 1.0, 1.2)
-                ]
-                honesty.append((null, powers))
-                print(
-                    f"  {family} K={k} L={ell}: {time.perf_counter() - started:.0f} s",
-                    file=sys.stderr,
-                )
+                    )
+            powers = [
+                run_cell(
+                    family, rates, k, ell, "spread", f * null.claim, args, seed := seed + 1
+                ).gate
+                for f in (0.8, 1.0, 1.2)
+            ]
+            honesty.append((null, powers))
+            print(
+                f"  {family} K={k} L={ell}: {time.perf_counter() - started:.0f} s",
+                file=sys.stderr,
+            )
     print(
         f"{args.reruns} reruns per cell, n={N}, alpha {args.alpha:g}; FAIL share of the gate "
         f"(false alarms when unchanged, power otherwise) | the known-variance z-test's; "
@@ -320,6 +332,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(*honesty_table(honesty), sep="\n")
     print()
     return targets(cells, honesty, args)
+
+
+#: reruns seeded per (family, K, L) block: the unchanged cell, 3 shapes x 2 sizes, 3 claims
+_CELLS = 1 + len(SHAPES) * len(POINTS) + 3
+
+
+def _block(family: str, k: int, ell: int) -> int:
+    """The block's place in a full run, so that a subset (``--family``, ``--k``, ``--l``)
+    draws the same reruns as the full table's rows (a K or L outside it comes after)."""
+    ks = list(REPEATS) + ([k] if k not in REPEATS else [])
+    ls = list(CANDIDATE) + ([ell] if ell not in CANDIDATE else [])
+    return (list(FAMILIES).index(family) * len(ks) + ks.index(k)) * len(ls) + ls.index(ell)
 
 
 def table(cells: Sequence[Cell]) -> list[str]:

@@ -12,8 +12,9 @@ import pytest
 from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import Outcome, ProblemRecord
+from pytest_gsm8k.core.scrub import shown_url
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.state import RECORD_KEY, get_state, safe_url
+from pytest_gsm8k.state import RECORD_KEY, get_state
 
 # -- fixtures -------------------------------------------------------------------
 
@@ -128,7 +129,7 @@ def gsm8k_outcome(
         # ("During handling of the above exception, another exception occurred").
         pytest.fail(failure, pytrace=False)
     record = score_repeats(gsm8k_problem, responses, gsm8k_protocol, state.plan.pattern)
-    record["endpoint"] = safe_url(source.endpoint)
+    record["endpoint"] = shown_url(source.endpoint)
     record["model"] = record["model"] or source.model
     item.stash[RECORD_KEY] = record
     item.user_properties.extend(

@@ -513,9 +513,11 @@ def start_controller(state: State, head_start: bool = False) -> AnswerServer:
         return server
     client = sources.default_client()
     engine = sources.engine_for(client, plan=False)
-    engine.loop.call_soon_threadsafe(client.warm)
     server = AnswerServer(engine, state.plan.request_for, repeats=state.settings.repeats)
+    # Listen before the import: warming runs on the loop's thread and, on a loaded machine,
+    # importing openai there once held the listen step past its bound.
     server.start()
+    engine.loop.call_soon_threadsafe(client.warm)
     if head_start:
         limit = min(HEAD_START_ROUNDS * engine.concurrency, HEAD_START_MAX)
         server.head_start([p.id for p in state.plan.run_order], limit)

@@ -27,7 +27,7 @@ from pytest_gsm8k.core.plan import (
 )
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
-from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.settings import Settings, parse_shard
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig
 from pytest_gsm8k.runtime.configs import load as load_configs
@@ -258,7 +258,7 @@ def build_plan(
     shard = None
     if settings.shard is not None:
         # every config's questions are striped over the shards: each shard runs every config
-        index, count = settings.shard
+        index, count = parse_shard(settings.shard)
         ids_hash = selection_hash([p.id for p in selected])
         shard = Shard(index, count, len(selected), ids_hash, update_baseline, snapshot_dirname)
         update_baseline = False  # the merge writes it, from every shard's answers
@@ -306,9 +306,8 @@ def replan(
         selection_hash,
         shard_record,
     )
-    from pytest_gsm8k.core.settings import build_settings
 
-    settings = planned_settings(block, build_settings(lambda option: None, lambda note: None))
+    settings = planned_settings(block, Settings())
     snapshots = str(block.get("snapshot_dirname") or "__snapshots__")
     plan = build_plan(
         dataclasses.replace(settings, **outputs),

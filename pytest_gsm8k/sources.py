@@ -9,21 +9,25 @@
   be prefetched for a model that exists for one item only).
 
 It also holds the model server this run started, so that one object stops everything
-the run opened.
+the run opened. It reads the run through a :class:`SourceContext`, not the whole ``State``
+(state.py builds both; no import cycle).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from typing import Protocol as TypingProtocol
 
 import pytest
 
+from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
+from pytest_gsm8k.core.scrub import Scrubber, shown_url
 from pytest_gsm8k.core.settings import Settings, is_local_spec
 from pytest_gsm8k.core.types import ModelResponse, Problem, Request
 
@@ -34,7 +38,6 @@ if TYPE_CHECKING:
     from pytest_gsm8k.runtime.engine import Engine
     from pytest_gsm8k.runtime.matrix import Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess
-    from pytest_gsm8k.state import State
 
 
 class AnswerSource(TypingProtocol):
@@ -61,11 +64,29 @@ class ConfigsModel:
     model = "(the configs' models)"
 
 
+@dataclass(frozen=True)
+class SourceContext:
+    """What the answer sources read of the run; the getters are asked when needed (the
+    plan, the run folder and the collected problems come later than the sources)."""
+
+    settings: Settings
+    config: pytest.Config  # its cache folder
+    run_id: str
+    started: float  # when the run started (what --gsm8k-resume reads)
+    is_worker: bool
+    plan: Callable[[], RunPlan]
+    endpoint: Callable[[], Endpoint]
+    collected: Callable[[], tuple[Problem, ...] | None]
+    run_dir: Callable[[], Path]
+    concurrency: Callable[[], int]
+    scrubber: Callable[[], Scrubber]
+
+
 class Sources:
     """This process's answer sources, made on demand, closed together."""
 
-    def __init__(self, state: State) -> None:
-        self._state = state
+    def __init__(self, context: SourceContext) -> None:
+        self._run = context
         #: engines by id() of the model object they call (session-scoped models only)
         self.engines: dict[int, Engine] = {}
         #: engines made with plan=False: the first engine_for(plan=True) plans them
@@ -125,24 +146,24 @@ class Sources:
     def cache(self, persistent: bool) -> ResponseCache:
         from pytest_gsm8k.runtime.cache import ResponseCache
 
-        state = self._state
-        persistent = persistent and not state.settings.no_cache
+        run = self._run
+        persistent = persistent and not run.settings.no_cache
         root: Path | None = None
         if persistent:
-            if state.settings.cache_dir:
-                root = Path(state.settings.cache_dir).expanduser()
-            elif getattr(state.config, "cache", None) is not None:
-                root = state.config.cache.mkdir("gsm8k")
+            if run.settings.cache_dir:
+                root = Path(run.settings.cache_dir).expanduser()
+            elif getattr(run.config, "cache", None) is not None:
+                root = run.config.cache.mkdir("gsm8k")
         if root is None:
             persistent = False
-            root = state.run_dir / "cache"
+            root = run.run_dir() / "cache"
         if persistent not in self._caches:
             self._caches[persistent] = ResponseCache(
                 root,
-                state.run_id,
+                run.run_id,
                 persistent=persistent,
-                resume=state.settings.resume,
-                started=state.run.started,
+                resume=run.settings.resume,
+                started=run.started,
             )
         return self._caches[persistent]
 
@@ -153,12 +174,12 @@ class Sources:
 
         if self._client is not None:
             return self._client
-        state = self._state
-        if state.settings.vllm_config:
+        run = self._run
+        if run.settings.vllm_config:
             self._client = ConfigsModel()  # type: ignore[assignment]
             return self._client  # type: ignore[return-value]
-        endpoint = state.endpoint()
-        settings = state.settings
+        endpoint = run.endpoint()
+        settings = run.settings
         if not endpoint.model:
             raise pytest.UsageError(
                 "gsm8k_model: no --gsm8k-model given and no gsm8k_model fixture override"
@@ -173,7 +194,7 @@ class Sources:
                 api_key=settings.api_key(),
                 timeout=settings.timeout,
                 max_retries=settings.max_retries,
-                concurrency=state.concurrency(),
+                concurrency=run.concurrency(),
                 breaker=Breaker(),
                 # a server this run starts has a new port every run: the command line (with
                 # {port} as written) or the GGUF names it in cache keys, so a resumed run
@@ -197,7 +218,7 @@ class Sources:
         """At the end (controller or a run without xdist): each started server whose run
         ``complete(config name or "")`` says has every answer is done; the next run asks
         again."""
-        if self._state.is_worker:
+        if self._run.is_worker:
             return
         for key, (name, generation) in self.started.items():
             if complete(key):
@@ -209,8 +230,8 @@ class Sources:
     def _requests(
         self, problems: tuple[Problem, ...] | None, protocol: Protocol | None = None
     ) -> list[Request]:
-        protocol = protocol or self._state.plan.protocol
-        repeats = self._state.settings.repeats
+        protocol = protocol or self._run.plan().protocol
+        repeats = self._run.settings.repeats
         return [r for p in problems or () for r in protocol.request(p).asks(repeats)]
 
     def engine_for(
@@ -228,16 +249,16 @@ class Sources:
         from pytest_gsm8k.runtime.client import CallableClient
         from pytest_gsm8k.runtime.engine import Engine
 
-        state = self._state
+        run = self._run
         # identity, as source_for decides: an equal copy (a conftest rebuilt it) is asked
         # as any other override, and no item pays for comparing the train tuple
-        own = protocol is None or protocol is state.plan.protocol
+        own = protocol is None or protocol is run.plan().protocol
         engine = self.engines.get(id(model))
         if engine is not None:
             if plan and id(model) in self._unplanned:  # started early, unplanned until now
                 self._unplanned.discard(id(model))
-                if own or not state.is_worker:
-                    engine.start(self._requests(state.run.collected, protocol))
+                if own or not run.is_worker:
+                    engine.start(self._requests(run.collected(), protocol))
             return engine
         client = model
         if not hasattr(model, "complete"):
@@ -245,31 +266,29 @@ class Sources:
                 raise pytest.UsageError(
                     f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
                 )
-            client = CallableClient(
-                model, concurrency=state.concurrency(), model=state.settings.model
-            )
-        settings = state.settings
+            client = CallableClient(model, concurrency=run.concurrency(), model=run.settings.model)
+        settings = run.settings
         engine = Engine(
             client,
             self.cache(bool(getattr(client, "persistent_cache", False))),
-            concurrency=state.concurrency(),
+            concurrency=run.concurrency(),
             breaker=getattr(client, "breaker", None),
             # early stopping: fetch no further ahead of the tests than the concurrency
-            lookahead=state.concurrency() if settings.early_stop else None,
-            scrub=state.scrubber(),
+            lookahead=run.concurrency() if settings.early_stop else None,
+            scrub=run.scrubber(),
             stall_timeout=settings.stall_timeout,
             # what the server says about itself describes the plugin's own client only
-            identity=state.endpoint().identity if client is self._client else None,
+            identity=run.endpoint().identity if client is self._client else None,
             # no listing showed who answers a request without a model field: its replies do
-            named=state.endpoint().model
-            if client is self._client and state.endpoint().identity is None
+            named=run.endpoint().model
+            if client is self._client and run.endpoint().identity is None
             else None,
         )
         self.engines[id(model)] = engine
-        if state.is_worker and (client is not self._client or not own):
+        if run.is_worker and (client is not self._client or not own):
             return engine  # a user's model or protocol under xdist: per item
         if plan:
-            engine.start(self._requests(state.run.collected, protocol))
+            engine.start(self._requests(run.collected(), protocol))
         else:
             self._unplanned.add(id(model))
         return engine
@@ -279,7 +298,7 @@ class Sources:
 
     def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
         """Where this item's answer comes from, and whether that source is single-use."""
-        if self._state.settings.vllm_config:
+        if self._run.settings.vllm_config:
             if not self.is_default(model):
                 raise pytest.UsageError(
                     "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
@@ -290,7 +309,7 @@ class Sources:
             if self.matrix is None:
                 raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
             return self.matrix, False
-        default = self.is_default(model) and protocol is self._state.plan.protocol
+        default = self.is_default(model) and protocol is self._run.plan().protocol
         if default and self.remote is not None:
             return self.remote, False
         if self._scopes.get(id(model), "session") != "session":
@@ -310,26 +329,25 @@ class Sources:
         from pytest_gsm8k.runtime.client import CallableClient
         from pytest_gsm8k.runtime.engine import Engine
 
-        state = self._state
+        run = self._run
         client = (
             model
             if hasattr(model, "complete")
-            else CallableClient(model, concurrency=1, model=state.settings.model)
+            else CallableClient(model, concurrency=1, model=run.settings.model)
         )
         return Engine(
             client,
             self.cache(False),
             concurrency=1,
-            scrub=state.scrubber(),
-            stall_timeout=state.settings.stall_timeout,
+            scrub=run.scrubber(),
+            stall_timeout=run.settings.stall_timeout,
         )
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
         """The scored records of answers the plugin's engine holds but no test read."""
         from pytest_gsm8k.core.outcome import score_repeats
-        from pytest_gsm8k.state import safe_url
 
-        plan = self._state.plan
+        plan = self._run.plan()
         matrix = self.matrix
         default = self.default_engine() if matrix is None else None
         if default is None and matrix is None:
@@ -346,7 +364,7 @@ class Sources:
             if len(responses) < len(ready):
                 continue  # a problem is scored on all its repeats or not at all
             record = score_repeats(problem, responses, protocol, plan.pattern)
-            record["endpoint"] = safe_url(engine.endpoint)
+            record["endpoint"] = shown_url(engine.endpoint)
             record["model"] = record["model"] or engine.model
             out[problem.id] = record
         return out
@@ -410,7 +428,7 @@ class Sources:
         if self.matrix is not None:
             self.matrix.close()
             self.matrix = None
-        if not self._state.is_worker:
+        if not self._run.is_worker:
             for cache in self._caches.values():
                 cache.close()
             if self.server is not None:

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -33,15 +32,15 @@ from pytest_gsm8k.core.gates import GateVerdict, Verdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.records import ProblemRecord
-from pytest_gsm8k.core.scrub import Scrubber, command_secrets
+from pytest_gsm8k.core.scrub import Scrubber, command_secrets, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, Settings
 from pytest_gsm8k.core.types import Problem, stable_hash
+from pytest_gsm8k.sources import SourceContext, Sources
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
     from pytest_gsm8k.core.summary import Summary
     from pytest_gsm8k.runtime.outputs import Output
-    from pytest_gsm8k.sources import Sources
 
 RECORD_KEY = pytest.StashKey[ProblemRecord]()
 STATE_NAME = "gsm8k-state"
@@ -52,15 +51,8 @@ DESCRIPTOR_RESERVE = 64
 DESCRIPTOR_PER_WORKER = 4
 
 
-def safe_url(url: str) -> str:
-    """A URL fit to print: credentials in it are removed."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
+#: a URL fit to print (one rule, in core/scrub.py)
+safe_url = shown_url
 
 
 @dataclass(frozen=True)
@@ -426,8 +418,6 @@ class State:
     answer sources and the run."""
 
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
-        from pytest_gsm8k.sources import Sources
-
         self.config = config
         self.settings = settings
         self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
@@ -445,7 +435,21 @@ class State:
         # an xdist worker's run started when its controller did (what --gsm8k-resume reads)
         started = (self.workerinput or {}).get("gsm8k_run_started")
         self.run = Run(None if started is None else float(started))
-        self.sources: Sources = Sources(self)
+        self.sources = Sources(
+            SourceContext(
+                settings=settings,
+                config=config,
+                run_id=self.run_id,
+                started=self.run.started,
+                is_worker=self.is_worker,
+                plan=lambda: self.plan,
+                endpoint=self.endpoint,
+                collected=lambda: self.run.collected,
+                run_dir=lambda: self.run_dir,
+                concurrency=self.concurrency,
+                scrubber=self.scrubber,
+            )
+        )
 
     # the plan
 

@@ -52,11 +52,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol, TypeGuard
-from urllib.parse import urlsplit, urlunsplit
 
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
-from pytest_gsm8k.core.scrub import printable
+from pytest_gsm8k.core.scrub import printable, shown_url
 
 __all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
 
@@ -516,7 +515,7 @@ def _run_card(report: Mapping[str, Any]) -> str:
     )
     items = [
         ("model", model),
-        ("endpoint", _safe_endpoint(str(report.get("endpoint") or ""))),
+        ("endpoint", shown_url(str(report.get("endpoint") or ""))),
         ("protocol", f"{proto.get('label', '')}; {settings}"),
         (
             "dataset",
@@ -869,15 +868,3 @@ def _float(value: Any) -> float:
 
 def _fmt(value: Any) -> str:
     return f"{_float(value):.4f}"
-
-
-def _safe_endpoint(url: str) -> str:
-    """The endpoint without user info or query string: where a secret could hide in a URL."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparseable endpoint)"
-    if not parts.netloc:
-        return url.split("?")[0]
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))

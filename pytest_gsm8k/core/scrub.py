@@ -28,7 +28,7 @@ import re
 import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pytest_gsm8k.core.jsontext import escape_surrogates
 
@@ -84,6 +84,18 @@ _KEYLIKE = re.compile(
     r"|xox[abporst]-[\w-]{8,}|AKIA[0-9A-Z]{12,}"
 )
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
+
+
+def shown_url(url: str) -> str:
+    """``url`` fit to print or store (reports, the page, error lines): without the user
+    info, query or fragment, where a secret can hide (``user:pw@``, ``?api-key=``); the
+    host (an IPv6 one in its brackets), port and path as written."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return "(unparseable URL)"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 class Scrubber:

@@ -185,9 +185,6 @@ class ResponseCache:
 
     # -- entries -------------------------------------------------------------
 
-    def _entry_path(self, key: str) -> Path:
-        return self.entries / key[:2] / f"{key}.json"
-
     def _entry_text(self, key: str) -> str:
         return f"{self._entries_text}{os.sep}{key[:2]}{os.sep}{key}.json"
 

@@ -13,10 +13,11 @@ import asyncio
 import functools
 import importlib
 import inspect
+import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
@@ -278,30 +279,83 @@ class PreflightError(Exception):
         self.status = status
 
 
+#: the largest body :func:`get_json` reads: a model list or a readiness answer is small, and
+#: a server that sends more is not read into memory
+MAX_JSON_BODY = 8 << 20
+
+
+@functools.cache
+def _tls_context(trust_env: bool) -> Any:
+    """httpx's default TLS context, made once: loading the trust store takes tens of ms,
+    and a server's readiness is polled many times a second."""
+    return _httpx().create_ssl_context(trust_env=trust_env)
+
+
+def get_json(
+    url: str, headers: Mapping[str, str] | None, deadline: float, *, proxies: bool = True
+) -> Any:
+    """The JSON of a 2xx reply to ``GET url`` (None: not JSON), within ``deadline`` seconds
+    in all: connecting, redirects, headers and body (httpx's own timeouts bound each read,
+    so a server that drips its reply would hold the caller; ``wait_for`` bounds the whole).
+
+    httpx follows redirects and sends ``Authorization`` to the same origin only, and reads
+    the proxy from the environment as the openai client does (``proxies=False``: none, for
+    a loopback server). Raises :class:`PreflightError`. Runs its own event loop: call it
+    from a thread that is not running one.
+    """
+    httpx = _httpx()
+
+    async def get() -> bytes:
+        tls = _tls_context(proxies)
+        async with (
+            httpx.AsyncClient(
+                timeout=deadline, follow_redirects=True, trust_env=proxies, verify=tls
+            ) as client,
+            client.stream("GET", url, headers=dict(headers or {})) as reply,
+        ):
+            status = reply.status_code
+            if not 200 <= status < 300:
+                kind = {401: "auth", 403: "forbidden"}.get(status, "status")
+                raise PreflightError(kind, f"HTTP {status}", status)
+            body = b""
+            async for chunk in reply.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_JSON_BODY:
+                    raise PreflightError("unreachable", f"a reply over {mib(MAX_JSON_BODY)}")
+            return body
+
+    loop = asyncio.new_event_loop()  # not set as the thread's loop: a user's tests keep theirs
+    try:
+        body = loop.run_until_complete(asyncio.wait_for(get(), deadline))
+    except (asyncio.TimeoutError, httpx.TimeoutException):
+        raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
+    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+        cause: BaseException = exc
+        while cause.__cause__ or cause.__context__:  # the socket's error, not httpx's wrapper
+            cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+        raise PreflightError("unreachable", type(cause).__name__) from None
+    finally:
+        loop.close()
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def list_models(
     base_url: str | None,
     api_key: str | None,
     timeout: float = 10.0,
     cards: list[dict[str, Any]] | None = None,
 ) -> list[str]:
-    """The model ids ``GET {base_url}/models`` lists, with the standard library only;
-    ``cards``, when given, also receives each listed model's whole card (what the server
-    says about it: the cache compares that between runs).
+    """The model ids ``GET {base_url}/models`` lists; ``cards``, when given, also receives
+    each listed model's whole card (what the server says about it: the cache compares that
+    between runs).
 
-    The session-start check needs one small request; doing it without the
-    openai package keeps its import (about half a second) off the path that
-    starts xdist's workers: the controller never needs openai at all. One
-    retry on a dropped or refused connection, like the openai client would.
-    ``timeout`` bounds the whole call, retry included (:func:`~.fetch.fetch`:
-    a server that drips its reply does not hold the session start), and the
-    key is never sent on to another origin by a redirect.
+    Without the openai package: its import (about half a second) stays off the path that
+    starts xdist's workers. One retry on a dropped or refused connection, like the openai
+    client would; ``timeout`` bounds the whole call, retry included (:func:`get_json`).
     """
-    import json
-    import ssl
-    import urllib.error
-
-    from pytest_gsm8k.runtime.fetch import FetchTimeout, fetch
-
     url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
@@ -310,37 +364,19 @@ def list_models(
         "Accept": "application/json",
         "User-Agent": "pytest-gsm8k",
     }
-    # The system's trust store, as the openai client's httpx2 (truststore) uses it.
-    context = ssl.create_default_context() if url.startswith("https:") else None
     deadline = time.monotonic() + timeout
-    raw: bytes | None = None
-    last: BaseException | None = None
-    for attempt in range(2):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
+    for attempt in (1, 2):
         try:
-            raw = fetch(url, timeout=left, headers=headers, context=context)
+            data = get_json(url, headers, max(0.001, deadline - time.monotonic()))
             break
-        except FetchTimeout:
-            raise PreflightError("timeout", f"no complete reply within {timeout:g} s") from None
-        except urllib.error.HTTPError as exc:
-            if exc.code == 401:
-                raise PreflightError("auth", "HTTP 401", 401) from None
-            if exc.code == 403:
-                raise PreflightError("forbidden", "HTTP 403", 403) from None
-            raise PreflightError("status", f"HTTP {exc.code}", exc.code) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            last = reason if isinstance(reason, BaseException) else exc
-            if attempt == 0:
-                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-    if raw is None:
-        raise PreflightError("unreachable", type(last).__name__ if last else "error")
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return []
+        except PreflightError as exc:
+            if exc.kind == "timeout":
+                raise PreflightError("timeout", f"no complete reply within {timeout:g} s") from None
+            if exc.kind != "unreachable" or attempt == 2:
+                raise
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                raise
     models = data.get("data") if isinstance(data, dict) else None
     if not isinstance(models, list):
         return []

@@ -78,8 +78,8 @@ from pytest_gsm8k.core.identity import (
     unnamed_reply,
 )
 from pytest_gsm8k.core.jsontext import to_json_bytes
-from pytest_gsm8k.core.scrub import Scrubber, printable
-from pytest_gsm8k.core.settings import plain_url, with_v1
+from pytest_gsm8k.core.scrub import Scrubber, printable, shown_url
+from pytest_gsm8k.core.settings import with_v1
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.bounded import mib
 from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
@@ -229,7 +229,7 @@ def not_found(exc: Any) -> str:
     url = str(getattr(request, "url", "") or "")
     if not url:
         return f"the endpoint answered 404: {_api_message(exc)}"
-    shown = plain_url(url)
+    shown = shown_url(url)
     base = next((shown[: -len(p)] for p in API_PATHS if shown.endswith(p)), shown)
     line = f"{getattr(request, 'method', 'POST')} {shown} answered 404: {_api_message(exc)}"
     suggested = with_v1(base)

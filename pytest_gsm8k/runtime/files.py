@@ -16,7 +16,6 @@ import os
 import stat
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.jsontext import to_json
@@ -77,11 +76,6 @@ def json_text(data: Mapping[str, Any]) -> str:
     """The JSON report's text; text UTF-8 cannot encode (a lone surrogate from a reply) is
     kept as its JSON escape."""
     return to_json(data, indent=1) + "\n"
-
-
-def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """The JSON report, written atomically (an interrupted run keeps the previous one whole)."""
-    write_atomic(path, json_text(data))
 
 
 def cpu_count() -> int:

@@ -9,15 +9,16 @@ request. What a path is decides how it is written:
   temporary file beside the real target and a rename, so a symlink stays a
   link and a reader never sees half a file (the step summary, which GitHub
   appends to, is appended to);
-* a character device, a FIFO, or one of this process's own descriptors
-  (``/dev/stdout``, ``/proc/self/fd/1``, a symlink to them): written to
-  directly, never replaced. The descriptor is opened at the check and held
-  to the end: a FIFO with no reader is refused then (it would block the
-  run's end), and a reader that stops reading ends the write after
+* a character device, a FIFO, or this process's stdout or stderr (``/dev/stdout``,
+  ``/proc/self/fd/1``, a symlink to them, the file stdout goes to: the same file by
+  ``os.path.samestat``): written to directly, never replaced. The descriptor is
+  opened at the check and held to the end: a FIFO with no reader is refused then (it
+  would block the run's end), and a reader that stops reading ends the write after
   :data:`STREAM_WAIT` seconds without progress;
-* a folder, a block device, a socket, a file under ``/proc`` or ``/sys``, a
-  name longer than the file system allows, a folder that cannot be made or
-  written: refused with one line naming the option.
+* a folder, a block device, a socket, a file under ``/proc`` or ``/sys``, any other
+  descriptor (another process's open file), a name longer than the file system
+  allows, a folder that cannot be made or written: refused with one line naming the
+  option.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import select
 import stat
 import sys
@@ -40,8 +40,12 @@ STREAM_WAIT = 30.0
 #: where no output file belongs (kernel interfaces); their descriptors are streams
 PSEUDO_ROOTS = ("/proc", "/sys")
 
-#: a descriptor link: /proc/<pid>/fd/<n> (or a task's), /dev/fd/<n>
-_FD_LINK = re.compile(r"^(?:/proc/(?P<pid>[^/]+)(?:/task/[^/]+)?|/dev)/fd/(?P<fd>\d+)$")
+_KINDS = {
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 class OutputError(Exception):
@@ -71,11 +75,8 @@ class Output:
         if self.fd is not None:
             _write_stream(self.fd, payload)
         elif self.append:
-            fd = os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                _write_all(fd, payload)
-            finally:
-                os.close(fd)
+            with open(self.target, "ab") as file:
+                file.write(payload)
         else:
             write_atomic(self.target, payload)
 
@@ -109,26 +110,33 @@ def prepare(
         raise OutputError(f"{what}: cannot use {given}: {reason(exc)}") from None
     if info is not None and stat.S_ISDIR(info.st_mode):
         raise OutputError(f"{what}: {given} is a folder; give a file path")
-    link = _descriptor_link(given)
-    if info is not None and link is not None and link[0] and streams:
-        return _own_stream(given, what, link[1])
-    if streams and info is not None and (stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode)):
-        return _open_stream(given, what, info)
-    if link is not None or (info is not None and not stat.S_ISREG(info.st_mode)):
-        if info is None:
-            kind = "a closed descriptor"
-        elif stat.S_ISREG(info.st_mode):
-            kind = "another process's open file"
-        else:
-            kind = _kind(info.st_mode)
+    if streams and info is not None:
+        for fd in (1, 2):  # where pytest prints (/dev/stdout, /proc/self/fd/1, a link to it)
+            with contextlib.suppress(OSError):
+                if os.path.samestat(info, os.fstat(fd)):
+                    # a copy: writes share its position, in order with pytest's output
+                    return Output(what, given, given, fd=os.dup(fd), terminal=True)
+        if stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode):
+            return _open_stream(given, what, info)
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
         raise OutputError(f"{what}: {given} is {kind}, not a file this output can be written to")
     target = os.path.realpath(given)
     for root in PSEUDO_ROOTS:
         if target == root or target.startswith(root + "/"):
             raise OutputError(f"{what}: {given} is under {root}, where no file can be written")
+    if _descriptor_link(given):
+        raise OutputError(
+            f"{what}: {given} is a descriptor other than this process's stdout or stderr "
+            "(another process's open file, or a closed one), not a file this output can be "
+            "written to"
+        )
     check_name(target, what)
     if append and info is not None:
-        _probe_append(target, what)  # appended to: the file must take writes, not its folder
+        try:  # appended to: the file must take writes, not its folder
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
+        except OSError as exc:
+            raise OutputError(f"{what}: cannot append to {target}: {reason(exc)}") from None
     else:
         _probe_folder(target, what)
     return Output(what, given, target, append=append)
@@ -173,42 +181,29 @@ def reason(exc: BaseException) -> str:
 # -- streams ---------------------------------------------------------------------------
 
 
-def _descriptor_link(path: str) -> tuple[bool, int] | None:
-    """When ``path`` (or a symlink on its way) is a descriptor link (``/dev/stdout``,
-    ``/proc/self/fd/1``, ``/proc/<pid>/fd/<n>``): whether it is this process's own, and
-    the descriptor's number; None for any other path."""
+def _descriptor_link(path: str) -> bool:
+    """Whether ``path`` or a symlink on its way is a descriptor link (``/proc/<pid>/fd/<n>``,
+    ``/dev/fd/<n>``): not this process's stdout or stderr (:func:`prepare` took those), so
+    another process's open file, or a closed descriptor."""
     current = os.path.abspath(path)
     for _ in range(40):  # the kernel's own bound on symlinks followed
         here = os.path.join(os.path.realpath(os.path.dirname(current)), os.path.basename(current))
-        match = _FD_LINK.match(here)
-        if match is not None:
-            pid = match.group("pid")
-            own = pid is None or pid in ("self", "thread-self", str(os.getpid()))
-            return own, int(match.group("fd"))
+        if here.startswith(("/proc/", "/dev/fd/")):
+            return True
         if not os.path.islink(here):
-            return None
+            return False
         current = os.path.join(os.path.dirname(here), os.readlink(here))
-    return None
+    return False
 
 
-def _own_stream(given: str, what: str, fd: int) -> Output:
-    """A copy of this process's descriptor ``fd``: writes share its position, so a report
-    to stdout lands where the terminal output is, in order (its flags are not touched)."""
-    try:
-        copy = os.dup(fd)
-    except OSError as exc:
-        raise OutputError(f"{what}: cannot use {given}: {reason(exc)}") from None
-    return Output(what, given, given, fd=copy, terminal=fd in (1, 2))
-
-
-def _open_stream(given: str, what: str, info: os.stat_result | None) -> Output:
+def _open_stream(given: str, what: str, info: os.stat_result) -> Output:
     """Open a device or FIFO for writing now (non-blocking: a FIFO with no reader is
     refused here instead of blocking the end of the run)."""
     flags = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
     try:
         fd = os.open(given, flags)
     except OSError as exc:
-        if exc.errno == errno.ENXIO and info is not None and stat.S_ISFIFO(info.st_mode):
+        if exc.errno == errno.ENXIO and stat.S_ISFIFO(info.st_mode):
             raise OutputError(
                 f"{what}: {given} is a FIFO with no reader; start its reader first (writing "
                 "would wait for one at the end of the run)"
@@ -235,22 +230,9 @@ def _write_stream(fd: int, payload: bytes) -> None:
                 raise TimeoutError(
                     errno.ETIMEDOUT, f"its reader took nothing for {STREAM_WAIT:g} s"
                 ) from None
-            _wait_writable(fd, min(left, 1.0))
-
-
-def _wait_writable(fd: int, seconds: float) -> None:
-    if hasattr(select, "poll"):  # no FD_SETSIZE limit on the descriptor's number
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        poller.poll(seconds * 1000)
-    else:  # pragma: no cover - platforms without poll
-        select.select([], [fd], [], seconds)
-
-
-def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
-    while view:
-        view = view[os.write(fd, view) :]
+            poller = select.poll()  # not select(): no FD_SETSIZE limit on the number
+            poller.register(fd, select.POLLOUT)
+            poller.poll(min(left, 1.0) * 1000)
 
 
 # -- files -----------------------------------------------------------------------------
@@ -259,49 +241,24 @@ def _write_all(fd: int, payload: bytes) -> None:
 def _probe_folder(target: str, what: str) -> None:
     """Make ``target``'s folder if missing and create and remove a file in it; the folders
     made for the probe are removed again (the write at the end makes them for good)."""
-    folder = os.path.dirname(target)
+    folder = current = os.path.dirname(target)  # target is absolute: "/" ends the walk
     missing: list[str] = []
-    current = folder
-    while current and not os.path.lexists(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
+    while not os.path.lexists(current):
+        missing.insert(0, current)
+        current = os.path.dirname(current)
     made: list[str] = []
     try:
-        if current and not os.path.isdir(current):
+        if not os.path.isdir(current):
             raise OutputError(f"{what}: {current} is not a folder")
-        for path in reversed(missing):
+        for path in missing:
             os.mkdir(path)
             made.append(path)
         probe = os.path.join(folder, f".gsm8k-probe.{os.getpid()}.tmp")
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        os.close(fd)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         os.unlink(probe)
     except OSError as exc:
-        raise OutputError(f"{what}: cannot write in {folder or '.'}: {reason(exc)}") from None
+        raise OutputError(f"{what}: cannot write in {folder}: {reason(exc)}") from None
     finally:
         for path in reversed(made):
             with contextlib.suppress(OSError):
                 os.rmdir(path)
-
-
-def _probe_append(target: str, what: str) -> None:
-    try:
-        os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
-    except OSError as exc:
-        raise OutputError(f"{what}: cannot append to {target}: {reason(exc)}") from None
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"

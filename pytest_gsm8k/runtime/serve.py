@@ -46,7 +46,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -57,7 +56,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
 from pytest_gsm8k.core.scrub import redact_options
-from pytest_gsm8k.runtime.fetch import fetch
+from pytest_gsm8k.runtime.client import PreflightError, get_json
 from pytest_gsm8k.runtime.supervise import descendants
 
 __all__ = [
@@ -617,15 +616,13 @@ def _wait_ready(
         # one deadline for the whole answer: a server that drips it is not ready
         wait = max(0.05, min(2.0, deadline - time.monotonic()))
         try:
-            body = fetch(url, timeout=wait, proxies=False)
+            listing = get_json(url, None, wait, proxies=False)
             ok = True
-        except urllib.error.HTTPError as exc:
-            body = b""
-            ok = exc.code in (401, 403)  # up, and wants a key (vllm serve --api-key)
-        except (urllib.error.URLError, OSError, ValueError):
-            ok = False
+        except PreflightError as exc:
+            listing = None
+            ok = exc.status in (401, 403)  # up, and wants a key (vllm serve --api-key)
         if ok and not server.finished() and _owns_port(server.pgid, port) is not False:
-            served = _served_ids(body)
+            served = _served_ids(listing)
             if adopt_model and served and server.model not in served:
                 server.model = served[0]
             return True
@@ -639,11 +636,10 @@ def _wait_ready(
         delay = min(delay * 1.5, 0.5)
 
 
-def _served_ids(body: bytes) -> list[str]:
+def _served_ids(listing: Any) -> list[str]:
     try:
-        data = json.loads(body)
-        return [str(item["id"]) for item in data.get("data", [])]
-    except (ValueError, TypeError, KeyError, AttributeError):
+        return [str(item["id"]) for item in listing.get("data", [])]
+    except (TypeError, KeyError, AttributeError):
         return []
 
 

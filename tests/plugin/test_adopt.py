@@ -1,8 +1,10 @@
 """The gate in a repository that has tests of its own: the ``gsm8k`` marker, and the example
-workflow's CPU job run as written, with the fake server in place of the packaged model."""
+workflow's jobs run as written in a repository set up as README's "In your repository" says
+(README's ini block, verbatim), with the fake server in place of the model."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import sys
@@ -12,9 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, REPO, XDIST, output
+from helpers import NO_EXTRA_PLUGINS, REPO, TEST_KEY, XDIST, output
 
 WORKFLOW = REPO / "examples" / "github" / "gsm8k-gate.yml"
+README = (REPO / "README.md").read_text(encoding="utf-8")
+SECTION = README.split("\n## In your repository\n", 1)[1].split("\n## ", 1)[0]
 
 USER_TESTS = {
     "test_app": "def test_unrelated():\n    assert False\n",
@@ -81,18 +85,32 @@ def test_minus_m_not_gsm8k_runs_only_the_other_tests(
 # -- the example workflow's CPU job, as written ---------------------------------------
 
 
-def _cpu_job_command() -> list[str]:
-    """The CPU job's pytest command, read from the workflow file and split as a shell would."""
+def _job_command(job: str, marker: str, env: dict[str, str] | None = None) -> list[str]:
+    """A job's pytest command (its one step whose script holds ``marker``), read from the
+    workflow file and split as a shell would, ``$NAME`` taken from ``env`` (the job's own
+    ``env:`` first)."""
     workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
     runs = [
         str(step["run"])
-        for step in workflow["jobs"]["gsm8k-cpu"]["steps"]
-        if "--gsm8k-model=local" in str(step.get("run", ""))
+        for step in workflow["jobs"][job]["steps"]
+        if marker in str(step.get("run", ""))
     ]
     assert len(runs) == 1
-    argv = shlex.split(runs[0])
+    values = {**workflow["jobs"][job].get("env", {}), **(env or {})}
+    argv = [re.sub(r"\$(\w+)", lambda m: values[m.group(1)], a) for a in shlex.split(runs[0])]
     assert argv[:3] == ["python", "-m", "pytest"]
     return argv
+
+
+def _cpu_job_command() -> list[str]:
+    return _job_command("gsm8k-cpu", "--gsm8k-model=local")
+
+
+def _readme_ini() -> str:
+    """README's ini block, as step 2 tells a user to write it into pytest.ini."""
+    found = re.search(r"```ini\n(.*?)```", SECTION, flags=re.S)
+    assert found is not None
+    return found.group(1)
 
 
 def _with_fake_model(argv: list[str], server: FakeOpenAIServer) -> list[str]:
@@ -104,26 +122,38 @@ def _with_fake_model(argv: list[str], server: FakeOpenAIServer) -> list[str]:
     return [*out, *NO_EXTRA_PLUGINS]
 
 
+def _readme_step_3() -> list[str]:
+    """README's step 3: the command that records the baseline the endpoint job gates on."""
+    text = SECTION.split("**3. Record a baseline.**", 1)[1].split("**4.", 1)[0]
+    [command] = [line[4:] for line in text.splitlines() if line.startswith("    pytest ")]
+    return shlex.split(command)
+
+
 @pytest.fixture
 def user_repo(pytester: pytest.Pytester) -> Path:
-    """A fresh repository of a user: tests of its own under ``testpaths`` (a module that
-    fails as soon as it is imported, and a failing test), and the workflow copied into
-    .github/workflows."""
+    """A fresh repository of a user, set up as README says: its pytest.ini is README's ini
+    block (a floor of 0.85, a base URL where nothing listens), tests of its own under
+    ``testpaths`` (a module that fails as soon as it is imported, and a failing test), and
+    the workflow copied into .github/workflows."""
     root = pytester.path
     (root / "pyproject.toml").write_text(
-        '[project]\nname = "app"\nversion = "1"\n\n[tool.pytest.ini_options]\n'
-        'testpaths = ["tests"]\n',
-        encoding="utf-8",
+        '[project]\nname = "app"\nversion = "1"\n', encoding="utf-8"
     )
+    (root / "pytest.ini").write_text(_readme_ini(), encoding="utf-8")
     (root / "tests").mkdir()
-    (root / "tests" / "test_app.py").write_text(
-        "raise RuntimeError('the gate collected the repository tests')\n\n"
-        "def test_app():\n    assert False\n",
-        encoding="utf-8",
-    )
+    (root / "tests" / "test_app.py").write_text(IMPORT_FAILS, encoding="utf-8")
     (root / ".github" / "workflows").mkdir(parents=True)
     shutil.copy(WORKFLOW, root / ".github" / "workflows" / WORKFLOW.name)
     return root
+
+
+IMPORT_FAILS = (
+    "raise RuntimeError('the gate collected the repository tests')\n\n"
+    "def test_app():\n    assert False\n"
+)
+
+#: a model that scores near zero, as the packaged Gemma 3 270M does (a quarter right)
+NEAR_ZERO = Script(default="wrong", behaviours={i: "correct" for i in range(0, 1319, 4)})
 
 
 @XDIST
@@ -135,7 +165,12 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     xdist: list[str],
 ) -> None:
     """No baseline: exit 1. Recorded with --snapshot-update as the workflow says: exit 0,
-    50 items and nothing else. Answers that got worse: exit 1."""
+    50 items and nothing else. Answers that got worse: exit 1.
+
+    The repository has README's ini, whose floor (0.85) a model near zero fails: the job
+    clears it (``--gsm8k-min-acc=``), its gate is its baseline. Without README's ini this
+    test passed while every run of the job in a repository set up as README says failed."""
+    server.set_script(NEAR_ZERO)
     command = [*_with_fake_model(_cpu_job_command(), server), *xdist]
     baseline_flag = next(a for a in command if a.startswith("--gsm8k-baseline="))
     baseline = user_repo / baseline_flag.partition("=")[2]
@@ -156,6 +191,7 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     passing = run()
     assert passing.ret == 0, output(passing)
     assert "gate baseline: PASS" in output(passing)
+    assert "gate min-acc" not in output(passing)  # the ini's floor, cleared
     names = _cases(user_repo / "gsm8k-out" / "junit.xml")
     assert len(names) == 50
     assert all(name.startswith("test_gsm8k[test-") for name in names)
@@ -170,3 +206,54 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     assert "gate baseline: FAIL" in output(failing)
     assert len(_cases(user_repo / "gsm8k-out" / "junit.xml")) == 50
     assert _gates(user_repo / "gsm8k-out" / "junit.xml") == {"baseline": False}
+
+
+@XDIST
+def test_the_endpoint_job_gates_the_readme_endpoint_on_the_step_3_baseline(
+    pytester: pytest.Pytester,
+    user_repo: Path,
+    gsm8k_data: Path,
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """Step 5 continues steps 1-4: README's step 3 records the baseline at the repository's
+    root (against the ini's endpoint, here the fake server's URL on the command line); the
+    endpoint job, with the URL from its repository secret and the key from the
+    environment, gates on that file and the ini's floor, and collects only the gate. A drop
+    fails it."""
+    workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    model = workflow["jobs"]["gsm8k-endpoint"]["env"]["GSM8K_MODEL"]
+    assert model == "my-model"  # README's
+    with FakeOpenAIServer(gsm8k_data / "test.jsonl", model=model, api_key=TEST_KEY) as server:
+        server.set_script(Script(noisy_rate=0.1, noise_seed=7))
+        (user_repo / "tests" / "test_app.py").write_text("def test_app():\n    assert False\n")
+        step_3 = [sys.executable, "-m", *_readme_step_3()]
+        recorded = pytester.run(
+            *step_3, f"--gsm8k-base-url={server.base_url}", *NO_EXTRA_PLUGINS, timeout=300
+        )
+        assert recorded.ret == 0, output(recorded)
+        (user_repo / "tests" / "test_app.py").write_text(IMPORT_FAILS)
+        (user_repo / ".github" / "gsm8k").mkdir()  # README's step 1 commits the wheel there
+
+        command = _job_command(
+            "gsm8k-endpoint", "--gsm8k-base-url", {"GSM8K_BASE_URL": server.base_url}
+        )
+        command = [sys.executable, *command[1:], *NO_EXTRA_PLUGINS, *xdist]
+
+        def run() -> pytest.RunResult:
+            shutil.rmtree(user_repo / ".pytest_cache", ignore_errors=True)  # a fresh checkout
+            return pytester.run(*command, timeout=300)
+
+        passing = run()
+        assert passing.ret == 0, output(passing)
+        text = output(passing)
+        assert "baseline __snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k:" in text
+        assert "gate baseline: PASS" in text
+        assert "gate min-acc: PASS" in text  # the ini's 0.85, as README's step 4 says
+        assert "test_app" not in text
+        assert len(_cases(user_repo / "gsm8k-out" / "junit.xml")) == 1319
+
+        server.set_script(Script(noisy_rate=0.1, noise_seed=7, drop=100))
+        failing = run()
+        assert failing.ret == 1, output(failing)
+        assert "gate baseline: FAIL" in output(failing)

@@ -536,9 +536,11 @@ INJECTIONS = {
 
 @pytest.mark.parametrize("syntax", ["", " 2>&1"], ids=["direct", "shell"])
 @pytest.mark.parametrize("form", list(INJECTIONS))
-def test_a_hostile_model_name_reaches_the_server_verbatim_and_never_runs(
+def test_a_hostile_model_name_reaches_the_server_verbatim_or_is_refused_and_never_runs(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, form: str, syntax: str
 ) -> None:
+    """Run directly, the name is the server's argument as it is; a line that needs a shell
+    refuses it in one line before anything starts (write "$GSM8K_MODEL" there)."""
     mark = tmp_path / "ran"
     placeholder, template = INJECTIONS[form]
     model = template.format(mark=shlex.quote(str(mark)))
@@ -552,6 +554,13 @@ def test_a_hostile_model_name_reaches_the_server_verbatim_and_never_runs(
         *NOISE,
     )
     assert not mark.exists(), "the model name ran as a command"
+    if syntax:
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, output(result)
+        result.stderr.fnmatch_lines(
+            ['ERROR: gsm8k: --gsm8k-serve: the command line runs through /bin/sh*"$GSM8K_MODEL"*']
+        )
+        assert not fake.argv_file.exists()  # nothing started
+        return
     assert result.ret == 0, output(result)
     argv = fake.argv()
     assert argv[argv.index("--model") + 1] == model
@@ -569,7 +578,7 @@ def test_a_model_name_that_a_script_would_run_is_refused_before_anything_starts(
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["ERROR: gsm8k: --gsm8k-serve: {model} stands in a script another program reads*"]
+        ["ERROR: gsm8k: --gsm8k-serve: the command line runs through /bin/sh, where *"]
     )
     assert not mark.exists()
     assert not (tmp_path / "started").exists()

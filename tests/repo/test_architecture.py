@@ -124,8 +124,8 @@ def test_no_other_rule_for_the_local_preset() -> None:
         assert 'startswith("local")' not in text, name
 
 
-#: import cycles the renovation (docs/renovation.md, step 4a) removes; none may be added
-KNOWN_CYCLES = {frozenset({"pytest_gsm8k.state", "pytest_gsm8k.sources"})}
+#: import cycles allowed: none (step 4a of docs/renovation.md removed state <-> sources)
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -180,7 +180,7 @@ def test_an_install_that_is_not_the_plugin_stops_the_job_saying_so(tmp_path: Pat
 
 def test_the_cpu_job_installs_the_local_extra_and_keeps_its_compiled_wheel() -> None:
     """The packages it adds are the ``local`` extra's, and pip's cache (llama.cpp's wheel,
-    7-10 minutes to compile) is kept between runs, keyed on the build flags."""
+    minutes to compile) is kept between runs, keyed on the build flags."""
     import tomllib
 
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
@@ -258,6 +258,61 @@ def test_the_vllm_configs_job_runs_each_list_of_the_example_folder() -> None:
     named = [c.name for name in lists for c in load(str(folder / name))]
     assert sorted(named) == sorted(p.stem for p in folder.glob("*.yaml"))
     assert len(named) == 3
+
+
+def test_the_endpoint_job_gates_on_readme_s_step_3_baseline_with_its_url_and_key_secret() -> None:
+    """README's steps 1-4 set up a model behind an endpoint and record its baseline; step 5
+    had no job that used either. The endpoint job gates on the file step 3 writes, takes the
+    URL and the key from the repository's secrets (never written in the file), and, like the
+    self-hosted jobs, never runs for a fork's pull request (which gets no secrets)."""
+    job = _workflow()["jobs"]["gsm8k-endpoint"]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    written = re.search(r"writes\s+`(__snapshots__/gsm8k/[^`]+)`", readme)
+    assert written is not None
+    gate = next(s for s in job["steps"] if "--gsm8k-base-url" in s.get("run", ""))
+    assert f"--gsm8k-baseline={written.group(1)}" in gate["run"]
+    assert "--gsm8k-require-baseline" in gate["run"]
+    assert gate["env"] == {
+        "GSM8K_BASE_URL": "${{ secrets.GSM8K_BASE_URL }}",
+        "OPENAI_API_KEY": "${{ secrets.OPENAI_API_KEY }}",
+    }
+    assert "head.repo.full_name == github.repository" in str(job["if"])
+
+
+#: what a job's gate command has that its recording command leaves out: the outputs, and the
+#: requirement of the baseline the recording writes
+NOT_RECORDED = ("--gsm8k-require-baseline", "--gsm8k-report=", "--gsm8k-html=", "--junitxml=")
+
+
+@pytest.mark.parametrize(
+    ("job", "baseline", "extra"),
+    [
+        ("gsm8k-cpu", ".github/gsm8k/local-50.gsm8k", ["--snapshot-update"]),
+        (
+            "gsm8k-gpu",
+            ".github/gsm8k/gpu.gsm8k",
+            ["--snapshot-update", "--gsm8k-repeats", "5"],
+        ),
+    ],
+)
+def test_the_header_records_each_baseline_with_its_job_s_own_command(
+    job: str, baseline: str, extra: list[str]
+) -> None:
+    """A baseline recorded with other options than the job's is refused by the job (another
+    protocol) or gates another model: the header's recording command is the job's command,
+    its variables filled in, less the outputs and the baseline requirement."""
+    import shlex
+
+    text = (REPO / "examples" / "github" / "gsm8k-gate.yml").read_text(encoding="utf-8")
+    [line] = [
+        x for x in text.splitlines() if x.startswith("#   python -m pytest") and baseline in x
+    ]
+    recorded = shlex.split(line.removeprefix("#   "))
+    spec = _workflow()["jobs"][job]
+    gate = next(s for s in spec["steps"] if f"--gsm8k-baseline={baseline}" in s.get("run", ""))
+    values = spec.get("env", {})
+    argv = [re.sub(r"\$(\w+)", lambda m: values[m.group(1)], a) for a in shlex.split(gate["run"])]
+    assert recorded == [a for a in argv if not a.startswith(NOT_RECORDED)] + extra
 
 
 def test_the_sharded_workflow_merges_every_shard_of_its_matrix_into_one_gate() -> None:

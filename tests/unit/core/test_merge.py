@@ -73,7 +73,7 @@ def test_a_bad_shard_is_one_line_naming_the_option(text: str, error: str) -> Non
 
 def test_a_shard_is_parsed_and_refused_with_the_early_stop() -> None:
     assert parse_shard(" 2 / 4 ") == (2, 4)
-    assert settings(shard="3/3").shard == (3, 3)
+    assert settings(shard=" 3 / 3").shard == "3/3"
     assert settings().shard is None
     with pytest.raises(SettingsError, match="cannot see the other shards' answers"):
         settings(shard="1/2", early_stop="certain")

@@ -3,10 +3,11 @@ command lines, invisible and reordering characters, Markdown and terminal text."
 
 from __future__ import annotations
 
+import pytest
 from helpers import TEST_KEY
 
 from pytest_gsm8k.core import scrub as scrubbing
-from pytest_gsm8k.core.scrub import REDACTED, Scrubber, md_code, md_text, printable
+from pytest_gsm8k.core.scrub import REDACTED, Scrubber, md_code, md_text, printable, shown_url
 
 
 def test_printable_escapes_invisible_reordering_and_keeps_joiners() -> None:
@@ -109,3 +110,24 @@ def test_url_passwords_secret_named_options_and_json_keys_are_hidden_and_collect
     assert values == ["SECRETEEE555"]
     assert shown_words[1] == '{"token": "[redacted]", "max_tokens": 9}'
     assert scrubbing.secret_env([("AWS_SECRET_ACCESS_KEY", "plain-value")]) == ["plain-value"]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+        ("http://alice:pw@host:8000/v1", "http://host:8000/v1"),
+        ("http://alice:pw@[::1]:8000/v1", "http://[::1]:8000/v1"),  # IPv6 keeps its brackets
+        ("http://[fe80::1]/v1", "http://[fe80::1]/v1"),
+        ("https://api.example.com/v1?api-key=sk-q-ABC#frag", "https://api.example.com/v1"),
+        ("https://u:p@api.example.com/v1?x=1", "https://api.example.com/v1"),
+        (" http://host/v1 ", "http://host/v1"),
+        ("not a url?key=1", "not a url"),
+        ("http://[::1/v1", "(unparseable URL)"),
+    ],
+)
+def test_a_url_is_shown_without_credentials_query_or_fragment(url: str, shown: str) -> None:
+    """One rule for every URL the plugin prints or stores (reports, the page, error lines):
+    a secret can hide in the user info or the query string (``?api-key=``), so both go; an
+    IPv6 host keeps its brackets, the port and path stay as written."""
+    assert shown_url(url) == shown

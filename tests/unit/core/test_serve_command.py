@@ -3,7 +3,8 @@ never code (:mod:`pytest_gsm8k.core.command`).
 
 Every filled-in line runs for real (through ``/bin/sh`` when it has shell syntax, else
 directly), as a program that prints the arguments it got; a marker file shows whether any
-part of the model name ran as a command.
+part of the model name ran as a command. A line that needs a shell refuses a name that is
+not plain, in one line that says to write ``"$GSM8K_MODEL"`` there.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gsm8k.core.command import CommandError, serve_command
+from pytest_gsm8k.core.command import CommandError, needs_shell, serve_command
 
 #: prints its arguments as JSON: what a server would receive
-ECHO = f"{shlex.quote(sys.executable)} -c 'import json, sys; print(json.dumps(sys.argv[1:]))'"
+ECHO_CODE = "import json, sys; print(json.dumps(sys.argv[1:]))"
+ECHO = f"{shlex.quote(sys.executable)} -c {shlex.quote(ECHO_CODE)}"
+#: a name a shell line may hold: nothing in it means anything to a shell
+PLAIN = "Qwen/Qwen3-8B:q4_k_m@rev+1,x=y%2"
 
 HOSTILE = [
     "$(touch {mark})",
@@ -44,6 +48,24 @@ FORMS = {
 SHAPES = ["{line}", "{line} 2>&1", "GSM8K_TEST_VAR=1 {line}", "{line} | cat"]
 
 
+@pytest.fixture
+def echo(tmp_path: Path) -> str:
+    """The echo program as a line without shell syntax (a script file, no ``-c '...'``)."""
+    script = tmp_path / "echo.py"
+    script.write_text(ECHO_CODE + "\n")
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+
+
+def _refused_in_one_line(command: str, model: str) -> str:
+    with pytest.raises(CommandError) as info:
+        serve_command(command, 8123, model)
+    message = str(info.value)
+    assert "\n" not in message
+    assert '"$GSM8K_MODEL"' in message
+    assert "would be read as code" in message
+    return message
+
+
 def _run(command: str, model: str, tmp_path: Path) -> list[str]:
     filled = serve_command(command, 8123, model)
     proc = subprocess.run(
@@ -61,16 +83,23 @@ def _run(command: str, model: str, tmp_path: Path) -> list[str]:
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("form", list(FORMS))
-def test_a_model_name_reaches_the_server_verbatim_and_never_runs(
-    tmp_path: Path, form: str, shape: str
+def test_a_model_name_reaches_the_server_verbatim_or_is_refused_and_never_runs(
+    tmp_path: Path, echo: str, form: str, shape: str
 ) -> None:
+    """Without shell syntax every name reaches the server as it is; through a shell a plain
+    name does, and any other is refused in one line before anything runs."""
     mark = tmp_path / "ran"
-    command = shape.format(line=f"{ECHO} --port {{port}} --model {form}")
+    command = shape.format(line=f"{echo} --port {{port}} --model {form}")
     for template in HOSTILE:
         model = template.format(mark=shlex.quote(str(mark)))
-        words = _run(command, model, tmp_path)
-        assert words == ["--port", "8123", "--model", FORMS[form].format(model)], model
+        if shape == "{line}":
+            words = _run(command, model, tmp_path)
+            assert words == ["--port", "8123", "--model", FORMS[form].format(model)], model
+        else:
+            assert "runs through /bin/sh" in _refused_in_one_line(command, model)
         assert not mark.exists(), f"{model!r} in {command!r} ran a command"
+    words = _run(command, PLAIN, tmp_path)
+    assert words == ["--port", "8123", "--model", FORMS[form].format(PLAIN)]
 
 
 @pytest.mark.parametrize(
@@ -85,12 +114,9 @@ def test_a_model_name_reaches_the_server_verbatim_and_never_runs(
     ],
 )
 def test_a_name_that_would_be_code_in_a_script_is_refused(command: str) -> None:
-    with pytest.raises(CommandError) as info:
-        serve_command(command, 8123, "$(touch x)")
-    message = str(info.value)
-    assert "stands in a script another program reads" in message
-    assert "\n" not in message
-    assert '"$GSM8K_MODEL"' in message
+    message = _refused_in_one_line(command, "$(touch x)")
+    if not needs_shell(command):
+        assert "stands in a script another program reads" in message
     filled = serve_command(command, 8123, "Qwen/Qwen3-8B")  # a plain name is fine there
     assert "Qwen/Qwen3-8B" in " ".join(filled.argv)
 
@@ -108,8 +134,7 @@ def test_a_name_that_would_be_code_in_a_script_is_refused(command: str) -> None:
     ],
 )
 def test_a_name_inside_an_expansion_is_refused(command: str) -> None:
-    with pytest.raises(CommandError, match=r"stands inside \$\(\.\.\.\), backquotes"):
-        serve_command(command, 8123, "m & touch x")
+    _refused_in_one_line(command, "m & touch x")
 
 
 def test_the_environment_carries_the_values_for_the_user_to_quote(tmp_path: Path) -> None:

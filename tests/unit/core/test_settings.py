@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -428,3 +430,73 @@ def test_an_empty_value_on_the_command_line_clears_the_ini(key: str) -> None:
     s = _from({key: "", "config": "c/"}, ini, notes)
     assert getattr(s, key) is None
     assert not any(f"gsm8k_{key} " in note for note in notes)
+
+
+def test_the_extract_choices_are_the_scoring_rules() -> None:
+    """--gsm8k-extract's choices are written in settings (so that pytest's start does not
+    import the scoring code): they must be scoring's rules, in its order."""
+    from pytest_gsm8k.core.scoring import RULES
+    from pytest_gsm8k.core.settings import EXTRACTORS
+
+    assert EXTRACTORS == RULES
+
+
+def test_the_options_import_nothing_heavy() -> None:
+    """Issue 34 #4: the plugin imports the options at every pytest start, used or not, so
+    core/settings.py imports only what reading them needs (no scoring, statistics, data)."""
+    code = (
+        "import sys, pytest_gsm8k; before = set(sys.modules); "
+        "import pytest_gsm8k.core.settings; print(sorted(set(sys.modules) - before))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "['pytest_gsm8k.core.jsondepth',",
+        "'pytest_gsm8k.core.settings']",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"limit": "0"}, "--gsm8k-limit: must be > 0, got 0"),
+        ({"concurrency": "0"}, "--gsm8k-concurrency: must be > 0, got 0"),
+        ({"timeout": "-1"}, "--gsm8k-timeout: must be > 0, got -1.0"),
+        ({"shots": "-1"}, "--gsm8k-shots: must be >= 0, got -1"),
+        ({"max_retries": "-2"}, "--gsm8k-max-retries: must be >= 0, got -2"),
+        ({"temperature": "2.5"}, "--gsm8k-temperature: must be between 0 and 2, got 2.5"),
+        ({"max_drop": "1.5"}, "--gsm8k-max-drop: must be between 0 and 1, got 1.5"),
+        (
+            {"early_stop_alpha": "1"},
+            "--gsm8k-early-stop-alpha: must be between 0 and 1 (exclusive), got 1.0",
+        ),
+        ({"api": "grpc"}, "--gsm8k-api: expected chat or completions, got 'grpc'"),
+        (
+            {"early_stop": "never"},
+            "--gsm8k-early-stop: expected certain or sequential, got 'never'",
+        ),
+        (
+            {"extract": "strict-match"},
+            "--gsm8k-extract: expected one of strict, answer-is, boxed, flexible, last-int, "
+            "got 'strict-match'",
+        ),
+    ],
+)
+def test_each_range_and_choice_says_what_it_said_before(
+    given: dict[str, str], message: str
+) -> None:
+    """The one loop writes every range and choice message from the declaration: each shape
+    (a lower end alone, a closed, an open and a half-open range, two or more choices) is
+    the text the hand-written checks printed."""
+    with pytest.raises(SettingsError) as info:
+        settings(**given)
+    assert str(info.value) == message
+
+
+def test_an_out_of_range_ini_value_is_refused_even_where_a_mode_sets_it_aside() -> None:
+    """Each option is checked as it is read: ``gsm8k_limit = 0`` is no value in any recipe,
+    so --gsm8k-config refuses it rather than setting it aside (a valid one is set aside)."""
+    with pytest.raises(SettingsError, match=r"^--gsm8k-limit: must be > 0, got 0$"):
+        _from({"config": "c/"}, {"limit": "0"}, [])
+    notes: list[str] = []
+    assert _from({"config": "c/"}, {"limit": "20"}, notes).limit is None
+    assert [note.split(":")[0] for note in notes] == ["ini gsm8k_limit set aside"]

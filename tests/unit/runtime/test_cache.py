@@ -230,7 +230,7 @@ def test_rule1_a_resume_reads_only_runs_that_ended_before_it_started(tmp_path: P
     later = make(tmp_path, "later")
     later.put(second, BODY, RESPONSE)
     later.close()
-    os.utime(resumed._entry_path(second), (resumed.started + 1, resumed.started + 1))
+    os.utime(resumed._entry_text(second), (resumed.started + 1, resumed.started + 1))
     resumed.put(own, BODY, RESPONSE)
     assert resumed.get(first, BODY) is None
     assert resumed.get(second, BODY) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -37,3 +38,61 @@ def test_a_fifo_whose_reader_stops_reading_ends_the_write(
         out.close()
     finally:
         os.close(reader)
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc/self/fd")
+
+
+@needs_proc
+@pytest.mark.parametrize("streams", [True, False])
+def test_another_process_s_descriptor_is_refused_and_its_file_untouched(
+    tmp_path: Path, streams: bool
+) -> None:
+    """/proc/<pid>/fd/1 of another process leads to that process's open file: replacing it
+    (or writing into it) would pull the file from under that process."""
+    from pytest_gsm8k.runtime import outputs
+
+    log = tmp_path / "log.txt"
+    with log.open("w") as sink:
+        other = subprocess.Popen(["sleep", "60"], stdout=sink)
+    try:
+        with pytest.raises(outputs.OutputError, match=r"^--gsm8k-report: /proc/"):
+            outputs.prepare(f"/proc/{other.pid}/fd/1", "--gsm8k-report", streams=streams)
+    finally:
+        other.kill()
+        other.wait()
+    assert log.read_text() == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
+
+
+@needs_proc
+@pytest.mark.parametrize("path", ["/dev/stdout", "/proc/self/fd/1", "link"])
+def test_this_process_s_stdout_is_written_through_its_own_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Whatever stdout is (a terminal, a pipe, or a file pytest captures into), a path to it
+    is written at stdout's position, never replaced; a baseline is never written there."""
+    from pytest_gsm8k.runtime import outputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to("/proc/self/fd/1")
+    out = outputs.prepare(path, "--gsm8k-report")
+    try:
+        assert out.fd is not None
+        assert out.terminal
+        assert os.path.samestat(os.fstat(out.fd), os.fstat(1))
+    finally:
+        out.close()
+    with pytest.raises(outputs.OutputError):
+        outputs.prepare(path, "--gsm8k-baseline", streams=False)
+    assert (tmp_path / "link").is_symlink()
+
+
+@needs_proc
+def test_a_closed_descriptor_is_refused(tmp_path: Path) -> None:
+    from pytest_gsm8k.runtime import outputs
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    os.close(fd)
+    with pytest.raises(outputs.OutputError, match=f"^--gsm8k-report: /proc/self/fd/{fd} "):
+        outputs.prepare(f"/proc/self/fd/{fd}", "--gsm8k-report")
