@@ -11,14 +11,15 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from browser import Browser
 from fakeserver import FakeOpenAIServer
 from gsm8k_copy import data_dir
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, GsmRun, output, read_json
 
 # pytester's in-process runs drop the modules first imported inside them. httpx imports
 # httpcore lazily, on the first connection, and caches httpcore's exception classes; once
@@ -75,6 +76,50 @@ def keyed_env(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     return TEST_KEY
+
+
+@pytest.fixture
+def xdist() -> list[str]:
+    """No xdist: the inner runs are plain unless a test is parametrized with ``@XDIST``
+    (helpers.py), whose ``-n 2`` replaces this value for ``gsm8k_run`` too."""
+    return []
+
+
+@pytest.fixture
+def gsm8k_run(
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, xdist: list[str]
+) -> GsmRun:
+    """Run pytest in ``pytester``'s folder against ``server``, the set-up every plugin test
+    repeats in one place: returns the run and its parsed JSON report.
+
+    ``args`` come after ``gsm8k_args`` (model, base URL, ``NO_EXTRA_PLUGINS``), or after
+    ``NO_EXTRA_PLUGINS`` alone with ``model=False``; then ``--gsm8k-report=<report>`` unless
+    an argument names a report already, then the test's ``@XDIST`` parameter (``-n 2`` or
+    nothing; ``xdist=`` overrides it, e.g. ``xdist=()`` for a plain run inside an ``@XDIST``
+    test, and in a fixture that records a set-up run: a fixture's call takes the parameter
+    of the test it serves). The exit code must be ``ret`` (None: not checked), with the
+    run's output as the message; ``report`` is read back (it must exist), or None is
+    returned with ``report=None``.
+    """
+    param_xdist = xdist
+
+    def run(
+        *args: str,
+        ret: int | None = 0,
+        report: str | None = "r.json",
+        model: bool = True,
+        xdist: Sequence[str] | None = None,
+    ) -> tuple[pytest.RunResult, dict[str, Any] | None]:
+        words = [*(gsm8k_args if model else NO_EXTRA_PLUGINS), *args]
+        if report is not None and not any(w.startswith("--gsm8k-report") for w in args):
+            words.append(f"--gsm8k-report={report}")
+        words += param_xdist if xdist is None else xdist
+        result = pytester.runpytest(*words)
+        if ret is not None:
+            assert result.ret == ret, output(result)
+        return result, None if report is None else read_json(pytester.path / report)
+
+    return cast(GsmRun, run)
 
 
 @pytest.fixture(scope="session")

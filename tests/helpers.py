@@ -12,9 +12,9 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, overload
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
@@ -39,6 +39,31 @@ TEST_KEY = "sk-test-SECRET-1234567890"
 NO_EXTRA_PLUGINS = ("-p", "no:randomly", "-p", "no:hypothesispytest", "-p", "no:benchmark")
 #: pytest's cache plugin off as well: the run has no .pytest_cache folder to write into
 NO_CACHEPROVIDER = ("-p", "no:cacheprovider")
+
+
+class GsmRun(Protocol):
+    """The ``gsm8k_run`` fixture's call: one inner pytest run, its exit code asserted."""
+
+    @overload
+    def __call__(
+        self,
+        *args: str,
+        ret: int | None = 0,
+        report: str = "r.json",
+        model: bool = True,
+        xdist: Sequence[str] | None = None,
+    ) -> tuple[pytest.RunResult, dict[str, Any]]: ...
+
+    @overload
+    def __call__(
+        self,
+        *args: str,
+        ret: int | None = 0,
+        report: None,
+        model: bool = True,
+        xdist: Sequence[str] | None = None,
+    ) -> tuple[pytest.RunResult, None]: ...
+
 
 #: run a pytester test twice: in one process, and under pytest-xdist with two workers
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])

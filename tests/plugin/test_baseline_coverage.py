@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report
+from helpers import XDIST, GsmRun, output, report
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -19,12 +19,9 @@ TWO = "test-0082 or test-0112"  # two problems of the limit-100 subset (seed 123
 
 
 @pytest.fixture
-def recorded(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> str:
+def recorded(pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun) -> str:
     """A baseline recorded from an all-correct run of the 100-problem subset; its text."""
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--snapshot-update")
-    assert result.ret == 0, output(result)
+    result, _ = gsm8k_run(LIMIT, "--snapshot-update", report=None, xdist=())
     result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=100, accuracy 1.0000)*"])
     return (pytester.path / BASELINE).read_text()
 
@@ -33,20 +30,17 @@ def _gate_lines(result: pytest.RunResult) -> list[str]:
     return [line for line in result.outlines if "gate baseline:" in line]
 
 
-@XDIST
 def test_a_deselected_run_does_not_replace_the_baseline(
     pytester: pytest.Pytester,
     recorded: str,
-    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     server: FakeOpenAIServer,
-    xdist: list[str],
 ) -> None:
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "-k", TWO, "--snapshot-update", *xdist
+    result, _ = gsm8k_run(
+        LIMIT, "--gsm8k-no-cache", "-k", TWO, "--snapshot-update", ret=1, report=None
     )
     text = output(result)
-    assert result.ret == 1, text
     (line,) = _gate_lines(result)
     assert f"FAIL: not written to {BASELINE}: 98 of the 100 problems of its selection were " in line
     assert "deselected (-k)" in line
@@ -55,85 +49,77 @@ def test_a_deselected_run_does_not_replace_the_baseline(
     assert "Traceback" not in text
     assert (pytester.path / BASELINE).read_text() == recorded
     # the all-wrong model is still measured against the whole baseline
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-require-baseline", *xdist
-    )
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-no-cache", "--gsm8k-require-baseline", ret=1, report=None)
     result.stdout.fnmatch_lines(["*1.0000 -> 0.0000 on 100 problems*", "*gate baseline: FAIL*"])
 
 
-@XDIST
 def test_a_last_failed_run_does_not_replace_the_baseline(
     pytester: pytest.Pytester,
     recorded: str,
-    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     server: FakeOpenAIServer,
-    xdist: list[str],
 ) -> None:
     server.set_script(Script(behaviours={82: "error500", 112: "error500"}))
-    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0", *xdist]
-    assert pytester.runpytest(*args).ret == 1  # two errors: --lf's last failures
+    args = [LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0"]
+    gsm8k_run(*args, ret=1, report=None)  # two errors: --lf's last failures
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(*args, "--lf", "--snapshot-update")
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run(*args, "--lf", "--snapshot-update", ret=1, report=None)
     (line,) = _gate_lines(result)
     assert "98 of the 100 problems of its selection were deselected (--lf)" in line
     assert (pytester.path / BASELINE).read_text() == recorded
 
 
 def test_a_smaller_limit_does_not_replace_a_larger_baseline(
-    pytester: pytest.Pytester, recorded: str, gsm8k_args: list[str], server: FakeOpenAIServer
+    pytester: pytest.Pytester, recorded: str, gsm8k_run: GsmRun, server: FakeOpenAIServer
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=20", "--snapshot-update")
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run("--gsm8k-limit=20", "--snapshot-update", ret=1, report=None)
     (line,) = _gate_lines(result)
     assert f"FAIL: not written to {BASELINE}: it holds 80 problems this run does not have" in line
     assert "delete it" in line
     assert "--gsm8k-baseline-partial" in line
     assert (pytester.path / BASELINE).read_text() == recorded
     # a larger limit extends it
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=120", "--snapshot-update")
-    assert result.ret == 0, output(result)
+    result, _ = gsm8k_run("--gsm8k-limit=120", "--snapshot-update", report=None)
     result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=120, accuracy 1.0000)*"])
 
 
 def test_a_smaller_baseline_than_the_run_says_so_and_fails_when_required(
-    pytester: pytest.Pytester, recorded: str, gsm8k_args: list[str], server: FakeOpenAIServer
+    pytester: pytest.Pytester, recorded: str, gsm8k_run: GsmRun, server: FakeOpenAIServer
 ) -> None:
-    forced = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=20", "--snapshot-update", "--gsm8k-baseline-partial"
+    forced, _ = gsm8k_run(
+        "--gsm8k-limit=20", "--snapshot-update", "--gsm8k-baseline-partial", report=None
     )
-    assert forced.ret == 0, output(forced)
     forced.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=20, accuracy 1.0000)*"])
     stored = bl.loads((pytester.path / BASELINE).read_text(), "b")
     assert "partial" not in stored  # the whole of its own selection (limit 20)
-    result = pytester.runpytest(*gsm8k_args, LIMIT)
-    assert result.ret == 0, output(result)
+    result, _ = gsm8k_run(LIMIT, report=None)
     result.stdout.fnmatch_lines(
         [f"*baseline: {BASELINE} covers 20 of this run's 100 problems: 80 are not in it*"]
     )
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-require-baseline")
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-require-baseline", ret=1, report=None)
     (line,) = _gate_lines(result)
     assert "FAIL" in line
     assert "covers 20 of this run's 100 problems: 80 are not in it" in line
     assert "--gsm8k-require-baseline needs every problem of the run" in line
 
 
-@XDIST
 def test_a_partial_baseline_is_written_only_when_asked_and_says_so(
     pytester: pytest.Pytester,
     recorded: str,
-    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     server: FakeOpenAIServer,
-    xdist: list[str],
 ) -> None:
     server.set_script(Script(default="wrong"))
-    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache", *xdist]
-    result = pytester.runpytest(
-        *args, "-k", TWO, "--snapshot-update", "--gsm8k-baseline-partial", "--gsm8k-report=r.json"
+    args = [LIMIT, "--gsm8k-no-cache"]
+    result, _ = gsm8k_run(
+        *args,
+        "-k",
+        TWO,
+        "--snapshot-update",
+        "--gsm8k-baseline-partial",
+        "--gsm8k-report=r.json",
+        report=None,
     )
-    assert result.ret == 0, output(result)
     result.stdout.fnmatch_lines(
         [f"*baseline written: {BASELINE} (n=2 of the 100 of its selection, partial*"]
     )
@@ -144,15 +130,13 @@ def test_a_partial_baseline_is_written_only_when_asked_and_says_so(
     assert report(pytester)["baseline"]["partial"] is True
     # the whole selection against it: said; compared on its two problems (both wrong in it)
     # the gate could not fail, which is no verdict (rule 2); --gsm8k-require-baseline: a FAIL
-    result = pytester.runpytest(*args)
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run(*args, ret=1, report=None)
     result.stdout.fnmatch_lines(
         [f"*baseline: {BASELINE} covers 2 of this run's 100 problems: 98 are not in it*"]
     )
     (line,) = _gate_lines(result)
     assert "FAIL: not a verdict: the smallest p 2 problems can give (every answer wrong)" in line
-    result = pytester.runpytest(*args, "--gsm8k-require-baseline")
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run(*args, "--gsm8k-require-baseline", ret=1, report=None)
     (line,) = _gate_lines(result)
     assert "FAIL" in line
     assert "covers 2 of this run's 100 problems: 98 are not in it" in line
@@ -183,16 +167,15 @@ def _trim(path: Path, keep: list[str], extra: dict[str, Any]) -> None:
 def test_a_hand_trimmed_baseline_is_refused_by_name(
     pytester: pytest.Pytester,
     recorded: str,
-    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     server: FakeOpenAIServer,
     extra: dict[str, Any],
     needle: str,
 ) -> None:
     _trim(pytester.path / BASELINE, ["test-0082", "test-0112", "test-0015"], extra)
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-require-baseline")
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-no-cache", "--gsm8k-require-baseline", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     (line,) = _gate_lines(result)
     assert f"FAIL: {BASELINE}: " in line, line
     assert needle in line, line
@@ -200,19 +183,19 @@ def test_a_hand_trimmed_baseline_is_refused_by_name(
 
 
 def test_an_early_stopped_run_writes_a_partial_baseline_only_when_asked(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     server.set_script(Script(default="wrong"))
-    args = [*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.85", "--gsm8k-early-stop=certain"]
-    result = pytester.runpytest(*args, "--snapshot-update")
-    assert result.ret == 1
+    args = [LIMIT, "--gsm8k-min-acc=0.85", "--gsm8k-early-stop=certain"]
+    result, _ = gsm8k_run(*args, "--snapshot-update", ret=1, report=None)
     (line,) = _gate_lines(result)
     assert "not written" in line
     assert "the run stopped early" in line
     assert "--gsm8k-baseline-partial" in line
     assert not (pytester.path / BASELINE).exists()
-    result = pytester.runpytest(*args, "--snapshot-update", "--gsm8k-baseline-partial")
-    assert result.ret == 1  # min-acc FAIL (decided early); the baseline is written
+    gsm8k_run(
+        *args, "--snapshot-update", "--gsm8k-baseline-partial", ret=1, report=None
+    )  # min-acc FAIL (decided early); the baseline is written
     stored = bl.loads((pytester.path / BASELINE).read_text(), "b")
     assert "stopped early" in stored["partial"]["reason"]
     assert len(stored["problems"]) < 100
@@ -220,15 +203,23 @@ def test_an_early_stopped_run_writes_a_partial_baseline_only_when_asked(
 
 
 def test_an_early_stop_never_turns_a_failed_baseline_gate_into_a_pass(
-    pytester: pytest.Pytester, recorded: str, gsm8k_args: list[str], server: FakeOpenAIServer
+    pytester: pytest.Pytester,
+    recorded: str,
+    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
+    server: FakeOpenAIServer,
 ) -> None:
     """min-acc decides early (PASS); a baseline gate that failed for another reason (no
     baseline, one that does not cover the run) stays FAIL."""
-    args = [*gsm8k_args, "--gsm8k-min-acc=0.5", "--gsm8k-early-stop=certain"]
-    missing = pytester.runpytest(
-        *args, LIMIT, "--gsm8k-require-baseline", "--gsm8k-baseline=nowhere.gsm8k"
+    args = ["--gsm8k-min-acc=0.5", "--gsm8k-early-stop=certain"]
+    missing, _ = gsm8k_run(
+        *args,
+        LIMIT,
+        "--gsm8k-require-baseline",
+        "--gsm8k-baseline=nowhere.gsm8k",
+        ret=1,
+        report=None,
     )
-    assert missing.ret == 1, output(missing)
     (line,) = _gate_lines(missing)
     assert "FAIL: no baseline at nowhere.gsm8k" in line
     assert (
@@ -237,8 +228,7 @@ def test_an_early_stop_never_turns_a_failed_baseline_gate_into_a_pass(
         ).ret
         == 0
     )
-    uncovered = pytester.runpytest(*args, LIMIT, "--gsm8k-require-baseline")
-    assert uncovered.ret == 1, output(uncovered)
+    uncovered, _ = gsm8k_run(*args, LIMIT, "--gsm8k-require-baseline", ret=1, report=None)
     (line,) = _gate_lines(uncovered)
     assert "FAIL" in line
     assert "are not in it" in line
@@ -248,20 +238,18 @@ def test_an_early_stop_never_turns_a_failed_baseline_gate_into_a_pass(
 def test_no_gate_passes_on_a_last_failed_rerun_after_a_hiccup(
     pytester: pytest.Pytester,
     recorded: str,
-    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     server: FakeOpenAIServer,
-    xdist: list[str],
 ) -> None:
     """Two problems fail on a transient 500 and the run FAILs its floor; `--lf` once the
     hiccup is over reruns exactly those two, which now pass: neither min-acc nor the baseline
     may PASS on them (it once did, exit 0). What ran is still shown."""
     server.set_script(Script(behaviours={82: "error500", 112: "error500"}))
-    args = [*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0", *xdist]
-    assert pytester.runpytest(*args, "--gsm8k-min-acc=0.99").ret == 1
+    args = [LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0"]
+    gsm8k_run(*args, "--gsm8k-min-acc=0.99", ret=1, report=None)
     server.set_script(Script())
-    result = pytester.runpytest(*args, "--gsm8k-min-acc=0.99", "--lf")
+    result, _ = gsm8k_run(*args, "--gsm8k-min-acc=0.99", "--lf", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     for gate in ("min-acc", "baseline"):
         (line,) = [line for line in result.outlines if f"gate {gate}:" in line]
         assert f"gate {gate}: FAIL: not a verdict: 98 of the 100 problems of its selection " in line
@@ -269,4 +257,4 @@ def test_no_gate_passes_on_a_last_failed_rerun_after_a_hiccup(
     assert "accuracy 1.0000 (test@1, 0-shot CoT, n=2) >= --gsm8k-min-acc 0.99" in text
     assert "Traceback" not in text
     # the same options without --lf: the whole selection, a real PASS
-    assert pytester.runpytest(*args, "--gsm8k-min-acc=0.99").ret == 0
+    gsm8k_run(*args, "--gsm8k-min-acc=0.99", report=None)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output
+from helpers import XDIST, GsmRun, output
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -16,20 +16,16 @@ LIMIT = "--gsm8k-limit=50"
 BASELINE = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
 
 
-def _ids(pytester: pytest.Pytester) -> list[int]:
-    report = json.loads((pytester.path / "r.json").read_text())
+def _ids(report: dict[str, Any]) -> list[int]:
     return sorted(p["index"] for p in report["problems"])
 
 
 @pytest.fixture
-def recorded(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> list[int]:
+def recorded(gsm8k_run: GsmRun) -> list[int]:
     """A baseline recorded from an all-correct run of the 50-problem subset."""
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-report=r.json", "--snapshot-update")
-    assert result.ret == 0, result.stdout.str()
+    result, report = gsm8k_run(LIMIT, "--snapshot-update", xdist=())
     result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=50, accuracy 1.0000)*"])
-    return _ids(pytester)
+    return _ids(report)
 
 
 def test_baseline_file_is_stable_sorted_json(
@@ -48,11 +44,8 @@ def test_baseline_file_is_stable_sorted_json(
     assert "sk-test" not in text
 
 
-def test_identical_rerun_passes(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
-) -> None:
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache")
-    assert result.ret == 0
+def test_identical_rerun_passes(recorded: list[int], gsm8k_run: GsmRun) -> None:
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-no-cache")
     result.stdout.fnmatch_lines(
         [
             "*1.0000 -> 1.0000 on 50 problems*",
@@ -65,7 +58,7 @@ def test_identical_rerun_passes(
 def test_seven_flips_fail_the_default_gate_as_exact_mcnemar(
     pytester: pytest.Pytester,
     recorded: list[int],
-    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     server: FakeOpenAIServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -76,10 +69,7 @@ def test_seven_flips_fail_the_default_gate_as_exact_mcnemar(
     server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
     summary_md = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary_md))
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=r.json", "--junitxml=junit.xml"
-    )
-    assert result.ret == 1
+    result, report = gsm8k_run(LIMIT, "--gsm8k-no-cache", "--junitxml=junit.xml", ret=1)
     ids = ", ".join(f"test-{i:04d}" for i in flipped)
     # exact one-sided McNemar: 7 newly failing, 0 newly passing -> P(X >= 7 | Bin(7, 1/2)) = 1/128
     result.stdout.fnmatch_lines(
@@ -94,7 +84,6 @@ def test_seven_flips_fail_the_default_gate_as_exact_mcnemar(
             "failing, 0 newly passing; diff -14.00 points ?95% CI -26.19, -3.97?",
         ]
     )
-    report = json.loads((pytester.path / "r.json").read_text())
     base = report["baseline"]
     assert base["newly_failing"] == [f"test-{i:04d}" for i in flipped]
     assert base["stable_flips"] == []
@@ -121,8 +110,7 @@ def test_seven_flips_fail_the_default_gate_as_exact_mcnemar(
     assert int(wrong["gsm8k_extracted"]) == int(wrong["gsm8k_gold"]) + 1
 
     # --gsm8k-max-drop is an allowed drop on top: 14 points <= 0.2 passes
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-drop=0.2")
-    assert result.ret == 0
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-no-cache", "--gsm8k-max-drop=0.2")
     result.stdout.fnmatch_lines(
         [
             "*gate baseline: PASS: p=0.00781 < --gsm8k-alpha 0.01, drop 14.00 points <= "
@@ -132,39 +120,28 @@ def test_seven_flips_fail_the_default_gate_as_exact_mcnemar(
 
 
 def test_three_flips_are_within_the_noise_at_alpha_001(
-    pytester: pytest.Pytester,
-    recorded: list[int],
-    gsm8k_args: list[str],
-    server: FakeOpenAIServer,
+    recorded: list[int], gsm8k_run: GsmRun, server: FakeOpenAIServer
 ) -> None:
     """Three always-right problems failing once: p = 1/8, no evidence at 0.01 (the old
     default, any drop fails, failed this; a stricter level still can)."""
     server.set_script(Script(behaviours={i: "wrong" for i in recorded[5:8]}))
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache")
-    assert result.ret == 0, result.stdout.str()
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-no-cache")
     result.stdout.fnmatch_lines(["*gate baseline: PASS: p=0.125 >= --gsm8k-alpha 0.01*"])
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-alpha=0.2")
-    assert result.ret == 1
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-no-cache", "--gsm8k-alpha=0.2", ret=1)
     result.stdout.fnmatch_lines(["*gate baseline: FAIL: p=0.125 < --gsm8k-alpha 0.2*"])
 
 
-def test_subset_run_is_compared_on_its_subset(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
-) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-report=r.json")
-    assert result.ret == 0
-    shared = set(_ids(pytester)) & set(recorded)  # limit 20 is a subset of limit 50
+def test_subset_run_is_compared_on_its_subset(recorded: list[int], gsm8k_run: GsmRun) -> None:
+    result, report = gsm8k_run("--gsm8k-limit=20")
+    shared = set(_ids(report)) & set(recorded)  # limit 20 is a subset of limit 50
     assert len(shared) == 20
     result.stdout.fnmatch_lines(["*on the 20 problems shared with the baseline's 50 (subset)*"])
 
 
-def test_protocol_mismatch_is_refused(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
-) -> None:
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-max-tokens=512", f"--gsm8k-baseline={BASELINE}"
+def test_protocol_mismatch_is_refused(recorded: list[int], gsm8k_run: GsmRun) -> None:
+    result, _ = gsm8k_run(
+        LIMIT, "--gsm8k-max-tokens=512", f"--gsm8k-baseline={BASELINE}", ret=1, report=None
     )
-    assert result.ret == 1
     result.stdout.fnmatch_lines(
         [
             f"*gate baseline: FAIL: refused to compare with {BASELINE}: protocol max_tokens is 512 "
@@ -174,44 +151,33 @@ def test_protocol_mismatch_is_refused(
 
 
 def test_corrupt_baseline_is_named(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_run: GsmRun
 ) -> None:
     path = pytester.path / BASELINE
     path.write_text(path.read_text()[:200])
-    result = pytester.runpytest(*gsm8k_args, LIMIT)
-    assert result.ret == 1
+    result, _ = gsm8k_run(LIMIT, ret=1, report=None)
     result.stdout.fnmatch_lines([f"*gate baseline: FAIL: {BASELINE}: corrupt baseline (line *"])
     assert "Traceback" not in result.stdout.str()
 
 
-def test_missing_baseline_is_a_note_unless_required(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5")
-    assert result.ret == 0
+def test_missing_baseline_is_a_note_unless_required(gsm8k_run: GsmRun) -> None:
+    result, _ = gsm8k_run("--gsm8k-limit=5")
     result.stdout.fnmatch_lines(
         [f"*baseline: no baseline at {BASELINE}; record one with: *--snapshot-update"]
     )
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-require-baseline")
-    assert result.ret == 1
+    result, _ = gsm8k_run("--gsm8k-limit=5", "--gsm8k-require-baseline", ret=1)
     result.stdout.fnmatch_lines(["*gate baseline: FAIL: no baseline at*--gsm8k-require-baseline*"])
 
 
 @XDIST
 def test_a_protocol_change_fails_the_gate_naming_the_baseline_it_moved_from(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """Rule: a protocol with no baseline of its own, beside a baseline of another protocol on
     the same data, fails the baseline gate (without --gsm8k-require-baseline too), naming
     that file and the field that differs, until its own baseline is recorded (issue 34.2)."""
-    args = [*gsm8k_args, "--gsm8k-limit=10", *xdist]
-    assert pytester.runpytest(*args, "--snapshot-update").ret == 0
-    result = pytester.runpytest(*args, "--gsm8k-shots=5")
-    assert result.ret == 1, output(result)
+    gsm8k_run("--gsm8k-limit=10", "--snapshot-update")
+    result, _ = gsm8k_run("--gsm8k-limit=10", "--gsm8k-shots=5", ret=1)
     result.stdout.fnmatch_lines(
         [
             "*gate baseline: FAIL: no baseline of this protocol at "
@@ -221,30 +187,28 @@ def test_a_protocol_change_fails_the_gate_naming_the_baseline_it_moved_from(
         ]
     )
     # recorded as the line says, the new protocol gates against its own baseline
-    assert pytester.runpytest(*args, "--gsm8k-shots=5", "--snapshot-update").ret == 0
-    again = pytester.runpytest(*args, "--gsm8k-shots=5")
-    assert again.ret == 0, output(again)
+    gsm8k_run("--gsm8k-limit=10", "--gsm8k-shots=5", "--snapshot-update")
+    again, _ = gsm8k_run("--gsm8k-limit=10", "--gsm8k-shots=5")
     again.stdout.fnmatch_lines(["*gate baseline: PASS*"])
     # a baseline chosen by name is the one the user named: a missing one stays a note
-    named = pytester.runpytest(*args, "--gsm8k-shots=2", "--gsm8k-baseline-name=explore")
-    assert named.ret == 0, output(named)
+    named, _ = gsm8k_run("--gsm8k-limit=10", "--gsm8k-shots=2", "--gsm8k-baseline-name=explore")
     assert "no baseline at __snapshots__/gsm8k/explore.gsm8k; record one with" in output(named)
 
 
 def test_update_after_errors_refuses_to_write(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-report=r.json")
-    first = _ids(pytester)[0]
+    _, report = gsm8k_run("--gsm8k-limit=10", ret=None)
+    first = _ids(report)[0]
     server.set_script(Script(behaviours={first: "error500"}))
-    result = pytester.runpytest(
-        *gsm8k_args,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=10",
         "--gsm8k-no-cache",
         "--gsm8k-max-retries=0",
         "--snapshot-update",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1
     result.stdout.fnmatch_lines(
         [f"*gate baseline: FAIL: not written to {BASELINE}: 1 problems ended in an error*"]
     )
@@ -252,20 +216,17 @@ def test_update_after_errors_refuses_to_write(
 
 
 def test_both_gates_listed_and_named_baselines_side_by_side(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_run: GsmRun
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.99")
-    assert result.ret == 0
+    result, _ = gsm8k_run(LIMIT, "--gsm8k-min-acc=0.99")
     result.stdout.fnmatch_lines(["*gate min-acc: PASS*", "*gate baseline: PASS*"])
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-baseline-name=release-41", "--snapshot-update"
-    )
+    gsm8k_run(LIMIT, "--gsm8k-baseline-name=release-41", "--snapshot-update", ret=None)
     assert (pytester.path / "__snapshots__" / "gsm8k" / "release-41.gsm8k").is_file()
     assert (pytester.path / BASELINE).is_file()
 
 
 def test_syrupy_never_reports_or_deletes_the_baseline(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+    pytester: pytest.Pytester, recorded: list[int], gsm8k_run: GsmRun
 ) -> None:
     # an ordinary amber snapshot test living in the same __snapshots__ folder
     pytester.makepyfile(test_amber="def test_amber(snapshot):\n    assert snapshot == {'a': 1}\n")
@@ -275,23 +236,18 @@ def test_syrupy_never_reports_or_deletes_the_baseline(
     result = pytester.runpytest("test_amber.py")
     assert result.ret == 0, result.stdout.str()
     assert "unused" not in result.stdout.str().lower()
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "test_amber.py", "--snapshot-update")
-    assert result.ret == 0, result.stdout.str()
+    gsm8k_run(LIMIT, "test_amber.py", "--snapshot-update", report=None)
     assert (pytester.path / BASELINE).is_file()
 
 
 def test_same_result_with_xdist(
-    pytester: pytest.Pytester, recorded: list[int], gsm8k_args: list[str], server: FakeOpenAIServer
+    recorded: list[int], gsm8k_run: GsmRun, server: FakeOpenAIServer
 ) -> None:
     flipped = recorded[:7]
     server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
     outputs = []
     for extra in ([], ["-n", "2"]):
-        result = pytester.runpytest(
-            *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=r.json", *extra
-        )
-        assert result.ret == 1
-        report = json.loads((pytester.path / "r.json").read_text())
+        _, report = gsm8k_run(LIMIT, "--gsm8k-no-cache", ret=1, xdist=extra)
         outputs.append((report["baseline"], report["gates"]))
     assert outputs[0] == outputs[1]
     assert outputs[0][0]["newly_failing"] == [f"test-{i:04d}" for i in flipped]

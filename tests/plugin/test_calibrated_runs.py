@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report
+from helpers import GsmRun, output, report
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -42,26 +42,24 @@ def _noisy(seed: int = 5, drop: int = 0) -> Script:
     return Script(noisy_rate=0.1, noise_seed=seed, drop=drop, drop_pool=_selected())
 
 
-def _record(pytester: pytest.Pytester, args: list[str], xdist: list[str]) -> dict[str, object]:
+def _record(pytester: pytest.Pytester, args: list[str]) -> dict[str, object]:
     result = pytester.runpytest(
-        *args, *xdist, "--gsm8k-repeats=5", "--snapshot-update", "--gsm8k-report=base.json"
+        *args, "--gsm8k-repeats=5", "--snapshot-update", "--gsm8k-report=base.json"
     )
     assert result.ret == 0, output(result)
     document = bl.loads((pytester.path / BASELINE).read_text(), "baseline")
     return document
 
 
-@XDIST
 def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    document = _record(pytester, args, xdist)
+    document = _record(pytester, args)
     selected = _selected()
     noisy = {f"test-{i:04d}" for i in selected if server.script.noisy(i)}
     # the baseline: K=5 per problem, one line per problem, and its calibration
@@ -95,7 +93,7 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     _validate(base_report)
 
     # an unchanged rerun (one run per problem): its noisy problems flip, the gate passes
-    result = pytester.runpytest(*args, *xdist, "--gsm8k-report=r.json", "--gsm8k-markdown=s.md")
+    result = pytester.runpytest(*args, "--gsm8k-report=r.json", "--gsm8k-markdown=s.md")
     assert result.ret == 0, output(result)
     result.stdout.fnmatch_lines(
         [
@@ -118,7 +116,7 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     dropped = sorted(f"test-{i:04d}" for i in server.script.dropped(1319))
     assert len(dropped) == 26
     result = pytester.runpytest(
-        *args, *xdist, "--gsm8k-report=r.json", "--gsm8k-markdown=s.md", "--gsm8k-html=p.html"
+        *args, "--gsm8k-report=r.json", "--gsm8k-markdown=s.md", "--gsm8k-html=p.html"
     )
     assert result.ret == 1, output(result)
     lines = result.stdout.lines
@@ -164,7 +162,7 @@ def test_candidate_repeats_are_compared_as_a_mean(
     the mean; the same protocol label and baseline file as a single run (K is not in it)."""
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    _record(pytester, args, [])
+    _record(pytester, args)
     server.reset()
     result = pytester.runpytest(*args, "--gsm8k-repeats=3", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
@@ -195,7 +193,7 @@ def test_a_calibrated_baseline_is_not_replaced_by_one_of_fewer_runs(
     single-run one, without a word: the gate then fell back to McNemar and lost its power."""
     server.set_script(_noisy())
     args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-no-cache"]
-    _record(pytester, args, [])
+    _record(pytester, args)
     recorded = (pytester.path / BASELINE).read_text()
     for fewer in ([], ["--gsm8k-repeats=3"]):
         result = pytester.runpytest(*args, *fewer, "--snapshot-update")
@@ -215,21 +213,19 @@ def test_a_calibrated_baseline_is_not_replaced_by_one_of_fewer_runs(
 def test_repeats_resume_from_the_cache_per_repeat(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
 ) -> None:
     """Repeat 0 keeps the key of a run without repeats; each further repeat has its own:
     a K=3 run resumed after a plain one asks only repeats 1 and 2, and a resumed rerun asks
     nothing."""
-    args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
-    assert pytester.runpytest(*args).ret == 0
+    args = ["--gsm8k-limit=20", "--gsm8k-cache-dir=cache", "--gsm8k-resume"]
+    gsm8k_run(*args, report=None)
     assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 20
     server.reset()
-    assert pytester.runpytest(*args, "--gsm8k-repeats=3").ret == 0
+    gsm8k_run(*args, "--gsm8k-repeats=3", report=None)
     assert server.stats()["requests_by_path"]["/v1/chat/completions"] == 40
     server.reset()
-    result = pytester.runpytest(*args, "--gsm8k-repeats=3", "-n", "2")
-    assert result.ret == 0, output(result)
+    result, _ = gsm8k_run(*args, "--gsm8k-repeats=3", "-n", "2", report=None)
     assert server.stats()["requests_by_path"].get("/v1/chat/completions", 0) == 0
     result.stdout.fnmatch_lines(["*answers from cache: 20 of 20*"])
 
@@ -261,13 +257,11 @@ def test_repeats_refusals_are_one_line(
     assert "Traceback" not in text
 
 
-@XDIST
 def test_repeats_headline_and_min_acc_are_the_mean_over_every_answer(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """Issue 32, point 1: with --gsm8k-repeats K the headline, the report's accuracy and
     --gsm8k-min-acc are test@1, the mean over every answer, not each problem's most common
@@ -275,7 +269,7 @@ def test_repeats_headline_and_min_acc_are_the_mean_over_every_answer(
     compares mean with mean, with the same diff and interval as the gate's line."""
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    document = _record(pytester, args, xdist)
+    document = _record(pytester, args)
     base = report(pytester, "base.json")
     answers = [p["repeats"] for p in base["problems"]]
     mean = sum(r.count("correct") for r in answers) / (5 * LIMIT)
@@ -290,7 +284,7 @@ def test_repeats_headline_and_min_acc_are_the_mean_over_every_answer(
     # a min-acc between the two: the mean decides, in the gate's own words
     between = (mean + majority) / 2
     result = pytester.runpytest(
-        *args, *xdist, "--gsm8k-repeats=5", f"--gsm8k-min-acc={between}", "--gsm8k-report=r.json"
+        *args, "--gsm8k-repeats=5", f"--gsm8k-min-acc={between}", "--gsm8k-report=r.json"
     )
     out = output(result)
     data = report(pytester)

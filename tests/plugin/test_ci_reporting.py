@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_CACHEPROVIDER, XDIST, output, report
+from helpers import NO_CACHEPROVIDER, XDIST, GsmRun, output, report
 
 #: the words of pytest's final line for the outcomes of the headline
 PYTEST_WORDS = {"error": "errors"}
@@ -60,25 +60,21 @@ def headline_counts(data: dict[str, Any]) -> dict[str, int]:
 # -- the gates in JUnit XML -------------------------------------------------------------------
 
 
-@XDIST
 def test_a_failed_gate_is_a_failed_junit_test_case(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=6",
         "--gsm8k-min-acc=0.5",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
         "--junitxml=junit.xml",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1
     suite, gates = junit(pytester.path / "junit.xml")
     assert set(gates) == {"min-acc"}
     [failure] = gates["min-acc"].findall("failure")
@@ -91,23 +87,18 @@ def test_a_failed_gate_is_a_failed_junit_test_case(
     assert pytest_counts(result) == {"wrong": 6}
 
 
-@XDIST
 def test_a_passing_gate_is_a_passing_junit_test_case(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    gsm8k_run(
         "--gsm8k-limit=4",
         "--gsm8k-min-acc=0.5",
         "--gsm8k-no-cache",
         "--junitxml=junit.xml",
+        report=None,
     )
-    assert result.ret == 0
     suite, gates = junit(pytester.path / "junit.xml")
     assert set(gates) == {"min-acc"}
     assert list(gates["min-acc"]) == []  # no failure, error or skipped element
@@ -117,12 +108,9 @@ def test_a_passing_gate_is_a_passing_junit_test_case(
 
 
 def test_a_run_without_gates_adds_no_junit_test_case(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=3", "--gsm8k-no-cache", "--junitxml=junit.xml"
-    )
-    assert result.ret == 0
+    gsm8k_run("--gsm8k-limit=3", "--gsm8k-no-cache", "--junitxml=junit.xml", report=None)
     suite, gates = junit(pytester.path / "junit.xml")
     assert gates == {}
     assert suite.get("tests") == "3"
@@ -135,22 +123,19 @@ def test_a_run_without_gates_adds_no_junit_test_case(
 def test_a_dead_endpoint_leaves_no_item_unaccounted_for(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     server.set_script(Script(latency=0.02))
     server.die_after = 20
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=80",
         "--gsm8k-concurrency=8",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
         "--junitxml=junit.xml",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1
     data = report(pytester)
     counts = headline_counts(data)
     assert counts["error"] >= 80 - 20 - 8, counts  # the run did stop on the dead endpoint
@@ -180,14 +165,10 @@ def test_a_dead_endpoint_leaves_no_item_unaccounted_for(
 def test_an_early_stop_skips_the_items_it_did_not_run(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=300",
         "--gsm8k-min-acc=0.85",
         "--gsm8k-early-stop=certain",
@@ -195,8 +176,9 @@ def test_an_early_stop_skips_the_items_it_did_not_run(
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
         "--junitxml=junit.xml",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1
     data = report(pytester)
     assert data["early_stop"]["decided_after"] == 46  # more than 0.15 * 300 wrong: FAIL
     counts = pytest_counts(result)
@@ -274,13 +256,11 @@ def test_the_progress_line_rewrites_the_current_line_on_a_terminal(
     assert "5 wrong" in plain.splitlines()[-1]
 
 
-@XDIST
 def test_the_progress_asked_for_in_a_log_is_plain_lines(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """``--gsm8k-progress`` into a file (a CI log): a rewrite there was one line holding
     17 carriage returns. Plain lines, each once, the last one the finished run's."""
@@ -289,7 +269,6 @@ def test_the_progress_asked_for_in_a_log_is_plain_lines(
         pytester,
         *gsm8k_args,
         *NO_CACHEPROVIDER,
-        *xdist,
         "--gsm8k-limit=5",
         "--gsm8k-no-cache",
         "--gsm8k-progress",
@@ -305,21 +284,19 @@ def test_the_progress_asked_for_in_a_log_is_plain_lines(
 
 
 def test_without_a_terminal_the_progress_line_is_off_unless_asked(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-no-cache")
-    assert result.ret == 0
+    result, _ = gsm8k_run("--gsm8k-limit=5", "--gsm8k-no-cache", report=None)
     assert "answered" not in output(result)
     result.stdout.fnmatch_lines(["gsm8k ..... *[[]100%[]]"])
 
 
 def test_the_progress_line_leaves_verbose_output_alone(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     """With ``-v`` every item has its own line already: no progress line, even when asked."""
-    result = pytester.runpytest(
-        *gsm8k_args, "-v", "--gsm8k-limit=3", "--gsm8k-no-cache", "--gsm8k-progress"
+    result, _ = gsm8k_run(
+        "-v", "--gsm8k-limit=3", "--gsm8k-no-cache", "--gsm8k-progress", report=None
     )
-    assert result.ret == 0
     assert "answered" not in output(result)
     result.stdout.fnmatch_lines(["*test_gsm8k[[]test-*[]] CORRECT*"])

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, output, report
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, GsmRun, config_serve, output, report
 
 from pytest_gsm8k.core.baseline import MAX_REPEATS
 from pytest_gsm8k.core.compare import MAX_CONFIGS, MAX_ID, MAX_PROBLEMS, load_report
@@ -34,12 +34,9 @@ def compare(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 @pytest.fixture
-def first(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> list[int]:
+def first(pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun) -> list[int]:
     """a.json: an all-correct run of 20 problems; its problems' indices."""
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-report=a.json")
-    assert result.ret == 0, result.stdout.str()
+    gsm8k_run(LIMIT, "--gsm8k-report=a.json", report=None, xdist=())
     return [p["index"] for p in report(pytester, "a.json")["problems"]]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, sent
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, sent
 from helpers import read_json as report
 
 
@@ -17,21 +17,18 @@ from helpers import read_json as report
 def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    result, _ = gsm8k_run(
         "--gsm8k-min-acc=0.85",
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=8",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1
     # FAIL is certain once more than 0.15 * 1319 = 197.85 answers are not correct
     assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
     data = report(pytester.path / "r.json")
@@ -58,25 +55,22 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
 def test_certain_stops_sampled_protocols_after_198_problems(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     protocol: str,
 ) -> None:
     """pass@N and maj@N decide per problem from all its samples (one request with ``n``):
     the stop counts problems, and no sample is asked for a problem past the stop."""
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    result, _ = gsm8k_run(
         f"--gsm8k-protocol={protocol}",
         "--gsm8k-min-acc=0.85",
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=8",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1, result.stdout.str()
     assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
     data = report(pytester.path / "r.json")
     assert data["protocol"]["name"] == protocol
@@ -92,20 +86,17 @@ def test_certain_stops_sampled_protocols_after_198_problems(
 def test_sequential_passes_a_good_model_early_with_its_interval(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     xdist: list[str],
 ) -> None:
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    result, _ = gsm8k_run(
         "--gsm8k-min-acc=0.5",
         "--gsm8k-early-stop=sequential",
         "--gsm8k-concurrency=4",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        report=None,
     )
-    assert result.ret == 0, result.stdout.str()
     data = report(pytester.path / "r.json")
     early = data["early_stop"]
     assert early["mode"] == "sequential"
@@ -142,18 +133,17 @@ def test_the_sequential_order_is_the_seeded_one(
 def test_an_early_stopped_run_writes_no_baseline(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
 ) -> None:
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(
-        *gsm8k_args,
+    result, _ = gsm8k_run(
         "--gsm8k-min-acc=0.85",
         "--gsm8k-early-stop=certain",
         "--gsm8k-no-cache",
         "--snapshot-update",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1
     result.stdout.fnmatch_lines(["*gate baseline: FAIL: not written to *: the run stopped early*"])
     assert not list(pytester.path.rglob("*.gsm8k"))
 

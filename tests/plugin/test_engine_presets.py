@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, VLLM_RECORDING, XDIST
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, VLLM_RECORDING, XDIST, GsmRun
 
 RECORDED: dict[str, Any] = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))
 
@@ -219,19 +219,17 @@ def test_sglang_preset_sends_its_prompt_to_completions(
     ],
 )
 def test_engine_preset_bad_input(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, args: list[str], message: str
+    pytester: pytest.Pytester, gsm8k_run: GsmRun, args: list[str], message: str
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, *args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result, _ = gsm8k_run(*args, ret=pytest.ExitCode.USAGE_ERROR, report=None)
     result.stderr.fnmatch_lines([f"ERROR: gsm8k: {message}"])
     assert "Traceback" not in result.stderr.str()
 
 
-def test_shots_beyond_the_pool_is_one_line(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
-) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-preset=sglang", "--gsm8k-shots=2000")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+def test_shots_beyond_the_pool_is_one_line(pytester: pytest.Pytester, gsm8k_run: GsmRun) -> None:
+    result, _ = gsm8k_run(
+        "--gsm8k-preset=sglang", "--gsm8k-shots=2000", ret=pytest.ExitCode.USAGE_ERROR, report=None
+    )
     result.stderr.fnmatch_lines(
         ["ERROR: gsm8k: --gsm8k-shots 2000: the preset's example pool has only 1319 rows"]
     )

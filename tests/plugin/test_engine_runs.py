@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, sent, wait_until
 from helpers import read_json as read_report
 
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
@@ -51,13 +51,10 @@ def entries(cache_dir: Path) -> list[Path]:
 
 
 def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     server.set_script(Script(latency=0.25))
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=48", "--gsm8k-concurrency=12", "--gsm8k-no-cache"
-    )
-    assert result.ret == 0, output(result)
+    gsm8k_run("--gsm8k-limit=48", "--gsm8k-concurrency=12", "--gsm8k-no-cache", report=None)
     stats = server.stats()
     assert stats["peak_in_flight"] == 12
     assert sent(server) == 48
@@ -65,7 +62,7 @@ def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
 
 
 def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     script = Script(
         behaviours={i: "wrong" for i in range(0, 1319, 7)}
@@ -73,9 +70,8 @@ def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
         latency=0.1,
     )
     server.set_script(script)
-    run = [*gsm8k_args, "--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache"]
-    plain = pytester.runpytest(*run, "--gsm8k-report=plain.json")
-    assert plain.ret == 0, output(plain)
+    run = ["--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache"]
+    plain, _ = gsm8k_run(*run, "--gsm8k-report=plain.json", report=None)
     assert sent(server) == 80
     one = read_report(pytester.path / "plain.json")
     assert 0 < one["correct"] < 80
@@ -86,8 +82,7 @@ def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
     for workers in ("2", "auto", "3"):
         server.reset()
         server.set_script(script)
-        spread = pytester.runpytest(*run, "-n", workers, f"--gsm8k-report=x{workers}.json")
-        assert spread.ret == 0, output(spread)
+        spread, _ = gsm8k_run(*run, "-n", workers, f"--gsm8k-report=x{workers}.json", report=None)
         assert sent(server) == 80, workers
         assert set(per_problem(server).values()) == {1}, workers
         assert 8 <= server.stats()["peak_in_flight"] <= 16  # never more than the limit
@@ -128,18 +123,17 @@ def test_a_request_failing_after_retries_is_asked_no_more_than_the_retries(
 
 
 def test_429_storm_with_retry_after_ends_with_every_answer(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     storm = {i: {"429": 4} for i in range(1319)}
     server.set_script(Script(fail_first=storm, retry_after=0.05))
-    result = pytester.runpytest(
-        *gsm8k_args,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=30",
         "--gsm8k-concurrency=10",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        report=None,
     )
-    assert result.ret == 0, output(result)
     report = read_report(pytester.path / "r.json")
     assert report["counts"]["correct"] == 30
     assert report["counts"]["error"] == 0
@@ -309,18 +303,17 @@ def test_rerun_of_a_finished_run_asks_again_and_a_resume_sends_nothing_and_repor
 
 
 def test_corrupt_cache_entries_are_warned_about_and_re_requested(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
-    run = [*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache"]
-    assert pytester.runpytest(*run).ret == 0
+    run = ["--gsm8k-limit=12", "--gsm8k-cache-dir=cache"]
+    gsm8k_run(*run, report=None)
     files = entries(pytester.path / "cache")
     assert len(files) == 12
     files[0].write_bytes(files[0].read_bytes()[:50])  # truncated
     files[1].write_text("not json at all")
     files[2].write_text(json.dumps({"v": 1, "response": {"completions": "nope"}}))
     server.reset()
-    result = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r.json")
-    assert result.ret == 0, output(result)
+    result, _ = gsm8k_run(*run, "--gsm8k-resume", "--gsm8k-report=r.json", report=None)
     assert sent(server) == 3
     text = output(result)
     assert text.count("gsm8k cache: corrupt entry") == 3, text
@@ -329,15 +322,14 @@ def test_corrupt_cache_entries_are_warned_about_and_re_requested(
     assert report["from_cache"] == 9
     result.stdout.fnmatch_lines(["*answers from cache: 9 of 12*"])
     server.reset()
-    assert pytester.runpytest(*run, "--gsm8k-resume").ret == 0
+    gsm8k_run(*run, "--gsm8k-resume", report=None)
     assert sent(server) == 0  # repaired
 
 
 def test_cache_never_holds_the_api_key(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, keyed_env: str
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-cache-dir=cache")
-    assert result.ret == 0, output(result)
+    gsm8k_run("--gsm8k-limit=10", "--gsm8k-cache-dir=cache", report=None)
     files = [p for p in (pytester.path / "cache").rglob("*") if p.is_file()]
     assert len(entries(pytester.path / "cache")) == 10
     for path in files:

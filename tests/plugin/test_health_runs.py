@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, XDIST, output, report, sent
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, GsmRun, output, report, sent
 
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.runtime.data import load_split
@@ -46,14 +46,12 @@ def _junit_gates(path: Path) -> dict[str, ET.Element]:
     }
 
 
-@XDIST
 @pytest.mark.parametrize("outcome", ["truncated", "unparsed", "error"])
 def test_a_health_gate_fails_the_run_with_one_line_and_passes_under_a_looser_rate(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     outcome: str,
 ) -> None:
     """4 of 20 problems (20%) of one outcome: ``--gsm8k-max-<outcome> 0.1`` (2 allowed)
@@ -63,16 +61,17 @@ def test_a_health_gate_fails_the_run_with_one_line_and_passes_under_a_looser_rat
     server.set_script(Script(behaviours=dict.fromkeys(bad, BEHAVIOUR[outcome])))
     name, flag = f"max-{outcome}", f"--gsm8k-max-{outcome}"
     word = "ended in an error" if outcome == "error" else outcome
-    args = [*gsm8k_args, *xdist, f"--gsm8k-limit={LIMIT}", "--gsm8k-max-retries=0"]
-    result = pytester.runpytest(
+    args = [f"--gsm8k-limit={LIMIT}", "--gsm8k-max-retries=0"]
+    result, _ = gsm8k_run(
         *args,
         f"{flag}=0.1",
         "--gsm8k-report=r.json",
         "--junitxml=junit.xml",
         "--gsm8k-markdown=summary.md",
         "--gsm8k-html=page.html",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1, output(result)
     line = f"  gate {name}: FAIL: 20.0% of 20 problems {word} (4; 2 allowed) > {flag} 0.1"
     assert output(result).count(f"gate {name}:") == 1
     assert line in result.stdout.lines
@@ -90,7 +89,7 @@ def test_a_health_gate_fails_the_run_with_one_line_and_passes_under_a_looser_rat
     assert f"| {name} | FAIL | 20.0% of 20 problems" in (pytester.path / "summary.md").read_text()
     assert name in (pytester.path / "page.html").read_text(encoding="utf-8")
 
-    looser = pytester.runpytest(*args, f"{flag}=0.2", "--gsm8k-report=r.json")
+    looser = pytester.runpytest(*gsm8k_args, *args, f"{flag}=0.2", "--gsm8k-report=r.json")
     assert f"  gate {name}: PASS: 20.0% of 20 problems {word} (4; 4 allowed) <= {flag} 0.2" in (
         looser.stdout.lines
     )
@@ -99,27 +98,23 @@ def test_a_health_gate_fails_the_run_with_one_line_and_passes_under_a_looser_rat
     assert looser.ret == (1 if outcome == "error" else 0), output(looser)
 
 
-@XDIST
 def test_the_early_stop_fails_a_rambling_model_after_66_of_1319_problems(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """Every answer cut by the token limit: 0.05 of 1319 allows 65, so FAIL is certain
     at the 66th, and the run stops there (plus the requests already in flight)."""
     server.set_script(Script(default="truncated"))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    gsm8k_run(
         "--gsm8k-max-truncated=0.05",
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=8",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1, output(result)
     assert 66 <= sent(server) <= 66 + 8 + 2, sent(server)
     data = report(pytester)
     assert data["early_stop"]["decided_after"] == 66
@@ -131,27 +126,22 @@ def test_the_early_stop_fails_a_rambling_model_after_66_of_1319_problems(
     )
 
 
-@XDIST
 def test_the_early_stop_passes_a_health_gate_once_the_rest_cannot_fail_it(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """20 clean answers against 0.5 (10 allowed): PASS is certain after 10, and the
     stopped run exits 0 with the early verdict as the gate's."""
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    gsm8k_run(
         f"--gsm8k-limit={LIMIT}",
         "--gsm8k-max-unparsed=0.5",
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=1",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        report=None,
     )
-    assert result.ret == 0, output(result)
     data = report(pytester)
     assert data["early_stop"]["decided_after"] == 10
     gate = _gate(data, "max-unparsed")
@@ -161,23 +151,22 @@ def test_the_early_stop_passes_a_health_gate_once_the_rest_cannot_fail_it(
 def test_a_health_gate_left_open_by_another_gates_early_fail_is_not_a_fail(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
 ) -> None:
     """Every answer wrong: min-acc 0.85 fails for certain after 198 problems, when no
     answer was truncated but the full run's share is still open. The health gate says
     so instead of judging the partial counts; the run fails on min-acc."""
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(
-        *gsm8k_args,
+    gsm8k_run(
         "--gsm8k-min-acc=0.85",
         "--gsm8k-max-truncated=0.05",
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=8",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        ret=1,
+        report=None,
     )
-    assert result.ret == 1, output(result)
     data = report(pytester)
     assert data["early_stop"]["verdicts"] == {"min-acc": "FAIL", "max-truncated": None}
     assert _gate(data, "min-acc")["passed"] is False
@@ -204,9 +193,8 @@ HINT = (
 )
 
 
-@XDIST
 def test_the_hint_names_a_chat_model_on_the_completions_api_once(
-    pytester: pytest.Pytester, instruct_server: FakeOpenAIServer, keyed_env: str, xdist: list[str]
+    pytester: pytest.Pytester, instruct_server: FakeOpenAIServer, keyed_env: str
 ) -> None:
     """No gate set: the hint is one line of the gsm8k block; the chat API gets none."""
     instruct_server.set_script(Script(behaviours=dict.fromkeys(_selected()[:6], "unparsed")))
@@ -214,7 +202,6 @@ def test_the_hint_names_a_chat_model_on_the_completions_api_once(
         "--gsm8k-model=Qwen2.5-7B-Instruct",
         f"--gsm8k-base-url={instruct_server.base_url}",
         *NO_EXTRA_PLUGINS,
-        *xdist,
         f"--gsm8k-limit={LIMIT}",
     ]
     result = pytester.runpytest(*args, "--gsm8k-api=completions")
@@ -228,28 +215,23 @@ def test_the_hint_names_a_chat_model_on_the_completions_api_once(
     assert "hint:" not in output(chat)
 
 
-@XDIST
 def test_the_hint_reads_chat_template_tokens_in_the_replies(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """A model id that says nothing (``fake-model``): replies in Llama 3's turn markup are
     the sign; the same share of plain unparsed replies gives no hint."""
     six = _selected()[:6]
-    args = [*gsm8k_args, *xdist, f"--gsm8k-limit={LIMIT}", "--gsm8k-api=completions"]
+    args = [f"--gsm8k-limit={LIMIT}", "--gsm8k-api=completions"]
     server.set_script(Script(behaviours=dict.fromkeys(six, "template")))
-    result = pytester.runpytest(*args, "--gsm8k-no-cache", "--gsm8k-max-unparsed=0.1")
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run(*args, "--gsm8k-no-cache", "--gsm8k-max-unparsed=0.1", ret=1, report=None)
     sign = "a reply holds the chat-template token '<|eot_id|>'"
     assert [line for line in result.stdout.lines if "hint:" in line] == [HINT.format(sign=sign)]
     assert "  gate max-unparsed: FAIL: 30.0% of 20 problems unparsed (6; 2 allowed)" in (
         result.stdout.str()
     )
     server.set_script(Script(behaviours=dict.fromkeys(six, "unparsed")))
-    plain = pytester.runpytest(*args, "--gsm8k-no-cache")
-    assert plain.ret == 0, output(plain)
+    plain, _ = gsm8k_run(*args, "--gsm8k-no-cache", report=None)
     assert "6 unparsed" in plain.stdout.str()
     assert "hint:" not in output(plain)

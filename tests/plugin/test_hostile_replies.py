@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fakeserver import LONE_SURROGATE, FakeOpenAIServer, Script
-from helpers import XDIST, output, report, sent
+from helpers import XDIST, GsmRun, output, report, sent
 
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.runtime.data import load_split
@@ -39,8 +39,7 @@ def by_index(rep: dict[str, Any]) -> dict[int, dict[str, Any]]:
 def test_replies_over_the_bound_are_their_own_errors_and_never_shift_answers(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     xdist: list[str],
 ) -> None:
     """70 MB answers (longer than a line-based channel reads at once, so the rest would be
@@ -49,11 +48,10 @@ def test_replies_over_the_bound_are_their_own_errors_and_never_shift_answers(
     indices = chosen(20)
     huge = {indices[2], indices[9], indices[15]}
     server.set_script(Script(behaviours=dict.fromkeys(huge, "huge")))
-    result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-concurrency=4", "--gsm8k-report=r.json"
+    result, _ = gsm8k_run(
+        "--gsm8k-limit=20", "--gsm8k-concurrency=4", "--gsm8k-report=r.json", ret=1, report=None
     )
     text = output(result)
-    assert result.ret == 1, text  # an error fails the run
     assert not any(crash in text for crash in CRASHES), text
     problems = by_index(report(pytester))
     assert set(problems) == set(indices)
@@ -75,15 +73,12 @@ def test_replies_over_the_bound_are_their_own_errors_and_never_shift_answers(
 def test_a_gzip_bomb_is_that_problems_error_with_one_line(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     indices = chosen(6)
     server.set_script(Script(behaviours={indices[3]: "gzipbomb"}))
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=6", "--gsm8k-report=r.json")
+    result, _ = gsm8k_run("--gsm8k-limit=6", "--gsm8k-report=r.json", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     assert not any(crash in text for crash in CRASHES), text
     problems = by_index(report(pytester))
     assert problems[indices[3]]["outcome"] == "error"
@@ -98,10 +93,8 @@ def test_a_gzip_bomb_is_that_problems_error_with_one_line(
 def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
-    xdist: list[str],
 ) -> None:
     indices = chosen(6)
     odd = indices[1]
@@ -109,10 +102,9 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
         Script(behaviours={odd: "surrogate"}, reported_model=f"fake-model{LONE_SURROGATE}")
     )
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
-    run = [*gsm8k_args, *xdist, "--gsm8k-limit=6", "--gsm8k-cache-dir=cache"]
-    first = pytester.runpytest(*run, "--gsm8k-report=r.json", "--gsm8k-html=p.html")
+    run = ["--gsm8k-limit=6", "--gsm8k-cache-dir=cache"]
+    first, _ = gsm8k_run(*run, "--gsm8k-report=r.json", "--gsm8k-html=p.html", report=None)
     text = output(first)
-    assert first.ret == 0, text
     assert not any(crash in text for crash in CRASHES), text
     assert "answer channel" not in text
     assert "gsm8k cache" not in text
@@ -130,8 +122,7 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
     entries = list((pytester.path / "cache" / "responses").rglob("*.json"))
     assert len(entries) == 6
     server.reset()
-    again = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r2.json")
-    assert again.ret == 0, output(again)
+    again, _ = gsm8k_run(*run, "--gsm8k-resume", "--gsm8k-report=r2.json", report=None)
     assert sent(server) == 0, output(again)
     again.stdout.fnmatch_lines(["*answers from cache: 6 of 6*"])
     assert by_index(report(pytester, "r2.json"))[odd]["response"] == record["response"]
@@ -141,7 +132,7 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
 
 
 def test_token_counts_that_are_not_counts_are_left_out_and_said_once(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     indices = chosen(5)
     server.set_script(
@@ -153,9 +144,8 @@ def test_token_counts_that_are_not_counts_are_left_out_and_said_once(
             }
         )
     )
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=r.json")
+    result, _ = gsm8k_run("--gsm8k-limit=5", "--gsm8k-report=r.json", report=None)
     text = output(result)
-    assert result.ret == 0, text
     rep = report(pytester)
     problems = by_index(rep)
     assert "prompt_tokens" not in problems[indices[0]]["usage"]

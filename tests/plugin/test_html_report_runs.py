@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from browser import NEEDS_CHROMIUM, Browser
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -152,17 +151,15 @@ def test_real_run_page_in_chromium(
     assert browser.requested_urls() == [page.as_uri()]  # the page fetched nothing else
 
 
-@XDIST
 def test_the_page_is_written_when_the_gate_fails_and_when_the_endpoint_dies(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     ids = [p.index for p in select(_split().problems, 20, 1234)]
     server.set_script(Script(behaviours={ids[0]: "wrong"}))
-    run = [*gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-no-cache"]
+    run = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-no-cache"]
     result = pytester.runpytest(*run, "--gsm8k-min-acc=1", "--gsm8k-html=out/page.html")
     assert result.ret == 1
     page = (pytester.path / "out" / "page.html").read_text(encoding="utf-8")

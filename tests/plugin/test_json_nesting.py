@@ -7,7 +7,7 @@ import json
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import output
+from helpers import GsmRun, output
 
 #: far past the interpreter's recursion limit: json.loads alone raises RecursionError
 ABYSS = 100_000
@@ -47,23 +47,23 @@ def test_a_deep_param_is_a_usage_error(pytester: pytest.Pytester, where: str) ->
 
 
 def test_a_deep_baseline_fails_its_gate_after_the_run(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     path = pytester.path / "deep.gsm8k"
     path.write_text(
         '{"kind": "pytest-gsm8k baseline", "schema": 1, "x": ' + nested(ABYSS) + "}",
         encoding="utf-8",
     )
-    result = pytester.runpytest(
-        *gsm8k_args,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=3",
         "--gsm8k-baseline=deep.gsm8k",
         "--gsm8k-early-stop=certain",
         "--gsm8k-min-acc=0.5",
         "--gsm8k-html=page.html",
+        ret=1,
+        report=None,
     )
     text = output(result)
-    assert result.ret == 1, text
     result.stdout.fnmatch_lines(
         [
             "*gsm8k acc (test@1, 0-shot CoT) = 1.0000*",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report
+from helpers import GsmRun, output, report
 
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.scrub import md_text
@@ -17,13 +17,10 @@ from pytest_gsm8k.runtime.data import load_split
 LIMIT = "--gsm8k-limit=20"
 
 
-@XDIST
 def test_the_markdown_file_is_the_step_summary_replaced_each_run(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = pytester.path / "step.md"
@@ -33,10 +30,9 @@ def test_the_markdown_file_is_the_step_summary_replaced_each_run(
     written.parent.mkdir()
     written.write_text("stale\n")
     server.set_script(Script(default="wrong"))
-    args = [*gsm8k_args, *xdist, LIMIT, "--gsm8k-min-acc=0.99", "--gsm8k-report=r.json"]
-    result = pytester.runpytest(*args, "--gsm8k-markdown=out/summary.md")
+    args = [LIMIT, "--gsm8k-min-acc=0.99", "--gsm8k-report=r.json"]
+    result, _ = gsm8k_run(*args, "--gsm8k-markdown=out/summary.md", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     assert report(pytester)["counts"]["wrong"] == 20
     markdown = written.read_text()
     assert step.read_text() == "an earlier step's summary\n" + markdown
@@ -48,8 +44,7 @@ def test_the_markdown_file_is_the_step_summary_replaced_each_run(
     # without GitHub: the file alone, replaced again (not appended to)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY")
     server.set_script(Script())
-    result = pytester.runpytest(*args, "--gsm8k-no-cache", "--gsm8k-markdown=out/summary.md")
-    assert result.ret == 0, output(result)
+    gsm8k_run(*args, "--gsm8k-no-cache", "--gsm8k-markdown=out/summary.md", report=None)
     again = written.read_text()
     assert again.startswith("### gsm8k acc (test@1, 0-shot CoT) = 1.0000")
     assert again.count("### gsm8k acc") == 1
@@ -60,33 +55,27 @@ def test_the_markdown_file_is_the_step_summary_replaced_each_run(
 def test_the_ini_twin_names_the_file(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     pytester.makeini("[pytest]\ngsm8k_markdown = from-ini.md\n")
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3")
-    assert result.ret == 0, output(result)
+    gsm8k_run("--gsm8k-limit=3", report=None)
     assert (pytester.path / "from-ini.md").read_text().startswith("### gsm8k acc ")
 
 
-@XDIST
 def test_a_markdown_file_unwritable_at_the_end_is_one_line_and_fails_the_run(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     # a test of the user's turns the path into a folder after the session-start check
     pytester.makepyfile(test_spoil="import os\n\ndef test_spoil():\n    os.mkdir('m.md')\n")
-    args = [*gsm8k_args, *xdist, "--gsm8k-limit=3", "--gsm8k-report=r.json"]
-    result = pytester.runpytest(*args, "--gsm8k-markdown=m.md")
+    args = ["--gsm8k-limit=3", "--gsm8k-report=r.json"]
+    result, _ = gsm8k_run(*args, "--gsm8k-markdown=m.md", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     assert "Traceback" not in text
     lines = [line for line in text.splitlines() if "gsm8k: --gsm8k-markdown:" in line]
     assert len(lines) == 1, text
@@ -96,13 +85,10 @@ def test_a_markdown_file_unwritable_at_the_end_is_one_line_and_fails_the_run(
     assert report(pytester)["n"] == 3
 
 
-@XDIST
 def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -112,12 +98,11 @@ def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     repository or as the artifact's file, never this machine's absolute path."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     ids = [p.index for p in select(load_split(None).problems, 40, 1234)]
-    args = [*gsm8k_args, *xdist, "--gsm8k-limit=40", "--gsm8k-no-cache", "--gsm8k-markdown=m.md"]
+    args = ["--gsm8k-limit=40", "--gsm8k-no-cache", "--gsm8k-markdown=m.md"]
     # the baseline: one problem wrong then; the page outside the repository
     server.set_script(Script(behaviours={ids[0]: "wrong"}))
     outside = tmp_path / "pages" / "gsm8k.html"
-    recorded = pytester.runpytest(*args, "--snapshot-update", f"--gsm8k-html={outside}")
-    assert recorded.ret == 0, output(recorded)
+    gsm8k_run(*args, "--snapshot-update", f"--gsm8k-html={outside}", report=None)
     markdown = (pytester.path / "m.md").read_text()
     assert str(tmp_path) not in markdown
     assert "The run's page: `gsm8k.html` in the job's artifact" in markdown
@@ -126,9 +111,10 @@ def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     # ten of its right problems wrong now, the wrong one right: the page inside the repository
     server.set_script(Script(behaviours={i: "wrong" for i in ids[3:13]}))
     inside = pytester.path / "out" / "gsm8k.html"
-    result = pytester.runpytest(*args, "--gsm8k-report=r.json", f"--gsm8k-html={inside}")
+    result, _ = gsm8k_run(
+        *args, "--gsm8k-report=r.json", f"--gsm8k-html={inside}", ret=1, report=None
+    )
     text = output(result)
-    assert result.ret == 1, text
     markdown = (pytester.path / "m.md").read_text()
     assert str(pytester.path) not in markdown
     assert "The run's page: `out/gsm8k.html` (relative to the repository" in markdown
@@ -163,8 +149,7 @@ def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
 def test_the_page_is_named_as_given_and_a_page_on_a_device_is_not_named(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 34 (8): the page's path relative to the repository as it was given (a link keeps
@@ -173,15 +158,13 @@ def test_the_page_is_named_as_given_and_a_page_on_a_device_is_not_named(
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     (pytester.path / "keep").mkdir()
     (pytester.path / "p.html").symlink_to(pytester.path / "keep" / "page.html")
-    args = [*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-markdown=m.md"]
-    result = pytester.runpytest(*args, "--gsm8k-html=p.html")
-    assert result.ret == 0, output(result)
+    args = ["--gsm8k-limit=3", "--gsm8k-markdown=m.md"]
+    gsm8k_run(*args, "--gsm8k-html=p.html", report=None)
     assert (
         "The run's page: `p.html` (relative to the repository"
         in (pytester.path / "m.md").read_text()
     )
-    result = pytester.runpytest(*args, "--gsm8k-html=/dev/null")
-    assert result.ret == 0, output(result)
+    gsm8k_run(*args, "--gsm8k-html=/dev/null", report=None)
     markdown = (pytester.path / "m.md").read_text()
     assert markdown.startswith("### gsm8k acc ")
     assert "page" not in markdown

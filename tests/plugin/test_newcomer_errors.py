@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, output, read_json
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, read_json
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
@@ -181,16 +181,13 @@ def test_a_request_404_names_the_url_and_the_run_prints_no_accuracy(
 def test_a_run_with_no_answers_prints_no_accuracy(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     server.set_script(Script(default="nochoices"))
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=4", "--gsm8k-report=r.json", "--gsm8k-min-acc=0.5", *xdist
+    result, _ = gsm8k_run(
+        "--gsm8k-limit=4", "--gsm8k-report=r.json", "--gsm8k-min-acc=0.5", ret=1, report=None
     )
     text = output(result)
-    assert result.ret == 1, text
     assert "gsm8k acc (test@1, 0-shot CoT): no answers: 4 errors  n=4" in text, text
     assert not re.search(r"gsm8k acc .*= 0\.0000", text), text
     assert "by extractor" not in text, text
@@ -230,8 +227,8 @@ def test_path_options_written_with_a_space_keep_the_rootdir(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     gsm8k_data: Path,
-    keyed_env: str,
     tmp_path_factory: pytest.TempPathFactory,
     xdist: list[str],
 ) -> None:
@@ -240,18 +237,29 @@ def test_path_options_written_with_a_space_keep_the_rootdir(
     report = out / "r.json"
     data = gsm8k_data  # a folder outside the project, as the report's
     # 7 problems: the fewest a single-run baseline gate can fail on at alpha 0.01 (rule 2)
-    args = [*gsm8k_args, "--gsm8k-limit=7", *xdist]
-    recorded = pytester.runpytest(
-        *args, f"--gsm8k-data={data}", f"--gsm8k-report={report}", "--snapshot-update"
+    args = ["--gsm8k-limit=7"]
+    gsm8k_run(
+        *args, f"--gsm8k-data={data}", f"--gsm8k-report={report}", "--snapshot-update", report=None
     )
-    assert recorded.ret == 0, output(recorded)
     assert report.exists()
     assert data.exists()
     joined = pytester.runpytest(
-        *args, f"--gsm8k-data={data}", f"--gsm8k-report={report}", "--gsm8k-require-baseline"
+        *gsm8k_args,
+        *xdist,
+        *args,
+        f"--gsm8k-data={data}",
+        f"--gsm8k-report={report}",
+        "--gsm8k-require-baseline",
     )
     spaced = pytester.runpytest(
-        *args, "--gsm8k-data", str(data), "--gsm8k-report", str(report), "--gsm8k-require-baseline"
+        *gsm8k_args,
+        *xdist,
+        *args,
+        "--gsm8k-data",
+        str(data),
+        "--gsm8k-report",
+        str(report),
+        "--gsm8k-require-baseline",
     )
     assert joined.ret == 0, output(joined)
     assert spaced.ret == 0, output(spaced)

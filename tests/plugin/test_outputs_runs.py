@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import XDIST, output, report, sent, wait_until
+from helpers import XDIST, GsmRun, output, report, sent, wait_until
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -92,20 +92,16 @@ class FifoReader:
 # -- special files are written to, never replaced ------------------------------------------
 
 
-@XDIST
 def test_report_and_page_to_a_character_device_leave_it_a_device(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     device = null_device(pytester.path)
-    result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", f"--gsm8k-report={device}", f"--gsm8k-html={device}"
+    result, _ = gsm8k_run(
+        "--gsm8k-limit=5", f"--gsm8k-report={device}", f"--gsm8k-html={device}", report=None
     )
     text = output(result)
-    assert result.ret == 0, text
     no_crash(text)
     assert stat.S_ISCHR(os.stat(device).st_mode)
     assert stat.S_ISCHR(os.lstat(device).st_mode)
@@ -113,20 +109,15 @@ def test_report_and_page_to_a_character_device_leave_it_a_device(
     assert not list(pytester.path.glob(".null.*"))  # no temporary file left beside it
 
 
-@XDIST
 def test_fifo_with_a_reader_receives_the_report_and_stays_a_fifo(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     fifo = pytester.path / "report.fifo"
     os.mkfifo(fifo)
     reader = FifoReader(fifo)
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=6", f"--gsm8k-report={fifo}")
-    text = output(result)
-    assert result.ret == 0, text
+    gsm8k_run("--gsm8k-limit=6", f"--gsm8k-report={fifo}", report=None)
     received = json.loads(reader.result())
     assert received["n"] == 6
     assert received["counts"]["correct"] == 6
@@ -137,15 +128,12 @@ def test_fifo_with_a_reader_receives_the_report_and_stays_a_fifo(
 def test_fifo_without_a_reader_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     fifo = pytester.path / "page.fifo"
     os.mkfifo(fifo)
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=6", f"--gsm8k-html={fifo}")
+    result, _ = gsm8k_run("--gsm8k-limit=6", f"--gsm8k-html={fifo}", ret=USAGE_ERROR, report=None)
     text = output(result)
-    assert result.ret == USAGE_ERROR, text
     no_crash(text)
     line = one_line(text, "gsm8k: --gsm8k-html:")
     assert "FIFO with no reader" in line
@@ -155,7 +143,7 @@ def test_fifo_without_a_reader_is_refused_before_any_request(
 
 
 def test_symlink_to_a_regular_file_stays_a_link_and_its_target_gets_the_report(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     (pytester.path / "keep").mkdir()
     target = pytester.path / "keep" / "real.json"
@@ -164,10 +152,7 @@ def test_symlink_to_a_regular_file_stays_a_link_and_its_target_gets_the_report(
     link.symlink_to(target)
     page_target = pytester.path / "keep" / "page.html"  # a link to a file not there yet
     (pytester.path / "p.html").symlink_to(page_target)
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--gsm8k-html=p.html"
-    )
-    assert result.ret == 0, output(result)
+    gsm8k_run("--gsm8k-limit=5", "--gsm8k-report=r.json", "--gsm8k-html=p.html", report=None)
     assert link.is_symlink()
     assert os.readlink(link) == str(target)
     assert (pytester.path / "p.html").is_symlink()
@@ -200,20 +185,16 @@ def test_report_to_stdout_through_a_symlink(
 # -- an unusable output path is one line before any request --------------------------------
 
 
-@XDIST
 @pytest.mark.parametrize("option", ["--gsm8k-report", "--gsm8k-html", "--gsm8k-markdown"])
 def test_output_path_that_is_a_folder_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     option: str,
 ) -> None:
     (pytester.path / "out").mkdir()
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=5", f"{option}=out")
+    result, _ = gsm8k_run("--gsm8k-limit=5", f"{option}=out", ret=USAGE_ERROR, report=None)
     text = output(result)
-    assert result.ret == USAGE_ERROR, text
     no_crash(text)
     assert "is a folder" in one_line(text, f"gsm8k: {option}: out")
     assert sent(server) == 0
@@ -223,51 +204,45 @@ def test_output_path_that_is_a_folder_is_refused_before_any_request(
 def test_report_under_proc_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     path: str,
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", f"--gsm8k-report={path}")
+    result, _ = gsm8k_run("--gsm8k-limit=5", f"--gsm8k-report={path}", ret=USAGE_ERROR, report=None)
     text = output(result)
-    assert result.ret == USAGE_ERROR, text
     no_crash(text)
     one_line(text, "gsm8k: --gsm8k-report:")
     assert sent(server) == 0
 
 
 def test_report_in_a_folder_that_cannot_be_made_is_refused(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     (pytester.path / "afile").write_text("a file, not a folder\n")
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=afile/sub/r.json")
+    result, _ = gsm8k_run(
+        "--gsm8k-limit=5", "--gsm8k-report=afile/sub/r.json", ret=USAGE_ERROR, report=None
+    )
     text = output(result)
-    assert result.ret == USAGE_ERROR, text
     assert "not a folder" in one_line(text, "gsm8k: --gsm8k-report:")
     assert sent(server) == 0
 
 
 def test_a_missing_report_folder_is_made(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=a/b/r.json")
-    assert result.ret == 0, output(result)
+    gsm8k_run("--gsm8k-limit=5", "--gsm8k-report=a/b/r.json", report=None)
     assert report(pytester, "a/b/r.json")["n"] == 5
 
 
-@XDIST
 def test_step_summary_that_is_a_folder_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (pytester.path / "summary").mkdir()
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary"))
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=5")
+    result, _ = gsm8k_run("--gsm8k-limit=5", ret=USAGE_ERROR, report=None)
     text = output(result)
-    assert result.ret == USAGE_ERROR, text
     no_crash(text)
     assert "is a folder" in one_line(text, "gsm8k: $GITHUB_STEP_SUMMARY:")
     assert sent(server) == 0
@@ -297,26 +272,23 @@ def test_long_param_gives_a_short_stable_baseline_name(
 def test_explicit_baseline_name_too_long_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     option: str,
 ) -> None:
     value = "b" * 300 if option.endswith("name") else f"base/{'b' * 300}.gsm8k"
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", f"{option}={value}")
+    result, _ = gsm8k_run("--gsm8k-limit=5", f"{option}={value}", ret=USAGE_ERROR, report=None)
     text = output(result)
-    assert result.ret == USAGE_ERROR, text
     no_crash(text)
     assert "bytes, more than the" in one_line(text, f"gsm8k: {option}:")
     assert sent(server) == 0
 
 
 def test_snapshot_update_into_a_folder_that_cannot_be_made_is_refused(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     (pytester.path / "__snapshots__").write_text("a file where the folder goes\n")
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--snapshot-update")
+    result, _ = gsm8k_run("--gsm8k-limit=5", "--snapshot-update", ret=USAGE_ERROR, report=None)
     text = output(result)
-    assert result.ret == USAGE_ERROR, text
     no_crash(text)
     assert "not a folder" in one_line(text, "gsm8k: --snapshot-update:")
     assert sent(server) == 0
@@ -381,20 +353,16 @@ def summary_printed(text: str) -> None:
     one_line(text, "gsm8k acc (test@1, 0-shot CoT) = 1.0000")
 
 
-@XDIST
 def test_report_and_page_unwritable_at_the_end_are_one_line_each(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     spoil(pytester, pytester.path / "r.json", pytester.path / "p.html")
-    result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--gsm8k-html=p.html"
+    result, _ = gsm8k_run(
+        "--gsm8k-limit=5", "--gsm8k-report=r.json", "--gsm8k-html=p.html", ret=1, report=None
     )
     text = output(result)
-    assert result.ret == 1, text
     no_crash(text)
     summary_printed(text)
     assert "is a folder" in one_line(text, "gsm8k: --gsm8k-report: cannot write r.json")
@@ -402,41 +370,33 @@ def test_report_and_page_unwritable_at_the_end_are_one_line_each(
     assert "report: r.json" not in text
 
 
-@XDIST
 def test_step_summary_unwritable_at_the_end_is_one_line_and_the_report_is_written(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = pytester.path / "step" / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     spoil(pytester, step)
-    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=5", "--gsm8k-report=r.json")
+    result, _ = gsm8k_run("--gsm8k-limit=5", "--gsm8k-report=r.json", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     no_crash(text)
     summary_printed(text)
     one_line(text, "gsm8k: $GITHUB_STEP_SUMMARY: cannot write")
     assert report(pytester)["n"] == 5
 
 
-@XDIST
 def test_baseline_unwritable_at_the_end_fails_its_gate_in_one_line(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     spoil(pytester, pytester.path / "__snapshots__" / "gsm8k" / "test@1_0-shot_CoT.gsm8k")
-    result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", "--gsm8k-report=r.json", "--snapshot-update"
+    result, _ = gsm8k_run(
+        "--gsm8k-limit=5", "--gsm8k-report=r.json", "--snapshot-update", ret=1, report=None
     )
     text = output(result)
-    assert result.ret == 1, text
     no_crash(text)
     summary_printed(text)
     line = one_line(text, "gate baseline: FAIL")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from gsm8k_copy import data_dir
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, output
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, GsmRun, output
 from helpers import report as read_report
 from helpers import sent as completions_sent
 
@@ -178,12 +178,10 @@ def gsm8k_model():
 
 
 def test_full_split_all_correct_in_empty_directory(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-report=r.json", "--gsm8k-min-acc=1.0")
+    result, report = gsm8k_run("--gsm8k-min-acc=1.0")
     text = output(result)
-    assert result.ret == 0, text
-    report = read_report(pytester)
     assert report["n"] == 1319
     assert report["expected"] == 1319
     assert report["complete"] is True
@@ -213,7 +211,7 @@ def test_full_split_all_correct_in_empty_directory(
 
 
 def test_full_split_gate_fails_and_xdist_gives_the_same_report(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     wrong = set(range(0, 1319, 53))
     unparsed = {7, 700, 1318}
@@ -224,17 +222,13 @@ def test_full_split_gate_fails_and_xdist_gives_the_same_report(
     server.set_script(Script(behaviours=behaviours))
     bad = len(wrong) + len(unparsed) + len(truncated)
     expected_acc = (1319 - bad) / 1319
-    args = [*gsm8k_args, "--gsm8k-min-acc=0.98", "--gsm8k-no-cache"]
+    args = ["--gsm8k-min-acc=0.98", "--gsm8k-no-cache"]
 
-    plain = pytester.runpytest(*args, "--gsm8k-report=plain.json")
-    assert plain.ret == 1, output(plain)
-    first = read_report(pytester, "plain.json")
+    plain, first = gsm8k_run(*args, ret=1, report="plain.json")
     assert completions_sent(server) == 1319
 
     server.reset()
-    xdist = pytester.runpytest(*args, "--gsm8k-report=xdist.json", "-n", "2")
-    assert xdist.ret == 1, output(xdist)
-    second = read_report(pytester, "xdist.json")
+    xdist, second = gsm8k_run(*args, ret=1, report="xdist.json", xdist=["-n", "2"])
     assert completions_sent(server) == 1319  # no request sent twice across the workers
 
     for result, report in ((plain, first), (xdist, second)):
@@ -257,20 +251,16 @@ def test_full_split_gate_fails_and_xdist_gives_the_same_report(
     assert projection(first) == projection(second)
 
 
-def test_gate_pass_is_the_same_with_n0_and_n2(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
+def test_gate_pass_is_the_same_with_n0_and_n2(server: FakeOpenAIServer, gsm8k_run: GsmRun) -> None:
     chosen = selected(30)
     server.set_script(Script(behaviours={chosen[1]: "wrong", chosen[20]: "unparsed"}))
-    args = [*gsm8k_args, "--gsm8k-limit=30", "--gsm8k-min-acc=0.9", "--gsm8k-no-cache"]
+    args = ["--gsm8k-limit=30", "--gsm8k-min-acc=0.9", "--gsm8k-no-cache"]
     reports = []
     runs: list[tuple[str, list[str]]] = [("plain", []), ("n0", ["-n", "0"]), ("n2", ["-n", "2"])]
     for name, extra in runs:
         server.reset()
-        result = pytester.runpytest(*args, f"--gsm8k-report={name}.json", *extra)
-        assert result.ret == 0, output(result)
+        reports.append(gsm8k_run(*args, report=f"{name}.json", xdist=extra)[1])
         assert completions_sent(server) == 30
-        reports.append(read_report(pytester, f"{name}.json"))
     assert reports[0]["accuracy"] == 28 / 30
     assert reports[0]["gates"][0]["passed"] is True
     assert projection(reports[0]) == projection(reports[1]) == projection(reports[2])
@@ -280,7 +270,7 @@ def test_gate_pass_is_the_same_with_n0_and_n2(
 
 
 def test_known_wrong_set_marked_exactly_and_counts_line(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     chosen = selected(40)
     wrong, unparsed, truncated = {chosen[3], chosen[17]}, {chosen[5]}, {chosen[30]}
@@ -288,10 +278,9 @@ def test_known_wrong_set_marked_exactly_and_counts_line(
     behaviours.update({i: "unparsed" for i in unparsed})
     behaviours.update({i: "truncated" for i in truncated})
     server.set_script(Script(behaviours=behaviours))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-report=r.json")
+    # wrong answers are measurements; no gate, no failure: exit 0
+    result, report = gsm8k_run("--gsm8k-limit=40")
     text = output(result)
-    assert result.ret == 0, text  # wrong answers are measurements; no gate, no failure
-    report = read_report(pytester)
     assert outcome_map(report, "wrong") == wrong
     assert outcome_map(report, "unparsed") == unparsed
     assert outcome_map(report, "truncated") == truncated
@@ -332,19 +321,12 @@ def test_known_wrong_set_marked_exactly_and_counts_line(
 
 
 def test_flexible_accuracy_reported_beside_strict(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     # A strict pattern nothing matches: strict (gating) 0, flexible still sees the numbers.
     chosen = selected(20)
     server.set_script(Script(behaviours={chosen[0]: "wrong", chosen[1]: "unparsed"}))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        "--gsm8k-limit=20",
-        "--gsm8k-report=r.json",
-        r"--gsm8k-answer-regex=ANSWER=(\d+)",
-    )
-    assert result.ret == 0, output(result)
-    report = read_report(pytester)
+    result, report = gsm8k_run("--gsm8k-limit=20", r"--gsm8k-answer-regex=ANSWER=(\d+)")
     assert report["accuracy"] == 0.0
     assert report["rules"]["strict"] == 0.0
     assert report["rules"]["flexible"] == 18 / 20
@@ -352,32 +334,20 @@ def test_flexible_accuracy_reported_beside_strict(
     result.stdout.fnmatch_lines(["*by extractor: strict* 0.0000*flexible 0.9000*"])
 
 
-def test_answer_regex_replaces_strict_pattern(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
+def test_answer_regex_replaces_strict_pattern(server: FakeOpenAIServer, gsm8k_run: GsmRun) -> None:
     chosen = selected(10)
     server.set_script(Script(behaviours={chosen[2]: "wrong"}))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        "--gsm8k-limit=10",
-        "--gsm8k-report=r.json",
-        r"--gsm8k-answer-regex=The answer is (-?[\d,.]+)",
-    )
-    assert result.ret == 0, output(result)
-    report = read_report(pytester)
+    _, report = gsm8k_run("--gsm8k-limit=10", r"--gsm8k-answer-regex=The answer is (-?[\d,.]+)")
     assert report["accuracy"] == 9 / 10
     assert outcome_map(report, "wrong") == {chosen[2]}
 
 
-def test_train_split_is_not_a_reportable_number(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-split=train", "--gsm8k-limit=3", "--co", "-q")
-    assert result.ret == 0, output(result)
+def test_train_split_is_not_a_reportable_number(gsm8k_run: GsmRun) -> None:
+    result, _ = gsm8k_run("--gsm8k-split=train", "--gsm8k-limit=3", "--co", "-q", report=None)
     ids = collected_ids(result)
     assert len(ids) == 3
     assert all(re.fullmatch(r"gsm8k::test_gsm8k\[train-\d{4}\]", i) for i in ids)
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-split=train", "--gsm8k-limit=3")
+    result, _ = gsm8k_run("--gsm8k-split=train", "--gsm8k-limit=3", ret=None, report=None)
     result.stdout.fnmatch_lines(["gsm8k acc*n=3*train split: not a reportable number*"])
 
 
@@ -385,12 +355,10 @@ def test_train_split_is_not_a_reportable_number(
 
 
 def test_limit_subset_is_stable_seeded_and_nested(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     def ids(*extra: str) -> list[str]:
-        result = pytester.runpytest(*gsm8k_args, "--co", "-q", *extra)
-        assert result.ret == 0, output(result)
-        return collected_ids(result)
+        return collected_ids(gsm8k_run("--co", "-q", *extra, report=None)[0])
 
     thirty = ids("--gsm8k-limit=30")
     assert len(thirty) == 30
@@ -410,29 +378,24 @@ def test_limit_subset_is_stable_seeded_and_nested(
     assert completions_sent(server) == 0  # --co sends no completion request
 
 
-def test_keyword_selects_exactly_one_problem(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
-    result = pytester.runpytest(*gsm8k_args, "-k", "test-0042", "--gsm8k-report=r.json")
-    assert result.ret == 0, output(result)
+def test_keyword_selects_exactly_one_problem(server: FakeOpenAIServer, gsm8k_run: GsmRun) -> None:
+    result, report = gsm8k_run("-k", "test-0042")
     assert result.parseoutcomes() == {"correct": 1, "deselected": 1318}
     assert server.stats()["requests_by_index"] == {42: 1}  # nothing else was prefetched
-    assert [p["id"] for p in read_report(pytester)["problems"]] == ["test-0042"]
+    assert [p["id"] for p in report["problems"]] == ["test-0042"]
 
 
 def test_exitfirst_after_error_writes_partial_report_then_lf_reruns_it(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     chosen = selected(20)
     broken = chosen[4]
     server.set_script(Script(behaviours={broken: "error500"}))
-    args = [*gsm8k_args, "--gsm8k-limit=20", "--gsm8k-max-retries=0", "--gsm8k-report=r.json"]
-    result = pytester.runpytest(*args, "-x")
+    args = ["--gsm8k-limit=20", "--gsm8k-max-retries=0"]
+    result, report = gsm8k_run(*args, "-x", ret=1)
     text = output(result)
-    assert result.ret == 1, text
     assert result.parseoutcomes() == {"correct": 4, "errors": 1}
     assert "stopping after 1 failures" in text
-    report = read_report(pytester)
     assert report["complete"] is False
     assert report["expected"] == 20
     assert [p["index"] for p in report["problems"]] == chosen[:5]
@@ -442,11 +405,10 @@ def test_exitfirst_after_error_writes_partial_report_then_lf_reruns_it(
 
     server.reset()
     server.set_script(Script())
-    rerun = pytester.runpytest(*args, "--lf")
-    assert rerun.ret == 0, output(rerun)
+    rerun, report = gsm8k_run(*args, "--lf")
     assert rerun.parseoutcomes() == {"correct": 1, "deselected": 19}
     assert server.stats()["requests_by_index"] == {broken: 1}
-    assert [p["index"] for p in read_report(pytester)["problems"]] == [broken]
+    assert [p["index"] for p in report["problems"]] == [broken]
 
 
 # -- ini twins ---------------------------------------------------------------------
@@ -621,16 +583,12 @@ def test_report_written_on_keyboard_interrupt(pytester: pytest.Pytester, gsm8k_d
     assert [p["index"] for p in report["problems"]] == selected(10)[:3]
 
 
-def test_report_written_when_gate_fails(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
+def test_report_written_when_gate_fails(server: FakeOpenAIServer, gsm8k_run: GsmRun) -> None:
     chosen = selected(10)
     server.set_script(Script(behaviours={chosen[0]: "wrong"}))
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=10", "--gsm8k-min-acc=0.95", "--gsm8k-report=out/r.json"
+    result, report = gsm8k_run(
+        "--gsm8k-limit=10", "--gsm8k-min-acc=0.95", ret=1, report="out/r.json"
     )
-    assert result.ret == 1
-    report = read_report(pytester, "out/r.json")
     assert report["complete"] is True
     assert report["accuracy"] == 0.9
     assert report["gates"][0]["passed"] is False
@@ -856,11 +814,7 @@ def test_unknown_model_lists_served_models(
 
 
 def test_429_and_500_are_retried_and_end_correct(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    fast_retries: None,
+    server: FakeOpenAIServer, gsm8k_run: GsmRun, fast_retries: None
 ) -> None:
     chosen = selected(10)
     server.set_script(
@@ -872,9 +826,7 @@ def test_429_and_500_are_retried_and_end_correct(
             }
         )
     )
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=10", "--gsm8k-report=r.json")
-    assert result.ret == 0, output(result)
-    report = read_report(pytester)
+    _, report = gsm8k_run("--gsm8k-limit=10")
     assert report["accuracy"] == 1.0
     assert report["n"] == 10
     stats = server.stats()
@@ -885,22 +837,14 @@ def test_429_and_500_are_retried_and_end_correct(
 
 
 def test_request_failing_after_retries_is_an_error(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    fast_retries: None,
+    server: FakeOpenAIServer, gsm8k_run: GsmRun, fast_retries: None
 ) -> None:
     chosen = selected(10)
     server.set_script(Script(behaviours={chosen[6]: "error500"}))
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=10", "--gsm8k-max-retries=1", "--gsm8k-report=r.json"
-    )
+    result, report = gsm8k_run("--gsm8k-limit=10", "--gsm8k-max-retries=1", ret=1)
     text = output(result)
-    assert result.ret == 1, text
     assert result.parseoutcomes() == {"correct": 9, "errors": 1}
     assert server.stats()["requests_by_index"][chosen[6]] == 2  # one try plus one retry
-    report = read_report(pytester)
     assert outcome_map(report, "error") == {chosen[6]}
     assert report["counts"]["error"] == 1
     assert report["accuracy"] == 0.9
@@ -942,24 +886,22 @@ def test_endpoint_dying_mid_run_stops_it_once_within_seconds(
 
 
 def test_api_key_never_in_output_report_junit_or_cache(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     chosen = selected(12)
     server.set_script(
         Script(behaviours={chosen[0]: "error500", chosen[1]: "wrong", chosen[2]: "unparsed"})
     )
-    result = pytester.runpytest(
-        *gsm8k_args,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=12",
         "--gsm8k-max-retries=0",
-        "--gsm8k-report=r.json",
         "--junitxml=junit.xml",
         "-v",
         "-rA",
         "--showlocals",
         "-l",
+        ret=1,
     )
-    assert result.ret == 1, output(result)
     assert server.stats()["auth_headers"] == [f"Bearer {TEST_KEY}"]  # the key was used
     assert TEST_KEY not in output(result)
     files = [p for p in pytester.path.rglob("*") if p.is_file()]
@@ -976,19 +918,9 @@ def test_api_key_never_in_output_report_junit_or_cache(
 
 
 def test_hub_layout_folder_through_the_plugin(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    hub_folder: Path,
-    hf_cache: Path,
+    gsm8k_run: GsmRun, hub_folder: Path, hf_cache: Path
 ) -> None:
-    args = [a for a in gsm8k_args if not a.startswith("--gsm8k-data=")]
-    result = pytester.runpytest(
-        *args, f"--gsm8k-data={hub_folder}", "--gsm8k-limit=15", "--gsm8k-report=r.json"
-    )
-    assert result.ret == 0, output(result)
-    report = read_report(pytester)
+    _, report = gsm8k_run(f"--gsm8k-data={hub_folder}", "--gsm8k-limit=15")
     jsonl = _split()
     assert report["dataset"]["rows"] == 1319
     assert report["dataset"]["fingerprint"] == jsonl.fingerprint

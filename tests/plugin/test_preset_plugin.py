@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import LM_EVAL_RECORDING, NO_EXTRA_PLUGINS, TEST_KEY
+from helpers import LM_EVAL_RECORDING, NO_EXTRA_PLUGINS, TEST_KEY, GsmRun
 
 RECORDED = json.loads(LM_EVAL_RECORDING.read_text(encoding="utf-8"))
 
@@ -107,8 +107,7 @@ def test_lm_eval_preset_sends_lm_evals_requests_and_gets_its_scores(
     ],
 )
 def test_preset_bad_input(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, args: list[str], message: str
+    pytester: pytest.Pytester, gsm8k_run: GsmRun, args: list[str], message: str
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, *args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result, _ = gsm8k_run(*args, ret=pytest.ExitCode.USAGE_ERROR, report=None)
     result.stderr.fnmatch_lines([f"ERROR: gsm8k: {message}"])

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report
+from helpers import GsmRun, output, report
 
 
 def schema() -> dict[str, Any]:
@@ -19,26 +19,20 @@ def schema() -> dict[str, Any]:
     return data
 
 
-@XDIST
 def test_a_gated_run_and_a_baseline_comparison_match_the_schema(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     validator = jsonschema.Draft202012Validator(schema())
     server.set_script(Script(behaviours={1: "wrong", 2: "unparsed"}))
-    first = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=8", "--gsm8k-min-acc=0.5", "--gsm8k-report=r.json", *xdist
-    )
-    assert first.ret == 0, output(first)
+    gsm8k_run("--gsm8k-limit=8", "--gsm8k-min-acc=0.5", "--gsm8k-report=r.json", report=None)
     validator.validate(report(pytester))
     assert report(pytester)["gates"][0]["threshold"] == 0.5
-    args = [*gsm8k_args, "--gsm8k-limit=8", "--gsm8k-protocol=maj@3", "--gsm8k-report=m.json"]
-    recorded = pytester.runpytest(*args, "--snapshot-update", *xdist)
-    assert recorded.ret == 0, output(recorded)
-    compared = pytester.runpytest(*args, "--gsm8k-alpha=0.05", *xdist)
+    args = ["--gsm8k-limit=8", "--gsm8k-protocol=maj@3", "--gsm8k-report=m.json"]
+    gsm8k_run(*args, "--snapshot-update", report=None)
+    compared = pytester.runpytest(*gsm8k_args, *args, "--gsm8k-alpha=0.05")
     data = report(pytester, "m.json")
     validator.validate(data)
     assert {g["rule"] for g in data["gates"]} == {"noise-aware"}, output(compared)

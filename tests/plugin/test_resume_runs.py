@@ -28,6 +28,7 @@ from helpers import (
     NO_CACHEPROVIDER,
     NO_EXTRA_PLUGINS,
     XDIST,
+    GsmRun,
     config_serve,
     output,
     read_json,
@@ -397,22 +398,18 @@ def test_rule1_a_resumed_run_never_reads_a_run_that_started_after_it(
 def test_rule1_weights_swapped_behind_the_same_name_and_card_are_caught_by_default(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """Rule 1, case 4: a URL endpoint whose weights were swapped behind the same served
     name and model card: every answer came from the cache, the baseline gate PASSed with 0
     flips. By default the endpoint is asked again and the flips are found."""
-    run = [*gsm8k_args, *xdist, "--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
-    recorded = pytester.runpytest(*run, "--snapshot-update", "--gsm8k-report=r.json")
-    assert recorded.ret == 0, output(recorded)
+    run = ["--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
+    gsm8k_run(*run, "--snapshot-update", "--gsm8k-report=r.json", report=None)
     ids = sorted(p["index"] for p in report(pytester)["problems"])
     server.set_script(Script(behaviours={i: "wrong" for i in ids[:10]}))  # new weights
     server.reset()
-    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    result, _ = gsm8k_run(*run, "--gsm8k-report=r.json", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     assert sent(server) == 40
     doc = report(pytester)
     assert doc["from_cache"] == 0

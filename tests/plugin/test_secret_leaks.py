@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import FAKESERVER, NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, TEST_KEY, XDIST, output, report
+from helpers import (
+    FAKESERVER,
+    NO_CACHEPROVIDER,
+    NO_EXTRA_PLUGINS,
+    TEST_KEY,
+    XDIST,
+    GsmRun,
+    output,
+    report,
+)
 
 from pytest_gsm8k.core.scrub import REDACTED
 
@@ -57,24 +66,20 @@ def _served(data: Path, *args: str, model: str = "fake-model") -> str:
 def test_a_key_echoed_in_reply_fields_is_stored_and_printed_nowhere(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server.set_script(Script(echo_auth_fields=True))
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step.md"))
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
+    result, _ = gsm8k_run(
         "--gsm8k-limit=6",
         "--gsm8k-cache-dir=cache",
         "--gsm8k-report=r.json",
         "--gsm8k-html=page.html",
         "-rA",
+        report=None,
     )
     text = output(result)
-    assert result.ret == 0, text
     assert TEST_KEY in server.stats()["auth_headers"][0]  # it was sent, and echoed
     rep = report(pytester)
     assert rep["counts"]["correct"] == 6

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, output, report
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, GsmRun, config_serve, output, report
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 
@@ -43,19 +43,16 @@ def _gate_line(result: pytest.RunResult, gate: str) -> str:
 def test_problems_a_conftest_skips_leave_min_acc_undecided(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """Rule 2 (case 5): a conftest skipping the problems the model gets wrong once passed
     min-acc at 1.0000 on what was left ("INCOMPLETE: 45 of 100", exit 0)."""
     pytester.makeconftest(SKIPPING_CONFTEST.format(rule="index % 2 == 1"))
     server.set_script(ODD_WRONG)
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=20", "--gsm8k-min-acc=0.9", "--gsm8k-report=r.json", *xdist
+    result, _ = gsm8k_run(
+        "--gsm8k-limit=20", "--gsm8k-min-acc=0.9", "--gsm8k-report=r.json", ret=1, report=None
     )
     text = output(result)
-    assert result.ret == 1, text
     rep = report(pytester)
     missing = rep["expected"] - rep["n"]
     assert 0 < missing < 20, rep["n"]
@@ -76,16 +73,13 @@ def test_problems_a_conftest_skips_leave_min_acc_undecided(
 def test_every_problem_skipped_is_no_pass_either(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """Rule 2 (case 5, the extreme): with every problem skipped there was no summary at all,
     and the run passed its min-acc gate by saying nothing (exit 0)."""
     pytester.makeconftest(SKIPPING_CONFTEST.format(rule="True"))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=6", "--gsm8k-min-acc=0.9", *xdist)
+    result, _ = gsm8k_run("--gsm8k-limit=6", "--gsm8k-min-acc=0.9", ret=1, report=None)
     text = output(result)
-    assert result.ret == 1, text
     line = _gate_line(result, "min-acc")
     assert "FAIL: no problem has a result" in line, line
     assert "INCOMPLETE: 0 of 6 problems have a result" in text
@@ -146,18 +140,15 @@ def test_a_baseline_gate_that_cannot_fail_at_this_size_is_undecided(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    gsm8k_run: GsmRun,
 ) -> None:
     """Rule 2 (case 6): six problems, a single-run baseline at 1.0, the model now at 0.0: the
     smallest p six problems can give is 1/64, above alpha 0.01, so the gate could not fail,
     and it PASSed (exit 0) while saying it "detects a drop of 116.7 points"."""
-    args = [*gsm8k_args, "--gsm8k-limit=6", "--gsm8k-no-cache"]
-    assert pytester.runpytest(*args, "--snapshot-update").ret == 0
+    args = ["--gsm8k-limit=6", "--gsm8k-no-cache"]
+    gsm8k_run(*args, "--snapshot-update", report=None, xdist=())
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(*args, *xdist)
-    text = output(result)
-    assert result.ret == 1, text
+    result, _ = gsm8k_run(*args, ret=1, report=None)
     line = _gate_line(result, "baseline")
     assert "gate baseline: FAIL: not a verdict: " in line, line
     assert re.search(r"smallest p .*0\.0156 >= --gsm8k-alpha 0\.01", line), line
@@ -166,10 +157,9 @@ def test_a_baseline_gate_that_cannot_fail_at_this_size_is_undecided(
     # seven problems can fail it: a real verdict, a FAIL
     args = [*gsm8k_args, "--gsm8k-limit=7", "--gsm8k-no-cache"]
     server.set_script(Script())
-    assert pytester.runpytest(*args, "--snapshot-update").ret == 0
+    gsm8k_run(*args, "--snapshot-update", report=None, xdist=())
     server.set_script(Script(default="wrong"))
-    result = pytester.runpytest(*args, *xdist)
-    assert result.ret == 1, output(result)
+    result, _ = gsm8k_run(*args, ret=1, report=None)
     line = _gate_line(result, "baseline")
     assert "FAIL: p=0.00781 < --gsm8k-alpha 0.01" in line, line
     assert "not a verdict" not in line

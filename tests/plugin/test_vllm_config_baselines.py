@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 from browser import NEEDS_CHROMIUM, Browser
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, output
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, output
 
 from pytest_gsm8k.runtime.data import load_split
 
@@ -73,12 +73,11 @@ def _table(out: str) -> dict[str, list[str]]:
     return {line.split()[0]: line.split() for line in lines}
 
 
-@XDIST
 def test_each_config_is_gated_against_its_own_baseline(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     folder = _configs(tmp_path / "configs")
-    recorded = _run(pytester, folder, gsm8k_data, "--snapshot-update", *xdist)
+    recorded = _run(pytester, folder, gsm8k_data, "--snapshot-update")
     out = output(recorded)
     assert recorded.ret == 0, out
     # one file per config, though both configs run one protocol
@@ -90,7 +89,7 @@ def test_each_config_is_gated_against_its_own_baseline(
     assert _table(out)["Delta-3B"][-2:] == ["written", "PASS"]
 
     # unchanged: each config passes its own baseline gate, the report holds each block
-    again = _run(pytester, folder, gsm8k_data, *xdist)
+    again = _run(pytester, folder, gsm8k_data)
     out = output(again)
     assert again.ret == 0, out
     assert "gate Alpha-1B:baseline: PASS" in out
@@ -107,7 +106,7 @@ def test_each_config_is_gated_against_its_own_baseline(
     # Delta's server turns 8 of its 20 answers wrong: Delta alone fails its baseline gate,
     # while vLLM's rule (0.6 >= 0.5 - 0.1) still passes it
     _configs(folder, delta_script='{"drop": 8}')
-    worse = _run(pytester, folder, gsm8k_data, *xdist)
+    worse = _run(pytester, folder, gsm8k_data)
     out = output(worse)
     assert worse.ret == 1, out
     assert "gate Delta-3B:baseline: FAIL" in out
@@ -155,17 +154,16 @@ def test_a_config_without_a_baseline_is_a_note_or_a_fail_when_required(
     assert "gate Alpha-1B:baseline: PASS" in out
 
 
-@XDIST
 def test_a_configs_protocol_change_fails_its_gate_naming_its_baseline(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     """Rule, per config: a config whose protocol changed (its num_fewshot) has no baseline
     under its new label, and its baseline of the old protocol beside it fails its gate,
     named with the field that differs; the other config still passes its own (issue 34.2)."""
     folder = _configs(tmp_path / "configs")
-    assert _run(pytester, folder, gsm8k_data, "--snapshot-update", *xdist).ret == 0
+    assert _run(pytester, folder, gsm8k_data, "--snapshot-update").ret == 0
     _configs(folder, delta_shots=3)
-    changed = _run(pytester, folder, gsm8k_data, *xdist)
+    changed = _run(pytester, folder, gsm8k_data)
     out = output(changed)
     assert changed.ret == 1, out
     moved = DELTA.replace("2-shot", "3-shot")
@@ -211,9 +209,8 @@ def _sent(events: Path) -> dict[str, int]:
     return {models[e["pid"]]: e["completions"] for e in seen if e["event"] == "stop"}
 
 
-@XDIST
 def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     """``--snapshot-update --gsm8k-repeats 5`` records each config's 5 runs per problem; a
     later single run gates each config with the noise-aware gate against its own: an
@@ -234,7 +231,6 @@ def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
         gsm8k_data,
         "--snapshot-update",
         "--gsm8k-repeats=5",
-        *xdist,
         events=events,
     )
     out = output(recorded)
@@ -259,7 +255,7 @@ def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
         assert config["repeats"]["answers"] == 100
 
     # unchanged, one run per problem: each config passes its calibrated gate
-    again = _run(pytester, folder, gsm8k_data, *xdist)
+    again = _run(pytester, folder, gsm8k_data)
     out = output(again)
     assert again.ret == 0, out
     for name in ("Alpha-1B", "Delta-3B"):
@@ -274,7 +270,7 @@ def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
     (folder / "Delta-3B.yaml").write_text(_config("Delta-3B", drop), "utf-8")
     dropped = sorted(f"Delta-3B:test-{i:04d}" for i in Script.from_json(drop).dropped(20))
     assert len(dropped) == 8
-    worse = _run(pytester, folder, gsm8k_data, *xdist)
+    worse = _run(pytester, folder, gsm8k_data)
     out = output(worse)
     assert worse.ret == 1, out
     assert "gate Delta-3B:baseline: FAIL: p=" in out
@@ -289,9 +285,7 @@ def test_calibrated_per_config_baselines_gate_each_config_beyond_its_noise(
     assert blocks["Alpha-1B"]["stable_flips"] == []
 
 
-def _regressed_matrix(
-    pytester: pytest.Pytester, data: Path, folder: Path, xdist: list[str]
-) -> pytest.RunResult:
+def _regressed_matrix(pytester: pytest.Pytester, data: Path, folder: Path) -> pytest.RunResult:
     """Baselines recorded for Alpha (test-0003 wrong then) and Delta (60 problems, all right);
     then Alpha answers all 20 (one newly passing), Delta turns 55 of its 60 wrong, and
     Gamma, a config added since, has no baseline. The run writes page.html and summary.md."""
@@ -302,13 +296,13 @@ def _regressed_matrix(
 
     write("Alpha-1B", '{"behaviours": {"3": "wrong"}}')
     write("Delta-3B", '{"default": "correct"}', 60)
-    recorded = _run(pytester, folder, data, "--snapshot-update", *xdist)
+    recorded = _run(pytester, folder, data, "--snapshot-update")
     assert recorded.ret == 0, output(recorded)
     write("Alpha-1B", '{"default": "correct"}')
     write("Delta-3B", '{"drop": 55}', 60)
     write("Gamma-7B", '{"default": "correct"}')
     outputs = ("--gsm8k-html=page.html", "--gsm8k-markdown=summary.md")
-    return _run(pytester, folder, data, *outputs, *xdist)
+    return _run(pytester, folder, data, *outputs)
 
 
 def _embedded(page: str) -> dict[str, Any]:
@@ -321,11 +315,10 @@ def _ids(config: str, indexes: range | list[int]) -> list[str]:
     return [f"{config}:test-{i:04d}" for i in indexes]
 
 
-@XDIST
 def test_the_page_and_the_markdown_show_each_configs_comparison(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
-    result = _regressed_matrix(pytester, gsm8k_data, tmp_path / "configs", xdist)
+    result = _regressed_matrix(pytester, gsm8k_data, tmp_path / "configs")
     out = output(result)
     assert result.ret == 1, out
     assert "gate Delta-3B:baseline: FAIL" in out
@@ -410,7 +403,7 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
 def test_the_matrix_page_in_chromium(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, browser: Browser
 ) -> None:
-    result = _regressed_matrix(pytester, gsm8k_data, tmp_path / "configs", [])
+    result = _regressed_matrix(pytester, gsm8k_data, tmp_path / "configs")
     assert result.ret == 1, output(result)
     browser.open((pytester.path / "page.html").as_uri())
     assert browser.evaluate("document.documentElement.dataset.ready") == "100"
@@ -449,9 +442,8 @@ def test_the_matrix_page_in_chromium(
     assert browser.errors() == []
 
 
-@XDIST
 def test_configs_whose_baseline_files_would_clash_are_refused_before_any_request(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     """Rule: two configs never share one baseline file. ``a b``, ``a\\nb`` and ``a_b`` all
     name ``a_b_<protocol>.gsm8k``: --snapshot-update said "baseline written" three times
@@ -461,7 +453,7 @@ def test_configs_whose_baseline_files_would_clash_are_refused_before_any_request
     for name in ("a b", "a_b"):
         (folder / f"{name}.yaml").write_text(_config("Alpha-1B", '{"default": "correct"}'), "utf-8")
     events = tmp_path / "events.jsonl"
-    result = _run(pytester, folder, gsm8k_data, "--snapshot-update", *xdist, events=events)
+    result = _run(pytester, folder, gsm8k_data, "--snapshot-update", events=events)
     out = output(result)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     lines = [line for line in out.splitlines() if "one baseline file" in line]
@@ -475,7 +467,7 @@ def test_configs_whose_baseline_files_would_clash_are_refused_before_any_request
     # a name holding a newline reads as "a b" once escaped (core.scrub.printable): the two
     # are one name, refused as such before the baseline files are even named
     (folder / "a\nb.yaml").write_text(_config("Alpha-1B", '{"default": "correct"}'), "utf-8")
-    result = _run(pytester, folder, gsm8k_data, "--snapshot-update", *xdist, events=events)
+    result = _run(pytester, folder, gsm8k_data, "--snapshot-update", events=events)
     out = output(result)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     lines = [line for line in out.splitlines() if "two configs are named 'a b'" in line]

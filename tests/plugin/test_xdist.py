@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, sent, wait_until
 
 SCOPED_CONFTEST = """
 import os
@@ -88,8 +88,7 @@ def pytest_sessionfinish(session):
 def test_under_xdist_the_controller_fetches_and_workers_import_no_http_client(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
+    gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     probe = pytester.path / "probe"
@@ -97,8 +96,7 @@ def test_under_xdist_the_controller_fetches_and_workers_import_no_http_client(
     monkeypatch.setenv("PROBE_DIR", str(probe))
     pytester.makeconftest(WORKER_PROBE)
     server.set_script(Script(latency=0.02))
-    result = pytester.runpytest(*gsm8k_args, "-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache")
-    assert result.ret == 0, output(result)
+    gsm8k_run("-n", "2", "--gsm8k-limit=40", "--gsm8k-no-cache", report=None)
     assert sent(server) == 40
     assert set(server.stats()["requests_by_index"].values()) == {1}
     seen = [json.loads(p.read_text()) for p in probe.iterdir()]

@@ -22,7 +22,7 @@ DATA = data_dir()
 
 
 @pytest.fixture(scope="module")
-def test_split() -> Split:
+def loaded_split() -> Split:
     return load_split(str(DATA))
 
 
@@ -40,15 +40,15 @@ def test_fingerprint_sees_content_and_order() -> None:
     assert fingerprint([("q1a", " #### 1"), ("q2", "a #### 2")]) != base  # field boundary
 
 
-def test_select_all_when_no_limit_or_limit_too_big(test_split: Split) -> None:
-    problems = test_split.problems
+def test_select_all_when_no_limit_or_limit_too_big(loaded_split: Split) -> None:
+    problems = loaded_split.problems
     assert select(problems, None, 1234) == problems
     assert select(problems, 5000, 1234) == problems
     assert select(problems, 1319, 1234) == problems
 
 
-def test_select_is_seeded_stable_nested_and_in_split_order(test_split: Split) -> None:
-    problems = test_split.problems
+def test_select_is_seeded_stable_nested_and_in_split_order(loaded_split: Split) -> None:
+    problems = loaded_split.problems
     fifty = select(problems, 50, 1234)
     assert len(fifty) == 50
     assert [p.index for p in fifty] == sorted(p.index for p in fifty)  # split order
@@ -60,8 +60,8 @@ def test_select_is_seeded_stable_nested_and_in_split_order(test_split: Split) ->
     assert [p.index for p in select(problems, 5, 1234)] == LIMIT5_SEED1234
 
 
-def test_subset_order_is_a_seeded_permutation(test_split: Split) -> None:
-    problems = test_split.problems
+def test_subset_order_is_a_seeded_permutation(loaded_split: Split) -> None:
+    problems = loaded_split.problems
     order = list(subset_order(problems, 1234))
     assert sorted(p.index for p in order) == list(range(1319))
     assert list(subset_order(problems, 1234)) == order

@@ -39,7 +39,7 @@ PARAM_KEYS = ("top_p", "top_k", "reasoning_effort", "chat_template_kwargs")
 
 
 @pytest.fixture(scope="module")
-def test_problems(gsm8k_data: Path) -> tuple[Problem, ...]:
+def eval_problems(gsm8k_data: Path) -> tuple[Problem, ...]:
     return load_split(str(gsm8k_data), "test").problems
 
 
@@ -64,22 +64,22 @@ REQUEST_CASES = [
 
 @pytest.mark.parametrize(("name", "i"), REQUEST_CASES)
 def test_vllm_request_is_the_scripts_bytes(
-    name: str, i: int, test_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
+    name: str, i: int, eval_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
 ) -> None:
     run = RUNS[name]
     recorded = run["requests"][i]
     api, shots, params = _options(run["kwargs"])
-    request = vllm_request(test_problems[recorded["problem_index"]], train_rows, api, shots, params)  # type: ignore[arg-type]
+    request = vllm_request(eval_problems[recorded["problem_index"]], train_rows, api, shots, params)  # type: ignore[arg-type]
     assert request.wire == recorded["raw"]
     assert request.body("ignored-model") == json.loads(recorded["raw"])  # what the cache stores
     assert "model" not in request.body("ignored-model")
 
 
 def test_vllm_full_split_bodies_hash_as_recorded(
-    test_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
+    eval_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
 ) -> None:
     run = RUNS["completions_full"]
-    wires = [vllm_request(p, train_rows).wire or "" for p in test_problems]
+    wires = [vllm_request(p, train_rows).wire or "" for p in eval_problems]
     assert len(wires) == run["n_requests"] == 1319
     assert hashlib.sha256("\n".join(wires).encode("utf-8")).hexdigest() == run["sha256"]
 
@@ -119,13 +119,13 @@ def test_vllm_params_beyond_the_scripts_are_refused(
     assert vllm_param_error(["top_p", "top_k"], api) is None
 
 
-def test_scripts_labels_are_last_int_of_the_answer(test_problems: tuple[Problem, ...]) -> None:
+def test_scripts_labels_are_last_int_of_the_answer(eval_problems: tuple[Problem, ...]) -> None:
     """The script's label per test problem is the last-int rule's gold: the gold number,
     but for the two negative golds (-10 and -3), which it reads without their sign."""
     labels = RECORDED["labels"]
-    assert len(labels) == len(test_problems) == 1319
+    assert len(labels) == len(eval_problems) == 1319
     differ = []
-    for problem, label in zip(test_problems, labels, strict=True):
+    for problem, label in zip(eval_problems, labels, strict=True):
         assert rule_gold("last-int", problem.answer, problem.gold) == Decimal(label)
         if problem.gold != label:
             differ.append((problem.index, str(problem.gold)))
@@ -171,13 +171,13 @@ def test_last_ints_fast_path_reads_what_literal_eval_reads() -> None:
 
 @pytest.mark.parametrize("name", [n for n, run in RUNS.items() if "answers" in run])
 def test_scripts_accuracy_recomputed_with_last_int(
-    name: str, test_problems: tuple[Problem, ...]
+    name: str, eval_problems: tuple[Problem, ...]
 ) -> None:
     run = RUNS[name]
     answers = run["answers"]
     right = invalid = 0
     for answer in answers:
-        problem = test_problems[answer["problem_index"]]
+        problem = eval_problems[answer["problem_index"]]
         value = last_int(answer["text"])
         invalid += value is None
         right += numbers_equal(value, rule_gold("last-int", problem.answer, problem.gold))
@@ -194,12 +194,12 @@ def _sglang_example(lines: list[tuple[str, str]], i: int, include_answer: bool) 
 
 
 def test_sglang_request_is_the_scripts_prompt_and_sampling(
-    test_problems: tuple[Problem, ...],
+    eval_problems: tuple[Problem, ...],
 ) -> None:
-    lines = [(p.question, p.answer) for p in test_problems]
+    lines = [(p.question, p.answer) for p in eval_problems]
     for shots in (5, 0, 2):
         few_shot = "".join(_sglang_example(lines, i, True) + "\n\n" for i in range(shots))
-        for problem in (test_problems[0], test_problems[7], test_problems[1318]):
+        for problem in (eval_problems[0], eval_problems[7], eval_problems[1318]):
             request = sglang_request(problem, lines, shots)
             assert request.prompt == few_shot + _sglang_example(lines, problem.index, False)
             body = request.body("m")
@@ -256,12 +256,12 @@ def test_the_presets_version_names_the_recorded_script_and_is_part_of_the_identi
 
 
 def test_sends_model_is_what_each_presets_bodies_say(
-    test_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
+    eval_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
 ) -> None:
     """The model under test is the one named: a run checks who answers a request that names
     no model (GET /v1/models, the replies) for the presets whose bodies name none, so
     :func:`presets.sends_model` must be what the bodies themselves say, in every API."""
-    problem = test_problems[0]
+    problem = eval_problems[0]
     bodies = {
         ("vllm", "completions"): vllm_request(problem, train_rows).body("m"),
         ("vllm", "chat"): vllm_request(problem, train_rows, "chat").body("m"),

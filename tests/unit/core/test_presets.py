@@ -35,7 +35,7 @@ def _canonical(obj: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def test_problems(gsm8k_data: Path) -> tuple[Problem, ...]:
+def eval_problems(gsm8k_data: Path) -> tuple[Problem, ...]:
     return load_split(str(gsm8k_data), "test").problems
 
 
@@ -74,12 +74,12 @@ def test_fixture_is_from_the_mirrored_version() -> None:
 def test_request_equals_recorded(
     run_name: str,
     position: int,
-    test_problems: Sequence[Problem],
+    eval_problems: Sequence[Problem],
     train_pool: Sequence[tuple[str, str]],
 ) -> None:
     recorded = RUNS[run_name]["requests"][position]
     sent: dict[str, Any] = recorded["body"]
-    problem = test_problems[recorded["problem_index"]]
+    problem = eval_problems[recorded["problem_index"]]
     opts = _run_options(run_name)
     request = presets.lm_eval_request(
         problem, train_pool, opts["api"], system=opts["system"], multiturn=opts["multiturn"]
@@ -102,12 +102,12 @@ def test_request_equals_recorded(
 
 
 def test_singleturn_chat_is_the_completions_prompt(
-    test_problems: Sequence[Problem], train_pool: Sequence[tuple[str, str]]
+    eval_problems: Sequence[Problem], train_pool: Sequence[tuple[str, str]]
 ) -> None:
     for recorded in RUNS["chat_singleturn"]["requests"]:
         (message,) = recorded["body"]["messages"]
         index = recorded["problem_index"]
-        prompt = presets.lm_eval_prompt(index, test_problems[index].question, train_pool)
+        prompt = presets.lm_eval_prompt(index, eval_problems[index].question, train_pool)
         assert message == {"role": "user", "content": prompt}
 
 

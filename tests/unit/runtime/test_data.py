@@ -29,7 +29,7 @@ DATA = data_dir()
 
 
 @pytest.fixture(scope="module")
-def test_split() -> Split:
+def loaded_split() -> Split:
     return load_split(str(DATA))
 
 
@@ -56,11 +56,11 @@ def error_of(*args: Any, **kwargs: Any) -> str:
 # -- the embedded copy ----------------------------------------------------------------
 
 
-def test_embedded_copy_is_the_default_and_equals_the_files(test_split: Split) -> None:
+def test_embedded_copy_is_the_default_and_equals_the_files(loaded_split: Split) -> None:
     embedded = load_split(None)
     assert embedded.name == EMBEDDED_NAME == "embedded openai/gsm8k"
-    assert embedded.fingerprint == test_split.fingerprint == SHARED_TEST_FINGERPRINT
-    assert embedded.problems == test_split.problems
+    assert embedded.fingerprint == loaded_split.fingerprint == SHARED_TEST_FINGERPRINT
+    assert embedded.problems == loaded_split.problems
     train = load_split(None, "train")
     assert len(train.problems) == 7473
     assert train.fingerprint == load_split(str(DATA), "train").fingerprint
@@ -101,20 +101,20 @@ def test_hub_layout_through_datasets_has_the_embedded_fingerprint(
 # -- files -----------------------------------------------------------------------------
 
 
-def test_shared_folder_loads_the_official_test_split(test_split: Split) -> None:
-    assert len(test_split.problems) == TEST_SIZE == 1319
-    assert test_split.name.endswith("test.jsonl")
-    assert (test_split.config, test_split.split) == ("main", "test")
-    first = test_split.problems[0]
+def test_shared_folder_loads_the_official_test_split(loaded_split: Split) -> None:
+    assert len(loaded_split.problems) == TEST_SIZE == 1319
+    assert loaded_split.name.endswith("test.jsonl")
+    assert (loaded_split.config, loaded_split.split) == ("main", "test")
+    first = loaded_split.problems[0]
     assert first.index == 0
     assert first.id == "test-0000"
     assert first.gold == Decimal(18)
-    assert [p.index for p in test_split.problems] == list(range(1319))
-    assert test_split.problems[42].id == "test-0042"
-    assert all(isinstance(p.gold, Decimal) for p in test_split.problems)
-    assert test_split.fingerprint == SHARED_TEST_FINGERPRINT
-    assert test_split.identity() == {
-        "name": test_split.name,
+    assert [p.index for p in loaded_split.problems] == list(range(1319))
+    assert loaded_split.problems[42].id == "test-0042"
+    assert all(isinstance(p.gold, Decimal) for p in loaded_split.problems)
+    assert loaded_split.fingerprint == SHARED_TEST_FINGERPRINT
+    assert loaded_split.identity() == {
+        "name": loaded_split.name,
         "config": "main",
         "split": "test",
         "rows": 1319,
@@ -122,16 +122,16 @@ def test_shared_folder_loads_the_official_test_split(test_split: Split) -> None:
     }
 
 
-def test_train_split_and_socratic_config(test_split: Split) -> None:
+def test_train_split_and_socratic_config(loaded_split: Split) -> None:
     train = load_split(str(DATA), "train")
     assert len(train.problems) == 7473
     assert train.problems[0].id == "train-0000"
-    assert train.fingerprint != test_split.fingerprint
+    assert train.fingerprint != loaded_split.fingerprint
     socratic = load_split(str(DATA), "test", "socratic")
     assert socratic.name.endswith("test_socratic.jsonl")
     assert len(socratic.problems) == 1319
-    assert [p.gold for p in socratic.problems] == [p.gold for p in test_split.problems]
-    assert socratic.fingerprint != test_split.fingerprint
+    assert [p.gold for p in socratic.problems] == [p.gold for p in loaded_split.problems]
+    assert socratic.fingerprint != loaded_split.fingerprint
 
 
 def test_a_users_own_file_is_not_size_checked(tmp_path: Path) -> None:
@@ -260,13 +260,13 @@ def test_hub_rows_are_validated_and_size_checked(monkeypatch: pytest.MonkeyPatch
 
 
 def test_hub_layout_folder_matches_jsonl(
-    hub_folder: Path, hf_cache: Path, test_split: Split
+    hub_folder: Path, hf_cache: Path, loaded_split: Split
 ) -> None:
     split = load_split(str(hub_folder))
     assert len(split.problems) == 1319
-    assert split.fingerprint == test_split.fingerprint == SHARED_TEST_FINGERPRINT
-    assert [p.gold for p in split.problems] == [p.gold for p in test_split.problems]
-    assert split.problems == test_split.problems
+    assert split.fingerprint == loaded_split.fingerprint == SHARED_TEST_FINGERPRINT
+    assert [p.gold for p in split.problems] == [p.gold for p in loaded_split.problems]
+    assert split.problems == loaded_split.problems
     train = load_split(str(hub_folder), "train")
     assert len(train.problems) == 7473
     assert train.fingerprint == load_split(str(DATA), "train").fingerprint
