@@ -1,6 +1,6 @@
 """Session steps the plugin's hooks call: the run's server, the preflight check, the
-start of fetching (here, or on the xdist controller for every worker), the release
-gates. pytest types only; no hook definitions here.
+start of fetching (here, or on the xdist controller for every worker), the early stops.
+pytest types only; no hook definitions here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from pytest_gsm8k import fixtures
-from pytest_gsm8k.core.gates import GateVerdict
 from pytest_gsm8k.core.plan import Endpoint, RunPlan, StoredBaseline
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, plain_url, url_problem, with_v1
@@ -25,7 +24,6 @@ from pytest_gsm8k.state import State, safe_url
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
-    from pytest_gsm8k.core.summary import Summary
     from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
     from pytest_gsm8k.runtime.matrix import Launched, Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec
@@ -41,135 +39,6 @@ PREFLIGHT_TIMEOUT = 10.0
 #: own bounds (the controller's engine ends every request by then; this ends only a wait
 #: that nothing else would)
 REMOTE_WAIT_SLACK = 120.0
-
-
-def release_gates(state: State, summary: Summary, session: pytest.Session) -> None:
-    """Baseline write/compare and the Markdown summary (``$GITHUB_STEP_SUMMARY``,
-    ``--gsm8k-markdown``), once, on the controller.
-
-    Whatever fails here is one line, never a crash at the end of a paid-for run: the
-    baseline as a failed gate, the step summary as an output that was not written.
-
-    A gate passes only on a result for every problem of its selection (or what an early stop
-    decided for them): :meth:`Summary.undecide_without_results`. With ``--snapshot-update``
-    the baseline write's own coverage rule stands in for it: it refuses (a FAIL) a run with
-    problems lacking a result, and a narrowed one unless ``--gsm8k-baseline-partial``
-    accepts it on purpose.
-    """
-    from pytest_gsm8k import gates
-    from pytest_gsm8k.runtime.outputs import reason
-    from pytest_gsm8k.writing import page_path, write_output
-
-    plan, run = state.plan, state.run
-    assert plan.baseline is not None
-    try:
-        gates.apply_baseline(
-            summary,
-            plan,
-            stopped_early=run.early_stopped is not None,
-            deselected_by=deselected_by(session.config),
-            run_ids={p.id for p in run.wanted(plan)},
-        )
-    except Exception as exc:
-        verb = "write" if plan.update_baseline else "read"
-        summary.add_gate(
-            "baseline", False, f"{plan.baseline.shown}: cannot {verb} it ({reason(exc)})"
-        )
-    if not plan.update_baseline:  # a baseline write has its own coverage rules (below)
-        _early_baseline_verdict(state, summary)
-        summary.undecide_without_results(
-            deselected_by(session.config), run.early_stopped is not None
-        )
-    if plan.settings.resume:
-        summary.note_resumed()
-    if plan.shard is not None:
-        wait_for_merge(state, summary, session)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary or plan.settings.markdown:
-        questions = {p.id: p.question for p in plan.split.problems}
-        text = gates.markdown(summary, questions, html=page_path(state))
-        write_output(state, "step_summary", step_summary, lambda: text)
-        write_output(state, "markdown", plan.settings.markdown, lambda: text)
-
-
-def release_matrix(state: State, summary: Summary, session: pytest.Session) -> None:
-    """--gsm8k-config: each config's baseline written or compared (as a single run's, on
-    the config's own file), then the Markdown summary (``$GITHUB_STEP_SUMMARY``,
-    ``--gsm8k-markdown``)."""
-    from pytest_gsm8k import gates
-    from pytest_gsm8k.runtime.outputs import reason
-    from pytest_gsm8k.writing import page_path, write_output
-
-    plan = state.plan
-    wanted = {p.id for p in state.run.wanted(plan)}
-    for config in summary.configs:
-        group = plan.group_by_name.get(str(config.extra.get("config", {}).get("name")))
-        if group is None or group.baseline is None:
-            continue
-        early = state.run.config_early.get(group.name)
-        stopped = state.run.config_stopped.get(group.name)
-        try:
-            gates.apply_baseline(
-                config,
-                plan,
-                stopped_early=stopped is not None,
-                deselected_by=deselected_by(session.config),
-                run_ids={p.id for p in group.problems if p.id in wanted},
-                stored=group.baseline,
-                split=group.split_problems(plan.split),
-            )
-        except Exception as exc:
-            verb = "write" if plan.update_baseline else "read"
-            config.add_gate(
-                "baseline", False, f"{group.baseline.shown}: cannot {verb} it ({reason(exc)})"
-            )
-        if not plan.update_baseline:
-            early_baseline_verdict(early, stopped, config)
-        config.name_gates(group.name)
-    if not plan.update_baseline:  # a baseline write has its own coverage rules
-        by = deselected_by(session.config)
-        for config in summary.configs:  # a config deselected whole is not in the list
-            name = str(config.extra.get("config", {}).get("name"))
-            config.undecide_without_results(by, name in state.run.config_stopped)
-    summary.gather_gates()
-    if plan.settings.resume:
-        summary.note_resumed()
-    if plan.shard is not None:
-        wait_for_merge(state, summary, session)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary or plan.settings.markdown:
-        questions = {p.id: p.question for p in plan.problems}
-        text = gates.markdown(summary, questions, html=page_path(state))
-        write_output(state, "step_summary", step_summary, lambda: text)
-        write_output(state, "markdown", plan.settings.markdown, lambda: text)
-
-
-def wait_for_merge(state: State, summary: Summary, session: pytest.Session) -> None:
-    """``--gsm8k-shard``: no gate is decided on one shard's answers (a slice is no sample a
-    threshold or baseline was set for, and its share of errors says nothing of the run's);
-    every gate waits for ``python -m pytest_gsm8k merge``, and the report carries what the
-    merge needs (core/merge.py). Until the pure verdict step has a non-blocking undecided
-    word, a shard's gates are undecided the blocking way (exit 1)."""
-    from dataclasses import replace
-
-    from pytest_gsm8k.core.merge import shard_record
-
-    plan, run = state.plan, state.run
-    shard = plan.shard
-    assert shard is not None
-    why = f"shard {shard.index} of {shard.count}: verdict at the merge"
-    for part in (summary, *summary.configs):
-        for gate in list(part.gates):
-            undecided = f"not a verdict: {why}"
-            part.set_gate(replace(gate, rule="shard", passed=False, value=None, detail=undecided))
-    summary.notes.append(f"  {why} (python -m pytest_gsm8k merge SHARD.json...)")
-    wanted = {p.id for p in run.wanted(plan)}
-    summary.extra["shard"] = shard_record(
-        plan,
-        deselected=[p.id for p in plan.problems if p.id not in wanted],
-        deselected_by=deselected_by(session.config),
-        interrupted=run.interrupted,
-    )
 
 
 def deselected_by(config: pytest.Config) -> str:
@@ -312,14 +181,13 @@ def _early_baseline(
     it does not hold every problem of the run (the gate at the end fails on any other,
     whatever the shared ones say).
     """
-    from pytest_gsm8k import gates
     from pytest_gsm8k.core import baseline as bl
 
     plan = state.plan
     if stored is None or not stored.exists or plan.update_baseline:
         return None, {}
     try:
-        document = gates.check_baseline(stored, here, split)
+        document = bl.check(stored, here, split)
     except bl.BaselineError:
         return None, {}
     outcomes: dict[str, int] = {}
@@ -330,33 +198,6 @@ def _early_baseline(
     if not shared or (plan.gates.require_baseline and len(shared) < len(ids)):
         return None, {}
     return outcomes, runs
-
-
-def _early_baseline_verdict(state: State, summary: Summary) -> None:
-    """The run's baseline gate after its early stop (:func:`early_baseline_verdict`)."""
-    early_baseline_verdict(state.run.early, state.run.early_stopped, summary)
-
-
-def early_baseline_verdict(early: EarlyStop | None, stopped: str | None, summary: Summary) -> None:
-    """After an early stop the baseline gate's verdict is the early decision's, not the one
-    the partial run's drop would give (a gate another gate's FAIL made moot is not a FAIL).
-
-    Only when the early stop decided on the baseline at all: a baseline gate it did not
-    know (no baseline, one refused, one that does not cover the run) keeps its verdict.
-    ``stopped``: the stop's message (None: the run, or the config, was not stopped early).
-    """
-    if early is None or early.decision is None or stopped is None:
-        return
-    if "baseline" not in early.decision.verdicts:
-        return
-    verdict = early.decision.verdicts.get("baseline")
-    if not any(gate.name == "baseline" for gate in summary.gates):
-        return
-    if verdict is None:
-        detail = "undecided: the run stopped early on another gate's FAIL"
-    else:
-        detail = early.headline()
-    summary.set_gate(GateVerdict("baseline", "early-stop", verdict != "FAIL", detail))
 
 
 #: the plugin's own fixtures a user may replace (a conftest, plugin, test module or class)
@@ -747,6 +588,8 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             raise pytest.UsageError(
                 f"gsm8k: cannot reach {shown}: {exc.detail} (check --gsm8k-base-url)"
             ) from None
+        if exc.kind == "proxy":
+            raise pytest.UsageError(f"gsm8k: {exc.detail}") from None
         if exc.status == 404:
             _refuse_without_v1(state, url or DEFAULT_BASE_URL, timeout)
         return endpoint  # some servers have no /models; the first request will tell

@@ -51,14 +51,13 @@ from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from 
 from pytest_gsm8k.lifecycle import (
     config_early_stop_for,
     defines_fixture,
+    deselected_by,
     early_stop_for,
     head_start_allowed,
     limit_note,
     model_overridden,
     plugins_define,
     preflight,
-    release_gates,
-    release_matrix,
     start_controller,
     start_early,
     start_local,
@@ -80,11 +79,12 @@ from pytest_gsm8k.writing import (
     limit_descriptors,
     preload_end,
     prepare_outputs,
+    write_baselines,
     write_outputs,
 )
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.summary import Summary
+    from pytest_gsm8k.core.verdict import GroupInput
 
 BUILTIN_NODEID = "gsm8k"
 #: the marker every GSM8K item carries: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest
@@ -571,31 +571,48 @@ class StatePlugin:
         self._learn_plans()
         late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
         report_unfinished(self.config, state, late)
-        if plan.groups:
-            summary = run.build_matrix_summary(
-                plan, late=late, servers=state.sources.config_servers, scrub=state.scrubber()
-            )
-            release_matrix(state, summary, session)
-        else:
-            summary = run.build_summary(plan, late=late, server=state.sources.server_info)
-            release_gates(state, summary, session)
-        state.sources.finish_started(lambda name: _complete(summary, name, run.aborted))
+        # gather -> decide -> write the baseline -> (one derived copy if that failed) ->
+        # every output renders from the verdict (core/verdict.py)
+        from pytest_gsm8k.core.verdict import decide_run
+
+        inputs, top, not_run = run.gather(
+            plan,
+            late=late,
+            servers=state.sources.config_servers,
+            server=state.sources.server_info,
+            scrub=state.scrubber(),
+            deselected_by=deselected_by(session.config),
+        )
+        complete = {i.group.name: _complete(i, run.aborted) for i in inputs}
+        state.sources.finish_started(lambda name: complete.get(name, False))
         finished = time.time()
-        summary.extra["started_at"] = _iso(run.started)
-        summary.extra["finished_at"] = _iso(finished)
-        summary.extra["duration_s"] = round(finished - run.started, 3)
-        run.finish(summary)
-        write_outputs(state, summary.to_json())
+        times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
+        verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
+        failed = write_baselines(verdict)
+        if failed:
+            inputs = [
+                dataclasses.replace(
+                    i, baseline=dataclasses.replace(i.baseline, write_error=failed[i.group.name])
+                )
+                if i.baseline is not None and i.group.name in failed
+                else i
+                for i in inputs
+            ]
+            verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
+        run.finish(verdict)
+        write_outputs(state, verdict)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for message in self.warnings:
             terminalreporter.write_line(printable(message), yellow=True)
         run = self.state.run
-        summary = run.summary
-        if summary is None:
+        verdict = run.verdict
+        if verdict is None:
             return
+        from pytest_gsm8k.core.render import styled_lines
+
         terminalreporter.write_sep("=", "gsm8k")
-        for line, kind in summary.styled_lines():
+        for line, kind in styled_lines(verdict):
             terminalreporter.write_line(
                 line, bold=kind == "headline", red=kind == "fail", green=kind == "pass"
             )
@@ -616,22 +633,19 @@ class StatePlugin:
         """The exit code of a failed gate; the gates in the JUnit XML (before its writer,
         which runs later, writes the file)."""
         run = self.state.run
-        if run.summary is not None:
-            add_gates_to_junit(self.config, run.summary)
-        failed = (run.summary is not None and run.summary.failed) or bool(run.output_errors)
+        if run.verdict is not None:
+            add_gates_to_junit(self.config, run.verdict)
+        failed = (run.verdict is not None and run.verdict.failed) or bool(run.output_errors)
         if failed and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _complete(summary: Summary, config: str, aborted: str | None) -> bool:
-    """Whether the run (``config`` "") or that config has an answer for every problem it
-    set out to ask: then its started server's answers are not reused by the next run."""
-    if aborted or summary.interrupted:
+def _complete(group: GroupInput, aborted: str | None) -> bool:
+    """Whether the run (or a config) has an answer for every problem it set out to ask:
+    then its started server's answers are not reused by the next run."""
+    if aborted or group.selection.interrupted:
         return False
-    if config:
-        found = [c for c in summary.configs if c.extra.get("config", {}).get("name") == config]
-        return len(found) == 1 and _complete(found[0], "", None)
-    return not summary.counts().get("error") and summary.n > 0
+    return bool(group.records) and not any(r["outcome"] == "error" for r in group.records)
 
 
 def _iso(seconds: float) -> str:

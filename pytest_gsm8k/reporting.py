@@ -27,7 +27,7 @@ from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.state import ItemRef, State
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.summary import Summary
+    from pytest_gsm8k.core.verdict import RunVerdict
 
 #: the node id under which the gates appear (JUnit: classname ``gsm8k.gates``)
 GATES_NODEID = "gsm8k::gates"
@@ -115,19 +115,19 @@ def report_unfinished(
         hook.pytest_runtest_logfinish(nodeid=ref.nodeid, location=ref.location)
 
 
-def gate_reports(summary: Summary) -> list[pytest.TestReport]:
+def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:
     """Each gate as a test's call and teardown reports: passed, or failed with the
     gate's detail as its message. With --gsm8k-resume each also has the property
     ``answers_from_earlier_runs`` (``39 of 40``; a config's gate, its config's count),
     since a passed test case shows no detail."""
     earlier = {
         gate.name: f"{part.from_cache()} of {part.n}"
-        for part in (summary.configs or [summary])
+        for part in verdict.groups
         for gate in part.gates
-        if summary.resumed
+        if part.selection.resumed
     }
     out: list[pytest.TestReport] = []
-    for gate in summary.gates:
+    for gate in verdict.gates:
         nodeid = f"{GATES_NODEID}::{gate.name}"
         location = (GATES_NODEID.partition("::")[0], None, f"gates::{gate.name}")
         if gate.passed:
@@ -145,7 +145,7 @@ def gate_reports(summary: Summary) -> list[pytest.TestReport]:
     return out
 
 
-def add_gates_to_junit(config: pytest.Config, summary: Summary) -> None:
+def add_gates_to_junit(config: pytest.Config, verdict: RunVerdict) -> None:
     """Give ``--junitxml``'s writer a test case per gate before it writes the file (only
     it: the terminal says the gates in the gsm8k section, and counting them there would
     change the line that counts the problems)."""
@@ -154,7 +154,7 @@ def add_gates_to_junit(config: pytest.Config, summary: Summary) -> None:
     xml = config.stash.get(xml_key, None)
     if xml is None:
         return
-    for report in gate_reports(summary):
+    for report in gate_reports(verdict):
         xml.pytest_runtest_logreport(report)
 
 

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_gsm8k.core.dataset import subset_record
-from pytest_gsm8k.core.gates import GateVerdict, Verdict
-from pytest_gsm8k.core.plan import Endpoint, RunPlan
+from pytest_gsm8k.core.plan import Endpoint, RunPlan, StoredBaseline
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, command_secrets, shown_url
@@ -39,7 +38,7 @@ from pytest_gsm8k.sources import SourceContext, Sources
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
-    from pytest_gsm8k.core.summary import Summary
+    from pytest_gsm8k.core.verdict import EarlyOutcome, Group, GroupInput, RunVerdict, Selection
     from pytest_gsm8k.runtime.outputs import Output
 
 RECORD_KEY = pytest.StashKey[ProblemRecord]()
@@ -98,7 +97,8 @@ class Run:
         self.config_early: dict[str, EarlyStop | None] = {}
         #: configs stopped early: name -> the message their items not run are skipped with
         self.config_stopped: dict[str, str] = {}
-        self.summary: Summary | None = None
+        #: the run's verdict, once decided (every output renders from it)
+        self.verdict: RunVerdict | None = None
         #: the run's outputs checked at session start, by key (report, html, markdown, step_summary)
         self.outputs: dict[str, Output] = {}
         #: outputs that could not be written at the end: key -> the one line saying why
@@ -155,8 +155,8 @@ class Run:
     def stop_config_early(self, name: str, message: str) -> None:
         self.config_stopped[name] = message
 
-    def finish(self, summary: Summary) -> None:
-        self.summary = summary
+    def finish(self, verdict: RunVerdict) -> None:
+        self.verdict = verdict
 
     def add_output(self, key: str, output: Output) -> None:
         self.outputs[key] = output
@@ -169,7 +169,7 @@ class Run:
             output.close()
         self.outputs.clear()
 
-    # the summary
+    # the verdict's inputs
 
     def wanted(self, plan: RunPlan) -> list[Problem]:
         """What this run set out to do: the selected problems it collected, after -k/-m/--lf
@@ -177,138 +177,126 @@ class Run:
         ids = self.collected_ids
         return [p for p in plan.problems if ids is None or p.id in ids]
 
-    def build_summary(
-        self,
-        plan: RunPlan,
-        *,
-        late: dict[str, ProblemRecord],
-        server: dict[str, Any] | None,
-    ) -> Summary:
-        """The summary of the records (``late``: answers that arrived for items the run no
-        longer reached, scored), with the min-acc and answer-format health gates decided (by
-        the early stop when it settled them)."""
-        from pytest_gsm8k.core.outcome import error_record
-        from pytest_gsm8k.core.summary import Summary
-
-        settings = plan.settings
-        records = dict(self.records)
-        ran = self.wanted(plan)
-        unreached = 0
-        if self.aborted:
-            # The run stopped at the first item the failure reached; answers that had come
-            # in for later items (out of order) are scored, not thrown away.
-            for problem in ran:
-                if problem.id not in records:
-                    found = late.get(problem.id)
-                    unreached += found is None
-                    records[problem.id] = found or error_record(problem, self.aborted)
-        split = plan.split
-        selected = plan.problems
-        summary = Summary(
-            protocol=plan.protocol.identity(),
-            label=plan.protocol.label,
-            dataset=split.identity(),
-            subset=subset_record(
-                limit=settings.limit if len(selected) < len(split.problems) else None,
-                seed=settings.seed,
-                of=len(split.problems),
-                ids_hash=_ids_hash(selected),
-                deselected=len(selected) - len(ran),
-                first=takes_first(settings.preset),
-            ),
-            model=plan.endpoint.model or _most_common(records, "model") or "(gsm8k_model fixture)",
-            endpoint=_most_common(records, "endpoint")
-            or safe_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
-            records=list(records.values()),
-            expected=len(ran),
-            interrupted=self.interrupted,
-        )
-        if unreached:
-            summary.notes.append(
-                f"  {unreached} of the errors were not reached: the run stopped on the endpoint "
-                "failure (pytest counts them as skipped)"
-            )
-        if server is not None:
-            if settings.serve:
-                summary.extra["served"] = server
-            else:
-                summary.extra["local_server"] = server
-        early = self.early
-        decided = None
-        settled: dict[str, Verdict | None] = {}
-        if early is not None:
-            summary.extra["early_stop"] = early.to_json()
-            summary.notes.append(f"  early stop ({early.mode}): {early.headline()}")
-            if early.decision is not None and self.early_stopped is not None:
-                settled = early.decision.verdicts
-                decided = settled.get("min-acc")
-        rule = plan.gates.min_acc
-        if early is not None and decided is not None:
-            summary.set_gate(
-                GateVerdict(
-                    "min-acc",
-                    "early-stop",
-                    decided == "PASS",
-                    early.headline(),
-                    threshold=rule.threshold if rule else None,
-                )
-            )
-        elif rule is not None:
-            summary.set_gate(summary.gate_min_acc_by(rule))
-        for spec in plan.gates.health:
-            if spec.name not in settled:
-                summary.gate_share(spec)
-                continue
-            # the run stopped early: the early decision's verdict, not the partial counts'
-            # (a gate another gate's FAIL left undecided is not a FAIL)
-            verdict = settled[spec.name]
-            assert early is not None
-            summary.set_gate(
-                GateVerdict(
-                    spec.name,
-                    "early-stop",
-                    verdict != "FAIL",
-                    early.headline()
-                    if verdict is not None
-                    else "undecided: the run stopped early on another gate's FAIL",
-                    threshold=spec.rate,
-                )
-            )
-        return summary
-
-    def build_matrix_summary(
+    def gather(
         self,
         plan: RunPlan,
         *,
         late: dict[str, ProblemRecord],
         servers: dict[str, dict[str, Any]],
+        server: dict[str, Any] | None,
         scrub: Scrubber,
-    ) -> Summary:
-        """--gsm8k-config: one summary per config, each gated as vLLM's test gates it
-        (plus --gsm8k-min-acc and the health gates when asked), under one that counts
-        them all and holds every gate."""
+        deselected_by: str,
+    ) -> tuple[list[GroupInput], Group | None, list[str]]:
+        """What the verdict step decides on (core/verdict.py), as plain data: each group's
+        facts, records (``late``: answers that arrived for items the run no longer
+        reached, scored), selection, baseline and early stop; with ``--gsm8k-config`` the
+        matrix's top and the configs deselected whole."""
         from pytest_gsm8k.core.outcome import error_record
-        from pytest_gsm8k.core.summary import Summary
+        from pytest_gsm8k.core.verdict import BaselineInput, Group, GroupInput, Selection
 
-        wanted = {p.id for p in self.wanted(plan)}
+        settings = plan.settings
         split = plan.split
-        configs: list[Summary] = []
-        for group in plan.groups:
-            config = group.config
-            ran = [p for p in group.problems if p.id in wanted]
+        wanted = self.wanted(plan)
+
+        def baseline(stored: StoredBaseline | None, problems: Sequence[Problem]) -> Any:
+            if stored is None:
+                return None
+            return BaselineInput(
+                stored,
+                tuple(problems),
+                update=plan.update_baseline,
+                partial_ok=settings.baseline_partial,
+                named=bool(settings.baseline or settings.baseline_name),
+                repeats=settings.repeats,
+            )
+
+        def selection(ran: Sequence[Problem], of: int, unreached: int = 0) -> Selection:
+            return Selection(
+                tuple(p.id for p in ran),
+                deselected=of - len(ran),
+                deselected_by=deselected_by,
+                interrupted=self.interrupted,
+                unreached=unreached,
+                resumed=settings.resume,
+            )
+
+        if not plan.groups:
+            records = dict(self.records)
+            unreached = 0
+            if self.aborted:
+                # The run stopped at the first item the failure reached; answers that had
+                # come in for later items (out of order) are scored, not thrown away.
+                for problem in wanted:
+                    if problem.id not in records:
+                        arrived = late.get(problem.id)
+                        unreached += arrived is None
+                        records[problem.id] = arrived or error_record(problem, self.aborted)
+            selected = plan.problems
+            where = "served" if settings.serve else "local_server"
+            extra = {where: server} if server is not None else {}
+            group = Group(
+                name="",
+                label=plan.protocol.label,
+                protocol=plan.protocol.identity(),
+                protocol_label=plan.protocol.label,
+                dataset=split.identity(),
+                subset=subset_record(
+                    limit=settings.limit if len(selected) < len(split.problems) else None,
+                    seed=settings.seed,
+                    of=len(split.problems),
+                    ids_hash=_ids_hash(selected),
+                    deselected=len(selected) - len(wanted),
+                    first=takes_first(settings.preset),
+                ),
+                model=plan.endpoint.model
+                or _most_common(records, "model")
+                or "(gsm8k_model fixture)",
+                endpoint=_most_common(records, "endpoint")
+                or safe_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
+                specs=plan.gates,
+                extra=extra,
+                report=settings.report or "",
+            )
+            run = GroupInput(
+                group,
+                tuple(records.values()),
+                selection(wanted, len(selected), unreached),
+                baseline(plan.baseline, split.problems),
+                _early(self.early, self.early_stopped is not None),
+            )
+            return [run], None, []
+        ids = {p.id for p in wanted}
+        inputs: list[GroupInput] = []
+        for planned in plan.groups:
+            config = planned.config
+            ran = [p for p in planned.problems if p.id in ids]
             if not ran:
                 continue  # deselected whole (-k, -m): its server never started, nothing to gate
-            records: dict[str, ProblemRecord] = {}
+            found: dict[str, ProblemRecord] = {}
             for problem in ran:
                 record = self.records.get(problem.id) or late.get(problem.id)
                 if record is None and self.aborted:
                     record = error_record(problem, self.aborted)
                 if record is not None:
-                    records[problem.id] = record
-            server = servers.get(group.name)
-            summary = Summary(
-                protocol=group.protocol.identity(),
-                label=f"{group.name}: {group.protocol.label}",
+                    found[problem.id] = record
+            served = servers.get(planned.name)
+            block = {
+                "name": config.name,
+                "source": config.source,
+                "model_name": config.model_name,
+                "accuracy_threshold": config.accuracy_threshold,
+                "tolerance": config.tolerance,
+                "num_questions": config.num_questions,
+                "num_fewshot": config.num_fewshot,
+                "server_args": scrub.words(config.server_args),
+                "env": sorted(key for key, _ in config.env),
+                "fields": list(config.given),
+            }
+            group = Group(
+                name=config.name,
+                label=planned.label,
+                protocol=planned.protocol.identity(),
+                protocol_label=planned.protocol.label,
                 dataset=split.identity(),
                 subset={
                     "limit": config.num_questions
@@ -317,44 +305,34 @@ class Run:
                     "first": True,
                     "seed": None,
                     "of": len(split.problems),
-                    "ids_hash": _ids_hash(group.problems),
-                    "deselected": len(group.problems) - len(ran),
+                    "ids_hash": _ids_hash(planned.problems),
+                    "deselected": len(planned.problems) - len(ran),
                 },
                 model=config.model_name,
-                endpoint=str((server or {}).get("base_url") or "(its server did not start)"),
-                records=list(records.values()),
-                expected=len(ran),
-                interrupted=self.interrupted,
+                endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
+                specs=plan.gates,
+                floor=planned.floor,
+                extra={"config": scrub.obj(block)}
+                | ({"served": served} if served is not None else {}),
+                report=settings.report or "",
             )
-            summary.extra["config"] = scrub.obj(
-                {
-                    "name": config.name,
-                    "source": config.source,
-                    "model_name": config.model_name,
-                    "accuracy_threshold": config.accuracy_threshold,
-                    "tolerance": config.tolerance,
-                    "num_questions": config.num_questions,
-                    "num_fewshot": config.num_fewshot,
-                    "server_args": scrub.words(config.server_args),
-                    "env": sorted(key for key, _ in config.env),
-                    "fields": list(config.given),
-                }
+            inputs.append(
+                GroupInput(
+                    group,
+                    tuple(found.values()),
+                    selection(ran, len(planned.problems)),
+                    baseline(planned.baseline, planned.split_problems(split)),
+                    _early(
+                        self.config_early.get(planned.name), planned.name in self.config_stopped
+                    ),
+                )
             )
-            if server is not None:
-                summary.extra["served"] = server
-            floor = group.floor
-            summary.set_gate(summary.gate_min_acc_by(floor, group.protocol.label))
-            if plan.gates.min_acc is not None:
-                summary.set_gate(summary.gate_min_acc_by(plan.gates.min_acc))
-            for spec in plan.gates.health:
-                summary.gate_share(spec)
-            self._config_early_gates(group.name, summary)
-            summary.name_gates(config.name)
-            configs.append(summary)
         first = plan.groups[0].protocol
-        top = Summary(
-            protocol=first.identity(),
+        top = Group(
+            name="",
             label=f"{len(plan.groups)} vLLM configs",
+            protocol=first.identity(),
+            protocol_label=first.label,
             dataset=split.identity(),
             subset={
                 "limit": None,
@@ -365,52 +343,10 @@ class Run:
             },
             model=", ".join(g.config.model_name for g in plan.groups),
             endpoint="(one server per config)",
-            records=[r for c in configs for r in c.records],
-            expected=sum(c.expected for c in configs),
-            interrupted=self.interrupted,
-            gates=[g for c in configs for g in c.gates],
-            configs=configs,
+            specs=plan.gates,
         )
-        shown = {c.extra["config"]["name"] for c in configs}
-        top.extra["not_run"] = [g.name for g in plan.groups if g.name not in shown]
-        return top
-
-    def _config_early_gates(self, name: str, summary: Summary) -> None:
-        """--gsm8k-config with --gsm8k-early-stop: the config's early-stop record and note;
-        once it stopped, each gate it settled takes the decision's verdict (the partial
-        counts' would not be the full run's; the decision's is, exactly)."""
-        from pytest_gsm8k.core.early_stop import FLOOR
-
-        early = self.config_early.get(name)
-        if early is None:
-            return
-        summary.extra["early_stop"] = early.to_json()
-        decision = early.decision
-        if decision is None or name not in self.config_stopped:
-            said = (
-                f"not stopped early: its verdicts were open until the last of its "
-                f"{early.n_total} problems"
-                if decision is not None
-                else early.headline()
-            )
-            summary.notes.append(f"  early stop ({early.mode}): {said}")
-            return
-        summary.notes.append(f"  early stop ({early.mode}): {early.headline()}")
-        for gate in list(summary.gates):
-            key = FLOOR if gate.rule == FLOOR else gate.name
-            if key not in decision.verdicts:
-                continue
-            verdict = decision.verdicts[key]
-            detail = (
-                early.headline()
-                if verdict is not None
-                else "undecided: the config stopped early on another gate's FAIL"
-            )
-            summary.set_gate(
-                GateVerdict(
-                    gate.name, "early-stop", verdict != "FAIL", detail, threshold=gate.threshold
-                )
-            )
+        shown = {i.group.name for i in inputs}
+        return inputs, top, [g.name for g in plan.groups if g.name not in shown]
 
 
 class State:
@@ -548,6 +484,24 @@ class State:
         self.sources.close()
         if not self.is_worker:
             shutil.rmtree(run_dir_for(self.run_id), ignore_errors=True)
+
+
+def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
+    """The early stop as the verdict step takes it: frozen, its decision and its lines."""
+    from pytest_gsm8k.core.verdict import EarlyOutcome
+
+    if early is None:
+        return None
+    decision = early.decision
+    return EarlyOutcome(
+        mode=early.mode,
+        decided=decision is not None,
+        stopped=decision is not None and stopped,
+        verdicts=dict(decision.verdicts) if decision is not None else {},
+        headline=early.headline(),
+        n_total=early.n_total,
+        record=early.to_json(),
+    )
 
 
 def _most_common(records: dict[str, ProblemRecord], key: str) -> str | None:

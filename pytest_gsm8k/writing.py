@@ -8,16 +8,18 @@ whatever fails is one line instead of a crash. How a path is written (file, devi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
+from pytest_gsm8k.core.plan import RunPlan
 from pytest_gsm8k.core.records import Report
-from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.state import State
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.verdict import RunVerdict
 
 #: the run's outputs: key -> (the option or variable that names it, appended to)
 OUTPUTS = {
@@ -72,13 +74,45 @@ def check_baseline_path(plan: RunPlan) -> None:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
 
 
-def write_outputs(state: State, report: Report) -> None:
-    """The JSON report and the page, each where its session-start check said; a failure
-    is one line (the summary is still printed, and the run fails)."""
+def write_baselines(verdict: RunVerdict) -> dict[str, str]:
+    """``--snapshot-update``: each group's baseline document the verdict holds, written
+    atomically; returns the groups whose write failed (group name -> the one line why),
+    which the verdict step turns into the baseline gate's FAIL (the one derived copy)."""
+    from pytest_gsm8k.runtime.files import write_atomic
+    from pytest_gsm8k.runtime.outputs import reason
+    from pytest_gsm8k.snapshot import serialize
+
+    failed: dict[str, str] = {}
+    for group in verdict.groups:
+        document, baseline = group.baseline_write, group.baseline
+        if document is None or baseline is None:
+            continue
+        try:
+            write_atomic(baseline.stored.path, serialize(dict(document)))
+        except Exception as exc:
+            failed[group.group.name] = reason(exc)
+    return failed
+
+
+def write_outputs(state: State, verdict: RunVerdict) -> None:
+    """Every output of the run's end, rendered from its verdict, each where its
+    session-start check said: the Markdown summary (``$GITHUB_STEP_SUMMARY``,
+    ``--gsm8k-markdown``), the JSON report and the page; a failure is one line (the
+    terminal block is still printed, and the run fails)."""
+    from pytest_gsm8k.core.render import markdown
     from pytest_gsm8k.runtime.files import json_text
 
+    plan = state.plan
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary or plan.settings.markdown:
+        problems = plan.problems if plan.groups else plan.split.problems
+        questions = {p.id: p.question for p in problems}
+        text = markdown(verdict, questions, html=page_path(state))
+        write_output(state, "step_summary", step_summary, lambda: text)
+        write_output(state, "markdown", plan.settings.markdown, lambda: text)
+    report = verdict.to_json()
     write_output(state, "report", state.settings.report, lambda: json_text(report))
-    write_output(state, "html", state.settings.html, lambda: page_html(state, report))
+    write_output(state, "html", state.settings.html, lambda: page_html(state, verdict, report))
 
 
 def _output_path(state: State, key: str) -> str | None:
@@ -147,8 +181,8 @@ def preload_end() -> None:
     """Import now what the end of the run imports: a run that later holds as many
     sockets as its open-file limit allows must still be able to end (imports open
     files)."""
-    from pytest_gsm8k import gates, snapshot  # noqa: F401
-    from pytest_gsm8k.core import html_report, outcome, summary  # noqa: F401
+    from pytest_gsm8k import snapshot  # noqa: F401
+    from pytest_gsm8k.core import html_report, outcome, render, verdict  # noqa: F401
     from pytest_gsm8k.runtime import files, outputs  # noqa: F401
 
 
@@ -169,41 +203,17 @@ def limit_descriptors(state: State) -> None:
     )
 
 
-def page_html(state: State, report: Report) -> str:
-    """The run's page (``--gsm8k-html``): the baseline's outcomes beside ours; with
-    ``--gsm8k-config``, each config's own baseline's beside its problems (their ids carry
-    the config's name, so the outcomes of every config's baseline fit in one map)."""
-    from pytest_gsm8k.core.html_report import problem_texts, render_html
+def page_html(state: State, verdict: RunVerdict, report: Report) -> str:
+    """The run's page (``--gsm8k-html``): the outcomes of the baseline each group was
+    compared with beside its own (a config's problems' ids carry its name, so every
+    config's baseline fits in one map)."""
+    from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
 
     plan = state.plan
     outcomes: dict[str, str] = {}
-    if not plan.update_baseline:
-        if plan.baseline is not None:
-            outcomes |= _baseline_outcomes(plan.baseline, report, plan.split.problems)
-        for here in report.get("configs", []):
-            config = here.get("config")
-            name = config.get("name") if isinstance(config, Mapping) else None
-            group = plan.group_by_name.get(str(name))
-            if group is not None and group.baseline is not None:
-                split = group.split_problems(plan.split)
-                outcomes |= _baseline_outcomes(group.baseline, here, split)
+    for group in verdict.groups:
+        if group.compared is not None:
+            outcomes |= outcomes_from_baseline(group.compared)
     # --gsm8k-config: the problems' ids carry their config's name
     problems = (*plan.split.problems, *plan.problems) if plan.groups else plan.split.problems
     return render_html(report, problem_texts(problems), outcomes or None)
-
-
-def _baseline_outcomes(
-    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
-) -> dict[str, str]:
-    """A stored baseline's outcome per problem, when it is one this run could compare with
-    (the gate said why when it is not: the page then derives what the flips imply)."""
-    from pytest_gsm8k import gates
-    from pytest_gsm8k.core import baseline as bl
-    from pytest_gsm8k.core.html_report import outcomes_from_baseline
-
-    if not stored.exists:
-        return {}
-    try:
-        return outcomes_from_baseline(gates.check_baseline(stored, here, split))
-    except bl.BaselineError:
-        return {}

@@ -27,16 +27,18 @@ import hashlib
 import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.calibrated import Pair, stability
+from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach, stability
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.outcome import OUTCOMES
-from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
+from pytest_gsm8k.core.stats import accuracy_interval, mcnemar_one_sided
 from pytest_gsm8k.core.types import Problem
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.plan import StoredBaseline
 
 SCHEMA = 1
 #: the most repeats a calibrated entry may hold (--gsm8k-repeats' own bound)
@@ -77,7 +79,7 @@ def default_name(label: str) -> str:
 
 
 def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
-    """The baseline document from a run's JSON report (see summary.Summary.to_json).
+    """The baseline document from a run's JSON report (core/verdict.py: RunVerdict.to_json).
 
     ``partial``: why the run covers only part of its selection, for a partial
     baseline (recorded with the size of the selection and the ids it holds).
@@ -452,91 +454,148 @@ def _config_name(document: Mapping[str, Any]) -> object:
     return config.get("name") if isinstance(config, Mapping) else None
 
 
-@dataclass
-class Comparison:
-    shared: int
-    baseline_acc: float
-    current_acc: float
-    newly_failing: list[str] = field(default_factory=list)
-    newly_passing: list[str] = field(default_factory=list)
-    p_value: float = 1.0
-    diff: float = 0.0
-    low: float = 0.0
-    high: float = 0.0
-    subset: bool = False  # compared on fewer ids than the baseline holds
-    baseline_n: int = 0
-    baseline_correct: int = 0  # over the shared ids
-    current_correct: int = 0
-    #: problems of the run the baseline does not hold, of the run's ``run_n``
-    not_in_baseline: int = 0
-    run_n: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "shared": self.shared,
-            "baseline_accuracy": self.baseline_acc,
-            "current_accuracy": self.current_acc,
-            "difference": self.diff,
-            "difference_ci95": [self.low, self.high],
-            "newly_failing": self.newly_failing,
-            "newly_passing": self.newly_passing,
-            "mcnemar_p": self.p_value,
-            "subset": self.subset,
-            "baseline_n": self.baseline_n,
-            "not_in_baseline": self.not_in_baseline,
-        }
-
-
 def compare(
-    baseline: dict[str, Any],
-    records: Sequence[Mapping[str, Any]],
-    run_ids: Collection[str] | None = None,
-) -> Comparison:
-    """Paired comparison on the problem ids present in both.
-
-    ``run_ids``: the problems the run set out to do (default: those of ``records``);
-    those the baseline does not hold are counted in ``not_in_baseline``.
-    """
+    baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], run_ids: Collection[str]
+) -> dict[str, Any]:
+    """The report's counts of a comparison, beside what :func:`noise_block` says of the
+    shared problems: how many there are, whether the baseline holds more (``subset``), how
+    many of the problems the run set out to do (``run_ids``) it does not hold, and the exact
+    one-sided McNemar p on the problems whose outcome flipped."""
     base = baseline["problems"]
-    wanted = {str(r["id"]) for r in records} if run_ids is None else set(run_ids)
-    both_correct = base_only = now_only = both_wrong = 0
-    failing: list[str] = []
-    passing: list[str] = []
-    base_correct = now_correct = 0
-    for record in sorted(records, key=lambda r: str(r["id"])):
-        pid = str(record["id"])
-        if pid not in base:
-            continue
-        was = _correct(base[pid])
-        now = bool(record["correct"])
-        base_correct += was
-        now_correct += now
-        if was and now:
-            both_correct += 1
-        elif was:
-            base_only += 1
-            failing.append(pid)
-        elif now:
-            now_only += 1
-            passing.append(pid)
-        else:
-            both_wrong += 1
-    shared = both_correct + base_only + now_only + both_wrong
-    diff, low, high = paired_difference_interval(both_correct, base_only, now_only, both_wrong)
-    return Comparison(
-        shared=shared,
-        baseline_acc=base_correct / shared if shared else 0.0,
-        current_acc=now_correct / shared if shared else 0.0,
-        newly_failing=failing,
-        newly_passing=passing,
-        p_value=mcnemar_one_sided(base_only, now_only),
-        diff=diff,
-        low=low,
-        high=high,
-        subset=shared < len(base),
-        baseline_n=len(base),
-        baseline_correct=base_correct,
-        current_correct=now_correct,
-        not_in_baseline=len(wanted - set(base)),
-        run_n=len(wanted),
+    shared = [r for r in records if str(r["id"]) in base]
+    was = [_correct(base[str(r["id"])]) for r in shared]
+    base_only = sum(1 for r, w in zip(shared, was, strict=True) if w and not r["correct"])
+    now_only = sum(1 for r, w in zip(shared, was, strict=True) if not w and r["correct"])
+    return {
+        "shared": len(shared),
+        "mcnemar_p": mcnemar_one_sided(base_only, now_only),
+        "subset": len(shared) < len(base),
+        "baseline_n": len(base),
+        "not_in_baseline": len(set(run_ids) - set(base)),
+    }
+
+
+def check(
+    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
+) -> dict[str, Any]:
+    """The stored baseline's document, checked: readable, consistent in itself, of the
+    protocol and dataset of ``here`` (a JSON report, or its protocol and dataset), and
+    holding problems of ``split`` (all of its selection unless it says it is partial).
+
+    Raises :class:`~pytest_gsm8k.core.baseline.BaselineError` with one line naming the file.
+    """
+    if stored.error is not None:
+        raise BaselineError(stored.error)
+    if stored.document is None:
+        raise BaselineError(f"no baseline at {stored.shown}")
+    difference = first_difference(stored.document, here)
+    if difference:
+        raise BaselineError(f"refused to compare with {stored.shown}: {difference}")
+    check_problem_set(stored.document, stored.shown, split)
+    return stored.document
+
+
+def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
+    """What the noise-aware gate sees in the shared problems, for the report's baseline
+    block: its p-values, the one estimate of the difference, the smallest drop it detects,
+    the newly failing problems (stable ones first: the regressions worth reading first),
+    and the baseline's stability."""
+    counts = {"stable_correct": 0, "stable_wrong": 0, "noisy": 0}
+    for pair in pairs:
+        counts[pair.stability.replace("-", "_")] += 1
+    seen = evidence(pairs)
+    can = reach(pairs, alpha)
+    diff, low, high = difference(pairs)
+    shared = len(pairs)
+    runs = max((p.base_runs for p in pairs), default=1)
+    now_runs = max((p.now_runs for p in pairs), default=1)
+    return {
+        # like with like: the mean rates over every run of each side, one estimate
+        "baseline_accuracy": sum(p.base_rate for p in pairs) / shared if shared else 0.0,
+        "current_accuracy": sum(p.now_rate for p in pairs) / shared if shared else 0.0,
+        # each side's interval by the headline's rule (one run: Wilson; repeats: clustered)
+        "baseline_ci95": list(accuracy_interval([p.base_rate for p in pairs], runs)),
+        "current_ci95": list(accuracy_interval([p.now_rate for p in pairs], now_runs)),
+        "difference": diff,
+        "difference_ci95": [low, high],
+        "p_value": seen.p,
+        "p_values": {"flips": seen.flip, "drop": seen.drop, "rise": seen.rise},
+        "alpha": alpha,
+        "repeats": {"baseline": runs, "run": now_runs},
+        "detectable_drop": {
+            "problems": round(can.problems, 1),
+            "points": round(can.points, 2) if shared else None,
+            "power": can.power,
+            "repeats_for_one_point": can.repeats_for_one_point,
+        },
+        "newly_failing": [p.problem_id for p in pairs if p.failing],
+        "newly_passing": [
+            p.problem_id for p in pairs if p.base_correct < p.base_runs and p.now_correct > 0
+        ],
+        "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
+        "noisy_failing": [p.problem_id for p in pairs if p.failing and p.stability == "noisy"],
+        "stability": counts,
+        "flip_rate": counts["noisy"] / shared if shared else 0.0,
+    }
+
+
+def noise_sentence(seen: Mapping[str, Any]) -> str:
+    """The terminal's line on what the gate can see (from :func:`noise_block`)."""
+    counts = seen["stability"]
+    shared = sum(counts.values())
+    runs = seen["repeats"]["baseline"]
+    drop = seen["detectable_drop"]
+    more = drop["repeats_for_one_point"]
+    can_see = (
+        f"detects a drop of {drop['points']:.1f} points or more spread over the noisy "
+        f"problems ({drop['problems']:g} problems; 80% power, n={shared}, "
+        f"alpha={seen['alpha']:g}); "
+        + (
+            f"{more} candidate run{'s' if more != 1 else ''} per problem (--gsm8k-repeats) "
+            "would reach 1 point"
+            if more is not None
+            else "no number of candidate repeats reaches 1 point with this baseline"
+        )
     )
+    if drop["points"] > 5:
+        can_see += "; it cannot reach 80% power against a 5-point drop at this size"
+    if runs == 1:
+        return (
+            f"noise: a single-run baseline cannot tell noisy problems from stable ones "
+            f"(record it with --gsm8k-repeats K); the gate {can_see}"
+        )
+    return (
+        f"noise: baseline of {runs} runs per problem: {counts['stable_correct']} stable-correct, "
+        f"{counts['stable_wrong']} stable-wrong, {counts['noisy']} noisy (flip rate "
+        f"{seen['flip_rate']:.1%}); the gate {can_see}"
+    )
+
+
+def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | None:
+    """Why a run with ``repeats`` per problem may not replace ``stored``: a calibrated
+    baseline of more runs per problem knows each problem's noise, and a single-run one in
+    its place would silently cost the gate its power (a 1-point drop caught 13% of the time
+    instead of 99%). None when it may (``document``: the stored one, None without)."""
+    calibration = document.get("calibration") if isinstance(document, dict) else None
+    stored_k = calibration.get("repeats") if isinstance(calibration, dict) else None
+    if not isinstance(stored_k, int) or stored_k <= repeats:
+        return None
+    made = f"{repeats} runs" if repeats > 1 else "1 run"
+    return (
+        f"it is calibrated over {stored_k} runs per problem and this run made {made}; "
+        f"record it with --gsm8k-repeats {stored_k} (or delete the file to record a "
+        "baseline of fewer runs)"
+    )
+
+
+def dropped(stored: StoredBaseline, report: Mapping[str, Any], split: Sequence[Problem]) -> int:
+    """How many problems the usable stored baseline holds that the run has not (0 when
+    there is none, or it cannot be compared with this run: then it is replaced)."""
+    if not stored.exists:
+        return 0
+    try:
+        document = check(stored, report, split)
+    except BaselineError:
+        return 0
+    ran = {record["id"] for record in report["problems"]}
+    return len(set(document["problems"]) - ran)

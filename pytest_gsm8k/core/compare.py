@@ -38,8 +38,8 @@ from pytest_gsm8k.core import calibrated, jsondepth
 from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference
 from pytest_gsm8k.core.calibrated import Pair
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
-from pytest_gsm8k.core.markdown import cell_code, gate_table, problem_list
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA
+from pytest_gsm8k.core.render import cell_code, gate_table, problem_list
 from pytest_gsm8k.core.scrub import md_text
 
 __all__ = [

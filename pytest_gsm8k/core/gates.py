@@ -43,6 +43,7 @@ __all__ = [
     "NoiseAware",
     "ToleranceFloor",
     "Verdict",
+    "Word",
     "count_certain",
     "difference_words",
     "failing_words",
@@ -55,6 +56,10 @@ __all__ = [
 ]
 
 Verdict = Literal["PASS", "FAIL"]
+#: a gate's word: UNDECIDED is a gate that was not decided and does not block the run (another
+#: gate's early FAIL made it moot; a shard's gates wait for the merge); an undecided gate
+#: that blocks says FAIL, "not a verdict: ..." (:func:`undecided`)
+Word = Literal["PASS", "FAIL", "UNDECIDED"]
 
 #: slack of the drop comparison: a drop equal to --gsm8k-max-drop in decimal passes even
 #: when its float difference comes out a few ulps above it
@@ -68,6 +73,8 @@ class GateVerdict:
     ``rule`` names the rule that decided (``min-acc``, ``max-drop``, ``noise-aware``,
     ``early-stop``, or a refusal such as ``baseline-missing``); ``value`` and
     ``threshold`` are the two numbers compared where the rule compares numbers.
+    ``passed`` is "does not block the run"; ``undecided`` says the gate was not decided
+    (blocking: a FAIL "not a verdict"; not blocking: the word UNDECIDED).
     """
 
     name: str
@@ -76,6 +83,7 @@ class GateVerdict:
     detail: str
     value: float | None = None
     threshold: float | None = None
+    undecided: bool = False
 
     def __post_init__(self) -> None:
         # the name and the sentence hold names from outside (a config's file name, a label,
@@ -84,8 +92,10 @@ class GateVerdict:
         object.__setattr__(self, "detail", printable(self.detail))
 
     @property
-    def word(self) -> Verdict:
-        return "PASS" if self.passed else "FAIL"
+    def word(self) -> Word:
+        if not self.passed:
+            return "FAIL"
+        return "UNDECIDED" if self.undecided else "PASS"
 
     def to_json(self) -> GateRecord:
         return {
@@ -115,7 +125,7 @@ def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
         detail = f"{NOT_A_VERDICT}{why}; {verdict.detail.removeprefix(NOT_A_VERDICT)}"
     else:
         return verdict
-    return replace(verdict, passed=False, detail=detail)
+    return replace(verdict, passed=False, detail=detail, undecided=True)
 
 
 def min_acc_count(min_acc: float, n: int) -> int:

@@ -270,7 +270,8 @@ def note_long_retry_after(breaker: Breaker, status: int, headers: Any, limit: fl
 
 class PreflightError(Exception):
     """``kind`` is "auth" (401), "forbidden" (403), "unreachable", "timeout" (no complete
-    reply within the deadline) or "status" (other HTTP)."""
+    reply within the deadline), "proxy" (one the environment names and httpx cannot use)
+    or "status" (other HTTP)."""
 
     def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
@@ -289,6 +290,25 @@ def _tls_context(trust_env: bool) -> Any:
     """httpx's default TLS context, made once: loading the trust store takes tens of ms,
     and a server's readiness is polled many times a second."""
     return _httpx().create_ssl_context(trust_env=trust_env)
+
+
+def _unusable_proxy(url: str) -> str:
+    """One line for a proxy the environment names that httpx cannot use without an extra
+    package (socksio for ``socks5://``): said before any request, never a traceback."""
+    import urllib.request
+
+    from pytest_gsm8k.core.proxy import proxy_for
+
+    try:
+        proxy = proxy_for(url, urllib.request.getproxies()) or ""
+    except ValueError:
+        proxy = ""
+    scheme = proxy.partition("://")[0] or "a"
+    return (
+        f"the environment names a {scheme}:// proxy for the endpoint, which the HTTP client "
+        "cannot use without the socksio package (pip install 'httpx[socks]'); name an "
+        "http:// proxy or exempt the host in NO_PROXY"
+    )
 
 
 def get_json(
@@ -329,6 +349,8 @@ def get_json(
         body = loop.run_until_complete(asyncio.wait_for(get(), deadline))
     except (asyncio.TimeoutError, httpx.TimeoutException):
         raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
+    except ImportError:  # httpx without socksio, for a socks:// proxy in the environment
+        raise PreflightError("proxy", _unusable_proxy(url)) from None
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         cause: BaseException = exc
         while cause.__cause__ or cause.__context__:  # the socket's error, not httpx's wrapper

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import GsmRun, output, report
+from helpers import XDIST, GsmRun, output, report
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -317,7 +317,7 @@ def test_a_rise_beyond_the_noise_warns_and_does_not_fail(
     causes, and the gate passes; a rerun of the baseline's own model does not warn."""
     server.set_script(_noisy(drop=26))
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    _record(pytester, args, xdist)
+    _record(pytester, [*args, *xdist])
     warning = "WARNING: better than the baseline beyond its noise"
     same = pytester.runpytest(*args, *xdist, "--gsm8k-report=r.json")
     assert same.ret == 0, output(same)

@@ -20,8 +20,8 @@ from pytest_gsm8k.core.compare import (
     markdown,
     pairing,
 )
-from pytest_gsm8k.core.markdown import LISTED, problem_list
 from pytest_gsm8k.core.records import REPORT_SCHEMA
+from pytest_gsm8k.core.render import LISTED, problem_list
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
 PROTOCOL = {"name": "test@1", "samples": 1, "max_tokens": 1024, "label": "test@1, 0-shot CoT"}

@@ -7,13 +7,22 @@ from decimal import Decimal
 
 import pytest
 
-from pytest_gsm8k.core.gates import MaxShare
+from pytest_gsm8k.core.gates import MaxShare, NoiseAware
 from pytest_gsm8k.core.health import HINT_MIN_COUNT, TEMPLATE_TOKENS, chat_api_hint, chat_sign
 from pytest_gsm8k.core.outcome import error_record, score_response
+from pytest_gsm8k.core.plan import GateSpecs
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
-from pytest_gsm8k.core.summary import Summary
+from pytest_gsm8k.core.render import styled_lines
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
+from pytest_gsm8k.core.verdict import (
+    Group,
+    GroupInput,
+    GroupVerdict,
+    RunVerdict,
+    Selection,
+    decide_run,
+)
 
 PROBLEM = Problem(index=3, split="test", question="q?", answer="... #### 18", gold=Decimal(18))
 PLAIN = "I am not sure how to solve this problem."
@@ -28,18 +37,31 @@ def _record(
     return score_response(problem, response, protocol or Protocol())
 
 
-def _summary(records: list[ProblemRecord], api: str = "chat", model: str = "m") -> Summary:
+def _summary(
+    records: list[ProblemRecord],
+    api: str = "chat",
+    model: str = "m",
+    health: tuple[MaxShare, ...] = (),
+) -> GroupVerdict:
+    """The records decided (core/verdict.py) with the health gates ``health``."""
     protocol = Protocol(api=api)  # type: ignore[arg-type]
-    return Summary(
-        protocol=protocol.identity(),
+    group = Group(
+        name="",
         label=protocol.label,
+        protocol=protocol.identity(),
+        protocol_label=protocol.label,
         dataset={"name": "x", "config": "main", "split": "test", "rows": 9, "fingerprint": "f"},
         subset={"limit": None, "seed": 1234, "of": len(records)},
         model=model,
         endpoint="http://e",
-        records=records,
-        expected=len(records),
+        specs=GateSpecs(None, NoiseAware(0.01), False, health),
     )
+    selection = Selection(tuple(r["id"] for r in records))
+    return decide_run([GroupInput(group, tuple(records), selection)]).top
+
+
+def _lines(summary: GroupVerdict) -> list[str]:
+    return [line for line, _ in styled_lines(RunVerdict(summary, matrix=False))]
 
 
 # -- what the gates count ------------------------------------------------------------------------
@@ -53,19 +75,18 @@ def test_the_denominator_is_every_problem_with_a_result_errors_included() -> Non
         _record(("#### 5", "stop")),  # wrong: no format failure
         error_record(PROBLEM, "HTTP 500"),
     ]
-    summary = _summary(records)
-    truncated = summary.gate_share(MaxShare("truncated", 0.2))
+    specs = (MaxShare("truncated", 0.2), MaxShare("unparsed", 0.19), MaxShare("error", 0.2))
+    summary = _summary(records, health=specs)
+    truncated, unparsed, errors = summary.gates
     assert (truncated.passed, truncated.value) == (True, 1 / 5)  # 1 of 5 <= 0.2
-    unparsed = summary.gate_share(MaxShare("unparsed", 0.19))
     assert not unparsed.passed
     assert unparsed.detail == (
         "20.0% of 5 problems unparsed (1; 0 allowed) > --gsm8k-max-unparsed 0.19"
     )
-    errors = summary.gate_share(MaxShare("error", 0.2))
     assert errors.passed
     assert [g.name for g in summary.gates] == ["max-truncated", "max-unparsed", "max-error"]
     assert summary.failed
-    lines = summary.lines()
+    lines = _lines(summary)
     assert "  gate max-unparsed: FAIL: 20.0% of 5 problems unparsed (1; 0 allowed) > " in (
         "\n".join(lines)
     )
@@ -92,9 +113,8 @@ def test_with_samples_a_problem_counts_only_when_no_sample_gave_a_number(
     protocol = Protocol(name=name, samples=2, temperature=0.7)
     record = _record(*samples, protocol=protocol)
     assert record["outcome"] == outcome
-    summary = _summary([record])
     for kind in ("unparsed", "truncated"):
-        verdict = summary.gate_share(MaxShare(kind, 0.0))
+        (verdict,) = _summary([record], health=(MaxShare(kind, 0.0),)).gates
         assert verdict.passed is (outcome != kind)
 
 
@@ -160,15 +180,15 @@ def test_the_summary_prints_the_hint_once_from_its_own_records() -> None:
     records = [_record((PLAIN, "stop"), index=i) for i in range(6)]
     records += [_record(("#### 18", "stop"), index=6 + i) for i in range(4)]
     hinted = _summary(records, api="completions", model="org/model-Instruct")
-    lines = [line for line in hinted.lines() if "hint:" in line]
+    lines = [line for line in _lines(hinted) if "hint:" in line]
     assert lines == [
         "  hint: 60.0% of 10 problems unparsed (6) through --gsm8k-api completions, and the "
         "model looks like a chat model (its id 'org/model-Instruct' has 'instruct'): try "
         "--gsm8k-api chat, which applies its chat template"
     ]
-    assert hinted.gates == []
+    assert hinted.gates == ()
     template = [_record((f"<|im_start|>assistant\n{PLAIN}", "stop"), index=i) for i in range(6)]
     by_token = _summary(template, api="completions", model="base")
-    assert any("chat-template token '<|im_start|>'" in line for line in by_token.lines())
-    assert not any("hint:" in line for line in _summary(records, api="chat").lines())
-    assert not any("hint:" in line for line in _summary(records, api="completions").lines())
+    assert any("chat-template token '<|im_start|>'" in line for line in _lines(by_token))
+    assert not any("hint:" in line for line in _lines(_summary(records, api="chat")))
+    assert not any("hint:" in line for line in _lines(_summary(records, api="completions")))

@@ -8,7 +8,7 @@ from typing import Any
 
 from pytest_gsm8k.core.calibrated import Pair, difference
 from pytest_gsm8k.core.gates import difference_words, failing_words
-from pytest_gsm8k.core.markdown import LISTED, MAX_BYTES, against_baseline, fit, problem_list
+from pytest_gsm8k.core.render import LISTED, MAX_BYTES, against_baseline, fit, problem_list
 from pytest_gsm8k.core.scrub import md_text
 from pytest_gsm8k.core.stats import accuracy_interval, wilson_interval
 

@@ -6,11 +6,21 @@ from decimal import Decimal
 
 import pytest
 
+from pytest_gsm8k.core.gates import MinAcc, NoiseAware
 from pytest_gsm8k.core.outcome import combine_repeats, error_record, score_response
+from pytest_gsm8k.core.plan import GateSpecs
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
-from pytest_gsm8k.core.summary import Summary
+from pytest_gsm8k.core.render import styled_lines
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
+from pytest_gsm8k.core.verdict import (
+    Group,
+    GroupInput,
+    GroupVerdict,
+    RunVerdict,
+    Selection,
+    decide_run,
+)
 
 PROBLEM = Problem(index=7, split="test", question="q?", answer="... #### 18", gold=Decimal(18))
 
@@ -84,19 +94,26 @@ def test_pass_and_maj_decisions() -> None:
 
 
 def _summary(
-    records: list[ProblemRecord], protocol: Protocol | None = None, split: str = "test"
-) -> Summary:
+    records: list[ProblemRecord],
+    protocol: Protocol | None = None,
+    split: str = "test",
+    min_acc: float | None = None,
+) -> GroupVerdict:
+    """The records decided (core/verdict.py), with ``--gsm8k-min-acc`` when given."""
     protocol = protocol or Protocol()
-    return Summary(
-        protocol=protocol.identity(),
+    group = Group(
+        name="",
         label=protocol.label,
+        protocol=protocol.identity(),
+        protocol_label=protocol.label,
         dataset={"name": "x", "config": "main", "split": split, "rows": 4, "fingerprint": "f"},
         subset={"limit": None, "seed": 1234, "of": 4},
         model="m",
         endpoint="http://e",
-        records=records,
-        expected=len(records),
+        specs=GateSpecs(MinAcc(min_acc) if min_acc is not None else None, NoiseAware(0.01), False),
     )
+    selection = Selection(tuple(r["id"] for r in records))
+    return decide_run([GroupInput(group, tuple(records), selection)]).top
 
 
 def test_summary_counts_accuracy_interval_and_gate() -> None:
@@ -106,12 +123,12 @@ def test_summary_counts_accuracy_interval_and_gate() -> None:
         _score("#### 1"),
         error_record(PROBLEM, "HTTP 500 after retries"),
     ]
-    summary = _summary(records)
+    summary = _summary(records, min_acc=0.6)
     assert summary.accuracy == 0.5
     assert summary.counts() == {"correct": 2, "wrong": 1, "unparsed": 0, "truncated": 0, "error": 1}
     low, high = summary.interval()
     assert 0.15 < low < 0.5 < high < 0.85
-    gate = summary.gate_min_acc(0.6)
+    (gate,) = summary.gates
     assert not gate.passed
     assert "is below --gsm8k-min-acc 0.6" in gate.detail
     assert summary.headline().startswith("gsm8k acc (test@1, 0-shot CoT) = 0.5000  [95% CI ")
@@ -122,7 +139,7 @@ def test_a_summary_with_no_answers_has_no_accuracy_figure() -> None:
     summary = _summary(errors)
     assert summary.answered == 0
     assert summary.headline() == "gsm8k acc (test@1, 0-shot CoT): no answers: 2 errors  n=2"
-    lines = summary.lines()
+    lines = [line for line, _ in styled_lines(RunVerdict(summary, matrix=False))]
     assert not any("0.0000" in line for line in lines), lines
     assert not any("by extractor" in line for line in lines), lines
     data = summary.to_json()

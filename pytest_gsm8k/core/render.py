@@ -1,0 +1,337 @@
+"""Every view of a verdict for people: the terminal block, the verdict table of a config
+matrix, and the Markdown summaries' pieces. Pure.
+
+The run's summary (``$GITHUB_STEP_SUMMARY``, ``--gsm8k-markdown``) and the comparison of
+two reports (``python -m pytest_gsm8k compare``) are built from the same pieces, so both read
+the same in a pull request. Everything from outside (gate details, ids, questions, model
+names) goes through :func:`~pytest_gsm8k.core.scrub.printable` for a terminal and
+:func:`~pytest_gsm8k.core.scrub.md_text` or :func:`~pytest_gsm8k.core.scrub.md_code` for
+Markdown: no escape or Markdown syntax of a model's reaches either. Nothing is decided here:
+every word and number is the verdict's (core/verdict.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any, cast
+
+from pytest_gsm8k.core.dataset import describe_subset
+from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
+from pytest_gsm8k.core.scrub import md_code, md_text, printable
+from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict
+
+__all__ = [
+    "LISTED",
+    "MAX_BYTES",
+    "QUESTION_CHARS",
+    "against_baseline",
+    "cell_code",
+    "fit",
+    "gate_table",
+    "markdown",
+    "problem_list",
+    "styled_lines",
+]
+
+#: problems a list shows before it says how many more there are
+LISTED = 50
+#: characters of a question shown beside its id
+QUESTION_CHARS = 100
+#: bytes a summary may take: GitHub shows a step's summary only up to 1 MiB (a larger one
+#: is an error annotation and no summary at all); the rest is left for what else the job
+#: appends to the same file
+MAX_BYTES = 800_000
+#: list lengths tried, longest first, until the summary fits (many configs' lists add up)
+_LENGTHS = (LISTED, 20, 5, 0)
+
+
+def cell_code(text: str) -> str:
+    """``text`` as inline code in a table cell: a pipe inside would end the cell, even in
+    code, so it is escaped (GitHub shows ``\\|`` in a cell as ``|``)."""
+    return md_code(text).replace("|", "\\|")
+
+
+def gate_table(gates: Sequence[GateVerdict]) -> list[str]:
+    """The gates as a table (``| gate | result | detail |``) and a blank line; nothing
+    when there is no gate."""
+    if not gates:
+        return []
+    lines = ["| gate | result | detail |", "| --- | --- | --- |"]
+    lines += [f"| {md_text(g.name)} | {g.word} | {md_text(g.detail)} |" for g in gates]
+    return [*lines, ""]
+
+
+def against_baseline(
+    base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
+) -> list[str]:
+    """A report's baseline block (a run's, or a ``config``'s: then named in each title) as a
+    reviewer reads it: the baseline's accuracy and this run's on the shared problems, each
+    with its interval, the one difference estimate and the flips in the terminal's words
+    (core/gates.py), then the problems: the newly failing (against a calibrated baseline
+    the stable flips, then the noisy ones) and the newly passing, each list at most
+    ``listed`` long. Every number is the block's: nothing is computed again here. A baseline
+    written is one line; nothing when nothing was compared (the gate says why)."""
+    path = md_code(_repository_path(str(base.get("path", ""))))
+    if base.get("written"):
+        return [f"Baseline written: {path}.", ""]
+    shared = base.get("shared")
+    if not shared or "baseline_ci95" not in base:
+        return []
+
+    def title(text: str) -> str:
+        return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
+
+    where = f"on {shared} problems"
+    if base.get("subset"):
+        where = f"on the {shared} problems shared with the baseline's {base['baseline_n']} (subset)"
+    if base.get("not_in_baseline"):
+        where += f"; {base['not_in_baseline']} of this run's problems are not in it"
+    runs = int((base.get("repeats") or {}).get("baseline", 1))
+    failing = base.get("newly_failing") or []
+    passing = base.get("newly_passing") or []
+    stable = base.get("stable_flips") or []
+    said = f"{points_words(base['difference'], *base['difference_ci95'])}; " + flip_words(
+        len(failing), len(passing), len(stable), runs
+    )
+    lines = [
+        f"**{title('against its baseline' if config else 'against the baseline')}** {path}, "
+        f"{md_text(where)}:",
+        "",
+        "| | accuracy | 95% CI |",
+        "| --- | --- | --- |",
+    ]
+    for side, accuracy, (low, high) in (
+        (
+            f"baseline ({runs} runs per problem)" if runs > 1 else "baseline",
+            base["baseline_accuracy"],
+            base["baseline_ci95"],
+        ),
+        ("this run", base["current_accuracy"], base["current_ci95"]),
+    ):
+        lines.append(f"| {side} | {accuracy:.4f} | {low:.4f}-{high:.4f} |")
+    lines += ["", md_text(said[0].upper() + said[1:] + "."), ""]
+    rest = "see the JSON report"
+    if runs > 1:
+        lists = [
+            ("newly failing, stable (right in every baseline run)", stable),
+            ("newly failing, noisy (right in some baseline runs)", base.get("noisy_failing")),
+            ("newly passing (wrong in some baseline runs)", passing),
+        ]
+    else:
+        lists = [("newly failing", failing), ("newly passing", passing)]
+    for text, ids in lists:
+        lines += problem_list(title(text), ids or [], questions, rest, listed)
+    return lines
+
+
+def _repository_path(path: str) -> str:
+    """A path as the report holds it (relative to the repository when inside it), or the
+    file's name for a path of this machine (a reader elsewhere cannot open it)."""
+    if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
+        return PurePosixPath(path.replace("\\", "/")).name
+    return path
+
+
+def problem_list(
+    title: str,
+    ids: Sequence[str],
+    questions: Mapping[str, str],
+    rest: str,
+    listed: int = LISTED,
+) -> list[str]:
+    """``**title (N):**`` and one bullet per problem (its id and the start of its
+    question), at most ``listed``; ``rest`` says where the others are. Nothing
+    when ``ids`` is empty."""
+    if not ids:
+        return []
+    lines = [f"**{title} ({len(ids)}):**", ""]
+    for pid in ids[:listed]:
+        text = " ".join(questions.get(pid, "").split())
+        if len(text) > QUESTION_CHARS:
+            text = text[: QUESTION_CHARS - 3] + "..."
+        lines.append(f"- {md_code(pid)}: {md_text(text)}")
+    if len(ids) > listed:
+        more = f"{len(ids) - listed} more" if listed else f"{len(ids)}"
+        lines.append(f"- ... {'and ' if listed else ''}{more} ({rest})")
+    return [*lines, ""]
+
+
+def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
+    """The summary ``build(listed)`` makes with the longest lists that keep it within
+    ``limit`` bytes; if even lists of none do not, its first ``limit`` bytes, cut at a
+    line, and one line saying so. A summary too large is not shown at all."""
+    text = ""
+    for listed in _LENGTHS:
+        text = build(listed)
+        if len(text.encode()) <= limit:
+            return text
+    note = "\n_... cut here: a step summary holds at most 1 MiB; see the JSON report._\n"
+    head = text.encode()[: limit - len(note.encode())].decode(errors="ignore")
+    return head[: head.rfind("\n") + 1] + note
+
+
+# -- the terminal ---------------------------------------------------------------------
+
+
+def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
+    """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``
+    (a matrix: each config's block, then the matrix headline and the verdict table)."""
+    if not verdict.matrix:
+        return _group_lines(verdict.top)
+    blocks: list[tuple[str, str]] = []
+    for config in verdict.groups:
+        blocks.extend(_group_lines(config))
+    blocks.append((verdict.top.matrix_headline(), "headline"))
+    blocks.extend((printable(line), "info") for line in verdict_table(verdict.groups))
+    return blocks
+
+
+def verdict_table(configs: Sequence[GroupVerdict]) -> list[str]:
+    """One row per config: its model, n, accuracy, the floor it needed, its baseline gate's
+    word (``none`` without one, ``written`` by --snapshot-update), with --gsm8k-early-stop
+    after how many of its problems it stopped (``-``: it ran them all), the verdict."""
+    early = any("early_stop" in c.extra for c in configs)
+    head = ("config", "model", "n", "accuracy", "floor", "baseline")
+    rows: list[list[str]] = [[*head, *(["stopped"] if early else []), "verdict"]]
+    for c in configs:
+        gate = c.floor_gate()
+        floor = gate.threshold if gate is not None else None
+        stopped = c.stopped_after()
+        row = [
+            c.group.name or c.label,
+            c.model,
+            str(c.n),
+            f"{c.accuracy:.4f}" if c.answered else "-",
+            f"{floor:.4f}" if floor is not None else "-",
+            c.baseline_word(),
+        ]
+        if early:
+            row.append(f"{stopped[0]}/{stopped[1]}" if stopped else "-")
+        rows.append([*row, "FAIL" if c.failed else "PASS"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
+    """One group's block: headline first, then the context a reader needs, the gates."""
+    counts = v.counts()
+    out = [v.headline()]
+    out.append(
+        "  outcomes: "
+        + ", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))
+    )
+    gated = v.group.protocol["extractor"]
+    silent = v.silent_rules()
+    shown_rules = {r: a for r, a in v.rule_accuracy().items() if r == gated or r not in silent}
+    if v.answered:  # with no answer every rule would read 0.0000
+        quiet = sorted(silent - {gated})
+        out.append(
+            "  by extractor: "
+            + ", ".join(
+                f"{rule}{'*' if rule == gated else ''} {acc:.4f}"
+                for rule, acc in shown_rules.items()
+            )
+            + f"  (* gates; format failures: {v.format_failures()}"
+            + (f"; no number found by {', '.join(quiet)}" if quiet else "")
+            + ")"
+        )
+    pass_at = v.pass_at()
+    if pass_at:
+        out.append("  " + ", ".join(f"{k} {a:.4f}" for k, a in pass_at.items()))
+    repeats = v.repeats()
+    if repeats is not None:
+        k = v.runs
+        out.append(
+            f"  repeats: {k} per problem ({repeats['answers']} answers): the accuracy above "
+            f"and the gates are the mean over every answer (interval over problems); "
+            f"maj@{k} (each problem's most common answer, what the outcomes count) "
+            f"{cast(float, repeats['majority_accuracy']):.4f}"
+        )
+    reported = v.reported_models()
+    shown = (
+        f" (server reported: {', '.join(reported)})" if reported and reported != [v.model] else ""
+    )
+    out.append(f"  model: {v.model}{shown}  endpoint: {v.group.endpoint}")
+    ds, subset_record = v.group.dataset, v.group.subset
+    described = describe_subset(subset_record)
+    subset = f"; {described}" if described else ""
+    if subset_record.get("deselected"):
+        subset += f"; {subset_record['deselected']} deselected (-k/-m/--lf)"
+    out.append(
+        f"  dataset: {ds['name']} {ds['config']}/{ds['split']} "
+        f"(fingerprint {ds['fingerprint']}){subset}"
+    )
+    tokens = v.tokens()
+    out.append(
+        f"  tokens: prompt {tokens.get('prompt_tokens', 0):,}, completion "
+        f"{tokens.get('completion_tokens', 0):,}; answers from cache: "
+        f"{v.from_cache()} of {v.n}"
+        + (" (earlier runs, read with --gsm8k-resume)" if v.selection.resumed else "")
+    )
+    truncated = counts["truncated"] / v.n if v.n else 0.0
+    if truncated > 0.01:
+        out.append(
+            f"  WARNING: {counts['truncated']} of {v.n} answers ({truncated:.1%}) were cut "
+            f"by --gsm8k-max-tokens {v.group.protocol['max_tokens']}"
+        )
+    if v.n < v.expected:
+        out.append(
+            f"  INCOMPLETE: {v.n} of {v.expected} problems have a result"
+            + (" (run interrupted)" if v.interrupted else "")
+        )
+    out.extend(v.notes)
+    hint = v.chat_hint()
+    if hint is not None:
+        out.append("  " + hint)
+    # model names, endpoints and messages come from outside: no escapes reach a terminal
+    styled = [(printable(out[0]), "headline")]
+    styled += [("  " + printable(line[2:]), "info") for line in out[1:]]
+    for gate in v.gates:
+        line = f"  gate {gate.name}: {gate.word}: {printable(gate.detail)}"
+        styled.append((line, "fail" if not gate.passed else "pass"))
+    return styled
+
+
+# -- the run's Markdown summary -------------------------------------------------------
+
+
+def markdown(
+    verdict: RunVerdict, questions: Mapping[str, str], html: tuple[str, bool] | None = None
+) -> str:
+    """The GitHub step summary: headline, gates, the comparison with the baseline and its
+    flips (each config's, with ``--gsm8k-config``), where the page is (``html``: its path
+    relative to the repository and True, or its file's name and False); the lists as long
+    as GitHub's size bound allows (many configs' lists add up)."""
+    return fit(lambda listed: _markdown(verdict, questions, html, listed))
+
+
+def _markdown(
+    verdict: RunVerdict, questions: Mapping[str, str], html: tuple[str, bool] | None, listed: int
+) -> str:
+    top = verdict.top
+    lines = [f"### {md_text(top.headline())}", ""]
+    if html:
+        where = (
+            f"{md_code(html[0])} (relative to the repository; a self-contained HTML file: "
+            "see the job's artifacts)"
+            if html[1]
+            else f"{md_code(html[0])} in the job's artifact (a self-contained HTML file)"
+        )
+        lines += [f"The run's page: {where}.", ""]
+    counts = ", ".join(f"{n} {k}" for k, n in top.counts().items() if n)
+    dataset = f"{top.group.dataset['config']}/{top.group.dataset['split']}"
+    lines.append(f"Outcomes: {counts}. Model {md_code(top.model)}, dataset {md_code(dataset)}.")
+    if top.selection.resumed:
+        lines[-1] += f" {top.earlier_answers()}."
+    lines.append("")
+    lines += gate_table(top.gates)
+    if not verdict.matrix:
+        lines += against_baseline(top.extra.get("baseline") or {}, questions, listed=listed)
+    for config in top.configs:
+        name = config.group.name or config.label
+        lines += against_baseline(config.extra.get("baseline") or {}, questions, name, listed)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,362 @@
+"""The verdict step (core/verdict.py), rule by rule: each rule of ``decide`` in a run of one
+group and in a 2-config matrix, checked by its word, whether it blocks, and its exact detail;
+the baseline's write, comparison and refusals; the one report builder against its schema."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from pytest_gsm8k.core import baseline as bl
+from pytest_gsm8k.core.gates import MinAcc, NoiseAware, ToleranceFloor
+from pytest_gsm8k.core.outcome import score_response
+from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.records import ProblemRecord
+from pytest_gsm8k.core.render import markdown, styled_lines
+from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
+from pytest_gsm8k.core.verdict import (
+    BaselineInput,
+    EarlyOutcome,
+    Group,
+    GroupInput,
+    RunVerdict,
+    Selection,
+    decide_run,
+)
+
+PROTOCOL = Protocol()
+LABEL = PROTOCOL.label
+DATASET = {"name": "x", "config": "main", "split": "test", "rows": 8, "fingerprint": "f"}
+SUBSET = {"limit": None, "seed": 1234, "of": 8, "ids_hash": "h", "deselected": 0}
+NOISE = NoiseAware(0.01)
+SPLIT = tuple(
+    Problem(index=i, split="test", question=f"q{i}?", answer="#### 18", gold=Decimal(18))
+    for i in range(8)
+)
+
+
+def _records(outcomes: str, group: str = "", cached: int = 0) -> list[ProblemRecord]:
+    """One record per letter: c correct, w wrong, u unparsed (problems 0, 1, ...)."""
+    text = {"c": "#### 18", "w": "#### 5", "u": "no idea"}
+    out = []
+    for i, letter in enumerate(outcomes):
+        problem = Problem(
+            index=i, split="test", question="q?", answer="#### 18", gold=Decimal(18), group=group
+        )
+        response = ModelResponse(completions=[Completion(text=text[letter])])
+        record = score_response(problem, response, PROTOCOL)
+        if i < cached:
+            record["cached"] = True
+        out.append(record)
+    return out
+
+
+def _config(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "source": f"{name}.yaml",
+        "model_name": "m",
+        "accuracy_threshold": 0.5,
+        "tolerance": 0.0,
+        "num_questions": 4,
+        "num_fewshot": 0,
+    }
+
+
+def _group(name: str = "", min_acc: float | None = 0.5) -> Group:
+    label = f"{name}: {LABEL}" if name else LABEL
+    floor = ToleranceFloor(name, 0.5, 0.0) if name else None
+    return Group(
+        name=name,
+        label=label,
+        protocol=PROTOCOL.identity(),
+        protocol_label=LABEL,
+        dataset=DATASET,
+        subset=SUBSET,
+        model="m",
+        endpoint="http://e",
+        specs=GateSpecs(MinAcc(min_acc) if min_acc is not None else None, NOISE, False),
+        floor=floor,
+        extra={"config": _config(name)} if name else {},
+    )
+
+
+def _decide(
+    matrix: bool,
+    outcomes: str = "cccc",
+    *,
+    ran: int | None = None,
+    min_acc: float = 0.5,
+    early: EarlyOutcome | None = None,
+    **selection: Any,
+) -> RunVerdict:
+    """A run (or a matrix of configs A and B, both with ``outcomes``) decided; ``ran``: how
+    many of the selection's problems have a record (the first ones)."""
+    names = ["A", "B"] if matrix else [""]
+    inputs = []
+    for name in names:
+        records = _records(outcomes, name)
+        ids = tuple(r["id"] for r in records)
+        inputs.append(
+            GroupInput(
+                _group(name, min_acc),
+                tuple(records[:ran]),
+                Selection(ids, **selection),
+                early=early,
+            )
+        )
+    top = None
+    if matrix:
+        top = Group(
+            "",
+            "2 vLLM configs",
+            PROTOCOL.identity(),
+            LABEL,
+            DATASET,
+            SUBSET,
+            "m",
+            "-",
+            GateSpecs(None, NOISE, False),
+        )
+    return decide_run(inputs, top=top)
+
+
+def _min_acc(verdict: RunVerdict, matrix: bool) -> tuple[str, bool, str]:
+    name = "A:min-acc" if matrix else "min-acc"
+    gate = next(g for g in verdict.gates if g.name == name)
+    return gate.word, not gate.passed, gate.detail
+
+
+RUN_LABEL = "test@1, 0-shot CoT"
+STOP = "stopped after 2 of 4 problems: min-acc verdict FAIL is certain"
+WHOLE = (
+    "a gate holds for the whole selection: run the whole selection (a subset on purpose: "
+    "--gsm8k-limit)"
+)
+
+
+def _early(verdict: str | None) -> EarlyOutcome:
+    return EarlyOutcome(
+        mode="certain",
+        decided=True,
+        stopped=True,
+        verdicts={"min-acc": verdict},  # type: ignore[dict-item]
+        headline=STOP,
+        n_total=4,
+        record={"mode": "certain", "decided_after": 2, "n_total": 4},
+    )
+
+
+@pytest.mark.parametrize("matrix", [False, True], ids=["run", "matrix"])
+@pytest.mark.parametrize(
+    ("case", "word", "blocks", "detail"),
+    [
+        ("pass", "PASS", False, "accuracy 1.0000 ({label}, n=4) >= --gsm8k-min-acc 0.5"),
+        ("fail", "FAIL", True, "accuracy 0.0000 ({label}, n=4) is below --gsm8k-min-acc 0.5"),
+        ("early", "FAIL", True, STOP),
+        ("moot", "UNDECIDED", False, "undecided: the {what} stopped early on another gate's FAIL"),
+        (
+            "deselected",
+            "FAIL",
+            True,
+            "not a verdict: 1 of the 5 problems of its selection were deselected (-k); "
+            f"{WHOLE}; on what ran: accuracy 1.0000 ({{label}}, n=4) >= --gsm8k-min-acc 0.5",
+        ),
+        (
+            "skipped",
+            "FAIL",
+            True,
+            "not a verdict: 1 of the 4 problems of its selection have no result (skipped, or "
+            f"not reached); {WHOLE}; on what ran: accuracy 1.0000 ({{label}}, n=3) >= "
+            "--gsm8k-min-acc 0.5",
+        ),
+        (
+            "cannot-fail",
+            "FAIL",
+            True,
+            "not a verdict: --gsm8k-min-acc 0 cannot fail (every accuracy reaches it): set it "
+            "above 0; on what ran: accuracy 1.0000 ({label}, n=4) >= --gsm8k-min-acc 0",
+        ),
+        (
+            "resumed",
+            "PASS",
+            False,
+            "accuracy 1.0000 ({label}, n=4) >= --gsm8k-min-acc 0.5; 2 of 4 answers from earlier "
+            "runs (--gsm8k-resume)",
+        ),
+        ("shard", "UNDECIDED", False, "shard 1 of 3: verdict at the merge"),
+    ],
+)
+def test_each_rule_of_decide_gives_its_word_and_detail(
+    case: str, word: str, blocks: bool, detail: str, matrix: bool
+) -> None:
+    kwargs: dict[str, Any] = {}
+    outcomes = "cccc"
+    if case == "fail":
+        outcomes = "wwww"
+    elif case in ("early", "moot"):
+        kwargs["early"] = _early("FAIL" if case == "early" else None)
+        kwargs["ran"] = 2
+    elif case == "deselected":
+        kwargs |= {"deselected": 1, "deselected_by": "-k"}
+    elif case == "skipped":
+        kwargs["ran"] = 3
+    elif case == "cannot-fail":
+        kwargs["min_acc"] = 0.0
+    elif case == "resumed":
+        kwargs["resumed"] = True
+    elif case == "shard":
+        kwargs["shard"] = (1, 3)
+    verdict = _decide(matrix, outcomes, **kwargs)
+    if case == "resumed":  # two answers of each group came from the cache
+        verdict = _resumed(matrix)
+    label = f"A: {RUN_LABEL}" if matrix else RUN_LABEL
+    expected = detail.format(label=label, what="config" if matrix else "run")
+    assert _min_acc(verdict, matrix) == (word, blocks, expected)
+    # the run fails exactly when a gate blocks
+    assert verdict.failed == any(not g.passed for g in verdict.gates)
+    if matrix:  # each config's gates, named after it, gathered at the top in config order
+        assert [g.name.partition(":")[0] for g in verdict.gates] == ["A", "A", "B", "B"]
+        assert [g.name for g in verdict.groups[0].gates] == ["A:vllm-threshold", "A:min-acc"]
+
+
+def _resumed(matrix: bool) -> RunVerdict:
+    names = ["A", "B"] if matrix else [""]
+    inputs = [
+        GroupInput(
+            _group(name),
+            tuple(_records("cccc", name, cached=2)),
+            Selection(tuple(r["id"] for r in _records("cccc", name)), resumed=True),
+        )
+        for name in names
+    ]
+    top = (
+        Group(
+            "",
+            "2",
+            PROTOCOL.identity(),
+            LABEL,
+            DATASET,
+            SUBSET,
+            "m",
+            "-",
+            GateSpecs(None, NOISE, False),
+        )
+        if matrix
+        else None
+    )
+    return decide_run(inputs, top=top)
+
+
+def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> None:
+    early = EarlyOutcome("certain", True, False, {"min-acc": "FAIL"}, "h", 4, {})
+    verdict = _decide(False, "cccc", early=early)
+    assert _min_acc(verdict, False)[0] == "PASS"
+    # a config says it was not stopped; a run says the early stop's own line
+    config = _decide(True, "cccc", early=early).groups[0]
+    assert (
+        "  early stop (certain): not stopped early: its verdicts were open until the last "
+        "of its 4 problems" in config.notes
+    )
+    assert "  early stop (certain): h" in verdict.top.notes
+
+
+# -- the baseline ---------------------------------------------------------------------------
+
+
+def _baseline_run(
+    outcomes: str, stored: StoredBaseline, *, update: bool = False, error: str | None = None
+) -> RunVerdict:
+    records = _records(outcomes)
+    ids = tuple(r["id"] for r in records)
+    base = BaselineInput(stored, SPLIT[: len(ids)], update=update, write_error=error)
+    group = _group(min_acc=None)
+    return decide_run([GroupInput(group, tuple(records), Selection(ids), base)])
+
+
+def _stored(document: dict[str, Any] | None = None) -> StoredBaseline:
+    return StoredBaseline(Path("b.gsm8k"), "b.gsm8k", document)
+
+
+def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_derived_copy() -> None:
+    written = _baseline_run("cccw", _stored(), update=True)
+    document = written.top.baseline_write
+    assert document is not None
+    assert document["problems"] == {
+        "test-0000": "correct",
+        "test-0001": "correct",
+        "test-0002": "correct",
+        "test-0003": "wrong",
+    }
+    assert "  baseline written: b.gsm8k (n=4, accuracy 0.7500)" in written.top.notes
+    assert written.to_json()["baseline"] == {"path": "b.gsm8k", "written": True, "partial": False}
+    assert written.gates == ()
+    failed = _baseline_run("cccw", _stored(), update=True, error="disk full")
+    assert [(g.name, g.word, g.detail) for g in failed.gates] == [
+        ("baseline", "FAIL", "b.gsm8k: cannot write it (disk full)")
+    ]
+    assert failed.top.baseline_write is None
+    assert "baseline" not in failed.to_json()
+    assert failed.failed
+
+
+def test_a_baseline_comparison_fails_on_flips_and_a_missing_one_is_a_note() -> None:
+    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    assert document is not None
+    flipped = _baseline_run("wwwwwwwc", _stored(dict(document)))
+    gate = flipped.gates[-1]
+    assert (gate.name, gate.rule, gate.word) == ("baseline", "noise-aware", "FAIL")
+    assert gate.detail.startswith("p=0.00781 < --gsm8k-alpha 0.01 (exact McNemar): 7 newly failing")
+    notes = flipped.top.notes
+    assert notes[0].startswith("  baseline b.gsm8k: 1.0000 -> 0.1250 on 8 problems; diff ")
+    block: Any = flipped.to_json()["baseline"]
+    assert block["newly_failing"][0] == "test-0000"
+    missing = _baseline_run("cccc", _stored())
+    assert missing.gates == ()
+    assert missing.top.notes == (
+        "  baseline: no baseline at b.gsm8k; record one with: pytest <same options> "
+        "--snapshot-update",
+    )
+
+
+def test_a_refused_or_unwritable_baseline_is_a_fail() -> None:
+    errored = _baseline_run("cccc", StoredBaseline(Path("b"), "b", None, "b: not JSON"))
+    assert [(g.word, g.detail) for g in errored.gates] == [("FAIL", "b: not JSON")]
+    # a write from a run with an error in it is refused
+    records = _records("cc")
+    records[1] = {**records[1], "outcome": "error", "correct": False}
+    ids = tuple(r["id"] for r in records)
+    base = BaselineInput(_stored(), SPLIT[:2], update=True)
+    refused = decide_run([GroupInput(_group(min_acc=None), tuple(records), Selection(ids), base)])
+    assert [g.detail for g in refused.gates] == [
+        "not written to b.gsm8k: 1 problems ended in an error"
+    ]
+    assert refused.top.baseline_write is None
+    assert bl.fewer_repeats({"calibration": {"repeats": 5}}, 1) is not None
+
+
+# -- the outputs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("matrix", [False, True], ids=["run", "matrix"])
+def test_every_output_renders_from_the_verdict_and_the_report_matches_its_schema(
+    matrix: bool,
+) -> None:
+    verdict = _decide(matrix, "ccwu", early=_early(None), ran=2)
+    text = resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
+    report = json.loads(json.dumps(verdict.to_json()))
+    jsonschema.Draft202012Validator(json.loads(text)).validate(report)
+    lines = [line for line, _ in styled_lines(verdict)]
+    name = "A:min-acc" if matrix else "min-acc"
+    assert f"  gate {name}: UNDECIDED: undecided: the " in "\n".join(lines)
+    assert f"| {name} | UNDECIDED |" in markdown(verdict, {})
+    if matrix:
+        assert lines[-4].startswith("gsm8k vLLM configs: 2 of 2 pass")
+        assert report["configs"][1]["gates"][1]["name"] == "B:min-acc"
