@@ -20,10 +20,15 @@ import argparse
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core.compare import CompareError, clip, compare_all, load_report, markdown
 from pytest_gsm8k.core.scrub import md_text, printable
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.merge import Merged
+    from pytest_gsm8k.core.plan import RunPlan
+    from pytest_gsm8k.core.verdict import RunVerdict
 
 #: exit codes
 BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
@@ -166,11 +171,100 @@ def run_merge(args: argparse.Namespace) -> int:
     except (CompareError, ShardError, DatasetError) as exc:
         _say(str(exc))
         return REFUSED
-    _say(
-        f"{merged.count} shards of one run ({len(plan.problems)} problems) checked; "
-        "deciding them waits for the pure verdict step (issue #35, step 3)"
+    return _decide(plan, merged, [report for _, report in reports], args.junitxml)
+
+
+def _decide(
+    plan: RunPlan, merged: Merged, reports: Sequence[Mapping[str, Any]], junitxml: str | None
+) -> int:
+    """The verdict of the run the shards are, by the steps that end a run: its records
+    gathered (state.Run), decided (core/verdict.py) with the baselines written, every
+    output rendered from it; the exit code that run would have had."""
+    from pathlib import Path
+
+    from pytest_gsm8k.core.render import styled_lines
+    from pytest_gsm8k.core.scrub import Scrubber
+    from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
+    from pytest_gsm8k.state import Run
+    from pytest_gsm8k.writing import OUTPUTS, rendered, settle
+
+    run = Run()
+    run.collect([p for p in plan.problems if p.id not in merged.deselected])
+    for record in merged.records:
+        run.add_record(record)  # type: ignore[arg-type]  # checked by check_shards
+    if merged.interrupted:
+        run.interrupt()
+    first = reports[0]  # the servers the shards ran on: the first shard's, for the report
+    servers = {str(c["config"]["name"]): c["served"] for c in first.get("configs", [])}
+    inputs, top, not_run = run.gather(
+        plan,
+        late={},
+        servers={name: served for name, served in servers.items() if served},
+        server=first.get("served") or first.get("local_server"),
+        scrub=Scrubber(None, None, ()),
+        deselected_by=merged.deselected_by,
     )
-    return REFUSED
+    verdict = settle(inputs, top, not_run, _times(reports))
+    for line, _ in styled_lines(verdict):
+        print(line)
+    failed = False
+    html = plan.settings.html
+    page = None if not html else (Path(html).as_posix(), not Path(html).is_absolute())
+    for key, path, render in rendered(plan, verdict, page):
+        if not path:
+            continue
+        what, append = OUTPUTS[key]
+        try:
+            output = prepare(path, what, append=append)
+            output.write(render())
+            output.close()
+        except OutputError as exc:
+            failed = _said(str(exc))
+        except Exception as exc:
+            failed = _said(f"{what}: cannot write {path}: {reason(exc)}")
+    if junitxml:
+        failed = _junit(verdict, junitxml) or failed
+    errors = any(r["outcome"] == "error" for r in merged.records)
+    if merged.interrupted:
+        return 2  # as the run would: pytest's exit code for an interrupted session
+    return WORSE if verdict.failed or errors or failed else BETTER_OR_SAME
+
+
+def _said(line: str) -> bool:
+    _say(line)
+    return True
+
+
+def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
+    """The run's start (the first shard's), end (the last one's) and its wall time."""
+    from datetime import datetime
+
+    started = min(str(r.get("started_at", "")) for r in reports)
+    finished = max(str(r.get("finished_at", "")) for r in reports)
+    try:
+        span = datetime.fromisoformat(finished) - datetime.fromisoformat(started)
+    except ValueError:
+        return ("", "", 0.0)
+    return started, finished, round(span.total_seconds(), 3)
+
+
+def _junit(verdict: RunVerdict, path: str) -> bool:
+    """The gates as JUnit test cases (``gsm8k.gates``), written by pytest's own writer as
+    a run's ``--junitxml`` writes them; True when it could not be written."""
+    from _pytest.junitxml import LogXML
+
+    from pytest_gsm8k.reporting import gate_reports
+    from pytest_gsm8k.runtime.outputs import reason
+
+    xml = LogXML(path, None)
+    xml.pytest_sessionstart()
+    for report in gate_reports(verdict):
+        xml.pytest_runtest_logreport(report)
+    try:
+        xml.pytest_sessionfinish()
+    except OSError as exc:
+        return _said(f"--junitxml: cannot write {path}: {reason(exc)}")
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

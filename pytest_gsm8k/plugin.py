@@ -79,7 +79,7 @@ from pytest_gsm8k.writing import (
     limit_descriptors,
     preload_end,
     prepare_outputs,
-    write_baselines,
+    settle,
     write_outputs,
 )
 
@@ -573,8 +573,6 @@ class StatePlugin:
         report_unfinished(self.config, state, late)
         # gather -> decide -> write the baseline -> (one derived copy if that failed) ->
         # every output renders from the verdict (core/verdict.py)
-        from pytest_gsm8k.core.verdict import decide_run
-
         inputs, top, not_run = run.gather(
             plan,
             late=late,
@@ -587,18 +585,7 @@ class StatePlugin:
         state.sources.finish_started(lambda name: complete.get(name, False))
         finished = time.time()
         times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
-        verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
-        failed = write_baselines(verdict)
-        if failed:
-            inputs = [
-                dataclasses.replace(
-                    i, baseline=dataclasses.replace(i.baseline, write_error=failed[i.group.name])
-                )
-                if i.baseline is not None and i.group.name in failed
-                else i
-                for i in inputs
-            ]
-            verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
+        verdict = settle(inputs, top, not_run, times)
         run.finish(verdict)
         write_outputs(state, verdict)
 
