@@ -4,25 +4,44 @@ The pytest entry point is :mod:`pytest_gsm8k.plugin`; the pure parts
 (dataset, prompts, scoring, statistics) live in their own modules so they can
 be used and tested without pytest or HTTP. What users annotate their own tests
 and models with is exported here.
+
+Every name is imported when first asked for (module ``__getattr__``): pytest imports this
+package in every session of every repository the plugin is installed in, and a session
+that does not use it should not pay for the prompts, records and types.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from pytest_gsm8k.core.prompts import Protocol
-from pytest_gsm8k.core.records import Outcome, ProblemRecord, Report
-from pytest_gsm8k.core.types import (
-    Completion,
-    ModelCallable,
-    ModelResponse,
-    Problem,
-    Reply,
-    Request,
-)
-
 if TYPE_CHECKING:
+    from pytest_gsm8k.core.prompts import Protocol
+    from pytest_gsm8k.core.records import Outcome, ProblemRecord, Report
+    from pytest_gsm8k.core.types import (
+        Completion,
+        ModelCallable,
+        ModelResponse,
+        Problem,
+        Reply,
+        Request,
+    )
     from pytest_gsm8k.fixtures import GSM8KOutcome
+
+#: where each name of ``__all__`` lives
+_HOMES = {
+    "Completion": "pytest_gsm8k.core.types",
+    "GSM8KOutcome": "pytest_gsm8k.fixtures",
+    "ModelCallable": "pytest_gsm8k.core.types",
+    "ModelResponse": "pytest_gsm8k.core.types",
+    "Outcome": "pytest_gsm8k.core.records",
+    "Problem": "pytest_gsm8k.core.types",
+    "ProblemRecord": "pytest_gsm8k.core.records",
+    "Protocol": "pytest_gsm8k.core.prompts",
+    "Reply": "pytest_gsm8k.core.types",
+    "Report": "pytest_gsm8k.core.records",
+    "Request": "pytest_gsm8k.core.types",
+}
 
 __all__ = [
     "Completion",
@@ -39,11 +58,20 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+#: the name the plugin registers the process's state holder under (plugin.py registers it,
+#: state.get_state finds it): here, where both read it without importing each other
+STATE_NAME = "gsm8k-state"
+
 
 def __getattr__(name: str) -> Any:
-    """``GSM8KOutcome`` lives with the fixtures (it needs pytest): imported when asked."""
-    if name == "GSM8KOutcome":
-        from pytest_gsm8k.fixtures import GSM8KOutcome
+    """An exported name, imported from its module the first time it is asked for."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pytest_gsm8k' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
 
-        return GSM8KOutcome
-    raise AttributeError(f"module 'pytest_gsm8k' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

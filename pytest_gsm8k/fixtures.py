@@ -1,20 +1,21 @@
 """The fixtures users request and override: gsm8k_problem, gsm8k_model, gsm8k_protocol,
 gsm8k_outcome. The plugin module re-exports them so pytest registers them.
+
+pytest imports this module in every session (the fixtures are registered whether or not a
+test asks for them): what a fixture needs is imported when it runs.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gsm8k.core.dataset import DatasetError
-from pytest_gsm8k.core.prompts import Protocol
-from pytest_gsm8k.core.records import Outcome, ProblemRecord
-from pytest_gsm8k.core.scrub import shown_url
-from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.state import RECORD_KEY, get_state
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.prompts import Protocol
+    from pytest_gsm8k.core.records import Outcome, ProblemRecord
+    from pytest_gsm8k.core.types import Problem
 
 # -- fixtures -------------------------------------------------------------------
 
@@ -63,6 +64,9 @@ def gsm8k_problem() -> Problem:
 @pytest.fixture(scope="session")
 def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
     """The evaluation protocol (test@1/pass@N/maj@N, shots, api, extractor ...)."""
+    from pytest_gsm8k.core.dataset import DatasetError
+    from pytest_gsm8k.state import get_state
+
     try:
         return get_state(pytestconfig).plan.protocol
     except DatasetError as exc:
@@ -77,6 +81,8 @@ def gsm8k_model(pytestconfig: pytest.Config) -> Any:
     :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
     (sync or async) to gate a model that has no HTTP endpoint.
     """
+    from pytest_gsm8k.state import get_state
+
     return get_state(pytestconfig).sources.default_client()
 
 
@@ -89,7 +95,9 @@ def gsm8k_outcome(
 ) -> GSM8KOutcome:
     """The scored answer for this item's problem (fetched ahead by the engine)."""
     from pytest_gsm8k.core.outcome import error_record, score_repeats
+    from pytest_gsm8k.core.scrub import shown_url
     from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun, SaidElsewhere
+    from pytest_gsm8k.state import RECORD_KEY, get_state
 
     state = get_state(request.config)
     sources = state.sources

@@ -28,19 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gsm8k.core.dataset import DatasetError
-from pytest_gsm8k.core.jsontext import escape_surrogates
-from pytest_gsm8k.core.plan import RunPlan
-from pytest_gsm8k.core.scrub import printable
+from pytest_gsm8k import STATE_NAME
 from pytest_gsm8k.core.settings import (
     OPTIONS,
     Option,
+    Settings,
     SettingsError,
     build_settings,
     convert_bool,
-    is_local_spec,
 )
-from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from here
     GSM8KOutcome,
     gsm8k_model,
@@ -48,43 +44,16 @@ from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from 
     gsm8k_problem,
     gsm8k_protocol,
 )
-from pytest_gsm8k.lifecycle import (
-    config_early_stop_for,
-    defines_fixture,
-    deselected_by,
-    early_stop_for,
-    head_start_allowed,
-    limit_note,
-    model_overridden,
-    plugins_define,
-    preflight,
-    start_controller,
-    start_early,
-    start_local,
-    start_matrix,
-    start_serve,
-    warm_engine,
-)
-from pytest_gsm8k.reporting import (
-    ProgressLine,
-    add_gates_to_junit,
-    is_unfinished,
-    progress_wanted,
-    report_unfinished,
-)
-from pytest_gsm8k.runtime.logs import scrub_library_logs
-from pytest_gsm8k.state import RECORD_KEY, STATE_NAME, ItemRef, State, get_state
-from pytest_gsm8k.writing import (
-    check_baseline_path,
-    limit_descriptors,
-    preload_end,
-    prepare_outputs,
-    settle,
-    write_outputs,
-)
 
+# pytest imports this module in every session of every repository the plugin is installed
+# in: at module level only pytest, the option table and the fixtures' definitions. The rest
+# is imported where it is used, once a session has GSM8K work (issue 34: a suite that does
+# not use the plugin should not pay for it; tests/plugin/test_inert.py pins the modules).
 if TYPE_CHECKING:
+    from pytest_gsm8k.core.plan import RunPlan
     from pytest_gsm8k.core.verdict import GroupInput
+    from pytest_gsm8k.reporting import ProgressLine
+    from pytest_gsm8k.state import State
 
 BUILTIN_NODEID = "gsm8k"
 #: the marker every GSM8K item carries: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest
@@ -157,17 +126,36 @@ def _read_option(config: pytest.Config, option: Option) -> Any:
 
 
 class StatePlugin:
-    """Holds the State; hooks that need it live on it."""
+    """Holds the State; hooks that need it live on it.
 
-    def __init__(self, state: State) -> None:
-        self.state = state
-        self.config = state.config
+    The State is made on first use: at once when the session start has work for it or a gsm8k
+    option is on the command line (pytest_configure), else when something asks for it (a
+    gsm8k fixture, a GSM8K item's parametrization, an xdist controller starting its workers).
+    Until then the session has no GSM8K work and each hook returns at once (:meth:`_idle`),
+    importing nothing of the run's machinery."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self._state: State | None = None
         self.session: pytest.Session | None = None
         self._early_tried = False
         self._active = False
         self.warnings: list[str] = []  # cache warnings no test issued (xdist controller)
         #: the progress line, while the test loop runs (None: the dots)
         self.progress: ProgressLine | None = None
+
+    @property
+    def state(self) -> State:
+        if self._state is None:
+            from pytest_gsm8k.state import State
+
+            self._state = State(self.config, self.settings)
+        return self._state
+
+    def _idle(self) -> bool:
+        """Whether this session has no GSM8K work so far: no State was asked for."""
+        return self._state is None
 
     def activate(self) -> None:
         """What a GSM8K run changes in the process, done once and only for a run that has
@@ -178,6 +166,8 @@ class StatePlugin:
         if self._active:
             return
         self._active = True
+        from pytest_gsm8k.runtime.logs import scrub_library_logs
+
         config = self.config
         config.add_cleanup(scrub_library_logs(self.state.scrubber()))
         if not self.state.is_worker:
@@ -192,8 +182,29 @@ class StatePlugin:
         client and the server the workers ask it through (before xdist starts
         the workers: their ``workerinput`` carries its address).
         """
-        state = self.state
         self.session = session
+        if self._idle():
+            return
+        from pytest_gsm8k.core.dataset import DatasetError
+        from pytest_gsm8k.core.settings import is_local_spec
+        from pytest_gsm8k.lifecycle import (
+            head_start_allowed,
+            limit_note,
+            model_overridden,
+            preflight,
+            start_controller,
+            start_local,
+            start_serve,
+            warm_engine,
+        )
+        from pytest_gsm8k.writing import (
+            check_baseline_path,
+            limit_descriptors,
+            preload_end,
+            prepare_outputs,
+        )
+
+        state = self.state
         settings = state.settings
         if settings.model or settings.serve or settings.vllm_config:
             self.activate()
@@ -241,6 +252,8 @@ class StatePlugin:
     def _start_configs(self, session: pytest.Session, draft: RunPlan) -> None:
         """--gsm8k-config: the plan is published as it is (each config's server is started
         in turn once the items are known); what a matrix cannot honour is one line."""
+        from pytest_gsm8k.lifecycle import model_overridden, start_controller, start_matrix
+
         state = self.state
         if model_overridden(session.config):
             raise pytest.UsageError(
@@ -284,7 +297,7 @@ class StatePlugin:
     ) -> None:
         """Add the built-in test when --gsm8k-model or --gsm8k-serve is given (before
         -k/-m/--lf filter)."""
-        settings = self.state.settings
+        settings = self.settings
         if not (settings.model or settings.serve or settings.vllm_config):
             return
         from pytest_gsm8k import builtin
@@ -297,6 +310,12 @@ class StatePlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Remember which problems this process will run, in run order, for the prefetcher."""
+        if self._idle():
+            return
+        from pytest_gsm8k.core.types import Problem
+        from pytest_gsm8k.lifecycle import start_early
+        from pytest_gsm8k.state import ItemRef
+
         if self.state.run.data_error:
             raise pytest.UsageError(self.state.run.data_error)
         seen: set[str] = set()
@@ -326,6 +345,8 @@ class StatePlugin:
 
         The items themselves (node ids, and the problem in each id's parameters) are kept
         in any case: a stopped run reports those no worker reached."""
+        from pytest_gsm8k.state import ItemRef
+
         split = re.escape(self.state.settings.split)
         # --gsm8k-config: a problem's id carries its config's name (``Qwen3:test-0001``)
         group = r"(?:[^\s\[\]:]+:)?" if self.state.settings.vllm_config else r"\b"
@@ -348,6 +369,10 @@ class StatePlugin:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
+        if self._idle():
+            return report
+        from pytest_gsm8k.state import RECORD_KEY
+
         record = item.stash.get(RECORD_KEY, None)
         if record is not None and (
             report.when == "call" or (report.when == "setup" and record["outcome"] == "error")
@@ -365,6 +390,8 @@ class StatePlugin:
         data = yield
         record = data.get("gsm8k") if isinstance(data, dict) else None
         if isinstance(data, dict) and isinstance(record, dict):
+            from pytest_gsm8k.core.jsontext import escape_surrogates
+
             text = json.dumps(record, ensure_ascii=False)
             escaped = escape_surrogates(text)
             if escaped != text:
@@ -383,6 +410,10 @@ class StatePlugin:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self._idle():
+            return
+        from pytest_gsm8k.reporting import is_unfinished
+
         if self.state.is_worker:
             return
         self.state.run.note_report(report.nodeid)
@@ -418,6 +449,8 @@ class StatePlugin:
     ) -> None:
         """Controller: one more outcome for --gsm8k-early-stop (with --gsm8k-repeats, its
         answers' outcomes too); stop the run once decided."""
+        from pytest_gsm8k.lifecycle import early_stop_for
+
         run = self.state.run
         if self.state.settings.vllm_config:
             self._observe_config(problem_id, correct, outcome, answers)
@@ -450,6 +483,7 @@ class StatePlugin:
         """--gsm8k-config: one more outcome of a config; once every gate of that config is
         certain (or one FAILs for certain) before its last problem, the config stops: its
         items not fetched are skipped, its server stops, the next config's starts."""
+        from pytest_gsm8k.lifecycle import config_early_stop_for
         from pytest_gsm8k.runtime.matrix import group_of
 
         run = self.state.run
@@ -488,6 +522,10 @@ class StatePlugin:
     ) -> tuple[str, str, str | tuple[str, dict[str, bool]]] | None:
         """A GSM8K outcome's own letter and word; with the progress line, no letter for a
         GSM8K item at all (the line counts them)."""
+        if self._idle():
+            return None
+        from pytest_gsm8k.reporting import is_unfinished
+
         record = getattr(report, "gsm8k", None)
         ours = isinstance(record, dict) or is_unfinished(report)
         if report.when == "call" and report.passed and isinstance(record, dict):
@@ -512,17 +550,18 @@ class StatePlugin:
             # the end walk only what the run made (benchmarks/README.md measures the gain).
             # The cleanup registered in pytest_configure unfreezes it after those.
             gc.freeze()
-        settings = self.state.settings
+        settings = self.settings
         gsm8k_run = settings.model or settings.serve or settings.vllm_config or self._active
-        if (
-            gsm8k_run
-            and not self.state.is_worker
-            and progress_wanted(self.config, settings.progress)
-        ):
-            self.progress = ProgressLine(self.config)
+        if gsm8k_run and not self.state.is_worker:
+            from pytest_gsm8k.reporting import ProgressLine, progress_wanted
+
+            if progress_wanted(self.config, settings.progress):
+                self.progress = ProgressLine(self.config)
         try:
             return (yield)
         except BaseException as exc:
+            if self._idle():
+                raise
             if _no_model_under_xdist(exc):
                 raise pytest.UsageError(str(exc)) from None  # the workers' one line, once
             if (
@@ -548,6 +587,13 @@ class StatePlugin:
             self._finish(session)
 
     def _finish(self, session: pytest.Session) -> None:
+        if self._idle():
+            return
+        from pytest_gsm8k.core.dataset import DatasetError
+        from pytest_gsm8k.lifecycle import deselected_by
+        from pytest_gsm8k.reporting import report_unfinished
+        from pytest_gsm8k.writing import settle, write_outputs
+
         state = self.state
         if state.is_worker:
             return
@@ -590,6 +636,10 @@ class StatePlugin:
         write_outputs(state, verdict)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self._idle():
+            return
+        from pytest_gsm8k.core.scrub import printable
+
         for message in self.warnings:
             terminalreporter.write_line(printable(message), yellow=True)
         run = self.state.run
@@ -619,6 +669,10 @@ class StatePlugin:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """The exit code of a failed gate; the gates in the JUnit XML (before its writer,
         which runs later, writes the file)."""
+        if self._idle():
+            return
+        from pytest_gsm8k.reporting import add_gates_to_junit
+
         run = self.state.run
         if run.verdict is not None:
             add_gates_to_junit(self.config, run.verdict)
@@ -664,6 +718,8 @@ def _uses_default_model(item: pytest.Item) -> bool:
     (a conftest's or plugin's override is checked once, by the caller)."""
     if "gsm8k_model" not in getattr(item, "fixturenames", ()):
         return False
+    from pytest_gsm8k.lifecycle import defines_fixture
+
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "gsm8k_model" in callspec.params:
         return False
@@ -672,6 +728,8 @@ def _uses_default_model(item: pytest.Item) -> bool:
 
 
 def _has_problem(item: pytest.Item) -> bool:
+    from pytest_gsm8k.core.types import Problem
+
     callspec = getattr(item, "callspec", None)
     return callspec is not None and isinstance(callspec.params.get("gsm8k_problem"), Problem)
 
@@ -685,6 +743,9 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item]) -> str | None:
     gate nothing and still exit green. ``--co`` lists, and asks for no model; a collection
     error (bad data included) has its own line.
     """
+    from pytest_gsm8k.lifecycle import plugins_define
+    from pytest_gsm8k.state import get_state
+
     config = session.config
     state = get_state(config)
     settings = state.settings
@@ -749,6 +810,14 @@ def pytest_collection_modifyitems(
     An xdist worker cannot end the session with a usage error (the controller would crash):
     it runs nothing and stops with the line, which the controller raises."""
     yield
+    plugin = config.pluginmanager.get_plugin(STATE_NAME)
+    if (
+        isinstance(plugin, StatePlugin)
+        and plugin._idle()
+        and not any("gsm8k_model" in getattr(item, "fixturenames", ()) for item in items)
+        and not _selects_gsm8k(getattr(config.option, "markexpr", ""))
+    ):
+        return  # no GSM8K work: nothing asked for, nothing to refuse
     message = unmeasured(session, items)
     if message is None:
         return
@@ -789,8 +858,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # once, not once per xdist worker
         for note in notes:
             config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
-    state = State(config, settings)
-    config.pluginmanager.register(StatePlugin(state), STATE_NAME)
+    plugin = StatePlugin(config, settings)
+    # Made now when the session start has work for it (a model to reach or a server to
+    # start, an output to check) or a gsm8k option is on the command line (with no model it
+    # is refused after collection); ini values alone, as README's "In your repository" sets
+    # them, wait for a GSM8K item: the repository's other runs do not pay for the State.
+    given = any(config.getoption(option.dest) is not None for option in OPTIONS)
+    work = settings.model or settings.serve or settings.vllm_config
+    if given or work or settings.report or settings.html or settings.markdown:
+        plugin.state  # noqa: B018 - made here, on purpose
+    config.pluginmanager.register(plugin, STATE_NAME)
     # Registered before the builtin unraisableexception plugin's cleanup, so it runs after
     # that one's gc passes (see pytest_runtestloop); it does nothing if nothing was frozen.
     # An xdist worker's process ends right after: leaving its objects frozen spares the
@@ -848,13 +925,17 @@ def _end_on_sigterm(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     plugin = config.pluginmanager.get_plugin(STATE_NAME)
     if isinstance(plugin, StatePlugin):
-        plugin.state.close()
+        if not plugin._idle():
+            plugin.state.close()
         config.pluginmanager.unregister(plugin, STATE_NAME)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "gsm8k_problem" not in metafunc.fixturenames:
         return
+    from pytest_gsm8k.core.dataset import DatasetError
+    from pytest_gsm8k.state import get_state
+
     state = get_state(metafunc.config)
     try:
         problems = state.plan.run_order

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_gsm8k import STATE_NAME
 from pytest_gsm8k.core.dataset import subset_record
 from pytest_gsm8k.core.plan import Endpoint, RunPlan, StoredBaseline
 from pytest_gsm8k.core.presets import takes_first
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from pytest_gsm8k.runtime.outputs import Output
 
 RECORD_KEY = pytest.StashKey[ProblemRecord]()
-STATE_NAME = "gsm8k-state"
 
 #: descriptors kept free of the concurrency's sockets: pytest's own files, the cache's
 #: writes, the imports, the report and the page at the end (plus a few per xdist worker)

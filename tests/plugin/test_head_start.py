@@ -39,7 +39,7 @@ def _seen(pytester: pytest.Pytester) -> list[int]:
 #: a conftest's own gsm8k_model or gsm8k_protocol: what the plugin's would give
 OWN_FIXTURE = """
 import pytest
-from pytest_gsm8k.plugin import get_state
+from pytest_gsm8k.state import get_state
 
 @pytest.fixture(scope="session")
 def gsm8k_model(pytestconfig):

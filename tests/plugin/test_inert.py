@@ -1,7 +1,17 @@
 """Installed but unused, the plugin changes nothing in a pytest session: no SIGTERM handler,
-no log-record factory, no temp folder; with GSM8K work it installs the first two."""
+no log-record factory, no temp folder; with GSM8K work it installs the first two.
+
+Issue 34 #4: and it costs little. pytest imports ``pytest_gsm8k.plugin`` (and the package)
+in every session of every repository it is installed in: that import, and a session with no
+GSM8K work, load the option table and the fixtures' definitions and nothing else of the
+package, and none of the libraries only a GSM8K run needs
+(benchmarks/bench_installed.py measures the time; these pin what is imported)."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 from fakeserver import FakeOpenAIServer
@@ -58,3 +68,115 @@ def test_a_gsm8k_run_installs_them(
     handler_default, factory_default = (pytester.path / "probe.txt").read_text().split()
     assert handler_default == "False"
     assert factory_default == "False"
+
+
+#: what importing the plugin may load of the package: the option table (settings, with the
+#: JSON depth check it uses) and the fixtures pytest registers from the plugin module
+PLUGIN_IMPORTS = [
+    "pytest_gsm8k",
+    "pytest_gsm8k.core",
+    "pytest_gsm8k.core.jsondepth",
+    "pytest_gsm8k.core.settings",
+    "pytest_gsm8k.fixtures",
+    "pytest_gsm8k.plugin",
+]
+#: libraries a session without GSM8K work has no use for
+HEAVY = ("openai", "httpx", "aiohttp", "yaml", "statistics", "asyncio", "ssl", "datasets")
+
+
+def _new_modules(code: str) -> list[str]:
+    """The modules ``code`` imports in a fresh interpreter that has imported pytest."""
+    probe = (
+        "import json, sys, pytest\n"
+        "before = set(sys.modules)\n"
+        f"{code}\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return list(json.loads(out.stdout))
+
+
+def test_importing_the_plugin_loads_only_the_options_and_fixtures() -> None:
+    new = _new_modules("import pytest_gsm8k.plugin")
+    assert [m for m in new if m.startswith("pytest_gsm8k")] == PLUGIN_IMPORTS
+    assert [m for m in new if m.split(".")[0] in HEAVY] == []
+
+
+def test_the_package_exports_its_names_when_asked() -> None:
+    """``from pytest_gsm8k import Request`` (README, the examples) still works; importing
+    the package alone loads nothing else of it."""
+    assert _new_modules("import pytest_gsm8k") == ["pytest_gsm8k"]
+    new = _new_modules(
+        "import pytest_gsm8k\n"
+        "from pytest_gsm8k import GSM8KOutcome, Request\n"
+        "assert Request.__module__ == 'pytest_gsm8k.core.types'\n"
+        "assert GSM8KOutcome.__module__ == 'pytest_gsm8k.fixtures'\n"
+        "for name in pytest_gsm8k.__all__:\n"
+        "    getattr(pytest_gsm8k, name)"
+    )
+    assert "pytest_gsm8k.core.prompts" in new
+
+
+#: writes, once pytest is done, which of the package's modules the session loaded
+MODULES_PROBE = """
+import json, os, sys
+
+def pytest_unconfigure(config):
+    loaded = sorted(m for m in sys.modules if m.startswith("pytest_gsm8k"))
+    with open(os.environ["PROBE_OUT"], "w") as out:
+        json.dump(loaded, out)
+"""
+
+
+#: README's "In your repository" ini: the model stays on the command line
+README_INI = """
+[pytest]
+gsm8k_base_url = http://127.0.0.1:8000/v1
+gsm8k_min_acc = 0.85
+gsm8k_require_baseline = true
+"""
+
+
+@pytest.mark.parametrize("ini", ["", README_INI], ids=["no-ini", "readme-ini"])
+def test_a_session_without_gsm8k_work_loads_only_the_options(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ini: str
+) -> None:
+    """Issue 34 #4: a suite that never uses the plugin does not pay for it. With no gsm8k
+    option on the command line and no GSM8K item (ini values as README sets them or none),
+    the session imports the option table, the fixtures' definitions and the rootdir check,
+    and no more of the package (no State, no plan, no engine): the plugin's hooks return
+    before they need any of it."""
+    monkeypatch.setenv("PROBE_OUT", str(pytester.path / "modules.json"))
+    if ini:
+        pytester.makeini(ini)
+    pytester.makeconftest(MODULES_PROBE)
+    pytester.makepyfile(test_probe="def test_one():\n    assert 1\n")
+    result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS, "-p", "no:cacheprovider")
+    assert result.ret == 0, output(result)
+    loaded = json.loads((pytester.path / "modules.json").read_text())
+    assert loaded == sorted([*PLUGIN_IMPORTS, "pytest_gsm8k.rootdir"])
+
+
+OWN_MODEL = """
+import pytest
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return lambda request: "#### 0"
+"""
+
+
+@XDIST
+def test_a_users_own_test_with_no_option_is_still_measured(
+    pytester: pytest.Pytester, xdist: list[str]
+) -> None:
+    """The State made on first use: a test that takes gsm8k_outcome, with the model from a
+    conftest and no gsm8k option or ini key, is GSM8K work all the same (the summary and the
+    gate, plain and under xdist, where the controller collects nothing)."""
+    pytester.makeconftest(OWN_MODEL)
+    pytester.makepyfile(test_own="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    result = pytester.runpytest_subprocess(
+        *NO_EXTRA_PLUGINS, "-p", "no:cacheprovider", "-k", "test-0001 or test-0002", *xdist
+    )
+    assert result.ret == 0, output(result)
+    result.stdout.fnmatch_lines(["gsm8k acc (test@1, 0-shot CoT) = 0.0000 * n=2", "*2 wrong*"])

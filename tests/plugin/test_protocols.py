@@ -321,7 +321,7 @@ def test_think_blocks_and_truncation_warning(
 OWN_PROTOCOL = """
 import dataclasses
 import pytest
-from pytest_gsm8k.plugin import get_state
+from pytest_gsm8k.state import get_state
 
 @pytest.fixture(scope="session")
 def gsm8k_protocol(pytestconfig):
