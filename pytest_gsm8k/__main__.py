@@ -1,5 +1,10 @@
 """``python -m pytest_gsm8k``: commands that need no pytest run.
 
+``merge SHARD.json...`` puts the reports of ``--gsm8k-shard I/N`` runs (one CI matrix job
+each) back together into the verdict one machine would have given: 0 or 1 as that run's
+exit code, 2 when the reports are not every shard of one run (one ``gsm8k: ...`` line
+naming which).
+
 ``compare A.json B.json`` compares two JSON reports (``--gsm8k-report``) problem by
 problem (two ``--gsm8k-config`` reports config by config) and prints the result as the
 Markdown of the run's step summary. Exit codes: 0 when B is not worse than A at
@@ -15,10 +20,15 @@ import argparse
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core.compare import CompareError, clip, compare_all, load_report, markdown
 from pytest_gsm8k.core.scrub import md_text, printable
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.merge import Merged
+    from pytest_gsm8k.core.plan import RunPlan
+    from pytest_gsm8k.core.verdict import RunVerdict
 
 #: exit codes
 BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
@@ -59,6 +69,24 @@ def parser() -> argparse.ArgumentParser:
         default=0.05,
         help="level of the McNemar test that decides 'B is worse' (default: 0.05)",
     )
+    mrg = commands.add_parser(
+        "merge",
+        help="the verdict of a run's --gsm8k-shard reports (one per CI matrix job)",
+        description=(
+            "Check that the reports are every shard of one run (the same plan, each shard "
+            "1..N once, each the slice its plan implies, no problem twice), then decide its "
+            "gates as the unsharded run would and write its outputs. Exit 0 or 1 as that "
+            "run, 2 when the reports are not the shards of one run."
+        ),
+    )
+    mrg.add_argument("shards", nargs="+", metavar="SHARD.json", help="every shard's report")
+    for flag, what in (
+        ("--report", "the merged JSON report"),
+        ("--html", "the run's HTML page"),
+        ("--markdown", "the run's Markdown summary (also $GITHUB_STEP_SUMMARY when set)"),
+        ("--junitxml", "JUnit XML with one test case per gate"),
+    ):
+        mrg.add_argument(flag, metavar="PATH", help=f"write {what} here")
     return main
 
 
@@ -126,10 +154,125 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
     return code
 
 
+def run_merge(args: argparse.Namespace) -> int:
+    """The ``merge`` command: the shards checked to be one run, then its verdict."""
+    from pathlib import Path
+
+    from pytest_gsm8k.core.dataset import DatasetError
+    from pytest_gsm8k.core.merge import ShardError, check_shards
+    from pytest_gsm8k.planning import replan
+
+    outputs = {"report": args.report, "html": args.html, "markdown": args.markdown}
+    try:
+        reports = [(path, _read(path)) for path in args.shards]
+        merged = check_shards(reports)
+        model = reports[0][1].get("model")
+        plan = replan(merged.plan, Path.cwd(), model if isinstance(model, str) else None, outputs)
+    except (CompareError, ShardError, DatasetError) as exc:
+        _say(str(exc))
+        return REFUSED
+    return _decide(plan, merged, [report for _, report in reports], args.junitxml)
+
+
+def _decide(
+    plan: RunPlan, merged: Merged, reports: Sequence[Mapping[str, Any]], junitxml: str | None
+) -> int:
+    """The verdict of the run the shards are, by the steps that end a run: its records
+    gathered (state.Run), decided (core/verdict.py) with the baselines written, every
+    output rendered from it; the exit code that run would have had."""
+    from pathlib import Path
+
+    from pytest_gsm8k.core.render import styled_lines
+    from pytest_gsm8k.core.scrub import Scrubber
+    from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
+    from pytest_gsm8k.state import Run
+    from pytest_gsm8k.writing import OUTPUTS, rendered, settle
+
+    run = Run()
+    run.collect([p for p in plan.problems if p.id not in merged.deselected])
+    for record in merged.records:
+        run.add_record(record)  # type: ignore[arg-type]  # checked by check_shards
+    if merged.interrupted:
+        run.interrupt()
+    first = reports[0]  # the servers the shards ran on: the first shard's, for the report
+    servers = {str(c["config"]["name"]): c["served"] for c in first.get("configs", [])}
+    inputs, top, not_run = run.gather(
+        plan,
+        late={},
+        servers={name: served for name, served in servers.items() if served},
+        server=first.get("served") or first.get("local_server"),
+        scrub=Scrubber(None, None, ()),
+        deselected_by=merged.deselected_by,
+    )
+    verdict = settle(inputs, top, not_run, _times(reports))
+    for line, _ in styled_lines(verdict):
+        print(line)
+    failed = False
+    html = plan.settings.html
+    page = None if not html else (Path(html).as_posix(), not Path(html).is_absolute())
+    for key, path, render in rendered(plan, verdict, page):
+        if not path:
+            continue
+        what, append = OUTPUTS[key]
+        try:
+            output = prepare(path, what, append=append)
+            output.write(render())
+            output.close()
+        except OutputError as exc:
+            failed = _said(str(exc))
+        except Exception as exc:
+            failed = _said(f"{what}: cannot write {path}: {reason(exc)}")
+    if junitxml:
+        failed = _junit(verdict, junitxml) or failed
+    errors = any(r["outcome"] == "error" for r in merged.records)
+    if merged.interrupted:
+        return 2  # as the run would: pytest's exit code for an interrupted session
+    return WORSE if verdict.failed or errors or failed else BETTER_OR_SAME
+
+
+def _said(line: str) -> bool:
+    _say(line)
+    return True
+
+
+def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
+    """The run's start (the first shard's), end (the last one's) and its wall time."""
+    from datetime import datetime
+
+    started = min(str(r.get("started_at", "")) for r in reports)
+    finished = max(str(r.get("finished_at", "")) for r in reports)
+    try:
+        span = datetime.fromisoformat(finished) - datetime.fromisoformat(started)
+    except ValueError:
+        return ("", "", 0.0)
+    return started, finished, round(span.total_seconds(), 3)
+
+
+def _junit(verdict: RunVerdict, path: str) -> bool:
+    """The gates as JUnit test cases (``gsm8k.gates``), written by pytest's own writer as
+    a run's ``--junitxml`` writes them; True when it could not be written."""
+    from _pytest.junitxml import LogXML
+
+    from pytest_gsm8k.reporting import gate_reports
+    from pytest_gsm8k.runtime.outputs import reason
+
+    xml = LogXML(path, None)
+    xml.pytest_sessionstart()
+    for report in gate_reports(verdict):
+        xml.pytest_runtest_logreport(report)
+    try:
+        xml.pytest_sessionfinish()
+    except OSError as exc:
+        return _said(f"--junitxml: cannot write {path}: {reason(exc)}")
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
         return run_compare(args.a, args.b, args.alpha)
+    if args.command == "merge":
+        return run_merge(args)
     raise AssertionError(args.command)  # pragma: no cover - argparse allows no other
 
 

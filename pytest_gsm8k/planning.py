@@ -9,15 +9,25 @@ plugin turns into one usage-error line.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
-from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, StoredBaseline
+from pytest_gsm8k.core.merge import selection_hash, shard_slice
+from pytest_gsm8k.core.plan import (
+    ConfigGroup,
+    Endpoint,
+    GateSpecs,
+    RunPlan,
+    Shard,
+    StoredBaseline,
+)
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
-from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.settings import Settings, parse_shard
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig
 from pytest_gsm8k.runtime.configs import load as load_configs
@@ -245,6 +255,24 @@ def build_plan(
         )
         protocol = build_protocol(settings, split)
     path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
+    shard = None
+    if settings.shard is not None:
+        # every config's questions are striped over the shards: each shard runs every config
+        index, count = parse_shard(settings.shard)
+        ids_hash = selection_hash([p.id for p in selected])
+        shard = Shard(index, count, len(selected), ids_hash, update_baseline, snapshot_dirname)
+        update_baseline = False  # the merge writes it, from every shard's answers
+        if count > len(selected):  # an empty shard would report nothing to merge
+            raise DatasetError(
+                f"--gsm8k-shard {index}/{count}: the selection has {len(selected)} problems; "
+                f"cut it into at most {len(selected)} shards"
+            )
+        selected = shard_slice(selected, index, count)
+        mine = {p.id for p in selected}
+        groups = tuple(
+            dataclasses.replace(g, problems=tuple(p for p in g.problems if p.id in mine))
+            for g in groups
+        )
     return RunPlan(
         run_id=run_id,
         settings=settings,
@@ -258,4 +286,45 @@ def build_plan(
         baseline=None if groups else read_baseline(path, rootpath),
         update_baseline=update_baseline,
         groups=groups,
+        shard=shard,
     )
+
+
+def replan(
+    block: Mapping[str, Any], rootpath: Path, model: str | None, outputs: Mapping[str, Any]
+) -> RunPlan:
+    """The whole run's plan again, at the merge of its shards (``block``: their plan): the
+    options it states, the data and configs they name and the baseline read here, from
+    ``rootpath``; ``model``: what the shards' endpoint served; ``outputs``: the merge's own
+    report, page and Markdown paths. What one machine running every shard's problems would
+    have planned, or :class:`ShardError` naming the first field that differs when the merge
+    here does not plan what the shards planned (another checkout, data or baseline)."""
+    from pytest_gsm8k.core.merge import (
+        ShardError,
+        plan_difference,
+        planned_settings,
+        selection_hash,
+        shard_record,
+    )
+
+    settings = planned_settings(block, Settings())
+    snapshots = str(block.get("snapshot_dirname") or "__snapshots__")
+    plan = build_plan(
+        dataclasses.replace(settings, **outputs),
+        run_id="merge",
+        endpoint=Endpoint(None, model),
+        rootpath=rootpath,
+        snapshot_dirname=snapshots,
+        update_baseline=block.get("update_baseline") is True,
+    )
+    ids = [p.id for p in plan.problems]
+    whole = Shard(1, 1, len(ids), selection_hash(ids), plan.update_baseline, snapshots)
+    record = shard_record(dataclasses.replace(plan, shard=whole))
+    again = json.loads(json.dumps(record["plan"]))  # as the shards' report holds it
+    if again != block:
+        raise ShardError(
+            f"the merge here does not plan what the shards planned: "
+            f"{plan_difference(block, again)} differs (run it at the root of the "
+            "checkout the shards ran in, with the same data and baseline)"
+        )
+    return plan

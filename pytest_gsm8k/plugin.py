@@ -569,7 +569,7 @@ class StatePlugin:
         from pytest_gsm8k.core.dataset import DatasetError
         from pytest_gsm8k.lifecycle import deselected_by
         from pytest_gsm8k.reporting import report_unfinished
-        from pytest_gsm8k.writing import write_baselines, write_outputs
+        from pytest_gsm8k.writing import settle, write_outputs
 
         state = self.state
         if state.is_worker:
@@ -596,8 +596,6 @@ class StatePlugin:
         report_unfinished(self.config, state, late)
         # gather -> decide -> write the baseline -> (one derived copy if that failed) ->
         # every output renders from the verdict (core/verdict.py)
-        from pytest_gsm8k.core.verdict import decide_run
-
         inputs, top, not_run = run.gather(
             plan,
             late=late,
@@ -610,18 +608,7 @@ class StatePlugin:
         state.sources.finish_started(lambda name: complete.get(name, False))
         finished = time.time()
         times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
-        verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
-        failed = write_baselines(verdict)
-        if failed:
-            inputs = [
-                dataclasses.replace(
-                    i, baseline=dataclasses.replace(i.baseline, write_error=failed[i.group.name])
-                )
-                if i.baseline is not None and i.group.name in failed
-                else i
-                for i in inputs
-            ]
-            verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
+        verdict = settle(inputs, top, not_run, times)
         run.finish(verdict)
         write_outputs(state, verdict)
 

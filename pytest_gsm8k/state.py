@@ -215,6 +215,20 @@ class Run:
                 interrupted=self.interrupted,
                 unreached=unreached,
                 resumed=settings.resume,
+                shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
+            )
+
+        # --gsm8k-shard: what the merge needs beside the records (core/merge.py)
+        shard: dict[str, Any] = {}
+        if plan.shard is not None:
+            from pytest_gsm8k.core.merge import shard_record
+
+            ids = {p.id for p in wanted}
+            shard["shard"] = shard_record(
+                plan,
+                deselected=[p.id for p in plan.problems if p.id not in ids],
+                deselected_by=deselected_by,
+                interrupted=self.interrupted,
             )
 
         if not plan.groups:
@@ -231,6 +245,7 @@ class Run:
             selected = plan.problems
             where = "served" if settings.serve else "local_server"
             extra = {where: server} if server is not None else {}
+            extra |= shard
             group = Group(
                 name="",
                 label=plan.protocol.label,
@@ -339,6 +354,7 @@ class Run:
             model=", ".join(g.config.model_name for g in plan.groups),
             endpoint="(one server per config)",
             specs=plan.gates,
+            extra=shard,
         )
         shown = {i.group.name for i in inputs}
         return inputs, top, [g.name for g in plan.groups if g.name not in shown]

@@ -8,7 +8,8 @@ whatever fails is one line instead of a crash. How a path is written (file, devi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from pytest_gsm8k.core.records import Report
 from pytest_gsm8k.state import State
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.verdict import RunVerdict
+    from pytest_gsm8k.core.verdict import Group, GroupInput, RunVerdict
 
 #: the run's outputs: key -> (the option or variable that names it, appended to)
 OUTPUTS = {
@@ -94,25 +95,58 @@ def write_baselines(verdict: RunVerdict) -> dict[str, str]:
     return failed
 
 
-def write_outputs(state: State, verdict: RunVerdict) -> None:
-    """Every output of the run's end, rendered from its verdict, each where its
-    session-start check said: the Markdown summary (``$GITHUB_STEP_SUMMARY``,
-    ``--gsm8k-markdown``), the JSON report and the page; a failure is one line (the
-    terminal block is still printed, and the run fails)."""
+def settle(
+    inputs: Sequence[GroupInput],
+    top: Group | None,
+    not_run: Sequence[str],
+    times: tuple[str, str, float],
+) -> RunVerdict:
+    """The run's verdict, its baselines written: decide, write each baseline the verdict
+    holds (``--snapshot-update``), and when a write failed decide once more with the
+    failure (the one derived copy). The end of a run and the merge of its shards."""
+    from pytest_gsm8k.core.verdict import decide_run
+
+    verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
+    failed = write_baselines(verdict)
+    if failed:
+        inputs = [
+            replace(i, baseline=replace(i.baseline, write_error=failed[i.group.name]))
+            if i.baseline is not None and i.group.name in failed
+            else i
+            for i in inputs
+        ]
+        verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
+    return verdict
+
+
+def rendered(
+    plan: RunPlan, verdict: RunVerdict, page: tuple[str, bool] | None
+) -> list[tuple[str, str | None, Callable[[], str]]]:
+    """Every output of the run's end, rendered from its verdict: (key, path, render) for
+    the Markdown summary (``$GITHUB_STEP_SUMMARY``, ``--gsm8k-markdown``; ``page``: where
+    it says the page is), the JSON report and the page."""
     from pytest_gsm8k.core.render import markdown
     from pytest_gsm8k.runtime.files import json_text
 
-    plan = state.plan
+    out: list[tuple[str, str | None, Callable[[], str]]] = []
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary or plan.settings.markdown:
         problems = plan.problems if plan.groups else plan.split.problems
         questions = {p.id: p.question for p in problems}
-        text = markdown(verdict, questions, html=page_path(state))
-        write_output(state, "step_summary", step_summary, lambda: text)
-        write_output(state, "markdown", plan.settings.markdown, lambda: text)
+        text = markdown(verdict, questions, html=page)
+        out += [("step_summary", step_summary, lambda: text)]
+        out += [("markdown", plan.settings.markdown, lambda: text)]
     report = verdict.to_json()
-    write_output(state, "report", state.settings.report, lambda: json_text(report))
-    write_output(state, "html", state.settings.html, lambda: page_html(state, verdict, report))
+    out += [("report", plan.settings.report, lambda: json_text(report))]
+    out += [("html", plan.settings.html, lambda: page_html(plan, verdict, report))]
+    return out
+
+
+def write_outputs(state: State, verdict: RunVerdict) -> None:
+    """Every output of the run's end (:func:`rendered`), each where its session-start check
+    said; a failure is one line (the terminal block is still printed, and the run fails)."""
+    for key, path, render in rendered(state.plan, verdict, page_path(state)):
+        write_output(state, key, path, render)
 
 
 def _output_path(state: State, key: str) -> str | None:
@@ -203,13 +237,12 @@ def limit_descriptors(state: State) -> None:
     )
 
 
-def page_html(state: State, verdict: RunVerdict, report: Report) -> str:
+def page_html(plan: RunPlan, verdict: RunVerdict, report: Report) -> str:
     """The run's page (``--gsm8k-html``): the outcomes of the baseline each group was
     compared with beside its own (a config's problems' ids carry its name, so every
     config's baseline fits in one map)."""
     from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
 
-    plan = state.plan
     outcomes: dict[str, str] = {}
     for group in verdict.groups:
         if group.compared is not None:

@@ -122,6 +122,22 @@ class ConfigGroup:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """``--gsm8k-shard I/N``: this run is shard ``index`` of ``count`` (core/merge.py), its
+    problems the slice of a selection of ``size`` problems whose ids hash to ``ids_hash``.
+    ``update_baseline``: --snapshot-update was given, for the merge to write the baseline
+    (a shard never writes one: the plan's own ``update_baseline`` is off)."""
+
+    index: int
+    count: int
+    size: int
+    ids_hash: str
+    update_baseline: bool = False
+    #: where the run's baselines live under the rootdir (syrupy's --snapshot-dirname)
+    snapshot_dirname: str = "__snapshots__"
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What this run will do; the same value in every process of the run."""
 
@@ -141,6 +157,9 @@ class RunPlan:
     #: --gsm8k-config: the configs, run in this order, each on its own server (empty: a
     #: run of one protocol against one endpoint)
     groups: tuple[ConfigGroup, ...] = ()
+    #: --gsm8k-shard: ``problems``, ``run_order`` and each group's problems are this shard's
+    #: slice of the run's selection; its gates wait for the merge
+    shard: Shard | None = None
 
     @cached_property
     def pattern(self) -> re.Pattern[str] | None:

@@ -102,6 +102,8 @@ class ReportExtras(TypedDict, total=False):
     not_run: list[str]
     #: --gsm8k-repeats K > 1: K, the answers, and the mean accuracy over every answer
     repeats: dict[str, object]
+    #: --gsm8k-shard: this shard's place, its problem ids and the run's plan, for the merge
+    shard: dict[str, object]
     started_at: str
     finished_at: str
     duration_s: float

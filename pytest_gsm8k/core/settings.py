@@ -302,6 +302,10 @@ class Settings:
     repeats: int = opt(
         "ask every problem K times (separate requests; test@1 only): a calibrated baseline with "
         "--snapshot-update, a mean over K runs against one", 1, metavar="K", ge=1, le=MAX_REPEATS)
+    #: --gsm8k-shard I/N: this run asks shard I of N of the selection (core/merge.py)
+    shard: str | None = opt(
+        "run shard I of N (a CI matrix job); python -m pytest_gsm8k merge gates the shards",
+        metavar="I/N")
     # fmt: on
     #: pass@N / maj@N's N (1 for test@1): read from the protocol, not an option
     samples: int = 1
@@ -617,6 +621,13 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
             raise SettingsError(
                 f"--gsm8k-answer-regex {regex!r}: needs a capture group (group 1 is the number)"
             )
+    if values["shard"] is not None:
+        values["shard"] = "{}/{}".format(*parse_shard(values["shard"]))
+        if values["early_stop"]:
+            raise SettingsError(
+                "--gsm8k-shard cannot be combined with --gsm8k-early-stop: a shard cannot "
+                "see the other shards' answers (the merge decides on all of them)"
+            )
     if values["resume"] and values["no_cache"]:
         raise SettingsError(
             "--gsm8k-resume reads the response cache that --gsm8k-no-cache turns off: give one"
@@ -630,6 +641,23 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
     if values["base_url"] and (problem := url_problem(values["base_url"])):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
     return samples
+
+
+#: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
+MAX_SHARDS = 256
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--gsm8k-shard I/N`` as ``(I, N)``, with ``1 <= I <= N <= MAX_SHARDS``."""
+    match = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", text)
+    if not match:
+        raise SettingsError(f"--gsm8k-shard: expected I/N (e.g. 2/4), got {text[:40]!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    if not 1 <= count <= MAX_SHARDS:
+        raise SettingsError(f"--gsm8k-shard {index}/{count}: N must be between 1 and {MAX_SHARDS}")
+    if not 1 <= index <= count:
+        raise SettingsError(f"--gsm8k-shard {index}/{count}: I must be between 1 and N ({count})")
+    return index, count
 
 
 def build_settings(

@@ -313,3 +313,28 @@ def test_the_header_records_each_baseline_with_its_job_s_own_command(
     values = spec.get("env", {})
     argv = [re.sub(r"\$(\w+)", lambda m: values[m.group(1)], a) for a in shlex.split(gate["run"])]
     assert recorded == [a for a in argv if not a.startswith(NOT_RECORDED)] + extra
+
+
+def test_the_sharded_workflow_merges_every_shard_of_its_matrix_into_one_gate() -> None:
+    """examples/github/gsm8k-shards.yml (#35): N matrix jobs each run --gsm8k-shard I/N with
+    the same N, upload their report; the merge job needs them all, runs even after a shard
+    failed (a missing report is then a refusal naming it) and gates on every report."""
+    data = yaml.safe_load((REPO / "examples" / "github" / "gsm8k-shards.yml").read_text())
+    shard, merged = data["jobs"]["gsm8k-shard"], data["jobs"]["gsm8k-merge"]
+    count = len(shard["strategy"]["matrix"]["shard"])
+    assert shard["strategy"]["matrix"]["shard"] == list(range(1, count + 1))
+    assert shard["strategy"]["fail-fast"] is False
+    runs = " ".join(step.get("run", "") for step in shard["steps"])
+    assert f'--gsm8k-shard="$SHARD/{count}"' in runs
+    assert shard["env"]["SHARD"] == "${{ matrix.shard }}"
+    assert "--gsm8k-early-stop" not in runs  # refused with a shard
+    assert merged["needs"] == "gsm8k-shard"
+    assert merged["if"].startswith("!cancelled()")
+    [download] = [s for s in merged["steps"] if "download-artifact" in str(s.get("uses"))]
+    assert download["with"]["pattern"] == "gsm8k-shard-*"
+    assert download["with"]["merge-multiple"] is True
+    gate = _step_script(merged, "The gate")
+    assert gate.startswith("python -m pytest_gsm8k merge gsm8k-shards/shard-*.json")
+    written = re.findall(r"--(?:report|html|markdown|junitxml)=(\S+)", gate)
+    assert len(written) == 4
+    assert all(path.startswith("gsm8k-out/") for path in written)

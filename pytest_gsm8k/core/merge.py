@@ -1,0 +1,359 @@
+"""Shards of one run (``--gsm8k-shard I/N``, ``python -m pytest_gsm8k merge``). Pure.
+
+A gate too slow for one machine rides the CI's own job matrix: each job runs one shard,
+a stride slice of the run's selection (:func:`shard_slice`: every problem in exactly one
+shard, sizes within one of each other, each shard a spread over the whole run order, so
+every shard sees a representative mix and every ``--gsm8k-config`` config). A problem is
+one item, so its ``--gsm8k-repeats`` and its pass@N/maj@N samples stay in its shard.
+
+A shard decides no gate: it cannot see the others. Its report carries what the merge
+needs: a ``shard`` block (:func:`shard_record`) with its place (``index`` of ``count``),
+the ids it set out to run, and the run's ``plan`` (everything the verdict depends on
+besides the records: protocol, dataset, the whole selection's size and ids hash, the gate
+specs, the baseline's hash). :func:`check_shards` accepts the reports only as the shards of
+ONE run: the same plan, every shard 1..N once, each shard's ids exactly the slice the plan
+implies (the stride slices put back together hash to the plan's selection), no problem
+twice. Anything else is no verdict, one line naming which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pytest_gsm8k.core.settings import MAX_SHARDS, Settings
+from pytest_gsm8k.core.types import stable_hash
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
+
+__all__ = [
+    "MAX_SHARDS",
+    "Merged",
+    "ShardError",
+    "check_shards",
+    "interleave",
+    "plan_difference",
+    "planned_settings",
+    "shard_record",
+    "shard_slice",
+]
+
+_T = TypeVar("_T")
+
+
+class ShardError(Exception):
+    """A bad ``--gsm8k-shard`` value, or reports that are not the shards of one run: one
+    line naming which."""
+
+
+def shard_slice(items: Sequence[_T], index: int, count: int) -> tuple[_T, ...]:
+    """Shard ``index`` of ``count`` (1-based) of ``items``: every ``count``-th item from
+    the ``index``-th on. The shards partition ``items``, their sizes differ by at most
+    one, and each spreads over the whole order (not a block of it: the split's order
+    is not random, and a block of it would not be a representative mix)."""
+    return tuple(items[index - 1 :: count])
+
+
+def interleave(slices: Sequence[Sequence[_T]]) -> list[_T] | None:
+    """The items whose :func:`shard_slice` of ``len(slices)`` are ``slices`` (shard 1 first),
+    or None when the slices' sizes are not those of a stride slicing."""
+    count = len(slices)
+    total = sum(len(part) for part in slices)
+    merged: list[_T | None] = [None] * total
+    for number, part in enumerate(slices):
+        if len(part) != len(range(number, total, count)):
+            return None
+        merged[number::count] = part
+    return merged  # type: ignore[return-value]  # every place was filled
+
+
+def selection_hash(ids: Sequence[str]) -> str:
+    """The identity of a selection: its ids in run order."""
+    return stable_hash(list(ids))
+
+
+def _baseline(stored: StoredBaseline | None) -> dict[str, Any] | None:
+    """A stored baseline as the plan names it: its path and the hash of what was read (a
+    shard compared with another file's content is another run)."""
+    if stored is None:
+        return None
+    return {
+        "path": stored.shown,
+        "sha256": stable_hash(stored.document) if stored.document is not None else None,
+        "error": stored.error,
+        # a missing baseline's verdict names the baselines beside it (moved_from)
+        "beside": stable_hash([list(b) for b in stored.beside]) if stored.beside else None,
+    }
+
+
+#: the options a verdict depends on (through the plan and its gates): every shard of a run
+#: has the same, and the merge plans the whole run again from them. The others are each
+#: shard's own (its server, outputs, cache, timing), and the base URL and the serve command
+#: may hold secrets: none of them is written.
+PLANNED = (
+    "model",
+    "data",
+    "dataset",
+    "dataset_config",
+    "split",
+    "limit",
+    "seed",
+    "min_acc",
+    "protocol",
+    "samples",
+    "temperature",
+    "shots",
+    "fewshot_file",
+    "system",
+    "api",
+    "stop",
+    "max_tokens",
+    "extract",
+    "answer_regex",
+    "preset",
+    "params",
+    "baseline",
+    "baseline_name",
+    "max_drop",
+    "alpha",
+    "require_baseline",
+    "baseline_partial",
+    "max_unparsed",
+    "max_truncated",
+    "max_error",
+    "repeats",
+    "vllm_config",
+    "resume",
+)
+
+
+def shard_record(
+    plan: RunPlan,
+    *,
+    deselected: Sequence[str] = (),
+    deselected_by: str = "",
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """The report's ``shard`` block of a shard's run (``plan.shard`` set): its place, its
+    ids, what of them it did not run (``deselected`` by ``deselected_by``; ``interrupted``),
+    and the run's plan."""
+    shard = plan.shard
+    assert shard is not None
+    configs = [
+        {
+            "name": g.name,
+            "model_name": g.config.model_name,
+            "protocol": g.protocol.identity(),
+            "floor": [g.config.accuracy_threshold, g.config.tolerance],
+            "baseline": _baseline(g.baseline),
+        }
+        for g in plan.groups
+    ]
+    return {
+        "index": shard.index,
+        "count": shard.count,
+        "ids": [p.id for p in plan.problems],
+        "deselected": list(deselected),
+        "deselected_by": deselected_by,
+        "interrupted": interrupted,
+        "plan": {
+            "settings": {key: getattr(plan.settings, key) for key in PLANNED},
+            "snapshot_dirname": shard.snapshot_dirname,
+            "selection": {"size": shard.size, "ids_hash": shard.ids_hash},
+            "protocol": plan.protocol.identity(),
+            "dataset": plan.split.identity(),
+            "gates": asdict(plan.gates),
+            "baseline": _baseline(plan.baseline),
+            "update_baseline": shard.update_baseline,
+            "configs": configs,
+        },
+    }
+
+
+def planned_settings(block: Mapping[str, Any], defaults: Settings) -> Settings:
+    """The settings a shard's plan block states, over ``defaults`` (lists back to tuples);
+    :class:`ShardError` when a value is not one an option gives."""
+    stored = block.get("settings")
+    if not isinstance(stored, dict) or set(stored) != set(PLANNED):
+        raise ShardError("corrupt shard plan (settings)")
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, list):
+            return tuple(plain(v) for v in value)
+        if value is None or isinstance(value, str | int | float):  # bool is an int
+            return value
+        raise ShardError(f"corrupt shard plan (a setting is {type(value).__name__})")
+
+    return replace(defaults, **{key: plain(value) for key, value in stored.items()})
+
+
+@dataclass(frozen=True)
+class Merged:
+    """Shards checked to be one run: the plan, the whole selection's ids in run order, and
+    every record (each problem once), shard by shard."""
+
+    count: int
+    plan: Mapping[str, Any]
+    selection: tuple[str, ...]
+    records: tuple[Mapping[str, Any], ...]
+    #: the problems a shard did not run (-k, -m, --lf), and the options that deselected them
+    deselected: frozenset[str] = frozenset()
+    deselected_by: str = ""
+    #: a shard was interrupted before its end
+    interrupted: bool = False
+
+
+def _shard_of(report: Mapping[str, Any], where: str) -> tuple[int, int, list[str], Any]:
+    block = report.get("shard")
+    if not isinstance(block, dict):
+        raise ShardError(f"{where}: not a shard's report (run with --gsm8k-shard I/N)")
+    index, count, ids, plan = (block.get(k) for k in ("index", "count", "ids", "plan"))
+    if (
+        not isinstance(count, int)
+        or not isinstance(index, int)
+        or not 1 <= index <= count <= MAX_SHARDS
+        or not isinstance(ids, list)
+        or not all(isinstance(i, str) for i in ids)
+        or not isinstance(plan, dict)
+    ):
+        raise ShardError(f"{where}: corrupt shard block (index, count, ids, plan)")
+    return index, count, ids, plan
+
+
+def plan_difference(a: Any, b: Any, at: str = "plan") -> str:
+    """Where two plans differ first, as a dotted path (``plan.gates.min_acc``)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return plan_difference(a.get(key), b.get(key), f"{at}.{key}")
+    return at
+
+
+def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
+    """The reports (``(where, report)``, each read and bounds-checked) as the shards of one
+    run, or :class:`ShardError` naming what is wrong: a report that is not a shard's,
+    shards of different runs (their plans or shard counts differ), a shard given twice or
+    missing, a shard whose ids are not the slice its plan implies, a problem twice."""
+    if not reports:
+        raise ShardError("merge: no shard report given")
+    shards = [(where, *_shard_of(report, where), report) for where, report in reports]
+    first_where, _, count, _, plan, _ = shards[0]
+    by_index: dict[int, str] = {}
+    for where, index, n, _, other, _ in shards:
+        if n != count:
+            raise ShardError(
+                f"shards of different runs: {first_where} is a shard of {count}, {where} of {n}"
+            )
+        if other != plan:
+            raise ShardError(
+                f"shards of different runs: {first_where} and {where} differ in "
+                f"{plan_difference(plan, other)}"
+            )
+        if index in by_index:
+            raise ShardError(f"shard {index} of {count} given twice: {by_index[index]} and {where}")
+        by_index[index] = where
+    missing = [i for i in range(1, count + 1) if i not in by_index]
+    if missing:
+        names = ", ".join(str(i) for i in missing)
+        raise ShardError(
+            f"shard{'s' if len(missing) > 1 else ''} {names} of {count} missing: no verdict "
+            f"on part of a run (given: {', '.join(str(i) for i in sorted(by_index))})"
+        )
+    shards.sort(key=lambda shard: shard[1])
+    selection = interleave([ids for _, _, _, ids, _, _ in shards])
+    wanted = plan.get("selection")
+    if (
+        selection is None
+        or not isinstance(wanted, dict)
+        or len(selection) != wanted.get("size")
+        or selection_hash(selection) != wanted.get("ids_hash")
+    ):
+        raise ShardError(
+            f"the shards' problems are not the slices of their plan's selection "
+            f"({', '.join(where for where, *_ in shards)}): shards of different runs, or "
+            "of different data"
+        )
+    records: list[Mapping[str, Any]] = []
+    seen: dict[object, str] = {}
+    deselected: set[str] = set()
+    for where, index, _, ids, _, report in shards:
+        own = set(ids)
+        block = report["shard"]
+        left = block.get("deselected", [])
+        if not isinstance(left, list) or not own.issuperset(left):
+            raise ShardError(f"{where}: corrupt shard block (deselected)")
+        deselected.update(left)
+        for record in _records(report):
+            pid = record.get("id")
+            shown = repr(str(pid)[:80])
+            if pid in seen:
+                raise ShardError(f"problem {shown} is in two shards: {seen[pid]} and {where}")
+            if pid not in own:
+                raise ShardError(f"{where}: problem {shown} is not in shard {index}'s slice")
+            _check_record(record, where)
+            seen[pid] = where
+            records.append(record)
+    blocks = [report["shard"] for *_, report in shards]
+    return Merged(
+        count,
+        plan,
+        tuple(selection),
+        tuple(records),
+        frozenset(deselected),
+        next((str(b.get("deselected_by")) for b in blocks if b.get("deselected")), ""),
+        any(b.get("interrupted") is True for b in blocks),
+    )
+
+
+#: what each record holds, as the verdict and the outputs read it (report.schema.json's
+#: required fields): a shard's report is untrusted input, checked before anything reads it
+_NONE = type(None)
+RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "gold": (str,),
+    "extracted": (str, _NONE),
+    "rules": (dict,),
+    "n_samples": (int,),
+    "n_correct": (int,),
+    "response": (str,),
+    "samples": (list,),
+    "usage": (dict,),
+    "cached": (int,),
+    "model": (str, _NONE),
+    "error": (str, _NONE),
+}
+SAMPLE_TYPES: dict[str, tuple[type, ...]] = {
+    "text": (str,),
+    "finish_reason": (str, _NONE),
+    "extracted": (dict,),
+    "correct": (bool,),
+    "reasoning": (str, _NONE),
+    "truncated": (bool,),
+}
+
+
+def _check_record(record: Mapping[str, Any], where: str) -> None:
+    """A record's fields beyond what compare's reader checked (id, index, outcome, correct,
+    repeats), with their types; ShardError naming the problem and the field."""
+    at = f"{where}: corrupt record of {str(record.get('id'))[:80]!r}"
+
+    def typed(value: Mapping[str, Any], fields: Mapping[str, tuple[type, ...]]) -> None:
+        for field, types in fields.items():
+            if not isinstance(value.get(field, ...), types):
+                raise ShardError(f"{at} ({field})")
+
+    typed(record, RECORD_TYPES)
+    for sample in record["samples"]:
+        if not isinstance(sample, dict):
+            raise ShardError(f"{at} (samples)")
+        typed(sample, SAMPLE_TYPES)
+    if not all(isinstance(v, bool) for v in record["rules"].values()) or not all(
+        isinstance(v, int) and v >= 0 for v in record["usage"].values()
+    ):
+        raise ShardError(f"{at} (rules or usage)")
+
+
+def _records(report: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    problems = report.get("problems")
+    yield from problems if isinstance(problems, list) else ()
