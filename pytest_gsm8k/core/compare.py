@@ -2,11 +2,12 @@
 
 ``python -m pytest_gsm8k compare A.json B.json`` answers the release gate's question for
 two runs that already happened (two models, two releases, two serving stacks): is B worse
-than A? The answer is paired, as against a baseline: only the problem ids both reports
-hold count, the difference in accuracy comes with Newcombe's interval, and "B is worse"
-is the baseline gate's own rule (:class:`~pytest_gsm8k.core.gates.NoiseAware`, at
-``--alpha``): the exact one-sided McNemar test on the problems that flipped when each report
-ran every problem once, the noise-aware test when a report holds ``--gsm8k-repeats`` runs.
+than A? It is the baseline gate's question, and decide answers it
+(:func:`pytest_gsm8k.core.verdict.decide`): report B is a group whose one gate is the
+baseline gate's test (:class:`~pytest_gsm8k.core.gates.NoiseAware` named ``compare``, at
+``--alpha``), report A its baseline. Only the problem ids both reports hold are paired; the
+difference in accuracy comes with its interval; the test is exact one-sided McNemar when
+each report ran every problem once, noise-aware when a report holds ``--gsm8k-repeats`` runs.
 
 Two reports of different protocols or datasets are refused with the first field that
 differs (:func:`pytest_gsm8k.core.baseline.first_difference`, the baseline's own rule).
@@ -17,9 +18,9 @@ rise.
 
 A problem that ended in an error in either report (in any of its runs) is no measurement
 of the model: it is left out of the pairing and counted, and the comparison is undecided
-(never a PASS). The rule is "any error", not "an error that could change the verdict":
-it needs no monotonicity of the test (the noise-aware test has none with repeats), cannot
-be gamed by which problems fail, and a run with errors already failed its own items.
+(never a PASS: decide's coverage rule, in the words of ``Selection.not_whole``). The rule
+is "any error", not "an error that could change the verdict": it needs no monotonicity of
+the test, cannot be gamed by which problems fail, and a run with errors already failed.
 
 A report is untrusted input: :func:`load_report` checks every field compare reads against
 the bounds ``report.schema.json`` also states (:data:`MAX_PROBLEMS`, :data:`MAX_CONFIGS`,
@@ -31,16 +32,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
-from pytest_gsm8k.core import calibrated, jsondepth
+from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference
-from pytest_gsm8k.core.calibrated import Pair
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
-from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA
+from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
+from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord
 from pytest_gsm8k.core.render import cell_code, gate_table, problem_list
 from pytest_gsm8k.core.scrub import md_text
+from pytest_gsm8k.core.verdict import BaselineInput, Group, Selection, decide
 
 __all__ = [
     "MAX_CONFIGS",
@@ -242,11 +245,6 @@ def _records(report: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {str(r["id"]): r for r in report["problems"]}
 
 
-def _order(record: Mapping[str, Any]) -> tuple[int, str]:
-    index = record.get("index")
-    return (index if isinstance(index, int) else -1, str(record["id"]))
-
-
 def compare(
     a: Mapping[str, Any],
     b: Mapping[str, Any],
@@ -255,10 +253,11 @@ def compare(
     where: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
     """Compare report ``b`` with report ``a`` (both from :func:`load_report`) on the
-    problem ids both hold; the verdict fails when the baseline gate's test (exact McNemar
-    for one run a side, noise-aware for reports with ``--gsm8k-repeats``) says B is worse
-    at ``alpha``, and is undecided (not passed, :attr:`Comparison.undecided` says why)
-    when a problem both hold ended in an error in either.
+    problem ids both hold: report B is a group whose one gate is the baseline gate's test
+    (``compare``, at ``alpha``), report A its baseline, and the verdict is
+    :func:`~pytest_gsm8k.core.verdict.decide`'s. It is undecided (not passed,
+    :attr:`Comparison.undecided` says why) when a problem both hold ended in an error in
+    either or a report is not its whole selection: decide's coverage rule.
 
     ``where`` names the two files in messages. Raises :class:`CompareError` for reports
     of different protocols or datasets, or with no problem to pair.
@@ -268,64 +267,71 @@ def compare(
     if difference:
         raise CompareError(f"refused to compare {where_a} with {where_b}: {difference}")
     in_a, in_b = _records(a), _records(b)
-    common = sorted((in_a[pid] for pid in in_a.keys() & in_b.keys()), key=_order)
-    pairs: list[Pair] = []
-    errors_a = errors_b = 0
-    for record in common:
-        pid = str(record["id"])
-        then, now = in_a[pid], in_b[pid]
-        if _errored(then) or _errored(now):
-            errors_a += _errored(then)
-            errors_b += _errored(now)
-            continue
-        pairs.append(Pair(pid, *_runs(then), *_runs(now)))
-    shared = len(pairs)
-    errors = len(common) - shared
-    if shared == 0:
+    common = in_a.keys() & in_b.keys()
+    # an error is no measurement of the model: left out of the pairs, and counted
+    bad = {pid for pid in common if _errored(in_a[pid]) or _errored(in_b[pid])}
+    if len(bad) == len(common):
         why = (
-            f"all {errors} problems both hold ended in an error in one of them"
-            if errors
+            f"all {len(bad)} problems both hold ended in an error in one of them"
+            if bad
             else "no problem id in common"
         )
         raise CompareError(f"nothing to compare in {where_a} and {where_b}: {why}")
-    # like with like: each side's mean rate over every run it holds (its --gsm8k-repeats
-    # outcomes, else its one run), one estimate of their difference; the verdict is the
-    # baseline gate's rule (noise-aware, exact McNemar for one run a side)
-    diff, low, high = calibrated.difference(pairs)
-    verdict = NoiseAware(alpha, name="compare", option="--alpha").verdict(pairs)
     # a gate that was not decided never passes: an unanswered problem may be a failure, and
     # so may one a report left out (deselected, skipped, not reached)
     gaps = [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
-    if errors:
+    if bad:
+        errors_a = sum(_errored(in_a[pid]) for pid in bad)
+        errors_b = sum(_errored(in_b[pid]) for pid in bad)
         gaps.insert(
             0,
-            f"{errors} of the {len(common)} problems both reports hold ended in an error "
+            f"{len(bad)} of the {len(common)} problems both reports hold ended in an error "
             f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop",
         )
-    undecided = None
-    if gaps and verdict.passed:
-        undecided = "; ".join(gaps) + ": rerun until every problem has an answer"
-        detail = f"not a verdict: {undecided}; on what ran: {verdict.detail}"
-        verdict = replace(verdict, passed=False, detail=detail)
+    not_whole = "; ".join(gaps) + ": rerun until every problem has an answer" if gaps else None
+    records = [_record(r) for r in in_b.values() if r["id"] not in bad]
+    document = {"problems": {pid: _entry(r) for pid, r in in_a.items() if pid not in bad}}
+    rule = NoiseAware(alpha, name="compare", option="--alpha")
+    group = Group(
+        name="",
+        label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
+        # what the numbers read of a protocol (the reports' were compared above)
+        protocol={"name": "compare", "samples": 1, "extractor": ""},
+        protocol_label="",
+        dataset={},
+        subset={},
+        model=str(b.get("model") or ""),
+        endpoint="",
+        specs=GateSpecs(min_acc=None, baseline=rule, require_baseline=False),
+    )
+    stored = StoredBaseline(Path(where_a), where_a, document)
+    v = decide(
+        group,
+        records,
+        BaselineInput(stored, split=(), from_report=True),
+        Selection(tuple(r["id"] for r in records), not_whole=not_whole),
+        None,
+    )
+    (verdict,) = v.gates
+    seen = v.extra["baseline"]
+    low, high = seen["difference_ci95"]
     config = a.get("config")
     return Comparison(
-        label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
-        a=_side("A", where_a, a, sum(x.base_rate for x in pairs) / shared),
-        b=_side("B", where_b, b, sum(x.now_rate for x in pairs) / shared),
-        shared=shared,
+        label=group.label,
+        a=_side("A", where_a, a, seen["baseline_accuracy"]),
+        b=_side("B", where_b, b, seen["current_accuracy"]),
+        shared=seen["shared"],
         only_a=len(in_a.keys() - in_b.keys()),
         only_b=len(in_b.keys() - in_a.keys()),
-        errors=errors,
-        newly_failing=tuple(x.problem_id for x in pairs if x.failing),
-        newly_passing=tuple(
-            x.problem_id for x in pairs if x.base_correct < x.base_runs and x.now_correct > 0
-        ),
-        diff=diff,
+        errors=len(bad),
+        newly_failing=tuple(seen["newly_failing"]),
+        newly_passing=tuple(seen["newly_passing"]),
+        diff=seen["difference"],
         low=low,
         high=high,
-        p_value=calibrated.p_value(pairs),
+        p_value=seen["p_value"],
         verdict=verdict,
-        undecided=undecided,
+        undecided=not_whole if verdict.undecided else None,
         config=str(config.get("name") or "") if isinstance(config, Mapping) else "",
     )
 
@@ -391,6 +397,31 @@ def _runs(record: Mapping[str, Any]) -> tuple[int, int]:
     if isinstance(outcomes, list) and len(outcomes) > 1:
         return sum(1 for o in outcomes if o == "correct"), len(outcomes)
     return int(bool(record["correct"])), 1
+
+
+def _record(record: Mapping[str, Any]) -> ProblemRecord:
+    """What the verdict reads of a problem of report B, and nothing else a report could
+    forge: its id, outcome and correctness, and its repeats' outcomes and correct count."""
+    correct, runs = _runs(record)
+    out: dict[str, Any] = {
+        "id": record["id"],
+        "index": record.get("index", 0),
+        "outcome": record["outcome"],
+        "correct": record["correct"],
+        "rules": {},
+        "samples": [],
+    }
+    if runs > 1:
+        out.update(repeats=list(record["repeats"]), repeats_correct=correct)
+    return cast(ProblemRecord, out)
+
+
+def _entry(record: Mapping[str, Any]) -> Any:
+    """A problem of report A as a baseline stores it (core/baseline.py: ``runs``)."""
+    correct, runs = _runs(record)
+    if runs > 1:
+        return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
+    return record["outcome"]
 
 
 def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:

@@ -84,6 +84,10 @@ class Selection:
     resumed: bool = False
     #: --gsm8k-shard I of N: (I, N); every gate waits for the merge
     shard: tuple[int, int] | None = None
+    #: why what ran is not the whole selection in ways the records cannot show, as one
+    #: clause with what to do (compare: errors on shared problems, a report that left
+    #: problems out); the coverage rule makes every passing gate UNDECIDED with it
+    not_whole: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,9 @@ class BaselineInput:
     named: bool = False
     #: the runs per problem of this run (--gsm8k-repeats)
     repeats: int = 1
+    #: the baseline is another run's JSON report (compare): its reader checked it and
+    #: refused another protocol in its own words; there is no file or split to check
+    from_report: bool = False
     #: the write failed: the one line why (the derived copy after the writer ran)
     write_error: str | None = None
 
@@ -398,13 +405,16 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     if missing > 0:
         stopped = "; the run was interrupted" if v.interrupted else ""
         said.append(f"{missing} {of} have no result (skipped, or not reached{stopped})")
-    if not said:
+    whys = [v.selection.not_whole] if v.selection.not_whole else []
+    if said:
+        whys.insert(
+            0,
+            f"{' and '.join(said)}; a gate holds for the whole selection: run the whole "
+            "selection (a subset on purpose: --gsm8k-limit)",
+        )
+    if not whys:
         return v.gates
-    why = (
-        f"{' and '.join(said)}; a gate holds for the whole selection: run the whole "
-        "selection (a subset on purpose: --gsm8k-limit)"
-    )
-    return tuple(undecided(g, why) for g in v.gates)
+    return tuple(undecided(g, "; ".join(whys)) for g in v.gates)
 
 
 def _facts(v: GroupVerdict) -> Report:
@@ -440,7 +450,11 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
             return _fail(v, message + " (--gsm8k-require-baseline)")
         return replace(v, notes=(*v.notes, f"  baseline: {message}"))
     try:
-        document = bl.check(stored, report, baseline.split)
+        document = (
+            stored.document
+            if baseline.from_report and stored.document is not None
+            else bl.check(stored, report, baseline.split)
+        )
     except bl.BaselineError as exc:
         return _fail(v, str(exc))
     v = replace(v, compared=document)

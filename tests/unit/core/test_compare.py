@@ -410,3 +410,20 @@ def test_reports_with_repeats_are_compared_by_the_noise_aware_rule() -> None:
     assert "6 newly failing: 6 stable (right in all 5 baseline runs), 0 noisy" in (
         stable.verdict.detail
     )
+
+
+def test_errors_on_a_comparison_too_small_to_fail_are_said_first() -> None:
+    """Rule (decide's coverage, one rule for a run and compare): each reason a verdict is not
+    one is a reason to act on; errors left out of a comparison too small to fail are named
+    before the size, and the comparison is undecided (exit 1, its one stderr line)."""
+    a = report(every(range(4), "correct"))
+    b = report({0: "error", 1: "correct", 2: "correct", 3: "correct"})
+    result = compare(a, b)
+    assert result.worse
+    assert result.undecided == (
+        "1 of the 4 problems both reports hold ended in an error (0 in A, 1 in B), and "
+        "unanswered they could hide a drop: rerun until every problem has an answer"
+    )
+    assert result.verdict.detail.startswith(
+        f"not a verdict: {result.undecided}; the smallest p 3 problems can give"
+    )

@@ -5,6 +5,7 @@ the baseline's write, comparison and refusals; the one report builder against it
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
@@ -340,6 +341,33 @@ def test_a_refused_or_unwritable_baseline_is_a_fail() -> None:
     ]
     assert refused.top.baseline_write is None
     assert bl.fewer_repeats({"calibration": {"repeats": 5}}, 1) is not None
+
+
+def test_a_report_as_baseline_skips_the_file_checks_and_not_whole_leaves_a_pass_undecided() -> None:
+    """compare's two facts (core/compare.py): report A is a baseline its reader checked (no
+    split to fit: its ids need not be a split's), and what the records cannot show (errors
+    left out, a report not whole) makes a PASS UNDECIDED in compare's words; a FAIL stays."""
+    why = "2 of the 8 problems both reports hold ended in an error: rerun"
+    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    assert document is not None
+    for outcomes, held in (("cccccccc", True), ("wwwwwwwc", False)):
+        records = _records(outcomes)
+        ids = tuple(r["id"] for r in records)
+        stored = _stored(dict(document))
+        group = _group(min_acc=None)
+        base = BaselineInput(stored, (), from_report=True)
+        verdict = decide_run(
+            [GroupInput(group, tuple(records), Selection(ids, not_whole=why), base)]
+        )
+        (gate,) = verdict.gates
+        # not a verdict blocks (FAIL, exit 1), as any undecided gate that would have passed
+        assert (gate.rule, gate.passed, gate.undecided) == ("noise-aware", False, held)
+        assert gate.detail.startswith(f"not a verdict: {why}; on what ran: p=1 ") == held
+    # a file's baseline is checked against its split
+    checked = decide_run(
+        [GroupInput(group, tuple(records), Selection(ids), replace(base, from_report=False))]
+    )
+    assert "8 problem ids are not in the test split" in checked.gates[0].detail
 
 
 # -- the outputs ----------------------------------------------------------------------------
