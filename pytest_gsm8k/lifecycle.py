@@ -17,9 +17,9 @@ import pytest
 
 from pytest_gsm8k import fixtures
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
-from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, plain_url, url_problem, with_v1
-from pytest_gsm8k.state import State, safe_url
+from pytest_gsm8k.core.scrub import printable, shown_url
+from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, url_problem, with_v1
+from pytest_gsm8k.state import State
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.early_stop import EarlyStop
@@ -500,7 +500,7 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     if url and (problem := url_problem(url)):
         source = "--gsm8k-base-url" if state.settings.base_url else "$OPENAI_BASE_URL"
         raise pytest.UsageError(f"gsm8k: {source}: {problem}")  # the URL may hold a secret
-    shown = safe_url(url or DEFAULT_BASE_URL)
+    shown = shown_url(url or DEFAULT_BASE_URL)
     cards: list[dict[str, Any]] = []
     timeout = _preflight_timeout(state)
     try:
@@ -555,7 +555,7 @@ def _refuse_without_v1(state: State, base_url: str, timeout: float) -> None:
     except PreflightError:
         return
     raise pytest.UsageError(
-        f"gsm8k: GET {plain_url(base_url).rstrip('/')}/models answered 404 and "
+        f"gsm8k: GET {shown_url(base_url).rstrip('/')}/models answered 404 and "
         f"{suggested}/models answers: the base URL needs /v1 "
         f"(--gsm8k-base-url={suggested})"
     )

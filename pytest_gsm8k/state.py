@@ -50,10 +50,6 @@ DESCRIPTOR_RESERVE = 64
 DESCRIPTOR_PER_WORKER = 4
 
 
-#: a URL fit to print (one rule, in core/scrub.py)
-safe_url = shown_url
-
-
 @dataclass(frozen=True)
 class ItemRef:
     """One collected item as the aggregating process knows it: its node id, the GSM8K
@@ -264,7 +260,7 @@ class Run:
                 or _most_common(records, "model")
                 or "(gsm8k_model fixture)",
                 endpoint=_most_common(records, "endpoint")
-                or safe_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
+                or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
                 specs=plan.gates,
                 extra=extra,
                 report=settings.report or "",

@@ -411,18 +411,13 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-def plain_url(url: str) -> str:
-    """``url`` fit to print (one rule: :func:`pytest_gsm8k.core.scrub.shown_url`)."""
-    from pytest_gsm8k.core.scrub import shown_url
-
-    return shown_url(url)
-
-
 def with_v1(base_url: str) -> str | None:
     """``base_url`` (fit to print) with ``/v1`` appended when its path does not end in /v1,
     else None: vLLM, Ollama, SGLang and llama.cpp serve the OpenAI API under /v1, and a
     base URL without it (``http://host:8000``) gets 404 for every request."""
-    shown = plain_url(base_url).rstrip("/")
+    from pytest_gsm8k.core.scrub import shown_url  # not at import: the option table stays light
+
+    shown = shown_url(base_url).rstrip("/")
     if not urlsplit(shown).scheme or shown.endswith("/v1"):
         return None
     return shown + "/v1"
