@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -214,7 +216,11 @@ def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBase
     if not path.exists():
         return StoredBaseline(path, shown, beside=_beside(path, rootpath) if beside else ())
     try:
-        document = bl.loads(path.read_text(encoding="utf-8"), shown)
+        # without blocking: a FIFO at the path would wait for a writer before the first request
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return StoredBaseline(path, shown, error=f"{shown}: not a regular file")
+            document = bl.loads(file.read().decode("utf-8"), shown)
     except (OSError, UnicodeDecodeError) as exc:
         return StoredBaseline(path, shown, error=f"{shown}: cannot read ({exc})")
     except bl.BaselineError as exc:

@@ -251,3 +251,27 @@ def test_same_result_with_xdist(
         outputs.append((report["baseline"], report["gates"]))
     assert outputs[0] == outputs[1]
     assert outputs[0][0]["newly_failing"] == [f"test-{i:04d}" for i in flipped]
+
+
+@pytest.mark.parametrize(
+    ("update", "said"),
+    [([], f"{BASELINE}: not a regular file"), (["--snapshot-update"], "is a FIFO, not a file")],
+    ids=["gate", "record"],
+)
+def test_a_fifo_at_the_baseline_path_is_one_line_not_a_hang(
+    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, update: list[str], said: str
+) -> None:
+    """Reading the baseline opened a FIFO placed at its path and waited for a writer that
+    never came: the run hung before its first request. It is read without blocking and,
+    not being a regular file, refused in one line naming it."""
+    import os
+
+    (pytester.path / BASELINE).parent.mkdir(parents=True)
+    os.mkfifo(pytester.path / BASELINE)
+    result = pytester.runpytest_subprocess(
+        *gsm8k_args, "--gsm8k-limit=5", "--gsm8k-no-cache", *update, timeout=120
+    )
+    text = output(result)
+    assert result.ret != 0, text
+    assert said in text
+    assert "Traceback" not in text
