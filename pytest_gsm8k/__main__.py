@@ -160,7 +160,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
     from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.core.merge import ShardError, check_shards
-    from pytest_gsm8k.planning import replan
+    from pytest_gsm8k.runtime.planning import replan
 
     outputs = {"report": args.report, "html": args.html, "markdown": args.markdown}
     try:

@@ -148,3 +148,50 @@ def gsm8k_outcome(
         ]
     )
     return GSM8KOutcome(record)
+
+
+#: the plugin's own fixtures a user may replace (a conftest, plugin, test module or class)
+OVERRIDABLE = ("gsm8k_model", "gsm8k_protocol")
+
+
+def defines_fixture(holder: object, names: tuple[str, ...] = OVERRIDABLE) -> bool:
+    """Whether ``holder`` (a conftest or plugin module, a test module or class) defines
+    one of the fixtures ``names`` other than the plugin's own: a conftest that merely
+    imports ``pytest_gsm8k.fixtures.gsm8k_model`` overrides nothing."""
+    for name in names:
+        value = getattr(holder, name, None)
+        if value is not None and value is not globals().get(name):
+            return True
+    return False
+
+
+def plugins_define(config: pytest.Config, names: tuple[str, ...] = OVERRIDABLE) -> bool:
+    """Whether a conftest or plugin registered so far defines one of ``names`` itself."""
+    return any(
+        defines_fixture(plugin, names)
+        for plugin in config.pluginmanager.get_plugins()
+        if plugin is not None and not getattr(plugin, "__name__", "").startswith("pytest_gsm8k")
+    )
+
+
+def overrides_present(session: pytest.Session) -> bool:
+    """Whether any collected test may get ``gsm8k_model`` or ``gsm8k_protocol`` from a
+    fixture other than the plugin's: a conftest or plugin that defines one, or a test
+    module or class that does. Public pytest API only (plugins, item.module, item.cls)."""
+    if plugins_define(session.config):
+        return True
+    for item in session.items:
+        for holder in (getattr(item, "module", None), getattr(item, "cls", None)):
+            if holder is not None and defines_fixture(holder):
+                return True
+    return False
+
+
+def model_overridden(config: pytest.Config) -> bool:
+    """Whether a conftest or plugin loaded so far (session start: before collection)
+    defines its own ``gsm8k_model`` fixture.
+
+    Then the endpoint of the options may not be what is asked at all, and the
+    session-start check would refuse a run that needs no endpoint.
+    """
+    return plugins_define(config, ("gsm8k_model",))

@@ -184,18 +184,12 @@ class StatePlugin:
         self.session = session
         if self._idle():
             return
+        from pytest_gsm8k.channel import head_start_allowed, start_controller, warm_engine
         from pytest_gsm8k.core.dataset import DatasetError
         from pytest_gsm8k.core.settings import is_local_spec
-        from pytest_gsm8k.lifecycle import (
-            head_start_allowed,
-            limit_note,
-            model_overridden,
-            preflight,
-            start_controller,
-            start_local,
-            start_serve,
-            warm_engine,
-        )
+        from pytest_gsm8k.fixtures import model_overridden
+        from pytest_gsm8k.serving import preflight, start_local, start_serve
+        from pytest_gsm8k.state import limit_note
         from pytest_gsm8k.writing import (
             check_baseline_path,
             limit_descriptors,
@@ -251,7 +245,9 @@ class StatePlugin:
     def _start_configs(self, session: pytest.Session, draft: RunPlan) -> None:
         """--gsm8k-config: the plan is published as it is (each config's server is started
         in turn once the items are known); what a matrix cannot honour is one line."""
-        from pytest_gsm8k.lifecycle import model_overridden, start_controller, start_matrix
+        from pytest_gsm8k.channel import start_controller
+        from pytest_gsm8k.fixtures import model_overridden
+        from pytest_gsm8k.serving import start_matrix
 
         state = self.state
         if model_overridden(session.config):
@@ -311,8 +307,8 @@ class StatePlugin:
         """Remember which problems this process will run, in run order, for the prefetcher."""
         if self._idle():
             return
+        from pytest_gsm8k.channel import start_early
         from pytest_gsm8k.core.types import Problem
-        from pytest_gsm8k.lifecycle import start_early
         from pytest_gsm8k.state import ItemRef
 
         if self.state.run.data_error:
@@ -451,8 +447,8 @@ class StatePlugin:
         --gsm8k-config its config's. Once that is decided before the group's last problem,
         the group stops: a run at once; a config's items not fetched are skipped, its server
         stops and the next config's starts."""
-        from pytest_gsm8k.lifecycle import early_stop_for
         from pytest_gsm8k.runtime.matrix import group_of
+        from pytest_gsm8k.state import early_stop_for
 
         run = self.state.run
         name = group_of(problem_id) if self.state.settings.vllm_config else ""
@@ -567,8 +563,8 @@ class StatePlugin:
         if self._idle():
             return
         from pytest_gsm8k.core.dataset import DatasetError
-        from pytest_gsm8k.lifecycle import deselected_by
         from pytest_gsm8k.reporting import report_unfinished
+        from pytest_gsm8k.state import deselected_by
         from pytest_gsm8k.writing import settle, write_outputs
 
         state = self.state
@@ -695,7 +691,7 @@ def _uses_default_model(item: pytest.Item) -> bool:
     (a conftest's or plugin's override is checked once, by the caller)."""
     if "gsm8k_model" not in getattr(item, "fixturenames", ()):
         return False
-    from pytest_gsm8k.lifecycle import defines_fixture
+    from pytest_gsm8k.fixtures import defines_fixture
 
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "gsm8k_model" in callspec.params:
@@ -720,7 +716,7 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item]) -> str | None:
     gate nothing and still exit green. ``--co`` lists, and asks for no model; a collection
     error (bad data included) has its own line.
     """
-    from pytest_gsm8k.lifecycle import plugins_define
+    from pytest_gsm8k.fixtures import plugins_define
     from pytest_gsm8k.state import get_state
 
     config = session.config

@@ -1,7 +1,7 @@
 """What one pytest process holds of a GSM8K run, each part owned by one object.
 
 * :class:`~pytest_gsm8k.core.plan.RunPlan`: what the run will do, frozen, built once
-  (:mod:`pytest_gsm8k.planning`) and only read after that;
+  (:mod:`pytest_gsm8k.runtime.planning`) and only read after that;
 * :class:`~pytest_gsm8k.sources.Sources`: where answers come from (engines, the xdist
   controller's channel, the server this run started); the only one that closes them;
 * :class:`Run`: what the run learns as it goes: which problems were collected, the
@@ -13,6 +13,7 @@ Nothing outside these classes assigns their attributes: they change through meth
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -416,7 +417,7 @@ class State:
         self._plan = plan
 
     def build_plan(self, endpoint: Endpoint) -> RunPlan:
-        from pytest_gsm8k.planning import build_plan
+        from pytest_gsm8k.runtime.planning import build_plan
 
         option = self.config.option
         return build_plan(
@@ -527,3 +528,76 @@ def get_state(config: pytest.Config) -> State:
     if not isinstance(state, State):
         raise pytest.UsageError("gsm8k: pytest-gsm8k is not configured (-p no:gsm8k?)")
     return state
+
+
+def deselected_by(config: pytest.Config) -> str:
+    """The options that may have deselected problems, as the command line spells them."""
+    option = config.option
+    named = [
+        flag
+        for flag, given in (
+            ("-k", getattr(option, "keyword", "")),
+            ("-m", getattr(option, "markexpr", "")),
+            ("--lf", getattr(option, "lf", False)),
+            ("--deselect", getattr(option, "deselect", None)),
+        )
+        if given
+    ]
+    return ", ".join(named) or "the test ids or paths given"
+
+
+def early_stop_for(state: State, name: str = "") -> EarlyStop | None:
+    """The :class:`EarlyStop` of one group (``--gsm8k-early-stop``): the run's (``name``
+    ""), or ``--gsm8k-config`` config ``name``'s; None with nothing to decide.
+
+    Its problems are those the group set out to do (after deselection); every gate of the
+    group takes part as the end of the run decides it, the noise-aware gate against the
+    group's stored baseline when there is one it may be compared with: none with
+    ``--snapshot-update`` (the run writes it), none that is refused (the baseline gate at
+    the end says why).
+    """
+    from pytest_gsm8k.core import baseline as bl
+    from pytest_gsm8k.core.early_stop import EarlyStop
+
+    plan = state.plan
+    settings = plan.settings
+    wanted = {p.id for p in state.run.wanted(plan)}
+    group = plan.group_by_name[name] if name else None
+    here: dict[str, Any] = {"dataset": plan.split.identity()}
+    if group is None:
+        problems, stored, split = plan.problems, plan.baseline, plan.split.problems
+        here["protocol"] = {**plan.protocol.identity(), "label": plan.protocol.label}
+        floor, seed = None, settings.seed
+    else:
+        # a config is decided by the certain bounds only (no order counts there)
+        problems, stored, split = group.problems, group.baseline, group.split_problems(plan.split)
+        here["protocol"] = {**group.protocol.identity(), "label": group.label}
+        here["config"] = {"name": group.name, "model_name": group.config.model_name}
+        floor, seed = group.floor, 0
+    document = None
+    if stored is not None and stored.exists and not plan.update_baseline:
+        with contextlib.suppress(bl.BaselineError):
+            document = bl.check(stored, here, split)["problems"]
+    return EarlyStop.for_group(
+        [p.id for p in problems if p.id in wanted],
+        plan.gates,
+        mode=settings.early_stop,  # type: ignore[arg-type]
+        floor=floor,
+        baseline=document,
+        seed=seed,
+        alpha=settings.early_stop_alpha,
+        repeats=settings.repeats,
+    )
+
+
+def limit_note(state: State, plan: RunPlan) -> None:
+    """A --gsm8k-limit above the split's size runs the whole split: said once."""
+    limit, size = plan.settings.limit, len(plan.split.problems)
+    if limit is not None and limit > size:
+        state.config.issue_config_time_warning(
+            pytest.PytestWarning(
+                f"gsm8k: --gsm8k-limit {limit} is above the {size} problems of the split: "
+                f"all {size} run"
+            ),
+            stacklevel=2,
+        )

@@ -1,6 +1,6 @@
 """The run's plan: everything decided before the first request, frozen. Pure.
 
-Built once per process at session start (``pytest_gsm8k.planning``) from the
+Built once per process at session start (``pytest_gsm8k.runtime.planning``) from the
 options, the data and, on the controller, the server it started; read, never
 written, after that. Whatever changes during a run (the records, the answer
 sources, the early-stop decision) lives elsewhere, owned by one object each.

@@ -1,6 +1,7 @@
-"""Session steps the plugin's hooks call: the run's server, the preflight check, the
-start of fetching (here, or on the xdist controller for every worker), the early stops.
-pytest types only; no hook definitions here.
+"""The run's model servers, as pytest sees them: ``--gsm8k-serve``, the local GGUF, each
+``--gsm8k-config`` config's server, and the session-start preflight of the endpoint. Every
+failure is one ``UsageError`` line (or a config's ``LaunchError``); the starting itself is
+runtime/serve.py's.
 """
 
 from __future__ import annotations
@@ -15,288 +16,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_gsm8k import fixtures
-from pytest_gsm8k.core.plan import Endpoint, RunPlan
+from pytest_gsm8k.core.plan import Endpoint
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, url_problem, with_v1
 from pytest_gsm8k.state import State
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.early_stop import EarlyStop
-    from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
     from pytest_gsm8k.runtime.matrix import Launched, Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec
 
 _S = TypeVar("_S", bound="ServedProcess")
 
+
 #: the longest the session-start ``GET /models`` may take in all (``--gsm8k-timeout`` when
 #: shorter): a listing is small, and a server that cannot send it in this time is not one a
 #: run can use
 PREFLIGHT_TIMEOUT = 10.0
-
-#: how long an xdist worker waits for one answer from the controller beyond the engine's
-#: own bounds (the controller's engine ends every request by then; this ends only a wait
-#: that nothing else would)
-REMOTE_WAIT_SLACK = 120.0
-
-
-def deselected_by(config: pytest.Config) -> str:
-    """The options that may have deselected problems, as the command line spells them."""
-    option = config.option
-    named = [
-        flag
-        for flag, given in (
-            ("-k", getattr(option, "keyword", "")),
-            ("-m", getattr(option, "markexpr", "")),
-            ("--lf", getattr(option, "lf", False)),
-            ("--deselect", getattr(option, "deselect", None)),
-        )
-        if given
-    ]
-    return ", ".join(named) or "the test ids or paths given"
-
-
-#: xdist controller: the head start (:meth:`AnswerServer.head_start`) is this many rounds of
-#: the engine's concurrency, about the workers' start-up at a fast endpoint's latency, and
-#: never more than :data:`HEAD_START_MAX` requests
-HEAD_START_ROUNDS = 4
-HEAD_START_MAX = 256
-
-
-def head_start_allowed(config: pytest.Config) -> bool:
-    """xdist controller: whether it may send requests of its own plan before a worker
-    offers one.
-
-    Only while nothing visible at session start says the workers will collect other
-    items than the plan's, or ask another model: no -k, no -m but ``gsm8k``, no
-    --deselect, --lf or stepwise, no test ids, no collect-only or setup plan, no conftest
-    or plugin with its own ``gsm8k_model`` or ``gsm8k_protocol``. What stays invisible
-    (a test module's own fixture, a conftest hook that deselects) costs at most the head
-    start's requests, never an outcome.
-    """
-    option = config.option
-    filtered = (
-        getattr(option, "keyword", "")
-        or (getattr(option, "markexpr", "") or "").strip() not in ("", "gsm8k")
-        or getattr(option, "deselect", None)
-        or getattr(option, "lf", False)
-        or getattr(option, "stepwise", False)
-        or getattr(option, "stepwise_skip", False)
-        or getattr(option, "collectonly", False)
-        or getattr(option, "setupplan", False)
-        or getattr(option, "setuponly", False)
-        or any("::" in str(arg) for arg in config.args)
-    )
-    return not filtered and not plugins_define(config)
-
-
-def early_stop_for(state: State, name: str = "") -> EarlyStop | None:
-    """The :class:`EarlyStop` of one group (``--gsm8k-early-stop``): the run's (``name``
-    ""), or ``--gsm8k-config`` config ``name``'s; None with nothing to decide.
-
-    Its problems are those the group set out to do (after deselection); every gate of the
-    group takes part as the end of the run decides it, the noise-aware gate against the
-    group's stored baseline when there is one it may be compared with: none with
-    ``--snapshot-update`` (the run writes it), none that is refused (the baseline gate at
-    the end says why).
-    """
-    from pytest_gsm8k.core import baseline as bl
-    from pytest_gsm8k.core.early_stop import EarlyStop
-
-    plan = state.plan
-    settings = plan.settings
-    wanted = {p.id for p in state.run.wanted(plan)}
-    group = plan.group_by_name[name] if name else None
-    here: dict[str, Any] = {"dataset": plan.split.identity()}
-    if group is None:
-        problems, stored, split = plan.problems, plan.baseline, plan.split.problems
-        here["protocol"] = {**plan.protocol.identity(), "label": plan.protocol.label}
-        floor, seed = None, settings.seed
-    else:
-        # a config is decided by the certain bounds only (no order counts there)
-        problems, stored, split = group.problems, group.baseline, group.split_problems(plan.split)
-        here["protocol"] = {**group.protocol.identity(), "label": group.label}
-        here["config"] = {"name": group.name, "model_name": group.config.model_name}
-        floor, seed = group.floor, 0
-    document = None
-    if stored is not None and stored.exists and not plan.update_baseline:
-        with contextlib.suppress(bl.BaselineError):
-            document = bl.check(stored, here, split)["problems"]
-    return EarlyStop.for_group(
-        [p.id for p in problems if p.id in wanted],
-        plan.gates,
-        mode=settings.early_stop,  # type: ignore[arg-type]
-        floor=floor,
-        baseline=document,
-        seed=seed,
-        alpha=settings.early_stop_alpha,
-        repeats=settings.repeats,
-    )
-
-
-#: the plugin's own fixtures a user may replace (a conftest, plugin, test module or class)
-OVERRIDABLE = ("gsm8k_model", "gsm8k_protocol")
-
-
-def defines_fixture(holder: object, names: tuple[str, ...] = OVERRIDABLE) -> bool:
-    """Whether ``holder`` (a conftest or plugin module, a test module or class) defines
-    one of the fixtures ``names`` other than the plugin's own: a conftest that merely
-    imports ``pytest_gsm8k.fixtures.gsm8k_model`` overrides nothing."""
-    for name in names:
-        value = getattr(holder, name, None)
-        if value is not None and value is not getattr(fixtures, name, None):
-            return True
-    return False
-
-
-def plugins_define(config: pytest.Config, names: tuple[str, ...] = OVERRIDABLE) -> bool:
-    """Whether a conftest or plugin registered so far defines one of ``names`` itself."""
-    return any(
-        defines_fixture(plugin, names)
-        for plugin in config.pluginmanager.get_plugins()
-        if plugin is not None and not getattr(plugin, "__name__", "").startswith("pytest_gsm8k")
-    )
-
-
-def overrides_present(session: pytest.Session) -> bool:
-    """Whether any collected test may get ``gsm8k_model`` or ``gsm8k_protocol`` from a
-    fixture other than the plugin's: a conftest or plugin that defines one, or a test
-    module or class that does. Public pytest API only (plugins, item.module, item.cls)."""
-    if plugins_define(session.config):
-        return True
-    for item in session.items:
-        for holder in (getattr(item, "module", None), getattr(item, "cls", None)):
-            if holder is not None and defines_fixture(holder):
-                return True
-    return False
-
-
-def start_early(state: State, session: pytest.Session) -> None:
-    """Start fetching at the end of collection, not at the first test.
-
-    When no test can get another model or protocol than the plugin's own,
-    the plan is known now: one process fetches it itself; an xdist worker
-    offers it to the controller, whose engine fetches for every worker.
-    """
-    config = session.config
-    idle = config.option.collectonly or getattr(config.option, "setupplan", False)
-    broken = session.testsfailed and not getattr(
-        config.option, "continue_on_collection_errors", False
-    )
-    collected = state.run.collected
-    matrix = bool(state.settings.vllm_config)
-    if not collected or idle or broken or not (matrix or state.plan.endpoint.model):
-        return
-    sources = state.sources
-    if sources.matrix is not None:
-        repeats = state.settings.repeats
-        sources.matrix.begin(
-            [r for p in collected for r in state.plan.protocol_of(p).request(p).asks(repeats)]
-        )
-        return
-    if overrides_present(session):
-        # each model's engine starts at its first fixture setup; an xdist worker still
-        # offers its plan, and hears the controller's stop, on the answers channel
-        channel = open_channel(state)
-        if channel is not None:
-            sources.use_channel(channel)
-        return
-    if state.workerinput is not None:
-        remote = connect_remote(state)
-        if remote is not None:
-            sources.use_remote(remote)
-        return
-    sources.engine_for(sources.default_client())
-
-
-def connect_remote(state: State) -> RemoteAnswers | None:
-    """xdist worker: the controller's answers, with this worker's plan offered (None when
-    the controller serves none: a run whose tests bring their own model)."""
-    from pytest_gsm8k.runtime.answers import RemoteAnswers
-
-    workerinput = state.workerinput or {}
-    address = workerinput.get("gsm8k_answers")
-    if address is None:
-        return None
-    client = state.sources.default_client()
-    settings = state.settings
-    wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
-    try:
-        remote = RemoteAnswers(
-            (str(address[0]), int(address[1])),
-            str(workerinput["gsm8k_answers_token"]),
-            endpoint=client.endpoint,
-            model=client.model,
-            wait=wait,
-        )
-        remote.offer([p.id for p in state.run.collected or ()])
-    except OSError as exc:
-        raise pytest.UsageError(
-            f"gsm8k: cannot reach the xdist controller's answers ({exc})"
-        ) from None
-    return remote
-
-
-def open_channel(state: State) -> Channel | None:
-    """xdist worker whose tests bring their own model: the channel to the controller, this
-    worker's plan offered on it (None outside xdist or without one)."""
-    from pytest_gsm8k.runtime.answers import Channel
-
-    workerinput = state.workerinput or {}
-    address = workerinput.get("gsm8k_answers")
-    if address is None:
-        return None
-    try:
-        channel = Channel(
-            (str(address[0]), int(address[1])), str(workerinput["gsm8k_answers_token"])
-        )
-        channel.offer([p.id for p in state.run.collected or ()])
-    except OSError as exc:
-        raise pytest.UsageError(
-            f"gsm8k: cannot reach the xdist controller's answers ({exc})"
-        ) from None
-    return channel
-
-
-def warm_engine(state: State) -> None:
-    """One process: start the engine for the plugin's own client now, and import and build
-    the HTTP client on its thread while pytest collects (openai's imports would otherwise
-    sit between the end of collection and the first request). The plan follows at the end
-    of collection (:func:`start_early`)."""
-    sources = state.sources
-    client = sources.default_client()
-    engine = sources.engine_for(client, plan=False)
-    engine.loop.call_soon_threadsafe(client.warm)
-
-
-def start_controller(state: State, head_start: bool = False) -> AnswerServer:
-    """xdist controller: one engine for the plugin's own client, served to the workers.
-
-    The engine starts importing the HTTP client now, while xdist starts the
-    workers and, with ``head_start`` (:func:`head_start_allowed`), sends the first
-    requests of the plan; the rest waits until a worker offers its plan (a run whose
-    tests all override the model asks for nothing more).
-    """
-    from pytest_gsm8k.runtime.answers import AnswerServer
-
-    sources = state.sources
-    if sources.matrix is not None:
-        server = AnswerServer(
-            sources.matrix, state.plan.request_for, repeats=state.settings.repeats
-        )
-        server.start()
-        return server
-    client = sources.default_client()
-    engine = sources.engine_for(client, plan=False)
-    server = AnswerServer(engine, state.plan.request_for, repeats=state.settings.repeats)
-    # Listen before the import: warming runs on the loop's thread and, on a loaded machine,
-    # importing openai there once held the listen step past its bound.
-    server.start()
-    engine.loop.call_soon_threadsafe(client.warm)
-    if head_start:
-        limit = min(HEAD_START_ROUNDS * engine.concurrency, HEAD_START_MAX)
-        server.head_start([p.id for p in state.plan.run_order], limit)
-    return server
 
 
 def start_local(state: State) -> ServerStarted:
@@ -473,16 +208,6 @@ def _progress_line(state: State, log: Path) -> Callable[[float], None]:
     return progress
 
 
-def model_overridden(config: pytest.Config) -> bool:
-    """Whether a conftest or plugin loaded so far (session start: before collection)
-    defines its own ``gsm8k_model`` fixture.
-
-    Then the endpoint of the options may not be what is asked at all, and the
-    session-start check would refuse a run that needs no endpoint.
-    """
-    return plugins_define(config, ("gsm8k_model",))
-
-
 def _preflight_timeout(state: State) -> float:
     return min(state.settings.timeout, PREFLIGHT_TIMEOUT)
 
@@ -559,19 +284,6 @@ def _refuse_without_v1(state: State, base_url: str, timeout: float) -> None:
         f"{suggested}/models answers: the base URL needs /v1 "
         f"(--gsm8k-base-url={suggested})"
     )
-
-
-def limit_note(state: State, plan: RunPlan) -> None:
-    """A --gsm8k-limit above the split's size runs the whole split: said once."""
-    limit, size = plan.settings.limit, len(plan.split.problems)
-    if limit is not None and limit > size:
-        state.config.issue_config_time_warning(
-            pytest.PytestWarning(
-                f"gsm8k: --gsm8k-limit {limit} is above the {size} problems of the split: "
-                f"all {size} run"
-            ),
-            stacklevel=2,
-        )
 
 
 #: --gsm8k-config without --gsm8k-serve: how vLLM's test starts a config's server
