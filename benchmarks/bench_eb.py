@@ -64,10 +64,10 @@ import bench_gate as bg  # the sibling script: families, generators, the twin
 from pytest_gsm8k.core.calibrated import FLIP_SHARE
 
 #: rates of the grid the prior lives on: (1 - cos(π x)) / 2, dense near 0 and 1
-GRID = 121
+GRID = 61
 FIT_STEPS = 2000
-BOOT = 25
-BOOT_STEPS = 300
+BOOT = 20
+BOOT_STEPS = 200
 N = bg.N
 #: levels at which the EB flip p-value's own false alarms are counted (alpha / 4 is its share)
 CALIBRATION = (0.0025, 0.01, 0.05)
