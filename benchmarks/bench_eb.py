@@ -39,7 +39,7 @@ Families: bench_gate's three (imported), and two the prototype was not tuned on:
 
     nice -n 19 python benchmarks/bench_eb.py [--reruns 1000] [--alpha 0.01] [--seed 2026]
                                              [--family F] [--k K]
-                                             [--cells all|null|power]
+                                             [--cells all|null|power|stable]
 """
 
 from __future__ import annotations
@@ -254,15 +254,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--k", type=int, action="append", help="baseline K (default 1 3 5 10)")
     parser.add_argument(
         "--cells",
-        choices=("all", "null", "power"),
+        choices=("all", "null", "power", "stable"),
         default="all",
-        help="the unchanged cells, the stable 1 pt / spread 1 and 2 pt cells, or both",
+        help="the unchanged cells, the stable 1 pt / spread 1 and 2 pt cells, both, or the "
+        "stable 1 pt cells alone",
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    shapes = [("none", 0)] if args.cells != "power" else []
-    if args.cells != "null":
+    shapes = [("none", 0)] if args.cells in ("all", "null") else []
+    if args.cells in ("all", "power"):
         shapes += [("stable", 1), ("spread", 1), ("spread", 2)]
+    if args.cells == "stable":
+        shapes = [("stable", 1)]
     cells: list[Cell] = []
     for family in args.family or FAMILIES:
         for k in args.k or bg.REPEATS:
