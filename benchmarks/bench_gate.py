@@ -351,8 +351,8 @@ def table(cells: Sequence[Cell]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by = {(c.family, c.k, c.ell, c.shape, round(c.problems)): c for c in cells}
     for family in FAMILIES:
-        for k in REPEATS:
-            for ell in CANDIDATE:
+        for k in sorted({c.k for c in cells}):  # a --k or --l outside the defaults too
+            for ell in sorted({c.ell for c in cells}):
                 null = by.get((family, k, ell, "none", 0))
                 if null is None:
                     continue
