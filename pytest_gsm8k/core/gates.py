@@ -391,9 +391,6 @@ class MaxShare:
         """The fewest problems of any *other* outcome that pass (the early stop's count)."""
         return n - self.allowed(n)
 
-    def passes(self, count: int, n: int) -> bool:
-        return n > 0 and count <= self.allowed(n)
-
     def verdict(self, count: int, n: int, runs: int = 1) -> GateVerdict:
         """``count`` of the ``n * runs`` answers have the outcome."""
         if n == 0:
@@ -406,7 +403,7 @@ class MaxShare:
                 self.rate,
             )
         total = n * runs
-        passed = self.passes(count, total)
+        passed = count <= self.allowed(total)
         share = count / total
         what = f"{total} answers" if runs > 1 else f"{n} problems"
         detail = (
