@@ -259,7 +259,7 @@ def _check_repeats(pid: str, entry: dict[str, Any], where: str) -> None:
     """A calibrated entry: ``0 <= correct <= repeats <= 100`` and an outcome that can be the
     most common of those runs."""
     k, c = entry.get("repeats"), entry.get("correct")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (k, c)):
+    if not isinstance(k, int) or not isinstance(c, int) or bool in (type(k), type(c)):
         raise BaselineError(
             f"{where}: corrupt baseline (problem {pid}: correct {c!r} of repeats {k!r} are not "
             "counts)"
