@@ -125,19 +125,19 @@ def strip_reasoning(text: str) -> str:
     # each one it scans to the end for a close), and a cached answer full of them would stall
     # every rerun; so it only runs on the part up to the last </think>, where every opening
     # tag has a closing one after it. Tags match ASCII case-insensitively, as the regex does.
-    last = _ascii_lower(text).rfind("</think>")
+    last = ascii_lower(text).rfind("</think>")
     head, tail = ("", text) if last == -1 else (text[: last + 8], text[last + 8 :])
-    opening = _ascii_lower(tail).find("<think>")
+    opening = ascii_lower(tail).find("<think>")
     if opening != -1:
         tail = tail[:opening]  # never closed: the model ran out of tokens while thinking
     head = _THINK_PAIR_RE.sub("\n", head)
-    orphan = _ascii_lower(head).rfind("</think>")
+    orphan = ascii_lower(head).rfind("</think>")
     if orphan != -1:
         head = head[orphan + 8 :]  # everything up to a closing tag without opening was reasoning
     return (head + tail).strip()
 
 
-def _ascii_lower(text: str) -> str:
+def ascii_lower(text: str) -> str:
     """Lowercase A-Z only: the same length as ``text``, so indices carry over."""
     return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
@@ -240,7 +240,7 @@ def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) 
             return _last_match_number(_STRICT_RE, visible, use_group=True)
         return _last_match_number(pattern, visible, use_group=pattern.groups >= 1)
     if rule == "answer-is":
-        if "answer" not in _ascii_lower(visible):
+        if "answer" not in ascii_lower(visible):
             return None  # the case-insensitive regex scan costs ten times this check
         return _last_match_number(_ANSWER_IS_RE, visible, use_group=True)
     if rule == "boxed":
