@@ -18,7 +18,7 @@ from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach, stability
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
-from pytest_gsm8k.core.outcome import OUTCOMES
+from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.stats import accuracy_interval, mcnemar_one_sided
 from pytest_gsm8k.core.types import Problem
 

@@ -40,16 +40,6 @@ from typing import Any
 from pytest_gsm8k.core.presets import SGLANG, VLLM
 from pytest_gsm8k.core.types import Api, Problem, Request
 
-__all__ = [
-    "VLLM_CHAT_PARAMS",
-    "VLLM_COMPLETION_PARAMS",
-    "fewshot_prompt",
-    "sglang_request",
-    "vllm_body",
-    "vllm_param_error",
-    "vllm_request",
-]
-
 #: the optional fields gsm8k_eval.py sends after its own, in its order (None: left out),
 #: and the type its command line gives each
 VLLM_COMPLETION_PARAMS: dict[str, type] = {"top_p": float, "top_k": int}

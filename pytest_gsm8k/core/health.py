@@ -20,15 +20,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = [
-    "HINT_MIN_COUNT",
-    "HINT_MIN_SHARE",
-    "TEMPLATE_TOKENS",
-    "chat_api_hint",
-    "chat_sign",
-    "reasoning_model_hint",
-]
-
 #: the unparsed share from which the hint is given (a few stray answers are not a pattern)
 HINT_MIN_SHARE = 0.10
 #: the fewest unparsed problems that give the hint (a 3-problem smoke run says nothing)

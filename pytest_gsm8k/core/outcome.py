@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import cast
 
 from pytest_gsm8k.core.prompts import Protocol
-from pytest_gsm8k.core.records import OUTCOMES, Outcome, ProblemRecord, SampleRecord
+from pytest_gsm8k.core.records import Outcome, ProblemRecord, SampleRecord
 from pytest_gsm8k.core.scoring import (
     RULES,
     SampleScore,
@@ -25,8 +25,6 @@ from pytest_gsm8k.core.scoring import (
     score_text,
 )
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
-
-__all__ = ["OUTCOMES", "combine_repeats", "error_record", "score_repeats", "score_response"]
 
 
 def _outcome(correct: bool, cut: Sequence[bool], answer: object, samples: int) -> Outcome:
