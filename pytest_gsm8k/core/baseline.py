@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -120,18 +121,14 @@ def runs(entry: Any) -> tuple[int, int]:
 
 def calibration(problems: Mapping[str, Any]) -> dict[str, int]:
     """The ``calibration`` entry: K, and the stable-correct, stable-wrong, noisy counts."""
-    counts = {"stable-correct": 0, "stable-wrong": 0, "noisy": 0}
-    most = 1
-    for entry in problems.values():
-        correct, repeats = runs(entry)
-        most = max(most, repeats)
-        counts[stability(correct, repeats)] += 1
-    return {
-        "repeats": most,
-        "stable_correct": counts["stable-correct"],
-        "stable_wrong": counts["stable-wrong"],
-        "noisy": counts["noisy"],
-    }
+    sides = [runs(entry) for entry in problems.values()]
+    return {"repeats": max([1, *(k for _, k in sides)]), **_stabilities(sides)}
+
+
+def _stabilities(sides: Iterable[tuple[int, int]]) -> dict[str, int]:
+    """How many problems were right in every run, wrong in every run, or noisy."""
+    counts = Counter(stability(correct, runs).replace("-", "_") for correct, runs in sides)
+    return {key: counts[key] for key in ("stable_correct", "stable_wrong", "noisy")}
 
 
 def pairs(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[Pair]:
@@ -438,9 +435,7 @@ def check(
 
 def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
     """The report's baseline block: what the noise-aware gate sees in the shared problems."""
-    counts = {"stable_correct": 0, "stable_wrong": 0, "noisy": 0}
-    for pair in pairs:
-        counts[pair.stability.replace("-", "_")] += 1
+    counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
     seen = evidence(pairs)
     can = reach(pairs, alpha)
     diff, low, high = difference(pairs)

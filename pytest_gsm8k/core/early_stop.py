@@ -83,20 +83,14 @@ class _WorTest:
     def __init__(
         self, size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
     ) -> None:
-        self.size = size
-        self.scale = scale
-        self.null = null
-        self.up = up
-        self.binary = binary
+        self.size, self.scale, self.null, self.up, self.binary = size, scale, null, up, binary
         self.threshold = 1.0 / alpha
         mix = _BINARY_MIX if binary else _VALUED_MIX
         total_weight = sum(w for _, w in mix)
         # deltas in units of y (an accuracy offset of delta is delta/K in y units at scale K)
         self.mix = [d / scale for d, _ in mix]
         self.caps = [w / total_weight for _, w in mix]
-        self.t = 0
-        self.seen = 0
-        self.seen_sq = 0
+        self.t = self.seen = self.seen_sq = 0
         self.rejected = False
 
     def update(self, value: int) -> bool:
@@ -115,19 +109,13 @@ class _WorTest:
                     mean = self.seen / (self.scale * n) if n else 0.0
                     ss = self.seen_sq / (self.scale * self.scale) - n * mean * mean
                     var = max((0.25 + ss) / (1 + n), 1e-6)
-                if self.up:
-                    dev = y - mu
-                    limit = _MAX_FRACTION / mu
-                else:
-                    dev = mu - y
-                    limit = _MAX_FRACTION / (1.0 - mu)
+                up = self.up
+                dev = y - mu if up else mu - y
+                limit = _MAX_FRACTION / mu if up else _MAX_FRACTION / (1.0 - mu)
                 caps = self.caps
                 capital = 0.0
                 for j, delta in enumerate(self.mix):
-                    lam = delta / var
-                    if lam > limit:
-                        lam = limit
-                    caps[j] *= 1.0 + lam * dev
+                    caps[j] *= 1.0 + min(delta / var, limit) * dev
                     capital += caps[j]
                 if capital >= self.threshold:
                     self.rejected = True
@@ -155,7 +143,8 @@ class _CountGate:
     spec: CountSpec
     size: int
     alpha: float
-    runs: int = 1
+    runs: int
+    sequential: bool
     good: int = 0
     seen: int = 0
     values: list[int] = field(default_factory=list)
@@ -163,14 +152,11 @@ class _CountGate:
     pass_test: _WorTest | None = None
 
     def __post_init__(self) -> None:
-        self.need = self.spec.need(self.size * self.runs)
-
-    def start_tests(self) -> None:
-        if self.need <= 0:
-            return  # no count fails it: never decided, early or not (no verdict at all)
-        binary = self.runs == 1
-        self.fail_test = _WorTest(self.size, self.runs, self.need, False, self.alpha, binary)
-        self.pass_test = _WorTest(self.size, self.runs, self.need - 1, True, self.alpha, binary)
+        self.need = need = self.spec.need(self.size * self.runs)
+        if self.sequential and need > 0:  # a rule no count fails is no verdict, early or not
+            size, runs, alpha = self.size, self.runs, self.alpha
+            self.fail_test = _WorTest(size, runs, need, False, alpha, runs == 1)
+            self.pass_test = _WorTest(size, runs, need - 1, True, alpha, runs == 1)
 
     def certain(self) -> Verdict | None:
         n, seen = self.size * self.runs, self.seen * self.runs
@@ -183,16 +169,10 @@ class _CountGate:
         self.good += good
         self.seen += 1
         verdict = self.certain()
-        if self.fail_test is None or self.pass_test is None:
-            return verdict
-        self.values.append(good)
-        failed = self.fail_test.update(good)
-        passed = self.pass_test.update(good)
-        if verdict is None:
-            if failed:
-                verdict = "FAIL"
-            elif passed:
-                verdict = "PASS"
+        if self.fail_test is not None and self.pass_test is not None:
+            self.values.append(good)
+            failed, passed = self.fail_test.update(good), self.pass_test.update(good)
+            verdict = verdict or ("FAIL" if failed else "PASS" if passed else None)
         return verdict
 
     def count_bounds(self) -> tuple[int, int]:
@@ -229,18 +209,10 @@ class _NoiseAwareGate:
     now: dict[str, int] = field(default_factory=dict)
     since: int = 0
 
-    @property
-    def alpha(self) -> float:
-        return self.rule.alpha
-
-    @property
-    def seen(self) -> int:
-        return len(self.now)
-
     def add(self, pid: str, correct: bool) -> Verdict | None:
         self.now[pid] = int(correct)
         self.since += 1
-        if self.since < self.every and self.seen < len(self.baseline):
+        if self.since < self.every and len(self.now) < len(self.baseline):
             return None
         self.since = 0
         return self.certain()
@@ -345,10 +317,10 @@ class EarlyStop:
                 every = max(1, math.ceil(len(shared) / 100))
                 self._noise = _NoiseAwareGate(spec, shared, repeats=repeats, every=every)
                 continue
-            gate = _CountGate(spec, self.n_total, self.gate_alpha, runs=repeats)
-            if mode == "sequential":
-                gate.start_tests()
-            self._counts[name] = gate
+            sequential = mode == "sequential"
+            self._counts[name] = _CountGate(
+                spec, self.n_total, self.gate_alpha, repeats, sequential
+            )
         self._health = any(isinstance(g.spec, MaxShare) for g in self._counts.values())
         # Some verdicts are fixed before any outcome (min-acc above 1); a gate that cannot
         # fail is never settled (its spec's certain() never says PASS).
@@ -477,7 +449,7 @@ class EarlyStop:
                 out["interval"] = interval
         elif self._noise is not None:
             noise = self._noise
-            out.update(rule="noise-aware", alpha=noise.alpha, observed=noise.seen)
+            out.update(rule="noise-aware", alpha=noise.rule.alpha, observed=len(noise.now))
             if noise.repeats == 1:
                 out["p_bounds"] = list(noise.p_range())
         return out
