@@ -427,26 +427,15 @@ class EarlyStop:
             lo, hi = gate.count_interval()
             if isinstance(spec, MaxShare):
                 # the gate counts the answers NOT of the outcome: its bounds turned around
-                out.update(
-                    rule=name,
-                    threshold=spec.rate,
-                    allowed=spec.allowed(n),
-                    observed=gate.seen,
-                    count=gate.seen * gate.runs - gate.good,
-                    bounds=[(n - high) / n, (n - low) / n],
-                )
-                interval = [(n - hi) / n, (n - lo) / n]
+                low, high, lo, hi = n - high, n - low, n - hi, n - lo
+                out.update(rule=name, threshold=spec.rate, allowed=spec.allowed(n))
+                out.update(observed=gate.seen, count=gate.seen * gate.runs - gate.good)
             else:
                 threshold = spec.floor if isinstance(spec, ToleranceFloor) else spec.threshold
-                out.update(
-                    threshold=threshold,
-                    observed=gate.seen,
-                    correct=gate.good,
-                    bounds=[low / n, high / n],
-                )
-                interval = [lo / n, hi / n]
+                out.update(threshold=threshold, observed=gate.seen, correct=gate.good)
+            out["bounds"] = [low / n, high / n]
             if gate.fail_test is not None:
-                out["interval"] = interval
+                out["interval"] = [lo / n, hi / n]
         elif self._noise is not None:
             noise = self._noise
             out.update(rule="noise-aware", alpha=noise.rule.alpha, observed=len(noise.now))
