@@ -69,25 +69,21 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
     sampled = int(summary_json["protocol"]["samples"]) > 1
     repeats = max((len(r.get("repeats") or ()) for r in summary_json["problems"]), default=0)
     for record in summary_json["problems"]:
+        entry: Any = record["outcome"]
         if repeats > 1:
-            problems[record["id"]] = {
-                "correct": int(record.get("repeats_correct", int(record["correct"]))),
-                "outcome": record["outcome"],
+            correct = int(record.get("repeats_correct", int(record["correct"])))
+            entry = {
+                "correct": correct,
+                "outcome": entry,
                 "repeats": len(record.get("repeats") or ()) or 1,
             }
         elif sampled:
-            problems[record["id"]] = {
-                "outcome": record["outcome"],
-                "n_correct": record["n_correct"],
-                "n_samples": record["n_samples"],
-            }
-        else:
-            problems[record["id"]] = record["outcome"]
-    protocol = dict(summary_json["protocol"])
+            entry = {key: record[key] for key in ("outcome", "n_correct", "n_samples")}
+        problems[record["id"]] = entry
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "kind": KIND,
-        "protocol": protocol,
+        "protocol": dict(summary_json["protocol"]),
         "dataset": {k: summary_json["dataset"][k] for k in DATASET_KEYS},
         "model": summary_json["model"],
         "reported_models": summary_json.get("reported_models", []),
@@ -325,13 +321,8 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
         raise BaselineError(f"{where}: corrupt baseline (its subset limit or seed is not a number)")
     selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
     if ids != selection:
-        described = (
-            "the whole split"
-            if limit is None
-            else f"the first {limit}"
-            if first
-            else f"limit {limit}, seed {seed}"
-        )
+        described = f"the first {limit}" if first else f"limit {limit}, seed {seed}"
+        described = "the whole split" if limit is None else described
         raise BaselineError(
             f"{where}: its {len(ids)} problems are not the {len(selection)} of its selection "
             f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "
