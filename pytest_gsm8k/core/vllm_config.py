@@ -1,19 +1,13 @@
 """vLLM's GSM8K CI configs (``tests/evals/gsm8k/configs/*.yaml``): parsed and checked. Pure.
 
-One YAML file per model, hardware and quantization, as vLLM's own CI reads them in
-``tests/evals/gsm8k/test_gsm8k_correctness.py`` (vllm-project/vllm; the ``tolerance`` field
-as of commit 05d96d7991cd3540989fa6038c7704bb54e1d310; the request fields, the
-``VLLM_ENGINE_READY_TIMEOUT_S`` variable and the 1200 s startup default in the version that
-also reads ``min_acceptance_length``). Every field that test reads is known here, with its
-default there, so a config gates here exactly as it gates there: accuracy over the first
-``num_questions`` test problems ``>= accuracy_threshold - tolerance``.
-
-A field this module does not know is refused (a newer vLLM may give it a meaning a run here
-would silently ignore); so is one a run here cannot honour (``min_acceptance_length``:
-speculative decoding's counters), a key given twice (YAML keeps the later silently) and an
-anchor or alias (vLLM's configs use none; a few hundred bytes of nested aliases expand to
-gigabytes). Every error is one line naming the file, the line and the field, a value in it
-shown only in part.
+Every field vLLM's ``tests/evals/gsm8k/test_gsm8k_correctness.py`` reads is known here with
+its default there (``tolerance`` as of commit 05d96d7991cd3540989fa6038c7704bb54e1d310; the
+request fields, ``VLLM_ENGINE_READY_TIMEOUT_S`` and the 1200 s startup default in the version
+that reads ``min_acceptance_length``), so a config gates exactly as there: accuracy over the
+first ``num_questions`` test problems ``>= accuracy_threshold - tolerance``. Refused, in one
+line naming file, line and field: an unknown field (a newer vLLM may give it a meaning), one
+a run here cannot honour, a key given twice (YAML keeps the later silently), and anchors or
+aliases (a few hundred bytes of them expand to gigabytes).
 """
 
 from __future__ import annotations
