@@ -1,24 +1,9 @@
-"""Baselines: a stored run, and the paired comparison of a new run with it. Pure.
+"""Baselines: a stored run, read, checked and compared with a new run. Pure.
 
-A baseline holds the protocol identity, the dataset identity and per problem
-id its outcome (plus per-problem sample counts for sampled protocols). The
-comparison is paired: only problem ids present in both count, so a
-``--gsm8k-limit`` smoke run is compared on its own subset, and the
-significance test is the exact one-sided McNemar test on the problems that
-flipped, not an unpaired test of two accuracies.
-
-A calibrated baseline (``--snapshot-update --gsm8k-repeats K``) stores per problem
-``{"correct": c, "outcome": <the most common outcome>, "repeats": K}`` and a
-``calibration`` entry (K and how many problems were stable-correct, stable-wrong
-and noisy); every other format reads as one run per problem (:func:`runs`), so a
-baseline recorded before repeats existed gates as it did (the noise-aware test is
-then exact McNemar).
-
-Which problems a baseline holds is part of what it says. A full baseline
-holds exactly its selection (the split after its ``--gsm8k-limit`` and
-seed); a partial one (written only when asked) says so in ``partial`` with
-the ids it holds. :func:`loads` checks that the file agrees with itself,
-:func:`check_problem_set` that it agrees with the split.
+A baseline holds the protocol and dataset identity and each problem id's outcome (sample
+counts for pass@N/maj@N; ``{"correct": c, "outcome": ..., "repeats": K}`` for a calibrated
+one). Comparisons are paired on the ids both hold. Which problems it holds is part of what it
+says: docs/design.md#which-problems-a-baseline-holds and #which-baseline-a-protocol-uses.
 """
 
 from __future__ import annotations
@@ -26,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +19,7 @@ from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach, stability
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
-from pytest_gsm8k.core.outcome import OUTCOMES
+from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.stats import accuracy_interval, mcnemar_one_sided
 from pytest_gsm8k.core.types import Problem
 
@@ -46,14 +32,15 @@ MAX_REPEATS = 100
 KIND = "pytest-gsm8k baseline"
 #: dataset fields that must match (the name/path differs between machines, the content must not)
 DATASET_KEYS = ("config", "split", "fingerprint", "rows")
+#: those a subset of the same split shares (it is compared on its ids)
+SAME_SPLIT = DATASET_KEYS[:3]
 
 
 class BaselineError(Exception):
     """A baseline that cannot be used; one line naming the file and the reason."""
 
 
-#: the longest default baseline name (ASCII, so also bytes): with ``.gsm8k`` it stays far
-#: below the 255 bytes file systems allow in a name, however many params the label lists
+#: the longest default name (ASCII): with ``.gsm8k``, far below a file name's 255 bytes
 NAME_LIMIT = 200
 
 
@@ -66,11 +53,8 @@ DERIVED = ("fewshot_hash", "fewshot_source")
 
 
 def default_name(label: str) -> str:
-    """A file-system-safe name derived from the protocol label.
-
-    A name longer than :data:`NAME_LIMIT` keeps its beginning and ends with a hash of
-    the whole label: still readable, the same in every run, distinct per protocol.
-    """
+    """A file-system-safe name from the protocol label; a long one keeps its beginning and
+    ends with a hash of the whole label (readable, stable, distinct per protocol)."""
     name = re.sub(r"[^A-Za-z0-9@.+-]+", "_", label).strip("_")
     if len(name) <= NAME_LIMIT:
         return name
@@ -79,34 +63,27 @@ def default_name(label: str) -> str:
 
 
 def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
-    """The baseline document from a run's JSON report (core/verdict.py: RunVerdict.to_json).
-
-    ``partial``: why the run covers only part of its selection, for a partial
-    baseline (recorded with the size of the selection and the ids it holds).
-    """
+    """The baseline document from a run's JSON report; ``partial``: why the run covers only
+    part of its selection (recorded with the selection's size and the ids held)."""
     problems: dict[str, Any] = {}
     sampled = int(summary_json["protocol"]["samples"]) > 1
     repeats = max((len(r.get("repeats") or ()) for r in summary_json["problems"]), default=0)
     for record in summary_json["problems"]:
+        entry: Any = record["outcome"]
         if repeats > 1:
-            problems[record["id"]] = {
-                "correct": int(record.get("repeats_correct", int(record["correct"]))),
-                "outcome": record["outcome"],
+            correct = int(record.get("repeats_correct", int(record["correct"])))
+            entry = {
+                "correct": correct,
+                "outcome": entry,
                 "repeats": len(record.get("repeats") or ()) or 1,
             }
         elif sampled:
-            problems[record["id"]] = {
-                "outcome": record["outcome"],
-                "n_correct": record["n_correct"],
-                "n_samples": record["n_samples"],
-            }
-        else:
-            problems[record["id"]] = record["outcome"]
-    protocol = dict(summary_json["protocol"])
+            entry = {key: record[key] for key in ("outcome", "n_correct", "n_samples")}
+        problems[record["id"]] = entry
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "kind": KIND,
-        "protocol": protocol,
+        "protocol": dict(summary_json["protocol"]),
         "dataset": {k: summary_json["dataset"][k] for k in DATASET_KEYS},
         "model": summary_json["model"],
         "reported_models": summary_json.get("reported_models", []),
@@ -132,33 +109,26 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
 
 
 def runs(entry: Any) -> tuple[int, int]:
-    """A stored problem's (correct runs, runs): ``(c, K)`` for a calibrated entry, else one
-    run, correct when its outcome is (a single-run or a pass@N/maj@N baseline)."""
+    """A stored problem's (correct runs, runs); one run for a non-calibrated entry."""
     if isinstance(entry, dict) and "repeats" in entry:
         return int(entry["correct"]), int(entry["repeats"])
     return int(_correct(entry)), 1
 
 
 def calibration(problems: Mapping[str, Any]) -> dict[str, int]:
-    """The ``calibration`` entry: K, and how many problems were right in every run, wrong
-    in every run, or noisy (both), from the stored entries."""
-    counts = {"stable-correct": 0, "stable-wrong": 0, "noisy": 0}
-    most = 1
-    for entry in problems.values():
-        correct, repeats = runs(entry)
-        most = max(most, repeats)
-        counts[stability(correct, repeats)] += 1
-    return {
-        "repeats": most,
-        "stable_correct": counts["stable-correct"],
-        "stable_wrong": counts["stable-wrong"],
-        "noisy": counts["noisy"],
-    }
+    """The ``calibration`` entry: K, and the stable-correct, stable-wrong, noisy counts."""
+    sides = [runs(entry) for entry in problems.values()]
+    return {"repeats": max([1, *(k for _, k in sides)]), **_stabilities(sides)}
+
+
+def _stabilities(sides: Iterable[tuple[int, int]]) -> dict[str, int]:
+    """How many problems were right in every run, wrong in every run, or noisy."""
+    counts = Counter(stability(correct, runs).replace("-", "_") for correct, runs in sides)
+    return {key: counts[key] for key in ("stable_correct", "stable_wrong", "noisy")}
 
 
 def pairs(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[Pair]:
-    """The noise-aware test's pairs, by problem id, for the problems both hold: the
-    baseline's ``c`` of ``K`` and the run's correct count of its repeats (one run without)."""
+    """The noise-aware test's pairs for the problems both hold, by id."""
     base = baseline["problems"]
     out: list[Pair] = []
     for record in sorted(records, key=lambda r: str(r["id"])):
@@ -180,12 +150,8 @@ _PROBLEMS_SLOT = "\u0000problems\u0000"
 
 
 def dumps(baseline: dict[str, Any]) -> str:
-    """Stable text: sorted keys, one problem per line, so a baseline diff reads well in a PR.
-
-    A calibrated baseline's entries are objects; each is written on its own line too
-    (``"test-0042": {"correct": 4, "outcome": "correct", "repeats": 5}``), so a problem that
-    changed is one changed line.
-    """
+    """Stable text, one problem per line (a calibrated entry's object too), so a baseline
+    diff reads well in a PR."""
     problems = baseline.get("problems")
     if not isinstance(problems, dict) or not any(
         isinstance(v, dict) and "repeats" in v for v in problems.values()
@@ -225,8 +191,8 @@ _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
 
 
 def _refuse_duplicates(text: str, where: str) -> None:
-    """A key given twice in one object (a problem id pasted twice) is refused with its line:
-    ``json`` keeps the later copy silently. Only called on text that parsed."""
+    """A key given twice in one object (``json`` keeps the later silently) is refused with
+    its line. Only called on text that parsed."""
     keys: list[set[str] | None] = []  # per open object its keys (None: an array)
     last: re.Match[str] | None = None  # the string just read: a key when a colon follows
     for token in _JSON_TOKEN.finditer(text):
@@ -249,11 +215,8 @@ def _refuse_duplicates(text: str, where: str) -> None:
 
 
 def _check_outcomes(data: dict[str, Any], where: str) -> None:
-    """Every problem's outcome is an outcome name, and the stored accuracy is theirs.
-
-    A hand-edited baseline (an outcome typed wrong, null, or flipped to correct
-    without the accuracy) would otherwise gate against numbers nobody measured.
-    """
+    """Every outcome is an outcome name and the stored accuracy is theirs: a hand edit
+    would otherwise gate against numbers nobody measured."""
     problems = data["problems"]
     for pid, entry in problems.items():
         outcome = entry.get("outcome") if isinstance(entry, dict) else entry
@@ -286,15 +249,10 @@ def _check_outcomes(data: dict[str, Any], where: str) -> None:
 
 
 def _check_repeats(pid: str, entry: dict[str, Any], where: str) -> None:
-    """A calibrated entry: ``repeats`` K from 1 to 100, ``correct`` from 0 to K, and an
-    outcome that can be the most common of those runs."""
+    """A calibrated entry: ``0 <= correct <= repeats <= 100`` and an outcome that can be the
+    most common of those runs."""
     k, c = entry.get("repeats"), entry.get("correct")
-    if (
-        not isinstance(k, int)
-        or not isinstance(c, int)
-        or isinstance(k, bool)
-        or isinstance(c, bool)
-    ):
+    if not isinstance(k, int) or not isinstance(c, int) or bool in (type(k), type(c)):
         raise BaselineError(
             f"{where}: corrupt baseline (problem {pid}: correct {c!r} of repeats {k!r} are not "
             "counts)"
@@ -340,10 +298,8 @@ def _shown_ids(ids: Sequence[str], most: int = 5) -> str:
 
 
 def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Problem]) -> None:
-    """Refuse a baseline whose problem ids do not fit ``split`` (the split it was recorded on,
-    by fingerprint): ids the split does not have, or a full baseline that does not hold
-    exactly its selection (a partial one must say so). Call after :func:`first_difference`.
-    """
+    """Refuse ids ``split`` does not have, or a full baseline that is not exactly its
+    selection (a partial one says so). Call after :func:`first_difference`."""
     ids = set(baseline["problems"])
     known = {p.id for p in split}
     unknown = sorted(ids - known)
@@ -365,13 +321,8 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
         raise BaselineError(f"{where}: corrupt baseline (its subset limit or seed is not a number)")
     selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
     if ids != selection:
-        described = (
-            "the whole split"
-            if limit is None
-            else f"the first {limit}"
-            if first
-            else f"limit {limit}, seed {seed}"
-        )
+        described = f"the first {limit}" if first else f"limit {limit}, seed {seed}"
+        described = "the whole split" if limit is None else described
         raise BaselineError(
             f"{where}: its {len(ids)} problems are not the {len(selection)} of its selection "
             f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "
@@ -391,55 +342,39 @@ def first_difference(
     here: str = "here",
     there: str = "in the baseline",
 ) -> str | None:
-    """The first protocol or dataset field that differs, as a phrase; None when comparable.
-
-    ``here`` and ``there`` name the two sides in the phrase (the run and the baseline; two
-    reports for ``python -m pytest_gsm8k compare``): one rule for every comparison of runs.
-    """
-    now_protocol = {k: v for k, v in summary_json["protocol"].items() if k != "label"}
-    base_protocol = {k: v for k, v in baseline["protocol"].items() if k != "label"}
+    """The first protocol, config or dataset field that differs, as a phrase (``here`` and
+    ``there`` name the sides); None when comparable. Every comparison of runs asks this."""
+    now, base = (
+        {k: v for k, v in d["protocol"].items() if k != "label"} for d in (summary_json, baseline)
+    )
     # the options a user sets before what follows from them: "shots is 5", not a hash
-    for key in sorted(set(now_protocol) | set(base_protocol), key=lambda k: (k in DERIVED, k)):
-        if now_protocol.get(key) != base_protocol.get(key):
-            return (
-                f"protocol {key} is {now_protocol.get(key)!r} {here} but "
-                f"{base_protocol.get(key)!r} {there}"
-            )
-    now_config, base_config = summary_json.get("config"), baseline.get("config")
-    if now_config is not None or base_config is not None:
+    order = sorted({*now, *base}, key=lambda k: (k in DERIVED, k))
+    checks: list[tuple[str, Mapping[str, Any], Mapping[str, Any], Sequence[str]]]
+    checks = [("protocol", now, base, order)]
+    if summary_json.get("config") is not None or baseline.get("config") is not None:
         # a config's baseline is of that config: never one config's for another's run
-        now_c = now_config if isinstance(now_config, Mapping) else {}
-        base_c = base_config if isinstance(base_config, Mapping) else {}
-        for key in CONFIG_KEYS:
-            if now_c.get(key) != base_c.get(key):
-                return f"config {key} is {now_c.get(key)!r} {here} but {base_c.get(key)!r} {there}"
-    for key in DATASET_KEYS:
-        if key == "rows":
-            continue  # a subset of the same split is comparable on its ids
-        if summary_json["dataset"].get(key) != baseline["dataset"].get(key):
-            return (
-                f"dataset {key} is {summary_json['dataset'].get(key)!r} {here} but "
-                f"{baseline['dataset'].get(key)!r} {there}"
-            )
+        now_c, base_c = (
+            c if isinstance(c, Mapping) else {}
+            for c in (summary_json.get("config"), baseline.get("config"))
+        )
+        checks.append(("config", now_c, base_c, CONFIG_KEYS))
+    checks.append(("dataset", summary_json["dataset"], baseline["dataset"], SAME_SPLIT))
+    for what, ours, theirs, keys in checks:
+        for key in keys:
+            if ours.get(key) != theirs.get(key):
+                return f"{what} {key} is {ours.get(key)!r} {here} but {theirs.get(key)!r} {there}"
     return None
 
 
 def moved_from(
     beside: Iterable[tuple[str, Mapping[str, Any]]], here: Mapping[str, Any]
 ) -> str | None:
-    """Where the baseline of a protocol that has none may have moved from: the first of
-    ``beside`` (the baselines in its folder, named by other labels) of the same dataset and
-    config as ``here`` but another protocol, as ``<file> (<the field that differs>)``.
-
-    None for a first baseline, or when only other datasets' or other configs' are beside it.
-    A baseline is found by its protocol's label, so a changed label (shots, api, params)
-    would otherwise pass as "no baseline yet".
-    """
+    """``<file> (<the field that differs>)``: the first of ``beside`` (its folder's other
+    baselines) of the same dataset and config as ``here`` but another protocol, or None. A
+    baseline is found by its label, so a changed label would pass as "no baseline yet"."""
     for shown, document in beside:
         if _config_name(document) != _config_name(here) or any(
-            document["dataset"].get(key) != here["dataset"].get(key)
-            for key in DATASET_KEYS
-            if key != "rows"
+            document["dataset"].get(key) != here["dataset"].get(key) for key in SAME_SPLIT
         ):
             continue
         difference = first_difference(document, here, there="there")
@@ -457,10 +392,8 @@ def _config_name(document: Mapping[str, Any]) -> object:
 def compare(
     baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], run_ids: Collection[str]
 ) -> dict[str, Any]:
-    """The report's counts of a comparison, beside what :func:`noise_block` says of the
-    shared problems: how many there are, whether the baseline holds more (``subset``), how
-    many of the problems the run set out to do (``run_ids``) it does not hold, and the exact
-    one-sided McNemar p on the problems whose outcome flipped."""
+    """The report's counts of a comparison (beside :func:`noise_block`): shared problems,
+    ``subset``, the run's ids it lacks, and McNemar's p on the flipped outcomes."""
     base = baseline["problems"]
     shared = [r for r in records if str(r["id"]) in base]
     was = [_correct(base[str(r["id"])]) for r in shared]
@@ -478,12 +411,8 @@ def compare(
 def check(
     stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
 ) -> dict[str, Any]:
-    """The stored baseline's document, checked: readable, consistent in itself, of the
-    protocol and dataset of ``here`` (a JSON report, or its protocol and dataset), and
-    holding problems of ``split`` (all of its selection unless it says it is partial).
-
-    Raises :class:`~pytest_gsm8k.core.baseline.BaselineError` with one line naming the file.
-    """
+    """The stored document, checked: readable, of the protocol and dataset of ``here`` and
+    holding problems of ``split``; else :class:`BaselineError`, one line naming the file."""
     if stored.error is not None:
         raise BaselineError(stored.error)
     if stored.document is None:
@@ -496,13 +425,8 @@ def check(
 
 
 def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
-    """What the noise-aware gate sees in the shared problems, for the report's baseline
-    block: its p-values, the one estimate of the difference, the smallest drop it detects,
-    the newly failing problems (stable ones first: the regressions worth reading first),
-    and the baseline's stability."""
-    counts = {"stable_correct": 0, "stable_wrong": 0, "noisy": 0}
-    for pair in pairs:
-        counts[pair.stability.replace("-", "_")] += 1
+    """The report's baseline block: what the noise-aware gate sees in the shared problems."""
+    counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
     seen = evidence(pairs)
     can = reach(pairs, alpha)
     diff, low, high = difference(pairs)
@@ -572,10 +496,9 @@ def noise_sentence(seen: Mapping[str, Any]) -> str:
 
 
 def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | None:
-    """Why a run with ``repeats`` per problem may not replace ``stored``: a calibrated
-    baseline of more runs per problem knows each problem's noise, and a single-run one in
-    its place would silently cost the gate its power (a 1-point drop caught 13% of the time
-    instead of 99%). None when it may (``document``: the stored one, None without)."""
+    """Why a run of ``repeats`` per problem may not replace ``document``, or None: one of
+    fewer runs would silently cost the gate its power (a 1-point drop caught 13% of the
+    time instead of 99%)."""
     calibration = document.get("calibration") if isinstance(document, dict) else None
     stored_k = calibration.get("repeats") if isinstance(calibration, dict) else None
     if not isinstance(stored_k, int) or stored_k <= repeats:
@@ -589,8 +512,7 @@ def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | Non
 
 
 def dropped(stored: StoredBaseline, report: Mapping[str, Any], split: Sequence[Problem]) -> int:
-    """How many problems the usable stored baseline holds that the run has not (0 when
-    there is none, or it cannot be compared with this run: then it is replaced)."""
+    """How many problems the usable stored baseline holds that the run has not."""
     if not stored.exists:
         return 0
     try:

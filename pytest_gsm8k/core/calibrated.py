@@ -1,166 +1,60 @@
 """The noise-aware baseline test: worse than the baseline beyond its own run-to-run noise? Pure.
 
-Batched GPU serving is not deterministic even at temperature 0: the same model
-answers some problems right in one run and wrong in the next. A gate that
-counts every flip as evidence (``--gsm8k-max-drop 0``) fails unchanged
-builds; a tolerance wide enough to absorb the noise (vLLM's ``threshold -
-0.08``) misses real drops. This module measures the noise instead, from a
-baseline recorded ``K`` times per problem (``--gsm8k-repeats K``), and tests
-the candidate against it. A regression has two shapes, and the test has a
-statistic for each: stable problems break (a broken template, a bad kernel on
-some inputs), or the rates of the noisy problems drift down a little (a
-quantization, a kernel or scheduler change).
+Batched serving answers some problems differently from run to run even at temperature 0, so
+this module measures the noise from a baseline of K runs per problem and tests the candidate
+against it. What it catches, simulated: docs/baselines.md and benchmarks/README.md
+(``benchmarks/bench_gate.py``). The derivation:
 
-The model
-=========
+**Model and null.** Problem ``i`` has an unknown rate ``θ_i``; the baseline saw ``c_i`` right
+of ``K_i`` runs, the candidate ``d_i`` of ``L_i``; runs are independent given ``θ_i``. The
+null "no regression" is ``θ'_i = θ_i`` for every ``i`` (an improvement makes ``D_i`` given its
+total stochastically larger: Fisher's noncentral hypergeometric law, so only more
+conservative). Under the null the ``N_i = K_i + L_i`` runs are exchangeable, so given the
+total ``t_i = c_i + d_i``, ``D_i`` is hypergeometric, ``P(D_i = d | t_i) = C(t_i, d)
+C(N_i - t_i, L_i - d) / C(N_i, L_i)``, free of ``θ_i``: conditioning on every ``t_i`` makes
+both statistics exact whatever the rates. A problem right K of K times is not certain (a
+candidate miss has null probability ``L / (K + L)``); problems with ``t_i`` = 0 or ``N_i``
+drop out, as concordant pairs do in McNemar's test, which both statistics are when ``K_i =
+L_i = 1``.
 
-Problem ``i`` has an unknown success rate ``θ_i`` under the baseline model. The
-baseline saw ``c_i`` correct of ``K_i`` runs, the candidate ``d_i`` of ``L_i``
-(``L_i = 1`` for a single run, more with ``--gsm8k-repeats`` on the candidate).
-Runs are independent given ``θ_i``. The null hypothesis "no regression" is
-``θ'_i = θ_i`` for every problem (an improvement anywhere only makes the test
-more conservative: given its total, ``D_i`` follows Fisher's noncentral
-hypergeometric law, stochastically larger when ``θ'_i > θ_i``).
+**Statistic 1, flips.** ``u_i = -ln P(D_i <= d_i | t_i)``, scored ``s_i = u_i⁴ / u_max²``
+with ``u_max = ln C(K_i + L_i, L_i)`` (the most extreme outcome), ``S = Σ s_i``. Steep weights,
+because a stable break lands on the extreme outcome while noise fills every stratum. Scores
+are rounded to integer units (``RESOLUTION u_max²`` for the extreme; observed and null alike,
+so only resolution is lost); ``P(S* >= S_obs)`` is the convolution of the per-problem laws
+capped at ``S_obs``, ``O(m S_obs)``; when that is large, a Chernoff bound below ``1e-12`` is
+returned instead (an upper bound on ``p``: the same verdict).
 
-The conditional null (no prior, no estimated rates)
-===================================================
+**Statistic 2, the rate difference.** ``Δ = Σ (c_i / K_i - d_i / L_i)``. Given the totals
+``c_i = t_i - d_i``, so ``Δ = Σ t_i / K_i - Σ w_i d_i`` with ``w_i = 1 / K_i + 1 / L_i``: a
+large ``Δ`` is a small ``U = Σ a_i d_i``, integer ``a_i ∝ w_i``. ``P(U* <= U_obs)`` is again a
+capped convolution, ``O(m U_obs L)``. Its null variance ``sigma² = Σ w_i v_i``, ``v_i = t_i
+(N_i - t_i) / (N_i (N_i - 1))`` (unbiased for ``θ_i (1 - θ_i)``), is the known-variance
+z-test's in expectation. The other tail ``P(U* >= U_obs)`` is a rise noise cannot explain:
+warned about, never failed on.
 
-Under the null, the ``N_i = K_i + L_i`` runs of problem ``i`` are exchangeable.
-Given their total ``t_i = c_i + d_i``, which runs hold the successes is uniform,
-so ``D_i`` given ``t_i`` is hypergeometric::
+**One null, alpha split.** ``p = min(1, p_S / FLIP_SHARE, p_U / (1 - FLIP_SHARE))``, a
+weighted Bonferroni bound: ``P(p < alpha) <= alpha``, exact, no simulation. With ``K = L = 1``
+everywhere ``p = p_U``, the binomial McNemar tail in ``O(m)``. The split is fixed: one chosen
+from the totals would break the monotonicity below, one from the baseline alone is not exact
+given the totals.
 
-    P(D_i = d | t_i) = C(t_i, d) C(N_i - t_i, L_i - d) / C(N_i, L_i)
+**Monotone in every outcome** (the early stop relies on it). For ``L_i = 1``, with ``R`` the
+null sum over the other problems and ``r`` their observed part: flips, a failure scores ``z``
+with probability ``q = P(D = 0 | c)``, so ``p_fail = q P(R >= r) + (1 - q) P(R >= r + z) <=
+P(R >= r)``, while a success adds a nonnegative law and 0 observed, ``p_succ >= P(R >= r)``;
+rate, ``p_fail = P(R + a B <= r) <= P(R <= r) <= P(R + a B' <= r + a) = p_succ``. Each further
+failure can only lower both p-values and their combination, so over unseen problems "all
+fail" and "all succeed" are the extremes. Not for ``L_i > 1``: the early stop waits then.
 
-and this does not depend on ``θ_i``. Conditioning on every ``t_i`` makes both
-statistics below exact whatever the rates are. In particular a problem right in
-``K`` of ``K`` baseline runs is not treated as certain (a 0.9-rate problem is
-right 5 of 5 times 59% of the time): if the candidate misses it once, its null
-probability of doing so is ``L / (K + L)`` given the total, not 0, so serving
-noise on such problems is inside the null. Problems with ``t_i = 0`` or ``t_i =
-N_i`` carry no information and drop out, as concordant pairs do in McNemar's
-test. With ``K_i = L_i = 1`` both statistics *are* the exact one-sided McNemar
-test.
-
-Statistic 1, flips: each problem weighs its own surprise
-========================================================
-
-Per problem the surprise is that of the candidate doing this badly or worse,
-``u_i = -ln P(D_i <= d_i | t_i)``, and the score is ``s_i = u_i⁴ / u_max²``,
-where ``u_max = ln C(K_i + L_i, L_i)`` is the surprise of the most extreme
-outcome (right in every baseline run, wrong in every candidate run); ``S = Σ
-s_i``. With K = 5 and one candidate run, a problem right 5 of 5 times that fails
-now (``t = 5`` of 6 runs, ``P(D = 0) = 1/6``) has ``s = ln² 6 = 3.21``; one
-right 4 of 5 times (``P = 1/3``) ``s = ln⁴ 3 / ln² 6 = 0.45``; 3 of 5, 0.07; 1
-of 5, 0.00001. The weights are steep because a stable break lands on the extreme
-outcome only, while serving noise fills every stratum: each weight given to the
-4-of-5 and 3-of-5 problems adds null variance and no signal (the most powerful
-test against "problems right in every run now fail" counts the extreme outcomes
-alone; the count loses to its discreteness and misses a partial break with
-candidate repeats, such as a problem now right 1 of 5 times). Simulated
-(``benchmarks/bench_gate.py``, K = 5, one candidate run, 1-point stable break,
-the flips at ``alpha / 4``, 1,000 reruns): ``u²`` 74% (uniform family) and 43%
-(beta), ``u⁴ / u_max²`` 82% and 48%, the count 80% and 49% (400 reruns); on 10%
-noisy problems at 0.5 all of them 98%. Dividing by ``u_max²`` keeps the largest
-score where ``u²`` had it. Scores are rounded to integer units (``RESOLUTION
-u_max²`` for the extreme outcome; observed and null alike: resolution is lost,
-never validity), and ``P(S* >= S_obs)`` is the convolution of the per-problem
-score laws with the running total capped at ``S_obs``, ``O(m S_obs)``; in a
-collapse a Chernoff bound below ``1e-12`` is returned instead (an upper bound on
-``p``: the same verdict).
-
-What one candidate run can see of a stable break. A problem that broke looks
-like one right K of K times that fails by noise, and how often those fail
-cannot be estimated from K runs alone (``θ^K (1 - θ)`` has no unbiased
-estimate from K Bernoulli draws): the conditional null estimates it from the
-candidate's run, as McNemar does. Against a 1-point break (13 of 1,319
-problems) on the benchmark's noisy families, with K = 5 and one candidate run,
-none of the exact tests tried reaches 95% even with the whole alpha: the count
-of extreme outcomes is caught 90% (uniform) and 63% (beta) of the time, the
-squared surprise (this gate before it had a rate statistic, blind to spread
-shifts) 88% and 64%; only an oracle that knows every rate does better, 99.9%
-and 83% (2,000 and 20,000 reruns). What closes it is candidate repeats: with 5
-the extreme outcome has null probability ``1 / C(10, 5) = 1/252`` and every
-family is caught in all but a few of 1,000 reruns.
-
-Statistic 2, the rate difference
-================================
-
-The flip statistic is nearly blind to a drift of the noisy rates: each noisy
-problem failing once more is hardly a surprise, and the squared weights spend
-the power elsewhere. The estimate of the drop itself is the difference of the
-mean rates, ``Δ = Σ (c_i / K_i - d_i / L_i)`` (in problems; ``/ n`` for
-accuracy). Given the totals, ``c_i = t_i - d_i``, so ``Δ = Σ t_i / K_i - Σ w_i
-d_i`` with ``w_i = 1 / K_i + 1 / L_i``: a large ``Δ`` is a small ``U = Σ a_i
-d_i`` with integer ``a_i ∝ w_i`` (all 1 when every problem has the same ``K``
-and ``L``). Its exact conditional p-value ``P(U* <= U_obs)`` is again a capped
-convolution, of the hypergeometric laws, ``O(m U_obs L)``. Its null variance, in
-problems, is ``sigma² = Σ w_i v_i`` with ``v_i = t_i (N_i - t_i) / (N_i (N_i -
-1))``, the unbiased estimate of ``θ_i (1 - θ_i)`` from all ``N_i`` runs: the
-known-variance z-test on ``Δ`` (variance ``Σ θ_i (1 - θ_i) w_i``) in
-expectation, which is why the two have the same power (simulated:
-``benchmarks/bench_gate.py``). The opposite tail, ``P(U* >= U_obs)``, is a rise
-noise cannot explain: the gate warns on it (a changed prompt or extractor, the
-wrong model, contamination), it never fails on it.
-
-One null, alpha split
-=====================
-
-Both statistics are tests of the same conditional null. The gate's p-value is
-the weighted Bonferroni combination ``p = min(1, p_S / FLIP_SHARE, p_U / (1 -
-FLIP_SHARE))``: ``P(p < alpha) <= FLIP_SHARE alpha + (1 - FLIP_SHARE) alpha``,
-exact, deterministic, with no simulation. With ``K = L = 1`` everywhere the two
-statistics are the same McNemar test and ``p = p_U``, computed as the binomial
-tail of the discordant pairs (``O(m)``; the convolution is ``O(m U_obs)``). The
-split costs the rate statistic ``z_{1 - 0.75 alpha}`` instead of ``z_{1 -
-alpha}`` (2.43 against 2.33 at 0.01: a few points of power). More alpha for the
-flips buys little and costs the rate statistic what the issue's other target
-needs: at 3/8 a 1-point stable break (K = 5, one candidate run) is caught 88%
-(uniform) and 57% (beta) of the time instead of 84% and 50% at 1/4 on the same
-500 reruns, and a 1-point spread shift on 10% noisy problems at 0.5 falls 9
-points below the known-variance z-test with K = 3 and K = 5. The split is fixed,
-never chosen from the data: one chosen from the totals would keep the test exact
-but break the monotonicity below (one more failure changes a total, hence the
-split), and one chosen from the baseline's outcomes alone is not exact given the
-totals. Nor would the minimum of the two p-values under their joint null gain:
-it reclaims only the alpha both reject on, and under the null they hardly
-overlap (both below their share in 0 and 3 of 10,000 reruns, K = 5, one
-candidate run, uniform and beta families).
-
-Monotone in every outcome (what the early stop relies on)
-=========================================================
-
-For ``L_i = 1``, let ``R`` be the null sum over the other problems and ``r``
-their observed part. Flips: if problem ``i`` fails (``t = c``) its score law is
-``z`` with probability ``q = P(D = 0 | c)``, else 0, and ``p_fail = q P(R >= r)
-+ (1 - q) P(R >= r + z) <= P(R >= r)``; if it succeeds it adds a nonnegative law
-and 0 observed, so ``p_succ >= P(R >= r)``. Rate: if it fails, ``p_fail = P(R +
-a B <= r) <= P(R <= r)`` (``B`` its Bernoulli law); if it succeeds, ``p_succ =
-P(R + a B' <= r + a) >= P(R <= r)``. Hence each further failure can only lower
-both p-values and their combination, and over problems not seen yet the
-extremes of ``p`` are "all fail" and "all succeed": the early stop's verdicts
-are certain (``tests/unit/core/test_calibrated.py`` checks it on random small
-cases). For ``L_i > 1`` it does not hold, so with repeats on the candidate the
-early stop leaves this gate to the end of the run.
-
-What the gate can see
-=====================
-
-:func:`reach` is the smallest drop the test detects with the given power,
-for the least favourable shape: a drop spread thin over the noisy problems,
-which the flip statistic hardly sees, so the rate statistic must, at its level
-``alpha' = (1 - FLIP_SHARE) alpha``. Under such a drop ``Δ`` is about normal
-with mean the drop and the null's standard deviation ``sigma``, so the drop seen
-with power ``1 - beta`` is ``(z_{1 - alpha'} + z_{1 - beta}) sigma`` problems (the
-power of a one-sided z-test, e.g. Lachin 1981, "Introduction to sample size
-determination and power analysis for clinical trials", Controlled Clinical
-Trials 2:93-113). It is never below the drop that alone reaches ``alpha'``:
-``m`` problems failing every candidate run from ``K`` of ``K`` have ``p =
-C(K + L, L)^-m``. Since ``sigma² = Σ v_i (1 / K + 1 / L)``, the candidate repeats
-``L`` that bring it to one point are the smallest with ``(z_{1 - alpha'} +
-z_{1-beta})² Σ v_i (1 / K + 1 / L) <= (n / 100)²``; none, when the baseline's own
-``1 / K`` share is already too large (record it with more repeats).
-``benchmarks/bench_gate.py`` checks the claim against the simulated 80%-power
-drop for three noise families.
+**What the gate can see** (:func:`reach`): the least favourable shape is a drop spread thin
+over the noisy problems, which only the rate statistic sees, at ``alpha' = (1 - FLIP_SHARE)
+alpha``. ``Δ`` is then about normal with the null's ``sigma``, so the drop seen with power ``1 -
+beta`` is ``(z_{1 - alpha'} + z_{1 - beta}) sigma`` problems (Lachin 1981, Controlled Clinical
+Trials 2:93-113), and never below what alone reaches ``alpha'``: ``m`` problems failing every
+run from K of K give ``p = C(K + L, L)^-m``. The candidate repeats that bring it to one point
+are the smallest ``L`` with ``(z_{1 - alpha'} + z_{1-beta})² Σ v_i (1 / K + 1 / L) <= (n /
+100)²``; none when the baseline's own ``1 / K`` share is already too large.
 """
 
 from __future__ import annotations
@@ -179,22 +73,6 @@ from pytest_gsm8k.core.stats import (
     mcnemar_one_sided,
     paired_difference_interval,
 )
-
-__all__ = [
-    "FLIP_SHARE",
-    "RESOLUTION",
-    "Evidence",
-    "Pair",
-    "Reach",
-    "Stability",
-    "difference",
-    "evidence",
-    "flip_p_value",
-    "p_value",
-    "reach",
-    "stability",
-    "statistic",
-]
 
 #: score units: the most surprising outcome of a problem scores ``RESOLUTION u_max²``
 #: (K = 5, one candidate run: 51 units, a 4-of-5 problem failing 7, a 3-of-5 one 1), fine
@@ -271,8 +149,7 @@ def stability(correct: int, runs: int) -> Stability:
 
 @lru_cache(maxsize=4096)
 def _law(total: int, before: int, after: int) -> tuple[tuple[int, float], ...]:
-    """The null law of one problem's integer score given its total: (score, probability)
-    pairs, zero scores merged, in increasing score."""
+    """One problem's null law of integer scores given its total: (score, probability)."""
     pmf = hypergeometric_pmf(total, before, after)
     scores = _scores(total, before, after)
     law: dict[int, float] = {}
@@ -284,10 +161,7 @@ def _law(total: int, before: int, after: int) -> tuple[tuple[int, float], ...]:
 
 @lru_cache(maxsize=4096)
 def _scores(total: int, before: int, after: int) -> tuple[int, ...]:
-    """``round(RESOLUTION * u ** 4 / u_max ** 2)`` for ``d = 0..after``, ``u = -ln P(D <= d |
-    total)`` and ``u_max = ln C(before + after, after)``, the surprise of a problem right in
-    every baseline run and wrong in every candidate run (0 where ``P(D <= d) = 0``: an
-    impossible outcome is never observed and has no mass)."""
+    """``round(RESOLUTION u⁴ / u_max²)`` for ``d = 0..after`` (0 for an impossible ``d``)."""
     pmf = hypergeometric_pmf(total, before, after)
     most = math.log(hypergeometric_pmf(before, before, after)[0]) ** 2  # 1 / C(K + L, L)
     scores: list[int] = []
@@ -346,10 +220,8 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
 
 
 def _chernoff(informative: Sequence[Pair], observed: int) -> float:
-    """``min_λ e^{-λ S_obs} Π E[e^{λ s_i}]`` over a grid of λ: an upper bound on the tail.
-
-    Problems with the same law (the same total and runs) share one factor, raised to their
-    count: a full run has a handful of laws, so each λ costs a handful of sums."""
+    """``min_λ e^{-λ S_obs} Π E[e^{λ s_i}]`` over a grid of λ: an upper bound on the tail
+    (problems of the same law share one factor, raised to their count)."""
     strata = Counter(
         (pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
         for pair in informative
@@ -371,9 +243,8 @@ def _chernoff(informative: Sequence[Pair], observed: int) -> float:
 
 
 def _weights(informative: Sequence[Pair]) -> list[int]:
-    """The rate statistic's integer weights ``a_i ∝ 1 / K_i + 1 / L_i`` (all 1 when every
-    problem has the same runs; rounded, which keeps the test exact, when they would be
-    large: the statistic is then a close cousin of ``Δ``, tested exactly all the same)."""
+    """The rate statistic's integer weights ``a_i ∝ 1 / K_i + 1 / L_i``, rounded when large
+    (the statistic is then a close cousin of ``Δ``, still tested exactly)."""
     fractions = [Fraction(1, p.base_runs) + Fraction(1, p.now_runs) for p in informative]
     if not fractions:
         return []
@@ -388,9 +259,8 @@ def _weights(informative: Sequence[Pair]) -> list[int]:
 
 
 def _at_most(laws: Sequence[tuple[int, Sequence[float]]], observed: int) -> float:
-    """``P(Σ a X <= observed)`` for independent ``X`` with the given pmfs over ``0, 1, ...``
-    and integer weights ``a >= 1``: the convolution, capped at ``observed`` (terms are
-    never negative, so mass above it never returns)."""
+    """``P(Σ a X <= observed)`` for independent ``X`` (pmfs over ``0, 1, ...``, integer
+    weights ``a >= 1``): the convolution capped at ``observed``."""
     if observed < 0:
         return 0.0
     dist = [0.0] * (observed + 1)
@@ -440,9 +310,8 @@ def rate_p_values(pairs: Sequence[Pair]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Evidence:
-    """The test's p-values on one comparison: ``flip`` (statistic 1), ``drop`` and
-    ``rise`` (statistic 2's two tails); ``p`` is the gate's: their combination, or with
-    one run a side (``mcnemar``, where both statistics are McNemar's) ``drop`` itself."""
+    """The p-values of statistic 1 (``flip``) and statistic 2's tails (``drop``, ``rise``);
+    ``p`` is the gate's (``drop`` itself when both statistics are McNemar's)."""
 
     flip: float
     drop: float
@@ -475,14 +344,10 @@ def p_value(pairs: Sequence[Pair]) -> float:
 
 
 def difference(pairs: Sequence[Pair], confidence: float = 0.95) -> tuple[float, float, float]:
-    """``(diff, low, high)``: the candidate's mean rate minus the baseline's over the
-    pairs, with its interval; the one estimate every line against a baseline shows.
-
-    Problems are the unit: with one run a side it is Newcombe's interval for paired
-    proportions (core/stats.py); with repeats, the normal interval of the mean of the
-    per-problem differences ``now_rate - base_rate``, whose variance ``Σ (δ_i - δ̄)² /
-    (n (n - 1))`` holds both sides' run-to-run noise and the problems' spread (the paired
-    t-interval, treating problems as the sampled unit)."""
+    """``(diff, low, high)``: the candidate's mean rate minus the baseline's, with its
+    interval, the one estimate every line against a baseline shows. Problems are the unit:
+    Newcombe's paired interval with one run a side, else the normal interval of the mean
+    per-problem difference (its variance holds both sides' noise and the problems' spread)."""
     n = len(pairs)
     if n == 0:
         return 0.0, -1.0, 1.0
@@ -502,9 +367,8 @@ def difference(pairs: Sequence[Pair], confidence: float = 0.95) -> tuple[float, 
 
 @dataclass(frozen=True)
 class Reach:
-    """What the gate can see (:func:`reach`): the spread drop it detects with ``power``,
-    in problems and in points of the ``n`` problems, and how many candidate repeats would
-    bring that to one point with this baseline (None: none up to ``most``)."""
+    """The spread drop the gate detects with ``power`` (:func:`reach`), in problems and
+    points, and the candidate repeats that would bring it to one point (None: none)."""
 
     problems: float
     points: float
@@ -513,8 +377,8 @@ class Reach:
 
 
 def reach(pairs: Sequence[Pair], alpha: float, power: float = 0.8, most: int = 100) -> Reach:
-    """The smallest drop the test detects with ``power`` at level ``alpha``, for the least
-    favourable shape (a drop spread over the noisy problems; see the module docstring)."""
+    """The smallest drop detected with ``power`` at ``alpha``, for the least favourable
+    shape (see the module docstring)."""
     n = len(pairs)
     if n == 0:
         return Reach(0.0, 0.0, power, None)

@@ -19,15 +19,6 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-__all__ = [
-    "MODEL_ENV",
-    "PORT_ENV",
-    "CommandError",
-    "ServeCommand",
-    "needs_shell",
-    "serve_command",
-]
-
 MODEL_ENV = "GSM8K_MODEL"
 PORT_ENV = "GSM8K_PORT"
 

@@ -1,9 +1,7 @@
 """GSM8K rows as problems: validation, fingerprint, the seeded subset. Pure.
 
-Where rows come from (the embedded copy, files, the hub) is
-:mod:`pytest_gsm8k.runtime.data`; this module only turns rows into
-:class:`Problem` values. Every row is validated before any request is sent,
-and a bad row is reported as ``where:line: what is wrong``.
+Rows come from :mod:`pytest_gsm8k.runtime.data`; each is validated before any request, a
+bad one reported as ``where:line: what is wrong``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,21 @@
-"""Early stopping for the release gates. Pure: no I/O, no pytest, stdlib only.
+"""Early stopping for the release gates (docs/early-stop.md says what each mode promises). Pure.
 
-What the two modes promise is docs/early-stop.md's: ``certain`` reports a gate's verdict once
-no answer to the problems still to run could change it (the gate spec's own ``certain()``,
-core/gates.py, the rule of its final verdict); ``sequential`` adds, for the count gates, an
-anytime-valid test on the whole selection's count (without replacement: :class:`_WorTest`,
-whose docstring holds the proof), wrong with probability at most alpha for every population.
+One :class:`EarlyStop` per group (:meth:`EarlyStop.for_group`); the problems run in its seeded
+``order`` and each outcome goes to :meth:`EarlyStop.observe`, which returns a
+:class:`Decision` once the gates are settled. ``certain`` asks each gate spec's own
+``certain()`` (core/gates.py); ``sequential`` adds an anytime-valid test on the whole
+selection's count (:class:`_WorTest`, whose docstring holds the proof).
 
-How the plugin uses it: one :class:`EarlyStop` per group (the run, or each ``--gsm8k-config``
-config: :meth:`EarlyStop.for_group`) with the ids of its selected problems; run the problems
-in ``EarlyStop.order`` and call :meth:`EarlyStop.observe` with every outcome as it arrives.
-Once it returns a :class:`Decision`, cancel the rest: its verdicts are the gates' (``None``:
-not needed, another gate FAILed).
-
-Out-of-order arrivals (xdist, concurrency): a fast wrong answer (an error, a refusal) may
-arrive before a slow correct one, so the arrival order is not independent of the outcomes,
-which the sequential guarantee needs. :meth:`EarlyStop.observe` therefore feeds the
-statistics only the contiguous prefix of the seeded order that has arrived (``certain`` needs
-no order and uses every arrival at once). The order is part of the protocol's identity:
-:func:`run_order` derives it from SHA-256 of the seed and each id, the same everywhere.
-
-The noise-aware baseline gate has certain bounds only, in both modes: its p-value can only
-fall with each further failure, so "every unseen problem fails" and "every unseen problem is
-right" are its extremes. It is checked every 1% of the shared problems (a p-value of 1,319
-pairs costs up to a fraction of a second), and with ``--gsm8k-repeats`` on the candidate (not
-monotone then) it waits for the end of the run. With ``--gsm8k-repeats K`` the count gates
-count answers over all N K, each problem adding 0..K (the sequential tests at scale K).
+The sequential statistics see only the contiguous prefix of the order that has arrived: a
+fast wrong answer (an error) may overtake a slow right one, so the arrival order is not
+independent of the outcomes. The noise-aware gate has exact bounds only (its p-value falls
+with each failure: core/calibrated.py), checked every 1% of the shared problems; with
+``--gsm8k-repeats`` on the candidate it is not monotone and waits for the end.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -42,144 +29,68 @@ from pytest_gsm8k.core.gates import MaxShare, MinAcc, NoiseAware, ToleranceFloor
 if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import GateSpecs
 
-__all__ = [
-    "FLOOR",
-    "CountSpec",
-    "Decision",
-    "EarlyStop",
-    "Mode",
-    "Verdict",
-    "run_order",
-]
-
 Mode = Literal["certain", "sequential"]
 
 #: the name a vLLM config's floor (``ToleranceFloor``) has among the gates decided here
 FLOOR = "vllm-threshold"
 
-# The betting mixture (see _WorTest). Offsets delta of the alternative mean from
-# the null mean, in units of the gate's quantity (accuracy, or a share), with prior
-# weights; _VALUED_MIX for values in {0..K} (--gsm8k-repeats K). Chosen by simulation
-# (benchmarks/bench_early_stop.py): weight on small offsets, where the run is long and
-# every nat of evidence counts; the large ones decide a broken model in a few problems.
+# The betting mixture (see _WorTest): offsets of the alternative mean from the null mean, in
+# units of the gate's quantity, with prior weights; _VALUED_MIX for values in {0..K}. Chosen
+# by simulation (benchmarks/bench_early_stop.py): weight on small offsets, where the run is
+# long; the large ones decide a broken model in a few problems.
 _BINARY_MIX = ((0.05, 2.0), (0.08, 3.0), (0.12, 3.0), (0.18, 2.0), (0.3, 1.0), (0.6, 1.0))
-_VALUED_MIX = (
-    (0.02, 2.0),
-    (0.03, 3.0),
-    (0.05, 3.0),
-    (0.08, 2.0),
-    (0.12, 1.0),
-    (0.2, 1.0),
-    (0.4, 1.0),
-)
+_VALUED_OFFSETS = (0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.4)
+_VALUED_MIX = tuple(zip(_VALUED_OFFSETS, (2.0, 3.0, 3.0, 2.0, 1.0, 1.0, 1.0), strict=True))
 #: largest fraction of the capital any one bet may lose (keeps every factor >= 0.02)
 _MAX_FRACTION = 0.98
 
 
-# -- protocol pieces ---------------------------------------------------------------------------
-
-
 def run_order(ids: Sequence[str], seed: int) -> list[str]:
-    """The seeded run order: ids sorted by SHA-256 of ``"<seed>:<id>"`` (ties by id).
-
-    Sorting by a cryptographic hash of (seed, id) is a uniformly random
-    permutation for all practical purposes (the hash acts as a random
-    oracle), independent of the outcomes, and reproducible everywhere: no
-    dependence on :mod:`random`'s algorithm or on the order ``ids`` come in.
-    """
+    """The seeded run order: ids sorted by SHA-256 of ``"<seed>:<id>"`` (ties by id): a
+    uniformly random permutation, independent of the outcomes, the same everywhere."""
     if len(set(ids)) != len(ids):
         raise ValueError("problem ids must be unique")
-
-    def key(pid: str) -> tuple[bytes, str]:
-        return hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid
-
-    return sorted(ids, key=key)
-
-
-# -- the sequential test -----------------------------------------------------------------------
+    return sorted(ids, key=lambda pid: (hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid))
 
 
 class _WorTest:
-    """One-sided anytime-valid test about the total of a finite population, drawn WoR.
+    """One-sided anytime-valid test about the total of a finite population drawn without
+    replacement (Waudby-Smith & Ramdas 2020, section 3).
 
-    The population: ``size`` values in ``{0, 1, ..., scale}`` (read as
-    ``y = value / scale`` in [0, 1]), seen in a uniformly random order. The
-    null hypothesis: the population total (in value units) is ``<= null``
-    (``up=True``: we bet on large values) or ``>= null`` (``up=False``).
+    The population: ``size`` values in ``{0..scale}`` (``y = value / scale``), in a uniformly
+    random order. Null: the total is ``<= null`` (``up``: we bet on large values) or
+    ``>= null``. Before draw t, with ``S`` the total seen, the mean of the unseen values under
+    the boundary null is ``mu_t = (null - S) / (scale (size - t + 1))`` = ``E[y_t | past]``.
+    Each bet ``K_j = prod_t (1 + lam_jt (y_t - mu_t))`` (``mu_t - y_t`` when not ``up``), with
+    ``lam_jt >= 0`` fixed before ``y_t``, is a nonnegative martingale under the null, and so
+    is the mixture ``K = sum_j w_j K_j``; Ville's inequality gives ``P(sup_t K_t >= 1/alpha)
+    <= alpha``: rejecting the first time ``K_t >= 1/alpha`` errs at most alpha, whenever the
+    run stops.
 
-    Capital process (Waudby-Smith & Ramdas 2020, section 3): before draw t,
-    with ``S`` the total of the t-1 values seen, the mean of the unseen values
-    under the boundary null is ``mu_t = (null - S) / (scale (size - t + 1))``,
-    which is exactly ``E[y_t | past]`` under it. For each bet j,
-    ``K_j = prod_t (1 + lam_jt (y_t - mu_t))`` (``mu_t - y_t`` for ``up=False``),
-    with ``lam_jt >= 0`` fixed before ``y_t`` is seen: a nonnegative martingale
-    under the null. The test's capital is the mixture ``K = sum_j w_j K_j``
-    (weights summing to 1), again a nonnegative martingale, and Ville's
-    inequality gives ``P(sup_t K_t >= 1/alpha) <= alpha`` under the null:
-    rejecting the first time ``K_t >= 1/alpha`` is wrong with probability at
-    most alpha, at whatever time the run stops.
+    Bets: ``lam_jt = min(delta_j / v_t, 0.98 / mu_t)`` (``/ (1 - mu_t)`` when not ``up``), so
+    every factor is >= 0.02. For 0/1 values ``v_t = mu_t (1 - mu_t)``: the Kelly bet against
+    ``mu_t +- delta_j``, K_j the likelihood ratio (GRAPA is exact for binary data). Otherwise
+    ``v_t`` is the smoothed empirical variance of the values seen, independent of the null.
 
-    Bets: ``lam_jt = min(delta_j / v_t, 0.98 / mu_t)`` (``/ (1 - mu_t)`` for
-    ``up=False``), which keeps every factor >= 0.02. For 0/1 outcomes
-    (``binary``) ``v_t = mu_t (1 - mu_t)``: the bet is then the Kelly bet
-    against an alternative predicting ``mu_t +- delta_j``, i.e. K_j is the
-    likelihood ratio of that alternative to the null (GRAPA is exact for
-    binary data). Otherwise ``v_t`` is the smoothed empirical variance of the
-    values seen so far (a plug-in of the "approximate GRAPA" kind), which
-    does not depend on the null.
-
-    Composite null (all totals on the null side, not only the boundary): the
-    factor is nondecreasing in mu_t for every observed y (for ``up=False``,
-    ``1 + lam (mu - y)`` with lam nondecreasing in mu, or ``1 - (0.98/(1-mu))
-    (y - mu)`` whose derivative in mu is ``0.98 (1 - y) / (1 - mu)^2 >= 0``;
-    symmetrically for ``up=True``), and mu_t is increasing in the null total.
-    So the capital computed at any total inside the null is at least the
-    capital at the boundary, pathwise, and is a nonnegative martingale under
-    that total: rejecting at the boundary rejects the whole composite null,
-    still at level alpha. The same monotonicity makes the set of totals the
-    test rejects an interval, so confidence bounds come by bisection.
-
-    When the boundary's ``mu_t`` leaves (0, 1) the bet is skipped
-    (``lam = 0``, always allowed). On the far side that only happens once the
-    verdict is certain anyway; at ``mu_t`` = 0 or 1 on the near side only the
-    boundary itself is still possible, so no monotonicity is needed.
-
-    Floats: capitals are products of floats (relative error ~1e-16 per step);
-    a capital that underflows to 0 only makes the test more conservative.
+    Composite null: each factor is nondecreasing in mu_t for every y (e.g. ``1 - (0.98/(1-mu))
+    (y - mu)`` has derivative ``0.98 (1 - y) / (1 - mu)^2 >= 0``), and mu_t increases with the
+    null total, so the capital at any total inside the null is pathwise at least the
+    boundary's: rejecting the boundary rejects the whole null at level alpha, and the
+    rejected totals form an interval (confidence bounds by bisection). When ``mu_t`` leaves
+    (0, 1) the bet is skipped (``lam = 0``); a capital underflowing to 0 is only conservative.
     """
-
-    __slots__ = (
-        "binary",
-        "caps",
-        "mix",
-        "null",
-        "rejected",
-        "scale",
-        "seen",
-        "seen_sq",
-        "size",
-        "t",
-        "threshold",
-        "up",
-    )
 
     def __init__(
         self, size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
     ) -> None:
-        self.size = size
-        self.scale = scale
-        self.null = null
-        self.up = up
-        self.binary = binary
+        self.size, self.scale, self.null, self.up, self.binary = size, scale, null, up, binary
         self.threshold = 1.0 / alpha
         mix = _BINARY_MIX if binary else _VALUED_MIX
         total_weight = sum(w for _, w in mix)
         # deltas in units of y (an accuracy offset of delta is delta/K in y units at scale K)
         self.mix = [d / scale for d, _ in mix]
         self.caps = [w / total_weight for _, w in mix]
-        self.t = 0
-        self.seen = 0
-        self.seen_sq = 0
+        self.t = self.seen = self.seen_sq = 0
         self.rejected = False
 
     def update(self, value: int) -> bool:
@@ -198,19 +109,13 @@ class _WorTest:
                     mean = self.seen / (self.scale * n) if n else 0.0
                     ss = self.seen_sq / (self.scale * self.scale) - n * mean * mean
                     var = max((0.25 + ss) / (1 + n), 1e-6)
-                if self.up:
-                    dev = y - mu
-                    limit = _MAX_FRACTION / mu
-                else:
-                    dev = mu - y
-                    limit = _MAX_FRACTION / (1.0 - mu)
+                up = self.up
+                dev = y - mu if up else mu - y
+                limit = _MAX_FRACTION / mu if up else _MAX_FRACTION / (1.0 - mu)
                 caps = self.caps
                 capital = 0.0
                 for j, delta in enumerate(self.mix):
-                    lam = delta / var
-                    if lam > limit:
-                        lam = limit
-                    caps[j] *= 1.0 + lam * dev
+                    caps[j] *= 1.0 + min(delta / var, limit) * dev
                     capital += caps[j]
                 if capital >= self.threshold:
                     self.rejected = True
@@ -220,50 +125,26 @@ class _WorTest:
         return self.rejected
 
 
-def _rejects(
-    values: Sequence[int], size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
-) -> bool:
-    """Whether the test of ``null`` rejects at some time over ``values`` (a replay)."""
-    test = _WorTest(size, scale, null, up, alpha, binary)
-    return any(test.update(value) for value in values)
-
-
-def _bisect_last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
-    """Largest k in [lo, hi] with ok(k), given ok(lo) and ok monotone (True then False)."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-# -- the gates ---------------------------------------------------------------------------------
-
 #: the gate specs decided on a count (core/gates.py)
 CountSpec = MinAcc | ToleranceFloor | MaxShare
 
 
 @dataclass
 class _CountGate:
-    """A count rule on ``size`` problems of ``runs`` answers each: PASS iff the good answers
-    X (correct; for a health gate, not of its outcome) reach ``spec.need(size * runs)``.
+    """A count rule: PASS iff the good answers X (correct; for a health gate, not of its
+    outcome) of ``size`` problems of ``runs`` answers reach ``spec.need(size * runs)``.
 
-    The spec's own ``certain()`` settles it on the exact range of X (what is good so far,
-    plus every unseen answer). Sequential (two one-sided tests, each at the gate's alpha):
-    FAIL when the test of "X >= need" rejects, PASS when the test of "X <= need - 1"
-    rejects. If in truth X >= need (the full run PASSes), only an early FAIL is wrong, and
-    it needs the first test to reject a true null: probability <= alpha. If X <= need - 1,
-    only an early PASS is wrong: again <= alpha. Exactly at the threshold (X = need) the
-    full run PASSes, and the FAIL test's boundary is that very population. No population
-    gets more than alpha, so no correction for testing both directions is needed.
+    Sequential: FAIL when the test of "X >= need" rejects, PASS when that of "X <= need - 1"
+    does, each at the gate's alpha. Whatever the true X, only one of the two early verdicts
+    is wrong (at X = need the full run PASSes, the FAIL test's boundary), so no population
+    is misjudged with probability above alpha and no correction for two directions is due.
     """
 
     spec: CountSpec
     size: int
     alpha: float
-    runs: int = 1
+    runs: int
+    sequential: bool
     good: int = 0
     seen: int = 0
     values: list[int] = field(default_factory=list)
@@ -271,14 +152,11 @@ class _CountGate:
     pass_test: _WorTest | None = None
 
     def __post_init__(self) -> None:
-        self.need = self.spec.need(self.size * self.runs)
-
-    def start_tests(self) -> None:
-        if self.need <= 0:
-            return  # no count fails it: never decided, early or not (no verdict at all)
-        binary = self.runs == 1
-        self.fail_test = _WorTest(self.size, self.runs, self.need, False, self.alpha, binary)
-        self.pass_test = _WorTest(self.size, self.runs, self.need - 1, True, self.alpha, binary)
+        self.need = need = self.spec.need(self.size * self.runs)
+        if self.sequential and need > 0:  # a rule no count fails is no verdict, early or not
+            size, runs, alpha = self.size, self.runs, self.alpha
+            self.fail_test = _WorTest(size, runs, need, False, alpha, runs == 1)
+            self.pass_test = _WorTest(size, runs, need - 1, True, alpha, runs == 1)
 
     def certain(self) -> Verdict | None:
         n, seen = self.size * self.runs, self.seen * self.runs
@@ -291,16 +169,10 @@ class _CountGate:
         self.good += good
         self.seen += 1
         verdict = self.certain()
-        if self.fail_test is None or self.pass_test is None:
-            return verdict
-        self.values.append(good)
-        failed = self.fail_test.update(good)
-        passed = self.pass_test.update(good)
-        if verdict is None:
-            if failed:
-                verdict = "FAIL"
-            elif passed:
-                verdict = "PASS"
+        if self.fail_test is not None and self.pass_test is not None:
+            self.values.append(good)
+            failed, passed = self.fail_test.update(good), self.pass_test.update(good)
+            verdict = verdict or ("FAIL" if failed else "PASS" if passed else None)
         return verdict
 
     def count_bounds(self) -> tuple[int, int]:
@@ -308,39 +180,27 @@ class _CountGate:
         return self.good, self.good + (self.size - self.seen) * self.runs
 
     def count_interval(self) -> tuple[int, int]:
-        """Anytime-valid bounds on X: each end a one-sided (1 - alpha) bound, in the exact range.
-
-        The lower end is the smallest X that the test of "total <= X" has not rejected, the
-        upper end the largest X that "total >= X" has not; replays of the history, by
-        bisection (the rejected sets are intervals, see _WorTest).
-        """
+        """Anytime-valid bounds on X inside the exact range: the totals the tests of "total
+        >= X" and "total <= X" have not rejected, by replay and bisection (see _WorTest)."""
         low, high = self.count_bounds()
         if self.fail_test is None:
             return low, high
-        values, size, scale, alpha = self.values, self.size, self.runs, self.alpha
 
-        def keeps_high(k: int) -> bool:
-            return not _rejects(values, size, scale, k, False, alpha, scale == 1)
+        def rejects(k: int, up: bool) -> bool:
+            test = _WorTest(self.size, self.runs, k, up, self.alpha, self.runs == 1)
+            return any(test.update(value) for value in self.values)
 
-        def keeps_low(k: int) -> bool:
-            return not _rejects(values, size, scale, k, True, alpha, scale == 1)
+        def first(ok: Callable[[int], bool]) -> int:  # ok: False then True over [low, high]
+            return low + bisect.bisect_left(range(low, high + 1), True, key=ok)
 
-        # kept sets: {k <= top} for the upper end, {k >= bottom} for the lower end
-        top = _bisect_last(low, high, keeps_high) if keeps_high(low) else low
-        bottom = low
-        if not keeps_low(low):
-            bottom = min(_bisect_last(low, high, lambda k: not keeps_low(k)) + 1, top)
-        return bottom, top
+        top = max(first(lambda k: rejects(k, False)) - 1, low)
+        return min(first(lambda k: not rejects(k, True)), top), top
 
 
 @dataclass
 class _NoiseAwareGate:
-    """The baseline gate by the noise-aware test: the outcomes so far for
-    ``NoiseAware.certain``, checked every ``every`` outcomes (and at the last one).
-
-    ``baseline``: shared problem id -> (correct runs, runs) in the baseline;
-    ``repeats``: the candidate's runs per problem (above 1 the gate waits for the end).
-    """
+    """The noise-aware baseline gate, asked every ``every`` outcomes (and at the last).
+    ``baseline``: shared problem id -> the baseline's (correct runs, runs)."""
 
     rule: NoiseAware
     baseline: dict[str, tuple[int, int]]
@@ -349,18 +209,10 @@ class _NoiseAwareGate:
     now: dict[str, int] = field(default_factory=dict)
     since: int = 0
 
-    @property
-    def alpha(self) -> float:
-        return self.rule.alpha
-
-    @property
-    def seen(self) -> int:
-        return len(self.now)
-
     def add(self, pid: str, correct: bool) -> Verdict | None:
         self.now[pid] = int(correct)
         self.since += 1
-        if self.since < self.every and self.seen < len(self.baseline):
+        if self.since < self.every and len(self.now) < len(self.baseline):
             return None
         self.since = 0
         return self.certain()
@@ -389,48 +241,26 @@ class _NoiseAwareGate:
         return p_value(worst), p_value(best)
 
 
-# -- the run -----------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Decision:
-    """The run may stop: after ``after`` outcomes, these verdicts are settled.
-
-    ``verdicts`` maps every gate ("min-acc", "baseline", the health gates'
-    "max-unparsed", ...) to "PASS", "FAIL", or None (not settled; only when
-    another gate FAILed, which fixes the run's exit). ``how`` says per settled
-    gate "certain" or "sequential".
-    """
+    """The run may stop after ``after`` outcomes: each gate's verdict (None: not settled,
+    which happens only beside another gate's FAIL) and per settled gate how ("certain" or
+    "sequential")."""
 
     after: int
     verdicts: dict[str, Verdict | None]
     how: dict[str, str]
 
-    @property
-    def passed(self) -> bool:
-        return all(v == "PASS" for v in self.verdicts.values())
-
 
 class EarlyStop:
-    """Decide a group's gates as early as allowed; one instance per group (the run, or one
-    ``--gsm8k-config`` config: :meth:`for_group`).
+    """Decide one group's gates as early as allowed (:meth:`for_group`).
 
-    ``ids``: the problem ids of the group's selected problems (N = len(ids)).
-    ``gates``: its gate specs (core/gates.py), in the order they are shown: ``MinAcc``, a
-    config's ``ToleranceFloor``, ``NoiseAware`` (read with ``baseline``: problem id -> the
-    stored baseline's (correct runs, runs); only ids in ``ids`` count, the shared
-    problems) and the health gates' ``MaxShare`` (decided on the outcomes
-    :meth:`observe` is given).
-    ``mode``: "certain" or "sequential" (see the module docstring).
-    ``seed``: the run order's seed (``run_order``); ``order`` overrides it with an explicit
-    permutation of ``ids`` (simulations).
-    ``alpha``: the sequential mode's error bound for the whole group, split evenly over the
-    count gates (Bonferroni; the noise-aware gate has no sequential test), so the exit
-    status differs from the full run's with probability at most ``alpha``.
-    ``repeats``: the candidate's answers per problem (``--gsm8k-repeats``): the count gates
-    count answers; above 1 the noise-aware gate waits for the end.
-
-    The group stops when every gate's verdict is settled or any gate FAILs.
+    ``gates``: the group's specs in the order shown; ``NoiseAware`` reads ``baseline``
+    (problem id -> the baseline's (correct runs, runs); only ids in ``ids`` count).
+    ``order`` replaces the seeded order (simulations). ``alpha``: the sequential mode's
+    bound for the group, split evenly over the count gates (Bonferroni). ``repeats``: the
+    candidate's answers per problem. The group stops once every verdict is settled or any
+    gate FAILs.
     """
 
     def __init__(
@@ -487,14 +317,13 @@ class EarlyStop:
                 every = max(1, math.ceil(len(shared) / 100))
                 self._noise = _NoiseAwareGate(spec, shared, repeats=repeats, every=every)
                 continue
-            gate = _CountGate(spec, self.n_total, self.gate_alpha, runs=repeats)
-            if mode == "sequential":
-                gate.start_tests()
-            self._counts[name] = gate
+            sequential = mode == "sequential"
+            self._counts[name] = _CountGate(
+                spec, self.n_total, self.gate_alpha, repeats, sequential
+            )
         self._health = any(isinstance(g.spec, MaxShare) for g in self._counts.values())
-        # Some verdicts are fixed before any outcome (min-acc above 1). A gate that cannot
-        # fail (min-acc 0, a floor at or below 0, a baseline test whose smallest p is not
-        # below alpha) is never settled: its spec's certain() never says PASS for it.
+        # Some verdicts are fixed before any outcome (min-acc above 1); a gate that cannot
+        # fail is never settled (its spec's certain() never says PASS).
         for name, gate in self._counts.items():
             self._record(name, gate.certain(), "certain")
         if self._noise is not None:
@@ -514,14 +343,10 @@ class EarlyStop:
         alpha: float = 0.05,
         repeats: int = 1,
     ) -> EarlyStop | None:
-        """One group's early stop from its gate specs (and a config's ``floor``), or None
-        when it has no problem or nothing to decide.
-
-        ``baseline``: the stored baseline's problems, checked for this group (None: there
-        is none it may be compared with). The noise-aware gate takes part when it shares a
-        problem with ``ids``; with ``--gsm8k-require-baseline`` only when it holds every
-        one (the gate at the end fails on any other, whatever the shared ones say).
-        """
+        """The group's early stop (None: nothing to decide). ``baseline``: the checked
+        stored problems; the noise-aware gate takes part when it shares a problem with
+        ``ids``, and with ``--gsm8k-require-baseline`` only when it holds them all (the end
+        of the run fails it otherwise, whatever the shared ones say)."""
         runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
         shared = len(set(runs) & set(ids))
         compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
@@ -533,8 +358,6 @@ class EarlyStop:
         if not ids or not gates:
             return None
         return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
-
-    # -- feeding ------------------------------------------------------------------------------
 
     def _record(self, name: str, verdict: Verdict | None, how: str) -> None:
         if verdict is not None and self._verdicts[name] is None:
@@ -553,19 +376,10 @@ class EarlyStop:
         outcome: str | None = None,
         answers: Sequence[str] = (),
     ) -> Decision | None:
-        """Record one problem's outcome (any arrival order); the Decision once the run may stop.
-
-        ``outcome`` (``correct``, ``wrong``, ``unparsed``, ``truncated``, ``error``) is
-        needed by the health gates only; with one of them, None is refused (ValueError).
-        ``answers``: with ``repeats`` above 1, the outcomes of the problem's answers (the
-        count gates count answers, as the end of the run does; none: ``outcome`` for each,
-        as for an error, which is the whole item's).
-
-        Sequential mode feeds the statistics only the contiguous prefix of
-        ``order`` that has arrived (buffering the rest), so the CS stays valid
-        whatever the arrival order. Outcomes after the decision are ignored.
-        Raises KeyError for an id not in the run, ValueError for a repeat.
-        """
+        """Record one problem's outcome (any arrival order); the Decision once the run may
+        stop. ``outcome`` is needed by the health gates only; ``answers``: with ``repeats``
+        above 1, the outcome of each answer (none: ``outcome`` for each, as for an error).
+        KeyError for an id not in the run, ValueError for one seen twice."""
         position = self._position[problem_id]
         if position in self._arrived or position < self._next:
             raise ValueError(f"outcome for {problem_id!r} observed twice")
@@ -603,8 +417,6 @@ class EarlyStop:
             self._record("baseline", self._noise.add(pid, correct), "certain")
         self._check_done()
 
-    # -- reporting ----------------------------------------------------------------------------
-
     def _gate_json(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = {"verdict": self._verdicts[name], "how": self._how.get(name)}
         gate = self._counts.get(name)
@@ -612,32 +424,21 @@ class EarlyStop:
             spec = gate.spec
             n = gate.size * gate.runs
             low, high = gate.count_bounds()
-            lo, hi = gate.count_interval() if gate.fail_test is not None else (low, high)
+            lo, hi = gate.count_interval()
             if isinstance(spec, MaxShare):
-                # the gate counts the problems NOT of the outcome; its bounds, turned around
-                out.update(
-                    rule=name,
-                    threshold=spec.rate,
-                    allowed=spec.allowed(n),
-                    observed=gate.seen,
-                    count=gate.seen * gate.runs - gate.good,
-                    bounds=[(n - high) / n, (n - low) / n],
-                )
-                interval = [(n - hi) / n, (n - lo) / n]
+                # the gate counts the answers NOT of the outcome: its bounds turned around
+                low, high, lo, hi = n - high, n - low, n - hi, n - lo
+                out.update(rule=name, threshold=spec.rate, allowed=spec.allowed(n))
+                out.update(observed=gate.seen, count=gate.seen * gate.runs - gate.good)
             else:
                 threshold = spec.floor if isinstance(spec, ToleranceFloor) else spec.threshold
-                out.update(
-                    threshold=threshold,
-                    observed=gate.seen,
-                    correct=gate.good,
-                    bounds=[low / n, high / n],
-                )
-                interval = [lo / n, hi / n]
+                out.update(threshold=threshold, observed=gate.seen, correct=gate.good)
+            out["bounds"] = [low / n, high / n]
             if gate.fail_test is not None:
-                out["interval"] = interval
+                out["interval"] = [lo / n, hi / n]
         elif self._noise is not None:
             noise = self._noise
-            out.update(rule="noise-aware", alpha=noise.alpha, observed=noise.seen)
+            out.update(rule="noise-aware", alpha=noise.rule.alpha, observed=len(noise.now))
             if noise.repeats == 1:
                 out["p_bounds"] = list(noise.p_range())
         return out
@@ -672,18 +473,11 @@ class EarlyStop:
         if verdict is None:
             return f"{name} undecided ({what} reachable {low:.4f}-{high:.4f})"
         if info["how"] == "certain":
-            if isinstance(spec, MaxShare):
-                reach = (
-                    f"{info['count']} {spec.outcome} already, {info['allowed']} allowed"
-                    if verdict == "FAIL"
-                    else f"at most {high:.4f} reachable"
-                )
-            else:
-                reach = (
-                    f"at most {high:.4f} reachable"
-                    if verdict == "FAIL"
-                    else f"at least {low:.4f} already"
-                )
+            reach = f"at most {high:.4f} reachable"
+            if isinstance(spec, MaxShare) and verdict == "FAIL":
+                reach = f"{info['count']} {spec.outcome} already, {info['allowed']} allowed"
+            elif not isinstance(spec, MaxShare) and verdict == "PASS":
+                reach = f"at least {low:.4f} already"
             return f"{name} verdict {verdict} is certain ({reach})"
         lo, hi = info["interval"]
         return (

@@ -1,34 +1,10 @@
 """The inference engines' own GSM8K CI, request for request: ``--gsm8k-preset vllm`` and
-``--gsm8k-preset sglang``. Pure: standard library only.
+``sglang``. Pure, stdlib only.
 
 A threshold an engine's CI keeps holds only for the protocol it was measured with, so these
-presets send what the engines' scripts send (docs/protocols.md names the files and
-versions; ``tests/data/vllm_requests.json`` holds request bodies recorded from vLLM's real
-script, and the tests compare them byte for byte). Scoring is the scripts' rule, the
-``last-int`` extractor in :mod:`pytest_gsm8k.core.scoring`; what differs on purpose is
-that a request that failed is an ``error``, where the scripts count it as a wrong answer.
-
-vLLM (``tests/evals/gsm8k/gsm8k_eval.py``, ``evaluate_gsm8k`` with its defaults, which is
-what ``test_gsm8k_correctness.py`` calls per config)
-    Prompt: the first ``num_shots`` train rows as ``"Question: {q}\\nAnswer: {a}\\n\\n"``
-    (the whole answer, calculator annotations and ``#### N`` included), then
-    ``"Question: {q}\\nAnswer:"``. Completions body, in this key order:
-    ``prompt, max_tokens 256, stop ["Question", "Assistant:", "<|separator|>"],
-    temperature 0.0, seed 42``; no ``model`` (the server answers with the model it serves).
-    Chat (``use_chat_completions=True``): ``messages`` (one user message holding the same
-    prompt), ``max_tokens``, ``temperature``, ``seed``; no stop strings and no ``model``.
-    ``top_p``/``top_k`` (and in chat ``reasoning_effort``/``chat_template_kwargs``) follow
-    in that order when given (``--gsm8k-param``). The bytes are ``json.dumps`` with its
-    defaults, as aiohttp's ``json=`` sends them: ``", "``/``": "`` separators, non-ASCII
-    escaped.
-
-SGLang (``python/sglang/test/few_shot_gsm8k.py``)
-    Prompt: the first ``num_shots`` rows *of the evaluated file itself* (the script reads
-    the test file only), same text format as vLLM's; ``max_new_tokens`` 512, the same stop
-    list, temperature 0. The script posts to SGLang's native ``/generate``; here the same
-    prompt and sampling go to ``/v1/completions`` with the model's name, as every
-    OpenAI-compatible server takes them. Problems ``0 .. num_shots-1`` see their own
-    solution among the examples, as in the original.
+send what the engines' scripts send, byte for byte where the script posts JSON itself
+(``tests/data/vllm_requests.json`` holds bodies recorded from vLLM's script). What each copies,
+and what differs on purpose: docs/protocols.md#--gsm8k-preset-vllm and the sglang section.
 """
 
 from __future__ import annotations
@@ -39,16 +15,6 @@ from typing import Any
 
 from pytest_gsm8k.core.presets import SGLANG, VLLM
 from pytest_gsm8k.core.types import Api, Problem, Request
-
-__all__ = [
-    "VLLM_CHAT_PARAMS",
-    "VLLM_COMPLETION_PARAMS",
-    "fewshot_prompt",
-    "sglang_request",
-    "vllm_body",
-    "vllm_param_error",
-    "vllm_request",
-]
 
 #: the optional fields gsm8k_eval.py sends after its own, in its order (None: left out),
 #: and the type its command line gives each
@@ -113,7 +79,7 @@ def _vllm_extra(params: Sequence[tuple[str, str]], api: str) -> dict[str, Any]:
 
 
 def vllm_body(prompt: str, api: Api = "completions", params: Sequence[tuple[str, str]] = ()) -> str:
-    """The exact JSON text gsm8k_eval.py posts for ``prompt`` (see the module docstring)."""
+    """The exact JSON text gsm8k_eval.py posts for ``prompt`` (docs/protocols.md)."""
     data: dict[str, Any]
     if api == "chat":
         data = {"messages": [{"role": "user", "content": prompt}], "max_tokens": VLLM.max_tokens}

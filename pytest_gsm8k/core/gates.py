@@ -1,22 +1,12 @@
-"""The release gates' rules, each written once. Pure: no I/O, no pytest.
+"""The release gates' rules, each written once (docs/baselines.md). Pure.
 
-A gate spec states one rule and answers the three questions the run asks of it:
-
-* :meth:`verdict` on final counts, a :class:`GateVerdict` that carries the
-  rule, the measured value and the threshold as fields (the terminal, the
-  JSON report, the step summary and the page read those, never the prose);
-* :meth:`certain` on partial counts: the verdict when no outcome of the
-  problems still to run could change it, else None (the early stop);
-* :meth:`cannot_fail` at the run's size: why no outcome at all could FAIL the
-  gate (a floor at or below 0, a test whose smallest p is not below alpha),
-  else None. A gate that was not decided never passes: :meth:`verdict` then
-  gives :func:`undecided` instead of a PASS, and :meth:`certain` never says
-  PASS (the early stop leaves such a gate to the end of the run).
-
-Every rule is reduced to an integer threshold on a count (``need``), computed
-so that it agrees exactly with the float comparison a reader of the rule would
-write (``correct / n >= min_acc``; ``unparsed / n <= max_unparsed``), so that the final
-verdict and the early stop's bounds can never disagree by a rounding.
+A gate spec answers what the run asks of it: :meth:`verdict` on final counts (rule, value and
+threshold as fields, which every output reads), :meth:`certain` on partial counts for the early
+stop (the verdict no unseen outcome could change, else None), and :meth:`cannot_fail` (why no
+outcome at all could FAIL it at this size: then it is no verdict, and never certain PASS).
+Count rules are integer thresholds (``need``) that agree exactly with the float comparison a
+reader would write (``correct / n >= min_acc``), so the end and the early stop never differ
+by a rounding.
 """
 
 from __future__ import annotations
@@ -32,26 +22,6 @@ from pytest_gsm8k.core.calibrated import Pair, difference, evidence, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
 from pytest_gsm8k.core.scrub import printable
 
-__all__ = [
-    "DROP_TOLERANCE",
-    "HEALTH_OUTCOMES",
-    "GateVerdict",
-    "MaxShare",
-    "MinAcc",
-    "NoiseAware",
-    "ToleranceFloor",
-    "Verdict",
-    "Word",
-    "count_certain",
-    "difference_words",
-    "failing_words",
-    "flip_words",
-    "max_share_count",
-    "min_acc_count",
-    "points_words",
-    "undecided",
-]
-
 Verdict = Literal["PASS", "FAIL"]
 #: a gate's word: UNDECIDED is a gate that was not decided and does not block the run (another
 #: gate's early FAIL made it moot; a shard's gates wait for the merge); an undecided gate
@@ -65,14 +35,9 @@ DROP_TOLERANCE = 1e-12
 
 @dataclass(frozen=True)
 class GateVerdict:
-    """One gate's verdict: what was measured against what, and the sentence for people.
-
-    ``rule`` names the rule that decided (``min-acc``, ``noise-aware``,
-    ``early-stop``, or a refusal such as ``baseline-missing``); ``value`` and
-    ``threshold`` are the two numbers compared where the rule compares numbers.
-    ``passed`` is "does not block the run"; ``undecided`` says the gate was not decided
-    (blocking: a FAIL "not a verdict"; not blocking: the word UNDECIDED).
-    """
+    """One gate's verdict. ``rule`` names what decided (``min-acc``, ``early-stop``, a
+    refusal such as ``baseline-missing``); ``passed``: does not block the run;
+    ``undecided``: not decided (blocking: a FAIL "not a verdict"; else the word UNDECIDED)."""
 
     name: str
     rule: str
@@ -83,8 +48,7 @@ class GateVerdict:
     undecided: bool = False
 
     def __post_init__(self) -> None:
-        # the name and the sentence hold names from outside (a config's file name, a label,
-        # a model id): every output shows them, so they are made fit for one line here, once
+        # names from outside (a config's file, a label, a model id), made fit for one line once
         object.__setattr__(self, "name", printable(self.name))
         object.__setattr__(self, "detail", printable(self.detail))
 
@@ -110,12 +74,9 @@ NOT_A_VERDICT = "not a verdict: "
 
 
 def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
-    """``verdict`` as no verdict: a gate that was not decided never passes (FAIL, exit 1).
-
-    ``why`` says why and what to do, in one clause; the detail keeps what the rule said on
-    what ran. A gate already undecided gains ``why`` in front (each reason is one to act on);
-    a FAIL stays as it is: the run fails either way, and its reason is the rule's.
-    """
+    """``verdict`` as no verdict (FAIL, exit 1): a gate that was not decided never passes.
+    ``why``: why and what to do, in one clause, put in front of any earlier reason; a FAIL
+    stays as it is (the run fails either way, for the rule's reason)."""
     if verdict.passed:
         detail = f"{NOT_A_VERDICT}{why}; on what ran: {verdict.detail}"
     elif verdict.detail.startswith(NOT_A_VERDICT):
@@ -126,13 +87,9 @@ def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
 
 
 def min_acc_count(min_acc: float, n: int) -> int:
-    """Smallest correct count ``c`` in ``0..n+1`` with ``c / n >= min_acc`` in floats.
-
-    ``n + 1`` means no count passes (min_acc above 1). The estimate
-    ``ceil(min_acc * n)`` is exact (:class:`fractions.Fraction`, no ``0.85 * 1319``
-    rounding), then nudged to agree with the float comparison itself (``c / n``
-    is correctly rounded, hence nondecreasing in ``c``).
-    """
+    """Smallest correct count ``c`` in ``0..n+1`` with ``c / n >= min_acc`` in floats
+    (``n + 1``: none). ``ceil(min_acc * n)`` in fractions, nudged to agree with the float
+    comparison itself (``c / n`` is correctly rounded, hence nondecreasing in ``c``)."""
     if n < 1:
         raise ValueError(f"need n >= 1, got {n}")
     count = max(0, min(n + 1, math.ceil(Fraction(min_acc) * n)))
@@ -144,12 +101,8 @@ def min_acc_count(min_acc: float, n: int) -> int:
 
 
 def max_share_count(rate: float, n: int) -> int:
-    """Largest count ``k`` in ``0..n`` with ``k / n <= rate`` in floats (``rate`` in [0, 1]).
-
-    The estimate ``floor(rate * n)`` is exact (:class:`fractions.Fraction`), then nudged to
-    agree with the float comparison itself (``k / n`` is nondecreasing in ``k``), as
-    :func:`min_acc_count` does: a share exactly at the rate passes, one problem more fails.
-    """
+    """Largest count ``k`` in ``0..n`` with ``k / n <= rate`` in floats, as
+    :func:`min_acc_count` finds its count: a share exactly at the rate passes."""
     if n < 1:
         raise ValueError(f"need n >= 1, got {n}")
     if not 0.0 <= rate <= 1.0:
@@ -163,9 +116,8 @@ def max_share_count(rate: float, n: int) -> int:
 
 
 def count_certain(correct: int, seen: int, size: int, need: int) -> Verdict | None:
-    """A count rule "X >= need" with ``correct`` of X known after ``seen`` of ``size`` items.
-
-    Never PASS for a rule no count fails (``need <= 0``): its verdict is no verdict."""
+    """A count rule "X >= need" with ``correct`` of X known after ``seen`` of ``size`` items
+    (never PASS for a rule no count fails: it is no verdict)."""
     if need <= 0:
         return None
     if correct >= need:
@@ -186,12 +138,8 @@ class MinAcc:
     def need(self, n: int) -> int:
         return min_acc_count(self.threshold, n)
 
-    def passes(self, correct: int, n: int) -> bool:
-        return n > 0 and correct >= self.need(n)
-
     def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
-        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``, whose
-        accuracy is the mean over every answer)."""
+        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``)."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -202,7 +150,7 @@ class MinAcc:
                 None,
                 self.threshold,
             )
-        passed = self.passes(correct, n * runs)
+        passed = correct >= self.need(n * runs)
         accuracy = correct / (n * runs)
         every = f", mean of {runs} answers each" if runs > 1 else ""
         detail = (
@@ -228,10 +176,8 @@ class MinAcc:
 
 @dataclass(frozen=True)
 class ToleranceFloor:
-    """A vLLM config's gate, exactly as vLLM's test_gsm8k_correctness.py asserts it:
-    ``accuracy >= accuracy_threshold - tolerance``, the floor computed in floats as there,
-    the accuracy over every question of the config (an error counts as not correct, as the
-    script scores a failed request)."""
+    """A vLLM config's gate as vLLM's test_gsm8k_correctness.py asserts it: ``accuracy >=
+    accuracy_threshold - tolerance``, the floor in floats as there, an error not correct."""
 
     config: str
     threshold: float
@@ -249,7 +195,6 @@ class ToleranceFloor:
         return min_acc_count(self.floor, n)
 
     def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
-        """``correct`` of the ``n * runs`` answers, as :meth:`MinAcc.verdict`."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -290,9 +235,8 @@ def _drop(pairs: Sequence[Pair]) -> float:
 
 
 def failing_words(pairs: Sequence[Pair]) -> str:
-    """The problems failing now, in counts that add up: against a single-run baseline
-    newly failing and newly passing (it cannot tell stable from noisy); against a
-    calibrated one the failing split into stable (right in every baseline run) and noisy."""
+    """The problems failing now, in counts that add up: newly failing and passing against a
+    single-run baseline, the failing split into stable and noisy against a calibrated one."""
     failing = [x for x in pairs if x.failing]
     runs = max((x.base_runs for x in pairs), default=1)
     passing = sum(1 for x in pairs if x.base_correct == 0 and x.now_correct > 0)
@@ -301,9 +245,7 @@ def failing_words(pairs: Sequence[Pair]) -> str:
 
 
 def flip_words(failing: int, passing: int, stable: int, runs: int) -> str:
-    """:func:`failing_words` from the counts a report's baseline block holds (``passing``
-    is said only against a single-run baseline, ``stable`` only against a calibrated one
-    of ``runs`` runs)."""
+    """:func:`failing_words` from the counts a report's baseline block holds."""
     if runs == 1:
         return f"{failing} newly failing, {passing} newly passing"
     return (
@@ -324,14 +266,8 @@ def points_words(diff: float, low: float, high: float) -> str:
 
 @dataclass(frozen=True)
 class NoiseAware:
-    """The baseline gate by the noise-aware test (core/calibrated.py): FAIL when the
-    candidate is worse than the baseline beyond the baseline's own run-to-run noise at
-    level ``alpha`` AND its mean drop exceeds ``max_drop`` (the allowed drop on top).
-
-    Against a single-run baseline with a single candidate run the test is the exact
-    one-sided McNemar test; against ``--gsm8k-repeats K`` it combines a statistic on the
-    stable problems that break with one on the mean rate difference.
-    """
+    """The baseline gate (core/calibrated.py): FAIL when the candidate is worse than the
+    baseline beyond its noise at ``alpha`` AND its mean drop exceeds ``max_drop``."""
 
     alpha: float
     max_drop: float = 0.0
@@ -366,9 +302,8 @@ class NoiseAware:
         return verdict if why is None else undecided(verdict, why)
 
     def rise(self, pairs: Sequence[Pair]) -> str | None:
-        """The warning for a rise noise cannot explain (the other tail below alpha), or None:
-        it never fails the gate, but a better score than the baseline's noise allows is
-        more often a changed measurement than a better model."""
+        """The warning for a rise noise cannot explain, or None: never a FAIL, but more often
+        a changed measurement than a better model."""
         p = evidence(pairs).rise
         if p >= self.alpha:
             return None
@@ -379,14 +314,9 @@ class NoiseAware:
         )
 
     def cannot_fail(self, pairs: Sequence[Pair]) -> str | None:
-        """Why no outcome of the candidate on these problems fails the gate, or None.
-
-        Only the baseline's side of ``pairs`` counts (and the candidate's runs per
-        problem): the extreme is every candidate answer wrong, which gives the smallest p
-        (exactly, for single candidate runs: see :meth:`certain`) and the largest drop.
-        Six problems right in a single-run baseline reach p = 1/64 at best, which is not
-        below alpha 0.01: such a gate could not fail, and is no verdict.
-        """
+        """Why no outcome of the candidate fails the gate, or None: every candidate answer
+        wrong gives the smallest p and the largest drop (six problems right in a single-run
+        baseline reach p = 1/64 at best, not below alpha 0.01: no verdict)."""
         p, drop = _all_wrong(
             tuple(sorted((x.base_correct, x.base_runs, x.now_runs) for x in pairs))
         )
@@ -406,15 +336,9 @@ class NoiseAware:
     def certain(
         self, seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]
     ) -> Verdict | None:
-        """The verdict when no outcome of the ``unseen`` problems (``(id, base_correct,
-        base_runs)``, one candidate run each) could change it, else None.
-
-        Exact for single candidate runs: both statistics' p can only fall with each further
-        failure (core/calibrated.py), and the drop only grow, so "all unseen fail" and "all
-        unseen succeed" are the extremes. With repeats on the candidate (``now_runs > 1``)
-        ``p`` is not monotone and the gate waits for the end (None); a gate that cannot
-        fail at this size is never certain (its verdict is undecided, at the end).
-        """
+        """The verdict no outcome of the ``unseen`` problems (``(id, base_correct,
+        base_runs)``) could change, else None: "all fail" and "all succeed" are the extremes
+        for single candidate runs (core/calibrated.py); with repeats it waits for the end."""
         if any(x.now_runs != 1 for x in seen):
             return None
         worst = [*seen, *(Pair(i, c, k, 0, 1) for i, c, k in unseen)]
@@ -428,9 +352,8 @@ class NoiseAware:
 
 @lru_cache(maxsize=64)
 def _all_wrong(sides: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
-    """The p and the drop when every candidate answer is wrong, for problems given as
-    (baseline correct, baseline runs, candidate runs): what :meth:`NoiseAware.cannot_fail`
-    compares. Cached: the early stop asks it about the same problems at every check."""
+    """The p and the drop with every candidate answer wrong, for (baseline correct,
+    baseline runs, candidate runs); cached: the early stop asks at every check."""
     worst = [Pair(str(i), c, k, 0, runs) for i, (c, k, runs) in enumerate(sides)]
     return p_value(worst), _drop(worst)
 
@@ -444,18 +367,10 @@ _HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "end
 
 @dataclass(frozen=True)
 class MaxShare:
-    """``--gsm8k-max-unparsed`` / ``-truncated`` / ``-error``: the share of the run's problems
-    whose outcome is ``outcome`` is at most ``rate``.
-
-    The denominator is every problem with a result (``n`` of the headline, errors included:
-    the accuracy's denominator too); the numerator counts problem outcomes, one per problem,
-    as the report's ``counts`` do. With pass@N and maj@N a problem is ``unparsed`` or
-    ``truncated`` only when none of its samples gave a number (a cut sample among parsed
-    ones does not count): the gate reads the problem's outcome, never its samples. The rule
-    is an integer threshold (:func:`max_share_count`), so ``share <= rate`` passes exactly,
-    and the early stop reads it as "the problems *not* of this outcome are at least
-    ``n - allowed``" (:meth:`need`), the count form :func:`count_certain` decides.
-    """
+    """``--gsm8k-max-unparsed`` / ``-truncated`` / ``-error``: at most ``rate`` of the
+    problems with a result (the accuracy's ``n``) have ``outcome``, one outcome per problem
+    (docs/baselines.md#answer-format-health). The early stop reads it as "the problems *not*
+    of this outcome are at least ``n - allowed``" (:meth:`need`)."""
 
     outcome: Outcome
     rate: float
@@ -476,12 +391,8 @@ class MaxShare:
         """The fewest problems of any *other* outcome that pass (the early stop's count)."""
         return n - self.allowed(n)
 
-    def passes(self, count: int, n: int) -> bool:
-        return n > 0 and count <= self.allowed(n)
-
     def verdict(self, count: int, n: int, runs: int = 1) -> GateVerdict:
-        """``count`` of the ``n * runs`` answers have the outcome (``runs``:
-        ``--gsm8k-repeats``, where every answer counts, as for the accuracy)."""
+        """``count`` of the ``n * runs`` answers have the outcome."""
         if n == 0:
             return GateVerdict(
                 self.name,
@@ -492,7 +403,7 @@ class MaxShare:
                 self.rate,
             )
         total = n * runs
-        passed = self.passes(count, total)
+        passed = count <= self.allowed(total)
         share = count / total
         what = f"{total} answers" if runs > 1 else f"{n} problems"
         detail = (

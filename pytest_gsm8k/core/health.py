@@ -1,33 +1,15 @@
-"""Answer-format health: the hint that a chat model is being asked through the completions API.
+"""The hint that a chat model is being asked through the completions API. Pure.
 
-Pure. A chat (instruction-tuned) model sent a raw prompt on ``/v1/completions`` sees no chat
-template: it often continues the prompt in its own turn markup, or answers without the
-``#### N`` line the strict extractor needs, and the run reads as a model that cannot do
-arithmetic (vllm-project/vllm#48253: 18.8% invalid answers through completions, against
-chat). The gates (``--gsm8k-max-unparsed``) say *that* the format failed; this says the
-likely *why*, once, whether or not a gate was set.
-
-The rule (:func:`chat_api_hint`): the run used ``--gsm8k-api completions``, at least
-:data:`HINT_MIN_SHARE` of its problems and at least :data:`HINT_MIN_COUNT` of them are
-``unparsed``, and the model looks like a chat model: its id (or a model id the server
-reported) contains ``instruct`` or ``chat``, or has ``it`` as a word of its own
-(``gemma-2-9b-it``), or a reply holds a chat template's turn token
-(:data:`TEMPLATE_TOKENS`).
+Without its chat template a chat model often continues the prompt in its own markup or drops
+the ``#### N`` line, and reads as a model that cannot count (vllm-project/vllm#48253: 18.8%
+invalid through completions). The health gates say *that* the format failed; this says the
+likely *why*, once (the rule: docs/baselines.md#answer-format-health).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-
-__all__ = [
-    "HINT_MIN_COUNT",
-    "HINT_MIN_SHARE",
-    "TEMPLATE_TOKENS",
-    "chat_api_hint",
-    "chat_sign",
-    "reasoning_model_hint",
-]
 
 #: the unparsed share from which the hint is given (a few stray answers are not a pattern)
 HINT_MIN_SHARE = 0.10

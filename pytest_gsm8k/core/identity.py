@@ -1,28 +1,13 @@
 """What a server says about the model behind a name, for the cache to compare. Pure.
 
-A model name is an alias (``prod``, ``default``, vLLM's served name, OpenAI's
-``gpt-4o``): the checkpoint behind it can change while the URL and the name
-stay. Cached answers are reused only when the server still describes itself
-as it did when they were recorded, in two places:
-
-* ``GET /v1/models``, once per run: the listed card of the model (its ``id``
-  and, where the server gives them, ``root``, ``owned_by`` and
-  ``max_model_len``; never ``created``, which vLLM sets to the time of the
-  request): :func:`describe_server`;
-* every reply: its ``model`` (OpenAI resolves an alias to a dated snapshot
-  there) and ``system_fingerprint`` (the serving stack's build):
-  :func:`reply_identity`.
-
-:func:`difference` names the first thing that differs, for the one line
-that says why cached answers were asked again.
-
-The same two places say whether the model named is the one that answers at all. A request
-with no ``model`` field (the ``vllm`` preset sends none, as vLLM's own script) is answered
-by the server's default model: with LoRA adapters served, that is the base model, and a run
-labelled with the adapter's name would grade the base. :func:`unnamed_answerer` reads that
-from the listing (vLLM lists an adapter with ``parent``, older versions with ``root``, naming
-its base), :func:`unnamed_reply` from a reply when there is no listing to go by, and
-:func:`unnamed_refusal` is the one line that refuses such a run.
+A name is an alias (``prod``, vLLM's served name, ``gpt-4o``): the checkpoint behind it can
+change while URL and name stay, so cached answers are reused only while ``GET /v1/models``'s
+card (:func:`describe_server`; never ``created``, which vLLM sets per request) and each
+reply's ``model`` and ``system_fingerprint`` (:func:`reply_identity`) still say what they
+said (docs/design.md#the-cache-and-its-identity-rule). The same two say whether the model
+named answers at all: a request with no ``model`` field (the ``vllm`` preset) is answered by
+the server's default model, the base under LoRA adapters (:func:`unnamed_answerer`,
+:func:`unnamed_reply`, :func:`unnamed_refusal`).
 """
 
 from __future__ import annotations
@@ -88,10 +73,9 @@ def reply_difference(
 
 
 def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
-    """Why ``GET /v1/models`` (its ``cards``) shows that a request with no ``model`` field is
-    not answered by ``model``, or None: ``model`` is the one model served, or a base model
-    beside its own adapters and other names of itself (the same ``root``), or not listed at
-    all (the preflight refuses that on its own)."""
+    """Why the listing shows that a request with no ``model`` field is not answered by
+    ``model``, or None (the one model served, a base beside its own adapters and aliases, or
+    not listed at all: the preflight refuses that)."""
     ids = {card.get("id") for card in cards if isinstance(card.get("id"), str)}
     named = next((card for card in cards if card.get("id") == model), None)
     if named is None:
@@ -117,9 +101,8 @@ def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
 
 
 def unnamed_reply(reply_model: str | None, model: str) -> str | None:
-    """Why a reply to a request with no ``model`` field shows that ``model`` did not answer
-    it (the reply names another), or None. Only for a server whose listing did not already
-    show who answers: a listed model's replies may name its file (llama.cpp does)."""
+    """Why a reply shows that ``model`` did not answer, or None; only without a listing
+    that says who answers (a listed model's replies may name its file, as llama.cpp's do)."""
     if reply_model is None or reply_model == model:
         return None
     return f"the replies name {_brief(reply_model)}"

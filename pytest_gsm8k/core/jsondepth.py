@@ -1,10 +1,8 @@
 """JSON text from outside (baselines, data rows, option values) with its nesting capped. Pure.
 
-``json.loads`` recurses once per level: text nested a few thousand levels deep
-raises ``RecursionError``, which is no ``ValueError`` and escapes every handler
-meant for bad JSON; a value a few hundred levels deep parses, but whatever walks
-it later (comparison, hashing, serialising) may recurse past the limit. Nothing
-this plugin reads needs more than a handful of levels.
+``json.loads`` raises ``RecursionError`` (no ``ValueError``: it escapes every handler for bad
+JSON) on text thousands of levels deep, and what walks a value hundreds deep later may
+recurse past the limit. Nothing this plugin reads needs more than a handful of levels.
 """
 
 from __future__ import annotations
@@ -21,10 +19,7 @@ class TooDeep(ValueError):
 
 
 def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads``, refusing nesting deeper than ``max_depth`` with :class:`TooDeep`.
-
-    Bad JSON raises ``json.JSONDecodeError`` as usual (also a ``ValueError``).
-    """
+    """``json.loads``, refusing nesting deeper than ``max_depth`` with :class:`TooDeep`."""
     try:
         value = json.loads(text)
     except RecursionError:

@@ -1,11 +1,8 @@
 """JSON and text that always encode as UTF-8, whatever a server sent. Pure.
 
-A JSON reply may hold a lone UTF-16 surrogate (``"\\ud83d"``, half of an emoji):
-legal JSON, which Python decodes to a string that UTF-8 cannot encode. Such
-text is kept, never dropped or replaced: it is written back as the same
-``\\uXXXX`` escape it arrived as, which every JSON reader (Python's, a
-browser's ``JSON.parse``) turns into the very same string. Outside JSON (a
-terminal line, an HTML page's text) the escape is shown as it is.
+A JSON reply may hold a lone UTF-16 surrogate (half an emoji), which UTF-8 cannot encode.
+It is kept, written back as the ``\\uXXXX`` escape it arrived as: every JSON reader turns
+that into the same string, and elsewhere the escape is shown as it is.
 """
 
 from __future__ import annotations
@@ -29,11 +26,8 @@ def escape_surrogates(text: str) -> str:
 
 
 def to_json(obj: Any, **kwargs: Any) -> str:
-    """``json.dumps(obj, ensure_ascii=False, **kwargs)`` whose text encodes as UTF-8.
-
-    JSON output holds a raw surrogate only inside a string, where its escape
-    means the same character: the result decodes to exactly ``obj``.
-    """
+    """``json.dumps(obj, ensure_ascii=False, **kwargs)`` whose text encodes as UTF-8 and
+    decodes to exactly ``obj`` (a raw surrogate only occurs inside a string)."""
     return escape_surrogates(json.dumps(obj, ensure_ascii=False, **kwargs))
 
 

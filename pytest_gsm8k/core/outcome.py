@@ -1,12 +1,7 @@
-"""From a model response to one problem's outcome record. Pure.
+"""From a model response to one problem's outcome record (docs/report.md). Pure.
 
-The record is a JSON-able dict because it travels inside the pytest report
-(to the xdist controller) and lands unchanged in the JSON report: one shape
-everywhere, no re-parsing.
-
-Outcomes: ``correct``, ``wrong`` (a number that is not the gold one),
-``unparsed`` (no number found by the gating extractor), ``truncated`` (not
-correct and cut by the token limit), ``error`` (no answer: the request failed).
+The record is a JSON-able dict: it travels inside the pytest report (to the xdist
+controller) and lands unchanged in the JSON report, one shape everywhere.
 """
 
 from __future__ import annotations
@@ -18,10 +13,11 @@ from decimal import Decimal
 from typing import cast
 
 from pytest_gsm8k.core.prompts import Protocol
-from pytest_gsm8k.core.records import OUTCOMES, Outcome, ProblemRecord, SampleRecord
+from pytest_gsm8k.core.records import Outcome, ProblemRecord, SampleRecord
 from pytest_gsm8k.core.scoring import (
     RULES,
     SampleScore,
+    ascii_lower,
     format_number,
     majority_vote,
     numbers_equal,
@@ -30,17 +26,22 @@ from pytest_gsm8k.core.scoring import (
 )
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 
-__all__ = ["OUTCOMES", "combine_repeats", "error_record", "score_repeats", "score_response"]
+
+def _outcome(correct: bool, cut: Sequence[bool], answer: object, samples: int) -> Outcome:
+    """Not correct and cut by the token limit (for pass@N/maj@N: only with no answer at
+    all) is ``truncated``; no number the gating rule finds, ``unparsed``."""
+    if correct:
+        return "correct"
+    if any(cut) and (samples == 1 or answer is None):
+        return "truncated"
+    return "unparsed" if answer is None else "wrong"
 
 
 def _decide(
     protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal | None
 ) -> tuple[Decimal | None, bool, list[tuple[str, int]]]:
-    """The problem-level answer under the protocol's aggregation, for one rule.
-
-    Each sample's comparison with the gold number is already in ``scores``
-    (``SampleScore.correct``); only a majority vote's winner needs a new one.
-    """
+    """The problem's answer under the protocol's aggregation, for one rule (only a majority
+    vote's winner needs a new comparison)."""
     values = [s.extracted[rule] for s in scores]
     if protocol.name.startswith("maj@"):
         winner, votes = majority_vote(values)
@@ -56,22 +57,13 @@ def _decide(
     return values[0], scores[0].correct[rule], []
 
 
-def _lower(text: str) -> str:
-    """Lowercase A-Z only (same length, so indices carry over)."""
-    return (
-        text.lower()
-        if text.isascii()
-        else "".join(c.lower() if "A" <= c <= "Z" else c for c in text)
-    )
-
-
 def reasoning_text(completion: Completion) -> str | None:
     """The sample's reasoning, kept for the report and never scored: the server's
     ``reasoning_content``, else what ``<think>`` blocks in the content hold (linear time)."""
     if completion.reasoning:
         return completion.reasoning
     text = completion.text
-    lowered = _lower(text)
+    lowered = ascii_lower(text)
     parts: list[str] = []
     pos = 0
     first_close = lowered.find("</think>")
@@ -96,7 +88,7 @@ def reasoning_text(completion: Completion) -> str | None:
 def cut_while_reasoning(completion: Completion) -> bool:
     """Whether the sample stopped inside its reasoning: a ``<think>`` never closed, or
     reasoning but no visible content with no clean stop (the server hit the token limit)."""
-    lowered = _lower(completion.text)
+    lowered = ascii_lower(completion.text)
     last_open = lowered.rfind("<think>")
     if last_open != -1 and lowered.find("</think>", last_open) == -1:
         return True
@@ -124,15 +116,7 @@ def score_response(
     truncated = [
         c.finish_reason == "length" or cut_while_reasoning(c) for c in response.completions
     ]
-    outcome: Outcome
-    if correct:
-        outcome = "correct"
-    elif protocol.samples == 1 and any(truncated):
-        outcome = "truncated"
-    elif decision is None:
-        outcome = "truncated" if any(truncated) else "unparsed"
-    else:
-        outcome = "wrong"
+    outcome = _outcome(correct, truncated, decision, protocol.samples)
     rules = {rule: _decide(protocol, scores, rule, golds[rule])[1] for rule in RULES}
     shown = format_number(decision)
     if protocol.preset == "lm-eval":
@@ -142,16 +126,8 @@ def score_response(
         text = response.completions[0].text if response.completions else ""
         rules.update(lm_eval_score(text, problem.answer))
         correct = rules["strict-match"]
-        lm_extracted = lm_eval_strict(text)
-        shown = lm_extracted
-        if correct:
-            outcome = "correct"
-        elif any(truncated):
-            outcome = "truncated"
-        elif lm_extracted is None:
-            outcome = "unparsed"
-        else:
-            outcome = "wrong"
+        shown = lm_eval_strict(text)
+        outcome = _outcome(correct, truncated, shown, 1)
     notes = []
     if any(not c.text.strip() and c.reasoning for c in response.completions):
         notes.append("empty content; the answer was only in reasoning_content")
@@ -225,15 +201,10 @@ def score_repeats(
 
 
 def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:
-    """One problem's record from its ``--gsm8k-repeats K`` records (repeat 0 first).
-
-    The item stays one per problem. Its outcome is the most common of the K (a tie goes to
-    the one seen first), and the record is that repeat's, so every reader of an outcome
-    (counts, health gates, the page) sees one of the answers as given; ``repeats`` keeps
-    the K outcomes in order and ``repeats_correct`` how many were correct, which the
-    calibrated baseline and the noise-aware gate read. Tokens and cache hits add up over
-    the K asks. A single record is returned unchanged (no ``repeats`` field: K = 1).
-    """
+    """One problem's record from its ``--gsm8k-repeats K`` records: the repeat of the most
+    common outcome (a tie to the first), so every reader sees one answer as given, plus
+    the K outcomes (``repeats``), the correct count and the summed tokens and cache hits.
+    A single record comes back unchanged."""
     if not records:
         raise ValueError("no record to combine")
     if len(records) == 1:

@@ -1,9 +1,7 @@
 """The run's plan: everything decided before the first request, frozen. Pure.
 
-Built once per process at session start (``pytest_gsm8k.runtime.planning``) from the
-options, the data and, on the controller, the server it started; read, never
-written, after that. Whatever changes during a run (the records, the answer
-sources, the early-stop decision) lives elsewhere, owned by one object each.
+Built once per process at session start (``pytest_gsm8k.runtime.planning``), read and never
+written after that; what changes during a run lives elsewhere, owned by one object each.
 """
 
 from __future__ import annotations
@@ -69,14 +67,9 @@ class GateSpecs:
 
 @dataclass(frozen=True)
 class StoredBaseline:
-    """The baseline file this run compares with or writes, read once.
-
-    ``document`` is the parsed baseline when the file exists and could be read;
-    ``error`` says why it could not (one line, naming the file); both are None
-    when there is no file, and then ``beside`` holds the readable baselines in its
-    folder (shown path, document; newest first), one of which a changed protocol may
-    have moved from (:func:`~pytest_gsm8k.core.baseline.moved_from`).
-    """
+    """The baseline file this run compares with or writes, read once: its ``document``, or
+    the one-line ``error`` why it could not be read; without a file, the readable baselines
+    ``beside`` it, newest first (a changed protocol may have moved from one)."""
 
     path: Path
     shown: str

@@ -1,81 +1,32 @@
-"""Presets that reproduce another harness's GSM8K requests and scoring exactly.
+"""Presets that reproduce another harness's GSM8K requests and scoring exactly. Pure.
 
-Pure functions: no pytest, no HTTP, no file access; standard library only. This module
-holds every preset's :class:`PresetSpec` and lm-eval's requests and scoring; the vLLM and
-SGLang presets' requests are built in :mod:`pytest_gsm8k.core.engine_ci`.
+Every preset's :class:`PresetSpec`, and lm-eval's requests and scoring (vLLM's and SGLang's
+requests: core/engine_ci.py; docs/protocols.md says what each preset promises).
 
-``lm-eval``
-===========
+lm-eval mirrors **lm-evaluation-harness 0.4.13**, task ``gsm8k`` (``gsm8k.yaml`` v3.0) as
+``local-completions`` and ``local-chat-completions --apply_chat_template`` send it;
+``tests/data/lm_eval_requests.json`` holds bodies and scores recorded from it
+(``tests/data/record_lm_eval.py``), checked byte for byte by tests/unit/core/test_presets.py.
+What each piece copies:
 
-Mirrors **lm-evaluation-harness 0.4.13** (``pip install "lm-eval[api]==0.4.13"``),
-task ``gsm8k`` (``lm_eval/tasks/gsm8k/gsm8k.yaml``, metadata version 3.0), as
-sent by the models ``local-completions`` and ``local-chat-completions
---apply_chat_template`` (``lm_eval/models/openai_completions.py`` on top of
-``lm_eval/models/api_models.py``).  The files each piece copies are named
-below; ``tests/data/lm_eval_requests.json`` holds request bodies and scores
-recorded from that version (``tests/data/record_lm_eval.py`` re-records them) and
-``tests/unit/core/test_presets.py`` checks this module against them byte for byte.
-
-Prompt (``ConfigurableTask.fewshot_context`` / ``build_qa_turn`` in
-``lm_eval/api/task.py``, ``Message``/``multiturn_to_singleturn`` in
-``lm_eval/api/utils.py``)
-    ``doc_to_text`` is ``"Question: {{question}}\\nAnswer:"`` and
-    ``doc_to_target`` is ``"{{answer}}"``: the *whole* train answer, calculator
-    annotations ``<<48/2=24>>`` and the ``#### N`` line included, nothing
-    stripped.  Each example is question text + target delimiter ``" "`` +
-    answer + fewshot delimiter ``"\\n\\n"``; the problem itself is
-    ``"Question: {question}\\nAnswer:"`` with no trailing space.  Question and
-    answer texts are used verbatim (Jinja renders them without escaping or
-    whitespace changes).
-
-Few-shot sampling (``ContextSampler.sample`` in ``lm_eval/api/samplers.py``)
-    ONE ``random.Random(1234)`` per task (``Task.set_fewshot_seed`` from
-    ``simple_evaluate(fewshot_random_seed=1234)``), shared by all documents.
-    For every test document, in test-split order, ``rnd.sample(train, 5)`` is
-    called once (the fewshot split ``train`` differs from the test split, so no
-    "remove the eval doc" ``n + 1`` draw).  So the examples differ per problem:
-    problem ``i`` gets the ``(i + 1)``-th draw of that generator.  A run with
-    ``--limit K`` sees the same prompts for problems ``0..K-1`` as a full run.
-    (``--samples`` and multi-rank runs enumerate fewer documents and so shift
-    the draws; they are not reproduced here.)
-
-Request body (``LocalCompletionsAPI._create_payload`` / ``LocalChatCompletion._create_payload``)
-    completions: ``{"prompt", "model", "max_tokens": 256, "temperature": 0.0,
-    "stop": ["Question:", "</s>", "<|im_end|>"], "seed": 1234}``; chat: the same
-    with ``"messages"`` in place of ``"prompt"`` (``stop`` cut to 4 entries).
-    ``max_tokens`` is the model's ``max_gen_toks`` default (the task sets none),
-    ``temperature`` is the task's ``0.0``, ``do_sample`` is dropped, ``seed`` is
-    the model's ``seed`` argument (default 1234).  No EOS string is appended to
-    ``stop`` when the model has no tokenizer (``tokenizer_backend=None``, the
-    only setting that needs no download).  No ``n``, no streaming.
-
-Chat messages
-    ``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on by default:
-    every example is a ``user`` turn ``"Question: ...\\nAnswer:"`` and an
-    ``assistant`` turn holding the full answer (no delimiters: those only exist
-    in text rendering), then a final ``user`` turn for the problem.  With
-    ``--fewshot_as_multiturn false`` everything collapses into ONE ``user``
-    message whose content is exactly the completions prompt.
-    ``--system_instruction S`` adds a leading ``system`` message in chat mode;
-    in completions mode ``S`` is glued to the prompt with no separator at all
-    (``Message("system", S)`` renders with an empty delimiter).
-
-Scoring (``filter_list`` and ``metric_list`` of ``gsm8k.yaml``;
-``RegexFilter`` in ``lm_eval/filters/extraction.py``; ``exact_match_hf_evaluate``
-in ``lm_eval/api/metrics.py``)
-    ``strict-match``: ``re.findall(r"#### (\\-?[0-9\\.\\,]+)")`` and the FIRST
-    match (``group_select`` 0), then ``take_first``.
-    ``flexible-extract``: ``re.findall(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")``, the
-    LAST match (``group_select`` -1), its first non-empty group, stripped.
-    No match gives the fallback ``"[invalid]"`` (here ``None``).  The extracted
-    string and the gold ``doc_to_target`` (the full answer text) then both go
-    through ``re.sub`` with ``","``, ``"\\$"``, ``"(?s).*#### "``, ``"\\.$"``, in
-    that order, are lower-cased (``ignore_case``), not stripped of punctuation
-    (``ignore_punctuation: false``), and compared as strings: ``"18.00"`` does
-    NOT equal ``18`` and ``"-0"`` does not equal ``0``.
-    No ``<think>`` stripping (``think_end_token`` is unset by default) and no
-    client-side stop cut for completions: the response text is used as the
-    server returned it.
+- prompt (``fewshot_context``/``build_qa_turn``, lm_eval/api/task.py): examples ``"Question:
+  {q}\\nAnswer:" + " " + answer + "\\n\\n"`` with the *whole* train answer (``<<48/2=24>>``
+  and ``#### N`` included), verbatim, then ``"Question: {q}\\nAnswer:"``; a system
+  instruction is glued in front with no separator;
+- examples (``ContextSampler.sample``): ONE ``random.Random(1234)`` per task, one
+  ``rnd.sample(train, 5)`` per test document in test order, so problem ``i`` gets draw ``i``
+  and ``--limit K`` keeps a full run's prompts (``--samples`` and multi-rank runs shift the
+  draws: not reproduced);
+- body (``_create_payload``): ``max_tokens`` 256 (``max_gen_toks``), temperature 0.0, stop
+  ``Question:``, ``</s>``, ``<|im_end|>`` (no EOS: no tokenizer), ``seed`` 1234, no ``n``;
+- chat: ``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on: each example a user
+  and an assistant turn, then the problem's user turn (off: one user message holding the
+  completions prompt); a system instruction is a leading system message;
+- scoring (``RegexFilter``, ``exact_match_hf_evaluate``): ``strict-match`` takes the FIRST
+  ``#### (\\-?[0-9\\.\\,]+)``, ``flexible-extract`` the LAST ``(-?[$0-9.,]{2,})|(-?[0-9]+)``;
+  no match is ``[invalid]``; both sides lose ``,``, ``$``, ``(?s).*#### `` and a final
+  ``.``, are lower-cased and compared as strings (``18.00`` is not ``18``); no ``<think>``
+  stripping.
 """
 
 from __future__ import annotations
@@ -88,37 +39,9 @@ from typing import Any
 
 from pytest_gsm8k.core.types import Api, Problem, Request
 
-__all__ = [
-    "LM_EVAL",
-    "LM_EVAL_FALLBACK",
-    "LM_EVAL_FLEXIBLE_PATTERN",
-    "LM_EVAL_IGNORE_REGEXES",
-    "LM_EVAL_STRICT_PATTERN",
-    "LM_EVAL_VERSION",
-    "PRESETS",
-    "SGLANG",
-    "VLLM",
-    "PresetSpec",
-    "get_preset",
-    "lm_eval_accuracy",
-    "lm_eval_fewshot_indices",
-    "lm_eval_flexible",
-    "lm_eval_match",
-    "lm_eval_messages",
-    "lm_eval_normalise",
-    "lm_eval_prompt",
-    "lm_eval_request",
-    "lm_eval_score",
-    "lm_eval_strict",
-    "preset_settings",
-    "sends_model",
-    "takes_first",
-]
-
 LM_EVAL_VERSION = "0.4.13"
-"""The lm-evaluation-harness release this preset was recorded against."""
+#: ``simple_evaluate(fewshot_random_seed=...)``'s default: the one generator's seed
 LM_EVAL_FEWSHOT_SEED = 1234
-"""``simple_evaluate(fewshot_random_seed=...)``'s default: the one generator's seed."""
 
 
 @dataclass(frozen=True)
@@ -135,39 +58,28 @@ class PresetSpec:
     temperature: float
     stop: tuple[str, ...]
     seed: int | None
+    #: score names reported side by side, in the peer's order and spelling
     extractors: tuple[str, ...]
-    """Score names reported side by side, in the peer's order and spelling."""
+    #: the stop list in chat mode when it differs from ``stop``
     chat_stop: tuple[str, ...] | None = None
-    """The stop list in chat mode when it differs from :attr:`stop` (None: the same)."""
+    #: settings a user may still give, as the peer's own flags allow (``shots``)
     adjustable: tuple[str, ...] = ()
-    """Settings a user may still give, as the peer's own flags allow (``shots``: its
-    ``--num-shots``, a vLLM config's ``num_fewshot``); the rest are the preset's."""
+    #: settings the peer has no such thing for: giving one would change its protocol
     also_fixed: tuple[str, ...] = ()
-    """Settings a user may not give beside those :meth:`settings` returns (the peer has no
-    such thing, so giving one would silently change its protocol)."""
+    #: the APIs the peer sends to (completions is the preset's default)
     apis: tuple[str, ...] = ("completions", "chat")
-    """The APIs the peer sends to (completions is the preset's default)."""
+    #: ``train``, or ``evaluated``: the first rows of the split under test (SGLang's script)
     fewshot_split: str = "train"
-    """Where the examples come from: ``train``, or ``evaluated`` (the first rows of the
-    split under test itself, as SGLang's script does)."""
+    #: ``--gsm8k-limit N`` takes the first N problems, as the peer's ``--num-questions``
     first_questions: bool = False
-    """``--gsm8k-limit N`` takes the first N problems, as the peer's ``--num-questions``
-    (a vLLM config's ``num_questions``) does, instead of a seeded subset."""
+    #: the body names the model; vLLM's script does not, so the run checks who answered
+    #: (core/identity.py ``unnamed_answerer``)
     model_field: bool = True
-    """The requests name the model (``model`` in the body). vLLM's script sends none, so
-    the server's default model answers: the run checks that this is the model named
-    (:func:`pytest_gsm8k.core.identity.unnamed_answerer`)."""
 
     def settings(self, api: str = "completions", shots: int | None = None) -> dict[str, Any]:
-        """The run settings this preset fixes (``--gsm8k-*`` option names without the
-        prefix), the one place they are written: the options table applies them, and a
-        user who gives one of them as well gets an error instead of a silent mix.
-
-        ``api`` is left out: completions by default (as ``local-completions``), and a
-        user may switch it to ``chat`` (``local-chat-completions --apply_chat_template``)
-        where the peer has a chat mode. ``shots`` replaces the default number of examples
-        for a preset where it is :attr:`adjustable`.
-        """
+        """The settings this preset fixes, by option key, written once: a user who gives one
+        as well gets an error instead of a silent mix (``api`` is the user's to switch
+        where the peer has a chat mode; ``shots`` where :attr:`adjustable`)."""
         stop = self.chat_stop if api == "chat" and self.chat_stop is not None else self.stop
         return {
             "protocol": "test@1",
@@ -214,8 +126,6 @@ VLLM = PresetSpec(
     first_questions=True,
     model_field=False,
 )
-"""vLLM's ``tests/evals/gsm8k/gsm8k_eval.py`` as its CI runs it (``evaluate_gsm8k``'s
-defaults); the requests are built in :mod:`pytest_gsm8k.core.engine_ci`."""
 
 SGLANG_SOURCE = "sgl-project/sglang python/sglang/test/few_shot_gsm8k.py @ 109fdd2f"
 SGLANG = PresetSpec(
@@ -236,24 +146,16 @@ SGLANG = PresetSpec(
     fewshot_split="evaluated",
     first_questions=True,
 )
-"""SGLang's ``few_shot_gsm8k.py``: its prompt, stop list and sampling, sent to
-``/v1/completions`` (the script itself posts to SGLang's native ``/generate``)."""
 
 PRESETS: dict[str, PresetSpec] = {p.name: p for p in (LM_EVAL, VLLM, SGLANG)}
-"""Every preset by its ``--gsm8k-preset`` name."""
 
 
 def preset_settings(
     name: str, *, api: str = "completions", shots: int | None = None
 ) -> dict[str, Any]:
-    """The run settings of preset ``name`` for ``api`` and (where adjustable) ``shots``,
-    keyed by ``--gsm8k-*`` option name without the prefix, ``preset`` and ``api`` included.
-
-    What a caller that builds runs itself (one per vLLM config, its ``num_fewshot`` as
-    ``shots``) gives the options table, so that its runs are exactly ``--gsm8k-preset
-    NAME --gsm8k-shots N``. ``ValueError`` for an unknown preset, an API the peer has no
-    mode for, or ``shots`` the preset fixes.
-    """
+    """The settings of ``--gsm8k-preset NAME --gsm8k-shots N`` with ``preset`` and ``api``,
+    for a caller that builds runs itself (one per vLLM config); ValueError as the options'
+    checks would say it."""
     spec = get_preset(name)
     if api not in spec.apis:
         raise ValueError(f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only")
@@ -286,9 +188,8 @@ def get_preset(name: str) -> PresetSpec:
 
 # --------------------------------------------------------------------------- few-shot draws
 
-# (pool size, shots, seed) -> (generator after the last draw, draws so far).
-# Replaying the generator is cheap (a few microseconds per draw) but the cache
-# makes a whole test split linear instead of quadratic.
+# (pool size, shots, seed) -> (generator after the last draw, draws so far): a whole split
+# linear instead of quadratic
 _DRAWS: dict[tuple[int, int, int], tuple[random.Random, list[tuple[int, ...]]]] = {}
 
 
@@ -298,13 +199,9 @@ def lm_eval_fewshot_indices(
     shots: int = LM_EVAL.shots,
     seed: int = LM_EVAL_FEWSHOT_SEED,
 ) -> tuple[int, ...]:
-    """Train-pool indices of the examples lm-eval shows test problem ``problem_index``.
-
-    ``random.Random(seed)`` makes one ``sample(pool, shots)`` per test problem
-    in test order, so problem ``i`` gets draw ``i`` (0-based).  ``sample``
-    picks positions from the population's length alone, so sampling
-    ``range(pool_size)`` gives the same positions as sampling the documents.
-    """
+    """Train-pool indices of lm-eval's examples for test problem ``problem_index`` (draw
+    ``i``; ``sample`` picks from the length alone, so ``range(pool_size)`` gives the
+    documents' positions)."""
     if problem_index < 0:
         raise ValueError(f"problem index must be >= 0, got {problem_index}")
     if not 0 <= shots <= pool_size:
@@ -338,12 +235,8 @@ def lm_eval_prompt(
     *,
     system: str | None = None,
 ) -> str:
-    """The ``prompt`` that ``local-completions`` sends for test problem ``problem_index``.
-
-    ``train`` is the whole GSM8K train split in file order as ``(question,
-    answer)`` with the raw answers.  ``system`` is lm-eval's
-    ``--system_instruction``, prefixed with no separator (as lm-eval does).
-    """
+    """The ``prompt`` ``local-completions`` sends; ``train``: the train split in file
+    order, raw answers; ``system``: ``--system_instruction``."""
     parts = [system or ""]
     for q, a in _examples(problem_index, train):
         parts.append(f"{_doc_to_text(q)} {a}\n\n")
@@ -359,13 +252,8 @@ def lm_eval_messages(
     system: str | None = None,
     multiturn: bool = True,
 ) -> list[tuple[str, str]]:
-    """The ``messages`` that ``local-chat-completions --apply_chat_template`` sends.
-
-    ``multiturn`` is ``--fewshot_as_multiturn`` (on by default with
-    ``--apply_chat_template``): examples as user/assistant pairs.  Off, the
-    whole completions prompt is one user message.  ``system`` adds a leading
-    system message.
-    """
+    """The ``messages`` ``local-chat-completions --apply_chat_template`` sends
+    (``multiturn``: ``--fewshot_as_multiturn``)."""
     messages: list[tuple[str, str]] = []
     if system:
         messages.append(("system", system))
@@ -387,11 +275,8 @@ def lm_eval_request(
     system: str | None = None,
     multiturn: bool = True,
 ) -> Request:
-    """The full request lm-eval sends for ``problem`` (its ``index`` is its test position).
-
-    ``Request.body(model)`` then has exactly lm-eval's keys and values (key
-    order differs, which JSON does not care about).
-    """
+    """The request lm-eval sends for ``problem``: its body has exactly lm-eval's keys and
+    values."""
     common: dict[str, Any] = {
         "problem_id": problem.id,
         "temperature": LM_EVAL.temperature,
@@ -413,10 +298,10 @@ def lm_eval_request(
 
 LM_EVAL_STRICT_PATTERN = r"#### (\-?[0-9\.\,]+)"
 LM_EVAL_FLEXIBLE_PATTERN = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"
+#: ``regexes_to_ignore`` of the task's ``exact_match``, in this order
 LM_EVAL_IGNORE_REGEXES: tuple[str, ...] = (",", r"\$", "(?s).*#### ", r"\.$")
-"""``regexes_to_ignore`` of the task's ``exact_match``, applied in this order."""
+#: what lm-eval's regex filter returns when nothing matched
 LM_EVAL_FALLBACK = "[invalid]"
-"""What lm-eval's regex filter returns (and logs) when nothing matched."""
 
 _STRICT_RE = re.compile(LM_EVAL_STRICT_PATTERN)
 _FLEXIBLE_RE = re.compile(LM_EVAL_FLEXIBLE_PATTERN)
@@ -444,32 +329,22 @@ def lm_eval_strict(text: str) -> str | None:
 
 
 def lm_eval_flexible(text: str) -> str | None:
-    """lm-eval's ``flexible-extract``: the LAST number-ish run (``None``: ``[invalid]``).
-
-    Any run of two or more characters from ``$0-9.,`` counts, so an ellipsis
-    ``...`` or ``$$`` after the answer is what gets extracted.
-    """
+    """lm-eval's ``flexible-extract``: the LAST number-ish run (an ellipsis after the
+    answer is what it extracts); None: ``[invalid]``."""
     return _regex_filter(_FLEXIBLE_RE, -1, text)
 
 
 def lm_eval_normalise(text: str) -> str:
-    """``exact_match``'s view of a string: the ignore regexes removed, lower-cased.
-
-    The trailing-NUL strip is numpy's: lm-eval compares ``numpy`` unicode
-    arrays, which cannot hold trailing ``"\\x00"``.
-    """
+    """``exact_match``'s view of a string; the trailing NULs go as in numpy's unicode
+    arrays, which lm-eval compares."""
     for regex in _IGNORE_RES:
         text = regex.sub("", text)
     return text.lower().rstrip("\x00")
 
 
 def lm_eval_match(extracted: str | None, gold_answer_text: str) -> bool:
-    """lm-eval's ``exact_match`` of an extracted answer against a GSM8K ``answer`` field.
-
-    ``gold_answer_text`` is the raw answer (working and ``#### N``), which is
-    lm-eval's ``doc_to_target``; ``extracted`` ``None`` is the ``[invalid]``
-    fallback, compared like any other string (it never equals a number).
-    """
+    """lm-eval's ``exact_match`` against the raw answer (its ``doc_to_target``); None is
+    the ``[invalid]`` fallback, compared like any string."""
     prediction = LM_EVAL_FALLBACK if extracted is None else extracted
     return lm_eval_normalise(prediction) == lm_eval_normalise(gold_answer_text)
 
@@ -485,10 +360,7 @@ def lm_eval_score(text: str, gold_answer_text: str) -> dict[str, bool]:
 def lm_eval_accuracy(
     responses: Sequence[tuple[str, str]],
 ) -> dict[str, float]:
-    """lm-eval's reported ``exact_match`` per filter over ``(response, gold answer)`` pairs.
-
-    The mean of the per-problem 0/1 scores, as lm-eval aggregates them.
-    """
+    """lm-eval's ``exact_match`` per filter: the mean over ``(response, gold)`` pairs."""
     if not responses:
         raise ValueError("no responses to score")
     totals = dict.fromkeys(LM_EVAL.extractors, 0)

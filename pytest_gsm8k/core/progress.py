@@ -12,8 +12,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["ETA_AFTER", "Progress", "format_duration"]
-
 #: answers before an ETA is shown (or a twentieth of the run, if more): the first replies
 #: arrive together (every request in flight left at once), so a rate read after one answer
 #: is off by up to the concurrency ("ETA 1h10m" for a run of a few minutes)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +24,10 @@ COT_INSTRUCTION = (
 )
 CALCULATOR = re.compile(r"<<[^<>]*>>")
 DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n")
+
+
+def _pairs_hash(pairs: Iterable[tuple[str, str]]) -> str:
+    return hashlib.sha256("\x00".join(f"{q}\x01{a}" for q, a in pairs).encode()).hexdigest()[:16]
 
 
 def clean_solution(answer: str) -> str:
@@ -83,12 +87,8 @@ class Protocol:
 
     def identity(self) -> dict[str, Any]:
         """Every field that makes two numbers comparable (exemplar texts hashed)."""
-        ex_hash = hashlib.sha256(
-            "\x00".join(f"{e.question}\x01{e.answer}" for e in self.exemplars).encode()
-        ).hexdigest()[:16]
-        train_hash = hashlib.sha256(
-            "\x00".join(f"{q}\x01{a}" for q, a in self.train).encode()
-        ).hexdigest()[:16]
+        ex_hash = _pairs_hash((e.question, e.answer) for e in self.exemplars)
+        train_hash = _pairs_hash(self.train)
         identity: dict[str, Any] = {
             "name": self.name,
             "samples": self.samples,
@@ -132,27 +132,18 @@ class Protocol:
             from pytest_gsm8k.core.engine_ci import sglang_request
 
             return sglang_request(problem, self.train, self.shots, self.params)
+        common: dict[str, Any] = {
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "n": self.samples,
+            "params": self.params,
+        }
         if self.api == "chat":
-            return Request(
-                problem_id=problem.id,
-                api="chat",
-                messages=tuple(chat_messages(self, problem.question)),
-                temperature=self.temperature,
-                max_tokens=self.max_tokens,
-                n=self.samples,
-                stop=self.stop,
-                params=self.params,
-            )
-        return Request(
-            problem_id=problem.id,
-            api="completions",
-            prompt=completion_prompt(self, problem.question),
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            n=self.samples,
-            stop=self.stop or DEFAULT_COMPLETION_STOP,
-            params=self.params,
-        )
+            messages = tuple(chat_messages(self, problem.question))
+            return Request(problem.id, "chat", messages=messages, stop=self.stop, **common)
+        prompt = completion_prompt(self, problem.question)
+        stop = self.stop or DEFAULT_COMPLETION_STOP
+        return Request(problem.id, "completions", prompt=prompt, stop=stop, **common)
 
 
 def chat_messages(protocol: Protocol, question: str) -> list[tuple[str, str]]:

@@ -1,39 +1,10 @@
-"""Answer extraction and comparison for GSM8K.
+"""Answer extraction and comparison (the rules: docs/protocols.md#extraction-and-comparison).
 
-A model's completion is free text; the gold answer is a number after ``####``.
-Scoring therefore has two halves: *extracting* a number from the completion
-under some rule, and *comparing* it with the gold number.  Both halves are
-deliberately kept free of floats: GSM8K answers are exact integers (sometimes
-with thousands separators, e.g. ``1,450,000``) and a float or a
-significant-digit rounding step can silently turn a wrong answer into a
-right one (or the reverse).  Every number is therefore a :class:`Decimal`
-built directly from its digits.
-
-Several extraction rules are offered because models answer in different
-styles and the choice of rule is itself a large source of score differences:
-
-``strict``
-    The original GSM8K ``#### <number>`` convention (the seed's regex, or a
-    user-supplied one).
-``answer-is``
-    "The answer is 42" / "The final answer is: $1,800." / "Final answer: 42"
-    style.
-``boxed``
-    LaTeX ``\\boxed{...}`` as produced by math-tuned models.
-``flexible``
-    The last number anywhere in the text; the most lenient rule.
-``last-int``
-    vLLM's and SGLang's GSM8K rule (``get_answer_value`` in vLLM's
-    ``tests/evals/gsm8k/gsm8k_eval.py`` and SGLang's ``few_shot_gsm8k.py``):
-    commas removed, the last run of digits, read as a Python integer literal.
-    No sign, no decimals, no ``<think>`` stripping; ``007`` is no answer (a
-    Python literal cannot have leading zeros).  The gating rule of
-    ``--gsm8k-preset vllm`` and ``sglang``.
-
-For every rule the *last* match wins, because models often restate or correct
-intermediate values before giving the final one.
-
-This module is pure logic: no pytest, no I/O, standard library only.
+No floats anywhere: GSM8K answers are exact (``1,450,000``), and a float or a
+significant-digit rounding can turn a wrong answer right. Every number is a :class:`Decimal`
+built from its digits. For every rule the *last* match wins: models restate intermediate
+values before the final one. ``last-int`` copies ``get_answer_value`` of vLLM's
+``tests/evals/gsm8k/gsm8k_eval.py`` and SGLang's ``few_shot_gsm8k.py``. Pure, stdlib only.
 """
 
 from __future__ import annotations
@@ -48,50 +19,20 @@ from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
 from typing import overload
 
-__all__ = [
-    "RULES",
-    "STRICT_PATTERN",
-    "TOLERANCE",
-    "WHOLE_TEXT_RULES",
-    "SampleScore",
-    "extract",
-    "format_number",
-    "gold_number",
-    "last_int",
-    "majority_vote",
-    "numbers_equal",
-    "parse_number",
-    "rule_gold",
-    "score_text",
-    "strip_reasoning",
-]
-
+#: every extraction rule, in the order reports list them
 RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible", "last-int")
-"""Every extraction rule, in the order reports list them."""
-
+#: rules that read the whole text, ``<think>`` included, as the peers they copy do
 WHOLE_TEXT_RULES: tuple[str, ...] = ("last-int",)
-"""Rules that read the whole text, ``<think>`` reasoning included, as the peers they copy
-do; every other rule reads only what :func:`strip_reasoning` leaves."""
-
+#: the GSM8K seed's rule, verbatim so strict scores match other harnesses
 STRICT_PATTERN = r"####\s*(-?[\d,]+(?:\.\d+)?)"
-"""The GSM8K seed's rule, kept verbatim so strict scores match other harnesses."""
-
+#: the largest difference still equal (``0.3333333`` against a rounded gold), far below any
+#: GSM8K answer's resolution
 TOLERANCE = Decimal("1e-6")
-"""Largest absolute difference still counted as equal.
-
-Values are exact decimals, so this only matters for answers such as ``0.3333333``
-versus a gold ``1/3``-style rounding; it is far below any GSM8K answer's
-resolution (answers are integers or have at most a couple of decimals).
-"""
 
 _STRICT_RE = re.compile(STRICT_PATTERN)
 
-# A number as it is written in prose: optional minus (ASCII or U+2212), an
-# optional dollar sign, digits with *well-formed* thousands groups (so that
-# "1,000" is one number but "1,2,3" is three), and an optional fraction.  The
-# fraction requires digits after the point so a sentence-ending period is never
-# swallowed.  The minus is only taken when it does not follow a digit, so the
-# "3" in "5-3" is read as 3, not -3.
+# A number in prose: well-formed thousands groups ("1,2,3" is three numbers), digits after a
+# point (a sentence's period is never swallowed), a minus only when not after a digit ("5-3").
 _PROSE_NUMBER = (
     r"(?:(?<![\d])[-\u2212])?\$?"
     r"(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)"
@@ -101,12 +42,8 @@ _FLEXIBLE_RE = re.compile(_PROSE_NUMBER)
 _NUMBER_CHARS = "0123456789,.$-\u2212"  # every character a prose number can hold
 _RUN_CAP = 256
 
-# "The answer is ...", "the final answer is: $1,800.", "answer is: 42",
-# "The answer is **42**", "Final answer: 42".  A leading "the" is not required
-# (it adds nothing once "answer is" matched).  "is" must be a whole word so
-# "the answer isn't 5" does not count.  The number part is lenient about comma
-# placement (like the strict rule) but never ends in a comma or a period, so
-# "is 42, because" gives 42.
+# "The answer is **42**", "the final answer is: $1,800.", "Final answer: 42"; "is" a whole
+# word ("the answer isn't 5" does not count); the number never ends in a comma or period.
 _ANSWER_IS_RE = re.compile(
     r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*"
     r"([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)",
@@ -132,29 +69,14 @@ _PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
 # class as the standard library's: every Unicode decimal digit.
 _DIGITS_RE = re.compile(r"\d+")
 
-# The peers use the third-party ``regex`` module; for a str pattern its ``\d`` is the same
-# class as the standard library's: every Unicode decimal digit.
-_DIGITS_RE = re.compile(r"\d+")
-
 
 def parse_number(text: str) -> Decimal | None:
-    """Turn one number token into an exact, normalised :class:`Decimal`.
+    """One number token as an exact :class:`Decimal`, or None (no exponents, no fractions).
 
-    Accepts the forms models and GSM8K gold answers actually use: surrounding
-    whitespace, a leading ``$`` (before or after the minus sign), a trailing
-    ``%``, a trailing sentence period, thousands commas and the Unicode minus
-    sign U+2212.  Commas are simply removed (as the seed rule and common
-    harnesses do), so ``"1,000"`` is 1000.
-
-    The result is normalised *without* going through a decimal context
-    (``Decimal.normalize`` would round to 28 digits and produce ``1E+3``):
-    trailing fractional zeros are dropped from the digit string, so
-    ``"18.00"`` gives ``Decimal("18")`` and ``"1000"`` stays ``Decimal("1000")``.
-    Negative zero becomes zero.
-
-    Returns ``None`` for anything that is not a plain decimal number,
-    including exponent notation, fractions and empty strings, so callers can
-    treat "no answer" uniformly.
+    Takes what models and gold answers write: ``$`` before or after the minus, U+2212, a
+    trailing ``%`` or period, thousands commas (removed, as the seed rule does). Trailing
+    fractional zeros are cut from the digits, not by ``Decimal.normalize`` (which rounds to
+    28 digits and writes ``1E+3``); negative zero is zero.
     """
     s = text.strip().replace("\u2212", "-")
     negative = False
@@ -194,50 +116,35 @@ def parse_number(text: str) -> Decimal | None:
 
 
 def strip_reasoning(text: str) -> str:
-    """Remove ``<think>`` reasoning so only the visible answer is scored.
-
-    Reasoning models often try (and discard) wrong numbers while thinking; if
-    those were scored, the lenient rules would pick them up.  Three shapes
-    occur in practice:
-
-    * complete ``<think>...</think>`` blocks (possibly several) are removed;
-    * a ``</think>`` with no opening tag -- some servers strip the opening tag
-      from the returned text -- means everything up to and including the last
-      ``</think>`` was reasoning;
-    * an ``<think>`` that is never closed means the model ran out of tokens
-      while thinking, so there is no answer part: everything from that tag on
-      is dropped.
-
-    Removed blocks are replaced by a newline (so the numbers on either side
-    cannot fuse into one) and the result is stripped of outer whitespace.
-    """
+    """The visible answer without ``<think>`` reasoning (whose discarded numbers the
+    lenient rules would pick up): whole blocks go (each leaves a newline, so numbers on
+    either side never fuse), everything up to an orphan ``</think>`` goes (some servers
+    strip the opening tag), and everything from a ``<think>`` never closed goes (the model
+    ran out of tokens while thinking)."""
     # Linear in the text's length. The pair regex alone is quadratic on unclosed tags (from
     # each one it scans to the end for a close), and a cached answer full of them would stall
     # every rerun; so it only runs on the part up to the last </think>, where every opening
     # tag has a closing one after it. Tags match ASCII case-insensitively, as the regex does.
-    last = _ascii_lower(text).rfind("</think>")
+    last = ascii_lower(text).rfind("</think>")
     head, tail = ("", text) if last == -1 else (text[: last + 8], text[last + 8 :])
-    opening = _ascii_lower(tail).find("<think>")
+    opening = ascii_lower(tail).find("<think>")
     if opening != -1:
         tail = tail[:opening]  # never closed: the model ran out of tokens while thinking
     head = _THINK_PAIR_RE.sub("\n", head)
-    orphan = _ascii_lower(head).rfind("</think>")
+    orphan = ascii_lower(head).rfind("</think>")
     if orphan != -1:
         head = head[orphan + 8 :]  # everything up to a closing tag without opening was reasoning
     return (head + tail).strip()
 
 
-def _ascii_lower(text: str) -> str:
+def ascii_lower(text: str) -> str:
     """Lowercase A-Z only: the same length as ``text``, so indices carry over."""
     return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
 def _last_match_number(regex: re.Pattern[str], text: str, use_group: bool) -> Decimal | None:
-    """Parse the number in the last match of ``regex`` (``None`` if none).
-
-    Only the last match is considered, even if its text does not parse: the
-    rule is "the final stated answer counts", not "the final parseable one".
-    """
+    """The number in the last match of ``regex``, even when it does not parse: the final
+    stated answer counts, not the final parseable one."""
     # deque(maxlen=1) consumes the matches in C: a looping 10 MB answer can hold millions
     final = deque(regex.finditer(text), maxlen=1)
     if not final:
@@ -250,13 +157,9 @@ def _last_match_number(regex: re.Pattern[str], text: str, use_group: bool) -> De
 
 
 def _last_prose_number(text: str) -> Decimal | None:
-    """The last number in prose (the flexible rule), found from the end of the text.
-
-    The last match holds the text's last digit, and no match crosses a character
-    outside :data:`_NUMBER_CHARS`, so scanning the run of number characters that
-    ends there gives exactly the left-to-right scan's last match. A run longer than
-    :data:`_RUN_CAP` (no real answer) is read from its last ``_RUN_CAP`` characters.
-    """
+    """The flexible rule's last number, found from the end: the last match holds the last
+    digit and never crosses a character outside :data:`_NUMBER_CHARS`, so the run of them
+    ending there (its last :data:`_RUN_CAP` characters) gives the same match."""
     last = max(text.rfind(digit) for digit in string.digits)
     if last == -1:
         return None
@@ -277,14 +180,8 @@ def _last_boxed(text: str) -> str | None:
 
 
 def _boxed_number(content: str) -> Decimal | None:
-    """Read the number inside one ``\\boxed{}``.
-
-    Units (``\\text{ dollars}``), escaped ``\\$``/``\\%``, thin spaces and
-    redundant outer braces are removed first.  If what is left is not a single
-    number, the content is accepted only when it contains exactly one number
-    (``x = 5``, ``18 dollars``); anything with several numbers, such as
-    ``\\frac{1}{2}``, is ambiguous and gives ``None`` rather than a guess.
-    """
+    """The number inside one ``\\boxed{}``, units and LaTeX noise removed: only when it
+    holds exactly one (``x = 5``); ``\\frac{1}{2}`` is ambiguous and gives None."""
     without_units = _TEXT_MACRO_RE.sub(" ", content)
     value = _single_number(without_units)
     if value is None:
@@ -319,14 +216,10 @@ _PLAIN_DIGITS = 4000
 
 
 def last_int(text: str) -> Decimal | None:
-    """vLLM's ``get_answer_value`` on a response: ``None`` where it returns ``INVALID``.
-
-    Commas go first (so ``1,2`` is ``12``), then the last run of ``\\d`` (any Unicode
-    decimal digit) is read with ``ast.literal_eval``, exactly as the peers do; its
-    ``SyntaxError`` (leading zeros, a non-ASCII digit, over 4300 digits) is their
-    ``INVALID``. Any other failure is ``None`` too, where the peers' script would stop.
-    The text is used whole: no ``<think>`` stripping, as the peers score the content.
-    """
+    """vLLM's ``get_answer_value``: commas removed (``1,2`` is ``12``), the last run of
+    ``\\d`` read by ``ast.literal_eval``; None where it returns ``INVALID`` (leading zeros, a
+    non-ASCII digit, over 4300 digits) or its script would stop. The whole text, no
+    ``<think>`` stripping, as the peers score it."""
     final = deque(_DIGITS_RE.finditer(text.replace(",", "")), maxlen=1)
     if not final:
         return None
@@ -347,7 +240,7 @@ def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) 
             return _last_match_number(_STRICT_RE, visible, use_group=True)
         return _last_match_number(pattern, visible, use_group=pattern.groups >= 1)
     if rule == "answer-is":
-        if "answer" not in _ascii_lower(visible):
+        if "answer" not in ascii_lower(visible):
             return None  # the case-insensitive regex scan costs ten times this check
         return _last_match_number(_ANSWER_IS_RE, visible, use_group=True)
     if rule == "boxed":
@@ -359,16 +252,9 @@ def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) 
 
 
 def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
-    """Extract the model's final answer from ``text`` under ``rule``.
-
-    The text first goes through :func:`strip_reasoning`, then the *last* match
-    of the rule wins.  ``pattern`` replaces the strict rule's regex (it is the
-    user's ``--gsm8k-answer-regex``): its first capturing group is the number,
-    or the whole match when it has no group.  It does not affect other rules.
-
-    Raises ``ValueError`` for an unknown rule, naming the valid ones, so a
-    typo in configuration fails loudly instead of scoring everything wrong.
-    """
+    """The final answer in ``text`` under ``rule``; ``pattern``: ``--gsm8k-answer-regex``,
+    the strict rule's (group 1, or the whole match). ValueError for an unknown rule, so a
+    typo fails loudly instead of scoring everything wrong."""
     if rule not in RULES:
         raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
     if rule in WHOLE_TEXT_RULES:
@@ -377,12 +263,8 @@ def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Dec
 
 
 def gold_number(answer: str) -> Decimal:
-    """The gold number of a GSM8K ``answer`` field (the text after the last ``####``).
-
-    Raises ``ValueError`` when there is no ``####`` or what follows it is not
-    a number; a malformed data row should stop an evaluation, not silently
-    count as a failure for every model.
-    """
+    """The number after the last ``####`` of a GSM8K ``answer``; ValueError otherwise (a
+    malformed row stops the evaluation rather than failing every model)."""
     if "####" not in answer:
         raise ValueError("answer has no '#### <number>' line")
     tail = answer.rsplit("####", 1)[1].strip()
@@ -397,14 +279,8 @@ _FINE = Decimal("1e-9")
 
 
 def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
-    """Whether two answers agree, within :data:`TOLERANCE`.
-
-    ``None`` (no answer extracted) never equals anything, not even another
-    ``None``: two missing answers are not a correct answer.  The difference is
-    computed with :class:`Fraction`, i.e. exactly, so no decimal-context
-    rounding can creep in for very long numbers.  Non-finite values (which
-    :func:`parse_number` never produces) are never equal.
-    """
+    """Whether two answers agree within :data:`TOLERANCE`, exactly (in fractions). None
+    (no answer) and non-finite values never equal anything, not even themselves."""
     if a is None or b is None:
         return False
     if not (a.is_finite() and b.is_finite()):
@@ -429,16 +305,11 @@ def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
 
 @dataclass(frozen=True)
 class SampleScore:
-    """Outcome of one completion under every rule.
-
-    All rules are always computed so that reports can show how much the
-    choice of rule matters without re-running the model.
-    """
+    """One completion under every rule (reports show how much the rule matters): the
+    number each extracted (None: nothing) and whether it equals the gold one."""
 
     extracted: dict[str, Decimal | None]
-    """Rule name -> extracted number (``None`` if the rule found nothing)."""
     correct: dict[str, bool]
-    """Rule name -> whether the extracted number equals the gold one."""
 
 
 def score_text(
@@ -447,13 +318,8 @@ def score_text(
     pattern: re.Pattern[str] | None = None,
     label: Decimal | None = None,
 ) -> SampleScore:
-    """Score one completion against ``gold`` under every rule in :data:`RULES`.
-
-    ``pattern`` is forwarded to the strict rule (see :func:`extract`).  The
-    reasoning is stripped once and shared by all rules.  ``label`` is what the
-    ``last-int`` rule compares with: the peers' label, the same rule applied to the
-    gold answer text (:func:`rule_gold`); ``gold`` when not given.
-    """
+    """One completion against ``gold`` under every rule; ``label``: what ``last-int``
+    compares with (:func:`rule_gold`; ``gold`` when not given)."""
     visible = strip_reasoning(text)
     extracted = {
         rule: last_int(text)
@@ -469,10 +335,8 @@ def score_text(
 
 
 def rule_gold(rule: str, answer: str, gold: Decimal) -> Decimal | None:
-    """What ``rule`` counts as the right answer for a GSM8K ``answer`` field whose gold
-    number is ``gold``: ``gold`` itself, except for ``last-int``, whose peers compare with
-    the last integer of the answer text (so the gold ``-10`` is ``10``, and a model that
-    answers ``-10`` is right by their rule, as their scripts score it)."""
+    """What ``rule`` counts as right: ``gold``, except for ``last-int``, whose peers compare
+    with the answer text's last integer (the gold ``-10`` is ``10`` there)."""
     return last_int(answer) if rule == "last-int" else gold
 
 
@@ -485,13 +349,8 @@ def format_number(d: Decimal | None) -> str | None: ...
 
 
 def format_number(d: Decimal | None) -> str | None:
-    """Canonical string for a number, for JSON reports and vote keys.
-
-    Fixed-point only (``1E+3`` -> ``"1000"``), no trailing fractional zeros
-    (``18.00`` -> ``"18"``), no negative zero, so that equal numbers always
-    print identically and reports stay readable and diffable.  ``None`` stays
-    ``None`` (JSON ``null``).  Non-finite values print as ``str(d)``.
-    """
+    """A number as reports and vote keys write it: fixed point, no trailing fractional
+    zeros, no negative zero, so equal numbers print alike (None stays None)."""
     if d is None:
         return None
     if not d.is_finite():
@@ -507,30 +366,15 @@ def format_number(d: Decimal | None) -> str | None:
 def majority_vote(
     values: Sequence[Decimal | None],
 ) -> tuple[Decimal | None, list[tuple[str, int]]]:
-    """maj@N: the most common extracted answer among N samples.
-
-    ``None`` values (no answer extracted) and non-finite values do not vote.
-    Numerically equal values are one candidate (``18`` and ``18.00`` pool
-    their votes); the candidate is represented by its first-seen value.
-
-    Tie-break: among the candidates with the most votes, the one whose
-    *first* vote came earliest in sample order wins.  This is deterministic
-    and independent of hash or dict ordering, so reruns of the same samples
-    always report the same winner.
-
-    Returns ``(winner, counts)`` where ``winner`` is ``None`` if nobody voted
-    and ``counts`` is ``[(format_number(value), votes), ...]`` sorted by votes
-    descending, then by first appearance.
-    """
-    # Decimal hashes consistently with numeric equality (hash(Decimal("18.00"))
-    # == hash(Decimal("18"))); a dict keeps insertion order (the order of first
-    # appearance) and keeps the first-inserted key object on later updates.
+    """maj@N: ``(winner, [(number, votes), ...])`` by votes, then first appearance (a tie
+    goes to the earliest first vote, the same in every rerun). Equal numbers (``18``,
+    ``18.00``) pool their votes; None and non-finite values do not vote."""
+    # Decimal hashes by numeric value; a dict keeps the first key and first-seen order
     counts: dict[Decimal, int] = {}
     for value in values:
         if value is None or not value.is_finite():
             continue
         counts[value] = counts.get(value, 0) + 1
-    # sorted() is stable, so equal counts keep first-appearance order.
     ranked = sorted(counts.items(), key=lambda item: -item[1])
     table: list[tuple[str, int]] = []
     for key, votes in ranked:

@@ -1,24 +1,11 @@
-"""Cleaning text that came from outside before anyone prints or writes it. Pure.
+"""Cleaning text from outside before anyone prints or writes it. Pure.
 
-Two concerns, one module:
-
-* secrets: the API key (from the environment) and credentials in the base URL
-  (``user:password@``) must never reach the terminal, a report, a cache
-  file or a log, even when a hostile or careless server echoes them back (in
-  an error body, or in a 200 reply's text). :class:`Scrubber` replaces every
-  occurrence; the runtime applies it where responses and error messages enter
-  the engine, so everything downstream only ever sees scrubbed text.
-  Command lines (``--gsm8k-serve``) are shown and stored with the run's secrets
-  and the values of secret-named options (``--api-key X``, ``HF_TOKEN=X``)
-  replaced (:meth:`Scrubber.command`, :func:`redact_options`): the shell may
-  have expanded ``$OPENAI_API_KEY`` into the command before pytest saw it. Those values,
-  ``VLLM_API_KEY`` and a vLLM config's secrets (its ``server_args``' secret options, its
-  ``env``'s secret-named or token-shaped values: :func:`secret_args`, :func:`secret_env`)
-  are secrets of the run as well: a server prints its arguments into its log.
-* the terminal and Markdown: a model name or an error message from a server
-  may hold ANSI escapes, control characters or invisible format characters
-  that reorder or hide text (bidi overrides) (:func:`printable`), or Markdown
-  syntax (:func:`md_text`, :func:`md_code`).
+Secrets (the API key, a base URL's ``user:password@``, secret-named options and variables of
+a server command or a vLLM config) never reach the terminal, a report, a cache file or a log,
+even when a server echoes them back: :class:`Scrubber` is applied where responses and errors
+enter the engine, and to command lines (the shell may have expanded ``$OPENAI_API_KEY``
+before pytest saw it). Text for the terminal or Markdown loses ANSI escapes, control and
+invisible format characters (bidi overrides) and Markdown syntax.
 """
 
 from __future__ import annotations
@@ -33,19 +20,15 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pytest_gsm8k.core.jsontext import escape_surrogates
 
 REDACTED = "[redacted]"
-#: a secret shorter than this is not scrubbed from answers: replacing, say, a 2-character
-#: "key" everywhere would corrupt the model's answers (numbers included), and a key that
-#: short protects nothing anyway
+#: a shorter secret is not scrubbed: replacing a 2-character "key" everywhere would corrupt
+#: the answers, and a key that short protects nothing
 MIN_SECRET = 6
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-#: invisible characters that reorder, hide or smuggle text (bidi embeddings, overrides,
-#: isolates and marks; zero-width space, word joiner and invisible operators; the byte
-#: order mark; interlinear annotations; tag characters; musical format controls), the line
-#: and paragraph separators some terminals break lines at, and lone surrogates (which
-#: cannot even be encoded). Zero-width (non-)joiners are kept: scripts such as Persian
-#: and emoji sequences need them, and they hide nothing on their own.
+#: invisible characters that reorder, hide or smuggle text (bidi controls, zero-width and
+#: invisible operators, BOM, annotations, tags), line separators, lone surrogates; the
+#: zero-width (non-)joiners stay (Persian and emoji need them, they hide nothing alone)
 _FORMAT = re.compile(
     "[\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
     "\ufeff\ufff9-\ufffb\ud800-\udfff\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
@@ -170,8 +153,8 @@ def _kept(value: str) -> bool:
 
 
 def _hide(match: re.Match[str], values: list[str]) -> str:
-    """``match`` with its ``value`` replaced if its ``name`` (a URL has none) is a secret's;
-    the value (and a URL password's decoded form) added to ``values``."""
+    """``match`` with its ``value`` replaced if its ``name`` (a URL has none) is a secret's,
+    the value (and a URL password decoded) added to ``values``."""
     name = match.groupdict().get("name")
     value = match["value"]
     if (name is not None and not _secret_name(name)) or _kept(value):
@@ -198,11 +181,8 @@ def redact_options(command: str) -> str:
 
 
 def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``words`` (a command's arguments) with the value of every option or assignment named
-    like a secret replaced (``--api-key X``, ``--api-key=X``, ``HF_TOKEN=X``), and URL
-    passwords and secret-named keys' values inside a word (``{"hf_token": X}``), and those
-    values: the server prints its arguments, so they are secrets of the run (a value that
-    only names a variable is neither)."""
+    """``words`` with secret values replaced as :func:`redact_options` does, and those
+    values: the server prints its arguments, so they are secrets of the run."""
     shown: list[str] = []
     values: list[str] = []
     previous = ""

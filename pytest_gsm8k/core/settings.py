@@ -1,16 +1,10 @@
-"""Options, their ini twins, and their validation: parsed once per process.
+"""Options, their ini twins and their validation, parsed once per process.
 
-Each option is declared once, as a field of :class:`Settings` (``opt(...)``: help, default,
-bounds, choices); :data:`OPTIONS` is read from those fields, the plugin registers each as
-``--gsm8k-x`` and ini ``gsm8k_x`` from it, and :func:`build_settings` reads, converts and
-range-checks every one in one loop, so the flag, the ini key, the check and the field can
-never drift. What relates two options is in :func:`_across`, explicit. The command line wins
-over the ini file. Validation errors are one line that names the option.
-
-Adding an option: one field here, one row in README's options table
-(tests/repo/test_options_table.py checks it), and a rule in :func:`_across` only when it
-relates to another option. This module is imported at every pytest start: it imports
-nothing heavy (presets and engine_ci only when a preset is given).
+Each option is declared once, as a :class:`Settings` field (``opt(...)``); the plugin
+registers ``--gsm8k-x`` and ini ``gsm8k_x`` from :data:`OPTIONS`, and :func:`build_settings`
+checks every one in one loop, so flag, ini key, check and field never drift. What relates two
+options is in :func:`_across`, explicit. A new option also needs its row in README's options
+table (tests/repo/test_options_table.py). Imported at every pytest start: nothing heavy.
 """
 
 from __future__ import annotations
@@ -27,20 +21,18 @@ from urllib.parse import urlsplit
 
 from pytest_gsm8k.core import jsondepth
 
-#: the smallest --gsm8k-alpha: far below any CI gate's, and where the calibrated test's
-#: bounds stop being exact (below 1e-12 its shortcut may return a bound for the p-value)
+#: the smallest --gsm8k-alpha: below 1e-12 the calibrated test may return a bound for its p
 MIN_ALPHA = 1e-6
 #: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
 MAX_SAMPLES = 1024
 #: --gsm8k-concurrency above this is refused: more sockets than most systems allow one process
 MAX_CONCURRENCY = 4096
-#: the longest wait in seconds that means anything (about 11 days): a wait past it is a wait
-#: for ever, and a longer one overflows a socket's timeout
+#: the longest wait in seconds that means anything (11 days); longer overflows a socket's
 MAX_SECONDS = 1e6
 #: --gsm8k-repeats above this is refused: K full runs of the split per run
 MAX_REPEATS = 100
-#: --gsm8k-extract's choices: core/scoring.py's RULES (a unit test keeps the two equal; the
-#: names are written here so that pytest's start does not import the scoring code)
+#: core/scoring.py's RULES, written here so that pytest's start does not import scoring (a
+#: unit test keeps the two equal)
 EXTRACTORS = ("strict", "answer-is", "boxed", "flexible", "last-int")
 #: the value of an ``omit`` option that leaves the field out of the request body
 OMIT = "none"
@@ -63,12 +55,9 @@ class Option:
     help: str
     default: Any = None
     metavar: str | None = None
-    #: the default in words, for an option whose default is decided at run time (``default``
-    #: is None): README's options table shows it, and tests/test_options_table.py checks it
-    default_text: str = ""
-    field: str = ""  # the Settings field it fills
-    #: a number's range (greater than, at least, less than, at most), said in its errors
-    gt: float | None = None
+    default_text: str = ""  # a default decided at run time, in words (README's table)
+    field: str = ""
+    gt: float | None = None  # the range, said in its errors
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
@@ -83,7 +72,6 @@ class Option:
 
     @property
     def key(self) -> str:
-        """Its name in :func:`build_settings`' values, the presets and the mode rules."""
         return self.name.replace("-", "_")
 
     @property
@@ -103,8 +91,8 @@ class Option:
         return cls(name, kind, default=default, field=f.name, **spec)
 
     def parse(self, raw: Any) -> Any:
-        """The command line's or ini's ``raw`` as this option's type, in its range and
-        choices; None when not given (an empty value is none: it clears the ini's)."""
+        """``raw`` as this option's type, range and choices; None when not given (an empty
+        value clears the ini's)."""
         if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None
         if self.omit and str(raw).strip().lower() == OMIT:
@@ -137,8 +125,7 @@ class Option:
         return number
 
     def _out_of_range(self, v: float) -> str | None:
-        """What is wrong with ``v`` for the range, or None: a range with two ends is said as
-        one, a lower end alone (or with a ceiling) as ``> 0`` / ``>= 0``, a ceiling alone."""
+        """What is wrong with ``v`` for the range, or None."""
         gt, ge, lt, le = self.gt, self.ge, self.lt, self.le
         inside = (gt is None or v > gt) and (ge is None or v >= ge)
         if inside and (lt is None or v < lt) and (le is None or v <= le):
@@ -158,8 +145,7 @@ class Option:
 
 
 def opt(help: str, default: Any = None, **spec: Any) -> Any:
-    """A :class:`Settings` field that is an option; ``spec``: :class:`Option`'s other
-    attributes (``name`` where the flag is not the field's name)."""
+    """A :class:`Settings` field that is an option; ``spec``: :class:`Option`'s attributes."""
     return dataclasses.field(default=default, metadata={"gsm8k": {"help": help, **spec}})
 
 
@@ -171,8 +157,7 @@ _SECONDS: dict[str, Any] = {"metavar": "S", "gt": 0, "le": MAX_SECONDS, "unit": 
 
 @dataclass(frozen=True)
 class Settings:
-    """Validated settings, each field an option's declaration (the flag is the field's name
-    with dashes). Pure data: no pytest objects inside."""
+    """Validated settings, each field an option's declaration. Pure data."""
 
     # fmt: off
     model: str | None = opt(
@@ -316,7 +301,7 @@ class Settings:
         return self.protocol.split("@", 1)[0]
 
     def api_key(self) -> str | None:
-        """The key, from the environment only (never an option: it would land in logs)."""
+        """From the environment only (an option would land in logs)."""
         return os.environ.get(self.api_key_env) or None
 
     def resolved_base_url(self) -> str | None:
@@ -326,11 +311,9 @@ class Settings:
 OPTIONS: tuple[Option, ...] = tuple(Option.of(f) for f in fields(Settings) if f.metadata)
 _BY_KEY = {o.key: o for o in OPTIONS}
 
-#: --gsm8k-model=local: a base model (few-shot completions), and a stall timeout as long as a
-#: request's: a CPU llama.cpp server under load may take minutes per answer, and its death is
-#: watched directly (runtime/local.py), so the stall detector only has to catch a hang. Two
-#: requests in flight: the server answers one at a time, so more only wait in its queue, where
-#: each one's --gsm8k-timeout runs (32 queued requests outlived it on a loaded machine)
+#: --gsm8k-model=local: a base model (few-shot completions); a long stall timeout (a loaded CPU
+#: server may take minutes per answer; its death is watched directly, runtime/local.py); two
+#: requests in flight (it answers one at a time, and 32 queued outlived --gsm8k-timeout)
 LOCAL_DEFAULTS: dict[str, Any] = {
     "api": "completions",
     "shots": 5,
@@ -341,11 +324,8 @@ LOCAL_DEFAULTS: dict[str, Any] = {
 
 
 def is_local_spec(model: object) -> bool:
-    """Whether ``--gsm8k-model`` names the local preset: exactly ``local`` or ``local:PATH``.
-
-    A model id that merely starts with "local" (LM Studio's ``local-model``) is a
-    model id like any other.
-    """
+    """Whether ``--gsm8k-model`` is ``local`` or ``local:PATH`` (not LM Studio's
+    ``local-model``)."""
     return isinstance(model, str) and (model == "local" or model.startswith("local:"))
 
 
@@ -399,22 +379,18 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def url_problem(url: str) -> str | None:
-    """What makes ``url`` unusable as a base URL, or None. Only what would otherwise
-    surface as a traceback deep in a request (a port out of range or not a number, a
-    malformed IPv6 host); what a server could still answer is left to the first call."""
+    """What makes ``url`` unusable (a bad port, a malformed IPv6 host), or None: only what
+    would surface as a traceback deep in a request."""
     try:
-        parts = urlsplit(url.strip())
-        if parts.port is not None and parts.port < 0:  # pragma: no cover (urllib raises)
-            return "negative port"
+        urlsplit(url.strip()).port  # noqa: B018 (reading it checks it)
     except ValueError as exc:
         return str(exc)
     return None
 
 
 def with_v1(base_url: str) -> str | None:
-    """``base_url`` (fit to print) with ``/v1`` appended when its path does not end in /v1,
-    else None: vLLM, Ollama, SGLang and llama.cpp serve the OpenAI API under /v1, and a
-    base URL without it (``http://host:8000``) gets 404 for every request."""
+    """``base_url`` (fit to print) with ``/v1`` appended when it lacks it, else None: vLLM,
+    Ollama, SGLang and llama.cpp serve under /v1, and without it every request is a 404."""
     from pytest_gsm8k.core.scrub import shown_url  # not at import: the option table stays light
 
     shown = shown_url(base_url).rstrip("/")
@@ -423,9 +399,8 @@ def with_v1(base_url: str) -> str | None:
     return shown + "/v1"
 
 
+#: the openai client's default (here, so the pytest layer names it without importing it)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-"""What the openai client uses when neither --gsm8k-base-url nor $OPENAI_BASE_URL is set
-(here, so that the pytest layer names it without importing the client at every start)."""
 
 #: options a preset decides beside the values it sets (PresetSpec.settings): its exemplars
 #: and its extraction; giving any of them as well would silently change the peer's protocol
@@ -471,12 +446,8 @@ class _Read:
     warn: Callable[[str], None]
 
     def mode_wins(self, mode: str, decides: Mapping[str, str]) -> None:
-        """The one rule for values a mode decides itself (``--gsm8k-config``: each config's
-        server, protocol and floor; ``--gsm8k-serve`` and the local model: the server's
-        URL). Given on the command line beside the mode, a value is a conflict the user
-        wrote: refused in one line. Read from the ini (written once for another recipe),
-        the mode wins and one note names the key set aside: the ini README suggests must
-        not break the other recipes."""
+        """Values a mode decides itself: given on the command line, a conflict, refused in one
+        line; read from the ini (written for another recipe), set aside with one note."""
         for key, why in decides.items():
             if key not in self.given:
                 continue
@@ -488,9 +459,8 @@ class _Read:
             self.values[key] = _BY_KEY[key].default
 
     def old_config(self, exists: Callable[[str], bool]) -> None:
-        """``--gsm8k-config main|socratic`` from before ``--gsm8k-dataset-config``: still the
-        dataset config (with a note) unless a file or folder of that name exists, which is
-        then ambiguous and refused."""
+        """The old ``--gsm8k-config main|socratic``: the dataset config, with a note (refused
+        when a file of that name exists: ambiguous)."""
         value, values = self.values["config"], self.values
         if value not in DATASET_CONFIGS:
             return
@@ -543,11 +513,9 @@ class _Read:
 
 
 def _across(read: _Read, exists: Callable[[str], bool]) -> int:
-    """The rules that relate options to one another, in order (each option's own type,
-    range and choices were checked as it was read); returns the protocol's N. The modes
-    first (the old ``--gsm8k-config main``, vLLM's configs, a server the run starts), then
-    the values they leave to a preset or the local model, then the protocol and what
-    depends on it, then the values whose check needs more than a range."""
+    """The rules that relate options, in order: the modes, what they leave to a preset or
+    the local model, the protocol and what depends on it, the checks beyond a range.
+    Returns the protocol's N."""
     values, given, warn = read.values, read.given, read.warn
     read.old_config(exists)
     if values["config"]:
@@ -662,13 +630,8 @@ def build_settings(
     from_ini: Callable[[Option], bool] = lambda option: False,
 ) -> Settings:
     """Read every option through ``get`` (command line, then ini), check each, then the
-    rules across them.
-
-    ``warn`` receives non-fatal remarks (e.g. pass@N at temperature 0); ``exists`` says
-    whether a path exists (the caller's file system: this module does no I/O); ``from_ini``
-    whether an option's value came from the ini file rather than the command line (a mode
-    sets an ini value aside, where the same value on the command line is refused).
-    """
+    rules across them. ``warn`` takes remarks; ``exists`` and ``from_ini`` are the caller's
+    file system and whether a value came from the ini."""
     read = _Read({}, set(), set(), warn)
     for option in OPTIONS:
         value = option.parse(get(option))

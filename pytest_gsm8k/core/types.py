@@ -1,10 +1,5 @@
-"""Value types that cross module boundaries.
-
-They are plain frozen dataclasses so that every stage of the pipeline
-(dataset -> request -> engine -> scoring -> report) can be tested on its own
-and so that requests hash the same in every process (the response cache is
-keyed by them).
-"""
+"""Value types that cross module boundaries: frozen dataclasses, so each stage is tested on
+its own and requests hash the same in every process (the cache is keyed by them)."""
 
 from __future__ import annotations
 
@@ -23,13 +18,9 @@ MAX_TOKEN_COUNT = 10**9
 
 
 def valid_usage(raw: Any, names: tuple[str, ...] | None = None) -> tuple[dict[str, int], list[str]]:
-    """The token counts in ``raw`` (a reply's ``usage``, or a stored one) that are counts,
-    and a ``name=value`` note for each one that is not.
-
-    A count is an int (or an integral float) from 0 to :data:`MAX_TOKEN_COUNT`; a negative,
-    absurd, fractional, boolean or non-numeric value is left out, so it is never summed.
-    ``names`` limits which fields are read (default: all).
-    """
+    """The token counts in ``raw`` (a ``usage``) that are counts (integral, 0 to
+    :data:`MAX_TOKEN_COUNT`), and a ``name=value`` note for each other, never summed;
+    ``names`` limits the fields read."""
     counts: dict[str, int] = {}
     bad: list[str] = []
     if not isinstance(raw, dict):
@@ -70,11 +61,8 @@ class Problem:
 
 @dataclass(frozen=True)
 class Request:
-    """Everything sent to the model for one problem.
-
-    ``n`` is the number of samples wanted; whether they come from one API call
-    with ``n`` or from several calls is the engine's business.
-    """
+    """Everything sent to the model for one problem (``n`` samples: one call or several is
+    the engine's business)."""
 
     problem_id: str
     api: Api
@@ -105,11 +93,8 @@ class Request:
         return [{"role": role, "content": content} for role, content in self.messages]
 
     def body(self, model: str, n: int | None = None, seed: int | None = None) -> dict[str, Any]:
-        """The JSON body an OpenAI-compatible endpoint receives (and the cache key hashes).
-
-        A request with a :attr:`wire` body is that body, whatever ``model``, ``n`` and
-        ``seed`` say: the preset that made it decided every field.
-        """
+        """The JSON body the endpoint receives and the cache key hashes (the :attr:`wire`
+        body as it is, whatever the arguments say)."""
         if self.wire is not None:
             wire: dict[str, Any] = json.loads(self.wire)
             return wire

@@ -1,19 +1,13 @@
 """vLLM's GSM8K CI configs (``tests/evals/gsm8k/configs/*.yaml``): parsed and checked. Pure.
 
-One YAML file per model, hardware and quantization, as vLLM's own CI reads them in
-``tests/evals/gsm8k/test_gsm8k_correctness.py`` (vllm-project/vllm; the ``tolerance`` field
-as of commit 05d96d7991cd3540989fa6038c7704bb54e1d310; the request fields, the
-``VLLM_ENGINE_READY_TIMEOUT_S`` variable and the 1200 s startup default in the version that
-also reads ``min_acceptance_length``). Every field that test reads is known here, with its
-default there, so a config gates here exactly as it gates there: accuracy over the first
-``num_questions`` test problems ``>= accuracy_threshold - tolerance``.
-
-A field this module does not know is refused (a newer vLLM may give it a meaning a run here
-would silently ignore); so is one a run here cannot honour (``min_acceptance_length``:
-speculative decoding's counters), a key given twice (YAML keeps the later silently) and an
-anchor or alias (vLLM's configs use none; a few hundred bytes of nested aliases expand to
-gigabytes). Every error is one line naming the file, the line and the field, a value in it
-shown only in part.
+Every field vLLM's ``tests/evals/gsm8k/test_gsm8k_correctness.py`` reads is known here with
+its default there (``tolerance`` as of commit 05d96d7991cd3540989fa6038c7704bb54e1d310; the
+request fields, ``VLLM_ENGINE_READY_TIMEOUT_S`` and the 1200 s startup default in the version
+that reads ``min_acceptance_length``), so a config gates exactly as there: accuracy over the
+first ``num_questions`` test problems ``>= accuracy_threshold - tolerance``. Refused, in one
+line naming file, line and field: an unknown field (a newer vLLM may give it a meaning), one
+a run here cannot honour, a key given twice (YAML keeps the later silently), and anchors or
+aliases (a few hundred bytes of them expand to gigabytes).
 """
 
 from __future__ import annotations
@@ -197,24 +191,37 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
     return data, {str(k.value): v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
 
 
-def _number(
-    raw: Any, where: str, *, low: float, high: float | None = None, open_low: bool = False
-) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-        raise ConfigError(f"{where}: expected a number, got {_shown(raw)}")
-    value = float(raw)
-    if value < low or (open_low and value == low) or (high is not None and value > high):
+#: the numeric fields: (an integer, lowest, highest, the lowest excluded); None is allowed
+#: (left to the server, as vLLM's script leaves it) where ``_NULLABLE`` says so
+_BOUNDS: dict[str, tuple[bool, float, float | None, bool]] = {
+    "accuracy_threshold": (False, 0, 1, False),
+    "num_questions": (True, 1, None, False),
+    "num_fewshot": (True, 0, None, False),
+    "tolerance": (False, 0, 1, False),
+    "startup_max_wait_seconds": (False, 0, 1e6, True),
+    "request_timeout_seconds": (False, 0, 1e6, True),
+    "rocm_request_timeout_seconds": (False, 0, 1e6, True),  # checked, never used here
+    "max_tokens": (True, 1, None, False),
+    "temperature": (False, 0, 2, False),
+    "seed": (True, 0, None, False),
+    "max_concurrency": (True, 1, None, False),
+}
+_NULLABLE = ("temperature", "seed", "max_concurrency")
+
+
+def _bounded(
+    raw: Any, where: str, integer: bool, low: float, high: float | None, open_low: bool
+) -> Any:
+    """``raw`` as the field's number, in its range; ConfigError naming it otherwise."""
+    fits = isinstance(raw, int) or (not integer and isinstance(raw, float) and math.isfinite(raw))
+    if isinstance(raw, bool) or not fits:
+        raise ConfigError(
+            f"{where}: expected {'an integer' if integer else 'a number'}, got {_shown(raw)}"
+        )
+    if raw < low or (open_low and raw == low) or (high is not None and raw > high):
         bound = f"{'>' if open_low else '>='} {low:g}" + (f" and <= {high:g}" if high else "")
         raise ConfigError(f"{where}: must be {bound}, got {_shown(raw)}")
-    return value
-
-
-def _integer(raw: Any, where: str, *, low: int) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        raise ConfigError(f"{where}: expected an integer, got {_shown(raw)}")
-    if raw < low:
-        raise ConfigError(f"{where}: must be >= {low}, got {_shown(raw)}")
-    return raw
+    return raw if integer else float(raw)
 
 
 #: the longest model id a config may name (Hugging Face's repo ids are at most 96 characters;
@@ -257,16 +264,13 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
             f"{where('model_name')}: expected a model id (at most {MAX_MODEL_NAME} characters, "
             f"no NUL), got {_shown(model)}"
         )
-    values: dict[str, Any] = {
-        "model_name": model.strip(),
-        "accuracy_threshold": _number(
-            data["accuracy_threshold"], where("accuracy_threshold"), low=0.0, high=1.0
-        ),
-        "num_questions": _integer(data["num_questions"], where("num_questions"), low=1),
-        "num_fewshot": _integer(data["num_fewshot"], where("num_fewshot"), low=0),
-    }
-    if "tolerance" in data:
-        values["tolerance"] = _number(data["tolerance"], where("tolerance"), low=0.0, high=1.0)
+    values: dict[str, Any] = {"model_name": model.strip()}
+    for key, bounds in _BOUNDS.items():
+        if key in data:
+            raw = data[key]
+            nulled = raw is None and key in _NULLABLE
+            values[key] = None if nulled else _bounded(raw, where(key), *bounds)
+    values.pop("rocm_request_timeout_seconds", None)
     if data.get("server_args") is not None:
         raw = data["server_args"]
         if not isinstance(raw, str):
@@ -295,19 +299,6 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
                 )
             pairs.append((key, str(value)))
         values["env"] = tuple(pairs)
-    for key in ("startup_max_wait_seconds", "request_timeout_seconds"):
-        if key in data:
-            values[key] = _number(data[key], where(key), low=0.0, high=1e6, open_low=True)
-    if "rocm_request_timeout_seconds" in data:
-        _number(
-            data["rocm_request_timeout_seconds"],
-            where("rocm_request_timeout_seconds"),
-            low=0.0,
-            high=1e6,
-            open_low=True,
-        )
-    if "max_tokens" in data:
-        values["max_tokens"] = _integer(data["max_tokens"], where("max_tokens"), low=1)
     if "use_chat_completions" in data:
         chat = data["use_chat_completions"]
         if not isinstance(chat, bool):
@@ -315,23 +306,11 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
                 f"{where('use_chat_completions')}: expected true or false, got {_shown(chat)}"
             )
         values["use_chat_completions"] = chat
-    if "temperature" in data:
-        raw_t = data["temperature"]
-        values["temperature"] = (
-            None if raw_t is None else _number(raw_t, where("temperature"), low=0.0, high=2.0)
-        )
-    if "seed" in data:
-        raw_s = data["seed"]
-        values["seed"] = None if raw_s is None else _integer(raw_s, where("seed"), low=0)
     if data.get("gen_prefix") not in (None, ""):
         prefix = data["gen_prefix"]
         if not isinstance(prefix, str):
             raise ConfigError(f"{where('gen_prefix')}: expected a string, got {_shown(prefix)}")
         values["gen_prefix"] = prefix
-    if data.get("max_concurrency") is not None:
-        values["max_concurrency"] = _integer(
-            data["max_concurrency"], where("max_concurrency"), low=1
-        )
     return VllmConfig(name=name, source=source, given=tuple(data), **values)
 
 
