@@ -178,24 +178,19 @@ def _row(
     baseline: Mapping[str, str],
     change: Mapping[str, str],
 ) -> dict[str, Any]:
-    """One problem in the short keys the page's script reads (html_report.js); a sample's
-    text is left out where it is the response itself."""
+    """One problem in the short keys html_report.js reads; a sample's text only where it is
+    not the response."""
     pid, response = str(r.get("id")), str(r.get("response") or "")
     text = texts.get(pid, ProblemText(""))
-    samples = [
+    row = {key: r.get(field) for key, field in _ROW.items()}
+    row |= {"id": pid, "b": baseline.get(pid), "ch": change.get(pid, ""), "r": response}
+    row |= {"q": text.question, "s": text.solution, "u": r.get("usage") or {}}
+    row["rules"] = r.get("rules") or {}
+    row["sm"] = [
         {"f": s.get("finish_reason"), "x": s.get("extracted") or {}}
         | ({} if s.get("text") == response else {"t": str(s.get("text") or "")})
         for s in r.get("samples") or []
     ]
-    row: dict[str, Any] = {
-        "id": pid,
-        "b": baseline.get(pid),
-        "ch": change.get(pid, ""),
-        "r": response,
-    }
-    row |= {key: r.get(field) for key, field in _ROW.items()}
-    row |= {"q": text.question, "s": text.solution, "sm": samples}
-    row |= {"rules": r.get("rules") or {}, "u": r.get("usage") or {}}
     return row | ({"c": _config_of(pid)} if _config_of(pid) else {})
 
 
@@ -330,10 +325,8 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
 
 
 def _configs_card(configs: list[Mapping[str, Any]]) -> str:
-    """--gsm8k-config: one row per config, as the terminal's verdict table: its model, n,
-    accuracy with its interval, the floor vLLM's rule needs, its baseline (the gate's word
-    and the accuracy before and now; ``written``; ``none``), with --gsm8k-early-stop after
-    how many of its problems it stopped, and its protocol."""
+    """--gsm8k-config: one row per config, as the terminal's verdict table (with each
+    accuracy's interval, the baseline's accuracy before and now, and the protocol)."""
     early = any(isinstance(c.get("early_stop"), Mapping) for c in configs)
     head = ["", "config", "model", "n", "accuracy, 95% interval", "floor", "baseline"]
     rows: list[list[Any]] = [[*head, *(["stopped"] if early else []), "protocol"]]
@@ -519,8 +512,8 @@ def _dl(items: Iterable[tuple[str, Any]]) -> str:
 
 
 def _table(rows: Iterable[Iterable[Any]], th: int = 1, head: bool = False) -> str:
-    """Rows of cells, each escaped unless :class:`_Raw`: cell ``th`` of each row is its
-    header (``<th>``), as is every non-empty cell of the first row with ``head``."""
+    """Cells escaped unless :class:`_Raw`; cell ``th`` of a row, and with ``head`` every
+    non-empty cell of the first row, is a ``<th>``."""
     out = ""
     for number, row in enumerate(rows):
         out += "<tr>"
