@@ -25,6 +25,7 @@ from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.render import model_words, subset_words, tokens_words
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.core.verdict import shared_words
 
 __all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
 
@@ -284,8 +285,7 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
     flips and, against a calibrated baseline, what the noise-aware gate sees."""
     v = {k: float(base.get(k) or 0) for k in _BASE_NUMBERS}
     low, high = [*(base.get("difference_ci95") or []), 0.0, 0.0][:2]
-    shared, failing = base.get("shared"), len(_ids(base, "newly_failing"))
-    where = f"the {shared} problems shared with the baseline's {base.get('baseline_n')} (subset)"
+    failing = len(_ids(base, "newly_failing"))
     runs = (base.get("repeats") or {}).get("baseline", 1)
     stable, drop = base.get("stability") or {}, base.get("detectable_drop") or {}
     items = [
@@ -293,8 +293,7 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
         ("gate", f"{gate.get('rule')}: {gate.get('detail')}" if gate is not None else ""),
         (
             "accuracy",
-            f"{v['baseline_accuracy']:.4f} \u2192 {v['current_accuracy']:.4f} on "
-            + (where if base.get("subset") else f"{shared} problems"),
+            f"{v['baseline_accuracy']:.4f} \u2192 {v['current_accuracy']:.4f} {shared_words(base)}",
         ),
         ("paired diff", f"{v['difference']:+.4f} [95% CI {low:+.4f}, {high:+.4f}]"),
         ("McNemar", f"one-sided p = {v['mcnemar_p']:.4g}"),
@@ -409,7 +408,7 @@ def _accuracy_card(report: Mapping[str, Any], comparisons: list[_Comparison]) ->
 def _outcome_card(counts: Mapping[str, int]) -> str:
     """Outcome counts as one stacked bar with a legend."""
     total = sum(counts.values()) or 1
-    names = [*OUTCOMES, *(k for k in counts if k not in OUTCOMES)]  # colours: the CSS's
+    names = OUTCOMES  # each one's colour is the CSS's
     svg = '<svg viewBox="0 0 560 28" role="img" class="chart" aria-label="outcomes">'
     offset = 0.0
     for name in (n for n in names if counts.get(n)):
@@ -540,15 +539,13 @@ def _select(name: str, options: Iterable[tuple[str, str]]) -> str:
 
 def _value(v: Any) -> str:
     """A JSON value as a short readable phrase (numbers to 4 places)."""
-    if isinstance(v, bool) or v is None:
-        return json.dumps(v)
-    if isinstance(v, float):
-        return f"{v:.4g}"
     if isinstance(v, Mapping):
         return ", ".join(f"{k}: {_value(x)}" for k, x in v.items())
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_value, v)) + "]"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return json.dumps(v) if v in (None, True, False) else str(v)
 
 
 def _fmt(value: Any) -> str:

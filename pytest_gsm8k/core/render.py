@@ -13,7 +13,7 @@ from typing import Any, cast
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
 from pytest_gsm8k.core.scrub import md_code, md_text, printable
-from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict
+from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, shared_words
 
 __all__ = [
     "LISTED",
@@ -73,9 +73,7 @@ def against_baseline(
     def title(text: str) -> str:
         return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
 
-    where = f"on {shared} problems"
-    if base.get("subset"):
-        where = f"on the {shared} problems shared with the baseline's {base['baseline_n']} (subset)"
+    where = shared_words(base)
     if base.get("not_in_baseline"):
         where += f"; {base['not_in_baseline']} of this run's problems are not in it"
     runs = int((base.get("repeats") or {}).get("baseline", 1))

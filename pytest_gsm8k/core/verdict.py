@@ -278,6 +278,14 @@ class RunVerdict:
         return self.top.to_json()
 
 
+def shared_words(block: Mapping[str, Any]) -> str:
+    """Which problems a baseline block compared, as every output says it."""
+    shared = block.get("shared")
+    if block.get("subset"):
+        return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
+    return f"on {shared} problems"
+
+
 # -- decide ---------------------------------------------------------------------------
 
 
@@ -447,14 +455,9 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
             uncovered += f" (a partial baseline: {partial.get('reason', '')})"
         if not specs.require_baseline:
             notes.append(f"  baseline: {uncovered}; the gate compares the {shared} it holds")
-    where = (
-        f"on the {shared} problems shared with the baseline's {cmp['baseline_n']} (subset)"
-        if cmp["subset"]
-        else f"on {shared} problems"
-    )
     notes.append(
         f"  baseline {shown}: {seen['baseline_accuracy']:.4f} -> "
-        f"{seen['current_accuracy']:.4f} {where}; {difference_words(pairs)}"
+        f"{seen['current_accuracy']:.4f} {shared_words(cmp)}; {difference_words(pairs)}"
     )
     recorded_with = document.get("model")
     if isinstance(recorded_with, str) and recorded_with != v.model:
