@@ -120,19 +120,14 @@ def render_html(
         place = rank.get(r["id"], 5 if change.get(r["id"]) == "none" else 4)
         return max(place - 2, 0), position.get(_config_of(r["id"]), 0), place, int(r["index"])
 
-    rules = list(report.get("rules") or {})
-    for r in records:
-        rules += [k for k in (r.get("rules") or {}) if k not in rules]
     data = {
         "problems": [_row(r, problems or {}, given, change) for r in sorted(records, key=order)],
-        "rules": rules,
+        "rules": list(report.get("rules") or {}),  # ours, then a preset's (the records')
         "gated": (report.get("protocol") or {}).get("extractor"),
         "baseline": bool(comparisons),
     }
-    title = (
-        f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} "
-        f"({(report.get('protocol') or {}).get('label', '')})"
-    )
+    label = (report.get("protocol") or {}).get("label", "")
+    title = f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} ({label})"
     script = _asset("html_report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     page = _PAGE.substitute(
@@ -364,12 +359,8 @@ def _accuracy_card(report: Mapping[str, Any], comparisons: list[_Comparison]) ->
         return _card(title, f'<p class="note">no answers: {errors} errors, so no accuracy</p>', _W)
     acc = float(report["accuracy"])
     low, high = (float(v) for v in [*(report.get("ci95") or []), acc, acc][:2])
-    gates = report.get("gates") or []
-    mins = [
-        float(g["threshold"])
-        for g in gates
-        if g.get("name") == "min-acc" and g.get("threshold") is not None
-    ]
+    gates = [g for g in report.get("gates") or [] if g.get("threshold") is not None]
+    mins = [float(g["threshold"]) for g in gates if g.get("name") == "min-acc"]
     bases = [float(comparisons[0][1].get("baseline_accuracy") or 0)] if comparisons else []
     values = [acc, low, high, *mins, *bases]
     lo = max(0.0, math.floor((min(values) - 0.02) * 20) / 20)
