@@ -43,9 +43,11 @@ _PAGE = Template("""<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">\
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; \
 style-src 'unsafe-inline'; script-src 'sha256-$digest'">\
-<title>$title</title><style>$css</style></head><body>$header$toolbar\
-<div id="rows" aria-live="polite"></div><noscript><p class="note">The problem list needs \
-JavaScript; the JSON report holds the same data.</p></noscript></main>\
+<title>$title</title><style>$css</style></head><body>$header<div class="toolbar">\
+<h2>Problems</h2>$selects<input id="f-search" type="search" placeholder="search id or text" \
+aria-label="search"><span id="f-count"></span></div><div id="rows" aria-live="polite"></div>\
+<noscript><p class="note">The problem list needs JavaScript; the JSON report holds the same \
+data.</p></noscript></main>\
 <script type="application/json" id="gsm8k-data">$data</script><script>$script</script>\
 </body></html>
 """)
@@ -135,8 +137,12 @@ def render_html(
         digest=digest,
         css=_asset("html_report.css"),
         header=_header(report, configs, comparisons),
-        toolbar=_toolbar(report, configs, comparisons),
-        data=_script_json(data),
+        selects=_selects(report, configs, comparisons),
+        # no ``</script>`` or ``<!--`` in the data: JSON.parse reads the escapes back as text
+        data=to_json(data, separators=(",", ":"))
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026"),
         script=script,
     )
     # text UTF-8 cannot encode (a lone surrogate from a reply) shows as its escape; in the
@@ -190,13 +196,6 @@ def _row(
     return row | ({"c": _config_of(pid)} if _config_of(pid) else {})
 
 
-def _script_json(data: Any) -> str:
-    """JSON that cannot end its ``<script>`` element or open a comment (``JSON.parse``
-    reads the ``\\u00XX`` escapes back as the same text)."""
-    text = to_json(data, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
 def _header(
     report: Mapping[str, Any], configs: list[Mapping[str, Any]], comparisons: list[_Comparison]
 ) -> str:
@@ -244,7 +243,7 @@ def _header(
         out.append(_pass_at_card(report.get("pass_at_k") or {}))
         gated = (report.get("protocol") or {}).get("extractor")
         rules = [
-            (f"{rule}{' *' if rule == gated else ''}", _fmt(acc), _meter(float(acc)))
+            (f"{rule}{' *' if rule == gated else ''}", _fmt(acc), _Raw(_METER.format(100 * acc)))
             for rule, acc in (report.get("rules") or {}).items()
         ]
         table = _table(rules, th=0).replace("<table>", '<table class="rules">')
@@ -448,7 +447,7 @@ def _pass_at_card(pass_at: Mapping[str, Any]) -> str:
     )
 
 
-def _toolbar(
+def _selects(
     report: Mapping[str, Any], configs: list[Mapping[str, Any]], comparisons: list[_Comparison]
 ) -> str:
     counts = report.get("counts") or {}
@@ -464,16 +463,14 @@ def _toolbar(
         selects += _select("change", [("all", "all"), *changes, ("same", "unchanged")])
     if len(configs) > 1:
         selects += _select("config", [("all", "all"), *((_name(c), _name(c)) for c in configs)])
-    return (
-        f'<div class="toolbar"><h2>Problems</h2>{selects}<input id="f-search" type="search" '
-        'placeholder="search id or text" aria-label="search"><span id="f-count"></span></div>'
-    )
+    return selects
 
 
 _EARLY = ("mode", "alpha", "decided_after")
 _BASE_NUMBERS = ("baseline_accuracy", "current_accuracy", "difference", "mcnemar_p", "p_value")
 _SETTINGS = ("temperature", "max_tokens", "api", "extractor", "preset")
 _TIMES = ("started_at", "finished_at")
+_METER = '<span class="meter"><i style="width:{:.1f}%"></i></span>'
 _NO_GATE = '<p class="note">no gate was set</p>'
 _W = " chart-card wide"
 
@@ -517,10 +514,6 @@ def _table(rows: Iterable[Iterable[Any]], th: int = 1, head: bool = False) -> st
 def _badge(passed: object) -> _Raw:
     word = "PASS" if passed else "FAIL"
     return _Raw(f'<span class="badge {word.lower()}">{word}</span>')
-
-
-def _meter(share: float) -> _Raw:
-    return _Raw(f'<span class="meter"><i style="width:{100 * share:.1f}%"></i></span>')
 
 
 def _select(name: str, options: Iterable[tuple[str, str]]) -> str:
