@@ -1,31 +1,15 @@
 """Two runs compared problem by problem, from their JSON reports. Pure.
 
-``python -m pytest_gsm8k compare A.json B.json`` answers the release gate's question for
-two runs that already happened (two models, two releases, two serving stacks): is B worse
-than A? It is the baseline gate's question, and decide answers it
-(:func:`pytest_gsm8k.core.verdict.decide`): report B is a group whose one gate is the
-baseline gate's test (:class:`~pytest_gsm8k.core.gates.NoiseAware` named ``compare``, at
-``--alpha``), report A its baseline. Only the problem ids both reports hold are paired; the
-difference in accuracy comes with its interval; the test is exact one-sided McNemar when
-each report ran every problem once, noise-aware when a report holds ``--gsm8k-repeats`` runs.
+``python -m pytest_gsm8k compare A.json B.json``: is B worse than A? It is the baseline
+gate's question, so :func:`~pytest_gsm8k.core.verdict.decide` answers it, report B a group
+whose one gate is the baseline test (``compare``, at ``--alpha``), report A its baseline, paired
+on the ids both hold (docs/baselines.md). A ``--gsm8k-config`` report is compared config by
+config (pooled, one config's drop hides behind another's rise). A problem that ended in an
+error in either report is left out and counted, and the comparison is undecided (decide's
+coverage rule): "any error" needs no monotonicity of the test and cannot be gamed.
 
-Two reports of different protocols or datasets are refused with the first field that
-differs (:func:`pytest_gsm8k.core.baseline.first_difference`, the baseline's own rule).
-Two reports of a ``--gsm8k-config`` matrix are compared config by config
-(:func:`compare_all`), each by those rules and with its own verdict: a matrix's configs
-are different models and protocols, and pooled, one config's drop hides behind another's
-rise.
-
-A problem that ended in an error in either report (in any of its runs) is no measurement
-of the model: it is left out of the pairing and counted, and the comparison is undecided
-(never a PASS: decide's coverage rule, in the words of ``Selection.not_whole``). The rule
-is "any error", not "an error that could change the verdict": it needs no monotonicity of
-the test, cannot be gamed by which problems fail, and a run with errors already failed.
-
-A report is untrusted input: :func:`load_report` checks every field compare reads against
-the bounds ``report.schema.json`` also states (:data:`MAX_PROBLEMS`, :data:`MAX_CONFIGS`,
-:data:`MAX_ID`, ``--gsm8k-repeats``' own bound, the outcome names), so a forged list
-cannot make the test's work unbounded (a ``repeats`` list of 1,000,000 entries hung it).
+A report is untrusted input: :func:`load_report` checks every field compare reads against the
+bounds ``report.schema.json`` states, so a forged list cannot make the work unbounded.
 """
 
 from __future__ import annotations
@@ -64,8 +48,7 @@ __all__ = [
 MAX_PROBLEMS = 100_000
 #: the most configs a --gsm8k-config report may hold
 MAX_CONFIGS = 1_000
-#: the longest problem id (a config's name, a file name's stem, then ``test-0042``) and
-#: config name
+#: the longest problem id (a config's name, a file's stem, ``test-0042``) and config name
 MAX_ID = 1_000
 #: the most characters of a value from a report that compare prints in one place
 SHOWN = 200
@@ -77,12 +60,8 @@ class CompareError(Exception):
 
 
 def load_report(text: str | bytes, where: str) -> dict[str, Any]:
-    """A JSON report (``--gsm8k-report``) from its text, checked for what a comparison
-    reads (the protocol, the dataset, each problem's id, outcome, correctness and repeats,
-    a matrix's configs) within the bounds of ``report.schema.json``.
-
-    Raises :class:`CompareError` naming ``where`` and the field that is wrong.
-    """
+    """A JSON report from its text, checked for what a comparison reads within the bounds
+    of ``report.schema.json``; :class:`CompareError` names ``where`` and the wrong field."""
     try:
         data = jsondepth.loads(text)
     except json.JSONDecodeError as exc:
@@ -252,16 +231,9 @@ def compare(
     alpha: float = 0.05,
     where: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
-    """Compare report ``b`` with report ``a`` (both from :func:`load_report`) on the
-    problem ids both hold: report B is a group whose one gate is the baseline gate's test
-    (``compare``, at ``alpha``), report A its baseline, and the verdict is
-    :func:`~pytest_gsm8k.core.verdict.decide`'s. It is undecided (not passed,
-    :attr:`Comparison.undecided` says why) when a problem both hold ended in an error in
-    either or a report is not its whole selection: decide's coverage rule.
-
-    ``where`` names the two files in messages. Raises :class:`CompareError` for reports
-    of different protocols or datasets, or with no problem to pair.
-    """
+    """Report ``b`` against report ``a`` (both from :func:`load_report`), decided as the
+    module says; ``where`` names the two files. :class:`CompareError` for reports of
+    different protocols or datasets, or with no problem to pair."""
     where_a, where_b = where
     difference = first_difference(a, b, here=f"in B ({where_b})", there=f"in A ({where_a})")
     if difference:
@@ -343,13 +315,9 @@ def compare_all(
     alpha: float = 0.05,
     where: tuple[str, str] = ("A", "B"),
 ) -> list[Comparison | CompareError]:
-    """:func:`compare` for two reports of one run each; for two ``--gsm8k-config`` reports
-    one entry per config (A's order, then B's new ones), each compared by the same rules on
-    its own problems, or refused on its own (a :class:`CompareError` naming the config).
-
-    Raises :class:`CompareError` for a matrix compared with a single run, or as
-    :func:`compare` does for two single runs.
-    """
+    """:func:`compare`, or for two ``--gsm8k-config`` reports one entry per config (A's
+    order, then B's new ones), each compared or refused on its own. :class:`CompareError`
+    for a matrix against a single run, or as :func:`compare` raises."""
     where_a, where_b = where
     if ("configs" in a) != ("configs" in b):
         matrix, other = (where_a, where_b) if "configs" in a else (where_b, where_a)
@@ -425,9 +393,8 @@ def _entry(record: Mapping[str, Any]) -> Any:
 
 
 def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
-    """Why ``report`` does not hold its whole selection, or None: problems left out of a run
-    (``--deselect``, ``-k``, a conftest, a stop) are what a report that hides its failures
-    would leave out, so a comparison on the rest decides nothing."""
+    """Why ``report`` does not hold its whole selection, or None: what a run left out is what
+    a report hiding its failures would leave out, so the rest decides nothing."""
     subset = report.get("subset")
     deselected = subset.get("deselected") if isinstance(subset, Mapping) else None
     if isinstance(deselected, int) and deselected > 0:
@@ -471,9 +438,8 @@ def pairing(result: Comparison) -> str:
 
 
 def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
-    """The comparison in the Markdown of the run's step summary: a headline, the two
-    runs, the paired difference and McNemar, the verdict as a gate table, and the flips
-    (with the start of each question when ``questions`` has it)."""
+    """The comparison in the step summary's Markdown: headline, the two runs, the paired
+    difference, the verdict as a gate table, the flips (with their questions' starts)."""
     a, b = result.a, result.b
     texts = questions or {}
     lines = [

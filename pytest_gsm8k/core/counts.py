@@ -1,6 +1,4 @@
-"""A run's numbers from its records: counts, accuracy and its interval, the extraction
-rules, pass@k, tokens. Pure; computed from the records alone, the same with and without
-xdist (the records are the same)."""
+"""A group's numbers, from its records alone (so the same with and without xdist). Pure."""
 
 from __future__ import annotations
 
@@ -17,12 +15,11 @@ __all__ = ["Counts"]
 
 
 class Counts:
-    """The numbers of a group of records (core/verdict.py's ``GroupVerdict`` holds them)."""
+    """The numbers of a group of records (``GroupVerdict``'s)."""
 
     records: tuple[ProblemRecord, ...]
 
     def protocol(self) -> Mapping[str, Any]:
-        """The protocol's identity the records were asked with."""
         raise NotImplementedError
 
     @property
@@ -44,8 +41,8 @@ class Counts:
         return max((len(r.get("repeats") or ()) for r in self.records), default=0) or 1
 
     def answers(self, record: ProblemRecord) -> list[str]:
-        """A record's answers' outcomes: its repeats, or its one outcome for each of the
-        run's answers (an error is the whole item's, every answer of it)."""
+        """A record's answers' outcomes: its repeats, or its one outcome per answer of the run
+        (an error is the whole item's)."""
         return list(record.get("repeats") or ()) or [record["outcome"]] * self.runs
 
     @property
@@ -133,7 +130,7 @@ class Counts:
             out[f"pass@{k}"] = sum(values) / len(self.records) if self.records else 0.0
         return out
 
-    def tokens(self) -> dict[str, int]:
+    def tokens(self) -> dict[str, int]:  # summed over the records
         total: Counter[str] = Counter()
         for r in self.records:
             total.update(r.get("usage") or {})

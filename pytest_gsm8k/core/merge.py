@@ -1,19 +1,11 @@
 """Shards of one run (``--gsm8k-shard I/N``, ``python -m pytest_gsm8k merge``). Pure.
 
-A gate too slow for one machine rides the CI's own job matrix: each job runs one shard,
-a stride slice of the run's selection (:func:`shard_slice`: every problem in exactly one
-shard, sizes within one of each other, each shard a spread over the whole run order, so
-every shard sees a representative mix and every ``--gsm8k-config`` config). A problem is
-one item, so its ``--gsm8k-repeats`` and its pass@N/maj@N samples stay in its shard.
-
-A shard decides no gate: it cannot see the others. Its report carries what the merge
-needs: a ``shard`` block (:func:`shard_record`) with its place (``index`` of ``count``),
-the ids it set out to run, and the run's ``plan`` (everything the verdict depends on
-besides the records: protocol, dataset, the whole selection's size and ids hash, the gate
-specs, the baseline's hash). :func:`check_shards` accepts the reports only as the shards of
-ONE run: the same plan, every shard 1..N once, each shard's ids exactly the slice the plan
-implies (the stride slices put back together hash to the plan's selection), no problem
-twice. Anything else is no verdict, one line naming which.
+A shard is a stride slice of the run's selection (:func:`shard_slice`: every problem in one
+shard, each shard a spread over the run order), decides no gate, and carries in its report
+what the merge needs: its place, its ids and the run's plan (:func:`shard_record`).
+:func:`check_shards` accepts reports only as the shards of ONE run (same plan, every shard
+once, each exactly its slice, no problem twice); anything else is no verdict, one line
+naming which. See docs/design.md.
 """
 
 from __future__ import annotations
@@ -92,41 +84,13 @@ def _baseline(stored: StoredBaseline | None) -> dict[str, Any] | None:
 #: has the same, and the merge plans the whole run again from them. The others are each
 #: shard's own (its server, outputs, cache, timing), and the base URL and the serve command
 #: may hold secrets: none of them is written.
-PLANNED = (
-    "model",
-    "data",
-    "dataset",
-    "dataset_config",
-    "split",
-    "limit",
-    "seed",
-    "min_acc",
-    "protocol",
-    "samples",
-    "temperature",
-    "shots",
-    "fewshot_file",
-    "system",
-    "api",
-    "stop",
-    "max_tokens",
-    "extract",
-    "answer_regex",
-    "preset",
-    "params",
-    "baseline",
-    "baseline_name",
-    "max_drop",
-    "alpha",
-    "require_baseline",
-    "baseline_partial",
-    "max_unparsed",
-    "max_truncated",
-    "max_error",
-    "repeats",
-    "vllm_config",
-    "resume",
+_PLANNED = (
+    "model data dataset dataset_config split limit seed min_acc protocol samples temperature "
+    "shots fewshot_file system api stop max_tokens extract answer_regex preset params baseline "
+    "baseline_name max_drop alpha require_baseline baseline_partial max_unparsed max_truncated "
+    "max_error repeats vllm_config resume"
 )
+PLANNED = tuple(_PLANNED.split())
 
 
 def shard_record(

@@ -1,13 +1,7 @@
-"""Every view of a verdict for people: the terminal block, the verdict table of a config
-matrix, and the Markdown summaries' pieces. Pure.
-
-The run's summary (``$GITHUB_STEP_SUMMARY``, ``--gsm8k-markdown``) and the comparison of
-two reports (``python -m pytest_gsm8k compare``) are built from the same pieces, so both read
-the same in a pull request. Everything from outside (gate details, ids, questions, model
-names) goes through :func:`~pytest_gsm8k.core.scrub.printable` for a terminal and
-:func:`~pytest_gsm8k.core.scrub.md_text` or :func:`~pytest_gsm8k.core.scrub.md_code` for
-Markdown: no escape or Markdown syntax of a model's reaches either. Nothing is decided here:
-every word and number is the verdict's (core/verdict.py).
+"""Every view of a verdict for people: the terminal block, a matrix's verdict table, and the
+Markdown pieces the step summary and ``compare`` share (so both read the same in a pull
+request). Pure, and nothing is decided here: every word and number is the verdict's. Text from
+outside goes through ``printable`` (terminal) or ``md_text``/``md_code`` (Markdown).
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from typing import Any, cast
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
 from pytest_gsm8k.core.scrub import md_code, md_text, printable
-from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict
+from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, shared_words
 
 __all__ = [
     "LISTED",
@@ -65,13 +59,10 @@ def gate_table(gates: Sequence[GateVerdict]) -> list[str]:
 def against_baseline(
     base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
-    """A report's baseline block (a run's, or a ``config``'s: then named in each title) as a
-    reviewer reads it: the baseline's accuracy and this run's on the shared problems, each
-    with its interval, the one difference estimate and the flips in the terminal's words
-    (core/gates.py), then the problems: the newly failing (against a calibrated baseline
-    the stable flips, then the noisy ones) and the newly passing, each list at most
-    ``listed`` long. Every number is the block's: nothing is computed again here. A baseline
-    written is one line; nothing when nothing was compared (the gate says why)."""
+    """A report's baseline block (a run's, or a ``config``'s: then named in each title): both
+    accuracies with their intervals, the difference and the flips in the terminal's words,
+    then the newly failing (stable flips first) and newly passing problems, each list at most
+    ``listed`` long. A baseline written is one line; nothing when nothing was compared."""
     path = md_code(_repository_path(str(base.get("path", ""))))
     if base.get("written"):
         return [f"Baseline written: {path}.", ""]
@@ -82,9 +73,7 @@ def against_baseline(
     def title(text: str) -> str:
         return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
 
-    where = f"on {shared} problems"
-    if base.get("subset"):
-        where = f"on the {shared} problems shared with the baseline's {base['baseline_n']} (subset)"
+    where = shared_words(base)
     if base.get("not_in_baseline"):
         where += f"; {base['not_in_baseline']} of this run's problems are not in it"
     runs = int((base.get("repeats") or {}).get("baseline", 1))
@@ -140,9 +129,8 @@ def problem_list(
     rest: str,
     listed: int = LISTED,
 ) -> list[str]:
-    """``**title (N):**`` and one bullet per problem (its id and the start of its
-    question), at most ``listed``; ``rest`` says where the others are. Nothing
-    when ``ids`` is empty."""
+    """``**title (N):**`` and one bullet per problem (id, start of its question), at most
+    ``listed``; ``rest`` says where the others are."""
     if not ids:
         return []
     lines = [f"**{title} ({len(ids)}):**", ""]
@@ -158,9 +146,8 @@ def problem_list(
 
 
 def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
-    """The summary ``build(listed)`` makes with the longest lists that keep it within
-    ``limit`` bytes; if even lists of none do not, its first ``limit`` bytes, cut at a
-    line, and one line saying so. A summary too large is not shown at all."""
+    """``build(listed)`` with the longest lists within ``limit`` bytes (GitHub shows no
+    summary at all above its bound); else its head, cut at a line, and a line saying so."""
     text = ""
     for listed in _LENGTHS:
         text = build(listed)
@@ -171,26 +158,44 @@ def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
     return head[: head.rfind("\n") + 1] + note
 
 
-# -- the terminal ---------------------------------------------------------------------
+# -- the terminal (and the page's run card: the same words) ---------------------------
+
+
+def model_words(model: str, reported: Sequence[str]) -> str:
+    """The model asked for, and the ids the server reported when they differ."""
+    shown = reported and list(reported) != [model]
+    return model + (f" (server reported: {', '.join(reported)})" if shown else "")
+
+
+def subset_words(subset: Mapping[str, Any]) -> str:
+    """The subset of the split and what -k/-m/--lf deselected ("" for the whole split)."""
+    words = [describe_subset(subset)]
+    if subset.get("deselected"):
+        words.append(f"{subset['deselected']} deselected (-k/-m/--lf)")
+    return "; ".join(w for w in words if w)
+
+
+def tokens_words(tokens: Mapping[str, int], cached: int, n: object, resumed: bool) -> str:
+    return (
+        f"prompt {tokens.get('prompt_tokens', 0):,}, completion "
+        f"{tokens.get('completion_tokens', 0):,}; answers from cache: {cached} of {n}"
+        + (" (earlier runs, read with --gsm8k-resume)" if resumed else "")
+    )
 
 
 def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``
     (a matrix: each config's block, then the matrix headline and the verdict table)."""
-    if not verdict.matrix:
-        return _group_lines(verdict.top)
-    blocks: list[tuple[str, str]] = []
-    for config in verdict.groups:
-        blocks.extend(_group_lines(config))
-    blocks.append((verdict.top.matrix_headline(), "headline"))
-    blocks.extend((printable(line), "info") for line in verdict_table(verdict.groups))
+    blocks = [line for group in verdict.groups for line in _group_lines(group)]
+    if verdict.matrix:
+        blocks.append((verdict.top.matrix_headline(), "headline"))
+        blocks.extend((printable(line), "info") for line in verdict_table(verdict.groups))
     return blocks
 
 
 def verdict_table(configs: Sequence[GroupVerdict]) -> list[str]:
-    """One row per config: its model, n, accuracy, the floor it needed, its baseline gate's
-    word (``none`` without one, ``written`` by --snapshot-update), with --gsm8k-early-stop
-    after how many of its problems it stopped (``-``: it ran them all), the verdict."""
+    """One row per config: model, n, accuracy, the floor it needed, its baseline gate's word
+    (``none``, ``written``), with --gsm8k-early-stop where it stopped, the verdict."""
     early = any("early_stop" in c.extra for c in configs)
     head = ("config", "model", "n", "accuracy", "floor", "baseline")
     rows: list[list[str]] = [[*head, *(["stopped"] if early else []), "verdict"]]
@@ -199,7 +204,7 @@ def verdict_table(configs: Sequence[GroupVerdict]) -> list[str]:
         floor = gate.threshold if gate is not None else None
         stopped = c.stopped_after()
         row = [
-            c.group.name or c.label,
+            c.group.name,
             c.model,
             str(c.n),
             f"{c.accuracy:.4f}" if c.answered else "-",
@@ -251,27 +256,16 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
             f"maj@{k} (each problem's most common answer, what the outcomes count) "
             f"{cast(float, repeats['majority_accuracy']):.4f}"
         )
-    reported = v.reported_models()
-    shown = (
-        f" (server reported: {', '.join(reported)})" if reported and reported != [v.model] else ""
+    out.append(
+        f"  model: {model_words(v.model, v.reported_models())}  endpoint: {v.group.endpoint}"
     )
-    out.append(f"  model: {v.model}{shown}  endpoint: {v.group.endpoint}")
-    ds, subset_record = v.group.dataset, v.group.subset
-    described = describe_subset(subset_record)
-    subset = f"; {described}" if described else ""
-    if subset_record.get("deselected"):
-        subset += f"; {subset_record['deselected']} deselected (-k/-m/--lf)"
+    ds, subset = v.group.dataset, subset_words(v.group.subset)
     out.append(
         f"  dataset: {ds['name']} {ds['config']}/{ds['split']} "
-        f"(fingerprint {ds['fingerprint']}){subset}"
+        f"(fingerprint {ds['fingerprint']}){'; ' + subset if subset else ''}"
     )
-    tokens = v.tokens()
-    out.append(
-        f"  tokens: prompt {tokens.get('prompt_tokens', 0):,}, completion "
-        f"{tokens.get('completion_tokens', 0):,}; answers from cache: "
-        f"{v.from_cache()} of {v.n}"
-        + (" (earlier runs, read with --gsm8k-resume)" if v.selection.resumed else "")
-    )
+    said = tokens_words(v.tokens(), v.from_cache(), v.n, v.selection.resumed)
+    out.append(f"  tokens: {said}")
     truncated = counts["truncated"] / v.n if v.n else 0.0
     if truncated > 0.01:
         out.append(
@@ -302,10 +296,8 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
 def markdown(
     verdict: RunVerdict, questions: Mapping[str, str], html: tuple[str, bool] | None = None
 ) -> str:
-    """The GitHub step summary: headline, gates, the comparison with the baseline and its
-    flips (each config's, with ``--gsm8k-config``), where the page is (``html``: its path
-    relative to the repository and True, or its file's name and False); the lists as long
-    as GitHub's size bound allows (many configs' lists add up)."""
+    """The GitHub step summary: headline, where the page is (``html``: its path relative to
+    the repository and True, or its file's name and False), gates, each group's comparison."""
     return fit(lambda listed: _markdown(verdict, questions, html, listed))
 
 
@@ -329,9 +321,7 @@ def _markdown(
         lines[-1] += f" {top.earlier_answers()}."
     lines.append("")
     lines += gate_table(top.gates)
-    if not verdict.matrix:
-        lines += against_baseline(top.extra.get("baseline") or {}, questions, listed=listed)
-    for config in top.configs:
-        name = config.group.name or config.label
-        lines += against_baseline(config.extra.get("baseline") or {}, questions, name, listed)
+    for group in verdict.groups:  # a config's lists are named after it; a run's name is ""
+        base = group.extra.get("baseline") or {}
+        lines += against_baseline(base, questions, group.group.name, listed)
     return "\n".join(lines) + "\n"

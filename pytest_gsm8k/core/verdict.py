@@ -1,23 +1,10 @@
 """The verdict step: a run's records and plain facts in, one frozen verdict out. Pure.
 
-Every output renders from the :class:`RunVerdict` :func:`decide_run` returns (the terminal,
-the JSON report, the page, the Markdown summary, JUnit, the baseline file), and nothing edits
-it after: the one derived copy is :meth:`RunVerdict` made again with the baseline write's
-failure (:attr:`BaselineInput.write_error`). Its inputs are plain data a JSON report can give
-back (a shard's merge calls :func:`decide_run` on the union of the shards' records).
-
-Inside :func:`decide` each rule is written once, in this order (docs/renovation.md section 2):
-
-1. the numbers, from the records (:class:`GroupVerdict`'s methods);
-2. each gate spec's verdict on them (core/gates.py; a spec that cannot fail at the run's
-   size says so itself: ``cannot_fail``, rule 5, and the early stop never settles it);
-3. the early stop: once it stopped the group, each gate it settled takes its decision (a gate
-   another gate's FAIL made moot is UNDECIDED, not blocking);
-4. the baseline: written (its coverage rules), or compared, or missing or refused;
-6. coverage: a gate passes only on a result for every problem of its selection (not for an
-   early-stopped group's problems left, nor for a baseline write, which has its own rules);
-7. resumed: each gate says how many of its answers came from earlier runs;
-8. a shard: every gate waits for the merge (UNDECIDED, not blocking).
+Every output renders from the :class:`RunVerdict` :func:`decide_run` returns, and nothing
+edits it after (the one derived copy is made again with the baseline write's failure). Its
+inputs are plain data a JSON report gives back, so a shard's merge and ``compare`` decide the
+same way. Inside :func:`decide` each rule is written once, in the order docs/design.md gives:
+numbers, each spec's verdict, the baseline, the early stop, coverage, resumed answers, shards.
 """
 
 from __future__ import annotations
@@ -47,24 +34,22 @@ SHOWN_IDS = 10
 
 @dataclass(frozen=True)
 class Group:
-    """What one group of the run is, before any answer: a run's only group (``name`` "") or
-    one ``--gsm8k-config`` config. ``extra``: report blocks it carries as they are (the
-    config's fields, the server it ran on)."""
+    """One group of the run before any answer: a run's only group (``name`` "") or one
+    ``--gsm8k-config`` config; ``extra``: report blocks it carries (its config, its server)."""
 
     name: str
     label: str
-    #: the protocol's identity (core/prompts.py), and its own label (the floor's sentence)
+    #: the protocol's identity, and its own label (the floor's sentence)
     protocol: Mapping[str, Any]
     protocol_label: str
     dataset: Mapping[str, Any]
     subset: Mapping[str, Any]
     model: str
     endpoint: str
-    #: the gates the options ask for (core/plan.py), and a config's vLLM floor
     specs: GateSpecs
     floor: ToleranceFloor | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: where the JSON report is written ("" without one): where the flips listed in full are
+    #: the JSON report's path ("" without one): where the flips are listed in full
     report: str = ""
 
 
@@ -75,18 +60,15 @@ class Selection:
     #: the problems the group set out to do (after -k/-m/--lf deselection), in plan order
     ids: tuple[str, ...]
     deselected: int = 0
-    #: the options that deselected, as the command line spells them
     deselected_by: str = "-k/-m/--lf"
     interrupted: bool = False
-    #: problems the run never reached after an endpoint failure (errors in the records)
+    #: problems never reached after an endpoint failure (errors in the records)
     unreached: int = 0
-    #: --gsm8k-resume: the answers read from earlier runs are said wherever a gate is
     resumed: bool = False
-    #: --gsm8k-shard I of N: (I, N); every gate waits for the merge
+    #: --gsm8k-shard I/N: (I, N)
     shard: tuple[int, int] | None = None
-    #: why what ran is not the whole selection in ways the records cannot show, as one
-    #: clause with what to do (compare: errors on shared problems, a report that left
-    #: problems out); the coverage rule makes every passing gate UNDECIDED with it
+    #: why what ran is not the whole selection where the records cannot show it (compare:
+    #: errors on shared problems, a report that left problems out), one clause with what to do
     not_whole: str | None = None
 
 
@@ -95,15 +77,14 @@ class EarlyOutcome:
     """The early stop of one group, frozen at the end of the loop (core/early_stop.py)."""
 
     mode: str
-    #: it decided (before or at the group's last problem)
+    #: it decided (by the group's last problem); it stopped (before it)
     decided: bool
-    #: it ended the group before its last problem
     stopped: bool
     #: each gate's decision (None: moot, another gate FAILed), by its early-stop name
     verdicts: Mapping[str, Verdict | None]
     headline: str
     n_total: int
-    #: EarlyStop.to_json(), the report's block
+    #: the report's block
     record: Mapping[str, Any]
 
 
@@ -114,15 +95,13 @@ class BaselineInput:
     stored: StoredBaseline
     #: the whole split under the group's ids: what a baseline may hold
     split: tuple[Problem, ...]
-    #: --snapshot-update: write it; --gsm8k-baseline-partial: a partial one may be written
+    #: --snapshot-update; --gsm8k-baseline-partial
     update: bool = False
     partial_ok: bool = False
     #: --gsm8k-baseline or --gsm8k-baseline-name named the file (no search by protocol)
     named: bool = False
-    #: the runs per problem of this run (--gsm8k-repeats)
     repeats: int = 1
-    #: the baseline is another run's JSON report (compare): its reader checked it and
-    #: refused another protocol in its own words; there is no file or split to check
+    #: another run's JSON report (compare), already checked by its reader: no file or split
     from_report: bool = False
     #: the write failed: the one line why (the derived copy after the writer ran)
     write_error: str | None = None
@@ -145,16 +124,16 @@ class GroupVerdict(Counts):
     records: tuple[ProblemRecord, ...]
     selection: Selection
     gates: tuple[GateVerdict, ...] = ()
-    #: terminal lines (the baseline comparison, the early stop), printed before the gates
+    #: terminal lines printed before the gates (the baseline comparison, the early stop)
     notes: tuple[str, ...] = ()
     #: the report's blocks beyond the numbers (served, config, early_stop, baseline)
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: --snapshot-update: the baseline document to write (decide never writes) and where
+    #: --snapshot-update: the baseline document to write (decide never writes)
     baseline_write: Mapping[str, Any] | None = None
     baseline: BaselineInput | None = None
-    #: the stored baseline document it was compared with (checked; the page shows it)
+    #: the stored baseline document it was compared with (the page shows its outcomes)
     compared: Mapping[str, Any] | None = None
-    #: the matrix's top: each config's verdict (this one counts them all together)
+    #: a matrix's top: each config's verdict (the top counts them all together)
     configs: tuple[GroupVerdict, ...] = ()
 
     @property
@@ -275,8 +254,7 @@ class GroupVerdict(Counts):
 
 @dataclass(frozen=True)
 class RunVerdict:
-    """The run's verdict: its groups' (one, or each config's under a top that counts them
-    all), the times, and the outputs that could not be written."""
+    """The run's verdict: one group, or each config's under a top that counts them all."""
 
     top: GroupVerdict
     matrix: bool
@@ -298,6 +276,14 @@ class RunVerdict:
     def to_json(self) -> Report:
         """The JSON report: the only place it is built."""
         return self.top.to_json()
+
+
+def shared_words(block: Mapping[str, Any]) -> str:
+    """Which problems a baseline block compared, as every output says it."""
+    shared = block.get("shared")
+    if block.get("subset"):
+        return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
+    return f"on {shared} problems"
 
 
 # -- decide ---------------------------------------------------------------------------
@@ -364,38 +350,27 @@ def decide(
 
 
 def _early(gate: GateVerdict, early: EarlyOutcome, config: str, writing: bool) -> GateVerdict:
-    """A gate the early stop settled takes its decision: the partial counts' verdict would
-    not be the full run's, the decision's is (exactly, or within its alpha)."""
+    """A gate the early stop settled takes its decision (the partial counts' verdict would
+    not be the full run's; the decision's is, exactly or within its alpha)."""
     key = FLOOR if gate.rule == FLOOR else gate.name
     if key not in early.verdicts or (writing and key == "baseline"):
         return gate
     decided = early.verdicts[key]
-    if decided is None:
-        what = "config" if config else "run"
-        return GateVerdict(
-            gate.name,
-            "early-stop",
-            True,
-            f"undecided: the {what} stopped early on another gate's FAIL",
-            threshold=None if key == "baseline" else gate.threshold,
-            undecided=True,
-        )
+    moot = f"undecided: the {'config' if config else 'run'} stopped early on another gate's FAIL"
     return GateVerdict(
         gate.name,
         "early-stop",
-        decided == "PASS",
-        early.headline,
+        decided != "FAIL",
+        early.headline if decided is not None else moot,
         threshold=None if key == "baseline" else gate.threshold,
+        undecided=decided is None,
     )
 
 
 def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
-    """No gate passes unless every problem of its selection has a result.
-
-    A threshold or a baseline holds for the problems it was set for; what -k, -m, --lf,
-    --deselect or test ids left, or what ran around skipped or unreached items, is not a
-    sample of them (a subset on purpose is ``--gsm8k-limit``). The problems an early stop
-    left are decided by its guarantee."""
+    """No gate passes unless every problem of its selection has a result: what -k, -m,
+    --lf or skips left is not a sample of them (a subset on purpose is ``--gsm8k-limit``);
+    the problems an early stop left are decided by its guarantee."""
     deselected = v.selection.deselected
     missing = 0 if stopped_early else v.expected - v.n
     of = f"of the {v.expected + deselected} problems of its selection"
@@ -428,8 +403,8 @@ def _fail(v: GroupVerdict, detail: str, **extra: Any) -> GroupVerdict:
 
 
 def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
-    """The baseline gate against the stored baseline, with the comparison's notes and block;
-    a missing baseline is a note (a FAIL with --gsm8k-require-baseline), a refused one a FAIL."""
+    """The baseline gate with the comparison's notes and block; a missing baseline is a note
+    (a FAIL with --gsm8k-require-baseline), a refused one a FAIL."""
     stored, specs = baseline.stored, v.group.specs
     shown = stored.shown
     report = _facts(v)
@@ -480,14 +455,9 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
             uncovered += f" (a partial baseline: {partial.get('reason', '')})"
         if not specs.require_baseline:
             notes.append(f"  baseline: {uncovered}; the gate compares the {shared} it holds")
-    where = (
-        f"on the {shared} problems shared with the baseline's {cmp['baseline_n']} (subset)"
-        if cmp["subset"]
-        else f"on {shared} problems"
-    )
     notes.append(
         f"  baseline {shown}: {seen['baseline_accuracy']:.4f} -> "
-        f"{seen['current_accuracy']:.4f} {where}; {difference_words(pairs)}"
+        f"{seen['current_accuracy']:.4f} {shared_words(cmp)}; {difference_words(pairs)}"
     )
     recorded_with = document.get("model")
     if isinstance(recorded_with, str) and recorded_with != v.model:
@@ -525,10 +495,9 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
 
 
 def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
-    """``--snapshot-update``: the document to write, only from a run that covers its whole
-    selection and never over a baseline that holds problems the run does not; both may be
-    forced with ``--gsm8k-baseline-partial`` (a partial baseline then says it is one). The
-    write itself is the writer's: a failure comes back as ``write_error``."""
+    """``--snapshot-update``: the document to write, only from a run of its whole selection
+    and never over a baseline holding problems the run does not (unless
+    ``--gsm8k-baseline-partial``). The writer writes; a failure comes back as ``write_error``."""
     stored = baseline.stored
     shown = stored.shown
     if baseline.write_error is not None:
@@ -595,10 +564,9 @@ def decide_run(
     times: tuple[str, str, float] | None = None,
     write_errors: Mapping[str, str] | None = None,
 ) -> RunVerdict:
-    """The run's verdict: each group decided (:func:`decide`); with ``top`` (a
-    ``--gsm8k-config`` matrix) each config's gates named after it (``Qwen3:min-acc``) and
-    gathered under a top that counts every config's records (``not_run``: the configs
-    deselected whole). ``times``: (started, finished, seconds), as the report says them."""
+    """Each group decided; with ``top`` (a matrix) each config's gates named after it
+    (``Qwen3:min-acc``) under a top that counts every config's records (``not_run``: configs
+    deselected whole). ``times``: (started, finished, seconds)."""
     decided = [decide(i.group, i.records, i.baseline, i.selection, i.early) for i in inputs]
     if top is None:
         (verdict,) = decided
