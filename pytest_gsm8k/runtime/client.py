@@ -17,7 +17,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
@@ -146,38 +146,47 @@ def refused_reply() -> type[Exception]:
     return RefusedReply
 
 
-def _bounded(httpx: Any, response: Any, limit: int) -> Any:
-    """``response`` with a body decoded here, within ``limit`` bytes (see :mod:`.bounded`)."""
-    headers = response.headers
-    encoding = encoding_of(headers.get_list("content-encoding", split_commas=True))
-    decoder = Decoder(encoding)
-    length = headers.get("content-length", "")
+def body_decoder(encodings: list[str], length: str, limit: int = MAX_REPLY_BYTES) -> Decoder:
+    """The decoder for a reply with these Content-Encoding and Content-Length values;
+    :class:`Refused` at once for one over ``limit`` or in an encoding not asked for."""
+    encoding = encoding_of(",".join(encodings).split(","))
     if not encoding and length.isdigit() and int(length) > limit:
         raise Refused(
             f"the endpoint's reply is over {mib(limit)} ({int(length):,} bytes), the most one "
             "problem's answer may take; refused unread"
         )
-    base: Any = httpx.AsyncByteStream
+    return Decoder(encoding)
+
+
+async def bounded_body(
+    decoder: Decoder, chunks: AsyncIterator[bytes], limit: int = MAX_REPLY_BYTES
+) -> AsyncIterator[bytes]:
+    """The raw ``chunks`` decoded within ``limit`` bytes (see :mod:`.bounded`)."""
+    counter = Counter(limit)
+    async for raw in chunks:
+        for piece in decoder.feed(raw):
+            yield counter.add(piece)
+    tail = decoder.finish()
+    if tail:
+        yield counter.add(tail)
+
+
+def _bounded(httpx: Any, response: Any) -> Any:
+    """``response`` with a body decoded here, within :data:`MAX_REPLY_BYTES`."""
+    headers = response.headers
+    decoder = body_decoder(headers.get_list("content-encoding"), headers.get("content-length", ""))
     refused = refused_reply()
 
-    class BoundedStream(base):  # type: ignore[misc]
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
+    class BoundedStream(httpx.AsyncByteStream):  # type: ignore[misc]
         async def __aiter__(self) -> Any:
-            counter = Counter(limit)
             try:
-                async for raw in self.inner:
-                    for piece in decoder.feed(raw):
-                        yield counter.add(piece)
-                tail = decoder.finish()
-                if tail:
-                    yield counter.add(tail)
+                async for piece in bounded_body(decoder, response.stream):
+                    yield piece
             except Refused as exc:
                 raise refused(str(exc)) from None
 
         async def aclose(self) -> None:
-            await self.inner.aclose()
+            await response.stream.aclose()
 
     kept = [
         (name, value)
@@ -187,7 +196,7 @@ def _bounded(httpx: Any, response: Any, limit: int) -> Any:
     return httpx.Response(
         response.status_code,
         headers=kept,
-        stream=BoundedStream(response.stream),
+        stream=BoundedStream(),
         extensions=response.extensions,
     )
 
@@ -220,7 +229,7 @@ def _watching_transport(breaker: Breaker, limits: Any) -> Any:
             if response.status_code in (429, 503):
                 _check_retry_after(breaker, response)
             try:
-                return _bounded(httpx, response, MAX_REPLY_BYTES)
+                return _bounded(httpx, response)
             except Refused as exc:
                 await response.aclose()
                 raise refused_reply()(str(exc)) from None
@@ -292,23 +301,24 @@ def _tls_context(trust_env: bool) -> Any:
     return _httpx().create_ssl_context(trust_env=trust_env)
 
 
-def _unusable_proxy(url: str) -> str:
-    """One line for a proxy the environment names that httpx cannot use without an extra
-    package (socksio for ``socks5://``): said before any request, never a traceback."""
+def env_proxy(url: str, why: str, usable: tuple[str, ...] = ("http",)) -> str | None:
+    """The proxy the environment names for ``url`` by httpx's rules (:mod:`~.core.proxy`), or
+    None; ValueError (one line, ``why`` in it) for a bad URL or a proxy not in ``usable``."""
     import urllib.request
 
     from pytest_gsm8k.core.proxy import proxy_for
 
     try:
-        proxy = proxy_for(url, urllib.request.getproxies()) or ""
-    except ValueError:
-        proxy = ""
-    scheme = proxy.partition("://")[0] or "a"
-    return (
-        f"the environment names a {scheme}:// proxy for the endpoint, which the HTTP client "
-        "cannot use without the socksio package (pip install 'httpx[socks]'); name an "
-        "http:// proxy or exempt the host in NO_PROXY"
-    )
+        proxy = proxy_for(url, urllib.request.getproxies())
+    except ValueError as exc:  # e.g. a port out of range: say which URL, not "proxy"
+        raise ValueError(f"the endpoint URL is not usable: {exc}") from None
+    scheme = (proxy or "").partition("://")[0].lower()
+    if proxy is not None and scheme not in usable:
+        raise ValueError(
+            f"the environment names a {scheme}:// proxy for the endpoint, {why}; name an "
+            "http:// proxy or exempt the host in NO_PROXY"
+        )
+    return proxy
 
 
 def get_json(
@@ -349,8 +359,14 @@ def get_json(
         body = loop.run_until_complete(asyncio.wait_for(get(), deadline))
     except (asyncio.TimeoutError, httpx.TimeoutException):
         raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
-    except ImportError:  # httpx without socksio, for a socks:// proxy in the environment
-        raise PreflightError("proxy", _unusable_proxy(url)) from None
+    except ImportError as exc:  # httpx without socksio, for a socks:// proxy in the environment
+        socks = "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
+        try:
+            env_proxy(url, socks, ("http", "https"))
+            line = str(exc)
+        except ValueError as refusal:
+            line = str(refusal)
+        raise PreflightError("proxy", line) from None
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         cause: BaseException = exc
         while cause.__cause__ or cause.__context__:  # the socket's error, not httpx's wrapper
