@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core.identity import (
@@ -38,7 +38,7 @@ from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.bounded import mib
 from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
-from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient, one_sample
+from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient
 from pytest_gsm8k.runtime.failures import (
     AnotherModel,
     AnswerTooLarge,
@@ -66,10 +66,6 @@ ReplyIdentity = tuple[str | None, str | None]
 
 class _Parked(Exception):
     """An answer cached by an earlier run waits for this run's first reply to be checked."""
-
-    def __init__(self, hit: dict[str, Any]) -> None:
-        super().__init__("parked")
-        self.hit = hit
 
 
 @dataclass(eq=False)
@@ -176,13 +172,9 @@ class Engine:
     # -- any thread ---------------------------------------------------------------------
 
     def start(self, requests: list[Request], *, guess: bool = False) -> None:
-        """Plan and begin fetching ``requests`` in this order.
-
-        ``guess``: the xdist controller's head start. Until a plan or an ask arrives, cached
-        answers stay parked, and a guessed request's refusal aborts nothing unless a plan or an
-        ask takes it (a conftest may deselect it for the very reason it fails). A run of
-        identical failures stops the run whoever asked.
-        """
+        """Plan and begin fetching ``requests`` in this order. ``guess``: the xdist controller's
+        head start (docs/design.md): until a plan or an ask, cached answers stay parked and a
+        guess's refusal decides nothing (a conftest may deselect it for the reason it fails)."""
         jobs = [self._new_job(request) for request in requests]
         self.loop.call_soon_threadsafe(self._plan, jobs, False, guess)
 
@@ -420,7 +412,7 @@ class Engine:
             response = await self._fetch(job.request, writes)
         except _Parked as parked:
             job.state = PARKED
-            self._parked.append((job, parked.hit))
+            self._parked.append((job, parked.args[0]))
         except asyncio.CancelledError:
             self._store(writes)  # samples that did arrive are kept
             self._finish(job, EndpointAborted(self.aborted or "run cancelled"))
@@ -594,7 +586,7 @@ class Engine:
             first.completions = first.completions[: request.n]
             return _bounded(first)
         completions, usage, cached = list(first.completions), dict(first.usage), first.cached
-        single = one_sample(request)
+        single = replace(request, n=1)  # the endpoint ignored n: one sample a call
         for index in range(len(completions), request.n):
             extra = await self._one(single, sample_key(request, str(index)), writes, False)
             completions.extend(extra.completions[:1] or [Completion(text="")])
@@ -616,7 +608,7 @@ class Engine:
         hit = await self._lookup(key, body)
         if hit is not None:
             if defer and not self._replies and hit.get("_run") != self.cache.run_id:
-                raise _Parked(hit)
+                raise _Parked(hit)  # args[0]: the entry
             return self._from_hit(hit)
         self.requests_sent += 1
         response = await self._call(request)

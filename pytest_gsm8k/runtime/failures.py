@@ -5,6 +5,7 @@ then fails every unfinished item with that line; docs/design.md, "Failures")."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from pytest_gsm8k.core.health import reasoning_model_hint
@@ -39,8 +40,7 @@ class AnotherModel(Exception):
 
 
 class WireFailure(Exception):
-    """A request the vllm preset's client gave up on. ``kind``: "timeout" or "connection" (the
-    cause chained; both retried), "refused" (a reply read no further), "status"."""
+    """The vllm preset's client gave up: ``kind`` timeout, connection, refused or status."""
 
     status_code: int | None = None
     headers: Any = None
@@ -53,65 +53,57 @@ class WireFailure(Exception):
 class HTTPStatusFailure(WireFailure):
     """An HTTP error status, shaped like ``openai.APIStatusError`` to be worded the same way."""
 
-    def __init__(self, status: int, body: Any, request: Any, headers: Any) -> None:
+    def __init__(self, status: int, body: Any, url: str, headers: Any) -> None:
         text = body if isinstance(body, str) else json.dumps(body)
         self.message = (text.strip().splitlines() or ["error"])[0][:200]
         super().__init__(f"HTTP {status}: {self.message}", "status")
-        self.status_code, self.body, self.request, self.headers = status, body, request, headers
-
-
-TIMED_OUT = "request timed out after retries (see --gsm8k-timeout)"
-#: the paths the clients append to the base URL for a completion
-API_PATHS = ("/chat/completions", "/completions")
+        self.status_code, self.body, self.headers = status, body, headers
+        self.request = SimpleNamespace(method="POST", url=url)
 
 
 def refused_first(status: object, succeeded: int) -> bool:
-    """A 4xx that no retry changes, before any request succeeded: the endpoint refuses what
-    this run sends (a wrong parameter, a model it does not serve)."""
+    """A 4xx no retry changes before anything succeeded: the endpoint refuses what we send."""
     client_error = isinstance(status, int) and 400 <= status < 500
     return client_error and status not in RETRIED_STATUSES and not succeeded
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """(one-line message, fatal?) for an exception from a model call."""
-    if isinstance(exc, (AnotherModel, AnswerTooLarge)):
-        return str(exc), isinstance(exc, AnotherModel)
     if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
         kind = exc.kind
+    elif isinstance(exc, (AnotherModel, AnswerTooLarge)):
+        kind = "said"
     else:
         import openai
 
         kinds = {
             "status": openai.APIStatusError,
             "timeout": openai.APITimeoutError,  # a connection error too: asked first
-            "refused": refused_reply(),
+            "said": refused_reply(),
             "connection": openai.APIConnectionError,
         }
         kind = next((k for k, t in kinds.items() if isinstance(exc, t)), "")
-    if kind == "status":
-        return _describe_status(exc, exc.status_code)  # type: ignore[attr-defined]
-    if kind in ("timeout", "refused"):
-        return TIMED_OUT if kind == "timeout" else str(exc), False
+    status = getattr(exc, "status_code", 0) if kind == "status" else 0
+    if kind in ("said", "refused"):  # the message says it all
+        return str(exc), isinstance(exc, AnotherModel)
+    if kind == "timeout":
+        return "request timed out after retries (see --gsm8k-timeout)", False
     if kind == "connection":
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
-
-
-def _describe_status(exc: Any, status: int) -> tuple[str, bool]:
     if status in (401, 403):
-        return (
-            f"the endpoint rejected the credentials (HTTP {status}); check the API key variable",
-            True,
-        )
+        line = f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"
+        return line, True
     if status == 404:
         return not_found(exc), True
-    retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
-    message = _api_message(exc)
-    hint = reasoning_model_hint(message) if status == 400 else None
-    return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
+    if status:
+        retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
+        message = _api_message(exc)
+        hint = reasoning_model_hint(message) if status == 400 else None
+        return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
 
 
 def not_found(exc: Any) -> str:
@@ -121,7 +113,8 @@ def not_found(exc: Any) -> str:
     if not url:
         return f"the endpoint answered 404: {_api_message(exc)}"
     shown = shown_url(url)
-    base = next((shown[: -len(p)] for p in API_PATHS if shown.endswith(p)), shown)
+    paths = ("/chat/completions", "/completions")  # what the clients append to the base URL
+    base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
     line = f"{getattr(request, 'method', 'POST')} {shown} answered 404: {_api_message(exc)}"
     suggested = with_v1(base)
     if suggested is not None:
@@ -130,14 +123,8 @@ def not_found(exc: Any) -> str:
 
 
 def _api_message(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error")
-        message = (
-            body.get("message")
-            or (error.get("message") if isinstance(error, dict) else None)
-            or body.get("detail")  # FastAPI's 404 for a path it does not serve (vLLM)
-        )
-        if message:
-            return str(message)
-    return str(getattr(exc, "message", exc)).splitlines()[0]
+    found = getattr(exc, "body", None)
+    body: dict[str, Any] = found if isinstance(found, dict) else {}
+    error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
+    message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
+    return str(message) if message else str(getattr(exc, "message", exc)).splitlines()[0]

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_delay, should_retry
+from pytest_gsm8k.core.retry import retry_delay, should_retry
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Refused
 from pytest_gsm8k.runtime.client import (
@@ -118,7 +118,7 @@ class WireClient(OpenAIClient):
                 self.breaker.success()
                 status, headers = response.status, response.headers
                 if status in (429, 503):
-                    note_long_retry_after(self.breaker, status, headers, MAX_RETRY_AFTER)
+                    note_long_retry_after(self.breaker, status, headers)
                 try:
                     decoder = body_decoder(
                         headers.getall("Content-Encoding", []), headers.get("Content-Length", "")
@@ -139,18 +139,9 @@ class WireClient(OpenAIClient):
         except ValueError:
             data = raw.decode("utf-8", "replace").strip()
         if status >= 400:
-            raise HTTPStatusFailure(status, data, _RequestLine(url), dict(headers))
+            raise HTTPStatusFailure(status, data, url, dict(headers))
         return data
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
-
-
-class _RequestLine:
-    """What the 404 line reads of the request (``openai.APIStatusError.request``)."""
-
-    method = "POST"
-
-    def __init__(self, url: str) -> None:
-        self.url = url
