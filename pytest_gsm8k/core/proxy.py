@@ -2,10 +2,11 @@
 client's HTTP library) reads it: ``HTTP(S)_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` with hosts,
 wildcards, ports and networks, the most specific rule first (docs/design.md).
 
-Why here: the ``vllm`` preset sends with aiohttp (runtime/wire.py, which says why), whose own
-reading differs (no ``ALL_PROXY``, no CIDR or port in ``NO_PROXY``, ``~/.netrc`` consulted);
-the same endpoint must be reached the same way whichever client sends. tests/unit/core/
-test_proxy.py compares these rules with the installed httpx case by case.
+Why here: httpx reads the environment only for a transport of its own, and the openai
+client's is the plugin's (runtime/client.py); the ``vllm`` preset sends with aiohttp
+(runtime/wire.py says why), whose reading differs (no ``ALL_PROXY``, no CIDR or port in
+``NO_PROXY``, ``~/.netrc``). The same endpoint is reached the same way whichever client
+sends; tests/unit/core/test_proxy.py compares these rules with the installed httpx.
 """
 
 from __future__ import annotations

@@ -182,16 +182,17 @@ def _bounded(httpx: Any, response: Any) -> Any:
     )
 
 
-def _watching_transport(breaker: Breaker, limits: Any) -> Any:
+def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any:
     httpx = _httpx()
     base: Any = httpx.AsyncBaseTransport
 
     class WatchingTransport(base):  # type: ignore[misc]
-        """Forwards to the normal transport, telling the breaker what happened, and reads
-        each reply within :data:`MAX_REPLY_BYTES`."""
+        """Forwards to the normal transport (through the environment's proxy: httpx reads it
+        only without a transport of ours), telling the breaker what happened, and reads each
+        reply within :data:`MAX_REPLY_BYTES`."""
 
         def __init__(self) -> None:
-            self.inner = httpx.AsyncHTTPTransport(limits=limits)
+            self.inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
 
         async def handle_async_request(self, request: Any) -> Any:
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
@@ -278,6 +279,15 @@ def env_proxy(url: str, why: str, usable: tuple[str, ...] = ("http",)) -> str | 
     return proxy
 
 
+def httpx_proxy(url: str) -> str | None:
+    """:func:`env_proxy` for httpx: http, https and (with socksio) socks5 proxies."""
+    import importlib.util
+
+    socks = ("socks5", "socks5h") if importlib.util.find_spec("socksio") else ()
+    why = "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
+    return env_proxy(url, why, ("http", "https", *socks))
+
+
 def get_json(
     url: str, headers: Mapping[str, str] | None, deadline: float, *, proxies: bool = True
 ) -> Any:
@@ -312,9 +322,8 @@ def get_json(
     except (asyncio.TimeoutError, httpx.TimeoutException):
         raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
     except ImportError as exc:  # httpx without socksio, for a socks:// proxy in the environment
-        socks = "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
         try:
-            env_proxy(url, socks, ("http", "https"))
+            httpx_proxy(url)
             line = str(exc)
         except ValueError as refusal:
             line = str(refusal)
@@ -394,6 +403,7 @@ class OpenAIClient:
         self.endpoint = base.rstrip("/")  # what the openai client itself would use
         #: what cache keys name instead of a URL that changes every run (a server it starts)
         self.cache_endpoint = cache_endpoint or self.endpoint
+        self._proxy = httpx_proxy(self.endpoint)  # ValueError: one line, before any request
         self._api_key = api_key
         self._timeout = timeout
         self._max_retries = max_retries
@@ -413,7 +423,8 @@ class OpenAIClient:
                     max_keepalive_connections=self._concurrency,
                 )
                 http_client = openai.DefaultAsyncHttpxClient(
-                    transport=_watching_transport(self.breaker, limits), timeout=self._timeout
+                    transport=_watching_transport(self.breaker, limits, self._proxy),
+                    timeout=self._timeout,
                 )
                 # Local servers (vLLM, llama.cpp, Ollama) need no key; the client wants one.
                 self._client = openai.AsyncOpenAI(
