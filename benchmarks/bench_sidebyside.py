@@ -5,42 +5,14 @@ Not a test. Run from the repository root::
     python benchmarks/bench_sidebyside.py                 # 1,319 problems, 3 rounds
     python benchmarks/bench_sidebyside.py --problems 20 --rounds 1 --no-warmup
 
-What it runs, each against the same fake OpenAI server (``tests/fakeserver.py`` in its own
-process, 200 ms per request by default), at the same concurrency (64), interleaved round by
-round after one untimed warm-up round (it fills the bytecode and datasets caches, as a
-user's second run finds them):
-
-* ``vllm script``: vLLM's own ``tests/evals/gsm8k/gsm8k_eval.py`` (an aiohttp loop, the
-  leanest client in use for GSM8K), unmodified, with ``--max-concurrency``. It is not part of
-  this repository: ``--vllm-script`` names it and its git blob hash is checked. It imports
-  one constant from vLLM (a URL) and downloads the data from vLLM's bucket on first use; the
-  bench gives it a one-line stand-in module for the constant and the same data files,
-  already in place where the script looks (``$TMPDIR``), so it never goes to the network;
-* ``plugin`` and ``plugin -n 2``: ``python -m pytest --gsm8k-model=... --gsm8k-preset=vllm``
-  in an empty folder (no conftest, no ini), no cache: the script's requests byte for byte;
-* ``lm-eval``: ``python -m lm_eval --model local-completions`` with ``num_concurrent`` and
-  its own ``gsm8k`` task (a task file that includes lm-eval's ``gsm8k.yaml`` and only swaps
-  the hub dataset for the same local files), in the bench's virtualenv.
-
-Per run: whole-process wall time, spawn to exit; CPU time (user + system) of the whole
-process tree, which load from other work on the machine changes far less; peak RSS
-(``VmHWM``) of every process in the tree, sampled every 20 ms by ``bench_plugin.py``'s
-wrapper, shown as the largest process and the sum over the tree; the server's own count of
-completion requests (exactly the number of problems, none asked twice); and the accuracy
-each tool printed (the fake server answers every problem right). The table shows medians
-and the ratio to the vLLM script's median.
-
-Targets, full split only: the plugin (plain and ``-n 2``) at most 1.10x the vLLM script, and
-faster than lm-eval. Exit code 1 when a run failed or sent the wrong number of requests, or
-(full split) a target is missed; 2 when a tool is missing and not skipped (``--skip``).
-
-The tools, outside the repository (nothing of vLLM's is committed here), under
-``~/.cache/pytest-gsm8k/bench/`` by default; the bench prints how to get each when missing:
-
-* the virtualenv for lm-eval and the vLLM script (aiohttp, numpy, regex, requests, tqdm,
-  all lm-eval dependencies): ``python3 -m venv ~/.cache/pytest-gsm8k/bench/lm-eval-venv``
-  then ``.../bin/pip install "lm-eval[api]==0.4.13"``;
-* vLLM's script at commit :data:`VLLM_COMMIT` (see :data:`HOW_TO_GET_SCRIPT`).
+Each run (vLLM's own ``gsm8k_eval.py``, the plugin with ``--gsm8k-preset=vllm`` plain and
+``-n 2``, lm-eval's ``local-completions``) goes against the same fake server
+(``tests/fakeserver.py``, 200 ms a request) at concurrency 64, interleaved round by round after
+an untimed warm-up; it reports wall time, the process tree's CPU and peak RSS, the server's
+request count and each tool's accuracy. Targets (full split): the plugin within 1.10x the
+script, and faster than lm-eval; exit code 1 on a miss or a wrong request count, 2 when a tool
+is missing (``--skip`` leaves it out). What each run does, where the tools live and how to get
+them: benchmarks/README.md, "Side by side with vLLM's script and lm-eval".
 """
 
 from __future__ import annotations

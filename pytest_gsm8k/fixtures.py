@@ -96,7 +96,7 @@ def gsm8k_outcome(
     """The scored answer for this item's problem (fetched ahead by the engine)."""
     from pytest_gsm8k.core.outcome import error_record, score_repeats
     from pytest_gsm8k.core.scrub import shown_url
-    from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun, SaidElsewhere
+    from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
     from pytest_gsm8k.state import RECORD_KEY, get_state
 
     state = get_state(request.config)

@@ -1,24 +1,12 @@
-"""Which proxy an endpoint is reached through, read from the environment the way the openai
-client's HTTP library (httpx) reads it.
+"""Which proxy an endpoint is reached through, read from the environment as httpx (the openai
+client's HTTP library) reads it: ``HTTP(S)_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` with hosts,
+wildcards, ports and networks, the most specific rule first (docs/design.md).
 
-Why here: the ``vllm`` preset sends its requests with aiohttp (``runtime/wire.py``), whose own
-reading of the environment differs from httpx's (no ``ALL_PROXY``, no CIDR or port in
-``NO_PROXY``, a scheme-less proxy refused, ``~/.netrc`` consulted for the proxy's
-credentials). The same endpoint must be reached the same way whichever client the protocol
-uses, so the rules are httpx's, written out once; ``tests/unit/core/test_proxy.py`` compares
-them with the installed httpx case by case.
-
-The rules, given ``urllib.request.getproxies()`` (lower-case variables win over upper-case
-ones, an empty one unsets):
-
-* ``http``, ``https`` and ``all`` name a proxy for that scheme (``all``: any), ``http://``
-  prepended when the value has no scheme;
-* each ``NO_PROXY`` entry exempts hosts: ``*`` every host (no proxy at all); an IPv4 or IPv6
-  address or network (``10.0.0.0/8``); ``localhost``; ``.example.com`` or
-  ``*.example.com`` the subdomains only; ``example.com`` the host and its subdomains; an
-  entry with ``://`` a pattern as written; ``host:port`` that port only;
-* the most specific rule wins: one with a port, then an exact host before a network before
-  none, smaller networks first, longer hosts first, a named scheme before ``all``.
+Why here: httpx reads the environment only for a transport of its own, and the openai
+client's is the plugin's (runtime/client.py); the ``vllm`` preset sends with aiohttp
+(runtime/wire.py says why), whose reading differs (no ``ALL_PROXY``, no CIDR or port in
+``NO_PROXY``, ``~/.netrc``). The same endpoint is reached the same way whichever client
+sends; tests/unit/core/test_proxy.py compares these rules with the installed httpx.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""When a failed model request is tried again, and after how long.
-
-The plugin's requests normally go through the openai client, whose retries are used as
-they are. The ``vllm`` preset's requests go through a lean aiohttp client instead
-(:mod:`pytest_gsm8k.runtime.wire`: vLLM's own script is an aiohttp loop, and matching its
-speed leaves no room for the openai client's per-request layers), and that client follows
-this policy, which is the openai client's own (openai-python ``_base_client.py``,
-``_should_retry`` and ``_calculate_retry_timeout``; ``_constants.py``), so a run retries
-the same way whichever client sends it:
-
-* retried: connection failures and timeouts; HTTP 408, 409, 429 and every 5xx; a reply
-  whose ``x-should-retry`` header says ``true`` (``false`` forbids a retry);
-* not retried: a reply whose ``Retry-After`` asks for more than :data:`MAX_RETRY_AFTER`;
-* the wait: ``retry-after-ms`` or ``Retry-After`` (seconds, or an HTTP date) when it is in
-  (0, :data:`MAX_RETRY_AFTER`]; otherwise 0.5 s doubled per retry, at most 8 s, less a
-  random 0-25%.
-
-Pure: no HTTP, no clock but the one passed in.
+"""When a failed model request is tried again, and after how long: the openai client's policy
+(openai-python ``_base_client.py``: ``_should_retry``, ``_calculate_retry_timeout``), copied for
+the vllm preset's aiohttp client (runtime/wire.py). openai's own cannot serve: it is private to
+its client, which the preset does not go through (for speed); tests/unit/core/test_retry.py asks
+the installed openai the same questions. Pure: no HTTP, no clock but the one passed in.
 """
 
 from __future__ import annotations

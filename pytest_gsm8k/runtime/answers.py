@@ -54,7 +54,7 @@ from typing import Any, Protocol
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, NotRun, SaidElsewhere
+from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 
 HEADER = struct.Struct(">I")  # a frame's length
 #: the longest frame either side accepts: the largest answer the engine keeps, and room for

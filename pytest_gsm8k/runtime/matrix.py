@@ -27,13 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pytest_gsm8k.core.types import ModelResponse, Request
-from pytest_gsm8k.runtime.engine import (
-    EndpointAborted,
-    EndpointError,
-    Engine,
-    NotRun,
-    SaidElsewhere,
-)
+from pytest_gsm8k.runtime.engine import Engine
+from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 from pytest_gsm8k.runtime.serve import ServedProcess
 
 #: how often a waiting driver or test looks whether the run is ending

@@ -20,7 +20,8 @@ from helpers import wait_until
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
 from pytest_gsm8k.runtime.cache import ResponseCache
-from pytest_gsm8k.runtime.engine import EndpointAborted, EndpointError, Engine, NotRun
+from pytest_gsm8k.runtime.engine import Engine
+from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun
 
 
 class Scripted:
@@ -347,10 +348,10 @@ def test_planned_ids_is_the_union_of_the_offers_and_only_an_answers_plan_is_fetc
         assert server.planned_ids() == {"p0", "p1"}
         second.offer(["p1", "p2", "zz"])  # ids the controller does not know are plans too
         assert server.planned_ids() == {"p0", "p1", "p2", "zz"}
-        assert engine.jobs == []  # a channel without answers has nothing fetched for it
+        assert not engine.by_request  # a channel without answers has nothing fetched for it
         remote.offer(["p4", "p5"])
         assert server.planned_ids() == {"p0", "p1", "p2", "zz", "p4", "p5"}
-        assert [job.request.problem_id for job in engine.jobs] == ["p4", "p5"]
+        assert [job.request.problem_id for job in engine.by_request.values()] == ["p4", "p5"]
         assert remote.result(known["p5"]).completions[0].text == "#### 5"
         copy = server.planned_ids()
         assert copy is not None
@@ -447,7 +448,7 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     """A 400 on a guessed request (one a conftest may have deselected because it fails)
     aborts nothing; the same 400 on a planned first request still ends the run. Under an
     early stop's lookahead the head start sends nothing."""
-    from pytest_gsm8k.runtime.wire import HTTPStatusFailure
+    from pytest_gsm8k.runtime.failures import HTTPStatusFailure
 
     class Refusing(Scripted):
         async def complete(self, request: Request) -> ModelResponse:

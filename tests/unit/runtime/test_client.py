@@ -4,7 +4,9 @@ deadline, redirects that keep the key on the same origin."""
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import socket
+import time
 import tracemalloc
 
 import openai
@@ -20,6 +22,7 @@ from pytest_gsm8k.runtime.client import (
     OpenAIClient,
     PreflightError,
     list_models,
+    note_long_retry_after,
 )
 from pytest_gsm8k.runtime.data import load_split
 
@@ -150,3 +153,17 @@ def test_a_silent_endpoint_is_a_timeout(server: FakeOpenAIServer, keyed_env: str
     error = _failure(_client(server.base_url, keyed_env, timeout=0.5, breaker=breaker))
     assert isinstance(error, openai.APITimeoutError), repr(error)
     assert breaker.count == 1
+
+
+@pytest.mark.parametrize("wait", ["600", "date"])
+def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wait: str) -> None:
+    """The client gives up at once on a Retry-After over 120 s, as seconds or as an HTTP date
+    (core/retry.should_retry): either way the run says so, once."""
+    value = email.utils.formatdate(time.time() + 600, usegmt=True) if wait == "date" else wait
+    breaker = Breaker()
+    for _ in range(2):
+        note_long_retry_after(breaker, 429, {"retry-after": value})
+    note_long_retry_after(breaker, 503, {"retry-after": "120"})  # waited for: no note
+    [line] = breaker.notes
+    assert "longer than the client waits (120 s)" in line
+    assert "(Retry-After on HTTP 429)" in line

@@ -17,13 +17,8 @@ from helpers import wait_until
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 from pytest_gsm8k.runtime.client import Breaker
-from pytest_gsm8k.runtime.engine import (
-    EndpointAborted,
-    EndpointError,
-    Engine,
-    NotRun,
-    sample_key,
-)
+from pytest_gsm8k.runtime.engine import Engine, sample_key
+from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun
 
 
 class ScriptedClient:
@@ -263,7 +258,7 @@ def test_a_404_names_the_url_and_suggests_v1(url: str, body: dict[str, str], exp
     import httpx2 as httpx
     import openai
 
-    from pytest_gsm8k.runtime.engine import describe_error
+    from pytest_gsm8k.runtime.failures import describe_error
 
     request = httpx.Request("POST", url)
     response = httpx.Response(404, request=request, json=body)
@@ -275,7 +270,7 @@ def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> 
     import httpx2 as httpx
     import openai
 
-    from pytest_gsm8k.runtime.engine import describe_error
+    from pytest_gsm8k.runtime.failures import describe_error
 
     def status_error(code: int) -> openai.APIStatusError:
         request = httpx.Request("POST", "http://x/v1/chat/completions")

@@ -1,0 +1,130 @@
+"""What went wrong with an endpoint, in one line: the failures a model call ends in, and
+:func:`describe_error`, which words either client's and says whether it is fatal (the engine
+then fails every unfinished item with that line; docs/design.md, "Failures")."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from pytest_gsm8k.core.health import reasoning_model_hint
+from pytest_gsm8k.core.retry import RETRIED_STATUSES
+from pytest_gsm8k.core.scrub import shown_url
+from pytest_gsm8k.core.settings import with_v1
+from pytest_gsm8k.runtime.client import refused_reply
+
+
+class EndpointError(Exception):
+    """One item's request failed (after retries)."""
+
+
+class EndpointAborted(EndpointError):
+    """The endpoint is unusable; every remaining item fails with this message."""
+
+
+class SaidElsewhere(EndpointError):
+    """Reported in full by another item (a config's server that died): skipped quietly."""
+
+
+class NotRun(Exception):
+    """The run stopped early (the gates' verdicts are settled): this item is not run."""
+
+
+class AnswerTooLarge(Exception):
+    """All samples of one problem together take more than ``MAX_REPLY_BYTES`` as JSON."""
+
+
+class AnotherModel(Exception):
+    """A reply to a request without a model field names another model than the run's."""
+
+
+class WireFailure(Exception):
+    """The vllm preset's client gave up: ``kind`` timeout, connection, refused or status."""
+
+    status_code: int | None = None
+    headers: Any = None
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class HTTPStatusFailure(WireFailure):
+    """An HTTP error status, shaped like ``openai.APIStatusError`` to be worded the same way."""
+
+    def __init__(self, status: int, body: Any, url: str, headers: Any) -> None:
+        text = body if isinstance(body, str) else json.dumps(body)
+        self.message = (text.strip().splitlines() or ["error"])[0][:200]
+        super().__init__(f"HTTP {status}: {self.message}", "status")
+        self.status_code, self.body, self.headers = status, body, headers
+        self.request = SimpleNamespace(method="POST", url=url)
+
+
+def refused_first(status: object, succeeded: int) -> bool:
+    """A 4xx no retry changes before anything succeeded: the endpoint refuses what we send."""
+    client_error = isinstance(status, int) and 400 <= status < 500
+    return client_error and status not in RETRIED_STATUSES and not succeeded
+
+
+def describe_error(exc: BaseException) -> tuple[str, bool]:
+    """(one-line message, fatal?) for an exception from a model call."""
+    if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
+        kind = exc.kind
+    elif isinstance(exc, (AnotherModel, AnswerTooLarge)):
+        kind = "said"
+    else:
+        import openai
+
+        kinds = {
+            "status": openai.APIStatusError,
+            "timeout": openai.APITimeoutError,  # a connection error too: asked first
+            "said": refused_reply(),
+            "connection": openai.APIConnectionError,
+        }
+        kind = next((k for k, t in kinds.items() if isinstance(exc, t)), "")
+    status = getattr(exc, "status_code", 0) if kind == "status" else 0
+    if kind in ("said", "refused"):  # the message says it all
+        return str(exc), isinstance(exc, AnotherModel)
+    if kind == "timeout":
+        return "request timed out after retries (see --gsm8k-timeout)", False
+    if kind == "connection":
+        cause = exc.__cause__
+        detail = f" ({type(cause).__name__}: {cause})" if cause else ""
+        return f"connection failed after retries{detail}", False
+    if status in (401, 403):
+        line = f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"
+        return line, True
+    if status == 404:
+        return not_found(exc), True
+    if status:
+        retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
+        message = _api_message(exc)
+        hint = reasoning_model_hint(message) if status == 400 else None
+        return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
+
+
+def not_found(exc: Any) -> str:
+    """A 404's line: the URL that answered and, lacking /v1 (the usual cause), the fix."""
+    request = getattr(exc, "request", None)
+    url = str(getattr(request, "url", "") or "")
+    if not url:
+        return f"the endpoint answered 404: {_api_message(exc)}"
+    shown = shown_url(url)
+    paths = ("/chat/completions", "/completions")  # what the clients append to the base URL
+    base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
+    line = f"{getattr(request, 'method', 'POST')} {shown} answered 404: {_api_message(exc)}"
+    suggested = with_v1(base)
+    if suggested is not None:
+        line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
+    return line
+
+
+def _api_message(exc: Any) -> str:
+    found = getattr(exc, "body", None)
+    body: dict[str, Any] = found if isinstance(found, dict) else {}
+    error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
+    message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
+    return str(message) if message else str(getattr(exc, "message", exc)).splitlines()[0]
