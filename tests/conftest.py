@@ -65,6 +65,13 @@ def pytester(_warm_imports: None, pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests (marked ``slow``: the real local model, a wheel in a fresh
+    virtualenv) start first: under ``-n`` (``--dist=worksteal``, pyproject.toml) a worker
+    that ends on one of them leaves the other idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _terminal_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inner pytest runs lay out their output for 80 columns wherever the suite runs.
