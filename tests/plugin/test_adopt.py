@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, REPO, TEST_KEY, output
+from helpers import NO_EXTRA_PLUGINS, REPO, TEST_KEY, GsmRun, output
 
 WORKFLOW = REPO / "examples" / "github" / "gsm8k-gate.yml"
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -48,20 +48,13 @@ def _gates(path: Path) -> dict[str, bool]:
 
 
 def test_minus_m_gsm8k_runs_only_the_gsm8k_items(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
 ) -> None:
     """The built-in test's items and a user's own test over ``gsm8k_problem`` carry the
     marker; an unrelated (failing) test beside them is deselected."""
     pytester.makepyfile(**USER_TESTS)
-    result = pytester.runpytest(
-        *gsm8k_args,
-        "--gsm8k-limit=5",
-        "-m",
-        "gsm8k",
-        "--strict-markers",
-        "--junitxml=junit.xml",
-    )
-    assert result.ret == 0, output(result)
+    args = ["--gsm8k-limit=5", "-m", "gsm8k", "--strict-markers", "--junitxml=junit.xml"]
+    gsm8k_run(*args, report=None)
     names = _cases(pytester.path / "junit.xml")
     assert sorted(name.partition("[")[0] for name in names) == 5 * ["test_gsm8k"] + 5 * [
         "test_mine"
@@ -69,13 +62,10 @@ def test_minus_m_gsm8k_runs_only_the_gsm8k_items(
 
 
 def test_minus_m_not_gsm8k_runs_only_the_other_tests(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
 ) -> None:
     pytester.makepyfile(**USER_TESTS)
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=5", "-m", "not gsm8k", "--junitxml=junit.xml"
-    )
-    assert result.ret == 1, output(result)
+    gsm8k_run("--gsm8k-limit=5", "-m", "not gsm8k", "--junitxml=junit.xml", ret=1, report=None)
     assert _cases(pytester.path / "junit.xml") == ["test_unrelated"]
 
 
