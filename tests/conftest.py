@@ -8,9 +8,12 @@ scripted per problem index.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import json
+import pkgutil
+import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -21,14 +24,52 @@ from fakeserver import FakeOpenAIServer
 from gsm8k_copy import data_dir
 from helpers import NO_EXTRA_PLUGINS, TEST_KEY, GsmRun, output, read_json
 
-# pytester's in-process runs drop the modules first imported inside them. httpx imports
-# httpcore lazily, on the first connection, and caches httpcore's exception classes; once
-# an inner run has dropped that httpcore, a later run's refused connection raises a new
-# class the cache does not know, and it escapes as a raw httpcore ConnectError instead of
-# openai.APIConnectionError. Importing httpcore here, before any inner run, keeps it.
-for _name in ("httpcore2", "httpcore"):
-    with contextlib.suppress(ImportError):
-        importlib.import_module(_name)
+import pytest_gsm8k
+
+
+@pytest.fixture(scope="session")
+def _warm_imports() -> None:
+    """Import, once per process, what every inner run would otherwise import again.
+
+    pytester's in-process runs drop the modules first imported inside them: the plugin's
+    lazily imported modules, openai, datasets were imported (and assertion-rewritten)
+    anew in each run. Two are needed for correctness too: httpx imports httpcore on the
+    first connection and caches its exception classes, so a dropped httpcore made a later
+    run's refused connection escape as a raw ``ConnectError``; and datasets registers
+    pyarrow extension types at import, so a second import fails.
+    """
+    import datasets  # noqa: F401
+    import openai
+
+    for info in pkgutil.walk_packages(pytest_gsm8k.__path__, "pytest_gsm8k."):
+        importlib.import_module(info.name)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    with contextlib.suppress(openai.APIConnectionError):
+        openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=2).models.list()
+
+    async def connect() -> None:
+        client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=2)
+        with contextlib.suppress(openai.APIConnectionError):
+            await client.models.list()
+        await client.close()
+
+    asyncio.run(connect())
+
+
+@pytest.fixture
+def pytester(_warm_imports: None, pytester: pytest.Pytester) -> pytest.Pytester:
+    """pytester, after :func:`_warm_imports` (a session fixture: set up before pytester
+    takes its snapshot of ``sys.modules``)."""
+    return pytester
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests (marked ``slow``: the real local model, a wheel in a fresh
+    virtualenv) start first: under ``-n`` (``--dist=worksteal``, pyproject.toml) a worker
+    that ends on one of them leaves the other idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

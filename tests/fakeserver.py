@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -239,6 +240,16 @@ class QuestionIndex:
             if best is not None:
                 return best
         return None
+
+
+@functools.lru_cache(maxsize=4)
+def _corpus(path: str, _stamp: tuple[int, int]) -> tuple[list[str], list[str], QuestionIndex]:
+    """Questions, golds and the solution steps' index of a data file, built once per
+    process and file version (``_stamp``: mtime, size) and only read after: a quarter of a
+    second each, and most tests start a server of their own."""
+    questions, golds, solutions = load_gsm8k(path)
+    steps = [" ".join(_CALC_RE.sub("", s).split()) for s in solutions]
+    return golds, steps, QuestionIndex(questions)
 
 
 # --------------------------------------------------------------------------- script
@@ -507,9 +518,10 @@ class FakeOpenAIServer:
         max_model_len: int | None = None,
         fingerprint: str | None = "fake",
     ) -> None:
-        self.questions, self.golds, solutions = load_gsm8k(questions_path)
-        self._steps = [" ".join(_CALC_RE.sub("", s).split()) for s in solutions]
-        self.index = QuestionIndex(self.questions)
+        stat = os.stat(questions_path)
+        self.golds, self._steps, self.index = _corpus(
+            os.fspath(questions_path), (stat.st_mtime_ns, stat.st_size)
+        )
         self.model = model
         self.api_key = api_key
         self.latency = latency

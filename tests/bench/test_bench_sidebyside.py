@@ -54,9 +54,16 @@ def _skip_unless(reason: str | None) -> None:
         pytest.skip(reason)
 
 
-def test_plugin_plain_and_xdist_send_each_problem_once() -> None:
-    result = _run(*SMALL, "--runs", "plugin,plugin -n 2")
+def test_plugin_plain_and_xdist_send_each_problem_once_and_a_missing_tool_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """One bench run (each starts the server and the tools anew): lm-eval, absent from
+    ``--venv``, is left out with ``--skip``, saying why; both plugin runs are counted."""
+    runs = ["--runs", "lm-eval,plugin,plugin -n 2", "--skip"]
+    result = _run(*SMALL, "--venv", str(tmp_path / "none"), *runs)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert f"skipped lm-eval: no virtualenv at {tmp_path / 'none'}" in result.stderr
+    assert "| lm-eval" not in result.stdout
     _assert_counted(result.stdout, "plugin")
     _assert_counted(result.stdout, "plugin -n 2")
     assert "every run: 20 completion requests, none asked twice: OK" in result.stdout
@@ -108,11 +115,3 @@ def test_another_script_is_refused_by_its_blob_hash(tmp_path: Path) -> None:
         ["git", "hash-object", str(other)], capture_output=True, text=True, check=True
     )
     assert bench.git_blob_hash(other.read_bytes()) == git.stdout.strip()
-
-
-def test_missing_tool_is_left_out_with_skip(tmp_path: Path) -> None:
-    result = _run(*SMALL, "--venv", str(tmp_path / "none"), "--runs", "lm-eval,plugin", "--skip")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"skipped lm-eval: no virtualenv at {tmp_path / 'none'}" in result.stderr
-    _assert_counted(result.stdout, "plugin")
-    assert "| lm-eval" not in result.stdout

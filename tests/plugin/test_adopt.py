@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, REPO, TEST_KEY, XDIST, output
+from helpers import NO_EXTRA_PLUGINS, REPO, TEST_KEY, GsmRun, output
 
 WORKFLOW = REPO / "examples" / "github" / "gsm8k-gate.yml"
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -47,38 +47,25 @@ def _gates(path: Path) -> dict[str, bool]:
     }
 
 
-@XDIST
 def test_minus_m_gsm8k_runs_only_the_gsm8k_items(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
 ) -> None:
     """The built-in test's items and a user's own test over ``gsm8k_problem`` carry the
     marker; an unrelated (failing) test beside them is deselected."""
     pytester.makepyfile(**USER_TESTS)
-    result = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
-        "--gsm8k-limit=5",
-        "-m",
-        "gsm8k",
-        "--strict-markers",
-        "--junitxml=junit.xml",
-    )
-    assert result.ret == 0, output(result)
+    args = ["--gsm8k-limit=5", "-m", "gsm8k", "--strict-markers", "--junitxml=junit.xml"]
+    gsm8k_run(*args, report=None)
     names = _cases(pytester.path / "junit.xml")
     assert sorted(name.partition("[")[0] for name in names) == 5 * ["test_gsm8k"] + 5 * [
         "test_mine"
     ]
 
 
-@XDIST
 def test_minus_m_not_gsm8k_runs_only_the_other_tests(
-    pytester: pytest.Pytester, gsm8k_args: list[str], keyed_env: str, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
 ) -> None:
     pytester.makepyfile(**USER_TESTS)
-    result = pytester.runpytest(
-        *gsm8k_args, *xdist, "--gsm8k-limit=5", "-m", "not gsm8k", "--junitxml=junit.xml"
-    )
-    assert result.ret == 1, output(result)
+    gsm8k_run("--gsm8k-limit=5", "-m", "not gsm8k", "--junitxml=junit.xml", ret=1, report=None)
     assert _cases(pytester.path / "junit.xml") == ["test_unrelated"]
 
 
@@ -156,13 +143,11 @@ IMPORT_FAILS = (
 NEAR_ZERO = Script(default="wrong", behaviours={i: "correct" for i in range(0, 1319, 4)})
 
 
-@XDIST
 def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     pytester: pytest.Pytester,
     user_repo: Path,
     server: FakeOpenAIServer,
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """No baseline: exit 1. Recorded with --snapshot-update as the workflow says: exit 0,
     50 items and nothing else. Answers that got worse: exit 1.
@@ -171,7 +156,7 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     clears it (``--gsm8k-min-acc=``), its gate is its baseline. Without README's ini this
     test passed while every run of the job in a repository set up as README says failed."""
     server.set_script(NEAR_ZERO)
-    command = [*_with_fake_model(_cpu_job_command(), server), *xdist]
+    command = _with_fake_model(_cpu_job_command(), server)
     baseline_flag = next(a for a in command if a.startswith("--gsm8k-baseline="))
     baseline = user_repo / baseline_flag.partition("=")[2]
 
@@ -208,13 +193,11 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     assert _gates(user_repo / "gsm8k-out" / "junit.xml") == {"baseline": False}
 
 
-@XDIST
 def test_the_endpoint_job_gates_the_readme_endpoint_on_the_step_3_baseline(
     pytester: pytest.Pytester,
     user_repo: Path,
     gsm8k_data: Path,
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """Step 5 continues steps 1-4: README's step 3 records the baseline at the repository's
     root (against the ini's endpoint, here the fake server's URL on the command line); the
@@ -238,7 +221,7 @@ def test_the_endpoint_job_gates_the_readme_endpoint_on_the_step_3_baseline(
         command = _job_command(
             "gsm8k-endpoint", "--gsm8k-base-url", {"GSM8K_BASE_URL": server.base_url}
         )
-        command = [sys.executable, *command[1:], *NO_EXTRA_PLUGINS, *xdist]
+        command = [sys.executable, *command[1:], *NO_EXTRA_PLUGINS]
 
         def run() -> pytest.RunResult:
             shutil.rmtree(user_repo / ".pytest_cache", ignore_errors=True)  # a fresh checkout

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, GsmRun, output
+from helpers import GsmRun, output
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -169,7 +169,6 @@ def test_missing_baseline_is_a_note_unless_required(gsm8k_run: GsmRun) -> None:
     result.stdout.fnmatch_lines(["*gate baseline: FAIL: no baseline at*--gsm8k-require-baseline*"])
 
 
-@XDIST
 def test_a_protocol_change_fails_the_gate_naming_the_baseline_it_moved_from(
     gsm8k_run: GsmRun,
 ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, GsmRun, output, report
+from helpers import GsmRun, output, report
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -304,28 +304,26 @@ def test_repeats_headline_and_min_acc_are_the_mean_over_every_answer(
     assert data["baseline"]["current_accuracy"] == pytest.approx(shown, abs=1e-9)
 
 
-@XDIST
 def test_a_rise_beyond_the_noise_warns_and_does_not_fail(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """Issue 32, point 6: a candidate better than the baseline beyond its noise (26
     problems wrong in all 5 baseline runs are right now) prints one warning naming the usual
     causes, and the gate passes; a rerun of the baseline's own model does not warn."""
     server.set_script(_noisy(drop=26))
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    _record(pytester, [*args, *xdist])
+    _record(pytester, args)
     warning = "WARNING: better than the baseline beyond its noise"
-    same = pytester.runpytest(*args, *xdist, "--gsm8k-report=r.json")
+    same = pytester.runpytest(*args, "--gsm8k-report=r.json")
     assert same.ret == 0, output(same)
     assert warning not in output(same)
     assert report(pytester)["baseline"]["p_values"]["rise"] >= 0.01
 
     server.set_script(_noisy())
-    result = pytester.runpytest(*args, *xdist, "--gsm8k-report=r.json")
+    result = pytester.runpytest(*args, "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
     assert output(result).count(warning) == 1
     result.stdout.fnmatch_lines(
@@ -342,13 +340,11 @@ def test_a_rise_beyond_the_noise_warns_and_does_not_fail(
     assert base["stable_flips"] == []
 
 
-@XDIST
 def test_health_gates_with_repeats_count_every_answer(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """Issue 32, point 1: with --gsm8k-repeats K a health gate's share is over every answer
     (the mean), not each problem's most common answer. 4 of 20 problems answer unparsed in
@@ -364,7 +360,6 @@ def test_health_gates_with_repeats_count_every_answer(
 
     args = [
         *gsm8k_args,
-        *xdist,
         "--gsm8k-limit=20",
         "--gsm8k-no-cache",
         "--gsm8k-repeats=5",

@@ -8,11 +8,7 @@ test code) unless it writes a user test or conftest on purpose. Full-split runs
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import importlib
 import json
-import pkgutil
 import re
 import socket
 from functools import cache
@@ -26,49 +22,11 @@ from helpers import NO_EXTRA_PLUGINS, TEST_KEY, GsmRun, output
 from helpers import report as read_report
 from helpers import sent as completions_sent
 
-import pytest_gsm8k
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.scoring import format_number
 from pytest_gsm8k.runtime.data import load_split
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _warm_imports() -> None:
-    """Import, once, what the inner runs would otherwise import again and again.
-
-    pytester's in-process runs restore ``sys.modules`` afterwards, so whatever an inner
-    run imports (openai, the plugin's lazily imported modules, lazy imports of other
-    plugins such as hypothesis) is imported -- and assertion-rewritten -- on every run:
-    about a second each. The transport modules (httpcore and friends) are loaded only
-    by a first connection; dropped after one run, the next run would get new exception
-    classes that the kept openai/httpx modules no longer map, and a refused connection
-    would escape as a raw ``ConnectError`` (an artefact of the test harness only).
-    """
-    import openai
-
-    for info in pkgutil.iter_modules(pytest_gsm8k.__path__, "pytest_gsm8k."):
-        importlib.import_module(info.name)
-    with contextlib.suppress(ImportError):
-        import hypothesis  # noqa: F401
-    # datasets registers pyarrow extension types at import: imported in a test (function
-    # scope, after pytester's snapshot) and dropped, a second import would fail.
-    import datasets  # noqa: F401
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    with contextlib.suppress(openai.APIConnectionError):
-        openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=2).models.list()
-
-    async def connect() -> None:
-        client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=2)
-        with contextlib.suppress(openai.APIConnectionError):
-            await client.models.list()
-        await client.close()
-
-    asyncio.run(connect())
 
 
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "

@@ -135,18 +135,14 @@ def test_a_config_whose_wrong_problems_a_conftest_skips_is_undecided(
     assert "Traceback" not in text
 
 
-@XDIST
 def test_a_baseline_gate_that_cannot_fail_at_this_size_is_undecided(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    gsm8k_run: GsmRun,
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     """Rule 2 (case 6): six problems, a single-run baseline at 1.0, the model now at 0.0: the
     smallest p six problems can give is 1/64, above alpha 0.01, so the gate could not fail,
     and it PASSed (exit 0) while saying it "detects a drop of 116.7 points"."""
     args = ["--gsm8k-limit=6", "--gsm8k-no-cache"]
-    gsm8k_run(*args, "--snapshot-update", report=None, xdist=())
+    gsm8k_run(*args, "--snapshot-update", report=None)
     server.set_script(Script(default="wrong"))
     result, _ = gsm8k_run(*args, ret=1, report=None)
     line = _gate_line(result, "baseline")
@@ -155,9 +151,9 @@ def test_a_baseline_gate_that_cannot_fail_at_this_size_is_undecided(
     assert "use more problems" in line
     assert "on what ran: p=0.0156 >= --gsm8k-alpha 0.01" in line  # what the test said
     # seven problems can fail it: a real verdict, a FAIL
-    args = [*gsm8k_args, "--gsm8k-limit=7", "--gsm8k-no-cache"]
+    args = ["--gsm8k-limit=7", "--gsm8k-no-cache"]
     server.set_script(Script())
-    gsm8k_run(*args, "--snapshot-update", report=None, xdist=())
+    gsm8k_run(*args, "--snapshot-update", report=None)
     server.set_script(Script(default="wrong"))
     result, _ = gsm8k_run(*args, ret=1, report=None)
     line = _gate_line(result, "baseline")
@@ -165,14 +161,13 @@ def test_a_baseline_gate_that_cannot_fail_at_this_size_is_undecided(
     assert "not a verdict" not in line
 
 
-@XDIST
 def test_a_config_floor_at_or_below_zero_is_undecided(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     """Rule 2 (case 7): accuracy_threshold 0.05 with the default tolerance 0.08 is a floor of
     -0.03, which no accuracy fails: a model at 0.0000 PASSed with no warning (exit 0)."""
     folder = _config(tmp_path / "configs", "0.05", '{"default": "wrong"}')
-    result = _run_config(pytester, folder, gsm8k_data, *xdist)
+    result = _run_config(pytester, folder, gsm8k_data)
     text = output(result)
     assert result.ret == 1, text
     line = _gate_line(result, "Alpha-1B:vllm-threshold")
