@@ -1,20 +1,9 @@
-"""``--gsm8k-config``: the configs' servers, one at a time, each with its own engine.
-
-One GPU host runs vLLM's matrix in sequence, so does this: a driver thread starts the
-first config's server (``launch``), plans every collected item of that config on a new
-:class:`~pytest_gsm8k.runtime.engine.Engine`, waits until each of them has its answer (or
-its error), stops the server, and only then starts the next one. Tests (and, under
-xdist, the controller's answer server for the workers) wait for their config's engine
-and then read from it; an engine keeps its answers after its server stopped.
-
-Nothing here knows pytest: the glue hands in how a config's server and engine are made.
-A config whose server cannot start is that config's errors (one message, shared by its
-items); the next config still runs, as vLLM's own test goes on with the next config.
-
-``--gsm8k-early-stop``: once a config's verdict is settled the glue calls
-:meth:`Matrix.stop_config`; its engine sends nothing more, its items not yet fetched are
-:class:`NotRun` (skipped, one message), and the driver stops its server as soon as the
-requests under way have arrived, then starts the next config's.
+"""``--gsm8k-config``: the configs' servers in sequence, as one GPU host runs vLLM's
+matrix (docs/configs.md): a driver thread launches a config's server, plans its items on a
+new :class:`~pytest_gsm8k.runtime.engine.Engine`, waits for their answers, stops the server,
+then launches the next. A config whose server fails is its items' one error and the next
+still runs, as in vLLM's own test; one stopped early (:meth:`Matrix.stop_config`) has its
+unfetched items :class:`NotRun`. No pytest: the glue hands in how a config is launched.
 """
 
 from __future__ import annotations
@@ -36,8 +25,7 @@ from pytest_gsm8k.runtime.engine import (
 )
 from pytest_gsm8k.runtime.serve import ServedProcess
 
-#: how often a waiting driver or test looks whether the run is ending
-POLL_SECONDS = 0.2
+POLL_SECONDS = 0.2  # how often a waiting driver or test looks whether the run is ending
 
 
 class LaunchError(Exception):
@@ -53,7 +41,7 @@ class Launched:
 
 
 def group_of(problem_id: str) -> str:
-    """The config a problem id of a group belongs to (``Qwen3-0.6B:test-0001``)."""
+    """``Qwen3-0.6B:test-0001`` -> ``Qwen3-0.6B``."""
     return problem_id.rpartition(":")[0]
 
 
@@ -75,24 +63,17 @@ class Matrix:
             name: concurrent.futures.Future() for name in self.names
         }
         self._made: list[Engine] = []
-        #: configs whose failure to start an item has already said in full
-        self._said: set[str] = set()
+        self._said: set[str] = set()  # configs whose failure an item has said in full
         self._current: ServedProcess | None = None
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        #: what each config's server reported (for the report): name -> fields
-        self.servers: dict[str, dict[str, object]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: what the xdist answer server reads of an engine: None, the matrix fetches every
-        #: item; a number (--gsm8k-early-stop), each config's engine fetches only so far
-        #: ahead of the answers whose outcome came back (:meth:`settle`)
+        #: --gsm8k-early-stop: each engine fetches only so far ahead of the answers whose
+        #: outcome came back (:meth:`settle`); None: every item
         self.lookahead = lookahead
-        #: configs stopped early: name -> the message their items not fetched are skipped with
-        self._stopped: dict[str, str] = {}
+        self._stopped: dict[str, str] = {}  # configs stopped early -> their skip message
         self._loop_thread: threading.Thread | None = None
-
-    # -- the driver --------------------------------------------------------------
 
     def begin(self, requests: Sequence[Request]) -> None:
         """Start the sequence with the collected items' requests (the first call counts)."""
@@ -147,13 +128,10 @@ class Matrix:
         while pending and not self._closing.is_set():
             _, pending = concurrent.futures.wait(pending, timeout=POLL_SECONDS)
 
-    # -- the answer source (one process, or the xdist controller) -------------------
-
     def stop_config(self, name: str, message: str) -> None:
-        """Config ``name``'s verdict is settled (--gsm8k-early-stop; any thread, the first
-        call counts): its engine sends nothing more, the items it has not fetched are
-        :class:`NotRun` with ``message``, and the driver moves on to the next config once
-        the requests under way have arrived."""
+        """Config ``name``'s verdict is settled (--gsm8k-early-stop; the first call counts):
+        its engine sends nothing more, its unfetched items are :class:`NotRun`, and the
+        driver moves on once the requests under way have arrived."""
         with self._lock:
             if name in self._stopped:
                 return
@@ -164,9 +142,8 @@ class Matrix:
         self._say(f"gsm8k: {message}")
 
     def _failed(self, name: str, exc: BaseException) -> BaseException:
-        """A config whose server did not start or died: its first item says why, the others
-        say only that (one message, not one per problem); once the config was stopped early,
-        its items are not run."""
+        """A config whose server failed: its first item says why, the others only that; once
+        the config was stopped early, its items are not run."""
         stopped = self._stopped.get(name)
         if stopped is not None and isinstance(exc, EndpointError):
             return NotRun(stopped)
@@ -180,8 +157,7 @@ class Matrix:
         return SaidElsewhere(f"config {name}: its server failed (its first item says why)")
 
     def engine_for(self, request: Request) -> Engine:
-        """The engine of ``request``'s config, once its server is up (raises its failure).
-        The wait has the driver's bounds: each server's startup wait, then its answers."""
+        """The engine of ``request``'s config, once its server is up (raises its failure)."""
         name = group_of(request.problem_id)
         future = self._engines.get(name)
         if future is None:
@@ -211,8 +187,7 @@ class Matrix:
             raise self._config_failed(request, exc) from None
 
     def _config_failed(self, request: Request, exc: EndpointAborted) -> BaseException:
-        """A config's server died or went unreachable mid-run: that config's failure (said
-        in full once), not the whole matrix's: the next config still runs, as in vLLM's CI."""
+        """A config's server died mid-run: that config's failure, not the matrix's."""
         if self._closing.is_set():
             return exc
         name = group_of(request.problem_id)
@@ -237,8 +212,6 @@ class Matrix:
             out.extend(engine.notes())
         return out
 
-    # -- what the xdist answer server needs of an engine ------------------------------
-
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """An event loop of the matrix's own, for the xdist answer server."""
@@ -253,8 +226,7 @@ class Matrix:
             return self._loop
 
     def start(self, requests: list[Request], *, guess: bool = False) -> None:
-        """A worker's plan: the matrix fetches every collected item of every config (it
-        is never given a guess: the controller's head start is for one engine only)."""
+        """A worker's plan: every collected item of every config (never a guess)."""
         self.begin(requests)
 
     async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
@@ -274,8 +246,7 @@ class Matrix:
             raise self._config_failed(request, exc) from None
 
     def settle(self, request: Request) -> None:
-        """The outcome of ``request``'s answer came back: its config's engine may fetch
-        one more (only with a lookahead; never waits)."""
+        """``request``'s outcome came back: its engine may fetch one more (never waits)."""
         engine = self.engine_of(request)
         if engine is not None:
             engine.settle(request)
@@ -283,8 +254,6 @@ class Matrix:
     def stop(self, message: str) -> None:
         for engine in list(self._made):
             engine.stop(message)
-
-    # -- the end ------------------------------------------------------------------
 
     def close(self) -> None:
         """Stop the server that runs, every engine, the driver; idempotent."""
