@@ -1,8 +1,6 @@
-"""The run's model servers as pytest sees them (``--gsm8k-serve``, the local GGUF, each
-``--gsm8k-config`` config's server) and the session-start preflight of the endpoint. The
-starting is runtime/serve.py's :func:`~pytest_gsm8k.runtime.serve.launch`; here its
-failure becomes one ``UsageError`` line (a config's: its ``LaunchError``) and its success
-the "serving ..." line. See docs/serving.md.
+"""The run's model servers as pytest sees them, and the session-start preflight of the
+endpoint (docs/serving.md). runtime/serve.py's ``launch`` starts each server; here its
+failure becomes one ``UsageError`` line (a config's: that config's error), its success a line.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ PREFLIGHT_TIMEOUT = 10.0
 #: (RemoteOpenAIServer: ``vllm serve <model> <args>`` on a free port), on loopback here
 VLLM_SERVE = "vllm serve {model} {server_args} --host 127.0.0.1 --port {port}"
 
-#: the preflight's refusals by the kind of ``GET /models`` failure
-_REFUSALS = {
+_REFUSALS = {  # the preflight's, by the kind of GET /models failure
     "auth": "{shown} rejected the API key (HTTP 401); set it in ${env}",
     "forbidden": "{shown} refused access (HTTP 403)",
     "timeout": "{shown} did not answer GET /models within {timeout:g} s (see --gsm8k-timeout)",
@@ -236,11 +233,11 @@ def start_matrix(state: State) -> Matrix:
 
 def _launch_config(state: State, name: str) -> Launched:
     """One config's server (docs/serving.md, "vLLM's configs") and the engine that asks it;
-    a failure is :class:`LaunchError`, one line."""
+    a failure is one scrubbed ``ServeError`` line, the matrix's error for that config."""
     from pytest_gsm8k.runtime.client import Breaker
     from pytest_gsm8k.runtime.engine import Engine
-    from pytest_gsm8k.runtime.matrix import Launched, LaunchError
-    from pytest_gsm8k.runtime.serve import serve_spec, server_env_digest
+    from pytest_gsm8k.runtime.matrix import Launched
+    from pytest_gsm8k.runtime.serve import ServeError, serve_spec, server_env_digest
     from pytest_gsm8k.runtime.wire import WireClient
 
     settings = state.settings
@@ -248,7 +245,7 @@ def _launch_config(state: State, name: str) -> Launched:
     command = settings.serve or VLLM_SERVE
     scrub = state.scrubber()
     args = config.serve_args()
-    with _one_line(state, LaunchError):
+    with _one_line(state, ServeError):
         spec = serve_spec(
             command,
             config.model_name,
@@ -280,7 +277,7 @@ def _launch_config(state: State, name: str) -> Launched:
         )
     except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
         server.stop(timeout=2.0)
-        raise LaunchError(str(exc)) from None
+        raise ServeError(str(exc)) from None
     engine = Engine(
         client,
         state.sources.cache(True),

@@ -23,13 +23,9 @@ from pytest_gsm8k.runtime.engine import (
     NotRun,
     SaidElsewhere,
 )
-from pytest_gsm8k.runtime.serve import ServedProcess
+from pytest_gsm8k.runtime.serve import ServedProcess, ServeError
 
 POLL_SECONDS = 0.2  # how often a waiting driver or test looks whether the run is ending
-
-
-class LaunchError(Exception):
-    """A config's server could not be started: the one line its items share."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +101,7 @@ class Matrix:
                     launched.engine.close()
                     future.set_exception(EndpointAborted("the run ended before this config"))
                     continue
-            except LaunchError as exc:
+            except ServeError as exc:  # one line, scrubbed: what its items share
                 future.set_exception(EndpointError(f"config {name}: {exc}"))
                 continue
             except BaseException as exc:  # never leave a test waiting for ever
@@ -117,16 +113,12 @@ class Matrix:
             launched.server.watch(engine.abort)
             engine.start(list(wanted))
             future.set_result(engine)
-            self._wait_answered(engine, wanted)
+            # until every request of the config has its answer or error, or the run ends
+            pending = {engine.by_request[r].future for r in wanted if r in engine.by_request}
+            while pending and not self._closing.is_set():
+                _, pending = concurrent.futures.wait(pending, timeout=POLL_SECONDS)
             self._current = None
             launched.server.stop()
-
-    def _wait_answered(self, engine: Engine, requests: list[Request]) -> None:
-        """Until every request of the config has its answer or error, or the run ends."""
-        futures = [engine.by_request[r].future for r in requests if r in engine.by_request]
-        pending = set(futures)
-        while pending and not self._closing.is_set():
-            _, pending = concurrent.futures.wait(pending, timeout=POLL_SECONDS)
 
     def stop_config(self, name: str, message: str) -> None:
         """Config ``name``'s verdict is settled (--gsm8k-early-stop; the first call counts):
@@ -194,10 +186,7 @@ class Matrix:
         return self._failed(name, EndpointError(f"config {name}: {exc}"))
 
     def take_warnings(self) -> list[str]:
-        out: list[str] = []
-        for engine in list(self._made):
-            out.extend(engine.take_warnings())
-        return out
+        return [line for engine in list(self._made) for line in engine.take_warnings()]
 
     def engine_of(self, request: Request) -> Engine | None:
         """The config's engine if it was made (never waits)."""
@@ -207,10 +196,7 @@ class Matrix:
         return future.result()
 
     def notes(self) -> list[str]:
-        out: list[str] = []
-        for engine in list(self._made):
-            out.extend(engine.notes())
-        return out
+        return [line for engine in list(self._made) for line in engine.notes()]
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -1,58 +1,49 @@
 """The one launcher of a model server: :func:`launch` starts a :class:`Launch` (a
-``--gsm8k-serve`` command, the local GGUF, a ``--gsm8k-config`` config), waits until it
-serves, checks its model and returns it :class:`Started`; any failure is one
-:class:`ServeError` line, the server stopped. No pytest here.
-
-What a user sees is in docs/serving.md. Why the process handling is this careful: a leaked
-server holds a model in memory and a port after the run, also when CMD is a shell line or
-forks into the background, and also when pytest is SIGKILLed. So every server runs under
-``supervise.py`` (its subreaper, in a session of its own, ending the tree when our control
-pipe closes or ``PR_SET_PDEATHSIG`` fires), an ``atexit`` handler stops what is left, and
-the supervisors are forked by one daemon thread (the kernel's death signal follows the
-forking *thread*). The server's output reaches its log scrubbed of the run's secrets (it
-prints its ``--api-key`` at startup, and the log stays): :func:`_copy_log`.
+``--gsm8k-serve`` command, the local GGUF, a ``--gsm8k-config`` config) on a free loopback
+port, waits until it serves, checks its model and returns it :class:`Started`; any failure
+is one :class:`ServeError` line, the server stopped. What a user sees: docs/serving.md. The
+process underneath, which never outlives pytest: process.py. No pytest here.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
-import queue
 import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
 from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
 from pytest_gsm8k.core.plan import Endpoint
 from pytest_gsm8k.core.scrub import Scrubber, printable, redact_options
 from pytest_gsm8k.runtime.client import PreflightError, get_json, list_models
+from pytest_gsm8k.runtime.process import (
+    DEATH_GRACE,
+    describe_exit,
+    forget,
+    kill_stragglers,
+    processes,
+    remember,
+    signal_group,
+    spawn,
+)
 from pytest_gsm8k.runtime.supervise import descendants
 
 PROGRESS_EVERY = 30.0  # seconds between two "waiting for the model server" lines
-DEATH_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when pytest dies without stopping it
 _PORT_ATTEMPTS = 3
 _LOG_TAIL_LINES = 20
 _LOG_DRAIN_SECONDS = 2.0  # how long a reader waits for an ended server's output to arrive
-#: the longest line the log copier holds, and what it keeps back of it (longer than a secret)
-_LOG_LINE_LIMIT = 1 << 20
-_LOG_KEEP = 4096
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_SUPERVISOR = Path(__file__).with_name("supervise.py")
 
 #: an opener for the server's loopback URL: never through an HTTP(S)_PROXY of the environment
 LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -78,21 +69,6 @@ def server_env_digest(extra: Sequence[tuple[str, str]] = ()) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def describe_exit(returncode: int) -> str:
-    """``signal SIGSEGV`` or ``exit code 3``: how a child process ended."""
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def _processes(pids: Sequence[int]) -> str:
-    shown = ", ".join(str(p) for p in pids[:5]) + (", ..." if len(pids) > 5 else "")
-    return f"{len(pids)} process{'es' if len(pids) > 1 else ''} (pid {shown})"
-
-
 @dataclass(eq=False)
 class ServedProcess:
     """A running model server. ``process`` is its supervisor; :attr:`pid` and
@@ -102,8 +78,8 @@ class ServedProcess:
     model: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    what: str  # how messages name it, its detail in parentheses: "the model server (vllm ...)"
     startup_seconds: float = 0.0
-    what: str = "the model server"  # how messages name it: "the model server (vllm serve ...)"
     control_fd: int = field(default=-1, repr=False)  # the supervisor's control pipe (ours)
     status_fd: int = field(default=-1, repr=False)  # its status pipe (ours)
     copier: threading.Thread | None = field(default=None, repr=False)  # output -> log
@@ -148,9 +124,7 @@ class ServedProcess:
         return [int(p) for p in self._status.get("left", [])]
 
     def finished(self) -> bool:
-        self._update()
-        ended = "ended" in self._status or "exit" in self._status
-        return ended or self.process.poll() is not None
+        return self.returncode is not None
 
     def probe(self) -> None:
         """A check once it serves, before the run uses it (:class:`~.local.LocalServer`'s)."""
@@ -199,17 +173,14 @@ class ServedProcess:
         code = self.returncode
         how = describe_exit(code) if code is not None else "an unknown status"
         verb = "exited (daemonised?)" if code == 0 and self.left else "died"
-        if self.what.endswith(")"):
-            head = f"{self.what[:-1]}, pid {self.pid}) {verb} with {how}"
-        else:
-            head = f"{self.what} (pid {self.pid}) {verb} with {how}"
+        head = f"{self.what[:-1]}, pid {self.pid}) {verb} with {how}"  # "...(llama.cpp, pid 42)"
         if self.left:
-            head += f", leaving {_processes(self.left)} running, now stopped"
+            head += f", leaving {processes(self.left)} running, now stopped"
         return head
 
     def death_message(self) -> str:
         """One line saying how the server died, then the last lines of its log."""
-        return _with_tail(self.death_head() + f" (log {self.log_path})", _tail(self.log_text(), 8))
+        return _with_tail(self.death_head() + f" (log {self.log_path})", self.log_text(), 8)
 
     def watch(self, on_death: Callable[[str], None]) -> None:
         """``on_death(message)`` from a thread as soon as the server exits unasked: a dead
@@ -241,13 +212,13 @@ class ServedProcess:
                     for pid in descendants(proc.pid):
                         with contextlib.suppress(OSError):
                             os.kill(pid, signal.SIGKILL)
-                    _signal_group(proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
                     proc.wait()
             self._close_control()
-            _kill_stragglers(proc.pid, timeout)
+            kill_stragglers(proc.pid, timeout)
             self._update()
         finally:
-            _forget(self)
+            forget(self)
 
     def _close_control(self, message: bytes = b"") -> None:
         if self.control_fd < 0:
@@ -268,58 +239,11 @@ class ServerSpec(Generic[_S]):
 
     command: Callable[[int], ServeCommand]  # the command line for a port
     model: str
-    what: str  # how messages name it: "the model server (vllm serve ...)"
+    what: str  # ServedProcess.what
     factory: Callable[..., _S]  # a subclass adds its own checks (local.LocalServer)
     error: type[ServeError] = ServeError
     env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
     context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
-
-
-def _kill_stragglers(pgid: int, timeout: float) -> None:
-    """Members of the group left after its supervisor was reaped (so the id is still ours
-    while it has members): TERM, then KILL after ``timeout``. ``descendants`` of a reaped
-    root are its group's members."""
-    if not descendants(pgid):
-        return
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while descendants(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if descendants(pgid):
-        _signal_group(pgid, signal.SIGKILL)
-
-
-_LIVE: list[ServedProcess] = []
-_LIVE_LOCK = threading.Lock()
-_ATEXIT_REGISTERED = False
-
-
-def _remember(server: ServedProcess) -> None:
-    global _ATEXIT_REGISTERED
-    with _LIVE_LOCK:
-        _LIVE.append(server)
-        if not _ATEXIT_REGISTERED:
-            atexit.register(_stop_all)
-            _ATEXIT_REGISTERED = True
-
-
-def _forget(server: ServedProcess) -> None:
-    with _LIVE_LOCK, contextlib.suppress(ValueError):
-        _LIVE.remove(server)
-
-
-def _stop_all() -> None:
-    """atexit: no server outlives an interpreter that exits normally."""
-    with _LIVE_LOCK:
-        servers = list(_LIVE)
-    for server in servers:
-        with contextlib.suppress(Exception):
-            server.stop(timeout=5.0)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _free_port() -> int:
@@ -337,149 +261,6 @@ def _listening(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the kernel SIGTERM the supervisor when we die (Linux).
-    libc is looked up here, in the parent: the forked child only calls ``prctl`` (no dlopen
-    or locks between fork and exec), and kills itself if the parent is already gone."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    parent = os.getpid()
-    sigterm, sigkill = int(signal.SIGTERM), int(signal.SIGKILL)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), sigkill)
-
-    return preexec
-
-
-def _spawn(
-    argv: Sequence[str], log_path: Path, env: Mapping[str, str], scrub: Callable[[str], str]
-) -> tuple[subprocess.Popen[bytes], int, int, threading.Thread]:
-    """``argv`` under its supervisor in a new session, its output through ``scrub`` to the
-    log; returns the supervisor, our ends of its control and status pipes, the copier."""
-    log = log_path.open("ab")  # unwritable: an OSError now, before anything starts
-    control_r, control_w = os.pipe()
-    status_r, status_w = os.pipe()
-    output_r, output_w = os.pipe()
-    supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
-
-    def popen() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [*supervisor, "--", *argv],
-            stdin=control_r,
-            stdout=output_w,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            start_new_session=True,
-            preexec_fn=_pdeathsig_preexec(),  # only calls prctl, see there
-            pass_fds=(status_w,),
-            close_fds=True,
-        )
-
-    try:
-        proc = _on_spawner_thread(popen)
-    except BaseException:
-        for fd in (control_w, status_r, output_r):
-            os.close(fd)
-        log.close()
-        raise
-    finally:
-        for fd in (control_r, status_w, output_w):
-            os.close(fd)
-    copier = threading.Thread(
-        target=_copy_log, args=(output_r, log, scrub), name="gsm8k-serve-log", daemon=True
-    )
-    copier.start()
-    return proc, control_w, status_r, copier
-
-
-def _copy_log(source: int, log: BinaryIO, scrub: Callable[[str], str]) -> None:
-    """The server's output into its log, line by line through ``scrub``: no secret it prints
-    reaches the disk. A line not ended waits up to :data:`_LOG_LINE_LIMIT` characters, then
-    is written but for its last :data:`_LOG_KEEP` (where a secret cut by the pipe may
-    start). A log that cannot be written is still drained: the server never blocks."""
-    failed = False
-
-    def write(text: str) -> None:
-        nonlocal failed
-        if failed:
-            return
-        try:
-            log.write(text.encode("utf-8", "surrogateescape"))
-            log.flush()
-        except OSError:
-            failed = True
-
-    with os.fdopen(source, "rb", buffering=0) as pipe, log:
-        pending = ""
-        while data := pipe.read(65536):
-            pending += data.decode("utf-8", "surrogateescape")
-            cut = pending.rfind("\n") + 1
-            if cut:
-                write(scrub(pending[:cut]))
-                pending = pending[cut:]
-            elif len(pending) > _LOG_LINE_LIMIT:
-                text = scrub(pending)
-                write(text[:-_LOG_KEEP])
-                pending = text[-_LOG_KEEP:]
-        if pending:
-            write(scrub(pending))
-
-
-_SPAWN_JOBS: queue.SimpleQueue[
-    tuple[Callable[[], subprocess.Popen[bytes]], Future[subprocess.Popen[bytes]]]
-] = queue.SimpleQueue()
-_SPAWNER: threading.Thread | None = None
-_SPAWNER_LOCK = threading.Lock()
-
-
-def _spawner_loop() -> None:
-    while True:
-        job, future = _SPAWN_JOBS.get()
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(job())
-            except BaseException as exc:  # handed to the waiting caller
-                future.set_exception(exc)
-
-
-def _on_spawner_thread(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """Fork on the process-lifetime daemon thread, so that PDEATHSIG means "the process
-    died" (a daemon thread outlives the atexit handler that stops servers gracefully). A
-    server started for a caller interrupted meanwhile is killed at once, not leaked."""
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None or not _SPAWNER.is_alive():
-            _SPAWNER = threading.Thread(
-                target=_spawner_loop, name="pytest-gsm8k-spawner", daemon=True
-            )
-            _SPAWNER.start()
-    future: Future[subprocess.Popen[bytes]] = Future()
-    _SPAWN_JOBS.put((job, future))
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        future.add_done_callback(_kill_orphan)
-        raise
-
-
-def _kill_orphan(future: Future[subprocess.Popen[bytes]]) -> None:
-    if future.cancelled() or future.exception() is not None:
-        return
-    proc = future.result()
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _wait_ready(
@@ -547,16 +328,12 @@ def _owns_port(root: int, port: int) -> bool | None:
     return False if seen_any else None
 
 
-def _tail(text: str, lines: int = _LOG_TAIL_LINES) -> str:
-    """The last lines of a log, long lines clipped to keep error messages readable."""
+def _with_tail(head: str, text: str, lines: int = _LOG_TAIL_LINES) -> str:
+    """``head``, then the last lines of a log, long lines clipped to stay readable."""
     tail = [line if len(line) <= 400 else line[:400] + "..." for line in text.splitlines()]
-    return "\n".join(tail[-lines:])
-
-
-def _with_tail(head: str, tail: str) -> str:
-    if not tail.strip():
+    if not "".join(tail[-lines:]).strip():
         return head + "\n(the server log is empty)"
-    indented = "\n".join("    " + line for line in tail.splitlines())
+    indented = "\n".join("    " + line for line in tail[-lines:])
     return f"{head}\nlast lines of the server log:\n{indented}"
 
 
@@ -569,7 +346,7 @@ def _exited_head(server: ServedProcess, port: int) -> str:
         verb = "exited (daemonised?)" if code == 0 else "exited"
         return (
             f"{server.what} {verb} with {how} before it was ready, leaving "
-            f"{_processes(server.left)} running, now stopped: {foreground}"
+            f"{processes(server.left)} running, now stopped: {foreground}"
         )
     if _listening(port):
         return (
@@ -592,7 +369,6 @@ def start_server(
     the server's own processes (docs/serving.md); a port taken meanwhile is retried. Any
     other early exit, or no answer within ``startup_timeout`` (all tries together), raises
     ``spec.error`` with the exit status and the tail of ``log_path`` (which stays)."""
-    log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
     log_path.write_bytes(b"")
@@ -611,7 +387,7 @@ def start_server(
         env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
         try:
-            proc, control, status, copier = _spawn(command.argv, log_path, env, scrub)
+            proc, control, status, copier = spawn(command.argv, log_path, env, scrub)
         except OSError as exc:
             raise spec.error(f"{what} could not be started: {exc}") from None
         server = spec.factory(
@@ -624,7 +400,7 @@ def start_server(
             status_fd=status,
             copier=copier,
         )
-        _remember(server)
+        remember(server)
         try:
             failure = server._wait_started(deadline)
             outcome = failure or _wait_ready(server, deadline, progress)
@@ -641,7 +417,7 @@ def start_server(
         lowered = text.lower()
         in_use = "address already in use" in lowered or "errno 98" in lowered
         if outcome == "exited" and not server.left and in_use:
-            last_port_error = _tail(text)
+            last_port_error = text
             continue
         if outcome == "exited":
             head = _exited_head(server, port) + where
@@ -650,7 +426,7 @@ def start_server(
                 f"{what} did not answer GET {server.base_url}/models within "
                 f"{startup_timeout:g} s{where}"
             )
-        raise spec.error(_with_tail(head, _tail(text)))
+        raise spec.error(_with_tail(head, text))
     raise spec.error(
         _with_tail(
             f"Port in use: {what} could not bind a free port in {_PORT_ATTEMPTS} tries"
