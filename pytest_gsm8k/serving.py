@@ -20,8 +20,9 @@ from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, url_problem, with_v1
 from pytest_gsm8k.state import State
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.runtime.matrix import Launched, Matrix
-    from pytest_gsm8k.runtime.serve import ServerSpec, Started
+    from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.matrix import Matrix
+    from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec, Started
 
 #: the longest the session-start ``GET /models`` may take (``--gsm8k-timeout`` when
 #: shorter): a server that cannot send a small listing in this time is not one a run can use
@@ -231,12 +232,11 @@ def start_matrix(state: State) -> Matrix:
     )
 
 
-def _launch_config(state: State, name: str) -> Launched:
+def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
     """One config's server (docs/serving.md, "vLLM's configs") and the engine that asks it;
     a failure is one scrubbed ``ServeError`` line, the matrix's error for that config."""
     from pytest_gsm8k.runtime.client import Breaker
     from pytest_gsm8k.runtime.engine import Engine
-    from pytest_gsm8k.runtime.matrix import Launched
     from pytest_gsm8k.runtime.serve import ServeError, serve_spec, server_env_digest
     from pytest_gsm8k.runtime.wire import WireClient
 
@@ -296,4 +296,4 @@ def _launch_config(state: State, name: str) -> Launched:
     )
     state.sources.note_config_server(name, started.info)
     _serving(state, started, _shown(state, config.model_name), head=f"config {name}: ")
-    return Launched(server, engine)
+    return server, engine

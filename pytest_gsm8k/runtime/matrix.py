@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.engine import (
@@ -28,14 +27,6 @@ from pytest_gsm8k.runtime.serve import ServedProcess, ServeError
 POLL_SECONDS = 0.2  # how often a waiting driver or test looks whether the run is ending
 
 
-@dataclass(frozen=True)
-class Launched:
-    """A config's server, ready, and the engine that asks it (not yet started)."""
-
-    server: ServedProcess
-    engine: Engine
-
-
 def group_of(problem_id: str) -> str:
     """``Qwen3-0.6B:test-0001`` -> ``Qwen3-0.6B``."""
     return problem_id.rpartition(":")[0]
@@ -47,7 +38,7 @@ class Matrix:
     def __init__(
         self,
         names: Sequence[str],
-        launch: Callable[[str], Launched],
+        launch: Callable[[str], tuple[ServedProcess, Engine]],  # a server, its engine unstarted
         *,
         say: Callable[[str], None] = lambda line: None,
         lookahead: int | None = None,
@@ -95,10 +86,10 @@ class Matrix:
                 future.set_exception(EndpointAborted("the run ended before this config"))
                 continue
             try:
-                launched = self._launch(name)
+                server, engine = self._launch(name)
                 if self._closing.is_set():  # the run ended while this server started
-                    launched.server.stop()
-                    launched.engine.close()
+                    server.stop()
+                    engine.close()
                     future.set_exception(EndpointAborted("the run ended before this config"))
                     continue
             except ServeError as exc:  # one line, scrubbed: what its items share
@@ -107,10 +98,9 @@ class Matrix:
             except BaseException as exc:  # never leave a test waiting for ever
                 future.set_exception(EndpointError(f"config {name}: {exc!r}"))
                 continue
-            self._current = launched.server
-            engine = launched.engine
+            self._current = server
             self._made.append(engine)
-            launched.server.watch(engine.abort)
+            server.watch(engine.abort)
             engine.start(list(wanted))
             future.set_result(engine)
             # until every request of the config has its answer or error, or the run ends
@@ -118,7 +108,7 @@ class Matrix:
             while pending and not self._closing.is_set():
                 _, pending = concurrent.futures.wait(pending, timeout=POLL_SECONDS)
             self._current = None
-            launched.server.stop()
+            server.stop()
 
     def stop_config(self, name: str, message: str) -> None:
         """Config ``name``'s verdict is settled (--gsm8k-early-stop; the first call counts):
@@ -163,13 +153,8 @@ class Matrix:
             except (EndpointError, NotRun) as exc:
                 raise self._failed(name, exc) from None
 
-    @property
-    def endpoint(self) -> str:
-        return "(the configs' servers)"
-
-    @property
-    def model(self) -> str:
-        return "(the configs' models)"
+    endpoint = "(the configs' servers)"
+    model = "(the configs' models)"
 
     def result(self, request: Request) -> ModelResponse:
         engine = self.engine_for(request)
