@@ -13,8 +13,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import json
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -22,8 +24,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from pytest_gsm8k.runtime.supervise import descendants
 
@@ -31,8 +34,139 @@ DEATH_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when pytest dies witho
 #: the longest line the log copier holds, and what it keeps back of it (longer than a secret)
 _LOG_LINE_LIMIT = 1 << 20
 _LOG_KEEP = 4096
+_LOG_DRAIN_SECONDS = 2.0  # how long a reader waits for an ended server's output to arrive
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _SUPERVISOR = Path(__file__).with_name("supervise.py")
+
+
+@dataclass(eq=False, kw_only=True)
+class Supervised:
+    """A command under its supervisor. ``process`` is the supervisor; :attr:`pid` and
+    :attr:`returncode` are the command's own, as the supervisor reports them."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    control_fd: int = field(default=-1, repr=False)  # the supervisor's control pipe (ours)
+    status_fd: int = field(default=-1, repr=False)  # its status pipe (ours)
+    copier: threading.Thread | None = field(default=None, repr=False)  # output -> log
+    _stopping: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _pending: bytes = field(default=b"", repr=False)
+    _status: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def log_text(self, offset: int = 0) -> str:
+        """The log from ``offset``, once an ended server's output has arrived."""
+        if self.copier is not None:
+            self.copier.join(timeout=_LOG_DRAIN_SECONDS)
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(offset)
+                return fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        """The command's own pid (the supervisor's until the command runs)."""
+        pid = self._status.get("pid")
+        return int(pid) if isinstance(pid, int) else self.process.pid
+
+    @property
+    def pgid(self) -> int:
+        """The process group of the supervisor and the command (the supervisor's pid)."""
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """How the command ended (negative: a signal); None while it runs."""
+        self._update()
+        code = self._status.get("exit", self._status.get("ended"))
+        return code if isinstance(code, int) else self.process.poll()
+
+    @property
+    def left(self) -> list[int]:
+        """Processes the command left running when it exited on its own (now stopped)."""
+        self._update()
+        return [int(p) for p in self._status.get("left", [])]
+
+    def finished(self) -> bool:
+        return self.returncode is not None
+
+    def _update(self) -> None:
+        """Take the supervisor's news; all of it once the supervisor has exited."""
+        if self.process.poll() is None:
+            self._read_status()
+            return
+        deadline = time.monotonic() + 1.0  # its pipe is at its end: only a bound, never a wait
+        while self._read_status(wait=0.05) and time.monotonic() < deadline:
+            pass
+
+    def _read_status(self, wait: float = 0.0) -> bool:
+        """Take what the supervisor reported so far; False once its pipe is closed."""
+        with self._lock:
+            if self.status_fd < 0:
+                return False
+            readable, _, _ = select.select([self.status_fd], [], [], wait)
+            if not readable:
+                return True
+            data = os.read(self.status_fd, 65536)
+            if not data:
+                os.close(self.status_fd)
+                self.status_fd = -1
+                return False
+            self._pending += data
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    message = json.loads(line)
+                    if isinstance(message, dict):
+                        self._status.update(message)
+            return True
+
+    def _wait_started(self, deadline: float) -> str | None:
+        """Wait for the supervisor to report the command running; its error otherwise."""
+        while "pid" not in self._status and "error" not in self._status:
+            if not self._read_status(wait=0.05) or time.monotonic() > deadline:
+                break
+        if "pid" in self._status:
+            return None
+        return str(self._status.get("error", "its supervisor did not start it"))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End every process of the server: SIGTERM, SIGKILL after ``timeout``; idempotent.
+
+        The supervisor does it (it sees processes that left the group); should it not end
+        in time, its group is SIGKILLed. The group is signalled only while the supervisor is
+        unreaped or the group has members: until then no one else can have its id.
+        """
+        proc = self.process
+        self._stopping = True
+        try:
+            if proc.returncode is None:
+                self._close_control(f"stop {timeout:g}\n".encode())
+                try:
+                    # it may be stopping what a daemonising command left (DEATH_GRACE)
+                    proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
+                except subprocess.TimeoutExpired:
+                    for pid in descendants(proc.pid):
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            self._close_control()
+            kill_stragglers(proc.pid, timeout)
+            self._update()
+        finally:
+            forget(self)
+
+    def _close_control(self, message: bytes = b"") -> None:
+        if self.control_fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            if message:
+                os.write(self.control_fd, message)
+        os.close(self.control_fd)
+        self.control_fd = -1
 
 
 def describe_exit(returncode: int) -> str:
