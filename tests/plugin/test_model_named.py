@@ -155,11 +155,24 @@ def test_requests_that_name_the_adapter_run_it(
     assert report(pytester)["reported_models"] == ["my-lora"]
 
 
-def test_a_config_whose_model_is_an_adapter_of_the_served_base_is_refused(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("served", "why"),
+    [
+        (
+            ["--model=org/Base", "--adapter={model}"],
+            "'org/Lora' is not the model that answers: GET /v1/models lists it as an adapter "
+            "of 'org/Base'",
+        ),
+        (["--model=org/Other"], "the server does not serve 'org/Lora' (it serves: org/Other)"),
+    ],
+    ids=["adapter", "unlisted"],
+)
+def test_a_config_whose_model_the_server_would_not_answer_as_is_refused(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, served: list[str], why: str
 ) -> None:
     """--gsm8k-config runs every config with the vllm preset: a config whose model the
-    server lists as an adapter fails (that config alone), in one line, before a request."""
+    server lists as an adapter, or does not list, fails (that config alone), in one line,
+    before a request."""
     folder = tmp_path / "configs"
     folder.mkdir()
     (folder / "Lora.yaml").write_text(
@@ -167,10 +180,8 @@ def test_a_config_whose_model_is_an_adapter_of_the_served_base_is_refused(
         "utf-8",
     )
     record = tmp_path / "bodies.jsonl"
-    # the fake serves org/Base with the config's model as its adapter (the last --model wins)
-    serve = config_serve(
-        gsm8k_data, "--model=org/Base", "--adapter={model}", f"--record-file={record}"
-    )
+    # the last --model wins: the fake serves another model than the config's
+    serve = config_serve(gsm8k_data, *served, f"--record-file={record}")
     result = pytester.runpytest(
         f"--gsm8k-config={folder}",
         f"--gsm8k-serve={serve}",
@@ -180,8 +191,7 @@ def test_a_config_whose_model_is_an_adapter_of_the_served_base_is_refused(
     )
     text = output(result)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, f"{RULE}: {text}"
-    why = "'org/Lora' is not the model that answers: GET /v1/models lists it as an adapter of"
-    assert f"{why} 'org/Base'" in text, text
+    assert f"config Lora: {why}" in text, text
     assert "Traceback" not in text
     assert not record.exists()  # no request sent
     [config] = report(pytester)["configs"]

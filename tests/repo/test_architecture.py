@@ -109,7 +109,7 @@ def _sources() -> dict[str, str]:
         ("TEMPLATE_TOKENS = (", "core/health.py"),
         ('option: str = "--gsm8k-min-acc"', "core/gates.py"),
         ("def is_local_spec(", "core/settings.py"),
-        ("subprocess.Popen(", "runtime/serve.py"),  # one way to start a server
+        ("subprocess.Popen(", "runtime/process.py"),  # one way to start a server
         ("def start_server(", "runtime/serve.py"),
     ],
 )
@@ -193,12 +193,11 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 # sizes on the day they were set: a change may lower them (and should, in the same commit), never
 # raise them without saying why in the commit. The final targets are a strict xfail that turns
 # into a failure the day they are met, so that its marker is removed and the targets then hold.
-PACKAGE_CEILING = 17_838  # lines of Python in pytest_gsm8k/ (2026-12-06)
-PYTEST_LAYER_CEILING = 3_747  # the modules directly in pytest_gsm8k/
+PACKAGE_CEILING = 17_434  # lines of Python in pytest_gsm8k/ (2026-12-06)
+PYTEST_LAYER_CEILING = 3_629  # the modules directly in pytest_gsm8k/
 #: modules over the 700-line target, each held at its size until it is split or shrunk
 MODULE_CEILINGS = {
     "plugin.py": 928,
-    "runtime/serve.py": 849,
 }
 TARGETS = {"package": 12_000, "pytest layer": 2_500, "module": 700}
 

@@ -28,16 +28,10 @@ import pytest
 from helpers import REPO, wait_until
 
 import pytest_gsm8k.runtime.local as local
+import pytest_gsm8k.runtime.process as process
 import pytest_gsm8k.runtime.serve as serve
-from pytest_gsm8k.runtime.local import (
-    DEFAULT_ALIAS,
-    LocalServer,
-    LocalServerError,
-    install_command,
-    install_hint,
-    resolve_model,
-    start_local_server,
-)
+from pytest_gsm8k.runtime.install import install_command, install_hint
+from pytest_gsm8k.runtime.local import DEFAULT_ALIAS, LocalServer, LocalServerError, resolve_model
 
 LOCAL_PY = REPO / "pytest_gsm8k" / "runtime" / "local.py"
 
@@ -91,6 +85,17 @@ def _answers(base_url: str) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def start_local_server(
+    path: Path, *, alias: str, log_path: Path, startup_timeout: float = 120.0, **spec: Any
+) -> LocalServer:
+    """Serve ``path`` as the local preset does (its spec, then serve.py's start)."""
+    return serve.start_server(
+        local.local_spec(path, alias=alias, **spec),
+        log_path=log_path,
+        startup_timeout=startup_timeout,
+    )
 
 
 def _run_python(code: str, **kwargs: Any) -> subprocess.Popen[str]:
@@ -329,7 +334,7 @@ def test_server_serves_the_alias_on_loopback(server: LocalServer) -> None:
         ids = [m["id"] for m in json.load(resp)["data"]]
     assert ids == [DEFAULT_ALIAS]
     assert 0 < server.startup_seconds < 120
-    assert server in serve._LIVE  # the atexit handler would stop it
+    assert server in process._LIVE  # the atexit handler would stop it
 
 
 @_real
@@ -374,7 +379,7 @@ def test_stop_leaves_no_process(tmp_path: Path) -> None:
         os.killpg(srv.pgid, 0)
     assert not _answers(srv.base_url)
     srv.stop()  # idempotent
-    assert srv not in serve._LIVE
+    assert srv not in process._LIVE
 
 
 @_real
@@ -411,9 +416,10 @@ def test_a_taken_port_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 _CHILD = """
     import json, sys, time
     from pathlib import Path
-    from pytest_gsm8k.runtime.local import resolve_model, start_local_server
-    srv = start_local_server(resolve_model("local"), alias="child", log_path=Path(sys.argv[1]),
-                             n_ctx=256, startup_timeout=60)
+    from pytest_gsm8k.runtime.local import local_spec, resolve_model
+    from pytest_gsm8k.runtime.serve import start_server
+    srv = start_server(local_spec(resolve_model("local"), alias="child", n_ctx=256),
+                       log_path=Path(sys.argv[1]), startup_timeout=60)
     print(json.dumps({"pid": srv.pid, "url": srv.base_url}), flush=True)
     if sys.argv[2] == "sleep":
         time.sleep(600)
