@@ -14,11 +14,6 @@ PACKAGE = Path(pytest_gsm8k.__file__).parent
 PYTEST_LAYER = sorted(p for p in PACKAGE.glob("*.py"))
 #: attributes of pytest's own objects the plugin sets, as pytest documents it
 PYTEST_API = {"shouldstop", "shouldfail", "exitstatus", "gsm8k"}
-#: what pytest's Config.parse sets from the rootdir and ini file, set again (with no public
-#: way to) in the one module that corrects them (rootdir.py: a gsm8k option's value written
-#: with a space must not move the rootdir)
-SETUP = {"_rootpath", "_inipath", "_inicfg", "_ignored_config_files", "known_args_namespace"}
-SETUP_HOME = "rootdir.py"
 
 
 def _modules(folder: Path) -> list[Path]:
@@ -74,8 +69,6 @@ def _foreign_assignments(path: Path) -> list[str]:
                 if isinstance(base, ast.Name) and base.id in ("self", "cls"):
                     continue
                 if sub.attr in PYTEST_API:
-                    continue
-                if path.name == SETUP_HOME and sub.attr in SETUP | {"confcutdir"}:
                     continue
                 out.append(f"{path.name}:{sub.lineno}: {ast.unparse(sub)}")
     return out
