@@ -87,8 +87,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _read(path: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as handle:
-            text = handle.read()
+        text = Path(path).read_bytes()
     except OSError as exc:
         raise CompareError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     return load_report(text, path)
@@ -260,9 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
         return run_compare(args.a, args.b, args.alpha)
-    if args.command == "merge":
-        return run_merge(args)
-    raise AssertionError(args.command)  # pragma: no cover - argparse allows no other
+    return run_merge(args)  # argparse allows no other
 
 
 if __name__ == "__main__":
