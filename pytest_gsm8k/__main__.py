@@ -1,17 +1,10 @@
-"""``python -m pytest_gsm8k``: commands that need no pytest run.
+"""``python -m pytest_gsm8k``: commands that need no pytest run (argparse; the descriptions
+below and README's "Recipes" say what each does).
 
-``merge SHARD.json...`` puts the reports of ``--gsm8k-shard I/N`` runs (one CI matrix job
-each) back together into the verdict one machine would have given: 0 or 1 as that run's
-exit code, 2 when the reports are not every shard of one run (one ``gsm8k: ...`` line
-naming which).
-
-``compare A.json B.json`` compares two JSON reports (``--gsm8k-report``) problem by
-problem (two ``--gsm8k-config`` reports config by config) and prints the result as the
-Markdown of the run's step summary. Exit codes: 0 when B is not worse than A at
-``--alpha`` (in every config), 1 when it is, or when errors leave a comparison undecided
-(one ``gsm8k: ...`` line each), 2 when the two, or a config of them, cannot be compared
-(different protocols or datasets, no problem in common, a file that is not a report or
-breaks its schema: one ``gsm8k: ...`` line each) or the command line is wrong.
+``compare A.json B.json``: 0 when B is not worse than A at ``--alpha`` (in every config), 1
+when it is or the comparison is undecided, 2 when they cannot be compared or the command line
+is wrong. ``merge SHARD.json...``: the exit code the unsharded run would have had, 2 when the
+reports are not every shard of one run. Every refusal is one ``gsm8k: ...`` line on stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +13,8 @@ import argparse
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core.compare import CompareError, clip, compare_all, load_report, markdown
@@ -92,8 +87,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _read(path: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as handle:
-            text = handle.read()
+        text = Path(path).read_bytes()
     except OSError as exc:
         raise CompareError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     return load_report(text, path)
@@ -156,8 +150,6 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
 
 def run_merge(args: argparse.Namespace) -> int:
     """The ``merge`` command: the shards checked to be one run, then its verdict."""
-    from pathlib import Path
-
     from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.core.merge import ShardError, check_shards
     from pytest_gsm8k.runtime.planning import replan
@@ -180,8 +172,6 @@ def _decide(
     """The verdict of the run the shards are, by the steps that end a run: its records
     gathered (state.Run), decided (core/verdict.py) with the baselines written, every
     output rendered from it; the exit code that run would have had."""
-    from pathlib import Path
-
     from pytest_gsm8k.core.render import styled_lines
     from pytest_gsm8k.core.scrub import Scrubber
     from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
@@ -237,8 +227,6 @@ def _said(line: str) -> bool:
 
 def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
     """The run's start (the first shard's), end (the last one's) and its wall time."""
-    from datetime import datetime
-
     started = min(str(r.get("started_at", "")) for r in reports)
     finished = max(str(r.get("finished_at", "")) for r in reports)
     try:
@@ -271,9 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
         return run_compare(args.a, args.b, args.alpha)
-    if args.command == "merge":
-        return run_merge(args)
-    raise AssertionError(args.command)  # pragma: no cover - argparse allows no other
+    return run_merge(args)  # argparse allows no other
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import gc
+import itertools
 import json
+import os
 import re
 import signal
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +106,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help=option.help + shown,
             )
             parser.addini(option.dest, option.help, default=None)
+
+
+def _spaced_paths(config: pytest.Config) -> Iterator[str]:
+    """Before it knows our options pytest picks its rootdir from them (pytest-dev/pytest#8846)."""
+    at, valued = config.invocation_params, {o.flag for o in OPTIONS if o.kind != "bool"}
+    pairs = itertools.pairwise(str(a) for a in at.args)
+    if flags := [f for f, v in pairs if f in valued and os.path.exists(at.dir / v)]:
+        why = f"pytest took the value for a test path to the rootdir ({config.rootpath}) and ini"
+        yield f"{', '.join(flags)} written with a space: {why}; write {flags[0]}=PATH"
 
 
 def _read_option(config: pytest.Config, option: Option) -> Any:
@@ -805,17 +816,6 @@ class BuiltinModule(pytest.Module):
     """The built-in test module, collected under the short node id ``gsm8k``."""
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(
-    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
-) -> None:
-    """Before conftests, testpaths and the cache use it: the rootdir the test paths alone
-    give, whatever a gsm8k option's value written with a space made pytest find."""
-    from pytest_gsm8k.rootdir import settle
-
-    settle(early_config, parser, args)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gsm8k: a GSM8K problem item (-m gsm8k: only the gate)")
     notes: list[str] = []
@@ -829,7 +829,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except SettingsError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     if not hasattr(config, "workerinput"):  # once, not once per xdist worker
-        for note in notes:
+        for note in [*notes, *_spaced_paths(config)]:
             config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
     plugin = StatePlugin(config, settings)
     # Made now when the session start has work for it (a model to reach or a server to

@@ -1,16 +1,10 @@
 """Reading an HTTP reply's body with a bound on its decoded size.
 
-A reply is held whole in memory to be parsed as JSON, so its size is the
-memory one request costs. A compressed reply can be small on the wire and
-huge decoded (a gzip bomb: 200 KB that inflates to 200 MB), and an HTTP
-library decodes as it reads, with no limit. So the plugin's transport decodes
-the body itself, in pieces of at most :data:`PIECE` bytes, and stops as soon
-as the decoded total passes the limit: a refused reply never costs more than
-the limit and one piece, whatever it would have inflated to.
-
-Only the encodings the transport asks for (``Accept-Encoding: gzip,
-deflate``) are decoded; a reply in any other one is refused, since it could
-not be bounded without decoding it.
+A reply is held whole in memory to be parsed, and a compressed one can be small on the wire and
+huge decoded (a gzip bomb: 200 KB that inflates to 200 MB) while HTTP libraries decode without a
+limit. So the transport decodes the body itself, in pieces of at most :data:`PIECE` bytes, and
+stops once the total passes the limit. Only the encodings it asks for are decoded; any other is
+refused, since it could not be bounded.
 """
 
 from __future__ import annotations

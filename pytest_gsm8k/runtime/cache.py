@@ -1,43 +1,9 @@
-"""On-disk response cache: one atomic file per request.
-
-One small JSON file per request, named by the sha256 of everything that
-determines the answer (base URL, or the command line of a server the run
-starts itself; model, full request body, sample index), so
-a different model or protocol can never hit another's entries. Files are
-written to a temporary name and renamed, so a run killed at any point
-(SIGKILL included) leaves only complete entries behind: that is the resume.
-
-An entry is used only under its own key and for its own request: it stores
-both, and a file that holds another key or another request body (copied or
-renamed into place) is ignored. It also stores what the server said about
-itself when it answered (its ``/v1/models`` card; the reply's model and
-fingerprint are in the response): the engine decides whether that still
-matches the server of this run (:mod:`pytest_gsm8k.core.identity`).
-
-Reads happen on a reader thread (:meth:`ResponseCache.read`) that the engine
-waits for with a bound, so a hung file system cannot stall its event loop;
-a file that is not a regular file (a FIFO) is refused without blocking.
-Writes happen on a background writer thread (:meth:`ResponseCache.submit`),
-so the event loop never waits for the file system; the engine hands an
-answer to its test only once it is on disk, so an answer a test has seen
-survives any kill.
-
-Entries never hold the API key: only the request body, the response and the
-server's description, all scrubbed before they get here.
-
-**A verdict rests on answers this run received.** Every entry names the run that wrote it,
-and by default the cache is written but only this run's own entries are read (answers
-another xdist worker of the run already stored): the same served name can hide new weights,
-and the same command a rebuilt engine, so only asking again tests the build. With
-``resume`` (``--gsm8k-resume``) earlier runs' entries are read too, except those of a run
-still going: a process that writes entries holds a shared ``flock`` on
-``runs/<run id>.lock`` for as long as it may write, which the operating system drops when
-the process ends, however it ends (a crashed or killed run's answers can be resumed; two
-runs at once never read each other's). And only runs that had **ended before this run
-started** are read: a run that held its lock when this cache was opened is never read, nor
-is any entry another run wrote after this run started (its file's mtime against the run's
-start, which xdist workers take from the controller; the same clock on one machine), so a
-run that started later and ended first never lends this run its answers.
+"""On-disk response cache: one JSON file per request, named by the sha256 of everything that
+decides the answer and written atomically, so a killed run leaves only whole entries (that is
+the resume). Entries never hold the API key. Only this run's own entries are read, and with
+``resume`` those of runs that had ended before it started, told by the shared ``flock`` each
+run holds on ``runs/<run id>.lock`` while it may write. Reads and writes run on their own
+threads, never on the engine's loop (docs/design.md, "The cache and its identity rule").
 """
 
 from __future__ import annotations
@@ -62,77 +28,62 @@ from pytest_gsm8k.core.types import stable_hash
 from pytest_gsm8k.runtime.files import write_atomic
 
 SCHEMA = 1
-
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to guard against
-
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO would wait for its other end
 #: one entry to store: (key, request body, response, the server's description or None)
 Write = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
-
-#: what a run id stored in an entry must look like to name its lock file (a uuid's hex)
+#: a run id as an entry stores it, fit to name its lock file (a uuid's hex)
 _RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 
 def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None = None) -> str:
-    """Key of one request: the endpoint, the exact body and which samples it yields.
-
-    ``wire`` is the body's exact text when a preset fixes it byte for byte: the key then
-    names those bytes too (key order and escapes included), not only what they decode to.
-    """
+    """Key of one request: the endpoint, the exact body and which samples it yields. ``wire``
+    is the body's exact text where a preset fixes it byte for byte (absent otherwise, so
+    every other run's keys stay as they were)."""
     key: dict[str, Any] = {"v": SCHEMA, "base_url": base_url, "body": body, "sample": sample}
-    if wire is not None:  # absent otherwise: every other run's keys stay as they were
+    if wire is not None:
         key["wire"] = wire
     return stable_hash(key)
 
 
-def _check_response(response: Any) -> None:
-    """Raise ValueError unless ``response`` has the shape ModelResponse.from_json reads."""
-    if not isinstance(response, dict):
-        raise ValueError("no response object")
-    completions = response.get("completions")
+def _parse(raw: bytes) -> dict[str, Any]:
+    """The entry in ``raw``; ValueError unless it has the layout ModelResponse.from_json reads."""
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("v") != SCHEMA:
+        raise ValueError("unexpected layout")
+    response = data.get("response")
+    completions = response.get("completions") if isinstance(response, dict) else None
     if not isinstance(completions, list) or not completions:
         raise ValueError("no completions")
-    for completion in completions:
-        if not isinstance(completion, dict) or not isinstance(completion.get("text"), str):
-            raise ValueError("a completion without text")
-    usage = response.get("usage")
+    if not all(isinstance(c, dict) and isinstance(c.get("text"), str) for c in completions):
+        raise ValueError("a completion without text")
+    usage = data["response"].get("usage")
     if usage is not None and not (
         isinstance(usage, dict) and all(isinstance(v, int) for v in usage.values())
     ):
         raise ValueError("bad usage")
-
-
-def _replaceable(path: str) -> bool:
-    """Whether an entry may be written at ``path``: nothing there yet, or a regular file
-    (the atomic writer never renames over a FIFO, a device or a folder)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return True
-    return stat.S_ISREG(mode)
+    if not isinstance(data.get("run"), str) or not _RUN_ID.fullmatch(data["run"]):
+        raise ValueError("no run id")
+    return data
 
 
 def _running(path: str) -> bool:
-    """Whether a process still holds the run lock at ``path`` (a run still going).
-
-    Taking the lock exclusively, without waiting, fails while any process of that run
-    holds it shared. No file: the run ended (it removes its lock) or never wrote. A lock
-    that cannot be tried (an unreadable file) counts as held: its entries are asked again.
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | _NONBLOCK)  # NFS locks exclusively only for writing
-    except FileNotFoundError:
-        return False
-    except OSError:
+    """Whether a process still holds the run lock at ``path``: taking it exclusively without
+    waiting fails while any process of that run holds it shared. No file: the run ended (or
+    never wrote). A lock that cannot be tried counts as held: its entries are asked again."""
+    for flags in (os.O_RDWR, os.O_RDONLY):  # NFS locks only for writing; a read-only copy
         try:
-            fd = os.open(path, os.O_RDONLY | _NONBLOCK)  # a read-only copy of a cache
+            fd = os.open(path, flags | _NONBLOCK)
+            break
         except FileNotFoundError:
             return False
         except OSError:
-            return True
+            continue
+    else:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return True  # held (or the file system cannot tell): not read
+        return True
     finally:
         os.close(fd)  # and with it the lock just taken
     return False
@@ -140,11 +91,8 @@ def _running(path: str) -> bool:
 
 class ResponseCache:
     """Response store under ``root``; ``persistent=False`` deletes it at :meth:`close`.
-
-    ``resume``: also read the entries of earlier runs that had ended before ``started``
-    (``--gsm8k-resume``; the run's start, ``time.time()``, now when not given); otherwise
-    only this run's own entries are read.
-    """
+    ``resume``: also read the entries of runs that had ended before ``started`` (the run's
+    start, ``time.time()``; xdist workers take the controller's)."""
 
     def __init__(
         self,
@@ -155,92 +103,51 @@ class ResponseCache:
         resume: bool = False,
         started: float | None = None,
     ) -> None:
-        self.root = root
-        self.entries = root / "responses"
-        self.run_id = run_id
-        self.persistent = persistent
-        self.resume = resume
+        self.root, self.run_id, self.persistent, self.resume = root, run_id, persistent, resume
         self.started = time.time() if started is None else started
-        #: held (shared) from this process's first entry until :meth:`close`: the run is going
-        self._run_lock: IO[bytes] | None = None
-        #: whether each other run whose entries were found is still going (asked once each)
-        self._going: dict[str, bool] = {}
+        self._entries = os.fspath(root / "responses")  # strings: pathlib costs more than I/O
+        self._made: set[str] = set()
+        self._run_lock: IO[bytes] | None = None  # held from the first entry until close
+        self._going: dict[str, bool] = {}  # whether each other run found is still going
         #: the runs going when this cache was opened: never read, even once they end
         self._going_at_start = self._runs_going() if resume else frozenset()
-        self._warned: set[str] = set()
-        self._warn_lock = threading.Lock()
-        self.warnings: list[str] = []
-        self._made_dirs: set[str] = set()
-        self._entries_text = os.fspath(self.entries)  # string paths: pathlib costs more than I/O
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        self._submitted = 0
-        self._written = 0
-        self._submit_lock = threading.Lock()
-        self._idle = threading.Condition()
+        self._lock = threading.Lock()  # the warnings and the threads
+        self._warned: dict[str, str] = {}  # each warning by its key, in order
+        self._taken = 0  # how many of them take_warnings handed out
+        self._threads: dict[str, threading.Thread] = {}
         self._reads: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._reader: threading.Thread | None = None
-        #: why the cache is no longer read this run (a hung read), or None
-        self.unreadable: str | None = None
-
-    # -- entries -------------------------------------------------------------
+        self._writes: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._submitted = self._written = 0
+        self._idle = threading.Condition()
+        self.unreadable: str | None = None  # why the cache is no longer read (a hung read)
 
     def _entry_text(self, key: str) -> str:
-        return f"{self._entries_text}{os.sep}{key[:2]}{os.sep}{key}.json"
+        return f"{self._entries}{os.sep}{key[:2]}{os.sep}{key}.json"
 
     def get(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The stored response to ``body`` filed under ``key``, or None.
-
-        An entry is used only when it names the same key and holds the same request
-        body: a file copied or renamed into place answers another request. Such an
-        entry, a corrupt one or a file that is not a regular file (a FIFO would block
-        the read forever) is warned about and treated as missing. So is, silently, an
-        entry another run wrote, unless ``resume`` and that run is no longer going
-        (:func:`_running`). The response comes with the run (``_run``) and the server
-        description (``_server``) it was recorded under, for the engine to decide
-        whether it still applies.
-        """
+        """The stored response to ``body`` under ``key``, with the run (``_run``) and server
+        (``_server``) it was recorded under. None when missing, corrupt, not a regular file or
+        filed under another request (a warning each), or another run's (see the module)."""
         path = self._entry_text(key)
         try:
-            # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
             fd = os.open(path, os.O_RDONLY | _NONBLOCK)
+            with open(fd, "rb") as handle:
+                info = os.fstat(fd)
+                data = _parse(handle.read()) if stat.S_ISREG(info.st_mode) else None
         except (FileNotFoundError, NotADirectoryError):
-            return None  # not there (a folder that cannot exist: the write warns about it)
+            return None  # a folder that cannot exist: the write warns about it
         except OSError as exc:
             self._warn_folder("read", exc)
             return None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                self._warn(
-                    "special",
-                    f"gsm8k cache: {path} is not a regular file; it is ignored and its "
-                    "request asked again",
-                )
-                return None
-            chunks = []
-            while True:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            raw = b"".join(chunks)
-        except OSError as exc:
-            self._warn_folder("read", exc)
-            return None
-        finally:
-            os.close(fd)
-        try:
-            data = json.loads(raw)
-            if not isinstance(data, dict) or data.get("v") != SCHEMA:
-                raise ValueError("unexpected layout")
-            response = data.get("response")
-            _check_response(response)
-            run = data.get("run")
-            if not isinstance(run, str) or not _RUN_ID.fullmatch(run):
-                raise ValueError("no run id")
         except ValueError as exc:
             self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc}); it will be re-requested")
+            return None
+        if data is None:
+            self._warn(
+                "special",
+                f"gsm8k cache: {path} is not a regular file; it is ignored and its request "
+                "asked again",
+            )
             return None
         if data.get("key") != key or data.get("request") != body:
             self._warn(
@@ -249,9 +156,10 @@ class ResponseCache:
                 "request is not the one asked); such entries are ignored and asked again",
             )
             return None
+        run = data["run"]
         if run != self.run_id and not (self.resume and self._ended_before(run, info.st_mtime)):
             return None
-        assert isinstance(response, dict)
+        response: dict[str, Any] = data["response"]
         response["_run"] = run
         response["_server"] = data.get("server")
         return response
@@ -260,21 +168,17 @@ class ResponseCache:
         return os.path.join(self.root, "runs", f"{run}.lock")
 
     def _runs_going(self) -> frozenset[str]:
-        """The runs that hold their lock now (an unreadable folder: none known)."""
+        """The other runs that hold their lock now (an unreadable folder: none known)."""
         try:
             names = os.listdir(os.path.join(self.root, "runs"))
         except OSError:
             return frozenset()
         runs = (name.removesuffix(".lock") for name in names if name.endswith(".lock"))
-        return frozenset(
-            run for run in runs if run != self.run_id and _running(self._lock_path(run))
-        )
+        return frozenset(r for r in runs if r != self.run_id and _running(self._lock_path(r)))
 
     def _ended_before(self, run: str, written: float) -> bool:
-        """Whether the run that wrote an entry (at ``written``) had ended before this run
-        started: it wrote the entry before then, it was not going then, and it is not going
-        now (judged once per run: its entries are all read or all asked again). One warning
-        when it overlapped this run."""
+        """Whether ``run``, which wrote an entry at ``written``, had ended before this run
+        started (judged once per run: all its entries are read, or none)."""
         if written >= self.started:
             self._warn(
                 "later",
@@ -282,8 +186,7 @@ class ResponseCache:
                 "started; they are not read (asked again)",
             )
             return False
-        going = self._going.get(run)
-        if going is None:
+        if run not in self._going:
             going = run in self._going_at_start or _running(self._lock_path(run))
             self._going[run] = going
             if going:
@@ -292,13 +195,11 @@ class ResponseCache:
                     f"gsm8k cache: {self.root} holds answers of another run that is still "
                     "going (or was when this run started); they are not read (asked again)",
                 )
-        return not going
+        return not self._going[run]
 
     def _hold_run(self) -> None:
-        """Before this process's first entry: hold the run's lock, shared (an xdist worker
-        and the controller write for one run), so that no resume reads these entries while
-        the run goes on. A lock that cannot be held is an OSError: the entry is not
-        written (a warning), since nothing would then keep another run from reading it."""
+        """Hold the run's lock, shared (the controller and xdist workers write for one run); an
+        OSError when it cannot be: an entry no lock guards from other runs is not written."""
         if self._run_lock is not None or not self.persistent:
             return
         path = self._lock_path(self.run_id)
@@ -311,17 +212,6 @@ class ResponseCache:
             raise
         self._run_lock = handle
 
-    def _release_run(self) -> None:
-        """The run's entries are all written: let go of its lock, and remove the file when
-        no other process of the run still holds it."""
-        handle, self._run_lock = self._run_lock, None
-        if handle is None:
-            return
-        with contextlib.suppress(OSError):
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(handle.name)
-        handle.close()
-
     def put(
         self,
         key: str,
@@ -329,58 +219,46 @@ class ResponseCache:
         response: dict[str, Any],
         server: dict[str, Any] | None = None,
     ) -> None:
-        """Store atomically: write a temporary file in the same folder, then rename.
-        ``server``: what the server said about itself when it gave this answer."""
+        """Store one entry atomically; ``server``: what the server said about itself then."""
         self._hold_run()
         path = self._entry_text(key)
-        folder = os.path.dirname(path)
-        if key[:2] not in self._made_dirs:
-            os.makedirs(folder, exist_ok=True)
-            self._made_dirs.add(key[:2])
-        data = {
-            "v": SCHEMA,
-            "key": key,
-            "run": self.run_id,
-            "request": body,
-            "server": server,
-            "response": response,
-        }
-        payload = to_json_bytes(data, separators=(",", ":"))  # a lone surrogate stays escaped
-        if not _replaceable(path):
-            return  # a FIFO or device sits there: its read already warned, once
-        write_atomic(path, payload, mkdir=False)
+        if key[:2] not in self._made:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._made.add(key[:2])
+        data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "server": server}
+        payload = to_json_bytes({**data, "response": response}, separators=(",", ":"))
+        # a FIFO, device or folder at the path is never renamed over; its read warned, once
+        with contextlib.suppress(FileExistsError, IsADirectoryError):
+            write_atomic(path, payload, mkdir=False)
 
-    # -- reads off the caller's thread -----------------------------------------
+    # -- the reader and the writer thread ----------------------------------------------
+
+    def _start(self, name: str, loop: Callable[[], None]) -> None:
+        with self._lock:
+            if name not in self._threads:
+                thread = threading.Thread(target=loop, name=f"gsm8k-cache-{name}", daemon=True)
+                self._threads[name] = thread
+                thread.start()
 
     def read(self, key: str, body: dict[str, Any]) -> concurrent.futures.Future[Any]:
-        """:meth:`get` on the reader thread: a hung file system (a network mount that no
-        longer answers) blocks that thread, never the caller, who bounds its wait and then
-        calls :meth:`stop_reading`."""
+        """:meth:`get` on the reader thread: a hung file system blocks that thread, never the
+        caller, who bounds its wait and then calls :meth:`stop_reading`."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self.unreadable is not None:
             future.set_result(None)
-            return future
-        with self._submit_lock:
-            if self._reader is None:
-                self._reader = threading.Thread(
-                    target=self._read_loop, name="gsm8k-cache-reader", daemon=True
-                )
-                self._reader.start()
-        self._reads.put((key, body, future))
+        else:
+            self._start("reader", self._read_loop)
+            self._reads.put((key, body, future))
         return future
 
     def _read_loop(self) -> None:
-        while True:
-            job = self._reads.get()
-            if job is None:
-                return
+        while (job := self._reads.get()) is not None:
             key, body, future = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(None if self.unreadable is not None else self.get(key, body))
-            except BaseException as exc:  # handed to the reader's caller
-                future.set_exception(exc)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(None if self.unreadable else self.get(key, body))
+                except BaseException as exc:  # handed to the reader's caller
+                    future.set_exception(exc)
 
     def stop_reading(self, seconds: float) -> None:
         """A read took longer than ``seconds``: every later read is a miss (one warning)."""
@@ -392,136 +270,107 @@ class ResponseCache:
                 "(a hung file system?); the cache is not read for the rest of the run",
             )
 
-    # -- background writes ---------------------------------------------------
-
     def submit(self, items: list[Write], done: Callable[[], None] | None = None) -> None:
-        """Write ``(key, body, response, server)`` entries on the writer thread, then call
-        ``done``.
-
-        A failed write is a warning (the answer is still good, it is just not
-        cached); ``done`` is called either way. The writer takes whatever has
-        queued up at each wake-up, so a burst of answers costs one thread
-        switch, not one per answer.
-        """
-        with self._submit_lock:
+        """Write the entries on the writer thread, then call ``done``, also when a write
+        failed (a warning: the answer is good, just not cached)."""
+        with self._idle:
             self._submitted += 1
-            if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._write_loop, name="gsm8k-cache-writer", daemon=True
-                )
-                self._writer.start()
-        self._queue.put((items, done))
+        self._start("writer", self._write_loop)
+        self._writes.put((items, done))
 
     def _write_loop(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            with contextlib.suppress(queue.Empty):
-                while len(batch) < 512:
-                    batch.append(self._queue.get_nowait())
-            stop = None in batch
-            items = [item for item in batch if item is not None]
-            for item in items:
-                self._write_item(*item)
+        while (job := self._writes.get()) is not None:
+            items, done = job
+            for key, body, response, server in items:
+                try:
+                    self.put(key, body, response, server)
+                except OSError as exc:
+                    self._warn_folder("write", exc)
+                except Exception as exc:  # a cache problem never fails the run
+                    self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
+            if done is not None:
+                with contextlib.suppress(Exception):
+                    done()
             with self._idle:
-                self._written += len(items)
+                self._written += 1
                 self._idle.notify_all()
-            if stop:
-                return
-
-    def _write_item(self, items: list[Write], done: Callable[[], None] | None) -> None:
-        for key, body, response, server in items:
-            try:
-                self.put(key, body, response, server)
-            except OSError as exc:
-                self._warn_folder("write", exc)
-            except Exception as exc:  # a cache problem never fails the run
-                self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
-        if done is not None:
-            with contextlib.suppress(Exception):
-                done()
-
-    # -- generations of a server this run starts ------------------------------
-
-    def _generation_path(self, name: str) -> Path:
-        return self.root / "generations" / f"{stable_hash({'server': name})}.json"
-
-    def generation(self, name: str) -> int:
-        """How many runs against the server ``name`` (one this run starts: its command,
-        config and environment) finished, so far (0 when none did, or when it cannot be
-        read). A started server is the thing under test: its answers resume a run that did
-        not finish, and are never reused by the next run (a rebuilt engine, an edited
-        kernel, a changed environment variable describe themselves the same)."""
-        if not self.persistent:
-            return 0
-        try:
-            data = json.loads(self._generation_path(name).read_text("utf-8"))
-            value = data.get("generation") if isinstance(data, dict) else None
-        except (OSError, ValueError):
-            return 0
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    def finished(self, name: str, generation: int) -> None:
-        """The run against ``name`` that read ``generation`` has every answer it needs: the
-        next run asks again. A folder that cannot be written is one warning (the next run
-        would then reuse these answers, which it says as it does)."""
-        if not self.persistent:
-            return
-        try:
-            write_atomic(
-                self._generation_path(name),
-                json.dumps({"generation": generation + 1}) + "\n",
-            )
-        except OSError as exc:
-            reason = exc.strerror or str(exc) or type(exc).__name__
-            self._warn(
-                "generation",
-                f"gsm8k cache: cannot record in {self.root} that this run finished ({reason}); "
-                "the next run reuses its answers",
-            )
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted entry is written; False on timeout."""
         with self._idle:
             return self._idle.wait_for(lambda: self._written >= self._submitted, timeout)
 
-    # -- the end ---------------------------------------------------------------
+    # -- generations of a server this run starts --------------------------------------
+
+    def _generation_path(self, name: str) -> Path:
+        return self.root / "generations" / f"{stable_hash({'server': name})}.json"
+
+    def generation(self, name: str) -> int:
+        """How many runs against the server ``name`` (one this run starts) finished so far (0
+        when none did or it cannot be read): a started server is the thing under test, so its
+        answers resume an unfinished run and are never reused by the next one."""
+        if not self.persistent:
+            return 0
+        value = None
+        with contextlib.suppress(OSError, ValueError, LookupError, TypeError):
+            value = json.loads(self._generation_path(name).read_text("utf-8"))["generation"]
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    def finished(self, name: str, generation: int) -> None:
+        """The run against ``name`` that read ``generation`` has every answer: the next run
+        asks again (a folder that cannot be written is one warning)."""
+        if not self.persistent:
+            return
+        try:
+            data = json.dumps({"generation": generation + 1}) + "\n"
+            write_atomic(self._generation_path(name), data)
+        except OSError as exc:
+            self._warn(
+                "generation",
+                f"gsm8k cache: cannot record in {self.root} that this run finished "
+                f"({_reason(exc)}); the next run reuses its answers",
+            )
 
     def close(self) -> None:
-        """Finish writing (and remove everything, for a throw-away cache)."""
+        """Finish writing, let go of the run's lock (its file goes with the run's last holder),
+        and remove everything for a throw-away cache."""
         self.flush()
-        if self._reader is not None:
+        if self._threads.pop("reader", None) is not None:
             self._reads.put(None)  # a reader stuck in a hung read is a daemon: left behind
-            self._reader = None
-        if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join(timeout=5)
-            self._writer = None
-        self._release_run()
+        if (writer := self._threads.pop("writer", None)) is not None:
+            self._writes.put(None)
+            writer.join(timeout=5)
+        handle, self._run_lock = self._run_lock, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(handle.name)
+            handle.close()
         if not self.persistent:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    # -- warnings: collected on the cache's threads, issued by the plugin on the main one --
+
     def take_warnings(self) -> list[str]:
-        """The warnings collected so far (each once), for the main thread to issue."""
-        with self._warn_lock:
-            taken = list(self.warnings)
-            self.warnings.clear()
+        """The warnings collected since the last call (each once per run)."""
+        with self._lock:
+            taken = list(self._warned.values())[self._taken :]
+            self._taken += len(taken)
         return taken
 
     def _warn_folder(self, action: str, exc: OSError) -> None:
-        """One warning per action and reason for the whole folder, not one per entry: an
-        unwritable or full cache folder fails every entry the same way."""
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        verb = "write to" if action == "write" else "read from"
-        consequence = "answers are not cached" if action == "write" else "entries are ignored"
+        """One warning per action and reason for the whole folder, not one per entry."""
+        what = "write to" if action == "write" else "read from"
+        then = "answers are not cached" if action == "write" else "entries are ignored"
         self._warn(
             f"{action}:{exc.errno}",
-            f"gsm8k cache: cannot {verb} the cache folder {self.root} ({reason}); {consequence}",
+            f"gsm8k cache: cannot {what} the cache folder {self.root} ({_reason(exc)}); {then}",
         )
 
     def _warn(self, key: str, message: str) -> None:
-        # Collected, not warned: this runs on the engine's threads, and the
-        # plugin re-issues them on the main thread where pytest records them.
-        with self._warn_lock:
-            if key not in self._warned:
-                self._warned.add(key)
-                self.warnings.append(message)
+        with self._lock:
+            self._warned.setdefault(key, message)
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__

@@ -1,16 +1,8 @@
-"""``--gsm8k-config PATH``: vLLM's GSM8K configs read from a file, a folder or a list file.
-
-* a ``.yaml``/``.yml`` file: one config;
-* a folder: every ``.yaml``/``.yml`` file in it (not below it), in name order; an entry
-  that looks meant as a config but is not one (``Bad.YAML``, a folder named ``x.yaml``) and
-  a broken link (to nothing, or a loop) are refused by name, never skipped;
-* a ``.txt`` list file (vLLM's ``configs/models-*.txt``): the configs it names, one per
-  line, relative to the list file's folder, in its order. vLLM's conftest skips a name
-  whose file is missing with a printed line; here it is an error naming the line, so a
-  matrix never shrinks unseen.
-
-Each config is named by its file's stem, as vLLM's own item ids are, fit for one line
-(``core.scrub.printable``); two configs with the same name are refused.
+"""``--gsm8k-config PATH``: vLLM's GSM8K configs from a ``.yaml`` file, a folder of them (not
+below it, in name order) or a ``.txt`` list (vLLM's ``configs/models-*.txt``: one file per line,
+relative to the list's folder). The matrix never shrinks unseen: where vLLM's conftest skips a
+missing file, here an entry meant as a config and not one is refused by name (docs/configs.md).
+Each config is named by its file's stem, escaped for one line; two with one name are refused.
 """
 
 from __future__ import annotations

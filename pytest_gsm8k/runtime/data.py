@@ -58,11 +58,8 @@ def _read_jsonl(path: Path, split: str) -> list[Problem]:
 
 
 def _read_embedded(config: str, split: str) -> list[Problem]:
-    """The copy of GSM8K inside the package, checked against its pinned sha256.
-
-    Why embedded: a clone with nothing beside it (no hub, no network) must run the
-    real benchmark; and a pinned hash means every machine scores the same bytes.
-    """
+    """The copy inside the package, checked against its pinned sha256: a machine with no hub
+    and no network runs the real benchmark, and every machine scores the same bytes."""
     entry = EMBEDDED.get((config, split))
     if entry is None:
         have = ", ".join(f"{c}/{s}" for c, s in EMBEDDED)
@@ -89,10 +86,8 @@ def _read_embedded(config: str, split: str) -> list[Problem]:
 
 
 def _datasets(what: str) -> Any:
-    """The ``datasets`` package, which lives in the ``hub`` extra: the data ships inside
-    the plugin, and ``datasets`` brings pyarrow and pandas (some 250 MB) that a run of the
-    embedded copy or of a JSONL file never uses. Missing, it is one line with the command
-    that adds the extra to the install the user has."""
+    """The ``datasets`` package, in the ``hub`` extra (pyarrow and pandas, some 250 MB, that
+    no run of the embedded copy or a JSONL file uses); missing, one line naming the extra."""
     try:
         import datasets
     except ImportError:
@@ -112,10 +107,6 @@ def _read_parquet(files: list[Path], split: str, where: str) -> list[Problem]:
     except Exception as exc:  # datasets raises many types; the user needs the one line
         raise DatasetError(f"{where}: cannot read parquet ({type(exc).__name__}: {exc})") from None
     return rows_to_problems(iter(ds), split, where)
-
-
-def _hub_files(folder: Path, config: str, split: str) -> list[Path]:
-    return sorted((folder / config).glob(f"{split}-*.parquet"))
 
 
 def _load_hub(name: str, config: str, split: str) -> list[Problem]:
@@ -138,31 +129,25 @@ def load_split(
     config: str = "main",
     hub_name: str | None = None,
 ) -> Split:
-    """Load one split: the embedded copy (the default), a dataset named on the hub
-    (``hub_name``, through ``datasets``), or a local file or folder (``data``).
-
-    A folder may hold ``<split>.jsonl`` (the openai/grade-school-math layout,
-    ``<split>_socratic.jsonl`` for the socratic config) or be laid out like
-    the hub repository (``<config>/<split>-*.parquet``).
-    """
+    """One split: the embedded copy (the default), ``hub_name`` on the hub, or ``data``, a
+    file or a folder holding ``<split>.jsonl`` (``<split>_socratic.jsonl``; the layout of
+    openai/grade-school-math) or laid out like the hub (``<config>/<split>-*.parquet``)."""
     if config not in CONFIGS:
         raise DatasetError(
             f"--gsm8k-dataset-config: unknown config {config!r} (expected main or socratic)"
         )
     check_size = split == "test" and config == "main"
-    if data is None and hub_name is None:
-        name = EMBEDDED_NAME
-        problems = _read_embedded(config, split)
-    elif data is None:
-        assert hub_name is not None
-        name = hub_name
-        problems = _load_hub(hub_name, config, split)
+    if data is None:
+        name = EMBEDDED_NAME if hub_name is None else hub_name
+        problems = (
+            _read_embedded(config, split) if hub_name is None else _load_hub(name, config, split)
+        )
     else:
         path = Path(data).expanduser()
         name = str(path)
         if path.is_dir():
             jsonl = path / (f"{split}.jsonl" if config == "main" else f"{split}_socratic.jsonl")
-            hub = _hub_files(path, config, split)
+            hub = sorted((path / config).glob(f"{split}-*.parquet"))
             if jsonl.is_file():
                 problems = _read_jsonl(jsonl, split)
                 name = str(jsonl)
@@ -189,13 +174,9 @@ def load_split(
 
 
 def train_source(data: str | None) -> str | None:
-    """Where few-shot exemplars come from: the train split beside the evaluated data.
-
-    A folder holds its own ``train.jsonl`` (or hub layout); for a single file
-    the ``train.jsonl`` next to it is used; without ``data``, the embedded copy
-    or the named hub dataset. Never the evaluated file itself: exemplars must
-    not come from test.
-    """
+    """Where few-shot exemplars come from: the folder ``data`` is, the ``train.jsonl`` beside
+    a file (never the evaluated file itself: exemplars must not come from test), or None for
+    the embedded copy or the hub dataset."""
     if data is None:
         return None
     path = Path(data).expanduser()

@@ -1,11 +1,8 @@
 """The one atomic file writer, the one CPU count, and the room left for open files.
 
-Every file this plugin writes that someone may read while it is being
-written, or after a kill (the JSON report, the baseline, cache entries, the
-model marker, the HTML page), goes through :func:`write_atomic`: a temporary
-file in the same folder, then a rename. A reader sees the old file or the new
-one, never half of one. It replaces only a regular file (or a symlink, or
-nothing): a device, FIFO or folder at the path is refused, never renamed over.
+Every file that someone may read while it is written, or after a kill (the JSON report, the
+baseline, cache entries, the model marker, the HTML page), goes through :func:`write_atomic`:
+a reader sees the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -22,54 +19,32 @@ from pytest_gsm8k.core.jsontext import to_json
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool = True) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it and a rename.
+    """Write ``data`` to ``path`` through a temporary file beside it and a rename. Only a
+    regular file, a symlink or nothing is replaced: a folder, FIFO or device is an OSError.
 
-    The temporary name holds the pid and thread id, so concurrent writers (xdist
-    workers, the cache's writer thread) never share one; a long target name is cut
-    in it, so the temporary name fits wherever the target's name does.
-    """
+    The temporary name holds the pid and thread id (xdist workers and the cache's writer
+    thread never share one) and at most 128 bytes of the target's name (so it fits wherever
+    the target's name does)."""
     target = os.fspath(path)
     folder = os.path.dirname(target) or "."
     if mkdir:
         os.makedirs(folder, exist_ok=True)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    _refuse_special(target)
-    tmp = os.path.join(
-        folder, f".{_short(os.path.basename(target))}.{os.getpid()}.{threading.get_ident()}.tmp"
-    )
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(target).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a folder, not replaced", target)
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise FileExistsError(errno.EEXIST, "is not a regular file, not replaced", target)
+    short = os.fsdecode(os.fsencode(os.path.basename(target))[:128])
+    tmp = os.path.join(folder, f".{short}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
+        with open(tmp, "wb") as file:
+            file.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _short(name: str, limit: int = 128) -> str:
-    """``name`` cut to its longest prefix of at most ``limit`` bytes, for a temporary name."""
-    while len(os.fsencode(name)) > limit:
-        name = name[: max(0, min(len(name) - 1, limit))]
-    return name
-
-
-def _refuse_special(target: str) -> None:
-    """Raise when ``target`` exists and is neither a regular file nor a symlink."""
-    try:
-        mode = os.lstat(target).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not replaced", target)
-    raise FileExistsError(errno.EEXIST, "is not a regular file, not replaced", target)
 
 
 def json_text(data: Mapping[str, Any]) -> str:
@@ -87,28 +62,16 @@ def cpu_count() -> int:
 
 
 def descriptor_room(reserve: int) -> tuple[int, int] | None:
-    """(descriptors this process may still open beyond ``reserve``, its soft limit), or
-    None where the limit is unlimited or unknown.
+    """(descriptors this process may still open beyond ``reserve``, its soft limit), or None
+    where that is unlimited or unknown. Every request in flight holds a socket and the end of
+    the run needs a few more: past this room the run fails after every request was paid for."""
+    import resource
 
-    Every request in flight holds a socket; the end of the run needs a few more
-    (imports, the report, the page): a concurrency above this room ends the run
-    with "too many open files" after every request was paid for.
-    """
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - no such limit on this platform
-        return None
-    try:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (OSError, ValueError):
-        return None
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        return None
-    open_now = 0
-    for folder in ("/proc/self/fd", "/dev/fd"):
-        try:
-            open_now = len(os.listdir(folder))
-            break
-        except OSError:
-            continue
-    return soft - open_now - reserve, int(soft)
+    with contextlib.suppress(OSError, ValueError):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            for folder in ("/proc/self/fd", "/dev/fd"):
+                with contextlib.suppress(OSError):
+                    return soft - len(os.listdir(folder)) - reserve, int(soft)
+            return soft - reserve, int(soft)
+    return None

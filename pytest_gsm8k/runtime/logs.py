@@ -1,19 +1,12 @@
 """Keeping the run's secrets out of what the HTTP libraries log.
 
-The engine scrubs every response and error message before anything downstream
-sees it, but the libraries under it log on their own: at DEBUG, httpcore
-prints response headers (a proxy that echoes ``Authorization`` puts the key
-there), openai prints request options and retries, and a logged exception's
-text may hold an error body that quotes the key. pytest shows those records in
-the live log, in captured-log sections and in JUnit XML (``junit_logging``).
-
-A filter on the ``httpcore`` logger would miss ``httpcore.http11`` (logging
-runs a logger's filters only for records made by that very logger), and
-pytest's handlers come and go per test. So the scrubbing sits where every
-record is born: a log-record factory that, for the network libraries' loggers
-(and this plugin's), formats the message at once, replaces the secrets and
-drops the arguments, and does the same for a logged traceback. Records of other
-loggers are left exactly as they were made.
+The libraries under the engine log on their own (httpcore prints response headers at DEBUG, a
+proxy may echo ``Authorization``; openai prints request options), and pytest shows the records
+in live logs, captured-log sections and JUnit XML. A filter on ``httpcore`` would miss
+``httpcore.http11`` (filters run only for their own logger's records) and pytest's handlers
+come and go, so the scrubbing sits where every record is born: a log-record factory that, for
+the network libraries' loggers and this plugin's, formats the message at once, replaces the
+secrets and drops the arguments (a traceback too). Other loggers' records are left as made.
 """
 
 from __future__ import annotations

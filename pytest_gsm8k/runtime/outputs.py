@@ -1,24 +1,16 @@
-"""The run's output paths: checked before any request, written at the end.
+"""The run's output paths: checked before any request (one line naming the option, not a crash
+after every request was paid for), written at the end.
 
-An output (the JSON report, the HTML page, the GitHub step summary, a baseline
-being recorded) is checked when the session starts, so a path that cannot be
-written is one line before anything is paid for, not a crash after every
-request. What a path is decides how it is written:
-
-* a regular file (or a path not there yet, or a symlink to either): a
-  temporary file beside the real target and a rename, so a symlink stays a
-  link and a reader never sees half a file (the step summary, which GitHub
-  appends to, is appended to);
-* a character device, a FIFO, or this process's stdout or stderr (``/dev/stdout``,
-  ``/proc/self/fd/1``, a symlink to them, the file stdout goes to: the same file by
-  ``os.path.samestat``): written to directly, never replaced. The descriptor is
-  opened at the check and held to the end: a FIFO with no reader is refused then (it
-  would block the run's end), and a reader that stops reading ends the write after
-  :data:`STREAM_WAIT` seconds without progress;
-* a folder, a block device, a socket, a file under ``/proc`` or ``/sys``, any other
-  descriptor (another process's open file), a name longer than the file system
-  allows, a folder that cannot be made or written: refused with one line naming the
-  option.
+* a regular file, a path not there yet, or a symlink to either: replaced through a temporary
+  file and a rename (a link stays a link; the step summary, which GitHub appends to, is
+  appended to);
+* a character device, a FIFO, or this process's stdout or stderr (``/dev/stdout``, a link to
+  it, the file stdout goes to): written to, never replaced, through a descriptor opened at the
+  check (a FIFO with no reader is refused then); a reader that stops reading ends the write
+  after :data:`STREAM_WAIT` seconds;
+* anything else is refused: a folder, a block device, a socket, a path through ``/proc``,
+  ``/sys`` or ``/dev/fd`` (another process's open file, a closed descriptor), a name longer
+  than the file system allows, a folder that cannot be made or written.
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ import os
 import select
 import stat
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -36,9 +29,6 @@ from pytest_gsm8k.runtime.files import write_atomic
 
 #: seconds a FIFO or device may accept nothing before the write gives up
 STREAM_WAIT = 30.0
-
-#: where no output file belongs (kernel interfaces); their descriptors are streams
-PSEUDO_ROOTS = ("/proc", "/sys")
 
 _KINDS = {
     stat.S_IFCHR: "a character device",
@@ -54,23 +44,15 @@ class OutputError(Exception):
 
 @dataclass
 class Output:
-    """One checked output: where and how it is written at the end of the run."""
+    """One checked output: the file a rename replaces (links resolved), or a stream's open
+    descriptor ``fd``; ``terminal``: that stream is where pytest prints."""
 
-    #: the option (or variable) that named it, for messages
-    what: str
-    #: the path as given
-    path: str
-    #: a regular file: the file the rename replaces (symlinks resolved)
     target: str
-    #: an open descriptor for a stream (device, FIFO, this process's fd); None for a file
     fd: int | None = None
-    #: a regular file is appended to (the step summary), not replaced
     append: bool = False
-    #: the stream is this process's stdout or stderr (where pytest prints)
     terminal: bool = False
 
     def write(self, data: bytes | str) -> None:
-        """Write ``data``: replace the file atomically, append, or write to the stream."""
         payload = data.encode("utf-8") if isinstance(data, str) else data
         if self.fd is not None:
             _write_stream(self.fd, payload)
@@ -89,48 +71,48 @@ class Output:
 
 
 def prepare(
-    path: str | os.PathLike[str],
-    what: str,
-    *,
-    append: bool = False,
-    streams: bool = True,
+    path: str | os.PathLike[str], what: str, *, append: bool = False, streams: bool = True
 ) -> Output:
-    """Check ``path`` for writing at the end of the run; raise :class:`OutputError` if it
-    cannot be. With ``streams`` false only a regular file is accepted (a baseline)."""
+    """Check ``path`` for writing at the end of the run, or :class:`OutputError`. With
+    ``streams`` false only a regular file is accepted (a baseline)."""
     given = os.fspath(path)
     if not given:
         raise OutputError(f"{what}: an empty path")
     try:
         info: os.stat_result | None = os.stat(given)
     except (FileNotFoundError, NotADirectoryError):
-        info = None  # not there yet (a symlink to a file not there yet; a folder to be made)
+        info = None  # not there yet (or a folder to be made)
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
             check_name(given, what)
         raise OutputError(f"{what}: cannot use {given}: {reason(exc)}") from None
-    if info is not None and stat.S_ISDIR(info.st_mode):
+    mode = 0 if info is None else info.st_mode
+    if stat.S_ISDIR(mode):
         raise OutputError(f"{what}: {given} is a folder; give a file path")
     if streams and info is not None:
-        for fd in (1, 2):  # where pytest prints (/dev/stdout, /proc/self/fd/1, a link to it)
+        for fd in (1, 2):  # where pytest prints: a copy, so writes keep their order with it
             with contextlib.suppress(OSError):
                 if os.path.samestat(info, os.fstat(fd)):
-                    # a copy: writes share its position, in order with pytest's output
-                    return Output(what, given, given, fd=os.dup(fd), terminal=True)
-        if stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode):
-            return _open_stream(given, what, info)
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
+                    return Output(given, fd=os.dup(fd), terminal=True)
+        if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+            try:  # not blocking: a FIFO with no reader would block the end of the run
+                return Output(given, fd=os.open(given, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+            except OSError as exc:
+                if exc.errno == errno.ENXIO and stat.S_ISFIFO(mode):
+                    raise OutputError(
+                        f"{what}: {given} is a FIFO with no reader; start its reader first "
+                        "(writing would wait for one at the end of the run)"
+                    ) from None
+                raise OutputError(f"{what}: cannot open {given}: {reason(exc)}") from None
+    if info is not None and not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise OutputError(f"{what}: {given} is {kind}, not a file this output can be written to")
-    target = os.path.realpath(given)
-    for root in PSEUDO_ROOTS:
-        if target == root or target.startswith(root + "/"):
-            raise OutputError(f"{what}: {given} is under {root}, where no file can be written")
-    if _descriptor_link(given):
+    if _through_pseudo(given):
         raise OutputError(
-            f"{what}: {given} is a descriptor other than this process's stdout or stderr "
-            "(another process's open file, or a closed one), not a file this output can be "
-            "written to"
+            f"{what}: {given} is under /proc, /sys or /dev/fd (a descriptor other than this "
+            "process's stdout or stderr), where no file can be written"
         )
+    target = os.path.realpath(given)
     check_name(target, what)
     if append and info is not None:
         try:  # appended to: the file must take writes, not its folder
@@ -139,35 +121,26 @@ def prepare(
             raise OutputError(f"{what}: cannot append to {target}: {reason(exc)}") from None
     else:
         _probe_folder(target, what)
-    return Output(what, given, target, append=append)
+    return Output(target, append=append)
 
 
 def check_name(path: str | os.PathLike[str], what: str) -> None:
-    """Refuse a path with a name (the file's or a folder's) longer than the file system
-    allows."""
+    """Refuse a path with a name (the file's or a folder's) longer than its file system
+    allows (the nearest existing folder's ``PC_NAME_MAX``, else 255)."""
     target = os.path.abspath(os.fspath(path))
-    limit = name_max(os.path.dirname(target))
+    limit, folder = 255, os.path.dirname(target)
+    while folder:
+        with contextlib.suppress(OSError, ValueError):
+            limit = int(os.pathconf(folder, "PC_NAME_MAX"))
+            break
+        folder = "" if os.path.dirname(folder) == folder else os.path.dirname(folder)
     for name in target.split(os.sep):
-        size = len(os.fsencode(name))
-        if size > limit:
+        if (size := len(os.fsencode(name))) > limit:
             shown = name if len(name) <= 60 else name[:40] + "..." + name[-12:]
             raise OutputError(
                 f"{what}: the name {shown} is {size} bytes, more than the {limit} the file "
                 "system allows; choose a shorter one"
             )
-
-
-def name_max(folder: str) -> int:
-    """The longest file name (bytes) the file system of ``folder`` (or its nearest
-    existing parent) allows; 255 where it does not say."""
-    current = folder or "."
-    while True:
-        with contextlib.suppress(OSError, ValueError):
-            return int(os.pathconf(current, "PC_NAME_MAX"))
-        parent = os.path.dirname(current)
-        if not parent or parent == current:
-            return 255
-        current = parent
 
 
 def reason(exc: BaseException) -> str:
@@ -178,17 +151,14 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-# -- streams ---------------------------------------------------------------------------
-
-
-def _descriptor_link(path: str) -> bool:
-    """Whether ``path`` or a symlink on its way is a descriptor link (``/proc/<pid>/fd/<n>``,
-    ``/dev/fd/<n>``): not this process's stdout or stderr (:func:`prepare` took those), so
-    another process's open file, or a closed descriptor."""
+def _through_pseudo(path: str) -> bool:
+    """Whether ``path``, or a symlink on its way, is in a kernel interface: ``/proc`` or
+    ``/sys`` (no file belongs there), or a descriptor link (``/proc/<pid>/fd/<n>``,
+    ``/dev/fd/<n>``) that is not this process's stdout or stderr (:func:`prepare` took those)."""
     current = os.path.abspath(path)
     for _ in range(40):  # the kernel's own bound on symlinks followed
         here = os.path.join(os.path.realpath(os.path.dirname(current)), os.path.basename(current))
-        if here.startswith(("/proc/", "/dev/fd/")):
+        if here in ("/proc", "/sys") or here.startswith(("/proc/", "/sys/", "/dev/fd/")):
             return True
         if not os.path.islink(here):
             return False
@@ -196,25 +166,9 @@ def _descriptor_link(path: str) -> bool:
     return False
 
 
-def _open_stream(given: str, what: str, info: os.stat_result) -> Output:
-    """Open a device or FIFO for writing now (non-blocking: a FIFO with no reader is
-    refused here instead of blocking the end of the run)."""
-    flags = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
-    try:
-        fd = os.open(given, flags)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO and stat.S_ISFIFO(info.st_mode):
-            raise OutputError(
-                f"{what}: {given} is a FIFO with no reader; start its reader first (writing "
-                "would wait for one at the end of the run)"
-            ) from None
-        raise OutputError(f"{what}: cannot open {given}: {reason(exc)}") from None
-    return Output(what, given, given, fd=fd)
-
-
 def _write_stream(fd: int, payload: bytes) -> None:
-    """Write all of ``payload`` to a stream, giving up after :data:`STREAM_WAIT` seconds
-    in which it took nothing (a reader that stopped reading)."""
+    """Write all of ``payload`` to a stream, giving up after :data:`STREAM_WAIT` seconds in
+    which it took nothing (a reader that stopped reading)."""
     for stream in (sys.stdout, sys.stderr):  # what pytest printed so far comes first
         with contextlib.suppress(Exception):
             stream.flush()
@@ -225,8 +179,7 @@ def _write_stream(fd: int, payload: bytes) -> None:
             view = view[os.write(fd, view) :]
             deadline = time.monotonic() + STREAM_WAIT
         except BlockingIOError:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if (left := deadline - time.monotonic()) <= 0:
                 raise TimeoutError(
                     errno.ETIMEDOUT, f"its reader took nothing for {STREAM_WAIT:g} s"
                 ) from None
@@ -235,30 +188,23 @@ def _write_stream(fd: int, payload: bytes) -> None:
             poller.poll(min(left, 1.0) * 1000)
 
 
-# -- files -----------------------------------------------------------------------------
-
-
 def _probe_folder(target: str, what: str) -> None:
-    """Make ``target``'s folder if missing and create and remove a file in it; the folders
-    made for the probe are removed again (the write at the end makes them for good)."""
+    """Make ``target``'s folder if missing and create a file in it; the folders made for the
+    probe are removed again (the write at the end makes them for good)."""
     folder = current = os.path.dirname(target)  # target is absolute: "/" ends the walk
     missing: list[str] = []
     while not os.path.lexists(current):
         missing.insert(0, current)
         current = os.path.dirname(current)
-    made: list[str] = []
+    if not os.path.isdir(current):
+        raise OutputError(f"{what}: {current} is not a folder")
     try:
-        if not os.path.isdir(current):
-            raise OutputError(f"{what}: {current} is not a folder")
         for path in missing:
             os.mkdir(path)
-            made.append(path)
-        probe = os.path.join(folder, f".gsm8k-probe.{os.getpid()}.tmp")
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        os.unlink(probe)
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".gsm8k-probe.").close()
     except OSError as exc:
         raise OutputError(f"{what}: cannot write in {folder}: {reason(exc)}") from None
     finally:
-        for path in reversed(made):
+        for path in reversed(missing):
             with contextlib.suppress(OSError):
                 os.rmdir(path)

@@ -1,28 +1,18 @@
-"""The supervisor between pytest and a served command: the command's whole process tree
-ends with pytest, and pytest learns how the command ended.
+"""The supervisor between pytest and a served command: the command's whole process tree ends
+with pytest, and pytest learns how the command ended (docs/serving.md).
 
-``serve.py`` runs this file as a script (``python -I supervise.py STATUS_FD GRACE --
-ARGV...``), standard library only, as the leader of a new session. It starts ARGV in its
-own process group and, on Linux, is the *subreaper* of everything the command starts:
-a process that forks into the background, calls ``setsid`` or double-forks stays its
-descendant, so nothing escapes. That is what a shell line needs (``VAR=1 vllm serve``,
-``... | tee log``): the kernel's parent-death signal reaches only the first process,
-while the supervisor reaches all of them.
+``serve.py`` runs this file (``python -I supervise.py STATUS_FD GRACE -- ARGV...``, standard
+library only) as a session leader. It starts ARGV in its own process group and, on Linux, is
+the *subreaper* of all it starts, so a process that daemonises stays its descendant (what a
+shell line needs: the kernel's parent-death signal reaches only the first process).
 
-* pytest holds the write end of the supervisor's stdin. A line ``stop GRACE`` asks it to
-  stop the tree; end of file without one means pytest died (also SIGKILLed: the kernel
-  closes its pipes), and so does SIGTERM (pytest asks the kernel to send it when it
-  dies, for a pytest child that still holds the pipe). Stopping is SIGTERM to every
-  process of the tree, SIGKILL to what is left after GRACE seconds.
-* When the command's main process exits on its own while others of its tree still run a
-  second later (it daemonised), those are stopped the same way and reported.
-* STATUS_FD gets JSON lines: ``{"pid": N}`` once the command runs, ``{"error": TEXT}``
-  if it could not be started, ``{"ended": RC}`` as soon as the main process has exited
-  (RC as ``subprocess`` gives it: negative for a signal), and last ``{"exit": RC, "left":
-  [PIDS]}`` (``left``: what still ran after the main process had exited on its own, now
-  stopped). Then the supervisor exits.
-
-Also imported by ``serve.py`` for :func:`descendants` (which processes are the server's).
+* stdin is a pipe from pytest: ``stop GRACE`` stops the tree; end of file (pytest died, even
+  by SIGKILL) or SIGTERM does too. Stopping is SIGTERM to the tree, SIGKILL after GRACE s.
+* When the main process exits on its own, what of its tree still runs a second later (it
+  daemonised) is stopped the same way and reported.
+* STATUS_FD gets JSON lines: ``{"pid": N}``, or ``{"error": TEXT}`` when it cannot start;
+  ``{"ended": RC}`` once the main process exited (negative for a signal); last ``{"exit":
+  RC, "left": [PIDS]}`` (``left``: what still ran after it exited on its own, now stopped).
 """
 
 from __future__ import annotations
@@ -65,13 +55,9 @@ def _process_table() -> dict[int, tuple[str, int, int]] | None:
 
 
 def descendants(root: int, *, unreaped: bool = False) -> list[int]:
-    """Live processes below ``root`` (by parent links) or in its process group, ``root``
-    itself excluded; ``[]`` where ``/proc`` is missing.
-
-    With ``unreaped``, also ``root``'s own children that ended but are not collected yet:
-    a multi-threaded process shows as a zombie while its other threads still exit, and
-    only then can its parent collect it.
-    """
+    """Live processes below ``root`` (by parent links) or in its process group, not ``root``
+    itself; ``[]`` without ``/proc``. ``unreaped``: also its children that ended uncollected
+    (a multi-threaded process is a zombie while its other threads still exit)."""
     table = _process_table() or {}
     children: dict[int, list[int]] = {}
     for pid, (state, ppid, _pgid) in table.items():
@@ -104,16 +90,11 @@ class _Supervisor:
 
     def reap(self) -> None:
         """Collect every exited child (orphans come to us as their subreaper)."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == self.main:
-                self.returncode = os.waitstatus_to_exitcode(status)
-                self.say(ended=self.returncode)
+        with contextlib.suppress(ChildProcessError):  # no child left
+            while (waited := os.waitpid(-1, os.WNOHANG))[0]:
+                if waited[0] == self.main:
+                    self.returncode = os.waitstatus_to_exitcode(waited[1])
+                    self.say(ended=self.returncode)
 
     def others(self) -> list[int]:
         """The rest of the tree, including children not collected yet."""

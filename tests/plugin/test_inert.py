@@ -143,8 +143,8 @@ def test_a_session_without_gsm8k_work_loads_only_the_options(
 ) -> None:
     """Issue 34 #4: a suite that never uses the plugin does not pay for it. With no gsm8k
     option on the command line and no GSM8K item (ini values as README sets them or none),
-    the session imports the option table, the fixtures' definitions and the rootdir check,
-    and no more of the package (no State, no plan, no engine): the plugin's hooks return
+    the session imports the option table and the fixtures' definitions, and no more of the
+    package (no State, no plan, no engine): the plugin's hooks return
     before they need any of it."""
     monkeypatch.setenv("PROBE_OUT", str(pytester.path / "modules.json"))
     if ini:
@@ -154,7 +154,7 @@ def test_a_session_without_gsm8k_work_loads_only_the_options(
     result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS, "-p", "no:cacheprovider")
     assert result.ret == 0, output(result)
     loaded = json.loads((pytester.path / "modules.json").read_text())
-    assert loaded == sorted([*PLUGIN_IMPORTS, "pytest_gsm8k.rootdir"])
+    assert loaded == sorted(PLUGIN_IMPORTS)
 
 
 OWN_MODEL = """

@@ -223,7 +223,7 @@ def _seen(result: pytest.RunResult) -> tuple[str, str, str]:
 
 
 @XDIST
-def test_path_options_written_with_a_space_keep_the_rootdir(
+def test_path_options_written_with_a_space_warn_and_the_equals_form_keeps_the_rootdir(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
@@ -232,6 +232,10 @@ def test_path_options_written_with_a_space_keep_the_rootdir(
     tmp_path_factory: pytest.TempPathFactory,
     xdist: list[str],
 ) -> None:
+    """pytest picks the rootdir before it knows the plugin's options, so an existing value
+    written with a space is a test path to it (pytest-dev/pytest#8846) and no public API can
+    undo that: ``--gsm8k-x=PATH`` (README) keeps the project's rootdir, ini and baseline, and
+    the spaced form says so in one line (rule: no silent change of what the run reads)."""
     _project(pytester)
     out = tmp_path_factory.mktemp("outside")
     report = out / "r.json"
@@ -252,21 +256,17 @@ def test_path_options_written_with_a_space_keep_the_rootdir(
         "--gsm8k-require-baseline",
     )
     spaced = pytester.runpytest(
-        *gsm8k_args,
-        *xdist,
-        *args,
-        "--gsm8k-data",
-        str(data),
-        "--gsm8k-report",
-        str(report),
-        "--gsm8k-require-baseline",
+        *gsm8k_args, *xdist, *args, "--gsm8k-data", str(data), "--gsm8k-report", str(report)
     )
     assert joined.ret == 0, output(joined)
-    assert spaced.ret == 0, output(spaced)
-    assert _seen(joined) == _seen(spaced) == (f"rootdir: {pytester.path}", "8", "PASS")
-    for result in (joined, spaced):  # the ini's addopts applied
-        assert "PASSED tests/test_unit.py::test_unit" in output(result), output(result)
+    assert _seen(joined) == (f"rootdir: {pytester.path}", "8", "PASS")
+    assert "PASSED tests/test_unit.py::test_unit" in output(joined), output(joined)  # addopts
     assert read_json(report)["n"] == 7
+    assert "written with a space" not in output(joined)
+    warned = [line for line in output(spaced).splitlines() if "written with a space" in line]
+    assert len(warned) == 1, output(spaced)
+    assert "gsm8k: --gsm8k-data, --gsm8k-report written with a space" in warned[0]
+    assert "write --gsm8k-data=PATH" in warned[0], warned[0]
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,6 @@ PACKAGE = Path(pytest_gsm8k.__file__).parent
 PYTEST_LAYER = sorted(p for p in PACKAGE.glob("*.py"))
 #: attributes of pytest's own objects the plugin sets, as pytest documents it
 PYTEST_API = {"shouldstop", "shouldfail", "exitstatus", "gsm8k"}
-#: what pytest's Config.parse sets from the rootdir and ini file, set again (with no public
-#: way to) in the one module that corrects them (rootdir.py: a gsm8k option's value written
-#: with a space must not move the rootdir)
-SETUP = {"_rootpath", "_inipath", "_inicfg", "_ignored_config_files", "known_args_namespace"}
-SETUP_HOME = "rootdir.py"
 
 
 def _modules(folder: Path) -> list[Path]:
@@ -74,8 +69,6 @@ def _foreign_assignments(path: Path) -> list[str]:
                 if isinstance(base, ast.Name) and base.id in ("self", "cls"):
                     continue
                 if sub.attr in PYTEST_API:
-                    continue
-                if path.name == SETUP_HOME and sub.attr in SETUP | {"confcutdir"}:
                     continue
                 out.append(f"{path.name}:{sub.lineno}: {ast.unparse(sub)}")
     return out
@@ -193,8 +186,8 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 # sizes on the day they were set: a change may lower them (and should, in the same commit), never
 # raise them without saying why in the commit. The final targets are a strict xfail that turns
 # into a failure the day they are met, so that its marker is removed and the targets then hold.
-PACKAGE_CEILING = 17_434  # lines of Python in pytest_gsm8k/ (2026-12-06)
-PYTEST_LAYER_CEILING = 3_629  # the modules directly in pytest_gsm8k/
+PACKAGE_CEILING = 16_872  # lines of Python in pytest_gsm8k/ (2026-12-06)
+PYTEST_LAYER_CEILING = 3_517  # the modules directly in pytest_gsm8k/
 #: modules over the 700-line target, each held at its size until it is split or shrunk
 MODULE_CEILINGS = {
     "plugin.py": 928,
