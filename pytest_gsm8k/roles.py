@@ -1,9 +1,7 @@
-"""The role plugins, one registered per process by plugin.py as pytest-xdist registers
-``DSession`` only when it distributes and ``WorkerInteractor`` only in a worker:
-:class:`RunRole`, :class:`ControllerRole`, :class:`WorkerRole`; :class:`Collector` and
-:class:`Aggregator` hold what the collecting and the aggregating processes share. A role makes
-its :class:`~pytest_gsm8k.session.Gsm8kSession` on first use; until then every hook returns at
-once, importing nothing of the run's machinery (issue 34; tests/plugin/test_inert.py).
+"""The role plugins, one per process as pytest-xdist registers ``DSession`` and
+``WorkerInteractor``: RunRole, ControllerRole, WorkerRole; Collector and Aggregator hold what
+the collecting and the aggregating processes share. A role makes its Gsm8kSession on first
+use; until then every hook returns at once, importing nothing of the run (issue 34).
 """
 
 from __future__ import annotations
@@ -71,8 +69,8 @@ class Role:
     def idle(self) -> bool:
         return self._session is None
 
-    def _made(self) -> None:
-        """What a role adds to its session once it exists."""
+    def _made(self) -> None:  # what a role adds to its session once it exists
+        pass
 
     def activate(self) -> None:
         """What a GSM8K run changes in the process, once and only in a run with GSM8K work:
@@ -87,9 +85,8 @@ class Role:
 
     @pytest.hookimpl(specname="pytest_runtestloop", tryfirst=True)
     def freeze(self, session: pytest.Session) -> None:
-        """What is alive now (modules, the collected items) lives to the end: out of the
-        collector's way, so the run's collections and pytest's five full ones at the end walk
-        only what the run made (benchmarks/README.md); plugin.py's cleanup unfreezes it."""
+        """What is alive now lives to the end: out of the collector's way, so the run's
+        collections walk only what the run made (benchmarks/README.md)."""
         if self.active:
             gc.freeze()
 
@@ -199,7 +196,7 @@ class Aggregator(Role):
     def refused(self) -> str | None:  # a worker's no-model line
         return None
 
-    def stopped_by_worker(self, exc: BaseException) -> bool:
+    def stopped_by_worker(self, exc: BaseException) -> bool:  # see ControllerRole
         return False
 
     @pytest.hookimpl(tryfirst=True)
@@ -400,17 +397,20 @@ class ControllerRole(Aggregator):
     def pytest_report_from_serializable(
         self, data: dict[str, Any]
     ) -> Generator[None, object, object]:
-        """What WorkerRole.pytest_report_to_serializable added: a record sent as JSON text,
-        and on a worker's first report the problem of each item it collected."""
+        """A record sent as JSON text, read back (on execnet's threads: no session here)."""
         report = yield
         text = getattr(report, "gsm8k", None)
         if isinstance(text, str):
             report.gsm8k = json.loads(text)  # type: ignore[attr-defined]
-        items = data.get("gsm8k_items")
+        return report
+
+    @pytest.hookimpl(specname="pytest_runtest_logreport", tryfirst=True)
+    def learn_items(self, report: pytest.TestReport) -> None:
+        """A worker's first report carries the problem of each item it collected."""
+        items = getattr(report, "gsm8k_items", None)
         if isinstance(items, dict):
             self.session.run.collect_items((), items)
             self.session.run.learn_collected_ids(items.values())
-        return report
 
 
 class WorkerRole(Collector):
