@@ -58,9 +58,9 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-#: the name the plugin registers the process's state holder under (plugin.py registers it,
-#: state.get_state finds it): here, where both read it without importing each other
-STATE_NAME = "gsm8k-state"
+#: the name the plugin registers this process's role under (plugin.py registers it,
+#: session.get_session finds it): here, where both read it without importing each other
+ROLE_NAME = "gsm8k-session"
 
 
 def __getattr__(name: str) -> Any:

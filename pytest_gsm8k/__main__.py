@@ -170,15 +170,15 @@ def _decide(
     plan: RunPlan, merged: Merged, reports: Sequence[Mapping[str, Any]], junitxml: str | None
 ) -> int:
     """The verdict of the run the shards are, by the steps that end a run: its records
-    gathered (state.Run), decided (core/verdict.py) with the baselines written, every
+    gathered (core/tally.py), decided (core/verdict.py) with the baselines written, every
     output rendered from it; the exit code that run would have had."""
     from pytest_gsm8k.core.render import styled_lines
     from pytest_gsm8k.core.scrub import Scrubber
+    from pytest_gsm8k.core.tally import Tally
     from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
-    from pytest_gsm8k.state import Run
     from pytest_gsm8k.writing import OUTPUTS, rendered, settle
 
-    run = Run()
+    run = Tally()
     run.collect([p for p in plan.problems if p.id not in merged.deselected])
     for record in merged.records:
         run.add_record(record)  # type: ignore[arg-type]  # checked by check_shards

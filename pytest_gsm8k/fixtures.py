@@ -1,12 +1,12 @@
-"""The fixtures users request and override: gsm8k_problem, gsm8k_model, gsm8k_protocol,
-gsm8k_outcome. The plugin module re-exports them so pytest registers them.
-
-pytest imports this module in every session (the fixtures are registered whether or not a
-test asks for them): what a fixture needs is imported when it runs.
+"""The fixtures users request and override (gsm8k_problem, gsm8k_model, gsm8k_protocol,
+gsm8k_outcome), and who gives ``gsm8k_model``: an override, or the plugin's own, which needs
+a model (:func:`unmeasured`). pytest imports this module in every session: what a fixture
+needs is imported when it runs.
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,11 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.records import Outcome, ProblemRecord
     from pytest_gsm8k.core.types import Problem
 
-# -- fixtures -------------------------------------------------------------------
+#: where an item keeps its record until its report is made (roles.py)
+RECORD_KEY = pytest.StashKey["ProblemRecord"]()
+
+#: how the run that needs a model and was given none ends
+NO_MODEL = "gsm8k: no model given"
 
 
 class GSM8KOutcome:
@@ -65,10 +69,10 @@ def gsm8k_problem() -> Problem:
 def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
     """The evaluation protocol (test@1/pass@N/maj@N, shots, api, extractor ...)."""
     from pytest_gsm8k.core.dataset import DatasetError
-    from pytest_gsm8k.state import get_state
+    from pytest_gsm8k.session import get_session
 
     try:
-        return get_state(pytestconfig).plan.protocol
+        return get_session(pytestconfig).plan.protocol
     except DatasetError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
 
@@ -81,9 +85,9 @@ def gsm8k_model(pytestconfig: pytest.Config) -> Any:
     :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
     (sync or async) to gate a model that has no HTTP endpoint.
     """
-    from pytest_gsm8k.state import get_state
+    from pytest_gsm8k.session import get_session
 
-    return get_state(pytestconfig).sources.default_client()
+    return get_session(pytestconfig).sources.default_client()
 
 
 @pytest.fixture
@@ -97,9 +101,9 @@ def gsm8k_outcome(
     from pytest_gsm8k.core.outcome import error_record, score_repeats
     from pytest_gsm8k.core.scrub import shown_url
     from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
-    from pytest_gsm8k.state import RECORD_KEY, get_state
+    from pytest_gsm8k.session import get_session
 
-    state = get_state(request.config)
+    state = get_session(request.config)
     sources = state.sources
     sources.heed_stop()
     source, single_use = sources.source_for(gsm8k_model, gsm8k_protocol)
@@ -187,11 +191,80 @@ def overrides_present(session: pytest.Session) -> bool:
     return False
 
 
-def model_overridden(config: pytest.Config) -> bool:
-    """Whether a conftest or plugin loaded so far (session start: before collection)
-    defines its own ``gsm8k_model`` fixture.
+def _uses_default_model(item: pytest.Item) -> bool:
+    """Whether ``item`` gets ``gsm8k_model`` from the plugin's own fixture: not
+    parametrized, not overridden by its module or class (a conftest's or plugin's override
+    is checked once, by the caller)."""
+    if "gsm8k_model" not in getattr(item, "fixturenames", ()):
+        return False
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "gsm8k_model" in callspec.params:
+        return False
+    holders = (getattr(item, "module", None), getattr(item, "cls", None))
+    return not any(h is not None and defines_fixture(h, ("gsm8k_model",)) for h in holders)
 
-    Then the endpoint of the options may not be what is asked at all, and the
-    session-start check would refuse a run that needs no endpoint.
-    """
-    return plugins_define(config, ("gsm8k_model",))
+
+def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) -> str | None:
+    """Why a run given no model (no --gsm8k-model, --gsm8k-serve or --gsm8k-config) cannot
+    do what it was asked, as one line; None when it can. Tests that take the plugin's
+    ``gsm8k_model`` would each fail the same way (1,319 tracebacks); gsm8k options with no
+    GSM8K item would gate nothing and exit green. ``--co`` asks for no model. An ``idle``
+    session (no GSM8K work so far) is left alone unless something asks for GSM8K."""
+    markexpr = getattr(session.config.option, "markexpr", "")
+    model = any("gsm8k_model" in getattr(item, "fixturenames", ()) for item in items)
+    if idle and not model and not selects_gsm8k(markexpr):
+        return None
+    from pytest_gsm8k.core.settings import OPTIONS
+    from pytest_gsm8k.core.types import Problem
+    from pytest_gsm8k.session import get_session
+
+    config = session.config
+    state = get_session(config)
+    settings, option = state.settings, config.option
+    if settings.model or settings.serve or settings.vllm_config or option.collectonly:
+        return None
+    if session.testsfailed or state.run.data_error or getattr(option, "setupplan", False):
+        return None
+    usage = "pass --gsm8k-model=ID (with --gsm8k-base-url=URL, ending in /v1) or --gsm8k-serve CMD"
+    needing = [item for item in items if _uses_default_model(item)]
+    if needing and not plugins_define(config, ("gsm8k_model",)):
+        more = f" and {len(needing) - 1} more" if len(needing) > 1 else ""
+        return (
+            f"{NO_MODEL}: {needing[0].nodeid}{more} use the gsm8k_model fixture; {usage}, "
+            "or override gsm8k_model in a conftest.py"
+        )
+    callspecs = (getattr(item, "callspec", None) for item in items)
+    if any(c is not None and isinstance(c.params.get("gsm8k_problem"), Problem) for c in callspecs):
+        return None
+    if selects_gsm8k(markexpr):
+        return (
+            f"{NO_MODEL}: -m {option.markexpr!r} selects the GSM8K items, which exist only "
+            f"with a model: {usage} (or gsm8k_model in the ini)"
+        )
+    asked = [o.flag for o in OPTIONS if config.getoption(o.dest) is not None]
+    if not asked:
+        return None
+    return (
+        f"{NO_MODEL} and no test uses the gsm8k fixtures, so nothing was measured or gated "
+        f"({', '.join(asked)} given): {usage}, or run a test that uses gsm8k_outcome"
+    )
+
+
+def selects_gsm8k(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` asks for the GSM8K items: true for an item with only the
+    ``gsm8k`` marker and false for one without it (``-m gsm8k``, ``-m "gsm8k and not slow"``;
+    not ``-m "not gsm8k"``). Read as Python's ``and``/``or``/``not`` over marker names, which
+    is pytest's grammar; an expression with anything else (keyword arguments) is left alone."""
+    tokens = re.findall(r"\(|\)|[^\s()]+", markexpr)
+    if not tokens or any(not re.fullmatch(r"[()]|[A-Za-z_][\w.-]*", t) for t in tokens):
+        return False
+    words = {"and", "or", "not", "(", ")"}
+
+    def value(gsm8k: bool) -> bool:
+        text = " ".join(t if t in words else str(gsm8k if t == "gsm8k" else False) for t in tokens)
+        try:
+            return bool(eval(text, {"__builtins__": {}}, {}))  # only True/False/and/or/not
+        except SyntaxError:
+            return False
+
+    return value(True) and not value(False)

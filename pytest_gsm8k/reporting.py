@@ -17,14 +17,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
 from pytest_gsm8k.core.progress import Progress
 from pytest_gsm8k.core.records import OUTCOMES, ProblemRecord
+from pytest_gsm8k.core.tally import ItemRef
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.state import ItemRef, State
+from pytest_gsm8k.session import Gsm8kSession
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.verdict import RunVerdict
@@ -34,6 +35,12 @@ GATES_NODEID = "gsm8k::gates"
 #: the reports this module makes carry this attribute (true): the plugin's own
 #: aggregation skips them (the summary already counts what they say)
 UNFINISHED = "gsm8k_unfinished"
+LETTERS = {
+    "correct": (".", {"green": True}),
+    "wrong": ("w", {"yellow": True}),
+    "unparsed": ("u", {"yellow": True}),
+    "truncated": ("t", {"yellow": True}),
+}
 #: seconds between two drawings of the progress line on a terminal
 PROGRESS_INTERVAL = 0.5
 #: seconds between two progress lines in a log (not a terminal): one line each, not a
@@ -62,25 +69,14 @@ def unfinished_report(
     """
     if aborted is not None and problem is not None and problem.id in late:
         record = late[problem.id]
-        if record["outcome"] != "error":
-            return pytest.TestReport(
-                ref.nodeid,
-                ref.location,
-                {},
-                "passed",
-                None,
-                "call",
-                gsm8k=record,
-                gsm8k_unfinished=True,
-            )
-        text = f"gsm8k: {record['error']}"
+        error = record["outcome"] == "error"
         return pytest.TestReport(
             ref.nodeid,
             ref.location,
             {},
-            "failed",
-            text,
-            "setup",
+            "failed" if error else "passed",
+            f"gsm8k: {record['error']}" if error else None,
+            "setup" if error else "call",
             gsm8k=record,
             gsm8k_unfinished=True,
         )
@@ -93,7 +89,7 @@ def unfinished_report(
 
 
 def report_unfinished(
-    config: pytest.Config, state: State, late: Mapping[str, ProblemRecord]
+    config: pytest.Config, state: Gsm8kSession, late: Mapping[str, ProblemRecord]
 ) -> None:
     """Controller, after a stopped run's loop: one report per item no report came for,
     through pytest's hooks (the terminal's counts and progress, JUnit, other plugins)."""
@@ -107,7 +103,7 @@ def report_unfinished(
             ref,
             aborted=run.aborted,
             stopped=run.early_stopped,
-            problem=problems.get(ref.problem_id) if ref.problem_id else None,
+            problem=problems.get(run.problem_of.get(ref.nodeid, "")),
             late=late,
         )
         hook.pytest_runtest_logstart(nodeid=ref.nodeid, location=ref.location)
@@ -130,18 +126,17 @@ def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:
     for gate in verdict.gates:
         nodeid = f"{GATES_NODEID}::{gate.name}"
         location = (GATES_NODEID.partition("::")[0], None, f"gates::{gate.name}")
-        if gate.passed:
-            out.append(pytest.TestReport(nodeid, location, {}, "passed", None, "call"))
-        else:
-            out.append(pytest.TestReport(nodeid, location, {}, "failed", gate.detail, "call"))
+        word: Literal["passed", "failed"] = "passed" if gate.passed else "failed"
+        detail = None if gate.passed else gate.detail
         properties = (
             [("answers_from_earlier_runs", earlier[gate.name])] if gate.name in earlier else []
         )
-        out.append(
+        out += [
+            pytest.TestReport(nodeid, location, {}, word, detail, "call"),
             pytest.TestReport(
                 nodeid, location, {}, "passed", None, "teardown", user_properties=properties
-            )
-        )
+            ),
+        ]
     return out
 
 
@@ -156,6 +151,60 @@ def add_gates_to_junit(config: pytest.Config, verdict: RunVerdict) -> None:
         return
     for report in gate_reports(verdict):
         xml.pytest_runtest_logreport(report)
+
+
+def teststatus(
+    report: pytest.TestReport, progress: bool
+) -> tuple[str, str, str | tuple[str, dict[str, bool]]] | None:
+    """A GSM8K outcome's own letter and word; with the progress line, no letter for a GSM8K
+    item at all (the line counts them)."""
+    record = getattr(report, "gsm8k", None)
+    if report.when == "call" and report.passed and isinstance(record, dict):
+        outcome = str(record["outcome"])
+        if progress:
+            return outcome, "", ""
+        letter, markup = LETTERS.get(outcome, (".", {"green": True}))
+        return outcome, letter, (outcome.upper(), markup)
+    ours = isinstance(record, dict) or is_unfinished(report)
+    if progress and ours and report.when == "setup" and not report.passed:
+        return ("error" if report.failed else "skipped"), "", ""
+    return None
+
+
+def summarize(terminalreporter: Any, state: Gsm8kSession) -> None:
+    """The gsm8k block of the terminal summary: the notes no test issued, the verdict, what
+    stopped the run, where the outputs went (or why not)."""
+    from pytest_gsm8k.core.render import styled_lines
+    from pytest_gsm8k.core.scrub import printable
+
+    write = terminalreporter.write_line
+    for message in state.notes:
+        write(printable(message), yellow=True)
+    run = state.run
+    if run.verdict is None:
+        return
+    terminalreporter.write_sep("=", "gsm8k")
+    for line, kind in styled_lines(run.verdict):
+        write(line, bold=kind == "headline", red=kind == "fail", green=kind == "pass")
+    if run.aborted:
+        write(f"gsm8k: run stopped: {printable(run.aborted)}", red=True)
+    for message in state.output_errors.values():
+        write(printable(message), red=True)
+    for key, name in (("report", "report"), ("html", "page"), ("markdown", "markdown")):
+        path = getattr(state.settings, key)
+        if path and key not in state.output_errors:
+            write(f"  {name}: {path}")
+
+
+def gate_exit(session: pytest.Session, state: Gsm8kSession) -> None:
+    """The exit code of a failed gate or output; the gates in the JUnit XML (before its
+    writer, which runs later, writes the file)."""
+    verdict = state.run.verdict
+    if verdict is not None:
+        add_gates_to_junit(session.config, verdict)
+    failed = (verdict is not None and verdict.failed) or bool(state.output_errors)
+    if failed and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def progress_wanted(config: pytest.Config, asked: bool | None) -> bool:

@@ -17,7 +17,7 @@ import pytest
 from pytest_gsm8k.core.plan import Endpoint
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, url_problem, with_v1
-from pytest_gsm8k.state import State
+from pytest_gsm8k.session import Gsm8kSession as State
 
 if TYPE_CHECKING:
     from pytest_gsm8k.runtime.engine import Engine

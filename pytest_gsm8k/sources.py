@@ -9,8 +9,7 @@
   be prefetched for a model that exists for one item only).
 
 It also holds the model server this run started, so that one object stops everything
-the run opened. It reads the run through a :class:`SourceContext`, not the whole ``State``
-(state.py builds both; no import cycle).
+the run opened. It reads the run through a :class:`SourceContext` (session.py builds both).
 """
 
 from __future__ import annotations
@@ -96,10 +95,8 @@ class Sources:
         self._warned_scope = False
         self._caches: dict[bool, ResponseCache] = {}
         self._client: OpenAIClient | None = None
-        #: xdist worker: the controller's answers (plugin's own client and protocol only)
-        self.remote: RemoteAnswers | None = None
-        #: xdist worker whose tests bring their own model: the channel that carries its
-        #: plan to the controller and the controller's stop back
+        #: xdist worker: the channel that carries its plan to the controller and the
+        #: controller's stop back; with the plugin's own model, its answers too (:attr:`remote`)
         self.channel: Channel | None = None
         #: xdist controller: serves its engine's answers to the workers
         self.answer_server: AnswerServer | None = None
@@ -129,14 +126,20 @@ class Sources:
     def note_config_server(self, name: str, info: dict[str, Any]) -> None:
         self.config_servers[name] = info
 
-    def use_remote(self, remote: RemoteAnswers) -> None:
-        self.remote = remote
-
     def use_channel(self, channel: Channel) -> None:
         self.channel = channel
 
     def use_answer_server(self, server: AnswerServer) -> None:
         self.answer_server = server
+
+    @property
+    def remote(self) -> RemoteAnswers | None:
+        """xdist worker: the controller's answers (plugin's own client and protocol only)."""
+        if self.channel is None:
+            return None
+        from pytest_gsm8k.runtime.answers import RemoteAnswers
+
+        return self.channel if isinstance(self.channel, RemoteAnswers) else None
 
     def note_scope(self, model: object, scope: str) -> None:
         self._scopes[id(model)] = scope
@@ -218,8 +221,6 @@ class Sources:
         """At the end (controller or a run without xdist): each started server whose run
         ``complete(config name or "")`` says has every answer is done; the next run asks
         again."""
-        if self._run.is_worker:
-            return
         for key, (name, generation) in self.started.items():
             if complete(key):
                 self.cache(True).finished(name, generation)
@@ -387,8 +388,7 @@ class Sources:
         engine here stops too (one non-blocking look at the channel)."""
         if self._stop_heard:
             return
-        channel = self.remote or self.channel
-        message = channel.stopped() if channel is not None else None
+        message = self.channel.stopped() if self.channel is not None else None
         if message is None:
             return
         self._stop_heard = True
@@ -413,9 +413,6 @@ class Sources:
         return out
 
     def close(self) -> None:
-        if self.remote is not None:
-            self.remote.close()
-            self.remote = None
         if self.channel is not None:
             self.channel.close()
             self.channel = None

@@ -8,8 +8,10 @@ whatever fails is one line instead of a crash. How a path is written (file, devi
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +19,7 @@ import pytest
 
 from pytest_gsm8k.core.plan import RunPlan
 from pytest_gsm8k.core.records import Report
-from pytest_gsm8k.state import State
+from pytest_gsm8k.session import Gsm8kSession
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.verdict import Group, GroupInput, RunVerdict
@@ -31,20 +33,28 @@ OUTPUTS = {
 }
 
 
-def prepare_outputs(state: State, keys: tuple[str, ...]) -> None:
-    """Controller, before any request: check where the run's end writes ``keys``; one
-    usage-error line naming the option when a path cannot be written."""
+def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | None = None) -> None:
+    """Before any request: where the run's end writes ``keys`` (with the ``plan``, its
+    baselines too) is checked; one usage-error line naming the option when a path cannot be
+    written. Then the end's imports are loaded and the open-file limit is checked: a run
+    that holds as many sockets as the limit allows must still be able to end."""
     from pytest_gsm8k.runtime.outputs import OutputError, prepare
 
     for key in keys:
         path = _output_path(state, key)
-        if not path or key in state.run.outputs:
+        if not path or key in state.outputs:
             continue
         what, append = OUTPUTS[key]
         try:
-            state.run.add_output(key, prepare(path, what, append=append))
+            state.add_output(key, prepare(path, what, append=append))
         except OutputError as exc:
             raise pytest.UsageError(f"gsm8k: {exc}") from None
+    if plan is not None:
+        check_baseline_path(plan)
+        limit_descriptors(state)
+        from pytest_gsm8k import snapshot  # noqa: F401
+        from pytest_gsm8k.core import html_report, outcome, render, verdict  # noqa: F401
+        from pytest_gsm8k.runtime import files, outputs  # noqa: F401
 
 
 def check_baseline_path(plan: RunPlan) -> None:
@@ -95,6 +105,68 @@ def write_baselines(verdict: RunVerdict) -> dict[str, str]:
     return failed
 
 
+def finish(state: Gsm8kSession, config: pytest.Config) -> None:
+    """The end of a run: gather -> decide -> write the baseline -> (one derived copy if that
+    failed) -> every output renders from the verdict (core/verdict.py)."""
+    from pytest_gsm8k.core.dataset import DatasetError
+    from pytest_gsm8k.reporting import report_unfinished
+
+    state.notes.extend(state.sources.take_notes())
+    run, option, settings = state.run, config.option, state.settings
+    dry = option.collectonly or getattr(option, "setupplan", False)
+    # an item that reported without a record was skipped: with every item skipped
+    # there is no result, and a gate must say so rather than not be seen at all
+    skipped = not dry and any(nodeid in run.problem_of for nodeid in run.reported)
+    if not run.records and not run.aborted and not run.interrupted and not skipped:
+        return  # (an interrupted run reports even when no item had finished)
+    asked = settings.model or settings.serve or settings.vllm_config
+    if not run.records and not asked and not (run.collected or run.collected_ids):
+        return
+    try:
+        plan = state.plan
+    except DatasetError:
+        return
+    state.learn_plans()
+    late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
+    report_unfinished(config, state, late)
+    inputs, top, not_run = run.gather(
+        plan,
+        late=late,
+        servers=state.sources.config_servers,
+        server=state.sources.server_info,
+        scrub=state.scrubber(),
+        deselected_by=deselected_by(config),
+    )
+    complete = {i.group.name: _complete(i, run.aborted) for i in inputs}
+    state.sources.finish_started(lambda name: complete.get(name, False))
+    finished = time.time()
+    times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
+    verdict = settle(inputs, top, not_run, times)
+    run.finish(verdict)
+    for key, path, render in rendered(plan, verdict, page_path(state)):
+        write_output(state, key, path, render)
+
+
+def _complete(group: GroupInput, aborted: str | None) -> bool:
+    """Whether a group has an answer for every problem it set out to ask: then its started
+    server's answers are not reused by the next run."""
+    if aborted or group.selection.interrupted:
+        return False
+    return bool(group.records) and not any(r["outcome"] == "error" for r in group.records)
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def deselected_by(config: pytest.Config) -> str:
+    """The options that may have deselected problems, as the command line spells them."""
+    option = config.option
+    flags = (("-k", "keyword"), ("-m", "markexpr"), ("--lf", "lf"), ("--deselect", "deselect"))
+    named = [flag for flag, dest in flags if getattr(option, dest, None)]
+    return ", ".join(named) or "the test ids or paths given"
+
+
 def settle(
     inputs: Sequence[GroupInput],
     top: Group | None,
@@ -142,21 +214,16 @@ def rendered(
     return out
 
 
-def write_outputs(state: State, verdict: RunVerdict) -> None:
-    """Every output of the run's end (:func:`rendered`), each where its session-start check
-    said; a failure is one line (the terminal block is still printed, and the run fails)."""
-    for key, path, render in rendered(state.plan, verdict, page_path(state)):
-        write_output(state, key, path, render)
-
-
-def _output_path(state: State, key: str) -> str | None:
+def _output_path(state: Gsm8kSession, key: str) -> str | None:
     if key == "step_summary":
         return os.environ.get("GITHUB_STEP_SUMMARY") or None
     value = getattr(state.settings, key)
     return str(value) if value else None
 
 
-def write_output(state: State, key: str, path: str | None, render: Callable[[], str]) -> None:
+def write_output(
+    state: Gsm8kSession, key: str, path: str | None, render: Callable[[], str]
+) -> None:
     """Write output ``key`` (rendered by ``render``) to ``path``, through the check made at
     session start (made now when there was none); a failure, rendering included, is kept
     as one line in the run's output errors."""
@@ -166,24 +233,24 @@ def write_output(state: State, key: str, path: str | None, render: Callable[[], 
         return
     what, append = OUTPUTS[key]
     try:
-        output = state.run.outputs.get(key) or prepare(path, what, append=append)
+        output = state.outputs.get(key) or prepare(path, what, append=append)
         text = render()
         if output.terminal:
             _end_terminal_line(state)
         output.write(text)
     except OutputError as exc:
-        state.run.output_failed(key, f"gsm8k: {exc}")
+        state.output_failed(key, f"gsm8k: {exc}")
     except Exception as exc:
-        state.run.output_failed(key, f"gsm8k: {what}: cannot write {path}: {reason(exc)}")
+        state.output_failed(key, f"gsm8k: {what}: cannot write {path}: {reason(exc)}")
 
 
-def page_path(state: State) -> tuple[str, bool] | None:
+def page_path(state: Gsm8kSession) -> tuple[str, bool] | None:
     """Where the step summary says the page is: its path relative to the repository
     (pytest's rootdir) and True, or its file's name (what the job's artifact holds) and
     False; never this machine's absolute path. None without a page, or for a page written
     to a stream (a device, a FIFO: no file a reader could open)."""
     path = state.settings.html
-    output = state.run.outputs.get("html")
+    output = state.outputs.get("html")
     if not path or (output is not None and output.fd is not None):
         return None
     config = state.config
@@ -199,7 +266,7 @@ def page_path(state: State) -> tuple[str, bool] | None:
     return Path(os.path.abspath(full)).name, False
 
 
-def _end_terminal_line(state: State) -> None:
+def _end_terminal_line(state: Gsm8kSession) -> None:
     """Before an output to pytest's own stdout or stderr: end the line of progress dots,
     so the output starts on a line of its own (pytest keeps the width of the line so far
     on its writer; a new line when that is unknown)."""
@@ -211,16 +278,7 @@ def _end_terminal_line(state: State) -> None:
         reporter.write("\n", flush=True)
 
 
-def preload_end() -> None:
-    """Import now what the end of the run imports: a run that later holds as many
-    sockets as its open-file limit allows must still be able to end (imports open
-    files)."""
-    from pytest_gsm8k import snapshot  # noqa: F401
-    from pytest_gsm8k.core import html_report, outcome, render, verdict  # noqa: F401
-    from pytest_gsm8k.runtime import files, outputs  # noqa: F401
-
-
-def limit_descriptors(state: State) -> None:
+def limit_descriptors(state: Gsm8kSession) -> None:
     """One warning when the open-file limit leaves room for fewer requests in flight
     than ``--gsm8k-concurrency``: the run goes on with fewer, and can still end."""
     room = state.descriptor_room()

@@ -39,15 +39,15 @@ def _seen(pytester: pytest.Pytester) -> list[int]:
 #: a conftest's own gsm8k_model or gsm8k_protocol: what the plugin's would give
 OWN_FIXTURE = """
 import pytest
-from pytest_gsm8k.state import get_state
+from pytest_gsm8k.session import get_session
 
 @pytest.fixture(scope="session")
 def gsm8k_model(pytestconfig):
-    return get_state(pytestconfig).sources.default_client()
+    return get_session(pytestconfig).sources.default_client()
 
 @pytest.fixture(scope="session")
 def gsm8k_protocol(pytestconfig):
-    return get_state(pytestconfig).plan.protocol
+    return get_session(pytestconfig).plan.protocol
 """
 
 #: deselects every GSM8K item but the last three, where the controller cannot see it

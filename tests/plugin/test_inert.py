@@ -123,7 +123,8 @@ import json, os, sys
 
 def pytest_unconfigure(config):
     loaded = sorted(m for m in sys.modules if m.startswith("pytest_gsm8k"))
-    with open(os.environ["PROBE_OUT"], "w") as out:
+    process = getattr(config, "workerinput", {}).get("workerid", "main")
+    with open(os.environ["PROBE_OUT"] + "." + process, "w") as out:
         json.dump(loaded, out)
 """
 
@@ -137,24 +138,28 @@ gsm8k_require_baseline = true
 """
 
 
+@XDIST
 @pytest.mark.parametrize("ini", ["", README_INI], ids=["no-ini", "readme-ini"])
 def test_a_session_without_gsm8k_work_loads_only_the_options(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ini: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ini: str, xdist: list[str]
 ) -> None:
     """Issue 34 #4: a suite that never uses the plugin does not pay for it. With no gsm8k
     option on the command line and no GSM8K item (ini values as README sets them or none),
-    the session imports the option table and the fixtures' definitions, and no more of the
-    package (no State, no plan, no engine): the plugin's hooks return
-    before they need any of it."""
+    each process (an xdist controller and its workers too) imports the option table, the
+    fixtures' definitions, and its role plugin, and no more of the package
+    (no session, no plan, no engine): the role's hooks return before they need any of it."""
     monkeypatch.setenv("PROBE_OUT", str(pytester.path / "modules.json"))
     if ini:
         pytester.makeini(ini)
     pytester.makeconftest(MODULES_PROBE)
     pytester.makepyfile(test_probe="def test_one():\n    assert 1\n")
-    result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS, "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(*NO_EXTRA_PLUGINS, "-p", "no:cacheprovider", *xdist)
     assert result.ret == 0, output(result)
-    loaded = json.loads((pytester.path / "modules.json").read_text())
-    assert loaded == sorted(PLUGIN_IMPORTS)
+    probes = sorted(pytester.path.glob("modules.json.*"))
+    assert [p.suffix for p in probes] == ([".gw0", ".gw1", ".main"] if xdist else [".main"])
+    for probe in probes:
+        loaded = json.loads(probe.read_text())
+        assert loaded == sorted([*PLUGIN_IMPORTS, "pytest_gsm8k.roles"])
 
 
 OWN_MODEL = """

@@ -337,6 +337,6 @@ def test_the_gate_selected_with_no_model_is_one_line_naming_the_option(
     ],
 )
 def test_which_mark_expressions_ask_for_the_gate(markexpr: str, selects: bool) -> None:
-    from pytest_gsm8k.plugin import _selects_gsm8k
+    from pytest_gsm8k.fixtures import selects_gsm8k
 
-    assert _selects_gsm8k(markexpr) is selects
+    assert selects_gsm8k(markexpr) is selects

@@ -321,11 +321,11 @@ def test_think_blocks_and_truncation_warning(
 OWN_PROTOCOL = """
 import dataclasses
 import pytest
-from pytest_gsm8k.state import get_state
+from pytest_gsm8k.session import get_session
 
 @pytest.fixture(scope="session")
 def gsm8k_protocol(pytestconfig):
-    return dataclasses.replace(get_state(pytestconfig).plan.protocol, max_tokens=123)
+    return dataclasses.replace(get_session(pytestconfig).plan.protocol, max_tokens=123)
 """
 
 
