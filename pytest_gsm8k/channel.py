@@ -52,8 +52,9 @@ def fetches_now(state: Gsm8kSession, session: pytest.Session) -> bool:
     broken = session.testsfailed and not getattr(
         config.option, "continue_on_collection_errors", False
     )
-    asked = state.settings.vllm_config or state.plan.endpoint.model
-    return bool(state.run.collected) and not idle and not broken and bool(asked)
+    if not state.run.collected or idle or broken:
+        return False  # before the plan: with nothing collected (bad data) it cannot be built
+    return bool(state.settings.vllm_config or state.plan.endpoint.model)
 
 
 def fetch(state: Gsm8kSession, session: pytest.Session) -> None:
