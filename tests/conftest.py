@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import importlib
 import json
-import os
 import pkgutil
 import socket
 from collections.abc import Iterator, Sequence
@@ -64,16 +63,6 @@ def pytester(_warm_imports: None, pytester: pytest.Pytester) -> pytest.Pytester:
     """pytester, after :func:`_warm_imports` (a session fixture: set up before pytester
     takes its snapshot of ``sys.modules``)."""
     return pytester
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: two workers per core. The suite mostly waits (servers starting, inner
-    runs in subprocesses, scripted latency): about 600 CPU-seconds in a 12-minute CI run on
-    2 cores (benchmarks/durations.txt). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still rules
-    (None hands over to xdist, which reads it)."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None
-    return 2 * len(os.sched_getaffinity(0))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
