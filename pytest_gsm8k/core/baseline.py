@@ -470,16 +470,18 @@ def noise_sentence(seen: Mapping[str, Any]) -> str:
     runs = seen["repeats"]["baseline"]
     drop = seen["detectable_drop"]
     more = drop["repeats_for_one_point"]
-    can_see = (
+    detects = (
         f"detects a drop of {drop['points']:.1f} points or more spread over the noisy "
         f"problems ({drop['problems']:g} problems; 80% power, n={shared}, "
-        f"alpha={seen['alpha']:g}); "
-        + (
-            f"{more} candidate run{'s' if more != 1 else ''} per problem (--gsm8k-repeats) "
-            "would reach 1 point"
-            if more is not None
-            else "no number of candidate repeats reaches 1 point with this baseline"
-        )
+        f"alpha={seen['alpha']:g})"
+        if drop["problems"] <= shared  # past that no drop the run can show is detectable
+        else f"detects no drop at this size ({shared} problems; alpha={seen['alpha']:g})"
+    )
+    can_see = f"{detects}; " + (
+        f"{more} candidate run{'s' if more != 1 else ''} per problem (--gsm8k-repeats) "
+        "would reach 1 point"
+        if more is not None
+        else "no number of candidate repeats reaches 1 point with this baseline"
     )
     if drop["points"] > 5:
         can_see += "; it cannot reach 80% power against a 5-point drop at this size"

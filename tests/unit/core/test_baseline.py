@@ -291,3 +291,17 @@ def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_its_line() -> 
     assert bl.loads(calibrated, "x")
     with pytest.raises(bl.BaselineError, match=r"x:1: .*'accuracy' given twice"):
         bl.loads(_document()[:-1] + ', "accuracy": 1.0}', "x")
+
+
+def test_the_noise_line_never_claims_a_drop_larger_than_the_run() -> None:
+    """Issue 32 #4, a claim that is true: four problems against a single-run baseline need
+    more problems failing than ran (the test cannot fail); the line said "detects a drop of
+    175.0 points or more ... (7 problems ...)". It says no drop is detectable instead."""
+    from pytest_gsm8k.core.baseline import noise_block, noise_sentence
+    from pytest_gsm8k.core.calibrated import Pair
+
+    pairs = [Pair(f"p{i}", 1, 1, 1, 1) for i in range(4)]
+    line = noise_sentence(noise_block(pairs, 0.01))
+    assert "points or more" not in line, line
+    assert "detects no drop at this size (4 problems; alpha=0.01)" in line, line
+    assert "it cannot reach 80% power against a 5-point drop at this size" in line
