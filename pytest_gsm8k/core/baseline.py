@@ -423,11 +423,7 @@ def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
             p.problem_id for p in pairs if p.base_correct < p.base_runs and p.now_correct > 0
         ],
         "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
-        "noisy_failing": [
-            p.problem_id
-            for p in pairs
-            if p.failing and stability(p.base_correct, p.base_runs) == "noisy"
-        ],
+        "noisy_failing": [p.problem_id for p in pairs if p.failing and p.stability == "noisy"],
         "stability": counts,
         "flip_rate": counts["noisy"] / shared,
     }

@@ -66,6 +66,10 @@ class Pair:
         return self.now_correct / self.now_runs
 
     @property
+    def stability(self) -> Stability:
+        return stability(self.base_correct, self.base_runs)
+
+    @property
     def failing(self) -> bool:
         """Newly failing: right in some baseline run, wrong in some candidate run now."""
         return self.base_correct > 0 and self.now_correct < self.now_runs
