@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pytest_gsm8k.core.calibrated import Pair, difference, evidence, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
@@ -102,25 +102,23 @@ def count_certain(good: int, seen: int, size: int, need: int) -> Verdict | None:
 
 
 class _CountRule:
-    """What the count rules share: PASS iff the good answers reach :meth:`need`."""
+    """A count rule: PASS iff the good answers reach :meth:`need`; ``never`` (formatted with
+    the rule) says why it cannot fail when no count fails it."""
 
     name: str
+    never: ClassVar[str]
 
     def need(self, n: int) -> int:
-        raise NotImplementedError
-
-    def never(self) -> str:
-        """Why the rule cannot fail when :meth:`need` is 0."""
         raise NotImplementedError
 
     def certain(self, good: int, seen: int, n: int) -> Verdict | None:
         return count_certain(good, seen, n, self.need(n))
 
     def cannot_fail(self, n: int) -> str | None:
-        return None if n < 1 or self.need(n) > 0 else self.never()
+        return None if n < 1 or self.need(n) > 0 else self.never.format(s=self)
 
     def _verdict(
-        self, rule: str, passed: bool, detail: str, value: float | None, limit: float, n: int
+        self, rule: str, passed: bool, detail: str, value: float, limit: float, n: int
     ) -> GateVerdict:
         verdict = GateVerdict(self.name, rule, passed, detail, value, limit)
         why = self.cannot_fail(n)
@@ -134,15 +132,10 @@ class MinAcc(_CountRule):
     threshold: float
     name: str = "min-acc"
     option: str = "--gsm8k-min-acc"
+    never = "{s.option} {s.threshold:g} cannot fail (every accuracy reaches it): set it above 0"
 
     def need(self, n: int) -> int:
         return min_acc_count(self.threshold, n)
-
-    def never(self) -> str:
-        return (
-            f"{self.option} {self.threshold:g} cannot fail (every accuracy reaches it): set it "
-            "above 0"
-        )
 
     def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
         """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``)."""
@@ -168,6 +161,10 @@ class ToleranceFloor(_CountRule):
     config: str
     threshold: float
     tolerance: float
+    never = (
+        "its floor {s.words} is at or below 0, so no accuracy fails it: raise "
+        "accuracy_threshold (or lower tolerance) in the config"
+    )
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -177,20 +174,13 @@ class ToleranceFloor(_CountRule):
     def floor(self) -> float:
         return self.threshold - self.tolerance
 
+    @property
+    def words(self) -> str:
+        t, tolerance = self.threshold, self.tolerance
+        return f"accuracy_threshold {t:g} - tolerance {tolerance:g} = {self.floor:.4f}"
+
     def need(self, n: int) -> int:
         return min_acc_count(self.floor, n)
-
-    def never(self) -> str:
-        return (
-            f"its floor {self._floor_words()} is at or below 0, so no accuracy fails it: raise "
-            "accuracy_threshold (or lower tolerance) in the config"
-        )
-
-    def _floor_words(self) -> str:
-        return (
-            f"accuracy_threshold {self.threshold:g} - tolerance {self.tolerance:g} = "
-            f"{self.floor:.4f}"
-        )
 
     def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
         if n == 0:
@@ -198,10 +188,7 @@ class ToleranceFloor(_CountRule):
             return GateVerdict(self.name, "vllm-threshold", False, detail, None, self.floor)
         passed = correct >= self.need(n * runs)
         accuracy = correct / (n * runs)
-        detail = (
-            f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} "
-            f"{self._floor_words()}"
-        )
+        detail = f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} {self.words}"
         return self._verdict("vllm-threshold", passed, detail, accuracy, self.floor, n)
 
 
@@ -219,6 +206,10 @@ class MaxShare(_CountRule):
 
     outcome: Outcome
     rate: float
+    never = (
+        "{s.option} {s.rate:g} allows every problem to be {s.words}, "
+        "so it cannot fail: set it below 1"
+    )
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -228,18 +219,16 @@ class MaxShare(_CountRule):
     def option(self) -> str:
         return f"--gsm8k-max-{self.outcome}"
 
+    @property
+    def words(self) -> str:
+        return _HEALTH_WORDS[self.outcome]
+
     def allowed(self, n: int) -> int:
         """The most problems of the outcome ``n`` problems may have and pass."""
         return max_share_count(self.rate, n)
 
     def need(self, n: int) -> int:
         return n - self.allowed(n)
-
-    def never(self) -> str:
-        return (
-            f"{self.option} {self.rate:g} allows every problem to be "
-            f"{_HEALTH_WORDS[self.outcome]}, so it cannot fail: set it below 1"
-        )
 
     def certain(self, count: int, seen: int, n: int) -> Verdict | None:
         """``count``: the seen problems *of* the outcome."""
@@ -255,7 +244,7 @@ class MaxShare(_CountRule):
         passed = count <= allowed
         what = f"{total} answers" if runs > 1 else f"{n} problems"
         detail = (
-            f"{count / total:.1%} of {what} {_HEALTH_WORDS[self.outcome]} ({count}; "
+            f"{count / total:.1%} of {what} {self.words} ({count}; "
             f"{allowed} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
         )
         return self._verdict(self.name, passed, detail, count / total, self.rate, n)
