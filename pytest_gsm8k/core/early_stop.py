@@ -1,9 +1,5 @@
-"""Early stopping for the release gates (docs/early-stop.md: what each mode promises, and the
-proof of the sequential test). Pure.
-
-``certain`` asks each gate spec's own ``certain()``; ``sequential`` adds an anytime-valid test
-per count gate, fed only the contiguous prefix of the seeded order that has arrived (a fast
-error may overtake a slow right answer, so arrival order depends on the outcomes).
+"""Early stopping for the release gates: what each mode promises and the proof of the
+sequential test are in docs/early-stop.md. Pure.
 """
 
 from __future__ import annotations
@@ -35,18 +31,19 @@ Mode = Literal["certain", "sequential"]
 #: the name a vLLM config's floor (``ToleranceFloor``) has among the gates decided here
 FLOOR = "vllm-threshold"
 
-# The betting mixture (_WorTest): offsets of the alternative mean from the null's, in units of
-# the gate's quantity, with prior weights, chosen by simulation (benchmarks/bench_early_stop.py)
+# The betting mixture (_WorTest): (offset of the alternative mean, prior weight), chosen by
+# simulation (benchmarks/bench_early_stop.py); _VALUED_MIX for values in {0..K}
 _BINARY_MIX = ((0.05, 2.0), (0.08, 3.0), (0.12, 3.0), (0.18, 2.0), (0.3, 1.0), (0.6, 1.0))
-_VALUED_OFFSETS = (0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.4)
-_VALUED_MIX = tuple(zip(_VALUED_OFFSETS, (2.0, 3.0, 3.0, 2.0, 1.0, 1.0, 1.0), strict=True))
+_VALUED_MIX = tuple(
+    zip((0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.4), (2.0, 3.0, 3.0, 2.0, 1.0, 1.0, 1.0), strict=True)
+)
 #: largest fraction of the capital any one bet may lose (keeps every factor >= 0.02)
 _MAX_FRACTION = 0.98
 
 
 def run_order(ids: Sequence[str], seed: int) -> list[str]:
-    """The seeded run order: ids sorted by SHA-256 of ``"<seed>:<id>"`` (ties by id): a
-    uniformly random permutation, independent of the outcomes, the same everywhere."""
+    """Ids sorted by SHA-256 of ``"<seed>:<id>"``: a uniformly random permutation,
+    independent of the outcomes, the same in every process."""
     if len(set(ids)) != len(ids):
         raise ValueError("problem ids must be unique")
     return sorted(ids, key=lambda pid: (hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid))
@@ -70,7 +67,6 @@ class _WorTest:
         self.rejected = False
 
     def update(self, value: int) -> bool:
-        """Feed the next value (in the run order); True once the null is rejected."""
         num, den = self.null - self.seen, self.scale * (self.size - self.t)
         if not self.rejected and 0 < num < den:
             mu, y = num / den, value / self.scale
@@ -125,7 +121,6 @@ class _CountGate:
         return count_certain(self.good, self.seen * self.runs, self.size * self.runs, self.need)
 
     def add(self, good: int) -> tuple[Verdict | None, str]:
-        """Count one problem's good answers: the verdict if settled, and how."""
         self.good += good
         self.seen += 1
         verdict = self.certain()
@@ -138,12 +133,10 @@ class _CountGate:
         return ("FAIL" if failed else "PASS" if passed else None), "sequential"
 
     def bounds(self) -> tuple[int, int]:
-        """Exact range of the final count X."""
         return self.good, self.good + (self.size - self.seen) * self.runs
 
     def interval(self) -> tuple[int, int]:
-        """Anytime-valid bounds on X inside :meth:`bounds`: the totals neither test rejects,
-        by replay and bisection (the rejected totals form an interval)."""
+        """The totals neither test rejects (an interval), by replay and bisection."""
         low, high = self.bounds()
         if self.tests is None:
             return low, high
@@ -162,7 +155,7 @@ class _CountGate:
 @dataclass(frozen=True)
 class Decision:
     """The run may stop after ``after`` outcomes: each gate's verdict (None: not settled,
-    only beside another gate's FAIL) and per settled gate how (certain or sequential)."""
+    beside another's FAIL) and how (certain or sequential)."""
 
     after: int
     verdicts: dict[str, Verdict | None]
@@ -170,10 +163,8 @@ class Decision:
 
 
 class EarlyStop:
-    """Decide one group's gates as early as allowed (:meth:`for_group`). ``baseline``: problem
-    id -> the baseline's (correct runs, runs), for ``NoiseAware``; ``order`` replaces the
-    seeded order (simulations); ``alpha``: the sequential bound for the group, split evenly
-    over the count gates. It stops once every verdict is settled or any gate FAILs."""
+    """Decide one group's gates as early as allowed. ``baseline``: id -> (correct runs, runs);
+    ``order`` replaces the seeded one (simulations); ``alpha`` is split over the count gates."""
 
     def __init__(
         self,
@@ -189,8 +180,6 @@ class EarlyStop:
     ) -> None:
         if mode not in ("certain", "sequential"):
             raise ValueError(f"mode must be 'certain' or 'sequential', got {mode!r}")
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if not ids or not gates:
             raise ValueError("no gate to decide (need min-acc, a floor, a baseline or health)")
         self.order = run_order(ids, seed) if order is None else list(order)
@@ -247,10 +236,8 @@ class EarlyStop:
         alpha: float = 0.05,
         repeats: int = 1,
     ) -> EarlyStop | None:
-        """The group's early stop (None: nothing to decide). ``baseline``: the checked
-        stored problems; the noise-aware gate takes part when it shares a problem with
-        ``ids``, and with ``--gsm8k-require-baseline`` only when it holds them all (the end
-        of the run fails it otherwise, whatever the shared ones say)."""
+        """The group's early stop (None: nothing to decide). The baseline gate takes part when
+        it shares a problem, with --gsm8k-require-baseline only when it holds them all."""
         runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
         shared = len(set(runs) & set(ids))
         compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
@@ -264,7 +251,6 @@ class EarlyStop:
         return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
 
     def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:
-        """The shared problems seen (single candidate runs) and those not seen yet."""
         seen = [
             Pair(i, c, k, self._now[i], 1) for i, (c, k) in self._base.items() if i in self._now
         ]
@@ -293,10 +279,8 @@ class EarlyStop:
         outcome: str | None = None,
         answers: Sequence[str] = (),
     ) -> Decision | None:
-        """Record one problem's outcome (any arrival order); the Decision once the run may
-        stop. ``outcome`` is needed by the health gates only; ``answers``: with ``repeats``
-        above 1, the outcome of each answer (none: ``outcome`` for each, as for an error).
-        KeyError for an id not in the run, ValueError for one seen twice."""
+        """One problem's outcome, in any arrival order; the Decision once the run may stop.
+        ``answers``: with repeats, each answer's outcome (none: ``outcome`` for each)."""
         position = self._position[problem_id]
         if position in self._arrived or position < self._next:
             raise ValueError(f"outcome for {problem_id!r} observed twice")
@@ -356,7 +340,6 @@ class EarlyStop:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The early-stopping record for the JSON report (bounds are exact; intervals, CS)."""
         sequential = self.mode == "sequential"
         return {
             "mode": self.mode,
@@ -398,7 +381,6 @@ class EarlyStop:
         )
 
     def headline(self) -> str:
-        """One line for the terminal, e.g. "stopped after 212 of 1319 problems: ..."."""
         decided = self.decision is not None
         phrases = "; ".join(
             self._gate_phrase(name) for name, v in self._verdicts.items() if not decided or v
