@@ -8,6 +8,7 @@ docs/baselines.md#the-noise-aware-test.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -108,15 +109,10 @@ def _scores(total: int, before: int, after: int) -> tuple[int, ...]:
     """``round(RESOLUTION u⁴ / u_max²)`` for ``d = 0..after`` (0 for an impossible ``d``)."""
     pmf = hypergeometric_pmf(total, before, after)
     most = math.log(hypergeometric_pmf(before, before, after)[0]) ** 2  # 1 / C(K + L, L)
-    scores: list[int] = []
-    below = 0.0
-    for prob in pmf:
-        below += prob
-        if prob == 0.0 and below == 0.0:
-            scores.append(0)
-        else:
-            scores.append(round(RESOLUTION * math.log(min(1.0, below)) ** 4 / most))
-    return tuple(scores)
+    return tuple(
+        0 if below == 0.0 else round(RESOLUTION * math.log(min(1.0, below)) ** 4 / most)
+        for below in itertools.accumulate(pmf)
+    )
 
 
 def _informative(pairs: Iterable[Pair]) -> list[Pair]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference
+from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference, record_runs
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord
@@ -211,7 +211,7 @@ def compare(
         )
     not_whole = "; ".join(gaps) + ": rerun until every problem has an answer" if gaps else None
     records = [_record(r) for r in in_b.values() if r["id"] not in bad]
-    document = {"problems": {pid: _entry(r) for pid, r in in_a.items() if pid not in bad}}
+    document = {"problems": {p: _entry(_record(r)) for p, r in in_a.items() if p not in bad}}
     group = Group(
         name="",
         label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
@@ -304,19 +304,9 @@ def _errored(record: Mapping[str, Any]) -> bool:
     return record["outcome"] == "error" or "error" in (record.get("repeats") or ())
 
 
-def _runs(record: Mapping[str, Any]) -> tuple[int, int]:
-    """A record's (correct runs, runs), counted from its outcomes (a report's counts could
-    be forged)."""
-    outcomes = record.get("repeats") or ()
-    if len(outcomes) > 1:
-        return sum(1 for o in outcomes if o == "correct"), len(outcomes)
-    return int(bool(record["correct"])), 1
-
-
 def _record(record: Mapping[str, Any]) -> ProblemRecord:
-    """What the verdict reads of a problem of report B, and nothing else a report could
-    forge."""
-    correct, runs = _runs(record)
+    """What the verdict reads of a problem, and nothing else a report could forge (its
+    repeats' correct count is counted again)."""
     out: dict[str, Any] = {
         "id": record["id"],
         "index": record.get("index", 0),
@@ -325,14 +315,15 @@ def _record(record: Mapping[str, Any]) -> ProblemRecord:
         "rules": {},
         "samples": [],
     }
-    if runs > 1:
-        out.update(repeats=list(record["repeats"]), repeats_correct=correct)
+    outcomes = record.get("repeats") or ()
+    if len(outcomes) > 1:
+        out.update(repeats=list(outcomes), repeats_correct=outcomes.count("correct"))
     return cast(ProblemRecord, out)
 
 
-def _entry(record: Mapping[str, Any]) -> Any:
-    """A problem of report A as a baseline stores it (core/baseline.py: ``runs``)."""
-    correct, runs = _runs(record)
+def _entry(record: ProblemRecord) -> Any:
+    """A problem of report A as a baseline stores it."""
+    correct, runs = record_runs(record)
     if runs > 1:
         return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
     return record["outcome"]
