@@ -354,31 +354,28 @@ class EarlyStop:
         }
 
     def _gate_phrase(self, name: str) -> str:
-        verdict, info = self._verdicts[name], self._gate_json(name)
-        gate = self._counts.get(name)
+        verdict, info, gate = self._verdicts[name], self._gate_json(name), self._counts.get(name)
         if gate is None:  # the noise-aware baseline gate
             if "p_bounds" not in info:
                 return "baseline waits for the end of the run (--gsm8k-repeats on the candidate)"
-            lo_p, hi_p = info["p_bounds"]
             state = "undecided" if verdict is None else f"verdict {verdict} is certain"
-            return f"baseline {state} (noise-aware p reachable {lo_p:.4g}-{hi_p:.4g})"
+            return "baseline {} (noise-aware p reachable {:.4g}-{:.4g})".format(
+                state, *info["p_bounds"]
+            )
         outcome = gate.spec.outcome if isinstance(gate.spec, MaxShare) else ""
-        what = f"{outcome} share" if outcome else "accuracy"
-        low, high = info["bounds"]
+        what, (low, high) = f"{outcome} share" if outcome else "accuracy", info["bounds"]
         if verdict is None:
             return f"{name} undecided ({what} reachable {low:.4f}-{high:.4f})"
-        if info["how"] == "certain":
-            reach = f"at most {high:.4f} reachable"
-            if outcome and verdict == "FAIL":
-                reach = f"{info['count']} {outcome} already, {info['allowed']} allowed"
-            elif not outcome and verdict == "PASS":
-                reach = f"at least {low:.4f} already"
-            return f"{name} verdict {verdict} is certain ({reach})"
-        lo, hi = info["interval"]
-        return (
-            f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({what} of the full split "
-            f"in [{lo:.4f}, {hi:.4f}])"
-        )
+        if info["how"] == "sequential":
+            lo, hi = info["interval"]
+            split = f"{what} of the full split in [{lo:.4f}, {hi:.4f}]"
+            return f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({split})"
+        reach = f"at most {high:.4f} reachable"
+        if outcome and verdict == "FAIL":
+            reach = f"{info['count']} {outcome} already, {info['allowed']} allowed"
+        elif not outcome and verdict == "PASS":
+            reach = f"at least {low:.4f} already"
+        return f"{name} verdict {verdict} is certain ({reach})"
 
     def headline(self) -> str:
         decided = self.decision is not None
