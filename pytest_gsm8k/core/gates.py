@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, cast
 
 from pytest_gsm8k.core.calibrated import Pair, difference, evidence, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
@@ -53,7 +53,7 @@ class GateVerdict:
 
     def to_json(self) -> GateRecord:
         keys = ("name", "rule", "passed", "value", "threshold", "detail")
-        return {key: getattr(self, key) for key in keys}  # type: ignore[return-value]
+        return cast(GateRecord, {key: getattr(self, key) for key in keys})
 
 
 NOT_A_VERDICT = "not a verdict: "
@@ -366,9 +366,8 @@ def extremes(
     seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]
 ) -> tuple[list[Pair], list[Pair]]:
     """The pairs with every unseen problem wrong, and with every one right (one run each)."""
-    return tuple(  # type: ignore[return-value]
-        [*seen, *(Pair(i, c, k, now, 1) for i, c, k in unseen)] for now in (0, 1)
-    )
+    worst, best = ([*seen, *(Pair(i, c, k, now, 1) for i, c, k in unseen)] for now in (0, 1))
+    return worst, best
 
 
 @lru_cache(maxsize=64)
