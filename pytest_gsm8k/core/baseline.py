@@ -107,7 +107,6 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
 
 
 def runs(entry: Any) -> tuple[int, int]:
-    """A stored problem's (correct runs, runs); one run for a non-calibrated entry."""
     if isinstance(entry, dict) and "repeats" in entry:
         return int(entry["correct"]), int(entry["repeats"])
     return int(_correct(entry)), 1
@@ -129,7 +128,6 @@ def _stabilities(sides: Iterable[tuple[int, int]]) -> dict[str, int]:
 
 
 def pairs(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[Pair]:
-    """The noise-aware test's pairs for the problems both hold, by id."""
     base = baseline["problems"]
     return [
         Pair(str(r["id"]), *runs(base[str(r["id"])]), *record_runs(r))
@@ -480,7 +478,6 @@ def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | Non
 
 
 def dropped(stored: StoredBaseline, report: Mapping[str, Any], split: Sequence[Problem]) -> int:
-    """How many problems the usable stored baseline holds that the run has not."""
     if not stored.exists:
         return 0
     try:

@@ -41,7 +41,6 @@ class CompareError(Exception):
 
 
 def clip(text: str, limit: int = SHOWN) -> str:
-    """``text`` cut to ``limit`` characters (the cut marked ``...``)."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -89,7 +88,6 @@ def load_report(text: str | bytes, where: str) -> dict[str, Any]:
 
 
 def _unique(value: object, seen: set[str], where: str, field: str) -> None:
-    """``value`` as an id or name (1 to MAX_ID characters) not in ``seen``, added to it."""
     ok = isinstance(value, str) and 0 < len(value) <= MAX_ID
     _need(ok, where, field, f"{_shown(value)} is not a string of 1 to {MAX_ID} characters")
     _need(value not in seen, where, field, f"{_shown(value)} appears twice")
@@ -104,7 +102,6 @@ def _check_list(value: object, most: int, where: str, field: str) -> list[Any]:
 
 
 def _check_run(run: object, where: str, at: str) -> None:
-    """A report, or a config's entry in one: what compare reads of it besides problems."""
     _need(isinstance(run, dict), where, at.rstrip(".") or "report", "not an object")
     fields = cast(dict[str, Any], run)
     for key in ("protocol", "dataset"):
@@ -322,7 +319,6 @@ def _record(record: Mapping[str, Any]) -> ProblemRecord:
 
 
 def _entry(record: ProblemRecord) -> Any:
-    """A problem of report A as a baseline stores it."""
     correct, runs = record_runs(record)
     if runs > 1:
         return {"correct": correct, "outcome": record["outcome"], "repeats": runs}

@@ -80,12 +80,10 @@ def _first(n: int, ok: Callable[[int], bool]) -> int:
 
 
 def min_acc_count(min_acc: float, n: int) -> int:
-    """Smallest correct count ``c`` with ``c / n >= min_acc`` in floats (``n + 1``: none)."""
     return _first(n, lambda c: c / n >= min_acc)
 
 
 def max_share_count(rate: float, n: int) -> int:
-    """Largest count ``k`` with ``k / n <= rate`` in floats: a share at the rate passes."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"need 0 <= rate <= 1, got {rate}")
     return _first(n, lambda c: c / n > rate) - 1
@@ -224,7 +222,6 @@ class MaxShare(_CountRule):
         return _HEALTH_WORDS[self.outcome]
 
     def allowed(self, n: int) -> int:
-        """The most problems of the outcome ``n`` problems may have and pass."""
         return max_share_count(self.rate, n)
 
     def need(self, n: int) -> int:
@@ -251,7 +248,6 @@ class MaxShare(_CountRule):
 
 
 def _drop(pairs: Sequence[Pair]) -> float:
-    """Mean baseline rate minus mean candidate rate over the pairs (0 without pairs)."""
     return -difference(pairs)[0] if pairs else 0.0
 
 
