@@ -1,9 +1,7 @@
 """Baselines: a stored run, read, checked and compared with a new run. Pure.
 
-A baseline holds the protocol and dataset identity and each problem id's outcome (sample
-counts for pass@N/maj@N; ``{"correct": c, "outcome": ..., "repeats": K}`` for a calibrated
-one). Comparisons are paired on the ids both hold. Which problems it holds is part of what it
-says: docs/design.md#which-problems-a-baseline-holds and #which-baseline-a-protocol-uses.
+Which problems a baseline holds is part of what it says: docs/design.md#which-problems-a-
+baseline-holds and #which-baseline-a-protocol-uses. Comparisons pair the ids both hold.
 """
 
 from __future__ import annotations
@@ -34,22 +32,21 @@ KIND = "pytest-gsm8k baseline"
 DATASET_KEYS = ("config", "split", "fingerprint", "rows")
 #: those a subset of the same split shares (it is compared on its ids)
 SAME_SPLIT = DATASET_KEYS[:3]
+#: the longest default name (ASCII): with ``.gsm8k``, far below a file name's 255 bytes
+NAME_LIMIT = 200
+#: what names a vLLM config in its baseline: one config's baseline never gates another's
+CONFIG_KEYS = ("name", "model_name")
+#: protocol fields that follow from others (the shots and their seed or file): named only
+#: when nothing a user sets differs
+DERIVED = ("fewshot_hash", "fewshot_source")
 
 
 class BaselineError(Exception):
     """A baseline that cannot be used; one line naming the file and the reason."""
 
 
-#: the longest default name (ASCII): with ``.gsm8k``, far below a file name's 255 bytes
-NAME_LIMIT = 200
-
-
-#: what names a vLLM config (--gsm8k-config) in its baseline: a baseline of one config must
-#: never gate another, even of the same protocol
-CONFIG_KEYS = ("name", "model_name")
-#: protocol fields that follow from others (the shots and their seed or file): named only
-#: when nothing a user sets differs
-DERIVED = ("fewshot_hash", "fewshot_source")
+def _corrupt(where: str, why: str) -> BaselineError:
+    return BaselineError(f"{where}: corrupt baseline ({why})")
 
 
 def default_name(label: str) -> str:
@@ -62,24 +59,30 @@ def default_name(label: str) -> str:
     return f"{name[: NAME_LIMIT - len(digest) - 1].rstrip('_')}_{digest}"
 
 
+def record_runs(record: Mapping[str, Any]) -> tuple[int, int]:
+    """A run's record as (correct runs, runs): its ``--gsm8k-repeats``, else one run."""
+    outcomes = record.get("repeats") or ()
+    if len(outcomes) > 1:
+        return int(record["repeats_correct"]), len(outcomes)
+    return int(bool(record["correct"])), 1
+
+
 def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
     """The baseline document from a run's JSON report; ``partial``: why the run covers only
     part of its selection (recorded with the selection's size and the ids held)."""
-    problems: dict[str, Any] = {}
+    records = summary_json["problems"]
+    repeats = max((len(r.get("repeats") or ()) for r in records), default=0)
     sampled = int(summary_json["protocol"]["samples"]) > 1
-    repeats = max((len(r.get("repeats") or ()) for r in summary_json["problems"]), default=0)
-    for record in summary_json["problems"]:
+    problems: dict[str, Any] = {}
+    for record in records:
         entry: Any = record["outcome"]
         if repeats > 1:
-            correct = int(record.get("repeats_correct", int(record["correct"])))
-            entry = {
-                "correct": correct,
-                "outcome": entry,
-                "repeats": len(record.get("repeats") or ()) or 1,
-            }
+            correct, runs = record_runs(record)
+            entry = {"correct": correct, "outcome": entry, "repeats": runs}
         elif sampled:
             entry = {key: record[key] for key in ("outcome", "n_correct", "n_samples")}
         problems[record["id"]] = entry
+    subset = summary_json.get("subset", {})
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "kind": KIND,
@@ -89,30 +92,28 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
         "reported_models": summary_json.get("reported_models", []),
         "accuracy": round(float(summary_json["accuracy"]), 6),
         "n": summary_json["n"],
-        "subset": summary_json.get("subset", {}),
+        "subset": subset,
         "problems": dict(sorted(problems.items())),
     }
     config = summary_json.get("config")
     if isinstance(config, Mapping):
-        # --gsm8k-config: a config's baseline gates that config only (its name and model)
         document["config"] = {key: config.get(key) for key in CONFIG_KEYS}
     if repeats > 1:
         document["calibration"] = calibration(document["problems"])
     if partial is not None:
-        subset = summary_json.get("subset", {})
-        document["partial"] = {
-            "reason": partial,
-            "of": int(summary_json["expected"]) + int(subset.get("deselected") or 0),
-            "ids": sorted(problems),
-        }
+        of = int(summary_json["expected"]) + int(subset.get("deselected") or 0)
+        document["partial"] = {"reason": partial, "of": of, "ids": sorted(problems)}
     return document
 
 
 def runs(entry: Any) -> tuple[int, int]:
-    """A stored problem's (correct runs, runs); one run for a non-calibrated entry."""
     if isinstance(entry, dict) and "repeats" in entry:
         return int(entry["correct"]), int(entry["repeats"])
     return int(_correct(entry)), 1
+
+
+def _correct(entry: Any) -> bool:
+    return (entry.get("outcome") if isinstance(entry, dict) else entry) == "correct"
 
 
 def calibration(problems: Mapping[str, Any]) -> dict[str, int]:
@@ -122,27 +123,17 @@ def calibration(problems: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _stabilities(sides: Iterable[tuple[int, int]]) -> dict[str, int]:
-    """How many problems were right in every run, wrong in every run, or noisy."""
     counts = Counter(stability(correct, runs).replace("-", "_") for correct, runs in sides)
     return {key: counts[key] for key in ("stable_correct", "stable_wrong", "noisy")}
 
 
 def pairs(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[Pair]:
-    """The noise-aware test's pairs for the problems both hold, by id."""
     base = baseline["problems"]
-    out: list[Pair] = []
-    for record in sorted(records, key=lambda r: str(r["id"])):
-        pid = str(record["id"])
-        if pid not in base:
-            continue
-        base_correct, base_runs = runs(base[pid])
-        outcomes = record.get("repeats") or ()
-        if len(outcomes) > 1:
-            now_correct, now_runs = int(record["repeats_correct"]), len(outcomes)
-        else:
-            now_correct, now_runs = int(bool(record["correct"])), 1
-        out.append(Pair(pid, base_correct, base_runs, now_correct, now_runs))
-    return out
+    return [
+        Pair(str(r["id"]), *runs(base[str(r["id"])]), *record_runs(r))
+        for r in sorted(records, key=lambda r: str(r["id"]))
+        if str(r["id"]) in base
+    ]
 
 
 #: stands in for a calibrated baseline's problems while the rest is dumped (see dumps)
@@ -162,17 +153,18 @@ def dumps(baseline: dict[str, Any]) -> str:
         f"  {to_json(pid)}: {to_json(entry, sort_keys=True)}"
         for pid, entry in sorted(problems.items())
     )
-    block = "{\n" + rows + "\n }" if rows else "{}"
-    return text.replace(to_json(_PROBLEMS_SLOT), block, 1) + "\n"
+    return text.replace(to_json(_PROBLEMS_SLOT), "{\n" + rows + "\n }", 1) + "\n"
 
 
 def loads(text: str, where: str) -> dict[str, Any]:
+    """A baseline file's document; a hand edit that would gate against numbers nobody
+    measured is refused."""
     try:
         data = jsondepth.loads(text)
     except json.JSONDecodeError as exc:
-        raise BaselineError(f"{where}: corrupt baseline (line {exc.lineno}: {exc.msg})") from None
+        raise _corrupt(where, f"line {exc.lineno}: {exc.msg}") from None
     except jsondepth.TooDeep as exc:
-        raise BaselineError(f"{where}: corrupt baseline ({exc})") from None
+        raise _corrupt(where, str(exc)) from None
     _refuse_duplicates(text, where)
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BaselineError(f"{where}: not a pytest-gsm8k baseline")
@@ -180,10 +172,51 @@ def loads(text: str, where: str) -> dict[str, Any]:
         raise BaselineError(f"{where}: baseline schema {data.get('schema')} (expected {SCHEMA})")
     for key in ("protocol", "dataset", "problems"):
         if not isinstance(data.get(key), dict):
-            raise BaselineError(f"{where}: corrupt baseline (no '{key}')")
-    _check_outcomes(data, where)
-    _check_problem_count(data, where)
+            raise _corrupt(where, f"no '{key}'")
+    problems = data["problems"]
+    for pid, entry in problems.items():
+        _check_entry(pid, entry, where)
+    stored, made = data.get("calibration"), calibration(problems)
+    if stored is not None and stored != made:
+        raise _corrupt(
+            where,
+            f"its calibration {stored!r} is not that of its {len(problems)} problems, "
+            f"{made!r}: edited by hand?",
+        )
+    accuracy: Any = data.get("accuracy")
+    if not _is_int(accuracy, int | float):
+        raise _corrupt(where, "no accuracy")
+    if problems:
+        measured = sum(1 for entry in problems.values() if _correct(entry)) / len(problems)
+        # a calibrated baseline's accuracy is the mean over every run (test@1); one written
+        # before that holds its outcomes' (the most common answer's): both are consistent
+        mean = sum(c / k for c, k in map(runs, problems.values())) / len(problems)
+        if min(abs(measured - accuracy), abs(mean - accuracy)) > 1e-6:
+            raise _corrupt(
+                where,
+                f"its accuracy {float(accuracy):.6f} is not that of its {len(problems)} "
+                f"outcomes, {measured:.6f}: edited by hand?",
+            )
+    n, partial = data.get("n"), data.get("partial")
+    if n is not None and (not _is_int(n) or n != len(problems)):
+        raise _corrupt(
+            where, f"its n {n!r} is not the {len(problems)} problems it holds: edited by hand?"
+        )
+    if partial is not None:
+        ids, of = (partial.get(k) if isinstance(partial, dict) else None for k in ("ids", "of"))
+        if not isinstance(ids, list) or not _is_int(of):
+            raise _corrupt(where, "'partial' has no ids or no 'of'")
+        if sorted(str(i) for i in ids) != sorted(problems) or len(ids) != len(problems):
+            raise _corrupt(
+                where,
+                f"its partial ids are not the {len(problems)} problems it holds: edited by hand?",
+            )
     return data
+
+
+def _is_int(value: object, kind: Any = int) -> bool:
+    """``value`` is of ``kind`` and not a bool (JSON's true is no count)."""
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 #: what delimits JSON's objects and keys: strings (escapes included), brackets, colons
@@ -202,9 +235,9 @@ def _refuse_duplicates(text: str, where: str) -> None:
             key = json.loads(raw) if "\\" in raw else raw[1:-1]
             if key in keys[-1]:
                 line = text.count("\n", 0, last.start()) + 1
-                raise BaselineError(
-                    f"{where}:{line}: corrupt baseline ({key[:80]!r} given twice in one object; "
-                    "only one copy may stay)"
+                raise _corrupt(
+                    f"{where}:{line}",
+                    f"{key[:80]!r} given twice in one object; only one copy may stay",
                 )
             keys[-1].add(key)
         elif mark in ("{", "["):
@@ -214,111 +247,52 @@ def _refuse_duplicates(text: str, where: str) -> None:
         last = token if mark.startswith('"') else None
 
 
-def _check_outcomes(data: dict[str, Any], where: str) -> None:
-    """Every outcome is an outcome name and the stored accuracy is theirs: a hand edit
-    would otherwise gate against numbers nobody measured."""
-    problems = data["problems"]
-    for pid, entry in problems.items():
-        outcome = entry.get("outcome") if isinstance(entry, dict) else entry
-        if not isinstance(outcome, str) or outcome not in OUTCOMES:
-            raise BaselineError(
-                f"{where}: corrupt baseline (problem {pid}: outcome {outcome!r} is not one of "
-                f"{', '.join(OUTCOMES)})"
-            )
-        if isinstance(entry, dict) and "repeats" in entry:
-            _check_repeats(pid, entry, where)
-    stored = data.get("calibration")
-    if stored is not None and stored != calibration(problems):
-        raise BaselineError(
-            f"{where}: corrupt baseline (its calibration {stored!r} is not that of its "
-            f"{len(problems)} problems, {calibration(problems)!r}: edited by hand?)"
+def _check_entry(pid: str, entry: Any, where: str) -> None:
+    """An outcome name; a calibrated entry's ``0 <= correct <= repeats <= 100`` and an
+    outcome that can be the most common of those runs."""
+    outcome = entry.get("outcome") if isinstance(entry, dict) else entry
+    if not isinstance(outcome, str) or outcome not in OUTCOMES:
+        raise _corrupt(
+            where, f"problem {pid}: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}"
         )
-    accuracy = data.get("accuracy")
-    if not isinstance(accuracy, int | float) or isinstance(accuracy, bool):
-        raise BaselineError(f"{where}: corrupt baseline (no accuracy)")
-    if problems:
-        measured = sum(1 for entry in problems.values() if _correct(entry)) / len(problems)
-        # a calibrated baseline's accuracy is the mean over every run (test@1); one written
-        # before that holds its outcomes' (the most common answer's): both are consistent
-        mean = sum(c / k for c, k in map(runs, problems.values())) / len(problems)
-        if min(abs(measured - float(accuracy)), abs(mean - float(accuracy))) > 1e-6:
-            raise BaselineError(
-                f"{where}: corrupt baseline (its accuracy {float(accuracy):.6f} is not that of "
-                f"its {len(problems)} outcomes, {measured:.6f}: edited by hand?)"
-            )
-
-
-def _check_repeats(pid: str, entry: dict[str, Any], where: str) -> None:
-    """A calibrated entry: ``0 <= correct <= repeats <= 100`` and an outcome that can be the
-    most common of those runs."""
-    k, c = entry.get("repeats"), entry.get("correct")
-    if not isinstance(k, int) or not isinstance(c, int) or bool in (type(k), type(c)):
-        raise BaselineError(
-            f"{where}: corrupt baseline (problem {pid}: correct {c!r} of repeats {k!r} are not "
-            "counts)"
-        )
-    if not (1 <= k <= MAX_REPEATS and 0 <= c <= k):
-        raise BaselineError(
-            f"{where}: corrupt baseline (problem {pid}: correct {c} of {k} repeats)"
-        )
-    # the most common of the K outcomes: "correct" needs a correct run, any other outcome at
-    # least as many runs as the correct ones (a tie goes to the one seen first)
-    if (c == 0) if entry["outcome"] == "correct" else (2 * c > k):
-        raise BaselineError(
-            f"{where}: corrupt baseline (problem {pid}: outcome {entry['outcome']!r} with "
-            f"{c} of {k} repeats correct: edited by hand?)"
-        )
-
-
-def _check_problem_count(data: dict[str, Any], where: str) -> None:
-    """The stored count and partial ids are those of the stored outcomes."""
-    problems = data["problems"]
-    n = data.get("n")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n != len(problems)):
-        raise BaselineError(
-            f"{where}: corrupt baseline (its n {n!r} is not the {len(problems)} problems it "
-            "holds: edited by hand?)"
-        )
-    partial = data.get("partial")
-    if partial is None:
+    if not isinstance(entry, dict) or "repeats" not in entry:
         return
-    ids = partial.get("ids") if isinstance(partial, dict) else None
-    of = partial.get("of") if isinstance(partial, dict) else None
-    if not isinstance(ids, list) or not isinstance(of, int) or isinstance(of, bool):
-        raise BaselineError(f"{where}: corrupt baseline ('partial' has no ids or no 'of')")
-    if sorted(str(i) for i in ids) != sorted(problems) or len(ids) != len(problems):
-        raise BaselineError(
-            f"{where}: corrupt baseline (its partial ids are not the {len(problems)} problems it "
-            "holds: edited by hand?)"
+    k: Any = entry.get("repeats")
+    c: Any = entry.get("correct")
+    if not _is_int(k) or not _is_int(c):
+        raise _corrupt(where, f"problem {pid}: correct {c!r} of repeats {k!r} are not counts")
+    if not (1 <= k <= MAX_REPEATS and 0 <= c <= k):
+        raise _corrupt(where, f"problem {pid}: correct {c} of {k} repeats")
+    # "correct" needs a correct run, any other outcome at least as many runs as the correct
+    # ones (a tie goes to the one seen first)
+    if (c == 0) if outcome == "correct" else (2 * c > k):
+        raise _corrupt(
+            where,
+            f"problem {pid}: outcome {outcome!r} with {c} of {k} repeats correct: edited by hand?",
         )
-
-
-def _shown_ids(ids: Sequence[str], most: int = 5) -> str:
-    return ", ".join(ids[:most]) + (f", ... ({len(ids) - most} more)" if len(ids) > most else "")
 
 
 def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Problem]) -> None:
     """Refuse ids ``split`` does not have, or a full baseline that is not exactly its
     selection (a partial one says so). Call after :func:`first_difference`."""
     ids = set(baseline["problems"])
-    known = {p.id for p in split}
-    unknown = sorted(ids - known)
+    unknown = sorted(ids - {p.id for p in split})
     if unknown:
         name = baseline.get("dataset", {}).get("split", "")
+        more = f", ... ({len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise BaselineError(
             f"{where}: {len(unknown)} problem ids are not in the {name} split: "
-            f"{_shown_ids(unknown)} (edited by hand?)"
+            f"{', '.join(unknown[:5])}{more} (edited by hand?)"
         )
     if baseline.get("partial") is not None:
         return
     subset = baseline.get("subset")
     subset = subset if isinstance(subset, dict) else {}
-    limit, seed = subset.get("limit"), subset.get("seed", 0)
-    first = subset.get("first") is True
+    limit, seed, first = subset.get("limit"), subset.get("seed", 0), subset.get("first") is True
     if first and seed is None:
         seed = 0  # the first N (a vLLM config's): no seed chose them
     if not (limit is None or (isinstance(limit, int) and limit > 0)) or not isinstance(seed, int):
-        raise BaselineError(f"{where}: corrupt baseline (its subset limit or seed is not a number)")
+        raise _corrupt(where, "its subset limit or seed is not a number")
     selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
     if ids != selection:
         described = f"the first {limit}" if first else f"limit {limit}, seed {seed}"
@@ -328,11 +302,6 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
             f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "
             "and it does not say it is partial; record it again with --snapshot-update"
         )
-
-
-def _correct(entry: Any) -> bool:
-    outcome = entry.get("outcome") if isinstance(entry, dict) else entry
-    return outcome == "correct"
 
 
 def first_difference(
@@ -352,7 +321,6 @@ def first_difference(
     checks: list[tuple[str, Mapping[str, Any], Mapping[str, Any], Sequence[str]]]
     checks = [("protocol", now, base, order)]
     if summary_json.get("config") is not None or baseline.get("config") is not None:
-        # a config's baseline is of that config: never one config's for another's run
         now_c, base_c = (
             c if isinstance(c, Mapping) else {}
             for c in (summary_json.get("config"), baseline.get("config"))
@@ -372,8 +340,13 @@ def moved_from(
     """``<file> (<the field that differs>)``: the first of ``beside`` (its folder's other
     baselines) of the same dataset and config as ``here`` but another protocol, or None. A
     baseline is found by its label, so a changed label would pass as "no baseline yet"."""
+
+    def config(document: Mapping[str, Any]) -> object:
+        value = document.get("config")
+        return value.get("name") if isinstance(value, Mapping) else None
+
     for shown, document in beside:
-        if _config_name(document) != _config_name(here) or any(
+        if config(document) != config(here) or any(
             document["dataset"].get(key) != here["dataset"].get(key) for key in SAME_SPLIT
         ):
             continue
@@ -383,26 +356,19 @@ def moved_from(
     return None
 
 
-def _config_name(document: Mapping[str, Any]) -> object:
-    """The vLLM config a baseline or report is of (None outside --gsm8k-config)."""
-    config = document.get("config")
-    return config.get("name") if isinstance(config, Mapping) else None
-
-
 def compare(
     baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], run_ids: Collection[str]
 ) -> dict[str, Any]:
     """The report's counts of a comparison (beside :func:`noise_block`): shared problems,
     ``subset``, the run's ids it lacks, and McNemar's p on the flipped outcomes."""
     base = baseline["problems"]
-    shared = [r for r in records if str(r["id"]) in base]
-    was = [_correct(base[str(r["id"])]) for r in shared]
-    base_only = sum(1 for r, w in zip(shared, was, strict=True) if w and not r["correct"])
-    now_only = sum(1 for r, w in zip(shared, was, strict=True) if not w and r["correct"])
+    flips = Counter(
+        (_correct(base[str(r["id"])]), bool(r["correct"])) for r in records if str(r["id"]) in base
+    )
     return {
-        "shared": len(shared),
-        "mcnemar_p": mcnemar_one_sided(base_only, now_only),
-        "subset": len(shared) < len(base),
+        "shared": flips.total(),
+        "mcnemar_p": mcnemar_one_sided(flips[True, False], flips[False, True]),
+        "subset": flips.total() < len(base),
         "baseline_n": len(base),
         "not_in_baseline": len(set(run_ids) - set(base)),
     }
@@ -427,16 +393,14 @@ def check(
 def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
     """The report's baseline block: what the noise-aware gate sees in the shared problems."""
     counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
-    seen = evidence(pairs)
-    can = reach(pairs, alpha)
-    diff, low, high = difference(pairs)
-    shared = len(pairs)
+    seen, can, (diff, low, high) = evidence(pairs), reach(pairs, alpha), difference(pairs)
+    shared = len(pairs) or 1  # the means of no pair are 0
     runs = max((p.base_runs for p in pairs), default=1)
     now_runs = max((p.now_runs for p in pairs), default=1)
     return {
         # like with like: the mean rates over every run of each side, one estimate
-        "baseline_accuracy": sum(p.base_rate for p in pairs) / shared if shared else 0.0,
-        "current_accuracy": sum(p.now_rate for p in pairs) / shared if shared else 0.0,
+        "baseline_accuracy": sum(p.base_rate for p in pairs) / shared,
+        "current_accuracy": sum(p.now_rate for p in pairs) / shared,
         # each side's interval by the headline's rule (one run: Wilson; repeats: clustered)
         "baseline_ci95": list(accuracy_interval([p.base_rate for p in pairs], runs)),
         "current_ci95": list(accuracy_interval([p.now_rate for p in pairs], now_runs)),
@@ -448,7 +412,7 @@ def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
         "repeats": {"baseline": runs, "run": now_runs},
         "detectable_drop": {
             "problems": round(can.problems, 1),
-            "points": round(can.points, 2) if shared else None,
+            "points": round(can.points, 2) if pairs else None,
             "power": can.power,
             "repeats_for_one_point": can.repeats_for_one_point,
         },
@@ -459,7 +423,7 @@ def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
         "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
         "noisy_failing": [p.problem_id for p in pairs if p.failing and p.stability == "noisy"],
         "stability": counts,
-        "flip_rate": counts["noisy"] / shared if shared else 0.0,
+        "flip_rate": counts["noisy"] / shared,
     }
 
 
@@ -514,12 +478,10 @@ def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | Non
 
 
 def dropped(stored: StoredBaseline, report: Mapping[str, Any], split: Sequence[Problem]) -> int:
-    """How many problems the usable stored baseline holds that the run has not."""
     if not stored.exists:
         return 0
     try:
         document = check(stored, report, split)
     except BaselineError:
         return 0
-    ran = {record["id"] for record in report["problems"]}
-    return len(set(document["problems"]) - ran)
+    return len(set(document["problems"]) - {record["id"] for record in report["problems"]})

@@ -1,15 +1,11 @@
 """Two runs compared problem by problem, from their JSON reports. Pure.
 
-``python -m pytest_gsm8k compare A.json B.json``: is B worse than A? It is the baseline
-gate's question, so :func:`~pytest_gsm8k.core.verdict.decide` answers it, report B a group
-whose one gate is the baseline test (``compare``, at ``--alpha``), report A its baseline, paired
-on the ids both hold (docs/baselines.md). A ``--gsm8k-config`` report is compared config by
-config (pooled, one config's drop hides behind another's rise). A problem that ended in an
-error in either report is left out and counted, and the comparison is undecided (decide's
-coverage rule): "any error" needs no monotonicity of the test and cannot be gamed.
-
-A report is untrusted input: :func:`load_report` checks every field compare reads against the
-bounds ``report.schema.json`` states, so a forged list cannot make the work unbounded.
+``python -m pytest_gsm8k compare A.json B.json``: is B worse than A? The baseline gate's
+question, so :func:`~pytest_gsm8k.core.verdict.decide` answers it with A as B's baseline
+(docs/baselines.md#compare-two-runs); config by config for ``--gsm8k-config`` reports. A
+problem that ended in an error in either is left out and makes the comparison undecided: "any
+error" needs no monotonicity of the test and cannot be gamed. A report is untrusted input:
+:func:`load_report` bounds every field compare reads as ``report.schema.json`` does.
 """
 
 from __future__ import annotations
@@ -21,28 +17,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference
+from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference, record_runs
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord
 from pytest_gsm8k.core.render import cell_code, gate_table, problem_list
 from pytest_gsm8k.core.scrub import md_text
 from pytest_gsm8k.core.verdict import BaselineInput, Group, Selection, decide
-
-__all__ = [
-    "MAX_CONFIGS",
-    "MAX_ID",
-    "MAX_PROBLEMS",
-    "CompareError",
-    "Comparison",
-    "Side",
-    "clip",
-    "compare",
-    "compare_all",
-    "load_report",
-    "markdown",
-    "pairing",
-]
 
 #: the most problems a report may hold: a matrix of many configs, each a whole split
 MAX_PROBLEMS = 100_000
@@ -57,6 +38,19 @@ SHOWN = 200
 class CompareError(Exception):
     """Two reports that cannot be compared, or a file that is not a report: one line
     naming the file and the reason."""
+
+
+def clip(text: str, limit: int = SHOWN) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shown(value: object) -> str:
+    return clip(repr(value), 40)
+
+
+def _need(ok: bool, where: str, field: str, why: str) -> None:
+    if not ok:
+        raise CompareError(f"{where}: corrupt JSON report ({field}: {why})")
 
 
 def load_report(text: str | bytes, where: str) -> dict[str, Any]:
@@ -77,151 +71,107 @@ def load_report(text: str | bytes, where: str) -> dict[str, Any]:
         )
     _check_run(data, where, "")
     problems = _check_list(data["problems"], MAX_PROBLEMS, where, "problems")
-    seen: set[str] = set()
+    ids: set[str] = set()
     for number, record in enumerate(problems):
-        _check_problem(record, where, f"problems[{number}]", seen)
+        _check_problem(record, where, f"problems[{number}]", ids)
     if "configs" in data:
         names: set[str] = set()
         for number, entry in enumerate(_check_list(data["configs"], MAX_CONFIGS, where, "configs")):
-            at = f"configs[{number}]"
-            _check_run(entry, where, at + ".")
+            _check_run(entry, where, f"configs[{number}].")
             config = entry.get("config")
             name = config.get("name") if isinstance(config, dict) else None
-            _unique(name, names, where, f"{at}.config.name")
+            _unique(name, names, where, f"configs[{number}].config.name")
         for number, record in enumerate(problems):
-            if record["id"].rpartition(":")[0] not in names:
-                raise _bad(
-                    where, f"problems[{number}].id", f"{_shown(record['id'])} names no config"
-                )
+            ok = record["id"].rpartition(":")[0] in names
+            _need(ok, where, f"problems[{number}].id", f"{_shown(record['id'])} names no config")
     return data
 
 
-def _bad(where: str, field: str, why: str) -> CompareError:
-    return CompareError(f"{where}: corrupt JSON report ({field}: {why})")
-
-
-def _shown(value: object) -> str:
-    """A value from a report as a message shows it: its repr, at most 40 characters."""
-    return clip(repr(value), 40)
-
-
-def clip(text: str, limit: int = SHOWN) -> str:
-    """``text`` cut to ``limit`` characters (the cut marked ``...``): a report's values are
-    printed bounded."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _unique(value: object, seen: set[str], where: str, field: str) -> None:
-    """``value`` as an id or name (1 to MAX_ID characters) not in ``seen``, added to it."""
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID:
-        raise _bad(where, field, f"{_shown(value)} is not a string of 1 to {MAX_ID} characters")
-    if value in seen:
-        raise _bad(where, field, f"{_shown(value)} appears twice")
-    seen.add(value)
+    ok = isinstance(value, str) and 0 < len(value) <= MAX_ID
+    _need(ok, where, field, f"{_shown(value)} is not a string of 1 to {MAX_ID} characters")
+    _need(value not in seen, where, field, f"{_shown(value)} appears twice")
+    seen.add(cast(str, value))
 
 
 def _check_list(value: object, most: int, where: str, field: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise _bad(where, field, "not a list")
-    if len(value) > most:
-        raise _bad(where, field, f"{len(value)} entries, at most {most}")
-    return value
+    _need(isinstance(value, list), where, field, "not a list")
+    items = cast(list[Any], value)
+    _need(len(items) <= most, where, field, f"{len(items)} entries, at most {most}")
+    return items
 
 
 def _check_run(run: object, where: str, at: str) -> None:
-    """A report, or a config's entry in one: what compare reads of it besides problems."""
-    if not isinstance(run, dict):
-        raise _bad(where, at.rstrip(".") or "report", "not an object")
+    _need(isinstance(run, dict), where, at.rstrip(".") or "report", "not an object")
+    fields = cast(dict[str, Any], run)
     for key in ("protocol", "dataset"):
-        if not isinstance(run.get(key), dict):
-            raise _bad(where, at + key, "missing or not an object")
-    if not isinstance(run.get("model", ""), str):
-        raise _bad(where, at + "model", "not a string")
+        _need(isinstance(fields.get(key), dict), where, at + key, "missing or not an object")
+    _need(isinstance(fields.get("model", ""), str), where, at + "model", "not a string")
 
 
 def _check_problem(record: object, where: str, at: str, seen: set[str]) -> None:
     """One problem's record: a unique id, an outcome name with its correctness, and with
     --gsm8k-repeats 2 to MAX_REPEATS outcome names."""
-    if not isinstance(record, dict):
-        raise _bad(where, at, "not an object")
+    _need(isinstance(record, dict), where, at, "not an object")
+    record = cast(dict[str, Any], record)
     _unique(record.get("id"), seen, where, f"{at}.id")
     index = record.get("index", 0)
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        raise _bad(where, f"{at}.index", f"{_shown(index)} is not a count")
-    outcome = record.get("outcome")
-    if outcome not in OUTCOMES:
-        raise _bad(where, f"{at}.outcome", f"{_shown(outcome)} is not one of {', '.join(OUTCOMES)}")
-    if record.get("correct") is not (outcome == "correct"):
-        raise _bad(
-            where, f"{at}.correct", f"{_shown(record.get('correct'))} with outcome {outcome}"
-        )
+    ok = isinstance(index, int) and not isinstance(index, bool) and index >= 0
+    _need(ok, where, f"{at}.index", f"{_shown(index)} is not a count")
+    outcome, names = record.get("outcome"), ", ".join(OUTCOMES)
+    _need(outcome in OUTCOMES, where, f"{at}.outcome", f"{_shown(outcome)} is not one of {names}")
+    correct = record.get("correct")
+    ok = correct is (outcome == "correct")
+    _need(ok, where, f"{at}.correct", f"{_shown(correct)} with outcome {outcome}")
     if "repeats" in record:
         runs = record["repeats"]
-        if not isinstance(runs, list) or not 2 <= len(runs) <= MAX_REPEATS:
-            count = f"{len(runs)} entries" if isinstance(runs, list) else "not a list"
-            raise _bad(where, f"{at}.repeats", f"{count}, not 2 to {MAX_REPEATS} outcomes")
+        count = f"{len(runs)} entries" if isinstance(runs, list) else "not a list"
+        ok = isinstance(runs, list) and 2 <= len(runs) <= MAX_REPEATS
+        _need(ok, where, f"{at}.repeats", f"{count}, not 2 to {MAX_REPEATS} outcomes")
         for number, run in enumerate(runs):
-            if run not in OUTCOMES:
-                raise _bad(
-                    where,
-                    f"{at}.repeats[{number}]",
-                    f"{_shown(run)} is not one of {', '.join(OUTCOMES)}",
-                )
+            why = f"{_shown(run)} is not one of {names}"
+            _need(run in OUTCOMES, where, f"{at}.repeats[{number}]", why)
 
 
 @dataclass(frozen=True)
 class Side:
-    """One of the two reports, as the comparison names it."""
+    """One of the two reports: ``A`` or ``B``, the file as given, its model, the problems it
+    holds, its accuracy over the pairs and whether it finished its whole selection."""
 
-    #: ``A`` or ``B``
     name: str
-    #: the file as given
     where: str
     model: str
-    #: problems the report holds
     n: int
-    #: accuracy over the paired problems
     accuracy: float
-    #: the run finished its whole selection (not interrupted, nothing missing)
     complete: bool
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """The paired comparison of B with A and the verdict "B is not worse"."""
+    """B against A: the pairs (``shared``, errors left out), the ids only one holds, those
+    that ended in an error in either, the flips, B - A with its 95% interval, the gate's
+    p-value and verdict, and why it is no verdict (else None)."""
 
     label: str
     a: Side
     b: Side
-    #: problem ids both reports hold, errors left out: the pairs
     shared: int
-    #: ids only one report holds
     only_a: int
     only_b: int
-    #: ids both hold that ended in an error in either (left out of the pairs)
     errors: int
-    #: correct in A, not in B; correct in B, not in A (by problem index)
     newly_failing: tuple[str, ...]
     newly_passing: tuple[str, ...]
-    #: accuracy of B minus that of A over the pairs, with its 95% interval
     diff: float
     low: float
     high: float
-    #: exact one-sided McNemar p-value for "B is worse than A"
     p_value: float
     verdict: GateVerdict
-    #: why the verdict is no verdict (errors that could hide a drop), else None
     undecided: str | None = None
-    #: the --gsm8k-config config compared ("" for two reports of one run each)
-    config: str = ""
+    config: str = ""  # the --gsm8k-config config compared
 
     @property
     def worse(self) -> bool:
         return not self.verdict.passed
-
-
-def _records(report: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {str(r["id"]): r for r in report["problems"]}
 
 
 def compare(
@@ -231,30 +181,26 @@ def compare(
     alpha: float = 0.05,
     where: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
-    """Report ``b`` against report ``a`` (both from :func:`load_report`), decided as the
-    module says; ``where`` names the two files. :class:`CompareError` for reports of
-    different protocols or datasets, or with no problem to pair."""
+    """Report ``b`` against report ``a`` (both from :func:`load_report`); ``where`` names the
+    two files. :class:`CompareError` for reports of different protocols or datasets, or with
+    no problem to pair."""
     where_a, where_b = where
     difference = first_difference(a, b, here=f"in B ({where_b})", there=f"in A ({where_a})")
     if difference:
         raise CompareError(f"refused to compare {where_a} with {where_b}: {difference}")
-    in_a, in_b = _records(a), _records(b)
+    in_a, in_b = ({str(r["id"]): r for r in report["problems"]} for report in (a, b))
     common = in_a.keys() & in_b.keys()
     # an error is no measurement of the model: left out of the pairs, and counted
     bad = {pid for pid in common if _errored(in_a[pid]) or _errored(in_b[pid])}
     if len(bad) == len(common):
-        why = (
-            f"all {len(bad)} problems both hold ended in an error in one of them"
-            if bad
-            else "no problem id in common"
-        )
+        why = f"all {len(bad)} problems both hold ended in an error in one of them"
+        why = why if bad else "no problem id in common"
         raise CompareError(f"nothing to compare in {where_a} and {where_b}: {why}")
     # a gate that was not decided never passes: an unanswered problem may be a failure, and
     # so may one a report left out (deselected, skipped, not reached)
     gaps = [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
     if bad:
-        errors_a = sum(_errored(in_a[pid]) for pid in bad)
-        errors_b = sum(_errored(in_b[pid]) for pid in bad)
+        errors_a, errors_b = (sum(_errored(side[pid]) for pid in bad) for side in (in_a, in_b))
         gaps.insert(
             0,
             f"{len(bad)} of the {len(common)} problems both reports hold ended in an error "
@@ -262,8 +208,7 @@ def compare(
         )
     not_whole = "; ".join(gaps) + ": rerun until every problem has an answer" if gaps else None
     records = [_record(r) for r in in_b.values() if r["id"] not in bad]
-    document = {"problems": {pid: _entry(r) for pid, r in in_a.items() if pid not in bad}}
-    rule = NoiseAware(alpha, name="compare", option="--alpha")
+    document = {"problems": {p: _entry(_record(r)) for p, r in in_a.items() if p not in bad}}
     group = Group(
         name="",
         label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
@@ -274,19 +219,17 @@ def compare(
         subset={},
         model=str(b.get("model") or ""),
         endpoint="",
-        specs=GateSpecs(min_acc=None, baseline=rule, require_baseline=False),
+        specs=GateSpecs(None, NoiseAware(alpha, name="compare", option="--alpha"), False),
     )
-    stored = StoredBaseline(Path(where_a), where_a, document)
     v = decide(
         group,
         records,
-        BaselineInput(stored, split=(), from_report=True),
+        BaselineInput(StoredBaseline(Path(where_a), where_a, document), split=(), from_report=True),
         Selection(tuple(r["id"] for r in records), not_whole=not_whole),
         None,
     )
     (verdict,) = v.gates
     seen = v.extra["baseline"]
-    low, high = seen["difference_ci95"]
     config = a.get("config")
     return Comparison(
         label=group.label,
@@ -299,8 +242,8 @@ def compare(
         newly_failing=tuple(seen["newly_failing"]),
         newly_passing=tuple(seen["newly_passing"]),
         diff=seen["difference"],
-        low=low,
-        high=high,
+        low=seen["difference_ci95"][0],
+        high=seen["difference_ci95"][1],
         p_value=seen["p_value"],
         verdict=verdict,
         undecided=not_whole if verdict.undecided else None,
@@ -355,22 +298,12 @@ def _configs(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _errored(record: Mapping[str, Any]) -> bool:
-    """The problem ended in an error, in its one run or in any of its repeats."""
     return record["outcome"] == "error" or "error" in (record.get("repeats") or ())
 
 
-def _runs(record: Mapping[str, Any]) -> tuple[int, int]:
-    """A record's (correct runs, runs): its ``--gsm8k-repeats`` outcomes, else one run."""
-    outcomes = record.get("repeats") or ()
-    if isinstance(outcomes, list) and len(outcomes) > 1:
-        return sum(1 for o in outcomes if o == "correct"), len(outcomes)
-    return int(bool(record["correct"])), 1
-
-
 def _record(record: Mapping[str, Any]) -> ProblemRecord:
-    """What the verdict reads of a problem of report B, and nothing else a report could
-    forge: its id, outcome and correctness, and its repeats' outcomes and correct count."""
-    correct, runs = _runs(record)
+    """What the verdict reads of a problem, and nothing else a report could forge (its
+    repeats' correct count is counted again)."""
     out: dict[str, Any] = {
         "id": record["id"],
         "index": record.get("index", 0),
@@ -379,14 +312,14 @@ def _record(record: Mapping[str, Any]) -> ProblemRecord:
         "rules": {},
         "samples": [],
     }
-    if runs > 1:
-        out.update(repeats=list(record["repeats"]), repeats_correct=correct)
+    outcomes = record.get("repeats") or ()
+    if len(outcomes) > 1:
+        out.update(repeats=list(outcomes), repeats_correct=outcomes.count("correct"))
     return cast(ProblemRecord, out)
 
 
-def _entry(record: Mapping[str, Any]) -> Any:
-    """A problem of report A as a baseline stores it (core/baseline.py: ``runs``)."""
-    correct, runs = _runs(record)
+def _entry(record: ProblemRecord) -> Any:
+    correct, runs = record_runs(record)
     if runs > 1:
         return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
     return record["outcome"]
@@ -406,14 +339,8 @@ def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
 
 
 def _side(name: str, where: str, report: Mapping[str, Any], accuracy: float) -> Side:
-    return Side(
-        name=name,
-        where=where,
-        model=str(report.get("model") or ""),
-        n=len(report["problems"]),
-        accuracy=accuracy,
-        complete=report.get("complete") is not False,
-    )
+    model, complete = str(report.get("model") or ""), report.get("complete") is not False
+    return Side(name, where, model, len(report["problems"]), accuracy, complete)
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -422,19 +349,21 @@ def _plural(count: int, one: str, many: str) -> str:
 
 def pairing(result: Comparison) -> str:
     """Which problems were paired, in words (how many, and what was left out)."""
-    a, b = result.a, result.b
-    text = (
+    left = [
+        f"{count} {what}"
+        for count, what in (
+            (result.only_a, "only in A"),
+            (result.only_b, "only in B"),
+            (result.errors, "that ended in an error in either, left out"),
+        )
+        if count
+    ]
+    return (
         f"Paired on the {_plural(result.shared, 'problem', 'problems')} both reports hold "
-        f"(A holds {a.n}, B holds {b.n}"
+        f"(A holds {result.a.n}, B holds {result.b.n}"
+        + ("; " + ", ".join(left) if left else "")
+        + ")."
     )
-    left = []
-    if result.only_a:
-        left.append(f"{result.only_a} only in A")
-    if result.only_b:
-        left.append(f"{result.only_b} only in B")
-    if result.errors:
-        left.append(f"{result.errors} that ended in an error in either, left out")
-    return text + ("; " + ", ".join(left) if left else "") + ")."
 
 
 def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
@@ -448,14 +377,11 @@ def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> 
         "",
         "| run | report | model | accuracy (paired) | problems |",
         "| --- | --- | --- | --- | --- |",
-    ]
-    for side in (a, b):
-        held = f"{side.n}" + ("" if side.complete else " (incomplete run)")
-        lines.append(
+        *(
             f"| {side.name} | {cell_code(side.where)} | {cell_code(clip(side.model))} | "
-            f"{side.accuracy:.4f} | {held} |"
-        )
-    lines += [
+            f"{side.accuracy:.4f} | {side.n}{'' if side.complete else ' (incomplete run)'} |"
+            for side in (a, b)
+        ),
         "",
         md_text(pairing(result)),
         "",
@@ -463,8 +389,8 @@ def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> 
         f"{len(result.newly_failing)} newly failing, {len(result.newly_passing)} newly passing; "
         f"one-sided p={result.p_value:.4g} (B worse than A; the gate's test).",
         "",
+        *gate_table([result.verdict]),
     ]
-    lines += gate_table([result.verdict])
     rest = "see the JSON reports"
     lines += problem_list("Newly failing in B", result.newly_failing, texts, rest)
     lines += problem_list("Newly passing in B", result.newly_passing, texts, rest)

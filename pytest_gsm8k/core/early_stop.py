@@ -1,16 +1,5 @@
-"""Early stopping for the release gates (docs/early-stop.md says what each mode promises). Pure.
-
-One :class:`EarlyStop` per group (:meth:`EarlyStop.for_group`); the problems run in its seeded
-``order`` and each outcome goes to :meth:`EarlyStop.observe`, which returns a
-:class:`Decision` once the gates are settled. ``certain`` asks each gate spec's own
-``certain()`` (core/gates.py); ``sequential`` adds an anytime-valid test on the whole
-selection's count (:class:`_WorTest`, whose docstring holds the proof).
-
-The sequential statistics see only the contiguous prefix of the order that has arrived: a
-fast wrong answer (an error) may overtake a slow right one, so the arrival order is not
-independent of the outcomes. The noise-aware gate has exact bounds only (its p-value falls
-with each failure: core/calibrated.py), checked every 1% of the shared problems; with
-``--gsm8k-repeats`` on the candidate it is not monotone and waits for the end.
+"""Early stopping for the release gates: what each mode promises and the proof of the
+sequential test are in docs/early-stop.md. Pure.
 """
 
 from __future__ import annotations
@@ -18,13 +7,21 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import Pair, p_value
-from pytest_gsm8k.core.gates import MaxShare, MinAcc, NoiseAware, ToleranceFloor, Verdict
+from pytest_gsm8k.core.gates import (
+    MaxShare,
+    MinAcc,
+    NoiseAware,
+    ToleranceFloor,
+    Verdict,
+    count_certain,
+    extremes,
+)
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import GateSpecs
@@ -34,51 +31,28 @@ Mode = Literal["certain", "sequential"]
 #: the name a vLLM config's floor (``ToleranceFloor``) has among the gates decided here
 FLOOR = "vllm-threshold"
 
-# The betting mixture (see _WorTest): offsets of the alternative mean from the null mean, in
-# units of the gate's quantity, with prior weights; _VALUED_MIX for values in {0..K}. Chosen
-# by simulation (benchmarks/bench_early_stop.py): weight on small offsets, where the run is
-# long; the large ones decide a broken model in a few problems.
+# The betting mixture (_WorTest): (offset of the alternative mean, prior weight), chosen by
+# simulation (benchmarks/bench_early_stop.py); _VALUED_MIX for values in {0..K}
 _BINARY_MIX = ((0.05, 2.0), (0.08, 3.0), (0.12, 3.0), (0.18, 2.0), (0.3, 1.0), (0.6, 1.0))
-_VALUED_OFFSETS = (0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.4)
-_VALUED_MIX = tuple(zip(_VALUED_OFFSETS, (2.0, 3.0, 3.0, 2.0, 1.0, 1.0, 1.0), strict=True))
+_VALUED_MIX = tuple(
+    zip((0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.4), (2.0, 3.0, 3.0, 2.0, 1.0, 1.0, 1.0), strict=True)
+)
 #: largest fraction of the capital any one bet may lose (keeps every factor >= 0.02)
 _MAX_FRACTION = 0.98
 
 
 def run_order(ids: Sequence[str], seed: int) -> list[str]:
-    """The seeded run order: ids sorted by SHA-256 of ``"<seed>:<id>"`` (ties by id): a
-    uniformly random permutation, independent of the outcomes, the same everywhere."""
+    """Ids sorted by SHA-256 of ``"<seed>:<id>"``: a uniformly random permutation,
+    independent of the outcomes, the same in every process."""
     if len(set(ids)) != len(ids):
         raise ValueError("problem ids must be unique")
     return sorted(ids, key=lambda pid: (hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid))
 
 
 class _WorTest:
-    """One-sided anytime-valid test about the total of a finite population drawn without
-    replacement (Waudby-Smith & Ramdas 2020, section 3).
-
-    The population: ``size`` values in ``{0..scale}`` (``y = value / scale``), in a uniformly
-    random order. Null: the total is ``<= null`` (``up``: we bet on large values) or
-    ``>= null``. Before draw t, with ``S`` the total seen, the mean of the unseen values under
-    the boundary null is ``mu_t = (null - S) / (scale (size - t + 1))`` = ``E[y_t | past]``.
-    Each bet ``K_j = prod_t (1 + lam_jt (y_t - mu_t))`` (``mu_t - y_t`` when not ``up``), with
-    ``lam_jt >= 0`` fixed before ``y_t``, is a nonnegative martingale under the null, and so
-    is the mixture ``K = sum_j w_j K_j``; Ville's inequality gives ``P(sup_t K_t >= 1/alpha)
-    <= alpha``: rejecting the first time ``K_t >= 1/alpha`` errs at most alpha, whenever the
-    run stops.
-
-    Bets: ``lam_jt = min(delta_j / v_t, 0.98 / mu_t)`` (``/ (1 - mu_t)`` when not ``up``), so
-    every factor is >= 0.02. For 0/1 values ``v_t = mu_t (1 - mu_t)``: the Kelly bet against
-    ``mu_t +- delta_j``, K_j the likelihood ratio (GRAPA is exact for binary data). Otherwise
-    ``v_t`` is the smoothed empirical variance of the values seen, independent of the null.
-
-    Composite null: each factor is nondecreasing in mu_t for every y (e.g. ``1 - (0.98/(1-mu))
-    (y - mu)`` has derivative ``0.98 (1 - y) / (1 - mu)^2 >= 0``), and mu_t increases with the
-    null total, so the capital at any total inside the null is pathwise at least the
-    boundary's: rejecting the boundary rejects the whole null at level alpha, and the
-    rejected totals form an interval (confidence bounds by bisection). When ``mu_t`` leaves
-    (0, 1) the bet is skipped (``lam = 0``); a capital underflowing to 0 is only conservative.
-    """
+    """One-sided anytime-valid test about the total of ``size`` values in ``{0..scale}``
+    drawn without replacement (Waudby-Smith & Ramdas 2020): null "total <= null" (``up``)
+    or ">= null". The construction and its proof: docs/early-stop.md#the-sequential-test."""
 
     def __init__(
         self, size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
@@ -87,38 +61,27 @@ class _WorTest:
         self.threshold = 1.0 / alpha
         mix = _BINARY_MIX if binary else _VALUED_MIX
         total_weight = sum(w for _, w in mix)
-        # deltas in units of y (an accuracy offset of delta is delta/K in y units at scale K)
-        self.mix = [d / scale for d, _ in mix]
+        self.mix = [d / scale for d, _ in mix]  # in units of y = value / scale
         self.caps = [w / total_weight for _, w in mix]
         self.t = self.seen = self.seen_sq = 0
         self.rejected = False
 
     def update(self, value: int) -> bool:
-        """Feed the next value (in the run order); True once the null is rejected."""
-        if not self.rejected:
-            num = self.null - self.seen
-            den = self.scale * (self.size - self.t)
-            if 0 < num < den:
-                mu = num / den
-                y = value / self.scale
-                if self.binary:
-                    var = mu * (1.0 - mu)
-                else:
-                    # smoothed variance: prior 1/4 (the largest on [0,1]) with weight 1
-                    n = self.t
-                    mean = self.seen / (self.scale * n) if n else 0.0
-                    ss = self.seen_sq / (self.scale * self.scale) - n * mean * mean
-                    var = max((0.25 + ss) / (1 + n), 1e-6)
-                up = self.up
-                dev = y - mu if up else mu - y
-                limit = _MAX_FRACTION / mu if up else _MAX_FRACTION / (1.0 - mu)
-                caps = self.caps
-                capital = 0.0
-                for j, delta in enumerate(self.mix):
-                    caps[j] *= 1.0 + min(delta / var, limit) * dev
-                    capital += caps[j]
-                if capital >= self.threshold:
-                    self.rejected = True
+        num, den = self.null - self.seen, self.scale * (self.size - self.t)
+        if not self.rejected and 0 < num < den:
+            mu, y = num / den, value / self.scale
+            if self.binary:
+                var = mu * (1.0 - mu)
+            else:  # smoothed variance: prior 1/4 (the largest on [0,1]) with weight 1
+                n = self.t
+                mean = self.seen / (self.scale * n) if n else 0.0
+                ss = self.seen_sq / (self.scale * self.scale) - n * mean * mean
+                var = max((0.25 + ss) / (1 + n), 1e-6)
+            dev = y - mu if self.up else mu - y
+            limit = _MAX_FRACTION / (mu if self.up else 1.0 - mu)
+            for j, delta in enumerate(self.mix):
+                self.caps[j] *= 1.0 + min(delta / var, limit) * dev
+            self.rejected = sum(self.caps) >= self.threshold
         self.t += 1
         self.seen += value
         self.seen_sq += value * value
@@ -131,14 +94,10 @@ CountSpec = MinAcc | ToleranceFloor | MaxShare
 
 @dataclass
 class _CountGate:
-    """A count rule: PASS iff the good answers X (correct; for a health gate, not of its
-    outcome) of ``size`` problems of ``runs`` answers reach ``spec.need(size * runs)``.
-
-    Sequential: FAIL when the test of "X >= need" rejects, PASS when that of "X <= need - 1"
-    does, each at the gate's alpha. Whatever the true X, only one of the two early verdicts
-    is wrong (at X = need the full run PASSes, the FAIL test's boundary), so no population
-    is misjudged with probability above alpha and no correction for two directions is due.
-    """
+    """A count rule: PASS iff the good answers X of ``size`` problems of ``runs`` answers
+    reach ``spec.need(size * runs)``. Sequential: FAIL when the test of "X >= need" rejects,
+    PASS when that of "X <= need - 1" does, each at alpha: whatever the true X only one of
+    them can be wrong, so no correction for two directions is due."""
 
     spec: CountSpec
     size: int
@@ -148,104 +107,55 @@ class _CountGate:
     good: int = 0
     seen: int = 0
     values: list[int] = field(default_factory=list)
-    fail_test: _WorTest | None = None
-    pass_test: _WorTest | None = None
+    tests: tuple[_WorTest, _WorTest] | None = None
 
     def __post_init__(self) -> None:
-        self.need = need = self.spec.need(self.size * self.runs)
-        if self.sequential and need > 0:  # a rule no count fails is no verdict, early or not
-            size, runs, alpha = self.size, self.runs, self.alpha
-            self.fail_test = _WorTest(size, runs, need, False, alpha, runs == 1)
-            self.pass_test = _WorTest(size, runs, need - 1, True, alpha, runs == 1)
+        self.need = self.spec.need(self.size * self.runs)
+        if self.sequential and self.need > 0:  # a rule no count fails is no verdict
+            self.tests = (self._test(self.need, False), self._test(self.need - 1, True))
+
+    def _test(self, null: int, up: bool) -> _WorTest:
+        return _WorTest(self.size, self.runs, null, up, self.alpha, self.runs == 1)
 
     def certain(self) -> Verdict | None:
-        n, seen = self.size * self.runs, self.seen * self.runs
-        if isinstance(self.spec, MaxShare):  # its rule counts the answers of its outcome
-            return self.spec.certain(seen - self.good, seen, n)
-        return self.spec.certain(self.good, seen, n)
+        return count_certain(self.good, self.seen * self.runs, self.size * self.runs, self.need)
 
-    def add(self, good: int) -> Verdict | None:
-        """Count one problem's good answers; the verdict if certain or sequentially decided."""
+    def add(self, good: int) -> tuple[Verdict | None, str]:
         self.good += good
         self.seen += 1
         verdict = self.certain()
-        if self.fail_test is not None and self.pass_test is not None:
-            self.values.append(good)
-            failed, passed = self.fail_test.update(good), self.pass_test.update(good)
-            verdict = verdict or ("FAIL" if failed else "PASS" if passed else None)
-        return verdict
+        if self.tests is None:
+            return verdict, "certain"
+        self.values.append(good)
+        failed, passed = (test.update(good) for test in self.tests)
+        if verdict is not None:
+            return verdict, "certain"
+        return ("FAIL" if failed else "PASS" if passed else None), "sequential"
 
-    def count_bounds(self) -> tuple[int, int]:
-        """Exact range of the final count X."""
+    def bounds(self) -> tuple[int, int]:
         return self.good, self.good + (self.size - self.seen) * self.runs
 
-    def count_interval(self) -> tuple[int, int]:
-        """Anytime-valid bounds on X inside the exact range: the totals the tests of "total
-        >= X" and "total <= X" have not rejected, by replay and bisection (see _WorTest)."""
-        low, high = self.count_bounds()
-        if self.fail_test is None:
+    def interval(self) -> tuple[int, int]:
+        """The totals neither test rejects (an interval), by replay and bisection."""
+        low, high = self.bounds()
+        if self.tests is None:
             return low, high
 
-        def rejects(k: int, up: bool) -> bool:
-            test = _WorTest(self.size, self.runs, k, up, self.alpha, self.runs == 1)
-            return any(test.update(value) for value in self.values)
+        def first(up: bool, rejected: bool) -> int:  # the first total whose test says so
+            def rejects(k: int) -> bool:
+                test = self._test(k, up)
+                return any(test.update(value) for value in self.values) is rejected
 
-        def first(ok: Callable[[int], bool]) -> int:  # ok: False then True over [low, high]
-            return low + bisect.bisect_left(range(low, high + 1), True, key=ok)
+            return low + bisect.bisect_left(range(low, high + 1), True, key=rejects)
 
-        top = max(first(lambda k: rejects(k, False)) - 1, low)
-        return min(first(lambda k: not rejects(k, True)), top), top
-
-
-@dataclass
-class _NoiseAwareGate:
-    """The noise-aware baseline gate, asked every ``every`` outcomes (and at the last).
-    ``baseline``: shared problem id -> the baseline's (correct runs, runs)."""
-
-    rule: NoiseAware
-    baseline: dict[str, tuple[int, int]]
-    repeats: int = 1
-    every: int = 1
-    now: dict[str, int] = field(default_factory=dict)
-    since: int = 0
-
-    def add(self, pid: str, correct: bool) -> Verdict | None:
-        self.now[pid] = int(correct)
-        self.since += 1
-        if self.since < self.every and len(self.now) < len(self.baseline):
-            return None
-        self.since = 0
-        return self.certain()
-
-    def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:
-        seen: list[Pair] = []
-        unseen: list[tuple[str, int, int]] = []
-        for pid, (correct, runs) in self.baseline.items():
-            if pid in self.now:
-                seen.append(Pair(pid, correct, runs, self.now[pid], 1))
-            else:
-                unseen.append((pid, correct, runs))
-        return seen, unseen
-
-    def certain(self) -> Verdict | None:
-        if self.repeats > 1:
-            return None
-        seen, unseen = self._split()
-        return self.rule.certain(seen, unseen)
-
-    def p_range(self) -> tuple[float, float]:
-        """The p-values reachable: every unseen problem failing, every one right."""
-        seen, unseen = self._split()
-        worst = [*seen, *(Pair(i, c, k, 0, 1) for i, c, k in unseen)]
-        best = [*seen, *(Pair(i, c, k, 1, 1) for i, c, k in unseen)]
-        return p_value(worst), p_value(best)
+        top = max(first(False, True) - 1, low)
+        return min(first(True, False), top), top
 
 
 @dataclass(frozen=True)
 class Decision:
     """The run may stop after ``after`` outcomes: each gate's verdict (None: not settled,
-    which happens only beside another gate's FAIL) and per settled gate how ("certain" or
-    "sequential")."""
+    beside another's FAIL) and how (certain or sequential)."""
 
     after: int
     verdicts: dict[str, Verdict | None]
@@ -253,15 +163,8 @@ class Decision:
 
 
 class EarlyStop:
-    """Decide one group's gates as early as allowed (:meth:`for_group`).
-
-    ``gates``: the group's specs in the order shown; ``NoiseAware`` reads ``baseline``
-    (problem id -> the baseline's (correct runs, runs); only ids in ``ids`` count).
-    ``order`` replaces the seeded order (simulations). ``alpha``: the sequential mode's
-    bound for the group, split evenly over the count gates (Bonferroni). ``repeats``: the
-    candidate's answers per problem. The group stops once every verdict is settled or any
-    gate FAILs.
-    """
+    """Decide one group's gates as early as allowed. ``baseline``: id -> (correct runs, runs);
+    ``order`` replaces the seeded one (simulations); ``alpha`` is split over the count gates."""
 
     def __init__(
         self,
@@ -277,32 +180,25 @@ class EarlyStop:
     ) -> None:
         if mode not in ("certain", "sequential"):
             raise ValueError(f"mode must be 'certain' or 'sequential', got {mode!r}")
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-        if not ids:
-            raise ValueError("no problems")
-        if not gates:
+        if not ids or not gates:
             raise ValueError("no gate to decide (need min-acc, a floor, a baseline or health)")
-        self.mode: Mode = mode
-        self.alpha = alpha
-        self.seed = seed
+        self.order = run_order(ids, seed) if order is None else list(order)
+        if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
+            raise ValueError("order must be a permutation of ids")
+        self.mode, self.alpha, self.seed, self.repeats = mode, alpha, seed, repeats
         self.n_total = len(ids)
-        if order is None:
-            self.order = run_order(ids, seed)
-        else:
-            self.order = list(order)
-            if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
-                raise ValueError("order must be a permutation of ids")
         self._position = {pid: i for i, pid in enumerate(self.order)}
         self._arrived: dict[int, tuple[bool, str | None, tuple[str, ...]]] = {}
-        self.repeats = repeats
         self._next = 0  # next position of the order to feed (sequential)
         self.observed = 0
         self.decision: Decision | None = None
         self._verdicts: dict[str, Verdict | None] = {}
         self._how: dict[str, str] = {}
         self._counts: dict[str, _CountGate] = {}
-        self._noise: _NoiseAwareGate | None = None
+        self._noise: NoiseAware | None = None
+        self._base: dict[str, tuple[int, int]] = {}  # the shared problems' baseline
+        self._now: dict[str, int] = {}  # the shared problems' candidate outcomes
+        self._every = self._since = 0  # the baseline gate is asked every 1% of its problems
         self.gate_alpha = alpha / max(sum(not isinstance(g, NoiseAware) for g in gates), 1)
         for spec in gates:
             name = FLOOR if isinstance(spec, ToleranceFloor) else spec.name
@@ -311,23 +207,20 @@ class EarlyStop:
             self._verdicts[name] = None
             if isinstance(spec, NoiseAware):
                 given = baseline or {}
-                shared = {pid: given[pid] for pid in self.order if pid in given}
-                if not shared:
+                self._base = {pid: given[pid] for pid in self.order if pid in given}
+                if not self._base:
                     raise ValueError("no problem id in common with the baseline")
-                every = max(1, math.ceil(len(shared) / 100))
-                self._noise = _NoiseAwareGate(spec, shared, repeats=repeats, every=every)
-                continue
-            sequential = mode == "sequential"
-            self._counts[name] = _CountGate(
-                spec, self.n_total, self.gate_alpha, repeats, sequential
-            )
+                self._noise, self._every = spec, max(1, math.ceil(len(self._base) / 100))
+            else:
+                sequential = mode == "sequential"
+                self._counts[name] = _CountGate(
+                    spec, len(ids), self.gate_alpha, repeats, sequential
+                )
         self._health = any(isinstance(g.spec, MaxShare) for g in self._counts.values())
-        # Some verdicts are fixed before any outcome (min-acc above 1); a gate that cannot
-        # fail is never settled (its spec's certain() never says PASS).
+        # some verdicts are fixed before any outcome (min-acc above 1)
         for name, gate in self._counts.items():
             self._record(name, gate.certain(), "certain")
-        if self._noise is not None:
-            self._record("baseline", self._noise.certain(), "certain")
+        self._record("baseline", self._noise_certain(), "certain")
         self._check_done()
 
     @classmethod
@@ -343,10 +236,8 @@ class EarlyStop:
         alpha: float = 0.05,
         repeats: int = 1,
     ) -> EarlyStop | None:
-        """The group's early stop (None: nothing to decide). ``baseline``: the checked
-        stored problems; the noise-aware gate takes part when it shares a problem with
-        ``ids``, and with ``--gsm8k-require-baseline`` only when it holds them all (the end
-        of the run fails it otherwise, whatever the shared ones say)."""
+        """The group's early stop (None: nothing to decide). The baseline gate takes part when
+        it shares a problem, with --gsm8k-require-baseline only when it holds them all."""
         runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
         shared = len(set(runs) & set(ids))
         compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
@@ -358,6 +249,18 @@ class EarlyStop:
         if not ids or not gates:
             return None
         return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
+
+    def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:
+        seen = [
+            Pair(i, c, k, self._now[i], 1) for i, (c, k) in self._base.items() if i in self._now
+        ]
+        return seen, [(i, c, k) for i, (c, k) in self._base.items() if i not in self._now]
+
+    def _noise_certain(self) -> Verdict | None:
+        # with repeats on the candidate the p-value is not monotone: it waits for the end
+        if self._noise is None or self.repeats > 1:
+            return None
+        return self._noise.certain(*self._split())
 
     def _record(self, name: str, verdict: Verdict | None, how: str) -> None:
         if verdict is not None and self._verdicts[name] is None:
@@ -376,10 +279,8 @@ class EarlyStop:
         outcome: str | None = None,
         answers: Sequence[str] = (),
     ) -> Decision | None:
-        """Record one problem's outcome (any arrival order); the Decision once the run may
-        stop. ``outcome`` is needed by the health gates only; ``answers``: with ``repeats``
-        above 1, the outcome of each answer (none: ``outcome`` for each, as for an error).
-        KeyError for an id not in the run, ValueError for one seen twice."""
+        """One problem's outcome, in any arrival order; the Decision once the run may stop.
+        ``answers``: with repeats, each answer's outcome (none: ``outcome`` for each)."""
         position = self._position[problem_id]
         if position in self._arrived or position < self._next:
             raise ValueError(f"outcome for {problem_id!r} observed twice")
@@ -392,63 +293,58 @@ class EarlyStop:
             self._feed(problem_id, correct, outcome, answers)
             return self.decision
         while self._next in self._arrived and self.decision is None:
-            ok, kind, given = self._arrived.pop(self._next)
-            pid = self.order[self._next]
+            self._feed(self.order[self._next], *self._arrived.pop(self._next))
             self._next += 1
-            self._feed(pid, ok, kind, given)
         return self.decision
 
-    def _feed(
-        self, pid: str, correct: bool, outcome: str | None = None, answers: Sequence[str] = ()
-    ) -> None:
+    def _feed(self, pid: str, correct: bool, outcome: str | None, answers: Sequence[str]) -> None:
         self.observed += 1
-        how = "certain" if self.mode == "certain" else "sequential"
         runs = self.repeats
-        answers = list(answers or ()) or [outcome or ("correct" if correct else "wrong")] * runs
+        answers = list(answers) or [outcome or ("correct" if correct else "wrong")] * runs
         for name, gate in self._counts.items():
             spec = gate.spec
             if isinstance(spec, MaxShare):  # good: the answers not of its outcome
                 good = runs - answers.count(spec.outcome) if runs > 1 else outcome != spec.outcome
             else:
                 good = answers.count("correct") if runs > 1 else correct
-            verdict = gate.add(int(good))
-            self._record(name, verdict, "certain" if gate.certain() else how)
-        if self._noise is not None and pid in self._noise.baseline:
-            self._record("baseline", self._noise.add(pid, correct), "certain")
+            self._record(name, *gate.add(int(good)))
+        if pid in self._base:
+            self._now[pid] = int(correct)
+            self._since += 1
+            if self._since >= self._every or len(self._now) == len(self._base):
+                self._since = 0
+                self._record("baseline", self._noise_certain(), "certain")
         self._check_done()
 
     def _gate_json(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = {"verdict": self._verdicts[name], "how": self._how.get(name)}
         gate = self._counts.get(name)
-        if gate is not None:
-            spec = gate.spec
-            n = gate.size * gate.runs
-            low, high = gate.count_bounds()
-            lo, hi = gate.count_interval()
-            if isinstance(spec, MaxShare):
-                # the gate counts the answers NOT of the outcome: its bounds turned around
-                low, high, lo, hi = n - high, n - low, n - hi, n - lo
-                out.update(rule=name, threshold=spec.rate, allowed=spec.allowed(n))
-                out.update(observed=gate.seen, count=gate.seen * gate.runs - gate.good)
-            else:
-                threshold = spec.floor if isinstance(spec, ToleranceFloor) else spec.threshold
-                out.update(threshold=threshold, observed=gate.seen, correct=gate.good)
-            out["bounds"] = [low / n, high / n]
-            if gate.fail_test is not None:
-                out["interval"] = [lo / n, hi / n]
-        elif self._noise is not None:
-            noise = self._noise
-            out.update(rule="noise-aware", alpha=noise.rule.alpha, observed=len(noise.now))
-            if noise.repeats == 1:
-                out["p_bounds"] = list(noise.p_range())
+        if gate is None:  # the noise-aware baseline gate
+            assert self._noise is not None
+            out.update(rule="noise-aware", alpha=self._noise.alpha, observed=len(self._now))
+            if self.repeats == 1:
+                out["p_bounds"] = [p_value(pairs) for pairs in extremes(*self._split())]
+            return out
+        spec, n = gate.spec, gate.size * gate.runs
+        (low, high), (lo, hi) = gate.bounds(), gate.interval()
+        if isinstance(spec, MaxShare):  # it counts the answers NOT of the outcome: turned round
+            low, high, lo, hi = n - high, n - low, n - hi, n - lo
+            out.update(rule=name, threshold=spec.rate, allowed=spec.allowed(n))
+            out.update(observed=gate.seen, count=gate.seen * gate.runs - gate.good)
+        else:
+            threshold = spec.floor if isinstance(spec, ToleranceFloor) else spec.threshold
+            out.update(threshold=threshold, observed=gate.seen, correct=gate.good)
+        out["bounds"] = [low / n, high / n]
+        if gate.tests is not None:
+            out["interval"] = [lo / n, hi / n]
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The early-stopping record for the JSON report (bounds are exact; intervals, CS)."""
+        sequential = self.mode == "sequential"
         return {
             "mode": self.mode,
-            "alpha": self.alpha if self.mode == "sequential" else None,
-            "gate_alpha": self.gate_alpha if self.mode == "sequential" else None,
+            "alpha": self.alpha if sequential else None,
+            "gate_alpha": self.gate_alpha if sequential else None,
             "seed": self.seed,
             "n_total": self.n_total,
             "observed": self.observed,
@@ -458,39 +354,33 @@ class EarlyStop:
         }
 
     def _gate_phrase(self, name: str) -> str:
-        verdict = self._verdicts[name]
-        info = self._gate_json(name)
-        gate = self._counts.get(name)
+        verdict, info, gate = self._verdicts[name], self._gate_json(name), self._counts.get(name)
         if gate is None:  # the noise-aware baseline gate
             if "p_bounds" not in info:
                 return "baseline waits for the end of the run (--gsm8k-repeats on the candidate)"
-            lo_p, hi_p = info["p_bounds"]
             state = "undecided" if verdict is None else f"verdict {verdict} is certain"
-            return f"baseline {state} (noise-aware p reachable {lo_p:.4g}-{hi_p:.4g})"
-        spec = gate.spec
-        what = f"{spec.outcome} share" if isinstance(spec, MaxShare) else "accuracy"
-        low, high = info["bounds"]
+            return "baseline {} (noise-aware p reachable {:.4g}-{:.4g})".format(
+                state, *info["p_bounds"]
+            )
+        outcome = gate.spec.outcome if isinstance(gate.spec, MaxShare) else ""
+        what, (low, high) = f"{outcome} share" if outcome else "accuracy", info["bounds"]
         if verdict is None:
             return f"{name} undecided ({what} reachable {low:.4f}-{high:.4f})"
-        if info["how"] == "certain":
-            reach = f"at most {high:.4f} reachable"
-            if isinstance(spec, MaxShare) and verdict == "FAIL":
-                reach = f"{info['count']} {spec.outcome} already, {info['allowed']} allowed"
-            elif not isinstance(spec, MaxShare) and verdict == "PASS":
-                reach = f"at least {low:.4f} already"
-            return f"{name} verdict {verdict} is certain ({reach})"
-        lo, hi = info["interval"]
-        return (
-            f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({what} of the full split "
-            f"in [{lo:.4f}, {hi:.4f}])"
-        )
+        if info["how"] == "sequential":
+            lo, hi = info["interval"]
+            split = f"{what} of the full split in [{lo:.4f}, {hi:.4f}]"
+            return f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({split})"
+        reach = f"at most {high:.4f} reachable"
+        if outcome and verdict == "FAIL":
+            reach = f"{info['count']} {outcome} already, {info['allowed']} allowed"
+        elif not outcome and verdict == "PASS":
+            reach = f"at least {low:.4f} already"
+        return f"{name} verdict {verdict} is certain ({reach})"
 
     def headline(self) -> str:
-        """One line for the terminal, e.g. "stopped after 212 of 1319 problems: ..."."""
+        decided = self.decision is not None
         phrases = "; ".join(
-            self._gate_phrase(name)
-            for name in self._verdicts
-            if self.decision is None or self._verdicts[name] is not None
+            self._gate_phrase(name) for name, v in self._verdicts.items() if not decided or v
         )
         if self.decision is None:
             return f"not stopped early ({self.observed} of {self.n_total} problems): {phrases}"

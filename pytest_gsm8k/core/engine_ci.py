@@ -1,10 +1,7 @@
-"""The inference engines' own GSM8K CI, request for request: ``--gsm8k-preset vllm`` and
-``sglang``. Pure, stdlib only.
-
-A threshold an engine's CI keeps holds only for the protocol it was measured with, so these
-send what the engines' scripts send, byte for byte where the script posts JSON itself
-(``tests/data/vllm_requests.json`` holds bodies recorded from vLLM's script). What each copies,
-and what differs on purpose: docs/protocols.md#--gsm8k-preset-vllm and the sglang section.
+"""The inference engines' own GSM8K CI, request for request (``--gsm8k-preset vllm``,
+``sglang``). Pure. A threshold an engine's CI keeps holds only for the protocol it was measured
+with, so these send what the scripts send, byte for byte where the script posts JSON itself
+(what differs on purpose: docs/protocols.md#--gsm8k-preset-vllm and the sglang section).
 """
 
 from __future__ import annotations
@@ -56,26 +53,21 @@ def _vllm_extra(params: Sequence[tuple[str, str]], api: str) -> dict[str, Any]:
         raise ValueError(error)
     given = {key: json.loads(value) for key, value in params}
     allowed = VLLM_CHAT_PARAMS if api == "chat" else VLLM_COMPLETION_PARAMS
-    extra: dict[str, Any] = {}
-    for key, kind in allowed.items():
-        if key not in given:
-            continue
-        value = given[key]
-        if kind is dict:
-            if not isinstance(value, dict):
-                raise ValueError(f"--gsm8k-param {key}: expected a JSON object")
-        elif kind is str:
-            value = str(value)
-        elif isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"--gsm8k-param {key}: expected a number, got {value!r}")
-        elif kind is int:
-            if value != int(value):
-                raise ValueError(f"--gsm8k-param {key}: expected a whole number, got {value!r}")
-            value = int(value)
-        else:
-            value = float(value)
-        extra[key] = value
-    return extra
+    return {key: _typed(key, kind, given[key]) for key, kind in allowed.items() if key in given}
+
+
+def _typed(key: str, kind: type, value: Any) -> Any:
+    if kind is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"--gsm8k-param {key}: expected a JSON object")
+        return value
+    if kind is str:
+        return str(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"--gsm8k-param {key}: expected a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise ValueError(f"--gsm8k-param {key}: expected a whole number, got {value!r}")
+    return kind(value)
 
 
 def vllm_body(prompt: str, api: Api = "completions", params: Sequence[tuple[str, str]] = ()) -> str:
@@ -85,10 +77,9 @@ def vllm_body(prompt: str, api: Api = "completions", params: Sequence[tuple[str,
         data = {"messages": [{"role": "user", "content": prompt}], "max_tokens": VLLM.max_tokens}
     else:
         data = {"prompt": prompt, "max_tokens": VLLM.max_tokens, "stop": list(VLLM.stop)}
-    data["temperature"] = VLLM.temperature
-    data["seed"] = VLLM.seed
-    data.update(_vllm_extra(params, api))
-    return json.dumps(data)
+    return json.dumps(
+        {**data, "temperature": VLLM.temperature, "seed": VLLM.seed, **_vllm_extra(params, api)}
+    )
 
 
 def vllm_request(

@@ -1,7 +1,7 @@
 """Intervals and exact tests that turn pass/fail counts into defensible claims. Pure.
 
-A point on GSM8K is 13 problems, often within noise: these say how much. Exact integers
-where a float would over- or underflow.
+A point on GSM8K is 13 problems, often within noise. Exact integers where a float would over-
+or underflow.
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ def _z_value(confidence: float) -> float:
 
 
 def _wilson(k: float, n: float, z: float) -> tuple[float, float]:
-    """Wilson score interval for ``k`` successes out of ``n > 0`` at quantile ``z``."""
-    p = k / n
-    z2 = z * z
+    """Wilson's score interval for ``k`` of ``n > 0``; the exact ends at 0 and n."""
+    p, z2 = k / n, z * z
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2.0 * n)) / denom
     half = z * math.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
-    # the exact ends at k == 0 and k == n, never 0.9999999999
-    low = 0.0 if k == 0 else max(0.0, centre - half)
-    high = 1.0 if k == n else min(1.0, centre + half)
-    return low, high
+    return (
+        0.0 if k == 0 else max(0.0, centre - half),
+        1.0 if k == n else min(1.0, centre + half),
+    )
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -37,35 +36,23 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     if n < 0 or not 0 <= k <= max(n, 0):
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     z = _z_value(confidence)
-    if n == 0:
-        return 0.0, 1.0
-    return _wilson(k, n, z)
-
-
-def clustered_interval(
-    rates: Sequence[float], runs: int, confidence: float = 0.95
-) -> tuple[float, float]:
-    """Interval for the mean of per-problem rates (``--gsm8k-repeats``), problems the unit
-    (one problem's answers are not independent draws): Wilson's at Kish's effective size
-    ``n_eff = p (1 - p) / V``, ``V = Σ (r_i - p)² / n²`` (Korn & Graubard 1998, Survey
-    Methodology 24:193-201); :func:`wilson_interval` with one run per problem."""
-    n = len(rates)
-    z = _z_value(confidence)
-    if n == 0:
-        return 0.0, 1.0
-    p = math.fsum(rates) / n
-    var = math.fsum((r - p) ** 2 for r in rates) / (n * n)
-    most = n * max(1, runs)
-    effective = most if var <= 0.0 or p in (0.0, 1.0) else min(most, p * (1.0 - p) / var)
-    return _wilson(p * effective, effective, z)
+    return _wilson(k, n, z) if n else (0.0, 1.0)
 
 
 def accuracy_interval(rates: Sequence[float], runs: int) -> tuple[float, float]:
     """The one interval of an accuracy, wherever it is shown: Wilson's with one run per
-    problem, else :func:`clustered_interval`."""
+    problem; with ``--gsm8k-repeats``, problems the unit (one problem's answers are not
+    independent draws), Wilson's at Kish's effective size ``n_eff = p (1 - p) / V``,
+    ``V = Σ (r_i - p)² / n²`` (Korn & Graubard 1998, Survey Methodology 24:193-201)."""
+    n = len(rates)
     if runs <= 1:
-        return wilson_interval(round(math.fsum(rates)), len(rates))
-    return clustered_interval(rates, runs)
+        return wilson_interval(round(math.fsum(rates)), n)
+    if n == 0:
+        return 0.0, 1.0
+    p = math.fsum(rates) / n
+    var = math.fsum((r - p) ** 2 for r in rates) / (n * n)
+    effective = n * runs if var <= 0.0 or p in (0.0, 1.0) else min(n * runs, p * (1 - p) / var)
+    return _wilson(p * effective, effective, _z_value(0.95))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -90,11 +77,8 @@ def mcnemar_one_sided(newly_failing: int, newly_passing: int) -> float:
             f"newly_failing={newly_failing}, newly_passing={newly_passing}"
         )
     m = newly_failing + newly_passing
-    if m == 0:
-        return 1.0
     # C(m, i+1) = C(m, i) (m-i) / (i+1): O(m) small-integer steps for the whole tail
-    term = math.comb(m, newly_failing)
-    tail = 0
+    term, tail = math.comb(m, newly_failing), 0
     for i in range(newly_failing, m + 1):
         tail += term
         term = term * (m - i) // (i + 1)
@@ -121,10 +105,10 @@ def paired_difference_interval(
     confidence: float = 0.95,
 ) -> tuple[float, float, float]:
     """``(diff, low, high)``: the accuracy change (current - baseline) on the paired 2x2
-    table, with Newcombe's method 10 interval (Newcombe 1998, Stat. Med. 17:2635-2650):
-    the two Wilson intervals combined by "square and add", corrected by the table's phi
-    coefficient with Newcombe's continuity correction (0 when a margin is empty). Unlike
-    Wald's it stays in [-1, 1] and keeps a width when nothing changed."""
+    table, with Newcombe's method 10 interval (Newcombe 1998, Stat. Med. 17:2635-2650): the
+    two Wilson intervals combined by "square and add", corrected by the table's phi with
+    Newcombe's continuity correction (0 when a margin is empty). Unlike Wald's it stays in
+    [-1, 1] and keeps a width when nothing changed."""
     cells = (both_correct, baseline_only, current_only, both_wrong)
     if any(x < 0 for x in cells):
         raise ValueError(f"cell counts must be non-negative, got {cells}")
@@ -132,30 +116,16 @@ def paired_difference_interval(
     n = sum(cells)
     if n == 0:
         return 0.0, -1.0, 1.0
-
-    current_correct = both_correct + current_only
-    baseline_correct = both_correct + baseline_only
-    p1 = current_correct / n
-    p2 = baseline_correct / n
+    current, baseline = both_correct + current_only, both_correct + baseline_only
+    p1, p2 = current / n, baseline / n
     diff = (current_only - baseline_only) / n
-    l1, u1 = _wilson(current_correct, n, z)
-    l2, u2 = _wilson(baseline_correct, n, z)
-
-    margins = (current_correct, n - current_correct, baseline_correct, n - baseline_correct)
-    if 0 in margins:
-        phi = 0.0
-    else:
-        a = both_correct * both_wrong - baseline_only * current_only
-        root = math.sqrt(math.prod(margins))
-        if 2 * a > n:
-            phi = (a - n / 2) / root
-        elif a >= 0:
-            phi = 0.0
-        else:
-            phi = a / root
-
-    d_low1, d_up2 = p1 - l1, u2 - p2
-    d_low2, d_up1 = p2 - l2, u1 - p1
+    (l1, u1), (l2, u2) = _wilson(current, n, z), _wilson(baseline, n, z)
+    margins = (current, n - current, baseline, n - baseline)
+    a = both_correct * both_wrong - baseline_only * current_only
+    phi = 0.0
+    if 0 not in margins and (2 * a > n or a < 0):
+        phi = (a - n / 2 if 2 * a > n else a) / math.sqrt(math.prod(margins))
+    d_low1, d_up2, d_low2, d_up1 = p1 - l1, u2 - p2, p2 - l2, u1 - p1
     low = diff - math.sqrt(max(0.0, d_low1**2 - 2 * phi * d_low1 * d_up2 + d_up2**2))
     high = diff + math.sqrt(max(0.0, d_low2**2 - 2 * phi * d_low2 * d_up1 + d_up1**2))
     return diff, max(-1.0, low), min(1.0, high)
