@@ -28,7 +28,6 @@ import pytest
 from helpers import REPO, wait_until
 
 import pytest_gsm8k.runtime.local as local
-import pytest_gsm8k.runtime.process as process
 import pytest_gsm8k.runtime.serve as serve
 from pytest_gsm8k.runtime.install import install_command, install_hint
 from pytest_gsm8k.runtime.local import DEFAULT_ALIAS, LocalServer, LocalServerError, resolve_model
@@ -334,7 +333,7 @@ def test_server_serves_the_alias_on_loopback(server: LocalServer) -> None:
         ids = [m["id"] for m in json.load(resp)["data"]]
     assert ids == [DEFAULT_ALIAS]
     assert 0 < server.startup_seconds < 120
-    assert server in process._LIVE  # the atexit handler would stop it
+    assert server in serve._LIVE  # the atexit handler would stop it
 
 
 @_real
@@ -379,7 +378,7 @@ def test_stop_leaves_no_process(tmp_path: Path) -> None:
         os.killpg(srv.pgid, 0)
     assert not _answers(srv.base_url)
     srv.stop()  # idempotent
-    assert srv not in process._LIVE
+    assert srv not in serve._LIVE
 
 
 @_real
