@@ -1,8 +1,6 @@
-"""``--gsm8k-config PATH``: vLLM's GSM8K configs from a ``.yaml`` file, a folder of them (not
-below it, in name order) or a ``.txt`` list (vLLM's ``configs/models-*.txt``: one file per line,
-relative to the list's folder). The matrix never shrinks unseen: where vLLM's conftest skips a
-missing file, here an entry meant as a config and not one is refused by name (docs/configs.md).
-Each config is named by its file's stem, escaped for one line; two with one name are refused.
+"""``--gsm8k-config PATH``: vLLM's GSM8K configs from a ``.yaml`` file, a folder or a
+``models-*.txt`` list, each named by its file's stem. The matrix never shrinks unseen: where
+vLLM's conftest skips a missing file, an entry meant as a config and not one is refused.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -63,20 +64,6 @@ def server_env_digest(extra: Sequence[tuple[str, str]] = ()) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def describe_exit(returncode: int) -> str:
-    """``signal SIGSEGV`` or ``exit code 3``: how a child process ended."""
-    if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-returncode).name}"
-        return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def processes(pids: Sequence[int]) -> str:
-    shown = ", ".join(str(p) for p in pids[:5]) + (", ..." if len(pids) > 5 else "")
-    return f"{len(pids)} process{'es' if len(pids) > 1 else ''} (pid {shown})"
-
-
 def _kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -100,31 +87,29 @@ class ServedProcess:
         self, argv: Sequence[str], env: Mapping[str, str], scrub: Callable[[str], str]
     ) -> None:
         log = self.log_path.open("ab")  # unwritable: an OSError now, before anything starts
-        control_r, self._control = os.pipe()
         status_r, status_w = os.pipe()
-        output_r, output_w = os.pipe()
         supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
         try:
             self.process = subprocess.Popen(
                 [*supervisor, "--", *argv],
-                stdin=control_r,
-                stdout=output_w,
+                bufsize=0,
+                stdin=subprocess.PIPE,  # our end closed: the supervisor stops the tree
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=dict(env),
                 start_new_session=True,
                 pass_fds=(status_w,),
             )
         except BaseException:
-            for fd in (self._control, status_r, output_r):
-                os.close(fd)
+            os.close(status_r)
             log.close()
             raise
         finally:
-            for fd in (control_r, status_w, output_w):
-                os.close(fd)
+            os.close(status_w)
         self._stopping = False
         self._status: dict[str, Any] = {}
-        self._copier = threading.Thread(target=_copy_log, args=(output_r, log, scrub), daemon=True)
+        output = self.process.stdout
+        self._copier = threading.Thread(target=_copy_log, args=(output, log, scrub), daemon=True)
         self._reader = threading.Thread(target=self._read_status, args=(status_r,), daemon=True)
         self._copier.start()
         self._reader.start()
@@ -149,11 +134,9 @@ class ServedProcess:
             if not self._reader.is_alive():
                 break
             time.sleep(0.02)
-        return (
-            None
-            if "pid" in self._status
-            else str(self._status.get("error", "its supervisor did not start it"))
-        )
+        if "pid" in self._status:
+            return None
+        return str(self._status.get("error", "its supervisor did not start it"))
 
     @property
     def pid(self) -> int:
@@ -191,13 +174,23 @@ class ServedProcess:
         """A check once it serves, before the run uses it (:class:`~.local.LocalServer`'s)."""
 
     def _exit(self, verb: str) -> str:
-        """``died with exit code 7``, or ``exited (daemonised?) ...`` when it left processes."""
-        code = self.returncode
-        how = describe_exit(code) if code is not None else "an unknown status"
+        """``died with signal SIGSEGV``, ``exited (daemonised?) with exit code 0`` (it left
+        processes), ``died with exit code 7``."""
+        code, how = self.returncode, "an unknown status"
+        if code is not None and code >= 0:
+            how = f"exit code {code}"
+        elif code is not None:
+            how = f"signal {-code}"
+            with contextlib.suppress(ValueError):
+                how = f"signal {signal.Signals(-code).name}"
         return f"{'exited (daemonised?)' if code == 0 and self.left else verb} with {how}"
 
     def _leaving(self) -> str:
-        return f", leaving {processes(self.left)} running, now stopped" if self.left else ""
+        if not (left := self.left):
+            return ""
+        pids = ", ".join(str(p) for p in left[:5]) + (", ..." if len(left) > 5 else "")
+        many = "processes" if len(left) > 1 else "process"
+        return f", leaving {len(left)} {many} (pid {pids}) running, now stopped"
 
     def death_head(self) -> str:
         return f"{self.what[:-1]}, pid {self.pid}) {self._exit('died')}{self._leaving()}"
@@ -226,7 +219,7 @@ class ServedProcess:
         self._stopping = True
         try:
             if proc.returncode is None:
-                self._close_control(f"stop {timeout:g}\n".encode())
+                self._close_control(f"stop {timeout:g}\n")
                 try:  # it may be stopping what a daemonising command left (DEATH_GRACE)
                     proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
                 except subprocess.TimeoutExpired:
@@ -247,12 +240,14 @@ class ServedProcess:
         finally:
             _LIVE.discard(self)
 
-    def _close_control(self, message: bytes = b"") -> None:
-        fd, self._control = self._control, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.write(fd, message)
-            os.close(fd)
+    def _close_control(self, message: str = "") -> None:
+        """The supervisor's stdin: ``stop GRACE``, then its end (idempotent)."""
+        control = self.process.stdin
+        assert control is not None
+        with contextlib.suppress(OSError, ValueError):  # ValueError: closed already
+            control.write(message.encode())
+        with contextlib.suppress(OSError):
+            control.close()
 
 
 _LIVE: set[ServedProcess] = set()
@@ -266,7 +261,7 @@ def _stop_all() -> None:
             server.stop(timeout=5.0)
 
 
-def _copy_log(source: int, log: IO[bytes], scrub: Callable[[str], str]) -> None:
+def _copy_log(pipe: IO[bytes], log: IO[bytes], scrub: Callable[[str], str]) -> None:
     """The server's output into its log, line by line through ``scrub``: no secret it prints
     reaches the disk. A line not ended waits up to :data:`_LOG_LINE_LIMIT` characters, then
     is written but for its last :data:`_LOG_KEEP` (where a secret cut by the pipe may
@@ -282,7 +277,7 @@ def _copy_log(source: int, log: IO[bytes], scrub: Callable[[str], str]) -> None:
         except OSError:
             failed = True
 
-    with os.fdopen(source, "rb", buffering=0) as pipe, log:
+    with pipe, log:
         pending = ""
         while data := pipe.read(65536):
             pending += data.decode("utf-8", "surrogateescape")
@@ -300,25 +295,10 @@ def _copy_log(source: int, log: IO[bytes], scrub: Callable[[str], str]) -> None:
 _S = TypeVar("_S", bound=ServedProcess)
 
 
-@dataclass(frozen=True)
-class ServerSpec(Generic[_S]):
-    """How to start one server; :func:`start_server` adds the port and runs it."""
-
-    command: Callable[[int], ServeCommand]  # the command line for a port
-    model: str
-    what: str  # ServedProcess.what
-    factory: Callable[..., _S]  # a subclass adds its own checks (local.LocalServer)
-    error: type[ServeError] = ServeError
-    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
-    context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
-
-
 def _free_port() -> int:
     """A loopback port that was free a moment ago (the race is handled by retrying)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return int(sock.getsockname()[1])
 
 
 def _wait_ready(
@@ -328,18 +308,13 @@ def _wait_ready(
     every :data:`PROGRESS_EVERY` seconds."""
     delay, started = 0.05, time.monotonic()
     next_progress = started + PROGRESS_EVERY
-    while not server.returncode is not None:
+    while server.returncode is None:
+        wait = max(0.05, min(2.0, deadline - time.monotonic()))
         try:  # one deadline for the whole answer: a server that drips it is not ready
-            get_json(
-                server.base_url + "/models",
-                None,
-                max(0.05, min(2.0, deadline - time.monotonic())),
-                proxies=False,
-            )
-            ok = True
+            ok = get_json(server.base_url + "/models", None, wait, proxies=False) or True
         except PreflightError as exc:
             ok = exc.status in (401, 403)  # up, and wants a key (vllm serve --api-key)
-        if ok and not server.returncode is not None and _owns_port(server.pgid, port) is not False:
+        if ok and server.returncode is None and _owns_port(server.pgid, port) is not False:
             return "ready"
         now = time.monotonic()
         if now >= deadline:
@@ -400,49 +375,43 @@ def _exited_head(server: ServedProcess, port: int) -> str:
     return head
 
 
-def start_server(
-    spec: ServerSpec[_S],
-    *,
-    log_path: Path,
-    startup_timeout: float,
-    progress: Callable[[float], None] | None = None,
-    scrub: Callable[[str], str] = str,
-) -> _S:
-    """Start ``spec`` on a free loopback port and wait until ``GET /v1/models`` answers from
+def start_server(order: Launch[_S]) -> _S:
+    """Start ``order`` on a free loopback port and wait until ``GET /v1/models`` answers from
     the server's own processes; a port taken meanwhile is retried. Any other early exit, or
-    no answer within ``startup_timeout`` (all tries together), raises ``spec.error`` with the
-    exit status and the tail of ``log_path`` (which stays)."""
+    no answer within its ``startup_timeout`` (all tries together), raises ``order.error`` with
+    the exit status and the tail of its log (which stays)."""
+    log_path, startup_timeout = order.log_path, order.startup_timeout
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
     log_path.write_bytes(b"")
-    what, started = spec.what, time.monotonic()
+    what, started = order.what, time.monotonic()
     deadline = started + startup_timeout
-    where = f" ({spec.context}; log {log_path})" if spec.context else f" (log {log_path})"
+    where = f" ({order.context}; log {log_path})" if order.context else f" (log {log_path})"
     text = ""
     for _attempt in range(_PORT_ATTEMPTS):
         port = _free_port()
         try:
-            command = spec.command(port)
+            command = order.command(port)
         except CommandError as exc:
-            raise spec.error(str(exc)) from None
-        base_env = os.environ if spec.env is None else spec.env
+            raise order.error(str(exc)) from None
+        base_env = os.environ if order.env is None else order.env
         env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
         try:
-            server = spec.factory(
+            server = order.factory(
                 argv=command.argv,
                 env=env,
-                scrub=scrub,
+                scrub=order.scrub.command,
                 log_path=log_path,
                 base_url=f"http://127.0.0.1:{port}/v1",
-                model=spec.model,
+                model=order.model,
                 what=what,
             )
         except OSError as exc:
-            raise spec.error(f"{what} could not be started: {exc}") from None
+            raise order.error(f"{what} could not be started: {exc}") from None
         try:
             failure = server._started(deadline)
-            outcome = failure or _wait_ready(server, port, deadline, progress)
+            outcome = failure or _wait_ready(server, port, deadline, order.progress)
         except BaseException:  # KeyboardInterrupt included: never leave it running
             server.stop(timeout=2.0)
             raise
@@ -451,16 +420,16 @@ def start_server(
             return server
         server.stop(timeout=2.0)
         if failure:
-            raise spec.error(f"{what} could not be started: {failure}{where}")
+            raise order.error(f"{what} could not be started: {failure}{where}")
         text = server.log_text(offset)
         in_use = "address already in use" in text.lower() or "errno 98" in text.lower()
         if outcome == "exited" and not server.left and in_use:
             continue
         late = f"{what} did not answer GET {server.base_url}/models within {startup_timeout:g} s"
         head = _exited_head(server, port) if outcome == "exited" else late
-        raise spec.error(_with_tail(head + where, text))
+        raise order.error(_with_tail(head + where, text))
     head = f"Port in use: {what} could not bind a free port in {_PORT_ATTEMPTS} tries"
-    raise spec.error(_with_tail(f"{head} (log {log_path})", text))
+    raise order.error(_with_tail(f"{head} (log {log_path})", text))
 
 
 def serve_spec(
@@ -470,7 +439,7 @@ def serve_spec(
     server_args: tuple[str, ...] | None = None,
     env: Mapping[str, str] | None = None,
     context: str = "",
-) -> ServerSpec[ServedProcess]:
+) -> Launch[ServedProcess]:
     """The spec of ``--gsm8k-serve`` ``command``, ``{port}`` and ``{model}`` filled in so
     that the model name never becomes code (core/command.py); refused now, as one line."""
     if not command.strip():
@@ -485,18 +454,25 @@ def serve_spec(
     fill(0)  # refused now, before anything starts
     shown = redact_options(command)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return ServerSpec(
+    return Launch(
         fill, model or "", f"the model server ({shown})", ServedProcess, env=env, context=context
     )
 
 
 @dataclass(frozen=True)
-class Launch:
-    """What to start for the run and how to take it into use (docs/serving.md)."""
+class Launch(Generic[_S]):
+    """A server to start for the run (a command: serve_spec; a GGUF: local.local_spec), and
+    how to take it into use (docs/serving.md); the caller adds its log and timeout."""
 
-    spec: ServerSpec[Any]  # a command (serve_spec) or a GGUF (local.local_spec)
-    log_path: Path
-    startup_timeout: float
+    command: Callable[[int], ServeCommand]  # the command line for a port
+    model: str
+    what: str  # ServedProcess.what
+    factory: Callable[..., _S]  # a subclass adds its own checks (local.LocalServer)
+    error: type[ServeError] = ServeError
+    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
+    context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
+    log_path: Path = Path()
+    startup_timeout: float = 0.0
     scrub: Scrubber = field(default_factory=Scrubber)
     api_key: str | None = None
     list_timeout: float = 10.0
@@ -521,16 +497,11 @@ class Started:
         return Endpoint(self.server.base_url, self.server.model, self.identity)
 
 
-def launch(order: Launch) -> Started:
-    """Start ``order``, wait until it serves, probe it and check its model. Any failure is
-    one :class:`ServeError` (the spec's subclass) line, the server stopped."""
-    server = start_server(
-        order.spec,
-        log_path=order.log_path,
-        startup_timeout=order.startup_timeout,
-        progress=order.progress,
-        scrub=order.scrub.command,
-    )
+def launch(order: Launch[Any], **how: Any) -> Started:
+    """Start ``order`` (``how``: its log, timeout, ... filled in), wait until it serves, probe
+    it and check its model. Any failure is one :class:`ServeError` (the order's subclass)
+    line, the server stopped."""
+    server = start_server(order := dataclasses.replace(order, **how))
     try:
         server.probe()
         identity = _check_model(server, order) if order.check else None
@@ -548,7 +519,7 @@ def launch(order: Launch) -> Started:
     return Started(server, order.scrub.obj(info), identity)
 
 
-def _check_model(server: ServedProcess, order: Launch) -> dict[str, Any] | None:
+def _check_model(server: ServedProcess, order: Launch[Any]) -> dict[str, Any] | None:
     cards: list[dict[str, Any]] = []
     adopt = order.check == "adopt"
     try:

@@ -21,6 +21,7 @@ import time
 import types
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,11 @@ def start_local_server(
 ) -> LocalServer:
     """Serve ``path`` as the local preset does (its spec, then serve.py's start)."""
     return serve.start_server(
-        local.local_spec(path, alias=alias, **spec),
-        log_path=log_path,
-        startup_timeout=startup_timeout,
+        replace(
+            local.local_spec(path, alias=alias, **spec),
+            log_path=log_path,
+            startup_timeout=startup_timeout,
+        )
     )
 
 
@@ -416,9 +419,10 @@ _CHILD = """
     import json, sys, time
     from pathlib import Path
     from pytest_gsm8k.runtime.local import local_spec, resolve_model
+    from dataclasses import replace
     from pytest_gsm8k.runtime.serve import start_server
-    srv = start_server(local_spec(resolve_model("local"), alias="child", n_ctx=256),
-                       log_path=Path(sys.argv[1]), startup_timeout=60)
+    srv = start_server(replace(local_spec(resolve_model("local"), alias="child", n_ctx=256),
+                       log_path=Path(sys.argv[1]), startup_timeout=60))
     print(json.dumps({"pid": srv.pid, "url": srv.base_url}), flush=True)
     if sys.argv[2] == "sleep":
         time.sleep(600)

@@ -20,7 +20,11 @@ def test_the_log_holds_no_secret_however_the_pipe_cuts_it(tmp_path: Path) -> Non
     source, sink = os.pipe()
     copier = threading.Thread(
         target=serve._copy_log,
-        args=(source, path.open("ab"), Scrubber(None, None, [SECRET]).command),
+        args=(
+            os.fdopen(source, "rb", buffering=0),
+            path.open("ab"),
+            Scrubber(None, None, [SECRET]).command,
+        ),
     )
     copier.start()
     key = SECRET.encode()
