@@ -48,7 +48,6 @@ _SERVER_ENV_SETTINGS = frozenset(
     use_mmap verbose vocab_only yarn_attn_factor yarn_beta_fast yarn_beta_slow yarn_ext_factor
     yarn_orig_ctx""".split()  # noqa: SIM905 (a list literal would take 57 lines)
 )
-LOCAL_WHAT = "the local model server (llama.cpp)"
 #: signals a llama.cpp compiled for instructions this CPU lacks dies with
 _CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIGBUS)})
 
@@ -231,7 +230,7 @@ def local_spec(
     return Launch(
         command=command,
         model=alias,
-        what=LOCAL_WHAT,
+        what="the local model server (llama.cpp)",
         factory=LocalServer,
         error=LocalServerError,
         env=server_env(),

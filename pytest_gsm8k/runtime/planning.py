@@ -147,23 +147,20 @@ def with_baselines(
     """Each config with its own baseline, named by its label: configs whose names differ
     only where a file name cannot (``a b``, ``a_b``; case) are refused before any server
     starts."""
-    sharing: dict[str, list[ConfigGroup]] = {}
-    for group in groups:
-        sharing.setdefault(bl.default_name(group.label).casefold(), []).append(group)
-    for clash in sharing.values():
-        if len(clash) > 1:
-            names = [repr(g.name) for g in clash]
+    files = [f"{bl.default_name(group.label)}.gsm8k" for group in groups]
+    sharing: dict[str, list[str]] = {}  # the first config's file name, then every name
+    for group, file in zip(groups, files, strict=True):
+        sharing.setdefault(file.casefold(), [file]).append(repr(group.name))
+    for file, *names in sharing.values():
+        if len(names) > 1:
             raise DatasetError(
                 f"--gsm8k-config: configs {', '.join(names[:-1])} and {names[-1]} would share "
-                f"one baseline file ({bl.default_name(clash[0].label)}.gsm8k): rename all but one"
+                f"one baseline file ({file}): rename all but one"
             )
     folder = rootpath / snapshot_dirname / "gsm8k"
     return tuple(
-        dataclasses.replace(
-            group,
-            baseline=read_baseline(folder / f"{bl.default_name(group.label)}.gsm8k", rootpath),
-        )
-        for group in groups
+        dataclasses.replace(group, baseline=read_baseline(folder / file, rootpath))
+        for group, file in zip(groups, files, strict=True)
     )
 
 

@@ -1,12 +1,8 @@
 """The supervisor between pytest and a served command (``python -I supervise.py STATUS_FD GRACE
--- ARGV...``, standard library only, started by serve.py as a session leader): the command's
-whole process tree ends with pytest, and pytest learns how the command ended.
-
-It is the Linux *subreaper* of all ARGV starts, so a process that daemonises stays its
-descendant (the kernel's parent-death signal would reach only the first process). It stops the
-tree (SIGTERM, SIGKILL after GRACE s) on ``stop GRACE`` on stdin, at the end of stdin or when
-its parent changes (pytest died, even by SIGKILL), on SIGTERM, and when the main process exited
-and what of its tree still runs a second later (it daemonised). STATUS_FD gets JSON lines:
+-- ARGV...``, stdlib only, a session leader): the Linux subreaper of all ARGV starts, so that
+its whole tree, daemons included, ends (SIGTERM, SIGKILL after GRACE s) on ``stop GRACE`` on
+stdin, when pytest is gone (stdin's end, a new parent: even after a SIGKILL), on SIGTERM, and
+when the main process exited (what still runs a second later is reported). STATUS_FD gets
 ``{"pid": N}`` or ``{"error": TEXT}``, ``{"ended": RC}``, last ``{"exit": RC, "left": [PIDS]}``.
 """
 
@@ -77,14 +73,17 @@ class _Supervisor:
         with contextlib.suppress(OSError):
             os.write(self.status_fd, (json.dumps(message) + "\n").encode())
 
-    def reap(self) -> list[int]:
-        """Collect every exited child (orphans come to us as their subreaper); the rest of
-        the tree, including children not collected yet."""
+    def reap(self) -> None:
+        """Collect every exited child (orphans come to us as their subreaper)."""
         with contextlib.suppress(ChildProcessError):  # no child left
             while (waited := os.waitpid(-1, os.WNOHANG))[0]:
                 if waited[0] == self.main:
                     self.returncode = os.waitstatus_to_exitcode(waited[1])
                     self.say(ended=self.returncode)
+
+    def others(self) -> list[int]:
+        """The rest of the tree once reaped, including children not collected yet."""
+        self.reap()
         return descendants(os.getpid(), unreaped=True)
 
     def stop_tree(self, grace: float) -> None:
@@ -93,7 +92,7 @@ class _Supervisor:
             with contextlib.suppress(OSError):
                 os.killpg(os.getpgrp(), signal.SIGTERM)
         end, termed = time.monotonic() + grace, set[int]()
-        while (left := self.reap()) and time.monotonic() < end + 5.0:
+        while (left := self.others()) and time.monotonic() < end + 5.0:
             kill = time.monotonic() >= end  # SIGTERM once to each: a second may mean "now"
             for pid in left if kill else set(left) - termed:
                 with contextlib.suppress(OSError):
@@ -139,7 +138,7 @@ class _Supervisor:
         left: list[int] = []
         if grace is None:  # the main process ended on its own: what of its tree stays?
             deadline = time.monotonic() + _LINGER
-            while (left := self.reap()) and time.monotonic() < deadline:
+            while (left := self.others()) and time.monotonic() < deadline:
                 time.sleep(_POLL)
         self.stop_tree(self.grace if grace is None else grace)
         self.reap()
