@@ -53,8 +53,9 @@ class Matrix:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
 
-    def begin(self, requests: Sequence[Request]) -> None:
-        """Start the sequence with the collected items' requests (the first call counts)."""
+    def begin(self, requests: Sequence[Request], *, guess: bool = False) -> None:
+        """Start the sequence with the collected items' requests (the first call counts; on
+        the answer server, a worker's plan: every item it collected)."""
         with self._lock:
             if self._thread is not None:
                 return
@@ -64,9 +65,7 @@ class Matrix:
             self._thread = threading.Thread(target=self._drive, args=(by_group,), daemon=True)
             self._thread.start()
 
-    def start(self, requests: list[Request], *, guess: bool = False) -> None:
-        """A worker's plan: every collected item of every config (never a guess)."""
-        self.begin(requests)
+    start = begin  # as an Engine is started
 
     def _drive(self, by_group: dict[str, list[Request]]) -> None:
         for name in self.names:

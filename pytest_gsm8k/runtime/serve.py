@@ -521,11 +521,10 @@ def launch(order: Launch[Any], **how: Any) -> Started:
 
 def _check_model(server: ServedProcess, order: Launch[Any]) -> dict[str, Any] | None:
     cards: list[dict[str, Any]] = []
-    adopt = order.check == "adopt"
     try:
         models = list_models(server.base_url, order.api_key, order.list_timeout, cards)
     except PreflightError as exc:
-        if adopt:
+        if order.check == "adopt":
             raise ServeError(
                 f"--gsm8k-serve: cannot list the server's models ({exc.detail}); give --gsm8k-model"
             ) from None
@@ -535,23 +534,21 @@ def _check_model(server: ServedProcess, order: Launch[Any]) -> dict[str, Any] | 
         return printable(order.scrub.text(text))
 
     listing = ", ".join(shown(m) for m in models[:10]) + (", ..." if len(models) > 10 else "")
-    if adopt and len(models) != 1:
-        raise ServeError(
-            f"--gsm8k-serve: the server lists {len(models)} models ({listing or 'none'}); "
-            "choose one with --gsm8k-model"
-        )
-    if adopt and order.scrub.text(models[0]) != models[0]:
-        # adopted, the key would be the run's model name: terminal, report, baseline
-        raise ServeError(
-            f"--gsm8k-serve: the server's only model id holds the API key "
-            f"({shown(models[0])}); choose the model with --gsm8k-model"
-        )
-    if adopt:
+    if order.check == "adopt":
+        if len(models) != 1:
+            raise ServeError(
+                f"--gsm8k-serve: the server lists {len(models)} models ({listing or 'none'}); "
+                "choose one with --gsm8k-model"
+            )
+        if order.scrub.text(models[0]) != models[0]:  # the key would be the run's model name
+            raise ServeError(
+                f"--gsm8k-serve: the server's only model id holds the API key "
+                f"({shown(models[0])}); choose the model with --gsm8k-model"
+            )
         server.model = models[0]
         return None
     if models and server.model not in models:
         raise ServeError(f"the server does not serve {server.model!r} (it serves: {listing})")
-    why = unnamed_answerer(cards, server.model)
-    if why is not None:
+    if (why := unnamed_answerer(cards, server.model)) is not None:
         raise ServeError(shown(unnamed_refusal(server.model, why)))
     return describe_server(cards, server.model)
