@@ -22,7 +22,7 @@ from pytest_gsm8k.session import Gsm8kSession as State
 if TYPE_CHECKING:
     from pytest_gsm8k.runtime.engine import Engine
     from pytest_gsm8k.runtime.matrix import Matrix
-    from pytest_gsm8k.runtime.serve import ServedProcess, ServerSpec, Started
+    from pytest_gsm8k.runtime.serve import Launch, ServedProcess, Started
 
 #: the longest the session-start ``GET /models`` may take (``--gsm8k-timeout`` when
 #: shorter): a server that cannot send a small listing in this time is not one a run can use
@@ -97,9 +97,9 @@ def _one_line(state: State, error: Callable[[str], Exception] | None = None) -> 
 
 
 def _launch(
-    state: State, spec: ServerSpec[Any], log_name: str, timeout: float | None = None, **how: Any
+    state: State, spec: Launch[Any], log_name: str, timeout: float | None = None, **how: Any
 ) -> Started:
-    from pytest_gsm8k.runtime.serve import Launch, launch
+    from pytest_gsm8k.runtime.serve import launch
 
     log = server_log(state, log_name)
 
@@ -111,16 +111,14 @@ def _launch(
         )
 
     return launch(
-        Launch(
-            spec,
-            log,
-            state.settings.serve_timeout if timeout is None else timeout,
-            scrub=state.scrubber(),
-            api_key=state.settings.api_key(),
-            list_timeout=_preflight_timeout(state),
-            progress=progress,
-            **how,
-        )
+        spec,
+        log_path=log,
+        startup_timeout=state.settings.serve_timeout if timeout is None else timeout,
+        scrub=state.scrubber(),
+        api_key=state.settings.api_key(),
+        list_timeout=_preflight_timeout(state),
+        progress=progress,
+        **how,
     )
 
 

@@ -28,7 +28,8 @@ FILE_NAMES = {
 def write_copy(folder: Path) -> Path:
     """Unpack the embedded splits into ``folder`` as test.jsonl, train.jsonl, ..."""
     folder.mkdir(parents=True, exist_ok=True)
-    for key, (packed, _sha) in EMBEDDED.items():
+    for key in EMBEDDED:
+        packed = "{}-{}.jsonl.xz".format(*key)
         raw = resources.files("pytest_gsm8k").joinpath("data", packed).read_bytes()
         (folder / FILE_NAMES[key]).write_bytes(lzma.decompress(raw))
     return folder

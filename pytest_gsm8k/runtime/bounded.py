@@ -1,10 +1,6 @@
-"""Reading an HTTP reply's body with a bound on its decoded size.
-
-A reply is held whole in memory to be parsed, and a compressed one can be small on the wire and
-huge decoded (a gzip bomb: 200 KB that inflates to 200 MB) while HTTP libraries decode without a
-limit. So the transport decodes the body itself, in pieces of at most :data:`PIECE` bytes, and
-stops once the total passes the limit. Only the encodings it asks for are decoded; any other is
-refused, since it could not be bounded.
+"""An HTTP reply's body decoded here, in bounded pieces, and refused past a limit: a reply is
+held whole in memory and HTTP libraries decode without one (a gzip bomb: 200 KB that inflates
+to 200 MB). An encoding not asked for is refused: it could not be bounded.
 """
 
 from __future__ import annotations

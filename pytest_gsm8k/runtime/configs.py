@@ -1,8 +1,6 @@
-"""``--gsm8k-config PATH``: vLLM's GSM8K configs from a ``.yaml`` file, a folder of them (not
-below it, in name order) or a ``.txt`` list (vLLM's ``configs/models-*.txt``: one file per line,
-relative to the list's folder). The matrix never shrinks unseen: where vLLM's conftest skips a
-missing file, here an entry meant as a config and not one is refused by name (docs/configs.md).
-Each config is named by its file's stem, escaped for one line; two with one name are refused.
+"""``--gsm8k-config PATH``: vLLM's GSM8K configs from a ``.yaml`` file, a folder or a
+``models-*.txt`` list, each named by its file's stem. The matrix never shrinks unseen: where
+vLLM's conftest skips a missing file, an entry meant as a config and not one is refused.
 """
 
 from __future__ import annotations
@@ -76,20 +74,16 @@ def load(path: str) -> tuple[VllmConfig, ...]:
 
 def _load(where: Path, path: str) -> list[VllmConfig]:
     if where.is_dir():
-        files = _folder(where)
-        if not files:
+        if not (files := _folder(where)):
             raise ConfigError(f"--gsm8k-config {path}: the folder holds no .yaml config")
-        configs = [_one(p) for p in files]
-    elif where.is_file() and _suffix(where):
-        configs = [_one(where)]
-    elif where.is_file():
-        text = _read(where, str(where))
-        configs = []
-        for number, name in parse_list(text, str(where)):
-            target = where.parent / name
-            if not target.is_file():
-                raise ConfigError(f"{where}:{number}: no config file {clip(name)}")
-            configs.append(_one(target))
-    else:
+        return [_one(p) for p in files]
+    if not where.is_file():
         raise ConfigError(f"--gsm8k-config {clip(path)}: no such file or folder")
+    if _suffix(where):
+        return [_one(where)]
+    configs = []
+    for number, name in parse_list(_read(where, str(where)), str(where)):
+        if not (where.parent / name).is_file():
+            raise ConfigError(f"{where}:{number}: no config file {clip(name)}")
+        configs.append(_one(where.parent / name))
     return configs

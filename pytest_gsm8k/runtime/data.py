@@ -1,10 +1,6 @@
 """Where GSM8K rows come from: the embedded copy (default), a local file or folder, or a
-dataset on the Hugging Face hub through ``datasets``.
-
-Local JSONL is parsed here directly (no ``datasets`` import: it is slow to
-import and large in memory, and every xdist worker loads the split).
-``datasets`` is imported only for a named hub dataset and for parquet folders
-laid out like the hub repository.
+dataset on the Hugging Face hub. JSONL is parsed here: ``datasets`` (slow to import, large in
+memory, loaded by every xdist worker) only reads the hub and parquet files.
 """
 
 from __future__ import annotations
@@ -28,22 +24,13 @@ from pytest_gsm8k.core.dataset import (
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.install import install_hint
 
-#: (config, split) -> (file in pytest_gsm8k/data, sha256 of the uncompressed JSONL). The hashes
-#: are those of openai/grade-school-math's grade_school_math/data files (MIT licence,
+#: (config, split) -> sha256 of the uncompressed JSONL in pytest_gsm8k/data/CONFIG-SPLIT.jsonl.xz:
+#: those of openai/grade-school-math's grade_school_math/data files (MIT licence,
 #: pytest_gsm8k/data/LICENSE); the hub's openai/gsm8k parquet holds the same rows.
-EMBEDDED: dict[tuple[str, str], tuple[str, str]] = {
-    ("main", "test"): (
-        "main-test.jsonl.xz",
-        "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
-    ),
-    ("main", "train"): (
-        "main-train.jsonl.xz",
-        "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
-    ),
-    ("socratic", "test"): (
-        "socratic-test.jsonl.xz",
-        "c96673362fa7a699f4836a9b6474a067448f95fe58064727501ee63ba4c3fdb6",
-    ),
+EMBEDDED = {
+    ("main", "test"): "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
+    ("main", "train"): "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
+    ("socratic", "test"): "c96673362fa7a699f4836a9b6474a067448f95fe58064727501ee63ba4c3fdb6",
 }
 EMBEDDED_NAME = f"embedded {HUB_NAME}"
 
@@ -58,16 +45,16 @@ def _read_jsonl(path: Path, split: str) -> list[Problem]:
 
 
 def _read_embedded(config: str, split: str) -> list[Problem]:
-    """The copy inside the package, checked against its pinned sha256: a machine with no hub
-    and no network runs the real benchmark, and every machine scores the same bytes."""
-    entry = EMBEDDED.get((config, split))
-    if entry is None:
+    """The copy inside the package, checked against its pinned sha256: every machine scores
+    the same bytes, with no hub and no network."""
+    pinned = EMBEDDED.get((config, split))
+    if pinned is None:
         have = ", ".join(f"{c}/{s}" for c, s in EMBEDDED)
         raise DatasetError(
             f"the embedded GSM8K copy has no {config}/{split} split (it has {have}); "
             "use --gsm8k-data PATH or --gsm8k-dataset NAME"
         )
-    filename, pinned = entry
+    filename = f"{config}-{split}.jsonl.xz"
     where = f"embedded {HUB_NAME} {config}/{split}"
     try:
         packed = resources.files("pytest_gsm8k").joinpath("data", filename).read_bytes()
@@ -86,8 +73,8 @@ def _read_embedded(config: str, split: str) -> list[Problem]:
 
 
 def _datasets(what: str) -> Any:
-    """The ``datasets`` package, in the ``hub`` extra (pyarrow and pandas, some 250 MB, that
-    no run of the embedded copy or a JSONL file uses); missing, one line naming the extra."""
+    """The ``datasets`` package (the ``hub`` extra: some 250 MB no other run needs), or one
+    line naming the extra."""
     try:
         import datasets
     except ImportError:

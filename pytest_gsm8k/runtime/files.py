@@ -1,8 +1,5 @@
-"""The one atomic file writer, the one CPU count, and the room left for open files.
-
-Every file that someone may read while it is written, or after a kill (the JSON report, the
-baseline, cache entries, the model marker, the HTML page), goes through :func:`write_atomic`:
-a reader sees the old file or the new one, never half of one.
+"""The one atomic file writer (a reader, or a run after a kill, sees the old file or the new
+one, never half of one), the one CPU count, and the room left for open files.
 """
 
 from __future__ import annotations
@@ -19,12 +16,9 @@ from pytest_gsm8k.core.jsontext import to_json
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool = True) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it and a rename. Only a
-    regular file, a symlink or nothing is replaced: a folder, FIFO or device is an OSError.
-
-    The temporary name holds the pid and thread id (xdist workers and the cache's writer
-    thread never share one) and at most 128 bytes of the target's name (so it fits wherever
-    the target's name does)."""
+    """Write ``data`` to ``path`` through a temporary file beside it (named by pid, thread and
+    at most 128 bytes of the target's name) and a rename. Only a regular file, a symlink or
+    nothing is replaced: a folder, FIFO or device is an OSError."""
     target = os.fspath(path)
     folder = os.path.dirname(target) or "."
     if mkdir:
@@ -63,8 +57,7 @@ def cpu_count() -> int:
 
 def descriptor_room(reserve: int) -> tuple[int, int] | None:
     """(descriptors this process may still open beyond ``reserve``, its soft limit), or None
-    where that is unlimited or unknown. Every request in flight holds a socket and the end of
-    the run needs a few more: past this room the run fails after every request was paid for."""
+    where unlimited or unknown: past this room the run fails after every request was paid for."""
     import resource
 
     with contextlib.suppress(OSError, ValueError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -15,17 +16,15 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.command import ServeCommand
 from pytest_gsm8k.runtime.files import cpu_count, write_atomic
 from pytest_gsm8k.runtime.install import install_hint
-from pytest_gsm8k.runtime.serve import LOOPBACK, ServedProcess, ServeError, ServerSpec
+from pytest_gsm8k.runtime.serve import LOOPBACK, Launch, ServedProcess, ServeError
 
 #: the packaged model's served id: stable, so cache keys and reports are too
 DEFAULT_ALIAS = "gemma-3-270m-q4_k_m"
@@ -49,7 +48,6 @@ _SERVER_ENV_SETTINGS = frozenset(
     use_mmap verbose vocab_only yarn_attn_factor yarn_beta_fast yarn_beta_slow yarn_ext_factor
     yarn_orig_ctx""".split()  # noqa: SIM905 (a list literal would take 57 lines)
 )
-LOCAL_WHAT = "the local model server (llama.cpp)"
 #: signals a llama.cpp compiled for instructions this CPU lacks dies with
 _CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIGBUS)})
 
@@ -115,9 +113,8 @@ def _require_extra(*, packaged: bool) -> None:
 
 def _packaged_model_path() -> Path:
     """The packaged GGUF, assembled once. ``assemble()`` hashes the ~250 MB file on every
-    call, so a marker beside it records size and mtime when its sha256 last matched (every
-    xdist worker skips the hash); a new file is built aside and renamed into place, so an
-    interrupted or concurrent assembly never leaves a truncated model."""
+    call, so a marker records size and mtime when its sha256 last matched (every xdist worker
+    skips the hash); a new file is built aside and renamed in, never left truncated."""
     try:
         pkg: Any = importlib.import_module(_PACKAGED_MODULE)
     except ImportError as exc:  # present by name but broken
@@ -127,46 +124,36 @@ def _packaged_model_path() -> Path:
     target = Path(pkg.default_output_path())
     marker = target.with_name(target.name + ".verified")
 
-    def state() -> str:
+    def state() -> dict[str, Any]:
         st = target.stat()
-        return json.dumps(
-            {"sha256": str(pkg.EXPECTED_SHA256), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        )
+        return {"sha256": str(pkg.EXPECTED_SHA256), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
     with contextlib.suppress(OSError, ValueError):
-        if json.loads(marker.read_text(encoding="utf-8")) == json.loads(state()):
+        if json.loads(marker.read_text(encoding="utf-8")) == state():
             return target
-    try:
-        if target.exists():
-            try:
-                target = Path(pkg.assemble(target))  # verifies the sha256
-            except FileExistsError:  # wrong content (e.g. truncated by an old run)
-                _assemble_aside(pkg, target)
-        else:
-            _assemble_aside(pkg, target)
-        write_atomic(marker, state())
-    except (OSError, ValueError) as exc:
-        raise LocalServerError(f"could not prepare the packaged model at {target}: {exc}") from exc
-    return target
-
-
-def _assemble_aside(pkg: Any, target: Path) -> None:
     tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        pkg.assemble(tmp, overwrite=True)
-        os.replace(tmp, target)
+        try:
+            fresh = not target.exists() or not pkg.assemble(target)  # verifies the sha256
+        except FileExistsError:  # wrong content (e.g. truncated by an old run)
+            fresh = True
+        if fresh:
+            pkg.assemble(tmp, overwrite=True)
+            os.replace(tmp, target)
+        write_atomic(marker, json.dumps(state()))
+    except (OSError, ValueError) as exc:
+        raise LocalServerError(f"could not prepare the packaged model at {target}: {exc}") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+    return target
 
 
 def rebuild_hint() -> str:
     """The command that replaces a llama.cpp built for another CPU with a portable build
     (``--no-cache-dir``: pip's wheel cache does not key on CMAKE_ARGS)."""
     try:
-        from importlib.metadata import version
-
-        pinned = f"llama-cpp-python=={version('llama-cpp-python')}"
+        pinned = f"llama-cpp-python=={importlib.metadata.version('llama-cpp-python')}"
     except Exception:  # only the hint's precision depends on it
         pinned = "llama-cpp-python"
     return (
@@ -175,64 +162,39 @@ def rebuild_hint() -> str:
     )
 
 
-@dataclass(eq=False)
 class LocalServer(ServedProcess):
     """A running ``llama_cpp.server``: a served process with the CPU-fault hint and a probe."""
 
     def death_head(self) -> str:
         code = self.returncode
-        head = super().death_head()
-        if code is not None and -code in _CPU_FAULTS:
-            head += (
-                "; if llama.cpp was compiled for another CPU (a native build), rebuild it "
-                f"portable: {rebuild_hint()}"
-            )
-        return head
+        if code is None or -code not in _CPU_FAULTS:
+            return super().death_head()
+        return (
+            f"{super().death_head()}; if llama.cpp was compiled for another CPU (a native "
+            f"build), rebuild it portable: {rebuild_hint()}"
+        )
 
     def probe(self, timeout: float = 120.0) -> None:
         """One 1-token completion: a llama.cpp built for instructions this CPU lacks serves
         ``/models``, then dies on the first completion; better here, with the fix."""
-        body = json.dumps(
-            {"model": self.model, "prompt": "1 + 1 =", "max_tokens": 1, "temperature": 0}
-        ).encode()
+        body = {"model": self.model, "prompt": "1 + 1 =", "max_tokens": 1, "temperature": 0}
         request = urllib.request.Request(
-            self.base_url + "/completions", data=body, headers={"Content-Type": "application/json"}
+            self.base_url + "/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
         )
         try:
             with LOOPBACK.open(request, timeout=timeout) as resp:
                 resp.read()
-            return
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            error = exc
-        try:
-            self.process.wait(timeout=3.0)  # a fault: the process is ending right now
-        except subprocess.TimeoutExpired:
-            raise LocalServerError(
-                f"the local model server at {self.base_url} did not answer a 1-token "
-                f"completion ({type(error).__name__}: {error}; log {self.log_path})"
-            ) from None
-        raise LocalServerError(self.death_message())
-
-
-def server_command(
-    model_path: Path, *, alias: str, port: int, threads: int, n_ctx: int, extra_args: Sequence[str]
-) -> list[str]:
-    """The ``llama_cpp.server`` command line, on all the CPUs this process may use
-    (llama.cpp's default is half the cores; small CI machines need them all)."""
-    flags = {
-        "model": model_path,
-        "model_alias": alias,
-        "host": "127.0.0.1",
-        "port": port,
-        "n_threads": threads,
-        "n_threads_batch": threads,
-        "n_ctx": n_ctx,
-        # True (the default) keeps logits of every prompt token: 1 MB per token with Gemma's
-        # 262k vocabulary, several times slower ingestion; only logprobs need them
-        "logits_all": False,
-    }
-    words = [w for key, value in flags.items() for w in (f"--{key}", str(value))]
-    return [sys.executable, "-m", "llama_cpp.server", *words, *extra_args]
+        except (OSError, ValueError) as error:
+            try:
+                self.process.wait(timeout=3.0)  # a fault: the process is ending right now
+            except subprocess.TimeoutExpired:
+                raise LocalServerError(
+                    f"the local model server at {self.base_url} did not answer a 1-token "
+                    f"completion ({type(error).__name__}: {error}; log {self.log_path})"
+                ) from None
+            raise LocalServerError(self.death_message()) from None
 
 
 def local_spec(
@@ -242,26 +204,33 @@ def local_spec(
     threads: int | None = None,
     n_ctx: int | None = None,
     extra_args: Sequence[str] = (),
-) -> ServerSpec[LocalServer]:
-    """The spec that serves ``model_path`` as ``alias`` (the GGUF checked now, before
-    anything starts); ``extra_args`` go last (later flags win)."""
-    model_path = Path(model_path)
-    _check_gguf(model_path)
+) -> Launch[LocalServer]:
+    """The spec that serves ``model_path`` (checked now) as ``alias`` on all the CPUs this
+    process may use (llama.cpp's default is half: small CI machines need them all);
+    ``extra_args`` go last (later flags win)."""
+    _check_gguf(Path(model_path))
     threads = cpu_count() if threads is None else threads
-    n_ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx
-    return ServerSpec(
-        command=lambda port: ServeCommand(
-            server_command(
-                model_path,
-                alias=alias,
-                port=port,
-                threads=threads,
-                n_ctx=n_ctx,
-                extra_args=extra_args,
-            )
-        ),
+
+    def command(port: int) -> ServeCommand:
+        flags = {
+            "model": model_path,
+            "model_alias": alias,
+            "host": "127.0.0.1",
+            "port": port,
+            "n_threads": threads,
+            "n_threads_batch": threads,
+            "n_ctx": DEFAULT_N_CTX if n_ctx is None else n_ctx,
+            # True (the default) keeps logits of every prompt token: 1 MB per token with
+            # Gemma's 262k vocabulary, several times slower ingestion; only logprobs need them
+            "logits_all": False,
+        }
+        words = [w for key, value in flags.items() for w in (f"--{key}", str(value))]
+        return ServeCommand([sys.executable, "-m", "llama_cpp.server", *words, *extra_args])
+
+    return Launch(
+        command=command,
         model=alias,
-        what=LOCAL_WHAT,
+        what="the local model server (llama.cpp)",
         factory=LocalServer,
         error=LocalServerError,
         env=server_env(),

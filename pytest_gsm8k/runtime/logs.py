@@ -1,12 +1,7 @@
-"""Keeping the run's secrets out of what the HTTP libraries log.
-
-The libraries under the engine log on their own (httpcore prints response headers at DEBUG, a
-proxy may echo ``Authorization``; openai prints request options), and pytest shows the records
-in live logs, captured-log sections and JUnit XML. A filter on ``httpcore`` would miss
-``httpcore.http11`` (filters run only for their own logger's records) and pytest's handlers
-come and go, so the scrubbing sits where every record is born: a log-record factory that, for
-the network libraries' loggers and this plugin's, formats the message at once, replaces the
-secrets and drops the arguments (a traceback too). Other loggers' records are left as made.
+"""The run's secrets kept out of what the HTTP libraries log (httpcore's headers at DEBUG,
+openai's request options), which pytest shows in live logs, captured logs and JUnit XML. A
+filter on ``httpcore`` would miss ``httpcore.http11`` and pytest's handlers come and go, so a
+log-record factory scrubs the network libraries' and this plugin's records where they are born.
 """
 
 from __future__ import annotations
@@ -42,12 +37,8 @@ def scrub_record(record: logging.LogRecord, scrubber: Scrubber) -> None:
 
 
 def scrub_library_logs(scrubber: Scrubber) -> Callable[[], None]:
-    """Install the scrubbing record factory; returns what uninstalls it.
-
-    Nothing is installed when there is no secret to scrub. Uninstalling puts the
-    previous factory back only if nobody replaced ours meanwhile (a nested run
-    under pytester installs and removes its own in turn).
-    """
+    """Install the scrubbing record factory (none without a secret); returns what puts the
+    previous one back, unless another replaced ours meanwhile (a nested pytester run)."""
     if not scrubber:
         return lambda: None
     previous = logging.getLogRecordFactory()

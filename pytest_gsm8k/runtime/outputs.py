@@ -1,16 +1,8 @@
-"""The run's output paths: checked before any request (one line naming the option, not a crash
-after every request was paid for), written at the end.
-
-* a regular file, a path not there yet, or a symlink to either: replaced through a temporary
-  file and a rename (a link stays a link; the step summary, which GitHub appends to, is
-  appended to);
-* a character device, a FIFO, or this process's stdout or stderr (``/dev/stdout``, a link to
-  it, the file stdout goes to): written to, never replaced, through a descriptor opened at the
-  check (a FIFO with no reader is refused then); a reader that stops reading ends the write
-  after :data:`STREAM_WAIT` seconds;
-* anything else is refused: a folder, a block device, a socket, a path through ``/proc``,
-  ``/sys`` or ``/dev/fd`` (another process's open file, a closed descriptor), a name longer
-  than the file system allows, a folder that cannot be made or written.
+"""The run's output paths, checked before any request (one line naming the option), written
+at the end: a regular file, a new path or a link to either is replaced through a rename (the
+step summary appended to); a character device, a FIFO or this process's stdout or stderr is
+written to through a descriptor opened at the check, never replaced; anything else is refused
+(a folder, a block device, a socket, ``/proc``, ``/sys``, ``/dev/fd``, a name too long).
 """
 
 from __future__ import annotations
@@ -44,8 +36,8 @@ class OutputError(Exception):
 
 @dataclass
 class Output:
-    """One checked output: the file a rename replaces (links resolved), or a stream's open
-    descriptor ``fd``; ``terminal``: that stream is where pytest prints."""
+    """The file a rename replaces (links resolved), or a stream's descriptor ``fd``;
+    ``terminal``: that stream is where pytest prints."""
 
     target: str
     fd: int | None = None
@@ -73,8 +65,8 @@ class Output:
 def prepare(
     path: str | os.PathLike[str], what: str, *, append: bool = False, streams: bool = True
 ) -> Output:
-    """Check ``path`` for writing at the end of the run, or :class:`OutputError`. With
-    ``streams`` false only a regular file is accepted (a baseline)."""
+    """``path`` checked for writing at the end of the run, or :class:`OutputError`; without
+    ``streams`` only a regular file (a baseline)."""
     given = os.fspath(path)
     if not given:
         raise OutputError(f"{what}: an empty path")
@@ -152,9 +144,8 @@ def reason(exc: BaseException) -> str:
 
 
 def _through_pseudo(path: str) -> bool:
-    """Whether ``path``, or a symlink on its way, is in a kernel interface: ``/proc`` or
-    ``/sys`` (no file belongs there), or a descriptor link (``/proc/<pid>/fd/<n>``,
-    ``/dev/fd/<n>``) that is not this process's stdout or stderr (:func:`prepare` took those)."""
+    """Whether ``path``, or a symlink on its way, is under ``/proc``, ``/sys`` or ``/dev/fd``
+    (stdout and stderr were taken before)."""
     current = os.path.abspath(path)
     for _ in range(40):  # the kernel's own bound on symlinks followed
         here = os.path.join(os.path.realpath(os.path.dirname(current)), os.path.basename(current))
@@ -167,8 +158,8 @@ def _through_pseudo(path: str) -> bool:
 
 
 def _write_stream(fd: int, payload: bytes) -> None:
-    """Write all of ``payload`` to a stream, giving up after :data:`STREAM_WAIT` seconds in
-    which it took nothing (a reader that stopped reading)."""
+    """All of ``payload`` to a stream, given up after :data:`STREAM_WAIT` seconds in which
+    its reader took nothing."""
     for stream in (sys.stdout, sys.stderr):  # what pytest printed so far comes first
         with contextlib.suppress(Exception):
             stream.flush()
@@ -189,8 +180,8 @@ def _write_stream(fd: int, payload: bytes) -> None:
 
 
 def _probe_folder(target: str, what: str) -> None:
-    """Make ``target``'s folder if missing and create a file in it; the folders made for the
-    probe are removed again (the write at the end makes them for good)."""
+    """Make ``target``'s folder and a file in it, then remove the folders made (the write at
+    the end makes them for good)."""
     folder = current = os.path.dirname(target)  # target is absolute: "/" ends the walk
     missing: list[str] = []
     while not os.path.lexists(current):

@@ -1,9 +1,6 @@
-"""Building the run's plan: options, data, protocol, baseline, gates, once per process.
-
-No hooks here; the plugin calls :func:`build_plan` when the run first needs the
-plan (session start on a process that serves or checks the endpoint, else the
-first parametrization). Data problems raise :class:`DatasetError`, which the
-plugin turns into one usage-error line.
+"""The run's plan, built once per process from the options: data, protocol, baselines, gates
+(:func:`build_plan`), and again at a merge of shards (:func:`replan`). Data problems raise
+:class:`DatasetError`, which the plugin turns into one usage-error line.
 """
 
 from __future__ import annotations
@@ -42,14 +39,16 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
     exemplars: tuple[Exemplar, ...] = ()
     train: tuple[tuple[str, str], ...] = ()
     source = "none"
+
+    def train_split() -> Split:
+        return load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
+
     if s.preset:
         from pytest_gsm8k.core.presets import get_preset
 
         spec = get_preset(s.preset)
-        if spec.fewshot_split == "evaluated":  # SGLang: the first rows of the file under test
-            rows = split.problems
-        else:
-            rows = load_split(train_source(s.data), "train", s.dataset_config, s.dataset).problems
+        # SGLang: the first rows of the file under test
+        rows = split.problems if spec.fewshot_split == "evaluated" else train_split().problems
         train = tuple((p.question, p.answer) for p in rows)
         if s.shots > len(train):
             raise DatasetError(
@@ -61,17 +60,13 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
             pool_split = load_split(s.fewshot_file, "fewshot", s.dataset_config)
             source = f"file {Path(s.fewshot_file).name}"
         else:
-            pool_split = load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
+            pool_split = train_split()
             source = f"train (seed {s.seed})"
-        evaluated = {p.question for p in split.problems}
-        pool = [
-            Exemplar(p.question, p.answer)
-            for p in pool_split.problems
-            if p.question not in evaluated
-        ]  # never show a test problem as a shot
-        shots = s.shots if s.shots else len(pool)
+        evaluated = {p.question for p in split.problems}  # never show a test problem as a shot
+        pool = [Exemplar(p.question, p.answer) for p in pool_split.problems]
+        pool = [e for e in pool if e.question not in evaluated]
         try:
-            exemplars = draw_exemplars(pool, shots, s.seed)
+            exemplars = draw_exemplars(pool, s.shots or len(pool), s.seed)
         except ValueError as exc:
             raise DatasetError(str(exc)) from None
     return Protocol(
@@ -79,7 +74,7 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         samples=s.samples,
         temperature=s.temperature,
         api=s.api,
-        shots=len(exemplars) if not s.preset else s.shots,
+        shots=s.shots if s.preset else len(exemplars),
         fewshot_source=source,
         exemplars=exemplars,
         train=train,
@@ -99,10 +94,9 @@ PRESET_FIXED = {"max_tokens": 256, "temperature": 0.0, "seed": 42}
 
 
 def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protocol:
-    """The protocol a vLLM config runs with: exactly ``--gsm8k-preset vllm --gsm8k-shots
-    <num_fewshot>`` (the requests of vLLM's gsm8k_eval.py, byte for byte). The one place a
-    config becomes a protocol; DatasetError (one line naming the file and field) for a
-    config the preset cannot send as vLLM's test would."""
+    """A vLLM config's protocol: exactly ``--gsm8k-preset vllm --gsm8k-shots <num_fewshot>``
+    (vLLM's gsm8k_eval.py's requests, byte for byte), or DatasetError naming the file and
+    field the preset cannot send as vLLM's test would."""
     from pytest_gsm8k.core.presets import preset_settings
 
     for key, value in PRESET_FIXED.items():
@@ -117,28 +111,16 @@ def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protoc
             "sends the model name, which --gsm8k-preset vllm's chat body leaves out)"
         )
     values = preset_settings("vllm", api="completions", shots=config.num_fewshot)
+    values["stop"] = tuple(values["stop"])
     preset = dataclasses.replace(
-        settings,
-        preset=str(values["preset"]),
-        api=values["api"],
-        protocol=str(values["protocol"]),
-        samples=1,
-        temperature=values["temperature"],
-        shots=int(values["shots"]),
-        max_tokens=values["max_tokens"],
-        stop=tuple(values["stop"]),
-        extract=str(values["extract"]),
-        answer_regex=None,
-        system=None,
-        params=(),
-        fewshot_file=None,
+        settings, **values, samples=1, answer_regex=None, system=None, params=(), fewshot_file=None
     )
     return build_protocol(preset, split)
 
 
 def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
-    """``--gsm8k-config``: each config with its protocol and its problems, the first
-    ``num_questions`` of the split as vLLM's script takes them (not a seeded subset)."""
+    """Each config with its protocol and the first ``num_questions`` problems of the split
+    (as vLLM's script takes them, not a seeded subset)."""
     assert settings.vllm_config is not None
     try:
         configs = load_configs(settings.vllm_config)
@@ -162,34 +144,29 @@ def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
 def with_baselines(
     groups: tuple[ConfigGroup, ...], rootpath: Path, snapshot_dirname: str
 ) -> tuple[ConfigGroup, ...]:
-    """Each config with its own baseline, named by its label (the config's name, then its
-    protocol's label): two configs of one protocol never share a file, and configs whose
-    names differ only where a file name cannot (``a b``, ``a_b``; case, for the file
-    systems that ignore it) are refused, naming them, before any server starts."""
-    sharing: dict[str, list[ConfigGroup]] = {}
-    for group in groups:
-        sharing.setdefault(bl.default_name(group.label).casefold(), []).append(group)
-    for clash in sharing.values():
-        if len(clash) > 1:
-            names = [repr(g.name) for g in clash]
+    """Each config with its own baseline, named by its label: configs whose names differ
+    only where a file name cannot (``a b``, ``a_b``; case) are refused before any server
+    starts."""
+    files = [f"{bl.default_name(group.label)}.gsm8k" for group in groups]
+    sharing: dict[str, list[str]] = {}  # the first config's file name, then every name
+    for group, file in zip(groups, files, strict=True):
+        sharing.setdefault(file.casefold(), [file]).append(repr(group.name))
+    for file, *names in sharing.values():
+        if len(names) > 1:
             raise DatasetError(
                 f"--gsm8k-config: configs {', '.join(names[:-1])} and {names[-1]} would share "
-                f"one baseline file ({bl.default_name(clash[0].label)}.gsm8k): rename all but one"
+                f"one baseline file ({file}): rename all but one"
             )
     folder = rootpath / snapshot_dirname / "gsm8k"
     return tuple(
-        dataclasses.replace(
-            group,
-            baseline=read_baseline(folder / f"{bl.default_name(group.label)}.gsm8k", rootpath),
-        )
-        for group in groups
+        dataclasses.replace(group, baseline=read_baseline(folder / file, rootpath))
+        for group, file in zip(groups, files, strict=True)
     )
 
 
 def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
-    """The order the items run in: the split's, or for the sequential early stop a seeded
-    uniformly random one (its guarantee needs the outcomes to be a sample drawn without
-    replacement)."""
+    """The split's order, or a seeded random one for the sequential early stop (its
+    guarantee needs a sample drawn without replacement)."""
     if settings.early_stop != "sequential":
         return problems
     from pytest_gsm8k.core.early_stop import run_order as seeded
@@ -207,8 +184,8 @@ def baseline_path(settings: Settings, rootpath: Path, label: str, snapshot_dirna
 
 
 def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBaseline:
-    """The baseline file, read and checked once (a missing file is not an error here; then,
-    with ``beside``, the baselines in its folder are read for the gate to name)."""
+    """The baseline file, read and checked once; when missing, with ``beside``, the
+    baselines in its folder (for the gate to name)."""
     try:
         shown = str(path.resolve().relative_to(rootpath.resolve()))
     except (ValueError, OSError):
@@ -229,8 +206,7 @@ def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBase
 
 
 def _beside(path: Path, rootpath: Path) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """The readable baselines in ``path``'s folder, newest first (unreadable ones are not
-    this protocol's to judge: they are skipped)."""
+    """The readable baselines in ``path``'s folder, newest first."""
     try:
         found = sorted(path.parent.glob("*.gsm8k"), key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:
@@ -299,19 +275,10 @@ def build_plan(
 def replan(
     block: Mapping[str, Any], rootpath: Path, model: str | None, outputs: Mapping[str, Any]
 ) -> RunPlan:
-    """The whole run's plan again, at the merge of its shards (``block``: their plan): the
-    options it states, the data and configs they name and the baseline read here, from
-    ``rootpath``; ``model``: what the shards' endpoint served; ``outputs``: the merge's own
-    report, page and Markdown paths. What one machine running every shard's problems would
-    have planned, or :class:`ShardError` naming the first field that differs when the merge
-    here does not plan what the shards planned (another checkout, data or baseline)."""
-    from pytest_gsm8k.core.merge import (
-        ShardError,
-        plan_difference,
-        planned_settings,
-        selection_hash,
-        shard_record,
-    )
+    """The whole run's plan again at the merge of its shards (``block``: their plan), as one
+    machine running every shard would have planned it here with ``outputs`` (the merge's own
+    paths); :class:`ShardError` naming the first field that differs from the shards' plan."""
+    from pytest_gsm8k.core.merge import ShardError, plan_difference, planned_settings, shard_record
 
     settings = planned_settings(block, Settings())
     snapshots = str(block.get("snapshot_dirname") or "__snapshots__")

@@ -1,36 +1,44 @@
-"""The one launcher of a model server: :func:`launch` starts a :class:`Launch` (a
-``--gsm8k-serve`` command, the local GGUF, a ``--gsm8k-config`` config) on a free loopback
-port, waits until it serves, checks its model and returns it :class:`Started`; any failure
-is one :class:`ServeError` line, the server stopped. What a user sees: docs/serving.md. The
-process underneath, which never outlives pytest: process.py. No pytest here.
+"""The one launcher of a model server (a ``--gsm8k-serve`` command, the local GGUF, a
+``--gsm8k-config`` config): :func:`launch` starts it on a free loopback port under
+supervise.py, so that its whole process tree ends with pytest however pytest ends; waits until
+it serves and checks its model. Any failure is one :class:`ServeError` line (docs/serving.md).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
 from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
 from pytest_gsm8k.core.plan import Endpoint
 from pytest_gsm8k.core.scrub import Scrubber, printable, redact_options
 from pytest_gsm8k.runtime.client import PreflightError, get_json, list_models
-from pytest_gsm8k.runtime.process import Supervised, describe_exit, processes, remember, spawn
 from pytest_gsm8k.runtime.supervise import descendants
 
 PROGRESS_EVERY = 30.0  # seconds between two "waiting for the model server" lines
+DEATH_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when pytest dies without stopping it
 _PORT_ATTEMPTS = 3
-_LOG_TAIL_LINES = 20
+#: the longest line the log copier holds, and what it keeps back of it (longer than a secret)
+_LOG_LINE_LIMIT = 1 << 20
+_LOG_KEEP = 4096
+_SUPERVISOR = Path(__file__).with_name("supervise.py")
+_FOREGROUND = "run the server in the foreground (no &, nohup, setsid or --daemon)"
 
 #: an opener for the server's loopback URL: never through an HTTP(S)_PROXY of the environment
 LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -48,34 +56,144 @@ class ServeError(Exception):
 
 
 def server_env_digest(extra: Sequence[tuple[str, str]] = ()) -> str:
-    """A digest (the values may hold tokens) of what a started server reads from its
-    environment: the :data:`SERVER_ENV_PREFIXES` variables, ``extra`` (a config's ``env``)."""
+    """A digest (the values may hold tokens) of the :data:`SERVER_ENV_PREFIXES` variables and
+    ``extra`` (a config's ``env``): what a started server reads from its environment."""
     env = {k: v for k, v in os.environ.items() if k.startswith(SERVER_ENV_PREFIXES)}
     env.update(dict(extra))
     text = json.dumps(sorted(env.items()), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-@dataclass(eq=False, kw_only=True)
-class ServedProcess(Supervised):
-    """A running model server: a supervised command with a URL and a model."""
+def _kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
+
+@dataclass(eq=False, kw_only=True)
+class ServedProcess:
+    """A model server started under its supervisor (``process``, the leader of its group);
+    :attr:`pid` and :attr:`returncode` are the command's own, as the supervisor reports them."""
+
+    argv: InitVar[Sequence[str]]
+    env: InitVar[Mapping[str, str]]
+    scrub: InitVar[Callable[[str], str]]  # what its output goes through to the log
+    log_path: Path
     base_url: str
     model: str
     what: str  # how messages name it, its detail in parentheses: "the model server (vllm ...)"
     startup_seconds: float = 0.0
 
+    def __post_init__(
+        self, argv: Sequence[str], env: Mapping[str, str], scrub: Callable[[str], str]
+    ) -> None:
+        log = self.log_path.open("ab")  # unwritable: an OSError now, before anything starts
+        status_r, status_w = os.pipe()
+        supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
+        try:
+            self.process = subprocess.Popen(
+                [*supervisor, "--", *argv],
+                bufsize=0,
+                stdin=subprocess.PIPE,  # our end closed: the supervisor stops the tree
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+                pass_fds=(status_w,),
+            )
+        except BaseException:
+            os.close(status_r)
+            log.close()
+            raise
+        finally:
+            os.close(status_w)
+        self._stopping = False
+        self._status: dict[str, Any] = {}
+        output = self.process.stdout
+        self._copier = threading.Thread(target=_copy_log, args=(output, log, scrub), daemon=True)
+        self._reader = threading.Thread(target=self._read_status, args=(status_r,), daemon=True)
+        self._copier.start()
+        self._reader.start()
+        _LIVE.add(self)
+
+    def _read_status(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as pipe:
+            for line in pipe:
+                with contextlib.suppress(ValueError):
+                    if isinstance(message := json.loads(line), dict):
+                        self._status.update(message)
+
+    def _news(self) -> dict[str, Any]:
+        """What the supervisor said; all of it once it has exited."""
+        if self.process.poll() is not None:
+            self._reader.join(timeout=1.0)
+        return self._status
+
+    def _started(self, deadline: float) -> str | None:
+        """Wait for the supervisor to report the command running; its error otherwise."""
+        while not {"pid", "error"} & self._status.keys() and time.monotonic() < deadline:
+            if not self._reader.is_alive():
+                break
+            time.sleep(0.02)
+        if "pid" in self._status:
+            return None
+        return str(self._status.get("error", "its supervisor did not start it"))
+
+    @property
+    def pid(self) -> int:
+        """The command's own pid (the supervisor's until the command runs)."""
+        pid = self._status.get("pid")
+        return int(pid) if isinstance(pid, int) else self.process.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """How the command ended (negative: a signal); None while it runs."""
+        news = self._news()
+        code = news.get("exit", news.get("ended"))
+        return code if isinstance(code, int) else self.process.poll()
+
+    @property
+    def left(self) -> list[int]:
+        """Processes the command left running when it exited on its own (now stopped)."""
+        return [int(p) for p in self._news().get("left", [])]
+
+    def log_text(self, offset: int = 0) -> str:
+        """The log from ``offset``, once an ended server's output has arrived."""
+        self._copier.join(timeout=2.0)
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(offset)
+                return fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
     def probe(self) -> None:
         """A check once it serves, before the run uses it (:class:`~.local.LocalServer`'s)."""
 
+    def _exit(self, verb: str) -> str:
+        """``died with signal SIGSEGV``, ``exited (daemonised?) with exit code 0`` (it left
+        processes), ``died with exit code 7``."""
+        code, how = self.returncode, "an unknown status"
+        if code is not None and code >= 0:
+            how = f"exit code {code}"
+        elif code is not None:
+            how = f"signal {-code}"
+            with contextlib.suppress(ValueError):
+                how = f"signal {signal.Signals(-code).name}"
+        return f"{'exited (daemonised?)' if code == 0 and self.left else verb} with {how}"
+
+    def _leaving(self) -> str:
+        if not (left := self.left):
+            return ""
+        pids = ", ".join(str(p) for p in left[:5]) + (", ..." if len(left) > 5 else "")
+        many = "processes" if len(left) > 1 else "process"
+        return f", leaving {len(left)} {many} (pid {pids}) running, now stopped"
+
     def death_head(self) -> str:
-        code = self.returncode
-        how = describe_exit(code) if code is not None else "an unknown status"
-        verb = "exited (daemonised?)" if code == 0 and self.left else "died"
-        head = f"{self.what[:-1]}, pid {self.pid}) {verb} with {how}"  # "...(llama.cpp, pid 42)"
-        if self.left:
-            head += f", leaving {processes(self.left)} running, now stopped"
-        return head
+        return f"{self.what[:-1]}, pid {self.pid}) {self._exit('died')}{self._leaving()}"
 
     def death_message(self) -> str:
         """One line saying how the server died, then the last lines of its log."""
@@ -92,70 +210,121 @@ class ServedProcess(Supervised):
 
         threading.Thread(target=wait, name="gsm8k-serve-watch", daemon=True).start()
 
+    def stop(self, timeout: float = 10.0) -> None:
+        """End every process of the server: SIGTERM, SIGKILL after ``timeout``; idempotent.
+        The supervisor does it (it sees processes that left the group); should it not end in
+        time, its group is SIGKILLed. The group's id is ours while the supervisor is unreaped
+        or the group has members."""
+        proc = self.process
+        self._stopping = True
+        try:
+            if proc.returncode is None:
+                self._close_control(f"stop {timeout:g}\n")
+                try:  # it may be stopping what a daemonising command left (DEATH_GRACE)
+                    proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
+                except subprocess.TimeoutExpired:
+                    for pid in descendants(proc.pid):
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
+                    _kill_group(proc.pid)
+                    proc.wait()
+            self._close_control()
+            if descendants(proc.pid):  # members of the reaped supervisor's group
+                _kill_group(proc.pid, signal.SIGTERM)
+                deadline = time.monotonic() + timeout
+                while descendants(proc.pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if descendants(proc.pid):
+                    _kill_group(proc.pid)
+            self._news()
+        finally:
+            _LIVE.discard(self)
+
+    def _close_control(self, message: str = "") -> None:
+        """The supervisor's stdin: ``stop GRACE``, then its end (idempotent)."""
+        control = self.process.stdin
+        assert control is not None
+        with contextlib.suppress(OSError, ValueError):  # ValueError: closed already
+            control.write(message.encode())
+        with contextlib.suppress(OSError):
+            control.close()
+
+
+_LIVE: set[ServedProcess] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """No server outlives an interpreter that exits normally."""
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.stop(timeout=5.0)
+
+
+def _copy_log(pipe: IO[bytes], log: IO[bytes], scrub: Callable[[str], str]) -> None:
+    """The server's output into its log, line by line through ``scrub``: no secret it prints
+    reaches the disk. A line not ended waits up to :data:`_LOG_LINE_LIMIT` characters, then
+    is written but for its last :data:`_LOG_KEEP` (where a secret cut by the pipe may
+    start). A log that cannot be written is still drained: the server never blocks."""
+    failed = False
+
+    def write(text: str) -> None:
+        nonlocal failed
+        try:
+            if not failed:
+                log.write(text.encode("utf-8", "surrogateescape"))
+                log.flush()
+        except OSError:
+            failed = True
+
+    with pipe, log:
+        pending = ""
+        while data := pipe.read(65536):
+            pending += data.decode("utf-8", "surrogateescape")
+            cut = pending.rfind("\n") + 1
+            if cut:
+                write(scrub(pending[:cut]))
+                pending = pending[cut:]
+            elif len(pending) > _LOG_LINE_LIMIT:
+                text = scrub(pending)
+                write(text[:-_LOG_KEEP])
+                pending = text[-_LOG_KEEP:]
+        write(scrub(pending))
+
 
 _S = TypeVar("_S", bound=ServedProcess)
 
 
-@dataclass(frozen=True)
-class ServerSpec(Generic[_S]):
-    """How to start one server; :func:`start_server` adds the port and runs it."""
-
-    command: Callable[[int], ServeCommand]  # the command line for a port
-    model: str
-    what: str  # ServedProcess.what
-    factory: Callable[..., _S]  # a subclass adds its own checks (local.LocalServer)
-    error: type[ServeError] = ServeError
-    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
-    context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
-
-
 def _free_port() -> int:
     """A loopback port that was free a moment ago (the race is handled by retrying)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _listening(port: int) -> bool:
-    """Whether something accepts connections on loopback ``port``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-            return True
-    except OSError:
-        return False
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return int(sock.getsockname()[1])
 
 
 def _wait_ready(
-    server: ServedProcess, deadline: float, progress: Callable[[float], None] | None
+    server: ServedProcess, port: int, deadline: float, progress: Callable[[float], None] | None
 ) -> str:
     """Poll ``/models`` until "ready", "exited" or "timeout"; ``progress(seconds waited)``
     every :data:`PROGRESS_EVERY` seconds."""
-    url = server.base_url + "/models"
-    port = int(server.base_url.rsplit(":", 1)[1].split("/", 1)[0])
-    delay = 0.05
-    started = time.monotonic()
+    delay, started = 0.05, time.monotonic()
     next_progress = started + PROGRESS_EVERY
-    while True:
-        if server.finished():
-            return "exited"
-        # one deadline for the whole answer: a server that drips it is not ready
+    while server.returncode is None:
         wait = max(0.05, min(2.0, deadline - time.monotonic()))
-        try:
-            get_json(url, None, wait, proxies=False)
-            ok = True
+        try:  # one deadline for the whole answer: a server that drips it is not ready
+            ok = get_json(server.base_url + "/models", None, wait, proxies=False) or True
         except PreflightError as exc:
             ok = exc.status in (401, 403)  # up, and wants a key (vllm serve --api-key)
-        if ok and not server.finished() and _owns_port(server.pgid, port) is not False:
+        if ok and server.returncode is None and _owns_port(server.pgid, port) is not False:
             return "ready"
         now = time.monotonic()
         if now >= deadline:
-            return "exited" if server.finished() else "timeout"
+            return "exited" if server.returncode is not None else "timeout"
         if progress is not None and now >= next_progress:
             progress(now - started)
             next_progress += PROGRESS_EVERY
         time.sleep(min(delay, max(0.0, deadline - now)))
         delay = min(delay * 1.5, 0.5)
+    return "exited"
 
 
 def _owns_port(root: int, port: int) -> bool | None:
@@ -163,35 +332,27 @@ def _owns_port(root: int, port: int) -> bool | None:
     socket on loopback ``port`` (None: cannot tell without ``/proc``): another server that
     took the port must never be measured as ours."""
     inodes: set[str] = set()
-    readable = False
+    readable = seen = False
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
+        with contextlib.suppress(OSError):
+            for cols in (line.split() for line in Path(table).read_text().splitlines()[1:]):
+                if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{cols[9]}]")
+            readable = True
     if not readable:
         return None
-    seen_any = False
     for pid in [root, *descendants(root)]:
-        try:
+        with contextlib.suppress(OSError):
             fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        seen_any = True
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:[") and link[8:-1] in inodes:
-                    return True
-    return False if seen_any else None
+            seen = True
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                        return True
+    return False if seen else None
 
 
-def _with_tail(head: str, text: str, lines: int = _LOG_TAIL_LINES) -> str:
+def _with_tail(head: str, text: str, lines: int = 20) -> str:
     """``head``, then the last lines of a log, long lines clipped to stay readable."""
     tail = [line if len(line) <= 400 else line[:400] + "..." for line in text.splitlines()]
     if not "".join(tail[-lines:]).strip():
@@ -202,71 +363,55 @@ def _with_tail(head: str, text: str, lines: int = _LOG_TAIL_LINES) -> str:
 
 def _exited_head(server: ServedProcess, port: int) -> str:
     """The first line for a command that ended before it was ready."""
-    code = server.returncode
-    how = describe_exit(code) if code is not None else "an unknown status"
-    foreground = "run the server in the foreground (no &, nohup, setsid or --daemon)"
+    head = f"{server.what} {server._exit('exited')} before it was ready"
     if server.left:
-        verb = "exited (daemonised?)" if code == 0 else "exited"
+        return f"{head}{server._leaving()}: {_FOREGROUND}"
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1.0):
         return (
-            f"{server.what} {verb} with {how} before it was ready, leaving "
-            f"{processes(server.left)} running, now stopped: {foreground}"
+            f"{server.what} {server._exit('exited (daemonised?)')} before it was ready, and port "
+            f"{port} is served by a process that is not one of its own: stop that server, and "
+            f"{_FOREGROUND}"
         )
-    if _listening(port):
-        return (
-            f"{server.what} exited (daemonised?) with {how} before it was ready, and port "
-            f"{port} is served by a process that is not one of its own: stop that server, "
-            f"and {foreground}"
-        )
-    return f"{server.what} exited with {how} before it was ready"
+    return head
 
 
-def start_server(
-    spec: ServerSpec[_S],
-    *,
-    log_path: Path,
-    startup_timeout: float,
-    progress: Callable[[float], None] | None = None,
-    scrub: Callable[[str], str] = str,
-) -> _S:
-    """Start ``spec`` on a free loopback port and wait until ``GET /v1/models`` answers from
-    the server's own processes (docs/serving.md); a port taken meanwhile is retried. Any
-    other early exit, or no answer within ``startup_timeout`` (all tries together), raises
-    ``spec.error`` with the exit status and the tail of ``log_path`` (which stays)."""
+def start_server(order: Launch[_S]) -> _S:
+    """Start ``order`` on a free loopback port and wait until ``GET /v1/models`` answers from
+    the server's own processes; a port taken meanwhile is retried. Any other early exit, or
+    no answer within its ``startup_timeout`` (all tries together), raises ``order.error`` with
+    the exit status and the tail of its log (which stays)."""
+    log_path, startup_timeout = order.log_path, order.startup_timeout
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
     log_path.write_bytes(b"")
-    what = spec.what
-    started = time.monotonic()
+    what, started = order.what, time.monotonic()
     deadline = started + startup_timeout
-    last_port_error = ""
-    where = f" ({spec.context}; log {log_path})" if spec.context else f" (log {log_path})"
-    base_env = os.environ if spec.env is None else spec.env
+    where = f" ({order.context}; log {log_path})" if order.context else f" (log {log_path})"
+    text = ""
     for _attempt in range(_PORT_ATTEMPTS):
         port = _free_port()
         try:
-            command = spec.command(port)
+            command = order.command(port)
         except CommandError as exc:
-            raise spec.error(str(exc)) from None
+            raise order.error(str(exc)) from None
+        base_env = os.environ if order.env is None else order.env
         env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
         try:
-            proc, control, status, copier = spawn(command.argv, log_path, env, scrub)
+            server = order.factory(
+                argv=command.argv,
+                env=env,
+                scrub=order.scrub.command,
+                log_path=log_path,
+                base_url=f"http://127.0.0.1:{port}/v1",
+                model=order.model,
+                what=what,
+            )
         except OSError as exc:
-            raise spec.error(f"{what} could not be started: {exc}") from None
-        server = spec.factory(
-            base_url=f"http://127.0.0.1:{port}/v1",
-            model=spec.model,
-            process=proc,
-            log_path=log_path,
-            what=what,
-            control_fd=control,
-            status_fd=status,
-            copier=copier,
-        )
-        remember(server)
+            raise order.error(f"{what} could not be started: {exc}") from None
         try:
-            failure = server._wait_started(deadline)
-            outcome = failure or _wait_ready(server, deadline, progress)
+            failure = server._started(deadline)
+            outcome = failure or _wait_ready(server, port, deadline, order.progress)
         except BaseException:  # KeyboardInterrupt included: never leave it running
             server.stop(timeout=2.0)
             raise
@@ -275,28 +420,16 @@ def start_server(
             return server
         server.stop(timeout=2.0)
         if failure:
-            raise spec.error(f"{what} could not be started: {failure}{where}")
+            raise order.error(f"{what} could not be started: {failure}{where}")
         text = server.log_text(offset)
-        lowered = text.lower()
-        in_use = "address already in use" in lowered or "errno 98" in lowered
+        in_use = "address already in use" in text.lower() or "errno 98" in text.lower()
         if outcome == "exited" and not server.left and in_use:
-            last_port_error = text
             continue
-        if outcome == "exited":
-            head = _exited_head(server, port) + where
-        else:
-            head = (
-                f"{what} did not answer GET {server.base_url}/models within "
-                f"{startup_timeout:g} s{where}"
-            )
-        raise spec.error(_with_tail(head, text))
-    raise spec.error(
-        _with_tail(
-            f"Port in use: {what} could not bind a free port in {_PORT_ATTEMPTS} tries"
-            f" (log {log_path})",
-            last_port_error,
-        )
-    )
+        late = f"{what} did not answer GET {server.base_url}/models within {startup_timeout:g} s"
+        head = _exited_head(server, port) if outcome == "exited" else late
+        raise order.error(_with_tail(head + where, text))
+    head = f"Port in use: {what} could not bind a free port in {_PORT_ATTEMPTS} tries"
+    raise order.error(_with_tail(f"{head} (log {log_path})", text))
 
 
 def serve_spec(
@@ -306,7 +439,7 @@ def serve_spec(
     server_args: tuple[str, ...] | None = None,
     env: Mapping[str, str] | None = None,
     context: str = "",
-) -> ServerSpec[ServedProcess]:
+) -> Launch[ServedProcess]:
     """The spec of ``--gsm8k-serve`` ``command``, ``{port}`` and ``{model}`` filled in so
     that the model name never becomes code (core/command.py); refused now, as one line."""
     if not command.strip():
@@ -321,23 +454,25 @@ def serve_spec(
     fill(0)  # refused now, before anything starts
     shown = redact_options(command)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return ServerSpec(
-        command=fill,
-        model=model or "",
-        what=f"the model server ({shown})",
-        factory=ServedProcess,
-        env=env,
-        context=context,
+    return Launch(
+        fill, model or "", f"the model server ({shown})", ServedProcess, env=env, context=context
     )
 
 
 @dataclass(frozen=True)
-class Launch:
-    """What to start for the run and how to take it into use (docs/serving.md)."""
+class Launch(Generic[_S]):
+    """A server to start for the run (a command: serve_spec; a GGUF: local.local_spec), and
+    how to take it into use (docs/serving.md); the caller adds its log and timeout."""
 
-    spec: ServerSpec[Any]  # a command (serve_spec) or a GGUF (local.local_spec)
-    log_path: Path
-    startup_timeout: float
+    command: Callable[[int], ServeCommand]  # the command line for a port
+    model: str
+    what: str  # ServedProcess.what
+    factory: Callable[..., _S]  # a subclass adds its own checks (local.LocalServer)
+    error: type[ServeError] = ServeError
+    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
+    context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
+    log_path: Path = Path()
+    startup_timeout: float = 0.0
     scrub: Scrubber = field(default_factory=Scrubber)
     api_key: str | None = None
     list_timeout: float = 10.0
@@ -362,16 +497,11 @@ class Started:
         return Endpoint(self.server.base_url, self.server.model, self.identity)
 
 
-def launch(order: Launch) -> Started:
-    """Start ``order``, wait until it serves, probe it and check its model. Any failure is
-    one :class:`ServeError` (the spec's subclass) line, the server stopped."""
-    server = start_server(
-        order.spec,
-        log_path=order.log_path,
-        startup_timeout=order.startup_timeout,
-        progress=order.progress,
-        scrub=order.scrub.command,
-    )
+def launch(order: Launch[Any], **how: Any) -> Started:
+    """Start ``order`` (``how``: its log, timeout, ... filled in), wait until it serves, probe
+    it and check its model. Any failure is one :class:`ServeError` (the order's subclass)
+    line, the server stopped."""
+    server = start_server(order := dataclasses.replace(order, **how))
     try:
         server.probe()
         identity = _check_model(server, order) if order.check else None
@@ -389,13 +519,12 @@ def launch(order: Launch) -> Started:
     return Started(server, order.scrub.obj(info), identity)
 
 
-def _check_model(server: ServedProcess, order: Launch) -> dict[str, Any] | None:
+def _check_model(server: ServedProcess, order: Launch[Any]) -> dict[str, Any] | None:
     cards: list[dict[str, Any]] = []
-    adopt = order.check == "adopt"
     try:
         models = list_models(server.base_url, order.api_key, order.list_timeout, cards)
     except PreflightError as exc:
-        if adopt:
+        if order.check == "adopt":
             raise ServeError(
                 f"--gsm8k-serve: cannot list the server's models ({exc.detail}); give --gsm8k-model"
             ) from None
@@ -405,23 +534,21 @@ def _check_model(server: ServedProcess, order: Launch) -> dict[str, Any] | None:
         return printable(order.scrub.text(text))
 
     listing = ", ".join(shown(m) for m in models[:10]) + (", ..." if len(models) > 10 else "")
-    if adopt and len(models) != 1:
-        raise ServeError(
-            f"--gsm8k-serve: the server lists {len(models)} models ({listing or 'none'}); "
-            "choose one with --gsm8k-model"
-        )
-    if adopt and order.scrub.text(models[0]) != models[0]:
-        # adopted, the key would be the run's model name: terminal, report, baseline
-        raise ServeError(
-            f"--gsm8k-serve: the server's only model id holds the API key "
-            f"({shown(models[0])}); choose the model with --gsm8k-model"
-        )
-    if adopt:
+    if order.check == "adopt":
+        if len(models) != 1:
+            raise ServeError(
+                f"--gsm8k-serve: the server lists {len(models)} models ({listing or 'none'}); "
+                "choose one with --gsm8k-model"
+            )
+        if order.scrub.text(models[0]) != models[0]:  # the key would be the run's model name
+            raise ServeError(
+                f"--gsm8k-serve: the server's only model id holds the API key "
+                f"({shown(models[0])}); choose the model with --gsm8k-model"
+            )
         server.model = models[0]
         return None
     if models and server.model not in models:
         raise ServeError(f"the server does not serve {server.model!r} (it serves: {listing})")
-    why = unnamed_answerer(cards, server.model)
-    if why is not None:
+    if (why := unnamed_answerer(cards, server.model)) is not None:
         raise ServeError(shown(unnamed_refusal(server.model, why)))
     return describe_server(cards, server.model)

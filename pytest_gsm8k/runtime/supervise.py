@@ -1,18 +1,9 @@
-"""The supervisor between pytest and a served command: the command's whole process tree ends
-with pytest, and pytest learns how the command ended (docs/serving.md).
-
-``serve.py`` runs this file (``python -I supervise.py STATUS_FD GRACE -- ARGV...``, standard
-library only) as a session leader. It starts ARGV in its own process group and, on Linux, is
-the *subreaper* of all it starts, so a process that daemonises stays its descendant (what a
-shell line needs: the kernel's parent-death signal reaches only the first process).
-
-* stdin is a pipe from pytest: ``stop GRACE`` stops the tree; end of file (pytest died, even
-  by SIGKILL) or SIGTERM does too. Stopping is SIGTERM to the tree, SIGKILL after GRACE s.
-* When the main process exits on its own, what of its tree still runs a second later (it
-  daemonised) is stopped the same way and reported.
-* STATUS_FD gets JSON lines: ``{"pid": N}``, or ``{"error": TEXT}`` when it cannot start;
-  ``{"ended": RC}`` once the main process exited (negative for a signal); last ``{"exit":
-  RC, "left": [PIDS]}`` (``left``: what still ran after it exited on its own, now stopped).
+"""The supervisor between pytest and a served command (``python -I supervise.py STATUS_FD GRACE
+-- ARGV...``, stdlib only, a session leader): the Linux subreaper of all ARGV starts, so that
+its whole tree, daemons included, ends (SIGTERM, SIGKILL after GRACE s) on ``stop GRACE`` on
+stdin, when pytest is gone (stdin's end, a new parent: even after a SIGKILL), on SIGTERM, and
+when the main process exited (what still runs a second later is reported). STATUS_FD gets
+``{"pid": N}`` or ``{"error": TEXT}``, ``{"ended": RC}``, last ``{"exit": RC, "left": [PIDS]}``.
 """
 
 from __future__ import annotations
@@ -29,27 +20,20 @@ from pathlib import Path
 
 __all__ = ["descendants", "main"]
 
-_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
 _POLL = 0.05
-#: seconds the rest of the tree gets to end by itself after the main process exited
-_LINGER = 1.0
+_LINGER = 1.0  # seconds the rest of the tree gets to end by itself after the main process
 
 
 def _process_table() -> dict[int, tuple[str, int, int]] | None:
     """pid -> (state, parent pid, process group) of every process; None without ``/proc``."""
     try:
-        names = os.listdir("/proc")
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return None
     table = {}
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
+        with contextlib.suppress(OSError, IndexError):
             fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2:
             table[int(name)] = (fields[0], int(fields[1]), int(fields[2]))
     return table
 
@@ -60,12 +44,14 @@ def descendants(root: int, *, unreaped: bool = False) -> list[int]:
     (a multi-threaded process is a zombie while its other threads still exit)."""
     table = _process_table() or {}
     children: dict[int, list[int]] = {}
-    for pid, (state, ppid, _pgid) in table.items():
-        if state not in ("Z", "X"):
+    found = set()
+    for pid, (state, ppid, pgid) in table.items():
+        if state not in "ZX":
             children.setdefault(ppid, []).append(pid)
-    found = {pid for pid, (state, _, pgid) in table.items() if pgid == root and state not in "ZX"}
-    if unreaped:
-        found |= {pid for pid, (_state, ppid, _pgid) in table.items() if ppid == root}
+            if pgid == root:
+                found.add(pid)
+        elif unreaped and ppid == root:
+            found.add(pid)
     todo = [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -78,8 +64,7 @@ def descendants(root: int, *, unreaped: bool = False) -> list[int]:
 
 class _Supervisor:
     def __init__(self, status_fd: int, grace: float) -> None:
-        self.status_fd = status_fd
-        self.grace = grace
+        self.status_fd, self.grace = status_fd, grace
         self.main: int | None = None
         self.returncode: int | None = None
         self.signalled = False
@@ -97,55 +82,33 @@ class _Supervisor:
                     self.say(ended=self.returncode)
 
     def others(self) -> list[int]:
-        """The rest of the tree, including children not collected yet."""
+        """The rest of the tree once reaped, including children not collected yet."""
+        self.reap()
         return descendants(os.getpid(), unreaped=True)
-
-    def lingering(self) -> list[int]:
-        """What of the tree still runs a moment after the main process ended on its own
-        (the helpers of a crashed server end with it; a daemon stays)."""
-        deadline = time.monotonic() + _LINGER
-        while (left := self.others()) and time.monotonic() < deadline:
-            time.sleep(_POLL)
-            self.reap()
-        return left
 
     def stop_tree(self, grace: float) -> None:
         """SIGTERM to the whole tree, SIGKILL to what is left after ``grace`` seconds."""
         if _process_table() is None:  # no /proc: the process group is what we can reach
             with contextlib.suppress(OSError):
                 os.killpg(os.getpgrp(), signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        termed: set[int] = set()
-        while True:
-            self.reap()
-            left = self.others()
-            if not left:
-                return
-            if time.monotonic() >= deadline:
-                break
-            for pid in set(left) - termed:
+        end, termed = time.monotonic() + grace, set[int]()
+        while (left := self.others()) and time.monotonic() < end + 5.0:
+            kill = time.monotonic() >= end  # SIGTERM once to each: a second may mean "now"
+            for pid in left if kill else set(left) - termed:
                 with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGTERM)
-                termed.add(pid)
+                    os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+            termed.update(left)
             time.sleep(_POLL)
-        end = time.monotonic() + 5.0
-        while left and time.monotonic() < end:
-            for pid in left:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(_POLL)
-            self.reap()
-            left = self.others()
 
     def run(self, argv: list[str]) -> int:
+        parent = os.getppid()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() below
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
-        try:
-            # posix_spawn rather than subprocess: the supervisor reaps every child itself
+        try:  # posix_spawn rather than subprocess: the supervisor reaps every child itself
             self.main = os.posix_spawnp(
                 argv[0],
                 argv,
@@ -160,27 +123,24 @@ class _Supervisor:
         grace: float | None = None
         pending = b""
         while grace is None and self.returncode is None:
-            if self.signalled:
-                grace = self.grace
-                break
             readable, _, _ = select.select([0, wake_r], [], [], 1.0)
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
             self.reap()
-            if 0 in readable:
-                data = os.read(0, 512)
-                pending += data
-                if not data:
-                    grace = self.grace  # pytest is gone
-                elif b"\n" in pending:
-                    word, _, value = pending.partition(b"\n")[0].decode().partition(" ")
-                    grace = float(value) if word == "stop" and value else self.grace
+            data = os.read(0, 512) if 0 in readable else None
+            pending += data or b""
+            if data == b"" or self.signalled or os.getppid() != parent:  # pytest is gone
+                grace = self.grace
+            elif b"\n" in pending:
+                word, _, value = pending.partition(b"\n")[0].decode().partition(" ")
+                grace = float(value) if word == "stop" and value else self.grace
         left: list[int] = []
-        if grace is None:  # the main process ended on its own
-            left = self.lingering()
-            grace = self.grace
-        self.stop_tree(grace)
+        if grace is None:  # the main process ended on its own: what of its tree stays?
+            deadline = time.monotonic() + _LINGER
+            while (left := self.others()) and time.monotonic() < deadline:
+                time.sleep(_POLL)
+        self.stop_tree(self.grace if grace is None else grace)
         self.reap()
         self.say(exit=self.returncode, left=left)
         return 0
@@ -189,19 +149,14 @@ class _Supervisor:
         self.signalled = True
 
 
-def _subreaper() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
 def main(args: list[str]) -> int:
     status_fd, grace, separator, *argv = args
     if separator != "--" or not argv:
         raise SystemExit("usage: supervise.py STATUS_FD GRACE -- ARGV...")
     os.set_inheritable(int(status_fd), False)
-    _subreaper()
+    if sys.platform.startswith("linux"):  # PR_SET_CHILD_SUBREAPER, from <linux/prctl.h>
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
     return _Supervisor(int(status_fd), float(grace)).run(argv)
 
 

@@ -102,7 +102,7 @@ def _sources() -> dict[str, str]:
         ("TEMPLATE_TOKENS = (", "core/health.py"),
         ('option: str = "--gsm8k-min-acc"', "core/gates.py"),
         ("def is_local_spec(", "core/settings.py"),
-        ("subprocess.Popen(", "runtime/process.py"),  # one way to start a server
+        ("subprocess.Popen(", "runtime/serve.py"),  # one way to start a server
         ("def start_server(", "runtime/serve.py"),
     ],
 )

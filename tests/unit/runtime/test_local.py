@@ -21,6 +21,7 @@ import time
 import types
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,6 @@ import pytest
 from helpers import REPO, wait_until
 
 import pytest_gsm8k.runtime.local as local
-import pytest_gsm8k.runtime.process as process
 import pytest_gsm8k.runtime.serve as serve
 from pytest_gsm8k.runtime.install import install_command, install_hint
 from pytest_gsm8k.runtime.local import DEFAULT_ALIAS, LocalServer, LocalServerError, resolve_model
@@ -92,9 +92,11 @@ def start_local_server(
 ) -> LocalServer:
     """Serve ``path`` as the local preset does (its spec, then serve.py's start)."""
     return serve.start_server(
-        local.local_spec(path, alias=alias, **spec),
-        log_path=log_path,
-        startup_timeout=startup_timeout,
+        replace(
+            local.local_spec(path, alias=alias, **spec),
+            log_path=log_path,
+            startup_timeout=startup_timeout,
+        )
     )
 
 
@@ -334,7 +336,7 @@ def test_server_serves_the_alias_on_loopback(server: LocalServer) -> None:
         ids = [m["id"] for m in json.load(resp)["data"]]
     assert ids == [DEFAULT_ALIAS]
     assert 0 < server.startup_seconds < 120
-    assert server in process._LIVE  # the atexit handler would stop it
+    assert server in serve._LIVE  # the atexit handler would stop it
 
 
 @_real
@@ -379,7 +381,7 @@ def test_stop_leaves_no_process(tmp_path: Path) -> None:
         os.killpg(srv.pgid, 0)
     assert not _answers(srv.base_url)
     srv.stop()  # idempotent
-    assert srv not in process._LIVE
+    assert srv not in serve._LIVE
 
 
 @_real
@@ -417,9 +419,10 @@ _CHILD = """
     import json, sys, time
     from pathlib import Path
     from pytest_gsm8k.runtime.local import local_spec, resolve_model
+    from dataclasses import replace
     from pytest_gsm8k.runtime.serve import start_server
-    srv = start_server(local_spec(resolve_model("local"), alias="child", n_ctx=256),
-                       log_path=Path(sys.argv[1]), startup_timeout=60)
+    srv = start_server(replace(local_spec(resolve_model("local"), alias="child", n_ctx=256),
+                       log_path=Path(sys.argv[1]), startup_timeout=60))
     print(json.dumps({"pid": srv.pid, "url": srv.base_url}), flush=True)
     if sys.argv[2] == "sleep":
         time.sleep(600)

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from pytest_gsm8k.core.scrub import REDACTED, Scrubber
-from pytest_gsm8k.runtime import process
+from pytest_gsm8k.runtime import serve
 
 SECRET = "sk-SECRET-0123456789abcdef"
 
@@ -19,14 +19,18 @@ def test_the_log_holds_no_secret_however_the_pipe_cuts_it(tmp_path: Path) -> Non
     path = tmp_path / "serve.log"
     source, sink = os.pipe()
     copier = threading.Thread(
-        target=process._copy_log,
-        args=(source, path.open("ab"), Scrubber(None, None, [SECRET]).command),
+        target=serve._copy_log,
+        args=(
+            os.fdopen(source, "rb", buffering=0),
+            path.open("ab"),
+            Scrubber(None, None, [SECRET]).command,
+        ),
     )
     copier.start()
     key = SECRET.encode()
     # a secret across two writes; then a line with no end, longer than the copier holds,
     # with a secret where the pipe's 64 KiB reads would cut it; then one at the very end
-    long_line = b"y" * (process._LOG_LINE_LIMIT + 65536 - 4) + key + b" z\n"
+    long_line = b"y" * (serve._LOG_LINE_LIMIT + 65536 - 4) + key + b" z\n"
     with os.fdopen(sink, "wb", buffering=0) as out:
         out.write(b"args: --api-key " + key[:5])
         out.write(key[5:] + b" --hf-token hidden\n")
@@ -36,6 +40,6 @@ def test_the_log_holds_no_secret_however_the_pipe_cuts_it(tmp_path: Path) -> Non
     assert not copier.is_alive()
     assert path.read_text("utf-8") == (
         f"args: --api-key {REDACTED} --hf-token {REDACTED}\n"
-        + "y" * (process._LOG_LINE_LIMIT + 65536 - 4)
+        + "y" * (serve._LOG_LINE_LIMIT + 65536 - 4)
         + f"{REDACTED} z\nlast {REDACTED}"
     )
