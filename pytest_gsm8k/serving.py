@@ -280,7 +280,6 @@ def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
         client,
         state.sources.cache(True),
         concurrency=concurrency,
-        breaker=client.breaker,
         scrub=scrub,
         # a config's answers may each take up to its request_timeout_seconds (vLLM's test
         # waits that long): no answer for less than that is not a stall

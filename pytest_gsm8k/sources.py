@@ -273,7 +273,6 @@ class Sources:
             client,
             self.cache(bool(getattr(client, "persistent_cache", False))),
             concurrency=run.concurrency(),
-            breaker=getattr(client, "breaker", None),
             # early stopping: fetch no further ahead of the tests than the concurrency
             lookahead=run.concurrency() if settings.early_stop else None,
             scrub=run.scrubber(),

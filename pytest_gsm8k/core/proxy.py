@@ -1,11 +1,8 @@
 """Which proxy an endpoint is reached through, read from the environment as httpx (the openai
 client's HTTP library) reads it: ``HTTP(S)_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` with hosts,
-wildcards, ports and networks, the most specific rule first (docs/design.md).
-
-Why here: httpx reads the environment only for a transport of its own, and the openai
-client's is the plugin's (runtime/client.py); the ``vllm`` preset sends with aiohttp
-(runtime/wire.py says why), whose reading differs (no ``ALL_PROXY``, no CIDR or port in
-``NO_PROXY``, ``~/.netrc``). The same endpoint is reached the same way whichever client
+wildcards, ports and networks, the most specific rule first. Here because the ``vllm`` preset
+sends with aiohttp, which reads it differently (no ``ALL_PROXY``, no CIDR or port in
+``NO_PROXY``, ``~/.netrc``): the same endpoint is reached the same way whichever client
 sends; tests/unit/core/test_proxy.py compares these rules with the installed httpx.
 """
 
@@ -24,11 +21,11 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass(frozen=True)
 class Rule:
-    """One pattern (``scheme://host:port``, ``all`` for any scheme) and the proxy it sends
-    matching URLs through (None: directly)."""
+    """One pattern (``scheme://host:port``; scheme "" for any, host "" for any or starting
+    with ``*``) and the proxy it sends matching URLs through (None: directly)."""
 
-    scheme: str  # "" for any
-    host: str  # "" for any; may start with "*" or "*."
+    scheme: str
+    host: str
     port: int | None
     network: Network | None
     proxy: str | None
@@ -44,26 +41,18 @@ class Rule:
         )
 
     def matches(self, scheme: str, host: str, port: int | None) -> bool:
-        if self.scheme and self.scheme != scheme:
+        if (self.scheme and self.scheme != scheme) or self.port not in (None, port):
             return False
         if self.network is not None:
             try:
-                address = ipaddress.ip_address(host)
+                return ipaddress.ip_address(host) in self.network
             except ValueError:
                 return False
-            if address not in self.network:
-                return False
-        elif self.host and not _host_pattern(self.host).match(host):
-            return False
-        return self.port is None or self.port == port
-
-
-def _host_pattern(host: str) -> re.Pattern[str]:
-    if host.startswith("*."):
-        return re.compile(rf"^.+\.{re.escape(host[2:])}$")  # subdomains only
-    if host.startswith("*"):
-        return re.compile(rf"^(.+\.)?{re.escape(host[1:])}$")  # the host and subdomains
-    return re.compile(rf"^{re.escape(host)}$")
+        if self.host.startswith("*."):  # subdomains only
+            return re.fullmatch(rf".+\.{re.escape(self.host[2:])}", host) is not None
+        if self.host.startswith("*"):  # the host and its subdomains
+            return re.fullmatch(rf"(.+\.)?{re.escape(self.host[1:])}", host) is not None
+        return not self.host or self.host == host
 
 
 def _is_ip(text: str, kind: type[ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
@@ -74,20 +63,22 @@ def _is_ip(text: str, kind: type[ipaddress.IPv4Address | ipaddress.IPv6Address])
     return True
 
 
+def _parts(url: str) -> tuple[str, str, int | None, str]:
+    """Scheme, host, port (None for the scheme's default, as httpx normalises it) and path."""
+    parts = urlsplit(url)
+    scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    return scheme, host, None if port == _DEFAULT_PORTS.get(scheme) else port, parts.path
+
+
 def _rule(pattern: str, proxy: str | None) -> Rule | None:
     """The rule a pattern states, or None for one that cannot be read (ignored, as httpx,
     curl and Go ignore them)."""
     try:
-        parts = urlsplit(pattern)
-        scheme = "" if parts.scheme == "all" else parts.scheme
-        host = (parts.hostname or "").lower()
-        port = parts.port
+        scheme, host, port, path = _parts(pattern)
     except ValueError:
         return None
-    if port == _DEFAULT_PORTS.get(scheme):
-        port = None  # a URL's default port is no port (as httpx normalises it)
-    host = "" if host == "*" else host
-    prefix = parts.path.removeprefix("/")
+    scheme, host = "" if scheme == "all" else scheme, "" if host == "*" else host
+    prefix = path.removeprefix("/")
     network: Network | None = None
     if prefix and (_is_ip(host, ipaddress.IPv4Address) or _is_ip(host, ipaddress.IPv6Address)):
         shown = f"[{host}]" if ":" in host else host
@@ -106,8 +97,7 @@ def rules(proxies: Mapping[str, str]) -> list[Rule]:
     """The rules ``proxies`` (``urllib.request.getproxies()``) states, most specific first."""
     patterns: dict[str, str | None] = {}
     for scheme in ("http", "https", "all"):
-        value = proxies.get(scheme)
-        if value:
+        if value := proxies.get(scheme):
             patterns[f"{scheme}://"] = value if "://" in value else f"http://{value}"
     for entry in (part.strip() for part in proxies.get("no", "").split(",")):
         if entry == "*":
@@ -135,13 +125,5 @@ def rules(proxies: Mapping[str, str]) -> list[Rule]:
 
 def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
     """The proxy URL ``url`` is reached through under ``proxies``, or None (directly)."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    host = (parts.hostname or "").lower()
-    port = parts.port
-    if port == _DEFAULT_PORTS.get(scheme):
-        port = None
-    for rule in rules(proxies):
-        if rule.matches(scheme, host, port):
-            return rule.proxy
-    return None
+    scheme, host, port, _ = _parts(url)
+    return next((r.proxy for r in rules(proxies) if r.matches(scheme, host, port)), None)

@@ -1,9 +1,7 @@
 """When a failed model request is tried again, and after how long: the openai client's policy
-(openai-python ``_base_client.py``: ``_should_retry``, ``_calculate_retry_timeout``), copied for
-the vllm preset's aiohttp client (runtime/wire.py). openai's own cannot serve: it is private to
-its client, which the preset does not go through (for speed); tests/unit/core/test_retry.py asks
-the installed openai the same questions. Pure: no HTTP, no clock but the one passed in.
-"""
+(openai-python ``_base_client.py``, private to its client), copied for the vllm preset's
+aiohttp client (runtime/wire.py); tests/unit/core/test_retry.py asks the installed openai the
+same questions."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ RETRIED_STATUSES = (408, 409, 429)
 
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:
     """Seconds the server asked to wait (``retry-after-ms``, else ``Retry-After`` as seconds
-    or an HTTP date), or ``None`` when it asked nothing readable. ``now`` is the Unix time
-    an HTTP date is measured from. An overflowing number is a wait over the maximum."""
+    or an HTTP date measured from ``now``), or ``None``; an overflowing number is too long."""
     for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         value = _header(headers, name)
         if value is None:
@@ -36,12 +33,8 @@ def retry_after(headers: Mapping[str, str], now: float) -> float | None:
             return MAX_RETRY_AFTER + 1
         return delay / divisor
     value = _header(headers, "retry-after")
-    if value is None:
-        return None
-    parsed = email.utils.parsedate_tz(value)
-    if parsed is None:
-        return None
-    return float(email.utils.mktime_tz(parsed)) - now
+    parsed = email.utils.parsedate_tz(value) if value is not None else None
+    return None if parsed is None else float(email.utils.mktime_tz(parsed)) - now
 
 
 def should_retry(status: int, headers: Mapping[str, str], now: float) -> bool:
@@ -50,10 +43,8 @@ def should_retry(status: int, headers: Mapping[str, str], now: float) -> bool:
     if wait is not None and math.isfinite(wait) and wait > MAX_RETRY_AFTER:
         return False
     said = _header(headers, "x-should-retry")
-    if said == "true":
-        return True
-    if said == "false":
-        return False
+    if said in ("true", "false"):
+        return said == "true"
     return status in RETRIED_STATUSES or status >= 500
 
 
@@ -63,8 +54,8 @@ def retry_delay(
     now: float,
     random: Callable[[], float],
 ) -> float:
-    """Seconds to wait before retry number ``retries_done + 1``. ``headers`` are the failed
-    reply's (``None`` for a connection failure); ``random`` gives [0, 1) for the jitter."""
+    """Seconds to wait before retry number ``retries_done + 1`` after a reply with ``headers``
+    (``None``: a connection failure); ``random`` gives [0, 1) for the jitter."""
     if headers is not None:
         wait = retry_after(headers, now)
         if wait is not None and math.isfinite(wait) and 0 < wait <= MAX_RETRY_AFTER:
@@ -76,6 +67,6 @@ def retry_delay(
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     """A header by name, whatever its case (HTTP libraries differ in how they store it)."""
     value = headers.get(name)
-    if value is None:
-        value = next((v for k, v in headers.items() if k.lower() == name), None)
-    return value
+    return (
+        next((v for k, v in headers.items() if k.lower() == name), None) if value is None else value
+    )

@@ -1,12 +1,7 @@
-"""xdist: the one channel between the controller and each worker (loopback TCP).
-
-The controller knows every item and runs no tests, so it alone talks to the model; one
-connection per worker carries its plan, the answers and the early stop, and is the liveness
-signal (docs/design.md, "Speed, the cache and xdist"). A worker that calls a model of its own
-connects as a :class:`Channel` that never asks for answers.
-
-Frames: a 4-byte big-endian length, then one JSON object, so the stream never falls out of
-step whatever an answer holds; a frame over the reader's cap ends the connection.
+"""xdist: the one channel between the controller, which alone talks to the model, and each
+worker (loopback TCP): its plan, the answers, the early stop (docs/design.md, "Speed, the cache
+and xdist"). Frames: a 4-byte big-endian length, then one JSON object, so the stream never
+falls out of step whatever an answer holds; a frame over the reader's cap ends the connection.
 
 * worker -> controller: ``{"token": T}`` first (T reaches only this run's workers, through
   ``workerinput``), ``{"plan": [ids], "fetch": bool}`` (``fetch``: prefetch them) and
@@ -75,8 +70,7 @@ async def read_frame(reader: asyncio.StreamReader, limit: int) -> Any:
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
-    """One frame in one write, so frames of different coroutines never interleave."""
-    if not writer.is_closing():
+    if not writer.is_closing():  # one frame in one write: frames never interleave
         writer.write(data)
 
 
@@ -107,7 +101,7 @@ class AnswerServer:
         self._stopping = False
 
     def start(self) -> tuple[str, int]:
-        """Listen on a free loopback port (on the engine's loop); returns the address."""
+        """Listen on a free loopback port (on the engine's loop)."""
         listen = asyncio.start_server(self._serve, "127.0.0.1", 0)
         self._server = asyncio.run_coroutine_threadsafe(listen, self.engine.loop).result(10)
         host, port = self._server.sockets[0].getsockname()[:2]
@@ -237,7 +231,8 @@ class _Closed(ConnectionError):
 class Channel:
     """Worker side, without answers (a worker that calls a model of its own): it offers the
     worker's plan and hears the controller's stop. ``wait`` bounds each wait for the
-    controller, ending only a wait that the controller engine's own bounds do not."""
+    controller, ending only a wait that the controller engine's own bounds do not. A frame is
+    read whole and nothing past it, so ``poll`` tells whether another is there."""
 
     fetch = False  # whether the controller's engine prefetches the plans offered here
 
@@ -245,10 +240,8 @@ class Channel:
         self.wait = min(wait, MAX_WAIT)
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(self.wait)
         self._poll = select.poll()  # not select(): no FD_SETSIZE limit
         self._poll.register(self._sock, select.POLLIN)
-        self._pending = bytearray()  # received, not yet taken as frames
         self._broken: str | None = None  # why the channel cannot be read any more
         self._stop: str | None = None
         self._sock.sendall(frame({"token": token}))
@@ -256,9 +249,10 @@ class Channel:
     def offer(self, problem_ids: list[str]) -> None:
         """Tell the controller which problems this worker collected, in run order; returns once
         it recorded them, a ConnectionError when it did not within ``wait``."""
-        plan = {"plan": problem_ids, "fetch": self.fetch}
         try:
-            if self._broken is None and "planned" not in self._ask(plan):
+            if self._broken is None and "planned" not in self._ask(
+                {"plan": problem_ids, "fetch": self.fetch}
+            ):
                 raise ConnectionError("a reply to the plan that does not acknowledge it")
         except TimeoutError:
             self._broken = f"the xdist controller did not take the plan within {self.wait:g} s"
@@ -270,11 +264,9 @@ class Channel:
     def stopped(self) -> str | None:
         """The controller's early-stop message once it has arrived, else None. Never waits
         (cheap before every item); a failed channel hears no stop after its failure."""
-        if self._stop is None and self._broken is None:
+        if self._stop is None and self._broken is None and self._poll.poll(0):
             try:
-                if self._poll.poll(0):
-                    self._receive()
-                if self._take() is not None:
+                if "stop" not in self._read(time.monotonic() + self.wait):
                     raise ConnectionError("a frame nobody asked for")
             except (OSError, ValueError) as exc:
                 self._broken = f"the xdist controller's channel failed ({exc})"
@@ -284,50 +276,38 @@ class Channel:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-    def _receive(self) -> None:
-        """One read of what the controller sent (waits as the socket's timeout says)."""
-        pending = self._pending
-        need = HEADER.size + (HEADER.unpack_from(pending)[0] if len(pending) >= HEADER.size else 0)
-        chunk = self._sock.recv(min(max(need - len(pending), 1 << 16), 1 << 20))
-        if not chunk:
-            if pending:
-                raise ConnectionError("a frame cut short")
-            raise _Closed("the xdist controller closed its channel (it ended)")
-        self._pending += chunk
-
-    def _take(self) -> dict[str, Any] | None:
-        """The next whole frame received, if any; a stop frame is kept, never returned."""
-        pending = self._pending
-        while len(pending) >= HEADER.size:
-            (size,) = HEADER.unpack_from(pending)
-            if size > MAX_FRAME:
-                raise ConnectionError(
-                    f"a frame of {size:,} bytes, over the {MAX_FRAME:,}-byte limit"
-                )
-            if len(pending) < HEADER.size + size:
-                return None
-            message = json.loads(bytes(pending[HEADER.size : HEADER.size + size]))
-            del pending[: HEADER.size + size]
-            if not isinstance(message, dict):
-                raise ConnectionError("a frame that is not a JSON object")
-            if "stop" not in message:
-                return message
+    def _read(self, deadline: float) -> dict[str, Any]:
+        """The next frame (a stop is also kept); TimeoutError after ``deadline``."""
+        (size,) = HEADER.unpack(self._exact(HEADER.size, deadline, True))
+        if size > MAX_FRAME:
+            raise ConnectionError(f"a frame of {size:,} bytes, over the {MAX_FRAME:,}-byte limit")
+        message = json.loads(self._exact(size, deadline, False))
+        if not isinstance(message, dict):
+            raise ConnectionError("a frame that is not a JSON object")
+        if "stop" in message:
             self._stop = str(message["stop"])
-        return None
+        return message
+
+    def _exact(self, size: int, deadline: float, head: bool) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            if (left := deadline - time.monotonic()) <= 0:
+                raise TimeoutError
+            self._sock.settimeout(left)
+            if not (chunk := self._sock.recv(min(size - len(data), 1 << 20))):
+                if head and not data:
+                    raise _Closed("the xdist controller closed its channel (it ended)")
+                raise ConnectionError("a frame cut short")
+            data += chunk
+        return bytes(data)
 
     def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Send ``message``; the next frame other than a stop, within ``wait`` (TimeoutError
-        after it, give or take a second: the socket's timeout changes only when that far off)."""
+        """Send ``message``; the next frame other than a stop, within ``wait``."""
+        self._sock.settimeout(self.wait)
         self._sock.sendall(frame(message))
         deadline = time.monotonic() + self.wait
-        while (reply := self._take()) is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            if abs((self._sock.gettimeout() or 0.0) - left) > 1.0:
-                self._sock.settimeout(left)
-            with contextlib.suppress(TimeoutError):  # the deadline above decides
-                self._receive()
+        while "stop" in (reply := self._read(deadline)):
+            pass
         return reply
 
 

@@ -1,9 +1,8 @@
 """On-disk response cache: one JSON file per request, named by the sha256 of everything that
-decides the answer and written atomically, so a killed run leaves only whole entries (that is
-the resume). Entries never hold the API key. Only this run's own entries are read, and with
-``resume`` those of runs that had ended before it started, told by the shared ``flock`` each
-run holds on ``runs/<run id>.lock`` while it may write. Reads and writes run on their own
-threads, never on the engine's loop (docs/design.md, "The cache and its identity rule").
+decides the answer, written atomically (a killed run leaves only whole entries: the resume),
+never holding the API key. Only this run's entries are read, and with ``resume`` those of runs
+that had ended before it started, told by the shared ``flock`` each run holds on
+``runs/<run id>.lock`` while it may write (docs/design.md, "The cache and its identity rule").
 """
 
 from __future__ import annotations
@@ -29,20 +28,23 @@ from pytest_gsm8k.runtime.files import write_atomic
 
 SCHEMA = 1
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO would wait for its other end
+Json = dict[str, Any]
 #: one entry to store: (key, request body, response, the server's description or None)
-Write = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
+Write = tuple[str, Json, Json, Json | None]
 #: a run id as an entry stores it, fit to name its lock file (a uuid's hex)
 _RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+_SKIPPED = {
+    "special": "is not a regular file; it is ignored and its request asked again",
+    "mismatch": "is filed under another request (its stored key or request is not the one "
+    "asked); such entries are ignored and asked again",
+}
 
 
 def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None = None) -> str:
-    """Key of one request: the endpoint, the exact body and which samples it yields. ``wire``
-    is the body's exact text where a preset fixes it byte for byte (absent otherwise, so
-    every other run's keys stay as they were)."""
+    """Key of one request: the endpoint, the exact body, which samples it yields and, where a
+    preset fixes them byte for byte, the body's exact text (absent otherwise: old keys hold)."""
     key: dict[str, Any] = {"v": SCHEMA, "base_url": base_url, "body": body, "sample": sample}
-    if wire is not None:
-        key["wire"] = wire
-    return stable_hash(key)
+    return stable_hash(key if wire is None else {**key, "wire": wire})
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -117,8 +119,6 @@ class ResponseCache:
         self._threads: dict[str, threading.Thread] = {}
         self._reads: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._writes: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._submitted = self._written = 0
-        self._idle = threading.Condition()
         self.unreadable: str | None = None  # why the cache is no longer read (a hung read)
 
     def _entry_text(self, key: str) -> str:
@@ -142,19 +142,9 @@ class ResponseCache:
         except ValueError as exc:
             self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc}); it will be re-requested")
             return None
-        if data is None:
-            self._warn(
-                "special",
-                f"gsm8k cache: {path} is not a regular file; it is ignored and its request "
-                "asked again",
-            )
-            return None
-        if data.get("key") != key or data.get("request") != body:
-            self._warn(
-                "mismatch",
-                f"gsm8k cache: {path} is filed under another request (its stored key or "
-                "request is not the one asked); such entries are ignored and asked again",
-            )
+        if data is None or data.get("key") != key or data.get("request") != body:
+            kind = "special" if data is None else "mismatch"
+            self._warn(kind, f"gsm8k cache: {path} {_SKIPPED[kind]}")
             return None
         run = data["run"]
         if run != self.run_id and not (self.resume and self._ended_before(run, info.st_mtime)):
@@ -212,13 +202,7 @@ class ResponseCache:
             raise
         self._run_lock = handle
 
-    def put(
-        self,
-        key: str,
-        body: dict[str, Any],
-        response: dict[str, Any],
-        server: dict[str, Any] | None = None,
-    ) -> None:
+    def put(self, key: str, body: Json, response: Json, server: Json | None = None) -> None:
         """Store one entry atomically; ``server``: what the server said about itself then."""
         self._hold_run()
         path = self._entry_text(key)
@@ -273,8 +257,6 @@ class ResponseCache:
     def submit(self, items: list[Write], done: Callable[[], None] | None = None) -> None:
         """Write the entries on the writer thread, then call ``done``, also when a write
         failed (a warning: the answer is good, just not cached)."""
-        with self._idle:
-            self._submitted += 1
         self._start("writer", self._write_loop)
         self._writes.put((items, done))
 
@@ -291,14 +273,14 @@ class ResponseCache:
             if done is not None:
                 with contextlib.suppress(Exception):
                     done()
-            with self._idle:
-                self._written += 1
-                self._idle.notify_all()
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted entry is written; False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._written >= self._submitted, timeout)
+        if "writer" not in self._threads:
+            return True
+        written = threading.Event()
+        self._writes.put(([], written.set))
+        return written.wait(timeout)
 
     # -- generations of a server this run starts --------------------------------------
 

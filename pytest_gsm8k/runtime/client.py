@@ -1,7 +1,7 @@
 """Model clients: the async openai client (its own retries), or any Python callable; both
 ``async complete(request) -> ModelResponse``. Added here: a transport that tells the
-:class:`Breaker` of connection failures (a dead endpoint stops the run in seconds) and reads
-each reply within :data:`MAX_REPLY_BYTES`, and :func:`get_json` for the plugin's GET requests.
+:class:`Breaker` of connection failures and reads each reply within :data:`MAX_REPLY_BYTES`,
+and :func:`get_json` for the plugin's GET requests.
 """
 
 from __future__ import annotations
@@ -20,18 +20,14 @@ from typing import Any, Protocol
 
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
-from pytest_gsm8k.core.types import (
-    Completion,
-    ModelCallable,
-    ModelResponse,
-    Request,
-    valid_usage,
-)
+from pytest_gsm8k.core.types import Completion, ModelCallable, ModelResponse, Request, valid_usage
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Counter, Decoder, Refused, encoding_of, mib
 
 #: the most one problem's answer may take, decoded (a gzip bomb stops here) or as the JSON of
 #: its samples: answers are kilobytes, and up to --gsm8k-concurrency replies are held at once
 MAX_REPLY_BYTES = 32 << 20
+#: the largest body :func:`get_json` reads (a model list or a readiness answer is small)
+MAX_JSON_BODY = 8 << 20
 
 
 def _httpx() -> Any:
@@ -43,14 +39,12 @@ def _httpx() -> Any:
 
 
 class ModelClient(Protocol):
-    """What the engine needs from a model."""
+    """What the engine needs from a model. ``endpoint`` is in cache keys unless the client
+    has a ``cache_endpoint`` (a name that outlives the URL); ``persistent_cache``: whether
+    answers may be cached across runs."""
 
-    #: identifies the endpoint (base URL, or ``callable:<name>``); cache keys use it unless
-    #: the client has a ``cache_endpoint`` (a name that outlives the URL)
     endpoint: str
-    #: model id sent in requests and stored in cache keys
     model: str
-    #: whether answers may be cached across runs
     persistent_cache: bool
 
     async def complete(self, request: Request) -> ModelResponse: ...
@@ -60,13 +54,9 @@ class ModelClient(Protocol):
 
 class Breaker:
     """Opens when ``threshold`` connection failures in a row (any HTTP answer resets it) have
-    lasted ``min_seconds``: a blip the retries absorb goes on, a dead endpoint stops.
-
-    Why these numbers: when a server dies, every request in flight fails at once, then retries
-    after 0.5, 1, 2, 4, 8 s, so the count passes 8 at once and the breaker opens at the first
-    retry after 2 s, well before the retries run out (~15 s). :meth:`fit` lowers the threshold
-    to the concurrency (at least 3): one request alone trips it after ~3.5 s.
-    """
+    lasted ``min_seconds``. When a server dies, every request in flight fails at once, then
+    retries after 0.5, 1, 2, 4, 8 s: the breaker opens at the first retry after 2 s, well
+    before the retries run out (~15 s); :meth:`fit` lowers the threshold to the concurrency."""
 
     def __init__(
         self,
@@ -74,19 +64,14 @@ class Breaker:
         min_seconds: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.threshold = threshold
-        self.min_seconds = min_seconds
-        self.clock = clock
-        self.count = 0
-        self.first: float | None = None
-        self.last_error = ""
+        self.threshold, self.min_seconds, self.clock = threshold, min_seconds, clock
+        self.count, self.first, self.last_error = 0, 0.0, ""
         self.on_open: Callable[[str], None] | None = None
-        #: one-line remarks on what the transport saw (a Retry-After the client ignores)
+        #: one-line remarks on what the transport saw, each kind once (read by the engine)
         self.notes: list[str] = []
         self._noted: set[str] = set()
 
     def note(self, kind: str, message: str) -> None:
-        """Remember ``message`` once per ``kind`` (any thread; read by the engine)."""
         if kind not in self._noted:
             self._noted.add(kind)
             self.notes.append(message)
@@ -97,7 +82,6 @@ class Breaker:
 
     def success(self) -> None:
         self.count = 0
-        self.first = None
 
     def failure(self, error: BaseException) -> None:
         now = self.clock()
@@ -105,91 +89,62 @@ class Breaker:
             self.first = now
         self.count += 1
         self.last_error = f"{type(error).__name__}: {error}".strip()
-        if (
-            self.count >= self.threshold
-            and self.first is not None
-            and now - self.first >= self.min_seconds
-            and self.on_open is not None
-        ):
+        if self.count >= self.threshold and now - self.first >= self.min_seconds and self.on_open:
             self.on_open(self.last_error)
+
+
+def note_long_retry_after(breaker: Breaker, status: int, headers: Any) -> None:
+    """Say once when the endpoint asks for a longer wait than the client makes (the request
+    then fails at once: core/retry.py)."""
+    seconds = retry_after(headers, time.time()) if status in (429, 503) else None
+    if seconds is not None and seconds > MAX_RETRY_AFTER:
+        breaker.note(
+            "retry-after",
+            f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP {status}), "
+            f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
+            "without waiting",
+        )
 
 
 @functools.cache
 def refused_reply() -> type[Exception]:
-    """The error of a reply read no further (:class:`bounded.Refused`), as the openai client
-    raises it: an ``OpenAIError`` is raised at once, never retried (a retry would fetch the
-    same oversized reply again) and never wrapped as a connection error."""
+    """A reply read no further (:class:`bounded.Refused`) as the openai client raises it: an
+    ``OpenAIError`` is never retried (a retry fetches the same reply) nor called a connection
+    error."""
     import openai
 
-    class RefusedReply(openai.OpenAIError):
-        pass
-
-    return RefusedReply
+    return type("RefusedReply", (openai.OpenAIError,), {})
 
 
-def body_decoder(encodings: list[str], length: str, limit: int = MAX_REPLY_BYTES) -> Decoder:
+def body_decoder(encodings: list[str], length: str) -> Decoder:
     """The decoder for a reply with these Content-Encoding and Content-Length values;
-    :class:`Refused` at once for one over ``limit`` or in an encoding not asked for."""
+    :class:`Refused` at once for one over the bound or in an encoding not asked for."""
     encoding = encoding_of(",".join(encodings).split(","))
-    if not encoding and length.isdigit() and int(length) > limit:
+    if not encoding and length.isdigit() and int(length) > MAX_REPLY_BYTES:
         raise Refused(
-            f"the endpoint's reply is over {mib(limit)} ({int(length):,} bytes), the most one "
-            "problem's answer may take; refused unread"
+            f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} ({int(length):,} bytes), the "
+            "most one problem's answer may take; refused unread"
         )
     return Decoder(encoding)
 
 
-async def bounded_body(
-    decoder: Decoder, chunks: AsyncIterator[bytes], limit: int = MAX_REPLY_BYTES
-) -> AsyncIterator[bytes]:
-    """The raw ``chunks`` decoded within ``limit`` bytes (see :mod:`.bounded`)."""
-    counter = Counter(limit)
+async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The raw ``chunks`` decoded within :data:`MAX_REPLY_BYTES` (see :mod:`.bounded`)."""
+    counter = Counter(MAX_REPLY_BYTES)
     async for raw in chunks:
         for piece in decoder.feed(raw):
             yield counter.add(piece)
-    tail = decoder.finish()
-    if tail:
+    if tail := decoder.finish():
         yield counter.add(tail)
-
-
-def _bounded(httpx: Any, response: Any) -> Any:
-    """``response`` with a body decoded here, within :data:`MAX_REPLY_BYTES`."""
-    headers = response.headers
-    decoder = body_decoder(headers.get_list("content-encoding"), headers.get("content-length", ""))
-    refused = refused_reply()
-
-    class BoundedStream(httpx.AsyncByteStream):  # type: ignore[misc]
-        async def __aiter__(self) -> Any:
-            try:
-                async for piece in bounded_body(decoder, response.stream):
-                    yield piece
-            except Refused as exc:
-                raise refused(str(exc)) from None
-
-        async def aclose(self) -> None:
-            await response.stream.aclose()
-
-    kept = [
-        (name, value)
-        for name, value in headers.multi_items()
-        if name.lower() not in ("content-encoding", "content-length")
-    ]
-    return httpx.Response(
-        response.status_code,
-        headers=kept,
-        stream=BoundedStream(),
-        extensions=response.extensions,
-    )
 
 
 def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any:
     httpx = _httpx()
-    base: Any = httpx.AsyncBaseTransport
 
-    class WatchingTransport(base):  # type: ignore[misc]
-        """Forwards to the normal transport (through the environment's proxy: httpx reads it
-        only without a transport of ours), telling the breaker what happened, and reads each
-        reply within :data:`MAX_REPLY_BYTES`."""
+    class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
+        """The normal transport (through the environment's proxy: httpx reads it only without
+        a transport of ours), telling the breaker what happened, each reply read within
+        :data:`MAX_REPLY_BYTES`."""
 
         def __init__(self) -> None:
             self.inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
@@ -208,13 +163,38 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
                 breaker.failure(exc)
                 raise
             breaker.success()
-            if response.status_code in (429, 503):
-                note_long_retry_after(breaker, response.status_code, response.headers)
+            note_long_retry_after(breaker, response.status_code, response.headers)
+            headers, refused = response.headers, refused_reply()
             try:
-                return _bounded(httpx, response)
+                decoder = body_decoder(
+                    headers.get_list("content-encoding"), headers.get("content-length", "")
+                )
             except Refused as exc:
                 await response.aclose()
-                raise refused_reply()(str(exc)) from None
+                raise refused(str(exc)) from None
+
+            class BoundedStream(httpx.AsyncByteStream):  # type: ignore[misc,name-defined]
+                async def __aiter__(self) -> Any:
+                    try:
+                        async for piece in bounded_body(decoder, response.stream):
+                            yield piece
+                    except Refused as exc:
+                        raise refused(str(exc)) from None
+
+                async def aclose(self) -> None:
+                    await response.stream.aclose()
+
+            kept = [
+                (name, value)
+                for name, value in headers.multi_items()
+                if name.lower() not in ("content-encoding", "content-length")
+            ]
+            return httpx.Response(
+                response.status_code,
+                headers=kept,
+                stream=BoundedStream(),
+                extensions=response.extensions,
+            )
 
         async def aclose(self) -> None:
             await self.inner.aclose()
@@ -222,46 +202,27 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
     return WatchingTransport()
 
 
-def note_long_retry_after(breaker: Breaker, status: int, headers: Any) -> None:
-    """Say once when the endpoint asks for a longer wait than the client makes (the request
-    then fails at once: core/retry.py)."""
-    seconds = retry_after(headers, time.time())
-    if seconds is not None and seconds > MAX_RETRY_AFTER:
-        breaker.note(
-            "retry-after",
-            f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP {status}), "
-            f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
-            "without waiting",
-        )
-
-
 class PreflightError(Exception):
     """``kind`` is "auth" (401), "forbidden" (403), "unreachable", "timeout" (no complete
-    reply within the deadline), "proxy" (one the environment names and httpx cannot use)
-    or "status" (other HTTP)."""
+    reply within the deadline), "proxy" (one httpx cannot use) or "status" (other HTTP)."""
 
     def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
-        self.status = status
-
-
-#: the largest body :func:`get_json` reads: a model list or a readiness answer is small, and
-#: a server that sends more is not read into memory
-MAX_JSON_BODY = 8 << 20
+        self.kind, self.detail, self.status = kind, detail, status
 
 
 @functools.cache
 def _tls_context(trust_env: bool) -> Any:
-    """httpx's default TLS context, made once: loading the trust store takes tens of ms,
-    and a server's readiness is polled many times a second."""
+    """httpx's default TLS context, made once: loading the trust store takes tens of ms, and
+    a server's readiness is polled many times a second."""
     return _httpx().create_ssl_context(trust_env=trust_env)
 
 
-def env_proxy(url: str, why: str, usable: tuple[str, ...] = ("http",)) -> str | None:
+def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
     """The proxy the environment names for ``url`` by httpx's rules (:mod:`~.core.proxy`), or
-    None; ValueError (one line, ``why`` in it) for a bad URL or a proxy not in ``usable``."""
+    None; ValueError (one line) for a bad URL or a proxy the client cannot use: httpx takes
+    http, https and (with socksio) socks5 proxies, aiohttp http ones."""
+    import importlib.util
     import urllib.request
 
     from pytest_gsm8k.core.proxy import proxy_for
@@ -270,6 +231,15 @@ def env_proxy(url: str, why: str, usable: tuple[str, ...] = ("http",)) -> str | 
         proxy = proxy_for(url, urllib.request.getproxies())
     except ValueError as exc:  # e.g. a port out of range: say which URL, not "proxy"
         raise ValueError(f"the endpoint URL is not usable: {exc}") from None
+    if aiohttp:
+        usable, why = (
+            ("http",),
+            "and the vllm preset's client (aiohttp) can use http:// proxies only",
+        )
+    else:
+        socks = ("socks5", "socks5h") if importlib.util.find_spec("socksio") else ()
+        usable = ("http", "https", *socks)
+        why = "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
     scheme = (proxy or "").partition("://")[0].lower()
     if proxy is not None and scheme not in usable:
         raise ValueError(
@@ -277,15 +247,6 @@ def env_proxy(url: str, why: str, usable: tuple[str, ...] = ("http",)) -> str | 
             "http:// proxy or exempt the host in NO_PROXY"
         )
     return proxy
-
-
-def httpx_proxy(url: str) -> str | None:
-    """:func:`env_proxy` for httpx: http, https and (with socksio) socks5 proxies."""
-    import importlib.util
-
-    socks = ("socks5", "socks5h") if importlib.util.find_spec("socksio") else ()
-    why = "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
-    return env_proxy(url, why, ("http", "https", *socks))
 
 
 def get_json(
@@ -298,21 +259,21 @@ def get_json(
     httpx = _httpx()
 
     async def get() -> bytes:
-        tls = _tls_context(proxies)
         async with (
             httpx.AsyncClient(
-                timeout=deadline, follow_redirects=True, trust_env=proxies, verify=tls
+                timeout=deadline,
+                follow_redirects=True,
+                trust_env=proxies,
+                verify=_tls_context(proxies),
             ) as client,
             client.stream("GET", url, headers=dict(headers or {})) as reply,
         ):
-            status = reply.status_code
-            if not 200 <= status < 300:
+            if not 200 <= (status := reply.status_code) < 300:
                 kind = {401: "auth", 403: "forbidden"}.get(status, "status")
                 raise PreflightError(kind, f"HTTP {status}", status)
             body = b""
             async for chunk in reply.aiter_bytes():
-                body += chunk
-                if len(body) > MAX_JSON_BODY:
+                if len(body := body + chunk) > MAX_JSON_BODY:
                     raise PreflightError("unreachable", f"a reply over {mib(MAX_JSON_BODY)}")
             return body
 
@@ -323,7 +284,7 @@ def get_json(
         raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
     except ImportError as exc:  # httpx without socksio, for a socks:// proxy in the environment
         try:
-            httpx_proxy(url)
+            env_proxy(url)
             line = str(exc)
         except ValueError as refusal:
             line = str(refusal)
@@ -372,11 +333,12 @@ def list_models(
             if time.monotonic() >= deadline:
                 raise
     models = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(models, list):
-        return []
+    listed = (
+        [m for m in models if isinstance(m, dict) and "id" in m] if isinstance(models, list) else []
+    )
     if cards is not None:
-        cards.extend(m for m in models if isinstance(m, dict) and "id" in m)
-    return [str(m["id"]) for m in models if isinstance(m, dict) and "id" in m]
+        cards.extend(listed)
+    return [str(m["id"]) for m in listed]
 
 
 class OpenAIClient:
@@ -384,6 +346,7 @@ class OpenAIClient:
     imported, ~0.5 s) on first use: an xdist worker that only follows never pays for it."""
 
     persistent_cache = True
+    via_aiohttp = False  # the vllm preset's client (runtime/wire.py)
 
     def __init__(
         self,
@@ -394,60 +357,58 @@ class OpenAIClient:
         timeout: float,
         max_retries: int,
         concurrency: int,
-        breaker: Breaker,
+        breaker: Breaker | None = None,
         cache_endpoint: str | None = None,
     ) -> None:
-        self.model = model
-        self.breaker = breaker
+        self.model, self.breaker = model, breaker or Breaker()
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         self.endpoint = base.rstrip("/")  # what the openai client itself would use
         #: what cache keys name instead of a URL that changes every run (a server it starts)
         self.cache_endpoint = cache_endpoint or self.endpoint
-        self._proxy = httpx_proxy(self.endpoint)  # ValueError: one line, before any request
-        self._api_key = api_key
-        self._timeout = timeout
-        self._max_retries = max_retries
+        # ValueError: one line, before any request
+        self._proxy = env_proxy(self.endpoint, aiohttp=self.via_aiohttp)
+        self._api_key, self._timeout, self._max_retries = api_key, timeout, max_retries
         self._concurrency = max(concurrency, 1)
         self._client: Any = None
         self._lock = threading.Lock()
 
     def warm(self) -> Any:
-        """The openai client, built now if it was not yet (thread-safe)."""
+        """The HTTP client, built now if it was not yet (thread-safe)."""
         with self._lock:
             if self._client is None:
-                import openai
-
-                httpx = _httpx()
-                limits = httpx.Limits(
-                    max_connections=self._concurrency,
-                    max_keepalive_connections=self._concurrency,
-                )
-                http_client = openai.DefaultAsyncHttpxClient(
-                    transport=_watching_transport(self.breaker, limits, self._proxy),
-                    timeout=self._timeout,
-                )
-                # Local servers (vLLM, llama.cpp, Ollama) need no key; the client wants one.
-                self._client = openai.AsyncOpenAI(
-                    base_url=self.endpoint,
-                    api_key=self._api_key or "EMPTY",
-                    timeout=self._timeout,
-                    max_retries=self._max_retries,
-                    http_client=http_client,
-                )
+                self._client = self._build()
             return self._client
 
+    def _build(self) -> Any:
+        import openai
+
+        limits = _httpx().Limits(
+            max_connections=self._concurrency, max_keepalive_connections=self._concurrency
+        )
+        transport = _watching_transport(self.breaker, limits, self._proxy)
+        return openai.AsyncOpenAI(
+            base_url=self.endpoint,
+            api_key=self._api_key or "EMPTY",  # local servers need no key; the client wants one
+            timeout=self._timeout,
+            max_retries=self._max_retries,
+            http_client=openai.DefaultAsyncHttpxClient(transport=transport, timeout=self._timeout),
+        )
+
     async def complete(self, request: Request) -> ModelResponse:
-        """One call through the client's own retries. ``post`` of the exact body (the one the
-        cache key hashes; a preset's ``wire`` bytes as they are) with ``cast_to=object`` is
-        openai's documented call without its typed layer: the same retries and errors, a
-        third less CPU per request (CPU the test thread shares)."""
+        """One request; the reply's JSON read as a completion. The body is the one the cache
+        key hashes (a preset's ``wire`` bytes as they are)."""
         client = self._client if self._client is not None else self.warm()
         path = "/chat/completions" if request.api == "chat" else "/completions"
-        if request.wire is not None:
-            data = await client.post(path, content=request.wire.encode("utf-8"), cast_to=object)
-        else:
-            data = await client.post(path, body=request.body(self.model), cast_to=object)
+        wire = request.wire.encode("utf-8") if request.wire is not None else None
+        data = await self._post(client, path, wire, request)
         return parse_reply(data, chat=request.api == "chat", on_bad_usage=self._bad_usage)
+
+    async def _post(self, client: Any, path: str, wire: bytes | None, request: Request) -> Any:
+        """openai's documented ``post`` with ``cast_to=object``: its retries and errors without
+        its typed layer, a third less CPU per request (CPU the test thread shares)."""
+        if wire is not None:
+            return await client.post(path, content=wire, cast_to=object)
+        return await client.post(path, body=request.body(self.model), cast_to=object)
 
     def _bad_usage(self, which: str) -> None:
         self.breaker.note(
@@ -466,24 +427,24 @@ class BadReply(Exception):
 
 
 def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
     if isinstance(content, list):  # content parts
         return "".join(
             str(part.get("text", ""))
             for part in content
             if isinstance(part, dict) and part.get("type", "text") == "text"
         )
-    return ""
+    return content if isinstance(content, str) else ""
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def parse_reply(
     data: Any, *, chat: bool, on_bad_usage: Callable[[str], None] | None = None
 ) -> ModelResponse:
-    """A chat or text completion reply (JSON, already decoded) as a ModelResponse.
-
-    Token counts that are not counts are left out; ``on_bad_usage`` hears which.
-    """
+    """A chat or text completion reply (decoded JSON) as a ModelResponse; token counts that
+    are not counts are left out, and ``on_bad_usage`` hears which."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
         shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
         raise BadReply(f"the endpoint's reply has no choices: {shown}")
@@ -493,71 +454,44 @@ def parse_reply(
     choices.sort(key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0)
     completions = []
     for choice in choices:
-        finish = choice.get("finish_reason")
-        finish = finish if isinstance(finish, str) else None
-        if chat:
-            message = choice.get("message")
-            message = message if isinstance(message, dict) else {}
-            reasoning = message.get("reasoning_content") or message.get("reasoning")
-            if message.get("content") is None and not isinstance(reasoning, str):
-                raise BadReply(
-                    "the endpoint's reply has no answer (message content is null, no reasoning)"
-                )
-            completions.append(
-                Completion(
-                    text=_text(message.get("content")),
-                    finish_reason=finish,
-                    reasoning=reasoning if isinstance(reasoning, str) else None,
-                )
-            )
-        else:
+        finish = _str(choice.get("finish_reason"))
+        if not chat:
             if choice.get("text") is None:
                 raise BadReply("the endpoint's reply has no answer (text is null)")
             completions.append(Completion(text=_text(choice.get("text")), finish_reason=finish))
-    usage_dict, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
+            continue
+        message = choice.get("message")
+        message = message if isinstance(message, dict) else {}
+        reasoning = _str(message.get("reasoning_content") or message.get("reasoning"))
+        if message.get("content") is None and reasoning is None:
+            raise BadReply(
+                "the endpoint's reply has no answer (message content is null, no reasoning)"
+            )
+        completions.append(Completion(_text(message.get("content")), finish, reasoning))
+    usage, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
     if bad and on_bad_usage is not None:
         on_bad_usage(", ".join(bad))
-    reported = data.get("model")
-    fingerprint = data.get("system_fingerprint")
     return ModelResponse(
-        completions=completions,
-        usage=usage_dict,
-        model=reported if isinstance(reported, str) else None,
-        fingerprint=fingerprint if isinstance(fingerprint, str) else None,
-    )
-
-
-def _to_response(reply: Any, where: str) -> ModelResponse:
-    """Accept the shapes a user's callable may reasonably return."""
-    if isinstance(reply, ModelResponse):
-        return reply
-    if isinstance(reply, str | Completion):
-        reply = [reply]
-    if isinstance(reply, list | tuple) and all(isinstance(x, str | Completion) for x in reply):
-        return ModelResponse(
-            completions=[x if isinstance(x, Completion) else Completion(text=x) for x in reply]
-        )
-    raise TypeError(
-        f"{where} returned {type(reply).__name__}; expected a str, a list of str, "
-        "a Completion or a ModelResponse"
+        completions,
+        usage,
+        _str(data.get("model")),
+        fingerprint=_str(data.get("system_fingerprint")),
     )
 
 
 class CallableClient:
-    """A user's Python callable (sync runs in a thread pool, async on the loop)."""
+    """A user's Python callable (sync runs in a thread pool, async on the loop). Its answers
+    are never cached across runs: its code may change between them."""
 
-    persistent_cache = False  # the callable's code may change between runs: never reuse answers
+    persistent_cache = False
 
     def __init__(self, fn: ModelCallable, *, concurrency: int, model: str | None = None) -> None:
         self.fn = fn
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         module = getattr(fn, "__module__", None) or ""
         # what a person reads: the dotted path to the function, without ``<locals>``
-        dotted = ".".join(
-            part for part in f"{module}.{name}".split(".") if part and part != "<locals>"
-        )
-        self.endpoint = f"callable:{dotted}"
-        self.model = model or dotted
+        dotted = ".".join(p for p in f"{module}.{name}".split(".") if p and p != "<locals>")
+        self.endpoint, self.model = f"callable:{dotted}", model or dotted
         self._pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="gsm8k")
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
@@ -567,11 +501,19 @@ class CallableClient:
         if self._is_async:
             reply: Any = await self.fn(request)  # type: ignore[misc]
         else:
-            loop = asyncio.get_running_loop()
-            reply = await loop.run_in_executor(self._pool, self.fn, request)
+            reply = await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, request)
             if inspect.isawaitable(reply):
                 reply = await reply
-        return _to_response(reply, f"gsm8k_model {self.endpoint}")
+        if isinstance(reply, ModelResponse):
+            return reply
+        if isinstance(reply, str | Completion):
+            reply = [reply]
+        if isinstance(reply, list | tuple) and all(isinstance(x, str | Completion) for x in reply):
+            return ModelResponse([x if isinstance(x, Completion) else Completion(x) for x in reply])
+        raise TypeError(
+            f"gsm8k_model {self.endpoint} returned {type(reply).__name__}; expected a str, a "
+            "list of str, a Completion or a ModelResponse"
+        )
 
     async def aclose(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -17,83 +17,59 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import threading
 import time
 from typing import Any
 
 from pytest_gsm8k.core.retry import retry_delay, should_retry
-from pytest_gsm8k.core.types import ModelResponse, Request
+from pytest_gsm8k.core.types import Request
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Refused
 from pytest_gsm8k.runtime.client import (
     OpenAIClient,
     body_decoder,
     bounded_body,
-    env_proxy,
     note_long_retry_after,
-    parse_reply,
 )
 from pytest_gsm8k.runtime.failures import HTTPStatusFailure, WireFailure
-
-#: bytes read from the socket at a time (the decoder's own pieces are bounded separately)
-CHUNK = 1 << 16
 
 
 class WireClient(OpenAIClient):
     """:class:`OpenAIClient`'s construction, endpoint, cache identity and breaker; only the
     sending differs. A request without wire bytes goes as its JSON body."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._session: Any = None
-        self._session_lock = threading.Lock()
-        #: read from the environment once, not per request (ValueError: unusable)
-        self._proxy_url = env_proxy(
-            self.endpoint, "and the vllm preset's client (aiohttp) can use http:// proxies only"
+    via_aiohttp = True
+    _proxy_auth: Any = None  # the proxy as aiohttp takes it, made by warm()
+    _proxy_url: Any = None
+
+    def _build(self) -> Any:
+        """The aiohttp session (made on the engine's loop: aiohttp binds a session to it)."""
+        import aiohttp
+        from yarl import URL
+
+        headers = {"Content-Type": "application/json", "Accept-Encoding": ", ".join(ACCEPTED)}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        proxy = URL(self._proxy) if self._proxy is not None else None
+        if proxy is not None and proxy.user is not None:
+            self._proxy_auth = aiohttp.BasicAuth(proxy.user, proxy.password or "")
+        self._proxy_url = proxy and proxy.with_user(None)
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._concurrency),
+            headers=headers,
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=self._timeout),
+            # not trust_env: it reads ~/.netrc and the proxy variables again for every request
+            # (a thread each), and a netrc entry for the host makes every request with a key
+            # fail (Basic auth beside Bearer)
+            trust_env=False,
         )
-        self._proxy: Any = None  # as aiohttp takes it, and its credentials: made by warm()
-        self._proxy_auth: Any = None
 
-    def warm(self) -> Any:
-        """The aiohttp session, made now if it was not yet (on the engine's loop: aiohttp
-        binds a session to the loop it is made on)."""
-        with self._session_lock:
-            if self._session is None:
-                import aiohttp
-
-                headers = {
-                    "Content-Type": "application/json",
-                    "Accept-Encoding": ", ".join(ACCEPTED),
-                }
-                if self._api_key:
-                    headers["Authorization"] = f"Bearer {self._api_key}"
-                if self._proxy_url is not None:
-                    from yarl import URL
-
-                    proxy = URL(self._proxy_url)
-                    if proxy.user is not None:
-                        self._proxy_auth = aiohttp.BasicAuth(proxy.user, proxy.password or "")
-                    self._proxy = proxy.with_user(None)
-                self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=self._concurrency),
-                    headers=headers,
-                    auto_decompress=False,
-                    timeout=aiohttp.ClientTimeout(total=self._timeout),
-                    # not trust_env: it reads ~/.netrc and the proxy variables again for every
-                    # request (a thread each), and a netrc entry for the host makes every
-                    # request with a key fail (Basic auth beside Bearer)
-                    trust_env=False,
-                )
-            return self._session
-
-    async def complete(self, request: Request) -> ModelResponse:
+    async def _post(self, client: Any, path: str, wire: bytes | None, request: Request) -> Any:
         """One request, retried as the openai client would retry it."""
-        session = self._session if self._session is not None else self.warm()
-        path = "/chat/completions" if request.api == "chat" else "/completions"
-        body = request.wire if request.wire is not None else json.dumps(request.body(self.model))
-        payload, url, retries = body.encode("utf-8"), self.endpoint + path, 0
+        payload = wire if wire is not None else json.dumps(request.body(self.model)).encode()
+        retries = 0
         while True:
             try:
-                data = await self._once(session, url, payload)
+                return await self._once(client, self.endpoint + path, payload)
             except WireFailure as exc:
                 status, headers = exc.status_code, exc.headers
                 if (
@@ -104,8 +80,6 @@ class WireClient(OpenAIClient):
                     raise
                 await asyncio.sleep(retry_delay(retries, headers, time.time(), random.random))
                 retries += 1
-            else:
-                return parse_reply(data, chat=request.api == "chat", on_bad_usage=self._bad_usage)
 
     async def _once(self, session: Any, url: str, payload: bytes) -> Any:
         """One attempt: the decoded JSON of a 2xx reply, or a :class:`WireFailure`."""
@@ -113,17 +87,16 @@ class WireClient(OpenAIClient):
 
         try:
             async with session.post(
-                url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth
+                url, data=payload, proxy=self._proxy_url, proxy_auth=self._proxy_auth
             ) as response:
                 self.breaker.success()
                 status, headers = response.status, response.headers
-                if status in (429, 503):
-                    note_long_retry_after(self.breaker, status, headers)
+                note_long_retry_after(self.breaker, status, headers)
                 try:
                     decoder = body_decoder(
                         headers.getall("Content-Encoding", []), headers.get("Content-Length", "")
                     )
-                    chunks = response.content.iter_chunked(CHUNK)
+                    chunks = response.content.iter_chunked(1 << 16)
                     raw = b"".join([piece async for piece in bounded_body(decoder, chunks)])
                 except Refused as exc:
                     response.close()
@@ -141,7 +114,3 @@ class WireClient(OpenAIClient):
         if status >= 400:
             raise HTTPStatusFailure(status, data, url, dict(headers))
         return data
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
