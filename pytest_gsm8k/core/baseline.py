@@ -16,7 +16,14 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach, stability
+from pytest_gsm8k.core.calibrated import (
+    Evidence,
+    Pair,
+    difference,
+    evidence,
+    reach,
+    stability,
+)
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.records import OUTCOMES
@@ -424,10 +431,12 @@ def check(
     return stored.document
 
 
-def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
+def noise_block(
+    pairs: Sequence[Pair], alpha: float, seen: Evidence | None = None
+) -> dict[str, Any]:
     """The report's baseline block: what the noise-aware gate sees in the shared problems."""
     counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
-    seen = evidence(pairs)
+    seen = seen or evidence(pairs)
     can = reach(pairs, alpha)
     diff, low, high = difference(pairs)
     shared = len(pairs)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
+from pytest_gsm8k.core.calibrated import evidence
 from pytest_gsm8k.core.counts import Counts
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import (
@@ -437,7 +438,8 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     partial = document.get("partial")
     rule = specs.baseline
     pairs = bl.pairs(document, v.records)
-    seen = bl.noise_block(pairs, rule.alpha)
+    found = evidence(pairs)  # once: the gate, the rise warning and the block read it
+    seen = bl.noise_block(pairs, rule.alpha, found)
     block = {"path": shown, "partial": partial is not None, **cmp, **seen}
     v = replace(v, extra={**v.extra, "baseline": block})
     shared, missing, run_n = cmp["shared"], cmp["not_in_baseline"], len(set(v.selection.ids))
@@ -466,7 +468,7 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
         )
     notes.append(f"  {bl.noise_sentence(seen)}")
     notes.append(f"  {failing_words(pairs)}; p={seen['p_value']:.4g}")
-    rise = rule.rise(pairs)
+    rise = rule.rise(pairs, found)
     if rise is not None:
         notes.append(f"  {rise}")
     where_all = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
@@ -491,7 +493,7 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
             f"{uncovered}; --gsm8k-require-baseline needs every problem of the run in it: "
             "record a baseline of the whole selection with --snapshot-update",
         )
-    return replace(v, gates=(*v.gates, rule.verdict(pairs)))
+    return replace(v, gates=(*v.gates, rule.verdict(pairs, found)))
 
 
 def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
