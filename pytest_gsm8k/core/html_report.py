@@ -20,6 +20,7 @@ from importlib import resources
 from string import Template
 from typing import Any, TypeGuard
 
+from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.render import model_words, subset_words, tokens_words
@@ -281,7 +282,6 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
     low, high = [*(base.get("difference_ci95") or []), 0.0, 0.0][:2]
     failing = len(_ids(base, "newly_failing"))
     runs = (base.get("repeats") or {}).get("baseline", 1)
-    stable, drop = base.get("stability") or {}, base.get("detectable_drop") or {}
     items = [
         ("file", str(base.get("path", ""))),
         ("gate", f"{gate.get('rule')}: {gate.get('detail')}" if gate is not None else ""),
@@ -293,25 +293,13 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
         ("McNemar", f"one-sided p = {v['mcnemar_p']:.4g}"),
         ("flips", f"{failing} newly failing, {len(_ids(base, 'newly_passing'))} newly passing"),
     ]
+    if "detectable_drop" in base:  # the terminal's own sentence: never a claim of its own
+        p = f"p = {v['p_value']:.4g} at alpha {_value(base.get('alpha'))}"
+        items.append(("noise-aware", f"{p}; {noise_sentence(base)}"))
     if "stable_flips" in base and runs > 1:
-        items += [
-            (
-                "noise-aware",
-                f"p = {v['p_value']:.4g} at alpha {_value(base.get('alpha'))}; detects a drop "
-                f"of {float(drop.get('points') or 0):.1f} points or more "
-                f"({_value(drop.get('problems'))} problems, 80% power)",
-            ),
-            (
-                "baseline noise",
-                f"{runs} runs per problem: {stable.get('stable_correct', 0)} stable-correct, "
-                f"{stable.get('stable_wrong', 0)} stable-wrong, {stable.get('noisy', 0)} noisy",
-            ),
-            (
-                "failing now",
-                f"{failing} newly failing: {len(_ids(base, 'stable_flips'))} stable (listed "
-                f"first), {len(_ids(base, 'noisy_failing'))} noisy",
-            ),
-        ]
+        stable_flips, noisy = len(_ids(base, "stable_flips")), len(_ids(base, "noisy_failing"))
+        said = f"{failing} newly failing: {stable_flips} stable (listed first), {noisy} noisy"
+        items.append(("failing now", said))
     title = f"{_e(config)}: against its baseline" if config else "Against the baseline"
     badge = f" {_badge(gate.get('passed'))}" if gate is not None else ""
     return _card(title + badge, _dl(items), " baseline")
