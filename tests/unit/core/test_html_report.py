@@ -293,7 +293,7 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
 
 def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_gate_sees() -> None:
     records = [_record(i, o) for i, o in enumerate(["wrong", "wrong", "wrong", "correct"])]
-    baseline = {
+    baseline: dict[str, Any] = {
         "path": "b.gsm8k",
         "shared": 4,
         "newly_failing": ["test-0000", "test-0001", "test-0002"],
