@@ -94,7 +94,7 @@ def render_html(
     records = list(report.get("problems") or [])
     change: dict[str, str] = {}
     rank: dict[str, int] = {}
-    given: dict[str, str] = {}
+    given: dict[str, str] = {}  # the baseline's outcome of each problem
     for config, base, _ in comparisons:
         failing, passing = _ids(base, "newly_failing"), _ids(base, "newly_passing")
         change |= dict.fromkeys(passing, "passing") | dict.fromkeys(failing, "failing")
@@ -126,18 +126,15 @@ def render_html(
     label = (report.get("protocol") or {}).get("label", "")
     title = f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} ({label})"
     script = _asset("html_report.js")
-    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    # no ``</script>`` or ``<!--`` in the data: JSON.parse reads the escapes back as text
+    escaped = to_json(data, separators=(",", ":")).translate(_JSON_ESCAPES)
     page = _PAGE.substitute(
         title=_e(title),
-        digest=digest,
+        digest=base64.b64encode(hashlib.sha256(script.encode()).digest()).decode("ascii"),
         css=_asset("html_report.css"),
         header=_header(report, configs, comparisons),
         selects=_selects(report, configs, comparisons),
-        # no ``</script>`` or ``<!--`` in the data: JSON.parse reads the escapes back as text
-        data=to_json(data, separators=(",", ":"))
-        .replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026"),
+        data=escaped,
         script=script,
     )
     # text UTF-8 cannot encode (a lone surrogate from a reply) shows as its escape; in the
@@ -149,8 +146,7 @@ def _name(config: Mapping[str, Any]) -> str:
     return str((config.get("config") or {}).get("name", ""))
 
 
-def _config_of(pid: object) -> str:
-    """The config a problem id belongs to (``Qwen3:test-0042``); "" outside --gsm8k-config."""
+def _config_of(pid: object) -> str:  # Qwen3:test-0042 -> Qwen3; "" outside --gsm8k-config
     return str(pid).rpartition(":")[0]
 
 
@@ -158,14 +154,12 @@ def _ids(base: Mapping[str, Any], key: str) -> list[str]:
     return [str(i) for i in base.get(key) or []]
 
 
-def _baseline_gate(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """A run's or a config's baseline gate (``baseline``, or ``<config>:baseline``)."""
+def _baseline_gate(run: Mapping[str, Any]) -> Mapping[str, Any] | None:  # or <config>:baseline
     gates = run.get("gates") or []
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
 
 
-def _compared(base: object) -> TypeGuard[Mapping[str, Any]]:
-    """A baseline block of a comparison (not of a baseline just written)."""
+def _compared(base: object) -> TypeGuard[Mapping[str, Any]]:  # not a baseline just written
     return isinstance(base, Mapping) and "shared" in base
 
 
@@ -341,11 +335,9 @@ def _accuracy_card(report: Mapping[str, Any], comparisons: list[_Comparison]) ->
     step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2) if (hi - lo) / s <= 10.001)
     svg = f'<svg viewBox="0 0 560 112" role="img" class="chart" aria-label="accuracy {acc:.4f}">'
     svg += '<line x1="20" x2="540" y1="80" y2="80" class="axis"/>'
-    for tick in (round(lo + i * step, 6) for i in range(int((hi - lo) / step + 1e-9) + 1)):
-        svg += (
-            f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="80" y2="85" class="axis"/>'
-            f'<text x="{x(tick):.1f}" y="98" class="tick">{tick:.2f}</text>'
-        )
+    for t in (round(lo + i * step, 6) for i in range(int((hi - lo) / step + 1e-9) + 1)):
+        svg += f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="80" y2="85" class="axis"/>'
+        svg += f'<text x="{x(t):.1f}" y="98" class="tick">{t:.2f}</text>'
     svg += (
         f'<rect x="{x(low):.1f}" y="26" width="{max(1.0, x(high) - x(low)):.1f}" height="14" '
         f'rx="3" class="ci"><title>Wilson 95% interval {low:.4f}-{high:.4f}</title></rect>'
@@ -432,6 +424,7 @@ def _selects(
     return selects
 
 
+_JSON_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&"}
 _EARLY = ("mode", "alpha", "decided_after")
 _BASE_NUMBERS = ("baseline_accuracy", "current_accuracy", "difference", "mcnemar_p", "p_value")
 _SETTINGS = ("temperature", "max_tokens", "api", "extractor", "preset")

@@ -191,18 +191,16 @@ def score_repeats(
 
 def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:
     """One problem's record from its ``--gsm8k-repeats K`` records: the repeat of the most
-    common outcome (a tie to the first), so every reader sees one answer as given, plus
-    the K outcomes (``repeats``), the correct count and the summed tokens and cache hits.
-    A single record comes back unchanged."""
+    common outcome (a tie to the first), so every reader sees one answer as given, plus the
+    K outcomes, the correct count and the summed tokens and cache hits."""
     if not records:
         raise ValueError("no record to combine")
     if len(records) == 1:
         return records[0]
     outcomes = [r["outcome"] for r in records]
     top = Counter(outcomes).most_common(1)[0][1]
-    combined = cast(
-        ProblemRecord, dict(next(r for r in records if outcomes.count(r["outcome"]) == top))
-    )
+    chosen = next(r for r in records if outcomes.count(r["outcome"]) == top)
+    combined = cast(ProblemRecord, dict(chosen))
     usage: Counter[str] = Counter()
     for record in records:
         usage.update(record.get("usage") or {})

@@ -229,7 +229,8 @@ class Tally:
                 model=config.model_name,
                 endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
                 floor=planned.floor,
-                extra={"config": scrub.obj(block)} | ({"served": served} if served else {}),
+                extra={"config": scrub.obj(block)}
+                | ({"served": served} if served is not None else {}),
             )
             had = [p.id for p in planned.problems if p.id in ids and p.id in self.records]
             found = {pid: self.records[pid] for pid in had}

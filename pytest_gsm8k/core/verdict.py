@@ -126,10 +126,6 @@ class GroupVerdict:
     configs: tuple[GroupVerdict, ...] = ()
 
     @property
-    def label(self) -> str:
-        return self.group.label
-
-    @property
     def model(self) -> str:
         return self.group.model
 
@@ -268,9 +264,13 @@ class GroupVerdict:
         if self.configs:
             return self.matrix_headline()
         errors, (low, high) = self.counts()["error"], self.interval()
-        line = f"gsm8k acc ({self.label}) = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
+        line = (
+            f"gsm8k acc ({self.group.label}) = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
+        )
         if not self.answered:
-            line = f"gsm8k acc ({self.label}): no answers" + (f": {errors} errors" * bool(errors))
+            line = f"gsm8k acc ({self.group.label}): no answers" + (
+                f": {errors} errors" * bool(errors)
+            )
         line += f"  n={self.n}"
         split = self.group.dataset.get("split")
         if split != "test":
@@ -293,7 +293,7 @@ class GroupVerdict:
             "rules": self.rule_accuracy(),
             "format_failures": self.format_failures(),
             "pass_at_k": self.pass_at(),
-            "protocol": {**self.group.protocol, "label": self.label},
+            "protocol": {**self.group.protocol, "label": self.group.label},
             "model": self.model,
             "reported_models": self.reported_models(),
             "endpoint": self.group.endpoint,
@@ -358,12 +358,9 @@ def decide(
 ) -> GroupVerdict:
     """One group's verdict (the rules in the module's order)."""
     extra: dict[str, Any] = dict(group.extra)
-    notes: list[str] = []
+    notes = []
     if selection.unreached:
-        notes.append(
-            f"  {selection.unreached} of the errors were not reached: the run stopped on the "
-            "endpoint failure (pytest counts them as skipped)"
-        )
+        notes.append(f"  {selection.unreached} of the errors were not reached: {_UNREACHED}")
     if early is not None:
         extra["early_stop"] = dict(early.record)
         said = early.headline
@@ -395,9 +392,8 @@ def decide(
     if not writing:
         v = replace(v, gates=_coverage(v, early is not None and early.stopped))
     # 7: resumed answers
-    if selection.resumed:
-        said = v.earlier_answers()
-        v = replace(v, gates=tuple(replace(g, detail=f"{g.detail}; {said}") for g in v.gates))
+    said = f"; {v.earlier_answers()}" if selection.resumed else ""
+    v = replace(v, gates=tuple(replace(g, detail=g.detail + said) for g in v.gates))
     # 8: a shard's gates wait for the merge
     if selection.shard is not None:
         wait = f"shard {selection.shard[0]} of {selection.shard[1]}: verdict at the merge"
@@ -412,15 +408,11 @@ def _early(gate: GateVerdict, early: EarlyOutcome, config: str, writing: bool) -
     key = FLOOR if gate.rule == FLOOR else gate.name
     if key not in early.verdicts or (writing and key == "baseline"):
         return gate
-    decided = early.verdicts[key]
+    decided, threshold = early.verdicts[key], None if key == "baseline" else gate.threshold
     moot = f"undecided: the {'config' if config else 'run'} stopped early on another gate's FAIL"
+    said = early.headline if decided is not None else moot
     return GateVerdict(
-        gate.name,
-        "early-stop",
-        decided != "FAIL",
-        early.headline if decided is not None else moot,
-        threshold=None if key == "baseline" else gate.threshold,
-        undecided=decided is None,
+        gate.name, "early-stop", decided != "FAIL", said, None, threshold, decided is None
     )
 
 
@@ -439,6 +431,7 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     return tuple(undecided(g, "; ".join(whys)) for g in v.gates) if whys else v.gates
 
 
+_UNREACHED = "the run stopped on the endpoint failure (pytest counts them as skipped)"
 _WHOLE = "a gate holds for the whole selection: run the whole selection"
 _WHOLE += " (a subset on purpose: --gsm8k-limit)"
 
@@ -586,22 +579,16 @@ def decide_run(
                 g if g.name.startswith(named) else replace(g, name=named + g.name) for g in d.gates
             ]
             decided[i] = replace(d, gates=tuple(gates))
+        both = tuple(g for d in decided for g in d.gates)
         ids = tuple(pid for d in decided for pid in d.selection.ids)
+        interrupted = any(i.selection.interrupted for i in inputs)
         selection = Selection(
-            ids,
-            interrupted=any(i.selection.interrupted for i in inputs),
-            resumed=any(i.selection.resumed for i in inputs),
+            ids, interrupted=interrupted, resumed=any(i.selection.resumed for i in inputs)
         )
-        verdict = GroupVerdict(
-            top,
-            tuple(r for d in decided for r in d.records),
-            selection,
-            gates=tuple(g for d in decided for g in d.gates),
-            extra={**top.extra, "not_run": list(not_run)},
-            configs=tuple(decided),
-        )
+        records = tuple(r for d in decided for r in d.records)
+        extra = {**top.extra, "not_run": list(not_run)}
+        verdict = GroupVerdict(top, records, selection, both, extra=extra, configs=tuple(decided))
     if times is not None:
-        started, finished, seconds = times
-        when = {"started_at": started, "finished_at": finished, "duration_s": seconds}
+        when = dict(zip(("started_at", "finished_at", "duration_s"), times, strict=True))
         verdict = replace(verdict, extra={**verdict.extra, **when})
     return RunVerdict(verdict, top is not None)
