@@ -159,24 +159,9 @@ def score_response(
 
 
 def error_record(problem: Problem, message: str) -> ProblemRecord:
-    """The record of a problem whose request failed."""
-    return {
-        "index": problem.index,
-        "id": problem.id,
-        "gold": format_number(problem.gold),
-        "outcome": "error",
-        "correct": False,
-        "extracted": None,
-        "rules": dict.fromkeys(RULES, False),
-        "n_samples": 0,
-        "n_correct": 0,
-        "response": "",
-        "samples": [],
-        "usage": {},
-        "cached": 0,
-        "model": None,
-        "error": message,
-    }
+    """The record of a problem whose request failed: an empty answer's, outcome ``error``."""
+    record = score_response(problem, ModelResponse(completions=[]), Protocol())
+    return {**record, "outcome": "error", "error": message}
 
 
 def score_repeats(
