@@ -87,11 +87,7 @@ def _repository_path(path: str) -> str:
 
 
 def problem_list(
-    title: str,
-    ids: Sequence[str],
-    questions: Mapping[str, str],
-    rest: str,
-    listed: int = LISTED,
+    title: str, ids: Sequence[str], questions: Mapping[str, str], rest: str, listed: int = LISTED
 ) -> list[str]:
     """``**title (N):**`` and a bullet per problem (id, its question's start), at most
     ``listed``; ``rest`` says where the others are."""

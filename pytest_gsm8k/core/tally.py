@@ -176,17 +176,10 @@ class Tally:
                 resumed=settings.resume,
                 shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
             )
-            baseline = None
+            baseline, s = None, settings
             if stored is not None:
-                named = bool(settings.baseline or settings.baseline_name)
-                baseline = BaselineInput(
-                    stored,
-                    tuple(whole),
-                    plan.update_baseline,
-                    settings.baseline_partial,
-                    named,
-                    settings.repeats,
-                )
+                rules = (s.baseline_partial, bool(s.baseline or s.baseline_name), s.repeats)
+                baseline = BaselineInput(stored, tuple(whole), plan.update_baseline, *rules)
             early = _early(self.early.get(g.name), g.name in self.stopped)
             return GroupInput(g, tuple(found.values()), selection, baseline, early)
 
