@@ -14,7 +14,14 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.calibrated import Pair, difference, evidence, reach, stability
+from pytest_gsm8k.core.calibrated import (
+    Evidence,
+    Pair,
+    difference,
+    evidence,
+    reach,
+    stability,
+)
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.records import OUTCOMES
@@ -390,10 +397,12 @@ def check(
     return stored.document
 
 
-def noise_block(pairs: Sequence[Pair], alpha: float) -> dict[str, Any]:
+def noise_block(
+    pairs: Sequence[Pair], alpha: float, seen: Evidence | None = None
+) -> dict[str, Any]:
     """The report's baseline block: what the noise-aware gate sees in the shared problems."""
     counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
-    seen, can, (diff, low, high) = evidence(pairs), reach(pairs, alpha), difference(pairs)
+    seen, can, (diff, low, high) = seen or evidence(pairs), reach(pairs, alpha), difference(pairs)
     shared = len(pairs) or 1  # the means of no pair are 0
     runs = max((p.base_runs for p in pairs), default=1)
     now_runs = max((p.now_runs for p in pairs), default=1)

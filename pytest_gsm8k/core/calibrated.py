@@ -281,12 +281,8 @@ def _mcnemar(pairs: Sequence[Pair]) -> bool:
 
 
 def evidence(pairs: Sequence[Pair]) -> Evidence:
-    return _evidence(tuple(pairs))
-
-
-@lru_cache(maxsize=8)
-def _evidence(pairs: tuple[Pair, ...]) -> Evidence:
-    """Cached: the gate, the report's block and the rise warning ask about the same pairs."""
+    """Both statistics' exact conditional p-values (see docs/baselines.md). Not cached:
+    the verdict step computes it once per group and hands it to each reader."""
     drop, rise = rate_p_values(pairs)
     if _mcnemar(pairs):
         return Evidence(drop, drop, rise, mcnemar=True)

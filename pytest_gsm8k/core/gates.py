@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar, Literal, cast
 
-from pytest_gsm8k.core.calibrated import Pair, difference, evidence, p_value
+from pytest_gsm8k.core.calibrated import Evidence, Pair, difference, evidence, p_value
 from pytest_gsm8k.core.records import GateRecord, Outcome
 from pytest_gsm8k.core.scrub import printable
 
@@ -292,8 +292,8 @@ class NoiseAware:
     def _fails(self, p: float, drop: float) -> bool:
         return p < self.alpha and drop > self.max_drop + DROP_TOLERANCE
 
-    def verdict(self, pairs: Sequence[Pair]) -> GateVerdict:
-        seen = evidence(pairs)
+    def verdict(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> GateVerdict:
+        seen = seen or evidence(pairs)
         p, drop = seen.p, _drop(pairs)
         runs = max((x.base_runs for x in pairs), default=1)
         how = (
@@ -313,10 +313,10 @@ class NoiseAware:
         why = self.cannot_fail(pairs) if passed else None
         return verdict if why is None else undecided(verdict, why)
 
-    def rise(self, pairs: Sequence[Pair]) -> str | None:
+    def rise(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> str | None:
         """The warning for a rise noise cannot explain, or None: never a FAIL, but more often
         a changed measurement than a better model."""
-        p = evidence(pairs).rise
+        p = (seen or evidence(pairs)).rise
         if p >= self.alpha:
             return None
         return (

@@ -1,10 +1,6 @@
-"""The run's report as one self-contained HTML page: a view of the JSON report
-(``RunVerdict.to_json()``) for a person reviewing a release, opened from disk or a CI artifact
-(docs/report.md). Pure: it reads the report dict and its two assets (``html_report.css``,
-``html_report.js``). Every text from outside is one printable line (as on the terminal),
-HTML-escaped; the problems travel as JSON with ``<``, ``>`` and ``&`` escaped, and the page's
-script writes them with ``textContent`` only.
-"""
+"""The JSON report as one self-contained HTML page (docs/report.md). Pure. Text from outside
+is one printable line, HTML-escaped; the problems travel as JSON with ``<``, ``>`` and ``&``
+escaped, and the page's script writes them with ``textContent`` only."""
 
 from __future__ import annotations
 
@@ -20,14 +16,13 @@ from importlib import resources
 from string import Template
 from typing import Any, TypeGuard
 
+from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.records import OUTCOMES
-from pytest_gsm8k.core.render import model_words, subset_words, tokens_words
+from pytest_gsm8k.core.render import model_words, stopped, subset_words, tokens_words
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.verdict import shared_words
-
-__all__ = ["ProblemText", "outcomes_from_baseline", "problem_texts", "render_html"]
 
 _CALC = re.compile(r"<<[^<>]*>>")
 #: a problem's place in the list is the first of these lists that holds it (then unchanged,
@@ -99,7 +94,7 @@ def render_html(
     records = list(report.get("problems") or [])
     change: dict[str, str] = {}
     rank: dict[str, int] = {}
-    given: dict[str, str] = {}
+    given: dict[str, str] = {}  # the baseline's outcome of each problem
     for config, base, _ in comparisons:
         failing, passing = _ids(base, "newly_failing"), _ids(base, "newly_passing")
         change |= dict.fromkeys(passing, "passing") | dict.fromkeys(failing, "failing")
@@ -131,18 +126,15 @@ def render_html(
     label = (report.get("protocol") or {}).get("label", "")
     title = f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} ({label})"
     script = _asset("html_report.js")
-    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    # no ``</script>`` or ``<!--`` in the data: JSON.parse reads the escapes back as text
+    escaped = to_json(data, separators=(",", ":")).translate(_JSON_ESCAPES)
     page = _PAGE.substitute(
         title=_e(title),
-        digest=digest,
+        digest=base64.b64encode(hashlib.sha256(script.encode()).digest()).decode("ascii"),
         css=_asset("html_report.css"),
         header=_header(report, configs, comparisons),
         selects=_selects(report, configs, comparisons),
-        # no ``</script>`` or ``<!--`` in the data: JSON.parse reads the escapes back as text
-        data=to_json(data, separators=(",", ":"))
-        .replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026"),
+        data=escaped,
         script=script,
     )
     # text UTF-8 cannot encode (a lone surrogate from a reply) shows as its escape; in the
@@ -154,8 +146,7 @@ def _name(config: Mapping[str, Any]) -> str:
     return str((config.get("config") or {}).get("name", ""))
 
 
-def _config_of(pid: object) -> str:
-    """The config a problem id belongs to (``Qwen3:test-0042``); "" outside --gsm8k-config."""
+def _config_of(pid: object) -> str:  # Qwen3:test-0042 -> Qwen3; "" outside --gsm8k-config
     return str(pid).rpartition(":")[0]
 
 
@@ -163,14 +154,12 @@ def _ids(base: Mapping[str, Any], key: str) -> list[str]:
     return [str(i) for i in base.get(key) or []]
 
 
-def _baseline_gate(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """A run's or a config's baseline gate (``baseline``, or ``<config>:baseline``)."""
+def _baseline_gate(run: Mapping[str, Any]) -> Mapping[str, Any] | None:  # or <config>:baseline
     gates = run.get("gates") or []
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
 
 
-def _compared(base: object) -> TypeGuard[Mapping[str, Any]]:
-    """A baseline block of a comparison (not of a baseline just written)."""
+def _compared(base: object) -> TypeGuard[Mapping[str, Any]]:  # not a baseline just written
     return isinstance(base, Mapping) and "shared" in base
 
 
@@ -203,27 +192,23 @@ def _header(
     counts = {str(k): int(v) for k, v in (report.get("counts") or {}).items()}
     n, expected = int(report.get("n") or 0), int(report.get("expected") or 0)
     errors = counts.get("error", 0)
-    verdict = "FAIL" if errors or any(not g.get("passed") for g in gates) else "PASS"
-    verdict, cls = (verdict, verdict.lower()) if gates or errors else ("NO GATE", "none")
-    out = [f'<header><div class="top"><span class="verdict {cls}">{verdict}</span>']
+    word = "FAIL" if errors or any(not g.get("passed") for g in gates) else "PASS"
+    word, cls = (word, word.lower()) if gates or errors else ("NO GATE", "none")
+    out = [f'<header><div class="top"><span class="verdict {cls}">{word}</span>']
     out.append(f"<h1>{_e(report.get('headline'))}</h1></div>")
     early = report.get("early_stop") or {}
-    said = [f"{k.replace('_', ' ')} {_value(early[k])}" for k in _EARLY if k in early]
+    said = "; ".join(f"{k.replace('_', ' ')} {_value(early[k])}" for k in _EARLY if k in early)
     why = " (run interrupted)" if report.get("interrupted") or n >= expected else ""
+    incomplete = report.get("complete") is False or report.get("interrupted")
     banners = [
-        (
-            "warn",
-            f"INCOMPLETE: {n} of {expected} problems have a result{why}; every number here "
-            "covers only those.",
-            report.get("complete") is False or report.get("interrupted"),
-        ),
-        ("info", f"EARLY STOP: {'; '.join(said)}", early),
+        ("warn", f"INCOMPLETE: {n} of {expected} problems have a result{why}; {_ONLY}", incomplete),
+        ("info", f"EARLY STOP: {said}", early),
         ("warn", f"{errors} problem(s) ended in an error (no answer): the run fails.", errors),
     ]
-    out += [f'<p class="banner {cls}">{_e(text)}</p>' for cls, text, shown in banners if shown]
-    out.append('<section class="cards">')
+    out += [f'<p class="banner {c}">{_e(text)}</p>' for c, text, shown in banners if shown]
     rows = [(_badge(g.get("passed")), g.get("name"), g.get("detail")) for g in gates]
-    out.append(_card("Gates", _table(rows), " gates") if gates else _card("Gates", _NO_GATE))
+    shown = _card("Gates", _table(rows), " gates") if gates else _card("Gates", _NO_GATE)
+    out.append(f'<section class="cards">{shown}')
     out.append(_card("Run", _dl(_run_items(report))))
     base = report.get("baseline")
     if comparisons and not configs:
@@ -236,20 +221,17 @@ def _header(
     if configs:  # --gsm8k-config: each config's accuracy; the pooled counts mean nothing
         out += [_configs_card(configs), _outcome_card(counts)]
         if comparisons:  # each config against its own baseline, as a single run's card
-            out.append('</section><section class="cards">')
-            out += [_baseline_card(*c) for c in comparisons]
+            out += ['</section><section class="cards">', *(_baseline_card(*c) for c in comparisons)]
     else:
-        out += [_accuracy_card(report, comparisons), _outcome_card(counts)]
-        out.append(_pass_at_card(report.get("pass_at_k") or {}))
         gated = (report.get("protocol") or {}).get("extractor")
         rules = [
             (f"{rule}{' *' if rule == gated else ''}", _fmt(acc), _Raw(_METER.format(100 * acc)))
             for rule, acc in (report.get("rules") or {}).items()
         ]
         table = _table(rules, th=0).replace("<table>", '<table class="rules">')
-        failures = int(report.get("format_failures") or 0)
-        note = f'<p class="note">* gates; format failures: {failures}</p>'
-        out.append(_card("By extractor", table + note))
+        note = f'<p class="note">* gates; format failures: {report.get("format_failures") or 0}</p>'
+        out += [_accuracy_card(report, comparisons), _outcome_card(counts)]
+        out += [_pass_at_card(report.get("pass_at_k") or {}), _card("By extractor", table + note)]
     return "".join(out) + "</section></header><main>"
 
 
@@ -279,39 +261,23 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
     flips and, against a calibrated baseline, what the noise-aware gate sees."""
     v = {k: float(base.get(k) or 0) for k in _BASE_NUMBERS}
     low, high = [*(base.get("difference_ci95") or []), 0.0, 0.0][:2]
-    failing = len(_ids(base, "newly_failing"))
-    runs = (base.get("repeats") or {}).get("baseline", 1)
-    stable, drop = base.get("stability") or {}, base.get("detectable_drop") or {}
+    failing, passing = len(_ids(base, "newly_failing")), len(_ids(base, "newly_passing"))
+    before_now = f"{v['baseline_accuracy']:.4f} \u2192 {v['current_accuracy']:.4f}"
     items = [
         ("file", str(base.get("path", ""))),
         ("gate", f"{gate.get('rule')}: {gate.get('detail')}" if gate is not None else ""),
-        (
-            "accuracy",
-            f"{v['baseline_accuracy']:.4f} \u2192 {v['current_accuracy']:.4f} {shared_words(base)}",
-        ),
+        ("accuracy", f"{before_now} {shared_words(base)}"),
         ("paired diff", f"{v['difference']:+.4f} [95% CI {low:+.4f}, {high:+.4f}]"),
         ("McNemar", f"one-sided p = {v['mcnemar_p']:.4g}"),
-        ("flips", f"{failing} newly failing, {len(_ids(base, 'newly_passing'))} newly passing"),
+        ("flips", f"{failing} newly failing, {passing} newly passing"),
     ]
-    if "stable_flips" in base and runs > 1:
-        items += [
-            (
-                "noise-aware",
-                f"p = {v['p_value']:.4g} at alpha {_value(base.get('alpha'))}; detects a drop "
-                f"of {float(drop.get('points') or 0):.1f} points or more "
-                f"({_value(drop.get('problems'))} problems, 80% power)",
-            ),
-            (
-                "baseline noise",
-                f"{runs} runs per problem: {stable.get('stable_correct', 0)} stable-correct, "
-                f"{stable.get('stable_wrong', 0)} stable-wrong, {stable.get('noisy', 0)} noisy",
-            ),
-            (
-                "failing now",
-                f"{failing} newly failing: {len(_ids(base, 'stable_flips'))} stable (listed "
-                f"first), {len(_ids(base, 'noisy_failing'))} noisy",
-            ),
-        ]
+    if "detectable_drop" in base:  # the terminal's own sentence: never a claim of its own
+        p = f"p = {v['p_value']:.4g} at alpha {_value(base.get('alpha'))}"
+        items.append(("noise-aware", f"{p}; {noise_sentence(base)}"))
+    if "stable_flips" in base and (base.get("repeats") or {}).get("baseline", 1) > 1:
+        stable, noisy = len(_ids(base, "stable_flips")), len(_ids(base, "noisy_failing"))
+        said = f"{failing} newly failing: {stable} stable (listed first), {noisy} noisy"
+        items.append(("failing now", said))
     title = f"{_e(config)}: against its baseline" if config else "Against the baseline"
     badge = f" {_badge(gate.get('passed'))}" if gate is not None else ""
     return _card(title + badge, _dl(items), " baseline")
@@ -340,10 +306,8 @@ def _configs_card(configs: list[Mapping[str, Any]]) -> str:
         row += [accuracy if c.get("accuracy") is not None else "no answers"]
         row += [_fmt(floors[0]) if floors else "-", said or "none"]
         if early:
-            stop = c.get("early_stop") or {}
-            after, total = stop.get("decided_after"), stop.get("n_total")
-            stopped = isinstance(after, int) and isinstance(total, int) and after < total
-            row.append(f"after {after} of {total}" if stopped else "-")
+            stop = stopped(c.get("early_stop"))
+            row.append(f"after {stop[0]} of {stop[1]}" if stop else "-")
         rows.append([*row, (c.get("protocol") or {}).get("label", "")])
     title = "vLLM configs (accuracy &gt;= threshold - tolerance)"
     return _card(title, _table(rows, head=True), " full gates")
@@ -371,11 +335,9 @@ def _accuracy_card(report: Mapping[str, Any], comparisons: list[_Comparison]) ->
     step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2) if (hi - lo) / s <= 10.001)
     svg = f'<svg viewBox="0 0 560 112" role="img" class="chart" aria-label="accuracy {acc:.4f}">'
     svg += '<line x1="20" x2="540" y1="80" y2="80" class="axis"/>'
-    for tick in (round(lo + i * step, 6) for i in range(int((hi - lo) / step + 1e-9) + 1)):
-        svg += (
-            f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="80" y2="85" class="axis"/>'
-            f'<text x="{x(tick):.1f}" y="98" class="tick">{tick:.2f}</text>'
-        )
+    for t in (round(lo + i * step, 6) for i in range(int((hi - lo) / step + 1e-9) + 1)):
+        svg += f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="80" y2="85" class="axis"/>'
+        svg += f'<text x="{x(t):.1f}" y="98" class="tick">{t:.2f}</text>'
     svg += (
         f'<rect x="{x(low):.1f}" y="26" width="{max(1.0, x(high) - x(low)):.1f}" height="14" '
         f'rx="3" class="ci"><title>Wilson 95% interval {low:.4f}-{high:.4f}</title></rect>'
@@ -397,10 +359,9 @@ def _accuracy_card(report: Mapping[str, Any], comparisons: list[_Comparison]) ->
 
 def _outcome_card(counts: Mapping[str, int]) -> str:
     """Outcome counts as one stacked bar with a legend."""
-    total = sum(counts.values()) or 1
+    total, offset = sum(counts.values()) or 1, 0.0
     names = OUTCOMES  # each one's colour is the CSS's
     svg = '<svg viewBox="0 0 560 28" role="img" class="chart" aria-label="outcomes">'
-    offset = 0.0
     for name in (n for n in names if counts.get(n)):
         width = 560 * counts[name] / total
         svg += (
@@ -442,9 +403,8 @@ def _pass_at_card(pass_at: Mapping[str, Any]) -> str:
             f'</title></circle><text x="{x:.1f}" y="152" class="tick">{k}</text>'
             f'<text x="{x:.1f}" y="{y - 8:.1f}" class="label">{v:.3f}</text>'
         )
-    return _card(
-        "pass@k", svg + '<text x="192.0" y="168" class="tick">k</text></svg>', " chart-card"
-    )
+    svg += '<text x="192.0" y="168" class="tick">k</text></svg>'
+    return _card("pass@k", svg, " chart-card")
 
 
 def _selects(
@@ -454,24 +414,24 @@ def _selects(
     outcomes = [("all", f"all ({report.get('n')})"), ("notcorrect", "not correct")]
     selects = _select("outcome", outcomes + [(o, f"{o} ({counts.get(o, 0)})") for o in OUTCOMES])
     if comparisons:
-        failing = sum(len(_ids(base, "newly_failing")) for _, base, _ in comparisons)
-        passing = sum(len(_ids(base, "newly_passing")) for _, base, _ in comparisons)
-        changes = [
-            ("failing", f"newly failing ({failing})"),
-            ("passing", f"newly passing ({passing})"),
-        ]
-        selects += _select("change", [("all", "all"), *changes, ("same", "unchanged")])
+        changes = [("all", "all")]
+        for key in ("failing", "passing"):
+            flips = sum(len(_ids(base, f"newly_{key}")) for _, base, _ in comparisons)
+            changes.append((key, f"newly {key} ({flips})"))
+        selects += _select("change", [*changes, ("same", "unchanged")])
     if len(configs) > 1:
         selects += _select("config", [("all", "all"), *((_name(c), _name(c)) for c in configs)])
     return selects
 
 
+_JSON_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&"}
 _EARLY = ("mode", "alpha", "decided_after")
 _BASE_NUMBERS = ("baseline_accuracy", "current_accuracy", "difference", "mcnemar_p", "p_value")
 _SETTINGS = ("temperature", "max_tokens", "api", "extractor", "preset")
 _TIMES = ("started_at", "finished_at")
 _METER = '<span class="meter"><i style="width:{:.1f}%"></i></span>'
 _NO_GATE = '<p class="note">no gate was set</p>'
+_ONLY = "every number here covers only those."
 _W = " chart-card wide"
 
 

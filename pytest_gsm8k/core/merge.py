@@ -1,12 +1,6 @@
 """Shards of one run (``--gsm8k-shard I/N``, ``python -m pytest_gsm8k merge``). Pure.
-
-A shard is a stride slice of the run's selection (:func:`shard_slice`: every problem in one
-shard, each shard a spread over the run order), decides no gate, and carries in its report
-what the merge needs: its place, its ids and the run's plan (:func:`shard_record`).
-:func:`check_shards` accepts reports only as the shards of ONE run (same plan, every shard
-once, each exactly its slice, no problem twice); anything else is no verdict, one line
-naming which. See docs/design.md.
-"""
+A shard decides no gate; :func:`check_shards` accepts reports only as the shards of ONE run
+(same plan, every shard once, each exactly its slice), else one line naming why."""
 
 from __future__ import annotations
 
@@ -20,17 +14,6 @@ from pytest_gsm8k.core.types import stable_hash
 if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 
-__all__ = [
-    "MAX_SHARDS",
-    "Merged",
-    "ShardError",
-    "check_shards",
-    "interleave",
-    "plan_difference",
-    "planned_settings",
-    "shard_record",
-    "shard_slice",
-]
 
 _T = TypeVar("_T")
 
@@ -41,16 +24,13 @@ class ShardError(Exception):
 
 
 def shard_slice(items: Sequence[_T], index: int, count: int) -> tuple[_T, ...]:
-    """Shard ``index`` of ``count`` (1-based) of ``items``: every ``count``-th item from
-    the ``index``-th on. The shards partition ``items``, their sizes differ by at most
-    one, and each spreads over the whole order (not a block of it: the split's order
-    is not random, and a block of it would not be a representative mix)."""
+    """Every ``count``-th item from the ``index``-th (1-based): a stride, not a block, as
+    the split's order is not random and a block of it would not be a representative mix."""
     return tuple(items[index - 1 :: count])
 
 
 def interleave(slices: Sequence[Sequence[_T]]) -> list[_T] | None:
-    """The items whose :func:`shard_slice` of ``len(slices)`` are ``slices`` (shard 1 first),
-    or None when the slices' sizes are not those of a stride slicing."""
+    """The items whose :func:`shard_slice` are ``slices`` (shard 1 first), or None."""
     count = len(slices)
     total = sum(len(part) for part in slices)
     merged: list[_T | None] = [None] * total
@@ -95,14 +75,12 @@ PLANNED = tuple(_PLANNED.split())
 
 def shard_record(
     plan: RunPlan,
-    *,
     deselected: Sequence[str] = (),
     deselected_by: str = "",
     interrupted: bool = False,
 ) -> dict[str, Any]:
-    """The report's ``shard`` block of a shard's run (``plan.shard`` set): its place, its
-    ids, what of them it did not run (``deselected`` by ``deselected_by``; ``interrupted``),
-    and the run's plan."""
+    """The report's ``shard`` block: its place, its ids, what of them it did not run, and the
+    run's plan (``plan.shard`` set)."""
     shard = plan.shard
     assert shard is not None
     configs = [
@@ -137,8 +115,7 @@ def shard_record(
 
 
 def planned_settings(block: Mapping[str, Any], defaults: Settings) -> Settings:
-    """The settings a shard's plan block states, over ``defaults`` (lists back to tuples);
-    :class:`ShardError` when a value is not one an option gives."""
+    """The settings a shard's plan block states, over ``defaults``; else ShardError."""
     stored = block.get("settings")
     if not isinstance(stored, dict) or set(stored) != set(PLANNED):
         raise ShardError("corrupt shard plan (settings)")
@@ -155,8 +132,7 @@ def planned_settings(block: Mapping[str, Any], defaults: Settings) -> Settings:
 
 @dataclass(frozen=True)
 class Merged:
-    """Shards checked to be one run: the plan, the whole selection's ids in run order, and
-    every record (each problem once), shard by shard."""
+    """Shards checked to be one run: its plan, its selection in run order, every record."""
 
     count: int
     plan: Mapping[str, Any]
@@ -196,10 +172,8 @@ def plan_difference(a: Any, b: Any, at: str = "plan") -> str:
 
 
 def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
-    """The reports (``(where, report)``, each read and bounds-checked) as the shards of one
-    run, or :class:`ShardError` naming what is wrong: a report that is not a shard's,
-    shards of different runs (their plans or shard counts differ), a shard given twice or
-    missing, a shard whose ids are not the slice its plan implies, a problem twice."""
+    """The ``(where, report)`` pairs as the shards of one run, or :class:`ShardError` naming
+    what is wrong (not a shard, other runs, a shard twice or missing, a problem twice)."""
     if not reports:
         raise ShardError("merge: no shard report given")
     shards = [(where, *_shard_of(report, where), report) for where, report in reports]
@@ -218,21 +192,21 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
         if index in by_index:
             raise ShardError(f"shard {index} of {count} given twice: {by_index[index]} and {where}")
         by_index[index] = where
-    missing = [i for i in range(1, count + 1) if i not in by_index]
+    missing = [str(i) for i in range(1, count + 1) if i not in by_index]
     if missing:
-        names = ", ".join(str(i) for i in missing)
+        given = ", ".join(str(i) for i in sorted(by_index))
         raise ShardError(
-            f"shard{'s' if len(missing) > 1 else ''} {names} of {count} missing: no verdict "
-            f"on part of a run (given: {', '.join(str(i) for i in sorted(by_index))})"
+            f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of {count} missing: "
+            f"no verdict on part of a run (given: {given})"
         )
     shards.sort(key=lambda shard: shard[1])
     selection = interleave([ids for _, _, _, ids, _, _ in shards])
     wanted = plan.get("selection")
+    size = (len(selection), selection_hash(selection)) if selection is not None else None
     if (
         selection is None
         or not isinstance(wanted, dict)
-        or len(selection) != wanted.get("size")
-        or selection_hash(selection) != wanted.get("ids_hash")
+        or size != (wanted.get("size"), wanted.get("ids_hash"))
     ):
         raise ShardError(
             f"the shards' problems are not the slices of their plan's selection "
@@ -274,32 +248,17 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
 #: what each record holds, as the verdict and the outputs read it (report.schema.json's
 #: required fields): a shard's report is untrusted input, checked before anything reads it
 _NONE = type(None)
-RECORD_TYPES: dict[str, tuple[type, ...]] = {
-    "gold": (str,),
-    "extracted": (str, _NONE),
-    "rules": (dict,),
-    "n_samples": (int,),
-    "n_correct": (int,),
-    "response": (str,),
-    "samples": (list,),
-    "usage": (dict,),
-    "cached": (int,),
-    "model": (str, _NONE),
-    "error": (str, _NONE),
-}
-SAMPLE_TYPES: dict[str, tuple[type, ...]] = {
-    "text": (str,),
-    "finish_reason": (str, _NONE),
-    "extracted": (dict,),
-    "correct": (bool,),
-    "reasoning": (str, _NONE),
-    "truncated": (bool,),
-}
+RECORD_TYPES: dict[str, tuple[type, ...]] = {"rules": (dict,), "samples": (list,), "usage": (dict,)}
+RECORD_TYPES |= dict.fromkeys(("gold", "response"), (str,))
+RECORD_TYPES |= dict.fromkeys(("n_samples", "n_correct", "cached"), (int,))
+RECORD_TYPES |= dict.fromkeys(("extracted", "model", "error"), (str, _NONE))
+SAMPLE_TYPES: dict[str, tuple[type, ...]] = {"text": (str,), "extracted": (dict,)}
+SAMPLE_TYPES |= dict.fromkeys(("correct", "truncated"), (bool,))
+SAMPLE_TYPES |= dict.fromkeys(("finish_reason", "reasoning"), (str, _NONE))
 
 
 def _check_record(record: Mapping[str, Any], where: str) -> None:
-    """A record's fields beyond what compare's reader checked (id, index, outcome, correct,
-    repeats), with their types; ShardError naming the problem and the field."""
+    """A record's fields beyond what compare's reader checked, by type; else ShardError."""
     at = f"{where}: corrupt record of {str(record.get('id'))[:80]!r}"
 
     def typed(value: Mapping[str, Any], fields: Mapping[str, tuple[type, ...]]) -> None:
@@ -312,9 +271,8 @@ def _check_record(record: Mapping[str, Any], where: str) -> None:
         if not isinstance(sample, dict):
             raise ShardError(f"{at} (samples)")
         typed(sample, SAMPLE_TYPES)
-    if not all(isinstance(v, bool) for v in record["rules"].values()) or not all(
-        isinstance(v, int) and v >= 0 for v in record["usage"].values()
-    ):
+    rules = all(isinstance(v, bool) for v in record["rules"].values())
+    if not rules or not all(isinstance(v, int) and v >= 0 for v in record["usage"].values()):
         raise ShardError(f"{at} (rules or usage)")
 
 

@@ -1,8 +1,4 @@
-"""From a model response to one problem's outcome record (docs/report.md). Pure.
-
-The record is a JSON-able dict: it travels inside the pytest report (to the xdist
-controller) and lands unchanged in the JSON report, one shape everywhere.
-"""
+"""From a model response to one problem's outcome record (docs/report.md). Pure."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ def _outcome(correct: bool, cut: Sequence[bool], answer: object, samples: int) -
 def _decide(
     protocol: Protocol, scores: list[SampleScore], rule: str, gold: Decimal | None
 ) -> tuple[Decimal | None, bool, list[tuple[str, int]]]:
-    """The problem's answer under the protocol's aggregation, for one rule (only a majority
-    vote's winner needs a new comparison)."""
+    """The problem's answer under the protocol's aggregation, for one rule."""
     values = [s.extracted[rule] for s in scores]
     if protocol.name.startswith("maj@"):
         winner, votes = majority_vote(values)
@@ -50,8 +45,7 @@ def _decide(
         for score in scores:
             if score.correct[rule]:
                 return score.extracted[rule], True, []
-        first = next((v for v in values if v is not None), None)
-        return first, False, []
+        return next((v for v in values if v is not None), None), False, []
     if not scores:
         return None, False, []
     return values[0], scores[0].correct[rule], []
@@ -106,7 +100,6 @@ def score_response(
     pattern: re.Pattern[str] | None = None,
 ) -> ProblemRecord:
     """Score every sample with every rule, then decide the problem's outcome."""
-    # what each rule counts as right, the answer text read once (rule_gold's last-int)
     label = rule_gold("last-int", problem.answer, problem.gold)
     golds = {rule: label if rule == "last-int" else problem.gold for rule in RULES}
     scores = [score_text(c.text, problem.gold, pattern, label) for c in response.completions]
@@ -128,9 +121,6 @@ def score_response(
         correct = rules["strict-match"]
         shown = lm_eval_strict(text)
         outcome = _outcome(correct, truncated, shown, 1)
-    notes = []
-    if any(not c.text.strip() and c.reasoning for c in response.completions):
-        notes.append("empty content; the answer was only in reasoning_content")
     samples: list[SampleRecord] = [
         {
             "text": c.text,
@@ -163,30 +153,15 @@ def score_response(
     }
     if protocol.name.startswith("maj@"):
         record["votes"] = [list(v) for v in votes]
-    if notes:
-        record["note"] = "; ".join(notes)
+    if any(not c.text.strip() and c.reasoning for c in response.completions):
+        record["note"] = "empty content; the answer was only in reasoning_content"
     return record
 
 
 def error_record(problem: Problem, message: str) -> ProblemRecord:
-    """The record of a problem whose request failed."""
-    return {
-        "index": problem.index,
-        "id": problem.id,
-        "gold": format_number(problem.gold),
-        "outcome": "error",
-        "correct": False,
-        "extracted": None,
-        "rules": dict.fromkeys(RULES, False),
-        "n_samples": 0,
-        "n_correct": 0,
-        "response": "",
-        "samples": [],
-        "usage": {},
-        "cached": 0,
-        "model": None,
-        "error": message,
-    }
+    """The record of a problem whose request failed: an empty answer's, outcome ``error``."""
+    record = score_response(problem, ModelResponse(completions=[]), Protocol())
+    return {**record, "outcome": "error", "error": message}
 
 
 def score_repeats(
@@ -195,24 +170,21 @@ def score_repeats(
     protocol: Protocol,
     pattern: re.Pattern[str] | None = None,
 ) -> ProblemRecord:
-    """One problem's record from the answers to its ``--gsm8k-repeats`` asks (one without
-    repeats): each scored, then combined (:func:`combine_repeats`)."""
+    """One problem's record from its ``--gsm8k-repeats`` answers, each scored, combined."""
     return combine_repeats([score_response(problem, r, protocol, pattern) for r in responses])
 
 
 def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:
     """One problem's record from its ``--gsm8k-repeats K`` records: the repeat of the most
-    common outcome (a tie to the first), so every reader sees one answer as given, plus
-    the K outcomes (``repeats``), the correct count and the summed tokens and cache hits.
-    A single record comes back unchanged."""
+    common outcome (a tie to the first), so every reader sees one answer as given, plus the
+    K outcomes, the correct count and the summed tokens and cache hits."""
     if not records:
         raise ValueError("no record to combine")
     if len(records) == 1:
         return records[0]
     outcomes = [r["outcome"] for r in records]
-    counts = Counter(outcomes)
-    top = max(counts.values())
-    chosen = next(r for r in records if counts[r["outcome"]] == top)
+    top = Counter(outcomes).most_common(1)[0][1]
+    chosen = next(r for r in records if outcomes.count(r["outcome"]) == top)
     combined = cast(ProblemRecord, dict(chosen))
     usage: Counter[str] = Counter()
     for record in records:

@@ -1,16 +1,11 @@
-"""The shapes that travel: one problem's record and one sample in it. Pure.
-
-A record is a plain JSON-able dict (it rides the pytest report to the xdist
-controller and lands unchanged in the JSON report), typed here so that mypy
-checks every reader and writer of it. ``report.schema.json`` beside the package
-describes the whole JSON report; its ``schema`` field is :data:`REPORT_SCHEMA`.
-"""
+"""The shapes that travel, typed so mypy checks every reader and writer: a record rides the
+pytest report to the xdist controller and lands unchanged in the JSON report, which
+report.schema.json describes (its ``schema`` field is :data:`REPORT_SCHEMA`). Pure."""
 
 from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-#: version of the JSON report's shape (``"schema"`` field; report.schema.json)
 REPORT_SCHEMA = 2
 
 Outcome = Literal["correct", "wrong", "unparsed", "truncated", "error"]
@@ -19,62 +14,43 @@ OUTCOMES: tuple[Outcome, ...] = ("correct", "wrong", "unparsed", "truncated", "e
 
 
 class SampleRecord(TypedDict):
-    """One sample (one choice of one request) of a problem's answer."""
-
     text: str
     finish_reason: str | None
-    #: every rule's number (canonical text), None where the rule found none
     extracted: dict[str, str | None]
-    #: correct under the gating rule
-    correct: bool
+    correct: bool  # under the gating rule
     reasoning: str | None
     truncated: bool
 
 
 class _RecordExtras(TypedDict, total=False):
-    #: the endpoint that answered (credentials removed); set by the pytest layer
-    endpoint: str
-    #: maj@N: [number, votes] pairs, most votes first
-    votes: list[list[str | int | None]]
-    #: why the answer looks unusual (empty content, answer only in the reasoning)
-    note: str
-    #: the run stopped on this item's failure (the endpoint is gone)
-    aborted: bool
+    endpoint: str  # the endpoint that answered (credentials removed)
+    votes: list[list[str | int | None]]  # maj@N: [number, votes], most votes first
+    note: str  # why the answer looks unusual (empty content, answer only in the reasoning)
+    aborted: bool  # the run stopped on this item's failure (the endpoint is gone)
     #: --gsm8k-repeats K > 1: the K outcomes in ask order (the record is the most common one's)
     repeats: list[Outcome]
-    #: --gsm8k-repeats K > 1: how many of the K were correct
     repeats_correct: int
 
 
 class ProblemRecord(_RecordExtras):
-    """One problem's outcome: what every report, gate and page reads."""
-
     index: int
     id: str
     gold: str
     outcome: Outcome
     correct: bool
-    #: the problem-level answer under the gating rule (canonical number text)
-    extracted: str | None
-    #: correctness under every rule
+    extracted: str | None  # the problem's answer under the gating rule
     rules: dict[str, bool]
     n_samples: int
-    #: samples correct under the gating rule
-    n_correct: int
-    #: the first sample's text
-    response: str
+    n_correct: int  # samples correct under the gating rule
+    response: str  # the first sample's text
     samples: list[SampleRecord]
     usage: dict[str, int]
-    #: samples that came from the cache
-    cached: int
-    #: the model the server said answered
-    model: str | None
+    cached: int  # samples that came from the cache
+    model: str | None  # the model the server said answered
     error: str | None
 
 
 class GateRecord(TypedDict):
-    """One gate's verdict in the report (``GateVerdict.to_json``)."""
-
     name: str
     rule: str
     passed: bool
@@ -84,25 +60,16 @@ class GateRecord(TypedDict):
 
 
 class ReportExtras(TypedDict, total=False):
-    """Report fields present only for some runs."""
+    """Report fields present only for some runs (docs/report.md says each)."""
 
-    #: the baseline comparison, or where the baseline was written
     baseline: dict[str, object]
-    #: --gsm8k-early-stop: mode, alpha, decision, per-gate bounds
     early_stop: dict[str, object]
-    #: --gsm8k-serve: command, pid, base URL, model, startup seconds
     served: dict[str, object]
-    #: --gsm8k-model=local: the llama.cpp server
     local_server: dict[str, object]
-    #: --gsm8k-config: the vLLM config of a config's report (its fields as given)
     config: dict[str, object]
-    #: --gsm8k-config: each config's own report (the top level counts them all together)
-    configs: list[dict[str, object]]
-    #: --gsm8k-config: the configs deselected whole (-k, -m): never run, no verdict of theirs
-    not_run: list[str]
-    #: --gsm8k-repeats K > 1: K, the answers, and the mean accuracy over every answer
+    configs: list[dict[str, object]]  # each config's own report; the top counts them all
+    not_run: list[str]  # configs deselected whole (-k, -m): never run, no verdict of theirs
     repeats: dict[str, object]
-    #: --gsm8k-shard: this shard's place, its problem ids and the run's plan, for the merge
     shard: dict[str, object]
     started_at: str
     finished_at: str
@@ -114,8 +81,7 @@ class Report(ReportExtras):
 
     schema: int
     headline: str
-    #: None when no problem was answered (every record an error): accuracy is undefined
-    accuracy: float | None
+    accuracy: float | None  # None when no problem was answered: undefined, not 0
     correct: int
     n: int
     expected: int
@@ -133,7 +99,6 @@ class Report(ReportExtras):
     subset: dict[str, object]
     tokens: dict[str, int]
     from_cache: int
-    #: --gsm8k-resume: answers of earlier runs were read from the cache (``from_cache`` of them)
-    resumed: bool
+    resumed: bool  # --gsm8k-resume: ``from_cache`` answers came from earlier runs
     gates: list[GateRecord]
     problems: list[ProblemRecord]

@@ -1,8 +1,6 @@
 """Every view of a verdict for people: the terminal block, a matrix's verdict table, and the
-Markdown pieces the step summary and ``compare`` share (so both read the same in a pull
-request). Pure, and nothing is decided here: every word and number is the verdict's. Text from
-outside goes through ``printable`` (terminal) or ``md_text``/``md_code`` (Markdown).
-"""
+Markdown the step summary and ``compare`` share. Pure; nothing is decided here. Text from
+outside goes through ``printable`` (terminal) or ``md_text``/``md_code`` (Markdown)."""
 
 from __future__ import annotations
 
@@ -11,33 +9,16 @@ from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, cast
 
 from pytest_gsm8k.core.dataset import describe_subset
+from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
 from pytest_gsm8k.core.scrub import md_code, md_text, printable
 from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, shared_words
 
-__all__ = [
-    "LISTED",
-    "MAX_BYTES",
-    "QUESTION_CHARS",
-    "against_baseline",
-    "cell_code",
-    "fit",
-    "gate_table",
-    "markdown",
-    "problem_list",
-    "styled_lines",
-]
-
-#: problems a list shows before it says how many more there are
-LISTED = 50
-#: characters of a question shown beside its id
+LISTED = 50  # problems a list shows before it says how many more there are
 QUESTION_CHARS = 100
-#: bytes a summary may take: GitHub shows a step's summary only up to 1 MiB (a larger one
-#: is an error annotation and no summary at all); the rest is left for what else the job
-#: appends to the same file
+#: GitHub shows no step summary at all past 1 MiB; the rest is left for the job's other lines
 MAX_BYTES = 800_000
-#: list lengths tried, longest first, until the summary fits (many configs' lists add up)
-_LENGTHS = (LISTED, 20, 5, 0)
+_LENGTHS = (LISTED, 20, 5, 0)  # list lengths tried, longest first, until the summary fits
 
 
 def cell_code(text: str) -> str:
@@ -47,22 +28,16 @@ def cell_code(text: str) -> str:
 
 
 def gate_table(gates: Sequence[GateVerdict]) -> list[str]:
-    """The gates as a table (``| gate | result | detail |``) and a blank line; nothing
-    when there is no gate."""
-    if not gates:
-        return []
-    lines = ["| gate | result | detail |", "| --- | --- | --- |"]
-    lines += [f"| {md_text(g.name)} | {g.word} | {md_text(g.detail)} |" for g in gates]
-    return [*lines, ""]
+    """The gates as a table and a blank line; nothing when there is no gate."""
+    rows = [f"| {md_text(g.name)} | {g.word} | {md_text(g.detail)} |" for g in gates]
+    return ["| gate | result | detail |", "| --- | --- | --- |", *rows, ""] if gates else []
 
 
 def against_baseline(
     base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
-    """A report's baseline block (a run's, or a ``config``'s: then named in each title): both
-    accuracies with their intervals, the difference and the flips in the terminal's words,
-    then the newly failing (stable flips first) and newly passing problems, each list at most
-    ``listed`` long. A baseline written is one line; nothing when nothing was compared."""
+    """A report's baseline block (a ``config``'s: named in each title): both accuracies, the
+    difference and flips in the terminal's words, then the lists of flips."""
     path = md_code(_repository_path(str(base.get("path", ""))))
     if base.get("written"):
         return [f"Baseline written: {path}.", ""]
@@ -83,22 +58,12 @@ def against_baseline(
     said = f"{points_words(base['difference'], *base['difference_ci95'])}; " + flip_words(
         len(failing), len(passing), len(stable), runs
     )
-    lines = [
-        f"**{title('against its baseline' if config else 'against the baseline')}** {path}, "
-        f"{md_text(where)}:",
-        "",
-        "| | accuracy | 95% CI |",
-        "| --- | --- | --- |",
-    ]
-    for side, accuracy, (low, high) in (
-        (
-            f"baseline ({runs} runs per problem)" if runs > 1 else "baseline",
-            base["baseline_accuracy"],
-            base["baseline_ci95"],
-        ),
-        ("this run", base["current_accuracy"], base["current_ci95"]),
-    ):
-        lines.append(f"| {side} | {accuracy:.4f} | {low:.4f}-{high:.4f} |")
+    heading = title("against its baseline" if config else "against the baseline")
+    lines = [f"**{heading}** {path}, {md_text(where)}:", "", "| | accuracy | 95% CI |"]
+    lines.append("| --- | --- | --- |")
+    for side, key in ((f"baseline ({runs} runs per problem)", "baseline"), ("this run", "current")):
+        (low, high), side = base[f"{key}_ci95"], side if runs > 1 else side.split(" (")[0]
+        lines.append(f"| {side} | {base[f'{key}_accuracy']:.4f} | {low:.4f}-{high:.4f} |")
     lines += ["", md_text(said[0].upper() + said[1:] + "."), ""]
     rest = "see the JSON report"
     if runs > 1:
@@ -115,21 +80,16 @@ def against_baseline(
 
 
 def _repository_path(path: str) -> str:
-    """A path as the report holds it (relative to the repository when inside it), or the
-    file's name for a path of this machine (a reader elsewhere cannot open it)."""
+    """A path relative to the repository as it is; of this machine, only its file's name."""
     if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
         return PurePosixPath(path.replace("\\", "/")).name
     return path
 
 
 def problem_list(
-    title: str,
-    ids: Sequence[str],
-    questions: Mapping[str, str],
-    rest: str,
-    listed: int = LISTED,
+    title: str, ids: Sequence[str], questions: Mapping[str, str], rest: str, listed: int = LISTED
 ) -> list[str]:
-    """``**title (N):**`` and one bullet per problem (id, start of its question), at most
+    """``**title (N):**`` and a bullet per problem (id, its question's start), at most
     ``listed``; ``rest`` says where the others are."""
     if not ids:
         return []
@@ -146,8 +106,8 @@ def problem_list(
 
 
 def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
-    """``build(listed)`` with the longest lists within ``limit`` bytes (GitHub shows no
-    summary at all above its bound); else its head, cut at a line, and a line saying so."""
+    """``build(listed)`` with the longest lists within ``limit`` bytes; else its head, cut at a
+    line, and a line saying so."""
     text = ""
     for listed in _LENGTHS:
         text = build(listed)
@@ -200,19 +160,14 @@ def verdict_table(configs: Sequence[GroupVerdict]) -> list[str]:
     head = ("config", "model", "n", "accuracy", "floor", "baseline")
     rows: list[list[str]] = [[*head, *(["stopped"] if early else []), "verdict"]]
     for c in configs:
-        gate = c.floor_gate()
-        floor = gate.threshold if gate is not None else None
-        stopped = c.stopped_after()
-        row = [
-            c.group.name,
-            c.model,
-            str(c.n),
-            f"{c.accuracy:.4f}" if c.answered else "-",
-            f"{floor:.4f}" if floor is not None else "-",
-            c.baseline_word(),
-        ]
-        if early:
-            row.append(f"{stopped[0]}/{stopped[1]}" if stopped else "-")
+        floor = next((g.threshold for g in c.gates if g.name.endswith(f":{FLOOR}")), None)
+        base = next((g.word for g in c.gates if g.name.rpartition(":")[2] == "baseline"), None)
+        written = (c.extra.get("baseline") or {}).get("written")
+        stop = stopped(c.extra.get("early_stop"))
+        row = [c.group.name, c.model, str(c.n), f"{c.accuracy:.4f}" if c.answered else "-"]
+        row += [f"{floor:.4f}" if floor is not None else "-"]
+        row += [base or ("written" if written else "none")]
+        row += [f"{stop[0]}/{stop[1]}" if stop else "-"] * early
         rows.append([*row, "FAIL" if c.failed else "PASS"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
@@ -221,69 +176,54 @@ def verdict_table(configs: Sequence[GroupVerdict]) -> list[str]:
     ]
 
 
+def stopped(block: Any) -> tuple[int, int] | None:
+    """(problems, of) when an early stop's block says it ended a group before its end."""
+    after, total = (block or {}).get("decided_after"), (block or {}).get("n_total")
+    if isinstance(after, int) and isinstance(total, int) and after < total:
+        return after, total
+    return None
+
+
 def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
     """One group's block: headline first, then the context a reader needs, the gates."""
-    counts = v.counts()
-    out = [v.headline()]
-    out.append(
-        "  outcomes: "
-        + ", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))
-    )
-    gated = v.group.protocol["extractor"]
-    silent = v.silent_rules()
-    shown_rules = {r: a for r, a in v.rule_accuracy().items() if r == gated or r not in silent}
+    counts, gated, silent = v.counts(), v.group.protocol["extractor"], v.silent_rules()
+    out = [", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))]
+    out[0] = f"outcomes: {out[0]}"
     if v.answered:  # with no answer every rule would read 0.0000
-        quiet = sorted(silent - {gated})
-        out.append(
-            "  by extractor: "
-            + ", ".join(
-                f"{rule}{'*' if rule == gated else ''} {acc:.4f}"
-                for rule, acc in shown_rules.items()
-            )
-            + f"  (* gates; format failures: {v.format_failures()}"
-            + (f"; no number found by {', '.join(quiet)}" if quiet else "")
-            + ")"
-        )
-    pass_at = v.pass_at()
-    if pass_at:
-        out.append("  " + ", ".join(f"{k} {a:.4f}" for k, a in pass_at.items()))
-    repeats = v.repeats()
+        rules = [(r, a) for r, a in v.rule_accuracy().items() if r == gated or r not in silent]
+        quiet = ", ".join(sorted(silent - {gated}))
+        said = ", ".join(f"{r}{'*' if r == gated else ''} {a:.4f}" for r, a in rules)
+        said += f"  (* gates; format failures: {v.format_failures()}"
+        out.append(f"by extractor: {said}{f'; no number found by {quiet}' if quiet else ''})")
+    out += [", ".join(f"{k} {a:.4f}" for k, a in v.pass_at().items())] * bool(v.pass_at())
+    repeats, k = v.repeats(), v.runs
     if repeats is not None:
-        k = v.runs
         out.append(
-            f"  repeats: {k} per problem ({repeats['answers']} answers): the accuracy above "
+            f"repeats: {k} per problem ({repeats['answers']} answers): the accuracy above "
             f"and the gates are the mean over every answer (interval over problems); "
             f"maj@{k} (each problem's most common answer, what the outcomes count) "
             f"{cast(float, repeats['majority_accuracy']):.4f}"
         )
-    out.append(
-        f"  model: {model_words(v.model, v.reported_models())}  endpoint: {v.group.endpoint}"
-    )
     ds, subset = v.group.dataset, subset_words(v.group.subset)
-    out.append(
-        f"  dataset: {ds['name']} {ds['config']}/{ds['split']} "
-        f"(fingerprint {ds['fingerprint']}){'; ' + subset if subset else ''}"
-    )
-    said = tokens_words(v.tokens(), v.from_cache(), v.n, v.selection.resumed)
-    out.append(f"  tokens: {said}")
-    truncated = counts["truncated"] / v.n if v.n else 0.0
-    if truncated > 0.01:
+    out += [
+        f"model: {model_words(v.model, v.reported_models())}  endpoint: {v.group.endpoint}",
+        f"dataset: {ds['name']} {ds['config']}/{ds['split']} (fingerprint {ds['fingerprint']})"
+        + (f"; {subset}" if subset else ""),
+        f"tokens: {tokens_words(v.tokens(), v.from_cache(), v.n, v.selection.resumed)}",
+    ]
+    cut = counts["truncated"] / v.n if v.n else 0.0
+    if cut > 0.01:
         out.append(
-            f"  WARNING: {counts['truncated']} of {v.n} answers ({truncated:.1%}) were cut "
+            f"WARNING: {counts['truncated']} of {v.n} answers ({cut:.1%}) were cut "
             f"by --gsm8k-max-tokens {v.group.protocol['max_tokens']}"
         )
     if v.n < v.expected:
-        out.append(
-            f"  INCOMPLETE: {v.n} of {v.expected} problems have a result"
-            + (" (run interrupted)" if v.interrupted else "")
-        )
-    out.extend(v.notes)
-    hint = v.chat_hint()
-    if hint is not None:
-        out.append("  " + hint)
+        stop = " (run interrupted)" if v.interrupted else ""
+        out.append(f"INCOMPLETE: {v.n} of {v.expected} problems have a result{stop}")
+    out += [note[2:] for note in v.notes] + [v.chat_hint() or ""] * bool(v.chat_hint())
     # model names, endpoints and messages come from outside: no escapes reach a terminal
-    styled = [(printable(out[0]), "headline")]
-    styled += [("  " + printable(line[2:]), "info") for line in out[1:]]
+    styled = [(printable(v.headline()), "headline")]
+    styled += [("  " + printable(line), "info") for line in out]
     for gate in v.gates:
         line = f"  gate {gate.name}: {gate.word}: {printable(gate.detail)}"
         styled.append((line, "fail" if not gate.passed else "pass"))
@@ -307,13 +247,12 @@ def _markdown(
     top = verdict.top
     lines = [f"### {md_text(top.headline())}", ""]
     if html:
-        where = (
-            f"{md_code(html[0])} (relative to the repository; a self-contained HTML file: "
-            "see the job's artifacts)"
-            if html[1]
-            else f"{md_code(html[0])} in the job's artifact (a self-contained HTML file)"
-        )
-        lines += [f"The run's page: {where}.", ""]
+        where = "in the job's artifact (a self-contained HTML file)"
+        if html[1]:
+            where = (
+                "(relative to the repository; a self-contained HTML file: see the job's artifacts)"
+            )
+        lines += [f"The run's page: {md_code(html[0])} {where}.", ""]
     counts = ", ".join(f"{n} {k}" for k, n in top.counts().items() if n)
     dataset = f"{top.group.dataset['config']}/{top.group.dataset['split']}"
     lines.append(f"Outcomes: {counts}. Model {md_code(top.model)}, dataset {md_code(dataset)}.")

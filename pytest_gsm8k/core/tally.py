@@ -1,6 +1,5 @@
-"""What the aggregating process learns as a run goes (the records, the collected items, the
-early stops, the verdict), and the verdict step's inputs gathered from it. Pure: the
-pytest layer feeds it, ``python -m pytest_gsm8k merge`` too."""
+"""What the aggregating process learns as a run goes, and the verdict step's inputs gathered
+from it. Pure: the pytest layer feeds it, ``python -m pytest_gsm8k merge`` too."""
 
 from __future__ import annotations
 
@@ -12,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.dataset import subset_record
 from pytest_gsm8k.core.early_stop import EarlyStop
 from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
 from pytest_gsm8k.core.presets import takes_first
+from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ItemRef:
-    """One collected item: its node id and its location for reports."""
-
     nodeid: str
     location: tuple[str, int | None, str]
 
@@ -40,48 +37,35 @@ class ItemRef:
 
 
 class Tally:
-    """What the run learns as it goes, on the process that aggregates (the controller, or
-    the only process); a worker uses only :attr:`collected`. Changed through its methods."""
+    """What the aggregating process learns; a worker uses only :attr:`collected`."""
 
     def __init__(self, started: float | None = None) -> None:
-        #: when the run started (what --gsm8k-resume reads)
-        self.started = time.time() if started is None else started
-        #: the problems this process collected, in run order (None until collection ends)
-        self.collected: tuple[Problem, ...] | None = None
-        #: the problem ids collected (an xdist controller: the workers')
-        self.collected_ids: frozenset[str] | None = None
+        self.started = time.time() if started is None else started  # what --gsm8k-resume reads
+        self.collected: tuple[Problem, ...] | None = None  # in run order, once collected
+        self.collected_ids: frozenset[str] | None = None  # an xdist controller: the workers'
         self.records: dict[str, ProblemRecord] = {}
-        #: every collected item, in run order (the workers' under xdist)
-        self.items: tuple[ItemRef, ...] = ()
-        #: node id -> its GSM8K problem's id (under xdist from the reports and the workers'
-        #: output, never parsed out of the node id)
+        self.items: tuple[ItemRef, ...] = ()  # every collected item (the workers' under xdist)
+        #: node id -> its problem's id, from the reports and the workers' output (never parsed
+        #: out of a node id)
         self.problem_of: dict[str, str] = {}
-        #: node ids of the items that sent a report: the others were never run
-        self.reported: set[str] = set()
+        self.reported: set[str] = set()  # node ids that sent a report: the others never ran
         self.interrupted = False
-        #: the endpoint failure that stopped the run (every unfinished item shares it)
-        self.aborted: str | None = None
-        #: a data problem found while parametrizing, raised as one line after collection
-        self.data_error: str | None = None
-        #: --gsm8k-early-stop, by group ("" the run's, else a config's); None: nothing to decide
-        self.early: dict[str, EarlyStop | None] = {}
-        #: the groups stopped early: name -> the message their items not run end with
-        self.stopped: dict[str, str] = {}
+        self.aborted: str | None = None  # the endpoint failure that stopped the run
+        self.data_error: str | None = None  # found while parametrizing: one line after it
+        self.early: dict[str, EarlyStop | None] = {}  # by group ("" the run's, else a config's)
+        self.stopped: dict[str, str] = {}  # groups stopped early -> their items' message
         self.verdict: RunVerdict | None = None
 
     def collect(self, problems: Sequence[Problem]) -> None:
         self.collected = tuple(problems)
         self.collected_ids = frozenset(p.id for p in problems)
 
-    def learn_collected_ids(self, ids: Iterable[str]) -> None:
-        """xdist controller: the workers' collected problems (it collects nothing itself)."""
-        ids = frozenset(ids)
-        if self.collected_ids is None and ids:
-            self.collected_ids = ids
+    def learn_collected_ids(self, ids: Iterable[str]) -> None:  # an xdist controller's
+        if self.collected_ids is None:
+            self.collected_ids = frozenset(ids) or None
 
     def collect_items(self, items: Sequence[ItemRef], problems: Mapping[str, str] = {}) -> None:
-        """The collected items (once: every xdist worker collects the same ones) and the
-        problem of each GSM8K item."""
+        """The collected items (once: every xdist worker collects the same ones)."""
         if not self.items:
             self.items = tuple(items)
         self.problem_of.update(problems)
@@ -92,11 +76,10 @@ class Tally:
             self.problem_of[nodeid] = problem_id
 
     def unreported(self) -> list[ItemRef]:
-        """The collected items no report came for (the run stopped before them)."""
         return [item for item in self.items if item.nodeid not in self.reported]
 
     def add_record(self, record: ProblemRecord) -> bool:
-        """Keep ``record`` (the first one per problem wins); whether it was new."""
+        """Keep ``record`` (the first per problem wins); whether it was new."""
         fresh = record["id"] not in self.records
         self.records.setdefault(record["id"], record)
         if record["outcome"] == "error" and record.get("aborted"):
@@ -116,18 +99,14 @@ class Tally:
         self.stopped[name] = message
 
     @property
-    def early_stopped(self) -> str | None:
-        """The message the early stop ended the whole run with (a run of one group)."""
+    def early_stopped(self) -> str | None:  # the message of a run of one group's early stop
         return self.stopped.get("")
 
     def finish(self, verdict: RunVerdict) -> None:
         self.verdict = verdict
 
-    # the verdict's inputs
-
     def wanted(self, plan: RunPlan) -> list[Problem]:
-        """What this run set out to do: the selected problems it collected, after -k/-m/--lf
-        deselection (all of the selection until collection says otherwise)."""
+        """The selected problems collected (after -k/-m/--lf; all until collection ends)."""
         ids = self.collected_ids
         return [p for p in plan.problems if ids is None or p.id in ids]
 
@@ -141,176 +120,126 @@ class Tally:
         scrub: Scrubber,
         deselected_by: str,
     ) -> tuple[list[GroupInput], Group | None, list[str]]:
-        """What the verdict step decides on (core/verdict.py), as plain data: each group's
-        facts, records (``late``: answers that arrived for items the run no longer
-        reached, scored), selection, baseline and early stop; with ``--gsm8k-config`` the
-        matrix's top and the configs deselected whole."""
+        """Each group's facts, records (``late``: answers that arrived for items an aborted
+        run no longer reached, scored), selection, baseline and early stop for the verdict
+        step; with ``--gsm8k-config`` the matrix's top and the configs deselected whole."""
+        from pytest_gsm8k.core.merge import shard_record
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.verdict import BaselineInput, Group, GroupInput, Selection
 
-        settings = plan.settings
-        split = plan.split
-        wanted = self.wanted(plan)
+        settings, split = plan.settings, plan.split
+        ids = {p.id for p in self.wanted(plan)}
+        of = len(split.problems)
+        shard: dict[str, Any] = {}
+        if plan.shard is not None:  # what the merge needs beside the records (core/merge.py)
+            left = [p.id for p in plan.problems if p.id not in ids]
+            shard["shard"] = shard_record(plan, left, deselected_by, self.interrupted)
 
-        def baseline(stored: StoredBaseline | None, problems: Sequence[Problem]) -> Any:
-            if stored is None:
-                return None
-            return BaselineInput(
-                stored,
-                tuple(problems),
-                update=plan.update_baseline,
-                partial_ok=settings.baseline_partial,
-                named=bool(settings.baseline or settings.baseline_name),
-                repeats=settings.repeats,
+        def group(
+            name: str, label: str, protocol: Protocol, problems: Sequence[Problem], **facts: Any
+        ) -> Group:
+            deselected = sum(p.id not in ids for p in problems)
+            subset = {"of": of, "ids_hash": _ids_hash(problems), "deselected": deselected}
+            return Group(
+                name=name,
+                label=label,
+                protocol=protocol.identity(),
+                protocol_label=protocol.label,
+                dataset=split.identity(),
+                subset=facts.pop("subset") | subset | facts.pop("tail", {}),
+                specs=plan.gates,
+                report=settings.report or "",
+                **facts,
             )
 
-        def selection(ran: Sequence[Problem], of: int, unreached: int = 0) -> Selection:
-            return Selection(
+        def gathered(
+            g: Group,
+            problems: Sequence[Problem],
+            found: dict[str, ProblemRecord],
+            stored: StoredBaseline | None,
+            whole: Sequence[Problem],
+        ) -> GroupInput:
+            ran = [p for p in problems if p.id in ids]
+            unreached, aborted = 0, self.aborted
+            for problem in ran if aborted else ():
+                # the run stopped at the first item the failure reached; answers that had
+                # come in for later items (out of order) are scored, not thrown away
+                if aborted and problem.id not in found:
+                    unreached += problem.id not in late
+                    found[problem.id] = late.get(problem.id) or error_record(problem, aborted)
+            selection = Selection(
                 tuple(p.id for p in ran),
-                deselected=of - len(ran),
+                deselected=len(problems) - len(ran),
                 deselected_by=deselected_by,
                 interrupted=self.interrupted,
-                unreached=unreached,
+                unreached=0 if g.name else unreached,
                 resumed=settings.resume,
                 shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
             )
-
-        # --gsm8k-shard: what the merge needs beside the records (core/merge.py)
-        shard: dict[str, Any] = {}
-        if plan.shard is not None:
-            from pytest_gsm8k.core.merge import shard_record
-
-            ids = {p.id for p in wanted}
-            shard["shard"] = shard_record(
-                plan,
-                deselected=[p.id for p in plan.problems if p.id not in ids],
-                deselected_by=deselected_by,
-                interrupted=self.interrupted,
-            )
+            baseline, s = None, settings
+            if stored is not None:
+                rules = (s.baseline_partial, bool(s.baseline or s.baseline_name), s.repeats)
+                baseline = BaselineInput(stored, tuple(whole), plan.update_baseline, *rules)
+            early = _early(self.early.get(g.name), g.name in self.stopped)
+            return GroupInput(g, tuple(found.values()), selection, baseline, early)
 
         if not plan.groups:
             records = dict(self.records)
-            unreached = 0
-            if self.aborted:
-                # The run stopped at the first item the failure reached; answers that had
-                # come in for later items (out of order) are scored, not thrown away.
-                for problem in wanted:
-                    if problem.id not in records:
-                        arrived = late.get(problem.id)
-                        unreached += arrived is None
-                        records[problem.id] = arrived or error_record(problem, self.aborted)
             selected = plan.problems
+            limit = settings.limit if len(selected) < of else None
+            first = takes_first(settings.preset) and limit is not None
+            model = plan.endpoint.model or _most_common(records, "model")
+            base_url = shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL)
             where = "served" if settings.serve else "local_server"
-            extra = {where: server} if server is not None else {}
-            extra |= shard
-            group = Group(
-                name="",
-                label=plan.protocol.label,
-                protocol=plan.protocol.identity(),
-                protocol_label=plan.protocol.label,
-                dataset=split.identity(),
-                subset=subset_record(
-                    limit=settings.limit if len(selected) < len(split.problems) else None,
-                    seed=settings.seed,
-                    of=len(split.problems),
-                    ids_hash=_ids_hash(selected),
-                    deselected=len(selected) - len(wanted),
-                    first=takes_first(settings.preset),
-                ),
-                model=plan.endpoint.model
-                or _most_common(records, "model")
-                or "(gsm8k_model fixture)",
-                endpoint=_most_common(records, "endpoint")
-                or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
-                specs=plan.gates,
-                extra=extra,
-                report=settings.report or "",
+            run = group(
+                "",
+                plan.protocol.label,
+                plan.protocol,
+                selected,
+                subset={"limit": limit, "seed": settings.seed},
+                tail={"first": True} if first else {},
+                model=model or "(gsm8k_model fixture)",
+                endpoint=_most_common(records, "endpoint") or base_url,
+                extra=({where: server} if server is not None else {}) | shard,
             )
-            run = GroupInput(
-                group,
-                tuple(records.values()),
-                selection(wanted, len(selected), unreached),
-                baseline(plan.baseline, split.problems),
-                _early(self.early.get(""), "" in self.stopped),
-            )
-            return [run], None, []
-        ids = {p.id for p in wanted}
+            return [gathered(run, selected, records, plan.baseline, split.problems)], None, []
         inputs: list[GroupInput] = []
         for planned in plan.groups:
             config = planned.config
-            ran = [p for p in planned.problems if p.id in ids]
-            if not ran:
+            if not any(p.id in ids for p in planned.problems):
                 continue  # deselected whole (-k, -m): its server never started, nothing to gate
-            found: dict[str, ProblemRecord] = {}
-            for problem in ran:
-                record = self.records.get(problem.id) or late.get(problem.id)
-                if record is None and self.aborted:
-                    record = error_record(problem, self.aborted)
-                if record is not None:
-                    found[problem.id] = record
             served = servers.get(planned.name)
-            block = {
-                "name": config.name,
-                "source": config.source,
-                "model_name": config.model_name,
-                "accuracy_threshold": config.accuracy_threshold,
-                "tolerance": config.tolerance,
-                "num_questions": config.num_questions,
-                "num_fewshot": config.num_fewshot,
-                "server_args": scrub.words(config.server_args),
-                "env": sorted(key for key, _ in config.env),
-                "fields": list(config.given),
-            }
-            group = Group(
-                name=config.name,
-                label=planned.label,
-                protocol=planned.protocol.identity(),
-                protocol_label=planned.protocol.label,
-                dataset=split.identity(),
-                subset={
-                    "limit": config.num_questions
-                    if config.num_questions < len(split.problems)
-                    else None,
-                    "first": True,
-                    "seed": None,
-                    "of": len(split.problems),
-                    "ids_hash": _ids_hash(planned.problems),
-                    "deselected": len(planned.problems) - len(ran),
-                },
+            block = {key: getattr(config, key) for key in _CONFIG_FIELDS.split()}
+            block["server_args"] = scrub.words(config.server_args)
+            block |= {"env": sorted(key for key, _ in config.env), "fields": list(config.given)}
+            limit = config.num_questions if config.num_questions < of else None
+            g = group(
+                config.name,
+                planned.label,
+                planned.protocol,
+                planned.problems,
+                subset={"limit": limit, "first": True, "seed": None},
                 model=config.model_name,
                 endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
-                specs=plan.gates,
                 floor=planned.floor,
                 extra={"config": scrub.obj(block)}
                 | ({"served": served} if served is not None else {}),
-                report=settings.report or "",
             )
+            had = [p.id for p in planned.problems if p.id in ids and p.id in self.records]
+            found = {pid: self.records[pid] for pid in had}
             inputs.append(
-                GroupInput(
-                    group,
-                    tuple(found.values()),
-                    selection(ran, len(planned.problems)),
-                    baseline(planned.baseline, planned.split_problems(split)),
-                    _early(self.early.get(planned.name), planned.name in self.stopped),
+                gathered(
+                    g, planned.problems, found, planned.baseline, planned.split_problems(split)
                 )
             )
-        first = plan.groups[0].protocol
-        top = Group(
-            name="",
-            label=f"{len(plan.groups)} vLLM configs",
-            protocol=first.identity(),
-            protocol_label=first.label,
-            dataset=split.identity(),
-            subset={
-                "limit": None,
-                "seed": None,
-                "of": len(split.problems),
-                "ids_hash": _ids_hash(plan.problems),
-                "deselected": len(plan.problems) - len(wanted),
-            },
+        top = group(
+            "",
+            f"{len(plan.groups)} vLLM configs",
+            plan.groups[0].protocol,
+            plan.problems,
+            subset={"limit": None, "seed": None},
             model=", ".join(g.config.model_name for g in plan.groups),
             endpoint="(one server per config)",
-            specs=plan.gates,
             extra=shard,
         )
         shown = {i.group.name for i in inputs}
@@ -320,28 +249,26 @@ class Tally:
         """Group ``name``'s early stop ("" the run's), over the problems it set out to do;
         its noise-aware gate uses the stored baseline only where the end of the run may
         compare with it (not with --snapshot-update, not a refused one)."""
-        settings = plan.settings
-        wanted = {p.id for p in self.wanted(plan)}
-        group = plan.group_by_name[name] if name else None
+        settings, group = plan.settings, plan.group_by_name.get(name)
         here: dict[str, Any] = {"dataset": plan.split.identity()}
-        if group is None:
-            problems, stored, split = plan.problems, plan.baseline, plan.split.problems
-            here["protocol"] = {**plan.protocol.identity(), "label": plan.protocol.label}
-            floor, seed = None, settings.seed
-        else:
-            # a config is decided by the certain bounds only (no order counts there)
-            problems, stored, split = (
-                group.problems,
-                group.baseline,
-                group.split_problems(plan.split),
-            )
-            here["protocol"] = {**group.protocol.identity(), "label": group.label}
+        # a config is decided by the certain bounds only (no order counts there)
+        problems, stored, split, floor, seed = (
+            (group.problems, group.baseline, group.split_problems(plan.split), group.floor, 0)
+            if group
+            else (plan.problems, plan.baseline, plan.split.problems, None, settings.seed)
+        )
+        protocol = group.protocol if group else plan.protocol
+        here["protocol"] = {
+            **protocol.identity(),
+            "label": group.label if group else protocol.label,
+        }
+        if group:
             here["config"] = {"name": group.name, "model_name": group.config.model_name}
-            floor, seed = group.floor, 0
         document = None
         if stored is not None and stored.exists and not plan.update_baseline:
             with contextlib.suppress(bl.BaselineError):
                 document = bl.check(stored, here, split)["problems"]
+        wanted = {p.id for p in self.wanted(plan)}
         return EarlyStop.for_group(
             [p.id for p in problems if p.id in wanted],
             plan.gates,
@@ -370,6 +297,9 @@ def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
         n_total=early.n_total,
         record=early.to_json(),
     )
+
+
+_CONFIG_FIELDS = "name source model_name accuracy_threshold tolerance num_questions num_fewshot"
 
 
 def _most_common(records: dict[str, ProblemRecord], key: str) -> str | None:

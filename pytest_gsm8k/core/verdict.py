@@ -1,20 +1,16 @@
-"""The verdict step: a run's records and plain facts in, one frozen verdict out. Pure.
-
-Every output renders from the :class:`RunVerdict` :func:`decide_run` returns, and nothing
-edits it after (the one derived copy is made again with the baseline write's failure). Its
-inputs are plain data a JSON report gives back, so a shard's merge and ``compare`` decide the
-same way. Inside :func:`decide` each rule is written once, in the order docs/design.md gives:
-numbers, each spec's verdict, the baseline, the early stop, coverage, resumed answers, shards.
-"""
+"""The verdict step: a run's records and plain facts in, one frozen verdict that every output
+renders from. Pure. Its inputs are plain data a JSON report gives back, so a shard's merge and
+``compare`` decide the same way; inside :func:`decide` each rule is written once, in order."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.counts import Counts
+from pytest_gsm8k.core.calibrated import evidence
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import (
     GateVerdict,
@@ -24,8 +20,11 @@ from pytest_gsm8k.core.gates import (
     failing_words,
     undecided,
 )
+from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
-from pytest_gsm8k.core.records import REPORT_SCHEMA, ProblemRecord, Report
+from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report
+from pytest_gsm8k.core.scoring import RULES
+from pytest_gsm8k.core.stats import accuracy_interval, pass_at_k
 from pytest_gsm8k.core.types import Problem
 
 #: problem ids a terminal list of flips shows before "+N more"
@@ -34,14 +33,13 @@ SHOWN_IDS = 10
 
 @dataclass(frozen=True)
 class Group:
-    """One group of the run before any answer: a run's only group (``name`` "") or one
-    ``--gsm8k-config`` config; ``extra``: report blocks it carries (its config, its server)."""
+    """One group before any answer: a run's only group (``name`` "") or one config;
+    ``extra``: the report blocks it carries; ``report``: the JSON report's path or ""."""
 
     name: str
     label: str
-    #: the protocol's identity, and its own label (the floor's sentence)
     protocol: Mapping[str, Any]
-    protocol_label: str
+    protocol_label: str  # the protocol's own label (the floor's sentence)
     dataset: Mapping[str, Any]
     subset: Mapping[str, Any]
     model: str
@@ -49,61 +47,51 @@ class Group:
     specs: GateSpecs
     floor: ToleranceFloor | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: the JSON report's path ("" without one): where the flips are listed in full
     report: str = ""
 
 
 @dataclass(frozen=True)
 class Selection:
-    """Facts about what ran for one group; no verdicts."""
+    """Facts about what ran for one group (``ids``: what it set out to do, in plan order)."""
 
-    #: the problems the group set out to do (after -k/-m/--lf deselection), in plan order
     ids: tuple[str, ...]
     deselected: int = 0
     deselected_by: str = "-k/-m/--lf"
     interrupted: bool = False
-    #: problems never reached after an endpoint failure (errors in the records)
-    unreached: int = 0
+    unreached: int = 0  # never reached after an endpoint failure (errors in the records)
     resumed: bool = False
-    #: --gsm8k-shard I/N: (I, N)
-    shard: tuple[int, int] | None = None
-    #: why what ran is not the whole selection where the records cannot show it (compare:
-    #: errors on shared problems, a report that left problems out), one clause with what to do
+    shard: tuple[int, int] | None = None  # --gsm8k-shard I/N
+    #: why what ran is not the whole selection where the records cannot show it (compare)
     not_whole: str | None = None
 
 
 @dataclass(frozen=True)
 class EarlyOutcome:
-    """The early stop of one group, frozen at the end of the loop (core/early_stop.py)."""
+    """One group's early stop, frozen at the end of the loop (core/early_stop.py):
+    ``decided`` by its last problem, ``stopped`` before it; a verdict None is moot."""
 
     mode: str
-    #: it decided (by the group's last problem); it stopped (before it)
     decided: bool
     stopped: bool
-    #: each gate's decision (None: moot, another gate FAILed), by its early-stop name
     verdicts: Mapping[str, Verdict | None]
     headline: str
     n_total: int
-    #: the report's block
     record: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class BaselineInput:
-    """The group's stored baseline (read once at plan time) and what to do with it."""
+    """The group's stored baseline and what to do with it: ``split`` is what it may hold,
+    ``named`` a file named by option (no search by protocol), ``from_report`` compare's
+    report A (already checked), ``write_error`` the failed write (the one derived copy)."""
 
     stored: StoredBaseline
-    #: the whole split under the group's ids: what a baseline may hold
     split: tuple[Problem, ...]
-    #: --snapshot-update; --gsm8k-baseline-partial
     update: bool = False
     partial_ok: bool = False
-    #: --gsm8k-baseline or --gsm8k-baseline-name named the file (no search by protocol)
     named: bool = False
     repeats: int = 1
-    #: another run's JSON report (compare), already checked by its reader: no file or split
     from_report: bool = False
-    #: the write failed: the one line why (the derived copy after the writer ran)
     write_error: str | None = None
 
 
@@ -117,8 +105,9 @@ class GroupInput:
 
 
 @dataclass(frozen=True)
-class GroupVerdict(Counts):
-    """One group's records, numbers, gates and notes, decided; never edited."""
+class GroupVerdict:
+    """One group's records, numbers, gates and notes, decided; never edited. The numbers
+    come from the records alone, so they are the same with and without xdist."""
 
     group: Group
     records: tuple[ProblemRecord, ...]
@@ -137,10 +126,6 @@ class GroupVerdict(Counts):
     configs: tuple[GroupVerdict, ...] = ()
 
     @property
-    def label(self) -> str:
-        return self.group.label
-
-    @property
     def model(self) -> str:
         return self.group.model
 
@@ -148,8 +133,112 @@ class GroupVerdict(Counts):
     def expected(self) -> int:
         return len(self.selection.ids)
 
-    def protocol(self) -> Mapping[str, Any]:
-        return self.group.protocol
+    @property
+    def n(self) -> int:
+        return len(self.records)
+
+    @property
+    def correct(self) -> int:  # with repeats: problems whose most common answer is
+        return sum(1 for r in self.records if r["correct"])
+
+    @property
+    def runs(self) -> int:  # answers per problem: --gsm8k-repeats K's K, else 1
+        return max((len(r.get("repeats") or ()) for r in self.records), default=0) or 1
+
+    @property
+    def answers_correct(self) -> int:
+        if self.runs == 1:
+            return self.correct
+        return sum(int(r.get("repeats_correct") or 0) for r in self.records)
+
+    @property
+    def accuracy(self) -> float:
+        """test@1: the mean over every answer (with repeats, never a majority of them)."""
+        return self.answers_correct / (self.n * self.runs) if self.n else 0.0
+
+    @property
+    def answered(self) -> int:
+        """Problems the model answered: with none, accuracy is undefined, not 0."""
+        return self.n - self.counts()["error"]
+
+    def interval(self) -> tuple[float, float]:
+        """Wilson's interval; with repeats, at the effective number of problems."""
+        k = self.runs
+        rates = [int(r.get("repeats_correct") or 0) / k for r in self.records]
+        return accuracy_interval(rates if k > 1 else [float(r["correct"]) for r in self.records], k)
+
+    def repeats(self) -> dict[str, object] | None:
+        """With ``--gsm8k-repeats K``: K, the answers, the mean over every answer and maj@K."""
+        if self.runs == 1:
+            return None
+        low, high = self.interval()
+        return {
+            "per_problem": self.runs,
+            "answers": self.n * self.runs,
+            "mean_accuracy": round(self.accuracy, 6),
+            "ci95": [round(low, 6), round(high, 6)],
+            "majority_accuracy": round(self.correct / self.n, 6) if self.n else 0.0,
+        }
+
+    def counts(self) -> dict[str, int]:
+        counter = Counter(r["outcome"] for r in self.records)
+        return {o: counter.get(o, 0) for o in OUTCOMES}
+
+    def rule_accuracy(self) -> dict[str, float]:
+        """Our rules, then any a preset adds (lm-eval's strict-match, flexible-extract)."""
+        names = list(dict.fromkeys([*RULES, *(k for r in self.records for k in r["rules"])]))
+        right = Counter(k for r in self.records for k, ok in r["rules"].items() if ok)
+        return {rule: right[rule] / self.n if self.n else 0.0 for rule in names}
+
+    def silent_rules(self) -> set[str]:
+        """Our extraction rules that found no number in any sample of the run."""
+        samples = [s for r in self.records for s in r["samples"]]
+        found = {rule for s in samples for rule, value in s["extracted"].items() if value}
+        return set(RULES) - found if self.records else set()
+
+    def format_failures(self) -> int:
+        """Problems the gated extractor missed but another rule got right."""
+        gated = self.group.protocol["extractor"]
+        return sum(
+            1
+            for r in self.records
+            if not r["rules"].get(gated) and any(v for k, v in r["rules"].items() if k != gated)
+        )
+
+    def pass_at(self) -> dict[str, float]:
+        """Unbiased pass@k (Chen et al. 2021) for k = 1 and the powers of two below N."""
+        samples = int(self.group.protocol["samples"])
+        if not str(self.group.protocol["name"]).startswith("pass@") or samples < 2:
+            return {}
+        scored = [r for r in self.records if r["outcome"] != "error"]
+        ks = {1, samples, *(2**i for i in range(1, samples.bit_length()) if 2**i < samples)}
+        return {
+            f"pass@{k}": sum(pass_at_k(max(r["n_samples"], k), r["n_correct"], k) for r in scored)
+            / (self.n or 1)
+            for k in sorted(ks)
+        }
+
+    def tokens(self) -> dict[str, int]:  # summed over the records
+        total: Counter[str] = Counter()
+        for r in self.records:
+            total.update(r.get("usage") or {})
+        return dict(total)
+
+    def from_cache(self) -> int:
+        return sum(1 for r in self.records if r.get("cached"))
+
+    def reported_models(self) -> list[str]:
+        return sorted({str(r["model"]) for r in self.records if r.get("model")})
+
+    def chat_hint(self) -> str | None:
+        """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
+        texts = (s["text"] for r in self.records for s in r["samples"])
+        api, unparsed = str(self.group.protocol.get("api")), self.counts()["unparsed"]
+        return chat_api_hint(api, [self.model, *self.reported_models()], unparsed, self.n, texts)
+
+    def earlier_answers(self) -> str:
+        """How many answers came from earlier runs, as every output of a resumed run says."""
+        return f"{self.from_cache()} of {self.n} answers from earlier runs (--gsm8k-resume)"
 
     # -- the verdict ------------------------------------------------------------------
 
@@ -161,34 +250,11 @@ class GroupVerdict(Counts):
     def interrupted(self) -> bool:
         return self.selection.interrupted
 
-    def floor_gate(self) -> GateVerdict | None:
-        """A config's vLLM floor gate, however it was decided."""
-        return next((g for g in self.gates if g.name.endswith(f":{FLOOR}")), None)
-
-    def stopped_after(self) -> tuple[int, int] | None:
-        """(problems, of) when the early stop ended this group before its last problem."""
-        early: Any = self.extra.get("early_stop") or {}
-        after, total = early.get("decided_after"), early.get("n_total")
-        if isinstance(after, int) and isinstance(total, int) and after < total:
-            return after, total
-        return None
-
-    def baseline_word(self) -> str:
-        """A config's baseline gate in one word, for the verdict table."""
-        gate = next((g for g in self.gates if g.name.rpartition(":")[2] == "baseline"), None)
-        if gate is not None:
-            return gate.word
-        base: Any = self.extra.get("baseline") or {}
-        return "written" if base.get("written") else "none"
-
     def matrix_headline(self) -> str:
         passed = sum(1 for c in self.configs if not c.failed)
-        only_vllm = all(g is c.floor_gate() for c in self.configs for g in c.gates)
-        rule = (
-            "accuracy >= accuracy_threshold - tolerance each"
-            if only_vllm
-            else "every gate of each config"
-        )
+        only_vllm = all(g.name.endswith(f":{FLOOR}") for c in self.configs for g in c.gates)
+        rule = "every gate of each config"
+        rule = "accuracy >= accuracy_threshold - tolerance each" if only_vllm else rule
         # a config deselected whole (-k, -m) gates nothing, but a CI log must show it never ran
         skipped = self.extra.get("not_run") or []
         not_run = f"; not run (deselected whole): {', '.join(skipped)}" if skipped else ""
@@ -197,16 +263,15 @@ class GroupVerdict(Counts):
     def headline(self) -> str:
         if self.configs:
             return self.matrix_headline()
+        errors, (low, high) = self.counts()["error"], self.interval()
+        line = (
+            f"gsm8k acc ({self.group.label}) = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
+        )
         if not self.answered:
-            errors = self.counts()["error"]
-            line = f"gsm8k acc ({self.label}): no answers"
-            line += (f": {errors} errors" if errors else "") + f"  n={self.n}"
-        else:
-            low, high = self.interval()
-            line = (
-                f"gsm8k acc ({self.label}) = {self.accuracy:.4f}  "
-                f"[95% CI {low:.4f}-{high:.4f}]  n={self.n}"
+            line = f"gsm8k acc ({self.group.label}): no answers" + (
+                f": {errors} errors" * bool(errors)
             )
+        line += f"  n={self.n}"
         split = self.group.dataset.get("split")
         if split != "test":
             line += f"  [{split} split: not a reportable number]"
@@ -228,7 +293,7 @@ class GroupVerdict(Counts):
             "rules": self.rule_accuracy(),
             "format_failures": self.format_failures(),
             "pass_at_k": self.pass_at(),
-            "protocol": {**self.group.protocol, "label": self.label},
+            "protocol": {**self.group.protocol, "label": self.group.label},
             "model": self.model,
             "reported_models": self.reported_models(),
             "endpoint": self.group.endpoint,
@@ -241,14 +306,11 @@ class GroupVerdict(Counts):
             **self.extra,  # type: ignore[typeddict-item]
             "problems": sorted(self.records, key=lambda r: int(r["index"])),
         }
-        repeats = self.repeats()
-        if repeats is not None:
-            report["repeats"] = repeats
-        if matrix:
-            # each config's problems are the top level's (their ids carry the config's name)
-            report["configs"] = [
-                {k: v for k, v in c.to_json().items() if k != "problems"} for c in self.configs
-            ]
+        if self.repeats() is not None:
+            report["repeats"] = self.repeats()  # type: ignore[typeddict-item]
+        if matrix:  # each config's problems are the top's (their ids carry the config's name)
+            configs = [c.to_json() for c in self.configs]
+            report["configs"] = [{k: v for k, v in c.items() if k != "problems"} for c in configs]
         return report
 
 
@@ -258,8 +320,6 @@ class RunVerdict:
 
     top: GroupVerdict
     matrix: bool
-    #: outputs that could not be written: key -> the one line why (they fail the run)
-    write_errors: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def groups(self) -> tuple[GroupVerdict, ...]:
@@ -271,7 +331,7 @@ class RunVerdict:
 
     @property
     def failed(self) -> bool:
-        return self.top.failed or bool(self.write_errors)
+        return self.top.failed
 
     def to_json(self) -> Report:
         """The JSON report: the only place it is built."""
@@ -298,34 +358,28 @@ def decide(
 ) -> GroupVerdict:
     """One group's verdict (the rules in the module's order)."""
     extra: dict[str, Any] = dict(group.extra)
-    notes: list[str] = []
+    notes = []
     if selection.unreached:
-        notes.append(
-            f"  {selection.unreached} of the errors were not reached: the run stopped on the "
-            "endpoint failure (pytest counts them as skipped)"
-        )
+        notes.append(f"  {selection.unreached} of the errors were not reached: {_UNREACHED}")
     if early is not None:
         extra["early_stop"] = dict(early.record)
         said = early.headline
         if group.name and early.decided and not early.stopped:
             said = (
-                "not stopped early: its verdicts were open until the last of its "
-                f"{early.n_total} problems"
+                f"not stopped early: its verdicts were open until the last of its {early.n_total}"
             )
+            said += " problems"
         notes.append(f"  early stop ({early.mode}): {said}")
-    v = GroupVerdict(
-        group, tuple(records), selection, notes=tuple(notes), extra=extra, baseline=baseline
-    )
+    v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
-    specs = group.specs
-    gates: list[GateVerdict] = []
+    specs, gates = group.specs, []
     if group.floor is not None:
         gates.append(group.floor.verdict(v.answers_correct, v.n, group.protocol_label, v.runs))
     if specs.min_acc is not None:
         gates.append(specs.min_acc.verdict(v.answers_correct, v.n, group.label, v.runs))
-    for spec in specs.health:
-        count = sum(v.answers(r).count(spec.outcome) for r in v.records)
-        gates.append(spec.verdict(count, v.n, v.runs))
+    for spec in specs.health:  # each answer's outcome (an error is the whole item's)
+        answers = [a for r in v.records for a in r.get("repeats") or [r["outcome"]] * v.runs]
+        gates.append(spec.verdict(answers.count(spec.outcome), v.n, v.runs))
     v = replace(v, gates=tuple(gates))
     # 4: the baseline (a gate and notes, or a document to write)
     writing = baseline is not None and baseline.update
@@ -338,9 +392,8 @@ def decide(
     if not writing:
         v = replace(v, gates=_coverage(v, early is not None and early.stopped))
     # 7: resumed answers
-    if selection.resumed:
-        said = v.earlier_answers()
-        v = replace(v, gates=tuple(replace(g, detail=f"{g.detail}; {said}") for g in v.gates))
+    said = f"; {v.earlier_answers()}" if selection.resumed else ""
+    v = replace(v, gates=tuple(replace(g, detail=g.detail + said) for g in v.gates))
     # 8: a shard's gates wait for the merge
     if selection.shard is not None:
         wait = f"shard {selection.shard[0]} of {selection.shard[1]}: verdict at the merge"
@@ -355,15 +408,11 @@ def _early(gate: GateVerdict, early: EarlyOutcome, config: str, writing: bool) -
     key = FLOOR if gate.rule == FLOOR else gate.name
     if key not in early.verdicts or (writing and key == "baseline"):
         return gate
-    decided = early.verdicts[key]
+    decided, threshold = early.verdicts[key], None if key == "baseline" else gate.threshold
     moot = f"undecided: the {'config' if config else 'run'} stopped early on another gate's FAIL"
+    said = early.headline if decided is not None else moot
     return GateVerdict(
-        gate.name,
-        "early-stop",
-        decided != "FAIL",
-        early.headline if decided is not None else moot,
-        threshold=None if key == "baseline" else gate.threshold,
-        undecided=decided is None,
+        gate.name, "early-stop", decided != "FAIL", said, None, threshold, decided is None
     )
 
 
@@ -374,22 +423,17 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     deselected = v.selection.deselected
     missing = 0 if stopped_early else v.expected - v.n
     of = f"of the {v.expected + deselected} problems of its selection"
-    said = []
-    if deselected:
-        said.append(f"{deselected} {of} were deselected ({v.selection.deselected_by})")
-    if missing > 0:
-        stopped = "; the run was interrupted" if v.interrupted else ""
-        said.append(f"{missing} {of} have no result (skipped, or not reached{stopped})")
-    whys = [v.selection.not_whole] if v.selection.not_whole else []
-    if said:
-        whys.insert(
-            0,
-            f"{' and '.join(said)}; a gate holds for the whole selection: run the whole "
-            "selection (a subset on purpose: --gsm8k-limit)",
-        )
-    if not whys:
-        return v.gates
-    return tuple(undecided(g, "; ".join(whys)) for g in v.gates)
+    stopped = "; the run was interrupted" if v.interrupted else ""
+    said = [f"{deselected} {of} were deselected ({v.selection.deselected_by})"] * bool(deselected)
+    said += [f"{missing} {of} have no result (skipped, or not reached{stopped})"] * (missing > 0)
+    whys = [f"{' and '.join(said)}; {_WHOLE}"] if said else []
+    whys += [v.selection.not_whole] if v.selection.not_whole else []
+    return tuple(undecided(g, "; ".join(whys)) for g in v.gates) if whys else v.gates
+
+
+_UNREACHED = "the run stopped on the endpoint failure (pytest counts them as skipped)"
+_WHOLE = "a gate holds for the whole selection: run the whole selection"
+_WHOLE += " (a subset on purpose: --gsm8k-limit)"
 
 
 def _facts(v: GroupVerdict) -> Report:
@@ -405,155 +449,114 @@ def _fail(v: GroupVerdict, detail: str, **extra: Any) -> GroupVerdict:
 def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     """The baseline gate with the comparison's notes and block; a missing baseline is a note
     (a FAIL with --gsm8k-require-baseline), a refused one a FAIL."""
-    stored, specs = baseline.stored, v.group.specs
-    shown = stored.shown
-    report = _facts(v)
+    stored, specs, report = baseline.stored, v.group.specs, _facts(v)
+    shown, record = stored.shown, "pytest <same options> --snapshot-update"
     if not stored.exists:
-        record = "pytest <same options> --snapshot-update"
         moved = bl.moved_from(stored.beside, report)
         if moved is not None and not baseline.named:
             # found by its label, a changed protocol finds no file: never "no baseline yet"
-            return _fail(
-                v,
-                f"no baseline of this protocol at {shown}, but one of another protocol on "
-                f"the same data: {moved}; record this protocol's with: {record}",
-            )
+            other = f"but one of another protocol on the same data: {moved}"
+            here = f"no baseline of this protocol at {shown}, {other}"
+            return _fail(v, f"{here}; record this protocol's with: {record}")
         message = f"no baseline at {shown}; record one with: {record}"
         if moved is not None:
             message += f" (one of another protocol is beside it: {moved})"
         if specs.require_baseline:
             return _fail(v, message + " (--gsm8k-require-baseline)")
         return replace(v, notes=(*v.notes, f"  baseline: {message}"))
+    document = stored.document if baseline.from_report else None
     try:
-        document = (
-            stored.document
-            if baseline.from_report and stored.document is not None
-            else bl.check(stored, report, baseline.split)
-        )
+        document = bl.check(stored, report, baseline.split) if document is None else document
     except bl.BaselineError as exc:
         return _fail(v, str(exc))
-    v = replace(v, compared=document)
-    cmp = bl.compare(document, v.records, v.selection.ids)
-    partial = document.get("partial")
-    rule = specs.baseline
-    pairs = bl.pairs(document, v.records)
-    seen = bl.noise_block(pairs, rule.alpha)
+    cmp, partial = bl.compare(document, v.records, v.selection.ids), document.get("partial")
+    rule, pairs = specs.baseline, bl.pairs(document, v.records)
+    found = evidence(pairs)  # once: the gate, the rise warning and the block read it
+    seen = bl.noise_block(pairs, rule.alpha, found)
     block = {"path": shown, "partial": partial is not None, **cmp, **seen}
-    v = replace(v, extra={**v.extra, "baseline": block})
+    v = replace(v, compared=document, extra={**v.extra, "baseline": block})
     shared, missing, run_n = cmp["shared"], cmp["not_in_baseline"], len(set(v.selection.ids))
     if shared == 0:
         return _fail(v, f"no problem id in common with {shown}")
-    notes = list(v.notes)
-    uncovered = None
-    if missing:
-        # the comparison counts only the shared problems: never unsaid for the whole run
-        uncovered = (
-            f"{shown} covers {run_n - missing} of this run's {run_n} problems: {missing} are "
-            "not in it"
-        )
+    notes, uncovered = list(v.notes), None
+    if missing:  # the comparison counts only the shared problems: never unsaid for the run
+        uncovered = f"{shown} covers {run_n - missing} of this run's {run_n} problems: "
+        uncovered += f"{missing} are not in it"
         if partial is not None:
             uncovered += f" (a partial baseline: {partial.get('reason', '')})"
         if not specs.require_baseline:
             notes.append(f"  baseline: {uncovered}; the gate compares the {shared} it holds")
-    notes.append(
-        f"  baseline {shown}: {seen['baseline_accuracy']:.4f} -> "
-        f"{seen['current_accuracy']:.4f} {shared_words(cmp)}; {difference_words(pairs)}"
-    )
+    before, now = seen["baseline_accuracy"], seen["current_accuracy"]
+    said = f"{shared_words(cmp)}; {difference_words(pairs)}"
+    notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
     recorded_with = document.get("model")
     if isinstance(recorded_with, str) and recorded_with != v.model:
         notes.append(
             f"  the baseline was recorded with model {recorded_with} (this run: {v.model})"
         )
-    notes.append(f"  {bl.noise_sentence(seen)}")
-    notes.append(f"  {failing_words(pairs)}; p={seen['p_value']:.4g}")
-    rise = rule.rise(pairs)
-    if rise is not None:
-        notes.append(f"  {rise}")
+    notes += [f"  {bl.noise_sentence(seen)}", f"  {failing_words(pairs)}; p={seen['p_value']:.4g}"]
+    notes += [f"  {rise}" for rise in [rule.rise(pairs, found)] if rise is not None]
     where_all = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
     runs = seen["repeats"]["baseline"]
+    stable = f"newly failing, stable (right in all {runs} baseline runs)"
     for title, ids in (
-        (
-            f"newly failing, stable (right in all {runs} baseline runs)"
-            if runs > 1
-            else "newly failing",
-            seen["stable_flips"] if runs > 1 else seen["newly_failing"],
-        ),
+        (stable, seen["stable_flips"]) if runs > 1 else ("newly failing", seen["newly_failing"]),
         ("newly failing, noisy (right in some baseline runs)", seen["noisy_failing"]),
     ):
-        if ids:
-            left = len(ids) - SHOWN_IDS
-            more = f" (+{left} more {where_all})" if left > 0 else ""
-            notes.append(f"  {title}: {', '.join(ids[:SHOWN_IDS])}{more}")
+        more = f" (+{len(ids) - SHOWN_IDS} more {where_all})" if len(ids) > SHOWN_IDS else ""
+        notes += [f"  {title}: {', '.join(ids[:SHOWN_IDS])}{more}"] * bool(ids)
     v = replace(v, notes=tuple(notes))
     if uncovered is not None and specs.require_baseline:
+        whole = "record a baseline of the whole selection with --snapshot-update"
         return _fail(
             v,
-            f"{uncovered}; --gsm8k-require-baseline needs every problem of the run in it: "
-            "record a baseline of the whole selection with --snapshot-update",
+            f"{uncovered}; --gsm8k-require-baseline needs every problem of the run in it: {whole}",
         )
-    return replace(v, gates=(*v.gates, rule.verdict(pairs)))
+    return replace(v, gates=(*v.gates, rule.verdict(pairs, found)))
 
 
 def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
     """``--snapshot-update``: the document to write, only from a run of its whole selection
     and never over a baseline holding problems the run does not (unless
     ``--gsm8k-baseline-partial``). The writer writes; a failure comes back as ``write_error``."""
-    stored = baseline.stored
-    shown = stored.shown
+    stored, errors, report = baseline.stored, v.counts()["error"], _facts(v)
+    shown, stopped_early = stored.shown, early is not None and early.stopped
     if baseline.write_error is not None:
         return _fail(v, f"{shown}: cannot write it ({baseline.write_error})")
-    stopped_early = early is not None and early.stopped
-    counts = v.counts()
-    reason = None
-    if v.interrupted:
-        reason = "the run was interrupted"
-    elif counts["error"]:
-        reason = f"{counts['error']} problems ended in an error"
-    elif v.n < v.expected and not stopped_early:
-        reason = f"only {v.n} of {v.expected} problems have a result"
-    if reason:
-        return _fail(v, f"not written to {shown}: {reason}")
     deselected = v.selection.deselected
     selection = v.expected + deselected
     partial = None
     if stopped_early:
-        partial = (
-            f"the run stopped early (--gsm8k-early-stop) after {v.n} of the {selection} "
-            "problems of its selection"
-        )
+        partial = "the run stopped early (--gsm8k-early-stop) after "
+        partial += f"{v.n} of the {selection} problems of its selection"
     elif deselected:
-        partial = (
-            f"{deselected} of the {selection} problems of its selection were deselected "
-            f"({v.selection.deselected_by})"
-        )
-    if partial is not None and not baseline.partial_ok:
-        return _fail(
-            v,
-            f"not written to {shown}: {partial}; a baseline holds the whole selection "
-            "(--gsm8k-baseline-partial writes a partial one)",
-        )
-    report = _facts(v)
-    if not baseline.partial_ok:
-        dropped = bl.dropped(stored, report, baseline.split)
-        if dropped:
-            return _fail(
-                v,
-                f"not written to {shown}: it holds {dropped} problems this run does not have; "
-                "delete it to record a smaller one, or pass --gsm8k-baseline-partial",
-            )
-    fewer = bl.fewer_repeats(stored.document, baseline.repeats)
-    if fewer is not None:
-        return _fail(v, f"not written to {shown}: {fewer}")
+        partial = f"{deselected} of the {selection} problems of its selection were deselected "
+        partial += f"({v.selection.deselected_by})"
+    dropped = 0 if baseline.partial_ok else bl.dropped(stored, report, baseline.split)
+    for why in (
+        "the run was interrupted" if v.interrupted else None,
+        f"{errors} problems ended in an error" if errors else None,
+        f"only {v.n} of {v.expected} problems have a result"
+        if v.n < v.expected and not stopped_early
+        else None,
+        f"{partial}; a baseline holds the whole selection (--gsm8k-baseline-partial writes a "
+        "partial one)"
+        if partial is not None and not baseline.partial_ok
+        else None,
+        f"it holds {dropped} problems this run does not have; delete it to record a smaller "
+        "one, or pass --gsm8k-baseline-partial"
+        if dropped
+        else None,
+        bl.fewer_repeats(stored.document, baseline.repeats),
+    ):
+        if why is not None:
+            return _fail(v, f"not written to {shown}: {why}")
     size = f"n={v.n}"
     size += f" of the {selection} of its selection, partial: {partial};" if partial else ","
     note = f"  baseline written: {shown} ({size} accuracy {v.accuracy:.4f})"
     block = {"path": shown, "written": True, "partial": partial is not None}
-    return replace(
-        v,
-        notes=(*v.notes, note),
-        extra={**v.extra, "baseline": block},
-        baseline_write=bl.build(report, partial),
-    )
+    extra = {**v.extra, "baseline": block}
+    return replace(v, notes=(*v.notes, note), extra=extra, baseline_write=bl.build(report, partial))
 
 
 def decide_run(
@@ -562,7 +565,6 @@ def decide_run(
     top: Group | None = None,
     not_run: Sequence[str] = (),
     times: tuple[str, str, float] | None = None,
-    write_errors: Mapping[str, str] | None = None,
 ) -> RunVerdict:
     """Each group decided; with ``top`` (a matrix) each config's gates named after it
     (``Qwen3:min-acc``) under a top that counts every config's records (``not_run``: configs
@@ -571,34 +573,22 @@ def decide_run(
     if top is None:
         (verdict,) = decided
     else:
-        decided = [
-            replace(
-                d,
-                gates=tuple(
-                    g
-                    if g.name.startswith(f"{d.group.name}:")
-                    else replace(g, name=f"{d.group.name}:{g.name}")
-                    for g in d.gates
-                ),
-            )
-            for d in decided
-        ]
+        for i, d in enumerate(decided):
+            named = f"{d.group.name}:"
+            gates = [
+                g if g.name.startswith(named) else replace(g, name=named + g.name) for g in d.gates
+            ]
+            decided[i] = replace(d, gates=tuple(gates))
+        both = tuple(g for d in decided for g in d.gates)
         ids = tuple(pid for d in decided for pid in d.selection.ids)
+        interrupted = any(i.selection.interrupted for i in inputs)
         selection = Selection(
-            ids,
-            interrupted=any(i.selection.interrupted for i in inputs),
-            resumed=any(i.selection.resumed for i in inputs),
+            ids, interrupted=interrupted, resumed=any(i.selection.resumed for i in inputs)
         )
-        verdict = GroupVerdict(
-            top,
-            tuple(r for d in decided for r in d.records),
-            selection,
-            gates=tuple(g for d in decided for g in d.gates),
-            extra={**top.extra, "not_run": list(not_run)},
-            configs=tuple(decided),
-        )
+        records = tuple(r for d in decided for r in d.records)
+        extra = {**top.extra, "not_run": list(not_run)}
+        verdict = GroupVerdict(top, records, selection, both, extra=extra, configs=tuple(decided))
     if times is not None:
-        started, finished, seconds = times
-        when = {"started_at": started, "finished_at": finished, "duration_s": seconds}
+        when = dict(zip(("started_at", "finished_at", "duration_s"), times, strict=True))
         verdict = replace(verdict, extra={**verdict.extra, **when})
-    return RunVerdict(verdict, top is not None, write_errors or {})
+    return RunVerdict(verdict, top is not None)

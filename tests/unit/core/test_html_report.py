@@ -293,7 +293,7 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
 
 def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_gate_sees() -> None:
     records = [_record(i, o) for i, o in enumerate(["wrong", "wrong", "wrong", "correct"])]
-    baseline = {
+    baseline: dict[str, Any] = {
         "path": "b.gsm8k",
         "shared": 4,
         "newly_failing": ["test-0000", "test-0001", "test-0002"],
@@ -302,7 +302,12 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
         "p_value": 0.02,
         "alpha": 0.01,
         "repeats": {"baseline": 5, "run": 1},
-        "detectable_drop": {"problems": 2, "points": 50.0, "power": 0.8},
+        "detectable_drop": {
+            "problems": 2,
+            "points": 50.0,
+            "power": 0.8,
+            "repeats_for_one_point": None,
+        },
         "stable_flips": ["test-0002"],
         "noisy_failing": ["test-0000", "test-0001"],
         "stability": {"stable_correct": 2, "stable_wrong": 0, "noisy": 2},
@@ -311,9 +316,16 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
     page = render_html(_report(records, baseline=baseline))
     ids = [p["id"] for p in _embedded(page)["problems"]]
     assert ids == ["test-0002", "test-0000", "test-0001", "test-0003"]
-    assert "p = 0.02 at alpha 0.01; detects a drop of 50.0 points or more" in page
+    assert "p = 0.02 at alpha 0.01; noise: " in page
+    assert "the gate detects a drop of 50.0 points or more" in page
     assert "5 runs per problem: 2 stable-correct, 0 stable-wrong, 2 noisy" in page
     assert "3 newly failing: 1 stable (listed first), 2 noisy" in page
+    # the page says what the terminal says, from the same sentence (core/baseline.py): a drop
+    # that needs more problems than ran is never claimed detectable (issue 32 #4)
+    too_few = {**baseline["detectable_drop"], "problems": 7, "points": 175.0}
+    page = render_html(_report(records, baseline={**baseline, "detectable_drop": too_few}))
+    assert "detects a drop of" not in page
+    assert "the gate detects no drop at this size (4 problems; alpha=0.01)" in page
 
 
 def test_problem_texts_and_baseline_outcomes() -> None:

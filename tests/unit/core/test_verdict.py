@@ -327,6 +327,32 @@ def test_a_baseline_comparison_fails_on_flips_and_a_missing_one_is_a_note() -> N
     )
 
 
+def test_the_noise_evidence_is_computed_once_per_decision_and_never_memoised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 32: the gate, the noise line and the report's block read one evidence that the
+    decision computes itself; a cache keyed on the pairs is a channel by which another
+    run's numbers could reach this verdict, so two decisions on equal pairs compute twice."""
+    from pytest_gsm8k.core import calibrated
+
+    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    assert document is not None
+    asked: list[tuple[Any, ...]] = []
+    real = calibrated.rate_p_values
+
+    def counted(pairs: Any) -> tuple[float, float]:
+        asked.append(tuple(pairs))
+        return real(pairs)
+
+    monkeypatch.setattr(calibrated, "rate_p_values", counted)
+    first = _baseline_run("cccwcccc", _stored(dict(document)))
+    seen = [pairs for pairs in asked if any(p.now_correct for p in pairs)]
+    assert len(seen) == 1  # the gate, the rise warning and the block: one computation
+    second = _baseline_run("cccwcccc", _stored(dict(document)))
+    assert len([pairs for pairs in asked if any(p.now_correct for p in pairs)]) == 2
+    assert first.to_json()["baseline"] == second.to_json()["baseline"]
+
+
 def test_a_refused_or_unwritable_baseline_is_a_fail() -> None:
     errored = _baseline_run("cccc", StoredBaseline(Path("b"), "b", None, "b: not JSON"))
     assert [(g.word, g.detail) for g in errored.gates] == [("FAIL", "b: not JSON")]
