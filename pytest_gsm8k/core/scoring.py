@@ -1,10 +1,8 @@
 """Answer extraction and comparison (the rules: docs/protocols.md#extraction-and-comparison).
 
-No floats anywhere: GSM8K answers are exact (``1,450,000``), and a float or a
-significant-digit rounding can turn a wrong answer right. Every number is a :class:`Decimal`
-built from its digits. For every rule the *last* match wins: models restate intermediate
-values before the final one. ``last-int`` copies ``get_answer_value`` of vLLM's
-``tests/evals/gsm8k/gsm8k_eval.py`` and SGLang's ``few_shot_gsm8k.py``. Pure, stdlib only.
+No floats: GSM8K answers are exact (``1,450,000``) and a rounding can turn a wrong answer
+right, so every number is a :class:`Decimal` built from its digits. For every rule the *last*
+match wins: models restate intermediate values before the final one. Pure, stdlib only.
 """
 
 from __future__ import annotations
@@ -12,10 +10,10 @@ from __future__ import annotations
 import ast
 import re
 import string
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import overload
 
@@ -54,15 +52,13 @@ _ANSWER_IS_RE = re.compile(
 # Possessive quantifiers: linear, even on a text of unclosed \boxed{ (a looping answer).
 _BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]++|\{(?:[^{}]++|\{[^{}]*+\})*+\})*+)\}")
 
-# LaTeX wrappers whose content is a unit or label, never the number itself.
-_TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{[^{}]*\}")
-# LaTeX noise that may appear inside a boxed number: escaped dollar/percent,
-# thin/negative spaces, "{,}" thousands separators, \left/\right.
+# LaTeX wrappers whose content is a unit or label (or, failing that, the number itself)
+_TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([^{}]*)\}")
+# noise inside a boxed number: escaped $ and %, thin spaces, "{,}" separators, \left/\right
 _LATEX_NOISE_RE = re.compile(r"\\[$%,!;: ]|\{,\}|\\left|\\right|[$%]")
 
 _THINK_PAIR_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE | re.ASCII)
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-
 _PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
 
 # The peers use the third-party ``regex`` module; for a str pattern its ``\d`` is the same
@@ -71,69 +67,45 @@ _DIGITS_RE = re.compile(r"\d+")
 
 
 def parse_number(text: str) -> Decimal | None:
-    """One number token as an exact :class:`Decimal`, or None (no exponents, no fractions).
-
-    Takes what models and gold answers write: ``$`` before or after the minus, U+2212, a
-    trailing ``%`` or period, thousands commas (removed, as the seed rule does). Trailing
-    fractional zeros are cut from the digits, not by ``Decimal.normalize`` (which rounds to
-    28 digits and writes ``1E+3``); negative zero is zero.
-    """
+    """One number token as an exact :class:`Decimal`, or None (no exponents, no fractions):
+    ``$`` before or after the minus, U+2212, a trailing ``%`` or period, thousands commas.
+    Trailing zeros are cut from the digits, not by ``Decimal.normalize`` (which rounds to 28
+    digits and writes ``1E+3``); negative zero is zero."""
     s = text.strip().replace("\u2212", "-")
-    negative = False
-    if s.startswith("-"):
-        negative = True
-        s = s[1:].lstrip()
-    if s.startswith("$"):
-        s = s[1:].lstrip()
+    negative = s.startswith("-")
+    s = s.removeprefix("-").lstrip().removeprefix("$").lstrip()
     if not negative and s.startswith("-"):  # "$-3"
-        negative = True
-        s = s[1:].lstrip()
-    s = s.rstrip()
-    if s.endswith("."):
-        s = s[:-1]
+        negative, s = True, s[1:].lstrip()
+    s = s.removesuffix(".")
     if s.endswith("%"):
         s = s[:-1].rstrip()
-    if s.endswith("."):  # "50%." is "50% ." after the sentence period goes
-        s = s[:-1]
-    if s.startswith(",") or s.endswith(",") or ",," in s:
+    s = s.removesuffix(".")  # "50%." is "50% ." after the sentence period goes
+    # a comma in the fractional part is no thousands separator
+    if s.startswith(",") or s.endswith(",") or ",," in s or "," in s.partition(".")[2]:
         return None
-    if "," in s.partition(".")[2]:
-        return None  # a comma in the fractional part is not a thousands separator
     s = s.replace(",", "")
     if not _PLAIN_NUMBER_RE.fullmatch(s):
         return None
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-        if s == "":  # ".0", "0.000"
-            s = "0"
-    try:
-        value = Decimal(s)
-    except InvalidOperation:  # pragma: no cover - the regex already guards this
-        return None
-    if value == 0:
-        return Decimal(0)
-    return -value if negative else value
+    value = Decimal((s.rstrip("0").rstrip(".") or "0") if "." in s else s)  # ".0", "0.000"
+    return Decimal(0) if value == 0 else -value if negative else value
 
 
 def strip_reasoning(text: str) -> str:
-    """The visible answer without ``<think>`` reasoning (whose discarded numbers the
-    lenient rules would pick up): whole blocks go (each leaves a newline, so numbers on
-    either side never fuse), everything up to an orphan ``</think>`` goes (some servers
-    strip the opening tag), and everything from a ``<think>`` never closed goes (the model
-    ran out of tokens while thinking)."""
-    # Linear in the text's length. The pair regex alone is quadratic on unclosed tags (from
-    # each one it scans to the end for a close), and a cached answer full of them would stall
-    # every rerun; so it only runs on the part up to the last </think>, where every opening
-    # tag has a closing one after it. Tags match ASCII case-insensitively, as the regex does.
+    """The visible answer without ``<think>`` reasoning (whose numbers the lenient rules would
+    pick up): whole blocks go (each leaves a newline: numbers on either side never fuse), so
+    does everything up to an orphan ``</think>`` (some servers strip the opening tag) and from
+    a ``<think>`` never closed (the model ran out of tokens while thinking)."""
+    # Linear: the pair regex alone is quadratic on unclosed tags, and a cached answer full of
+    # them would stall every rerun; so it only runs up to the last </think>.
     last = ascii_lower(text).rfind("</think>")
     head, tail = ("", text) if last == -1 else (text[: last + 8], text[last + 8 :])
     opening = ascii_lower(tail).find("<think>")
     if opening != -1:
-        tail = tail[:opening]  # never closed: the model ran out of tokens while thinking
+        tail = tail[:opening]
     head = _THINK_PAIR_RE.sub("\n", head)
     orphan = ascii_lower(head).rfind("</think>")
     if orphan != -1:
-        head = head[orphan + 8 :]  # everything up to a closing tag without opening was reasoning
+        head = head[orphan + 8 :]
     return (head + tail).strip()
 
 
@@ -142,18 +114,13 @@ def ascii_lower(text: str) -> str:
     return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
-def _last_match_number(regex: re.Pattern[str], text: str, use_group: bool) -> Decimal | None:
-    """The number in the last match of ``regex``, even when it does not parse: the final
-    stated answer counts, not the final parseable one."""
+def _last_match_number(regex: re.Pattern[str], text: str) -> Decimal | None:
+    """The number in the last match of ``regex`` (group 1, or the whole match of a pattern
+    without one), even when it does not parse: the final stated answer counts."""
     # deque(maxlen=1) consumes the matches in C: a looping 10 MB answer can hold millions
     final = deque(regex.finditer(text), maxlen=1)
-    if not final:
-        return None
-    last = final[0]
-    token = last.group(1) if use_group else last.group(0)
-    if token is None:  # optional group that did not take part in the match
-        return None
-    return parse_number(token)
+    token = final[0].group(1 if regex.groups else 0) if final else None
+    return None if token is None else parse_number(token)  # None: an optional group unused
 
 
 def _last_prose_number(text: str) -> Decimal | None:
@@ -182,32 +149,18 @@ def _last_boxed(text: str) -> str | None:
 def _boxed_number(content: str) -> Decimal | None:
     """The number inside one ``\\boxed{}``, units and LaTeX noise removed: only when it
     holds exactly one (``x = 5``); ``\\frac{1}{2}`` is ambiguous and gives None."""
-    without_units = _TEXT_MACRO_RE.sub(" ", content)
-    value = _single_number(without_units)
-    if value is None:
-        # \text{18} or \mathbf{18}: the wrapper held the number itself.
-        value = _single_number(_TEXT_MACRO_RE.sub(_macro_body, content))
-    return value
-
-
-def _macro_body(match: re.Match[str]) -> str:
-    """The braced argument of a ``\\text{...}``-like macro match."""
-    whole = match.group(0)
-    return " " + whole[whole.index("{") + 1 : -1] + " "
+    value = _single_number(_TEXT_MACRO_RE.sub(" ", content))
+    return _single_number(_TEXT_MACRO_RE.sub(r" \1 ", content)) if value is None else value
 
 
 def _single_number(content: str) -> Decimal | None:
-    """The number in ``content`` if it holds exactly one, else ``None``."""
     cleaned = _LATEX_NOISE_RE.sub("", content).strip()
     while cleaned.startswith("{") and cleaned.endswith("}"):
         cleaned = cleaned[1:-1].strip()
-    direct = parse_number(cleaned)
-    if direct is not None:
+    if (direct := parse_number(cleaned)) is not None:
         return direct
     tokens = _FLEXIBLE_RE.findall(cleaned)
-    if len(tokens) == 1:
-        return parse_number(tokens[0])
-    return None
+    return parse_number(tokens[0]) if len(tokens) == 1 else None
 
 
 #: digit runs up to this long are read without ``ast.literal_eval`` (which reads them the
@@ -233,16 +186,16 @@ def last_int(text: str) -> Decimal | None:
     return Decimal(value) if isinstance(value, int) else None
 
 
-def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) -> Decimal | None:
-    """Apply ``rule`` to text that has already had its reasoning removed."""
+def _extract(rule: str, text: str, visible: str, pattern: re.Pattern[str] | None) -> Decimal | None:
+    """``rule``'s answer; ``visible``: ``text`` without its reasoning (:func:`strip_reasoning`)."""
+    if rule == "last-int":  # the whole text, as the peers score it
+        return last_int(text)
     if rule == "strict":
-        if pattern is None:
-            return _last_match_number(_STRICT_RE, visible, use_group=True)
-        return _last_match_number(pattern, visible, use_group=pattern.groups >= 1)
-    if rule == "answer-is":
-        if "answer" not in ascii_lower(visible):
-            return None  # the case-insensitive regex scan costs ten times this check
-        return _last_match_number(_ANSWER_IS_RE, visible, use_group=True)
+        return _last_match_number(pattern or _STRICT_RE, visible)
+    if rule == "answer-is":  # the case-insensitive regex scan costs ten times this check
+        return (
+            _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None
+        )
     if rule == "boxed":
         content = _last_boxed(visible)
         return None if content is None else _boxed_number(content)
@@ -253,13 +206,9 @@ def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) 
 
 def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
     """The final answer in ``text`` under ``rule``; ``pattern``: ``--gsm8k-answer-regex``,
-    the strict rule's (group 1, or the whole match). ValueError for an unknown rule, so a
-    typo fails loudly instead of scoring everything wrong."""
-    if rule not in RULES:
-        raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
-    if rule in WHOLE_TEXT_RULES:
-        return last_int(text)
-    return _extract_stripped(strip_reasoning(text), rule, pattern)
+    the strict rule's. ValueError for an unknown rule (a typo must not score everything wrong)."""
+    visible = text if rule in WHOLE_TEXT_RULES or rule not in RULES else strip_reasoning(text)
+    return _extract(rule, text, visible, pattern)
 
 
 def gold_number(answer: str) -> Decimal:
@@ -281,9 +230,7 @@ _FINE = Decimal("1e-9")
 def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
     """Whether two answers agree within :data:`TOLERANCE`, exactly (in fractions). None
     (no answer) and non-finite values never equal anything, not even themselves."""
-    if a is None or b is None:
-        return False
-    if not (a.is_finite() and b.is_finite()):
+    if a is None or b is None or not (a.is_finite() and b.is_finite()):
         return False
     # Cheap answers first, so a 10-million-digit "number" from a looping model costs no
     # big-integer arithmetic: magnitudes 100x apart (the larger >= 1) differ by far more
@@ -313,20 +260,12 @@ class SampleScore:
 
 
 def score_text(
-    text: str,
-    gold: Decimal,
-    pattern: re.Pattern[str] | None = None,
-    label: Decimal | None = None,
+    text: str, gold: Decimal, pattern: re.Pattern[str] | None = None, label: Decimal | None = None
 ) -> SampleScore:
     """One completion against ``gold`` under every rule; ``label``: what ``last-int``
     compares with (:func:`rule_gold`; ``gold`` when not given)."""
     visible = strip_reasoning(text)
-    extracted = {
-        rule: last_int(text)
-        if rule in WHOLE_TEXT_RULES
-        else _extract_stripped(visible, rule, pattern)
-        for rule in RULES
-    }
+    extracted = {rule: _extract(rule, text, visible, pattern) for rule in RULES}
     correct = {
         rule: numbers_equal(value, label if rule == "last-int" and label is not None else gold)
         for rule, value in extracted.items()
@@ -351,35 +290,20 @@ def format_number(d: Decimal | None) -> str | None: ...
 def format_number(d: Decimal | None) -> str | None:
     """A number as reports and vote keys write it: fixed point, no trailing fractional
     zeros, no negative zero, so equal numbers print alike (None stays None)."""
-    if d is None:
-        return None
-    if not d.is_finite():
-        return str(d)
+    if d is None or not d.is_finite():
+        return None if d is None else str(d)
     if d == 0:
         return "0"
     s = format(d, "f")
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-    return s
+    return s.rstrip("0").rstrip(".") if "." in s else s
 
 
 def majority_vote(
     values: Sequence[Decimal | None],
 ) -> tuple[Decimal | None, list[tuple[str, int]]]:
-    """maj@N: ``(winner, [(number, votes), ...])`` by votes, then first appearance (a tie
-    goes to the earliest first vote, the same in every rerun). Equal numbers (``18``,
-    ``18.00``) pool their votes; None and non-finite values do not vote."""
-    # Decimal hashes by numeric value; a dict keeps the first key and first-seen order
-    counts: dict[Decimal, int] = {}
-    for value in values:
-        if value is None or not value.is_finite():
-            continue
-        counts[value] = counts.get(value, 0) + 1
-    ranked = sorted(counts.items(), key=lambda item: -item[1])
-    table: list[tuple[str, int]] = []
-    for key, votes in ranked:
-        label = format_number(key)
-        assert label is not None
-        table.append((label, votes))
-    winner = ranked[0][0] if ranked else None
-    return winner, table
+    """maj@N: ``(winner, [(number, votes), ...])`` by votes, then first appearance (a tie goes
+    to the earliest first vote, the same in every rerun). Equal numbers (``18``, ``18.00``)
+    pool their votes (Decimal hashes by value; the first key stays); None and non-finite
+    values do not vote."""
+    ranked = Counter(v for v in values if v is not None and v.is_finite()).most_common()
+    return (ranked[0][0] if ranked else None), [(format_number(k), n) for k, n in ranked]
