@@ -106,15 +106,16 @@ PRESETS: dict[str, PresetSpec] = {p.name: p for p in (LM_EVAL, VLLM, SGLANG)}
 def preset_settings(
     name: str, *, api: str = "completions", shots: int | None = None
 ) -> dict[str, Any]:
-    """The settings of ``--gsm8k-preset NAME --gsm8k-shots N``, for a caller that builds runs
-    itself (one per vLLM config); ValueError as the options' checks would say it."""
+    """The settings ``--gsm8k-preset NAME`` fixes, ``preset`` and ``api`` included; ValueError
+    when ``api`` or ``shots`` cannot be the peer's."""
     spec = get_preset(name)
     if api not in spec.apis:
-        raise ValueError(f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only")
+        raise ValueError(
+            f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only (its peer has no "
+            f"{api} mode); remove --gsm8k-api"
+        )
     if shots is not None and "shots" not in spec.adjustable:
-        raise ValueError(f"--gsm8k-preset {name} sets --gsm8k-shots itself")
-    if shots is not None and shots < 0:
-        raise ValueError(f"--gsm8k-shots: must be >= 0, got {shots}")
+        raise ValueError(f"--gsm8k-preset {name} sets --gsm8k-shots itself; remove --gsm8k-shots")
     return {"preset": name, "api": api, **spec.settings(api, shots)}
 
 

@@ -409,25 +409,21 @@ class _Read:
 
     def preset(self, name: str) -> None:
         """The preset's values; any of them given as well is refused (the peer's protocol)."""
-        from pytest_gsm8k.core.presets import get_preset
+        from pytest_gsm8k.core.presets import PRESETS, preset_settings
 
+        api = self.values["api"] if "api" in self.given else "completions"
         try:
-            spec = get_preset(name)
+            fixed = preset_settings(
+                name, api=api, shots=self.values["shots"] if "shots" in self.given else None
+            )
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
-        api = self.values["api"] if "api" in self.given else "completions"
-        if api not in spec.apis:
-            raise SettingsError(
-                f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only "
-                f"(its peer has no {api} mode); remove --gsm8k-api"
-            )
-        adjusted = "shots" in self.given and "shots" in spec.adjustable
-        fixed = spec.settings(api, self.values["shots"] if adjusted else None)
+        spec = PRESETS[name]
         for key in (*fixed, *PRESET_ALSO_FIXED, *spec.also_fixed):
-            if key in self.given and key not in spec.adjustable:
+            if key in self.given and key not in ("preset", "api", *spec.adjustable):
                 flag = _BY_KEY[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
-        self.values.update(fixed, api=api)
+        self.values.update(fixed)
         if name == "vllm":
             from pytest_gsm8k.core.engine_ci import vllm_param_error
 
