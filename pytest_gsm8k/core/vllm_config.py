@@ -23,14 +23,6 @@ from pytest_gsm8k.core.scrub import secret_args, secret_env
 #: what vLLM's test adds to every config's ``server_args``, then its RemoteOpenAIServer's seed
 TEST_FLAGS = ("--trust-remote-code", "--disable-uvicorn-access-log", "--seed", "0")
 REQUIRED = ("model_name", "accuracy_threshold", "num_questions", "num_fewshot")
-#: fields vLLM's test reads, beside the required ones
-# fmt: off
-OPTIONAL = (
-    "tolerance", "server_args", "env", "startup_max_wait_seconds", "request_timeout_seconds",
-    "rocm_request_timeout_seconds", "max_tokens", "use_chat_completions", "temperature", "seed",
-    "gen_prefix", "max_concurrency", "min_acceptance_length",
-)
-# fmt: on
 #: found in vLLM's configs, never read by its test (so neither here)
 IGNORED = ("max_model_len",)
 #: fields a run here cannot honour: refused with the reason
@@ -148,8 +140,9 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
     return data, {str(k.value): v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
 
 
-#: the numeric fields: (an integer, lowest, highest, the lowest excluded); None is allowed
-#: (left to the server, as vLLM's script leaves it) where ``_NULLABLE`` says so
+#: the fields vLLM's test reads: the numbers as (an integer, lowest, highest, the lowest
+#: excluded), None allowed (left to the server, as vLLM's script leaves it) where
+#: ``_NULLABLE`` says so; then the other types (None is left to the default, except a bool)
 _BOUNDS: dict[str, tuple[bool, float, float | None, bool]] = {
     "accuracy_threshold": (False, 0, 1, False),
     "num_questions": (True, 1, None, False),
@@ -157,7 +150,7 @@ _BOUNDS: dict[str, tuple[bool, float, float | None, bool]] = {
     "tolerance": (False, 0, 1, False),
     "startup_max_wait_seconds": (False, 0, 1e6, True),
     "request_timeout_seconds": (False, 0, 1e6, True),
-    "rocm_request_timeout_seconds": (False, 0, 1e6, True),  # checked, never used here
+    "rocm_request_timeout_seconds": (False, 0, 1e6, True),
     "max_tokens": (True, 1, None, False),
     "temperature": (False, 0, 2, False),
     "seed": (True, 0, None, False),
@@ -181,16 +174,13 @@ def _bounded(
     return raw if integer else float(raw)
 
 
-#: the longest model id a config may name (Hugging Face's repo ids are at most 96 characters;
-#: a local path may be longer)
-MAX_MODEL_NAME = 1000
-#: the fields of other types: None is left to the default, except for the bool
 _TYPED = {
     "server_args": (str, "a string"),
     "env": (dict, "a mapping of variables"),
     "gen_prefix": (str, "a string"),
     "use_chat_completions": (bool, "true or false"),
 }
+KNOWN = ("model_name", *_BOUNDS, *_TYPED, *UNSUPPORTED)
 
 
 def parse(text: str, source: str, name: str) -> VllmConfig:
@@ -208,10 +198,9 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
         return f"{source}{line}: {clip(key)}"
 
     for key in data:
-        if not isinstance(key, str) or key not in (*REQUIRED, *OPTIONAL, *IGNORED):
+        if not isinstance(key, str) or key not in (*KNOWN, *IGNORED):
             raise ConfigError(
-                f"{where(str(key))}: unknown field (vLLM's test reads "
-                f"{', '.join((*REQUIRED, *OPTIONAL))})"
+                f"{where(str(key))}: unknown field (vLLM's test reads {', '.join(KNOWN)})"
             )
         if key in UNSUPPORTED:
             raise ConfigError(f"{where(key)}: not supported: {UNSUPPORTED[key]}")
@@ -219,24 +208,19 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
         if key not in data:
             raise ConfigError(f"{source}: {key}: missing (vLLM's test requires it)")
     model = data["model_name"]
-    if (
-        not isinstance(model, str)
-        or not model.strip()
-        or len(model) > MAX_MODEL_NAME
-        or "\x00" in model
-    ):
-        # shown on every line that names the config's model, and passed to the server
+    # shown on every line that names the config's model, and passed to the server
+    if not isinstance(model, str) or not model.strip() or len(model) > 1000 or "\x00" in model:
         raise ConfigError(
-            f"{where('model_name')}: expected a model id (at most {MAX_MODEL_NAME} characters, "
-            f"no NUL), got {_shown(model)}"
+            f"{where('model_name')}: expected a model id (at most 1000 characters, no NUL), "
+            f"got {_shown(model)}"
         )
-    values: dict[str, Any] = {"model_name": model.strip()}
-    for key, bounds in _BOUNDS.items():
-        if key in data:
-            raw = data[key]
-            nulled = raw is None and key in _NULLABLE
-            values[key] = None if nulled else _bounded(raw, where(key), *bounds)
-    values.pop("rocm_request_timeout_seconds", None)
+    values: dict[str, Any] = {
+        key: None if data[key] is None and key in _NULLABLE else _bounded(data[key], where(key), *b)
+        for key, b in _BOUNDS.items()
+        if key in data
+    }
+    values.pop("rocm_request_timeout_seconds", None)  # checked, never used here
+    values["model_name"] = model.strip()
     for key, (kind, what) in _TYPED.items():
         raw = data.get(key)
         if (raw is not None or (kind is bool and key in data)) and not isinstance(raw, kind):
@@ -267,11 +251,8 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
 def parse_list(text: str, source: str) -> list[tuple[int, str]]:
     """The config file names of a vLLM list file (``configs/models-*.txt``), with their line
     numbers: one per line, blank lines and ``#`` comments skipped, as vLLM's conftest reads it."""
-    out: list[tuple[int, str]] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            out.append((number, line))
+    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)]
+    out = [(number, line) for number, line in lines if line and not line.startswith("#")]
     if not out:
         raise ConfigError(f"{source}: names no config file")
     return out
