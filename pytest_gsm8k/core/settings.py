@@ -86,28 +86,22 @@ class Option:
             return OMIT
         if self.kind == "list":
             return [raw] if isinstance(raw, str) else [str(x) for x in raw]
-        if self.kind == "bool":
-            try:
-                return convert_bool(raw)
-            except ValueError:
-                raise SettingsError(f"{self.flag}: expected true or false, got {raw!r}") from None
-        if self.kind == "str":
-            if self.choices and str(raw) not in self.choices:
-                *first, last = self.choices
-                one_of = f"one of {', '.join(first)}," if first[1:] else f"{first[0]} or"
-                raise SettingsError(f"{self.flag}: expected {one_of} {last}, got {str(raw)!r}")
-            return str(raw)
         try:
-            number = int(str(raw).strip()) if self.kind == "int" else float(str(raw).strip())
+            value = _READ[self.kind](raw)
         except ValueError:
-            kind = "an integer" if self.kind == "int" else "a number"
-            raise SettingsError(f"{self.flag}: expected {kind}, got {raw!r}") from None
+            raise SettingsError(
+                f"{self.flag}: expected {_EXPECTED[self.kind]}, got {raw!r}"
+            ) from None
+        if self.choices and value not in self.choices:
+            *first, last = self.choices
+            one_of = f"one of {', '.join(first)}," if first[1:] else f"{first[0]} or"
+            raise SettingsError(f"{self.flag}: expected {one_of} {last}, got {value!r}")
         # nan passes every comparison check and inf overflows a socket's timeout
-        if not math.isfinite(number):
+        if self.kind == "float" and not math.isfinite(value):
             raise SettingsError(f"{self.flag}: expected a finite number, got {raw!r}")
-        if problem := self._out_of_range(number):
+        if self.kind in ("int", "float") and (problem := self._out_of_range(value)):
             raise SettingsError(f"{self.flag}: {problem}{f' ({self.why})' if self.why else ''}")
-        return number
+        return value
 
     def _out_of_range(self, v: float) -> str | None:
         gt, ge, lt, le = self.gt, self.ge, self.lt, self.le
@@ -126,6 +120,19 @@ class Option:
             return f"must be >= {ge:g}, got {v}"
         shown = f"{v:g}" if isinstance(v, float) else v  # 1e+300 seconds, 5000 requests
         return f"must be at most {le:g}{self.unit}, got {shown}"
+
+
+def convert_bool(raw: Any) -> bool:
+    """The words pytest's own bool ini type accepts; ValueError otherwise."""
+    text = str(raw).strip().lower()
+    if text not in ("1", "true", "yes", "on", "y", "t", "0", "false", "no", "off", "n", "f", ""):
+        raise ValueError(raw)
+    return text in ("1", "true", "yes", "on", "y", "t")
+
+
+_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str}
+_READ.update(int=lambda raw: int(str(raw).strip()), float=lambda raw: float(str(raw).strip()))
+_EXPECTED = {"bool": "true or false", "int": "an integer", "float": "a number"}
 
 
 def opt(help: str, default: Any = None, **spec: Any) -> Any:
@@ -256,16 +263,6 @@ def is_local_spec(model: object) -> bool:
     return isinstance(model, str) and (model == "local" or model.startswith("local:"))
 
 
-def convert_bool(raw: Any) -> bool:
-    """The words pytest's own bool ini type accepts; ValueError otherwise."""
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "on", "y", "t"):
-        return True
-    if text in ("0", "false", "no", "off", "n", "f", ""):
-        return False
-    raise ValueError(raw)
-
-
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
 OWNED_FIELDS = {
     "model": "use --gsm8k-model",
@@ -287,13 +284,11 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
         key = key.strip()
         if not sep or not key:
             raise SettingsError(f"--gsm8k-param: expected KEY=VALUE, got {item!r}")
-        if key in OWNED_FIELDS or key in params:
-            why = (
-                f"the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"
-                if key in OWNED_FIELDS
-                else ""
-            )
-            raise SettingsError(f"--gsm8k-param {key}: {why or 'given twice'}")
+        if key in OWNED_FIELDS:
+            why = f"the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"
+            raise SettingsError(f"--gsm8k-param {key}: {why}")
+        if key in params:
+            raise SettingsError(f"--gsm8k-param {key}: given twice")
         try:
             value: Any = jsondepth.loads(text)
         except jsondepth.TooDeep as exc:
