@@ -26,13 +26,13 @@ class PresetSpec:
 
     name: str
     version: str
-    shots: int
     fewshot_source: str
-    max_tokens: int
     stop: tuple[str, ...]
     seed: int | None
     #: score names reported side by side, in the peer's order and spelling
     extractors: tuple[str, ...]
+    shots: int = 5
+    max_tokens: int = 256
     temperature: float = 0.0
     chat_stop: tuple[str, ...] | None = None  # the stop list in chat mode, when it differs
     adjustable: tuple[str, ...] = ()  # settings a user may still give, as the peer's flags allow
@@ -60,9 +60,7 @@ class PresetSpec:
 LM_EVAL = PresetSpec(
     "lm-eval",
     LM_EVAL_VERSION,
-    shots=5,
     fewshot_source="train (lm-eval sampler, seed 1234)",
-    max_tokens=256,
     stop=("Question:", "</s>", "<|im_end|>"),
     seed=1234,
     extractors=("strict-match", "flexible-extract"),
@@ -73,9 +71,7 @@ VLLM = PresetSpec(
     # the newest script the reference index held on 2026-12-05, named by its content (the
     # index gave no commit; its completions bodies equal commit 03e09605's): docs/protocols.md
     "vllm-project/vllm tests/evals/gsm8k/gsm8k_eval.py sha256 80aa6cb3f9aa4c3c",
-    shots=5,
     fewshot_source="train, the first N in file order (vLLM gsm8k_eval.py)",
-    max_tokens=256,
     stop=_ENGINE_STOP,
     seed=42,
     extractors=("last-int",),
@@ -88,7 +84,6 @@ VLLM = PresetSpec(
 SGLANG = PresetSpec(
     "sglang",
     "sgl-project/sglang python/sglang/test/few_shot_gsm8k.py @ 109fdd2f",
-    shots=5,
     fewshot_source="the evaluated split's first N rows (SGLang few_shot_gsm8k.py)",
     max_tokens=512,
     stop=_ENGINE_STOP,

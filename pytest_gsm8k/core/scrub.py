@@ -15,8 +15,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pytest_gsm8k.core.jsontext import escape_surrogates
-
 REDACTED = "[redacted]"
 #: a shorter secret is not scrubbed: replacing a 2-character "key" everywhere would corrupt
 #: the answers, and a key that short protects nothing
@@ -31,10 +29,8 @@ _FORMAT = re.compile(
     "[\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
     "\ufeff\ufff9-\ufffb\ud800-\udfff\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
 )
-#: what names a secret: at the end of an option's or a variable's name (``--hftoken``), or
-#: as one part of it (``--secret-key``, ``AWS_SECRET_ACCESS_KEY``) unless the last part
-#: says the value only points at one (``--hf-token-file``: a path); ``--max-tokens`` and
-#: ``--tokenizer`` are not secret names
+#: what names a secret: the end of a name (``--hftoken``) or one part of it (``--secret-key``)
+#: unless the last part points at one (``--hf-token-file``); ``--max-tokens`` is no secret
 _SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd)"
 _SECRET_END = re.compile(rf"{_SECRET_WORD}$", re.IGNORECASE)
 _SECRET_PARTS = {"key", "token", "secret", "password", "passwd", "credential", "credentials"}
@@ -55,8 +51,7 @@ _INSIDE = (
 )
 #: a value that only names a variable (``$OPENAI_API_KEY``): not a secret, kept
 _VARIABLE = re.compile(r"""["']?\$\{?\w+\}?["']?""")
-#: one argument that is an option, or gives one or a variable its value (``--api-key=X``,
-#: ``HF_TOKEN=X``)
+#: one argument that is an option, or gives one or a variable its value (``HF_TOKEN=X``)
 _FLAG = re.compile(r"--?[\w.-]+")
 _ASSIGNMENT = re.compile(r"(?P<name>--?[\w.-]+|[a-z_]\w*)=(?P<value>.*)", re.IGNORECASE | re.DOTALL)
 #: a value that is a key whatever its variable is called: the usual tokens' prefixes
@@ -207,7 +202,7 @@ def printable(text: str) -> str:
     """``text`` fit for one terminal line: ANSI escapes and control characters removed
     (newlines -> spaces), invisible format characters shown as escapes (``\\u202e``)."""
     text = _ANSI.sub("", text).replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
-    return escape_surrogates(_FORMAT.sub(_escape, _CONTROL.sub("", text)))
+    return _FORMAT.sub(_escape, _CONTROL.sub("", text))  # lone surrogates too
 
 
 def md_text(text: str) -> str:
@@ -217,7 +212,6 @@ def md_text(text: str) -> str:
 def md_code(text: str) -> str:
     """``text`` as inline code, in a backtick fence longer than any run inside."""
     text = printable(text)
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
+    fence = "`" * (max(map(len, re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
