@@ -23,6 +23,9 @@ COT_INSTRUCTION = (
 )
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # a train answer's annotations (<<2*3=6>>): not shown
 DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n")
+#: the fields that make two numbers comparable, in the order reports write them
+_IDENTITY: tuple[str, ...] = ("name", "samples", "temperature", "api", "shots", "fewshot_source")
+_IDENTITY += ("max_tokens", "stop", "extractor", "answer_regex", "preset")
 
 
 def _hash(text: str) -> str:
@@ -77,21 +80,10 @@ class Protocol:
     def identity(self) -> dict[str, Any]:
         """Every field that makes two numbers comparable (exemplar texts hashed)."""
         pool = [(e.question, e.answer) for e in self.exemplars] or self.train
-        identity: dict[str, Any] = {
-            "name": self.name,
-            "samples": self.samples,
-            "temperature": self.temperature,
-            "api": self.api,
-            "shots": self.shots,
-            "fewshot_source": self.fewshot_source,
-            "fewshot_hash": _pairs_hash(pool) if pool else None,
-            "system_hash": _hash(self.system) if self.system else None,
-            "max_tokens": self.max_tokens,
-            "stop": list(self.stop),
-            "extractor": self.extractor,
-            "answer_regex": self.answer_regex,
-            "preset": self.preset,
-        }
+        identity = {k: getattr(self, k) for k in _IDENTITY[:6]}
+        identity.update(fewshot_hash=_pairs_hash(pool) if pool else None)
+        identity.update(system_hash=_hash(self.system) if self.system else None)
+        identity.update({k: getattr(self, k) for k in _IDENTITY[6:]}, stop=list(self.stop))
         if self.params:  # absent without params: baselines recorded before them still match
             identity["params"] = {key: json.loads(value) for key, value in self.params}
         if self.preset is not None:
