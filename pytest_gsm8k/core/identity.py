@@ -18,7 +18,6 @@ Description = dict[str, Any]
 
 
 def describe_server(cards: list[dict[str, Any]], model: str) -> Description | None:
-    """The card listed for ``model``, cut to :data:`CARD_FIELDS` given as strings or numbers."""
     for card in cards:
         if card.get("id") == model:
             return {n: card[n] for n in CARD_FIELDS if type(card.get(n)) in (str, int, float)}
@@ -41,23 +40,21 @@ def difference(recorded: Description | None, current: Description | None) -> str
             _card(d) if d is not None else "no /v1/models card" for d in (recorded, current)
         )
         return f"{old} -> {new}"
-    changed = (n for n in _ordered({**recorded, **current}) if recorded.get(n) != current.get(n))
-    name = next(changed, None)  # None: {"x": None} against {}
-    return (
-        None
-        if name is None
-        else f"{name} {_shown(recorded.get(name))} -> {_shown(current.get(name))}"
-    )
+    for name in _ordered({**recorded, **current}):
+        if recorded.get(name) != current.get(name):
+            return f"{name} {_shown(recorded.get(name))} -> {_shown(current.get(name))}"
+    return None  # {"x": None} against {}
 
 
 def reply_difference(
     recorded: tuple[str | None, str | None], current: tuple[str | None, str | None]
 ) -> str | None:
     """The first field of two reply identities that differs, as ``reply model 'a' -> 'b'``."""
-    for name, old, new in zip(("model", "system_fingerprint"), recorded, current, strict=True):
-        if old != new:
-            return f"reply {name} {_shown(old)} -> {_shown(new)}"
-    return None
+    fields = ("model", "system_fingerprint")
+    why = difference(
+        dict(zip(fields, recorded, strict=True)), dict(zip(fields, current, strict=True))
+    )
+    return None if why is None else f"reply {why}"
 
 
 def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
