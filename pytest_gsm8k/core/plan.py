@@ -17,7 +17,7 @@ from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.types import Problem, Request
 
-if TYPE_CHECKING:  # yaml, which vllm_config reads with, only for a run of configs
+if TYPE_CHECKING:  # vllm_config imports yaml: only a run of configs pays for it
     from pytest_gsm8k.core.vllm_config import VllmConfig
 
 
@@ -94,8 +94,7 @@ class ConfigGroup:
         return ToleranceFloor(self.name, self.config.accuracy_threshold, self.config.tolerance)
 
     def split_problems(self, split: Split) -> tuple[Problem, ...]:
-        """The whole split under this config's ids: what its baseline may hold (a baseline is
-        checked against the split, not only the ``num_questions`` the config asks)."""
+        """The whole split under this config's ids: what its baseline may hold."""
         return tuple(replace(p, group=self.name) for p in split.problems)
 
 
@@ -132,10 +131,8 @@ class RunPlan:
     shard: Shard | None = None
 
     @cached_property
-    def pattern(self) -> re.Pattern[str] | None:
-        """``--gsm8k-answer-regex``, compiled once."""
-        regex = self.settings.answer_regex
-        return re.compile(regex) if regex else None
+    def pattern(self) -> re.Pattern[str] | None:  # --gsm8k-answer-regex, compiled once
+        return re.compile(regex) if (regex := self.settings.answer_regex) else None
 
     @cached_property
     def by_id(self) -> dict[str, Problem]:
@@ -148,10 +145,8 @@ class RunPlan:
     def group_of(self, problem: Problem) -> ConfigGroup | None:
         return self.group_by_name.get(problem.group) if problem.group else None
 
-    def protocol_of(self, problem: Problem) -> Protocol:
-        """The protocol ``problem`` is asked with: its config's, else the run's."""
-        group = self.group_of(problem)
-        return group.protocol if group is not None else self.protocol
+    def protocol_of(self, problem: Problem) -> Protocol:  # its config's, else the run's
+        return group.protocol if (group := self.group_of(problem)) else self.protocol
 
     def request_for(self, problem_id: str) -> Request | None:
         problem = self.by_id.get(problem_id)
