@@ -112,12 +112,8 @@ def subset_record(
 ) -> dict[str, Any]:
     """The report's and the baseline's ``subset``: how the run's problems were chosen
     (``first`` only when it applies, so seeded runs' reports and baselines keep their shape)."""
-    record = {"limit": limit, "seed": seed, "of": of, "ids_hash": ids_hash}
-    return {
-        **record,
-        "deselected": deselected,
-        **({"first": True} if first and limit is not None else {}),
-    }
+    record = dict(limit=limit, seed=seed, of=of, ids_hash=ids_hash, deselected=deselected)
+    return {**record, "first": True} if first and limit is not None else record
 
 
 def describe_subset(subset: Mapping[str, Any]) -> str:
