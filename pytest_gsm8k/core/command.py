@@ -1,13 +1,6 @@
-"""Fill ``{port}`` and ``{model}`` into a ``--gsm8k-serve`` command line so that the model name
-can never become code.
-
-A line without shell syntax is split into words (``shlex``) and run directly: no shell reads
-the values. A line with shell syntax runs through ``/bin/sh -c`` with the port written in, and
-the model name only when it is plain (letters, digits, ``._/:@+,=%-``: every model id and path
-seen in practice); any other name is refused with one line saying to write ``"$GSM8K_MODEL"``
-(the server's environment always carries it; a shell expands a variable once and never reads
-it as code). So is such a name in a word another program reads as a script (after ``-c``).
-"""
+"""Fill ``{port}`` and ``{model}`` into a ``--gsm8k-serve`` line so the name never becomes code:
+a line without shell syntax runs as shlex words; through ``/bin/sh`` only a plain name is written
+in, any other is refused with one line: write ``"$GSM8K_MODEL"`` (set in the server's env)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""What a server says about the model behind a name. Pure.
-
-A name is an alias (``prod``, ``gpt-4o``): the checkpoint behind it can change while URL and
-name stay, so cached answers are reused only while the ``/v1/models`` card and each reply's
-``model`` and ``system_fingerprint`` say what they said (docs/design.md#the-cache-and-its-
-identity-rule). The same two say who answers a request with no ``model`` field (the ``vllm``
-preset): the server's default model, the base under LoRA adapters.
-"""
+"""What a server says about the model behind a name (an alias whose checkpoint can change):
+cached answers are reused only while the ``/v1/models`` card and each reply's ``model`` and
+``system_fingerprint`` say what they said; they also say who answers an unnamed request. Pure."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""JSON text from outside (baselines, data rows, option values) with its nesting capped. Pure.
-
-``json.loads`` raises ``RecursionError`` (no ``ValueError``: it escapes every handler for bad
-JSON) on text thousands of levels deep, and what walks a value hundreds deep later may recurse
-past the limit. Nothing this plugin reads needs more than a handful of levels.
-"""
+"""JSON from outside with its nesting capped: ``json.loads`` raises ``RecursionError`` (not a
+``ValueError``) on text thousands deep, and nothing read here needs more than a few. Pure."""
 
 from __future__ import annotations
 

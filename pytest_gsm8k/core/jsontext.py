@@ -1,8 +1,5 @@
-"""JSON and text that always encode as UTF-8, whatever a server sent. Pure.
-
-A JSON reply may hold a lone UTF-16 surrogate (half an emoji), which UTF-8 cannot encode. It is
-kept as the ``\\uXXXX`` escape it arrived as: every JSON reader turns that into the same string.
-"""
+"""JSON and text that always encode as UTF-8: a lone surrogate (half an emoji) a server sent is
+kept as the ``\\uXXXX`` escape it arrived as, which every JSON reader reads back the same. Pure."""
 
 from __future__ import annotations
 

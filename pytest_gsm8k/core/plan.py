@@ -1,7 +1,5 @@
-"""The run's plan: everything decided before the first request, frozen. Pure.
-
-Built once per process at session start (runtime/planning.py) and never written after that.
-"""
+"""The run's plan: everything decided before the first request, built once per process at
+session start (runtime/planning.py) and never written after. Pure."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Presets that reproduce another harness's GSM8K requests and scoring exactly. Pure.
-
-Every preset's :class:`PresetSpec`, and lm-eval's requests and scoring (vLLM's and SGLang's:
-core/engine_ci.py). docs/protocols.md says what each preset copies from its peer and where;
-tests/data/lm_eval_requests.json, recorded from lm-eval itself, checks it byte for byte.
-"""
+"""Presets that reproduce another harness's GSM8K requests and scoring exactly, and lm-eval's
+(vLLM's and SGLang's: core/engine_ci.py). Pure. docs/protocols.md says what each copies;
+tests/data/lm_eval_requests.json, recorded from lm-eval itself, checks it byte for byte."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ class PresetSpec:
     model_field: bool = True
 
     def settings(self, api: str = "completions", shots: int | None = None) -> dict[str, Any]:
-        """The settings this preset fixes, by option key: giving one as well is an error, not
-        a silent mix (``shots`` where :attr:`adjustable`)."""
+        """The settings this preset fixes, by option key (``shots`` where :attr:`adjustable`)."""
         stop = self.chat_stop if api == "chat" and self.chat_stop is not None else self.stop
         return {
             "protocol": "test@1",
@@ -172,12 +168,10 @@ def lm_eval_request(
     system: str | None = None,
     multiturn: bool = True,
 ) -> Request:
-    """lm-eval's request for ``problem`` (its body has exactly lm-eval's keys and values); in
-    chat, ``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on: an example is a user
-    and an assistant turn (``multiturn`` False: one user turn holding the completions prompt)."""
-    spec = LM_EVAL
-    common: dict[str, Any] = {"temperature": spec.temperature, "max_tokens": spec.max_tokens}
-    common.update(problem_id=problem.id, n=1, stop=spec.stop, seed=spec.seed)
+    """lm-eval's request for ``problem``; in chat each example is a user and an assistant turn
+    (``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on; off: ``multiturn`` False)."""
+    common: dict[str, Any] = {"temperature": LM_EVAL.temperature, "seed": LM_EVAL.seed}
+    common.update(problem_id=problem.id, n=1, stop=LM_EVAL.stop, max_tokens=LM_EVAL.max_tokens)
     index, question = problem.index, problem.question
     if api == "completions":
         return Request(api=api, prompt=lm_eval_prompt(index, question, train, system), **common)
@@ -205,8 +199,7 @@ _IGNORE_RES = tuple(re.compile(p) for p in LM_EVAL_IGNORE_REGEXES)
 
 def _regex_filter(regex: re.Pattern[str], group_select: int, text: str) -> str | None:
     """``RegexFilter.apply`` for one response, ``None`` for its ``[invalid]`` fallback."""
-    matches = regex.findall(text)
-    if not matches:
+    if not (matches := regex.findall(text)):
         return None
     match = matches[group_select]
     if isinstance(match, tuple):  # every alternative of both patterns is non-empty

@@ -1,8 +1,5 @@
-"""The progress line of a long run: answered of total, outcomes so far, rate and ETA. Pure.
-
-A slow model takes hours over 1,319 problems, and pytest's dots say neither how far the run is
-nor how long it has left; the pytest layer shows :meth:`Progress.line` in their place.
-"""
+"""The progress line of a long run (answered of total, outcomes, rate, ETA), shown in place of
+pytest's dots, which say neither how far a run of hours is nor how long it has left. Pure."""
 
 from __future__ import annotations
 

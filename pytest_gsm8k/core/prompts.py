@@ -1,8 +1,5 @@
-"""Prompt building: Protocol + Problem -> Request. Pure.
-
-Everything that changes what the model sees or how its answer is judged is a field of
-:class:`Protocol`; :meth:`Protocol.identity` is what reports and baselines compare.
-"""
+"""Protocol + Problem -> Request. Pure. Everything that changes what the model sees or how its
+answer is judged is a field of :class:`Protocol`; :meth:`Protocol.identity` is what is compared."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Answer extraction and comparison (the rules: docs/protocols.md#extraction-and-comparison).
-
-No floats: GSM8K answers are exact (``1,450,000``) and a rounding can turn a wrong answer
-right, so every number is a :class:`Decimal` built from its digits. For every rule the *last*
-match wins: models restate intermediate values before the final one. Pure, stdlib only.
-"""
+"""Answer extraction and comparison (docs/protocols.md#extraction-and-comparison). Pure.
+No floats: a rounding can turn a wrong answer right, so every number is a :class:`Decimal` from
+its digits. For every rule the *last* match wins: models restate values before the final one."""
 
 from __future__ import annotations
 
@@ -175,7 +172,6 @@ def last_int(text: str) -> Decimal | None:
 
 
 def _extract(rule: str, text: str, visible: str, pattern: re.Pattern[str] | None) -> Decimal | None:
-    """``rule``'s answer; ``visible``: ``text`` without its reasoning (:func:`strip_reasoning`)."""
     if rule == "last-int":  # the whole text, as the peers score it
         return last_int(text)
     if rule == "strict":
@@ -257,8 +253,7 @@ def score_text(
 
 
 def rule_gold(rule: str, answer: str, gold: Decimal) -> Decimal | None:
-    """What ``rule`` counts as right: ``gold``, except for ``last-int``, whose peers compare
-    with the answer text's last integer (the gold ``-10`` is ``10`` there)."""
+    """What ``rule`` counts as right: ``last-int``'s peers take the answer's last integer."""
     return last_int(answer) if rule == "last-int" else gold
 
 
@@ -283,9 +278,7 @@ def format_number(d: Decimal | None) -> str | None:
 def majority_vote(
     values: Sequence[Decimal | None],
 ) -> tuple[Decimal | None, list[tuple[str, int]]]:
-    """maj@N: ``(winner, [(number, votes), ...])`` by votes, then first appearance (a tie goes
-    to the earliest first vote, the same in every rerun). Equal numbers (``18``, ``18.00``)
-    pool their votes (Decimal hashes by value; the first key stays); None and non-finite
-    values do not vote."""
+    """maj@N: ``(winner, [(number, votes), ...])`` by votes, a tie to the earliest first vote;
+    ``18`` and ``18.00`` pool their votes (Decimal hashes by value); None does not vote."""
     ranked = Counter(v for v in values if v is not None and v.is_finite()).most_common()
     return (ranked[0][0] if ranked else None), [(format_number(k), n) for k, n in ranked]

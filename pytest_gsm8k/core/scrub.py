@@ -1,10 +1,6 @@
-"""Cleaning text from outside before anyone prints or writes it. Pure.
-
-Secrets (the API key, a URL's ``user:password@``, secret-named options and variables of a
-server command or a vLLM config) never reach the terminal, a report, a cache file or a log,
-even when a server echoes them back or the shell expanded ``$OPENAI_API_KEY`` into a command.
-Text for the terminal or Markdown loses ANSI escapes, control and invisible format characters.
-"""
+"""Cleaning text from outside before anyone prints or writes it. Pure. Secrets (the API key,
+a URL's password, secret-named options and variables) never reach terminal, report, cache or
+log, even echoed back by a server; terminal text loses escapes and invisible characters."""
 
 from __future__ import annotations
 

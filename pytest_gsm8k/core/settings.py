@@ -1,9 +1,6 @@
-"""Options, their ini twins and their checks, each declared once as a :class:`Settings` field.
-
-The plugin registers ``--gsm8k-x`` and ini ``gsm8k_x`` from :data:`OPTIONS`; what relates two
-options is in :func:`_across`. README's options table holds each option's full description
-(tests/repo/test_options_table.py). Imported at every pytest start: nothing heavy.
-"""
+"""Options, their ini twins and their checks, each declared once as a :class:`Settings` field;
+what relates two options is in :func:`_across`. README's options table says the rest (checked
+by tests/repo/test_options_table.py). Imported at every pytest start: nothing heavy."""
 
 from __future__ import annotations
 
@@ -365,8 +362,8 @@ class _Read:
     warn: Callable[[str], None]
 
     def mode_wins(self, mode: str, decides: Mapping[str, str]) -> None:
-        """A value a mode decides itself: on the command line a conflict, refused; from the ini
-        (written for another recipe) set aside with one note."""
+        """A value a mode decides: refused from the command line, set aside with a note from the
+        ini (written for another recipe)."""
         for key, why in decides.items():
             if key not in self.given:
                 continue
@@ -464,8 +461,7 @@ def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
         raise SettingsError(f"--gsm8k-protocol {protocol}: N must be {bound}")
     if values["temperature"] is None:
         values["temperature"] = 0.0 if protocol == "test@1" else 0.7
-    for key in ("temperature", "max_tokens"):
-        values[key] = None if values[key] == OMIT else values[key]
+    values.update({key: None for key in ("temperature", "max_tokens") if values[key] == OMIT})
     if samples > 1 and values["temperature"] == 0.0:
         warn(
             f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
@@ -481,9 +477,8 @@ def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
 
 
 def _across(read: _Read, exists: Callable[[str], bool]) -> int:
-    """The rules that relate options, in order: the modes, what they leave to a preset or
-    the local model, the protocol and what depends on it, the checks beyond a range.
-    Returns the protocol's N."""
+    """The rules that relate options, in order: the modes, the preset or the local model, the
+    protocol, the checks beyond a range. Returns the protocol's N."""
     values, given = read.values, read.given
     read.old_config(exists)
     if values["config"]:
@@ -551,8 +546,7 @@ def build_settings(
     from_ini: Callable[[Option], bool] = lambda option: False,
 ) -> Settings:
     """Every option read through ``get`` (command line, then ini) and checked, then the rules
-    across them; ``exists``: the caller's file system; ``from_ini``: whether a value came from
-    the ini."""
+    across them; ``exists``: the file system; ``from_ini``: whether a value is the ini's."""
     read = _Read({}, set(), set(), warn)
     for option in OPTIONS:
         value = option.parse(get(option))

@@ -1,11 +1,6 @@
-"""vLLM's GSM8K CI configs (``tests/evals/gsm8k/configs/*.yaml``): parsed and checked. Pure.
-
-Every field vLLM's ``test_gsm8k_correctness.py`` reads, with its default there (``tolerance``
-as of commit 05d96d79; the rest as of the version that reads ``min_acceptance_length``), so a
-config gates exactly as there. Refused in one line naming file, line and field: an unknown
-field (a newer vLLM may give it a meaning), a key given twice (YAML keeps the later silently),
-anchors and aliases (a few hundred bytes of them expand to gigabytes).
-"""
+"""vLLM's GSM8K CI configs, parsed as its ``test_gsm8k_correctness.py`` reads them (defaults
+as of commit 05d96d79 and the version with ``min_acceptance_length``), so a config gates exactly
+as there. Pure. Refused in one line: unknown fields, keys given twice, anchors and aliases."""
 
 from __future__ import annotations
 
@@ -68,8 +63,7 @@ class VllmConfig:
         return (*self.server_args, *TEST_FLAGS)
 
     def secrets(self) -> list[str]:
-        """What the server is given that is a secret (an ``--api-key``'s value, an ``env``
-        token): the run scrubs it from everything it shows and stores."""
+        """The server's secrets (an ``--api-key``'s value, an ``env`` token), to scrub."""
         return secret_args(self.server_args)[1] + secret_env(self.env)
 
     def serve_env(self) -> dict[str, str]:
@@ -249,8 +243,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
 
 
 def parse_list(text: str, source: str) -> list[tuple[int, str]]:
-    """The config file names of a vLLM list file (``configs/models-*.txt``), with their line
-    numbers: one per line, blank lines and ``#`` comments skipped, as vLLM's conftest reads it."""
+    """The config names of a ``models-*.txt`` with their lines, as vLLM's conftest reads it."""
     lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)]
     out = [(number, line) for number, line in lines if line and not line.startswith("#")]
     if not out:
