@@ -25,20 +25,13 @@ _STRICT_RE = re.compile(STRICT_PATTERN)
 
 # A number in prose: well-formed thousands groups ("1,2,3" is three numbers), digits after a
 # point (a sentence's period is never swallowed), a minus only when not after a digit ("5-3").
-_PROSE_NUMBER = (
-    r"(?:(?<![\d])[-\u2212])?\$?"
-    r"(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)"
-    r"(?:\.\d+)?"
-)
+_PROSE_NUMBER = r"(?:(?<![\d])[-\u2212])?\$?(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?:\.\d+)?"
 _FLEXIBLE_RE = re.compile(_PROSE_NUMBER)
 _NUMBER_CHARS = "0123456789,.$-\u2212"  # every character a prose number can hold
-_RUN_CAP = 256
 # "The answer is **42**", "the final answer is: $1,800.", "Final answer: 42"; "is" a whole
 # word ("the answer isn't 5" does not count); the number never ends in a comma or period.
 _ANSWER_IS_RE = re.compile(
-    r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*"
-    r"([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)",
-    re.IGNORECASE,
+    r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)", re.I
 )
 # The content may hold braces two levels deep (\boxed{\frac{1}{2}}, \boxed{\text{\$}18}).
 # Possessive quantifiers: linear, even on a text of unclosed \boxed{ (a looping answer).
@@ -115,11 +108,11 @@ def _last_match_number(regex: re.Pattern[str], text: str) -> Decimal | None:
 def _last_prose_number(text: str) -> Decimal | None:
     """The flexible rule's last number, found from the end: the last match holds the last
     digit and never crosses a character outside :data:`_NUMBER_CHARS`, so the run of them
-    ending there (its last :data:`_RUN_CAP` characters) gives the same match."""
+    ending there (its last 256 characters) gives the same match."""
     last = max(text.rfind(digit) for digit in string.digits)
     if last == -1:
         return None
-    start = max(len(text[: last + 1].rstrip(_NUMBER_CHARS)), last + 1 - _RUN_CAP)
+    start = max(len(text[: last + 1].rstrip(_NUMBER_CHARS)), last + 1 - 256)
     final = deque(_FLEXIBLE_RE.finditer(text, start), maxlen=1)
     return parse_number(final[0].group(0)) if final else None
 
