@@ -53,9 +53,8 @@ def reply_difference(
 
 
 def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
-    """Why the listing shows that a request with no ``model`` field is not answered by
-    ``model``, or None (the one model served, a base beside its own adapters and aliases, or
-    not listed at all: the preflight refuses that)."""
+    """Why the listing shows that ``model`` does not answer a request with no ``model`` field,
+    or None (one model served, a base beside its adapters and aliases, or not listed)."""
     ids = {card.get("id") for card in cards if isinstance(card.get("id"), str)}
     named = next((card for card in cards if card.get("id") == model), None)
     if named is None:
@@ -70,27 +69,20 @@ def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
         and _base_of(card, ids) is None
         and not (isinstance(named.get("root"), str) and card.get("root") == named.get("root"))
     ]
-    if not others:
-        return None
     shown = ", ".join(_brief(name) for name in others[:3])
     more = f" and {len(others) - 3} more" if len(others) > 3 else ""
-    return (
-        f"GET /v1/models lists {shown}{more} beside it, and which one answers is the server's "
-        "choice"
-    )
+    why = f"GET /v1/models lists {shown}{more} beside it, and which one answers is the server's"
+    return f"{why} choice" if others else None
 
 
 def unnamed_reply(reply_model: str | None, model: str) -> str | None:
-    """Why a reply shows that ``model`` did not answer, or None; only without a listing
-    that says who answers (a listed model's replies may name its file, as llama.cpp's do)."""
-    if reply_model is None or reply_model == model:
-        return None
-    return f"the replies name {_brief(reply_model)}"
+    """Why a reply shows that ``model`` did not answer (asked only without a listing: a listed
+    model's replies may name its file, as llama.cpp's do)."""
+    return None if reply_model in (None, model) else f"the replies name {_brief(str(reply_model))}"
 
 
 def unnamed_refusal(model: str, why: str) -> str:
-    """The one line that refuses a run of requests without a ``model`` field when ``why``
-    (:func:`unnamed_answerer`, :func:`unnamed_reply`) shows that ``model`` does not answer."""
+    """The one line that refuses unnamed requests when ``why`` shows ``model`` does not answer."""
     return (
         f"{_brief(model)} is not the model that answers: {why}. The vllm preset sends no "
         "model field (as vLLM's gsm8k_eval.py), so the server's default model answers under "
