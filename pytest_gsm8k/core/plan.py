@@ -52,9 +52,8 @@ class GateSpecs:
 
 @dataclass(frozen=True)
 class StoredBaseline:
-    """The baseline file this run compares with or writes, read once: its ``document`` or the
-    one-line ``error``; without a file, the readable baselines ``beside`` it, newest first (a
-    changed protocol may have moved from one)."""
+    """The baseline file, read once: its ``document`` or one-line ``error``; without a file, the
+    readable baselines ``beside`` it, newest first (a changed protocol may have moved from one)."""
 
     path: Path
     shown: str

@@ -12,15 +12,13 @@ from typing import Any, Literal
 
 Api = Literal["chat", "completions"]
 
-#: the largest token count one reply may report: a billion tokens for one GSM8K answer is
-#: no count, and summing such numbers would print nonsense totals
+#: a billion tokens for one GSM8K answer is no count (summed, it prints nonsense totals)
 MAX_TOKEN_COUNT = 10**9
 
 
 def valid_usage(raw: Any, names: tuple[str, ...] | None = None) -> tuple[dict[str, int], list[str]]:
-    """The token counts in ``raw`` (a ``usage``) that are counts (integral, 0 to
-    :data:`MAX_TOKEN_COUNT`), and a ``name=value`` note for each other, never summed;
-    ``names`` limits the fields read."""
+    """The counts in a ``usage`` that are counts (integral, 0 to :data:`MAX_TOKEN_COUNT`), and a
+    ``name=value`` note for each other (never summed); ``names`` limits the fields read."""
     counts: dict[str, int] = {}
     bad: list[str] = []
     raw = raw if isinstance(raw, dict) else {}
@@ -50,16 +48,14 @@ class Problem:
 
     @property
     def id(self) -> str:
-        """Stable item id, e.g. ``test-0042``: it names the problem, not its run position
-        (``Qwen3-0.6B-FP8:test-0042`` in a config's group)."""
+        """``test-0042`` (``Qwen3-0.6B-FP8:test-0042`` in a config's group): not a run position."""
         plain = f"{self.split}-{self.index:04d}"
         return f"{self.group}:{plain}" if self.group else plain
 
 
 @dataclass(frozen=True)
 class Request:
-    """Everything sent to the model for one problem (``n`` samples: one call or several is
-    the engine's business)."""
+    """Everything sent to the model for one problem (``n`` samples: one call or several)."""
 
     problem_id: str
     api: Api
