@@ -1,17 +1,6 @@
-"""Fill ``{port}`` and ``{model}`` into a ``--gsm8k-serve`` command line so that the
-model name can never become code.
-
-A line without shell syntax is split into words (``shlex``) and run directly: the values
-go into their words as they are, and no shell ever reads them. A line with shell syntax
-runs through ``/bin/sh -c``: the port (digits) is written in, and so is a model name made
-only of characters no shell or interpreter treats specially (letters, digits and
-``._/:@+,=%-``, which covers every model id and path seen in practice). Any other model
-name is refused there with one line: write ``"$GSM8K_MODEL"`` where ``{model}`` stands (the
-server's environment always carries the name as ``GSM8K_MODEL``, the port as
-``GSM8K_PORT``; a shell expands a variable once and never reads its value as code). So is
-such a name in a word another program reads as a script even without a shell (the word
-after ``-c``, a quoted string of several words).
-"""
+"""Fill ``{port}`` and ``{model}`` into a ``--gsm8k-serve`` line so the name never becomes code:
+a line without shell syntax runs as shlex words; through ``/bin/sh`` only a plain name is written
+in, any other is refused with one line: write ``"$GSM8K_MODEL"`` (set in the server's env)."""
 
 from __future__ import annotations
 
@@ -39,15 +28,13 @@ class CommandError(ValueError):
 
 @dataclass(frozen=True)
 class ServeCommand:
-    """What to run: the argv (``/bin/sh -c LINE`` when the line needs a shell) and the
-    variables to add to the server's environment."""
+    """The argv (``/bin/sh -c LINE`` when the line needs a shell) and the server's variables."""
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
 
 
 def needs_shell(command: str) -> bool:
-    """Whether ``command`` uses shell syntax (then it runs through ``/bin/sh -c``)."""
     return _SHELL_SYNTAX.search(command) is not None
 
 
@@ -57,11 +44,8 @@ _SERVER_ARGS = "{server_args}"
 def serve_command(
     command: str, port: int, model: str | None, server_args: tuple[str, ...] | None = None
 ) -> ServeCommand:
-    """``command`` with ``{port}`` and ``{model}`` filled in (see the module docstring).
-
-    :raises CommandError: ``{model}`` without a model name, a line ``shlex`` cannot split,
-        or a model name that would be read as code where ``{model}`` stands.
-    """
+    """``command`` with ``{port}``, ``{model}`` and ``{server_args}`` filled in; CommandError
+    where that cannot be done safely."""
     if _SERVER_ARGS in command:
         if server_args is None:
             raise CommandError(
@@ -89,14 +73,15 @@ def serve_command(
         words = shlex.split(line)
     except ValueError as exc:
         raise CommandError(f"cannot split the command line ({exc})") from None
-    previous = ""
-    for word in words:
+    argv: list[str] = []
+    for previous, word in zip(["", *words], words, strict=False):
         script = _SCRIPT_FLAG.match(previous) or re.search(r"\s", word.replace(_MODEL, ""))
         if _MODEL in word and script and not _PLAIN_NAME.match(name):
-            raise CommandError(_script_message(name))
-        previous = word
-    argv: list[str] = []
-    for word in words:
+            raise CommandError(
+                "{model} stands in a script another program reads (a quoted string of several "
+                f"words, or the word after -c), where the model name {_shown(name)} would be "
+                f"read as code; {_HINT}"
+            )
         if word == _SERVER_ARGS:
             argv.extend(server_args or ())
         elif _SERVER_ARGS in word:
@@ -104,14 +89,6 @@ def serve_command(
         else:
             argv.append(word.replace(_MODEL, name))
     return ServeCommand(argv, env)
-
-
-def _script_message(name: str) -> str:
-    return (
-        "{model} stands in a script another program reads (a quoted string of several "
-        f"words, or the word after -c), where the model name {_shown(name)} would be read as "
-        f"code; {_HINT}"
-    )
 
 
 def _shown(name: str) -> str:

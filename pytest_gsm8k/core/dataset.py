@@ -1,8 +1,5 @@
-"""GSM8K rows as problems: validation, fingerprint, the seeded subset. Pure.
-
-Rows come from :mod:`pytest_gsm8k.runtime.data`; each is validated before any request, a
-bad one reported as ``where:line: what is wrong``.
-"""
+"""GSM8K rows (read by runtime/data.py) as problems: validation, fingerprint, the seeded
+subset. Pure. A bad row is reported as ``where:line: what is wrong`` before any request."""
 
 from __future__ import annotations
 
@@ -36,23 +33,15 @@ class Split:
     fingerprint: str
 
     def identity(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "config": self.config,
-            "split": self.split,
-            "rows": len(self.problems),
-            "fingerprint": self.fingerprint,
-        }
+        identity = {"name": self.name, "config": self.config, "split": self.split}
+        return {**identity, "rows": len(self.problems), "fingerprint": self.fingerprint}
 
 
 def fingerprint(rows: Iterable[tuple[str, str]]) -> str:
     """Content hash of (question, answer) pairs, order included: detects edited data."""
     digest = hashlib.sha256()
     for question, answer in rows:
-        digest.update(question.encode("utf-8"))
-        digest.update(b"\x00")
-        digest.update(answer.encode("utf-8"))
-        digest.update(b"\x01")
+        digest.update(f"{question}\x00{answer}\x01".encode())
     return digest.hexdigest()[:16]
 
 
@@ -64,12 +53,9 @@ def _problem(index: int, split: str, row: Any, where: str) -> Problem:
         if not isinstance(value, str) or not value.strip():
             raise DatasetError(f"{where}: missing or empty '{key}'")
     try:
-        gold = gold_number(row["answer"])
+        return Problem(index, split, row["question"], row["answer"], gold_number(row["answer"]))
     except ValueError as exc:
         raise DatasetError(f"{where}: {exc}") from None
-    return Problem(
-        index=index, split=split, question=row["question"], answer=row["answer"], gold=gold
-    )
 
 
 def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> list[Problem]:
@@ -102,17 +88,10 @@ def rows_to_problems(rows: Iterable[Any], split: str, where: str) -> list[Proble
 
 
 def subset_order(problems: Iterable[Problem], seed: int) -> Iterator[Problem]:
-    """Problems in a seeded, stable pseudo-random order.
-
-    The order comes from sha256 of seed and problem id, not from
-    :mod:`random`, so ``--gsm8k-limit 50`` picks the same problems on every
-    Python version and release, and a limit of 20 is a subset of a limit of 50.
-    """
-
-    def key(p: Problem) -> str:
-        return hashlib.sha256(f"{seed}:{p.id}".encode()).hexdigest()
-
-    return iter(sorted(problems, key=key))
+    """Problems in a seeded, stable order: from sha256 of seed and id, not :mod:`random`, so
+    ``--gsm8k-limit 50`` picks the same problems on every Python version and release, and a
+    limit of 20 is a subset of a limit of 50."""
+    return iter(sorted(problems, key=lambda p: hashlib.sha256(f"{seed}:{p.id}".encode()).digest()))
 
 
 def select(
@@ -131,29 +110,17 @@ def select(
 def subset_record(
     *, limit: int | None, seed: int, of: int, ids_hash: str, deselected: int, first: bool
 ) -> dict[str, Any]:
-    """The report's and the baseline's ``subset``: how the run's problems were chosen.
-
-    ``first`` (the first ``limit`` problems, an engine preset's ``--num-questions``) is
-    written only when it applies, so reports and baselines of seeded runs keep their shape.
-    """
-    record: dict[str, Any] = {
-        "limit": limit,
-        "seed": seed,
-        "of": of,
-        "ids_hash": ids_hash,
-        "deselected": deselected,
-    }
-    if first and limit is not None:
-        record["first"] = True
-    return record
+    """The report's and the baseline's ``subset``: how the run's problems were chosen
+    (``first`` only when it applies, so seeded runs' reports and baselines keep their shape)."""
+    record = dict(limit=limit, seed=seed, of=of, ids_hash=ids_hash, deselected=deselected)
+    return {**record, "first": True} if first and limit is not None else record
 
 
 def describe_subset(subset: Mapping[str, Any]) -> str:
     """``subset`` in words for the summary and the page ("" for the whole split)."""
     if subset.get("limit") is None:
         return ""
+    limit, of = subset["limit"], subset.get("of")
     if subset.get("first"):
-        return f"the first {subset['limit']} of {subset.get('of')}"
-    return (
-        f"seeded subset of {subset.get('of')} (limit {subset['limit']}, seed {subset.get('seed')})"
-    )
+        return f"the first {limit} of {of}"
+    return f"seeded subset of {of} (limit {limit}, seed {subset.get('seed')})"

@@ -1,81 +1,60 @@
-"""What a server says about the model behind a name, for the cache to compare. Pure.
-
-A name is an alias (``prod``, vLLM's served name, ``gpt-4o``): the checkpoint behind it can
-change while URL and name stay, so cached answers are reused only while ``GET /v1/models``'s
-card (:func:`describe_server`; never ``created``, which vLLM sets per request) and each
-reply's ``model`` and ``system_fingerprint`` (:func:`reply_identity`) still say what they
-said (docs/design.md#the-cache-and-its-identity-rule). The same two say whether the model
-named answers at all: a request with no ``model`` field (the ``vllm`` preset) is answered by
-the server's default model, the base under LoRA adapters (:func:`unnamed_answerer`,
-:func:`unnamed_reply`, :func:`unnamed_refusal`).
-"""
+"""What a server says about the model behind a name (an alias whose checkpoint can change):
+cached answers are reused only while the ``/v1/models`` card and each reply's ``model`` and
+``system_fingerprint`` say what they said; they also say who answers an unnamed request. Pure."""
 
 from __future__ import annotations
 
 from typing import Any
 
-#: the fields of a ``/v1/models`` card that describe the model behind a name
+#: a ``/v1/models`` card's fields that describe the model (never ``created``: vLLM sets it per
+#: request)
 CARD_FIELDS = ("id", "root", "owned_by", "max_model_len")
-
-#: a reply's fields that name the model that answered
-REPLY_FIELDS = ("model", "system_fingerprint")
-
 Description = dict[str, Any]
 
 
 def describe_server(cards: list[dict[str, Any]], model: str) -> Description | None:
-    """The card ``GET /v1/models`` lists for ``model``, cut to :data:`CARD_FIELDS` (only
-    those given, as strings or numbers); None when the listing has no such card."""
     for card in cards:
         if card.get("id") == model:
-            return {
-                name: card[name]
-                for name in CARD_FIELDS
-                if isinstance(card.get(name), str | int | float)
-                and not isinstance(card.get(name), bool)
-            }
+            return {n: card[n] for n in CARD_FIELDS if type(card.get(n)) in (str, int, float)}
     return None
 
 
 def reply_identity(model: Any, fingerprint: Any) -> tuple[str | None, str | None]:
     """(model, system_fingerprint) of a reply; anything but a string counts as absent."""
-    return (
-        model if isinstance(model, str) else None,
-        fingerprint if isinstance(fingerprint, str) else None,
+    return (model if isinstance(model, str) else None), (
+        fingerprint if isinstance(fingerprint, str) else None
     )
 
 
 def difference(recorded: Description | None, current: Description | None) -> str | None:
-    """The first field of a server description that differs, as ``name 'old' -> 'new'``
-    (``(none)`` for a field not given); None when the two are the same."""
+    """The first field of two descriptions that differs, as ``name 'old' -> 'new'``."""
     if recorded == current:
         return None
     if recorded is None or current is None:
-        shown = "no /v1/models card"
-        return (
-            f"{shown} -> {_card(current)}" if recorded is None else f"{_card(recorded)} -> {shown}"
+        old, new = (
+            _card(d) if d is not None else "no /v1/models card" for d in (recorded, current)
         )
-    for name in sorted(set(recorded) | set(current), key=_field_order):
-        old, new = recorded.get(name), current.get(name)
-        if old != new:
-            return f"{name} {_shown(old)} -> {_shown(new)}"
-    return None  # pragma: no cover - equal dicts returned above
+        return f"{old} -> {new}"
+    for name in _ordered({**recorded, **current}):
+        if recorded.get(name) != current.get(name):
+            return f"{name} {_shown(recorded.get(name))} -> {_shown(current.get(name))}"
+    return None  # {"x": None} against {}
 
 
 def reply_difference(
     recorded: tuple[str | None, str | None], current: tuple[str | None, str | None]
 ) -> str | None:
     """The first field of two reply identities that differs, as ``reply model 'a' -> 'b'``."""
-    for name, old, new in zip(REPLY_FIELDS, recorded, current, strict=True):
-        if old != new:
-            return f"reply {name} {_shown(old)} -> {_shown(new)}"
-    return None
+    fields = ("model", "system_fingerprint")
+    why = difference(
+        dict(zip(fields, recorded, strict=True)), dict(zip(fields, current, strict=True))
+    )
+    return None if why is None else f"reply {why}"
 
 
 def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
-    """Why the listing shows that a request with no ``model`` field is not answered by
-    ``model``, or None (the one model served, a base beside its own adapters and aliases, or
-    not listed at all: the preflight refuses that)."""
+    """Why the listing shows that ``model`` does not answer a request with no ``model`` field,
+    or None (one model served, a base beside its adapters and aliases, or not listed)."""
     ids = {card.get("id") for card in cards if isinstance(card.get("id"), str)}
     named = next((card for card in cards if card.get("id") == model), None)
     if named is None:
@@ -90,27 +69,20 @@ def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
         and _base_of(card, ids) is None
         and not (isinstance(named.get("root"), str) and card.get("root") == named.get("root"))
     ]
-    if not others:
-        return None
     shown = ", ".join(_brief(name) for name in others[:3])
     more = f" and {len(others) - 3} more" if len(others) > 3 else ""
-    return (
-        f"GET /v1/models lists {shown}{more} beside it, and which one answers is the server's "
-        "choice"
-    )
+    why = f"GET /v1/models lists {shown}{more} beside it, and which one answers is the server's"
+    return f"{why} choice" if others else None
 
 
 def unnamed_reply(reply_model: str | None, model: str) -> str | None:
-    """Why a reply shows that ``model`` did not answer, or None; only without a listing
-    that says who answers (a listed model's replies may name its file, as llama.cpp's do)."""
-    if reply_model is None or reply_model == model:
-        return None
-    return f"the replies name {_brief(reply_model)}"
+    """Why a reply shows that ``model`` did not answer (asked only without a listing: a listed
+    model's replies may name its file, as llama.cpp's do)."""
+    return None if reply_model in (None, model) else f"the replies name {_brief(str(reply_model))}"
 
 
 def unnamed_refusal(model: str, why: str) -> str:
-    """The one line that refuses a run of requests without a ``model`` field when ``why``
-    (:func:`unnamed_answerer`, :func:`unnamed_reply`) shows that ``model`` does not answer."""
+    """The one line that refuses unnamed requests when ``why`` shows ``model`` does not answer."""
     return (
         f"{_brief(model)} is not the model that answers: {why}. The vllm preset sends no "
         "model field (as vLLM's gsm8k_eval.py), so the server's default model answers under "
@@ -135,17 +107,15 @@ def _brief(name: str) -> str:
     return repr(name if len(name) <= 80 else name[:77] + "...")
 
 
-def _field_order(name: str) -> tuple[int, str]:
-    return (CARD_FIELDS.index(name) if name in CARD_FIELDS else len(CARD_FIELDS), name)
+def _ordered(description: Description) -> list[str]:
+    order = {name: i for i, name in enumerate(CARD_FIELDS)}
+    return sorted(description, key=lambda name: (order.get(name, len(order)), name))
 
 
 def _shown(value: Any) -> str:
     return "(none)" if value is None else repr(value)
 
 
-def _card(description: Description | None) -> str:
-    if not description:
-        return "an empty card"
-    return "card " + ", ".join(
-        f"{name}={description[name]!r}" for name in sorted(description, key=_field_order)
-    )
+def _card(description: Description) -> str:
+    fields = ", ".join(f"{name}={description[name]!r}" for name in _ordered(description))
+    return f"card {fields}" if description else "an empty card"

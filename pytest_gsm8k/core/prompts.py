@@ -1,9 +1,5 @@
-"""Prompt building: Protocol + Problem -> Request. Pure, no I/O.
-
-The protocol is the unit of comparability: everything that changes what the
-model sees or how the answer is judged is a field of :class:`Protocol`, and
-:meth:`Protocol.identity` is what reports and baselines compare.
-"""
+"""Protocol + Problem -> Request. Pure. Everything that changes what the model sees or how its
+answer is judged is a field of :class:`Protocol`; :meth:`Protocol.identity` is what is compared."""
 
 from __future__ import annotations
 
@@ -22,17 +18,19 @@ COT_INSTRUCTION = (
     "Solve the problem step by step. "
     'End your response with a final line of the form "#### <number>".'
 )
-CALCULATOR = re.compile(r"<<[^<>]*>>")
+CALCULATOR = re.compile(r"<<[^<>]*>>")  # a train answer's annotations (<<2*3=6>>): not shown
 DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n")
+#: the fields that make two numbers comparable, in the order reports write them
+_IDENTITY: tuple[str, ...] = ("name", "samples", "temperature", "api", "shots", "fewshot_source")
+_IDENTITY += ("max_tokens", "stop", "extractor", "answer_regex", "preset")
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _pairs_hash(pairs: Iterable[tuple[str, str]]) -> str:
-    return hashlib.sha256("\x00".join(f"{q}\x01{a}" for q, a in pairs).encode()).hexdigest()[:16]
-
-
-def clean_solution(answer: str) -> str:
-    """A train answer as a worked example: calculator annotations ``<<2*3=6>>`` removed."""
-    return CALCULATOR.sub("", answer)
+    return _hash("\x00".join(f"{q}\x01{a}" for q, a in pairs))
 
 
 @dataclass(frozen=True)
@@ -58,59 +56,35 @@ class Protocol:
     extractor: str = "strict"
     answer_regex: str | None = None
     preset: str | None = None
-    #: a preset's example pool in file order (question, raw answer): the whole train split
-    #: (lm-eval samples from it per problem, vLLM takes its first rows), or for SGLang the
-    #: evaluated split itself
+    #: a preset's example pool in file order (question, raw answer): the train split, or for
+    #: SGLang the evaluated split itself
     train: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    #: --gsm8k-param: (key, canonical JSON) merged into every request body
-    params: tuple[tuple[str, str], ...] = ()
+    params: tuple[tuple[str, str], ...] = ()  # --gsm8k-param: (key, canonical JSON)
 
     @property
     def label(self) -> str:
         """Short name for headlines, e.g. ``test@1, 0-shot CoT``; fit for one line (a
         --gsm8k-param key or value may hold a newline or an escape)."""
-        shots = f"{self.shots}-shot CoT"
-        parts = [self.name, shots]
-        if self.api == "completions":
-            parts.append("completions")
-        if self.preset:
-            parts.append(f"preset {self.preset}")
-        if self.extractor not in ("strict", "strict-match"):
-            parts.append(f"extract {self.extractor}")
-        if self.params:
-            parts.append("params " + " ".join(f"{k}={v}" for k, v in self.params))
+        parts = [self.name, f"{self.shots}-shot CoT"]
+        parts += ["completions"] if self.api == "completions" else []
+        parts += [f"preset {self.preset}"] if self.preset else []
+        parts += (
+            [] if self.extractor in ("strict", "strict-match") else [f"extract {self.extractor}"]
+        )
+        parts += ["params " + " ".join(f"{k}={v}" for k, v in self.params)] if self.params else []
         return printable(", ".join(parts))
-
-    def params_dict(self) -> dict[str, Any]:
-        """The --gsm8k-param values, decoded."""
-        return {key: json.loads(value) for key, value in self.params}
 
     def identity(self) -> dict[str, Any]:
         """Every field that makes two numbers comparable (exemplar texts hashed)."""
-        ex_hash = _pairs_hash((e.question, e.answer) for e in self.exemplars)
-        train_hash = _pairs_hash(self.train)
-        identity: dict[str, Any] = {
-            "name": self.name,
-            "samples": self.samples,
-            "temperature": self.temperature,
-            "api": self.api,
-            "shots": self.shots,
-            "fewshot_source": self.fewshot_source,
-            "fewshot_hash": ex_hash if self.exemplars else (train_hash if self.train else None),
-            "system_hash": (
-                hashlib.sha256(self.system.encode()).hexdigest()[:16] if self.system else None
-            ),
-            "max_tokens": self.max_tokens,
-            "stop": list(self.stop),
-            "extractor": self.extractor,
-            "answer_regex": self.answer_regex,
-            "preset": self.preset,
-        }
+        pool = [(e.question, e.answer) for e in self.exemplars] or self.train
+        identity = {k: getattr(self, k) for k in _IDENTITY[:6]}
+        identity.update(fewshot_hash=_pairs_hash(pool) if pool else None)
+        identity.update(system_hash=_hash(self.system) if self.system else None)
+        identity.update({k: getattr(self, k) for k in _IDENTITY[6:]}, stop=list(self.stop))
         if self.params:  # absent without params: baselines recorded before them still match
-            identity["params"] = self.params_dict()
+            identity["params"] = {key: json.loads(value) for key, value in self.params}
         if self.preset is not None:
-            # which release of the peer's script the preset copies: a preset brought up to a
-            # new release is a new protocol, whose numbers are not compared with the old one's
+            # a preset brought up to a new release of its peer's script is a new protocol
             from pytest_gsm8k.core.presets import PRESETS
 
             spec = PRESETS.get(self.preset)
@@ -132,46 +106,24 @@ class Protocol:
             from pytest_gsm8k.core.engine_ci import sglang_request
 
             return sglang_request(problem, self.train, self.shots, self.params)
-        common: dict[str, Any] = {
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "n": self.samples,
-            "params": self.params,
-        }
-        if self.api == "chat":
-            messages = tuple(chat_messages(self, problem.question))
-            return Request(problem.id, "chat", messages=messages, stop=self.stop, **common)
-        prompt = completion_prompt(self, problem.question)
+        common: dict[str, Any] = {"temperature": self.temperature, "n": self.samples}
+        common.update(max_tokens=self.max_tokens, params=self.params)
+        examples = [(e.question, CALCULATOR.sub("", e.answer)) for e in self.exemplars]
+        if self.api == "chat":  # the exemplars as user/assistant turns, then the question
+            messages = [("system", self.system)] if self.system else []
+            for question, solution in [*examples, (problem.question, None)]:
+                messages.append(("user", f"{question}\n\n{COT_INSTRUCTION}"))
+                messages += [("assistant", solution)] if solution is not None else []
+            return Request(problem.id, "chat", messages=tuple(messages), stop=self.stop, **common)
+        # a base model's few-shot prompt: ``Question: ...\nAnswer: ...`` blocks
+        shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
+        prompt = f"{shots}Question: {problem.question}\nAnswer:"
         stop = self.stop or DEFAULT_COMPLETION_STOP
         return Request(problem.id, "completions", prompt=prompt, stop=stop, **common)
-
-
-def chat_messages(protocol: Protocol, question: str) -> list[tuple[str, str]]:
-    """System prompt, exemplars as user/assistant turns, then the question."""
-    messages: list[tuple[str, str]] = []
-    if protocol.system:
-        messages.append(("system", protocol.system))
-    for ex in protocol.exemplars:
-        messages.append(("user", f"{ex.question}\n\n{COT_INSTRUCTION}"))
-        messages.append(("assistant", clean_solution(ex.answer)))
-    messages.append(("user", f"{question}\n\n{COT_INSTRUCTION}"))
-    return messages
-
-
-def completion_prompt(protocol: Protocol, question: str) -> str:
-    """Plain-text few-shot prompt for base models: ``Question: ...\\nAnswer: ...`` blocks."""
-    parts = [
-        f"Question: {ex.question}\nAnswer: {clean_solution(ex.answer)}\n\n"
-        for ex in protocol.exemplars
-    ]
-    parts.append(f"Question: {question}\nAnswer:")
-    return "".join(parts)
 
 
 def draw_exemplars(pool: Sequence[Exemplar], shots: int, seed: int) -> tuple[Exemplar, ...]:
     """``shots`` exemplars drawn from ``pool`` with a fixed seed, the same for every problem."""
     if shots > len(pool):
         raise ValueError(f"--gsm8k-shots {shots}: only {len(pool)} exemplars are available")
-    if shots == 0:
-        return ()
-    return tuple(random.Random(seed).sample(list(pool), shots))
+    return tuple(random.Random(seed).sample(list(pool), shots)) if shots else ()

@@ -1,139 +1,93 @@
-"""Answer extraction and comparison (the rules: docs/protocols.md#extraction-and-comparison).
-
-No floats anywhere: GSM8K answers are exact (``1,450,000``), and a float or a
-significant-digit rounding can turn a wrong answer right. Every number is a :class:`Decimal`
-built from its digits. For every rule the *last* match wins: models restate intermediate
-values before the final one. ``last-int`` copies ``get_answer_value`` of vLLM's
-``tests/evals/gsm8k/gsm8k_eval.py`` and SGLang's ``few_shot_gsm8k.py``. Pure, stdlib only.
-"""
+"""Answer extraction and comparison (docs/protocols.md#extraction-and-comparison). Pure.
+No floats: a rounding can turn a wrong answer right, so every number is a :class:`Decimal` from
+its digits. For every rule the *last* match wins: models restate values before the final one."""
 
 from __future__ import annotations
 
 import ast
 import re
 import string
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import overload
 
-#: every extraction rule, in the order reports list them
 RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible", "last-int")
 #: rules that read the whole text, ``<think>`` included, as the peers they copy do
 WHOLE_TEXT_RULES: tuple[str, ...] = ("last-int",)
 #: the GSM8K seed's rule, verbatim so strict scores match other harnesses
 STRICT_PATTERN = r"####\s*(-?[\d,]+(?:\.\d+)?)"
-#: the largest difference still equal (``0.3333333`` against a rounded gold), far below any
-#: GSM8K answer's resolution
+#: the largest difference still equal (``0.3333333`` against a rounded gold)
 TOLERANCE = Decimal("1e-6")
-
 _STRICT_RE = re.compile(STRICT_PATTERN)
 
 # A number in prose: well-formed thousands groups ("1,2,3" is three numbers), digits after a
 # point (a sentence's period is never swallowed), a minus only when not after a digit ("5-3").
-_PROSE_NUMBER = (
-    r"(?:(?<![\d])[-\u2212])?\$?"
-    r"(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)"
-    r"(?:\.\d+)?"
-)
+_PROSE_NUMBER = r"(?:(?<![\d])[-\u2212])?\$?(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?:\.\d+)?"
 _FLEXIBLE_RE = re.compile(_PROSE_NUMBER)
 _NUMBER_CHARS = "0123456789,.$-\u2212"  # every character a prose number can hold
-_RUN_CAP = 256
-
 # "The answer is **42**", "the final answer is: $1,800.", "Final answer: 42"; "is" a whole
 # word ("the answer isn't 5" does not count); the number never ends in a comma or period.
 _ANSWER_IS_RE = re.compile(
-    r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*"
-    r"([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)",
-    re.IGNORECASE,
+    r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)", re.I
 )
-
 # The content may hold braces two levels deep (\boxed{\frac{1}{2}}, \boxed{\text{\$}18}).
 # Possessive quantifiers: linear, even on a text of unclosed \boxed{ (a looping answer).
 _BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]++|\{(?:[^{}]++|\{[^{}]*+\})*+\})*+)\}")
-
-# LaTeX wrappers whose content is a unit or label, never the number itself.
-_TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{[^{}]*\}")
-# LaTeX noise that may appear inside a boxed number: escaped dollar/percent,
-# thin/negative spaces, "{,}" thousands separators, \left/\right.
+# LaTeX wrappers whose content is a unit or label (or, failing that, the number itself)
+_TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([^{}]*)\}")
+# noise inside a boxed number: escaped $ and %, thin spaces, "{,}" separators, \left/\right
 _LATEX_NOISE_RE = re.compile(r"\\[$%,!;: ]|\{,\}|\\left|\\right|[$%]")
 
 _THINK_PAIR_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE | re.ASCII)
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-
 _PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
-
-# The peers use the third-party ``regex`` module; for a str pattern its ``\d`` is the same
-# class as the standard library's: every Unicode decimal digit.
+# the peers' third-party ``regex`` module: for a str its ``\d`` is every Unicode decimal digit too
 _DIGITS_RE = re.compile(r"\d+")
 
 
 def parse_number(text: str) -> Decimal | None:
-    """One number token as an exact :class:`Decimal`, or None (no exponents, no fractions).
-
-    Takes what models and gold answers write: ``$`` before or after the minus, U+2212, a
-    trailing ``%`` or period, thousands commas (removed, as the seed rule does). Trailing
-    fractional zeros are cut from the digits, not by ``Decimal.normalize`` (which rounds to
-    28 digits and writes ``1E+3``); negative zero is zero.
-    """
+    """One number token as an exact :class:`Decimal`, or None (no exponents, no fractions):
+    ``$`` before or after the minus, U+2212, a trailing ``%`` or period, thousands commas.
+    Trailing zeros are cut from the digits, not by ``Decimal.normalize`` (which rounds to 28
+    digits and writes ``1E+3``); negative zero is zero."""
     s = text.strip().replace("\u2212", "-")
-    negative = False
-    if s.startswith("-"):
-        negative = True
-        s = s[1:].lstrip()
-    if s.startswith("$"):
-        s = s[1:].lstrip()
+    negative = s.startswith("-")
+    s = s.removeprefix("-").lstrip().removeprefix("$").lstrip()
     if not negative and s.startswith("-"):  # "$-3"
-        negative = True
-        s = s[1:].lstrip()
-    s = s.rstrip()
-    if s.endswith("."):
-        s = s[:-1]
+        negative, s = True, s[1:].lstrip()
+    s = s.removesuffix(".")
     if s.endswith("%"):
         s = s[:-1].rstrip()
-    if s.endswith("."):  # "50%." is "50% ." after the sentence period goes
-        s = s[:-1]
-    if s.startswith(",") or s.endswith(",") or ",," in s:
+    s = s.removesuffix(".")  # "50%." is "50% ." after the sentence period goes
+    # a comma in the fractional part is no thousands separator
+    if s.startswith(",") or s.endswith(",") or ",," in s or "," in s.partition(".")[2]:
         return None
-    if "," in s.partition(".")[2]:
-        return None  # a comma in the fractional part is not a thousands separator
     s = s.replace(",", "")
     if not _PLAIN_NUMBER_RE.fullmatch(s):
         return None
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-        if s == "":  # ".0", "0.000"
-            s = "0"
-    try:
-        value = Decimal(s)
-    except InvalidOperation:  # pragma: no cover - the regex already guards this
-        return None
-    if value == 0:
-        return Decimal(0)
-    return -value if negative else value
+    value = Decimal((s.rstrip("0").rstrip(".") or "0") if "." in s else s)  # ".0", "0.000"
+    return Decimal(0) if value == 0 else -value if negative else value
 
 
 def strip_reasoning(text: str) -> str:
-    """The visible answer without ``<think>`` reasoning (whose discarded numbers the
-    lenient rules would pick up): whole blocks go (each leaves a newline, so numbers on
-    either side never fuse), everything up to an orphan ``</think>`` goes (some servers
-    strip the opening tag), and everything from a ``<think>`` never closed goes (the model
-    ran out of tokens while thinking)."""
-    # Linear in the text's length. The pair regex alone is quadratic on unclosed tags (from
-    # each one it scans to the end for a close), and a cached answer full of them would stall
-    # every rerun; so it only runs on the part up to the last </think>, where every opening
-    # tag has a closing one after it. Tags match ASCII case-insensitively, as the regex does.
+    """The visible answer without ``<think>`` reasoning (whose numbers the lenient rules would
+    pick up): whole blocks go (each leaves a newline: numbers on either side never fuse), so
+    does everything up to an orphan ``</think>`` (some servers strip the opening tag) and from
+    a ``<think>`` never closed (the model ran out of tokens while thinking)."""
+    # Linear: the pair regex alone is quadratic on unclosed tags, and a cached answer full of
+    # them would stall every rerun; so it only runs up to the last </think>.
     last = ascii_lower(text).rfind("</think>")
     head, tail = ("", text) if last == -1 else (text[: last + 8], text[last + 8 :])
     opening = ascii_lower(tail).find("<think>")
     if opening != -1:
-        tail = tail[:opening]  # never closed: the model ran out of tokens while thinking
+        tail = tail[:opening]
     head = _THINK_PAIR_RE.sub("\n", head)
     orphan = ascii_lower(head).rfind("</think>")
     if orphan != -1:
-        head = head[orphan + 8 :]  # everything up to a closing tag without opening was reasoning
+        head = head[orphan + 8 :]
     return (head + tail).strip()
 
 
@@ -142,28 +96,23 @@ def ascii_lower(text: str) -> str:
     return text.lower() if text.isascii() else text.translate(_ASCII_LOWER)
 
 
-def _last_match_number(regex: re.Pattern[str], text: str, use_group: bool) -> Decimal | None:
-    """The number in the last match of ``regex``, even when it does not parse: the final
-    stated answer counts, not the final parseable one."""
+def _last_match_number(regex: re.Pattern[str], text: str) -> Decimal | None:
+    """The number in the last match of ``regex`` (group 1, or the whole match of a pattern
+    without one), even when it does not parse: the final stated answer counts."""
     # deque(maxlen=1) consumes the matches in C: a looping 10 MB answer can hold millions
     final = deque(regex.finditer(text), maxlen=1)
-    if not final:
-        return None
-    last = final[0]
-    token = last.group(1) if use_group else last.group(0)
-    if token is None:  # optional group that did not take part in the match
-        return None
-    return parse_number(token)
+    token = final[0].group(1 if regex.groups else 0) if final else None
+    return None if token is None else parse_number(token)  # None: an optional group unused
 
 
 def _last_prose_number(text: str) -> Decimal | None:
     """The flexible rule's last number, found from the end: the last match holds the last
     digit and never crosses a character outside :data:`_NUMBER_CHARS`, so the run of them
-    ending there (its last :data:`_RUN_CAP` characters) gives the same match."""
+    ending there (its last 256 characters) gives the same match."""
     last = max(text.rfind(digit) for digit in string.digits)
     if last == -1:
         return None
-    start = max(len(text[: last + 1].rstrip(_NUMBER_CHARS)), last + 1 - _RUN_CAP)
+    start = max(len(text[: last + 1].rstrip(_NUMBER_CHARS)), last + 1 - 256)
     final = deque(_FLEXIBLE_RE.finditer(text, start), maxlen=1)
     return parse_number(final[0].group(0)) if final else None
 
@@ -182,37 +131,18 @@ def _last_boxed(text: str) -> str | None:
 def _boxed_number(content: str) -> Decimal | None:
     """The number inside one ``\\boxed{}``, units and LaTeX noise removed: only when it
     holds exactly one (``x = 5``); ``\\frac{1}{2}`` is ambiguous and gives None."""
-    without_units = _TEXT_MACRO_RE.sub(" ", content)
-    value = _single_number(without_units)
-    if value is None:
-        # \text{18} or \mathbf{18}: the wrapper held the number itself.
-        value = _single_number(_TEXT_MACRO_RE.sub(_macro_body, content))
-    return value
-
-
-def _macro_body(match: re.Match[str]) -> str:
-    """The braced argument of a ``\\text{...}``-like macro match."""
-    whole = match.group(0)
-    return " " + whole[whole.index("{") + 1 : -1] + " "
+    value = _single_number(_TEXT_MACRO_RE.sub(" ", content))
+    return _single_number(_TEXT_MACRO_RE.sub(r" \1 ", content)) if value is None else value
 
 
 def _single_number(content: str) -> Decimal | None:
-    """The number in ``content`` if it holds exactly one, else ``None``."""
     cleaned = _LATEX_NOISE_RE.sub("", content).strip()
     while cleaned.startswith("{") and cleaned.endswith("}"):
         cleaned = cleaned[1:-1].strip()
-    direct = parse_number(cleaned)
-    if direct is not None:
+    if (direct := parse_number(cleaned)) is not None:
         return direct
     tokens = _FLEXIBLE_RE.findall(cleaned)
-    if len(tokens) == 1:
-        return parse_number(tokens[0])
-    return None
-
-
-#: digit runs up to this long are read without ``ast.literal_eval`` (which reads them the
-#: same way: Python's int literal; its limit on digits is 4300)
-_PLAIN_DIGITS = 4000
+    return parse_number(tokens[0]) if len(tokens) == 1 else None
 
 
 def last_int(text: str) -> Decimal | None:
@@ -224,8 +154,9 @@ def last_int(text: str) -> Decimal | None:
     if not final:
         return None
     digits = final[0].group(0)
-    if digits.isascii() and len(digits) <= _PLAIN_DIGITS and (digits[0] != "0" or digits == "0"):
-        return Decimal(int(digits))  # what literal_eval gives for these, 20x faster
+    # what literal_eval gives for these (within its 4300-digit limit), 20x faster
+    if digits.isascii() and len(digits) <= 4000 and (digits[0] != "0" or digits == "0"):
+        return Decimal(int(digits))
     try:
         value = ast.literal_eval(digits)
     except (SyntaxError, ValueError, MemoryError):
@@ -233,16 +164,15 @@ def last_int(text: str) -> Decimal | None:
     return Decimal(value) if isinstance(value, int) else None
 
 
-def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) -> Decimal | None:
-    """Apply ``rule`` to text that has already had its reasoning removed."""
+def _extract(rule: str, text: str, visible: str, pattern: re.Pattern[str] | None) -> Decimal | None:
+    if rule == "last-int":  # the whole text, as the peers score it
+        return last_int(text)
     if rule == "strict":
-        if pattern is None:
-            return _last_match_number(_STRICT_RE, visible, use_group=True)
-        return _last_match_number(pattern, visible, use_group=pattern.groups >= 1)
-    if rule == "answer-is":
-        if "answer" not in ascii_lower(visible):
-            return None  # the case-insensitive regex scan costs ten times this check
-        return _last_match_number(_ANSWER_IS_RE, visible, use_group=True)
+        return _last_match_number(pattern or _STRICT_RE, visible)
+    if rule == "answer-is":  # the case-insensitive regex scan costs ten times this check
+        return (
+            _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None
+        )
     if rule == "boxed":
         content = _last_boxed(visible)
         return None if content is None else _boxed_number(content)
@@ -253,18 +183,14 @@ def _extract_stripped(visible: str, rule: str, pattern: re.Pattern[str] | None) 
 
 def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
     """The final answer in ``text`` under ``rule``; ``pattern``: ``--gsm8k-answer-regex``,
-    the strict rule's (group 1, or the whole match). ValueError for an unknown rule, so a
-    typo fails loudly instead of scoring everything wrong."""
-    if rule not in RULES:
-        raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
-    if rule in WHOLE_TEXT_RULES:
-        return last_int(text)
-    return _extract_stripped(strip_reasoning(text), rule, pattern)
+    the strict rule's. ValueError for an unknown rule (a typo must not score everything wrong)."""
+    visible = text if rule in WHOLE_TEXT_RULES or rule not in RULES else strip_reasoning(text)
+    return _extract(rule, text, visible, pattern)
 
 
 def gold_number(answer: str) -> Decimal:
-    """The number after the last ``####`` of a GSM8K ``answer``; ValueError otherwise (a
-    malformed row stops the evaluation rather than failing every model)."""
+    """The number after the last ``####`` of a GSM8K ``answer``; ValueError otherwise (a bad
+    row stops the evaluation rather than failing every model)."""
     if "####" not in answer:
         raise ValueError("answer has no '#### <number>' line")
     tail = answer.rsplit("####", 1)[1].strip()
@@ -274,16 +200,10 @@ def gold_number(answer: str) -> Decimal:
     return value
 
 
-_EXACT_DIGITS = 60  # longer numbers are compared after rounding to _FINE
-_FINE = Decimal("1e-9")
-
-
 def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
     """Whether two answers agree within :data:`TOLERANCE`, exactly (in fractions). None
     (no answer) and non-finite values never equal anything, not even themselves."""
-    if a is None or b is None:
-        return False
-    if not (a.is_finite() and b.is_finite()):
+    if a is None or b is None or not (a.is_finite() and b.is_finite()):
         return False
     # Cheap answers first, so a 10-million-digit "number" from a looping model costs no
     # big-integer arithmetic: magnitudes 100x apart (the larger >= 1) differ by far more
@@ -296,37 +216,28 @@ def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
         return False
     if a == b:  # exact (1000 == 1E+3 == 1000.0): most answers, no Fraction needed
         return True
-    if max(len(a.as_tuple().digits), len(b.as_tuple().digits)) > _EXACT_DIGITS:
+    if max(len(a.as_tuple().digits), len(b.as_tuple().digits)) > 60:
         with localcontext() as ctx:
             ctx.prec = max(top, 0) + 20
-            a, b = a.quantize(_FINE), b.quantize(_FINE)
+            a, b = a.quantize(Decimal("1e-9")), b.quantize(Decimal("1e-9"))
     return abs(Fraction(a) - Fraction(b)) <= Fraction(TOLERANCE)
 
 
 @dataclass(frozen=True)
 class SampleScore:
-    """One completion under every rule (reports show how much the rule matters): the
-    number each extracted (None: nothing) and whether it equals the gold one."""
+    """One completion under every rule (reports show how much the rule matters)."""
 
     extracted: dict[str, Decimal | None]
     correct: dict[str, bool]
 
 
 def score_text(
-    text: str,
-    gold: Decimal,
-    pattern: re.Pattern[str] | None = None,
-    label: Decimal | None = None,
+    text: str, gold: Decimal, pattern: re.Pattern[str] | None = None, label: Decimal | None = None
 ) -> SampleScore:
     """One completion against ``gold`` under every rule; ``label``: what ``last-int``
     compares with (:func:`rule_gold`; ``gold`` when not given)."""
     visible = strip_reasoning(text)
-    extracted = {
-        rule: last_int(text)
-        if rule in WHOLE_TEXT_RULES
-        else _extract_stripped(visible, rule, pattern)
-        for rule in RULES
-    }
+    extracted = {rule: _extract(rule, text, visible, pattern) for rule in RULES}
     correct = {
         rule: numbers_equal(value, label if rule == "last-int" and label is not None else gold)
         for rule, value in extracted.items()
@@ -335,8 +246,7 @@ def score_text(
 
 
 def rule_gold(rule: str, answer: str, gold: Decimal) -> Decimal | None:
-    """What ``rule`` counts as right: ``gold``, except for ``last-int``, whose peers compare
-    with the answer text's last integer (the gold ``-10`` is ``10`` there)."""
+    """What ``rule`` counts as right: ``last-int``'s peers take the answer's last integer."""
     return last_int(answer) if rule == "last-int" else gold
 
 
@@ -349,37 +259,19 @@ def format_number(d: Decimal | None) -> str | None: ...
 
 
 def format_number(d: Decimal | None) -> str | None:
-    """A number as reports and vote keys write it: fixed point, no trailing fractional
-    zeros, no negative zero, so equal numbers print alike (None stays None)."""
-    if d is None:
-        return None
-    if not d.is_finite():
-        return str(d)
+    """Fixed point, no trailing fractional zeros, no negative zero: equal numbers print alike."""
+    if d is None or not d.is_finite():
+        return None if d is None else str(d)
     if d == 0:
         return "0"
     s = format(d, "f")
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-    return s
+    return s.rstrip("0").rstrip(".") if "." in s else s
 
 
 def majority_vote(
     values: Sequence[Decimal | None],
 ) -> tuple[Decimal | None, list[tuple[str, int]]]:
-    """maj@N: ``(winner, [(number, votes), ...])`` by votes, then first appearance (a tie
-    goes to the earliest first vote, the same in every rerun). Equal numbers (``18``,
-    ``18.00``) pool their votes; None and non-finite values do not vote."""
-    # Decimal hashes by numeric value; a dict keeps the first key and first-seen order
-    counts: dict[Decimal, int] = {}
-    for value in values:
-        if value is None or not value.is_finite():
-            continue
-        counts[value] = counts.get(value, 0) + 1
-    ranked = sorted(counts.items(), key=lambda item: -item[1])
-    table: list[tuple[str, int]] = []
-    for key, votes in ranked:
-        label = format_number(key)
-        assert label is not None
-        table.append((label, votes))
-    winner = ranked[0][0] if ranked else None
-    return winner, table
+    """maj@N: ``(winner, [(number, votes), ...])`` by votes, a tie to the earliest first vote;
+    ``18`` and ``18.00`` pool their votes (Decimal hashes by value); None does not vote."""
+    ranked = Counter(v for v in values if v is not None and v.is_finite()).most_common()
+    return (ranked[0][0] if ranked else None), [(format_number(k), n) for k, n in ranked]

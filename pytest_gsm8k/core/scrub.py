@@ -1,12 +1,6 @@
-"""Cleaning text from outside before anyone prints or writes it. Pure.
-
-Secrets (the API key, a base URL's ``user:password@``, secret-named options and variables of
-a server command or a vLLM config) never reach the terminal, a report, a cache file or a log,
-even when a server echoes them back: :class:`Scrubber` is applied where responses and errors
-enter the engine, and to command lines (the shell may have expanded ``$OPENAI_API_KEY``
-before pytest saw it). Text for the terminal or Markdown loses ANSI escapes, control and
-invisible format characters (bidi overrides) and Markdown syntax.
-"""
+"""Cleaning text from outside before anyone prints or writes it. Pure. Secrets (the API key,
+a URL's password, secret-named options and variables) never reach terminal, report, cache or
+log, even echoed back by a server; terminal text loses escapes and invisible characters."""
 
 from __future__ import annotations
 
@@ -16,8 +10,6 @@ import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
-
-from pytest_gsm8k.core.jsontext import escape_surrogates
 
 REDACTED = "[redacted]"
 #: a shorter secret is not scrubbed: replacing a 2-character "key" everywhere would corrupt
@@ -33,10 +25,8 @@ _FORMAT = re.compile(
     "[\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
     "\ufeff\ufff9-\ufffb\ud800-\udfff\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
 )
-#: what names a secret: at the end of an option's or a variable's name (``--hftoken``), or
-#: as one part of it (``--secret-key``, ``AWS_SECRET_ACCESS_KEY``) unless the last part
-#: says the value only points at one (``--hf-token-file``: a path); ``--max-tokens`` and
-#: ``--tokenizer`` are not secret names
+#: what names a secret: the end of a name (``--hftoken``) or one part of it (``--secret-key``)
+#: unless the last part points at one (``--hf-token-file``); ``--max-tokens`` is no secret
 _SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd)"
 _SECRET_END = re.compile(rf"{_SECRET_WORD}$", re.IGNORECASE)
 _SECRET_PARTS = {"key", "token", "secret", "password", "passwd", "credential", "credentials"}
@@ -57,8 +47,7 @@ _INSIDE = (
 )
 #: a value that only names a variable (``$OPENAI_API_KEY``): not a secret, kept
 _VARIABLE = re.compile(r"""["']?\$\{?\w+\}?["']?""")
-#: one argument that is an option, or gives one or a variable its value (``--api-key=X``,
-#: ``HF_TOKEN=X``)
+#: one argument that is an option, or gives one or a variable its value (``HF_TOKEN=X``)
 _FLAG = re.compile(r"--?[\w.-]+")
 _ASSIGNMENT = re.compile(r"(?P<name>--?[\w.-]+|[a-z_]\w*)=(?P<value>.*)", re.IGNORECASE | re.DOTALL)
 #: a value that is a key whatever its variable is called: the usual tokens' prefixes
@@ -70,9 +59,8 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
 
 
 def shown_url(url: str) -> str:
-    """``url`` fit to print or store (reports, the page, error lines): without the user
-    info, query or fragment, where a secret can hide (``user:pw@``, ``?api-key=``); the
-    host (an IPv6 one in its brackets), port and path as written."""
+    """``url`` fit to print or store: without the user info, query or fragment, where a secret
+    can hide (``user:pw@``, ``?api-key=``); host (IPv6 in brackets), port and path as written."""
     try:
         parts = urlsplit(url.strip())
     except ValueError:
@@ -87,41 +75,31 @@ class Scrubber:
     def __init__(
         self, api_key: str | None = None, base_url: str | None = None, others: Iterable[str] = ()
     ) -> None:
-        pairs: list[tuple[str, str]] = []
-        secrets = [s for s in (api_key, *others) if s and len(s) >= MIN_SECRET]
-        if base_url:
-            parts = urlsplit(base_url)
-            netloc = parts.netloc
-            if "@" in netloc:
-                userinfo = netloc.rsplit("@", 1)[0]
-                pairs.append((userinfo + "@", ""))  # the URL without its credentials
-                user, _, password = userinfo.partition(":")
-                for raw in {password, unquote(password)}:
-                    if len(raw) >= MIN_SECRET:
-                        secrets.append(raw)
-                basic = f"{unquote(user)}:{unquote(password)}"
-                if password:
-                    secrets.append(base64.b64encode(basic.encode()).decode())
-        for secret in sorted(set(secrets), key=len, reverse=True):
-            pairs.append((secret, REDACTED))
-        self.pairs = pairs
+        self.pairs: list[tuple[str, str]] = []
+        secrets = {s for s in (api_key, *others) if s and len(s) >= MIN_SECRET}
+        userinfo, at, _ = urlsplit(base_url or "").netloc.rpartition("@")
+        if at:
+            self.pairs.append((userinfo + "@", ""))  # the URL without its credentials
+            user, _, password = userinfo.partition(":")
+            secrets |= {p for p in (password, unquote(password)) if len(p) >= MIN_SECRET}
+            if password:
+                basic = f"{unquote(user)}:{unquote(password)}".encode()
+                secrets.add(base64.b64encode(basic).decode())
+        self.pairs += [(s, REDACTED) for s in sorted(secrets, key=len, reverse=True)]
 
     def __bool__(self) -> bool:
         return bool(self.pairs)
 
     def text(self, value: str) -> str:
         for secret, replacement in self.pairs:
-            if secret in value:
-                value = value.replace(secret, replacement)
+            value = value.replace(secret, replacement)
         return value
 
     def command(self, value: str) -> str:
-        """A command line fit to show or store: the run's secrets and the values of
-        secret-named options replaced (:func:`redact_options`)."""
+        """A command line fit to show or store (also secret-named options' values)."""
         return redact_options(self.text(value))
 
     def words(self, words: Sequence[str]) -> list[str]:
-        """A command's arguments fit to show or store (:meth:`command`, word by word)."""
         return [self.text(word) for word in secret_args(words)[0]]
 
     def obj(self, value: Any) -> Any:
@@ -147,8 +125,7 @@ def _secret_name(name: str) -> bool:
 
 
 def _kept(value: str) -> bool:
-    """Whether a secret-named ``value`` is shown as it is: empty, hidden already, or only
-    the name of a variable (``$OPENAI_API_KEY``)."""
+    """A secret-named value shown as it is: empty, hidden already, or a ``$VARIABLE``."""
     return value in ("", REDACTED) or bool(_VARIABLE.fullmatch(value))
 
 
@@ -165,24 +142,21 @@ def _hide(match: re.Match[str], values: list[str]) -> str:
 
 
 def _inside(text: str, values: list[str]) -> str:
-    """``text`` with the secrets inside a word replaced (:data:`_INSIDE`), added to ``values``."""
     for pattern in _INSIDE:
         text = pattern.sub(lambda match: _hide(match, values), text)
     return text
 
 
 def redact_options(command: str) -> str:
-    """``command`` with the value of every option or assignment named like a secret
-    (``--api-key X``, ``--secret-key=X``, ``HF_TOKEN=X``), every URL password and every
-    secret-named JSON key's value replaced; a value that only names a variable
-    (``$OPENAI_API_KEY``) is kept."""
+    """``command`` with the value of every option, assignment or JSON key named like a secret
+    (``--api-key X``, ``HF_TOKEN=X``) and every URL password replaced."""
     values: list[str] = []
     return _inside(_OPTION.sub(lambda match: _hide(match, values), command), values)
 
 
 def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``words`` with secret values replaced as :func:`redact_options` does, and those
-    values: the server prints its arguments, so they are secrets of the run."""
+    """``words`` with secret values replaced as :func:`redact_options` does, and those values
+    (the server prints its arguments: they are secrets of the run)."""
     shown: list[str] = []
     values: list[str] = []
     previous = ""
@@ -203,7 +177,6 @@ def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def command_secrets(command: str) -> list[str]:
-    """The secret option values of a command line (:func:`secret_args` of its words)."""
     try:
         words = shlex.split(command)
     except ValueError:
@@ -212,8 +185,7 @@ def command_secrets(command: str) -> list[str]:
 
 
 def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
-    """The values of ``variables`` that are secrets: named like one (``HF_TOKEN``,
-    ``VLLM_API_KEY``), or shaped like a token whatever the name (``sk-...``, ``hf_...``)."""
+    """The values of ``variables`` named like a secret, or shaped like a token (``sk-...``)."""
     return [value for name, value in variables if _secret_name(name) or _KEYLIKE.fullmatch(value)]
 
 
@@ -223,23 +195,19 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` fit for one terminal line: ANSI escape sequences and control characters
-    removed (newlines -> spaces), invisible format characters that could reorder or hide
-    text (a right-to-left override) shown as escapes (``\\u202e``)."""
-    text = _ANSI.sub("", text)
-    text = text.replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
-    return escape_surrogates(_FORMAT.sub(_escape, _CONTROL.sub("", text)))
+    """``text`` fit for one terminal line: ANSI escapes and control characters removed
+    (newlines -> spaces), invisible format characters shown as escapes (``\\u202e``)."""
+    text = _ANSI.sub("", text).replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
+    return _FORMAT.sub(_escape, _CONTROL.sub("", text))  # lone surrogates too
 
 
 def md_text(text: str) -> str:
-    """``text`` fit for a Markdown line: printable, its Markdown syntax escaped."""
     return _MD_SPECIAL.sub(r"\\\1", printable(text))
 
 
 def md_code(text: str) -> str:
-    """``text`` as inline code: printable, in a backtick fence longer than any run inside."""
+    """``text`` as inline code, in a backtick fence longer than any run inside."""
     text = printable(text)
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
+    fence = "`" * (max(map(len, re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"

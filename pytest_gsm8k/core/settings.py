@@ -1,11 +1,6 @@
-"""Options, their ini twins and their validation, parsed once per process.
-
-Each option is declared once, as a :class:`Settings` field (``opt(...)``); the plugin
-registers ``--gsm8k-x`` and ini ``gsm8k_x`` from :data:`OPTIONS`, and :func:`build_settings`
-checks every one in one loop, so flag, ini key, check and field never drift. What relates two
-options is in :func:`_across`, explicit. A new option also needs its row in README's options
-table (tests/repo/test_options_table.py). Imported at every pytest start: nothing heavy.
-"""
+"""Options, their ini twins and their checks, each declared once as a :class:`Settings` field;
+what relates two options is in :func:`_across`. README's options table says the rest (checked
+by tests/repo/test_options_table.py). Imported at every pytest start: nothing heavy."""
 
 from __future__ import annotations
 
@@ -21,21 +16,12 @@ from urllib.parse import urlsplit
 
 from pytest_gsm8k.core import jsondepth
 
-#: the smallest --gsm8k-alpha: below 1e-12 the calibrated test may return a bound for its p
-MIN_ALPHA = 1e-6
 #: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
 MAX_SAMPLES = 1024
-#: --gsm8k-concurrency above this is refused: more sockets than most systems allow one process
-MAX_CONCURRENCY = 4096
-#: the longest wait in seconds that means anything (11 days); longer overflows a socket's
-MAX_SECONDS = 1e6
-#: --gsm8k-repeats above this is refused: K full runs of the split per run
-MAX_REPEATS = 100
-#: core/scoring.py's RULES, written here so that pytest's start does not import scoring (a
-#: unit test keeps the two equal)
+#: core/scoring.py's RULES, here so that pytest's start does not import scoring (a test
+#: keeps the two equal)
 EXTRACTORS = ("strict", "answer-is", "boxed", "flexible", "last-int")
-#: the value of an ``omit`` option that leaves the field out of the request body
-OMIT = "none"
+OMIT = "none"  # an ``omit`` option's value that leaves the field out of the request body
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
@@ -83,12 +69,10 @@ class Option:
         """The option a ``Settings`` field declares, its kind read from the annotation."""
         spec = dict(f.metadata["gsm8k"])
         base = str(f.type).removesuffix(" | None")
-        kind: Kind = "list" if base.startswith("tuple[") else "str"
-        for simple in ("int", "float", "bool"):
-            kind = simple if base == simple else kind
-        default = None if kind == "list" else f.default
+        simple: dict[str, Kind] = {"int": "int", "float": "float", "bool": "bool"}
+        kind = simple.get(base, "list" if base.startswith("tuple[") else "str")
         name = spec.pop("name", f.name.replace("_", "-"))
-        return cls(name, kind, default=default, field=f.name, **spec)
+        return cls(name, kind, default=None if kind == "list" else f.default, field=f.name, **spec)
 
     def parse(self, raw: Any) -> Any:
         """``raw`` as this option's type, range and choices; None when not given (an empty
@@ -99,33 +83,24 @@ class Option:
             return OMIT
         if self.kind == "list":
             return [raw] if isinstance(raw, str) else [str(x) for x in raw]
-        if self.kind == "bool":
-            try:
-                return convert_bool(raw)
-            except ValueError:
-                raise SettingsError(f"{self.flag}: expected true or false, got {raw!r}") from None
-        if self.kind == "str":
-            if self.choices and str(raw) not in self.choices:
-                *first, last = self.choices
-                one_of = (
-                    f"one of {', '.join(self.choices)}" if first[1:] else f"{first[0]} or {last}"
-                )
-                raise SettingsError(f"{self.flag}: expected {one_of}, got {str(raw)!r}")
-            return str(raw)
         try:
-            number = int(str(raw).strip()) if self.kind == "int" else float(str(raw).strip())
+            value = _READ[self.kind](raw)
         except ValueError:
-            kind = "an integer" if self.kind == "int" else "a number"
-            raise SettingsError(f"{self.flag}: expected {kind}, got {raw!r}") from None
+            raise SettingsError(
+                f"{self.flag}: expected {_EXPECTED[self.kind]}, got {raw!r}"
+            ) from None
+        if self.choices and value not in self.choices:
+            *first, last = self.choices
+            one_of = f"one of {', '.join(first)}," if first[1:] else f"{first[0]} or"
+            raise SettingsError(f"{self.flag}: expected {one_of} {last}, got {value!r}")
         # nan passes every comparison check and inf overflows a socket's timeout
-        if not math.isfinite(number):
+        if self.kind == "float" and not math.isfinite(value):
             raise SettingsError(f"{self.flag}: expected a finite number, got {raw!r}")
-        if problem := self._out_of_range(number):
+        if self.kind in ("int", "float") and (problem := self._out_of_range(value)):
             raise SettingsError(f"{self.flag}: {problem}{f' ({self.why})' if self.why else ''}")
-        return number
+        return value
 
     def _out_of_range(self, v: float) -> str | None:
-        """What is wrong with ``v`` for the range, or None."""
         gt, ge, lt, le = self.gt, self.ge, self.lt, self.le
         inside = (gt is None or v > gt) and (ge is None or v >= ge)
         if inside and (lt is None or v < lt) and (le is None or v <= le):
@@ -144,6 +119,19 @@ class Option:
         return f"must be at most {le:g}{self.unit}, got {shown}"
 
 
+def convert_bool(raw: Any) -> bool:
+    """The words pytest's own bool ini type accepts; ValueError otherwise."""
+    text = str(raw).strip().lower()
+    if text not in ("1", "true", "yes", "on", "y", "t", "0", "false", "no", "off", "n", "f", ""):
+        raise ValueError(raw)
+    return text in ("1", "true", "yes", "on", "y", "t")
+
+
+_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str}
+_READ.update(int=lambda raw: int(str(raw).strip()), float=lambda raw: float(str(raw).strip()))
+_EXPECTED = {"bool": "true or false", "int": "an integer", "float": "a number"}
+
+
 def opt(help: str, default: Any = None, **spec: Any) -> Any:
     """A :class:`Settings` field that is an option; ``spec``: :class:`Option`'s attributes."""
     return dataclasses.field(default=default, metadata={"gsm8k": {"help": help, **spec}})
@@ -152,57 +140,38 @@ def opt(help: str, default: Any = None, **spec: Any) -> Any:
 _PATH: dict[str, Any] = {"metavar": "PATH"}
 _COUNT: dict[str, Any] = {"metavar": "N", "gt": 0}
 _RATE: dict[str, Any] = {"metavar": "RATE", "ge": 0, "le": 1}
-_SECONDS: dict[str, Any] = {"metavar": "S", "gt": 0, "le": MAX_SECONDS, "unit": " seconds"}
+#: 1e6 s (11 days) is the longest wait that means anything; longer overflows a socket's
+_SECONDS: dict[str, Any] = {"metavar": "S", "gt": 0, "le": 1e6, "unit": " seconds"}
+_EMBEDDED = "the embedded copy"
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Validated settings, each field an option's declaration. Pure data."""
+    """Validated settings, each field an option's declaration (``--help`` says one line each;
+    README's options table says the rest). Pure data."""
 
     # fmt: off
-    model: str | None = opt(
-        "model id to evaluate; enables the built-in GSM8K test. 'local' serves a packaged GGUF "
-        "model with llama.cpp", metavar="ID")
+    model: str | None = opt("model id to evaluate ('local': a GGUF on llama.cpp)", metavar="ID")
     base_url: str | None = opt(
-        "OpenAI-compatible base URL (default: $OPENAI_BASE_URL, else OpenAI)",
-        metavar="URL", default_text="`$OPENAI_BASE_URL`, else OpenAI")
-    api_key_env: str = opt(
-        "environment variable holding the API key", "OPENAI_API_KEY", metavar="VAR")
-    data: str | None = opt(
-        "local GSM8K file or folder instead of the embedded copy",
-        **_PATH, default_text="the embedded copy")
-    dataset: str | None = opt(
-        "load this Hugging Face dataset through datasets (same columns as openai/gsm8k) instead of "
-        "the embedded copy", metavar="NAME", default_text="the embedded copy")
+        "OpenAI-compatible base URL", metavar="URL", default_text="`$OPENAI_BASE_URL`, else OpenAI")
+    api_key_env: str = opt("variable holding the API key", "OPENAI_API_KEY", metavar="VAR")
+    data: str | None = opt("local GSM8K file or folder", **_PATH, default_text=_EMBEDDED)
+    dataset: str | None = opt("Hugging Face dataset", metavar="NAME", default_text=_EMBEDDED)
     dataset_config: str = opt("dataset config: main or socratic", "main")
-    #: --gsm8k-config (the field keeps its older name)
-    vllm_config: str | None = opt(
-        "run vLLM's GSM8K CI configs: a config YAML, a folder of them, or a models-*.txt list; "
-        "each config's server is started in turn and gated at threshold - tolerance",
-        **_PATH, name="config")
-    split: str = opt("split to evaluate (train is not a reportable number)", "test")
-    limit: int | None = opt(
-        "run a seeded, stable subset of N problems (the first N under the vllm and sglang presets)",
-        **_COUNT)
-    seed: int = opt("seed of the --gsm8k-limit subset and of few-shot sampling", 1234)
-    min_acc: float | None = opt(
-        "fail the run when accuracy is below this", metavar="ACC", ge=0, le=1)
-    #: --gsm8k-max-unparsed / -truncated / -error: the answer-format health gates' rates
-    max_unparsed: float | None = opt(
-        "fail the run when more than this share of its problems gave no number the gating "
-        "extractor finds", **_RATE)
-    max_truncated: float | None = opt(
-        "fail the run when more than this share of its problems were cut by --gsm8k-max-tokens "
-        "before an answer", **_RATE)
-    max_error: float | None = opt(
-        "fail the run when more than this share of its problems got no answer (an error)", **_RATE)
+    vllm_config: str | None = opt(  # --gsm8k-config (the field keeps its older name)
+        "vLLM's GSM8K CI configs: a YAML, a folder or a models-*.txt", **_PATH, name="config")
+    split: str = opt("split to evaluate", "test")
+    limit: int | None = opt("run a seeded, stable subset of N problems", **_COUNT)
+    seed: int = opt("seed of the --gsm8k-limit subset and of few-shot draws", 1234)
+    min_acc: float | None = opt("fail the run below this accuracy", metavar="ACC", ge=0, le=1)
+    max_unparsed: float | None = opt("fail above this share of answers with no number", **_RATE)
+    max_truncated: float | None = opt("fail above this share of answers cut short", **_RATE)
+    max_error: float | None = opt("fail above this share of problems with no answer", **_RATE)
     protocol: str = opt("test@1, pass@N or maj@N", "test@1")
     temperature: float | None = opt(
-        "sampling temperature (default 0 for test@1, 0.7 otherwise)",
-        default_text="0, or 0.7 when sampling", ge=0, le=2, omit=True)
-    shots: int = opt("few-shot chain-of-thought exemplars drawn from train", 0, metavar="K", ge=0)
-    fewshot_file: str | None = opt(
-        "JSONL of your own exemplars (question/answer) instead of train", metavar="PATH")
+        "sampling temperature", default_text="0, or 0.7 when sampling", ge=0, le=2, omit=True)
+    shots: int = opt("few-shot exemplars drawn from train", 0, metavar="K", ge=0)
+    fewshot_file: str | None = opt("JSONL of your own exemplars", metavar="PATH")
     system: str | None = opt("system prompt (chat API)", metavar="TEXT")
     api: Literal["chat", "completions"] = opt(
         "chat or completions", "chat", choices=("chat", "completions"))
@@ -210,90 +179,53 @@ class Settings:
         "stop sequence (repeatable)", (), metavar="TEXT",
         default_text="completions: `Question:`, `</s>`, `<|im_end|>`, blank line")
     max_tokens: int | None = opt("max new tokens per sample", 1024, omit=True, **_COUNT)
-    extract: str = opt(
-        f"extractor that decides correctness: {', '.join(EXTRACTORS)}",
-        "strict", choices=EXTRACTORS)
-    answer_regex: str | None = opt(
-        "replace the strict pattern; group 1 is the number", metavar="REGEX")
-    preset: str | None = opt(
-        "reproduce a peer exactly: lm-eval (lm-evaluation-harness gsm8k), vllm (vLLM's "
-        "gsm8k_eval.py), sglang (SGLang's few_shot_gsm8k.py)", metavar="NAME")
+    extract: str = opt("extractor that decides correctness", "strict", choices=EXTRACTORS)
+    answer_regex: str | None = opt("the strict pattern; group 1 is the number", metavar="REGEX")
+    preset: str | None = opt("reproduce a peer exactly: lm-eval, vllm or sglang", metavar="NAME")
     report: str | None = opt("write the JSON report here", metavar="PATH")
-    concurrency: int = opt(
-        "requests in flight at once (per run, shared by xdist workers)",
-        32, le=MAX_CONCURRENCY, **_COUNT)
+    concurrency: int = opt("requests in flight at once", 32, le=4096, **_COUNT)
     timeout: float = opt("seconds per HTTP request", 300.0, **_SECONDS)
     max_retries: int = opt("retries on 429, 5xx and dropped connections", 5, metavar="N", ge=0)
-    serve: str | None = opt(
-        "start this server command for the run ({port}: a free loopback port, {model}: "
-        "--gsm8k-model) and stop it at the end", metavar="CMD")
-    serve_timeout: float = opt(
-        "seconds --gsm8k-serve's server may take to answer GET /v1/models", 900.0, **_SECONDS)
-    #: --gsm8k-param: (key, canonical JSON of the value), in the order given
-    params: tuple[tuple[str, str], ...] = opt(
-        "KEY=VALUE merged into every request body (VALUE is JSON when it parses, else a string; "
-        "repeatable)", (), metavar="KEY=VALUE", name="param")
+    serve: str | None = opt("start this server for the run ({port}, {model})", metavar="CMD")
+    serve_timeout: float = opt("seconds the served server may take to start", 900.0, **_SECONDS)
+    params: tuple[tuple[str, str], ...] = opt(  # (key, canonical JSON), in the order given
+        "KEY=VALUE merged into every request body (repeatable)", (), metavar="KEY=VALUE",
+        name="param")
     cache_dir: str | None = opt(
-        "response cache folder (default: pytest's cache dir)",
-        **_PATH, default_text="`.pytest_cache/d/gsm8k`")
+        "response cache folder", **_PATH, default_text="`.pytest_cache/d/gsm8k`")
     no_cache: bool = opt("do not read or write the response cache", False)
-    resume: bool = opt(
-        "read answers earlier runs left in the response cache (resume an unfinished run of the "
-        "same build, or re-score offline); by default every answer is asked for again", False)
-    stall_timeout: float = opt(
-        "stop the run when no answer arrived for this many seconds while requests are in flight",
-        60.0, **_SECONDS)
+    resume: bool = opt("reuse the answers earlier runs left in the response cache", False)
+    stall_timeout: float = opt("stop when no answer came for this long", 60.0, **_SECONDS)
     local_threads: int | None = opt(
-        "--gsm8k-model=local: llama.cpp threads (default: the CPUs this process may use)",
-        default_text="the CPUs available", **_COUNT)
+        "--gsm8k-model=local: llama.cpp threads", default_text="the CPUs available", **_COUNT)
     local_ctx: int | None = opt(
-        "--gsm8k-model=local: context size (default: 2048, more when --gsm8k-max-tokens needs it)",
+        "--gsm8k-model=local: context size",
         default_text="2048, more if `--gsm8k-max-tokens` needs it", **_COUNT)
     baseline: str | None = opt(
-        "baseline file (default: __snapshots__/gsm8k/<name>.gsm8k under the rootdir); written with "
-        "--snapshot-update", **_PATH, default_text="`__snapshots__/gsm8k/<name>.gsm8k`")
+        "baseline file (written with --snapshot-update)", **_PATH,
+        default_text="`__snapshots__/gsm8k/<name>.gsm8k`")
     baseline_name: str | None = opt(
-        "baseline name (default: derived from the protocol)",
-        metavar="NAME", default_text="from the protocol")
-    max_drop: float = opt(
-        "allowed accuracy drop against the baseline on top of the noise-aware test: a FAIL "
-        "needs p < --gsm8k-alpha and a drop above this", 0.0, metavar="D", ge=0, le=1)
-    #: the noise-aware baseline test's level (core/calibrated.py): 0.01, so that an
-    #: unchanged build fails at most 1 run in 100 (the exact test is conservative)
+        "baseline name", metavar="NAME", default_text="from the protocol")
+    max_drop: float = opt("drop allowed beyond the noise-aware test", 0.0, metavar="D", ge=0, le=1)
+    #: 0.01: an unchanged build fails at most 1 run in 100 (the exact test is conservative)
     alpha: float = opt(
-        "level of the noise-aware baseline test (exact McNemar for single runs): an unchanged "
-        "model fails at most this often",
-        0.01, metavar="A", ge=MIN_ALPHA, lt=1,
+        "level of the noise-aware baseline test", 0.01, metavar="A", ge=1e-6, lt=1,
         why="the noise-aware test's tail shortcuts are exact only above that")
-    require_baseline: bool = opt(
-        "fail when no baseline exists or it does not hold every problem of the run", False)
-    baseline_partial: bool = opt(
-        "let --snapshot-update write a baseline from a run that covers only part of its selection "
-        "(-k, -m, --lf, early stop), or one that holds fewer problems than the baseline it "
-        "replaces", False)
-    html: str | None = opt("write the run's self-contained HTML page here", metavar="PATH")
-    markdown: str | None = opt(
-        "write the run's Markdown summary (what $GITHUB_STEP_SUMMARY gets) here", **_PATH)
+    require_baseline: bool = opt("fail without a baseline holding every problem of the run", False)
+    baseline_partial: bool = opt("let --snapshot-update write a partial baseline", False)
+    html: str | None = opt("write the run's HTML page here", metavar="PATH")
+    markdown: str | None = opt("write the run's Markdown summary here", **_PATH)
     early_stop: str | None = opt(
-        "stop once the gates' verdicts are settled: certain (exact) or sequential (anytime-valid, "
-        "at --gsm8k-early-stop-alpha)", metavar="MODE", choices=("certain", "sequential"))
+        "stop once the verdicts are settled: certain or sequential", metavar="MODE",
+        choices=("certain", "sequential"))
     early_stop_alpha: float = opt(
-        "sequential early stop: the chance that its verdict differs from the full run's",
-        0.05, metavar="A", gt=0, lt=1)
-    #: the progress line: True (asked for), False (ini false), None (on a terminal only)
-    progress: bool | None = opt(
-        "show a progress line (answered/total, rate, ETA) in place of the dots; ini false turns it "
-        "off", default_text="on when the output is a terminal")
-    repeats: int = opt(
-        "ask every problem K times (separate requests; test@1 only): a calibrated baseline with "
-        "--snapshot-update, a mean over K runs against one", 1, metavar="K", ge=1, le=MAX_REPEATS)
-    #: --gsm8k-shard I/N: this run asks shard I of N of the selection (core/merge.py)
-    shard: str | None = opt(
-        "run shard I of N (a CI matrix job); python -m pytest_gsm8k merge gates the shards",
-        metavar="I/N")
+        "the sequential early stop's error rate", 0.05, metavar="A", gt=0, lt=1)
+    progress: bool | None = opt(  # None: on a terminal only
+        "show a progress line instead of dots", default_text="on when the output is a terminal")
+    repeats: int = opt("ask every problem K times (test@1)", 1, metavar="K", ge=1, le=100)
+    shard: str | None = opt("run shard I of N (a CI matrix job)", metavar="I/N")
     # fmt: on
-    #: pass@N / maj@N's N (1 for test@1): read from the protocol, not an option
-    samples: int = 1
+    samples: int = 1  # pass@N / maj@N's N (1 for test@1): from the protocol, not an option
 
     @property
     def aggregation(self) -> str:
@@ -324,21 +256,8 @@ LOCAL_DEFAULTS: dict[str, Any] = {
 
 
 def is_local_spec(model: object) -> bool:
-    """Whether ``--gsm8k-model`` is ``local`` or ``local:PATH`` (not LM Studio's
-    ``local-model``)."""
+    """``local`` or ``local:PATH`` (not LM Studio's ``local-model``)."""
     return isinstance(model, str) and (model == "local" or model.startswith("local:"))
-
-
-def convert_bool(raw: Any) -> bool:
-    """The words pytest's own bool ini type accepts; ValueError otherwise."""
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "on", "y", "t"):
-        return True
-    if text in ("0", "false", "no", "off", "n", "f", ""):
-        return False
-    raise ValueError(raw)
 
 
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
@@ -363,9 +282,8 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
         if not sep or not key:
             raise SettingsError(f"--gsm8k-param: expected KEY=VALUE, got {item!r}")
         if key in OWNED_FIELDS:
-            raise SettingsError(
-                f"--gsm8k-param {key}: the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"
-            )
+            why = f"the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"
+            raise SettingsError(f"--gsm8k-param {key}: {why}")
         if key in params:
             raise SettingsError(f"--gsm8k-param {key}: given twice")
         try:
@@ -379,8 +297,7 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def url_problem(url: str) -> str | None:
-    """What makes ``url`` unusable (a bad port, a malformed IPv6 host), or None: only what
-    would surface as a traceback deep in a request."""
+    """What makes ``url`` fail deep in a request (a bad port, a malformed IPv6 host), or None."""
     try:
         urlsplit(url.strip()).port  # noqa: B018 (reading it checks it)
     except ValueError as exc:
@@ -401,36 +318,35 @@ def with_v1(base_url: str) -> str | None:
 
 #: the openai client's default (here, so the pytest layer names it without importing it)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-
-#: options a preset decides beside the values it sets (PresetSpec.settings): its exemplars
-#: and its extraction; giving any of them as well would silently change the peer's protocol
+#: what a preset decides beside the values it sets: giving one would change the peer's protocol
 PRESET_ALSO_FIXED = ("fewshot_file", "answer_regex")
 #: what --gsm8k-config meant before it took vLLM's configs: the dataset config
 DATASET_CONFIGS = ("main", "socratic")
-#: options a vLLM config decides, or that a matrix of configs cannot honour: with
-#: --gsm8k-config each is refused in one line saying why (set aside when from the ini)
+_EACH = "each config's {} decides"
+_VLLM_SCORES = "vLLM's scoring rule decides"
+_NAMED = "each config's baseline is named by the config and its protocol"
+#: what a vLLM config decides, or a matrix of configs cannot honour: refused with why
 CONFIG_DECIDES = {
     "model": "each config's model_name names its model",
     "base_url": "each config's server is started for it (--gsm8k-serve changes the command)",
-    "limit": "each config's num_questions decides (vLLM's first N questions)",
-    "seed": "each config's seed decides (vLLM's request seed)",
-    "shots": "each config's num_fewshot decides",
+    "limit": _EACH.format("num_questions") + " (vLLM's first N questions)",
+    "seed": _EACH.format("seed") + " (vLLM's request seed)",
+    "shots": _EACH.format("num_fewshot"),
     "fewshot_file": "vLLM's configs take their shots from train",
-    "api": "each config's use_chat_completions decides",
-    "max_tokens": "each config's max_tokens decides",
-    "temperature": "each config's temperature decides",
+    "api": _EACH.format("use_chat_completions"),
+    "max_tokens": _EACH.format("max_tokens"),
+    "temperature": _EACH.format("temperature"),
     "stop": "vLLM's stop list is part of its protocol",
     "protocol": "vLLM's configs are test@1",
     "system": "vLLM's script sends no system prompt",
-    "extract": "vLLM's scoring rule decides",
-    "answer_regex": "vLLM's scoring rule decides",
+    "extract": _VLLM_SCORES,
+    "answer_regex": _VLLM_SCORES,
     "param": "vLLM's request fields are the config's",
     "split": "vLLM's configs run the test split",
-    "baseline": "each config's baseline is named by the config and its protocol",
-    "baseline_name": "each config's baseline is named by the config and its protocol",
+    "baseline": _NAMED,
+    "baseline_name": _NAMED,
 }
-#: an ini floor would gate every config beside its own threshold (a floor given on the
-#: command line still gates each config)
+#: an ini floor would gate every config beside its own threshold (a command-line one does)
 CONFIG_SETS_ASIDE = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
 #: what a server the run starts decides (--gsm8k-serve, the local model)
 SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own URL"}
@@ -446,8 +362,8 @@ class _Read:
     warn: Callable[[str], None]
 
     def mode_wins(self, mode: str, decides: Mapping[str, str]) -> None:
-        """Values a mode decides itself: given on the command line, a conflict, refused in one
-        line; read from the ini (written for another recipe), set aside with one note."""
+        """A value a mode decides: refused from the command line, set aside with a note from the
+        ini (written for another recipe)."""
         for key, why in decides.items():
             if key not in self.given:
                 continue
@@ -485,25 +401,21 @@ class _Read:
 
     def preset(self, name: str) -> None:
         """The preset's values; any of them given as well is refused (the peer's protocol)."""
-        from pytest_gsm8k.core.presets import get_preset
+        from pytest_gsm8k.core.presets import PRESETS, preset_settings
 
+        api = self.values["api"] if "api" in self.given else "completions"
         try:
-            spec = get_preset(name)
+            fixed = preset_settings(
+                name, api=api, shots=self.values["shots"] if "shots" in self.given else None
+            )
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
-        api = self.values["api"] if "api" in self.given else "completions"
-        if api not in spec.apis:
-            raise SettingsError(
-                f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only "
-                f"(its peer has no {api} mode); remove --gsm8k-api"
-            )
-        adjusted = "shots" in self.given and "shots" in spec.adjustable
-        fixed = spec.settings(api, self.values["shots"] if adjusted else None)
+        spec = PRESETS[name]
         for key in (*fixed, *PRESET_ALSO_FIXED, *spec.also_fixed):
-            if key in self.given and key not in spec.adjustable:
+            if key in self.given and key not in ("preset", "api", *spec.adjustable):
                 flag = _BY_KEY[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
-        self.values.update(fixed, api=api)
+        self.values.update(fixed)
         if name == "vllm":
             from pytest_gsm8k.core.engine_ci import vllm_param_error
 
@@ -512,55 +424,44 @@ class _Read:
                 raise SettingsError(error)
 
 
-def _across(read: _Read, exists: Callable[[str], bool]) -> int:
-    """The rules that relate options, in order: the modes, what they leave to a preset or
-    the local model, the protocol and what depends on it, the checks beyond a range.
-    Returns the protocol's N."""
-    values, given, warn = read.values, read.given, read.warn
-    read.old_config(exists)
-    if values["config"]:
-        sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if key in read.ini}
-        read.mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
-        if values["early_stop"] == "sequential":
-            # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
-            raise SettingsError(
-                "--gsm8k-early-stop sequential cannot be combined with --gsm8k-config: each "
-                "config's verdict is vLLM's exact comparison over its first num_questions "
-                "problems (--gsm8k-early-stop certain stops each config once its verdict is "
-                "fixed)"
-            )
-        if "preset" in given and values["preset"] != "vllm":
-            raise SettingsError(
-                f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
-                "every config runs --gsm8k-preset vllm (vLLM's own requests)"
-            )
-        if values["serve"] and "{server_args}" not in values["serve"]:
-            # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
-            warn(
-                "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
-                "vLLM's test adds are not passed to the server"
-            )
-    if values["serve"] or is_local_spec(values["model"]):
-        read.mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
-    if values["preset"] is not None:
-        read.preset(values["preset"])
-    elif is_local_spec(values["model"]):
-        # A base model does not follow chat instructions: few-shot completions with stops.
-        values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
+def _config_mode(read: _Read) -> None:
+    """--gsm8k-config: what the configs decide wins; what cannot follow vLLM's test is refused."""
+    values = read.values
+    sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if key in read.ini}
+    read.mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
+    if values["early_stop"] == "sequential":
+        # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
+        raise SettingsError(
+            "--gsm8k-early-stop sequential cannot be combined with --gsm8k-config: each "
+            "config's verdict is vLLM's exact comparison over its first num_questions "
+            "problems (--gsm8k-early-stop certain stops each config once its verdict is fixed)"
+        )
+    if "preset" in read.given and values["preset"] != "vllm":
+        raise SettingsError(
+            f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
+            "every config runs --gsm8k-preset vllm (vLLM's own requests)"
+        )
+    if values["serve"] and "{server_args}" not in values["serve"]:
+        # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
+        read.warn(
+            "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
+            "vLLM's test adds are not passed to the server"
+        )
 
+
+def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
+    """The protocol's N, checked, and the settings that depend on it."""
     protocol = values["protocol"] = values["protocol"].strip()
     match = PROTOCOL_RE.match(protocol)
     if not match:
         raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
-    samples = int(match.group(3)) if match.group(3) is not None else 1
-    if samples < 1:
-        raise SettingsError(f"--gsm8k-protocol {protocol}: N must be at least 1")
-    if samples > MAX_SAMPLES:
-        raise SettingsError(f"--gsm8k-protocol {protocol}: N must be at most {MAX_SAMPLES}")
+    samples = int(match.group(3) or 1)
+    if not 1 <= samples <= MAX_SAMPLES:
+        bound = "at least 1" if samples < 1 else f"at most {MAX_SAMPLES}"
+        raise SettingsError(f"--gsm8k-protocol {protocol}: N must be {bound}")
     if values["temperature"] is None:
         values["temperature"] = 0.0 if protocol == "test@1" else 0.7
-    for key in ("temperature", "max_tokens"):
-        values[key] = None if values[key] == OMIT else values[key]
+    values.update({key: None for key in ("temperature", "max_tokens") if values[key] == OMIT})
     if samples > 1 and values["temperature"] == 0.0:
         warn(
             f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
@@ -572,14 +473,30 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
             f"run-to-run noise; --gsm8k-protocol {protocol} samples already (use test@1, or "
             "--gsm8k-repeats 1)"
         )
+    return samples
+
+
+def _across(read: _Read, exists: Callable[[str], bool]) -> int:
+    """The rules that relate options, in order: the modes, the preset or the local model, the
+    protocol, the checks beyond a range. Returns the protocol's N."""
+    values, given = read.values, read.given
+    read.old_config(exists)
+    if values["config"]:
+        _config_mode(read)
+    if values["serve"] or is_local_spec(values["model"]):
+        read.mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
+    if values["preset"] is not None:
+        read.preset(values["preset"])
+    elif is_local_spec(values["model"]):
+        # A base model does not follow chat instructions: few-shot completions with stops.
+        values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
+    samples = _protocol(values, read.warn)
     values["param"] = parse_params(values["param"] or [])
     if (regex := values["answer_regex"]) is not None:
         try:
             compiled = re.compile(regex)
         except re.error as exc:
-            raise SettingsError(
-                f"--gsm8k-answer-regex: invalid regular expression ({exc})"
-            ) from None
+            raise SettingsError(f"--gsm8k-answer-regex: invalid regex ({exc})") from None
         if compiled.groups < 1:
             raise SettingsError(
                 f"--gsm8k-answer-regex {regex!r}: needs a capture group (group 1 is the number)"
@@ -588,8 +505,8 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
         values["shard"] = "{}/{}".format(*parse_shard(values["shard"]))
         if values["early_stop"]:
             raise SettingsError(
-                "--gsm8k-shard cannot be combined with --gsm8k-early-stop: a shard cannot "
-                "see the other shards' answers (the merge decides on all of them)"
+                "--gsm8k-shard cannot be combined with --gsm8k-early-stop: a shard cannot see "
+                "the other shards' answers (the merge decides on all of them)"
             )
     if values["resume"] and values["no_cache"]:
         raise SettingsError(
@@ -598,8 +515,7 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
     if values["serve"] and "{port}" not in values["serve"]:
         raise SettingsError(
             "--gsm8k-serve: the command line has no {port}: the server must listen on the free "
-            "loopback port the run picks, where it is waited for (e.g. 'vllm serve {model} "
-            "--port {port}')"
+            "loopback port the run picks (e.g. 'vllm serve {model} --port {port}')"
         )
     if values["base_url"] and (problem := url_problem(values["base_url"])):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
@@ -629,9 +545,8 @@ def build_settings(
     exists: Callable[[str], bool] = lambda path: False,
     from_ini: Callable[[Option], bool] = lambda option: False,
 ) -> Settings:
-    """Read every option through ``get`` (command line, then ini), check each, then the
-    rules across them. ``warn`` takes remarks; ``exists`` and ``from_ini`` are the caller's
-    file system and whether a value came from the ini."""
+    """Every option read through ``get`` (command line, then ini) and checked, then the rules
+    across them; ``exists``: the file system; ``from_ini``: whether a value is the ini's."""
     read = _Read({}, set(), set(), warn)
     for option in OPTIONS:
         value = option.parse(get(option))

@@ -6,28 +6,23 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
 Api = Literal["chat", "completions"]
 
-#: the largest token count one reply may report: a billion tokens for one GSM8K answer is
-#: no count, and summing such numbers would print nonsense totals
+#: a billion tokens for one GSM8K answer is no count (summed, it prints nonsense totals)
 MAX_TOKEN_COUNT = 10**9
 
 
 def valid_usage(raw: Any, names: tuple[str, ...] | None = None) -> tuple[dict[str, int], list[str]]:
-    """The token counts in ``raw`` (a ``usage``) that are counts (integral, 0 to
-    :data:`MAX_TOKEN_COUNT`), and a ``name=value`` note for each other, never summed;
-    ``names`` limits the fields read."""
+    """The counts in a ``usage`` that are counts (integral, 0 to :data:`MAX_TOKEN_COUNT`), and a
+    ``name=value`` note for each other (never summed); ``names`` limits the fields read."""
     counts: dict[str, int] = {}
     bad: list[str] = []
-    if not isinstance(raw, dict):
-        return counts, bad
-    for name in names if names is not None else tuple(raw):
-        if name not in raw:
-            continue
+    raw = raw if isinstance(raw, dict) else {}
+    for name in [n for n in (raw if names is None else names) if n in raw]:
         value = raw[name]
         if isinstance(value, float) and value.is_integer():
             value = int(value)
@@ -53,16 +48,14 @@ class Problem:
 
     @property
     def id(self) -> str:
-        """Stable item id, e.g. ``test-0042``: it names the problem, not its run position
-        (``Qwen3-0.6B-FP8:test-0042`` in a config's group)."""
+        """``test-0042`` (``Qwen3-0.6B-FP8:test-0042`` in a config's group): not a run position."""
         plain = f"{self.split}-{self.index:04d}"
         return f"{self.group}:{plain}" if self.group else plain
 
 
 @dataclass(frozen=True)
 class Request:
-    """Everything sent to the model for one problem (``n`` samples: one call or several is
-    the engine's business)."""
+    """Everything sent to the model for one problem (``n`` samples: one call or several)."""
 
     problem_id: str
     api: Api
@@ -75,48 +68,31 @@ class Request:
     seed: int | None = None
     #: --gsm8k-param: (key, canonical JSON) merged into the body last
     params: tuple[tuple[str, str], ...] = ()
-    #: the body's exact JSON text, for a preset whose peer is copied byte for byte (key
-    #: order, separators, escapes, no ``model``): sent as it is, and part of the cache key.
-    #: The fields above then describe it for reports; ``None``: the body is :meth:`body`.
+    #: the exact JSON text of a preset's body copied byte for byte (key order, escapes, no
+    #: ``model``): sent as it is and hashed for the cache key; the fields above describe it
     wire: str | None = None
-    #: --gsm8k-repeats: which of the K separate asks of the problem this is (0-based). Not
-    #: in the body (the server sees the same request K times); part of the cache key's
-    #: sample for repeats after the first, so repeat 0 keeps the key of a run without repeats
+    #: --gsm8k-repeats: which of the K asks this is; not in the body, in the cache key's
+    #: sample after the first (repeat 0 keeps the key of a run without repeats)
     repeat: int = 0
 
     def asks(self, repeats: int) -> list[Request]:
         """This request once per repeat (``--gsm8k-repeats``), repeat 0 first."""
         return [replace(self, repeat=i) for i in range(max(1, repeats))]
 
-    def message_dicts(self) -> list[dict[str, str]]:
-        """Chat messages in the OpenAI wire shape."""
-        return [{"role": role, "content": content} for role, content in self.messages]
-
-    def body(self, model: str, n: int | None = None, seed: int | None = None) -> dict[str, Any]:
-        """The JSON body the endpoint receives and the cache key hashes (the :attr:`wire`
-        body as it is, whatever the arguments say)."""
+    def body(self, model: str) -> dict[str, Any]:
+        """The JSON body the endpoint receives and the cache key hashes."""
         if self.wire is not None:
             wire: dict[str, Any] = json.loads(self.wire)
             return wire
         body: dict[str, Any] = {"model": model}
         if self.api == "chat":
-            body["messages"] = self.message_dicts()
+            body["messages"] = [{"role": role, "content": text} for role, text in self.messages]
         else:
             body["prompt"] = self.prompt
-        if self.temperature is not None:  # None: the server's default
-            body["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
-        count = self.n if n is None else n
-        if count != 1:
-            body["n"] = count
-        if self.stop:
-            body["stop"] = list(self.stop)
-        chosen_seed = self.seed if seed is None else seed
-        if chosen_seed is not None:
-            body["seed"] = chosen_seed
-        for key, value in self.params:
-            body[key] = json.loads(value)
+        optional: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        optional.update(n=self.n if self.n != 1 else None, stop=list(self.stop) or None)
+        body.update((k, v) for k, v in {**optional, "seed": self.seed}.items() if v is not None)
+        body.update((key, json.loads(value)) for key, value in self.params)
         return body
 
 
@@ -142,10 +118,7 @@ class ModelResponse:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "completions": [
-                {"text": c.text, "finish_reason": c.finish_reason, "reasoning": c.reasoning}
-                for c in self.completions
-            ],
+            "completions": [asdict(c) for c in self.completions],
             "usage": dict(self.usage),
             "model": self.model,
             "system_fingerprint": self.fingerprint,
@@ -154,21 +127,12 @@ class ModelResponse:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelResponse:
         comps = [
-            Completion(
-                text=str(c["text"]),
-                finish_reason=c.get("finish_reason"),
-                reasoning=c.get("reasoning"),
-            )
+            Completion(str(c["text"]), c.get("finish_reason"), c.get("reasoning"))
             for c in data["completions"]
         ]
-        usage, _ = valid_usage(data.get("usage"))
         fingerprint = data.get("system_fingerprint")
-        return cls(
-            completions=comps,
-            usage=usage,
-            model=data.get("model"),
-            fingerprint=fingerprint if isinstance(fingerprint, str) else None,
-        )
+        fingerprint = fingerprint if isinstance(fingerprint, str) else None
+        return cls(comps, valid_usage(data.get("usage"))[0], data.get("model"), 0, fingerprint)
 
 
 def stable_hash(obj: Any) -> str:
