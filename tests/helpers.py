@@ -35,8 +35,14 @@ TEST_KEY = "sk-test-SECRET-1234567890"
 #: Plugins an inner pytest run never loads, whatever the environment has installed:
 #: pytest-randomly would reorder the items (tests read outcomes in run order), hypothesis's
 #: plugin imports hypothesis at the end of every run (time only), pytest-benchmark warns
-#: under xdist. Every run a test starts passes these (``gsm8k_args`` includes them).
-NO_EXTRA_PLUGINS = ("-p", "no:randomly", "-p", "no:hypothesispytest", "-p", "no:benchmark")
+#: under xdist, anyio's (installed with openai) imports anyio in every interpreter a run
+#: starts (an empty -n 2 run: 1.2 CPU-s with it, 0.85 without). Every run a test starts
+#: passes these (``gsm8k_args`` includes them).
+NO_EXTRA_PLUGINS = tuple(
+    word
+    for name in ("randomly", "hypothesispytest", "benchmark", "anyio")
+    for word in ("-p", f"no:{name}")
+)
 #: pytest's cache plugin off as well: the run has no .pytest_cache folder to write into
 NO_CACHEPROVIDER = ("-p", "no:cacheprovider")
 

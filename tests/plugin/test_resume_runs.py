@@ -287,8 +287,12 @@ def _entries(cache: Path) -> int:
     return len(list((cache / "responses").glob("*/*.json")))
 
 
-@pytest.mark.parametrize("resume", [[], ["--gsm8k-resume"]], ids=["default", "resume"])
-@XDIST
+# -n 2 with --gsm8k-resume only: without it nothing is read, under -n 2 too (case 1 above)
+@pytest.mark.parametrize(
+    ("xdist", "resume"),
+    [([], []), ([], ["--gsm8k-resume"]), (["-n", "2"], ["--gsm8k-resume"])],
+    ids=["plain-default", "plain-resume", "xdist-resume"],
+)
 def test_rule1_two_runs_at_once_never_read_each_others_answers(
     pytester: pytest.Pytester,
     gsm8k_data: Path,

@@ -604,8 +604,8 @@ def test_llama_cpp_server_through_serve(pytester: pytest.Pytester) -> None:
     marker = f"m{uuid.uuid4().hex[:10]}"
     command = (
         f"{shlex.quote(sys.executable)} -m llama_cpp.server --model {shlex.quote(str(gguf))} "
-        f"--host 127.0.0.1 --port {{port}} --n_ctx 2048 --logits_all False "
-        f"--model_alias {marker}"
+        f"--host 127.0.0.1 --port {{port}} --n_ctx 2048 --n_threads 1 --n_threads_batch 1 "
+        f"--logits_all False --model_alias {marker}"
     )
     result = pytester.runpytest(
         f"--gsm8k-serve={command}",

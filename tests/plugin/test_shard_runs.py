@@ -219,6 +219,9 @@ def test_three_shards_merged_are_the_unsharded_run(
     unsharded run's accuracy, problem ids, gate verdicts and p-values, and its exit code;
     --snapshot-update on the shards writes the single run's baseline, byte for byte."""
     base = [*gsm8k_args, "--gsm8k-no-cache", "--gsm8k-min-acc=0.5", "--gsm8k-max-unparsed=0.1"]
+    # the full split once (plain); under xdist 300 problems: the rule holds at any size, and
+    # six -n 2 runs of the full split cost 30 CPU-seconds
+    base += ["--gsm8k-limit=300"] if xdist else []
     snapshot = pytester.path / "__snapshots__" / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
     # the baseline: recorded by one machine, then again by three shards and their merge
     pytester.runpytest(*base, "--snapshot-update")
