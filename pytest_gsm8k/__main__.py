@@ -9,7 +9,6 @@ every shard of one run. Every refusal is one ``gsm8k: ...`` line on stderr.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -23,16 +22,6 @@ from pytest_gsm8k.core.scrub import md_text, printable
 BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
 
 
-def _alpha(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and 0.0 < value < 1.0):
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="python -m pytest_gsm8k", description=__doc__)
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -41,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument("a", metavar="A.json", help="the reference run (the older release)")
     cmp.add_argument("b", metavar="B.json", help="the run under test (the candidate)")
-    cmp.add_argument("--alpha", type=_alpha, default=0.05, help="the McNemar test's level (0.05)")
+    cmp.add_argument("--alpha", type=float, default=0.05, help="the McNemar test's level (0.05)")
     mrg = commands.add_parser("merge", help="the verdict of a run's --gsm8k-shard reports")
     mrg.add_argument("shards", nargs="+", metavar="SHARD.json", help="every shard's report")
     for flag in ("--report", "--html", "--markdown", "--junitxml"):
@@ -175,6 +164,8 @@ def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
+        if not 0.0 < args.alpha < 1.0:  # nor nan
+            parser().error(f"--alpha: must be between 0 and 1 (exclusive), got {args.alpha}")
         return run_compare(args.a, args.b, args.alpha)
     return run_merge(args)  # argparse allows no other
 

@@ -109,18 +109,6 @@ def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
     return started.server, engine
 
 
-def server_log(state: State, name: str) -> Path:
-    """Where a server's output goes: a file that stays after the run, so that the path an
-    error line names can be read (pytest's cache folder, else the temp folder)."""
-    cache = getattr(state.config, "cache", None)
-    if cache is not None:
-        with contextlib.suppress(OSError):
-            return Path(cache.mkdir("gsm8k")) / name
-    handle, path = tempfile.mkstemp(prefix=f"gsm8k-{Path(name).stem}-", suffix=".log")
-    os.close(handle)
-    return Path(path)
-
-
 @contextlib.contextmanager
 def _one_line(state: State, error: Callable[[str], Exception] | None = None) -> Iterator[None]:
     """A launch's failure as one scrubbed line: a ``UsageError``, or ``error(line)``."""
@@ -138,15 +126,17 @@ def _launch(
 ) -> Started:
     from pytest_gsm8k.runtime.serve import Launch, launch
 
-    log = server_log(state, log_name)
-
-    def progress(waited: float) -> None:
-        _write_line(
-            state,
-            f"gsm8k: waiting for the model server to answer GET /v1/models "
-            f"({waited:.0f} s so far; log {log})",
-        )
-
+    # a file that stays after the run, so that the path an error line names can be read
+    log: Path | None = None
+    with contextlib.suppress(OSError, AttributeError):  # pytest's cache folder, else temp
+        log = Path(state.config.cache.mkdir("gsm8k")) / log_name
+    if log is None:
+        handle, path = tempfile.mkstemp(prefix=f"gsm8k-{Path(log_name).stem}-", suffix=".log")
+        os.close(handle)
+        log = Path(path)
+    waiting = (
+        "gsm8k: waiting for the model server to answer GET /v1/models ({:.0f} s so far; log {})"
+    )
     return launch(
         Launch(
             spec,
@@ -154,8 +144,8 @@ def _launch(
             state.settings.serve_timeout if timeout is None else timeout,
             scrub=state.scrubber(),
             api_key=state.settings.api_key(),
-            list_timeout=_preflight_timeout(state),
-            progress=progress,
+            list_timeout=min(state.settings.timeout, PREFLIGHT_TIMEOUT),
+            progress=lambda waited: _write_line(state, waiting.format(waited, log)),
             **how,
         )
     )
@@ -191,10 +181,6 @@ def _write_line(state: State, line: str) -> None:
     reporter.write_line(line)
 
 
-def _preflight_timeout(state: State) -> float:
-    return min(state.settings.timeout, PREFLIGHT_TIMEOUT)
-
-
 def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     """One cheap call at session start: unreachable, bad key, unknown model, or a model that
     would not answer the preset's requests (they name none: an adapter's run would grade
@@ -210,7 +196,7 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
         raise pytest.UsageError(f"gsm8k: {source}: {problem}")  # the URL may hold a secret
     shown = shown_url(url or DEFAULT_BASE_URL)
     cards: list[dict[str, Any]] = []
-    timeout = _preflight_timeout(state)
+    timeout = min(state.settings.timeout, PREFLIGHT_TIMEOUT)
     try:
         models = list_models(url, key, timeout=timeout, cards=cards)
     except PreflightError as exc:

@@ -1,17 +1,14 @@
 """Where a test's answer comes from, and who closes it: one :class:`Sources` per process.
-
-The plugin's own client: this process's :class:`Engine`, or under xdist the controller's
-(:class:`RemoteAnswers`); a user's session-scoped callable: an engine of this process (under
-xdist asked per item); a narrower-scoped model: a one-shot engine per item; --gsm8k-config:
-the :class:`Matrix` of the configs' servers. It holds the servers this run started too, so
-that one object stops everything the run opened.
-"""
+The plugin's own client: this process's engine, or under xdist the controller's; a user's
+session-scoped callable: an engine here; a narrower-scoped one: a one-shot engine per item;
+--gsm8k-config: the configs' servers (:class:`Matrix`). It holds the servers this run
+started too, so that one object stops everything the run opened."""
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +20,7 @@ from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, shown_url
 from pytest_gsm8k.core.settings import Settings, is_local_spec
-from pytest_gsm8k.core.types import Problem, Request
+from pytest_gsm8k.core.types import Problem
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.vllm_config import VllmConfig
@@ -159,9 +156,8 @@ class Sources:
     def default_client(self) -> OpenAIClient:
         """The process's one OpenAI-compatible client (the same object every time)."""
         if self._client is None:
-            run = self._run
-            endpoint = None if run.settings.vllm_config else run.endpoint()
-            if endpoint is None:
+            run, endpoint = self._run, self._run.endpoint()
+            if run.settings.vllm_config:
                 self._client = ConfigsModel()  # type: ignore[assignment]
             elif not endpoint.model:
                 raise pytest.UsageError(
@@ -189,64 +185,53 @@ class Sources:
                 return f"local:{gguf}:{Path(gguf).stat().st_size} env:{server_env_digest()}"
         return None
 
-    def config_engine(
-        self, name: str, config: VllmConfig, started: Started, command: str
-    ) -> Engine:
+    def config_engine(self, name: str, config: VllmConfig, started: Started, shown: str) -> Engine:
         """A config's engine (not started) on the server started for it; ValueError for a
         proxy the client cannot use."""
         from pytest_gsm8k.runtime.serve import server_env_digest
 
-        args, settings = " ".join(config.serve_args()), self._run.settings
+        args, timeout = " ".join(config.serve_args()), config.request_timeout_seconds
         concurrency = config.max_concurrency or self._run.concurrency()
-        cache_name = (
-            f"serve:{command} config:{name} args:{args} env:{server_env_digest(config.env)}"
-        )
-        timeout = config.request_timeout_seconds
-        client = self._new_client(name, started.endpoint, timeout, concurrency, cache_name)
-        # vLLM's test waits request_timeout_seconds for an answer: less is not a stall
-        stall = settings.stall_timeout
-        stall = stall and max(stall, config.request_timeout_seconds)
-        named = config.model_name if started.identity is None else None  # the replies tell
+        cached = f"serve:{shown} config:{name} args:{args} env:{server_env_digest(config.env)}"
+        client = self._new_client(name, started.endpoint, timeout, concurrency, cached)
         self.config_servers[name] = started.info
-        return self._engine(client, concurrency, True, stall, started.identity, named)
+        # vLLM's test waits request_timeout_seconds for an answer: less is not a stall
+        return self._engine(client, concurrency, True, started.endpoint, stall_floor=timeout)
 
     def _engine(
         self,
         client: Any,
         concurrency: int,
         persistent: bool,
-        stall: float | None,
-        identity: dict[str, Any] | None = None,
-        named: str | None = None,
+        endpoint: Endpoint | None,
+        stall_floor: float = 0.0,
         one_shot: bool = False,
     ) -> Engine:
+        """``endpoint``: the server the plugin's own client asks, whose description of the
+        model its answers are cached under; a reply to a request naming no model must name
+        it when no listing showed who answers such a request."""
         from pytest_gsm8k.runtime.engine import Engine
 
-        early_stop = self._run.settings.early_stop and not one_shot
+        settings = self._run.settings
         return Engine(
             client,
             self.cache(persistent),
             concurrency=concurrency,
             breaker=None if one_shot else getattr(client, "breaker", None),
             # early stopping: what is fetched past the decision is paid for and unused
-            lookahead=concurrency if early_stop else None,
+            lookahead=concurrency if settings.early_stop and not one_shot else None,
             scrub=self._run.scrubber(),
-            stall_timeout=stall,
-            identity=identity,  # what the server says of itself: the plugin's client only
-            named=named,  # no listing showed who answers a request naming no model
+            stall_timeout=settings.stall_timeout and max(settings.stall_timeout, stall_floor),
+            identity=endpoint.identity if endpoint else None,
+            named=endpoint.model if endpoint and endpoint.identity is None else None,
         )
 
-    def finish_started(self, complete: Callable[[str], bool]) -> None:
-        """At the end: a started server whose run (``complete(config name or "")``) has
+    def finish_started(self, complete: Container[str]) -> None:
+        """At the end: a started server whose run (by config name, "" for the run's) has
         every answer is done; the next run asks again."""
         for key, (name, generation) in self.started.items():
-            if complete(key):
+            if key in complete:
                 self.cache(True).finished(name, generation)
-
-    def _requests(self, protocol: Protocol | None) -> list[Request]:
-        protocol = protocol or self._run.plan().protocol
-        repeats = self._run.settings.repeats
-        return [r for p in self._run.collected() or () for r in protocol.request(p).asks(repeats)]
 
     def _client_for(self, model: Any, concurrency: int) -> Any:
         """``model`` as a client: a client as is, a callable wrapped."""
@@ -277,13 +262,8 @@ class Sources:
             concurrency = run.concurrency()
             client = self._client_for(model, concurrency)
             ours = client is self._client
-            endpoint = run.endpoint()
-            identity = endpoint.identity if ours else None
-            named = endpoint.model if ours and identity is None else None
             persistent = bool(getattr(client, "persistent_cache", False))
-            engine = self._engine(
-                client, concurrency, persistent, run.settings.stall_timeout, identity, named
-            )
+            engine = self._engine(client, concurrency, persistent, run.endpoint() if ours else None)
             self.engines[id(model)] = engine
             if run.is_worker and not (ours and own):
                 return engine  # a user's model or protocol under xdist: per item
@@ -291,7 +271,10 @@ class Sources:
         if plan and id(model) in self._unplanned:
             self._unplanned.discard(id(model))
             if own or not run.is_worker:
-                engine.start(self._requests(protocol))
+                asked, repeats = protocol or run.plan().protocol, run.settings.repeats
+                engine.start(
+                    [r for p in run.collected() or () for r in asked.request(p).asks(repeats)]
+                )
         return engine
 
     def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
@@ -319,16 +302,14 @@ class Sources:
                 ),
                 stacklevel=3,
             )
-        client = self._client_for(model, 1)
-        stall = self._run.settings.stall_timeout
-        return self._engine(client, 1, False, stall, one_shot=True), True
+        return self._engine(self._client_for(model, 1), 1, False, None, one_shot=True), True
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
         """The scored records of answers the plugin's engine holds but no test read."""
         from pytest_gsm8k.core.outcome import score_repeats
 
         plan, matrix = self._run.plan(), self.matrix
-        default = self.engines.get(id(self._client)) if self._client is not None else None
+        default = self.engines.get(id(self._client))  # (never a model's id: None is none)
         out: dict[str, ProblemRecord] = {}
         for problem in problems:
             protocol = plan.protocol_of(problem)

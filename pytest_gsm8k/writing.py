@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_gsm8k.core.plan import RunPlan
 from pytest_gsm8k.session import Gsm8kSession
-
-if TYPE_CHECKING:
-    from pytest_gsm8k.core.verdict import GroupInput
 
 
 def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | None = None) -> None:
@@ -85,8 +81,16 @@ def finish(state: Gsm8kSession, config: pytest.Config) -> None:
         scrub=state.scrubber(),
         deselected_by=deselected_by(config),
     )
-    complete = {i.group.name: _complete(i, run.aborted) for i in inputs}
-    state.sources.finish_started(lambda name: complete.get(name, False))
+    # a group with an answer for every problem: its started server's are not reused
+    state.sources.finish_started(
+        {
+            i.group.name
+            for i in inputs
+            if not (run.aborted or i.selection.interrupted)
+            and i.records
+            and not any(r["outcome"] == "error" for r in i.records)
+        }
+    )
     finished = time.time()
     times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
     verdict = settle(inputs, top, not_run, times)
@@ -97,14 +101,6 @@ def finish(state: Gsm8kSession, config: pytest.Config) -> None:
     errors = write_outputs(plan, verdict, page, state.outputs, on_terminal=lambda: _newline(state))
     for key, line in errors.items():
         state.output_failed(key, line)
-
-
-def _complete(group: GroupInput, aborted: str | None) -> bool:
-    """Whether a group has an answer for every problem it set out to ask: then its started
-    server's answers are not reused by the next run."""
-    if aborted or group.selection.interrupted:
-        return False
-    return bool(group.records) and not any(r["outcome"] == "error" for r in group.records)
 
 
 def _iso(seconds: float) -> str:
