@@ -1,14 +1,7 @@
-"""pytest-gsm8k: GSM8K as a pytest regression gate for language models.
-
-The pytest entry point is :mod:`pytest_gsm8k.plugin`; the pure parts
-(dataset, prompts, scoring, statistics) live in their own modules so they can
-be used and tested without pytest or HTTP. What users annotate their own tests
-and models with is exported here.
-
-Every name is imported when first asked for (module ``__getattr__``): pytest imports this
-package in every session of every repository the plugin is installed in, and a session
-that does not use it should not pay for the prompts, records and types.
-"""
+"""pytest-gsm8k: GSM8K as a pytest regression gate for language models (the entry point is
+:mod:`pytest_gsm8k.plugin`). The names users annotate their tests and models with are
+imported when first asked for: pytest imports this package in every session of every
+repository the plugin is installed in, and a session that does not use it should not pay."""
 
 from __future__ import annotations
 
@@ -58,8 +51,7 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-#: the name the plugin registers this process's role under (plugin.py registers it,
-#: session.get_session finds it): here, where both read it without importing each other
+#: the role plugin's name: plugin.py registers it, session.get_session finds it
 ROLE_NAME = "gsm8k-session"
 
 

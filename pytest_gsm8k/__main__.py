@@ -1,87 +1,40 @@
-"""``python -m pytest_gsm8k``: commands that need no pytest run (argparse; the descriptions
-below and README's "Recipes" say what each does).
+"""``python -m pytest_gsm8k``: the commands that need no pytest run (README's "Recipes").
 
 ``compare A.json B.json``: 0 when B is not worse than A at ``--alpha`` (in every config), 1
-when it is or the comparison is undecided, 2 when they cannot be compared or the command line
-is wrong. ``merge SHARD.json...``: the exit code the unsharded run would have had, 2 when the
-reports are not every shard of one run. Every refusal is one ``gsm8k: ...`` line on stderr.
+when it is or the comparison is undecided, 2 when they cannot be compared. ``merge
+SHARD.json...``: the exit code the unsharded run would have had, 2 when the reports are not
+every shard of one run. Every refusal is one ``gsm8k: ...`` line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_gsm8k.core.compare import CompareError, clip, compare_all, load_report, markdown
 from pytest_gsm8k.core.scrub import md_text, printable
-
-if TYPE_CHECKING:
-    from pytest_gsm8k.core.merge import Merged
-    from pytest_gsm8k.core.plan import RunPlan
-    from pytest_gsm8k.core.verdict import RunVerdict
 
 #: exit codes
 BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
 
 
-def _alpha(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and 0.0 < value < 1.0):
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(
-        prog="python -m pytest_gsm8k", description="pytest-gsm8k commands outside a pytest run"
-    )
+    main = argparse.ArgumentParser(prog="python -m pytest_gsm8k", description=__doc__)
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cmp = commands.add_parser(
-        "compare",
-        help="is run B worse than run A? (two --gsm8k-report files)",
-        description=(
-            "Compare two JSON reports (--gsm8k-report) of the same protocol and dataset on "
-            "the problems both hold: their difference with its 95 percent interval, the "
-            "gate's one-sided test, the problems that flipped; two --gsm8k-config "
-            "reports config by config. Exit 1 when B is worse than A at --alpha or the "
-            "comparison is undecided (errors, problems a report left out, too few problems), "
-            "0 otherwise, 2 when they (or a config) cannot be compared."
-        ),
+        "compare", help="is run B worse than run A? (two --gsm8k-report files)"
     )
     cmp.add_argument("a", metavar="A.json", help="the reference run (the older release)")
     cmp.add_argument("b", metavar="B.json", help="the run under test (the candidate)")
-    cmp.add_argument(
-        "--alpha",
-        type=_alpha,
-        default=0.05,
-        help="level of the McNemar test that decides 'B is worse' (default: 0.05)",
-    )
-    mrg = commands.add_parser(
-        "merge",
-        help="the verdict of a run's --gsm8k-shard reports (one per CI matrix job)",
-        description=(
-            "Check that the reports are every shard of one run (the same plan, each shard "
-            "1..N once, each the slice its plan implies, no problem twice), then decide its "
-            "gates as the unsharded run would and write its outputs. Exit 0 or 1 as that "
-            "run, 2 when the reports are not the shards of one run."
-        ),
-    )
+    cmp.add_argument("--alpha", type=float, default=0.05, help="the McNemar test's level (0.05)")
+    mrg = commands.add_parser("merge", help="the verdict of a run's --gsm8k-shard reports")
     mrg.add_argument("shards", nargs="+", metavar="SHARD.json", help="every shard's report")
-    for flag, what in (
-        ("--report", "the merged JSON report"),
-        ("--html", "the run's HTML page"),
-        ("--markdown", "the run's Markdown summary (also $GITHUB_STEP_SUMMARY when set)"),
-        ("--junitxml", "JUnit XML with one test case per gate"),
-    ):
-        mrg.add_argument(flag, metavar="PATH", help=f"write {what} here")
+    for flag in ("--report", "--html", "--markdown", "--junitxml"):
+        mrg.add_argument(flag, metavar="PATH", help="write the run's output of that name here")
     return main
 
 
@@ -113,12 +66,11 @@ def _questions(report: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _say(text: str) -> None:
-    print(f"gsm8k: {clip(printable(text), 500)}", file=sys.stderr)
+    print(f"gsm8k: {clip(printable(text.removeprefix('gsm8k: ')), 500)}", file=sys.stderr)
 
 
 def run_compare(a_path: str, b_path: str, alpha: float) -> int:
-    """The ``compare`` command: print the Markdown, return the exit code (the worst of
-    the comparisons': a matrix's configs each have one)."""
+    """Print the Markdown; the exit code is the worst of the comparisons' (one per config)."""
     try:
         a, b = _read(a_path), _read(b_path)
         results = compare_all(a, b, alpha=alpha, where=(a_path, b_path))
@@ -149,35 +101,26 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    """The ``merge`` command: the shards checked to be one run, then its verdict."""
+    """The shards checked to be one run, then its verdict by the steps that end a run: its
+    records gathered (core/tally.py), decided with the baselines written and every output
+    rendered from it (runtime/finish.py); the exit code that run would have had."""
     from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.core.merge import ShardError, check_shards
+    from pytest_gsm8k.core.render import styled_lines
+    from pytest_gsm8k.core.scrub import Scrubber
+    from pytest_gsm8k.core.tally import Tally
+    from pytest_gsm8k.runtime.finish import page_path, settle, write_outputs
     from pytest_gsm8k.runtime.planning import replan
 
     outputs = {"report": args.report, "html": args.html, "markdown": args.markdown}
     try:
-        reports = [(path, _read(path)) for path in args.shards]
-        merged = check_shards(reports)
-        model = reports[0][1].get("model")
+        reports = [_read(path) for path in args.shards]
+        merged = check_shards(list(zip(args.shards, reports, strict=True)))
+        model = reports[0].get("model")
         plan = replan(merged.plan, Path.cwd(), model if isinstance(model, str) else None, outputs)
     except (CompareError, ShardError, DatasetError) as exc:
         _say(str(exc))
         return REFUSED
-    return _decide(plan, merged, [report for _, report in reports], args.junitxml)
-
-
-def _decide(
-    plan: RunPlan, merged: Merged, reports: Sequence[Mapping[str, Any]], junitxml: str | None
-) -> int:
-    """The verdict of the run the shards are, by the steps that end a run: its records
-    gathered (core/tally.py), decided (core/verdict.py) with the baselines written, every
-    output rendered from it; the exit code that run would have had."""
-    from pytest_gsm8k.core.render import styled_lines
-    from pytest_gsm8k.core.scrub import Scrubber
-    from pytest_gsm8k.core.tally import Tally
-    from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
-    from pytest_gsm8k.writing import OUTPUTS, rendered, settle
-
     run = Tally()
     run.collect([p for p in plan.problems if p.id not in merged.deselected])
     for record in merged.records:
@@ -197,32 +140,14 @@ def _decide(
     verdict = settle(inputs, top, not_run, _times(reports))
     for line, _ in styled_lines(verdict):
         print(line)
-    failed = False
-    html = plan.settings.html
-    page = None if not html else (Path(html).as_posix(), not Path(html).is_absolute())
-    for key, path, render in rendered(plan, verdict, page):
-        if not path:
-            continue
-        what, append = OUTPUTS[key]
-        try:
-            output = prepare(path, what, append=append)
-            output.write(render())
-            output.close()
-        except OutputError as exc:
-            failed = _said(str(exc))
-        except Exception as exc:
-            failed = _said(f"{what}: cannot write {path}: {reason(exc)}")
-    if junitxml:
-        failed = _junit(verdict, junitxml) or failed
-    errors = any(r["outcome"] == "error" for r in merged.records)
+    page = page_path(args.html, Path.cwd(), Path.cwd(), False)
+    errors = write_outputs(plan, verdict, page, junitxml=args.junitxml)
+    for line in errors.values():
+        _say(line)
     if merged.interrupted:
         return 2  # as the run would: pytest's exit code for an interrupted session
-    return WORSE if verdict.failed or errors or failed else BETTER_OR_SAME
-
-
-def _said(line: str) -> bool:
-    _say(line)
-    return True
+    failed = any(r["outcome"] == "error" for r in merged.records) or errors or verdict.failed
+    return WORSE if failed else BETTER_OR_SAME
 
 
 def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
@@ -236,28 +161,11 @@ def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
     return started, finished, round(span.total_seconds(), 3)
 
 
-def _junit(verdict: RunVerdict, path: str) -> bool:
-    """The gates as JUnit test cases (``gsm8k.gates``), written by pytest's own writer as
-    a run's ``--junitxml`` writes them; True when it could not be written."""
-    from _pytest.junitxml import LogXML
-
-    from pytest_gsm8k.reporting import gate_reports
-    from pytest_gsm8k.runtime.outputs import reason
-
-    xml = LogXML(path, None)
-    xml.pytest_sessionstart()
-    for report in gate_reports(verdict):
-        xml.pytest_runtest_logreport(report)
-    try:
-        xml.pytest_sessionfinish()
-    except OSError as exc:
-        return _said(f"--junitxml: cannot write {path}: {reason(exc)}")
-    return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare":
+        if not 0.0 < args.alpha < 1.0:  # nor nan
+            parser().error(f"--alpha: must be between 0 and 1 (exclusive), got {args.alpha}")
         return run_compare(args.a, args.b, args.alpha)
     return run_merge(args)  # argparse allows no other
 

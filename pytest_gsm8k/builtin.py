@@ -1,10 +1,6 @@
-"""The built-in test, collected (as ``gsm8k::test_gsm8k[test-0042]``) when --gsm8k-model is given.
-
-A wrong answer is a measurement, not a failure: the item passes and its
-report carries the outcome, which the progress line and the final counts
-show (``1071 correct, 240 wrong``). The session gate decides the exit code.
-Infrastructure errors fail the item inside the ``gsm8k_outcome`` fixture.
-"""
+"""The built-in test (``gsm8k::test_gsm8k[test-0042]``), collected when a model is given. A
+wrong answer is a measurement, not a failure: the session gate decides the exit code;
+infrastructure errors fail the item inside the ``gsm8k_outcome`` fixture."""
 
 from __future__ import annotations
 

@@ -59,8 +59,7 @@ def start_local(state: State) -> Started:
 
 def start_serve(state: State) -> Started:
     """``--gsm8k-serve CMD``, on the controller before xdist starts the workers (they get
-    its URL and model through ``workerinput``); stopped by ``State.close``, atexit, and its
-    supervisor when pytest dies."""
+    its URL and model through ``workerinput``)."""
     from pytest_gsm8k.runtime.serve import serve_spec
 
     command = state.settings.serve or ""  # holds {port}: core/settings.py refuses it without
@@ -72,21 +71,47 @@ def start_serve(state: State) -> Started:
     return _serving(state, started, f"{_shown(state, started.server.model)} with {shown!r}")
 
 
-def server_log(state: State, name: str) -> Path:
-    """Where a server's output goes: a file that stays after the run, so that the path an
-    error line names can be read (pytest's cache folder, else the temp folder)."""
-    cache = getattr(state.config, "cache", None)
-    if cache is not None:
-        with contextlib.suppress(OSError):
-            return Path(cache.mkdir("gsm8k")) / name
-    handle, path = tempfile.mkstemp(prefix=f"gsm8k-{Path(name).stem}-", suffix=".log")
-    os.close(handle)
-    return Path(path)
+def start_matrix(state: State) -> Matrix:
+    """--gsm8k-config: the configs' servers, started in sequence once the items are known
+    (:meth:`Matrix.begin`), each stopped before the next one starts."""
+    from pytest_gsm8k.runtime.matrix import Matrix
+
+    return Matrix(
+        [g.name for g in state.plan.groups],
+        lambda name: _launch_config(state, name),
+        say=lambda line: _write_line(state, printable(line)),
+        lookahead=state.concurrency() if state.settings.early_stop else None,
+    )
+
+
+def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
+    """One config's server (docs/serving.md, "vLLM's configs") and the engine that asks it;
+    a failure is one scrubbed ``ServeError`` line, the matrix's error for that config."""
+    from pytest_gsm8k.runtime.serve import ServeError, serve_spec
+
+    config = state.plan.group_by_name[name].config
+    command = state.settings.serve or VLLM_SERVE
+    shown = state.scrubber().command(command)
+    with _one_line(state, ServeError):
+        args = config.serve_args()
+        env = {**os.environ, **config.serve_env()}
+        where = f"config {config.source}"
+        spec = serve_spec(command, config.model_name, server_args=args, env=env, context=where)
+        about = {"command": shown, "argv_args": state.scrubber().words(args)}
+        wait = config.startup_max_wait_seconds
+        started = _launch(state, spec, f"serve-{name}.log", wait, check="listed", about=about)
+        try:
+            engine = state.sources.config_engine(name, config, started, shown)
+        except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
+            started.server.stop(timeout=2.0)
+            raise ServeError(str(exc)) from None
+    _serving(state, started, _shown(state, config.model_name), head=f"config {name}: ")
+    return started.server, engine
 
 
 @contextlib.contextmanager
 def _one_line(state: State, error: Callable[[str], Exception] | None = None) -> Iterator[None]:
-    """A launch's failure as one line: a ``UsageError``, or ``error(line)`` (a config's)."""
+    """A launch's failure as one scrubbed line: a ``UsageError``, or ``error(line)``."""
     from pytest_gsm8k.runtime.serve import ServeError
 
     try:
@@ -101,23 +126,25 @@ def _launch(
 ) -> Started:
     from pytest_gsm8k.runtime.serve import launch
 
-    log = server_log(state, log_name)
-
-    def progress(waited: float) -> None:
-        _write_line(
-            state,
-            f"gsm8k: waiting for the model server to answer GET /v1/models "
-            f"({waited:.0f} s so far; log {log})",
-        )
-
+    # a file that stays after the run, so that the path an error line names can be read
+    log: Path | None = None
+    with contextlib.suppress(OSError, AttributeError):  # pytest's cache folder, else temp
+        log = Path(state.config.cache.mkdir("gsm8k")) / log_name
+    if log is None:
+        handle, path = tempfile.mkstemp(prefix=f"gsm8k-{Path(log_name).stem}-", suffix=".log")
+        os.close(handle)
+        log = Path(path)
+    waiting = (
+        "gsm8k: waiting for the model server to answer GET /v1/models ({:.0f} s so far; log {})"
+    )
     return launch(
         spec,
         log_path=log,
         startup_timeout=state.settings.serve_timeout if timeout is None else timeout,
         scrub=state.scrubber(),
         api_key=state.settings.api_key(),
-        list_timeout=_preflight_timeout(state),
-        progress=progress,
+        list_timeout=min(state.settings.timeout, PREFLIGHT_TIMEOUT),
+        progress=lambda waited: _write_line(state, waiting.format(waited, log)),
         **how,
     )
 
@@ -152,10 +179,6 @@ def _write_line(state: State, line: str) -> None:
     reporter.write_line(line)
 
 
-def _preflight_timeout(state: State) -> float:
-    return min(state.settings.timeout, PREFLIGHT_TIMEOUT)
-
-
 def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     """One cheap call at session start: unreachable, bad key, unknown model, or a model that
     would not answer the preset's requests (they name none: an adapter's run would grade
@@ -165,23 +188,30 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     from pytest_gsm8k.core.presets import sends_model
     from pytest_gsm8k.runtime.client import PreflightError, list_models
 
-    url = endpoint.base_url
+    url, key, model = endpoint.base_url, state.settings.api_key(), endpoint.model or ""
     if url and (problem := url_problem(url)):
         source = "--gsm8k-base-url" if state.settings.base_url else "$OPENAI_BASE_URL"
         raise pytest.UsageError(f"gsm8k: {source}: {problem}")  # the URL may hold a secret
     shown = shown_url(url or DEFAULT_BASE_URL)
     cards: list[dict[str, Any]] = []
-    timeout = _preflight_timeout(state)
+    timeout = min(state.settings.timeout, PREFLIGHT_TIMEOUT)
     try:
-        models = list_models(url, state.settings.api_key(), timeout=timeout, cards=cards)
+        models = list_models(url, key, timeout=timeout, cards=cards)
     except PreflightError as exc:
         if exc.kind in _REFUSALS:
             line = _REFUSALS[exc.kind].format(
                 shown=shown, env=state.settings.api_key_env, timeout=timeout, detail=exc.detail
             )
             raise pytest.UsageError(f"gsm8k: {line}") from None
-        if exc.status == 404:
-            _refuse_without_v1(state, url or DEFAULT_BASE_URL, timeout)
+        # a 404: when the same server answers under /v1, that is the URL to give
+        if exc.status == 404 and (suggested := with_v1(url or DEFAULT_BASE_URL)):
+            with contextlib.suppress(PreflightError):
+                list_models(suggested, key, timeout=timeout)
+                raise pytest.UsageError(
+                    f"gsm8k: GET {shown.rstrip('/')}/models answered 404 and "
+                    f"{suggested}/models answers: the base URL needs /v1 "
+                    f"(--gsm8k-base-url={suggested})"
+                ) from None
         return endpoint  # some servers have no /models; the first request will tell
     if models and endpoint.model not in models:
         listing = ", ".join(_shown(state, m) for m in models[:10])
@@ -189,108 +219,8 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             f"gsm8k: model {endpoint.model!r} is not served by {shown} "
             f"(it serves: {listing}{', ...' if len(models) > 10 else ''})"
         )
-    if not sends_model(state.settings.preset):
-        why = unnamed_answerer(cards, endpoint.model or "")
-        if why is not None:
-            line = unnamed_refusal(endpoint.model or "", why)
-            raise pytest.UsageError(f"gsm8k: --gsm8k-model {_shown(state, line)}")
-    identity = describe_server(cards, endpoint.model or "")
-    return Endpoint(endpoint.base_url, endpoint.model, identity)
-
-
-def _refuse_without_v1(state: State, base_url: str, timeout: float) -> None:
-    """``GET {base_url}/models`` answered 404: when the same server answers under /v1, that
-    is the URL to give (a server without /models is left to the first request)."""
-    from pytest_gsm8k.runtime.client import PreflightError, list_models
-
-    suggested = with_v1(base_url)
-    if suggested is None:
-        return
-    try:
-        list_models(suggested, state.settings.api_key(), timeout=timeout)
-    except PreflightError:
-        return
-    raise pytest.UsageError(
-        f"gsm8k: GET {shown_url(base_url).rstrip('/')}/models answered 404 and "
-        f"{suggested}/models answers: the base URL needs /v1 "
-        f"(--gsm8k-base-url={suggested})"
-    )
-
-
-def start_matrix(state: State) -> Matrix:
-    """--gsm8k-config: the configs' servers, started in sequence once the items are known
-    (:meth:`Matrix.begin`), each stopped before the next one starts."""
-    from pytest_gsm8k.runtime.matrix import Matrix
-
-    return Matrix(
-        [g.name for g in state.plan.groups],
-        lambda name: _launch_config(state, name),
-        say=lambda line: _write_line(state, printable(line)),
-        lookahead=state.concurrency() if state.settings.early_stop else None,
-    )
-
-
-def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
-    """One config's server (docs/serving.md, "vLLM's configs") and the engine that asks it;
-    a failure is one scrubbed ``ServeError`` line, the matrix's error for that config."""
-    from pytest_gsm8k.runtime.client import Breaker
-    from pytest_gsm8k.runtime.engine import Engine
-    from pytest_gsm8k.runtime.serve import ServeError, serve_spec, server_env_digest
-    from pytest_gsm8k.runtime.wire import WireClient
-
-    settings = state.settings
-    config = state.plan.group_by_name[name].config
-    command = settings.serve or VLLM_SERVE
-    scrub = state.scrubber()
-    args = config.serve_args()
-    with _one_line(state, ServeError):
-        spec = serve_spec(
-            command,
-            config.model_name,
-            server_args=args,
-            env={**os.environ, **config.serve_env()},
-            context=f"config {config.source}",
-        )
-        about = {"command": scrub.command(command), "argv_args": scrub.words(args)}
-        timeout = config.startup_max_wait_seconds
-        started = _launch(state, spec, f"serve-{name}.log", timeout, check="listed", about=about)
-    server = started.server
-    concurrency = config.max_concurrency or state.concurrency()
-    # every config runs the vllm preset: its exact bytes over aiohttp, as vLLM's script
-    try:
-        client = WireClient(
-            model=config.model_name,
-            base_url=server.base_url,
-            api_key=settings.api_key(),
-            timeout=config.request_timeout_seconds,
-            max_retries=settings.max_retries,
-            concurrency=concurrency,
-            breaker=Breaker(),
-            # the port changes every run: the command, the config and its arguments name it
-            cache_endpoint=state.sources.started_generation(
-                name,
-                f"serve:{about['command']} config:{name} "
-                f"args:{' '.join(args)} env:{server_env_digest(config.env)}",
-            ),
-        )
-    except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
-        server.stop(timeout=2.0)
-        raise ServeError(str(exc)) from None
-    engine = Engine(
-        client,
-        state.sources.cache(True),
-        concurrency=concurrency,
-        scrub=scrub,
-        # a config's answers may each take up to its request_timeout_seconds (vLLM's test
-        # waits that long): no answer for less than that is not a stall
-        stall_timeout=settings.stall_timeout
-        and max(settings.stall_timeout, config.request_timeout_seconds),
-        identity=started.identity,
-        named=config.model_name if started.identity is None else None,  # the replies tell
-        # --gsm8k-early-stop: fetch no further ahead of the answers used than the
-        # concurrency (what is fetched past the config's decision is paid for and unused)
-        lookahead=concurrency if settings.early_stop else None,
-    )
-    state.sources.note_config_server(name, started.info)
-    _serving(state, started, _shown(state, config.model_name), head=f"config {name}: ")
-    return server, engine
+    why = None if sends_model(state.settings.preset) else unnamed_answerer(cards, model)
+    if why is not None:
+        line = unnamed_refusal(model, why)
+        raise pytest.UsageError(f"gsm8k: --gsm8k-model {_shown(state, line)}")
+    return Endpoint(endpoint.base_url, endpoint.model, describe_server(cards, model))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import xml.etree.ElementTree as ET
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -243,7 +244,7 @@ def test_three_shards_merged_are_the_unsharded_run(
             }
         )
     )
-    whole = pytester.runpytest(*base, "--gsm8k-report=whole.json")
+    whole = pytester.runpytest(*base, "--gsm8k-report=whole.json", "--junitxml=whole.xml")
     for index in (1, 2, 3):
         shard_run(pytester, [*base, *xdist], index, 3)
     merged = merge(
@@ -262,6 +263,20 @@ def test_three_shards_merged_are_the_unsharded_run(
     junit = (pytester.path / "junit.xml").read_text()
     assert 'name="baseline"' in junit
     assert "<failure" in junit
+    # the merge writes its JUnit XML without pytest: the gates' cases are the run's
+    cases = _gate_cases(pytester.path / "junit.xml")
+    assert [name for name, _ in cases] == ["min-acc", "max-unparsed", "baseline"]
+    assert cases == _gate_cases(pytester.path / "whole.xml")
+
+
+def _gate_cases(path: Path) -> list[tuple[str | None, str | None]]:
+    """The gates' test cases in a JUnit XML file: (name, failure message or None)."""
+    cases = ET.parse(path).getroot().iter("testcase")
+    return [
+        (case.get("name"), None if (fail := case.find("failure")) is None else fail.get("message"))
+        for case in cases
+        if case.get("classname") == "gsm8k.gates"
+    ]
 
 
 def test_a_calibrated_baseline_is_written_at_the_merge_as_one_machine_writes_it(
