@@ -404,7 +404,7 @@ def test_answers_an_earlier_run_cached_break_a_storm_as_fresh_answers_do(tmp_pat
     finally:
         earlier.close()
         cache.close()  # that run ended (a run still going is never read)
-    fail = {r.problem_id: RuntimeError("scripted failure") for r in planned[1::2]}
+    fail: dict[str, Exception] = {r.problem_id: RuntimeError("failed") for r in planned[1::2]}
     client = ScriptedClient(fail=fail)
     engine = Engine(client, ResponseCache(tmp_path / "c", "resumed", resume=True), concurrency=1)
     try:
