@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import threading
 import time
 from collections import Counter, deque
@@ -376,11 +377,10 @@ class Engine:
             message, fatal = describe_error(exc)
             self._failed(job, self._say(message), fatal, getattr(exc, "status_code", None))
             return
-        if response is None:
-            return  # parked
-        job.state = DONE
-        # the test gets the answer once it is on disk: it survives a kill
-        self._store(writes, lambda: _resolve(job.future, response))
+        if response is not None:  # else parked: an earlier run's answer, an answer all the same
+            job.state = DONE
+            # the test gets the answer once it is on disk: it survives a kill
+            self._store(writes, functools.partial(_resolve, job.future, response))
         self.succeeded += 1
         self._streak = 0
 

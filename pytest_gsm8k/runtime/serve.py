@@ -89,6 +89,7 @@ class ServedProcess:
         log = self.log_path.open("ab")  # unwritable: an OSError now, before anything starts
         status_r, status_w = os.pipe()
         supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
+        supervisor.append(str(os.getpid()))  # a pytest gone before it starts is gone too
         try:
             self.process = subprocess.Popen(
                 [*supervisor, "--", *argv],

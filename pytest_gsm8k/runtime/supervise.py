@@ -1,7 +1,8 @@
 """The supervisor between pytest and a served command (``python -I supervise.py STATUS_FD GRACE
--- ARGV...``, stdlib only, a session leader): the Linux subreaper of all ARGV starts, so that
-its whole tree, daemons included, ends (SIGTERM, SIGKILL after GRACE s) on ``stop GRACE`` on
-stdin, when pytest is gone (stdin's end, a new parent: even after a SIGKILL), on SIGTERM, and
+PARENT -- ARGV...``, stdlib only, a session leader): the Linux subreaper of all ARGV starts, so
+that its whole tree, daemons included, ends (SIGTERM, SIGKILL after GRACE s) on ``stop GRACE``
+on stdin, when pytest is gone (stdin's end, or a parent other than PARENT, pytest's pid: even
+after a SIGKILL before we started, with a child of pytest holding stdin), on SIGTERM, and
 when the main process exited (what still runs a second later is reported). STATUS_FD gets
 ``{"pid": N}`` or ``{"error": TEXT}``, ``{"ended": RC}``, last ``{"exit": RC, "left": [PIDS]}``.
 """
@@ -100,8 +101,7 @@ class _Supervisor:
             termed.update(left)
             time.sleep(_POLL)
 
-    def run(self, argv: list[str]) -> int:
-        parent = os.getppid()
+    def run(self, argv: list[str], parent: int) -> int:
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() below
@@ -150,14 +150,14 @@ class _Supervisor:
 
 
 def main(args: list[str]) -> int:
-    status_fd, grace, separator, *argv = args
+    status_fd, grace, parent, separator, *argv = args
     if separator != "--" or not argv:
-        raise SystemExit("usage: supervise.py STATUS_FD GRACE -- ARGV...")
+        raise SystemExit("usage: supervise.py STATUS_FD GRACE PARENT -- ARGV...")
     os.set_inheritable(int(status_fd), False)
     if sys.platform.startswith("linux"):  # PR_SET_CHILD_SUBREAPER, from <linux/prctl.h>
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
-    return _Supervisor(int(status_fd), float(grace)).run(argv)
+    return _Supervisor(int(status_fd), float(grace)).run(argv, int(parent))
 
 
 if __name__ == "__main__":

@@ -388,3 +388,33 @@ def test_refused_guesses_no_plan_takes_do_not_stop_the_plans_prefetch(
         assert client.order[3:] == [r.problem_id for r in planned[3:]]
     finally:
         engine.close()
+
+
+def test_answers_an_earlier_run_cached_break_a_storm_as_fresh_answers_do(tmp_path: Path) -> None:
+    """--gsm8k-resume before this run's first fresh reply: an earlier run's answers wait
+    (parked) for a reply to check them against, and are the run's answers all the same. Ten
+    failures with such answers between them are ten errors, not a storm "with none answered
+    between them" (the rule the xdist head start's failures follow too)."""
+    planned = requests(20)
+    cache = ResponseCache(tmp_path / "c", "earlier")
+    earlier = Engine(ScriptedClient(), cache, concurrency=1)
+    try:
+        for request in planned[::2]:
+            assert earlier.result(request).completions
+    finally:
+        earlier.close()
+        cache.close()  # that run ended (a run still going is never read)
+    fail: dict[str, Exception] = {r.problem_id: RuntimeError("failed") for r in planned[1::2]}
+    client = ScriptedClient(fail=fail)
+    engine = Engine(client, ResponseCache(tmp_path / "c", "resumed", resume=True), concurrency=1)
+    try:
+        engine.start(planned)
+        assert wait_until(lambda: all(engine.by_request[r].future.done() for r in planned), 5)
+        assert engine.aborted is None, engine.aborted
+        for request in planned:
+            error = engine.by_request[request].future.exception()
+            assert isinstance(error, EndpointError) == (request.problem_id in fail)
+            assert error is None or not isinstance(error, EndpointAborted)
+    finally:
+        engine.close()
+    assert sorted(client.order) == sorted(fail)  # the cached ones were not asked again
