@@ -46,7 +46,7 @@ def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | No
             continue
         what, append = OUTPUTS[key]
         try:
-            state.add_output(key, prepare(path, what, append=append))
+            state.outputs[key] = prepare(path, what, append=append)
         except OutputError as exc:
             raise pytest.UsageError(f"gsm8k: {exc}") from None
     if plan is not None:
@@ -239,9 +239,9 @@ def write_output(
             _end_terminal_line(state)
         output.write(text)
     except OutputError as exc:
-        state.output_failed(key, f"gsm8k: {exc}")
+        state.output_errors[key] = f"gsm8k: {exc}"
     except Exception as exc:
-        state.output_failed(key, f"gsm8k: {what}: cannot write {path}: {reason(exc)}")
+        state.output_errors[key] = f"gsm8k: {what}: cannot write {path}: {reason(exc)}"
 
 
 def page_path(state: Gsm8kSession) -> tuple[str, bool] | None:
@@ -281,7 +281,7 @@ def _end_terminal_line(state: Gsm8kSession) -> None:
 def limit_descriptors(state: Gsm8kSession) -> None:
     """One warning when the open-file limit leaves room for fewer requests in flight
     than ``--gsm8k-concurrency``: the run goes on with fewer, and can still end."""
-    room = state.descriptor_room()
+    room = state.descriptor_room
     wanted = state.settings.concurrency
     if room is None or room[0] >= wanted:
         return
