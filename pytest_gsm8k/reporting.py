@@ -1,5 +1,6 @@
 """What pytest's own reporters (the terminal, JUnit XML, any other plugin) see of a GSM8K
-run beyond the reports of the items that ran: one report per item a stopped run never
+run beyond the reports of the items that ran; a plugin the aggregating role registers once
+its session exists: one report per item a stopped run never
 reached (so that pytest's final line counts what the headline counts), each gate as a JUnit
 test case (CI dashboards read JUnit: a failed gate with ``failures="0"`` would show green),
 the gsm8k block of the terminal summary, and the progress line in place of the dots.
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+from pytest_gsm8k import ROLE_NAME
 from pytest_gsm8k.core.progress import Progress
 from pytest_gsm8k.core.records import OUTCOMES, ProblemRecord
-from pytest_gsm8k.session import Gsm8kSession
+from pytest_gsm8k.session import Gsm8kSession, get_session
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.verdict import RunVerdict
@@ -95,11 +97,12 @@ def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:
     return out
 
 
-def teststatus(
-    report: pytest.TestReport, progress: bool
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
 ) -> tuple[str, str, str | tuple[str, dict[str, bool]]] | None:
     """A GSM8K outcome's own letter and word; with the progress line, no letter for a GSM8K
     item at all (the line counts them)."""
+    progress = getattr(config.pluginmanager.get_plugin(ROLE_NAME), "progress", None)
     record = getattr(report, "gsm8k", None)
     if report.when == "call" and report.passed and isinstance(record, dict):
         outcome = str(record["outcome"])
@@ -113,13 +116,13 @@ def teststatus(
     return None
 
 
-def summarize(terminalreporter: Any, state: Gsm8kSession) -> None:
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """The gsm8k block of the terminal summary: the notes no test issued, the verdict, what
     stopped the run, where the outputs went (or why not)."""
     from pytest_gsm8k.core.render import styled_lines
     from pytest_gsm8k.core.scrub import printable
 
-    write = terminalreporter.write_line
+    state, write = get_session(config), terminalreporter.write_line
     for message in state.notes:
         write(printable(message), yellow=True)
     if state.run.verdict is None:
@@ -136,12 +139,14 @@ def summarize(terminalreporter: Any, state: Gsm8kSession) -> None:
             write(f"  {name}: {path}")
 
 
-def gate_exit(session: pytest.Session, state: Gsm8kSession) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """The exit code of a failed gate or output; the gates in the JUnit XML, given to
     ``--junitxml``'s writer before it writes the file (only to it: counting them on the
     terminal would change the line that counts the problems)."""
     from _pytest.junitxml import xml_key
 
+    state = get_session(session.config)
     verdict = state.run.verdict
     if verdict is not None and (xml := session.config.stash.get(xml_key, None)) is not None:
         for report in gate_reports(verdict):
@@ -172,16 +177,15 @@ class ProgressLine:
             return None
         return cls(reporter) if asked or reporter.isatty() else None
 
-    def due(self) -> bool:
-        every = PROGRESS_INTERVAL if self._tty else LOG_PROGRESS_INTERVAL
-        return self._drawn_at is None or time.monotonic() - self._drawn_at >= every
-
-    def draw(self, state: Gsm8kSession) -> None:
+    def draw(self, state: Gsm8kSession, final: bool = False) -> None:
+        now, every = time.monotonic(), PROGRESS_INTERVAL if self._tty else LOG_PROGRESS_INTERVAL
+        if not final and self._drawn_at is not None and now - self._drawn_at < every:
+            return
         state.learn_plans()
         records, total = state.run.records, len(state.run.collected_ids or ())
         if total <= 0:
             return
-        self._drawn_at = now = time.monotonic()
+        self._drawn_at = now
         counter = Counter(r["outcome"] for r in records.values())
         line = Progress(len(records), total, now - self._started, {o: counter[o] for o in OUTCOMES})
         if self._tty:

@@ -160,6 +160,11 @@ class Aggregator(Role):
     progress: ProgressLine | None = None  # while the test loop runs (None: the dots)
     controller = False  # an xdist controller: its DSession hands out the items
 
+    def _made(self) -> None:  # the letters, the gsm8k block, the gates' exit code
+        from pytest_gsm8k import reporting
+
+        self.config.pluginmanager.register(reporting, "gsm8k-reporting")
+
     def activate(self) -> None:
         if not self.active:
             super().activate()
@@ -193,17 +198,8 @@ class Aggregator(Role):
             )
             assert loop is not None
             loop.shouldstop = message  # no more items handed out
-        if self.progress is not None and self.progress.due():
+        if self.progress is not None:
             self.progress.draw(self.session)
-
-    def pytest_report_teststatus(
-        self, report: pytest.TestReport
-    ) -> tuple[str, str, str | tuple[str, dict[str, bool]]] | None:
-        if self.idle():
-            return None
-        from pytest_gsm8k.reporting import teststatus
-
-        return teststatus(report, self.progress is not None)
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
@@ -239,23 +235,10 @@ class Aggregator(Role):
         finally:
             if not self.idle():
                 if self.progress is not None and self.session.run.records:
-                    self.progress.draw(self.session)  # where the loop ended
+                    self.progress.draw(self.session, final=True)  # where the loop ended
                 from pytest_gsm8k.writing import finish
 
                 finish(self.session, session.config)
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.idle():
-            from pytest_gsm8k.reporting import summarize
-
-            summarize(terminalreporter, self.session)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not self.idle():
-            from pytest_gsm8k.reporting import gate_exit
-
-            gate_exit(session, self.session)
 
 
 class RunRole(Collector, Aggregator):
@@ -289,9 +272,13 @@ class ControllerRole(Aggregator):
         if self._node_ids is None:
             self._node_ids = list(ids)
             if not self.idle():
-                self._made()
+                self._collect_nodes()
 
     def _made(self) -> None:
+        super()._made()
+        self._collect_nodes()
+
+    def _collect_nodes(self) -> None:
         from pytest_gsm8k.core.tally import ItemRef
 
         self.session.run.collect_items([ItemRef.of(n) for n in self._node_ids or ()])
