@@ -96,8 +96,8 @@ def pytest_configure(config: pytest.Config) -> None:
         role.session  # noqa: B018 - made here, on purpose
     config.pluginmanager.register(role, ROLE_NAME)
     # Registered before the builtin unraisableexception plugin's cleanup, so it runs after
-    # that one's gc passes (see Role.freeze). An xdist worker's process ends right after:
-    # its objects stay frozen, which spares the final collection the controller waits for.
+    # that one's gc passes (Role.pytest_runtestloop_freeze froze them). An xdist worker's
+    # process ends right after: its objects stay frozen, sparing the final collection.
     if not worker:
         config.add_cleanup(_unfreeze_until_exit)
 

@@ -72,8 +72,10 @@ class Role:
         if self.asked and not self.idle():
             self.activate()
 
+    # A hook method's name must start with "pytest_" even with a specname: pytest ignores
+    # any other name (a `freeze` here was silently never called).
     @pytest.hookimpl(specname="pytest_runtestloop", tryfirst=True)
-    def freeze(self, session: pytest.Session) -> None:
+    def pytest_runtestloop_freeze(self, session: pytest.Session) -> None:
         """What is alive now lives to the end: out of the collector's way (benchmarks/README.md)."""
         if self.active:
             gc.freeze()
@@ -297,8 +299,10 @@ class ControllerRole(Aggregator):
         return report
 
     @pytest.hookimpl(specname="pytest_runtest_logreport", tryfirst=True)
-    def learn_items(self, report: pytest.TestReport) -> None:
-        """A worker's first report carries the problem of each item it collected."""
+    def pytest_runtest_logreport_items(self, report: pytest.TestReport) -> None:
+        """A worker's first report carries the problem of each item it collected (without
+        it, an item a stopped run never reached is reported as skipped even when its
+        answer had arrived and is scored)."""
         if isinstance(items := getattr(report, "gsm8k_items", None), dict):
             self.session.run.collect_items((), items)
             self.session.run.learn_collected_ids(items.values())
