@@ -1,13 +1,12 @@
-"""The fixtures users request and override (gsm8k_problem, gsm8k_model, gsm8k_protocol,
-gsm8k_outcome), and who gives ``gsm8k_model``: an override, or the plugin's own, which needs
-a model (:func:`unmeasured`). pytest imports this module in every session: what a fixture
-needs is imported when it runs.
-"""
+"""The fixtures users request and override, and who gives ``gsm8k_model``: an override, or
+the plugin's own, which needs a model (:func:`unmeasured`). pytest imports this module in
+every session: what a fixture needs is imported when it runs."""
 
 from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,32 +24,17 @@ NO_MODEL = "gsm8k: no model given"
 
 
 class GSM8KOutcome:
-    """What a test gets from ``gsm8k_outcome``: the scored answer to its problem."""
+    """What a test gets from ``gsm8k_outcome``: the scored answer to its problem.
+    ``extracted`` is the answer under the gating rule as canonical number text (None: none
+    found); ``response`` the first sample's text."""
 
     def __init__(self, record: ProblemRecord) -> None:
         self.record = record
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.record["outcome"]
-
-    @property
-    def correct(self) -> bool:
-        return self.record["correct"]
-
-    @property
-    def extracted(self) -> str | None:
-        """The answer under the gating rule, as canonical number text (None: none found)."""
-        return self.record["extracted"]
-
-    @property
-    def gold(self) -> str:
-        return self.record["gold"]
-
-    @property
-    def response(self) -> str:
-        """The first sample's text."""
-        return self.record["response"]
+        self.outcome: Outcome = record["outcome"]
+        self.correct: bool = record["correct"]
+        self.extracted: str | None = record["extracted"]
+        self.gold: str = record["gold"]
+        self.response: str = record["response"]
 
     def __repr__(self) -> str:
         return (
@@ -79,12 +63,9 @@ def gsm8k_protocol(pytestconfig: pytest.Config) -> Protocol:
 
 @pytest.fixture(scope="session")
 def gsm8k_model(pytestconfig: pytest.Config) -> Any:
-    """The model: an OpenAI-compatible endpoint from the options.
-
-    Override it in your conftest.py with any callable that takes a
-    :class:`~pytest_gsm8k.Request` and returns a text or a list of texts
-    (sync or async) to gate a model that has no HTTP endpoint.
-    """
+    """The model: an OpenAI-compatible endpoint from the options. Override it in your
+    conftest.py with any callable that takes a :class:`~pytest_gsm8k.Request` and returns a
+    text or a list of texts (sync or async) to gate a model that has no HTTP endpoint."""
     from pytest_gsm8k.session import get_session
 
     return get_session(pytestconfig).sources.default_client()
@@ -108,38 +89,31 @@ def gsm8k_outcome(
     sources.heed_stop()
     source, single_use = sources.source_for(gsm8k_model, gsm8k_protocol)
     item = request.node
-    failure: str | None = None
-    not_run: str | None = None
     if gsm8k_problem.group:  # --gsm8k-config: the problem's config decides its protocol
         gsm8k_protocol = state.plan.protocol_of(gsm8k_problem)
     asks = gsm8k_protocol.request(gsm8k_problem).asks(state.settings.repeats)
+    failed: Exception | None = None
     try:
         # --gsm8k-repeats K: K separate asks, one item (an error in any is the item's error)
         responses = [source.result(ask) for ask in asks]
-    except NotRun as exc:
-        not_run = str(exc)
-    except EndpointError as exc:
-        record = error_record(gsm8k_problem, str(exc))
-        if isinstance(exc, EndpointAborted):
-            record["aborted"] = True
-            request.session.shouldfail = f"gsm8k: {exc}"
-        item.stash[RECORD_KEY] = record
-        item.user_properties.append(("gsm8k_outcome", "error"))
-        if isinstance(exc, SaidElsewhere):
-            not_run = str(exc)  # an error for the counts; another item said it in full
-        else:
-            failure = f"gsm8k: {exc}"
+    except (NotRun, EndpointError) as exc:
+        failed = exc
     finally:
         for message in source.take_warnings():
             warnings.warn(pytest.PytestWarning(message), stacklevel=1)
         if single_use:
             source.close()
-    if not_run is not None:
-        pytest.skip(f"gsm8k: not run: {not_run}")
-    if failure is not None:
-        # Outside the except block: inside it, pytest would print the EndpointError too
-        # ("During handling of the above exception, another exception occurred").
-        pytest.fail(failure, pytrace=False)
+    if isinstance(failed, EndpointError):
+        record = error_record(gsm8k_problem, str(failed))
+        if isinstance(failed, EndpointAborted):
+            record["aborted"] = True
+            request.session.shouldfail = f"gsm8k: {failed}"
+        item.stash[RECORD_KEY] = record
+        item.user_properties.append(("gsm8k_outcome", "error"))
+    if isinstance(failed, (NotRun, SaidElsewhere)):  # an error for the counts, said elsewhere
+        pytest.skip(f"gsm8k: not run: {failed}")
+    if failed is not None:  # out of the except block, where pytest would print it twice
+        pytest.fail(f"gsm8k: {failed}", pytrace=False)
     record = score_repeats(gsm8k_problem, responses, gsm8k_protocol, state.plan.pattern)
     record["endpoint"] = shown_url(source.endpoint)
     record["model"] = record["model"] or source.model
@@ -158,96 +132,82 @@ def gsm8k_outcome(
 OVERRIDABLE = ("gsm8k_model", "gsm8k_protocol")
 
 
-def defines_fixture(holder: object, names: tuple[str, ...] = OVERRIDABLE) -> bool:
-    """Whether ``holder`` (a conftest or plugin module, a test module or class) defines
-    one of the fixtures ``names`` other than the plugin's own: a conftest that merely
-    imports ``pytest_gsm8k.fixtures.gsm8k_model`` overrides nothing."""
-    for name in names:
-        value = getattr(holder, name, None)
-        if value is not None and value is not globals().get(name):
-            return True
-    return False
+def _define(holders: Iterable[object], names: tuple[str, ...] = OVERRIDABLE) -> bool:
+    """Whether a conftest, plugin, test module or class defines one of ``names`` other than
+    the plugin's own (a conftest may merely import ours)."""
+    return any(getattr(h, n, None) not in (None, globals().get(n)) for h in holders for n in names)
 
 
 def plugins_define(config: pytest.Config, names: tuple[str, ...] = OVERRIDABLE) -> bool:
     """Whether a conftest or plugin registered so far defines one of ``names`` itself."""
-    return any(
-        defines_fixture(plugin, names)
-        for plugin in config.pluginmanager.get_plugins()
-        if plugin is not None and not getattr(plugin, "__name__", "").startswith("pytest_gsm8k")
-    )
+    plugins = config.pluginmanager.get_plugins()
+    ours = [p for p in plugins if not getattr(p, "__name__", "").startswith("pytest_gsm8k")]
+    return _define(ours, names)
+
+
+def _item_defines(item: pytest.Item, names: tuple[str, ...] = OVERRIDABLE) -> bool:
+    return _define((getattr(item, "module", None), getattr(item, "cls", None)), names)
 
 
 def overrides_present(session: pytest.Session) -> bool:
     """Whether any collected test may get ``gsm8k_model`` or ``gsm8k_protocol`` from a
-    fixture other than the plugin's: a conftest or plugin that defines one, or a test
-    module or class that does. Public pytest API only (plugins, item.module, item.cls)."""
-    if plugins_define(session.config):
-        return True
-    for item in session.items:
-        for holder in (getattr(item, "module", None), getattr(item, "cls", None)):
-            if holder is not None and defines_fixture(holder):
-                return True
-    return False
+    fixture other than the plugin's."""
+    return plugins_define(session.config) or any(map(_item_defines, session.items))
 
 
-def _uses_default_model(item: pytest.Item) -> bool:
-    """Whether ``item`` gets ``gsm8k_model`` from the plugin's own fixture: not
-    parametrized, not overridden by its module or class (a conftest's or plugin's override
-    is checked once, by the caller)."""
-    if "gsm8k_model" not in getattr(item, "fixturenames", ()):
-        return False
+def problem_of(item: pytest.Item) -> Any:
+    """The item's ``gsm8k_problem`` parameter (None: not a GSM8K item)."""
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and "gsm8k_model" in callspec.params:
-        return False
-    holders = (getattr(item, "module", None), getattr(item, "cls", None))
-    return not any(h is not None and defines_fixture(h, ("gsm8k_model",)) for h in holders)
+    return callspec.params.get("gsm8k_problem") if callspec is not None else None
 
 
 def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) -> str | None:
     """Why a run given no model (no --gsm8k-model, --gsm8k-serve or --gsm8k-config) cannot
     do what it was asked, as one line; None when it can. Tests that take the plugin's
     ``gsm8k_model`` would each fail the same way (1,319 tracebacks); gsm8k options with no
-    GSM8K item would gate nothing and exit green. ``--co`` asks for no model. An ``idle``
-    session (no GSM8K work so far) is left alone unless something asks for GSM8K."""
-    markexpr = getattr(session.config.option, "markexpr", "")
-    model = any("gsm8k_model" in getattr(item, "fixturenames", ()) for item in items)
-    if idle and not model and not selects_gsm8k(markexpr):
+    GSM8K item would gate nothing and exit green. An ``idle`` session (no GSM8K work so
+    far) is left alone unless something asks for GSM8K."""
+    config = session.config
+    markexpr = getattr(config.option, "markexpr", "")
+    wants_model = [item for item in items if "gsm8k_model" in getattr(item, "fixturenames", ())]
+    if idle and not wants_model and not selects_gsm8k(markexpr):
         return None
     from pytest_gsm8k.core.settings import OPTIONS
     from pytest_gsm8k.core.types import Problem
     from pytest_gsm8k.session import get_session
 
-    config = session.config
     state = get_session(config)
-    settings, option = state.settings, config.option
-    if settings.model or settings.serve or settings.vllm_config or option.collectonly:
-        return None
-    if session.testsfailed or state.run.data_error or getattr(option, "setupplan", False):
+    settings = state.settings
+    if settings.model or settings.serve or settings.vllm_config or state.dry:
+        return None  # --co and --setup-plan ask for no model
+    if session.testsfailed or state.run.data_error:
         return None
     usage = "pass --gsm8k-model=ID (with --gsm8k-base-url=URL, ending in /v1) or --gsm8k-serve CMD"
-    needing = [item for item in items if _uses_default_model(item)]
+    needing = [
+        item
+        for item in wants_model
+        if "gsm8k_model" not in getattr(getattr(item, "callspec", None), "params", {})
+        and not _item_defines(item, ("gsm8k_model",))
+    ]
     if needing and not plugins_define(config, ("gsm8k_model",)):
         more = f" and {len(needing) - 1} more" if len(needing) > 1 else ""
         return (
             f"{NO_MODEL}: {needing[0].nodeid}{more} use the gsm8k_model fixture; {usage}, "
             "or override gsm8k_model in a conftest.py"
         )
-    callspecs = (getattr(item, "callspec", None) for item in items)
-    if any(c is not None and isinstance(c.params.get("gsm8k_problem"), Problem) for c in callspecs):
+    if any(isinstance(problem_of(item), Problem) for item in items):
         return None
     if selects_gsm8k(markexpr):
         return (
-            f"{NO_MODEL}: -m {option.markexpr!r} selects the GSM8K items, which exist only "
+            f"{NO_MODEL}: -m {markexpr!r} selects the GSM8K items, which exist only "
             f"with a model: {usage} (or gsm8k_model in the ini)"
         )
-    asked = [o.flag for o in OPTIONS if config.getoption(o.dest) is not None]
-    if not asked:
-        return None
-    return (
-        f"{NO_MODEL} and no test uses the gsm8k fixtures, so nothing was measured or gated "
-        f"({', '.join(asked)} given): {usage}, or run a test that uses gsm8k_outcome"
-    )
+    if asked := [o.flag for o in OPTIONS if config.getoption(o.dest) is not None]:
+        return (
+            f"{NO_MODEL} and no test uses the gsm8k fixtures, so nothing was measured or gated "
+            f"({', '.join(asked)} given): {usage}, or run a test that uses gsm8k_outcome"
+        )
+    return None
 
 
 def selects_gsm8k(markexpr: str) -> bool:

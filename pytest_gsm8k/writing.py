@@ -34,7 +34,7 @@ def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | No
         for key in keys:
             if (path := paths[key]) and key not in state.outputs:
                 what, append = OUTPUTS[key]
-                state.add_output(key, prepare(path, what, append=append))
+                state.outputs[key] = prepare(path, what, append=append)
         for baseline, what in baselines:
             if baseline is not None:  # a name the file system cannot hold: refused now
                 check_name(baseline.path, what)
@@ -100,7 +100,7 @@ def finish(state: Gsm8kSession, config: pytest.Config) -> None:
     page = page_path(settings.html, config.invocation_params.dir, config.rootpath, stream)
     errors = write_outputs(plan, verdict, page, state.outputs, on_terminal=lambda: _newline(state))
     for key, line in errors.items():
-        state.output_failed(key, line)
+        state.output_errors[key] = line
 
 
 def _iso(seconds: float) -> str:
@@ -126,7 +126,7 @@ def _newline(state: Gsm8kSession) -> None:
 def limit_descriptors(state: Gsm8kSession) -> None:
     """One warning when the open-file limit leaves room for fewer requests in flight
     than ``--gsm8k-concurrency``: the run goes on with fewer, and can still end."""
-    room = state.descriptor_room()
+    room = state.descriptor_room
     wanted = state.settings.concurrency
     if room is None or room[0] >= wanted:
         return
