@@ -498,10 +498,11 @@ class Started:
         return Endpoint(self.server.base_url, self.server.model, self.identity)
 
 
-def launch(order: Launch[Any], **how: Any) -> Started:
-    """Start ``order`` (``how``: its log, timeout, ... filled in), wait until it serves, probe
-    it and check its model. Any failure is one :class:`ServeError` (the order's subclass)
-    line, the server stopped."""
+def launch(order: Launch[Any], *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
+    """Start ``order`` (its log and timeout required here: the order's are placeholders; ``how``:
+    any other field), wait until it serves, probe it and check its model. Any failure is one
+    :class:`ServeError` (the order's subclass) line, the server stopped."""
+    how |= {"log_path": log_path, "startup_timeout": startup_timeout}
     server = start_server(order := dataclasses.replace(order, **how))
     try:
         server.probe()
