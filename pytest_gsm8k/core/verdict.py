@@ -5,7 +5,7 @@ renders from. Pure. Its inputs are plain data a JSON report gives back, so a sha
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,7 +22,7 @@ from pytest_gsm8k.core.gates import (
 )
 from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
-from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report
+from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report, Word
 from pytest_gsm8k.core.scoring import RULES
 from pytest_gsm8k.core.stats import accuracy_interval, pass_at_k
 from pytest_gsm8k.core.types import Problem
@@ -251,14 +251,16 @@ class GroupVerdict:
         return self.selection.interrupted
 
     def matrix_headline(self) -> str:
-        passed = sum(1 for c in self.configs if not c.failed)
+        words = [word_of(g.word for g in c.gates) for c in self.configs]
+        passed, undecided = words.count("PASS"), words.count("UNDECIDED")
         only_vllm = all(g.name.endswith(f":{FLOOR}") for c in self.configs for g in c.gates)
         rule = "every gate of each config"
         rule = "accuracy >= accuracy_threshold - tolerance each" if only_vllm else rule
         # a config deselected whole (-k, -m) gates nothing, but a CI log must show it never ran
         skipped = self.extra.get("not_run") or []
         not_run = f"; not run (deselected whole): {', '.join(skipped)}" if skipped else ""
-        return f"gsm8k vLLM configs: {passed} of {len(self.configs)} pass ({rule}){not_run}"
+        of = f"{passed} of {len(self.configs)} pass" + f", {undecided} undecided" * bool(undecided)
+        return f"gsm8k vLLM configs: {of} ({rule}){not_run}"
 
     def headline(self) -> str:
         if self.configs:
@@ -336,6 +338,13 @@ class RunVerdict:
     def to_json(self) -> Report:
         """The JSON report: the only place it is built."""
         return self.top.to_json()
+
+
+def word_of(gate_words: Iterable[str]) -> Word:
+    """A config's or a run's word from its gates' (FAIL, else UNDECIDED, else PASS): a group
+    with a gate that was not decided never passes."""
+    words = set(gate_words)
+    return "FAIL" if "FAIL" in words else "UNDECIDED" if "UNDECIDED" in words else "PASS"
 
 
 def shared_words(block: Mapping[str, Any]) -> str:

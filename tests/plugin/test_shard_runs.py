@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import xml.etree.ElementTree as ET
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,58 @@ def test_each_shard_runs_a_slice_of_every_config(
     assert sorted(ids) == sorted(
         [f"Alpha:test-{i:04d}" for i in range(5)] + [f"Beta:test-{i:04d}" for i in range(4)]
     )
+
+
+@XDIST
+def test_a_shards_gates_are_undecided_in_every_output(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """A gate that was not decided never passes, in any output: a shard's gates wait for the
+    merge, and the JSON, the terminal (gate lines, verdict table, headline), the page (gates,
+    header, configs table) and JUnit all say UNDECIDED, never PASS."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name, n in (("Alpha", 5), ("Beta", 4)):
+        (folder / f"{name}.yaml").write_text(CONFIG.format(name=name, n=n), encoding="utf-8")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={config_serve(gsm8k_data)}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-shard=1/2",
+        "--gsm8k-report=s1.json",
+        "--gsm8k-html=page.html",
+        "--junitxml=junit.xml",
+        *xdist,
+        *NO_EXTRA_PLUGINS,
+        *NO_CACHEPROVIDER,
+    )
+    out = output(result)
+    assert result.ret == 0, out  # undecided, not blocking: the merge decides
+    gates = report(pytester, "s1.json")["gates"]
+    names = ["Alpha:vllm-threshold", "Beta:vllm-threshold"]
+    assert [(g["name"], g["verdict"], g["passed"]) for g in gates] == [
+        (name, "UNDECIDED", True) for name in names
+    ]
+    for name in names:
+        assert f"gate {name}: UNDECIDED: shard 1 of 2: verdict at the merge" in out
+    assert "gsm8k vLLM configs: 0 of 2 pass, 2 undecided" in out
+    table = out[out.index("gsm8k vLLM configs: 0 of 2") :].splitlines()[1:4]
+    assert [row.split()[-1] for row in table] == ["verdict", "UNDECIDED", "UNDECIDED"]
+    page = (pytester.path / "page.html").read_text(encoding="utf-8")
+    assert 'class="verdict undecided">UNDECIDED<' in page
+    assert page.count('class="badge undecided">UNDECIDED<') == 4  # gates card, configs card
+    assert 'class="badge pass"' not in page
+    assert 'class="verdict pass"' not in page
+    suite = ET.parse(pytester.path / "junit.xml").getroot()
+    cases = [c for c in suite.iter("testcase") if c.get("classname") == "gsm8k.gates"]
+    assert [c.get("name") for c in cases] == names
+    for case in cases:
+        [skipped] = list(case)
+        assert (skipped.tag, skipped.get("message")) == (
+            "skipped",
+            "shard 1 of 2: verdict at the merge",
+        )
 
 
 def merge(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
