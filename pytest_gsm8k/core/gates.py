@@ -43,10 +43,8 @@ class GateVerdict:
         object.__setattr__(self, "detail", printable(self.detail))
 
     @property
-    def word(self) -> Word:
-        if not self.passed:
-            return "FAIL"
-        return "UNDECIDED" if self.undecided else "PASS"
+    def word(self) -> Word:  # the JSON's "verdict", which every output shows
+        return "FAIL" if not self.passed else "UNDECIDED" if self.undecided else "PASS"
 
     def to_json(self) -> GateRecord:
         keys = ("name", "rule", "passed", "value", "threshold", "detail")

@@ -16,16 +16,10 @@ from importlib import resources
 from string import Template
 from typing import Any, TypeGuard
 
+from pytest_gsm8k.core import render
 from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.records import OUTCOMES
-from pytest_gsm8k.core.render import (
-    baseline_gate,
-    config_row,
-    model_words,
-    subset_words,
-    tokens_words,
-)
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.verdict import shared_words, word_of
@@ -93,7 +87,7 @@ def render_html(
     does not hold; ``baseline_outcomes`` the compared baseline's own, else the flips'."""
     configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     comparisons = [
-        (_name(c) if configs else "", c["baseline"], baseline_gate(c))
+        (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
         for c in configs or [report]
         if _compared(c.get("baseline"))
     ]
@@ -199,8 +193,8 @@ def _header(
     out.append(f"<h1>{_e(report.get('headline'))}</h1></div>")
     early = report.get("early_stop") or {}
     said = "; ".join(f"{k.replace('_', ' ')} {_value(early[k])}" for k in _EARLY if k in early)
-    why = " (run interrupted)" if report.get("interrupted") or n >= expected else ""
-    incomplete = report.get("complete") is False or report.get("interrupted")
+    why = " (run interrupted)" if n >= expected else ""  # not complete, yet every result
+    incomplete = report.get("complete") is False
     banners = [
         ("warn", f"INCOMPLETE: {n} of {expected} problems have a result{why}; {_ONLY}", incomplete),
         ("info", f"EARLY STOP: {said}", early),
@@ -246,13 +240,16 @@ def _run_items(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     tokens = report.get("tokens") or {}
     cached, resumed = int(report.get("from_cache") or 0), bool(report.get("resumed"))
     return [
-        ("model", model_words(str(report.get("model", "")), report.get("reported_models") or [])),
+        (
+            "model",
+            render.model_words(str(report.get("model", "")), report.get("reported_models") or []),
+        ),
         ("endpoint", shown_url(str(report.get("endpoint") or ""))),
         ("protocol", f"{proto.get('label', '')}; {settings}"),
         ("dataset", f"{ds.get('name', '')} {ds.get('config', '')}/{ds.get('split', '')}{rows}"),
         ("fingerprint", str(ds.get("fingerprint", ""))),
-        ("subset", subset_words(report.get("subset") or {})),
-        ("tokens", tokens_words(tokens, cached, report.get("n"), resumed)),
+        ("subset", render.subset_words(report.get("subset") or {})),
+        ("tokens", render.tokens_words(tokens, cached, report.get("n"), resumed)),
         ("time", ", ".join(times)),
     ]
 
@@ -291,7 +288,7 @@ def _configs_card(configs: list[Mapping[str, Any]]) -> str:
     head = ["", "config", "model", "n", "accuracy, 95% interval", "floor", "baseline"]
     rows: list[list[Any]] = [[*head, *(["stopped"] if early else []), "protocol"]]
     for c in configs:
-        r, base = config_row(c), c.get("baseline")
+        r, base = render.config_row(c), c.get("baseline")
         low, high = [*(c.get("ci95") or []), None, None][:2]
         accuracy = f"{_fmt(r.accuracy)} [{_fmt(low)}-{_fmt(high)}]"
         said = r.baseline

@@ -372,12 +372,9 @@ def decide(
         notes.append(f"  {selection.unreached} of the errors were not reached: {_UNREACHED}")
     if early is not None:
         extra["early_stop"] = dict(early.record)
-        said = early.headline
+        said, last = early.headline, f"the last of its {early.n_total} problems"
         if group.name and early.decided and not early.stopped:
-            said = (
-                f"not stopped early: its verdicts were open until the last of its {early.n_total}"
-            )
-            said += " problems"
+            said = f"not stopped early: its verdicts were open until {last}"
         notes.append(f"  early stop ({early.mode}): {said}")
     v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
@@ -498,11 +495,9 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     before, now = seen["baseline_accuracy"], seen["current_accuracy"]
     said = f"{shared_words(cmp)}; {difference_words(pairs)}"
     notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
-    recorded_with = document.get("model")
-    if isinstance(recorded_with, str) and recorded_with != v.model:
-        notes.append(
-            f"  the baseline was recorded with model {recorded_with} (this run: {v.model})"
-        )
+    was = document.get("model")
+    if isinstance(was, str) and was != v.model:
+        notes.append(f"  the baseline was recorded with model {was} (this run: {v.model})")
     notes += [f"  {bl.noise_sentence(seen)}", f"  {failing_words(pairs)}; p={seen['p_value']:.4g}"]
     notes += [f"  {rise}" for rise in [rule.rise(pairs, found)] if rise is not None]
     where_all = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
@@ -516,11 +511,8 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
         notes += [f"  {title}: {', '.join(ids[:SHOWN_IDS])}{more}"] * bool(ids)
     v = replace(v, notes=tuple(notes))
     if uncovered is not None and specs.require_baseline:
-        whole = "record a baseline of the whole selection with --snapshot-update"
-        return _fail(
-            v,
-            f"{uncovered}; --gsm8k-require-baseline needs every problem of the run in it: {whole}",
-        )
+        need = "--gsm8k-require-baseline needs every problem of the run in it: record a baseline"
+        return _fail(v, f"{uncovered}; {need} of the whole selection with --snapshot-update")
     return replace(v, gates=(*v.gates, rule.verdict(pairs, found)))
 
 
