@@ -69,9 +69,10 @@ def report_unfinished(
 
 
 def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:
-    """Each gate as a test's call and teardown reports: passed, or failed with the gate's
-    detail. With --gsm8k-resume each has the property ``answers_from_earlier_runs`` (``39 of
-    40``; a config's gate, its config's count), since a passed test case shows no detail."""
+    """Each gate as a test's call and teardown reports: passed, failed, or skipped when
+    undecided (never passed), with the gate's detail as its message. With --gsm8k-resume
+    each also has the property ``answers_from_earlier_runs`` (``39 of 40``; a config's
+    gate, its config's count), since a passed test case shows no detail."""
     earlier = {
         gate.name: f"{part.from_cache()} of {part.n}"
         for part in verdict.groups
@@ -82,14 +83,13 @@ def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:
     for gate in verdict.gates:
         nodeid = f"{GATES_NODEID}::{gate.name}"
         location = (GATES_NODEID.partition("::")[0], None, f"gates::{gate.name}")
-        word: Literal["passed", "failed"] = "passed" if gate.passed else "failed"
-        properties = (
-            [("answers_from_earlier_runs", earlier[gate.name])] if gate.name in earlier else []
-        )
+        word: Literal["passed", "failed", "skipped"] = "failed" if gate.word == "FAIL" else "passed"
+        detail: str | tuple[str, int, str] | None = gate.detail if word == "failed" else None
+        if gate.word == "UNDECIDED":  # never a pass: a skip, its reason in pytest's shape
+            word, detail = "skipped", (location[0], 0, gate.detail)
+        properties = [("answers_from_earlier_runs", n) for n in [earlier.get(gate.name)] if n]
         out += [
-            pytest.TestReport(
-                nodeid, location, {}, word, None if gate.passed else gate.detail, "call"
-            ),
+            pytest.TestReport(nodeid, location, {}, word, detail, "call"),
             pytest.TestReport(
                 nodeid, location, {}, "passed", None, "teardown", user_properties=properties
             ),

@@ -15,13 +15,10 @@ from functools import lru_cache
 from typing import ClassVar, Literal, cast
 
 from pytest_gsm8k.core.calibrated import Evidence, Pair, difference, evidence, p_value
-from pytest_gsm8k.core.records import GateRecord, Outcome
+from pytest_gsm8k.core.records import GateRecord, Outcome, Word
 from pytest_gsm8k.core.scrub import printable
 
 Verdict = Literal["PASS", "FAIL"]
-#: UNDECIDED: not decided and not blocking (moot beside another gate's early FAIL; a shard's
-#: gates wait for the merge); an undecided gate that blocks says FAIL, "not a verdict: ..."
-Word = Literal["PASS", "FAIL", "UNDECIDED"]
 
 #: slack of the drop comparison: a drop equal to --gsm8k-max-drop in decimal passes even
 #: when its float difference comes out a few ulps above it
@@ -46,14 +43,12 @@ class GateVerdict:
         object.__setattr__(self, "detail", printable(self.detail))
 
     @property
-    def word(self) -> Word:
-        if not self.passed:
-            return "FAIL"
-        return "UNDECIDED" if self.undecided else "PASS"
+    def word(self) -> Word:  # the JSON's "verdict", which every output shows
+        return "FAIL" if not self.passed else "UNDECIDED" if self.undecided else "PASS"
 
     def to_json(self) -> GateRecord:
         keys = ("name", "rule", "passed", "value", "threshold", "detail")
-        return cast(GateRecord, {key: getattr(self, key) for key in keys})
+        return cast(GateRecord, {key: getattr(self, key) for key in keys} | {"verdict": self.word})
 
 
 NOT_A_VERDICT = "not a verdict: "

@@ -16,13 +16,13 @@ from importlib import resources
 from string import Template
 from typing import Any, TypeGuard
 
+from pytest_gsm8k.core import render
 from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.records import OUTCOMES
-from pytest_gsm8k.core.render import model_words, stopped, subset_words, tokens_words
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.core.verdict import shared_words
+from pytest_gsm8k.core.verdict import shared_words, word_of
 
 _CALC = re.compile(r"<<[^<>]*>>")
 #: a problem's place in the list is the first of these lists that holds it (then unchanged,
@@ -87,7 +87,7 @@ def render_html(
     does not hold; ``baseline_outcomes`` the compared baseline's own, else the flips'."""
     configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     comparisons = [
-        (_name(c) if configs else "", c["baseline"], _baseline_gate(c))
+        (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
         for c in configs or [report]
         if _compared(c.get("baseline"))
     ]
@@ -154,11 +154,6 @@ def _ids(base: Mapping[str, Any], key: str) -> list[str]:
     return [str(i) for i in base.get(key) or []]
 
 
-def _baseline_gate(run: Mapping[str, Any]) -> Mapping[str, Any] | None:  # or <config>:baseline
-    gates = run.get("gates") or []
-    return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
-
-
 def _compared(base: object) -> TypeGuard[Mapping[str, Any]]:  # not a baseline just written
     return isinstance(base, Mapping) and "shared" in base
 
@@ -192,21 +187,21 @@ def _header(
     counts = {str(k): int(v) for k, v in (report.get("counts") or {}).items()}
     n, expected = int(report.get("n") or 0), int(report.get("expected") or 0)
     errors = counts.get("error", 0)
-    word = "FAIL" if errors or any(not g.get("passed") for g in gates) else "PASS"
+    word: str = "FAIL" if errors else word_of(g["verdict"] for g in gates)
     word, cls = (word, word.lower()) if gates or errors else ("NO GATE", "none")
     out = [f'<header><div class="top"><span class="verdict {cls}">{word}</span>']
     out.append(f"<h1>{_e(report.get('headline'))}</h1></div>")
     early = report.get("early_stop") or {}
     said = "; ".join(f"{k.replace('_', ' ')} {_value(early[k])}" for k in _EARLY if k in early)
-    why = " (run interrupted)" if report.get("interrupted") or n >= expected else ""
-    incomplete = report.get("complete") is False or report.get("interrupted")
+    why = " (run interrupted)" if n >= expected else ""  # not complete, yet every result
+    incomplete = report.get("complete") is False
     banners = [
         ("warn", f"INCOMPLETE: {n} of {expected} problems have a result{why}; {_ONLY}", incomplete),
         ("info", f"EARLY STOP: {said}", early),
         ("warn", f"{errors} problem(s) ended in an error (no answer): the run fails.", errors),
     ]
     out += [f'<p class="banner {c}">{_e(text)}</p>' for c, text, shown in banners if shown]
-    rows = [(_badge(g.get("passed")), g.get("name"), g.get("detail")) for g in gates]
+    rows = [(_badge(g["verdict"]), g.get("name"), g.get("detail")) for g in gates]
     shown = _card("Gates", _table(rows), " gates") if gates else _card("Gates", _NO_GATE)
     out.append(f'<section class="cards">{shown}')
     out.append(_card("Run", _dl(_run_items(report))))
@@ -245,13 +240,16 @@ def _run_items(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     tokens = report.get("tokens") or {}
     cached, resumed = int(report.get("from_cache") or 0), bool(report.get("resumed"))
     return [
-        ("model", model_words(str(report.get("model", "")), report.get("reported_models") or [])),
+        (
+            "model",
+            render.model_words(str(report.get("model", "")), report.get("reported_models") or []),
+        ),
         ("endpoint", shown_url(str(report.get("endpoint") or ""))),
         ("protocol", f"{proto.get('label', '')}; {settings}"),
         ("dataset", f"{ds.get('name', '')} {ds.get('config', '')}/{ds.get('split', '')}{rows}"),
         ("fingerprint", str(ds.get("fingerprint", ""))),
-        ("subset", subset_words(report.get("subset") or {})),
-        ("tokens", tokens_words(tokens, cached, report.get("n"), resumed)),
+        ("subset", render.subset_words(report.get("subset") or {})),
+        ("tokens", render.tokens_words(tokens, cached, report.get("n"), resumed)),
         ("time", ", ".join(times)),
     ]
 
@@ -279,35 +277,29 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
         said = f"{failing} newly failing: {stable} stable (listed first), {noisy} noisy"
         items.append(("failing now", said))
     title = f"{_e(config)}: against its baseline" if config else "Against the baseline"
-    badge = f" {_badge(gate.get('passed'))}" if gate is not None else ""
+    badge = f" {_badge(gate['verdict'])}" if gate is not None else ""
     return _card(title + badge, _dl(items), " baseline")
 
 
 def _configs_card(configs: list[Mapping[str, Any]]) -> str:
     """--gsm8k-config: one row per config, as the terminal's verdict table (with each
     accuracy's interval, the baseline's accuracy before and now, and the protocol)."""
-    early = any(isinstance(c.get("early_stop"), Mapping) for c in configs)
+    early = any("early_stop" in c for c in configs)
     head = ["", "config", "model", "n", "accuracy, 95% interval", "floor", "baseline"]
     rows: list[list[Any]] = [[*head, *(["stopped"] if early else []), "protocol"]]
     for c in configs:
-        gates = list(c.get("gates") or [])
-        # the floor gate by its name: decided by an early stop, its rule is "early-stop"
-        floors = [g.get("threshold") for g in gates if str(g["name"]).endswith(":vllm-threshold")]
+        r, base = render.config_row(c), c.get("baseline")
         low, high = [*(c.get("ci95") or []), None, None][:2]
-        accuracy = f"{_fmt(c.get('accuracy'))} [{_fmt(low)}-{_fmt(high)}]"
-        base, gate = c.get("baseline"), _baseline_gate(c)
-        said = ("PASS" if gate.get("passed") else "FAIL") if gate is not None else ""
+        accuracy = f"{_fmt(r.accuracy)} [{_fmt(low)}-{_fmt(high)}]"
+        said = r.baseline
         if _compared(base):
             before, now = _fmt(base.get("baseline_accuracy")), _fmt(base.get("current_accuracy"))
-            said = f"{said} {before} \u2192 {now}".strip()
-        elif isinstance(base, Mapping) and base.get("written"):
-            said = "written"
-        row = [_badge(all(g.get("passed") for g in gates)), _name(c), c.get("model"), c.get("n")]
-        row += [accuracy if c.get("accuracy") is not None else "no answers"]
-        row += [_fmt(floors[0]) if floors else "-", said or "none"]
+            said += f" {before} \u2192 {now}"
+        row = [_badge(r.verdict), r.name, r.model, r.n]
+        row += [accuracy if r.accuracy is not None else "no answers"]
+        row += ["-" if r.floor is None else _fmt(r.floor), said]
         if early:
-            stop = stopped(c.get("early_stop"))
-            row.append(f"after {stop[0]} of {stop[1]}" if stop else "-")
+            row.append(f"after {r.stopped[0]} of {r.stopped[1]}" if r.stopped else "-")
         rows.append([*row, (c.get("protocol") or {}).get("label", "")])
     title = "vLLM configs (accuracy &gt;= threshold - tolerance)"
     return _card(title, _table(rows, head=True), " full gates")
@@ -471,8 +463,7 @@ def _table(rows: Iterable[Iterable[Any]], th: int = 1, head: bool = False) -> st
     return f"<table>{out}</table>"
 
 
-def _badge(passed: object) -> _Raw:
-    word = "PASS" if passed else "FAIL"
+def _badge(word: str) -> _Raw:
     return _Raw(f'<span class="badge {word.lower()}">{word}</span>')
 
 

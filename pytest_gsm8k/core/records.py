@@ -12,6 +12,10 @@ Outcome = Literal["correct", "wrong", "unparsed", "truncated", "error"]
 
 OUTCOMES: tuple[Outcome, ...] = ("correct", "wrong", "unparsed", "truncated", "error")
 
+#: UNDECIDED: not decided and not blocking (moot beside another gate's early FAIL; a shard's
+#: gates wait for the merge); an undecided gate that blocks says FAIL, "not a verdict: ..."
+Word = Literal["PASS", "FAIL", "UNDECIDED"]
+
 
 class SampleRecord(TypedDict):
     text: str
@@ -53,7 +57,8 @@ class ProblemRecord(_RecordExtras):
 class GateRecord(TypedDict):
     name: str
     rule: str
-    passed: bool
+    passed: bool  # does not block the run
+    verdict: Word  # what every output shows: an undecided gate never passes
     value: float | None
     threshold: float | None
     detail: str

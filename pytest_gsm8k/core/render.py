@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
+from pytest_gsm8k.core.records import Word
 from pytest_gsm8k.core.scrub import md_code, md_text, printable
-from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, shared_words
+from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, shared_words, word_of
 
 LISTED = 50  # problems a list shows before it says how many more there are
 QUESTION_CHARS = 100
@@ -149,39 +150,60 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     blocks = [line for group in verdict.groups for line in _group_lines(group)]
     if verdict.matrix:
         blocks.append((verdict.top.matrix_headline(), "headline"))
-        blocks.extend((printable(line), "info") for line in verdict_table(verdict.groups))
+        configs = verdict.to_json().get("configs") or []
+        blocks.extend((printable(line), "info") for line in verdict_table(configs))
     return blocks
 
 
-def verdict_table(configs: Sequence[GroupVerdict]) -> list[str]:
-    """One row per config: model, n, accuracy, the floor it needed, its baseline gate's word
-    (``none``, ``written``), with --gsm8k-early-stop where it stopped, the verdict."""
-    early = any("early_stop" in c.extra for c in configs)
+class ConfigRow(NamedTuple):
+    """A config as the terminal's verdict table and the page's configs table both show it:
+    ``baseline`` its baseline gate's word (else written, none), ``stopped`` (after, of)."""
+
+    name: str
+    model: str
+    n: int
+    accuracy: float | None
+    floor: float | None
+    baseline: str
+    stopped: tuple[int, int] | None
+    verdict: Word
+
+
+def config_row(c: Mapping[str, Any]) -> ConfigRow:
+    gates = c.get("gates") or []
+    # the floor gate by its name: decided by an early stop, its rule is "early-stop"
+    floor = next((g["threshold"] for g in gates if str(g["name"]).endswith(f":{FLOOR}")), None)
+    base, written = baseline_gate(c), (c.get("baseline") or {}).get("written")
+    said = base["verdict"] if base is not None else "written" if written else "none"
+    name, model, n = str((c.get("config") or {}).get("name", "")), str(c.get("model")), c["n"]
+    early: Mapping[str, int] = c.get("early_stop") or {}
+    after, of = early.get("decided_after"), early.get("n_total", 0)
+    stop = (after, of) if after is not None and after < of else None
+    word = word_of(g["verdict"] for g in gates)
+    return ConfigRow(name, model, n, c.get("accuracy"), floor, said, stop, word)
+
+
+def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A report's baseline gate record (a config's: ``<config>:baseline``), or None."""
+    gates = report.get("gates") or []
+    return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
+
+
+def verdict_table(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One row per config (:func:`config_row`), with --gsm8k-early-stop where it stopped."""
+    early = any("early_stop" in c for c in configs)
     head = ("config", "model", "n", "accuracy", "floor", "baseline")
     rows: list[list[str]] = [[*head, *(["stopped"] if early else []), "verdict"]]
-    for c in configs:
-        floor = next((g.threshold for g in c.gates if g.name.endswith(f":{FLOOR}")), None)
-        base = next((g.word for g in c.gates if g.name.rpartition(":")[2] == "baseline"), None)
-        written = (c.extra.get("baseline") or {}).get("written")
-        stop = stopped(c.extra.get("early_stop"))
-        row = [c.group.name, c.model, str(c.n), f"{c.accuracy:.4f}" if c.answered else "-"]
-        row += [f"{floor:.4f}" if floor is not None else "-"]
-        row += [base or ("written" if written else "none")]
-        row += [f"{stop[0]}/{stop[1]}" if stop else "-"] * early
-        rows.append([*row, "FAIL" if c.failed else "PASS"])
+    for r in map(config_row, configs):
+        row = [r.name, r.model, str(r.n), "-" if r.accuracy is None else f"{r.accuracy:.4f}"]
+        row += ["-" if r.floor is None else f"{r.floor:.4f}", r.baseline]
+        row += [f"{r.stopped[0]}/{r.stopped[1]}" if r.stopped else "-"] * early
+        rows.append([*row, r.verdict])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
-
-
-def stopped(block: Any) -> tuple[int, int] | None:
-    """(problems, of) when an early stop's block says it ended a group before its end."""
-    after, total = (block or {}).get("decided_after"), (block or {}).get("n_total")
-    if isinstance(after, int) and isinstance(total, int) and after < total:
-        return after, total
-    return None
 
 
 def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:

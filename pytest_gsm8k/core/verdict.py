@@ -5,7 +5,7 @@ renders from. Pure. Its inputs are plain data a JSON report gives back, so a sha
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,7 +22,7 @@ from pytest_gsm8k.core.gates import (
 )
 from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
-from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report
+from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report, Word
 from pytest_gsm8k.core.scoring import RULES
 from pytest_gsm8k.core.stats import accuracy_interval, pass_at_k
 from pytest_gsm8k.core.types import Problem
@@ -251,14 +251,16 @@ class GroupVerdict:
         return self.selection.interrupted
 
     def matrix_headline(self) -> str:
-        passed = sum(1 for c in self.configs if not c.failed)
+        words = [word_of(g.word for g in c.gates) for c in self.configs]
+        passed, undecided = words.count("PASS"), words.count("UNDECIDED")
         only_vllm = all(g.name.endswith(f":{FLOOR}") for c in self.configs for g in c.gates)
         rule = "every gate of each config"
         rule = "accuracy >= accuracy_threshold - tolerance each" if only_vllm else rule
         # a config deselected whole (-k, -m) gates nothing, but a CI log must show it never ran
         skipped = self.extra.get("not_run") or []
         not_run = f"; not run (deselected whole): {', '.join(skipped)}" if skipped else ""
-        return f"gsm8k vLLM configs: {passed} of {len(self.configs)} pass ({rule}){not_run}"
+        of = f"{passed} of {len(self.configs)} pass" + f", {undecided} undecided" * bool(undecided)
+        return f"gsm8k vLLM configs: {of} ({rule}){not_run}"
 
     def headline(self) -> str:
         if self.configs:
@@ -338,6 +340,13 @@ class RunVerdict:
         return self.top.to_json()
 
 
+def word_of(gate_words: Iterable[str]) -> Word:
+    """A config's or a run's word from its gates' (FAIL, else UNDECIDED, else PASS): a group
+    with a gate that was not decided never passes."""
+    words = set(gate_words)
+    return "FAIL" if "FAIL" in words else "UNDECIDED" if "UNDECIDED" in words else "PASS"
+
+
 def shared_words(block: Mapping[str, Any]) -> str:
     """Which problems a baseline block compared, as every output says it."""
     shared = block.get("shared")
@@ -363,12 +372,9 @@ def decide(
         notes.append(f"  {selection.unreached} of the errors were not reached: {_UNREACHED}")
     if early is not None:
         extra["early_stop"] = dict(early.record)
-        said = early.headline
+        said, last = early.headline, f"the last of its {early.n_total} problems"
         if group.name and early.decided and not early.stopped:
-            said = (
-                f"not stopped early: its verdicts were open until the last of its {early.n_total}"
-            )
-            said += " problems"
+            said = f"not stopped early: its verdicts were open until {last}"
         notes.append(f"  early stop ({early.mode}): {said}")
     v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
@@ -489,11 +495,9 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     before, now = seen["baseline_accuracy"], seen["current_accuracy"]
     said = f"{shared_words(cmp)}; {difference_words(pairs)}"
     notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
-    recorded_with = document.get("model")
-    if isinstance(recorded_with, str) and recorded_with != v.model:
-        notes.append(
-            f"  the baseline was recorded with model {recorded_with} (this run: {v.model})"
-        )
+    was = document.get("model")
+    if isinstance(was, str) and was != v.model:
+        notes.append(f"  the baseline was recorded with model {was} (this run: {v.model})")
     notes += [f"  {bl.noise_sentence(seen)}", f"  {failing_words(pairs)}; p={seen['p_value']:.4g}"]
     notes += [f"  {rise}" for rise in [rule.rise(pairs, found)] if rise is not None]
     where_all = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
@@ -507,11 +511,8 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
         notes += [f"  {title}: {', '.join(ids[:SHOWN_IDS])}{more}"] * bool(ids)
     v = replace(v, notes=tuple(notes))
     if uncovered is not None and specs.require_baseline:
-        whole = "record a baseline of the whole selection with --snapshot-update"
-        return _fail(
-            v,
-            f"{uncovered}; --gsm8k-require-baseline needs every problem of the run in it: {whole}",
-        )
+        need = "--gsm8k-require-baseline needs every problem of the run in it: record a baseline"
+        return _fail(v, f"{uncovered}; {need} of the whole selection with --snapshot-update")
     return replace(v, gates=(*v.gates, rule.verdict(pairs, found)))
 
 

@@ -137,16 +137,22 @@ def junit_xml(verdict: RunVerdict) -> str:
     holds them; with resumed answers each says how many (a passed case shows no detail)."""
     from xml.etree import ElementTree as ET
 
-    failures = sum(not gate.passed for gate in verdict.gates)
+    words = [gate.word for gate in verdict.gates]
     root = ET.Element("testsuites")
     suite = ET.SubElement(
-        root, "testsuite", name="pytest", tests=str(len(verdict.gates)), failures=str(failures)
+        root,
+        "testsuite",
+        name="pytest",
+        tests=str(len(words)),
+        failures=str(words.count("FAIL")),
+        skipped=str(words.count("UNDECIDED")),
     )
     for group in verdict.groups:
         for gate in group.gates:
             case = ET.SubElement(suite, "testcase", classname="gsm8k.gates", name=gate.name)
-            if not gate.passed:
-                ET.SubElement(case, "failure", message=gate.detail).text = gate.detail
+            if gate.word != "PASS":  # an undecided gate is never a pass: skipped, as in a run
+                tag = "failure" if gate.word == "FAIL" else "skipped"
+                ET.SubElement(case, tag, message=gate.detail).text = gate.detail
             if group.selection.resumed:
                 value = f"{group.from_cache()} of {group.n}"
                 props = ET.SubElement(case, "properties")

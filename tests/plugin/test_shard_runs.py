@@ -127,6 +127,58 @@ def test_each_shard_runs_a_slice_of_every_config(
     )
 
 
+@XDIST
+def test_a_shards_gates_are_undecided_in_every_output(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """A gate that was not decided never passes, in any output: a shard's gates wait for the
+    merge, and the JSON, the terminal (gate lines, verdict table, headline), the page (gates,
+    header, configs table) and JUnit all say UNDECIDED, never PASS."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name, n in (("Alpha", 5), ("Beta", 4)):
+        (folder / f"{name}.yaml").write_text(CONFIG.format(name=name, n=n), encoding="utf-8")
+    result = pytester.runpytest(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={config_serve(gsm8k_data)}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-shard=1/2",
+        "--gsm8k-report=s1.json",
+        "--gsm8k-html=page.html",
+        "--junitxml=junit.xml",
+        *xdist,
+        *NO_EXTRA_PLUGINS,
+        *NO_CACHEPROVIDER,
+    )
+    out = output(result)
+    assert result.ret == 0, out  # undecided, not blocking: the merge decides
+    gates = report(pytester, "s1.json")["gates"]
+    names = ["Alpha:vllm-threshold", "Beta:vllm-threshold"]
+    assert [(g["name"], g["verdict"], g["passed"]) for g in gates] == [
+        (name, "UNDECIDED", True) for name in names
+    ]
+    for name in names:
+        assert f"gate {name}: UNDECIDED: shard 1 of 2: verdict at the merge" in out
+    assert "gsm8k vLLM configs: 0 of 2 pass, 2 undecided" in out
+    table = out[out.index("gsm8k vLLM configs: 0 of 2") :].splitlines()[1:4]
+    assert [row.split()[-1] for row in table] == ["verdict", "UNDECIDED", "UNDECIDED"]
+    page = (pytester.path / "page.html").read_text(encoding="utf-8")
+    assert 'class="verdict undecided">UNDECIDED<' in page
+    assert page.count('class="badge undecided">UNDECIDED<') == 4  # gates card, configs card
+    assert 'class="badge pass"' not in page
+    assert 'class="verdict pass"' not in page
+    suite = ET.parse(pytester.path / "junit.xml").getroot()
+    cases = [c for c in suite.iter("testcase") if c.get("classname") == "gsm8k.gates"]
+    assert [c.get("name") for c in cases] == names
+    for case in cases:
+        [skipped] = list(case)
+        assert (skipped.tag, skipped.get("message")) == (
+            "skipped",
+            "shard 1 of 2: verdict at the merge",
+        )
+
+
 def merge(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """``python -m pytest_gsm8k merge``, as a CI job runs it, in the shards' folder."""
     return pytester.run(sys.executable, "-m", "pytest_gsm8k", "merge", *args)
@@ -265,18 +317,21 @@ def test_three_shards_merged_are_the_unsharded_run(
     assert "<failure" in junit
     # the merge writes its JUnit XML without pytest: the gates' cases are the run's
     cases = _gate_cases(pytester.path / "junit.xml")
-    assert [name for name, _ in cases] == ["min-acc", "max-unparsed", "baseline"]
+    assert [case[0] for case in cases] == ["min-acc", "max-unparsed", "baseline"]
     assert cases == _gate_cases(pytester.path / "whole.xml")
 
 
-def _gate_cases(path: Path) -> list[tuple[str | None, str | None]]:
-    """The gates' test cases in a JUnit XML file: (name, failure message or None)."""
+def _gate_cases(path: Path) -> list[tuple[str | None, str | None, str | None]]:
+    """The gates' test cases in a JUnit XML file: (name, "failure"/"skipped" or None, its
+    message)."""
     cases = ET.parse(path).getroot().iter("testcase")
-    return [
-        (case.get("name"), None if (fail := case.find("failure")) is None else fail.get("message"))
-        for case in cases
-        if case.get("classname") == "gsm8k.gates"
-    ]
+    out: list[tuple[str | None, str | None, str | None]] = []
+    for case in cases:
+        if case.get("classname") == "gsm8k.gates":
+            mark = next((c for c in case if c.tag in ("failure", "skipped")), None)
+            tag, message = (None, None) if mark is None else (mark.tag, mark.get("message"))
+            out.append((case.get("name"), tag, message))
+    return out
 
 
 def test_a_calibrated_baseline_is_written_at_the_merge_as_one_machine_writes_it(

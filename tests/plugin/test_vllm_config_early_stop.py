@@ -235,7 +235,8 @@ def test_a_configs_baseline_gate_decides_when_it_stops(
     full_report = json.loads((pytester.path / "r.json").read_text())
 
     events = tmp_path / "early.jsonl"
-    result = _run(pytester, folder, gsm8k_data, events, "--gsm8k-early-stop=certain", *xdist)
+    early_stop, page = "--gsm8k-early-stop=certain", "--gsm8k-html=page.html"
+    result = _run(pytester, folder, gsm8k_data, events, early_stop, page, *xdist)
     out = output(result)
     assert result.ret == 1, out
     report = json.loads((pytester.path / "r.json").read_text())
@@ -265,6 +266,11 @@ def test_a_configs_baseline_gate_decides_when_it_stops(
     assert gates["Delta-3B:vllm-threshold"]["detail"] == (
         "undecided: the config stopped early on another gate's FAIL"
     )
+    # a moot gate was not decided: it never passes, in the JSON, the terminal or the page
+    assert gates["Delta-3B:vllm-threshold"]["verdict"] == "UNDECIDED"
+    assert "gate Delta-3B:vllm-threshold: UNDECIDED: undecided: the config stopped" in out
+    html = (pytester.path / "page.html").read_text(encoding="utf-8")
+    assert 'class="badge undecided">UNDECIDED</span></td><th>Delta-3B:vllm-threshold<' in html
     if not xdist:  # (under xdist the workers' slack is most of 20 problems: see above)
         sent = _sent(events)
         assert 14 <= sent["org/Alpha-1B"] <= 14 + CONCURRENCY, sent

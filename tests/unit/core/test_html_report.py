@@ -124,6 +124,7 @@ def _report(records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
             {
                 "name": "min-acc",
                 "passed": False,
+                "verdict": "FAIL",
                 "detail": "accuracy 0.6000 (test@1, 8-shot CoT, n=5) is below --gsm8k-min-acc 0.85",
             }
         ],
@@ -444,7 +445,15 @@ def test_a_configs_baseline_written_refused_or_missing_says_so_and_compares_noth
             "protocol": {"label": f"{name}: test@1"},
             "gates": []
             if gate is None
-            else [{"name": f"{name}:baseline", "rule": "baseline", "passed": gate, "detail": "x"}],
+            else [
+                {
+                    "name": f"{name}:baseline",
+                    "rule": "baseline",
+                    "passed": gate,
+                    "verdict": "PASS" if gate else "FAIL",
+                    "detail": "x",
+                }
+            ],
         }
         if baseline is not None:
             entry["baseline"] = baseline

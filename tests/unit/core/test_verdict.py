@@ -5,6 +5,7 @@ the baseline's write, comparison and refusals; the one report builder against it
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from decimal import Decimal
 from importlib import resources
@@ -16,6 +17,7 @@ import pytest
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.gates import MinAcc, NoiseAware, ToleranceFloor
+from pytest_gsm8k.core.html_report import render_html
 from pytest_gsm8k.core.outcome import score_response
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.prompts import Protocol
@@ -221,6 +223,10 @@ def test_each_rule_of_decide_gives_its_word_and_detail(
     label = f"A: {RUN_LABEL}" if matrix else RUN_LABEL
     expected = detail.format(label=label, what="config" if matrix else "run")
     assert _min_acc(verdict, matrix) == (word, blocks, expected)
+    # the report's gate record carries the word, as decided here (every output reads it)
+    records = {g["name"]: g for g in verdict.to_json()["gates"]}
+    assert [r["verdict"] for r in records.values()] == [g.word for g in verdict.gates]
+    assert records["A:min-acc" if matrix else "min-acc"]["verdict"] == word
     # the run fails exactly when a gate blocks
     assert verdict.failed == any(not g.passed for g in verdict.gates)
     if matrix:  # each config's gates, named after it, gathered at the top in config order
@@ -411,6 +417,24 @@ def test_every_output_renders_from_the_verdict_and_the_report_matches_its_schema
     name = "A:min-acc" if matrix else "min-acc"
     assert f"  gate {name}: UNDECIDED: undecided: the " in "\n".join(lines)
     assert f"| {name} | UNDECIDED |" in markdown(verdict, {})
-    if matrix:
-        assert lines[-4].startswith("gsm8k vLLM configs: 2 of 2 pass")
+    # a gate that was not decided never passes: not on the page either
+    page = render_html(report)
+    assert re.search(r'class="badge undecided">UNDECIDED</span></td><th>' + name, page)
+    assert 'class="verdict undecided">UNDECIDED<' in page
+    assert 'class="badge pass">PASS</span></td><th>' + name not in page
+    # nor in the JUnit XML a merge writes without pytest: a skipped case, as a run's
+    from xml.etree import ElementTree as ET
+
+    from pytest_gsm8k.runtime.finish import junit_xml
+
+    case = ET.fromstring(junit_xml(verdict)).find(f".//testcase[@name='{name}']")
+    assert case is not None
+    detail = next(gate.detail for gate in verdict.gates if gate.name == name)
+    assert [(mark.tag, mark.get("message")) for mark in case] == [("skipped", detail)]
+    if matrix:  # nor in the verdict table, the page's configs table or the headline
+        assert lines[-4].startswith("gsm8k vLLM configs: 0 of 2 pass, 2 undecided")
+        assert lines[-2].split()[-1] == lines[-1].split()[-1] == "UNDECIDED"
+        card = page[page.index("vLLM configs (accuracy") :]
+        assert card.count('class="badge undecided">UNDECIDED') == 2
+        assert 'class="badge pass"' not in card
         assert report["configs"][1]["gates"][1]["name"] == "B:min-acc"
