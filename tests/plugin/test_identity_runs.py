@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report, sent
+from helpers import XDIST, output, report, sent, xdist_once
 
 CHANGED_LINE = re.compile(
     r"gsm8k: (\d+) cached answers were recorded against a server that described itself "
@@ -87,8 +87,7 @@ def test_a_restarted_server_that_lists_its_model_differently_is_asked_again(
     assert not changed_lines(output(third))
 
 
-@XDIST
-@pytest.mark.parametrize("change", ["model", "system_fingerprint"])
+@xdist_once("change", ["model", "system_fingerprint"], ids=["model", "system_fingerprint"])
 def test_answers_recorded_from_replies_of_another_model_are_asked_again(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
