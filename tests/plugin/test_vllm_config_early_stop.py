@@ -100,7 +100,7 @@ def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_
 ) -> None:
     folder = _configs(tmp_path / "configs", questions=40)
     full_events = tmp_path / "full.jsonl"
-    full = _run(pytester, folder, gsm8k_data, full_events, *xdist)
+    full = _run(pytester, folder, gsm8k_data, full_events)  # plain: test_acceptance has = -n 2
     assert full.ret == 1, output(full)
     full_report = json.loads((pytester.path / "r.json").read_text())
     assert _sent(full_events) == {"org/Broken-1B": 40, "org/Good-3B": 40, "org/Tight-7B": 40}
