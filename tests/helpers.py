@@ -75,6 +75,19 @@ class GsmRun(Protocol):
 XDIST = pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 
 
+def xdist_once(argnames: str, values: Sequence[Any], ids: Sequence[str]) -> pytest.MarkDecorator:
+    """Parametrize ``argnames`` over ``values`` plain, and the first value under -n 2 too
+    (``xdist`` as ``XDIST`` gives it): what the values vary (an API, a protocol, where an
+    option came from) does not cross processes, and an inner -n 2 run costs 2-5 CPU-s."""
+    one = "," not in argnames
+    cases: list[tuple[Any, list[str], str]] = [
+        (v, [], f"{i}-plain") for v, i in zip(values, ids, strict=True)
+    ]
+    cases.insert(1, (values[0], ["-n", "2"], f"{ids[0]}-xdist"))
+    params = [pytest.param(*((v,) if one else v), x, id=i) for v, x, i in cases]
+    return pytest.mark.parametrize(f"{argnames},xdist", params)
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
     """Call ``predicate`` every ``interval`` seconds until it returns something true or
     ``timeout`` seconds have passed, and say whether it did.

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, VLLM_RECORDING, XDIST, GsmRun
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, VLLM_RECORDING, XDIST, GsmRun, xdist_once
 
 RECORDED: dict[str, Any] = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))
 
@@ -48,9 +48,8 @@ def _run(
     )
 
 
-@XDIST
-@pytest.mark.parametrize(
-    ("run", "extra"),
+@xdist_once(
+    "run,extra",
     [
         ("completions", []),
         ("chat", ["--gsm8k-api=chat"]),
@@ -66,6 +65,7 @@ def _run(
             ],
         ),
     ],
+    ids=["completions", "chat", "completions_3shot", "chat_params"],
 )
 def test_vllm_preset_sends_the_scripts_bytes_and_gets_its_accuracy(
     pytester: pytest.Pytester,

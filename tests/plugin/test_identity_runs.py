@@ -6,7 +6,9 @@ worse model silently. Each run here records answers from the scripted
 server, then "restarts" it as another model under the same name and URL
 (only what the server says about itself changes: ``GET /v1/models``, or the
 replies' ``model`` and ``system_fingerprint``), and checks, from the server's
-own request counters, that the rerun asked again and said so in one line.
+own request counters, that the rerun asked again and said so in one line. The runs that
+record the answers are set-up, plain in every variant; the -n 2 variants read them under
+xdist (a cache written and read under -n 2: test_engine_runs.py, test_resume_runs.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, output, report, sent
+from helpers import XDIST, output, report, sent, xdist_once
 
 CHANGED_LINE = re.compile(
     r"gsm8k: (\d+) cached answers were recorded against a server that described itself "
@@ -87,8 +89,7 @@ def test_a_restarted_server_that_lists_its_model_differently_is_asked_again(
     assert not changed_lines(output(third))
 
 
-@XDIST
-@pytest.mark.parametrize("change", ["model", "system_fingerprint"])
+@xdist_once("change", ["model", "system_fingerprint"], ids=["model", "system_fingerprint"])
 def test_answers_recorded_from_replies_of_another_model_are_asked_again(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
@@ -99,7 +100,7 @@ def test_answers_recorded_from_replies_of_another_model_are_asked_again(
 ) -> None:
     """The replies name the model (OpenAI resolves an alias there) and the serving stack's
     fingerprint; a run that sends anything learns them before it trusts a cached answer."""
-    first = pytester.runpytest(*args, *xdist, "--gsm8k-limit=20")
+    first = pytester.runpytest(*args, "--gsm8k-limit=20")  # the set-up: plain (see the top)
     assert first.ret == 0, output(first)
     assert sent(server) == 20
 
@@ -134,7 +135,7 @@ def test_an_unchanged_server_reuses_every_answer_without_a_line(
     xdist: list[str],
 ) -> None:
     server.root = "/models/good-checkpoint"
-    first = pytester.runpytest(*args, *xdist, "--gsm8k-limit=20")
+    first = pytester.runpytest(*args, "--gsm8k-limit=20")
     assert first.ret == 0
     assert sent(server) == 20
     server.reset()
@@ -158,11 +159,11 @@ def test_an_early_stop_run_takes_held_back_answers_as_it_goes(
     """Early stopping fetches no further ahead than the concurrency: earlier runs' answers
     held back for a reply that never comes are released as the tests ask for them (a
     subprocess with a bound: a hang fails)."""
-    run = [*args, *xdist, "--gsm8k-limit=60", "--gsm8k-concurrency=2"]
+    run = [*args, "--gsm8k-limit=60", "--gsm8k-concurrency=2"]
     assert pytester.runpytest(*run).ret == 0
     server.reset()
     result = pytester.runpytest_subprocess(
-        *run, "--gsm8k-early-stop=certain", "--gsm8k-min-acc=0.5", timeout=120
+        *run, *xdist, "--gsm8k-early-stop=certain", "--gsm8k-min-acc=0.5", timeout=120
     )
     text = output(result)
     assert result.ret == 0, text

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import NO_EXTRA_PLUGINS, XDIST, output
+from helpers import NO_EXTRA_PLUGINS, XDIST, output, xdist_once
 
 PROBE = """
 import glob, logging, os, signal, tempfile
@@ -138,8 +138,7 @@ gsm8k_require_baseline = true
 """
 
 
-@XDIST
-@pytest.mark.parametrize("ini", ["", README_INI], ids=["no-ini", "readme-ini"])
+@xdist_once("ini", [README_INI, ""], ids=["readme-ini", "no-ini"])
 def test_a_session_without_gsm8k_work_loads_only_the_options(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ini: str, xdist: list[str]
 ) -> None:

@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, XDIST, config_serve, output, report, sent
+from helpers import (
+    NO_EXTRA_PLUGINS,
+    TEST_KEY,
+    XDIST,
+    config_serve,
+    output,
+    report,
+    sent,
+    xdist_once,
+)
 
 RULE = "the model under test is the one named"
 
@@ -55,8 +64,7 @@ def gsm8k_errors(result: pytest.RunResult) -> list[str]:
     return [line for line in output(result).splitlines() if line.startswith("ERROR: gsm8k:")]
 
 
-@XDIST
-@pytest.mark.parametrize("api", ["completions", "chat"])
+@xdist_once("api", ["completions", "chat"], ids=["completions", "chat"])
 def test_vllm_preset_refuses_an_adapter_that_its_base_would_answer_for(
     pytester: pytest.Pytester, lora: FakeOpenAIServer, keyed_env: str, xdist: list[str], api: str
 ) -> None:
@@ -118,8 +126,7 @@ def test_vllm_preset_stops_at_a_reply_that_names_another_model(
     assert {p["outcome"] for p in problems} == {"error"}  # no answer of 'base' is graded
 
 
-@XDIST
-@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
+@xdist_once("listed", [True, False], ids=["listed", "unlisted"])
 def test_vllm_preset_runs_the_base_model_beside_its_adapters(
     pytester: pytest.Pytester,
     lora: FakeOpenAIServer,

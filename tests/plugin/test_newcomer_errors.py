@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, read_json
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, read_json, xdist_once
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
@@ -127,8 +127,7 @@ def test_a_base_url_without_v1_is_named_with_the_url_to_use(
     assert "gsm8k acc" not in text
 
 
-@XDIST
-@pytest.mark.parametrize("where", ["option", "env", "env-vllm"])
+@xdist_once("where", ["option", "env", "env-vllm"], ids=["option", "env", "env-vllm"])
 def test_a_base_url_with_a_bad_port_is_one_line_naming_where_it_came_from(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, xdist: list[str], where: str
 ) -> None:
@@ -242,8 +241,13 @@ def test_path_options_written_with_a_space_warn_and_the_equals_form_keeps_the_ro
     data = gsm8k_data  # a folder outside the project, as the report's
     # 7 problems: the fewest a single-run baseline gate can fail on at alpha 0.01 (rule 2)
     args = ["--gsm8k-limit=7"]
-    gsm8k_run(
-        *args, f"--gsm8k-data={data}", f"--gsm8k-report={report}", "--snapshot-update", report=None
+    gsm8k_run(  # the set-up: plain under -n 2 too (what crosses processes is the warning)
+        *args,
+        f"--gsm8k-data={data}",
+        f"--gsm8k-report={report}",
+        "--snapshot-update",
+        report=None,
+        xdist=(),
     )
     assert report.exists()
     assert data.exists()

@@ -125,8 +125,8 @@ def test_rule1_with_resume_every_output_says_how_many_answers_came_from_earlier_
     earlier runs."""
     server.set_script(Script(behaviours={3: "error500"}))
     data = f"--gsm8k-data={_first_rows(gsm8k_data, tmp_path, 40)}"
-    run = [*gsm8k_args, *xdist, data, "--gsm8k-max-retries=0", "--gsm8k-cache-dir=c"]
-    first = pytester.runpytest(*run, "--gsm8k-min-acc=0.85")
+    run = [*gsm8k_args, data, "--gsm8k-max-retries=0", "--gsm8k-cache-dir=c"]
+    first = pytester.runpytest(*run, *xdist, "--gsm8k-min-acc=0.85")
     assert first.ret == 1, output(first)
     server.set_script(Script())
     server.reset()
@@ -134,6 +134,7 @@ def test_rule1_with_resume_every_output_says_how_many_answers_came_from_earlier_
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     second = pytester.runpytest(
         *run,
+        *xdist,
         "--gsm8k-min-acc=0.85",
         "--gsm8k-max-error=0",
         "--gsm8k-resume",
@@ -167,7 +168,8 @@ def test_rule1_with_resume_every_output_says_how_many_answers_came_from_earlier_
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
         assert properties == {"answers_from_earlier_runs": "39 of 40"}
 
-    # without --gsm8k-resume nothing is read, and no output speaks of earlier runs
+    # without --gsm8k-resume nothing is read, and no output speaks of earlier runs (plain:
+    # nothing read under -n 2 is case 1 above)
     server.reset()
     third = pytester.runpytest(*run, "--gsm8k-min-acc=0.85", "--gsm8k-report=r.json")
     assert third.ret == 0, output(third)

@@ -177,21 +177,21 @@ def test_a_serve_run_resumes_an_unfinished_run_and_never_reuses_a_finished_one(
     script.write_text(json.dumps({"behaviours": {"3": "error500"}}))
     fake = Fake(gsm8k_data, tmp_path, "--script", str(script))
     cache = f"--gsm8k-cache-dir={tmp_path / 'cache'}"
-    run = [f"--gsm8k-data={data}", "--gsm8k-max-retries=0", cache, "--gsm8k-resume"]
-    run += [*NOISE, *xdist]
-    first = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
+    run = [f"--gsm8k-data={data}", "--gsm8k-max-retries=0", cache, "--gsm8k-resume", *NOISE]
+    first = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run, *xdist)
     assert first.ret == 1, first.stdout.str()  # one error: the run did not finish
     assert len(fake.bodies()) == 10
     script.write_text("{}")  # the hiccup is over
-    second = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
+    second = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run, *xdist)
     assert second.ret == 0, second.stdout.str()
     assert len(fake.bodies()) == 11, "the resumed run asked more than the errored problem"
     second.stdout.fnmatch_lines(["*answers from cache: 9 of 10*"])
-    third = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
+    third = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run, *xdist)
     assert third.ret == 0, third.stdout.str()
     assert len(fake.bodies()) == 21, "a finished run's answers were reused"
     third.stdout.fnmatch_lines(["*answers from cache: 0 of 10*"])
-    # another command line (here: another checkpoint) is another server
+    # another command line (here: another checkpoint) is another server (plain: the key is
+    # the command's text, what crosses processes is shown above)
     other = f"{fake.command} --root /models/other"
     script.write_text(json.dumps({"behaviours": {"3": "error500"}}))
     fourth = pytester.runpytest(f"--gsm8k-serve={other}", *run)

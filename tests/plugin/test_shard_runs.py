@@ -46,12 +46,13 @@ def test_the_shards_partition_the_selection_and_leave_the_verdict_to_the_merge(
     xdist: list[str],
 ) -> None:
     server.set_script(Script(behaviours={i: "wrong" for i in range(0, 1319, 3)}))
-    args = [*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.5", "--gsm8k-no-cache", *xdist]
+    args = [*gsm8k_args, LIMIT, "--gsm8k-min-acc=0.5", "--gsm8k-no-cache"]
+    # the selection, from a plain run (test_acceptance: plain and -n 2 select the same)
     whole = pytester.runpytest(*args, "--gsm8k-report=whole.json")
     selection = [p["id"] for p in report(pytester, "whole.json")["problems"]]
     assert len(selection) == 30, output(whole)
     server.reset()
-    reports = [shard_run(pytester, args, i, 3) for i in (1, 2, 3)]
+    reports = [shard_run(pytester, [*args, *xdist], i, 3) for i in (1, 2, 3)]
     assert sent(server) == 30  # every problem asked once, by one shard
     for index, shard in enumerate(reports, start=1):
         jsonschema.validate(shard, SCHEMA)

@@ -100,7 +100,7 @@ def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_
 ) -> None:
     folder = _configs(tmp_path / "configs", questions=40)
     full_events = tmp_path / "full.jsonl"
-    full = _run(pytester, folder, gsm8k_data, full_events, *xdist)
+    full = _run(pytester, folder, gsm8k_data, full_events)  # plain: test_acceptance has = -n 2
     assert full.ret == 1, output(full)
     full_report = json.loads((pytester.path / "r.json").read_text())
     assert _sent(full_events) == {"org/Broken-1B": 40, "org/Good-3B": 40, "org/Tight-7B": 40}
@@ -217,12 +217,12 @@ def test_min_acc_and_a_health_gate_hold_a_config_the_floor_alone_would_stop(
 LABEL = "test@1_0-shot_CoT_completions_preset_vllm_extract_last-int"
 
 
-@XDIST
 def test_a_configs_baseline_gate_decides_when_it_stops(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     """Against its own baseline a config stops only once the noise-aware gate is certain too
-    (an unchanged config: later than its floor alone), or as soon as it FAILs for certain."""
+    (an unchanged config: later than its floor alone), or as soon as it FAILs for certain.
+    Plain only: a config's stop under xdist is the test above, the verdict the same step."""
     lenient = ("0.5", "0.1", '{"default": "correct"}')  # the floor: 8 of 20, certain after 8
     folder = _configs(tmp_path / "configs", {"Alpha-1B.yaml": lenient, "Delta-3B.yaml": lenient})
     recorded = _run(pytester, folder, gsm8k_data, tmp_path / "rec.jsonl", "--snapshot-update")
@@ -230,13 +230,13 @@ def test_a_configs_baseline_gate_decides_when_it_stops(
     assert (pytester.path / f"__snapshots__/gsm8k/Delta-3B_{LABEL}.gsm8k").exists()
     # Delta's release turns its first 8 problems wrong: its floor still passes (12 of 20)
     _configs(folder, {"Delta-3B.yaml": ("0.5", "0.1", '{"drop": 8}')})
-    full = _run(pytester, folder, gsm8k_data, tmp_path / "full.jsonl", *xdist)
+    full = _run(pytester, folder, gsm8k_data, tmp_path / "full.jsonl")
     assert full.ret == 1, output(full)
     full_report = json.loads((pytester.path / "r.json").read_text())
 
     events = tmp_path / "early.jsonl"
     early_stop, page = "--gsm8k-early-stop=certain", "--gsm8k-html=page.html"
-    result = _run(pytester, folder, gsm8k_data, events, early_stop, page, *xdist)
+    result = _run(pytester, folder, gsm8k_data, events, early_stop, page)
     out = output(result)
     assert result.ret == 1, out
     report = json.loads((pytester.path / "r.json").read_text())
@@ -258,8 +258,7 @@ def test_a_configs_baseline_gate_decides_when_it_stops(
     # floor, open then, is no FAIL
     delta = configs["Delta-3B"]["early_stop"]
     assert delta["verdicts"] == {"vllm-threshold": None, "baseline": "FAIL"}
-    if not xdist:
-        assert delta["decided_after"] == 7
+    assert delta["decided_after"] == 7
     gates = {g["name"]: g for g in configs["Delta-3B"]["gates"]}
     assert gates["Delta-3B:baseline"]["rule"] == "early-stop"
     assert "baseline verdict FAIL is certain" in gates["Delta-3B:baseline"]["detail"]
@@ -271,10 +270,9 @@ def test_a_configs_baseline_gate_decides_when_it_stops(
     assert "gate Delta-3B:vllm-threshold: UNDECIDED: undecided: the config stopped" in out
     html = (pytester.path / "page.html").read_text(encoding="utf-8")
     assert 'class="badge undecided">UNDECIDED</span></td><th>Delta-3B:vllm-threshold<' in html
-    if not xdist:  # (under xdist the workers' slack is most of 20 problems: see above)
-        sent = _sent(events)
-        assert 14 <= sent["org/Alpha-1B"] <= 14 + CONCURRENCY, sent
-        assert 7 <= sent["org/Delta-3B"] <= 7 + CONCURRENCY, sent
+    sent = _sent(events)
+    assert 14 <= sent["org/Alpha-1B"] <= 14 + CONCURRENCY, sent
+    assert 7 <= sent["org/Delta-3B"] <= 7 + CONCURRENCY, sent
     assert "gate Delta-3B:baseline: FAIL: stopped after" in out
     assert "Traceback" not in out
 

@@ -412,6 +412,8 @@ def test_a_config_run_on_part_of_its_questions_is_no_verdict(
     ), detail
     assert "accuracy 1.0000" in detail
     assert "n=3" in detail
+    assert report["not_run"] == ["Beta-7B-FP8"]  # deselected whole: named, under xdist too
+    assert "not run (deselected whole): Beta-7B-FP8" in out, out
     assert "Traceback" not in out
 
 
@@ -530,12 +532,12 @@ def test_the_ini_readme_suggests_works_with_the_configs_recipe(
     }, verdicts
 
 
-@XDIST
 def test_a_config_deselected_whole_is_named_as_not_run(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     """A config deselected whole gates nothing (by design), but the log said "1 of 1 pass"
-    and named the others nowhere (the hostile review): the headline names them as not run."""
+    and named the others nowhere (the hostile review): the headline names them as not run.
+    (-k under xdist: the test above, whose run deselects Beta whole too.)"""
     folder = _configs(tmp_path / "configs")
     result = pytester.runpytest(
         f"--gsm8k-config={folder}",
@@ -546,7 +548,6 @@ def test_a_config_deselected_whole_is_named_as_not_run(
         "-k",
         "Alpha",
         *NOISE,
-        *xdist,
     )
     out = output(result)
     assert result.ret == 0, out
