@@ -161,6 +161,7 @@ def test_full_split_all_correct_in_empty_directory(
             "value": 1.0,
             "threshold": 1.0,
             "detail": report["gates"][0]["detail"],
+            "verdict": "PASS",
         }
     ]
     result.stdout.fnmatch_lines([f"{HEADLINE}1.0000  [[]95% CI *]  n=1319", "*1319 correct*"])
