@@ -343,13 +343,13 @@ def _side(name: str, where: str, report: Mapping[str, Any], accuracy: float) -> 
     return Side(name, where, model, len(report["problems"]), accuracy, complete)
 
 
-def _plural(count: int, one: str, many: str) -> str:
-    return f"{count} {one if count == 1 else many}"
+def _problems(count: int) -> str:
+    return f"{count} problem{'s' if count != 1 else ''}"
 
 
 def pairing(result: Comparison) -> str:
     """Which problems were paired, in words (how many, and what was left out)."""
-    left = [
+    left = ", ".join(
         f"{count} {what}"
         for count, what in (
             (result.only_a, "only in A"),
@@ -357,12 +357,10 @@ def pairing(result: Comparison) -> str:
             (result.errors, "that ended in an error in either, left out"),
         )
         if count
-    ]
+    )
     return (
-        f"Paired on the {_plural(result.shared, 'problem', 'problems')} both reports hold "
-        f"(A holds {result.a.n}, B holds {result.b.n}"
-        + ("; " + ", ".join(left) if left else "")
-        + ")."
+        f"Paired on the {_problems(result.shared)} both reports hold "
+        f"(A holds {result.a.n}, B holds {result.b.n}{'; ' * bool(left)}{left})."
     )
 
 
@@ -373,7 +371,7 @@ def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> 
     texts = questions or {}
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
-        f"{a.accuracy:.4f} on {_plural(result.shared, 'problem', 'problems')}",
+        f"{a.accuracy:.4f} on {_problems(result.shared)}",
         "",
         "| run | report | model | accuracy (paired) | problems |",
         "| --- | --- | --- | --- | --- |",

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.calibrated import evidence
+from pytest_gsm8k.core.calibrated import difference, evidence
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import (
     GateVerdict,
     ToleranceFloor,
     Verdict,
-    difference_words,
     failing_words,
+    points_words,
     undecided,
 )
 from pytest_gsm8k.core.health import chat_api_hint
@@ -493,7 +493,7 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
         if not specs.require_baseline:
             notes.append(f"  baseline: {uncovered}; the gate compares the {shared} it holds")
     before, now = seen["baseline_accuracy"], seen["current_accuracy"]
-    said = f"{shared_words(cmp)}; {difference_words(pairs)}"
+    said = f"{shared_words(cmp)}; {points_words(*difference(pairs))}"
     notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
     was = document.get("model")
     if isinstance(was, str) and was != v.model:
