@@ -269,11 +269,8 @@ def _markdown(
     top = verdict.top
     lines = [f"### {md_text(top.headline())}", ""]
     if html:
-        where = "in the job's artifact (a self-contained HTML file)"
-        if html[1]:
-            where = (
-                "(relative to the repository; a self-contained HTML file: see the job's artifacts)"
-            )
+        where = "(relative to the repository; a self-contained HTML file: see the job's artifacts)"
+        where = where if html[1] else "in the job's artifact (a self-contained HTML file)"
         lines += [f"The run's page: {md_code(html[0])} {where}.", ""]
     counts = ", ".join(f"{n} {k}" for k, n in top.counts().items() if n)
     dataset = f"{top.group.dataset['config']}/{top.group.dataset['split']}"

@@ -266,14 +266,9 @@ class GroupVerdict:
         if self.configs:
             return self.matrix_headline()
         errors, (low, high) = self.counts()["error"], self.interval()
-        line = (
-            f"gsm8k acc ({self.group.label}) = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
-        )
-        if not self.answered:
-            line = f"gsm8k acc ({self.group.label}): no answers" + (
-                f": {errors} errors" * bool(errors)
-            )
-        line += f"  n={self.n}"
+        acc = f" = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
+        acc = acc if self.answered else ": no answers" + f": {errors} errors" * bool(errors)
+        line = f"gsm8k acc ({self.group.label}){acc}  n={self.n}"
         split = self.group.dataset.get("split")
         if split != "test":
             line += f"  [{split} split: not a reportable number]"
