@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.compare import CompareError, compare_all, load_report
-from pytest_gsm8k.core.render import compare_markdown
+from pytest_gsm8k.core.render import compare_markdown, styled_lines
 from pytest_gsm8k.core.scrub import clip, md_text, printable
 
 #: exit codes
@@ -107,7 +107,6 @@ def run_merge(args: argparse.Namespace) -> int:
     rendered from it (runtime/finish.py); the exit code that run would have had."""
     from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.core.merge import ShardError, check_shards
-    from pytest_gsm8k.core.render import styled_lines
     from pytest_gsm8k.core.scrub import Scrubber
     from pytest_gsm8k.core.tally import Tally
     from pytest_gsm8k.runtime.finish import page_path, settle, write_outputs
