@@ -15,8 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_gsm8k.core.compare import CompareError, clip, compare_all, load_report, markdown
-from pytest_gsm8k.core.scrub import md_text, printable
+from pytest_gsm8k.core.compare import CompareError, compare_all, load_report
+from pytest_gsm8k.core.render import compare_markdown, styled_lines
+from pytest_gsm8k.core.scrub import clip, md_text, printable
 
 #: exit codes
 BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
@@ -90,7 +91,7 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
             plain = _questions(a)
         # a config's ids carry its name (alpha:test-0042), the split's do not
         texts = {pid: (plain or {}).get(pid.rpartition(":")[2], "") for pid in flips}
-        sys.stdout.write(markdown(result, texts))
+        sys.stdout.write(compare_markdown(result, texts))
         if result.undecided:
             name = f"config {clip(result.config)}: " if result.config else ""
             _say(f"{name}compare undecided: {result.undecided}")
@@ -106,7 +107,6 @@ def run_merge(args: argparse.Namespace) -> int:
     rendered from it (runtime/finish.py); the exit code that run would have had."""
     from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.core.merge import ShardError, check_shards
-    from pytest_gsm8k.core.render import styled_lines
     from pytest_gsm8k.core.scrub import Scrubber
     from pytest_gsm8k.core.tally import Tally
     from pytest_gsm8k.runtime.finish import page_path, settle, write_outputs

@@ -21,8 +21,7 @@ from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference, record_run
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord
-from pytest_gsm8k.core.render import cell_code, gate_table, problem_list
-from pytest_gsm8k.core.scrub import md_text
+from pytest_gsm8k.core.scrub import clip
 from pytest_gsm8k.core.verdict import BaselineInput, Group, Selection, decide
 
 #: the most problems a report may hold: a matrix of many configs, each a whole split
@@ -31,17 +30,11 @@ MAX_PROBLEMS = 100_000
 MAX_CONFIGS = 1_000
 #: the longest problem id (a config's name, a file's stem, ``test-0042``) and config name
 MAX_ID = 1_000
-#: the most characters of a value from a report that compare prints in one place
-SHOWN = 200
 
 
 class CompareError(Exception):
     """Two reports that cannot be compared, or a file that is not a report: one line
     naming the file and the reason."""
-
-
-def clip(text: str, limit: int = SHOWN) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _shown(value: object) -> str:
@@ -341,57 +334,3 @@ def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
 def _side(name: str, where: str, report: Mapping[str, Any], accuracy: float) -> Side:
     model, complete = str(report.get("model") or ""), report.get("complete") is not False
     return Side(name, where, model, len(report["problems"]), accuracy, complete)
-
-
-def _plural(count: int, one: str, many: str) -> str:
-    return f"{count} {one if count == 1 else many}"
-
-
-def pairing(result: Comparison) -> str:
-    """Which problems were paired, in words (how many, and what was left out)."""
-    left = [
-        f"{count} {what}"
-        for count, what in (
-            (result.only_a, "only in A"),
-            (result.only_b, "only in B"),
-            (result.errors, "that ended in an error in either, left out"),
-        )
-        if count
-    ]
-    return (
-        f"Paired on the {_plural(result.shared, 'problem', 'problems')} both reports hold "
-        f"(A holds {result.a.n}, B holds {result.b.n}"
-        + ("; " + ", ".join(left) if left else "")
-        + ")."
-    )
-
-
-def markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
-    """The comparison in the step summary's Markdown: headline, the two runs, the paired
-    difference, the verdict as a gate table, the flips (with their questions' starts)."""
-    a, b = result.a, result.b
-    texts = questions or {}
-    lines = [
-        f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
-        f"{a.accuracy:.4f} on {_plural(result.shared, 'problem', 'problems')}",
-        "",
-        "| run | report | model | accuracy (paired) | problems |",
-        "| --- | --- | --- | --- | --- |",
-        *(
-            f"| {side.name} | {cell_code(side.where)} | {cell_code(clip(side.model))} | "
-            f"{side.accuracy:.4f} | {side.n}{'' if side.complete else ' (incomplete run)'} |"
-            for side in (a, b)
-        ),
-        "",
-        md_text(pairing(result)),
-        "",
-        f"Difference B - A: {result.diff:+.4f} [95% CI {result.low:+.4f}, {result.high:+.4f}]; "
-        f"{len(result.newly_failing)} newly failing, {len(result.newly_passing)} newly passing; "
-        f"one-sided p={result.p_value:.4g} (B worse than A; the gate's test).",
-        "",
-        *gate_table([result.verdict]),
-    ]
-    rest = "see the JSON reports"
-    lines += problem_list("Newly failing in B", result.newly_failing, texts, rest)
-    lines += problem_list("Newly passing in B", result.newly_passing, texts, rest)
-    return "\n".join(lines) + "\n"

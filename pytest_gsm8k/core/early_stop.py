@@ -367,8 +367,7 @@ class EarlyStop:
         if verdict is None:
             return f"{name} undecided ({what} reachable {low:.4f}-{high:.4f})"
         if info["how"] == "sequential":
-            lo, hi = info["interval"]
-            split = f"{what} of the full split in [{lo:.4f}, {hi:.4f}]"
+            split = "{} of the full split in [{:.4f}, {:.4f}]".format(what, *info["interval"])
             return f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({split})"
         reach = f"at most {high:.4f} reachable"
         if outcome and verdict == "FAIL":

@@ -265,12 +265,8 @@ def flip_words(failing: int, passing: int, stable: int, runs: int) -> str:
     )
 
 
-def difference_words(pairs: Sequence[Pair]) -> str:
-    """The one estimate of the difference against a baseline, as every line shows it."""
-    return points_words(*difference(pairs))
-
-
 def points_words(diff: float, low: float, high: float) -> str:
+    """The one estimate of the difference against a baseline, as every line shows it."""
     return f"diff {100 * diff:+.2f} points [95% CI {100 * low:+.2f}, {100 * high:+.2f}]"
 
 
@@ -303,7 +299,7 @@ class NoiseAware:
                 f", drop {100 * drop:.2f} points {'>' if not passed else '<='} "
                 f"--gsm8k-max-drop {self.max_drop:g}"
             )
-        detail = f"{clause} ({how}): {failing_words(pairs)}; {difference_words(pairs)}"
+        detail = f"{clause} ({how}): {failing_words(pairs)}; {points_words(*difference(pairs))}"
         verdict = GateVerdict(self.name, "noise-aware", passed, detail, p, self.alpha)
         why = self.cannot_fail(pairs) if passed else None
         return verdict if why is None else undecided(verdict, why)
@@ -316,7 +312,7 @@ class NoiseAware:
             return None
         return (
             f"WARNING: better than the baseline beyond its noise (p={p:.3g} < {self.option} "
-            f"{self.alpha:g}; {difference_words(pairs)}): check for a changed prompt or "
+            f"{self.alpha:g}; {points_words(*difference(pairs))}): check for a changed prompt or "
             "extractor, the wrong model or endpoint, or contamination before trusting it"
         )
 

@@ -18,6 +18,7 @@ from typing import Any, TypeGuard
 
 from pytest_gsm8k.core import render
 from pytest_gsm8k.core.baseline import noise_sentence
+from pytest_gsm8k.core.gates import flip_words
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.scrub import printable, shown_url
@@ -267,7 +268,7 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
         ("accuracy", f"{before_now} {shared_words(base)}"),
         ("paired diff", f"{v['difference']:+.4f} [95% CI {low:+.4f}, {high:+.4f}]"),
         ("McNemar", f"one-sided p = {v['mcnemar_p']:.4g}"),
-        ("flips", f"{failing} newly failing, {passing} newly passing"),
+        ("flips", flip_words(failing, passing, 0, 1)),
     ]
     if "detectable_drop" in base:  # the terminal's own sentence: never a claim of its own
         p = f"p = {v['p_value']:.4g} at alpha {_value(base.get('alpha'))}"

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
 from pytest_gsm8k.core.records import Word
-from pytest_gsm8k.core.scrub import md_code, md_text, printable
+from pytest_gsm8k.core.scrub import clip, md_code, md_text, printable
 from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, shared_words, word_of
+
+if TYPE_CHECKING:
+    from pytest_gsm8k.core.compare import Comparison
 
 LISTED = 50  # problems a list shows before it says how many more there are
 QUESTION_CHARS = 100
@@ -96,9 +99,7 @@ def problem_list(
         return []
     lines = [f"**{title} ({len(ids)}):**", ""]
     for pid in ids[:listed]:
-        text = " ".join(questions.get(pid, "").split())
-        if len(text) > QUESTION_CHARS:
-            text = text[: QUESTION_CHARS - 3] + "..."
+        text = clip(" ".join(questions.get(pid, "").split()), QUESTION_CHARS)
         lines.append(f"- {md_code(pid)}: {md_text(text)}")
     if len(ids) > listed:
         more = f"{len(ids) - listed} more" if listed else f"{len(ids)}"
@@ -269,11 +270,8 @@ def _markdown(
     top = verdict.top
     lines = [f"### {md_text(top.headline())}", ""]
     if html:
-        where = "in the job's artifact (a self-contained HTML file)"
-        if html[1]:
-            where = (
-                "(relative to the repository; a self-contained HTML file: see the job's artifacts)"
-            )
+        where = "(relative to the repository; a self-contained HTML file: see the job's artifacts)"
+        where = where if html[1] else "in the job's artifact (a self-contained HTML file)"
         lines += [f"The run's page: {md_code(html[0])} {where}.", ""]
     counts = ", ".join(f"{n} {k}" for k, n in top.counts().items() if n)
     dataset = f"{top.group.dataset['config']}/{top.group.dataset['split']}"
@@ -285,4 +283,59 @@ def _markdown(
     for group in verdict.groups:  # a config's lists are named after it; a run's name is ""
         base = group.extra.get("baseline") or {}
         lines += against_baseline(base, questions, group.group.name, listed)
+    return "\n".join(lines) + "\n"
+
+
+# -- compare's Markdown ---------------------------------------------------------------
+
+
+def _problems(count: int) -> str:
+    return f"{count} problem{'s' if count != 1 else ''}"
+
+
+def pairing(result: Comparison) -> str:
+    """Which problems were paired, in words (how many, and what was left out)."""
+    left = ", ".join(
+        f"{count} {what}"
+        for count, what in (
+            (result.only_a, "only in A"),
+            (result.only_b, "only in B"),
+            (result.errors, "that ended in an error in either, left out"),
+        )
+        if count
+    )
+    return (
+        f"Paired on the {_problems(result.shared)} both reports hold "
+        f"(A holds {result.a.n}, B holds {result.b.n}{'; ' * bool(left)}{left})."
+    )
+
+
+def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
+    """The comparison in the step summary's Markdown: headline, the two runs, the paired
+    difference, the verdict as a gate table, the flips (with their questions' starts)."""
+    a, b = result.a, result.b
+    texts = questions or {}
+    lines = [
+        f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
+        f"{a.accuracy:.4f} on {_problems(result.shared)}",
+        "",
+        "| run | report | model | accuracy (paired) | problems |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {side.name} | {cell_code(side.where)} | {cell_code(clip(side.model))} | "
+            f"{side.accuracy:.4f} | {side.n}{'' if side.complete else ' (incomplete run)'} |"
+            for side in (a, b)
+        ),
+        "",
+        md_text(pairing(result)),
+        "",
+        f"Difference B - A: {result.diff:+.4f} [95% CI {result.low:+.4f}, {result.high:+.4f}]; "
+        f"{flip_words(len(result.newly_failing), len(result.newly_passing), 0, 1)}; "
+        f"one-sided p={result.p_value:.4g} (B worse than A; the gate's test).",
+        "",
+        *gate_table([result.verdict]),
+    ]
+    rest = "see the JSON reports"
+    lines += problem_list("Newly failing in B", result.newly_failing, texts, rest)
+    lines += problem_list("Newly passing in B", result.newly_passing, texts, rest)
     return "\n".join(lines) + "\n"

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.calibrated import evidence
+from pytest_gsm8k.core.calibrated import difference, evidence
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import (
     GateVerdict,
     ToleranceFloor,
     Verdict,
-    difference_words,
     failing_words,
+    points_words,
     undecided,
 )
 from pytest_gsm8k.core.health import chat_api_hint
@@ -266,14 +266,9 @@ class GroupVerdict:
         if self.configs:
             return self.matrix_headline()
         errors, (low, high) = self.counts()["error"], self.interval()
-        line = (
-            f"gsm8k acc ({self.group.label}) = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
-        )
-        if not self.answered:
-            line = f"gsm8k acc ({self.group.label}): no answers" + (
-                f": {errors} errors" * bool(errors)
-            )
-        line += f"  n={self.n}"
+        acc = f" = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
+        acc = acc if self.answered else ": no answers" + f": {errors} errors" * bool(errors)
+        line = f"gsm8k acc ({self.group.label}){acc}  n={self.n}"
         split = self.group.dataset.get("split")
         if split != "test":
             line += f"  [{split} split: not a reportable number]"
@@ -493,7 +488,7 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
         if not specs.require_baseline:
             notes.append(f"  baseline: {uncovered}; the gate compares the {shared} it holds")
     before, now = seen["baseline_accuracy"], seen["current_accuracy"]
-    said = f"{shared_words(cmp)}; {difference_words(pairs)}"
+    said = f"{shared_words(cmp)}; {points_words(*difference(pairs))}"
     notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
     was = document.get("model")
     if isinstance(was, str) and was != v.model:

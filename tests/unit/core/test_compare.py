@@ -18,11 +18,9 @@ from pytest_gsm8k.core.compare import (
     compare,
     compare_all,
     load_report,
-    markdown,
-    pairing,
 )
 from pytest_gsm8k.core.records import REPORT_SCHEMA
-from pytest_gsm8k.core.render import LISTED, problem_list
+from pytest_gsm8k.core.render import LISTED, compare_markdown, pairing, problem_list
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
 PROTOCOL = {"name": "test@1", "samples": 1, "max_tokens": 1024, "label": "test@1, 0-shot CoT"}
@@ -348,7 +346,7 @@ def test_markdown_reads_like_the_step_summary() -> None:
     a = report(every(range(10), "correct"), model="release-41")
     b = report(every(range(4), "correct") | every(range(4, 10), "wrong"), model="release-42")
     questions = {pid(4): "Janet's ducks lay 16 eggs per day. " * 5}
-    text = markdown(compare(a, b, where=("a.json", "b.json")), questions)
+    text = compare_markdown(compare(a, b, where=("a.json", "b.json")), questions)
     lines = text.splitlines()
     assert lines[0] == "### gsm8k compare (test@1, 0-shot CoT): B 0.4000 vs A 1.0000 on 10 problems"
     assert "| A | `a.json` | `release-41` | 1.0000 | 10 |" in lines
@@ -376,7 +374,7 @@ def test_markdown_reads_like_the_step_summary() -> None:
 
 def test_markdown_escapes_what_came_from_outside() -> None:
     a = report(every(range(2), "correct"), model="evil`|\x1b[31m*bold*")
-    text = markdown(compare(a, a, where=("a|b.json", "a.json")))
+    text = compare_markdown(compare(a, a, where=("a|b.json", "a.json")))
     assert "\x1b" not in text
     assert "| A | `a\\|b.json` | ``evil`\\|*bold*`` | 1.0000 | 2 |" in text
 

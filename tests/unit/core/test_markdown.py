@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_gsm8k.core.calibrated import Pair, difference
-from pytest_gsm8k.core.gates import difference_words, failing_words
+from pytest_gsm8k.core.gates import failing_words, points_words
 from pytest_gsm8k.core.render import LISTED, MAX_BYTES, against_baseline, fit, problem_list
 from pytest_gsm8k.core.scrub import md_text
 from pytest_gsm8k.core.stats import accuracy_interval, wilson_interval
@@ -115,7 +115,7 @@ def test_the_summary_shows_before_and_after_with_intervals_and_the_terminals_wor
     c_wilson = wilson_interval(31, 40)
     assert (c_low, c_high) == c_wilson
     # the terminal's baseline line and gate say these, from the pairs themselves
-    said = md_text(f"{difference_words(SINGLE)}; {failing_words(SINGLE)}")
+    said = md_text(f"{points_words(*difference(SINGLE))}; {failing_words(SINGLE)}")
     assert said.startswith("diff -20.00 points \\[95% CI ")
     assert f"{said[0].upper()}{said[1:]}." in lines
     assert "9 newly failing, 1 newly passing." in text
