@@ -125,7 +125,7 @@ def start(state: Gsm8kSession, config: pytest.Config, controller: bool) -> None:
 
     settings = state.settings
     check_outputs(state, ("report", "html", "markdown"))  # asked for by name: any run
-    if not (settings.model or settings.serve or settings.vllm_config):
+    if not settings.asked:
         return
     try:
         draft = state.build_plan()

@@ -63,8 +63,7 @@ def finish(state: Gsm8kSession, config: pytest.Config) -> None:
     skipped = not dry and any(nodeid in run.problem_of for nodeid in run.reported)
     if not run.records and not run.aborted and not run.interrupted and not skipped:
         return  # (an interrupted run reports even when no item had finished)
-    asked = settings.model or settings.serve or settings.vllm_config
-    if not run.records and not asked and not (run.collected or run.collected_ids):
+    if not run.records and not settings.asked and not (run.collected or run.collected_ids):
         return
     try:
         plan = state.plan
