@@ -113,7 +113,7 @@ def _start_controller(state: Gsm8kSession, overridden: bool) -> AnswerServer:
     return server
 
 
-def start(state: Gsm8kSession, config: pytest.Config, controller: bool) -> None:
+def start(state: Gsm8kSession, controller: bool) -> None:
     """The start of a run, before any request: the outputs checked; with a model, server or
     configs to ask, the data, protocol and baseline (a bad file is one line before any server
     starts), the servers and the endpoint's preflight, the plan set once; then the engine,
@@ -123,7 +123,7 @@ def start(state: Gsm8kSession, config: pytest.Config, controller: bool) -> None:
     from pytest_gsm8k.serving import preflight, start_local, start_matrix, start_serve
     from pytest_gsm8k.writing import check_outputs
 
-    settings = state.settings
+    settings, config = state.settings, state.config
     check_outputs(state, ("report", "html", "markdown"))  # asked for by name: any run
     if not settings.asked:
         return

@@ -178,7 +178,7 @@ class Aggregator(Role):
             super().pytest_sessionstart(session)
             from pytest_gsm8k.channel import start
 
-            start(self.session, session.config, controller=self.controller)
+            start(self.session, controller=self.controller)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each report noted, a record tallied and fed to the early stop (an xdist controller
@@ -238,7 +238,7 @@ class Aggregator(Role):
                     self.progress.draw(self.session, final=True)  # where the loop ended
                 from pytest_gsm8k.writing import finish
 
-                finish(self.session, session.config)
+                finish(self.session)
 
 
 class RunRole(Collector, Aggregator):
