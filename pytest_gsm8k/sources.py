@@ -82,18 +82,6 @@ class Sources:
         #: started servers by config name ("" for the run's): (cache name, generation read)
         self.started: dict[str, tuple[str, int]] = {}
 
-    def use_server(self, server: ServedProcess, info: dict[str, Any]) -> None:
-        self.server, self.server_info = server, info
-
-    def use_matrix(self, matrix: Matrix) -> None:
-        self.matrix = matrix
-
-    def use_channel(self, channel: Channel) -> None:
-        self.channel = channel
-
-    def use_answer_server(self, server: AnswerServer) -> None:
-        self.answer_server = server
-
     def note_scope(self, model: object, scope: str) -> None:
         self._scopes[id(model)] = scope
 
@@ -166,12 +154,9 @@ class Sources:
                 )
             else:
                 try:
+                    started = self._started_name()
                     self._client = self._new_client(
-                        "",
-                        endpoint,
-                        session.settings.timeout,
-                        session.concurrency(),
-                        self._started_name(),
+                        "", endpoint, session.settings.timeout, session.concurrency(), started
                     )
                 except ValueError as exc:  # a proxy the client cannot use
                     raise pytest.UsageError(f"gsm8k: {exc}") from None
