@@ -12,6 +12,7 @@ import pytest
 
 from pytest_gsm8k.fixtures import overrides_present, plugins_define
 from pytest_gsm8k.session import Gsm8kSession
+from pytest_gsm8k.sources import CONFIG_OVERRIDE
 
 if TYPE_CHECKING:
     from pytest_gsm8k.runtime.answers import AnswerServer
@@ -138,10 +139,7 @@ def start(state: Gsm8kSession, controller: bool) -> None:
     overridden = plugins_define(config, ("gsm8k_model",))
     if draft.groups:  # each config's server starts in turn once the items are known
         if overridden:
-            raise pytest.UsageError(
-                "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
-                "override cannot take part (remove it, or run without --gsm8k-config)"
-            )
+            raise pytest.UsageError(CONFIG_OVERRIDE)
         state.set_plan(draft)
         state.sources.matrix = start_matrix(state)
     else:

@@ -35,6 +35,12 @@ if TYPE_CHECKING:
     AnswerSource = Engine | RemoteAnswers | Matrix
 
 
+CONFIG_OVERRIDE = (
+    "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
+    "override cannot take part (remove it, or run without --gsm8k-config)"
+)
+
+
 class ConfigsModel:
     """``gsm8k_model`` in a --gsm8k-config run: each config's own server answers."""
 
@@ -252,9 +258,8 @@ class Sources:
             client = self._client_for(model, concurrency)
             ours = client is self._client
             persistent = bool(getattr(client, "persistent_cache", False))
-            engine = self._engine(
-                client, concurrency, persistent, session.endpoint() if ours else None
-            )
+            endpoint = session.endpoint() if ours else None
+            engine = self._engine(client, concurrency, persistent, endpoint)
             self.engines[id(model)] = engine
             if session.is_worker and not (ours and own):
                 return engine  # a user's model or protocol under xdist: per item
@@ -273,10 +278,7 @@ class Sources:
         is_default = model is not None and model is self._client
         if self._session.settings.vllm_config:
             if not is_default:
-                raise pytest.UsageError(
-                    "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
-                    "override cannot take part (remove it, or run without --gsm8k-config)"
-                )
+                raise pytest.UsageError(CONFIG_OVERRIDE)
             if self.matrix is None and self.remote is None:
                 raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
             return self.remote or self.matrix, False  # type: ignore[return-value]
