@@ -81,7 +81,7 @@ def finish(state: Gsm8kSession) -> None:
         return
     state.learn_plans()
     late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
-    report_unfinished(config, state, late)
+    report_unfinished(state, late)
     inputs, top, not_run = run.gather(
         plan,
         late=late,
