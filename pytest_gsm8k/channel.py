@@ -87,7 +87,7 @@ def _connect(state: Gsm8kSession, session: pytest.Session) -> None:
         raise pytest.UsageError(
             f"gsm8k: cannot reach the xdist controller's answers ({exc})"
         ) from None
-    state.sources.channel = channel
+    state.sources.use_channel(channel)
 
 
 def _start_controller(state: Gsm8kSession, overridden: bool) -> AnswerServer:
@@ -141,20 +141,20 @@ def start(state: Gsm8kSession, controller: bool) -> None:
         if overridden:
             raise pytest.UsageError(CONFIG_OVERRIDE)
         state.set_plan(draft)
-        state.sources.matrix = start_matrix(state)
+        state.sources.use_matrix(start_matrix(state))
     else:
         started = start_serve(state) if settings.serve else None
         if started is None and is_local_spec(settings.model):
             started = start_local(state)
         endpoint = draft.endpoint
         if started is not None:
-            state.sources.server, state.sources.server_info = started.server, started.info
+            state.sources.use_server(started.server, started.info)
             endpoint = started.endpoint
         if not overridden:  # the endpoint the options name may not be what is asked at all
             endpoint = preflight(state, endpoint)
         state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
     if controller:
-        state.sources.answer_server = _start_controller(state, overridden)
+        state.sources.use_answer_server(_start_controller(state, overridden))
     elif not overridden and state.sources.matrix is None and not state.dry:
         # the engine imports and builds the HTTP client on its thread while pytest collects
         # (openai's imports would otherwise sit between collection's end and the first request)

@@ -88,6 +88,18 @@ class Sources:
         #: started servers by config name ("" for the run's): (cache name, generation read)
         self.started: dict[str, tuple[str, int]] = {}
 
+    def use_server(self, server: ServedProcess, info: dict[str, Any]) -> None:
+        self.server, self.server_info = server, info
+
+    def use_matrix(self, matrix: Matrix) -> None:
+        self.matrix = matrix
+
+    def use_channel(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def use_answer_server(self, server: AnswerServer) -> None:
+        self.answer_server = server
+
     def note_scope(self, model: object, scope: str) -> None:
         self._scopes[id(model)] = scope
 
