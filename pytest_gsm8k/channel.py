@@ -12,6 +12,7 @@ import pytest
 
 from pytest_gsm8k.fixtures import overrides_present, plugins_define
 from pytest_gsm8k.session import Gsm8kSession
+from pytest_gsm8k.sources import CONFIG_OVERRIDE
 
 if TYPE_CHECKING:
     from pytest_gsm8k.runtime.answers import AnswerServer
@@ -113,7 +114,7 @@ def _start_controller(state: Gsm8kSession, overridden: bool) -> AnswerServer:
     return server
 
 
-def start(state: Gsm8kSession, config: pytest.Config, controller: bool) -> None:
+def start(state: Gsm8kSession, controller: bool) -> None:
     """The start of a run, before any request: the outputs checked; with a model, server or
     configs to ask, the data, protocol and baseline (a bad file is one line before any server
     starts), the servers and the endpoint's preflight, the plan set once; then the engine,
@@ -123,9 +124,9 @@ def start(state: Gsm8kSession, config: pytest.Config, controller: bool) -> None:
     from pytest_gsm8k.serving import preflight, start_local, start_matrix, start_serve
     from pytest_gsm8k.writing import check_outputs
 
-    settings = state.settings
+    settings, config = state.settings, state.config
     check_outputs(state, ("report", "html", "markdown"))  # asked for by name: any run
-    if not (settings.model or settings.serve or settings.vllm_config):
+    if not settings.asked:
         return
     try:
         draft = state.build_plan()
@@ -138,10 +139,7 @@ def start(state: Gsm8kSession, config: pytest.Config, controller: bool) -> None:
     overridden = plugins_define(config, ("gsm8k_model",))
     if draft.groups:  # each config's server starts in turn once the items are known
         if overridden:
-            raise pytest.UsageError(
-                "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
-                "override cannot take part (remove it, or run without --gsm8k-config)"
-            )
+            raise pytest.UsageError(CONFIG_OVERRIDE)
         state.set_plan(draft)
         state.sources.use_matrix(start_matrix(state))
     else:

@@ -178,7 +178,7 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) ->
 
     state = get_session(config)
     settings = state.settings
-    if settings.model or settings.serve or settings.vllm_config or state.dry:
+    if settings.asked or state.dry:
         return None  # --co and --setup-plan ask for no model
     if session.testsfailed or state.run.data_error:
         return None

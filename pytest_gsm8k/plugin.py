@@ -92,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The session now when the session start has work for it or a gsm8k option is on the
     # command line; ini values alone (README's "In your repository") wait for a GSM8K item.
     given = any(config.getoption(option.dest) is not None for option in OPTIONS)
-    if given or role.asked or settings.report or settings.html or settings.markdown:
+    if given or settings.asked or settings.report or settings.html or settings.markdown:
         role.session  # noqa: B018 - made here, on purpose
     config.pluginmanager.register(role, ROLE_NAME)
     # Registered before the builtin unraisableexception plugin's cleanup, so it runs after

@@ -32,16 +32,14 @@ PROGRESS_INTERVAL = 0.5
 LOG_PROGRESS_INTERVAL = 10.0
 
 
-def report_unfinished(
-    config: pytest.Config, state: Gsm8kSession, late: Mapping[str, ProblemRecord]
-) -> None:
+def report_unfinished(state: Gsm8kSession, late: Mapping[str, ProblemRecord]) -> None:
     """After a stopped run's loop, one report per item no report came for, through pytest's
     hooks (the terminal's counts and progress, JUnit, other plugins). After an endpoint
     failure (the shared message, said once) an item whose answer had arrived (``late``) is
     that answer's outcome; every other item, and every item after an early stop, is skipped
     as not run (the summary counts such problems as errors "not reached"). Marked
     ``gsm8k_unfinished``: the plugin's own tally skips them."""
-    run = state.run
+    run, hook = state.run, state.config.hook
     if run.aborted is None and run.early_stopped is None:
         return
     problems = {p.id: p for p in state.plan.problems}
@@ -63,9 +61,9 @@ def report_unfinished(
         report = pytest.TestReport(
             ref.nodeid, ref.location, {}, outcome, longrepr, when, gsm8k_unfinished=True, **how
         )
-        config.hook.pytest_runtest_logstart(nodeid=ref.nodeid, location=ref.location)
-        config.hook.pytest_runtest_logreport(report=report)
-        config.hook.pytest_runtest_logfinish(nodeid=ref.nodeid, location=ref.location)
+        hook.pytest_runtest_logstart(nodeid=ref.nodeid, location=ref.location)
+        hook.pytest_runtest_logreport(report=report)
+        hook.pytest_runtest_logfinish(nodeid=ref.nodeid, location=ref.location)
 
 
 def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:

@@ -36,8 +36,6 @@ class Role:
         self.config, self.settings = config, settings
         self.run_id = str(given.get("gsm8k_run_id") or os.urandom(16).hex())
         self.started = float(given.get("gsm8k_run_started") or time.time())
-        #: a model, a server or configs to ask: GSM8K work from the start
-        self.asked = bool(settings.model or settings.serve or settings.vllm_config)
         self.active = False
         #: why an xdist worker stopped, "refused" (its line) or "aborted": a worker's own, sent
         #: in its ``workeroutput``; the controller's, from its workers'
@@ -69,7 +67,7 @@ class Role:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        if self.asked and not self.idle():
+        if self.settings.asked and not self.idle():
             self.activate()
 
     # A hook method's name must start with "pytest_" even with a specname: pytest ignores
@@ -92,7 +90,7 @@ class Collector(Role):
     ) -> Generator[None, None, None]:
         """The built-in test joins when a model is asked for (before -k/-m/--lf filter);
         after every filter, a run that needs a model and has none ends with one line."""
-        if self.asked:
+        if self.settings.asked:
             from pytest_gsm8k import builtin
 
             # the built-in test module, under the short node id "gsm8k"
@@ -180,7 +178,7 @@ class Aggregator(Role):
             super().pytest_sessionstart(session)
             from pytest_gsm8k.channel import start
 
-            start(self.session, session.config, controller=self.controller)
+            start(self.session, controller=self.controller)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each report noted, a record tallied and fed to the early stop (an xdist controller
@@ -208,7 +206,7 @@ class Aggregator(Role):
         """After all items: the verdict and every output (also when interrupted). Innermost
         of the loop's wrappers, so that the reports of the items a stopped run never reached
         are in before the terminal writes its final progress."""
-        if self.asked or self.active:
+        if self.settings.asked or self.active:
             from pytest_gsm8k.reporting import ProgressLine
 
             self.progress = ProgressLine.wanted(self.config, self.settings.progress)
@@ -240,7 +238,7 @@ class Aggregator(Role):
                     self.progress.draw(self.session, final=True)  # where the loop ended
                 from pytest_gsm8k.writing import finish
 
-                finish(self.session, session.config)
+                finish(self.session)
 
 
 class RunRole(Collector, Aggregator):

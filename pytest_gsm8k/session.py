@@ -22,7 +22,7 @@ from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, command_secrets
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.tally import Tally
-from pytest_gsm8k.sources import SourceContext, Sources
+from pytest_gsm8k.sources import Sources
 
 if TYPE_CHECKING:
     from pytest_gsm8k.runtime.outputs import Output
@@ -51,21 +51,7 @@ class Gsm8kSession:
         #: the outputs checked at session start, by key; those that failed at the end
         self.outputs: dict[str, Output] = {}
         self.output_errors: dict[str, str] = {}
-        self.sources = Sources(
-            SourceContext(
-                settings=settings,
-                config=config,
-                run_id=run_id,
-                started=started,
-                is_worker=self.is_worker,
-                plan=lambda: self.plan,
-                endpoint=self.endpoint,
-                collected=lambda: self.run.collected,
-                run_dir=self.run_dir,
-                concurrency=self.concurrency,
-                scrubber=self.scrubber,
-            )
-        )
+        self.sources = Sources(self)
 
     @property
     def plan(self) -> RunPlan:

@@ -7,9 +7,9 @@ started too, so that one object stops everything the run opened."""
 from __future__ import annotations
 
 import contextlib
+import typing
 import warnings
-from collections.abc import Callable, Container
-from dataclasses import dataclass
+from collections.abc import Container
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, shown_url
 from pytest_gsm8k.core.settings import Settings, is_local_spec
+from pytest_gsm8k.core.tally import Tally
 from pytest_gsm8k.core.types import Problem
 
 if TYPE_CHECKING:
@@ -34,6 +35,12 @@ if TYPE_CHECKING:
     AnswerSource = Engine | RemoteAnswers | Matrix
 
 
+CONFIG_OVERRIDE = (
+    "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
+    "override cannot take part (remove it, or run without --gsm8k-config)"
+)
+
+
 class ConfigsModel:
     """``gsm8k_model`` in a --gsm8k-config run: each config's own server answers."""
 
@@ -41,29 +48,29 @@ class ConfigsModel:
     model = "(the configs' models)"
 
 
-@dataclass(frozen=True)
-class SourceContext:
-    """What the sources read of the run; the getters are asked when needed (the plan, the
-    run folder and the collected problems come later than the sources)."""
+class SourceContext(typing.Protocol):
+    """What the sources read of the run (Gsm8kSession): the plan, the run folder and the
+    collected problems come later than the sources, so they are asked when needed."""
 
     settings: Settings
     config: pytest.Config  # its cache folder
     run_id: str
-    started: float  # when the run started (what --gsm8k-resume reads)
     is_worker: bool
-    plan: Callable[[], RunPlan]
-    endpoint: Callable[[], Endpoint]
-    collected: Callable[[], tuple[Problem, ...] | None]
-    run_dir: Callable[[], Path]
-    concurrency: Callable[[], int]
-    scrubber: Callable[[], Scrubber]
+    run: Tally  # when the run started (what --gsm8k-resume reads), the collected problems
+
+    @property
+    def plan(self) -> RunPlan: ...
+    def endpoint(self) -> Endpoint: ...
+    def run_dir(self) -> Path: ...
+    def concurrency(self) -> int: ...
+    def scrubber(self) -> Scrubber: ...
 
 
 class Sources:
     """This process's answer sources, made on demand, closed together."""
 
     def __init__(self, context: SourceContext) -> None:
-        self._run = context
+        self._session = context
         self.engines: dict[int, Engine] = {}  # by id() of the model they call
         self._unplanned: set[int] = set()  # engines made with plan=False
         self._scopes: dict[int, str] = {}  # each gsm8k_model value's fixture scope, by id()
@@ -108,21 +115,21 @@ class Sources:
     def cache(self, persistent: bool) -> ResponseCache:
         from pytest_gsm8k.runtime.cache import ResponseCache
 
-        run = self._run
+        session = self._session
         root: Path | None = None
-        if persistent and not run.settings.no_cache:
-            if run.settings.cache_dir:
-                root = Path(run.settings.cache_dir).expanduser()
-            elif getattr(run.config, "cache", None) is not None:
-                root = run.config.cache.mkdir("gsm8k")
+        if persistent and not session.settings.no_cache:
+            if session.settings.cache_dir:
+                root = Path(session.settings.cache_dir).expanduser()
+            elif getattr(session.config, "cache", None) is not None:
+                root = session.config.cache.mkdir("gsm8k")
         persistent = root is not None
         if persistent not in self._caches:
             self._caches[persistent] = ResponseCache(
-                root or run.run_dir() / "cache",
-                run.run_id,
+                root or session.run_dir() / "cache",
+                session.run_id,
                 persistent=persistent,
-                resume=run.settings.resume,
-                started=run.started,
+                resume=session.settings.resume,
+                started=session.run.started,
             )
         return self._caches[persistent]
 
@@ -136,7 +143,7 @@ class Sources:
         from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
         from pytest_gsm8k.runtime.wire import WireClient
 
-        settings = self._run.settings
+        settings = self._session.settings
         if started is not None:
             generation = self.cache(True).generation(started)
             self.started[key] = (started, generation)
@@ -156,8 +163,8 @@ class Sources:
     def default_client(self) -> OpenAIClient:
         """The process's one OpenAI-compatible client (the same object every time)."""
         if self._client is None:
-            run, endpoint = self._run, self._run.endpoint()
-            if run.settings.vllm_config:
+            session, endpoint = self._session, self._session.endpoint()
+            if session.settings.vllm_config:
                 self._client = ConfigsModel()  # type: ignore[assignment]
             elif not endpoint.model:
                 raise pytest.UsageError(
@@ -165,8 +172,9 @@ class Sources:
                 )
             else:
                 try:
+                    started = self._started_name()
                     self._client = self._new_client(
-                        "", endpoint, run.settings.timeout, run.concurrency(), self._started_name()
+                        "", endpoint, session.settings.timeout, session.concurrency(), started
                     )
                 except ValueError as exc:  # a proxy the client cannot use
                     raise pytest.UsageError(f"gsm8k: {exc}") from None
@@ -177,7 +185,7 @@ class Sources:
         {port} as written), or the GGUF (its path and size: another build is another file)."""
         from pytest_gsm8k.runtime.serve import server_env_digest
 
-        settings, gguf = self._run.settings, (self.server_info or {}).get("gguf")
+        settings, gguf = self._session.settings, (self.server_info or {}).get("gguf")
         if settings.serve:
             return f"serve:{settings.serve} env:{server_env_digest()}"
         if is_local_spec(settings.model) and isinstance(gguf, str):
@@ -191,7 +199,7 @@ class Sources:
         from pytest_gsm8k.runtime.serve import server_env_digest
 
         args, timeout = " ".join(config.serve_args()), config.request_timeout_seconds
-        concurrency = config.max_concurrency or self._run.concurrency()
+        concurrency = config.max_concurrency or self._session.concurrency()
         cached = f"serve:{shown} config:{name} args:{args} env:{server_env_digest(config.env)}"
         client = self._new_client(name, started.endpoint, timeout, concurrency, cached)
         self.config_servers[name] = started.info
@@ -212,14 +220,14 @@ class Sources:
         it when no listing showed who answers such a request."""
         from pytest_gsm8k.runtime.engine import Engine
 
-        settings = self._run.settings
+        settings = self._session.settings
         return Engine(
             client,
             self.cache(persistent),
             concurrency=concurrency,
             # early stopping: what is fetched past the decision is paid for and unused
             lookahead=concurrency if settings.early_stop and not one_shot else None,
-            scrub=self._run.scrubber(),
+            scrub=self._session.scrubber(),
             stall_timeout=settings.stall_timeout and max(settings.stall_timeout, stall_floor),
             identity=endpoint.identity if endpoint else None,
             named=endpoint.model if endpoint and endpoint.identity is None else None,
@@ -242,7 +250,7 @@ class Sources:
             raise pytest.UsageError(
                 f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
             )
-        return CallableClient(model, concurrency=concurrency, model=self._run.settings.model)
+        return CallableClient(model, concurrency=concurrency, model=self._session.settings.model)
 
     def engine_for(
         self, model: Any, *, plan: bool = True, protocol: Protocol | None = None
@@ -253,42 +261,40 @@ class Sources:
         prefetches only the plan's protocol of the plugin's own client: any other is asked
         per item, as xdist hands the items out (else each worker would fetch every problem).
         """
-        run = self._run
+        session = self._session
         # identity, as source_for decides: no item pays for comparing the train tuple
-        own = protocol is None or protocol is run.plan().protocol
+        own = protocol is None or protocol is session.plan.protocol
         engine = self.engines.get(id(model))
         if engine is None:
-            concurrency = run.concurrency()
+            concurrency = session.concurrency()
             client = self._client_for(model, concurrency)
             ours = client is self._client
             persistent = bool(getattr(client, "persistent_cache", False))
-            engine = self._engine(client, concurrency, persistent, run.endpoint() if ours else None)
+            endpoint = session.endpoint() if ours else None
+            engine = self._engine(client, concurrency, persistent, endpoint)
             self.engines[id(model)] = engine
-            if run.is_worker and not (ours and own):
+            if session.is_worker and not (ours and own):
                 return engine  # a user's model or protocol under xdist: per item
             self._unplanned.add(id(model))
         if plan and id(model) in self._unplanned:
             self._unplanned.discard(id(model))
-            if own or not run.is_worker:
-                asked, repeats = protocol or run.plan().protocol, run.settings.repeats
+            if own or not session.is_worker:
+                asked, repeats = protocol or session.plan.protocol, session.settings.repeats
                 engine.start(
-                    [r for p in run.collected() or () for r in asked.request(p).asks(repeats)]
+                    [r for p in session.run.collected or () for r in asked.request(p).asks(repeats)]
                 )
         return engine
 
     def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
         """Where this item's answer comes from, and whether that source is single-use."""
         is_default = model is not None and model is self._client
-        if self._run.settings.vllm_config:
+        if self._session.settings.vllm_config:
             if not is_default:
-                raise pytest.UsageError(
-                    "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
-                    "override cannot take part (remove it, or run without --gsm8k-config)"
-                )
+                raise pytest.UsageError(CONFIG_OVERRIDE)
             if self.matrix is None and self.remote is None:
                 raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
             return self.remote or self.matrix, False  # type: ignore[return-value]
-        if is_default and protocol is self._run.plan().protocol and self.remote is not None:
+        if is_default and protocol is self._session.plan.protocol and self.remote is not None:
             return self.remote, False
         if self._scopes.get(id(model), "session") == "session":
             return self.engine_for(model, protocol=protocol), False
@@ -307,7 +313,7 @@ class Sources:
         """The scored records of answers the plugin's engine holds but no test read."""
         from pytest_gsm8k.core.outcome import score_repeats
 
-        plan, matrix = self._run.plan(), self.matrix
+        plan, matrix = self._session.plan, self.matrix
         default = self.engines.get(id(self._client))  # (never a model's id: None is none)
         out: dict[str, ProblemRecord] = {}
         for problem in problems:
@@ -366,7 +372,7 @@ class Sources:
                 part.close()
         self.channel = self.answer_server = self.matrix = None
         self.engines.clear()
-        if not self._run.is_worker:
+        if not self._session.is_worker:
             for cache in self._caches.values():
                 cache.close()
             if self.server is not None:

@@ -43,12 +43,23 @@ def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | No
     except OutputError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
     if plan is not None:
-        limit_descriptors(state)
+        # one warning when the open-file limit leaves room for fewer requests in flight
+        # than --gsm8k-concurrency: the run goes on with fewer, and can still end
+        room, wanted = state.descriptor_room, state.settings.concurrency
+        if room is not None and room[0] < wanted:
+            state.config.issue_config_time_warning(
+                pytest.PytestWarning(
+                    f"gsm8k: --gsm8k-concurrency {wanted} needs more open files than the limit "
+                    f"allows (ulimit -n {room[1]}): at most {max(1, room[0])} in flight; "
+                    "raise the limit for more"
+                ),
+                stacklevel=2,
+            )
         from pytest_gsm8k.core import html_report, outcome, render, verdict  # noqa: F401
         from pytest_gsm8k.runtime import files, finish, outputs  # noqa: F401
 
 
-def finish(state: Gsm8kSession, config: pytest.Config) -> None:
+def finish(state: Gsm8kSession) -> None:
     """The end of a run: gather -> decide -> write the baselines -> every output renders
     from the verdict (runtime/finish.py, which a merge of shards calls too)."""
     from pytest_gsm8k.core.dataset import DatasetError
@@ -56,15 +67,13 @@ def finish(state: Gsm8kSession, config: pytest.Config) -> None:
     from pytest_gsm8k.runtime.finish import page_path, settle, write_outputs
 
     state.notes.extend(state.sources.take_notes())
-    run, option, settings = state.run, config.option, state.settings
-    dry = option.collectonly or getattr(option, "setupplan", False)
+    run, config, settings = state.run, state.config, state.settings
     # an item that reported without a record was skipped: with every item skipped
     # there is no result, and a gate must say so rather than not be seen at all
-    skipped = not dry and any(nodeid in run.problem_of for nodeid in run.reported)
+    skipped = not state.dry and any(nodeid in run.problem_of for nodeid in run.reported)
     if not run.records and not run.aborted and not run.interrupted and not skipped:
         return  # (an interrupted run reports even when no item had finished)
-    asked = settings.model or settings.serve or settings.vllm_config
-    if not run.records and not asked and not (run.collected or run.collected_ids):
+    if not run.records and not settings.asked and not (run.collected or run.collected_ids):
         return
     try:
         plan = state.plan
@@ -72,7 +81,7 @@ def finish(state: Gsm8kSession, config: pytest.Config) -> None:
         return
     state.learn_plans()
     late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
-    report_unfinished(config, state, late)
+    report_unfinished(state, late)
     inputs, top, not_run = run.gather(
         plan,
         late=late,
@@ -121,20 +130,3 @@ def _newline(state: Gsm8kSession) -> None:
     reporter = state.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and getattr(reporter._tw, "width_of_current_line", None) != 0:
         reporter.write("\n", flush=True)
-
-
-def limit_descriptors(state: Gsm8kSession) -> None:
-    """One warning when the open-file limit leaves room for fewer requests in flight
-    than ``--gsm8k-concurrency``: the run goes on with fewer, and can still end."""
-    room = state.descriptor_room
-    wanted = state.settings.concurrency
-    if room is None or room[0] >= wanted:
-        return
-    state.config.issue_config_time_warning(
-        pytest.PytestWarning(
-            f"gsm8k: --gsm8k-concurrency {wanted} needs more open files than the limit "
-            f"allows (ulimit -n {room[1]}): at most {max(1, room[0])} in flight; "
-            "raise the limit for more"
-        ),
-        stacklevel=2,
-    )

@@ -107,15 +107,6 @@ def select(
     return tuple(p for p in problems if p.index in chosen)
 
 
-def subset_record(
-    *, limit: int | None, seed: int, of: int, ids_hash: str, deselected: int, first: bool
-) -> dict[str, Any]:
-    """The report's and the baseline's ``subset``: how the run's problems were chosen
-    (``first`` only when it applies, so seeded runs' reports and baselines keep their shape)."""
-    record = dict(limit=limit, seed=seed, of=of, ids_hash=ids_hash, deselected=deselected)
-    return {**record, "first": True} if first and limit is not None else record
-
-
 def describe_subset(subset: Mapping[str, Any]) -> str:
     """``subset`` in words for the summary and the page ("" for the whole split)."""
     if subset.get("limit") is None:

@@ -232,6 +232,11 @@ class Settings:
         """'test', 'pass' or 'maj'."""
         return self.protocol.split("@", 1)[0]
 
+    @property
+    def asked(self) -> bool:
+        """A model is asked for (a model, a server or configs): GSM8K work from the start."""
+        return bool(self.model or self.serve or self.vllm_config)
+
     def api_key(self) -> str | None:
         """From the environment only (an option would land in logs)."""
         return os.environ.get(self.api_key_env) or None
