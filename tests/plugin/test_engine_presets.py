@@ -271,6 +271,32 @@ def test_engine_preset_limit_takes_the_first_problems_and_baselines_keep_it(
     assert [p["id"] for p in report["problems"]] == ["test-0000", "test-0001", "test-0002"]
 
 
+def test_engine_preset_on_the_whole_split_names_no_first_problems(
+    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
+) -> None:
+    """ "The first N" is said only of a limit: an engine preset over the whole split reports
+    a subset with no ``first`` key, as a seeded run does."""
+    server = FakeOpenAIServer(gsm8k_data / "test.jsonl", api_key=TEST_KEY)
+    server.start()
+    try:
+        result = pytester.runpytest(
+            "--gsm8k-model=fake-model",
+            f"--gsm8k-base-url={server.base_url}",
+            f"--gsm8k-data={gsm8k_data}",
+            "--gsm8k-preset=vllm",
+            "--gsm8k-no-cache",
+            "--gsm8k-report=r.json",
+            *NO_EXTRA_PLUGINS,
+        )
+    finally:
+        server.stop()
+    assert result.ret == 0, result.stdout.str()
+    subset = json.loads((pytester.path / "r.json").read_text())["subset"]
+    assert subset["limit"] is None
+    assert "first" not in subset, subset
+    assert "the first" not in result.stdout.str()
+
+
 def test_vllm_preset_repeats_send_the_same_bytes_each_time(
     pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
 ) -> None:
