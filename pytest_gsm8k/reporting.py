@@ -67,27 +67,21 @@ def report_unfinished(state: Gsm8kSession, late: Mapping[str, ProblemRecord]) ->
 
 
 def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:
-    """Each gate as a test's call and teardown reports: passed, failed, or skipped when
-    undecided (never passed), with the gate's detail as its message. With --gsm8k-resume
-    each also has the property ``answers_from_earlier_runs`` (``39 of 40``; a config's
-    gate, its config's count), since a passed test case shows no detail."""
-    earlier = {
-        gate.name: f"{part.from_cache()} of {part.n}"
-        for part in verdict.groups
-        for gate in part.gates
-        if part.selection.resumed
-    }
+    """Each gate as a test's call and teardown reports (core/render.junit_cases: skipped when
+    undecided, never passed); with --gsm8k-resume the teardown carries the property
+    ``answers_from_earlier_runs``, since a passed test case shows no detail."""
+    from pytest_gsm8k.core.render import junit_cases
+
     out: list[pytest.TestReport] = []
-    for gate in verdict.gates:
-        nodeid = f"{GATES_NODEID}::{gate.name}"
-        location = (GATES_NODEID.partition("::")[0], None, f"gates::{gate.name}")
-        word: Literal["passed", "failed", "skipped"] = "failed" if gate.word == "FAIL" else "passed"
-        detail: str | tuple[str, int, str] | None = gate.detail if word == "failed" else None
-        if gate.word == "UNDECIDED":  # never a pass: a skip, its reason in pytest's shape
-            word, detail = "skipped", (location[0], 0, gate.detail)
-        properties = [("answers_from_earlier_runs", n) for n in [earlier.get(gate.name)] if n]
+    for case in junit_cases(verdict):
+        nodeid = f"{GATES_NODEID}::{case.name}"
+        location = (GATES_NODEID.partition("::")[0], None, f"gates::{case.name}")
+        detail: str | tuple[str, int, str] | None = case.message
+        if case.outcome == "skipped" and case.message is not None:  # pytest's skip shape
+            detail = (location[0], 0, case.message)
+        properties = [("answers_from_earlier_runs", case.earlier)] if case.earlier else []
         out += [
-            pytest.TestReport(nodeid, location, {}, word, detail, "call"),
+            pytest.TestReport(nodeid, location, {}, case.outcome, detail, "call"),
             pytest.TestReport(
                 nodeid, location, {}, "passed", None, "teardown", user_properties=properties
             ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
@@ -29,6 +29,41 @@ def cell_code(text: str) -> str:
     """``text`` as inline code in a table cell: a pipe inside would end the cell, even in
     code, so it is escaped (GitHub shows ``\\|`` in a cell as ``|``)."""
     return md_code(text).replace("|", "\\|")
+
+
+class JunitCase(NamedTuple):
+    """A gate as a JUnit test case, for a run's ``--junitxml`` and the merge's alike."""
+
+    name: str
+    outcome: Literal["passed", "failed", "skipped"]  # an undecided gate is never a pass
+    message: str | None
+    earlier: str | None  # with resumed answers, how many came from earlier runs ("39 of 40")
+
+
+_JUNIT_OUTCOME: dict[Word, Literal["passed", "failed", "skipped"]] = {
+    "PASS": "passed",
+    "FAIL": "failed",
+    "UNDECIDED": "skipped",
+}
+
+
+def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
+    """Each gate's JUnit case (a config's gate counts its config's resumed answers)."""
+    earlier = {
+        gate.name: f"{group.from_cache()} of {group.n}"
+        for group in verdict.groups
+        for gate in group.gates
+        if group.selection.resumed
+    }
+    return [
+        JunitCase(
+            gate.name,
+            _JUNIT_OUTCOME[gate.word],
+            None if gate.word == "PASS" else gate.detail,
+            earlier.get(gate.name),
+        )
+        for gate in verdict.gates
+    ]
 
 
 def gate_table(gates: Sequence[GateVerdict]) -> list[str]:

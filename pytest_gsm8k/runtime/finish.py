@@ -134,27 +134,28 @@ def page_path(html: str | None, cwd: Path, root: Path, stream: bool) -> tuple[st
 
 def junit_xml(verdict: RunVerdict) -> str:
     """The gates as JUnit test cases (classname ``gsm8k.gates``), as a run's ``--junitxml``
-    holds them; with resumed answers each says how many (a passed case shows no detail)."""
+    holds them (core/render.junit_cases)."""
     from xml.etree import ElementTree as ET
 
-    words = [gate.word for gate in verdict.gates]
+    from pytest_gsm8k.core.render import junit_cases
+
+    cases = junit_cases(verdict)
+    outcomes = [case.outcome for case in cases]
     root = ET.Element("testsuites")
     suite = ET.SubElement(
         root,
         "testsuite",
         name="pytest",
-        tests=str(len(words)),
-        failures=str(words.count("FAIL")),
-        skipped=str(words.count("UNDECIDED")),
+        tests=str(len(cases)),
+        failures=str(outcomes.count("failed")),
+        skipped=str(outcomes.count("skipped")),
     )
-    for group in verdict.groups:
-        for gate in group.gates:
-            case = ET.SubElement(suite, "testcase", classname="gsm8k.gates", name=gate.name)
-            if gate.word != "PASS":  # an undecided gate is never a pass: skipped, as in a run
-                tag = "failure" if gate.word == "FAIL" else "skipped"
-                ET.SubElement(case, tag, message=gate.detail).text = gate.detail
-            if group.selection.resumed:
-                value = f"{group.from_cache()} of {group.n}"
-                props = ET.SubElement(case, "properties")
-                ET.SubElement(props, "property", name="answers_from_earlier_runs", value=value)
+    for case in cases:
+        element = ET.SubElement(suite, "testcase", classname="gsm8k.gates", name=case.name)
+        if case.outcome != "passed":
+            tag = "failure" if case.outcome == "failed" else "skipped"
+            ET.SubElement(element, tag, message=case.message or "").text = case.message
+        if case.earlier:
+            props = ET.SubElement(element, "properties")
+            ET.SubElement(props, "property", name="answers_from_earlier_runs", value=case.earlier)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
