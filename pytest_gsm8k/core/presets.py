@@ -40,18 +40,6 @@ class PresetSpec:
     #: vLLM's body names no model, so the run checks who answered (identity.unnamed_answerer)
     model_field: bool = True
 
-    def settings(self, api: str = "completions", shots: int | None = None) -> dict[str, Any]:
-        """The settings this preset fixes, by option key (``shots`` where :attr:`adjustable`)."""
-        stop = self.chat_stop if api == "chat" and self.chat_stop is not None else self.stop
-        return {
-            "protocol": "test@1",
-            "temperature": self.temperature,
-            "shots": self.shots if shots is None else shots,
-            "max_tokens": self.max_tokens,
-            "stop": list(stop),
-            "extract": self.extractors[0],
-        }
-
 
 LM_EVAL = PresetSpec(
     "lm-eval",
@@ -107,7 +95,12 @@ def preset_settings(
         )
     if shots is not None and "shots" not in spec.adjustable:
         raise ValueError(f"--gsm8k-preset {name} sets --gsm8k-shots itself; remove --gsm8k-shots")
-    return {"preset": name, "api": api, **spec.settings(api, shots)}
+    stop = list(spec.chat_stop if api == "chat" and spec.chat_stop is not None else spec.stop)
+    shots = spec.shots if shots is None else shots
+    values = dict(
+        preset=name, api=api, protocol="test@1", temperature=spec.temperature, shots=shots
+    )
+    return values | dict(max_tokens=spec.max_tokens, stop=stop, extract=spec.extractors[0])
 
 
 def takes_first(preset: str | None) -> bool:

@@ -122,13 +122,14 @@ class Option:
 def convert_bool(raw: Any) -> bool:
     """The words pytest's own bool ini type accepts; ValueError otherwise."""
     text = str(raw).strip().lower()
-    if text not in ("1", "true", "yes", "on", "y", "t", "0", "false", "no", "off", "n", "f", ""):
+    if text not in (*_TRUE, "0", "false", "no", "off", "n", "f", ""):
         raise ValueError(raw)
-    return text in ("1", "true", "yes", "on", "y", "t")
+    return text in _TRUE
 
 
-_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str}
-_READ.update(int=lambda raw: int(str(raw).strip()), float=lambda raw: float(str(raw).strip()))
+_TRUE = ("1", "true", "yes", "on", "y", "t")
+_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str, "float": float}
+_READ["int"] = lambda raw: int(str(raw))  # never int(3.7): that would be 3
 _EXPECTED = {"bool": "true or false", "int": "an integer", "float": "a number"}
 
 
@@ -251,13 +252,9 @@ _BY_KEY = {o.key: o for o in OPTIONS}
 #: --gsm8k-model=local: a base model (few-shot completions); a long stall timeout (a loaded CPU
 #: server may take minutes per answer; its death is watched directly, runtime/local.py); two
 #: requests in flight (it answers one at a time, and 32 queued outlived --gsm8k-timeout)
-LOCAL_DEFAULTS: dict[str, Any] = {
-    "api": "completions",
-    "shots": 5,
-    "max_tokens": 256,
-    "stall_timeout": 300.0,
-    "concurrency": 2,
-}
+LOCAL_DEFAULTS: dict[str, Any] = dict(
+    api="completions", shots=5, max_tokens=256, stall_timeout=300.0, concurrency=2
+)
 
 
 def is_local_spec(model: object) -> bool:
