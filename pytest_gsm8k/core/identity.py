@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_gsm8k.core.scrub import clip
+
 #: a ``/v1/models`` card's fields that describe the model (never ``created``: vLLM sets it per
 #: request)
 CARD_FIELDS = ("id", "root", "owned_by", "max_model_len")
@@ -41,9 +43,7 @@ def reply_difference(
 ) -> str | None:
     """The first field of two reply identities that differs, as ``reply model 'a' -> 'b'``."""
     names = ("model", "system_fingerprint")
-    why = difference(
-        dict(zip(names, recorded, strict=True)), dict(zip(names, current, strict=True))
-    )
+    why = difference(*(dict(zip(names, reply, strict=True)) for reply in (recorded, current)))
     return None if why is None else f"reply {why}"
 
 
@@ -99,7 +99,7 @@ def _base_of(card: dict[str, Any], ids: set[Any]) -> str | None:
 
 def _brief(name: str) -> str:
     """A model name as a message shows it: quoted, at most 80 characters of it."""
-    return repr(name if len(name) <= 80 else name[:77] + "...")
+    return repr(clip(name, 80))
 
 
 def _shown(value: Any) -> str:
@@ -109,10 +109,8 @@ def _shown(value: Any) -> str:
 def _card(description: Description | None) -> str:
     if description is None:
         return "no /v1/models card"
-    names = _ordered(description)
-    return (
-        "card " + ", ".join(f"{n}={description[n]!r}" for n in names) if names else "an empty card"
-    )
+    shown = ", ".join(f"{name}={description[name]!r}" for name in _ordered(description))
+    return f"card {shown}" if shown else "an empty card"
 
 
 def _ordered(description: Description) -> list[str]:

@@ -115,18 +115,17 @@ class Scrubber:
         return value
 
 
+def _kept(value: str) -> bool:
+    """A secret-named value shown as it is: empty, hidden already, or a ``$VARIABLE``."""
+    return value in ("", REDACTED) or bool(_VARIABLE.fullmatch(value))
+
+
 def _secret_name(name: str) -> bool:
     """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_WORD`)."""
     name = name.strip("\"'-")
     parts = re.split(r"[-_.]+", name.lower())
-    if parts[-1] in _POINTER_PARTS:
-        return False
-    return bool(_SECRET_END.search(name)) or not _SECRET_PARTS.isdisjoint(parts)
-
-
-def _kept(value: str) -> bool:
-    """A secret-named value shown as it is: empty, hidden already, or a ``$VARIABLE``."""
-    return value in ("", REDACTED) or bool(_VARIABLE.fullmatch(value))
+    pointer = parts[-1] in _POINTER_PARTS
+    return not pointer and (bool(_SECRET_END.search(name)) or not _SECRET_PARTS.isdisjoint(parts))
 
 
 def _hide(match: re.Match[str], values: list[str]) -> str:
@@ -141,8 +140,8 @@ def _hide(match: re.Match[str], values: list[str]) -> str:
     return match[0][:start] + REDACTED + match[0][end:]
 
 
-def _inside(text: str, values: list[str]) -> str:
-    for pattern in _INSIDE:
+def _inside(text: str, values: list[str], patterns: Sequence[re.Pattern[str]] = _INSIDE) -> str:
+    for pattern in patterns:
         text = pattern.sub(lambda match: _hide(match, values), text)
     return text
 
@@ -150,8 +149,7 @@ def _inside(text: str, values: list[str]) -> str:
 def redact_options(command: str) -> str:
     """``command`` with the value of every option, assignment or JSON key named like a secret
     (``--api-key X``, ``HF_TOKEN=X``) and every URL password replaced."""
-    values: list[str] = []
-    return _inside(_OPTION.sub(lambda match: _hide(match, values), command), values)
+    return _inside(command, [], (_OPTION, *_INSIDE))
 
 
 def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -178,10 +176,9 @@ def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def command_secrets(command: str) -> list[str]:
     try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    return secret_args(words)[1]
+        return secret_args(shlex.split(command))[1]
+    except ValueError:  # unbalanced quotes
+        return secret_args(command.split())[1]
 
 
 def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
@@ -189,16 +186,16 @@ def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
     return [value for name, value in variables if _secret_name(name) or _KEYLIKE.fullmatch(value)]
 
 
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match[0])
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
 def printable(text: str) -> str:
     """``text`` fit for one terminal line: ANSI escapes and control characters removed
     (newlines -> spaces), invisible format characters shown as escapes (``\\u202e``)."""
     text = _ANSI.sub("", text).replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
     return _FORMAT.sub(_escape, _CONTROL.sub("", text))  # lone surrogates too
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def md_text(text: str) -> str:

@@ -229,11 +229,6 @@ class Settings:
     samples: int = 1  # pass@N / maj@N's N (1 for test@1): from the protocol, not an option
 
     @property
-    def aggregation(self) -> str:
-        """'test', 'pass' or 'maj'."""
-        return self.protocol.split("@", 1)[0]
-
-    @property
     def asked(self) -> bool:
         """A model is asked for (a model, a server or configs): GSM8K work from the start."""
         return bool(self.model or self.serve or self.vllm_config)
@@ -263,16 +258,13 @@ def is_local_spec(model: object) -> bool:
 
 
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
-OWNED_FIELDS = {
-    "model": "use --gsm8k-model",
-    "messages": "the protocol builds them",
-    "prompt": "the protocol builds it",
-    "n": "use --gsm8k-protocol pass@N or maj@N",
-    "max_tokens": "use --gsm8k-max-tokens",
+OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in ("model", "max_tokens", "stop")}
+OWNED_FIELDS |= {
     "temperature": "use --gsm8k-temperature",
-    "stop": "use --gsm8k-stop",
-    "stream": "the plugin reads whole replies",
+    "n": "use --gsm8k-protocol pass@N or maj@N",
 }
+OWNED_FIELDS |= {"messages": "the protocol builds them", "prompt": "the protocol builds it"}
+OWNED_FIELDS["stream"] = "the plugin reads whole replies"
 
 
 def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
@@ -280,8 +272,7 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
     params: dict[str, str] = {}
     for item in raw:
         key, sep, text = str(item).partition("=")
-        key = key.strip()
-        if not sep or not key:
+        if not sep or not (key := key.strip()):
             raise SettingsError(f"--gsm8k-param: expected KEY=VALUE, got {item!r}")
         if key in OWNED_FIELDS:
             why = f"the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
+from pytest_gsm8k.core.scrub import clip
+
 Api = Literal["chat", "completions"]
 
 #: a billion tokens for one GSM8K answer is no count (summed, it prints nonsense totals)
@@ -29,8 +31,7 @@ def valid_usage(raw: Any, names: tuple[str, ...] | None = None) -> tuple[dict[st
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_COUNT:
             counts[str(name)] = value
         else:
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            bad.append(f"{name}={shown}")
+            bad.append(f"{name}={clip(repr(value), 40)}")
     return counts, bad
 
 
@@ -82,8 +83,7 @@ class Request:
     def body(self, model: str) -> dict[str, Any]:
         """The JSON body the endpoint receives and the cache key hashes."""
         if self.wire is not None:
-            wire: dict[str, Any] = json.loads(self.wire)
-            return wire
+            return dict(json.loads(self.wire))
         body: dict[str, Any] = {"model": model}
         if self.api == "chat":
             body["messages"] = [{"role": role, "content": text} for role, text in self.messages]
