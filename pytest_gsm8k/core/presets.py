@@ -4,6 +4,7 @@ tests/data/lm_eval_requests.json, recorded from lm-eval itself, checks it byte f
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Sequence
@@ -185,8 +186,6 @@ LM_EVAL_IGNORE_REGEXES: tuple[str, ...] = (",", r"\$", "(?s).*#### ", r"\.$")
 #: what lm-eval's regex filter returns when nothing matched
 LM_EVAL_FALLBACK = "[invalid]"
 
-_STRICT_RE = re.compile(LM_EVAL_STRICT_PATTERN)
-_FLEXIBLE_RE = re.compile(LM_EVAL_FLEXIBLE_PATTERN)
 _IGNORE_RES = tuple(re.compile(p) for p in LM_EVAL_IGNORE_REGEXES)
 
 
@@ -200,14 +199,10 @@ def _regex_filter(regex: re.Pattern[str], group_select: int, text: str) -> str |
     return str(match).strip()
 
 
-def lm_eval_strict(text: str) -> str | None:
-    """``strict-match``: the number after the FIRST ``#### `` (``None``: invalid)."""
-    return _regex_filter(_STRICT_RE, 0, text)
-
-
-def lm_eval_flexible(text: str) -> str | None:
-    """``flexible-extract``: the LAST number-ish run (an ellipsis after the answer too)."""
-    return _regex_filter(_FLEXIBLE_RE, -1, text)
+#: ``strict-match``: the number after the FIRST ``#### `` (``None``: invalid)
+lm_eval_strict = functools.partial(_regex_filter, re.compile(LM_EVAL_STRICT_PATTERN), 0)
+#: ``flexible-extract``: the LAST number-ish run (an ellipsis after the answer too)
+lm_eval_flexible = functools.partial(_regex_filter, re.compile(LM_EVAL_FLEXIBLE_PATTERN), -1)
 
 
 def lm_eval_normalise(text: str) -> str:
@@ -226,7 +221,5 @@ def lm_eval_match(extracted: str | None, gold_answer_text: str) -> bool:
 
 def lm_eval_score(text: str, gold_answer_text: str) -> dict[str, bool]:
     """Both lm-eval scores of one response, keyed by lm-eval's filter names."""
-    return {
-        "strict-match": lm_eval_match(lm_eval_strict(text), gold_answer_text),
-        "flexible-extract": lm_eval_match(lm_eval_flexible(text), gold_answer_text),
-    }
+    pairs = (("strict-match", lm_eval_strict), ("flexible-extract", lm_eval_flexible))
+    return {name: lm_eval_match(rule(text), gold_answer_text) for name, rule in pairs}
