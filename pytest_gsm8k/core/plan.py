@@ -25,8 +25,7 @@ class Endpoint:
 
     base_url: str | None
     model: str | None
-    #: GET /v1/models's card of the model (None: it said nothing): a cached answer is reused
-    #: only while it still says that
+    #: the model's /v1/models card: a cached answer is reused only while it says the same
     identity: dict[str, Any] | None = None
 
 

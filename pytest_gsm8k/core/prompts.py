@@ -58,8 +58,7 @@ class Protocol:
     extractor: str = "strict"
     answer_regex: str | None = None
     preset: str | None = None
-    #: a preset's example pool in file order (question, raw answer): the train split, or for
-    #: SGLang the evaluated split itself
+    #: a preset's (question, raw answer) pool in file order: train, or SGLang's evaluated split
     train: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     params: tuple[tuple[str, str], ...] = ()  # --gsm8k-param: (key, canonical JSON)
 

@@ -195,9 +195,8 @@ def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
     (no answer) and non-finite values never equal anything, not even themselves."""
     if a is None or b is None or not (a.is_finite() and b.is_finite()):
         return False
-    # Cheap answers first, so a 10-million-digit "number" from a looping model costs no
-    # big-integer arithmetic: magnitudes 100x apart (the larger >= 1) differ by far more
-    # than the tolerance; a very long number is compared at 1e-9, well inside it.
+    # Cheap first: a 10-million-digit "number" costs no big-integer arithmetic (magnitudes 100x
+    # apart differ by far more than the tolerance; a long number is compared at 1e-9)
     top = max(a.adjusted(), b.adjusted())
     if a.is_zero() or b.is_zero():
         if max(a, b, key=abs).adjusted() >= 0 and not (a.is_zero() and b.is_zero()):

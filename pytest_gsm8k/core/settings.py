@@ -18,8 +18,7 @@ from pytest_gsm8k.core import jsondepth
 
 #: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
 MAX_SAMPLES = 1024
-#: core/scoring.py's RULES, here so that pytest's start does not import scoring (a test
-#: keeps the two equal)
+#: core/scoring.py's RULES (a test keeps them equal): pytest's start does not import scoring
 EXTRACTORS = ("strict", "answer-is", "boxed", "flexible", "last-int")
 OMIT = "none"  # an ``omit`` option's value that leaves the field out of the request body
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
@@ -244,9 +243,8 @@ class Settings:
 OPTIONS: tuple[Option, ...] = tuple(Option.of(f) for f in fields(Settings) if f.metadata)
 _BY_KEY = {o.key: o for o in OPTIONS}
 
-#: --gsm8k-model=local: a base model (few-shot completions); a long stall timeout (a loaded CPU
-#: server may take minutes per answer; its death is watched directly, runtime/local.py); two
-#: requests in flight (it answers one at a time, and 32 queued outlived --gsm8k-timeout)
+#: --gsm8k-model=local: a base model; a loaded CPU server may take minutes per answer (its death
+#: is watched directly) and answers one at a time (32 queued outlived --gsm8k-timeout)
 LOCAL_DEFAULTS: dict[str, Any] = dict(
     api="completions", shots=5, max_tokens=256, stall_timeout=300.0, concurrency=2
 )

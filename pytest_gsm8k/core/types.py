@@ -69,11 +69,9 @@ class Request:
     seed: int | None = None
     #: --gsm8k-param: (key, canonical JSON) merged into the body last
     params: tuple[tuple[str, str], ...] = ()
-    #: the exact JSON text of a preset's body copied byte for byte (key order, escapes, no
-    #: ``model``): sent as it is and hashed for the cache key; the fields above describe it
+    #: a preset's exact body text (key order, escapes): sent as it is and hashed for the cache
     wire: str | None = None
-    #: --gsm8k-repeats: which of the K asks this is; not in the body, in the cache key's
-    #: sample after the first (repeat 0 keeps the key of a run without repeats)
+    #: --gsm8k-repeats: which ask this is (in the cache key after the first, not in the body)
     repeat: int = 0
 
     def asks(self, repeats: int) -> list[Request]:
@@ -141,8 +139,7 @@ def stable_hash(obj: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-#: what a user's model callable may return for one request: a text, several (one per
-#: sample), :class:`Completion` values, or a whole :class:`ModelResponse`
+#: what a user's model callable may return for one request (one text or Completion a sample)
 Reply = str | list[str] | Completion | list[Completion] | ModelResponse
 #: a model a user plugs in through the ``gsm8k_model`` fixture, sync or async
 ModelCallable = Callable[[Request], Reply | Awaitable[Reply]]

@@ -138,9 +138,8 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
         raise ConfigError(f"{source}: nested too deeply (vLLM's configs are flat)") from None
     finally:
         loader.dispose()
-    if not isinstance(root, yaml.MappingNode):
-        return data, {}
-    return data, {str(k.value): v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
+    keys = root.value if isinstance(root, yaml.MappingNode) else []
+    return data, {str(k.value): v for k, v in keys if isinstance(k, yaml.ScalarNode)}
 
 
 def _bounded(
@@ -199,9 +198,10 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
             kind, what = f.metadata["type"]
             if not isinstance(raw, kind):
                 raise ConfigError(f"{where(key)}: expected {what}, got {_shown(raw)}")
-    if data.get("server_args") is not None:
+            values[key] = raw
+    if "server_args" in values:
         try:
-            values["server_args"] = args = tuple(shlex.split(data["server_args"]))
+            values["server_args"] = args = tuple(shlex.split(values["server_args"]))
         except ValueError as exc:
             raise ConfigError(f"{where('server_args')}: cannot split ({exc})") from None
         if flag := next((f for f in ("--port", "-p") if f in args), None):
@@ -209,16 +209,14 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
                 f"{where('server_args')}: {flag} is chosen by the run (a free port), "
                 "as vLLM's test refuses it too"
             )
-    for key, value in (data.get("env") or {}).items():
+    for key, value in values.get("env", {}).items():
         if not isinstance(key, str) or not key or "=" in key:
             raise ConfigError(f"{where('env')}: {_shown(key)} is not a variable name")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ConfigError(
                 f"{where('env')}.{clip(key)}: expected a string (quote it), got {_shown(value)}"
             )
-    values["env"] = tuple((key, str(value)) for key, value in (data.get("env") or {}).items())
-    values["use_chat_completions"] = data.get("use_chat_completions", False)
-    values["gen_prefix"] = data.get("gen_prefix") or ""
+    values["env"] = tuple((key, str(value)) for key, value in values.get("env", {}).items())
     return VllmConfig(name=name, source=source, given=tuple(data), **values)
 
 
