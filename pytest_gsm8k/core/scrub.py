@@ -45,8 +45,8 @@ _INSIDE = (
         re.I,
     ),
 )
-#: a value that only names a variable (``$OPENAI_API_KEY``): not a secret, kept
-_VARIABLE = re.compile(r"""["']?\$\{?\w+\}?["']?""")
+#: a secret-named value shown as it is: empty, hidden already, or a ``$VARIABLE``
+_KEPT = re.compile("|" + re.escape(REDACTED) + r"""|["']?\$\{?\w+\}?["']?""")
 #: one argument that is an option, or gives one or a variable its value (``HF_TOKEN=X``)
 _FLAG = re.compile(r"--?[\w.-]+")
 _ASSIGNMENT = re.compile(r"(?P<name>--?[\w.-]+|[a-z_]\w*)=(?P<value>.*)", re.IGNORECASE | re.DOTALL)
@@ -115,11 +115,6 @@ class Scrubber:
         return value
 
 
-def _kept(value: str) -> bool:
-    """A secret-named value shown as it is: empty, hidden already, or a ``$VARIABLE``."""
-    return value in ("", REDACTED) or bool(_VARIABLE.fullmatch(value))
-
-
 def _secret_name(name: str) -> bool:
     """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_WORD`)."""
     name = name.strip("\"'-")
@@ -133,7 +128,7 @@ def _hide(match: re.Match[str], values: list[str]) -> str:
     the value (and a URL password decoded) added to ``values``."""
     name = match.groupdict().get("name")
     value = match["value"]
-    if (name is not None and not _secret_name(name)) or _kept(value):
+    if (name is not None and not _secret_name(name)) or _KEPT.fullmatch(value):
         return match[0]
     values += [value] if name is not None or unquote(value) == value else [value, unquote(value)]
     start, end = match.start("value") - match.start(), match.end("value") - match.start()
@@ -160,11 +155,11 @@ def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
     previous = ""
     for word in words:
         assigned = _ASSIGNMENT.fullmatch(word)
-        if assigned and _secret_name(assigned["name"]) and not _kept(assigned["value"]):
+        if assigned and _secret_name(assigned["name"]) and not _KEPT.fullmatch(assigned["value"]):
             values.append(assigned["value"])
             word = f"{assigned['name']}={REDACTED}"
         elif _FLAG.fullmatch(previous) and _secret_name(previous) and word[:1] != "-":
-            if not _kept(word):
+            if not _KEPT.fullmatch(word):
                 values.append(word)
                 word = REDACTED
         else:
