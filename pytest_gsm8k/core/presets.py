@@ -98,10 +98,9 @@ def preset_settings(
         raise ValueError(f"--gsm8k-preset {name} sets --gsm8k-shots itself; remove --gsm8k-shots")
     stop = list(spec.chat_stop if api == "chat" and spec.chat_stop is not None else spec.stop)
     shots = spec.shots if shots is None else shots
-    values = dict(
-        preset=name, api=api, protocol="test@1", temperature=spec.temperature, shots=shots
-    )
-    return values | dict(max_tokens=spec.max_tokens, stop=stop, extract=spec.extractors[0])
+    values = dict(preset=name, api=api, protocol="test@1", shots=shots, stop=stop)
+    values.update(temperature=spec.temperature, max_tokens=spec.max_tokens)
+    return values | {"extract": spec.extractors[0]}
 
 
 def takes_first(preset: str | None) -> bool:
@@ -165,7 +164,7 @@ def lm_eval_request(
     """lm-eval's request for ``problem``; in chat each example is a user and an assistant turn
     (``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on; off: ``multiturn`` False)."""
     common: dict[str, Any] = {"temperature": LM_EVAL.temperature, "seed": LM_EVAL.seed}
-    common.update(problem_id=problem.id, n=1, stop=LM_EVAL.stop, max_tokens=LM_EVAL.max_tokens)
+    common.update(problem_id=problem.id, stop=LM_EVAL.stop, max_tokens=LM_EVAL.max_tokens)
     index, question = problem.index, problem.question
     if api == "completions":
         return Request(api=api, prompt=lm_eval_prompt(index, question, train, system), **common)
