@@ -56,12 +56,8 @@ class Option:
         return f"--gsm8k-{self.name}"
 
     @property
-    def key(self) -> str:
-        return self.name.replace("-", "_")
-
-    @property
     def dest(self) -> str:
-        return "gsm8k_" + self.key
+        return "gsm8k_" + self.name.replace("-", "_")
 
     @classmethod
     def of(cls, f: dataclasses.Field[Any]) -> Option:
@@ -241,7 +237,7 @@ class Settings:
 
 
 OPTIONS: tuple[Option, ...] = tuple(Option.of(f) for f in fields(Settings) if f.metadata)
-_BY_KEY = {o.key: o for o in OPTIONS}
+_BY_FIELD = {o.field: o for o in OPTIONS}  # the values as read are keyed by field
 
 #: --gsm8k-model=local: a base model; a loaded CPU server may take minutes per answer (its death
 #: is watched directly) and answers one at a time (32 queued outlived --gsm8k-timeout)
@@ -332,7 +328,7 @@ CONFIG_DECIDES = {
     "system": "vLLM's script sends no system prompt",
     "extract": _VLLM_SCORES,
     "answer_regex": _VLLM_SCORES,
-    "param": "vLLM's request fields are the config's",
+    "params": "vLLM's request fields are the config's",
     "split": "vLLM's configs run the test split",
     "baseline": _NAMED,
     "baseline_name": _NAMED,
@@ -358,17 +354,17 @@ class _Read:
         for key, why in decides.items():
             if key not in self.given:
                 continue
-            flag = _BY_KEY[key].flag
+            option = _BY_FIELD[key]
             if key not in self.ini:
-                raise SettingsError(f"{flag} cannot be combined with {mode}: {why}")
-            self.warn(f"ini gsm8k_{key} set aside: {mode} runs ({why}); {flag}= clears it")
+                raise SettingsError(f"{option.flag} cannot be combined with {mode}: {why}")
+            self.warn(f"ini {option.dest} set aside: {mode} runs ({why}); {option.flag}= clears it")
             self.given.discard(key)
-            self.values[key] = _BY_KEY[key].default
+            self.values[key] = option.default
 
     def old_config(self, exists: Callable[[str], bool]) -> None:
         """The old ``--gsm8k-config main|socratic``: the dataset config, with a note (refused
         when a file of that name exists: ambiguous)."""
-        value, values = self.values["config"], self.values
+        value, values = self.values["vllm_config"], self.values
         if value not in DATASET_CONFIGS:
             return
         if exists(value):
@@ -386,8 +382,8 @@ class _Read:
             f"--gsm8k-config {value} selects the dataset config: write --gsm8k-dataset-config "
             f"{value} (--gsm8k-config now takes vLLM config files)"
         )
-        values.update(dataset_config=value, config=None)
-        self.given.discard("config")
+        values.update(dataset_config=value, vllm_config=None)
+        self.given.discard("vllm_config")
         self.given.add("dataset_config")
 
     def preset(self, name: str) -> None:
@@ -404,13 +400,13 @@ class _Read:
         spec = PRESETS[name]
         for key in (*fixed, *PRESET_ALSO_FIXED, *spec.also_fixed):
             if key in self.given and key not in ("preset", "api", *spec.adjustable):
-                flag = _BY_KEY[key].flag
+                flag = _BY_FIELD[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
         self.values.update(fixed)
         if name == "vllm":
             from pytest_gsm8k.core.engine_ci import vllm_param_error
 
-            keys = [key for key, _ in parse_params(self.values["param"] or [])]
+            keys = [key for key, _ in parse_params(self.values["params"] or [])]
             if error := vllm_param_error(keys, api):
                 raise SettingsError(error)
 
@@ -472,7 +468,7 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
     protocol, the checks beyond a range. Returns the protocol's N."""
     values, given = read.values, read.given
     read.old_config(exists)
-    if values["config"]:
+    if values["vllm_config"]:
         _config_mode(read)
     if values["serve"] or is_local_spec(values["model"]):
         read.mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
@@ -482,7 +478,7 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
         # A base model does not follow chat instructions: few-shot completions with stops.
         values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
     samples = _protocol(values, read.warn)
-    values["param"] = parse_params(values["param"] or [])
+    values["params"] = parse_params(values["params"] or [])
     if (regex := values["answer_regex"]) is not None:
         try:
             compiled = re.compile(regex)
@@ -541,12 +537,13 @@ def build_settings(
     read = _Read({}, set(), set(), warn)
     for option in OPTIONS:
         value = option.parse(get(option))
-        read.values[option.key] = option.default if value is None else value
+        read.values[option.field] = option.default if value is None else value
         if value is not None:
-            read.given.add(option.key)
+            read.given.add(option.field)
             if from_ini(option):
-                read.ini.add(option.key)
+                read.ini.add(option.field)
     samples = _across(read, exists)
-    kwargs = {o.field: read.values[o.key] for o in OPTIONS}
-    kwargs.update((o.field, tuple(read.values[o.key] or ())) for o in OPTIONS if o.kind == "list")
-    return Settings(samples=samples, **kwargs)
+    read.values.update(
+        (o.field, tuple(read.values[o.field] or ())) for o in OPTIONS if o.kind == "list"
+    )
+    return Settings(samples=samples, **read.values)
