@@ -298,9 +298,7 @@ def with_v1(base_url: str) -> str | None:
     from pytest_gsm8k.core.scrub import shown_url  # not at import: the option table stays light
 
     shown = shown_url(base_url).rstrip("/")
-    if not urlsplit(shown).scheme or shown.endswith("/v1"):
-        return None
-    return shown + "/v1"
+    return None if not urlsplit(shown).scheme or shown.endswith("/v1") else shown + "/v1"
 
 
 #: the openai client's default (here, so the pytest layer names it without importing it)
