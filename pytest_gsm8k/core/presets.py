@@ -34,7 +34,8 @@ class PresetSpec:
     temperature: float = 0.0
     chat_stop: tuple[str, ...] | None = None  # the stop list in chat mode, when it differs
     adjustable: tuple[str, ...] = ()  # settings a user may still give, as the peer's flags allow
-    also_fixed: tuple[str, ...] = ()  # settings the peer has no such thing for
+    #: settings the peer has no such thing for: giving one would change its protocol
+    also_fixed: tuple[str, ...] = ("fewshot_file", "answer_regex")
     apis: tuple[str, ...] = ("completions", "chat")  # completions first: the default
     fewshot_split: str = "train"  # or "evaluated": the split under test's first rows (SGLang)
     first_questions: bool = False  # --gsm8k-limit N is the first N, as --num-questions
@@ -50,35 +51,33 @@ LM_EVAL = PresetSpec(
     seed=1234,
     extractors=("strict-match", "flexible-extract"),
 )
-_ENGINE_STOP = ("Question", "Assistant:", "<|separator|>")
+#: what vLLM's and SGLang's scripts share: their stop list, --num-shots, the first N questions
+_ENGINE: dict[str, Any] = dict(
+    stop=("Question", "Assistant:", "<|separator|>"), first_questions=True
+)
+_ENGINE.update(adjustable=("shots",), also_fixed=("fewshot_file", "answer_regex", "system"))
 VLLM = PresetSpec(
     "vllm",
     # the newest script the reference index held on 2026-12-05, named by its content (the
     # index gave no commit; its completions bodies equal commit 03e09605's): docs/protocols.md
     "vllm-project/vllm tests/evals/gsm8k/gsm8k_eval.py sha256 80aa6cb3f9aa4c3c",
     fewshot_source="train, the first N in file order (vLLM gsm8k_eval.py)",
-    stop=_ENGINE_STOP,
     seed=42,
     extractors=("last-int",),
     chat_stop=(),
-    adjustable=("shots",),
-    also_fixed=("system",),
-    first_questions=True,
     model_field=False,
+    **_ENGINE,
 )
 SGLANG = PresetSpec(
     "sglang",
     "sgl-project/sglang python/sglang/test/few_shot_gsm8k.py @ 109fdd2f",
     fewshot_source="the evaluated split's first N rows (SGLang few_shot_gsm8k.py)",
     max_tokens=512,
-    stop=_ENGINE_STOP,
     seed=None,
     extractors=("last-int",),
-    adjustable=("shots",),
-    also_fixed=("system",),
     apis=("completions",),
     fewshot_split="evaluated",
-    first_questions=True,
+    **_ENGINE,
 )
 PRESETS: dict[str, PresetSpec] = {p.name: p for p in (LM_EVAL, VLLM, SGLANG)}
 

@@ -303,8 +303,6 @@ def with_v1(base_url: str) -> str | None:
 
 #: the openai client's default (here, so the pytest layer names it without importing it)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-#: what a preset decides beside the values it sets: giving one would change the peer's protocol
-PRESET_ALSO_FIXED = ("fewshot_file", "answer_regex")
 #: what --gsm8k-config meant before it took vLLM's configs: the dataset config
 DATASET_CONFIGS = ("main", "socratic")
 _EACH = "each config's {} decides"
@@ -396,7 +394,7 @@ class _Read:
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         spec = PRESETS[name]
-        for key in (*fixed, *PRESET_ALSO_FIXED, *spec.also_fixed):
+        for key in (*fixed, *spec.also_fixed):
             if key in self.given and key not in ("preset", "api", *spec.adjustable):
                 flag = _BY_FIELD[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
