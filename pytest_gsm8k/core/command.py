@@ -8,11 +8,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-MODEL_ENV = "GSM8K_MODEL"
-PORT_ENV = "GSM8K_PORT"
+from pytest_gsm8k.core.scrub import clip
 
-_MODEL = "{model}"
-_PORT = "{port}"
+MODEL_ENV, PORT_ENV = "GSM8K_MODEL", "GSM8K_PORT"
+_MODEL, _PORT, _SERVER_ARGS = "{model}", "{port}", "{server_args}"
 #: characters that make a command line need a shell (pipes, lists, redirections, expansions)
 _SHELL_SYNTAX = re.compile(r"[;&|<>()$`\\\n*?~]|^\s*\w+=")
 #: a model name of these characters means the same to every shell and interpreter
@@ -36,9 +35,6 @@ class ServeCommand:
 
 def needs_shell(command: str) -> bool:
     return _SHELL_SYNTAX.search(command) is not None
-
-
-_SERVER_ARGS = "{server_args}"
 
 
 def serve_command(
@@ -65,7 +61,7 @@ def serve_command(
     if needs_shell(command):
         if _MODEL in line and not _PLAIN_NAME.match(name):
             raise CommandError(
-                f"the command line runs through /bin/sh, where the model name {_shown(name)} "
+                f"the command line runs through /bin/sh, where the model name {clip(name, 60)!r} "
                 f"(not only letters, digits and ._/:@+,=%-) would be read as code; {_HINT}"
             )
         return ServeCommand(["/bin/sh", "-c", line.replace(_MODEL, name)], env)
@@ -79,7 +75,7 @@ def serve_command(
         if _MODEL in word and script and not _PLAIN_NAME.match(name):
             raise CommandError(
                 "{model} stands in a script another program reads (a quoted string of several "
-                f"words, or the word after -c), where the model name {_shown(name)} would be "
+                f"words, or the word after -c), where the model name {clip(name, 60)!r} would be "
                 f"read as code; {_HINT}"
             )
         if word == _SERVER_ARGS:
@@ -89,8 +85,3 @@ def serve_command(
         else:
             argv.append(word.replace(_MODEL, name))
     return ServeCommand(argv, env)
-
-
-def _shown(name: str) -> str:
-    shown = name if len(name) <= 60 else name[:57] + "..."
-    return repr(shown)

@@ -15,7 +15,6 @@ from pytest_gsm8k.core.types import Problem
 
 HUB_NAME = "openai/gsm8k"
 TEST_SIZE = 1319  # rows in the official main test split (Cobbe et al. 2021)
-CONFIGS = ("main", "socratic")
 
 
 class DatasetError(Exception):

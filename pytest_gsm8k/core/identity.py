@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_gsm8k.core.scrub import clip
+
 #: a ``/v1/models`` card's fields that describe the model (never ``created``: vLLM sets it per
 #: request)
 CARD_FIELDS = ("id", "root", "owned_by", "max_model_len")
@@ -28,16 +30,11 @@ def reply_identity(model: Any, fingerprint: Any) -> tuple[str | None, str | None
 
 def difference(recorded: Description | None, current: Description | None) -> str | None:
     """The first field of two descriptions that differs, as ``name 'old' -> 'new'``."""
-    if recorded == current:
-        return None
     if recorded is None or current is None:
-        old, new = (
-            _card(d) if d is not None else "no /v1/models card" for d in (recorded, current)
-        )
-        return f"{old} -> {new}"
+        return None if recorded == current else f"{_card(recorded)} -> {_card(current)}"
     for name in _ordered({**recorded, **current}):
-        if recorded.get(name) != current.get(name):
-            return f"{name} {_shown(recorded.get(name))} -> {_shown(current.get(name))}"
+        if (old := recorded.get(name)) != (new := current.get(name)):
+            return f"{name} {_shown(old)} -> {_shown(new)}"
     return None  # {"x": None} against {}
 
 
@@ -45,10 +42,8 @@ def reply_difference(
     recorded: tuple[str | None, str | None], current: tuple[str | None, str | None]
 ) -> str | None:
     """The first field of two reply identities that differs, as ``reply model 'a' -> 'b'``."""
-    fields = ("model", "system_fingerprint")
-    why = difference(
-        dict(zip(fields, recorded, strict=True)), dict(zip(fields, current, strict=True))
-    )
+    names = ("model", "system_fingerprint")
+    why = difference(*(dict(zip(names, reply, strict=True)) for reply in (recorded, current)))
     return None if why is None else f"reply {why}"
 
 
@@ -104,18 +99,20 @@ def _base_of(card: dict[str, Any], ids: set[Any]) -> str | None:
 
 def _brief(name: str) -> str:
     """A model name as a message shows it: quoted, at most 80 characters of it."""
-    return repr(name if len(name) <= 80 else name[:77] + "...")
-
-
-def _ordered(description: Description) -> list[str]:
-    order = {name: i for i, name in enumerate(CARD_FIELDS)}
-    return sorted(description, key=lambda name: (order.get(name, len(order)), name))
+    return repr(clip(name, 80))
 
 
 def _shown(value: Any) -> str:
     return "(none)" if value is None else repr(value)
 
 
-def _card(description: Description) -> str:
-    fields = ", ".join(f"{name}={description[name]!r}" for name in _ordered(description))
-    return f"card {fields}" if description else "an empty card"
+def _card(description: Description | None) -> str:
+    if description is None:
+        return "no /v1/models card"
+    shown = ", ".join(f"{name}={description[name]!r}" for name in _ordered(description))
+    return f"card {shown}" if shown else "an empty card"
+
+
+def _ordered(description: Description) -> list[str]:
+    rank = {name: i for i, name in enumerate(CARD_FIELDS)}
+    return sorted(description, key=lambda name: (rank.get(name, len(rank)), name))

@@ -16,16 +16,15 @@ class TooDeep(ValueError):
 def loads(text: str | bytes) -> Any:
     """``json.loads``, refusing nesting deeper than :data:`MAX_DEPTH` with :class:`TooDeep`."""
     try:
-        value = json.loads(text)
+        level = [value := json.loads(text)]
+        for _ in range(MAX_DEPTH):  # one level at a time, without recursion
+            level = [v for c in level if isinstance(c, dict | list) for v in _values(c)]
+        if not any(isinstance(c, dict | list) for c in level):
+            return value
     except RecursionError:
-        raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels") from None
-    level = [value]  # one level at a time, without recursion
-    for _ in range(MAX_DEPTH):
-        level = [v for c in level if isinstance(c, dict | list) for v in _children(c)]
-    if any(isinstance(c, dict | list) for c in level):
-        raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
-    return value
+        pass
+    raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
 
 
-def _children(container: dict[str, Any] | list[Any]) -> Any:
+def _values(container: dict[str, Any] | list[Any]) -> Any:
     return container.values() if isinstance(container, dict) else container

@@ -15,9 +15,9 @@ from pytest_gsm8k.core.scoring import (
     SampleScore,
     ascii_lower,
     format_number,
+    last_int,
     majority_vote,
     numbers_equal,
-    rule_gold,
     score_text,
 )
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
@@ -100,7 +100,7 @@ def score_response(
     pattern: re.Pattern[str] | None = None,
 ) -> ProblemRecord:
     """Score every sample with every rule, then decide the problem's outcome."""
-    label = rule_gold("last-int", problem.answer, problem.gold)
+    label = last_int(problem.answer)
     golds = {rule: label if rule == "last-int" else problem.gold for rule in RULES}
     scores = [score_text(c.text, problem.gold, pattern, label) for c in response.completions]
     gated = protocol.extractor

@@ -25,8 +25,7 @@ class Endpoint:
 
     base_url: str | None
     model: str | None
-    #: GET /v1/models's card of the model (None: it said nothing): a cached answer is reused
-    #: only while it still says that
+    #: the model's /v1/models card: a cached answer is reused only while it says the same
     identity: dict[str, Any] | None = None
 
 
@@ -139,11 +138,8 @@ class RunPlan:
     def group_by_name(self) -> dict[str, ConfigGroup]:
         return {g.name: g for g in self.groups}
 
-    def group_of(self, problem: Problem) -> ConfigGroup | None:
-        return self.group_by_name.get(problem.group) if problem.group else None
-
     def protocol_of(self, problem: Problem) -> Protocol:  # its config's, else the run's
-        return group.protocol if (group := self.group_of(problem)) else self.protocol
+        return group.protocol if (group := self.group_by_name.get(problem.group)) else self.protocol
 
     def request_for(self, problem_id: str) -> Request | None:
         problem = self.by_id.get(problem_id)

@@ -4,6 +4,7 @@ tests/data/lm_eval_requests.json, recorded from lm-eval itself, checks it byte f
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Sequence
@@ -33,24 +34,13 @@ class PresetSpec:
     temperature: float = 0.0
     chat_stop: tuple[str, ...] | None = None  # the stop list in chat mode, when it differs
     adjustable: tuple[str, ...] = ()  # settings a user may still give, as the peer's flags allow
-    also_fixed: tuple[str, ...] = ()  # settings the peer has no such thing for
+    #: settings the peer has no such thing for: giving one would change its protocol
+    also_fixed: tuple[str, ...] = ("fewshot_file", "answer_regex")
     apis: tuple[str, ...] = ("completions", "chat")  # completions first: the default
     fewshot_split: str = "train"  # or "evaluated": the split under test's first rows (SGLang)
     first_questions: bool = False  # --gsm8k-limit N is the first N, as --num-questions
     #: vLLM's body names no model, so the run checks who answered (identity.unnamed_answerer)
     model_field: bool = True
-
-    def settings(self, api: str = "completions", shots: int | None = None) -> dict[str, Any]:
-        """The settings this preset fixes, by option key (``shots`` where :attr:`adjustable`)."""
-        stop = self.chat_stop if api == "chat" and self.chat_stop is not None else self.stop
-        return {
-            "protocol": "test@1",
-            "temperature": self.temperature,
-            "shots": self.shots if shots is None else shots,
-            "max_tokens": self.max_tokens,
-            "stop": list(stop),
-            "extract": self.extractors[0],
-        }
 
 
 LM_EVAL = PresetSpec(
@@ -61,35 +51,33 @@ LM_EVAL = PresetSpec(
     seed=1234,
     extractors=("strict-match", "flexible-extract"),
 )
-_ENGINE_STOP = ("Question", "Assistant:", "<|separator|>")
+#: what vLLM's and SGLang's scripts share: their stop list, --num-shots, the first N questions
+_ENGINE: dict[str, Any] = dict(
+    stop=("Question", "Assistant:", "<|separator|>"), first_questions=True
+)
+_ENGINE.update(adjustable=("shots",), also_fixed=("fewshot_file", "answer_regex", "system"))
 VLLM = PresetSpec(
     "vllm",
     # the newest script the reference index held on 2026-12-05, named by its content (the
     # index gave no commit; its completions bodies equal commit 03e09605's): docs/protocols.md
     "vllm-project/vllm tests/evals/gsm8k/gsm8k_eval.py sha256 80aa6cb3f9aa4c3c",
     fewshot_source="train, the first N in file order (vLLM gsm8k_eval.py)",
-    stop=_ENGINE_STOP,
     seed=42,
     extractors=("last-int",),
     chat_stop=(),
-    adjustable=("shots",),
-    also_fixed=("system",),
-    first_questions=True,
     model_field=False,
+    **_ENGINE,
 )
 SGLANG = PresetSpec(
     "sglang",
     "sgl-project/sglang python/sglang/test/few_shot_gsm8k.py @ 109fdd2f",
     fewshot_source="the evaluated split's first N rows (SGLang few_shot_gsm8k.py)",
     max_tokens=512,
-    stop=_ENGINE_STOP,
     seed=None,
     extractors=("last-int",),
-    adjustable=("shots",),
-    also_fixed=("system",),
     apis=("completions",),
     fewshot_split="evaluated",
-    first_questions=True,
+    **_ENGINE,
 )
 PRESETS: dict[str, PresetSpec] = {p.name: p for p in (LM_EVAL, VLLM, SGLANG)}
 
@@ -107,7 +95,11 @@ def preset_settings(
         )
     if shots is not None and "shots" not in spec.adjustable:
         raise ValueError(f"--gsm8k-preset {name} sets --gsm8k-shots itself; remove --gsm8k-shots")
-    return {"preset": name, "api": api, **spec.settings(api, shots)}
+    stop = list(spec.chat_stop if api == "chat" and spec.chat_stop is not None else spec.stop)
+    shots = spec.shots if shots is None else shots
+    values = dict(preset=name, api=api, protocol="test@1", shots=shots, stop=stop)
+    values.update(temperature=spec.temperature, max_tokens=spec.max_tokens)
+    return values | {"extract": spec.extractors[0]}
 
 
 def takes_first(preset: str | None) -> bool:
@@ -171,7 +163,7 @@ def lm_eval_request(
     """lm-eval's request for ``problem``; in chat each example is a user and an assistant turn
     (``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on; off: ``multiturn`` False)."""
     common: dict[str, Any] = {"temperature": LM_EVAL.temperature, "seed": LM_EVAL.seed}
-    common.update(problem_id=problem.id, n=1, stop=LM_EVAL.stop, max_tokens=LM_EVAL.max_tokens)
+    common.update(problem_id=problem.id, stop=LM_EVAL.stop, max_tokens=LM_EVAL.max_tokens)
     index, question = problem.index, problem.question
     if api == "completions":
         return Request(api=api, prompt=lm_eval_prompt(index, question, train, system), **common)
@@ -192,8 +184,6 @@ LM_EVAL_IGNORE_REGEXES: tuple[str, ...] = (",", r"\$", "(?s).*#### ", r"\.$")
 #: what lm-eval's regex filter returns when nothing matched
 LM_EVAL_FALLBACK = "[invalid]"
 
-_STRICT_RE = re.compile(LM_EVAL_STRICT_PATTERN)
-_FLEXIBLE_RE = re.compile(LM_EVAL_FLEXIBLE_PATTERN)
 _IGNORE_RES = tuple(re.compile(p) for p in LM_EVAL_IGNORE_REGEXES)
 
 
@@ -207,14 +197,10 @@ def _regex_filter(regex: re.Pattern[str], group_select: int, text: str) -> str |
     return str(match).strip()
 
 
-def lm_eval_strict(text: str) -> str | None:
-    """``strict-match``: the number after the FIRST ``#### `` (``None``: invalid)."""
-    return _regex_filter(_STRICT_RE, 0, text)
-
-
-def lm_eval_flexible(text: str) -> str | None:
-    """``flexible-extract``: the LAST number-ish run (an ellipsis after the answer too)."""
-    return _regex_filter(_FLEXIBLE_RE, -1, text)
+#: ``strict-match``: the number after the FIRST ``#### `` (``None``: invalid)
+lm_eval_strict = functools.partial(_regex_filter, re.compile(LM_EVAL_STRICT_PATTERN), 0)
+#: ``flexible-extract``: the LAST number-ish run (an ellipsis after the answer too)
+lm_eval_flexible = functools.partial(_regex_filter, re.compile(LM_EVAL_FLEXIBLE_PATTERN), -1)
 
 
 def lm_eval_normalise(text: str) -> str:
@@ -233,7 +219,5 @@ def lm_eval_match(extracted: str | None, gold_answer_text: str) -> bool:
 
 def lm_eval_score(text: str, gold_answer_text: str) -> dict[str, bool]:
     """Both lm-eval scores of one response, keyed by lm-eval's filter names."""
-    return {
-        "strict-match": lm_eval_match(lm_eval_strict(text), gold_answer_text),
-        "flexible-extract": lm_eval_match(lm_eval_flexible(text), gold_answer_text),
-    }
+    pairs = (("strict-match", lm_eval_strict), ("flexible-extract", lm_eval_flexible))
+    return {name: lm_eval_match(rule(text), gold_answer_text) for name, rule in pairs}

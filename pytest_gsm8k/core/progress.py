@@ -7,8 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-#: answers before an ETA is shown (or a twentieth of the run, if more): the first replies
-#: arrive together, so a rate read after one is off by up to the concurrency
+#: answers before an ETA (or a twentieth of the run): the first replies arrive together
 ETA_AFTER = 20
 
 

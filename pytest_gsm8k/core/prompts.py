@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pytest_gsm8k.core.engine_ci import sglang_request, vllm_request
+from pytest_gsm8k.core.presets import PRESETS, lm_eval_request
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.types import Api, Problem, Request
 
@@ -56,8 +58,7 @@ class Protocol:
     extractor: str = "strict"
     answer_regex: str | None = None
     preset: str | None = None
-    #: a preset's example pool in file order (question, raw answer): the train split, or for
-    #: SGLang the evaluated split itself
+    #: a preset's (question, raw answer) pool in file order: train, or SGLang's evaluated split
     train: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     params: tuple[tuple[str, str], ...] = ()  # --gsm8k-param: (key, canonical JSON)
 
@@ -83,28 +84,19 @@ class Protocol:
         identity.update({k: getattr(self, k) for k in _IDENTITY[6:]}, stop=list(self.stop))
         if self.params:  # absent without params: baselines recorded before them still match
             identity["params"] = {key: json.loads(value) for key, value in self.params}
-        if self.preset is not None:
-            # a preset brought up to a new release of its peer's script is a new protocol
-            from pytest_gsm8k.core.presets import PRESETS
-
-            spec = PRESETS.get(self.preset)
+        if self.preset is not None:  # a preset brought up to a new release of its peer's script
+            spec = PRESETS.get(self.preset)  # is a new protocol
             identity["preset_version"] = spec.version if spec is not None else None
         return identity
 
     def request(self, problem: Problem) -> Request:
         """The request for one problem."""
         if self.preset == "lm-eval":
-            from pytest_gsm8k.core.presets import lm_eval_request
-
             request = lm_eval_request(problem, self.train, self.api, system=self.system)
-            return replace(request, params=self.params) if self.params else request
+            return replace(request, params=self.params)
         if self.preset == "vllm":
-            from pytest_gsm8k.core.engine_ci import vllm_request
-
             return vllm_request(problem, self.train, self.api, self.shots, self.params)
         if self.preset == "sglang":
-            from pytest_gsm8k.core.engine_ci import sglang_request
-
             return sglang_request(problem, self.train, self.shots, self.params)
         common: dict[str, Any] = {"temperature": self.temperature, "n": self.samples}
         common.update(max_tokens=self.max_tokens, params=self.params)

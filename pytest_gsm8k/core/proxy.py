@@ -1,10 +1,7 @@
 """Which proxy an endpoint is reached through, read from the environment as httpx (the openai
-client's HTTP library) reads it: ``HTTP(S)_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` with hosts,
-wildcards, ports and networks, the most specific rule first. Here because the ``vllm`` preset
-sends with aiohttp, which reads it differently (no ``ALL_PROXY``, no CIDR or port in
-``NO_PROXY``, ``~/.netrc``): the same endpoint is reached the same way whichever client
-sends; tests/unit/core/test_proxy.py compares these rules with the installed httpx.
-"""
+client's HTTP library) reads it: ``HTTP(S)_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` with wildcards,
+ports and networks, where the vllm preset's aiohttp differs; tests/unit/core/test_proxy.py
+compares these rules with the installed httpx."""
 
 from __future__ import annotations
 
@@ -32,11 +29,12 @@ class Rule:
 
     @property
     def priority(self) -> tuple[int, int, int, int, int]:
+        network = self.network
         return (
             0 if self.port is not None else 1,
-            1 if self.network is not None else 0 if self.host else 2,
-            self.network.num_addresses if self.network is not None else 0,
-            -len(self.host) if self.network is None else 0,
+            1 if network is not None else 0 if self.host else 2,
+            network.num_addresses if network is not None else 0,
+            -len(self.host) if network is None else 0,
             -len(self.scheme),
         )
 
@@ -44,10 +42,7 @@ class Rule:
         if (self.scheme and self.scheme != scheme) or self.port not in (None, port):
             return False
         if self.network is not None:
-            try:
-                return ipaddress.ip_address(host) in self.network
-            except ValueError:
-                return False
+            return (ip := _ip(host)) is not None and ip in self.network
         if self.host.startswith("*."):  # subdomains only
             return re.fullmatch(rf".+\.{re.escape(self.host[2:])}", host) is not None
         if self.host.startswith("*"):  # the host and its subdomains
@@ -55,12 +50,11 @@ class Rule:
         return not self.host or self.host == host
 
 
-def _is_ip(text: str, kind: type[ipaddress.IPv4Address | ipaddress.IPv6Address]) -> bool:
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        kind(text.split("/")[0])
+        return ipaddress.ip_address(text.split("/")[0])
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def _parts(url: str) -> tuple[str, str, int | None, str]:
@@ -80,7 +74,7 @@ def _rule(pattern: str, proxy: str | None) -> Rule | None:
     scheme, host = "" if scheme == "all" else scheme, "" if host == "*" else host
     prefix = path.removeprefix("/")
     network: Network | None = None
-    if prefix and (_is_ip(host, ipaddress.IPv4Address) or _is_ip(host, ipaddress.IPv6Address)):
+    if prefix and _ip(host):
         shown = f"[{host}]" if ":" in host else host
         if "@" in pattern or "%" in pattern or not prefix.isdigit():
             return None
@@ -102,20 +96,15 @@ def rules(proxies: Mapping[str, str]) -> list[Rule]:
     for entry in (part.strip() for part in proxies.get("no", "").split(",")):
         if entry == "*":
             return []
+        ip, star = _ip(entry), entry.startswith("*.") and "/" not in entry
         if not entry:
             continue
         if "://" in entry:
             patterns[entry] = None
-        elif _is_ip(entry, ipaddress.IPv4Address):
-            patterns[f"all://{entry}"] = None
-        elif _is_ip(entry, ipaddress.IPv6Address):
+        elif isinstance(ip, ipaddress.IPv6Address):
             address, slash, size = entry.partition("/")
             patterns[f"all://[{address}]/{size}" if slash else f"all://[{entry}]"] = None
-        elif (
-            entry.lower() == "localhost"
-            or entry.startswith("[")
-            or (entry.startswith("*.") and "/" not in entry)
-        ):
+        elif ip or star or entry.lower() == "localhost" or entry.startswith("["):
             patterns[f"all://{entry}"] = None
         elif "/" not in entry:
             patterns[f"all://*{entry}"] = None

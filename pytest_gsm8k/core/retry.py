@@ -21,19 +21,16 @@ RETRIED_STATUSES = (408, 409, 429)
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:
     """Seconds the server asked to wait (``retry-after-ms``, else ``Retry-After`` as seconds
     or an HTTP date measured from ``now``), or ``None``; an overflowing number is too long."""
+    said = _lower(headers)
     for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = _header(headers, name)
-        if value is None:
-            continue
         try:
-            delay = float(value)
-        except ValueError:
+            delay = float(said[name])
+        except (KeyError, ValueError):
             continue
-        if delay == math.inf and value.strip().lower() not in ("inf", "+inf", "infinity"):
+        if delay == math.inf and said[name].strip().lower() not in ("inf", "+inf", "infinity"):
             return MAX_RETRY_AFTER + 1
         return delay / divisor
-    value = _header(headers, "retry-after")
-    parsed = email.utils.parsedate_tz(value) if value is not None else None
+    parsed = email.utils.parsedate_tz(said.get("retry-after", ""))
     return None if parsed is None else float(email.utils.mktime_tz(parsed)) - now
 
 
@@ -42,31 +39,24 @@ def should_retry(status: int, headers: Mapping[str, str], now: float) -> bool:
     wait = retry_after(headers, now)
     if wait is not None and math.isfinite(wait) and wait > MAX_RETRY_AFTER:
         return False
-    said = _header(headers, "x-should-retry")
+    said = _lower(headers).get("x-should-retry")
     if said in ("true", "false"):
         return said == "true"
     return status in RETRIED_STATUSES or status >= 500
 
 
 def retry_delay(
-    retries_done: int,
-    headers: Mapping[str, str] | None,
-    now: float,
-    random: Callable[[], float],
+    retries_done: int, headers: Mapping[str, str] | None, now: float, random: Callable[[], float]
 ) -> float:
     """Seconds to wait before retry number ``retries_done + 1`` after a reply with ``headers``
     (``None``: a connection failure); ``random`` gives [0, 1) for the jitter."""
-    if headers is not None:
-        wait = retry_after(headers, now)
-        if wait is not None and math.isfinite(wait) and 0 < wait <= MAX_RETRY_AFTER:
-            return wait
+    wait = None if headers is None else retry_after(headers, now)
+    if wait is not None and math.isfinite(wait) and 0 < wait <= MAX_RETRY_AFTER:
+        return wait
     base = min(INITIAL_DELAY * 2.0 ** min(retries_done, 1000), MAX_DELAY)
     return max(0.0, base * (1 - 0.25 * random()))
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    """A header by name, whatever its case (HTTP libraries differ in how they store it)."""
-    value = headers.get(name)
-    return (
-        next((v for k, v in headers.items() if k.lower() == name), None) if value is None else value
-    )
+def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    """Header names in lower case (HTTP libraries differ in how they store them)."""
+    return {name.lower(): value for name, value in headers.items()}

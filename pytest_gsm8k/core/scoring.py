@@ -41,7 +41,8 @@ _TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([
 # noise inside a boxed number: escaped $ and %, thin spaces, "{,}" separators, \left/\right
 _LATEX_NOISE_RE = re.compile(r"\\[$%,!;: ]|\{,\}|\\left|\\right|[$%]")
 
-_THINK_PAIR_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE | re.ASCII)
+_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE | re.ASCII)
+_ORPHAN_RE = re.compile(r"</think>", re.IGNORECASE | re.ASCII)
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 _PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
 # the peers' third-party ``regex`` module: for a str its ``\d`` is every Unicode decimal digit too
@@ -74,21 +75,11 @@ def parse_number(text: str) -> Decimal | None:
 
 def strip_reasoning(text: str) -> str:
     """The visible answer without ``<think>`` reasoning (whose numbers the lenient rules would
-    pick up): whole blocks go (each leaves a newline: numbers on either side never fuse), so
-    does everything up to an orphan ``</think>`` (some servers strip the opening tag) and from
-    a ``<think>`` never closed (the model ran out of tokens while thinking)."""
-    # Linear: the pair regex alone is quadratic on unclosed tags, and a cached answer full of
-    # them would stall every rerun; so it only runs up to the last </think>.
-    last = ascii_lower(text).rfind("</think>")
-    head, tail = ("", text) if last == -1 else (text[: last + 8], text[last + 8 :])
-    opening = ascii_lower(tail).find("<think>")
-    if opening != -1:
-        tail = tail[:opening]
-    head = _THINK_PAIR_RE.sub("\n", head)
-    orphan = ascii_lower(head).rfind("</think>")
-    if orphan != -1:
-        head = head[orphan + 8 :]
-    return (head + tail).strip()
+    pick up): each block leaves a newline (numbers on either side never fuse), a block never
+    closed runs to the end (out of tokens while thinking), and everything up to an orphan
+    ``</think>`` goes (some servers strip the opening tag). Linear: an unclosed block ends at
+    the end of the text, so no tag is scanned twice."""
+    return _ORPHAN_RE.split(_THINK_RE.sub("\n", text))[-1].strip()
 
 
 def ascii_lower(text: str) -> str:
@@ -174,17 +165,16 @@ def _extract(rule: str, text: str, visible: str, pattern: re.Pattern[str] | None
             _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None
         )
     if rule == "boxed":
-        content = _last_boxed(visible)
-        return None if content is None else _boxed_number(content)
-    if rule == "flexible":
-        return _last_prose_number(visible)
-    raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
+        return None if (content := _last_boxed(visible)) is None else _boxed_number(content)
+    return _last_prose_number(visible)  # flexible
 
 
 def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
     """The final answer in ``text`` under ``rule``; ``pattern``: ``--gsm8k-answer-regex``,
     the strict rule's. ValueError for an unknown rule (a typo must not score everything wrong)."""
-    visible = text if rule in WHOLE_TEXT_RULES or rule not in RULES else strip_reasoning(text)
+    if rule not in RULES:
+        raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
+    visible = text if rule in WHOLE_TEXT_RULES else strip_reasoning(text)
     return _extract(rule, text, visible, pattern)
 
 
@@ -205,9 +195,8 @@ def numbers_equal(a: Decimal | None, b: Decimal | None) -> bool:
     (no answer) and non-finite values never equal anything, not even themselves."""
     if a is None or b is None or not (a.is_finite() and b.is_finite()):
         return False
-    # Cheap answers first, so a 10-million-digit "number" from a looping model costs no
-    # big-integer arithmetic: magnitudes 100x apart (the larger >= 1) differ by far more
-    # than the tolerance; a very long number is compared at 1e-9, well inside it.
+    # Cheap first: a 10-million-digit "number" costs no big-integer arithmetic (magnitudes 100x
+    # apart differ by far more than the tolerance; a long number is compared at 1e-9)
     top = max(a.adjusted(), b.adjusted())
     if a.is_zero() or b.is_zero():
         if max(a, b, key=abs).adjusted() >= 0 and not (a.is_zero() and b.is_zero()):
@@ -235,7 +224,7 @@ def score_text(
     text: str, gold: Decimal, pattern: re.Pattern[str] | None = None, label: Decimal | None = None
 ) -> SampleScore:
     """One completion against ``gold`` under every rule; ``label``: what ``last-int``
-    compares with (:func:`rule_gold`; ``gold`` when not given)."""
+    compares with (its peers take the answer's last integer; ``gold`` when not given)."""
     visible = strip_reasoning(text)
     extracted = {rule: _extract(rule, text, visible, pattern) for rule in RULES}
     correct = {
@@ -243,11 +232,6 @@ def score_text(
         for rule, value in extracted.items()
     }
     return SampleScore(extracted=extracted, correct=correct)
-
-
-def rule_gold(rule: str, answer: str, gold: Decimal) -> Decimal | None:
-    """What ``rule`` counts as right: ``last-int``'s peers take the answer's last integer."""
-    return last_int(answer) if rule == "last-int" else gold
 
 
 @overload

@@ -45,8 +45,8 @@ _INSIDE = (
         re.I,
     ),
 )
-#: a value that only names a variable (``$OPENAI_API_KEY``): not a secret, kept
-_VARIABLE = re.compile(r"""["']?\$\{?\w+\}?["']?""")
+#: a secret-named value shown as it is: empty, hidden already, or a ``$VARIABLE``
+_KEPT = re.compile("|" + re.escape(REDACTED) + r"""|["']?\$\{?\w+\}?["']?""")
 #: one argument that is an option, or gives one or a variable its value (``HF_TOKEN=X``)
 _FLAG = re.compile(r"--?[\w.-]+")
 _ASSIGNMENT = re.compile(r"(?P<name>--?[\w.-]+|[a-z_]\w*)=(?P<value>.*)", re.IGNORECASE | re.DOTALL)
@@ -119,14 +119,8 @@ def _secret_name(name: str) -> bool:
     """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_WORD`)."""
     name = name.strip("\"'-")
     parts = re.split(r"[-_.]+", name.lower())
-    if parts[-1] in _POINTER_PARTS:
-        return False
-    return bool(_SECRET_END.search(name)) or not _SECRET_PARTS.isdisjoint(parts)
-
-
-def _kept(value: str) -> bool:
-    """A secret-named value shown as it is: empty, hidden already, or a ``$VARIABLE``."""
-    return value in ("", REDACTED) or bool(_VARIABLE.fullmatch(value))
+    pointer = parts[-1] in _POINTER_PARTS
+    return not pointer and (bool(_SECRET_END.search(name)) or not _SECRET_PARTS.isdisjoint(parts))
 
 
 def _hide(match: re.Match[str], values: list[str]) -> str:
@@ -134,15 +128,15 @@ def _hide(match: re.Match[str], values: list[str]) -> str:
     the value (and a URL password decoded) added to ``values``."""
     name = match.groupdict().get("name")
     value = match["value"]
-    if (name is not None and not _secret_name(name)) or _kept(value):
+    if (name is not None and not _secret_name(name)) or _KEPT.fullmatch(value):
         return match[0]
     values += [value] if name is not None or unquote(value) == value else [value, unquote(value)]
     start, end = match.start("value") - match.start(), match.end("value") - match.start()
     return match[0][:start] + REDACTED + match[0][end:]
 
 
-def _inside(text: str, values: list[str]) -> str:
-    for pattern in _INSIDE:
+def _inside(text: str, values: list[str], patterns: Sequence[re.Pattern[str]] = _INSIDE) -> str:
+    for pattern in patterns:
         text = pattern.sub(lambda match: _hide(match, values), text)
     return text
 
@@ -150,8 +144,7 @@ def _inside(text: str, values: list[str]) -> str:
 def redact_options(command: str) -> str:
     """``command`` with the value of every option, assignment or JSON key named like a secret
     (``--api-key X``, ``HF_TOKEN=X``) and every URL password replaced."""
-    values: list[str] = []
-    return _inside(_OPTION.sub(lambda match: _hide(match, values), command), values)
+    return _inside(command, [], (_OPTION, *_INSIDE))
 
 
 def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -162,11 +155,11 @@ def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
     previous = ""
     for word in words:
         assigned = _ASSIGNMENT.fullmatch(word)
-        if assigned and _secret_name(assigned["name"]) and not _kept(assigned["value"]):
+        if assigned and _secret_name(assigned["name"]) and not _KEPT.fullmatch(assigned["value"]):
             values.append(assigned["value"])
             word = f"{assigned['name']}={REDACTED}"
         elif _FLAG.fullmatch(previous) and _secret_name(previous) and word[:1] != "-":
-            if not _kept(word):
+            if not _KEPT.fullmatch(word):
                 values.append(word)
                 word = REDACTED
         else:
@@ -178,10 +171,9 @@ def secret_args(words: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def command_secrets(command: str) -> list[str]:
     try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    return secret_args(words)[1]
+        return secret_args(shlex.split(command))[1]
+    except ValueError:  # unbalanced quotes
+        return secret_args(command.split())[1]
 
 
 def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
@@ -189,16 +181,16 @@ def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
     return [value for name, value in variables if _secret_name(name) or _KEYLIKE.fullmatch(value)]
 
 
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match[0])
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
 def printable(text: str) -> str:
     """``text`` fit for one terminal line: ANSI escapes and control characters removed
     (newlines -> spaces), invisible format characters shown as escapes (``\\u202e``)."""
     text = _ANSI.sub("", text).replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
     return _FORMAT.sub(_escape, _CONTROL.sub("", text))  # lone surrogates too
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def md_text(text: str) -> str:

@@ -18,8 +18,7 @@ from pytest_gsm8k.core import jsondepth
 
 #: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
 MAX_SAMPLES = 1024
-#: core/scoring.py's RULES, here so that pytest's start does not import scoring (a test
-#: keeps the two equal)
+#: core/scoring.py's RULES (a test keeps them equal): pytest's start does not import scoring
 EXTRACTORS = ("strict", "answer-is", "boxed", "flexible", "last-int")
 OMIT = "none"  # an ``omit`` option's value that leaves the field out of the request body
 PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
@@ -57,12 +56,8 @@ class Option:
         return f"--gsm8k-{self.name}"
 
     @property
-    def key(self) -> str:
-        return self.name.replace("-", "_")
-
-    @property
     def dest(self) -> str:
-        return "gsm8k_" + self.key
+        return "gsm8k_" + self.name.replace("-", "_")
 
     @classmethod
     def of(cls, f: dataclasses.Field[Any]) -> Option:
@@ -122,13 +117,14 @@ class Option:
 def convert_bool(raw: Any) -> bool:
     """The words pytest's own bool ini type accepts; ValueError otherwise."""
     text = str(raw).strip().lower()
-    if text not in ("1", "true", "yes", "on", "y", "t", "0", "false", "no", "off", "n", "f", ""):
+    if text not in (*_TRUE, "0", "false", "no", "off", "n", "f", ""):
         raise ValueError(raw)
-    return text in ("1", "true", "yes", "on", "y", "t")
+    return text in _TRUE
 
 
-_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str}
-_READ.update(int=lambda raw: int(str(raw).strip()), float=lambda raw: float(str(raw).strip()))
+_TRUE = ("1", "true", "yes", "on", "y", "t")
+_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str, "float": float}
+_READ["int"] = lambda raw: int(str(raw))  # never int(3.7): that would be 3
 _EXPECTED = {"bool": "true or false", "int": "an integer", "float": "a number"}
 
 
@@ -228,11 +224,6 @@ class Settings:
     samples: int = 1  # pass@N / maj@N's N (1 for test@1): from the protocol, not an option
 
     @property
-    def aggregation(self) -> str:
-        """'test', 'pass' or 'maj'."""
-        return self.protocol.split("@", 1)[0]
-
-    @property
     def asked(self) -> bool:
         """A model is asked for (a model, a server or configs): GSM8K work from the start."""
         return bool(self.model or self.serve or self.vllm_config)
@@ -246,18 +237,13 @@ class Settings:
 
 
 OPTIONS: tuple[Option, ...] = tuple(Option.of(f) for f in fields(Settings) if f.metadata)
-_BY_KEY = {o.key: o for o in OPTIONS}
+_BY_FIELD = {o.field: o for o in OPTIONS}  # the values as read are keyed by field
 
-#: --gsm8k-model=local: a base model (few-shot completions); a long stall timeout (a loaded CPU
-#: server may take minutes per answer; its death is watched directly, runtime/local.py); two
-#: requests in flight (it answers one at a time, and 32 queued outlived --gsm8k-timeout)
-LOCAL_DEFAULTS: dict[str, Any] = {
-    "api": "completions",
-    "shots": 5,
-    "max_tokens": 256,
-    "stall_timeout": 300.0,
-    "concurrency": 2,
-}
+#: --gsm8k-model=local: a base model; a loaded CPU server may take minutes per answer (its death
+#: is watched directly) and answers one at a time (32 queued outlived --gsm8k-timeout)
+LOCAL_DEFAULTS: dict[str, Any] = dict(
+    api="completions", shots=5, max_tokens=256, stall_timeout=300.0, concurrency=2
+)
 
 
 def is_local_spec(model: object) -> bool:
@@ -266,16 +252,13 @@ def is_local_spec(model: object) -> bool:
 
 
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
-OWNED_FIELDS = {
-    "model": "use --gsm8k-model",
-    "messages": "the protocol builds them",
-    "prompt": "the protocol builds it",
-    "n": "use --gsm8k-protocol pass@N or maj@N",
-    "max_tokens": "use --gsm8k-max-tokens",
+OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in ("model", "max_tokens", "stop")}
+OWNED_FIELDS |= {
     "temperature": "use --gsm8k-temperature",
-    "stop": "use --gsm8k-stop",
-    "stream": "the plugin reads whole replies",
+    "n": "use --gsm8k-protocol pass@N or maj@N",
 }
+OWNED_FIELDS |= {"messages": "the protocol builds them", "prompt": "the protocol builds it"}
+OWNED_FIELDS["stream"] = "the plugin reads whole replies"
 
 
 def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
@@ -283,8 +266,7 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
     params: dict[str, str] = {}
     for item in raw:
         key, sep, text = str(item).partition("=")
-        key = key.strip()
-        if not sep or not key:
+        if not sep or not (key := key.strip()):
             raise SettingsError(f"--gsm8k-param: expected KEY=VALUE, got {item!r}")
         if key in OWNED_FIELDS:
             why = f"the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"
@@ -316,15 +298,11 @@ def with_v1(base_url: str) -> str | None:
     from pytest_gsm8k.core.scrub import shown_url  # not at import: the option table stays light
 
     shown = shown_url(base_url).rstrip("/")
-    if not urlsplit(shown).scheme or shown.endswith("/v1"):
-        return None
-    return shown + "/v1"
+    return None if not urlsplit(shown).scheme or shown.endswith("/v1") else shown + "/v1"
 
 
 #: the openai client's default (here, so the pytest layer names it without importing it)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-#: what a preset decides beside the values it sets: giving one would change the peer's protocol
-PRESET_ALSO_FIXED = ("fewshot_file", "answer_regex")
 #: what --gsm8k-config meant before it took vLLM's configs: the dataset config
 DATASET_CONFIGS = ("main", "socratic")
 _EACH = "each config's {} decides"
@@ -346,7 +324,7 @@ CONFIG_DECIDES = {
     "system": "vLLM's script sends no system prompt",
     "extract": _VLLM_SCORES,
     "answer_regex": _VLLM_SCORES,
-    "param": "vLLM's request fields are the config's",
+    "params": "vLLM's request fields are the config's",
     "split": "vLLM's configs run the test split",
     "baseline": _NAMED,
     "baseline_name": _NAMED,
@@ -372,17 +350,17 @@ class _Read:
         for key, why in decides.items():
             if key not in self.given:
                 continue
-            flag = _BY_KEY[key].flag
+            option = _BY_FIELD[key]
             if key not in self.ini:
-                raise SettingsError(f"{flag} cannot be combined with {mode}: {why}")
-            self.warn(f"ini gsm8k_{key} set aside: {mode} runs ({why}); {flag}= clears it")
+                raise SettingsError(f"{option.flag} cannot be combined with {mode}: {why}")
+            self.warn(f"ini {option.dest} set aside: {mode} runs ({why}); {option.flag}= clears it")
             self.given.discard(key)
-            self.values[key] = _BY_KEY[key].default
+            self.values[key] = option.default
 
     def old_config(self, exists: Callable[[str], bool]) -> None:
         """The old ``--gsm8k-config main|socratic``: the dataset config, with a note (refused
         when a file of that name exists: ambiguous)."""
-        value, values = self.values["config"], self.values
+        value, values = self.values["vllm_config"], self.values
         if value not in DATASET_CONFIGS:
             return
         if exists(value):
@@ -400,8 +378,8 @@ class _Read:
             f"--gsm8k-config {value} selects the dataset config: write --gsm8k-dataset-config "
             f"{value} (--gsm8k-config now takes vLLM config files)"
         )
-        values.update(dataset_config=value, config=None)
-        self.given.discard("config")
+        values.update(dataset_config=value, vllm_config=None)
+        self.given.discard("vllm_config")
         self.given.add("dataset_config")
 
     def preset(self, name: str) -> None:
@@ -416,15 +394,15 @@ class _Read:
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         spec = PRESETS[name]
-        for key in (*fixed, *PRESET_ALSO_FIXED, *spec.also_fixed):
+        for key in (*fixed, *spec.also_fixed):
             if key in self.given and key not in ("preset", "api", *spec.adjustable):
-                flag = _BY_KEY[key].flag
+                flag = _BY_FIELD[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
         self.values.update(fixed)
         if name == "vllm":
             from pytest_gsm8k.core.engine_ci import vllm_param_error
 
-            keys = [key for key, _ in parse_params(self.values["param"] or [])]
+            keys = [key for key, _ in parse_params(self.values["params"] or [])]
             if error := vllm_param_error(keys, api):
                 raise SettingsError(error)
 
@@ -486,7 +464,7 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
     protocol, the checks beyond a range. Returns the protocol's N."""
     values, given = read.values, read.given
     read.old_config(exists)
-    if values["config"]:
+    if values["vllm_config"]:
         _config_mode(read)
     if values["serve"] or is_local_spec(values["model"]):
         read.mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
@@ -496,7 +474,7 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
         # A base model does not follow chat instructions: few-shot completions with stops.
         values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
     samples = _protocol(values, read.warn)
-    values["param"] = parse_params(values["param"] or [])
+    values["params"] = parse_params(values["params"] or [])
     if (regex := values["answer_regex"]) is not None:
         try:
             compiled = re.compile(regex)
@@ -555,12 +533,13 @@ def build_settings(
     read = _Read({}, set(), set(), warn)
     for option in OPTIONS:
         value = option.parse(get(option))
-        read.values[option.key] = option.default if value is None else value
+        read.values[option.field] = option.default if value is None else value
         if value is not None:
-            read.given.add(option.key)
+            read.given.add(option.field)
             if from_ini(option):
-                read.ini.add(option.key)
+                read.ini.add(option.field)
     samples = _across(read, exists)
-    kwargs = {o.field: read.values[o.key] for o in OPTIONS}
-    kwargs.update((o.field, tuple(read.values[o.key] or ())) for o in OPTIONS if o.kind == "list")
-    return Settings(samples=samples, **kwargs)
+    read.values.update(
+        (o.field, tuple(read.values[o.field] or ())) for o in OPTIONS if o.kind == "list"
+    )
+    return Settings(samples=samples, **read.values)

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
 
+from pytest_gsm8k.core.scrub import clip
+
 Api = Literal["chat", "completions"]
 
 #: a billion tokens for one GSM8K answer is no count (summed, it prints nonsense totals)
@@ -29,8 +31,7 @@ def valid_usage(raw: Any, names: tuple[str, ...] | None = None) -> tuple[dict[st
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_COUNT:
             counts[str(name)] = value
         else:
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            bad.append(f"{name}={shown}")
+            bad.append(f"{name}={clip(repr(value), 40)}")
     return counts, bad
 
 
@@ -68,11 +69,9 @@ class Request:
     seed: int | None = None
     #: --gsm8k-param: (key, canonical JSON) merged into the body last
     params: tuple[tuple[str, str], ...] = ()
-    #: the exact JSON text of a preset's body copied byte for byte (key order, escapes, no
-    #: ``model``): sent as it is and hashed for the cache key; the fields above describe it
+    #: a preset's exact body text (key order, escapes): sent as it is and hashed for the cache
     wire: str | None = None
-    #: --gsm8k-repeats: which of the K asks this is; not in the body, in the cache key's
-    #: sample after the first (repeat 0 keeps the key of a run without repeats)
+    #: --gsm8k-repeats: which ask this is (in the cache key after the first, not in the body)
     repeat: int = 0
 
     def asks(self, repeats: int) -> list[Request]:
@@ -82,8 +81,7 @@ class Request:
     def body(self, model: str) -> dict[str, Any]:
         """The JSON body the endpoint receives and the cache key hashes."""
         if self.wire is not None:
-            wire: dict[str, Any] = json.loads(self.wire)
-            return wire
+            return dict(json.loads(self.wire))
         body: dict[str, Any] = {"model": model}
         if self.api == "chat":
             body["messages"] = [{"role": role, "content": text} for role, text in self.messages]
@@ -141,8 +139,7 @@ def stable_hash(obj: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-#: what a user's model callable may return for one request: a text, several (one per
-#: sample), :class:`Completion` values, or a whole :class:`ModelResponse`
+#: what a user's model callable may return for one request (one text or Completion a sample)
 Reply = str | list[str] | Completion | list[Completion] | ModelResponse
 #: a model a user plugs in through the ``gsm8k_model`` fixture, sync or async
 ModelCallable = Callable[[Request], Reply | Awaitable[Reply]]

@@ -8,7 +8,7 @@ import math
 import reprlib
 import shlex
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import yaml
@@ -17,7 +17,6 @@ from pytest_gsm8k.core.scrub import secret_args, secret_env
 
 #: what vLLM's test adds to every config's ``server_args``, then its RemoteOpenAIServer's seed
 TEST_FLAGS = ("--trust-remote-code", "--disable-uvicorn-access-log", "--seed", "0")
-REQUIRED = ("model_name", "accuracy_threshold", "num_questions", "num_fewshot")
 #: found in vLLM's configs, never read by its test (so neither here)
 IGNORED = ("max_model_len",)
 #: fields a run here cannot honour: refused with the reason
@@ -31,33 +30,40 @@ class ConfigError(Exception):
     """A config that cannot be run as vLLM's test would run it: one line, naming the file."""
 
 
+def _num(default: Any, low: float, high: float | None = None, *, whole: bool = False) -> Any:
+    """A number field: an integer if ``whole``, at least ``low`` (above it for a wait in
+    seconds, whose ``high`` is 1e6), at most ``high``; ``default`` MISSING: required."""
+    return field(default=default, metadata={"bounds": (whole, low, high, high == 1e6)})
+
+
+def _typed(default: Any, kind: type, what: str) -> Any:
+    return field(default=default, metadata={"type": (kind, what)})
+
+
 @dataclass(frozen=True)
 class VllmConfig:
-    """One config, with vLLM's test's defaults filled in."""
+    """One config, with vLLM's test's defaults filled in; each field read from the file is
+    declared here once, with its type and range."""
 
     name: str  # the file's stem: the group's name in item ids, headlines and reports
     source: str  # the file as shown in messages
     model_name: str
-    accuracy_threshold: float
-    num_questions: int
-    num_fewshot: int
-    tolerance: float = 0.08
-    server_args: tuple[str, ...] = ()  # split as vLLM's test splits it (shlex)
-    env: tuple[tuple[str, str], ...] = ()
-    startup_max_wait_seconds: float = 1200.0
-    request_timeout_seconds: float = 600.0
-    max_tokens: int = 256
-    use_chat_completions: bool = False
-    temperature: float | None = 0.0  # None: left out of the request, as vLLM's script does
-    seed: int | None = 42
-    gen_prefix: str = ""
-    max_concurrency: int | None = None
-    given: tuple[str, ...] = field(default=())  # the fields given, in file order (the report)
-
-    @property
-    def floor(self) -> float:
-        """The accuracy the gate needs, computed as vLLM's test computes it."""
-        return self.accuracy_threshold - self.tolerance
+    accuracy_threshold: float = _num(MISSING, 0, 1)
+    num_questions: int = _num(MISSING, 1, whole=True)
+    num_fewshot: int = _num(MISSING, 0, whole=True)
+    tolerance: float = _num(0.08, 0, 1)
+    startup_max_wait_seconds: float = _num(1200.0, 0, 1e6)
+    request_timeout_seconds: float = _num(600.0, 0, 1e6)
+    rocm_request_timeout_seconds: float = _num(600.0, 0, 1e6)  # checked, never used here
+    max_tokens: int = _num(256, 1, whole=True)
+    temperature: float | None = _num(0.0, 0, 2)  # None (so nullable): left to the server
+    seed: int | None = _num(42, 0, whole=True)
+    max_concurrency: int | None = _num(None, 1, whole=True)
+    server_args: tuple[str, ...] = _typed((), str, "a string")  # split as vLLM's test (shlex)
+    env: tuple[tuple[str, str], ...] = _typed((), dict, "a mapping of variables")
+    gen_prefix: str = _typed("", str, "a string")
+    use_chat_completions: bool = _typed(False, bool, "true or false")
+    given: tuple[str, ...] = ()  # the fields given, in file order (the report)
 
     def serve_args(self) -> tuple[str, ...]:
         return (*self.server_args, *TEST_FLAGS)
@@ -72,6 +78,9 @@ class VllmConfig:
         return {**env, "VLLM_ENGINE_READY_TIMEOUT_S": str(int(self.startup_max_wait_seconds))}
 
 
+_FIELDS = {f.name: f for f in fields(VllmConfig) if f.metadata}
+REQUIRED = ("model_name", *(n for n, f in _FIELDS.items() if f.default is MISSING))
+KNOWN = ("model_name", *_FIELDS, *UNSUPPORTED)
 _SHOW = reprlib.Repr()  # a user's value in an error: its repr, cut to a readable length
 _SHOW.maxstring = _SHOW.maxother = 60
 _shown = _SHOW.repr
@@ -129,28 +138,8 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
         raise ConfigError(f"{source}: nested too deeply (vLLM's configs are flat)") from None
     finally:
         loader.dispose()
-    if not isinstance(root, yaml.MappingNode):
-        return data, {}
-    return data, {str(k.value): v for k, v in root.value if isinstance(k, yaml.ScalarNode)}
-
-
-#: the fields vLLM's test reads: the numbers as (an integer, lowest, highest, the lowest
-#: excluded), None allowed (left to the server, as vLLM's script leaves it) where
-#: ``_NULLABLE`` says so; then the other types (None is left to the default, except a bool)
-_BOUNDS: dict[str, tuple[bool, float, float | None, bool]] = {
-    "accuracy_threshold": (False, 0, 1, False),
-    "num_questions": (True, 1, None, False),
-    "num_fewshot": (True, 0, None, False),
-    "tolerance": (False, 0, 1, False),
-    "startup_max_wait_seconds": (False, 0, 1e6, True),
-    "request_timeout_seconds": (False, 0, 1e6, True),
-    "rocm_request_timeout_seconds": (False, 0, 1e6, True),
-    "max_tokens": (True, 1, None, False),
-    "temperature": (False, 0, 2, False),
-    "seed": (True, 0, None, False),
-    "max_concurrency": (True, 1, None, False),
-}
-_NULLABLE = ("temperature", "seed", "max_concurrency")
+    keys = root.value if isinstance(root, yaml.MappingNode) else []
+    return data, {str(k.value): v for k, v in keys if isinstance(k, yaml.ScalarNode)}
 
 
 def _bounded(
@@ -166,15 +155,6 @@ def _bounded(
         bound = f"{'>' if open_low else '>='} {low:g}" + (f" and <= {high:g}" if high else "")
         raise ConfigError(f"{where}: must be {bound}, got {_shown(raw)}")
     return raw if integer else float(raw)
-
-
-_TYPED = {
-    "server_args": (str, "a string"),
-    "env": (dict, "a mapping of variables"),
-    "gen_prefix": (str, "a string"),
-    "use_chat_completions": (bool, "true or false"),
-}
-KNOWN = ("model_name", *_BOUNDS, *_TYPED, *UNSUPPORTED)
 
 
 def parse(text: str, source: str, name: str) -> VllmConfig:
@@ -208,20 +188,20 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
             f"{where('model_name')}: expected a model id (at most 1000 characters, no NUL), "
             f"got {_shown(model)}"
         )
-    values: dict[str, Any] = {
-        key: None if data[key] is None and key in _NULLABLE else _bounded(data[key], where(key), *b)
-        for key, b in _BOUNDS.items()
-        if key in data
-    }
-    values.pop("rocm_request_timeout_seconds", None)  # checked, never used here
-    values["model_name"] = model.strip()
-    for key, (kind, what) in _TYPED.items():
+    values: dict[str, Any] = {"model_name": model.strip()}
+    for key, f in _FIELDS.items():
         raw = data.get(key)
-        if (raw is not None or (kind is bool and key in data)) and not isinstance(raw, kind):
-            raise ConfigError(f"{where(key)}: expected {what}, got {_shown(raw)}")
-    if data.get("server_args") is not None:
+        if "bounds" in f.metadata and key in data:
+            nulled = raw is None and str(f.type).endswith("None")
+            values[key] = None if nulled else _bounded(raw, where(key), *f.metadata["bounds"])
+        elif "type" in f.metadata and (raw is not None or (f.type == "bool" and key in data)):
+            kind, what = f.metadata["type"]
+            if not isinstance(raw, kind):
+                raise ConfigError(f"{where(key)}: expected {what}, got {_shown(raw)}")
+            values[key] = raw
+    if "server_args" in values:
         try:
-            values["server_args"] = args = tuple(shlex.split(data["server_args"]))
+            values["server_args"] = args = tuple(shlex.split(values["server_args"]))
         except ValueError as exc:
             raise ConfigError(f"{where('server_args')}: cannot split ({exc})") from None
         if flag := next((f for f in ("--port", "-p") if f in args), None):
@@ -229,16 +209,14 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
                 f"{where('server_args')}: {flag} is chosen by the run (a free port), "
                 "as vLLM's test refuses it too"
             )
-    for key, value in (data.get("env") or {}).items():
+    for key, value in values.get("env", {}).items():
         if not isinstance(key, str) or not key or "=" in key:
             raise ConfigError(f"{where('env')}: {_shown(key)} is not a variable name")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ConfigError(
                 f"{where('env')}.{clip(key)}: expected a string (quote it), got {_shown(value)}"
             )
-    values["env"] = tuple((key, str(value)) for key, value in (data.get("env") or {}).items())
-    values["use_chat_completions"] = data.get("use_chat_completions", False)
-    values["gen_prefix"] = data.get("gen_prefix") or ""
+    values["env"] = tuple((key, str(value)) for key, value in values.get("env", {}).items())
     return VllmConfig(name=name, source=source, given=tuple(data), **values)
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.dataset import (
-    CONFIGS,
     HUB_NAME,
     TEST_SIZE,
     DatasetError,
@@ -21,6 +20,7 @@ from pytest_gsm8k.core.dataset import (
     parse_jsonl,
     rows_to_problems,
 )
+from pytest_gsm8k.core.settings import DATASET_CONFIGS
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.install import install_hint
 
@@ -119,7 +119,7 @@ def load_split(
     """One split: the embedded copy (the default), ``hub_name`` on the hub, or ``data``, a
     file or a folder holding ``<split>.jsonl`` (``<split>_socratic.jsonl``; the layout of
     openai/grade-school-math) or laid out like the hub (``<config>/<split>-*.parquet``)."""
-    if config not in CONFIGS:
+    if config not in DATASET_CONFIGS:
         raise DatasetError(
             f"--gsm8k-dataset-config: unknown config {config!r} (expected main or socratic)"
         )

@@ -27,7 +27,7 @@ from pytest_gsm8k.core.engine_ci import (
     vllm_param_error,
     vllm_request,
 )
-from pytest_gsm8k.core.scoring import last_int, numbers_equal, rule_gold
+from pytest_gsm8k.core.scoring import last_int, numbers_equal
 from pytest_gsm8k.core.settings import parse_params
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split
@@ -126,7 +126,7 @@ def test_scripts_labels_are_last_int_of_the_answer(eval_problems: tuple[Problem,
     assert len(labels) == len(eval_problems) == 1319
     differ = []
     for problem, label in zip(eval_problems, labels, strict=True):
-        assert rule_gold("last-int", problem.answer, problem.gold) == Decimal(label)
+        assert last_int(problem.answer) == Decimal(label)
         if problem.gold != label:
             differ.append((problem.index, str(problem.gold)))
     assert differ == [(489, "-10"), (1113, "-3")]
@@ -180,7 +180,7 @@ def test_scripts_accuracy_recomputed_with_last_int(
         problem = eval_problems[answer["problem_index"]]
         value = last_int(answer["text"])
         invalid += value is None
-        right += numbers_equal(value, rule_gold("last-int", problem.answer, problem.gold))
+        right += numbers_equal(value, last_int(problem.answer))
     assert right / len(answers) == pytest.approx(run["accuracy"])
     assert invalid / len(answers) == pytest.approx(run["invalid_rate"])
 

@@ -191,7 +191,9 @@ def test_fewshot_draws_are_sequential_per_problem() -> None:
 
 
 def test_protocol_fields_and_spec() -> None:
-    assert presets.LM_EVAL.settings() == {
+    assert presets.preset_settings("lm-eval") == {
+        "preset": "lm-eval",
+        "api": "completions",
         "protocol": "test@1",
         "temperature": 0.0,
         "shots": 5,

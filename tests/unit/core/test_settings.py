@@ -96,7 +96,7 @@ def test_sampled_protocols() -> None:
     s = settings(protocol="maj@8")
     assert s.samples == 8
     assert s.temperature == 0.7
-    assert s.aggregation == "maj"
+    assert s.protocol == "maj@8"  # the aggregation the outcome step reads (maj)
     notes: list[str] = []
     s = settings(notes, protocol="pass@4", temperature="0")
     assert s.temperature == 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_gsm8k.core.gates import ToleranceFloor
 from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig, parse, parse_list
 
 QWEN = """\
@@ -28,7 +29,9 @@ def test_a_config_of_vllms_own_gets_its_tests_defaults() -> None:
         given=("model_name", "accuracy_threshold", "num_questions", "num_fewshot", "server_args"),
     )
     assert config.tolerance == 0.08
-    assert config.floor == 0.375 - 0.08
+    assert ToleranceFloor(config.name, config.accuracy_threshold, config.tolerance).floor == (
+        0.375 - 0.08
+    )
     assert config.startup_max_wait_seconds == 1200
     assert (config.max_tokens, config.temperature, config.seed) == (256, 0.0, 42)
     assert config.serve_args() == (
