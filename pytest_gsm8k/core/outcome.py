@@ -51,32 +51,20 @@ def _decide(
     return values[0], scores[0].correct[rule], []
 
 
+#: a ``<think>`` block (one never closed runs to the end), or the text before a first
+#: ``</think>`` whose opening tag the server stripped; ASCII case only, in linear time
+_THINK = re.compile(
+    r"\A((?:(?!<think>).)*?)</think>|<think>(.*?)(?:</think>|\Z)", re.I | re.A | re.S
+)
+
+
 def reasoning_text(completion: Completion) -> str | None:
     """The sample's reasoning, kept for the report and never scored: the server's
-    ``reasoning_content``, else what ``<think>`` blocks in the content hold (linear time)."""
+    ``reasoning_content``, else what ``<think>`` blocks in the content hold."""
     if completion.reasoning:
         return completion.reasoning
-    text = completion.text
-    lowered = ascii_lower(text)
-    parts: list[str] = []
-    pos = 0
-    first_close = lowered.find("</think>")
-    first_open = lowered.find("<think>")
-    if first_close != -1 and (first_open == -1 or first_close < first_open):
-        parts.append(text[:first_close])  # the server stripped the opening tag
-        pos = first_close + 8
-    while True:
-        start = lowered.find("<think>", pos)
-        if start == -1:
-            break
-        end = lowered.find("</think>", start + 7)
-        if end == -1:
-            parts.append(text[start + 7 :])  # never closed: cut while reasoning
-            break
-        parts.append(text[start + 7 : end])
-        pos = end + 8
-    joined = "\n".join(part.strip() for part in parts).strip()
-    return joined or None
+    parts = (m[1] if m[1] is not None else m[2] for m in _THINK.finditer(completion.text))
+    return "\n".join(part.strip() for part in parts).strip() or None
 
 
 def cut_while_reasoning(completion: Completion) -> bool:

@@ -40,11 +40,7 @@ class JunitCase(NamedTuple):
     earlier: str | None  # with resumed answers, how many came from earlier runs ("39 of 40")
 
 
-_JUNIT_OUTCOME: dict[Word, Literal["passed", "failed", "skipped"]] = {
-    "PASS": "passed",
-    "FAIL": "failed",
-    "UNDECIDED": "skipped",
-}
+_JUNIT_OUTCOME = {"PASS": "passed", "FAIL": "failed", "UNDECIDED": "skipped"}
 
 
 def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
@@ -58,11 +54,11 @@ def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
     return [
         JunitCase(
             gate.name,
-            _JUNIT_OUTCOME[gate.word],
+            _JUNIT_OUTCOME[gate.word],  # type: ignore[arg-type]
             None if gate.word == "PASS" else gate.detail,
             earlier.get(gate.name),
         )
-        for gate in verdict.gates
+        for gate in verdict.top.gates
     ]
 
 
@@ -264,7 +260,7 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
         )
     ds, subset = v.group.dataset, subset_words(v.group.subset)
     out += [
-        f"model: {model_words(v.model, v.reported_models())}  endpoint: {v.group.endpoint}",
+        f"model: {model_words(v.group.model, v.reported_models())}  endpoint: {v.group.endpoint}",
         f"dataset: {ds['name']} {ds['config']}/{ds['split']} (fingerprint {ds['fingerprint']})"
         + (f"; {subset}" if subset else ""),
         f"tokens: {tokens_words(v.tokens(), v.from_cache(), v.n, v.selection.resumed)}",
@@ -276,7 +272,7 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
             f"by --gsm8k-max-tokens {v.group.protocol['max_tokens']}"
         )
     if v.n < v.expected:
-        stop = " (run interrupted)" if v.interrupted else ""
+        stop = " (run interrupted)" if v.selection.interrupted else ""
         out.append(f"INCOMPLETE: {v.n} of {v.expected} problems have a result{stop}")
     out += [note[2:] for note in v.notes] + [v.chat_hint() or ""] * bool(v.chat_hint())
     # model names, endpoints and messages come from outside: no escapes reach a terminal
@@ -296,12 +292,6 @@ def markdown(
 ) -> str:
     """The GitHub step summary: headline, where the page is (``html``: its path relative to
     the repository and True, or its file's name and False), gates, each group's comparison."""
-    return fit(lambda listed: _markdown(verdict, questions, html, listed))
-
-
-def _markdown(
-    verdict: RunVerdict, questions: Mapping[str, str], html: tuple[str, bool] | None, listed: int
-) -> str:
     top = verdict.top
     lines = [f"### {md_text(top.headline())}", ""]
     if html:
@@ -310,15 +300,18 @@ def _markdown(
         lines += [f"The run's page: {md_code(html[0])} {where}.", ""]
     counts = ", ".join(f"{n} {k}" for k, n in top.counts().items() if n)
     dataset = f"{top.group.dataset['config']}/{top.group.dataset['split']}"
-    lines.append(f"Outcomes: {counts}. Model {md_code(top.model)}, dataset {md_code(dataset)}.")
-    if top.selection.resumed:
-        lines[-1] += f" {top.earlier_answers()}."
-    lines.append("")
-    lines += gate_table(top.gates)
-    for group in verdict.groups:  # a config's lists are named after it; a run's name is ""
-        base = group.extra.get("baseline") or {}
-        lines += against_baseline(base, questions, group.group.name, listed)
-    return "\n".join(lines) + "\n"
+    lines.append(
+        f"Outcomes: {counts}. Model {md_code(top.group.model)}, dataset {md_code(dataset)}."
+    )
+    lines[-1] += f" {top.earlier_answers()}." * top.selection.resumed
+    lines += ["", *gate_table(top.gates)]
+    bases = [(g.extra.get("baseline") or {}, g.group.name) for g in verdict.groups]
+
+    def text(listed: int) -> str:  # a config's lists are named after it; a run's name is ""
+        lists = [ln for b, name in bases for ln in against_baseline(b, questions, name, listed)]
+        return "\n".join(lines + lists) + "\n"
+
+    return fit(text)
 
 
 # -- compare's Markdown ---------------------------------------------------------------

@@ -1,11 +1,10 @@
-"""The verdict step: a run's records and plain facts in, one frozen verdict that every output
-renders from. Pure. Its inputs are plain data a JSON report gives back, so a shard's merge and
-``compare`` decide the same way; inside :func:`decide` each rule is written once, in order."""
+"""The verdict step: records and plain facts in (what a JSON report gives back, so a merge and
+``compare`` decide the same way), one frozen verdict out that every output renders from. Pure."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -126,10 +125,6 @@ class GroupVerdict:
     configs: tuple[GroupVerdict, ...] = ()
 
     @property
-    def model(self) -> str:
-        return self.group.model
-
-    @property
     def expected(self) -> int:
         return len(self.selection.ids)
 
@@ -147,9 +142,8 @@ class GroupVerdict:
 
     @property
     def answers_correct(self) -> int:
-        if self.runs == 1:
-            return self.correct
-        return sum(int(r.get("repeats_correct") or 0) for r in self.records)
+        runs = (int(r.get("repeats_correct") or 0) for r in self.records)
+        return sum(runs) if self.runs > 1 else self.correct
 
     @property
     def accuracy(self) -> float:
@@ -198,12 +192,8 @@ class GroupVerdict:
 
     def format_failures(self) -> int:
         """Problems the gated extractor missed but another rule got right."""
-        gated = self.group.protocol["extractor"]
-        return sum(
-            1
-            for r in self.records
-            if not r["rules"].get(gated) and any(v for k, v in r["rules"].items() if k != gated)
-        )
+        gated, rules = self.group.protocol["extractor"], [r["rules"] for r in self.records]
+        return sum(not r.get(gated) and any(v for k, v in r.items() if k != gated) for r in rules)
 
     def pass_at(self) -> dict[str, float]:
         """Unbiased pass@k (Chen et al. 2021) for k = 1 and the powers of two below N."""
@@ -234,7 +224,9 @@ class GroupVerdict:
         """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
         texts = (s["text"] for r in self.records for s in r["samples"])
         api, unparsed = str(self.group.protocol.get("api")), self.counts()["unparsed"]
-        return chat_api_hint(api, [self.model, *self.reported_models()], unparsed, self.n, texts)
+        return chat_api_hint(
+            api, [self.group.model, *self.reported_models()], unparsed, self.n, texts
+        )
 
     def earlier_answers(self) -> str:
         """How many answers came from earlier runs, as every output of a resumed run says."""
@@ -245,10 +237,6 @@ class GroupVerdict:
     @property
     def failed(self) -> bool:
         return any(not g.passed for g in self.gates)
-
-    @property
-    def interrupted(self) -> bool:
-        return self.selection.interrupted
 
     def matrix_headline(self) -> str:
         words = [word_of(g.word for g in c.gates) for c in self.configs]
@@ -284,14 +272,14 @@ class GroupVerdict:
             "correct": self.correct,
             "n": self.n,
             "expected": self.expected,
-            "complete": self.n == self.expected and not self.interrupted,
+            "complete": self.n == self.expected and not self.selection.interrupted,
             "ci95": list(self.interval()) if self.answered and not matrix else None,
             "counts": self.counts(),
             "rules": self.rule_accuracy(),
             "format_failures": self.format_failures(),
             "pass_at_k": self.pass_at(),
             "protocol": {**self.group.protocol, "label": self.group.label},
-            "model": self.model,
+            "model": self.group.model,
             "reported_models": self.reported_models(),
             "endpoint": self.group.endpoint,
             "dataset": dict(self.group.dataset),
@@ -321,10 +309,6 @@ class RunVerdict:
     @property
     def groups(self) -> tuple[GroupVerdict, ...]:
         return self.top.configs if self.matrix else (self.top,)
-
-    @property
-    def gates(self) -> tuple[GateVerdict, ...]:
-        return self.top.gates
 
     @property
     def failed(self) -> bool:
@@ -424,7 +408,7 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     deselected = v.selection.deselected
     missing = 0 if stopped_early else v.expected - v.n
     of = f"of the {v.expected + deselected} problems of its selection"
-    stopped = "; the run was interrupted" if v.interrupted else ""
+    stopped = "; the run was interrupted" if v.selection.interrupted else ""
     said = [f"{deselected} {of} were deselected ({v.selection.deselected_by})"] * bool(deselected)
     said += [f"{missing} {of} have no result (skipped, or not reached{stopped})"] * (missing > 0)
     whys = [f"{' and '.join(said)}; {_WHOLE}"] if said else []
@@ -491,8 +475,8 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     said = f"{shared_words(cmp)}; {points_words(*difference(pairs))}"
     notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
     was = document.get("model")
-    if isinstance(was, str) and was != v.model:
-        notes.append(f"  the baseline was recorded with model {was} (this run: {v.model})")
+    if isinstance(was, str) and was != v.group.model:
+        notes.append(f"  the baseline was recorded with model {was} (this run: {v.group.model})")
     notes += [f"  {bl.noise_sentence(seen)}", f"  {failing_words(pairs)}; p={seen['p_value']:.4g}"]
     notes += [f"  {rise}" for rise in [rule.rise(pairs, found)] if rise is not None]
     where_all = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
@@ -530,7 +514,7 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
         partial += f"({v.selection.deselected_by})"
     dropped = 0 if baseline.partial_ok else bl.dropped(stored, report, baseline.split)
     for why in (
-        "the run was interrupted" if v.interrupted else None,
+        "the run was interrupted" if v.selection.interrupted else None,
         f"{errors} problems ended in an error" if errors else None,
         f"only {v.n} of {v.expected} problems have a result"
         if v.n < v.expected and not stopped_early
@@ -555,6 +539,12 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
     return replace(v, notes=(*v.notes, note), extra=extra, baseline_write=bl.build(report, partial))
 
 
+def _named(config: str) -> Callable[[GateVerdict], GateVerdict]:
+    """A config's gate named after it (``Qwen3:min-acc``; its floor already is)."""
+    named = f"{config}:"
+    return lambda g: g if g.name.startswith(named) else replace(g, name=named + g.name)
+
+
 def decide_run(
     inputs: Sequence[GroupInput],
     *,
@@ -569,12 +559,7 @@ def decide_run(
     if top is None:
         (verdict,) = decided
     else:
-        for i, d in enumerate(decided):
-            named = f"{d.group.name}:"
-            gates = [
-                g if g.name.startswith(named) else replace(g, name=named + g.name) for g in d.gates
-            ]
-            decided[i] = replace(d, gates=tuple(gates))
+        decided = [replace(d, gates=tuple(map(_named(d.group.name), d.gates))) for d in decided]
         both = tuple(g for d in decided for g in d.gates)
         ids = tuple(pid for d in decided for pid in d.selection.ids)
         interrupted = any(i.selection.interrupted for i in inputs)
