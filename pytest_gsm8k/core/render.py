@@ -58,7 +58,7 @@ def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
             None if gate.word == "PASS" else gate.detail,
             earlier.get(gate.name),
         )
-        for gate in verdict.top.gates
+        for gate in verdict.gates
     ]
 
 
@@ -181,7 +181,7 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     (a matrix: each config's block, then the matrix headline and the verdict table)."""
     blocks = [line for group in verdict.groups for line in _group_lines(group)]
     if verdict.matrix:
-        blocks.append((verdict.top.matrix_headline(), "headline"))
+        blocks.append((verdict.matrix_headline(), "headline"))
         configs = verdict.to_json().get("configs") or []
         blocks.extend((printable(line), "info") for line in verdict_table(configs))
     return blocks
@@ -292,19 +292,18 @@ def markdown(
 ) -> str:
     """The GitHub step summary: headline, where the page is (``html``: its path relative to
     the repository and True, or its file's name and False), gates, each group's comparison."""
-    top = verdict.top
-    lines = [f"### {md_text(top.headline())}", ""]
+    lines = [f"### {md_text(verdict.headline())}", ""]
     if html:
         where = "(relative to the repository; a self-contained HTML file: see the job's artifacts)"
         where = where if html[1] else "in the job's artifact (a self-contained HTML file)"
         lines += [f"The run's page: {md_code(html[0])} {where}.", ""]
-    counts = ", ".join(f"{n} {k}" for k, n in top.counts().items() if n)
-    dataset = f"{top.group.dataset['config']}/{top.group.dataset['split']}"
+    counts = ", ".join(f"{n} {k}" for k, n in verdict.counts().items() if n)
+    dataset = f"{verdict.group.dataset['config']}/{verdict.group.dataset['split']}"
     lines.append(
-        f"Outcomes: {counts}. Model {md_code(top.group.model)}, dataset {md_code(dataset)}."
+        f"Outcomes: {counts}. Model {md_code(verdict.group.model)}, dataset {md_code(dataset)}."
     )
-    lines[-1] += f" {top.earlier_answers()}." * top.selection.resumed
-    lines += ["", *gate_table(top.gates)]
+    lines[-1] += f" {verdict.earlier_answers()}." * verdict.selection.resumed
+    lines += ["", *gate_table(verdict.gates)]
     bases = [(g.extra.get("baseline") or {}, g.group.name) for g in verdict.groups]
 
     def text(listed: int) -> str:  # a config's lists are named after it; a run's name is ""

@@ -128,25 +128,20 @@ class Tally:
         from pytest_gsm8k.core.verdict import BaselineInput, Group, GroupInput, Selection
 
         settings, split = plan.settings, plan.split
-        ids = {p.id for p in self.wanted(plan)}
-        of = len(split.problems)
+        ids, of = {p.id for p in self.wanted(plan)}, len(split.problems)
         shard: dict[str, Any] = {}
         if plan.shard is not None:  # what the merge needs beside the records (core/merge.py)
             left = [p.id for p in plan.problems if p.id not in ids]
             shard["shard"] = shard_record(plan, left, deselected_by, self.interrupted)
 
-        def group(
-            name: str, label: str, protocol: Protocol, problems: Sequence[Problem], **facts: Any
-        ) -> Group:
+        def group(protocol: Protocol, problems: Sequence[Problem], **facts: Any) -> Group:
             deselected = sum(p.id not in ids for p in problems)
-            subset = {"of": of, "ids_hash": _ids_hash(problems), "deselected": deselected}
+            facts["subset"] |= {"of": of, "ids_hash": _ids_hash(problems), "deselected": deselected}
+            facts.setdefault("label", protocol.label)
             return Group(
-                name=name,
-                label=label,
                 protocol=protocol.identity(),
                 protocol_label=protocol.label,
                 dataset=split.identity(),
-                subset=facts.pop("subset") | subset | facts.pop("tail", {}),
                 specs=plan.gates,
                 report=settings.report or "",
                 **facts,
@@ -184,40 +179,36 @@ class Tally:
             return GroupInput(g, tuple(found.values()), selection, baseline, early)
 
         if not plan.groups:
-            records = dict(self.records)
-            selected = plan.problems
+            records, selected = dict(self.records), plan.problems
             limit = settings.limit if len(selected) < of else None
-            first = takes_first(settings.preset) and limit is not None
+            first = {"first": True} if takes_first(settings.preset) and limit is not None else {}
             model = plan.endpoint.model or _most_common(records, "model")
-            base_url = shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL)
             where = "served" if settings.serve else "local_server"
             run = group(
-                "",
-                plan.protocol.label,
                 plan.protocol,
                 selected,
-                subset={"limit": limit, "seed": settings.seed},
-                tail={"first": True} if first else {},
+                name="",
+                subset={"limit": limit, "seed": settings.seed, **first},
                 model=model or "(gsm8k_model fixture)",
-                endpoint=_most_common(records, "endpoint") or base_url,
+                endpoint=_most_common(records, "endpoint")
+                or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
                 extra=({where: server} if server is not None else {}) | shard,
             )
             return [gathered(run, selected, records, plan.baseline, split.problems)], None, []
         inputs: list[GroupInput] = []
         for planned in plan.groups:
-            config = planned.config
+            config, served = planned.config, servers.get(planned.name)
             if not any(p.id in ids for p in planned.problems):
                 continue  # deselected whole (-k, -m): its server never started, nothing to gate
-            served = servers.get(planned.name)
             block = {key: getattr(config, key) for key in _CONFIG_FIELDS.split()}
             block["server_args"] = scrub.words(config.server_args)
             block |= {"env": sorted(key for key, _ in config.env), "fields": list(config.given)}
             limit = config.num_questions if config.num_questions < of else None
             g = group(
-                config.name,
-                planned.label,
                 planned.protocol,
                 planned.problems,
+                name=config.name,
+                label=planned.label,
                 subset={"limit": limit, "first": True, "seed": None},
                 model=config.model_name,
                 endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
@@ -227,16 +218,13 @@ class Tally:
             )
             had = [p.id for p in planned.problems if p.id in ids and p.id in self.records]
             found = {pid: self.records[pid] for pid in had}
-            inputs.append(
-                gathered(
-                    g, planned.problems, found, planned.baseline, planned.split_problems(split)
-                )
-            )
+            whole = planned.split_problems(split)
+            inputs.append(gathered(g, planned.problems, found, planned.baseline, whole))
         top = group(
-            "",
-            f"{len(plan.groups)} vLLM configs",
             plan.groups[0].protocol,
             plan.problems,
+            name="",
+            label=f"{len(plan.groups)} vLLM configs",
             subset={"limit": None, "seed": None},
             model=", ".join(g.config.model_name for g in plan.groups),
             endpoint="(one server per config)",

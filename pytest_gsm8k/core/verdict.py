@@ -123,6 +123,11 @@ class GroupVerdict:
     compared: Mapping[str, Any] | None = None
     #: a matrix's top: each config's verdict (the top counts them all together)
     configs: tuple[GroupVerdict, ...] = ()
+    matrix: bool = False  # a --gsm8k-config run's top (its configs may all be deselected)
+
+    @property
+    def groups(self) -> tuple[GroupVerdict, ...]:
+        return self.configs if self.matrix else (self,)
 
     @property
     def expected(self) -> int:
@@ -223,10 +228,8 @@ class GroupVerdict:
     def chat_hint(self) -> str | None:
         """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
         texts = (s["text"] for r in self.records for s in r["samples"])
-        api, unparsed = str(self.group.protocol.get("api")), self.counts()["unparsed"]
-        return chat_api_hint(
-            api, [self.group.model, *self.reported_models()], unparsed, self.n, texts
-        )
+        models, api = [self.group.model, *self.reported_models()], self.group.protocol.get("api")
+        return chat_api_hint(str(api), models, self.counts()["unparsed"], self.n, texts)
 
     def earlier_answers(self) -> str:
         """How many answers came from earlier runs, as every output of a resumed run says."""
@@ -256,13 +259,12 @@ class GroupVerdict:
         errors, (low, high) = self.counts()["error"], self.interval()
         acc = f" = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
         acc = acc if self.answered else ": no answers" + f": {errors} errors" * bool(errors)
-        line = f"gsm8k acc ({self.group.label}){acc}  n={self.n}"
         split = self.group.dataset.get("split")
-        if split != "test":
-            line += f"  [{split} split: not a reportable number]"
-        return line
+        odd = f"  [{split} split: not a reportable number]" * (split != "test")
+        return f"gsm8k acc ({self.group.label}){acc}  n={self.n}{odd}"
 
     def to_json(self) -> Report:
+        """The JSON report: the only place it is built."""
         matrix = bool(self.configs)
         report: Report = {
             "schema": REPORT_SCHEMA,
@@ -299,24 +301,8 @@ class GroupVerdict:
         return report
 
 
-@dataclass(frozen=True)
-class RunVerdict:
-    """The run's verdict: one group, or each config's under a top that counts them all."""
-
-    top: GroupVerdict
-    matrix: bool
-
-    @property
-    def groups(self) -> tuple[GroupVerdict, ...]:
-        return self.top.configs if self.matrix else (self.top,)
-
-    @property
-    def failed(self) -> bool:
-        return self.top.failed
-
-    def to_json(self) -> Report:
-        """The JSON report: the only place it is built."""
-        return self.top.to_json()
+#: the run's verdict is its top group's: one group, or a matrix's top over each config's
+RunVerdict = GroupVerdict
 
 
 def word_of(gate_words: Iterable[str]) -> Word:
@@ -513,23 +499,20 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
         partial = f"{deselected} of the {selection} problems of its selection were deselected "
         partial += f"({v.selection.deselected_by})"
     dropped = 0 if baseline.partial_ok else bl.dropped(stored, report, baseline.split)
-    for why in (
-        "the run was interrupted" if v.selection.interrupted else None,
-        f"{errors} problems ended in an error" if errors else None,
-        f"only {v.n} of {v.expected} problems have a result"
-        if v.n < v.expected and not stopped_early
-        else None,
-        f"{partial}; a baseline holds the whole selection (--gsm8k-baseline-partial writes a "
-        "partial one)"
-        if partial is not None and not baseline.partial_ok
-        else None,
-        f"it holds {dropped} problems this run does not have; delete it to record a smaller "
-        "one, or pass --gsm8k-baseline-partial"
-        if dropped
-        else None,
-        bl.fewer_repeats(stored.document, baseline.repeats),
+    whole = "a baseline holds the whole selection (--gsm8k-baseline-partial writes a partial one)"
+    smaller = "delete it to record a smaller one, or pass --gsm8k-baseline-partial"
+    for bad, why in (
+        (v.selection.interrupted, "the run was interrupted"),
+        (errors, f"{errors} problems ended in an error"),
+        (
+            v.n < v.expected and not stopped_early,
+            f"only {v.n} of {v.expected} problems have a result",
+        ),
+        (partial is not None and not baseline.partial_ok, f"{partial}; {whole}"),
+        (dropped, f"it holds {dropped} problems this run does not have; {smaller}"),
+        (True, bl.fewer_repeats(stored.document, baseline.repeats)),
     ):
-        if why is not None:
+        if bad and why is not None:
             return _fail(v, f"not written to {shown}: {why}")
     size = f"n={v.n}"
     size += f" of the {selection} of its selection, partial: {partial};" if partial else ","
@@ -572,4 +555,4 @@ def decide_run(
     if times is not None:
         when = dict(zip(("started_at", "finished_at", "duration_s"), times, strict=True))
         verdict = replace(verdict, extra={**verdict.extra, **when})
-    return RunVerdict(verdict, top is not None)
+    return replace(verdict, matrix=top is not None)

@@ -133,7 +133,7 @@ def _decide(
 
 def _min_acc(verdict: RunVerdict, matrix: bool) -> tuple[str, bool, str]:
     name = "A:min-acc" if matrix else "min-acc"
-    gate = next(g for g in verdict.top.gates if g.name == name)
+    gate = next(g for g in verdict.gates if g.name == name)
     return gate.word, not gate.passed, gate.detail
 
 
@@ -225,12 +225,12 @@ def test_each_rule_of_decide_gives_its_word_and_detail(
     assert _min_acc(verdict, matrix) == (word, blocks, expected)
     # the report's gate record carries the word, as decided here (every output reads it)
     records = {g["name"]: g for g in verdict.to_json()["gates"]}
-    assert [r["verdict"] for r in records.values()] == [g.word for g in verdict.top.gates]
+    assert [r["verdict"] for r in records.values()] == [g.word for g in verdict.gates]
     assert records["A:min-acc" if matrix else "min-acc"]["verdict"] == word
     # the run fails exactly when a gate blocks
-    assert verdict.failed == any(not g.passed for g in verdict.top.gates)
+    assert verdict.failed == any(not g.passed for g in verdict.gates)
     if matrix:  # each config's gates, named after it, gathered at the top in config order
-        assert [g.name.partition(":")[0] for g in verdict.top.gates] == ["A", "A", "B", "B"]
+        assert [g.name.partition(":")[0] for g in verdict.gates] == ["A", "A", "B", "B"]
         assert [g.name for g in verdict.groups[0].gates] == ["A:vllm-threshold", "A:min-acc"]
 
 
@@ -272,7 +272,7 @@ def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> N
         "  early stop (certain): not stopped early: its verdicts were open until the last "
         "of its 4 problems" in config.notes
     )
-    assert "  early stop (certain): h" in verdict.top.notes
+    assert "  early stop (certain): h" in verdict.notes
 
 
 # -- the baseline ---------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def _stored(document: dict[str, Any] | None = None) -> StoredBaseline:
 
 def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_derived_copy() -> None:
     written = _baseline_run("cccw", _stored(), update=True)
-    document = written.top.baseline_write
+    document = written.baseline_write
     assert document is not None
     assert document["problems"] == {
         "test-0000": "correct",
@@ -302,32 +302,32 @@ def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_deriv
         "test-0002": "correct",
         "test-0003": "wrong",
     }
-    assert "  baseline written: b.gsm8k (n=4, accuracy 0.7500)" in written.top.notes
+    assert "  baseline written: b.gsm8k (n=4, accuracy 0.7500)" in written.notes
     assert written.to_json()["baseline"] == {"path": "b.gsm8k", "written": True, "partial": False}
-    assert written.top.gates == ()
+    assert written.gates == ()
     failed = _baseline_run("cccw", _stored(), update=True, error="disk full")
-    assert [(g.name, g.word, g.detail) for g in failed.top.gates] == [
+    assert [(g.name, g.word, g.detail) for g in failed.gates] == [
         ("baseline", "FAIL", "b.gsm8k: cannot write it (disk full)")
     ]
-    assert failed.top.baseline_write is None
+    assert failed.baseline_write is None
     assert "baseline" not in failed.to_json()
     assert failed.failed
 
 
 def test_a_baseline_comparison_fails_on_flips_and_a_missing_one_is_a_note() -> None:
-    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    document = _baseline_run("cccccccc", _stored(), update=True).baseline_write
     assert document is not None
     flipped = _baseline_run("wwwwwwwc", _stored(dict(document)))
-    gate = flipped.top.gates[-1]
+    gate = flipped.gates[-1]
     assert (gate.name, gate.rule, gate.word) == ("baseline", "noise-aware", "FAIL")
     assert gate.detail.startswith("p=0.00781 < --gsm8k-alpha 0.01 (exact McNemar): 7 newly failing")
-    notes = flipped.top.notes
+    notes = flipped.notes
     assert notes[0].startswith("  baseline b.gsm8k: 1.0000 -> 0.1250 on 8 problems; diff ")
     block: Any = flipped.to_json()["baseline"]
     assert block["newly_failing"][0] == "test-0000"
     missing = _baseline_run("cccc", _stored())
-    assert missing.top.gates == ()
-    assert missing.top.notes == (
+    assert missing.gates == ()
+    assert missing.notes == (
         "  baseline: no baseline at b.gsm8k; record one with: pytest <same options> "
         "--snapshot-update",
     )
@@ -341,7 +341,7 @@ def test_the_noise_evidence_is_computed_once_per_decision_and_never_memoised(
     run's numbers could reach this verdict, so two decisions on equal pairs compute twice."""
     from pytest_gsm8k.core import calibrated
 
-    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    document = _baseline_run("cccccccc", _stored(), update=True).baseline_write
     assert document is not None
     asked: list[tuple[Any, ...]] = []
     real = calibrated.rate_p_values
@@ -361,17 +361,17 @@ def test_the_noise_evidence_is_computed_once_per_decision_and_never_memoised(
 
 def test_a_refused_or_unwritable_baseline_is_a_fail() -> None:
     errored = _baseline_run("cccc", StoredBaseline(Path("b"), "b", None, "b: not JSON"))
-    assert [(g.word, g.detail) for g in errored.top.gates] == [("FAIL", "b: not JSON")]
+    assert [(g.word, g.detail) for g in errored.gates] == [("FAIL", "b: not JSON")]
     # a write from a run with an error in it is refused
     records = _records("cc")
     records[1] = {**records[1], "outcome": "error", "correct": False}
     ids = tuple(r["id"] for r in records)
     base = BaselineInput(_stored(), SPLIT[:2], update=True)
     refused = decide_run([GroupInput(_group(min_acc=None), tuple(records), Selection(ids), base)])
-    assert [g.detail for g in refused.top.gates] == [
+    assert [g.detail for g in refused.gates] == [
         "not written to b.gsm8k: 1 problems ended in an error"
     ]
-    assert refused.top.baseline_write is None
+    assert refused.baseline_write is None
     assert bl.fewer_repeats({"calibration": {"repeats": 5}}, 1) is not None
 
 
@@ -380,7 +380,7 @@ def test_a_report_as_baseline_skips_the_file_checks_and_not_whole_leaves_a_pass_
     split to fit: its ids need not be a split's), and what the records cannot show (errors
     left out, a report not whole) makes a PASS UNDECIDED in compare's words; a FAIL stays."""
     why = "2 of the 8 problems both reports hold ended in an error: rerun"
-    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    document = _baseline_run("cccccccc", _stored(), update=True).baseline_write
     assert document is not None
     for outcomes, held in (("cccccccc", True), ("wwwwwwwc", False)):
         records = _records(outcomes)
@@ -391,7 +391,7 @@ def test_a_report_as_baseline_skips_the_file_checks_and_not_whole_leaves_a_pass_
         verdict = decide_run(
             [GroupInput(group, tuple(records), Selection(ids, not_whole=why), base)]
         )
-        (gate,) = verdict.top.gates
+        (gate,) = verdict.gates
         # not a verdict blocks (FAIL, exit 1), as any undecided gate that would have passed
         assert (gate.rule, gate.passed, gate.undecided) == ("noise-aware", False, held)
         assert gate.detail.startswith(f"not a verdict: {why}; on what ran: p=1 ") == held
@@ -399,7 +399,7 @@ def test_a_report_as_baseline_skips_the_file_checks_and_not_whole_leaves_a_pass_
     checked = decide_run(
         [GroupInput(group, tuple(records), Selection(ids), replace(base, from_report=False))]
     )
-    assert "8 problem ids are not in the test split" in checked.top.gates[0].detail
+    assert "8 problem ids are not in the test split" in checked.gates[0].detail
 
 
 # -- the outputs ----------------------------------------------------------------------------
@@ -429,7 +429,7 @@ def test_every_output_renders_from_the_verdict_and_the_report_matches_its_schema
 
     case = ET.fromstring(junit_xml(verdict)).find(f".//testcase[@name='{name}']")
     assert case is not None
-    detail = next(gate.detail for gate in verdict.top.gates if gate.name == name)
+    detail = next(gate.detail for gate in verdict.gates if gate.name == name)
     assert [(mark.tag, mark.get("message")) for mark in case] == [("skipped", detail)]
     if matrix:  # nor in the verdict table, the page's configs table or the headline
         assert lines[-4].startswith("gsm8k vLLM configs: 0 of 2 pass, 2 undecided")
