@@ -151,9 +151,6 @@ def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
     return head[: head.rfind("\n") + 1] + note
 
 
-# -- the terminal (and the page's run card: the same words) ---------------------------
-
-
 def model_words(model: str, reported: Sequence[str]) -> str:
     """The model asked for, and the ids the server reported when they differ."""
     shown = reported and list(reported) != [model]
@@ -284,9 +281,6 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
     return styled
 
 
-# -- the run's Markdown summary -------------------------------------------------------
-
-
 def markdown(
     verdict: RunVerdict, questions: Mapping[str, str], html: tuple[str, bool] | None = None
 ) -> str:
@@ -311,9 +305,6 @@ def markdown(
         return "\n".join(lines + lists) + "\n"
 
     return fit(text)
-
-
-# -- compare's Markdown ---------------------------------------------------------------
 
 
 def _problems(count: int) -> str:

@@ -235,8 +235,6 @@ class GroupVerdict:
         """How many answers came from earlier runs, as every output of a resumed run says."""
         return f"{self.from_cache()} of {self.n} answers from earlier runs (--gsm8k-resume)"
 
-    # -- the verdict ------------------------------------------------------------------
-
     @property
     def failed(self) -> bool:
         return any(not g.passed for g in self.gates)
@@ -318,9 +316,6 @@ def shared_words(block: Mapping[str, Any]) -> str:
     if block.get("subset"):
         return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
     return f"on {shared} problems"
-
-
-# -- decide ---------------------------------------------------------------------------
 
 
 def decide(
