@@ -386,16 +386,15 @@ def _selects(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) 
     outcomes = [("all", f"all ({report.get('n')})"), ("notcorrect", "not correct")]
     selects = _select("outcome", outcomes + [(o, f"{o} ({counts.get(o, 0)})") for o in OUTCOMES])
     if comparisons:
-        changes = [("all", "all")]
-        for key in ("failing", "passing"):
-            flips = sum(len(_ids(base, f"newly_{key}")) for _, base, _ in comparisons)
-            changes.append((key, f"newly {key} ({flips})"))
-        selects += _select("change", [*changes, ("same", "unchanged")])
+        flips = {k: sum(len(_ids(b, f"newly_{k}")) for _, b, _ in comparisons) for k in _FLIPS}
+        changes = [(k, f"newly {k} ({n})") for k, n in flips.items()]
+        selects += _select("change", [("all", "all"), *changes, ("same", "unchanged")])
     if len(configs) > 1:
         selects += _select("config", [("all", "all"), *((_name(c), _name(c)) for c in configs)])
     return selects
 
 
+_FLIPS = ("failing", "passing")
 _JSON_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&"}
 _EARLY = ("mode", "alpha", "decided_after")
 _BASE_NUMBERS = ("baseline_accuracy", "current_accuracy", "difference", "mcnemar_p", "p_value")

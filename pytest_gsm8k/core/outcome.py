@@ -42,10 +42,9 @@ def _decide(
         winner, votes = majority_vote(values)
         return winner, numbers_equal(winner, gold), votes
     if protocol.name.startswith("pass@"):
-        for score in scores:
-            if score.correct[rule]:
-                return score.extracted[rule], True, []
-        return next((v for v in values if v is not None), None), False, []
+        hit = next((s.extracted[rule] for s in scores if s.correct[rule]), None)
+        first = next((v for v in values if v is not None), None)
+        return (hit, True, []) if hit is not None else (first, False, [])
     if not scores:
         return None, False, []
     return values[0], scores[0].correct[rule], []
@@ -163,17 +162,15 @@ def score_repeats(
 
 
 def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:
-    """One problem's record from its ``--gsm8k-repeats K`` records: the repeat of the most
-    common outcome (a tie to the first), so every reader sees one answer as given, plus the
-    K outcomes, the correct count and the summed tokens and cache hits."""
+    """The repeat of the most common outcome (a tie: the first), so every reader sees one
+    answer as given, with the K outcomes, the correct count, summed tokens and cache hits."""
     if not records:
         raise ValueError("no record to combine")
     if len(records) == 1:
         return records[0]
     outcomes = [r["outcome"] for r in records]
-    top = Counter(outcomes).most_common(1)[0][1]
-    chosen = next(r for r in records if outcomes.count(r["outcome"]) == top)
-    combined = cast(ProblemRecord, dict(chosen))
+    top = Counter(outcomes).most_common(1)[0][0]  # of the most common, the first given
+    combined = cast(ProblemRecord, dict(records[outcomes.index(top)]))
     usage: Counter[str] = Counter()
     for record in records:
         usage.update(record.get("usage") or {})

@@ -1,6 +1,5 @@
-"""Every view of a verdict for people: the terminal block, a matrix's verdict table, and the
-Markdown the step summary and ``compare`` share. Pure; nothing is decided here. Text from
-outside goes through ``printable`` (terminal) or ``md_text``/``md_code`` (Markdown)."""
+"""Every view of a verdict for people (terminal, verdict table, Markdown); nothing is decided
+here. Pure. Text from outside goes through ``printable`` or ``md_text``/``md_code``."""
 
 from __future__ import annotations
 
@@ -176,10 +175,14 @@ def tokens_words(tokens: Mapping[str, int], cached: int, n: object, resumed: boo
 def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``
     (a matrix: each config's block, then the matrix headline and the verdict table)."""
-    blocks = [line for group in verdict.groups for line in _group_lines(group)]
+    report = verdict.to_json()
+    configs = report.get("configs") or []
+    reports = configs if verdict.matrix else [report]
+    blocks = [
+        line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
+    ]
     if verdict.matrix:
         blocks.append((verdict.matrix_headline(), "headline"))
-        configs = verdict.to_json().get("configs") or []
         blocks.extend((printable(line), "info") for line in verdict_table(configs))
     return blocks
 
@@ -235,19 +238,19 @@ def verdict_table(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
-    """One group's block: headline first, then the context a reader needs, the gates."""
+def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """One group's block (``report`` its JSON): headline, the context a reader needs, gates."""
     counts, gated, silent = v.counts(), v.group.protocol["extractor"], v.silent_rules()
     out = [", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))]
     out[0] = f"outcomes: {out[0]}"
     if v.answered:  # with no answer every rule would read 0.0000
-        rules = [(r, a) for r, a in v.rule_accuracy().items() if r == gated or r not in silent]
+        rules = [(r, a) for r, a in report["rules"].items() if r == gated or r not in silent]
         quiet = ", ".join(sorted(silent - {gated}))
         said = ", ".join(f"{r}{'*' if r == gated else ''} {a:.4f}" for r, a in rules)
-        said += f"  (* gates; format failures: {v.format_failures()}"
+        said += f"  (* gates; format failures: {report['format_failures']}"
         out.append(f"by extractor: {said}{f'; no number found by {quiet}' if quiet else ''})")
-    out += [", ".join(f"{k} {a:.4f}" for k, a in v.pass_at().items())] * bool(v.pass_at())
-    repeats, k = v.repeats(), v.runs
+    pass_at, repeats, k = report["pass_at_k"], report.get("repeats"), v.runs
+    out += [", ".join(f"{name} {a:.4f}" for name, a in pass_at.items())] * bool(pass_at)
     if repeats is not None:
         out.append(
             f"repeats: {k} per problem ({repeats['answers']} answers): the accuracy above "
@@ -260,7 +263,7 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
         f"model: {model_words(v.group.model, v.reported_models())}  endpoint: {v.group.endpoint}",
         f"dataset: {ds['name']} {ds['config']}/{ds['split']} (fingerprint {ds['fingerprint']})"
         + (f"; {subset}" if subset else ""),
-        f"tokens: {tokens_words(v.tokens(), v.from_cache(), v.n, v.selection.resumed)}",
+        f"tokens: {tokens_words(report['tokens'], v.from_cache(), v.n, v.selection.resumed)}",
     ]
     cut = counts["truncated"] / v.n if v.n else 0.0
     if cut > 0.01:

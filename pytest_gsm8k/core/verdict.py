@@ -80,9 +80,8 @@ class EarlyOutcome:
 
 @dataclass(frozen=True)
 class BaselineInput:
-    """The group's stored baseline and what to do with it: ``split`` is what it may hold,
-    ``named`` a file named by option (no search by protocol), ``from_report`` compare's
-    report A (already checked), ``write_error`` the failed write (the one derived copy)."""
+    """The stored baseline and its rules: ``split`` what it may hold, ``named`` named by option,
+    ``from_report`` compare's report A (checked), ``write_error`` the one derived copy's."""
 
     stored: StoredBaseline
     split: tuple[Problem, ...]
@@ -166,39 +165,15 @@ class GroupVerdict:
         rates = [int(r.get("repeats_correct") or 0) / k for r in self.records]
         return accuracy_interval(rates if k > 1 else [float(r["correct"]) for r in self.records], k)
 
-    def repeats(self) -> dict[str, object] | None:
-        """With ``--gsm8k-repeats K``: K, the answers, the mean over every answer and maj@K."""
-        if self.runs == 1:
-            return None
-        low, high = self.interval()
-        return {
-            "per_problem": self.runs,
-            "answers": self.n * self.runs,
-            "mean_accuracy": round(self.accuracy, 6),
-            "ci95": [round(low, 6), round(high, 6)],
-            "majority_accuracy": round(self.correct / self.n, 6) if self.n else 0.0,
-        }
-
     def counts(self) -> dict[str, int]:
         counter = Counter(r["outcome"] for r in self.records)
         return {o: counter.get(o, 0) for o in OUTCOMES}
-
-    def rule_accuracy(self) -> dict[str, float]:
-        """Our rules, then any a preset adds (lm-eval's strict-match, flexible-extract)."""
-        names = list(dict.fromkeys([*RULES, *(k for r in self.records for k in r["rules"])]))
-        right = Counter(k for r in self.records for k, ok in r["rules"].items() if ok)
-        return {rule: right[rule] / self.n if self.n else 0.0 for rule in names}
 
     def silent_rules(self) -> set[str]:
         """Our extraction rules that found no number in any sample of the run."""
         samples = [s for r in self.records for s in r["samples"]]
         found = {rule for s in samples for rule, value in s["extracted"].items() if value}
         return set(RULES) - found if self.records else set()
-
-    def format_failures(self) -> int:
-        """Problems the gated extractor missed but another rule got right."""
-        gated, rules = self.group.protocol["extractor"], [r["rules"] for r in self.records]
-        return sum(not r.get(gated) and any(v for k, v in r.items() if k != gated) for r in rules)
 
     def pass_at(self) -> dict[str, float]:
         """Unbiased pass@k (Chen et al. 2021) for k = 1 and the powers of two below N."""
@@ -212,12 +187,6 @@ class GroupVerdict:
             / (self.n or 1)
             for k in sorted(ks)
         }
-
-    def tokens(self) -> dict[str, int]:  # summed over the records
-        total: Counter[str] = Counter()
-        for r in self.records:
-            total.update(r.get("usage") or {})
-        return dict(total)
 
     def from_cache(self) -> int:
         return sum(1 for r in self.records if r.get("cached"))
@@ -262,21 +231,31 @@ class GroupVerdict:
         return f"gsm8k acc ({self.group.label}){acc}  n={self.n}{odd}"
 
     def to_json(self) -> Report:
-        """The JSON report: the only place it is built."""
-        matrix = bool(self.configs)
+        """The JSON report: the only place it is built (and every number the outputs show)."""
+        matrix, n, runs, records = bool(self.configs), self.n, self.runs, self.records
+        names = list(dict.fromkeys([*RULES, *(rule for r in records for rule in r["rules"])]))
+        right = Counter(rule for r in records for rule, ok in r["rules"].items() if ok)
+        gated, tokens = self.group.protocol["extractor"], Counter[str]()
+        for r in records:
+            tokens.update(r.get("usage") or {})
+        missed = (r["rules"] for r in records if not r["rules"].get(gated))
         report: Report = {
             "schema": REPORT_SCHEMA,
             "headline": self.headline(),
             # a matrix pools different models and protocols: its configs say the accuracy
             "accuracy": self.accuracy if self.answered and not matrix else None,
             "correct": self.correct,
-            "n": self.n,
+            "n": n,
             "expected": self.expected,
-            "complete": self.n == self.expected and not self.selection.interrupted,
+            "complete": n == self.expected and not self.selection.interrupted,
             "ci95": list(self.interval()) if self.answered and not matrix else None,
             "counts": self.counts(),
-            "rules": self.rule_accuracy(),
-            "format_failures": self.format_failures(),
+            # our rules, then any a preset adds (lm-eval's strict-match, flexible-extract)
+            "rules": {rule: right[rule] / n if n else 0.0 for rule in names},
+            # problems the gated extractor missed but another rule got right
+            "format_failures": sum(
+                any(v for rule, v in r.items() if rule != gated) for r in missed
+            ),
             "pass_at_k": self.pass_at(),
             "protocol": {**self.group.protocol, "label": self.group.label},
             "model": self.group.model,
@@ -284,15 +263,22 @@ class GroupVerdict:
             "endpoint": self.group.endpoint,
             "dataset": dict(self.group.dataset),
             "subset": dict(self.group.subset),
-            "tokens": self.tokens(),
+            "tokens": dict(tokens),
             "from_cache": self.from_cache(),
             "resumed": self.selection.resumed,
             "gates": [g.to_json() for g in self.gates],
             **self.extra,  # type: ignore[typeddict-item]
-            "problems": sorted(self.records, key=lambda r: int(r["index"])),
+            "problems": sorted(records, key=lambda r: int(r["index"])),
         }
-        if self.repeats() is not None:
-            report["repeats"] = self.repeats()  # type: ignore[typeddict-item]
+        if runs > 1:  # --gsm8k-repeats K: the mean over every answer and maj@K
+            low, high = self.interval()
+            report["repeats"] = {
+                "per_problem": runs,
+                "answers": n * runs,
+                "mean_accuracy": round(self.accuracy, 6),
+                "ci95": [round(low, 6), round(high, 6)],
+                "majority_accuracy": round(self.correct / n, 6) if n else 0.0,
+            }
         if matrix:  # each config's problems are the top's (their ids carry the config's name)
             configs = [c.to_json() for c in self.configs]
             report["configs"] = [{k: v for k, v in c.items() if k != "problems"} for c in configs]
@@ -477,9 +463,8 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
 
 
 def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
-    """``--snapshot-update``: the document to write, only from a run of its whole selection
-    and never over a baseline holding problems the run does not (unless
-    ``--gsm8k-baseline-partial``). The writer writes; a failure comes back as ``write_error``."""
+    """``--snapshot-update``'s document, only from a whole selection and never over a baseline
+    holding problems the run lacks (else partial); a failed write returns as ``write_error``."""
     stored, errors, report = baseline.stored, v.counts()["error"], _facts(v)
     shown, stopped_early = stored.shown, early is not None and early.stopped
     if baseline.write_error is not None:
@@ -530,9 +515,8 @@ def decide_run(
     not_run: Sequence[str] = (),
     times: tuple[str, str, float] | None = None,
 ) -> RunVerdict:
-    """Each group decided; with ``top`` (a matrix) each config's gates named after it
-    (``Qwen3:min-acc``) under a top that counts every config's records (``not_run``: configs
-    deselected whole). ``times``: (started, finished, seconds)."""
+    """Each group decided; with ``top`` (a matrix) each config's gates named after it under a
+    top counting every config's records. ``times``: (started, finished, seconds)."""
     decided = [decide(i.group, i.records, i.baseline, i.selection, i.early) for i in inputs]
     if top is None:
         (verdict,) = decided
