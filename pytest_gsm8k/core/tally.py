@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.early_stop import EarlyStop
-from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
+from pytest_gsm8k.core.plan import RunPlan
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
@@ -147,38 +147,7 @@ class Tally:
                 **facts,
             )
 
-        def gathered(
-            g: Group,
-            problems: Sequence[Problem],
-            found: dict[str, ProblemRecord],
-            stored: StoredBaseline | None,
-            whole: Sequence[Problem],
-        ) -> GroupInput:
-            ran = [p for p in problems if p.id in ids]
-            unreached, aborted = 0, self.aborted
-            for problem in ran if aborted else ():
-                # the run stopped at the first item the failure reached; answers that had
-                # come in for later items (out of order) are scored, not thrown away
-                if aborted and problem.id not in found:
-                    unreached += problem.id not in late
-                    found[problem.id] = late.get(problem.id) or error_record(problem, aborted)
-            selection = Selection(
-                tuple(p.id for p in ran),
-                deselected=len(problems) - len(ran),
-                deselected_by=deselected_by,
-                interrupted=self.interrupted,
-                unreached=0 if g.name else unreached,
-                resumed=settings.resume,
-                shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
-            )
-            baseline, s = None, settings
-            if stored is not None:
-                rules = (s.baseline_partial, bool(s.baseline or s.baseline_name), s.repeats)
-                baseline = BaselineInput(stored, tuple(whole), plan.update_baseline, *rules)
-            early = _early(self.early.get(g.name), g.name in self.stopped)
-            return GroupInput(g, tuple(found.values()), selection, baseline, early)
-
-        if not plan.groups:
+        if not plan.groups:  # one group, the run's own
             records, selected = dict(self.records), plan.problems
             limit = settings.limit if len(selected) < of else None
             first = {"first": True} if takes_first(settings.preset) and limit is not None else {}
@@ -194,8 +163,9 @@ class Tally:
                 or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
                 extra=({where: server} if server is not None else {}) | shard,
             )
-            return [gathered(run, selected, records, plan.baseline, split.problems)], None, []
-        inputs: list[GroupInput] = []
+            groups = [(run, selected, records, plan.baseline, split.problems)]
+        else:
+            groups = []
         for planned in plan.groups:
             config, served = planned.config, servers.get(planned.name)
             if not any(p.id in ids for p in planned.problems):
@@ -219,7 +189,34 @@ class Tally:
             had = [p.id for p in planned.problems if p.id in ids and p.id in self.records]
             found = {pid: self.records[pid] for pid in had}
             whole = planned.split_problems(split)
-            inputs.append(gathered(g, planned.problems, found, planned.baseline, whole))
+            groups.append((g, planned.problems, found, planned.baseline, whole))
+        inputs: list[GroupInput] = []
+        for g, problems, found, stored, whole in groups:
+            ran = [p for p in problems if p.id in ids]
+            unreached, aborted = 0, self.aborted
+            for problem in ran if aborted else ():
+                # the run stopped at the first item the failure reached; answers that had
+                # come in for later items (out of order) are scored, not thrown away
+                if aborted and problem.id not in found:
+                    unreached += problem.id not in late
+                    found[problem.id] = late.get(problem.id) or error_record(problem, aborted)
+            selection = Selection(
+                tuple(p.id for p in ran),
+                deselected=len(problems) - len(ran),
+                deselected_by=deselected_by,
+                interrupted=self.interrupted,
+                unreached=0 if g.name else unreached,
+                resumed=settings.resume,
+                shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
+            )
+            baseline, s = None, settings
+            if stored is not None:
+                rules = (s.baseline_partial, bool(s.baseline or s.baseline_name), s.repeats)
+                baseline = BaselineInput(stored, tuple(whole), plan.update_baseline, *rules)
+            early = _early(self.early.get(g.name), g.name in self.stopped)
+            inputs.append(GroupInput(g, tuple(found.values()), selection, baseline, early))
+        if not plan.groups:
+            return inputs, None, []
         top = group(
             plan.groups[0].protocol,
             plan.problems,
