@@ -221,11 +221,9 @@ def _run_items(report: _Obj) -> list[tuple[str, str]]:
         times.append(f"{float(report['duration_s']):.1f} s")
     tokens = report.get("tokens") or {}
     cached, resumed = int(report.get("from_cache") or 0), bool(report.get("resumed"))
+    model = render.model_words(str(report.get("model", "")), report.get("reported_models") or [])
     return [
-        (
-            "model",
-            render.model_words(str(report.get("model", "")), report.get("reported_models") or []),
-        ),
+        ("model", model),
         ("endpoint", shown_url(str(report.get("endpoint") or ""))),
         ("protocol", f"{proto.get('label', '')}; {settings}"),
         ("dataset", f"{ds.get('name', '')} {ds.get('config', '')}/{ds.get('split', '')}{rows}"),

@@ -45,8 +45,7 @@ class Tally:
         self.collected_ids: frozenset[str] | None = None  # an xdist controller: the workers'
         self.records: dict[str, ProblemRecord] = {}
         self.items: tuple[ItemRef, ...] = ()  # every collected item (the workers' under xdist)
-        #: node id -> its problem's id, from the reports and the workers' output (never parsed
-        #: out of a node id)
+        #: node id -> its problem's id, from the reports and workers (never parsed out of it)
         self.problem_of: dict[str, str] = {}
         self.reported: set[str] = set()  # node ids that sent a report: the others never ran
         self.interrupted = False
