@@ -29,24 +29,9 @@ _CALC = re.compile(r"<<[^<>]*>>")
 #: a problem's place in the list is the first of these lists that holds it (then unchanged,
 #: then a config with no comparison): the regressions worth reading first come first
 _RANKED = ("stable_flips", "noisy_failing", "newly_failing", "newly_passing")
-#: a comparison the page shows: the config's name ("" for a run's), its report block and the
-#: baseline gate's record (None when the gate gave no verdict)
-_Comparison = tuple[str, Mapping[str, Any], Mapping[str, Any] | None]
-#: the page; its Content-Security-Policy is a second wall behind the escaping: no network,
-#: and only the page's own script runs
-_PAGE = Template("""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">\
-<meta name="viewport" content="width=device-width, initial-scale=1">\
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; \
-style-src 'unsafe-inline'; script-src 'sha256-$digest'">\
-<title>$title</title><style>$css</style></head><body>$header<div class="toolbar">\
-<h2>Problems</h2>$selects<input id="f-search" type="search" placeholder="search id or text" \
-aria-label="search"><span id="f-count"></span></div><div id="rows" aria-live="polite"></div>\
-<noscript><p class="note">The problem list needs JavaScript; the JSON report holds the same \
-data.</p></noscript></main>\
-<script type="application/json" id="gsm8k-data">$data</script><script>$script</script>\
-</body></html>
-""")
+_Obj = Mapping[str, Any]  # a JSON object of the report
+#: a comparison: the config's name ("" a run's), its baseline block, its baseline gate or None
+_Comparison = tuple[str, _Obj, _Obj | None]
 #: a problem's record as the page's script reads it (html_report.js): short keys, read once
 _ROW = {"o": "outcome", "g": "gold", "x": "extracted", "nc": "n_correct", "ns": "n_samples"}
 _ROW |= {"v": "votes", "e": "error", "note": "note"}
@@ -63,15 +48,11 @@ class ProblemText:
 def problem_texts(problems: Iterable[Problem]) -> dict[str, ProblemText]:
     """id -> question and worked solution (the answer before ``####``, calculator
     annotations ``<<48/2=24>>`` removed: they are for the dataset's tooling, not for readers)."""
-    return {
-        p.id: ProblemText(
-            p.question, _CALC.sub("", p.answer.rpartition("####")[0] or p.answer).strip()
-        )
-        for p in problems
-    }
+    answers = {p.id: (p.question, p.answer.rpartition("####")[0] or p.answer) for p in problems}
+    return {pid: ProblemText(q, _CALC.sub("", a).strip()) for pid, (q, a) in answers.items()}
 
 
-def outcomes_from_baseline(baseline: Mapping[str, Any]) -> dict[str, str]:
+def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:
     """id -> outcome from a stored baseline document: an outcome string, or for sampled and
     calibrated baselines a dict with an ``outcome``."""
     entries = dict(baseline.get("problems") or {}).items()
@@ -80,7 +61,7 @@ def outcomes_from_baseline(baseline: Mapping[str, Any]) -> dict[str, str]:
 
 
 def render_html(
-    report: Mapping[str, Any],
+    report: _Obj,
     problems: Mapping[str, ProblemText] | None = None,
     baseline_outcomes: Mapping[str, str] | None = None,
 ) -> str:
@@ -113,7 +94,7 @@ def render_html(
     given |= baseline_outcomes or {}
     position = {_name(c): i for i, c in enumerate(configs)}
 
-    def order(r: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    def order(r: _Obj) -> tuple[int, int, int, int]:
         # failing now first, configs in run order within each place, so theirs stay together
         place = rank.get(r["id"], 5 if change.get(r["id"]) == "none" else 4)
         return max(place - 2, 0), position.get(_config_of(r["id"]), 0), place, int(r["index"])
@@ -129,7 +110,9 @@ def render_html(
     script = _asset("html_report.js")
     # no ``</script>`` or ``<!--`` in the data: JSON.parse reads the escapes back as text
     escaped = to_json(data, separators=(",", ":")).translate(_JSON_ESCAPES)
-    page = _PAGE.substitute(
+    # the page (html_report.html); its Content-Security-Policy is a second wall behind the
+    # escaping: no network, and only the page's own script runs
+    page = Template(_asset("html_report.html")).substitute(
         title=_e(title),
         digest=base64.b64encode(hashlib.sha256(script.encode()).digest()).decode("ascii"),
         css=_asset("html_report.css"),
@@ -143,7 +126,7 @@ def render_html(
     return escape_surrogates(page)
 
 
-def _name(config: Mapping[str, Any]) -> str:
+def _name(config: _Obj) -> str:
     return str((config.get("config") or {}).get("name", ""))
 
 
@@ -151,16 +134,16 @@ def _config_of(pid: object) -> str:  # Qwen3:test-0042 -> Qwen3; "" outside --gs
     return str(pid).rpartition(":")[0]
 
 
-def _ids(base: Mapping[str, Any], key: str) -> list[str]:
+def _ids(base: _Obj, key: str) -> list[str]:
     return [str(i) for i in base.get(key) or []]
 
 
-def _compared(base: object) -> TypeGuard[Mapping[str, Any]]:  # not a baseline just written
+def _compared(base: object) -> TypeGuard[_Obj]:  # not a baseline just written
     return isinstance(base, Mapping) and "shared" in base
 
 
 def _row(
-    r: Mapping[str, Any],
+    r: _Obj,
     texts: Mapping[str, ProblemText],
     baseline: Mapping[str, str],
     change: Mapping[str, str],
@@ -181,9 +164,7 @@ def _row(
     return row | ({"c": _config_of(pid)} if _config_of(pid) else {})
 
 
-def _header(
-    report: Mapping[str, Any], configs: list[Mapping[str, Any]], comparisons: list[_Comparison]
-) -> str:
+def _header(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) -> str:
     gates = list(report.get("gates") or [])
     counts = {str(k): int(v) for k, v in (report.get("counts") or {}).items()}
     n, expected = int(report.get("n") or 0), int(report.get("expected") or 0)
@@ -231,7 +212,7 @@ def _header(
     return "".join(out) + "</section></header><main>"
 
 
-def _run_items(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _run_items(report: _Obj) -> list[tuple[str, str]]:
     proto, ds = report.get("protocol") or {}, report.get("dataset") or {}
     settings = ", ".join(f"{k} {proto[k]}" for k in _SETTINGS if proto.get(k) not in (None, ""))
     rows = f", {ds['rows']} rows" if ds.get("rows") else ""
@@ -240,11 +221,9 @@ def _run_items(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         times.append(f"{float(report['duration_s']):.1f} s")
     tokens = report.get("tokens") or {}
     cached, resumed = int(report.get("from_cache") or 0), bool(report.get("resumed"))
+    model = render.model_words(str(report.get("model", "")), report.get("reported_models") or [])
     return [
-        (
-            "model",
-            render.model_words(str(report.get("model", "")), report.get("reported_models") or []),
-        ),
+        ("model", model),
         ("endpoint", shown_url(str(report.get("endpoint") or ""))),
         ("protocol", f"{proto.get('label', '')}; {settings}"),
         ("dataset", f"{ds.get('name', '')} {ds.get('config', '')}/{ds.get('split', '')}{rows}"),
@@ -255,7 +234,7 @@ def _run_items(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any] | None) -> str:
+def _baseline_card(config: str, base: _Obj, gate: _Obj | None) -> str:
     """A comparison with its baseline: the gate's verdict, the accuracy before and now, the
     flips and, against a calibrated baseline, what the noise-aware gate sees."""
     v = {k: float(base.get(k) or 0) for k in _BASE_NUMBERS}
@@ -282,7 +261,7 @@ def _baseline_card(config: str, base: Mapping[str, Any], gate: Mapping[str, Any]
     return _card(title + badge, _dl(items), " baseline")
 
 
-def _configs_card(configs: list[Mapping[str, Any]]) -> str:
+def _configs_card(configs: list[_Obj]) -> str:
     """--gsm8k-config: one row per config, as the terminal's verdict table (with each
     accuracy's interval, the baseline's accuracy before and now, and the protocol)."""
     early = any("early_stop" in c for c in configs)
@@ -306,7 +285,7 @@ def _configs_card(configs: list[Mapping[str, Any]]) -> str:
     return _card(title, _table(rows, head=True), " full gates")
 
 
-def _accuracy_card(report: Mapping[str, Any], comparisons: list[_Comparison]) -> str:
+def _accuracy_card(report: _Obj, comparisons: list[_Comparison]) -> str:
     """Accuracy, its Wilson interval, the min-acc threshold and the baseline on one axis;
     a run with no answer has no accuracy, and the card says so instead of drawing 0."""
     title = "Accuracy, 95% interval"
@@ -370,7 +349,7 @@ def _outcome_card(counts: Mapping[str, int]) -> str:
     return _card("Outcomes", f"{svg}</svg><p>{legend}</p>", " chart-card")
 
 
-def _pass_at_card(pass_at: Mapping[str, Any]) -> str:
+def _pass_at_card(pass_at: _Obj) -> str:
     """The pass@k curve, k evenly spaced (the ks are 1, powers of two and N)."""
     points = sorted((int(k.split("@")[-1]), float(v)) for k, v in pass_at.items())
     if not points:
@@ -400,23 +379,20 @@ def _pass_at_card(pass_at: Mapping[str, Any]) -> str:
     return _card("pass@k", svg, " chart-card")
 
 
-def _selects(
-    report: Mapping[str, Any], configs: list[Mapping[str, Any]], comparisons: list[_Comparison]
-) -> str:
+def _selects(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) -> str:
     counts = report.get("counts") or {}
     outcomes = [("all", f"all ({report.get('n')})"), ("notcorrect", "not correct")]
     selects = _select("outcome", outcomes + [(o, f"{o} ({counts.get(o, 0)})") for o in OUTCOMES])
     if comparisons:
-        changes = [("all", "all")]
-        for key in ("failing", "passing"):
-            flips = sum(len(_ids(base, f"newly_{key}")) for _, base, _ in comparisons)
-            changes.append((key, f"newly {key} ({flips})"))
-        selects += _select("change", [*changes, ("same", "unchanged")])
+        flips = {k: sum(len(_ids(b, f"newly_{k}")) for _, b, _ in comparisons) for k in _FLIPS}
+        changes = [(k, f"newly {k} ({n})") for k, n in flips.items()]
+        selects += _select("change", [("all", "all"), *changes, ("same", "unchanged")])
     if len(configs) > 1:
         selects += _select("config", [("all", "all"), *((_name(c), _name(c)) for c in configs)])
     return selects
 
 
+_FLIPS = ("failing", "passing")
 _JSON_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&"}
 _EARLY = ("mode", "alpha", "decided_after")
 _BASE_NUMBERS = ("baseline_accuracy", "current_accuracy", "difference", "mcnemar_p", "p_value")

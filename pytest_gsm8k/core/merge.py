@@ -1,12 +1,11 @@
-"""Shards of one run (``--gsm8k-shard I/N``, ``python -m pytest_gsm8k merge``). Pure.
-A shard decides no gate; :func:`check_shards` accepts reports only as the shards of ONE run
-(same plan, every shard once, each exactly its slice), else one line naming why."""
+"""Shards of one run (``--gsm8k-shard I/N``, ``python -m pytest_gsm8k merge``). Pure. A shard
+decides no gate; the merge accepts reports only as the shards of ONE run, else one line why."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from pytest_gsm8k.core.settings import MAX_SHARDS, Settings
 from pytest_gsm8k.core.types import stable_hash
@@ -31,14 +30,13 @@ def shard_slice(items: Sequence[_T], index: int, count: int) -> tuple[_T, ...]:
 
 def interleave(slices: Sequence[Sequence[_T]]) -> list[_T] | None:
     """The items whose :func:`shard_slice` are ``slices`` (shard 1 first), or None."""
-    count = len(slices)
-    total = sum(len(part) for part in slices)
-    merged: list[_T | None] = [None] * total
-    for number, part in enumerate(slices):
-        if len(part) != len(range(number, total, count)):
-            return None
-        merged[number::count] = part
-    return merged  # type: ignore[return-value]  # every place was filled
+    merged: list[Any] = [None] * sum(map(len, slices))
+    try:
+        for number, part in enumerate(slices):
+            merged[number :: len(slices)] = part
+    except ValueError:  # a slice of another length
+        return None
+    return merged
 
 
 def selection_hash(ids: Sequence[str]) -> str:
@@ -74,10 +72,7 @@ PLANNED = tuple(_PLANNED.split())
 
 
 def shard_record(
-    plan: RunPlan,
-    deselected: Sequence[str] = (),
-    deselected_by: str = "",
-    interrupted: bool = False,
+    plan: RunPlan, deselected: Sequence[str] = (), by: str = "", interrupted: bool = False
 ) -> dict[str, Any]:
     """The report's ``shard`` block: its place, its ids, what of them it did not run, and the
     run's plan (``plan.shard`` set)."""
@@ -98,7 +93,7 @@ def shard_record(
         "count": shard.count,
         "ids": [p.id for p in plan.problems],
         "deselected": list(deselected),
-        "deselected_by": deselected_by,
+        "deselected_by": by,
         "interrupted": interrupted,
         "plan": {
             "settings": {key: getattr(plan.settings, key) for key in PLANNED},
@@ -122,10 +117,10 @@ def planned_settings(block: Mapping[str, Any], defaults: Settings) -> Settings:
 
     def plain(value: Any) -> Any:
         if isinstance(value, list):
-            return tuple(plain(v) for v in value)
-        if value is None or isinstance(value, str | int | float):  # bool is an int
-            return value
-        raise ShardError(f"corrupt shard plan (a setting is {type(value).__name__})")
+            return tuple(map(plain, value))
+        if value is not None and not isinstance(value, str | int | float):  # bool is an int
+            raise ShardError(f"corrupt shard plan (a setting is {type(value).__name__})")
+        return value
 
     return replace(defaults, **{key: plain(value) for key, value in stored.items()})
 
@@ -150,16 +145,15 @@ def _shard_of(report: Mapping[str, Any], where: str) -> tuple[int, int, list[str
     if not isinstance(block, dict):
         raise ShardError(f"{where}: not a shard's report (run with --gsm8k-shard I/N)")
     index, count, ids, plan = (block.get(k) for k in ("index", "count", "ids", "plan"))
-    if (
-        not isinstance(count, int)
-        or not isinstance(index, int)
-        or not 1 <= index <= count <= MAX_SHARDS
-        or not isinstance(ids, list)
-        or not all(isinstance(i, str) for i in ids)
-        or not isinstance(plan, dict)
-    ):
+    if not isinstance(index, int) or not isinstance(count, int) or not _strings(ids):
+        raise ShardError(f"{where}: corrupt shard block (index, count, ids, plan)")
+    if not 1 <= index <= count <= MAX_SHARDS or not isinstance(plan, dict):
         raise ShardError(f"{where}: corrupt shard block (index, count, ids, plan)")
     return index, count, ids, plan
+
+
+def _strings(value: object) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(i, str) for i in value)
 
 
 def plan_difference(a: Any, b: Any, at: str = "plan") -> str:
@@ -177,37 +171,31 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
     if not reports:
         raise ShardError("merge: no shard report given")
     shards = [(where, *_shard_of(report, where), report) for where, report in reports]
-    first_where, _, count, _, plan, _ = shards[0]
+    first, _, count, _, plan, _ = shards[0]
     by_index: dict[int, str] = {}
     for where, index, n, _, other, _ in shards:
         if n != count:
             raise ShardError(
-                f"shards of different runs: {first_where} is a shard of {count}, {where} of {n}"
+                f"shards of different runs: {first} is a shard of {count}, {where} of {n}"
             )
         if other != plan:
-            raise ShardError(
-                f"shards of different runs: {first_where} and {where} differ in "
-                f"{plan_difference(plan, other)}"
-            )
+            differ = plan_difference(plan, other)
+            raise ShardError(f"shards of different runs: {first} and {where} differ in {differ}")
         if index in by_index:
             raise ShardError(f"shard {index} of {count} given twice: {by_index[index]} and {where}")
         by_index[index] = where
     missing = [str(i) for i in range(1, count + 1) if i not in by_index]
     if missing:
-        given = ", ".join(str(i) for i in sorted(by_index))
+        given = ", ".join(map(str, sorted(by_index)))
         raise ShardError(
-            f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} of {count} missing: "
+            f"shard{'s' * (len(missing) > 1)} {', '.join(missing)} of {count} missing: "
             f"no verdict on part of a run (given: {given})"
         )
     shards.sort(key=lambda shard: shard[1])
     selection = interleave([ids for _, _, _, ids, _, _ in shards])
     wanted = plan.get("selection")
     size = (len(selection), selection_hash(selection)) if selection is not None else None
-    if (
-        selection is None
-        or not isinstance(wanted, dict)
-        or size != (wanted.get("size"), wanted.get("ids_hash"))
-    ):
+    if not isinstance(wanted, dict) or size != (wanted.get("size"), wanted.get("ids_hash")):
         raise ShardError(
             f"the shards' problems are not the slices of their plan's selection "
             f"({', '.join(where for where, *_ in shards)}): shards of different runs, or "
@@ -215,15 +203,12 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
         )
     records: list[Mapping[str, Any]] = []
     seen: dict[object, str] = {}
-    deselected: set[str] = set()
-    for where, index, _, ids, _, report in shards:
-        own = set(ids)
-        block = report["shard"]
-        left = block.get("deselected", [])
-        if not isinstance(left, list) or not own.issuperset(left):
+    blocks = [report["shard"] for *_, report in shards]
+    for (where, index, _, ids, _, report), block in zip(shards, blocks, strict=True):
+        own, left = set(ids), block.get("deselected", [])
+        if not _strings(left) or not own.issuperset(left):
             raise ShardError(f"{where}: corrupt shard block (deselected)")
-        deselected.update(left)
-        for record in _records(report):
+        for record in report.get("problems") or ():
             pid = record.get("id")
             shown = repr(str(pid)[:80])
             if pid in seen:
@@ -233,13 +218,12 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
             _check_record(record, where)
             seen[pid] = where
             records.append(record)
-    blocks = [report["shard"] for *_, report in shards]
     return Merged(
         count,
         plan,
-        tuple(selection),
+        tuple(selection),  # type: ignore[arg-type]  # not None: its size was checked
         tuple(records),
-        frozenset(deselected),
+        frozenset(pid for b in blocks for pid in b.get("deselected", [])),
         next((str(b.get("deselected_by")) for b in blocks if b.get("deselected")), ""),
         any(b.get("interrupted") is True for b in blocks),
     )
@@ -274,8 +258,3 @@ def _check_record(record: Mapping[str, Any], where: str) -> None:
     rules = all(isinstance(v, bool) for v in record["rules"].values())
     if not rules or not all(isinstance(v, int) and v >= 0 for v in record["usage"].values()):
         raise ShardError(f"{at} (rules or usage)")
-
-
-def _records(report: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    problems = report.get("problems")
-    yield from problems if isinstance(problems, list) else ()

@@ -42,41 +42,28 @@ def _decide(
         winner, votes = majority_vote(values)
         return winner, numbers_equal(winner, gold), votes
     if protocol.name.startswith("pass@"):
-        for score in scores:
-            if score.correct[rule]:
-                return score.extracted[rule], True, []
-        return next((v for v in values if v is not None), None), False, []
+        hit = next((s.extracted[rule] for s in scores if s.correct[rule]), None)
+        first = next((v for v in values if v is not None), None)
+        return (hit, True, []) if hit is not None else (first, False, [])
     if not scores:
         return None, False, []
     return values[0], scores[0].correct[rule], []
 
 
+#: a ``<think>`` block (one never closed runs to the end), or the text before a first
+#: ``</think>`` whose opening tag the server stripped; ASCII case only, in linear time
+_THINK = re.compile(
+    r"\A((?:(?!<think>).)*?)</think>|<think>(.*?)(?:</think>|\Z)", re.I | re.A | re.S
+)
+
+
 def reasoning_text(completion: Completion) -> str | None:
     """The sample's reasoning, kept for the report and never scored: the server's
-    ``reasoning_content``, else what ``<think>`` blocks in the content hold (linear time)."""
+    ``reasoning_content``, else what ``<think>`` blocks in the content hold."""
     if completion.reasoning:
         return completion.reasoning
-    text = completion.text
-    lowered = ascii_lower(text)
-    parts: list[str] = []
-    pos = 0
-    first_close = lowered.find("</think>")
-    first_open = lowered.find("<think>")
-    if first_close != -1 and (first_open == -1 or first_close < first_open):
-        parts.append(text[:first_close])  # the server stripped the opening tag
-        pos = first_close + 8
-    while True:
-        start = lowered.find("<think>", pos)
-        if start == -1:
-            break
-        end = lowered.find("</think>", start + 7)
-        if end == -1:
-            parts.append(text[start + 7 :])  # never closed: cut while reasoning
-            break
-        parts.append(text[start + 7 : end])
-        pos = end + 8
-    joined = "\n".join(part.strip() for part in parts).strip()
-    return joined or None
+    parts = (m[1] if m[1] is not None else m[2] for m in _THINK.finditer(completion.text))
+    return "\n".join(part.strip() for part in parts).strip() or None
 
 
 def cut_while_reasoning(completion: Completion) -> bool:
@@ -175,17 +162,15 @@ def score_repeats(
 
 
 def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:
-    """One problem's record from its ``--gsm8k-repeats K`` records: the repeat of the most
-    common outcome (a tie to the first), so every reader sees one answer as given, plus the
-    K outcomes, the correct count and the summed tokens and cache hits."""
+    """The repeat of the most common outcome (a tie: the first), so every reader sees one
+    answer as given, with the K outcomes, the correct count, summed tokens and cache hits."""
     if not records:
         raise ValueError("no record to combine")
     if len(records) == 1:
         return records[0]
     outcomes = [r["outcome"] for r in records]
-    top = Counter(outcomes).most_common(1)[0][1]
-    chosen = next(r for r in records if outcomes.count(r["outcome"]) == top)
-    combined = cast(ProblemRecord, dict(chosen))
+    top = Counter(outcomes).most_common(1)[0][0]  # of the most common, the first given
+    combined = cast(ProblemRecord, dict(records[outcomes.index(top)]))
     usage: Counter[str] = Counter()
     for record in records:
         usage.update(record.get("usage") or {})

@@ -1,6 +1,5 @@
 """The shapes that travel, typed so mypy checks every reader and writer: a record rides the
-pytest report to the xdist controller and lands unchanged in the JSON report, which
-report.schema.json describes (its ``schema`` field is :data:`REPORT_SCHEMA`). Pure."""
+pytest report to the xdist controller and lands unchanged in the JSON report. Pure."""
 
 from __future__ import annotations
 

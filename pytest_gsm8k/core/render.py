@@ -1,6 +1,5 @@
-"""Every view of a verdict for people: the terminal block, a matrix's verdict table, and the
-Markdown the step summary and ``compare`` share. Pure; nothing is decided here. Text from
-outside goes through ``printable`` (terminal) or ``md_text``/``md_code`` (Markdown)."""
+"""Every view of a verdict for people (terminal, verdict table, Markdown); nothing is decided
+here. Pure. Text from outside goes through ``printable`` or ``md_text``/``md_code``."""
 
 from __future__ import annotations
 
@@ -40,11 +39,7 @@ class JunitCase(NamedTuple):
     earlier: str | None  # with resumed answers, how many came from earlier runs ("39 of 40")
 
 
-_JUNIT_OUTCOME: dict[Word, Literal["passed", "failed", "skipped"]] = {
-    "PASS": "passed",
-    "FAIL": "failed",
-    "UNDECIDED": "skipped",
-}
+_JUNIT_OUTCOME = {"PASS": "passed", "FAIL": "failed", "UNDECIDED": "skipped"}
 
 
 def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
@@ -58,7 +53,7 @@ def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
     return [
         JunitCase(
             gate.name,
-            _JUNIT_OUTCOME[gate.word],
+            _JUNIT_OUTCOME[gate.word],  # type: ignore[arg-type]
             None if gate.word == "PASS" else gate.detail,
             earlier.get(gate.name),
         )
@@ -155,9 +150,6 @@ def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
     return head[: head.rfind("\n") + 1] + note
 
 
-# -- the terminal (and the page's run card: the same words) ---------------------------
-
-
 def model_words(model: str, reported: Sequence[str]) -> str:
     """The model asked for, and the ids the server reported when they differ."""
     shown = reported and list(reported) != [model]
@@ -183,10 +175,14 @@ def tokens_words(tokens: Mapping[str, int], cached: int, n: object, resumed: boo
 def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``
     (a matrix: each config's block, then the matrix headline and the verdict table)."""
-    blocks = [line for group in verdict.groups for line in _group_lines(group)]
+    report = verdict.to_json()
+    configs = report.get("configs") or []
+    reports = configs if verdict.matrix else [report]
+    blocks = [
+        line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
+    ]
     if verdict.matrix:
-        blocks.append((verdict.top.matrix_headline(), "headline"))
-        configs = verdict.to_json().get("configs") or []
+        blocks.append((verdict.matrix_headline(), "headline"))
         blocks.extend((printable(line), "info") for line in verdict_table(configs))
     return blocks
 
@@ -242,19 +238,19 @@ def verdict_table(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
-    """One group's block: headline first, then the context a reader needs, the gates."""
+def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """One group's block (``report`` its JSON): headline, the context a reader needs, gates."""
     counts, gated, silent = v.counts(), v.group.protocol["extractor"], v.silent_rules()
     out = [", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))]
     out[0] = f"outcomes: {out[0]}"
     if v.answered:  # with no answer every rule would read 0.0000
-        rules = [(r, a) for r, a in v.rule_accuracy().items() if r == gated or r not in silent]
+        rules = [(r, a) for r, a in report["rules"].items() if r == gated or r not in silent]
         quiet = ", ".join(sorted(silent - {gated}))
         said = ", ".join(f"{r}{'*' if r == gated else ''} {a:.4f}" for r, a in rules)
-        said += f"  (* gates; format failures: {v.format_failures()}"
+        said += f"  (* gates; format failures: {report['format_failures']}"
         out.append(f"by extractor: {said}{f'; no number found by {quiet}' if quiet else ''})")
-    out += [", ".join(f"{k} {a:.4f}" for k, a in v.pass_at().items())] * bool(v.pass_at())
-    repeats, k = v.repeats(), v.runs
+    pass_at, repeats, k = report["pass_at_k"], report.get("repeats"), v.runs
+    out += [", ".join(f"{name} {a:.4f}" for name, a in pass_at.items())] * bool(pass_at)
     if repeats is not None:
         out.append(
             f"repeats: {k} per problem ({repeats['answers']} answers): the accuracy above "
@@ -264,10 +260,10 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
         )
     ds, subset = v.group.dataset, subset_words(v.group.subset)
     out += [
-        f"model: {model_words(v.model, v.reported_models())}  endpoint: {v.group.endpoint}",
+        f"model: {model_words(v.group.model, v.reported_models())}  endpoint: {v.group.endpoint}",
         f"dataset: {ds['name']} {ds['config']}/{ds['split']} (fingerprint {ds['fingerprint']})"
         + (f"; {subset}" if subset else ""),
-        f"tokens: {tokens_words(v.tokens(), v.from_cache(), v.n, v.selection.resumed)}",
+        f"tokens: {tokens_words(report['tokens'], v.from_cache(), v.n, v.selection.resumed)}",
     ]
     cut = counts["truncated"] / v.n if v.n else 0.0
     if cut > 0.01:
@@ -276,7 +272,7 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
             f"by --gsm8k-max-tokens {v.group.protocol['max_tokens']}"
         )
     if v.n < v.expected:
-        stop = " (run interrupted)" if v.interrupted else ""
+        stop = " (run interrupted)" if v.selection.interrupted else ""
         out.append(f"INCOMPLETE: {v.n} of {v.expected} problems have a result{stop}")
     out += [note[2:] for note in v.notes] + [v.chat_hint() or ""] * bool(v.chat_hint())
     # model names, endpoints and messages come from outside: no escapes reach a terminal
@@ -288,40 +284,30 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
     return styled
 
 
-# -- the run's Markdown summary -------------------------------------------------------
-
-
 def markdown(
     verdict: RunVerdict, questions: Mapping[str, str], html: tuple[str, bool] | None = None
 ) -> str:
     """The GitHub step summary: headline, where the page is (``html``: its path relative to
     the repository and True, or its file's name and False), gates, each group's comparison."""
-    return fit(lambda listed: _markdown(verdict, questions, html, listed))
-
-
-def _markdown(
-    verdict: RunVerdict, questions: Mapping[str, str], html: tuple[str, bool] | None, listed: int
-) -> str:
-    top = verdict.top
-    lines = [f"### {md_text(top.headline())}", ""]
+    lines = [f"### {md_text(verdict.headline())}", ""]
     if html:
         where = "(relative to the repository; a self-contained HTML file: see the job's artifacts)"
         where = where if html[1] else "in the job's artifact (a self-contained HTML file)"
         lines += [f"The run's page: {md_code(html[0])} {where}.", ""]
-    counts = ", ".join(f"{n} {k}" for k, n in top.counts().items() if n)
-    dataset = f"{top.group.dataset['config']}/{top.group.dataset['split']}"
-    lines.append(f"Outcomes: {counts}. Model {md_code(top.model)}, dataset {md_code(dataset)}.")
-    if top.selection.resumed:
-        lines[-1] += f" {top.earlier_answers()}."
-    lines.append("")
-    lines += gate_table(top.gates)
-    for group in verdict.groups:  # a config's lists are named after it; a run's name is ""
-        base = group.extra.get("baseline") or {}
-        lines += against_baseline(base, questions, group.group.name, listed)
-    return "\n".join(lines) + "\n"
+    counts = ", ".join(f"{n} {k}" for k, n in verdict.counts().items() if n)
+    dataset = f"{verdict.group.dataset['config']}/{verdict.group.dataset['split']}"
+    lines.append(
+        f"Outcomes: {counts}. Model {md_code(verdict.group.model)}, dataset {md_code(dataset)}."
+    )
+    lines[-1] += f" {verdict.earlier_answers()}." * verdict.selection.resumed
+    lines += ["", *gate_table(verdict.gates)]
+    bases = [(g.extra.get("baseline") or {}, g.group.name) for g in verdict.groups]
 
+    def text(listed: int) -> str:  # a config's lists are named after it; a run's name is ""
+        lists = [ln for b, name in bases for ln in against_baseline(b, questions, name, listed)]
+        return "\n".join(lines + lists) + "\n"
 
-# -- compare's Markdown ---------------------------------------------------------------
+    return fit(text)
 
 
 def _problems(count: int) -> str:

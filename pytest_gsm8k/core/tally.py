@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.early_stop import EarlyStop
-from pytest_gsm8k.core.plan import RunPlan, StoredBaseline
+from pytest_gsm8k.core.plan import RunPlan
 from pytest_gsm8k.core.presets import takes_first
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
@@ -45,8 +45,7 @@ class Tally:
         self.collected_ids: frozenset[str] | None = None  # an xdist controller: the workers'
         self.records: dict[str, ProblemRecord] = {}
         self.items: tuple[ItemRef, ...] = ()  # every collected item (the workers' under xdist)
-        #: node id -> its problem's id, from the reports and the workers' output (never parsed
-        #: out of a node id)
+        #: node id -> its problem's id, from the reports and workers (never parsed out of it)
         self.problem_of: dict[str, str] = {}
         self.reported: set[str] = set()  # node ids that sent a report: the others never ran
         self.interrupted = False
@@ -128,37 +127,70 @@ class Tally:
         from pytest_gsm8k.core.verdict import BaselineInput, Group, GroupInput, Selection
 
         settings, split = plan.settings, plan.split
-        ids = {p.id for p in self.wanted(plan)}
-        of = len(split.problems)
+        ids, of = {p.id for p in self.wanted(plan)}, len(split.problems)
         shard: dict[str, Any] = {}
         if plan.shard is not None:  # what the merge needs beside the records (core/merge.py)
             left = [p.id for p in plan.problems if p.id not in ids]
             shard["shard"] = shard_record(plan, left, deselected_by, self.interrupted)
 
-        def group(
-            name: str, label: str, protocol: Protocol, problems: Sequence[Problem], **facts: Any
-        ) -> Group:
+        def group(protocol: Protocol, problems: Sequence[Problem], **facts: Any) -> Group:
             deselected = sum(p.id not in ids for p in problems)
-            subset = {"of": of, "ids_hash": _ids_hash(problems), "deselected": deselected}
+            facts["subset"] |= {"of": of, "ids_hash": _ids_hash(problems), "deselected": deselected}
+            facts.setdefault("label", protocol.label)
             return Group(
-                name=name,
-                label=label,
                 protocol=protocol.identity(),
                 protocol_label=protocol.label,
                 dataset=split.identity(),
-                subset=facts.pop("subset") | subset | facts.pop("tail", {}),
                 specs=plan.gates,
                 report=settings.report or "",
                 **facts,
             )
 
-        def gathered(
-            g: Group,
-            problems: Sequence[Problem],
-            found: dict[str, ProblemRecord],
-            stored: StoredBaseline | None,
-            whole: Sequence[Problem],
-        ) -> GroupInput:
+        if not plan.groups:  # one group, the run's own
+            records, selected = dict(self.records), plan.problems
+            limit = settings.limit if len(selected) < of else None
+            first = {"first": True} if takes_first(settings.preset) and limit is not None else {}
+            model = plan.endpoint.model or _most_common(records, "model")
+            where = "served" if settings.serve else "local_server"
+            run = group(
+                plan.protocol,
+                selected,
+                name="",
+                subset={"limit": limit, "seed": settings.seed, **first},
+                model=model or "(gsm8k_model fixture)",
+                endpoint=_most_common(records, "endpoint")
+                or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
+                extra=({where: server} if server is not None else {}) | shard,
+            )
+            groups = [(run, selected, records, plan.baseline, split.problems)]
+        else:
+            groups = []
+        for planned in plan.groups:
+            config, served = planned.config, servers.get(planned.name)
+            if not any(p.id in ids for p in planned.problems):
+                continue  # deselected whole (-k, -m): its server never started, nothing to gate
+            block = {key: getattr(config, key) for key in _CONFIG_FIELDS.split()}
+            block["server_args"] = scrub.words(config.server_args)
+            block |= {"env": sorted(key for key, _ in config.env), "fields": list(config.given)}
+            limit = config.num_questions if config.num_questions < of else None
+            g = group(
+                planned.protocol,
+                planned.problems,
+                name=config.name,
+                label=planned.label,
+                subset={"limit": limit, "first": True, "seed": None},
+                model=config.model_name,
+                endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
+                floor=planned.floor,
+                extra={"config": scrub.obj(block)}
+                | ({"served": served} if served is not None else {}),
+            )
+            had = [p.id for p in planned.problems if p.id in ids and p.id in self.records]
+            found = {pid: self.records[pid] for pid in had}
+            whole = planned.split_problems(split)
+            groups.append((g, planned.problems, found, planned.baseline, whole))
+        inputs: list[GroupInput] = []
+        for g, problems, found, stored, whole in groups:
             ran = [p for p in problems if p.id in ids]
             unreached, aborted = 0, self.aborted
             for problem in ran if aborted else ():
@@ -181,62 +213,14 @@ class Tally:
                 rules = (s.baseline_partial, bool(s.baseline or s.baseline_name), s.repeats)
                 baseline = BaselineInput(stored, tuple(whole), plan.update_baseline, *rules)
             early = _early(self.early.get(g.name), g.name in self.stopped)
-            return GroupInput(g, tuple(found.values()), selection, baseline, early)
-
+            inputs.append(GroupInput(g, tuple(found.values()), selection, baseline, early))
         if not plan.groups:
-            records = dict(self.records)
-            selected = plan.problems
-            limit = settings.limit if len(selected) < of else None
-            first = takes_first(settings.preset) and limit is not None
-            model = plan.endpoint.model or _most_common(records, "model")
-            base_url = shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL)
-            where = "served" if settings.serve else "local_server"
-            run = group(
-                "",
-                plan.protocol.label,
-                plan.protocol,
-                selected,
-                subset={"limit": limit, "seed": settings.seed},
-                tail={"first": True} if first else {},
-                model=model or "(gsm8k_model fixture)",
-                endpoint=_most_common(records, "endpoint") or base_url,
-                extra=({where: server} if server is not None else {}) | shard,
-            )
-            return [gathered(run, selected, records, plan.baseline, split.problems)], None, []
-        inputs: list[GroupInput] = []
-        for planned in plan.groups:
-            config = planned.config
-            if not any(p.id in ids for p in planned.problems):
-                continue  # deselected whole (-k, -m): its server never started, nothing to gate
-            served = servers.get(planned.name)
-            block = {key: getattr(config, key) for key in _CONFIG_FIELDS.split()}
-            block["server_args"] = scrub.words(config.server_args)
-            block |= {"env": sorted(key for key, _ in config.env), "fields": list(config.given)}
-            limit = config.num_questions if config.num_questions < of else None
-            g = group(
-                config.name,
-                planned.label,
-                planned.protocol,
-                planned.problems,
-                subset={"limit": limit, "first": True, "seed": None},
-                model=config.model_name,
-                endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
-                floor=planned.floor,
-                extra={"config": scrub.obj(block)}
-                | ({"served": served} if served is not None else {}),
-            )
-            had = [p.id for p in planned.problems if p.id in ids and p.id in self.records]
-            found = {pid: self.records[pid] for pid in had}
-            inputs.append(
-                gathered(
-                    g, planned.problems, found, planned.baseline, planned.split_problems(split)
-                )
-            )
+            return inputs, None, []
         top = group(
-            "",
-            f"{len(plan.groups)} vLLM configs",
             plan.groups[0].protocol,
             plan.problems,
+            name="",
+            label=f"{len(plan.groups)} vLLM configs",
             subset={"limit": None, "seed": None},
             model=", ".join(g.config.model_name for g in plan.groups),
             endpoint="(one server per config)",

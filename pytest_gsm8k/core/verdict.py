@@ -1,11 +1,10 @@
-"""The verdict step: a run's records and plain facts in, one frozen verdict that every output
-renders from. Pure. Its inputs are plain data a JSON report gives back, so a shard's merge and
-``compare`` decide the same way; inside :func:`decide` each rule is written once, in order."""
+"""The verdict step: records and plain facts in (what a JSON report gives back, so a merge and
+``compare`` decide the same way), one frozen verdict out that every output renders from. Pure."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -81,9 +80,8 @@ class EarlyOutcome:
 
 @dataclass(frozen=True)
 class BaselineInput:
-    """The group's stored baseline and what to do with it: ``split`` is what it may hold,
-    ``named`` a file named by option (no search by protocol), ``from_report`` compare's
-    report A (already checked), ``write_error`` the failed write (the one derived copy)."""
+    """The stored baseline and its rules: ``split`` what it may hold, ``named`` named by option,
+    ``from_report`` compare's report A (checked), ``write_error`` the one derived copy's."""
 
     stored: StoredBaseline
     split: tuple[Problem, ...]
@@ -124,10 +122,11 @@ class GroupVerdict:
     compared: Mapping[str, Any] | None = None
     #: a matrix's top: each config's verdict (the top counts them all together)
     configs: tuple[GroupVerdict, ...] = ()
+    matrix: bool = False  # a --gsm8k-config run's top (its configs may all be deselected)
 
     @property
-    def model(self) -> str:
-        return self.group.model
+    def groups(self) -> tuple[GroupVerdict, ...]:
+        return self.configs if self.matrix else (self,)
 
     @property
     def expected(self) -> int:
@@ -147,9 +146,8 @@ class GroupVerdict:
 
     @property
     def answers_correct(self) -> int:
-        if self.runs == 1:
-            return self.correct
-        return sum(int(r.get("repeats_correct") or 0) for r in self.records)
+        runs = (int(r.get("repeats_correct") or 0) for r in self.records)
+        return sum(runs) if self.runs > 1 else self.correct
 
     @property
     def accuracy(self) -> float:
@@ -167,43 +165,15 @@ class GroupVerdict:
         rates = [int(r.get("repeats_correct") or 0) / k for r in self.records]
         return accuracy_interval(rates if k > 1 else [float(r["correct"]) for r in self.records], k)
 
-    def repeats(self) -> dict[str, object] | None:
-        """With ``--gsm8k-repeats K``: K, the answers, the mean over every answer and maj@K."""
-        if self.runs == 1:
-            return None
-        low, high = self.interval()
-        return {
-            "per_problem": self.runs,
-            "answers": self.n * self.runs,
-            "mean_accuracy": round(self.accuracy, 6),
-            "ci95": [round(low, 6), round(high, 6)],
-            "majority_accuracy": round(self.correct / self.n, 6) if self.n else 0.0,
-        }
-
     def counts(self) -> dict[str, int]:
         counter = Counter(r["outcome"] for r in self.records)
         return {o: counter.get(o, 0) for o in OUTCOMES}
-
-    def rule_accuracy(self) -> dict[str, float]:
-        """Our rules, then any a preset adds (lm-eval's strict-match, flexible-extract)."""
-        names = list(dict.fromkeys([*RULES, *(k for r in self.records for k in r["rules"])]))
-        right = Counter(k for r in self.records for k, ok in r["rules"].items() if ok)
-        return {rule: right[rule] / self.n if self.n else 0.0 for rule in names}
 
     def silent_rules(self) -> set[str]:
         """Our extraction rules that found no number in any sample of the run."""
         samples = [s for r in self.records for s in r["samples"]]
         found = {rule for s in samples for rule, value in s["extracted"].items() if value}
         return set(RULES) - found if self.records else set()
-
-    def format_failures(self) -> int:
-        """Problems the gated extractor missed but another rule got right."""
-        gated = self.group.protocol["extractor"]
-        return sum(
-            1
-            for r in self.records
-            if not r["rules"].get(gated) and any(v for k, v in r["rules"].items() if k != gated)
-        )
 
     def pass_at(self) -> dict[str, float]:
         """Unbiased pass@k (Chen et al. 2021) for k = 1 and the powers of two below N."""
@@ -218,12 +188,6 @@ class GroupVerdict:
             for k in sorted(ks)
         }
 
-    def tokens(self) -> dict[str, int]:  # summed over the records
-        total: Counter[str] = Counter()
-        for r in self.records:
-            total.update(r.get("usage") or {})
-        return dict(total)
-
     def from_cache(self) -> int:
         return sum(1 for r in self.records if r.get("cached"))
 
@@ -233,22 +197,16 @@ class GroupVerdict:
     def chat_hint(self) -> str | None:
         """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
         texts = (s["text"] for r in self.records for s in r["samples"])
-        api, unparsed = str(self.group.protocol.get("api")), self.counts()["unparsed"]
-        return chat_api_hint(api, [self.model, *self.reported_models()], unparsed, self.n, texts)
+        models, api = [self.group.model, *self.reported_models()], self.group.protocol.get("api")
+        return chat_api_hint(str(api), models, self.counts()["unparsed"], self.n, texts)
 
     def earlier_answers(self) -> str:
         """How many answers came from earlier runs, as every output of a resumed run says."""
         return f"{self.from_cache()} of {self.n} answers from earlier runs (--gsm8k-resume)"
 
-    # -- the verdict ------------------------------------------------------------------
-
     @property
     def failed(self) -> bool:
         return any(not g.passed for g in self.gates)
-
-    @property
-    def interrupted(self) -> bool:
-        return self.selection.interrupted
 
     def matrix_headline(self) -> str:
         words = [word_of(g.word for g in c.gates) for c in self.configs]
@@ -268,71 +226,67 @@ class GroupVerdict:
         errors, (low, high) = self.counts()["error"], self.interval()
         acc = f" = {self.accuracy:.4f}  [95% CI {low:.4f}-{high:.4f}]"
         acc = acc if self.answered else ": no answers" + f": {errors} errors" * bool(errors)
-        line = f"gsm8k acc ({self.group.label}){acc}  n={self.n}"
         split = self.group.dataset.get("split")
-        if split != "test":
-            line += f"  [{split} split: not a reportable number]"
-        return line
+        odd = f"  [{split} split: not a reportable number]" * (split != "test")
+        return f"gsm8k acc ({self.group.label}){acc}  n={self.n}{odd}"
 
     def to_json(self) -> Report:
-        matrix = bool(self.configs)
+        """The JSON report: the only place it is built (and every number the outputs show)."""
+        matrix, n, runs, records = bool(self.configs), self.n, self.runs, self.records
+        names = list(dict.fromkeys([*RULES, *(rule for r in records for rule in r["rules"])]))
+        right = Counter(rule for r in records for rule, ok in r["rules"].items() if ok)
+        gated, tokens = self.group.protocol["extractor"], Counter[str]()
+        for r in records:
+            tokens.update(r.get("usage") or {})
+        missed = (r["rules"] for r in records if not r["rules"].get(gated))
         report: Report = {
             "schema": REPORT_SCHEMA,
             "headline": self.headline(),
             # a matrix pools different models and protocols: its configs say the accuracy
             "accuracy": self.accuracy if self.answered and not matrix else None,
             "correct": self.correct,
-            "n": self.n,
+            "n": n,
             "expected": self.expected,
-            "complete": self.n == self.expected and not self.interrupted,
+            "complete": n == self.expected and not self.selection.interrupted,
             "ci95": list(self.interval()) if self.answered and not matrix else None,
             "counts": self.counts(),
-            "rules": self.rule_accuracy(),
-            "format_failures": self.format_failures(),
+            # our rules, then any a preset adds (lm-eval's strict-match, flexible-extract)
+            "rules": {rule: right[rule] / n if n else 0.0 for rule in names},
+            # problems the gated extractor missed but another rule got right
+            "format_failures": sum(
+                any(v for rule, v in r.items() if rule != gated) for r in missed
+            ),
             "pass_at_k": self.pass_at(),
             "protocol": {**self.group.protocol, "label": self.group.label},
-            "model": self.model,
+            "model": self.group.model,
             "reported_models": self.reported_models(),
             "endpoint": self.group.endpoint,
             "dataset": dict(self.group.dataset),
             "subset": dict(self.group.subset),
-            "tokens": self.tokens(),
+            "tokens": dict(tokens),
             "from_cache": self.from_cache(),
             "resumed": self.selection.resumed,
             "gates": [g.to_json() for g in self.gates],
             **self.extra,  # type: ignore[typeddict-item]
-            "problems": sorted(self.records, key=lambda r: int(r["index"])),
+            "problems": sorted(records, key=lambda r: int(r["index"])),
         }
-        if self.repeats() is not None:
-            report["repeats"] = self.repeats()  # type: ignore[typeddict-item]
+        if runs > 1:  # --gsm8k-repeats K: the mean over every answer and maj@K
+            low, high = self.interval()
+            report["repeats"] = {
+                "per_problem": runs,
+                "answers": n * runs,
+                "mean_accuracy": round(self.accuracy, 6),
+                "ci95": [round(low, 6), round(high, 6)],
+                "majority_accuracy": round(self.correct / n, 6) if n else 0.0,
+            }
         if matrix:  # each config's problems are the top's (their ids carry the config's name)
             configs = [c.to_json() for c in self.configs]
             report["configs"] = [{k: v for k, v in c.items() if k != "problems"} for c in configs]
         return report
 
 
-@dataclass(frozen=True)
-class RunVerdict:
-    """The run's verdict: one group, or each config's under a top that counts them all."""
-
-    top: GroupVerdict
-    matrix: bool
-
-    @property
-    def groups(self) -> tuple[GroupVerdict, ...]:
-        return self.top.configs if self.matrix else (self.top,)
-
-    @property
-    def gates(self) -> tuple[GateVerdict, ...]:
-        return self.top.gates
-
-    @property
-    def failed(self) -> bool:
-        return self.top.failed
-
-    def to_json(self) -> Report:
-        """The JSON report: the only place it is built."""
-        return self.top.to_json()
+#: the run's verdict is its top group's: one group, or a matrix's top over each config's
+RunVerdict = GroupVerdict
 
 
 def word_of(gate_words: Iterable[str]) -> Word:
@@ -348,9 +302,6 @@ def shared_words(block: Mapping[str, Any]) -> str:
     if block.get("subset"):
         return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
     return f"on {shared} problems"
-
-
-# -- decide ---------------------------------------------------------------------------
 
 
 def decide(
@@ -424,7 +375,7 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     deselected = v.selection.deselected
     missing = 0 if stopped_early else v.expected - v.n
     of = f"of the {v.expected + deselected} problems of its selection"
-    stopped = "; the run was interrupted" if v.interrupted else ""
+    stopped = "; the run was interrupted" if v.selection.interrupted else ""
     said = [f"{deselected} {of} were deselected ({v.selection.deselected_by})"] * bool(deselected)
     said += [f"{missing} {of} have no result (skipped, or not reached{stopped})"] * (missing > 0)
     whys = [f"{' and '.join(said)}; {_WHOLE}"] if said else []
@@ -491,8 +442,8 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     said = f"{shared_words(cmp)}; {points_words(*difference(pairs))}"
     notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
     was = document.get("model")
-    if isinstance(was, str) and was != v.model:
-        notes.append(f"  the baseline was recorded with model {was} (this run: {v.model})")
+    if isinstance(was, str) and was != v.group.model:
+        notes.append(f"  the baseline was recorded with model {was} (this run: {v.group.model})")
     notes += [f"  {bl.noise_sentence(seen)}", f"  {failing_words(pairs)}; p={seen['p_value']:.4g}"]
     notes += [f"  {rise}" for rise in [rule.rise(pairs, found)] if rise is not None]
     where_all = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
@@ -512,9 +463,8 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
 
 
 def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
-    """``--snapshot-update``: the document to write, only from a run of its whole selection
-    and never over a baseline holding problems the run does not (unless
-    ``--gsm8k-baseline-partial``). The writer writes; a failure comes back as ``write_error``."""
+    """``--snapshot-update``'s document, only from a whole selection and never over a baseline
+    holding problems the run lacks (else partial); a failed write returns as ``write_error``."""
     stored, errors, report = baseline.stored, v.counts()["error"], _facts(v)
     shown, stopped_early = stored.shown, early is not None and early.stopped
     if baseline.write_error is not None:
@@ -529,23 +479,20 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
         partial = f"{deselected} of the {selection} problems of its selection were deselected "
         partial += f"({v.selection.deselected_by})"
     dropped = 0 if baseline.partial_ok else bl.dropped(stored, report, baseline.split)
-    for why in (
-        "the run was interrupted" if v.interrupted else None,
-        f"{errors} problems ended in an error" if errors else None,
-        f"only {v.n} of {v.expected} problems have a result"
-        if v.n < v.expected and not stopped_early
-        else None,
-        f"{partial}; a baseline holds the whole selection (--gsm8k-baseline-partial writes a "
-        "partial one)"
-        if partial is not None and not baseline.partial_ok
-        else None,
-        f"it holds {dropped} problems this run does not have; delete it to record a smaller "
-        "one, or pass --gsm8k-baseline-partial"
-        if dropped
-        else None,
-        bl.fewer_repeats(stored.document, baseline.repeats),
+    whole = "a baseline holds the whole selection (--gsm8k-baseline-partial writes a partial one)"
+    smaller = "delete it to record a smaller one, or pass --gsm8k-baseline-partial"
+    for bad, why in (
+        (v.selection.interrupted, "the run was interrupted"),
+        (errors, f"{errors} problems ended in an error"),
+        (
+            v.n < v.expected and not stopped_early,
+            f"only {v.n} of {v.expected} problems have a result",
+        ),
+        (partial is not None and not baseline.partial_ok, f"{partial}; {whole}"),
+        (dropped, f"it holds {dropped} problems this run does not have; {smaller}"),
+        (True, bl.fewer_repeats(stored.document, baseline.repeats)),
     ):
-        if why is not None:
+        if bad and why is not None:
             return _fail(v, f"not written to {shown}: {why}")
     size = f"n={v.n}"
     size += f" of the {selection} of its selection, partial: {partial};" if partial else ","
@@ -555,6 +502,12 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
     return replace(v, notes=(*v.notes, note), extra=extra, baseline_write=bl.build(report, partial))
 
 
+def _named(config: str) -> Callable[[GateVerdict], GateVerdict]:
+    """A config's gate named after it (``Qwen3:min-acc``; its floor already is)."""
+    named = f"{config}:"
+    return lambda g: g if g.name.startswith(named) else replace(g, name=named + g.name)
+
+
 def decide_run(
     inputs: Sequence[GroupInput],
     *,
@@ -562,19 +515,13 @@ def decide_run(
     not_run: Sequence[str] = (),
     times: tuple[str, str, float] | None = None,
 ) -> RunVerdict:
-    """Each group decided; with ``top`` (a matrix) each config's gates named after it
-    (``Qwen3:min-acc``) under a top that counts every config's records (``not_run``: configs
-    deselected whole). ``times``: (started, finished, seconds)."""
+    """Each group decided; with ``top`` (a matrix) each config's gates named after it under a
+    top counting every config's records. ``times``: (started, finished, seconds)."""
     decided = [decide(i.group, i.records, i.baseline, i.selection, i.early) for i in inputs]
     if top is None:
         (verdict,) = decided
     else:
-        for i, d in enumerate(decided):
-            named = f"{d.group.name}:"
-            gates = [
-                g if g.name.startswith(named) else replace(g, name=named + g.name) for g in d.gates
-            ]
-            decided[i] = replace(d, gates=tuple(gates))
+        decided = [replace(d, gates=tuple(map(_named(d.group.name), d.gates))) for d in decided]
         both = tuple(g for d in decided for g in d.gates)
         ids = tuple(pid for d in decided for pid in d.selection.ids)
         interrupted = any(i.selection.interrupted for i in inputs)
@@ -587,4 +534,4 @@ def decide_run(
     if times is not None:
         when = dict(zip(("started_at", "finished_at", "duration_s"), times, strict=True))
         verdict = replace(verdict, extra={**verdict.extra, **when})
-    return RunVerdict(verdict, top is not None)
+    return replace(verdict, matrix=top is not None)

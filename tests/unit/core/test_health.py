@@ -19,7 +19,6 @@ from pytest_gsm8k.core.verdict import (
     Group,
     GroupInput,
     GroupVerdict,
-    RunVerdict,
     Selection,
     decide_run,
 )
@@ -57,11 +56,11 @@ def _summary(
         specs=GateSpecs(None, NoiseAware(0.01), False, health),
     )
     selection = Selection(tuple(r["id"] for r in records))
-    return decide_run([GroupInput(group, tuple(records), selection)]).top
+    return decide_run([GroupInput(group, tuple(records), selection)])
 
 
 def _lines(summary: GroupVerdict) -> list[str]:
-    return [line for line, _ in styled_lines(RunVerdict(summary, matrix=False))]
+    return [line for line, _ in styled_lines(summary)]
 
 
 # -- what the gates count ------------------------------------------------------------------------

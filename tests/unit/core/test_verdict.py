@@ -272,7 +272,7 @@ def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> N
         "  early stop (certain): not stopped early: its verdicts were open until the last "
         "of its 4 problems" in config.notes
     )
-    assert "  early stop (certain): h" in verdict.top.notes
+    assert "  early stop (certain): h" in verdict.notes
 
 
 # -- the baseline ---------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def _stored(document: dict[str, Any] | None = None) -> StoredBaseline:
 
 def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_derived_copy() -> None:
     written = _baseline_run("cccw", _stored(), update=True)
-    document = written.top.baseline_write
+    document = written.baseline_write
     assert document is not None
     assert document["problems"] == {
         "test-0000": "correct",
@@ -302,32 +302,32 @@ def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_deriv
         "test-0002": "correct",
         "test-0003": "wrong",
     }
-    assert "  baseline written: b.gsm8k (n=4, accuracy 0.7500)" in written.top.notes
+    assert "  baseline written: b.gsm8k (n=4, accuracy 0.7500)" in written.notes
     assert written.to_json()["baseline"] == {"path": "b.gsm8k", "written": True, "partial": False}
     assert written.gates == ()
     failed = _baseline_run("cccw", _stored(), update=True, error="disk full")
     assert [(g.name, g.word, g.detail) for g in failed.gates] == [
         ("baseline", "FAIL", "b.gsm8k: cannot write it (disk full)")
     ]
-    assert failed.top.baseline_write is None
+    assert failed.baseline_write is None
     assert "baseline" not in failed.to_json()
     assert failed.failed
 
 
 def test_a_baseline_comparison_fails_on_flips_and_a_missing_one_is_a_note() -> None:
-    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    document = _baseline_run("cccccccc", _stored(), update=True).baseline_write
     assert document is not None
     flipped = _baseline_run("wwwwwwwc", _stored(dict(document)))
     gate = flipped.gates[-1]
     assert (gate.name, gate.rule, gate.word) == ("baseline", "noise-aware", "FAIL")
     assert gate.detail.startswith("p=0.00781 < --gsm8k-alpha 0.01 (exact McNemar): 7 newly failing")
-    notes = flipped.top.notes
+    notes = flipped.notes
     assert notes[0].startswith("  baseline b.gsm8k: 1.0000 -> 0.1250 on 8 problems; diff ")
     block: Any = flipped.to_json()["baseline"]
     assert block["newly_failing"][0] == "test-0000"
     missing = _baseline_run("cccc", _stored())
     assert missing.gates == ()
-    assert missing.top.notes == (
+    assert missing.notes == (
         "  baseline: no baseline at b.gsm8k; record one with: pytest <same options> "
         "--snapshot-update",
     )
@@ -341,7 +341,7 @@ def test_the_noise_evidence_is_computed_once_per_decision_and_never_memoised(
     run's numbers could reach this verdict, so two decisions on equal pairs compute twice."""
     from pytest_gsm8k.core import calibrated
 
-    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    document = _baseline_run("cccccccc", _stored(), update=True).baseline_write
     assert document is not None
     asked: list[tuple[Any, ...]] = []
     real = calibrated.rate_p_values
@@ -371,7 +371,7 @@ def test_a_refused_or_unwritable_baseline_is_a_fail() -> None:
     assert [g.detail for g in refused.gates] == [
         "not written to b.gsm8k: 1 problems ended in an error"
     ]
-    assert refused.top.baseline_write is None
+    assert refused.baseline_write is None
     assert bl.fewer_repeats({"calibration": {"repeats": 5}}, 1) is not None
 
 
@@ -380,7 +380,7 @@ def test_a_report_as_baseline_skips_the_file_checks_and_not_whole_leaves_a_pass_
     split to fit: its ids need not be a split's), and what the records cannot show (errors
     left out, a report not whole) makes a PASS UNDECIDED in compare's words; a FAIL stays."""
     why = "2 of the 8 problems both reports hold ended in an error: rerun"
-    document = _baseline_run("cccccccc", _stored(), update=True).top.baseline_write
+    document = _baseline_run("cccccccc", _stored(), update=True).baseline_write
     assert document is not None
     for outcomes, held in (("cccccccc", True), ("wwwwwwwc", False)):
         records = _records(outcomes)
