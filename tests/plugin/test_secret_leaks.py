@@ -62,13 +62,13 @@ def _served(data: Path, *args: str, model: str = "fake-model") -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-@XDIST
 def test_a_key_echoed_in_reply_fields_is_stored_and_printed_nowhere(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """(Under -n 2: test_log_secrets.py's one run of every echo.)"""
     server.set_script(Script(echo_auth_fields=True))
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "step.md"))
     result, _ = gsm8k_run(
