@@ -9,18 +9,33 @@ from __future__ import annotations
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, sent, xdist_once
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, sent
 from helpers import read_json as report
 
 
-@XDIST
+@pytest.mark.parametrize(
+    ("protocol", "xdist"),
+    [
+        pytest.param(None, [], id="plain"),
+        pytest.param("maj@3", [], id="maj@3-plain"),
+        pytest.param("maj@3", ["-n", "2"], id="maj@3-xdist"),
+        pytest.param("pass@4", [], id="pass@4-plain"),
+    ],
+)
 def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_run: GsmRun,
+    protocol: str | None,
 ) -> None:
+    """pass@N and maj@N decide per problem from all its samples (one request with ``n``):
+    the stop counts problems, and no sample is asked for a problem past the stop. One -n 2
+    run, with maj@3: the stop crossing to the workers and each problem's samples crossing
+    with its answer (the protocol itself is not what crosses processes)."""
     server.set_script(Script(default="wrong"))
+    chosen = [] if protocol is None else [f"--gsm8k-protocol={protocol}"]
     result, _ = gsm8k_run(
+        *chosen,
         "--gsm8k-min-acc=0.85",
         "--gsm8k-early-stop=certain",
         "--gsm8k-concurrency=8",
@@ -48,38 +63,11 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
     gate = next(g for g in data["gates"] if g["name"] == "min-acc")
     assert gate["passed"] is False
     assert "stopped after 198 of 1319" in gate["detail"]
-
-
-@xdist_once("protocol", ["maj@3", "pass@4"], ids=["maj@3", "pass@4"])
-def test_certain_stops_sampled_protocols_after_198_problems(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_run: GsmRun,
-    protocol: str,
-) -> None:
-    """pass@N and maj@N decide per problem from all its samples (one request with ``n``):
-    the stop counts problems, and no sample is asked for a problem past the stop. Under xdist
-    once: the protocol is not what crosses processes."""
-    server.set_script(Script(default="wrong"))
-    result, _ = gsm8k_run(
-        f"--gsm8k-protocol={protocol}",
-        "--gsm8k-min-acc=0.85",
-        "--gsm8k-early-stop=certain",
-        "--gsm8k-concurrency=8",
-        "--gsm8k-no-cache",
-        "--gsm8k-report=r.json",
-        ret=1,
-        report=None,
-    )
-    assert 198 <= sent(server) <= 198 + 8 + 2, sent(server)
-    data = report(pytester.path / "r.json")
-    assert data["protocol"]["name"] == protocol
-    early = data["early_stop"]
-    assert early["decided_after"] == 198
-    assert early["verdicts"] == {"min-acc": "FAIL"}
-    samples = int(protocol.split("@")[1])
-    assert all(len(p["samples"]) == samples for p in data["problems"]), "every sample kept"
-    result.stdout.fnmatch_lines([f"*gsm8k acc ({protocol}*", "*stopped after 198 of 1319*"])
+    if protocol is not None:
+        assert data["protocol"]["name"] == protocol
+        samples = int(protocol.split("@")[1])
+        assert all(len(p["samples"]) == samples for p in data["problems"]), "every sample kept"
+        result.stdout.fnmatch_lines([f"*gsm8k acc ({protocol}*", "*stopped after 198 of 1319*"])
 
 
 @XDIST

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, VLLM_RECORDING, XDIST, GsmRun, xdist_once
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, VLLM_RECORDING, GsmRun, xdist_once
 
 RECORDED: dict[str, Any] = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))
 
@@ -161,14 +161,15 @@ def test_vllm_preset_resumed_rerun_sends_nothing(
     assert other == 3  # another body (4 shots) is another key
 
 
-@XDIST
 def test_sglang_preset_sends_its_prompt_to_completions(
-    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str, xdist: list[str]
+    pytester: pytest.Pytester, gsm8k_data: Path, keyed_env: str
 ) -> None:
+    """Plain: a preset is what the controller sends, not what crosses to the workers (a
+    preset's bytes under -n 2: the vllm preset above)."""
     server = FakeOpenAIServer(gsm8k_data / "test.jsonl", api_key=TEST_KEY, record=True)
     server.start()
     try:
-        result = _run(pytester, server, [0, 6], "--gsm8k-preset=sglang", *xdist)
+        result = _run(pytester, server, [0, 6], "--gsm8k-preset=sglang")
         bodies: list[dict[str, Any]] = server.stats()["bodies"]
     finally:
         server.stop()

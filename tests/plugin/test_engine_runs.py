@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,33 +62,75 @@ def test_prefetch_keeps_exactly_the_concurrency_limit_in_flight(
     assert set(per_problem(server).values()) == {1}
 
 
+#: each xdist worker writes down whether it imported an HTTP client
+WORKER_PROBE = """
+import json, os, sys
+
+def pytest_sessionfinish(session):
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is not None:
+        with open(os.path.join(os.environ["PROBE_DIR"], workerinput["workerid"]), "w") as fh:
+            json.dump({"openai": "openai" in sys.modules,
+                       "httpx": any(m in sys.modules for m in ("httpx", "httpx2"))}, fh)
+"""
+
+
 def test_xdist_report_is_the_same_as_without_and_requests_are_not_repeated(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_run: GsmRun,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Every outcome and a failed gate, plain and spread over workers: the same report and
+    summary, each problem asked once (the full split plain: test_plugin.py). Under xdist the
+    controller fetches for every worker: the workers never import an HTTP client."""
     script = Script(
         behaviours={i: "wrong" for i in range(0, 1319, 7)}
-        | {i: "unparsed" for i in range(3, 1319, 11)},
+        | {i: "unparsed" for i in range(3, 1319, 11)}
+        | {i: "truncated" for i in range(5, 1319, 13)},
         latency=0.1,
     )
     server.set_script(script)
-    run = ["--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache"]
-    plain, _ = gsm8k_run(*run, "--gsm8k-report=plain.json", report=None)
+    run = ["--gsm8k-limit=80", "--gsm8k-concurrency=16", "--gsm8k-no-cache", "--gsm8k-min-acc=0.98"]
+    plain, _ = gsm8k_run(*run, "--gsm8k-report=plain.json", ret=1, report=None)
     assert sent(server) == 80
     one = read_report(pytester.path / "plain.json")
     assert 0 < one["correct"] < 80
-    headline = [line for line in plain.outlines if line.startswith(HEADLINE)]
-    assert headline
+    assert all(one["counts"][k] for k in ("wrong", "unparsed", "truncated")), one["counts"]
+    assert [g["passed"] for g in one["gates"]] == [False]
+
+    def summary(result: pytest.RunResult) -> list[str]:
+        """The headline, the outcomes line and the gate's line."""
+        return [
+            line
+            for line in result.outlines
+            if line.startswith((HEADLINE, "  outcomes: ")) or "--gsm8k-min-acc 0.98" in line
+        ]
+
+    lines = summary(plain)
+    assert len(lines) == 3, lines
+    pytester.makeconftest(WORKER_PROBE)
     # -n auto is the cores (2 here: README's -n 2); -n 3 has more workers than cores, so
     # two of them wait for the fetcher's first answer.
     for workers in ("auto", "3"):
         server.reset()
         server.set_script(script)
-        spread, _ = gsm8k_run(*run, "-n", workers, f"--gsm8k-report=x{workers}.json", report=None)
+        probe = pytester.path / f"probe-{workers}"
+        probe.mkdir()
+        monkeypatch.setenv("PROBE_DIR", str(probe))
+        spread, _ = gsm8k_run(
+            *run, "-n", workers, f"--gsm8k-report=x{workers}.json", ret=1, report=None
+        )
         assert sent(server) == 80, workers
         assert set(per_problem(server).values()) == {1}, workers
         assert 8 <= server.stats()["peak_in_flight"] <= 16  # never more than the limit
         assert comparable(read_report(pytester.path / f"x{workers}.json")) == comparable(one)
-        assert headline == [line for line in spread.outlines if line.startswith(HEADLINE)]
+        assert lines == summary(spread)
+        seen = [json.loads(p.read_text()) for p in probe.iterdir()]
+        started = re.search(r"(\d+) workers \[80 items\]", output(spread))
+        assert started is not None, output(spread)
+        assert len(seen) == int(started.group(1)) >= 2, seen
+        assert all(not s["openai"] and not s["httpx"] for s in seen), seen
 
 
 @XDIST
@@ -217,19 +260,15 @@ def _settle(server: FakeOpenAIServer) -> None:
     assert wait_until(quiet, 30, interval=0.05), "the server never went quiet"
 
 
-@XDIST
 def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
+    """(Under -n 2, the same run and rerun with the controller killed alone, the harder case
+    for what is left behind: test_xdist.py's SIGKILL of the controller.)"""
     server.set_script(Script(latency=0.05))
     cache = pytester.path / "cache"
     run = [
         *gsm8k_args,
-        *xdist,
         "--gsm8k-limit=120",
         "--gsm8k-concurrency=4",
         f"--gsm8k-cache-dir={cache}",

@@ -10,6 +10,8 @@ import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import NO_EXTRA_PLUGINS, output, report, sent
 
+from pytest_gsm8k.channel import head_start_allowed
+
 #: the workers wait in collection (up to ``wait`` seconds) until the endpoint has seen
 #: ``want`` completions, and write down how many it had: only a controller that sends before
 #: any worker offered its plan can get them there
@@ -112,8 +114,13 @@ def test_no_head_start_when_an_option_may_deselect(
     keyed_env: str,
     option: list[str],
 ) -> None:
-    """Nothing is sent before a worker offers its plan (each waits a second for it)."""
+    """Nothing is sent before a worker offers its plan (each waits a second for it). The
+    controller decides at session start from its configuration (head_start_allowed): each
+    option is read there; one -n 2 run for each kind of reason (a filter on the command line,
+    a conftest's own fixture) shows that the decision is what the run does."""
+    assert head_start_allowed(pytester.parseconfigure())  # without the option: a head start
     conftest = WAIT_FOR_HEAD_START.format(port=server.port, want=1, wait=1)
+    end_to_end = option[0] in ("-k", "conftest-model")
     if option[0].startswith("conftest-"):
         # the plugin's own fixture, passed through: the workers ask their own engines
         name = "gsm8k_" + option[0].split("-")[1]
@@ -122,10 +129,12 @@ def test_no_head_start_when_an_option_may_deselect(
         option = []
     pytester.makeconftest(conftest)
     pytester.makeini("[pytest]\nmarkers =\n    slow: a slow test\n")
-    result = _run(pytester, server, gsm8k_data, "--gsm8k-limit=20", *option)
-    assert result.ret in (0, 5), output(result)  # --deselect of all runs nothing
-    # the first worker to offer its plan waited a second and found nothing sent
-    assert _seen(pytester)[0] == 0
+    assert not head_start_allowed(pytester.parseconfigure(*option))
+    if end_to_end:
+        result = _run(pytester, server, gsm8k_data, "--gsm8k-limit=20", *option)
+        assert result.ret in (0, 5), output(result)
+        # the first worker to offer its plan waited a second and found nothing sent
+        assert _seen(pytester)[0] == 0
 
 
 def test_a_deselection_the_controller_cannot_see_costs_at_most_the_head_start(

@@ -45,11 +45,15 @@ def test_replies_over_the_bound_are_their_own_errors_and_never_shift_answers(
     """70 MB answers (longer than a line-based channel reads at once, so the rest would be
     read as the next reply) are refused at 32 MiB, and so is a gzip bomb once decoded: each is
     its own problem's error in one line; every other problem is scored with its own answer,
-    under xdist too. (One run for both: each huge reply costs about a CPU-second.)"""
+    under xdist too. (One run for both, one huge reply: each costs about a CPU-second.) A lone
+    surrogate in a reply and in the served model's name crosses to the workers in the same
+    run, kept exactly (the files and the cache it is written to: the test below, plain)."""
     indices = chosen(20)
-    huge = {indices[2], indices[9], indices[15]}
+    huge = {indices[2]}  # the answers after it are their own
     bomb = indices[5]
-    server.set_script(Script(behaviours={**dict.fromkeys(huge, "huge"), bomb: "gzipbomb"}))
+    odd = indices[1]
+    behaviours = {**dict.fromkeys(huge, "huge"), bomb: "gzipbomb", odd: "surrogate"}
+    server.set_script(Script(behaviours=behaviours, reported_model=f"fake-model{LONE_SURROGATE}"))
     result, _ = gsm8k_run(
         "--gsm8k-limit=20", "--gsm8k-concurrency=4", "--gsm8k-report=r.json", ret=1, report=None
     )
@@ -69,18 +73,24 @@ def test_replies_over_the_bound_are_their_own_errors_and_never_shift_answers(
             assert record["outcome"] == "correct", (index, record["response"][-200:])
             assert record["extracted"] == server.golds[index].replace(",", "")
     assert sent(server) == 20  # a refused reply is not asked for again
+    # the lone surrogate
+    assert "answer channel" not in text
+    assert "(server reported: fake-model\\ud83d)" in text  # shown as its escape
+    assert LONE_SURROGATE in problems[odd]["response"]
+    assert problems[odd]["samples"][0]["finish_reason"] == "stop" + LONE_SURROGATE
+    assert "\\ud83d" in (pytester.path / "r.json").read_text(encoding="utf-8")
 
 
 # -- text UTF-8 cannot encode ----------------------------------------------------------------
 
 
-@XDIST
 def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """(Under -n 2: the run of the test above, which has a surrogate too.)"""
     indices = chosen(6)
     odd = indices[1]
     server.set_script(

@@ -62,8 +62,8 @@ def test_a_restarted_server_that_lists_its_model_differently_is_asked_again(
 ) -> None:
     before, after = LISTED[field]
     setattr(server, field, before)
-    run = [*args, *xdist, "--gsm8k-limit=50"]
-    first = pytester.runpytest(*run)
+    run = [*args, "--gsm8k-limit=50"]
+    first = pytester.runpytest(*run)  # the set-up: plain (see the top)
     assert first.ret == 0, output(first)
     assert sent(server) == 50
 
@@ -71,7 +71,7 @@ def test_a_restarted_server_that_lists_its_model_differently_is_asked_again(
     server.set_script(Script(default="wrong"))
     server.reset()
     setattr(server, field, after)
-    second = pytester.runpytest(*run, "--gsm8k-min-acc=0.9", "--gsm8k-report=r.json")
+    second = pytester.runpytest(*run, *xdist, "--gsm8k-min-acc=0.9", "--gsm8k-report=r.json")
     text = output(second)
     assert second.ret == 1, text
     assert sent(server) == 50, text  # every answer asked again
@@ -81,7 +81,8 @@ def test_a_restarted_server_that_lists_its_model_differently_is_asked_again(
     assert line.group(1) == "50"
     assert line.group(2) == f"{field} {before!r} -> {after!r}", line.group(0)
 
-    # The entries now hold the new server's answers: a third run takes them all.
+    # The entries now hold the new server's answers: a third run takes them all (plain:
+    # cached answers taken under -n 2 without a line is test_an_unchanged_server_...).
     server.reset()
     third = pytester.runpytest(*run)
     assert sent(server) == 0

@@ -126,17 +126,15 @@ def test_vllm_preset_stops_at_a_reply_that_names_another_model(
     assert {p["outcome"] for p in problems} == {"error"}  # no answer of 'base' is graded
 
 
-@xdist_once("listed", [True, False], ids=["listed", "unlisted"])
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
 def test_vllm_preset_runs_the_base_model_beside_its_adapters(
-    pytester: pytest.Pytester,
-    lora: FakeOpenAIServer,
-    keyed_env: str,
-    xdist: list[str],
-    listed: bool,
+    pytester: pytest.Pytester, lora: FakeOpenAIServer, keyed_env: str, listed: bool
 ) -> None:
-    """vLLM's own case: its script, too, asks the base model when adapters are served."""
+    """vLLM's own case: its script, too, asks the base model when adapters are served.
+    Plain: the controller reads the listing and the replies (the vllm preset's run under
+    -n 2: test_engine_presets.py; a stop on a reply under -n 2: the test above)."""
     lora.set_script(Script(unlisted=not listed))
-    result = run(pytester, lora, "base", "--gsm8k-preset=vllm", *xdist)
+    result = run(pytester, lora, "base", "--gsm8k-preset=vllm")
     assert result.ret == 0, output(result)
     assert sent(lora) == 6
     assert all("model" not in body for body in lora.stats()["bodies"])

@@ -65,18 +65,13 @@ def rows_of(*indices: int) -> str:
 # -- 1. an unwritable or full cache folder ----------------------------------------------
 
 
-@XDIST
 def test_unwritable_cache_folder_is_one_warning_and_a_complete_run(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
+    """(Under -n 2: the run of a limit above the split, whose cache folder is unwritable.)"""
     (pytester.path / "afile").write_text("a regular file, not a folder\n")
     result = pytester.runpytest(
         *gsm8k_args,
-        *xdist,
         "--gsm8k-limit=30",
         "--gsm8k-cache-dir=afile/cache",
         "--gsm8k-report=r.json",
@@ -133,18 +128,14 @@ def test_a_full_cache_file_system_is_one_warning(
 # -- 2. repeated questions; SIGTERM -------------------------------------------------------
 
 
-@XDIST
 def test_repeated_identical_questions_are_all_answered(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
+    """(Under -n 2: the run of a limit above the split, whose rows repeat too.)"""
     data = pytester.path / "dup.jsonl"
     data.write_text(rows_of(0, 0, 1, 1, 0, 2, 2, 2), encoding="utf-8")
     result = pytester.runpytest(
-        *gsm8k_args, *xdist, f"--gsm8k-data={data}", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+        *gsm8k_args, f"--gsm8k-data={data}", "--gsm8k-no-cache", "--gsm8k-report=r.json"
     )
     assert result.ret == 0, output(result)
     rep = report(pytester)
@@ -289,15 +280,14 @@ def _all_text_under(root: Path) -> str:
     return "\n".join(parts)
 
 
-@XDIST
 def test_an_echoed_api_key_is_never_printed_or_written(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """(Under -n 2: test_log_secrets.py's one run of every echo.)"""
     server.set_script(Script(echo_auth=True, behaviours={i: "error500" for i in range(0, 1319, 3)}))
     step = pytester.path / "step.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
@@ -306,7 +296,6 @@ def test_an_echoed_api_key_is_never_printed_or_written(
     monkeypatch.setenv("TMPDIR", str(tmp))
     result = pytester.runpytest(
         *gsm8k_args,
-        *xdist,
         "--gsm8k-limit=24",
         "--gsm8k-max-retries=0",
         "--gsm8k-cache-dir=cache",
@@ -376,14 +365,8 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     chosen = [p.index for p in select(load_split(None).problems, 12, 1234)]
     bad = {chosen[1]: "nochoices", chosen[4]: "nullcontent", chosen[7]: "badjson"}
     server.set_script(Script(behaviours=bad))
-    run = [
-        *gsm8k_args,
-        *xdist,
-        "--gsm8k-limit=12",
-        "--gsm8k-cache-dir=cache",
-        "--gsm8k-max-retries=0",
-    ]
-    result = pytester.runpytest(*run, "--gsm8k-report=r.json", "--snapshot-update")
+    run = [*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache", "--gsm8k-max-retries=0"]
+    result = pytester.runpytest(*run, *xdist, "--gsm8k-report=r.json", "--snapshot-update")
     text = output(result)
     assert result.ret == 1, text
     rep = report(pytester)
@@ -394,6 +377,7 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     assert "3 problems ended in an error" in text
     assert not (pytester.path / "__snapshots__").exists()
     server.reset()
+    # the follow-up plain (the cache is read by the controller)
     again = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r2.json")
     assert again.ret == 1
     assert sent(server) == 3  # only the unanswered ones are asked again
@@ -410,6 +394,7 @@ def test_a_hung_endpoint_is_reported_by_the_stall_detector(
     keyed_env: str,
     xdist: list[str],
 ) -> None:
+    """An endpoint failure exits 1 the same with and without xdist (the two variants)."""
     server.set_script(Script(default="hang"))
     result = pytester.runpytest(
         *gsm8k_args,
@@ -556,30 +541,49 @@ def test_model_names_from_the_server_reach_the_terminal_without_escapes(
 def test_limit_above_the_split_runs_everything_and_says_so_once(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
+    """Under -n 2, with rows that repeat (each still answered: the test above) and a cache
+    folder that cannot be made (one warning, a complete run: the first test here)."""
+    (pytester.path / "afile").write_text("a regular file, not a folder\n")
     data = pytester.path / "six.jsonl"
-    data.write_text(rows_of(0, 1, 2, 3, 4, 5), encoding="utf-8")
+    data.write_text(rows_of(0, 1, 2, 3, 4, 5, 0, 0, 1, 2, 2), encoding="utf-8")
     result = pytester.runpytest(
-        *gsm8k_args, f"--gsm8k-data={data}", "--gsm8k-limit=50", "--gsm8k-no-cache", "-n", "2"
+        *gsm8k_args,
+        f"--gsm8k-data={data}",
+        "--gsm8k-limit=50",
+        "--gsm8k-cache-dir=afile/cache",
+        "--gsm8k-report=r.json",
+        "-n",
+        "2",
     )
     text = output(result)
     assert result.ret == 0, text
-    assert sent(server) == 6
-    assert text.count("--gsm8k-limit 50 is above the 6 problems of the split: all 6 run") == 1
+    assert sent(server) == 11
+    assert text.count("--gsm8k-limit 50 is above the 11 problems of the split: all 11 run") == 1
+    rep = report(pytester)
+    assert rep["n"] == 11
+    assert rep["counts"]["correct"] == 11
+    assert rep["complete"] is True
+    warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
+    assert len(warned) == 1, text
+    assert "afile/cache" in warned[0]
+    assert "Not a directory" in warned[0]
 
 
-@CLIENTS
+@pytest.mark.parametrize(
+    ("client", "xdist"), [([], ["-n", "2"]), ([PRESET], [])], ids=["openai-xdist", "wire-plain"]
+)
 def test_a_retry_after_longer_than_the_client_waits_is_reported(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
     client: list[str],
+    xdist: list[str],
 ) -> None:
-    """Said once and not waited, whichever client."""
+    """Said once and not waited, whichever client; -n 2 through one (the controller holds
+    the client and says it, whichever client it is: see CLIENTS_XDIST)."""
     server.set_script(Script(fail_first={i: {"429": 1} for i in range(1319)}, retry_after=600))
-    result = pytester.runpytest(
-        *gsm8k_args, *client, "--gsm8k-limit=3", "--gsm8k-no-cache", "-n", "2"
-    )
+    result = pytester.runpytest(*gsm8k_args, *client, "--gsm8k-limit=3", "--gsm8k-no-cache", *xdist)
     text = output(result)
     assert result.ret == 1, text  # the client gives up on a Retry-After over 120 s: errors
     lines = [line for line in text.splitlines() if "asked to wait 600 s" in line]
@@ -589,20 +593,6 @@ def test_a_retry_after_longer_than_the_client_waits_is_reported(
 
 
 # -- 8. exit codes ---------------------------------------------------------------------------
-
-
-def test_an_endpoint_failure_exits_the_same_with_and_without_xdist(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
-    codes = {}
-    for name, xdist in (("plain", []), ("xdist", ["-n", "2"])):
-        server.reset()
-        server.set_script(Script(default="hang"))
-        result = pytester.runpytest(
-            *gsm8k_args, *xdist, "--gsm8k-limit=4", "--gsm8k-no-cache", "--gsm8k-stall-timeout=1"
-        )
-        codes[name] = int(result.ret)
-    assert codes == {"plain": 1, "xdist": 1}
 
 
 def test_the_served_model_list_reaches_the_terminal_without_escapes(
@@ -653,8 +643,10 @@ def test_a_reasoning_models_refusal_names_every_option_that_gets_it_through(
     server.reset()
     server.set_script(Script(reasoning=True))
     server.record = True
-    fixed = pytester.runpytest(
-        *common,
+    fixed = pytester.runpytest(  # plain: what the controller sends once told
+        *gsm8k_args,
+        "--gsm8k-limit=6",
+        "--gsm8k-concurrency=2",
         "--gsm8k-max-tokens=none",
         "--gsm8k-param=max_completion_tokens=512",
         "--gsm8k-temperature=none",
@@ -678,18 +670,15 @@ def outcomes(rep: dict[str, Any]) -> dict[int, str]:
     return {int(p["index"]): p["outcome"] for p in rep["problems"]}
 
 
-@XDIST
 def test_transient_faults_are_retried_and_every_problem_answered(
-    pytester: pytest.Pytester,
-    server: FakeOpenAIServer,
-    gsm8k_args: list[str],
-    keyed_env: str,
-    xdist: list[str],
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
+    """Plain: the retries are the controller's client's (retries under -n 2 through the
+    openai client: test_engine_runs.py; the channel is the same whichever client)."""
     faults = {0: {"500": 2}, 1: {"429": 1}, 2: {"drop": 1}, 3: {"503": 1}}
     server.set_script(Script(fail_first=faults, retry_after=0.01))
     result = pytester.runpytest(
-        *gsm8k_args, *xdist, PRESET, "--gsm8k-limit=6", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+        *gsm8k_args, PRESET, "--gsm8k-limit=6", "--gsm8k-no-cache", "--gsm8k-report=r.json"
     )
     text = output(result)
     assert result.ret == 0, text
@@ -820,19 +809,20 @@ def test_the_request_carries_the_scripts_headers_and_the_key_only_when_set(
 UPSTREAM = "gsm8k-upstream.invalid"  # never resolves (RFC 6761): reached only through a proxy
 
 
-@CLIENTS_XDIST
+@CLIENTS
 def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     keyed_env: str,
     monkeypatch: pytest.MonkeyPatch,
-    xdist: list[str],
     client: list[str],
 ) -> None:
     """HTTP_PROXY is honoured as openai's httpx honours it (the fake server takes the
     proxied requests), NO_PROXY too, through either client (the openai client's own transport
     once sent the completions directly); a ~/.netrc entry for the host is not read (with it,
-    aiohttp's trust_env added Basic auth beside the key and every request failed)."""
+    aiohttp's trust_env added Basic auth beside the key and every request failed). Plain
+    only: under -n 2 the controller's client is the one that connects (the workers import no
+    HTTP client: test_engine_runs.py's xdist report)."""
     for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.port}")
@@ -844,7 +834,6 @@ def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
         "--gsm8k-model=fake-model",
         f"--gsm8k-base-url=http://{UPSTREAM}/v1",
         *NO_EXTRA_PLUGINS,
-        *xdist,
         *client,
         "--gsm8k-limit=4",
         "--gsm8k-no-cache",

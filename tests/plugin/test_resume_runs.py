@@ -93,13 +93,12 @@ def test_rule1_a_rerun_of_a_serve_command_asks_the_rebuilt_server_again(
         f"--gsm8k-cache-dir={tmp_path / 'cache'}",
         "--gsm8k-min-acc=0.85",
         *NOISE,
-        *xdist,
     ]
-    first = pytester.runpytest(*run)
+    first = pytester.runpytest(*run)  # the set-up: plain under -n 2 too
     assert first.ret == 1, output(first)  # one error: the run did not finish
     assert _lines(bodies) == 40
     script.write_text(_wrong_from(12, 40))  # rebuilt: 12 of 40 right
-    second = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    second = pytester.runpytest(*run, *xdist, "--gsm8k-report=r.json")
     text = output(second)
     assert second.ret == 1, text
     assert _lines(bodies) == 80, "the rerun graded answers it did not ask the new build for"
@@ -126,7 +125,7 @@ def test_rule1_with_resume_every_output_says_how_many_answers_came_from_earlier_
     server.set_script(Script(behaviours={3: "error500"}))
     data = f"--gsm8k-data={_first_rows(gsm8k_data, tmp_path, 40)}"
     run = [*gsm8k_args, data, "--gsm8k-max-retries=0", "--gsm8k-cache-dir=c"]
-    first = pytester.runpytest(*run, *xdist, "--gsm8k-min-acc=0.85")
+    first = pytester.runpytest(*run, "--gsm8k-min-acc=0.85")  # the set-up: plain
     assert first.ret == 1, output(first)
     server.set_script(Script())
     server.reset()
@@ -219,15 +218,14 @@ def test_rule1_a_config_rerun_after_a_crash_asks_the_new_build_again(
         "--gsm8k-concurrency=1",
         "--gsm8k-max-retries=0",
         *NOISE,
-        *xdist,
     ]
     crash = _crash_after(events, bodies, 31)  # 30 answered, the 31st under way
-    night1 = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    night1 = pytester.runpytest(*run, "--gsm8k-report=r.json")  # the set-up: plain
     crash.join()
     assert night1.ret == 1, output(night1)
     assert report(pytester)["configs"][0]["counts"]["correct"] == 30, output(night1)
     script.write_text(_wrong_from(8, 40))  # night 2's build: 8 of 40 right
-    night2 = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    night2 = pytester.runpytest(*run, *xdist, "--gsm8k-report=r.json")
     text = output(night2)
     assert night2.ret == 1, text
     assert _lines(bodies) == 31 + 40, "night 2 graded answers night 1's build gave"
@@ -260,12 +258,11 @@ def test_rule1_a_resumed_config_says_its_count_in_each_of_its_gates(
         f"--gsm8k-cache-dir={tmp_path / 'cache'}",
         "--gsm8k-max-retries=0",
         *NOISE,
-        *xdist,
     ]
-    assert pytester.runpytest(*run).ret == 1
+    assert pytester.runpytest(*run).ret == 1  # the set-up: plain under -n 2 too
     script.write_text("{}")
     result = pytester.runpytest(
-        *run, "--gsm8k-resume", "--gsm8k-report=r.json", "--junitxml=junit.xml"
+        *run, *xdist, "--gsm8k-resume", "--gsm8k-report=r.json", "--junitxml=junit.xml"
     )
     text = output(result)
     assert result.ret == 0, text
@@ -410,7 +407,7 @@ def test_rule1_weights_swapped_behind_the_same_name_and_card_are_caught_by_defau
     name and model card: every answer came from the cache, the baseline gate PASSed with 0
     flips. By default the endpoint is asked again and the flips are found."""
     run = ["--gsm8k-limit=40", "--gsm8k-cache-dir=cache"]
-    gsm8k_run(*run, "--snapshot-update", "--gsm8k-report=r.json", report=None)
+    gsm8k_run(*run, "--snapshot-update", "--gsm8k-report=r.json", report=None, xdist=())
     ids = sorted(p["index"] for p in report(pytester)["problems"])
     server.set_script(Script(behaviours={i: "wrong" for i in ids[:10]}))  # new weights
     server.reset()
