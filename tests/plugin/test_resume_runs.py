@@ -203,7 +203,9 @@ def test_rule1_a_config_rerun_after_a_crash_asks_the_new_build_again(
         encoding="utf-8",
     )
     script = tmp_path / "build.json"  # what the build does, outside the command line
-    script.write_text("{}")
+    # the 31st question (concurrency 1 asks in order) never gets its answer before the kill:
+    # without the hang, a kill that lands late under load let it answer (31 correct, not 30)
+    script.write_text(json.dumps({"behaviours": {"30": "hang"}}))
     bodies, events = tmp_path / "bodies.jsonl", tmp_path / "events.jsonl"
     serve = config_serve(
         gsm8k_data,
