@@ -52,21 +52,12 @@ def frame(message: dict[str, Any]) -> bytes:
 
 
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> Any:
-    """The next frame's message, or None at the end of the stream. ValueError for a frame
-    over ``limit`` bytes, cut short or not JSON: the connection cannot be trusted past it."""
-    try:
-        head = await reader.readexactly(HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise ValueError("a frame header cut short") from None
-        return None
-    (size,) = HEADER.unpack(head)
+    """The next frame's message; an EOFError at the end of the stream or in a frame, a
+    ValueError for one over ``limit`` bytes or not JSON: the connection is not trusted past it."""
+    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
     if size > limit:
         raise ValueError(f"a frame of {size} bytes, over the {limit}-byte limit")
-    try:
-        return json.loads(await reader.readexactly(size))
-    except asyncio.IncompleteReadError:
-        raise ValueError("a frame cut short") from None
+    return json.loads(await reader.readexactly(size))
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -189,7 +180,7 @@ class AnswerServer:
                 elif "get" in message:
                     _write(writer, await self._reply(str(message["get"]), message.get("repeat", 0)))
                 await writer.drain()
-        except (ConnectionError, ValueError, TypeError, asyncio.CancelledError):
+        except (ConnectionError, EOFError, ValueError, TypeError, asyncio.CancelledError):
             # a worker gone, a stray client, or the run ending (an answer or this handler
             # cancelled): quietly, or asyncio's stream callback prints a traceback
             pass
@@ -231,8 +222,7 @@ class _Closed(ConnectionError):
 class Channel:
     """Worker side, without answers (a worker that calls a model of its own): it offers the
     worker's plan and hears the controller's stop. ``wait`` bounds each wait for the
-    controller, ending only a wait that the controller engine's own bounds do not. A frame is
-    read whole and nothing past it, so ``poll`` tells whether another is there."""
+    controller, ending only a wait that the controller engine's own bounds do not."""
 
     fetch = False  # whether the controller's engine prefetches the plans offered here
 
@@ -242,6 +232,7 @@ class Channel:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._poll = select.poll()  # not select(): no FD_SETSIZE limit
         self._poll.register(self._sock, select.POLLIN)
+        self._buffer = bytearray()  # what arrived of the frames not read yet
         self._broken: str | None = None  # why the channel cannot be read any more
         self._stop: str | None = None
         self._sock.sendall(frame({"token": token}))
@@ -262,51 +253,58 @@ class Channel:
             raise ConnectionError(self._broken)
 
     def stopped(self) -> str | None:
-        """The controller's early-stop message once it has arrived, else None. Never waits
-        (cheap before every item); a failed channel hears no stop after its failure."""
-        if self._stop is None and self._broken is None and self._poll.poll(0):
-            try:
-                if "stop" not in self._read(time.monotonic() + self.wait):
+        """The controller's early-stop message once it has arrived, else None. Never waits,
+        not even on a frame half arrived (cheap before every item); a failed channel hears no
+        stop after its failure."""
+        try:
+            while self._stop is None and self._broken is None:
+                if (message := self._read(None)) is None:
+                    break
+                if "stop" not in message:
                     raise ConnectionError("a frame nobody asked for")
-            except (OSError, ValueError) as exc:
-                self._broken = f"the xdist controller's channel failed ({exc})"
+        except (OSError, ValueError) as exc:
+            self._broken = f"the xdist controller's channel failed ({exc})"
         return self._stop
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-    def _read(self, deadline: float) -> dict[str, Any]:
-        """The next frame (a stop is also kept); TimeoutError after ``deadline``."""
-        (size,) = HEADER.unpack(self._exact(HEADER.size, deadline, True))
-        if size > MAX_FRAME:
-            raise ConnectionError(f"a frame of {size:,} bytes, over the {MAX_FRAME:,}-byte limit")
-        message = json.loads(self._exact(size, deadline, False))
-        if not isinstance(message, dict):
-            raise ConnectionError("a frame that is not a JSON object")
-        if "stop" in message:
-            self._stop = str(message["stop"])
-        return message
-
-    def _exact(self, size: int, deadline: float, head: bool) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            if (left := deadline - time.monotonic()) <= 0:
-                raise TimeoutError
-            self._sock.settimeout(left)
-            if not (chunk := self._sock.recv(min(size - len(data), 1 << 20))):
-                if head and not data:
+    def _read(self, deadline: float | None) -> dict[str, Any] | None:
+        """The next frame (a stop is also kept), waiting until ``deadline`` (TimeoutError);
+        ``deadline`` None: only from what has arrived (None: no whole frame yet)."""
+        while True:
+            size = HEADER.unpack_from(self._buffer)[0] if len(self._buffer) >= HEADER.size else -1
+            if size > MAX_FRAME:
+                raise ConnectionError(
+                    f"a frame of {size:,} bytes, over the {MAX_FRAME:,}-byte limit"
+                )
+            if 0 <= size <= len(self._buffer) - HEADER.size:
+                message = json.loads(self._buffer[HEADER.size : HEADER.size + size])
+                del self._buffer[: HEADER.size + size]
+                if not isinstance(message, dict):
+                    raise ConnectionError("a frame that is not a JSON object")
+                if "stop" in message:
+                    self._stop = str(message["stop"])
+                return message
+            if deadline is None and not self._poll.poll(0):
+                return None
+            # past the deadline, a timeout that still takes what has arrived
+            self._sock.settimeout(
+                0.0 if deadline is None else max(deadline - time.monotonic(), 1e-6)
+            )
+            if not (chunk := self._sock.recv(1 << 20)):
+                if not self._buffer:
                     raise _Closed("the xdist controller closed its channel (it ended)")
                 raise ConnectionError("a frame cut short")
-            data += chunk
-        return bytes(data)
+            self._buffer += chunk
 
     def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send ``message``; the next frame other than a stop, within ``wait``."""
         self._sock.settimeout(self.wait)
         self._sock.sendall(frame(message))
         deadline = time.monotonic() + self.wait
-        while "stop" in (reply := self._read(deadline)):
+        while (reply := self._read(deadline)) is None or "stop" in reply:
             pass
         return reply
 
