@@ -43,6 +43,7 @@ MAX_FRAME = MAX_REPLY_BYTES + (1 << 16)
 MAX_HELLO = 1 << 10
 #: the longest wait a socket accepts (the platform's time_t): longer waits are this one
 MAX_WAIT = 1e7
+Message = dict[str, Any]
 
 
 def frame(message: dict[str, Any]) -> bytes:
@@ -215,14 +216,12 @@ class AnswerServer:
         return frame({**head, "error": error, "aborted": False})
 
 
-class _Closed(ConnectionError):
-    """The controller closed the channel between frames (it ended)."""
-
-
 class Channel:
     """Worker side, without answers (a worker that calls a model of its own): it offers the
     worker's plan and hears the controller's stop. ``wait`` bounds each wait for the
-    controller, ending only a wait that the controller engine's own bounds do not."""
+    controller, ending only a wait that the controller engine's own bounds do not. Any failure
+    breaks it for good: the next read could start inside a late reply, and a worker must never
+    score one problem with another's answer."""
 
     fetch = False  # whether the controller's engine prefetches the plans offered here
 
@@ -240,22 +239,11 @@ class Channel:
     def offer(self, problem_ids: list[str]) -> None:
         """Tell the controller which problems this worker collected, in run order; returns once
         it recorded them, a ConnectionError when it did not within ``wait``."""
-        try:
-            if self._broken is None and "planned" not in self._ask(
-                {"plan": problem_ids, "fetch": self.fetch}
-            ):
-                raise ConnectionError("a reply to the plan that does not acknowledge it")
-        except TimeoutError:
-            self._broken = f"the xdist controller did not take the plan within {self.wait:g} s"
-        except (OSError, ValueError) as exc:
-            self._broken = f"the xdist controller's channel failed ({exc})"
-        if self._broken is not None:
-            raise ConnectionError(self._broken)
+        self._ask({"plan": problem_ids, "fetch": self.fetch}, "take the plan", _acknowledged)
 
     def stopped(self) -> str | None:
         """The controller's early-stop message once it has arrived, else None. Never waits,
-        not even on a frame half arrived (cheap before every item); a failed channel hears no
-        stop after its failure."""
+        not even on a frame half arrived (cheap before every item)."""
         try:
             while self._stop is None and self._broken is None:
                 if (message := self._read(None)) is None:
@@ -263,7 +251,7 @@ class Channel:
                 if "stop" not in message:
                     raise ConnectionError("a frame nobody asked for")
         except (OSError, ValueError) as exc:
-            self._broken = f"the xdist controller's channel failed ({exc})"
+            self._broken = self._broken or f"the xdist controller's channel failed ({exc})"
         return self._stop
 
     def close(self) -> None:
@@ -289,24 +277,33 @@ class Channel:
                 return message
             if deadline is None and not self._poll.poll(0):
                 return None
-            # past the deadline, a timeout that still takes what has arrived
-            self._sock.settimeout(
-                0.0 if deadline is None else max(deadline - time.monotonic(), 1e-6)
-            )
+            left = 0.0 if deadline is None else max(deadline - time.monotonic(), 1e-6)
+            self._sock.settimeout(left)  # past the deadline: still takes what has arrived
             if not (chunk := self._sock.recv(1 << 20)):
                 if not self._buffer:
-                    raise _Closed("the xdist controller closed its channel (it ended)")
+                    self._broken = "the xdist controller closed its channel (it ended)"
                 raise ConnectionError("a frame cut short")
             self._buffer += chunk
 
-    def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Send ``message``; the next frame other than a stop, within ``wait``."""
-        self._sock.settimeout(self.wait)
-        self._sock.sendall(frame(message))
-        deadline = time.monotonic() + self.wait
-        while (reply := self._read(deadline)) is None or "stop" in reply:
-            pass
-        return reply
+    def _ask(self, message: Message, what: str, wrong: Callable[[Message], str | None]) -> Message:
+        """Send ``message``; the next frame other than a stop, within ``wait``, in which
+        ``wrong`` finds nothing wrong. A ConnectionError (the channel broken, now or before)
+        says why not."""
+        try:
+            if self._broken is None:
+                self._sock.settimeout(self.wait)
+                self._sock.sendall(frame(message))
+                deadline = time.monotonic() + self.wait
+                while (reply := self._read(deadline)) is None or "stop" in reply:
+                    pass
+                if (why := wrong(reply)) is None:
+                    return reply
+                raise ConnectionError(why)
+        except TimeoutError:
+            self._broken = f"the xdist controller did not {what} within {self.wait:g} s"
+        except (OSError, ValueError) as exc:
+            self._broken = self._broken or f"the xdist controller's channel failed ({exc})"
+        raise ConnectionError(self._broken)
 
 
 class RemoteAnswers(Channel):
@@ -322,27 +319,19 @@ class RemoteAnswers(Channel):
 
     def result(self, request: Request) -> ModelResponse:
         """The controller's answer for ``request`` (an EndpointError if it failed; NotRun after
-        an early stop for one it never asked for). Any failure mid-reply breaks the channel for
-        good: the next read could start inside the late reply, and a worker must never score
-        one problem with another's answer."""
+        an early stop for one it never asked for)."""
         pid, repeat = request.problem_id, request.repeat
-        if self._broken is None:
-            try:
-                reply = self._ask({"get": pid, **({"repeat": repeat} if repeat else {})})
-                if reply.get("id") != pid or reply.get("repeat", 0) != repeat:
-                    got = f" repeat {reply['repeat']!r}" if reply.get("repeat") else ""
-                    want = f" repeat {repeat}" if repeat else ""
-                    raise ConnectionError(
-                        f"a reply for {reply.get('id')!r}{got} where {pid!r}{want} was asked for"
-                    )
-            except TimeoutError:
-                self._broken = f"no answer from the xdist controller for {pid} in {self.wait:g} s"
-            except _Closed:
-                self._broken = "the xdist controller closed its answer channel (it ended)"
-            except (OSError, ValueError) as exc:
-                self._broken = f"the xdist controller's answer channel failed ({exc})"
-        if self._broken is not None:
-            raise EndpointAborted(self._broken)
+
+        def wrong(reply: Message) -> str | None:
+            got = (reply.get("id"), reply.get("repeat", 0))
+            asked = f"{_which(pid, repeat)} was asked for"
+            return None if got == (pid, repeat) else f"a reply for {_which(*got)} where {asked}"
+
+        try:
+            get = {"get": pid, **({"repeat": repeat} if repeat else {})}
+            reply = self._ask(get, f"answer {pid}", wrong)
+        except ConnectionError as exc:
+            raise EndpointAborted(str(exc)) from None
         if "not_run" in reply:
             raise NotRun(str(reply["not_run"]))
         if "error" in reply:
@@ -354,3 +343,11 @@ class RemoteAnswers(Channel):
 
     def take_warnings(self) -> list[str]:
         return []  # cache warnings are the controller's, issued there
+
+
+def _acknowledged(reply: Message) -> str | None:
+    return None if "planned" in reply else "a reply to the plan that does not acknowledge it"
+
+
+def _which(pid: object, repeat: object) -> str:
+    return f"{pid!r}" + (f" repeat {repeat!r}" if repeat else "")

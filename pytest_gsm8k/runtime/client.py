@@ -1,8 +1,6 @@
-"""Model clients: the async openai client (its own retries), or any Python callable; both
-``async complete(request) -> ModelResponse``. Added here: a transport that tells the
-:class:`Breaker` of connection failures and reads each reply within :data:`MAX_REPLY_BYTES`,
-and :func:`get_json` for the plugin's GET requests.
-"""
+"""Model clients, each ``async complete(request) -> ModelResponse``: the openai client (its
+retries) on a transport that tells the :class:`Breaker` of connection failures and bounds each
+reply, or a user's callable; and :func:`get_json`, the plugin's GET requests."""
 
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
 from pytest_gsm8k.core.types import Completion, ModelCallable, ModelResponse, Request, valid_usage
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Counter, Decoder, Refused, encoding_of, mib
+from pytest_gsm8k.runtime.failures import Said
 
 #: the most one problem's answer may take, decoded (a gzip bomb stops here) or as the JSON of
 #: its samples: answers are kilobytes, and up to --gsm8k-concurrency replies are held at once
@@ -56,7 +55,7 @@ class Breaker:
     """Opens when ``threshold`` connection failures in a row (any HTTP answer resets it) have
     lasted ``min_seconds``. When a server dies, every request in flight fails at once, then
     retries after 0.5, 1, 2, 4, 8 s: the breaker opens at the first retry after 2 s, well
-    before the retries run out (~15 s); :meth:`fit` lowers the threshold to the concurrency."""
+    before the retries run out (~15 s)."""
 
     def __init__(
         self,
@@ -76,10 +75,6 @@ class Breaker:
             self._noted.add(kind)
             self.notes.append(message)
 
-    def fit(self, concurrency: int) -> None:
-        """Lower the threshold for a run that has only ``concurrency`` requests in flight."""
-        self.threshold = max(1, min(self.threshold, max(3, concurrency)))
-
     def success(self) -> None:
         self.count = 0
 
@@ -93,9 +88,20 @@ class Breaker:
             self.on_open(self.last_error)
 
 
-def note_long_retry_after(breaker: Breaker, status: int, headers: Any) -> None:
-    """Say once when the endpoint asks for a longer wait than the client makes (the request
-    then fails at once: core/retry.py)."""
+@functools.cache
+def refused_reply() -> type[Exception]:
+    """A reply read no further (:class:`bounded.Refused`) as the openai client raises it: an
+    ``OpenAIError`` is never retried nor called a connection error."""
+    import openai
+
+    return type("RefusedReply", (openai.OpenAIError, Said), {})
+
+
+def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> Decoder:
+    """An HTTP reply came: the breaker hears it, a Retry-After longer than the client waits (it
+    then fails at once: core/retry.py) is said once, and the body's decoder is made;
+    :class:`Refused` at once for a body over the bound or in an encoding not asked for."""
+    breaker.success()
     seconds = retry_after(headers, time.time()) if status in (429, 503) else None
     if seconds is not None and seconds > MAX_RETRY_AFTER:
         breaker.note(
@@ -104,22 +110,8 @@ def note_long_retry_after(breaker: Breaker, status: int, headers: Any) -> None:
             f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
             "without waiting",
         )
-
-
-@functools.cache
-def refused_reply() -> type[Exception]:
-    """A reply read no further (:class:`bounded.Refused`) as the openai client raises it: an
-    ``OpenAIError`` is never retried (a retry fetches the same reply) nor called a connection
-    error."""
-    import openai
-
-    return type("RefusedReply", (openai.OpenAIError,), {})
-
-
-def body_decoder(encodings: list[str], length: str) -> Decoder:
-    """The decoder for a reply with these Content-Encoding and Content-Length values;
-    :class:`Refused` at once for one over the bound or in an encoding not asked for."""
     encoding = encoding_of(",".join(encodings).split(","))
+    length = str(headers.get("content-length", ""))
     if not encoding and length.isdigit() and int(length) > MAX_REPLY_BYTES:
         raise Refused(
             f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} ({int(length):,} bytes), the "
@@ -162,13 +154,10 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
             ) as exc:
                 breaker.failure(exc)
                 raise
-            breaker.success()
-            note_long_retry_after(breaker, response.status_code, response.headers)
             headers, refused = response.headers, refused_reply()
             try:
-                decoder = body_decoder(
-                    headers.get_list("content-encoding"), headers.get("content-length", "")
-                )
+                encodings = headers.get_list("content-encoding")
+                decoder = reply_decoder(breaker, response.status_code, headers, encodings)
             except Refused as exc:
                 await response.aclose()
                 raise refused(str(exc)) from None
@@ -231,17 +220,15 @@ def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
         proxy = proxy_for(url, urllib.request.getproxies())
     except ValueError as exc:  # e.g. a port out of range: say which URL, not "proxy"
         raise ValueError(f"the endpoint URL is not usable: {exc}") from None
-    if aiohttp:
-        usable, why = (
-            ("http",),
-            "and the vllm preset's client (aiohttp) can use http:// proxies only",
-        )
-    else:
-        socks = ("socks5", "socks5h") if importlib.util.find_spec("socksio") else ()
-        usable = ("http", "https", *socks)
-        why = "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
+    socks = ("socks5", "socks5h") if importlib.util.find_spec("socksio") else ()
+    usable = ("http",) if aiohttp else ("http", "https", *socks)
     scheme = (proxy or "").partition("://")[0].lower()
     if proxy is not None and scheme not in usable:
+        why = (
+            "and the vllm preset's client (aiohttp) can use http:// proxies only"
+            if aiohttp
+            else "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
+        )
         raise ValueError(
             f"the environment names a {scheme}:// proxy for the endpoint, {why}; name an "
             "http:// proxy or exempt the host in NO_PROXY"
@@ -257,6 +244,11 @@ def get_json(
     :class:`PreflightError`. httpx keeps ``Authorization`` to the same origin on redirects and
     reads the proxy environment (``proxies=False``: a loopback server). Runs its own loop."""
     httpx = _httpx()
+    if proxies:  # one httpx cannot use is an ImportError (socks without socksio): say why
+        try:
+            env_proxy(url)
+        except ValueError as exc:
+            raise PreflightError("proxy", str(exc)) from None
 
     async def get() -> bytes:
         async with (
@@ -282,13 +274,6 @@ def get_json(
         body = loop.run_until_complete(asyncio.wait_for(get(), deadline))
     except (asyncio.TimeoutError, httpx.TimeoutException):
         raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
-    except ImportError as exc:  # httpx without socksio, for a socks:// proxy in the environment
-        try:
-            env_proxy(url)
-            line = str(exc)
-        except ValueError as refusal:
-            line = str(refusal)
-        raise PreflightError("proxy", line) from None
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         cause: BaseException = exc
         while cause.__cause__ or cause.__context__:  # the socket's error, not httpx's wrapper
@@ -327,11 +312,9 @@ def list_models(
         except PreflightError as exc:
             if exc.kind == "timeout":
                 raise PreflightError("timeout", f"no complete reply within {timeout:g} s") from None
-            if exc.kind != "unreachable" or attempt == 2:
+            if exc.kind != "unreachable" or attempt == 2 or time.monotonic() + 0.5 >= deadline:
                 raise
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-            if time.monotonic() >= deadline:
-                raise
+            time.sleep(0.5)
     models = data.get("data") if isinstance(data, dict) else None
     listed = (
         [m for m in models if isinstance(m, dict) and "id" in m] if isinstance(models, list) else []
@@ -357,18 +340,18 @@ class OpenAIClient:
         timeout: float,
         max_retries: int,
         concurrency: int,
-        breaker: Breaker | None = None,
         cache_endpoint: str | None = None,
     ) -> None:
-        self.model, self.breaker = model, breaker or Breaker()
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self.endpoint = base.rstrip("/")  # what the openai client itself would use
+        self.model, self.endpoint = model, base.rstrip("/")  # as the openai client would use
         #: what cache keys name instead of a URL that changes every run (a server it starts)
         self.cache_endpoint = cache_endpoint or self.endpoint
         # ValueError: one line, before any request
         self._proxy = env_proxy(self.endpoint, aiohttp=self.via_aiohttp)
         self._api_key, self._timeout, self._max_retries = api_key, timeout, max_retries
         self._concurrency = max(concurrency, 1)
+        # no more failures in a row than requests in flight (3 at least: one burst is no death)
+        self.breaker = Breaker(min(8, max(3, self._concurrency)))
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -399,23 +382,14 @@ class OpenAIClient:
         key hashes (a preset's ``wire`` bytes as they are)."""
         client = self._client if self._client is not None else self.warm()
         path = "/chat/completions" if request.api == "chat" else "/completions"
-        wire = request.wire.encode("utf-8") if request.wire is not None else None
-        data = await self._post(client, path, wire, request)
-        return parse_reply(data, chat=request.api == "chat", on_bad_usage=self._bad_usage)
+        wire = request.wire if request.wire is not None else json.dumps(request.body(self.model))
+        data = await self._post(client, path, wire.encode("utf-8"))
+        return parse_reply(data, chat=request.api == "chat", breaker=self.breaker)
 
-    async def _post(self, client: Any, path: str, wire: bytes | None, request: Request) -> Any:
+    async def _post(self, client: Any, path: str, payload: bytes) -> Any:
         """openai's documented ``post`` with ``cast_to=object``: its retries and errors without
         its typed layer, a third less CPU per request (CPU the test thread shares)."""
-        if wire is not None:
-            return await client.post(path, content=wire, cast_to=object)
-        return await client.post(path, body=request.body(self.model), cast_to=object)
-
-    def _bad_usage(self, which: str) -> None:
-        self.breaker.note(
-            "usage",
-            f"gsm8k: the endpoint reported token counts that are not counts ({which}); "
-            "they are left out of the token totals",
-        )
+        return await client.post(path, content=payload, cast_to=object)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -440,11 +414,9 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def parse_reply(
-    data: Any, *, chat: bool, on_bad_usage: Callable[[str], None] | None = None
-) -> ModelResponse:
+def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
     """A chat or text completion reply (decoded JSON) as a ModelResponse; token counts that
-    are not counts are left out, and ``on_bad_usage`` hears which."""
+    are not counts are left out, said once."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
         shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
         raise BadReply(f"the endpoint's reply has no choices: {shown}")
@@ -454,23 +426,21 @@ def parse_reply(
     choices.sort(key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0)
     completions = []
     for choice in choices:
-        finish = _str(choice.get("finish_reason"))
-        if not chat:
-            if choice.get("text") is None:
-                raise BadReply("the endpoint's reply has no answer (text is null)")
-            completions.append(Completion(text=_text(choice.get("text")), finish_reason=finish))
-            continue
-        message = choice.get("message")
+        message = choice.get("message") if chat else None
         message = message if isinstance(message, dict) else {}
+        content = message.get("content") if chat else choice.get("text")
         reasoning = _str(message.get("reasoning_content") or message.get("reasoning"))
-        if message.get("content") is None and reasoning is None:
-            raise BadReply(
-                "the endpoint's reply has no answer (message content is null, no reasoning)"
-            )
-        completions.append(Completion(_text(message.get("content")), finish, reasoning))
+        if content is None and reasoning is None:
+            null = "message content is null, no reasoning" if chat else "text is null"
+            raise BadReply(f"the endpoint's reply has no answer ({null})")
+        completions.append(Completion(_text(content), _str(choice.get("finish_reason")), reasoning))
     usage, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
-    if bad and on_bad_usage is not None:
-        on_bad_usage(", ".join(bad))
+    if bad:
+        breaker.note(
+            "usage",
+            f"gsm8k: the endpoint reported token counts that are not counts ({', '.join(bad)}); "
+            "they are left out of the token totals",
+        )
     return ModelResponse(
         completions,
         usage,

@@ -121,7 +121,6 @@ class Engine:
         self._thread.start()
         self.breaker = breaker = getattr(client, "breaker", None)
         if breaker is not None:
-            breaker.fit(self.concurrency)
             # no counts or timings: every xdist worker's breaker opens on its own, and the
             # run should still end with one message shared by all its errors
             breaker.on_open = lambda err: self.loop.call_soon_threadsafe(
@@ -471,7 +470,7 @@ class Engine:
         rid = reply_identity(hit.get("model"), hit.get("system_fingerprint"))
         if hit.get("_run") == self.cache.run_id:  # another worker's answer of this run
             self._replies.setdefault(rid)
-            return hit  # type: ignore[no-any-return]
+            return hit
         why = difference(hit.get("_server"), self.identity)
         current = next(iter(self._replies), None)
         if why is None and current is not None and rid not in self._replies:
@@ -480,7 +479,7 @@ class Engine:
             self._refused.add(key)
             self._refused_why = self._refused_why or why
             return None
-        return hit  # type: ignore[no-any-return]
+        return hit
 
     def _release_parked(self) -> None:
         """Use the parked answers that match this run's replies (all of them when none has

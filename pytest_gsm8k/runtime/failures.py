@@ -1,6 +1,6 @@
 """What went wrong with an endpoint, in one line: the failures a model call ends in, and
-:func:`describe_error`, which words either client's and says whether it is fatal (the engine
-then fails every unfinished item with that line; docs/design.md, "Failures")."""
+:func:`describe_error`, which words either client's and says whether it ends the run (every
+unfinished item then fails with that line; docs/design.md, "Failures")."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pytest_gsm8k.core.health import reasoning_model_hint
 from pytest_gsm8k.core.retry import RETRIED_STATUSES
 from pytest_gsm8k.core.scrub import shown_url
 from pytest_gsm8k.core.settings import with_v1
-from pytest_gsm8k.runtime.client import refused_reply
 
 
 class EndpointError(Exception):
@@ -31,16 +30,25 @@ class NotRun(Exception):
     """The run stopped early (the gates' verdicts are settled): this item is not run."""
 
 
-class AnswerTooLarge(Exception):
+class Said(Exception):
+    """A failure its message says in full (a reply read no further, never retried: a retry
+    gets the same reply); ``fatal``: it ends the run."""
+
+    fatal = False
+
+
+class AnswerTooLarge(Said):
     """All samples of one problem together take more than ``MAX_REPLY_BYTES`` as JSON."""
 
 
-class AnotherModel(Exception):
+class AnotherModel(Said):
     """A reply to a request without a model field names another model than the run's."""
+
+    fatal = True
 
 
 class WireFailure(Exception):
-    """The vllm preset's client gave up: ``kind`` timeout, connection, refused or status."""
+    """The vllm preset's client gave up: ``kind`` timeout, connection or status."""
 
     status_code: int | None = None
     headers: Any = None
@@ -69,23 +77,20 @@ def refused_first(status: object, succeeded: int) -> bool:
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """(one-line message, fatal?) for an exception from a model call."""
+    if isinstance(exc, Said):
+        return str(exc), exc.fatal
     if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
         kind = exc.kind
-    elif isinstance(exc, (AnotherModel, AnswerTooLarge)):
-        kind = "said"
     else:
         import openai
 
         kinds = {
             "status": openai.APIStatusError,
             "timeout": openai.APITimeoutError,  # a connection error too: asked first
-            "said": refused_reply(),
             "connection": openai.APIConnectionError,
         }
         kind = next((k for k, t in kinds.items() if isinstance(exc, t)), "")
     status = getattr(exc, "status_code", 0) if kind == "status" else 0
-    if kind in ("said", "refused"):  # the message says it all
-        return str(exc), isinstance(exc, AnotherModel)
     if kind == "timeout":
         return "request timed out after retries (see --gsm8k-timeout)", False
     if kind == "connection":
