@@ -64,28 +64,19 @@ class Breaker:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold, self.min_seconds, self.clock = threshold, min_seconds, clock
-        self.count, self.first, self.last_error = 0, 0.0, ""
-        self.on_open: Callable[[str], None] | None = None
-        #: one-line remarks on what the transport saw, each kind once (read by the engine)
-        self.notes: list[str] = []
-        self._noted: set[str] = set()
-
-    def note(self, kind: str, message: str) -> None:
-        if kind not in self._noted:
-            self._noted.add(kind)
-            self.notes.append(message)
+        self.count, self.first = 0, 0.0
+        self.on_open: Callable[[str], None] = lambda error: None
+        #: one-line remarks on what the transport saw, by kind: each once (read by the engine)
+        self.notes: dict[str, str] = {}
 
     def success(self) -> None:
         self.count = 0
 
     def failure(self, error: BaseException) -> None:
         now = self.clock()
-        if self.count == 0:
-            self.first = now
-        self.count += 1
-        self.last_error = f"{type(error).__name__}: {error}".strip()
-        if self.count >= self.threshold and now - self.first >= self.min_seconds and self.on_open:
-            self.on_open(self.last_error)
+        self.first, self.count = (self.first if self.count else now), self.count + 1
+        if self.count >= self.threshold and now - self.first >= self.min_seconds:
+            self.on_open(f"{type(error).__name__}: {error}".strip())
 
 
 @functools.cache
@@ -104,7 +95,7 @@ def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[s
     breaker.success()
     seconds = retry_after(headers, time.time()) if status in (429, 503) else None
     if seconds is not None and seconds > MAX_RETRY_AFTER:
-        breaker.note(
+        breaker.notes.setdefault(
             "retry-after",
             f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP {status}), "
             f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
@@ -144,14 +135,9 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
         async def handle_async_request(self, request: Any) -> Any:
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
             request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
-            try:
+            try:  # a hung endpoint is as dead as a refusing one
                 response = await self.inner.handle_async_request(request)
-            except (
-                httpx.ConnectError,
-                httpx.RemoteProtocolError,
-                httpx.ReadError,
-                httpx.TimeoutException,  # a hung endpoint is as dead as a refusing one
-            ) as exc:
+            except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
             headers, refused = response.headers, refused_reply()
@@ -173,17 +159,10 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
                 async def aclose(self) -> None:
                     await response.stream.aclose()
 
-            kept = [
-                (name, value)
-                for name, value in headers.multi_items()
-                if name.lower() not in ("content-encoding", "content-length")
-            ]
-            return httpx.Response(
-                response.status_code,
-                headers=kept,
-                stream=BoundedStream(),
-                extensions=response.extensions,
-            )
+            dropped = ("content-encoding", "content-length")  # of the body decoded here
+            kept = [(k, v) for k, v in headers.multi_items() if k.lower() not in dropped]
+            status, stream, extensions = response.status_code, BoundedStream(), response.extensions
+            return httpx.Response(status, headers=kept, stream=stream, extensions=extensions)
 
         async def aclose(self) -> None:
             await self.inner.aclose()
@@ -436,7 +415,7 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
         completions.append(Completion(_text(content), _str(choice.get("finish_reason")), reasoning))
     usage, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
     if bad:
-        breaker.note(
+        breaker.notes.setdefault(
             "usage",
             f"gsm8k: the endpoint reported token counts that are not counts ({', '.join(bad)}); "
             "they are left out of the token totals",
@@ -450,8 +429,9 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
 
 
 class CallableClient:
-    """A user's Python callable (sync runs in a thread pool, async on the loop). Its answers
-    are never cached across runs: its code may change between them."""
+    """A user's Python callable, called in a thread pool (an async one only makes its coroutine
+    there, awaited on the loop). Its answers are never cached across runs: its code may change
+    between them."""
 
     persistent_cache = False
 
@@ -463,17 +443,11 @@ class CallableClient:
         dotted = ".".join(p for p in f"{module}.{name}".split(".") if p and p != "<locals>")
         self.endpoint, self.model = f"callable:{dotted}", model or dotted
         self._pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="gsm8k")
-        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
-        )
 
     async def complete(self, request: Request) -> ModelResponse:
-        if self._is_async:
-            reply: Any = await self.fn(request)  # type: ignore[misc]
-        else:
-            reply = await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, request)
-            if inspect.isawaitable(reply):
-                reply = await reply
+        reply: Any = await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, request)
+        if inspect.isawaitable(reply):
+            reply = await reply
         if isinstance(reply, ModelResponse):
             return reply
         if isinstance(reply, str | Completion):

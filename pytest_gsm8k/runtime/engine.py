@@ -101,7 +101,7 @@ class Engine:
         self._parked: list[tuple[Job, dict[str, Any]]] = []
         self._unchecked: Counter[tuple[str | None, str | None]] = Counter()
         self._refused: dict[str, str] = {}  # cached entries not reused: why, by key
-        self._busy = self._ahead = self._in_flight = 0
+        self._busy = self._ahead = self._in_flight = self._noted = 0
         self._recent: deque[str | None] = deque(maxlen=STORM)  # how requests ended: None, answered
         self._progress = time.monotonic()  # the last answer, or a start
         self._queue: deque[Job] = deque()  # in run order, the wanted ones in front
@@ -140,7 +140,8 @@ class Engine:
 
     def take_warnings(self) -> list[str]:
         """Cache warnings and transport notes, for the test thread."""
-        notes, self.breaker.notes[:] = list(self.breaker.notes), []
+        notes = list(self.breaker.notes.values())[self._noted :]
+        self._noted += len(notes)
         return self.cache.take_warnings() + [self._say(note) for note in notes]
 
     def notes(self) -> list[str]:

@@ -13,6 +13,8 @@ from pytest_gsm8k.core.retry import RETRIED_STATUSES
 from pytest_gsm8k.core.scrub import shown_url
 from pytest_gsm8k.core.settings import with_v1
 
+_PATHS = ("/chat/completions", "/completions")  # what the clients append to the base URL
+
 
 class EndpointError(Exception):
     """One item's request failed (after retries)."""
@@ -98,10 +100,18 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False
     if status in (401, 403):
-        line = f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"
+        return (
+            f"the endpoint rejected the credentials (HTTP {status}); check the API key variable",
+            True,
+        )
+    if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
+        request: Any = exc.request  # type: ignore[attr-defined]
+        shown = shown_url(str(request.url))
+        base = next((shown[: -len(p)] for p in _PATHS if shown.endswith(p)), shown)
+        line = f"{request.method} {shown} answered 404: {_api_message(exc)}"
+        if (suggested := with_v1(base)) is not None:
+            line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
         return line, True
-    if status == 404:
-        return not_found(exc), True
     if status:
         retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
         message = _api_message(exc)
@@ -109,22 +119,6 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
         return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
-
-
-def not_found(exc: Any) -> str:
-    """A 404's line: the URL that answered and, lacking /v1 (the usual cause), the fix."""
-    request = getattr(exc, "request", None)
-    url = str(getattr(request, "url", "") or "")
-    if not url:
-        return f"the endpoint answered 404: {_api_message(exc)}"
-    shown = shown_url(url)
-    paths = ("/chat/completions", "/completions")  # what the clients append to the base URL
-    base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
-    line = f"{getattr(request, 'method', 'POST')} {shown} answered 404: {_api_message(exc)}"
-    suggested = with_v1(base)
-    if suggested is not None:
-        line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
-    return line
 
 
 def _api_message(exc: Any) -> str:

@@ -160,6 +160,6 @@ def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wa
     for _ in range(2):
         reply_decoder(breaker, 429, {"retry-after": value}, [])
     reply_decoder(breaker, 503, {"retry-after": "120"}, [])  # waited for: no note
-    [line] = breaker.notes
+    [line] = breaker.notes.values()
     assert "longer than the client waits (120 s)" in line
     assert "(Retry-After on HTTP 429)" in line
