@@ -2,14 +2,11 @@
 worker (loopback TCP): its plan, the answers, the early stop (docs/design.md, "Speed, the cache
 and xdist"). Frames: a 4-byte big-endian length, then one JSON object, so the stream never
 falls out of step whatever an answer holds; a frame over the reader's cap ends the connection.
-
-* worker -> controller: ``{"token": T}`` first (T reaches only this run's workers, through
-  ``workerinput``), ``{"plan": [ids], "fetch": bool}`` (``fetch``: prefetch them) and
-  ``{"get": id, "repeat": i}`` (no ``repeat``: 0);
-* controller -> worker: ``{"planned": n}`` once a plan is recorded; per ``get`` one frame
-  naming its problem and repeat, with ``response`` and ``cached``, ``error``, ``aborted``
-  and ``said`` (another item reported it in full), or ``not_run``; once, ``{"stop": why}``.
-"""
+Worker to controller: ``{"token": T}`` first (T reaches only this run's workers, through
+``workerinput``), ``{"plan": [ids], "fetch": bool}`` and ``{"get": id, "repeat": i}`` (no
+``repeat``: 0). Controller to worker: ``{"planned": n}``; per ``get`` one frame naming its problem
+and repeat, with ``response`` and ``cached``, ``error``, ``aborted`` and ``said`` (another item
+reported it in full), or ``not_run``; once, ``{"stop": why}``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""On-disk response cache: one JSON file per request, named by the sha256 of everything that
-decides the answer, written atomically (a killed run leaves only whole entries: the resume),
-never holding the API key. Only this run's entries are read, and with ``resume`` those of runs
-that had ended before it started, told by the shared ``flock`` each run holds on
-``runs/<run id>.lock`` while it may write (docs/design.md, "The cache and its identity rule").
-"""
+"""On-disk response cache: one JSON file per request, named by the sha256 of all that decides
+the answer, written atomically (a killed run leaves whole entries: the resume), never holding the
+API key. Read: this run's entries and, with ``resume``, those of runs that had ended before it
+started, told by the shared ``flock`` each run holds on ``runs/<run id>.lock`` while it writes
+(docs/design.md, "The cache and its identity rule")."""
 
 from __future__ import annotations
 
@@ -71,20 +70,18 @@ def _running(path: str) -> bool:
     for flags in (os.O_RDWR, os.O_RDONLY):  # NFS locks only for writing; a read-only copy
         try:
             fd = os.open(path, flags | _NONBLOCK)
-            break
         except FileNotFoundError:
             return False
         except OSError:
             continue
-    else:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # and with it the lock just taken
-    return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # and with it the lock just taken
+    return True
 
 
 class ResponseCache:

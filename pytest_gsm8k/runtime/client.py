@@ -278,11 +278,8 @@ def list_models(
     url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
-    headers = {
-        "Authorization": f"Bearer {api_key or 'EMPTY'}",
-        "Accept": "application/json",
-        "User-Agent": "pytest-gsm8k",
-    }
+    key = f"Bearer {api_key or 'EMPTY'}"
+    headers = {"Authorization": key, "Accept": "application/json", "User-Agent": "pytest-gsm8k"}
     deadline = time.monotonic() + timeout
     for attempt in (1, 2):
         try:
@@ -295,9 +292,8 @@ def list_models(
                 raise
             time.sleep(0.5)
     models = data.get("data") if isinstance(data, dict) else None
-    listed = (
-        [m for m in models if isinstance(m, dict) and "id" in m] if isinstance(models, list) else []
-    )
+    models = models if isinstance(models, list) else []
+    listed = [m for m in models if isinstance(m, dict) and "id" in m]
     if cards is not None:
         cards.extend(listed)
     return [str(m["id"]) for m in listed]

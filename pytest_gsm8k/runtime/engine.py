@@ -1,9 +1,7 @@
 """The prefetching engine: one background event loop per process fetches the items' answers,
 ``concurrency`` at a time in run order, jumping to whatever a test waits for (docs/design.md,
-"Speed, the cache and xdist"; "Failures"). Scheduling state is the loop thread's; the test
-thread posts to it. Answers cached by an earlier run are parked until this run's first fresh
-reply shows whom they came from (:mod:`pytest_gsm8k.core.identity`).
-"""
+"Speed, the cache and xdist"; "Failures"); the test thread posts to it. Answers cached by an
+earlier run are parked until this run's first fresh reply shows whom they came from."""
 
 from __future__ import annotations
 
@@ -14,6 +12,7 @@ import functools
 import threading
 import time
 from collections import Counter, deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,9 +56,7 @@ class Job:
     """One request's fetch; every field but ``request`` and ``future`` is the loop thread's."""
 
     request: Request
-    future: concurrent.futures.Future[ModelResponse] = field(
-        default_factory=concurrent.futures.Future
-    )
+    future: Future[ModelResponse] = field(default_factory=Future)
     state: str = PLANNED
     queued: bool = False  # in the run-order list
     consumed: bool = False  # a test (or the answer server) asked for it
@@ -147,8 +144,7 @@ class Engine:
     def notes(self) -> list[str]:
         """End-of-run lines: cached answers this run did not trust (once closed or idle)."""
         lines = []
-        if self._refused:
-            count = len(self._refused)
+        if count := len(self._refused):
             were = "answer was" if count == 1 else "answers were"
             lines.append(
                 f"gsm8k: {count} cached {were} recorded against a server that described "
@@ -206,9 +202,8 @@ class Engine:
     def ready(self, request: Request) -> ModelResponse | None:
         """The answer for ``request`` if it has arrived (never waits, never fetches)."""
         job = self.by_request.get(request)
-        if job is None or not job.future.done() or job.future.exception() is not None:
-            return None
-        return job.future.result()
+        done = job is not None and job.future.done() and job.future.exception() is None
+        return job.future.result() if job is not None and done else None
 
     def stop(self, message: str) -> None:
         """The run stopped early: send nothing more. Requests under way finish and are kept;
@@ -316,17 +311,14 @@ class Engine:
     def _next_job(self) -> Job | None:
         """The wanted jobs first, then the run order: only so far ahead (a consumed answer
         kicks us again), and no guess after a refused one (a plan kicks us again)."""
+        full = self.lookahead is not None and self._ahead >= self.lookahead
         while self._queue and self.stopped is None:
             job = self._queue[0]
-            if job.state != PLANNED:
-                self._queue.popleft()
-            elif job.wanted or not (
-                (self.lookahead is not None and self._ahead >= self.lookahead)
-                or (job.guess and self._guesses_refused)
-            ):
-                return self._queue.popleft()
-            else:
+            held = full or (job.guess and self._guesses_refused)
+            if job.state == PLANNED and held and not job.wanted:
                 return None
+            if self._queue.popleft().state == PLANNED:
+                return job
         return None
 
     async def _worker(self) -> None:
@@ -450,9 +442,8 @@ class Engine:
             self._replies.setdefault(rid)
             return hit
         why = difference(hit.get("_server"), self.identity)
-        current = next(iter(self._replies), None)
-        if why is None and current is not None and rid not in self._replies:
-            why = reply_difference(rid, current)
+        if why is None and self._replies and rid not in self._replies:
+            why = reply_difference(rid, next(iter(self._replies)))
         if why is not None:
             self._refused[key] = why
             return None
@@ -549,9 +540,7 @@ class Engine:
         return response
 
 
-def _resolve(
-    future: concurrent.futures.Future[ModelResponse], outcome: ModelResponse | BaseException
-) -> None:
+def _resolve(future: Future[ModelResponse], outcome: ModelResponse | BaseException) -> None:
     """Set a future once, from any thread; a second outcome is dropped."""
     with contextlib.suppress(concurrent.futures.InvalidStateError):
         if isinstance(outcome, BaseException):
