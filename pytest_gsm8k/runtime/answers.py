@@ -197,7 +197,7 @@ class AnswerServer:
         else:
             try:
                 # counted as used when the worker's report arrives (settled), not now
-                response = await self.engine.answer(replace(request, repeat=repeat), consume=False)
+                response = await self.engine.answer(replace(request, repeat=repeat))
                 data = frame({**head, "response": response.to_json(), "cached": response.cached})
             except EndpointError as exc:
                 aborted, said = isinstance(exc, EndpointAborted), isinstance(exc, SaidElsewhere)

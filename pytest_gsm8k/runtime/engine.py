@@ -31,11 +31,10 @@ from pytest_gsm8k.runtime.bounded import mib
 from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient
 from pytest_gsm8k.runtime.failures import (
-    AnotherModel,
-    AnswerTooLarge,
     EndpointAborted,
     EndpointError,
     NotRun,
+    Said,
     describe_error,
     refused_first,
 )
@@ -184,11 +183,11 @@ class Engine:
                 if self._closed:
                     raise EndpointAborted(self.aborted or "the engine was closed") from None
 
-    async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
-        """:meth:`result` on the loop thread. ``consume=False``: used elsewhere (an xdist
-        worker), so it counts as fetched ahead until :meth:`settle`."""
+    async def answer(self, request: Request) -> ModelResponse:
+        """:meth:`result` on the loop thread, for an answer used elsewhere (an xdist worker): it
+        counts as fetched ahead until :meth:`settle`."""
         job = self._job(request)
-        self._ask(job, consume)
+        self._ask(job, False)
         return await asyncio.wrap_future(job.future)
 
     def _job(self, request: Request) -> Job:
@@ -533,7 +532,7 @@ class Engine:
         if rid not in self._replies and self.named is not None:
             why = unnamed_reply(rid[0], self.named)
             if why is not None and "model" not in request.body(self.named):
-                raise AnotherModel(unnamed_refusal(self.named, why))
+                raise Said(unnamed_refusal(self.named, why), fatal=True)
         self._replies.setdefault(rid)
         if self._parked:
             self._release_parked()  # this run's first reply: the parked answers can be checked
@@ -553,7 +552,7 @@ def _bounded(response: ModelResponse) -> ModelResponse:
     """``response``, unless its JSON (what the cache stores and the xdist channel carries) is
     over :data:`MAX_REPLY_BYTES`."""
     if (size := len(to_json_bytes(response.to_json()))) > MAX_REPLY_BYTES:
-        raise AnswerTooLarge(
+        raise Said(
             f"the answers to this problem are over {mib(MAX_REPLY_BYTES)} as JSON "
             f"({size:,} bytes), the most one problem's answer may take"
         )

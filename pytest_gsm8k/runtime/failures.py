@@ -33,20 +33,12 @@ class NotRun(Exception):
 
 
 class Said(Exception):
-    """A failure its message says in full (a reply read no further, never retried: a retry
-    gets the same reply); ``fatal``: it ends the run."""
+    """A failure its message says in full (a reply read no further or too large, never retried:
+    a retry gets the same reply); ``fatal``: it ends the run (a reply from another model)."""
 
-    fatal = False
-
-
-class AnswerTooLarge(Said):
-    """All samples of one problem together take more than ``MAX_REPLY_BYTES`` as JSON."""
-
-
-class AnotherModel(Said):
-    """A reply to a request without a model field names another model than the run's."""
-
-    fatal = True
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
 
 
 class WireFailure(Exception):
