@@ -140,7 +140,7 @@ class Sources:
         vLLM's script sends them. A server this run starts (``key``: its config, "" for the
         run's) has a new port every run: ``started`` names it in cache keys instead, with
         the generation of its runs (answers resume an unfinished run only)."""
-        from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
+        from pytest_gsm8k.runtime.client import OpenAIClient
         from pytest_gsm8k.runtime.wire import WireClient
 
         settings = self._session.settings
@@ -156,7 +156,6 @@ class Sources:
             timeout=timeout,
             max_retries=settings.max_retries,
             concurrency=concurrency,
-            breaker=Breaker(),
             cache_endpoint=started,
         )
 

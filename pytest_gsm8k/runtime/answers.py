@@ -2,14 +2,11 @@
 worker (loopback TCP): its plan, the answers, the early stop (docs/design.md, "Speed, the cache
 and xdist"). Frames: a 4-byte big-endian length, then one JSON object, so the stream never
 falls out of step whatever an answer holds; a frame over the reader's cap ends the connection.
-
-* worker -> controller: ``{"token": T}`` first (T reaches only this run's workers, through
-  ``workerinput``), ``{"plan": [ids], "fetch": bool}`` (``fetch``: prefetch them) and
-  ``{"get": id, "repeat": i}`` (no ``repeat``: 0);
-* controller -> worker: ``{"planned": n}`` once a plan is recorded; per ``get`` one frame
-  naming its problem and repeat, with ``response`` and ``cached``, ``error``, ``aborted``
-  and ``said`` (another item reported it in full), or ``not_run``; once, ``{"stop": why}``.
-"""
+Worker to controller: ``{"token": T}`` first (T reaches only this run's workers, through
+``workerinput``), ``{"plan": [ids], "fetch": bool}`` and ``{"get": id, "repeat": i}`` (no
+``repeat``: 0). Controller to worker: ``{"planned": n}``; per ``get`` one frame naming its problem
+and repeat, with ``response`` and ``cached``, ``error``, ``aborted`` and ``said`` (another item
+reported it in full), or ``not_run``; once, ``{"stop": why}``."""
 
 from __future__ import annotations
 
@@ -43,6 +40,7 @@ MAX_FRAME = MAX_REPLY_BYTES + (1 << 16)
 MAX_HELLO = 1 << 10
 #: the longest wait a socket accepts (the platform's time_t): longer waits are this one
 MAX_WAIT = 1e7
+Message = dict[str, Any]
 
 
 def frame(message: dict[str, Any]) -> bytes:
@@ -52,21 +50,12 @@ def frame(message: dict[str, Any]) -> bytes:
 
 
 async def read_frame(reader: asyncio.StreamReader, limit: int) -> Any:
-    """The next frame's message, or None at the end of the stream. ValueError for a frame
-    over ``limit`` bytes, cut short or not JSON: the connection cannot be trusted past it."""
-    try:
-        head = await reader.readexactly(HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise ValueError("a frame header cut short") from None
-        return None
-    (size,) = HEADER.unpack(head)
+    """The next frame's message; an EOFError at the end of the stream or in a frame, a
+    ValueError for one over ``limit`` bytes or not JSON: the connection is not trusted past it."""
+    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
     if size > limit:
         raise ValueError(f"a frame of {size} bytes, over the {limit}-byte limit")
-    try:
-        return json.loads(await reader.readexactly(size))
-    except asyncio.IncompleteReadError:
-        raise ValueError("a frame cut short") from None
+    return json.loads(await reader.readexactly(size))
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -189,7 +178,7 @@ class AnswerServer:
                 elif "get" in message:
                     _write(writer, await self._reply(str(message["get"]), message.get("repeat", 0)))
                 await writer.drain()
-        except (ConnectionError, ValueError, TypeError, asyncio.CancelledError):
+        except (ConnectionError, EOFError, ValueError, TypeError, asyncio.CancelledError):
             # a worker gone, a stray client, or the run ending (an answer or this handler
             # cancelled): quietly, or asyncio's stream callback prints a traceback
             pass
@@ -208,7 +197,7 @@ class AnswerServer:
         else:
             try:
                 # counted as used when the worker's report arrives (settled), not now
-                response = await self.engine.answer(replace(request, repeat=repeat), consume=False)
+                response = await self.engine.answer(replace(request, repeat=repeat))
                 data = frame({**head, "response": response.to_json(), "cached": response.cached})
             except EndpointError as exc:
                 aborted, said = isinstance(exc, EndpointAborted), isinstance(exc, SaidElsewhere)
@@ -224,15 +213,12 @@ class AnswerServer:
         return frame({**head, "error": error, "aborted": False})
 
 
-class _Closed(ConnectionError):
-    """The controller closed the channel between frames (it ended)."""
-
-
 class Channel:
     """Worker side, without answers (a worker that calls a model of its own): it offers the
     worker's plan and hears the controller's stop. ``wait`` bounds each wait for the
-    controller, ending only a wait that the controller engine's own bounds do not. A frame is
-    read whole and nothing past it, so ``poll`` tells whether another is there."""
+    controller, ending only a wait that the controller engine's own bounds do not. Any failure
+    breaks it for good: the next read could start inside a late reply, and a worker must never
+    score one problem with another's answer."""
 
     fetch = False  # whether the controller's engine prefetches the plans offered here
 
@@ -242,6 +228,7 @@ class Channel:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._poll = select.poll()  # not select(): no FD_SETSIZE limit
         self._poll.register(self._sock, select.POLLIN)
+        self._buffer = bytearray()  # what arrived of the frames not read yet
         self._broken: str | None = None  # why the channel cannot be read any more
         self._stop: str | None = None
         self._sock.sendall(frame({"token": token}))
@@ -249,66 +236,71 @@ class Channel:
     def offer(self, problem_ids: list[str]) -> None:
         """Tell the controller which problems this worker collected, in run order; returns once
         it recorded them, a ConnectionError when it did not within ``wait``."""
-        try:
-            if self._broken is None and "planned" not in self._ask(
-                {"plan": problem_ids, "fetch": self.fetch}
-            ):
-                raise ConnectionError("a reply to the plan that does not acknowledge it")
-        except TimeoutError:
-            self._broken = f"the xdist controller did not take the plan within {self.wait:g} s"
-        except (OSError, ValueError) as exc:
-            self._broken = f"the xdist controller's channel failed ({exc})"
-        if self._broken is not None:
-            raise ConnectionError(self._broken)
+        self._ask({"plan": problem_ids, "fetch": self.fetch}, "take the plan", _acknowledged)
 
     def stopped(self) -> str | None:
-        """The controller's early-stop message once it has arrived, else None. Never waits
-        (cheap before every item); a failed channel hears no stop after its failure."""
-        if self._stop is None and self._broken is None and self._poll.poll(0):
-            try:
-                if "stop" not in self._read(time.monotonic() + self.wait):
+        """The controller's early-stop message once it has arrived, else None. Never waits,
+        not even on a frame half arrived (cheap before every item)."""
+        try:
+            while self._stop is None and self._broken is None:
+                if (message := self._read(None)) is None:
+                    break
+                if "stop" not in message:
                     raise ConnectionError("a frame nobody asked for")
-            except (OSError, ValueError) as exc:
-                self._broken = f"the xdist controller's channel failed ({exc})"
+        except (OSError, ValueError) as exc:
+            self._broken = self._broken or f"the xdist controller's channel failed ({exc})"
         return self._stop
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-    def _read(self, deadline: float) -> dict[str, Any]:
-        """The next frame (a stop is also kept); TimeoutError after ``deadline``."""
-        (size,) = HEADER.unpack(self._exact(HEADER.size, deadline, True))
-        if size > MAX_FRAME:
-            raise ConnectionError(f"a frame of {size:,} bytes, over the {MAX_FRAME:,}-byte limit")
-        message = json.loads(self._exact(size, deadline, False))
-        if not isinstance(message, dict):
-            raise ConnectionError("a frame that is not a JSON object")
-        if "stop" in message:
-            self._stop = str(message["stop"])
-        return message
-
-    def _exact(self, size: int, deadline: float, head: bool) -> bytes:
-        data = bytearray()
-        while len(data) < size:
-            if (left := deadline - time.monotonic()) <= 0:
-                raise TimeoutError
-            self._sock.settimeout(left)
-            if not (chunk := self._sock.recv(min(size - len(data), 1 << 20))):
-                if head and not data:
-                    raise _Closed("the xdist controller closed its channel (it ended)")
+    def _read(self, deadline: float | None) -> dict[str, Any] | None:
+        """The next frame (a stop is also kept), waiting until ``deadline`` (TimeoutError);
+        ``deadline`` None: only from what has arrived (None: no whole frame yet)."""
+        while True:
+            size = HEADER.unpack_from(self._buffer)[0] if len(self._buffer) >= HEADER.size else -1
+            if size > MAX_FRAME:
+                raise ConnectionError(
+                    f"a frame of {size:,} bytes, over the {MAX_FRAME:,}-byte limit"
+                )
+            if 0 <= size <= len(self._buffer) - HEADER.size:
+                message = json.loads(self._buffer[HEADER.size : HEADER.size + size])
+                del self._buffer[: HEADER.size + size]
+                if not isinstance(message, dict):
+                    raise ConnectionError("a frame that is not a JSON object")
+                if "stop" in message:
+                    self._stop = str(message["stop"])
+                return message
+            if deadline is None and not self._poll.poll(0):
+                return None
+            left = 0.0 if deadline is None else max(deadline - time.monotonic(), 1e-6)
+            self._sock.settimeout(left)  # past the deadline: still takes what has arrived
+            if not (chunk := self._sock.recv(1 << 20)):
+                if not self._buffer:
+                    self._broken = "the xdist controller closed its channel (it ended)"
                 raise ConnectionError("a frame cut short")
-            data += chunk
-        return bytes(data)
+            self._buffer += chunk
 
-    def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Send ``message``; the next frame other than a stop, within ``wait``."""
-        self._sock.settimeout(self.wait)
-        self._sock.sendall(frame(message))
-        deadline = time.monotonic() + self.wait
-        while "stop" in (reply := self._read(deadline)):
-            pass
-        return reply
+    def _ask(self, message: Message, what: str, wrong: Callable[[Message], str | None]) -> Message:
+        """Send ``message``; the next frame other than a stop, within ``wait``, in which
+        ``wrong`` finds nothing wrong. A ConnectionError (the channel broken, now or before)
+        says why not."""
+        try:
+            if self._broken is None:
+                self._sock.settimeout(self.wait)
+                self._sock.sendall(frame(message))
+                deadline = time.monotonic() + self.wait
+                while (reply := self._read(deadline)) is None or "stop" in reply:
+                    pass
+                if (why := wrong(reply)) is None:
+                    return reply
+                raise ConnectionError(why)
+        except TimeoutError:
+            self._broken = f"the xdist controller did not {what} within {self.wait:g} s"
+        except (OSError, ValueError) as exc:
+            self._broken = self._broken or f"the xdist controller's channel failed ({exc})"
+        raise ConnectionError(self._broken)
 
 
 class RemoteAnswers(Channel):
@@ -324,27 +316,19 @@ class RemoteAnswers(Channel):
 
     def result(self, request: Request) -> ModelResponse:
         """The controller's answer for ``request`` (an EndpointError if it failed; NotRun after
-        an early stop for one it never asked for). Any failure mid-reply breaks the channel for
-        good: the next read could start inside the late reply, and a worker must never score
-        one problem with another's answer."""
+        an early stop for one it never asked for)."""
         pid, repeat = request.problem_id, request.repeat
-        if self._broken is None:
-            try:
-                reply = self._ask({"get": pid, **({"repeat": repeat} if repeat else {})})
-                if reply.get("id") != pid or reply.get("repeat", 0) != repeat:
-                    got = f" repeat {reply['repeat']!r}" if reply.get("repeat") else ""
-                    want = f" repeat {repeat}" if repeat else ""
-                    raise ConnectionError(
-                        f"a reply for {reply.get('id')!r}{got} where {pid!r}{want} was asked for"
-                    )
-            except TimeoutError:
-                self._broken = f"no answer from the xdist controller for {pid} in {self.wait:g} s"
-            except _Closed:
-                self._broken = "the xdist controller closed its answer channel (it ended)"
-            except (OSError, ValueError) as exc:
-                self._broken = f"the xdist controller's answer channel failed ({exc})"
-        if self._broken is not None:
-            raise EndpointAborted(self._broken)
+
+        def wrong(reply: Message) -> str | None:
+            got = (reply.get("id"), reply.get("repeat", 0))
+            asked = f"{_which(pid, repeat)} was asked for"
+            return None if got == (pid, repeat) else f"a reply for {_which(*got)} where {asked}"
+
+        try:
+            get = {"get": pid, **({"repeat": repeat} if repeat else {})}
+            reply = self._ask(get, f"answer {pid}", wrong)
+        except ConnectionError as exc:
+            raise EndpointAborted(str(exc)) from None
         if "not_run" in reply:
             raise NotRun(str(reply["not_run"]))
         if "error" in reply:
@@ -356,3 +340,11 @@ class RemoteAnswers(Channel):
 
     def take_warnings(self) -> list[str]:
         return []  # cache warnings are the controller's, issued there
+
+
+def _acknowledged(reply: Message) -> str | None:
+    return None if "planned" in reply else "a reply to the plan that does not acknowledge it"
+
+
+def _which(pid: object, repeat: object) -> str:
+    return f"{pid!r}" + (f" repeat {repeat!r}" if repeat else "")

@@ -1,15 +1,15 @@
-"""On-disk response cache: one JSON file per request, named by the sha256 of everything that
-decides the answer, written atomically (a killed run leaves only whole entries: the resume),
-never holding the API key. Only this run's entries are read, and with ``resume`` those of runs
-that had ended before it started, told by the shared ``flock`` each run holds on
-``runs/<run id>.lock`` while it may write (docs/design.md, "The cache and its identity rule").
-"""
+"""On-disk response cache: one JSON file per request, named by the sha256 of all that decides
+the answer, written atomically (a killed run leaves whole entries: the resume), never holding the
+API key. Read: this run's entries and, with ``resume``, those of runs that had ended before it
+started, told by the shared ``flock`` each run holds on ``runs/<run id>.lock`` while it writes
+(docs/design.md, "The cache and its identity rule")."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import queue
@@ -38,6 +38,10 @@ _SKIPPED = {
     "mismatch": "is filed under another request (its stored key or request is not the one "
     "asked); such entries are ignored and asked again",
 }
+_NOT_READ = {
+    "later": "another run wrote after this run started",
+    "going": "of another run that is still going (or was when this run started)",
+}
 
 
 def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None = None) -> str:
@@ -47,23 +51,14 @@ def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None
     return stable_hash(key if wire is None else {**key, "wire": wire})
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
-    """The entry in ``raw``; ValueError unless it has the layout ModelResponse.from_json reads."""
-    data = json.loads(raw)
-    if not isinstance(data, dict) or data.get("v") != SCHEMA:
-        raise ValueError("unexpected layout")
-    response = data.get("response")
-    completions = response.get("completions") if isinstance(response, dict) else None
-    if not isinstance(completions, list) or not completions:
-        raise ValueError("no completions")
-    if not all(isinstance(c, dict) and isinstance(c.get("text"), str) for c in completions):
-        raise ValueError("a completion without text")
-    usage = data["response"].get("usage")
-    if usage is not None and not (
-        isinstance(usage, dict) and all(isinstance(v, int) for v in usage.values())
-    ):
-        raise ValueError("bad usage")
-    if not isinstance(data.get("run"), str) or not _RUN_ID.fullmatch(data["run"]):
+def _parse(raw: bytes) -> Json:
+    """The entry in ``raw``; ValueError, LookupError or TypeError unless it has the layout
+    ModelResponse.from_json reads (which leaves out token counts that are not counts)."""
+    data: Json = json.loads(raw)
+    texts = [c["text"] for c in data["response"]["completions"]]
+    if data["v"] != SCHEMA or not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError("not an entry of this layout")
+    if not _RUN_ID.fullmatch(data["run"]):
         raise ValueError("no run id")
     return data
 
@@ -75,20 +70,18 @@ def _running(path: str) -> bool:
     for flags in (os.O_RDWR, os.O_RDONLY):  # NFS locks only for writing; a read-only copy
         try:
             fd = os.open(path, flags | _NONBLOCK)
-            break
         except FileNotFoundError:
             return False
         except OSError:
             continue
-    else:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # and with it the lock just taken
-    return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # and with it the lock just taken
+    return True
 
 
 class ResponseCache:
@@ -108,7 +101,6 @@ class ResponseCache:
         self.root, self.run_id, self.persistent, self.resume = root, run_id, persistent, resume
         self.started = time.time() if started is None else started
         self._entries = os.fspath(root / "responses")  # strings: pathlib costs more than I/O
-        self._made: set[str] = set()
         self._run_lock: IO[bytes] | None = None  # held from the first entry until close
         self._going: dict[str, bool] = {}  # whether each other run found is still going
         #: the runs going when this cache was opened: never read, even once they end
@@ -116,9 +108,7 @@ class ResponseCache:
         self._lock = threading.Lock()  # the warnings and the threads
         self._warned: dict[str, str] = {}  # each warning by its key, in order
         self._taken = 0  # how many of them take_warnings handed out
-        self._threads: dict[str, threading.Thread] = {}
-        self._reads: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._writes: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._jobs: dict[str, queue.SimpleQueue[Callable[[], None] | None]] = {}  # by thread
         self.unreadable: str | None = None  # why the cache is no longer read (a hung read)
 
     def _entry_text(self, key: str) -> str:
@@ -139,8 +129,8 @@ class ResponseCache:
         except OSError as exc:
             self._warn_folder("read", exc)
             return None
-        except ValueError as exc:
-            self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc}); it will be re-requested")
+        except (ValueError, LookupError, TypeError) as exc:
+            self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc!r}); it will be re-requested")
             return None
         if data is None or data.get("key") != key or data.get("request") != body:
             kind = "special" if data is None else "mismatch"
@@ -149,10 +139,7 @@ class ResponseCache:
         run = data["run"]
         if run != self.run_id and not (self.resume and self._ended_before(run, info.st_mtime)):
             return None
-        response: dict[str, Any] = data["response"]
-        response["_run"] = run
-        response["_server"] = data.get("server")
-        return response
+        return {**data["response"], "_run": run, "_server": data.get("server")}
 
     def _lock_path(self, run: str) -> str:
         return os.path.join(self.root, "runs", f"{run}.lock")
@@ -169,23 +156,13 @@ class ResponseCache:
     def _ended_before(self, run: str, written: float) -> bool:
         """Whether ``run``, which wrote an entry at ``written``, had ended before this run
         started (judged once per run: all its entries are read, or none)."""
-        if written >= self.started:
-            self._warn(
-                "later",
-                f"gsm8k cache: {self.root} holds answers another run wrote after this run "
-                "started; they are not read (asked again)",
-            )
-            return False
         if run not in self._going:
-            going = run in self._going_at_start or _running(self._lock_path(run))
-            self._going[run] = going
-            if going:
-                self._warn(
-                    "going",
-                    f"gsm8k cache: {self.root} holds answers of another run that is still "
-                    "going (or was when this run started); they are not read (asked again)",
-                )
-        return not self._going[run]
+            self._going[run] = run in self._going_at_start or _running(self._lock_path(run))
+        why = "later" if written >= self.started else "going" if self._going[run] else None
+        if why is not None:
+            said = f"holds answers {_NOT_READ[why]}; they are not read (asked again)"
+            self._warn(why, f"gsm8k cache: {self.root} {said}")
+        return why is None
 
     def _hold_run(self) -> None:
         """Hold the run's lock, shared (the controller and xdist workers write for one run); an
@@ -206,43 +183,42 @@ class ResponseCache:
         """Store one entry atomically; ``server``: what the server said about itself then."""
         self._hold_run()
         path = self._entry_text(key)
-        if key[:2] not in self._made:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._made.add(key[:2])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "server": server}
         payload = to_json_bytes({**data, "response": response}, separators=(",", ":"))
         # a FIFO, device or folder at the path is never renamed over; its read warned, once
         with contextlib.suppress(FileExistsError, IsADirectoryError):
             write_atomic(path, payload, mkdir=False)
 
-    # -- the reader and the writer thread ----------------------------------------------
+    # -- the reader and the writer thread: daemons, so a hung file system holds only them --
 
-    def _start(self, name: str, loop: Callable[[], None]) -> None:
+    def _on(self, name: str, job: Callable[[], None]) -> None:
+        """Run ``job`` on the thread ``name``, after the jobs put there before it."""
         with self._lock:
-            if name not in self._threads:
-                thread = threading.Thread(target=loop, name=f"gsm8k-cache-{name}", daemon=True)
-                self._threads[name] = thread
+            if name not in self._jobs:
+                jobs = self._jobs[name] = queue.SimpleQueue()
+                thread = threading.Thread(target=_drain, args=(jobs,), name=f"gsm8k-cache-{name}")
+                thread.daemon = True
                 thread.start()
+        self._jobs[name].put(job)
 
-    def read(self, key: str, body: dict[str, Any]) -> concurrent.futures.Future[Any]:
+    def read(self, key: str, body: Json) -> concurrent.futures.Future[Json | None]:
         """:meth:`get` on the reader thread: a hung file system blocks that thread, never the
         caller, who bounds its wait and then calls :meth:`stop_reading`."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        if self.unreadable is not None:
-            future.set_result(None)
-        else:
-            self._start("reader", self._read_loop)
-            self._reads.put((key, body, future))
-        return future
+        future: concurrent.futures.Future[Json | None] = concurrent.futures.Future()
 
-    def _read_loop(self) -> None:
-        while (job := self._reads.get()) is not None:
-            key, body, future = job
+        def get() -> None:
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(None if self.unreadable else self.get(key, body))
                 except BaseException as exc:  # handed to the reader's caller
                     future.set_exception(exc)
+
+        if self.unreadable is None:
+            self._on("reader", get)
+        else:
+            future.set_result(None)
+        return future
 
     def stop_reading(self, seconds: float) -> None:
         """A read took longer than ``seconds``: every later read is a miss (one warning)."""
@@ -257,29 +233,26 @@ class ResponseCache:
     def submit(self, items: list[Write], done: Callable[[], None] | None = None) -> None:
         """Write the entries on the writer thread, then call ``done``, also when a write
         failed (a warning: the answer is good, just not cached)."""
-        self._start("writer", self._write_loop)
-        self._writes.put((items, done))
+        self._on("writer", functools.partial(self._write, items, done))
 
-    def _write_loop(self) -> None:
-        while (job := self._writes.get()) is not None:
-            items, done = job
-            for key, body, response, server in items:
-                try:
-                    self.put(key, body, response, server)
-                except OSError as exc:
-                    self._warn_folder("write", exc)
-                except Exception as exc:  # a cache problem never fails the run
-                    self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
-            if done is not None:
-                with contextlib.suppress(Exception):
-                    done()
+    def _write(self, items: list[Write], done: Callable[[], None] | None) -> None:
+        for key, body, response, server in items:
+            try:
+                self.put(key, body, response, server)
+            except OSError as exc:
+                self._warn_folder("write", exc)
+            except Exception as exc:  # a cache problem never fails the run
+                self._warn(key, f"gsm8k cache: cannot store an entry ({exc})")
+        if done is not None:
+            with contextlib.suppress(Exception):
+                done()
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted entry is written; False on timeout."""
-        if "writer" not in self._threads:
+        if "writer" not in self._jobs:
             return True
         written = threading.Event()
-        self._writes.put(([], written.set))
+        self._on("writer", written.set)
         return written.wait(timeout)
 
     # -- generations of a server this run starts --------------------------------------
@@ -317,11 +290,10 @@ class ResponseCache:
         """Finish writing, let go of the run's lock (its file goes with the run's last holder),
         and remove everything for a throw-away cache."""
         self.flush()
-        if self._threads.pop("reader", None) is not None:
-            self._reads.put(None)  # a reader stuck in a hung read is a daemon: left behind
-        if (writer := self._threads.pop("writer", None)) is not None:
-            self._writes.put(None)
-            writer.join(timeout=5)
+        with self._lock:  # a reader stuck in a hung read is a daemon: left behind
+            for jobs in self._jobs.values():
+                jobs.put(None)
+            self._jobs.clear()
         handle, self._run_lock = self._run_lock, None
         if handle is not None:
             with contextlib.suppress(OSError):
@@ -352,6 +324,11 @@ class ResponseCache:
     def _warn(self, key: str, message: str) -> None:
         with self._lock:
             self._warned.setdefault(key, message)
+
+
+def _drain(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+    while (job := jobs.get()) is not None:
+        job()
 
 
 def _reason(exc: OSError) -> str:

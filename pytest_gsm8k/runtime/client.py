@@ -1,8 +1,6 @@
-"""Model clients: the async openai client (its own retries), or any Python callable; both
-``async complete(request) -> ModelResponse``. Added here: a transport that tells the
-:class:`Breaker` of connection failures and reads each reply within :data:`MAX_REPLY_BYTES`,
-and :func:`get_json` for the plugin's GET requests.
-"""
+"""Model clients, each ``async complete(request) -> ModelResponse``: the openai client (its
+retries) on a transport that tells the :class:`Breaker` of connection failures and bounds each
+reply, or a user's callable; and :func:`get_json`, the plugin's GET requests."""
 
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
 from pytest_gsm8k.core.types import Completion, ModelCallable, ModelResponse, Request, valid_usage
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Counter, Decoder, Refused, encoding_of, mib
+from pytest_gsm8k.runtime.failures import Said
 
 #: the most one problem's answer may take, decoded (a gzip bomb stops here) or as the JSON of
 #: its samples: answers are kilobytes, and up to --gsm8k-concurrency replies are held at once
@@ -56,7 +55,7 @@ class Breaker:
     """Opens when ``threshold`` connection failures in a row (any HTTP answer resets it) have
     lasted ``min_seconds``. When a server dies, every request in flight fails at once, then
     retries after 0.5, 1, 2, 4, 8 s: the breaker opens at the first retry after 2 s, well
-    before the retries run out (~15 s); :meth:`fit` lowers the threshold to the concurrency."""
+    before the retries run out (~15 s)."""
 
     def __init__(
         self,
@@ -65,61 +64,45 @@ class Breaker:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold, self.min_seconds, self.clock = threshold, min_seconds, clock
-        self.count, self.first, self.last_error = 0, 0.0, ""
-        self.on_open: Callable[[str], None] | None = None
-        #: one-line remarks on what the transport saw, each kind once (read by the engine)
-        self.notes: list[str] = []
-        self._noted: set[str] = set()
-
-    def note(self, kind: str, message: str) -> None:
-        if kind not in self._noted:
-            self._noted.add(kind)
-            self.notes.append(message)
-
-    def fit(self, concurrency: int) -> None:
-        """Lower the threshold for a run that has only ``concurrency`` requests in flight."""
-        self.threshold = max(1, min(self.threshold, max(3, concurrency)))
+        self.count, self.first = 0, 0.0
+        self.on_open: Callable[[str], None] = lambda error: None
+        #: one-line remarks on what the transport saw, by kind: each once (read by the engine)
+        self.notes: dict[str, str] = {}
 
     def success(self) -> None:
         self.count = 0
 
     def failure(self, error: BaseException) -> None:
         now = self.clock()
-        if self.count == 0:
-            self.first = now
-        self.count += 1
-        self.last_error = f"{type(error).__name__}: {error}".strip()
-        if self.count >= self.threshold and now - self.first >= self.min_seconds and self.on_open:
-            self.on_open(self.last_error)
-
-
-def note_long_retry_after(breaker: Breaker, status: int, headers: Any) -> None:
-    """Say once when the endpoint asks for a longer wait than the client makes (the request
-    then fails at once: core/retry.py)."""
-    seconds = retry_after(headers, time.time()) if status in (429, 503) else None
-    if seconds is not None and seconds > MAX_RETRY_AFTER:
-        breaker.note(
-            "retry-after",
-            f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP {status}), "
-            f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
-            "without waiting",
-        )
+        self.first, self.count = (self.first if self.count else now), self.count + 1
+        if self.count >= self.threshold and now - self.first >= self.min_seconds:
+            self.on_open(f"{type(error).__name__}: {error}".strip())
 
 
 @functools.cache
 def refused_reply() -> type[Exception]:
     """A reply read no further (:class:`bounded.Refused`) as the openai client raises it: an
-    ``OpenAIError`` is never retried (a retry fetches the same reply) nor called a connection
-    error."""
+    ``OpenAIError`` is never retried nor called a connection error."""
     import openai
 
-    return type("RefusedReply", (openai.OpenAIError,), {})
+    return type("RefusedReply", (openai.OpenAIError, Said), {})
 
 
-def body_decoder(encodings: list[str], length: str) -> Decoder:
-    """The decoder for a reply with these Content-Encoding and Content-Length values;
-    :class:`Refused` at once for one over the bound or in an encoding not asked for."""
+def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> Decoder:
+    """An HTTP reply came: the breaker hears it, a Retry-After longer than the client waits (it
+    then fails at once: core/retry.py) is said once, and the body's decoder is made;
+    :class:`Refused` at once for a body over the bound or in an encoding not asked for."""
+    breaker.success()
+    seconds = retry_after(headers, time.time()) if status in (429, 503) else None
+    if seconds is not None and seconds > MAX_RETRY_AFTER:
+        breaker.notes.setdefault(
+            "retry-after",
+            f"gsm8k: the endpoint asked to wait {seconds:g} s (Retry-After on HTTP {status}), "
+            f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
+            "without waiting",
+        )
     encoding = encoding_of(",".join(encodings).split(","))
+    length = str(headers.get("content-length", ""))
     if not encoding and length.isdigit() and int(length) > MAX_REPLY_BYTES:
         raise Refused(
             f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} ({int(length):,} bytes), the "
@@ -152,23 +135,15 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
         async def handle_async_request(self, request: Any) -> Any:
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
             request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
-            try:
+            try:  # a hung endpoint is as dead as a refusing one
                 response = await self.inner.handle_async_request(request)
-            except (
-                httpx.ConnectError,
-                httpx.RemoteProtocolError,
-                httpx.ReadError,
-                httpx.TimeoutException,  # a hung endpoint is as dead as a refusing one
-            ) as exc:
+            except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
-            breaker.success()
-            note_long_retry_after(breaker, response.status_code, response.headers)
             headers, refused = response.headers, refused_reply()
             try:
-                decoder = body_decoder(
-                    headers.get_list("content-encoding"), headers.get("content-length", "")
-                )
+                encodings = headers.get_list("content-encoding")
+                decoder = reply_decoder(breaker, response.status_code, headers, encodings)
             except Refused as exc:
                 await response.aclose()
                 raise refused(str(exc)) from None
@@ -184,17 +159,10 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
                 async def aclose(self) -> None:
                     await response.stream.aclose()
 
-            kept = [
-                (name, value)
-                for name, value in headers.multi_items()
-                if name.lower() not in ("content-encoding", "content-length")
-            ]
-            return httpx.Response(
-                response.status_code,
-                headers=kept,
-                stream=BoundedStream(),
-                extensions=response.extensions,
-            )
+            dropped = ("content-encoding", "content-length")  # of the body decoded here
+            kept = [(k, v) for k, v in headers.multi_items() if k.lower() not in dropped]
+            status, stream, extensions = response.status_code, BoundedStream(), response.extensions
+            return httpx.Response(status, headers=kept, stream=stream, extensions=extensions)
 
         async def aclose(self) -> None:
             await self.inner.aclose()
@@ -231,17 +199,15 @@ def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
         proxy = proxy_for(url, urllib.request.getproxies())
     except ValueError as exc:  # e.g. a port out of range: say which URL, not "proxy"
         raise ValueError(f"the endpoint URL is not usable: {exc}") from None
-    if aiohttp:
-        usable, why = (
-            ("http",),
-            "and the vllm preset's client (aiohttp) can use http:// proxies only",
-        )
-    else:
-        socks = ("socks5", "socks5h") if importlib.util.find_spec("socksio") else ()
-        usable = ("http", "https", *socks)
-        why = "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
+    socks = ("socks5", "socks5h") if importlib.util.find_spec("socksio") else ()
+    usable = ("http",) if aiohttp else ("http", "https", *socks)
     scheme = (proxy or "").partition("://")[0].lower()
     if proxy is not None and scheme not in usable:
+        why = (
+            "and the vllm preset's client (aiohttp) can use http:// proxies only"
+            if aiohttp
+            else "which the HTTP client cannot use without socksio (pip install 'httpx[socks]')"
+        )
         raise ValueError(
             f"the environment names a {scheme}:// proxy for the endpoint, {why}; name an "
             "http:// proxy or exempt the host in NO_PROXY"
@@ -257,6 +223,11 @@ def get_json(
     :class:`PreflightError`. httpx keeps ``Authorization`` to the same origin on redirects and
     reads the proxy environment (``proxies=False``: a loopback server). Runs its own loop."""
     httpx = _httpx()
+    if proxies:  # one httpx cannot use is an ImportError (socks without socksio): say why
+        try:
+            env_proxy(url)
+        except ValueError as exc:
+            raise PreflightError("proxy", str(exc)) from None
 
     async def get() -> bytes:
         async with (
@@ -282,13 +253,6 @@ def get_json(
         body = loop.run_until_complete(asyncio.wait_for(get(), deadline))
     except (asyncio.TimeoutError, httpx.TimeoutException):
         raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
-    except ImportError as exc:  # httpx without socksio, for a socks:// proxy in the environment
-        try:
-            env_proxy(url)
-            line = str(exc)
-        except ValueError as refusal:
-            line = str(refusal)
-        raise PreflightError("proxy", line) from None
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         cause: BaseException = exc
         while cause.__cause__ or cause.__context__:  # the socket's error, not httpx's wrapper
@@ -314,11 +278,8 @@ def list_models(
     url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
-    headers = {
-        "Authorization": f"Bearer {api_key or 'EMPTY'}",
-        "Accept": "application/json",
-        "User-Agent": "pytest-gsm8k",
-    }
+    key = f"Bearer {api_key or 'EMPTY'}"
+    headers = {"Authorization": key, "Accept": "application/json", "User-Agent": "pytest-gsm8k"}
     deadline = time.monotonic() + timeout
     for attempt in (1, 2):
         try:
@@ -327,15 +288,12 @@ def list_models(
         except PreflightError as exc:
             if exc.kind == "timeout":
                 raise PreflightError("timeout", f"no complete reply within {timeout:g} s") from None
-            if exc.kind != "unreachable" or attempt == 2:
+            if exc.kind != "unreachable" or attempt == 2 or time.monotonic() + 0.5 >= deadline:
                 raise
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-            if time.monotonic() >= deadline:
-                raise
+            time.sleep(0.5)
     models = data.get("data") if isinstance(data, dict) else None
-    listed = (
-        [m for m in models if isinstance(m, dict) and "id" in m] if isinstance(models, list) else []
-    )
+    models = models if isinstance(models, list) else []
+    listed = [m for m in models if isinstance(m, dict) and "id" in m]
     if cards is not None:
         cards.extend(listed)
     return [str(m["id"]) for m in listed]
@@ -357,18 +315,18 @@ class OpenAIClient:
         timeout: float,
         max_retries: int,
         concurrency: int,
-        breaker: Breaker | None = None,
         cache_endpoint: str | None = None,
     ) -> None:
-        self.model, self.breaker = model, breaker or Breaker()
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self.endpoint = base.rstrip("/")  # what the openai client itself would use
+        self.model, self.endpoint = model, base.rstrip("/")  # as the openai client would use
         #: what cache keys name instead of a URL that changes every run (a server it starts)
         self.cache_endpoint = cache_endpoint or self.endpoint
         # ValueError: one line, before any request
         self._proxy = env_proxy(self.endpoint, aiohttp=self.via_aiohttp)
         self._api_key, self._timeout, self._max_retries = api_key, timeout, max_retries
         self._concurrency = max(concurrency, 1)
+        # no more failures in a row than requests in flight (3 at least: one burst is no death)
+        self.breaker = Breaker(min(8, max(3, self._concurrency)))
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -399,23 +357,14 @@ class OpenAIClient:
         key hashes (a preset's ``wire`` bytes as they are)."""
         client = self._client if self._client is not None else self.warm()
         path = "/chat/completions" if request.api == "chat" else "/completions"
-        wire = request.wire.encode("utf-8") if request.wire is not None else None
-        data = await self._post(client, path, wire, request)
-        return parse_reply(data, chat=request.api == "chat", on_bad_usage=self._bad_usage)
+        wire = request.wire if request.wire is not None else json.dumps(request.body(self.model))
+        data = await self._post(client, path, wire.encode("utf-8"))
+        return parse_reply(data, chat=request.api == "chat", breaker=self.breaker)
 
-    async def _post(self, client: Any, path: str, wire: bytes | None, request: Request) -> Any:
+    async def _post(self, client: Any, path: str, payload: bytes) -> Any:
         """openai's documented ``post`` with ``cast_to=object``: its retries and errors without
         its typed layer, a third less CPU per request (CPU the test thread shares)."""
-        if wire is not None:
-            return await client.post(path, content=wire, cast_to=object)
-        return await client.post(path, body=request.body(self.model), cast_to=object)
-
-    def _bad_usage(self, which: str) -> None:
-        self.breaker.note(
-            "usage",
-            f"gsm8k: the endpoint reported token counts that are not counts ({which}); "
-            "they are left out of the token totals",
-        )
+        return await client.post(path, content=payload, cast_to=object)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -440,11 +389,9 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def parse_reply(
-    data: Any, *, chat: bool, on_bad_usage: Callable[[str], None] | None = None
-) -> ModelResponse:
+def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
     """A chat or text completion reply (decoded JSON) as a ModelResponse; token counts that
-    are not counts are left out, and ``on_bad_usage`` hears which."""
+    are not counts are left out, said once."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
         shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
         raise BadReply(f"the endpoint's reply has no choices: {shown}")
@@ -454,23 +401,21 @@ def parse_reply(
     choices.sort(key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0)
     completions = []
     for choice in choices:
-        finish = _str(choice.get("finish_reason"))
-        if not chat:
-            if choice.get("text") is None:
-                raise BadReply("the endpoint's reply has no answer (text is null)")
-            completions.append(Completion(text=_text(choice.get("text")), finish_reason=finish))
-            continue
-        message = choice.get("message")
+        message = choice.get("message") if chat else None
         message = message if isinstance(message, dict) else {}
+        content = message.get("content") if chat else choice.get("text")
         reasoning = _str(message.get("reasoning_content") or message.get("reasoning"))
-        if message.get("content") is None and reasoning is None:
-            raise BadReply(
-                "the endpoint's reply has no answer (message content is null, no reasoning)"
-            )
-        completions.append(Completion(_text(message.get("content")), finish, reasoning))
+        if content is None and reasoning is None:
+            null = "message content is null, no reasoning" if chat else "text is null"
+            raise BadReply(f"the endpoint's reply has no answer ({null})")
+        completions.append(Completion(_text(content), _str(choice.get("finish_reason")), reasoning))
     usage, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
-    if bad and on_bad_usage is not None:
-        on_bad_usage(", ".join(bad))
+    if bad:
+        breaker.notes.setdefault(
+            "usage",
+            f"gsm8k: the endpoint reported token counts that are not counts ({', '.join(bad)}); "
+            "they are left out of the token totals",
+        )
     return ModelResponse(
         completions,
         usage,
@@ -480,8 +425,9 @@ def parse_reply(
 
 
 class CallableClient:
-    """A user's Python callable (sync runs in a thread pool, async on the loop). Its answers
-    are never cached across runs: its code may change between them."""
+    """A user's Python callable, called in a thread pool (an async one only makes its coroutine
+    there, awaited on the loop). Its answers are never cached across runs: its code may change
+    between them."""
 
     persistent_cache = False
 
@@ -493,17 +439,11 @@ class CallableClient:
         dotted = ".".join(p for p in f"{module}.{name}".split(".") if p and p != "<locals>")
         self.endpoint, self.model = f"callable:{dotted}", model or dotted
         self._pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="gsm8k")
-        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
-        )
 
     async def complete(self, request: Request) -> ModelResponse:
-        if self._is_async:
-            reply: Any = await self.fn(request)  # type: ignore[misc]
-        else:
-            reply = await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, request)
-            if inspect.isawaitable(reply):
-                reply = await reply
+        reply: Any = await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, request)
+        if inspect.isawaitable(reply):
+            reply = await reply
         if isinstance(reply, ModelResponse):
             return reply
         if isinstance(reply, str | Completion):

@@ -1,9 +1,7 @@
 """The prefetching engine: one background event loop per process fetches the items' answers,
 ``concurrency`` at a time in run order, jumping to whatever a test waits for (docs/design.md,
-"Speed, the cache and xdist"; "Failures"). Scheduling state is the loop thread's; the test
-thread posts to it. Answers cached by an earlier run are parked until this run's first fresh
-reply shows whom they came from (:mod:`pytest_gsm8k.core.identity`).
-"""
+"Speed, the cache and xdist"; "Failures"); the test thread posts to it. Answers cached by an
+earlier run are parked until this run's first fresh reply shows whom they came from."""
 
 from __future__ import annotations
 
@@ -14,6 +12,7 @@ import functools
 import threading
 import time
 from collections import Counter, deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,13 +29,12 @@ from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.bounded import mib
 from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
-from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, ModelClient
+from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient
 from pytest_gsm8k.runtime.failures import (
-    AnotherModel,
-    AnswerTooLarge,
     EndpointAborted,
     EndpointError,
     NotRun,
+    Said,
     describe_error,
     refused_first,
 )
@@ -57,15 +55,12 @@ class Job:
     """One request's fetch; every field but ``request`` and ``future`` is the loop thread's."""
 
     request: Request
-    future: concurrent.futures.Future[ModelResponse] = field(
-        default_factory=concurrent.futures.Future
-    )
+    future: Future[ModelResponse] = field(default_factory=Future)
     state: str = PLANNED
     queued: bool = False  # in the run-order list
     consumed: bool = False  # a test (or the answer server) asked for it
     wanted: bool = False  # fetched before the run order, however far ahead
     guess: bool = False  # the xdist controller's head start, until a plan or an ask takes it
-    refused: str | None = None  # a guess refused before anything succeeded: its line
 
 
 class Engine:
@@ -101,17 +96,16 @@ class Engine:
         self._replies: dict[tuple[str | None, str | None], None] = {}  # this run's, in order
         self._parked: list[tuple[Job, dict[str, Any]]] = []
         self._unchecked: Counter[tuple[str | None, str | None]] = Counter()
-        self._refused: set[str] = set()  # keys of cached entries not reused
-        self._refused_why: str | None = None
-        self._busy = self._ahead = self._streak = self._in_flight = 0
-        self._streak_message = ""
+        self._refused: dict[str, str] = {}  # cached entries not reused: why, by key
+        self._busy = self._ahead = self._in_flight = self._noted = 0
+        self._recent: deque[str | None] = deque(maxlen=STORM)  # how requests ended: None, answered
         self._progress = time.monotonic()  # the last answer, or a start
         self._queue: deque[Job] = deque()  # in run order, the wanted ones in front
         self._planned = False  # a plan (not a guess) or an ask came: parked answers may go
-        self._held: list[Job] = []  # refused guesses, until a plan or an ask takes them
+        self._held: list[tuple[Job, str]] = []  # refused guesses, their lines, until taken
         self._guesses_refused = False  # guess no more until a plan
         self.loop = asyncio.new_event_loop()  # the xdist answer server runs on it too
-        self._wake: asyncio.Event | None = None
+        self._wake = asyncio.Event()  # bound to the loop on its first wait
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False
         self.loop.set_exception_handler(self._loop_exception)
@@ -119,16 +113,14 @@ class Engine:
             target=self.loop.run_forever, name="gsm8k-engine", daemon=True
         )
         self._thread.start()
-        self.breaker = breaker = getattr(client, "breaker", None)
-        if breaker is not None:
-            breaker.fit(self.concurrency)
-            # no counts or timings: every xdist worker's breaker opens on its own, and the
-            # run should still end with one message shared by all its errors
-            breaker.on_open = lambda err: self.loop.call_soon_threadsafe(
-                self._abort,
-                f"endpoint {client.endpoint} unreachable ({err}): {breaker.threshold}+ "
-                f"connection failures in a row for {breaker.min_seconds:g}+ s; stopped sending",
-            )
+        self.breaker = breaker = getattr(client, "breaker", None) or Breaker()
+        # no counts or timings: every xdist worker's breaker opens on its own, and the run
+        # should still end with one message shared by all its errors
+        breaker.on_open = lambda err: self.loop.call_soon_threadsafe(
+            self._abort,
+            f"endpoint {client.endpoint} unreachable ({err}): {breaker.threshold}+ "
+            f"connection failures in a row for {breaker.min_seconds:g}+ s; stopped sending",
+        )
 
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         # a cancellation in a callback while closing (Ctrl-C, SIGTERM) is no error to print
@@ -144,21 +136,18 @@ class Engine:
 
     def take_warnings(self) -> list[str]:
         """Cache warnings and transport notes, for the test thread."""
-        taken = self.cache.take_warnings()
-        if self.breaker is not None and self.breaker.notes:
-            notes, self.breaker.notes[:] = list(self.breaker.notes), []
-            taken += [self._say(note) for note in notes]
-        return taken
+        notes = list(self.breaker.notes.values())[self._noted :]
+        self._noted += len(notes)
+        return self.cache.take_warnings() + [self._say(note) for note in notes]
 
     def notes(self) -> list[str]:
         """End-of-run lines: cached answers this run did not trust (once closed or idle)."""
         lines = []
-        if self._refused:
-            count = len(self._refused)
+        if count := len(self._refused):
             were = "answer was" if count == 1 else "answers were"
             lines.append(
                 f"gsm8k: {count} cached {were} recorded against a server that described "
-                f"itself differently ({self._refused_why}): asked again"
+                f"itself differently ({next(iter(self._refused.values()))}): asked again"
             )
         replies = list(self._replies)  # copies: the loop thread may still add to them
         late = {rid: n for rid, n in list(self._unchecked.items()) if rid not in replies}
@@ -194,11 +183,11 @@ class Engine:
                 if self._closed:
                     raise EndpointAborted(self.aborted or "the engine was closed") from None
 
-    async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
-        """:meth:`result` on the loop thread. ``consume=False``: used elsewhere (an xdist
-        worker), so it counts as fetched ahead until :meth:`settle`."""
+    async def answer(self, request: Request) -> ModelResponse:
+        """:meth:`result` on the loop thread, for an answer used elsewhere (an xdist worker): it
+        counts as fetched ahead until :meth:`settle`."""
         job = self._job(request)
-        self._ask(job, consume)
+        self._ask(job, False)
         return await asyncio.wrap_future(job.future)
 
     def _job(self, request: Request) -> Job:
@@ -212,9 +201,8 @@ class Engine:
     def ready(self, request: Request) -> ModelResponse | None:
         """The answer for ``request`` if it has arrived (never waits, never fetches)."""
         job = self.by_request.get(request)
-        if job is None or not job.future.done() or job.future.exception() is not None:
-            return None
-        return job.future.result()
+        done = job is not None and job.future.done() and job.future.exception() is None
+        return job.future.result() if job is not None and done else None
 
     def stop(self, message: str) -> None:
         """The run stopped early: send nothing more. Requests under way finish and are kept;
@@ -224,7 +212,7 @@ class Engine:
         def clear() -> None:
             self._release_parked()
             self._queue.clear()
-            for job in self._all():
+            for job in list(self.by_request.values()):
                 if job.state == PLANNED:
                     _resolve(job.future, NotRun(message))
 
@@ -242,7 +230,7 @@ class Engine:
         if self._closed or not self.loop.is_running():
             return
         if self.stopped is not None and self.aborted is None:
-            under_way = [j.future for j in self._all() if j.state == RUNNING]
+            under_way = [j.future for j in list(self.by_request.values()) if j.state == RUNNING]
             concurrent.futures.wait(under_way, timeout=STOP_GRACE_SECONDS)
         self._closed = True
 
@@ -268,14 +256,7 @@ class Engine:
 
     def _ask(self, job: Job, consume: bool) -> None:
         """A test (or a worker) waits for ``job``: taken from any guess, fetched next."""
-        if not job.queued:
-            self._plan([job], True)
-        else:
-            job.guess = False
-            self._planned = True
-            self._adopt_failures()
-            self._want(job)
-            self._kick()  # parked answers may go now
+        self._plan([job], True)
         if consume:
             self._consume(job)
 
@@ -295,7 +276,6 @@ class Engine:
         for job in jobs if wanted else ():
             self._want(job)
         if not self._workers:
-            self._wake = asyncio.Event()
             self._workers = [self.loop.create_task(self._worker()) for _ in range(self.concurrency)]
             if self.stall_timeout:
                 self._workers.append(self.loop.create_task(self._stall_watch(self.stall_timeout)))
@@ -305,17 +285,16 @@ class Engine:
         """A plan or an ask came: a refused guess it took ends the run as a planned request
         would; the others' futures get their error (nobody waits for them)."""
         held, self._held = self._held, []
-        for job in held:
+        for job, message in held:
             if job.guess:
-                _resolve(job.future, EndpointError(str(job.refused)))
+                _resolve(job.future, EndpointError(message))
             else:
-                self._abort(f"the endpoint refused the first requests: {job.refused}")
+                self._abort(f"the endpoint refused the first requests: {message}")
 
     def _want(self, job: Job) -> None:
         if not job.future.done() and self.aborted is None and job.state == PLANNED:
             job.wanted = True
             self._queue.appendleft(job)
-            self._kick()
 
     def _consume(self, job: Job) -> None:
         """A test asked for ``job``: it no longer counts as fetched ahead."""
@@ -326,27 +305,22 @@ class Engine:
                 self._kick()
 
     def _kick(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        self._wake.set()
 
     def _next_job(self) -> Job | None:
         """The wanted jobs first, then the run order: only so far ahead (a consumed answer
         kicks us again), and no guess after a refused one (a plan kicks us again)."""
+        full = self.lookahead is not None and self._ahead >= self.lookahead
         while self._queue and self.stopped is None:
             job = self._queue[0]
-            if job.state != PLANNED:
-                self._queue.popleft()
-            elif job.wanted or not (
-                (self.lookahead is not None and self._ahead >= self.lookahead)
-                or (job.guess and self._guesses_refused)
-            ):
-                return self._queue.popleft()
-            else:
+            held = full or (job.guess and self._guesses_refused)
+            if job.state == PLANNED and held and not job.wanted:
                 return None
+            if self._queue.popleft().state == PLANNED:
+                return job
         return None
 
     async def _worker(self) -> None:
-        assert self._wake is not None
         while True:
             if (job := self._next_job()) is not None:
                 self._busy += 1
@@ -382,7 +356,7 @@ class Engine:
             # the test gets the answer once it is on disk: it survives a kill
             self._store(writes, functools.partial(_resolve, job.future, response))
         self.succeeded += 1
-        self._streak = 0
+        self._recent.append(None)
 
     def _failed(self, job: Job, message: str, fatal: bool, status: object) -> None:
         """A request failed for good: the job's error, and what it says of the endpoint. A
@@ -394,8 +368,8 @@ class Engine:
             self._finish(job, EndpointError(message))
             self._count_failure(message)
         elif job.guess:
-            job.state, job.refused = DONE, message
-            self._held.append(job)
+            job.state = DONE
+            self._held.append((job, message))
             self._guesses_refused = not self._planned  # after a plan, guesses left are sent
         else:
             self._abort(f"the endpoint refused the first requests: {message}")
@@ -413,11 +387,8 @@ class Engine:
 
     def _count_failure(self, message: str) -> None:
         """Stop after :data:`STORM` finished requests in a row failed the same way."""
-        if message == self._streak_message:
-            self._streak += 1
-        else:
-            self._streak_message, self._streak = message, 1
-        if self._streak >= STORM:
+        self._recent.append(message)
+        if self._recent.count(message) == STORM:
             self._abort(
                 f"{message} ({STORM} requests in a row failed this way, none answered "
                 "between them); stopped sending"
@@ -433,11 +404,8 @@ class Engine:
                     f"{self._in_flight} requests in flight (see --gsm8k-stall-timeout)"
                 )
 
-    def _all(self) -> list[Job]:
-        return list(self.by_request.values())  # a copy: the test thread adds to it
-
     def _fail_unfinished(self, error: BaseException) -> None:
-        for job in self._all():
+        for job in list(self.by_request.values()):
             if not job.future.done():
                 self._finish(job, error)
 
@@ -471,16 +439,14 @@ class Engine:
         rid = reply_identity(hit.get("model"), hit.get("system_fingerprint"))
         if hit.get("_run") == self.cache.run_id:  # another worker's answer of this run
             self._replies.setdefault(rid)
-            return hit  # type: ignore[no-any-return]
+            return hit
         why = difference(hit.get("_server"), self.identity)
-        current = next(iter(self._replies), None)
-        if why is None and current is not None and rid not in self._replies:
-            why = reply_difference(rid, current)
+        if why is None and self._replies and rid not in self._replies:
+            why = reply_difference(rid, next(iter(self._replies)))
         if why is not None:
-            self._refused.add(key)
-            self._refused_why = self._refused_why or why
+            self._refused[key] = why
             return None
-        return hit  # type: ignore[no-any-return]
+        return hit
 
     def _release_parked(self) -> None:
         """Use the parked answers that match this run's replies (all of them when none has
@@ -517,19 +483,16 @@ class Engine:
         )
         if first is None:
             return None
-        completions, usage, cached = list(first.completions), dict(first.usage), first.cached
+        completions, usage, cached = list(first.completions), Counter(first.usage), first.cached
         single = replace(request, n=1)  # the endpoint ignored n: one sample a call
         for index in range(len(completions), request.n):
             extra = await self._one(single, sample_key(request, str(index)), writes)
             assert extra is not None
             completions.extend(extra.completions[:1] or [Completion(text="")])
             cached += extra.cached
-            for name, value in extra.usage.items():
-                usage[name] = usage.get(name, 0) + value
-        response = ModelResponse(
-            completions[: request.n], usage, first.model, cached, first.fingerprint
-        )
-        return _bounded(response)
+            usage.update(extra.usage)
+        kept = completions[: request.n]
+        return _bounded(ModelResponse(kept, dict(usage), first.model, cached, first.fingerprint))
 
     async def _one(
         self, request: Request, sample: str, writes: list[Write], park: Job | None = None
@@ -569,16 +532,14 @@ class Engine:
         if rid not in self._replies and self.named is not None:
             why = unnamed_reply(rid[0], self.named)
             if why is not None and "model" not in request.body(self.named):
-                raise AnotherModel(unnamed_refusal(self.named, why))
+                raise Said(unnamed_refusal(self.named, why), fatal=True)
         self._replies.setdefault(rid)
         if self._parked:
             self._release_parked()  # this run's first reply: the parked answers can be checked
         return response
 
 
-def _resolve(
-    future: concurrent.futures.Future[ModelResponse], outcome: ModelResponse | BaseException
-) -> None:
+def _resolve(future: Future[ModelResponse], outcome: ModelResponse | BaseException) -> None:
     """Set a future once, from any thread; a second outcome is dropped."""
     with contextlib.suppress(concurrent.futures.InvalidStateError):
         if isinstance(outcome, BaseException):
@@ -589,15 +550,9 @@ def _resolve(
 
 def _bounded(response: ModelResponse) -> ModelResponse:
     """``response``, unless its JSON (what the cache stores and the xdist channel carries) is
-    over :data:`MAX_REPLY_BYTES`. A character takes at most 6 bytes of JSON, so only answers
-    that could be near the bound are measured."""
-    texts = [(c.text, c.reasoning or "", c.finish_reason or "") for c in response.completions]
-    chars = sum(len(a) + len(b) + len(c) for a, b, c in texts) + len(response.model or "")
-    if (
-        6 * chars + 256 * (len(texts) + 1) > MAX_REPLY_BYTES
-        and (size := len(to_json_bytes(response.to_json()))) > MAX_REPLY_BYTES
-    ):
-        raise AnswerTooLarge(
+    over :data:`MAX_REPLY_BYTES`."""
+    if (size := len(to_json_bytes(response.to_json()))) > MAX_REPLY_BYTES:
+        raise Said(
             f"the answers to this problem are over {mib(MAX_REPLY_BYTES)} as JSON "
             f"({size:,} bytes), the most one problem's answer may take"
         )

@@ -1,6 +1,6 @@
 """What went wrong with an endpoint, in one line: the failures a model call ends in, and
-:func:`describe_error`, which words either client's and says whether it is fatal (the engine
-then fails every unfinished item with that line; docs/design.md, "Failures")."""
+:func:`describe_error`, which words either client's and says whether it ends the run (every
+unfinished item then fails with that line; docs/design.md, "Failures")."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pytest_gsm8k.core.health import reasoning_model_hint
 from pytest_gsm8k.core.retry import RETRIED_STATUSES
 from pytest_gsm8k.core.scrub import shown_url
 from pytest_gsm8k.core.settings import with_v1
-from pytest_gsm8k.runtime.client import refused_reply
+
+_PATHS = ("/chat/completions", "/completions")  # what the clients append to the base URL
 
 
 class EndpointError(Exception):
@@ -31,16 +32,17 @@ class NotRun(Exception):
     """The run stopped early (the gates' verdicts are settled): this item is not run."""
 
 
-class AnswerTooLarge(Exception):
-    """All samples of one problem together take more than ``MAX_REPLY_BYTES`` as JSON."""
+class Said(Exception):
+    """A failure its message says in full (a reply read no further or too large, never retried:
+    a retry gets the same reply); ``fatal``: it ends the run (a reply from another model)."""
 
-
-class AnotherModel(Exception):
-    """A reply to a request without a model field names another model than the run's."""
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
 
 
 class WireFailure(Exception):
-    """The vllm preset's client gave up: ``kind`` timeout, connection, refused or status."""
+    """The vllm preset's client gave up: ``kind`` timeout, connection or status."""
 
     status_code: int | None = None
     headers: Any = None
@@ -69,23 +71,20 @@ def refused_first(status: object, succeeded: int) -> bool:
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
     """(one-line message, fatal?) for an exception from a model call."""
+    if isinstance(exc, Said):
+        return str(exc), exc.fatal
     if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
         kind = exc.kind
-    elif isinstance(exc, (AnotherModel, AnswerTooLarge)):
-        kind = "said"
     else:
         import openai
 
         kinds = {
             "status": openai.APIStatusError,
             "timeout": openai.APITimeoutError,  # a connection error too: asked first
-            "said": refused_reply(),
             "connection": openai.APIConnectionError,
         }
         kind = next((k for k, t in kinds.items() if isinstance(exc, t)), "")
     status = getattr(exc, "status_code", 0) if kind == "status" else 0
-    if kind in ("said", "refused"):  # the message says it all
-        return str(exc), isinstance(exc, AnotherModel)
     if kind == "timeout":
         return "request timed out after retries (see --gsm8k-timeout)", False
     if kind == "connection":
@@ -93,10 +92,18 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False
     if status in (401, 403):
-        line = f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"
+        return (
+            f"the endpoint rejected the credentials (HTTP {status}); check the API key variable",
+            True,
+        )
+    if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
+        request: Any = exc.request  # type: ignore[attr-defined]
+        shown = shown_url(str(request.url))
+        base = next((shown[: -len(p)] for p in _PATHS if shown.endswith(p)), shown)
+        line = f"{request.method} {shown} answered 404: {_api_message(exc)}"
+        if (suggested := with_v1(base)) is not None:
+            line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
         return line, True
-    if status == 404:
-        return not_found(exc), True
     if status:
         retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
         message = _api_message(exc)
@@ -104,22 +111,6 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
         return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
-
-
-def not_found(exc: Any) -> str:
-    """A 404's line: the URL that answered and, lacking /v1 (the usual cause), the fix."""
-    request = getattr(exc, "request", None)
-    url = str(getattr(request, "url", "") or "")
-    if not url:
-        return f"the endpoint answered 404: {_api_message(exc)}"
-    shown = shown_url(url)
-    paths = ("/chat/completions", "/completions")  # what the clients append to the base URL
-    base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
-    line = f"{getattr(request, 'method', 'POST')} {shown} answered 404: {_api_message(exc)}"
-    suggested = with_v1(base)
-    if suggested is not None:
-        line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
-    return line
 
 
 def _api_message(exc: Any) -> str:

@@ -175,7 +175,7 @@ class Matrix:
             engine = await asyncio.wrap_future(future)
         except (EndpointError, NotRun) as exc:
             raise self._failed(group_of(request.problem_id), exc) from None
-        inner = engine.answer(request, consume=False)
+        inner = engine.answer(request)
         try:
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(inner, engine.loop))
         except EndpointAborted as exc:

@@ -1,15 +1,10 @@
 """The ``vllm`` preset's client: its exact request bytes over aiohttp, as vLLM's script sends them.
 
-Every other protocol goes through the openai client (:class:`~.client.OpenAIClient`). This one
-exists for speed: through the openai client the preset took 1.25-1.33x vLLM's script's wall
-time, through aiohttp 1.05x (idle machine), and a plain ``httpx.AsyncClient`` with the same
-bytes costs 4x aiohttp's CPU per request (about 1 ms against 0.25 ms, sharing one GIL with
-pytest's items): 1.94x against aiohttp's 1.23x on a loaded machine (benchmarks/README.md, "One
-HTTP stack?"). It keeps what the openai client gave: its retry policy (core/retry.py), failures
-shaped as the engine words them (:mod:`.failures`), the breaker, the reply bound, httpx's reading
-of the proxy environment (no ``~/.netrc``). The headers are aiohttp's, ``Content-Type:
-application/json``, the encodings the bounded decoder reads, and ``Authorization`` only when a
-key is set (the script sends none).
+For speed: through the openai client the preset took 1.25-1.33x vLLM's script's wall time,
+through aiohttp 1.05x, and a plain ``httpx.AsyncClient`` costs 4x aiohttp's CPU per request
+(benchmarks/README.md, "One HTTP stack?"). It keeps what the openai client gave: its retry
+policy (core/retry.py), its failures' wording (:mod:`.failures`), the breaker, the reply bound,
+httpx's reading of the proxy environment (no ``~/.netrc``); ``Authorization`` only with a key.
 """
 
 from __future__ import annotations
@@ -21,15 +16,9 @@ import time
 from typing import Any
 
 from pytest_gsm8k.core.retry import retry_delay, should_retry
-from pytest_gsm8k.core.types import Request
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Refused
-from pytest_gsm8k.runtime.client import (
-    OpenAIClient,
-    body_decoder,
-    bounded_body,
-    note_long_retry_after,
-)
-from pytest_gsm8k.runtime.failures import HTTPStatusFailure, WireFailure
+from pytest_gsm8k.runtime.client import OpenAIClient, bounded_body, reply_decoder
+from pytest_gsm8k.runtime.failures import HTTPStatusFailure, Said, WireFailure
 
 
 class WireClient(OpenAIClient):
@@ -63,19 +52,16 @@ class WireClient(OpenAIClient):
             trust_env=False,
         )
 
-    async def _post(self, client: Any, path: str, wire: bytes | None, request: Request) -> Any:
+    async def _post(self, client: Any, path: str, payload: bytes) -> Any:
         """One request, retried as the openai client would retry it."""
-        payload = wire if wire is not None else json.dumps(request.body(self.model)).encode()
         retries = 0
         while True:
             try:
                 return await self._once(client, self.endpoint + path, payload)
             except WireFailure as exc:
                 status, headers = exc.status_code, exc.headers
-                if (
-                    retries >= self._max_retries
-                    or exc.kind == "refused"
-                    or (status is not None and not should_retry(status, headers, time.time()))
+                if retries >= self._max_retries or (
+                    status is not None and not should_retry(status, headers, time.time())
                 ):
                     raise
                 await asyncio.sleep(retry_delay(retries, headers, time.time(), random.random))
@@ -89,19 +75,16 @@ class WireClient(OpenAIClient):
             async with session.post(
                 url, data=payload, proxy=self._proxy_url, proxy_auth=self._proxy_auth
             ) as response:
-                self.breaker.success()
                 status, headers = response.status, response.headers
-                note_long_retry_after(self.breaker, status, headers)
                 try:
-                    decoder = body_decoder(
-                        headers.getall("Content-Encoding", []), headers.get("Content-Length", "")
-                    )
+                    encodings = headers.getall("Content-Encoding", [])
+                    decoder = reply_decoder(self.breaker, status, headers, encodings)
                     chunks = response.content.iter_chunked(1 << 16)
                     raw = b"".join([piece async for piece in bounded_body(decoder, chunks)])
                 except Refused as exc:
                     response.close()
-                    raise WireFailure(str(exc), "refused") from None
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+                    raise Said(str(exc)) from None
+        except asyncio.TimeoutError as exc:  # aiohttp's ServerTimeoutError too
             self.breaker.failure(exc)
             raise WireFailure("the request timed out", "timeout") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:

@@ -511,3 +511,23 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     finally:
         server.close()
         engine.close()
+
+
+def test_a_stop_frame_half_sent_is_not_waited_for(
+    scripted_controller: tuple[tuple[str, int], list[bytes]],
+) -> None:
+    """The worker asks ``stopped()`` before every item and must never wait there: a frame
+    whose first bytes arrived is kept until the rest comes, however long ``wait`` is."""
+    address, replies = scripted_controller
+    stop = _frame({"stop": "decided"})
+    replies += [stop[:3], stop[3:] + _frame({"planned": 1})]
+    channel = Channel(address, "t", wait=30)
+    try:
+        time.sleep(0.3)  # the first 3 bytes arrive
+        started = time.monotonic()
+        assert channel.stopped() is None
+        assert time.monotonic() - started < 1
+        channel.offer(["p0"])  # the rest of the stop frame, then the acknowledgement
+        assert channel.stopped() == "decided"
+    finally:
+        channel.close()

@@ -22,7 +22,7 @@ from pytest_gsm8k.runtime.client import (
     OpenAIClient,
     PreflightError,
     list_models,
-    note_long_retry_after,
+    reply_decoder,
 )
 from pytest_gsm8k.runtime.data import load_split
 
@@ -48,7 +48,6 @@ def test_a_gzip_bomb_is_refused_before_it_is_decoded(
         timeout=60,
         max_retries=2,
         concurrency=1,
-        breaker=Breaker(),
     )
     client.warm()
 
@@ -93,9 +92,7 @@ def test_list_models_has_one_deadline_for_the_whole_reply(server: FakeOpenAIServ
     assert info.value.kind == "timeout"
 
 
-def _client(
-    base_url: str, key: str, *, timeout: float = 60, breaker: Breaker | None = None
-) -> OpenAIClient:
+def _client(base_url: str, key: str, *, timeout: float = 60) -> OpenAIClient:
     return OpenAIClient(
         model="fake-model",
         base_url=base_url,
@@ -103,7 +100,6 @@ def _client(
         timeout=timeout,
         max_retries=0,
         concurrency=4,
-        breaker=breaker or Breaker(),
     )
 
 
@@ -129,30 +125,30 @@ def test_a_refused_connection_is_a_connection_error_not_a_timeout(keyed_env: str
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there
-    breaker = Breaker()
-    error = _failure(_client(f"http://127.0.0.1:{port}/v1", keyed_env, breaker=breaker))
+    client = _client(f"http://127.0.0.1:{port}/v1", keyed_env)
+    error = _failure(client)
     assert type(error) is openai.APIConnectionError, repr(error)
     assert type(error.__cause__).__name__ == "ConnectError", repr(error.__cause__)
-    assert breaker.count == 1  # counted towards a dead endpoint
+    assert client.breaker.count == 1  # counted towards a dead endpoint
 
 
 def test_a_dropped_connection_is_a_connection_error_not_a_timeout(
     server: FakeOpenAIServer, keyed_env: str
 ) -> None:
     server.set_script(Script(fail_first={0: {"drop": 1}}))
-    breaker = Breaker()
-    error = _failure(_client(server.base_url, keyed_env, breaker=breaker))
+    client = _client(server.base_url, keyed_env)
+    error = _failure(client)
     assert type(error) is openai.APIConnectionError, repr(error)
     assert type(error.__cause__).__name__ == "RemoteProtocolError", repr(error.__cause__)
-    assert breaker.count == 1
+    assert client.breaker.count == 1
 
 
 def test_a_silent_endpoint_is_a_timeout(server: FakeOpenAIServer, keyed_env: str) -> None:
     server.set_script(Script(behaviours={0: "hang"}))
-    breaker = Breaker()
-    error = _failure(_client(server.base_url, keyed_env, timeout=0.5, breaker=breaker))
+    client = _client(server.base_url, keyed_env, timeout=0.5)
+    error = _failure(client)
     assert isinstance(error, openai.APITimeoutError), repr(error)
-    assert breaker.count == 1
+    assert client.breaker.count == 1
 
 
 @pytest.mark.parametrize("wait", ["600", "date"])
@@ -162,8 +158,8 @@ def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wa
     value = email.utils.formatdate(time.time() + 600, usegmt=True) if wait == "date" else wait
     breaker = Breaker()
     for _ in range(2):
-        note_long_retry_after(breaker, 429, {"retry-after": value})
-    note_long_retry_after(breaker, 503, {"retry-after": "120"})  # waited for: no note
-    [line] = breaker.notes
+        reply_decoder(breaker, 429, {"retry-after": value}, [])
+    reply_decoder(breaker, 503, {"retry-after": "120"}, [])  # waited for: no note
+    [line] = breaker.notes.values()
     assert "longer than the client waits (120 s)" in line
     assert "(Retry-After on HTTP 429)" in line

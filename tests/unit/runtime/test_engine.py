@@ -16,7 +16,7 @@ from helpers import wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
-from pytest_gsm8k.runtime.client import Breaker
+from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
 from pytest_gsm8k.runtime.engine import Engine, sample_key
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun
 
@@ -224,12 +224,17 @@ def test_breaker_needs_a_streak_in_numbers_and_in_time() -> None:
     assert breaker.count == 7  # 2 s since the streak began, 7 failures
     breaker.failure(ConnectionError("refused"))
     assert opened == ["ConnectionError: refused"]
-    low = Breaker()
-    low.fit(1)
-    assert low.threshold == 3
-    high = Breaker()
-    high.fit(64)
-    assert high.threshold == 8
+    # a client's breaker: no more failures in a row than requests in flight, 3 at least
+    for concurrency, threshold in ((1, 3), (5, 5), (64, 8)):
+        client = OpenAIClient(
+            model="m",
+            base_url="http://x/v1",
+            api_key=None,
+            timeout=1,
+            max_retries=0,
+            concurrency=concurrency,
+        )
+        assert client.breaker.threshold == threshold
 
 
 @pytest.mark.parametrize(
