@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import shlex
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, overload
 
 import pytest
+import yaml
 from fakeserver import FakeOpenAIServer, Script
 
 #: the tests folder (shared helpers, the fake server, recorded data) and the repository above it
@@ -28,6 +30,9 @@ FAKESERVER = TESTS / "fakeserver.py"
 LM_EVAL_RECORDING = TESTS / "data" / "lm_eval_requests.json"
 #: what vLLM's gsm8k_eval.py sent (the bytes) and scored, recorded by data/record_vllm.py
 VLLM_RECORDING = TESTS / "data" / "vllm_requests.json"
+
+#: README's example workflow (step 5 of "In your repository")
+WORKFLOW = REPO / "examples" / "github" / "gsm8k-gate.yml"
 
 #: the API key the fake servers accept (conftest's ``server``, ``keyed_env``)
 TEST_KEY = "sk-test-SECRET-1234567890"
@@ -163,3 +168,20 @@ def config_serve(data: Path, *extra: str) -> str:
         "--accept-unknown",
     ]
     return " ".join(shlex.quote(w) for w in words) + " {server_args}"
+
+
+def job_command(job: str, marker: str, env: dict[str, str] | None = None) -> list[str]:
+    """A job of README's example workflow: its pytest command (its one step whose script
+    holds ``marker``), split as a shell would, ``$NAME`` taken from ``env`` (the job's own
+    ``env:`` first)."""
+    workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    runs = [
+        str(step["run"])
+        for step in workflow["jobs"][job]["steps"]
+        if marker in str(step.get("run", ""))
+    ]
+    assert len(runs) == 1
+    values = {**workflow["jobs"][job].get("env", {}), **(env or {})}
+    argv = [re.sub(r"\$(\w+)", lambda m: values[m.group(1)], a) for a in shlex.split(runs[0])]
+    assert argv[:3] == ["python", "-m", "pytest"]
+    return argv

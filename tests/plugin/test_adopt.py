@@ -1,22 +1,20 @@
 """The gate in a repository that has tests of its own: the ``gsm8k`` marker, and the example
-workflow's jobs run as written in a repository set up as README's "In your repository" says
-(README's ini block, verbatim), with the fake server in place of the model."""
+workflow's CPU job run as written in a repository set up as README's "In your repository" says
+(README's ini block, verbatim), with the fake server in place of the model. The endpoint job
+runs after README's steps 1-4 in tests/repo/test_adopt_readme.py, in the repository and
+virtualenv they set up (its baseline is step 3's)."""
 
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-import yaml
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, REPO, TEST_KEY, GsmRun, output
+from helpers import NO_EXTRA_PLUGINS, REPO, WORKFLOW, GsmRun, job_command, output
 
-WORKFLOW = REPO / "examples" / "github" / "gsm8k-gate.yml"
 README = (REPO / "README.md").read_text(encoding="utf-8")
 SECTION = README.split("\n## In your repository\n", 1)[1].split("\n## ", 1)[0]
 
@@ -72,25 +70,8 @@ def test_minus_m_not_gsm8k_runs_only_the_other_tests(
 # -- the example workflow's CPU job, as written ---------------------------------------
 
 
-def _job_command(job: str, marker: str, env: dict[str, str] | None = None) -> list[str]:
-    """A job's pytest command (its one step whose script holds ``marker``), read from the
-    workflow file and split as a shell would, ``$NAME`` taken from ``env`` (the job's own
-    ``env:`` first)."""
-    workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
-    runs = [
-        str(step["run"])
-        for step in workflow["jobs"][job]["steps"]
-        if marker in str(step.get("run", ""))
-    ]
-    assert len(runs) == 1
-    values = {**workflow["jobs"][job].get("env", {}), **(env or {})}
-    argv = [re.sub(r"\$(\w+)", lambda m: values[m.group(1)], a) for a in shlex.split(runs[0])]
-    assert argv[:3] == ["python", "-m", "pytest"]
-    return argv
-
-
 def _cpu_job_command() -> list[str]:
-    return _job_command("gsm8k-cpu", "--gsm8k-model=local")
+    return job_command("gsm8k-cpu", "--gsm8k-model=local")
 
 
 def _readme_ini() -> str:
@@ -101,19 +82,13 @@ def _readme_ini() -> str:
 
 
 def _with_fake_model(argv: list[str], server: FakeOpenAIServer) -> list[str]:
-    """The command with the fake server in place of the packaged model (and this
-    interpreter for ``python``); everything else exactly as the workflow has it."""
-    out = [sys.executable, *argv[1:]]
+    """The command's pytest arguments (after ``python -m pytest``: the test runs them in its
+    own process, an interpreter start less per run) with the fake server in place of the
+    packaged model; everything else exactly as the workflow has it."""
+    out = argv[3:]
     at = out.index("--gsm8k-model=local")
     out[at : at + 1] = ["--gsm8k-model=fake-model", f"--gsm8k-base-url={server.base_url}"]
     return [*out, *NO_EXTRA_PLUGINS]
-
-
-def _readme_step_3() -> list[str]:
-    """README's step 3: the command that records the baseline the endpoint job gates on."""
-    text = SECTION.split("**3. Record a baseline.**", 1)[1].split("**4.", 1)[0]
-    [command] = [line[4:] for line in text.splitlines() if line.startswith("    pytest ")]
-    return shlex.split(command)
 
 
 @pytest.fixture
@@ -162,14 +137,14 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
 
     def run() -> pytest.RunResult:
         shutil.rmtree(user_repo / ".pytest_cache", ignore_errors=True)  # a fresh checkout
-        return pytester.run(*command, timeout=300)
+        return pytester.runpytest(*command)
 
     baseline.parent.mkdir(parents=True)  # `mkdir -p .github/gsm8k`, as the workflow says
     missing = run()
     assert missing.ret == 1, output(missing)
     assert "gate baseline: FAIL" in output(missing)
 
-    recorded = pytester.run(*command, "--snapshot-update", timeout=300)
+    recorded = pytester.runpytest(*command, "--snapshot-update")
     assert recorded.ret == 0, output(recorded)
     assert baseline.is_file()
 
@@ -191,52 +166,3 @@ def test_the_cpu_job_command_gates_on_its_baseline_and_collects_only_the_gate(
     assert "gate baseline: FAIL" in output(failing)
     assert len(_cases(user_repo / "gsm8k-out" / "junit.xml")) == 50
     assert _gates(user_repo / "gsm8k-out" / "junit.xml") == {"baseline": False}
-
-
-def test_the_endpoint_job_gates_the_readme_endpoint_on_the_step_3_baseline(
-    pytester: pytest.Pytester,
-    user_repo: Path,
-    gsm8k_data: Path,
-    keyed_env: str,
-) -> None:
-    """Step 5 continues steps 1-4: README's step 3 records the baseline at the repository's
-    root (against the ini's endpoint, here the fake server's URL on the command line); the
-    endpoint job, with the URL from its repository secret and the key from the
-    environment, gates on that file and the ini's floor, and collects only the gate. A drop
-    fails it."""
-    workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
-    model = workflow["jobs"]["gsm8k-endpoint"]["env"]["GSM8K_MODEL"]
-    assert model == "my-model"  # README's
-    with FakeOpenAIServer(gsm8k_data / "test.jsonl", model=model, api_key=TEST_KEY) as server:
-        server.set_script(Script(noisy_rate=0.1, noise_seed=7))
-        (user_repo / "tests" / "test_app.py").write_text("def test_app():\n    assert False\n")
-        step_3 = [sys.executable, "-m", *_readme_step_3()]
-        recorded = pytester.run(
-            *step_3, f"--gsm8k-base-url={server.base_url}", *NO_EXTRA_PLUGINS, timeout=300
-        )
-        assert recorded.ret == 0, output(recorded)
-        (user_repo / "tests" / "test_app.py").write_text(IMPORT_FAILS)
-        (user_repo / ".github" / "gsm8k").mkdir()  # README's step 1 commits the wheel there
-
-        command = _job_command(
-            "gsm8k-endpoint", "--gsm8k-base-url", {"GSM8K_BASE_URL": server.base_url}
-        )
-        command = [sys.executable, *command[1:], *NO_EXTRA_PLUGINS]
-
-        def run() -> pytest.RunResult:
-            shutil.rmtree(user_repo / ".pytest_cache", ignore_errors=True)  # a fresh checkout
-            return pytester.run(*command, timeout=300)
-
-        passing = run()
-        assert passing.ret == 0, output(passing)
-        text = output(passing)
-        assert "baseline __snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k:" in text
-        assert "gate baseline: PASS" in text
-        assert "gate min-acc: PASS" in text  # the ini's 0.85, as README's step 4 says
-        assert "test_app" not in text
-        assert len(_cases(user_repo / "gsm8k-out" / "junit.xml")) == 1319
-
-        server.set_script(Script(noisy_rate=0.1, noise_seed=7, drop=100))
-        failing = run()
-        assert failing.ret == 1, output(failing)
-        assert "gate baseline: FAIL" in output(failing)

@@ -261,27 +261,31 @@ def _verdict_of(report: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-@XDIST
+#: the shards of the full-split merge: shard 2 under -n 2 (its report is the controller's,
+#: from the workers' answers), 1 and 3 plain; the merge takes them together
+SHARD_XDIST = {1: (), 2: ("-n", "2"), 3: ()}
+
+
 def test_three_shards_merged_are_the_unsharded_run(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
-    xdist: list[str],
 ) -> None:
     """#35's target: three shards of the full split against one endpoint, merged, give the
     unsharded run's accuracy, problem ids, gate verdicts and p-values, and its exit code;
-    --snapshot-update on the shards writes the single run's baseline, byte for byte."""
+    --snapshot-update on the shards writes the single run's baseline, byte for byte.
+
+    One shard of each three runs under -n 2 (``SHARD_XDIST``): a shard's report written by
+    the xdist controller merges with plain ones into the single run's verdict and baseline
+    (this test ran once plain and once with all three shards under -n 2 on 300 problems)."""
     base = [*gsm8k_args, "--gsm8k-no-cache", "--gsm8k-min-acc=0.5", "--gsm8k-max-unparsed=0.1"]
-    # the full split once (plain); under xdist 300 problems: the rule holds at any size, and
-    # six -n 2 runs of the full split cost 30 CPU-seconds
-    base += ["--gsm8k-limit=300"] if xdist else []
     snapshot = pytester.path / "__snapshots__" / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
     # the baseline: recorded by one machine, then again by three shards and their merge
     pytester.runpytest(*base, "--snapshot-update")
     recorded = snapshot.read_bytes()
     snapshot.unlink()
-    for index in (1, 2, 3):
+    for index, xdist in SHARD_XDIST.items():
         shard_run(pytester, [*base, *xdist, "--snapshot-update"], index, 3)
     assert not snapshot.exists()
     result = merge(pytester, "s1.json", "s2.json", "s3.json")
@@ -298,7 +302,7 @@ def test_three_shards_merged_are_the_unsharded_run(
         )
     )
     whole = pytester.runpytest(*base, "--gsm8k-report=whole.json", "--junitxml=whole.xml")
-    for index in (1, 2, 3):
+    for index, xdist in SHARD_XDIST.items():
         shard_run(pytester, [*base, *xdist], index, 3)
     merged = merge(
         pytester, "s3.json", "s1.json", "s2.json", "--report=m.json", "--junitxml=junit.xml"

@@ -1,10 +1,11 @@
 """README's "In your repository", followed as written: a wheel built from a copy of this
-repository, installed into a fresh virtualenv of a repository that has tests of its own.
+repository, installed into a fresh virtualenv of a repository that has tests of its own;
+then step 5, the example workflow's endpoint job, in that repository and virtualenv.
 
 The section's commands run verbatim through bash; the only change is the endpoint, the
 fake server's URL in place of the ini's ``http://127.0.0.1:8000/v1`` (its model is the
-section's ``my-model``). pip talks to the package index (the wheel's dependencies, the
-build backend) through the suite's pip cache.
+section's ``my-model``, its key in ``OPENAI_API_KEY`` as the section says). pip talks to the
+package index (the wheel's dependencies, the build backend) through the suite's pip cache.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import re
 import shlex
 import shutil
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from fakeserver import FakeOpenAIServer
-from helpers import REPO
+from fakeserver import FakeOpenAIServer, Script
+from helpers import REPO, TEST_KEY, WORKFLOW, job_command
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 SECTION = README.split("\n## In your repository\n", 1)[1].split("\n## ", 1)[0]
@@ -86,8 +88,8 @@ def test_the_section_works_from_a_wheel_in_a_fresh_virtualenv(
     repo = tmp_path / "your-repo"
     (repo / "tests").mkdir(parents=True)
     (repo / "tests" / "test_app.py").write_text("def test_app():\n    assert False\n")
-    env = _clean_env()
-    with FakeOpenAIServer(gsm8k_data / "test.jsonl", model="my-model") as server:
+    env = {**_clean_env(), "OPENAI_API_KEY": TEST_KEY}
+    with FakeOpenAIServer(gsm8k_data / "test.jsonl", model="my-model", api_key=TEST_KEY) as server:
         (repo / "pytest.ini").write_text(_ini().replace(EXAMPLE_URL, server.base_url))
         script = "set -e -o pipefail\n" + "\n".join(_commands()) + "\n"
         proc = subprocess.run(
@@ -98,14 +100,15 @@ def test_the_section_works_from_a_wheel_in_a_fresh_virtualenv(
             text=True,
             timeout=1200,
         )
-    shown = proc.stdout[-6000:] + proc.stderr[-6000:]
-    assert proc.returncode == 0, shown
-    assert "gsm8k acc (test@1, 0-shot CoT) = 1.0000" in proc.stdout, shown
-    assert "gate min-acc: PASS" in proc.stdout, shown
-    assert "baseline written: __snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k" in proc.stdout, shown
-    assert "gate baseline: PASS" in proc.stdout, shown
-    assert "1 deselected, 1319 correct" in proc.stdout, shown
-    assert "test_app" not in proc.stdout
+        shown = proc.stdout[-6000:] + proc.stderr[-6000:]
+        assert proc.returncode == 0, shown
+        assert "gsm8k acc (test@1, 0-shot CoT) = 1.0000" in proc.stdout, shown
+        assert "gate min-acc: PASS" in proc.stdout, shown
+        assert "baseline written: __snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k" in proc.stdout
+        assert "gate baseline: PASS" in proc.stdout, shown
+        assert "1 deselected, 1319 correct" in proc.stdout, shown
+        assert "test_app" not in proc.stdout
+        _endpoint_job(repo, env, server)
 
     # The local extra is missing from this install: the error names a command that adds
     # it to the wheel it came from, which pip resolves (no clone, no index entry needed).
@@ -137,3 +140,45 @@ def test_the_section_works_from_a_wheel_in_a_fresh_virtualenv(
     )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     assert [p.name for p in downloads.glob("pytest_gsm8k-*.whl")]
+
+
+IMPORT_FAILS = (
+    "raise RuntimeError('the gate collected the repository tests')\n\n"
+    "def test_app():\n    assert False\n"
+)
+
+
+def _endpoint_job(repo: Path, env: dict[str, str], server: FakeOpenAIServer) -> None:
+    """Step 5 continues steps 1-4 (the workflow copied into .github/workflows, the wheel in
+    .github/gsm8k, step 3's baseline at the root): the endpoint job's command, as written,
+    with the URL from its repository secret and the key from the environment, through the
+    virtualenv's ``python`` (the plugin installed from the wheel, as the job installs it),
+    gates on step 3's file and the ini's floor, and collects only the gate (the
+    repository's tests now fail at import). A drop fails it."""
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(WORKFLOW, repo / ".github" / "workflows" / WORKFLOW.name)
+    (repo / "tests" / "test_app.py").write_text(IMPORT_FAILS)
+    command = job_command("gsm8k-endpoint", "--gsm8k-base-url", {"GSM8K_BASE_URL": server.base_url})
+    assert "--gsm8k-model=my-model" in command  # README's model, the job's GSM8K_MODEL
+    command = [str(repo / ".venv" / "bin" / "python"), *command[1:]]
+
+    def run() -> subprocess.CompletedProcess[str]:
+        shutil.rmtree(repo / ".pytest_cache", ignore_errors=True)  # a fresh checkout
+        return subprocess.run(
+            command, cwd=repo, env=env, capture_output=True, text=True, timeout=600
+        )
+
+    passing = run()
+    text = passing.stdout + passing.stderr
+    assert passing.returncode == 0, text[-6000:]
+    assert "baseline __snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k:" in text
+    assert "gate baseline: PASS" in text
+    assert "gate min-acc: PASS" in text  # the ini's 0.85, as README's step 4 says
+    assert "test_app" not in text
+    cases = ET.parse(repo / "gsm8k-out" / "junit.xml").getroot().iter("testcase")
+    assert sum(1 for c in cases if c.get("classname") != "gsm8k.gates") == 1319
+
+    server.set_script(Script(drop=100))
+    failing = run()
+    assert failing.returncode == 1, (failing.stdout + failing.stderr)[-6000:]
+    assert "gate baseline: FAIL" in failing.stdout + failing.stderr
