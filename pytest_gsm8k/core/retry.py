@@ -58,5 +58,6 @@ def retry_delay(
 
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:
-    """Header names in lower case (HTTP libraries differ in how they store them)."""
-    return {name.lower(): value for name, value in headers.items()}
+    """Header names in lower case (HTTP libraries differ in how they store them); a header
+    sent twice keeps its first value, as ``headers.get`` reads it."""
+    return {name.lower(): value for name, value in reversed(list(headers.items()))}

@@ -95,3 +95,19 @@ def test_header_names_in_any_case_are_read() -> None:
     assert retry.retry_after({"Retry-After": "7"}, NOW) == 7.0
     assert retry.retry_after({"Retry-After-Ms": "1500"}, NOW) == 1.5
     assert not retry.should_retry(500, {"X-Should-Retry": "false"}, NOW)
+
+
+def test_a_header_sent_twice_is_read_by_its_first_value() -> None:
+    """The vllm preset's aiohttp hands over a multidict: ``Retry-After`` sent twice is read by
+    its first value (``headers.get``), as before the shrink; reading the last turned a 429
+    the server asked to retry in 2 s into an answer given up (a second value past 120 s)."""
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    said = [("Retry-After", "2"), ("retry-after", "100000")]
+    headers = CIMultiDictProxy(
+        CIMultiDict([*said, ("X-Should-Retry", "true"), ("x-should-retry", "false")])
+    )
+    assert retry.retry_after(headers, NOW) == 2.0
+    assert retry.should_retry(429, headers, NOW)
+    assert retry.retry_delay(0, headers, NOW, lambda: 0.0) == 2.0
+    assert retry.should_retry(400, headers, NOW)  # the first x-should-retry: true
