@@ -130,7 +130,8 @@ class ResponseCache:
             self._warn_folder("read", exc)
             return None
         except (ValueError, LookupError, TypeError) as exc:
-            self._warn(key, f"gsm8k cache: corrupt entry {path} ({exc!r}); it will be re-requested")
+            why = f"{type(exc).__name__}: {exc}"  # not its repr: a decode error's holds every byte
+            self._warn(key, f"gsm8k cache: corrupt entry {path} ({why}); it will be re-requested")
             return None
         if data is None or data.get("key") != key or data.get("request") != body:
             kind = "special" if data is None else "mismatch"

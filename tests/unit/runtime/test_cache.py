@@ -172,6 +172,21 @@ def test_corrupt_entry_is_ignored_with_one_warning(tmp_path: Path, damage: Any) 
     assert cache.get(key, BODY) is not None
 
 
+def test_a_corrupt_entry_is_named_not_quoted(tmp_path: Path) -> None:
+    """User-supplied text is never printed unbounded: an entry that is not UTF-8 gets a
+    one-line warning naming it, not its bytes (a decode error's repr holds all of them)."""
+    cache = make(tmp_path)
+    key = cache_key("u", BODY, "0")
+    cache.put(key, BODY, RESPONSE)
+    [path] = entry_files(tmp_path / "cache")
+    path.write_bytes(b'{"v": 1, "response": "' + b"\xc3" * 100_000 + b'"}')
+    assert cache.get(key, BODY) is None
+    [warning] = cache.take_warnings()
+    assert "corrupt entry" in warning
+    assert str(path) in warning
+    assert len(warning) < len(str(path)) + 300, warning[:400]
+
+
 def test_throwaway_cache_is_removed_persistent_one_keeps_entries(tmp_path: Path) -> None:
     keep = ResponseCache(tmp_path / "keep", "r", persistent=True)
     drop = ResponseCache(tmp_path / "drop", "r", persistent=False)
