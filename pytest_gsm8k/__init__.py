@@ -9,46 +9,27 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.prompts import Protocol
-    from pytest_gsm8k.core.records import Outcome, ProblemRecord, Report
-    from pytest_gsm8k.core.types import (
-        Completion,
-        ModelCallable,
-        ModelResponse,
-        Problem,
-        Reply,
-        Request,
-    )
-    from pytest_gsm8k.fixtures import GSM8KOutcome
+    from pytest_gsm8k.core.prompts import Protocol as Protocol
+    from pytest_gsm8k.core.records import Outcome as Outcome
+    from pytest_gsm8k.core.records import ProblemRecord as ProblemRecord
+    from pytest_gsm8k.core.records import Report as Report
+    from pytest_gsm8k.core.types import Completion as Completion
+    from pytest_gsm8k.core.types import ModelCallable as ModelCallable
+    from pytest_gsm8k.core.types import ModelResponse as ModelResponse
+    from pytest_gsm8k.core.types import Problem as Problem
+    from pytest_gsm8k.core.types import Reply as Reply
+    from pytest_gsm8k.core.types import Request as Request
+    from pytest_gsm8k.fixtures import GSM8KOutcome as GSM8KOutcome
 
-#: where each name of ``__all__`` lives
+#: where each exported name lives
 _HOMES = {
-    "Completion": "pytest_gsm8k.core.types",
-    "GSM8KOutcome": "pytest_gsm8k.fixtures",
-    "ModelCallable": "pytest_gsm8k.core.types",
-    "ModelResponse": "pytest_gsm8k.core.types",
-    "Outcome": "pytest_gsm8k.core.records",
-    "Problem": "pytest_gsm8k.core.types",
-    "ProblemRecord": "pytest_gsm8k.core.records",
-    "Protocol": "pytest_gsm8k.core.prompts",
-    "Reply": "pytest_gsm8k.core.types",
-    "Report": "pytest_gsm8k.core.records",
-    "Request": "pytest_gsm8k.core.types",
+    "core.prompts": "Protocol",
+    "core.records": "Outcome ProblemRecord Report",
+    "core.types": "Completion ModelCallable ModelResponse Problem Reply Request",
+    "fixtures": "GSM8KOutcome",
 }
-
-__all__ = [
-    "Completion",
-    "GSM8KOutcome",
-    "ModelCallable",
-    "ModelResponse",
-    "Outcome",
-    "Problem",
-    "ProblemRecord",
-    "Protocol",
-    "Reply",
-    "Report",
-    "Request",
-]
+_HOME = {name: f"pytest_gsm8k.{home}" for home, names in _HOMES.items() for name in names.split()}
+__all__ = sorted(_HOME)
 __version__ = "0.1.0"
 
 #: the role plugin's name: plugin.py registers it, session.get_session finds it
@@ -57,8 +38,7 @@ ROLE_NAME = "gsm8k-session"
 
 def __getattr__(name: str) -> Any:
     """An exported name, imported from its module the first time it is asked for."""
-    home = _HOMES.get(name)
-    if home is None:
+    if (home := _HOME.get(name)) is None:
         raise AttributeError(f"module 'pytest_gsm8k' has no attribute {name!r}")
     value = getattr(import_module(home), name)
     globals()[name] = value
@@ -66,4 +46,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+    return sorted({*globals(), *_HOME})

@@ -1,10 +1,7 @@
 """``python -m pytest_gsm8k``: the commands that need no pytest run (README's "Recipes").
-
 ``compare A.json B.json``: 0 when B is not worse than A at ``--alpha`` (in every config), 1
-when it is or the comparison is undecided, 2 when they cannot be compared. ``merge
-SHARD.json...``: the exit code the unsharded run would have had, 2 when the reports are not
-every shard of one run. Every refusal is one ``gsm8k: ...`` line on stderr.
-"""
+when it is or undecided, 2 when they cannot be compared. ``merge SHARD.json...``: the exit
+code the unsharded run would have had, 2 when the reports are not every shard of one run."""
 
 from __future__ import annotations
 
@@ -26,9 +23,7 @@ BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="python -m pytest_gsm8k", description=__doc__)
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    cmp = commands.add_parser(
-        "compare", help="is run B worse than run A? (two --gsm8k-report files)"
-    )
+    cmp = commands.add_parser("compare", help="is run B worse than run A? (two reports)")
     cmp.add_argument("a", metavar="A.json", help="the reference run (the older release)")
     cmp.add_argument("b", metavar="B.json", help="the run under test (the candidate)")
     cmp.add_argument("--alpha", type=float, default=0.05, help="the McNemar test's level (0.05)")
@@ -48,8 +43,7 @@ def _read(path: str) -> dict[str, Any]:
 
 
 def _questions(report: Mapping[str, Any]) -> dict[str, str]:
-    """The questions of the report's split when it is the embedded copy (same
-    fingerprint): the flips are listed with their text. Empty otherwise."""
+    """The questions of the report's split if it is the embedded copy: the flips' text."""
     from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.runtime.data import EMBEDDED, EMBEDDED_NAME, load_split
 
@@ -61,9 +55,8 @@ def _questions(report: Mapping[str, Any]) -> dict[str, str]:
         split = load_split(None, split=str(key[1]), config=str(key[0]))
     except (DatasetError, OSError):
         return {}
-    if split.fingerprint != dataset.get("fingerprint"):
-        return {}
-    return {p.id: p.question for p in split.problems}
+    same = split.fingerprint == dataset.get("fingerprint")
+    return {p.id: p.question for p in split.problems} if same else {}
 
 
 def _say(text: str) -> None:
@@ -102,9 +95,8 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    """The shards checked to be one run, then its verdict by the steps that end a run: its
-    records gathered (core/tally.py), decided with the baselines written and every output
-    rendered from it (runtime/finish.py); the exit code that run would have had."""
+    """The shards checked to be one run, then its verdict by the steps that end a run
+    (core/tally.py, runtime/finish.py); the exit code that run would have had."""
     from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.core.merge import ShardError, check_shards
     from pytest_gsm8k.core.scrub import Scrubber
@@ -128,11 +120,12 @@ def run_merge(args: argparse.Namespace) -> int:
     if merged.interrupted:
         run.interrupt()
     first = reports[0]  # the servers the shards ran on: the first shard's, for the report
-    servers = {str(c["config"]["name"]): c["served"] for c in first.get("configs", [])}
     inputs, top, not_run = run.gather(
         plan,
         late={},
-        servers={name: served for name, served in servers.items() if served},
+        servers={
+            str(c["config"]["name"]): c["served"] for c in first.get("configs", []) if c["served"]
+        },
         server=first.get("served") or first.get("local_server"),
         scrub=Scrubber(None, None, ()),
         deselected_by=merged.deselected_by,
@@ -163,11 +156,11 @@ def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "compare":
-        if not 0.0 < args.alpha < 1.0:  # nor nan
-            parser().error(f"--alpha: must be between 0 and 1 (exclusive), got {args.alpha}")
-        return run_compare(args.a, args.b, args.alpha)
-    return run_merge(args)  # argparse allows no other
+    if args.command == "merge":
+        return run_merge(args)
+    if not 0.0 < args.alpha < 1.0:  # nor nan
+        parser().error(f"--alpha: must be between 0 and 1 (exclusive), got {args.alpha}")
+    return run_compare(args.a, args.b, args.alpha)
 
 
 if __name__ == "__main__":

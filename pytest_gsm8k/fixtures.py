@@ -5,8 +5,6 @@ every session: what a fixture needs is imported when it runs."""
 from __future__ import annotations
 
 import re
-import warnings
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -37,10 +35,8 @@ class GSM8KOutcome:
         self.response: str = record["response"]
 
     def __repr__(self) -> str:
-        return (
-            f"GSM8KOutcome({self.record['id']}: {self.outcome}, extracted={self.extracted!r}, "
-            f"gold={self.gold!r})"
-        )
+        extracted, gold = self.extracted, self.gold
+        return f"GSM8KOutcome({self.record['id']}: {self.outcome}, {extracted=}, {gold=})"
 
 
 @pytest.fixture
@@ -79,52 +75,30 @@ def gsm8k_outcome(
     gsm8k_protocol: Protocol,
 ) -> GSM8KOutcome:
     """The scored answer for this item's problem (fetched ahead by the engine)."""
-    from pytest_gsm8k.core.outcome import error_record, score_repeats
-    from pytest_gsm8k.core.scrub import shown_url
+    from pytest_gsm8k.core.outcome import error_record
     from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
     from pytest_gsm8k.session import get_session
 
-    state = get_session(request.config)
-    sources = state.sources
-    sources.heed_stop()
-    source, single_use = sources.source_for(gsm8k_model, gsm8k_protocol)
+    failed: NotRun | EndpointError | None = None
     item = request.node
-    if gsm8k_problem.group:  # --gsm8k-config: the problem's config decides its protocol
-        gsm8k_protocol = state.plan.protocol_of(gsm8k_problem)
-    asks = gsm8k_protocol.request(gsm8k_problem).asks(state.settings.repeats)
-    failed: Exception | None = None
     try:
-        # --gsm8k-repeats K: K separate asks, one item (an error in any is the item's error)
-        responses = [source.result(ask) for ask in asks]
+        sources = get_session(request.config).sources
+        record = sources.answer(gsm8k_model, gsm8k_protocol, gsm8k_problem)
     except (NotRun, EndpointError) as exc:
-        failed = exc
-    finally:
-        for message in source.take_warnings():
-            warnings.warn(pytest.PytestWarning(message), stacklevel=1)
-        if single_use:
-            source.close()
-    if isinstance(failed, EndpointError):
-        record = error_record(gsm8k_problem, str(failed))
+        failed, record = exc, error_record(gsm8k_problem, str(exc))
+    if not isinstance(failed, NotRun):
         if isinstance(failed, EndpointAborted):
             record["aborted"] = True
             request.session.shouldfail = f"gsm8k: {failed}"
         item.stash[RECORD_KEY] = record
-        item.user_properties.append(("gsm8k_outcome", "error"))
+        item.user_properties.append(("gsm8k_outcome", record["outcome"]))
+        if failed is None:
+            item.user_properties.append(("gsm8k_extracted", record["extracted"]))
+            item.user_properties.append(("gsm8k_gold", record["gold"]))
     if isinstance(failed, (NotRun, SaidElsewhere)):  # an error for the counts, said elsewhere
         pytest.skip(f"gsm8k: not run: {failed}")
     if failed is not None:  # out of the except block, where pytest would print it twice
         pytest.fail(f"gsm8k: {failed}", pytrace=False)
-    record = score_repeats(gsm8k_problem, responses, gsm8k_protocol, state.plan.pattern)
-    record["endpoint"] = shown_url(source.endpoint)
-    record["model"] = record["model"] or source.model
-    item.stash[RECORD_KEY] = record
-    item.user_properties.extend(
-        [
-            ("gsm8k_outcome", record["outcome"]),
-            ("gsm8k_extracted", record["extracted"]),
-            ("gsm8k_gold", record["gold"]),
-        ]
-    )
     return GSM8KOutcome(record)
 
 
@@ -132,27 +106,20 @@ def gsm8k_outcome(
 OVERRIDABLE = ("gsm8k_model", "gsm8k_protocol")
 
 
-def _define(holders: Iterable[object], names: tuple[str, ...] = OVERRIDABLE) -> bool:
-    """Whether a conftest, plugin, test module or class defines one of ``names`` other than
-    the plugin's own (a conftest may merely import ours)."""
+def defines(where: pytest.Config | pytest.Item, names: tuple[str, ...] = OVERRIDABLE) -> bool:
+    """Whether a conftest or plugin registered so far (``where`` a config), or an item's
+    module or class, defines one of ``names`` itself (a conftest may merely import ours)."""
+    if isinstance(where, pytest.Item):
+        holders = [getattr(where, "module", None), getattr(where, "cls", None)]
+    else:
+        plugins = where.pluginmanager.get_plugins()
+        holders = [p for p in plugins if not getattr(p, "__name__", "").startswith("pytest_gsm8k")]
     return any(getattr(h, n, None) not in (None, globals().get(n)) for h in holders for n in names)
 
 
-def plugins_define(config: pytest.Config, names: tuple[str, ...] = OVERRIDABLE) -> bool:
-    """Whether a conftest or plugin registered so far defines one of ``names`` itself."""
-    plugins = config.pluginmanager.get_plugins()
-    ours = [p for p in plugins if not getattr(p, "__name__", "").startswith("pytest_gsm8k")]
-    return _define(ours, names)
-
-
-def _item_defines(item: pytest.Item, names: tuple[str, ...] = OVERRIDABLE) -> bool:
-    return _define((getattr(item, "module", None), getattr(item, "cls", None)), names)
-
-
 def overrides_present(session: pytest.Session) -> bool:
-    """Whether any collected test may get ``gsm8k_model`` or ``gsm8k_protocol`` from a
-    fixture other than the plugin's."""
-    return plugins_define(session.config) or any(map(_item_defines, session.items))
+    """Whether a collected test may get ``gsm8k_model`` or ``gsm8k_protocol`` elsewhere."""
+    return defines(session.config) or any(map(defines, session.items))
 
 
 def problem_of(item: pytest.Item) -> Any:
@@ -162,11 +129,9 @@ def problem_of(item: pytest.Item) -> Any:
 
 
 def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) -> str | None:
-    """Why a run given no model (no --gsm8k-model, --gsm8k-serve or --gsm8k-config) cannot
-    do what it was asked, as one line; None when it can. Tests that take the plugin's
-    ``gsm8k_model`` would each fail the same way (1,319 tracebacks); gsm8k options with no
-    GSM8K item would gate nothing and exit green. An ``idle`` session (no GSM8K work so
-    far) is left alone unless something asks for GSM8K."""
+    """Why a run given no model cannot do what it was asked, as one line (else 1,319 tests
+    fail the same way, or a gate that gated nothing exits green); None when it can. An
+    ``idle`` session (no GSM8K work so far) is left alone unless something asks for GSM8K."""
     config = session.config
     markexpr = getattr(config.option, "markexpr", "")
     wants_model = [item for item in items if "gsm8k_model" in getattr(item, "fixturenames", ())]
@@ -177,19 +142,16 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) ->
     from pytest_gsm8k.session import get_session
 
     state = get_session(config)
-    settings = state.settings
-    if settings.asked or state.dry:
+    if state.settings.asked or state.dry or session.testsfailed or state.run.data_error:
         return None  # --co and --setup-plan ask for no model
-    if session.testsfailed or state.run.data_error:
-        return None
     usage = "pass --gsm8k-model=ID (with --gsm8k-base-url=URL, ending in /v1) or --gsm8k-serve CMD"
     needing = [
         item
         for item in wants_model
         if "gsm8k_model" not in getattr(getattr(item, "callspec", None), "params", {})
-        and not _item_defines(item, ("gsm8k_model",))
+        and not defines(item, ("gsm8k_model",))
     ]
-    if needing and not plugins_define(config, ("gsm8k_model",)):
+    if needing and not defines(config, ("gsm8k_model",)):
         more = f" and {len(needing) - 1} more" if len(needing) > 1 else ""
         return (
             f"{NO_MODEL}: {needing[0].nodeid}{more} use the gsm8k_model fixture; {usage}, "
@@ -211,10 +173,9 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) ->
 
 
 def selects_gsm8k(markexpr: str) -> bool:
-    """Whether ``-m markexpr`` asks for the GSM8K items: true for an item with only the
-    ``gsm8k`` marker and false for one without it (``-m gsm8k``, ``-m "gsm8k and not slow"``;
-    not ``-m "not gsm8k"``). Read as Python's ``and``/``or``/``not`` over marker names, which
-    is pytest's grammar; an expression with anything else (keyword arguments) is left alone."""
+    """Whether ``-m markexpr`` is true for an item with only the ``gsm8k`` marker and false for
+    one without it, read as Python's ``and``/``or``/``not`` over marker names (pytest's
+    grammar); an expression with anything else (keyword arguments) is left alone."""
     tokens = re.findall(r"\(|\)|[^\s()]+", markexpr)
     if not tokens or any(not re.fullmatch(r"[()]|[A-Za-z_][\w.-]*", t) for t in tokens):
         return False

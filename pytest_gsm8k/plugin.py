@@ -17,12 +17,7 @@ import pytest
 
 from pytest_gsm8k import ROLE_NAME
 from pytest_gsm8k.core.settings import OPTIONS, Option, SettingsError, build_settings, convert_bool
-from pytest_gsm8k.fixtures import (  # noqa: F401 - registered with pytest from here
-    gsm8k_model,
-    gsm8k_outcome,
-    gsm8k_problem,
-    gsm8k_protocol,
-)
+from pytest_gsm8k.fixtures import gsm8k_model, gsm8k_outcome, gsm8k_problem, gsm8k_protocol  # noqa: F401 (registered from here)
 
 #: the marker every GSM8K item carries: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest
 GSM8K_MARK = pytest.mark.gsm8k
@@ -34,16 +29,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         shown = (
             f" (default {o.default})" if o.kind != "bool" and o.default not in (None, "") else ""
         )
-        ini: dict[str, Any] = {}
+        how: dict[str, Any] = {"metavar": o.metavar or o.name.upper()}
         if o.kind == "bool":
-            how: dict[str, Any] = {"action": "store_true"}
+            how = {"action": "store_true"}
         elif o.kind == "list":
-            how, ini = {"action": "append", "metavar": o.metavar}, {"type": "linelist"}
-        else:
-            how = {"metavar": o.metavar or o.name.upper()}
+            how = {"action": "append", "metavar": o.metavar}
         group.addoption(o.flag, default=None, dest=o.dest, help=o.help + shown, **how)
         # a bool's ini value is a string converted by settings: pytest's own "bool" type
         # fails with a message that does not name the option (pytest 9.2: a bare UsageError)
+        ini: dict[str, Any] = {"type": "linelist"} if o.kind == "list" else {}
         parser.addini(o.dest, o.help, default=None, **ini)
 
 
@@ -95,17 +89,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if given or settings.asked or settings.report or settings.html or settings.markdown:
         role.session  # noqa: B018 - made here, on purpose
     config.pluginmanager.register(role, ROLE_NAME)
-    # Registered before the builtin unraisableexception plugin's cleanup, so it runs after
-    # that one's gc passes (Role.pytest_runtestloop_freeze froze them). An xdist worker's
-    # process ends right after: its objects stay frozen, sparing the final collection.
+    # after the unraisableexception plugin's cleanup and its gc passes; an xdist worker ends
+    # right after, its objects frozen (Role.pytest_runtestloop_freeze), sparing a collection
     if not worker:
         config.add_cleanup(_unfreeze_until_exit)
 
 
 def _unfreeze_until_exit() -> None:
-    """The frozen objects back to the collector (pytest may run again in this process), and
-    frozen again at exit: CPython's two full collections there cost a visible part of a full
-    run's wall time, on memory the operating system takes back anyway."""
+    """The frozen objects back to the collector (pytest may run again here), frozen again at
+    exit: CPython's full collections there cost a visible part of a run's wall time."""
     if gc.get_freeze_count():
         atexit.unregister(gc.freeze)  # registered once
         atexit.register(gc.freeze)

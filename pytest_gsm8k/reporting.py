@@ -1,92 +1,66 @@
-"""What pytest's own reporters (the terminal, JUnit XML, any other plugin) see of a GSM8K
-run beyond the reports of the items that ran; a plugin the aggregating role registers once
-its session exists: one report per item a stopped run never
-reached (so that pytest's final line counts what the headline counts), each gate as a JUnit
-test case (CI dashboards read JUnit: a failed gate with ``failures="0"`` would show green),
-the gsm8k block of the terminal summary, and the progress line in place of the dots.
-"""
+"""The run's outputs from the pytest side: checked at session start (one line before any
+request is paid for), written at the end by runtime/finish.py; and what pytest's reporters
+see beyond the items that ran, registered once the aggregating role's session exists: a
+report per item a stopped run never reached (pytest's counts are the headline's), each gate
+as a JUnit case (a failed gate with ``failures="0"`` shows green), the gsm8k block, the
+progress line."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from _pytest.junitxml import xml_key
 
 from pytest_gsm8k import ROLE_NAME
+from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.progress import Progress
 from pytest_gsm8k.core.records import OUTCOMES, ProblemRecord
+from pytest_gsm8k.core.render import junit_cases, styled_lines
+from pytest_gsm8k.core.scrub import printable
+from pytest_gsm8k.runtime.finish import OUTPUTS, output_paths, page_path, settle, write_outputs
+from pytest_gsm8k.runtime.outputs import OutputError, check_name, prepare
 from pytest_gsm8k.session import Gsm8kSession, get_session
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.verdict import RunVerdict
+    from pytest_gsm8k.core.plan import RunPlan
 
 #: the node id under which the gates appear (JUnit: classname ``gsm8k.gates``)
 GATES_NODEID = "gsm8k::gates"
 LETTERS = {"correct": ".", "wrong": "w", "unparsed": "u", "truncated": "t"}
-#: seconds between two drawings of the progress line: on a terminal, and into a log (one
-#: line each, not a rewrite, and few enough that an hour's run stays readable)
+#: seconds between two drawings of the progress line: on a terminal, into a log
 PROGRESS_INTERVAL = 0.5
 LOG_PROGRESS_INTERVAL = 10.0
 
 
 def report_unfinished(state: Gsm8kSession, late: Mapping[str, ProblemRecord]) -> None:
     """After a stopped run's loop, one report per item no report came for, through pytest's
-    hooks (the terminal's counts and progress, JUnit, other plugins). After an endpoint
-    failure (the shared message, said once) an item whose answer had arrived (``late``) is
-    that answer's outcome; every other item, and every item after an early stop, is skipped
-    as not run (the summary counts such problems as errors "not reached"). Marked
-    ``gsm8k_unfinished``: the plugin's own tally skips them."""
+    hooks: the outcome of its answer if it arrived before an endpoint failure (``late``), else
+    skipped as not run. Marked ``gsm8k_unfinished``: the plugin's own tally skips them."""
     run, hook = state.run, state.config.hook
     if run.aborted is None and run.early_stopped is None:
         return
-    problems = {p.id: p for p in state.plan.problems}
     reason = run.aborted or (run.early_stopped or "").removeprefix("gsm8k: ")
     for ref in run.unreported():
-        problem = problems.get(run.problem_of.get(ref.nodeid, ""))
-        record = late.get(problem.id) if problem is not None and run.aborted is not None else None
-        outcome: Literal["passed", "failed", "skipped"]
-        when: Literal["setup", "call"]
-        if record is not None:
-            error = record["outcome"] == "error"
-            outcome, when = ("failed", "setup") if error else ("passed", "call")
-            how: dict[str, Any] = {"gsm8k": record}
-            longrepr: Any = f"gsm8k: {record['error']}" if error else None
-        else:
-            path, lineno, _ = ref.location
-            outcome, when, how = "skipped", "setup", {}
-            longrepr = (path, (lineno or 0) + 1, f"Skipped: gsm8k: not run: {reason}")
+        path, lineno, _ = ref.location
+        skip = (path, (lineno or 0) + 1, f"Skipped: gsm8k: not run: {reason}")
+        how: tuple[Any, ...] = ("skipped", skip, "setup")
+        mine: dict[str, Any] = {}
+        if (record := late.get(run.problem_of.get(ref.nodeid, ""))) is not None:
+            mine, how = {"gsm8k": record}, ("passed", None, "call")
+            if record["outcome"] == "error":
+                how = ("failed", f"gsm8k: {record['error']}", "setup")
         report = pytest.TestReport(
-            ref.nodeid, ref.location, {}, outcome, longrepr, when, gsm8k_unfinished=True, **how
+            ref.nodeid, ref.location, {}, *how, gsm8k_unfinished=True, **mine
         )
         hook.pytest_runtest_logstart(nodeid=ref.nodeid, location=ref.location)
         hook.pytest_runtest_logreport(report=report)
         hook.pytest_runtest_logfinish(nodeid=ref.nodeid, location=ref.location)
-
-
-def gate_reports(verdict: RunVerdict) -> list[pytest.TestReport]:
-    """Each gate as a test's call and teardown reports (core/render.junit_cases: skipped when
-    undecided, never passed); with --gsm8k-resume the teardown carries the property
-    ``answers_from_earlier_runs``, since a passed test case shows no detail."""
-    from pytest_gsm8k.core.render import junit_cases
-
-    out: list[pytest.TestReport] = []
-    for case in junit_cases(verdict):
-        nodeid = f"{GATES_NODEID}::{case.name}"
-        location = (GATES_NODEID.partition("::")[0], None, f"gates::{case.name}")
-        detail: str | tuple[str, int, str] | None = case.message
-        if case.outcome == "skipped" and case.message is not None:  # pytest's skip shape
-            detail = (location[0], 0, case.message)
-        properties = [("answers_from_earlier_runs", case.earlier)] if case.earlier else []
-        out += [
-            pytest.TestReport(nodeid, location, {}, case.outcome, detail, "call"),
-            pytest.TestReport(
-                nodeid, location, {}, "passed", None, "teardown", user_properties=properties
-            ),
-        ]
-    return out
 
 
 def pytest_report_teststatus(
@@ -109,13 +83,9 @@ def pytest_report_teststatus(
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """The gsm8k block of the terminal summary: the notes no test issued, the verdict, what
-    stopped the run, where the outputs went (or why not)."""
-    from pytest_gsm8k.core.render import styled_lines
-    from pytest_gsm8k.core.scrub import printable
-
+    """The notes no test issued, the verdict, what stopped the run, where the outputs went."""
     state, write = get_session(config), terminalreporter.write_line
-    for message in state.notes:
+    for message in state.sources.take_notes():  # no test issued them
         write(printable(message), yellow=True)
     if state.run.verdict is None:
         return
@@ -133,32 +103,39 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The exit code of a failed gate or output; the gates in the JUnit XML, given to
-    ``--junitxml``'s writer before it writes the file (only to it: counting them on the
-    terminal would change the line that counts the problems)."""
-    from _pytest.junitxml import xml_key
-
+    """The exit code of a failed gate or output; each gate a test case for ``--junitxml``'s
+    writer only (on the terminal it would change the line that counts the problems), skipped
+    when undecided (core/render.junit_cases), with ``answers_from_earlier_runs``."""
     state = get_session(session.config)
     verdict = state.run.verdict
     if verdict is not None and (xml := session.config.stash.get(xml_key, None)) is not None:
-        for report in gate_reports(verdict):
-            xml.pytest_runtest_logreport(report)
+        for case in junit_cases(verdict):
+            nodeid, where = f"{GATES_NODEID}::{case.name}", GATES_NODEID.partition("::")[0]
+            location = (where, None, f"gates::{case.name}")
+            detail: str | tuple[str, int, str] | None = case.message
+            if case.outcome == "skipped" and case.message is not None:  # pytest's skip shape
+                detail = (where, 0, case.message)
+            mine = [("answers_from_earlier_runs", case.earlier)] if case.earlier else []
+            xml.pytest_runtest_logreport(
+                pytest.TestReport(nodeid, location, {}, case.outcome, detail, "call")
+            )
+            xml.pytest_runtest_logreport(  # a passed test case shows no detail: a property
+                pytest.TestReport(
+                    nodeid, location, {}, "passed", None, "teardown", user_properties=mine
+                )
+            )
     failed = (verdict is not None and verdict.failed) or bool(state.output_errors)
     if failed and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 class ProgressLine:
-    """The progress line on pytest's terminal, rewritten in place (pytest's own way of
-    rewriting the current line) at most every PROGRESS_INTERVAL seconds and at the end. Into
-    a log a rewrite is carriage returns on one endless line: there it is a plain line."""
+    """The progress line, rewritten in place at most every PROGRESS_INTERVAL seconds and at
+    the end; into a log (where a rewrite is one endless line) a plain line."""
 
     def __init__(self, reporter: Any) -> None:
-        self._reporter = reporter
-        self._tty = bool(reporter.isatty())
-        self._started = time.monotonic()
-        self._drawn_at: float | None = None
-        self._drawn_done = -1
+        self._reporter, self._tty = reporter, bool(reporter.isatty())
+        self._started, self._drawn_at, self._drawn_done = time.monotonic(), -math.inf, -1
 
     @classmethod
     def wanted(cls, config: pytest.Config, asked: bool | None) -> ProgressLine | None:
@@ -171,7 +148,7 @@ class ProgressLine:
 
     def draw(self, state: Gsm8kSession, final: bool = False) -> None:
         now, every = time.monotonic(), PROGRESS_INTERVAL if self._tty else LOG_PROGRESS_INTERVAL
-        if not final and self._drawn_at is not None and now - self._drawn_at < every:
+        if not final and now - self._drawn_at < every:
             return
         state.learn_plans()
         records, total = state.run.records, len(state.run.collected_ids or ())
@@ -185,3 +162,94 @@ class ProgressLine:
         elif len(records) != self._drawn_done:  # a log: no line twice
             self._reporter.write_line(line.line())
         self._drawn_done = len(records)
+
+
+def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | None = None) -> None:
+    """Where the run's end writes ``keys`` (with the ``plan``, its baselines too); then the
+    end's imports are loaded and the open-file limit checked: a run that holds as many
+    sockets as the limit allows must still be able to end."""
+    paths, baselines = output_paths(state.settings), []
+    if plan is not None:
+        what = (
+            (plan.settings.baseline and "--gsm8k-baseline")
+            or (plan.settings.baseline_name and "--gsm8k-baseline-name")
+            or "the baseline name from the protocol (choose one with --gsm8k-baseline-name)"
+        )
+        baselines = [(plan.baseline, what)]
+        baselines += [(g.baseline, f"config {g.name}'s baseline name") for g in plan.groups]
+    try:
+        for key in keys:
+            if path := paths[key]:
+                state.outputs[key] = prepare(path, OUTPUTS[key][0], append=OUTPUTS[key][1])
+        for baseline, what in baselines:
+            if baseline is not None:  # a name the file system cannot hold: refused now
+                check_name(baseline.path, what)
+                if plan is not None and plan.update_baseline:
+                    prepare(baseline.path, "--snapshot-update: the baseline", streams=False)
+    except OutputError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    if plan is None:
+        return
+    room, wanted = state.descriptor_room, state.settings.concurrency
+    if room is not None and room[0] < wanted:  # the run goes on with fewer, and can end
+        state.config.issue_config_time_warning(
+            pytest.PytestWarning(
+                f"gsm8k: --gsm8k-concurrency {wanted} needs more open files than the limit "
+                f"allows (ulimit -n {room[1]}): at most {max(1, room[0])} in flight; "
+                "raise the limit for more"
+            ),
+            stacklevel=2,
+        )
+    from pytest_gsm8k.core import html_report  # noqa: F401
+
+
+def finish(state: Gsm8kSession) -> None:
+    """The end of a run: gather -> decide -> write the baselines -> every output renders
+    from the verdict (runtime/finish.py, which a merge of shards calls too)."""
+    run, config, settings = state.run, state.config, state.settings
+    # an item that reported without a record was skipped: with every item skipped there is
+    # no result, and a gate must say so (an interrupted run reports with no item finished)
+    skipped = not state.dry and any(nodeid in run.problem_of for nodeid in run.reported)
+    ended = run.aborted or run.interrupted or skipped
+    if not run.records and not (ended and (settings.asked or run.collected or run.collected_ids)):
+        return
+    try:
+        plan = state.plan
+    except DatasetError:
+        return
+    state.learn_plans()
+    late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
+    report_unfinished(state, late)
+    flags = (("-k", "keyword"), ("-m", "markexpr"), ("--lf", "lf"), ("--deselect", "deselect"))
+    named = [flag for flag, dest in flags if getattr(config.option, dest, None)]
+    inputs, top, not_run = run.gather(
+        plan,
+        late=late,
+        servers=state.sources.config_servers,
+        server=state.sources.server_info,
+        scrub=state.scrubber(),
+        deselected_by=", ".join(named) or "the test ids or paths given",
+    )
+    # a group with an answer for every problem: its started server's are not reused
+    done = [i for i in inputs if i.records and not (run.aborted or i.selection.interrupted)]
+    ok = {i.group.name for i in done if all(r["outcome"] != "error" for r in i.records)}
+    state.sources.finish_started(ok)
+    finished = time.time()
+    times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
+    run.finish(verdict := settle(inputs, top, not_run, times))
+    stream = getattr(state.outputs.get("html"), "fd", None) is not None
+    page = page_path(settings.html, config.invocation_params.dir, config.rootpath, stream)
+    errors = write_outputs(plan, verdict, page, state.outputs, on_terminal=lambda: _newline(state))
+    state.output_errors.update(errors)
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def _newline(state: Gsm8kSession) -> None:
+    """Before an output to pytest's own stdout or stderr: end the line of progress dots
+    (pytest keeps the width of the line so far on its writer; a new line when unknown)."""
+    reporter = state.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and getattr(reporter._tw, "width_of_current_line", None) != 0:
+        reporter.write("\n", flush=True)

@@ -1,7 +1,6 @@
 """The role plugins, one per process as pytest-xdist registers ``DSession`` and
 ``WorkerInteractor``: RunRole, ControllerRole, WorkerRole. A role makes its Gsm8kSession on
-first use; until then every hook returns at once, importing nothing of the run (issue 34).
-"""
+first use; until then every hook returns at once, importing nothing of the run (issue 34)."""
 
 from __future__ import annotations
 
@@ -24,12 +23,13 @@ if TYPE_CHECKING:
     from pytest_gsm8k.reporting import ProgressLine
     from pytest_gsm8k.session import Gsm8kSession
 
-#: what the KeyboardInterrupt that SIGTERM raises says
-SIGTERM_MESSAGE = "SIGTERM"
+SIGTERM_MESSAGE = "SIGTERM"  # what the KeyboardInterrupt that SIGTERM raises says
 
 
 class Role:
     """What every role holds: the settings, the run's id and start, the session once made."""
+
+    sigterm = False  # whether SIGTERM ends the run like Ctrl-C (the aggregating process)
 
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         given = getattr(config, "workerinput", {})
@@ -37,8 +37,7 @@ class Role:
         self.run_id = str(given.get("gsm8k_run_id") or os.urandom(16).hex())
         self.started = float(given.get("gsm8k_run_started") or time.time())
         self.active = False
-        #: why an xdist worker stopped, "refused" (its line) or "aborted": a worker's own, sent
-        #: in its ``workeroutput``; the controller's, from its workers'
+        #: why an xdist worker stopped ("refused": its line, "aborted"), sent to the controller
         self.stops: dict[str, str] = {}
         self._session: Gsm8kSession | None = None
 
@@ -64,14 +63,15 @@ class Role:
             from pytest_gsm8k.runtime.logs import scrub_library_logs
 
             self.config.add_cleanup(scrub_library_logs(self.session.scrubber()))
+            if self.sigterm:
+                _on_sigterm(self.config)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.settings.asked and not self.idle():
             self.activate()
 
-    # A hook method's name must start with "pytest_" even with a specname: pytest ignores
-    # any other name (a `freeze` here was silently never called).
+    # named pytest_* even with a specname: pytest ignores any other (a `freeze` never ran)
     @pytest.hookimpl(specname="pytest_runtestloop", tryfirst=True)
     def pytest_runtestloop_freeze(self, session: pytest.Session) -> None:
         """What is alive now lives to the end: out of the collector's way (benchmarks/README.md)."""
@@ -93,7 +93,6 @@ class Collector(Role):
         if self.settings.asked:
             from pytest_gsm8k import builtin
 
-            # the built-in test module, under the short node id "gsm8k"
             module = pytest.Module.from_parent(session, path=Path(builtin.__file__), nodeid="gsm8k")
             items.extend(session.genitems(module))
         yield
@@ -110,17 +109,16 @@ class Collector(Role):
         """Which problems this process runs, in run order: the prefetcher starts now."""
         if self.idle():
             return
-        from pytest_gsm8k.channel import fetch
         from pytest_gsm8k.core.tally import ItemRef
         from pytest_gsm8k.core.types import Problem
+        from pytest_gsm8k.serving import fetch
 
-        run = self.session.run
-        if run.data_error:
+        if (run := self.session.run).data_error:
             raise pytest.UsageError(run.data_error)
         problems = {i.nodeid: p for i in session.items if isinstance(p := problem_of(i), Problem)}
         run.collect(list({p.id: p for p in problems.values()}.values()))
-        items = [ItemRef(i.nodeid, i.location) for i in session.items]
-        run.collect_items(items, {nodeid: p.id for nodeid, p in problems.items()})
+        refs = [ItemRef(i.nodeid, i.location) for i in session.items]
+        run.collect_items(refs, {nodeid: p.id for nodeid, p in problems.items()})
         if problems:
             self.activate()
         fetch(self.session, session)
@@ -141,9 +139,7 @@ class Collector(Role):
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """A GSM8K item's reports carry its problem's id and its record to the aggregator."""
         report = yield
-        if self.idle():
-            return report
-        if (problem := problem_of(item)) is not None:
+        if not self.idle() and (problem := problem_of(item)) is not None:
             report.gsm8k_problem = problem.id  # type: ignore[attr-defined]
         record = item.stash.get(RECORD_KEY, None)
         if record is not None and (
@@ -159,16 +155,12 @@ class Aggregator(Role):
 
     progress: ProgressLine | None = None  # while the test loop runs (None: the dots)
     controller = False  # an xdist controller: its DSession hands out the items
+    sigterm = True
 
     def _made(self) -> None:  # the letters, the gsm8k block, the gates' exit code
         from pytest_gsm8k import reporting
 
         self.config.pluginmanager.register(reporting, "gsm8k-reporting")
-
-    def activate(self) -> None:
-        if not self.active:
-            super().activate()
-            _on_sigterm(self.config)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -176,7 +168,7 @@ class Aggregator(Role):
         ``workerinput`` carries what is settled here): outputs, data, servers, preflight."""
         if not self.idle():
             super().pytest_sessionstart(session)
-            from pytest_gsm8k.channel import start
+            from pytest_gsm8k.serving import start
 
             start(self.session, controller=self.controller)
 
@@ -191,12 +183,8 @@ class Aggregator(Role):
         if getattr(report, "gsm8k_unfinished", False) or not isinstance(record, dict):
             return  # an item never reached (the summary counts it), or no record
         self.activate()
-        message = self.session.observe(record)  # type: ignore[arg-type]
-        if message is not None:
-            loop = self.config.pluginmanager.get_plugin(
-                "dsession" if self.controller else "session"
-            )
-            assert loop is not None
+        if (message := self.session.observe(record)) is not None:  # type: ignore[arg-type]
+            loop = self.config.pluginmanager.getplugin("dsession" if self.controller else "session")
             loop.shouldstop = message  # no more items handed out
         if self.progress is not None:
             self.progress.draw(self.session)
@@ -204,8 +192,8 @@ class Aggregator(Role):
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
         """After all items: the verdict and every output (also when interrupted). Innermost
-        of the loop's wrappers, so that the reports of the items a stopped run never reached
-        are in before the terminal writes its final progress."""
+        of the loop's wrappers: the reports of the items a stopped run never reached are in
+        before the terminal writes its final progress."""
         if self.settings.asked or self.active:
             from pytest_gsm8k.reporting import ProgressLine
 
@@ -227,16 +215,15 @@ class Aggregator(Role):
                 if isinstance(exc, Interrupted):
                     return True  # an endpoint failure: a failed run (exit 1), as without xdist
             if isinstance(exc, KeyboardInterrupt) and exc.args == (SIGTERM_MESSAGE,):
-                # SIGTERM lands in whatever frame runs, some of which pytest cannot show
-                # (a line number of -1 makes its report of the interrupt crash): the run
-                # ends from here, with a traceback pytest can print
+                # SIGTERM lands in any frame, some of which pytest cannot show (a line number
+                # of -1 crashed its report): the run ends from here, a traceback it can print
                 raise KeyboardInterrupt(SIGTERM_MESSAGE) from None
             raise
         finally:
             if not self.idle():
                 if self.progress is not None and self.session.run.records:
                     self.progress.draw(self.session, final=True)  # where the loop ended
-                from pytest_gsm8k.writing import finish
+                from pytest_gsm8k.reporting import finish
 
                 finish(self.session)
 
@@ -247,7 +234,7 @@ class RunRole(Collector, Aggregator):
 
 class ControllerRole(Aggregator):
     """The xdist controller: it collects nothing, serves its engine's answers to the workers
-    (channel.py) and aggregates their reports."""
+    (sources.py) and aggregates their reports."""
 
     controller = True
     _node_ids: list[str] | None = None
@@ -259,13 +246,11 @@ class ControllerRole(Aggregator):
         given.update(gsm8k_run_id=self.run_id, gsm8k_run_started=self.started)
         if self.idle():
             return
-        endpoint = self.session.endpoint()
-        given["gsm8k_base_url"] = endpoint.base_url
-        given["gsm8k_model"] = endpoint.model
-        given["gsm8k_server_identity"] = endpoint.identity
+        at = self.session.endpoint()
+        given.update(gsm8k_base_url=at.base_url, gsm8k_model=at.model)
+        given["gsm8k_server_identity"] = at.identity
         if (answers := self.session.sources.answer_server) is not None:
-            given["gsm8k_answers"] = list(answers.address)
-            given["gsm8k_answers_token"] = answers.token
+            given.update(gsm8k_answers=list(answers.address), gsm8k_answers_token=answers.token)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """The items the workers collected: a stopped run reports those no worker reached."""
@@ -298,9 +283,8 @@ class ControllerRole(Aggregator):
 
     @pytest.hookimpl(specname="pytest_runtest_logreport", tryfirst=True)
     def pytest_runtest_logreport_items(self, report: pytest.TestReport) -> None:
-        """A worker's first report carries the problem of each item it collected (without
-        it, an item a stopped run never reached is reported as skipped even when its
-        answer had arrived and is scored)."""
+        """A worker's first report: the problem of each item it collected (else an item a
+        stopped run never reached is skipped even when its answer arrived)."""
         if isinstance(items := getattr(report, "gsm8k_items", None), dict):
             self.session.run.collect_items((), items)
             self.session.run.learn_collected_ids(items.values())
@@ -326,10 +310,9 @@ class WorkerRole(Collector):
     def pytest_report_to_serializable(
         self, report: pytest.CollectReport | pytest.TestReport
     ) -> Generator[None, dict[str, Any] | None, dict[str, Any] | None]:
-        """A record travels as JSON text: execnet refuses a string UTF-8 cannot encode (a
-        lone surrogate from a reply). The first test report carries
-        the problem of each item this worker collected (xdist's collection event has the
-        node ids only), so the controller knows the items a stopped run never reaches."""
+        """A record travels as JSON text (execnet refuses a lone surrogate). The first test
+        report carries the problem of each item this worker collected (xdist's collection
+        event has the node ids only), for the items a stopped run never reaches."""
         data = yield
         if not isinstance(data, dict):
             return data
@@ -343,9 +326,8 @@ class WorkerRole(Collector):
 
 
 def role_for(config: pytest.Config, settings: Settings) -> Role:
-    """The role this process plays: an xdist worker, the controller of a run xdist
-    distributes (as xdist itself decides it: ``--dist`` and ``--tx``, not with ``--co``), or
-    a run of its own."""
+    """An xdist worker, the controller of a run xdist distributes (as xdist decides it:
+    ``--dist`` and ``--tx``, not with ``--co``), or a run of its own."""
     if hasattr(config, "workerinput"):
         return WorkerRole(config, settings)
     option = config.option
@@ -354,9 +336,8 @@ def role_for(config: pytest.Config, settings: Settings) -> Role:
 
 
 def _on_sigterm(config: pytest.Config) -> None:
-    """SIGTERM (a CI job cancelled, ``timeout``, ``kill``) ends the run like Ctrl-C: the
-    summary, the report, xdist's workers stopped. Only over the default handler, in the main
-    thread, restored when pytest unconfigures."""
+    """SIGTERM (a CI job cancelled, ``timeout``) ends the run like Ctrl-C: summary, report,
+    workers stopped. Only over the default handler, in the main thread, until unconfigure."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:

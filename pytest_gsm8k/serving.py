@@ -1,28 +1,33 @@
-"""The run's model servers as pytest sees them, and the session-start preflight of the
-endpoint (docs/serving.md). runtime/serve.py's ``launch`` starts each server; here its
-failure becomes one ``UsageError`` line (a config's: that config's error), its success a line.
-"""
+"""The start of a run before any request (the outputs checked, the plan, the run's model
+servers, the endpoint's preflight, the engine or the xdist answer server) and of fetching
+once the items are collected (docs/serving.md): a failure is one line."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
+from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
 from pytest_gsm8k.core.plan import Endpoint
+from pytest_gsm8k.core.presets import sends_model
 from pytest_gsm8k.core.scrub import printable, shown_url
-from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, url_problem, with_v1
+from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, is_local_spec, url_problem, with_v1
+from pytest_gsm8k.fixtures import defines, overrides_present
+from pytest_gsm8k.reporting import check_outputs
+from pytest_gsm8k.runtime import local, serve
+from pytest_gsm8k.runtime.client import PreflightError, list_models
+from pytest_gsm8k.runtime.engine import Engine
+from pytest_gsm8k.runtime.matrix import Matrix
 from pytest_gsm8k.session import Gsm8kSession as State
-
-if TYPE_CHECKING:
-    from pytest_gsm8k.runtime.engine import Engine
-    from pytest_gsm8k.runtime.matrix import Matrix
-    from pytest_gsm8k.runtime.serve import Launch, ServedProcess, Started
+from pytest_gsm8k.sources import CONFIG_OVERRIDE
 
 #: the longest the session-start ``GET /models`` may take (``--gsm8k-timeout`` when
 #: shorter): a server that cannot send a small listing in this time is not one a run can use
@@ -41,62 +46,60 @@ _REFUSALS = {  # the preflight's, by the kind of GET /models failure
 }
 
 
-def start_local(state: State) -> Started:
-    """``--gsm8k-model=local[:PATH]``: serve the GGUF with llama.cpp (docs/local-model.md)."""
-    from pytest_gsm8k.runtime import local
-
-    settings = state.settings
-    with _one_line(state):
-        path = local.resolve_model(settings.model or "local")
-        # room for a 5-shot prompt (~1,000 tokens) plus the answer
-        n_ctx = settings.local_ctx or max(local.DEFAULT_N_CTX, 1536 + (settings.max_tokens or 0))
-        spec = local.local_spec(
-            path, alias=local.DEFAULT_ALIAS, n_ctx=n_ctx, threads=settings.local_threads
-        )
-        started = _launch(state, spec, "llama-server.log", about={"gguf": str(path)})
-    return _serving(state, started, f"{_shown(state, path.name)} with llama.cpp")
-
-
-def start_serve(state: State) -> Started:
-    """``--gsm8k-serve CMD``, on the controller before xdist starts the workers (they get
-    its URL and model through ``workerinput``)."""
-    from pytest_gsm8k.runtime.serve import serve_spec
-
-    command = state.settings.serve or ""  # holds {port}: core/settings.py refuses it without
-    shown = state.scrubber().command(command)
-    with _one_line(state):
-        spec = serve_spec(command, state.settings.model)
-        check = "" if state.settings.model else "adopt"
-        started = _launch(state, spec, "serve.log", check=check, about={"command": shown})
-    return _serving(state, started, f"{_shown(state, started.server.model)} with {shown!r}")
-
-
-def start_matrix(state: State) -> Matrix:
-    """--gsm8k-config: the configs' servers, started in sequence once the items are known
-    (:meth:`Matrix.begin`), each stopped before the next one starts."""
-    from pytest_gsm8k.runtime.matrix import Matrix
-
-    return Matrix(
-        [g.name for g in state.plan.groups],
-        lambda name: _launch_config(state, name),
-        say=lambda line: _write_line(state, printable(line)),
-        lookahead=state.concurrency() if state.settings.early_stop else None,
+def head_start_allowed(config: pytest.Config) -> bool:
+    """Only while nothing visible at session start says the workers will collect other items
+    (-k, -m but ``gsm8k``, FILTERS, test ids) or ask another model (a conftest or plugin's
+    own ``gsm8k_model`` or ``gsm8k_protocol``): what stays invisible costs the head start."""
+    option = config.option
+    filtered = (
+        getattr(option, "keyword", "")
+        or (getattr(option, "markexpr", "") or "").strip() not in ("", "gsm8k")
+        or any(getattr(option, name, None) for name in FILTERS)
+        or any("::" in str(arg) for arg in config.args)
     )
+    return not filtered and not defines(config)
 
 
-def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
+def serve_run(state: State) -> serve.Started | None:
+    """The run's own server, if any: ``--gsm8k-serve CMD`` (on the controller before xdist
+    starts the workers: they get its URL and model through ``workerinput``) or
+    ``--gsm8k-model=local[:PATH]``, the GGUF served by llama.cpp (docs/local-model.md)."""
+    settings, command = state.settings, state.settings.serve or ""
+    if not command and not is_local_spec(settings.model):
+        return None
+    with _one_line(state):
+        if command:  # it holds {port}: core/settings.py refuses it without
+            shown = state.scrubber().command(command)
+            spec: serve.Launch[Any] = serve.serve_spec(command, settings.model)
+            check = "" if settings.model else "adopt"
+            started = _launch(state, spec, "serve.log", check=check, about={"command": shown})
+            what = f"{_shown(state, started.server.model)} with {shown!r}"
+        else:
+            path = local.resolve_model(settings.model or "local")
+            # room for a 5-shot prompt (~1,000 tokens) plus the answer
+            n_ctx = settings.local_ctx or max(
+                local.DEFAULT_N_CTX, 1536 + (settings.max_tokens or 0)
+            )
+            threads = settings.local_threads
+            spec = local.local_spec(path, alias=local.DEFAULT_ALIAS, n_ctx=n_ctx, threads=threads)
+            started = _launch(state, spec, "llama-server.log", about={"gguf": str(path)})
+            what = f"{_shown(state, path.name)} with llama.cpp"
+    return _serving(state, started, what)
+
+
+def _launch_config(state: State, name: str) -> tuple[serve.ServedProcess, Engine]:
     """One config's server (docs/serving.md, "vLLM's configs") and the engine that asks it;
     a failure is one scrubbed ``ServeError`` line, the matrix's error for that config."""
-    from pytest_gsm8k.runtime.serve import ServeError, serve_spec
-
     config = state.plan.group_by_name[name].config
     command = state.settings.serve or VLLM_SERVE
     shown = state.scrubber().command(command)
-    with _one_line(state, ServeError):
+    with _one_line(state, serve.ServeError):
         args = config.serve_args()
         env = {**os.environ, **config.serve_env()}
         where = f"config {config.source}"
-        spec = serve_spec(command, config.model_name, server_args=args, env=env, context=where)
+        spec = serve.serve_spec(
+            command, config.model_name, server_args=args, env=env, context=where
+        )
         about = {"command": shown, "argv_args": state.scrubber().words(args)}
         wait = config.startup_max_wait_seconds
         started = _launch(state, spec, f"serve-{name}.log", wait, check="listed", about=about)
@@ -104,7 +107,7 @@ def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
             engine = state.sources.config_engine(name, config, started, shown)
         except ValueError as exc:  # a proxy the client cannot use (runtime/wire.py)
             started.server.stop(timeout=2.0)
-            raise ServeError(str(exc)) from None
+            raise serve.ServeError(str(exc)) from None
     _serving(state, started, _shown(state, config.model_name), head=f"config {name}: ")
     return started.server, engine
 
@@ -112,32 +115,27 @@ def _launch_config(state: State, name: str) -> tuple[ServedProcess, Engine]:
 @contextlib.contextmanager
 def _one_line(state: State, error: Callable[[str], Exception] | None = None) -> Iterator[None]:
     """A launch's failure as one scrubbed line: a ``UsageError``, or ``error(line)``."""
-    from pytest_gsm8k.runtime.serve import ServeError
-
     try:
         yield
-    except ServeError as exc:
+    except serve.ServeError as exc:
         line = state.scrubber().command(str(exc))
         raise (error(line) if error else pytest.UsageError(f"gsm8k: {line}")) from None
 
 
 def _launch(
-    state: State, spec: Launch[Any], log_name: str, timeout: float | None = None, **how: Any
-) -> Started:
-    from pytest_gsm8k.runtime.serve import launch
-
+    state: State, spec: serve.Launch[Any], log_name: str, timeout: float | None = None, **how: Any
+) -> serve.Started:
     # a file that stays after the run, so that the path an error line names can be read
-    log: Path | None = None
-    with contextlib.suppress(OSError, AttributeError):  # pytest's cache folder, else temp
+    try:
         log = Path(state.config.cache.mkdir("gsm8k")) / log_name
-    if log is None:
-        handle, path = tempfile.mkstemp(prefix=f"gsm8k-{Path(log_name).stem}-", suffix=".log")
-        os.close(handle)
-        log = Path(path)
+    except (OSError, AttributeError):  # no cache folder: a temporary file
+        name = f"gsm8k-{Path(log_name).stem}-"
+        with tempfile.NamedTemporaryFile(prefix=name, suffix=".log", delete=False) as file:
+            log = Path(file.name)
     waiting = (
         "gsm8k: waiting for the model server to answer GET /v1/models ({:.0f} s so far; log {})"
     )
-    return launch(
+    return serve.launch(
         spec,
         log_path=log,
         startup_timeout=state.settings.serve_timeout if timeout is None else timeout,
@@ -149,11 +147,11 @@ def _launch(
     )
 
 
-def _serving(state: State, started: Started, what: str, head: str = "") -> Started:
+def _serving(state: State, started: serve.Started, what: str, head: str = "") -> serve.Started:
     """The server is the run's: named on the terminal (and, but for a config's, watched)."""
     server = started.server
     if not head:
-        server.watch(state.sources.server_died)
+        server.watch(lambda message: state.sources.stop_engines(message, abort=True))
     _write_line(
         state,
         f"gsm8k: {head}serving {what} at {_shown(state, server.base_url)} "
@@ -168,9 +166,8 @@ def _shown(state: State, text: str) -> str:
 
 
 def _write_line(state: State, line: str) -> None:
-    """A line of its own, also while the test loop writes its letters: under xdist pytest
-    writes them without marking the line as taken (``currentfspath``), so ``write_line``
-    would splice the line into the dots (``..gsm8k: config B: serving ...``)."""
+    """A line of its own while the loop writes letters: under xdist pytest does not mark the
+    line as taken (``currentfspath``), and ``write_line`` would splice it into the dots."""
     reporter = state.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return
@@ -181,13 +178,8 @@ def _write_line(state: State, line: str) -> None:
 
 def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     """One cheap call at session start: unreachable, bad key, unknown model, or a model that
-    would not answer the preset's requests (they name none: an adapter's run would grade
-    its base) is one line. Returns ``endpoint`` with what the server says about the model:
-    cached answers are reused only while it says the same."""
-    from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
-    from pytest_gsm8k.core.presets import sends_model
-    from pytest_gsm8k.runtime.client import PreflightError, list_models
-
+    would not answer the preset's requests (an adapter's run would grade its base) is one
+    line. Returns ``endpoint`` with what the server says of the model (for the cache)."""
     url, key, model = endpoint.base_url, state.settings.api_key(), endpoint.model or ""
     if url and (problem := url_problem(url)):
         source = "--gsm8k-base-url" if state.settings.base_url else "$OPENAI_BASE_URL"
@@ -219,8 +211,77 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             f"gsm8k: model {endpoint.model!r} is not served by {shown} "
             f"(it serves: {listing}{', ...' if len(models) > 10 else ''})"
         )
-    why = None if sends_model(state.settings.preset) else unnamed_answerer(cards, model)
-    if why is not None:
-        line = unnamed_refusal(model, why)
-        raise pytest.UsageError(f"gsm8k: --gsm8k-model {_shown(state, line)}")
+    if not sends_model(state.settings.preset) and (why := unnamed_answerer(cards, model)):
+        line = _shown(state, unnamed_refusal(model, why))
+        raise pytest.UsageError(f"gsm8k: --gsm8k-model {line}")
     return Endpoint(endpoint.base_url, endpoint.model, describe_server(cards, model))
+
+
+#: options after which the workers may collect other items than the plan's
+FILTERS = ("deselect", "lf", "stepwise", "stepwise_skip", "collectonly", "setupplan", "setuponly")
+
+
+def fetch(state: State, session: pytest.Session) -> None:
+    """At the end of collection: the configs' servers or the plugin's own engine fetch the
+    collected problems (an override's engine starts at its first fixture setup); an xdist
+    worker offers its plan to the controller instead. Not in a dry or broken run."""
+    option = session.config.option
+    broken = session.testsfailed and not getattr(option, "continue_on_collection_errors", False)
+    if not state.run.collected or state.dry or broken:
+        return
+    if not (state.settings.vllm_config or state.plan.endpoint.model):
+        return
+    sources, plan, repeats = state.sources, state.plan, state.settings.repeats
+    if state.is_worker:
+        sources.connect(overrides_present(session))
+    elif sources.matrix is not None:
+        asks = (
+            r for p in state.run.collected for r in plan.protocol_of(p).request(p).asks(repeats)
+        )
+        sources.matrix.begin(list(asks))
+    elif not overrides_present(session):
+        sources.engine_for(sources.default_client())
+
+
+def start(state: State, controller: bool) -> None:
+    """The start of a run, before any request: the outputs checked; with a model, server or
+    configs to ask, the data, protocol and baseline (a bad file is one line before any server
+    starts), the servers and the endpoint's preflight, the plan set once; then the engine,
+    served to the workers by an xdist ``controller``."""
+    settings, config = state.settings, state.config
+    check_outputs(state, ("report", "html", "markdown"))  # asked for by name: any run
+    if not settings.asked:
+        return
+    try:
+        draft = state.build_plan()
+    except DatasetError as exc:
+        raise pytest.UsageError(f"gsm8k: {exc}") from None
+    if (limit := settings.limit) is not None and limit > (size := len(draft.split.problems)):
+        why = f"--gsm8k-limit {limit} is above the {size} problems of the split: all {size} run"
+        config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {why}"), stacklevel=2)
+    check_outputs(state, ("step_summary",), draft)  # and the baselines, the open-file limit
+    overridden = defines(config, ("gsm8k_model",))
+    if draft.groups:  # each config's server starts in turn once the items are known
+        if overridden:
+            raise pytest.UsageError(CONFIG_OVERRIDE)
+        state.set_plan(draft)
+        state.sources.use_matrix(  # each stopped before the next one starts
+            Matrix(
+                [g.name for g in draft.groups],
+                lambda name: _launch_config(state, name),
+                say=lambda line: _write_line(state, printable(line)),
+                lookahead=state.concurrency() if settings.early_stop else None,
+            )
+        )
+    else:
+        endpoint = draft.endpoint
+        if (started := serve_run(state)) is not None:
+            state.sources.use_server(started)
+            endpoint = started.endpoint
+        if not overridden:  # the endpoint the options name may not be what is asked at all
+            endpoint = preflight(state, endpoint)
+        state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
+    if controller:
+        state.sources.serve_workers(head_start_allowed(config))
+    elif not overridden and state.sources.matrix is None and not state.dry:
+        state.sources.warm()  # while pytest collects

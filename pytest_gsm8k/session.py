@@ -1,8 +1,6 @@
 """One pytest process's part of a GSM8K run, as syrupy's ``SnapshotSession`` is for syrupy:
 the settings, the plan (built once, then only read), the answer sources (sources.py), the
-tally (core/tally.py) and :meth:`observe` (the early stop). The role plugins (roles.py) make
-it; channel.py, serving.py, writing.py and reporting.py take it.
-"""
+tally (core/tally.py) and :meth:`observe` (the early stop)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -22,15 +20,14 @@ from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, command_secrets
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.tally import Tally
+from pytest_gsm8k.runtime import files, planning
+from pytest_gsm8k.runtime.matrix import group_of
+from pytest_gsm8k.runtime.outputs import Output
 from pytest_gsm8k.sources import Sources
-
-if TYPE_CHECKING:
-    from pytest_gsm8k.runtime.outputs import Output
 
 #: descriptors kept free of the concurrency's sockets: pytest's own files, the cache's
 #: writes, the imports, the report and the page at the end (plus a few per xdist worker)
-DESCRIPTOR_RESERVE = 64
-DESCRIPTOR_PER_WORKER = 4
+DESCRIPTOR_RESERVE, DESCRIPTOR_PER_WORKER = 64, 4
 
 
 class Gsm8kSession:
@@ -39,15 +36,12 @@ class Gsm8kSession:
     def __init__(self, config: pytest.Config, settings: Settings, run_id: str, started: float):
         self.config, self.settings, self.run_id = config, settings, run_id
         self.is_worker = hasattr(config, "workerinput")
-        #: what the controller gave this xdist worker ({} elsewhere)
-        self.workerinput: dict[str, Any] = getattr(config, "workerinput", {})
+        self.workerinput: dict[str, Any] = getattr(config, "workerinput", {})  # {}: no worker
         self.dry = bool(config.option.collectonly or getattr(config.option, "setupplan", False))
         self._plan: RunPlan | None = None
         #: the run's private folder, shared by the xdist workers through the run id
         self._run_dir = Path(tempfile.gettempdir()) / f"gsm8k-run-{run_id}"
         self.run = Tally(started)
-        #: the engines' warnings and notes no test issued, said at the end
-        self.notes: list[str] = []
         #: the outputs checked at session start, by key; those that failed at the end
         self.outputs: dict[str, Output] = {}
         self.output_errors: dict[str, str] = {}
@@ -65,10 +59,8 @@ class Gsm8kSession:
         self._plan = plan
 
     def build_plan(self) -> RunPlan:
-        from pytest_gsm8k.runtime.planning import build_plan
-
         option = self.config.option
-        return build_plan(
+        return planning.build_plan(
             self.settings,
             run_id=self.run_id,
             endpoint=self.endpoint(),
@@ -94,8 +86,8 @@ class Gsm8kSession:
         return self._run_dir
 
     def scrubber(self) -> Scrubber:
-        """What removes this run's secrets from outside text: the key, URL credentials,
-        ``VLLM_API_KEY``, and the secrets ``--gsm8k-serve`` and each config give a server."""
+        """The key, URL credentials, ``VLLM_API_KEY``, and the secrets ``--gsm8k-serve`` and
+        each config give a server, out of outside text."""
         others = [os.environ.get("VLLM_API_KEY", ""), *command_secrets(self.settings.serve or "")]
         for group in self._plan.groups if self._plan is not None else ():
             others += group.config.secrets()
@@ -112,11 +104,9 @@ class Gsm8kSession:
     @functools.cached_property
     def descriptor_room(self) -> tuple[int, int] | None:
         """(sockets this process may open for requests, the open-file limit), or None."""
-        from pytest_gsm8k.runtime.files import descriptor_room
-
         workers = getattr(self.config.option, "numprocesses", None)  # None on a worker
         spawned = workers if isinstance(workers, int) else 0
-        return descriptor_room(DESCRIPTOR_RESERVE + DESCRIPTOR_PER_WORKER * spawned)
+        return files.descriptor_room(DESCRIPTOR_RESERVE + DESCRIPTOR_PER_WORKER * spawned)
 
     def close(self) -> None:
         for output in self.outputs.values():
@@ -132,17 +122,14 @@ class Gsm8kSession:
             self.run.learn_collected_ids(answers.planned_ids() or ())
 
     def observe(self, record: ProblemRecord) -> str | None:
-        """One item's record, fed to its group's early stop (--gsm8k-early-stop). Returns
-        the message the whole run stops with once that decides before its last problem; a
+        """One item's record, fed to its group's early stop (--gsm8k-early-stop). Returns the
+        message the whole run stops with once that decides before its last problem; a
         config's early stop skips the rest of that config only."""
-        from pytest_gsm8k.runtime.matrix import group_of
-
-        run, problem_id = self.run, str(record["id"])
+        run, problem_id, sources = self.run, str(record["id"]), self.sources
         fresh = run.add_record(record)
-        if self.sources.answer_server is not None:
-            self.sources.answer_server.settled(problem_id)
-        aborted = record["outcome"] == "error" and record.get("aborted")
-        if not fresh or aborted or not self.settings.early_stop:
+        if sources.answer_server is not None:
+            sources.answer_server.settled(problem_id)
+        if not fresh or record.get("aborted") or not self.settings.early_stop:
             return None
         name = group_of(problem_id) if self.settings.vllm_config else ""
         if name not in run.early:
@@ -150,8 +137,7 @@ class Gsm8kSession:
             # not knowing which problems the workers collected, the stop could not count them
             known = run.collected_ids is not None
             run.start_early_stop(name, run.early_stop(self.plan, name) if known else None)
-        early = run.early[name]
-        if early is None or name in run.stopped:
+        if (early := run.early[name]) is None or name in run.stopped:
             return None
         answers = [str(x) for x in record.get("repeats") or ()]
         try:
@@ -160,18 +146,17 @@ class Gsm8kSession:
             return None  # a problem outside the group's plan (a user's own test): not counted
         if decided is None or early.observed >= early.n_total:
             return None
-        if name:
-            message = (
-                f"config {name} stopped early (--gsm8k-early-stop {early.mode}): "
-                f"{early.headline()}; its problems not asked yet are skipped"
-            )
-            run.stop_early(name, message)
-            if self.sources.matrix is not None:
-                self.sources.matrix.stop_config(name, message)
-            return None
-        run.stop_early(name, f"gsm8k: {early.headline()}")
-        self.sources.stop(early.headline())
-        return f"gsm8k: {early.headline()}"
+        if not name:
+            run.stop_early(name, message := f"gsm8k: {early.headline()}")
+            sources.stop(early.headline())
+            return message
+        how = f"(--gsm8k-early-stop {early.mode}): {early.headline()}"
+        run.stop_early(
+            name, f"config {name} stopped early {how}; its problems not asked yet are skipped"
+        )
+        if sources.matrix is not None:
+            sources.matrix.stop_config(name, run.stopped[name])
+        return None
 
 
 def get_session(config: pytest.Config) -> Gsm8kSession:

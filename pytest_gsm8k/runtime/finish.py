@@ -1,5 +1,5 @@
 """The end of a run, without pytest: decide with the baselines written, then render every
-output from the verdict and write it. A run's end (writing.py) and ``merge`` (__main__.py)
+output from the verdict and write it. A run's end (reporting.py) and ``merge`` (__main__.py)
 call these same functions, so merged shards write what the unsharded run would."""
 
 from __future__ import annotations

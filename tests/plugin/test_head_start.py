@@ -10,7 +10,7 @@ import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import NO_EXTRA_PLUGINS, output, report, sent
 
-from pytest_gsm8k.channel import head_start_allowed
+from pytest_gsm8k.serving import head_start_allowed
 
 #: the workers wait in collection (up to ``wait`` seconds) until the endpoint has seen
 #: ``want`` completions, and write down how many it had: only a controller that sends before
