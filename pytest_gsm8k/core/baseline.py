@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.calibrated import (
+    MAX_REPEATS,
+    POWER,
     Evidence,
     Pair,
     difference,
@@ -32,8 +34,6 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import StoredBaseline
 
 SCHEMA = 1
-#: the most repeats a calibrated entry may hold (--gsm8k-repeats' own bound)
-MAX_REPEATS = 100
 KIND = "pytest-gsm8k baseline"
 #: dataset fields that must match (the name/path differs between machines, the content must not)
 DATASET_KEYS = ("config", "split", "fingerprint", "rows")
@@ -422,7 +422,7 @@ def noise_block(
         "detectable_drop": {
             "problems": round(can.problems, 1),
             "points": round(can.points, 2) if pairs else None,
-            "power": can.power,
+            "power": POWER,
             "repeats_for_one_point": can.repeats_for_one_point,
         },
         "newly_failing": [p.problem_id for p in pairs if p.failing],

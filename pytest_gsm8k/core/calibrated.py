@@ -36,6 +36,10 @@ _DROPPED = 1e-20
 FLIP_SHARE = 0.25
 #: the rate statistic's integer weights above this are rounded (an unusual mix of K and L)
 _MAX_WEIGHT = 64
+#: the power the detectable drop is stated at
+POWER = 0.8
+#: the most repeats a side may hold (--gsm8k-repeats' own bound)
+MAX_REPEATS = 100
 
 Stability = Literal["stable-correct", "stable-wrong", "noisy"]
 #: a law of a sum: (its smallest value, the probabilities of it and each next integer)
@@ -51,12 +55,6 @@ class Pair:
     base_runs: int
     now_correct: int
     now_runs: int
-
-    def __post_init__(self) -> None:
-        if not (0 <= self.base_correct <= self.base_runs and self.base_runs >= 1):
-            raise ValueError(f"{self.problem_id}: baseline {self.base_correct} of {self.base_runs}")
-        if not (0 <= self.now_correct <= self.now_runs and self.now_runs >= 1):
-            raise ValueError(f"{self.problem_id}: run {self.now_correct} of {self.now_runs}")
 
     @property
     def base_rate(self) -> float:
@@ -95,12 +93,11 @@ def stability(correct: int, runs: int) -> Stability:
 @lru_cache(maxsize=4096)
 def _law(total: int, before: int, after: int) -> tuple[tuple[int, float], ...]:
     """One problem's null law of integer scores given its total: (score, probability)."""
-    pmf = hypergeometric_pmf(total, before, after)
-    scores = _scores(total, before, after)
     law: dict[int, float] = {}
-    for d, prob in enumerate(pmf):
+    pmf = hypergeometric_pmf(total, before, after)
+    for score, prob in zip(_scores(total, before, after), pmf, strict=True):
         if prob > 0.0:
-            law[scores[d]] = law.get(scores[d], 0.0) + prob
+            law[score] = law.get(score, 0.0) + prob
     return tuple(sorted(law.items()))
 
 
@@ -244,7 +241,7 @@ def _sum_law(laws: Iterable[tuple[int, Sequence[float]]]) -> _Law:
 def rate_p_values(pairs: Sequence[Pair]) -> tuple[float, float]:
     """The rate statistic's exact conditional ``(P(U* <= U_obs), P(U* >= U_obs))``."""
     informative = _informative(pairs)
-    if all(p.base_runs == p.now_runs == 1 for p in informative):
+    if _mcnemar(informative):
         # one run a side: U is Binomial(m, 1/2) over the m discordant pairs (McNemar)
         passing = sum(p.now_correct for p in informative)
         failing = len(informative) - passing
@@ -276,8 +273,8 @@ class Evidence:
         return min(1.0, self.flip / FLIP_SHARE, self.drop / (1.0 - FLIP_SHARE))
 
 
-def _mcnemar(pairs: Sequence[Pair]) -> bool:
-    return all(p.base_runs == 1 and p.now_runs == 1 for p in pairs)
+def _mcnemar(pairs: Iterable[Pair]) -> bool:
+    return all(p.base_runs == p.now_runs == 1 for p in pairs)
 
 
 def evidence(pairs: Sequence[Pair]) -> Evidence:
@@ -293,7 +290,7 @@ def p_value(pairs: Sequence[Pair]) -> float:
     return evidence(pairs).p
 
 
-def difference(pairs: Sequence[Pair], confidence: float = 0.95) -> tuple[float, float, float]:
+def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
     """``(diff, low, high)``: candidate minus baseline mean rate, the one estimate every line
     shows. Newcombe's paired interval with one run a side, else the normal interval of the
     mean per-problem difference (problems the unit: both sides' noise and their spread)."""
@@ -302,37 +299,34 @@ def difference(pairs: Sequence[Pair], confidence: float = 0.95) -> tuple[float, 
         return 0.0, -1.0, 1.0
     if _mcnemar(pairs):
         cells = Counter((p.base_correct, p.now_correct) for p in pairs)
-        return paired_difference_interval(
-            cells[1, 1], cells[1, 0], cells[0, 1], cells[0, 0], confidence
-        )
+        return paired_difference_interval(cells[1, 1], cells[1, 0], cells[0, 1], cells[0, 0])
     deltas = [p.now_rate - p.base_rate for p in pairs]
     diff = math.fsum(deltas) / n
     if n < 2:
         return diff, -1.0, 1.0
     var = math.fsum((x - diff) ** 2 for x in deltas) / (n * (n - 1))
-    half = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(var)
+    half = NormalDist().inv_cdf(0.975) * math.sqrt(var)
     return diff, max(-1.0, diff - half), min(1.0, diff + half)
 
 
 @dataclass(frozen=True)
 class Reach:
-    """The spread drop detected with ``power``, and the candidate repeats that would bring
-    it to one point (None: none)."""
+    """The spread drop detected with :data:`POWER`, and the candidate repeats that would
+    bring it to one point (None: none)."""
 
     problems: float
     points: float
-    power: float
     repeats_for_one_point: int | None
 
 
-def reach(pairs: Sequence[Pair], alpha: float, power: float = 0.8, most: int = 100) -> Reach:
-    """The smallest drop detected with ``power`` at ``alpha`` in the least favourable shape."""
+def reach(pairs: Sequence[Pair], alpha: float) -> Reach:
+    """The smallest drop detected with :data:`POWER` at ``alpha`` in the least favourable
+    shape."""
     n = len(pairs)
     if n == 0:
-        return Reach(0.0, 0.0, power, None)
+        return Reach(0.0, 0.0, None)
     level = alpha if _mcnemar(pairs) else (1.0 - FLIP_SHARE) * alpha
-    normal = NormalDist()
-    z = normal.inv_cdf(1.0 - level) + normal.inv_cdf(power)
+    z = NormalDist().inv_cdf(1.0 - level) + NormalDist().inv_cdf(POWER)
     base_share = now_share = 0.0
     for pair in pairs:
         runs = pair.base_runs + pair.now_runs
@@ -352,5 +346,5 @@ def reach(pairs: Sequence[Pair], alpha: float, power: float = 0.8, most: int = 1
     after = max(p.now_runs for p in pairs)
     problems = drop(now_share, after)
     plain = now_share * after  # Σ v_i at one candidate run
-    enough = next((r for r in range(1, most + 1) if drop(plain / r, r) <= n / 100), None)
-    return Reach(problems, 100 * problems / n, power, enough)
+    enough = next((r for r in range(1, MAX_REPEATS + 1) if drop(plain / r, r) <= n / 100), None)
+    return Reach(problems, 100 * problems / n, enough)

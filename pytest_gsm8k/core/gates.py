@@ -66,6 +66,10 @@ def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
     return replace(verdict, passed=False, detail=detail, undecided=True)
 
 
+def _unless(verdict: GateVerdict, why: str | None) -> GateVerdict:
+    return verdict if why is None else undecided(verdict, why)
+
+
 def _first(n: int, ok: Callable[[int], bool]) -> int:
     """The smallest ``c`` in ``0..n`` with ``ok(c)`` (``n + 1``: none); ``ok`` is monotone
     because ``c / n`` is correctly rounded, hence nondecreasing in ``c``."""
@@ -95,10 +99,11 @@ def count_certain(good: int, seen: int, size: int, need: int) -> Verdict | None:
 
 
 class _CountRule:
-    """A count rule: PASS iff the good answers reach :meth:`need`; ``never`` (formatted with
-    the rule) says why it cannot fail when no count fails it."""
+    """A count rule: PASS iff the good answers reach :meth:`need`; ``against`` and ``never``
+    (formatted with the rule) name its limit and say why no count fails it."""
 
     name: str
+    against: ClassVar[str]
     never: ClassVar[str]
 
     def need(self, n: int) -> int:
@@ -111,51 +116,60 @@ class _CountRule:
         return None if n < 1 or self.need(n) > 0 else self.never.format(s=self)
 
     def _verdict(
-        self, rule: str, passed: bool, detail: str, value: float, limit: float, n: int
+        self, n: int, label: str, limit: float, passed: bool, value: float, said: str
     ) -> GateVerdict:
-        verdict = GateVerdict(self.name, rule, passed, detail, value, limit)
-        why = self.cannot_fail(n)
-        return verdict if why is None else undecided(verdict, why)
+        """``said`` and the limit, no verdict when it cannot fail; FAIL with no result."""
+        rule, against = self.name.rpartition(":")[2], self.against.format(s=self)
+        if n == 0:
+            detail = f"no problem has a result{label}: nothing to compare with {against}"
+            return GateVerdict(self.name, rule, False, detail, None, limit)
+        verdict = GateVerdict(self.name, rule, passed, f"{said} {against}", value, limit)
+        return _unless(verdict, self.cannot_fail(n))
+
+
+class _Accuracy(_CountRule):
+    """A floor on the accuracy: ``--gsm8k-min-acc`` or a vLLM config's."""
+
+    floor: float
+
+    def need(self, n: int) -> int:
+        return min_acc_count(self.floor, n)
+
+    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
+        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``)."""
+        total = max(n * runs, 1)
+        passed, accuracy = correct >= self.need(total), correct / total
+        every = f", mean of {runs} answers each" if runs > 1 else ""
+        said = f"accuracy {accuracy:.4f} ({label}, n={n}{every}) {'>=' if passed else 'is below'}"
+        return self._verdict(n, f" ({label})", self.floor, passed, accuracy, said)
 
 
 @dataclass(frozen=True)
-class MinAcc(_CountRule):
+class MinAcc(_Accuracy):
     """``--gsm8k-min-acc``: the accuracy over the run's problems is at least ``threshold``."""
 
     threshold: float
     name: str = "min-acc"
     option: str = "--gsm8k-min-acc"
-    never = "{s.option} {s.threshold:g} cannot fail (every accuracy reaches it): set it above 0"
+    against = "{s.option} {s.threshold:g}"
+    never = against + " cannot fail (every accuracy reaches it): set it above 0"
 
-    def need(self, n: int) -> int:
-        return min_acc_count(self.threshold, n)
-
-    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
-        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``)."""
-        against = f"{self.option} {self.threshold:g}"
-        if n == 0:
-            detail = f"no problem has a result ({label}): nothing to compare with {against}"
-            return GateVerdict(self.name, "min-acc", False, detail, None, self.threshold)
-        passed = correct >= self.need(n * runs)
-        accuracy = correct / (n * runs)
-        every = f", mean of {runs} answers each" if runs > 1 else ""
-        detail = (
-            f"accuracy {accuracy:.4f} ({label}, n={n}{every}) "
-            f"{'>=' if passed else 'is below'} {against}"
-        )
-        return self._verdict("min-acc", passed, detail, accuracy, self.threshold, n)
+    @property
+    def floor(self) -> float:  # type: ignore[override]
+        return self.threshold
 
 
 @dataclass(frozen=True)
-class ToleranceFloor(_CountRule):
+class ToleranceFloor(_Accuracy):
     """A vLLM config's gate as vLLM's test_gsm8k_correctness.py asserts it: ``accuracy >=
     accuracy_threshold - tolerance``, the floor in floats as there."""
 
     config: str
     threshold: float
     tolerance: float
+    against = "accuracy_threshold {s.threshold:g} - tolerance {s.tolerance:g} = {s.floor:.4f}"
     never = (
-        "its floor {s.words} is at or below 0, so no accuracy fails it: raise "
+        "its floor " + against + " is at or below 0, so no accuracy fails it: raise "
         "accuracy_threshold (or lower tolerance) in the config"
     )
 
@@ -164,25 +178,8 @@ class ToleranceFloor(_CountRule):
         return f"{self.config}:vllm-threshold"
 
     @property
-    def floor(self) -> float:
+    def floor(self) -> float:  # type: ignore[override]
         return self.threshold - self.tolerance
-
-    @property
-    def words(self) -> str:
-        t, tolerance = self.threshold, self.tolerance
-        return f"accuracy_threshold {t:g} - tolerance {tolerance:g} = {self.floor:.4f}"
-
-    def need(self, n: int) -> int:
-        return min_acc_count(self.floor, n)
-
-    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
-        if n == 0:
-            detail = f"no problem has a result ({label})"
-            return GateVerdict(self.name, "vllm-threshold", False, detail, None, self.floor)
-        passed = correct >= self.need(n * runs)
-        accuracy = correct / (n * runs)
-        detail = f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} {self.words}"
-        return self._verdict("vllm-threshold", passed, detail, accuracy, self.floor, n)
 
 
 #: the outcomes an answer-format health gate may count (``--gsm8k-max-<outcome>``)
@@ -199,10 +196,8 @@ class MaxShare(_CountRule):
 
     outcome: Outcome
     rate: float
-    never = (
-        "{s.option} {s.rate:g} allows every problem to be {s.words}, "
-        "so it cannot fail: set it below 1"
-    )
+    against = "{s.option} {s.rate:g}"
+    never = against + " allows every problem to be {s.words}, so it cannot fail: set it below 1"
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -228,18 +223,12 @@ class MaxShare(_CountRule):
 
     def verdict(self, count: int, n: int, runs: int = 1) -> GateVerdict:
         """``count`` of the ``n * runs`` answers have the outcome."""
-        if n == 0:
-            detail = f"no problem has a result: nothing to compare with {self.option} {self.rate:g}"
-            return GateVerdict(self.name, self.name, False, detail, None, self.rate)
-        total = n * runs
+        total = max(n * runs, 1)
         allowed = self.allowed(total)
-        passed = count <= allowed
-        what = f"{total} answers" if runs > 1 else f"{n} problems"
-        detail = (
-            f"{count / total:.1%} of {what} {self.words} ({count}; "
-            f"{allowed} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
-        )
-        return self._verdict(self.name, passed, detail, count / total, self.rate, n)
+        passed, what = count <= allowed, f"{total} answers" if runs > 1 else f"{n} problems"
+        said = f"{count / total:.1%} of {what} {self.words} ({count}; {allowed} allowed)"
+        said += " <=" if passed else " >"
+        return self._verdict(n, "", self.rate, passed, count / total, said)
 
 
 def _drop(pairs: Sequence[Pair]) -> float:
@@ -301,8 +290,7 @@ class NoiseAware:
             )
         detail = f"{clause} ({how}): {failing_words(pairs)}; {points_words(*difference(pairs))}"
         verdict = GateVerdict(self.name, "noise-aware", passed, detail, p, self.alpha)
-        why = self.cannot_fail(pairs) if passed else None
-        return verdict if why is None else undecided(verdict, why)
+        return _unless(verdict, self.cannot_fail(pairs) if passed else None)
 
     def rise(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> str | None:
         """The warning for a rise noise cannot explain, or None: never a FAIL, but more often
@@ -340,21 +328,16 @@ class NoiseAware:
     ) -> Verdict | None:
         """The verdict no outcome of the ``unseen`` problems (``(id, base_correct,
         base_runs)``) could change, else None: all fail and all succeed are the extremes for
-        single candidate runs (core/calibrated.py); with repeats it waits for the end."""
-        if any(x.now_runs != 1 for x in seen):
-            return None
+        single candidate runs (core/calibrated.py)."""
         worst, best = extremes(seen, unseen)
         if not self._fails(p_value(worst), _drop(worst)):
             return "PASS" if self.cannot_fail(worst) is None else None
         return "FAIL" if self._fails(p_value(best), _drop(best)) else None
 
 
-def extremes(
-    seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]
-) -> tuple[list[Pair], list[Pair]]:
+def extremes(seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]) -> list[list[Pair]]:
     """The pairs with every unseen problem wrong, and with every one right (one run each)."""
-    worst, best = ([*seen, *(Pair(i, c, k, now, 1) for i, c, k in unseen)] for now in (0, 1))
-    return worst, best
+    return [[*seen, *(Pair(i, c, k, now, 1) for i, c, k in unseen)] for now in (0, 1)]
 
 
 @lru_cache(maxsize=64)
