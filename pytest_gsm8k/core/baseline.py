@@ -70,8 +70,19 @@ def record_runs(record: Mapping[str, Any]) -> tuple[int, int]:
     """A run's record as (correct runs, runs): its ``--gsm8k-repeats``, else one run."""
     outcomes = record.get("repeats") or ()
     if len(outcomes) > 1:
-        return int(record["repeats_correct"]), len(outcomes)
+        return outcomes.count("correct"), len(outcomes)
     return int(bool(record["correct"])), 1
+
+
+def entry(record: Mapping[str, Any], calibrated: bool, sampled: bool = False) -> Any:
+    """A run's record as a baseline's problem: its outcome, with its runs (calibrated) or
+    its samples' counts."""
+    if calibrated:
+        correct, runs = record_runs(record)
+        return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
+    if sampled:
+        return {key: record[key] for key in ("outcome", "n_correct", "n_samples")}
+    return record["outcome"]
 
 
 def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
@@ -80,15 +91,7 @@ def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[s
     records = summary_json["problems"]
     repeats = max((len(r.get("repeats") or ()) for r in records), default=0)
     sampled = int(summary_json["protocol"]["samples"]) > 1
-    problems: dict[str, Any] = {}
-    for record in records:
-        entry: Any = record["outcome"]
-        if repeats > 1:
-            correct, runs = record_runs(record)
-            entry = {"correct": correct, "outcome": entry, "repeats": runs}
-        elif sampled:
-            entry = {key: record[key] for key in ("outcome", "n_correct", "n_samples")}
-        problems[record["id"]] = entry
+    problems = {record["id"]: entry(record, repeats > 1, sampled) for record in records}
     subset = summary_json.get("subset", {})
     document: dict[str, Any] = {
         "schema": SCHEMA,
@@ -150,10 +153,8 @@ _PROBLEMS_SLOT = "\u0000problems\u0000"
 def dumps(baseline: dict[str, Any]) -> str:
     """Stable text, one problem per line (a calibrated entry's object too), so a baseline
     diff reads well in a PR."""
-    problems = baseline.get("problems")
-    if not isinstance(problems, dict) or not any(
-        isinstance(v, dict) and "repeats" in v for v in problems.values()
-    ):
+    problems = baseline.get("problems") or {}
+    if not any(isinstance(v, dict) and "repeats" in v for v in problems.values()):
         return to_json(baseline, indent=1, sort_keys=True) + "\n"
     text = to_json({**baseline, "problems": _PROBLEMS_SLOT}, indent=1, sort_keys=True)
     rows = ",\n".join(
@@ -296,8 +297,7 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
     subset = baseline.get("subset")
     subset = subset if isinstance(subset, dict) else {}
     limit, seed, first = subset.get("limit"), subset.get("seed", 0), subset.get("first") is True
-    if first and seed is None:
-        seed = 0  # the first N (a vLLM config's): no seed chose them
+    seed = 0 if first and seed is None else seed  # no seed chose a vLLM config's first N
     if not (limit is None or (isinstance(limit, int) and limit > 0)) or not isinstance(seed, int):
         raise _corrupt(where, "its subset limit or seed is not a number")
     selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
@@ -325,16 +325,15 @@ def first_difference(
     )
     # the options a user sets before what follows from them: "shots is 5", not a hash
     order = sorted({*now, *base}, key=lambda k: (k in DERIVED, k))
-    checks: list[tuple[str, Mapping[str, Any], Mapping[str, Any], Sequence[str]]]
-    checks = [("protocol", now, base, order)]
-    if summary_json.get("config") is not None or baseline.get("config") is not None:
-        now_c, base_c = (
-            c if isinstance(c, Mapping) else {}
-            for c in (summary_json.get("config"), baseline.get("config"))
-        )
-        checks.append(("config", now_c, base_c, CONFIG_KEYS))
-    checks.append(("dataset", summary_json["dataset"], baseline["dataset"], SAME_SPLIT))
-    for what, ours, theirs, keys in checks:
+    now_c, base_c = (
+        c if isinstance(c, Mapping) else {}
+        for c in (summary_json.get("config"), baseline.get("config"))
+    )
+    for what, ours, theirs, keys in (
+        ("protocol", now, base, order),
+        ("config", now_c, base_c, CONFIG_KEYS),
+        ("dataset", summary_json["dataset"], baseline["dataset"], SAME_SPLIT),
+    ):
         for key in keys:
             if ours.get(key) != theirs.get(key):
                 return f"{what} {key} is {ours.get(key)!r} {here} but {theirs.get(key)!r} {there}"
@@ -386,10 +385,8 @@ def check(
 ) -> dict[str, Any]:
     """The stored document, checked: readable, of the protocol and dataset of ``here`` and
     holding problems of ``split``; else :class:`BaselineError`, one line naming the file."""
-    if stored.error is not None:
-        raise BaselineError(stored.error)
     if stored.document is None:
-        raise BaselineError(f"no baseline at {stored.shown}")
+        raise BaselineError(stored.error or f"no baseline at {stored.shown}")
     difference = first_difference(stored.document, here)
     if difference:
         raise BaselineError(f"refused to compare with {stored.shown}: {difference}")

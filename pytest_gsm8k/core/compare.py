@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference, record_runs
+from pytest_gsm8k.core.baseline import entry, first_difference
+from pytest_gsm8k.core.calibrated import MAX_REPEATS
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord
@@ -41,7 +42,7 @@ def _shown(value: object) -> str:
     return clip(repr(value), 40)
 
 
-def _need(ok: bool, where: str, field: str, why: str) -> None:
+def _need(ok: object, where: str, field: str, why: str) -> None:
     if not ok:
         raise CompareError(f"{where}: corrupt JSON report ({field}: {why})")
 
@@ -63,18 +64,16 @@ def load_report(text: str | bytes, where: str) -> dict[str, Any]:
             f"schema {REPORT_SCHEMA}"
         )
     _check_run(data, where, "")
-    problems = _check_list(data["problems"], MAX_PROBLEMS, where, "problems")
     ids: set[str] = set()
-    for number, record in enumerate(problems):
+    for number, record in enumerate(_check_list(data, "problems", MAX_PROBLEMS, where)):
         _check_problem(record, where, f"problems[{number}]", ids)
     if "configs" in data:
         names: set[str] = set()
-        for number, entry in enumerate(_check_list(data["configs"], MAX_CONFIGS, where, "configs")):
+        for number, entry in enumerate(_check_list(data, "configs", MAX_CONFIGS, where)):
             _check_run(entry, where, f"configs[{number}].")
-            config = entry.get("config")
-            name = config.get("name") if isinstance(config, dict) else None
+            name = entry["config"].get("name") if isinstance(entry.get("config"), dict) else None
             _unique(name, names, where, f"configs[{number}].config.name")
-        for number, record in enumerate(problems):
+        for number, record in enumerate(data["problems"]):
             ok = record["id"].rpartition(":")[0] in names
             _need(ok, where, f"problems[{number}].id", f"{_shown(record['id'])} names no config")
     return data
@@ -87,26 +86,24 @@ def _unique(value: object, seen: set[str], where: str, field: str) -> None:
     seen.add(cast(str, value))
 
 
-def _check_list(value: object, most: int, where: str, field: str) -> list[Any]:
-    _need(isinstance(value, list), where, field, "not a list")
-    items = cast(list[Any], value)
-    _need(len(items) <= most, where, field, f"{len(items)} entries, at most {most}")
-    return items
+def _check_list(data: dict[str, Any], key: str, most: int, where: str) -> list[Any]:
+    items = data[key]
+    _need(isinstance(items, list), where, key, "not a list")
+    _need(len(items) <= most, where, key, f"{len(items)} entries, at most {most}")
+    return cast(list[Any], items)
 
 
-def _check_run(run: object, where: str, at: str) -> None:
+def _check_run(run: Any, where: str, at: str) -> None:
     _need(isinstance(run, dict), where, at.rstrip(".") or "report", "not an object")
-    fields = cast(dict[str, Any], run)
     for key in ("protocol", "dataset"):
-        _need(isinstance(fields.get(key), dict), where, at + key, "missing or not an object")
-    _need(isinstance(fields.get("model", ""), str), where, at + "model", "not a string")
+        _need(isinstance(run.get(key), dict), where, at + key, "missing or not an object")
+    _need(isinstance(run.get("model", ""), str), where, at + "model", "not a string")
 
 
-def _check_problem(record: object, where: str, at: str, seen: set[str]) -> None:
+def _check_problem(record: Any, where: str, at: str, seen: set[str]) -> None:
     """One problem's record: a unique id, an outcome name with its correctness, and with
     --gsm8k-repeats 2 to MAX_REPEATS outcome names."""
     _need(isinstance(record, dict), where, at, "not an object")
-    record = cast(dict[str, Any], record)
     _unique(record.get("id"), seen, where, f"{at}.id")
     index = record.get("index", 0)
     ok = isinstance(index, int) and not isinstance(index, bool) and index >= 0
@@ -201,7 +198,9 @@ def compare(
         )
     not_whole = "; ".join(gaps) + ": rerun until every problem has an answer" if gaps else None
     records = [_record(r) for r in in_b.values() if r["id"] not in bad]
-    document = {"problems": {p: _entry(_record(r)) for p, r in in_a.items() if p not in bad}}
+    document = {
+        "problems": {p: entry(r, bool(r.get("repeats"))) for p, r in in_a.items() if p not in bad}
+    }
     group = Group(
         name="",
         label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
@@ -265,7 +264,7 @@ def compare_all(
         return [compare(a, b, alpha=alpha, where=where)]
     runs_a, runs_b = _configs(a), _configs(b)
     results: list[Comparison | CompareError] = []
-    for name in [*runs_a, *(n for n in runs_b if n not in runs_a)]:
+    for name in {**runs_a, **runs_b}:  # A's order, then B's new ones
         try:
             if name not in runs_a or name not in runs_b:
                 holder = where_a if name in runs_a else where_b
@@ -297,25 +296,11 @@ def _errored(record: Mapping[str, Any]) -> bool:
 def _record(record: Mapping[str, Any]) -> ProblemRecord:
     """What the verdict reads of a problem, and nothing else a report could forge (its
     repeats' correct count is counted again)."""
-    out: dict[str, Any] = {
-        "id": record["id"],
-        "index": record.get("index", 0),
-        "outcome": record["outcome"],
-        "correct": record["correct"],
-        "rules": {},
-        "samples": [],
-    }
-    outcomes = record.get("repeats") or ()
-    if len(outcomes) > 1:
+    out = {key: record[key] for key in ("id", "outcome", "correct")}
+    out.update(index=record.get("index", 0), rules={}, samples=[])
+    if outcomes := record.get("repeats"):
         out.update(repeats=list(outcomes), repeats_correct=outcomes.count("correct"))
     return cast(ProblemRecord, out)
-
-
-def _entry(record: ProblemRecord) -> Any:
-    correct, runs = record_runs(record)
-    if runs > 1:
-        return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
-    return record["outcome"]
 
 
 def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
