@@ -1,8 +1,5 @@
-"""Baselines: a stored run, read, checked and compared with a new run. Pure.
-
-Which problems a baseline holds is part of what it says: docs/design.md#which-problems-a-
-baseline-holds and #which-baseline-a-protocol-uses. Comparisons pair the ids both hold.
-"""
+"""Baselines: a stored run, read, checked and compared with a new run (comparisons pair the
+ids both hold). Pure. docs/design.md#which-problems-a-baseline-holds."""
 
 from __future__ import annotations
 
@@ -52,8 +49,8 @@ class BaselineError(Exception):
     """A baseline that cannot be used; one line naming the file and the reason."""
 
 
-def _corrupt(where: str, why: str) -> BaselineError:
-    return BaselineError(f"{where}: corrupt baseline ({why})")
+def _corrupt(where: str, why: str, edited: bool = False) -> BaselineError:
+    return BaselineError(f"{where}: corrupt baseline ({why}{': edited by hand?' * edited})")
 
 
 def default_name(label: str) -> str:
@@ -184,41 +181,31 @@ def loads(text: str, where: str) -> dict[str, Any]:
     problems = data["problems"]
     for pid, entry in problems.items():
         _check_entry(pid, entry, where)
-    stored, made = data.get("calibration"), calibration(problems)
+    stored, made, size = data.get("calibration"), calibration(problems), len(problems)
     if stored is not None and stored != made:
-        raise _corrupt(
-            where,
-            f"its calibration {stored!r} is not that of its {len(problems)} problems, "
-            f"{made!r}: edited by hand?",
-        )
+        why = f"its calibration {stored!r} is not that of its {size} problems, {made!r}"
+        raise _corrupt(where, why, edited=True)
     accuracy: Any = data.get("accuracy")
     if not _is_int(accuracy, int | float):
         raise _corrupt(where, "no accuracy")
     if problems:
-        measured = sum(1 for entry in problems.values() if _correct(entry)) / len(problems)
+        measured = sum(1 for entry in problems.values() if _correct(entry)) / size
         # a calibrated baseline's accuracy is the mean over every run (test@1); one written
         # before that holds its outcomes' (the most common answer's): both are consistent
-        mean = sum(c / k for c, k in map(runs, problems.values())) / len(problems)
+        mean = sum(c / k for c, k in map(runs, problems.values())) / size
         if min(abs(measured - accuracy), abs(mean - accuracy)) > 1e-6:
-            raise _corrupt(
-                where,
-                f"its accuracy {float(accuracy):.6f} is not that of its {len(problems)} "
-                f"outcomes, {measured:.6f}: edited by hand?",
-            )
+            why = f"its accuracy {float(accuracy):.6f} is not that of its {size} outcomes"
+            raise _corrupt(where, f"{why}, {measured:.6f}", edited=True)
     n, partial = data.get("n"), data.get("partial")
-    if n is not None and (not _is_int(n) or n != len(problems)):
-        raise _corrupt(
-            where, f"its n {n!r} is not the {len(problems)} problems it holds: edited by hand?"
-        )
+    if n is not None and (not _is_int(n) or n != size):
+        raise _corrupt(where, f"its n {n!r} is not the {size} problems it holds", edited=True)
     if partial is not None:
         ids, of = (partial.get(k) if isinstance(partial, dict) else None for k in ("ids", "of"))
         if not isinstance(ids, list) or not _is_int(of):
             raise _corrupt(where, "'partial' has no ids or no 'of'")
-        if sorted(str(i) for i in ids) != sorted(problems) or len(ids) != len(problems):
-            raise _corrupt(
-                where,
-                f"its partial ids are not the {len(problems)} problems it holds: edited by hand?",
-            )
+        if sorted(str(i) for i in ids) != sorted(problems) or len(ids) != size:
+            why = f"its partial ids are not the {size} problems it holds"
+            raise _corrupt(where, why, edited=True)
     return data
 
 
@@ -274,15 +261,21 @@ def _check_entry(pid: str, entry: Any, where: str) -> None:
     # "correct" needs a correct run, any other outcome at least as many runs as the correct
     # ones (a tie goes to the one seen first)
     if (c == 0) if outcome == "correct" else (2 * c > k):
-        raise _corrupt(
-            where,
-            f"problem {pid}: outcome {outcome!r} with {c} of {k} repeats correct: edited by hand?",
-        )
+        why = f"problem {pid}: outcome {outcome!r} with {c} of {k} repeats correct"
+        raise _corrupt(where, why, edited=True)
 
 
-def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Problem]) -> None:
-    """Refuse ids ``split`` does not have, or a full baseline that is not exactly its
-    selection (a partial one says so). Call after :func:`first_difference`."""
+def check(
+    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
+) -> dict[str, Any]:
+    """The stored document of the protocol and dataset of ``here``, holding problems of
+    ``split`` and, unless it says it is partial, exactly its selection."""
+    baseline, where = stored.document, stored.shown
+    if baseline is None:
+        raise BaselineError(stored.error or f"no baseline at {where}")
+    difference = first_difference(baseline, here)
+    if difference:
+        raise BaselineError(f"refused to compare with {where}: {difference}")
     ids = set(baseline["problems"])
     unknown = sorted(ids - {p.id for p in split})
     if unknown:
@@ -293,7 +286,7 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
             f"{', '.join(unknown[:5])}{more} (edited by hand?)"
         )
     if baseline.get("partial") is not None:
-        return
+        return baseline
     subset = baseline.get("subset")
     subset = subset if isinstance(subset, dict) else {}
     limit, seed, first = subset.get("limit"), subset.get("seed", 0), subset.get("first") is True
@@ -309,6 +302,7 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
             f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "
             "and it does not say it is partial; record it again with --snapshot-update"
         )
+    return baseline
 
 
 def first_difference(
@@ -378,20 +372,6 @@ def compare(
         "baseline_n": len(base),
         "not_in_baseline": len(set(run_ids) - set(base)),
     }
-
-
-def check(
-    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
-) -> dict[str, Any]:
-    """The stored document, checked: readable, of the protocol and dataset of ``here`` and
-    holding problems of ``split``; else :class:`BaselineError`, one line naming the file."""
-    if stored.document is None:
-        raise BaselineError(stored.error or f"no baseline at {stored.shown}")
-    difference = first_difference(stored.document, here)
-    if difference:
-        raise BaselineError(f"refused to compare with {stored.shown}: {difference}")
-    check_problem_set(stored.document, stored.shown, split)
-    return stored.document
 
 
 def noise_block(
@@ -484,10 +464,9 @@ def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | Non
 
 
 def dropped(stored: StoredBaseline, report: Mapping[str, Any], split: Sequence[Problem]) -> int:
-    if not stored.exists:
-        return 0
+    """The problems a usable stored baseline holds that the run does not."""
     try:
-        document = check(stored, report, split)
+        held = set(check(stored, report, split)["problems"])
     except BaselineError:
         return 0
-    return len(set(document["problems"]) - {record["id"] for record in report["problems"]})
+    return len(held - {record["id"] for record in report["problems"]})
