@@ -1,9 +1,6 @@
-"""The noise-aware baseline test: worse than the baseline beyond its own run-to-run noise? Pure.
-
-Batched serving answers some problems differently from run to run even at temperature 0; this
-tests the candidate against the noise a baseline of K runs per problem shows. The derivation:
-docs/baselines.md#the-noise-aware-test.
-"""
+"""The noise-aware baseline test: worse than the baseline beyond its own run-to-run noise
+(batched serving flips some answers even at temperature 0)? Pure. The derivation:
+docs/baselines.md#the-noise-aware-test."""
 
 from __future__ import annotations
 
@@ -182,8 +179,6 @@ def _weights(informative: Sequence[Pair]) -> list[int]:
     """``a_i ∝ 1 / K_i + 1 / L_i`` in integers, rounded when large (a close cousin of ``Δ``,
     still tested exactly)."""
     fractions = [Fraction(1, p.base_runs) + Fraction(1, p.now_runs) for p in informative]
-    if not fractions:
-        return []
     common = math.lcm(*(f.denominator for f in fractions))
     numerators = [int(f * common) for f in fractions]
     divisor = math.gcd(*numerators)
@@ -202,14 +197,9 @@ def _convolve(a: _Law, b: _Law) -> _Law:
     for j, q in enumerate(y):
         if q:
             out[j : j + len(x)] = [o + q * v for o, v in zip(out[j : j + len(x)], x, strict=True)]
-    low, high, mass = 0, len(out), 0.0
-    while low < high - 1 and mass + out[low] <= _DROPPED:
-        mass += out[low]
-        low += 1
-    mass = 0.0
-    while high - 1 > low and mass + out[high - 1] <= _DROPPED:
-        mass += out[high - 1]
-        high -= 1
+    # the running sums only grow: those within _DROPPED are a prefix (one value stays)
+    low = sum(mass <= _DROPPED for mass in itertools.accumulate(out[:-1]))
+    high = len(out) - sum(mass <= _DROPPED for mass in itertools.accumulate(out[:low:-1]))
     return start + shift + low, out[low:high]
 
 

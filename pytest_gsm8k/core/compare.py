@@ -1,12 +1,6 @@
-"""Two runs compared problem by problem, from their JSON reports. Pure.
-
-``python -m pytest_gsm8k compare A.json B.json``: is B worse than A? The baseline gate's
-question, so :func:`~pytest_gsm8k.core.verdict.decide` answers it with A as B's baseline
-(docs/baselines.md#compare-two-runs); config by config for ``--gsm8k-config`` reports. A
-problem that ended in an error in either is left out and makes the comparison undecided: "any
-error" needs no monotonicity of the test and cannot be gamed. A report is untrusted input:
-:func:`load_report` bounds every field compare reads as ``report.schema.json`` does.
-"""
+"""``python -m pytest_gsm8k compare A.json B.json``: is B worse than A? The baseline gate's
+question, so ``decide`` answers it with A as B's baseline, per config of a matrix
+(docs/baselines.md#compare-two-runs). A report is untrusted input. Pure."""
 
 from __future__ import annotations
 
@@ -34,8 +28,7 @@ MAX_ID = 1_000
 
 
 class CompareError(Exception):
-    """Two reports that cannot be compared, or a file that is not a report: one line
-    naming the file and the reason."""
+    """Two reports that cannot be compared, or a file that is not a report (one line)."""
 
 
 def _shown(value: object) -> str:
@@ -125,8 +118,7 @@ def _check_problem(record: Any, where: str, at: str, seen: set[str]) -> None:
 
 @dataclass(frozen=True)
 class Side:
-    """One of the two reports: ``A`` or ``B``, the file as given, its model, the problems it
-    holds, its accuracy over the pairs and whether it finished its whole selection."""
+    """One of the two reports: its accuracy over the pairs, whether it ran its whole selection."""
 
     name: str
     where: str
@@ -138,9 +130,8 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
-    """B against A: the pairs (``shared``, errors left out), the ids only one holds, those
-    that ended in an error in either, the flips, B - A with its 95% interval, the gate's
-    p-value and verdict, and why it is no verdict (else None)."""
+    """B against A: the pairs (``shared``, errors left out) and the ids left out, the flips,
+    B - A with its 95% interval, the gate's verdict and why it is no verdict (else None)."""
 
     label: str
     a: Side
@@ -171,9 +162,8 @@ def compare(
     alpha: float = 0.05,
     where: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
-    """Report ``b`` against report ``a`` (both from :func:`load_report`); ``where`` names the
-    two files. :class:`CompareError` for reports of different protocols or datasets, or with
-    no problem to pair."""
+    """Report ``b`` against report ``a`` (both from :func:`load_report`, files ``where``);
+    :class:`CompareError` for other protocols or datasets, or no problem to pair."""
     where_a, where_b = where
     difference = first_difference(a, b, here=f"in B ({where_b})", there=f"in A ({where_a})")
     if difference:
@@ -186,16 +176,14 @@ def compare(
         why = f"all {len(bad)} problems both hold ended in an error in one of them"
         why = why if bad else "no problem id in common"
         raise CompareError(f"nothing to compare in {where_a} and {where_b}: {why}")
-    # a gate that was not decided never passes: an unanswered problem may be a failure, and
-    # so may one a report left out (deselected, skipped, not reached)
-    gaps = [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
-    if bad:
-        errors_a, errors_b = (sum(_errored(side[pid]) for pid in bad) for side in (in_a, in_b))
-        gaps.insert(
-            0,
-            f"{len(bad)} of the {len(common)} problems both reports hold ended in an error "
-            f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop",
-        )
+    # never a verdict on part: an unanswered problem (an error: "any error" needs no
+    # monotonicity and cannot be gamed) or one a report left out may be a failure
+    errors_a, errors_b = (sum(_errored(side[pid]) for pid in bad) for side in (in_a, in_b))
+    gaps = [
+        f"{len(bad)} of the {len(common)} problems both reports hold ended in an error "
+        f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop"
+    ] * bool(bad)
+    gaps += [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
     not_whole = "; ".join(gaps) + ": rerun until every problem has an answer" if gaps else None
     records = [_record(r) for r in in_b.values() if r["id"] not in bad]
     document = {
@@ -250,9 +238,8 @@ def compare_all(
     alpha: float = 0.05,
     where: tuple[str, str] = ("A", "B"),
 ) -> list[Comparison | CompareError]:
-    """:func:`compare`, or for two ``--gsm8k-config`` reports one entry per config (A's
-    order, then B's new ones), each compared or refused on its own. :class:`CompareError`
-    for a matrix against a single run, or as :func:`compare` raises."""
+    """:func:`compare`, or for two ``--gsm8k-config`` reports one entry per config, each
+    compared or refused on its own (a matrix against a single run is refused)."""
     where_a, where_b = where
     if ("configs" in a) != ("configs" in b):
         matrix, other = (where_a, where_b) if "configs" in a else (where_b, where_a)
@@ -278,8 +265,7 @@ def compare_all(
 
 
 def _configs(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """A matrix report's configs by name, each a report of its own: its entry in
-    ``configs`` with the problems whose ids carry its name (``alpha:test-0042``)."""
+    """A matrix report's configs by name, each with the problems whose ids carry its name."""
     problems: dict[str, list[Any]] = {}
     for record in report["problems"]:
         problems.setdefault(record["id"].rpartition(":")[0], []).append(record)
@@ -304,8 +290,8 @@ def _record(record: Mapping[str, Any]) -> ProblemRecord:
 
 
 def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
-    """Why ``report`` does not hold its whole selection, or None: what a run left out is what
-    a report hiding its failures would leave out, so the rest decides nothing."""
+    """Why ``report`` does not hold its whole selection (a report hiding its failures would
+    leave them out), or None."""
     subset = report.get("subset")
     deselected = subset.get("deselected") if isinstance(subset, Mapping) else None
     if isinstance(deselected, int) and deselected > 0:

@@ -1,10 +1,6 @@
-"""The release gates' rules, each written once (docs/baselines.md). Pure.
-
-Each spec answers :meth:`verdict` on final counts, :meth:`certain` on partial ones (the early
-stop) and :meth:`cannot_fail` (no outcome could FAIL it at this size: no verdict, never
-certain PASS). Count thresholds are integers that agree with the float comparison a reader
-would write, so the end and the early stop never differ by a rounding.
-"""
+"""The release gates' rules, each written once: the verdict on final counts, ``certain`` on
+partial ones (the early stop), ``cannot_fail`` at this size (no verdict). Count thresholds
+are integers that agree with the float comparison, so the two never differ by a rounding. Pure."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ class GateVerdict:
     threshold: float | None = None
     undecided: bool = False
 
-    def __post_init__(self) -> None:
-        # names from outside (a config's file, a label, a model id), made fit for one line once
+    def __post_init__(self) -> None:  # names from outside, made fit for one line once
         object.__setattr__(self, "name", printable(self.name))
         object.__setattr__(self, "detail", printable(self.detail))
 
