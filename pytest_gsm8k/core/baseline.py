@@ -415,29 +415,25 @@ def noise_block(
 
 def noise_sentence(seen: Mapping[str, Any]) -> str:
     """The terminal's line on what the gate can see (from :func:`noise_block`)."""
-    counts = seen["stability"]
-    shared = sum(counts.values())
-    runs = seen["repeats"]["baseline"]
-    drop = seen["detectable_drop"]
-    more = drop["repeats_for_one_point"]
-    detects = (
+    counts, drop, alpha = seen["stability"], seen["detectable_drop"], f"alpha={seen['alpha']:g}"
+    shared, more = sum(counts.values()), drop["repeats_for_one_point"]
+    can_see = (
         f"detects a drop of {drop['points']:.1f} points or more spread over the noisy "
-        f"problems ({drop['problems']:g} problems; 80% power, n={shared}, "
-        f"alpha={seen['alpha']:g})"
+        f"problems ({drop['problems']:g} problems; 80% power, n={shared}, {alpha})"
         if drop["problems"] <= shared  # past that no drop the run can show is detectable
-        else f"detects no drop at this size ({shared} problems; alpha={seen['alpha']:g})"
+        else f"detects no drop at this size ({shared} problems; {alpha})"
     )
-    can_see = f"{detects}; " + (
-        f"{more} candidate run{'s' if more != 1 else ''} per problem (--gsm8k-repeats) "
-        "would reach 1 point"
+    can_see += (
+        f"; {more} candidate run{'s' * (more != 1)} per problem (--gsm8k-repeats) would reach "
+        "1 point"
         if more is not None
-        else "no number of candidate repeats reaches 1 point with this baseline"
+        else "; no number of candidate repeats reaches 1 point with this baseline"
     )
     if drop["points"] > 5:
         can_see += "; it cannot reach 80% power against a 5-point drop at this size"
-    if runs == 1:
+    if (runs := seen["repeats"]["baseline"]) == 1:
         return (
-            f"noise: a single-run baseline cannot tell noisy problems from stable ones "
+            "noise: a single-run baseline cannot tell noisy problems from stable ones "
             f"(record it with --gsm8k-repeats K); the gate {can_see}"
         )
     return (
@@ -451,8 +447,7 @@ def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | Non
     """Why a run of ``repeats`` per problem may not replace ``document``, or None: one of
     fewer runs would silently cost the gate its power (a 1-point drop caught 13% of the
     time instead of 99%)."""
-    calibration = document.get("calibration") if isinstance(document, dict) else None
-    stored_k = calibration.get("repeats") if isinstance(calibration, dict) else None
+    stored_k = ((document or {}).get("calibration") or {}).get("repeats")  # checked by loads
     if not isinstance(stored_k, int) or stored_k <= repeats:
         return None
     made = f"{repeats} runs" if repeats > 1 else "1 run"

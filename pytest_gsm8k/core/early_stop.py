@@ -1,6 +1,5 @@
-"""Early stopping for the release gates: what each mode promises and the proof of the
-sequential test are in docs/early-stop.md. Pure.
-"""
+"""Early stopping for the release gates (each mode's promise and the sequential test's proof:
+docs/early-stop.md). Pure."""
 
 from __future__ import annotations
 
@@ -231,24 +230,19 @@ class EarlyStop:
         runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
         shared = len(set(runs) & set(ids))
         compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
-        gates = [
-            *(spec for spec in (specs.min_acc, floor) if spec is not None),
-            *((specs.baseline,) if compared else ()),
-            *specs.health,
-        ]
+        wanted = (specs.min_acc, floor, specs.baseline if compared else None, *specs.health)
+        gates = [gate for gate in wanted if gate is not None]
         if not ids or not gates:
             return None
         return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
 
     def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:
-        seen = [
-            Pair(i, c, k, self._now[i], 1) for i, (c, k) in self._base.items() if i in self._now
-        ]
-        return seen, [(i, c, k) for i, (c, k) in self._base.items() if i not in self._now]
+        now, base = self._now, self._base.items()
+        seen = [Pair(i, c, k, now[i], 1) for i, (c, k) in base if i in now]
+        return seen, [(i, c, k) for i, (c, k) in base if i not in now]
 
     def _noise_certain(self) -> Verdict | None:
-        # with repeats on the candidate the p-value is not monotone: it waits for the end
-        if self._noise is None or self.repeats > 1:
+        if self._noise is None or self.repeats > 1:  # with repeats p is not monotone: the end
             return None
         return self._noise.certain(*self._split())
 
