@@ -54,8 +54,7 @@ def _corrupt(where: str, why: str, edited: bool = False) -> BaselineError:
 
 
 def default_name(label: str) -> str:
-    """A file-system-safe name from the protocol label; a long one keeps its beginning and
-    ends with a hash of the whole label (readable, stable, distinct per protocol)."""
+    """A file-system-safe name from the label; a long one ends with the label's hash."""
     name = re.sub(r"[^A-Za-z0-9@.+-]+", "_", label).strip("_")
     if len(name) <= NAME_LIMIT:
         return name
@@ -72,8 +71,7 @@ def record_runs(record: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def entry(record: Mapping[str, Any], calibrated: bool, sampled: bool = False) -> Any:
-    """A run's record as a baseline's problem: its outcome, with its runs (calibrated) or
-    its samples' counts."""
+    """A run's record as a baseline's problem: its outcome, its runs or its samples' counts."""
     if calibrated:
         correct, runs = record_runs(record)
         return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
@@ -83,8 +81,7 @@ def entry(record: Mapping[str, Any], calibrated: bool, sampled: bool = False) ->
 
 
 def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
-    """The baseline document from a run's JSON report; ``partial``: why the run covers only
-    part of its selection (recorded with the selection's size and the ids held)."""
+    """The baseline document from a run's JSON report; ``partial``: why it holds only part."""
     records = summary_json["problems"]
     repeats = max((len(r.get("repeats") or ()) for r in records), default=0)
     sampled = int(summary_json["protocol"]["samples"]) > 1
@@ -148,8 +145,7 @@ _PROBLEMS_SLOT = "\u0000problems\u0000"
 
 
 def dumps(baseline: dict[str, Any]) -> str:
-    """Stable text, one problem per line (a calibrated entry's object too), so a baseline
-    diff reads well in a PR."""
+    """Stable text, one problem per line, so a baseline diff reads well in a PR."""
     problems = baseline.get("problems") or {}
     if not any(isinstance(v, dict) and "repeats" in v for v in problems.values()):
         return to_json(baseline, indent=1, sort_keys=True) + "\n"
@@ -162,8 +158,7 @@ def dumps(baseline: dict[str, Any]) -> str:
 
 
 def loads(text: str, where: str) -> dict[str, Any]:
-    """A baseline file's document; a hand edit that would gate against numbers nobody
-    measured is refused."""
+    """A baseline file's document; a hand edit that gates on numbers nobody measured is refused."""
     try:
         data = jsondepth.loads(text)
     except json.JSONDecodeError as exc:
@@ -219,8 +214,7 @@ _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
 
 
 def _refuse_duplicates(text: str, where: str) -> None:
-    """A key given twice in one object (``json`` keeps the later silently) is refused with
-    its line. Only called on text that parsed."""
+    """A key given twice in one object (``json`` keeps the later silently), with its line."""
     keys: list[set[str] | None] = []  # per open object its keys (None: an array)
     last: re.Match[str] | None = None  # the string just read: a key when a colon follows
     for token in _JSON_TOKEN.finditer(text):
@@ -243,8 +237,7 @@ def _refuse_duplicates(text: str, where: str) -> None:
 
 
 def _check_entry(pid: str, entry: Any, where: str) -> None:
-    """An outcome name; a calibrated entry's ``0 <= correct <= repeats <= 100`` and an
-    outcome that can be the most common of those runs."""
+    """An outcome; a calibrated entry's counts, and an outcome that can be their most common."""
     outcome = entry.get("outcome") if isinstance(entry, dict) else entry
     if not isinstance(outcome, str) or outcome not in OUTCOMES:
         raise _corrupt(
@@ -312,8 +305,8 @@ def first_difference(
     here: str = "here",
     there: str = "in the baseline",
 ) -> str | None:
-    """The first protocol, config or dataset field that differs, as a phrase (``here`` and
-    ``there`` name the sides); None when comparable. Every comparison of runs asks this."""
+    """The first protocol, config or dataset field that differs, as a phrase; None when
+    comparable. Every comparison of runs asks this."""
     now, base = (
         {k: v for k, v in d["protocol"].items() if k != "label"} for d in (summary_json, baseline)
     )
@@ -359,8 +352,7 @@ def moved_from(
 def compare(
     baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], run_ids: Collection[str]
 ) -> dict[str, Any]:
-    """The report's counts of a comparison (beside :func:`noise_block`): shared problems,
-    ``subset``, the run's ids it lacks, and McNemar's p on the flipped outcomes."""
+    """The report's counts of a comparison beside :func:`noise_block`."""
     base = baseline["problems"]
     flips = Counter(
         (_correct(base[str(r["id"])]), bool(r["correct"])) for r in records if str(r["id"]) in base
@@ -377,7 +369,7 @@ def compare(
 def noise_block(
     pairs: Sequence[Pair], alpha: float, seen: Evidence | None = None
 ) -> dict[str, Any]:
-    """The report's baseline block: what the noise-aware gate sees in the shared problems."""
+    """The report's baseline block: what the noise-aware gate sees."""
     counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
     seen, can, (diff, low, high) = seen or evidence(pairs), reach(pairs, alpha), difference(pairs)
     shared = len(pairs) or 1  # the means of no pair are 0

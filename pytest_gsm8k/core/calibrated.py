@@ -72,8 +72,7 @@ class Pair:
 
     @property
     def stable_flip(self) -> bool:
-        """Right in every one of several baseline runs, wrong now: the regressions worth
-        reading first (a single-run baseline cannot tell)."""
+        """Right in all of several baseline runs, wrong now: the regressions to read first."""
         return self.base_runs > 1 and self.base_correct == self.base_runs and self.failing
 
     @property
@@ -176,8 +175,7 @@ def _chernoff(informative: Sequence[Pair], observed: int) -> float:
 
 
 def _weights(informative: Sequence[Pair]) -> list[int]:
-    """``a_i ∝ 1 / K_i + 1 / L_i`` in integers, rounded when large (a close cousin of ``Δ``,
-    still tested exactly)."""
+    """``a_i ∝ 1 / K_i + 1 / L_i`` in integers, rounded when large (still an exact test)."""
     fractions = [Fraction(1, p.base_runs) + Fraction(1, p.now_runs) for p in informative]
     common = math.lcm(*(f.denominator for f in fractions))
     numerators = [int(f * common) for f in fractions]
@@ -268,8 +266,7 @@ def _mcnemar(pairs: Iterable[Pair]) -> bool:
 
 
 def evidence(pairs: Sequence[Pair]) -> Evidence:
-    """Both statistics' exact conditional p-values (see docs/baselines.md). Not cached:
-    the verdict step computes it once per group and hands it to each reader."""
+    """Both statistics' exact conditional p-values (docs/baselines.md)."""
     drop, rise = rate_p_values(pairs)
     if _mcnemar(pairs):
         return Evidence(drop, drop, rise, mcnemar=True)
@@ -301,8 +298,7 @@ def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
 
 @dataclass(frozen=True)
 class Reach:
-    """The spread drop detected with :data:`POWER`, and the candidate repeats that would
-    bring it to one point (None: none)."""
+    """The spread drop detected with :data:`POWER`; the candidate repeats for one point."""
 
     problems: float
     points: float
@@ -310,8 +306,7 @@ class Reach:
 
 
 def reach(pairs: Sequence[Pair], alpha: float) -> Reach:
-    """The smallest drop detected with :data:`POWER` at ``alpha`` in the least favourable
-    shape."""
+    """The smallest drop detected with :data:`POWER` at ``alpha``, in the worst shape."""
     n = len(pairs)
     if n == 0:
         return Reach(0.0, 0.0, None)

@@ -94,8 +94,6 @@ def _check_run(run: Any, where: str, at: str) -> None:
 
 
 def _check_problem(record: Any, where: str, at: str, seen: set[str]) -> None:
-    """One problem's record: a unique id, an outcome name with its correctness, and with
-    --gsm8k-repeats 2 to MAX_REPEATS outcome names."""
     _need(isinstance(record, dict), where, at, "not an object")
     _unique(record.get("id"), seen, where, f"{at}.id")
     index = record.get("index", 0)

@@ -41,8 +41,7 @@ _MAX_FRACTION = 0.98
 
 
 def run_order(ids: Sequence[str], seed: int) -> list[str]:
-    """Ids sorted by SHA-256 of ``"<seed>:<id>"``: a uniformly random permutation,
-    independent of the outcomes, the same in every process."""
+    """A seeded permutation, independent of the outcomes, the same in every process."""
     if len(set(ids)) != len(ids):
         raise ValueError("problem ids must be unique")
     return sorted(ids, key=lambda pid: (hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid))
@@ -149,8 +148,7 @@ class _CountGate:
 
 @dataclass(frozen=True)
 class Decision:
-    """The run may stop after ``after`` outcomes: each gate's verdict (None: not settled,
-    beside another's FAIL) and how (certain or sequential)."""
+    """The run may stop after ``after`` outcomes: each gate's verdict (None: not settled)."""
 
     after: int
     verdicts: dict[str, Verdict | None]
@@ -263,8 +261,7 @@ class EarlyStop:
         outcome: str | None = None,
         answers: Sequence[str] = (),
     ) -> Decision | None:
-        """One problem's outcome, in any arrival order; the Decision once the run may stop.
-        ``answers``: with repeats, each answer's outcome (none: ``outcome`` for each)."""
+        """One problem's outcome (with repeats each answer's), in any order; the Decision."""
         position = self._position[problem_id]
         if position in self._arrived or position < self._next:
             raise ValueError(f"outcome for {problem_id!r} observed twice")

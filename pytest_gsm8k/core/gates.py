@@ -50,8 +50,7 @@ NOT_A_VERDICT = "not a verdict: "
 
 
 def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
-    """``verdict`` as no verdict (FAIL, exit 1): a gate that was not decided never passes.
-    ``why`` goes in front of any earlier reason; a FAIL stays a FAIL for the rule's reason."""
+    """``verdict`` as no verdict (a gate not decided never passes); a FAIL stays the rule's."""
     if verdict.passed:
         detail = f"{NOT_A_VERDICT}{why}; on what ran: {verdict.detail}"
     elif verdict.detail.startswith(NOT_A_VERDICT):
@@ -84,8 +83,7 @@ def max_share_count(rate: float, n: int) -> int:
 
 
 def count_certain(good: int, seen: int, size: int, need: int) -> Verdict | None:
-    """A count rule "X >= need" with ``good`` of X known after ``seen`` of ``size`` items
-    (never PASS for a rule no count fails: it is no verdict)."""
+    """The rule ``X >= need``, ``good`` known after ``seen`` of ``size`` (need <= 0: no PASS)."""
     if need <= 0:
         return None
     if good >= need:
@@ -94,8 +92,7 @@ def count_certain(good: int, seen: int, size: int, need: int) -> Verdict | None:
 
 
 class _CountRule:
-    """A count rule: PASS iff the good answers reach :meth:`need`; ``against`` and ``never``
-    (formatted with the rule) name its limit and say why no count fails it."""
+    """PASS iff the good answers reach :meth:`need`; ``against``: the limit in words."""
 
     name: str
     against: ClassVar[str]
@@ -113,7 +110,6 @@ class _CountRule:
     def _verdict(
         self, n: int, label: str, limit: float, passed: bool, value: float, said: str
     ) -> GateVerdict:
-        """``said`` and the limit, no verdict when it cannot fail; FAIL with no result."""
         rule, against = self.name.rpartition(":")[2], self.against.format(s=self)
         if n == 0:
             detail = f"no problem has a result{label}: nothing to compare with {against}"
@@ -185,9 +181,8 @@ _HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "end
 
 @dataclass(frozen=True)
 class MaxShare(_CountRule):
-    """``--gsm8k-max-unparsed`` / ``-truncated`` / ``-error``: at most ``rate`` of the
-    problems with a result have ``outcome`` (docs/baselines.md#answer-format-health); its
-    good answers are those *not* of the outcome."""
+    """``--gsm8k-max-<outcome>``: at most ``rate`` of the answers have ``outcome``; its good
+    answers are those *not* of the outcome (docs/baselines.md#answer-format-health)."""
 
     outcome: Outcome
     rate: float
@@ -239,8 +234,7 @@ def failing_words(pairs: Sequence[Pair]) -> str:
 
 
 def flip_words(failing: int, passing: int, stable: int, runs: int) -> str:
-    """Newly failing and passing against a single-run baseline, the failing split into
-    stable and noisy against a calibrated one."""
+    """Newly failing and passing; against a calibrated baseline, failing stable and noisy."""
     if runs == 1:
         return f"{failing} newly failing, {passing} newly passing"
     return (
@@ -288,8 +282,7 @@ class NoiseAware:
         return _unless(verdict, self.cannot_fail(pairs) if passed else None)
 
     def rise(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> str | None:
-        """The warning for a rise noise cannot explain, or None: never a FAIL, but more often
-        a changed measurement than a better model."""
+        """The warning for a rise noise cannot explain (more often a changed measurement)."""
         p = (seen or evidence(pairs)).rise
         if p >= self.alpha:
             return None
@@ -300,8 +293,7 @@ class NoiseAware:
         )
 
     def cannot_fail(self, pairs: Sequence[Pair]) -> str | None:
-        """Why no outcome of the candidate fails the gate, or None: every candidate answer
-        wrong gives the smallest p and the largest drop."""
+        """Why no outcome fails the gate (all wrong: the smallest p, the largest drop), or None."""
         p, drop = _all_wrong(
             tuple(sorted((x.base_correct, x.base_runs, x.now_runs) for x in pairs))
         )
@@ -337,7 +329,6 @@ def extremes(seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]) -> li
 
 @lru_cache(maxsize=64)
 def _all_wrong(sides: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
-    """The p and the drop with every candidate answer wrong, for (baseline correct,
-    baseline runs, candidate runs); cached: the early stop asks at every check."""
+    """The p and drop with every candidate answer wrong (cached: the early stop asks often)."""
     worst = [Pair(str(i), c, k, 0, runs) for i, (c, k, runs) in enumerate(sides)]
     return p_value(worst), _drop(worst)
