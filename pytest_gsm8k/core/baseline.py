@@ -330,9 +330,8 @@ def first_difference(
 def moved_from(
     beside: Iterable[tuple[str, Mapping[str, Any]]], here: Mapping[str, Any]
 ) -> str | None:
-    """``<file> (<the field that differs>)``: the first of ``beside`` (its folder's other
-    baselines) of the same dataset and config as ``here`` but another protocol, or None. A
-    baseline is found by its label, so a changed label would pass as "no baseline yet"."""
+    """``<file> (<field>)``: a baseline beside it of the same data but another protocol, or
+    None (found by its label, a changed protocol would pass as "no baseline yet")."""
 
     def config(document: Mapping[str, Any]) -> object:
         value = document.get("config")
@@ -436,9 +435,8 @@ def noise_sentence(seen: Mapping[str, Any]) -> str:
 
 
 def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | None:
-    """Why a run of ``repeats`` per problem may not replace ``document``, or None: one of
-    fewer runs would silently cost the gate its power (a 1-point drop caught 13% of the
-    time instead of 99%)."""
+    """Why a run of fewer repeats may not replace ``document`` (it would silently cost the gate
+    its power: a 1-point drop caught 13% of the time instead of 99%), or None."""
     stored_k = ((document or {}).get("calibration") or {}).get("repeats")  # checked by loads
     if not isinstance(stored_k, int) or stored_k <= repeats:
         return None

@@ -202,9 +202,8 @@ def _convolve(a: _Law, b: _Law) -> _Law:
 
 
 def _sum_law(laws: Iterable[tuple[int, Sequence[float]]]) -> _Law:
-    """The law of ``Σ a X`` for independent ``X`` (pmfs over ``0, 1, ...``, weights ``a``):
-    each distinct law raised to its count by squaring, summed smallest first (one by one,
-    1,319 problems with 100 runs a side took hours)."""
+    """The law of ``Σ a X``: each distinct law raised to its count by squaring, summed
+    smallest first (one by one, 1,319 problems with 100 runs a side took hours)."""
     parts: list[tuple[int, int, _Law]] = []
     for (weight, pmf), count in Counter((a, tuple(p)) for a, p in laws).items():
         spread = [0.0] * (weight * (len(pmf) - 1) + 1)
@@ -278,9 +277,8 @@ def p_value(pairs: Sequence[Pair]) -> float:
 
 
 def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
-    """``(diff, low, high)``: candidate minus baseline mean rate, the one estimate every line
-    shows. Newcombe's paired interval with one run a side, else the normal interval of the
-    mean per-problem difference (problems the unit: both sides' noise and their spread)."""
+    """Candidate minus baseline mean rate and its interval: Newcombe's with one run a side,
+    else the normal one of the mean per-problem difference (problems the unit)."""
     n = len(pairs)
     if n == 0:
         return 0.0, -1.0, 1.0

@@ -88,10 +88,8 @@ CountSpec = MinAcc | ToleranceFloor | MaxShare
 
 @dataclass
 class _CountGate:
-    """A count rule: PASS iff the good answers X of ``size`` problems of ``runs`` answers
-    reach ``spec.need(size * runs)``. Sequential: FAIL when the test of "X >= need" rejects,
-    PASS when that of "X <= need - 1" does, each at alpha: whatever the true X only one of
-    them can be wrong, so no correction for two directions is due."""
+    """A count rule. Sequential: FAIL when the test of "X >= need" rejects, PASS when that of
+    "X <= need - 1" does, each at alpha (only one can be wrong: no correction for two)."""
 
     spec: CountSpec
     size: int

@@ -1,8 +1,6 @@
-"""The inference engines' own GSM8K CI, request for request (``--gsm8k-preset vllm``,
-``sglang``). Pure. A threshold an engine's CI keeps holds only for the protocol it was measured
-with, so these send what the scripts send, byte for byte where the script posts JSON itself
-(what differs on purpose: docs/protocols.md#--gsm8k-preset-vllm and the sglang section).
-"""
+"""The engines' own GSM8K CI requests (``--gsm8k-preset vllm``, ``sglang``): their thresholds
+hold only for that protocol, so these send what the scripts send, byte for byte where a
+script posts JSON itself (docs/protocols.md). Pure."""
 
 from __future__ import annotations
 

@@ -265,11 +265,8 @@ class NoiseAware:
         seen = seen or evidence(pairs)
         p, drop = seen.p, _drop(pairs)
         runs = max((x.base_runs for x in pairs), default=1)
-        how = (
-            "exact McNemar"
-            if seen.mcnemar
-            else f"noise-aware, baseline {runs} run{'s' if runs != 1 else ''} per problem"
-        )
+        how = f"noise-aware, baseline {runs} run{'s' * (runs != 1)} per problem"
+        how = "exact McNemar" if seen.mcnemar else how
         passed = not self._fails(p, drop)
         clause = f"p={p:.3g} {'<' if p < self.alpha else '>='} {self.option} {self.alpha:g}"
         if p < self.alpha and self.max_drop > 0:

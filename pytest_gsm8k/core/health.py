@@ -44,9 +44,8 @@ def chat_sign(models: Iterable[str], texts: Iterable[str]) -> str | None:
 def chat_api_hint(
     api: str, models: Iterable[str], unparsed: int, n: int, texts: Iterable[str]
 ) -> str | None:
-    """The one line suggesting ``--gsm8k-api chat``, or None when the run gives no cause.
-    ``models``: the model id asked for and those the server reported; ``texts``: the
-    replies (read only until a sign is found)."""
+    """The one line suggesting ``--gsm8k-api chat``, or None when the run gives no cause
+    (``texts``: the replies, read only until a sign is found)."""
     if api != "completions" or unparsed < HINT_MIN_COUNT or unparsed / n < HINT_MIN_SHARE:
         return None
     if (sign := chat_sign(models, texts)) is None:
@@ -74,7 +73,6 @@ REASONING_MODEL_FIX = (
 
 
 def reasoning_model_hint(message: str) -> str | None:
-    """The options that get a reasoning model through, when ``message`` (an HTTP 400's text)
-    is one of its refusals: the endpoint names one field at a time, so all three are named
-    at the first."""
+    """The options that get a reasoning model through, all at its first refusal (an HTTP 400
+    names one field at a time)."""
     return REASONING_MODEL_FIX if _REASONING_REFUSALS.search(message) else None
