@@ -215,22 +215,19 @@ _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
 
 def _refuse_duplicates(text: str, where: str) -> None:
     """A key given twice in one object (``json`` keeps the later silently), with its line."""
-    keys: list[set[str] | None] = []  # per open object its keys (None: an array)
+    keys: list[set[str]] = []  # per open object or array the keys read (text that parsed)
     last: re.Match[str] | None = None  # the string just read: a key when a colon follows
     for token in _JSON_TOKEN.finditer(text):
         mark = token[0]
-        if mark == ":" and last is not None and keys and keys[-1] is not None:
-            raw = last[0]
-            key = json.loads(raw) if "\\" in raw else raw[1:-1]
+        if mark == ":" and last is not None:
+            key = json.loads(last[0])
             if key in keys[-1]:
                 line = text.count("\n", 0, last.start()) + 1
-                raise _corrupt(
-                    f"{where}:{line}",
-                    f"{key[:80]!r} given twice in one object; only one copy may stay",
-                )
+                why = f"{key[:80]!r} given twice in one object; only one copy may stay"
+                raise _corrupt(f"{where}:{line}", why)
             keys[-1].add(key)
         elif mark in ("{", "["):
-            keys.append(set() if mark == "{" else None)
+            keys.append(set())
         elif mark in ("}", "]"):
             keys.pop()
         last = token if mark.startswith('"') else None
