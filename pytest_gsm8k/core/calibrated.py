@@ -123,14 +123,12 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
     observed = statistic(informative)
     if observed <= 0:
         return 1.0
-    if len(informative) * observed > _EXACT_WORK:
-        bound = _chernoff(informative, observed)
-        if bound < _NEGLIGIBLE:
-            return bound
+    big = len(informative) * observed > _EXACT_WORK
+    if big and (bound := _chernoff(informative, observed)) < _NEGLIGIBLE:
+        return bound
     top = observed
     # dist[x]: null probability that the partial sum is x (x < top) or >= top (x == top)
-    dist = [0.0] * (top + 1)
-    dist[0] = 1.0
+    dist = [1.0] + [0.0] * top
     reach = 0  # highest index holding mass, below top
     for pair in informative:
         law = _law(pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
@@ -138,10 +136,6 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
         new[top] = dist[top]
         span = reach + 1
         for score, prob in law:
-            if score == 0:
-                for x in range(span):
-                    new[x] += prob * dist[x]
-                continue
             keep = max(0, min(span, top - score))  # x + score < top
             for x in range(keep):
                 new[x + score] += prob * dist[x]
