@@ -113,16 +113,14 @@ class _CountGate:
         return count_certain(self.good, self.seen * self.runs, self.size * self.runs, self.need)
 
     def add(self, good: int) -> tuple[Verdict | None, str]:
-        self.good += good
-        self.seen += 1
+        self.good, self.seen = self.good + good, self.seen + 1
         verdict = self.certain()
-        if self.tests is None:
-            return verdict, "certain"
-        self.values.append(good)
-        failed, passed = (test.update(good) for test in self.tests)
-        if verdict is not None:
-            return verdict, "certain"
-        return ("FAIL" if failed else "PASS" if passed else None), "sequential"
+        if self.tests is not None:
+            self.values.append(good)
+            failed, passed = (test.update(good) for test in self.tests)
+            if verdict is None:
+                return ("FAIL" if failed else "PASS" if passed else None), "sequential"
+        return verdict, "certain"
 
     def bounds(self) -> tuple[int, int]:
         return self.good, self.good + (self.size - self.seen) * self.runs
