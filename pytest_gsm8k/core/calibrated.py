@@ -306,12 +306,11 @@ def reach(pairs: Sequence[Pair], alpha: float) -> Reach:
     z = NormalDist().inv_cdf(1.0 - level) + NormalDist().inv_cdf(POWER)
     base_share = now_share = 0.0
     for pair in pairs:
-        runs = pair.base_runs + pair.now_runs
-        total = pair.base_correct + pair.now_correct
+        runs, total = pair.base_runs + pair.now_runs, pair.base_correct + pair.now_correct
         v = total * (runs - total) / (runs * (runs - 1))
         base_share += v / pair.base_runs
         now_share += v / pair.now_runs
-    before = max(p.base_runs for p in pairs)
+    before, after = max(p.base_runs for p in pairs), max(p.now_runs for p in pairs)
 
     def drop(now_share: float, after: int) -> float:
         # m problems failing every candidate run from K of K alone: p = C(K + L, L)^-m
@@ -320,7 +319,6 @@ def reach(pairs: Sequence[Pair], alpha: float) -> Reach:
         )
         return max(z * math.sqrt(base_share + now_share), float(alone))
 
-    after = max(p.now_runs for p in pairs)
     problems = drop(now_share, after)
     plain = now_share * after  # Σ v_i at one candidate run
     enough = next((r for r in range(1, MAX_REPEATS + 1) if drop(plain / r, r) <= n / 100), None)
