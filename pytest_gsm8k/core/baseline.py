@@ -1,8 +1,5 @@
-"""Baselines: a stored run, read, checked and compared with a new run. Pure.
-
-Which problems a baseline holds is part of what it says: docs/design.md#which-problems-a-
-baseline-holds and #which-baseline-a-protocol-uses. Comparisons pair the ids both hold.
-"""
+"""Baselines: a stored run, read, checked and compared with a new run (comparisons pair the
+ids both hold). Pure. docs/design.md#which-problems-a-baseline-holds."""
 
 from __future__ import annotations
 
@@ -15,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsondepth
 from pytest_gsm8k.core.calibrated import (
+    MAX_REPEATS,
+    POWER,
     Evidence,
     Pair,
     difference,
@@ -32,8 +31,6 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import StoredBaseline
 
 SCHEMA = 1
-#: the most repeats a calibrated entry may hold (--gsm8k-repeats' own bound)
-MAX_REPEATS = 100
 KIND = "pytest-gsm8k baseline"
 #: dataset fields that must match (the name/path differs between machines, the content must not)
 DATASET_KEYS = ("config", "split", "fingerprint", "rows")
@@ -52,13 +49,12 @@ class BaselineError(Exception):
     """A baseline that cannot be used; one line naming the file and the reason."""
 
 
-def _corrupt(where: str, why: str) -> BaselineError:
-    return BaselineError(f"{where}: corrupt baseline ({why})")
+def _corrupt(where: str, why: str, edited: bool = False) -> BaselineError:
+    return BaselineError(f"{where}: corrupt baseline ({why}{': edited by hand?' * edited})")
 
 
 def default_name(label: str) -> str:
-    """A file-system-safe name from the protocol label; a long one keeps its beginning and
-    ends with a hash of the whole label (readable, stable, distinct per protocol)."""
+    """A file-system-safe name from the label; a long one ends with the label's hash."""
     name = re.sub(r"[^A-Za-z0-9@.+-]+", "_", label).strip("_")
     if len(name) <= NAME_LIMIT:
         return name
@@ -70,25 +66,26 @@ def record_runs(record: Mapping[str, Any]) -> tuple[int, int]:
     """A run's record as (correct runs, runs): its ``--gsm8k-repeats``, else one run."""
     outcomes = record.get("repeats") or ()
     if len(outcomes) > 1:
-        return int(record["repeats_correct"]), len(outcomes)
+        return outcomes.count("correct"), len(outcomes)
     return int(bool(record["correct"])), 1
 
 
+def entry(record: Mapping[str, Any], calibrated: bool, sampled: bool = False) -> Any:
+    """A run's record as a baseline's problem: its outcome, its runs or its samples' counts."""
+    if calibrated:
+        correct, runs = record_runs(record)
+        return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
+    if sampled:
+        return {key: record[key] for key in ("outcome", "n_correct", "n_samples")}
+    return record["outcome"]
+
+
 def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
-    """The baseline document from a run's JSON report; ``partial``: why the run covers only
-    part of its selection (recorded with the selection's size and the ids held)."""
+    """The baseline document from a run's JSON report; ``partial``: why it holds only part."""
     records = summary_json["problems"]
     repeats = max((len(r.get("repeats") or ()) for r in records), default=0)
     sampled = int(summary_json["protocol"]["samples"]) > 1
-    problems: dict[str, Any] = {}
-    for record in records:
-        entry: Any = record["outcome"]
-        if repeats > 1:
-            correct, runs = record_runs(record)
-            entry = {"correct": correct, "outcome": entry, "repeats": runs}
-        elif sampled:
-            entry = {key: record[key] for key in ("outcome", "n_correct", "n_samples")}
-        problems[record["id"]] = entry
+    problems = {record["id"]: entry(record, repeats > 1, sampled) for record in records}
     subset = summary_json.get("subset", {})
     document: dict[str, Any] = {
         "schema": SCHEMA,
@@ -148,12 +145,9 @@ _PROBLEMS_SLOT = "\u0000problems\u0000"
 
 
 def dumps(baseline: dict[str, Any]) -> str:
-    """Stable text, one problem per line (a calibrated entry's object too), so a baseline
-    diff reads well in a PR."""
-    problems = baseline.get("problems")
-    if not isinstance(problems, dict) or not any(
-        isinstance(v, dict) and "repeats" in v for v in problems.values()
-    ):
+    """Stable text, one problem per line, so a baseline diff reads well in a PR."""
+    problems = baseline.get("problems") or {}
+    if not any(isinstance(v, dict) and "repeats" in v for v in problems.values()):
         return to_json(baseline, indent=1, sort_keys=True) + "\n"
     text = to_json({**baseline, "problems": _PROBLEMS_SLOT}, indent=1, sort_keys=True)
     rows = ",\n".join(
@@ -164,8 +158,7 @@ def dumps(baseline: dict[str, Any]) -> str:
 
 
 def loads(text: str, where: str) -> dict[str, Any]:
-    """A baseline file's document; a hand edit that would gate against numbers nobody
-    measured is refused."""
+    """A baseline file's document; a hand edit that gates on numbers nobody measured is refused."""
     try:
         data = jsondepth.loads(text)
     except json.JSONDecodeError as exc:
@@ -183,41 +176,31 @@ def loads(text: str, where: str) -> dict[str, Any]:
     problems = data["problems"]
     for pid, entry in problems.items():
         _check_entry(pid, entry, where)
-    stored, made = data.get("calibration"), calibration(problems)
+    stored, made, size = data.get("calibration"), calibration(problems), len(problems)
     if stored is not None and stored != made:
-        raise _corrupt(
-            where,
-            f"its calibration {stored!r} is not that of its {len(problems)} problems, "
-            f"{made!r}: edited by hand?",
-        )
+        why = f"its calibration {stored!r} is not that of its {size} problems, {made!r}"
+        raise _corrupt(where, why, edited=True)
     accuracy: Any = data.get("accuracy")
     if not _is_int(accuracy, int | float):
         raise _corrupt(where, "no accuracy")
     if problems:
-        measured = sum(1 for entry in problems.values() if _correct(entry)) / len(problems)
+        measured = sum(1 for entry in problems.values() if _correct(entry)) / size
         # a calibrated baseline's accuracy is the mean over every run (test@1); one written
         # before that holds its outcomes' (the most common answer's): both are consistent
-        mean = sum(c / k for c, k in map(runs, problems.values())) / len(problems)
+        mean = sum(c / k for c, k in map(runs, problems.values())) / size
         if min(abs(measured - accuracy), abs(mean - accuracy)) > 1e-6:
-            raise _corrupt(
-                where,
-                f"its accuracy {float(accuracy):.6f} is not that of its {len(problems)} "
-                f"outcomes, {measured:.6f}: edited by hand?",
-            )
+            why = f"its accuracy {float(accuracy):.6f} is not that of its {size} outcomes"
+            raise _corrupt(where, f"{why}, {measured:.6f}", edited=True)
     n, partial = data.get("n"), data.get("partial")
-    if n is not None and (not _is_int(n) or n != len(problems)):
-        raise _corrupt(
-            where, f"its n {n!r} is not the {len(problems)} problems it holds: edited by hand?"
-        )
+    if n is not None and (not _is_int(n) or n != size):
+        raise _corrupt(where, f"its n {n!r} is not the {size} problems it holds", edited=True)
     if partial is not None:
         ids, of = (partial.get(k) if isinstance(partial, dict) else None for k in ("ids", "of"))
         if not isinstance(ids, list) or not _is_int(of):
             raise _corrupt(where, "'partial' has no ids or no 'of'")
-        if sorted(str(i) for i in ids) != sorted(problems) or len(ids) != len(problems):
-            raise _corrupt(
-                where,
-                f"its partial ids are not the {len(problems)} problems it holds: edited by hand?",
-            )
+        if sorted(str(i) for i in ids) != sorted(problems) or len(ids) != size:
+            why = f"its partial ids are not the {size} problems it holds"
+            raise _corrupt(where, why, edited=True)
     return data
 
 
@@ -231,32 +214,27 @@ _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
 
 
 def _refuse_duplicates(text: str, where: str) -> None:
-    """A key given twice in one object (``json`` keeps the later silently) is refused with
-    its line. Only called on text that parsed."""
-    keys: list[set[str] | None] = []  # per open object its keys (None: an array)
+    """A key given twice in one object (``json`` keeps the later silently), with its line."""
+    keys: list[set[str]] = []  # per open object or array the keys read (text that parsed)
     last: re.Match[str] | None = None  # the string just read: a key when a colon follows
     for token in _JSON_TOKEN.finditer(text):
         mark = token[0]
-        if mark == ":" and last is not None and keys and keys[-1] is not None:
-            raw = last[0]
-            key = json.loads(raw) if "\\" in raw else raw[1:-1]
+        if mark == ":" and last is not None:
+            key = json.loads(last[0])
             if key in keys[-1]:
                 line = text.count("\n", 0, last.start()) + 1
-                raise _corrupt(
-                    f"{where}:{line}",
-                    f"{key[:80]!r} given twice in one object; only one copy may stay",
-                )
+                why = f"{key[:80]!r} given twice in one object; only one copy may stay"
+                raise _corrupt(f"{where}:{line}", why)
             keys[-1].add(key)
         elif mark in ("{", "["):
-            keys.append(set() if mark == "{" else None)
+            keys.append(set())
         elif mark in ("}", "]"):
             keys.pop()
         last = token if mark.startswith('"') else None
 
 
 def _check_entry(pid: str, entry: Any, where: str) -> None:
-    """An outcome name; a calibrated entry's ``0 <= correct <= repeats <= 100`` and an
-    outcome that can be the most common of those runs."""
+    """An outcome; a calibrated entry's counts, and an outcome that can be their most common."""
     outcome = entry.get("outcome") if isinstance(entry, dict) else entry
     if not isinstance(outcome, str) or outcome not in OUTCOMES:
         raise _corrupt(
@@ -273,15 +251,21 @@ def _check_entry(pid: str, entry: Any, where: str) -> None:
     # "correct" needs a correct run, any other outcome at least as many runs as the correct
     # ones (a tie goes to the one seen first)
     if (c == 0) if outcome == "correct" else (2 * c > k):
-        raise _corrupt(
-            where,
-            f"problem {pid}: outcome {outcome!r} with {c} of {k} repeats correct: edited by hand?",
-        )
+        why = f"problem {pid}: outcome {outcome!r} with {c} of {k} repeats correct"
+        raise _corrupt(where, why, edited=True)
 
 
-def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Problem]) -> None:
-    """Refuse ids ``split`` does not have, or a full baseline that is not exactly its
-    selection (a partial one says so). Call after :func:`first_difference`."""
+def check(
+    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
+) -> dict[str, Any]:
+    """The stored document of the protocol and dataset of ``here``, holding problems of
+    ``split`` and, unless it says it is partial, exactly its selection."""
+    baseline, where = stored.document, stored.shown
+    if baseline is None:
+        raise BaselineError(stored.error or f"no baseline at {where}")
+    difference = first_difference(baseline, here)
+    if difference:
+        raise BaselineError(f"refused to compare with {where}: {difference}")
     ids = set(baseline["problems"])
     unknown = sorted(ids - {p.id for p in split})
     if unknown:
@@ -292,12 +276,11 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
             f"{', '.join(unknown[:5])}{more} (edited by hand?)"
         )
     if baseline.get("partial") is not None:
-        return
+        return baseline
     subset = baseline.get("subset")
     subset = subset if isinstance(subset, dict) else {}
     limit, seed, first = subset.get("limit"), subset.get("seed", 0), subset.get("first") is True
-    if first and seed is None:
-        seed = 0  # the first N (a vLLM config's): no seed chose them
+    seed = 0 if first and seed is None else seed  # no seed chose a vLLM config's first N
     if not (limit is None or (isinstance(limit, int) and limit > 0)) or not isinstance(seed, int):
         raise _corrupt(where, "its subset limit or seed is not a number")
     selection = {p.id for p in select(tuple(split), limit, seed, first=first)}
@@ -309,6 +292,7 @@ def check_problem_set(baseline: dict[str, Any], where: str, split: Sequence[Prob
             f"({described}: {len(selection - ids)} missing, {len(ids - selection)} outside it) "
             "and it does not say it is partial; record it again with --snapshot-update"
         )
+    return baseline
 
 
 def first_difference(
@@ -318,23 +302,22 @@ def first_difference(
     here: str = "here",
     there: str = "in the baseline",
 ) -> str | None:
-    """The first protocol, config or dataset field that differs, as a phrase (``here`` and
-    ``there`` name the sides); None when comparable. Every comparison of runs asks this."""
+    """The first protocol, config or dataset field that differs, as a phrase; None when
+    comparable. Every comparison of runs asks this."""
     now, base = (
         {k: v for k, v in d["protocol"].items() if k != "label"} for d in (summary_json, baseline)
     )
     # the options a user sets before what follows from them: "shots is 5", not a hash
     order = sorted({*now, *base}, key=lambda k: (k in DERIVED, k))
-    checks: list[tuple[str, Mapping[str, Any], Mapping[str, Any], Sequence[str]]]
-    checks = [("protocol", now, base, order)]
-    if summary_json.get("config") is not None or baseline.get("config") is not None:
-        now_c, base_c = (
-            c if isinstance(c, Mapping) else {}
-            for c in (summary_json.get("config"), baseline.get("config"))
-        )
-        checks.append(("config", now_c, base_c, CONFIG_KEYS))
-    checks.append(("dataset", summary_json["dataset"], baseline["dataset"], SAME_SPLIT))
-    for what, ours, theirs, keys in checks:
+    now_c, base_c = (
+        c if isinstance(c, Mapping) else {}
+        for c in (summary_json.get("config"), baseline.get("config"))
+    )
+    for what, ours, theirs, keys in (
+        ("protocol", now, base, order),
+        ("config", now_c, base_c, CONFIG_KEYS),
+        ("dataset", summary_json["dataset"], baseline["dataset"], SAME_SPLIT),
+    ):
         for key in keys:
             if ours.get(key) != theirs.get(key):
                 return f"{what} {key} is {ours.get(key)!r} {here} but {theirs.get(key)!r} {there}"
@@ -344,9 +327,8 @@ def first_difference(
 def moved_from(
     beside: Iterable[tuple[str, Mapping[str, Any]]], here: Mapping[str, Any]
 ) -> str | None:
-    """``<file> (<the field that differs>)``: the first of ``beside`` (its folder's other
-    baselines) of the same dataset and config as ``here`` but another protocol, or None. A
-    baseline is found by its label, so a changed label would pass as "no baseline yet"."""
+    """``<file> (<field>)``: a baseline beside it of the same data but another protocol, or
+    None (found by its label, a changed protocol would pass as "no baseline yet")."""
 
     def config(document: Mapping[str, Any]) -> object:
         value = document.get("config")
@@ -366,8 +348,7 @@ def moved_from(
 def compare(
     baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], run_ids: Collection[str]
 ) -> dict[str, Any]:
-    """The report's counts of a comparison (beside :func:`noise_block`): shared problems,
-    ``subset``, the run's ids it lacks, and McNemar's p on the flipped outcomes."""
+    """The report's counts of a comparison beside :func:`noise_block`."""
     base = baseline["problems"]
     flips = Counter(
         (_correct(base[str(r["id"])]), bool(r["correct"])) for r in records if str(r["id"]) in base
@@ -381,26 +362,10 @@ def compare(
     }
 
 
-def check(
-    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
-) -> dict[str, Any]:
-    """The stored document, checked: readable, of the protocol and dataset of ``here`` and
-    holding problems of ``split``; else :class:`BaselineError`, one line naming the file."""
-    if stored.error is not None:
-        raise BaselineError(stored.error)
-    if stored.document is None:
-        raise BaselineError(f"no baseline at {stored.shown}")
-    difference = first_difference(stored.document, here)
-    if difference:
-        raise BaselineError(f"refused to compare with {stored.shown}: {difference}")
-    check_problem_set(stored.document, stored.shown, split)
-    return stored.document
-
-
 def noise_block(
     pairs: Sequence[Pair], alpha: float, seen: Evidence | None = None
 ) -> dict[str, Any]:
-    """The report's baseline block: what the noise-aware gate sees in the shared problems."""
+    """The report's baseline block: what the noise-aware gate sees."""
     counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
     seen, can, (diff, low, high) = seen or evidence(pairs), reach(pairs, alpha), difference(pairs)
     shared = len(pairs) or 1  # the means of no pair are 0
@@ -422,7 +387,7 @@ def noise_block(
         "detectable_drop": {
             "problems": round(can.problems, 1),
             "points": round(can.points, 2) if pairs else None,
-            "power": can.power,
+            "power": POWER,
             "repeats_for_one_point": can.repeats_for_one_point,
         },
         "newly_failing": [p.problem_id for p in pairs if p.failing],
@@ -438,29 +403,25 @@ def noise_block(
 
 def noise_sentence(seen: Mapping[str, Any]) -> str:
     """The terminal's line on what the gate can see (from :func:`noise_block`)."""
-    counts = seen["stability"]
-    shared = sum(counts.values())
-    runs = seen["repeats"]["baseline"]
-    drop = seen["detectable_drop"]
-    more = drop["repeats_for_one_point"]
-    detects = (
+    counts, drop, alpha = seen["stability"], seen["detectable_drop"], f"alpha={seen['alpha']:g}"
+    shared, more = sum(counts.values()), drop["repeats_for_one_point"]
+    can_see = (
         f"detects a drop of {drop['points']:.1f} points or more spread over the noisy "
-        f"problems ({drop['problems']:g} problems; 80% power, n={shared}, "
-        f"alpha={seen['alpha']:g})"
+        f"problems ({drop['problems']:g} problems; 80% power, n={shared}, {alpha})"
         if drop["problems"] <= shared  # past that no drop the run can show is detectable
-        else f"detects no drop at this size ({shared} problems; alpha={seen['alpha']:g})"
+        else f"detects no drop at this size ({shared} problems; {alpha})"
     )
-    can_see = f"{detects}; " + (
-        f"{more} candidate run{'s' if more != 1 else ''} per problem (--gsm8k-repeats) "
-        "would reach 1 point"
+    can_see += (
+        f"; {more} candidate run{'s' * (more != 1)} per problem (--gsm8k-repeats) would reach "
+        "1 point"
         if more is not None
-        else "no number of candidate repeats reaches 1 point with this baseline"
+        else "; no number of candidate repeats reaches 1 point with this baseline"
     )
     if drop["points"] > 5:
         can_see += "; it cannot reach 80% power against a 5-point drop at this size"
-    if runs == 1:
+    if (runs := seen["repeats"]["baseline"]) == 1:
         return (
-            f"noise: a single-run baseline cannot tell noisy problems from stable ones "
+            "noise: a single-run baseline cannot tell noisy problems from stable ones "
             f"(record it with --gsm8k-repeats K); the gate {can_see}"
         )
     return (
@@ -471,11 +432,9 @@ def noise_sentence(seen: Mapping[str, Any]) -> str:
 
 
 def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | None:
-    """Why a run of ``repeats`` per problem may not replace ``document``, or None: one of
-    fewer runs would silently cost the gate its power (a 1-point drop caught 13% of the
-    time instead of 99%)."""
-    calibration = document.get("calibration") if isinstance(document, dict) else None
-    stored_k = calibration.get("repeats") if isinstance(calibration, dict) else None
+    """Why a run of fewer repeats may not replace ``document`` (it would silently cost the gate
+    its power: a 1-point drop caught 13% of the time instead of 99%), or None."""
+    stored_k = ((document or {}).get("calibration") or {}).get("repeats")  # checked by loads
     if not isinstance(stored_k, int) or stored_k <= repeats:
         return None
     made = f"{repeats} runs" if repeats > 1 else "1 run"
@@ -487,10 +446,9 @@ def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | Non
 
 
 def dropped(stored: StoredBaseline, report: Mapping[str, Any], split: Sequence[Problem]) -> int:
-    if not stored.exists:
-        return 0
+    """The problems a usable stored baseline holds that the run does not."""
     try:
-        document = check(stored, report, split)
+        held = set(check(stored, report, split)["problems"])
     except BaselineError:
         return 0
-    return len(set(document["problems"]) - {record["id"] for record in report["problems"]})
+    return len(held - {record["id"] for record in report["problems"]})

@@ -1,9 +1,6 @@
-"""The noise-aware baseline test: worse than the baseline beyond its own run-to-run noise? Pure.
-
-Batched serving answers some problems differently from run to run even at temperature 0; this
-tests the candidate against the noise a baseline of K runs per problem shows. The derivation:
-docs/baselines.md#the-noise-aware-test.
-"""
+"""The noise-aware baseline test: worse than the baseline beyond its own run-to-run noise
+(batched serving flips some answers even at temperature 0)? Pure. The derivation:
+docs/baselines.md#the-noise-aware-test."""
 
 from __future__ import annotations
 
@@ -36,6 +33,10 @@ _DROPPED = 1e-20
 FLIP_SHARE = 0.25
 #: the rate statistic's integer weights above this are rounded (an unusual mix of K and L)
 _MAX_WEIGHT = 64
+#: the power the detectable drop is stated at
+POWER = 0.8
+#: the most repeats a side may hold (--gsm8k-repeats' own bound)
+MAX_REPEATS = 100
 
 Stability = Literal["stable-correct", "stable-wrong", "noisy"]
 #: a law of a sum: (its smallest value, the probabilities of it and each next integer)
@@ -51,12 +52,6 @@ class Pair:
     base_runs: int
     now_correct: int
     now_runs: int
-
-    def __post_init__(self) -> None:
-        if not (0 <= self.base_correct <= self.base_runs and self.base_runs >= 1):
-            raise ValueError(f"{self.problem_id}: baseline {self.base_correct} of {self.base_runs}")
-        if not (0 <= self.now_correct <= self.now_runs and self.now_runs >= 1):
-            raise ValueError(f"{self.problem_id}: run {self.now_correct} of {self.now_runs}")
 
     @property
     def base_rate(self) -> float:
@@ -77,8 +72,7 @@ class Pair:
 
     @property
     def stable_flip(self) -> bool:
-        """Right in every one of several baseline runs, wrong now: the regressions worth
-        reading first (a single-run baseline cannot tell)."""
+        """Right in all of several baseline runs, wrong now: the regressions to read first."""
         return self.base_runs > 1 and self.base_correct == self.base_runs and self.failing
 
     @property
@@ -95,12 +89,11 @@ def stability(correct: int, runs: int) -> Stability:
 @lru_cache(maxsize=4096)
 def _law(total: int, before: int, after: int) -> tuple[tuple[int, float], ...]:
     """One problem's null law of integer scores given its total: (score, probability)."""
-    pmf = hypergeometric_pmf(total, before, after)
-    scores = _scores(total, before, after)
     law: dict[int, float] = {}
-    for d, prob in enumerate(pmf):
+    pmf = hypergeometric_pmf(total, before, after)
+    for score, prob in zip(_scores(total, before, after), pmf, strict=True):
         if prob > 0.0:
-            law[scores[d]] = law.get(scores[d], 0.0) + prob
+            law[score] = law.get(score, 0.0) + prob
     return tuple(sorted(law.items()))
 
 
@@ -130,14 +123,12 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
     observed = statistic(informative)
     if observed <= 0:
         return 1.0
-    if len(informative) * observed > _EXACT_WORK:
-        bound = _chernoff(informative, observed)
-        if bound < _NEGLIGIBLE:
-            return bound
+    big = len(informative) * observed > _EXACT_WORK
+    if big and (bound := _chernoff(informative, observed)) < _NEGLIGIBLE:
+        return bound
     top = observed
     # dist[x]: null probability that the partial sum is x (x < top) or >= top (x == top)
-    dist = [0.0] * (top + 1)
-    dist[0] = 1.0
+    dist = [1.0] + [0.0] * top
     reach = 0  # highest index holding mass, below top
     for pair in informative:
         law = _law(pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
@@ -145,10 +136,6 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
         new[top] = dist[top]
         span = reach + 1
         for score, prob in law:
-            if score == 0:
-                for x in range(span):
-                    new[x] += prob * dist[x]
-                continue
             keep = max(0, min(span, top - score))  # x + score < top
             for x in range(keep):
                 new[x + score] += prob * dist[x]
@@ -182,11 +169,8 @@ def _chernoff(informative: Sequence[Pair], observed: int) -> float:
 
 
 def _weights(informative: Sequence[Pair]) -> list[int]:
-    """``a_i ∝ 1 / K_i + 1 / L_i`` in integers, rounded when large (a close cousin of ``Δ``,
-    still tested exactly)."""
+    """``a_i ∝ 1 / K_i + 1 / L_i`` in integers, rounded when large (still an exact test)."""
     fractions = [Fraction(1, p.base_runs) + Fraction(1, p.now_runs) for p in informative]
-    if not fractions:
-        return []
     common = math.lcm(*(f.denominator for f in fractions))
     numerators = [int(f * common) for f in fractions]
     divisor = math.gcd(*numerators)
@@ -205,21 +189,15 @@ def _convolve(a: _Law, b: _Law) -> _Law:
     for j, q in enumerate(y):
         if q:
             out[j : j + len(x)] = [o + q * v for o, v in zip(out[j : j + len(x)], x, strict=True)]
-    low, high, mass = 0, len(out), 0.0
-    while low < high - 1 and mass + out[low] <= _DROPPED:
-        mass += out[low]
-        low += 1
-    mass = 0.0
-    while high - 1 > low and mass + out[high - 1] <= _DROPPED:
-        mass += out[high - 1]
-        high -= 1
+    # the running sums only grow: those within _DROPPED are a prefix (one value stays)
+    low = sum(mass <= _DROPPED for mass in itertools.accumulate(out[:-1]))
+    high = len(out) - sum(mass <= _DROPPED for mass in itertools.accumulate(out[:low:-1]))
     return start + shift + low, out[low:high]
 
 
 def _sum_law(laws: Iterable[tuple[int, Sequence[float]]]) -> _Law:
-    """The law of ``Σ a X`` for independent ``X`` (pmfs over ``0, 1, ...``, weights ``a``):
-    each distinct law raised to its count by squaring, summed smallest first (one by one,
-    1,319 problems with 100 runs a side took hours)."""
+    """The law of ``Σ a X``: each distinct law raised to its count by squaring, summed
+    smallest first (one by one, 1,319 problems with 100 runs a side took hours)."""
     parts: list[tuple[int, int, _Law]] = []
     for (weight, pmf), count in Counter((a, tuple(p)) for a, p in laws).items():
         spread = [0.0] * (weight * (len(pmf) - 1) + 1)
@@ -244,7 +222,7 @@ def _sum_law(laws: Iterable[tuple[int, Sequence[float]]]) -> _Law:
 def rate_p_values(pairs: Sequence[Pair]) -> tuple[float, float]:
     """The rate statistic's exact conditional ``(P(U* <= U_obs), P(U* >= U_obs))``."""
     informative = _informative(pairs)
-    if all(p.base_runs == p.now_runs == 1 for p in informative):
+    if _mcnemar(informative):
         # one run a side: U is Binomial(m, 1/2) over the m discordant pairs (McNemar)
         passing = sum(p.now_correct for p in informative)
         failing = len(informative) - passing
@@ -276,13 +254,12 @@ class Evidence:
         return min(1.0, self.flip / FLIP_SHARE, self.drop / (1.0 - FLIP_SHARE))
 
 
-def _mcnemar(pairs: Sequence[Pair]) -> bool:
-    return all(p.base_runs == 1 and p.now_runs == 1 for p in pairs)
+def _mcnemar(pairs: Iterable[Pair]) -> bool:
+    return all(p.base_runs == p.now_runs == 1 for p in pairs)
 
 
 def evidence(pairs: Sequence[Pair]) -> Evidence:
-    """Both statistics' exact conditional p-values (see docs/baselines.md). Not cached:
-    the verdict step computes it once per group and hands it to each reader."""
+    """Both statistics' exact conditional p-values (docs/baselines.md)."""
     drop, rise = rate_p_values(pairs)
     if _mcnemar(pairs):
         return Evidence(drop, drop, rise, mcnemar=True)
@@ -293,54 +270,47 @@ def p_value(pairs: Sequence[Pair]) -> float:
     return evidence(pairs).p
 
 
-def difference(pairs: Sequence[Pair], confidence: float = 0.95) -> tuple[float, float, float]:
-    """``(diff, low, high)``: candidate minus baseline mean rate, the one estimate every line
-    shows. Newcombe's paired interval with one run a side, else the normal interval of the
-    mean per-problem difference (problems the unit: both sides' noise and their spread)."""
+def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
+    """Candidate minus baseline mean rate and its interval: Newcombe's with one run a side,
+    else the normal one of the mean per-problem difference (problems the unit)."""
     n = len(pairs)
     if n == 0:
         return 0.0, -1.0, 1.0
     if _mcnemar(pairs):
         cells = Counter((p.base_correct, p.now_correct) for p in pairs)
-        return paired_difference_interval(
-            cells[1, 1], cells[1, 0], cells[0, 1], cells[0, 0], confidence
-        )
+        return paired_difference_interval(cells[1, 1], cells[1, 0], cells[0, 1], cells[0, 0])
     deltas = [p.now_rate - p.base_rate for p in pairs]
     diff = math.fsum(deltas) / n
     if n < 2:
         return diff, -1.0, 1.0
     var = math.fsum((x - diff) ** 2 for x in deltas) / (n * (n - 1))
-    half = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(var)
+    half = NormalDist().inv_cdf(0.975) * math.sqrt(var)
     return diff, max(-1.0, diff - half), min(1.0, diff + half)
 
 
 @dataclass(frozen=True)
 class Reach:
-    """The spread drop detected with ``power``, and the candidate repeats that would bring
-    it to one point (None: none)."""
+    """The spread drop detected with :data:`POWER`; the candidate repeats for one point."""
 
     problems: float
     points: float
-    power: float
     repeats_for_one_point: int | None
 
 
-def reach(pairs: Sequence[Pair], alpha: float, power: float = 0.8, most: int = 100) -> Reach:
-    """The smallest drop detected with ``power`` at ``alpha`` in the least favourable shape."""
+def reach(pairs: Sequence[Pair], alpha: float) -> Reach:
+    """The smallest drop detected with :data:`POWER` at ``alpha``, in the worst shape."""
     n = len(pairs)
     if n == 0:
-        return Reach(0.0, 0.0, power, None)
+        return Reach(0.0, 0.0, None)
     level = alpha if _mcnemar(pairs) else (1.0 - FLIP_SHARE) * alpha
-    normal = NormalDist()
-    z = normal.inv_cdf(1.0 - level) + normal.inv_cdf(power)
+    z = NormalDist().inv_cdf(1.0 - level) + NormalDist().inv_cdf(POWER)
     base_share = now_share = 0.0
     for pair in pairs:
-        runs = pair.base_runs + pair.now_runs
-        total = pair.base_correct + pair.now_correct
+        runs, total = pair.base_runs + pair.now_runs, pair.base_correct + pair.now_correct
         v = total * (runs - total) / (runs * (runs - 1))
         base_share += v / pair.base_runs
         now_share += v / pair.now_runs
-    before = max(p.base_runs for p in pairs)
+    before, after = max(p.base_runs for p in pairs), max(p.now_runs for p in pairs)
 
     def drop(now_share: float, after: int) -> float:
         # m problems failing every candidate run from K of K alone: p = C(K + L, L)^-m
@@ -349,8 +319,7 @@ def reach(pairs: Sequence[Pair], alpha: float, power: float = 0.8, most: int = 1
         )
         return max(z * math.sqrt(base_share + now_share), float(alone))
 
-    after = max(p.now_runs for p in pairs)
     problems = drop(now_share, after)
     plain = now_share * after  # Σ v_i at one candidate run
-    enough = next((r for r in range(1, most + 1) if drop(plain / r, r) <= n / 100), None)
-    return Reach(problems, 100 * problems / n, power, enough)
+    enough = next((r for r in range(1, MAX_REPEATS + 1) if drop(plain / r, r) <= n / 100), None)
+    return Reach(problems, 100 * problems / n, enough)

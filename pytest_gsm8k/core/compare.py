@@ -1,12 +1,6 @@
-"""Two runs compared problem by problem, from their JSON reports. Pure.
-
-``python -m pytest_gsm8k compare A.json B.json``: is B worse than A? The baseline gate's
-question, so :func:`~pytest_gsm8k.core.verdict.decide` answers it with A as B's baseline
-(docs/baselines.md#compare-two-runs); config by config for ``--gsm8k-config`` reports. A
-problem that ended in an error in either is left out and makes the comparison undecided: "any
-error" needs no monotonicity of the test and cannot be gamed. A report is untrusted input:
-:func:`load_report` bounds every field compare reads as ``report.schema.json`` does.
-"""
+"""``python -m pytest_gsm8k compare A.json B.json``: is B worse than A? The baseline gate's
+question, so ``decide`` answers it with A as B's baseline, per config of a matrix
+(docs/baselines.md#compare-two-runs). A report is untrusted input. Pure."""
 
 from __future__ import annotations
 
@@ -17,7 +11,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_gsm8k.core import jsondepth
-from pytest_gsm8k.core.baseline import MAX_REPEATS, first_difference, record_runs
+from pytest_gsm8k.core.baseline import entry, first_difference
+from pytest_gsm8k.core.calibrated import MAX_REPEATS
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord
@@ -33,15 +28,14 @@ MAX_ID = 1_000
 
 
 class CompareError(Exception):
-    """Two reports that cannot be compared, or a file that is not a report: one line
-    naming the file and the reason."""
+    """Two reports that cannot be compared, or a file that is not a report (one line)."""
 
 
 def _shown(value: object) -> str:
     return clip(repr(value), 40)
 
 
-def _need(ok: bool, where: str, field: str, why: str) -> None:
+def _need(ok: object, where: str, field: str, why: str) -> None:
     if not ok:
         raise CompareError(f"{where}: corrupt JSON report ({field}: {why})")
 
@@ -63,18 +57,16 @@ def load_report(text: str | bytes, where: str) -> dict[str, Any]:
             f"schema {REPORT_SCHEMA}"
         )
     _check_run(data, where, "")
-    problems = _check_list(data["problems"], MAX_PROBLEMS, where, "problems")
     ids: set[str] = set()
-    for number, record in enumerate(problems):
+    for number, record in enumerate(_check_list(data, "problems", MAX_PROBLEMS, where)):
         _check_problem(record, where, f"problems[{number}]", ids)
     if "configs" in data:
         names: set[str] = set()
-        for number, entry in enumerate(_check_list(data["configs"], MAX_CONFIGS, where, "configs")):
+        for number, entry in enumerate(_check_list(data, "configs", MAX_CONFIGS, where)):
             _check_run(entry, where, f"configs[{number}].")
-            config = entry.get("config")
-            name = config.get("name") if isinstance(config, dict) else None
+            name = entry["config"].get("name") if isinstance(entry.get("config"), dict) else None
             _unique(name, names, where, f"configs[{number}].config.name")
-        for number, record in enumerate(problems):
+        for number, record in enumerate(data["problems"]):
             ok = record["id"].rpartition(":")[0] in names
             _need(ok, where, f"problems[{number}].id", f"{_shown(record['id'])} names no config")
     return data
@@ -87,26 +79,22 @@ def _unique(value: object, seen: set[str], where: str, field: str) -> None:
     seen.add(cast(str, value))
 
 
-def _check_list(value: object, most: int, where: str, field: str) -> list[Any]:
-    _need(isinstance(value, list), where, field, "not a list")
-    items = cast(list[Any], value)
-    _need(len(items) <= most, where, field, f"{len(items)} entries, at most {most}")
-    return items
+def _check_list(data: dict[str, Any], key: str, most: int, where: str) -> list[Any]:
+    items = data[key]
+    _need(isinstance(items, list), where, key, "not a list")
+    _need(len(items) <= most, where, key, f"{len(items)} entries, at most {most}")
+    return cast(list[Any], items)
 
 
-def _check_run(run: object, where: str, at: str) -> None:
+def _check_run(run: Any, where: str, at: str) -> None:
     _need(isinstance(run, dict), where, at.rstrip(".") or "report", "not an object")
-    fields = cast(dict[str, Any], run)
     for key in ("protocol", "dataset"):
-        _need(isinstance(fields.get(key), dict), where, at + key, "missing or not an object")
-    _need(isinstance(fields.get("model", ""), str), where, at + "model", "not a string")
+        _need(isinstance(run.get(key), dict), where, at + key, "missing or not an object")
+    _need(isinstance(run.get("model", ""), str), where, at + "model", "not a string")
 
 
-def _check_problem(record: object, where: str, at: str, seen: set[str]) -> None:
-    """One problem's record: a unique id, an outcome name with its correctness, and with
-    --gsm8k-repeats 2 to MAX_REPEATS outcome names."""
+def _check_problem(record: Any, where: str, at: str, seen: set[str]) -> None:
     _need(isinstance(record, dict), where, at, "not an object")
-    record = cast(dict[str, Any], record)
     _unique(record.get("id"), seen, where, f"{at}.id")
     index = record.get("index", 0)
     ok = isinstance(index, int) and not isinstance(index, bool) and index >= 0
@@ -128,8 +116,7 @@ def _check_problem(record: object, where: str, at: str, seen: set[str]) -> None:
 
 @dataclass(frozen=True)
 class Side:
-    """One of the two reports: ``A`` or ``B``, the file as given, its model, the problems it
-    holds, its accuracy over the pairs and whether it finished its whole selection."""
+    """One of the two reports: its accuracy over the pairs, whether it ran its whole selection."""
 
     name: str
     where: str
@@ -141,9 +128,8 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
-    """B against A: the pairs (``shared``, errors left out), the ids only one holds, those
-    that ended in an error in either, the flips, B - A with its 95% interval, the gate's
-    p-value and verdict, and why it is no verdict (else None)."""
+    """B against A: the pairs (``shared``, errors left out) and the ids left out, the flips,
+    B - A with its 95% interval, the gate's verdict and why it is no verdict (else None)."""
 
     label: str
     a: Side
@@ -174,9 +160,8 @@ def compare(
     alpha: float = 0.05,
     where: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
-    """Report ``b`` against report ``a`` (both from :func:`load_report`); ``where`` names the
-    two files. :class:`CompareError` for reports of different protocols or datasets, or with
-    no problem to pair."""
+    """Report ``b`` against report ``a`` (both from :func:`load_report`, files ``where``);
+    :class:`CompareError` for other protocols or datasets, or no problem to pair."""
     where_a, where_b = where
     difference = first_difference(a, b, here=f"in B ({where_b})", there=f"in A ({where_a})")
     if difference:
@@ -189,19 +174,19 @@ def compare(
         why = f"all {len(bad)} problems both hold ended in an error in one of them"
         why = why if bad else "no problem id in common"
         raise CompareError(f"nothing to compare in {where_a} and {where_b}: {why}")
-    # a gate that was not decided never passes: an unanswered problem may be a failure, and
-    # so may one a report left out (deselected, skipped, not reached)
-    gaps = [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
-    if bad:
-        errors_a, errors_b = (sum(_errored(side[pid]) for pid in bad) for side in (in_a, in_b))
-        gaps.insert(
-            0,
-            f"{len(bad)} of the {len(common)} problems both reports hold ended in an error "
-            f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop",
-        )
+    # never a verdict on part: an unanswered problem (an error: "any error" needs no
+    # monotonicity and cannot be gamed) or one a report left out may be a failure
+    errors_a, errors_b = (sum(_errored(side[pid]) for pid in bad) for side in (in_a, in_b))
+    gaps = [
+        f"{len(bad)} of the {len(common)} problems both reports hold ended in an error "
+        f"({errors_a} in A, {errors_b} in B), and unanswered they could hide a drop"
+    ] * bool(bad)
+    gaps += [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
     not_whole = "; ".join(gaps) + ": rerun until every problem has an answer" if gaps else None
     records = [_record(r) for r in in_b.values() if r["id"] not in bad]
-    document = {"problems": {p: _entry(_record(r)) for p, r in in_a.items() if p not in bad}}
+    document = {
+        "problems": {p: entry(r, bool(r.get("repeats"))) for p, r in in_a.items() if p not in bad}
+    }
     group = Group(
         name="",
         label=str(a["protocol"].get("label") or a["protocol"].get("name") or ""),
@@ -251,9 +236,8 @@ def compare_all(
     alpha: float = 0.05,
     where: tuple[str, str] = ("A", "B"),
 ) -> list[Comparison | CompareError]:
-    """:func:`compare`, or for two ``--gsm8k-config`` reports one entry per config (A's
-    order, then B's new ones), each compared or refused on its own. :class:`CompareError`
-    for a matrix against a single run, or as :func:`compare` raises."""
+    """:func:`compare`, or for two ``--gsm8k-config`` reports one entry per config, each
+    compared or refused on its own (a matrix against a single run is refused)."""
     where_a, where_b = where
     if ("configs" in a) != ("configs" in b):
         matrix, other = (where_a, where_b) if "configs" in a else (where_b, where_a)
@@ -265,7 +249,7 @@ def compare_all(
         return [compare(a, b, alpha=alpha, where=where)]
     runs_a, runs_b = _configs(a), _configs(b)
     results: list[Comparison | CompareError] = []
-    for name in [*runs_a, *(n for n in runs_b if n not in runs_a)]:
+    for name in {**runs_a, **runs_b}:  # A's order, then B's new ones
         try:
             if name not in runs_a or name not in runs_b:
                 holder = where_a if name in runs_a else where_b
@@ -279,8 +263,7 @@ def compare_all(
 
 
 def _configs(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """A matrix report's configs by name, each a report of its own: its entry in
-    ``configs`` with the problems whose ids carry its name (``alpha:test-0042``)."""
+    """A matrix report's configs by name, each with the problems whose ids carry its name."""
     problems: dict[str, list[Any]] = {}
     for record in report["problems"]:
         problems.setdefault(record["id"].rpartition(":")[0], []).append(record)
@@ -297,30 +280,16 @@ def _errored(record: Mapping[str, Any]) -> bool:
 def _record(record: Mapping[str, Any]) -> ProblemRecord:
     """What the verdict reads of a problem, and nothing else a report could forge (its
     repeats' correct count is counted again)."""
-    out: dict[str, Any] = {
-        "id": record["id"],
-        "index": record.get("index", 0),
-        "outcome": record["outcome"],
-        "correct": record["correct"],
-        "rules": {},
-        "samples": [],
-    }
-    outcomes = record.get("repeats") or ()
-    if len(outcomes) > 1:
+    out = {key: record[key] for key in ("id", "outcome", "correct")}
+    out.update(index=record.get("index", 0), rules={}, samples=[])
+    if outcomes := record.get("repeats"):
         out.update(repeats=list(outcomes), repeats_correct=outcomes.count("correct"))
     return cast(ProblemRecord, out)
 
 
-def _entry(record: ProblemRecord) -> Any:
-    correct, runs = record_runs(record)
-    if runs > 1:
-        return {"correct": correct, "outcome": record["outcome"], "repeats": runs}
-    return record["outcome"]
-
-
 def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
-    """Why ``report`` does not hold its whole selection, or None: what a run left out is what
-    a report hiding its failures would leave out, so the rest decides nothing."""
+    """Why ``report`` does not hold its whole selection (a report hiding its failures would
+    leave them out), or None."""
     subset = report.get("subset")
     deselected = subset.get("deselected") if isinstance(subset, Mapping) else None
     if isinstance(deselected, int) and deselected > 0:

@@ -1,6 +1,5 @@
-"""Early stopping for the release gates: what each mode promises and the proof of the
-sequential test are in docs/early-stop.md. Pure.
-"""
+"""Early stopping for the release gates (each mode's promise and the sequential test's proof:
+docs/early-stop.md). Pure."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ _MAX_FRACTION = 0.98
 
 
 def run_order(ids: Sequence[str], seed: int) -> list[str]:
-    """Ids sorted by SHA-256 of ``"<seed>:<id>"``: a uniformly random permutation,
-    independent of the outcomes, the same in every process."""
+    """A seeded permutation, independent of the outcomes, the same in every process."""
     if len(set(ids)) != len(ids):
         raise ValueError("problem ids must be unique")
     return sorted(ids, key=lambda pid: (hashlib.sha256(f"{seed}:{pid}".encode()).digest(), pid))
@@ -54,15 +52,11 @@ class _WorTest:
     drawn without replacement (Waudby-Smith & Ramdas 2020): null "total <= null" (``up``)
     or ">= null". The construction and its proof: docs/early-stop.md#the-sequential-test."""
 
-    def __init__(
-        self, size: int, scale: int, null: int, up: bool, alpha: float, binary: bool
-    ) -> None:
-        self.size, self.scale, self.null, self.up, self.binary = size, scale, null, up, binary
-        self.threshold = 1.0 / alpha
-        mix = _BINARY_MIX if binary else _VALUED_MIX
-        total_weight = sum(w for _, w in mix)
+    def __init__(self, size: int, scale: int, null: int, up: bool, alpha: float) -> None:
+        self.size, self.scale, self.null, self.up, self.threshold = size, scale, null, up, 1 / alpha
+        mix = _BINARY_MIX if scale == 1 else _VALUED_MIX
         self.mix = [d / scale for d, _ in mix]  # in units of y = value / scale
-        self.caps = [w / total_weight for _, w in mix]
+        self.caps = [w / sum(w for _, w in mix) for _, w in mix]
         self.t = self.seen = self.seen_sq = 0
         self.rejected = False
 
@@ -70,7 +64,7 @@ class _WorTest:
         num, den = self.null - self.seen, self.scale * (self.size - self.t)
         if not self.rejected and 0 < num < den:
             mu, y = num / den, value / self.scale
-            if self.binary:
+            if self.scale == 1:
                 var = mu * (1.0 - mu)
             else:  # smoothed variance: prior 1/4 (the largest on [0,1]) with weight 1
                 n = self.t
@@ -94,10 +88,8 @@ CountSpec = MinAcc | ToleranceFloor | MaxShare
 
 @dataclass
 class _CountGate:
-    """A count rule: PASS iff the good answers X of ``size`` problems of ``runs`` answers
-    reach ``spec.need(size * runs)``. Sequential: FAIL when the test of "X >= need" rejects,
-    PASS when that of "X <= need - 1" does, each at alpha: whatever the true X only one of
-    them can be wrong, so no correction for two directions is due."""
+    """A count rule. Sequential: FAIL when the test of "X >= need" rejects, PASS when that of
+    "X <= need - 1" does, each at alpha (only one can be wrong: no correction for two)."""
 
     spec: CountSpec
     size: int
@@ -115,22 +107,20 @@ class _CountGate:
             self.tests = (self._test(self.need, False), self._test(self.need - 1, True))
 
     def _test(self, null: int, up: bool) -> _WorTest:
-        return _WorTest(self.size, self.runs, null, up, self.alpha, self.runs == 1)
+        return _WorTest(self.size, self.runs, null, up, self.alpha)
 
     def certain(self) -> Verdict | None:
         return count_certain(self.good, self.seen * self.runs, self.size * self.runs, self.need)
 
     def add(self, good: int) -> tuple[Verdict | None, str]:
-        self.good += good
-        self.seen += 1
+        self.good, self.seen = self.good + good, self.seen + 1
         verdict = self.certain()
-        if self.tests is None:
-            return verdict, "certain"
-        self.values.append(good)
-        failed, passed = (test.update(good) for test in self.tests)
-        if verdict is not None:
-            return verdict, "certain"
-        return ("FAIL" if failed else "PASS" if passed else None), "sequential"
+        if self.tests is not None:
+            self.values.append(good)
+            failed, passed = (test.update(good) for test in self.tests)
+            if verdict is None:
+                return ("FAIL" if failed else "PASS" if passed else None), "sequential"
+        return verdict, "certain"
 
     def bounds(self) -> tuple[int, int]:
         return self.good, self.good + (self.size - self.seen) * self.runs
@@ -154,8 +144,7 @@ class _CountGate:
 
 @dataclass(frozen=True)
 class Decision:
-    """The run may stop after ``after`` outcomes: each gate's verdict (None: not settled,
-    beside another's FAIL) and how (certain or sequential)."""
+    """The run may stop after ``after`` outcomes: each gate's verdict (None: not settled)."""
 
     after: int
     verdicts: dict[str, Verdict | None]
@@ -186,12 +175,11 @@ class EarlyStop:
         if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
             raise ValueError("order must be a permutation of ids")
         self.mode, self.alpha, self.seed, self.repeats = mode, alpha, seed, repeats
-        self.n_total = len(ids)
+        self.n_total, self.observed, baseline = len(ids), 0, baseline or {}
+        self.decision: Decision | None = None
         self._position = {pid: i for i, pid in enumerate(self.order)}
         self._arrived: dict[int, tuple[bool, str | None, tuple[str, ...]]] = {}
         self._next = 0  # next position of the order to feed (sequential)
-        self.observed = 0
-        self.decision: Decision | None = None
         self._verdicts: dict[str, Verdict | None] = {}
         self._how: dict[str, str] = {}
         self._counts: dict[str, _CountGate] = {}
@@ -206,20 +194,15 @@ class EarlyStop:
                 raise ValueError(f"gate {name} given twice")
             self._verdicts[name] = None
             if isinstance(spec, NoiseAware):
-                given = baseline or {}
-                self._base = {pid: given[pid] for pid in self.order if pid in given}
+                self._base = {pid: baseline[pid] for pid in self.order if pid in baseline}
                 if not self._base:
                     raise ValueError("no problem id in common with the baseline")
                 self._noise, self._every = spec, max(1, math.ceil(len(self._base) / 100))
             else:
-                sequential = mode == "sequential"
-                self._counts[name] = _CountGate(
-                    spec, len(ids), self.gate_alpha, repeats, sequential
-                )
+                gate = _CountGate(spec, len(ids), self.gate_alpha, repeats, mode == "sequential")
+                self._counts[name] = gate
+                self._record(name, gate.certain(), "certain")  # min-acc above 1: fixed already
         self._health = any(isinstance(g.spec, MaxShare) for g in self._counts.values())
-        # some verdicts are fixed before any outcome (min-acc above 1)
-        for name, gate in self._counts.items():
-            self._record(name, gate.certain(), "certain")
         self._record("baseline", self._noise_certain(), "certain")
         self._check_done()
 
@@ -241,24 +224,19 @@ class EarlyStop:
         runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
         shared = len(set(runs) & set(ids))
         compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
-        gates = [
-            *(spec for spec in (specs.min_acc, floor) if spec is not None),
-            *((specs.baseline,) if compared else ()),
-            *specs.health,
-        ]
+        wanted = (specs.min_acc, floor, specs.baseline if compared else None, *specs.health)
+        gates = [gate for gate in wanted if gate is not None]
         if not ids or not gates:
             return None
         return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
 
     def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:
-        seen = [
-            Pair(i, c, k, self._now[i], 1) for i, (c, k) in self._base.items() if i in self._now
-        ]
-        return seen, [(i, c, k) for i, (c, k) in self._base.items() if i not in self._now]
+        now, base = self._now, self._base.items()
+        seen = [Pair(i, c, k, now[i], 1) for i, (c, k) in base if i in now]
+        return seen, [(i, c, k) for i, (c, k) in base if i not in now]
 
     def _noise_certain(self) -> Verdict | None:
-        # with repeats on the candidate the p-value is not monotone: it waits for the end
-        if self._noise is None or self.repeats > 1:
+        if self._noise is None or self.repeats > 1:  # with repeats p is not monotone: the end
             return None
         return self._noise.certain(*self._split())
 
@@ -279,8 +257,7 @@ class EarlyStop:
         outcome: str | None = None,
         answers: Sequence[str] = (),
     ) -> Decision | None:
-        """One problem's outcome, in any arrival order; the Decision once the run may stop.
-        ``answers``: with repeats, each answer's outcome (none: ``outcome`` for each)."""
+        """One problem's outcome (with repeats each answer's), in any order; the Decision."""
         position = self._position[problem_id]
         if position in self._arrived or position < self._next:
             raise ValueError(f"outcome for {problem_id!r} observed twice")
@@ -327,13 +304,13 @@ class EarlyStop:
             return out
         spec, n = gate.spec, gate.size * gate.runs
         (low, high), (lo, hi) = gate.bounds(), gate.interval()
+        out["observed"] = gate.seen
         if isinstance(spec, MaxShare):  # it counts the answers NOT of the outcome: turned round
             low, high, lo, hi = n - high, n - low, n - hi, n - lo
             out.update(rule=name, threshold=spec.rate, allowed=spec.allowed(n))
-            out.update(observed=gate.seen, count=gate.seen * gate.runs - gate.good)
+            out["count"] = gate.seen * gate.runs - gate.good
         else:
-            threshold = spec.floor if isinstance(spec, ToleranceFloor) else spec.threshold
-            out.update(threshold=threshold, observed=gate.seen, correct=gate.good)
+            out.update(threshold=spec.floor, correct=gate.good)
         out["bounds"] = [low / n, high / n]
         if gate.tests is not None:
             out["interval"] = [lo / n, hi / n]
@@ -355,26 +332,26 @@ class EarlyStop:
 
     def _gate_phrase(self, name: str) -> str:
         verdict, info, gate = self._verdicts[name], self._gate_json(name), self._counts.get(name)
+        state = "undecided" if verdict is None else f"verdict {verdict} is certain"
         if gate is None:  # the noise-aware baseline gate
             if "p_bounds" not in info:
                 return "baseline waits for the end of the run (--gsm8k-repeats on the candidate)"
-            state = "undecided" if verdict is None else f"verdict {verdict} is certain"
             return "baseline {} (noise-aware p reachable {:.4g}-{:.4g})".format(
                 state, *info["p_bounds"]
             )
         outcome = gate.spec.outcome if isinstance(gate.spec, MaxShare) else ""
         what, (low, high) = f"{outcome} share" if outcome else "accuracy", info["bounds"]
+        why = f"at most {high:.4f} reachable"
         if verdict is None:
-            return f"{name} undecided ({what} reachable {low:.4f}-{high:.4f})"
-        if info["how"] == "sequential":
-            split = "{} of the full split in [{:.4f}, {:.4f}]".format(what, *info["interval"])
-            return f"{name} verdict {verdict} at alpha {self.gate_alpha:g} ({split})"
-        reach = f"at most {high:.4f} reachable"
-        if outcome and verdict == "FAIL":
-            reach = f"{info['count']} {outcome} already, {info['allowed']} allowed"
+            why = f"{what} reachable {low:.4f}-{high:.4f}"
+        elif info["how"] == "sequential":
+            state = f"verdict {verdict} at alpha {self.gate_alpha:g}"
+            why = "{} of the full split in [{:.4f}, {:.4f}]".format(what, *info["interval"])
+        elif outcome and verdict == "FAIL":
+            why = f"{info['count']} {outcome} already, {info['allowed']} allowed"
         elif not outcome and verdict == "PASS":
-            reach = f"at least {low:.4f} already"
-        return f"{name} verdict {verdict} is certain ({reach})"
+            why = f"at least {low:.4f} already"
+        return f"{name} {state} ({why})"
 
     def headline(self) -> str:
         decided = self.decision is not None

@@ -1,8 +1,6 @@
-"""The inference engines' own GSM8K CI, request for request (``--gsm8k-preset vllm``,
-``sglang``). Pure. A threshold an engine's CI keeps holds only for the protocol it was measured
-with, so these send what the scripts send, byte for byte where the script posts JSON itself
-(what differs on purpose: docs/protocols.md#--gsm8k-preset-vllm and the sglang section).
-"""
+"""The engines' own GSM8K CI requests (``--gsm8k-preset vllm``, ``sglang``): their thresholds
+hold only for that protocol, so these send what the scripts send, byte for byte where a
+script posts JSON itself (docs/protocols.md). Pure."""
 
 from __future__ import annotations
 
@@ -36,20 +34,18 @@ def vllm_param_error(keys: Sequence[str], api: str) -> str | None:
     """Why ``--gsm8k-param`` keys cannot go into a vLLM-preset body, or None when they can:
     only the fields gsm8k_eval.py itself can send keep the body its own."""
     allowed = VLLM_CHAT_PARAMS if api == "chat" else VLLM_COMPLETION_PARAMS
-    for key in keys:
-        if key not in allowed:
-            return (
-                f"--gsm8k-param {key}: --gsm8k-preset vllm sends only what gsm8k_eval.py "
-                f"sends; with --gsm8k-api {api} that is {', '.join(allowed)}"
-            )
+    for key in (key for key in keys if key not in allowed):
+        return (
+            f"--gsm8k-param {key}: --gsm8k-preset vllm sends only what gsm8k_eval.py "
+            f"sends; with --gsm8k-api {api} that is {', '.join(allowed)}"
+        )
     return None
 
 
 def _vllm_extra(params: Sequence[tuple[str, str]], api: str) -> dict[str, Any]:
     """``--gsm8k-param`` values in gsm8k_eval.py's order, as its command line types them
     (``--top-p 1`` is the float ``1.0``)."""
-    error = vllm_param_error([key for key, _ in params], api)
-    if error:
+    if error := vllm_param_error([key for key, _ in params], api):
         raise ValueError(error)
     given = {key: json.loads(value) for key, value in params}
     allowed = VLLM_CHAT_PARAMS if api == "chat" else VLLM_COMPLETION_PARAMS
@@ -57,16 +53,14 @@ def _vllm_extra(params: Sequence[tuple[str, str]], api: str) -> dict[str, Any]:
 
 
 def _typed(key: str, kind: type, value: Any) -> Any:
-    if kind is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"--gsm8k-param {key}: expected a JSON object")
-        return value
-    if kind is str:
-        return str(value)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"--gsm8k-param {key}: expected a number, got {value!r}")
-    if kind is int and value != int(value):
-        raise ValueError(f"--gsm8k-param {key}: expected a whole number, got {value!r}")
+    if kind is str or (kind is dict and isinstance(value, dict)):
+        return kind(value)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    wrong = "a JSON object" if kind is dict else None if number else "a number"
+    if wrong or (kind is int and value != int(value)):
+        raise ValueError(
+            f"--gsm8k-param {key}: expected {wrong or 'a whole number'}, got {value!r}"
+        )
     return kind(value)
 
 

@@ -1,10 +1,6 @@
-"""The release gates' rules, each written once (docs/baselines.md). Pure.
-
-Each spec answers :meth:`verdict` on final counts, :meth:`certain` on partial ones (the early
-stop) and :meth:`cannot_fail` (no outcome could FAIL it at this size: no verdict, never
-certain PASS). Count thresholds are integers that agree with the float comparison a reader
-would write, so the end and the early stop never differ by a rounding.
-"""
+"""The release gates' rules, each written once: the verdict on final counts, ``certain`` on
+partial ones (the early stop), ``cannot_fail`` at this size (no verdict). Count thresholds
+are integers that agree with the float comparison, so the two never differ by a rounding. Pure."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ class GateVerdict:
     threshold: float | None = None
     undecided: bool = False
 
-    def __post_init__(self) -> None:
-        # names from outside (a config's file, a label, a model id), made fit for one line once
+    def __post_init__(self) -> None:  # names from outside, made fit for one line once
         object.__setattr__(self, "name", printable(self.name))
         object.__setattr__(self, "detail", printable(self.detail))
 
@@ -55,8 +50,7 @@ NOT_A_VERDICT = "not a verdict: "
 
 
 def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
-    """``verdict`` as no verdict (FAIL, exit 1): a gate that was not decided never passes.
-    ``why`` goes in front of any earlier reason; a FAIL stays a FAIL for the rule's reason."""
+    """``verdict`` as no verdict (a gate not decided never passes); a FAIL stays the rule's."""
     if verdict.passed:
         detail = f"{NOT_A_VERDICT}{why}; on what ran: {verdict.detail}"
     elif verdict.detail.startswith(NOT_A_VERDICT):
@@ -64,6 +58,10 @@ def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
     else:
         return verdict
     return replace(verdict, passed=False, detail=detail, undecided=True)
+
+
+def _unless(verdict: GateVerdict, why: str | None) -> GateVerdict:
+    return verdict if why is None else undecided(verdict, why)
 
 
 def _first(n: int, ok: Callable[[int], bool]) -> int:
@@ -85,8 +83,7 @@ def max_share_count(rate: float, n: int) -> int:
 
 
 def count_certain(good: int, seen: int, size: int, need: int) -> Verdict | None:
-    """A count rule "X >= need" with ``good`` of X known after ``seen`` of ``size`` items
-    (never PASS for a rule no count fails: it is no verdict)."""
+    """The rule ``X >= need``, ``good`` known after ``seen`` of ``size`` (need <= 0: no PASS)."""
     if need <= 0:
         return None
     if good >= need:
@@ -95,10 +92,10 @@ def count_certain(good: int, seen: int, size: int, need: int) -> Verdict | None:
 
 
 class _CountRule:
-    """A count rule: PASS iff the good answers reach :meth:`need`; ``never`` (formatted with
-    the rule) says why it cannot fail when no count fails it."""
+    """PASS iff the good answers reach :meth:`need`; ``against``: the limit in words."""
 
     name: str
+    against: ClassVar[str]
     never: ClassVar[str]
 
     def need(self, n: int) -> int:
@@ -111,51 +108,59 @@ class _CountRule:
         return None if n < 1 or self.need(n) > 0 else self.never.format(s=self)
 
     def _verdict(
-        self, rule: str, passed: bool, detail: str, value: float, limit: float, n: int
+        self, n: int, label: str, limit: float, passed: bool, value: float, said: str
     ) -> GateVerdict:
-        verdict = GateVerdict(self.name, rule, passed, detail, value, limit)
-        why = self.cannot_fail(n)
-        return verdict if why is None else undecided(verdict, why)
+        rule, against = self.name.rpartition(":")[2], self.against.format(s=self)
+        if n == 0:
+            detail = f"no problem has a result{label}: nothing to compare with {against}"
+            return GateVerdict(self.name, rule, False, detail, None, limit)
+        verdict = GateVerdict(self.name, rule, passed, f"{said} {against}", value, limit)
+        return _unless(verdict, self.cannot_fail(n))
+
+
+class _Accuracy(_CountRule):
+    """A floor on the accuracy: ``--gsm8k-min-acc`` or a vLLM config's."""
+
+    floor: float
+
+    def need(self, n: int) -> int:
+        return min_acc_count(self.floor, n)
+
+    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
+        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``)."""
+        total = max(n * runs, 1)
+        passed, accuracy = correct >= self.need(total), correct / total
+        every = f", mean of {runs} answers each" if runs > 1 else ""
+        said = f"accuracy {accuracy:.4f} ({label}, n={n}{every}) {'>=' if passed else 'is below'}"
+        return self._verdict(n, f" ({label})", self.floor, passed, accuracy, said)
 
 
 @dataclass(frozen=True)
-class MinAcc(_CountRule):
+class MinAcc(_Accuracy):
     """``--gsm8k-min-acc``: the accuracy over the run's problems is at least ``threshold``."""
 
     threshold: float
     name: str = "min-acc"
     option: str = "--gsm8k-min-acc"
-    never = "{s.option} {s.threshold:g} cannot fail (every accuracy reaches it): set it above 0"
+    against = "{s.option} {s.threshold:g}"
+    never = against + " cannot fail (every accuracy reaches it): set it above 0"
 
-    def need(self, n: int) -> int:
-        return min_acc_count(self.threshold, n)
-
-    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
-        """``correct`` of the ``n * runs`` answers (``runs``: ``--gsm8k-repeats``)."""
-        against = f"{self.option} {self.threshold:g}"
-        if n == 0:
-            detail = f"no problem has a result ({label}): nothing to compare with {against}"
-            return GateVerdict(self.name, "min-acc", False, detail, None, self.threshold)
-        passed = correct >= self.need(n * runs)
-        accuracy = correct / (n * runs)
-        every = f", mean of {runs} answers each" if runs > 1 else ""
-        detail = (
-            f"accuracy {accuracy:.4f} ({label}, n={n}{every}) "
-            f"{'>=' if passed else 'is below'} {against}"
-        )
-        return self._verdict("min-acc", passed, detail, accuracy, self.threshold, n)
+    @property
+    def floor(self) -> float:  # type: ignore[override]
+        return self.threshold
 
 
 @dataclass(frozen=True)
-class ToleranceFloor(_CountRule):
+class ToleranceFloor(_Accuracy):
     """A vLLM config's gate as vLLM's test_gsm8k_correctness.py asserts it: ``accuracy >=
     accuracy_threshold - tolerance``, the floor in floats as there."""
 
     config: str
     threshold: float
     tolerance: float
+    against = "accuracy_threshold {s.threshold:g} - tolerance {s.tolerance:g} = {s.floor:.4f}"
     never = (
-        "its floor {s.words} is at or below 0, so no accuracy fails it: raise "
+        "its floor " + against + " is at or below 0, so no accuracy fails it: raise "
         "accuracy_threshold (or lower tolerance) in the config"
     )
 
@@ -164,25 +169,8 @@ class ToleranceFloor(_CountRule):
         return f"{self.config}:vllm-threshold"
 
     @property
-    def floor(self) -> float:
+    def floor(self) -> float:  # type: ignore[override]
         return self.threshold - self.tolerance
-
-    @property
-    def words(self) -> str:
-        t, tolerance = self.threshold, self.tolerance
-        return f"accuracy_threshold {t:g} - tolerance {tolerance:g} = {self.floor:.4f}"
-
-    def need(self, n: int) -> int:
-        return min_acc_count(self.floor, n)
-
-    def verdict(self, correct: int, n: int, label: str, runs: int = 1) -> GateVerdict:
-        if n == 0:
-            detail = f"no problem has a result ({label})"
-            return GateVerdict(self.name, "vllm-threshold", False, detail, None, self.floor)
-        passed = correct >= self.need(n * runs)
-        accuracy = correct / (n * runs)
-        detail = f"accuracy {accuracy:.4f} ({label}, n={n}) {'>=' if passed else '<'} {self.words}"
-        return self._verdict("vllm-threshold", passed, detail, accuracy, self.floor, n)
 
 
 #: the outcomes an answer-format health gate may count (``--gsm8k-max-<outcome>``)
@@ -193,16 +181,13 @@ _HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "end
 
 @dataclass(frozen=True)
 class MaxShare(_CountRule):
-    """``--gsm8k-max-unparsed`` / ``-truncated`` / ``-error``: at most ``rate`` of the
-    problems with a result have ``outcome`` (docs/baselines.md#answer-format-health); its
-    good answers are those *not* of the outcome."""
+    """``--gsm8k-max-<outcome>``: at most ``rate`` of the answers have ``outcome``; its good
+    answers are those *not* of the outcome (docs/baselines.md#answer-format-health)."""
 
     outcome: Outcome
     rate: float
-    never = (
-        "{s.option} {s.rate:g} allows every problem to be {s.words}, "
-        "so it cannot fail: set it below 1"
-    )
+    against = "{s.option} {s.rate:g}"
+    never = against + " allows every problem to be {s.words}, so it cannot fail: set it below 1"
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -228,18 +213,12 @@ class MaxShare(_CountRule):
 
     def verdict(self, count: int, n: int, runs: int = 1) -> GateVerdict:
         """``count`` of the ``n * runs`` answers have the outcome."""
-        if n == 0:
-            detail = f"no problem has a result: nothing to compare with {self.option} {self.rate:g}"
-            return GateVerdict(self.name, self.name, False, detail, None, self.rate)
-        total = n * runs
+        total = max(n * runs, 1)
         allowed = self.allowed(total)
-        passed = count <= allowed
-        what = f"{total} answers" if runs > 1 else f"{n} problems"
-        detail = (
-            f"{count / total:.1%} of {what} {self.words} ({count}; "
-            f"{allowed} allowed) {'<=' if passed else '>'} {self.option} {self.rate:g}"
-        )
-        return self._verdict(self.name, passed, detail, count / total, self.rate, n)
+        passed, what = count <= allowed, f"{total} answers" if runs > 1 else f"{n} problems"
+        said = f"{count / total:.1%} of {what} {self.words} ({count}; {allowed} allowed)"
+        said += " <=" if passed else " >"
+        return self._verdict(n, "", self.rate, passed, count / total, said)
 
 
 def _drop(pairs: Sequence[Pair]) -> float:
@@ -255,8 +234,7 @@ def failing_words(pairs: Sequence[Pair]) -> str:
 
 
 def flip_words(failing: int, passing: int, stable: int, runs: int) -> str:
-    """Newly failing and passing against a single-run baseline, the failing split into
-    stable and noisy against a calibrated one."""
+    """Newly failing and passing; against a calibrated baseline, failing stable and noisy."""
     if runs == 1:
         return f"{failing} newly failing, {passing} newly passing"
     return (
@@ -287,11 +265,8 @@ class NoiseAware:
         seen = seen or evidence(pairs)
         p, drop = seen.p, _drop(pairs)
         runs = max((x.base_runs for x in pairs), default=1)
-        how = (
-            "exact McNemar"
-            if seen.mcnemar
-            else f"noise-aware, baseline {runs} run{'s' if runs != 1 else ''} per problem"
-        )
+        how = f"noise-aware, baseline {runs} run{'s' * (runs != 1)} per problem"
+        how = "exact McNemar" if seen.mcnemar else how
         passed = not self._fails(p, drop)
         clause = f"p={p:.3g} {'<' if p < self.alpha else '>='} {self.option} {self.alpha:g}"
         if p < self.alpha and self.max_drop > 0:
@@ -301,12 +276,10 @@ class NoiseAware:
             )
         detail = f"{clause} ({how}): {failing_words(pairs)}; {points_words(*difference(pairs))}"
         verdict = GateVerdict(self.name, "noise-aware", passed, detail, p, self.alpha)
-        why = self.cannot_fail(pairs) if passed else None
-        return verdict if why is None else undecided(verdict, why)
+        return _unless(verdict, self.cannot_fail(pairs) if passed else None)
 
     def rise(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> str | None:
-        """The warning for a rise noise cannot explain, or None: never a FAIL, but more often
-        a changed measurement than a better model."""
+        """The warning for a rise noise cannot explain (more often a changed measurement)."""
         p = (seen or evidence(pairs)).rise
         if p >= self.alpha:
             return None
@@ -317,8 +290,7 @@ class NoiseAware:
         )
 
     def cannot_fail(self, pairs: Sequence[Pair]) -> str | None:
-        """Why no outcome of the candidate fails the gate, or None: every candidate answer
-        wrong gives the smallest p and the largest drop."""
+        """Why no outcome fails the gate (all wrong: the smallest p, the largest drop), or None."""
         p, drop = _all_wrong(
             tuple(sorted((x.base_correct, x.base_runs, x.now_runs) for x in pairs))
         )
@@ -340,26 +312,20 @@ class NoiseAware:
     ) -> Verdict | None:
         """The verdict no outcome of the ``unseen`` problems (``(id, base_correct,
         base_runs)``) could change, else None: all fail and all succeed are the extremes for
-        single candidate runs (core/calibrated.py); with repeats it waits for the end."""
-        if any(x.now_runs != 1 for x in seen):
-            return None
+        single candidate runs (core/calibrated.py)."""
         worst, best = extremes(seen, unseen)
         if not self._fails(p_value(worst), _drop(worst)):
             return "PASS" if self.cannot_fail(worst) is None else None
         return "FAIL" if self._fails(p_value(best), _drop(best)) else None
 
 
-def extremes(
-    seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]
-) -> tuple[list[Pair], list[Pair]]:
+def extremes(seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]) -> list[list[Pair]]:
     """The pairs with every unseen problem wrong, and with every one right (one run each)."""
-    worst, best = ([*seen, *(Pair(i, c, k, now, 1) for i, c, k in unseen)] for now in (0, 1))
-    return worst, best
+    return [[*seen, *(Pair(i, c, k, now, 1) for i, c, k in unseen)] for now in (0, 1)]
 
 
 @lru_cache(maxsize=64)
 def _all_wrong(sides: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
-    """The p and the drop with every candidate answer wrong, for (baseline correct,
-    baseline runs, candidate runs); cached: the early stop asks at every check."""
+    """The p and drop with every candidate answer wrong (cached: the early stop asks often)."""
     worst = [Pair(str(i), c, k, 0, runs) for i, (c, k, runs) in enumerate(sides)]
     return p_value(worst), _drop(worst)

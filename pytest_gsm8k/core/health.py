@@ -1,10 +1,6 @@
-"""Hints for a run whose answers fail in a recognisable way. Pure.
-
-A chat model asked through the completions API often continues the prompt in its own markup or
-drops the ``#### N`` line, and reads as a model that cannot count (vllm-project/vllm#48253:
-18.8% invalid through completions): the health gates say *that* the format failed, this says
-the likely *why*, once (docs/baselines.md#answer-format-health).
-"""
+"""Hints for a run whose answers fail in a recognisable way: the health gates say *that* the
+format failed, these the likely *why*, once. A chat model asked through the completions API
+reads as one that cannot count (vllm-project/vllm#48253). Pure."""
 
 from __future__ import annotations
 
@@ -28,17 +24,15 @@ TEMPLATE_TOKENS = (
     "<|assistant|>",
     "<|user|>",
 )
-#: ``it`` as a whole word of a model id marks an instruction-tuned model, as instruct and chat do
-_IT_WORD = re.compile(r"(?:^|[^a-z0-9])it(?:$|[^a-z0-9])")
+#: what in a model id marks an instruction-tuned model (``it`` as a whole word: Gemma's ``-it``)
+_ID_WORDS = {"instruct": "instruct", "chat": "chat", "-it": r"(?:^|[^a-z0-9])it(?:$|[^a-z0-9])"}
 
 
 def chat_sign(models: Iterable[str], texts: Iterable[str]) -> str | None:
     """Why the model looks like a chat model (a short phrase), or None when it does not."""
     for model in models:
-        lowered = model.lower()
-        words = ("instruct" in lowered, "chat" in lowered, _IT_WORD.search(lowered))
-        for word, found in zip(("instruct", "chat", "-it"), words, strict=True):
-            if found:
+        for word, pattern in _ID_WORDS.items():
+            if re.search(pattern, model.lower()):
                 return f"its id {model!r} has {word!r}"
     for text in texts:
         for token in TEMPLATE_TOKENS:
@@ -50,13 +44,11 @@ def chat_sign(models: Iterable[str], texts: Iterable[str]) -> str | None:
 def chat_api_hint(
     api: str, models: Iterable[str], unparsed: int, n: int, texts: Iterable[str]
 ) -> str | None:
-    """The one line suggesting ``--gsm8k-api chat``, or None when the run gives no cause.
-    ``models``: the model id asked for and those the server reported; ``texts``: the
-    replies (read only until a sign is found)."""
+    """The one line suggesting ``--gsm8k-api chat``, or None when the run gives no cause
+    (``texts``: the replies, read only until a sign is found)."""
     if api != "completions" or unparsed < HINT_MIN_COUNT or unparsed / n < HINT_MIN_SHARE:
         return None
-    sign = chat_sign(models, texts)
-    if sign is None:
+    if (sign := chat_sign(models, texts)) is None:
         return None
     return (
         f"hint: {unparsed / n:.1%} of {n} problems unparsed ({unparsed}) through "
@@ -81,7 +73,6 @@ REASONING_MODEL_FIX = (
 
 
 def reasoning_model_hint(message: str) -> str | None:
-    """The options that get a reasoning model through, when ``message`` (an HTTP 400's text)
-    is one of its refusals: the endpoint names one field at a time, so all three are named
-    at the first."""
+    """The options that get a reasoning model through, all at its first refusal (an HTTP 400
+    names one field at a time)."""
     return REASONING_MODEL_FIX if _REASONING_REFUSALS.search(message) else None

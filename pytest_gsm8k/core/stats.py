@@ -1,8 +1,5 @@
-"""Intervals and exact tests that turn pass/fail counts into defensible claims. Pure.
-
-A point on GSM8K is 13 problems, often within noise. Exact integers where a float would over-
-or underflow.
-"""
+"""Intervals and exact tests that turn pass/fail counts into defensible claims (a point on
+GSM8K is 13 problems, often within noise); exact integers where a float would overflow. Pure."""
 
 from __future__ import annotations
 
@@ -45,10 +42,8 @@ def accuracy_interval(rates: Sequence[float], runs: int) -> tuple[float, float]:
     independent draws), Wilson's at Kish's effective size ``n_eff = p (1 - p) / V``,
     ``V = Σ (r_i - p)² / n²`` (Korn & Graubard 1998, Survey Methodology 24:193-201)."""
     n = len(rates)
-    if runs <= 1:
+    if runs <= 1 or n == 0:
         return wilson_interval(round(math.fsum(rates)), n)
-    if n == 0:
-        return 0.0, 1.0
     p = math.fsum(rates) / n
     var = math.fsum((r - p) ** 2 for r in rates) / (n * n)
     effective = n * runs if var <= 0.0 or p in (0.0, 1.0) else min(n * runs, p * (1 - p) / var)
@@ -88,8 +83,6 @@ def mcnemar_one_sided(newly_failing: int, newly_passing: int) -> float:
 def hypergeometric_pmf(total: int, before: int, after: int) -> tuple[float, ...]:
     """``P(D = d)`` for ``d = 0..after``: how many of ``total`` successes fall among the
     last ``after`` of ``before + after`` exchangeable runs (core/calibrated.py's null)."""
-    if before < 0 or after < 0 or not 0 <= total <= before + after:
-        raise ValueError(f"need 0 <= total <= before + after, got {total}, {before}, {after}")
     whole = math.comb(before + after, after)
     return tuple(
         math.comb(total, d) * math.comb(before + after - total, after - d) / whole

@@ -18,7 +18,7 @@ import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, GsmRun, config_serve, output, report
 
-from pytest_gsm8k.core.baseline import MAX_REPEATS
+from pytest_gsm8k.core.calibrated import MAX_REPEATS
 from pytest_gsm8k.core.compare import MAX_CONFIGS, MAX_ID, MAX_PROBLEMS, load_report
 from pytest_gsm8k.core.records import OUTCOMES
 

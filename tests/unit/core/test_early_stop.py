@@ -308,7 +308,7 @@ def test_for_group_builds_the_groups_gates_from_its_specs() -> None:
 
 def test_capital_process_by_hand_n4() -> None:
     # population of 4, null total 2, betting up; observed 1, 1
-    test = _WorTest(size=4, scale=1, null=2, up=True, alpha=0.5, binary=True)
+    test = _WorTest(size=4, scale=1, null=2, up=True, alpha=0.5)  # scale 1: binary
     # t=1: mu = 2/4, v = 1/4, lam_j = 4 delta_j (cap 0.98/0.5 = 1.96): factors 1 + 2 delta_j,
     # the 0.6 bet capped at 1 + 1.96 * 0.5 = 1.98
     assert not test.update(1)
@@ -330,17 +330,17 @@ def _distinct_orders(values: list[int]) -> list[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize(
-    ("values", "up", "null", "scale", "binary"),
+    ("values", "up", "null", "scale"),  # scale 1: the binary test
     [
-        ([1, 1, 1, 0, 0, 0], True, 3, 1, True),
-        ([1, 1, 1, 0, 0, 0], False, 3, 1, True),
-        ([1, 1, 0, 0, 0, 0], False, 2, 1, True),
-        ([2, 1, 1, 1, 0, 2], True, 7, 2, False),
-        ([2, 1, 1, 1, 0, 2], False, 7, 2, False),
+        ([1, 1, 1, 0, 0, 0], True, 3, 1),
+        ([1, 1, 1, 0, 0, 0], False, 3, 1),
+        ([1, 1, 0, 0, 0, 0], False, 2, 1),
+        ([2, 1, 1, 1, 0, 2], True, 7, 2),
+        ([2, 1, 1, 1, 0, 2], False, 7, 2),
     ],
 )
 def test_capital_is_a_martingale_under_the_boundary_null(
-    values: list[int], up: bool, null: int, scale: int, binary: bool
+    values: list[int], up: bool, null: int, scale: int
 ) -> None:
     """E[K_t] = 1 for every t when the population total equals the null (exact enumeration)."""
     assert sum(values) == null
@@ -348,7 +348,7 @@ def test_capital_is_a_martingale_under_the_boundary_null(
     for t in range(1, len(values) + 1):
         total = 0.0
         for order in orders:
-            test = _WorTest(len(values), scale, null, up, alpha=1e-9, binary=binary)
+            test = _WorTest(len(values), scale, null, up, alpha=1e-9)
             for v in order[:t]:
                 test.update(v)
             total += sum(test.caps)
@@ -362,7 +362,7 @@ def test_capital_at_the_boundary_is_a_supermartingale_inside_the_null() -> None:
     for t in range(1, 7):
         caps = []
         for order in orders:
-            test = _WorTest(6, 1, 3, True, alpha=1e-9, binary=True)
+            test = _WorTest(6, 1, 3, True, alpha=1e-9)
             for v in order[:t]:
                 test.update(v)
             caps.append(sum(test.caps))
