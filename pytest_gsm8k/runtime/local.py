@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.command import ServeCommand
-from pytest_gsm8k.runtime.files import cpu_count, write_atomic
+from pytest_gsm8k.runtime.files import write_atomic
 from pytest_gsm8k.runtime.install import install_hint
 from pytest_gsm8k.runtime.serve import LOOPBACK, Launch, ServedProcess, ServeError
 
@@ -209,7 +209,9 @@ def local_spec(
     process may use (llama.cpp's default is half: small CI machines need them all);
     ``extra_args`` go last (later flags win)."""
     _check_gguf(Path(model_path))
-    threads = cpu_count() if threads is None else threads
+    if threads is None:  # affinity and cgroup cpusets count
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        threads = threads or os.cpu_count() or 1
 
     def command(port: int) -> ServeCommand:
         flags = {
