@@ -24,7 +24,7 @@ from typing import Any
 from pytest_gsm8k.core.command import ServeCommand
 from pytest_gsm8k.runtime.files import write_atomic
 from pytest_gsm8k.runtime.install import install_hint
-from pytest_gsm8k.runtime.serve import LOOPBACK, Launch, ServedProcess, ServeError
+from pytest_gsm8k.runtime.serve import Launch, ServedProcess, ServeError
 
 #: the packaged model's served id: stable, so cache keys and reports are too
 DEFAULT_ALIAS = "gemma-3-270m-q4_k_m"
@@ -183,8 +183,9 @@ class LocalServer(ServedProcess):
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
+        loopback = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
         try:
-            with LOOPBACK.open(request, timeout=timeout) as resp:
+            with loopback.open(request, timeout=timeout) as resp:
                 resp.read()
         except (OSError, ValueError) as error:
             try:

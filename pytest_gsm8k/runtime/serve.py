@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
@@ -40,9 +39,6 @@ _LOG_KEEP = 4096
 _SUPERVISOR = Path(__file__).with_name("supervise.py")
 _FOREGROUND = "run the server in the foreground (no &, nohup, setsid or --daemon)"
 
-#: an opener for the server's loopback URL: never through an HTTP(S)_PROXY of the environment
-LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
 #: what a serving stack reads from its environment (backends, kernels, devices, checkpoints):
 #: the started server inherits these variables, so they name it in cache keys
 SERVER_ENV_PREFIXES = tuple(
@@ -62,11 +58,6 @@ def server_env_digest(extra: Sequence[tuple[str, str]] = ()) -> str:
     env.update(dict(extra))
     text = json.dumps(sorted(env.items()), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def _kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -109,6 +100,7 @@ class ServedProcess:
             os.close(status_w)
         self._stopping = False
         self._status: dict[str, Any] = {}
+        self._said = threading.Event()  # its first word (the pid or an error), or its end
         output = self.process.stdout
         self._copier = threading.Thread(target=_copy_log, args=(output, log, scrub), daemon=True)
         self._reader = threading.Thread(target=self._read_status, args=(status_r,), daemon=True)
@@ -119,9 +111,9 @@ class ServedProcess:
     def _read_status(self, fd: int) -> None:
         with os.fdopen(fd, "rb") as pipe:
             for line in pipe:
-                with contextlib.suppress(ValueError):
-                    if isinstance(message := json.loads(line), dict):
-                        self._status.update(message)
+                self._status.update(json.loads(line))
+                self._said.set()
+        self._said.set()
 
     def _news(self) -> dict[str, Any]:
         """What the supervisor said; all of it once it has exited."""
@@ -131,10 +123,7 @@ class ServedProcess:
 
     def _started(self, deadline: float) -> str | None:
         """Wait for the supervisor to report the command running; its error otherwise."""
-        while not {"pid", "error"} & self._status.keys() and time.monotonic() < deadline:
-            if not self._reader.is_alive():
-                break
-            time.sleep(0.02)
+        self._said.wait(max(0.0, deadline - time.monotonic()))
         if "pid" in self._status:
             return None
         return str(self._status.get("error", "its supervisor did not start it"))
@@ -142,8 +131,7 @@ class ServedProcess:
     @property
     def pid(self) -> int:
         """The command's own pid (the supervisor's until the command runs)."""
-        pid = self._status.get("pid")
-        return int(pid) if isinstance(pid, int) else self.process.pid
+        return int(self._status.get("pid", self.process.pid))
 
     @property
     def pgid(self) -> int:
@@ -174,27 +162,24 @@ class ServedProcess:
     def probe(self) -> None:
         """A check once it serves, before the run uses it (:class:`~.local.LocalServer`'s)."""
 
-    def _exit(self, verb: str) -> str:
-        """``died with signal SIGSEGV``, ``exited (daemonised?) with exit code 0`` (it left
-        processes), ``died with exit code 7``."""
-        code, how = self.returncode, "an unknown status"
-        if code is not None and code >= 0:
-            how = f"exit code {code}"
-        elif code is not None:
+    def ended(self, verb: str, when: str = "") -> str:
+        """``died with signal SIGSEGV``, ``died with exit code 7``; ``exited (daemonised?) with
+        exit code 0{when}, leaving 1 process (pid 12) running, now stopped``."""
+        code, left = self.returncode, self.left
+        how = "an unknown status" if code is None else f"exit code {code}"
+        if code is not None and code < 0:
             how = f"signal {-code}"
             with contextlib.suppress(ValueError):
                 how = f"signal {signal.Signals(-code).name}"
-        return f"{'exited (daemonised?)' if code == 0 and self.left else verb} with {how}"
-
-    def _leaving(self) -> str:
-        if not (left := self.left):
-            return ""
-        pids = ", ".join(str(p) for p in left[:5]) + (", ..." if len(left) > 5 else "")
+        text = f"{'exited (daemonised?)' if code == 0 and left else verb} with {how}{when}"
+        if not left:
+            return text
+        pids = ", ".join(map(str, left[:5])) + (", ..." if len(left) > 5 else "")
         many = "processes" if len(left) > 1 else "process"
-        return f", leaving {len(left)} {many} (pid {pids}) running, now stopped"
+        return f"{text}, leaving {len(left)} {many} (pid {pids}) running, now stopped"
 
     def death_head(self) -> str:
-        return f"{self.what[:-1]}, pid {self.pid}) {self._exit('died')}{self._leaving()}"
+        return f"{self.what[:-1]}, pid {self.pid}) {self.ended('died')}"
 
     def death_message(self) -> str:
         """One line saying how the server died, then the last lines of its log."""
@@ -213,42 +198,23 @@ class ServedProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """End every process of the server: SIGTERM, SIGKILL after ``timeout``; idempotent.
-        The supervisor does it (it sees processes that left the group); should it not end in
-        time, its group is SIGKILLed. The group's id is ours while the supervisor is unreaped
-        or the group has members."""
-        proc = self.process
-        self._stopping = True
+        The supervisor does it (it sees processes that left the group); what outlives it (it
+        hung, or was killed) is SIGKILLed: its group's id is ours while it is unreaped or the
+        group has members."""
+        proc, control, self._stopping = self.process, self.process.stdin, True
+        assert control is not None
         try:
-            if proc.returncode is None:
-                self._close_control(f"stop {timeout:g}\n")
-                try:  # it may be stopping what a daemonising command left (DEATH_GRACE)
-                    proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
-                except subprocess.TimeoutExpired:
-                    for pid in descendants(proc.pid):
-                        with contextlib.suppress(OSError):
-                            os.kill(pid, signal.SIGKILL)
-                    _kill_group(proc.pid)
-                    proc.wait()
-            self._close_control()
-            if descendants(proc.pid):  # members of the reaped supervisor's group
-                _kill_group(proc.pid, signal.SIGTERM)
-                deadline = time.monotonic() + timeout
-                while descendants(proc.pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if descendants(proc.pid):
-                    _kill_group(proc.pid)
+            with contextlib.suppress(OSError, ValueError), control:  # ValueError: closed already
+                control.write(f"stop {timeout:g}\n".encode())
+            with contextlib.suppress(subprocess.TimeoutExpired):  # it may be stopping a daemon
+                proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
+            for pid in [*descendants(proc.pid), *([proc.pid] if proc.poll() is None else [])]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait()
             self._news()
         finally:
             _LIVE.discard(self)
-
-    def _close_control(self, message: str = "") -> None:
-        """The supervisor's stdin: ``stop GRACE``, then its end (idempotent)."""
-        control = self.process.stdin
-        assert control is not None
-        with contextlib.suppress(OSError, ValueError):  # ValueError: closed already
-            control.write(message.encode())
-        with contextlib.suppress(OSError):
-            control.close()
 
 
 _LIVE: set[ServedProcess] = set()
@@ -332,25 +298,22 @@ def _owns_port(root: int, port: int) -> bool | None:
     """Whether a process of the server (``root`` and all below it) holds the listening
     socket on loopback ``port`` (None: cannot tell without ``/proc``): another server that
     took the port must never be measured as ours."""
-    inodes: set[str] = set()
-    readable = seen = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for cols in (line.split() for line in Path(table).read_text().splitlines()[1:]):
-                if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(f"socket:[{cols[9]}]")
-            readable = True
-    if not readable:
+    if not os.path.exists("/proc/net/tcp"):
         return None
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):  # no IPv6
+            for cols in (line.split() for line in Path(table).read_text().splitlines()[1:]):
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    inodes.add(f"socket:[{cols[9]}]")
     for pid in [root, *descendants(root)]:
-        with contextlib.suppress(OSError):
-            fds = os.listdir(f"/proc/{pid}/fd")
-            seen = True
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                        return True
-    return False if seen else None
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if any(
+                os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
+                for fd in os.listdir(f"/proc/{pid}/fd")
+            ):
+                return True
+    return False
 
 
 def _with_tail(head: str, text: str, lines: int = 20) -> str:
@@ -364,16 +327,15 @@ def _with_tail(head: str, text: str, lines: int = 20) -> str:
 
 def _exited_head(server: ServedProcess, port: int) -> str:
     """The first line for a command that ended before it was ready."""
-    head = f"{server.what} {server._exit('exited')} before it was ready"
+    before = " before it was ready"
     if server.left:
-        return f"{head}{server._leaving()}: {_FOREGROUND}"
+        return f"{server.what} {server.ended('exited', before)}: {_FOREGROUND}"
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1.0):
         return (
-            f"{server.what} {server._exit('exited (daemonised?)')} before it was ready, and port "
-            f"{port} is served by a process that is not one of its own: stop that server, and "
-            f"{_FOREGROUND}"
+            f"{server.what} {server.ended('exited (daemonised?)', before)}, and port {port} is "
+            f"served by a process that is not one of its own: stop that server, and {_FOREGROUND}"
         )
-    return head
+    return f"{server.what} {server.ended('exited', before)}"
 
 
 def start_server(order: Launch[_S]) -> _S:
@@ -391,10 +353,7 @@ def start_server(order: Launch[_S]) -> _S:
     text = ""
     for _attempt in range(_PORT_ATTEMPTS):
         port = _free_port()
-        try:
-            command = order.command(port)
-        except CommandError as exc:
-            raise order.error(str(exc)) from None
+        command = order.command(port)
         base_env = os.environ if order.env is None else order.env
         env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
