@@ -142,18 +142,6 @@ class Matrix:
             raise EndpointError(f"no config runs problem {request.problem_id!r}")
         return future
 
-    def engine_for(self, request: Request) -> Engine:
-        """The engine of ``request``'s config, once its server is up (raises its failure)."""
-        future = self._future(request)
-        while True:
-            try:
-                return future.result(timeout=POLL_SECONDS)
-            except concurrent.futures.TimeoutError:
-                if self._closing.is_set():
-                    raise EndpointAborted("the run ended") from None
-            except (EndpointError, NotRun) as exc:
-                raise self._failed(group_of(request.problem_id), exc) from None
-
     def _died(self, request: Request, exc: EndpointAborted) -> BaseException:
         """A config's server died mid-run: that config's failure, not the matrix's."""
         if self._closing.is_set():
@@ -162,7 +150,16 @@ class Matrix:
         return self._failed(name, EndpointError(f"config {name}: {exc}"))
 
     def result(self, request: Request) -> ModelResponse:
-        engine = self.engine_for(request)
+        """From the engine of ``request``'s config, once its server is up (or its failure)."""
+        future = self._future(request)
+        while not future.done():
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                future.exception(timeout=POLL_SECONDS)
+            if self._closing.is_set() and not future.done():
+                raise EndpointAborted("the run ended")
+        if isinstance(exc := future.exception(), (EndpointError, NotRun)):
+            raise self._failed(group_of(request.problem_id), exc)
+        engine = future.result()
         try:
             return engine.result(request)
         except EndpointAborted as exc:
