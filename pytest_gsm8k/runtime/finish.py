@@ -28,12 +28,8 @@ OUTPUTS = {
 
 
 def output_paths(settings: Settings) -> dict[str, str | None]:
-    return {
-        "step_summary": os.environ.get("GITHUB_STEP_SUMMARY") or None,
-        "markdown": settings.markdown,
-        "report": settings.report,
-        "html": settings.html,
-    }
+    paths = {key: getattr(settings, key) for key in ("markdown", "report", "html")}
+    return {"step_summary": os.environ.get("GITHUB_STEP_SUMMARY") or None, **paths}
 
 
 def settle(

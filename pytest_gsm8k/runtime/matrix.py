@@ -1,8 +1,7 @@
 """``--gsm8k-config``: the configs' servers in sequence, as one GPU host runs vLLM's matrix
 (docs/configs.md): a driver thread launches a config's server and engine, waits for its items'
 answers, stops it, then launches the next. A config whose server fails is its items' one error
-and the next still runs, as in vLLM's own test. No pytest: the glue hands in the launcher.
-"""
+and the next still runs, as in vLLM's own test. No pytest: the glue hands in the launcher."""
 
 from __future__ import annotations
 
@@ -100,8 +99,7 @@ class Matrix:
             self._current = None
             server.stop()
 
-    def _engine(self, name: str) -> Engine | None:
-        """The config's engine if it was made (never waits)."""
+    def _engine(self, name: str) -> Engine | None:  # never waits
         future = self._engines.get(name)
         if future is None or not future.done() or future.exception() is not None:
             return None
@@ -130,10 +128,9 @@ class Matrix:
         if not isinstance(exc, EndpointError) or isinstance(exc, EndpointAborted):
             return exc
         with self._lock:
-            first = name not in self._said
-            self._said.add(name)
-        if first:
-            return exc
+            if name not in self._said:
+                self._said.add(name)
+                return exc
         return SaidElsewhere(f"config {name}: its server failed (its first item says why)")
 
     def _future(self, request: Request) -> concurrent.futures.Future[Engine]:

@@ -51,8 +51,8 @@ class ServeError(Exception):
 
 
 def server_env_digest(extra: Sequence[tuple[str, str]] = ()) -> str:
-    """A digest (the values may hold tokens) of the :data:`SERVER_ENV_PREFIXES` variables and
-    ``extra`` (a config's ``env``): what a started server reads from its environment."""
+    """What a started server reads from its environment (and a config's ``env``), digested:
+    the values may hold tokens."""
     env = {k: v for k, v in os.environ.items() if k.startswith(SERVER_ENV_PREFIXES)}
     env.update(dict(extra))
     text = json.dumps(sorted(env.items()), ensure_ascii=False)
@@ -78,6 +78,7 @@ class ServedProcess:
     ) -> None:
         log = self.log_path.open("ab")  # unwritable: an OSError now, before anything starts
         status_r, status_w = os.pipe()
+        status = os.fdopen(status_r, "rb")
         supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
         supervisor.append(str(os.getpid()))  # a pytest gone before it starts is gone too
         try:
@@ -91,37 +92,31 @@ class ServedProcess:
                 start_new_session=True,
                 pass_fds=(status_w,),
             )
-        except BaseException:
-            os.close(status_r)
-            log.close()
-            raise
-        finally:
+        finally:  # a failed start leaves ``log`` and ``status`` to the collector
             os.close(status_w)
         self.pgid, self._stopping = self.process.pid, False  # the supervisor leads its group
         self._status: dict[str, Any] = {}
         self._said = threading.Event()  # its first word (the pid or an error), or its end
         output = self.process.stdout
         self._copier = threading.Thread(target=_copy_log, args=(output, log, scrub), daemon=True)
-        self._reader = threading.Thread(target=self._read_status, args=(status_r,), daemon=True)
+        self._reader = threading.Thread(target=self._read_status, args=(status,), daemon=True)
         self._copier.start()
         self._reader.start()
         _LIVE.add(self)
 
-    def _read_status(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as pipe:
+    def _read_status(self, pipe: IO[bytes]) -> None:
+        with pipe:
             for line in pipe:
                 self._status.update(json.loads(line))
                 self._said.set()
         self._said.set()
 
     def _news(self) -> dict[str, Any]:
-        """What the supervisor said; all of it once it has exited."""
         if self.process.poll() is not None:
             self._reader.join(timeout=1.0)
         return self._status
 
     def _started(self, deadline: float) -> str | None:
-        """Wait for the supervisor to report the command running; its error otherwise."""
         self._said.wait(max(0.0, deadline - time.monotonic()))
         if "pid" in self._status:
             return None
@@ -129,12 +124,10 @@ class ServedProcess:
 
     @property
     def pid(self) -> int:
-        """The command's own pid (the supervisor's until the command runs)."""
         return int(self._status.get("pid", self.process.pid))
 
     @property
     def returncode(self) -> int | None:
-        """How the command ended (negative: a signal); None while it runs."""
         news = self._news()
         code = news.get("exit", news.get("ended"))
         return code if isinstance(code, int) else self.process.poll()
@@ -145,7 +138,6 @@ class ServedProcess:
         return list(self._news().get("left", []))
 
     def log_text(self, offset: int = 0) -> str:
-        """The log from ``offset``, once an ended server's output has arrived."""
         self._copier.join(timeout=2.0)
         try:
             with self.log_path.open("rb") as fh:
@@ -177,7 +169,6 @@ class ServedProcess:
         return f"{self.what[:-1]}, pid {self.pid}) {self.ended('died')}"
 
     def death_message(self) -> str:
-        """One line saying how the server died, then the last lines of its log."""
         return _with_tail(self.death_head() + f" (log {self.log_path})", self.log_text(), 8)
 
     def watch(self, on_death: Callable[[str], None]) -> None:
@@ -192,10 +183,9 @@ class ServedProcess:
         threading.Thread(target=wait, name="gsm8k-serve-watch", daemon=True).start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """End every process of the server: SIGTERM, SIGKILL after ``timeout``; idempotent.
-        The supervisor does it (it sees processes that left the group); what outlives it (it
-        hung, or was killed) is SIGKILLed: its group's id is ours while it is unreaped or the
-        group has members."""
+        """SIGTERM to every process of the server, SIGKILL after ``timeout``; the supervisor does
+        it (it sees processes that left the group). What outlives it (hung, or killed) is
+        SIGKILLed: its group's id is ours while it is unreaped or the group has members."""
         proc, control, self._stopping = self.process, self.process.stdin, True
         assert control is not None
         try:
@@ -217,7 +207,6 @@ _LIVE: set[ServedProcess] = set()
 
 @atexit.register
 def _stop_all() -> None:
-    """No server outlives an interpreter that exits normally."""
     for server in list(_LIVE):
         with contextlib.suppress(Exception):
             server.stop(timeout=5.0)
@@ -258,7 +247,6 @@ _S = TypeVar("_S", bound=ServedProcess)
 
 
 def _free_port() -> int:
-    """A loopback port that was free a moment ago (the race is handled by retrying)."""
     with socket.create_server(("127.0.0.1", 0)) as sock:
         return int(sock.getsockname()[1])
 
@@ -266,8 +254,7 @@ def _free_port() -> int:
 def _wait_ready(
     server: ServedProcess, port: int, deadline: float, progress: Callable[[float], None] | None
 ) -> str:
-    """Poll ``/models`` until "ready", "exited" or "timeout"; ``progress(seconds waited)``
-    every :data:`PROGRESS_EVERY` seconds."""
+    """ "ready", "exited" or "timeout"; ``progress(seconds waited)`` now and then."""
     delay, started = 0.05, time.monotonic()
     next_progress = started + PROGRESS_EVERY
     while server.returncode is None:
@@ -312,7 +299,6 @@ def _owns_port(root: int, port: int) -> bool | None:
 
 
 def _with_tail(head: str, text: str, lines: int = 20) -> str:
-    """``head``, then the last lines of a log, long lines clipped to stay readable."""
     tail = [line if len(line) <= 400 else line[:400] + "..." for line in text.splitlines()]
     if not "".join(tail[-lines:]).strip():
         return head + "\n(the server log is empty)"
@@ -321,7 +307,6 @@ def _with_tail(head: str, text: str, lines: int = 20) -> str:
 
 
 def _exited_head(server: ServedProcess, port: int) -> str:
-    """The first line for a command that ended before it was ready."""
     before = " before it was ready"
     if server.left:
         return f"{server.what} {server.ended('exited', before)}: {_FOREGROUND}"
@@ -439,8 +424,6 @@ class Launch(Generic[_S]):
 
 @dataclass(frozen=True)
 class Started:
-    """A server launched for the run: what to ask it and what the report says of it."""
-
     server: ServedProcess
     info: dict[str, Any]
     identity: dict[str, Any] | None = None  # what its GET /models says of the model

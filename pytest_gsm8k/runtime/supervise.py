@@ -4,8 +4,7 @@ its whole tree, daemons included, ends (SIGTERM, SIGKILL after GRACE s) on ``sto
 stdin, when pytest is gone (stdin's end, or a parent other than PARENT: pytest SIGKILLed before
 we started, with a child of pytest holding stdin), on SIGTERM, and when the main process exited
 (what still runs a second later is reported). STATUS_FD gets ``{"pid": N}`` or ``{"error":
-TEXT}``, ``{"ended": RC}``, last ``{"exit": RC, "left": [PIDS]}``.
-"""
+TEXT}``, ``{"ended": RC}``, last ``{"exit": RC, "left": [PIDS]}``."""
 
 from __future__ import annotations
 
@@ -65,9 +64,7 @@ def main(args: list[str]) -> int:
         with contextlib.suppress(OSError):
             os.write(status, (json.dumps(message) + "\n").encode())
 
-    def reap() -> list[int]:
-        """Collect every exited child (orphans come to us as their subreaper); the rest of
-        the tree, children not collected yet included."""
+    def reap() -> list[int]:  # orphans come to us as their subreaper; then the rest of the tree
         with contextlib.suppress(ChildProcessError):  # no child left
             while (waited := os.waitpid(-1, os.WNOHANG))[0]:
                 if waited[0] == spawned:
