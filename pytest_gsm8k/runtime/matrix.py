@@ -16,7 +16,7 @@ from pytest_gsm8k.runtime.engine import Engine
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 from pytest_gsm8k.runtime.serve import ServedProcess, ServeError
 
-POLL_SECONDS = 0.2  # how often a waiting driver or test looks whether the run is ending
+POLL_SECONDS = 0.2  # how often the waiting driver looks whether the run is ending
 
 
 def group_of(problem_id: str) -> str:
@@ -147,29 +147,20 @@ class Matrix:
         return self._failed(name, EndpointError(f"config {name}: {exc}"))
 
     def result(self, request: Request) -> ModelResponse:
-        """From the engine of ``request``'s config, once its server is up (or its failure)."""
-        future = self._future(request)
-        while not future.done():
-            with contextlib.suppress(concurrent.futures.TimeoutError):
-                future.exception(timeout=POLL_SECONDS)
-            if self._closing.is_set() and not future.done():
-                raise EndpointAborted("the run ended")
-        if isinstance(exc := future.exception(), (EndpointError, NotRun)):
-            raise self._failed(group_of(request.problem_id), exc)
-        engine = future.result()
-        try:
-            return engine.result(request)
-        except EndpointAborted as exc:
-            raise self._died(request, exc) from None
+        """:meth:`answer` for a test: asked and consumed (the early stop's lookahead)."""
+        return asyncio.run_coroutine_threadsafe(
+            self.answer(request, consume=True), self.loop
+        ).result()
 
     async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
-        """On the answer server's loop: wait for the config's engine, then its answer."""
+        """On the matrix's loop: wait for the config's engine, then its answer; ``consume=False``
+        on the xdist answer server (counted when the worker's report settles it)."""
         future = self._future(request)
         try:
             engine = await asyncio.wrap_future(future)
         except (EndpointError, NotRun) as exc:
             raise self._failed(group_of(request.problem_id), exc) from None
-        inner = engine.answer(request, consume=False)
+        inner = engine.answer(request, consume=consume and engine.lookahead is not None)
         try:
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(inner, engine.loop))
         except EndpointAborted as exc:
@@ -183,7 +174,7 @@ class Matrix:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """An event loop of the matrix's own, for the xdist answer server."""
+        """An event loop of the matrix's own, where configs' answers are awaited."""
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
