@@ -133,19 +133,6 @@ class Matrix:
                 return exc
         return SaidElsewhere(f"config {name}: its server failed (its first item says why)")
 
-    def _future(self, request: Request) -> concurrent.futures.Future[Engine]:
-        future = self._engines.get(group_of(request.problem_id))
-        if future is None:
-            raise EndpointError(f"no config runs problem {request.problem_id!r}")
-        return future
-
-    def _died(self, request: Request, exc: EndpointAborted) -> BaseException:
-        """A config's server died mid-run: that config's failure, not the matrix's."""
-        if self._closing.is_set():
-            return exc
-        name = group_of(request.problem_id)
-        return self._failed(name, EndpointError(f"config {name}: {exc}"))
-
     def result(self, request: Request) -> ModelResponse:
         """:meth:`answer` for a test: asked and consumed (the early stop's lookahead)."""
         return asyncio.run_coroutine_threadsafe(
@@ -155,16 +142,19 @@ class Matrix:
     async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
         """On the matrix's loop: wait for the config's engine, then its answer; ``consume=False``
         on the xdist answer server (counted when the worker's report settles it)."""
-        future = self._future(request)
+        if (future := self._engines.get(name := group_of(request.problem_id))) is None:
+            raise EndpointError(f"no config runs problem {request.problem_id!r}")
         try:
             engine = await asyncio.wrap_future(future)
         except (EndpointError, NotRun) as exc:
-            raise self._failed(group_of(request.problem_id), exc) from None
+            raise self._failed(name, exc) from None
         inner = engine.answer(request, consume=consume and engine.lookahead is not None)
         try:
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(inner, engine.loop))
-        except EndpointAborted as exc:
-            raise self._died(request, exc) from None
+        except EndpointAborted as exc:  # its server died: that config's failure, not the run's
+            if self._closing.is_set():
+                raise
+            raise self._failed(name, EndpointError(f"config {name}: {exc}")) from None
 
     def take_warnings(self) -> list[str]:
         return [line for engine in list(self._made) for line in engine.take_warnings()]

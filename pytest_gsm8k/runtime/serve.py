@@ -299,11 +299,10 @@ def _owns_port(root: int, port: int) -> bool | None:
 
 
 def _with_tail(head: str, text: str, lines: int = 20) -> str:
-    tail = [line if len(line) <= 400 else line[:400] + "..." for line in text.splitlines()]
-    if not "".join(tail[-lines:]).strip():
+    tail = [f"    {line[:400]}{'...' * (len(line) > 400)}" for line in text.splitlines()[-lines:]]
+    if not "".join(tail).strip():
         return head + "\n(the server log is empty)"
-    indented = "\n".join("    " + line for line in tail[-lines:])
-    return f"{head}\nlast lines of the server log:\n{indented}"
+    return head + "\nlast lines of the server log:\n" + "\n".join(tail)
 
 
 def _exited_head(server: ServedProcess, port: int) -> str:
