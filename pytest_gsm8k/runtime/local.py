@@ -224,7 +224,6 @@ def local_spec(
     )
 
 
-def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def server_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The server's environment: ours minus what it would read as settings."""
-    source = os.environ if environ is None else environ
-    return {k: v for k, v in source.items() if k.lower() not in _SERVER_ENV_SETTINGS}
+    return {k: v for k, v in environ.items() if k.lower() not in _SERVER_ENV_SETTINGS}
