@@ -18,9 +18,11 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool
     folder = os.path.dirname(target) or "."
     if mkdir:
         os.makedirs(folder, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):  # a folder: the rename refuses it
+    with contextlib.suppress(FileNotFoundError):
         mode = os.lstat(target).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a folder, not replaced", target)
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
             raise FileExistsError(errno.EEXIST, "is not a regular file, not replaced", target)
     short = os.fsdecode(os.fsencode(os.path.basename(target))[:128])
     tmp = os.path.join(folder, f".{short}.{os.getpid()}.{threading.get_ident()}.tmp")
