@@ -22,45 +22,38 @@ class Decoder:
     """Incremental decoding of one body: identity, gzip or deflate, in bounded pieces."""
 
     def __init__(self, encoding: str) -> None:
-        self.encoding = encoding
-        self._inflater: zlib._Decompress | None = None
-        self._first = True
-        if encoding in ("gzip", "x-gzip"):
-            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._inflater = zlib.decompressobj()
-        elif encoding not in ("", "identity"):
+        wbits = {"gzip": 31, "x-gzip": 31, "deflate": 15, "": 0, "identity": 0}.get(encoding)
+        if wbits is None:
             raise Refused(f"the endpoint's reply is encoded as {encoding!r}, not as asked for")
+        self.encoding, self._first = encoding, True
+        self._inflater = zlib.decompressobj(wbits) if wbits else None
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         """The decoded pieces of ``data`` (each at most :data:`PIECE` bytes)."""
-        inflater = self._inflater
-        if inflater is None:
+        if (inflater := self._inflater) is None:
             yield data
             return
         first, self._first = self._first, False
         try:
-            out = inflater.decompress(data, PIECE)
+            try:
+                out = inflater.decompress(data, PIECE)
+            except zlib.error:
+                if not (first and self.encoding == "deflate"):
+                    raise
+                # "deflate" without the zlib wrapper, as some servers send it
+                inflater = self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                out = inflater.decompress(data, PIECE)
+            while out:
+                yield out
+                if inflater.eof:
+                    return  # anything after the end of the compressed data is ignored
+                out = inflater.decompress(inflater.unconsumed_tail, PIECE)
         except zlib.error:
-            if not (first and self.encoding == "deflate"):
-                raise Refused("the endpoint's reply is not valid compressed data") from None
-            # "deflate" without the zlib wrapper, as some servers send it
-            inflater = self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-            out = inflater.decompress(data, PIECE)
-        while out:
-            yield out
-            if inflater.eof:
-                return  # anything after the end of the compressed data is ignored
-            out = inflater.decompress(inflater.unconsumed_tail, PIECE)
+            raise Refused("the endpoint's reply is not valid compressed data") from None
 
     def finish(self) -> bytes:
         """What the decoder still holds once the body ended (bounded: the input is consumed)."""
-        if self._inflater is None:
-            return b""
-        try:
-            return self._inflater.flush()
-        except zlib.error:
-            raise Refused("the endpoint's reply is not valid compressed data") from None
+        return b"" if self._inflater is None else self._inflater.flush()
 
 
 def mib(size: int) -> str:

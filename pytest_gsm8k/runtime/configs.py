@@ -1,7 +1,6 @@
 """``--gsm8k-config PATH``: vLLM's GSM8K configs from a ``.yaml`` file, a folder or a
 ``models-*.txt`` list, each named by its file's stem. The matrix never shrinks unseen: where
-vLLM's conftest skips a missing file, an entry meant as a config and not one is refused.
-"""
+vLLM's conftest skips a missing file, an entry meant as a config and not one is refused."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ def _read(path: Path, shown: str) -> str:
 
 
 def _one(path: Path) -> VllmConfig:
-    # the name and the path are shown everywhere (ids, gate names, every output): escaped once,
-    # here, so a file name holding a newline or an escape forges no line anywhere
+    # shown everywhere (ids, gate names, outputs): escaped once, here, so that a file name
+    # holding a newline or an escape forges no line anywhere
     shown = printable(str(path))
     return parse(_read(path, shown), shown, printable(path.stem))
 
@@ -39,8 +38,7 @@ def _suffix(path: Path) -> bool:
 
 
 def _folder(folder: Path) -> list[Path]:
-    """The folder's configs, in name order: the run never shrinks unseen, so whatever in it
-    may have been meant as one and cannot be read as one is refused by name."""
+    """The folder's configs, in name order; what may be meant as one and is not is refused."""
     files = []
     for entry in sorted(folder.iterdir()):
         if entry.is_symlink() and not entry.exists():
@@ -61,14 +59,13 @@ def load(path: str) -> tuple[VllmConfig, ...]:
         configs = _load(Path(path).expanduser(), path)
     except OSError as exc:  # a name too long, a folder that cannot be listed
         raise ConfigError(f"--gsm8k-config {clip(path)}: cannot read ({exc.strerror})") from None
-    seen: dict[str, str] = {}
+    seen: dict[str, VllmConfig] = {}
     for config in configs:
-        if config.name in seen:
+        if (other := seen.setdefault(config.name, config)) is not config:
             raise ConfigError(
                 f"--gsm8k-config {path}: two configs are named {config.name!r} "
-                f"({seen[config.name]} and {config.source})"
+                f"({other.source} and {config.source})"
             )
-        seen[config.name] = config.source
     return tuple(configs)
 
 

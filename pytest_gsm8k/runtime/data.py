@@ -1,7 +1,6 @@
 """Where GSM8K rows come from: the embedded copy (default), a local file or folder, or a
 dataset on the Hugging Face hub. JSONL is parsed here: ``datasets`` (slow to import, large in
-memory, loaded by every xdist worker) only reads the hub and parquet files.
-"""
+memory, loaded by every xdist worker) only reads the hub and parquet files."""
 
 from __future__ import annotations
 
@@ -86,11 +85,9 @@ def _datasets(what: str) -> Any:
 
 def _read_parquet(files: list[Path], split: str, where: str) -> list[Problem]:
     """Parquet through ``datasets`` (the same code path as the hub download)."""
-    datasets = _datasets("reading parquet")
+    datasets, data_files = _datasets("reading parquet"), {split: [str(f) for f in files]}
     try:
-        ds = datasets.load_dataset(
-            "parquet", data_files={split: [str(f) for f in files]}, split=split
-        )
+        ds = datasets.load_dataset("parquet", data_files=data_files, split=split)
     except Exception as exc:  # datasets raises many types; the user needs the one line
         raise DatasetError(f"{where}: cannot read parquet ({type(exc).__name__}: {exc})") from None
     return rows_to_problems(iter(ds), split, where)
@@ -123,7 +120,7 @@ def load_split(
         raise DatasetError(
             f"--gsm8k-dataset-config: unknown config {config!r} (expected main or socratic)"
         )
-    check_size = split == "test" and config == "main"
+    official = split == "test" and config == "main"  # its size is known
     if data is None:
         name = EMBEDDED_NAME if hub_name is None else hub_name
         problems = (
@@ -131,28 +128,21 @@ def load_split(
         )
     else:
         path = Path(data).expanduser()
-        name = str(path)
+        name, parquet = str(path), [path] if path.suffix == ".parquet" else []
         if path.is_dir():
             jsonl = path / (f"{split}.jsonl" if config == "main" else f"{split}_socratic.jsonl")
-            hub = sorted((path / config).glob(f"{split}-*.parquet"))
-            if jsonl.is_file():
-                problems = _read_jsonl(jsonl, split)
-                name = str(jsonl)
-            elif hub:
-                problems = _read_parquet(hub, split, str(path / config))
-            else:
+            parquet = [] if jsonl.is_file() else sorted((path / config).glob(f"{split}-*.parquet"))
+            if not (parquet or jsonl.is_file()):
                 raise DatasetError(
                     f"--gsm8k-data {path}: no {jsonl.name} and no {config}/{split}-*.parquet in it"
                 )
+            name, path = (name, path / config) if parquet else (str(jsonl), jsonl)
         elif path.is_file():
-            check_size = False  # a user's own file: named in the report, not the official split
-            if path.suffix == ".parquet":
-                problems = _read_parquet([path], split, str(path))
-            else:
-                problems = _read_jsonl(path, split)
+            official = False  # a user's own file: named in the report, not the official split
         else:
             raise DatasetError(f"--gsm8k-data {path}: no such file or folder")
-    if check_size and len(problems) != TEST_SIZE:
+        problems = _read_parquet(parquet, split, str(path)) if parquet else _read_jsonl(path, split)
+    if official and len(problems) != TEST_SIZE:
         raise DatasetError(
             f"{name}: the GSM8K main test split has {TEST_SIZE} rows, this has {len(problems)}"
         )

@@ -183,11 +183,12 @@ class Engine:
                 if self._closed:
                     raise EndpointAborted(self.aborted or "the engine was closed") from None
 
-    async def answer(self, request: Request) -> ModelResponse:
-        """:meth:`result` on the loop thread, for an answer used elsewhere (an xdist worker): it
-        counts as fetched ahead until :meth:`settle`."""
+    async def answer(self, request: Request, *, consume: bool = False) -> ModelResponse:
+        """:meth:`result` on the loop thread. Not ``consume``: used elsewhere (an xdist worker),
+        so it counts as fetched ahead until :meth:`settle`; the matrix's own test thread
+        consumes as :meth:`result` does."""
         job = self._job(request)
-        self._ask(job, False)
+        self._ask(job, consume)
         return await asyncio.wrap_future(job.future)
 
     def _job(self, request: Request) -> Job:

@@ -1,6 +1,5 @@
 """The one atomic file writer (a reader, or a run after a kill, sees the old file or the new
-one, never half of one), the one CPU count, and the room left for open files.
-"""
+one, never half of one), and the room left for open files."""
 
 from __future__ import annotations
 
@@ -9,10 +8,6 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Mapping
-from typing import Any
-
-from pytest_gsm8k.core.jsontext import to_json
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool = True) -> None:
@@ -41,30 +36,14 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool
         raise
 
 
-def json_text(data: Mapping[str, Any]) -> str:
-    """The JSON report's text; text UTF-8 cannot encode (a lone surrogate from a reply) is
-    kept as its JSON escape."""
-    return to_json(data, indent=1) + "\n"
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (affinity and cgroup cpusets count), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        with contextlib.suppress(OSError):
-            return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
 def descriptor_room(reserve: int) -> tuple[int, int] | None:
     """(descriptors this process may still open beyond ``reserve``, its soft limit), or None
     where unlimited or unknown: past this room the run fails after every request was paid for."""
     import resource
 
-    with contextlib.suppress(OSError, ValueError):
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft != resource.RLIM_INFINITY and soft > 0:
-            for folder in ("/proc/self/fd", "/dev/fd"):
-                with contextlib.suppress(OSError):
-                    return soft - len(os.listdir(folder)) - reserve, int(soft)
-            return soft - reserve, int(soft)
-    return None
+    if (soft := resource.getrlimit(resource.RLIMIT_NOFILE)[0]) == resource.RLIM_INFINITY:
+        return None
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        with contextlib.suppress(OSError):
+            return soft - len(os.listdir(folder)) - reserve, soft
+    return soft - reserve, soft

@@ -28,12 +28,8 @@ OUTPUTS = {
 
 
 def output_paths(settings: Settings) -> dict[str, str | None]:
-    return {
-        "step_summary": os.environ.get("GITHUB_STEP_SUMMARY") or None,
-        "markdown": settings.markdown,
-        "report": settings.report,
-        "html": settings.html,
-    }
+    paths = {key: getattr(settings, key) for key in ("markdown", "report", "html")}
+    return {"step_summary": os.environ.get("GITHUB_STEP_SUMMARY") or None, **paths}
 
 
 def settle(
@@ -80,8 +76,8 @@ def write_outputs(
     session start (``prepared``) or now; returns key -> the one line why, for each that
     failed (rendering included). ``page``: where the Markdown says the page is."""
     from pytest_gsm8k.core.html_report import outcomes_from_baseline, problem_texts, render_html
+    from pytest_gsm8k.core.jsontext import to_json
     from pytest_gsm8k.core.render import markdown
-    from pytest_gsm8k.runtime.files import json_text
     from pytest_gsm8k.runtime.outputs import OutputError, prepare, reason
 
     # --gsm8k-config: the problems' ids carry their config's name, the split's do not
@@ -96,7 +92,7 @@ def write_outputs(
     renders: dict[str, Callable[[], str]] = {
         "step_summary": summary,
         "markdown": summary,
-        "report": lambda: json_text(report),
+        "report": lambda: to_json(report, indent=1) + "\n",
         "html": lambda: render_html(report, problem_texts(problems), compared or None),
         "junitxml": lambda: junit_xml(verdict),
     }

@@ -1,8 +1,6 @@
 """``--gsm8k-model=local[:PATH]``: the GGUF, the llama.cpp server command that serves it,
-and the hints that fix a missing extra or a build for another CPU (docs/local-model.md).
-Starting, readiness, death and stopping are serve.py's, as for ``--gsm8k-serve``. No
-pytest, and no llama_cpp import: that would load the native library into pytest.
-"""
+and the hints that fix a missing extra or a build for another CPU (docs/local-model.md); the
+rest is serve.py's. No llama_cpp import: that would load the native library into pytest."""
 
 from __future__ import annotations
 
@@ -17,14 +15,14 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.command import ServeCommand
-from pytest_gsm8k.runtime.files import cpu_count, write_atomic
+from pytest_gsm8k.runtime.files import write_atomic
 from pytest_gsm8k.runtime.install import install_hint
-from pytest_gsm8k.runtime.serve import LOOPBACK, Launch, ServedProcess, ServeError
+from pytest_gsm8k.runtime.serve import Launch, ServedProcess, ServeError
 
 #: the packaged model's served id: stable, so cache keys and reports are too
 DEFAULT_ALIAS = "gemma-3-270m-q4_k_m"
@@ -53,8 +51,7 @@ _CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIG
 
 
 class LocalServerError(ServeError):
-    """A local model could not be found, prepared or served: one line for the user (a
-    failed start adds the log's tail below it)."""
+    """A local model could not be found, prepared or served."""
 
 
 def resolve_model(spec: str) -> Path:
@@ -93,8 +90,7 @@ def _check_gguf(path: Path) -> None:
 
 
 def _module_missing(name: str) -> bool:
-    """Whether ``name`` cannot be imported, without importing it (a module blocked with
-    ``sys.modules[name] = None`` or by a meta-path finder counts as missing)."""
+    """Without importing it (blocked by ``sys.modules[name] = None`` or a finder: missing)."""
     try:
         return importlib.util.find_spec(name) is None
     except (ImportError, ValueError):
@@ -102,10 +98,8 @@ def _module_missing(name: str) -> bool:
 
 
 def _require_extra(*, packaged: bool) -> None:
-    """The one command that adds the ``local`` extra, when it is absent."""
-    names = _SERVER_MODULES.split() + ([_PACKAGED_MODULE] if packaged else [])
-    missing = [name for name in names if _module_missing(name)]
-    if missing:
+    names = _SERVER_MODULES.split() + [_PACKAGED_MODULE] * packaged
+    if missing := [name for name in names if _module_missing(name)]:
         raise LocalServerError(
             f"local models need the 'local' extra (missing: {', '.join(missing)}): {install_hint()}"
         )
@@ -149,19 +143,6 @@ def _packaged_model_path() -> Path:
     return target
 
 
-def rebuild_hint() -> str:
-    """The command that replaces a llama.cpp built for another CPU with a portable build
-    (``--no-cache-dir``: pip's wheel cache does not key on CMAKE_ARGS)."""
-    try:
-        pinned = f"llama-cpp-python=={importlib.metadata.version('llama-cpp-python')}"
-    except Exception:  # only the hint's precision depends on it
-        pinned = "llama-cpp-python"
-    return (
-        f'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-deps '
-        f"--no-cache-dir '{pinned}'"
-    )
-
-
 class LocalServer(ServedProcess):
     """A running ``llama_cpp.server``: a served process with the CPU-fault hint and a probe."""
 
@@ -169,9 +150,14 @@ class LocalServer(ServedProcess):
         code = self.returncode
         if code is None or -code not in _CPU_FAULTS:
             return super().death_head()
+        pinned = "llama-cpp-python"
+        with contextlib.suppress(Exception):  # only the hint's precision depends on it
+            pinned += f"=={importlib.metadata.version(pinned)}"
+        # --no-cache-dir: pip's wheel cache does not key on CMAKE_ARGS
         return (
             f"{super().death_head()}; if llama.cpp was compiled for another CPU (a native "
-            f"build), rebuild it portable: {rebuild_hint()}"
+            f'build), rebuild it portable: CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install '
+            f"--force-reinstall --no-deps --no-cache-dir '{pinned}'"
         )
 
     def probe(self, timeout: float = 120.0) -> None:
@@ -183,18 +169,18 @@ class LocalServer(ServedProcess):
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
+        loopback = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy
         try:
-            with LOOPBACK.open(request, timeout=timeout) as resp:
+            with loopback.open(request, timeout=timeout) as resp:
                 resp.read()
         except (OSError, ValueError) as error:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=3.0)  # a fault: the process is ending right now
-            except subprocess.TimeoutExpired:
-                raise LocalServerError(
-                    f"the local model server at {self.base_url} did not answer a 1-token "
-                    f"completion ({type(error).__name__}: {error}; log {self.log_path})"
-                ) from None
-            raise LocalServerError(self.death_message()) from None
+                raise LocalServerError(self.death_message()) from None
+            raise LocalServerError(
+                f"the local model server at {self.base_url} did not answer a 1-token "
+                f"completion ({type(error).__name__}: {error}; log {self.log_path})"
+            ) from None
 
 
 def local_spec(
@@ -203,13 +189,13 @@ def local_spec(
     alias: str,
     threads: int | None = None,
     n_ctx: int | None = None,
-    extra_args: Sequence[str] = (),
 ) -> Launch[LocalServer]:
     """The spec that serves ``model_path`` (checked now) as ``alias`` on all the CPUs this
-    process may use (llama.cpp's default is half: small CI machines need them all);
-    ``extra_args`` go last (later flags win)."""
+    process may use (llama.cpp's default is half: small CI machines need them all)."""
     _check_gguf(Path(model_path))
-    threads = cpu_count() if threads is None else threads
+    if threads is None:  # affinity and cgroup cpusets count
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        threads = threads or os.cpu_count() or 1
 
     def command(port: int) -> ServeCommand:
         flags = {
@@ -225,7 +211,7 @@ def local_spec(
             "logits_all": False,
         }
         words = [w for key, value in flags.items() for w in (f"--{key}", str(value))]
-        return ServeCommand([sys.executable, "-m", "llama_cpp.server", *words, *extra_args])
+        return ServeCommand([sys.executable, "-m", "llama_cpp.server", *words])
 
     return Launch(
         command=command,
@@ -238,7 +224,6 @@ def local_spec(
     )
 
 
-def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def server_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The server's environment: ours minus what it would read as settings."""
-    source = os.environ if environ is None else environ
-    return {k: v for k, v in source.items() if k.lower() not in _SERVER_ENV_SETTINGS}
+    return {k: v for k, v in environ.items() if k.lower() not in _SERVER_ENV_SETTINGS}

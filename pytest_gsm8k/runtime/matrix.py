@@ -1,8 +1,7 @@
 """``--gsm8k-config``: the configs' servers in sequence, as one GPU host runs vLLM's matrix
 (docs/configs.md): a driver thread launches a config's server and engine, waits for its items'
 answers, stops it, then launches the next. A config whose server fails is its items' one error
-and the next still runs, as in vLLM's own test. No pytest: the glue hands in the launcher.
-"""
+and the next still runs, as in vLLM's own test. No pytest: the glue hands in the launcher."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from pytest_gsm8k.runtime.engine import Engine
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 from pytest_gsm8k.runtime.serve import ServedProcess, ServeError
 
-POLL_SECONDS = 0.2  # how often a waiting driver or test looks whether the run is ending
+POLL_SECONDS = 0.2  # how often the waiting driver looks whether the run is ending
 
 
 def group_of(problem_id: str) -> str:
@@ -100,8 +99,7 @@ class Matrix:
             self._current = None
             server.stop()
 
-    def _engine(self, name: str) -> Engine | None:
-        """The config's engine if it was made (never waits)."""
+    def _engine(self, name: str) -> Engine | None:  # never waits
         future = self._engines.get(name)
         if future is None or not future.done() or future.exception() is not None:
             return None
@@ -130,56 +128,33 @@ class Matrix:
         if not isinstance(exc, EndpointError) or isinstance(exc, EndpointAborted):
             return exc
         with self._lock:
-            first = name not in self._said
-            self._said.add(name)
-        if first:
-            return exc
+            if name not in self._said:
+                self._said.add(name)
+                return exc
         return SaidElsewhere(f"config {name}: its server failed (its first item says why)")
 
-    def _future(self, request: Request) -> concurrent.futures.Future[Engine]:
-        future = self._engines.get(group_of(request.problem_id))
-        if future is None:
-            raise EndpointError(f"no config runs problem {request.problem_id!r}")
-        return future
-
-    def engine_for(self, request: Request) -> Engine:
-        """The engine of ``request``'s config, once its server is up (raises its failure)."""
-        future = self._future(request)
-        while True:
-            try:
-                return future.result(timeout=POLL_SECONDS)
-            except concurrent.futures.TimeoutError:
-                if self._closing.is_set():
-                    raise EndpointAborted("the run ended") from None
-            except (EndpointError, NotRun) as exc:
-                raise self._failed(group_of(request.problem_id), exc) from None
-
-    def _died(self, request: Request, exc: EndpointAborted) -> BaseException:
-        """A config's server died mid-run: that config's failure, not the matrix's."""
-        if self._closing.is_set():
-            return exc
-        name = group_of(request.problem_id)
-        return self._failed(name, EndpointError(f"config {name}: {exc}"))
-
     def result(self, request: Request) -> ModelResponse:
-        engine = self.engine_for(request)
-        try:
-            return engine.result(request)
-        except EndpointAborted as exc:
-            raise self._died(request, exc) from None
+        """:meth:`answer` for a test: asked and consumed (the early stop's lookahead)."""
+        return asyncio.run_coroutine_threadsafe(
+            self.answer(request, consume=True), self.loop
+        ).result()
 
-    async def answer(self, request: Request, *, consume: bool = True) -> ModelResponse:
-        """On the answer server's loop: wait for the config's engine, then its answer."""
-        future = self._future(request)
+    async def answer(self, request: Request, *, consume: bool = False) -> ModelResponse:
+        """On the matrix's loop: wait for the config's engine, then its answer; not ``consume``
+        on the xdist answer server (counted when the worker's report settles it)."""
+        if (future := self._engines.get(name := group_of(request.problem_id))) is None:
+            raise EndpointError(f"no config runs problem {request.problem_id!r}")
         try:
             engine = await asyncio.wrap_future(future)
         except (EndpointError, NotRun) as exc:
-            raise self._failed(group_of(request.problem_id), exc) from None
-        inner = engine.answer(request)
+            raise self._failed(name, exc) from None
+        inner = engine.answer(request, consume=consume and engine.lookahead is not None)
         try:
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(inner, engine.loop))
-        except EndpointAborted as exc:
-            raise self._died(request, exc) from None
+        except EndpointAborted as exc:  # its server died: that config's failure, not the run's
+            if self._closing.is_set():
+                raise
+            raise self._failed(name, EndpointError(f"config {name}: {exc}")) from None
 
     def take_warnings(self) -> list[str]:
         return [line for engine in list(self._made) for line in engine.take_warnings()]
@@ -189,7 +164,7 @@ class Matrix:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """An event loop of the matrix's own, for the xdist answer server."""
+        """An event loop of the matrix's own, where configs' answers are awaited."""
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()

@@ -2,8 +2,7 @@
 at the end: a regular file, a new path or a link to either is replaced through a rename (the
 step summary appended to); a character device, a FIFO or this process's stdout or stderr is
 written to through a descriptor opened at the check, never replaced; anything else is refused
-(a folder, a block device, a socket, ``/proc``, ``/sys``, ``/dev/fd``, a name too long).
-"""
+(a folder, a block device, a socket, ``/proc``, ``/sys``, ``/dev/fd``, a name too long)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ import select
 import stat
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from pytest_gsm8k.runtime.files import write_atomic
 
@@ -45,9 +44,21 @@ class Output:
     terminal: bool = False
 
     def write(self, data: bytes | str) -> None:
+        """A stream's write gives up after :data:`STREAM_WAIT` seconds its reader took nothing."""
         payload = data.encode("utf-8") if isinstance(data, str) else data
         if self.fd is not None:
-            _write_stream(self.fd, payload)
+            for stream in (sys.stdout, sys.stderr):  # what pytest printed so far comes first
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            view, poller = memoryview(payload), select.poll()  # poll: no FD_SETSIZE limit
+            poller.register(self.fd, select.POLLOUT)
+            while view:
+                if not poller.poll(STREAM_WAIT * 1000):
+                    raise TimeoutError(
+                        errno.ETIMEDOUT, f"its reader took nothing for {STREAM_WAIT:g} s"
+                    )
+                with contextlib.suppress(BlockingIOError):
+                    view = view[os.write(self.fd, view) :]
         elif self.append:
             with open(self.target, "ab") as file:
                 file.write(payload)
@@ -68,8 +79,6 @@ def prepare(
     """``path`` checked for writing at the end of the run, or :class:`OutputError`; without
     ``streams`` only a regular file (a baseline)."""
     given = os.fspath(path)
-    if not given:
-        raise OutputError(f"{what}: an empty path")
     try:
         info: os.stat_result | None = os.stat(given)
     except (FileNotFoundError, NotADirectoryError):
@@ -119,13 +128,11 @@ def prepare(
 def check_name(path: str | os.PathLike[str], what: str) -> None:
     """Refuse a path with a name (the file's or a folder's) longer than its file system
     allows (the nearest existing folder's ``PC_NAME_MAX``, else 255)."""
-    target = os.path.abspath(os.fspath(path))
-    limit, folder = 255, os.path.dirname(target)
-    while folder:
+    target, limit = os.path.abspath(os.fspath(path)), 255
+    for folder in Path(target).parents:
         with contextlib.suppress(OSError, ValueError):
             limit = int(os.pathconf(folder, "PC_NAME_MAX"))
             break
-        folder = "" if os.path.dirname(folder) == folder else os.path.dirname(folder)
     for name in target.split(os.sep):
         if (size := len(os.fsencode(name))) > limit:
             shown = name if len(name) <= 60 else name[:40] + "..." + name[-12:]
@@ -155,28 +162,6 @@ def _through_pseudo(path: str) -> bool:
             return False
         current = os.path.join(os.path.dirname(here), os.readlink(here))
     return False
-
-
-def _write_stream(fd: int, payload: bytes) -> None:
-    """All of ``payload`` to a stream, given up after :data:`STREAM_WAIT` seconds in which
-    its reader took nothing."""
-    for stream in (sys.stdout, sys.stderr):  # what pytest printed so far comes first
-        with contextlib.suppress(Exception):
-            stream.flush()
-    view = memoryview(payload)
-    deadline = time.monotonic() + STREAM_WAIT
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-            deadline = time.monotonic() + STREAM_WAIT
-        except BlockingIOError:
-            if (left := deadline - time.monotonic()) <= 0:
-                raise TimeoutError(
-                    errno.ETIMEDOUT, f"its reader took nothing for {STREAM_WAIT:g} s"
-                ) from None
-            poller = select.poll()  # not select(): no FD_SETSIZE limit on the number
-            poller.register(fd, select.POLLOUT)
-            poller.poll(min(left, 1.0) * 1000)
 
 
 def _probe_folder(target: str, what: str) -> None:

@@ -1,7 +1,6 @@
 """The run's plan, built once per process from the options: data, protocol, baselines, gates
 (:func:`build_plan`), and again at a merge of shards (:func:`replan`). Data problems raise
-:class:`DatasetError`, which the plugin turns into one usage-error line.
-"""
+:class:`DatasetError`, which the plugin turns into one usage-error line."""
 
 from __future__ import annotations
 
@@ -9,22 +8,15 @@ import dataclasses
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.merge import selection_hash, shard_slice
-from pytest_gsm8k.core.plan import (
-    ConfigGroup,
-    Endpoint,
-    GateSpecs,
-    RunPlan,
-    Shard,
-    StoredBaseline,
-)
-from pytest_gsm8k.core.presets import takes_first
+from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, Shard, StoredBaseline
+from pytest_gsm8k.core.presets import get_preset, preset_settings, takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings, parse_shard
 from pytest_gsm8k.core.types import Problem
@@ -44,8 +36,6 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         return load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
 
     if s.preset:
-        from pytest_gsm8k.core.presets import get_preset
-
         spec = get_preset(s.preset)
         # SGLang: the first rows of the file under test
         rows = split.problems if spec.fewshot_split == "evaluated" else train_split().problems
@@ -71,45 +61,38 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
             raise DatasetError(str(exc)) from None
     return Protocol(
         name=s.protocol,
-        samples=s.samples,
-        temperature=s.temperature,
-        api=s.api,
         shots=s.shots if s.preset else len(exemplars),
         fewshot_source=source,
         exemplars=exemplars,
         train=train,
-        preset=s.preset,
-        system=s.system,
-        max_tokens=s.max_tokens,
-        stop=s.stop,
         extractor=s.extract,
-        answer_regex=s.answer_regex,
-        params=s.params,
+        **{key: getattr(s, key) for key in _AS_GIVEN.split()},
     )
 
 
-#: what --gsm8k-preset vllm sends as gsm8k_eval.py's defaults: a config that sets another
-#: value would need another body than the preset's, so it is refused rather than half-run
-PRESET_FIXED = {"max_tokens": 256, "temperature": 0.0, "seed": 42}
+#: the options a protocol takes as they are
+_AS_GIVEN = "samples temperature api preset system max_tokens stop answer_regex params"
+#: a config field --gsm8k-preset vllm cannot send as vLLM's test would (the value it sends,
+#: and why): the config would need another body than the preset's, so it is refused
+_PRESET_SENDS = {
+    "max_tokens": (256, "the preset sends gsm8k_eval.py's 256"),
+    "temperature": (0.0, "the preset sends gsm8k_eval.py's 0.0"),
+    "seed": (42, "the preset sends gsm8k_eval.py's 42"),
+    "use_chat_completions": (False, "vLLM's test then names the model, the preset does not"),
+    "gen_prefix": ("", "vLLM's script appends it after 'Answer:'"),
+}
 
 
 def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protocol:
     """A vLLM config's protocol: exactly ``--gsm8k-preset vllm --gsm8k-shots <num_fewshot>``
     (vLLM's gsm8k_eval.py's requests, byte for byte), or DatasetError naming the file and
     field the preset cannot send as vLLM's test would."""
-    from pytest_gsm8k.core.presets import preset_settings
-
-    for key, value in PRESET_FIXED.items():
-        if getattr(config, key) != value:
+    for key, (sent, why) in _PRESET_SENDS.items():
+        if (value := getattr(config, key)) != sent:
             raise DatasetError(
-                f"{config.source}: {key}: {getattr(config, key)!r} is not supported yet "
-                f"(--gsm8k-preset vllm sends gsm8k_eval.py's {value!r})"
+                f"{config.source}: {key}: {value!r} is not supported yet ({why}); remove it or "
+                "run this config with vLLM's own test"
             )
-    if config.use_chat_completions:
-        raise DatasetError(
-            f"{config.source}: use_chat_completions: not supported yet (vLLM's test then "
-            "sends the model name, which --gsm8k-preset vllm's chat body leaves out)"
-        )
     values = preset_settings("vllm", api="completions", shots=config.num_fewshot)
     values["stop"] = tuple(values["stop"])
     preset = dataclasses.replace(
@@ -128,40 +111,27 @@ def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
         raise DatasetError(str(exc)) from None
     groups = []
     for config in configs:
-        if config.gen_prefix:
-            raise DatasetError(
-                f"{config.source}: gen_prefix: not supported yet (vLLM's script appends it "
-                "after 'Answer:'); remove it or run this config with vLLM's own test"
-            )
-        problems = tuple(
-            dataclasses.replace(p, group=config.name)
-            for p in split.problems[: config.num_questions]
-        )
+        problems = split.problems[: config.num_questions]
+        problems = tuple(dataclasses.replace(p, group=config.name) for p in problems)
         groups.append(ConfigGroup(config, protocol_for(config, settings, split), problems))
     return tuple(groups)
 
 
 def with_baselines(
-    groups: tuple[ConfigGroup, ...], rootpath: Path, snapshot_dirname: str
-) -> tuple[ConfigGroup, ...]:
+    groups: tuple[ConfigGroup, ...], folder: Path, rootpath: Path
+) -> Iterator[ConfigGroup]:
     """Each config with its own baseline, named by its label: configs whose names differ
     only where a file name cannot (``a b``, ``a_b``; case) are refused before any server
     starts."""
-    files = [f"{bl.default_name(group.label)}.gsm8k" for group in groups]
-    sharing: dict[str, list[str]] = {}  # the first config's file name, then every name
-    for group, file in zip(groups, files, strict=True):
-        sharing.setdefault(file.casefold(), [file]).append(repr(group.name))
-    for file, *names in sharing.values():
-        if len(names) > 1:
+    named: dict[str, str] = {}  # a file name, case folded -> its config's
+    for group in groups:
+        file = f"{bl.default_name(group.label)}.gsm8k"
+        if (other := named.setdefault(file.casefold(), group.name)) != group.name:
             raise DatasetError(
-                f"--gsm8k-config: configs {', '.join(names[:-1])} and {names[-1]} would share "
-                f"one baseline file ({file}): rename all but one"
+                f"--gsm8k-config: configs {other!r} and {group.name!r} would share one baseline "
+                f"file ({file}): rename one"
             )
-    folder = rootpath / snapshot_dirname / "gsm8k"
-    return tuple(
-        dataclasses.replace(group, baseline=read_baseline(folder / file, rootpath))
-        for group, file in zip(groups, files, strict=True)
-    )
+        yield dataclasses.replace(group, baseline=read_baseline(folder / file, rootpath))
 
 
 def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
@@ -173,14 +143,6 @@ def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Proble
 
     by_id = {p.id: p for p in problems}
     return tuple(by_id[pid] for pid in seeded(list(by_id), settings.seed))
-
-
-def baseline_path(settings: Settings, rootpath: Path, label: str, snapshot_dirname: str) -> Path:
-    """Where the baseline of this protocol lives (``--gsm8k-baseline``, a name, or the label)."""
-    if settings.baseline:
-        return Path(settings.baseline).expanduser()
-    name = settings.baseline_name or bl.default_name(label)
-    return rootpath / snapshot_dirname / "gsm8k" / f"{name}.gsm8k"
 
 
 def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBaseline:
@@ -226,17 +188,19 @@ def build_plan(
 ) -> RunPlan:
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
+    folder, baseline = rootpath / snapshot_dirname / "gsm8k", None
     groups = config_groups(settings, split) if settings.vllm_config else ()
-    groups = with_baselines(groups, rootpath, snapshot_dirname)
+    groups = tuple(with_baselines(groups, folder, rootpath))  # each config's baseline is its own
     if groups:
         selected = tuple(p for g in groups for p in g.problems)
         protocol = groups[0].protocol
     else:
-        selected = select(
-            split.problems, settings.limit, settings.seed, first=takes_first(settings.preset)
-        )
+        first = takes_first(settings.preset)
+        selected = select(split.problems, settings.limit, settings.seed, first=first)
         protocol = build_protocol(settings, split)
-    path = baseline_path(settings, rootpath, protocol.label, snapshot_dirname)
+        name = settings.baseline_name or bl.default_name(protocol.label)
+        path = Path(settings.baseline or folder / f"{name}.gsm8k").expanduser()
+        baseline = read_baseline(path, rootpath)
     shard = None
     if settings.shard is not None:
         # every config's questions are striped over the shards: each shard runs every config
@@ -264,8 +228,7 @@ def build_plan(
         protocol=protocol,
         endpoint=endpoint,
         gates=GateSpecs.from_settings(settings),
-        # --gsm8k-config: each config's own baseline is its group's
-        baseline=None if groups else read_baseline(path, rootpath),
+        baseline=baseline,
         update_baseline=update_baseline,
         groups=groups,
         shard=shard,

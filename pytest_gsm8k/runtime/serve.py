@@ -1,8 +1,7 @@
 """The one launcher of a model server (a ``--gsm8k-serve`` command, the local GGUF, a
 ``--gsm8k-config`` config): :func:`launch` starts it on a free loopback port under
 supervise.py, so that its whole process tree ends with pytest however pytest ends; waits until
-it serves and checks its model. Any failure is one :class:`ServeError` line (docs/serving.md).
-"""
+it serves and checks its model. Any failure is one :class:`ServeError` line (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
@@ -40,9 +38,6 @@ _LOG_KEEP = 4096
 _SUPERVISOR = Path(__file__).with_name("supervise.py")
 _FOREGROUND = "run the server in the foreground (no &, nohup, setsid or --daemon)"
 
-#: an opener for the server's loopback URL: never through an HTTP(S)_PROXY of the environment
-LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
 #: what a serving stack reads from its environment (backends, kernels, devices, checkpoints):
 #: the started server inherits these variables, so they name it in cache keys
 SERVER_ENV_PREFIXES = tuple(
@@ -56,17 +51,12 @@ class ServeError(Exception):
 
 
 def server_env_digest(extra: Sequence[tuple[str, str]] = ()) -> str:
-    """A digest (the values may hold tokens) of the :data:`SERVER_ENV_PREFIXES` variables and
-    ``extra`` (a config's ``env``): what a started server reads from its environment."""
+    """What a started server reads from its environment (and a config's ``env``), digested:
+    the values may hold tokens."""
     env = {k: v for k, v in os.environ.items() if k.startswith(SERVER_ENV_PREFIXES)}
     env.update(dict(extra))
     text = json.dumps(sorted(env.items()), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def _kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -88,6 +78,7 @@ class ServedProcess:
     ) -> None:
         log = self.log_path.open("ab")  # unwritable: an OSError now, before anything starts
         status_r, status_w = os.pipe()
+        status = os.fdopen(status_r, "rb")
         supervisor = [sys.executable, "-I", str(_SUPERVISOR), str(status_w), f"{DEATH_GRACE:g}"]
         supervisor.append(str(os.getpid()))  # a pytest gone before it starts is gone too
         try:
@@ -101,57 +92,42 @@ class ServedProcess:
                 start_new_session=True,
                 pass_fds=(status_w,),
             )
-        except BaseException:
-            os.close(status_r)
-            log.close()
-            raise
-        finally:
+        finally:  # a failed start leaves ``log`` and ``status`` to the collector
             os.close(status_w)
-        self._stopping = False
+        self.pgid, self._stopping = self.process.pid, False  # the supervisor leads its group
         self._status: dict[str, Any] = {}
+        self._said = threading.Event()  # its first word (the pid or an error), or its end
         output = self.process.stdout
         self._copier = threading.Thread(target=_copy_log, args=(output, log, scrub), daemon=True)
-        self._reader = threading.Thread(target=self._read_status, args=(status_r,), daemon=True)
+        self._reader = threading.Thread(target=self._read_status, args=(status,), daemon=True)
         self._copier.start()
         self._reader.start()
         _LIVE.add(self)
 
-    def _read_status(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as pipe:
+    def _read_status(self, pipe: IO[bytes]) -> None:
+        with pipe:
             for line in pipe:
-                with contextlib.suppress(ValueError):
-                    if isinstance(message := json.loads(line), dict):
-                        self._status.update(message)
+                self._status.update(json.loads(line))
+                self._said.set()
+        self._said.set()
 
     def _news(self) -> dict[str, Any]:
-        """What the supervisor said; all of it once it has exited."""
         if self.process.poll() is not None:
             self._reader.join(timeout=1.0)
         return self._status
 
     def _started(self, deadline: float) -> str | None:
-        """Wait for the supervisor to report the command running; its error otherwise."""
-        while not {"pid", "error"} & self._status.keys() and time.monotonic() < deadline:
-            if not self._reader.is_alive():
-                break
-            time.sleep(0.02)
+        self._said.wait(max(0.0, deadline - time.monotonic()))
         if "pid" in self._status:
             return None
         return str(self._status.get("error", "its supervisor did not start it"))
 
     @property
     def pid(self) -> int:
-        """The command's own pid (the supervisor's until the command runs)."""
-        pid = self._status.get("pid")
-        return int(pid) if isinstance(pid, int) else self.process.pid
-
-    @property
-    def pgid(self) -> int:
-        return self.process.pid
+        return int(self._status.get("pid", self.process.pid))
 
     @property
     def returncode(self) -> int | None:
-        """How the command ended (negative: a signal); None while it runs."""
         news = self._news()
         code = news.get("exit", news.get("ended"))
         return code if isinstance(code, int) else self.process.poll()
@@ -159,10 +135,9 @@ class ServedProcess:
     @property
     def left(self) -> list[int]:
         """Processes the command left running when it exited on its own (now stopped)."""
-        return [int(p) for p in self._news().get("left", [])]
+        return list(self._news().get("left", []))
 
     def log_text(self, offset: int = 0) -> str:
-        """The log from ``offset``, once an ended server's output has arrived."""
         self._copier.join(timeout=2.0)
         try:
             with self.log_path.open("rb") as fh:
@@ -174,30 +149,26 @@ class ServedProcess:
     def probe(self) -> None:
         """A check once it serves, before the run uses it (:class:`~.local.LocalServer`'s)."""
 
-    def _exit(self, verb: str) -> str:
-        """``died with signal SIGSEGV``, ``exited (daemonised?) with exit code 0`` (it left
-        processes), ``died with exit code 7``."""
-        code, how = self.returncode, "an unknown status"
-        if code is not None and code >= 0:
-            how = f"exit code {code}"
-        elif code is not None:
+    def ended(self, verb: str, when: str = "") -> str:
+        """``died with signal SIGSEGV``, ``died with exit code 7``; ``exited (daemonised?) with
+        exit code 0{when}, leaving 1 process (pid 12) running, now stopped``."""
+        code, left = self.returncode, self.left
+        how = "an unknown status" if code is None else f"exit code {code}"
+        if code is not None and code < 0:
             how = f"signal {-code}"
             with contextlib.suppress(ValueError):
                 how = f"signal {signal.Signals(-code).name}"
-        return f"{'exited (daemonised?)' if code == 0 and self.left else verb} with {how}"
-
-    def _leaving(self) -> str:
-        if not (left := self.left):
-            return ""
-        pids = ", ".join(str(p) for p in left[:5]) + (", ..." if len(left) > 5 else "")
+        text = f"{'exited (daemonised?)' if code == 0 and left else verb} with {how}{when}"
+        if not left:
+            return text
+        pids = ", ".join(map(str, left[:5])) + (", ..." if len(left) > 5 else "")
         many = "processes" if len(left) > 1 else "process"
-        return f", leaving {len(left)} {many} (pid {pids}) running, now stopped"
+        return f"{text}, leaving {len(left)} {many} (pid {pids}) running, now stopped"
 
     def death_head(self) -> str:
-        return f"{self.what[:-1]}, pid {self.pid}) {self._exit('died')}{self._leaving()}"
+        return f"{self.what[:-1]}, pid {self.pid}) {self.ended('died')}"
 
     def death_message(self) -> str:
-        """One line saying how the server died, then the last lines of its log."""
         return _with_tail(self.death_head() + f" (log {self.log_path})", self.log_text(), 8)
 
     def watch(self, on_death: Callable[[str], None]) -> None:
@@ -212,43 +183,23 @@ class ServedProcess:
         threading.Thread(target=wait, name="gsm8k-serve-watch", daemon=True).start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """End every process of the server: SIGTERM, SIGKILL after ``timeout``; idempotent.
-        The supervisor does it (it sees processes that left the group); should it not end in
-        time, its group is SIGKILLed. The group's id is ours while the supervisor is unreaped
-        or the group has members."""
-        proc = self.process
-        self._stopping = True
+        """SIGTERM to every process of the server, SIGKILL after ``timeout``; the supervisor does
+        it (it sees processes that left the group). What outlives it (hung, or killed) is
+        SIGKILLed: its group's id is ours while it is unreaped or the group has members."""
+        proc, control, self._stopping = self.process, self.process.stdin, True
+        assert control is not None
         try:
-            if proc.returncode is None:
-                self._close_control(f"stop {timeout:g}\n")
-                try:  # it may be stopping what a daemonising command left (DEATH_GRACE)
-                    proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
-                except subprocess.TimeoutExpired:
-                    for pid in descendants(proc.pid):
-                        with contextlib.suppress(OSError):
-                            os.kill(pid, signal.SIGKILL)
-                    _kill_group(proc.pid)
-                    proc.wait()
-            self._close_control()
-            if descendants(proc.pid):  # members of the reaped supervisor's group
-                _kill_group(proc.pid, signal.SIGTERM)
-                deadline = time.monotonic() + timeout
-                while descendants(proc.pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if descendants(proc.pid):
-                    _kill_group(proc.pid)
+            with contextlib.suppress(OSError, ValueError), control:  # ValueError: closed already
+                control.write(f"stop {timeout:g}\n".encode())
+            with contextlib.suppress(subprocess.TimeoutExpired):  # it may be stopping a daemon
+                proc.wait(timeout=max(timeout, DEATH_GRACE) + 7.0)
+            for pid in [*descendants(proc.pid), *([proc.pid] if proc.poll() is None else [])]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait()
             self._news()
         finally:
             _LIVE.discard(self)
-
-    def _close_control(self, message: str = "") -> None:
-        """The supervisor's stdin: ``stop GRACE``, then its end (idempotent)."""
-        control = self.process.stdin
-        assert control is not None
-        with contextlib.suppress(OSError, ValueError):  # ValueError: closed already
-            control.write(message.encode())
-        with contextlib.suppress(OSError):
-            control.close()
 
 
 _LIVE: set[ServedProcess] = set()
@@ -256,7 +207,6 @@ _LIVE: set[ServedProcess] = set()
 
 @atexit.register
 def _stop_all() -> None:
-    """No server outlives an interpreter that exits normally."""
     for server in list(_LIVE):
         with contextlib.suppress(Exception):
             server.stop(timeout=5.0)
@@ -297,7 +247,6 @@ _S = TypeVar("_S", bound=ServedProcess)
 
 
 def _free_port() -> int:
-    """A loopback port that was free a moment ago (the race is handled by retrying)."""
     with socket.create_server(("127.0.0.1", 0)) as sock:
         return int(sock.getsockname()[1])
 
@@ -305,8 +254,7 @@ def _free_port() -> int:
 def _wait_ready(
     server: ServedProcess, port: int, deadline: float, progress: Callable[[float], None] | None
 ) -> str:
-    """Poll ``/models`` until "ready", "exited" or "timeout"; ``progress(seconds waited)``
-    every :data:`PROGRESS_EVERY` seconds."""
+    """ "ready", "exited" or "timeout"; ``progress(seconds waited)`` now and then."""
     delay, started = 0.05, time.monotonic()
     next_progress = started + PROGRESS_EVERY
     while server.returncode is None:
@@ -332,48 +280,41 @@ def _owns_port(root: int, port: int) -> bool | None:
     """Whether a process of the server (``root`` and all below it) holds the listening
     socket on loopback ``port`` (None: cannot tell without ``/proc``): another server that
     took the port must never be measured as ours."""
-    inodes: set[str] = set()
-    readable = seen = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for cols in (line.split() for line in Path(table).read_text().splitlines()[1:]):
-                if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(f"socket:[{cols[9]}]")
-            readable = True
-    if not readable:
+    if not os.path.exists("/proc/net/tcp"):
         return None
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):  # no IPv6
+            for cols in (line.split() for line in Path(table).read_text().splitlines()[1:]):
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    inodes.add(f"socket:[{cols[9]}]")
     for pid in [root, *descendants(root)]:
-        with contextlib.suppress(OSError):
-            fds = os.listdir(f"/proc/{pid}/fd")
-            seen = True
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                        return True
-    return False if seen else None
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if any(
+                os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
+                for fd in os.listdir(f"/proc/{pid}/fd")
+            ):
+                return True
+    return False
 
 
 def _with_tail(head: str, text: str, lines: int = 20) -> str:
-    """``head``, then the last lines of a log, long lines clipped to stay readable."""
-    tail = [line if len(line) <= 400 else line[:400] + "..." for line in text.splitlines()]
-    if not "".join(tail[-lines:]).strip():
+    tail = [f"    {line[:400]}{'...' * (len(line) > 400)}" for line in text.splitlines()[-lines:]]
+    if not "".join(tail).strip():
         return head + "\n(the server log is empty)"
-    indented = "\n".join("    " + line for line in tail[-lines:])
-    return f"{head}\nlast lines of the server log:\n{indented}"
+    return head + "\nlast lines of the server log:\n" + "\n".join(tail)
 
 
 def _exited_head(server: ServedProcess, port: int) -> str:
-    """The first line for a command that ended before it was ready."""
-    head = f"{server.what} {server._exit('exited')} before it was ready"
+    before = " before it was ready"
     if server.left:
-        return f"{head}{server._leaving()}: {_FOREGROUND}"
+        return f"{server.what} {server.ended('exited', before)}: {_FOREGROUND}"
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1.0):
         return (
-            f"{server.what} {server._exit('exited (daemonised?)')} before it was ready, and port "
-            f"{port} is served by a process that is not one of its own: stop that server, and "
-            f"{_FOREGROUND}"
+            f"{server.what} {server.ended('exited (daemonised?)', before)}, and port {port} is "
+            f"served by a process that is not one of its own: stop that server, and {_FOREGROUND}"
         )
-    return head
+    return f"{server.what} {server.ended('exited', before)}"
 
 
 def start_server(order: Launch[_S]) -> _S:
@@ -391,10 +332,7 @@ def start_server(order: Launch[_S]) -> _S:
     text = ""
     for _attempt in range(_PORT_ATTEMPTS):
         port = _free_port()
-        try:
-            command = order.command(port)
-        except CommandError as exc:
-            raise order.error(str(exc)) from None
+        command = order.command(port)
         base_env = os.environ if order.env is None else order.env
         env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
@@ -443,8 +381,6 @@ def serve_spec(
 ) -> Launch[ServedProcess]:
     """The spec of ``--gsm8k-serve`` ``command``, ``{port}`` and ``{model}`` filled in so
     that the model name never becomes code (core/command.py); refused now, as one line."""
-    if not command.strip():
-        raise ServeError("--gsm8k-serve: empty command line")
 
     def fill(port: int) -> ServeCommand:
         try:
@@ -487,8 +423,6 @@ class Launch(Generic[_S]):
 
 @dataclass(frozen=True)
 class Started:
-    """A server launched for the run: what to ask it and what the report says of it."""
-
     server: ServedProcess
     info: dict[str, Any]
     identity: dict[str, Any] | None = None  # what its GET /models says of the model

@@ -37,3 +37,16 @@ def test_the_bounded_decoder_refuses_what_it_cannot_bound() -> None:
     counter.add(b"x" * 10)
     with pytest.raises(Refused, match=r"over .* MiB decoded"):
         counter.add(b"x")
+
+
+@pytest.mark.parametrize("wbits", [31, 15], ids=["gzip", "deflate"])
+def test_a_body_broken_past_its_first_piece_is_refused_not_a_zlib_error(wbits: int) -> None:
+    """Rule: a reply that cannot be read is one refusal line; the error came after the
+    first decoded MiB of one network read and escaped as zlib.error."""
+    data = b"".join(b"%d answer, " % i for i in range(300_000))
+    packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    packed = bytearray(packer.compress(data) + packer.flush())
+    packed[len(packed) * 3 // 4] ^= 0xFF
+    decoder = Decoder("gzip" if wbits == 31 else "deflate")
+    with pytest.raises(Refused, match="not valid compressed data"):
+        list(decoder.feed(bytes(packed)))
