@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -147,6 +147,7 @@ class Comparison:
     verdict: GateVerdict
     undecided: str | None = None
     config: str = ""  # the --gsm8k-config config compared
+    block: Mapping[str, Any] = field(default_factory=dict)  # the verdict's baseline block
 
     @property
     def worse(self) -> bool:
@@ -226,6 +227,7 @@ def compare(
         verdict=verdict,
         undecided=not_whole if verdict.undecided else None,
         config=str(config.get("name") or "") if isinstance(config, Mapping) else "",
+        block=seen,
     )
 
 

@@ -14,16 +14,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Any, TypeGuard
+from typing import Any
 
 from pytest_gsm8k.core import render
-from pytest_gsm8k.core.baseline import noise_sentence
-from pytest_gsm8k.core.gates import flip_words
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
 from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.core.verdict import shared_words, word_of
+from pytest_gsm8k.core.verdict import word_of
 
 _CALC = re.compile(r"<<[^<>]*>>")
 #: a problem's place in the list is the first of these lists that holds it (then unchanged,
@@ -71,7 +69,7 @@ def render_html(
     comparisons = [
         (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
         for c in configs or [report]
-        if _compared(c.get("baseline"))
+        if render.compared(c.get("baseline"))
     ]
     records = list(report.get("problems") or [])
     change: dict[str, str] = {}
@@ -136,10 +134,6 @@ def _config_of(pid: object) -> str:  # Qwen3:test-0042 -> Qwen3; "" outside --gs
 
 def _ids(base: _Obj, key: str) -> list[str]:
     return [str(i) for i in base.get(key) or []]
-
-
-def _compared(base: object) -> TypeGuard[_Obj]:  # not a baseline just written
-    return isinstance(base, Mapping) and "shared" in base
 
 
 def _row(
@@ -235,30 +229,12 @@ def _run_items(report: _Obj) -> list[tuple[str, str]]:
 
 
 def _baseline_card(config: str, base: _Obj, gate: _Obj | None) -> str:
-    """A comparison with its baseline: the gate's verdict, the accuracy before and now, the
-    flips and, against a calibrated baseline, what the noise-aware gate sees."""
-    v = {k: float(base.get(k) or 0) for k in _BASE_NUMBERS}
-    low, high = [*(base.get("difference_ci95") or []), 0.0, 0.0][:2]
-    failing, passing = len(_ids(base, "newly_failing")), len(_ids(base, "newly_passing"))
-    before_now = f"{v['baseline_accuracy']:.4f} \u2192 {v['current_accuracy']:.4f}"
-    items = [
-        ("file", str(base.get("path", ""))),
-        ("gate", f"{gate.get('rule')}: {gate.get('detail')}" if gate is not None else ""),
-        ("accuracy", f"{before_now} {shared_words(base)}"),
-        ("paired diff", f"{v['difference']:+.4f} [95% CI {low:+.4f}, {high:+.4f}]"),
-        ("McNemar", f"one-sided p = {v['mcnemar_p']:.4g}"),
-        ("flips", flip_words(failing, passing, 0, 1)),
-    ]
-    if "detectable_drop" in base:  # the terminal's own sentence: never a claim of its own
-        p = f"p = {v['p_value']:.4g} at alpha {_value(base.get('alpha'))}"
-        items.append(("noise-aware", f"{p}; {noise_sentence(base)}"))
-    if "stable_flips" in base and (base.get("repeats") or {}).get("baseline", 1) > 1:
-        stable, noisy = len(_ids(base, "stable_flips")), len(_ids(base, "noisy_failing"))
-        said = f"{failing} newly failing: {stable} stable (listed first), {noisy} noisy"
-        items.append(("failing now", said))
+    """A comparison with its baseline: the gate's verdict, then the rows every output shows."""
+    items = [("file", str(base.get("path", "")))]
+    items += [("gate", f"{gate.get('rule')}: {gate.get('detail')}" if gate is not None else "")]
     title = f"{_e(config)}: against its baseline" if config else "Against the baseline"
     badge = f" {_badge(gate['verdict'])}" if gate is not None else ""
-    return _card(title + badge, _dl(items), " baseline")
+    return _card(title + badge, _dl([*items, *render.baseline_rows(base)]), " baseline")
 
 
 def _configs_card(configs: list[_Obj]) -> str:
@@ -272,7 +248,7 @@ def _configs_card(configs: list[_Obj]) -> str:
         low, high = [*(c.get("ci95") or []), None, None][:2]
         accuracy = f"{_fmt(r.accuracy)} [{_fmt(low)}-{_fmt(high)}]"
         said = r.baseline
-        if _compared(base):
+        if render.compared(base):
             before, now = _fmt(base.get("baseline_accuracy")), _fmt(base.get("current_accuracy"))
             said += f" {before} \u2192 {now}"
         row = [_badge(r.verdict), r.name, r.model, r.n]
@@ -395,7 +371,6 @@ def _selects(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) 
 _FLIPS = ("failing", "passing")
 _JSON_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&"}
 _EARLY = ("mode", "alpha", "decided_after")
-_BASE_NUMBERS = ("baseline_accuracy", "current_accuracy", "difference", "mcnemar_p", "p_value")
 _SETTINGS = ("temperature", "max_tokens", "api", "extractor", "preset")
 _TIMES = ("started_at", "finished_at")
 _METER = '<span class="meter"><i style="width:{:.1f}%"></i></span>'

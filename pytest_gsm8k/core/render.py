@@ -5,19 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard, cast
 
+from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
 from pytest_gsm8k.core.records import Word
 from pytest_gsm8k.core.scrub import clip, md_code, md_text, printable
-from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, shared_words, word_of
+from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, word_of
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.compare import Comparison
 
 LISTED = 50  # problems a list shows before it says how many more there are
+SHOWN_IDS = 10  # problem ids a terminal list shows before "+N more"
 QUESTION_CHARS = 100
 #: GitHub shows no step summary at all past 1 MiB; the rest is left for the job's other lines
 MAX_BYTES = 800_000
@@ -67,50 +69,88 @@ def gate_table(gates: Sequence[GateVerdict]) -> list[str]:
     return ["| gate | result | detail |", "| --- | --- | --- |", *rows, ""] if gates else []
 
 
+def baseline_rows(
+    base: Mapping[str, Any], sides: tuple[str, str] = ("baseline", "this run")
+) -> list[tuple[str, str]]:
+    """A comparison with a baseline as every output says it (terminal, Markdown, page,
+    ``compare``; issue 32): one estimate of the difference, one interval, one set of counts."""
+    runs = int(base["repeats"]["baseline"])
+    failing, passing, stable = (len(base.get(k) or ()) for k in _FLIP_KEYS)
+    where = shared_words(base)
+    if base.get("not_in_baseline"):
+        where += f"; {base['not_in_baseline']} of this run's problems are not in it"
+    (b_low, b_high), (c_low, c_high) = base["baseline_ci95"], base["current_ci95"]
+    was, now = base["baseline_accuracy"], base["current_accuracy"]
+    diff = points_words(base["difference"], *base["difference_ci95"])
+    flips = flip_words(failing, passing, stable, runs) + f"; {passing} newly passing" * (runs > 1)
+    p = f"p={base['p_value']:.4g} (one-sided: the gate's test), McNemar p={base['mcnemar_p']:.4g}"
+    per = f" ({runs} runs per problem)" * (runs > 1)
+    return [
+        ("accuracy", f"{was:.4f} -> {now:.4f} {where}; {diff}"),
+        (
+            "95% CI",
+            f"{sides[0]}{per} {b_low:.4f}-{b_high:.4f}, {sides[1]} {c_low:.4f}-{c_high:.4f}",
+        ),
+        ("flips", f"{flips}; {p}"),
+        ("noise", noise_sentence(base).removeprefix("noise: ")),
+    ]
+
+
+def flip_lists(base: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """The problems that changed, each list titled as every output titles it."""
+    runs, ids = int(base["repeats"]["baseline"]), {k: list(base.get(k) or ()) for k in _FLIP_KEYS}
+    if runs == 1:
+        return [("newly failing", ids["newly_failing"]), ("newly passing", ids["newly_passing"])]
+    return [
+        (f"newly failing, stable (right in all {runs} baseline runs)", ids["stable_flips"]),
+        (
+            "newly failing, noisy (right in some baseline runs)",
+            list(base.get("noisy_failing") or ()),
+        ),
+        ("newly passing (wrong in some baseline runs)", ids["newly_passing"]),
+    ]
+
+
+_FLIP_KEYS = ("newly_failing", "newly_passing", "stable_flips")
+
+
+def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
+    """A baseline block of a comparison (not of a baseline written, missing or refused)."""
+    return isinstance(base, Mapping) and "baseline_ci95" in base
+
+
+def shared_words(block: Mapping[str, Any]) -> str:
+    """Which problems a baseline block compared, as every output says it."""
+    shared = block.get("shared")
+    if block.get("subset"):
+        return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
+    return f"on {shared} problems"
+
+
 def against_baseline(
     base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
-    """A report's baseline block (a ``config``'s: named in each title): both accuracies, the
-    difference and flips in the terminal's words, then the lists of flips."""
+    """A report's baseline block in Markdown (a ``config``'s: named in each title): its
+    rows (:func:`baseline_rows`), then the lists of flips."""
     path = md_code(_repository_path(str(base.get("path", ""))))
     if base.get("written"):
         return [f"Baseline written: {path}.", ""]
-    shared = base.get("shared")
-    if not shared or "baseline_ci95" not in base:
+    if not compared(base) or not base.get("shared"):
         return []
 
     def title(text: str) -> str:
         return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
 
-    where = shared_words(base)
-    if base.get("not_in_baseline"):
-        where += f"; {base['not_in_baseline']} of this run's problems are not in it"
-    runs = int((base.get("repeats") or {}).get("baseline", 1))
-    failing = base.get("newly_failing") or []
-    passing = base.get("newly_passing") or []
-    stable = base.get("stable_flips") or []
-    said = f"{points_words(base['difference'], *base['difference_ci95'])}; " + flip_words(
-        len(failing), len(passing), len(stable), runs
-    )
     heading = title("against its baseline" if config else "against the baseline")
-    lines = [f"**{heading}** {path}, {md_text(where)}:", "", "| | accuracy | 95% CI |"]
-    lines.append("| --- | --- | --- |")
-    for side, key in ((f"baseline ({runs} runs per problem)", "baseline"), ("this run", "current")):
-        (low, high), side = base[f"{key}_ci95"], side if runs > 1 else side.split(" (")[0]
-        lines.append(f"| {side} | {base[f'{key}_accuracy']:.4f} | {low:.4f}-{high:.4f} |")
-    lines += ["", md_text(said[0].upper() + said[1:] + "."), ""]
-    rest = "see the JSON report"
-    if runs > 1:
-        lists = [
-            ("newly failing, stable (right in every baseline run)", stable),
-            ("newly failing, noisy (right in some baseline runs)", base.get("noisy_failing")),
-            ("newly passing (wrong in some baseline runs)", passing),
-        ]
-    else:
-        lists = [("newly failing", failing), ("newly passing", passing)]
-    for text, ids in lists:
-        lines += problem_list(title(text), ids or [], questions, rest, listed)
-    return lines
+    return [f"**{heading}** {path}:", "", *_md_rows(baseline_rows(base))] + [
+        line
+        for text, ids in flip_lists(base)
+        for line in problem_list(title(text), ids, questions, "see the JSON report", listed)
+    ]
+
+
+def _md_rows(rows: Sequence[tuple[str, str]]) -> list[str]:
+    return [*(f"- {label}: {md_text(text)}" for label, text in rows), ""]
 
 
 def _repository_path(path: str) -> str:
@@ -274,7 +314,15 @@ def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, 
     if v.n < v.expected:
         stop = " (run interrupted)" if v.selection.interrupted else ""
         out.append(f"INCOMPLETE: {v.n} of {v.expected} problems have a result{stop}")
-    out += [note[2:] for note in v.notes] + [v.chat_hint() or ""] * bool(v.chat_hint())
+    out += [note[2:] for note in v.notes]
+    base = v.extra.get("baseline")
+    if compared(base) and base.get("shared"):
+        rest = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
+        out += [f"baseline {base['path']}:", *(f"  {k}: {text}" for k, text in baseline_rows(base))]
+        for title, ids in flip_lists(base):
+            more = f" (+{len(ids) - SHOWN_IDS} more {rest})" if len(ids) > SHOWN_IDS else ""
+            out += [f"  {title}: {', '.join(ids[:SHOWN_IDS])}{more}"] * bool(ids)
+    out += [v.chat_hint() or ""] * bool(v.chat_hint())
     # model names, endpoints and messages come from outside: no escapes reach a terminal
     styled = [(printable(v.headline()), "headline")]
     styled += [("  " + printable(line), "info") for line in out]
@@ -332,10 +380,9 @@ def pairing(result: Comparison) -> str:
 
 
 def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
-    """The comparison in the step summary's Markdown: headline, the two runs, the paired
-    difference, the verdict as a gate table, the flips (with their questions' starts)."""
+    """The comparison in the step summary's Markdown: headline, the two runs, the pairing,
+    the verdict as a gate table, then the rows and flips every comparison shows."""
     a, b = result.a, result.b
-    texts = questions or {}
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
         f"{a.accuracy:.4f} on {_problems(result.shared)}",
@@ -350,13 +397,10 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
         "",
         md_text(pairing(result)),
         "",
-        f"Difference B - A: {result.diff:+.4f} [95% CI {result.low:+.4f}, {result.high:+.4f}]; "
-        f"{flip_words(len(result.newly_failing), len(result.newly_passing), 0, 1)}; "
-        f"one-sided p={result.p_value:.4g} (B worse than A; the gate's test).",
-        "",
         *gate_table([result.verdict]),
+        *_md_rows(baseline_rows(result.block, ("A", "B"))),
     ]
-    rest = "see the JSON reports"
-    lines += problem_list("Newly failing in B", result.newly_failing, texts, rest)
-    lines += problem_list("Newly passing in B", result.newly_passing, texts, rest)
+    for title, ids in flip_lists(result.block):
+        title = f"{title[0].upper()}{title[1:]} in B"
+        lines += problem_list(title, ids, questions or {}, "see the JSON reports")
     return "\n".join(lines) + "\n"

@@ -9,14 +9,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.calibrated import difference, evidence
+from pytest_gsm8k.core.calibrated import evidence
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import (
     GateVerdict,
     ToleranceFloor,
     Verdict,
-    failing_words,
-    points_words,
     undecided,
 )
 from pytest_gsm8k.core.health import chat_api_hint
@@ -25,9 +23,6 @@ from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Re
 from pytest_gsm8k.core.scoring import RULES
 from pytest_gsm8k.core.stats import accuracy_interval, pass_at_k
 from pytest_gsm8k.core.types import Problem
-
-#: problem ids a terminal list of flips shows before "+N more"
-SHOWN_IDS = 10
 
 
 @dataclass(frozen=True)
@@ -296,14 +291,6 @@ def word_of(gate_words: Iterable[str]) -> Word:
     return "FAIL" if "FAIL" in words else "UNDECIDED" if "UNDECIDED" in words else "PASS"
 
 
-def shared_words(block: Mapping[str, Any]) -> str:
-    """Which problems a baseline block compared, as every output says it."""
-    shared = block.get("shared")
-    if block.get("subset"):
-        return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
-    return f"on {shared} problems"
-
-
 def decide(
     group: Group,
     records: Sequence[ProblemRecord],
@@ -438,23 +425,10 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
             uncovered += f" (a partial baseline: {partial.get('reason', '')})"
         if not specs.require_baseline:
             notes.append(f"  baseline: {uncovered}; the gate compares the {shared} it holds")
-    before, now = seen["baseline_accuracy"], seen["current_accuracy"]
-    said = f"{shared_words(cmp)}; {points_words(*difference(pairs))}"
-    notes.append(f"  baseline {shown}: {before:.4f} -> {now:.4f} {said}")
     was = document.get("model")
     if isinstance(was, str) and was != v.group.model:
         notes.append(f"  the baseline was recorded with model {was} (this run: {v.group.model})")
-    notes += [f"  {bl.noise_sentence(seen)}", f"  {failing_words(pairs)}; p={seen['p_value']:.4g}"]
     notes += [f"  {rise}" for rise in [rule.rise(pairs, found)] if rise is not None]
-    where_all = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
-    runs = seen["repeats"]["baseline"]
-    stable = f"newly failing, stable (right in all {runs} baseline runs)"
-    for title, ids in (
-        (stable, seen["stable_flips"]) if runs > 1 else ("newly failing", seen["newly_failing"]),
-        ("newly failing, noisy (right in some baseline runs)", seen["noisy_failing"]),
-    ):
-        more = f" (+{len(ids) - SHOWN_IDS} more {where_all})" if len(ids) > SHOWN_IDS else ""
-        notes += [f"  {title}: {', '.join(ids[:SHOWN_IDS])}{more}"] * bool(ids)
     v = replace(v, notes=tuple(notes))
     if uncovered is not None and specs.require_baseline:
         need = "--gsm8k-require-baseline needs every problem of the run in it: record a baseline"

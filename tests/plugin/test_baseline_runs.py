@@ -76,8 +76,8 @@ def test_seven_flips_fail_the_default_gate_as_exact_mcnemar(
         [
             # one estimate, one interval, on the baseline line and the gate's (issue 32)
             "*1.0000 -> 0.8600 on 50 problems; diff -14.00 points ?95% CI -26.19, -3.97?",
+            "*flips: 7 newly failing, 0 newly passing; p=0.007812 (one-sided: the gate's test)*",
             "*noise: a single-run baseline cannot tell noisy problems from stable ones*",
-            "*7 newly failing, 0 newly passing; p=0.007812",
             # a single run cannot tell stable from noisy: no "always-right", no "stable flip"
             f"*newly failing: {ids}",
             "*gate baseline: FAIL: p=0.00781 < --gsm8k-alpha 0.01 (exact McNemar): 7 newly "

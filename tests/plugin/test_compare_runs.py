@@ -56,13 +56,14 @@ def test_a_worse_run_exits_1_with_its_flips_listed(
     lines = text.splitlines()
     assert lines[0] == "### gsm8k compare (test@1, 0-shot CoT): B 0.7000 vs A 1.0000 on 20 problems"
     assert "Paired on the 20 problems both reports hold (A holds 20, B holds 20)." in lines
-    end = (
-        "; 6 newly failing, 0 newly passing; one-sided p=0.01562 (B worse than A; the gate's test)."
-    )
     assert any(
-        line.startswith("Difference B - A: -0.3000 [95% CI ") and line.endswith(end)
+        line.startswith(
+            "- accuracy: 1.0000 -\\> 0.7000 on 20 problems; diff -30.00 points \\[95% CI "
+        )
         for line in lines
     ), text
+    flips = "- flips: 6 newly failing, 0 newly passing; p=0.01562 (one-sided: the gate's test), "
+    assert flips + "McNemar p=0.01562" in lines
     assert any(
         line.startswith(
             "| compare | FAIL | p=0.0156 \\< --alpha 0.05 (exact McNemar): 6 newly failing, 0 "
@@ -93,9 +94,9 @@ def test_identical_runs_exit_0(
     shown.stdout.fnmatch_lines(
         [
             "### gsm8k compare (test@1, 0-shot CoT): B 1.0000 vs A 1.0000 on 20 problems",
-            "*; 0 newly failing, 0 newly passing; one-sided p=1 (B worse than A; the gate's test).",
             "| compare | PASS | p=1 \\>= --alpha 0.05 (exact McNemar): 0 newly failing, 0 newly "
             "passing; diff +0.00 points *",
+            "- flips: 0 newly failing, 0 newly passing; p=1 (one-sided: the gate's test)*",
         ]
     )
     assert "Newly" not in shown.stdout.str()

@@ -120,21 +120,19 @@ def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     assert "The run's page: `out/gsm8k.html` (relative to the repository" in markdown
     data = report(pytester)
     base = data["baseline"]
-    assert "**Against the baseline** `__snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k`, on 40 " in (
-        markdown
-    )
-    low, high = base["baseline_ci95"]
-    assert f"| baseline | 0.9750 | {low:.4f}-{high:.4f} |" in markdown
+    assert "**Against the baseline** `__snapshots__/gsm8k/test@1_0-shot_CoT.gsm8k`:" in markdown
     # this run's interval is the headline's (all its problems are compared)
     assert base["current_ci95"] == data["ci95"]
+    (low, high), (c_low, c_high) = base["baseline_ci95"], data["ci95"]
+    said = f"95% CI: baseline {low:.4f}-{high:.4f}, this run {c_low:.4f}-{c_high:.4f}"
+    assert f"- {said}" in markdown
+    assert f"    {said}" in text
     low, high = data["ci95"]
-    assert f"| this run | 0.7500 | {low:.4f}-{high:.4f} |" in markdown
     assert f"[95% CI {low:.4f}-{high:.4f}]  n=40" in data["headline"]
     # the terminal's baseline line: the same accuracies, the same difference estimate
-    line = next(x for x in text.splitlines() if x.startswith("  baseline __snapshots__"))
-    assert ": 0.9750 -> 0.7500 on 40 problems; diff " in line
-    said = line.split("; ", 1)[1]
-    assert md_text(f"Diff{said[4:]}; 10 newly failing, 1 newly passing.") in markdown
+    line = next(x for x in text.splitlines() if x.startswith("    accuracy: "))
+    assert line.startswith("    accuracy: 0.9750 -> 0.7500 on 40 problems; diff ")
+    assert f"- {md_text(line.strip())}" in markdown  # the same row, word for word
     assert "10 newly failing, 1 newly passing; p=" in text
     # the flips, each problem listed
     failing = markdown.index("**Newly failing (10):**")
@@ -142,8 +140,8 @@ def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     assert failing < passing
     assert markdown.index(f"- `test-{ids[3]:04d}`: ") > failing
     assert markdown.index(f"- `test-{ids[0]:04d}`: ") > passing
-    assert "stable" not in markdown  # a single-run baseline cannot tell
-    assert "noisy" not in markdown
+    assert "stable (" not in markdown  # a single-run baseline cannot tell: no such count
+    assert "noisy (" not in markdown
 
 
 def test_the_page_is_named_as_given_and_a_page_on_a_device_is_not_named(

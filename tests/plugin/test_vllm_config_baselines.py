@@ -94,7 +94,7 @@ def test_each_config_is_gated_against_its_own_baseline(
     assert again.ret == 0, out
     assert "gate Alpha-1B:baseline: PASS" in out
     assert "gate Delta-3B:baseline: PASS" in out
-    assert f"baseline {DELTA}: 1.0000 -> 1.0000 on 20 problems" in out
+    assert f"  baseline {DELTA}:\n    accuracy: 1.0000 -> 1.0000 on 20 problems" in out
     assert _table(out)["Alpha-1B"][-2:] == ["PASS", "PASS"]
     report = json.loads((pytester.path / "r.json").read_text("utf-8"))
     jsonschema.validate(report, REPORT_SCHEMA)
@@ -331,11 +331,11 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
     assert "Gamma-7B: against its baseline" not in page
     assert "<dt>gate</dt><dd>noise-aware: p=" in page
     assert "&lt; --gsm8k-alpha 0.01 (exact McNemar): 55 newly failing, " in page
-    assert "1.0000 \u2192 0.0833 on 60 problems" in page
-    assert "0.9500 \u2192 1.0000 on 20 problems" in page
+    assert "1.0000 -&gt; 0.0833 on 60 problems" in page
+    assert "0.9500 -&gt; 1.0000 on 20 problems" in page
     # single-run baselines: newly failing and passing, never "stable" (issue 32, point 5)
     assert "55 newly failing, 0 newly passing" in page
-    assert "stable (listed first)" not in page
+    assert "stable (right in" not in page
     # the configs card: each config's baseline column, as the terminal's table says it
     assert "<td>FAIL 1.0000 \u2192 0.0833</td>" in page
     assert "<td>PASS 0.9500 \u2192 1.0000</td>" in page
@@ -389,12 +389,13 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
     }
     for name, before, now in (("Delta-3B", "1.0000", "0.0833"), ("Alpha-1B", "0.9500", "1.0000")):
         section = markdown[markdown.index(f"**{name}: against its baseline** `__snapshots__/") :]
-        low, high = blocks[name]["baseline_ci95"]
-        assert f"| baseline | {before} | {low:.4f}-{high:.4f} |" in section
-        low, high = blocks[name]["current_ci95"]
-        assert f"| this run | {now} | {low:.4f}-{high:.4f} |" in section
+        (low, high), (c_low, c_high) = blocks[name]["baseline_ci95"], blocks[name]["current_ci95"]
+        assert f"- accuracy: {before} -\\> {now} on " in section
+        assert (
+            f"- 95% CI: baseline {low:.4f}-{high:.4f}, this run {c_low:.4f}-{c_high:.4f}" in section
+        )
     assert "Delta-3B: against its baseline** `__snapshots__/gsm8k/Delta-3B_" in markdown
-    assert "55 newly failing, 0 newly passing." in markdown
+    assert "55 newly failing, 0 newly passing; p=" in markdown
     assert "**Alpha-1B: newly passing (1):**\n\n- `Alpha-1B:test-0003`: " in markdown
     assert "Gamma-7B: against its baseline" not in markdown
 

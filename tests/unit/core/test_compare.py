@@ -352,10 +352,12 @@ def test_markdown_reads_like_the_step_summary() -> None:
     assert "| A | `a.json` | `release-41` | 1.0000 | 10 |" in lines
     assert "| B | `b.json` | `release-42` | 0.4000 | 10 |" in lines
     assert "Paired on the 10 problems both reports hold (A holds 10, B holds 10)." in lines
-    (stats,) = [line for line in lines if line.startswith("Difference B - A: ")]
-    assert stats.startswith("Difference B - A: -0.6000 [95% CI -")
-    assert stats.endswith(
-        "; 6 newly failing, 0 newly passing; one-sided p=0.01562 (B worse than A; the gate's test)."
+    (stats,) = [line for line in lines if line.startswith("- accuracy: ")]
+    assert stats.startswith(
+        "- accuracy: 1.0000 -\\> 0.4000 on 10 problems; diff -60.00 points \\[95% CI -"
+    )
+    assert (
+        "- flips: 6 newly failing, 0 newly passing; p=0.01562 (one-sided: the gate's test)" in text
     )
     assert "| gate | result | detail |" in lines
     assert any(

@@ -248,6 +248,23 @@ def test_interrupted_and_early_stopped_runs_say_so() -> None:
     assert "<dt>bounds</dt><dd>[0.1, 0.9]</dd>" in page
 
 
+#: what a baseline block holds beyond the flips (core/baseline.py noise_block)
+_NOISE: dict[str, Any] = {
+    "baseline_accuracy": 0.5,
+    "current_accuracy": 0.5,
+    "difference": 0.0,
+    "difference_ci95": [-0.3, 0.3],
+    "baseline_ci95": [0.2, 0.8],
+    "current_ci95": [0.2, 0.8],
+    "p_value": 0.6875,
+    "alpha": 0.01,
+    "repeats": {"baseline": 1, "run": 1},
+    "detectable_drop": {"problems": 2, "points": 50.0, "power": 0.8, "repeats_for_one_point": None},
+    "stability": {"stable_correct": 2, "stable_wrong": 0, "noisy": 2},
+    "flip_rate": 0.5,
+}
+
+
 def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> None:
     outcomes = ["correct", "wrong", "correct", "unparsed", "wrong", "correct"]
     records = [_record(i, o) for i, o in enumerate(outcomes)]
@@ -263,6 +280,7 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
         "mcnemar_p": 0.6875,
         "subset": False,
         "baseline_n": 6,
+        **_NOISE,
     }
     page = render_html(_report(records, baseline=baseline))
     data = _embedded(page)
@@ -284,9 +302,9 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
         "not correct",
         "correct",
     ]
-    assert "one-sided p = 0.6875" in page
-    assert "-0.0000 [95% CI -0.3000, +0.3000]" not in page
-    assert "+0.0000 [95% CI -0.3000, +0.3000]" in page
+    assert "McNemar p=0.6875" in page
+    assert "diff -0.00 points" not in page
+    assert "diff +0.00 points [95% CI -30.00, +30.00]" in page
     # given the baseline's own outcomes, they win
     page = render_html(_report(records, baseline=baseline), None, {"test-0000": "unparsed"})
     assert _embedded(page)["problems"][2]["b"] == "unparsed"
@@ -299,9 +317,9 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
         "shared": 4,
         "newly_failing": ["test-0000", "test-0001", "test-0002"],
         "newly_passing": [],
+        **_NOISE,
         "mcnemar_p": 0.25,
         "p_value": 0.02,
-        "alpha": 0.01,
         "repeats": {"baseline": 5, "run": 1},
         "detectable_drop": {
             "problems": 2,
@@ -317,10 +335,10 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
     page = render_html(_report(records, baseline=baseline))
     ids = [p["id"] for p in _embedded(page)["problems"]]
     assert ids == ["test-0002", "test-0000", "test-0001", "test-0003"]
-    assert "p = 0.02 at alpha 0.01; noise: " in page
+    assert "p=0.02 (one-sided: the gate&#x27;s test), McNemar p=0.25" in page
     assert "the gate detects a drop of 50.0 points or more" in page
     assert "5 runs per problem: 2 stable-correct, 0 stable-wrong, 2 noisy" in page
-    assert "3 newly failing: 1 stable (listed first), 2 noisy" in page
+    assert "3 newly failing: 1 stable (right in all 5 baseline runs), 2 noisy" in page
     # the page says what the terminal says, from the same sentence (core/baseline.py): a drop
     # that needs more problems than ran is never claimed detectable (issue 32 #4)
     too_few = {**baseline["detectable_drop"], "problems": 7, "points": 175.0}

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pytest_gsm8k.core.baseline import noise_block
 from pytest_gsm8k.core.calibrated import Pair, difference
 from pytest_gsm8k.core.gates import failing_words, points_words
 from pytest_gsm8k.core.render import LISTED, MAX_BYTES, against_baseline, fit, problem_list
 from pytest_gsm8k.core.scrub import md_text
-from pytest_gsm8k.core.stats import accuracy_interval, wilson_interval
+from pytest_gsm8k.core.stats import wilson_interval
 
 QUESTIONS = {
     f"p{i}": f"Person {i} buys 12 boxes of 24 apples, gives away a third of them and eats "
@@ -65,31 +66,10 @@ def test_a_summary_too_large_even_without_lists_is_cut_at_a_line_and_says_so() -
 
 
 def _block(pairs: list[Pair], path: str = "__snapshots__/gsm8k/b.gsm8k") -> dict[str, Any]:
-    """A baseline block as the JSON report holds it (the fields the summary reads), made by
-    the functions the run's gate uses."""
-    diff, low, high = difference(pairs)
-    runs = max(p.base_runs for p in pairs)
-    now_runs = max(p.now_runs for p in pairs)
-    return {
-        "path": path,
-        "shared": len(pairs),
-        "subset": False,
-        "baseline_n": len(pairs),
-        "not_in_baseline": 0,
-        "baseline_accuracy": sum(p.base_rate for p in pairs) / len(pairs),
-        "current_accuracy": sum(p.now_rate for p in pairs) / len(pairs),
-        "baseline_ci95": list(accuracy_interval([p.base_rate for p in pairs], runs)),
-        "current_ci95": list(accuracy_interval([p.now_rate for p in pairs], now_runs)),
-        "difference": diff,
-        "difference_ci95": [low, high],
-        "repeats": {"baseline": runs, "run": now_runs},
-        "newly_failing": [p.problem_id for p in pairs if p.failing],
-        "newly_passing": [
-            p.problem_id for p in pairs if p.base_correct < p.base_runs and p.now_correct > 0
-        ],
-        "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
-        "noisy_failing": [p.problem_id for p in pairs if p.failing and p.stability == "noisy"],
-    }
+    """A baseline block as the JSON report holds it, made by the functions the run's gate uses."""
+    shared = {"shared": len(pairs), "subset": False, "baseline_n": len(pairs)}
+    cmp = {"not_in_baseline": 0, "mcnemar_p": 0.5}
+    return {"path": path, **shared, **cmp, **noise_block(pairs, 0.01)}
 
 
 #: a single-run baseline: p0 wrong then, right now; p1-p9 right then, wrong now; p10-p39 right
@@ -106,25 +86,28 @@ def test_the_summary_shows_before_and_after_with_intervals_and_the_terminals_wor
     base = _block(SINGLE)
     lines = against_baseline(base, QUESTIONS)
     text = "\n".join(lines)
-    assert lines[0] == "**Against the baseline** `__snapshots__/gsm8k/b.gsm8k`, on 40 problems:"
+    assert lines[0] == "**Against the baseline** `__snapshots__/gsm8k/b.gsm8k`:"
     b_low, b_high = base["baseline_ci95"]
     c_low, c_high = base["current_ci95"]
-    assert f"| baseline | 0.9750 | {b_low:.4f}-{b_high:.4f} |" in lines
-    assert f"| this run | 0.7750 | {c_low:.4f}-{c_high:.4f} |" in lines
+    assert (
+        f"- 95% CI: baseline {b_low:.4f}-{b_high:.4f}, this run {c_low:.4f}-{c_high:.4f}" in lines
+    )
     # the run's interval over all its problems is the headline's (one rule, core/stats.py)
     c_wilson = wilson_interval(31, 40)
     assert (c_low, c_high) == c_wilson
     # the terminal's baseline line and gate say these, from the pairs themselves
-    said = md_text(f"{points_words(*difference(SINGLE))}; {failing_words(SINGLE)}")
-    assert said.startswith("diff -20.00 points \\[95% CI ")
-    assert f"{said[0].upper()}{said[1:]}." in lines
-    assert "9 newly failing, 1 newly passing." in text
+    said = md_text(f"0.9750 -> 0.7750 on 40 problems; {points_words(*difference(SINGLE))}")
+    assert said.startswith("0.9750 -\\> 0.7750 on 40 problems; diff -20.00 points \\[95% CI ")
+    assert f"- accuracy: {said}" in lines
+    assert f"- flips: {failing_words(SINGLE)}; p=" in text
+    assert "9 newly failing, 1 newly passing;" in text
     assert "**Newly failing (9):**" in lines
     assert "**Newly passing (1):**" in lines
     assert text.index("**Newly failing (9):**") < text.index("**Newly passing (1):**")
     assert "- `p0`: Person 0 buys" in text
-    assert "stable" not in text  # one run cannot tell stable from noisy
-    assert "noisy" not in text
+    # one run cannot tell stable from noisy: no such counts or lists
+    assert "stable (" not in text
+    assert "noisy (" not in text
 
 
 def test_against_a_calibrated_baseline_the_flips_are_stable_or_noisy() -> None:
@@ -135,10 +118,10 @@ def test_against_a_calibrated_baseline_the_flips_are_stable_or_noisy() -> None:
         *(Pair(f"p{i}", 5, 5, 1, 1) for i in range(3, 30)),
     ]
     text = "\n".join(against_baseline(_block(pairs), QUESTIONS))
-    assert "| baseline (5 runs per problem) | " in text
+    assert "- 95% CI: baseline (5 runs per problem) " in text
     assert md_text(failing_words(pairs)) in text
     assert "2 newly failing: 1 stable (right in all 5 baseline runs), 1 noisy" in text
-    stable = text.index("**Newly failing, stable (right in every baseline run) (1):**")
+    stable = text.index("**Newly failing, stable (right in all 5 baseline runs) (1):**")
     noisy = text.index("**Newly failing, noisy (right in some baseline runs) (1):**")
     passing = text.index("**Newly passing (wrong in some baseline runs) (1):**")
     assert stable < noisy < passing
@@ -149,17 +132,17 @@ def test_a_configs_comparison_is_named_and_a_path_outside_the_repository_is_its_
     base = _block(SINGLE, path="/home/ci/work/baselines/release.gsm8k")
     text = "\n".join(against_baseline(base, QUESTIONS, config="Qwen3-8B"))
     assert "/home/ci" not in text
-    assert text.startswith("**Qwen3-8B: against its baseline** `release.gsm8k`, on 40 problems:")
+    assert text.startswith("**Qwen3-8B: against its baseline** `release.gsm8k`:")
     assert "**Qwen3-8B: newly failing (9):**" in text
     assert "**Qwen3-8B: newly passing (1):**" in text
 
 
 def test_a_subset_comparison_says_on_what() -> None:
     base = {**_block(SINGLE), "subset": True, "baseline_n": 50, "not_in_baseline": 3}
-    first = against_baseline(base, QUESTIONS)[0]
-    assert first.endswith(
-        "on the 40 problems shared with the baseline's 50 (subset); 3 of this run's "
-        "problems are not in it:"
+    accuracy = against_baseline(base, QUESTIONS)[2]
+    assert accuracy.startswith(
+        "- accuracy: 0.9750 -\\> 0.7750 on the 40 problems shared with the baseline's 50 (subset); "
+        "3 of this run's problems are not in it; diff "
     )
 
 
