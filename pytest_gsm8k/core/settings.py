@@ -484,6 +484,10 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
             raise SettingsError(
                 f"--gsm8k-answer-regex {regex!r}: needs a capture group (group 1 is the number)"
             )
+    if (baseline := values["baseline"]) and not baseline.endswith(".gsm8k"):
+        # syrupy deletes (--snapshot-update) the files of a __snapshots__ folder it does not
+        # know: only the .gsm8k kind is kept out of its reach
+        raise SettingsError(f"--gsm8k-baseline {baseline!r}: a baseline file's name ends in .gsm8k")
     if values["shard"] is not None:
         values["shard"] = "{}/{}".format(*parse_shard(values["shard"]))
         if values["early_stop"]:

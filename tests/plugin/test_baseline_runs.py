@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import GsmRun, output
+from helpers import XDIST, GsmRun, output
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -237,6 +237,36 @@ def test_syrupy_never_reports_or_deletes_the_baseline(
     assert "unused" not in result.stdout.str().lower()
     gsm8k_run(LIMIT, "test_amber.py", "--snapshot-update", report=None)
     assert (pytester.path / BASELINE).is_file()
+
+
+@XDIST
+def test_syrupy_keeps_the_baseline_beside_a_test_file_without_snapshots(
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
+) -> None:
+    """Rule: the baseline is the gate's file, never one of syrupy's snapshot collections.
+    A test file that does not use ``snapshot`` beside the run made syrupy scan the
+    rootdir's __snapshots__ folder: --snapshot-update deleted the baseline it had just
+    written ("Deleted unknown snapshot collection"), a plain run called it unused, and the
+    next run found "no baseline" and had no baseline gate at all."""
+    pytester.makepyfile(test_x="def test_placeholder():\n    pass\n")
+    result, _ = gsm8k_run("--gsm8k-limit=10", "--snapshot-update")
+    result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=10*"])
+    assert "unknown snapshot" not in output(result)
+    assert (pytester.path / BASELINE).is_file()
+    # recorded again over an existing baseline, it is kept as well
+    result, _ = gsm8k_run("--gsm8k-limit=10", "--snapshot-update")
+    assert "unknown snapshot" not in output(result)
+    assert (pytester.path / BASELINE).is_file()
+    # a later run without --snapshot-update gates on it and does not call it unused
+    result, _ = gsm8k_run("--gsm8k-limit=10")
+    result.stdout.fnmatch_lines(["*gate baseline: PASS*"])
+    assert "unused" not in output(result).lower()
+    # --snapshot-update with -k selecting only the ordinary test leaves it alone, and so
+    # does the ordinary suite's --snapshot-update with no gsm8k option at all
+    for args, model in ((("-k", "placeholder"), True), ((), False)):
+        result, _ = gsm8k_run("--snapshot-update", *args, model=model, report=None)
+        assert "unknown snapshot" not in output(result)
+        assert (pytester.path / BASELINE).is_file()
 
 
 def test_the_flipped_problems_are_the_newly_failing_ones_in_order(

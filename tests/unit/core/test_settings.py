@@ -503,3 +503,12 @@ def test_an_out_of_range_ini_value_is_refused_even_where_a_mode_sets_it_aside() 
     notes: list[str] = []
     assert _from({"config": "c/"}, {"limit": "20"}, notes).limit is None
     assert [note.split(":")[0] for note in notes] == ["ini gsm8k_limit set aside"]
+
+
+@pytest.mark.parametrize("path", ["__snapshots__/base.json", "baseline", "b.gsm8k.bak"])
+def test_a_baseline_file_not_named_gsm8k_is_refused_before_syrupy_can_delete_it(path: str) -> None:
+    """syrupy's --snapshot-update deletes the files of a __snapshots__ folder it does not
+    know; only the .gsm8k kind is kept out of its discovery, so any other name is refused."""
+    with pytest.raises(SettingsError, match=r"--gsm8k-baseline .*ends in \.gsm8k"):
+        settings(baseline=path)
+    assert settings(baseline="__snapshots__/base.gsm8k").baseline == "__snapshots__/base.gsm8k"
