@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +24,8 @@ def install_command(direct_url: Mapping[str, Any] | None, extra: str = "local") 
     record), and the command names the same source: the clone's folder (editable when it
     was), the archive's or the repository's URL at the installed commit.
     """
+    import urllib.request
+
     record: Mapping[str, Any] = direct_url or {}
     url = str(record.get("url") or "")
     if not url:
