@@ -182,8 +182,9 @@ def test_a_users_own_test_with_no_option_is_still_measured(
 
 
 #: what an xdist worker of a GSM8K run has no use for: it collects the plan's problems and
-#: follows the controller's answers; the engine, the cache, the servers (serve, local), the
-#: configs (yaml), the verdict, the report and its outputs are the controller's
+#: follows the controller's answers; the engine and its event loop, the cache, the servers
+#: (serve, local; ctypes), the configs (yaml), the verdict, the report and its outputs are
+#: the controller's
 NOT_IN_A_WORKER = (
     *(
         f"pytest_gsm8k.{m}"
@@ -195,8 +196,7 @@ NOT_IN_A_WORKER = (
     ),
     "pytest_gsm8k.core.vllm_config",
     "pytest_gsm8k.runtime.configs",
-    *("openai", "httpx", "aiohttp", "yaml", "datasets"),
-    "ctypes",
+    *("openai", "httpx", "aiohttp", "yaml", "datasets", "asyncio", "ctypes"),
 )
 
 
