@@ -10,7 +10,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,13 +21,12 @@ from pytest_gsm8k.core.presets import sends_model
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, is_local_spec, url_problem, with_v1
 from pytest_gsm8k.fixtures import defines, overrides_present
-from pytest_gsm8k.reporting import check_outputs
-from pytest_gsm8k.runtime import local, serve
-from pytest_gsm8k.runtime.client import PreflightError, list_models
-from pytest_gsm8k.runtime.engine import Engine
-from pytest_gsm8k.runtime.matrix import Matrix
 from pytest_gsm8k.session import Gsm8kSession as State
 from pytest_gsm8k.sources import CONFIG_OVERRIDE
+
+if TYPE_CHECKING:  # the launchers, the preflight, the matrix: a run's start (not a worker's)
+    from pytest_gsm8k.runtime import serve
+    from pytest_gsm8k.runtime.engine import Engine
 
 #: the longest the session-start ``GET /models`` may take (``--gsm8k-timeout`` when
 #: shorter): a server that cannot send a small listing in this time is not one a run can use
@@ -64,6 +63,8 @@ def serve_run(state: State) -> serve.Started | None:
     """The run's own server, if any: ``--gsm8k-serve CMD`` (on the controller before xdist
     starts the workers: they get its URL and model through ``workerinput``) or
     ``--gsm8k-model=local[:PATH]``, the GGUF served by llama.cpp (docs/local-model.md)."""
+    from pytest_gsm8k.runtime import local, serve
+
     settings, command = state.settings, state.settings.serve or ""
     if not command and not is_local_spec(settings.model):
         return None
@@ -90,6 +91,8 @@ def serve_run(state: State) -> serve.Started | None:
 def _launch_config(state: State, name: str) -> tuple[serve.ServedProcess, Engine]:
     """One config's server (docs/serving.md, "vLLM's configs") and the engine that asks it;
     a failure is one scrubbed ``ServeError`` line, the matrix's error for that config."""
+    from pytest_gsm8k.runtime import serve
+
     config = state.plan.group_by_name[name].config
     command = state.settings.serve or VLLM_SERVE
     shown = state.scrubber().command(command)
@@ -115,6 +118,8 @@ def _launch_config(state: State, name: str) -> tuple[serve.ServedProcess, Engine
 @contextlib.contextmanager
 def _one_line(state: State, error: Callable[[str], Exception] | None = None) -> Iterator[None]:
     """A launch's failure as one scrubbed line: a ``UsageError``, or ``error(line)``."""
+    from pytest_gsm8k.runtime import serve
+
     try:
         yield
     except serve.ServeError as exc:
@@ -125,6 +130,8 @@ def _one_line(state: State, error: Callable[[str], Exception] | None = None) -> 
 def _launch(
     state: State, spec: serve.Launch[Any], log_name: str, timeout: float | None = None, **how: Any
 ) -> serve.Started:
+    from pytest_gsm8k.runtime import serve
+
     # a file that stays after the run, so that the path an error line names can be read
     try:
         log = Path(state.config.cache.mkdir("gsm8k")) / log_name
@@ -180,6 +187,8 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     """One cheap call at session start: unreachable, bad key, unknown model, or a model that
     would not answer the preset's requests (an adapter's run would grade its base) is one
     line. Returns ``endpoint`` with what the server says of the model (for the cache)."""
+    from pytest_gsm8k.runtime.client import PreflightError, list_models
+
     url, key, model = endpoint.base_url, state.settings.api_key(), endpoint.model or ""
     if url and (problem := url_problem(url)):
         source = "--gsm8k-base-url" if state.settings.base_url else "$OPENAI_BASE_URL"
@@ -248,6 +257,9 @@ def start(state: State, controller: bool) -> None:
     configs to ask, the data, protocol and baseline (a bad file is one line before any server
     starts), the servers and the endpoint's preflight, the plan set once; then the engine,
     served to the workers by an xdist ``controller``."""
+    from pytest_gsm8k.reporting import check_outputs
+    from pytest_gsm8k.runtime.matrix import Matrix
+
     settings, config = state.settings, state.config
     check_outputs(state, ("report", "html", "markdown"))  # asked for by name: any run
     if not settings.asked:

@@ -21,7 +21,6 @@ from pytest_gsm8k.core.scrub import Scrubber, command_secrets
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.tally import Tally
 from pytest_gsm8k.runtime import files, planning
-from pytest_gsm8k.runtime.matrix import group_of
 from pytest_gsm8k.runtime.outputs import Output
 from pytest_gsm8k.sources import Sources
 
@@ -131,6 +130,8 @@ class Gsm8kSession:
             sources.answer_server.settled(problem_id)
         if not fresh or record.get("aborted") or not self.settings.early_stop:
             return None
+        from pytest_gsm8k.runtime.matrix import group_of
+
         name = group_of(problem_id) if self.settings.vllm_config else ""
         if name not in run.early:
             self.learn_plans()

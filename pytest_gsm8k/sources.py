@@ -22,15 +22,14 @@ from pytest_gsm8k.core.settings import Settings, is_local_spec
 from pytest_gsm8k.core.tally import Tally
 from pytest_gsm8k.core.types import ModelResponse, Problem
 from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
-from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.client import CallableClient, OpenAIClient
-from pytest_gsm8k.runtime.engine import Engine
-from pytest_gsm8k.runtime.matrix import Matrix
-from pytest_gsm8k.runtime.serve import ServedProcess, Started, server_env_digest
-from pytest_gsm8k.runtime.wire import WireClient
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the fetching process's (an xdist worker only follows the channel)
     from pytest_gsm8k.core.vllm_config import VllmConfig
+    from pytest_gsm8k.runtime.cache import ResponseCache
+    from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.matrix import Matrix
+    from pytest_gsm8k.runtime.serve import ServedProcess, Started
 
     AnswerSource = Engine | RemoteAnswers | Matrix
 
@@ -105,6 +104,8 @@ class Sources:
         self._scopes[id(model)] = scope
 
     def cache(self, persistent: bool) -> ResponseCache:
+        from pytest_gsm8k.runtime.cache import ResponseCache
+
         session = self._session
         root: Path | None = None
         if persistent and not session.settings.no_cache:
@@ -129,6 +130,8 @@ class Sources:
         """The vllm preset's exact bytes go over aiohttp, as vLLM's script sends them. A
         server this run started (``key``: its config, "" the run's) has a new port every run:
         ``started`` names it in cache keys, with its generation (resume an unfinished run only)."""
+        from pytest_gsm8k.runtime.wire import WireClient
+
         settings = self._session.settings
         if started is not None:
             generation = self.cache(True).generation(started)
@@ -159,8 +162,12 @@ class Sources:
             # its GGUF (path and size: another build is another file)
             started, gguf = None, (self.server_info or {}).get("gguf")
             if settings.serve:
+                from pytest_gsm8k.runtime.serve import server_env_digest
+
                 started = f"serve:{settings.serve} env:{server_env_digest()}"
             elif is_local_spec(settings.model) and isinstance(gguf, str):
+                from pytest_gsm8k.runtime.serve import server_env_digest
+
                 with contextlib.suppress(OSError):
                     started = f"local:{gguf}:{Path(gguf).stat().st_size} env:{server_env_digest()}"
             concurrency = self._session.concurrency()
@@ -174,6 +181,8 @@ class Sources:
 
     def config_engine(self, name: str, config: VllmConfig, started: Started, shown: str) -> Engine:
         """A config's engine (not started); ValueError for a proxy the client cannot use."""
+        from pytest_gsm8k.runtime.serve import server_env_digest
+
         args, timeout = " ".join(config.serve_args()), config.request_timeout_seconds
         concurrency = config.max_concurrency or self._session.concurrency()
         cached = f"serve:{shown} config:{name} args:{args} env:{server_env_digest(config.env)}"
@@ -192,6 +201,8 @@ class Sources:
     ) -> Engine:
         """``endpoint``: the server the plugin's own client asks; its answers are cached
         under its description of the model, and must name the model when no listing did."""
+        from pytest_gsm8k.runtime.engine import Engine
+
         client, settings = model, self._session.settings
         if not hasattr(model, "complete"):  # a callable, wrapped
             if not callable(model):

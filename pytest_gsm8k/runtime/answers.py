@@ -10,7 +10,6 @@ reported it in full), or ``not_run``; once, ``{"stop": why}``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -29,7 +28,9 @@ from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # asyncio: the answer server's (an xdist worker only follows a Channel)
+    import asyncio
+
     from pytest_gsm8k.runtime.engine import Engine
     from pytest_gsm8k.runtime.matrix import Matrix
 
@@ -91,6 +92,8 @@ class AnswerServer:
 
     def start(self) -> tuple[str, int]:
         """Listen on a free loopback port (on the engine's loop)."""
+        import asyncio
+
         listen = asyncio.start_server(self._serve, "127.0.0.1", 0)
         self._server = asyncio.run_coroutine_threadsafe(listen, self.engine.loop).result(10)
         host, port = self._server.sockets[0].getsockname()[:2]
@@ -99,6 +102,8 @@ class AnswerServer:
 
     def close(self) -> None:
         """Stop listening and end every open connection (before the engine closes)."""
+        import asyncio
+
         server, self._server = self._server, None
         if server is None:
             return
@@ -157,6 +162,8 @@ class AnswerServer:
         return [] if request is None else request.asks(self.repeats)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import asyncio
+
         if (task := asyncio.current_task()) is not None:
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)

@@ -4,7 +4,6 @@ reply, or a user's callable; and :func:`get_json`, the plugin's GET requests."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import inspect
@@ -222,6 +221,8 @@ def get_json(
     all (httpx bounds each read only: a dripping server would hold the caller), or
     :class:`PreflightError`. httpx keeps ``Authorization`` to the same origin on redirects and
     reads the proxy environment (``proxies=False``: a loopback server). Runs its own loop."""
+    import asyncio
+
     httpx = _httpx()
     if proxies:  # one httpx cannot use is an ImportError (socks without socksio): say why
         try:
@@ -441,6 +442,8 @@ class CallableClient:
         self._pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="gsm8k")
 
     async def complete(self, request: Request) -> ModelResponse:
+        import asyncio
+
         reply: Any = await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, request)
         if inspect.isawaitable(reply):
             reply = await reply

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +14,8 @@ from typing import Any
 def install_command(direct_url: Mapping[str, Any] | None, extra: str = "local") -> str:
     """The command for pip's install record (PEP 610 ``direct_url.json``; None: an index):
     the clone's folder (editable when it was), else the archive's or repository's URL."""
+    import urllib.request
+
     record: Mapping[str, Any] = direct_url or {}
     if not (url := str(record.get("url") or "")):
         return "pip install " + shlex.quote(f"pytest-gsm8k[{extra}]")

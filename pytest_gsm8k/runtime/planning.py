@@ -10,7 +10,7 @@ import os
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
@@ -20,9 +20,10 @@ from pytest_gsm8k.core.presets import get_preset, preset_settings, takes_first
 from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings, parse_shard
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.core.vllm_config import ConfigError, VllmConfig
-from pytest_gsm8k.runtime.configs import load as load_configs
 from pytest_gsm8k.runtime.data import load_split, train_source
+
+if TYPE_CHECKING:  # --gsm8k-config's (yaml): imported by the run that reads configs
+    from pytest_gsm8k.core.vllm_config import VllmConfig
 
 
 def build_protocol(settings: Settings, split: Split) -> Protocol:
@@ -104,6 +105,9 @@ def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protoc
 def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
     """Each config with its protocol and the first ``num_questions`` problems of the split
     (as vLLM's script takes them, not a seeded subset)."""
+    from pytest_gsm8k.core.vllm_config import ConfigError
+    from pytest_gsm8k.runtime.configs import load as load_configs
+
     assert settings.vllm_config is not None
     try:
         configs = load_configs(settings.vllm_config)

@@ -9,7 +9,6 @@ httpx's reading of the proxy environment (no ``~/.netrc``); ``Authorization`` on
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import time
@@ -54,6 +53,8 @@ class WireClient(OpenAIClient):
 
     async def _post(self, client: Any, path: str, payload: bytes) -> Any:
         """One request, retried as the openai client would retry it."""
+        import asyncio
+
         retries = 0
         while True:
             try:
@@ -69,6 +70,8 @@ class WireClient(OpenAIClient):
 
     async def _once(self, session: Any, url: str, payload: bytes) -> Any:
         """One attempt: the decoded JSON of a 2xx reply, or a :class:`WireFailure`."""
+        import asyncio
+
         import aiohttp
 
         try:

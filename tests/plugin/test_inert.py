@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import NO_EXTRA_PLUGINS, XDIST, output, xdist_once
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, xdist_once
 
 PROBE = """
 import glob, logging, os, signal, tempfile
@@ -99,12 +99,12 @@ def test_the_package_exports_its_names_when_asked() -> None:
     assert "pytest_gsm8k.core.prompts" in new
 
 
-#: writes, once pytest is done, which of the package's modules the session loaded
+#: writes, once pytest is done, which modules the session loaded
 MODULES_PROBE = """
 import json, os, sys
 
 def pytest_unconfigure(config):
-    loaded = sorted(m for m in sys.modules if m.startswith("pytest_gsm8k"))
+    loaded = sorted(sys.modules)
     process = getattr(config, "workerinput", {}).get("workerid", "main")
     with open(os.environ["PROBE_OUT"] + "." + process, "w") as out:
         json.dump(loaded, out)
@@ -150,7 +150,7 @@ def test_a_session_without_gsm8k_work_is_left_alone_and_loads_only_the_options(
     probes = sorted(pytester.path.glob("probe.*"))
     assert [p.suffix for p in probes] == ([".gw0", ".gw1", ".main"] if xdist else [".main"])
     for probe in probes:
-        loaded = json.loads(probe.read_text())
+        loaded = [m for m in json.loads(probe.read_text()) if m.startswith("pytest_gsm8k")]
         assert loaded == sorted([*PLUGIN_IMPORTS, "pytest_gsm8k.roles"])
 
 
@@ -179,3 +179,39 @@ def test_a_users_own_test_with_no_option_is_still_measured(
     result.stdout.fnmatch_lines(["gsm8k acc (test@1, 0-shot CoT) = 0.0000 * n=2", "*2 wrong*"])
     # it needs no option either (test_newcomer_errors.py: a user's test without a model)
     assert "gsm8k: no model given" not in output(result), output(result)
+
+
+#: what an xdist worker of a GSM8K run has no use for: it collects the plan's problems and
+#: follows the controller's answers; the engine and its event loop, the cache, the servers
+#: (serve, local; ctypes), the configs (yaml), the verdict, the report and its outputs are
+#: the controller's
+NOT_IN_A_WORKER = (
+    *(
+        f"pytest_gsm8k.{m}"
+        for m in ("reporting", "core.render", "core.verdict", "core.html_report")
+    ),
+    *(
+        f"pytest_gsm8k.runtime.{m}"
+        for m in ("engine", "cache", "matrix", "serve", "local", "finish")
+    ),
+    "pytest_gsm8k.core.vllm_config",
+    "pytest_gsm8k.runtime.configs",
+    *("openai", "httpx", "aiohttp", "yaml", "datasets", "asyncio", "ctypes"),
+)
+
+
+def test_an_xdist_worker_of_a_gsm8k_run_imports_only_what_a_worker_does(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, gsm8k_run: GsmRun
+) -> None:
+    """Issue 33: a suite starts hundreds of workers, each paying for its imports. A worker of
+    a GSM8K run imports none of the controller's rooms or libraries; the controller does
+    (so the probe can see them)."""
+    monkeypatch.setenv("PROBE_OUT", str(pytester.path / "probe"))
+    pytester.makeconftest(MODULES_PROBE)
+    gsm8k_run("--gsm8k-limit=4", "--gsm8k-no-cache", report=None, xdist=["-n", "2"])
+    loaded = {p.suffix: json.loads(p.read_text()) for p in pytester.path.glob("probe.*")}
+    assert sorted(loaded) == [".gw0", ".gw1", ".main"]
+    assert "pytest_gsm8k.runtime.engine" in loaded.pop(".main")
+    for worker, modules in loaded.items():
+        tops = {m.split(".")[0] for m in modules}
+        assert [m for m in NOT_IN_A_WORKER if m in modules or m in tops] == [], worker
