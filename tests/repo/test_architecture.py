@@ -13,7 +13,12 @@ import pytest_gsm8k
 PACKAGE = Path(pytest_gsm8k.__file__).parent
 PYTEST_LAYER = sorted(p for p in PACKAGE.glob("*.py"))
 #: attributes of pytest's own objects the plugin sets, as pytest documents it
-PYTEST_API = {"shouldstop", "shouldfail", "exitstatus", "gsm8k", "gsm8k_problem"}
+#: pytest's own API, and syrupy's --snapshot-ignore-file-extensions (its documented option,
+#: set in pytest_configure so that syrupy never deletes a baseline)
+PYTEST_API = {
+    *("shouldstop", "shouldfail", "exitstatus", "gsm8k", "gsm8k_problem"),
+    "ignore_file_extensions",
+}
 
 
 def _modules(folder: Path) -> list[Path]:
