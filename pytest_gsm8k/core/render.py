@@ -115,8 +115,9 @@ _FLIP_KEYS = ("newly_failing", "newly_passing", "stable_flips")
 
 
 def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
-    """A baseline block of a comparison (not of a baseline written, missing or refused)."""
-    return isinstance(base, Mapping) and "baseline_ci95" in base
+    """A baseline block of a comparison (not of a baseline written, missing or refused, nor
+    of one sharing no problem: its gate FAILs and there are no numbers to show)."""
+    return isinstance(base, Mapping) and "baseline_ci95" in base and bool(base.get("shared"))
 
 
 def shared_words(block: Mapping[str, Any]) -> str:

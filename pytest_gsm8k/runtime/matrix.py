@@ -45,6 +45,7 @@ class Matrix:
         self._made: list[Engine] = []
         self._said: set[str] = set()  # configs whose failure an item has said in full
         self._stopped: dict[str, str] = {}  # configs stopped early -> their skip message
+        self._awaited: set[str] = set()  # configs an item waited for before their server ran
         self._current: ServedProcess | None = None
         self._closing = threading.Event()
         self._lock = threading.Lock()
@@ -94,7 +95,15 @@ class Matrix:
             future.set_result(engine)
             # until every request of the config has its answer or error, or the run ends
             pending = {engine.by_request[r].future for r in wanted if r in engine.by_request}
+            later = set(self.names[self.names.index(name) + 1 :])
             while pending and not self._closing.is_set():
+                if engine.lookahead is not None and self._awaited & later:
+                    # an item of a later config waits (items in another order: --ff, a
+                    # shuffling plugin): this config's own come after it, so they are fetched
+                    # now, past the early stop's lookahead, or neither would ever end
+                    engine.lookahead = None
+                    with contextlib.suppress(RuntimeError):  # its loop closed: the run ended
+                        engine.start([])
                 _, pending = concurrent.futures.wait(pending, timeout=POLL_SECONDS)
             self._current = None
             server.stop()
@@ -144,6 +153,8 @@ class Matrix:
         on the xdist answer server (counted when the worker's report settles it)."""
         if (future := self._engines.get(name := group_of(request.problem_id))) is None:
             raise EndpointError(f"no config runs problem {request.problem_id!r}")
+        if not future.done():
+            self._awaited.add(name)
         try:
             engine = await asyncio.wrap_future(future)
         except (EndpointError, NotRun) as exc:

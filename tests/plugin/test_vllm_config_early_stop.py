@@ -314,3 +314,42 @@ def test_repeats_and_the_early_stop_together_stop_a_config_by_its_problems(
     assert config["early_stop"]["decided_after"] == 4
     assert config["repeats"]["per_problem"] == 3
     assert 12 <= _sent(events)["org/Broken-1B"] <= 12 + CONCURRENCY
+
+
+@XDIST
+def test_items_in_another_order_than_the_configs_never_hang_the_run(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """A later config's items first (``--ff``, a shuffling plugin): the config serving now
+    fetches the rest of its own items instead of holding to the early stop's lookahead, which
+    left its driver waiting for answers no test would ask for, and the test for the next
+    config waiting for a server that never started. The verdicts stay the full run's."""
+    configs = {k: CONFIGS[k] for k in ("Broken-1B.yaml", "Good-3B.yaml")}
+    folder = _configs(tmp_path / "configs", configs)
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_collection_modifyitems(items):
+            items.reverse()  # the last config's items first
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={config_serve(gsm8k_data, '--events-file', str(tmp_path / 'e.jsonl'))}",
+        f"--gsm8k-data={gsm8k_data}",
+        f"--gsm8k-concurrency={CONCURRENCY}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "--gsm8k-early-stop=certain",
+        *NOISE,
+        *xdist,
+        timeout=60,
+    )
+    assert result.ret == 1, output(result)
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert _verdicts(report) == {
+        "Broken-1B": {"Broken-1B:vllm-threshold": False},
+        "Good-3B": {"Good-3B:vllm-threshold": True},
+    }

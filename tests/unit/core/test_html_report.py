@@ -496,3 +496,18 @@ def test_a_configs_baseline_written_refused_or_missing_says_so_and_compares_noth
     assert data["baseline"] is False
     assert {p["ch"] for p in data["problems"]} == {""}
     assert [p["c"] for p in data["problems"]] == ["A", "A", "B", "B", "C", "C"]
+
+
+def test_a_baseline_sharing_no_problem_leaves_the_page_whole_without_a_comparison() -> None:
+    """A baseline that holds none of the run's problems: the gate FAILs ("no problem id in
+    common") and the page, as the terminal and the Markdown, compares nothing (its numbers
+    are none: rendering them raised, and the run lost its page)."""
+    from pytest_gsm8k.core import baseline as bl
+
+    records = [_record(0, "correct"), _record(1, "wrong")]
+    document = {"problems": {"test-0100": "correct"}}
+    compared = bl.compare(document, records, ["test-0000", "test-0001"])
+    block = {"path": "b.gsm8k", "partial": False, **compared, **bl.noise_block([], 0.05)}
+    assert block["shared"] == 0
+    page = render_html(_report(records, baseline=block))
+    assert "Against the baseline" not in page
