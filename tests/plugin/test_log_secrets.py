@@ -21,6 +21,26 @@ from helpers import (
 
 from pytest_gsm8k.core.scrub import REDACTED
 
+#: the libraries' logs at debug, on the terminal and in JUnit
+DEBUG_LOGS = (
+    *("--log-level=DEBUG", "-o", "log_cli=true", "-o", "log_cli_level=DEBUG"),
+    *("--junitxml=junit.xml", "-o", "junit_logging=all", "-rA"),
+)
+
+
+def _logged(
+    pytester: pytest.Pytester, result: pytest.RunResult, server: FakeOpenAIServer
+) -> tuple[str, str, str]:
+    """The terminal, JUnit and both: the key was sent and echoed, and the libraries did log
+    (so the checks are about their lines, not an empty log)."""
+    text = output(result)
+    junit = (pytester.path / "junit.xml").read_text(encoding="utf-8")
+    assert TEST_KEY in server.stats()["auth_headers"][0]
+    logged = text + junit
+    assert "openai" in logged.lower(), text[-3000:]
+    assert "HTTP Request" in logged, text[-3000:]
+    return text, junit, logged
+
 
 def test_library_logs_at_debug_are_scrubbed_of_an_echoed_key(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
@@ -32,23 +52,9 @@ def test_library_logs_at_debug_are_scrubbed_of_an_echoed_key(
         "--gsm8k-limit=12",
         "--gsm8k-max-retries=1",
         "--gsm8k-no-cache",
-        "--log-level=DEBUG",
-        "-o",
-        "log_cli=true",
-        "-o",
-        "log_cli_level=DEBUG",
-        "--junitxml=junit.xml",
-        "-o",
-        "junit_logging=all",
-        "-rA",
+        *DEBUG_LOGS,
     )
-    text = output(result)
-    junit = (pytester.path / "junit.xml").read_text(encoding="utf-8")
-    assert TEST_KEY in server.stats()["auth_headers"][0]  # it was sent, and echoed
-    # the libraries did log (so the check below is about their lines, not an empty log)
-    logged = text + junit
-    assert "openai" in logged.lower(), text[-3000:]
-    assert "HTTP Request" in logged, text[-3000:]
+    text, junit, logged = _logged(pytester, result, server)
     assert TEST_KEY not in text, [line for line in text.splitlines() if TEST_KEY in line][:5]
     assert TEST_KEY not in junit
     assert "[redacted]" in logged
@@ -106,23 +112,9 @@ def test_a_key_echoed_every_way_is_kept_out_of_every_output_under_xdist(
         "--gsm8k-cache-dir=cache",
         "--gsm8k-report=r.json",
         "--gsm8k-html=page.html",
-        "--log-level=DEBUG",
-        "-o",
-        "log_cli=true",
-        "-o",
-        "log_cli_level=DEBUG",
-        "--junitxml=junit.xml",
-        "-o",
-        "junit_logging=all",
-        "-rA",
+        *DEBUG_LOGS,
     )
-    text = output(result)
-    junit = (pytester.path / "junit.xml").read_text(encoding="utf-8")
-    assert TEST_KEY in server.stats()["auth_headers"][0]  # it was sent, and echoed
-    # the libraries did log (so the checks are about their lines, not an empty log)
-    logged = text + junit
-    assert "openai" in logged.lower(), text[-3000:]
-    assert "HTTP Request" in logged, text[-3000:]
+    text, _, logged = _logged(pytester, result, server)
     assert REDACTED in logged
     # the errors quoting the server and the replies' text
     rep = read_json(pytester.path / "r.json")
