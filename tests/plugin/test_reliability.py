@@ -65,6 +65,14 @@ def rows_of(*indices: int) -> str:
 # -- 1. an unwritable or full cache folder ----------------------------------------------
 
 
+def _one_unwritable_cache_warning(text: str) -> None:
+    """A cache folder under a file: one warning naming it and why, and the run goes on."""
+    warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
+    assert len(warned) == 1, text
+    assert "afile/cache" in warned[0]
+    assert "Not a directory" in warned[0]
+
+
 def test_unwritable_cache_folder_is_one_warning_and_a_complete_run(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
 ) -> None:
@@ -81,10 +89,7 @@ def test_unwritable_cache_folder_is_one_warning_and_a_complete_run(
     rep = report(pytester)
     assert rep["counts"]["correct"] == 30
     assert rep["complete"] is True
-    warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
-    assert len(warned) == 1, text
-    assert "afile/cache" in warned[0]
-    assert "Not a directory" in warned[0]
+    _one_unwritable_cache_warning(text)
     assert sent(server) == 30
 
 
@@ -563,10 +568,7 @@ def test_limit_above_the_split_runs_everything_and_says_so_once(
     assert rep["n"] == 11
     assert rep["counts"]["correct"] == 11
     assert rep["complete"] is True
-    warned = [line for line in text.splitlines() if "gsm8k cache:" in line]
-    assert len(warned) == 1, text
-    assert "afile/cache" in warned[0]
-    assert "Not a directory" in warned[0]
+    _one_unwritable_cache_warning(text)
 
 
 @pytest.mark.parametrize(
