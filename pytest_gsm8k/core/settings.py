@@ -29,15 +29,12 @@ class SettingsError(Exception):
     """A bad option value; the message names the option."""
 
 
-Kind = Literal["str", "int", "float", "bool", "list"]
-
-
 @dataclass(frozen=True)
 class Option:
     """One option as the plugin registers and reads it, made from its :class:`Settings` field."""
 
     name: str  # "min-acc" -> --gsm8k-min-acc and ini gsm8k_min_acc
-    kind: Kind
+    kind: str  # "str", "int", "float", "bool" or "list"
     help: str
     default: Any = None
     metavar: str | None = None
@@ -62,8 +59,7 @@ class Option:
         """The option a ``Settings`` field declares, its kind read from the annotation."""
         spec = dict(f.metadata["gsm8k"])
         base = str(f.type).removesuffix(" | None")
-        simple: dict[str, Kind] = {"int": "int", "float": "float", "bool": "bool"}
-        kind = simple.get(base, "list" if base.startswith("tuple[") else "str")
+        kind = base if base in _READ else "list" if base.startswith("tuple[") else "str"
         name = spec.pop("name", f.name.replace("_", "-"))
         bounds = tuple((key, spec.pop(key)) for key in _SIGNS if key in spec)
         default = None if kind == "list" else f.default
@@ -250,13 +246,10 @@ def is_local_spec(model: object) -> bool:
 
 
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
-OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in ("model", "max_tokens", "stop")}
-OWNED_FIELDS |= {
-    "temperature": "use --gsm8k-temperature",
-    "n": "use --gsm8k-protocol pass@N or maj@N",
-}
-OWNED_FIELDS |= {"messages": "the protocol builds them", "prompt": "the protocol builds it"}
-OWNED_FIELDS["stream"] = "the plugin reads whole replies"
+_OWNED_OPTIONS = ("model", "max_tokens", "stop", "temperature")
+OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in _OWNED_OPTIONS}
+OWNED_FIELDS |= {"n": "use --gsm8k-protocol pass@N or maj@N", "prompt": "the protocol builds it"}
+OWNED_FIELDS |= {"messages": "the protocol builds them", "stream": "the plugin reads whole replies"}
 
 
 def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
@@ -384,11 +377,9 @@ class _Read:
         """The preset's values; any of them given as well is refused (the peer's protocol)."""
         from pytest_gsm8k.core.presets import PRESETS, preset_settings
 
-        api = self.values["api"] if "api" in self.given else "completions"
+        chosen = {key: self.values[key] for key in ("api", "shots") if key in self.given}
         try:
-            fixed = preset_settings(
-                name, api=api, shots=self.values["shots"] if "shots" in self.given else None
-            )
+            fixed = preset_settings(name, **chosen)
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         spec = PRESETS[name]
@@ -401,7 +392,7 @@ class _Read:
             from pytest_gsm8k.core.engine_ci import vllm_param_error
 
             keys = [key for key, _ in parse_params(self.values["params"] or [])]
-            if error := vllm_param_error(keys, api):
+            if error := vllm_param_error(keys, fixed["api"]):
                 raise SettingsError(error)
 
 
