@@ -388,12 +388,6 @@ class _Read:
                 flag = _BY_FIELD[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
         self.values.update(fixed)
-        if name == "vllm":
-            from pytest_gsm8k.core.engine_ci import vllm_param_error
-
-            keys = [key for key, _ in parse_params(self.values["params"] or [])]
-            if error := vllm_param_error(keys, fixed["api"]):
-                raise SettingsError(error)
 
 
 def _config_mode(read: _Read) -> None:
@@ -463,6 +457,11 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
         values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
     samples = _protocol(values, read.warn)
     values["params"] = parse_params(values["params"] or [])
+    if values["preset"] == "vllm":
+        from pytest_gsm8k.core.engine_ci import vllm_param_error
+
+        if error := vllm_param_error([key for key, _ in values["params"]], values["api"]):
+            raise SettingsError(error)
     if (regex := values["answer_regex"]) is not None:
         try:
             compiled = re.compile(regex)
