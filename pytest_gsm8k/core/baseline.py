@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_gsm8k.core import jsondepth
+from pytest_gsm8k.core import jsontext
 from pytest_gsm8k.core.calibrated import (
     MAX_REPEATS,
     POWER,
@@ -160,10 +160,10 @@ def dumps(baseline: dict[str, Any]) -> str:
 def loads(text: str, where: str) -> dict[str, Any]:
     """A baseline file's document; a hand edit that gates on numbers nobody measured is refused."""
     try:
-        data = jsondepth.loads(text)
+        data = jsontext.loads(text)
     except json.JSONDecodeError as exc:
         raise _corrupt(where, f"line {exc.lineno}: {exc.msg}") from None
-    except jsondepth.TooDeep as exc:
+    except jsontext.TooDeep as exc:
         raise _corrupt(where, str(exc)) from None
     _refuse_duplicates(text, where)
     if not isinstance(data, dict) or data.get("kind") != KIND:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pytest_gsm8k.core import jsondepth
+from pytest_gsm8k.core import jsontext
 from pytest_gsm8k.core.baseline import entry, first_difference
 from pytest_gsm8k.core.calibrated import MAX_REPEATS
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
@@ -44,10 +44,10 @@ def load_report(text: str | bytes, where: str) -> dict[str, Any]:
     """A JSON report from its text, checked for what a comparison reads within the bounds
     of ``report.schema.json``; :class:`CompareError` names ``where`` and the wrong field."""
     try:
-        data = jsondepth.loads(text)
+        data = jsontext.loads(text)
     except json.JSONDecodeError as exc:
         raise CompareError(f"{where}: not JSON (line {exc.lineno}: {exc.msg})") from None
-    except (jsondepth.TooDeep, UnicodeDecodeError) as exc:
+    except (jsontext.TooDeep, UnicodeDecodeError) as exc:
         raise CompareError(f"{where}: not a JSON report ({exc})") from None
     if not isinstance(data, dict) or "schema" not in data or "problems" not in data:
         raise CompareError(f"{where}: not a pytest-gsm8k JSON report (written by --gsm8k-report)")

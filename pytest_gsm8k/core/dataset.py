@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gsm8k.core import jsondepth
+from pytest_gsm8k.core import jsontext
 from pytest_gsm8k.core.scoring import gold_number
 from pytest_gsm8k.core.types import Problem
 
@@ -68,8 +68,8 @@ def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> list[Problem]
         if not line.strip():
             continue
         try:
-            row = jsondepth.loads(line)
-        except jsondepth.TooDeep as exc:
+            row = jsontext.loads(line)
+        except jsontext.TooDeep as exc:
             raise DatasetError(f"{where}:{lineno}: {exc}") from None
         except json.JSONDecodeError as exc:
             raise DatasetError(f"{where}:{lineno}: not valid JSON ({exc.msg})") from None

@@ -85,18 +85,20 @@ PRESETS: dict[str, PresetSpec] = {p.name: p for p in (LM_EVAL, VLLM, SGLANG)}
 def preset_settings(
     name: str, *, api: str = "completions", shots: int | None = None
 ) -> dict[str, Any]:
-    """The settings ``--gsm8k-preset NAME`` fixes, ``preset`` and ``api`` included; ValueError
-    when ``api`` or ``shots`` cannot be the peer's."""
-    spec = get_preset(name)
+    """The settings ``--gsm8k-preset NAME`` fixes, ``preset`` and ``api`` included (``shots``
+    where the peer takes it: settings refuses it elsewhere); ValueError for an unknown preset
+    or an ``api`` the peer has not."""
+    if name not in PRESETS:
+        valid = ", ".join(sorted(PRESETS))
+        raise ValueError(f"--gsm8k-preset: unknown preset {name!r} (valid: {valid})")
+    spec = PRESETS[name]
     if api not in spec.apis:
         raise ValueError(
             f"--gsm8k-preset {name} sends to {' and '.join(spec.apis)} only (its peer has no "
             f"{api} mode); remove --gsm8k-api"
         )
-    if shots is not None and "shots" not in spec.adjustable:
-        raise ValueError(f"--gsm8k-preset {name} sets --gsm8k-shots itself; remove --gsm8k-shots")
-    stop = list(spec.chat_stop if api == "chat" and spec.chat_stop is not None else spec.stop)
-    shots = spec.shots if shots is None else shots
+    stop = spec.chat_stop if api == "chat" and spec.chat_stop is not None else spec.stop
+    shots = spec.shots if shots is None or "shots" not in spec.adjustable else shots
     values = dict(preset=name, api=api, protocol="test@1", shots=shots, stop=stop)
     values.update(temperature=spec.temperature, max_tokens=spec.max_tokens)
     return values | {"extract": spec.extractors[0]}
@@ -108,13 +110,6 @@ def takes_first(preset: str | None) -> bool:
 
 def sends_model(preset: str | None) -> bool:
     return preset not in PRESETS or PRESETS[preset].model_field
-
-
-def get_preset(name: str) -> PresetSpec:
-    if name not in PRESETS:
-        valid = ", ".join(sorted(PRESETS))
-        raise ValueError(f"--gsm8k-preset: unknown preset {name!r} (valid: {valid})")
-    return PRESETS[name]
 
 
 # (pool size, shots) -> (generator after the last draw, draws so far): a split in linear time

@@ -36,12 +36,6 @@ def _pairs_hash(pairs: Iterable[tuple[str, str]]) -> str:
 
 
 @dataclass(frozen=True)
-class Exemplar:
-    question: str
-    answer: str
-
-
-@dataclass(frozen=True)
 class Protocol:
     """How problems are asked and judged; see :meth:`identity`."""
 
@@ -51,7 +45,7 @@ class Protocol:
     api: Api = "chat"
     shots: int = 0
     fewshot_source: str = "none"  # "train (seed 1234)" or a file name
-    exemplars: tuple[Exemplar, ...] = field(default=(), repr=False)
+    exemplars: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (question, answer)
     system: str | None = None
     max_tokens: int | None = 1024  # None: left to the server
     stop: tuple[str, ...] = ()
@@ -77,7 +71,7 @@ class Protocol:
 
     def identity(self) -> dict[str, Any]:
         """Every field that makes two numbers comparable (exemplar texts hashed)."""
-        pool = [(e.question, e.answer) for e in self.exemplars] or self.train
+        pool = self.exemplars or self.train
         identity = {k: getattr(self, k) for k in _IDENTITY[:6]}
         identity.update(fewshot_hash=_pairs_hash(pool) if pool else None)
         identity.update(system_hash=_hash(self.system) if self.system else None)
@@ -100,7 +94,7 @@ class Protocol:
             return sglang_request(problem, self.train, self.shots, self.params)
         common: dict[str, Any] = {"temperature": self.temperature, "n": self.samples}
         common.update(max_tokens=self.max_tokens, params=self.params)
-        examples = [(e.question, CALCULATOR.sub("", e.answer)) for e in self.exemplars]
+        examples = [(question, CALCULATOR.sub("", answer)) for question, answer in self.exemplars]
         if self.api == "chat":  # the exemplars as user/assistant turns, then the question
             messages = [("system", self.system)] if self.system else []
             for question, solution in [*examples, (problem.question, None)]:
@@ -114,7 +108,9 @@ class Protocol:
         return Request(problem.id, "completions", prompt=prompt, stop=stop, **common)
 
 
-def draw_exemplars(pool: Sequence[Exemplar], shots: int, seed: int) -> tuple[Exemplar, ...]:
+def draw_exemplars(
+    pool: Sequence[tuple[str, str]], shots: int, seed: int
+) -> tuple[tuple[str, str], ...]:
     """``shots`` exemplars drawn from ``pool`` with a fixed seed, the same for every problem."""
     if shots > len(pool):
         raise ValueError(f"--gsm8k-shots {shots}: only {len(pool)} exemplars are available")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -14,7 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pytest_gsm8k.core import jsondepth
+from pytest_gsm8k.core import jsontext
 
 #: pass@N/maj@N above this is refused: N requests' worth of samples per problem, kept in memory
 MAX_SAMPLES = 1024
@@ -28,25 +29,19 @@ class SettingsError(Exception):
     """A bad option value; the message names the option."""
 
 
-Kind = Literal["str", "int", "float", "bool", "list"]
-
-
 @dataclass(frozen=True)
 class Option:
     """One option as the plugin registers and reads it, made from its :class:`Settings` field."""
 
     name: str  # "min-acc" -> --gsm8k-min-acc and ini gsm8k_min_acc
-    kind: Kind
+    kind: str  # "str", "int", "float", "bool" or "list"
     help: str
     default: Any = None
     metavar: str | None = None
     default_text: str = ""  # a default decided at run time, in words (README's table)
     field: str = ""
-    gt: float | None = None  # the range, said in its errors
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-    unit: str = ""  # said after the upper bound: "at most 1e+06 seconds"
+    bounds: tuple[tuple[str, float], ...] = ()  # (("ge", 0), ("le", 1)): the range, in order
+    unit: str = ""  # said after the range: "<= 1e+06 seconds"
     why: str = ""  # said after a range error, in parentheses
     choices: tuple[str, ...] = ()
     omit: bool = False  # ``none``: the request body leaves the field out (the server decides)
@@ -64,10 +59,11 @@ class Option:
         """The option a ``Settings`` field declares, its kind read from the annotation."""
         spec = dict(f.metadata["gsm8k"])
         base = str(f.type).removesuffix(" | None")
-        simple: dict[str, Kind] = {"int": "int", "float": "float", "bool": "bool"}
-        kind = simple.get(base, "list" if base.startswith("tuple[") else "str")
+        kind = base if base in _READ else "list" if base.startswith("tuple[") else "str"
         name = spec.pop("name", f.name.replace("_", "-"))
-        return cls(name, kind, default=None if kind == "list" else f.default, field=f.name, **spec)
+        bounds = tuple((key, spec.pop(key)) for key in _SIGNS if key in spec)
+        default = None if kind == "list" else f.default
+        return cls(name, kind, default=default, field=f.name, bounds=bounds, **spec)
 
     def parse(self, raw: Any) -> Any:
         """``raw`` as this option's type, range and choices; None when not given (an empty
@@ -91,27 +87,24 @@ class Option:
         # nan passes every comparison check and inf overflows a socket's timeout
         if self.kind == "float" and not math.isfinite(value):
             raise SettingsError(f"{self.flag}: expected a finite number, got {raw!r}")
-        if self.kind in ("int", "float") and (problem := self._out_of_range(value)):
-            raise SettingsError(f"{self.flag}: {problem}{f' ({self.why})' if self.why else ''}")
+        if problem := out_of_range(value, **dict(self.bounds)):
+            why = f" ({self.why})" if self.why else ""
+            raise SettingsError(f"{self.flag}: {problem}{self.unit}, got {value}{why}")
         return value
 
-    def _out_of_range(self, v: float) -> str | None:
-        gt, ge, lt, le = self.gt, self.ge, self.lt, self.le
-        inside = (gt is None or v > gt) and (ge is None or v >= ge)
-        if inside and (lt is None or v < lt) and (le is None or v <= le):
-            return None
-        if ge is not None and le is not None:
-            return f"must be between {ge:g} and {le:g}, got {v}"
-        if gt is not None and lt is not None:
-            return f"must be between {gt:g} and {lt:g} (exclusive), got {v}"
-        if ge is not None and lt is not None:
-            return f"must be at least {ge:g} and below {lt:g}, got {v}"
-        if gt is not None and v <= gt:
-            return f"must be > {gt:g}, got {v}"
-        if ge is not None and v < ge:
-            return f"must be >= {ge:g}, got {v}"
-        shown = f"{v:g}" if isinstance(v, float) else v  # 1e+300 seconds, 5000 requests
-        return f"must be at most {le:g}{self.unit}, got {shown}"
+
+#: a bound's sign, in the order a range is said (``must be > 0 and <= 1e+06``); ``operator``'s
+#: function of the same name tests it
+_SIGNS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def out_of_range(value: float, **bounds: float) -> str | None:
+    """``must be >= 0 and <= 1`` (the whole range, said one way for every option and config
+    field) when ``value`` is outside ``bounds`` (``gt``, ``ge``, ``lt``, ``le``), else None."""
+    if all(getattr(operator, key)(value, bound) for key, bound in bounds.items()):
+        return None
+    said = (f"{_SIGNS[key]} {bound:g}" for key, bound in bounds.items())
+    return "must be " + " and ".join(said)
 
 
 def convert_bool(raw: Any) -> bool:
@@ -136,8 +129,9 @@ def opt(help: str, default: Any = None, **spec: Any) -> Any:
 _PATH: dict[str, Any] = {"metavar": "PATH"}
 _COUNT: dict[str, Any] = {"metavar": "N", "gt": 0}
 _RATE: dict[str, Any] = {"metavar": "RATE", "ge": 0, "le": 1}
-#: 1e6 s (11 days) is the longest wait that means anything; longer overflows a socket's
-_SECONDS: dict[str, Any] = {"metavar": "S", "gt": 0, "le": 1e6, "unit": " seconds"}
+#: a wait in seconds: 1e6 (11 days) is the longest that means anything; longer overflows a socket's
+WAIT = {"gt": 0.0, "le": 1e6}
+_SECONDS: dict[str, Any] = {"metavar": "S", "unit": " seconds", **WAIT}
 _EMBEDDED = "the embedded copy"
 
 
@@ -252,13 +246,10 @@ def is_local_spec(model: object) -> bool:
 
 
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
-OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in ("model", "max_tokens", "stop")}
-OWNED_FIELDS |= {
-    "temperature": "use --gsm8k-temperature",
-    "n": "use --gsm8k-protocol pass@N or maj@N",
-}
-OWNED_FIELDS |= {"messages": "the protocol builds them", "prompt": "the protocol builds it"}
-OWNED_FIELDS["stream"] = "the plugin reads whole replies"
+_OWNED_OPTIONS = ("model", "max_tokens", "stop", "temperature")
+OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in _OWNED_OPTIONS}
+OWNED_FIELDS |= {"n": "use --gsm8k-protocol pass@N or maj@N", "prompt": "the protocol builds it"}
+OWNED_FIELDS |= {"messages": "the protocol builds them", "stream": "the plugin reads whole replies"}
 
 
 def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
@@ -274,8 +265,8 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
         if key in params:
             raise SettingsError(f"--gsm8k-param {key}: given twice")
         try:
-            value: Any = jsondepth.loads(text)
-        except jsondepth.TooDeep as exc:
+            value: Any = jsontext.loads(text)
+        except jsontext.TooDeep as exc:
             raise SettingsError(f"--gsm8k-param {key}: {exc}") from None
         except ValueError:
             value = text
@@ -386,11 +377,9 @@ class _Read:
         """The preset's values; any of them given as well is refused (the peer's protocol)."""
         from pytest_gsm8k.core.presets import PRESETS, preset_settings
 
-        api = self.values["api"] if "api" in self.given else "completions"
+        chosen = {key: self.values[key] for key in ("api", "shots") if key in self.given}
         try:
-            fixed = preset_settings(
-                name, api=api, shots=self.values["shots"] if "shots" in self.given else None
-            )
+            fixed = preset_settings(name, **chosen)
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         spec = PRESETS[name]
@@ -399,12 +388,6 @@ class _Read:
                 flag = _BY_FIELD[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
         self.values.update(fixed)
-        if name == "vllm":
-            from pytest_gsm8k.core.engine_ci import vllm_param_error
-
-            keys = [key for key, _ in parse_params(self.values["params"] or [])]
-            if error := vllm_param_error(keys, api):
-                raise SettingsError(error)
 
 
 def _config_mode(read: _Read) -> None:
@@ -439,9 +422,8 @@ def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
     if not match:
         raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
     samples = int(match.group(3) or 1)
-    if not 1 <= samples <= MAX_SAMPLES:
-        bound = "at least 1" if samples < 1 else f"at most {MAX_SAMPLES}"
-        raise SettingsError(f"--gsm8k-protocol {protocol}: N must be {bound}")
+    if problem := out_of_range(samples, ge=1, le=MAX_SAMPLES):
+        raise SettingsError(f"--gsm8k-protocol {protocol}: N {problem}")
     if values["temperature"] is None:
         values["temperature"] = 0.0 if protocol == "test@1" else 0.7
     values.update({key: None for key in ("temperature", "max_tokens") if values[key] == OMIT})
@@ -475,6 +457,11 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
         values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
     samples = _protocol(values, read.warn)
     values["params"] = parse_params(values["params"] or [])
+    if values["preset"] == "vllm":
+        from pytest_gsm8k.core.engine_ci import vllm_param_error
+
+        if error := vllm_param_error([key for key, _ in values["params"]], values["api"]):
+            raise SettingsError(error)
     if (regex := values["answer_regex"]) is not None:
         try:
             compiled = re.compile(regex)
@@ -519,10 +506,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     if not match:
         raise SettingsError(f"--gsm8k-shard: expected I/N (e.g. 2/4), got {text[:40]!r}")
     index, count = int(match.group(1)), int(match.group(2))
-    if not 1 <= count <= MAX_SHARDS:
-        raise SettingsError(f"--gsm8k-shard {index}/{count}: N must be between 1 and {MAX_SHARDS}")
-    if not 1 <= index <= count:
-        raise SettingsError(f"--gsm8k-shard {index}/{count}: I must be between 1 and N ({count})")
+    for name, value, most in (("N", count, MAX_SHARDS), ("I", index, count)):
+        if problem := out_of_range(value, ge=1, le=most):
+            raise SettingsError(f"--gsm8k-shard {index}/{count}: {name} {problem}")
     return index, count
 
 

@@ -5,15 +5,15 @@ as there. Pure. Refused in one line: unknown fields, keys given twice, anchors a
 from __future__ import annotations
 
 import math
-import reprlib
 import shlex
 from collections.abc import Hashable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 import yaml
 
-from pytest_gsm8k.core.scrub import secret_args, secret_env
+from pytest_gsm8k.core import scrub
+from pytest_gsm8k.core.settings import WAIT, out_of_range
 
 #: what vLLM's test adds to every config's ``server_args``, then its RemoteOpenAIServer's seed
 TEST_FLAGS = ("--trust-remote-code", "--disable-uvicorn-access-log", "--seed", "0")
@@ -30,10 +30,10 @@ class ConfigError(Exception):
     """A config that cannot be run as vLLM's test would run it: one line, naming the file."""
 
 
-def _num(default: Any, low: float, high: float | None = None, *, whole: bool = False) -> Any:
-    """A number field: an integer if ``whole``, at least ``low`` (above it for a wait in
-    seconds, whose ``high`` is 1e6), at most ``high``; ``default`` MISSING: required."""
-    return field(default=default, metadata={"bounds": (whole, low, high, high == 1e6)})
+def _num(default: Any, **bounds: float) -> Any:
+    """A number field (an integer if its type says so) in ``bounds`` (settings.out_of_range's);
+    ``default`` MISSING: required."""
+    return field(default=default, metadata={"bounds": bounds})
 
 
 def _typed(default: Any, kind: type, what: str) -> Any:
@@ -48,17 +48,17 @@ class VllmConfig:
     name: str  # the file's stem: the group's name in item ids, headlines and reports
     source: str  # the file as shown in messages
     model_name: str
-    accuracy_threshold: float = _num(MISSING, 0, 1)
-    num_questions: int = _num(MISSING, 1, whole=True)
-    num_fewshot: int = _num(MISSING, 0, whole=True)
-    tolerance: float = _num(0.08, 0, 1)
-    startup_max_wait_seconds: float = _num(1200.0, 0, 1e6)
-    request_timeout_seconds: float = _num(600.0, 0, 1e6)
-    rocm_request_timeout_seconds: float = _num(600.0, 0, 1e6)  # checked, never used here
-    max_tokens: int = _num(256, 1, whole=True)
-    temperature: float | None = _num(0.0, 0, 2)  # None (so nullable): left to the server
-    seed: int | None = _num(42, 0, whole=True)
-    max_concurrency: int | None = _num(None, 1, whole=True)
+    accuracy_threshold: float = _num(MISSING, ge=0, le=1)
+    num_questions: int = _num(MISSING, ge=1)
+    num_fewshot: int = _num(MISSING, ge=0)
+    tolerance: float = _num(0.08, ge=0, le=1)
+    startup_max_wait_seconds: float = _num(1200.0, **WAIT)
+    request_timeout_seconds: float = _num(600.0, **WAIT)
+    rocm_request_timeout_seconds: float = _num(600.0, **WAIT)  # checked, never used here
+    max_tokens: int = _num(256, ge=1)
+    temperature: float | None = _num(0.0, ge=0, le=2)  # None (so nullable): left to the server
+    seed: int | None = _num(42, ge=0)
+    max_concurrency: int | None = _num(None, ge=1)
     server_args: tuple[str, ...] = _typed((), str, "a string")  # split as vLLM's test (shlex)
     env: tuple[tuple[str, str], ...] = _typed((), dict, "a mapping of variables")
     gen_prefix: str = _typed("", str, "a string")
@@ -70,7 +70,7 @@ class VllmConfig:
 
     def secrets(self) -> list[str]:
         """The server's secrets (an ``--api-key``'s value, an ``env`` token), to scrub."""
-        return secret_args(self.server_args)[1] + secret_env(self.env)
+        return scrub.secret_args(self.server_args)[1] + scrub.secret_env(self.env)
 
     def serve_env(self) -> dict[str, str]:
         """The server's environment on top of the run's, as vLLM's test builds it."""
@@ -81,14 +81,16 @@ class VllmConfig:
 _FIELDS = {f.name: f for f in fields(VllmConfig) if f.metadata}
 REQUIRED = ("model_name", *(n for n, f in _FIELDS.items() if f.default is MISSING))
 KNOWN = ("model_name", *_FIELDS, *UNSUPPORTED)
-_SHOW = reprlib.Repr()  # a user's value in an error: its repr, cut to a readable length
-_SHOW.maxstring = _SHOW.maxother = 60
-_shown = _SHOW.repr
+
+
+def _shown(value: Any) -> str:
+    """A user's value in an error: its repr, cut to a readable length."""
+    return scrub.clip(repr(value), 60)
 
 
 def clip(key: object) -> str:
     """A name (a key, a file) as messages show it: unquoted, escapes shown, cut short."""
-    return _SHOW.repr(str(key))[1:-1]
+    return scrub.clip(repr(str(key))[1:-1], 60)
 
 
 class _Loader(yaml.SafeLoader):
@@ -142,18 +144,16 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
     return data, {str(k.value): v for k, v in keys if isinstance(k, yaml.ScalarNode)}
 
 
-def _bounded(
-    raw: Any, where: str, integer: bool, low: float, high: float | None, open_low: bool
-) -> Any:
-    """``raw`` as the field's number, in its range; ConfigError naming it otherwise."""
+def _bounded(raw: Any, where: str, f: Field[Any]) -> Any:
+    """``raw`` as the number field ``f`` declares, in its range; ConfigError naming it otherwise."""
+    integer = str(f.type).startswith("int")
     fits = isinstance(raw, int) or (not integer and isinstance(raw, float) and math.isfinite(raw))
     if isinstance(raw, bool) or not fits:
         raise ConfigError(
             f"{where}: expected {'an integer' if integer else 'a number'}, got {_shown(raw)}"
         )
-    if raw < low or (open_low and raw == low) or (high is not None and raw > high):
-        bound = f"{'>' if open_low else '>='} {low:g}" + (f" and <= {high:g}" if high else "")
-        raise ConfigError(f"{where}: must be {bound}, got {_shown(raw)}")
+    if problem := out_of_range(raw, **f.metadata["bounds"]):
+        raise ConfigError(f"{where}: {problem}, got {_shown(raw)}")
     return raw if integer else float(raw)
 
 
@@ -193,7 +193,7 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
         raw = data.get(key)
         if "bounds" in f.metadata and key in data:
             nulled = raw is None and str(f.type).endswith("None")
-            values[key] = None if nulled else _bounded(raw, where(key), *f.metadata["bounds"])
+            values[key] = None if nulled else _bounded(raw, where(key), f)
         elif "type" in f.metadata and (raw is not None or (f.type == "bool" and key in data)):
             kind, what = f.metadata["type"]
             if not isinstance(raw, kind):

@@ -16,8 +16,8 @@ from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.merge import selection_hash, shard_slice
 from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, Shard, StoredBaseline
-from pytest_gsm8k.core.presets import get_preset, preset_settings, takes_first
-from pytest_gsm8k.core.prompts import Exemplar, Protocol, draw_exemplars
+from pytest_gsm8k.core.presets import PRESETS, preset_settings, takes_first
+from pytest_gsm8k.core.prompts import Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings, parse_shard
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split, train_source
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # --gsm8k-config's (yaml): imported by the run that reads con
 def build_protocol(settings: Settings, split: Split) -> Protocol:
     """The protocol the options describe, its exemplars drawn (never from the evaluated split)."""
     s = settings
-    exemplars: tuple[Exemplar, ...] = ()
+    exemplars: tuple[tuple[str, str], ...] = ()
     train: tuple[tuple[str, str], ...] = ()
     source = "none"
 
@@ -37,7 +37,7 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
         return load_split(train_source(s.data), "train", s.dataset_config, s.dataset)
 
     if s.preset:
-        spec = get_preset(s.preset)
+        spec = PRESETS[s.preset]
         # SGLang: the first rows of the file under test
         rows = split.problems if spec.fewshot_split == "evaluated" else train_split().problems
         train = tuple((p.question, p.answer) for p in rows)
@@ -54,8 +54,7 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
             pool_split = train_split()
             source = f"train (seed {s.seed})"
         evaluated = {p.question for p in split.problems}  # never show a test problem as a shot
-        pool = [Exemplar(p.question, p.answer) for p in pool_split.problems]
-        pool = [e for e in pool if e.question not in evaluated]
+        pool = [(p.question, p.answer) for p in pool_split.problems if p.question not in evaluated]
         try:
             exemplars = draw_exemplars(pool, s.shots or len(pool), s.seed)
         except ValueError as exc:
@@ -95,7 +94,6 @@ def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protoc
                 "run this config with vLLM's own test"
             )
     values = preset_settings("vllm", api="completions", shots=config.num_fewshot)
-    values["stop"] = tuple(values["stop"])
     preset = dataclasses.replace(
         settings, **values, samples=1, answer_regex=None, system=None, params=(), fewshot_file=None
     )

@@ -233,8 +233,8 @@ def test_repeats_resume_from_the_cache_per_repeat(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--gsm8k-repeats=0"], "gsm8k: --gsm8k-repeats: must be between 1 and 100, got 0"),
-        (["--gsm8k-repeats=101"], "gsm8k: --gsm8k-repeats: must be between 1 and 100, got 101"),
+        (["--gsm8k-repeats=0"], "gsm8k: --gsm8k-repeats: must be >= 1 and <= 100, got 0"),
+        (["--gsm8k-repeats=101"], "gsm8k: --gsm8k-repeats: must be >= 1 and <= 100, got 101"),
         (
             ["--gsm8k-repeats=3", "--gsm8k-protocol=maj@4"],
             "gsm8k: --gsm8k-repeats 3: repeats measure a single-sample protocol's run-to-run "

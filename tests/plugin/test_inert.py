@@ -57,7 +57,7 @@ def test_a_gsm8k_run_installs_them(
 PLUGIN_IMPORTS = [
     "pytest_gsm8k",
     "pytest_gsm8k.core",
-    "pytest_gsm8k.core.jsondepth",
+    "pytest_gsm8k.core.jsontext",
     "pytest_gsm8k.core.settings",
     "pytest_gsm8k.fixtures",
     "pytest_gsm8k.plugin",

@@ -213,12 +213,12 @@ def test_fewshot_file_replaces_train(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gsm8k-protocol=pass@0"], "--gsm8k-protocol pass@0: N must be at least 1"),
-        (["--gsm8k-protocol=maj@-1"], "--gsm8k-protocol maj@-1: N must be at least 1"),
+        (["--gsm8k-protocol=pass@0"], "--gsm8k-protocol pass@0: N must be >= 1 and <= 1024"),
+        (["--gsm8k-protocol=maj@-1"], "--gsm8k-protocol maj@-1: N must be >= 1 and <= 1024"),
         (["--gsm8k-protocol=best@3"], "--gsm8k-protocol: expected test@1, pass@N or maj@N"),
         (["--gsm8k-extract=regex"], "--gsm8k-extract: expected one of strict, answer-is"),
         (["--gsm8k-api=grpc"], "--gsm8k-api: expected chat or completions"),
-        (["--gsm8k-temperature=3"], "--gsm8k-temperature: must be between 0 and 2"),
+        (["--gsm8k-temperature=3"], "--gsm8k-temperature: must be >= 0 and <= 2, got 3.0"),
     ],
 )
 def test_bad_protocol_options_are_one_line_errors(

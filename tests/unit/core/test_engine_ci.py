@@ -28,7 +28,7 @@ from pytest_gsm8k.core.engine_ci import (
     vllm_request,
 )
 from pytest_gsm8k.core.scoring import last_int, numbers_equal
-from pytest_gsm8k.core.settings import parse_params
+from pytest_gsm8k.core.settings import SettingsError, build_settings, parse_params
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split
 
@@ -228,17 +228,19 @@ def test_preset_settings_is_what_the_option_table_applies() -> None:
         "temperature": 0.0,
         "shots": 8,
         "max_tokens": 256,
-        "stop": ["Question", "Assistant:", "<|separator|>"],
+        "stop": ("Question", "Assistant:", "<|separator|>"),
         "extract": "last-int",
     }
     chat = presets.preset_settings("vllm", api="chat")
-    assert chat["stop"] == []
+    assert chat["stop"] == ()
     assert chat["shots"] == 5
     assert presets.preset_settings("sglang")["max_tokens"] == 512
     with pytest.raises(ValueError, match="--gsm8k-preset sglang sends to completions only"):
         presets.preset_settings("sglang", api="chat")
-    with pytest.raises(ValueError, match="--gsm8k-preset lm-eval sets --gsm8k-shots itself"):
-        presets.preset_settings("lm-eval", shots=3)
+    assert presets.preset_settings("lm-eval", shots=3)["shots"] == 5  # settings refuses 3
+    given = {"gsm8k_preset": "lm-eval", "gsm8k_shots": "3"}
+    with pytest.raises(SettingsError, match="--gsm8k-preset lm-eval sets --gsm8k-shots itself"):
+        build_settings(lambda o: given.get(o.dest), lambda note: None)
     with pytest.raises(ValueError, match="unknown preset 'helm'"):
         presets.preset_settings("helm")
 

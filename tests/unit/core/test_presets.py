@@ -198,7 +198,7 @@ def test_protocol_fields_and_spec() -> None:
         "temperature": 0.0,
         "shots": 5,
         "max_tokens": 256,
-        "stop": ["Question:", "</s>", "<|im_end|>"],
+        "stop": ("Question:", "</s>", "<|im_end|>"),
         "extract": "strict-match",
     }
     settings = build_settings(lambda o: {"gsm8k_preset": "lm-eval"}.get(o.dest), lambda note: None)
@@ -213,10 +213,10 @@ def test_protocol_fields_and_spec() -> None:
         api="completions", shots=5, preset="lm-eval", fewshot_source=presets.LM_EVAL.fewshot_source
     )
     assert protocol.identity()["preset"] == "lm-eval"
-    assert presets.get_preset("lm-eval") is presets.LM_EVAL
+    assert presets.PRESETS["lm-eval"] is presets.LM_EVAL
     assert presets.LM_EVAL.extractors == ("strict-match", "flexible-extract")
     with pytest.raises(ValueError, match="--gsm8k-preset: unknown preset 'lm_eval'"):
-        presets.get_preset("lm_eval")
+        presets.preset_settings("lm_eval")
 
 
 def test_scoring_equals_installed_lm_eval_on_random_strings() -> None:
