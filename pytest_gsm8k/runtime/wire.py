@@ -25,21 +25,14 @@ class WireClient(OpenAIClient):
     sending differs. A request without wire bytes goes as its JSON body."""
 
     via_aiohttp = True
-    _proxy_auth: Any = None  # the proxy as aiohttp takes it, made by warm()
-    _proxy_url: Any = None
 
     def _build(self) -> Any:
         """The aiohttp session (made on the engine's loop: aiohttp binds a session to it)."""
         import aiohttp
-        from yarl import URL
 
         headers = {"Content-Type": "application/json", "Accept-Encoding": ", ".join(ACCEPTED)}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        proxy = URL(self._proxy) if self._proxy is not None else None
-        if proxy is not None and proxy.user is not None:
-            self._proxy_auth = aiohttp.BasicAuth(proxy.user, proxy.password or "")
-        self._proxy_url = proxy and proxy.with_user(None)
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self._concurrency),
             headers=headers,
@@ -75,9 +68,8 @@ class WireClient(OpenAIClient):
         import aiohttp
 
         try:
-            async with session.post(
-                url, data=payload, proxy=self._proxy_url, proxy_auth=self._proxy_auth
-            ) as response:
+            # a proxy's credentials in its URL: aiohttp sends them as Proxy-Authorization
+            async with session.post(url, data=payload, proxy=self._proxy) as response:
                 status, headers = response.status, response.headers
                 try:
                     encodings = headers.getall("Content-Encoding", [])
