@@ -233,8 +233,11 @@ class ResponseCache:
 
     def submit(self, items: list[Write], done: Callable[[], None] | None = None) -> None:
         """Write the entries on the writer thread, then call ``done``, also when a write
-        failed (a warning: the answer is good, just not cached)."""
-        self._on("writer", functools.partial(self._write, items, done))
+        failed (a warning: the answer is good, just not cached); no entries: ``done`` now."""
+        if items:
+            self._on("writer", functools.partial(self._write, items, done))
+        elif done is not None:
+            done()
 
     def _write(self, items: list[Write], done: Callable[[], None] | None) -> None:
         for key, body, response, server in items:
