@@ -196,12 +196,11 @@ class ResponseCache:
     def _on(self, name: str, job: Callable[[], None]) -> None:
         """Run ``job`` on the thread ``name``, after the jobs put there before it."""
         with self._lock:
-            if name not in self._jobs:
+            if (jobs := self._jobs.get(name)) is None:
                 jobs = self._jobs[name] = queue.SimpleQueue()
-                thread = threading.Thread(target=_drain, args=(jobs,), name=f"gsm8k-cache-{name}")
-                thread.daemon = True
-                thread.start()
-        self._jobs[name].put(job)
+                thread = f"gsm8k-cache-{name}"
+                threading.Thread(target=_drain, args=(jobs,), name=thread, daemon=True).start()
+        jobs.put(job)
 
     def read(self, key: str, body: Json) -> concurrent.futures.Future[Json | None]:
         """:meth:`get` on the reader thread: a hung file system blocks that thread, never the

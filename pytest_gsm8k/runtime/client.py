@@ -122,20 +122,18 @@ async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncI
 
 def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any:
     httpx = _httpx()
+    inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
 
     class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
         """The normal transport (through the environment's proxy: httpx reads it only without
         a transport of ours), telling the breaker what happened, each reply read within
         :data:`MAX_REPLY_BYTES`."""
 
-        def __init__(self) -> None:
-            self.inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
-
         async def handle_async_request(self, request: Any) -> Any:
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
             request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
             try:  # a hung endpoint is as dead as a refusing one
-                response = await self.inner.handle_async_request(request)
+                response = await inner.handle_async_request(request)
             except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
@@ -164,7 +162,7 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
             return httpx.Response(status, headers=kept, stream=stream, extensions=extensions)
 
         async def aclose(self) -> None:
-            await self.inner.aclose()
+            await inner.aclose()
 
     return WatchingTransport()
 

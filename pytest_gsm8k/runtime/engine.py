@@ -436,16 +436,15 @@ class Engine:
             rid = reply_identity(hit.get("model"), hit.get("system_fingerprint"))
             if not self._replies:
                 self._unchecked[rid] += 1
-            elif rid not in self._replies:
-                if self.stopped is not None:  # nothing is fetched any more
-                    self._finish(job, NotRun(self.stopped))
-                    continue
-                job.state = PLANNED  # asked again: the lookup refuses the entry now
+            if not self._replies or rid in self._replies:
+                self._finish(job, self._from_hit(hit))
+            elif self.stopped is not None:  # nothing is fetched any more
+                self._finish(job, NotRun(self.stopped))
+            else:  # asked again: the lookup refuses the entry now
+                job.state = PLANNED
                 if not job.consumed:
                     self._ahead -= 1
                 self._want(job)
-                continue
-            self._finish(job, self._from_hit(hit))
         self._wake.set()
 
     def _from_hit(self, hit: dict[str, Any]) -> ModelResponse:
@@ -458,15 +457,13 @@ class Engine:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored.
         None: parked, an earlier run's answer with no reply of this run to check it against."""
         request = job.request
-        first = await self._one(
-            request, sample_key(request, "0" if request.n == 1 else f"0..{request.n}"), writes, job
-        )
+        first = await self._one(request, "0" if request.n == 1 else f"0..{request.n}", writes, job)
         if first is None:
             return None
         completions, usage, cached = list(first.completions), Counter(first.usage), first.cached
         single = replace(request, n=1)  # the endpoint ignored n: one sample a call
         for index in range(len(completions), request.n):
-            extra = await self._one(single, sample_key(request, str(index)), writes)
+            extra = await self._one(single, str(index), writes)
             assert extra is not None
             completions.extend(extra.completions[:1] or [Completion(text="")])
             cached += extra.cached
@@ -484,12 +481,13 @@ class Engine:
     async def _one(
         self, request: Request, sample: str, writes: list[Write], park: Job | None = None
     ) -> ModelResponse | None:
-        """One API call through the cache; a fresh answer goes to ``writes``."""
+        """One API call through the cache (``sample``: which samples, see :func:`sample_key`);
+        a fresh answer goes to ``writes``."""
         if not self.cache.persistent:  # answers stay in this process's memory
             self.requests_sent += 1
             return await self._call(request)
         body = request.body(self.client.model)
-        key = cache_key(self.cache_endpoint, body, sample, request.wire)
+        key = cache_key(self.cache_endpoint, body, sample_key(request, sample), request.wire)
         hit = await self._lookup(key, body)
         if hit is not None:
             if park is not None and not self._replies and hit.get("_run") != self.cache.run_id:

@@ -48,18 +48,15 @@ class WireClient(OpenAIClient):
         """One request, retried as the openai client would retry it."""
         import asyncio
 
-        retries = 0
-        while True:
+        for retries in range(self._max_retries):
             try:
                 return await self._once(client, self.endpoint + path, payload)
             except WireFailure as exc:
                 status, headers = exc.status_code, exc.headers
-                if retries >= self._max_retries or (
-                    status is not None and not should_retry(status, headers, time.time())
-                ):
+                if status is not None and not should_retry(status, headers, time.time()):
                     raise
                 await asyncio.sleep(retry_delay(retries, headers, time.time(), random.random))
-                retries += 1
+        return await self._once(client, self.endpoint + path, payload)  # the last attempt
 
     async def _once(self, session: Any, url: str, payload: bytes) -> Any:
         """One attempt: the decoded JSON of a 2xx reply, or a :class:`WireFailure`."""
