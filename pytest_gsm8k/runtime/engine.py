@@ -90,7 +90,7 @@ class Engine:
         self.concurrency, self.lookahead = max(1, concurrency), lookahead
         self.aborted: str | None = None
         self.stopped: str | None = None  # an early stop: nothing more is sent
-        self.requests_sent = self.succeeded = 0  # succeeded: answered, from the cache too
+        self.succeeded = 0  # answered, from the cache too
         self.by_request: dict[Request, Job] = {}
         # the loop thread's from here on
         self._replies: dict[tuple[str | None, str | None], None] = {}  # this run's, in order
@@ -484,7 +484,6 @@ class Engine:
         """One API call through the cache (``sample``: which samples, see :func:`sample_key`);
         a fresh answer goes to ``writes``."""
         if not self.cache.persistent:  # answers stay in this process's memory
-            self.requests_sent += 1
             return await self._call(request)
         body = request.body(self.client.model)
         key = cache_key(self.cache_endpoint, body, sample_key(request, sample), request.wire)
@@ -495,7 +494,6 @@ class Engine:
                 self._parked.append((park, hit))
                 return None
             return self._from_hit(hit)
-        self.requests_sent += 1
         response = await self._call(request)
         if response.completions:
             writes.append((key, body, response.to_json(), self.identity))
