@@ -44,9 +44,13 @@ _NOT_READ = {
 }
 
 
-def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None = None) -> str:
-    """Key of one request: the endpoint, the exact body, which samples it yields and, where a
-    preset fixes them byte for byte, the body's exact text (absent otherwise: old keys hold)."""
+def cache_key(
+    base_url: str, body: dict[str, Any], sample: str, wire: str | None = None, repeat: int = 0
+) -> str:
+    """Key of one request: the endpoint, the exact body, which samples it yields (``r<i>:`` in
+    front for repeat ``i``) and, where a preset fixes them byte for byte, the body's exact
+    text; without a wire text or a repeat, the key that was written before they existed."""
+    sample = f"r{repeat}:{sample}" if repeat else sample
     key: dict[str, Any] = {"v": SCHEMA, "base_url": base_url, "body": body, "sample": sample}
     return stable_hash(key if wire is None else {**key, "wire": wire})
 

@@ -4,6 +4,7 @@ reply, or a user's callable; and :func:`get_json`, the plugin's GET requests."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -120,8 +121,9 @@ async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncI
         yield counter.add(tail)
 
 
-def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any:
+def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
     httpx = _httpx()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
 
     class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
@@ -259,10 +261,9 @@ def get_json(
         raise PreflightError("unreachable", type(cause).__name__) from None
     finally:
         loop.close()
-    try:
+    with contextlib.suppress(ValueError):
         return json.loads(body)
-    except ValueError:
-        return None
+    return None
 
 
 def list_models(
@@ -339,10 +340,7 @@ class OpenAIClient:
     def _build(self) -> Any:
         import openai
 
-        limits = _httpx().Limits(
-            max_connections=self._concurrency, max_keepalive_connections=self._concurrency
-        )
-        transport = _watching_transport(self.breaker, limits, self._proxy)
+        transport = _watching_transport(self.breaker, self._concurrency, self._proxy)
         return openai.AsyncOpenAI(
             base_url=self.endpoint,
             api_key=self._api_key or "EMPTY",  # local servers need no key; the client wants one

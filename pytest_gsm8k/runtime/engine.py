@@ -481,12 +481,11 @@ class Engine:
     async def _one(
         self, request: Request, sample: str, writes: list[Write], park: Job | None = None
     ) -> ModelResponse | None:
-        """One API call through the cache (``sample``: which samples, see :func:`sample_key`);
-        a fresh answer goes to ``writes``."""
+        """One API call through the cache; a fresh answer goes to ``writes``."""
         if not self.cache.persistent:  # answers stay in this process's memory
             return await self._call(request)
         body = request.body(self.client.model)
-        key = cache_key(self.cache_endpoint, body, sample_key(request, sample), request.wire)
+        key = cache_key(self.cache_endpoint, body, sample, request.wire, request.repeat)
         hit = await self._lookup(key, body)
         if hit is not None:
             if park is not None and not self._replies and hit.get("_run") != self.cache.run_id:
@@ -529,9 +528,3 @@ def _resolve(future: Future[ModelResponse], outcome: ModelResponse | BaseExcepti
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
-
-
-def sample_key(request: Request, sample: str) -> str:
-    """The sample part of a cache key: ``r<i>:`` in front for repeat ``i`` (caches written
-    before --gsm8k-repeats stay valid)."""
-    return sample if request.repeat == 0 else f"r{request.repeat}:{sample}"

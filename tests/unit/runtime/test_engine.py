@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from helpers import wait_until
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
-from pytest_gsm8k.runtime.engine import Engine, sample_key
+from pytest_gsm8k.runtime.engine import Engine
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun
 
 
@@ -295,9 +294,11 @@ def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: P
     client = ScriptedClient()
     [request] = requests(1)
     body = request.body(client.model)
-    assert sample_key(request, "0") == "0"
-    assert sample_key(replace(request, repeat=2), "0") == "r2:0"
-    keys = {cache_key(client.endpoint, body, sample_key(r, "0")) for r in request.asks(3)}
+    assert cache_key(client.endpoint, body, "0", repeat=0) == cache_key(client.endpoint, body, "0")
+    assert cache_key(client.endpoint, body, "0", repeat=2) == cache_key(
+        client.endpoint, body, "r2:0"
+    )
+    keys = {cache_key(client.endpoint, body, "0", repeat=r.repeat) for r in request.asks(3)}
     assert len(keys) == 3
     assert cache_key(client.endpoint, body, "0") in keys  # the key without repeats
 
