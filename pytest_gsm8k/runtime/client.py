@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
@@ -51,23 +52,21 @@ class ModelClient(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(eq=False)
 class Breaker:
     """Opens when ``threshold`` connection failures in a row (any HTTP answer resets it) have
     lasted ``min_seconds``. When a server dies, every request in flight fails at once, then
     retries after 0.5, 1, 2, 4, 8 s: the breaker opens at the first retry after 2 s, well
     before the retries run out (~15 s)."""
 
-    def __init__(
-        self,
-        threshold: int = 8,
-        min_seconds: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.threshold, self.min_seconds, self.clock = threshold, min_seconds, clock
-        self.count, self.first = 0, 0.0
-        self.on_open: Callable[[str], None] = lambda error: None
-        #: one-line remarks on what the transport saw, by kind: each once (read by the engine)
-        self.notes: dict[str, str] = {}
+    threshold: int = 8
+    min_seconds: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    count: int = 0
+    first: float = 0.0
+    on_open: Callable[[str], None] = lambda error: None
+    #: one-line remarks on what the transport saw, by kind: each once (read by the engine)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def success(self) -> None:
         self.count = 0
