@@ -673,6 +673,7 @@ class FakeOpenAIServer:
                 "requests_without_auth": self._no_auth,
                 "killed": self._killed,
                 "proxied": dict(self._proxied),
+                "proxy_auth": list(self._proxy_auth),
             }
             if self.record:
                 out["bodies"] = list(self._bodies)
@@ -725,6 +726,8 @@ class FakeOpenAIServer:
         self._headers_seen: list[dict[str, str]] = []
         #: requests that came as a forward proxy gets them (absolute-form targets), by host
         self._proxied: dict[str, int] = {}
+        #: the distinct Proxy-Authorization headers those requests carried ("" for none)
+        self._proxy_auth: list[str] = []
         self._attempts: dict[int, int] = {}
         self._sample_pos: dict[int, int] = {}
 
@@ -835,6 +838,10 @@ class FakeOpenAIServer:
                 target = "/" + rest
                 with self._lock:
                     self._proxied[host] = self._proxied.get(host, 0) + 1
+                    if (
+                        proxy_auth := headers.get("proxy-authorization", "")
+                    ) not in self._proxy_auth:
+                        self._proxy_auth.append(proxy_auth)
             path, _, query = target.partition("?")
             resp = await self._dispatch(method, path, headers, body, query)
             if self._killed and not resp.kill_after:

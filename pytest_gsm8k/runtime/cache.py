@@ -44,9 +44,13 @@ _NOT_READ = {
 }
 
 
-def cache_key(base_url: str, body: dict[str, Any], sample: str, wire: str | None = None) -> str:
-    """Key of one request: the endpoint, the exact body, which samples it yields and, where a
-    preset fixes them byte for byte, the body's exact text (absent otherwise: old keys hold)."""
+def cache_key(
+    base_url: str, body: dict[str, Any], sample: str, wire: str | None = None, repeat: int = 0
+) -> str:
+    """Key of one request: the endpoint, the exact body, which samples it yields (``r<i>:`` in
+    front for repeat ``i``) and, where a preset fixes them byte for byte, the body's exact
+    text; without a wire text or a repeat, the key that was written before they existed."""
+    sample = f"r{repeat}:{sample}" if repeat else sample
     key: dict[str, Any] = {"v": SCHEMA, "base_url": base_url, "body": body, "sample": sample}
     return stable_hash(key if wire is None else {**key, "wire": wire})
 
@@ -196,12 +200,11 @@ class ResponseCache:
     def _on(self, name: str, job: Callable[[], None]) -> None:
         """Run ``job`` on the thread ``name``, after the jobs put there before it."""
         with self._lock:
-            if name not in self._jobs:
+            if (jobs := self._jobs.get(name)) is None:
                 jobs = self._jobs[name] = queue.SimpleQueue()
-                thread = threading.Thread(target=_drain, args=(jobs,), name=f"gsm8k-cache-{name}")
-                thread.daemon = True
-                thread.start()
-        self._jobs[name].put(job)
+                thread = f"gsm8k-cache-{name}"
+                threading.Thread(target=_drain, args=(jobs,), name=thread, daemon=True).start()
+        jobs.put(job)
 
     def read(self, key: str, body: Json) -> concurrent.futures.Future[Json | None]:
         """:meth:`get` on the reader thread: a hung file system blocks that thread, never the
@@ -233,8 +236,11 @@ class ResponseCache:
 
     def submit(self, items: list[Write], done: Callable[[], None] | None = None) -> None:
         """Write the entries on the writer thread, then call ``done``, also when a write
-        failed (a warning: the answer is good, just not cached)."""
-        self._on("writer", functools.partial(self._write, items, done))
+        failed (a warning: the answer is good, just not cached); no entries: ``done`` now."""
+        if items:
+            self._on("writer", functools.partial(self._write, items, done))
+        elif done is not None:
+            done()
 
     def _write(self, items: list[Write], done: Callable[[], None] | None) -> None:
         for key, body, response, server in items:

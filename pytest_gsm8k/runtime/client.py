@@ -4,6 +4,7 @@ reply, or a user's callable; and :func:`get_json`, the plugin's GET requests."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
@@ -50,23 +52,21 @@ class ModelClient(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(eq=False)
 class Breaker:
     """Opens when ``threshold`` connection failures in a row (any HTTP answer resets it) have
     lasted ``min_seconds``. When a server dies, every request in flight fails at once, then
     retries after 0.5, 1, 2, 4, 8 s: the breaker opens at the first retry after 2 s, well
     before the retries run out (~15 s)."""
 
-    def __init__(
-        self,
-        threshold: int = 8,
-        min_seconds: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.threshold, self.min_seconds, self.clock = threshold, min_seconds, clock
-        self.count, self.first = 0, 0.0
-        self.on_open: Callable[[str], None] = lambda error: None
-        #: one-line remarks on what the transport saw, by kind: each once (read by the engine)
-        self.notes: dict[str, str] = {}
+    threshold: int = 8
+    min_seconds: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    count: int = 0
+    first: float = 0.0
+    on_open: Callable[[str], None] = lambda error: None
+    #: one-line remarks on what the transport saw, by kind: each once (read by the engine)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def success(self) -> None:
         self.count = 0
@@ -120,22 +120,21 @@ async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncI
         yield counter.add(tail)
 
 
-def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any:
+def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
     httpx = _httpx()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
 
     class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
         """The normal transport (through the environment's proxy: httpx reads it only without
         a transport of ours), telling the breaker what happened, each reply read within
         :data:`MAX_REPLY_BYTES`."""
 
-        def __init__(self) -> None:
-            self.inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
-
         async def handle_async_request(self, request: Any) -> Any:
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
             request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
             try:  # a hung endpoint is as dead as a refusing one
-                response = await self.inner.handle_async_request(request)
+                response = await inner.handle_async_request(request)
             except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
@@ -164,7 +163,7 @@ def _watching_transport(breaker: Breaker, limits: Any, proxy: str | None) -> Any
             return httpx.Response(status, headers=kept, stream=stream, extensions=extensions)
 
         async def aclose(self) -> None:
-            await self.inner.aclose()
+            await inner.aclose()
 
     return WatchingTransport()
 
@@ -261,10 +260,9 @@ def get_json(
         raise PreflightError("unreachable", type(cause).__name__) from None
     finally:
         loop.close()
-    try:
+    with contextlib.suppress(ValueError):
         return json.loads(body)
-    except ValueError:
-        return None
+    return None
 
 
 def list_models(
@@ -341,10 +339,7 @@ class OpenAIClient:
     def _build(self) -> Any:
         import openai
 
-        limits = _httpx().Limits(
-            max_connections=self._concurrency, max_keepalive_connections=self._concurrency
-        )
-        transport = _watching_transport(self.breaker, limits, self._proxy)
+        transport = _watching_transport(self.breaker, self._concurrency, self._proxy)
         return openai.AsyncOpenAI(
             base_url=self.endpoint,
             api_key=self._api_key or "EMPTY",  # local servers need no key; the client wants one

@@ -90,7 +90,7 @@ class Engine:
         self.concurrency, self.lookahead = max(1, concurrency), lookahead
         self.aborted: str | None = None
         self.stopped: str | None = None  # an early stop: nothing more is sent
-        self.requests_sent = self.succeeded = 0  # succeeded: answered, from the cache too
+        self.succeeded = 0  # answered, from the cache too
         self.by_request: dict[Request, Job] = {}
         # the loop thread's from here on
         self._replies: dict[tuple[str | None, str | None], None] = {}  # this run's, in order
@@ -102,8 +102,9 @@ class Engine:
         self._progress = time.monotonic()  # the last answer, or a start
         self._queue: deque[Job] = deque()  # in run order, the wanted ones in front
         self._planned = False  # a plan (not a guess) or an ask came: parked answers may go
-        self._held: list[tuple[Job, str]] = []  # refused guesses, their lines, until taken
-        self._guesses_refused = False  # guess no more until a plan
+        #: refused guesses, their lines, until a plan or an ask takes them (no guess is sent
+        #: meanwhile, unless a plan came before)
+        self._held: list[tuple[Job, str]] = []
         self.loop = asyncio.new_event_loop()  # the xdist answer server runs on it too
         self._wake = asyncio.Event()  # bound to the loop on its first wait
         self._workers: list[asyncio.Task[None]] = []
@@ -132,7 +133,7 @@ class Engine:
     def start(self, requests: list[Request], *, guess: bool = False) -> None:
         """Plan ``requests`` in this order; ``guess``: the xdist controller's head start."""
         jobs = [self.by_request.setdefault(r, Job(r)) for r in requests]
-        self.loop.call_soon_threadsafe(self._plan, jobs, False, guess)
+        self.loop.call_soon_threadsafe(self._plan, jobs, guess)
 
     def take_warnings(self) -> list[str]:
         """Cache warnings and transport notes, for the test thread."""
@@ -257,40 +258,33 @@ class Engine:
 
     def _ask(self, job: Job, consume: bool) -> None:
         """A test (or a worker) waits for ``job``: taken from any guess, fetched next."""
-        self._plan([job], True)
+        self._plan([job])
+        self._want(job)
         if consume:
             self._consume(job)
 
-    def _plan(self, jobs: list[Job], wanted: bool, guess: bool = False) -> None:
+    def _plan(self, jobs: list[Job], guess: bool = False) -> None:
         for job in jobs:
             if not job.queued:
                 job.queued, job.guess = True, guess
                 self._queue.append(job)
             elif not guess:
                 job.guess = False
-        if not guess:
-            self._planned, self._guesses_refused = True, False
-            self._adopt_failures()
+        if not guess:  # a refused guess this plan took ends the run as a planned request would
+            self._planned, held, self._held = True, self._held, []
+            for job, message in held:  # the others' futures get their error (nobody waits)
+                if job.guess:
+                    _resolve(job.future, EndpointError(message))
+                else:
+                    self._abort(f"the endpoint refused the first requests: {message}")
         if self.aborted is not None:
             self._fail_unfinished(EndpointAborted(self.aborted))
             return
-        for job in jobs if wanted else ():
-            self._want(job)
         if not self._workers:
             self._workers = [self.loop.create_task(self._worker()) for _ in range(self.concurrency)]
             if self.stall_timeout:
                 self._workers.append(self.loop.create_task(self._stall_watch(self.stall_timeout)))
-        self._kick()
-
-    def _adopt_failures(self) -> None:
-        """A plan or an ask came: a refused guess it took ends the run as a planned request
-        would; the others' futures get their error (nobody waits for them)."""
-        held, self._held = self._held, []
-        for job, message in held:
-            if job.guess:
-                _resolve(job.future, EndpointError(message))
-            else:
-                self._abort(f"the endpoint refused the first requests: {message}")
+        self._wake.set()
 
     def _want(self, job: Job) -> None:
         if not job.future.done() and self.aborted is None and job.state == PLANNED:
@@ -303,10 +297,7 @@ class Engine:
             job.consumed = True
             if job.state != PLANNED:
                 self._ahead -= 1
-                self._kick()
-
-    def _kick(self) -> None:
-        self._wake.set()
+                self._wake.set()
 
     def _next_job(self) -> Job | None:
         """The wanted jobs first, then the run order: only so far ahead (a consumed answer
@@ -314,7 +305,7 @@ class Engine:
         full = self.lookahead is not None and self._ahead >= self.lookahead
         while self._queue and self.stopped is None:
             job = self._queue[0]
-            held = full or (job.guess and self._guesses_refused)
+            held = full or (job.guess and bool(self._held) and not self._planned)
             if job.state == PLANNED and held and not job.wanted:
                 return None
             if self._queue.popleft().state == PLANNED:
@@ -344,56 +335,44 @@ class Engine:
         try:
             response = await self._fetch(job, writes)
         except asyncio.CancelledError:
-            self._store(writes)  # samples that did arrive are kept
+            self.cache.submit(writes)  # samples that did arrive are kept
             self._finish(job, EndpointAborted(self.aborted or "run cancelled"))
             raise
         except Exception as exc:  # classified here, never lost
-            self._store(writes)
+            self.cache.submit(writes)
             message, fatal = describe_error(exc)
             self._failed(job, self._say(message), fatal, getattr(exc, "status_code", None))
             return
         if response is not None:  # else parked: an earlier run's answer, an answer all the same
             job.state = DONE
             # the test gets the answer once it is on disk: it survives a kill
-            self._store(writes, functools.partial(_resolve, job.future, response))
+            self.cache.submit(writes, functools.partial(_resolve, job.future, response))
         self.succeeded += 1
         self._recent.append(None)
 
     def _failed(self, job: Job, message: str, fatal: bool, status: object) -> None:
         """A request failed for good: the job's error, and what it says of the endpoint. A
         guess is judged as it happened (its place in a run of failures), but a refusal of a
-        guess waits for a plan or an ask (:meth:`_adopt_failures`)."""
+        guess waits for a plan or an ask (:meth:`_plan`)."""
         if fatal:
             self._abort(message)
         elif not refused_first(status, self.succeeded):
             self._finish(job, EndpointError(message))
-            self._count_failure(message)
+            self._recent.append(message)  # STORM finished requests in a row failed this way
+            if self._recent.count(message) == STORM:
+                self._abort(
+                    f"{message} ({STORM} requests in a row failed this way, none answered "
+                    "between them); stopped sending"
+                )
         elif job.guess:
             job.state = DONE
             self._held.append((job, message))
-            self._guesses_refused = not self._planned  # after a plan, guesses left are sent
         else:
             self._abort(f"the endpoint refused the first requests: {message}")
-
-    def _store(self, writes: list[Write], done: Any = None) -> None:
-        if writes:
-            self.cache.submit(list(writes), done)
-            writes.clear()
-        elif done is not None:
-            done()
 
     def _finish(self, job: Job, outcome: ModelResponse | BaseException) -> None:
         job.state = DONE
         _resolve(job.future, outcome)
-
-    def _count_failure(self, message: str) -> None:
-        """Stop after :data:`STORM` finished requests in a row failed the same way."""
-        self._recent.append(message)
-        if self._recent.count(message) == STORM:
-            self._abort(
-                f"{message} ({STORM} requests in a row failed this way, none answered "
-                "between them); stopped sending"
-            )
 
     async def _stall_watch(self, seconds: float) -> None:
         """Abort when no answer arrived for ``seconds`` while requests were in flight."""
@@ -457,17 +436,16 @@ class Engine:
             rid = reply_identity(hit.get("model"), hit.get("system_fingerprint"))
             if not self._replies:
                 self._unchecked[rid] += 1
-            elif rid not in self._replies:
-                if self.stopped is not None:  # nothing is fetched any more
-                    self._finish(job, NotRun(self.stopped))
-                    continue
-                job.state = PLANNED  # asked again: the lookup refuses the entry now
+            if not self._replies or rid in self._replies:
+                self._finish(job, self._from_hit(hit))
+            elif self.stopped is not None:  # nothing is fetched any more
+                self._finish(job, NotRun(self.stopped))
+            else:  # asked again: the lookup refuses the entry now
+                job.state = PLANNED
                 if not job.consumed:
                     self._ahead -= 1
                 self._want(job)
-                continue
-            self._finish(job, self._from_hit(hit))
-        self._kick()
+        self._wake.set()
 
     def _from_hit(self, hit: dict[str, Any]) -> ModelResponse:
         response = ModelResponse.from_json(hit)
@@ -479,31 +457,35 @@ class Engine:
         """All samples of one request: one call with ``n``, more calls if ``n`` was ignored.
         None: parked, an earlier run's answer with no reply of this run to check it against."""
         request = job.request
-        first = await self._one(
-            request, sample_key(request, "0" if request.n == 1 else f"0..{request.n}"), writes, job
-        )
+        first = await self._one(request, "0" if request.n == 1 else f"0..{request.n}", writes, job)
         if first is None:
             return None
         completions, usage, cached = list(first.completions), Counter(first.usage), first.cached
         single = replace(request, n=1)  # the endpoint ignored n: one sample a call
         for index in range(len(completions), request.n):
-            extra = await self._one(single, sample_key(request, str(index)), writes)
+            extra = await self._one(single, str(index), writes)
             assert extra is not None
             completions.extend(extra.completions[:1] or [Completion(text="")])
             cached += extra.cached
             usage.update(extra.usage)
         kept = completions[: request.n]
-        return _bounded(ModelResponse(kept, dict(usage), first.model, cached, first.fingerprint))
+        response = ModelResponse(kept, dict(usage), first.model, cached, first.fingerprint)
+        # its JSON is what the cache stores and the xdist channel carries
+        if (size := len(to_json_bytes(response.to_json()))) > MAX_REPLY_BYTES:
+            raise Said(
+                f"the answers to this problem are over {mib(MAX_REPLY_BYTES)} as JSON "
+                f"({size:,} bytes), the most one problem's answer may take"
+            )
+        return response
 
     async def _one(
         self, request: Request, sample: str, writes: list[Write], park: Job | None = None
     ) -> ModelResponse | None:
         """One API call through the cache; a fresh answer goes to ``writes``."""
         if not self.cache.persistent:  # answers stay in this process's memory
-            self.requests_sent += 1
             return await self._call(request)
         body = request.body(self.client.model)
-        key = cache_key(self.cache_endpoint, body, sample, request.wire)
+        key = cache_key(self.cache_endpoint, body, sample, request.wire, request.repeat)
         hit = await self._lookup(key, body)
         if hit is not None:
             if park is not None and not self._replies and hit.get("_run") != self.cache.run_id:
@@ -511,7 +493,6 @@ class Engine:
                 self._parked.append((park, hit))
                 return None
             return self._from_hit(hit)
-        self.requests_sent += 1
         response = await self._call(request)
         if response.completions:
             writes.append((key, body, response.to_json(), self.identity))
@@ -547,20 +528,3 @@ def _resolve(future: Future[ModelResponse], outcome: ModelResponse | BaseExcepti
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
-
-
-def _bounded(response: ModelResponse) -> ModelResponse:
-    """``response``, unless its JSON (what the cache stores and the xdist channel carries) is
-    over :data:`MAX_REPLY_BYTES`."""
-    if (size := len(to_json_bytes(response.to_json()))) > MAX_REPLY_BYTES:
-        raise Said(
-            f"the answers to this problem are over {mib(MAX_REPLY_BYTES)} as JSON "
-            f"({size:,} bytes), the most one problem's answer may take"
-        )
-    return response
-
-
-def sample_key(request: Request, sample: str) -> str:
-    """The sample part of a cache key: ``r<i>:`` in front for repeat ``i`` (caches written
-    before --gsm8k-repeats stay valid)."""
-    return sample if request.repeat == 0 else f"r{request.repeat}:{sample}"

@@ -25,21 +25,14 @@ class WireClient(OpenAIClient):
     sending differs. A request without wire bytes goes as its JSON body."""
 
     via_aiohttp = True
-    _proxy_auth: Any = None  # the proxy as aiohttp takes it, made by warm()
-    _proxy_url: Any = None
 
     def _build(self) -> Any:
         """The aiohttp session (made on the engine's loop: aiohttp binds a session to it)."""
         import aiohttp
-        from yarl import URL
 
         headers = {"Content-Type": "application/json", "Accept-Encoding": ", ".join(ACCEPTED)}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        proxy = URL(self._proxy) if self._proxy is not None else None
-        if proxy is not None and proxy.user is not None:
-            self._proxy_auth = aiohttp.BasicAuth(proxy.user, proxy.password or "")
-        self._proxy_url = proxy and proxy.with_user(None)
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self._concurrency),
             headers=headers,
@@ -55,18 +48,15 @@ class WireClient(OpenAIClient):
         """One request, retried as the openai client would retry it."""
         import asyncio
 
-        retries = 0
-        while True:
+        for retries in range(self._max_retries):
             try:
                 return await self._once(client, self.endpoint + path, payload)
             except WireFailure as exc:
                 status, headers = exc.status_code, exc.headers
-                if retries >= self._max_retries or (
-                    status is not None and not should_retry(status, headers, time.time())
-                ):
+                if status is not None and not should_retry(status, headers, time.time()):
                     raise
                 await asyncio.sleep(retry_delay(retries, headers, time.time(), random.random))
-                retries += 1
+        return await self._once(client, self.endpoint + path, payload)  # the last attempt
 
     async def _once(self, session: Any, url: str, payload: bytes) -> Any:
         """One attempt: the decoded JSON of a 2xx reply, or a :class:`WireFailure`."""
@@ -75,9 +65,8 @@ class WireClient(OpenAIClient):
         import aiohttp
 
         try:
-            async with session.post(
-                url, data=payload, proxy=self._proxy_url, proxy_auth=self._proxy_auth
-            ) as response:
+            # a proxy's credentials in its URL: aiohttp sends them as Proxy-Authorization
+            async with session.post(url, data=payload, proxy=self._proxy) as response:
                 status, headers = response.status, response.headers
                 try:
                     encodings = headers.getall("Content-Encoding", [])

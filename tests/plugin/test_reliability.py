@@ -10,6 +10,7 @@ files, never a wall clock: waits are bounded by short ``--gsm8k-stall-timeout``,
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -822,12 +823,14 @@ def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
     """HTTP_PROXY is honoured as openai's httpx honours it (the fake server takes the
     proxied requests), NO_PROXY too, through either client (the openai client's own transport
     once sent the completions directly); a ~/.netrc entry for the host is not read (with it,
-    aiohttp's trust_env added Basic auth beside the key and every request failed). Plain
-    only: under -n 2 the controller's client is the one that connects (the workers import no
-    HTTP client: test_engine_runs.py's xdist report)."""
+    aiohttp's trust_env added Basic auth beside the key and every request failed). The
+    proxy's credentials in its URL reach it, never the output, and without a deprecation
+    warning (aiohttp 3.14 deprecates ``proxy_auth``: one per request). Plain only: under -n 2
+    the controller's client is the one that connects (the workers import no HTTP client:
+    test_engine_runs.py's xdist report)."""
     for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.port}")
+    monkeypatch.setenv("HTTP_PROXY", f"http://someone:proxy-secret@127.0.0.1:{server.port}")
     netrc = pytester.path / "netrc"
     netrc.write_text(f"machine {UPSTREAM} login someone password secret\n")
     netrc.chmod(0o600)
@@ -840,6 +843,8 @@ def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
         "--gsm8k-limit=4",
         "--gsm8k-no-cache",
         "--gsm8k-report=r.json",
+        "-W",
+        "error::DeprecationWarning",
     ]
     result = pytester.runpytest(*run)
     assert result.ret == 0, output(result)
@@ -847,6 +852,8 @@ def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
     stats = server.stats()
     assert stats["proxied"] == {UPSTREAM: 1 + 4}  # GET /models, then each problem
     assert stats["auth_headers"] == [f"Bearer {TEST_KEY}"]
+    assert stats["proxy_auth"] == ["Basic " + base64.b64encode(b"someone:proxy-secret").decode()]
+    assert "proxy-secret" not in output(result)
     # NO_PROXY as httpx reads it (a network here): the endpoint itself, the proxy unused
     # (it is a closed port: through it nothing would arrive)
     with socket.socket() as closed:

@@ -320,22 +320,25 @@ def test_a_hung_read_is_given_up_after_its_bound(tmp_path: Path) -> None:
 
     class Client:
         endpoint, model, persistent_cache = "scripted:", "m", True
+        sent = 0
 
         async def complete(self, request: Request) -> ModelResponse:
+            self.sent += 1
             return ModelResponse(completions=[Completion(text="#### 4")])
 
         async def aclose(self) -> None:
             pass
 
     cache = HungCache(tmp_path / "cache", "run")
-    engine = Engine(Client(), cache, concurrency=2, read_timeout=0.2)
+    client = Client()
+    engine = Engine(client, cache, concurrency=2, read_timeout=0.2)
     planned = [
         Request(problem_id=f"p{i}", api="chat", messages=(("user", f"q{i}"),)) for i in range(4)
     ]
     try:
         engine.start(planned)
         assert [engine.result(r).completions[0].text for r in planned] == ["#### 4"] * 4
-        assert engine.requests_sent == 4
+        assert client.sent == 4
         [warning] = engine.take_warnings()
         assert "not read for the rest of the run" in warning
     finally:
