@@ -21,7 +21,6 @@ from pytest_gsm8k.core.dataset import (
 )
 from pytest_gsm8k.core.settings import DATASET_CONFIGS
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.runtime.install import install_hint
 
 #: (config, split) -> sha256 of the uncompressed JSONL in pytest_gsm8k/data/CONFIG-SPLIT.jsonl.xz:
 #: those of openai/grade-school-math's grade_school_math/data files (MIT licence,
@@ -77,6 +76,8 @@ def _datasets(what: str) -> Any:
     try:
         import datasets
     except ImportError:
+        from pytest_gsm8k.runtime.local import install_hint
+
         raise DatasetError(
             f"{what} needs the 'datasets' package, in the 'hub' extra: {install_hint('hub')}"
         ) from None
