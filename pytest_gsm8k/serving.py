@@ -244,7 +244,7 @@ def fetch(state: State, session: pytest.Session) -> None:
         asks = (
             r for p in state.run.collected for r in plan.protocol_of(p).request(p).asks(repeats)
         )
-        sources.matrix.begin(list(asks))
+        sources.matrix.start(list(asks))
     elif not overrides_present(session):
         sources.engine_for(sources.default_client())
 

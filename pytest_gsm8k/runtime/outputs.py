@@ -165,25 +165,17 @@ def _through_pseudo(path: str) -> bool:
 
 
 def _probe_folder(target: str, what: str) -> None:
-    """Make ``target``'s folder and a file in it, then remove the folders made (the write at
-    the end makes them for good)."""
-    folder = current = os.path.dirname(target)  # target is absolute: "/" ends the walk
-    missing: list[str] = []
-    while not os.path.lexists(current):
-        missing.insert(0, current)
-        current = os.path.dirname(current)
-    if not os.path.isdir(current):
-        raise OutputError(f"{what}: {current} is not a folder")
+    """A file made and removed in ``target``'s folder, or in the nearest one that exists (the
+    write at the end makes the folders missing)."""
+    folder = os.path.dirname(target)  # target is absolute: "/" ends the walk
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise OutputError(f"{what}: {folder} is not a folder")
     try:
-        for path in missing:
-            os.mkdir(path)
         tempfile.NamedTemporaryFile(dir=folder, prefix=".gsm8k-probe.").close()
     except OSError as exc:
         raise OutputError(f"{what}: cannot write in {folder}: {reason(exc)}") from None
-    finally:
-        for path in reversed(missing):
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool = True) -> None:
