@@ -33,15 +33,6 @@ EMBEDDED = {
 EMBEDDED_NAME = f"embedded {HUB_NAME}"
 
 
-def _read_jsonl(path: Path, split: str) -> list[Problem]:
-    try:
-        handle = path.open("rb")  # decoded line by line, so a bad byte names its line
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
-    with handle:
-        return parse_jsonl(handle, split, str(path))
-
-
 def _read_embedded(config: str, split: str) -> list[Problem]:
     """The copy inside the package, checked against its pinned sha256: every machine scores
     the same bytes, with no hub and no network."""
@@ -122,12 +113,7 @@ def load_split(
             f"--gsm8k-dataset-config: unknown config {config!r} (expected main or socratic)"
         )
     official = split == "test" and config == "main"  # its size is known
-    if data is None:
-        name = EMBEDDED_NAME if hub_name is None else hub_name
-        problems = (
-            _read_embedded(config, split) if hub_name is None else _load_hub(name, config, split)
-        )
-    else:
+    if data is not None:
         path = Path(data).expanduser()
         name, parquet = str(path), [path] if path.suffix == ".parquet" else []
         if path.is_dir():
@@ -142,7 +128,19 @@ def load_split(
             official = False  # a user's own file: named in the report, not the official split
         else:
             raise DatasetError(f"--gsm8k-data {path}: no such file or folder")
-        problems = _read_parquet(parquet, split, str(path)) if parquet else _read_jsonl(path, split)
+        if parquet:
+            problems = _read_parquet(parquet, split, str(path))
+        else:
+            try:
+                handle = path.open("rb")  # decoded line by line, so a bad byte names its line
+            except OSError as exc:
+                raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
+            with handle:
+                problems = parse_jsonl(handle, split, str(path))
+    elif hub_name is None:
+        name, problems = EMBEDDED_NAME, _read_embedded(config, split)
+    else:
+        name, problems = hub_name, _load_hub(hub_name, config, split)
     if official and len(problems) != TEST_SIZE:
         raise DatasetError(
             f"{name}: the GSM8K main test split has {TEST_SIZE} rows, this has {len(problems)}"

@@ -342,7 +342,7 @@ def serve_spec(
 @dataclass(frozen=True)
 class Launch:
     """A server to start for the run (a command: serve_spec; a GGUF: local.local_spec), and
-    how to take it into use (docs/serving.md); the caller adds its log and timeout."""
+    how to take it into use (docs/serving.md)."""
 
     command: Callable[[int], ServeCommand]  # the command line for a port
     model: str
@@ -351,8 +351,6 @@ class Launch:
     error: type[ServeError] = ServeError
     env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
     context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
-    log_path: Path = Path()
-    startup_timeout: float = 0.0
     scrub: Scrubber = field(default_factory=Scrubber)
     api_key: str | None = None
     list_timeout: float = 10.0
@@ -376,13 +374,12 @@ class Started:
 
 
 def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
-    """Start ``order`` on a free loopback port (its log and timeout required here: the order's
-    are placeholders; ``how``: any other field), wait until ``GET /v1/models`` answers from the
-    server's own processes (a port taken meanwhile is retried), probe it and check its model.
-    Any failure is one :class:`ServeError` (the order's subclass) line, the server stopped: an
-    early exit, or no answer within ``startup_timeout`` (all tries together), with the exit
-    status and the tail of its log (which stays)."""
-    order = dataclasses.replace(order, log_path=log_path, startup_timeout=startup_timeout, **how)
+    """Start ``order`` (``how``: any other field of it) on a free loopback port, wait until
+    ``GET /v1/models`` answers from the server's own processes (a port taken meanwhile is
+    retried), probe it and check its model. Any failure is one :class:`ServeError` (the
+    order's subclass) line, the server stopped: an early exit, or no answer within
+    ``startup_timeout`` (all tries together), with the exit status and the tail of its log."""
+    order = dataclasses.replace(order, **how)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
     log_path.write_bytes(b"")
