@@ -190,17 +190,11 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
         raise pytest.UsageError(f"gsm8k: {source}: {problem}")  # the URL may hold a secret
     url, key = endpoint.base_url or DEFAULT_BASE_URL, state.settings.api_key()
     timeout = min(state.settings.timeout, PREFLIGHT_TIMEOUT)
+    unnamed = None if sends_model(state.settings.preset) else "--gsm8k-model "
     try:
         with _one_line(state):
-            identity = serve.check_model(
-                url,
-                endpoint.model or "",
-                state.scrubber(),
-                key,
-                timeout,
-                unnamed=not sends_model(state.settings.preset),
-                option="--gsm8k-model ",
-            )
+            model, scrub = endpoint.model or "", state.scrubber()
+            identity = serve.check_model(url, model, scrub, key, timeout, unnamed)
     except PreflightError as exc:
         if exc.kind in _REFUSALS:
             line = _REFUSALS[exc.kind].format(

@@ -479,14 +479,12 @@ def check_model(
     scrub: Scrubber,
     api_key: str | None,
     timeout: float,
-    *,
-    unnamed: bool = True,
-    option: str = "",
+    unnamed: str | None = "",
 ) -> dict[str, Any] | None:
     """What ``GET /models`` says of ``model`` (for the cache), or one :class:`ServeError` line:
-    a model the server does not list, or (``unnamed``: requests without a model field, as the
-    vllm preset sends them) one that would not answer as itself (an adapter would grade its
-    base; ``option`` names where the model was given). A failed listing: PreflightError."""
+    a model the server does not list, or one that would not answer requests without a model
+    field (the vllm preset's) as itself, an adapter grading its base (``unnamed``: what the
+    refusal names the model by; None: the requests name it). A failed listing: PreflightError."""
     cards: list[dict[str, Any]] = []
     models = list_models(base_url, api_key, timeout, cards)
     if models and model not in models:
@@ -494,6 +492,6 @@ def check_model(
             f"model {model!r} is not served by {shown_url(base_url)} "
             f"(it serves: {_listing(models, scrub)})"
         )
-    if unnamed and (why := unnamed_answerer(cards, model)) is not None:
-        raise ServeError(option + printable(scrub.text(unnamed_refusal(model, why))))
+    if unnamed is not None and (why := unnamed_answerer(cards, model)) is not None:
+        raise ServeError(unnamed + printable(scrub.text(unnamed_refusal(model, why))))
     return describe_server(cards, model)
