@@ -196,12 +196,10 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             model, scrub = endpoint.model or "", state.scrubber()
             identity = serve.check_model(url, model, scrub, key, timeout, unnamed)
     except PreflightError as exc:
+        shown = shown_url(url)
         if exc.kind in _REFUSALS:
             line = _REFUSALS[exc.kind].format(
-                shown=shown_url(url),
-                env=state.settings.api_key_env,
-                timeout=timeout,
-                detail=exc.detail,
+                shown=shown, env=state.settings.api_key_env, timeout=timeout, detail=exc.detail
             )
             raise pytest.UsageError(f"gsm8k: {line}") from None
         # a 404: when the same server answers under /v1, that is the URL to give
@@ -209,7 +207,7 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             with contextlib.suppress(PreflightError):
                 list_models(suggested, key, timeout=timeout)
                 raise pytest.UsageError(
-                    f"gsm8k: GET {shown_url(url).rstrip('/')}/models answered 404 and "
+                    f"gsm8k: GET {shown.rstrip('/')}/models answered 404 and "
                     f"{suggested}/models answers: the base URL needs /v1 "
                     f"(--gsm8k-base-url={suggested})"
                 ) from None
