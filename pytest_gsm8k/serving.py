@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_gsm8k.core.dataset import DatasetError
-from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
 from pytest_gsm8k.core.plan import Endpoint
 from pytest_gsm8k.core.presets import sends_model
 from pytest_gsm8k.core.scrub import printable, shown_url
@@ -71,7 +70,7 @@ def serve_run(state: State) -> serve.Started | None:
     with _one_line(state):
         if command:  # it holds {port}: core/settings.py refuses it without
             shown = state.scrubber().command(command)
-            spec: serve.Launch[Any] = serve.serve_spec(command, settings.model)
+            spec = serve.serve_spec(command, settings.model)
             check = "" if settings.model else "adopt"
             started = _launch(state, spec, "serve.log", check=check, about={"command": shown})
             what = f"{_shown(state, started.server.model)} with {shown!r}"
@@ -81,8 +80,7 @@ def serve_run(state: State) -> serve.Started | None:
             n_ctx = settings.local_ctx or max(
                 local.DEFAULT_N_CTX, 1536 + (settings.max_tokens or 0)
             )
-            threads = settings.local_threads
-            spec = local.local_spec(path, alias=local.DEFAULT_ALIAS, n_ctx=n_ctx, threads=threads)
+            spec = local.local_spec(path, n_ctx=n_ctx, threads=settings.local_threads)
             started = _launch(state, spec, "llama-server.log", about={"gguf": str(path)})
             what = f"{_shown(state, path.name)} with llama.cpp"
     return _serving(state, started, what)
@@ -97,12 +95,9 @@ def _launch_config(state: State, name: str) -> tuple[serve.ServedProcess, Engine
     command = state.settings.serve or VLLM_SERVE
     shown = state.scrubber().command(command)
     with _one_line(state, serve.ServeError):
-        args = config.serve_args()
-        env = {**os.environ, **config.serve_env()}
+        args, env = config.serve_args(), {**os.environ, **config.serve_env()}
         where = f"config {config.source}"
-        spec = serve.serve_spec(
-            command, config.model_name, server_args=args, env=env, context=where
-        )
+        spec = serve.serve_spec(command, config.model_name, args, env=env, context=where)
         about = {"command": shown, "argv_args": state.scrubber().words(args)}
         wait = config.startup_max_wait_seconds
         started = _launch(state, spec, f"serve-{name}.log", wait, check="listed", about=about)
@@ -128,7 +123,7 @@ def _one_line(state: State, error: Callable[[str], Exception] | None = None) -> 
 
 
 def _launch(
-    state: State, spec: serve.Launch[Any], log_name: str, timeout: float | None = None, **how: Any
+    state: State, spec: serve.Launch, log_name: str, timeout: float | None = None, **how: Any
 ) -> serve.Started:
     from pytest_gsm8k.runtime import serve
 
@@ -187,25 +182,28 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
     """One cheap call at session start: unreachable, bad key, unknown model, or a model that
     would not answer the preset's requests (an adapter's run would grade its base) is one
     line. Returns ``endpoint`` with what the server says of the model (for the cache)."""
+    from pytest_gsm8k.runtime import serve
     from pytest_gsm8k.runtime.client import PreflightError, list_models
 
-    url, key, model = endpoint.base_url, state.settings.api_key(), endpoint.model or ""
-    if url and (problem := url_problem(url)):
+    if endpoint.base_url and (problem := url_problem(endpoint.base_url)):
         source = "--gsm8k-base-url" if state.settings.base_url else "$OPENAI_BASE_URL"
         raise pytest.UsageError(f"gsm8k: {source}: {problem}")  # the URL may hold a secret
-    shown = shown_url(url or DEFAULT_BASE_URL)
-    cards: list[dict[str, Any]] = []
+    url, key = endpoint.base_url or DEFAULT_BASE_URL, state.settings.api_key()
     timeout = min(state.settings.timeout, PREFLIGHT_TIMEOUT)
+    unnamed = None if sends_model(state.settings.preset) else "--gsm8k-model "
     try:
-        models = list_models(url, key, timeout=timeout, cards=cards)
+        with _one_line(state):
+            model, scrub = endpoint.model or "", state.scrubber()
+            identity = serve.check_model(url, model, scrub, key, timeout, unnamed)
     except PreflightError as exc:
+        shown = shown_url(url)
         if exc.kind in _REFUSALS:
             line = _REFUSALS[exc.kind].format(
                 shown=shown, env=state.settings.api_key_env, timeout=timeout, detail=exc.detail
             )
             raise pytest.UsageError(f"gsm8k: {line}") from None
         # a 404: when the same server answers under /v1, that is the URL to give
-        if exc.status == 404 and (suggested := with_v1(url or DEFAULT_BASE_URL)):
+        if exc.status == 404 and (suggested := with_v1(url)):
             with contextlib.suppress(PreflightError):
                 list_models(suggested, key, timeout=timeout)
                 raise pytest.UsageError(
@@ -214,16 +212,7 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
                     f"(--gsm8k-base-url={suggested})"
                 ) from None
         return endpoint  # some servers have no /models; the first request will tell
-    if models and endpoint.model not in models:
-        listing = ", ".join(_shown(state, m) for m in models[:10])
-        raise pytest.UsageError(
-            f"gsm8k: model {endpoint.model!r} is not served by {shown} "
-            f"(it serves: {listing}{', ...' if len(models) > 10 else ''})"
-        )
-    if not sends_model(state.settings.preset) and (why := unnamed_answerer(cards, model)):
-        line = _shown(state, unnamed_refusal(model, why))
-        raise pytest.UsageError(f"gsm8k: --gsm8k-model {line}")
-    return Endpoint(endpoint.base_url, endpoint.model, describe_server(cards, model))
+    return Endpoint(endpoint.base_url, endpoint.model, identity)
 
 
 #: options after which the workers may collect other items than the plan's
@@ -247,7 +236,7 @@ def fetch(state: State, session: pytest.Session) -> None:
         asks = (
             r for p in state.run.collected for r in plan.protocol_of(p).request(p).asks(repeats)
         )
-        sources.matrix.begin(list(asks))
+        sources.matrix.start(list(asks))
     elif not overrides_present(session):
         sources.engine_for(sources.default_client())
 

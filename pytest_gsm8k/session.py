@@ -20,7 +20,7 @@ from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, command_secrets
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.tally import Tally
-from pytest_gsm8k.runtime import files, planning
+from pytest_gsm8k.runtime import outputs, planning
 from pytest_gsm8k.runtime.outputs import Output
 from pytest_gsm8k.sources import Sources
 
@@ -105,7 +105,7 @@ class Gsm8kSession:
         """(sockets this process may open for requests, the open-file limit), or None."""
         workers = getattr(self.config.option, "numprocesses", None)  # None on a worker
         spawned = workers if isinstance(workers, int) else 0
-        return files.descriptor_room(DESCRIPTOR_RESERVE + DESCRIPTOR_PER_WORKER * spawned)
+        return outputs.descriptor_room(DESCRIPTOR_RESERVE + DESCRIPTOR_PER_WORKER * spawned)
 
     def close(self) -> None:
         for output in self.outputs.values():

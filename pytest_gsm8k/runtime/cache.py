@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from pytest_gsm8k.core.jsontext import to_json_bytes
 from pytest_gsm8k.core.types import stable_hash
-from pytest_gsm8k.runtime.files import write_atomic
+from pytest_gsm8k.runtime.outputs import write_atomic
 
 SCHEMA = 1
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO would wait for its other end

@@ -21,7 +21,6 @@ from pytest_gsm8k.core.dataset import (
 )
 from pytest_gsm8k.core.settings import DATASET_CONFIGS
 from pytest_gsm8k.core.types import Problem
-from pytest_gsm8k.runtime.install import install_hint
 
 #: (config, split) -> sha256 of the uncompressed JSONL in pytest_gsm8k/data/CONFIG-SPLIT.jsonl.xz:
 #: those of openai/grade-school-math's grade_school_math/data files (MIT licence,
@@ -32,15 +31,6 @@ EMBEDDED = {
     ("socratic", "test"): "c96673362fa7a699f4836a9b6474a067448f95fe58064727501ee63ba4c3fdb6",
 }
 EMBEDDED_NAME = f"embedded {HUB_NAME}"
-
-
-def _read_jsonl(path: Path, split: str) -> list[Problem]:
-    try:
-        handle = path.open("rb")  # decoded line by line, so a bad byte names its line
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
-    with handle:
-        return parse_jsonl(handle, split, str(path))
 
 
 def _read_embedded(config: str, split: str) -> list[Problem]:
@@ -71,40 +61,26 @@ def _read_embedded(config: str, split: str) -> list[Problem]:
     return parse_jsonl(raw.splitlines(keepends=True), split, where)
 
 
-def _datasets(what: str) -> Any:
-    """The ``datasets`` package (the ``hub`` extra: some 250 MB no other run needs), or one
-    line naming the extra."""
+def _load_dataset(
+    what: str, where: str, failed: str, then: str, split: str, *args: Any, **kwargs: Any
+) -> list[Problem]:
+    """Rows through ``datasets``, the hub's and parquet files' alike. It is the ``hub`` extra
+    (some 250 MB no other run needs): ``what`` needs it, one line when it is missing. Any
+    failure (datasets raises many types) is one line: ``failed`` (the error) ``then``."""
     try:
         import datasets
     except ImportError:
+        from pytest_gsm8k.runtime.local import install_hint
+
         raise DatasetError(
             f"{what} needs the 'datasets' package, in the 'hub' extra: {install_hint('hub')}"
         ) from None
-    return datasets
-
-
-def _read_parquet(files: list[Path], split: str, where: str) -> list[Problem]:
-    """Parquet through ``datasets`` (the same code path as the hub download)."""
-    datasets, data_files = _datasets("reading parquet"), {split: [str(f) for f in files]}
     try:
-        ds = datasets.load_dataset("parquet", data_files=data_files, split=split)
-    except Exception as exc:  # datasets raises many types; the user needs the one line
-        raise DatasetError(f"{where}: cannot read parquet ({type(exc).__name__}: {exc})") from None
-    return rows_to_problems(iter(ds), split, where)
-
-
-def _load_hub(name: str, config: str, split: str) -> list[Problem]:
-    datasets = _datasets(f"--gsm8k-dataset {name}")
-    try:
-        ds = datasets.load_dataset(name, config, split=split)
+        ds = datasets.load_dataset(*args, split=split, **kwargs)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatasetError(
-            f"cannot load {name} ({config}/{split}) with datasets: {first}; "
-            "offline, leave out --gsm8k-dataset (the embedded copy) or point --gsm8k-data at "
-            "a local copy"
-        ) from None
-    return rows_to_problems(iter(ds), split, f"{name} {config}/{split}")
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DatasetError(f"{failed} ({type(exc).__name__}: {first}){then}") from None
+    return rows_to_problems(iter(ds), split, where)
 
 
 def load_split(
@@ -121,12 +97,7 @@ def load_split(
             f"--gsm8k-dataset-config: unknown config {config!r} (expected main or socratic)"
         )
     official = split == "test" and config == "main"  # its size is known
-    if data is None:
-        name = EMBEDDED_NAME if hub_name is None else hub_name
-        problems = (
-            _read_embedded(config, split) if hub_name is None else _load_hub(name, config, split)
-        )
-    else:
+    if data is not None:
         path = Path(data).expanduser()
         name, parquet = str(path), [path] if path.suffix == ".parquet" else []
         if path.is_dir():
@@ -141,7 +112,31 @@ def load_split(
             official = False  # a user's own file: named in the report, not the official split
         else:
             raise DatasetError(f"--gsm8k-data {path}: no such file or folder")
-        problems = _read_parquet(parquet, split, str(path)) if parquet else _read_jsonl(path, split)
+        if parquet:
+            files = {split: [str(f) for f in parquet]}
+            failed = f"{path}: cannot read parquet"
+            what = "reading parquet"
+            problems = _load_dataset(
+                what, str(path), failed, "", split, "parquet", data_files=files
+            )
+        else:
+            try:
+                handle = path.open("rb")  # decoded line by line, so a bad byte names its line
+            except OSError as exc:
+                raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
+            with handle:
+                problems = parse_jsonl(handle, split, str(path))
+    elif hub_name is None:
+        name, problems = EMBEDDED_NAME, _read_embedded(config, split)
+    else:
+        name, where = hub_name, f"{hub_name} {config}/{split}"
+        failed = f"cannot load {hub_name} ({config}/{split}) with datasets"
+        offline = (
+            "; offline, leave out --gsm8k-dataset (the embedded copy) or point --gsm8k-data at "
+            "a local copy"
+        )
+        what = f"--gsm8k-dataset {hub_name}"
+        problems = _load_dataset(what, where, failed, offline, split, hub_name, config)
     if official and len(problems) != TEST_SIZE:
         raise DatasetError(
             f"{name}: the GSM8K main test split has {TEST_SIZE} rows, this has {len(problems)}"

@@ -42,8 +42,7 @@ def settle(
     write is decided once more with its error (the one derived copy)."""
     from pytest_gsm8k.core.baseline import dumps
     from pytest_gsm8k.core.verdict import decide_run
-    from pytest_gsm8k.runtime.files import write_atomic
-    from pytest_gsm8k.runtime.outputs import reason
+    from pytest_gsm8k.runtime.outputs import reason, write_atomic
 
     verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
     failed: dict[str, str] = {}

@@ -1,6 +1,7 @@
 """``--gsm8k-model=local[:PATH]``: the GGUF, the llama.cpp server command that serves it,
-and the hints that fix a missing extra or a build for another CPU (docs/local-model.md); the
-rest is serve.py's. No llama_cpp import: that would load the native library into pytest."""
+and the hints that fix a missing extra (the hub's too) or a build for another CPU
+(docs/local-model.md); the rest is serve.py's. No llama_cpp import: that would load the
+native library into pytest."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.command import ServeCommand
-from pytest_gsm8k.runtime.files import write_atomic
-from pytest_gsm8k.runtime.install import install_hint
+from pytest_gsm8k.runtime.outputs import write_atomic
 from pytest_gsm8k.runtime.serve import Launch, ServedProcess, ServeError
 
 #: the packaged model's served id: stable, so cache keys and reports are too
@@ -105,6 +106,34 @@ def _require_extra(*, packaged: bool) -> None:
         )
 
 
+def install_command(direct_url: Mapping[str, Any] | None, extra: str = "local") -> str:
+    """The pip command that adds ``extra`` (``local``; ``hub``: a hub dataset) where pip's
+    install record (PEP 610 ``direct_url.json``; None: an index) says pytest-gsm8k came from:
+    the clone's folder (editable when it was), else the archive's or repository's URL, where
+    a bare ``pip install 'pytest-gsm8k[local]'`` would look in vain."""
+    record: Mapping[str, Any] = direct_url or {}
+    if not (url := str(record.get("url") or "")):
+        return "pip install " + shlex.quote(f"pytest-gsm8k[{extra}]")
+    if isinstance(folder := record.get("dir_info"), Mapping) and url.startswith("file://"):
+        editable = "-e " if folder.get("editable") else ""
+        path = urllib.request.url2pathname(url.removeprefix("file://"))
+        return f"pip install {editable}" + shlex.quote(f"{path}[{extra}]")
+    if isinstance(vcs := record.get("vcs_info"), Mapping):
+        revision = vcs.get("commit_id") or vcs.get("requested_revision")
+        url = f"{vcs.get('vcs', 'git')}+{url}" + (f"@{revision}" if revision else "")
+    return "pip install " + shlex.quote(f"pytest-gsm8k[{extra}] @ {url}")
+
+
+def install_hint(extra: str = "local") -> str:
+    """For this install: the first of its distributions with a record (a clone's folder on
+    ``sys.path`` also shows its ``.egg-info``, which has none)."""
+    for dist in importlib.metadata.distributions(name="pytest-gsm8k"):
+        with contextlib.suppress(ValueError, OSError):
+            if isinstance(data := json.loads(dist.read_text("direct_url.json") or "0"), Mapping):
+                return install_command(data, extra)
+    return install_command(None, extra)
+
+
 def _packaged_model_path() -> Path:
     """The packaged GGUF, assembled once. ``assemble()`` hashes the ~250 MB file on every
     call, so a marker records size and mtime when its sha256 last matched (every xdist worker
@@ -186,10 +215,10 @@ class LocalServer(ServedProcess):
 def local_spec(
     model_path: Path,
     *,
-    alias: str,
+    alias: str = DEFAULT_ALIAS,
     threads: int | None = None,
-    n_ctx: int | None = None,
-) -> Launch[LocalServer]:
+    n_ctx: int = DEFAULT_N_CTX,
+) -> Launch:
     """The spec that serves ``model_path`` (checked now) as ``alias`` on all the CPUs this
     process may use (llama.cpp's default is half: small CI machines need them all)."""
     _check_gguf(Path(model_path))
@@ -205,7 +234,7 @@ def local_spec(
             "port": port,
             "n_threads": threads,
             "n_threads_batch": threads,
-            "n_ctx": DEFAULT_N_CTX if n_ctx is None else n_ctx,
+            "n_ctx": n_ctx,
             # True (the default) keeps logits of every prompt token: 1 MB per token with
             # Gemma's 262k vocabulary, several times slower ingestion; only logprobs need them
             "logits_all": False,

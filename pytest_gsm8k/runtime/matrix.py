@@ -53,9 +53,9 @@ class Matrix:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
 
-    def begin(self, requests: Sequence[Request], *, guess: bool = False) -> None:
-        """Start the sequence with the collected items' requests (the first call counts; on
-        the answer server, a worker's plan: every item it collected)."""
+    def start(self, requests: Sequence[Request], *, guess: bool = False) -> None:
+        """Start the sequence with the collected items' requests, as an Engine is started (the
+        first call counts; on the answer server, a worker's plan: every item it collected)."""
         with self._lock:
             if self._thread is not None:
                 return
@@ -64,8 +64,6 @@ class Matrix:
                 by_group.setdefault(group_of(request.problem_id), []).append(request)
             self._thread = threading.Thread(target=self._drive, args=(by_group,), daemon=True)
             self._thread.start()
-
-    start = begin  # as an Engine is started
 
     def _drive(self, by_group: dict[str, list[Request]]) -> None:
         for name in self.names:

@@ -2,7 +2,8 @@
 at the end: a regular file, a new path or a link to either is replaced through a rename (the
 step summary appended to); a character device, a FIFO or this process's stdout or stderr is
 written to through a descriptor opened at the check, never replaced; anything else is refused
-(a folder, a block device, a socket, ``/proc``, ``/sys``, ``/dev/fd``, a name too long)."""
+(a folder, a block device, a socket, ``/proc``, ``/sys``, ``/dev/fd``, a name too long). The
+one atomic file writer, and the room left for open files."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ import select
 import stat
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from pytest_gsm8k.runtime.files import write_atomic
 
 #: seconds a FIFO or device may accept nothing before the write gives up
 STREAM_WAIT = 30.0
@@ -165,22 +165,53 @@ def _through_pseudo(path: str) -> bool:
 
 
 def _probe_folder(target: str, what: str) -> None:
-    """Make ``target``'s folder and a file in it, then remove the folders made (the write at
-    the end makes them for good)."""
-    folder = current = os.path.dirname(target)  # target is absolute: "/" ends the walk
-    missing: list[str] = []
-    while not os.path.lexists(current):
-        missing.insert(0, current)
-        current = os.path.dirname(current)
-    if not os.path.isdir(current):
-        raise OutputError(f"{what}: {current} is not a folder")
+    """A file made and removed in ``target``'s folder, or in the nearest one that exists (the
+    write at the end makes the folders missing)."""
+    folder = os.path.dirname(target)  # target is absolute: "/" ends the walk
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise OutputError(f"{what}: {folder} is not a folder")
     try:
-        for path in missing:
-            os.mkdir(path)
         tempfile.NamedTemporaryFile(dir=folder, prefix=".gsm8k-probe.").close()
     except OSError as exc:
         raise OutputError(f"{what}: cannot write in {folder}: {reason(exc)}") from None
-    finally:
-        for path in reversed(missing):
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool = True) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it (named by pid, thread and
+    at most 128 bytes of the target's name) and a rename. Only a regular file, a symlink or
+    nothing is replaced: a folder, FIFO or device is an OSError."""
+    target = os.fspath(path)
+    folder = os.path.dirname(target) or "."
+    if mkdir:
+        os.makedirs(folder, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(target).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a folder, not replaced", target)
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise FileExistsError(errno.EEXIST, "is not a regular file, not replaced", target)
+    short = os.fsdecode(os.fsencode(os.path.basename(target))[:128])
+    tmp = os.path.join(folder, f".{short}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            file.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def descriptor_room(reserve: int) -> tuple[int, int] | None:
+    """(descriptors this process may still open beyond ``reserve``, its soft limit), or None
+    where unlimited or unknown: past this room the run fails after every request was paid for."""
+    import resource
+
+    if (soft := resource.getrlimit(resource.RLIMIT_NOFILE)[0]) == resource.RLIM_INFINITY:
+        return None
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        with contextlib.suppress(OSError):
+            return soft - len(os.listdir(folder)) - reserve, soft
+    return soft - reserve, soft

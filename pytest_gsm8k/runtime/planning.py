@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,6 @@ from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, Sh
 from pytest_gsm8k.core.presets import PRESETS, preset_settings, takes_first
 from pytest_gsm8k.core.prompts import Protocol, draw_exemplars
 from pytest_gsm8k.core.settings import Settings, parse_shard
-from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split, train_source
 
 if TYPE_CHECKING:  # --gsm8k-config's (yaml): imported by the run that reads configs
@@ -100,9 +99,13 @@ def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protoc
     return build_protocol(preset, split)
 
 
-def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
-    """Each config with its protocol and the first ``num_questions`` problems of the split
-    (as vLLM's script takes them, not a seeded subset)."""
+def config_groups(
+    settings: Settings, split: Split, folder: Path, rootpath: Path
+) -> tuple[ConfigGroup, ...]:
+    """Each config with its protocol, the first ``num_questions`` problems of the split (as
+    vLLM's script takes them, not a seeded subset) and its own baseline, named by its label:
+    configs whose names differ only where a file name cannot (``a b``, ``a_b``; case) are
+    refused before any server starts."""
     from pytest_gsm8k.core.vllm_config import ConfigError
     from pytest_gsm8k.runtime.configs import load as load_configs
 
@@ -111,40 +114,19 @@ def config_groups(settings: Settings, split: Split) -> tuple[ConfigGroup, ...]:
         configs = load_configs(settings.vllm_config)
     except ConfigError as exc:
         raise DatasetError(str(exc)) from None
-    groups = []
+    groups, named = [], dict[str, str]()  # a baseline's file name, case folded -> its config's
     for config in configs:
         problems = split.problems[: config.num_questions]
         problems = tuple(dataclasses.replace(p, group=config.name) for p in problems)
-        groups.append(ConfigGroup(config, protocol_for(config, settings, split), problems))
-    return tuple(groups)
-
-
-def with_baselines(
-    groups: tuple[ConfigGroup, ...], folder: Path, rootpath: Path
-) -> Iterator[ConfigGroup]:
-    """Each config with its own baseline, named by its label: configs whose names differ
-    only where a file name cannot (``a b``, ``a_b``; case) are refused before any server
-    starts."""
-    named: dict[str, str] = {}  # a file name, case folded -> its config's
-    for group in groups:
+        group = ConfigGroup(config, protocol_for(config, settings, split), problems)
         file = f"{bl.default_name(group.label)}.gsm8k"
         if (other := named.setdefault(file.casefold(), group.name)) != group.name:
             raise DatasetError(
                 f"--gsm8k-config: configs {other!r} and {group.name!r} would share one baseline "
                 f"file ({file}): rename one"
             )
-        yield dataclasses.replace(group, baseline=read_baseline(folder / file, rootpath))
-
-
-def run_order(settings: Settings, problems: tuple[Problem, ...]) -> tuple[Problem, ...]:
-    """The split's order, or a seeded random one for the sequential early stop (its
-    guarantee needs a sample drawn without replacement)."""
-    if settings.early_stop != "sequential":
-        return problems
-    from pytest_gsm8k.core.early_stop import run_order as seeded
-
-    by_id = {p.id: p for p in problems}
-    return tuple(by_id[pid] for pid in seeded(list(by_id), settings.seed))
+        groups.append(dataclasses.replace(group, baseline=read_baseline(folder / file, rootpath)))
+    return tuple(groups)
 
 
 def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBaseline:
@@ -191,8 +173,7 @@ def build_plan(
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
     folder, baseline = rootpath / snapshot_dirname / "gsm8k", None
-    groups = config_groups(settings, split) if settings.vllm_config else ()
-    groups = tuple(with_baselines(groups, folder, rootpath))  # each config's baseline is its own
+    groups = config_groups(settings, split, folder, rootpath) if settings.vllm_config else ()
     if groups:
         selected = tuple(p for g in groups for p in g.problems)
         protocol = groups[0].protocol
@@ -221,12 +202,20 @@ def build_plan(
             dataclasses.replace(g, problems=tuple(p for p in g.problems if p.id in mine))
             for g in groups
         )
+    # the split's order, or a seeded random one for the sequential early stop (its guarantee
+    # needs a sample drawn without replacement)
+    order = selected
+    if settings.early_stop == "sequential":
+        from pytest_gsm8k.core.early_stop import run_order
+
+        by_id = {p.id: p for p in selected}
+        order = tuple(by_id[pid] for pid in run_order(list(by_id), settings.seed))
     return RunPlan(
         run_id=run_id,
         settings=settings,
         split=split,
         problems=selected,
-        run_order=run_order(settings, selected),
+        run_order=order,
         protocol=protocol,
         endpoint=endpoint,
         gates=GateSpecs.from_settings(settings),

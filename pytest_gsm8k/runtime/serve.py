@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Generic, TypeVar
+from typing import IO, Any
 
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
 from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
 from pytest_gsm8k.core.plan import Endpoint
-from pytest_gsm8k.core.scrub import Scrubber, printable, redact_options
+from pytest_gsm8k.core.scrub import Scrubber, printable, redact_options, shown_url
 from pytest_gsm8k.runtime.client import PreflightError, get_json, list_models
 from pytest_gsm8k.runtime.supervise import descendants
 
@@ -243,9 +243,6 @@ def _copy_log(pipe: IO[bytes], log: IO[bytes], scrub: Callable[[str], str]) -> N
         write(scrub(pending))
 
 
-_S = TypeVar("_S", bound=ServedProcess)
-
-
 def _free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as sock:
         return int(sock.getsockname()[1])
@@ -317,12 +314,72 @@ def _exited_head(server: ServedProcess, port: int) -> str:
     return f"{server.what} {server.ended('exited', before)}"
 
 
-def start_server(order: Launch[_S]) -> _S:
-    """Start ``order`` on a free loopback port and wait until ``GET /v1/models`` answers from
-    the server's own processes; a port taken meanwhile is retried. Any other early exit, or
-    no answer within its ``startup_timeout`` (all tries together), raises ``order.error`` with
-    the exit status and the tail of its log (which stays)."""
-    log_path, startup_timeout = order.log_path, order.startup_timeout
+def serve_spec(
+    command: str,
+    model: str | None,
+    server_args: tuple[str, ...] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    context: str = "",
+) -> Launch:
+    """The spec of ``--gsm8k-serve`` ``command``, ``{port}`` and ``{model}`` filled in so
+    that the model name never becomes code (core/command.py); refused now, as one line."""
+
+    def fill(port: int) -> ServeCommand:
+        try:
+            return serve_command(command, port, model, server_args)
+        except CommandError as exc:
+            raise ServeError(f"--gsm8k-serve: {exc}") from None
+
+    fill(0)  # refused now, before anything starts
+    shown = redact_options(command)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return Launch(
+        fill, model or "", f"the model server ({shown})", ServedProcess, env=env, context=context
+    )
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A server to start for the run (a command: serve_spec; a GGUF: local.local_spec), and
+    how to take it into use (docs/serving.md)."""
+
+    command: Callable[[int], ServeCommand]  # the command line for a port
+    model: str
+    what: str  # ServedProcess.what
+    factory: Callable[..., ServedProcess]  # a subclass adds its own checks (local.LocalServer)
+    error: type[ServeError] = ServeError
+    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
+    context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
+    scrub: Scrubber = field(default_factory=Scrubber)
+    api_key: str | None = None
+    list_timeout: float = 10.0
+    #: the model, once it serves: "adopt" the one it lists (--gsm8k-serve without a model);
+    #: "listed": refuse one it does not list or that would answer unnamed (a config, whose
+    #: vllm preset names no model); "": the session's preflight checks it
+    check: str = ""
+    about: Mapping[str, Any] = field(default_factory=dict)  # the report's command/gguf/args
+    progress: Callable[[float], None] | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    server: ServedProcess
+    info: dict[str, Any]
+    identity: dict[str, Any] | None = None  # what its GET /models says of the model
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.server.base_url, self.server.model, self.identity)
+
+
+def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
+    """Start ``order`` (``how``: any other field of it) on a free loopback port, wait until
+    ``GET /v1/models`` answers from the server's own processes (a port taken meanwhile is
+    retried), probe it and check its model. Any failure is one :class:`ServeError` (the
+    order's subclass) line, the server stopped: an early exit, or no answer within
+    ``startup_timeout`` (all tries together), with the exit status and the tail of its log."""
+    order = dataclasses.replace(order, **how)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
     log_path.write_bytes(b"")
@@ -351,12 +408,13 @@ def start_server(order: Launch[_S]) -> _S:
         try:
             failure = server._started(deadline)
             outcome = failure or _wait_ready(server, port, deadline, order.progress)
+            if outcome == "ready":
+                server.startup_seconds = time.monotonic() - started
+                server.probe()
+                return _taken(server, order)
         except BaseException:  # KeyboardInterrupt included: never leave it running
             server.stop(timeout=2.0)
             raise
-        if outcome == "ready":
-            server.startup_seconds = time.monotonic() - started
-            return server
         server.stop(timeout=2.0)
         if failure:
             raise order.error(f"{what} could not be started: {failure}{where}")
@@ -371,79 +429,33 @@ def start_server(order: Launch[_S]) -> _S:
     raise order.error(_with_tail(f"{head} (log {log_path})", text))
 
 
-def serve_spec(
-    command: str,
-    model: str | None,
-    *,
-    server_args: tuple[str, ...] | None = None,
-    env: Mapping[str, str] | None = None,
-    context: str = "",
-) -> Launch[ServedProcess]:
-    """The spec of ``--gsm8k-serve`` ``command``, ``{port}`` and ``{model}`` filled in so
-    that the model name never becomes code (core/command.py); refused now, as one line."""
-
-    def fill(port: int) -> ServeCommand:
+def _taken(server: ServedProcess, order: Launch) -> Started:
+    """The server that serves, its model adopted or checked (``order.check``), and what the
+    report says of it."""
+    identity = None
+    if order.check == "adopt":
         try:
-            return serve_command(command, port, model, server_args)
-        except CommandError as exc:
-            raise ServeError(f"--gsm8k-serve: {exc}") from None
-
-    fill(0)  # refused now, before anything starts
-    shown = redact_options(command)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return Launch(
-        fill, model or "", f"the model server ({shown})", ServedProcess, env=env, context=context
-    )
-
-
-@dataclass(frozen=True)
-class Launch(Generic[_S]):
-    """A server to start for the run (a command: serve_spec; a GGUF: local.local_spec), and
-    how to take it into use (docs/serving.md); the caller adds its log and timeout."""
-
-    command: Callable[[int], ServeCommand]  # the command line for a port
-    model: str
-    what: str  # ServedProcess.what
-    factory: Callable[..., _S]  # a subclass adds its own checks (local.LocalServer)
-    error: type[ServeError] = ServeError
-    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
-    context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
-    log_path: Path = Path()
-    startup_timeout: float = 0.0
-    scrub: Scrubber = field(default_factory=Scrubber)
-    api_key: str | None = None
-    list_timeout: float = 10.0
-    #: the model, once it serves: "adopt" the one it lists (--gsm8k-serve without a model);
-    #: "listed": refuse one it does not list or that would answer unnamed (a config, whose
-    #: vllm preset names no model); "": the session's preflight checks it
-    check: str = ""
-    about: Mapping[str, Any] = field(default_factory=dict)  # the report's command/gguf/args
-    progress: Callable[[float], None] | None = None
-
-
-@dataclass(frozen=True)
-class Started:
-    server: ServedProcess
-    info: dict[str, Any]
-    identity: dict[str, Any] | None = None  # what its GET /models says of the model
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return Endpoint(self.server.base_url, self.server.model, self.identity)
-
-
-def launch(order: Launch[Any], *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
-    """Start ``order`` (its log and timeout required here: the order's are placeholders; ``how``:
-    any other field), wait until it serves, probe it and check its model. Any failure is one
-    :class:`ServeError` (the order's subclass) line, the server stopped."""
-    how |= {"log_path": log_path, "startup_timeout": startup_timeout}
-    server = start_server(order := dataclasses.replace(order, **how))
-    try:
-        server.probe()
-        identity = _check_model(server, order) if order.check else None
-    except BaseException:
-        server.stop(timeout=2.0)
-        raise
+            models = list_models(server.base_url, order.api_key, order.list_timeout)
+        except PreflightError as exc:
+            raise ServeError(
+                f"--gsm8k-serve: cannot list the server's models ({exc.detail}); give --gsm8k-model"
+            ) from None
+        if len(models) != 1:
+            raise ServeError(
+                f"--gsm8k-serve: the server lists {len(models)} models "
+                f"({_listing(models, order.scrub) or 'none'}); choose one with --gsm8k-model"
+            )
+        if order.scrub.text(models[0]) != models[0]:  # the key would be the run's model name
+            raise ServeError(
+                f"--gsm8k-serve: the server's only model id holds the API key "
+                f"({_listing(models, order.scrub)}); choose the model with --gsm8k-model"
+            )
+        server.model = models[0]
+    elif order.check:
+        with contextlib.suppress(PreflightError):  # the first replies tell
+            identity = check_model(
+                server.base_url, server.model, order.scrub, order.api_key, order.list_timeout
+            )
     info = {
         "pid": server.pid,
         **order.about,
@@ -455,36 +467,31 @@ def launch(order: Launch[Any], *, log_path: Path, startup_timeout: float, **how:
     return Started(server, order.scrub.obj(info), identity)
 
 
-def _check_model(server: ServedProcess, order: Launch[Any]) -> dict[str, Any] | None:
+def _listing(models: list[str], scrub: Scrubber) -> str:
+    """The first ten model ids a server lists, fit for a terminal: no secret, no escapes."""
+    shown = ", ".join(printable(scrub.text(m)) for m in models[:10])
+    return shown + (", ..." if len(models) > 10 else "")
+
+
+def check_model(
+    base_url: str,
+    model: str,
+    scrub: Scrubber,
+    api_key: str | None,
+    timeout: float,
+    unnamed: str | None = "",
+) -> dict[str, Any] | None:
+    """What ``GET /models`` says of ``model`` (for the cache), or one :class:`ServeError` line:
+    a model the server does not list, or one that would not answer requests without a model
+    field (the vllm preset's) as itself, an adapter grading its base (``unnamed``: what the
+    refusal names the model by; None: the requests name it). A failed listing: PreflightError."""
     cards: list[dict[str, Any]] = []
-    try:
-        models = list_models(server.base_url, order.api_key, order.list_timeout, cards)
-    except PreflightError as exc:
-        if order.check == "adopt":
-            raise ServeError(
-                f"--gsm8k-serve: cannot list the server's models ({exc.detail}); give --gsm8k-model"
-            ) from None
-        models = []  # the first replies tell
-
-    def shown(text: str) -> str:
-        return printable(order.scrub.text(text))
-
-    listing = ", ".join(shown(m) for m in models[:10]) + (", ..." if len(models) > 10 else "")
-    if order.check == "adopt":
-        if len(models) != 1:
-            raise ServeError(
-                f"--gsm8k-serve: the server lists {len(models)} models ({listing or 'none'}); "
-                "choose one with --gsm8k-model"
-            )
-        if order.scrub.text(models[0]) != models[0]:  # the key would be the run's model name
-            raise ServeError(
-                f"--gsm8k-serve: the server's only model id holds the API key "
-                f"({shown(models[0])}); choose the model with --gsm8k-model"
-            )
-        server.model = models[0]
-        return None
-    if models and server.model not in models:
-        raise ServeError(f"the server does not serve {server.model!r} (it serves: {listing})")
-    if (why := unnamed_answerer(cards, server.model)) is not None:
-        raise ServeError(shown(unnamed_refusal(server.model, why)))
-    return describe_server(cards, server.model)
+    models = list_models(base_url, api_key, timeout, cards)
+    if models and model not in models:
+        raise ServeError(
+            f"model {model!r} is not served by {shown_url(base_url)} "
+            f"(it serves: {_listing(models, scrub)})"
+        )
+    if unnamed is not None and (why := unnamed_answerer(cards, model)) is not None:
+        raise ServeError(unnamed + printable(scrub.text(unnamed_refusal(model, why))))
+    return describe_server(cards, model)

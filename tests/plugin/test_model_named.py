@@ -13,6 +13,7 @@ adapter and run as before, and so does vLLM's own case: the one model served, or
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,10 +166,16 @@ def test_requests_that_name_the_adapter_run_it(
     [
         (
             ["--model=org/Base", "--adapter={model}"],
-            "'org/Lora' is not the model that answers: GET /v1/models lists it as an adapter "
-            "of 'org/Base'",
+            re.escape(
+                "'org/Lora' is not the model that answers: GET /v1/models lists it as an "
+                "adapter of 'org/Base'"
+            ),
         ),
-        (["--model=org/Other"], "the server does not serve 'org/Lora' (it serves: org/Other)"),
+        (
+            ["--model=org/Other"],
+            r"model 'org/Lora' is not served by http://127\.0\.0\.1:\d+/v1 "
+            r"\(it serves: org/Other\)",
+        ),
     ],
     ids=["adapter", "unlisted"],
 )
@@ -196,7 +203,7 @@ def test_a_config_whose_model_the_server_would_not_answer_as_is_refused(
     )
     text = output(result)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, f"{RULE}: {text}"
-    assert f"config Lora: {why}" in text, text
+    assert re.search(f"config Lora: {why}", text), text
     assert "Traceback" not in text
     assert not record.exists()  # no request sent
     [config] = report(pytester)["configs"]

@@ -108,7 +108,7 @@ def _sources() -> dict[str, str]:
         ('option: str = "--gsm8k-min-acc"', "core/gates.py"),
         ("def is_local_spec(", "core/settings.py"),
         ("subprocess.Popen(", "runtime/serve.py"),  # one way to start a server
-        ("def start_server(", "runtime/serve.py"),
+        ("def launch(", "runtime/serve.py"),
     ],
 )
 def test_each_rule_is_written_once(needle: str, home: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gsm8k.runtime.files import write_atomic
+from pytest_gsm8k.runtime.outputs import write_atomic
 
 
 def test_write_atomic_never_renames_over_a_special_file(tmp_path: Path) -> None:

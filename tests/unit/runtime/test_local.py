@@ -21,7 +21,6 @@ import time
 import types
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,14 @@ from helpers import REPO, wait_until
 
 import pytest_gsm8k.runtime.local as local
 import pytest_gsm8k.runtime.serve as serve
-from pytest_gsm8k.runtime.install import install_command, install_hint
-from pytest_gsm8k.runtime.local import DEFAULT_ALIAS, LocalServer, LocalServerError, resolve_model
+from pytest_gsm8k.runtime.local import (
+    DEFAULT_ALIAS,
+    LocalServer,
+    LocalServerError,
+    install_command,
+    install_hint,
+    resolve_model,
+)
 
 LOCAL_PY = REPO / "pytest_gsm8k" / "runtime" / "local.py"
 
@@ -90,14 +95,14 @@ def _answers(base_url: str) -> bool:
 def start_local_server(
     path: Path, *, alias: str, log_path: Path, startup_timeout: float = 120.0, **spec: Any
 ) -> LocalServer:
-    """Serve ``path`` as the local preset does (its spec, then serve.py's start)."""
-    return serve.start_server(
-        replace(
-            local.local_spec(path, alias=alias, **spec),
-            log_path=log_path,
-            startup_timeout=startup_timeout,
-        )
+    """Serve ``path`` as the local preset does (its spec, then serve.py's launch)."""
+    started = serve.launch(
+        local.local_spec(path, alias=alias, **spec),
+        log_path=log_path,
+        startup_timeout=startup_timeout,
     )
+    assert isinstance(started.server, LocalServer)
+    return started.server
 
 
 def _run_python(code: str, **kwargs: Any) -> subprocess.Popen[str]:
@@ -419,10 +424,9 @@ _CHILD = """
     import json, sys, time
     from pathlib import Path
     from pytest_gsm8k.runtime.local import local_spec, resolve_model
-    from dataclasses import replace
-    from pytest_gsm8k.runtime.serve import start_server
-    srv = start_server(replace(local_spec(resolve_model("local"), alias="child", n_ctx=256),
-                       log_path=Path(sys.argv[1]), startup_timeout=60))
+    from pytest_gsm8k.runtime.serve import launch
+    srv = launch(local_spec(resolve_model("local"), alias="child", n_ctx=256),
+                 log_path=Path(sys.argv[1]), startup_timeout=60).server
     print(json.dumps({"pid": srv.pid, "url": srv.base_url}), flush=True)
     if sys.argv[2] == "sleep":
         time.sleep(600)
