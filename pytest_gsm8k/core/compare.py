@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -128,26 +128,20 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
-    """B against A: the pairs (``shared``, errors left out) and the ids left out, the flips,
-    B - A with its 95% interval, the gate's verdict and why it is no verdict (else None)."""
+    """B against A: the ids left out of the pairs (errors among them), the gate's verdict and
+    why it is no verdict (else None); ``block``: the verdict's baseline block, which holds the
+    pairs (``shared``), the flips and B - A with its 95% interval."""
 
     label: str
     a: Side
     b: Side
-    shared: int
     only_a: int
     only_b: int
     errors: int
-    newly_failing: tuple[str, ...]
-    newly_passing: tuple[str, ...]
-    diff: float
-    low: float
-    high: float
-    p_value: float
     verdict: GateVerdict
+    block: Mapping[str, Any]
     undecided: str | None = None
     config: str = ""  # the --gsm8k-config config compared
-    block: Mapping[str, Any] = field(default_factory=dict)  # the verdict's baseline block
 
     @property
     def worse(self) -> bool:
@@ -214,20 +208,13 @@ def compare(
         label=group.label,
         a=_side("A", where_a, a, seen["baseline_accuracy"]),
         b=_side("B", where_b, b, seen["current_accuracy"]),
-        shared=seen["shared"],
         only_a=len(in_a.keys() - in_b.keys()),
         only_b=len(in_b.keys() - in_a.keys()),
         errors=len(bad),
-        newly_failing=tuple(seen["newly_failing"]),
-        newly_passing=tuple(seen["newly_passing"]),
-        diff=seen["difference"],
-        low=seen["difference_ci95"][0],
-        high=seen["difference_ci95"][1],
-        p_value=seen["p_value"],
         verdict=verdict,
+        block=seen,
         undecided=not_whole if verdict.undecided else None,
         config=str(config.get("name") or "") if isinstance(config, Mapping) else "",
-        block=seen,
     )
 
 
