@@ -26,6 +26,9 @@ MAX_CONFIGS = 1_000
 #: the longest problem id (a config's name, a file's stem, ``test-0042``) and config name
 MAX_ID = 1_000
 
+Report = Mapping[str, Any]  # a JSON report (load_report), or one config's of a matrix
+Files = tuple[str, str]  # the two reports' file names, A's then B's
+
 
 class CompareError(Exception):
     """Two reports that cannot be compared, or a file that is not a report (one line)."""
@@ -148,13 +151,7 @@ class Comparison:
         return not self.verdict.passed
 
 
-def compare(
-    a: Mapping[str, Any],
-    b: Mapping[str, Any],
-    *,
-    alpha: float = 0.05,
-    where: tuple[str, str] = ("A", "B"),
-) -> Comparison:
+def compare(a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "B")) -> Comparison:
     """Report ``b`` against report ``a`` (both from :func:`load_report`, files ``where``);
     :class:`CompareError` for other protocols or datasets, or no problem to pair."""
     where_a, where_b = where
@@ -219,11 +216,7 @@ def compare(
 
 
 def compare_all(
-    a: Mapping[str, Any],
-    b: Mapping[str, Any],
-    *,
-    alpha: float = 0.05,
-    where: tuple[str, str] = ("A", "B"),
+    a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "B")
 ) -> list[Comparison | CompareError]:
     """:func:`compare`, or for two ``--gsm8k-config`` reports one entry per config, each
     compared or refused on its own (a matrix against a single run is refused)."""
@@ -251,7 +244,7 @@ def compare_all(
     return results
 
 
-def _configs(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _configs(report: Report) -> dict[str, dict[str, Any]]:
     """A matrix report's configs by name, each with the problems whose ids carry its name."""
     problems: dict[str, list[Any]] = {}
     for record in report["problems"]:
@@ -276,7 +269,7 @@ def _record(record: Mapping[str, Any]) -> ProblemRecord:
     return cast(ProblemRecord, out)
 
 
-def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
+def _not_whole(name: str, report: Report) -> str | None:
     """Why ``report`` does not hold its whole selection (a report hiding its failures would
     leave them out), or None."""
     subset = report.get("subset")
@@ -289,6 +282,6 @@ def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _side(name: str, where: str, report: Mapping[str, Any], accuracy: float) -> Side:
+def _side(name: str, where: str, report: Report, accuracy: float) -> Side:
     model, complete = str(report.get("model") or ""), report.get("complete") is not False
     return Side(name, where, model, len(report["problems"]), accuracy, complete)
