@@ -144,10 +144,7 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
 
 def _chernoff(informative: Sequence[Pair], observed: int) -> float:
     """``min_λ e^{-λ S_obs} Π E[e^{λ s_i}]`` over a grid of λ: an upper bound on the tail."""
-    strata = Counter(
-        (pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
-        for pair in informative
-    )
+    strata = Counter((p.base_correct + p.now_correct, p.base_runs, p.now_runs) for p in informative)
     laws = [(_null(*key)[1], count) for key, count in strata.items()]
     best = 0.0
     for step in range(1, 200):

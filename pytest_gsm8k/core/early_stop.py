@@ -354,10 +354,10 @@ class EarlyStop:
         return f"{name} {state} ({why})"
 
     def headline(self) -> str:
-        decided = self.decision is not None
+        done = self.decision  # once decided, the gates it settled
         phrases = "; ".join(
-            self._gate_phrase(name) for name, v in self._verdicts.items() if not decided or v
+            self._gate_phrase(n) for n, v in self._verdicts.items() if not done or v
         )
-        if self.decision is None:
+        if done is None:
             return f"not stopped early ({self.observed} of {self.n_total} problems): {phrases}"
-        return f"stopped after {self.decision.after} of {self.n_total} problems: {phrases}"
+        return f"stopped after {done.after} of {self.n_total} problems: {phrases}"
