@@ -303,11 +303,9 @@ def first_difference(
 ) -> str | None:
     """The first protocol, config or dataset field that differs, as a phrase; None when
     comparable. Every comparison of runs asks this."""
-    now, base = (
-        {k: v for k, v in d["protocol"].items() if k != "label"} for d in (summary_json, baseline)
-    )
+    now, base = summary_json["protocol"], baseline["protocol"]
     # the options a user sets before what follows from them: "shots is 5", not a hash
-    order = sorted({*now, *base}, key=lambda k: (k in DERIVED, k))
+    order = sorted({*now, *base} - {"label"}, key=lambda k: (k in DERIVED, k))
     now_c, base_c = (
         c if isinstance(c, Mapping) else {}
         for c in (summary_json.get("config"), baseline.get("config"))
