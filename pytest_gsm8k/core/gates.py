@@ -50,8 +50,7 @@ NOT_A_VERDICT = "not a verdict: "
 
 
 def undecided(verdict: GateVerdict, why: str | None) -> GateVerdict:
-    """``verdict`` as no verdict (a gate not decided never passes; ``why`` None: it is one); a
-    FAIL stays the rule's."""
+    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL stays the rule's."""
     if why is None:
         return verdict
     if verdict.passed:
