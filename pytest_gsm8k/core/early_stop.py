@@ -336,9 +336,8 @@ class EarlyStop:
         if gate is None:  # the noise-aware baseline gate
             if "p_bounds" not in info:
                 return "baseline waits for the end of the run (--gsm8k-repeats on the candidate)"
-            return "baseline {} (noise-aware p reachable {:.4g}-{:.4g})".format(
-                state, *info["p_bounds"]
-            )
+            low, high = info["p_bounds"]
+            return f"baseline {state} (noise-aware p reachable {low:.4g}-{high:.4g})"
         outcome = gate.spec.outcome if isinstance(gate.spec, MaxShare) else ""
         what, (low, high) = f"{outcome} share" if outcome else "accuracy", info["bounds"]
         why = f"at most {high:.4f} reachable"
