@@ -79,7 +79,7 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
             sys.stdout.write(f"### gsm8k compare: {md_text(clip(str(result), 500))}\n\n")
             code = REFUSED
             continue
-        flips = (*result.newly_failing, *result.newly_passing)
+        flips = (*result.block["newly_failing"], *result.block["newly_passing"])
         if flips and plain is None:
             plain = _questions(a)
         # a config's ids carry its name (alpha:test-0042), the split's do not

@@ -17,7 +17,6 @@ from pytest_gsm8k.core.calibrated import (
     Evidence,
     Pair,
     difference,
-    evidence,
     reach,
     stability,
 )
@@ -304,11 +303,9 @@ def first_difference(
 ) -> str | None:
     """The first protocol, config or dataset field that differs, as a phrase; None when
     comparable. Every comparison of runs asks this."""
-    now, base = (
-        {k: v for k, v in d["protocol"].items() if k != "label"} for d in (summary_json, baseline)
-    )
+    now, base = summary_json["protocol"], baseline["protocol"]
     # the options a user sets before what follows from them: "shots is 5", not a hash
-    order = sorted({*now, *base}, key=lambda k: (k in DERIVED, k))
+    order = sorted({*now, *base} - {"label"}, key=lambda k: (k in DERIVED, k))
     now_c, base_c = (
         c if isinstance(c, Mapping) else {}
         for c in (summary_json.get("config"), baseline.get("config"))
@@ -345,39 +342,36 @@ def moved_from(
     return None
 
 
-def compare(
-    baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]], run_ids: Collection[str]
+def noise_block(
+    baseline: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    run_ids: Collection[str],
+    alpha: float,
+    seen: Evidence,
 ) -> dict[str, Any]:
-    """The report's counts of a comparison beside :func:`noise_block`."""
-    base = baseline["problems"]
+    """The report's baseline block: the pairs' counts, McNemar's p on the most common outcomes,
+    and what the noise-aware gate sees (``seen``: the pairs' evidence)."""
+    base, paired = baseline["problems"], pairs(baseline, records)
     flips = Counter(
         (_correct(base[str(r["id"])]), bool(r["correct"])) for r in records if str(r["id"]) in base
     )
+    counts = _stabilities((p.base_correct, p.base_runs) for p in paired)
+    can, (diff, low, high) = reach(paired, alpha), difference(paired)
+    shared = len(paired) or 1  # the means of no pair are 0
+    runs = max((p.base_runs for p in paired), default=1)
+    now_runs = max((p.now_runs for p in paired), default=1)
     return {
-        "shared": flips.total(),
+        "shared": len(paired),
         "mcnemar_p": mcnemar_one_sided(flips[True, False], flips[False, True]),
-        "subset": flips.total() < len(base),
+        "subset": len(paired) < len(base),
         "baseline_n": len(base),
         "not_in_baseline": len(set(run_ids) - set(base)),
-    }
-
-
-def noise_block(
-    pairs: Sequence[Pair], alpha: float, seen: Evidence | None = None
-) -> dict[str, Any]:
-    """The report's baseline block: what the noise-aware gate sees."""
-    counts = _stabilities((p.base_correct, p.base_runs) for p in pairs)
-    seen, can, (diff, low, high) = seen or evidence(pairs), reach(pairs, alpha), difference(pairs)
-    shared = len(pairs) or 1  # the means of no pair are 0
-    runs = max((p.base_runs for p in pairs), default=1)
-    now_runs = max((p.now_runs for p in pairs), default=1)
-    return {
         # like with like: the mean rates over every run of each side, one estimate
-        "baseline_accuracy": sum(p.base_rate for p in pairs) / shared,
-        "current_accuracy": sum(p.now_rate for p in pairs) / shared,
+        "baseline_accuracy": sum(p.base_rate for p in paired) / shared,
+        "current_accuracy": sum(p.now_rate for p in paired) / shared,
         # each side's interval by the headline's rule (one run: Wilson; repeats: clustered)
-        "baseline_ci95": list(accuracy_interval([p.base_rate for p in pairs], runs)),
-        "current_ci95": list(accuracy_interval([p.now_rate for p in pairs], now_runs)),
+        "baseline_ci95": list(accuracy_interval([p.base_rate for p in paired], runs)),
+        "current_ci95": list(accuracy_interval([p.now_rate for p in paired], now_runs)),
         "difference": diff,
         "difference_ci95": [low, high],
         "p_value": seen.p,
@@ -386,16 +380,16 @@ def noise_block(
         "repeats": {"baseline": runs, "run": now_runs},
         "detectable_drop": {
             "problems": round(can.problems, 1),
-            "points": round(can.points, 2) if pairs else None,
+            "points": round(can.points, 2) if paired else None,
             "power": POWER,
             "repeats_for_one_point": can.repeats_for_one_point,
         },
-        "newly_failing": [p.problem_id for p in pairs if p.failing],
+        "newly_failing": [p.problem_id for p in paired if p.failing],
         "newly_passing": [
-            p.problem_id for p in pairs if p.base_correct < p.base_runs and p.now_correct > 0
+            p.problem_id for p in paired if p.base_correct < p.base_runs and p.now_correct > 0
         ],
-        "stable_flips": [p.problem_id for p in pairs if p.stable_flip],
-        "noisy_failing": [p.problem_id for p in pairs if p.failing and p.stability == "noisy"],
+        "stable_flips": [p.problem_id for p in paired if p.stable_flip],
+        "noisy_failing": [p.problem_id for p in paired if p.failing and p.stability == "noisy"],
         "stability": counts,
         "flip_rate": counts["noisy"] / shared,
     }

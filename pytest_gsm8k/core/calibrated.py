@@ -41,6 +41,8 @@ MAX_REPEATS = 100
 Stability = Literal["stable-correct", "stable-wrong", "noisy"]
 #: a law of a sum: (its smallest value, the probabilities of it and each next integer)
 _Law = tuple[int, list[float]]
+#: a problem's scores with their null probabilities: (score, probability), by score
+_Scores = tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,8 @@ class Pair:
 
     @property
     def score(self) -> int:
-        return _scores(self.base_correct + self.now_correct, self.base_runs, self.now_runs)[
-            self.now_correct
-        ]
+        scores, _ = _null(self.base_correct + self.now_correct, self.base_runs, self.now_runs)
+        return scores[self.now_correct]
 
 
 def stability(correct: int, runs: int) -> Stability:
@@ -87,25 +88,20 @@ def stability(correct: int, runs: int) -> Stability:
 
 
 @lru_cache(maxsize=4096)
-def _law(total: int, before: int, after: int) -> tuple[tuple[int, float], ...]:
-    """One problem's null law of integer scores given its total: (score, probability)."""
-    law: dict[int, float] = {}
-    pmf = hypergeometric_pmf(total, before, after)
-    for score, prob in zip(_scores(total, before, after), pmf, strict=True):
-        if prob > 0.0:
-            law[score] = law.get(score, 0.0) + prob
-    return tuple(sorted(law.items()))
-
-
-@lru_cache(maxsize=4096)
-def _scores(total: int, before: int, after: int) -> tuple[int, ...]:
-    """``round(RESOLUTION u⁴ / u_max²)`` for ``d = 0..after`` (0 for an impossible ``d``)."""
+def _null(total: int, before: int, after: int) -> tuple[tuple[int, ...], _Scores]:
+    """One problem's integer scores ``round(RESOLUTION u⁴ / u_max²)`` for ``d = 0..after`` (0
+    for an impossible ``d``), and their null law given its total: (score, probability)."""
     pmf = hypergeometric_pmf(total, before, after)
     most = math.log(hypergeometric_pmf(before, before, after)[0]) ** 2  # 1 / C(K + L, L)
-    return tuple(
+    scores = tuple(
         0 if below == 0.0 else round(RESOLUTION * math.log(min(1.0, below)) ** 4 / most)
         for below in itertools.accumulate(pmf)
     )
+    law: dict[int, float] = {}
+    for score, prob in zip(scores, pmf, strict=True):
+        if prob > 0.0:
+            law[score] = law.get(score, 0.0) + prob
+    return scores, tuple(sorted(law.items()))
 
 
 def _informative(pairs: Iterable[Pair]) -> list[Pair]:
@@ -131,7 +127,7 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
     dist = [1.0] + [0.0] * top
     reach = 0  # highest index holding mass, below top
     for pair in informative:
-        law = _law(pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
+        _, law = _null(pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
         new = [0.0] * (top + 1)
         new[top] = dist[top]
         span = reach + 1
@@ -148,11 +144,8 @@ def flip_p_value(pairs: Sequence[Pair]) -> float:
 
 def _chernoff(informative: Sequence[Pair], observed: int) -> float:
     """``min_λ e^{-λ S_obs} Π E[e^{λ s_i}]`` over a grid of λ: an upper bound on the tail."""
-    strata = Counter(
-        (pair.base_correct + pair.now_correct, pair.base_runs, pair.now_runs)
-        for pair in informative
-    )
-    laws = [(_law(*key), count) for key, count in strata.items()]
+    strata = Counter((p.base_correct + p.now_correct, p.base_runs, p.now_runs) for p in informative)
+    laws = [(_null(*key)[1], count) for key, count in strata.items()]
     best = 0.0
     for step in range(1, 200):
         lam = 1e-4 * 1.08**step

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +25,9 @@ MAX_PROBLEMS = 100_000
 MAX_CONFIGS = 1_000
 #: the longest problem id (a config's name, a file's stem, ``test-0042``) and config name
 MAX_ID = 1_000
+
+Report = Mapping[str, Any]  # a JSON report (load_report), or one config's of a matrix
+Files = tuple[str, str]  # the two reports' file names, A's then B's
 
 
 class CompareError(Exception):
@@ -128,39 +131,27 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
-    """B against A: the pairs (``shared``, errors left out) and the ids left out, the flips,
-    B - A with its 95% interval, the gate's verdict and why it is no verdict (else None)."""
+    """B against A: the ids left out of the pairs (errors among them), the gate's verdict and
+    why it is no verdict (else None); ``block``: the verdict's baseline block, which holds the
+    pairs (``shared``), the flips and B - A with its 95% interval."""
 
     label: str
     a: Side
     b: Side
-    shared: int
     only_a: int
     only_b: int
     errors: int
-    newly_failing: tuple[str, ...]
-    newly_passing: tuple[str, ...]
-    diff: float
-    low: float
-    high: float
-    p_value: float
     verdict: GateVerdict
+    block: Mapping[str, Any]
     undecided: str | None = None
     config: str = ""  # the --gsm8k-config config compared
-    block: Mapping[str, Any] = field(default_factory=dict)  # the verdict's baseline block
 
     @property
     def worse(self) -> bool:
         return not self.verdict.passed
 
 
-def compare(
-    a: Mapping[str, Any],
-    b: Mapping[str, Any],
-    *,
-    alpha: float = 0.05,
-    where: tuple[str, str] = ("A", "B"),
-) -> Comparison:
+def compare(a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "B")) -> Comparison:
     """Report ``b`` against report ``a`` (both from :func:`load_report`, files ``where``);
     :class:`CompareError` for other protocols or datasets, or no problem to pair."""
     where_a, where_b = where
@@ -214,29 +205,18 @@ def compare(
         label=group.label,
         a=_side("A", where_a, a, seen["baseline_accuracy"]),
         b=_side("B", where_b, b, seen["current_accuracy"]),
-        shared=seen["shared"],
         only_a=len(in_a.keys() - in_b.keys()),
         only_b=len(in_b.keys() - in_a.keys()),
         errors=len(bad),
-        newly_failing=tuple(seen["newly_failing"]),
-        newly_passing=tuple(seen["newly_passing"]),
-        diff=seen["difference"],
-        low=seen["difference_ci95"][0],
-        high=seen["difference_ci95"][1],
-        p_value=seen["p_value"],
         verdict=verdict,
+        block=seen,
         undecided=not_whole if verdict.undecided else None,
         config=str(config.get("name") or "") if isinstance(config, Mapping) else "",
-        block=seen,
     )
 
 
 def compare_all(
-    a: Mapping[str, Any],
-    b: Mapping[str, Any],
-    *,
-    alpha: float = 0.05,
-    where: tuple[str, str] = ("A", "B"),
+    a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "B")
 ) -> list[Comparison | CompareError]:
     """:func:`compare`, or for two ``--gsm8k-config`` reports one entry per config, each
     compared or refused on its own (a matrix against a single run is refused)."""
@@ -264,7 +244,7 @@ def compare_all(
     return results
 
 
-def _configs(report: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _configs(report: Report) -> dict[str, dict[str, Any]]:
     """A matrix report's configs by name, each with the problems whose ids carry its name."""
     problems: dict[str, list[Any]] = {}
     for record in report["problems"]:
@@ -289,7 +269,7 @@ def _record(record: Mapping[str, Any]) -> ProblemRecord:
     return cast(ProblemRecord, out)
 
 
-def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
+def _not_whole(name: str, report: Report) -> str | None:
     """Why ``report`` does not hold its whole selection (a report hiding its failures would
     leave them out), or None."""
     subset = report.get("subset")
@@ -302,6 +282,6 @@ def _not_whole(name: str, report: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _side(name: str, where: str, report: Mapping[str, Any], accuracy: float) -> Side:
+def _side(name: str, where: str, report: Report, accuracy: float) -> Side:
     model, complete = str(report.get("model") or ""), report.get("complete") is not False
     return Side(name, where, model, len(report["problems"]), accuracy, complete)

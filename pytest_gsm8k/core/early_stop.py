@@ -336,9 +336,8 @@ class EarlyStop:
         if gate is None:  # the noise-aware baseline gate
             if "p_bounds" not in info:
                 return "baseline waits for the end of the run (--gsm8k-repeats on the candidate)"
-            return "baseline {} (noise-aware p reachable {:.4g}-{:.4g})".format(
-                state, *info["p_bounds"]
-            )
+            low, high = info["p_bounds"]
+            return f"baseline {state} (noise-aware p reachable {low:.4g}-{high:.4g})"
         outcome = gate.spec.outcome if isinstance(gate.spec, MaxShare) else ""
         what, (low, high) = f"{outcome} share" if outcome else "accuracy", info["bounds"]
         why = f"at most {high:.4f} reachable"
@@ -354,10 +353,10 @@ class EarlyStop:
         return f"{name} {state} ({why})"
 
     def headline(self) -> str:
-        decided = self.decision is not None
+        done = self.decision  # once decided, the gates it settled
         phrases = "; ".join(
-            self._gate_phrase(name) for name, v in self._verdicts.items() if not decided or v
+            self._gate_phrase(n) for n, v in self._verdicts.items() if not done or v
         )
-        if self.decision is None:
+        if done is None:
             return f"not stopped early ({self.observed} of {self.n_total} problems): {phrases}"
-        return f"stopped after {self.decision.after} of {self.n_total} problems: {phrases}"
+        return f"stopped after {done.after} of {self.n_total} problems: {phrases}"

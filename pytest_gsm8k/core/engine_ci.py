@@ -11,13 +11,12 @@ from typing import Any
 from pytest_gsm8k.core.presets import SGLANG, VLLM
 from pytest_gsm8k.core.types import Api, Problem, Request
 
-#: the optional fields gsm8k_eval.py sends after its own, in its order (None: left out),
-#: and the type its command line gives each
-VLLM_COMPLETION_PARAMS: dict[str, type] = {"top_p": float, "top_k": int}
-VLLM_CHAT_PARAMS: dict[str, type] = {
-    **VLLM_COMPLETION_PARAMS,
-    "reasoning_effort": str,
-    "chat_template_kwargs": dict,
+#: per API, the optional fields gsm8k_eval.py sends after its own, in its order (None: left
+#: out), and the type its command line gives each
+_COMPLETION_PARAMS: dict[str, type] = {"top_p": float, "top_k": int}
+VLLM_PARAMS = {
+    "completions": _COMPLETION_PARAMS,
+    "chat": {**_COMPLETION_PARAMS, "reasoning_effort": str, "chat_template_kwargs": dict},
 }
 
 
@@ -33,7 +32,7 @@ def fewshot_prompt(question: str, examples: Sequence[tuple[str, str]], shots: in
 def vllm_param_error(keys: Sequence[str], api: str) -> str | None:
     """Why ``--gsm8k-param`` keys cannot go into a vLLM-preset body, or None when they can:
     only the fields gsm8k_eval.py itself can send keep the body its own."""
-    allowed = VLLM_CHAT_PARAMS if api == "chat" else VLLM_COMPLETION_PARAMS
+    allowed = VLLM_PARAMS[api]
     for key in (key for key in keys if key not in allowed):
         return (
             f"--gsm8k-param {key}: --gsm8k-preset vllm sends only what gsm8k_eval.py "
@@ -48,7 +47,7 @@ def _vllm_extra(params: Sequence[tuple[str, str]], api: str) -> dict[str, Any]:
     if error := vllm_param_error([key for key, _ in params], api):
         raise ValueError(error)
     given = {key: json.loads(value) for key, value in params}
-    allowed = VLLM_CHAT_PARAMS if api == "chat" else VLLM_COMPLETION_PARAMS
+    allowed = VLLM_PARAMS[api]
     return {key: _typed(key, kind, given[key]) for key, kind in allowed.items() if key in given}
 
 

@@ -49,8 +49,10 @@ class GateVerdict:
 NOT_A_VERDICT = "not a verdict: "
 
 
-def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
-    """``verdict`` as no verdict (a gate not decided never passes); a FAIL stays the rule's."""
+def undecided(verdict: GateVerdict, why: str | None) -> GateVerdict:
+    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL stays the rule's."""
+    if why is None:
+        return verdict
     if verdict.passed:
         detail = f"{NOT_A_VERDICT}{why}; on what ran: {verdict.detail}"
     elif verdict.detail.startswith(NOT_A_VERDICT):
@@ -58,10 +60,6 @@ def undecided(verdict: GateVerdict, why: str) -> GateVerdict:
     else:
         return verdict
     return replace(verdict, passed=False, detail=detail, undecided=True)
-
-
-def _unless(verdict: GateVerdict, why: str | None) -> GateVerdict:
-    return verdict if why is None else undecided(verdict, why)
 
 
 def _first(n: int, ok: Callable[[int], bool]) -> int:
@@ -115,7 +113,7 @@ class _CountRule:
             detail = f"no problem has a result{label}: nothing to compare with {against}"
             return GateVerdict(self.name, rule, False, detail, None, limit)
         verdict = GateVerdict(self.name, rule, passed, f"{said} {against}", value, limit)
-        return _unless(verdict, self.cannot_fail(n))
+        return undecided(verdict, self.cannot_fail(n))
 
 
 class _Accuracy(_CountRule):
@@ -137,17 +135,13 @@ class _Accuracy(_CountRule):
 
 @dataclass(frozen=True)
 class MinAcc(_Accuracy):
-    """``--gsm8k-min-acc``: the accuracy over the run's problems is at least ``threshold``."""
+    """``--gsm8k-min-acc``: the accuracy over the run's problems is at least ``floor``."""
 
-    threshold: float
+    floor: float
     name: str = "min-acc"
     option: str = "--gsm8k-min-acc"
-    against = "{s.option} {s.threshold:g}"
+    against = "{s.option} {s.floor:g}"
     never = against + " cannot fail (every accuracy reaches it): set it above 0"
-
-    @property
-    def floor(self) -> float:  # type: ignore[override]
-        return self.threshold
 
 
 @dataclass(frozen=True)
@@ -276,7 +270,7 @@ class NoiseAware:
             )
         detail = f"{clause} ({how}): {failing_words(pairs)}; {points_words(*difference(pairs))}"
         verdict = GateVerdict(self.name, "noise-aware", passed, detail, p, self.alpha)
-        return _unless(verdict, self.cannot_fail(pairs) if passed else None)
+        return undecided(verdict, self.cannot_fail(pairs) if passed else None)
 
     def rise(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> str | None:
         """The warning for a rise noise cannot explain (more often a changed measurement)."""

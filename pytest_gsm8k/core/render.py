@@ -375,7 +375,7 @@ def pairing(result: Comparison) -> str:
         if count
     )
     return (
-        f"Paired on the {_problems(result.shared)} both reports hold "
+        f"Paired on the {_problems(result.block['shared'])} both reports hold "
         f"(A holds {result.a.n}, B holds {result.b.n}{'; ' * bool(left)}{left})."
     )
 
@@ -386,7 +386,7 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
     a, b = result.a, result.b
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
-        f"{a.accuracy:.4f} on {_problems(result.shared)}",
+        f"{a.accuracy:.4f} on {_problems(result.block['shared'])}",
         "",
         "| run | report | model | accuracy (paired) | problems |",
         "| --- | --- | --- | --- | --- |",

@@ -67,10 +67,7 @@ def mcnemar_one_sided(newly_failing: int, newly_passing: int) -> float:
     ``X ~ Binomial(m, 1/2)`` over the ``m`` discordant problems, summed in integers and
     divided once (int/int is correctly rounded). 1.0 when ``m == 0``."""
     if newly_failing < 0 or newly_passing < 0:
-        raise ValueError(
-            "counts must be non-negative, got "
-            f"newly_failing={newly_failing}, newly_passing={newly_passing}"
-        )
+        raise ValueError(f"counts must be non-negative, got {newly_failing=}, {newly_passing=}")
     m = newly_failing + newly_passing
     # C(m, i+1) = C(m, i) (m-i) / (i+1): O(m) small-integer steps for the whole tail
     term, tail = math.comb(m, newly_failing), 0

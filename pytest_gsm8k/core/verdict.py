@@ -408,13 +408,12 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
         document = bl.check(stored, report, baseline.split) if document is None else document
     except bl.BaselineError as exc:
         return _fail(v, str(exc))
-    cmp, partial = bl.compare(document, v.records, v.selection.ids), document.get("partial")
-    rule, pairs = specs.baseline, bl.pairs(document, v.records)
+    rule, pairs, partial = specs.baseline, bl.pairs(document, v.records), document.get("partial")
     found = evidence(pairs)  # once: the gate, the rise warning and the block read it
-    seen = bl.noise_block(pairs, rule.alpha, found)
-    block = {"path": shown, "partial": partial is not None, **cmp, **seen}
+    seen = bl.noise_block(document, v.records, v.selection.ids, rule.alpha, found)
+    block = {"path": shown, "partial": partial is not None, **seen}
     v = replace(v, compared=document, extra={**v.extra, "baseline": block})
-    shared, missing, run_n = cmp["shared"], cmp["not_in_baseline"], len(set(v.selection.ids))
+    shared, missing, run_n = seen["shared"], seen["not_in_baseline"], len(set(v.selection.ids))
     if shared == 0:
         return _fail(v, f"no problem id in common with {shown}")
     notes, uncovered = list(v.notes), None

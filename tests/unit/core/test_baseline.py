@@ -298,10 +298,12 @@ def test_the_noise_line_never_claims_a_drop_larger_than_the_run() -> None:
     more problems failing than ran (the test cannot fail); the line said "detects a drop of
     175.0 points or more ... (7 problems ...)". It says no drop is detectable instead."""
     from pytest_gsm8k.core.baseline import noise_block, noise_sentence
-    from pytest_gsm8k.core.calibrated import Pair
+    from pytest_gsm8k.core.calibrated import Pair, evidence
 
     pairs = [Pair(f"p{i}", 1, 1, 1, 1) for i in range(4)]
-    line = noise_sentence(noise_block(pairs, 0.01))
+    document = {"problems": {p.problem_id: "correct" for p in pairs}}
+    records = [{"id": p.problem_id, "correct": True} for p in pairs]
+    line = noise_sentence(noise_block(document, records, [], 0.01, evidence(pairs)))
     assert "points or more" not in line, line
     assert "detects no drop at this size (4 problems; alpha=0.01)" in line, line
     assert "it cannot reach 80% power against a 5-point drop at this size" in line

@@ -66,11 +66,14 @@ def every(indices: Iterable[int], outcome: str) -> dict[int, str]:
 def test_identical_runs_pass_with_nothing_flipped() -> None:
     a = report(every(range(8), "correct") | every(range(8, 10), "wrong"))
     result = compare(a, a)
-    assert (result.shared, result.only_a, result.only_b, result.errors) == (10, 0, 0, 0)
-    assert result.newly_failing == result.newly_passing == ()
-    assert result.p_value == 1.0
-    assert result.diff == 0.0
-    assert (result.diff, result.low, result.high) == paired_difference_interval(8, 0, 0, 2)
+    assert (result.block["shared"], result.only_a, result.only_b, result.errors) == (10, 0, 0, 0)
+    assert result.block["newly_failing"] == result.block["newly_passing"] == []
+    assert result.block["p_value"] == 1.0
+    assert result.block["difference"] == 0.0
+    assert (
+        result.block["difference"],
+        *result.block["difference_ci95"],
+    ) == paired_difference_interval(8, 0, 0, 2)
     assert result.a.accuracy == result.b.accuracy == 0.8
     assert result.verdict.passed
     assert not result.worse
@@ -80,12 +83,15 @@ def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
     a = report(every(range(10), "correct"))
     b = report(every(range(4), "correct") | every(range(4, 10), "wrong"))
     result = compare(a, b)
-    assert result.newly_failing == tuple(pid(i) for i in range(4, 10))
-    assert result.newly_passing == ()
+    assert result.block["newly_failing"] == [pid(i) for i in range(4, 10)]
+    assert result.block["newly_passing"] == []
     # exact one-sided McNemar: P(X >= 6 | Bin(6, 1/2)) = 1/64
-    assert result.p_value == 1 / 64
-    assert (result.diff, result.low, result.high) == paired_difference_interval(4, 6, 0, 0)
-    assert result.diff == pytest.approx(-0.6)
+    assert result.block["p_value"] == 1 / 64
+    assert (
+        result.block["difference"],
+        *result.block["difference_ci95"],
+    ) == paired_difference_interval(4, 6, 0, 0)
+    assert result.block["difference"] == pytest.approx(-0.6)
     assert result.worse
     assert result.verdict.rule == "noise-aware"
     assert result.verdict.detail == (
@@ -102,10 +108,10 @@ def test_flips_both_ways_are_listed_in_problem_order() -> None:
     b = report({12: "wrong", 3: "wrong", 5: "correct", 7: "correct", 9: "correct", 1: "correct"})
     # alpha 0.2: three right in A reach p = 1/8 at best, a test at 0.05 could not fail
     result = compare(a, b, alpha=0.2)
-    assert result.newly_failing == (pid(3), pid(12))
-    assert result.newly_passing == (pid(5), pid(7), pid(9))
-    assert result.p_value == mcnemar_one_sided(2, 3)
-    assert result.diff == pytest.approx(1 / 6)
+    assert result.block["newly_failing"] == [pid(3), pid(12)]
+    assert result.block["newly_passing"] == [pid(5), pid(7), pid(9)]
+    assert result.block["p_value"] == mcnemar_one_sided(2, 3)
+    assert result.block["difference"] == pytest.approx(1 / 6)
     # at 0.05, three right in A: even all failing gives p = 1/8, a test that cannot fail
     # decides nothing (it is undecided, never a PASS)
     at_05 = compare(a, b).verdict
@@ -117,8 +123,8 @@ def test_only_the_ids_both_hold_are_paired_and_counted() -> None:
     a = report(every(range(10), "correct"))
     b = report(every(range(5, 15), "wrong"))
     result = compare(a, b)
-    assert (result.shared, result.only_a, result.only_b) == (5, 5, 5)
-    assert result.newly_failing == tuple(pid(i) for i in range(5, 10))
+    assert (result.block["shared"], result.only_a, result.only_b) == (5, 5, 5)
+    assert result.block["newly_failing"] == [pid(i) for i in range(5, 10)]
     assert result.a.n == result.b.n == 10
     assert pairing(result) == (
         "Paired on the 5 problems both reports hold (A holds 10, B holds 10; 5 only in A, "
@@ -130,8 +136,8 @@ def test_a_problem_that_ended_in_an_error_is_left_out_and_counted() -> None:
     a = report(every(range(4), "correct"))
     b = report({0: "error", 1: "correct", 2: "correct", 3: "wrong"})
     result = compare(a, b)
-    assert (result.shared, result.errors) == (3, 1)
-    assert result.newly_failing == (pid(3),)
+    assert (result.block["shared"], result.errors) == (3, 1)
+    assert result.block["newly_failing"] == [pid(3)]
     assert "1 that ended in an error in either, left out" in pairing(result)
 
 
@@ -194,14 +200,19 @@ def test_a_matrix_is_compared_config_by_config() -> None:
     results = compare_all(load_report(json.dumps(a), "a"), load_report(json.dumps(b), "b"))
     assert all(isinstance(r, Comparison) for r in results)
     alpha, beta = (r for r in results if isinstance(r, Comparison))
-    assert (alpha.config, alpha.shared, len(alpha.newly_failing), alpha.worse) == (
+    assert (
+        alpha.config,
+        alpha.block["shared"],
+        len(alpha.block["newly_failing"]),
+        alpha.worse,
+    ) == (
         "alpha",
         50,
         17,
         True,
     )
-    assert alpha.newly_failing[0] == "alpha:test-0028"
-    assert (beta.config, len(beta.newly_passing), beta.worse) == ("beta", 17, False)
+    assert alpha.block["newly_failing"][0] == "alpha:test-0028"
+    assert (beta.config, len(beta.block["newly_passing"]), beta.worse) == ("beta", 17, False)
     assert alpha.a.model == "org/alpha"
     # two plain reports: one comparison
     (single,) = compare_all(report(high), report(low))
@@ -257,7 +268,7 @@ def test_reports_of_different_datasets_are_refused() -> None:
 def test_other_models_and_labels_compare_but_no_common_id_does_not() -> None:
     a = report(every(range(3), "correct"), model="one")
     b = report(every(range(3), "correct"), model="two", protocol=PROTOCOL | {"label": "x"})
-    assert compare(a, b).shared == 3
+    assert compare(a, b).block["shared"] == 3
     with pytest.raises(CompareError, match="no problem id in common"):
         compare(a, report(every(range(3, 6), "correct")))
     with pytest.raises(CompareError, match="all 3 problems both hold ended in an error"):
@@ -450,5 +461,5 @@ def test_a_full_split_with_100_repeats_a_side_compares_in_seconds() -> None:
     result = compare(runs(rates), b)
     assert time.perf_counter() - started < 20
     assert result.worse
-    assert result.diff == pytest.approx(-3 * 274 / 1319 / 100)
+    assert result.block["difference"] == pytest.approx(-3 * 274 / 1319 / 100)
     assert "0 stable (right in all 100 baseline runs), 274 noisy" in result.verdict.detail

@@ -503,11 +503,12 @@ def test_a_baseline_sharing_no_problem_leaves_the_page_whole_without_a_compariso
     common") and the page, as the terminal and the Markdown, compares nothing (its numbers
     are none: rendering them raised, and the run lost its page)."""
     from pytest_gsm8k.core import baseline as bl
+    from pytest_gsm8k.core.calibrated import evidence
 
     records = [_record(0, "correct"), _record(1, "wrong")]
     document = {"problems": {"test-0100": "correct"}}
-    compared = bl.compare(document, records, ["test-0000", "test-0001"])
-    block = {"path": "b.gsm8k", "partial": False, **compared, **bl.noise_block([], 0.05)}
+    compared = bl.noise_block(document, records, ["test-0000", "test-0001"], 0.05, evidence([]))
+    block = {"path": "b.gsm8k", "partial": False, **compared}
     assert block["shared"] == 0
     page = render_html(_report(records, baseline=block))
     assert "Against the baseline" not in page

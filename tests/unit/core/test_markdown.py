@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_gsm8k.core.baseline import noise_block
-from pytest_gsm8k.core.calibrated import Pair, difference
+from pytest_gsm8k.core.calibrated import Pair, difference, evidence
 from pytest_gsm8k.core.gates import failing_words, points_words
 from pytest_gsm8k.core.render import LISTED, MAX_BYTES, against_baseline, fit, problem_list
 from pytest_gsm8k.core.scrub import md_text
@@ -66,10 +66,22 @@ def test_a_summary_too_large_even_without_lists_is_cut_at_a_line_and_says_so() -
 
 
 def _block(pairs: list[Pair], path: str = "__snapshots__/gsm8k/b.gsm8k") -> dict[str, Any]:
-    """A baseline block as the JSON report holds it, made by the functions the run's gate uses."""
-    shared = {"shared": len(pairs), "subset": False, "baseline_n": len(pairs)}
-    cmp = {"not_in_baseline": 0, "mcnemar_p": 0.5}
-    return {"path": path, **shared, **cmp, **noise_block(pairs, 0.01)}
+    """A baseline block as the JSON report holds it, made by the functions the run's gate uses
+    from a baseline and a run of single answers holding ``pairs``."""
+
+    def entry(p: Pair) -> Any:  # a single-run baseline's outcome, a calibrated one's counts
+        outcome = "correct" if p.base_correct else "wrong"
+        calibrated = {"correct": p.base_correct, "outcome": outcome, "repeats": p.base_runs}
+        return calibrated if p.base_runs > 1 else outcome
+
+    problems = {p.problem_id: entry(p) for p in pairs}
+    records = [{"id": p.problem_id, "correct": p.now_correct > 0} for p in pairs]
+    ids = [p.problem_id for p in pairs]
+    assert all(p.now_runs == 1 for p in pairs)
+    return {
+        "path": path,
+        **noise_block({"problems": problems}, records, ids, 0.01, evidence(pairs)),
+    }
 
 
 #: a single-run baseline: p0 wrong then, right now; p1-p9 right then, wrong now; p10-p39 right
