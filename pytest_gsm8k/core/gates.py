@@ -99,9 +99,6 @@ class _CountRule:
     def need(self, n: int) -> int:
         raise NotImplementedError
 
-    def certain(self, good: int, seen: int, n: int) -> Verdict | None:
-        return count_certain(good, seen, n, self.need(n))
-
     def cannot_fail(self, n: int) -> str | None:
         return None if n < 1 or self.need(n) > 0 else self.never.format(s=self)
 
@@ -200,10 +197,6 @@ class MaxShare(_CountRule):
 
     def need(self, n: int) -> int:
         return n - self.allowed(n)
-
-    def certain(self, count: int, seen: int, n: int) -> Verdict | None:
-        """``count``: the seen problems *of* the outcome."""
-        return super().certain(seen - count, seen, n)
 
     def verdict(self, count: int, n: int, runs: int = 1) -> GateVerdict:
         """``count`` of the ``n * runs`` answers have the outcome."""

@@ -19,7 +19,14 @@ from pytest_gsm8k.core.early_stop import (
     _WorTest,
     run_order,
 )
-from pytest_gsm8k.core.gates import MaxShare, MinAcc, NoiseAware, ToleranceFloor, min_acc_count
+from pytest_gsm8k.core.gates import (
+    MaxShare,
+    MinAcc,
+    NoiseAware,
+    ToleranceFloor,
+    count_certain,
+    min_acc_count,
+)
 from pytest_gsm8k.core.plan import GateSpecs
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
@@ -131,7 +138,7 @@ def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
         # not a problem later than needed: one outcome earlier it was still open
         if decision.after > 1:
             seen = outcomes[: decision.after - 1]
-            assert floor.certain(sum(seen), len(seen), 8) is None
+            assert count_certain(sum(seen), len(seen), 8, floor.need(8)) is None
 
 
 def test_the_floor_and_min_acc_are_two_gates_of_one_stop() -> None:

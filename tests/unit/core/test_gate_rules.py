@@ -17,6 +17,7 @@ from pytest_gsm8k.core.gates import (
     NoiseAware,
     ToleranceFloor,
     _drop,
+    count_certain,
     max_share_count,
     undecided,
 )
@@ -53,7 +54,7 @@ def test_min_acc_certain_bounds_agree_with_every_final_verdict(threshold: float)
     n = 12
     for seen in range(n + 1):
         for correct in range(seen + 1):
-            certain = rule.certain(correct, seen, n)
+            certain = count_certain(correct, seen, n, rule.need(n))
             finals = {rule.verdict(correct + k, n, "x").word for k in range(n - seen + 1)}
             if certain is not None:
                 assert finals == {certain}
@@ -150,7 +151,7 @@ def test_max_share_certain_bounds_agree_with_every_final_verdict(rate: float) ->
     n = 12
     for seen in range(n + 1):
         for count in range(seen + 1):
-            certain = rule.certain(count, seen, n)
+            certain = count_certain(seen - count, seen, n, rule.need(n))  # the early stop's count
             finals = {rule.verdict(count + k, n).word for k in range(n - seen + 1)}
             if certain is not None:
                 assert finals == {certain}
