@@ -159,6 +159,29 @@ def test_errors_leave_a_passing_comparison_undecided(side: str) -> None:
     assert result.verdict.detail.startswith(f"not a verdict: {result.undecided}; on what ran: p=1")
 
 
+@pytest.mark.parametrize(
+    ("side", "hidden", "said"),
+    [
+        ("A", {"subset": {"deselected": 3}}, "A left 3 problems of its selection out (deselected)"),
+        ("B", {"complete": False, "n": 20, "expected": 23}, "B is an incomplete run (20 of 23"),
+    ],
+)
+def test_a_report_that_left_problems_out_never_passes(
+    side: str, hidden: dict[str, Any], said: str
+) -> None:
+    """Rule: a gate that was not decided never passes. A report whose run deselected problems
+    (``-k``, ``--deselect``) or did not finish could have left its failures out: the
+    comparison of what both hold is not a verdict."""
+    a, b = report(every(range(20), "correct")), report(every(range(20), "correct"))
+    (a if side == "A" else b).update(hidden)
+    result = compare(a, b)
+    assert result.worse
+    assert result.undecided is not None
+    assert said in result.undecided
+    assert result.undecided.endswith("rerun until every problem has an answer")
+    assert result.verdict.detail.startswith(f"not a verdict: {result.undecided}")
+
+
 def test_an_error_in_one_of_a_problems_repeats_counts_as_an_error() -> None:
     a = report(every(range(20), "correct"))
     b = report(every(range(20), "correct"))
