@@ -238,27 +238,11 @@ def _baseline_card(config: str, base: _Obj, gate: _Obj | None) -> str:
 
 
 def _configs_card(configs: list[_Obj]) -> str:
-    """--gsm8k-config: one row per config, as the terminal's verdict table (with each
-    accuracy's interval, the baseline's accuracy before and now, and the protocol)."""
-    early = any("early_stop" in c for c in configs)
-    head = ["", "config", "model", "n", "accuracy, 95% interval", "floor", "baseline"]
-    rows: list[list[Any]] = [[*head, *(["stopped"] if early else []), "protocol"]]
-    for c in configs:
-        r, base = render.config_row(c), c.get("baseline")
-        low, high = [*(c.get("ci95") or []), None, None][:2]
-        accuracy = f"{_fmt(r.accuracy)} [{_fmt(low)}-{_fmt(high)}]"
-        said = r.baseline
-        if render.compared(base):
-            before, now = _fmt(base.get("baseline_accuracy")), _fmt(base.get("current_accuracy"))
-            said += f" {before} \u2192 {now}"
-        row = [_badge(r.verdict), r.name, r.model, r.n]
-        row += [accuracy if r.accuracy is not None else "no answers"]
-        row += ["-" if r.floor is None else _fmt(r.floor), said]
-        if early:
-            row.append(f"after {r.stopped[0]} of {r.stopped[1]}" if r.stopped else "-")
-        rows.append([*row, (c.get("protocol") or {}).get("label", "")])
+    """--gsm8k-config: the terminal's verdict table (render.config_rows), its verdict first."""
+    head, *rows = render.config_rows(configs)
+    table = [["", *head[:-1]], *([_badge(r[-1]), *r[:-1]] for r in rows)]
     title = "vLLM configs (accuracy &gt;= threshold - tolerance)"
-    return _card(title, _table(rows, head=True), " full gates")
+    return _card(title, _table(table, head=True), " full gates")
 
 
 def _accuracy_card(report: _Obj, comparisons: list[_Comparison]) -> str:

@@ -11,7 +11,6 @@ from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
-from pytest_gsm8k.core.records import Word
 from pytest_gsm8k.core.scrub import clip, md_code, md_text, printable
 from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, word_of
 
@@ -228,32 +227,31 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     return blocks
 
 
-class ConfigRow(NamedTuple):
-    """A config as the terminal's verdict table and the page's configs table both show it:
-    ``baseline`` its baseline gate's word (else written, none), ``stopped`` (after, of)."""
-
-    name: str
-    model: str
-    n: int
-    accuracy: float | None
-    floor: float | None
-    baseline: str
-    stopped: tuple[int, int] | None
-    verdict: Word
-
-
-def config_row(c: Mapping[str, Any]) -> ConfigRow:
-    gates = c.get("gates") or []
-    # the floor gate by its name: decided by an early stop, its rule is "early-stop"
-    floor = next((g["threshold"] for g in gates if str(g["name"]).endswith(f":{FLOOR}")), None)
-    base, written = baseline_gate(c), (c.get("baseline") or {}).get("written")
-    said = base["verdict"] if base is not None else "written" if written else "none"
-    name, model, n = str((c.get("config") or {}).get("name", "")), str(c.get("model")), c["n"]
-    early: Mapping[str, int] = c.get("early_stop") or {}
-    after, of = early.get("decided_after"), early.get("n_total", 0)
-    stop = (after, of) if after is not None and after < of else None
-    word = word_of(g["verdict"] for g in gates)
-    return ConfigRow(name, model, n, c.get("accuracy"), floor, said, stop, word)
+def config_rows(configs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """A header and a row per config, as the terminal's verdict table and the page's configs
+    card both show them: ``baseline`` its gate's word (else written, none) and the accuracy
+    before and now, ``stopped`` only with --gsm8k-early-stop."""
+    early = any("early_stop" in c for c in configs)
+    head = ["config", "model", "protocol", "n", "accuracy, 95% interval", "floor", "baseline"]
+    rows = [[*head, *["stopped"] * early, "verdict"]]
+    for c in configs:
+        gates, base, gate = c.get("gates") or [], c.get("baseline") or {}, baseline_gate(c)
+        # the floor gate by its name: decided by an early stop, its rule is "early-stop"
+        floor = next((g["threshold"] for g in gates if str(g["name"]).endswith(f":{FLOOR}")), None)
+        said = gate["verdict"] if gate is not None else "written" if base.get("written") else "none"
+        if compared(base):
+            said += f" {base['baseline_accuracy']:.4f} -> {base['current_accuracy']:.4f}"
+        (low, high), accuracy = c.get("ci95") or (0.0, 0.0), c.get("accuracy")
+        shown = "no answers" if accuracy is None else f"{accuracy:.4f} [{low:.4f}-{high:.4f}]"
+        name = str((c.get("config") or {}).get("name", ""))
+        protocol = str(c["protocol"].get("label", "")).removeprefix(f"{name}: ")
+        row = [name, str(c.get("model")), protocol, str(c["n"]), shown]
+        row += ["-" if floor is None else f"{floor:.4f}", said]
+        stop: Mapping[str, int] = c.get("early_stop") or {}
+        after, of = stop.get("decided_after"), stop.get("n_total", 0)
+        row += [f"after {after} of {of}" if after is not None and after < of else "-"] * early
+        rows.append([*row, word_of(g["verdict"] for g in gates)])
+    return rows
 
 
 def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -263,15 +261,8 @@ def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def verdict_table(configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One row per config (:func:`config_row`), with --gsm8k-early-stop where it stopped."""
-    early = any("early_stop" in c for c in configs)
-    head = ("config", "model", "n", "accuracy", "floor", "baseline")
-    rows: list[list[str]] = [[*head, *(["stopped"] if early else []), "verdict"]]
-    for r in map(config_row, configs):
-        row = [r.name, r.model, str(r.n), "-" if r.accuracy is None else f"{r.accuracy:.4f}"]
-        row += ["-" if r.floor is None else f"{r.floor:.4f}", r.baseline]
-        row += [f"{r.stopped[0]}/{r.stopped[1]}" if r.stopped else "-"] * early
-        rows.append([*row, r.verdict])
+    """:func:`config_rows` in columns."""
+    rows = config_rows(configs)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
