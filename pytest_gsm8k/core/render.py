@@ -75,7 +75,9 @@ def baseline_rows(
     ``compare``; issue 32): one estimate of the difference, one interval, one set of counts."""
     runs = int(base["repeats"]["baseline"])
     failing, passing, stable = (len(base.get(k) or ()) for k in _FLIP_KEYS)
-    where = shared_words(base)
+    shared, subset = base.get("shared"), base.get("subset")
+    where = f"on the {shared} problems shared with the baseline's {base.get('baseline_n')} (subset)"
+    where = where if subset else f"on {shared} problems"
     if base.get("not_in_baseline"):
         where += f"; {base['not_in_baseline']} of this run's problems are not in it"
     (b_low, b_high), (c_low, c_high) = base["baseline_ci95"], base["current_ci95"]
@@ -97,20 +99,18 @@ def baseline_rows(
 
 def flip_lists(base: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     """The problems that changed, each list titled as every output titles it."""
-    runs, ids = int(base["repeats"]["baseline"]), {k: list(base.get(k) or ()) for k in _FLIP_KEYS}
+    runs, ids = int(base["repeats"]["baseline"]), {k: list(base.get(k) or ()) for k in _LISTS}
     if runs == 1:
         return [("newly failing", ids["newly_failing"]), ("newly passing", ids["newly_passing"])]
     return [
         (f"newly failing, stable (right in all {runs} baseline runs)", ids["stable_flips"]),
-        (
-            "newly failing, noisy (right in some baseline runs)",
-            list(base.get("noisy_failing") or ()),
-        ),
+        ("newly failing, noisy (right in some baseline runs)", ids["noisy_failing"]),
         ("newly passing (wrong in some baseline runs)", ids["newly_passing"]),
     ]
 
 
 _FLIP_KEYS = ("newly_failing", "newly_passing", "stable_flips")
+_LISTS = (*_FLIP_KEYS, "noisy_failing")
 
 
 def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
@@ -119,30 +119,24 @@ def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(base, Mapping) and "baseline_ci95" in base and bool(base.get("shared"))
 
 
-def shared_words(block: Mapping[str, Any]) -> str:
-    """Which problems a baseline block compared, as every output says it."""
-    shared = block.get("shared")
-    if block.get("subset"):
-        return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
-    return f"on {shared} problems"
-
-
 def against_baseline(
     base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
     """A report's baseline block in Markdown (a ``config``'s: named in each title): its
     rows (:func:`baseline_rows`), then the lists of flips."""
-    path = md_code(_repository_path(str(base.get("path", ""))))
+    path = str(base.get("path", ""))
+    if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
+        path = PurePosixPath(path.replace("\\", "/")).name  # of this machine: its name only
     if base.get("written"):
-        return [f"Baseline written: {path}.", ""]
-    if not compared(base) or not base.get("shared"):
+        return [f"Baseline written: {md_code(path)}.", ""]
+    if not compared(base):
         return []
 
     def title(text: str) -> str:
         return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
 
     heading = title("against its baseline" if config else "against the baseline")
-    return [f"**{heading}** {path}:", "", *_md_rows(baseline_rows(base))] + [
+    return [f"**{heading}** {md_code(path)}:", "", *_md_rows(baseline_rows(base))] + [
         line
         for text, ids in flip_lists(base)
         for line in problem_list(title(text), ids, questions, "see the JSON report", listed)
@@ -151,13 +145,6 @@ def against_baseline(
 
 def _md_rows(rows: Sequence[tuple[str, str]]) -> list[str]:
     return [*(f"- {label}: {md_text(text)}" for label, text in rows), ""]
-
-
-def _repository_path(path: str) -> str:
-    """A path relative to the repository as it is; of this machine, only its file's name."""
-    if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
-        return PurePosixPath(path.replace("\\", "/")).name
-    return path
 
 
 def problem_list(
@@ -308,7 +295,7 @@ def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, 
         out.append(f"INCOMPLETE: {v.n} of {v.expected} problems have a result{stop}")
     out += [note[2:] for note in v.notes]
     base = v.extra.get("baseline")
-    if compared(base) and base.get("shared"):
+    if compared(base):
         rest = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
         out += [f"baseline {base['path']}:", *(f"  {k}: {text}" for k, text in baseline_rows(base))]
         for title, ids in flip_lists(base):
