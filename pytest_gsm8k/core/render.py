@@ -208,9 +208,13 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     blocks = [
         line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
     ]
-    if verdict.matrix:
+    if verdict.matrix:  # the verdict table: config_rows in columns
+        rows = config_rows(configs)
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         blocks.append((verdict.matrix_headline(), "headline"))
-        blocks.extend((printable(line), "info") for line in verdict_table(configs))
+        for row in rows:
+            line = "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+            blocks.append((f"  {printable(line)}", "info"))
     return blocks
 
 
@@ -245,16 +249,6 @@ def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """A report's baseline gate record (a config's: ``<config>:baseline``), or None."""
     gates = report.get("gates") or []
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
-
-
-def verdict_table(configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """:func:`config_rows` in columns."""
-    rows = config_rows(configs)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
 
 
 def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, str]]:
