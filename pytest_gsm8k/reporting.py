@@ -43,9 +43,9 @@ def report_unfinished(state: Gsm8kSession, late: Mapping[str, ProblemRecord]) ->
     hooks: the outcome of its answer if it arrived before an endpoint failure (``late``), else
     skipped as not run. Marked ``gsm8k_unfinished``: the plugin's own tally skips them."""
     run, hook = state.run, state.config.hook
-    if run.aborted is None and "" not in run.stopped:
+    if run.aborted is None and run.early_stopped is None:
         return
-    reason = run.aborted or run.stopped[""].removeprefix("gsm8k: ")
+    reason = run.aborted or (run.early_stopped or "").removeprefix("gsm8k: ")
     for ref in run.unreported():
         path, lineno, _ = ref.location
         skip = (path, (lineno or 0) + 1, f"Skipped: gsm8k: not run: {reason}")
@@ -236,7 +236,7 @@ def finish(state: Gsm8kSession) -> None:
     state.sources.finish_started(ok)
     finished = time.time()
     times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
-    run.verdict = verdict = settle(inputs, top, not_run, times)
+    run.finish(verdict := settle(inputs, top, not_run, times))
     stream = getattr(state.outputs.get("html"), "fd", None) is not None
     page = page_path(settings.html, config.invocation_params.dir, config.rootpath, stream)
     errors = write_outputs(plan, verdict, page, state.outputs, on_terminal=lambda: _newline(state))

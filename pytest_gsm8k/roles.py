@@ -206,9 +206,9 @@ class Aggregator(Role):
             if self.idle():
                 raise
             run = self.session.run
-            if str(exc) == run.stopped.get(""):
+            if run.early_stopped is not None and str(exc) == run.early_stopped:
                 return True  # the gates' verdicts are settled: a finished run, not interrupted
-            run.interrupted = True  # stopped before the end (complete: false)
+            run.interrupt()  # stopped before the end (complete: false)
             if "aborted" in self.stops:
                 from xdist.dsession import Interrupted  # type: ignore[import-untyped]
 

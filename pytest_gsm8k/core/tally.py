@@ -85,6 +85,25 @@ class Tally:
             self.aborted = str(record["error"])
         return fresh
 
+    def interrupt(self) -> None:
+        self.interrupted = True
+
+    def fail_data(self, message: str) -> None:
+        self.data_error = message
+
+    def start_early_stop(self, name: str, early: EarlyStop | None) -> None:
+        self.early[name] = early
+
+    def stop_early(self, name: str, message: str) -> None:
+        self.stopped[name] = message
+
+    @property
+    def early_stopped(self) -> str | None:  # the message of a run of one group's early stop
+        return self.stopped.get("")
+
+    def finish(self, verdict: RunVerdict) -> None:
+        self.verdict = verdict
+
     def wanted(self, plan: RunPlan) -> list[Problem]:
         """The selected problems collected (after -k/-m/--lf; all until collection ends)."""
         ids = self.collected_ids
