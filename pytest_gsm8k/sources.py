@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gsm8k.core.outcome import combine_repeats, score_response
+from pytest_gsm8k.core.outcome import score_repeats
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
@@ -348,8 +348,7 @@ class Sources:
     def _scored(
         self, problem: Problem, protocol: Protocol, responses: Sequence[ModelResponse], by: Any
     ) -> ProblemRecord:
-        pattern = self._session.plan.pattern
-        record = combine_repeats([score_response(problem, r, protocol, pattern) for r in responses])
+        record = score_repeats(problem, responses, protocol, self._session.plan.pattern)
         return {**record, "endpoint": shown_url(by.endpoint), "model": record["model"] or by.model}
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
