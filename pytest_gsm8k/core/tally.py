@@ -241,10 +241,8 @@ class Tally:
             else (plan.problems, plan.baseline, plan.split.problems, None, settings.seed)
         )
         protocol = group.protocol if group else plan.protocol
-        here["protocol"] = {
-            **protocol.identity(),
-            "label": group.label if group else protocol.label,
-        }
+        label = group.label if group else protocol.label
+        here["protocol"] = {**protocol.identity(), "label": label}
         if group:
             here["config"] = {"name": group.name, "model_name": group.config.model_name}
         document = None
