@@ -5,6 +5,7 @@ escaped, and the page's script writes them with ``textContent`` only."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html
 import json
@@ -110,7 +111,7 @@ def render_html(
     escaped = to_json(data, separators=(",", ":")).translate(_JSON_ESCAPES)
     # the page (html_report.html); its Content-Security-Policy is a second wall behind the
     # escaping: no network, and only the page's own script runs
-    page = Template(_asset("html_report.html")).substitute(
+    page = Template(_parts()["page"]).substitute(
         title=_e(title),
         digest=base64.b64encode(hashlib.sha256(script.encode()).digest()).decode("ascii"),
         css=_asset("html_report.css"),
@@ -121,7 +122,7 @@ def render_html(
     )
     # text UTF-8 cannot encode (a lone surrogate from a reply) shows as its escape; in the
     # data block that escape is JSON, which the page's script reads back as the same text
-    return escape_surrogates(page)
+    return escape_surrogates(page + "\n")
 
 
 def _name(config: _Obj) -> str:
@@ -238,27 +239,11 @@ def _baseline_card(config: str, base: _Obj, gate: _Obj | None) -> str:
 
 
 def _configs_card(configs: list[_Obj]) -> str:
-    """--gsm8k-config: one row per config, as the terminal's verdict table (with each
-    accuracy's interval, the baseline's accuracy before and now, and the protocol)."""
-    early = any("early_stop" in c for c in configs)
-    head = ["", "config", "model", "n", "accuracy, 95% interval", "floor", "baseline"]
-    rows: list[list[Any]] = [[*head, *(["stopped"] if early else []), "protocol"]]
-    for c in configs:
-        r, base = render.config_row(c), c.get("baseline")
-        low, high = [*(c.get("ci95") or []), None, None][:2]
-        accuracy = f"{_fmt(r.accuracy)} [{_fmt(low)}-{_fmt(high)}]"
-        said = r.baseline
-        if render.compared(base):
-            before, now = _fmt(base.get("baseline_accuracy")), _fmt(base.get("current_accuracy"))
-            said += f" {before} \u2192 {now}"
-        row = [_badge(r.verdict), r.name, r.model, r.n]
-        row += [accuracy if r.accuracy is not None else "no answers"]
-        row += ["-" if r.floor is None else _fmt(r.floor), said]
-        if early:
-            row.append(f"after {r.stopped[0]} of {r.stopped[1]}" if r.stopped else "-")
-        rows.append([*row, (c.get("protocol") or {}).get("label", "")])
+    """--gsm8k-config: the terminal's verdict table (render.config_rows), its verdict first."""
+    head, *rows = render.config_rows(configs)
+    table = [["", *head[:-1]], *([_badge(r[-1]), *r[:-1]] for r in rows)]
     title = "vLLM configs (accuracy &gt;= threshold - tolerance)"
-    return _card(title, _table(rows, head=True), " full gates")
+    return _card(title, _table(table, head=True), " full gates")
 
 
 def _accuracy_card(report: _Obj, comparisons: list[_Comparison]) -> str:
@@ -281,48 +266,25 @@ def _accuracy_card(report: _Obj, comparisons: list[_Comparison]) -> str:
         return 20 + 520 * (v - lo) / ((hi - lo) or 1)
 
     step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2) if (hi - lo) / s <= 10.001)
-    svg = f'<svg viewBox="0 0 560 112" role="img" class="chart" aria-label="accuracy {acc:.4f}">'
-    svg += '<line x1="20" x2="540" y1="80" y2="80" class="axis"/>'
-    for t in (round(lo + i * step, 6) for i in range(int((hi - lo) / step + 1e-9) + 1)):
-        svg += f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="80" y2="85" class="axis"/>'
-        svg += f'<text x="{x(t):.1f}" y="98" class="tick">{t:.2f}</text>'
-    svg += (
-        f'<rect x="{x(low):.1f}" y="26" width="{max(1.0, x(high) - x(low)):.1f}" height="14" '
-        f'rx="3" class="ci"><title>Wilson 95% interval {low:.4f}-{high:.4f}</title></rect>'
-        f'<circle cx="{x(acc):.1f}" cy="33" r="5" class="acc"/>'
-        f'<text x="{x(acc):.1f}" y="18" class="label strong">{acc:.4f}</text>'
-    )
-    for v in mins:
-        svg += (
-            f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="8" y2="80" class="threshold"/><text '
-            f'x="{x(v) + 4:.1f}" y="74" class="label left fail-text">min-acc {v:g}</text>'
-        )
-    for v in bases:
-        svg += (
-            f'<path d="M{x(v):.1f} 50 l6 6 l-6 6 l-6 -6 z" class="base"/><text '
-            f'x="{x(v) + 9:.1f}" y="60" class="label left">baseline {v:.4f}</text>'
-        )
-    return _card(title, svg + "</svg>", _W)
+    at = (round(lo + i * step, 6) for i in range(int((hi - lo) / step + 1e-9) + 1))
+    ticks = "".join(_part("tick", x=x(t), v=t) for t in at)
+    marks = [_part("threshold", x=x(v), label_x=x(v) + 4, v=v) for v in mins]
+    marks += [_part("base", x=x(v), label_x=x(v) + 9, v=v) for v in bases]
+    ci = {"low": low, "high": high, "low_x": x(low), "width": max(1.0, x(high) - x(low))}
+    svg = _part("accuracy", x=x(acc), acc=acc, ticks=ticks, marks="".join(marks), **ci)
+    return _card(title, svg, _W)
 
 
 def _outcome_card(counts: Mapping[str, int]) -> str:
-    """Outcome counts as one stacked bar with a legend."""
-    total, offset = sum(counts.values()) or 1, 0.0
-    names = OUTCOMES  # each one's colour is the CSS's
-    svg = '<svg viewBox="0 0 560 28" role="img" class="chart" aria-label="outcomes">'
-    for name in (n for n in names if counts.get(n)):
+    """Outcome counts as one stacked bar with a legend (each outcome's colour is the CSS's)."""
+    total, offset, bars = sum(counts.values()) or 1, 0.0, ""
+    for name in (n for n in OUTCOMES if counts.get(n)):
         width = 560 * counts[name] / total
-        svg += (
-            f'<rect x="{offset:.1f}" y="2" width="{width:.1f}" height="24" style="fill:var(--'
-            f'{_e(name)})"><title>{_e(name)}: {counts[name]}</title></rect>'
-        )
+        bars += _part("bar", x=offset, width=width, name=name, n=counts[name])
         offset += width
-    legend = "".join(
-        f'<span class="legend"><i class="o-{_e(name)}"></i>{counts.get(name, 0)} {_e(name)}</span>'
-        for name in names
-        if counts.get(name) or name in ("correct", "wrong")
-    )
-    return _card("Outcomes", f"{svg}</svg><p>{legend}</p>", " chart-card")
+    shown = [n for n in OUTCOMES if counts.get(n) or n in ("correct", "wrong")]
+    legend = "".join(_part("legend", name=n, n=counts.get(n, 0)) for n in shown)
+    return _card("Outcomes", _part("outcomes", bars=bars, legend=legend), " chart-card")
 
 
 def _pass_at_card(pass_at: _Obj) -> str:
@@ -335,24 +297,11 @@ def _pass_at_card(pass_at: _Obj) -> str:
     def xy(i: int, v: float) -> tuple[float, float]:
         return 44 + 296 * i / max(1, len(points) - 1), 136 - 122 * (v - lo) / ((1.0 - lo) or 1)
 
-    svg = (
-        '<svg viewBox="0 0 360 170" role="img" class="chart small" aria-label="pass@k">'
-        '<line x1="44" x2="340" y1="136" y2="136" class="axis"/>'
-        '<line x1="44" x2="44" y1="14" y2="136" class="axis"/>'
-    )
-    for v in (lo, (lo + 1) / 2, 1.0):
-        svg += f'<text x="38" y="{xy(0, v)[1] + 4:.1f}" class="tick right">{v:.2f}</text>'
-    line = " ".join("{:.1f},{:.1f}".format(*xy(i, v)) for i, (_, v) in enumerate(points))
-    svg += f'<polyline points="{line}" class="curve"/>'
-    for i, (k, v) in enumerate(points):
-        x, y = xy(i, v)
-        svg += (
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" class="acc"><title>pass@{k} = {v:.4f}'
-            f'</title></circle><text x="{x:.1f}" y="152" class="tick">{k}</text>'
-            f'<text x="{x:.1f}" y="{y - 8:.1f}" class="label">{v:.3f}</text>'
-        )
-    svg += '<text x="192.0" y="168" class="tick">k</text></svg>'
-    return _card("pass@k", svg, " chart-card")
+    at = [(k, v, *xy(i, v)) for i, (k, v) in enumerate(points)]
+    levels = "".join(_part("level", y=xy(0, v)[1] + 4, v=v) for v in (lo, (lo + 1) / 2, 1.0))
+    line = " ".join(f"{x:.1f},{y:.1f}" for _, _, x, y in at)
+    shown = "".join(_part("point", k=k, v=v, x=x, y=y, label_y=y - 8) for k, v, x, y in at)
+    return _card("pass@k", _part("pass_at", levels=levels, line=line, points=shown), " chart-card")
 
 
 def _selects(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) -> str:
@@ -385,6 +334,19 @@ class _Raw(str):
 
 def _asset(name: str) -> str:
     return resources.files("pytest_gsm8k.core").joinpath(name).read_text(encoding="utf-8")
+
+
+@functools.cache
+def _parts() -> dict[str, str]:
+    """html_report.html's parts (the page, its charts), each after a ``<!-- name -->`` line."""
+    found = re.findall(
+        r"^<!-- (\w+).*?-->\n(.*?)\n(?=<!-- |\Z)", _asset("html_report.html"), re.M | re.S
+    )
+    return dict(found)
+
+
+def _part(part: str, **fields: object) -> str:
+    return _parts()[part].format(**fields)
 
 
 def _e(value: Any) -> str:

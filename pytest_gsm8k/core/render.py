@@ -11,7 +11,6 @@ from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
-from pytest_gsm8k.core.records import Word
 from pytest_gsm8k.core.scrub import clip, md_code, md_text, printable
 from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, word_of
 
@@ -76,7 +75,9 @@ def baseline_rows(
     ``compare``; issue 32): one estimate of the difference, one interval, one set of counts."""
     runs = int(base["repeats"]["baseline"])
     failing, passing, stable = (len(base.get(k) or ()) for k in _FLIP_KEYS)
-    where = shared_words(base)
+    shared, subset = base.get("shared"), base.get("subset")
+    where = f"on the {shared} problems shared with the baseline's {base.get('baseline_n')} (subset)"
+    where = where if subset else f"on {shared} problems"
     if base.get("not_in_baseline"):
         where += f"; {base['not_in_baseline']} of this run's problems are not in it"
     (b_low, b_high), (c_low, c_high) = base["baseline_ci95"], base["current_ci95"]
@@ -98,20 +99,18 @@ def baseline_rows(
 
 def flip_lists(base: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     """The problems that changed, each list titled as every output titles it."""
-    runs, ids = int(base["repeats"]["baseline"]), {k: list(base.get(k) or ()) for k in _FLIP_KEYS}
+    runs, ids = int(base["repeats"]["baseline"]), {k: list(base.get(k) or ()) for k in _LISTS}
     if runs == 1:
         return [("newly failing", ids["newly_failing"]), ("newly passing", ids["newly_passing"])]
     return [
         (f"newly failing, stable (right in all {runs} baseline runs)", ids["stable_flips"]),
-        (
-            "newly failing, noisy (right in some baseline runs)",
-            list(base.get("noisy_failing") or ()),
-        ),
+        ("newly failing, noisy (right in some baseline runs)", ids["noisy_failing"]),
         ("newly passing (wrong in some baseline runs)", ids["newly_passing"]),
     ]
 
 
 _FLIP_KEYS = ("newly_failing", "newly_passing", "stable_flips")
+_LISTS = (*_FLIP_KEYS, "noisy_failing")
 
 
 def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
@@ -120,30 +119,24 @@ def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(base, Mapping) and "baseline_ci95" in base and bool(base.get("shared"))
 
 
-def shared_words(block: Mapping[str, Any]) -> str:
-    """Which problems a baseline block compared, as every output says it."""
-    shared = block.get("shared")
-    if block.get("subset"):
-        return f"on the {shared} problems shared with the baseline's {block['baseline_n']} (subset)"
-    return f"on {shared} problems"
-
-
 def against_baseline(
     base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
     """A report's baseline block in Markdown (a ``config``'s: named in each title): its
     rows (:func:`baseline_rows`), then the lists of flips."""
-    path = md_code(_repository_path(str(base.get("path", ""))))
+    path = str(base.get("path", ""))
+    if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
+        path = PurePosixPath(path.replace("\\", "/")).name  # of this machine: its name only
     if base.get("written"):
-        return [f"Baseline written: {path}.", ""]
-    if not compared(base) or not base.get("shared"):
+        return [f"Baseline written: {md_code(path)}.", ""]
+    if not compared(base):
         return []
 
     def title(text: str) -> str:
         return f"{md_text(config)}: {text}" if config else text[0].upper() + text[1:]
 
     heading = title("against its baseline" if config else "against the baseline")
-    return [f"**{heading}** {path}:", "", *_md_rows(baseline_rows(base))] + [
+    return [f"**{heading}** {md_code(path)}:", "", *_md_rows(baseline_rows(base))] + [
         line
         for text, ids in flip_lists(base)
         for line in problem_list(title(text), ids, questions, "see the JSON report", listed)
@@ -152,13 +145,6 @@ def against_baseline(
 
 def _md_rows(rows: Sequence[tuple[str, str]]) -> list[str]:
     return [*(f"- {label}: {md_text(text)}" for label, text in rows), ""]
-
-
-def _repository_path(path: str) -> str:
-    """A path relative to the repository as it is; of this machine, only its file's name."""
-    if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
-        return PurePosixPath(path.replace("\\", "/")).name
-    return path
 
 
 def problem_list(
@@ -222,61 +208,47 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     blocks = [
         line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
     ]
-    if verdict.matrix:
+    if verdict.matrix:  # the verdict table: config_rows in columns
+        rows = config_rows(configs)
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         blocks.append((verdict.matrix_headline(), "headline"))
-        blocks.extend((printable(line), "info") for line in verdict_table(configs))
+        for row in rows:
+            line = "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+            blocks.append((f"  {printable(line)}", "info"))
     return blocks
 
 
-class ConfigRow(NamedTuple):
-    """A config as the terminal's verdict table and the page's configs table both show it:
-    ``baseline`` its baseline gate's word (else written, none), ``stopped`` (after, of)."""
-
-    name: str
-    model: str
-    n: int
-    accuracy: float | None
-    floor: float | None
-    baseline: str
-    stopped: tuple[int, int] | None
-    verdict: Word
-
-
-def config_row(c: Mapping[str, Any]) -> ConfigRow:
-    gates = c.get("gates") or []
-    # the floor gate by its name: decided by an early stop, its rule is "early-stop"
-    floor = next((g["threshold"] for g in gates if str(g["name"]).endswith(f":{FLOOR}")), None)
-    base, written = baseline_gate(c), (c.get("baseline") or {}).get("written")
-    said = base["verdict"] if base is not None else "written" if written else "none"
-    name, model, n = str((c.get("config") or {}).get("name", "")), str(c.get("model")), c["n"]
-    early: Mapping[str, int] = c.get("early_stop") or {}
-    after, of = early.get("decided_after"), early.get("n_total", 0)
-    stop = (after, of) if after is not None and after < of else None
-    word = word_of(g["verdict"] for g in gates)
-    return ConfigRow(name, model, n, c.get("accuracy"), floor, said, stop, word)
+def config_rows(configs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """A header and a row per config, as the terminal's verdict table and the page's configs
+    card both show them: ``baseline`` its gate's word (else written, none) and the accuracy
+    before and now, ``stopped`` only with --gsm8k-early-stop."""
+    early = any("early_stop" in c for c in configs)
+    head = ["config", "model", "protocol", "n", "accuracy, 95% interval", "floor", "baseline"]
+    rows = [[*head, *["stopped"] * early, "verdict"]]
+    for c in configs:
+        gates, base, gate = c.get("gates") or [], c.get("baseline") or {}, baseline_gate(c)
+        # the floor gate by its name: decided by an early stop, its rule is "early-stop"
+        floor = next((g["threshold"] for g in gates if str(g["name"]).endswith(f":{FLOOR}")), None)
+        said = gate["verdict"] if gate is not None else "written" if base.get("written") else "none"
+        if compared(base):
+            said += f" {base['baseline_accuracy']:.4f} -> {base['current_accuracy']:.4f}"
+        (low, high), accuracy = c.get("ci95") or (0.0, 0.0), c.get("accuracy")
+        shown = "no answers" if accuracy is None else f"{accuracy:.4f} [{low:.4f}-{high:.4f}]"
+        name = str((c.get("config") or {}).get("name", ""))
+        protocol = str(c["protocol"].get("label", "")).removeprefix(f"{name}: ")
+        row = [name, str(c.get("model")), protocol, str(c["n"]), shown]
+        row += ["-" if floor is None else f"{floor:.4f}", said]
+        stop: Mapping[str, int] = c.get("early_stop") or {}
+        after, of = stop.get("decided_after"), stop.get("n_total", 0)
+        row += [f"after {after} of {of}" if after is not None and after < of else "-"] * early
+        rows.append([*row, word_of(g["verdict"] for g in gates)])
+    return rows
 
 
 def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """A report's baseline gate record (a config's: ``<config>:baseline``), or None."""
     gates = report.get("gates") or []
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
-
-
-def verdict_table(configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One row per config (:func:`config_row`), with --gsm8k-early-stop where it stopped."""
-    early = any("early_stop" in c for c in configs)
-    head = ("config", "model", "n", "accuracy", "floor", "baseline")
-    rows: list[list[str]] = [[*head, *(["stopped"] if early else []), "verdict"]]
-    for r in map(config_row, configs):
-        row = [r.name, r.model, str(r.n), "-" if r.accuracy is None else f"{r.accuracy:.4f}"]
-        row += ["-" if r.floor is None else f"{r.floor:.4f}", r.baseline]
-        row += [f"{r.stopped[0]}/{r.stopped[1]}" if r.stopped else "-"] * early
-        rows.append([*row, r.verdict])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
 
 
 def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -317,7 +289,7 @@ def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, 
         out.append(f"INCOMPLETE: {v.n} of {v.expected} problems have a result{stop}")
     out += [note[2:] for note in v.notes]
     base = v.extra.get("baseline")
-    if compared(base) and base.get("shared"):
+    if compared(base):
         rest = "in the JSON report" if v.group.report else "with --gsm8k-report PATH"
         out += [f"baseline {base['path']}:", *(f"  {k}: {text}" for k, text in baseline_rows(base))]
         for title, ids in flip_lists(base):

@@ -146,6 +146,7 @@ class Tally:
                 **facts,
             )
 
+        groups = []
         if not plan.groups:  # one group, the run's own
             records, selected = dict(self.records), plan.problems
             limit = settings.limit if len(selected) < of else None
@@ -162,9 +163,7 @@ class Tally:
                 or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
                 extra=({where: server} if server is not None else {}) | shard,
             )
-            groups = [(run, selected, records, plan.baseline, split.problems)]
-        else:
-            groups = []
+            groups.append((run, selected, records, plan.baseline, split.problems))
         for planned in plan.groups:
             config, served = planned.config, servers.get(planned.name)
             if not any(p.id in ids for p in planned.problems):
@@ -242,10 +241,8 @@ class Tally:
             else (plan.problems, plan.baseline, plan.split.problems, None, settings.seed)
         )
         protocol = group.protocol if group else plan.protocol
-        here["protocol"] = {
-            **protocol.identity(),
-            "label": group.label if group else protocol.label,
-        }
+        label = group.label if group else protocol.label
+        here["protocol"] = {**protocol.identity(), "label": label}
         if group:
             here["config"] = {"name": group.name, "model_name": group.config.model_name}
         document = None

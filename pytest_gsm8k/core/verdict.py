@@ -11,12 +11,7 @@ from typing import Any
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import evidence
 from pytest_gsm8k.core.early_stop import FLOOR
-from pytest_gsm8k.core.gates import (
-    GateVerdict,
-    ToleranceFloor,
-    Verdict,
-    undecided,
-)
+from pytest_gsm8k.core.gates import GateVerdict, ToleranceFloor, Verdict, undecided
 from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report, Word

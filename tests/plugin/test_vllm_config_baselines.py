@@ -68,9 +68,9 @@ def _run(
 
 
 def _table(out: str) -> dict[str, list[str]]:
-    """The verdict table's rows by config name."""
+    """The verdict table's rows by config name (cells apart by two spaces or more)."""
     lines = out[out.index("gsm8k vLLM configs:") :].splitlines()[2:4]
-    return {line.split()[0]: line.split() for line in lines}
+    return {line.split()[0]: re.split(r" {2,}", line.strip()) for line in lines}
 
 
 def test_each_config_is_gated_against_its_own_baseline(
@@ -95,7 +95,7 @@ def test_each_config_is_gated_against_its_own_baseline(
     assert "gate Alpha-1B:baseline: PASS" in out
     assert "gate Delta-3B:baseline: PASS" in out
     assert f"  baseline {DELTA}:\n    accuracy: 1.0000 -> 1.0000 on 20 problems" in out
-    assert _table(out)["Alpha-1B"][-2:] == ["PASS", "PASS"]
+    assert _table(out)["Alpha-1B"][-2:] == ["PASS 1.0000 -> 1.0000", "PASS"]
     report = json.loads((pytester.path / "r.json").read_text("utf-8"))
     jsonschema.validate(report, REPORT_SCHEMA)
     blocks = {c["config"]["name"]: c["baseline"] for c in report["configs"]}
@@ -112,8 +112,8 @@ def test_each_config_is_gated_against_its_own_baseline(
     assert "gate Delta-3B:baseline: FAIL" in out
     assert "gate Delta-3B:vllm-threshold: PASS" in out
     assert "gate Alpha-1B:baseline: PASS" in out
-    assert _table(out)["Delta-3B"][-2:] == ["FAIL", "FAIL"]
-    assert _table(out)["Alpha-1B"][-2:] == ["PASS", "PASS"]
+    assert _table(out)["Delta-3B"][-2:] == ["FAIL 1.0000 -> 0.6000", "FAIL"]
+    assert _table(out)["Alpha-1B"][-2:] == ["PASS 1.0000 -> 1.0000", "PASS"]
     assert "gsm8k vLLM configs: 1 of 2 pass (every gate of each config)" in out
 
 
@@ -337,8 +337,8 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
     assert "55 newly failing, 0 newly passing" in page
     assert "stable (right in" not in page
     # the configs card: each config's baseline column, as the terminal's table says it
-    assert "<td>FAIL 1.0000 \u2192 0.0833</td>" in page
-    assert "<td>PASS 0.9500 \u2192 1.0000</td>" in page
+    assert "<td>FAIL 1.0000 -&gt; 0.0833</td>" in page
+    assert "<td>PASS 0.9500 -&gt; 1.0000</td>" in page
     assert "<td>none</td>" in page  # Gamma
     assert 'newly failing (55)</option><option value="passing">newly passing (1)' in page
     assert '<select id="f-config">' in page

@@ -10,6 +10,7 @@ completion requests it received in its stop event.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ def _verdicts(report: dict[str, Any]) -> dict[str, dict[str, bool]]:
 def _table(out: str) -> dict[str, list[str]]:
     """The verdict table's rows by config name (the header under "config")."""
     lines = out[out.index("gsm8k vLLM configs:") :].splitlines()[1:]
-    rows = {line.split()[0]: line.split() for line in lines[: len(CONFIGS) + 1]}
+    rows = {line.split()[0]: re.split(r" {2,}", line.strip()) for line in lines[: len(CONFIGS) + 1]}
     return rows
 
 
@@ -154,8 +155,8 @@ def test_each_config_stops_once_its_verdict_is_certain_and_the_verdicts_are_the_
     )
     table = _table(out)
     assert table["config"][-2:] == ["stopped", "verdict"]
-    assert table["Broken-1B"][-2:] == ["8/40", "FAIL"]
-    assert table["Good-3B"][-2:] == ["16/40", "PASS"]
+    assert table["Broken-1B"][-2:] == ["after 8 of 40", "FAIL"]
+    assert table["Good-3B"][-2:] == ["after 16 of 40", "PASS"]
     assert table["Tight-7B"][-2:] == ["-", "PASS"]
     # the page's configs card: each config's floor, and after how many problems it stopped
     page = (pytester.path / "page.html").read_text()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -181,17 +182,20 @@ def test_a_folder_of_vllm_configs_runs_in_sequence_and_gates_each(
     assert "gsm8k vLLM configs: 2 of 3 pass" in out
     assert "gate Beta-7B-FP8:vllm-threshold: FAIL: accuracy 0.6000" in out
     table = out[out.index("gsm8k vLLM configs: 2 of 3 pass") :].splitlines()[1:5]
-    assert table[0].split() == [
+    cells = [re.split(r" {2,}", line.strip()) for line in table]
+    assert cells[0] == [
         "config",
         "model",
+        "protocol",
         "n",
-        "accuracy",
+        "accuracy, 95% interval",
         "floor",
         "baseline",
         "verdict",
     ]
-    row = ["Beta-7B-FP8", "org/Beta-7B-FP8", "5", "0.6000", "0.6700", "none", "FAIL"]
-    assert table[2].split() == row
+    protocol = "test@1, 0-shot CoT, completions, preset vllm, extract last-int"
+    row = ["Beta-7B-FP8", "org/Beta-7B-FP8", protocol, "5", "0.6000 [0.2307-0.8824]", "0.6700"]
+    assert cells[2] == [*row, "none", "FAIL"]
 
 
 def test_a_models_list_names_the_configs_in_its_order(
