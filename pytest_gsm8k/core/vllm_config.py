@@ -30,7 +30,7 @@ class ConfigError(Exception):
     """A config that cannot be run as vLLM's test would run it: one line, naming the file."""
 
 
-def _field(default: Any, kind: tuple[type, str] | None = None, **bounds: float) -> Any:
+def _field(default: Any, kind: tuple[type, str] | None = None, /, **bounds: float) -> Any:
     """A field read from the file: a number (an integer if its type says so) in ``bounds``
     (settings.out_of_range's), or else of ``kind`` (a type, and it in words); ``default``
     MISSING: required."""
