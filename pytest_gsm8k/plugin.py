@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_gsm8k import ROLE_NAME
-from pytest_gsm8k.core.settings import OPTIONS, Option, SettingsError, build_settings, convert_bool
+from pytest_gsm8k.core.settings import OPTIONS, Option, SettingsError, build_settings
 from pytest_gsm8k.fixtures import gsm8k_model, gsm8k_outcome, gsm8k_problem, gsm8k_protocol  # noqa: F401 (registered from here)
 
 #: the marker every GSM8K item carries: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest
@@ -54,14 +54,8 @@ def _read_option(config: pytest.Config, option: Option) -> Any:
     """Command line first, then the ini twin; None when neither is set."""
     if (value := config.getoption(option.dest)) is not None:
         return value
-    if (ini := config.getini(option.dest)) in (None, "", []):
-        return None
-    if option.kind == "bool":
-        try:
-            return convert_bool(ini)
-        except ValueError:
-            raise SettingsError(f"ini {option.dest}: expected true or false, got {ini!r}") from None
-    return ini
+    ini = config.getini(option.dest)
+    return None if ini in (None, "", []) else ini
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,7 +19,7 @@ from _pytest.junitxml import xml_key
 
 from pytest_gsm8k import ROLE_NAME
 from pytest_gsm8k.core.dataset import DatasetError
-from pytest_gsm8k.core.progress import Progress
+from pytest_gsm8k.core.progress import progress_line
 from pytest_gsm8k.core.records import OUTCOMES, ProblemRecord
 from pytest_gsm8k.core.render import junit_cases, styled_lines
 from pytest_gsm8k.core.scrub import printable
@@ -156,11 +156,13 @@ class ProgressLine:
             return
         self._drawn_at = now
         counter = Counter(r["outcome"] for r in records.values())
-        line = Progress(len(records), total, now - self._started, {o: counter[o] for o in OUTCOMES})
+        line = progress_line(
+            len(records), total, now - self._started, {o: counter[o] for o in OUTCOMES}
+        )
         if self._tty:
-            self._reporter.rewrite(line.line(), erase=True)
+            self._reporter.rewrite(line, erase=True)
         elif len(records) != self._drawn_done:  # a log: no line twice
-            self._reporter.write_line(line.line())
+            self._reporter.write_line(line)
         self._drawn_done = len(records)
 
 

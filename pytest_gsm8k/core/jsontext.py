@@ -44,7 +44,3 @@ def to_json(obj: Any, **kwargs: Any) -> str:
     """``json.dumps(obj, ensure_ascii=False, **kwargs)`` that encodes as UTF-8 and decodes to
     exactly ``obj`` (a raw surrogate only occurs inside a string)."""
     return escape_surrogates(json.dumps(obj, ensure_ascii=False, **kwargs))
-
-
-def to_json_bytes(obj: Any, **kwargs: Any) -> bytes:
-    return to_json(obj, **kwargs).encode("utf-8")

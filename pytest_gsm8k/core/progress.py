@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 #: answers before an ETA (or a twentieth of the run): the first replies arrive together
 ETA_AFTER = 20
@@ -20,36 +19,17 @@ def format_duration(seconds: float) -> str:
     )
 
 
-@dataclass(frozen=True)
-class Progress:
-    """``done`` of ``total`` problems answered after ``elapsed`` seconds, with the outcomes
-    counted so far (zeros left out of the line)."""
-
-    done: int
-    total: int
-    elapsed: float
-    counts: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float | None:
-        """Problems answered per second; None before the first answer or instant."""
-        return self.done / self.elapsed if self.done > 0 and self.elapsed > 0 else None
-
-    @property
-    def eta(self) -> float | None:
-        """Seconds left at the rate so far (0 when done; None before :data:`ETA_AFTER`)."""
-        if self.done >= self.total:
-            return 0.0
-        if (rate := self.rate) is None or self.done < max(ETA_AFTER, self.total // 20):
-            return None
-        return (self.total - self.done) / rate
-
-    def line(self) -> str:
-        """``gsm8k: 120/1319 answered (98 correct, 22 wrong)  2.40/s  ETA 8m20s``."""
-        text = f"gsm8k: {self.done}/{self.total} answered"
-        if shown := [f"{count} {name}" for name, count in self.counts.items() if count]:
-            text += f" ({', '.join(shown)})"
-        text += "  -/s" if self.rate is None else f"  {self.rate:.2f}/s"
-        if self.done >= self.total:
-            return text + f"  done in {format_duration(self.elapsed)}"
-        return text + ("  ETA -" if self.eta is None else f"  ETA {format_duration(self.eta)}")
+def progress_line(done: int, total: int, elapsed: float, counts: Mapping[str, int]) -> str:
+    """``gsm8k: 120/1319 answered (98 correct, 22 wrong)  2.40/s  ETA 8m20s``: ``done`` of
+    ``total`` answered after ``elapsed`` seconds, the outcomes counted so far (zeros left out);
+    no rate before the first answer or instant, no ETA before :data:`ETA_AFTER` answers."""
+    text = f"gsm8k: {done}/{total} answered"
+    if shown := [f"{count} {name}" for name, count in counts.items() if count]:
+        text += f" ({', '.join(shown)})"
+    rate = done / elapsed if done > 0 and elapsed > 0 else None
+    text += "  -/s" if rate is None else f"  {rate:.2f}/s"
+    if done >= total:
+        return text + f"  done in {format_duration(elapsed)}"
+    if rate is None or done < max(ETA_AFTER, total // 20):
+        return text + "  ETA -"
+    return text + f"  ETA {format_duration((total - done) / rate)}"

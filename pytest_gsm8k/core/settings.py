@@ -65,9 +65,9 @@ class Option:
         default = None if kind == "list" else f.default
         return cls(name, kind, default=default, field=f.name, bounds=bounds, **spec)
 
-    def parse(self, raw: Any) -> Any:
+    def parse(self, raw: Any, said: str) -> Any:
         """``raw`` as this option's type, range and choices; None when not given (an empty
-        value clears the ini's)."""
+        value clears the ini's); errors name it as ``said`` (the flag, or the ini key)."""
         if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None
         if self.omit and str(raw).strip().lower() == OMIT:
@@ -77,19 +77,17 @@ class Option:
         try:
             value = _READ[self.kind](raw)
         except ValueError:
-            raise SettingsError(
-                f"{self.flag}: expected {_EXPECTED[self.kind]}, got {raw!r}"
-            ) from None
+            raise SettingsError(f"{said}: expected {_EXPECTED[self.kind]}, got {raw!r}") from None
         if self.choices and value not in self.choices:
             *first, last = self.choices
             one_of = f"one of {', '.join(first)}," if first[1:] else f"{first[0]} or"
-            raise SettingsError(f"{self.flag}: expected {one_of} {last}, got {value!r}")
+            raise SettingsError(f"{said}: expected {one_of} {last}, got {value!r}")
         # nan passes every comparison check and inf overflows a socket's timeout
         if self.kind == "float" and not math.isfinite(value):
-            raise SettingsError(f"{self.flag}: expected a finite number, got {raw!r}")
+            raise SettingsError(f"{said}: expected a finite number, got {raw!r}")
         if problem := out_of_range(value, **dict(self.bounds)):
             why = f" ({self.why})" if self.why else ""
-            raise SettingsError(f"{self.flag}: {problem}{self.unit}, got {value}{why}")
+            raise SettingsError(f"{said}: {problem}{self.unit}, got {value}{why}")
         return value
 
 
@@ -522,11 +520,12 @@ def build_settings(
     across them; ``exists``: the file system; ``from_ini``: whether a value is the ini's."""
     read = _Read({}, set(), set(), warn)
     for option in OPTIONS:
-        value = option.parse(get(option))
+        ini = from_ini(option)
+        value = option.parse(get(option), f"ini {option.dest}" if ini else option.flag)
         read.values[option.field] = option.default if value is None else value
         if value is not None:
             read.given.add(option.field)
-            if from_ini(option):
+            if ini:
                 read.ini.add(option.field)
     samples = _across(read, exists)
     read.values.update(

@@ -30,14 +30,11 @@ class ConfigError(Exception):
     """A config that cannot be run as vLLM's test would run it: one line, naming the file."""
 
 
-def _num(default: Any, **bounds: float) -> Any:
-    """A number field (an integer if its type says so) in ``bounds`` (settings.out_of_range's);
-    ``default`` MISSING: required."""
-    return field(default=default, metadata={"bounds": bounds})
-
-
-def _typed(default: Any, kind: type, what: str) -> Any:
-    return field(default=default, metadata={"type": (kind, what)})
+def _field(default: Any, kind: tuple[type, str] | None = None, /, **bounds: float) -> Any:
+    """A field read from the file: a number (an integer if its type says so) in ``bounds``
+    (settings.out_of_range's), or else of ``kind`` (a type, and it in words); ``default``
+    MISSING: required."""
+    return field(default=default, metadata={"kind": kind, "bounds": bounds})
 
 
 @dataclass(frozen=True)
@@ -48,21 +45,21 @@ class VllmConfig:
     name: str  # the file's stem: the group's name in item ids, headlines and reports
     source: str  # the file as shown in messages
     model_name: str
-    accuracy_threshold: float = _num(MISSING, ge=0, le=1)
-    num_questions: int = _num(MISSING, ge=1)
-    num_fewshot: int = _num(MISSING, ge=0)
-    tolerance: float = _num(0.08, ge=0, le=1)
-    startup_max_wait_seconds: float = _num(1200.0, **WAIT)
-    request_timeout_seconds: float = _num(600.0, **WAIT)
-    rocm_request_timeout_seconds: float = _num(600.0, **WAIT)  # checked, never used here
-    max_tokens: int = _num(256, ge=1)
-    temperature: float | None = _num(0.0, ge=0, le=2)  # None (so nullable): left to the server
-    seed: int | None = _num(42, ge=0)
-    max_concurrency: int | None = _num(None, ge=1)
-    server_args: tuple[str, ...] = _typed((), str, "a string")  # split as vLLM's test (shlex)
-    env: tuple[tuple[str, str], ...] = _typed((), dict, "a mapping of variables")
-    gen_prefix: str = _typed("", str, "a string")
-    use_chat_completions: bool = _typed(False, bool, "true or false")
+    accuracy_threshold: float = _field(MISSING, ge=0, le=1)
+    num_questions: int = _field(MISSING, ge=1)
+    num_fewshot: int = _field(MISSING, ge=0)
+    tolerance: float = _field(0.08, ge=0, le=1)
+    startup_max_wait_seconds: float = _field(1200.0, **WAIT)
+    request_timeout_seconds: float = _field(600.0, **WAIT)
+    rocm_request_timeout_seconds: float = _field(600.0, **WAIT)  # checked, never used here
+    max_tokens: int = _field(256, ge=1)
+    temperature: float | None = _field(0.0, ge=0, le=2)  # None (so nullable): left to the server
+    seed: int | None = _field(42, ge=0)
+    max_concurrency: int | None = _field(None, ge=1)
+    server_args: tuple[str, ...] = _field((), (str, "a string"))  # split as vLLM's test (shlex)
+    env: tuple[tuple[str, str], ...] = _field((), (dict, "a mapping of variables"))
+    gen_prefix: str = _field("", (str, "a string"))
+    use_chat_completions: bool = _field(False, (bool, "true or false"))
     given: tuple[str, ...] = ()  # the fields given, in file order (the report)
 
     def serve_args(self) -> tuple[str, ...]:
@@ -191,11 +188,11 @@ def parse(text: str, source: str, name: str) -> VllmConfig:
     values: dict[str, Any] = {"model_name": model.strip()}
     for key, f in _FIELDS.items():
         raw = data.get(key)
-        if "bounds" in f.metadata and key in data:
+        if f.metadata["kind"] is None and key in data:
             nulled = raw is None and str(f.type).endswith("None")
             values[key] = None if nulled else _bounded(raw, where(key), f)
-        elif "type" in f.metadata and (raw is not None or (f.type == "bool" and key in data)):
-            kind, what = f.metadata["type"]
+        elif f.metadata["kind"] and (raw is not None or (f.type == "bool" and key in data)):
+            kind, what = f.metadata["kind"]
             if not isinstance(raw, kind):
                 raise ConfigError(f"{where(key)}: expected {what}, got {_shown(raw)}")
             values[key] = raw

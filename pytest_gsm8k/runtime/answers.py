@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_gsm8k.core.jsontext import to_json_bytes
+from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
@@ -46,7 +46,7 @@ Message = dict[str, Any]
 
 def frame(message: dict[str, Any]) -> bytes:
     """``message`` as one frame (UTF-8 JSON; a lone surrogate travels as its JSON escape)."""
-    body = to_json_bytes(message)
+    body = to_json(message).encode()
     return HEADER.pack(len(body)) + body
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from pytest_gsm8k.core.jsontext import to_json_bytes
+from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.types import stable_hash
 from pytest_gsm8k.runtime.outputs import write_atomic
 
@@ -190,7 +190,7 @@ class ResponseCache:
         path = self._entry_text(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         data = {"v": SCHEMA, "key": key, "run": self.run_id, "request": body, "server": server}
-        payload = to_json_bytes({**data, "response": response}, separators=(",", ":"))
+        payload = to_json({**data, "response": response}, separators=(",", ":")).encode()
         # a FIFO, device or folder at the path is never renamed over; its read warned, once
         with contextlib.suppress(FileExistsError, IsADirectoryError):
             write_atomic(path, payload, mkdir=False)

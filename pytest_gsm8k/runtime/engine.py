@@ -24,7 +24,7 @@ from pytest_gsm8k.core.identity import (
     unnamed_refusal,
     unnamed_reply,
 )
-from pytest_gsm8k.core.jsontext import to_json_bytes
+from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.bounded import mib
@@ -471,7 +471,7 @@ class Engine:
         kept = completions[: request.n]
         response = ModelResponse(kept, dict(usage), first.model, cached, first.fingerprint)
         # its JSON is what the cache stores and the xdist channel carries
-        if (size := len(to_json_bytes(response.to_json()))) > MAX_REPLY_BYTES:
+        if (size := len(to_json(response.to_json()).encode())) > MAX_REPLY_BYTES:
             raise Said(
                 f"the answers to this problem are over {mib(MAX_REPLY_BYTES)} as JSON "
                 f"({size:,} bytes), the most one problem's answer may take"

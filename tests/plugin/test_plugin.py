@@ -640,9 +640,9 @@ def test_bad_input_is_one_line_error_before_any_request(
 @pytest.mark.parametrize(
     ("line", "needles"),
     [
-        ("gsm8k_min_acc = lots", ["min-acc", "lots"]),
-        ("gsm8k_limit = ten", ["limit", "ten"]),
-        ("gsm8k_no_cache = maybe", ["gsm8k_no_cache", "maybe"]),
+        ("gsm8k_min_acc = lots", ["ini gsm8k_min_acc", "lots"]),
+        ("gsm8k_limit = ten", ["ini gsm8k_limit", "ten"]),
+        ("gsm8k_no_cache = maybe", ["ini gsm8k_no_cache", "maybe"]),
     ],
 )
 def test_bad_ini_value_names_the_option(

@@ -358,6 +358,23 @@ def _from(cli: dict[str, Any], ini: dict[str, Any], notes: list[str]) -> Setting
     return build_settings(get, notes.append, from_ini=lambda o: o.dest[len("gsm8k_") :] not in cli)
 
 
+@pytest.mark.parametrize(
+    ("key", "raw", "problem"),
+    [
+        ("min_acc", "5", "must be >= 0 and <= 1, got 5.0"),
+        ("no_cache", "maybe", "expected true or false, got 'maybe'"),
+        ("api", "grpc", "expected chat or completions, got 'grpc'"),
+    ],
+)
+def test_a_bad_value_is_named_where_it_was_given(key: str, raw: str, problem: str) -> None:
+    """An ini value out of range was reported under the command-line flag, never typed."""
+    flag, ini = f"--gsm8k-{key.replace('_', '-')}", f"ini gsm8k_{key}"
+    for cli, ini_values, said in (({key: raw}, {}, flag), ({}, {key: raw}, ini)):
+        with pytest.raises(SettingsError) as info:
+            _from(cli, ini_values, [])
+        assert str(info.value) == f"{said}: {problem}"
+
+
 README_INI = {"base_url": "http://127.0.0.1:8000/v1", "min_acc": "0.85"}
 
 
@@ -498,7 +515,7 @@ def test_each_range_and_choice_says_its_bounds_and_the_value(
 def test_an_out_of_range_ini_value_is_refused_even_where_a_mode_sets_it_aside() -> None:
     """Each option is checked as it is read: ``gsm8k_limit = 0`` is no value in any recipe,
     so --gsm8k-config refuses it rather than setting it aside (a valid one is set aside)."""
-    with pytest.raises(SettingsError, match=r"^--gsm8k-limit: must be > 0, got 0$"):
+    with pytest.raises(SettingsError, match=r"^ini gsm8k_limit: must be > 0, got 0$"):
         _from({"config": "c/"}, {"limit": "0"}, [])
     notes: list[str] = []
     assert _from({"config": "c/"}, {"limit": "20"}, notes).limit is None
