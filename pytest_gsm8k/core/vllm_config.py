@@ -89,8 +89,10 @@ def _shown(value: Any) -> str:
 
 
 def clip(key: object) -> str:
-    """A name (a key, a file) as messages show it: unquoted, escapes shown, cut short."""
-    return scrub.clip(repr(str(key))[1:-1], 60)
+    """A name (a key, a file) as messages show it: unquoted, escapes shown, cut short in its
+    middle (a path's end is the file's name: what is wrong)."""
+    shown = repr(str(key))[1:-1]
+    return shown if len(shown) <= 60 else f"{shown[:28]}...{shown[-29:]}"
 
 
 class _Loader(yaml.SafeLoader):
