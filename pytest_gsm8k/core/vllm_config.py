@@ -84,8 +84,11 @@ KNOWN = ("model_name", *_FIELDS, *UNSUPPORTED)
 
 
 def _shown(value: Any) -> str:
-    """A user's value in an error: its repr, cut to a readable length."""
-    return scrub.clip(repr(value), 60)
+    """A user's value in an error: its repr, secret-named assignments hidden, cut to a
+    readable length; a list or mapping by its kind only (a key inside is no assignment)."""
+    if isinstance(value, list | dict | set):
+        return "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
+    return scrub.clip(scrub.redact_options(repr(value)), 60)
 
 
 def clip(key: object) -> str:
