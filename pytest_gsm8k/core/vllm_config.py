@@ -88,7 +88,7 @@ def _shown(value: Any) -> str:
     readable length; a list or mapping by its kind only (a key inside is no assignment)."""
     if isinstance(value, list | dict | set):
         return "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
-    return scrub.clip(scrub.redact_options(repr(value)), 60)
+    return scrub.clip(scrub.redact_options(repr(value)[:200]), 60)  # a bounded text to search
 
 
 def clip(key: object) -> str:
