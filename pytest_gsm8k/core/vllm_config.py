@@ -81,13 +81,18 @@ KNOWN = ("model_name", *_FIELDS, *UNSUPPORTED)
 
 
 def _shown(value: Any) -> str:
-    """A user's value in an error: its repr, cut to a readable length."""
-    return scrub.clip(repr(value), 60)
+    """A user's value in an error: its repr, secret-named assignments hidden, cut to a
+    readable length; a list or mapping by its kind only (a key inside is no assignment)."""
+    if isinstance(value, list | dict | set):
+        return "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
+    return scrub.clip(scrub.redact_options(repr(value)[:200]), 60)  # a bounded text to search
 
 
 def clip(key: object) -> str:
-    """A name (a key, a file) as messages show it: unquoted, escapes shown, cut short."""
-    return scrub.clip(repr(str(key))[1:-1], 60)
+    """A name (a key, a file) as messages show it: unquoted, escapes shown, cut short in its
+    middle (a path's end is the file's name: what is wrong)."""
+    shown = repr(str(key))[1:-1]
+    return shown if len(shown) <= 60 else f"{shown[:28]}...{shown[-29:]}"
 
 
 class _Loader(yaml.SafeLoader):

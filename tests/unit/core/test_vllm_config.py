@@ -199,3 +199,26 @@ def test_a_model_name_too_long_or_with_a_nul_is_refused_shown_short(model: str) 
     message = str(caught.value)
     assert message.startswith("q.yaml:1: model_name: expected a model id (at most 1000"), message
     assert len(message) < 400
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "server_args: [--api-key, {key}]\n",  # vLLM's server_args is one string, not a list
+        "server_args: {{--api-key: {key}}}\n",
+        "env: HF_TOKEN={key}\n",  # env is a mapping, not an assignment
+        "env: [HF_TOKEN={key}]\n",
+        "env:\n  OPENAI_API_KEY: [{key}]\n",
+    ],
+)
+def test_a_key_in_a_field_of_the_wrong_kind_is_never_shown(extra: str) -> None:
+    """Rule: secrets never appear in output. A config that gives the server's key in a field
+    of the wrong kind is refused naming the field and the kind given; no part of the key is
+    in the message (a shortened value kept up to 50 characters of it)."""
+    key = "sk-proj-" + "A1b2C3d4E5" * 4
+    text = QWEN.replace('server_args: "--enforce-eager --max-model-len 4096"\n', "")
+    with pytest.raises(ConfigError) as caught:
+        parse(text + extra.format(key=key), "q.yaml", "q")
+    message = str(caught.value)
+    assert message.startswith(("q.yaml:5: server_args: expected", "q.yaml:5: env", "q.yaml:6: env"))
+    assert "A1b2C3" not in message, message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,21 @@ def test_a_name_too_long_is_one_line_shown_cut_short(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as caught:
             load(str(path))
         assert len(str(caught.value)) < 300 + len(str(tmp_path)), str(caught.value)[:400]
+
+
+def test_a_long_path_in_a_message_keeps_the_file_name_at_its_end(tmp_path: Path) -> None:
+    """Rule: a message names the file that is wrong. A name (a path, a listed file) too long
+    to show whole is cut in its middle: a CI checkout's path to vLLM's configs passes 60
+    characters, and cutting its end dropped the file's name ("configs/Met...")."""
+    deep = tmp_path / ("d" * 80) / "Meta-Llama-3-8B-Instruct.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load(str(deep))
+    message = str(caught.value)
+    shown = r"--gsm8k-config /\S+\.\.\.\S*-8B-Instruct\.yaml: no such file or folder"
+    assert re.fullmatch(shown, message), message
+    assert len(message) < 120, message
+    listing = tmp_path / "models.txt"
+    listing.write_text("Qwen-" + "q" * 70 + "-FP8.yaml\n", encoding="utf-8")
+    listed = r"models\.txt:1: no config file Qwen-q+\.\.\.q+-FP8\.yaml$"
+    with pytest.raises(ConfigError, match=listed):
+        load(str(listing))
