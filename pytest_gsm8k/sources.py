@@ -312,7 +312,7 @@ class Sources:
             return self.remote or self.matrix, False  # type: ignore[return-value]
         if is_default and protocol is self._session.plan.protocol and self.remote is not None:
             return self.remote, False
-        if self._scopes.get(id(model), "session") == "session":
+        if is_default or self._scopes.get(id(model), "session") == "session":
             return self.engine_for(model, protocol=protocol), False
         if not self._warned_scope:
             self._warned_scope = True
