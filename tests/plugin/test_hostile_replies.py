@@ -129,7 +129,9 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
 
 #: a function-scoped gsm8k_model that hands on the plugin's own client: the same object
 #: every time, so the same engine (once, its one-time warnings said once), not one per item
-PASS_THROUGH = "import pytest\n\n@pytest.fixture\ndef gsm8k_model(gsm8k_model):\n    return gsm8k_model\n"
+PASS_THROUGH = (
+    "import pytest\n\n@pytest.fixture\ndef gsm8k_model(gsm8k_model):\n    return gsm8k_model\n"
+)
 
 
 @pytest.mark.parametrize("conftest", ["", PASS_THROUGH], ids=["own", "function-scoped-own"])
