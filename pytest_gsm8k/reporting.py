@@ -30,8 +30,6 @@ from pytest_gsm8k.session import Gsm8kSession, get_session
 if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import RunPlan
 
-#: the node id under which the gates appear (JUnit: classname ``gsm8k.gates``)
-GATES_NODEID = "gsm8k::gates"
 LETTERS = {"correct": ".", "wrong": "w", "unparsed": "u", "truncated": "t"}
 #: seconds between two drawings of the progress line: on a terminal, into a log
 PROGRESS_INTERVAL = 0.5
@@ -109,12 +107,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = get_session(session.config)
     verdict = state.run.verdict
     if verdict is not None and (xml := session.config.stash.get(xml_key, None)) is not None:
-        for case in junit_cases(verdict):
-            nodeid, where = f"{GATES_NODEID}::{case.name}", GATES_NODEID.partition("::")[0]
-            location = (where, None, f"gates::{case.name}")
+        for case in junit_cases(verdict):  # JUnit: classname gsm8k.gates, name the gate's
+            nodeid, location = f"gsm8k::gates::{case.name}", ("gsm8k", None, f"gates::{case.name}")
             detail: str | tuple[str, int, str] | None = case.message
             if case.outcome == "skipped" and case.message is not None:  # pytest's skip shape
-                detail = (where, 0, case.message)
+                detail = ("gsm8k", 0, case.message)
             mine = [("answers_from_earlier_runs", case.earlier)] if case.earlier else []
             xml.pytest_runtest_logreport(
                 pytest.TestReport(nodeid, location, {}, case.outcome, detail, "call")

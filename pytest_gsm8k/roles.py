@@ -29,7 +29,9 @@ SIGTERM_MESSAGE = "SIGTERM"  # what the KeyboardInterrupt that SIGTERM raises sa
 class Role:
     """What every role holds: the settings, the run's id and start, the session once made."""
 
-    sigterm = False  # whether SIGTERM ends the run like Ctrl-C (the aggregating process)
+    #: the process that aggregates: SIGTERM ends its run like Ctrl-C, and its session brings
+    #: the reporting plugin (the letters, the gsm8k block, the gates' exit code)
+    aggregates = False
 
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         given = getattr(config, "workerinput", {})
@@ -47,14 +49,18 @@ class Role:
             from pytest_gsm8k.session import Gsm8kSession
 
             self._session = Gsm8kSession(self.config, self.settings, self.run_id, self.started)
-            self._made()
+            if self.aggregates:
+                from pytest_gsm8k import reporting
+
+                self.config.pluginmanager.register(reporting, "gsm8k-reporting")
         return self._session
 
     def idle(self) -> bool:
         return self._session is None
 
-    def _made(self) -> None:  # what a role adds to its session once it exists
-        pass
+    def pytest_unconfigure(self) -> None:
+        if self._session is not None:
+            self._session.close()
 
     def activate(self) -> None:
         """Once, only in a run with GSM8K work: the HTTP libraries' log records scrubbed."""
@@ -63,7 +69,7 @@ class Role:
             from pytest_gsm8k.runtime.logs import scrub_library_logs
 
             self.config.add_cleanup(scrub_library_logs(self.session.scrubber()))
-            if self.sigterm:
+            if self.aggregates:
                 _on_sigterm(self.config)
 
     @pytest.hookimpl(tryfirst=True)
@@ -155,12 +161,7 @@ class Aggregator(Role):
 
     progress: ProgressLine | None = None  # while the test loop runs (None: the dots)
     controller = False  # an xdist controller: its DSession hands out the items
-    sigterm = True
-
-    def _made(self) -> None:  # the letters, the gsm8k block, the gates' exit code
-        from pytest_gsm8k import reporting
-
-        self.config.pluginmanager.register(reporting, "gsm8k-reporting")
+    aggregates = True
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -234,7 +235,7 @@ class RunRole(Collector, Aggregator):
 
 class ControllerRole(Aggregator):
     """The xdist controller: it collects nothing, serves its engine's answers to the workers
-    (sources.py) and aggregates their reports."""
+    (session.py, Sources) and aggregates their reports."""
 
     controller = True
 
