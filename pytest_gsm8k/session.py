@@ -15,7 +15,7 @@ import tempfile
 import warnings
 from collections.abc import Container, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -67,8 +67,6 @@ class Gsm8kSession:
         self.workerinput: dict[str, Any] = getattr(config, "workerinput", {})  # {}: no worker
         self.dry = bool(config.option.collectonly or getattr(config.option, "setupplan", False))
         self._plan: RunPlan | None = None
-        #: the run's private folder, shared by the xdist workers through the run id
-        self._run_dir = Path(tempfile.gettempdir()) / f"gsm8k-run-{run_id}"
         self.run = Tally(started)
         #: the outputs checked at session start, by key; those that failed at the end
         self.outputs: dict[str, Output] = {}
@@ -108,11 +106,6 @@ class Gsm8kSession:
             identity=self.workerinput.get("gsm8k_server_identity"),
         )
 
-    def run_dir(self) -> Path:
-        """Made on first use only, so a session without GSM8K items leaves no trace."""
-        self._run_dir.mkdir(mode=0o700, exist_ok=True)
-        return self._run_dir
-
     def scrubber(self) -> Scrubber:
         """The key, URL credentials, ``VLLM_API_KEY``, and the secrets ``--gsm8k-serve`` and
         each config give a server, out of outside text."""
@@ -140,8 +133,6 @@ class Gsm8kSession:
         for output in self.outputs.values():
             output.close()
         self.sources.close()
-        if not self.is_worker:
-            shutil.rmtree(self._run_dir, ignore_errors=True)
 
     def learn_plans(self) -> None:
         """xdist controller: the problems the workers collected, from the plans they offer."""
@@ -201,6 +192,9 @@ class Sources:
 
     def __init__(self, session: Gsm8kSession) -> None:
         self._session = session
+        #: the run's private folder (the cache when none is kept), shared by the xdist workers
+        #: through the run id; made on first use only: a run without GSM8K items leaves no trace
+        self._run_dir = Path(tempfile.gettempdir()) / f"gsm8k-run-{session.run_id}"
         self.engines: dict[int, Engine] = {}  # by id() of the model they call
         self._unplanned: set[int] = set()  # engines made with plan=False
         self._scopes: dict[int, str] = {}  # each gsm8k_model value's fixture scope, by id()
@@ -239,8 +233,10 @@ class Sources:
                 root = session.config.cache.mkdir("gsm8k")
         persistent = root is not None
         if persistent not in self._caches:
+            if root is None:
+                self._run_dir.mkdir(mode=0o700, exist_ok=True)
             self._caches[persistent] = ResponseCache(
-                root or session.run_dir() / "cache",
+                root or self._run_dir / "cache",
                 session.run_id,
                 persistent=persistent,
                 resume=session.settings.resume,
@@ -520,6 +516,7 @@ class Sources:
         if not self._session.is_worker:
             for cache in self._caches.values():
                 cache.close()
+            shutil.rmtree(self._run_dir, ignore_errors=True)
             if self.server is not None:
                 self.server.stop()
                 self.server = None
@@ -530,5 +527,4 @@ def get_session(config: pytest.Config) -> Gsm8kSession:
     role = config.pluginmanager.get_plugin(ROLE_NAME)
     if role is None:
         raise pytest.UsageError("gsm8k: pytest-gsm8k is not configured (-p no:gsm8k?)")
-    session: Gsm8kSession = role.session
-    return session
+    return cast(Gsm8kSession, role.session)
