@@ -147,7 +147,6 @@ class ProgressLine:
         now, every = time.monotonic(), PROGRESS_INTERVAL if self._tty else LOG_PROGRESS_INTERVAL
         if not final and now - self._drawn_at < every:
             return
-        state.learn_plans()
         records, total = state.run.records, len(state.run.collected_ids or ())
         if total <= 0:
             return
@@ -214,7 +213,9 @@ def finish(state: Gsm8kSession) -> None:
         plan = state.plan
     except DatasetError:
         return
-    state.learn_plans()
+    answers = state.sources.answer_server  # no report came: the plans the workers offered
+    if answers is not None and run.collected_ids is None:
+        run.learn_collected_ids(answers.planned_ids() or ())
     late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
     report_unfinished(state, late)
     flags = (("-k", "keyword"), ("-m", "markexpr"), ("--lf", "lf"), ("--deselect", "deselect"))

@@ -134,12 +134,6 @@ class Gsm8kSession:
             output.close()
         self.sources.close()
 
-    def learn_plans(self) -> None:
-        """xdist controller: the problems the workers collected, from the plans they offer."""
-        answers = self.sources.answer_server
-        if answers is not None and self.run.collected_ids is None:
-            self.run.learn_collected_ids(answers.planned_ids() or ())
-
     def observe(self, record: ProblemRecord) -> str | None:
         """One item's record, fed to its group's early stop (--gsm8k-early-stop). Returns the
         message the whole run stops with once that decides before its last problem; a
@@ -154,8 +148,8 @@ class Gsm8kSession:
 
         name = group_of(problem_id) if self.settings.vllm_config else ""
         if name not in run.early:
-            self.learn_plans()
-            # not knowing which problems the workers collected, the stop could not count them
+            # not knowing which problems the workers collected (an xdist controller learns them
+            # from each worker's first report), the stop could not count them
             known = run.collected_ids is not None
             run.start_early_stop(name, run.early_stop(self.plan, name) if known else None)
         if (early := run.early[name]) is None or name in run.stopped:
