@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.compare import CompareError, compare_all, load_report
+from pytest_gsm8k.core.dataset import DatasetError
+from pytest_gsm8k.core.merge import ShardError, check_shards
 from pytest_gsm8k.core.render import compare_markdown, styled_lines
 from pytest_gsm8k.core.scrub import clip, md_text, printable
 
@@ -44,7 +46,6 @@ def _read(path: str) -> dict[str, Any]:
 
 def _questions(report: Mapping[str, Any]) -> dict[str, str]:
     """The questions of the report's split if it is the embedded copy: the flips' text."""
-    from pytest_gsm8k.core.dataset import DatasetError
     from pytest_gsm8k.runtime.data import EMBEDDED, EMBEDDED_NAME, load_split
 
     dataset = report["dataset"]
@@ -65,12 +66,8 @@ def _say(text: str) -> None:
 
 def run_compare(a_path: str, b_path: str, alpha: float) -> int:
     """Print the Markdown; the exit code is the worst of the comparisons' (one per config)."""
-    try:
-        a, b = _read(a_path), _read(b_path)
-        results = compare_all(a, b, alpha=alpha, where=(a_path, b_path))
-    except CompareError as exc:
-        _say(str(exc))
-        return REFUSED
+    a, b = _read(a_path), _read(b_path)
+    results = compare_all(a, b, alpha=alpha, where=(a_path, b_path))
     code = BETTER_OR_SAME
     plain: dict[str, str] | None = None
     for result in results:
@@ -97,22 +94,16 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     """The shards checked to be one run, then its verdict by the steps that end a run
     (core/tally.py, runtime/finish.py); the exit code that run would have had."""
-    from pytest_gsm8k.core.dataset import DatasetError
-    from pytest_gsm8k.core.merge import ShardError, check_shards
     from pytest_gsm8k.core.scrub import Scrubber
     from pytest_gsm8k.core.tally import Tally
     from pytest_gsm8k.runtime.finish import page_path, settle, write_outputs
     from pytest_gsm8k.runtime.planning import replan
 
     outputs = {"report": args.report, "html": args.html, "markdown": args.markdown}
-    try:
-        reports = [_read(path) for path in args.shards]
-        merged = check_shards(list(zip(args.shards, reports, strict=True)))
-        model = reports[0].get("model")
-        plan = replan(merged.plan, Path.cwd(), model if isinstance(model, str) else None, outputs)
-    except (CompareError, ShardError, DatasetError) as exc:
-        _say(str(exc))
-        return REFUSED
+    reports = [_read(path) for path in args.shards]
+    merged = check_shards(list(zip(args.shards, reports, strict=True)))
+    model = reports[0].get("model")
+    plan = replan(merged.plan, Path.cwd(), model if isinstance(model, str) else None, outputs)
     run = Tally()
     run.collect([p for p in plan.problems if p.id not in merged.deselected])
     for record in merged.records:
@@ -156,11 +147,15 @@ def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "merge":
-        return run_merge(args)
-    if not 0.0 < args.alpha < 1.0:  # nor nan
+    if args.command == "compare" and not 0.0 < args.alpha < 1.0:  # nor nan
         parser().error(f"--alpha: must be between 0 and 1 (exclusive), got {args.alpha}")
-    return run_compare(args.a, args.b, args.alpha)
+    try:
+        if args.command == "merge":
+            return run_merge(args)
+        return run_compare(args.a, args.b, args.alpha)
+    except (CompareError, ShardError, DatasetError) as exc:  # inputs refused: one line, exit 2
+        _say(str(exc))
+        return REFUSED
 
 
 if __name__ == "__main__":

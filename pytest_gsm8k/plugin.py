@@ -105,14 +105,6 @@ def _unfreeze_until_exit() -> None:
     gc.unfreeze()
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    role = config.pluginmanager.get_plugin(ROLE_NAME)
-    if role is not None:
-        if not role.idle():
-            role.session.close()
-        config.pluginmanager.unregister(role, ROLE_NAME)
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "gsm8k_problem" not in metafunc.fixturenames:
         return

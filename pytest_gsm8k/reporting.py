@@ -30,8 +30,6 @@ from pytest_gsm8k.session import Gsm8kSession, get_session
 if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import RunPlan
 
-#: the node id under which the gates appear (JUnit: classname ``gsm8k.gates``)
-GATES_NODEID = "gsm8k::gates"
 LETTERS = {"correct": ".", "wrong": "w", "unparsed": "u", "truncated": "t"}
 #: seconds between two drawings of the progress line: on a terminal, into a log
 PROGRESS_INTERVAL = 0.5
@@ -109,12 +107,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = get_session(session.config)
     verdict = state.run.verdict
     if verdict is not None and (xml := session.config.stash.get(xml_key, None)) is not None:
-        for case in junit_cases(verdict):
-            nodeid, where = f"{GATES_NODEID}::{case.name}", GATES_NODEID.partition("::")[0]
-            location = (where, None, f"gates::{case.name}")
+        for case in junit_cases(verdict):  # JUnit: classname gsm8k.gates, name the gate's
+            nodeid, location = f"gsm8k::gates::{case.name}", ("gsm8k", None, f"gates::{case.name}")
             detail: str | tuple[str, int, str] | None = case.message
             if case.outcome == "skipped" and case.message is not None:  # pytest's skip shape
-                detail = (where, 0, case.message)
+                detail = ("gsm8k", 0, case.message)
             mine = [("answers_from_earlier_runs", case.earlier)] if case.earlier else []
             xml.pytest_runtest_logreport(
                 pytest.TestReport(nodeid, location, {}, case.outcome, detail, "call")
@@ -150,7 +147,6 @@ class ProgressLine:
         now, every = time.monotonic(), PROGRESS_INTERVAL if self._tty else LOG_PROGRESS_INTERVAL
         if not final and now - self._drawn_at < every:
             return
-        state.learn_plans()
         records, total = state.run.records, len(state.run.collected_ids or ())
         if total <= 0:
             return
@@ -219,7 +215,9 @@ def finish(state: Gsm8kSession) -> None:
         plan = state.plan
     except DatasetError:
         return
-    state.learn_plans()
+    answers = state.sources.answer_server  # no report came: the plans the workers offered
+    if answers is not None and run.collected_ids is None:
+        run.learn_collected_ids(answers.planned_ids() or ())
     late = state.sources.late_records(run.wanted(plan)) if run.aborted else {}
     report_unfinished(state, late)
     flags = (("-k", "keyword"), ("-m", "markexpr"), ("--lf", "lf"), ("--deselect", "deselect"))

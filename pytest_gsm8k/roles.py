@@ -29,7 +29,9 @@ SIGTERM_MESSAGE = "SIGTERM"  # what the KeyboardInterrupt that SIGTERM raises sa
 class Role:
     """What every role holds: the settings, the run's id and start, the session once made."""
 
-    sigterm = False  # whether SIGTERM ends the run like Ctrl-C (the aggregating process)
+    #: the process that aggregates: SIGTERM ends its run like Ctrl-C, and its session brings
+    #: the reporting plugin (the letters, the gsm8k block, the gates' exit code)
+    aggregates = False
 
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         given = getattr(config, "workerinput", {})
@@ -47,14 +49,18 @@ class Role:
             from pytest_gsm8k.session import Gsm8kSession
 
             self._session = Gsm8kSession(self.config, self.settings, self.run_id, self.started)
-            self._made()
+            if self.aggregates:
+                from pytest_gsm8k import reporting
+
+                self.config.pluginmanager.register(reporting, "gsm8k-reporting")
         return self._session
 
     def idle(self) -> bool:
         return self._session is None
 
-    def _made(self) -> None:  # what a role adds to its session once it exists
-        pass
+    def pytest_unconfigure(self) -> None:
+        if self._session is not None:
+            self._session.close()
 
     def activate(self) -> None:
         """Once, only in a run with GSM8K work: the HTTP libraries' log records scrubbed."""
@@ -63,7 +69,7 @@ class Role:
             from pytest_gsm8k.runtime.logs import scrub_library_logs
 
             self.config.add_cleanup(scrub_library_logs(self.session.scrubber()))
-            if self.sigterm:
+            if self.aggregates:
                 _on_sigterm(self.config)
 
     @pytest.hookimpl(tryfirst=True)
@@ -155,12 +161,7 @@ class Aggregator(Role):
 
     progress: ProgressLine | None = None  # while the test loop runs (None: the dots)
     controller = False  # an xdist controller: its DSession hands out the items
-    sigterm = True
-
-    def _made(self) -> None:  # the letters, the gsm8k block, the gates' exit code
-        from pytest_gsm8k import reporting
-
-        self.config.pluginmanager.register(reporting, "gsm8k-reporting")
+    aggregates = True
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -234,10 +235,9 @@ class RunRole(Collector, Aggregator):
 
 class ControllerRole(Aggregator):
     """The xdist controller: it collects nothing, serves its engine's answers to the workers
-    (sources.py) and aggregates their reports."""
+    (session.py, Sources) and aggregates their reports."""
 
     controller = True
-    _node_ids: list[str] | None = None
 
     def pytest_configure_node(self, node: Any) -> None:
         """Each worker gets the run's identity; with GSM8K work, the endpoint and the answers
@@ -251,22 +251,6 @@ class ControllerRole(Aggregator):
         given["gsm8k_server_identity"] = at.identity
         if (answers := self.session.sources.answer_server) is not None:
             given.update(gsm8k_answers=list(answers.address), gsm8k_answers_token=answers.token)
-
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """The items the workers collected: a stopped run reports those no worker reached."""
-        if self._node_ids is None:
-            self._node_ids = list(ids)
-            if not self.idle():
-                self._collect_nodes()
-
-    def _made(self) -> None:
-        super()._made()
-        self._collect_nodes()
-
-    def _collect_nodes(self) -> None:
-        from pytest_gsm8k.core.tally import ItemRef
-
-        self.session.run.collect_items([ItemRef.of(n) for n in self._node_ids or ()])
 
     def pytest_testnodedown(self, node: Any) -> None:
         """A worker's end (before xdist raises its Interrupted): why it stopped."""
@@ -283,11 +267,14 @@ class ControllerRole(Aggregator):
 
     @pytest.hookimpl(specname="pytest_runtest_logreport", tryfirst=True)
     def pytest_runtest_logreport_items(self, report: pytest.TestReport) -> None:
-        """A worker's first report: the problem of each item it collected (else an item a
-        stopped run never reached is skipped even when its answer arrived)."""
+        """A worker's first report: the items it collected, where they are and their problems
+        (a stopped run reports those no worker reached, with the answer that arrived)."""
         if isinstance(items := getattr(report, "gsm8k_items", None), dict):
-            self.session.run.collect_items((), items)
-            self.session.run.learn_collected_ids(items.values())
+            from pytest_gsm8k.core.tally import ItemRef
+
+            run = self.session.run
+            run.collect_items([ItemRef(n, tuple(at)) for n, at in items["refs"]], items["problems"])
+            run.learn_collected_ids(items["problems"].values())
 
 
 class WorkerRole(Collector):
@@ -311,15 +298,17 @@ class WorkerRole(Collector):
         self, report: pytest.CollectReport | pytest.TestReport
     ) -> Generator[None, dict[str, Any] | None, dict[str, Any] | None]:
         """A record travels as JSON text (execnet refuses a lone surrogate). The first test
-        report carries the problem of each item this worker collected (xdist's collection
-        event has the node ids only), for the items a stopped run never reaches."""
+        report carries the items this worker collected with their locations and problems
+        (xdist's collection event has the node ids only), for the items a stopped run never
+        reaches."""
         data = yield
         if not isinstance(data, dict):
             return data
         if not self.items_sent and isinstance(report, pytest.TestReport):
             self.items_sent = True
-            if not self.idle() and self.session.run.problem_of:
-                data["gsm8k_items"] = dict(self.session.run.problem_of)
+            if not self.idle() and (run := self.session.run).problem_of:
+                refs = [(i.nodeid, i.location) for i in run.items]
+                data["gsm8k_items"] = {"refs": refs, "problems": dict(run.problem_of)}
         if isinstance(record := data.get("gsm8k"), dict):
             data["gsm8k"] = json.dumps(record)  # ASCII: \uXXXX keeps a lone surrogate exactly
         return data

@@ -20,8 +20,8 @@ from pytest_gsm8k.core.presets import sends_model
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, is_local_spec, url_problem, with_v1
 from pytest_gsm8k.fixtures import defines, overrides_present
+from pytest_gsm8k.session import CONFIG_OVERRIDE
 from pytest_gsm8k.session import Gsm8kSession as State
-from pytest_gsm8k.sources import CONFIG_OVERRIDE
 
 if TYPE_CHECKING:  # the launchers, the preflight, the matrix: a run's start (not a worker's)
     from pytest_gsm8k.runtime import serve

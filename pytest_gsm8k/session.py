@@ -1,32 +1,61 @@
 """One pytest process's part of a GSM8K run, as syrupy's ``SnapshotSession`` is for syrupy:
-the settings, the plan (built once, then only read), the answer sources (sources.py), the
-tally (core/tally.py) and :meth:`observe` (the early stop)."""
+the settings, the plan (built once, then only read), the tally (core/tally.py),
+:meth:`Gsm8kSession.observe` (the early stop), and :class:`Sources`: where a test's answer
+comes from (the engines, the xdist channel or answer server, the configs' ``Matrix``, the
+servers this run started), so that one object stops everything the run opened."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import shutil
 import tempfile
+import warnings
+from collections.abc import Container, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from pytest_gsm8k import ROLE_NAME
+from pytest_gsm8k.core.outcome import score_repeats
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
+from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
-from pytest_gsm8k.core.scrub import Scrubber, command_secrets
-from pytest_gsm8k.core.settings import Settings
+from pytest_gsm8k.core.scrub import Scrubber, command_secrets, shown_url
+from pytest_gsm8k.core.settings import Settings, is_local_spec
 from pytest_gsm8k.core.tally import Tally
+from pytest_gsm8k.core.types import ModelResponse, Problem
 from pytest_gsm8k.runtime import outputs, planning
+from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
+from pytest_gsm8k.runtime.client import CallableClient, OpenAIClient
 from pytest_gsm8k.runtime.outputs import Output
-from pytest_gsm8k.sources import Sources
+
+if TYPE_CHECKING:  # the fetching process's (an xdist worker only follows the channel)
+    from pytest_gsm8k.core.vllm_config import VllmConfig
+    from pytest_gsm8k.runtime.cache import ResponseCache
+    from pytest_gsm8k.runtime.engine import Engine
+    from pytest_gsm8k.runtime.matrix import Matrix
+    from pytest_gsm8k.runtime.serve import ServedProcess, Started
+
+    AnswerSource = Engine | RemoteAnswers | Matrix
 
 #: descriptors kept free of the concurrency's sockets: pytest's own files, the cache's
 #: writes, the imports, the report and the page at the end (plus a few per xdist worker)
 DESCRIPTOR_RESERVE, DESCRIPTOR_PER_WORKER = 64, 4
+CONFIG_OVERRIDE = (
+    "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
+    "override cannot take part (remove it, or run without --gsm8k-config)"
+)
+#: how long a worker waits for one answer beyond the controller's engine's own bounds (which
+#: end every request by then; this ends only a wait that nothing else would)
+REMOTE_WAIT_SLACK = 120.0
+#: the controller's head start: this many rounds of the engine's concurrency (about the
+#: workers' start-up at a fast endpoint's latency), at most HEAD_START_MAX requests
+HEAD_START_ROUNDS = 4
+HEAD_START_MAX = 256
 
 
 class Gsm8kSession:
@@ -38,8 +67,6 @@ class Gsm8kSession:
         self.workerinput: dict[str, Any] = getattr(config, "workerinput", {})  # {}: no worker
         self.dry = bool(config.option.collectonly or getattr(config.option, "setupplan", False))
         self._plan: RunPlan | None = None
-        #: the run's private folder, shared by the xdist workers through the run id
-        self._run_dir = Path(tempfile.gettempdir()) / f"gsm8k-run-{run_id}"
         self.run = Tally(started)
         #: the outputs checked at session start, by key; those that failed at the end
         self.outputs: dict[str, Output] = {}
@@ -79,11 +106,6 @@ class Gsm8kSession:
             identity=self.workerinput.get("gsm8k_server_identity"),
         )
 
-    def run_dir(self) -> Path:
-        """Made on first use only, so a session without GSM8K items leaves no trace."""
-        self._run_dir.mkdir(mode=0o700, exist_ok=True)
-        return self._run_dir
-
     def scrubber(self) -> Scrubber:
         """The key, URL credentials, ``VLLM_API_KEY``, and the secrets ``--gsm8k-serve`` and
         each config give a server, out of outside text."""
@@ -111,14 +133,6 @@ class Gsm8kSession:
         for output in self.outputs.values():
             output.close()
         self.sources.close()
-        if not self.is_worker:
-            shutil.rmtree(self._run_dir, ignore_errors=True)
-
-    def learn_plans(self) -> None:
-        """xdist controller: the problems the workers collected, from the plans they offer."""
-        answers = self.sources.answer_server
-        if answers is not None and self.run.collected_ids is None:
-            self.run.learn_collected_ids(answers.planned_ids() or ())
 
     def observe(self, record: ProblemRecord) -> str | None:
         """One item's record, fed to its group's early stop (--gsm8k-early-stop). Returns the
@@ -134,8 +148,8 @@ class Gsm8kSession:
 
         name = group_of(problem_id) if self.settings.vllm_config else ""
         if name not in run.early:
-            self.learn_plans()
-            # not knowing which problems the workers collected, the stop could not count them
+            # not knowing which problems the workers collected (an xdist controller learns them
+            # from each worker's first report), the stop could not count them
             known = run.collected_ids is not None
             run.start_early_stop(name, run.early_stop(self.plan, name) if known else None)
         if (early := run.early[name]) is None or name in run.stopped:
@@ -160,10 +174,351 @@ class Gsm8kSession:
         return None
 
 
+class ConfigsModel:
+    """``gsm8k_model`` in a --gsm8k-config run: each config's own server answers."""
+
+    endpoint = "(the configs' servers)"
+    model = "(the configs' models)"
+
+
+class Sources:
+    """This process's answer sources, made on demand, closed together."""
+
+    def __init__(self, session: Gsm8kSession) -> None:
+        self._session = session
+        #: the run's private folder (the cache when none is kept), shared by the xdist workers
+        #: through the run id; made on first use only: a run without GSM8K items leaves no trace
+        self._run_dir = Path(tempfile.gettempdir()) / f"gsm8k-run-{session.run_id}"
+        self.engines: dict[int, Engine] = {}  # by id() of the model they call
+        self._unplanned: set[int] = set()  # engines made with plan=False
+        self._scopes: dict[int, str] = {}  # each gsm8k_model value's fixture scope, by id()
+        self._warned_scope = self._stop_heard = False
+        self._caches: dict[bool, ResponseCache] = {}
+        self._client: OpenAIClient | None = None
+        self.channel: Channel | None = None  # xdist worker: to the controller
+        self.remote: RemoteAnswers | None = None  # the channel, when it brings answers
+        self.answer_server: AnswerServer | None = None  # xdist controller
+        #: the model server this run started (--gsm8k-serve, --gsm8k-model=local), its report
+        self.server: ServedProcess | None = None
+        self.server_info: dict[str, Any] | None = None
+        self.matrix: Matrix | None = None  # --gsm8k-config, on the process that fetches
+        self.config_servers: dict[str, dict[str, Any]] = {}  # what each config's reported
+        #: started servers by config name ("" for the run's): (cache name, generation read)
+        self.started: dict[str, tuple[str, int]] = {}
+
+    def use_server(self, started: Started) -> None:
+        self.server, self.server_info = started.server, started.info
+
+    def use_matrix(self, matrix: Matrix) -> None:
+        self.matrix = matrix
+
+    def note_scope(self, model: object, scope: str) -> None:
+        self._scopes[id(model)] = scope
+
+    def cache(self, persistent: bool) -> ResponseCache:
+        from pytest_gsm8k.runtime.cache import ResponseCache
+
+        session = self._session
+        root: Path | None = None
+        if persistent and not session.settings.no_cache:
+            if session.settings.cache_dir:
+                root = Path(session.settings.cache_dir).expanduser()
+            elif getattr(session.config, "cache", None) is not None:
+                root = session.config.cache.mkdir("gsm8k")
+        persistent = root is not None
+        if persistent not in self._caches:
+            if root is None:
+                self._run_dir.mkdir(mode=0o700, exist_ok=True)
+            self._caches[persistent] = ResponseCache(
+                root or self._run_dir / "cache",
+                session.run_id,
+                persistent=persistent,
+                resume=session.settings.resume,
+                started=session.run.started,
+            )
+        return self._caches[persistent]
+
+    def _new_client(
+        self, key: str, endpoint: Endpoint, timeout: float, concurrency: int, started: str | None
+    ) -> OpenAIClient:
+        """The vllm preset's exact bytes go over aiohttp, as vLLM's script sends them. A
+        server this run started (``key``: its config, "" the run's) has a new port every run:
+        ``started`` names it in cache keys, with its generation (resume an unfinished run only)."""
+        from pytest_gsm8k.runtime.wire import WireClient
+
+        settings = self._session.settings
+        if started is not None:
+            generation = self.cache(True).generation(started)
+            self.started[key] = (started, generation)
+            started = f"{started} gen:{generation}"
+        kind = WireClient if settings.preset == "vllm" or settings.vllm_config else OpenAIClient
+        return kind(
+            model=endpoint.model or "",
+            base_url=endpoint.base_url,
+            api_key=settings.api_key(),
+            timeout=timeout,
+            max_retries=settings.max_retries,
+            concurrency=concurrency,
+            cache_endpoint=started,
+        )
+
+    def default_client(self) -> OpenAIClient:
+        """The process's one OpenAI-compatible client (the same object every time)."""
+        settings, endpoint = self._session.settings, self._session.endpoint()
+        if self._client is None and settings.vllm_config:
+            self._client = ConfigsModel()  # type: ignore[assignment]
+        elif self._client is None:
+            if not endpoint.model:
+                raise pytest.UsageError(
+                    "gsm8k_model: no --gsm8k-model given and no gsm8k_model fixture override"
+                )
+            # a server this run started is named by its command line ({port} as written) or
+            # its GGUF (path and size: another build is another file)
+            started, gguf = None, (self.server_info or {}).get("gguf")
+            if settings.serve:
+                from pytest_gsm8k.runtime.serve import server_env_digest
+
+                started = f"serve:{settings.serve} env:{server_env_digest()}"
+            elif is_local_spec(settings.model) and isinstance(gguf, str):
+                from pytest_gsm8k.runtime.serve import server_env_digest
+
+                with contextlib.suppress(OSError):
+                    started = f"local:{gguf}:{Path(gguf).stat().st_size} env:{server_env_digest()}"
+            concurrency = self._session.concurrency()
+            try:
+                self._client = self._new_client(
+                    "", endpoint, settings.timeout, concurrency, started
+                )
+            except ValueError as exc:  # a proxy the client cannot use
+                raise pytest.UsageError(f"gsm8k: {exc}") from None
+        return self._client  # type: ignore[return-value]
+
+    def config_engine(self, name: str, config: VllmConfig, started: Started, shown: str) -> Engine:
+        """A config's engine (not started); ValueError for a proxy the client cannot use."""
+        from pytest_gsm8k.runtime.serve import server_env_digest
+
+        args, timeout = " ".join(config.serve_args()), config.request_timeout_seconds
+        concurrency = config.max_concurrency or self._session.concurrency()
+        cached = f"serve:{shown} config:{name} args:{args} env:{server_env_digest(config.env)}"
+        client = self._new_client(name, started.endpoint, timeout, concurrency, cached)
+        self.config_servers[name] = started.info
+        # vLLM's test waits request_timeout_seconds for an answer: less is not a stall
+        return self._engine(client, concurrency, started.endpoint, stall_floor=timeout)
+
+    def _engine(
+        self,
+        model: Any,
+        concurrency: int,
+        endpoint: Endpoint | None = None,
+        stall_floor: float = 0.0,
+        one_shot: bool = False,
+    ) -> Engine:
+        """``endpoint``: the server the plugin's own client asks; its answers are cached
+        under its description of the model, and must name the model when no listing did."""
+        from pytest_gsm8k.runtime.engine import Engine
+
+        client, settings = model, self._session.settings
+        if not hasattr(model, "complete"):  # a callable, wrapped
+            if not callable(model):
+                raise pytest.UsageError(
+                    f"gsm8k_model: expected a callable or a client, got {type(model).__name__}"
+                )
+            client = CallableClient(model, concurrency=concurrency, model=settings.model)
+        return Engine(
+            client,
+            self.cache(not one_shot and bool(getattr(client, "persistent_cache", False))),
+            concurrency=concurrency,
+            # early stopping: what is fetched past the decision is paid for and unused
+            lookahead=concurrency if settings.early_stop and not one_shot else None,
+            scrub=self._session.scrubber(),
+            stall_timeout=settings.stall_timeout and max(settings.stall_timeout, stall_floor),
+            identity=endpoint.identity if endpoint else None,
+            named=endpoint.model if endpoint and endpoint.identity is None else None,
+        )
+
+    def finish_started(self, complete: Container[str]) -> None:
+        """A started server whose run (by config name, "" the run's) has every answer is
+        done: the next run asks again."""
+        for key, (name, generation) in self.started.items():
+            if key in complete:
+                self.cache(True).finished(name, generation)
+
+    def engine_for(
+        self, model: Any, *, plan: bool = True, protocol: Protocol | None = None
+    ) -> Engine:
+        """The engine that calls ``model`` (one per model object), prefetching the collected
+        items as ``protocol`` asks them; an xdist worker prefetches only the plan's protocol of
+        the plugin's own client (else each worker would fetch every problem)."""
+        session = self._session
+        # identity, as source_for decides: no item pays for comparing the train tuple
+        own = protocol is None or protocol is session.plan.protocol
+        engine = self.engines.get(id(model))
+        if engine is None:
+            ours = model is self._client
+            engine = self._engine(
+                model, session.concurrency(), session.endpoint() if ours else None
+            )
+            self.engines[id(model)] = engine
+            if session.is_worker and not (ours and own):
+                return engine  # a user's model or protocol under xdist: per item
+            self._unplanned.add(id(model))
+        if plan and id(model) in self._unplanned:
+            self._unplanned.discard(id(model))
+            if own or not session.is_worker:
+                asked, repeats = protocol or session.plan.protocol, session.settings.repeats
+                engine.start(
+                    [r for p in session.run.collected or () for r in asked.request(p).asks(repeats)]
+                )
+        return engine
+
+    def warm(self) -> Engine:
+        """The plugin's own engine, its HTTP client imported and built on the engine's thread
+        (openai's imports would otherwise sit between collection's end and the first request)."""
+        client = self.default_client()
+        engine = self.engine_for(client, plan=False)
+        engine.loop.call_soon_threadsafe(client.warm)
+        return engine
+
+    def serve_workers(self, head_start: bool) -> None:
+        """xdist controller: one engine for the plugin's own client (or the configs' servers)
+        served to the workers; ``head_start``: the plan's first requests sent while they start."""
+        plan, repeats = self._session.plan, self._session.settings.repeats
+        engine = self.matrix or self.engine_for(self.default_client(), plan=False)
+        self.answer_server = AnswerServer(engine, plan.request_for, repeats=repeats)
+        # listening before the client's import on the same loop, which once held it too long
+        self.answer_server.start()
+        if self.matrix is None:
+            engine = self.warm()
+            if head_start:
+                limit = min(HEAD_START_ROUNDS * engine.concurrency, HEAD_START_MAX)
+                self.answer_server.head_start([p.id for p in plan.run_order], limit)
+
+    def connect(self, overridden: bool) -> None:
+        """xdist worker: its plan offered to the controller and, without an ``overridden``
+        model or protocol, the controller's answers used."""
+        given, settings = self._session.workerinput, self._session.settings
+        if (address := given.get("gsm8k_answers")) is None:
+            return
+        where, token = (str(address[0]), int(address[1])), str(given["gsm8k_answers_token"])
+        try:
+            if overridden:
+                self.channel = Channel(where, token)
+            else:
+                client = self.default_client()
+                wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
+                self.channel = self.remote = RemoteAnswers(
+                    where, token, endpoint=client.endpoint, model=client.model, wait=wait
+                )
+            self.channel.offer([p.id for p in self._session.run.collected or ()])
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"gsm8k: cannot reach the xdist controller's answers ({exc})"
+            ) from None
+
+    def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
+        """Where this item's answer comes from, and whether that source is single-use."""
+        is_default = model is not None and model is self._client
+        if self._session.settings.vllm_config:
+            if not is_default:
+                raise pytest.UsageError(CONFIG_OVERRIDE)
+            if self.matrix is None and self.remote is None:
+                raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
+            return self.remote or self.matrix, False  # type: ignore[return-value]
+        if is_default and protocol is self._session.plan.protocol and self.remote is not None:
+            return self.remote, False
+        if is_default or self._scopes.get(id(model), "session") == "session":
+            return self.engine_for(model, protocol=protocol), False
+        if not self._warned_scope:
+            self._warned_scope = True
+            warnings.warn(
+                pytest.PytestWarning(
+                    "gsm8k: gsm8k_model is not session-scoped: each item calls it for its own "
+                    "problem only, nothing is prefetched (make it session-scoped for speed)"
+                ),
+                stacklevel=3,
+            )
+        return self._engine(model, 1, one_shot=True), True
+
+    def answer(self, model: Any, protocol: Protocol, problem: Problem) -> ProblemRecord:
+        """An item's scored record (NotRun or EndpointError when it has none). Once the xdist
+        controller announced a stop, every engine here stops first."""
+        heard = None if self._stop_heard or self.channel is None else self.channel.stopped()
+        if heard is not None:
+            self._stop_heard = True
+            self.stop_engines(heard)
+        source, single_use = self.source_for(model, protocol)
+        if problem.group:  # --gsm8k-config: the problem's config decides its protocol
+            protocol = self._session.plan.protocol_of(problem)
+        try:
+            # --gsm8k-repeats K: K separate asks, one item (an error in any is the item's error)
+            asks = protocol.request(problem).asks(self._session.settings.repeats)
+            return self._scored(problem, protocol, [source.result(ask) for ask in asks], source)
+        finally:
+            for message in source.take_warnings():
+                warnings.warn(pytest.PytestWarning(message), stacklevel=1)
+            if single_use:
+                source.close()
+
+    def _scored(
+        self, problem: Problem, protocol: Protocol, responses: Sequence[ModelResponse], by: Any
+    ) -> ProblemRecord:
+        record = score_repeats(problem, responses, protocol, self._session.plan.pattern)
+        return {**record, "endpoint": shown_url(by.endpoint), "model": record["model"] or by.model}
+
+    def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:
+        """The scored records of answers the plugin's engine holds but no test read."""
+        plan, matrix = self._session.plan, self.matrix
+        default = self.engines.get(id(self._client))  # (never a model's id: None is none)
+        out: dict[str, ProblemRecord] = {}
+        for problem in problems:
+            protocol = plan.protocol_of(problem)
+            request = protocol.request(problem)
+            engine = default if matrix is None else matrix.engine_of(request)
+            if engine is None:
+                continue
+            ready = [engine.ready(ask) for ask in request.asks(plan.settings.repeats)]
+            responses = [response for response in ready if response is not None]
+            if len(responses) == len(ready):  # a problem is scored on all its repeats or not
+                out[problem.id] = self._scored(problem, protocol, responses, engine)
+        return out
+
+    def stop(self, message: str) -> None:
+        """The run stopped early: every engine fetches nothing more, and on an xdist
+        controller every worker hears it (also those that call a model of their own)."""
+        self.stop_engines(message)
+        if self.matrix is not None:
+            self.matrix.stop(message)
+        if self.answer_server is not None:
+            self.answer_server.stop_all(message)
+
+    def stop_engines(self, message: str, abort: bool = False) -> None:
+        """Every engine here ends: stopped early, or ``abort``ed (the started server died)."""
+        for engine in list(self.engines.values()):
+            (engine.abort if abort else engine.stop)(message)
+
+    def take_notes(self) -> list[str]:
+        """The engines' warnings and end-of-run notes no test issued (the controller's)."""
+        parts: list[Engine | Matrix] = [*self.engines.values(), *filter(None, [self.matrix])]
+        return [line for part in parts for line in (*part.take_warnings(), *part.notes())]
+
+    def close(self) -> None:
+        for part in (self.channel, self.answer_server, *self.engines.values(), self.matrix):
+            if part is not None:
+                part.close()
+        self.channel = self.remote = self.answer_server = self.matrix = None
+        self.engines.clear()
+        if not self._session.is_worker:
+            for cache in self._caches.values():
+                cache.close()
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            if self.server is not None:
+                self.server.stop()
+                self.server = None
+
+
 def get_session(config: pytest.Config) -> Gsm8kSession:
     """This process's session, made on first use by its role (registered in pytest_configure)."""
     role = config.pluginmanager.get_plugin(ROLE_NAME)
     if role is None:
         raise pytest.UsageError("gsm8k: pytest-gsm8k is not configured (-p no:gsm8k?)")
-    session: Gsm8kSession = role.session
-    return session
+    return cast(Gsm8kSession, role.session)

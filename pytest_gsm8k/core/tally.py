@@ -29,12 +29,6 @@ class ItemRef:
     nodeid: str
     location: tuple[str, int | None, str]
 
-    @classmethod
-    def of(cls, nodeid: str) -> ItemRef:
-        """An item known by its node id only (an xdist controller collects nothing)."""
-        path, _, domain = nodeid.partition("::")
-        return cls(nodeid, (path, None, domain))
-
 
 class Tally:
     """What the aggregating process learns; a worker uses only :attr:`collected`."""

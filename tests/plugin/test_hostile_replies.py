@@ -127,9 +127,18 @@ def test_a_lone_surrogate_is_kept_exactly_in_the_report_the_page_and_the_cache(
 # -- token counts that are not counts --------------------------------------------------------
 
 
+#: a function-scoped gsm8k_model that hands on the plugin's own client: the same object
+#: every time, so the same engine (once, its one-time warnings said once), not one per item
+PASS_THROUGH = (
+    "import pytest\n\n@pytest.fixture\ndef gsm8k_model(gsm8k_model):\n    return gsm8k_model\n"
+)
+
+
+@pytest.mark.parametrize("conftest", ["", PASS_THROUGH], ids=["own", "function-scoped-own"])
 def test_token_counts_that_are_not_counts_are_left_out_and_said_once(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, conftest: str
 ) -> None:
+    pytester.makeconftest(conftest)
     indices = chosen(5)
     server.set_script(
         Script(

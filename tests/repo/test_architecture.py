@@ -233,8 +233,7 @@ def test_each_process_gets_the_role_plugin_it_needs() -> None:
     exist only on the xdist roles, so a run without xdist never defines them."""
     from pytest_gsm8k.roles import ControllerRole, RunRole, WorkerRole
 
-    controller = {"pytest_configure_node", "pytest_xdist_node_collection_finished"}
-    controller |= {"pytest_testnodedown", "pytest_report_from_serializable"}
+    controller = {"pytest_configure_node", "pytest_testnodedown", "pytest_report_from_serializable"}
     worker = {"pytest_report_to_serializable", "pytest_sessionfinish"}
     assert controller <= set(dir(ControllerRole))
     assert worker <= set(dir(WorkerRole))
