@@ -38,7 +38,9 @@ _OPTION = re.compile(rf"(?<![\w.-])(?P<name>--?[\w.-]+)(?P<sep>=|\s+){_VALUE}")
 #: secrets inside a word: a URL's password, a JSON key's string value, a ``k=v`` pair
 #: (``HF_TOKEN=x``, ``a=1,token=x``); ``name`` is None for the URL, whose password it is
 _INSIDE = (
-    re.compile(r"""(?P<sep>\b[a-z][a-z0-9+.-]*://[^\s/@'"]*:)(?P<value>[^\s/'"]+)@""", re.I),
+    # scheme bounded and user without a colon (the password is all after the first, as
+    # urlsplit reads it): a try at each position costs little, never the rest of the text
+    re.compile(r"""(?P<sep>[a-z][a-z0-9+.-]{0,63}://[^\s/@'":]*:)(?P<value>[^\s/'"]+)@""", re.I),
     re.compile(r'(?P<name>"[^"\\]*")(?P<sep>\s*:\s*)"(?P<value>(?:[^"\\]|\\.)*)"'),
     re.compile(
         r"""(?<![\w.-])(?P<name>[a-z_][\w.-]*)(?P<sep>=)(?P<value>"[^"]*"|'[^']*'|[^\s"',;}]+)""",

@@ -3,6 +3,8 @@ command lines, invisible and reordering characters, Markdown and terminal text."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from helpers import TEST_KEY
 
@@ -131,3 +133,27 @@ def test_a_url_is_shown_without_credentials_query_or_fragment(url: str, shown: s
     a secret can hide in the user info or the query string (``?api-key=``), so both go; an
     IPv6 host keeps its brackets, the port and path stay as written."""
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "see https://user:pa:ss@host/x",  # the password is all after the first colon
+        "1https://user:pa:ss@host/x",  # a scheme right after a digit
+        "git+ssh://user:pa:ss@host/",
+    ],
+)
+def test_a_url_password_is_hidden_whole(text: str) -> None:
+    shown, found = scrubbing.secret_args([text])
+    assert shown == [text.replace("pa:ss", REDACTED)]
+    assert found == ["pa:ss"]
+
+
+@pytest.mark.parametrize("text", [".a" * 50_000, "x://" + "a:" * 50_000])
+def test_hostile_text_is_scrubbed_in_one_pass_not_per_character(text: str) -> None:
+    """A server's output is scrubbed before it is shown: on these 100 kB the URL pattern once
+    tried the rest of the text at every character (minutes); now a fraction of a second, this
+    bound only catches that return."""
+    start = time.perf_counter()
+    assert scrubbing.redact_options(text) == text
+    assert time.perf_counter() - start < 5.0
