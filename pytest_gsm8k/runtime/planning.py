@@ -18,6 +18,7 @@ from pytest_gsm8k.core.merge import selection_hash, shard_slice
 from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, Shard, StoredBaseline
 from pytest_gsm8k.core.presets import PRESETS, preset_settings, takes_first
 from pytest_gsm8k.core.prompts import Protocol, draw_exemplars
+from pytest_gsm8k.core.scrub import clip
 from pytest_gsm8k.core.settings import Settings, parse_shard
 from pytest_gsm8k.runtime.data import load_split, train_source
 
@@ -236,14 +237,17 @@ def replan(
 
     settings = planned_settings(block, Settings())
     snapshots = str(block.get("snapshot_dirname") or "__snapshots__")
-    plan = build_plan(
-        dataclasses.replace(settings, **outputs),
-        run_id="merge",
-        endpoint=Endpoint(None, model),
-        rootpath=rootpath,
-        snapshot_dirname=snapshots,
-        update_baseline=block.get("update_baseline") is True,
-    )
+    try:
+        plan = build_plan(
+            dataclasses.replace(settings, **outputs),
+            run_id="merge",
+            endpoint=Endpoint(None, model),
+            rootpath=rootpath,
+            snapshot_dirname=snapshots,
+            update_baseline=block.get("update_baseline") is True,
+        )
+    except (KeyError, TypeError, ValueError) as exc:  # a value no option would have let through
+        raise ShardError(f"corrupt shard plan ({type(exc).__name__}: {clip(str(exc))})") from None
     ids = [p.id for p in plan.problems]
     whole = Shard(1, 1, len(ids), selection_hash(ids), plan.update_baseline, snapshots)
     record = shard_record(dataclasses.replace(plan, shard=whole))
