@@ -148,7 +148,7 @@ def _times(reports: Sequence[Mapping[str, Any]]) -> tuple[str, str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "compare" and not 0.0 < args.alpha < 1.0:  # nor nan
-        parser().error(f"--alpha: must be between 0 and 1 (exclusive), got {args.alpha}")
+        parser().error(f"--alpha: must be > 0 and < 1, got {args.alpha}")
     try:
         if args.command == "merge":
             return run_merge(args)

@@ -140,7 +140,7 @@ def test_a_missing_file_or_a_bad_alpha_is_refused(
     ]
     bad = compare(pytester, "a.json", "a.json", "--alpha", "1.5")
     assert bad.ret == 2
-    assert "--alpha: must be between 0 and 1 (exclusive), got 1.5" in bad.stderr.str()
+    assert "--alpha: must be > 0 and < 1, got 1.5" in bad.stderr.str()
 
 
 def _config(questions: int, wrong: range, shots: int = 0) -> str:
