@@ -5,6 +5,7 @@ unfinished item then fails with that line; docs/design.md, "Failures")."""
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,25 +43,19 @@ class Said(Exception):
 
 
 class WireFailure(Exception):
-    """The vllm preset's client gave up: ``kind`` timeout, connection or status."""
+    """The vllm preset's client gave up on a request to ``url`` (it never imports openai). It
+    has what :func:`describe_error` reads of openai's errors: ``request``, ``status_code``
+    (None: no answer came; ``timed_out``), ``body`` and ``message``; the ``headers`` for the
+    retry policy."""
 
-    status_code: int | None = None
-    headers: Any = None
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class HTTPStatusFailure(WireFailure):
-    """An HTTP error status, shaped like ``openai.APIStatusError`` to be worded the same way."""
-
-    def __init__(self, status: int, body: Any, url: str, headers: Any) -> None:
+    def __init__(
+        self, url: str, status: int | None, body: Any, headers: Any = None, timed_out: bool = False
+    ) -> None:
         text = body if isinstance(body, str) else json.dumps(body)
         self.message = (text.strip().splitlines() or ["error"])[0][:200]
-        super().__init__(f"HTTP {status}: {self.message}", "status")
+        super().__init__(f"HTTP {status}: {self.message}" if status else self.message)
         self.status_code, self.body, self.headers = status, body, headers
-        self.request = SimpleNamespace(method="POST", url=url)
+        self.request, self.timed_out = SimpleNamespace(method="POST", url=url), timed_out
 
 
 def refused_first(status: object, succeeded: int) -> bool:
@@ -70,24 +65,19 @@ def refused_first(status: object, succeeded: int) -> bool:
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
-    """(one-line message, fatal?) for an exception from a model call."""
+    """(one-line message, fatal?) for an exception from a model call. Either HTTP client's
+    failure is read by the attributes of openai's errors: ``status_code`` for an HTTP error
+    status, else ``request`` when no answer came (a timeout: openai's APITimeoutError, looked
+    up, never imported, as the vllm preset's path never imports it; ``timed_out``)."""
     if isinstance(exc, Said):
         return str(exc), exc.fatal
-    if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
-        kind = exc.kind
-    else:
-        import openai
-
-        kinds = {
-            "status": openai.APIStatusError,
-            "timeout": openai.APITimeoutError,  # a connection error too: asked first
-            "connection": openai.APIConnectionError,
-        }
-        kind = next((k for k, t in kinds.items() if isinstance(exc, t)), "")
-    status = getattr(exc, "status_code", 0) if kind == "status" else 0
-    if kind == "timeout":
-        return "request timed out after retries (see --gsm8k-timeout)", False
-    if kind == "connection":
+    status = getattr(exc, "status_code", None)
+    status = status if isinstance(status, int) else None  # (a user's exception may hold any)
+    if status is None and getattr(exc, "request", None) is not None:
+        openai = sys.modules.get("openai")  # none of its errors exists before its import
+        timeouts = (openai.APITimeoutError,) if openai else ()
+        if getattr(exc, "timed_out", False) or isinstance(exc, timeouts):
+            return "request timed out after retries (see --gsm8k-timeout)", False
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False
@@ -118,4 +108,4 @@ def _api_message(exc: Any) -> str:
     body: dict[str, Any] = found if isinstance(found, dict) else {}
     error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
     message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
-    return str(message) if message else str(getattr(exc, "message", exc)).splitlines()[0]
+    return str(message or (str(getattr(exc, "message", exc)).splitlines() or [""])[0])
