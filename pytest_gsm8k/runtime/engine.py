@@ -221,6 +221,11 @@ class Engine:
         if not self._closed:
             self.loop.call_soon_threadsafe(clear)
 
+    def abort(self, message: str) -> None:
+        """Stop sending; every unfinished item fails with ``message``."""
+        if not self._closed:
+            self.loop.call_soon_threadsafe(self._abort, message)
+
     def close(self) -> None:
         """Cancel what is left, close the client, stop the loop (after an early stop, past
         :data:`STOP_GRACE_SECONDS` for the requests under way)."""
