@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import json
 import secrets
-import select
 import socket
 import struct
 import threading
@@ -89,7 +88,7 @@ class AnswerServer:
         repeats: int = 1,
     ) -> None:
         self.engine, self.requests, self.max_frame = engine, requests, max_frame
-        self.repeats = max(1, repeats)
+        self.repeats = repeats
         self.token = secrets.token_hex(16)
         self.address: tuple[str, int] = ("127.0.0.1", 0)
         self._server: asyncio.Server | None = None
@@ -253,8 +252,6 @@ class Channel:
         self.wait = min(wait, MAX_WAIT)
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._poll = select.poll()  # not select(): no FD_SETSIZE limit
-        self._poll.register(self._sock, select.POLLIN)
         self._buffer = bytearray()  # what arrived of the frames not read yet
         self._broken: str | None = None  # why the channel cannot be read any more
         self._stop: str | None = None
@@ -286,11 +283,13 @@ class Channel:
         """The next frame (a stop is also kept), waiting until ``deadline`` (TimeoutError);
         ``deadline`` None: only from what has arrived (None: no whole frame yet)."""
         while (message := take_frame(self._buffer, MAX_FRAME)) is None:
-            if deadline is None and not self._poll.poll(0):
-                return None
             left = 0.0 if deadline is None else max(deadline - time.monotonic(), 1e-6)
             self._sock.settimeout(left)  # past the deadline: still takes what has arrived
-            if not (chunk := self._sock.recv(1 << 20)):
+            try:
+                chunk = self._sock.recv(1 << 20)
+            except BlockingIOError:  # no deadline (a timeout of 0) and nothing arrived
+                return None
+            if not chunk:
                 if not self._buffer:
                     self._broken = "the xdist controller closed its channel (it ended)"
                 raise ConnectionError("a frame cut short")
