@@ -65,15 +65,17 @@ def refused_first(status: object, succeeded: int) -> bool:
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
-    """(one-line message, fatal?) for an exception from a model call. Either HTTP client's
-    failure is read by the attributes of openai's errors: ``status_code`` for an HTTP error
-    status, else ``request`` when no answer came (a timeout: openai's APITimeoutError, looked
-    up, never imported, as the vllm preset's path never imports it; ``timed_out``)."""
+    """(one-line message, fatal?) for an exception from a model call. Both HTTP clients'
+    failures are read by the attributes of openai's errors (the wire client's have them too):
+    the ``body`` and ``request``, a ``status_code`` when an answer came; openai is looked up,
+    never imported (the vllm preset's path never imports it). A user's exception as it is."""
     if isinstance(exc, Said):
         return str(exc), exc.fatal
     status = getattr(exc, "status_code", None)
-    status = status if isinstance(status, int) else None  # (a user's exception may hold any)
-    if status is None and getattr(exc, "request", None) is not None:
+    if not (hasattr(exc, "body") and hasattr(exc, "request") and isinstance(status, int | None)):
+        text = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
+    if status is None:  # no answer came
         openai = sys.modules.get("openai")  # none of its errors exists before its import
         timeouts = (openai.APITimeoutError,) if openai else ()
         if getattr(exc, "timed_out", False) or isinstance(exc, timeouts):
@@ -87,20 +89,17 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
             True,
         )
     if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
-        request: Any = exc.request  # type: ignore[attr-defined]
+        request = exc.request
         shown = shown_url(str(request.url))
         base = next((shown[: -len(p)] for p in _PATHS if shown.endswith(p)), shown)
         line = f"{request.method} {shown} answered 404: {_api_message(exc)}"
         if (suggested := with_v1(base)) is not None:
             line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
         return line, True
-    if status:
-        retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
-        message = _api_message(exc)
-        hint = reasoning_model_hint(message) if status == 400 else None
-        return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
+    retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
+    message = _api_message(exc)
+    hint = reasoning_model_hint(message) if status == 400 else None
+    return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
 
 
 def _api_message(exc: Any) -> str:

@@ -289,7 +289,8 @@ def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> 
 
 def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is() -> None:
     """describe_error reads both HTTP clients' failures by their attributes (the vllm preset's
-    client never imports openai): a timeout, a failed connection, an HTTP status."""
+    client never imports openai): a timeout, a failed connection, an HTTP status; a user's
+    callable's exception is said as it is."""
     import httpx2 as httpx
     import openai
 
@@ -307,6 +308,11 @@ def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is
     assert describe_error(status) == ("HTTP 503 after retries: busy", False)
     assert describe_error(WireFailure("u", 401, "no"))[1] is True
     assert describe_error(TimeoutError("mine")) == ("TimeoutError: mine", False)
+
+    class UsersError(Exception):  # a user's client's: no body, so not read as an HTTP failure
+        request, status_code = object(), 503
+
+    assert describe_error(UsersError("down")) == ("UsersError: down", False)
 
 
 def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: Path) -> None:
