@@ -14,8 +14,6 @@ from pytest_gsm8k.core.retry import RETRIED_STATUSES
 from pytest_gsm8k.core.scrub import shown_url
 from pytest_gsm8k.core.settings import with_v1
 
-_PATHS = ("/chat/completions", "/completions")  # what the clients append to the base URL
-
 
 class EndpointError(Exception):
     """One item's request failed (after retries)."""
@@ -91,7 +89,8 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
     if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
         request = exc.request
         shown = shown_url(str(request.url))
-        base = next((shown[: -len(p)] for p in _PATHS if shown.endswith(p)), shown)
+        paths = ("/chat/completions", "/completions")  # what the clients append to the base
+        base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
         line = f"{request.method} {shown} answered 404: {_api_message(exc)}"
         if (suggested := with_v1(base)) is not None:
             line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
