@@ -122,10 +122,8 @@ async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncI
 
 def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
     httpx = _httpx()
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
 
-    class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
+    class WatchingTransport(httpx.AsyncHTTPTransport):  # type: ignore[misc,name-defined]
         """The normal transport (through the environment's proxy: httpx reads it only without
         a transport of ours), telling the breaker what happened, each reply read within
         :data:`MAX_REPLY_BYTES`."""
@@ -134,7 +132,7 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
             request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
             try:  # a hung endpoint is as dead as a refusing one
-                response = await inner.handle_async_request(request)
+                response = await super().handle_async_request(request)
             except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
@@ -162,10 +160,8 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             status, stream, extensions = response.status_code, BoundedStream(), response.extensions
             return httpx.Response(status, headers=kept, stream=stream, extensions=extensions)
 
-        async def aclose(self) -> None:
-            await inner.aclose()
-
-    return WatchingTransport()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return WatchingTransport(limits=limits, proxy=proxy)
 
 
 class PreflightError(Exception):
