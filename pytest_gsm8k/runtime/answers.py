@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import json
 import secrets
-import select
 import socket
 import struct
 import threading
@@ -50,13 +49,23 @@ def frame(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-async def read_frame(reader: asyncio.StreamReader, limit: int) -> Any:
-    """The next frame's message; an EOFError at the end of the stream or in a frame, a
-    ValueError for one over ``limit`` bytes or not JSON: the connection is not trusted past it."""
-    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+def take_frame(buffer: bytearray, limit: int) -> Message | None:
+    """The first whole frame's message in ``buffer``, taken out of it; None while no whole
+    frame has arrived (a half-sent frame waits for the rest). Either end reads with it; a
+    ValueError for a frame over ``limit`` bytes or not a JSON object: the stream is not
+    trusted past it."""
+    if len(buffer) < HEADER.size:
+        return None
+    (size,) = HEADER.unpack_from(buffer)
     if size > limit:
-        raise ValueError(f"a frame of {size} bytes, over the {limit}-byte limit")
-    return json.loads(await reader.readexactly(size))
+        raise ValueError(f"a frame of {size:,} bytes, over the {limit:,}-byte limit")
+    if len(buffer) < HEADER.size + size:
+        return None
+    message = json.loads(buffer[HEADER.size : HEADER.size + size])
+    del buffer[: HEADER.size + size]
+    if not isinstance(message, dict):
+        raise ValueError("a frame that is not a JSON object")
+    return message
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -79,7 +88,7 @@ class AnswerServer:
         repeats: int = 1,
     ) -> None:
         self.engine, self.requests, self.max_frame = engine, requests, max_frame
-        self.repeats = max(1, repeats)
+        self.repeats = repeats
         self.token = secrets.token_hex(16)
         self.address: tuple[str, int] = ("127.0.0.1", 0)
         self._server: asyncio.Server | None = None
@@ -167,14 +176,24 @@ class AnswerServer:
         if (task := asyncio.current_task()) is not None:
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
+        buffer = bytearray()
+
+        async def read(limit: int) -> Message:
+            while (message := take_frame(buffer, limit)) is None:
+                if not (chunk := await reader.read(1 << 16)):
+                    raise EOFError
+                buffer.extend(chunk)
+            return message
+
         try:
-            hello = await read_frame(reader, MAX_HELLO)
-            if not isinstance(hello, dict) or hello.get("token") != self.token:
+            hello = await read(MAX_HELLO)
+            if hello.get("token") != self.token:
                 return
             self._writers.add(writer)
             if self._stop is not None:
                 _write(writer, frame({"stop": self._stop}))
-            while isinstance(message := await read_frame(reader, self.max_frame), dict):
+            while True:
+                message = await read(self.max_frame)
                 if "plan" in message:
                     ids = [str(pid) for pid in message["plan"]]
                     with self._lock:
@@ -233,8 +252,6 @@ class Channel:
         self.wait = min(wait, MAX_WAIT)
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._poll = select.poll()  # not select(): no FD_SETSIZE limit
-        self._poll.register(self._sock, select.POLLIN)
         self._buffer = bytearray()  # what arrived of the frames not read yet
         self._broken: str | None = None  # why the channel cannot be read any more
         self._stop: str | None = None
@@ -262,32 +279,24 @@ class Channel:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-    def _read(self, deadline: float | None) -> dict[str, Any] | None:
+    def _read(self, deadline: float | None) -> Message | None:
         """The next frame (a stop is also kept), waiting until ``deadline`` (TimeoutError);
         ``deadline`` None: only from what has arrived (None: no whole frame yet)."""
-        while True:
-            size = HEADER.unpack_from(self._buffer)[0] if len(self._buffer) >= HEADER.size else -1
-            if size > MAX_FRAME:
-                raise ConnectionError(
-                    f"a frame of {size:,} bytes, over the {MAX_FRAME:,}-byte limit"
-                )
-            if 0 <= size <= len(self._buffer) - HEADER.size:
-                message = json.loads(self._buffer[HEADER.size : HEADER.size + size])
-                del self._buffer[: HEADER.size + size]
-                if not isinstance(message, dict):
-                    raise ConnectionError("a frame that is not a JSON object")
-                if "stop" in message:
-                    self._stop = str(message["stop"])
-                return message
-            if deadline is None and not self._poll.poll(0):
-                return None
+        while (message := take_frame(self._buffer, MAX_FRAME)) is None:
             left = 0.0 if deadline is None else max(deadline - time.monotonic(), 1e-6)
             self._sock.settimeout(left)  # past the deadline: still takes what has arrived
-            if not (chunk := self._sock.recv(1 << 20)):
+            try:
+                chunk = self._sock.recv(1 << 20)
+            except BlockingIOError:  # no deadline (a timeout of 0) and nothing arrived
+                return None
+            if not chunk:
                 if not self._buffer:
                     self._broken = "the xdist controller closed its channel (it ended)"
                 raise ConnectionError("a frame cut short")
             self._buffer += chunk
+        if "stop" in message:
+            self._stop = str(message["stop"])
+        return message
 
     def _ask(self, message: Message, what: str, wrong: Callable[[Message], str | None]) -> Message:
         """Send ``message``; the next frame other than a stop, within ``wait``, in which

@@ -122,10 +122,8 @@ async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncI
 
 def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
     httpx = _httpx()
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    inner = httpx.AsyncHTTPTransport(limits=limits, proxy=proxy)
 
-    class WatchingTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
+    class WatchingTransport(httpx.AsyncHTTPTransport):  # type: ignore[misc,name-defined]
         """The normal transport (through the environment's proxy: httpx reads it only without
         a transport of ours), telling the breaker what happened, each reply read within
         :data:`MAX_REPLY_BYTES`."""
@@ -134,7 +132,7 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             # only encodings a bounded decoder can read (httpx also offers br and zstd)
             request.headers["Accept-Encoding"] = ", ".join(ACCEPTED)
             try:  # a hung endpoint is as dead as a refusing one
-                response = await inner.handle_async_request(request)
+                response = await super().handle_async_request(request)
             except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
@@ -162,10 +160,8 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             status, stream, extensions = response.status_code, BoundedStream(), response.extensions
             return httpx.Response(status, headers=kept, stream=stream, extensions=extensions)
 
-        async def aclose(self) -> None:
-            await inner.aclose()
-
-    return WatchingTransport()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return WatchingTransport(limits=limits, proxy=proxy)
 
 
 class PreflightError(Exception):
@@ -367,10 +363,6 @@ class OpenAIClient:
             await self._client.close()
 
 
-class BadReply(Exception):
-    """The endpoint answered 200 with something that is not a completion."""
-
-
 def _text(content: Any) -> str:
     if isinstance(content, list):  # content parts
         return "".join(
@@ -386,14 +378,14 @@ def _str(value: Any) -> str | None:
 
 
 def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
-    """A chat or text completion reply (decoded JSON) as a ModelResponse; token counts that
-    are not counts are left out, said once."""
+    """A chat or text completion reply (decoded JSON) as a ModelResponse (:class:`Said`: it is
+    none; a retry gets the same); token counts that are not counts are left out, said once."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
         shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
-        raise BadReply(f"the endpoint's reply has no choices: {shown}")
+        raise Said(f"the endpoint's reply has no choices: {shown}")
     choices = [c for c in data["choices"] if isinstance(c, dict)]
     if not choices:
-        raise BadReply("the endpoint's reply has no choices (an empty list)")
+        raise Said("the endpoint's reply has no choices (an empty list)")
     choices.sort(key=lambda c: c["index"] if isinstance(c.get("index"), int) else 0)
     completions = []
     for choice in choices:
@@ -403,7 +395,7 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
         reasoning = _str(message.get("reasoning_content") or message.get("reasoning"))
         if content is None and reasoning is None:
             null = "message content is null, no reasoning" if chat else "text is null"
-            raise BadReply(f"the endpoint's reply has no answer ({null})")
+            raise Said(f"the endpoint's reply has no answer ({null})")
         completions.append(Completion(_text(content), _str(choice.get("finish_reason")), reasoning))
     usage, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
     if bad:

@@ -194,9 +194,8 @@ class Engine:
 
     def _job(self, request: Request) -> Job:
         job = self.by_request.get(request)
-        if self.stopped is not None and (
-            job is None or (job.state == PLANNED and not job.future.done())
-        ):
+        unsent = job is None or (job.state == PLANNED and not job.future.done())
+        if self.stopped is not None and unsent:
             raise NotRun(self.stopped)
         return job or self.by_request.setdefault(request, Job(request))
 

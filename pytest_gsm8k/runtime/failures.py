@@ -5,6 +5,7 @@ unfinished item then fails with that line; docs/design.md, "Failures")."""
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,8 +13,6 @@ from pytest_gsm8k.core.health import reasoning_model_hint
 from pytest_gsm8k.core.retry import RETRIED_STATUSES
 from pytest_gsm8k.core.scrub import shown_url
 from pytest_gsm8k.core.settings import with_v1
-
-_PATHS = ("/chat/completions", "/completions")  # what the clients append to the base URL
 
 
 class EndpointError(Exception):
@@ -42,25 +41,19 @@ class Said(Exception):
 
 
 class WireFailure(Exception):
-    """The vllm preset's client gave up: ``kind`` timeout, connection or status."""
+    """The vllm preset's client gave up on a request to ``url`` (it never imports openai). It
+    has what :func:`describe_error` reads of openai's errors: ``request``, ``status_code``
+    (None: no answer came; ``timed_out``), ``body`` and ``message``; the ``headers`` for the
+    retry policy."""
 
-    status_code: int | None = None
-    headers: Any = None
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class HTTPStatusFailure(WireFailure):
-    """An HTTP error status, shaped like ``openai.APIStatusError`` to be worded the same way."""
-
-    def __init__(self, status: int, body: Any, url: str, headers: Any) -> None:
+    def __init__(
+        self, url: str, status: int | None, body: Any, headers: Any = None, timed_out: bool = False
+    ) -> None:
         text = body if isinstance(body, str) else json.dumps(body)
         self.message = (text.strip().splitlines() or ["error"])[0][:200]
-        super().__init__(f"HTTP {status}: {self.message}", "status")
+        super().__init__(f"HTTP {status}: {self.message}" if status else self.message)
         self.status_code, self.body, self.headers = status, body, headers
-        self.request = SimpleNamespace(method="POST", url=url)
+        self.request, self.timed_out = SimpleNamespace(method="POST", url=url), timed_out
 
 
 def refused_first(status: object, succeeded: int) -> bool:
@@ -70,24 +63,21 @@ def refused_first(status: object, succeeded: int) -> bool:
 
 
 def describe_error(exc: BaseException) -> tuple[str, bool]:
-    """(one-line message, fatal?) for an exception from a model call."""
+    """(one-line message, fatal?) for an exception from a model call. Both HTTP clients'
+    failures are read by the attributes of openai's errors (the wire client's have them too):
+    the ``body`` and ``request``, a ``status_code`` when an answer came; openai is looked up,
+    never imported (the vllm preset's path never imports it). A user's exception as it is."""
     if isinstance(exc, Said):
         return str(exc), exc.fatal
-    if isinstance(exc, WireFailure):  # the vllm preset's client: no openai import
-        kind = exc.kind
-    else:
-        import openai
-
-        kinds = {
-            "status": openai.APIStatusError,
-            "timeout": openai.APITimeoutError,  # a connection error too: asked first
-            "connection": openai.APIConnectionError,
-        }
-        kind = next((k for k, t in kinds.items() if isinstance(exc, t)), "")
-    status = getattr(exc, "status_code", 0) if kind == "status" else 0
-    if kind == "timeout":
-        return "request timed out after retries (see --gsm8k-timeout)", False
-    if kind == "connection":
+    status = getattr(exc, "status_code", None)
+    if not (hasattr(exc, "body") and hasattr(exc, "request") and isinstance(status, int | None)):
+        text = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
+    if status is None:  # no answer came
+        openai = sys.modules.get("openai")  # none of its errors exists before its import
+        timeouts = (openai.APITimeoutError,) if openai else ()
+        if getattr(exc, "timed_out", False) or isinstance(exc, timeouts):
+            return "request timed out after retries (see --gsm8k-timeout)", False
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False
@@ -97,20 +87,18 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
             True,
         )
     if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
-        request: Any = exc.request  # type: ignore[attr-defined]
+        request = exc.request
         shown = shown_url(str(request.url))
-        base = next((shown[: -len(p)] for p in _PATHS if shown.endswith(p)), shown)
+        paths = ("/chat/completions", "/completions")  # what the clients append to the base
+        base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
         line = f"{request.method} {shown} answered 404: {_api_message(exc)}"
         if (suggested := with_v1(base)) is not None:
             line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
         return line, True
-    if status:
-        retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
-        message = _api_message(exc)
-        hint = reasoning_model_hint(message) if status == 400 else None
-        return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
+    retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
+    message = _api_message(exc)
+    hint = reasoning_model_hint(message) if status == 400 else None
+    return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
 
 
 def _api_message(exc: Any) -> str:
@@ -118,4 +106,4 @@ def _api_message(exc: Any) -> str:
     body: dict[str, Any] = found if isinstance(found, dict) else {}
     error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
     message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
-    return str(message) if message else str(getattr(exc, "message", exc)).splitlines()[0]
+    return str(message or (str(getattr(exc, "message", exc)).splitlines() or [""])[0])

@@ -17,7 +17,7 @@ from typing import Any
 from pytest_gsm8k.core.retry import retry_delay, should_retry
 from pytest_gsm8k.runtime.bounded import ACCEPTED, Refused
 from pytest_gsm8k.runtime.client import OpenAIClient, bounded_body, reply_decoder
-from pytest_gsm8k.runtime.failures import HTTPStatusFailure, Said, WireFailure
+from pytest_gsm8k.runtime.failures import Said, WireFailure
 
 
 class WireClient(OpenAIClient):
@@ -78,14 +78,14 @@ class WireClient(OpenAIClient):
                     raise Said(str(exc)) from None
         except asyncio.TimeoutError as exc:  # aiohttp's ServerTimeoutError too
             self.breaker.failure(exc)
-            raise WireFailure("the request timed out", "timeout") from exc
+            raise WireFailure(url, None, "the request timed out", timed_out=True) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             self.breaker.failure(exc)  # a payload error: a reply cut off mid-body
-            raise WireFailure(str(exc) or type(exc).__name__, "connection") from exc
+            raise WireFailure(url, None, str(exc) or type(exc).__name__) from exc
         try:
             data = json.loads(raw)
         except ValueError:
             data = raw.decode("utf-8", "replace").strip()
         if status >= 400:
-            raise HTTPStatusFailure(status, data, url, dict(headers))
+            raise WireFailure(url, status, data, dict(headers))
         return data

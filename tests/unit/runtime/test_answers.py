@@ -448,13 +448,13 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     """A 400 on a guessed request (one a conftest may have deselected because it fails)
     aborts nothing; the same 400 on a planned first request still ends the run. Under an
     early stop's lookahead the head start sends nothing."""
-    from pytest_gsm8k.runtime.failures import HTTPStatusFailure
+    from pytest_gsm8k.runtime.failures import WireFailure
 
     class Refusing(Scripted):
         async def complete(self, request: Request) -> ModelResponse:
             self.order.append(request.problem_id)
             if request.problem_id in self.fail:
-                raise HTTPStatusFailure(400, {"error": {"message": "too long"}}, "u", {})
+                raise WireFailure("u", 400, {"error": {"message": "too long"}}, {})
             return ModelResponse(completions=[Completion(text="#### 1")])
 
     known = _requests(4)

@@ -163,3 +163,25 @@ def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wa
     [line] = breaker.notes.values()
     assert "longer than the client waits (120 s)" in line
     assert "(Retry-After on HTTP 429)" in line
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"x": 1}, "has no choices: {'x': 1}"),
+        ({"choices": []}, "has no choices (an empty list)"),
+        (
+            {"choices": [{"message": {"content": None}}]},
+            "has no answer (message content is null, no reasoning)",
+        ),
+    ],
+)
+def test_a_reply_without_an_answer_is_said_in_full(data: object, said: str) -> None:
+    """A 200 that holds no completion is the item's error in one line of its own (no class
+    name in front), not fatal."""
+    from pytest_gsm8k.runtime.client import parse_reply
+    from pytest_gsm8k.runtime.failures import describe_error
+
+    with pytest.raises(Exception, match=r"^the endpoint's reply ") as info:
+        parse_reply(data, chat=True, breaker=Breaker())
+    assert describe_error(info.value) == (f"the endpoint's reply {said}", False)

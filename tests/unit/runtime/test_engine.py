@@ -287,6 +287,34 @@ def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> 
     assert describe_error(status_error(503))[0] == "HTTP 503 after retries: boom"
 
 
+def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is() -> None:
+    """describe_error reads both HTTP clients' failures by their attributes (the vllm preset's
+    client never imports openai): a timeout, a failed connection, an HTTP status; a user's
+    callable's exception is said as it is."""
+    import httpx2 as httpx
+    import openai
+
+    from pytest_gsm8k.runtime.failures import WireFailure, describe_error
+
+    request = httpx.Request("POST", "http://x/v1/chat/completions")
+    timed_out = ("request timed out after retries (see --gsm8k-timeout)", False)
+    assert describe_error(openai.APITimeoutError(request)) == timed_out
+    assert describe_error(WireFailure("u", None, "timed out", timed_out=True)) == timed_out
+    for failed in (openai.APIConnectionError(request=request), WireFailure("u", None, "no")):
+        failed.__cause__ = ConnectionRefusedError("refused")
+        expected = "connection failed after retries (ConnectionRefusedError: refused)"
+        assert describe_error(failed) == (expected, False)
+    status = WireFailure("http://x/v1/completions", 503, {"error": {"message": "busy"}})
+    assert describe_error(status) == ("HTTP 503 after retries: busy", False)
+    assert describe_error(WireFailure("u", 401, "no"))[1] is True
+    assert describe_error(TimeoutError("mine")) == ("TimeoutError: mine", False)
+
+    class UsersError(Exception):  # a user's client's: no body, so not read as an HTTP failure
+        request, status_code = object(), 503
+
+    assert describe_error(UsersError("down")) == ("UsersError: down", False)
+
+
 def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: Path) -> None:
     """--gsm8k-repeats: repeat 0 keeps the key a run without repeats had (old caches stay
     valid); each further repeat is a request of its own (same body) under its own key, and a
