@@ -21,6 +21,7 @@ from pytest_gsm8k.runtime.client import (
     Breaker,
     OpenAIClient,
     PreflightError,
+    env_proxy,
     list_models,
     reply_decoder,
 )
@@ -163,3 +164,26 @@ def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wa
     [line] = breaker.notes.values()
     assert "longer than the client waits (120 s)" in line
     assert "(Retry-After on HTTP 429)" in line
+
+
+@pytest.mark.parametrize("port", ["8080", "99999"])
+def test_a_proxy_url_aiohttp_cannot_read_is_one_line_without_its_password(
+    monkeypatch: pytest.MonkeyPatch, port: str
+) -> None:
+    """aiohttp's error for a proxy URL it cannot read is the whole URL, password and all
+    (every request's error, the report): the vllm preset refuses it first, in one line."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://someone:pass#secret@127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="not one the vllm preset's client") as caught:
+        env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True)
+    assert "secret" not in str(caught.value)
+    monkeypatch.setenv("HTTP_PROXY", f"http://someone:proxy-secret@127.0.0.1:{port}")
+    if port == "8080":
+        assert env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True) == (
+            "http://someone:proxy-secret@127.0.0.1:8080"
+        )
+    else:
+        with pytest.raises(ValueError, match="check its port") as caught:
+            env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True)
+        assert "secret" not in str(caught.value)
