@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, XDIST
 
 from pytest_gsm8k.core.scoring import gold_number
 
@@ -118,11 +118,13 @@ def test_sampled_protocols_match_hand_computed_values(
         assert problems[2]["votes"] == []
 
 
+@XDIST
 def test_a_resumed_sampled_protocol_is_scored_on_every_sample(
     pytester: pytest.Pytester,
     sampling_server: FakeOpenAIServer,
     six: tuple[Path, list[str]],
     keyed_env: str,
+    xdist: list[str],
 ) -> None:
     """--gsm8k-resume against an endpoint that ignores ``n`` (one call per sample): an
     earlier run's answer, held until this run's first fresh reply, was its first call's
@@ -130,7 +132,7 @@ def test_a_resumed_sampled_protocol_is_scored_on_every_sample(
     sample is read back, none asked again."""
     data, golds = six
     sampling_server.set_script(sample_script(golds))
-    run = _args(sampling_server, data, "--gsm8k-protocol=pass@4", "--gsm8k-cache-dir=cache")
+    run = _args(sampling_server, data, "--gsm8k-protocol=pass@4", "--gsm8k-cache-dir=cache", *xdist)
     assert pytester.runpytest(*run).ret == 0
     sampling_server.reset()
     result = pytester.runpytest(*run, "--gsm8k-resume")
