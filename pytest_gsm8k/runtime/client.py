@@ -206,6 +206,16 @@ def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
             f"the environment names a {scheme}:// proxy for the endpoint, {why}; name an "
             "http:// proxy or exempt the host in NO_PROXY"
         )
+    if aiohttp and proxy is not None:  # quoted as httpx quotes it: aiohttp's parser refuses
+        try:  # a [ ] or \ in a password, and its error shows the whole URL
+            from yarl import URL
+
+            proxy = str(URL(str(_httpx().URL(proxy))))
+        except (ValueError, _httpx().InvalidURL):
+            raise ValueError(
+                "the environment's proxy URL for the endpoint is not one the vllm preset's "
+                "client (aiohttp) can read: check its port, percent-encode its user and password"
+            ) from None
     return proxy
 
 

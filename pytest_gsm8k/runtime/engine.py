@@ -61,6 +61,7 @@ class Job:
     consumed: bool = False  # a test (or the answer server) asked for it
     wanted: bool = False  # fetched before the run order, however far ahead
     guess: bool = False  # the xdist controller's head start, until a plan or an ask takes it
+    unparked: bool = False  # its parked answer lacked samples: fetched again, never parked
 
 
 class Engine:
@@ -435,12 +436,14 @@ class Engine:
             rid = reply_identity(hit.get("model"), hit.get("system_fingerprint"))
             if not self._replies:
                 self._unchecked[rid] += 1
-            if not self._replies or rid in self._replies:
+            # the first call's samples only, where the endpoint ignored n: fetched again whole
+            whole = len(hit["completions"]) >= job.request.n
+            if whole and (not self._replies or rid in self._replies):
                 self._finish(job, self._from_hit(hit))
             elif self.stopped is not None:  # nothing is fetched any more
                 self._finish(job, NotRun(self.stopped))
-            else:  # asked again: the lookup refuses the entry now
-                job.state = PLANNED
+            else:  # asked again: the lookup refuses the entry now, or the rest is read or asked
+                job.state, job.unparked = PLANNED, True
                 if not job.consumed:
                     self._ahead -= 1
                 self._want(job)
@@ -487,7 +490,8 @@ class Engine:
         key = cache_key(self.cache_endpoint, body, sample, request.wire, request.repeat)
         hit = await self._lookup(key, body)
         if hit is not None:
-            if park is not None and not self._replies and hit.get("_run") != self.cache.run_id:
+            earlier = hit.get("_run") != self.cache.run_id
+            if park is not None and not park.unparked and not self._replies and earlier:
                 park.state = PARKED
                 self._parked.append((park, hit))
                 return None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, XDIST
 
 from pytest_gsm8k.core.scoring import gold_number
 
@@ -116,6 +116,34 @@ def test_sampled_protocols_match_hand_computed_values(
         assert problems[3]["extracted"] == str(int(golds[3]) + 1)
         assert problems[2]["outcome"] == "unparsed"
         assert problems[2]["votes"] == []
+
+
+@XDIST
+def test_a_resumed_sampled_protocol_is_scored_on_every_sample(
+    pytester: pytest.Pytester,
+    sampling_server: FakeOpenAIServer,
+    six: tuple[Path, list[str]],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """--gsm8k-resume against an endpoint that ignores ``n`` (one call per sample): an
+    earlier run's answer, held until this run's first fresh reply, was its first call's
+    sample alone, so pass@4 was scored on one sample (4/6 became 2/6, silently). Every
+    sample is read back, none asked again."""
+    data, golds = six
+    sampling_server.set_script(sample_script(golds))
+    run = _args(sampling_server, data, "--gsm8k-protocol=pass@4", "--gsm8k-cache-dir=cache", *xdist)
+    assert pytester.runpytest(*run).ret == 0
+    sampling_server.reset()
+    result = pytester.runpytest(*run, "--gsm8k-resume")
+    assert result.ret == 0, result.stdout.str()
+    problems = sorted(
+        json.loads((pytester.path / "r.json").read_text())["problems"], key=lambda p: p["index"]
+    )
+    assert [p["n_samples"] for p in problems] == [4] * N_PROBLEMS
+    assert [p["cached"] for p in problems] == [4] * N_PROBLEMS
+    assert [p["correct"] for p in problems] == EXPECTED_PASS
+    assert not sampling_server.stats()["requests_by_path"].get("/v1/chat/completions")
 
 
 def test_few_shot_chat_turns_come_from_train_and_are_the_same_for_every_problem(

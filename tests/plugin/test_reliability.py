@@ -872,6 +872,39 @@ def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
     assert sent(server) == 4
 
 
+@CLIENTS
+def test_a_proxy_password_is_read_as_httpx_reads_it_and_never_shown(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    keyed_env: str,
+    monkeypatch: pytest.MonkeyPatch,
+    client: list[str],
+) -> None:
+    """A proxy password with ``[``, ``]`` or ``\\`` unquoted: httpx quotes it and reaches the
+    proxy; aiohttp's URL parser refuses it, and since the vllm preset handed aiohttp the
+    credentialed URL, its error (every item's, and the report's) showed the password. The
+    preset reads the proxy as httpx does; a secret is never printed."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    password = "proxy[secret]\\42"
+    monkeypatch.setenv("HTTP_PROXY", f"http://someone:{password}@127.0.0.1:{server.port}")
+    result = pytester.runpytest(
+        "--gsm8k-model=fake-model",
+        f"--gsm8k-base-url=http://{UPSTREAM}/v1",
+        *NO_EXTRA_PLUGINS,
+        *client,
+        "--gsm8k-limit=2",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+    )
+    text = output(result) + (pytester.path / "r.json").read_text()
+    assert "secret]" not in text, text
+    assert result.ret == 0, text
+    assert set(outcomes(report(pytester)).values()) == {"correct"}
+    basic = base64.b64encode(f"someone:{password}".encode()).decode()
+    assert server.stats()["proxy_auth"] == [f"Basic {basic}"]
+
+
 def test_a_proxy_the_client_cannot_use_is_one_line(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

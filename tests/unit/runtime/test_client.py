@@ -21,6 +21,7 @@ from pytest_gsm8k.runtime.client import (
     Breaker,
     OpenAIClient,
     PreflightError,
+    env_proxy,
     list_models,
     reply_decoder,
 )
@@ -185,3 +186,26 @@ def test_a_reply_without_an_answer_is_said_in_full(data: object, said: str) -> N
     with pytest.raises(Exception, match=r"^the endpoint's reply ") as info:
         parse_reply(data, chat=True, breaker=Breaker())
     assert describe_error(info.value) == (f"the endpoint's reply {said}", False)
+
+
+@pytest.mark.parametrize("port", ["8080", "99999"])
+def test_a_proxy_url_aiohttp_cannot_read_is_one_line_without_its_password(
+    monkeypatch: pytest.MonkeyPatch, port: str
+) -> None:
+    """aiohttp's error for a proxy URL it cannot read is the whole URL, password and all
+    (every request's error, the report): the vllm preset refuses it first, in one line."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://someone:pass#secret@127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="not one the vllm preset's client") as caught:
+        env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True)
+    assert "secret" not in str(caught.value)
+    monkeypatch.setenv("HTTP_PROXY", f"http://someone:proxy-secret@127.0.0.1:{port}")
+    if port == "8080":
+        assert env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True) == (
+            "http://someone:proxy-secret@127.0.0.1:8080"
+        )
+    else:
+        with pytest.raises(ValueError, match="check its port") as caught:
+            env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True)
+        assert "secret" not in str(caught.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,30 @@ def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: P
         engine.close()
     assert [a.cached for a in answers] == [1, 0, 0]  # repeat 0 from the first run's cache
     assert client.order == ["p000", "p000"]  # repeats 1 and 2 asked, each once
+
+
+def test_an_ignored_n_asks_each_repeats_samples_under_its_own_keys(tmp_path: Path) -> None:
+    """An endpoint that ignores ``n`` gets one call per sample; those calls' cache keys carry
+    the repeat too, or repeat 1's later samples would be repeat 0's answers read again."""
+    [request] = requests(1)
+    request = replace(request, n=2)
+    client = ScriptedClient()  # one completion a call, whatever n says
+    cache = ResponseCache(tmp_path / "c", "run1")
+    engine = Engine(client, cache, concurrency=2)
+    try:
+        assert len(engine.result(request).completions) == 2
+    finally:
+        engine.close()
+        cache.close()
+    assert client.order == ["p000"] * 2
+    client = ScriptedClient()
+    engine = Engine(client, ResponseCache(tmp_path / "c", "run2", resume=True), concurrency=2)
+    try:
+        answers = [engine.result(ask) for ask in request.asks(2)]
+    finally:
+        engine.close()
+    assert [a.cached for a in answers] == [2, 0]  # repeat 1: both samples asked
+    assert client.order == ["p000"] * 2
 
 
 class _Refusal(Exception):
