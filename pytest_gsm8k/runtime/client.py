@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
@@ -206,16 +207,17 @@ def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
             f"the environment names a {scheme}:// proxy for the endpoint, {why}; name an "
             "http:// proxy or exempt the host in NO_PROXY"
         )
-    if aiohttp and proxy is not None:  # quoted as httpx quotes it: aiohttp's parser refuses
-        try:  # a [ ] or \ in a password, and its error shows the whole URL
-            from yarl import URL
+    try:  # a bad port failed inside httpx's task group (an INTERNALERROR), not as InvalidURL
+        _ = urlsplit(proxy or "").port
+        if aiohttp and proxy is not None:  # quoted as httpx quotes it: aiohttp's parser refuses
+            from yarl import URL  # a [ ] or \ in a password, and its error shows the whole URL
 
             proxy = str(URL(str(_httpx().URL(proxy))))
-        except (ValueError, _httpx().InvalidURL):
-            raise ValueError(
-                "the environment's proxy URL for the endpoint is not one the vllm preset's "
-                "client (aiohttp) can read: check its port, percent-encode its user and password"
-            ) from None
+    except (ValueError, _httpx().InvalidURL):
+        raise ValueError(
+            "the environment's proxy URL for the endpoint cannot be read: check its port, "
+            "percent-encode its user and password"
+        ) from None
     return proxy
 
 

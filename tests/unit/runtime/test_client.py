@@ -22,6 +22,7 @@ from pytest_gsm8k.runtime.client import (
     OpenAIClient,
     PreflightError,
     env_proxy,
+    get_json,
     list_models,
     reply_decoder,
 )
@@ -197,7 +198,7 @@ def test_a_proxy_url_aiohttp_cannot_read_is_one_line_without_its_password(
     for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", f"http://someone:pass#secret@127.0.0.1:{port}")
-    with pytest.raises(ValueError, match="not one the vllm preset's client") as caught:
+    with pytest.raises(ValueError, match="proxy URL for the endpoint cannot be read") as caught:
         env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True)
     assert "secret" not in str(caught.value)
     monkeypatch.setenv("HTTP_PROXY", f"http://someone:proxy-secret@127.0.0.1:{port}")
@@ -209,3 +210,20 @@ def test_a_proxy_url_aiohttp_cannot_read_is_one_line_without_its_password(
         with pytest.raises(ValueError, match="check its port") as caught:
             env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True)
         assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("aiohttp", [False, True])
+def test_a_proxy_port_out_of_range_is_one_line_not_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch, aiohttp: bool
+) -> None:
+    """httpx failed on it inside its task group: the preflight's check ended the session with
+    an INTERNALERROR traceback (either client)."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://someone:proxy-secret@127.0.0.1:99999")
+    said = r"cannot be read: check its port, percent-encode its user and password$"
+    with pytest.raises(ValueError, match=said) as caught:
+        env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=aiohttp)
+    assert "secret" not in str(caught.value)
+    with pytest.raises(PreflightError, match="cannot be read: check its port"):
+        get_json("http://gsm8k-upstream.invalid/v1/models", None, 5)
