@@ -545,6 +545,7 @@ def test_braces_and_markup_in_names_are_text_in_the_configs_card_and_charts() ->
     assert 'aria-label="outcomes"' in page
     assert 'aria-label="pass@k"' in page
 
+
 def test_a_baseline_sharing_no_problem_leaves_the_page_whole_without_a_comparison() -> None:
     """A baseline that holds none of the run's problems: the gate FAILs ("no problem id in
     common") and the page, as the terminal and the Markdown, compares nothing (its numbers
