@@ -498,6 +498,54 @@ def test_a_configs_baseline_written_refused_or_missing_says_so_and_compares_noth
     assert [p["c"] for p in data["problems"]] == ["A", "A", "B", "B", "C", "C"]
 
 
+def test_braces_and_markup_in_names_are_text_in_the_configs_card_and_charts() -> None:
+    """Rule (issue 33, the charts filled with str.format from html_report.html): a name the
+    run did not make (a config's file name, a model, a label) is never a format field nor
+    markup. Names holding ``{0}``, ``{x:>99999}`` and a lone ``}`` beside tags render as the
+    text they are in the configs card and beside the charts (a KeyError or IndexError there
+    would cost the run its page)."""
+    names = ["{0}", "}{x:>99999}<b>", "a{"]
+    configs = [
+        {
+            "config": {"name": name},
+            "model": f"org/{name}<script>",
+            "n": 2,
+            "accuracy": 0.5,
+            "ci95": [0.1, 0.9],
+            "protocol": {"label": f"{name}: test@1 {{label}}</td>"},
+            "gates": [{"name": f"{name}:vllm-threshold", "threshold": 0.4, "verdict": "PASS"}],
+        }
+        for name in names
+    ]
+    records = [
+        {**_record(i, "correct" if i else "wrong"), "id": f"{name}:test-{i:04d}"}
+        for name in names
+        for i in range(2)
+    ]
+    page = render_html(_report(records, configs=configs, model="{model}<i>"))
+    for name in names:
+        shown = name.replace("<", "&lt;").replace(">", "&gt;")
+        assert f"<th>{shown}</th>" in page  # the configs card's config cell
+        assert f"<td>org/{shown}&lt;script&gt;</td>" in page
+    assert "<td>test@1 {label}&lt;/td&gt;</td>" in page  # the protocol cell, name cut off
+    assert page.count("<script>") == 1  # the page's own
+    # a single run: its charts (accuracy with the min-acc mark, outcomes, pass@k) beside names
+    single = _report(
+        [_record(0, "correct"), _record(1, "wrong")],
+        model="{model}<i>",
+        pass_at_k={"pass@1": 0.5, "pass@2": 0.75},
+        headline="gsm8k acc ({0} {label}</h1>) = 0.5000",
+    )
+    single["protocol"]["label"] = "{0} {label}"
+    single["gates"][0]["threshold"] = 0.85  # the chart's min-acc mark
+    page = render_html(single)
+    assert "{0} {label}&lt;/h1&gt;" in page
+    assert 'aria-label="accuracy 0.5000"' in page
+    assert "min-acc 0.85</text>" in page
+    assert 'aria-label="outcomes"' in page
+    assert 'aria-label="pass@k"' in page
+
+
 def test_a_baseline_sharing_no_problem_leaves_the_page_whole_without_a_comparison() -> None:
     """A baseline that holds none of the run's problems: the gate FAILs ("no problem id in
     common") and the page, as the terminal and the Markdown, compares nothing (its numbers
