@@ -208,8 +208,8 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     blocks = [
         line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
     ]
-    if verdict.matrix:  # the verdict table: config_rows in columns
-        rows = config_rows(configs)
+    if verdict.matrix:  # the verdict table: config_rows in columns, but the protocol (each
+        rows = [row[:2] + row[3:] for row in config_rows(configs)]  # block's headline says it)
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         blocks.append((verdict.matrix_headline(), "headline"))
         for row in rows:

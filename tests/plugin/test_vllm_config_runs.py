@@ -186,16 +186,18 @@ def test_a_folder_of_vllm_configs_runs_in_sequence_and_gates_each(
     assert cells[0] == [
         "config",
         "model",
-        "protocol",
         "n",
         "accuracy, 95% interval",
         "floor",
         "baseline",
         "verdict",
     ]
-    protocol = "test@1, 0-shot CoT, completions, preset vllm, extract last-int"
-    row = ["Beta-7B-FP8", "org/Beta-7B-FP8", protocol, "5", "0.6000 [0.2307-0.8824]", "0.6700"]
+    row = ["Beta-7B-FP8", "org/Beta-7B-FP8", "5", "0.6000 [0.2307-0.8824]", "0.6700"]
     assert cells[2] == [*row, "none", "FAIL"]
+    # the protocol: in each config's headline above the table (a CI log's width), and the card
+    protocol = "test@1, 0-shot CoT, completions, preset vllm, extract last-int"
+    assert f"gsm8k acc (Beta-7B-FP8: {protocol}) = 0.6000" in out
+    assert f"<td>{protocol}</td>" in card
 
 
 def test_a_models_list_names_the_configs_in_its_order(
