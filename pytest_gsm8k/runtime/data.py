@@ -78,8 +78,8 @@ def _load_dataset(
     try:
         ds = datasets.load_dataset(*args, split=split, **kwargs)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise DatasetError(f"{failed} ({type(exc).__name__}: {first}){then}") from None
+        kind, first = type(exc).__name__, (str(exc).strip().splitlines() or [""])[0]
+        raise DatasetError(f"{failed} ({f'{kind}: {first}' if first else kind}){then}") from None
     return rows_to_problems(iter(ds), split, where)
 
 

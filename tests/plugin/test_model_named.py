@@ -13,6 +13,7 @@ adapter and run as before, and so does vLLM's own case: the one model served, or
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,9 +192,9 @@ def test_a_config_whose_model_the_server_would_not_answer_as_is_refused(
         'model_name: "org/Lora"\naccuracy_threshold: 0.5\nnum_questions: 3\nnum_fewshot: 0\n',
         "utf-8",
     )
-    record = tmp_path / "bodies.jsonl"
+    record, events = tmp_path / "bodies.jsonl", tmp_path / "events.jsonl"
     # the last --model wins: the fake serves another model than the config's
-    serve = config_serve(gsm8k_data, *served, f"--record-file={record}")
+    serve = config_serve(gsm8k_data, *served, f"--record-file={record}", f"--events-file={events}")
     result = pytester.runpytest(
         f"--gsm8k-config={folder}",
         f"--gsm8k-serve={serve}",
@@ -206,5 +207,10 @@ def test_a_config_whose_model_the_server_would_not_answer_as_is_refused(
     assert re.search(f"config Lora: {why}", text), text
     assert "Traceback" not in text
     assert not record.exists()  # no request sent
+    # the refused server is stopped by its launch, not left running to the end of pytest
+    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
+        "start",
+        "stop",
+    ]
     [config] = report(pytester)["configs"]
     assert config["counts"]["error"] == 3

@@ -252,15 +252,25 @@ def test_the_model_is_the_one_the_server_lists(
     assert report["model"] == "served/only-one"
 
 
+@pytest.mark.parametrize(
+    ("named", "line"),
+    [
+        ([], "--gsm8k-serve: the server lists 2 models (fake-model, other-model)*"),
+        (  # the session preflight's check, once the server is up: it is stopped all the same
+            ["--gsm8k-model=org/Other"],
+            "model 'org/Other' is not served by http://127.0.0.1:*/v1 (it serves: fake-model, "
+            "other-model)",
+        ),
+    ],
+    ids=["unnamed", "unlisted"],
+)
 def test_several_listed_models_need_a_choice(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, named: list[str], line: str
 ) -> None:
     fake = Fake(gsm8k_data, tmp_path, "--extra-model=other-model")
-    result = pytester.runpytest(f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", *NOISE)
+    result = pytester.runpytest(f"--gsm8k-serve={fake.command}", "--gsm8k-limit=3", *named, *NOISE)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(
-        ["ERROR: gsm8k: --gsm8k-serve: the server lists 2 models (fake-model, other-model)*"]
-    )
+    result.stderr.fnmatch_lines([f"ERROR: gsm8k: {line}"])
     assert fake.bodies() == []
     assert wait_until(lambda: not _procs_with(fake.marker), 15, interval=0.05)
 
