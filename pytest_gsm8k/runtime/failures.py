@@ -72,7 +72,7 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
     status = getattr(exc, "status_code", None)
     # an HTTP client's failure has a body and a request naming its method and URL (the body
     # asked first: an httpx error's unset request raises); anything else is said as it is
-    request = getattr(exc, "request", None) if hasattr(exc, "body") else None
+    request: Any = getattr(exc, "request", None) if hasattr(exc, "body") else None
     if not (
         hasattr(request, "method") and hasattr(request, "url") and isinstance(status, int | None)
     ):

@@ -540,7 +540,11 @@ def test_a_frame_is_taken_only_whole_at_any_split_and_a_stream_cut_mid_frame_is_
     the channel still usable) from a controller gone mid-frame (broken for good)."""
     from pytest_gsm8k.runtime.answers import MAX_FRAME, frame, take_frame
 
-    sent = [{"stop": "x"}, {"planned": 2}, {"id": "p1", "response": {"t": "\u00e9\ud83d"}}]
+    sent: list[dict[str, Any]] = [
+        {"stop": "x"},
+        {"planned": 2},
+        {"id": "p1", "response": {"t": "\u00e9\ud83d"}},
+    ]
     data = b"".join(frame(m) for m in sent)
     ends = list(itertools.accumulate(len(frame(m)) for m in sent))
     for cut in range(len(data) + 1):
