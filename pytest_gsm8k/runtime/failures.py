@@ -70,7 +70,12 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
     if isinstance(exc, Said):
         return str(exc), exc.fatal
     status = getattr(exc, "status_code", None)
-    if not (hasattr(exc, "body") and hasattr(exc, "request") and isinstance(status, int | None)):
+    # an HTTP client's failure has a body and a request naming its method and URL (the body
+    # asked first: an httpx error's unset request raises); anything else is said as it is
+    request: Any = getattr(exc, "request", None) if hasattr(exc, "body") else None
+    if not (
+        hasattr(request, "method") and hasattr(request, "url") and isinstance(status, int | None)
+    ):
         text = str(exc).strip().splitlines()
         return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
     if status is None:  # no answer came
@@ -87,7 +92,6 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
             True,
         )
     if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
-        request = exc.request
         shown = shown_url(str(request.url))
         paths = ("/chat/completions", "/completions")  # what the clients append to the base
         base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)

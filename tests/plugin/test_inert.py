@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from fakeserver import FakeOpenAIServer
+from fakeserver import FakeOpenAIServer, Script
 from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, xdist_once
 
 PROBE = """
@@ -215,3 +215,27 @@ def test_an_xdist_worker_of_a_gsm8k_run_imports_only_what_a_worker_does(
     for worker, modules in loaded.items():
         tops = {m.split(".")[0] for m in modules}
         assert [m for m in NOT_IN_A_WORKER if m in modules or m in tops] == [], worker
+
+
+@XDIST
+def test_the_vllm_presets_failures_are_said_without_importing_openai(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """The vllm preset's client never imports openai (its import costs the preset its speed:
+    benchmarks/README.md, "One HTTP stack?"), not even to word a failure: a reply without an
+    answer, a null content, an HTTP 500 (describe_error imported openai for the first two),
+    plain and in the xdist controller that fetches."""
+    server.set_script(Script(behaviours={0: "nochoices", 1: "nullcontent", 2: "error500"}))
+    monkeypatch.setenv("PROBE_OUT", str(pytester.path / "probe"))
+    pytester.makeconftest(MODULES_PROBE)
+    args = ["--gsm8k-preset=vllm", "--gsm8k-limit=4", "--gsm8k-no-cache", "--gsm8k-max-retries=0"]
+    result = pytester.runpytest_subprocess(*gsm8k_args, *args, *xdist)
+    assert result.ret == 1, output(result)
+    for said in ("has no choices (an empty list)", "has no answer (", "HTTP 500 after retries"):
+        assert said in output(result), said
+    assert "openai" not in json.loads((pytester.path / "probe.main").read_text())

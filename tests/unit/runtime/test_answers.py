@@ -4,6 +4,7 @@ prefetched, each get answered, a wrong token gets nothing, a closed controller e
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import struct
@@ -531,3 +532,43 @@ def test_a_stop_frame_half_sent_is_not_waited_for(
         assert channel.stopped() == "decided"
     finally:
         channel.close()
+
+
+def test_a_frame_is_taken_only_whole_at_any_split_and_a_stream_cut_mid_frame_is_no_pause() -> None:
+    """Both ends read with take_frame: frames cut at every byte, and several in one read, come
+    out whole and in order, none early. A worker's ``stopped()`` tells "nothing yet" (no wait,
+    the channel still usable) from a controller gone mid-frame (broken for good)."""
+    from pytest_gsm8k.runtime.answers import MAX_FRAME, frame, take_frame
+
+    sent: list[dict[str, Any]] = [
+        {"stop": "x"},
+        {"planned": 2},
+        {"id": "p1", "response": {"t": "\u00e9\ud83d"}},
+    ]
+    data = b"".join(frame(m) for m in sent)
+    ends = list(itertools.accumulate(len(frame(m)) for m in sent))
+    for cut in range(len(data) + 1):
+        buffer, taken = bytearray(), []
+        for at, part in ((cut, data[:cut]), (len(data), data[cut:])):
+            buffer += part
+            while (message := take_frame(buffer, MAX_FRAME)) is not None:
+                taken.append(message)
+            assert len(taken) == sum(end <= at for end in ends)  # all arrived, none early
+        assert (taken, buffer) == (sent, bytearray())
+    listener = socket.create_server(("127.0.0.1", 0))
+    channel = Channel(listener.getsockname()[:2], "t", wait=30)
+    try:
+        conn, _ = listener.accept()
+        assert conn.recv(1 << 10)  # the token (unread, the close would be a reset)
+        assert channel.stopped() is None  # nothing yet
+        conn.sendall(data[:5])
+        time.sleep(0.2)
+        assert channel.stopped() is None  # half a frame: no wait
+        conn.close()
+        time.sleep(0.2)
+        assert channel.stopped() is None
+        with pytest.raises(OSError, match="a frame cut short"):
+            channel.offer(["p0"])
+    finally:
+        channel.close()
+        listener.close()

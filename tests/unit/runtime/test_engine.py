@@ -316,6 +316,31 @@ def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is
     assert describe_error(UsersError("down")) == ("UsersError: down", False)
 
 
+def test_a_users_exception_with_a_body_but_no_usable_request_is_its_items_error_never_a_hang(
+    memory_cache: ResponseCache,
+) -> None:
+    """Failures are never a hang: a user's callable's exception with a ``body`` and a 404
+    ``status_code`` but a ``request`` naming no method or URL is not an HTTP client's failure,
+    and is said as it is. (describe_error raised on it: the engine's worker died with the job
+    running, and the item waited for ever.)"""
+    from pytest_gsm8k.runtime.failures import describe_error
+
+    class UsersError(Exception):
+        body, request, status_code = {"detail": "no such model"}, None, 404
+
+    assert describe_error(UsersError("gone")) == ("UsersError: gone", False)
+    engine = Engine(ScriptedClient(fail={"p000": UsersError("gone")}), memory_cache, concurrency=1)
+    planned = requests(2)
+    try:
+        engine.start(planned)
+        asked = asyncio.run_coroutine_threadsafe(engine.answer(planned[0]), engine.loop)
+        # (a 4xx before any answer: the endpoint refused the first requests, as before)
+        with pytest.raises(EndpointError, match=r"UsersError: gone$"):
+            asked.result(timeout=10)
+    finally:
+        engine.close()
+
+
 def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: Path) -> None:
     """--gsm8k-repeats: repeat 0 keeps the key a run without repeats had (old caches stay
     valid); each further repeat is a request of its own (same body) under its own key, and a
