@@ -340,8 +340,12 @@ class Engine:
             raise
         except Exception as exc:  # classified here, never lost
             self.cache.submit(writes)
-            message, fatal = describe_error(exc)
-            self._failed(job, self._say(message), fatal, getattr(exc, "status_code", None))
+            try:
+                message, fatal = describe_error(exc)
+                status = getattr(exc, "status_code", None)
+            except Exception as odd:  # a user's exception that cannot be said: never a hang
+                message, fatal, status = f"{type(exc).__name__} ({type(odd).__name__})", False, None
+            self._failed(job, self._say(message), fatal, status)
             return
         if response is not None:  # else parked: an earlier run's answer, an answer all the same
             job.state = DONE

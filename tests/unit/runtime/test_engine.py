@@ -341,6 +341,27 @@ def test_a_users_exception_with_a_body_but_no_usable_request_is_its_items_error_
         engine.close()
 
 
+def test_a_users_exception_that_cannot_be_said_is_its_items_error_never_a_hang(
+    memory_cache: ResponseCache,
+) -> None:
+    """Failures are never a hang: an exception whose ``str()`` raises once killed the engine's
+    worker with the job running (the item waited until the stall timeout)."""
+
+    class Unsayable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no words")
+
+    engine = Engine(ScriptedClient(fail={"p000": Unsayable()}), memory_cache, concurrency=1)
+    planned = requests(2)
+    try:
+        engine.start(planned)
+        asked = asyncio.run_coroutine_threadsafe(engine.answer(planned[0]), engine.loop)
+        with pytest.raises(EndpointError, match=r"^Unsayable \(RuntimeError\)$"):
+            asked.result(timeout=10)
+    finally:
+        engine.close()
+
+
 def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: Path) -> None:
     """--gsm8k-repeats: repeat 0 keeps the key a run without repeats had (old caches stay
     valid); each further repeat is a request of its own (same body) under its own key, and a
