@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import secrets
 import socket
 import struct
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from pytest_gsm8k.core import jsontext
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES
@@ -61,7 +61,7 @@ def take_frame(buffer: bytearray, limit: int) -> Message | None:
         raise ValueError(f"a frame of {size:,} bytes, over the {limit:,}-byte limit")
     if len(buffer) < HEADER.size + size:
         return None
-    message = json.loads(buffer[HEADER.size : HEADER.size + size])
+    message = jsontext.loads(bytes(buffer[HEADER.size : HEADER.size + size]))  # nesting capped
     del buffer[: HEADER.size + size]
     if not isinstance(message, dict):
         raise ValueError("a frame that is not a JSON object")

@@ -572,3 +572,15 @@ def test_a_frame_is_taken_only_whole_at_any_split_and_a_stream_cut_mid_frame_is_
     finally:
         channel.close()
         listener.close()
+
+
+def test_a_frame_nested_thousands_deep_is_refused_not_a_recursion_error() -> None:
+    """A local process can send a first frame under the hello's 1 KiB limit nested 1,000
+    deep: ``json.loads`` raised RecursionError, which the controller's handler did not catch
+    (a traceback printed). It is a frame not to trust, like any other bad frame."""
+    from pytest_gsm8k.runtime.answers import MAX_HELLO, take_frame
+
+    deep = b"[" * 1000  # cut short: json.loads recursed before it saw the end
+    buffer = bytearray(struct.pack(">I", len(deep)) + deep)
+    with pytest.raises(ValueError, match="nested deeper"):
+        take_frame(buffer, MAX_HELLO)
