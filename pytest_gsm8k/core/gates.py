@@ -132,13 +132,18 @@ class _Accuracy(_CountRule):
 
 @dataclass(frozen=True)
 class MinAcc(_Accuracy):
-    """``--gsm8k-min-acc``: the accuracy over the run's problems is at least ``floor``."""
+    """``--gsm8k-min-acc``: the accuracy over the run's problems is at least ``threshold``
+    (the name a shard's plan block holds)."""
 
-    floor: float
+    threshold: float
     name: str = "min-acc"
     option: str = "--gsm8k-min-acc"
     against = "{s.option} {s.floor:g}"
     never = against + " cannot fail (every accuracy reaches it): set it above 0"
+
+    @property
+    def floor(self) -> float:  # type: ignore[override]
+        return self.threshold
 
 
 @dataclass(frozen=True)
