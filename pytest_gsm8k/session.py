@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from pytest_gsm8k import ROLE_NAME
-from pytest_gsm8k.core.outcome import score_repeats
+from pytest_gsm8k.core.outcome import combine_repeats, score_response
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
@@ -151,7 +151,7 @@ class Gsm8kSession:
             # not knowing which problems the workers collected (an xdist controller learns them
             # from each worker's first report), the stop could not count them
             known = run.collected_ids is not None
-            run.start_early_stop(name, run.early_stop(self.plan, name) if known else None)
+            run.early[name] = run.early_stop(self.plan, name) if known else None
         if (early := run.early[name]) is None or name in run.stopped:
             return None
         answers = [str(x) for x in record.get("repeats") or ()]
@@ -162,12 +162,12 @@ class Gsm8kSession:
         if decided is None or early.observed >= early.n_total:
             return None
         if not name:
-            run.stop_early(name, message := f"gsm8k: {early.headline()}")
+            run.stopped[name] = message = f"gsm8k: {early.headline()}"
             sources.stop(early.headline())
             return message
         how = f"(--gsm8k-early-stop {early.mode}): {early.headline()}"
-        run.stop_early(
-            name, f"config {name} stopped early {how}; its problems not asked yet are skipped"
+        run.stopped[name] = (
+            f"config {name} stopped early {how}; its problems not asked yet are skipped"
         )
         if sources.matrix is not None:
             sources.matrix.stop_config(name, run.stopped[name])
@@ -462,7 +462,8 @@ class Sources:
     def _scored(
         self, problem: Problem, protocol: Protocol, responses: Sequence[ModelResponse], by: Any
     ) -> ProblemRecord:
-        record = score_repeats(problem, responses, protocol, self._session.plan.pattern)
+        pattern = self._session.plan.pattern  # --gsm8k-repeats: each answer scored, combined
+        record = combine_repeats([score_response(problem, r, protocol, pattern) for r in responses])
         return {**record, "endpoint": shown_url(by.endpoint), "model": record["model"] or by.model}
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:

@@ -79,24 +79,9 @@ class Tally:
             self.aborted = str(record["error"])
         return fresh
 
-    def interrupt(self) -> None:
-        self.interrupted = True
-
-    def fail_data(self, message: str) -> None:
-        self.data_error = message
-
-    def start_early_stop(self, name: str, early: EarlyStop | None) -> None:
-        self.early[name] = early
-
-    def stop_early(self, name: str, message: str) -> None:
-        self.stopped[name] = message
-
     @property
     def early_stopped(self) -> str | None:  # the message of a run of one group's early stop
         return self.stopped.get("")
-
-    def finish(self, verdict: RunVerdict) -> None:
-        self.verdict = verdict
 
     def wanted(self, plan: RunPlan) -> list[Problem]:
         """The selected problems collected (after -k/-m/--lf; all until collection ends)."""
@@ -129,7 +114,8 @@ class Tally:
 
         def group(protocol: Protocol, problems: Sequence[Problem], **facts: Any) -> Group:
             deselected = sum(p.id not in ids for p in problems)
-            facts["subset"] |= {"of": of, "ids_hash": _ids_hash(problems), "deselected": deselected}
+            ids_hash = stable_hash([p.id for p in problems])[:16]
+            facts["subset"] |= {"of": of, "ids_hash": ids_hash, "deselected": deselected}
             facts.setdefault("label", protocol.label)
             return Group(
                 protocol=protocol.identity(),
@@ -280,7 +266,3 @@ _CONFIG_FIELDS = "name source model_name accuracy_threshold tolerance num_questi
 def _most_common(records: dict[str, ProblemRecord], key: str) -> str | None:
     counts = Counter(str(r.get(key)) for r in records.values() if r.get(key))
     return counts.most_common(1)[0][0] if counts else None
-
-
-def _ids_hash(problems: Sequence[Problem]) -> str:
-    return stable_hash([p.id for p in problems])[:16]

@@ -199,7 +199,7 @@ def test_a_merge_of_part_of_a_run_or_of_two_runs_is_no_verdict(
         "(given: 1, 2)",
         ("s1.json", "s2.json", "s2.json"): "gsm8k: shard 2 of 3 given twice: s2.json and s2.json",
         ("s1.json", "s2.json", "o.json"): "gsm8k: shards of different runs: s1.json and o.json "
-        "differ in plan.gates.min_acc.threshold",
+        "differ in plan.gates.min_acc.floor",
         ("s1.json", "s2.json", "missing.json"): "gsm8k: missing.json: cannot read it (No such "
         "file or directory)",
     }
