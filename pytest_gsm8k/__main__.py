@@ -109,7 +109,7 @@ def run_merge(args: argparse.Namespace) -> int:
     for record in merged.records:
         run.add_record(record)  # type: ignore[arg-type]  # checked by check_shards
     if merged.interrupted:
-        run.interrupted = True
+        run.interrupt()
     first = reports[0]  # the servers the shards ran on: the first shard's, for the report
     inputs, top, not_run = run.gather(
         plan,

@@ -209,7 +209,7 @@ class Aggregator(Role):
             run = self.session.run
             if run.early_stopped is not None and str(exc) == run.early_stopped:
                 return True  # the gates' verdicts are settled: a finished run, not interrupted
-            run.interrupted = True  # stopped before the end (complete: false)
+            run.interrupt()  # stopped before the end (complete: false)
             if "aborted" in self.stops:
                 from xdist.dsession import Interrupted  # type: ignore[import-untyped]
 

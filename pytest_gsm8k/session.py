@@ -151,7 +151,7 @@ class Gsm8kSession:
             # not knowing which problems the workers collected (an xdist controller learns them
             # from each worker's first report), the stop could not count them
             known = run.collected_ids is not None
-            run.early[name] = run.early_stop(self.plan, name) if known else None
+            run.start_early_stop(name, run.early_stop(self.plan, name) if known else None)
         if (early := run.early[name]) is None or name in run.stopped:
             return None
         answers = [str(x) for x in record.get("repeats") or ()]
@@ -162,12 +162,12 @@ class Gsm8kSession:
         if decided is None or early.observed >= early.n_total:
             return None
         if not name:
-            run.stopped[name] = message = f"gsm8k: {early.headline()}"
+            run.stop_early(name, message := f"gsm8k: {early.headline()}")
             sources.stop(early.headline())
             return message
         how = f"(--gsm8k-early-stop {early.mode}): {early.headline()}"
-        run.stopped[name] = (
-            f"config {name} stopped early {how}; its problems not asked yet are skipped"
+        run.stop_early(
+            name, f"config {name} stopped early {how}; its problems not asked yet are skipped"
         )
         if sources.matrix is not None:
             sources.matrix.stop_config(name, run.stopped[name])

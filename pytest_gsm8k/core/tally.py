@@ -79,9 +79,24 @@ class Tally:
             self.aborted = str(record["error"])
         return fresh
 
+    def interrupt(self) -> None:
+        self.interrupted = True
+
+    def fail_data(self, message: str) -> None:
+        self.data_error = message
+
+    def start_early_stop(self, name: str, early: EarlyStop | None) -> None:
+        self.early[name] = early
+
+    def stop_early(self, name: str, message: str) -> None:
+        self.stopped[name] = message
+
     @property
     def early_stopped(self) -> str | None:  # the message of a run of one group's early stop
         return self.stopped.get("")
+
+    def finish(self, verdict: RunVerdict) -> None:
+        self.verdict = verdict
 
     def wanted(self, plan: RunPlan) -> list[Problem]:
         """The selected problems collected (after -k/-m/--lf; all until collection ends)."""
@@ -187,10 +202,9 @@ class Tally:
                 resumed=settings.resume,
                 shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
             )
-            baseline, s = None, settings
-            if stored is not None:
-                rules = (s.baseline_partial, bool(s.baseline or s.baseline_name), s.repeats)
-                baseline = BaselineInput(stored, tuple(whole), plan.update_baseline, *rules)
+            named = bool(settings.baseline or settings.baseline_name)
+            rules = (plan.update_baseline, settings.baseline_partial, named, settings.repeats)
+            baseline = None if stored is None else BaselineInput(stored, tuple(whole), *rules)
             early = _early(self.early.get(g.name), g.name in self.stopped)
             inputs.append(GroupInput(g, tuple(found.values()), selection, baseline, early))
         if not plan.groups:
@@ -220,9 +234,7 @@ class Tally:
             if group
             else (plan.problems, plan.baseline, plan.split.problems, None, settings.seed)
         )
-        protocol = group.protocol if group else plan.protocol
-        label = group.label if group else protocol.label
-        here["protocol"] = {**protocol.identity(), "label": label}
+        here["protocol"] = (group.protocol if group else plan.protocol).identity()
         if group:
             here["config"] = {"name": group.name, "model_name": group.config.model_name}
         document = None
