@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from pytest_gsm8k import ROLE_NAME
-from pytest_gsm8k.core.outcome import score_repeats
+from pytest_gsm8k.core.outcome import combine_repeats, score_response
 from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
@@ -462,7 +462,8 @@ class Sources:
     def _scored(
         self, problem: Problem, protocol: Protocol, responses: Sequence[ModelResponse], by: Any
     ) -> ProblemRecord:
-        record = score_repeats(problem, responses, protocol, self._session.plan.pattern)
+        pattern = self._session.plan.pattern  # --gsm8k-repeats: each answer scored, combined
+        record = combine_repeats([score_response(problem, r, protocol, pattern) for r in responses])
         return {**record, "endpoint": shown_url(by.endpoint), "model": record["model"] or by.model}
 
     def late_records(self, problems: list[Problem]) -> dict[str, ProblemRecord]:

@@ -389,7 +389,9 @@ def noise_block(
             p.problem_id for p in paired if p.base_correct < p.base_runs and p.now_correct > 0
         ],
         "stable_flips": [p.problem_id for p in paired if p.stable_flip],
-        "noisy_failing": [p.problem_id for p in paired if p.failing and p.stability == "noisy"],
+        "noisy_failing": [
+            p.problem_id for p in paired if p.failing and p.base_correct < p.base_runs
+        ],
         "stability": counts,
         "flip_rate": counts["noisy"] / shared,
     }

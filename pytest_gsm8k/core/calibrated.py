@@ -64,10 +64,6 @@ class Pair:
         return self.now_correct / self.now_runs
 
     @property
-    def stability(self) -> Stability:
-        return stability(self.base_correct, self.base_runs)
-
-    @property
     def failing(self) -> bool:
         """Newly failing: right in some baseline run, wrong in some candidate run now."""
         return self.base_correct > 0 and self.now_correct < self.now_runs
@@ -108,15 +104,10 @@ def _informative(pairs: Iterable[Pair]) -> list[Pair]:
     return [p for p in pairs if 0 < p.base_correct + p.now_correct < p.base_runs + p.now_runs]
 
 
-def statistic(pairs: Iterable[Pair]) -> int:
-    """``S``: the summed integer scores (in units of ``1 / RESOLUTION`` nats)."""
-    return sum(p.score for p in pairs)
-
-
 def flip_p_value(pairs: Sequence[Pair]) -> float:
     """Exact ``P(S* >= S_obs)`` under the conditional null."""
     informative = _informative(pairs)
-    observed = statistic(informative)
+    observed = sum(p.score for p in informative)  # S, in units of 1 / RESOLUTION nats
     if observed <= 0:
         return 1.0
     big = len(informative) * observed > _EXACT_WORK

@@ -105,7 +105,7 @@ def render_html(
         "baseline": bool(comparisons),
     }
     label = (report.get("protocol") or {}).get("label", "")
-    title = f"gsm8k {_fmt(report.get('accuracy'))} {report.get('model', '')} ({label})"
+    title = f"gsm8k {float(report.get('accuracy') or 0):.4f} {report.get('model', '')} ({label})"
     script = _asset("html_report.js")
     # no ``</script>`` or ``<!--`` in the data: JSON.parse reads the escapes back as text
     escaped = to_json(data, separators=(",", ":")).translate(_JSON_ESCAPES)
@@ -197,7 +197,7 @@ def _header(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) -
     else:
         gated = (report.get("protocol") or {}).get("extractor")
         rules = [
-            (f"{rule}{' *' if rule == gated else ''}", _fmt(acc), _Raw(_METER.format(100 * acc)))
+            (f"{rule}{' *' if rule == gated else ''}", f"{acc:.4f}", _Raw(_METER.format(100 * acc)))
             for rule, acc in (report.get("rules") or {}).items()
         ]
         table = _table(rules, th=0).replace("<table>", '<table class="rules">')
@@ -395,7 +395,3 @@ def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return json.dumps(v) if v in (None, True, False) else str(v)
-
-
-def _fmt(value: Any) -> str:
-    return f"{float(value or 0):.4f}"

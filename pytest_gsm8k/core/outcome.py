@@ -151,16 +151,6 @@ def error_record(problem: Problem, message: str) -> ProblemRecord:
     return {**record, "outcome": "error", "error": message}
 
 
-def score_repeats(
-    problem: Problem,
-    responses: Sequence[ModelResponse],
-    protocol: Protocol,
-    pattern: re.Pattern[str] | None = None,
-) -> ProblemRecord:
-    """One problem's record from its ``--gsm8k-repeats`` answers, each scored, combined."""
-    return combine_repeats([score_response(problem, r, protocol, pattern) for r in responses])
-
-
 def combine_repeats(records: Sequence[ProblemRecord]) -> ProblemRecord:
     """The repeat of the most common outcome (a tie: the first), so every reader sees one
     answer as given, with the K outcomes, the correct count, summed tokens and cache hits."""

@@ -129,7 +129,8 @@ class Tally:
 
         def group(protocol: Protocol, problems: Sequence[Problem], **facts: Any) -> Group:
             deselected = sum(p.id not in ids for p in problems)
-            facts["subset"] |= {"of": of, "ids_hash": _ids_hash(problems), "deselected": deselected}
+            ids_hash = stable_hash([p.id for p in problems])[:16]
+            facts["subset"] |= {"of": of, "ids_hash": ids_hash, "deselected": deselected}
             facts.setdefault("label", protocol.label)
             return Group(
                 protocol=protocol.identity(),
@@ -201,10 +202,9 @@ class Tally:
                 resumed=settings.resume,
                 shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
             )
-            baseline, s = None, settings
-            if stored is not None:
-                rules = (s.baseline_partial, bool(s.baseline or s.baseline_name), s.repeats)
-                baseline = BaselineInput(stored, tuple(whole), plan.update_baseline, *rules)
+            named = bool(settings.baseline or settings.baseline_name)
+            rules = (plan.update_baseline, settings.baseline_partial, named, settings.repeats)
+            baseline = None if stored is None else BaselineInput(stored, tuple(whole), *rules)
             early = _early(self.early.get(g.name), g.name in self.stopped)
             inputs.append(GroupInput(g, tuple(found.values()), selection, baseline, early))
         if not plan.groups:
@@ -234,9 +234,7 @@ class Tally:
             if group
             else (plan.problems, plan.baseline, plan.split.problems, None, settings.seed)
         )
-        protocol = group.protocol if group else plan.protocol
-        label = group.label if group else protocol.label
-        here["protocol"] = {**protocol.identity(), "label": label}
+        here["protocol"] = (group.protocol if group else plan.protocol).identity()
         if group:
             here["config"] = {"name": group.name, "model_name": group.config.model_name}
         document = None
@@ -280,7 +278,3 @@ _CONFIG_FIELDS = "name source model_name accuracy_threshold tolerance num_questi
 def _most_common(records: dict[str, ProblemRecord], key: str) -> str | None:
     counts = Counter(str(r.get(key)) for r in records.values() if r.get(key))
     return counts.most_common(1)[0][0] if counts else None
-
-
-def _ids_hash(problems: Sequence[Problem]) -> str:
-    return stable_hash([p.id for p in problems])[:16]

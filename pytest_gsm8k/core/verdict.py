@@ -370,11 +370,6 @@ _WHOLE = "a gate holds for the whole selection: run the whole selection"
 _WHOLE += " (a subset on purpose: --gsm8k-limit)"
 
 
-def _facts(v: GroupVerdict) -> Report:
-    """What the baseline rules read of the group (protocol, dataset, config, problems)."""
-    return replace(v, gates=()).to_json()
-
-
 def _fail(v: GroupVerdict, detail: str, **extra: Any) -> GroupVerdict:
     gate = GateVerdict("baseline", "baseline", False, detail)
     return replace(v, gates=(*v.gates, gate), **extra)
@@ -383,7 +378,7 @@ def _fail(v: GroupVerdict, detail: str, **extra: Any) -> GroupVerdict:
 def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     """The baseline gate with the comparison's notes and block; a missing baseline is a note
     (a FAIL with --gsm8k-require-baseline), a refused one a FAIL."""
-    stored, specs, report = baseline.stored, v.group.specs, _facts(v)
+    stored, specs, report = baseline.stored, v.group.specs, v.to_json()
     shown, record = stored.shown, "pytest <same options> --snapshot-update"
     if not stored.exists:
         moved = bl.moved_from(stored.beside, report)
@@ -433,7 +428,7 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
 def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
     """``--snapshot-update``'s document, only from a whole selection and never over a baseline
     holding problems the run lacks (else partial); a failed write returns as ``write_error``."""
-    stored, errors, report = baseline.stored, v.counts()["error"], _facts(v)
+    stored, errors, report = baseline.stored, v.counts()["error"], v.to_json()
     shown, stopped_early = stored.shown, early is not None and early.stopped
     if baseline.write_error is not None:
         return _fail(v, f"{shown}: cannot write it ({baseline.write_error})")

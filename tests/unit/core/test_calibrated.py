@@ -19,7 +19,6 @@ from pytest_gsm8k.core.calibrated import (
     p_value,
     rate_p_values,
     reach,
-    statistic,
 )
 from pytest_gsm8k.core.stats import mcnemar_one_sided
 
@@ -38,7 +37,7 @@ def _hypergeom(total: int, before: int, after: int, d: int) -> float:
 
 def _brute_p(pairs: list[Pair]) -> float:
     """P(S* >= S_obs) by enumerating every candidate outcome with the same totals."""
-    observed = statistic(pairs)
+    observed = sum(pair.score for pair in pairs)  # S
     options = []
     for pair in pairs:
         total = pair.base_correct + pair.now_correct
@@ -103,7 +102,7 @@ def test_flip_null_by_hand() -> None:
     t = 5) = 1/6), 4 of 5 (7, 1/3), 3 of 5 (1, 1/2). Only all three failing reach S = 59:
     p = 1/6 * 1/3 * 1/2 = 1/36. The stable one alone (51) is beyond the others' 8: 1/6."""
     pairs = [Pair("s", 5, 5, 0, 1), Pair("f", 4, 5, 0, 1), Pair("n", 3, 5, 0, 1)]
-    assert statistic(pairs) == 59
+    assert sum(pair.score for pair in pairs) == 59
     assert flip_p_value(pairs) == pytest.approx(1 / 36, rel=1e-12)
     assert flip_p_value([Pair("s", 5, 5, 0, 1)]) == pytest.approx(1 / 6, rel=1e-12)
     alone = [Pair("s", 5, 5, 0, 1), Pair("f", 3, 5, 1, 1), Pair("n", 2, 5, 1, 1)]
