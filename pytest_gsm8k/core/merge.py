@@ -232,7 +232,7 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
 _NONE = type(None)
 RECORD_TYPES: dict[str, tuple[type, ...]] = {"rules": (dict,), "samples": (list,), "usage": (dict,)}
 RECORD_TYPES |= dict.fromkeys(("gold", "response"), (str,))
-RECORD_TYPES |= dict.fromkeys(("n_samples", "n_correct", "cached"), (int,))
+RECORD_TYPES |= dict.fromkeys(("index", "n_samples", "n_correct", "cached"), (int,))
 RECORD_TYPES |= dict.fromkeys(("extracted", "model", "error"), (str, _NONE))
 SAMPLE_TYPES: dict[str, tuple[type, ...]] = {"text": (str,), "extracted": (dict,)}
 SAMPLE_TYPES |= dict.fromkeys(("correct", "truncated"), (bool,))

@@ -94,6 +94,7 @@ def record(pid: str) -> dict[str, Any]:
     }
     return {
         "id": pid,
+        "index": int(pid.rpartition("-")[2]),
         "gold": "1",
         "extracted": "1",
         "rules": {"strict": True},
@@ -222,3 +223,13 @@ def test_a_forged_record_is_one_line_naming_its_field(field: str, value: Any, sa
     with pytest.raises(ShardError) as info:
         check_shards(reports)
     assert str(info.value) == f"s2.json: corrupt record of 'test-0001' ({said})"
+
+
+def test_a_record_without_its_index_is_one_line_not_a_traceback_at_the_verdict() -> None:
+    """compare's reader lets a record leave out its index (0); the merge's verdict sorts the
+    problems by it: a shard's record without one is refused by name (was a KeyError)."""
+    reports = shards()
+    del reports[1][1]["problems"][0]["index"]
+    with pytest.raises(ShardError) as info:
+        check_shards(reports)
+    assert str(info.value) == "s2.json: corrupt record of 'test-0001' (index)"
