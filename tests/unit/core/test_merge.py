@@ -193,6 +193,15 @@ def test_a_report_that_is_not_a_shards_is_refused() -> None:
         check_shards(reports)
 
 
+def test_a_shard_id_utf8_cannot_hold_is_a_corrupt_block_not_a_traceback() -> None:
+    """A lone surrogate (JSON's \\ud800) in a shard's ids: the selection's hash cannot encode
+    it; one line naming the block (was a UnicodeEncodeError out of the merge)."""
+    reports = shards()
+    reports[0][1]["shard"]["ids"][0] = "test-\ud800"
+    with pytest.raises(ShardError, match=r"s1.json: corrupt shard block"):
+        check_shards(reports)
+
+
 def test_the_plans_settings_come_back_as_the_options_gave_them() -> None:
     given = settings(limit="30", stop=["Q:", "\n\n"], param=["top_p=0.5"], min_acc="0.8")
     stored = {key: getattr(given, key) for key in PLANNED}
