@@ -276,6 +276,9 @@ def _not_whole(name: str, report: Report) -> str | None:
     deselected = subset.get("deselected") if isinstance(subset, Mapping) else None
     if isinstance(deselected, int) and deselected > 0:
         return f"{name} left {deselected} problems of its selection out (deselected)"
+    if isinstance(shard := report.get("shard"), Mapping):  # its slice; the run's: the merge
+        at = f"{shard.get('index')} of {shard.get('count')}"
+        return f"{name} is shard {at} of a run (merge the shards: python -m pytest_gsm8k merge)"
     if report.get("complete") is False:
         n, expected = report.get("n"), report.get("expected")
         return f"{name} is an incomplete run ({n} of {expected} problems have a result)"

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
+from pytest_gsm8k.core.jsontext import escape_surrogates
 from pytest_gsm8k.core.settings import MAX_SHARDS, Settings
 from pytest_gsm8k.core.types import stable_hash
 
@@ -153,7 +154,10 @@ def _shard_of(report: Mapping[str, Any], where: str) -> tuple[int, int, list[str
 
 
 def _strings(value: object) -> TypeGuard[list[str]]:
-    return isinstance(value, list) and all(isinstance(i, str) for i in value)
+    """Texts UTF-8 can hold (the selection's hash encodes them; a lone surrogate it cannot)."""
+    return isinstance(value, list) and all(
+        isinstance(i, str) and escape_surrogates(i) == i for i in value
+    )
 
 
 def plan_difference(a: Any, b: Any, at: str = "plan") -> str:
@@ -232,7 +236,7 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
 _NONE = type(None)
 RECORD_TYPES: dict[str, tuple[type, ...]] = {"rules": (dict,), "samples": (list,), "usage": (dict,)}
 RECORD_TYPES |= dict.fromkeys(("gold", "response"), (str,))
-RECORD_TYPES |= dict.fromkeys(("n_samples", "n_correct", "cached"), (int,))
+RECORD_TYPES |= dict.fromkeys(("index", "n_samples", "n_correct", "cached"), (int,))
 RECORD_TYPES |= dict.fromkeys(("extracted", "model", "error"), (str, _NONE))
 SAMPLE_TYPES: dict[str, tuple[type, ...]] = {"text": (str,), "extracted": (dict,)}
 SAMPLE_TYPES |= dict.fromkeys(("correct", "truncated"), (bool,))

@@ -164,14 +164,17 @@ def test_errors_leave_a_passing_comparison_undecided(side: str) -> None:
     [
         ("A", {"subset": {"deselected": 3}}, "A left 3 problems of its selection out (deselected)"),
         ("B", {"complete": False, "n": 20, "expected": 23}, "B is an incomplete run (20 of 23"),
+        # a shard holds its slice of the selection: its run's verdict is the merge's
+        ("B", {"shard": {"index": 1, "count": 3}}, "B is shard 1 of 3 of a run (merge the"),
     ],
 )
 def test_a_report_that_left_problems_out_never_passes(
     side: str, hidden: dict[str, Any], said: str
 ) -> None:
     """Rule: a gate that was not decided never passes. A report whose run deselected problems
-    (``-k``, ``--deselect``) or did not finish could have left its failures out: the
-    comparison of what both hold is not a verdict."""
+    (``-k``, ``--deselect``), did not finish or is one shard of a run (which passed at 0 on
+    its slice) could have left its failures out: the comparison of what both hold is not a
+    verdict."""
     a, b = report(every(range(20), "correct")), report(every(range(20), "correct"))
     (a if side == "A" else b).update(hidden)
     result = compare(a, b)

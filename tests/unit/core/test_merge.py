@@ -94,6 +94,7 @@ def record(pid: str) -> dict[str, Any]:
     }
     return {
         "id": pid,
+        "index": int(pid.rpartition("-")[2]),
         "gold": "1",
         "extracted": "1",
         "rules": {"strict": True},
@@ -192,6 +193,15 @@ def test_a_report_that_is_not_a_shards_is_refused() -> None:
         check_shards(reports)
 
 
+def test_a_shard_id_utf8_cannot_hold_is_a_corrupt_block_not_a_traceback() -> None:
+    """A lone surrogate (JSON's \\ud800) in a shard's ids: the selection's hash cannot encode
+    it; one line naming the block (was a UnicodeEncodeError out of the merge)."""
+    reports = shards()
+    reports[0][1]["shard"]["ids"][0] = "test-\ud800"
+    with pytest.raises(ShardError, match=r"s1.json: corrupt shard block"):
+        check_shards(reports)
+
+
 def test_the_plans_settings_come_back_as_the_options_gave_them() -> None:
     given = settings(limit="30", stop=["Q:", "\n\n"], param=["top_p=0.5"], min_acc="0.8")
     stored = {key: getattr(given, key) for key in PLANNED}
@@ -222,3 +232,13 @@ def test_a_forged_record_is_one_line_naming_its_field(field: str, value: Any, sa
     with pytest.raises(ShardError) as info:
         check_shards(reports)
     assert str(info.value) == f"s2.json: corrupt record of 'test-0001' ({said})"
+
+
+def test_a_record_without_its_index_is_one_line_not_a_traceback_at_the_verdict() -> None:
+    """compare's reader lets a record leave out its index (0); the merge's verdict sorts the
+    problems by it: a shard's record without one is refused by name (was a KeyError)."""
+    reports = shards()
+    del reports[1][1]["problems"][0]["index"]
+    with pytest.raises(ShardError) as info:
+        check_shards(reports)
+    assert str(info.value) == "s2.json: corrupt record of 'test-0001' (index)"
