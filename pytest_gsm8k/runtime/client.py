@@ -170,7 +170,7 @@ class PreflightError(Exception):
 
     def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
-        self.kind, self.detail, self.status = kind, detail, status
+        self.kind, self.status = kind, status
 
 
 @functools.cache

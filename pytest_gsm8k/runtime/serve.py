@@ -438,7 +438,7 @@ def _taken(server: ServedProcess, order: Launch) -> Started:
             models = list_models(server.base_url, order.api_key, order.list_timeout)
         except PreflightError as exc:
             raise ServeError(
-                f"--gsm8k-serve: cannot list the server's models ({exc.detail}); give --gsm8k-model"
+                f"--gsm8k-serve: cannot list the server's models ({exc}); give --gsm8k-model"
             ) from None
         if len(models) != 1:
             raise ServeError(
