@@ -217,16 +217,11 @@ def _copy_log(pipe: IO[bytes], log: IO[bytes], scrub: Callable[[str], str]) -> N
     reaches the disk. A line not ended waits up to :data:`_LOG_LINE_LIMIT` characters, then
     is written but for its last :data:`_LOG_KEEP` (where a secret cut by the pipe may
     start). A log that cannot be written is still drained: the server never blocks."""
-    failed = False
 
     def write(text: str) -> None:
-        nonlocal failed
-        try:
-            if not failed:
-                log.write(text.encode("utf-8", "surrogateescape"))
-                log.flush()
-        except OSError:
-            failed = True
+        with contextlib.suppress(OSError):
+            log.write(text.encode("utf-8", "surrogateescape"))
+            log.flush()
 
     with pipe, log:
         pending = ""
@@ -348,7 +343,6 @@ class Launch:
     model: str
     what: str  # ServedProcess.what
     factory: Callable[..., ServedProcess]  # a subclass adds its own checks (local.LocalServer)
-    error: type[ServeError] = ServeError
     env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
     context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
     scrub: Scrubber = field(default_factory=Scrubber)
@@ -376,9 +370,9 @@ class Started:
 def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
     """Start ``order`` (``how``: any other field of it) on a free loopback port, wait until
     ``GET /v1/models`` answers from the server's own processes (a port taken meanwhile is
-    retried), probe it and check its model. Any failure is one :class:`ServeError` (the
-    order's subclass) line, the server stopped: an early exit, or no answer within
-    ``startup_timeout`` (all tries together), with the exit status and the tail of its log."""
+    retried), probe it and check its model. Any failure is one :class:`ServeError` line, the
+    server stopped: an early exit, or no answer within ``startup_timeout`` (all tries
+    together), with the exit status and the tail of its log."""
     order = dataclasses.replace(order, **how)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
@@ -404,7 +398,7 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
                 what=what,
             )
         except OSError as exc:
-            raise order.error(f"{what} could not be started: {exc}") from None
+            raise ServeError(f"{what} could not be started: {exc}") from None
         try:
             failure = server._started(deadline)
             outcome = failure or _wait_ready(server, port, deadline, order.progress)
@@ -417,16 +411,16 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
             raise
         server.stop(timeout=2.0)
         if failure:
-            raise order.error(f"{what} could not be started: {failure}{where}")
+            raise ServeError(f"{what} could not be started: {failure}{where}")
         text = server.log_text(offset)
         in_use = "address already in use" in text.lower() or "errno 98" in text.lower()
         if outcome == "exited" and not server.left and in_use:
             continue
         late = f"{what} did not answer GET {server.base_url}/models within {startup_timeout:g} s"
         head = _exited_head(server, port) if outcome == "exited" else late
-        raise order.error(_with_tail(head + where, text))
+        raise ServeError(_with_tail(head + where, text))
     head = f"Port in use: {what} could not bind a free port in {_PORT_ATTEMPTS} tries"
-    raise order.error(_with_tail(f"{head} (log {log_path})", text))
+    raise ServeError(_with_tail(f"{head} (log {log_path})", text))
 
 
 def _taken(server: ServedProcess, order: Launch) -> Started:
