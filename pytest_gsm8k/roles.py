@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import gc
 import json
-import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,6 @@ from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.fixtures import RECORD_KEY, problem_of, unmeasured
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.scrub import Scrubber
     from pytest_gsm8k.reporting import ProgressLine
     from pytest_gsm8k.session import Gsm8kSession
 
@@ -68,6 +66,8 @@ class Role:
         """Once, only in a run with GSM8K work: the HTTP libraries' log records scrubbed."""
         if not self.active:
             self.active = True
+            from pytest_gsm8k.runtime.logs import scrub_library_logs
+
             self.config.add_cleanup(scrub_library_logs(self.session.scrubber()))
             if self.aggregates:
                 _on_sigterm(self.config)
@@ -342,45 +342,3 @@ def _on_sigterm(config: pytest.Config) -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     config.add_cleanup(restore)
-
-
-#: the HTTP stack under ``openai`` (httpx/httpcore, or their ``2`` forks), urllib3 for users'
-#: clients, asyncio (it logs the engine loop's exceptions), and this plugin
-SCRUBBED_LOGGERS = frozenset(
-    {"openai", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "asyncio", "pytest_gsm8k"}
-)
-
-
-def scrub_library_logs(scrubber: Scrubber) -> Callable[[], None]:
-    """The run's secrets kept out of what the HTTP libraries log (httpcore's headers at DEBUG,
-    openai's request options), which pytest shows in live and captured logs and JUnit XML. A
-    filter on ``httpcore`` would miss ``httpcore.http11`` and pytest's handlers come and go: a
-    record factory scrubs the records where they are born (none without a secret). What this
-    returns puts the previous one back, unless another replaced ours meanwhile (a nested
-    pytester run)."""
-    if not scrubber:
-        return lambda: None
-    previous = logging.getLogRecordFactory()
-
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        if record.name.partition(".")[0] not in SCRUBBED_LOGGERS:
-            return record
-        try:
-            message = record.getMessage()
-        except Exception:  # logging reports a bad format itself, when it emits
-            return record
-        record.msg, record.args = scrubber.text(message), None
-        if record.exc_info:  # formatters print exc_text when exc_info is gone
-            record.exc_text = scrubber.text(logging.Formatter().formatException(record.exc_info))
-            record.exc_info = None
-        if record.stack_info:
-            record.stack_info = scrubber.text(record.stack_info)
-        return record
-
-    def restore() -> None:
-        if logging.getLogRecordFactory() is factory:
-            logging.setLogRecordFactory(previous)
-
-    logging.setLogRecordFactory(factory)
-    return restore

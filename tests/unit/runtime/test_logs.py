@@ -9,7 +9,7 @@ import sys
 from helpers import TEST_KEY
 
 from pytest_gsm8k.core.scrub import REDACTED, Scrubber
-from pytest_gsm8k.roles import scrub_library_logs
+from pytest_gsm8k.runtime.logs import scrub_library_logs
 
 
 def test_scrub_record_cleans_message_arguments_and_traceback() -> None:
