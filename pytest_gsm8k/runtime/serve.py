@@ -25,7 +25,7 @@ from typing import IO, Any
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
 from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
 from pytest_gsm8k.core.plan import Endpoint
-from pytest_gsm8k.core.scrub import Scrubber, printable, redact_options, shown_url
+from pytest_gsm8k.core.scrub import Scrubber, clip, printable, redact_options, shown_url
 from pytest_gsm8k.runtime.client import PreflightError, get_json, list_models
 from pytest_gsm8k.runtime.supervise import descendants
 
@@ -115,12 +115,6 @@ class ServedProcess:
         if self.process.poll() is not None:
             self._reader.join(timeout=1.0)
         return self._status
-
-    def _started(self, deadline: float) -> str | None:
-        self._said.wait(max(0.0, deadline - time.monotonic()))
-        if "pid" in self._status:
-            return None
-        return str(self._status.get("error", "its supervisor did not start it"))
 
     @property
     def pid(self) -> int:
@@ -327,11 +321,8 @@ def serve_spec(
             raise ServeError(f"--gsm8k-serve: {exc}") from None
 
     fill(0)  # refused now, before anything starts
-    shown = redact_options(command)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return Launch(
-        fill, model or "", f"the model server ({shown})", ServedProcess, env=env, context=context
-    )
+    shown = f"the model server ({clip(redact_options(command), 80)})"
+    return Launch(fill, model or "", shown, ServedProcess, env=env, context=context)
 
 
 @dataclass(frozen=True)
@@ -400,7 +391,10 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
         except OSError as exc:
             raise ServeError(f"{what} could not be started: {exc}") from None
         try:
-            failure = server._started(deadline)
+            server._said.wait(max(0.0, deadline - time.monotonic()))  # the pid, or why not
+            failure = None
+            if "pid" not in server._status:
+                failure = str(server._status.get("error", "its supervisor did not start it"))
             outcome = failure or _wait_ready(server, port, deadline, order.progress)
             if outcome == "ready":
                 server.startup_seconds = time.monotonic() - started
