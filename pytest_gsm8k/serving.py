@@ -199,7 +199,7 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
         shown = shown_url(url)
         if exc.kind in _REFUSALS:
             line = _REFUSALS[exc.kind].format(
-                shown=shown, env=state.settings.api_key_env, timeout=timeout, detail=exc.detail
+                shown=shown, env=state.settings.api_key_env, timeout=timeout, detail=exc
             )
             raise pytest.UsageError(f"gsm8k: {line}") from None
         # a 404: when the same server answers under /v1, that is the URL to give

@@ -12,7 +12,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,7 +22,6 @@ from urllib.parse import urlsplit
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
 from pytest_gsm8k.core.types import Completion, ModelCallable, ModelResponse, Request, valid_usage
-from pytest_gsm8k.runtime.bounded import ACCEPTED, Counter, Decoder, Refused, encoding_of, mib
 from pytest_gsm8k.runtime.failures import Said
 
 #: the most one problem's answer may take, decoded (a gzip bomb stops here) or as the JSON of
@@ -79,9 +79,92 @@ class Breaker:
             self.on_open(f"{type(error).__name__}: {error}".strip())
 
 
+#: the most one decoding step produces (zlib's output bound per call)
+PIECE = 1 << 20
+#: what the transport asks the server for; a reply may use any of these or none
+ACCEPTED = ("gzip", "deflate")
+
+
+class Refused(Exception):
+    """The reply cannot be read within the bound (too large, or an encoding not asked for)."""
+
+
+class Decoder:
+    """Incremental decoding of one body: identity, gzip or deflate, in bounded pieces. A reply
+    is held whole in memory and HTTP libraries decode without a bound (a gzip bomb: 200 KB
+    that inflates to 200 MB); an encoding not asked for is refused: it could not be bounded."""
+
+    def __init__(self, encoding: str) -> None:
+        wbits = {"gzip": 31, "x-gzip": 31, "deflate": 15, "": 0, "identity": 0}.get(encoding)
+        if wbits is None:
+            raise Refused(f"the endpoint's reply is encoded as {encoding!r}, not as asked for")
+        self.encoding, self._first = encoding, True
+        self._inflater = zlib.decompressobj(wbits) if wbits else None
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """The decoded pieces of ``data`` (each at most :data:`PIECE` bytes)."""
+        if (inflater := self._inflater) is None:
+            yield data
+            return
+        first, self._first = self._first, False
+        try:
+            try:
+                out = inflater.decompress(data, PIECE)
+            except zlib.error:
+                if not (first and self.encoding == "deflate"):
+                    raise
+                # "deflate" without the zlib wrapper, as some servers send it
+                inflater = self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                out = inflater.decompress(data, PIECE)
+            while out:
+                yield out
+                if inflater.eof:
+                    return  # anything after the end of the compressed data is ignored
+                out = inflater.decompress(inflater.unconsumed_tail, PIECE)
+        except zlib.error:
+            raise Refused("the endpoint's reply is not valid compressed data") from None
+
+    def finish(self) -> bytes:
+        """What the decoder still holds once the body ended (bounded: the input is consumed)."""
+        return b"" if self._inflater is None else self._inflater.flush()
+
+
+def mib(size: int) -> str:
+    """``size`` bytes in MiB for a message (``32 MiB``)."""
+    return f"{size / (1 << 20):g} MiB"
+
+
+def encoding_of(values: list[str]) -> str:
+    """The one content coding of a reply (its Content-Encoding values), or Refused."""
+    codings = [v.strip().lower() for v in values if v.strip().lower() not in ("", "identity")]
+    if len(codings) > 1:
+        raise Refused(
+            f"the endpoint's reply is encoded {len(codings)} times ({', '.join(codings)}); "
+            "one encoding was asked for"
+        )
+    return codings[0] if codings else ""
+
+
+class Counter:
+    """Adds up decoded bytes; Refused once they pass ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+
+    def add(self, piece: bytes) -> bytes:
+        self.total += len(piece)
+        if self.total > self.limit:
+            raise Refused(
+                f"the endpoint's reply is over {mib(self.limit)} decoded, the most one "
+                "problem's answer may take; refused, the rest unread"
+            )
+        return piece
+
+
 @functools.cache
 def refused_reply() -> type[Exception]:
-    """A reply read no further (:class:`bounded.Refused`) as the openai client raises it: an
+    """A reply read no further (:class:`Refused`) as the openai client raises it: an
     ``OpenAIError`` is never retried nor called a connection error."""
     import openai
 
@@ -112,7 +195,7 @@ def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[s
 
 
 async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The raw ``chunks`` decoded within :data:`MAX_REPLY_BYTES` (see :mod:`.bounded`)."""
+    """The raw ``chunks`` decoded within :data:`MAX_REPLY_BYTES` (see :class:`Decoder`)."""
     counter = Counter(MAX_REPLY_BYTES)
     async for raw in chunks:
         for piece in decoder.feed(raw):
@@ -171,7 +254,7 @@ class PreflightError(Exception):
 
     def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
-        self.kind, self.detail, self.status = kind, detail, status
+        self.kind, self.status = kind, status
 
 
 @functools.cache

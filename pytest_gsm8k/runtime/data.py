@@ -115,9 +115,8 @@ def load_split(
         if parquet:
             files = {split: [str(f) for f in parquet]}
             failed = f"{path}: cannot read parquet"
-            what = "reading parquet"
             problems = _load_dataset(
-                what, str(path), failed, "", split, "parquet", data_files=files
+                "reading parquet", str(path), failed, "", split, "parquet", data_files=files
             )
         else:
             try:

@@ -27,9 +27,8 @@ from pytest_gsm8k.core.identity import (
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
-from pytest_gsm8k.runtime.bounded import mib
 from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
-from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient
+from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient, mib
 from pytest_gsm8k.runtime.failures import (
     EndpointAborted,
     EndpointError,

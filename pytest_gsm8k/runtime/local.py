@@ -51,23 +51,17 @@ _SERVER_ENV_SETTINGS = frozenset(
 _CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIGBUS)})
 
 
-class LocalServerError(ServeError):
-    """A local model could not be found, prepared or served."""
-
-
 def resolve_model(spec: str) -> Path:
     """``local`` or ``local:PATH.gguf`` as the absolute path of a GGUF file. A path is
     checked before the extra, so that a typo is named as such where the extra is missing."""
     name, sep, raw_path = spec.partition(":")
     if name != "local":
-        raise LocalServerError(
-            f"not a local model spec: {spec!r} (expected 'local' or 'local:PATH')"
-        )
+        raise ServeError(f"not a local model spec: {spec!r} (expected 'local' or 'local:PATH')")
     if not sep:
         _require_extra(packaged=True)
         return _packaged_model_path()
     if not raw_path.strip():
-        raise LocalServerError(f"no GGUF path given in {spec!r} (expected 'local:PATH.gguf')")
+        raise ServeError(f"no GGUF path given in {spec!r} (expected 'local:PATH.gguf')")
     path = Path(raw_path).expanduser().absolute()
     _check_gguf(path)
     _require_extra(packaged=False)
@@ -77,17 +71,17 @@ def resolve_model(spec: str) -> Path:
 def _check_gguf(path: Path) -> None:
     """A missing or non-GGUF file is refused here, not left to a server crash log."""
     if not path.exists():
-        raise LocalServerError(f"GGUF file not found: {path}")
+        raise ServeError(f"GGUF file not found: {path}")
     if not path.is_file():
-        raise LocalServerError(f"not a GGUF file: {path} (not a regular file)")
+        raise ServeError(f"not a GGUF file: {path} (not a regular file)")
     try:
         with path.open("rb") as fh:
             head = fh.read(len(GGUF_MAGIC))
     except OSError as exc:
-        raise LocalServerError(f"not a GGUF file: {path} (cannot read it: {exc.strerror})") from exc
+        raise ServeError(f"not a GGUF file: {path} (cannot read it: {exc.strerror})") from exc
     if head != GGUF_MAGIC:
         why = "file is empty" if not head else f"starts with {head!r}, expected {GGUF_MAGIC!r}"
-        raise LocalServerError(f"not a GGUF file: {path} ({why})")
+        raise ServeError(f"not a GGUF file: {path} ({why})")
 
 
 def _module_missing(name: str) -> bool:
@@ -101,7 +95,7 @@ def _module_missing(name: str) -> bool:
 def _require_extra(*, packaged: bool) -> None:
     names = _SERVER_MODULES.split() + [_PACKAGED_MODULE] * packaged
     if missing := [name for name in names if _module_missing(name)]:
-        raise LocalServerError(
+        raise ServeError(
             f"local models need the 'local' extra (missing: {', '.join(missing)}): {install_hint()}"
         )
 
@@ -141,7 +135,7 @@ def _packaged_model_path() -> Path:
     try:
         pkg: Any = importlib.import_module(_PACKAGED_MODULE)
     except ImportError as exc:  # present by name but broken
-        raise LocalServerError(
+        raise ServeError(
             f"local models need the 'local' extra ({_PACKAGED_MODULE}: {exc}): {install_hint()}"
         ) from exc
     target = Path(pkg.default_output_path())
@@ -165,7 +159,7 @@ def _packaged_model_path() -> Path:
             os.replace(tmp, target)
         write_atomic(marker, json.dumps(state()))
     except (OSError, ValueError) as exc:
-        raise LocalServerError(f"could not prepare the packaged model at {target}: {exc}") from exc
+        raise ServeError(f"could not prepare the packaged model at {target}: {exc}") from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -205,8 +199,8 @@ class LocalServer(ServedProcess):
         except (OSError, ValueError) as error:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=3.0)  # a fault: the process is ending right now
-                raise LocalServerError(self.death_message()) from None
-            raise LocalServerError(
+                raise ServeError(self.death_message()) from None
+            raise ServeError(
                 f"the local model server at {self.base_url} did not answer a 1-token "
                 f"completion ({type(error).__name__}: {error}; log {self.log_path})"
             ) from None
@@ -247,7 +241,6 @@ def local_spec(
         model=alias,
         what="the local model server (llama.cpp)",
         factory=LocalServer,
-        error=LocalServerError,
         env=server_env(),
         context=f"model {model_path}",
     )

@@ -18,19 +18,6 @@ SCRUBBED_LOGGERS = frozenset(
 )
 
 
-def scrub_record(record: logging.LogRecord, scrubber: Scrubber) -> None:
-    try:
-        message = record.getMessage()
-    except Exception:  # logging reports a bad format itself, when it emits
-        return
-    record.msg, record.args = scrubber.text(message), None
-    if record.exc_info:  # formatters print exc_text when exc_info is gone
-        record.exc_text = scrubber.text(logging.Formatter().formatException(record.exc_info))
-        record.exc_info = None
-    if record.stack_info:
-        record.stack_info = scrubber.text(record.stack_info)
-
-
 def scrub_library_logs(scrubber: Scrubber) -> Callable[[], None]:
     """Install the scrubbing factory (none without a secret); what it returns puts the previous
     one back, unless another replaced ours meanwhile (a nested pytester run)."""
@@ -40,8 +27,18 @@ def scrub_library_logs(scrubber: Scrubber) -> Callable[[], None]:
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
-        if record.name.partition(".")[0] in SCRUBBED_LOGGERS:
-            scrub_record(record, scrubber)
+        if record.name.partition(".")[0] not in SCRUBBED_LOGGERS:
+            return record
+        try:
+            message = record.getMessage()
+        except Exception:  # logging reports a bad format itself, when it emits
+            return record
+        record.msg, record.args = scrubber.text(message), None
+        if record.exc_info:  # formatters print exc_text when exc_info is gone
+            record.exc_text = scrubber.text(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = scrubber.text(record.stack_info)
         return record
 
     def restore() -> None:

@@ -25,7 +25,7 @@ from typing import IO, Any
 from pytest_gsm8k.core.command import CommandError, ServeCommand, serve_command
 from pytest_gsm8k.core.identity import describe_server, unnamed_answerer, unnamed_refusal
 from pytest_gsm8k.core.plan import Endpoint
-from pytest_gsm8k.core.scrub import Scrubber, printable, redact_options, shown_url
+from pytest_gsm8k.core.scrub import Scrubber, clip, printable, redact_options, shown_url
 from pytest_gsm8k.runtime.client import PreflightError, get_json, list_models
 from pytest_gsm8k.runtime.supervise import descendants
 
@@ -115,12 +115,6 @@ class ServedProcess:
         if self.process.poll() is not None:
             self._reader.join(timeout=1.0)
         return self._status
-
-    def _started(self, deadline: float) -> str | None:
-        self._said.wait(max(0.0, deadline - time.monotonic()))
-        if "pid" in self._status:
-            return None
-        return str(self._status.get("error", "its supervisor did not start it"))
 
     @property
     def pid(self) -> int:
@@ -217,16 +211,11 @@ def _copy_log(pipe: IO[bytes], log: IO[bytes], scrub: Callable[[str], str]) -> N
     reaches the disk. A line not ended waits up to :data:`_LOG_LINE_LIMIT` characters, then
     is written but for its last :data:`_LOG_KEEP` (where a secret cut by the pipe may
     start). A log that cannot be written is still drained: the server never blocks."""
-    failed = False
 
     def write(text: str) -> None:
-        nonlocal failed
-        try:
-            if not failed:
-                log.write(text.encode("utf-8", "surrogateescape"))
-                log.flush()
-        except OSError:
-            failed = True
+        with contextlib.suppress(OSError):
+            log.write(text.encode("utf-8", "surrogateescape"))
+            log.flush()
 
     with pipe, log:
         pending = ""
@@ -332,11 +321,8 @@ def serve_spec(
             raise ServeError(f"--gsm8k-serve: {exc}") from None
 
     fill(0)  # refused now, before anything starts
-    shown = redact_options(command)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return Launch(
-        fill, model or "", f"the model server ({shown})", ServedProcess, env=env, context=context
-    )
+    shown = f"the model server ({clip(redact_options(command), 80)})"
+    return Launch(fill, model or "", shown, ServedProcess, env=env, context=context)
 
 
 @dataclass(frozen=True)
@@ -348,7 +334,6 @@ class Launch:
     model: str
     what: str  # ServedProcess.what
     factory: Callable[..., ServedProcess]  # a subclass adds its own checks (local.LocalServer)
-    error: type[ServeError] = ServeError
     env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
     context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
     scrub: Scrubber = field(default_factory=Scrubber)
@@ -376,9 +361,9 @@ class Started:
 def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
     """Start ``order`` (``how``: any other field of it) on a free loopback port, wait until
     ``GET /v1/models`` answers from the server's own processes (a port taken meanwhile is
-    retried), probe it and check its model. Any failure is one :class:`ServeError` (the
-    order's subclass) line, the server stopped: an early exit, or no answer within
-    ``startup_timeout`` (all tries together), with the exit status and the tail of its log."""
+    retried), probe it and check its model. Any failure is one :class:`ServeError` line, the
+    server stopped: an early exit, or no answer within ``startup_timeout`` (all tries
+    together), with the exit status and the tail of its log."""
     order = dataclasses.replace(order, **how)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
@@ -404,9 +389,12 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
                 what=what,
             )
         except OSError as exc:
-            raise order.error(f"{what} could not be started: {exc}") from None
+            raise ServeError(f"{what} could not be started: {exc}") from None
         try:
-            failure = server._started(deadline)
+            server._said.wait(max(0.0, deadline - time.monotonic()))  # the pid, or why not
+            failure = None
+            if "pid" not in server._status:
+                failure = str(server._status.get("error", "its supervisor did not start it"))
             outcome = failure or _wait_ready(server, port, deadline, order.progress)
             if outcome == "ready":
                 server.startup_seconds = time.monotonic() - started
@@ -417,16 +405,16 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
             raise
         server.stop(timeout=2.0)
         if failure:
-            raise order.error(f"{what} could not be started: {failure}{where}")
+            raise ServeError(f"{what} could not be started: {failure}{where}")
         text = server.log_text(offset)
         in_use = "address already in use" in text.lower() or "errno 98" in text.lower()
         if outcome == "exited" and not server.left and in_use:
             continue
         late = f"{what} did not answer GET {server.base_url}/models within {startup_timeout:g} s"
         head = _exited_head(server, port) if outcome == "exited" else late
-        raise order.error(_with_tail(head + where, text))
+        raise ServeError(_with_tail(head + where, text))
     head = f"Port in use: {what} could not bind a free port in {_PORT_ATTEMPTS} tries"
-    raise order.error(_with_tail(f"{head} (log {log_path})", text))
+    raise ServeError(_with_tail(f"{head} (log {log_path})", text))
 
 
 def _taken(server: ServedProcess, order: Launch) -> Started:
@@ -438,7 +426,7 @@ def _taken(server: ServedProcess, order: Launch) -> Started:
             models = list_models(server.base_url, order.api_key, order.list_timeout)
         except PreflightError as exc:
             raise ServeError(
-                f"--gsm8k-serve: cannot list the server's models ({exc.detail}); give --gsm8k-model"
+                f"--gsm8k-serve: cannot list the server's models ({exc}); give --gsm8k-model"
             ) from None
         if len(models) != 1:
             raise ServeError(

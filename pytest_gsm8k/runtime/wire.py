@@ -15,8 +15,7 @@ import time
 from typing import Any
 
 from pytest_gsm8k.core.retry import retry_delay, should_retry
-from pytest_gsm8k.runtime.bounded import ACCEPTED, Refused
-from pytest_gsm8k.runtime.client import OpenAIClient, bounded_body, reply_decoder
+from pytest_gsm8k.runtime.client import ACCEPTED, OpenAIClient, Refused, bounded_body, reply_decoder
 from pytest_gsm8k.runtime.failures import Said, WireFailure
 
 

@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from pytest_gsm8k.runtime.bounded import PIECE, Counter, Decoder, Refused, encoding_of
+from pytest_gsm8k.runtime.client import PIECE, Counter, Decoder, Refused, encoding_of
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", ""])

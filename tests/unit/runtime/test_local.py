@@ -32,11 +32,11 @@ import pytest_gsm8k.runtime.serve as serve
 from pytest_gsm8k.runtime.local import (
     DEFAULT_ALIAS,
     LocalServer,
-    LocalServerError,
     install_command,
     install_hint,
     resolve_model,
 )
+from pytest_gsm8k.runtime.serve import ServeError
 
 LOCAL_PY = REPO / "pytest_gsm8k" / "runtime" / "local.py"
 
@@ -119,7 +119,7 @@ def _run_python(code: str, **kwargs: Any) -> subprocess.Popen[str]:
 
 def test_missing_path_is_reported(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
-    with pytest.raises(LocalServerError) as info:
+    with pytest.raises(ServeError) as info:
         resolve_model(f"local:{missing}")
     assert str(info.value) == f"GGUF file not found: {missing}"
 
@@ -127,7 +127,7 @@ def test_missing_path_is_reported(tmp_path: Path) -> None:
 def test_non_gguf_file_is_rejected(tmp_path: Path) -> None:
     bogus = tmp_path / "model.gguf"
     bogus.write_bytes(b"PK\x03\x04 this is a zip, not a model")
-    with pytest.raises(LocalServerError) as info:
+    with pytest.raises(ServeError) as info:
         resolve_model(f"local:{bogus}")
     message = str(info.value)
     assert message.startswith(f"not a GGUF file: {bogus} (")
@@ -144,13 +144,13 @@ def test_empty_file_and_directory_are_rejected(tmp_path: Path, make: str, why: s
         target.write_bytes(b"")
     else:
         target.mkdir()
-    with pytest.raises(LocalServerError, match=why):
+    with pytest.raises(ServeError, match=why):
         resolve_model(f"local:{target}")
 
 
 @pytest.mark.parametrize("spec", ["gpt-4o", "localhost:8000", "local:", "local:  "])
 def test_bad_specs_are_rejected(spec: str) -> None:
-    with pytest.raises(LocalServerError):
+    with pytest.raises(ServeError):
         resolve_model(spec)
 
 
@@ -184,7 +184,7 @@ def test_missing_extra_gives_one_line_with_the_install_command(tmp_path: Path) -
         def message(model_spec):
             try:
                 mod.resolve_model(model_spec)
-            except mod.LocalServerError as exc:
+            except mod.ServeError as exc:
                 return str(exc)
             return None
 
@@ -312,7 +312,7 @@ def test_server_env_drops_settings_the_server_would_read() -> None:
 def test_start_rejects_a_non_gguf_before_spawning(tmp_path: Path) -> None:
     bogus = tmp_path / "m.bin"
     bogus.write_bytes(b"nope")
-    with pytest.raises(LocalServerError, match="not a GGUF file"):
+    with pytest.raises(ServeError, match="not a GGUF file"):
         start_local_server(bogus, alias="x", log_path=tmp_path / "log")
     assert not (tmp_path / "log").exists()
 
@@ -411,7 +411,7 @@ def test_stop_leaves_no_process_and_no_death_report(
 
 @_real
 def test_early_exit_reports_the_log_tail(tmp_path: Path) -> None:
-    with pytest.raises(LocalServerError) as info:
+    with pytest.raises(ServeError) as info:
         start_local_server(_gguf(tmp_path / "fake.gguf"), alias="x", log_path=tmp_path / "s.log")
     first, *rest = str(info.value).splitlines()
     assert "exited with exit code" in first
@@ -494,7 +494,7 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
         srv.probe()  # a healthy build answers one token
         srv.watch(died.append)
         os.kill(srv.pid, signal.SIGILL)  # what an unsupported instruction raises
-        with pytest.raises(LocalServerError) as info:
+        with pytest.raises(ServeError) as info:
             srv.probe(timeout=10)
     finally:
         srv.stop()

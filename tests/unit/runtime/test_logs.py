@@ -9,19 +9,25 @@ import sys
 from helpers import TEST_KEY
 
 from pytest_gsm8k.core.scrub import REDACTED, Scrubber
-from pytest_gsm8k.runtime.logs import scrub_library_logs, scrub_record
+from pytest_gsm8k.runtime.logs import scrub_library_logs
 
 
 def test_scrub_record_cleans_message_arguments_and_traceback() -> None:
-    scrubber = Scrubber(TEST_KEY)
+    restore = scrub_library_logs(Scrubber(TEST_KEY))
     try:
         raise RuntimeError(f"server said: you sent {TEST_KEY}")
     except RuntimeError:
-        record = logging.LogRecord(
-            "httpcore.http11", logging.DEBUG, __file__, 1, "headers %r", ((TEST_KEY,),), None
+        record = logging.getLogger("httpcore.http11").makeRecord(
+            "httpcore.http11",
+            logging.DEBUG,
+            __file__,
+            1,
+            "headers %r",
+            ((TEST_KEY,),),
+            sys.exc_info(),
         )
-        record.exc_info = sys.exc_info()
-    scrub_record(record, scrubber)
+    finally:
+        restore()
     line = logging.Formatter("%(message)s").format(record)
     assert "headers" in line
     assert "RuntimeError: server said" in line  # text kept
