@@ -85,9 +85,6 @@ class Tally:
     def fail_data(self, message: str) -> None:
         self.data_error = message
 
-    def start_early_stop(self, name: str, early: EarlyStop | None) -> None:
-        self.early[name] = early
-
     def stop_early(self, name: str, message: str) -> None:
         self.stopped[name] = message
 
@@ -222,10 +219,14 @@ class Tally:
         shown = {i.group.name for i in inputs}
         return inputs, top, [g.name for g in plan.groups if g.name not in shown]
 
-    def early_stop(self, plan: RunPlan, name: str = "") -> EarlyStop | None:
-        """Group ``name``'s early stop ("" the run's), over the problems it set out to do;
-        its noise-aware gate uses the stored baseline only where the end of the run may
-        compare with it (not with --snapshot-update, not a refused one)."""
+    def early_stop(self, plan: RunPlan, name: str) -> EarlyStop | None:
+        """Group ``name``'s early stop ("" the run's), made on first ask over the problems it
+        set out to do; its noise-aware gate uses the stored baseline only where the end of
+        the run may compare with it (not with --snapshot-update, not a refused one)."""
+        if name in self.early or self.collected_ids is None:
+            # not knowing which problems the workers collected (an xdist controller learns
+            # them from each worker's first report), the stop could not count them
+            return self.early.setdefault(name, None)
         settings, group = plan.settings, plan.group_by_name.get(name)
         here: dict[str, Any] = {"dataset": plan.split.identity()}
         # a config is decided by the certain bounds only (no order counts there)
@@ -244,7 +245,7 @@ class Tally:
             with contextlib.suppress(bl.BaselineError):
                 document = bl.check(stored, here, split)["problems"]
         wanted = {p.id for p in self.wanted(plan)}
-        return EarlyStop.for_group(
+        self.early[name] = EarlyStop.for_group(
             [p.id for p in problems if p.id in wanted],
             plan.gates,
             mode=settings.early_stop,  # type: ignore[arg-type]
@@ -254,6 +255,7 @@ class Tally:
             alpha=settings.early_stop_alpha,
             repeats=settings.repeats,
         )
+        return self.early[name]
 
 
 def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
