@@ -7,7 +7,6 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import baseline as bl
@@ -24,10 +23,8 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.verdict import EarlyOutcome, Group, GroupInput, RunVerdict
 
 
-@dataclass(frozen=True)
-class ItemRef:
-    nodeid: str
-    location: tuple[str, int | None, str]
+#: an item's place, as pytest's ``item.location`` (file, line, name)
+Location = tuple[str, int | None, str]
 
 
 class Tally:
@@ -38,7 +35,8 @@ class Tally:
         self.collected: tuple[Problem, ...] | None = None  # in run order, once collected
         self.collected_ids: frozenset[str] | None = None  # an xdist controller: the workers'
         self.records: dict[str, ProblemRecord] = {}
-        self.items: tuple[ItemRef, ...] = ()  # every collected item (the workers' under xdist)
+        #: every collected item's location by node id (the workers' under xdist)
+        self.items: dict[str, Location] = {}
         #: node id -> its problem's id, from the reports and workers (never parsed out of it)
         self.problem_of: dict[str, str] = {}
         self.reported: set[str] = set()  # node ids that sent a report: the others never ran
@@ -57,10 +55,10 @@ class Tally:
         if self.collected_ids is None:
             self.collected_ids = frozenset(ids) or None
 
-    def collect_items(self, items: Sequence[ItemRef], problems: Mapping[str, str] = {}) -> None:
+    def collect_items(self, items: Mapping[str, Location], problems: Mapping[str, str]) -> None:
         """The collected items (once: every xdist worker collects the same ones)."""
         if not self.items:
-            self.items = tuple(items)
+            self.items = dict(items)
         self.problem_of.update(problems)
 
     def note_report(self, nodeid: str, problem_id: str | None) -> None:
@@ -68,8 +66,8 @@ class Tally:
         if problem_id:
             self.problem_of[nodeid] = problem_id
 
-    def unreported(self) -> list[ItemRef]:
-        return [item for item in self.items if item.nodeid not in self.reported]
+    def unreported(self) -> list[tuple[str, Location]]:
+        return [(nodeid, at) for nodeid, at in self.items.items() if nodeid not in self.reported]
 
     def add_record(self, record: ProblemRecord) -> bool:
         """Keep ``record`` (the first per problem wins); whether it was new."""
