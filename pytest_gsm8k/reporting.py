@@ -41,9 +41,9 @@ def report_unfinished(state: Gsm8kSession, late: Mapping[str, ProblemRecord]) ->
     hooks: the outcome of its answer if it arrived before an endpoint failure (``late``), else
     skipped as not run. Marked ``gsm8k_unfinished``: the plugin's own tally skips them."""
     run, hook = state.run, state.config.hook
-    if run.aborted is None and run.early_stopped is None:
+    if run.aborted is None and "" not in run.stopped:  # the run's own early stop
         return
-    reason = run.aborted or (run.early_stopped or "").removeprefix("gsm8k: ")
+    reason = run.aborted or run.stopped.get("", "").removeprefix("gsm8k: ")
     for nodeid, location in run.unreported():
         path, lineno, _ = location
         skip = (path, (lineno or 0) + 1, f"Skipped: gsm8k: not run: {reason}")

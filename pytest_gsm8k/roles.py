@@ -206,7 +206,7 @@ class Aggregator(Role):
             if self.idle():
                 raise
             run = self.session.run
-            if run.early_stopped is not None and str(exc) == run.early_stopped:
+            if str(exc) == run.stopped.get(""):  # the run's own early stop
                 return True  # the gates' verdicts are settled: a finished run, not interrupted
             run.interrupt()  # stopped before the end (complete: false)
             if "aborted" in self.stops:

@@ -44,7 +44,7 @@ class Tally:
         self.aborted: str | None = None  # the endpoint failure that stopped the run
         self.data_error: str | None = None  # found while parametrizing: one line after it
         self.early: dict[str, EarlyStop | None] = {}  # by group ("" the run's, else a config's)
-        self.stopped: dict[str, str] = {}  # groups stopped early -> their items' message
+        self.stopped: dict[str, str] = {}  # groups stopped early ("" the run) -> the message
         self.verdict: RunVerdict | None = None
 
     def collect(self, problems: Sequence[Problem]) -> None:
@@ -85,10 +85,6 @@ class Tally:
 
     def stop_early(self, name: str, message: str) -> None:
         self.stopped[name] = message
-
-    @property
-    def early_stopped(self) -> str | None:  # the message of a run of one group's early stop
-        return self.stopped.get("")
 
     def finish(self, verdict: RunVerdict) -> None:
         self.verdict = verdict
