@@ -68,8 +68,7 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
     """Print the Markdown; the exit code is the worst of the comparisons' (one per config)."""
     a, b = _read(a_path), _read(b_path)
     results = compare_all(a, b, alpha=alpha, where=(a_path, b_path))
-    code = BETTER_OR_SAME
-    plain: dict[str, str] | None = None
+    code, plain = BETTER_OR_SAME, _questions(a)
     for result in results:
         if isinstance(result, CompareError):
             _say(str(result))
@@ -77,10 +76,8 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
             code = REFUSED
             continue
         flips = (*result.block["newly_failing"], *result.block["newly_passing"])
-        if flips and plain is None:
-            plain = _questions(a)
         # a config's ids carry its name (alpha:test-0042), the split's do not
-        texts = {pid: (plain or {}).get(pid.rpartition(":")[2], "") for pid in flips}
+        texts = {pid: plain.get(pid.rpartition(":")[2], "") for pid in flips}
         sys.stdout.write(compare_markdown(result, texts))
         if result.undecided:
             name = f"config {clip(result.config)}: " if result.config else ""

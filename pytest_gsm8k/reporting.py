@@ -41,24 +41,22 @@ def report_unfinished(state: Gsm8kSession, late: Mapping[str, ProblemRecord]) ->
     hooks: the outcome of its answer if it arrived before an endpoint failure (``late``), else
     skipped as not run. Marked ``gsm8k_unfinished``: the plugin's own tally skips them."""
     run, hook = state.run, state.config.hook
-    if run.aborted is None and run.early_stopped is None:
+    if run.aborted is None and "" not in run.stopped:  # the run's own early stop
         return
-    reason = run.aborted or (run.early_stopped or "").removeprefix("gsm8k: ")
-    for ref in run.unreported():
-        path, lineno, _ = ref.location
+    reason = run.aborted or run.stopped.get("", "").removeprefix("gsm8k: ")
+    for nodeid, location in run.unreported():
+        path, lineno, _ = location
         skip = (path, (lineno or 0) + 1, f"Skipped: gsm8k: not run: {reason}")
         how: tuple[Any, ...] = ("skipped", skip, "setup")
         mine: dict[str, Any] = {}
-        if (record := late.get(run.problem_of.get(ref.nodeid, ""))) is not None:
+        if (record := late.get(run.problem_of.get(nodeid, ""))) is not None:
             mine, how = {"gsm8k": record}, ("passed", None, "call")
             if record["outcome"] == "error":
                 how = ("failed", f"gsm8k: {record['error']}", "setup")
-        report = pytest.TestReport(
-            ref.nodeid, ref.location, {}, *how, gsm8k_unfinished=True, **mine
-        )
-        hook.pytest_runtest_logstart(nodeid=ref.nodeid, location=ref.location)
+        report = pytest.TestReport(nodeid, location, {}, *how, gsm8k_unfinished=True, **mine)
+        hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
         hook.pytest_runtest_logreport(report=report)
-        hook.pytest_runtest_logfinish(nodeid=ref.nodeid, location=ref.location)
+        hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
 
 
 def pytest_report_teststatus(

@@ -115,7 +115,6 @@ class Collector(Role):
         """Which problems this process runs, in run order: the prefetcher starts now."""
         if self.idle():
             return
-        from pytest_gsm8k.core.tally import ItemRef
         from pytest_gsm8k.core.types import Problem
         from pytest_gsm8k.serving import fetch
 
@@ -123,8 +122,8 @@ class Collector(Role):
             raise pytest.UsageError(run.data_error)
         problems = {i.nodeid: p for i in session.items if isinstance(p := problem_of(i), Problem)}
         run.collect(list({p.id: p for p in problems.values()}.values()))
-        refs = [ItemRef(i.nodeid, i.location) for i in session.items]
-        run.collect_items(refs, {nodeid: p.id for nodeid, p in problems.items()})
+        places = {i.nodeid: i.location for i in session.items}
+        run.collect_items(places, {nodeid: p.id for nodeid, p in problems.items()})
         if problems:
             self.activate()
         fetch(self.session, session)
@@ -207,7 +206,7 @@ class Aggregator(Role):
             if self.idle():
                 raise
             run = self.session.run
-            if run.early_stopped is not None and str(exc) == run.early_stopped:
+            if str(exc) == run.stopped.get(""):  # the run's own early stop
                 return True  # the gates' verdicts are settled: a finished run, not interrupted
             run.interrupt()  # stopped before the end (complete: false)
             if "aborted" in self.stops:
@@ -270,10 +269,8 @@ class ControllerRole(Aggregator):
         """A worker's first report: the items it collected, where they are and their problems
         (a stopped run reports those no worker reached, with the answer that arrived)."""
         if isinstance(items := getattr(report, "gsm8k_items", None), dict):
-            from pytest_gsm8k.core.tally import ItemRef
-
             run = self.session.run
-            run.collect_items([ItemRef(n, tuple(at)) for n, at in items["refs"]], items["problems"])
+            run.collect_items({n: tuple(at) for n, at in items["refs"]}, items["problems"])
             run.learn_collected_ids(items["problems"].values())
 
 
@@ -307,7 +304,7 @@ class WorkerRole(Collector):
         if not self.items_sent and isinstance(report, pytest.TestReport):
             self.items_sent = True
             if not self.idle() and (run := self.session.run).problem_of:
-                refs = [(i.nodeid, i.location) for i in run.items]
+                refs = list(run.items.items())
                 data["gsm8k_items"] = {"refs": refs, "problems": dict(run.problem_of)}
         if isinstance(record := data.get("gsm8k"), dict):
             data["gsm8k"] = json.dumps(record)  # ASCII: \uXXXX keeps a lone surrogate exactly

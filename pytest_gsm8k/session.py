@@ -147,12 +147,7 @@ class Gsm8kSession:
         from pytest_gsm8k.runtime.matrix import group_of
 
         name = group_of(problem_id) if self.settings.vllm_config else ""
-        if name not in run.early:
-            # not knowing which problems the workers collected (an xdist controller learns them
-            # from each worker's first report), the stop could not count them
-            known = run.collected_ids is not None
-            run.start_early_stop(name, run.early_stop(self.plan, name) if known else None)
-        if (early := run.early[name]) is None or name in run.stopped:
+        if (early := run.early_stop(self.plan, name)) is None or name in run.stopped:
             return None
         answers = [str(x) for x in record.get("repeats") or ()]
         try:

@@ -7,7 +7,6 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import baseline as bl
@@ -24,10 +23,8 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.verdict import EarlyOutcome, Group, GroupInput, RunVerdict
 
 
-@dataclass(frozen=True)
-class ItemRef:
-    nodeid: str
-    location: tuple[str, int | None, str]
+#: an item's place, as pytest's ``item.location`` (file, line, name)
+Location = tuple[str, int | None, str]
 
 
 class Tally:
@@ -38,7 +35,8 @@ class Tally:
         self.collected: tuple[Problem, ...] | None = None  # in run order, once collected
         self.collected_ids: frozenset[str] | None = None  # an xdist controller: the workers'
         self.records: dict[str, ProblemRecord] = {}
-        self.items: tuple[ItemRef, ...] = ()  # every collected item (the workers' under xdist)
+        #: every collected item's location by node id (the workers' under xdist)
+        self.items: dict[str, Location] = {}
         #: node id -> its problem's id, from the reports and workers (never parsed out of it)
         self.problem_of: dict[str, str] = {}
         self.reported: set[str] = set()  # node ids that sent a report: the others never ran
@@ -46,7 +44,7 @@ class Tally:
         self.aborted: str | None = None  # the endpoint failure that stopped the run
         self.data_error: str | None = None  # found while parametrizing: one line after it
         self.early: dict[str, EarlyStop | None] = {}  # by group ("" the run's, else a config's)
-        self.stopped: dict[str, str] = {}  # groups stopped early -> their items' message
+        self.stopped: dict[str, str] = {}  # groups stopped early ("" the run) -> the message
         self.verdict: RunVerdict | None = None
 
     def collect(self, problems: Sequence[Problem]) -> None:
@@ -57,10 +55,10 @@ class Tally:
         if self.collected_ids is None:
             self.collected_ids = frozenset(ids) or None
 
-    def collect_items(self, items: Sequence[ItemRef], problems: Mapping[str, str] = {}) -> None:
+    def collect_items(self, items: Mapping[str, Location], problems: Mapping[str, str]) -> None:
         """The collected items (once: every xdist worker collects the same ones)."""
         if not self.items:
-            self.items = tuple(items)
+            self.items = dict(items)
         self.problem_of.update(problems)
 
     def note_report(self, nodeid: str, problem_id: str | None) -> None:
@@ -68,8 +66,8 @@ class Tally:
         if problem_id:
             self.problem_of[nodeid] = problem_id
 
-    def unreported(self) -> list[ItemRef]:
-        return [item for item in self.items if item.nodeid not in self.reported]
+    def unreported(self) -> list[tuple[str, Location]]:
+        return [(nodeid, at) for nodeid, at in self.items.items() if nodeid not in self.reported]
 
     def add_record(self, record: ProblemRecord) -> bool:
         """Keep ``record`` (the first per problem wins); whether it was new."""
@@ -85,15 +83,8 @@ class Tally:
     def fail_data(self, message: str) -> None:
         self.data_error = message
 
-    def start_early_stop(self, name: str, early: EarlyStop | None) -> None:
-        self.early[name] = early
-
     def stop_early(self, name: str, message: str) -> None:
         self.stopped[name] = message
-
-    @property
-    def early_stopped(self) -> str | None:  # the message of a run of one group's early stop
-        return self.stopped.get("")
 
     def finish(self, verdict: RunVerdict) -> None:
         self.verdict = verdict
@@ -222,10 +213,14 @@ class Tally:
         shown = {i.group.name for i in inputs}
         return inputs, top, [g.name for g in plan.groups if g.name not in shown]
 
-    def early_stop(self, plan: RunPlan, name: str = "") -> EarlyStop | None:
-        """Group ``name``'s early stop ("" the run's), over the problems it set out to do;
-        its noise-aware gate uses the stored baseline only where the end of the run may
-        compare with it (not with --snapshot-update, not a refused one)."""
+    def early_stop(self, plan: RunPlan, name: str) -> EarlyStop | None:
+        """Group ``name``'s early stop ("" the run's), made on first ask over the problems it
+        set out to do; its noise-aware gate uses the stored baseline only where the end of
+        the run may compare with it (not with --snapshot-update, not a refused one)."""
+        if name in self.early or self.collected_ids is None:
+            # not knowing which problems the workers collected (an xdist controller learns
+            # them from each worker's first report), the stop could not count them
+            return self.early.setdefault(name, None)
         settings, group = plan.settings, plan.group_by_name.get(name)
         here: dict[str, Any] = {"dataset": plan.split.identity()}
         # a config is decided by the certain bounds only (no order counts there)
@@ -242,7 +237,7 @@ class Tally:
             with contextlib.suppress(bl.BaselineError):
                 document = bl.check(stored, here, split)["problems"]
         wanted = {p.id for p in self.wanted(plan)}
-        return EarlyStop.for_group(
+        self.early[name] = EarlyStop.for_group(
             [p.id for p in problems if p.id in wanted],
             plan.gates,
             mode=settings.early_stop,  # type: ignore[arg-type]
@@ -252,6 +247,7 @@ class Tally:
             alpha=settings.early_stop_alpha,
             repeats=settings.repeats,
         )
+        return self.early[name]
 
 
 def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
