@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
@@ -290,8 +289,9 @@ def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
             f"the environment names a {scheme}:// proxy for the endpoint, {why}; name an "
             "http:// proxy or exempt the host in NO_PROXY"
         )
-    try:  # a bad port failed inside httpx's task group (an INTERNALERROR), not as InvalidURL
-        _ = urlsplit(proxy or "").port
+    try:  # httpx takes a port out of range, then fails inside its task group (INTERNALERROR)
+        if proxy is not None and not 0 < (_httpx().URL(proxy).port or 1) < 1 << 16:
+            raise ValueError  # said below, without the URL
         if aiohttp and proxy is not None:  # quoted as httpx quotes it: aiohttp's parser refuses
             from yarl import URL  # a [ ] or \ in a password, and its error shows the whole URL
 
