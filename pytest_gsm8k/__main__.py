@@ -49,7 +49,7 @@ def _questions(report: Mapping[str, Any]) -> dict[str, str]:
     from pytest_gsm8k.runtime.data import EMBEDDED, EMBEDDED_NAME, load_split
 
     dataset = report["dataset"]
-    key = (dataset.get("config"), dataset.get("split"))
+    key = (str(dataset.get("config")), str(dataset.get("split")))  # a forged one: no key
     if dataset.get("name") != EMBEDDED_NAME or key not in EMBEDDED:
         return {}
     try:

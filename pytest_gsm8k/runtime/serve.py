@@ -230,6 +230,8 @@ def _copy_log(pipe: IO[bytes], log: IO[bytes], scrub: Callable[[str], str]) -> N
                 write(text[:-_LOG_KEEP])
                 pending = text[-_LOG_KEEP:]
         write(scrub(pending))
+        with contextlib.suppress(OSError):  # a full disk: what the buffer kept is dropped
+            log.close()
 
 
 def _free_port() -> int:

@@ -377,6 +377,31 @@ def test_a_forged_report_is_refused_in_one_line_naming_the_field(
     assert not jsonschema.Draft202012Validator(SCHEMA).is_valid(data)
 
 
+def test_a_forged_dataset_field_is_never_a_traceback(
+    pytester: pytest.Pytester, first: list[int]
+) -> None:
+    """Rule: a report is untrusted input: a field compare does not check (the embedded split's
+    config as a list) is compared or refused in one line, never a traceback (exit 1, "worse").
+    The flips' question texts were looked up by it even with no flip (issue 33)."""
+
+    def forge(data: dict[str, Any]) -> None:
+        data["dataset"]["config"] = ["main"]
+
+    def flip(data: dict[str, Any]) -> None:
+        forge(data)
+        data["problems"][0].update(outcome="wrong", correct=False)
+
+    a = _forged(pytester, "forged_a.json", forge)
+    for b, flips in (
+        (_forged(pytester, "same.json", forge), 0),
+        (_forged(pytester, "flip.json", flip), 1),
+    ):
+        shown = compare(pytester, a, b)
+        assert "Traceback" not in shown.stderr.str(), shown.stderr.str()
+        assert shown.ret == 0, shown.stdout.str() + shown.stderr.str()  # one flip: within noise
+        shown.stdout.fnmatch_lines([f"- flips: {flips} newly failing, 0 newly passing; *"])
+
+
 def test_the_schema_carries_the_bounds_compare_checks(
     pytester: pytest.Pytester, first: list[int]
 ) -> None:

@@ -102,6 +102,32 @@ def test_sequential_passes_a_good_model_early_with_its_interval(
     )
 
 
+@XDIST
+def test_an_early_stop_with_k_counts_the_selected_problems(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_run: GsmRun,
+    xdist: list[str],
+) -> None:
+    """Rule: the early stop decides over the problems the run set out to do, -k applied, and
+    starts under xdist too (the controller learns them from the workers' first reports)."""
+    server.set_script(Script(default="wrong"))
+    result, data = gsm8k_run(
+        "--gsm8k-min-acc=0.85",
+        "--gsm8k-early-stop=certain",
+        "--gsm8k-concurrency=4",
+        "--gsm8k-no-cache",
+        "-k",
+        "not test-0001 and not test-0002",
+        ret=1,
+    )
+    early = data["early_stop"]
+    assert (early["n_total"], early["decided_after"]) == (1317, 198)
+    assert data["expected"] == 1317
+    assert sent(server) <= 198 + 4 + 2
+    result.stdout.fnmatch_lines(["*early stop (certain): stopped after 198 of 1317 problems*"])
+
+
 def test_the_sequential_order_is_the_seeded_one(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

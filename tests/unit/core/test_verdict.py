@@ -314,6 +314,23 @@ def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_deriv
     assert failed.failed
 
 
+def test_a_baseline_written_beside_a_failing_gate_holds_the_same_document() -> None:
+    """Rule: the baseline file holds the run's facts and answers, never its gates' words (the
+    write reads the verdict's JSON with its gates since issue 33: the same file as without)."""
+    records = _records("cccw")
+    ids = tuple(r["id"] for r in records)
+    base = BaselineInput(_stored(), SPLIT[: len(ids)], update=True)
+    documents = [
+        decide_run([GroupInput(_group(min_acc=m), tuple(records), Selection(ids), base)])
+        for m in (None, 0.9)
+    ]
+    assert [len(v.gates) for v in documents] == [0, 1]  # min-acc FAIL beside the write
+    plain, gated = (v.baseline_write for v in documents)
+    assert gated == plain
+    assert gated is not None
+    assert not {"gates", "headline", "early_stop"} & set(gated)
+
+
 def test_a_baseline_comparison_fails_on_flips_and_a_missing_one_is_a_note() -> None:
     document = _baseline_run("cccccccc", _stored(), update=True).baseline_write
     assert document is not None
