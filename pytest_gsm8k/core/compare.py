@@ -245,12 +245,18 @@ def compare_all(
 
 
 def _configs(report: Report) -> dict[str, dict[str, Any]]:
-    """A matrix report's configs by name, each with the problems whose ids carry its name."""
+    """A matrix report's configs by name, each with the problems whose ids carry its name
+    (and a shard's block, held at the top only: each config is that shard's slice)."""
     problems: dict[str, list[Any]] = {}
     for record in report["problems"]:
         problems.setdefault(record["id"].rpartition(":")[0], []).append(record)
+    shard = {"shard": report["shard"]} if "shard" in report else {}
     return {
-        entry["config"]["name"]: {**entry, "problems": problems.get(entry["config"]["name"], [])}
+        entry["config"]["name"]: {
+            **entry,
+            **shard,
+            "problems": problems.get(entry["config"]["name"], []),
+        }
         for entry in report["configs"]
     }
 
