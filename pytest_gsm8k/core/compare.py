@@ -245,19 +245,13 @@ def compare_all(
 
 
 def _configs(report: Report) -> dict[str, dict[str, Any]]:
-    """A matrix report's configs by name, each with the problems whose ids carry its name
-    (and a shard's block, held at the top only: each config is that shard's slice)."""
+    """A matrix report's configs by name, each with the problems whose ids carry its name."""
     problems: dict[str, list[Any]] = {}
     for record in report["problems"]:
         problems.setdefault(record["id"].rpartition(":")[0], []).append(record)
-    shard = {"shard": report["shard"]} if "shard" in report else {}
-    return {
-        entry["config"]["name"]: {
-            **entry,
-            **shard,
-            "problems": problems.get(entry["config"]["name"], []),
-        }
-        for entry in report["configs"]
+    return {  # with the report's shard block (held at its top): each config is its slice
+        (n := c["config"]["name"]): dict(c, shard=report.get("shard"), problems=problems.get(n, []))
+        for c in report["configs"]
     }
 
 
