@@ -112,7 +112,7 @@ def run_merge(args: argparse.Namespace) -> int:
         plan,
         late={},
         servers={
-            str(c["config"]["name"]): c["served"] for c in first.get("configs", []) if c["served"]
+            str(c["config"]["name"]): s for c in first.get("configs", []) if (s := c.get("served"))
         },
         server=first.get("served") or first.get("local_server"),
         scrub=Scrubber(None, None, ()),

@@ -249,9 +249,9 @@ def _configs(report: Report) -> dict[str, dict[str, Any]]:
     problems: dict[str, list[Any]] = {}
     for record in report["problems"]:
         problems.setdefault(record["id"].rpartition(":")[0], []).append(record)
-    return {
-        entry["config"]["name"]: {**entry, "problems": problems.get(entry["config"]["name"], [])}
-        for entry in report["configs"]
+    return {  # with the report's shard block (held at its top): each config is its slice
+        (n := c["config"]["name"]): dict(c, shard=report.get("shard"), problems=problems.get(n, []))
+        for c in report["configs"]
     }
 
 

@@ -320,6 +320,32 @@ def test_problems_a_report_left_out_leave_the_comparison_undecided(
     assert compare(pytester, "b.json", "a.json").ret == 1
 
 
+def test_a_shard_of_a_matrix_leaves_each_configs_comparison_undecided(
+    pytester: pytest.Pytester, gsm8k_data: Path
+) -> None:
+    """Rule: a gate that was not decided never passes. B is shard 1 of 2 of a --gsm8k-config
+    run whose config gets the other shard's problems wrong: compared config by config, the
+    slice paired "B 1.0000 vs A 1.0000" on 5 problems, PASS, exit 0 (a single run's shard was
+    already undecided; a config's entry of the matrix report does not carry the shard)."""
+    _matrix(pytester, gsm8k_data, "a.json", {"alpha": _config(10, range(0))})
+    b = _matrix(
+        pytester,
+        gsm8k_data,
+        "b.json",
+        {"alpha": _config(10, range(1, 10, 2))},
+        "--gsm8k-shard=1/2",
+    )
+    assert len(b["problems"]) == 5
+    assert all(p["outcome"] == "correct" for p in b["problems"])  # the wrong ones: shard 2's
+    shown = compare(pytester, "a.json", "b.json")
+    assert shown.ret == 1, shown.stdout.str() + shown.stderr.str()
+    [line] = shown.stderr.lines
+    assert line.startswith("gsm8k: config alpha: compare undecided: B is shard 1 of 2 of a run"), (
+        line
+    )
+    shown.stdout.fnmatch_lines(["| compare | FAIL | not a verdict: B is shard 1 of 2 *"])
+
+
 def _forged(pytester: pytest.Pytester, name: str, change: Any) -> str:
     data = report(pytester, "a.json")
     change(data)

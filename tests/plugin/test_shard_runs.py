@@ -404,3 +404,30 @@ def test_the_shards_of_a_config_matrix_merge_into_the_matrix(
         {k: c.get(k) for k in keep} for c in one["configs"]
     ]
     assert "<html" in (pytester.path / "m.html").read_text()
+
+
+def test_a_shard_whose_config_server_was_refused_merges_in_one_piece(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
+) -> None:
+    """A config whose server was refused (it does not list the config's model) has no
+    ``served`` entry in the shard's report; the merge read it by key and ended in a KeyError
+    traceback. Its errors make the merged run fail as the run itself did (exit 1)."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "Alpha.yaml").write_text(CONFIG.format(name="Alpha", n=4), encoding="utf-8")
+    args = [
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={config_serve(gsm8k_data, '--model=org/Other')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        *NO_EXTRA_PLUGINS,
+        *NO_CACHEPROVIDER,
+    ]
+    run = pytester.runpytest(*args, "--gsm8k-shard=1/1", "--gsm8k-report=s1.json")
+    assert run.ret == pytest.ExitCode.TESTS_FAILED, output(run)
+    [config] = report(pytester, "s1.json")["configs"]
+    assert config["counts"]["error"] == 4
+    merged = merge(pytester, "s1.json", "--report=m.json")
+    assert "Traceback" not in output(merged), output(merged)
+    assert merged.ret == 1, output(merged)
+    assert report(pytester, "m.json")["configs"][0]["counts"]["error"] == 4

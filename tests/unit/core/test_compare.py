@@ -246,6 +246,24 @@ def test_a_matrix_is_compared_config_by_config() -> None:
     assert single.config == ""
 
 
+@pytest.mark.parametrize("side", ["A", "B"])
+def test_a_shard_of_a_matrix_leaves_every_configs_comparison_undecided(side: str) -> None:
+    """Rule: a gate that was not decided never passes. A --gsm8k-config report of one shard
+    holds the run's shard block at its top only; each config's comparison paired the slice
+    and passed (exit 0), as a single run's shard no longer does."""
+    whole = matrix({"alpha": every(range(10), "correct")})
+    shard = matrix({"alpha": every(range(0, 10, 2), "correct")})
+    shard["shard"] = {"index": 1, "count": 2}
+    a, b = (shard, whole) if side == "A" else (whole, shard)
+    [result] = compare_all(load_report(json.dumps(a), "a"), load_report(json.dumps(b), "b"))
+    assert isinstance(result, Comparison)
+    assert result.worse
+    assert result.undecided == (
+        f"{side} is shard 1 of 2 of a run (merge the shards: python -m pytest_gsm8k merge): "
+        "rerun until every problem has an answer"
+    )
+
+
 def test_a_config_of_another_protocol_or_in_one_report_only_is_refused_on_its_own() -> None:
     a = matrix({"alpha": every(range(5), "correct"), "beta": every(range(5), "correct")})
     b = matrix(
