@@ -9,12 +9,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from pytest_gsm8k.core.types import ModelResponse, Request
 from pytest_gsm8k.runtime.engine import Engine
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun, SaidElsewhere
-from pytest_gsm8k.runtime.serve import ServedProcess, ServeError
+from pytest_gsm8k.runtime.serve import _LIVE, ServedProcess, ServeError
 
 POLL_SECONDS = 0.2  # how often the waiting driver looks whether the run is ending
 
@@ -46,7 +47,6 @@ class Matrix:
         self._said: set[str] = set()  # configs whose failure an item has said in full
         self._stopped: dict[str, str] = {}  # configs stopped early -> their skip message
         self._awaited: set[str] = set()  # configs an item waited for before their server ran
-        self._current: ServedProcess | None = None
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -86,7 +86,6 @@ class Matrix:
                 engine.close()
                 future.set_exception(ended)
                 continue
-            self._current = server
             self._made.append(engine)
             server.watch(engine.abort)
             engine.start(list(wanted))
@@ -103,7 +102,6 @@ class Matrix:
                     with contextlib.suppress(RuntimeError):  # its loop closed: the run ended
                         engine.start([])
                 _, pending = concurrent.futures.wait(pending, timeout=POLL_SECONDS)
-            self._current = None
             server.stop()
 
     def _engine(self, name: str) -> Engine | None:  # never waits
@@ -154,7 +152,7 @@ class Matrix:
         if not future.done():
             self._awaited.add(name)
         try:
-            engine = await asyncio.wrap_future(future)
+            engine = await asyncio.shield(asyncio.wrap_future(future))  # shared: never cancelled
         except (EndpointError, NotRun) as exc:
             raise self._failed(name, exc) from None
         inner = engine.answer(request, consume=consume and engine.lookahead is not None)
@@ -191,14 +189,15 @@ class Matrix:
             engine.stop(message)
 
     def close(self) -> None:
-        """Stop the server that runs, every engine, the driver; idempotent."""
+        """Stop the driver's servers (serving or starting), every engine, the driver; idempotent."""
         self._closing.set()
-        if (server := self._current) is not None:
-            server.stop()
+        ends, driver = time.monotonic() + 30, self._thread
+        while driver is not None and driver.is_alive() and time.monotonic() < ends:
+            for server in [s for s in list(_LIVE) if s.starter is driver]:
+                server.stop()
+            driver.join(POLL_SECONDS)
         for engine in list(self._made):
             engine.close()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
         for name, future in self._engines.items():
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 future.set_exception(EndpointAborted(f"config {name}: the run ended"))

@@ -102,6 +102,7 @@ class ServedProcess:
         self._reader = threading.Thread(target=self._read_status, args=(status,), daemon=True)
         self._copier.start()
         self._reader.start()
+        self.starter = threading.current_thread()  # a matrix's driver: Matrix.close stops it
         _LIVE.add(self)
 
     def _read_status(self, pipe: IO[bytes]) -> None:
