@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, wait_until
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, wait_until
 
 #: the end of the run after the signal, well inside GitHub's 7.5 s before its next signal
 PROMPT_EXIT_SECONDS = 7.5
@@ -51,16 +51,18 @@ def _processes_in(folder: Path) -> list[int]:
     return found
 
 
-@XDIST
 @pytest.mark.parametrize(
-    ("when", "sig"),
+    ("when", "sig", "xdist"),
     [
-        ("starting", signal.SIGTERM),
-        ("starting", signal.SIGINT),
-        ("answering", signal.SIGTERM),
-        ("between", signal.SIGTERM),
+        pytest.param("starting", signal.SIGTERM, [], id="starting-sigterm-plain"),
+        pytest.param("starting", signal.SIGTERM, ["-n", "2"], id="starting-sigterm-xdist"),
+        pytest.param("starting", signal.SIGINT, [], id="starting-ctrl-c-plain"),
+        pytest.param("answering", signal.SIGTERM, [], id="answering-sigterm-plain"),
+        # a worker waiting on the channel when it closes (a cancelled waiter once cancelled the
+        # config's shared answer: an InvalidStateError traceback)
+        pytest.param("answering", signal.SIGTERM, ["-n", "2"], id="answering-sigterm-xdist"),
+        pytest.param("between", signal.SIGTERM, [], id="between-sigterm-plain"),
     ],
-    ids=["starting-sigterm", "starting-ctrl-c", "answering-sigterm", "between-sigterm"],
 )
 def test_a_signal_ends_a_config_matrix_promptly_with_its_report(
     pytester: pytest.Pytester,
