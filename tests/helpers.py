@@ -93,6 +93,14 @@ def xdist_once(argnames: str, values: Sequence[Any], ids: Sequence[str]) -> pyte
     return pytest.mark.parametrize(f"{argnames},xdist", params)
 
 
+def use_proxy(monkeypatch: pytest.MonkeyPatch, name: str, url: str) -> None:
+    """The environment names only ``url`` as its proxy, in variable ``name`` (``HTTP_PROXY``,
+    ``ALL_PROXY``): the machine's own proxy variables are set aside for the test."""
+    for other in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, url)
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
     """Call ``predicate`` every ``interval`` seconds until it returns something true or
     ``timeout`` seconds have passed, and say whether it did.

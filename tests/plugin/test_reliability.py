@@ -34,6 +34,7 @@ from helpers import (
     report,
     sent,
     server_behind_a_password,
+    use_proxy,
     wait_until,
 )
 
@@ -828,9 +829,7 @@ def test_the_proxy_comes_from_the_environment_and_a_netrc_entry_changes_nothing(
     warning (aiohttp 3.14 deprecates ``proxy_auth``: one per request). Plain only: under -n 2
     the controller's client is the one that connects (the workers import no HTTP client:
     test_engine_runs.py's xdist report)."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HTTP_PROXY", f"http://someone:proxy-secret@127.0.0.1:{server.port}")
+    use_proxy(monkeypatch, "HTTP_PROXY", f"http://someone:proxy-secret@127.0.0.1:{server.port}")
     netrc = pytester.path / "netrc"
     netrc.write_text(f"machine {UPSTREAM} login someone password secret\n")
     netrc.chmod(0o600)
@@ -884,10 +883,8 @@ def test_a_proxy_password_is_read_as_httpx_reads_it_and_never_shown(
     proxy; aiohttp's URL parser refuses it, and since the vllm preset handed aiohttp the
     credentialed URL, its error (every item's, and the report's) showed the password. The
     preset reads the proxy as httpx does; a secret is never printed."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     password = "proxy[secret]\\42"
-    monkeypatch.setenv("HTTP_PROXY", f"http://someone:{password}@127.0.0.1:{server.port}")
+    use_proxy(monkeypatch, "HTTP_PROXY", f"http://someone:{password}@127.0.0.1:{server.port}")
     result = pytester.runpytest(
         "--gsm8k-model=fake-model",
         f"--gsm8k-base-url=http://{UPSTREAM}/v1",
@@ -912,9 +909,7 @@ def test_a_proxy_the_client_cannot_use_is_one_line(
     keyed_env: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY", "HTTP_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
+    use_proxy(monkeypatch, "ALL_PROXY", "socks5://127.0.0.1:1080")
     result = pytester.runpytest(*gsm8k_args, PRESET, "--gsm8k-limit=2", "--gsm8k-no-cache")
     text = output(result)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text

@@ -12,7 +12,7 @@ import tracemalloc
 import openai
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import TEST_KEY, sent
+from helpers import TEST_KEY, sent, use_proxy
 
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.types import Request
@@ -195,9 +195,7 @@ def test_a_proxy_url_aiohttp_cannot_read_is_one_line_without_its_password(
 ) -> None:
     """aiohttp's error for a proxy URL it cannot read is the whole URL, password and all
     (every request's error, the report): the vllm preset refuses it first, in one line."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HTTP_PROXY", f"http://someone:pass#secret@127.0.0.1:{port}")
+    use_proxy(monkeypatch, "HTTP_PROXY", f"http://someone:pass#secret@127.0.0.1:{port}")
     with pytest.raises(ValueError, match="proxy URL for the endpoint cannot be read") as caught:
         env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=True)
     assert "secret" not in str(caught.value)
@@ -218,9 +216,7 @@ def test_a_proxy_port_out_of_range_is_one_line_not_an_internal_error(
 ) -> None:
     """httpx failed on it inside its task group: the preflight's check ended the session with
     an INTERNALERROR traceback (either client)."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HTTP_PROXY", "http://someone:proxy-secret@127.0.0.1:99999")
+    use_proxy(monkeypatch, "HTTP_PROXY", "http://someone:proxy-secret@127.0.0.1:99999")
     said = r"cannot be read: check its port, percent-encode its user and password$"
     with pytest.raises(ValueError, match=said) as caught:
         env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=aiohttp)
