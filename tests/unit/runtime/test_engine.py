@@ -316,47 +316,44 @@ def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is
     assert describe_error(UsersError("down")) == ("UsersError: down", False)
 
 
-def test_a_users_exception_with_a_body_but_no_usable_request_is_its_items_error_never_a_hang(
-    memory_cache: ResponseCache,
+class _UsersError(Exception):
+    """Has a ``body`` and a 404 ``status_code`` but a ``request`` naming no method or URL:
+    not an HTTP client's failure."""
+
+    body, request, status_code = {"detail": "no such model"}, None, 404
+
+
+class _Unsayable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no words")
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        (_UsersError("gone"), r"_UsersError: gone$"),
+        (_Unsayable(), r"^_Unsayable \(RuntimeError\)$"),
+    ],
+    ids=["body-but-no-usable-request", "str-raises"],
+)
+def test_a_users_exception_is_its_items_error_never_a_hang(
+    memory_cache: ResponseCache, exc: Exception, said: str
 ) -> None:
-    """Failures are never a hang: a user's callable's exception with a ``body`` and a 404
-    ``status_code`` but a ``request`` naming no method or URL is not an HTTP client's failure,
-    and is said as it is. (describe_error raised on it: the engine's worker died with the job
-    running, and the item waited for ever.)"""
+    """Failures are never a hang: a user's callable's exception that describe_error could not
+    read (a body and a 404 but no request; a ``__str__`` that raises) killed the engine's
+    worker with the job running, and the item waited until the stall timeout. The first is said
+    as it is, the second by its class and what raised."""
     from pytest_gsm8k.runtime.failures import describe_error
 
-    class UsersError(Exception):
-        body, request, status_code = {"detail": "no such model"}, None, 404
-
-    assert describe_error(UsersError("gone")) == ("UsersError: gone", False)
-    engine = Engine(ScriptedClient(fail={"p000": UsersError("gone")}), memory_cache, concurrency=1)
+    if isinstance(exc, _UsersError):
+        assert describe_error(exc) == ("_UsersError: gone", False)
+    engine = Engine(ScriptedClient(fail={"p000": exc}), memory_cache, concurrency=1)
     planned = requests(2)
     try:
         engine.start(planned)
         asked = asyncio.run_coroutine_threadsafe(engine.answer(planned[0]), engine.loop)
         # (a 4xx before any answer: the endpoint refused the first requests, as before)
-        with pytest.raises(EndpointError, match=r"UsersError: gone$"):
-            asked.result(timeout=10)
-    finally:
-        engine.close()
-
-
-def test_a_users_exception_that_cannot_be_said_is_its_items_error_never_a_hang(
-    memory_cache: ResponseCache,
-) -> None:
-    """Failures are never a hang: an exception whose ``str()`` raises once killed the engine's
-    worker with the job running (the item waited until the stall timeout)."""
-
-    class Unsayable(Exception):
-        def __str__(self) -> str:
-            raise RuntimeError("no words")
-
-    engine = Engine(ScriptedClient(fail={"p000": Unsayable()}), memory_cache, concurrency=1)
-    planned = requests(2)
-    try:
-        engine.start(planned)
-        asked = asyncio.run_coroutine_threadsafe(engine.answer(planned[0]), engine.loop)
-        with pytest.raises(EndpointError, match=r"^Unsayable \(RuntimeError\)$"):
+        with pytest.raises(EndpointError, match=said):
             asked.result(timeout=10)
     finally:
         engine.close()
