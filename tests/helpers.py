@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -99,6 +101,22 @@ def use_proxy(monkeypatch: pytest.MonkeyPatch, name: str, url: str) -> None:
     for other in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "NO_PROXY", "HTTP_PROXY"):
         monkeypatch.delenv(other, raising=False)
     monkeypatch.setenv(name, url)
+
+
+def spawn_pytest(pytester: pytest.Pytester, *args: str, **popen: Any) -> subprocess.Popen[str]:
+    """pytest in a process of its own in pytester's folder (a signal or a kill reaches it
+    alone), its temporary files under that folder (a kill leaves them behind), its output
+    unbuffered and merged; ``popen`` overrides (``stdout=subprocess.DEVNULL``,
+    ``start_new_session=True``)."""
+    (tmp := pytester.path / "tmp").mkdir(exist_ok=True)
+    options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=pytester.path,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"},
+        **options,
+    )
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:

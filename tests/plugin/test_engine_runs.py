@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, sent, wait_until
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, sent, spawn_pytest, wait_until
 from helpers import read_json as read_report
 
 HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
@@ -275,14 +274,12 @@ def test_sigkill_mid_run_then_rerun_sends_only_the_missing_requests(
     ]
     # Its own process group, killed as a whole the way a CI runner kills a job; its
     # temporary run folder (left behind by the kill) goes under pytester's folder.
-    (pytester.path / "tmp").mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *run],
-        cwd=pytester.path,
+    proc = spawn_pytest(
+        pytester,
+        *run,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
     )
     try:
         wait_until(lambda: len(entries(cache)) >= 20, 30)

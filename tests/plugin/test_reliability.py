@@ -16,7 +16,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from helpers import (
     report,
     sent,
     server_behind_a_password,
+    spawn_pytest,
     use_proxy,
     wait_until,
 )
@@ -168,25 +168,15 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     for index in chosen[:10]:
         hung.pop(index)
     server.set_script(Script(behaviours=hung))
-    (pytester.path / "tmp").mkdir()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *gsm8k_args,
-            *xdist,
-            "--gsm8k-limit=30",
-            "--gsm8k-concurrency=30",
-            "--gsm8k-no-cache",
-            "--gsm8k-report=r.json",
-            "--gsm8k-stall-timeout=300",
-        ],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp"), "PYTHONUNBUFFERED": "1"},
+    proc = spawn_pytest(
+        pytester,
+        *gsm8k_args,
+        *xdist,
+        "--gsm8k-limit=30",
+        "--gsm8k-concurrency=30",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        "--gsm8k-stall-timeout=300",
     )
     try:
         head = ""
@@ -227,25 +217,15 @@ def test_sigterm_while_the_controllers_head_start_waits_ends_cleanly(
     start), possibly while xdist still starts the workers: a SIGTERM then ends the run as
     interrupted, without a traceback, and leaves no process behind."""
     server.set_script(Script(behaviours={i: "hang" for i in range(1319)}))
-    (pytester.path / "tmp").mkdir()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *gsm8k_args,
-            "-n",
-            "2",
-            "--gsm8k-limit=30",
-            "--gsm8k-concurrency=5",
-            "--gsm8k-no-cache",
-            "--gsm8k-stall-timeout=300",
-        ],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
+    proc = spawn_pytest(
+        pytester,
+        *gsm8k_args,
+        "-n",
+        "2",
+        "--gsm8k-limit=30",
+        "--gsm8k-concurrency=5",
+        "--gsm8k-no-cache",
+        "--gsm8k-stall-timeout=300",
     )
     try:
         # the head start's first 5 (the concurrency), hanging: sent before any plan

@@ -34,6 +34,7 @@ from helpers import (
     read_json,
     report,
     sent,
+    spawn_pytest,
     wait_until,
 )
 
@@ -317,14 +318,12 @@ def test_rule1_two_runs_at_once_never_read_each_others_answers(
         "--gsm8k-min-acc=0.85",
         *NO_EXTRA_PLUGINS,  # pytest's cache plugin on: both runs share the rootdir's cache
     ]
-    (pytester.path / "tmp").mkdir()
-    other = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *run],
-        cwd=pytester.path,
+    other = spawn_pytest(
+        pytester,
+        *run,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
     )
     cache = pytester.path / ".pytest_cache" / "d" / "gsm8k"
     try:
@@ -368,16 +367,13 @@ def test_rule1_a_resumed_run_never_reads_a_run_that_started_after_it(
         "--gsm8k-min-acc=0.8",
         *NO_EXTRA_PLUGINS,  # pytest's cache plugin on: both runs share the rootdir's cache
     ]
-    (pytester.path / "tmp").mkdir()
     slow_args = ["--gsm8k-resume", "--gsm8k-concurrency=1", "--gsm8k-report=slow.json"]
-    slow = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *run, *xdist, *slow_args],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    slow = spawn_pytest(
+        pytester,
+        *run,
+        *xdist,
+        *slow_args,
         start_new_session=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
     )
     cache = pytester.path / ".pytest_cache" / "d" / "gsm8k"
     try:
@@ -435,14 +431,12 @@ def test_rule1_a_crashed_runs_answers_are_resumed(
     cache = pytester.path / "cache"
     data = f"--gsm8k-data={_first_rows(gsm8k_data, pytester.path, 40)}"
     run = [*gsm8k_args, data, f"--gsm8k-cache-dir={cache}"]
-    (pytester.path / "tmp").mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *run],
-        cwd=pytester.path,
+    proc = spawn_pytest(
+        pytester,
+        *run,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp")},
     )
     try:
         assert wait_until(lambda: _entries(cache) >= 39, 60)

@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, wait_until
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, spawn_pytest, wait_until
 
 #: the end of the run after the signal, well inside GitHub's 7.5 s before its next signal
 PROMPT_EXIT_SECONDS = 7.5
@@ -91,26 +89,16 @@ def test_a_signal_ends_a_config_matrix_promptly_with_its_report(
             return path.exists() and '"stop"' in path.read_text()
         return files[moment].exists() and files[moment].read_text().strip() != ""
 
-    (pytester.path / "tmp").mkdir()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            f"--gsm8k-config={folder}",
-            f"--gsm8k-serve={serve}",
-            f"--gsm8k-data={gsm8k_data}",
-            "--gsm8k-no-cache",
-            "--gsm8k-report=r.json",
-            *NO_EXTRA_PLUGINS,
-            *NO_CACHEPROVIDER,
-            *xdist,
-        ],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "TMPDIR": str(pytester.path / "tmp"), "PYTHONUNBUFFERED": "1"},
+    proc = spawn_pytest(
+        pytester,
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={serve}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        *NO_EXTRA_PLUGINS,
+        *NO_CACHEPROVIDER,
+        *xdist,
     )
     try:
         if not wait_until(lambda: come() or proc.poll() is not None, 60, interval=0.02):
