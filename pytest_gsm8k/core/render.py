@@ -208,8 +208,8 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     blocks = [
         line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
     ]
-    if verdict.matrix:  # the verdict table: config_rows in columns, but the protocol (each
-        rows = [row[:2] + row[3:] for row in config_rows(configs)]  # block's headline says it)
+    if verdict.matrix:  # the verdict table: config_rows in columns (a CI log's width: each
+        rows = config_rows(configs, protocol=False)  # config's headline says its protocol)
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         blocks.append((verdict.matrix_headline(), "headline"))
         for row in rows:
@@ -218,13 +218,13 @@ def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     return blocks
 
 
-def config_rows(configs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    """A header and a row per config, as the terminal's verdict table and the page's configs
-    card both show them: ``baseline`` its gate's word (else written, none) and the accuracy
-    before and now, ``stopped`` only with --gsm8k-early-stop."""
+def config_rows(configs: Sequence[Mapping[str, Any]], protocol: bool = True) -> list[list[str]]:
+    """A header and a row per config for the terminal's verdict table and the page's configs
+    card (``protocol``: its column, the page's): ``baseline`` its gate's word (else written,
+    none) and the accuracy before and now, ``stopped`` only with --gsm8k-early-stop."""
     early = any("early_stop" in c for c in configs)
-    head = ["config", "model", "protocol", "n", "accuracy, 95% interval", "floor", "baseline"]
-    rows = [[*head, *["stopped"] * early, "verdict"]]
+    head = ["config", "model", *["protocol"] * protocol, "n", "accuracy, 95% interval", "floor"]
+    rows = [[*head, "baseline", *["stopped"] * early, "verdict"]]
     for c in configs:
         gates, base, gate = c.get("gates") or [], c.get("baseline") or {}, baseline_gate(c)
         # the floor gate by its name: decided by an early stop, its rule is "early-stop"
@@ -235,8 +235,8 @@ def config_rows(configs: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         (low, high), accuracy = c.get("ci95") or (0.0, 0.0), c.get("accuracy")
         shown = "no answers" if accuracy is None else f"{accuracy:.4f} [{low:.4f}-{high:.4f}]"
         name = str((c.get("config") or {}).get("name", ""))
-        protocol = str(c["protocol"].get("label", "")).removeprefix(f"{name}: ")
-        row = [name, str(c.get("model")), protocol, str(c["n"]), shown]
+        label = str(c["protocol"].get("label", "")).removeprefix(f"{name}: ")
+        row = [name, str(c.get("model")), *[label] * protocol, str(c["n"]), shown]
         row += ["-" if floor is None else f"{floor:.4f}", said]
         stop: Mapping[str, int] = c.get("early_stop") or {}
         after, of = stop.get("decided_after"), stop.get("n_total", 0)
