@@ -49,11 +49,11 @@ def _questions(report: Mapping[str, Any]) -> dict[str, str]:
     from pytest_gsm8k.runtime.data import EMBEDDED, EMBEDDED_NAME, load_split
 
     dataset = report["dataset"]
-    key = (str(dataset.get("config")), str(dataset.get("split")))  # a forged one: no key
+    key = (dataset.get("config"), dataset.get("split"))  # strings, or missing (load_report)
     if dataset.get("name") != EMBEDDED_NAME or key not in EMBEDDED:
         return {}
     try:
-        split = load_split(None, split=str(key[1]), config=str(key[0]))
+        split = load_split(None, split=key[1], config=key[0])
     except (DatasetError, OSError):
         return {}
     same = split.fingerprint == dataset.get("fingerprint")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_gsm8k.core import jsontext
-from pytest_gsm8k.core.baseline import entry, first_difference
+from pytest_gsm8k.core.baseline import SAME_SPLIT, entry, first_difference
 from pytest_gsm8k.core.calibrated import MAX_REPEATS
 from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
@@ -94,6 +94,9 @@ def _check_run(run: Any, where: str, at: str) -> None:
     for key in ("protocol", "dataset"):
         _need(isinstance(run.get(key), dict), where, at + key, "missing or not an object")
     _need(isinstance(run.get("model", ""), str), where, at + "model", "not a string")
+    for key in SAME_SPLIT:  # what the pairing compares: strings (report.schema.json)
+        value = run["dataset"].get(key, "")
+        _need(isinstance(value, str), where, f"{at}dataset.{key}", "not a string")
 
 
 def _check_problem(record: Any, where: str, at: str, seen: set[str]) -> None:

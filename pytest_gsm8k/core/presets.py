@@ -153,22 +153,18 @@ def lm_eval_request(
     api: Api = "completions",
     *,
     system: str | None = None,
-    multiturn: bool = True,
 ) -> Request:
     """lm-eval's request for ``problem``; in chat each example is a user and an assistant turn
-    (``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on; off: ``multiturn`` False)."""
+    (``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on)."""
     common: dict[str, Any] = {"temperature": LM_EVAL.temperature, "seed": LM_EVAL.seed}
     common.update(problem_id=problem.id, stop=LM_EVAL.stop, max_tokens=LM_EVAL.max_tokens)
     index, question = problem.index, problem.question
     if api == "completions":
         return Request(api=api, prompt=lm_eval_prompt(index, question, train, system), **common)
     messages = [("system", system)] if system else []
-    if not multiturn:
-        messages.append(("user", lm_eval_prompt(index, question, train)))
-    else:
-        for q, a in _examples(index, train):
-            messages += [("user", f"Question: {q}\nAnswer:"), ("assistant", a)]
-        messages.append(("user", f"Question: {question}\nAnswer:"))
+    for q, a in _examples(index, train):
+        messages += [("user", f"Question: {q}\nAnswer:"), ("assistant", a)]
+    messages.append(("user", f"Question: {question}\nAnswer:"))
     return Request(api="chat", messages=tuple(messages), **common)
 
 

@@ -38,7 +38,6 @@ class Option:
     help: str
     default: Any = None
     metavar: str | None = None
-    default_text: str = ""  # a default decided at run time, in words (README's table)
     field: str = ""
     bounds: tuple[tuple[str, float], ...] = ()  # (("ge", 0), ("le", 1)): the range, in order
     unit: str = ""  # said after the range: "<= 1e+06 seconds"
@@ -130,7 +129,6 @@ _RATE: dict[str, Any] = {"metavar": "RATE", "ge": 0, "le": 1}
 #: a wait in seconds: 1e6 (11 days) is the longest that means anything; longer overflows a socket's
 WAIT = {"gt": 0.0, "le": 1e6}
 _SECONDS: dict[str, Any] = {"metavar": "S", "unit": " seconds", **WAIT}
-_EMBEDDED = "the embedded copy"
 
 
 @dataclass(frozen=True)
@@ -140,11 +138,10 @@ class Settings:
 
     # fmt: off
     model: str | None = opt("model id to evaluate ('local': a GGUF on llama.cpp)", metavar="ID")
-    base_url: str | None = opt(
-        "OpenAI-compatible base URL", metavar="URL", default_text="`$OPENAI_BASE_URL`, else OpenAI")
+    base_url: str | None = opt("OpenAI-compatible base URL", metavar="URL")
     api_key_env: str = opt("variable holding the API key", "OPENAI_API_KEY", metavar="VAR")
-    data: str | None = opt("local GSM8K file or folder", **_PATH, default_text=_EMBEDDED)
-    dataset: str | None = opt("Hugging Face dataset", metavar="NAME", default_text=_EMBEDDED)
+    data: str | None = opt("local GSM8K file or folder", **_PATH)
+    dataset: str | None = opt("Hugging Face dataset", metavar="NAME")
     dataset_config: str = opt("dataset config: main or socratic", "main")
     vllm_config: str | None = opt(  # --gsm8k-config (the field keeps its older name)
         "vLLM's GSM8K CI configs: a YAML, a folder or a models-*.txt", **_PATH, name="config")
@@ -156,16 +153,13 @@ class Settings:
     max_truncated: float | None = opt("fail above this share of answers cut short", **_RATE)
     max_error: float | None = opt("fail above this share of problems with no answer", **_RATE)
     protocol: str = opt("test@1, pass@N or maj@N", "test@1")
-    temperature: float | None = opt(
-        "sampling temperature", default_text="0, or 0.7 when sampling", ge=0, le=2, omit=True)
+    temperature: float | None = opt("sampling temperature", ge=0, le=2, omit=True)
     shots: int = opt("few-shot exemplars drawn from train", 0, metavar="K", ge=0)
     fewshot_file: str | None = opt("JSONL of your own exemplars", metavar="PATH")
     system: str | None = opt("system prompt (chat API)", metavar="TEXT")
     api: Literal["chat", "completions"] = opt(
         "chat or completions", "chat", choices=("chat", "completions"))
-    stop: tuple[str, ...] = opt(
-        "stop sequence (repeatable)", (), metavar="TEXT",
-        default_text="completions: `Question:`, `</s>`, `<|im_end|>`, blank line")
+    stop: tuple[str, ...] = opt("stop sequence (repeatable)", (), metavar="TEXT")
     max_tokens: int | None = opt("max new tokens per sample", 1024, omit=True, **_COUNT)
     extract: str = opt("extractor that decides correctness", "strict", choices=EXTRACTORS)
     answer_regex: str | None = opt("the strict pattern; group 1 is the number", metavar="REGEX")
@@ -179,21 +173,14 @@ class Settings:
     params: tuple[tuple[str, str], ...] = opt(  # (key, canonical JSON), in the order given
         "KEY=VALUE merged into every request body (repeatable)", (), metavar="KEY=VALUE",
         name="param")
-    cache_dir: str | None = opt(
-        "response cache folder", **_PATH, default_text="`.pytest_cache/d/gsm8k`")
+    cache_dir: str | None = opt("response cache folder", **_PATH)
     no_cache: bool = opt("do not read or write the response cache", False)
     resume: bool = opt("reuse the answers earlier runs left in the response cache", False)
     stall_timeout: float = opt("stop when no answer came for this long", 60.0, **_SECONDS)
-    local_threads: int | None = opt(
-        "--gsm8k-model=local: llama.cpp threads", default_text="the CPUs available", **_COUNT)
-    local_ctx: int | None = opt(
-        "--gsm8k-model=local: context size",
-        default_text="2048, more if `--gsm8k-max-tokens` needs it", **_COUNT)
-    baseline: str | None = opt(
-        "baseline file (written with --snapshot-update)", **_PATH,
-        default_text="`__snapshots__/gsm8k/<name>.gsm8k`")
-    baseline_name: str | None = opt(
-        "baseline name", metavar="NAME", default_text="from the protocol")
+    local_threads: int | None = opt("--gsm8k-model=local: llama.cpp threads", **_COUNT)
+    local_ctx: int | None = opt("--gsm8k-model=local: context size", **_COUNT)
+    baseline: str | None = opt("baseline file (written with --snapshot-update)", **_PATH)
+    baseline_name: str | None = opt("baseline name", metavar="NAME")
     max_drop: float = opt("drop allowed beyond the noise-aware test", 0.0, metavar="D", ge=0, le=1)
     #: 0.01: an unchanged build fails at most 1 run in 100 (the exact test is conservative)
     alpha: float = opt(
@@ -208,8 +195,7 @@ class Settings:
         choices=("certain", "sequential"))
     early_stop_alpha: float = opt(
         "the sequential early stop's error rate", 0.05, metavar="A", gt=0, lt=1)
-    progress: bool | None = opt(  # None: on a terminal only
-        "show a progress line instead of dots", default_text="on when the output is a terminal")
+    progress: bool | None = opt("show a progress line instead of dots")  # None: on a terminal
     repeats: int = opt("ask every problem K times (test@1)", 1, metavar="K", ge=1, le=100)
     shard: str | None = opt("run shard I of N (a CI matrix job)", metavar="I/N")
     # fmt: on

@@ -193,7 +193,7 @@ class ResponseCache:
         payload = to_json({**data, "response": response}, separators=(",", ":")).encode()
         # a FIFO, device or folder at the path is never renamed over; its read warned, once
         with contextlib.suppress(FileExistsError, IsADirectoryError):
-            write_atomic(path, payload, mkdir=False)
+            write_atomic(path, payload)
 
     # -- the reader and the writer thread: daemons, so a hung file system holds only them --
 

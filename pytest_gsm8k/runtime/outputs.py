@@ -120,6 +120,8 @@ def prepare(
             os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
         except OSError as exc:
             raise OutputError(f"{what}: cannot append to {target}: {reason(exc)}") from None
+    elif append and not os.path.isdir(os.path.dirname(target)):  # appended to: never made
+        raise OutputError(f"{what}: the folder of {given} does not exist; create it first")
     else:
         _probe_folder(target, what)
     return Output(target, append=append)
@@ -178,14 +180,13 @@ def _probe_folder(target: str, what: str) -> None:
         raise OutputError(f"{what}: cannot write in {folder}: {reason(exc)}") from None
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mkdir: bool = True) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     """Write ``data`` to ``path`` through a temporary file beside it (named by pid, thread and
-    at most 128 bytes of the target's name) and a rename. Only a regular file, a symlink or
-    nothing is replaced: a folder, FIFO or device is an OSError."""
+    at most 128 bytes of the target's name; its folders made) and a rename. Only a regular
+    file, a symlink or nothing is replaced: a folder, FIFO or device is an OSError."""
     target = os.fspath(path)
     folder = os.path.dirname(target) or "."
-    if mkdir:
-        os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         mode = os.lstat(target).st_mode
         if stat.S_ISDIR(mode):

@@ -233,18 +233,31 @@ def test_a_missing_report_folder_is_made(
     assert report(pytester, "a/b/r.json")["n"] == 5
 
 
-def test_step_summary_that_is_a_folder_is_refused_before_any_request(
+@XDIST
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("summary", "is a folder"), ("gone/summary.md", "does not exist")],
+    ids=["folder", "in-a-missing-folder"],
+)
+def test_step_summary_that_cannot_be_appended_to_is_refused_before_any_request(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_run: GsmRun,
     monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    why: str,
 ) -> None:
+    """The step summary is appended to, its folder never made: a path the end could not
+    write is one line before any request (the controller writes it under -n 2)."""
     (pytester.path / "summary").mkdir()
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary"))
+    step = pytester.path / name
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     result, _ = gsm8k_run("--gsm8k-limit=5", ret=USAGE_ERROR, report=None)
     text = output(result)
     no_crash(text)
-    assert "is a folder" in one_line(text, "gsm8k: $GITHUB_STEP_SUMMARY:")
+    line = one_line(text, "gsm8k: $GITHUB_STEP_SUMMARY:")
+    assert why in line
+    assert str(step) in line
     assert sent(server) == 0
 
 
@@ -377,6 +390,7 @@ def test_step_summary_unwritable_at_the_end_is_one_line_and_the_report_is_writte
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     step = pytester.path / "step" / "summary.md"
+    step.parent.mkdir()  # the runner makes the file's folder
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     spoil(pytester, step)
     result, _ = gsm8k_run("--gsm8k-limit=5", "--gsm8k-report=r.json", ret=1, report=None)

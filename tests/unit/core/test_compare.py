@@ -374,6 +374,11 @@ def _text(**fields: Any) -> str:
             _text(problems=[{"id": ["t"], "outcome": "wrong", "correct": False}]),
             "(problems[0].id: ['t'] is not a string",
         ),
+        (_text(dataset=DATASET | {"config": ["main"]}), "(dataset.config: not a string)"),
+        (
+            _text(configs=[{"protocol": {}, "dataset": {"split": 7}, "config": {"name": "c"}}]),
+            "(configs[0].dataset.split: not a string)",
+        ),
         (_text(configs={}), "(configs: not a list)"),
         (_text(configs=[{"protocol": {}, "dataset": {}}]), "(configs[0].config.name: None is"),
         (_text(configs=[{"protocol": {}}]), "(configs[0].dataset: missing or not an object)"),
