@@ -120,7 +120,7 @@ def prepare(
             os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
         except OSError as exc:
             raise OutputError(f"{what}: cannot append to {target}: {reason(exc)}") from None
-    elif append and not os.path.isdir(os.path.dirname(target)):  # appended to: never made
+    elif append and not os.path.lexists(os.path.dirname(target)):  # appended to: never made
         raise OutputError(f"{what}: the folder of {given} does not exist; create it first")
     else:
         _probe_folder(target, what)

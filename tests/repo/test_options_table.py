@@ -5,9 +5,8 @@ name and default are the definition's; a row for an option that does not exist f
 
 The default column follows one rule, so a test can check it:
 
-* a default decided at run time (``Option.default`` is None) is said in words, never as a
-  number in backquotes, which only a fixed default shows (empty when there is none: the
-  option is off unless given);
+* a default decided at run time (``Option.default`` is None) is its words in ``RUN_TIME``,
+  word for word (empty when there is none: the option is off unless given);
 * any other default is the value in backquotes (a float without a trailing ``.0``), with
   `` (`X` with `--gsm8k-model=local`)`` added where the local preset changes it
   (``LOCAL_DEFAULTS``); a bool default of False is an empty cell (a flag).
@@ -27,8 +26,20 @@ README = REPO / "README.md"
 
 #: a row of the table: a cell with the flag, then the ini name, the default, the description
 _ROW = re.compile(r"^\|\s*`(--[^`]+)`\s*\|")
-#: a default cell that shows a fixed number (`32`, `0.01 (...)`)
-_NUMBER = re.compile(r"^`[\d.]+`")
+#: the words of each default decided at run time (``Option.default`` None), by flag
+RUN_TIME = {
+    "--gsm8k-base-url": "`$OPENAI_BASE_URL`, else OpenAI",
+    "--gsm8k-data": "the embedded copy",
+    "--gsm8k-dataset": "the embedded copy",
+    "--gsm8k-temperature": "0, or 0.7 when sampling",
+    "--gsm8k-stop": "completions: `Question:`, `</s>`, `<|im_end|>`, blank line",
+    "--gsm8k-cache-dir": "`.pytest_cache/d/gsm8k`",
+    "--gsm8k-local-threads": "the CPUs available",
+    "--gsm8k-local-ctx": "2048, more if `--gsm8k-max-tokens` needs it",
+    "--gsm8k-baseline": "`__snapshots__/gsm8k/<name>.gsm8k`",
+    "--gsm8k-baseline-name": "from the protocol",
+    "--gsm8k-progress": "on when the output is a terminal",
+}
 
 
 @dataclass(frozen=True)
@@ -44,11 +55,10 @@ def _value(value: object) -> str:
     return str(value)
 
 
-def expected_default(option: Option) -> str | None:
-    """What the table's default column says for ``option``, by the rule above; None for a
-    default decided at run time (words)."""
+def expected_default(option: Option) -> str:
+    """What the table's default column says for ``option``, by the rule above."""
     if option.default is None:
-        return None
+        return RUN_TIME.get(option.flag, "")
     if option.default is False:
         return ""
     text = f"`{_value(option.default)}`"
@@ -88,10 +98,7 @@ def problems(rows: list[Row], options: tuple[Option, ...] = OPTIONS) -> list[str
             continue
         if row.ini != option.dest:
             found.append(f"{row.flag}: ini {row.ini!r}, the option's twin is {option.dest!r}")
-        expected = expected_default(option)
-        if expected is None and _NUMBER.match(row.default):
-            found.append(f"{row.flag}: default {row.default!r}, but it is decided at run time")
-        elif expected is not None and row.default != expected:
+        if row.default != (expected := expected_default(option)):
             found.append(f"{row.flag}: default {row.default!r}, expected {expected!r}")
     found += [f"{flag}: {n} rows" for flag, n in seen.items() if n > 1]
     found += [f"{o.flag}: no row" for o in options if o.flag not in seen]
@@ -102,6 +109,8 @@ def test_the_readme_table_is_the_options_definition() -> None:
     rows = options_table(README.read_text())
     assert problems(rows) == []
     assert len(rows) == len(OPTIONS)
+    # words stand only for a default decided at run time, never for a real one
+    assert set(RUN_TIME) <= {o.flag for o in OPTIONS if o.default is None}
 
 
 def _mutated(text: str, flag: str, edit: str) -> str:
@@ -115,9 +124,10 @@ def _mutated(text: str, flag: str, edit: str) -> str:
         lines.insert(i, lines[i].replace(flag, "--gsm8k-no-such-option", 1))
     elif edit == "ini":
         lines[i] = lines[i].replace("` | `gsm8k_", "` | `gsm8k_x_", 1)
-    elif edit == "default":
+    elif edit.startswith("default"):  # "default" writes `7`, "default:TEXT" writes TEXT
         cells = _cells(lines[i])
-        lines[i] = "| " + " | ".join([*cells[:2], "`7`", *cells[3:]]) + " |"
+        cell = edit.partition(":")[2] if ":" in edit else "`7`"
+        lines[i] = "| " + " | ".join([*cells[:2], cell, *cells[3:]]) + " |"
     return "\n".join(lines)
 
 
@@ -129,8 +139,12 @@ def _mutated(text: str, flag: str, edit: str) -> str:
         ("--gsm8k-html", "unknown", "--gsm8k-no-such-option: a row for an option that does not"),
         ("--gsm8k-split", "ini", "--gsm8k-split: ini 'gsm8k_x_split'"),
         ("--gsm8k-shots", "default", "--gsm8k-shots: default '`7`', expected '`0` (`5` with"),
-        ("--gsm8k-data", "default", "--gsm8k-data: default '`7`', but it is decided at run"),
+        ("--gsm8k-data", "default", "--gsm8k-data: default '`7`', expected 'the embedded copy'"),
         ("--gsm8k-no-cache", "default", "--gsm8k-no-cache: default '`7`', expected ''"),
+        # an option off unless given said to be on; a run-time default's words lost or changed
+        ("--gsm8k-early-stop", "default:`certain`", "--gsm8k-early-stop: default '`certain`'"),
+        ("--gsm8k-data", "default:", "--gsm8k-data: default '', expected 'the embedded copy'"),
+        ("--gsm8k-temperature", "default:0.7", "--gsm8k-temperature: default '0.7', expected"),
     ],
 )
 def test_a_table_that_drifts_is_named(flag: str, edit: str, message: str) -> None:

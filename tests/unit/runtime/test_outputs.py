@@ -96,3 +96,18 @@ def test_a_closed_descriptor_is_refused(tmp_path: Path) -> None:
     os.close(fd)
     with pytest.raises(outputs.OutputError, match=f"^--gsm8k-report: /proc/self/fd/{fd} "):
         outputs.prepare(f"/proc/self/fd/{fd}", "--gsm8k-report")
+
+
+def test_a_step_summary_whose_folder_is_a_file_says_so(tmp_path: Path) -> None:
+    """The step summary's folder is never made: a missing one is "create it first", but a file
+    in its place is named as not a folder (mkdir would say it exists)."""
+    from pytest_gsm8k.runtime import outputs
+
+    (tmp_path / "file").write_text("")
+    what = "$GITHUB_STEP_SUMMARY"
+    with pytest.raises(
+        outputs.OutputError, match=r"^\$GITHUB_STEP_SUMMARY: .*/file is not a folder$"
+    ):
+        outputs.prepare(tmp_path / "file" / "summary.md", what, append=True)
+    with pytest.raises(outputs.OutputError, match=r"gone/summary\.md does not exist; create it"):
+        outputs.prepare(tmp_path / "gone" / "summary.md", what, append=True)
