@@ -240,16 +240,26 @@ class AnswerServer:
 
 
 class Channel:
-    """Worker side, without answers (a worker that calls a model of its own): it offers the
-    worker's plan and hears the controller's stop. ``wait`` bounds each wait for the
-    controller, ending only a wait that the controller engine's own bounds do not. Any failure
-    breaks it for good: the next read could start inside a late reply, and a worker must never
-    score one problem with another's answer."""
+    """Worker side: it offers the worker's plan, hears the controller's stop and, with
+    ``fetch``, brings the controller's answers one test at a time (the controller prefetches
+    the plan; ``endpoint`` and ``model`` name whom they come from). Without ``fetch``: a worker
+    that calls a model of its own. ``wait`` bounds each wait for the controller, ending only a
+    wait that the controller engine's own bounds do not. Any failure breaks it for good: the
+    next read could start inside a late reply, and a worker must never score one problem with
+    another's answer."""
 
-    fetch = False  # whether the controller's engine prefetches the plans offered here
-
-    def __init__(self, address: tuple[str, int], token: str, *, wait: float = 60.0) -> None:
-        self.wait = min(wait, MAX_WAIT)
+    def __init__(
+        self,
+        address: tuple[str, int],
+        token: str,
+        *,
+        wait: float = 60.0,
+        fetch: bool = False,
+        endpoint: str = "",
+        model: str = "",
+    ) -> None:
+        self.wait, self.fetch = min(wait, MAX_WAIT), fetch
+        self.endpoint, self.model = endpoint, model
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buffer = bytearray()  # what arrived of the frames not read yet
@@ -317,18 +327,6 @@ class Channel:
         except (OSError, ValueError) as exc:
             self._broken = self._broken or f"the xdist controller's channel failed ({exc})"
         raise ConnectionError(self._broken)
-
-
-class RemoteAnswers(Channel):
-    """Worker side: the controller's answers, one test at a time (it prefetches the plan)."""
-
-    fetch = True
-
-    def __init__(
-        self, address: tuple[str, int], token: str, *, endpoint: str, model: str, wait: float
-    ) -> None:
-        super().__init__(address, token, wait=wait)
-        self.endpoint, self.model = endpoint, model
 
     def result(self, request: Request) -> ModelResponse:
         """The controller's answer for ``request`` (an EndpointError if it failed; NotRun after
