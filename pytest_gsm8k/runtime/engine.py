@@ -35,7 +35,6 @@ from pytest_gsm8k.runtime.failures import (
     NotRun,
     Said,
     describe_error,
-    refused_first,
 )
 
 PLANNED, RUNNING, PARKED, DONE = "planned", "running", "parked", "done"
@@ -340,11 +339,11 @@ class Engine:
         except Exception as exc:  # classified here, never lost
             self.cache.submit(writes)
             try:
-                message, fatal = describe_error(exc)
-                status = getattr(exc, "status_code", None)
+                message, fatal, refused = describe_error(exc)
             except Exception as odd:  # a user's exception that cannot be said: never a hang
-                message, fatal, status = f"{type(exc).__name__} ({type(odd).__name__})", False, None
-            self._failed(job, self._say(message), fatal, status)
+                said = f"{type(exc).__name__} ({type(odd).__name__})"
+                message, fatal, refused = said, False, False
+            self._failed(job, self._say(message), fatal, refused)
             return
         if response is not None:  # else parked: an earlier run's answer, an answer all the same
             job.state = DONE
@@ -353,13 +352,13 @@ class Engine:
         self.succeeded += 1
         self._recent.append(None)
 
-    def _failed(self, job: Job, message: str, fatal: bool, status: object) -> None:
+    def _failed(self, job: Job, message: str, fatal: bool, refused: bool) -> None:
         """A request failed for good: the job's error, and what it says of the endpoint. A
         guess is judged as it happened (its place in a run of failures), but a refusal of a
-        guess waits for a plan or an ask (:meth:`_plan`)."""
+        guess before any answer waits for a plan or an ask (:meth:`_plan`)."""
         if fatal:
             self._abort(message)
-        elif not refused_first(status, self.succeeded):
+        elif not refused or self.succeeded:
             self._finish(job, EndpointError(message))
             self._recent.append(message)  # STORM finished requests in a row failed this way
             if self._recent.count(message) == STORM:

@@ -186,7 +186,7 @@ def test_a_reply_without_an_answer_is_said_in_full(data: object, said: str) -> N
 
     with pytest.raises(Exception, match=r"^the endpoint's reply ") as info:
         parse_reply(data, chat=True, breaker=Breaker())
-    assert describe_error(info.value) == (f"the endpoint's reply {said}", False)
+    assert describe_error(info.value) == (f"the endpoint's reply {said}", False, False)
 
 
 @pytest.mark.parametrize("port", ["8080", "99999"])
