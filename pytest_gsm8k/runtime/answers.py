@@ -84,11 +84,9 @@ class AnswerServer:
         engine: Engine | Matrix,
         requests: Callable[[str], Request | None],
         *,
-        max_frame: int = MAX_FRAME,
         repeats: int = 1,
     ) -> None:
-        self.engine, self.requests, self.max_frame = engine, requests, max_frame
-        self.repeats = repeats
+        self.engine, self.requests, self.repeats = engine, requests, repeats
         self.token = secrets.token_hex(16)
         self.address: tuple[str, int] = ("127.0.0.1", 0)
         self._server: asyncio.Server | None = None
@@ -193,7 +191,7 @@ class AnswerServer:
             if self._stop is not None:
                 _write(writer, frame({"stop": self._stop}))
             while True:
-                message = await read(self.max_frame)
+                message = await read(MAX_FRAME)
                 if "plan" in message:
                     ids = [str(pid) for pid in message["plan"]]
                     with self._lock:
@@ -230,11 +228,11 @@ class AnswerServer:
                 data = frame({**head, "error": str(exc), "aborted": aborted, "said": said})
             except NotRun as exc:
                 data = frame({**head, "not_run": str(exc)})
-            if (size := len(data) - HEADER.size) <= self.max_frame:
+            if (size := len(data) - HEADER.size) <= MAX_FRAME:
                 return data
             error = (
                 f"the answer is {size:,} bytes as JSON, more than the xdist answer channel "
-                f"carries ({self.max_frame:,})"
+                f"carries ({MAX_FRAME:,})"
             )
         return frame({**head, "error": error, "aborted": False})
 

@@ -78,12 +78,11 @@ class Engine:
         stall_timeout: float | None = None,
         identity: Description | None = None,
         named: str | None = None,
-        read_timeout: float = READ_SECONDS,
     ) -> None:
         self.client, self.endpoint, self.model = client, client.endpoint, client.model
         self.cache, self.scrub = cache, scrub or Scrubber()
         self.identity: Description | None = self.scrub.obj(identity)
-        self.named, self.read_timeout, self.stall_timeout = named, read_timeout, stall_timeout
+        self.named, self.stall_timeout = named, stall_timeout
         #: the base URL, or a name that outlives it (a server the run starts: its command)
         self.cache_endpoint = str(getattr(client, "cache_endpoint", None) or client.endpoint)
         self.concurrency, self.lookahead = max(1, concurrency), lookahead
@@ -409,12 +408,12 @@ class Engine:
 
     async def _lookup(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The cached answer to ``body`` if it may be used here (read within
-        :attr:`read_timeout`); None, and counted, when its server described itself otherwise."""
+        :data:`READ_SECONDS`); None, and counted, when its server described itself otherwise."""
         future = self.cache.read(key, body)
         try:
-            hit = await asyncio.wait_for(asyncio.wrap_future(future), self.read_timeout)
+            hit = await asyncio.wait_for(asyncio.wrap_future(future), READ_SECONDS)
         except asyncio.TimeoutError:
-            self.cache.stop_reading(self.read_timeout)
+            self.cache.stop_reading(READ_SECONDS)
             return None
         if hit is None:
             return None

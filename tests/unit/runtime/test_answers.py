@@ -19,6 +19,7 @@ import pytest
 from helpers import wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.runtime import answers
 from pytest_gsm8k.runtime.answers import AnswerServer, Channel
 from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.engine import Engine
@@ -163,7 +164,7 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
 
 
 def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_its_own(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The controller never sends a frame longer than it may: such an answer becomes that
     item's error, and the channel stays in step for the next problem."""
@@ -180,7 +181,8 @@ def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_i
 
     known = {f"p{i}": Request(problem_id=f"p{i}", api="chat") for i in range(3)}
     engine = Engine(Sized(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=2)
-    server = AnswerServer(engine, known.get, max_frame=2000)
+    monkeypatch.setattr(answers, "MAX_FRAME", 2000)
+    server = AnswerServer(engine, known.get)
     remote = Channel(server.start(), server.token, fetch=True, wait=1e300)
     try:
         remote.offer(list(known))
