@@ -476,8 +476,8 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
     """A chat or text completion reply (decoded JSON) as a ModelResponse (:class:`Said`: it is
     none; a retry gets the same); token counts that are not counts are left out, said once."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-        shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
-        raise Said(f"the endpoint's reply has no choices: {shown}")
+        shown = str(data).strip() or "''"  # a body of whitespace only is an empty one
+        raise Said(f"the endpoint's reply has no choices: {shown.splitlines()[0][:200]}")
     choices = [c for c in data["choices"] if isinstance(c, dict)]
     if not choices:
         raise Said("the endpoint's reply has no choices (an empty list)")
