@@ -144,23 +144,6 @@ def encoding_of(values: list[str]) -> str:
     return codings[0] if codings else ""
 
 
-class Counter:
-    """Adds up decoded bytes; Refused once they pass ``limit``."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.total = 0
-
-    def add(self, piece: bytes) -> bytes:
-        self.total += len(piece)
-        if self.total > self.limit:
-            raise Refused(
-                f"the endpoint's reply is over {mib(self.limit)} decoded, the most one "
-                "problem's answer may take; refused, the rest unread"
-            )
-        return piece
-
-
 @functools.cache
 def refused_reply() -> type[Exception]:
     """A reply read no further (:class:`Refused`) as the openai client raises it: an
@@ -195,12 +178,23 @@ def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[s
 
 async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The raw ``chunks`` decoded within :data:`MAX_REPLY_BYTES` (see :class:`Decoder`)."""
-    counter = Counter(MAX_REPLY_BYTES)
+    total = 0
+
+    def counted(piece: bytes) -> bytes:
+        nonlocal total
+        total += len(piece)
+        if total > MAX_REPLY_BYTES:
+            raise Refused(
+                f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} decoded, the most one "
+                "problem's answer may take; refused, the rest unread"
+            )
+        return piece
+
     async for raw in chunks:
         for piece in decoder.feed(raw):
-            yield counter.add(piece)
+            yield counted(piece)
     if tail := decoder.finish():
-        yield counter.add(tail)
+        yield counted(tail)
 
 
 def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
