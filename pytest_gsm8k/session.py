@@ -29,7 +29,7 @@ from pytest_gsm8k.core.settings import Settings, is_local_spec
 from pytest_gsm8k.core.tally import Tally
 from pytest_gsm8k.core.types import ModelResponse, Problem
 from pytest_gsm8k.runtime import outputs, planning
-from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
+from pytest_gsm8k.runtime.answers import AnswerServer, Channel
 from pytest_gsm8k.runtime.client import CallableClient, OpenAIClient
 from pytest_gsm8k.runtime.outputs import Output
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the fetching process's (an xdist worker only follows the ch
     from pytest_gsm8k.runtime.matrix import Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess, Started
 
-    AnswerSource = Engine | RemoteAnswers | Matrix
+    AnswerSource = Engine | Channel | Matrix
 
 #: descriptors kept free of the concurrency's sockets: pytest's own files, the cache's
 #: writes, the imports, the report and the page at the end (plus a few per xdist worker)
@@ -191,7 +191,7 @@ class Sources:
         self._caches: dict[bool, ResponseCache] = {}
         self._client: OpenAIClient | None = None
         self.channel: Channel | None = None  # xdist worker: to the controller
-        self.remote: RemoteAnswers | None = None  # the channel, when it brings answers
+        self.remote: Channel | None = None  # the channel, when it brings answers
         self.answer_server: AnswerServer | None = None  # xdist controller
         #: the model server this run started (--gsm8k-serve, --gsm8k-model=local), its report
         self.server: ServedProcess | None = None
@@ -399,10 +399,10 @@ class Sources:
             if overridden:
                 self.channel = Channel(where, token)
             else:
-                client = self.default_client()
+                own = self.default_client()
                 wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
-                self.channel = self.remote = RemoteAnswers(
-                    where, token, endpoint=client.endpoint, model=client.model, wait=wait
+                self.channel = self.remote = Channel(
+                    where, token, wait=wait, fetch=True, endpoint=own.endpoint, model=own.model
                 )
             self.channel.offer([p.id for p in self._session.run.collected or ()])
         except OSError as exc:

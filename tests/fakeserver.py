@@ -113,10 +113,12 @@ BEHAVIOURS = frozenset(
         "error500",
         "hang",
         # 200 replies with no usable answer: an empty ``choices`` list, a null
-        # ``content`` (chat) / ``text`` (completions) without reasoning, a body that is not JSON
+        # ``content`` (chat) / ``text`` (completions) without reasoning, a body that is not JSON,
+        # a text/plain body of whitespace only (a proxy's empty page)
         "nochoices",
         "nullcontent",
         "badjson",
+        "blank",
         # hostile sizes and text: a lone UTF-16 surrogate (``\ud83d``, legal in JSON, not
         # encodable as UTF-8) in the answer; ``Script.huge_chars`` spaces before the answer;
         # the same behind gzip (``Script.bomb_chars`` spaces: a few hundred KB on the wire)
@@ -1162,6 +1164,8 @@ class FakeOpenAIServer:
             with self._lock:
                 self._completed += 1
             return _Response(200, b'{"id": "cmpl-broken", "choices": [{"index": 0, "mess')
+        if behaviour == "blank":
+            return _Response(200, b" \r\n ", content_type="text/plain")
 
         # ---- generate choices
         stop = req.get("stop")

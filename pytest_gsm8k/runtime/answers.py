@@ -84,11 +84,9 @@ class AnswerServer:
         engine: Engine | Matrix,
         requests: Callable[[str], Request | None],
         *,
-        max_frame: int = MAX_FRAME,
         repeats: int = 1,
     ) -> None:
-        self.engine, self.requests, self.max_frame = engine, requests, max_frame
-        self.repeats = repeats
+        self.engine, self.requests, self.repeats = engine, requests, repeats
         self.token = secrets.token_hex(16)
         self.address: tuple[str, int] = ("127.0.0.1", 0)
         self._server: asyncio.Server | None = None
@@ -193,7 +191,7 @@ class AnswerServer:
             if self._stop is not None:
                 _write(writer, frame({"stop": self._stop}))
             while True:
-                message = await read(self.max_frame)
+                message = await read(MAX_FRAME)
                 if "plan" in message:
                     ids = [str(pid) for pid in message["plan"]]
                     with self._lock:
@@ -230,26 +228,36 @@ class AnswerServer:
                 data = frame({**head, "error": str(exc), "aborted": aborted, "said": said})
             except NotRun as exc:
                 data = frame({**head, "not_run": str(exc)})
-            if (size := len(data) - HEADER.size) <= self.max_frame:
+            if (size := len(data) - HEADER.size) <= MAX_FRAME:
                 return data
             error = (
                 f"the answer is {size:,} bytes as JSON, more than the xdist answer channel "
-                f"carries ({self.max_frame:,})"
+                f"carries ({MAX_FRAME:,})"
             )
         return frame({**head, "error": error, "aborted": False})
 
 
 class Channel:
-    """Worker side, without answers (a worker that calls a model of its own): it offers the
-    worker's plan and hears the controller's stop. ``wait`` bounds each wait for the
-    controller, ending only a wait that the controller engine's own bounds do not. Any failure
-    breaks it for good: the next read could start inside a late reply, and a worker must never
-    score one problem with another's answer."""
+    """Worker side: it offers the worker's plan, hears the controller's stop and, with
+    ``fetch``, brings the controller's answers one test at a time (the controller prefetches
+    the plan; ``endpoint`` and ``model`` name whom they come from). Without ``fetch``: a worker
+    that calls a model of its own. ``wait`` bounds each wait for the controller, ending only a
+    wait that the controller engine's own bounds do not. Any failure breaks it for good: the
+    next read could start inside a late reply, and a worker must never score one problem with
+    another's answer."""
 
-    fetch = False  # whether the controller's engine prefetches the plans offered here
-
-    def __init__(self, address: tuple[str, int], token: str, *, wait: float = 60.0) -> None:
-        self.wait = min(wait, MAX_WAIT)
+    def __init__(
+        self,
+        address: tuple[str, int],
+        token: str,
+        *,
+        wait: float = 60.0,
+        fetch: bool = False,
+        endpoint: str = "",
+        model: str = "",
+    ) -> None:
+        self.wait, self.fetch = min(wait, MAX_WAIT), fetch
+        self.endpoint, self.model = endpoint, model
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buffer = bytearray()  # what arrived of the frames not read yet
@@ -317,18 +325,6 @@ class Channel:
         except (OSError, ValueError) as exc:
             self._broken = self._broken or f"the xdist controller's channel failed ({exc})"
         raise ConnectionError(self._broken)
-
-
-class RemoteAnswers(Channel):
-    """Worker side: the controller's answers, one test at a time (it prefetches the plan)."""
-
-    fetch = True
-
-    def __init__(
-        self, address: tuple[str, int], token: str, *, endpoint: str, model: str, wait: float
-    ) -> None:
-        super().__init__(address, token, wait=wait)
-        self.endpoint, self.model = endpoint, model
 
     def result(self, request: Request) -> ModelResponse:
         """The controller's answer for ``request`` (an EndpointError if it failed; NotRun after

@@ -27,6 +27,8 @@ from pytest_gsm8k.core.types import stable_hash
 from pytest_gsm8k.runtime.outputs import write_atomic
 
 SCHEMA = 1
+#: the longest wait for the writer thread at the end (a hung file system holds only it)
+FLUSH_SECONDS = 30.0
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO would wait for its other end
 Json = dict[str, Any]
 #: one entry to store: (key, request body, response, the server's description or None)
@@ -254,13 +256,13 @@ class ResponseCache:
             with contextlib.suppress(Exception):
                 done()
 
-    def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every submitted entry is written; False on timeout."""
+    def flush(self) -> bool:
+        """Wait until every submitted entry is written; False after :data:`FLUSH_SECONDS`."""
         if "writer" not in self._jobs:
             return True
         written = threading.Event()
         self._on("writer", written.set)
-        return written.wait(timeout)
+        return written.wait(FLUSH_SECONDS)
 
     # -- generations of a server this run starts --------------------------------------
 

@@ -144,23 +144,6 @@ def encoding_of(values: list[str]) -> str:
     return codings[0] if codings else ""
 
 
-class Counter:
-    """Adds up decoded bytes; Refused once they pass ``limit``."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.total = 0
-
-    def add(self, piece: bytes) -> bytes:
-        self.total += len(piece)
-        if self.total > self.limit:
-            raise Refused(
-                f"the endpoint's reply is over {mib(self.limit)} decoded, the most one "
-                "problem's answer may take; refused, the rest unread"
-            )
-        return piece
-
-
 @functools.cache
 def refused_reply() -> type[Exception]:
     """A reply read no further (:class:`Refused`) as the openai client raises it: an
@@ -195,12 +178,23 @@ def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[s
 
 async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The raw ``chunks`` decoded within :data:`MAX_REPLY_BYTES` (see :class:`Decoder`)."""
-    counter = Counter(MAX_REPLY_BYTES)
+    total = 0
+
+    def counted(piece: bytes) -> bytes:
+        nonlocal total
+        total += len(piece)
+        if total > MAX_REPLY_BYTES:
+            raise Refused(
+                f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} decoded, the most one "
+                "problem's answer may take; refused, the rest unread"
+            )
+        return piece
+
     async for raw in chunks:
         for piece in decoder.feed(raw):
-            yield counter.add(piece)
+            yield counted(piece)
     if tail := decoder.finish():
-        yield counter.add(tail)
+        yield counted(tail)
 
 
 def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
@@ -476,8 +470,8 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
     """A chat or text completion reply (decoded JSON) as a ModelResponse (:class:`Said`: it is
     none; a retry gets the same); token counts that are not counts are left out, said once."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-        shown = str(data).strip().splitlines()[0][:200] if data else repr(data)
-        raise Said(f"the endpoint's reply has no choices: {shown}")
+        shown = str(data).strip() or "''"  # a body of whitespace only is an empty one
+        raise Said(f"the endpoint's reply has no choices: {shown.splitlines()[0][:200]}")
     choices = [c for c in data["choices"] if isinstance(c, dict)]
     if not choices:
         raise Said("the endpoint's reply has no choices (an empty list)")

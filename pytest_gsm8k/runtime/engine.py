@@ -35,7 +35,6 @@ from pytest_gsm8k.runtime.failures import (
     NotRun,
     Said,
     describe_error,
-    refused_first,
 )
 
 PLANNED, RUNNING, PARKED, DONE = "planned", "running", "parked", "done"
@@ -79,12 +78,11 @@ class Engine:
         stall_timeout: float | None = None,
         identity: Description | None = None,
         named: str | None = None,
-        read_timeout: float = READ_SECONDS,
     ) -> None:
         self.client, self.endpoint, self.model = client, client.endpoint, client.model
         self.cache, self.scrub = cache, scrub or Scrubber()
         self.identity: Description | None = self.scrub.obj(identity)
-        self.named, self.read_timeout, self.stall_timeout = named, read_timeout, stall_timeout
+        self.named, self.stall_timeout = named, stall_timeout
         #: the base URL, or a name that outlives it (a server the run starts: its command)
         self.cache_endpoint = str(getattr(client, "cache_endpoint", None) or client.endpoint)
         self.concurrency, self.lookahead = max(1, concurrency), lookahead
@@ -340,11 +338,11 @@ class Engine:
         except Exception as exc:  # classified here, never lost
             self.cache.submit(writes)
             try:
-                message, fatal = describe_error(exc)
-                status = getattr(exc, "status_code", None)
+                message, fatal, refused = describe_error(exc)
             except Exception as odd:  # a user's exception that cannot be said: never a hang
-                message, fatal, status = f"{type(exc).__name__} ({type(odd).__name__})", False, None
-            self._failed(job, self._say(message), fatal, status)
+                said = f"{type(exc).__name__} ({type(odd).__name__})"
+                message, fatal, refused = said, False, False
+            self._failed(job, self._say(message), fatal, refused)
             return
         if response is not None:  # else parked: an earlier run's answer, an answer all the same
             job.state = DONE
@@ -353,13 +351,13 @@ class Engine:
         self.succeeded += 1
         self._recent.append(None)
 
-    def _failed(self, job: Job, message: str, fatal: bool, status: object) -> None:
+    def _failed(self, job: Job, message: str, fatal: bool, refused: bool) -> None:
         """A request failed for good: the job's error, and what it says of the endpoint. A
         guess is judged as it happened (its place in a run of failures), but a refusal of a
-        guess waits for a plan or an ask (:meth:`_plan`)."""
+        guess before any answer waits for a plan or an ask (:meth:`_plan`)."""
         if fatal:
             self._abort(message)
-        elif not refused_first(status, self.succeeded):
+        elif not refused or self.succeeded:
             self._finish(job, EndpointError(message))
             self._recent.append(message)  # STORM finished requests in a row failed this way
             if self._recent.count(message) == STORM:
@@ -410,12 +408,12 @@ class Engine:
 
     async def _lookup(self, key: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The cached answer to ``body`` if it may be used here (read within
-        :attr:`read_timeout`); None, and counted, when its server described itself otherwise."""
+        :data:`READ_SECONDS`); None, and counted, when its server described itself otherwise."""
         future = self.cache.read(key, body)
         try:
-            hit = await asyncio.wait_for(asyncio.wrap_future(future), self.read_timeout)
+            hit = await asyncio.wait_for(asyncio.wrap_future(future), READ_SECONDS)
         except asyncio.TimeoutError:
-            self.cache.stop_reading(self.read_timeout)
+            self.cache.stop_reading(READ_SECONDS)
             return None
         if hit is None:
             return None

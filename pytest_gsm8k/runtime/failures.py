@@ -1,6 +1,7 @@
 """What went wrong with an endpoint, in one line: the failures a model call ends in, and
 :func:`describe_error`, which words either client's and says whether it ends the run (every
-unfinished item then fails with that line; docs/design.md, "Failures")."""
+unfinished item then fails with that line; docs/design.md, "Failures") or would before any
+answer."""
 
 from __future__ import annotations
 
@@ -56,20 +57,18 @@ class WireFailure(Exception):
         self.request, self.timed_out = SimpleNamespace(method="POST", url=url), timed_out
 
 
-def refused_first(status: object, succeeded: int) -> bool:
-    """A 4xx no retry changes before anything succeeded: the endpoint refuses what we send."""
-    client_error = isinstance(status, int) and 400 <= status < 500
-    return client_error and status not in RETRIED_STATUSES and not succeeded
-
-
-def describe_error(exc: BaseException) -> tuple[str, bool]:
-    """(one-line message, fatal?) for an exception from a model call. Both HTTP clients'
-    failures are read by the attributes of openai's errors (the wire client's have them too):
-    the ``body`` and ``request``, a ``status_code`` when an answer came; openai is looked up,
-    never imported (the vllm preset's path never imports it). A user's exception as it is."""
+def describe_error(exc: BaseException) -> tuple[str, bool, bool]:
+    """(one-line message, fatal?, refused?) for an exception from a model call: fatal ends the
+    run; refused (not fatal) is a 4xx no retry changes, which ends the run when it comes
+    before any answer (the endpoint refuses what we send). Both HTTP clients' failures are
+    read by the attributes of openai's errors (the wire client's have them too): the ``body``
+    and ``request``, a ``status_code`` when an answer came; openai is looked up, never
+    imported (the vllm preset's path never imports it). A user's exception is said as it is
+    (its ``status_code`` still classifies it)."""
     if isinstance(exc, Said):
-        return str(exc), exc.fatal
+        return str(exc), exc.fatal, False
     status = getattr(exc, "status_code", None)
+    refused = isinstance(status, int) and 400 <= status < 500 and status not in RETRIED_STATUSES
     # an HTTP client's failure has a body and a request naming its method and URL (the body
     # asked first: an httpx error's unset request raises); anything else is said as it is
     request: Any = getattr(exc, "request", None) if hasattr(exc, "body") else None
@@ -77,20 +76,21 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
         hasattr(request, "method") and hasattr(request, "url") and isinstance(status, int | None)
     ):
         text = str(exc).strip().splitlines()
-        return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "), False
+        said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        return said, False, refused
     if status is None:  # no answer came
         openai = sys.modules.get("openai")  # none of its errors exists before its import
         timeouts = (openai.APITimeoutError,) if openai else ()
         if getattr(exc, "timed_out", False) or isinstance(exc, timeouts):
-            return "request timed out after retries (see --gsm8k-timeout)", False
+            return "request timed out after retries (see --gsm8k-timeout)", False, False
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
-        return f"connection failed after retries{detail}", False
+        return f"connection failed after retries{detail}", False, False
+    if not 100 <= status < 600:  # a client's stand-in (0) where no HTTP answer gave one
+        return f"no HTTP status (status_code {status}): {_api_message(exc)}", False, False
     if status in (401, 403):
-        return (
-            f"the endpoint rejected the credentials (HTTP {status}); check the API key variable",
-            True,
-        )
+        line = f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"
+        return line, True, False
     if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
         shown = shown_url(str(request.url))
         paths = ("/chat/completions", "/completions")  # what the clients append to the base
@@ -98,11 +98,12 @@ def describe_error(exc: BaseException) -> tuple[str, bool]:
         line = f"{request.method} {shown} answered 404: {_api_message(exc)}"
         if (suggested := with_v1(base)) is not None:
             line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
-        return line, True
+        return line, True, False
     retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
     message = _api_message(exc)
     hint = reasoning_model_hint(message) if status == 400 else None
-    return f"HTTP {status}{retried}: {message}" + (f"; {hint}" if hint else ""), False
+    message += f"; {hint}" if hint else ""
+    return f"HTTP {status}{retried}: {message}", False, refused
 
 
 def _api_message(exc: Any) -> str:

@@ -2,7 +2,7 @@
 
 Each test reproduces one finding against the scripted server of tests/fakeserver.py
 (its hostile modes: ``echo_auth``, ``reported_model``, the ``hang``, ``nochoices``,
-``nullcontent`` and ``badjson`` behaviours, scripted 4xx/429 faults), with and without
+``nullcontent``, ``badjson`` and ``blank`` behaviours, scripted 4xx/429 faults), with and without
 ``-n 2`` where xdist is involved. Evidence is what the server counted, the output and the
 files, never a wall clock: waits are bounded by short ``--gsm8k-stall-timeout``,
 ``--gsm8k-timeout`` and ``--gsm8k-max-retries``.
@@ -351,6 +351,7 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
 
     chosen = [p.index for p in select(load_split(None).problems, 12, 1234)]
     bad = {chosen[1]: "nochoices", chosen[4]: "nullcontent", chosen[7]: "badjson"}
+    bad[chosen[9]] = "blank"  # a text/plain body of whitespace only: said IndexError
     server.set_script(Script(behaviours=bad))
     run = [*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache", "--gsm8k-max-retries=0"]
     result = pytester.runpytest(*run, *xdist, "--gsm8k-report=r.json", "--snapshot-update")
@@ -358,16 +359,19 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     assert result.ret == 1, text
     rep = report(pytester)
     assert {p["index"] for p in rep["problems"] if p["outcome"] == "error"} == set(bad), text
-    assert rep["counts"]["correct"] == 9
-    assert len(list((pytester.path / "cache" / "responses").rglob("*.json"))) == 9
+    [blank] = [p for p in rep["problems"] if p["index"] == chosen[9]]
+    assert blank["error"] == "the endpoint's reply has no choices: ''"  # the wire client's line
+    assert "IndexError" not in text
+    assert rep["counts"]["correct"] == 8
+    assert len(list((pytester.path / "cache" / "responses").rglob("*.json"))) == 8
     assert "baseline: FAIL: not written" in text
-    assert "3 problems ended in an error" in text
+    assert "4 problems ended in an error" in text
     assert not (pytester.path / "__snapshots__").exists()
     server.reset()
     # the follow-up plain (the cache is read by the controller)
     again = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r2.json")
     assert again.ret == 1
-    assert sent(server) == 3  # only the unanswered ones are asked again
+    assert sent(server) == 4  # only the unanswered ones are asked again
 
 
 # -- 5. a hung endpoint; timeouts and the breaker ---------------------------------------------

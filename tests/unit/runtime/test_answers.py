@@ -19,7 +19,8 @@ import pytest
 from helpers import wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
-from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
+from pytest_gsm8k.runtime import answers
+from pytest_gsm8k.runtime.answers import AnswerServer, Channel
 from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.engine import Engine
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun
@@ -70,7 +71,7 @@ def channel(tmp_path: Path) -> Iterator[Parts]:
 
 def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) -> None:
     client, _engine, server, address, known = channel
-    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    remote = Channel(address, server.token, wait=10, fetch=True)
     try:
         remote.offer(list(known))
         assert remote.result(known["p5"]).completions[0].text == "#### 5"
@@ -91,7 +92,7 @@ def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) ->
 
 def test_a_wrong_token_gets_nothing(channel: Parts) -> None:
     client, _engine, _server, address, known = channel
-    remote = RemoteAnswers(address, "not-the-token", endpoint="e", model="m", wait=10)
+    remote = Channel(address, "not-the-token", wait=10, fetch=True)
     try:
         # the controller hangs up: EOF, or a broken pipe if it did so before our write
         with pytest.raises(OSError, match="channel"):
@@ -112,7 +113,7 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
     engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(1)
     server = AnswerServer(engine, known.get)
-    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=600)
+    remote = Channel(server.start(), server.token, fetch=True, wait=600)
     try:
 
         def close_both() -> None:
@@ -139,7 +140,7 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
     engine = Engine(client, cache, concurrency=4, lookahead=3)
     known = _requests(20)
     server = AnswerServer(engine, known.get)
-    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
+    remote = Channel(server.start(), server.token, fetch=True, wait=10)
 
     def settles_at(count: int) -> int:
         wait_until(lambda: len(client.order) >= count, 5)
@@ -163,7 +164,7 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
 
 
 def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_its_own(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The controller never sends a frame longer than it may: such an answer becomes that
     item's error, and the channel stays in step for the next problem."""
@@ -180,8 +181,9 @@ def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_i
 
     known = {f"p{i}": Request(problem_id=f"p{i}", api="chat") for i in range(3)}
     engine = Engine(Sized(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=2)
-    server = AnswerServer(engine, known.get, max_frame=2000)
-    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=1e300)
+    monkeypatch.setattr(answers, "MAX_FRAME", 2000)
+    server = AnswerServer(engine, known.get)
+    remote = Channel(server.start(), server.token, fetch=True, wait=1e300)
     try:
         remote.offer(list(known))
         assert remote.result(known["p0"]).completions[0].text.endswith("#### p0")
@@ -227,7 +229,7 @@ def test_a_reply_for_another_problem_breaks_the_channel_for_good(
     address, replies = scripted_controller
     answer: dict[str, Any] = {"completions": [{"text": "#### 1"}], "usage": {}, "model": None}
     replies += [b"", _frame({"planned": 2}), _frame({"id": "p1", "response": answer, "cached": 0})]
-    remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
+    remote = Channel(address, "t", wait=10, fetch=True)
     try:
         remote.offer(["p0", "p1"])
         with pytest.raises(EndpointAborted, match="a reply for 'p1' where 'p0' was asked for"):
@@ -244,7 +246,7 @@ def test_a_frame_longer_than_the_channel_carries_is_never_read(
 ) -> None:
     address, replies = scripted_controller
     replies += [b"", _frame({"planned": 1}), struct.pack(">I", 1 << 31)]
-    remote = RemoteAnswers(address, "t", endpoint="e", model="m", wait=10)
+    remote = Channel(address, "t", wait=10, fetch=True)
     try:
         remote.offer(["p0"])
         with pytest.raises(EndpointAborted, match=r"over the .*-byte limit"):
@@ -296,8 +298,8 @@ def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
     known = _requests(8)
     server = AnswerServer(engine, known.get)
     address = server.start()
-    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
-    unprobed = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    remote = Channel(address, server.token, wait=10, fetch=True)
+    unprobed = Channel(address, server.token, wait=10, fetch=True)
     listener = Channel(address, server.token)
     late: Channel | None = None
     try:
@@ -341,7 +343,7 @@ def test_planned_ids_is_the_union_of_the_offers_and_only_an_answers_plan_is_fetc
     client, engine, server, address, known = channel
     first = Channel(address, server.token)
     second = Channel(address, server.token)
-    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    remote = Channel(address, server.token, wait=10, fetch=True)
     try:
         assert server.planned_ids() is None  # nobody offered yet
         first.offer(["p0", "p1"])
@@ -394,7 +396,7 @@ def test_each_repeat_is_its_own_ask_on_the_channel(tmp_path: Path) -> None:
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(2)
     server = AnswerServer(engine, known.get, repeats=3)
-    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
+    remote = Channel(server.start(), server.token, fetch=True, wait=10)
     try:
         remote.offer(list(known))
         for ask in known["p1"].asks(3):
@@ -424,7 +426,7 @@ def test_a_head_start_fetches_at_most_its_limit_in_order_and_an_offer_adds_the_r
     known = _requests(4)
     server = AnswerServer(engine, known.get, repeats=2)
     address = server.start()
-    remote = RemoteAnswers(address, server.token, endpoint="e", model="m", wait=10)
+    remote = Channel(address, server.token, wait=10, fetch=True)
     try:
         assert server.head_start(["p2", "p0", "p1", "p3"], 3) == 3
         assert wait_until(lambda: len(client.order) == 3, 5)
@@ -462,7 +464,7 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     client = Refusing(fail={"p0"})
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     server = AnswerServer(engine, known.get)
-    remote = RemoteAnswers(server.start(), server.token, endpoint="e", model="m", wait=10)
+    remote = Channel(server.start(), server.token, fetch=True, wait=10)
     try:
         assert server.head_start(["p0"], 1) == 1
         assert wait_until(lambda: client.order == ["p0"], 5)

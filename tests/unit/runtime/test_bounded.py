@@ -3,11 +3,14 @@ cannot be bounded is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import zlib
+from collections.abc import AsyncIterator
 
 import pytest
 
-from pytest_gsm8k.runtime.client import PIECE, Counter, Decoder, Refused, encoding_of
+from pytest_gsm8k.runtime import client
+from pytest_gsm8k.runtime.client import PIECE, Decoder, Refused, bounded_body, encoding_of
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", ""])
@@ -25,7 +28,7 @@ def test_the_bounded_decoder_reads_what_it_asked_for_in_pieces(encoding: str) ->
     assert max(len(p) for p in pieces) <= PIECE
 
 
-def test_the_bounded_decoder_refuses_what_it_cannot_bound() -> None:
+def test_the_bounded_decoder_refuses_what_it_cannot_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(Refused, match="encoded as 'br'"):
         Decoder(encoding_of(["br"]))
     with pytest.raises(Refused, match="encoded 2 times"):
@@ -33,10 +36,18 @@ def test_the_bounded_decoder_refuses_what_it_cannot_bound() -> None:
     assert encoding_of(["identity", " GZIP "]) == "gzip"
     with pytest.raises(Refused, match="not valid compressed data"):
         list(Decoder("gzip").feed(b"this is not gzip"))
-    counter = Counter(10)
-    counter.add(b"x" * 10)
+
+    async def read(chunks: list[bytes]) -> list[bytes]:
+        async def arriving() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        return [piece async for piece in bounded_body(Decoder(""), arriving())]
+
+    monkeypatch.setattr(client, "MAX_REPLY_BYTES", 10)
+    assert asyncio.run(read([b"x" * 10])) == [b"x" * 10]
     with pytest.raises(Refused, match=r"over .* MiB decoded"):
-        counter.add(b"x")
+        asyncio.run(read([b"x" * 10, b"x"]))
 
 
 @pytest.mark.parametrize("wbits", [31, 15], ids=["gzip", "deflate"])

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.runtime import engine as engine_module
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 from pytest_gsm8k.runtime.engine import Engine
 
@@ -116,7 +117,7 @@ def test_background_writes_run_done_after_the_entry_is_on_disk(tmp_path: Path) -
         done=both.set,
     )
     assert both.wait(10)
-    assert cache.flush(10)
+    assert cache.flush()
     assert seen == [True] * 50
     assert cache.get(cache_key("u", BODY, "1"), BODY)
     assert cache.get(cache_key("u", BODY, "2"), BODY)
@@ -308,7 +309,9 @@ def test_get_uses_an_entry_only_under_its_own_key_and_request(tmp_path: Path) ->
 # -- hung reads -----------------------------------------------------------------------------
 
 
-def test_a_hung_read_is_given_up_after_its_bound(tmp_path: Path) -> None:
+def test_a_hung_read_is_given_up_after_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A hung network file system blocks the reading thread, never the engine's loop: after
     the bound the entry counts as missing, and the cache is not read again this run."""
     release = threading.Event()
@@ -331,7 +334,8 @@ def test_a_hung_read_is_given_up_after_its_bound(tmp_path: Path) -> None:
 
     cache = HungCache(tmp_path / "cache", "run")
     client = Client()
-    engine = Engine(client, cache, concurrency=2, read_timeout=0.2)
+    monkeypatch.setattr(engine_module, "READ_SECONDS", 0.2)
+    engine = Engine(client, cache, concurrency=2)
     planned = [
         Request(problem_id=f"p{i}", api="chat", messages=(("user", f"q{i}"),)) for i in range(4)
     ]

@@ -268,7 +268,7 @@ def test_a_404_names_the_url_and_suggests_v1(url: str, body: dict[str, str], exp
     request = httpx.Request("POST", url)
     response = httpx.Response(404, request=request, json=body)
     error = openai.NotFoundError("Error code: 404", response=response, body=body)
-    assert describe_error(error) == (expected, True)
+    assert describe_error(error) == (expected, True, False)
 
 
 def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> None:
@@ -282,10 +282,21 @@ def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> 
         response = httpx.Response(code, request=request, json={"error": {"message": "boom"}})
         return openai.APIStatusError("boom", response=response, body={"message": "boom"})
 
-    assert describe_error(status_error(400)) == ("HTTP 400: boom", False)
-    assert describe_error(status_error(422))[0] == "HTTP 422: boom"
-    assert describe_error(status_error(429))[0] == "HTTP 429 after retries: boom"
-    assert describe_error(status_error(503))[0] == "HTTP 503 after retries: boom"
+    # (a 4xx no retry changes is a refusal: before any answer, the run ends)
+    assert describe_error(status_error(400)) == ("HTTP 400: boom", False, True)
+    assert describe_error(status_error(422)) == ("HTTP 422: boom", False, True)
+    assert describe_error(status_error(429)) == ("HTTP 429 after retries: boom", False, False)
+    assert describe_error(status_error(503)) == ("HTTP 503 after retries: boom", False, False)
+
+
+def test_a_status_code_of_0_is_said_as_no_http_status_never_as_http_0() -> None:
+    """A client that sets ``status_code=0`` had no HTTP answer to give a status: the item's
+    error says so, with the number it was given, and no HTTP status is made up."""
+    from pytest_gsm8k.runtime.failures import WireFailure, describe_error
+
+    said = describe_error(WireFailure("http://x/v1/completions", 0, {"message": "reset"}))
+    assert said == ("no HTTP status (status_code 0): reset", False, False)
+    assert "HTTP 0" not in said[0]
 
 
 def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is() -> None:
@@ -298,22 +309,22 @@ def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is
     from pytest_gsm8k.runtime.failures import WireFailure, describe_error
 
     request = httpx.Request("POST", "http://x/v1/chat/completions")
-    timed_out = ("request timed out after retries (see --gsm8k-timeout)", False)
+    timed_out = ("request timed out after retries (see --gsm8k-timeout)", False, False)
     assert describe_error(openai.APITimeoutError(request)) == timed_out
     assert describe_error(WireFailure("u", None, "timed out", timed_out=True)) == timed_out
     for failed in (openai.APIConnectionError(request=request), WireFailure("u", None, "no")):
         failed.__cause__ = ConnectionRefusedError("refused")
         expected = "connection failed after retries (ConnectionRefusedError: refused)"
-        assert describe_error(failed) == (expected, False)
+        assert describe_error(failed) == (expected, False, False)
     status = WireFailure("http://x/v1/completions", 503, {"error": {"message": "busy"}})
-    assert describe_error(status) == ("HTTP 503 after retries: busy", False)
+    assert describe_error(status) == ("HTTP 503 after retries: busy", False, False)
     assert describe_error(WireFailure("u", 401, "no"))[1] is True
-    assert describe_error(TimeoutError("mine")) == ("TimeoutError: mine", False)
+    assert describe_error(TimeoutError("mine")) == ("TimeoutError: mine", False, False)
 
     class UsersError(Exception):  # a user's client's: no body, so not read as an HTTP failure
         request, status_code = object(), 503
 
-    assert describe_error(UsersError("down")) == ("UsersError: down", False)
+    assert describe_error(UsersError("down")) == ("UsersError: down", False, False)
 
 
 class _UsersError(Exception):
@@ -346,7 +357,7 @@ def test_a_users_exception_is_its_items_error_never_a_hang(
     from pytest_gsm8k.runtime.failures import describe_error
 
     if isinstance(exc, _UsersError):
-        assert describe_error(exc) == ("_UsersError: gone", False)
+        assert describe_error(exc) == ("_UsersError: gone", False, True)
     engine = Engine(ScriptedClient(fail={"p000": exc}), memory_cache, concurrency=1)
     planned = requests(2)
     try:
