@@ -86,7 +86,7 @@ def describe_error(exc: BaseException) -> tuple[str, bool, bool]:
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False, False
-    if not 100 <= status < 600:  # a client's stand-in (0) where no HTTP answer gave one
+    if status < 100:  # a client's stand-in (0) where no HTTP answer gave one (600: an answer)
         return f"no HTTP status (status_code {status}): {_api_message(exc)}", False, False
     if status in (401, 403):
         line = f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"

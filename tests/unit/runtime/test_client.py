@@ -153,6 +153,31 @@ def test_a_silent_endpoint_is_a_timeout(server: FakeOpenAIServer, keyed_env: str
     assert client.breaker.count == 1
 
 
+@pytest.mark.parametrize("via_aiohttp", [False, True], ids=["openai", "aiohttp"])
+def test_an_http_status_over_599_is_said_as_the_http_status_it_was_after_retries(
+    server: FakeOpenAIServer, keyed_env: str, via_aiohttp: bool
+) -> None:
+    """A server that answers status 600 gave an HTTP answer, retried as a 5xx by either
+    client: its line says so (``HTTP 600 after retries``), never ``no HTTP status``, which is
+    only for a client's stand-in below 100 (status_code 0) where no HTTP answer came."""
+    from pytest_gsm8k.runtime.failures import describe_error
+    from pytest_gsm8k.runtime.wire import WireClient
+
+    server.set_script(Script(fail_first={0: {"600": 99}}))
+    kind = WireClient if via_aiohttp else OpenAIClient
+    client = kind(
+        model="fake-model",
+        base_url=server.base_url,
+        api_key=keyed_env,
+        timeout=60,
+        max_retries=1,
+        concurrency=1,
+    )
+    error = _failure(client)
+    assert sent(server) == 2  # an HTTP answer, asked again
+    assert describe_error(error) == ("HTTP 600 after retries: Scripted fault 600.", False, False)
+
+
 @pytest.mark.parametrize("wait", ["600", "date"])
 def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wait: str) -> None:
     """The client gives up at once on a Retry-After over 120 s, as seconds or as an HTTP date
