@@ -256,6 +256,14 @@ class ControllerRole(Aggregator):
         mine = (getattr(node, "workeroutput", None) or {}).get("gsm8k") or {}
         self.stops.update({k: str(v) for k, v in mine.items()})
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self) -> None:
+        """The verdict is written: the answers channel closes before xdist stops the workers,
+        whose execnet waits 5 s for one still running an item (after an interrupt, one
+        waiting for an answer: now it ends at once, its channel closed)."""
+        if not self.idle() and (server := self.session.sources.answer_server) is not None:
+            server.close()
+
     @pytest.hookimpl(wrapper=True)
     def pytest_report_from_serializable(self) -> Generator[None, object, object]:
         """A record sent as JSON text, read back (on execnet's threads: no session here)."""
