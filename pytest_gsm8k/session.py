@@ -29,8 +29,9 @@ from pytest_gsm8k.core.settings import Settings, is_local_spec
 from pytest_gsm8k.core.tally import Tally
 from pytest_gsm8k.core.types import ModelResponse, Problem
 from pytest_gsm8k.runtime import outputs, planning
-from pytest_gsm8k.runtime.answers import AnswerServer, Channel, RemoteAnswers
+from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
 from pytest_gsm8k.runtime.client import CallableClient, OpenAIClient
+from pytest_gsm8k.runtime.failures import EndpointAborted
 from pytest_gsm8k.runtime.outputs import Output
 
 if TYPE_CHECKING:  # the fetching process's (an xdist worker only follows the channel)
@@ -190,8 +191,7 @@ class Sources:
         self._warned_scope = self._stop_heard = False
         self._caches: dict[bool, ResponseCache] = {}
         self._client: OpenAIClient | None = None
-        self.channel: Channel | None = None  # xdist worker: to the controller
-        self.remote: RemoteAnswers | None = None  # the channel, when it brings answers
+        self.channel: RemoteAnswers | None = None  # xdist worker: to the controller
         self.answer_server: AnswerServer | None = None  # xdist controller
         #: the model server this run started (--gsm8k-serve, --gsm8k-model=local), its report
         self.server: ServedProcess | None = None
@@ -389,22 +389,23 @@ class Sources:
                 self.answer_server.head_start([p.id for p in plan.run_order], limit)
 
     def connect(self, overridden: bool) -> None:
-        """xdist worker: its plan offered to the controller and, without an ``overridden``
-        model or protocol, the controller's answers used."""
+        """xdist worker: its plan offered to the controller, whose answers the items that ask
+        the plugin's own client read; with an ``overridden`` model or protocol the controller
+        fetches the plan only once such an item asks (a conftest may hand on the plugin's own:
+        source_for decides)."""
         given, settings = self._session.workerinput, self._session.settings
         if (address := given.get("gsm8k_answers")) is None:
             return
         where, token = (str(address[0]), int(address[1])), str(given["gsm8k_answers_token"])
+        client = self.default_client()
+        wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
         try:
-            if overridden:
-                self.channel = Channel(where, token)
-            else:
-                client = self.default_client()
-                wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
-                self.channel = self.remote = RemoteAnswers(
-                    where, token, endpoint=client.endpoint, model=client.model, wait=wait
-                )
-            self.channel.offer([p.id for p in self._session.run.collected or ()])
+            self.channel = RemoteAnswers(
+                where, token, endpoint=client.endpoint, model=client.model, wait=wait
+            )
+            self.channel.offer(
+                [p.id for p in self._session.run.collected or ()], fetch=not overridden
+            )
         except OSError as exc:
             raise pytest.UsageError(
                 f"gsm8k: cannot reach the xdist controller's answers ({exc})"
@@ -416,11 +417,18 @@ class Sources:
         if self._session.settings.vllm_config:
             if not is_default:
                 raise pytest.UsageError(CONFIG_OVERRIDE)
-            if self.matrix is None and self.remote is None:
+            if self.matrix is None and self.channel is None:
                 raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
-            return self.remote or self.matrix, False  # type: ignore[return-value]
-        if is_default and protocol is self._session.plan.protocol and self.remote is not None:
-            return self.remote, False
+            return self.channel or self.matrix, False  # type: ignore[return-value]
+        if is_default and protocol is self._session.plan.protocol and self.channel is not None:
+            if not self.channel.fetch:  # an override handed on the plugin's own client
+                try:
+                    self.channel.offer(
+                        [p.id for p in self._session.run.collected or ()], fetch=True
+                    )
+                except ConnectionError as exc:
+                    raise EndpointAborted(str(exc)) from None
+            return self.channel, False
         if is_default or self._scopes.get(id(model), "session") == "session":
             return self.engine_for(model, protocol=protocol), False
         if not self._warned_scope:
@@ -501,7 +509,7 @@ class Sources:
         for part in (self.channel, self.answer_server, *self.engines.values(), self.matrix):
             if part is not None:
                 part.close()
-        self.channel = self.remote = self.answer_server = self.matrix = None
+        self.channel = self.answer_server = self.matrix = None
         self.engines.clear()
         if not self._session.is_worker:
             for cache in self._caches.values():
