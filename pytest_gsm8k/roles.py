@@ -226,6 +226,10 @@ class Aggregator(Role):
                 from pytest_gsm8k.reporting import finish
 
                 finish(self.session)
+                if (answers := self.session.sources.answer_server) is not None:
+                    # now, not at unconfigure: execnet gives a worker still in an item 5 s when
+                    # xdist stops it, and after an interrupt one may wait here for an answer
+                    answers.close()
 
 
 class RunRole(Collector, Aggregator):
@@ -255,14 +259,6 @@ class ControllerRole(Aggregator):
         """A worker's end (before xdist raises its Interrupted): why it stopped."""
         mine = (getattr(node, "workeroutput", None) or {}).get("gsm8k") or {}
         self.stops.update({k: str(v) for k, v in mine.items()})
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self) -> None:
-        """The verdict is written: the answers channel closes before xdist stops the workers,
-        whose execnet waits 5 s for one still running an item (after an interrupt, one
-        waiting for an answer: now it ends at once, its channel closed)."""
-        if not self.idle() and (server := self.session.sources.answer_server) is not None:
-            server.close()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_from_serializable(self) -> Generator[None, object, object]:

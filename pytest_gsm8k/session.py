@@ -31,7 +31,6 @@ from pytest_gsm8k.core.types import ModelResponse, Problem
 from pytest_gsm8k.runtime import outputs, planning
 from pytest_gsm8k.runtime.answers import AnswerServer, RemoteAnswers
 from pytest_gsm8k.runtime.client import CallableClient, OpenAIClient
-from pytest_gsm8k.runtime.failures import EndpointAborted
 from pytest_gsm8k.runtime.outputs import Output
 
 if TYPE_CHECKING:  # the fetching process's (an xdist worker only follows the channel)
@@ -412,12 +411,9 @@ class Sources:
             return self.channel or self.matrix, False  # type: ignore[return-value]
         if is_default and protocol is self._session.plan.protocol and self.channel is not None:
             if not self.channel.fetch:  # an override handed on the plugin's own client
-                try:
-                    self.channel.offer(
-                        [p.id for p in self._session.run.collected or ()], fetch=True
-                    )
-                except ConnectionError as exc:
-                    raise EndpointAborted(str(exc)) from None
+                with contextlib.suppress(ConnectionError):  # a broken channel: said at the ask
+                    ids = [p.id for p in self._session.run.collected or ()]
+                    self.channel.offer(ids, fetch=True)
             return self.channel, False
         if is_default or self._scopes.get(id(model), "session") == "session":
             return self.engine_for(model, protocol), False
