@@ -226,6 +226,10 @@ class Aggregator(Role):
                 from pytest_gsm8k.reporting import finish
 
                 finish(self.session)
+                if (answers := self.session.sources.answer_server) is not None:
+                    # now, not at unconfigure: execnet gives a worker still in an item 5 s when
+                    # xdist stops it, and after an interrupt one may wait here for an answer
+                    answers.close()
 
 
 class RunRole(Collector, Aggregator):

@@ -238,7 +238,7 @@ def fetch(state: State, session: pytest.Session) -> None:
         )
         sources.matrix.start(list(asks))
     elif not overrides_present(session):
-        sources.engine_for(sources.default_client())
+        sources.engine_for(sources.default_client(), plan.protocol)
 
 
 def start(state: State, controller: bool) -> None:

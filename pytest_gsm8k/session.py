@@ -185,13 +185,12 @@ class Sources:
         #: through the run id; made on first use only: a run without GSM8K items leaves no trace
         self._run_dir = Path(tempfile.gettempdir()) / f"gsm8k-run-{session.run_id}"
         self.engines: dict[int, Engine] = {}  # by id() of the model they call
-        self._unplanned: set[int] = set()  # engines made with plan=False
+        self._unplanned: set[int] = set()  # engines not yet given a protocol's plan
         self._scopes: dict[int, str] = {}  # each gsm8k_model value's fixture scope, by id()
         self._warned_scope = self._stop_heard = False
         self._caches: dict[bool, ResponseCache] = {}
         self._client: OpenAIClient | None = None
         self.channel: Channel | None = None  # xdist worker: to the controller
-        self.remote: Channel | None = None  # the channel, when it brings answers
         self.answer_server: AnswerServer | None = None  # xdist controller
         #: the model server this run started (--gsm8k-serve, --gsm8k-model=local), its report
         self.server: ServedProcess | None = None
@@ -338,39 +337,29 @@ class Sources:
             if key in complete:
                 self.cache(True).finished(name, generation)
 
-    def engine_for(
-        self, model: Any, *, plan: bool = True, protocol: Protocol | None = None
-    ) -> Engine:
-        """The engine that calls ``model`` (one per model object), prefetching the collected
-        items as ``protocol`` asks them; an xdist worker prefetches only the plan's protocol of
-        the plugin's own client (else each worker would fetch every problem)."""
+    def engine_for(self, model: Any, protocol: Protocol | None = None) -> Engine:
+        """The engine that calls ``model`` (one per model object). The first call given a
+        ``protocol`` starts it on the collected items as that protocol asks them, but on an
+        xdist worker, whose items ask one at a time (xdist is the parallelism there; those of
+        the plugin's own client read the controller's answers: each worker would fetch all)."""
         session = self._session
-        # identity, as source_for decides: no item pays for comparing the train tuple
-        own = protocol is None or protocol is session.plan.protocol
-        engine = self.engines.get(id(model))
-        if engine is None:
-            ours = model is self._client
-            engine = self._engine(
-                model, session.concurrency(), session.endpoint() if ours else None
-            )
-            self.engines[id(model)] = engine
-            if session.is_worker and not (ours and own):
-                return engine  # a user's model or protocol under xdist: per item
+        if (engine := self.engines.get(id(model))) is None:
+            endpoint = session.endpoint() if model is self._client else None
+            engine = self.engines[id(model)] = self._engine(model, session.concurrency(), endpoint)
             self._unplanned.add(id(model))
-        if plan and id(model) in self._unplanned:
+        if protocol is not None and id(model) in self._unplanned and not session.is_worker:
             self._unplanned.discard(id(model))
-            if own or not session.is_worker:
-                asked, repeats = protocol or session.plan.protocol, session.settings.repeats
-                engine.start(
-                    [r for p in session.run.collected or () for r in asked.request(p).asks(repeats)]
-                )
+            repeats = session.settings.repeats
+            engine.start(
+                [r for p in session.run.collected or () for r in protocol.request(p).asks(repeats)]
+            )
         return engine
 
     def warm(self) -> Engine:
         """The plugin's own engine, its HTTP client imported and built on the engine's thread
         (openai's imports would otherwise sit between collection's end and the first request)."""
         client = self.default_client()
-        engine = self.engine_for(client, plan=False)
+        engine = self.engine_for(client)
         engine.loop.call_soon_threadsafe(client.warm)
         return engine
 
@@ -378,7 +367,7 @@ class Sources:
         """xdist controller: one engine for the plugin's own client (or the configs' servers)
         served to the workers; ``head_start``: the plan's first requests sent while they start."""
         plan, repeats = self._session.plan, self._session.settings.repeats
-        engine = self.matrix or self.engine_for(self.default_client(), plan=False)
+        engine = self.matrix or self.engine_for(self.default_client())
         self.answer_server = AnswerServer(engine, plan.request_for, repeats=repeats)
         # listening before the client's import on the same loop, which once held it too long
         self.answer_server.start()
@@ -389,22 +378,23 @@ class Sources:
                 self.answer_server.head_start([p.id for p in plan.run_order], limit)
 
     def connect(self, overridden: bool) -> None:
-        """xdist worker: its plan offered to the controller and, without an ``overridden``
-        model or protocol, the controller's answers used."""
+        """xdist worker: its plan offered to the controller, whose answers the items that ask
+        the plugin's own client read; with an ``overridden`` model or protocol the controller
+        fetches the plan only once such an item asks (a conftest may hand on the plugin's own:
+        source_for decides)."""
         given, settings = self._session.workerinput, self._session.settings
         if (address := given.get("gsm8k_answers")) is None:
             return
         where, token = (str(address[0]), int(address[1])), str(given["gsm8k_answers_token"])
+        client = self.default_client()
+        wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
         try:
-            if overridden:
-                self.channel = Channel(where, token)
-            else:
-                own = self.default_client()
-                wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
-                self.channel = self.remote = Channel(
-                    where, token, wait=wait, fetch=True, endpoint=own.endpoint, model=own.model
-                )
-            self.channel.offer([p.id for p in self._session.run.collected or ()])
+            self.channel = Channel(
+                where, token, endpoint=client.endpoint, model=client.model, wait=wait
+            )
+            self.channel.offer(
+                [p.id for p in self._session.run.collected or ()], fetch=not overridden
+            )
         except OSError as exc:
             raise pytest.UsageError(
                 f"gsm8k: cannot reach the xdist controller's answers ({exc})"
@@ -416,13 +406,17 @@ class Sources:
         if self._session.settings.vllm_config:
             if not is_default:
                 raise pytest.UsageError(CONFIG_OVERRIDE)
-            if self.matrix is None and self.remote is None:
+            if self.matrix is None and self.channel is None:
                 raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
-            return self.remote or self.matrix, False  # type: ignore[return-value]
-        if is_default and protocol is self._session.plan.protocol and self.remote is not None:
-            return self.remote, False
+            return self.channel or self.matrix, False  # type: ignore[return-value]
+        if is_default and protocol is self._session.plan.protocol and self.channel is not None:
+            if not self.channel.fetch:  # an override handed on the plugin's own client
+                with contextlib.suppress(ConnectionError):  # a broken channel: said at the ask
+                    ids = [p.id for p in self._session.run.collected or ()]
+                    self.channel.offer(ids, fetch=True)
+            return self.channel, False
         if is_default or self._scopes.get(id(model), "session") == "session":
-            return self.engine_for(model, protocol=protocol), False
+            return self.engine_for(model, protocol), False
         if not self._warned_scope:
             self._warned_scope = True
             warnings.warn(
@@ -501,7 +495,7 @@ class Sources:
         for part in (self.channel, self.answer_server, *self.engines.values(), self.matrix):
             if part is not None:
                 part.close()
-        self.channel = self.remote = self.answer_server = self.matrix = None
+        self.channel = self.answer_server = self.matrix = None
         self.engines.clear()
         if not self._session.is_worker:
             for cache in self._caches.values():

@@ -265,9 +265,11 @@ class Channel:
         self._stop: str | None = None
         self._sock.sendall(frame({"token": token}))
 
-    def offer(self, problem_ids: list[str]) -> None:
-        """Tell the controller which problems this worker collected, in run order; returns once
-        it recorded them, a ConnectionError when it did not within ``wait``."""
+    def offer(self, problem_ids: list[str], *, fetch: bool | None = None) -> None:
+        """Tell the controller which problems this worker collected, in run order, and whether
+        its engine prefetches them (``fetch``, from now on); returns once it recorded them, a
+        ConnectionError when it did not within ``wait``."""
+        self.fetch = self.fetch if fetch is None else fetch
         self._ask({"plan": problem_ids, "fetch": self.fetch}, "take the plan", _acknowledged)
 
     def stopped(self) -> str | None:

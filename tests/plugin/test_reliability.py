@@ -4,8 +4,8 @@ Each test reproduces one finding against the scripted server of tests/fakeserver
 (its hostile modes: ``echo_auth``, ``reported_model``, the ``hang``, ``nochoices``,
 ``nullcontent``, ``badjson`` and ``blank`` behaviours, scripted 4xx/429 faults), with and without
 ``-n 2`` where xdist is involved. Evidence is what the server counted, the output and the
-files, never a wall clock: waits are bounded by short ``--gsm8k-stall-timeout``,
-``--gsm8k-timeout`` and ``--gsm8k-max-retries``.
+files, never a wall clock (but for how soon a cancelled run ends, which is the rule): waits
+are bounded by short ``--gsm8k-stall-timeout``, ``--gsm8k-timeout`` and ``--gsm8k-max-retries``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 PRESET = "--gsm8k-preset=vllm"
 #: a failure through either client is a line, never one of these
 CRASHES = ("Traceback", "INTERNALERROR", "aiohttp.")
+#: how long execnet lets an xdist worker finish its item when the controller stops it, before
+#: it interrupts it: a cancelled run that took longer waited on a worker
+EXECNET_GRACE_SECONDS = 5.0
 #: run a test through each client: the openai client and the vllm preset's own
 CLIENTS = pytest.mark.parametrize("client", [[], [PRESET]], ids=["openai", "wire"])
 #: each client plain, and -n 2 through the openai client: the channel to the workers is the
@@ -210,12 +214,20 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     assert _processes_in(pytester.path) == []
 
 
-def test_sigterm_while_the_controllers_head_start_waits_ends_cleanly(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+@pytest.mark.parametrize("moment", ["head-start", "workers-waiting"])
+def test_sigterm_under_xdist_ends_cleanly_and_promptly(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    moment: str,
 ) -> None:
     """Under xdist the controller has requests in flight before the test loop (its head
-    start), possibly while xdist still starts the workers: a SIGTERM then ends the run as
-    interrupted, without a traceback, and leaves no process behind."""
+    start), possibly while xdist still starts the workers; later each worker waits on the
+    controller's answer channel for its item. A SIGTERM at either moment ends the run as
+    interrupted, without a traceback, and leaves no process behind; and promptly: the
+    channel closes before xdist stops the workers, so none waits out execnet's 5 s grace
+    for a busy worker (5.5-7 s after the signal before; GitHub's window is 7.5 s)."""
     server.set_script(Script(behaviours={i: "hang" for i in range(1319)}))
     proc = spawn_pytest(
         pytester,
@@ -226,12 +238,22 @@ def test_sigterm_while_the_controllers_head_start_waits_ends_cleanly(
         "--gsm8k-concurrency=5",
         "--gsm8k-no-cache",
         "--gsm8k-stall-timeout=300",
+        "--gsm8k-report=r.json",
     )
     try:
+        head = ""
+        if moment == "workers-waiting":  # the test loop is under way: each worker has asked
+            assert proc.stdout is not None
+            while not re.search(r"\d+ workers \[\d+ items\]", head):
+                line = proc.stdout.readline()
+                assert line, head
+                head += line
         # the head start's first 5 (the concurrency), hanging: sent before any plan
         assert wait_until(lambda: server.stats()["in_flight"] >= 5, 60, interval=0.01)
         proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         out, _ = proc.communicate(timeout=60)
+        took, out = time.monotonic() - signalled, head + out
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -239,6 +261,9 @@ def test_sigterm_while_the_controllers_head_start_waits_ends_cleanly(
     assert proc.returncode == int(pytest.ExitCode.INTERRUPTED), out
     assert "Traceback" not in out, out
     assert "INTERNALERROR" not in out, out
+    assert took < EXECNET_GRACE_SECONDS, f"{took:.1f} s after the signal\n{out}"
+    assert "INCOMPLETE" in out, out  # the summary
+    assert report(pytester)["complete"] is False
     wait_until(lambda: not _processes_in(pytester.path), 15, interval=0.05)
     assert _processes_in(pytester.path) == []
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, output, sent, wait_until
+from helpers import NO_EXTRA_PLUGINS, XDIST, output, report, sent, wait_until
 
 SCOPED_CONFTEST = """
 import os
@@ -71,6 +71,41 @@ def test_a_model_of_any_scope_is_called_once_per_item(
         assert all(ids.count(i) == 2 for i in ids), ids
     said = "not session-scoped" in output(result)
     assert said == (scope != "session"), output(result)
+
+
+#: a conftest's gsm8k_model that hands on the plugin's own client (to add a marker, say)
+PASS_THROUGH = """
+import pytest
+
+@pytest.fixture(scope="{SCOPE}")
+def gsm8k_model(gsm8k_model):
+    return gsm8k_model
+"""
+
+
+@XDIST
+@pytest.mark.parametrize("scope", ["function", "session"])
+def test_the_plugins_own_client_handed_on_by_a_conftest_asks_each_problem_once(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    scope: str,
+    xdist: list[str],
+) -> None:
+    """docs/design.md: under xdist no request is sent twice. A conftest that returns the
+    plugin's own client from its ``gsm8k_model`` (any scope) hands on that very client: its
+    items read the controller's answers, as without the conftest (each worker once
+    prefetched every problem itself: 40 requests for 20 problems at -n 2)."""
+    pytester.makeconftest(PASS_THROUGH.replace("{SCOPE}", scope))
+    result = pytester.runpytest(
+        *gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+    )
+    assert result.ret == 0, output(result)
+    assert report(pytester)["counts"]["correct"] == 20
+    assert sent(server) == 20
+    assert set(server.stats()["requests_by_index"].values()) == {1}
+    assert "not session-scoped" not in output(result)  # its own client: nothing to warn of
 
 
 def _session_processes(sid: int) -> list[int]:
