@@ -113,8 +113,8 @@ def run_merge(args: argparse.Namespace) -> int:
         late={},
         servers={
             str(c["config"]["name"]): s for c in first.get("configs", []) if (s := c.get("served"))
-        },
-        server=first.get("served") or first.get("local_server"),
+        }
+        | {"": first.get("served") or first.get("local_server")},
         scrub=Scrubber(None, None, ()),
         deselected_by=merged.deselected_by,
     )

@@ -171,8 +171,8 @@ def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | No
             or (plan.settings.baseline_name and "--gsm8k-baseline-name")
             or "the baseline name from the protocol (choose one with --gsm8k-baseline-name)"
         )
-        baselines = [(plan.baseline, what)]
-        baselines += [(g.baseline, f"config {g.name}'s baseline name") for g in plan.groups]
+        config = "config {}'s baseline name"
+        baselines = [(g.baseline, config.format(g.name) if g.config else what) for g in plan.groups]
     try:
         for key in keys:
             if path := paths[key]:
@@ -223,8 +223,7 @@ def finish(state: Gsm8kSession) -> None:
     inputs, top, not_run = run.gather(
         plan,
         late=late,
-        servers=state.sources.config_servers,
-        server=state.sources.server_info,
+        servers={"": state.sources.server_info, **state.sources.config_servers},
         scrub=state.scrubber(),
         deselected_by=", ".join(named) or "the test ids or paths given",
     )

@@ -110,8 +110,8 @@ class Gsm8kSession:
         """The key, URL credentials, ``VLLM_API_KEY``, and the secrets ``--gsm8k-serve`` and
         each config give a server, out of outside text."""
         others = [os.environ.get("VLLM_API_KEY", ""), *command_secrets(self.settings.serve or "")]
-        for group in self._plan.groups if self._plan is not None else ():
-            others += group.config.secrets()
+        for config in self._plan.configs.values() if self._plan is not None else ():
+            others += config.secrets()
         return Scrubber(self.settings.api_key(), self.endpoint().base_url, others)
 
     def concurrency(self) -> int:
