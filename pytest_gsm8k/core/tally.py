@@ -100,11 +100,11 @@ class Tally:
         servers: Mapping[str, dict[str, Any] | None],
         scrub: Scrubber,
         deselected_by: str,
-    ) -> tuple[list[GroupInput], Group | None, list[str]]:
+    ) -> tuple[list[GroupInput], Group | None]:
         """Each group's facts, records (``late``: answers that arrived for items an aborted
         run no longer reached, scored), selection, baseline and early stop for the verdict
         step (``servers``: the one each group ran on, by name); with ``--gsm8k-config`` the
-        matrix's top and the configs deselected whole."""
+        matrix's top, which names the configs deselected whole."""
         from pytest_gsm8k.core.merge import shard_record
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.verdict import BaselineInput, Group, GroupInput, Selection
@@ -179,16 +179,17 @@ class Tally:
             early = _early(self.early.get(g.name), g.name in self.stopped)
             inputs.append(GroupInput(g, tuple(found.values()), selection, baseline, early))
         if not plan.configs:
-            return inputs, None, []
+            return inputs, None
+        shown = {i.group.name for i in inputs}
+        not_run = [name for name in plan.configs if name not in shown]
         top = group(
             PlanGroup("", plan.protocol, plan.problems, {"limit": None, "seed": None}),
             label=f"{len(plan.groups)} vLLM configs",
             model=", ".join(c.model_name for c in plan.configs.values()),
             endpoint="(one server per config)",
-            extra=shard,
+            extra=shard | {"not_run": not_run},
         )
-        shown = {i.group.name for i in inputs}
-        return inputs, top, [g.name for g in plan.groups if g.name not in shown]
+        return inputs, top
 
     def early_stop(self, plan: RunPlan, name: str) -> EarlyStop | None:
         """Group ``name``'s early stop ("" the run's), made on first ask over the problems it
