@@ -108,17 +108,17 @@ def run_merge(args: argparse.Namespace) -> int:
     if merged.interrupted:
         run.interrupt()
     first = reports[0]  # the servers the shards ran on: the first shard's, for the report
-    inputs, top, not_run = run.gather(
+    inputs, top = run.gather(
         plan,
         late={},
         servers={
             str(c["config"]["name"]): s for c in first.get("configs", []) if (s := c.get("served"))
-        },
-        server=first.get("served") or first.get("local_server"),
+        }
+        | {"": first.get("served") or first.get("local_server")},
         scrub=Scrubber(None, None, ()),
         deselected_by=merged.deselected_by,
     )
-    verdict = settle(inputs, top, not_run, _times(reports))
+    verdict = settle(inputs, top, _times(reports))
     for line, _ in styled_lines(verdict):
         print(line)
     page = page_path(args.html, Path.cwd(), Path.cwd(), False)

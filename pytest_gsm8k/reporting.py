@@ -171,8 +171,8 @@ def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | No
             or (plan.settings.baseline_name and "--gsm8k-baseline-name")
             or "the baseline name from the protocol (choose one with --gsm8k-baseline-name)"
         )
-        baselines = [(plan.baseline, what)]
-        baselines += [(g.baseline, f"config {g.name}'s baseline name") for g in plan.groups]
+        named = "config {}'s baseline name"  # a config's is named by its label
+        baselines = [(g.baseline, named.format(g.name) if g.config else what) for g in plan.groups]
     try:
         for key in keys:
             if path := paths[key]:
@@ -220,11 +220,10 @@ def finish(state: Gsm8kSession) -> None:
     report_unfinished(state, late)
     flags = (("-k", "keyword"), ("-m", "markexpr"), ("--lf", "lf"), ("--deselect", "deselect"))
     named = [flag for flag, dest in flags if getattr(config.option, dest, None)]
-    inputs, top, not_run = run.gather(
+    inputs, top = run.gather(
         plan,
         late=late,
-        servers=state.sources.config_servers,
-        server=state.sources.server_info,
+        servers=state.sources.servers,
         scrub=state.scrubber(),
         deselected_by=", ".join(named) or "the test ids or paths given",
     )
@@ -234,7 +233,7 @@ def finish(state: Gsm8kSession) -> None:
     state.sources.finish_started(ok)
     finished = time.time()
     times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
-    run.finish(verdict := settle(inputs, top, not_run, times))
+    run.finish(verdict := settle(inputs, top, times))
     stream = getattr(state.outputs.get("html"), "fd", None) is not None
     page = page_path(settings.html, config.invocation_params.dir, config.rootpath, stream)
     errors = write_outputs(plan, verdict, page, state.outputs, on_terminal=lambda: _newline(state))

@@ -91,7 +91,7 @@ def _launch_config(state: State, name: str) -> tuple[serve.ServedProcess, Engine
     a failure is one scrubbed ``ServeError`` line, the matrix's error for that config."""
     from pytest_gsm8k.runtime import serve
 
-    config = state.plan.group_by_name[name].config
+    config = state.plan.configs[name]
     command = state.settings.serve or VLLM_SERVE
     shown = state.scrubber().command(command)
     with _one_line(state, serve.ServeError):
@@ -262,7 +262,7 @@ def start(state: State, controller: bool) -> None:
         config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {why}"), stacklevel=2)
     check_outputs(state, ("step_summary",), draft)  # and the baselines, the open-file limit
     overridden = defines(config, ("gsm8k_model",))
-    if draft.groups:  # each config's server starts in turn once the items are known
+    if draft.configs:  # each config's server starts in turn once the items are known
         if overridden:
             raise pytest.UsageError(CONFIG_OVERRIDE)
         state.set_plan(draft)

@@ -110,8 +110,8 @@ class Gsm8kSession:
         """The key, URL credentials, ``VLLM_API_KEY``, and the secrets ``--gsm8k-serve`` and
         each config give a server, out of outside text."""
         others = [os.environ.get("VLLM_API_KEY", ""), *command_secrets(self.settings.serve or "")]
-        for group in self._plan.groups if self._plan is not None else ():
-            others += group.config.secrets()
+        for config in self._plan.configs.values() if self._plan is not None else ():
+            others += config.secrets()
         return Scrubber(self.settings.api_key(), self.endpoint().base_url, others)
 
     def concurrency(self) -> int:
@@ -192,16 +192,15 @@ class Sources:
         self._client: OpenAIClient | None = None
         self.channel: Channel | None = None  # xdist worker: to the controller
         self.answer_server: AnswerServer | None = None  # xdist controller
-        #: the model server this run started (--gsm8k-serve, --gsm8k-model=local), its report
+        #: the model server this run started (--gsm8k-serve, --gsm8k-model=local)
         self.server: ServedProcess | None = None
-        self.server_info: dict[str, Any] | None = None
         self.matrix: Matrix | None = None  # --gsm8k-config, on the process that fetches
-        self.config_servers: dict[str, dict[str, Any]] = {}  # what each config's reported
+        self.servers: dict[str, dict[str, Any]] = {}  # what each group's reported ("" the run's)
         #: started servers by config name ("" for the run's): (cache name, generation read)
         self.started: dict[str, tuple[str, int]] = {}
 
     def use_server(self, started: Started) -> None:
-        self.server, self.server_info = started.server, started.info
+        self.server, self.servers[""] = started.server, started.info
 
     def use_matrix(self, matrix: Matrix) -> None:
         self.matrix = matrix
@@ -268,7 +267,7 @@ class Sources:
                 )
             # a server this run started is named by its command line ({port} as written) or
             # its GGUF (path and size: another build is another file)
-            started, gguf = None, (self.server_info or {}).get("gguf")
+            started, gguf = None, self.servers.get("", {}).get("gguf")
             if settings.serve:
                 from pytest_gsm8k.runtime.serve import server_env_digest
 
@@ -295,7 +294,7 @@ class Sources:
         concurrency = config.max_concurrency or self._session.concurrency()
         cached = f"serve:{shown} config:{name} args:{args} env:{server_env_digest(config.env)}"
         client = self._new_client(name, started.endpoint, timeout, concurrency, cached)
-        self.config_servers[name] = started.info
+        self.servers[name] = started.info
         # vLLM's test waits request_timeout_seconds for an answer: less is not a stall
         return self._engine(client, concurrency, started.endpoint, stall_floor=timeout)
 

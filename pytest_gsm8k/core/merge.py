@@ -82,12 +82,13 @@ def shard_record(
     configs = [
         {
             "name": g.name,
-            "model_name": g.config.model_name,
+            "model_name": c.model_name,
             "protocol": g.protocol.identity(),
-            "floor": [g.config.accuracy_threshold, g.config.tolerance],
+            "floor": [c.accuracy_threshold, c.tolerance],
             "baseline": _baseline(g.baseline),
         }
         for g in plan.groups
+        if (c := g.config)
     ]
     return {
         "index": shard.index,
@@ -103,7 +104,7 @@ def shard_record(
             "protocol": plan.protocol.identity(),
             "dataset": plan.split.identity(),
             "gates": asdict(plan.gates),
-            "baseline": _baseline(plan.baseline),
+            "baseline": None if plan.configs else _baseline(plan.groups[0].baseline),
             "update_baseline": shard.update_baseline,
             "configs": configs,
         },

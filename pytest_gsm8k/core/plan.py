@@ -4,6 +4,7 @@ session start (runtime/planning.py) and never written after. Pure."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -66,31 +67,31 @@ class StoredBaseline:
 
 
 @dataclass(frozen=True)
-class ConfigGroup:
-    """One vLLM config of ``--gsm8k-config``: its own server, protocol, problems (whose ids
-    carry the config's name) and baseline (``<config>_<protocol>.gsm8k``), gated on its own."""
+class PlanGroup:
+    """Items gated on their own: a run's own group (``name`` "", no ``config``: the options'
+    protocol, selection and baseline) or one vLLM config of ``--gsm8k-config`` (its own server,
+    protocol, problems whose ids carry its name, baseline ``<config>_<protocol>.gsm8k``)."""
 
-    config: VllmConfig
+    name: str
     protocol: Protocol
-    problems: tuple[Problem, ...]  # the split's first num_questions, as vLLM's script takes them
+    problems: tuple[Problem, ...]  # in selection order (a config's: the split's first ones)
+    subset: Mapping[str, Any]  # the report's: what cut the split (limit, seed, first)
     baseline: StoredBaseline | None = None
+    config: VllmConfig | None = None
 
     @property
     def label(self) -> str:
         """The headline label, which also names the baseline file."""
-        return f"{self.name}: {self.protocol.label}"
+        return f"{self.name}: {self.protocol.label}" if self.name else self.protocol.label
 
     @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def floor(self) -> ToleranceFloor:
-        """vLLM's gate of this config: accuracy >= accuracy_threshold - tolerance."""
-        return ToleranceFloor(self.name, self.config.accuracy_threshold, self.config.tolerance)
+    def floor(self) -> ToleranceFloor | None:
+        """vLLM's gate of a config: accuracy >= accuracy_threshold - tolerance."""
+        c = self.config
+        return None if c is None else ToleranceFloor(c.name, c.accuracy_threshold, c.tolerance)
 
     def split_problems(self, split: Split) -> tuple[Problem, ...]:
-        """The whole split under this config's ids: what its baseline may hold."""
+        """The whole split under this group's ids: what its baseline may hold."""
         return tuple(replace(p, group=self.name) for p in split.problems)
 
 
@@ -115,14 +116,11 @@ class RunPlan:
     run_id: str
     settings: Settings
     split: Split
-    problems: tuple[Problem, ...]  # the selection (after --gsm8k-limit), in selection order
     run_order: tuple[Problem, ...]  # the order the items run (seeded for the sequential stop)
-    protocol: Protocol
     endpoint: Endpoint
     gates: GateSpecs
-    baseline: StoredBaseline | None
+    groups: tuple[PlanGroup, ...]  # never empty: the run's own, or --gsm8k-config's in run order
     update_baseline: bool = False  # --snapshot-update: write the baseline, do not compare
-    groups: tuple[ConfigGroup, ...] = ()  # --gsm8k-config's configs, run in this order
     #: --gsm8k-shard: the problems are this shard's slice; its gates wait for the merge
     shard: Shard | None = None
 
@@ -131,15 +129,27 @@ class RunPlan:
         return re.compile(regex) if (regex := self.settings.answer_regex) else None
 
     @cached_property
+    def problems(self) -> tuple[Problem, ...]:  # the selection, in selection order
+        return tuple(p for g in self.groups for p in g.problems)
+
+    @cached_property
     def by_id(self) -> dict[str, Problem]:
         return {p.id: p for p in self.problems}
 
     @cached_property
-    def group_by_name(self) -> dict[str, ConfigGroup]:
+    def group_by_name(self) -> dict[str, PlanGroup]:
         return {g.name: g for g in self.groups}
 
-    def protocol_of(self, problem: Problem) -> Protocol:  # its config's, else the run's
-        return group.protocol if (group := self.group_by_name.get(problem.group)) else self.protocol
+    @property
+    def protocol(self) -> Protocol:  # the run's: its first group's
+        return self.groups[0].protocol
+
+    @cached_property
+    def configs(self) -> dict[str, VllmConfig]:  # --gsm8k-config's, by name (none: a run's own)
+        return {g.name: c for g in self.groups if (c := g.config)}
+
+    def protocol_of(self, problem: Problem) -> Protocol:  # its group's
+        return self.group_by_name.get(problem.group, self.groups[0]).protocol
 
     def request_for(self, problem_id: str) -> Request | None:
         problem = self.by_id.get(problem_id)

@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.early_stop import EarlyStop
-from pytest_gsm8k.core.plan import RunPlan
-from pytest_gsm8k.core.presets import takes_first
-from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.plan import PlanGroup, RunPlan
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
@@ -99,85 +97,66 @@ class Tally:
         plan: RunPlan,
         *,
         late: dict[str, ProblemRecord],
-        servers: dict[str, dict[str, Any]],
-        server: dict[str, Any] | None,
+        servers: Mapping[str, dict[str, Any] | None],
         scrub: Scrubber,
         deselected_by: str,
-    ) -> tuple[list[GroupInput], Group | None, list[str]]:
+    ) -> tuple[list[GroupInput], Group | None]:
         """Each group's facts, records (``late``: answers that arrived for items an aborted
         run no longer reached, scored), selection, baseline and early stop for the verdict
-        step; with ``--gsm8k-config`` the matrix's top and the configs deselected whole."""
+        step (``servers``: the one each group ran on, by name); with ``--gsm8k-config`` the
+        matrix's top, which names the configs deselected whole."""
         from pytest_gsm8k.core.merge import shard_record
         from pytest_gsm8k.core.outcome import error_record
         from pytest_gsm8k.core.verdict import BaselineInput, Group, GroupInput, Selection
 
-        settings, split = plan.settings, plan.split
+        settings, split, aborted = plan.settings, plan.split, self.aborted
         ids, of = {p.id for p in self.wanted(plan)}, len(split.problems)
         shard: dict[str, Any] = {}
         if plan.shard is not None:  # what the merge needs beside the records (core/merge.py)
             left = [p.id for p in plan.problems if p.id not in ids]
             shard["shard"] = shard_record(plan, left, deselected_by, self.interrupted)
 
-        def group(protocol: Protocol, problems: Sequence[Problem], **facts: Any) -> Group:
+        def group(planned: PlanGroup, **facts: Any) -> Group:
+            problems = planned.problems
             deselected = sum(p.id not in ids for p in problems)
             ids_hash = stable_hash([p.id for p in problems])[:16]
-            facts["subset"] |= {"of": of, "ids_hash": ids_hash, "deselected": deselected}
-            facts.setdefault("label", protocol.label)
             return Group(
-                protocol=protocol.identity(),
-                protocol_label=protocol.label,
+                name=planned.name,
+                label=facts.pop("label", planned.label),
+                protocol=planned.protocol.identity(),
+                protocol_label=planned.protocol.label,
                 dataset=split.identity(),
+                subset={**planned.subset, "of": of, "ids_hash": ids_hash, "deselected": deselected},
                 specs=plan.gates,
+                floor=planned.floor,
                 report=settings.report or "",
                 **facts,
             )
 
-        groups = []
-        if not plan.groups:  # one group, the run's own
-            records, selected = dict(self.records), plan.problems
-            limit = settings.limit if len(selected) < of else None
-            first = {"first": True} if takes_first(settings.preset) and limit is not None else {}
-            model = plan.endpoint.model or _most_common(records, "model")
-            where = "served" if settings.serve else "local_server"
-            run = group(
-                plan.protocol,
-                selected,
-                name="",
-                subset={"limit": limit, "seed": settings.seed, **first},
-                model=model or "(gsm8k_model fixture)",
-                endpoint=_most_common(records, "endpoint")
-                or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL),
-                extra=({where: server} if server is not None else {}) | shard,
-            )
-            groups.append((run, selected, records, plan.baseline, split.problems))
+        inputs: list[GroupInput] = []
         for planned in plan.groups:
             config, served = planned.config, servers.get(planned.name)
-            if not any(p.id in ids for p in planned.problems):
+            ran = [p for p in planned.problems if p.id in ids]
+            if config is not None and not ran:
                 continue  # deselected whole (-k, -m): its server never started, nothing to gate
-            block = {key: getattr(config, key) for key in _CONFIG_FIELDS.split()}
-            block["server_args"] = scrub.words(config.server_args)
-            block |= {"env": sorted(key for key, _ in config.env), "fields": list(config.given)}
-            limit = config.num_questions if config.num_questions < of else None
-            g = group(
-                planned.protocol,
-                planned.problems,
-                name=config.name,
-                label=planned.label,
-                subset={"limit": limit, "first": True, "seed": None},
-                model=config.model_name,
-                endpoint=str((served or {}).get("base_url") or "(its server did not start)"),
-                floor=planned.floor,
-                extra={"config": scrub.obj(block)}
-                | ({"served": served} if served is not None else {}),
-            )
-            had = [p.id for p in planned.problems if p.id in ids and p.id in self.records]
-            found = {pid: self.records[pid] for pid in had}
-            whole = planned.split_problems(split)
-            groups.append((g, planned.problems, found, planned.baseline, whole))
-        inputs: list[GroupInput] = []
-        for g, problems, found, stored, whole in groups:
-            ran = [p for p in problems if p.id in ids]
-            unreached, aborted = 0, self.aborted
+            found = {p.id: self.records[p.id] for p in ran if p.id in self.records}
+            if config is None:  # the run's own: its endpoint, the model it asked or was told
+                model = plan.endpoint.model or _most_common(found, "model")
+                where = "served" if settings.serve else "local_server"
+                extra = ({where: served} if served is not None else {}) | shard
+                endpoint = _most_common(found, "endpoint")
+                endpoint = endpoint or shown_url(plan.endpoint.base_url or DEFAULT_BASE_URL)
+            else:
+                block = {key: getattr(config, key) for key in _CONFIG_FIELDS.split()}
+                block["server_args"] = scrub.words(config.server_args)
+                block |= {"env": sorted(key for key, _ in config.env), "fields": list(config.given)}
+                extra = {"config": scrub.obj(block)}
+                extra |= {"served": served} if served is not None else {}
+                model = config.model_name
+                endpoint = str((served or {}).get("base_url") or "(its server did not start)")
+            model = model or "(gsm8k_model fixture)"
+            g = group(planned, model=model, endpoint=endpoint, extra=extra)
+            unreached = 0
             for problem in ran if aborted else ():
                 # the run stopped at the first item the failure reached; answers that had
                 # come in for later items (out of order) are scored, not thrown away
@@ -186,64 +165,56 @@ class Tally:
                     found[problem.id] = late.get(problem.id) or error_record(problem, aborted)
             selection = Selection(
                 tuple(p.id for p in ran),
-                deselected=len(problems) - len(ran),
+                deselected=len(planned.problems) - len(ran),
                 deselected_by=deselected_by,
                 interrupted=self.interrupted,
-                unreached=0 if g.name else unreached,
+                unreached=0 if config else unreached,
                 resumed=settings.resume,
                 shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
             )
             named = bool(settings.baseline or settings.baseline_name)
             rules = (plan.update_baseline, settings.baseline_partial, named, settings.repeats)
-            baseline = None if stored is None else BaselineInput(stored, tuple(whole), *rules)
+            stored, whole = planned.baseline, planned.split_problems(split)
+            baseline = None if stored is None else BaselineInput(stored, whole, *rules)
             early = _early(self.early.get(g.name), g.name in self.stopped)
             inputs.append(GroupInput(g, tuple(found.values()), selection, baseline, early))
-        if not plan.groups:
-            return inputs, None, []
-        top = group(
-            plan.groups[0].protocol,
-            plan.problems,
-            name="",
-            label=f"{len(plan.groups)} vLLM configs",
-            subset={"limit": None, "seed": None},
-            model=", ".join(g.config.model_name for g in plan.groups),
-            endpoint="(one server per config)",
-            extra=shard,
-        )
+        if not plan.configs:
+            return inputs, None
         shown = {i.group.name for i in inputs}
-        return inputs, top, [g.name for g in plan.groups if g.name not in shown]
+        not_run = [name for name in plan.configs if name not in shown]
+        top = group(
+            PlanGroup("", plan.protocol, plan.problems, {"limit": None, "seed": None}),
+            label=f"{len(plan.groups)} vLLM configs",
+            model=", ".join(c.model_name for c in plan.configs.values()),
+            endpoint="(one server per config)",
+            extra=shard | {"not_run": not_run},
+        )
+        return inputs, top
 
     def early_stop(self, plan: RunPlan, name: str) -> EarlyStop | None:
         """Group ``name``'s early stop ("" the run's), made on first ask over the problems it
         set out to do; its noise-aware gate uses the stored baseline only where the end of
         the run may compare with it (not with --snapshot-update, not a refused one)."""
-        if name in self.early or self.collected_ids is None:
+        settings, group = plan.settings, plan.group_by_name.get(name)
+        if group is None or name in self.early or self.collected_ids is None:
             # not knowing which problems the workers collected (an xdist controller learns
             # them from each worker's first report), the stop could not count them
             return self.early.setdefault(name, None)
-        settings, group = plan.settings, plan.group_by_name.get(name)
-        here: dict[str, Any] = {"dataset": plan.split.identity()}
-        # a config is decided by the certain bounds only (no order counts there)
-        problems, stored, split, floor, seed = (
-            (group.problems, group.baseline, group.split_problems(plan.split), group.floor, 0)
-            if group
-            else (plan.problems, plan.baseline, plan.split.problems, None, settings.seed)
-        )
-        here["protocol"] = (group.protocol if group else plan.protocol).identity()
-        if group:
+        here = {"dataset": plan.split.identity(), "protocol": group.protocol.identity()}
+        if group.config is not None:
             here["config"] = {"name": group.name, "model_name": group.config.model_name}
-        document = None
+        document, stored, split = None, group.baseline, group.split_problems(plan.split)
         if stored is not None and stored.exists and not plan.update_baseline:
             with contextlib.suppress(bl.BaselineError):
                 document = bl.check(stored, here, split)["problems"]
         wanted = {p.id for p in self.wanted(plan)}
         self.early[name] = EarlyStop.for_group(
-            [p.id for p in problems if p.id in wanted],
+            [p.id for p in group.problems if p.id in wanted],
             plan.gates,
             mode=settings.early_stop,  # type: ignore[arg-type]
-            floor=floor,
+            floor=group.floor,
             baseline=document,
-            seed=seed,
+            seed=group.subset["seed"] or 0,  # a config's: none (the certain bounds decide it)
             alpha=settings.early_stop_alpha,
             repeats=settings.repeats,
         )

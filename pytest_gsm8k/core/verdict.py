@@ -475,7 +475,6 @@ def decide_run(
     inputs: Sequence[GroupInput],
     *,
     top: Group | None = None,
-    not_run: Sequence[str] = (),
     times: tuple[str, str, float] | None = None,
 ) -> RunVerdict:
     """Each group decided; with ``top`` (a matrix) each config's gates named after it under a
@@ -492,8 +491,9 @@ def decide_run(
             ids, interrupted=interrupted, resumed=any(i.selection.resumed for i in inputs)
         )
         records = tuple(r for d in decided for r in d.records)
-        extra = {**top.extra, "not_run": list(not_run)}
-        verdict = GroupVerdict(top, records, selection, both, extra=extra, configs=tuple(decided))
+        verdict = GroupVerdict(
+            top, records, selection, both, extra=top.extra, configs=tuple(decided)
+        )
     if times is not None:
         when = dict(zip(("started_at", "finished_at", "duration_s"), times, strict=True))
         verdict = replace(verdict, extra={**verdict.extra, **when})

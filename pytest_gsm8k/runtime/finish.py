@@ -35,7 +35,6 @@ def output_paths(settings: Settings) -> dict[str, str | None]:
 def settle(
     inputs: Sequence[GroupInput],
     top: Group | None,
-    not_run: Sequence[str],
     times: tuple[str, str, float],
 ) -> RunVerdict:
     """Decide, write each baseline the verdict holds (``--snapshot-update``); a failed
@@ -44,7 +43,7 @@ def settle(
     from pytest_gsm8k.core.verdict import decide_run
     from pytest_gsm8k.runtime.outputs import reason, write_atomic
 
-    verdict = decide_run(inputs, top=top, not_run=not_run, times=times)
+    verdict = decide_run(inputs, top=top, times=times)
     failed: dict[str, str] = {}
     for group in verdict.groups:
         if group.baseline_write is not None and group.baseline is not None:
@@ -60,7 +59,7 @@ def settle(
         else i
         for i in inputs
     ]
-    return decide_run(inputs, top=top, not_run=not_run, times=times)
+    return decide_run(inputs, top=top, times=times)
 
 
 def write_outputs(

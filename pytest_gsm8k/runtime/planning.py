@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import DatasetError, Split, select
 from pytest_gsm8k.core.merge import selection_hash, shard_slice
-from pytest_gsm8k.core.plan import ConfigGroup, Endpoint, GateSpecs, RunPlan, Shard, StoredBaseline
+from pytest_gsm8k.core.plan import Endpoint, GateSpecs, PlanGroup, RunPlan, Shard, StoredBaseline
 from pytest_gsm8k.core.presets import PRESETS, preset_settings, takes_first
 from pytest_gsm8k.core.prompts import Protocol, draw_exemplars
 from pytest_gsm8k.core.scrub import clip
@@ -102,7 +102,7 @@ def protocol_for(config: VllmConfig, settings: Settings, split: Split) -> Protoc
 
 def config_groups(
     settings: Settings, split: Split, folder: Path, rootpath: Path
-) -> tuple[ConfigGroup, ...]:
+) -> tuple[PlanGroup, ...]:
     """Each config with its protocol, the first ``num_questions`` problems of the split (as
     vLLM's script takes them, not a seeded subset) and its own baseline, named by its label:
     configs whose names differ only where a file name cannot (``a b``, ``a_b``; case) are
@@ -119,7 +119,10 @@ def config_groups(
     for config in configs:
         problems = split.problems[: config.num_questions]
         problems = tuple(dataclasses.replace(p, group=config.name) for p in problems)
-        group = ConfigGroup(config, protocol_for(config, settings, split), problems)
+        limit = config.num_questions if config.num_questions < len(split.problems) else None
+        subset = {"limit": limit, "first": True, "seed": None}
+        protocol = protocol_for(config, settings, split)
+        group = PlanGroup(config.name, protocol, problems, subset, config=config)
         file = f"{bl.default_name(group.label)}.gsm8k"
         if (other := named.setdefault(file.casefold(), group.name)) != group.name:
             raise DatasetError(
@@ -173,18 +176,23 @@ def build_plan(
 ) -> RunPlan:
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
-    folder, baseline = rootpath / snapshot_dirname / "gsm8k", None
-    groups = config_groups(settings, split, folder, rootpath) if settings.vllm_config else ()
-    if groups:
-        selected = tuple(p for g in groups for p in g.problems)
-        protocol = groups[0].protocol
-    else:
+    folder = rootpath / snapshot_dirname / "gsm8k"
+    if settings.vllm_config:
+        groups = config_groups(settings, split, folder, rootpath)
+    else:  # the run's own group: the options' protocol, selection and baseline
         first = takes_first(settings.preset)
         selected = select(split.problems, settings.limit, settings.seed, first=first)
         protocol = build_protocol(settings, split)
         name = settings.baseline_name or bl.default_name(protocol.label)
         path = Path(settings.baseline or folder / f"{name}.gsm8k").expanduser()
-        baseline = read_baseline(path, rootpath)
+        # the limit is said where the run has fewer problems than the split (a shard too)
+        index, count = parse_shard(settings.shard) if settings.shard else (1, 1)
+        cut = len(shard_slice(selected, index, count)) < len(split.problems)
+        limit = settings.limit if cut else None
+        subset: dict[str, Any] = {"limit": limit, "seed": settings.seed}
+        subset |= {"first": True} if first and limit is not None else {}
+        groups = (PlanGroup("", protocol, selected, subset, read_baseline(path, rootpath)),)
+    selected = tuple(p for g in groups for p in g.problems)
     shard = None
     if settings.shard is not None:
         # every config's questions are striped over the shards: each shard runs every config
@@ -215,14 +223,11 @@ def build_plan(
         run_id=run_id,
         settings=settings,
         split=split,
-        problems=selected,
         run_order=order,
-        protocol=protocol,
         endpoint=endpoint,
         gates=GateSpecs.from_settings(settings),
-        baseline=baseline,
-        update_baseline=update_baseline,
         groups=groups,
+        update_baseline=update_baseline,
         shard=shard,
     )
 
