@@ -41,6 +41,14 @@ class Said(Exception):
         self.fatal = fatal
 
 
+def bad_reply(what: str, body: Any) -> Said:
+    """A 2xx reply that holds no completion, worded alike by both clients: ``what`` it is and
+    the first line of its ``body`` (200 characters; whitespace only: ``''``)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+    shown = text.strip() or "''"  # a body of whitespace only is an empty one
+    return Said(f"the endpoint's reply {what}: {shown.splitlines()[0][:200]}")
+
+
 class WireFailure(Exception):
     """The vllm preset's client gave up on a request to ``url`` (it never imports openai). It
     has what :func:`describe_error` reads of openai's errors: ``request``, ``status_code``
