@@ -66,9 +66,9 @@ class WireFailure(Exception):
 
 
 def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, bool]:
-    """(one-line message, fatal?, refused?) for an exception from a model call: fatal (401,
-    403, 404: no later request gets through) ends the run; refused, a 4xx no retry changes
-    (the status classifies any exception), ends it before any answer. Both HTTP
+    """(one-line message, fatal?, refused?) for an exception from a model call; its status
+    classifies it, whatever its shape: fatal (401, 403, 404: no later request gets through)
+    ends the run; refused, a 4xx no retry changes, ends it before any answer. Both HTTP
     clients' failures are read by the attributes of openai's errors (the wire client's too):
     ``body``, ``request``, ``status_code`` (None: no answer came); openai is looked up, never
     imported. ``own``: the plugin's own client's, with hints naming its options; a user's
@@ -76,7 +76,8 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
     if isinstance(exc, Said):
         return str(exc), exc.fatal, False
     status = getattr(exc, "status_code", None)
-    refused = isinstance(status, int) and 400 <= status < 500 and status not in RETRIED_STATUSES
+    fatal = status in (401, 403, 404)
+    refused = not fatal and status in range(400, 500) and status not in RETRIED_STATUSES
     # an HTTP client's failure has a body and a request naming its method and URL (the body
     # asked first: an httpx error's unset request raises); anything else is said as it is
     request: Any = getattr(exc, "request", None) if hasattr(exc, "body") else None
@@ -85,7 +86,7 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
     ):
         text = str(exc).strip().splitlines()
         said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-        return said, False, refused
+        return said, fatal, refused
     if status is None:  # no answer came
         openai = sys.modules.get("openai")  # none of its errors exists before its import
         timeouts = (openai.APITimeoutError,) if openai else ()

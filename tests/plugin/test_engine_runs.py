@@ -532,8 +532,8 @@ def gsm8k_model():
 
 @pytest.mark.parametrize(
     ("error", "xdist"),
-    [("AuthenticationError", []), ("AuthenticationError", ["-n", "2"])],
-    ids=["http-shaped", "http-shaped-xdist"],
+    [("AuthenticationError", []), ("AuthenticationError", ["-n", "2"]), ("KeyRejected", [])],
+    ids=["http-shaped", "http-shaped-xdist", "status-only"],
 )
 def test_a_users_function_whose_key_is_rejected_ends_the_run_with_its_own_words(
     pytester: pytest.Pytester, gsm8k_data: Path, error: str, xdist: list[str]
