@@ -44,8 +44,7 @@ class Said(Exception):
 def bad_reply(what: str, body: Any) -> Said:
     """A 2xx reply that holds no completion, worded alike by both clients: ``what`` it is and
     the first line of its ``body`` (200 characters; whitespace only: ``''``)."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
-    shown = text.strip() or "''"  # a body of whitespace only is an empty one
+    shown = str(body).strip() or "''"  # a body of whitespace only is an empty one
     return Said(f"the endpoint's reply {what}: {shown.splitlines()[0][:200]}")
 
 
