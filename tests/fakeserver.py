@@ -114,11 +114,14 @@ BEHAVIOURS = frozenset(
         "hang",
         # 200 replies with no usable answer: an empty ``choices`` list, a null
         # ``content`` (chat) / ``text`` (completions) without reasoning, a body that is not JSON,
-        # a text/plain body of whitespace only (a proxy's empty page)
+        # a text/plain body of whitespace only (a proxy's empty page); labelled JSON, a body
+        # of whitespace only or one that is not UTF-8
         "nochoices",
         "nullcontent",
         "badjson",
         "blank",
+        "blankjson",
+        "badutf8",
         # hostile sizes and text: a lone UTF-16 surrogate (``\ud83d``, legal in JSON, not
         # encodable as UTF-8) in the answer; ``Script.huge_chars`` spaces before the answer;
         # the same behind gzip (``Script.bomb_chars`` spaces: a few hundred KB on the wire)
@@ -1166,6 +1169,8 @@ class FakeOpenAIServer:
             return _Response(200, b'{"id": "cmpl-broken", "choices": [{"index": 0, "mess')
         if behaviour == "blank":
             return _Response(200, b" \r\n ", content_type="text/plain")
+        if behaviour in ("blankjson", "badutf8"):
+            return _Response(200, b" \r\n " if behaviour == "blankjson" else b'{"x": "\xff"}')
 
         # ---- generate choices
         stop = req.get("stop")

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
 from pytest_gsm8k.core.types import Completion, ModelCallable, ModelResponse, Request, valid_usage
-from pytest_gsm8k.runtime.failures import Said
+from pytest_gsm8k.runtime.failures import Said, bad_reply
 
 #: the most one problem's answer may take, decoded (a gzip bomb stops here) or as the JSON of
 #: its samples: answers are kilobytes, and up to --gsm8k-concurrency replies are held at once
@@ -445,7 +445,12 @@ class OpenAIClient:
     async def _post(self, client: Any, path: str, payload: bytes) -> Any:
         """openai's documented ``post`` with ``cast_to=object``: its retries and errors without
         its typed layer, a third less CPU per request (CPU the test thread shares)."""
-        return await client.post(path, content=payload, cast_to=object)
+        try:
+            return await client.post(path, content=payload, cast_to=object)
+        except json.JSONDecodeError as exc:  # a reply labelled JSON that is not
+            raise bad_reply("is not JSON", exc.doc) from None
+        except UnicodeDecodeError as exc:
+            raise bad_reply("is not JSON", str(exc.object, "utf-8", "replace")) from None
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -470,8 +475,7 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
     """A chat or text completion reply (decoded JSON) as a ModelResponse (:class:`Said`: it is
     none; a retry gets the same); token counts that are not counts are left out, said once."""
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-        shown = str(data).strip() or "''"  # a body of whitespace only is an empty one
-        raise Said(f"the endpoint's reply has no choices: {shown.splitlines()[0][:200]}")
+        raise bad_reply("has no choices", data)
     choices = [c for c in data["choices"] if isinstance(c, dict)]
     if not choices:
         raise Said("the endpoint's reply has no choices (an empty list)")

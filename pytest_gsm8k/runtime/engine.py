@@ -28,7 +28,7 @@ from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.scrub import Scrubber, printable
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime.cache import ResponseCache, Write, cache_key
-from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient, mib
+from pytest_gsm8k.runtime.client import MAX_REPLY_BYTES, Breaker, ModelClient, OpenAIClient, mib
 from pytest_gsm8k.runtime.failures import (
     EndpointAborted,
     EndpointError,
@@ -338,7 +338,7 @@ class Engine:
         except Exception as exc:  # classified here, never lost
             self.cache.submit(writes)
             try:
-                message, fatal, refused = describe_error(exc)
+                message, fatal, refused = describe_error(exc, isinstance(self.client, OpenAIClient))
             except Exception as odd:  # a user's exception that cannot be said: never a hang
                 said = f"{type(exc).__name__} ({type(odd).__name__})"
                 message, fatal, refused = said, False, False

@@ -41,6 +41,13 @@ class Said(Exception):
         self.fatal = fatal
 
 
+def bad_reply(what: str, body: Any) -> Said:
+    """A 2xx reply that holds no completion, worded alike by both clients: ``what`` it is and
+    the first line of its ``body`` (200 characters; whitespace only: ``''``)."""
+    shown = str(body).strip() or "''"  # a body of whitespace only is an empty one
+    return Said(f"the endpoint's reply {what}: {shown.splitlines()[0][:200]}")
+
+
 class WireFailure(Exception):
     """The vllm preset's client gave up on a request to ``url`` (it never imports openai). It
     has what :func:`describe_error` reads of openai's errors: ``request``, ``status_code``
@@ -57,18 +64,19 @@ class WireFailure(Exception):
         self.request, self.timed_out = SimpleNamespace(method="POST", url=url), timed_out
 
 
-def describe_error(exc: BaseException) -> tuple[str, bool, bool]:
-    """(one-line message, fatal?, refused?) for an exception from a model call: fatal ends the
-    run; refused (not fatal) is a 4xx no retry changes, which ends the run when it comes
-    before any answer (the endpoint refuses what we send). Both HTTP clients' failures are
-    read by the attributes of openai's errors (the wire client's have them too): the ``body``
-    and ``request``, a ``status_code`` when an answer came; openai is looked up, never
-    imported (the vllm preset's path never imports it). A user's exception is said as it is
-    (its ``status_code`` still classifies it)."""
+def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, bool]:
+    """(one-line message, fatal?, refused?) for an exception from a model call; its status
+    classifies it, whatever its shape: fatal (401, 403, 404: no later request gets through)
+    ends the run; refused, a 4xx no retry changes, ends it before any answer. Both HTTP
+    clients' failures are read by the attributes of openai's errors (the wire client's too):
+    ``body``, ``request``, ``status_code`` (None: no answer came); openai is looked up, never
+    imported. ``own``: the plugin's own client's, with hints naming its options; a user's
+    function reads none, and gets the status and message. Any other exception is said as is."""
     if isinstance(exc, Said):
         return str(exc), exc.fatal, False
     status = getattr(exc, "status_code", None)
-    refused = isinstance(status, int) and 400 <= status < 500 and status not in RETRIED_STATUSES
+    fatal = status in (401, 403, 404)
+    refused = not fatal and status in range(400, 500) and status not in RETRIED_STATUSES
     # an HTTP client's failure has a body and a request naming its method and URL (the body
     # asked first: an httpx error's unset request raises); anything else is said as it is
     request: Any = getattr(exc, "request", None) if hasattr(exc, "body") else None
@@ -77,31 +85,32 @@ def describe_error(exc: BaseException) -> tuple[str, bool, bool]:
     ):
         text = str(exc).strip().splitlines()
         said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-        return said, False, refused
+        return said, fatal, refused
     if status is None:  # no answer came
         openai = sys.modules.get("openai")  # none of its errors exists before its import
         timeouts = (openai.APITimeoutError,) if openai else ()
         if getattr(exc, "timed_out", False) or isinstance(exc, timeouts):
-            return "request timed out after retries (see --gsm8k-timeout)", False, False
+            see = " (see --gsm8k-timeout)" if own else ""
+            return f"request timed out after retries{see}", False, False
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False, False
+    message = _api_message(exc)
     if status < 100:  # a client's stand-in (0) where no HTTP answer gave one (600: an answer)
-        return f"no HTTP status (status_code {status}): {_api_message(exc)}", False, False
+        return f"no HTTP status (status_code {status}): {message}", False, False
     if status in (401, 403):
-        line = f"the endpoint rejected the credentials (HTTP {status}); check the API key variable"
-        return line, True, False
+        see = "; check the API key variable" if own else f": {message}"
+        return f"the endpoint rejected the credentials (HTTP {status}){see}", True, False
     if status == 404:  # the URL that answered and, lacking /v1 (the usual cause), the fix
         shown = shown_url(str(request.url))
         paths = ("/chat/completions", "/completions")  # what the clients append to the base
         base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
-        line = f"{request.method} {shown} answered 404: {_api_message(exc)}"
-        if (suggested := with_v1(base)) is not None:
+        line = f"{request.method} {shown} answered 404: {message}"
+        if own and (suggested := with_v1(base)) is not None:
             line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
         return line, True, False
     retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
-    message = _api_message(exc)
-    hint = reasoning_model_hint(message) if status == 400 else None
+    hint = reasoning_model_hint(message) if status == 400 and own else None
     message += f"; {hint}" if hint else ""
     return f"HTTP {status}{retried}: {message}", False, refused
 

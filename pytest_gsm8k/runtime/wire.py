@@ -16,7 +16,7 @@ from typing import Any
 
 from pytest_gsm8k.core.retry import retry_delay, should_retry
 from pytest_gsm8k.runtime.client import ACCEPTED, OpenAIClient, Refused, bounded_body, reply_decoder
-from pytest_gsm8k.runtime.failures import Said, WireFailure
+from pytest_gsm8k.runtime.failures import Said, WireFailure, bad_reply
 
 
 class WireClient(OpenAIClient):
@@ -83,8 +83,10 @@ class WireClient(OpenAIClient):
             raise WireFailure(url, None, str(exc) or type(exc).__name__) from exc
         try:
             data = json.loads(raw)
-        except ValueError:
+        except ValueError:  # labelled JSON (as the openai client reads it), a 2xx must be
             data = raw.decode("utf-8", "replace").strip()
+            if status < 400 and headers.get("Content-Type", "*").split(";")[0].endswith("json"):
+                raise bad_reply("is not JSON", data) from None
         if status >= 400:
             raise WireFailure(url, status, data, dict(headers))
         return data

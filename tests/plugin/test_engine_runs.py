@@ -501,3 +501,58 @@ def test_xdist_workers_share_a_user_callable_without_calling_it_twice(
     assert len(ids) == 40
     assert len(set(ids)) == 40  # each problem asked once, across workers
     assert read_report(pytester.path / "r.json")["n"] == 40
+
+
+REJECTED_CONFTEST = """
+import itertools
+import pytest
+
+class Request:  # an HTTP SDK's request: its method and URL
+    method, url = "POST", "https://api.example.com/v1/messages"
+
+class AuthenticationError(Exception):  # as anthropic's: a status, its request, the body
+    status_code, request = 401, Request()
+    body = {"type": "error", "error": {"message": "invalid x-api-key"}}
+
+class KeyRejected(Exception):  # a status and nothing else
+    status_code = 401
+
+calls = itertools.count()
+
+def model(request):
+    if next(calls) < 3:
+        return "#### 0"
+    raise {ERROR}("invalid x-api-key")
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return model
+"""
+
+
+@pytest.mark.parametrize(
+    ("error", "xdist"),
+    [("AuthenticationError", []), ("AuthenticationError", ["-n", "2"]), ("KeyRejected", [])],
+    ids=["http-shaped", "http-shaped-xdist", "status-only"],
+)
+def test_a_users_function_whose_key_is_rejected_ends_the_run_with_its_own_words(
+    pytester: pytest.Pytester, gsm8k_data: Path, error: str, xdist: list[str]
+) -> None:
+    """A 401 from a user's function ends the run at once, after answers too, whatever the
+    exception's shape (the status is the claim: no later request gets through); it is said
+    with the status and the server's message, never with the plugin's own client's advice
+    (the API key variable, --gsm8k-* options), which that function does not read."""
+    pytester.makeconftest(REJECTED_CONFTEST.replace("{ERROR}", error))
+    pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    common = (f"--gsm8k-data={gsm8k_data}", *NO_EXTRA_PLUGINS, "--gsm8k-concurrency=1")
+    result = pytester.runpytest(*common, "--gsm8k-limit=20", "--gsm8k-report=r.json", *xdist)
+    text = output(result)
+    assert result.ret == 1, text
+    rep = read_report(pytester.path / "r.json")
+    said = {p["error"] for p in rep["problems"] if p["outcome"] == "error"}
+    line = "the endpoint rejected the credentials (HTTP 401): invalid x-api-key"
+    assert said == {line if error == "AuthenticationError" else "KeyRejected: invalid x-api-key"}
+    answered = 20 - rep["counts"]["error"]  # 3 answers a process (a worker may have fewer)
+    assert answered == 3 or (xdist and 0 < answered <= 6), text
+    for advice in ("API key variable", "OPENAI_API_KEY", "--gsm8k-api-key-env"):
+        assert advice not in text, text

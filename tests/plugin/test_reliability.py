@@ -363,40 +363,51 @@ def test_url_credentials_are_never_printed_or_written(
 # -- 4. replies with no usable answer --------------------------------------------------------
 
 
-@XDIST
+@CLIENTS_XDIST
 def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baseline(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_args: list[str],
     keyed_env: str,
+    client: list[str],
     xdist: list[str],
 ) -> None:
+    """Every kind of reply without an answer is an error, worded alike by both clients (the
+    openai client and the vllm preset's own): a body labelled JSON that is not says so,
+    with the first 200 characters of its first line (runtime/wire.py's docstring)."""
     from pytest_gsm8k.core.dataset import select
     from pytest_gsm8k.runtime.data import load_split
 
     chosen = [p.index for p in select(load_split(None).problems, 12, 1234)]
+    chosen = list(range(12)) if client else chosen  # the preset runs the first ones
     bad = {chosen[1]: "nochoices", chosen[4]: "nullcontent", chosen[7]: "badjson"}
     bad[chosen[9]] = "blank"  # a text/plain body of whitespace only: said IndexError
+    bad |= {chosen[10]: "blankjson", chosen[11]: "badutf8"}  # said JSONDecodeError: ...
     server.set_script(Script(behaviours=bad))
-    run = [*gsm8k_args, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache", "--gsm8k-max-retries=0"]
+    run = [*gsm8k_args, *client, "--gsm8k-limit=12", "--gsm8k-cache-dir=cache"]
+    run.append("--gsm8k-max-retries=0")
     result = pytester.runpytest(*run, *xdist, "--gsm8k-report=r.json", "--snapshot-update")
     text = output(result)
     assert result.ret == 1, text
     rep = report(pytester)
-    assert {p["index"] for p in rep["problems"] if p["outcome"] == "error"} == set(bad), text
-    [blank] = [p for p in rep["problems"] if p["index"] == chosen[9]]
-    assert blank["error"] == "the endpoint's reply has no choices: ''"  # the wire client's line
+    said = {p["index"]: p["error"] for p in rep["problems"] if p["outcome"] == "error"}
+    assert set(said) == set(bad), text
+    assert said[chosen[9]] == "the endpoint's reply has no choices: ''"  # the wire client's line
+    not_json = "the endpoint's reply is not JSON: "
+    assert said[chosen[7]] == not_json + '{"id": "cmpl-broken", "choices": [{"index": 0, "mess'
+    assert said[chosen[10]] == not_json + "''"
+    assert said[chosen[11]] == not_json + '{"x": "\ufffd"}'
     assert "IndexError" not in text
-    assert rep["counts"]["correct"] == 8
-    assert len(list((pytester.path / "cache" / "responses").rglob("*.json"))) == 8
+    assert rep["counts"]["correct"] == 6
+    assert len(list((pytester.path / "cache" / "responses").rglob("*.json"))) == 6
     assert "baseline: FAIL: not written" in text
-    assert "4 problems ended in an error" in text
+    assert "6 problems ended in an error" in text
     assert not (pytester.path / "__snapshots__").exists()
     server.reset()
     # the follow-up plain (the cache is read by the controller)
     again = pytester.runpytest(*run, "--gsm8k-resume", "--gsm8k-report=r2.json")
     assert again.ret == 1
-    assert sent(server) == 4  # only the unanswered ones are asked again
+    assert sent(server) == 6  # only the unanswered ones are asked again
 
 
 # -- 5. a hung endpoint; timeouts and the breaker ---------------------------------------------

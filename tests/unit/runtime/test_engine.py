@@ -327,6 +327,40 @@ def test_either_clients_failures_are_worded_alike_and_a_users_exception_as_it_is
     assert describe_error(UsersError("down")) == ("UsersError: down", False, False)
 
 
+def test_a_users_functions_http_failure_is_said_without_the_plugin_clients_hints() -> None:
+    """A user's function (its own SDK call, e.g. anthropic's, shaped like openai's errors) is
+    classified as the plugin's own client would be (a 401, 403 or 404 ends the run), but
+    worded with the status and the server's message only: the hints name options and the
+    key variable the plugin's own client reads, which the function never did."""
+    import httpx2 as httpx
+    import openai
+
+    from pytest_gsm8k.runtime.failures import describe_error
+
+    request = httpx.Request("POST", "http://h:8000/chat/completions")
+
+    def error(status: int, message: str) -> openai.APIStatusError:
+        response = httpx.Response(status, request=request, json={"message": message})
+        return openai.APIStatusError(message, response=response, body={"message": message})
+
+    refusal = "Unsupported parameter: 'max_tokens' is not supported, use 'max_completion_tokens'"
+    for exc, users in [
+        (error(401, "invalid x-api-key"), "the endpoint rejected the credentials (HTTP 401): "),
+        (error(403, "no access"), "the endpoint rejected the credentials (HTTP 403): no access"),
+        (error(404, "Not Found"), "POST http://h:8000/chat/completions answered 404: Not Found"),
+        (error(400, refusal), f"HTTP 400: {refusal}"),
+        (openai.APITimeoutError(request), "request timed out after retries"),
+    ]:
+        own, theirs = describe_error(exc), describe_error(exc, own=False)
+        assert theirs[0].startswith(users), theirs
+        assert theirs[1:] == own[1:]  # the same classification
+        assert theirs[0] != own[0]  # the plugin's own client's line has the hint
+        for hint in ("--gsm8k", "API key variable"):
+            assert hint not in theirs[0], theirs
+    said = describe_error(error(401, "invalid x-api-key"), own=False)[0]
+    assert said == "the endpoint rejected the credentials (HTTP 401): invalid x-api-key"
+
+
 class _UsersError(Exception):
     """Has a ``body`` and a 404 ``status_code`` but a ``request`` naming no method or URL:
     not an HTTP client's failure."""
@@ -342,7 +376,7 @@ class _Unsayable(Exception):
 @pytest.mark.parametrize(
     ("exc", "said"),
     [
-        (_UsersError("gone"), r"_UsersError: gone$"),
+        (_UsersError("gone"), r"^_UsersError: gone$"),
         (_Unsayable(), r"^_Unsayable \(RuntimeError\)$"),
     ],
     ids=["body-but-no-usable-request", "str-raises"],
@@ -356,14 +390,13 @@ def test_a_users_exception_is_its_items_error_never_a_hang(
     as it is, the second by its class and what raised."""
     from pytest_gsm8k.runtime.failures import describe_error
 
-    if isinstance(exc, _UsersError):
-        assert describe_error(exc) == ("_UsersError: gone", False, True)
+    if isinstance(exc, _UsersError):  # a 404 ends the run, whatever the exception's shape
+        assert describe_error(exc) == ("_UsersError: gone", True, False)
     engine = Engine(ScriptedClient(fail={"p000": exc}), memory_cache, concurrency=1)
     planned = requests(2)
     try:
         engine.start(planned)
         asked = asyncio.run_coroutine_threadsafe(engine.answer(planned[0]), engine.loop)
-        # (a 4xx before any answer: the endpoint refused the first requests, as before)
         with pytest.raises(EndpointError, match=said):
             asked.result(timeout=10)
     finally:
