@@ -36,8 +36,9 @@ pytestmark = [
 ]
 
 
-#: problems per run: a few, the rules hold at any size
-LIMIT = 3
+#: problems per run: two, the rules hold at any size (each is ~4 CPU-s of 5-shot prefill and
+#: generation on one thread)
+LIMIT = 2
 #: see the module's docstring
 ONE_THREAD = "--gsm8k-local-threads=1"
 
