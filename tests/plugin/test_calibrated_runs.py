@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -51,6 +52,30 @@ def _record(pytester: pytest.Pytester, args: list[str]) -> dict[str, object]:
     return document
 
 
+#: what ``_record`` made of ``_noisy()`` at ``LIMIT`` in this process: the baseline, the report
+#: and the noise draws it took
+_RECORDED: dict[str, Any] = {}
+
+
+def _record_noisy(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str]
+) -> dict[str, object]:
+    """``_record`` of ``_noisy()``, run once per process (1,000 answers): a later test gets its
+    baseline and report files, and its server the draws the recording took, so that its runs
+    get the same answers as after a recording of its own."""
+    if not _RECORDED:
+        document = _record(pytester, args)
+        _RECORDED["baseline"] = (pytester.path / BASELINE).read_text()
+        _RECORDED["report"] = (pytester.path / "base.json").read_text()
+        _RECORDED["draws"] = server.noise_draws()
+        return document
+    (pytester.path / BASELINE).parent.mkdir(parents=True)
+    (pytester.path / BASELINE).write_text(_RECORDED["baseline"])
+    (pytester.path / "base.json").write_text(_RECORDED["report"])
+    server.take_noise_draws(_RECORDED["draws"])
+    return bl.loads(_RECORDED["baseline"], "baseline")
+
+
 def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
@@ -59,7 +84,7 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
 ) -> None:
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    document = _record(pytester, args)
+    document = _record_noisy(pytester, server, args)
     selected = _selected()
     noisy = {f"test-{i:04d}" for i in selected if server.script.noisy(i)}
     # the baseline: K=5 per problem, one line per problem, and its calibration
@@ -162,7 +187,7 @@ def test_candidate_repeats_are_compared_as_a_mean(
     the mean; the same protocol label and baseline file as a single run (K is not in it)."""
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    _record(pytester, args)
+    _record_noisy(pytester, server, args)
     server.reset()
     result = pytester.runpytest(*args, "--gsm8k-repeats=3", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
@@ -269,7 +294,7 @@ def test_repeats_headline_and_min_acc_are_the_mean_over_every_answer(
     compares mean with mean, with the same diff and interval as the gate's line."""
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    document = _record(pytester, args)
+    document = _record_noisy(pytester, server, args)
     base = report(pytester, "base.json")
     answers = [p["repeats"] for p in base["problems"]]
     mean = sum(r.count("correct") for r in answers) / (5 * LIMIT)
