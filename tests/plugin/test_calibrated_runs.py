@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import GsmRun, output, report
+from helpers import GsmRun, made_once, output, report
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -52,28 +51,24 @@ def _record(pytester: pytest.Pytester, args: list[str]) -> dict[str, object]:
     return document
 
 
-#: what ``_record`` made of ``_noisy()`` at ``LIMIT`` in this process: the baseline, the report
-#: and the noise draws it took
-_RECORDED: dict[str, Any] = {}
+#: the noise draws ``_record_noisy``'s recording took in this process
+_DRAWS: dict[int, int] = {}
 
 
 def _record_noisy(
     pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str]
 ) -> dict[str, object]:
-    """``_record`` of ``_noisy()``, run once per process (1,000 answers): a later test gets its
-    baseline and report files, and its server the draws the recording took, so that its runs
-    get the same answers as after a recording of its own."""
-    if not _RECORDED:
-        document = _record(pytester, args)
-        _RECORDED["baseline"] = (pytester.path / BASELINE).read_text()
-        _RECORDED["report"] = (pytester.path / "base.json").read_text()
-        _RECORDED["draws"] = server.noise_draws()
-        return document
-    (pytester.path / BASELINE).parent.mkdir(parents=True)
-    (pytester.path / BASELINE).write_text(_RECORDED["baseline"])
-    (pytester.path / "base.json").write_text(_RECORDED["report"])
-    server.take_noise_draws(_RECORDED["draws"])
-    return bl.loads(_RECORDED["baseline"], "baseline")
+    """``_record`` of ``_noisy()`` (1,000 answers), made once per process: a later test gets
+    its baseline and report files, and its server the draws the recording took, so that its
+    runs get the answers they got after a recording of their own."""
+
+    def record() -> None:
+        _record(pytester, args)
+        _DRAWS.update(server.noise_draws())
+
+    if not made_once("calibrated K=5", pytester.path, [BASELINE, "base.json"], record):
+        server.take_noise_draws(_DRAWS)
+    return bl.loads((pytester.path / BASELINE).read_text(), "baseline")
 
 
 def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
