@@ -32,13 +32,13 @@ def _warm_imports() -> None:
     """Import, once per process, what every inner run would otherwise import again.
 
     pytester's in-process runs drop the modules first imported inside them: the plugin's
-    lazily imported modules, openai, datasets were imported (and assertion-rewritten)
-    anew in each run. Two are needed for correctness too: httpx imports httpcore on the
-    first connection and caches its exception classes, so a dropped httpcore made a later
-    run's refused connection escape as a raw ``ConnectError``; and datasets registers
-    pyarrow extension types at import, so a second import fails.
+    lazily imported modules and openai were imported (and assertion-rewritten) anew in
+    each run. httpx needs it for correctness too: it imports httpcore on the first
+    connection and caches its exception classes, so a dropped httpcore made a later run's
+    refused connection escape as a raw ``ConnectError``. (datasets, which cannot be
+    imported twice, is imported by ``hub_folder``, the one inner run's that reads through
+    it: 1.2 CPU-s a process that no other test needs.)
     """
-    import datasets  # noqa: F401
     import openai
 
     for info in pkgutil.walk_packages(pytest_gsm8k.__path__, "pytest_gsm8k."):
@@ -168,7 +168,11 @@ def hub_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder laid out like the openai/gsm8k hub repository, made from the embedded copy.
 
     Built in a temp dir for the ``datasets`` code path; the project never commits data.
+    datasets is imported here, before any pytester snapshot of ``sys.modules`` (a session
+    fixture is set up before the test's pytester): it registers pyarrow extension types at
+    import, so an import inside an inner run, dropped after it, would fail the next time.
     """
+    import datasets  # noqa: F401
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -66,6 +66,9 @@ run differ and so do two runs. The draw counters are never cleared (not by
 reset is a new run, not a replay of the last one. They live as long as the
 server process: a restarted server draws its first answers again, so change a
 running server's script over ``POST /_script`` rather than restarting it.
+``noise_draws()`` and ``take_noise_draws()`` carry them from one server to another: a
+baseline recorded once and shared by several tests, each server then drawing as the
+recording's would after it.
 ``Script.drop`` turns that many stable-correct problems wrong (a true
 regression): the first ones in ``drop_pool`` (default: index order) that are
 neither noisy nor scripted otherwise.
@@ -690,6 +693,17 @@ class FakeOpenAIServer:
         """Clear statistics, fault counters and sample counters."""
         with self._lock:
             self._reset_locked()
+
+    def noise_draws(self) -> dict[int, int]:
+        """The draws taken so far, per noisy problem (a copy)."""
+        with self._lock:
+            return dict(self._noise_pos)
+
+    def take_noise_draws(self, draws: dict[int, int]) -> None:
+        """Count ``draws`` (another server's ``noise_draws()``) as taken here too."""
+        with self._lock:
+            for index, taken in draws.items():
+                self._noise_pos[index] = self._noise_pos.get(index, 0) + taken
 
     def set_script(self, script: Script) -> None:
         """Replace the script; fault and sample counters start again."""

@@ -119,6 +119,27 @@ def spawn_pytest(pytester: pytest.Pytester, *args: str, **popen: Any) -> subproc
     )
 
 
+#: the files of each set-up run ``made_once`` ran in this process, by key
+_MADE: dict[str, dict[str, bytes]] = {}
+
+
+def made_once(
+    key: str, folder: Path, names: Sequence[str | Path], make: Callable[[], object]
+) -> bool:
+    """The files ``names`` (relative to ``folder``) that a set-up run, ``make()``, writes: made
+    by the first test of this process that asks for ``key``, copied into a later test's
+    ``folder``. For a set-up whose only product is those files (a baseline, a report): it
+    runs once per process, not once per test. True when ``make()`` ran here."""
+    if key not in _MADE:
+        make()
+        _MADE[key] = {str(name): (folder / name).read_bytes() for name in names}
+        return True
+    for name, data in _MADE[key].items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return False
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
     """Call ``predicate`` every ``interval`` seconds until it returns something true or
     ``timeout`` seconds have passed, and say whether it did.

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, GsmRun, output, report
+from helpers import XDIST, GsmRun, made_once, output, report
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -20,9 +20,14 @@ TWO = "test-0082 or test-0112"  # two problems of the limit-100 subset (seed 123
 
 @pytest.fixture
 def recorded(pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun) -> str:
-    """A baseline recorded from an all-correct run of the 100-problem subset; its text."""
-    result, _ = gsm8k_run(LIMIT, "--snapshot-update", report=None, xdist=())
-    result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=100, accuracy 1.0000)*"])
+    """A baseline recorded from an all-correct run of the 100-problem subset (once per
+    process); its text."""
+
+    def record() -> None:
+        result, _ = gsm8k_run(LIMIT, "--snapshot-update", report=None, xdist=())
+        result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=100, accuracy 1.0000)*"])
+
+    made_once("coverage baseline", pytester.path, [BASELINE], record)
     return (pytester.path / BASELINE).read_text()
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import XDIST, GsmRun, output
+from helpers import XDIST, GsmRun, made_once, output, read_json
 
 from pytest_gsm8k.core import baseline as bl
 
@@ -21,11 +21,16 @@ def _ids(report: dict[str, Any]) -> list[int]:
 
 
 @pytest.fixture
-def recorded(gsm8k_run: GsmRun) -> list[int]:
-    """A baseline recorded from an all-correct run of the 50-problem subset."""
-    result, report = gsm8k_run(LIMIT, "--snapshot-update", xdist=())
-    result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=50, accuracy 1.0000)*"])
-    return _ids(report)
+def recorded(pytester: pytest.Pytester, gsm8k_run: GsmRun) -> list[int]:
+    """A baseline recorded from an all-correct run of the 50-problem subset (once per
+    process); its problems' indices."""
+
+    def record() -> None:
+        result, _ = gsm8k_run(LIMIT, "--snapshot-update", xdist=())
+        result.stdout.fnmatch_lines([f"*baseline written: {BASELINE} (n=50, accuracy 1.0000)*"])
+
+    made_once("baseline", pytester.path, [BASELINE, "r.json"], record)
+    return _ids(read_json(pytester.path / "r.json"))
 
 
 def test_baseline_file_is_stable_sorted_json(

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import GsmRun, output, report
+from helpers import GsmRun, made_once, output, report
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.dataset import select
@@ -51,6 +51,26 @@ def _record(pytester: pytest.Pytester, args: list[str]) -> dict[str, object]:
     return document
 
 
+#: the noise draws ``_record_noisy``'s recording took in this process
+_DRAWS: dict[int, int] = {}
+
+
+def _record_noisy(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, args: list[str]
+) -> dict[str, object]:
+    """``_record`` of ``_noisy()`` (1,000 answers), made once per process: a later test gets
+    its baseline and report files, and its server the draws the recording took, so that its
+    runs get the answers they got after a recording of their own."""
+
+    def record() -> None:
+        _record(pytester, args)
+        _DRAWS.update(server.noise_draws())
+
+    if not made_once("calibrated K=5", pytester.path, [BASELINE, "base.json"], record):
+        server.take_noise_draws(_DRAWS)
+    return bl.loads((pytester.path / BASELINE).read_text(), "baseline")
+
+
 def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
@@ -59,7 +79,7 @@ def test_calibrated_baseline_passes_an_unchanged_rerun_and_fails_a_true_drop(
 ) -> None:
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    document = _record(pytester, args)
+    document = _record_noisy(pytester, server, args)
     selected = _selected()
     noisy = {f"test-{i:04d}" for i in selected if server.script.noisy(i)}
     # the baseline: K=5 per problem, one line per problem, and its calibration
@@ -162,7 +182,7 @@ def test_candidate_repeats_are_compared_as_a_mean(
     the mean; the same protocol label and baseline file as a single run (K is not in it)."""
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    _record(pytester, args)
+    _record_noisy(pytester, server, args)
     server.reset()
     result = pytester.runpytest(*args, "--gsm8k-repeats=3", "--gsm8k-report=r.json")
     assert result.ret == 0, output(result)
@@ -269,7 +289,7 @@ def test_repeats_headline_and_min_acc_are_the_mean_over_every_answer(
     compares mean with mean, with the same diff and interval as the gate's line."""
     server.set_script(_noisy())
     args = [*gsm8k_args, f"--gsm8k-limit={LIMIT}", "--gsm8k-no-cache"]
-    document = _record(pytester, args)
+    document = _record_noisy(pytester, server, args)
     base = report(pytester, "base.json")
     answers = [p["repeats"] for p in base["problems"]]
     mean = sum(r.count("correct") for r in answers) / (5 * LIMIT)

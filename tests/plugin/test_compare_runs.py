@@ -16,7 +16,15 @@ from typing import Any
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, GsmRun, config_serve, output, report
+from helpers import (
+    NO_CACHEPROVIDER,
+    NO_EXTRA_PLUGINS,
+    GsmRun,
+    config_serve,
+    made_once,
+    output,
+    report,
+)
 
 from pytest_gsm8k.core.calibrated import MAX_REPEATS
 from pytest_gsm8k.core.compare import MAX_CONFIGS, MAX_ID, MAX_PROBLEMS, load_report
@@ -35,8 +43,14 @@ def compare(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 @pytest.fixture
 def first(pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun) -> list[int]:
-    """a.json: an all-correct run of 20 problems; its problems' indices."""
-    gsm8k_run(LIMIT, "--gsm8k-report=a.json", report=None, xdist=())
+    """a.json: an all-correct run of 20 problems (made once per process: compare reads only
+    the file); its problems' indices."""
+    made_once(
+        "compare a.json",
+        pytester.path,
+        ["a.json"],
+        lambda: gsm8k_run(LIMIT, "--gsm8k-report=a.json", report=None, xdist=()),
+    )
     return [p["index"] for p in report(pytester, "a.json")["problems"]]
 
 

@@ -94,6 +94,11 @@ def test_the_controller_sends_its_plan_before_the_workers_offer_it_each_problem_
     assert _completions(server) == 20
 
 
+def test_a_head_start_without_an_option_that_may_deselect(pytester: pytest.Pytester) -> None:
+    """The control of the next test's cases: without their option, a head start."""
+    assert head_start_allowed(pytester.parseconfigure())
+
+
 @pytest.mark.parametrize(
     "option",
     [
@@ -118,7 +123,6 @@ def test_no_head_start_when_an_option_may_deselect(
     controller decides at session start from its configuration (head_start_allowed): each
     option is read there; one -n 2 run for each kind of reason (a filter on the command line,
     a conftest's own fixture) shows that the decision is what the run does."""
-    assert head_start_allowed(pytester.parseconfigure())  # without the option: a head start
     conftest = WAIT_FOR_HEAD_START.format(port=server.port, want=1, wait=1)
     end_to_end = option[0] in ("-k", "conftest-model")
     if option[0].startswith("conftest-"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY, XDIST
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY
 
 from pytest_gsm8k.core.scoring import gold_number
 
@@ -118,7 +118,14 @@ def test_sampled_protocols_match_hand_computed_values(
         assert problems[2]["votes"] == []
 
 
-@XDIST
+#: (honour_n, xdist): under -n 2 the endpoint that ignores n, one call per sample (the case
+#: that lost samples); whether the server honours n does not cross processes
+@pytest.mark.parametrize(
+    ("sampling_server", "xdist"),
+    [(True, []), (False, []), (False, ["-n", "2"])],
+    ids=["n-honoured-plain", "n-ignored-plain", "n-ignored-xdist"],
+    indirect=["sampling_server"],
+)
 def test_a_resumed_sampled_protocol_is_scored_on_every_sample(
     pytester: pytest.Pytester,
     sampling_server: FakeOpenAIServer,

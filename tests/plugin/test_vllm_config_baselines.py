@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 from browser import NEEDS_CHROMIUM, Browser
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, output
+from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, config_serve, made_once, output
 
 from pytest_gsm8k.runtime.data import load_split
 
@@ -65,6 +65,16 @@ def _run(
         *args,
         *NOISE,
     )
+
+
+def _recorded(pytester: pytest.Pytester, folder: Path, data: Path) -> None:
+    """Both configs' baselines as ``--snapshot-update`` records them on ``_configs``' defaults
+    (recorded once per process: the tests that start from them read only the files)."""
+
+    def record() -> None:
+        assert _run(pytester, folder, data, "--snapshot-update").ret == 0
+
+    made_once("configs' baselines", pytester.path, [ALPHA, DELTA], record)
 
 
 def _table(out: str) -> dict[str, list[str]]:
@@ -121,7 +131,7 @@ def test_one_configs_baseline_never_gates_another(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     folder = _configs(tmp_path / "configs")
-    assert _run(pytester, folder, gsm8k_data, "--snapshot-update").ret == 0
+    _recorded(pytester, folder, gsm8k_data)
     # Alpha's baseline copied over Delta's name: the same protocol, another config
     (pytester.path / DELTA).write_text((pytester.path / ALPHA).read_text("utf-8"), "utf-8")
     result = _run(pytester, folder, gsm8k_data)
@@ -139,7 +149,7 @@ def test_a_config_without_a_baseline_is_a_note_or_a_fail_when_required(
     pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path
 ) -> None:
     folder = _configs(tmp_path / "configs")
-    assert _run(pytester, folder, gsm8k_data, "--snapshot-update").ret == 0
+    _recorded(pytester, folder, gsm8k_data)
     (pytester.path / DELTA).unlink()
     noted = _run(pytester, folder, gsm8k_data)
     out = output(noted)
@@ -161,7 +171,7 @@ def test_a_configs_protocol_change_fails_its_gate_naming_its_baseline(
     under its new label, and its baseline of the old protocol beside it fails its gate,
     named with the field that differs; the other config still passes its own (issue 34.2)."""
     folder = _configs(tmp_path / "configs")
-    assert _run(pytester, folder, gsm8k_data, "--snapshot-update").ret == 0
+    _recorded(pytester, folder, gsm8k_data)
     _configs(folder, delta_shots=3)
     changed = _run(pytester, folder, gsm8k_data)
     out = output(changed)

@@ -323,7 +323,11 @@ def test_a_config_runs_sends_the_bytes_of_vllms_script(
 ) -> None:
     """Each config's requests are --gsm8k-preset vllm's with its num_fewshot over its first
     num_questions problems: the bytes vLLM's gsm8k_eval.py sent (tests/data/vllm_requests.json,
-    recorded from the script itself), once each."""
+    recorded from the script itself), once each.
+
+    And each config's "serving ..." line stands on its own line: it is written while the
+    dots of the previous config are on the current line, and was spliced into them
+    (``..gsm8k: config ...``)."""
     recorded = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))["runs"]
     runs = ("completions", "completions_3shot", "completions_0shot")
     folder = tmp_path / "configs"
@@ -345,11 +349,15 @@ def test_a_config_runs_sends_the_bytes_of_vllms_script(
         *NOISE,
         *xdist,
     )
-    assert result.ret == 0, output(result)
+    out = output(result)
+    assert result.ret == 0, out
     sent = [json.loads(line) for line in raw.read_text().splitlines()]
     expected = [r["raw"] for run in runs for r in recorded[run]["requests"]]
     assert len(sent) == len(expected) == 8 + 3 + 2
     assert sorted(sent) == sorted(expected)
+    serving = [line for line in out.splitlines() if ": serving " in line]
+    assert len(serving) == 3, out
+    assert all(line.startswith("gsm8k: config ") for line in serving), out
 
 
 def test_our_gates_apply_to_each_config_beside_vllms(
@@ -475,27 +483,6 @@ def test_a_configs_request_timeout_is_not_a_stall(
     out = output(result)
     assert result.ret == 0, out
     assert "no answer from" not in out
-
-
-@XDIST
-def test_each_configs_serving_line_stands_on_its_own_line(
-    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
-) -> None:
-    """A config's "serving ..." line is written while the dots of the previous config are on
-    the current line: it was spliced into them (``..gsm8k: config ...``)."""
-    folder = _configs(tmp_path / "configs")
-    result = pytester.runpytest(
-        f"--gsm8k-config={folder}",
-        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
-        f"--gsm8k-data={gsm8k_data}",
-        "--gsm8k-no-cache",
-        *NOISE,
-        *xdist,
-    )
-    out = output(result)
-    serving = [line for line in out.splitlines() if ": serving " in line]
-    assert len(serving) == 3, out
-    assert all(line.startswith("gsm8k: config ") for line in serving), out
 
 
 def test_a_config_deselected_whole_is_named_as_not_run(

@@ -271,10 +271,10 @@ def test_noise_aware_cannot_fail_exactly_when_no_candidate_outcome_fails(
             for base in itertools.combinations_with_replacement(range(runs + 1), size):
                 baseline = [(f"p{i}", c, runs) for i, c in enumerate(base)]
                 outcomes = itertools.product((0, 1), repeat=size)
-                every = [
+                every = (  # built as any() asks: it stops at the first outcome that FAILs
                     [Pair(i, c, k, d, 1) for (i, c, k), d in zip(baseline, now, strict=True)]
                     for now in outcomes
-                ]
+                )
                 fails = any(rule._fails(p_value(pairs), _drop(pairs)) for pairs in every)
                 pairs = [Pair(i, c, k, 1, 1) for i, c, k in baseline]
                 assert (rule.cannot_fail(pairs) is None) is fails, (base, runs)
