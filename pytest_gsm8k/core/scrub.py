@@ -93,14 +93,10 @@ class Scrubber:
         return bool(self.pairs)
 
     def text(self, value: str, cut: bool = False) -> str:
-        """``value`` without the secrets; ``cut``: a message whose excerpt of a reply was cut
-        to a bound, maybe inside a secret: a tail that begins one goes too (never in answers,
-        whose end is the answer)."""
+        """``cut``: ``value`` may end inside a secret (an excerpt cut short): that tail goes too."""
         for secret, replacement in self.pairs:
             value = value.replace(secret, replacement)
-            if not cut:
-                continue
-            ends = [n for n in range(MIN_SECRET, len(secret)) if value.endswith(secret[:n])]
+            ends = [n for n in range(MIN_SECRET, len(secret) * cut) if value.endswith(secret[:n])]
             value = value[: -max(ends)] + replacement if ends else value
         return value
 

@@ -58,8 +58,7 @@ class WireClient(OpenAIClient):
         return await self._once(client, self.endpoint + path, payload)  # the last attempt
 
     async def _once(self, session: Any, url: str, payload: bytes) -> Any:
-        """One attempt: a 2xx reply's decoded JSON (its text if not labelled JSON), or a
-        :class:`WireFailure`."""
+        """One attempt: the decoded JSON of a 2xx reply, or a :class:`WireFailure`."""
         import asyncio
 
         import aiohttp
@@ -82,12 +81,9 @@ class WireClient(OpenAIClient):
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             self.breaker.failure(exc)  # a payload error: a reply cut off mid-body
             raise WireFailure(url, None, str(exc) or type(exc).__name__) from exc
-        # a 2xx is JSON only when labelled so, as the openai client reads it (and vLLM's
-        # script, through aiohttp's json()): text otherwise, which holds no answer
-        if status < 400 and not headers.get("Content-Type", "*").split(";")[0].endswith("json"):
-            return raw.decode("utf-8", "replace")
-        try:
-            data = json.loads(raw)
+        as_json = status >= 400 or headers.get("Content-Type", "*").split(";")[0].endswith("json")
+        try:  # a 2xx is JSON when labelled so, as the openai client and vLLM's script read it
+            data = json.loads(raw) if as_json else raw.decode("utf-8", "replace")  # else: text
         except ValueError:
             data = raw.decode("utf-8", "replace").strip()
             if status < 400:
