@@ -120,4 +120,4 @@ def _api_message(exc: Any) -> str:
     body: dict[str, Any] = found if isinstance(found, dict) else {}
     error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
     message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
-    return str(message or (str(getattr(exc, "message", exc)).splitlines() or [""])[0])
+    return str(message or (str(getattr(exc, "message", exc)).splitlines() or [""])[0])[:200]

@@ -567,3 +567,23 @@ def test_answers_an_earlier_run_cached_break_a_storm_as_fresh_answers_do(tmp_pat
     finally:
         engine.close()
     assert sorted(client.order) == sorted(fail)  # the cached ones were not asked again
+
+
+def test_a_servers_error_message_is_said_bounded_through_either_client() -> None:
+    """A server's error message (a JSON body's ``message``) is text from outside: an item's
+    error quotes 200 characters of it at most, as it quotes a reply that is not JSON, never a
+    megabyte a line (a hostile or broken server's)."""
+    import httpx2 as httpx
+    import openai
+
+    from pytest_gsm8k.runtime.failures import WireFailure, describe_error
+
+    body = {"error": {"message": "z" * 1_000_000}}
+    request = httpx.Request("POST", "http://x/v1/chat/completions")
+    response = httpx.Response(500, request=request, json=body)
+    for exc in (
+        openai.APIStatusError("boom", response=response, body=body),
+        WireFailure("http://x/v1/chat/completions", 500, body),
+    ):
+        said = describe_error(exc)[0]
+        assert said == "HTTP 500 after retries: " + "z" * 200, said[:300]
