@@ -125,6 +125,9 @@ BEHAVIOURS = frozenset(
         "blank",
         "blankjson",
         "badutf8",
+        # labelled JSON, not JSON: the request's Authorization header at the 190th character
+        # of its one line (an excerpt cut at 200 characters cuts the key)
+        "echojson",
         # hostile sizes and text: a lone UTF-16 surrogate (``\ud83d``, legal in JSON, not
         # encodable as UTF-8) in the answer; ``Script.huge_chars`` spaces before the answer;
         # the same behind gzip (``Script.bomb_chars`` spaces: a few hundred KB on the wire)
@@ -300,6 +303,8 @@ class Script:
     #: hostile: the request's Authorization header as every choice's ``finish_reason`` and
     #: the reply's ``system_fingerprint`` (fields a client stores without reading them)
     echo_auth_fields: bool = False
+    #: the Content-Type of the completion replies (None: application/json; "": no header)
+    reply_content_type: str | None = None
     #: hostile: GET /models lists the key it was sent (the bearer token) as a model id
     echo_auth_models: bool = False
     #: GET /models answers 302 to this URL (a request whose query holds ``redirected`` is
@@ -903,10 +908,11 @@ class FakeOpenAIServer:
     def _encode(resp: _Response, keep_alive: bool) -> bytes:
         head = [
             f"HTTP/1.1 {resp.status} {_REASONS.get(resp.status, 'Status')}",
-            f"Content-Type: {resp.content_type}",
             f"Content-Length: {len(resp.body)}",
             "Connection: keep-alive" if keep_alive else "Connection: close",
         ]
+        if resp.content_type:  # "": a reply without the header
+            head.insert(1, f"Content-Type: {resp.content_type}")
         head.extend(f"{k}: {v}" for k, v in resp.headers)
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + resp.body
 
@@ -1185,6 +1191,8 @@ class FakeOpenAIServer:
             return _Response(200, b" \r\n ", content_type="text/plain")
         if behaviour in ("blankjson", "badutf8"):
             return _Response(200, b" \r\n " if behaviour == "blankjson" else b'{"x": "\xff"}')
+        if behaviour == "echojson":
+            return _Response(200, ("<" * (190 - len("Bearer ")) + str(auth)).encode())
 
         # ---- generate choices
         stop = req.get("stop")
@@ -1238,6 +1246,8 @@ class FakeOpenAIServer:
         if "gzipbomb" in kinds and resp.content_type == "application/json":
             loop = asyncio.get_running_loop()
             resp = await loop.run_in_executor(None, _gzip_bomb, resp, script.bomb_chars)
+        if script.reply_content_type is not None:
+            resp.content_type = script.reply_content_type
         return resp
 
     def _generate(self, idx: int | None, chat: bool, sampling: bool) -> tuple[str, str]:

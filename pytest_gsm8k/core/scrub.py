@@ -92,9 +92,12 @@ class Scrubber:
     def __bool__(self) -> bool:
         return bool(self.pairs)
 
-    def text(self, value: str) -> str:
+    def text(self, value: str, cut: bool = False) -> str:
+        """``cut``: ``value`` may end inside a secret (an excerpt cut short): that tail goes too."""
         for secret, replacement in self.pairs:
             value = value.replace(secret, replacement)
+            ends = [n for n in range(MIN_SECRET, len(secret) * cut) if value.endswith(secret[:n])]
+            value = value[: -max(ends)] + replacement if ends else value
         return value
 
     def command(self, value: str) -> str:

@@ -160,7 +160,7 @@ class Engine:
         return [self._say(line) for line in lines]
 
     def _say(self, message: str) -> str:
-        return printable(self.scrub.text(message))
+        return printable(self.scrub.text(message, cut=True))  # a reply's excerpt ends some
 
     def settle(self, request: Request) -> None:
         """``request``'s outcome is known: it no longer counts toward ``lookahead`` (under

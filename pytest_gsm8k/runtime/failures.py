@@ -66,23 +66,23 @@ class WireFailure(Exception):
 
 def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, bool]:
     """(one-line message, fatal?, refused?) for an exception from a model call; its status
-    classifies it, whatever its shape: fatal (401, 403, 404: no later request gets through)
+    classifies it, whatever its shape: fatal (401, 403, own 404: no later request gets through)
     ends the run; refused, a 4xx no retry changes, ends it before any answer. Both HTTP
     clients' failures are read by the attributes of openai's errors (the wire client's too):
     ``body``, ``request``, ``status_code`` (None: no answer came); openai is looked up, never
     imported. ``own``: the plugin's own client's, with hints naming its options; a user's
-    function reads none, and gets the status and message. Any other exception is said as is."""
+    function reads none (its 404, maybe a lookup's for one problem, is refused); any other
+    exception is said as is."""
     if isinstance(exc, Said):
         return str(exc), exc.fatal, False
     status = getattr(exc, "status_code", None)
-    fatal = status in (401, 403, 404)
+    fatal = status in (401, 403) or (own and status == 404)
     refused = not fatal and status in range(400, 500) and status not in RETRIED_STATUSES
     # an HTTP client's failure has a body and a request naming its method and URL (the body
     # asked first: an httpx error's unset request raises); anything else is said as it is
     request: Any = getattr(exc, "request", None) if hasattr(exc, "body") else None
-    if not (
-        hasattr(request, "method") and hasattr(request, "url") and isinstance(status, int | None)
-    ):
+    shaped = hasattr(request, "method") and hasattr(request, "url")
+    if not (shaped and isinstance(status, int | None)):
         text = str(exc).strip().splitlines()
         said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
         return said, fatal, refused
@@ -108,7 +108,7 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
         line = f"{request.method} {shown} answered 404: {message}"
         if own and (suggested := with_v1(base)) is not None:
             line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
-        return line, True, False
+        return line, fatal, refused
     retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
     hint = reasoning_model_hint(message) if status == 400 and own else None
     message += f"; {hint}" if hint else ""
@@ -120,4 +120,4 @@ def _api_message(exc: Any) -> str:
     body: dict[str, Any] = found if isinstance(found, dict) else {}
     error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
     message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
-    return str(message or (str(getattr(exc, "message", exc)).splitlines() or [""])[0])
+    return str(message or (str(getattr(exc, "message", exc)).splitlines() or [""])[0])[:200]

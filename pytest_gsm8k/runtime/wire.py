@@ -81,11 +81,12 @@ class WireClient(OpenAIClient):
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             self.breaker.failure(exc)  # a payload error: a reply cut off mid-body
             raise WireFailure(url, None, str(exc) or type(exc).__name__) from exc
-        try:
-            data = json.loads(raw)
-        except ValueError:  # labelled JSON (as the openai client reads it), a 2xx must be
+        as_json = status >= 400 or headers.get("Content-Type", "*").split(";")[0].endswith("json")
+        try:  # a 2xx is JSON when labelled so, as the openai client and vLLM's script read it
+            data = json.loads(raw) if as_json else raw.decode("utf-8", "replace")  # else: text
+        except ValueError:
             data = raw.decode("utf-8", "replace").strip()
-            if status < 400 and headers.get("Content-Type", "*").split(";")[0].endswith("json"):
+            if status < 400:
                 raise bad_reply("is not JSON", data) from None
         if status >= 400:
             raise WireFailure(url, status, data, dict(headers))

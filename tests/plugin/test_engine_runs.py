@@ -556,3 +556,51 @@ def test_a_users_function_whose_key_is_rejected_ends_the_run_with_its_own_words(
     assert answered == 3 or (xdist and 0 < answered <= 6), text
     for advice in ("API key variable", "OPENAI_API_KEY", "--gsm8k-api-key-env"):
         assert advice not in text, text
+
+
+MISSING_CONFTEST = """
+import itertools
+import pytest
+
+class Request:  # an HTTP SDK's request: its method and URL
+    method, url = "POST", "https://records.example.com/v1/lookup"
+
+class NotFoundError(Exception):  # as an HTTP SDK's: a status, its request, the body
+    status_code, request, body = 404, Request(), {"message": "no such record"}
+
+class RecordMissing(Exception):  # a status and nothing else
+    status_code = 404
+
+calls = itertools.count()
+
+def model(request):
+    if next(calls) == 3:  # one problem's record is missing
+        raise {ERROR}("no such record")
+    return "#### 0"
+
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return model
+"""
+
+
+@pytest.mark.parametrize("error", ["NotFoundError", "RecordMissing"])
+def test_a_users_function_whose_404_follows_answers_fails_only_its_item(
+    pytester: pytest.Pytester, gsm8k_data: Path, error: str
+) -> None:
+    """A 404 from a gsm8k_model function, whatever its shape, is that problem's error once
+    answers came: the function may look up something missing for one problem, and the
+    plugin cannot tell (its own client's 404 is the URL's, for every request: fatal). Ten in
+    a row would still stop the run (test_reliability's storm)."""
+    pytester.makeconftest(MISSING_CONFTEST.replace("{ERROR}", error))
+    pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    common = (f"--gsm8k-data={gsm8k_data}", *NO_EXTRA_PLUGINS, "--gsm8k-concurrency=1")
+    result = pytester.runpytest(*common, "--gsm8k-limit=10", "--gsm8k-report=r.json")
+    text = output(result)
+    assert result.ret == 1, text
+    rep = read_report(pytester.path / "r.json")
+    said = [p["error"] for p in rep["problems"] if p["outcome"] == "error"]
+    shown = "POST https://records.example.com/v1/lookup answered 404: no such record"
+    assert said == [shown if error == "NotFoundError" else "RecordMissing: no such record"], text
+    assert "run stopped" not in text, text
+    assert "--gsm8k-base-url" not in text, text

@@ -410,6 +410,67 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     assert sent(server) == 6  # only the unanswered ones are asked again
 
 
+@CLIENTS
+@pytest.mark.parametrize(
+    ("content_type", "answered"),
+    [("application/json; charset=utf-8", True), ("text/plain", False), ("", False)],
+    ids=["json-charset", "text-plain", "unlabelled"],
+)
+def test_a_reply_is_an_answer_by_its_content_type_alike_through_both_clients(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    client: list[str],
+    content_type: str,
+    answered: bool,
+) -> None:
+    """A 2xx reply is read as JSON when labelled so (a type ending in ``json``, parameters
+    aside) and as text otherwise, through either client: a completion's JSON labelled
+    text/plain, or not labelled, is the item's error on both (the openai client reads it as
+    text; vLLM's gsm8k script, which the preset mimics, refuses it with aiohttp's json()),
+    never an answer on one client and an error on the other."""
+    server.set_script(Script(reply_content_type=content_type))
+    run = [*gsm8k_args, *client, "--gsm8k-limit=2", "--gsm8k-no-cache", "--gsm8k-max-retries=0"]
+    result = pytester.runpytest(*run, "--gsm8k-report=r.json")
+    text = output(result)
+    rep = report(pytester)
+    if answered:
+        assert result.ret == 0, text
+        assert rep["counts"]["correct"] == 2, text
+    else:
+        assert result.ret == 1, text
+        said = errors(rep)
+        assert sum(said.values()) == 2, text
+        assert all(e.startswith("the endpoint's reply has no choices: {") for e in said), said
+    assert not any(crash in text for crash in CRASHES), text
+
+
+@CLIENTS
+def test_a_key_cut_by_a_replys_excerpt_is_never_printed_or_written(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    client: list[str],
+) -> None:
+    """A reply's excerpt is cut at 200 characters, before the run's secrets are scrubbed from
+    it: a key the cut falls inside (echoed by a server in a body labelled JSON that is not)
+    is never shown in part either; its first characters are redacted as the whole key is."""
+    server.set_script(Script(default="echojson"))
+    run = [*gsm8k_args, *client, "--gsm8k-limit=2", "--gsm8k-no-cache", "--gsm8k-max-retries=0"]
+    result = pytester.runpytest(*run, "--gsm8k-report=r.json", "--junitxml=junit.xml", "-rA")
+    text = output(result)
+    assert result.ret == 1, text
+    said = errors(report(pytester))
+    assert sum(said.values()) == 2, text
+    assert all(e.startswith("the endpoint's reply is not JSON: <<<") for e in said), said
+    assert all(e.endswith("Bearer [redacted]") for e in said), said
+    head = TEST_KEY[:6]  # as short a part as the scrubber hides (MIN_SECRET)
+    assert head not in text, text
+    assert head not in _all_text_under(pytester.path)
+
+
 # -- 5. a hung endpoint; timeouts and the breaker ---------------------------------------------
 
 

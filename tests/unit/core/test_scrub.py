@@ -49,6 +49,19 @@ def test_scrubber_removes_keys_and_url_credentials() -> None:
     assert Scrubber(None, None).text("18") == "18"
 
 
+def test_a_message_cut_inside_a_key_loses_the_keys_first_characters_answers_keep_theirs() -> None:
+    """A message's excerpt of a reply is cut to a bound before the scrubber sees it: ``cut``
+    hides a tail that begins a secret (MIN_SECRET characters or more); an answer (not cut)
+    ending so keeps its text, its end is what is graded."""
+    scrub = Scrubber(TEST_KEY)
+    said = "the endpoint's reply is not JSON: <<Bearer " + TEST_KEY[:10]
+    assert scrub.text(said, cut=True) == f"the endpoint's reply is not JSON: <<Bearer {REDACTED}"
+    assert scrub.text(said) == said
+    short = "ends with " + TEST_KEY[: scrubbing.MIN_SECRET - 1]  # too short a part to hide
+    assert scrub.text(short, cut=True) == short
+    assert scrub.text(f"{TEST_KEY} and {TEST_KEY[:8]}", cut=True) == f"{REDACTED} and {REDACTED}"
+
+
 def test_markdown_and_terminal_helpers() -> None:
     assert printable("a\x1b[31mb\x1b]0;title\x07c\x00d\ne") == "abcd e"
     assert md_code("a`b") == "``a`b``"

@@ -353,7 +353,9 @@ def test_a_users_functions_http_failure_is_said_without_the_plugin_clients_hints
     ]:
         own, theirs = describe_error(exc), describe_error(exc, own=False)
         assert theirs[0].startswith(users), theirs
-        assert theirs[1:] == own[1:]  # the same classification
+        # the same classification, but a function's 404 may be its own lookup's: refused
+        # (it ends the run before any answer; after one, it is the item's error)
+        assert theirs[1:] == ((False, True) if own[0].startswith("POST") else own[1:])
         assert theirs[0] != own[0]  # the plugin's own client's line has the hint
         for hint in ("--gsm8k", "API key variable"):
             assert hint not in theirs[0], theirs
@@ -376,7 +378,7 @@ class _Unsayable(Exception):
 @pytest.mark.parametrize(
     ("exc", "said"),
     [
-        (_UsersError("gone"), r"^_UsersError: gone$"),
+        (_UsersError("gone"), r"_UsersError: gone$"),
         (_Unsayable(), r"^_Unsayable \(RuntimeError\)$"),
     ],
     ids=["body-but-no-usable-request", "str-raises"],
@@ -390,8 +392,9 @@ def test_a_users_exception_is_its_items_error_never_a_hang(
     as it is, the second by its class and what raised."""
     from pytest_gsm8k.runtime.failures import describe_error
 
-    if isinstance(exc, _UsersError):  # a 404 ends the run, whatever the exception's shape
-        assert describe_error(exc) == ("_UsersError: gone", True, False)
+    if isinstance(exc, _UsersError):  # the status classifies, whatever the shape: a
+        assert describe_error(exc) == ("_UsersError: gone", True, False)  # client's 404 ends
+        assert describe_error(exc, own=False) == ("_UsersError: gone", False, True)  # refused
     engine = Engine(ScriptedClient(fail={"p000": exc}), memory_cache, concurrency=1)
     planned = requests(2)
     try:
@@ -564,3 +567,23 @@ def test_answers_an_earlier_run_cached_break_a_storm_as_fresh_answers_do(tmp_pat
     finally:
         engine.close()
     assert sorted(client.order) == sorted(fail)  # the cached ones were not asked again
+
+
+def test_a_servers_error_message_is_said_bounded_through_either_client() -> None:
+    """A server's error message (a JSON body's ``message``) is text from outside: an item's
+    error quotes 200 characters of it at most, as it quotes a reply that is not JSON, never a
+    megabyte a line (a hostile or broken server's)."""
+    import httpx2 as httpx
+    import openai
+
+    from pytest_gsm8k.runtime.failures import WireFailure, describe_error
+
+    body = {"error": {"message": "z" * 1_000_000}}
+    request = httpx.Request("POST", "http://x/v1/chat/completions")
+    response = httpx.Response(500, request=request, json=body)
+    for exc in (
+        openai.APIStatusError("boom", response=response, body=body),
+        WireFailure("http://x/v1/chat/completions", 500, body),
+    ):
+        said = describe_error(exc)[0]
+        assert said == "HTTP 500 after retries: " + "z" * 200, said[:300]
