@@ -402,18 +402,17 @@ class Sources:
     def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
         """Where this item's answer comes from, and whether that source is single-use."""
         is_default = model is not None and model is self._client
-        if self._session.settings.vllm_config:
-            if not is_default:
-                raise pytest.UsageError(CONFIG_OVERRIDE)
-            if self.matrix is None and self.channel is None:
-                raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
-            return self.channel or self.matrix, False  # type: ignore[return-value]
-        if is_default and protocol is self._session.plan.protocol and self.channel is not None:
-            if not self.channel.fetch:  # an override handed on the plugin's own client
+        configs = bool(self._session.settings.vllm_config)
+        if configs and not is_default:
+            raise pytest.UsageError(CONFIG_OVERRIDE)
+        if configs and self.matrix is None and self.channel is None:
+            raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
+        if configs or (is_default and protocol is self._session.plan.protocol and self.channel):
+            if self.channel is not None and not self.channel.fetch:  # an override: fetch now
                 with contextlib.suppress(ConnectionError):  # a broken channel: said at the ask
                     ids = [p.id for p in self._session.run.collected or ()]
                     self.channel.offer(ids, fetch=True)
-            return self.channel, False
+            return self.channel or self.matrix, False  # type: ignore[return-value]
         if is_default or self._scopes.get(id(model), "session") == "session":
             return self.engine_for(model, protocol), False
         if not self._warned_scope:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from helpers import (
     XDIST,
     config_serve,
     output,
+    spawn_pytest,
 )
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
@@ -512,3 +514,46 @@ def test_a_config_deselected_whole_is_named_as_not_run(
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["not_run"] == ["Beta-7B-FP8", "Gamma-3B"]
     jsonschema.validate(report, REPORT_SCHEMA)
+
+
+#: a conftest that hands on the plugin's own protocol (to add a marker, say): in a matrix each
+#: config's protocol is asked, whatever the fixture gives
+PROTOCOL_HANDED_ON = """
+import pytest
+
+@pytest.fixture(scope="session")
+def gsm8k_protocol(gsm8k_protocol):
+    return gsm8k_protocol
+"""
+
+
+@XDIST
+def test_a_conftest_gsm8k_protocol_does_not_leave_the_workers_waiting_on_the_configs(
+    pytester: pytest.Pytester, gsm8k_data: Path, tmp_path: Path, xdist: list[str]
+) -> None:
+    """A conftest's ``gsm8k_protocol`` makes a worker offer its plan without a fetch; in a
+    matrix its items still read the configs' answers from the controller, which then never
+    fetched them: each worker waited out its whole bound (timeout x tries + 120 s, half an
+    hour by default) before an error, where the plain run passes. The first item that asks
+    has the controller fetch the plan, as for the plugin's own client handed on."""
+    pytester.makeconftest(PROTOCOL_HANDED_ON)
+    folder = _configs(tmp_path / "configs")
+    proc = spawn_pytest(
+        pytester,
+        f"--gsm8k-config={folder}",
+        f"--gsm8k-serve={_serve(gsm8k_data, tmp_path / 'events.jsonl')}",
+        f"--gsm8k-data={gsm8k_data}",
+        "--gsm8k-no-cache",
+        "--gsm8k-report=r.json",
+        *NOISE,
+        *xdist,
+    )
+    try:
+        out, _ = proc.communicate(timeout=90)  # ~10 s; the workers' bound is 2,000 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"still waiting 90 s later:\n{proc.communicate()[0]}")
+    assert proc.returncode == 1, out  # Beta fails its floor, as in the run without the conftest
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["counts"]["error"] == 0, out
+    assert report["n"] == 14, out
