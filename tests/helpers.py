@@ -129,7 +129,9 @@ def made_once(
     """The files ``names`` (relative to ``folder``) that a set-up run, ``make()``, writes: made
     by the first test of this process that asks for ``key``, copied into a later test's
     ``folder``. For a set-up whose only product is those files (a baseline, a report): it
-    runs once per process, not once per test. True when ``make()`` ran here."""
+    runs once per process, not once per test. True when ``make()`` ran here. The key is
+    the calling file's own: two files that pick the same words never share a set-up."""
+    key = f"{sys._getframe(1).f_code.co_filename}::{key}"
     if key not in _MADE:
         make()
         _MADE[key] = {str(name): (folder / name).read_bytes() for name in names}
