@@ -124,6 +124,7 @@ class Tally:
         if plan.shard is not None:  # what the merge needs beside the records (core/merge.py)
             left = [p.id for p in plan.problems if p.id not in ids]
             shard["shard"] = shard_record(plan, left, deselected_by, self.interrupted)
+            shard["shard"]["clashes"] = self.clashes
 
         def group(planned: PlanGroup, **facts: Any) -> Group:
             problems = planned.problems

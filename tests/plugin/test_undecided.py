@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from fakeserver import FakeOpenAIServer, Script
 from helpers import (
+    ANSWERS_ZERO,
     NO_CACHEPROVIDER,
     NO_EXTRA_PLUGINS,
+    OWN_TEST,
     XDIST,
     GsmRun,
     config_serve,
@@ -204,21 +206,6 @@ def test_an_early_stop_never_passes_a_floor_that_cannot_fail(
     line = _gate_line(result, "Alpha-1B:vllm-threshold")
     assert "FAIL: not a verdict: its floor " in line, line
     assert report(pytester)["configs"][0]["n"] == 8
-
-
-#: a user's own test of the same problems beside the built-in one; ``{model}``: its module's
-#: own ``gsm8k_model`` (a callable that answers 0, wrong), or none (the plugin's client)
-OWN_TEST = """\
-import pytest
-{model}
-def test_mine(gsm8k_outcome):
-    assert gsm8k_outcome.outcome in ("correct", "wrong")
-"""
-ANSWERS_ZERO = """
-@pytest.fixture(scope="session")
-def gsm8k_model():
-    return lambda request: "#### 0"
-"""
 
 
 @XDIST
