@@ -215,8 +215,8 @@ def test_two_tests_that_answer_one_problem_differently_leave_every_gate_undecide
 ) -> None:
     """Rule: a verdict never rests on a coin toss. The built-in test (the server: all correct)
     and a user's test with a model of its own (all wrong) answered the same 4 problems: the
-    gate counted whichever record arrived first (plain: the user's, 0.0; -n 2: 0.50 in one
-    run, 0.75 in the next). Two tests that agree (the user's on the plugin's own client,
+    gate counted whichever record arrived first (plain: the user's, 0.0; -n 2: 0.50 in four
+    runs, 0.00 in a fifth). Two tests that agree (the user's on the plugin's own client,
     asked once) are one answer, as before."""
     pytester.makepyfile(test_mine=OWN_TEST.format(model=ANSWERS_ZERO if own_model else ""))
     gates = ("--gsm8k-min-acc=0.5", "--gsm8k-max-unparsed=0.5")
