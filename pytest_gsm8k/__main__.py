@@ -105,6 +105,7 @@ def run_merge(args: argparse.Namespace) -> int:
     run.collect([p for p in plan.problems if p.id not in merged.deselected])
     for record in merged.records:
         run.add_record(record)  # type: ignore[arg-type]  # checked by check_shards
+    run.clashes.update(merged.clashes)
     if merged.interrupted:
         run.interrupt()
     first = reports[0]  # the servers the shards ran on: the first shard's, for the report

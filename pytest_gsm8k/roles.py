@@ -183,7 +183,7 @@ class Aggregator(Role):
         if getattr(report, "gsm8k_unfinished", False) or not isinstance(record, dict):
             return  # an item never reached (the summary counts it), or no record
         self.activate()
-        if (message := self.session.observe(record)) is not None:  # type: ignore[arg-type]
+        if (message := self.session.observe(record, report.nodeid)) is not None:  # type: ignore[arg-type]
             loop = self.config.pluginmanager.getplugin("dsession" if self.controller else "session")
             loop.shouldstop = message  # no more items handed out
         if self.progress is not None:

@@ -134,12 +134,12 @@ class Gsm8kSession:
             output.close()
         self.sources.close()
 
-    def observe(self, record: ProblemRecord) -> str | None:
-        """One item's record, fed to its group's early stop (--gsm8k-early-stop). Returns the
-        message the whole run stops with once that decides before its last problem; a
-        config's early stop skips the rest of that config only."""
+    def observe(self, record: ProblemRecord, nodeid: str) -> str | None:
+        """One item's (``nodeid``) record, fed to its group's early stop (--gsm8k-early-stop).
+        Returns the message the whole run stops with once that decides before its last
+        problem; a config's early stop skips the rest of that config only."""
         run, problem_id, sources = self.run, str(record["id"]), self.sources
-        fresh = run.add_record(record)
+        fresh = run.add_record(record, nodeid)
         if sources.answer_server is not None:
             sources.answer_server.settled(problem_id)
         if not fresh or record.get("aborted") or not self.settings.early_stop:

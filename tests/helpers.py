@@ -95,6 +95,21 @@ def xdist_once(argnames: str, values: Sequence[Any], ids: Sequence[str]) -> pyte
     return pytest.mark.parametrize(f"{argnames},xdist", params)
 
 
+#: a user's own test of the same problems beside the built-in one; ``{model}``: its module's
+#: own ``gsm8k_model`` (a callable that answers 0, wrong), or none (the plugin's client)
+OWN_TEST = """\
+import pytest
+{model}
+def test_mine(gsm8k_outcome):
+    assert gsm8k_outcome.outcome in ("correct", "wrong")
+"""
+ANSWERS_ZERO = """
+@pytest.fixture(scope="session")
+def gsm8k_model():
+    return lambda request: "#### 0"
+"""
+
+
 def use_proxy(monkeypatch: pytest.MonkeyPatch, name: str, url: str) -> None:
     """The environment names only ``url`` as its proxy, in variable ``name`` (``HTTP_PROXY``,
     ``ALL_PROXY``): the machine's own proxy variables are set aside for the test."""

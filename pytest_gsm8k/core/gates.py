@@ -49,11 +49,12 @@ class GateVerdict:
 NOT_A_VERDICT = "not a verdict: "
 
 
-def undecided(verdict: GateVerdict, why: str | None) -> GateVerdict:
-    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL stays the rule's."""
+def undecided(verdict: GateVerdict, why: str | None, *, fails_too: bool = False) -> GateVerdict:
+    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL stays the rule's
+    unless ``fails_too`` (what it rests on could have been otherwise)."""
     if why is None:
         return verdict
-    if verdict.passed:
+    if verdict.passed or (fails_too and not verdict.detail.startswith(NOT_A_VERDICT)):
         detail = f"{NOT_A_VERDICT}{why}; on what ran: {verdict.detail}"
     elif verdict.detail.startswith(NOT_A_VERDICT):
         detail = f"{NOT_A_VERDICT}{why}; {verdict.detail.removeprefix(NOT_A_VERDICT)}"

@@ -76,7 +76,7 @@ def shard_record(
     plan: RunPlan, deselected: Sequence[str] = (), by: str = "", interrupted: bool = False
 ) -> dict[str, Any]:
     """The report's ``shard`` block: its place, its ids, what of them it did not run, and the
-    run's plan (``plan.shard`` set)."""
+    run's plan (``plan.shard`` set); the run adds its ``clashes`` (core/tally.py)."""
     shard = plan.shard
     assert shard is not None
     configs = [
@@ -135,6 +135,8 @@ class Merged:
     plan: Mapping[str, Any]
     selection: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]
+    #: problem id -> the two node ids that answered it differently (core/tally.py)
+    clashes: Mapping[str, tuple[str, str]]
     #: the problems a shard did not run (-k, -m, --lf), and the options that deselected them
     deselected: frozenset[str] = frozenset()
     deselected_by: str = ""
@@ -206,11 +208,18 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
         )
     records: list[Mapping[str, Any]] = []
     seen: dict[object, str] = {}
+    clashes: dict[str, tuple[str, str]] = {}
     blocks = [report["shard"] for *_, report in shards]
     for (where, index, _, ids, _, report), block in zip(shards, blocks, strict=True):
         own, left = set(ids), block.get("deselected", [])
         if not _strings(left) or not own.issuperset(left):
             raise ShardError(f"{where}: corrupt shard block (deselected)")
+        pairs = block.get("clashes", {})
+        if not isinstance(pairs, dict) or any(
+            k not in own or not _strings(v) or len(v) != 2 for k, v in pairs.items()
+        ):
+            raise ShardError(f"{where}: corrupt shard block (clashes)")
+        clashes |= {k: (v[0], v[1]) for k, v in pairs.items()}
         for record in report.get("problems") or ():
             pid = record.get("id")
             shown = repr(str(pid)[:80])
@@ -226,6 +235,7 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
         plan,
         tuple(selection),  # type: ignore[arg-type]  # not None: its size was checked
         tuple(records),
+        clashes,
         frozenset(pid for b in blocks for pid in b.get("deselected", [])),
         next((str(b.get("deselected_by")) for b in blocks if b.get("deselected")), ""),
         any(b.get("interrupted") is True for b in blocks),

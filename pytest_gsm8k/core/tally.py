@@ -33,6 +33,9 @@ class Tally:
         self.collected: tuple[Problem, ...] | None = None  # in run order, once collected
         self.collected_ids: frozenset[str] | None = None  # an xdist controller: the workers'
         self.records: dict[str, ProblemRecord] = {}
+        self.answered_by: dict[str, str] = {}  # problem id -> the node id of its kept record
+        #: problem id -> two node ids whose records of it disagree (core/verdict.py: decide)
+        self.clashes: dict[str, tuple[str, str]] = {}
         #: every collected item's location by node id (the workers' under xdist)
         self.items: dict[str, Location] = {}
         #: node id -> its problem's id, from the reports and workers (never parsed out of it)
@@ -67,13 +70,19 @@ class Tally:
     def unreported(self) -> list[tuple[str, Location]]:
         return [(nodeid, at) for nodeid, at in self.items.items() if nodeid not in self.reported]
 
-    def add_record(self, record: ProblemRecord) -> bool:
-        """Keep ``record`` (the first per problem wins); whether it was new."""
-        fresh = record["id"] not in self.records
-        self.records.setdefault(record["id"], record)
+    def add_record(self, record: ProblemRecord, nodeid: str = "") -> bool:
+        """Keep one record per problem, the lowest node id's (which arrived first is timing
+        under xdist); whether it was new. Two that disagree (another model, protocol or
+        answer: a user's test beside the built-in one) are a clash: no gate rests on either."""
+        pid, kept = record["id"], self.records.get(record["id"])
+        by = self.answered_by.get(pid, nodeid)
+        if kept is not None and [kept.get(k) for k in _ANSWER] != [record.get(k) for k in _ANSWER]:
+            self.clashes.setdefault(pid, (min(by, nodeid), max(by, nodeid)))
+        if kept is None or nodeid < by:
+            self.records[pid], self.answered_by[pid] = record, nodeid
         if record["outcome"] == "error" and record.get("aborted"):
             self.aborted = str(record["error"])
-        return fresh
+        return kept is None
 
     def interrupt(self) -> None:
         self.interrupted = True
@@ -115,6 +124,7 @@ class Tally:
         if plan.shard is not None:  # what the merge needs beside the records (core/merge.py)
             left = [p.id for p in plan.problems if p.id not in ids]
             shard["shard"] = shard_record(plan, left, deselected_by, self.interrupted)
+            shard["shard"]["clashes"] = self.clashes
 
         def group(planned: PlanGroup, **facts: Any) -> Group:
             problems = planned.problems
@@ -171,6 +181,7 @@ class Tally:
                 unreached=0 if config else unreached,
                 resumed=settings.resume,
                 shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
+                clashes=tuple((p.id, *self.clashes[p.id]) for p in ran if p.id in self.clashes),
             )
             named = bool(settings.baseline or settings.baseline_name)
             rules = (plan.update_baseline, settings.baseline_partial, named, settings.repeats)
@@ -239,6 +250,8 @@ def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
     )
 
 
+#: what two records of one problem must share to be one answer (the fields a verdict reads)
+_ANSWER = ("outcome", "correct", "extracted", "model", "n_samples", "n_correct", "repeats")
 _CONFIG_FIELDS = "name source model_name accuracy_threshold tolerance num_questions num_fewshot"
 
 

@@ -52,6 +52,8 @@ class Selection:
     shard: tuple[int, int] | None = None  # --gsm8k-shard I/N
     #: why what ran is not the whole selection where the records cannot show it (compare)
     not_whole: str | None = None
+    #: (problem id, node id, node id): two tests whose answers to it disagree, in plan order
+    clashes: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -322,8 +324,11 @@ def decide(
     # 3: the early stop's decision on the gates it settled
     if early is not None and early.stopped:
         v = replace(v, gates=tuple(_early(g, early, group.name, writing) for g in v.gates))
-    # 6: coverage (a baseline write has its own rules)
+    # 5-6: two tests answered a problem differently (no gate rests on which one counted), and
+    # coverage (a baseline write has its own rules)
     if not writing:
+        clash = _clash(selection.clashes)
+        v = replace(v, gates=tuple(undecided(g, clash, fails_too=True) for g in v.gates))
         v = replace(v, gates=_coverage(v, early is not None and early.stopped))
     # 7: resumed answers
     said = f"; {v.earlier_answers()}" if selection.resumed else ""
@@ -363,6 +368,14 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     whys = [f"{' and '.join(said)}; {_WHOLE}"] if said else []
     whys += [v.selection.not_whole] if v.selection.not_whole else []
     return tuple(undecided(g, "; ".join(whys)) for g in v.gates) if whys else v.gates
+
+
+def _clash(clashes: Sequence[tuple[str, str, str]]) -> str | None:
+    if not clashes:
+        return None
+    (pid, a, b), n = clashes[0], len(clashes)
+    said = f"{n} problem{'s were' if n > 1 else ' was'} answered differently by two tests, "
+    return f"{said}first {pid}: {a} and {b}; run one of them (-k, or a marker of your own and -m)"
 
 
 _UNREACHED = "the run stopped on the endpoint failure (pytest counts them as skipped)"
@@ -454,6 +467,7 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
         (partial is not None and not baseline.partial_ok, f"{partial}; {whole}"),
         (dropped, f"it holds {dropped} problems this run does not have; {smaller}"),
         (True, bl.fewer_repeats(stored.document, baseline.repeats)),
+        (True, _clash(v.selection.clashes)),
     ):
         if bad and why is not None:
             return _fail(v, f"not written to {shown}: {why}")

@@ -14,7 +14,17 @@ from typing import Any
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, config_serve, output, report, sent
+from helpers import (
+    ANSWERS_ZERO,
+    NO_CACHEPROVIDER,
+    NO_EXTRA_PLUGINS,
+    OWN_TEST,
+    XDIST,
+    config_serve,
+    output,
+    report,
+    sent,
+)
 
 SCHEMA = json.loads(
     resources.files("pytest_gsm8k").joinpath("schema/report.schema.json").read_text()
@@ -433,3 +443,21 @@ def test_a_shard_whose_config_server_was_refused_merges_in_one_piece(
     assert "Traceback" not in output(merged), output(merged)
     assert merged.ret == 1, output(merged)
     assert report(pytester, "m.json")["configs"][0]["counts"]["error"] == 4
+
+
+def test_two_tests_that_answer_a_problem_differently_are_no_verdict_at_the_merge_either(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+) -> None:
+    """Rule: a verdict never rests on a coin toss (test_undecided.py: the built-in test and a
+    user's test with a model of its own answer the same problems differently). Each shard
+    kept one record per problem and said nothing of the other: the merge decided on them."""
+    pytester.makepyfile(test_mine=OWN_TEST.format(model=ANSWERS_ZERO))
+    args = [*gsm8k_args, "--gsm8k-limit=6", "--gsm8k-min-acc=0.5"]
+    whole = pytester.runpytest(*args, "--gsm8k-report=whole.json")
+    for index in (1, 2):
+        pytester.runpytest(*args, f"--gsm8k-shard={index}/2", f"--gsm8k-report=s{index}.json")
+    merged = merge(pytester, "s1.json", "s2.json", "--report=m.json")
+    assert merged.ret == whole.ret == 1, output(merged)
+    one, many = report(pytester, "whole.json"), report(pytester, "m.json")
+    assert _verdict_of(many) == _verdict_of(one)
+    assert many["gates"][0]["detail"].startswith("not a verdict: 6 problems were answered")

@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_CACHEPROVIDER, NO_EXTRA_PLUGINS, XDIST, GsmRun, config_serve, output, report
+from helpers import (
+    ANSWERS_ZERO,
+    NO_CACHEPROVIDER,
+    NO_EXTRA_PLUGINS,
+    OWN_TEST,
+    XDIST,
+    GsmRun,
+    config_serve,
+    output,
+    report,
+    sent,
+)
 
 NOISE = [*NO_EXTRA_PLUGINS, *NO_CACHEPROVIDER]
 
@@ -195,3 +206,32 @@ def test_an_early_stop_never_passes_a_floor_that_cannot_fail(
     line = _gate_line(result, "Alpha-1B:vllm-threshold")
     assert "FAIL: not a verdict: its floor " in line, line
     assert report(pytester)["configs"][0]["n"] == 8
+
+
+@XDIST
+@pytest.mark.parametrize("own_model", [False, True], ids=["same-answers", "own-model"])
+def test_two_tests_that_answer_one_problem_differently_leave_every_gate_undecided(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, own_model: bool
+) -> None:
+    """Rule: a verdict never rests on a coin toss. The built-in test (the server: all correct)
+    and a user's test with a model of its own (all wrong) answered the same 4 problems: the
+    gate counted whichever record arrived first (plain: the user's, 0.0; -n 2: 0.50 in four
+    runs, 0.00 in a fifth). Two tests that agree (the user's on the plugin's own client,
+    asked once) are one answer, as before."""
+    pytester.makepyfile(test_mine=OWN_TEST.format(model=ANSWERS_ZERO if own_model else ""))
+    gates = ("--gsm8k-min-acc=0.5", "--gsm8k-max-unparsed=0.5")
+    result, rep = gsm8k_run("--gsm8k-limit=4", *gates, ret=1 if own_model else 0)
+    first = min(rep["problems"], key=lambda r: int(r["index"]))["id"]
+    assert rep["accuracy"] == 1.0  # the built-in test's records, whichever arrived first
+    if not own_model:
+        assert [g["verdict"] for g in rep["gates"]] == ["PASS", "PASS"]
+        assert sent(server) == 4
+        return
+    pair = f"gsm8k::test_gsm8k[{first}] and test_mine.py::test_mine[{first}]"
+    said = f"not a verdict: 4 problems were answered differently by two tests, first {first}: "
+    said += f"{pair}; "
+    for gate in rep["gates"]:  # the passing max-unparsed too: the JSON report says so
+        assert (gate["verdict"], gate["detail"][: len(said)]) == ("FAIL", said), gate
+    assert said + "run one of them (-k, or a marker of your own and -m)" in _gate_line(
+        result, "min-acc"
+    )

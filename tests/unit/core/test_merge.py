@@ -191,6 +191,15 @@ def test_a_report_that_is_not_a_shards_is_refused() -> None:
     reports[0][1]["shard"]["index"] = 0
     with pytest.raises(ShardError, match=r"s1.json: corrupt shard block"):
         check_shards(reports)
+    # two tests' different answers (core/tally.py): of its own problems, two node ids each
+    pair = ["gsm8k::t", "a.py::t"]
+    for clashes in ({"test-0001": pair}, {"test-0000": pair[:1]}, [pair]):
+        reports = shards()
+        reports[0][1]["shard"]["clashes"] = clashes
+        with pytest.raises(ShardError, match=r"s1.json: corrupt shard block \(clashes\)"):
+            check_shards(reports)
+    reports[0][1]["shard"]["clashes"] = {"test-0000": pair}
+    assert check_shards(reports).clashes == {"test-0000": ("gsm8k::t", "a.py::t")}
 
 
 def test_a_shard_id_utf8_cannot_hold_is_a_corrupt_block_not_a_traceback() -> None:

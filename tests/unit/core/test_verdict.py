@@ -144,6 +144,12 @@ WHOLE = (
     "--gsm8k-limit)"
 )
 
+#: two tests answered a problem differently (a user's own model beside the built-in test)
+CLASH = (
+    "1 problem was answered differently by two tests, first test-0002: a.py::t and gsm8k::t; "
+    "run one of them (-k, or a marker of your own and -m)"
+)
+
 
 def _early(verdict: str | None) -> EarlyOutcome:
     return EarlyOutcome(
@@ -195,6 +201,13 @@ def _early(verdict: str | None) -> EarlyOutcome:
             "runs (--gsm8k-resume)",
         ),
         ("shard", "UNDECIDED", False, "shard 1 of 3: verdict at the merge"),
+        (
+            "clash",
+            "FAIL",
+            True,
+            f"not a verdict: {CLASH}; on what ran: accuracy 0.0000 ({{label}}, n=4) is below "
+            "--gsm8k-min-acc 0.5",
+        ),
     ],
 )
 def test_each_rule_of_decide_gives_its_word_and_detail(
@@ -217,6 +230,8 @@ def test_each_rule_of_decide_gives_its_word_and_detail(
         kwargs["resumed"] = True
     elif case == "shard":
         kwargs["shard"] = (1, 3)
+    elif case == "clash":  # a FAIL too: the other test's answers could have passed it
+        outcomes, kwargs["clashes"] = "wwww", (("test-0002", "a.py::t", "gsm8k::t"),)
     verdict = _decide(matrix, outcomes, **kwargs)
     if case == "resumed":  # two answers of each group came from the cache
         verdict = _resumed(matrix)
@@ -312,6 +327,16 @@ def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_deriv
     assert failed.baseline_write is None
     assert "baseline" not in failed.to_json()
     assert failed.failed
+    # nor from answers that two tests gave differently (which one counted was timing)
+    clashes = (("test-0002", "a.py::t", "gsm8k::t"),)
+    records = tuple(_records("cccw"))
+    ids = tuple(r["id"] for r in records)
+    base = BaselineInput(_stored(), SPLIT[:4], update=True)
+    refused = decide_run(
+        [GroupInput(_group(min_acc=None), records, Selection(ids, clashes=clashes), base)]
+    )
+    assert [g.detail for g in refused.gates] == [f"not written to b.gsm8k: {CLASH}"]
+    assert refused.baseline_write is None
 
 
 def test_a_baseline_written_beside_a_failing_gate_holds_the_same_document() -> None:
