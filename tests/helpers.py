@@ -249,3 +249,22 @@ def job_command(job: str, marker: str, env: dict[str, str] | None = None) -> lis
     argv = [re.sub(r"\$(\w+)", lambda m: values[m.group(1)], a) for a in shlex.split(runs[0])]
     assert argv[:3] == ["python", "-m", "pytest"]
     return argv
+
+
+#: a conftest for a stopped run under xdist: each worker writes its exit status as its session
+#: ends, to ``<worker id>.end`` beside it. When xdist stops the workers, execnet gives one
+#: still busy 5 s, then interrupts it (a SIGINT: exit status 2, INTERRUPTED); a worker that
+#: ended otherwise did not wait out that grace, whatever the machine's load (a wall-clock bound
+#: on the run failed under the test suite's own load).
+WORKER_ENDS = """
+from pathlib import Path
+
+def pytest_sessionfinish(session, exitstatus):
+    if (worker := getattr(session.config, "workerinput", None)) is not None:
+        Path(__file__).with_name(worker["workerid"] + ".end").write_text(str(int(exitstatus)))
+"""
+
+
+def worker_ends(folder: Path) -> dict[str, int]:
+    """What the workers of a run with ``WORKER_ENDS`` in ``folder`` wrote: id -> exit status."""
+    return {path.stem: int(path.read_text()) for path in folder.glob("*.end")}

@@ -27,13 +27,17 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
     server: FakeOpenAIServer,
     gsm8k_run: GsmRun,
     protocol: str | None,
+    xdist: list[str],
 ) -> None:
     """pass@N and maj@N decide per problem from all its samples (one request with ``n``):
     the stop counts problems, and no sample is asked for a problem past the stop. One -n 2
     run, with maj@3: the stop crossing to the workers and each problem's samples crossing
-    with its answer (the protocol itself is not what crosses processes)."""
+    with its answer (the protocol itself is not what crosses processes); it deselects two
+    problems with -k, as the test below does plain."""
     server.set_script(Script(default="wrong"))
     chosen = [] if protocol is None else [f"--gsm8k-protocol={protocol}"]
+    chosen += ["-k", "not test-0001 and not test-0002"] if xdist else []
+    total = 1317 if xdist else 1319
     result, _ = gsm8k_run(
         *chosen,
         "--gsm8k-min-acc=0.85",
@@ -49,25 +53,26 @@ def test_certain_stops_a_broken_model_after_198_problems_plus_those_in_flight(
     data = report(pytester.path / "r.json")
     early = data["early_stop"]
     assert early["mode"] == "certain"
-    assert early["decided_after"] == 198
+    assert (early["n_total"], early["decided_after"]) == (total, 198)
+    assert data["expected"] == total
     assert early["verdicts"] == {"min-acc": "FAIL"}
     assert data["complete"] is False
     assert data["counts"]["error"] == 0
     assert data["n"] == len(data["problems"]) >= 198  # every problem that ran is listed
     result.stdout.fnmatch_lines(
         [
-            "*early stop (certain): stopped after 198 of 1319 problems: min-acc verdict FAIL is "
-            "certain (at most 0.8499 reachable)*"
+            f"*early stop (certain): stopped after 198 of {total} problems: min-acc verdict FAIL "
+            f"is certain (at most {(total - 198) / total:.4f} reachable)*"
         ]
     )
     gate = next(g for g in data["gates"] if g["name"] == "min-acc")
     assert gate["passed"] is False
-    assert "stopped after 198 of 1319" in gate["detail"]
+    assert f"stopped after 198 of {total}" in gate["detail"]
     if protocol is not None:
         assert data["protocol"]["name"] == protocol
         samples = int(protocol.split("@")[1])
         assert all(len(p["samples"]) == samples for p in data["problems"]), "every sample kept"
-        result.stdout.fnmatch_lines([f"*gsm8k acc ({protocol}*", "*stopped after 198 of 1319*"])
+        result.stdout.fnmatch_lines([f"*gsm8k acc ({protocol}*", f"*stopped after 198 of {total}*"])
 
 
 @XDIST
@@ -102,15 +107,14 @@ def test_sequential_passes_a_good_model_early_with_its_interval(
     )
 
 
-@XDIST
 def test_an_early_stop_with_k_counts_the_selected_problems(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
     gsm8k_run: GsmRun,
-    xdist: list[str],
 ) -> None:
     """Rule: the early stop decides over the problems the run set out to do, -k applied, and
-    starts under xdist too (the controller learns them from the workers' first reports)."""
+    starts under xdist too (the controller learns them from the workers' first reports: the
+    maj@3 -n 2 run of the test above, with the same -k)."""
     server.set_script(Script(default="wrong"))
     result, data = gsm8k_run(
         "--gsm8k-min-acc=0.85",

@@ -178,7 +178,8 @@ def test_a_serve_run_resumes_an_unfinished_run_and_never_reuses_a_finished_one(
     fake = Fake(gsm8k_data, tmp_path, "--script", str(script))
     cache = f"--gsm8k-cache-dir={tmp_path / 'cache'}"
     run = [f"--gsm8k-data={data}", "--gsm8k-max-retries=0", cache, "--gsm8k-resume", *NOISE]
-    first = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run, *xdist)
+    # the set-up: plain under -n 2 too (what crosses processes is the resume and the reuse)
+    first = pytester.runpytest(f"--gsm8k-serve={fake.command}", *run)
     assert first.ret == 1, first.stdout.str()  # one error: the run did not finish
     assert len(fake.bodies()) == 10
     script.write_text("{}")  # the hiccup is over
