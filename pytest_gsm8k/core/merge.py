@@ -135,8 +135,7 @@ class Merged:
     plan: Mapping[str, Any]
     selection: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]
-    #: problem id -> the two node ids that answered it differently (core/tally.py)
-    clashes: Mapping[str, tuple[str, str]]
+    clashes: Mapping[str, tuple[str, str]]  # problem id -> two node ids that disagree (tally)
     #: the problems a shard did not run (-k, -m, --lf), and the options that deselected them
     deselected: frozenset[str] = frozenset()
     deselected_by: str = ""

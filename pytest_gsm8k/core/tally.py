@@ -13,7 +13,7 @@ from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.early_stop import EarlyStop
 from pytest_gsm8k.core.plan import PlanGroup, RunPlan
 from pytest_gsm8k.core.records import ProblemRecord
-from pytest_gsm8k.core.scrub import Scrubber, shown_url
+from pytest_gsm8k.core.scrub import Scrubber, clip, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
 from pytest_gsm8k.core.types import Problem, stable_hash
 
@@ -34,14 +34,13 @@ class Tally:
         self.collected_ids: frozenset[str] | None = None  # an xdist controller: the workers'
         self.records: dict[str, ProblemRecord] = {}
         self.answered_by: dict[str, str] = {}  # problem id -> the node id of its kept record
-        #: problem id -> two node ids whose records of it disagree (core/verdict.py: decide)
-        self.clashes: dict[str, tuple[str, str]] = {}
+        self.clashes: dict[str, tuple[str, str]] = {}  # problem id -> two node ids that disagree
         #: every collected item's location by node id (the workers' under xdist)
         self.items: dict[str, Location] = {}
         #: node id -> its problem's id, from the reports and workers (never parsed out of it)
         self.problem_of: dict[str, str] = {}
         self.reported: set[str] = set()  # node ids that sent a report: the others never ran
-        self.interrupted = False
+        self.interrupted = self.doubled = False  # doubled: two items ask one problem (no stop)
         self.aborted: str | None = None  # the endpoint failure that stopped the run
         self.data_error: str | None = None  # found while parametrizing: one line after it
         self.early: dict[str, EarlyStop | None] = {}  # by group ("" the run's, else a config's)
@@ -61,6 +60,7 @@ class Tally:
         if not self.items:
             self.items = dict(items)
         self.problem_of.update(problems)
+        self.doubled = self.doubled or len(set(problems.values())) < len(problems)
 
     def note_report(self, nodeid: str, problem_id: str | None) -> None:
         self.reported.add(nodeid)
@@ -71,18 +71,18 @@ class Tally:
         return [(nodeid, at) for nodeid, at in self.items.items() if nodeid not in self.reported]
 
     def add_record(self, record: ProblemRecord, nodeid: str = "") -> bool:
-        """Keep one record per problem, the lowest node id's (which arrived first is timing
-        under xdist); whether it was new. Two that disagree (another model, protocol or
-        answer: a user's test beside the built-in one) are a clash: no gate rests on either."""
-        pid, kept = record["id"], self.records.get(record["id"])
-        by = self.answered_by.get(pid, nodeid)
-        if kept is not None and [kept.get(k) for k in _ANSWER] != [record.get(k) for k in _ANSWER]:
+        """Keep one record per problem, the lowest node id's (not the first to arrive: timing
+        under xdist), whether new. Two tests' that disagree (a user's test beside the built-in
+        one) are a clash: no gate rests on either. A rerun (the same node id) keeps its first."""
+        pid, fresh = record["id"], record["id"] not in self.records
+        kept, by = self.records.get(pid, record), self.answered_by.get(pid, nodeid)
+        if by != nodeid and [kept.get(k) for k in _ANSWER] != [record.get(k) for k in _ANSWER]:
             self.clashes.setdefault(pid, (min(by, nodeid), max(by, nodeid)))
-        if kept is None or nodeid < by:
+        if fresh or nodeid < by:
             self.records[pid], self.answered_by[pid] = record, nodeid
         if record["outcome"] == "error" and record.get("aborted"):
             self.aborted = str(record["error"])
-        return kept is None
+        return fresh
 
     def interrupt(self) -> None:
         self.interrupted = True
@@ -120,11 +120,13 @@ class Tally:
 
         settings, split, aborted = plan.settings, plan.split, self.aborted
         ids, of = {p.id for p in self.wanted(plan)}, len(split.problems)
-        shard: dict[str, Any] = {}
+        shard: dict[str, Any] = {}  # the node ids of clashes are user text: cut, scrubbed
+        cut = {n: clip(scrub.text(n)) for pair in self.clashes.values() for n in pair}
+        clashes = {k: (cut[a], cut[b]) for k, (a, b) in self.clashes.items()}
         if plan.shard is not None:  # what the merge needs beside the records (core/merge.py)
             left = [p.id for p in plan.problems if p.id not in ids]
             shard["shard"] = shard_record(plan, left, deselected_by, self.interrupted)
-            shard["shard"]["clashes"] = self.clashes
+            shard["shard"]["clashes"] = clashes
 
         def group(planned: PlanGroup, **facts: Any) -> Group:
             problems = planned.problems
@@ -181,7 +183,7 @@ class Tally:
                 unreached=0 if config else unreached,
                 resumed=settings.resume,
                 shard=(plan.shard.index, plan.shard.count) if plan.shard else None,
-                clashes=tuple((p.id, *self.clashes[p.id]) for p in ran if p.id in self.clashes),
+                clashes=tuple((p.id, *clashes[p.id]) for p in ran if p.id in clashes),
             )
             named = bool(settings.baseline or settings.baseline_name)
             rules = (plan.update_baseline, settings.baseline_partial, named, settings.repeats)

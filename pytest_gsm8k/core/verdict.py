@@ -52,8 +52,7 @@ class Selection:
     shard: tuple[int, int] | None = None  # --gsm8k-shard I/N
     #: why what ran is not the whole selection where the records cannot show it (compare)
     not_whole: str | None = None
-    #: (problem id, node id, node id): two tests whose answers to it disagree, in plan order
-    clashes: tuple[tuple[str, str, str], ...] = ()
+    clashes: tuple[tuple[str, str, str], ...] = ()  # (problem id, two node ids): they disagree
 
 
 @dataclass(frozen=True)
@@ -302,9 +301,11 @@ def decide(
         notes.append(f"  {selection.unreached} of the errors were not reached: {_UNREACHED}")
     if early is not None:
         extra["early_stop"] = dict(early.record)
-        said, last = early.headline, f"the last of its {early.n_total} problems"
+        said, n = early.headline, early.n_total
         if group.name and early.decided and not early.stopped:
-            said = f"not stopped early: its verdicts were open until {last}"
+            said = f"not stopped early: its verdicts were open until the last of its {n} problems"
+        elif early.decided and not early.stopped and early.record.get("decided_after", n) != n:
+            said = said.replace("stopped", "decided", 1) + "; not stopped: two tests ask a problem"
         notes.append(f"  early stop ({early.mode}): {said}")
     v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
@@ -324,8 +325,7 @@ def decide(
     # 3: the early stop's decision on the gates it settled
     if early is not None and early.stopped:
         v = replace(v, gates=tuple(_early(g, early, group.name, writing) for g in v.gates))
-    # 5-6: two tests answered a problem differently (no gate rests on which one counted), and
-    # coverage (a baseline write has its own rules)
+    # 5-6: two tests' different answers to a problem; coverage (a write has its own rules)
     if not writing:
         clash = _clash(selection.clashes)
         v = replace(v, gates=tuple(undecided(g, clash, fails_too=True) for g in v.gates))

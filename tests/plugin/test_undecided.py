@@ -5,6 +5,7 @@ make the gate *undecided*: exit 1 and one line saying why and what to do."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from helpers import (
     NO_CACHEPROVIDER,
     NO_EXTRA_PLUGINS,
     OWN_TEST,
+    TEST_KEY,
     XDIST,
     GsmRun,
     config_serve,
@@ -235,3 +237,107 @@ def test_two_tests_that_answer_one_problem_differently_leave_every_gate_undecide
     assert said + "run one of them (-k, or a marker of your own and -m)" in _gate_line(
         result, "min-acc"
     )
+
+
+@XDIST
+def test_an_early_stop_does_not_end_a_run_before_two_tests_of_one_problem_answered(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
+) -> None:
+    """Rule: a verdict never rests on a coin toss, and the early stop's verdict is the full
+    run's. The user's test (its own model: parsed, wrong) runs before the built-in one (the
+    server: unparsed): its answers settled --gsm8k-max-unparsed after 20 of 40 and the run
+    stopped there, PASS (exit 0) before any of the built-in test's answers could clash; the
+    full run is no verdict (exit 1). Seen failing before the fix (exit 0). The stop decides and
+    says so; it ends the run only with one test per problem."""
+    pytester.makepyfile(test_mine=OWN_TEST.format(model=ANSWERS_ZERO))
+    server.set_script(Script(default="unparsed"))
+    args = ("--gsm8k-limit=40", "--gsm8k-max-unparsed=0.5", "--gsm8k-early-stop=certain")
+    result, rep = gsm8k_run(*args, ret=1)
+    (gate,) = rep["gates"]
+    assert gate["detail"].startswith("not a verdict: 40 problems were answered differently")
+    assert rep["n"] == 40  # every problem
+    assert "early stop (certain): decided after 20 of 40 problems: max-unparsed verdict " in (
+        output(result)
+    )
+    assert "; not stopped: two tests ask a problem" in output(result)
+
+
+#: pytest-rerunfailures' way (a failed item is run again, its first reports logged as "rerun")
+#: and a model that answers each problem 0 the first time it is asked, 1 after (one-shot:
+#: function-scoped, nothing kept between the two runs of an item)
+RERUN_CONFTEST = """\
+import pytest
+from _pytest.runner import runtestprotocol
+
+ASKED = set()
+
+@pytest.fixture
+def gsm8k_model():
+    def model(request):
+        first = request.problem_id not in ASKED
+        ASKED.add(request.problem_id)
+        return "#### 0" if first else "#### 1"
+    return model
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for attempt in (1, 2):
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        failed = attempt == 1 and any(r.failed for r in reports)
+        for report in reports:
+            if failed and report.when == "call":
+                report.outcome = "rerun"
+            item.ihook.pytest_runtest_logreport(report=report)
+        if not failed:
+            break
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+"""
+
+
+@XDIST
+def test_an_item_run_again_is_one_test_not_two_that_clash(
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
+) -> None:
+    """Rule: a clash is two tests' answers. One test rerun after a failure (the model's first
+    answer failed its own assert) reports two records under one node id: that was "answered
+    differently by two tests, first test-X: test_mine.py::test_mine[test-X] and
+    test_mine.py::test_mine[test-X]", no verdict (exit 1). Seen failing before the fix. The
+    record kept is the first, as before the clash check."""
+    pytester.makeconftest(RERUN_CONFTEST)
+    pytester.makepyfile(
+        test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome.extracted != '0'\n"
+    )
+    _, rep = gsm8k_run("--gsm8k-limit=4", "--gsm8k-max-unparsed=0.5", model=False, ret=0)
+    assert [g["verdict"] for g in rep["gates"]] == ["PASS"]
+    assert [r["extracted"] for r in rep["problems"]] == ["0"] * 4
+
+
+@XDIST
+def test_the_clash_line_shows_node_ids_cut_short_and_without_the_key(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
+) -> None:
+    """Rule: user text is never printed unbounded, a secret never reaches an output. A node
+    id is user text (a parametrize id: here 3,000 characters holding the API key): the one
+    line (terminal, JSON report, a shard's ``clashes``) carried it whole, the key in it.
+    Seen failing before the fix."""
+    own = OWN_TEST.format(model=ANSWERS_ZERO).replace(
+        "def test_mine(gsm8k_outcome):",
+        f'@pytest.mark.parametrize("x", [1], ids=["{TEST_KEY}" + "y" * 3000])\n'
+        "def test_mine(gsm8k_outcome, x):",
+    )
+    pytester.makepyfile(test_mine=own)
+    args = ("--gsm8k-limit=2", "--gsm8k-min-acc=0.5")
+    result, rep = gsm8k_run(*args, ret=1)
+    shard, _ = gsm8k_run(*args, "--gsm8k-shard=1/2", "--gsm8k-report=s1.json", report=None)
+    line = _gate_line(result, "min-acc")
+    assert "answered differently by two tests" in line
+    assert len(line) < 1000, len(line)
+    texts = [
+        output(result),
+        output(shard),
+        *(pytester.path.joinpath(n).read_text() for n in ("r.json", "s1.json")),
+    ]
+    assert [TEST_KEY in text for text in texts] == [False] * 4
+    assert "y" * 1000 not in json.dumps(rep)
