@@ -137,6 +137,7 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) ->
     wants_model = [item for item in items if "gsm8k_model" in getattr(item, "fixturenames", ())]
     if idle and not wants_model and not selects_gsm8k(markexpr):
         return None
+    from pytest_gsm8k.core.scrub import clip
     from pytest_gsm8k.core.settings import OPTIONS
     from pytest_gsm8k.core.types import Problem
     from pytest_gsm8k.session import get_session
@@ -154,7 +155,8 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) ->
     if needing and not defines(config, ("gsm8k_model",)):
         more = f" and {len(needing) - 1} more" if len(needing) > 1 else ""
         return (
-            f"{NO_MODEL}: {needing[0].nodeid}{more} use the gsm8k_model fixture; {usage}, "
+            f"{NO_MODEL}: {clip(state.scrubber().text(needing[0].nodeid))}{more} use the "
+            f"gsm8k_model fixture; {usage}, "
             "or override gsm8k_model in a conftest.py"
         )
     if any(isinstance(problem_of(item), Problem) for item in items):

@@ -57,6 +57,30 @@ def test_a_users_test_without_a_model_is_one_line_once(
     assert text.count("gsm8k_model fixture") == 1, text
 
 
+def test_a_users_test_without_a_model_names_it_bounded(pytester: pytest.Pytester) -> None:
+    """The test named in the line is user text: a long parametrize id is cut, never printed
+    whole (and the line stays one line)."""
+    long_id = "x" * 3000
+    pytester.makepyfile(
+        test_mine=f"""
+import pytest
+
+@pytest.mark.parametrize("v", [1], ids=["{long_id}"])
+def test_math(v, gsm8k_outcome):
+    pass
+"""
+    )
+    result = pytester.runpytest(*NO_EXTRA_PLUGINS)
+    text = output(result)
+    lines = error_lines(text)
+    assert result.ret == USAGE_ERROR, text
+    assert len(lines) == 1, text
+    assert lines[0].startswith("ERROR: gsm8k: no model given: test_mine.py::test_math["), text
+    assert long_id not in text
+    assert len(lines[0]) < 600, len(lines[0])
+    assert "--gsm8k-model=ID" in lines[0]
+
+
 def test_a_users_test_with_its_own_model_needs_no_option(pytester: pytest.Pytester) -> None:
     """(Under -n 2: test_inert.py's user's own test with no option.)"""
     pytester.makepyfile(
