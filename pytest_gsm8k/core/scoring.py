@@ -34,9 +34,7 @@ _ANSWER_IS_RE = re.compile(
     r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)", re.I
 )
 # The content may hold braces two levels deep (\boxed{\frac{1}{2}}, \boxed{\text{\$}18}).
-# Each run of non-braces ends at a brace, so there is one way to match and a box left open
-# costs a pass over it, not a search: linear, even on a text of unclosed \boxed{ (a looping
-# answer), without possessive quantifiers (Python 3.11's: 3.10's re refuses them).
+# Unrolled, one way to match: linear on unclosed \boxed{ (3.10's re has no possessive ++).
 _BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]*\{(?:[^{}]*\{[^{}]*\})*[^{}]*\})*[^{}]*)\}")
 # LaTeX wrappers whose content is a unit or label (or, failing that, the number itself)
 _TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([^{}]*)\}")
