@@ -30,7 +30,7 @@ def write_copy(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for key in EMBEDDED:
         packed = "{}-{}.jsonl.xz".format(*key)
-        raw = resources.files("pytest_gsm8k").joinpath("data", packed).read_bytes()
+        raw = resources.files("pytest_gsm8k").joinpath("data").joinpath(packed).read_bytes()
         (folder / FILE_NAMES[key]).write_bytes(lzma.decompress(raw))
     return folder
 

@@ -34,8 +34,8 @@ _ANSWER_IS_RE = re.compile(
     r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)", re.I
 )
 # The content may hold braces two levels deep (\boxed{\frac{1}{2}}, \boxed{\text{\$}18}).
-# Possessive quantifiers: linear, even on a text of unclosed \boxed{ (a looping answer).
-_BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]++|\{(?:[^{}]++|\{[^{}]*+\})*+\})*+)\}")
+# Unrolled, one way to match: linear on unclosed \boxed{ (3.10's re has no possessive ++).
+_BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]*\{(?:[^{}]*\{[^{}]*\})*[^{}]*\})*[^{}]*)\}")
 # LaTeX wrappers whose content is a unit or label (or, failing that, the number itself)
 _TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([^{}]*)\}")
 # noise inside a boxed number: escaped $ and %, thin spaces, "{,}" separators, \left/\right

@@ -46,7 +46,7 @@ def _read_embedded(config: str, split: str) -> list[Problem]:
     filename = f"{config}-{split}.jsonl.xz"
     where = f"embedded {HUB_NAME} {config}/{split}"
     try:
-        packed = resources.files("pytest_gsm8k").joinpath("data", filename).read_bytes()
+        packed = resources.files("pytest_gsm8k").joinpath("data").joinpath(filename).read_bytes()
         raw = lzma.decompress(packed)
     except (OSError, lzma.LZMAError) as exc:
         raise DatasetError(
