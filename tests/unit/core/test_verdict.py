@@ -290,6 +290,23 @@ def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> N
     assert "  early stop (certain): h" in verdict.notes
 
 
+def test_an_early_stop_decided_before_the_last_problem_but_not_stopped_says_why_config_too() -> (
+    None
+):
+    """Rule: the summary says what the run did. Two tests asking one problem keep the early
+    stop from ending the run (the full run's answers decide); a config's line said "its
+    verdicts were open until the last of its 4 problems" though it decided after 2 (seen
+    failing before the fix); a config says what the run says."""
+    headline = "stopped after 2 of 4 problems: min-acc verdict FAIL is certain"
+    early = EarlyOutcome(
+        "certain", True, False, {"min-acc": "FAIL"}, headline, 4, {"decided_after": 2}
+    )
+    said = "  early stop (certain): decided after 2 of 4 problems: min-acc verdict FAIL is "
+    said += "certain; not stopped: two tests ask a problem"
+    assert said in _decide(False, "cccc", early=early).notes
+    assert said in _decide(True, "cccc", early=early).groups[0].notes
+
+
 # -- the baseline ---------------------------------------------------------------------------
 
 
