@@ -50,8 +50,7 @@ NOT_A_VERDICT = "not a verdict: "
 
 
 def undecided(verdict: GateVerdict, why: str | None, *, fails_too: bool = False) -> GateVerdict:
-    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL stays the rule's
-    unless ``fails_too`` (the FAIL may rest on what ``why`` says cannot be trusted)."""
+    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL too if fails_too."""
     if why is None:
         return verdict
     if verdict.passed or (fails_too and not verdict.detail.startswith(NOT_A_VERDICT)):
