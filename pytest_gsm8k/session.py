@@ -391,9 +391,8 @@ class Sources:
             self.channel = Channel(
                 where, token, endpoint=client.endpoint, model=client.model, wait=wait
             )
-            self.channel.offer(
-                [p.id for p in self._session.run.collected or ()], fetch=not overridden
-            )
+            ids = [p.id for p in self._session.run.collected or ()]
+            self.channel.offer(ids, fetch=not overridden)
         except OSError as exc:
             raise pytest.UsageError(
                 f"gsm8k: cannot reach the xdist controller's answers ({exc})"

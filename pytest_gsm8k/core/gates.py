@@ -50,7 +50,7 @@ NOT_A_VERDICT = "not a verdict: "
 
 
 def undecided(verdict: GateVerdict, why: str | None, *, fails_too: bool = False) -> GateVerdict:
-    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL if ``fails_too``."""
+    """``verdict`` as no verdict (never passing) unless ``why`` is None; a FAIL too if fails_too."""
     if why is None:
         return verdict
     if verdict.passed or (fails_too and not verdict.detail.startswith(NOT_A_VERDICT)):

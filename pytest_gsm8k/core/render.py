@@ -240,7 +240,8 @@ def config_rows(configs: Sequence[Mapping[str, Any]], protocol: bool = True) -> 
         row += ["-" if floor is None else f"{floor:.4f}", said]
         stop: Mapping[str, int] = c.get("early_stop") or {}
         after, of = stop.get("decided_after"), stop.get("n_total", 0)
-        row += [f"after {after} of {of}" if after is not None and after < of else "-"] * early
+        stopped = after is not None and after < of and "not_stopped" not in stop
+        row += [f"after {after} of {of}" if stopped else "-"] * early
         rows.append([*row, word_of(g["verdict"] for g in gates)])
     return rows
 

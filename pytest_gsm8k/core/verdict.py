@@ -302,10 +302,11 @@ def decide(
     if early is not None:
         extra["early_stop"] = dict(early.record)
         said, n = early.headline, early.n_total
-        if group.name and early.decided and not early.stopped:
-            said = f"not stopped early: its verdicts were open until the last of its {n} problems"
-        elif early.decided and not early.stopped and early.record.get("decided_after", n) != n:
+        if early.decided and not early.stopped and early.record.get("decided_after", n) != n:
             said = said.replace("stopped", "decided", 1) + "; not stopped: two tests ask a problem"
+            extra["early_stop"]["not_stopped"] = "two tests ask a problem"  # (render.config_rows)
+        elif group.name and early.decided and not early.stopped:
+            said = f"not stopped early: its verdicts were open until the last of its {n} problems"
         notes.append(f"  early stop ({early.mode}): {said}")
     v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them

@@ -84,7 +84,7 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
     shaped = hasattr(request, "method") and hasattr(request, "url")
     if not (shaped and isinstance(status, int | None)):
         text = str(exc).strip().splitlines()
-        said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        said = f"{type(exc).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
         return said, fatal, refused
     if status is None:  # no answer came
         openai = sys.modules.get("openai")  # none of its errors exists before its import

@@ -177,6 +177,7 @@ def build_plan(
     """The frozen plan of this run (raises DatasetError for unusable data or exemplars)."""
     split = load_split(settings.data, settings.split, settings.dataset_config, settings.dataset)
     folder = rootpath / snapshot_dirname / "gsm8k"
+    index, count = parse_shard(settings.shard) if settings.shard else (1, 1)
     if settings.vllm_config:
         groups = config_groups(settings, split, folder, rootpath)
     else:  # the run's own group: the options' protocol, selection and baseline
@@ -186,7 +187,6 @@ def build_plan(
         name = settings.baseline_name or bl.default_name(protocol.label)
         path = Path(settings.baseline or folder / f"{name}.gsm8k").expanduser()
         # the limit is said where the run has fewer problems than the split (a shard too)
-        index, count = parse_shard(settings.shard) if settings.shard else (1, 1)
         cut = len(shard_slice(selected, index, count)) < len(split.problems)
         limit = settings.limit if cut else None
         subset: dict[str, Any] = {"limit": limit, "seed": settings.seed}
@@ -196,7 +196,6 @@ def build_plan(
     shard = None
     if settings.shard is not None:
         # every config's questions are striped over the shards: each shard runs every config
-        index, count = parse_shard(settings.shard)
         ids_hash = selection_hash([p.id for p in selected])
         shard = Shard(index, count, len(selected), ids_hash, update_baseline, snapshot_dirname)
         update_baseline = False  # the merge writes it, from every shard's answers

@@ -22,7 +22,7 @@ from pytest_gsm8k.core.outcome import score_response
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
-from pytest_gsm8k.core.render import markdown, styled_lines
+from pytest_gsm8k.core.render import config_rows, markdown, styled_lines
 from pytest_gsm8k.core.types import Completion, ModelResponse, Problem
 from pytest_gsm8k.core.verdict import (
     BaselineInput,
@@ -288,6 +288,28 @@ def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> N
         "of its 4 problems" in config.notes
     )
     assert "  early stop (certain): h" in verdict.notes
+
+
+def test_an_early_stop_decided_before_the_last_problem_but_not_stopped_says_why_config_too() -> (
+    None
+):
+    """Rule: the summary says what the run did. Two tests asking one problem keep the early
+    stop from ending the run (the full run's answers decide); a config's line said "its
+    verdicts were open until the last of its 4 problems" though it decided after 2 (seen
+    failing before the fix), and its table row said it stopped "after 2 of 4"; a config says
+    what the run says."""
+    headline = "stopped after 2 of 4 problems: min-acc verdict FAIL is certain"
+    early = EarlyOutcome(
+        "certain", True, False, {"min-acc": "FAIL"}, headline, 4, {"decided_after": 2, "n_total": 4}
+    )
+    said = "  early stop (certain): decided after 2 of 4 problems: min-acc verdict FAIL is "
+    said += "certain; not stopped: two tests ask a problem"
+    assert said in _decide(False, "cccc", early=early).notes
+    matrix = _decide(True, "cccc", early=early)
+    assert said in matrix.groups[0].notes
+    # the verdict table's "stopped" column: not stopped (it said "after 2 of 4")
+    configs = matrix.to_json()["configs"]
+    assert [row[-2] for row in config_rows(configs)] == ["stopped", "-", "-"]
 
 
 # -- the baseline ---------------------------------------------------------------------------

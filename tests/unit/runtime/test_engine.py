@@ -587,3 +587,15 @@ def test_a_servers_error_message_is_said_bounded_through_either_client() -> None
     ):
         said = describe_error(exc)[0]
         assert said == "HTTP 500 after retries: " + "z" * 200, said[:300]
+
+
+def test_any_exceptions_first_line_is_said_bounded() -> None:
+    """Rule: text from outside is never printed unbounded. A model call's exception that is no
+    HTTP client's (a gsm8k_model function's ``RuntimeError(reply.text)``, an SDK's own) was
+    quoted with its whole first line, a megabyte included (seen failing before the fix). Cut
+    without an ellipsis: the engine's scrubber then hides a key the cut falls inside."""
+    from pytest_gsm8k.runtime.failures import describe_error
+
+    for own in (True, False):
+        said = describe_error(RuntimeError("z" * 1_000_000 + "\nmore"), own)[0]
+        assert said == "RuntimeError: " + "z" * 200, said[:300]
