@@ -44,8 +44,13 @@ class Said(Exception):
 def bad_reply(what: str, body: Any) -> Said:
     """A 2xx reply that holds no completion, worded alike by both clients: ``what`` it is and
     the first line of its ``body`` (200 characters; whitespace only: ``''``)."""
-    shown = str(body).strip() or "''"  # a body of whitespace only is an empty one
-    return Said(f"the endpoint's reply {what}: {shown.splitlines()[0][:200]}")
+    return Said(f"the endpoint's reply {what}: {first_line(str(body)) or repr('')}")
+
+
+def first_line(text: str) -> str:
+    """Outside text as a message quotes it: first line, 200 characters. Always the message's
+    end: a key the cut falls inside is hidden only at a line's end (Scrubber.text's ``cut``)."""
+    return (text.strip().splitlines() or [""])[0][:200]
 
 
 class WireFailure(Exception):
@@ -58,7 +63,7 @@ class WireFailure(Exception):
         self, url: str, status: int | None, body: Any, headers: Any = None, timed_out: bool = False
     ) -> None:
         text = body if isinstance(body, str) else json.dumps(body)
-        self.message = (text.strip().splitlines() or ["error"])[0][:200]
+        self.message = first_line(text) or "error"
         super().__init__(f"HTTP {status}: {self.message}" if status else self.message)
         self.status_code, self.body, self.headers = status, body, headers
         self.request, self.timed_out = SimpleNamespace(method="POST", url=url), timed_out
@@ -83,9 +88,7 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
     request: Any = getattr(exc, "request", None) if hasattr(exc, "body") else None
     shaped = hasattr(request, "method") and hasattr(request, "url")
     if not (shaped and isinstance(status, int | None)):
-        text = str(exc).strip().splitlines()
-        said = f"{type(exc).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
-        return said, fatal, refused
+        return f"{type(exc).__name__}: {first_line(str(exc))}".rstrip(": "), fatal, refused
     if status is None:  # no answer came
         openai = sys.modules.get("openai")  # none of its errors exists before its import
         timeouts = (openai.APITimeoutError,) if openai else ()
@@ -105,14 +108,13 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
         shown = shown_url(str(request.url))
         paths = ("/chat/completions", "/completions")  # what the clients append to the base
         base = next((shown[: -len(p)] for p in paths if shown.endswith(p)), shown)
-        line = f"{request.method} {shown} answered 404: {message}"
+        fix = ""
         if own and (suggested := with_v1(base)) is not None:
-            line += f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
-        return line, fatal, refused
+            fix = f" (the base URL {base} does not end in /v1: try --gsm8k-base-url={suggested})"
+        return f"{request.method} {shown} answered 404{fix}: {message}", fatal, refused
     retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
     hint = reasoning_model_hint(message) if status == 400 and own else None
-    message += f"; {hint}" if hint else ""
-    return f"HTTP {status}{retried}: {message}", False, refused
+    return f"HTTP {status}{retried}: {f'{hint}; ' if hint else ''}{message}", False, refused
 
 
 def _api_message(exc: Any) -> str:
@@ -120,4 +122,4 @@ def _api_message(exc: Any) -> str:
     body: dict[str, Any] = found if isinstance(found, dict) else {}
     error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
     message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
-    return str(message or (str(getattr(exc, "message", exc)).splitlines() or [""])[0])[:200]
+    return first_line(str(message or getattr(exc, "message", exc)))

@@ -196,8 +196,8 @@ def test_a_request_404_names_the_url_and_the_run_prints_no_accuracy(
     assert result.ret == 1, text
     stopped = [line for line in text.splitlines() if line.startswith("gsm8k: run stopped:")]
     assert stopped == [
-        f"gsm8k: run stopped: POST {base}/chat/completions answered 404: Not Found "
-        f"(the base URL {base} does not end in /v1: try --gsm8k-base-url={base}/v1)"
+        f"gsm8k: run stopped: POST {base}/chat/completions answered 404 "
+        f"(the base URL {base} does not end in /v1: try --gsm8k-base-url={base}/v1): Not Found"
     ], text
     _no_accuracy(pytester, text, 3)
 

@@ -243,14 +243,14 @@ def test_breaker_needs_a_streak_in_numbers_and_in_time() -> None:
         (
             "http://alice:pw@h:8000/chat/completions?x=1",
             {"detail": "Not Found"},
-            "POST http://h:8000/chat/completions answered 404: Not Found (the base URL "
-            "http://h:8000 does not end in /v1: try --gsm8k-base-url=http://h:8000/v1)",
+            "POST http://h:8000/chat/completions answered 404 (the base URL http://h:8000 does "
+            "not end in /v1: try --gsm8k-base-url=http://h:8000/v1): Not Found",
         ),
         (
             "http://h:8000/api/completions",
             {"detail": "Not Found"},
-            "POST http://h:8000/api/completions answered 404: Not Found (the base URL "
-            "http://h:8000/api does not end in /v1: try --gsm8k-base-url=http://h:8000/api/v1)",
+            "POST http://h:8000/api/completions answered 404 (the base URL http://h:8000/api "
+            "does not end in /v1: try --gsm8k-base-url=http://h:8000/api/v1): Not Found",
         ),
         (
             "http://h:8000/v1/chat/completions",
@@ -269,6 +269,36 @@ def test_a_404_names_the_url_and_suggests_v1(url: str, body: dict[str, str], exp
     response = httpx.Response(404, request=request, json=body)
     error = openai.NotFoundError("Error code: 404", response=response, body=body)
     assert describe_error(error) == (expected, True, False)
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "said"),
+    [
+        ("http://h:8000/chat/completions", 404, "the base URL http://h:8000 does not end in /v1"),
+        ("http://h:8000/v1/chat/completions", 400, "--gsm8k-max-tokens none"),
+    ],
+)
+def test_a_key_the_servers_message_is_cut_inside_is_never_shown(
+    url: str, status: int, said: str
+) -> None:
+    """A server's message is quoted to 200 characters; the scrubber hides a key the cut falls
+    inside only at the end of the line, so the message ends the line whatever hint the own
+    client adds (the /v1 fix of a 404, the reasoning model's options of a 400)."""
+    import httpx2 as httpx
+    import openai
+
+    from pytest_gsm8k.core.scrub import Scrubber
+    from pytest_gsm8k.runtime.failures import describe_error
+
+    key = "sk-test-" + "K" * 40
+    refusal = "Unsupported parameter: 'max_tokens' is not supported, use 'max_completion_tokens'"
+    text = f"{refusal} " + "x" * (184 - len(refusal)) + f" key={key}"  # the cut keeps 10 of it
+    assert text[190:200] == key[:10]
+    response = httpx.Response(status, request=httpx.Request("POST", url), json={"message": text})
+    exc = openai.APIStatusError(text, response=response, body={"message": text})
+    line = Scrubber(key, None).text(describe_error(exc)[0], cut=True)
+    assert said in line, line
+    assert key[:6] not in line, line
 
 
 def test_describe_error_says_after_retries_only_when_the_status_is_retried() -> None:
