@@ -406,6 +406,7 @@ class Sources:
             raise pytest.UsageError(CONFIG_OVERRIDE)
         if configs and self.matrix is None and self.channel is None:
             raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
+        # the plan's protocol by identity, not equality: no item pays for comparing its shots
         if configs or (is_default and protocol is self._session.plan.protocol and self.channel):
             if self.channel is not None and not self.channel.fetch:  # an override: fetch now
                 with contextlib.suppress(ConnectionError):  # a broken channel: said at the ask
