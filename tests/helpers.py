@@ -157,6 +157,20 @@ def made_once(
     return False
 
 
+def processes_in(folder: Path) -> list[int]:
+    """Processes whose working directory is ``folder`` (Linux /proc): a pytest run's own, and
+    the servers and workers it started there (none may outlive a cancelled run)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if Path(os.readlink(entry / "cwd")) == folder:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.01) -> bool:
     """Call ``predicate`` every ``interval`` seconds until it returns something true or
     ``timeout`` seconds have passed, and say whether it did.

@@ -11,7 +11,6 @@ are bounded by short ``--gsm8k-stall-timeout``, ``--gsm8k-timeout`` and ``--gsm8
 from __future__ import annotations
 
 import base64
-import os
 import re
 import signal
 import socket
@@ -31,6 +30,7 @@ from helpers import (
     WORKER_ENDS,
     XDIST,
     output,
+    processes_in,
     report,
     sent,
     server_behind_a_password,
@@ -208,8 +208,8 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     assert rep["counts"]["correct"] <= 10
     assert "Traceback" not in out, out
     # the children (xdist's workers) are stopped too: no process is left in the run's folder
-    wait_until(lambda: not _processes_in(pytester.path), 15, interval=0.05)
-    assert _processes_in(pytester.path) == []
+    wait_until(lambda: not processes_in(pytester.path), 15, interval=0.05)
+    assert processes_in(pytester.path) == []
 
 
 @pytest.mark.parametrize("moment", ["head-start", "workers-waiting"])
@@ -265,21 +265,8 @@ def test_sigterm_under_xdist_ends_cleanly_and_promptly(
     assert moment == "head-start" or sorted(ended) == ["gw0", "gw1"], ended
     assert "INCOMPLETE" in out, out  # the summary
     assert report(pytester)["complete"] is False
-    wait_until(lambda: not _processes_in(pytester.path), 15, interval=0.05)
-    assert _processes_in(pytester.path) == []
-
-
-def _processes_in(folder: Path) -> list[int]:
-    """Processes whose working directory is ``folder`` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if Path(os.readlink(entry / "cwd")) == folder:
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    wait_until(lambda: not processes_in(pytester.path), 15, interval=0.05)
+    assert processes_in(pytester.path) == []
 
 
 # -- 3. secrets ----------------------------------------------------------------------------

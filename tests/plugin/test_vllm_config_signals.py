@@ -8,7 +8,6 @@ its exit code 2, its servers left to their supervisors."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from helpers import (
     NO_EXTRA_PLUGINS,
     WORKER_ENDS,
     config_serve,
+    processes_in,
     spawn_pytest,
     wait_until,
     worker_ends,
@@ -41,19 +41,6 @@ WHEN = {
     "answering": (HANGS, "", "bodies"),  # A's server has requests under way
     "between": ("", NEVER_READY, "stop"),  # A's server done and stopped, B's starting
 }
-
-
-def _processes_in(folder: Path) -> list[int]:
-    """Processes whose working directory is ``folder`` (Linux /proc): the run's own."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if Path(os.readlink(entry / "cwd")) == folder:
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize(
@@ -131,4 +118,4 @@ def test_a_signal_ends_a_config_matrix_promptly_with_its_report(
     assert rep["complete"] is False
     assert [c["config"]["name"] for c in rep["configs"]] == ["A", "B"]
     # every server (its supervisor and command) and xdist's workers are gone
-    assert wait_until(lambda: not _processes_in(pytester.path), 5, interval=0.05)
+    assert wait_until(lambda: not processes_in(pytester.path), 5, interval=0.05)
