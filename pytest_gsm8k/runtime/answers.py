@@ -252,11 +252,10 @@ class Channel:
         token: str,
         *,
         wait: float = 60.0,
-        fetch: bool = False,
         endpoint: str = "",
         model: str = "",
     ) -> None:
-        self.wait, self.fetch = min(wait, MAX_WAIT), fetch
+        self.wait, self.fetch = min(wait, MAX_WAIT), False
         self.endpoint, self.model = endpoint, model
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -265,11 +264,11 @@ class Channel:
         self._stop: str | None = None
         self._sock.sendall(frame({"token": token}))
 
-    def offer(self, problem_ids: list[str], *, fetch: bool | None = None) -> None:
+    def offer(self, problem_ids: list[str], *, fetch: bool = False) -> None:
         """Tell the controller which problems this worker collected, in run order, and whether
         its engine prefetches them (``fetch``, from now on); returns once it recorded them, a
         ConnectionError when it did not within ``wait``."""
-        self.fetch = self.fetch if fetch is None else fetch
+        self.fetch = fetch
         self._ask({"plan": problem_ids, "fetch": self.fetch}, "take the plan", _acknowledged)
 
     def stopped(self) -> str | None:

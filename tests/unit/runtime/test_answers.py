@@ -71,9 +71,9 @@ def channel(tmp_path: Path) -> Iterator[Parts]:
 
 def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) -> None:
     client, _engine, server, address, known = channel
-    remote = Channel(address, server.token, wait=10, fetch=True)
+    remote = Channel(address, server.token, wait=10)
     try:
-        remote.offer(list(known))
+        remote.offer(list(known), fetch=True)
         assert remote.result(known["p5"]).completions[0].text == "#### 5"
         with pytest.raises(EndpointError) as info:
             remote.result(known["p3"])
@@ -92,11 +92,11 @@ def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) ->
 
 def test_a_wrong_token_gets_nothing(channel: Parts) -> None:
     client, _engine, _server, address, known = channel
-    remote = Channel(address, "not-the-token", wait=10, fetch=True)
+    remote = Channel(address, "not-the-token", wait=10)
     try:
         # the controller hangs up: EOF, or a broken pipe if it did so before our write
         with pytest.raises(OSError, match="channel"):
-            remote.offer(list(known))
+            remote.offer(list(known), fetch=True)
         with pytest.raises(EndpointAborted, match="channel"):
             remote.result(known["p1"])
     finally:
@@ -113,7 +113,7 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
     engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(1)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, fetch=True, wait=600)
+    remote = Channel(server.start(), server.token, wait=600)
     try:
 
         def close_both() -> None:
@@ -140,7 +140,7 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
     engine = Engine(client, cache, concurrency=4, lookahead=3)
     known = _requests(20)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, fetch=True, wait=10)
+    remote = Channel(server.start(), server.token, wait=10)
 
     def settles_at(count: int) -> int:
         wait_until(lambda: len(client.order) >= count, 5)
@@ -148,7 +148,7 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
         return len(client.order)
 
     try:
-        remote.offer(list(known))
+        remote.offer(list(known), fetch=True)
         assert settles_at(3) == 3  # the lookahead, nothing more
         for i in range(5):  # a worker takes five answers: three prefetched, two asked for
             assert remote.result(known[f"p{i}"]).completions[0].text == f"#### {i}"
@@ -183,9 +183,9 @@ def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_i
     engine = Engine(Sized(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=2)
     monkeypatch.setattr(answers, "MAX_FRAME", 2000)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, fetch=True, wait=1e300)
+    remote = Channel(server.start(), server.token, wait=1e300)
     try:
-        remote.offer(list(known))
+        remote.offer(list(known), fetch=True)
         assert remote.result(known["p0"]).completions[0].text.endswith("#### p0")
         with pytest.raises(EndpointError, match="more than the xdist answer channel carries"):
             remote.result(known["p1"])
@@ -229,9 +229,9 @@ def test_a_reply_for_another_problem_breaks_the_channel_for_good(
     address, replies = scripted_controller
     answer: dict[str, Any] = {"completions": [{"text": "#### 1"}], "usage": {}, "model": None}
     replies += [b"", _frame({"planned": 2}), _frame({"id": "p1", "response": answer, "cached": 0})]
-    remote = Channel(address, "t", wait=10, fetch=True)
+    remote = Channel(address, "t", wait=10)
     try:
-        remote.offer(["p0", "p1"])
+        remote.offer(["p0", "p1"], fetch=True)
         with pytest.raises(EndpointAborted, match="a reply for 'p1' where 'p0' was asked for"):
             remote.result(Request(problem_id="p0", api="chat"))
         # what follows on the stream cannot be trusted: nothing more is read from it
@@ -246,9 +246,9 @@ def test_a_frame_longer_than_the_channel_carries_is_never_read(
 ) -> None:
     address, replies = scripted_controller
     replies += [b"", _frame({"planned": 1}), struct.pack(">I", 1 << 31)]
-    remote = Channel(address, "t", wait=10, fetch=True)
+    remote = Channel(address, "t", wait=10)
     try:
-        remote.offer(["p0"])
+        remote.offer(["p0"], fetch=True)
         with pytest.raises(EndpointAborted, match=r"over the .*-byte limit"):
             remote.result(Request(problem_id="p0", api="chat"))
     finally:
@@ -298,12 +298,12 @@ def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
     known = _requests(8)
     server = AnswerServer(engine, known.get)
     address = server.start()
-    remote = Channel(address, server.token, wait=10, fetch=True)
-    unprobed = Channel(address, server.token, wait=10, fetch=True)
+    remote = Channel(address, server.token, wait=10)
+    unprobed = Channel(address, server.token, wait=10)
     listener = Channel(address, server.token)
     late: Channel | None = None
     try:
-        remote.offer(list(known))
+        remote.offer(list(known), fetch=True)
         listener.offer(["p0", "p1"])
         assert wait_until(lambda: engine.ready(known["p0"]) and client.order == ["p0", "p1"], 5)
         assert remote.stopped() is None
@@ -343,7 +343,7 @@ def test_planned_ids_is_the_union_of_the_offers_and_only_an_answers_plan_is_fetc
     client, engine, server, address, known = channel
     first = Channel(address, server.token)
     second = Channel(address, server.token)
-    remote = Channel(address, server.token, wait=10, fetch=True)
+    remote = Channel(address, server.token, wait=10)
     try:
         assert server.planned_ids() is None  # nobody offered yet
         first.offer(["p0", "p1"])
@@ -352,7 +352,7 @@ def test_planned_ids_is_the_union_of_the_offers_and_only_an_answers_plan_is_fetc
         second.offer(["p1", "p2", "zz"])  # ids the controller does not know are plans too
         assert server.planned_ids() == {"p0", "p1", "p2", "zz"}
         assert not engine.by_request  # a channel without answers has nothing fetched for it
-        remote.offer(["p4", "p5"])
+        remote.offer(["p4", "p5"], fetch=True)
         assert server.planned_ids() == {"p0", "p1", "p2", "zz", "p4", "p5"}
         assert [job.request.problem_id for job in engine.by_request.values()] == ["p4", "p5"]
         assert remote.result(known["p5"]).completions[0].text == "#### 5"
@@ -396,9 +396,9 @@ def test_each_repeat_is_its_own_ask_on_the_channel(tmp_path: Path) -> None:
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(2)
     server = AnswerServer(engine, known.get, repeats=3)
-    remote = Channel(server.start(), server.token, fetch=True, wait=10)
+    remote = Channel(server.start(), server.token, wait=10)
     try:
-        remote.offer(list(known))
+        remote.offer(list(known), fetch=True)
         for ask in known["p1"].asks(3):
             assert remote.result(ask).completions[0].text == f"#### {ask.repeat}"
         with pytest.raises(EndpointError, match="asks each problem 3 times: no repeat 3"):
@@ -426,14 +426,14 @@ def test_a_head_start_fetches_at_most_its_limit_in_order_and_an_offer_adds_the_r
     known = _requests(4)
     server = AnswerServer(engine, known.get, repeats=2)
     address = server.start()
-    remote = Channel(address, server.token, wait=10, fetch=True)
+    remote = Channel(address, server.token, wait=10)
     try:
         assert server.head_start(["p2", "p0", "p1", "p3"], 3) == 3
         assert wait_until(lambda: len(client.order) == 3, 5)
         time.sleep(0.05)  # anything beyond the limit would be sent by now
         assert client.order == ["p2#0", "p2#1", "p0#0"]
         assert server.planned_ids() is None  # a guess is not a worker's plan
-        remote.offer(list(known))
+        remote.offer(list(known), fetch=True)
         for ask in known["p3"].asks(2):
             assert remote.result(ask).completions[0].text == "#### 1"
         assert wait_until(lambda: len(client.order) == 8, 5)
@@ -464,13 +464,13 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     client = Refusing(fail={"p0"})
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, fetch=True, wait=10)
+    remote = Channel(server.start(), server.token, wait=10)
     try:
         assert server.head_start(["p0"], 1) == 1
         assert wait_until(lambda: client.order == ["p0"], 5)
         time.sleep(0.05)
         assert engine.aborted is None
-        remote.offer(["p1", "p2"])
+        remote.offer(["p1", "p2"], fetch=True)
         assert remote.result(known["p2"]).completions[0].text == "#### 1"
     finally:
         remote.close()
