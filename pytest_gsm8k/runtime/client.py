@@ -61,7 +61,6 @@ class Breaker:
 
     threshold: int = 8
     min_seconds: float = 2.0
-    clock: Callable[[], float] = time.monotonic
     count: int = 0
     first: float = 0.0
     on_open: Callable[[str], None] = lambda error: None
@@ -72,7 +71,7 @@ class Breaker:
         self.count = 0
 
     def failure(self, error: BaseException) -> None:
-        now = self.clock()
+        now = time.monotonic()
         self.first, self.count = (self.first if self.count else now), self.count + 1
         if self.count >= self.threshold and now - self.first >= self.min_seconds:
             self.on_open(f"{type(error).__name__}: {error}".strip())
@@ -133,17 +132,6 @@ def mib(size: int) -> str:
     return f"{size / (1 << 20):g} MiB"
 
 
-def encoding_of(values: list[str]) -> str:
-    """The one content coding of a reply (its Content-Encoding values), or Refused."""
-    codings = [v.strip().lower() for v in values if v.strip().lower() not in ("", "identity")]
-    if len(codings) > 1:
-        raise Refused(
-            f"the endpoint's reply is encoded {len(codings)} times ({', '.join(codings)}); "
-            "one encoding was asked for"
-        )
-    return codings[0] if codings else ""
-
-
 @functools.cache
 def refused_reply() -> type[Exception]:
     """A reply read no further (:class:`Refused`) as the openai client raises it: an
@@ -156,7 +144,8 @@ def refused_reply() -> type[Exception]:
 def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> Decoder:
     """An HTTP reply came: the breaker hears it, a Retry-After longer than the client waits (it
     then fails at once: core/retry.py) is said once, and the body's decoder is made;
-    :class:`Refused` at once for a body over the bound or in an encoding not asked for."""
+    :class:`Refused` at once for a body over the bound or in an encoding not asked for (or in
+    more than one: its Content-Encoding values)."""
     breaker.success()
     seconds = retry_after(headers, time.time()) if status in (429, 503) else None
     if seconds is not None and seconds > MAX_RETRY_AFTER:
@@ -166,14 +155,20 @@ def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[s
             f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
             "without waiting",
         )
-    encoding = encoding_of(",".join(encodings).split(","))
+    codings = [c.strip().lower() for c in ",".join(encodings).split(",")]
+    codings = [c for c in codings if c not in ("", "identity")]
+    if len(codings) > 1:
+        raise Refused(
+            f"the endpoint's reply is encoded {len(codings)} times ({', '.join(codings)}); "
+            "one encoding was asked for"
+        )
     length = str(headers.get("content-length", ""))
-    if not encoding and length.isdigit() and int(length) > MAX_REPLY_BYTES:
+    if not codings and length.isdigit() and int(length) > MAX_REPLY_BYTES:
         raise Refused(
             f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} ({int(length):,} bytes), the "
             "most one problem's answer may take; refused unread"
         )
-    return Decoder(encoding)
+    return Decoder(codings[0] if codings else "")
 
 
 async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -242,8 +237,8 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
 
 
 class PreflightError(Exception):
-    """``kind`` is "auth" (401), "forbidden" (403), "unreachable", "timeout" (no complete
-    reply within the deadline), "proxy" (one httpx cannot use) or "status" (other HTTP)."""
+    """``kind`` is "unreachable", "timeout" (no complete reply within the deadline), "proxy"
+    (one httpx cannot use) or "status" (an HTTP ``status`` other than 2xx)."""
 
     def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
@@ -325,8 +320,7 @@ def get_json(
             client.stream("GET", url, headers=dict(headers or {})) as reply,
         ):
             if not 200 <= (status := reply.status_code) < 300:
-                kind = {401: "auth", 403: "forbidden"}.get(status, "status")
-                raise PreflightError(kind, f"HTTP {status}", status)
+                raise PreflightError("status", f"HTTP {status}", status)
             body = b""
             async for chunk in reply.aiter_bytes():
                 if len(body := body + chunk) > MAX_JSON_BODY:

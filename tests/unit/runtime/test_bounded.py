@@ -10,7 +10,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pytest_gsm8k.runtime import client
-from pytest_gsm8k.runtime.client import PIECE, Decoder, Refused, bounded_body, encoding_of
+from pytest_gsm8k.runtime.client import (
+    PIECE,
+    Breaker,
+    Decoder,
+    Refused,
+    bounded_body,
+    reply_decoder,
+)
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", ""])
@@ -29,11 +36,16 @@ def test_the_bounded_decoder_reads_what_it_asked_for_in_pieces(encoding: str) ->
 
 
 def test_the_bounded_decoder_refuses_what_it_cannot_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    def decoder(encodings: list[str]) -> Decoder:  # a 200 reply with these Content-Encodings
+        return reply_decoder(Breaker(), 200, {}, encodings)
+
     with pytest.raises(Refused, match="encoded as 'br'"):
-        Decoder(encoding_of(["br"]))
+        decoder(["br"])
     with pytest.raises(Refused, match="encoded 2 times"):
-        encoding_of(["gzip", "deflate"])
-    assert encoding_of(["identity", " GZIP "]) == "gzip"
+        decoder(["gzip", "deflate"])
+    with pytest.raises(Refused, match="encoded 2 times"):
+        decoder(["gzip, deflate"])  # one header, two codings
+    assert decoder(["identity", " GZIP "]).encoding == "gzip"
     with pytest.raises(Refused, match="not valid compressed data"):
         list(Decoder("gzip").feed(b"this is not gzip"))
 
