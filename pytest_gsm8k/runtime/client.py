@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -81,50 +81,12 @@ class Breaker:
 PIECE = 1 << 20
 #: what the transport asks the server for; a reply may use any of these or none
 ACCEPTED = ("gzip", "deflate")
+#: zlib's window bits by content coding (0: none); another coding could not be bounded
+WBITS = {"gzip": 31, "x-gzip": 31, "deflate": 15, "": 0}
 
 
 class Refused(Exception):
     """The reply cannot be read within the bound (too large, or an encoding not asked for)."""
-
-
-class Decoder:
-    """Incremental decoding of one body: identity, gzip or deflate, in bounded pieces. A reply
-    is held whole in memory and HTTP libraries decode without a bound (a gzip bomb: 200 KB
-    that inflates to 200 MB); an encoding not asked for is refused: it could not be bounded."""
-
-    def __init__(self, encoding: str) -> None:
-        wbits = {"gzip": 31, "x-gzip": 31, "deflate": 15, "": 0, "identity": 0}.get(encoding)
-        if wbits is None:
-            raise Refused(f"the endpoint's reply is encoded as {encoding!r}, not as asked for")
-        self.encoding, self._first = encoding, True
-        self._inflater = zlib.decompressobj(wbits) if wbits else None
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        """The decoded pieces of ``data`` (each at most :data:`PIECE` bytes)."""
-        if (inflater := self._inflater) is None:
-            yield data
-            return
-        first, self._first = self._first, False
-        try:
-            try:
-                out = inflater.decompress(data, PIECE)
-            except zlib.error:
-                if not (first and self.encoding == "deflate"):
-                    raise
-                # "deflate" without the zlib wrapper, as some servers send it
-                inflater = self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-                out = inflater.decompress(data, PIECE)
-            while out:
-                yield out
-                if inflater.eof:
-                    return  # anything after the end of the compressed data is ignored
-                out = inflater.decompress(inflater.unconsumed_tail, PIECE)
-        except zlib.error:
-            raise Refused("the endpoint's reply is not valid compressed data") from None
-
-    def finish(self) -> bytes:
-        """What the decoder still holds once the body ended (bounded: the input is consumed)."""
-        return b"" if self._inflater is None else self._inflater.flush()
 
 
 def mib(size: int) -> str:
@@ -141,10 +103,10 @@ def refused_reply() -> type[Exception]:
     return type("RefusedReply", (openai.OpenAIError, Said), {})
 
 
-def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> Decoder:
+def reply_coding(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> str:
     """An HTTP reply came: the breaker hears it, a Retry-After longer than the client waits (it
-    then fails at once: core/retry.py) is said once, and the body's decoder is made;
-    :class:`Refused` at once for a body over the bound or in an encoding not asked for (or in
+    then fails at once: core/retry.py) is said once; the body's content coding, or
+    :class:`Refused` at once for a body over the bound or in a coding not asked for (or in
     more than one: its Content-Encoding values)."""
     breaker.success()
     seconds = retry_after(headers, time.time()) if status in (429, 503) else None
@@ -168,12 +130,18 @@ def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[s
             f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} ({int(length):,} bytes), the "
             "most one problem's answer may take; refused unread"
         )
-    return Decoder(codings[0] if codings else "")
+    if (coding := codings[0] if codings else "") not in WBITS:
+        raise Refused(f"the endpoint's reply is encoded as {coding!r}, not as asked for")
+    return coding
 
 
-async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The raw ``chunks`` decoded within :data:`MAX_REPLY_BYTES` (see :class:`Decoder`)."""
-    total = 0
+async def bounded_body(coding: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The raw ``chunks`` decoded (``coding``: one :func:`reply_coding` accepted) in pieces of
+    at most :data:`PIECE` bytes, :class:`Refused` past :data:`MAX_REPLY_BYTES` in all: a reply
+    is held whole in memory, and HTTP libraries decode without a bound (a gzip bomb: 200 KB
+    that inflates to 200 MB)."""
+    total, first = 0, True
+    inflater = zlib.decompressobj(WBITS[coding]) if WBITS[coding] else None
 
     def counted(piece: bytes) -> bytes:
         nonlocal total
@@ -185,11 +153,29 @@ async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncI
             )
         return piece
 
-    async for raw in chunks:
-        for piece in decoder.feed(raw):
-            yield counted(piece)
-    if tail := decoder.finish():
-        yield counted(tail)
+    try:
+        async for raw in chunks:
+            if inflater is None:
+                yield counted(raw)
+                continue
+            try:
+                out = inflater.decompress(raw, PIECE)
+            except zlib.error:
+                if not (first and coding == "deflate"):
+                    raise
+                # "deflate" without the zlib wrapper, as some servers send it
+                inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                out = inflater.decompress(raw, PIECE)
+            first = False
+            while out:
+                yield counted(out)
+                if inflater.eof:
+                    break  # anything after the end of the compressed data is ignored
+                out = inflater.decompress(inflater.unconsumed_tail, PIECE)
+        if inflater is not None and (tail := inflater.flush()):
+            yield counted(tail)
+    except zlib.error:
+        raise Refused("the endpoint's reply is not valid compressed data") from None
 
 
 def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
@@ -211,7 +197,7 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             headers, refused = response.headers, refused_reply()
             try:
                 encodings = headers.get_list("content-encoding")
-                decoder = reply_decoder(breaker, response.status_code, headers, encodings)
+                coding = reply_coding(breaker, response.status_code, headers, encodings)
             except Refused as exc:
                 await response.aclose()
                 raise refused(str(exc)) from None
@@ -219,7 +205,7 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             class BoundedStream(httpx.AsyncByteStream):  # type: ignore[misc,name-defined]
                 async def __aiter__(self) -> Any:
                     try:
-                        async for piece in bounded_body(decoder, response.stream):
+                        async for piece in bounded_body(coding, response.stream):
                             yield piece
                     except Refused as exc:
                         raise refused(str(exc)) from None

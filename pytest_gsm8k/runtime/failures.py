@@ -1,7 +1,5 @@
 """What went wrong with an endpoint, in one line: the failures a model call ends in, and
-:func:`describe_error`, which words either client's and says whether it ends the run (every
-unfinished item then fails with that line; docs/design.md, "Failures") or would before any
-answer."""
+:func:`describe_error`, which words them (docs/design.md, "Failures")."""
 
 from __future__ import annotations
 
@@ -54,10 +52,9 @@ def first_line(text: str) -> str:
 
 
 class WireFailure(Exception):
-    """The vllm preset's client gave up on a request to ``url`` (it never imports openai). It
-    has what :func:`describe_error` reads of openai's errors: ``request``, ``status_code``
-    (None: no answer came; ``timed_out``), ``body`` and ``message``; the ``headers`` for the
-    retry policy."""
+    """The vllm preset's client gave up on a request to ``url`` (it never imports openai), with
+    what :func:`describe_error` reads of openai's errors (and ``timed_out``: no answer in
+    time); the ``headers`` for the retry policy."""
 
     def __init__(
         self, url: str, status: int | None, body: Any, headers: Any = None, timed_out: bool = False

@@ -24,7 +24,7 @@ from pytest_gsm8k.runtime.client import (
     env_proxy,
     get_json,
     list_models,
-    reply_decoder,
+    reply_coding,
 )
 from pytest_gsm8k.runtime.data import load_split
 
@@ -185,8 +185,8 @@ def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wa
     value = email.utils.formatdate(time.time() + 600, usegmt=True) if wait == "date" else wait
     breaker = Breaker()
     for _ in range(2):
-        reply_decoder(breaker, 429, {"retry-after": value}, [])
-    reply_decoder(breaker, 503, {"retry-after": "120"}, [])  # waited for: no note
+        reply_coding(breaker, 429, {"retry-after": value}, [])
+    reply_coding(breaker, 503, {"retry-after": "120"}, [])  # waited for: no note
     [line] = breaker.notes.values()
     assert "longer than the client waits (120 s)" in line
     assert "(Retry-After on HTTP 429)" in line
