@@ -94,15 +94,6 @@ def mib(size: int) -> str:
     return f"{size / (1 << 20):g} MiB"
 
 
-@functools.cache
-def refused_reply() -> type[Exception]:
-    """A reply read no further (:class:`Refused`) as the openai client raises it: an
-    ``OpenAIError`` is never retried nor called a connection error."""
-    import openai
-
-    return type("RefusedReply", (openai.OpenAIError, Said), {})
-
-
 def reply_coding(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> str:
     """An HTTP reply came: the breaker hears it, a Retry-After longer than the client waits (it
     then fails at once: core/retry.py) is said once; the body's content coding, or
@@ -179,7 +170,13 @@ async def bounded_body(coding: str, chunks: AsyncIterator[bytes]) -> AsyncIterat
 
 
 def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
+    import openai
+
     httpx = _httpx()
+
+    class RefusedReply(openai.OpenAIError, Said):
+        """A reply read no further (:class:`Refused`) as the openai client raises it: an
+        ``OpenAIError`` is never retried nor called a connection error."""
 
     class WatchingTransport(httpx.AsyncHTTPTransport):  # type: ignore[misc,name-defined]
         """The normal transport (through the environment's proxy: httpx reads it only without
@@ -194,13 +191,13 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
-            headers, refused = response.headers, refused_reply()
+            headers = response.headers
             try:
                 encodings = headers.get_list("content-encoding")
                 coding = reply_coding(breaker, response.status_code, headers, encodings)
             except Refused as exc:
                 await response.aclose()
-                raise refused(str(exc)) from None
+                raise RefusedReply(str(exc)) from None
 
             class BoundedStream(httpx.AsyncByteStream):  # type: ignore[misc,name-defined]
                 async def __aiter__(self) -> Any:
@@ -208,7 +205,7 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
                         async for piece in bounded_body(coding, response.stream):
                             yield piece
                     except Refused as exc:
-                        raise refused(str(exc)) from None
+                        raise RefusedReply(str(exc)) from None
 
                 async def aclose(self) -> None:
                     await response.stream.aclose()
@@ -437,16 +434,6 @@ class OpenAIClient:
             await self._client.close()
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, list):  # content parts
-        return "".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, dict) and part.get("type", "text") == "text"
-        )
-    return content if isinstance(content, str) else ""
-
-
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -469,7 +456,11 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
         if content is None and reasoning is None:
             null = "message content is null, no reasoning" if chat else "text is null"
             raise Said(f"the endpoint's reply has no answer ({null})")
-        completions.append(Completion(_text(content), _str(choice.get("finish_reason")), reasoning))
+        if isinstance(content, list):  # content parts
+            parts = [p for p in content if isinstance(p, dict) and p.get("type", "text") == "text"]
+            content = "".join(str(part.get("text", "")) for part in parts)
+        text = content if isinstance(content, str) else ""
+        completions.append(Completion(text, _str(choice.get("finish_reason")), reasoning))
     usage, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
     if bad:
         breaker.notes.setdefault(

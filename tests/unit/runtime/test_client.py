@@ -217,6 +217,21 @@ def test_a_reply_without_an_answer_is_said_in_full(data: object, said: str) -> N
     assert describe_error(info.value) == (f"the endpoint's reply {said}", False, False)
 
 
+def test_a_chat_answer_in_content_parts_is_their_text_joined() -> None:
+    """A ``content`` sent as a list of parts: the answer is its text parts, in order."""
+    from pytest_gsm8k.runtime.client import parse_reply
+
+    parts = [
+        {"type": "text", "text": "The answer "},
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"text": "is 42."},
+        "stray",
+    ]
+    data = {"choices": [{"message": {"content": parts}, "finish_reason": "stop"}]}
+    response = parse_reply(data, chat=True, breaker=Breaker())
+    assert [c.text for c in response.completions] == ["The answer is 42."]
+
+
 @pytest.mark.parametrize("port", ["8080", "99999"])
 def test_a_proxy_url_aiohttp_cannot_read_is_one_line_without_its_password(
     monkeypatch: pytest.MonkeyPatch, port: str
