@@ -38,8 +38,6 @@ HEADER = struct.Struct(">I")  # a frame's length
 MAX_FRAME = MAX_REPLY_BYTES + (1 << 16)
 #: the longest first frame (the token): a stray client makes the controller allocate no more
 MAX_HELLO = 1 << 10
-#: the longest wait a socket accepts (the platform's time_t): longer waits are this one
-MAX_WAIT = 1e7
 Message = dict[str, Any]
 
 
@@ -51,9 +49,8 @@ def frame(message: dict[str, Any]) -> bytes:
 
 def take_frame(buffer: bytearray, limit: int) -> Message | None:
     """The first whole frame's message in ``buffer``, taken out of it; None while no whole
-    frame has arrived (a half-sent frame waits for the rest). Either end reads with it; a
-    ValueError for a frame over ``limit`` bytes or not a JSON object: the stream is not
-    trusted past it."""
+    frame has arrived. A ValueError for a frame over ``limit`` bytes or not a JSON object:
+    the stream is not trusted past it."""
     if len(buffer) < HEADER.size:
         return None
     (size,) = HEADER.unpack_from(buffer)
@@ -255,7 +252,8 @@ class Channel:
         endpoint: str = "",
         model: str = "",
     ) -> None:
-        self.wait, self.fetch = min(wait, MAX_WAIT), False
+        # a socket takes no longer wait than the platform's time_t: longer waits are this one
+        self.wait, self.fetch = min(wait, 1e7), False
         self.endpoint, self.model = endpoint, model
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

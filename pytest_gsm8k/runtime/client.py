@@ -380,7 +380,6 @@ class OpenAIClient:
     ) -> None:
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         self.model, self.endpoint = model, base.rstrip("/")  # as the openai client would use
-        #: what cache keys name instead of a URL that changes every run (a server it starts)
         self.cache_endpoint = cache_endpoint or self.endpoint
         # ValueError: one line, before any request
         self._proxy = env_proxy(self.endpoint, aiohttp=self.via_aiohttp)
