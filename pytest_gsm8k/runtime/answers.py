@@ -94,15 +94,14 @@ class AnswerServer:
         self._planned: set[str] | None = None  # the union of the plans
         self._stopping = False
 
-    def start(self) -> tuple[str, int]:
-        """Listen on a free loopback port (on the engine's loop)."""
+    def start(self) -> None:
+        """Listen on a free loopback port (on the engine's loop): :attr:`address`."""
         import asyncio
 
         listen = asyncio.start_server(self._serve, "127.0.0.1", 0)
         self._server = asyncio.run_coroutine_threadsafe(listen, self.engine.loop).result(10)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = (str(host), int(port))
-        return self.address
 
     def close(self) -> None:
         """Stop listening and end every open connection (before the engine closes)."""
@@ -121,16 +120,13 @@ class AnswerServer:
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shutdown(), self.engine.loop).result(5)
 
-    def head_start(self, problem_ids: list[str], limit: int) -> int:
+    def head_start(self, problem_ids: list[str], limit: int) -> None:
         """Fetch the first ``limit`` requests of the controller's plan while the workers start
-        (docs/design.md, "head start"); returns how many. Answers go only to a worker's
-        ``get``, so a guess changes no outcome; none under an early stop's lookahead."""
-        if self.engine.lookahead is not None:
-            return 0
+        (docs/design.md, "head start"). Answers go only to a worker's ``get``, so a guess
+        changes no outcome; none under an early stop's lookahead."""
         asks = list(itertools.islice((r for p in problem_ids for r in self._asks(p)), limit))
-        if asks:
+        if asks and self.engine.lookahead is None:
             self.engine.start(asks, guess=True)
-        return len(asks)
 
     def planned_ids(self) -> set[str] | None:
         """The problems the workers offered, all plans together; None until one offered. A
