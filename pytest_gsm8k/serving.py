@@ -35,9 +35,9 @@ PREFLIGHT_TIMEOUT = 10.0
 #: (RemoteOpenAIServer: ``vllm serve <model> <args>`` on a free port), on loopback here
 VLLM_SERVE = "vllm serve {model} {server_args} --host 127.0.0.1 --port {port}"
 
-_REFUSALS = {  # the preflight's, by the kind of GET /models failure
-    "auth": "{shown} rejected the API key (HTTP 401); set it in ${env}",
-    "forbidden": "{shown} refused access (HTTP 403)",
+_REFUSALS: dict[object, str] = {  # the preflight's, by the status or kind of GET /models failure
+    401: "{shown} rejected the API key (HTTP 401); set it in ${env}",
+    403: "{shown} refused access (HTTP 403)",
     "timeout": "{shown} did not answer GET /models within {timeout:g} s (see --gsm8k-timeout)",
     "unreachable": "cannot reach {shown}: {detail} (check --gsm8k-base-url)",
     "proxy": "{detail}",
@@ -197,8 +197,8 @@ def preflight(state: State, endpoint: Endpoint) -> Endpoint:
             identity = serve.check_model(url, model, scrub, key, timeout, unnamed)
     except PreflightError as exc:
         shown = shown_url(url)
-        if exc.kind in _REFUSALS:
-            line = _REFUSALS[exc.kind].format(
+        if (kind := exc.status or exc.kind) in _REFUSALS:
+            line = _REFUSALS[kind].format(
                 shown=shown, env=state.settings.api_key_env, timeout=timeout, detail=exc
             )
             raise pytest.UsageError(f"gsm8k: {line}") from None

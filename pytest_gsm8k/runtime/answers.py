@@ -38,8 +38,6 @@ HEADER = struct.Struct(">I")  # a frame's length
 MAX_FRAME = MAX_REPLY_BYTES + (1 << 16)
 #: the longest first frame (the token): a stray client makes the controller allocate no more
 MAX_HELLO = 1 << 10
-#: the longest wait a socket accepts (the platform's time_t): longer waits are this one
-MAX_WAIT = 1e7
 Message = dict[str, Any]
 
 
@@ -51,9 +49,8 @@ def frame(message: dict[str, Any]) -> bytes:
 
 def take_frame(buffer: bytearray, limit: int) -> Message | None:
     """The first whole frame's message in ``buffer``, taken out of it; None while no whole
-    frame has arrived (a half-sent frame waits for the rest). Either end reads with it; a
-    ValueError for a frame over ``limit`` bytes or not a JSON object: the stream is not
-    trusted past it."""
+    frame has arrived. A ValueError for a frame over ``limit`` bytes or not a JSON object:
+    the stream is not trusted past it."""
     if len(buffer) < HEADER.size:
         return None
     (size,) = HEADER.unpack_from(buffer)
@@ -97,15 +94,14 @@ class AnswerServer:
         self._planned: set[str] | None = None  # the union of the plans
         self._stopping = False
 
-    def start(self) -> tuple[str, int]:
-        """Listen on a free loopback port (on the engine's loop)."""
+    def start(self) -> None:
+        """Listen on a free loopback port (on the engine's loop): :attr:`address`."""
         import asyncio
 
         listen = asyncio.start_server(self._serve, "127.0.0.1", 0)
         self._server = asyncio.run_coroutine_threadsafe(listen, self.engine.loop).result(10)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.address = (str(host), int(port))
-        return self.address
 
     def close(self) -> None:
         """Stop listening and end every open connection (before the engine closes)."""
@@ -124,16 +120,13 @@ class AnswerServer:
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shutdown(), self.engine.loop).result(5)
 
-    def head_start(self, problem_ids: list[str], limit: int) -> int:
+    def head_start(self, problem_ids: list[str], limit: int) -> None:
         """Fetch the first ``limit`` requests of the controller's plan while the workers start
-        (docs/design.md, "head start"); returns how many. Answers go only to a worker's
-        ``get``, so a guess changes no outcome; none under an early stop's lookahead."""
-        if self.engine.lookahead is not None:
-            return 0
+        (docs/design.md, "head start"). Answers go only to a worker's ``get``, so a guess
+        changes no outcome; none under an early stop's lookahead."""
         asks = list(itertools.islice((r for p in problem_ids for r in self._asks(p)), limit))
-        if asks:
+        if asks and self.engine.lookahead is None:
             self.engine.start(asks, guess=True)
-        return len(asks)
 
     def planned_ids(self) -> set[str] | None:
         """The problems the workers offered, all plans together; None until one offered. A
@@ -255,7 +248,8 @@ class Channel:
         endpoint: str = "",
         model: str = "",
     ) -> None:
-        self.wait, self.fetch = min(wait, MAX_WAIT), False
+        # a socket takes no longer wait than the platform's time_t: longer waits are this one
+        self.wait, self.fetch = min(wait, 1e7), False
         self.endpoint, self.model = endpoint, model
         self._sock = socket.create_connection(address, timeout=10.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

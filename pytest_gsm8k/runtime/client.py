@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,7 +61,6 @@ class Breaker:
 
     threshold: int = 8
     min_seconds: float = 2.0
-    clock: Callable[[], float] = time.monotonic
     count: int = 0
     first: float = 0.0
     on_open: Callable[[str], None] = lambda error: None
@@ -72,7 +71,7 @@ class Breaker:
         self.count = 0
 
     def failure(self, error: BaseException) -> None:
-        now = self.clock()
+        now = time.monotonic()
         self.first, self.count = (self.first if self.count else now), self.count + 1
         if self.count >= self.threshold and now - self.first >= self.min_seconds:
             self.on_open(f"{type(error).__name__}: {error}".strip())
@@ -82,50 +81,12 @@ class Breaker:
 PIECE = 1 << 20
 #: what the transport asks the server for; a reply may use any of these or none
 ACCEPTED = ("gzip", "deflate")
+#: zlib's window bits by content coding (0: none); another coding could not be bounded
+WBITS = {"gzip": 31, "x-gzip": 31, "deflate": 15, "": 0}
 
 
 class Refused(Exception):
     """The reply cannot be read within the bound (too large, or an encoding not asked for)."""
-
-
-class Decoder:
-    """Incremental decoding of one body: identity, gzip or deflate, in bounded pieces. A reply
-    is held whole in memory and HTTP libraries decode without a bound (a gzip bomb: 200 KB
-    that inflates to 200 MB); an encoding not asked for is refused: it could not be bounded."""
-
-    def __init__(self, encoding: str) -> None:
-        wbits = {"gzip": 31, "x-gzip": 31, "deflate": 15, "": 0, "identity": 0}.get(encoding)
-        if wbits is None:
-            raise Refused(f"the endpoint's reply is encoded as {encoding!r}, not as asked for")
-        self.encoding, self._first = encoding, True
-        self._inflater = zlib.decompressobj(wbits) if wbits else None
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        """The decoded pieces of ``data`` (each at most :data:`PIECE` bytes)."""
-        if (inflater := self._inflater) is None:
-            yield data
-            return
-        first, self._first = self._first, False
-        try:
-            try:
-                out = inflater.decompress(data, PIECE)
-            except zlib.error:
-                if not (first and self.encoding == "deflate"):
-                    raise
-                # "deflate" without the zlib wrapper, as some servers send it
-                inflater = self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-                out = inflater.decompress(data, PIECE)
-            while out:
-                yield out
-                if inflater.eof:
-                    return  # anything after the end of the compressed data is ignored
-                out = inflater.decompress(inflater.unconsumed_tail, PIECE)
-        except zlib.error:
-            raise Refused("the endpoint's reply is not valid compressed data") from None
-
-    def finish(self) -> bytes:
-        """What the decoder still holds once the body ended (bounded: the input is consumed)."""
-        return b"" if self._inflater is None else self._inflater.flush()
 
 
 def mib(size: int) -> str:
@@ -133,30 +94,11 @@ def mib(size: int) -> str:
     return f"{size / (1 << 20):g} MiB"
 
 
-def encoding_of(values: list[str]) -> str:
-    """The one content coding of a reply (its Content-Encoding values), or Refused."""
-    codings = [v.strip().lower() for v in values if v.strip().lower() not in ("", "identity")]
-    if len(codings) > 1:
-        raise Refused(
-            f"the endpoint's reply is encoded {len(codings)} times ({', '.join(codings)}); "
-            "one encoding was asked for"
-        )
-    return codings[0] if codings else ""
-
-
-@functools.cache
-def refused_reply() -> type[Exception]:
-    """A reply read no further (:class:`Refused`) as the openai client raises it: an
-    ``OpenAIError`` is never retried nor called a connection error."""
-    import openai
-
-    return type("RefusedReply", (openai.OpenAIError, Said), {})
-
-
-def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> Decoder:
+def reply_coding(breaker: Breaker, status: int, headers: Any, encodings: list[str]) -> str:
     """An HTTP reply came: the breaker hears it, a Retry-After longer than the client waits (it
-    then fails at once: core/retry.py) is said once, and the body's decoder is made;
-    :class:`Refused` at once for a body over the bound or in an encoding not asked for."""
+    then fails at once: core/retry.py) is said once; the body's content coding, or
+    :class:`Refused` at once for a body over the bound or in a coding not asked for (or in
+    more than one: its Content-Encoding values)."""
     breaker.success()
     seconds = retry_after(headers, time.time()) if status in (429, 503) else None
     if seconds is not None and seconds > MAX_RETRY_AFTER:
@@ -166,19 +108,31 @@ def reply_decoder(breaker: Breaker, status: int, headers: Any, encodings: list[s
             f"longer than the client waits ({MAX_RETRY_AFTER:g} s): those requests failed "
             "without waiting",
         )
-    encoding = encoding_of(",".join(encodings).split(","))
+    codings = [c.strip().lower() for c in ",".join(encodings).split(",")]
+    codings = [c for c in codings if c not in ("", "identity")]
+    if len(codings) > 1:
+        raise Refused(
+            f"the endpoint's reply is encoded {len(codings)} times ({', '.join(codings)}); "
+            "one encoding was asked for"
+        )
     length = str(headers.get("content-length", ""))
-    if not encoding and length.isdigit() and int(length) > MAX_REPLY_BYTES:
+    if not codings and length.isdigit() and int(length) > MAX_REPLY_BYTES:
         raise Refused(
             f"the endpoint's reply is over {mib(MAX_REPLY_BYTES)} ({int(length):,} bytes), the "
             "most one problem's answer may take; refused unread"
         )
-    return Decoder(encoding)
+    if (coding := codings[0] if codings else "") not in WBITS:
+        raise Refused(f"the endpoint's reply is encoded as {coding!r}, not as asked for")
+    return coding
 
 
-async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The raw ``chunks`` decoded within :data:`MAX_REPLY_BYTES` (see :class:`Decoder`)."""
-    total = 0
+async def bounded_body(coding: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The raw ``chunks`` decoded (``coding``: one :func:`reply_coding` accepted) in pieces of
+    at most :data:`PIECE` bytes, :class:`Refused` past :data:`MAX_REPLY_BYTES` in all: a reply
+    is held whole in memory, and HTTP libraries decode without a bound (a gzip bomb: 200 KB
+    that inflates to 200 MB)."""
+    total, first = 0, True
+    inflater = zlib.decompressobj(WBITS[coding]) if WBITS[coding] else None
 
     def counted(piece: bytes) -> bytes:
         nonlocal total
@@ -190,15 +144,39 @@ async def bounded_body(decoder: Decoder, chunks: AsyncIterator[bytes]) -> AsyncI
             )
         return piece
 
-    async for raw in chunks:
-        for piece in decoder.feed(raw):
-            yield counted(piece)
-    if tail := decoder.finish():
-        yield counted(tail)
+    try:
+        async for raw in chunks:
+            if inflater is None:
+                yield counted(raw)
+                continue
+            try:
+                out = inflater.decompress(raw, PIECE)
+            except zlib.error:
+                if not (first and coding == "deflate"):
+                    raise
+                # "deflate" without the zlib wrapper, as some servers send it
+                inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                out = inflater.decompress(raw, PIECE)
+            first = False
+            while out:
+                yield counted(out)
+                if inflater.eof:
+                    break  # anything after the end of the compressed data is ignored
+                out = inflater.decompress(inflater.unconsumed_tail, PIECE)
+        if inflater is not None and (tail := inflater.flush()):
+            yield counted(tail)
+    except zlib.error:
+        raise Refused("the endpoint's reply is not valid compressed data") from None
 
 
 def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -> Any:
+    import openai
+
     httpx = _httpx()
+
+    class RefusedReply(openai.OpenAIError, Said):
+        """A reply read no further (:class:`Refused`) as the openai client raises it: an
+        ``OpenAIError`` is never retried nor called a connection error."""
 
     class WatchingTransport(httpx.AsyncHTTPTransport):  # type: ignore[misc,name-defined]
         """The normal transport (through the environment's proxy: httpx reads it only without
@@ -213,21 +191,21 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
             except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
                 breaker.failure(exc)
                 raise
-            headers, refused = response.headers, refused_reply()
+            headers = response.headers
             try:
                 encodings = headers.get_list("content-encoding")
-                decoder = reply_decoder(breaker, response.status_code, headers, encodings)
+                coding = reply_coding(breaker, response.status_code, headers, encodings)
             except Refused as exc:
                 await response.aclose()
-                raise refused(str(exc)) from None
+                raise RefusedReply(str(exc)) from None
 
             class BoundedStream(httpx.AsyncByteStream):  # type: ignore[misc,name-defined]
                 async def __aiter__(self) -> Any:
                     try:
-                        async for piece in bounded_body(decoder, response.stream):
+                        async for piece in bounded_body(coding, response.stream):
                             yield piece
                     except Refused as exc:
-                        raise refused(str(exc)) from None
+                        raise RefusedReply(str(exc)) from None
 
                 async def aclose(self) -> None:
                     await response.stream.aclose()
@@ -242,8 +220,8 @@ def _watching_transport(breaker: Breaker, concurrency: int, proxy: str | None) -
 
 
 class PreflightError(Exception):
-    """``kind`` is "auth" (401), "forbidden" (403), "unreachable", "timeout" (no complete
-    reply within the deadline), "proxy" (one httpx cannot use) or "status" (other HTTP)."""
+    """``kind`` is "unreachable", "timeout" (no complete reply within the deadline), "proxy"
+    (one httpx cannot use) or "status" (an HTTP ``status`` other than 2xx)."""
 
     def __init__(self, kind: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
@@ -325,8 +303,7 @@ def get_json(
             client.stream("GET", url, headers=dict(headers or {})) as reply,
         ):
             if not 200 <= (status := reply.status_code) < 300:
-                kind = {401: "auth", 403: "forbidden"}.get(status, "status")
-                raise PreflightError(kind, f"HTTP {status}", status)
+                raise PreflightError("status", f"HTTP {status}", status)
             body = b""
             async for chunk in reply.aiter_bytes():
                 if len(body := body + chunk) > MAX_JSON_BODY:
@@ -403,7 +380,6 @@ class OpenAIClient:
     ) -> None:
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         self.model, self.endpoint = model, base.rstrip("/")  # as the openai client would use
-        #: what cache keys name instead of a URL that changes every run (a server it starts)
         self.cache_endpoint = cache_endpoint or self.endpoint
         # ValueError: one line, before any request
         self._proxy = env_proxy(self.endpoint, aiohttp=self.via_aiohttp)
@@ -457,16 +433,6 @@ class OpenAIClient:
             await self._client.close()
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, list):  # content parts
-        return "".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, dict) and part.get("type", "text") == "text"
-        )
-    return content if isinstance(content, str) else ""
-
-
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -489,7 +455,11 @@ def parse_reply(data: Any, *, chat: bool, breaker: Breaker) -> ModelResponse:
         if content is None and reasoning is None:
             null = "message content is null, no reasoning" if chat else "text is null"
             raise Said(f"the endpoint's reply has no answer ({null})")
-        completions.append(Completion(_text(content), _str(choice.get("finish_reason")), reasoning))
+        if isinstance(content, list):  # content parts
+            parts = [p for p in content if isinstance(p, dict) and p.get("type", "text") == "text"]
+            content = "".join(str(part.get("text", "")) for part in parts)
+        text = content if isinstance(content, str) else ""
+        completions.append(Completion(text, _str(choice.get("finish_reason")), reasoning))
     usage, bad = valid_usage(data.get("usage"), ("prompt_tokens", "completion_tokens"))
     if bad:
         breaker.notes.setdefault(

@@ -83,7 +83,6 @@ class Engine:
         self.cache, self.scrub = cache, scrub or Scrubber()
         self.identity: Description | None = self.scrub.obj(identity)
         self.named, self.stall_timeout = named, stall_timeout
-        #: the base URL, or a name that outlives it (a server the run starts: its command)
         self.cache_endpoint = str(getattr(client, "cache_endpoint", None) or client.endpoint)
         self.concurrency, self.lookahead = max(1, concurrency), lookahead
         self.aborted: str | None = None
@@ -289,7 +288,6 @@ class Engine:
             self._queue.appendleft(job)
 
     def _consume(self, job: Job) -> None:
-        """A test asked for ``job``: it no longer counts as fetched ahead."""
         if not job.consumed:
             job.consumed = True
             if job.state != PLANNED:
@@ -324,7 +322,6 @@ class Engine:
                 await self._wake.wait()
 
     async def _work(self, job: Job) -> None:
-        """Fetch one job (or park its cached answer)."""
         job.state = RUNNING
         if not job.consumed:
             self._ahead += 1
@@ -376,7 +373,6 @@ class Engine:
         _resolve(job.future, outcome)
 
     async def _stall_watch(self, seconds: float) -> None:
-        """Abort when no answer arrived for ``seconds`` while requests were in flight."""
         while self.aborted is None:
             await asyncio.sleep(min(1.0, seconds / 4))
             if self._in_flight and time.monotonic() - self._progress >= seconds:
@@ -503,7 +499,6 @@ class Engine:
         return response
 
     async def _call(self, request: Request) -> ModelResponse:
-        """One call to the client: timed for the stall watch, its answer scrubbed."""
         if self._in_flight == 0:
             self._progress = time.monotonic()  # idle time is no stall
         self._in_flight += 1

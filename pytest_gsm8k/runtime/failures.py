@@ -1,7 +1,5 @@
 """What went wrong with an endpoint, in one line: the failures a model call ends in, and
-:func:`describe_error`, which words either client's and says whether it ends the run (every
-unfinished item then fails with that line; docs/design.md, "Failures") or would before any
-answer."""
+:func:`describe_error`, which words them (docs/design.md, "Failures")."""
 
 from __future__ import annotations
 
@@ -54,10 +52,9 @@ def first_line(text: str) -> str:
 
 
 class WireFailure(Exception):
-    """The vllm preset's client gave up on a request to ``url`` (it never imports openai). It
-    has what :func:`describe_error` reads of openai's errors: ``request``, ``status_code``
-    (None: no answer came; ``timed_out``), ``body`` and ``message``; the ``headers`` for the
-    retry policy."""
+    """The vllm preset's client gave up on a request to ``url`` (it never imports openai), with
+    what :func:`describe_error` reads of openai's errors (and ``timed_out``: no answer in
+    time); the ``headers`` for the retry policy."""
 
     def __init__(
         self, url: str, status: int | None, body: Any, headers: Any = None, timed_out: bool = False
@@ -98,7 +95,11 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
         cause = exc.__cause__
         detail = f" ({type(cause).__name__}: {cause})" if cause else ""
         return f"connection failed after retries{detail}", False, False
-    message = _api_message(exc)
+    found = getattr(exc, "body", None)
+    body: dict[str, Any] = found if isinstance(found, dict) else {}
+    error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
+    message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
+    message = first_line(str(message or getattr(exc, "message", exc)))
     if status < 100:  # a client's stand-in (0) where no HTTP answer gave one (600: an answer)
         return f"no HTTP status (status_code {status}): {message}", False, False
     if status in (401, 403):
@@ -115,11 +116,3 @@ def describe_error(exc: BaseException, own: bool = True) -> tuple[str, bool, boo
     retried = " after retries" if status in RETRIED_STATUSES or status >= 500 else ""
     hint = reasoning_model_hint(message) if status == 400 and own else None
     return f"HTTP {status}{retried}: {f'{hint}; ' if hint else ''}{message}", False, refused
-
-
-def _api_message(exc: Any) -> str:
-    found = getattr(exc, "body", None)
-    body: dict[str, Any] = found if isinstance(found, dict) else {}
-    error: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
-    message = body.get("message") or error.get("message") or body.get("detail")  # FastAPI's 404
-    return first_line(str(message or getattr(exc, "message", exc)))

@@ -108,11 +108,17 @@ def prepare(
     if info is not None and not stat.S_ISREG(mode):
         kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise OutputError(f"{what}: {given} is {kind}, not a file this output can be written to")
-    if _through_pseudo(given):
-        raise OutputError(
-            f"{what}: {given} is under /proc, /sys or /dev/fd (a descriptor other than this "
-            "process's stdout or stderr), where no file can be written"
-        )
+    current = os.path.abspath(given)  # each symlink on its way too (stdout, stderr: taken)
+    for _ in range(40):  # the kernel's own bound on symlinks followed
+        here = os.path.join(os.path.realpath(os.path.dirname(current)), os.path.basename(current))
+        if here in ("/proc", "/sys") or here.startswith(("/proc/", "/sys/", "/dev/fd/")):
+            raise OutputError(
+                f"{what}: {given} is under /proc, /sys or /dev/fd (a descriptor other than this "
+                "process's stdout or stderr), where no file can be written"
+            )
+        if not os.path.islink(here):
+            break
+        current = os.path.join(os.path.dirname(here), os.readlink(here))
     target = os.path.realpath(given)
     check_name(target, what)
     if append and info is not None:
@@ -122,8 +128,16 @@ def prepare(
             raise OutputError(f"{what}: cannot append to {target}: {reason(exc)}") from None
     elif append and not os.path.lexists(os.path.dirname(target)):  # appended to: never made
         raise OutputError(f"{what}: the folder of {given} does not exist; create it first")
-    else:
-        _probe_folder(target, what)
+    else:  # a file made and removed in its folder, or the nearest that exists (made at the end)
+        folder = os.path.dirname(target)  # target is absolute: "/" ends the walk
+        while not os.path.lexists(folder):
+            folder = os.path.dirname(folder)
+        if not os.path.isdir(folder):
+            raise OutputError(f"{what}: {folder} is not a folder")
+        try:
+            tempfile.NamedTemporaryFile(dir=folder, prefix=".gsm8k-probe.").close()
+        except OSError as exc:
+            raise OutputError(f"{what}: cannot write in {folder}: {reason(exc)}") from None
     return Output(target, append=append)
 
 
@@ -150,34 +164,6 @@ def reason(exc: BaseException) -> str:
         return exc.strerror[0].lower() + exc.strerror[1:]
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _through_pseudo(path: str) -> bool:
-    """Whether ``path``, or a symlink on its way, is under ``/proc``, ``/sys`` or ``/dev/fd``
-    (stdout and stderr were taken before)."""
-    current = os.path.abspath(path)
-    for _ in range(40):  # the kernel's own bound on symlinks followed
-        here = os.path.join(os.path.realpath(os.path.dirname(current)), os.path.basename(current))
-        if here in ("/proc", "/sys") or here.startswith(("/proc/", "/sys/", "/dev/fd/")):
-            return True
-        if not os.path.islink(here):
-            return False
-        current = os.path.join(os.path.dirname(here), os.readlink(here))
-    return False
-
-
-def _probe_folder(target: str, what: str) -> None:
-    """A file made and removed in ``target``'s folder, or in the nearest one that exists (the
-    write at the end makes the folders missing)."""
-    folder = os.path.dirname(target)  # target is absolute: "/" ends the walk
-    while not os.path.lexists(folder):
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        raise OutputError(f"{what}: {folder} is not a folder")
-    try:
-        tempfile.NamedTemporaryFile(dir=folder, prefix=".gsm8k-probe.").close()
-    except OSError as exc:
-        raise OutputError(f"{what}: cannot write in {folder}: {reason(exc)}") from None
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from pytest_gsm8k.core.retry import retry_delay, should_retry
-from pytest_gsm8k.runtime.client import ACCEPTED, OpenAIClient, Refused, bounded_body, reply_decoder
+from pytest_gsm8k.runtime.client import ACCEPTED, OpenAIClient, Refused, bounded_body, reply_coding
 from pytest_gsm8k.runtime.failures import Said, WireFailure, bad_reply
 
 
@@ -69,9 +69,9 @@ class WireClient(OpenAIClient):
                 status, headers = response.status, response.headers
                 try:
                     encodings = headers.getall("Content-Encoding", [])
-                    decoder = reply_decoder(self.breaker, status, headers, encodings)
+                    coding = reply_coding(self.breaker, status, headers, encodings)
                     chunks = response.content.iter_chunked(1 << 16)
-                    raw = b"".join([piece async for piece in bounded_body(decoder, chunks)])
+                    raw = b"".join([piece async for piece in bounded_body(coding, chunks)])
                 except Refused as exc:
                     response.close()
                     raise Said(str(exc)) from None

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, read_json, xdist_once
+from helpers import NO_EXTRA_PLUGINS, XDIST, GsmRun, output, read_json, sent, xdist_once
 
 USAGE_ERROR = int(pytest.ExitCode.USAGE_ERROR)
 
@@ -148,6 +148,26 @@ def test_a_base_url_without_v1_is_named_with_the_url_to_use(
         f"the base URL needs /v1 (--gsm8k-base-url={server.base_url})"
     ], text
     assert "gsm8k acc" not in text
+
+
+def test_a_rejected_key_is_one_line_at_session_start(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule: a 401 to the session-start GET /models is one line naming the variable the key
+    is read from, before any request (the preflight's refusals are keyed by the status)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-the-servers-key")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    url = f"--gsm8k-base-url={server.base_url}"
+    result = pytester.runpytest("--gsm8k-model=fake-model", url, *NO_EXTRA_PLUGINS)
+    text = output(result)
+    assert result.ret == USAGE_ERROR, text
+    lines = [line for line in text.splitlines() if line.startswith("ERROR: gsm8k:")]
+    assert lines == [
+        f"ERROR: gsm8k: {server.base_url} rejected the API key (HTTP 401); "
+        "set it in $OPENAI_API_KEY"
+    ], text
+    assert "sk-not-the-servers-key" not in text
+    assert sent(server) == 0
 
 
 @xdist_once("where", ["option", "env", "env-vllm"], ids=["option", "env", "env-vllm"])

@@ -63,7 +63,8 @@ def channel(tmp_path: Path) -> Iterator[Parts]:
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(8)
     server = AnswerServer(engine, known.get)
-    address = server.start()
+    server.start()
+    address = server.address
     yield client, engine, server, address, known
     server.close()
     engine.close()
@@ -113,7 +114,8 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
     engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(1)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, wait=600)
+    server.start()
+    remote = Channel(server.address, server.token, wait=600)
     try:
 
         def close_both() -> None:
@@ -140,7 +142,8 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
     engine = Engine(client, cache, concurrency=4, lookahead=3)
     known = _requests(20)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, wait=10)
+    server.start()
+    remote = Channel(server.address, server.token, wait=10)
 
     def settles_at(count: int) -> int:
         wait_until(lambda: len(client.order) >= count, 5)
@@ -183,7 +186,8 @@ def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_i
     engine = Engine(Sized(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=2)
     monkeypatch.setattr(answers, "MAX_FRAME", 2000)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, wait=1e300)
+    server.start()
+    remote = Channel(server.address, server.token, wait=1e300)
     try:
         remote.offer(list(known), fetch=True)
         assert remote.result(known["p0"]).completions[0].text.endswith("#### p0")
@@ -297,7 +301,8 @@ def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(8)
     server = AnswerServer(engine, known.get)
-    address = server.start()
+    server.start()
+    address = server.address
     remote = Channel(address, server.token, wait=10)
     unprobed = Channel(address, server.token, wait=10)
     listener = Channel(address, server.token)
@@ -396,7 +401,8 @@ def test_each_repeat_is_its_own_ask_on_the_channel(tmp_path: Path) -> None:
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(2)
     server = AnswerServer(engine, known.get, repeats=3)
-    remote = Channel(server.start(), server.token, wait=10)
+    server.start()
+    remote = Channel(server.address, server.token, wait=10)
     try:
         remote.offer(list(known), fetch=True)
         for ask in known["p1"].asks(3):
@@ -425,10 +431,12 @@ def test_a_head_start_fetches_at_most_its_limit_in_order_and_an_offer_adds_the_r
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(4)
     server = AnswerServer(engine, known.get, repeats=2)
-    address = server.start()
+    server.start()
+    address = server.address
     remote = Channel(address, server.token, wait=10)
     try:
-        assert server.head_start(["p2", "p0", "p1", "p3"], 3) == 3
+        server.head_start(["p2", "p0", "p1", "p3"], 3)
+        assert len(engine.by_request) == 3  # the first three asks, planned
         assert wait_until(lambda: len(client.order) == 3, 5)
         time.sleep(0.05)  # anything beyond the limit would be sent by now
         assert client.order == ["p2#0", "p2#1", "p0#0"]
@@ -442,7 +450,8 @@ def test_a_head_start_fetches_at_most_its_limit_in_order_and_an_offer_adds_the_r
         server.close()
         engine.close()
     assert sorted(client.order) == sorted(f"p{i}#{r}" for i in range(4) for r in range(2))
-    assert server.head_start(["zz"], 5) == 0  # a problem the run does not know: nothing
+    server.head_start(["zz"], 5)  # a problem the run does not know: nothing
+    assert len(engine.by_request) == 8
 
 
 def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_start(
@@ -464,9 +473,11 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     client = Refusing(fail={"p0"})
     engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
     server = AnswerServer(engine, known.get)
-    remote = Channel(server.start(), server.token, wait=10)
+    server.start()
+    remote = Channel(server.address, server.token, wait=10)
     try:
-        assert server.head_start(["p0"], 1) == 1
+        server.head_start(["p0"], 1)
+        assert len(engine.by_request) == 1
         assert wait_until(lambda: client.order == ["p0"], 5)
         time.sleep(0.05)
         assert engine.aborted is None
@@ -508,7 +519,8 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
     server = AnswerServer(engine, known.get)
     server.start()
     try:
-        assert server.head_start(list(known), 8) == 0
+        server.head_start(list(known), 8)
+        assert engine.by_request == {}
         time.sleep(0.05)
         assert ahead.order == []
     finally:

@@ -10,7 +10,20 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pytest_gsm8k.runtime import client
-from pytest_gsm8k.runtime.client import PIECE, Decoder, Refused, bounded_body, encoding_of
+from pytest_gsm8k.runtime.client import PIECE, Breaker, Refused, bounded_body, reply_coding
+
+
+def decoded(coding: str, chunks: list[bytes]) -> list[bytes]:
+    """The pieces :func:`bounded_body` makes of ``chunks`` as they arrive."""
+
+    async def read() -> list[bytes]:
+        async def arriving() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        return [piece async for piece in bounded_body(coding, arriving())]
+
+    return asyncio.run(read())
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", ""])
@@ -21,33 +34,48 @@ def test_the_bounded_decoder_reads_what_it_asked_for_in_pieces(encoding: str) ->
     if wbits:
         packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
         packed = packer.compress(data) + packer.flush()
-    decoder = Decoder(encoding.replace("raw ", ""))
-    pieces = [p for i in range(0, len(packed), 65536) for p in decoder.feed(packed[i : i + 65536])]
-    pieces.append(decoder.finish())
+    chunks = [packed[i : i + 65536] for i in range(0, len(packed), 65536)]
+    pieces = decoded(encoding.replace("raw ", ""), chunks)
     assert b"".join(pieces) == data
     assert max(len(p) for p in pieces) <= PIECE
 
 
 def test_the_bounded_decoder_refuses_what_it_cannot_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    def coding(encodings: list[str]) -> str:  # a 200 reply with these Content-Encodings
+        return reply_coding(Breaker(), 200, {}, encodings)
+
     with pytest.raises(Refused, match="encoded as 'br'"):
-        Decoder(encoding_of(["br"]))
+        coding(["br"])
     with pytest.raises(Refused, match="encoded 2 times"):
-        encoding_of(["gzip", "deflate"])
-    assert encoding_of(["identity", " GZIP "]) == "gzip"
+        coding(["gzip", "deflate"])
+    with pytest.raises(Refused, match="encoded 2 times"):
+        coding(["gzip, deflate"])  # one header, two codings
+    assert coding(["identity", " GZIP "]) == "gzip"
     with pytest.raises(Refused, match="not valid compressed data"):
-        list(Decoder("gzip").feed(b"this is not gzip"))
-
-    async def read(chunks: list[bytes]) -> list[bytes]:
-        async def arriving() -> AsyncIterator[bytes]:
-            for chunk in chunks:
-                yield chunk
-
-        return [piece async for piece in bounded_body(Decoder(""), arriving())]
+        decoded("gzip", [b"this is not gzip"])
 
     monkeypatch.setattr(client, "MAX_REPLY_BYTES", 10)
-    assert asyncio.run(read([b"x" * 10])) == [b"x" * 10]
+    assert decoded("", [b"x" * 10]) == [b"x" * 10]
     with pytest.raises(Refused, match=r"over .* MiB decoded"):
-        asyncio.run(read([b"x" * 10, b"x"]))
+        decoded("", [b"x" * 10, b"x"])
+
+
+def test_what_follows_the_end_of_compressed_data_is_read_and_ignored() -> None:
+    """The body is read to its end (the connection stays reusable), its trailing bytes unused."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31)
+    packed = packer.compress(b"answer") + packer.flush()
+    read: list[bytes] = []
+
+    async def arriving() -> AsyncIterator[bytes]:
+        for chunk in (packed, b"trailing garbage", b"more"):
+            read.append(chunk)
+            yield chunk
+
+    async def pieces() -> list[bytes]:
+        return [piece async for piece in bounded_body("gzip", arriving())]
+
+    assert b"".join(asyncio.run(pieces())) == b"answer"
+    assert len(read) == 3
 
 
 @pytest.mark.parametrize("wbits", [31, 15], ids=["gzip", "deflate"])
@@ -58,6 +86,5 @@ def test_a_body_broken_past_its_first_piece_is_refused_not_a_zlib_error(wbits: i
     packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
     packed = bytearray(packer.compress(data) + packer.flush())
     packed[len(packed) * 3 // 4] ^= 0xFF
-    decoder = Decoder("gzip" if wbits == 31 else "deflate")
     with pytest.raises(Refused, match="not valid compressed data"):
-        list(decoder.feed(bytes(packed)))
+        decoded("gzip" if wbits == 31 else "deflate", [bytes(packed)])

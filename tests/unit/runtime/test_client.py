@@ -24,7 +24,7 @@ from pytest_gsm8k.runtime.client import (
     env_proxy,
     get_json,
     list_models,
-    reply_decoder,
+    reply_coding,
 )
 from pytest_gsm8k.runtime.data import load_split
 
@@ -185,8 +185,8 @@ def test_a_retry_after_longer_than_the_client_waits_is_noted_once_in_any_form(wa
     value = email.utils.formatdate(time.time() + 600, usegmt=True) if wait == "date" else wait
     breaker = Breaker()
     for _ in range(2):
-        reply_decoder(breaker, 429, {"retry-after": value}, [])
-    reply_decoder(breaker, 503, {"retry-after": "120"}, [])  # waited for: no note
+        reply_coding(breaker, 429, {"retry-after": value}, [])
+    reply_coding(breaker, 503, {"retry-after": "120"}, [])  # waited for: no note
     [line] = breaker.notes.values()
     assert "longer than the client waits (120 s)" in line
     assert "(Retry-After on HTTP 429)" in line
@@ -215,6 +215,21 @@ def test_a_reply_without_an_answer_is_said_in_full(data: object, said: str) -> N
     with pytest.raises(Exception, match=r"^the endpoint's reply ") as info:
         parse_reply(data, chat=True, breaker=Breaker())
     assert describe_error(info.value) == (f"the endpoint's reply {said}", False, False)
+
+
+def test_a_chat_answer_in_content_parts_is_their_text_joined() -> None:
+    """A ``content`` sent as a list of parts: the answer is its text parts, in order."""
+    from pytest_gsm8k.runtime.client import parse_reply
+
+    parts = [
+        {"type": "text", "text": "The answer "},
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"text": "is 42."},
+        "stray",
+    ]
+    data = {"choices": [{"message": {"content": parts}, "finish_reason": "stop"}]}
+    response = parse_reply(data, chat=True, breaker=Breaker())
+    assert [c.text for c in response.completions] == ["The answer is 42."]
 
 
 @pytest.mark.parametrize("port", ["8080", "99999"])

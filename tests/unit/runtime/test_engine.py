@@ -193,19 +193,22 @@ def _fake_response(status: int) -> Any:
 
 
 class FakeClock:
-    """A monotonic clock that moves only when the test says so."""
+    """A monotonic clock that moves only when the test says so (the client module's ``time``)."""
 
     def __init__(self) -> None:
         self.now = 0.0
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
         return self.now
 
 
-def test_breaker_needs_a_streak_in_numbers_and_in_time() -> None:
+def test_breaker_needs_a_streak_in_numbers_and_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_gsm8k.runtime import client as client_module
+
     clock = FakeClock()
+    monkeypatch.setattr(client_module, "time", clock)
     opened: list[str] = []
-    breaker = Breaker(threshold=8, min_seconds=2.0, clock=clock)
+    breaker = Breaker(threshold=8, min_seconds=2.0)
     breaker.on_open = opened.append
     for _ in range(20):  # many at once: the requests in flight when a server dies
         breaker.failure(ConnectionError("refused"))
