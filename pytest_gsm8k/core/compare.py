@@ -149,10 +149,6 @@ class Comparison:
     undecided: str | None = None
     config: str = ""  # the --gsm8k-config config compared
 
-    @property
-    def worse(self) -> bool:
-        return not self.verdict.passed
-
 
 def compare(a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "B")) -> Comparison:
     """Report ``b`` against report ``a`` (both from :func:`load_report`, files ``where``);

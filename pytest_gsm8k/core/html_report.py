@@ -65,7 +65,7 @@ def render_html(
     baseline_outcomes: Mapping[str, str] | None = None,
 ) -> str:
     """The whole page (inline CSS, JS, SVG and data): ``problems`` are the texts the report
-    does not hold; ``baseline_outcomes`` the compared baseline's own, else the flips'."""
+    does not hold; ``baseline_outcomes`` the compared baselines' own (outcomes_from_baseline)."""
     configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     comparisons = [
         (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
@@ -75,23 +75,17 @@ def render_html(
     records = list(report.get("problems") or [])
     change: dict[str, str] = {}
     rank: dict[str, int] = {}
-    given: dict[str, str] = {}  # the baseline's outcome of each problem
-    for config, base, _ in comparisons:
+    for _, base, _ in comparisons:
         failing, passing = _ids(base, "newly_failing"), _ids(base, "newly_passing")
         change |= dict.fromkeys(passing, "passing") | dict.fromkeys(failing, "failing")
         for place, key in enumerate(_RANKED):
             for pid in _ids(base, key):
                 rank.setdefault(pid, place)
-        own = [r for r in records if _config_of(r["id"]) == config]
-        if base.get("shared") == len(own):  # every problem compared: the flips say the rest
-            for r in own:
-                was = r["id"] in failing or (r.get("correct") and r["id"] not in passing)
-                given[r["id"]] = "correct" if was else "not correct"
     if configs and comparisons:
         compared = {config for config, _, _ in comparisons}
         change |= {r["id"]: "none" for r in records if _config_of(r["id"]) not in compared}
-    given |= baseline_outcomes or {}
     position = {_name(c): i for i, c in enumerate(configs)}
+    given = baseline_outcomes or {}  # the page's baseline column
 
     def order(r: _Obj) -> tuple[int, int, int, int]:
         # failing now first, configs in run order within each place, so theirs stay together

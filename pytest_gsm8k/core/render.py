@@ -40,9 +40,6 @@ class JunitCase(NamedTuple):
     earlier: str | None  # with resumed answers, how many came from earlier runs ("39 of 40")
 
 
-_JUNIT_OUTCOME = {"PASS": "passed", "FAIL": "failed", "UNDECIDED": "skipped"}
-
-
 def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
     """Each gate's JUnit case (a config's gate counts its config's resumed answers)."""
     earlier = {
@@ -51,10 +48,11 @@ def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
         for gate in group.gates
         if group.selection.resumed
     }
+    outcome = {"PASS": "passed", "FAIL": "failed", "UNDECIDED": "skipped"}
     return [
         JunitCase(
             gate.name,
-            _JUNIT_OUTCOME[gate.word],  # type: ignore[arg-type]
+            outcome[gate.word],  # type: ignore[arg-type]
             None if gate.word == "PASS" else gate.detail,
             earlier.get(gate.name),
         )
@@ -336,8 +334,11 @@ def _problems(count: int) -> str:
     return f"{count} problem{'s' if count != 1 else ''}"
 
 
-def pairing(result: Comparison) -> str:
-    """Which problems were paired, in words (how many, and what was left out)."""
+def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
+    """The comparison in the step summary's Markdown: headline, the two runs, the pairing (how
+    many, what was left out), the verdict as a gate table, then the rows and flips every
+    comparison shows."""
+    a, b = result.a, result.b
     left = ", ".join(
         f"{count} {what}"
         for count, what in (
@@ -347,16 +348,10 @@ def pairing(result: Comparison) -> str:
         )
         if count
     )
-    return (
+    pairing = (
         f"Paired on the {_problems(result.block['shared'])} both reports hold "
-        f"(A holds {result.a.n}, B holds {result.b.n}{'; ' * bool(left)}{left})."
+        f"(A holds {a.n}, B holds {b.n}{'; ' * bool(left)}{left})."
     )
-
-
-def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
-    """The comparison in the step summary's Markdown: headline, the two runs, the pairing,
-    the verdict as a gate table, then the rows and flips every comparison shows."""
-    a, b = result.a, result.b
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
         f"{a.accuracy:.4f} on {_problems(result.block['shared'])}",
@@ -369,7 +364,7 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
             for side in (a, b)
         ),
         "",
-        md_text(pairing(result)),
+        md_text(pairing),
         "",
         *gate_table([result.verdict]),
         *_md_rows(baseline_rows(result.block, ("A", "B"))),
