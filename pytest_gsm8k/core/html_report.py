@@ -12,7 +12,6 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from importlib import resources
 from string import Template
 from typing import Any
@@ -36,19 +35,15 @@ _ROW = {"o": "outcome", "g": "gold", "x": "extracted", "nc": "n_correct", "ns": 
 _ROW |= {"v": "votes", "e": "error", "note": "note"}
 
 
-@dataclass(frozen=True)
-class ProblemText:
-    """What the page shows of a problem beyond the JSON report: its text and worked solution."""
-
-    question: str
-    solution: str = ""
+#: what the page shows of a problem beyond the JSON report: its question and worked solution
+ProblemText = tuple[str, str]
 
 
 def problem_texts(problems: Iterable[Problem]) -> dict[str, ProblemText]:
     """id -> question and worked solution (the answer before ``####``, calculator
     annotations ``<<48/2=24>>`` removed: they are for the dataset's tooling, not for readers)."""
     answers = {p.id: (p.question, p.answer.rpartition("####")[0] or p.answer) for p in problems}
-    return {pid: ProblemText(q, _CALC.sub("", a).strip()) for pid, (q, a) in answers.items()}
+    return {pid: (q, _CALC.sub("", a).strip()) for pid, (q, a) in answers.items()}
 
 
 def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:
@@ -140,10 +135,10 @@ def _row(
     """One problem in the short keys html_report.js reads; a sample's text only where it is
     not the response."""
     pid, response = str(r.get("id")), str(r.get("response") or "")
-    text = texts.get(pid, ProblemText(""))
+    question, solution = texts.get(pid, ("", ""))
     row = {key: r.get(field) for key, field in _ROW.items()}
     row |= {"id": pid, "b": baseline.get(pid), "ch": change.get(pid, ""), "r": response}
-    row |= {"q": text.question, "s": text.solution, "u": r.get("usage") or {}}
+    row |= {"q": question, "s": solution, "u": r.get("usage") or {}}
     row["rules"] = r.get("rules") or {}
     row["sm"] = [
         {"f": s.get("finish_reason"), "x": s.get("extracted") or {}}

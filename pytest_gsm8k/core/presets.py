@@ -163,8 +163,6 @@ LM_EVAL_IGNORE_REGEXES: tuple[str, ...] = (",", r"\$", "(?s).*#### ", r"\.$")
 #: what lm-eval's regex filter returns when nothing matched
 LM_EVAL_FALLBACK = "[invalid]"
 
-_IGNORE_RES = tuple(re.compile(p) for p in LM_EVAL_IGNORE_REGEXES)
-
 
 def _regex_filter(regex: re.Pattern[str], group_select: int, text: str) -> str | None:
     """``RegexFilter.apply`` for one response, ``None`` for its ``[invalid]`` fallback."""
@@ -187,8 +185,8 @@ def lm_eval_match(extracted: str | None, gold_answer_text: str) -> bool:
     lower-cased, compared as a string (``18.00`` is not ``18``; None is ``[invalid]``, compared
     like any string); trailing NULs go as in the numpy unicode arrays lm-eval compares."""
     sides = [LM_EVAL_FALLBACK if extracted is None else extracted, gold_answer_text]
-    for regex in _IGNORE_RES:
-        sides = [regex.sub("", text) for text in sides]
+    for pattern in LM_EVAL_IGNORE_REGEXES:
+        sides = [re.sub(pattern, "", text) for text in sides]
     prediction, gold = (text.lower().rstrip("\x00") for text in sides)
     return prediction == gold
 

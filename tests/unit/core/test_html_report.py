@@ -15,7 +15,6 @@ from typing import Any
 from browser import NEEDS_CHROMIUM, Browser
 
 from pytest_gsm8k.core.html_report import (
-    ProblemText,
     outcomes_from_baseline,
     problem_texts,
     render_html,
@@ -148,10 +147,7 @@ def test_hostile_text_is_never_markup() -> None:
     ]
     report = _report(records, model="<script>alert(1)</script>")
     report["gates"][0]["detail"] = "</script><script>alert(1)</script>"
-    texts = {
-        r["id"]: ProblemText("<script>alert(1)</script> apples?", "</textarea><!-- 5")
-        for r in records
-    }
+    texts = {r["id"]: ("<script>alert(1)</script> apples?", "</textarea><!-- 5") for r in records}
     page = render_html(report, texts)
     for hostile in HOSTILE:
         if hostile != "</script>":
@@ -341,11 +337,11 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
 
 def test_problem_texts_and_baseline_outcomes() -> None:
     problem = _split().problems[0]
-    text = problem_texts([problem])[problem.id]
-    assert text.question == problem.question
-    assert "<<" not in text.solution
-    assert "####" not in text.solution
-    assert text.solution
+    question, solution = problem_texts([problem])[problem.id]
+    assert question == problem.question
+    assert "<<" not in solution
+    assert "####" not in solution
+    assert solution
     doc = {
         "problems": {
             "test-0001": "wrong",
