@@ -174,7 +174,7 @@ def _header(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) -
     base = report.get("baseline")
     if comparisons and not configs:
         out.append(_baseline_card(*comparisons[0]))
-    elif isinstance(base, Mapping):
+    elif isinstance(base, Mapping) and base.get("written"):
         out.append(_card("Baseline", f"<p>written to <code>{_e(base.get('path'))}</code></p>"))
     if early:
         out.append(_card("Early stop", _dl((k.replace("_", " "), v) for k, v in early.items())))

@@ -548,3 +548,14 @@ def test_a_baseline_sharing_no_problem_leaves_the_page_whole_without_a_compariso
     assert block["shared"] == 0
     page = render_html(_report(records, baseline=block))
     assert "Against the baseline" not in page
+
+
+def test_a_baseline_sharing_no_problem_is_never_said_written() -> None:
+    """A comparison with a baseline that holds none of the run's problems has a block (its
+    gate FAILs and says why) but no numbers: the page must not call it a baseline written."""
+    records = [_record(i, "correct") for i in range(3)]
+    block = {"path": "b.gsm8k", "partial": False, "shared": 0, "not_in_baseline": 3}
+    page = render_html(_report(records, baseline=block))
+    assert "written to" not in page
+    written = {"path": "b.gsm8k", "written": True, "partial": False}
+    assert "written to <code>b.gsm8k</code>" in render_html(_report(records, baseline=written))
