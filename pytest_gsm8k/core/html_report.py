@@ -47,11 +47,10 @@ def problem_texts(problems: Iterable[Problem]) -> dict[str, ProblemText]:
 
 
 def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:
-    """id -> outcome from a stored baseline document: an outcome string, or for sampled and
-    calibrated baselines a dict with an ``outcome``."""
+    """id -> outcome from a checked baseline document (core/baseline.check: every entry has
+    one): an outcome string, or for sampled and calibrated baselines a dict with an ``outcome``."""
     entries = dict(baseline.get("problems") or {}).items()
-    said = {str(k): e.get("outcome") if isinstance(e, Mapping) else e for k, e in entries}
-    return {pid: str(outcome) for pid, outcome in said.items() if outcome is not None}
+    return {str(k): str(e["outcome"] if isinstance(e, Mapping) else e) for k, e in entries}
 
 
 def render_html(

@@ -19,8 +19,7 @@ _T = TypeVar("_T")
 
 
 class ShardError(Exception):
-    """A bad ``--gsm8k-shard`` value, or reports that are not the shards of one run: one
-    line naming which."""
+    """A bad ``--gsm8k-shard`` value, or reports that are not the shards of one run (one line)."""
 
 
 def shard_slice(items: Sequence[_T], index: int, count: int) -> tuple[_T, ...]:

@@ -19,10 +19,8 @@ if TYPE_CHECKING:
 
 LISTED = 50  # problems a list shows before it says how many more there are
 SHOWN_IDS = 10  # problem ids a terminal list shows before "+N more"
-QUESTION_CHARS = 100
 #: GitHub shows no step summary at all past 1 MiB; the rest is left for the job's other lines
 MAX_BYTES = 800_000
-_LENGTHS = (LISTED, 20, 5, 0)  # list lengths tried, longest first, until the summary fits
 
 
 def cell_code(text: str) -> str:
@@ -120,8 +118,8 @@ def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
 def against_baseline(
     base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
-    """A report's baseline block in Markdown (a ``config``'s: named in each title): its
-    rows (:func:`baseline_rows`), then the lists of flips."""
+    """A baseline block in Markdown: its rows, then the lists of flips (a ``config``'s titled
+    by its name)."""
     path = str(base.get("path", ""))
     if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
         path = PurePosixPath(path.replace("\\", "/")).name  # of this machine: its name only
@@ -154,7 +152,7 @@ def problem_list(
         return []
     lines = [f"**{title} ({len(ids)}):**", ""]
     for pid in ids[:listed]:
-        text = clip(" ".join(questions.get(pid, "").split()), QUESTION_CHARS)
+        text = clip(" ".join(questions.get(pid, "").split()), 100)  # the question's start
         lines.append(f"- {md_code(pid)}: {md_text(text)}")
     if len(ids) > listed:
         more = f"{len(ids) - listed} more" if listed else f"{len(ids)}"
@@ -166,7 +164,7 @@ def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
     """``build(listed)`` with the longest lists within ``limit`` bytes; else its head, cut at a
     line, and a line saying so."""
     text = ""
-    for listed in _LENGTHS:
+    for listed in (LISTED, 20, 5, 0):  # longest first, until the summary fits
         text = build(listed)
         if len(text.encode()) <= limit:
             return text
@@ -330,15 +328,11 @@ def markdown(
     return fit(text)
 
 
-def _problems(count: int) -> str:
-    return f"{count} problem{'s' if count != 1 else ''}"
-
-
 def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
-    """The comparison in the step summary's Markdown: headline, the two runs, the pairing (how
-    many, what was left out), the verdict as a gate table, then the rows and flips every
-    comparison shows."""
-    a, b = result.a, result.b
+    """The comparison in the step summary's Markdown: headline, the two runs, the pairing,
+    the verdict as a gate table, then the rows and flips every comparison shows."""
+    a, b, shared = result.a, result.b, result.block["shared"]
+    pairs = f"{shared} problem{'s' if shared != 1 else ''}"
     left = ", ".join(
         f"{count} {what}"
         for count, what in (
@@ -348,13 +342,9 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
         )
         if count
     )
-    pairing = (
-        f"Paired on the {_problems(result.block['shared'])} both reports hold "
-        f"(A holds {a.n}, B holds {b.n}{'; ' * bool(left)}{left})."
-    )
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
-        f"{a.accuracy:.4f} on {_problems(result.block['shared'])}",
+        f"{a.accuracy:.4f} on {pairs}",
         "",
         "| run | report | model | accuracy (paired) | problems |",
         "| --- | --- | --- | --- | --- |",
@@ -364,7 +354,10 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
             for side in (a, b)
         ),
         "",
-        md_text(pairing),
+        md_text(
+            f"Paired on the {pairs} both reports hold "
+            f"(A holds {a.n}, B holds {b.n}{'; ' * bool(left)}{left})."
+        ),
         "",
         *gate_table([result.verdict]),
         *_md_rows(baseline_rows(result.block, ("A", "B"))),
