@@ -218,7 +218,6 @@ def _run_items(report: _Obj) -> list[tuple[str, str]]:
 
 
 def _baseline_card(config: str, base: _Obj, gate: _Obj | None) -> str:
-    """A comparison with its baseline: the gate's verdict, then the rows every output shows."""
     items = [("file", str(base.get("path", "")))]
     items += [("gate", f"{gate.get('rule')}: {gate.get('detail')}" if gate is not None else "")]
     title = f"{_e(config)}: against its baseline" if config else "Against the baseline"
@@ -338,7 +337,6 @@ def _part(part: str, **fields: object) -> str:
 
 
 def _e(value: Any) -> str:
-    """Text for the page's markup: one printable line, HTML-escaped."""
     return html.escape(printable("" if value is None else str(value)), quote=True)
 
 
@@ -347,7 +345,6 @@ def _card(title: str, body: str, cls: str = "") -> str:
 
 
 def _dl(items: Iterable[tuple[str, Any]]) -> str:
-    """A definition list of readable values (:func:`_value`), empty ones left out."""
     shown = (f"<dt>{_e(k)}</dt><dd>{_e(_value(v))}</dd>" for k, v in items if v != "")
     return f"<dl>{''.join(shown)}</dl>"
 
@@ -375,7 +372,6 @@ def _select(name: str, options: Iterable[tuple[str, str]]) -> str:
 
 
 def _value(v: Any) -> str:
-    """A JSON value as a short readable phrase (numbers to 4 places)."""
     if isinstance(v, Mapping):
         return ", ".join(f"{k}: {_value(x)}" for k, x in v.items())
     if isinstance(v, list):
