@@ -39,22 +39,18 @@ class JunitCase(NamedTuple):
 
 
 def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
-    """Each gate's JUnit case (a config's gate counts its config's resumed answers)."""
-    earlier = {
-        gate.name: f"{group.from_cache()} of {group.n}"
-        for group in verdict.groups
-        for gate in group.gates
-        if group.selection.resumed
-    }
+    """Each gate's JUnit case (a config's gate counts its config's resumed answers; the run's
+    gates are its groups' in order: core/verdict.decide_run)."""
     outcome = {"PASS": "passed", "FAIL": "failed", "UNDECIDED": "skipped"}
     return [
         JunitCase(
             gate.name,
             outcome[gate.word],  # type: ignore[arg-type]
             None if gate.word == "PASS" else gate.detail,
-            earlier.get(gate.name),
+            f"{group.from_cache()} of {group.n}" if group.selection.resumed else None,
         )
-        for gate in verdict.gates
+        for group in verdict.groups
+        for gate in group.gates
     ]
 
 
