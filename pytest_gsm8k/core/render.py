@@ -194,14 +194,9 @@ def tokens_words(tokens: Mapping[str, int], cached: int, n: object, resumed: boo
 def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``
     (a matrix: each config's block, then the matrix headline and the verdict table)."""
-    report = verdict.to_json()
-    configs = report.get("configs") or []
-    reports = configs if verdict.matrix else [report]
-    blocks = [
-        line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
-    ]
-    if verdict.matrix:  # the verdict table: config_rows in columns (a CI log's width: each
-        rows = config_rows(configs, protocol=False)  # config's headline says its protocol)
+    blocks = [line for group in verdict.groups for line in _group_lines(group)]
+    if verdict.matrix:  # the verdict table (no protocol column, for a CI log's width: the
+        rows = config_rows(verdict.to_json()["configs"], protocol=False)  # headlines say it)
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         blocks.append((verdict.matrix_headline(), "headline"))
         for row in rows:
@@ -244,9 +239,10 @@ def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
 
 
-def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """One group's block (``report`` its JSON): headline, the context a reader needs, gates."""
-    counts, gated, silent = v.counts(), v.group.protocol["extractor"], v.silent_rules()
+def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
+    """One group's block: headline, the context a reader needs, gates."""
+    report, counts, gated = v.to_json(), v.counts(), v.group.protocol["extractor"]
+    silent = v.silent_rules()
     out = [", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))]
     out[0] = f"outcomes: {out[0]}"
     if v.answered:  # with no answer every rule would read 0.0000
