@@ -82,7 +82,7 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
         if result.undecided:
             name = f"config {clip(result.config)}: " if result.config else ""
             _say(f"{name}compare undecided: {result.undecided}")
-        if result.worse:
+        if not result.verdict.passed:
             code = max(code, WORSE)
     sys.stdout.flush()
     return code

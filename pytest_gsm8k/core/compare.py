@@ -21,7 +21,6 @@ from pytest_gsm8k.core.verdict import BaselineInput, Group, Selection, decide
 
 #: the most problems a report may hold: a matrix of many configs, each a whole split
 MAX_PROBLEMS = 100_000
-#: the most configs a --gsm8k-config report may hold
 MAX_CONFIGS = 1_000
 #: the longest problem id (a config's name, a file's stem, ``test-0042``) and config name
 MAX_ID = 1_000
@@ -148,10 +147,6 @@ class Comparison:
     block: Mapping[str, Any]
     undecided: str | None = None
     config: str = ""  # the --gsm8k-config config compared
-
-    @property
-    def worse(self) -> bool:
-        return not self.verdict.passed
 
 
 def compare(a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "B")) -> Comparison:

@@ -12,7 +12,6 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from importlib import resources
 from string import Template
 from typing import Any
@@ -36,27 +35,22 @@ _ROW = {"o": "outcome", "g": "gold", "x": "extracted", "nc": "n_correct", "ns": 
 _ROW |= {"v": "votes", "e": "error", "note": "note"}
 
 
-@dataclass(frozen=True)
-class ProblemText:
-    """What the page shows of a problem beyond the JSON report: its text and worked solution."""
-
-    question: str
-    solution: str = ""
+#: what the page shows of a problem beyond the JSON report: its question and worked solution
+ProblemText = tuple[str, str]
 
 
 def problem_texts(problems: Iterable[Problem]) -> dict[str, ProblemText]:
     """id -> question and worked solution (the answer before ``####``, calculator
     annotations ``<<48/2=24>>`` removed: they are for the dataset's tooling, not for readers)."""
     answers = {p.id: (p.question, p.answer.rpartition("####")[0] or p.answer) for p in problems}
-    return {pid: ProblemText(q, _CALC.sub("", a).strip()) for pid, (q, a) in answers.items()}
+    return {pid: (q, _CALC.sub("", a).strip()) for pid, (q, a) in answers.items()}
 
 
 def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:
-    """id -> outcome from a stored baseline document: an outcome string, or for sampled and
-    calibrated baselines a dict with an ``outcome``."""
+    """id -> outcome from a checked baseline document (core/baseline.check: every entry has
+    one): an outcome string, or for sampled and calibrated baselines a dict with an ``outcome``."""
     entries = dict(baseline.get("problems") or {}).items()
-    said = {str(k): e.get("outcome") if isinstance(e, Mapping) else e for k, e in entries}
-    return {pid: str(outcome) for pid, outcome in said.items() if outcome is not None}
+    return {str(k): str(e["outcome"] if isinstance(e, Mapping) else e) for k, e in entries}
 
 
 def render_html(
@@ -65,7 +59,7 @@ def render_html(
     baseline_outcomes: Mapping[str, str] | None = None,
 ) -> str:
     """The whole page (inline CSS, JS, SVG and data): ``problems`` are the texts the report
-    does not hold; ``baseline_outcomes`` the compared baseline's own, else the flips'."""
+    does not hold; ``baseline_outcomes`` the compared baselines' own (outcomes_from_baseline)."""
     configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     comparisons = [
         (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
@@ -75,23 +69,17 @@ def render_html(
     records = list(report.get("problems") or [])
     change: dict[str, str] = {}
     rank: dict[str, int] = {}
-    given: dict[str, str] = {}  # the baseline's outcome of each problem
-    for config, base, _ in comparisons:
+    for _, base, _ in comparisons:
         failing, passing = _ids(base, "newly_failing"), _ids(base, "newly_passing")
         change |= dict.fromkeys(passing, "passing") | dict.fromkeys(failing, "failing")
         for place, key in enumerate(_RANKED):
             for pid in _ids(base, key):
                 rank.setdefault(pid, place)
-        own = [r for r in records if _config_of(r["id"]) == config]
-        if base.get("shared") == len(own):  # every problem compared: the flips say the rest
-            for r in own:
-                was = r["id"] in failing or (r.get("correct") and r["id"] not in passing)
-                given[r["id"]] = "correct" if was else "not correct"
     if configs and comparisons:
         compared = {config for config, _, _ in comparisons}
         change |= {r["id"]: "none" for r in records if _config_of(r["id"]) not in compared}
-    given |= baseline_outcomes or {}
     position = {_name(c): i for i, c in enumerate(configs)}
+    given = baseline_outcomes or {}  # the page's baseline column
 
     def order(r: _Obj) -> tuple[int, int, int, int]:
         # failing now first, configs in run order within each place, so theirs stay together
@@ -146,10 +134,10 @@ def _row(
     """One problem in the short keys html_report.js reads; a sample's text only where it is
     not the response."""
     pid, response = str(r.get("id")), str(r.get("response") or "")
-    text = texts.get(pid, ProblemText(""))
+    question, solution = texts.get(pid, ("", ""))
     row = {key: r.get(field) for key, field in _ROW.items()}
     row |= {"id": pid, "b": baseline.get(pid), "ch": change.get(pid, ""), "r": response}
-    row |= {"q": text.question, "s": text.solution, "u": r.get("usage") or {}}
+    row |= {"q": question, "s": solution, "u": r.get("usage") or {}}
     row["rules"] = r.get("rules") or {}
     row["sm"] = [
         {"f": s.get("finish_reason"), "x": s.get("extracted") or {}}
@@ -185,7 +173,7 @@ def _header(report: _Obj, configs: list[_Obj], comparisons: list[_Comparison]) -
     base = report.get("baseline")
     if comparisons and not configs:
         out.append(_baseline_card(*comparisons[0]))
-    elif isinstance(base, Mapping):
+    elif isinstance(base, Mapping) and base.get("written"):
         out.append(_card("Baseline", f"<p>written to <code>{_e(base.get('path'))}</code></p>"))
     if early:
         out.append(_card("Early stop", _dl((k.replace("_", " "), v) for k, v in early.items())))
@@ -230,7 +218,6 @@ def _run_items(report: _Obj) -> list[tuple[str, str]]:
 
 
 def _baseline_card(config: str, base: _Obj, gate: _Obj | None) -> str:
-    """A comparison with its baseline: the gate's verdict, then the rows every output shows."""
     items = [("file", str(base.get("path", "")))]
     items += [("gate", f"{gate.get('rule')}: {gate.get('detail')}" if gate is not None else "")]
     title = f"{_e(config)}: against its baseline" if config else "Against the baseline"
@@ -350,7 +337,6 @@ def _part(part: str, **fields: object) -> str:
 
 
 def _e(value: Any) -> str:
-    """Text for the page's markup: one printable line, HTML-escaped."""
     return html.escape(printable("" if value is None else str(value)), quote=True)
 
 
@@ -359,7 +345,6 @@ def _card(title: str, body: str, cls: str = "") -> str:
 
 
 def _dl(items: Iterable[tuple[str, Any]]) -> str:
-    """A definition list of readable values (:func:`_value`), empty ones left out."""
     shown = (f"<dt>{_e(k)}</dt><dd>{_e(_value(v))}</dd>" for k, v in items if v != "")
     return f"<dl>{''.join(shown)}</dl>"
 
@@ -387,7 +372,6 @@ def _select(name: str, options: Iterable[tuple[str, str]]) -> str:
 
 
 def _value(v: Any) -> str:
-    """A JSON value as a short readable phrase (numbers to 4 places)."""
     if isinstance(v, Mapping):
         return ", ".join(f"{k}: {_value(x)}" for k, x in v.items())
     if isinstance(v, list):

@@ -19,8 +19,7 @@ _T = TypeVar("_T")
 
 
 class ShardError(Exception):
-    """A bad ``--gsm8k-shard`` value, or reports that are not the shards of one run: one
-    line naming which."""
+    """A bad ``--gsm8k-shard`` value, or reports that are not the shards of one run (one line)."""
 
 
 def shard_slice(items: Sequence[_T], index: int, count: int) -> tuple[_T, ...]:
@@ -129,11 +128,9 @@ def planned_settings(block: Mapping[str, Any], defaults: Settings) -> Settings:
 
 @dataclass(frozen=True)
 class Merged:
-    """Shards checked to be one run: its plan, its selection in run order, every record."""
+    """Shards checked to be one run: its plan, every record."""
 
-    count: int
     plan: Mapping[str, Any]
-    selection: tuple[str, ...]
     records: tuple[Mapping[str, Any], ...]
     clashes: Mapping[str, tuple[str, str]]  # problem id -> two node ids that disagree (tally)
     #: the problems a shard did not run (-k, -m, --lf), and the options that deselected them
@@ -230,9 +227,7 @@ def check_shards(reports: Sequence[tuple[str, Mapping[str, Any]]]) -> Merged:
             seen[pid] = where
             records.append(record)
     return Merged(
-        count,
         plan,
-        tuple(selection),  # type: ignore[arg-type]  # not None: its size was checked
         tuple(records),
         clashes,
         frozenset(pid for b in blocks for pid in b.get("deselected", [])),

@@ -112,39 +112,23 @@ def sends_model(preset: str | None) -> bool:
     return preset not in PRESETS or PRESETS[preset].model_field
 
 
-# (pool size, shots) -> (generator after the last draw, draws so far): a split in linear time
-_DRAWS: dict[tuple[int, int], tuple[random.Random, list[tuple[int, ...]]]] = {}
+# pool size -> (generator after the last draw, draws so far): a split in linear time
+_DRAWS: dict[int, tuple[random.Random, list[tuple[int, ...]]]] = {}
 
 
-def lm_eval_fewshot_indices(
-    problem_index: int, pool_size: int, shots: int = LM_EVAL.shots
-) -> tuple[int, ...]:
+def lm_eval_fewshot_indices(problem_index: int, pool_size: int) -> tuple[int, ...]:
     """Train-pool indices of lm-eval's examples for test problem ``problem_index``: its
     ``ContextSampler`` draws ``rnd.sample(train, shots)`` once per test document, in order, from
     one ``Random(1234)`` (``sample`` reads only the length, so positions stand for documents)."""
+    shots = LM_EVAL.shots  # fixed: the preset takes no --gsm8k-shots
     if problem_index < 0:
         raise ValueError(f"problem index must be >= 0, got {problem_index}")
-    if not 0 <= shots <= pool_size:
+    if shots > pool_size:
         raise ValueError(f"cannot draw {shots} examples from a pool of {pool_size}")
-    rnd, draws = _DRAWS.setdefault((pool_size, shots), (random.Random(LM_EVAL_FEWSHOT_SEED), []))
-    while len(draws) <= problem_index:  # lm-eval draws nothing (no generator call) for 0 shots
-        draws.append(tuple(rnd.sample(range(pool_size), shots)) if shots else ())
+    rnd, draws = _DRAWS.setdefault(pool_size, (random.Random(LM_EVAL_FEWSHOT_SEED), []))
+    while len(draws) <= problem_index:
+        draws.append(tuple(rnd.sample(range(pool_size), shots)))
     return draws[problem_index]
-
-
-def _examples(problem_index: int, train: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [train[i] for i in lm_eval_fewshot_indices(problem_index, len(train))]
-
-
-def lm_eval_prompt(
-    problem_index: int, question: str, train: Sequence[tuple[str, str]], system: str | None = None
-) -> str:
-    """What ``local-completions`` sends: a system instruction glued on with no separator, each
-    example with its whole raw train answer (``<<48/2=24>>`` and ``#### N`` included)."""
-    examples = "".join(
-        f"Question: {q}\nAnswer: {a}\n\n" for q, a in _examples(problem_index, train)
-    )
-    return f"{system or ''}{examples}Question: {question}\nAnswer:"
 
 
 def lm_eval_request(
@@ -154,17 +138,21 @@ def lm_eval_request(
     *,
     system: str | None = None,
 ) -> Request:
-    """lm-eval's request for ``problem``; in chat each example is a user and an assistant turn
+    """lm-eval's request for ``problem``. ``local-completions`` sends a system instruction glued
+    on with no separator, each example with its whole raw train answer (``<<48/2=24>>`` and
+    ``#### N`` included); in chat each example is a user and an assistant turn
     (``--apply_chat_template`` turns ``--fewshot_as_multiturn`` on)."""
     common: dict[str, Any] = {"temperature": LM_EVAL.temperature, "seed": LM_EVAL.seed}
     common.update(problem_id=problem.id, stop=LM_EVAL.stop, max_tokens=LM_EVAL.max_tokens)
-    index, question = problem.index, problem.question
+    examples = [train[i] for i in lm_eval_fewshot_indices(problem.index, len(train))]
+    question = f"Question: {problem.question}\nAnswer:"
     if api == "completions":
-        return Request(api=api, prompt=lm_eval_prompt(index, question, train, system), **common)
+        shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
+        return Request(api=api, prompt=f"{system or ''}{shots}{question}", **common)
     messages = [("system", system)] if system else []
-    for q, a in _examples(index, train):
+    for q, a in examples:
         messages += [("user", f"Question: {q}\nAnswer:"), ("assistant", a)]
-    messages.append(("user", f"Question: {question}\nAnswer:"))
+    messages.append(("user", question))
     return Request(api="chat", messages=tuple(messages), **common)
 
 
@@ -174,8 +162,6 @@ LM_EVAL_FLEXIBLE_PATTERN = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"
 LM_EVAL_IGNORE_REGEXES: tuple[str, ...] = (",", r"\$", "(?s).*#### ", r"\.$")
 #: what lm-eval's regex filter returns when nothing matched
 LM_EVAL_FALLBACK = "[invalid]"
-
-_IGNORE_RES = tuple(re.compile(p) for p in LM_EVAL_IGNORE_REGEXES)
 
 
 def _regex_filter(regex: re.Pattern[str], group_select: int, text: str) -> str | None:
@@ -194,18 +180,15 @@ lm_eval_strict = functools.partial(_regex_filter, re.compile(LM_EVAL_STRICT_PATT
 lm_eval_flexible = functools.partial(_regex_filter, re.compile(LM_EVAL_FLEXIBLE_PATTERN), -1)
 
 
-def lm_eval_normalise(text: str) -> str:
-    """``exact_match``'s view of a string: lower-cased, compared as a string (``18.00`` is not
-    ``18``); trailing NULs go as in the numpy unicode arrays lm-eval compares."""
-    for regex in _IGNORE_RES:
-        text = regex.sub("", text)
-    return text.lower().rstrip("\x00")
-
-
 def lm_eval_match(extracted: str | None, gold_answer_text: str) -> bool:
-    """``exact_match`` against the raw answer; None is ``[invalid]``, compared like any string."""
-    prediction = LM_EVAL_FALLBACK if extracted is None else extracted
-    return lm_eval_normalise(prediction) == lm_eval_normalise(gold_answer_text)
+    """``exact_match`` against the raw answer, each side with the ignored regexes removed and
+    lower-cased, compared as a string (``18.00`` is not ``18``; None is ``[invalid]``, compared
+    like any string); trailing NULs go as in the numpy unicode arrays lm-eval compares."""
+    sides = [LM_EVAL_FALLBACK if extracted is None else extracted, gold_answer_text]
+    for pattern in LM_EVAL_IGNORE_REGEXES:
+        sides = [re.sub(pattern, "", text) for text in sides]
+    prediction, gold = (text.lower().rstrip("\x00") for text in sides)
+    return prediction == gold
 
 
 def lm_eval_score(text: str, gold_answer_text: str) -> dict[str, bool]:

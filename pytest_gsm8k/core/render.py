@@ -19,10 +19,8 @@ if TYPE_CHECKING:
 
 LISTED = 50  # problems a list shows before it says how many more there are
 SHOWN_IDS = 10  # problem ids a terminal list shows before "+N more"
-QUESTION_CHARS = 100
 #: GitHub shows no step summary at all past 1 MiB; the rest is left for the job's other lines
 MAX_BYTES = 800_000
-_LENGTHS = (LISTED, 20, 5, 0)  # list lengths tried, longest first, until the summary fits
 
 
 def cell_code(text: str) -> str:
@@ -40,25 +38,19 @@ class JunitCase(NamedTuple):
     earlier: str | None  # with resumed answers, how many came from earlier runs ("39 of 40")
 
 
-_JUNIT_OUTCOME = {"PASS": "passed", "FAIL": "failed", "UNDECIDED": "skipped"}
-
-
 def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
-    """Each gate's JUnit case (a config's gate counts its config's resumed answers)."""
-    earlier = {
-        gate.name: f"{group.from_cache()} of {group.n}"
-        for group in verdict.groups
-        for gate in group.gates
-        if group.selection.resumed
-    }
+    """Each gate's JUnit case (a config's gate counts its config's resumed answers; the run's
+    gates are its groups' in order: core/verdict.decide_run)."""
+    outcome = {"PASS": "passed", "FAIL": "failed", "UNDECIDED": "skipped"}
     return [
         JunitCase(
             gate.name,
-            _JUNIT_OUTCOME[gate.word],  # type: ignore[arg-type]
+            outcome[gate.word],  # type: ignore[arg-type]
             None if gate.word == "PASS" else gate.detail,
-            earlier.get(gate.name),
+            f"{group.from_cache()} of {group.n}" if group.selection.resumed else None,
         )
-        for gate in verdict.gates
+        for group in verdict.groups
+        for gate in group.gates
     ]
 
 
@@ -122,8 +114,8 @@ def compared(base: object) -> TypeGuard[Mapping[str, Any]]:
 def against_baseline(
     base: Mapping[str, Any], questions: Mapping[str, str], config: str = "", listed: int = LISTED
 ) -> list[str]:
-    """A report's baseline block in Markdown (a ``config``'s: named in each title): its
-    rows (:func:`baseline_rows`), then the lists of flips."""
+    """A baseline block in Markdown: its rows, then the lists of flips (a ``config``'s titled
+    by its name)."""
     path = str(base.get("path", ""))
     if PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
         path = PurePosixPath(path.replace("\\", "/")).name  # of this machine: its name only
@@ -156,7 +148,7 @@ def problem_list(
         return []
     lines = [f"**{title} ({len(ids)}):**", ""]
     for pid in ids[:listed]:
-        text = clip(" ".join(questions.get(pid, "").split()), QUESTION_CHARS)
+        text = clip(" ".join(questions.get(pid, "").split()), 100)  # the question's start
         lines.append(f"- {md_code(pid)}: {md_text(text)}")
     if len(ids) > listed:
         more = f"{len(ids) - listed} more" if listed else f"{len(ids)}"
@@ -168,7 +160,7 @@ def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
     """``build(listed)`` with the longest lists within ``limit`` bytes; else its head, cut at a
     line, and a line saying so."""
     text = ""
-    for listed in _LENGTHS:
+    for listed in (LISTED, 20, 5, 0):  # longest first, until the summary fits
         text = build(listed)
         if len(text.encode()) <= limit:
             return text
@@ -202,14 +194,9 @@ def tokens_words(tokens: Mapping[str, int], cached: int, n: object, resumed: boo
 def styled_lines(verdict: RunVerdict) -> list[tuple[str, str]]:
     """The terminal block with each line's kind: ``headline``, ``info``, ``pass``, ``fail``
     (a matrix: each config's block, then the matrix headline and the verdict table)."""
-    report = verdict.to_json()
-    configs = report.get("configs") or []
-    reports = configs if verdict.matrix else [report]
-    blocks = [
-        line for g, r in zip(verdict.groups, reports, strict=True) for line in _group_lines(g, r)
-    ]
-    if verdict.matrix:  # the verdict table: config_rows in columns (a CI log's width: each
-        rows = config_rows(configs, protocol=False)  # config's headline says its protocol)
+    blocks = [line for group in verdict.groups for line in _group_lines(group)]
+    if verdict.matrix:  # the verdict table (no protocol column, for a CI log's width: the
+        rows = config_rows(verdict.to_json()["configs"], protocol=False)  # headlines say it)
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         blocks.append((verdict.matrix_headline(), "headline"))
         for row in rows:
@@ -252,9 +239,10 @@ def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
 
 
-def _group_lines(v: GroupVerdict, report: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """One group's block (``report`` its JSON): headline, the context a reader needs, gates."""
-    counts, gated, silent = v.counts(), v.group.protocol["extractor"], v.silent_rules()
+def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
+    """One group's block: headline, the context a reader needs, gates."""
+    report, counts, gated = v.to_json(), v.counts(), v.group.protocol["extractor"]
+    silent = v.silent_rules()
     out = [", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))]
     out[0] = f"outcomes: {out[0]}"
     if v.answered:  # with no answer every rule would read 0.0000
@@ -332,12 +320,11 @@ def markdown(
     return fit(text)
 
 
-def _problems(count: int) -> str:
-    return f"{count} problem{'s' if count != 1 else ''}"
-
-
-def pairing(result: Comparison) -> str:
-    """Which problems were paired, in words (how many, and what was left out)."""
+def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
+    """The comparison in the step summary's Markdown: headline, the two runs, the pairing,
+    the verdict as a gate table, then the rows and flips every comparison shows."""
+    a, b, shared = result.a, result.b, result.block["shared"]
+    pairs = f"{shared} problem{'s' if shared != 1 else ''}"
     left = ", ".join(
         f"{count} {what}"
         for count, what in (
@@ -347,19 +334,9 @@ def pairing(result: Comparison) -> str:
         )
         if count
     )
-    return (
-        f"Paired on the {_problems(result.block['shared'])} both reports hold "
-        f"(A holds {result.a.n}, B holds {result.b.n}{'; ' * bool(left)}{left})."
-    )
-
-
-def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = None) -> str:
-    """The comparison in the step summary's Markdown: headline, the two runs, the pairing,
-    the verdict as a gate table, then the rows and flips every comparison shows."""
-    a, b = result.a, result.b
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
-        f"{a.accuracy:.4f} on {_problems(result.block['shared'])}",
+        f"{a.accuracy:.4f} on {pairs}",
         "",
         "| run | report | model | accuracy (paired) | problems |",
         "| --- | --- | --- | --- | --- |",
@@ -369,7 +346,10 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
             for side in (a, b)
         ),
         "",
-        md_text(pairing(result)),
+        md_text(
+            f"Paired on the {pairs} both reports hold "
+            f"(A holds {a.n}, B holds {b.n}{'; ' * bool(left)}{left})."
+        ),
         "",
         *gate_table([result.verdict]),
         *_md_rows(baseline_rows(result.block, ("A", "B"))),

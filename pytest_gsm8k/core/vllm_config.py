@@ -147,7 +147,6 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
 
 
 def _bounded(raw: Any, where: str, f: Field[Any]) -> Any:
-    """``raw`` as the number field ``f`` declares, in its range; ConfigError naming it otherwise."""
     integer = str(f.type).startswith("int")
     fits = isinstance(raw, int) or (not integer and isinstance(raw, float) and math.isfinite(raw))
     if isinstance(raw, bool) or not fits:

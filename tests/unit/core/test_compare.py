@@ -20,7 +20,7 @@ from pytest_gsm8k.core.compare import (
     load_report,
 )
 from pytest_gsm8k.core.records import REPORT_SCHEMA
-from pytest_gsm8k.core.render import LISTED, compare_markdown, pairing, problem_list
+from pytest_gsm8k.core.render import LISTED, compare_markdown, problem_list
 from pytest_gsm8k.core.stats import mcnemar_one_sided, paired_difference_interval
 
 PROTOCOL = {"name": "test@1", "samples": 1, "max_tokens": 1024, "label": "test@1, 0-shot CoT"}
@@ -76,7 +76,7 @@ def test_identical_runs_pass_with_nothing_flipped() -> None:
     ) == paired_difference_interval(8, 0, 0, 2)
     assert result.a.accuracy == result.b.accuracy == 0.8
     assert result.verdict.passed
-    assert not result.worse
+    assert result.verdict.passed
 
 
 def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
@@ -92,7 +92,7 @@ def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
         *result.block["difference_ci95"],
     ) == paired_difference_interval(4, 6, 0, 0)
     assert result.block["difference"] == pytest.approx(-0.6)
-    assert result.worse
+    assert not result.verdict.passed
     assert result.verdict.rule == "noise-aware"
     assert result.verdict.detail == (
         # two single runs: no "always-right" (issue 32, point 5), and the diff is the one
@@ -100,7 +100,7 @@ def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
         "p=0.0156 < --alpha 0.05 (exact McNemar): 6 newly failing, 0 newly passing; "
         "diff -60.00 points [95% CI -83.18, -20.05]"
     )
-    assert not compare(a, b, alpha=0.01).worse
+    assert compare(a, b, alpha=0.01).verdict.passed
 
 
 def test_flips_both_ways_are_listed_in_problem_order() -> None:
@@ -126,9 +126,9 @@ def test_only_the_ids_both_hold_are_paired_and_counted() -> None:
     assert (result.block["shared"], result.only_a, result.only_b) == (5, 5, 5)
     assert result.block["newly_failing"] == [pid(i) for i in range(5, 10)]
     assert result.a.n == result.b.n == 10
-    assert pairing(result) == (
-        "Paired on the 5 problems both reports hold (A holds 10, B holds 10; 5 only in A, "
-        "5 only in B)."
+    assert (
+        "\nPaired on the 5 problems both reports hold (A holds 10, B holds 10; 5 only in A, "
+        "5 only in B).\n" in compare_markdown(result)
     )
 
 
@@ -138,7 +138,7 @@ def test_a_problem_that_ended_in_an_error_is_left_out_and_counted() -> None:
     result = compare(a, b)
     assert (result.block["shared"], result.errors) == (3, 1)
     assert result.block["newly_failing"] == [pid(3)]
-    assert "1 that ended in an error in either, left out" in pairing(result)
+    assert "1 that ended in an error in either, left out" in compare_markdown(result)
 
 
 @pytest.mark.parametrize("side", ["A", "B"])
@@ -149,7 +149,7 @@ def test_errors_leave_a_passing_comparison_undecided(side: str) -> None:
     errored = report(every(range(6), "error") | every(range(6, 20), "correct"))
     a, b = (errored, good) if side == "A" else (good, errored)
     result = compare(a, b)
-    assert result.worse
+    assert not result.verdict.passed
     counts = "(6 in A, 0 in B)" if side == "A" else "(0 in A, 6 in B)"
     assert result.undecided == (
         f"6 of the 20 problems both reports hold ended in an error {counts}, and unanswered "
@@ -178,7 +178,7 @@ def test_a_report_that_left_problems_out_never_passes(
     a, b = report(every(range(20), "correct")), report(every(range(20), "correct"))
     (a if side == "A" else b).update(hidden)
     result = compare(a, b)
-    assert result.worse
+    assert not result.verdict.passed
     assert result.undecided is not None
     assert said in result.undecided
     assert result.undecided.endswith("rerun until every problem has an answer")
@@ -190,7 +190,7 @@ def test_an_error_in_one_of_a_problems_repeats_counts_as_an_error() -> None:
     b = report(every(range(20), "correct"))
     b["problems"][0]["repeats"] = ["correct", "error", "correct"]
     result = compare(a, b)
-    assert (result.errors, result.worse) == (1, True)
+    assert (result.errors, result.verdict.passed) == (1, False)
     assert "(0 in A, 1 in B)" in str(result.undecided)
 
 
@@ -198,7 +198,7 @@ def test_a_failing_comparison_with_errors_stays_a_fail_of_its_rule() -> None:
     a = report(every(range(20), "correct"))
     b = report({0: "error"} | every(range(1, 10), "wrong") | every(range(10, 20), "correct"))
     result = compare(a, b)
-    assert result.worse
+    assert not result.verdict.passed
     assert result.undecided is None
     assert result.verdict.detail.startswith("p=0.00195 < --alpha 0.05")
 
@@ -230,15 +230,19 @@ def test_a_matrix_is_compared_config_by_config() -> None:
         alpha.config,
         alpha.block["shared"],
         len(alpha.block["newly_failing"]),
-        alpha.worse,
+        alpha.verdict.passed,
     ) == (
         "alpha",
         50,
         17,
-        True,
+        False,
     )
     assert alpha.block["newly_failing"][0] == "alpha:test-0028"
-    assert (beta.config, len(beta.block["newly_passing"]), beta.worse) == ("beta", 17, False)
+    assert (beta.config, len(beta.block["newly_passing"]), beta.verdict.passed) == (
+        "beta",
+        17,
+        True,
+    )
     assert alpha.a.model == "org/alpha"
     # two plain reports: one comparison
     (single,) = compare_all(report(high), report(low))
@@ -257,7 +261,7 @@ def test_a_shard_of_a_matrix_leaves_every_configs_comparison_undecided(side: str
     a, b = (shard, whole) if side == "A" else (whole, shard)
     [result] = compare_all(load_report(json.dumps(a), "a"), load_report(json.dumps(b), "b"))
     assert isinstance(result, Comparison)
-    assert result.worse
+    assert not result.verdict.passed
     assert result.undecided == (
         f"{side} is shard 1 of 2 of a run (merge the shards: python -m pytest_gsm8k merge): "
         "rerun until every problem has an answer"
@@ -467,7 +471,7 @@ def test_reports_with_repeats_are_compared_by_the_noise_aware_rule() -> None:
     for record in a["problems"][4:]:
         record["repeats"] = ["correct"] * 5
     stable = compare(a, b)
-    assert stable.worse
+    assert not stable.verdict.passed
     assert "6 newly failing: 6 stable (right in all 5 baseline runs), 0 noisy" in (
         stable.verdict.detail
     )
@@ -480,7 +484,7 @@ def test_errors_on_a_comparison_too_small_to_fail_are_said_first() -> None:
     a = report(every(range(4), "correct"))
     b = report({0: "error", 1: "correct", 2: "correct", 3: "correct"})
     result = compare(a, b)
-    assert result.worse
+    assert not result.verdict.passed
     assert result.undecided == (
         "1 of the 4 problems both reports hold ended in an error (0 in A, 1 in B), and "
         "unanswered they could hide a drop: rerun until every problem has an answer"
@@ -509,6 +513,6 @@ def test_a_full_split_with_100_repeats_a_side_compares_in_seconds() -> None:
     started = time.perf_counter()
     result = compare(runs(rates), b)
     assert time.perf_counter() - started < 20
-    assert result.worse
+    assert not result.verdict.passed
     assert result.block["difference"] == pytest.approx(-3 * 274 / 1319 / 100)
     assert "0 stable (right in all 100 baseline runs), 274 noisy" in result.verdict.detail

@@ -15,7 +15,6 @@ from typing import Any
 from browser import NEEDS_CHROMIUM, Browser
 
 from pytest_gsm8k.core.html_report import (
-    ProblemText,
     outcomes_from_baseline,
     problem_texts,
     render_html,
@@ -148,10 +147,7 @@ def test_hostile_text_is_never_markup() -> None:
     ]
     report = _report(records, model="<script>alert(1)</script>")
     report["gates"][0]["detail"] = "</script><script>alert(1)</script>"
-    texts = {
-        r["id"]: ProblemText("<script>alert(1)</script> apples?", "</textarea><!-- 5")
-        for r in records
-    }
+    texts = {r["id"]: ("<script>alert(1)</script> apples?", "</textarea><!-- 5") for r in records}
     page = render_html(report, texts)
     for hostile in HOSTILE:
         if hostile != "</script>":
@@ -293,19 +289,11 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
         "test-0002",
     ]
     assert [p["ch"] for p in data["problems"]] == ["failing"] * 2 + ["passing"] * 2 + [""] * 2
-    # without the baseline file, its correctness is derived from the flips
-    assert [p["b"] for p in data["problems"]] == [
-        "correct",
-        "correct",
-        "not correct",
-        "not correct",
-        "not correct",
-        "correct",
-    ]
+    assert [p["b"] for p in data["problems"]] == [None] * 6  # no baseline file given
     assert "McNemar p=0.6875" in page
     assert "diff -0.00 points" not in page
     assert "diff +0.00 points [95% CI -30.00, +30.00]" in page
-    # given the baseline's own outcomes, they win
+    # the baseline column: the baseline file's own outcomes (runtime/finish.py passes them)
     page = render_html(_report(records, baseline=baseline), None, {"test-0000": "unparsed"})
     assert _embedded(page)["problems"][2]["b"] == "unparsed"
 
@@ -349,11 +337,11 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
 
 def test_problem_texts_and_baseline_outcomes() -> None:
     problem = _split().problems[0]
-    text = problem_texts([problem])[problem.id]
-    assert text.question == problem.question
-    assert "<<" not in text.solution
-    assert "####" not in text.solution
-    assert text.solution
+    question, solution = problem_texts([problem])[problem.id]
+    assert question == problem.question
+    assert "<<" not in solution
+    assert "####" not in solution
+    assert solution
     doc = {
         "problems": {
             "test-0001": "wrong",
@@ -560,3 +548,14 @@ def test_a_baseline_sharing_no_problem_leaves_the_page_whole_without_a_compariso
     assert block["shared"] == 0
     page = render_html(_report(records, baseline=block))
     assert "Against the baseline" not in page
+
+
+def test_a_baseline_sharing_no_problem_is_never_said_written() -> None:
+    """A comparison with a baseline that holds none of the run's problems has a block (its
+    gate FAILs and says why) but no numbers: the page must not call it a baseline written."""
+    records = [_record(i, "correct") for i in range(3)]
+    block = {"path": "b.gsm8k", "partial": False, "shared": 0, "not_in_baseline": 3}
+    page = render_html(_report(records, baseline=block))
+    assert "written to" not in page
+    written = {"path": "b.gsm8k", "written": True, "partial": False}
+    assert "written to <code>b.gsm8k</code>" in render_html(_report(records, baseline=written))

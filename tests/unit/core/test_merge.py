@@ -134,9 +134,8 @@ def shards(
 
 def test_the_shards_of_one_run_give_its_selection_and_every_record_once() -> None:
     merged = check_shards(list(reversed(shards())))
-    assert merged.selection == tuple(f"test-{i:04d}" for i in range(10))
-    assert sorted(r["id"] for r in merged.records) == list(merged.selection)
-    assert merged.count == 3
+    # the selection in run order is checked against the plan's hash (interleave: its own test)
+    assert sorted(r["id"] for r in merged.records) == [f"test-{i:04d}" for i in range(10)]
 
 
 def test_a_missing_shard_is_no_verdict_naming_which() -> None:
