@@ -102,11 +102,9 @@ def gsm8k_outcome(
     return GSM8KOutcome(record)
 
 
-#: the plugin's own fixtures a user may replace (a conftest, plugin, test module or class)
-OVERRIDABLE = ("gsm8k_model", "gsm8k_protocol")
-
-
-def defines(where: pytest.Config | pytest.Item, names: tuple[str, ...] = OVERRIDABLE) -> bool:
+def defines(
+    where: pytest.Config | pytest.Item, names: tuple[str, ...] = ("gsm8k_model", "gsm8k_protocol")
+) -> bool:
     """Whether a conftest or plugin registered so far (``where`` a config), or an item's
     module or class, defines one of ``names`` itself (a conftest may merely import ours)."""
     if isinstance(where, pytest.Item):
@@ -156,8 +154,7 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) ->
         more = f" and {len(needing) - 1} more" if len(needing) > 1 else ""
         return (
             f"{NO_MODEL}: {clip(state.scrubber().text(needing[0].nodeid))}{more} use the "
-            f"gsm8k_model fixture; {usage}, "
-            "or override gsm8k_model in a conftest.py"
+            f"gsm8k_model fixture; {usage}, or override gsm8k_model in a conftest.py"
         )
     if any(isinstance(problem_of(item), Problem) for item in items):
         return None
