@@ -14,11 +14,8 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.records import Outcome, ProblemRecord
     from pytest_gsm8k.core.types import Problem
 
-#: where an item keeps its record until its report is made (roles.py)
-RECORD_KEY = pytest.StashKey["ProblemRecord"]()
-
-#: how the run that needs a model and was given none ends
-NO_MODEL = "gsm8k: no model given"
+RECORD_KEY = pytest.StashKey["ProblemRecord"]()  # an item's record until its report (roles.py)
+NO_MODEL = "gsm8k: no model given"  # how a run that needs a model and has none ends
 
 
 class GSM8KOutcome:

@@ -39,16 +39,13 @@ if TYPE_CHECKING:  # the fetching process's (an xdist worker only follows the ch
     from pytest_gsm8k.runtime.matrix import Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess, Started
 
-    AnswerSource = Engine | Channel | Matrix
-
 CONFIG_OVERRIDE = (
     "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
     "override cannot take part (remove it, or run without --gsm8k-config)"
 )
 #: the controller's head start: this many rounds of the engine's concurrency (about the
 #: workers' start-up at a fast endpoint's latency), at most HEAD_START_MAX requests
-HEAD_START_ROUNDS = 4
-HEAD_START_MAX = 256
+HEAD_START_ROUNDS, HEAD_START_MAX = 4, 256
 
 
 class Gsm8kSession:
@@ -382,7 +379,7 @@ class Sources:
                 f"gsm8k: cannot reach the xdist controller's answers ({exc})"
             ) from None
 
-    def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
+    def source_for(self, model: Any, protocol: Protocol) -> tuple[Engine | Channel | Matrix, bool]:
         """Where this item's answer comes from, and whether that source is single-use."""
         is_default = model is not None and model is self._client
         configs = bool(self._session.settings.vllm_config)
