@@ -32,8 +32,7 @@ _HOME = {name: f"pytest_gsm8k.{home}" for home, names in _HOMES.items() for name
 __all__ = sorted(_HOME)
 __version__ = "0.1.0"
 
-#: the role plugin's name: plugin.py registers it, session.get_session finds it
-ROLE_NAME = "gsm8k-session"
+ROLE_NAME = "gsm8k-session"  # the role plugin's: plugin.py registers it, get_session finds it
 
 
 def __getattr__(name: str) -> Any:

@@ -18,8 +18,7 @@ from pytest_gsm8k.core.merge import ShardError, check_shards
 from pytest_gsm8k.core.render import compare_markdown, styled_lines
 from pytest_gsm8k.core.scrub import clip, md_text, printable
 
-#: exit codes
-BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2
+BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2  # exit codes
 
 
 def parser() -> argparse.ArgumentParser:

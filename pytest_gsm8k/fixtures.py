@@ -14,11 +14,8 @@ if TYPE_CHECKING:
     from pytest_gsm8k.core.records import Outcome, ProblemRecord
     from pytest_gsm8k.core.types import Problem
 
-#: where an item keeps its record until its report is made (roles.py)
-RECORD_KEY = pytest.StashKey["ProblemRecord"]()
-
-#: how the run that needs a model and was given none ends
-NO_MODEL = "gsm8k: no model given"
+RECORD_KEY = pytest.StashKey["ProblemRecord"]()  # an item's record until its report (roles.py)
+NO_MODEL = "gsm8k: no model given"  # how a run that needs a model and has none ends
 
 
 class GSM8KOutcome:
@@ -102,11 +99,9 @@ def gsm8k_outcome(
     return GSM8KOutcome(record)
 
 
-#: the plugin's own fixtures a user may replace (a conftest, plugin, test module or class)
-OVERRIDABLE = ("gsm8k_model", "gsm8k_protocol")
-
-
-def defines(where: pytest.Config | pytest.Item, names: tuple[str, ...] = OVERRIDABLE) -> bool:
+def defines(
+    where: pytest.Config | pytest.Item, names: tuple[str, ...] = ("gsm8k_model", "gsm8k_protocol")
+) -> bool:
     """Whether a conftest or plugin registered so far (``where`` a config), or an item's
     module or class, defines one of ``names`` itself (a conftest may merely import ours)."""
     if isinstance(where, pytest.Item):
@@ -156,8 +151,7 @@ def unmeasured(session: pytest.Session, items: list[pytest.Item], idle: bool) ->
         more = f" and {len(needing) - 1} more" if len(needing) > 1 else ""
         return (
             f"{NO_MODEL}: {clip(state.scrubber().text(needing[0].nodeid))}{more} use the "
-            f"gsm8k_model fixture; {usage}, "
-            "or override gsm8k_model in a conftest.py"
+            f"gsm8k_model fixture; {usage}, or override gsm8k_model in a conftest.py"
         )
     if any(isinstance(problem_of(item), Problem) for item in items):
         return None

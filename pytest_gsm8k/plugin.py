@@ -19,9 +19,6 @@ from pytest_gsm8k import ROLE_NAME
 from pytest_gsm8k.core.settings import OPTIONS, Option, SettingsError, build_settings
 from pytest_gsm8k.fixtures import gsm8k_model, gsm8k_outcome, gsm8k_problem, gsm8k_protocol  # noqa: F401 (registered from here)
 
-#: the marker every GSM8K item carries: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest
-GSM8K_MARK = pytest.mark.gsm8k
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gsm8k", "GSM8K evaluation (pytest-gsm8k)")
@@ -77,10 +74,12 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except SettingsError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
-    worker = hasattr(config, "workerinput")
-    if not worker:  # once, not once per xdist worker
+    if not hasattr(config, "workerinput"):  # once, not once per xdist worker
         for note in [*notes, *_spaced_paths(config)]:
             config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
+        # after the unraisableexception plugin's cleanup and its gc passes; an xdist worker ends
+        # right after, its objects frozen (Role.pytest_runtestloop_freeze), sparing a collection
+        config.add_cleanup(_unfreeze_until_exit)
     from pytest_gsm8k.roles import role_for
 
     role = role_for(config, settings)
@@ -90,10 +89,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if given or settings.asked or settings.report or settings.html or settings.markdown:
         role.session  # noqa: B018 - made here, on purpose
     config.pluginmanager.register(role, ROLE_NAME)
-    # after the unraisableexception plugin's cleanup and its gc passes; an xdist worker ends
-    # right after, its objects frozen (Role.pytest_runtestloop_freeze), sparing a collection
-    if not worker:
-        config.add_cleanup(_unfreeze_until_exit)
 
 
 def _unfreeze_until_exit() -> None:
@@ -120,6 +115,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # raised here it would be a collection error with a traceback: one line after collection
         state.run.fail_data(f"gsm8k: {exc}")
         return
+    # every GSM8K item is marked: ``-m gsm8k`` selects the gate, ``-m "not gsm8k"`` the rest
     metafunc.parametrize(
-        "gsm8k_problem", [pytest.param(p, id=p.id, marks=GSM8K_MARK) for p in problems]
+        "gsm8k_problem", [pytest.param(p, id=p.id, marks=pytest.mark.gsm8k) for p in problems]
     )

@@ -1,12 +1,10 @@
-"""The run's outputs from the pytest side: checked at session start (one line before any
-request is paid for), written at the end by runtime/finish.py; and what pytest's reporters
-see beyond the items that ran, registered once the aggregating role's session exists: a
-report per item a stopped run never reached (pytest's counts are the headline's), each gate
-as a JUnit case (a failed gate with ``failures="0"`` shows green), the gsm8k block, the
-progress line."""
+"""The run's outputs from the pytest side: checked at session start, written at the end by
+runtime/finish.py; and what pytest's reporters see beyond the items that ran (registered
+once the aggregating role's session exists)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import Counter
@@ -29,11 +27,6 @@ from pytest_gsm8k.session import Gsm8kSession, get_session
 
 if TYPE_CHECKING:
     from pytest_gsm8k.core.plan import RunPlan
-
-LETTERS = {"correct": ".", "wrong": "w", "unparsed": "u", "truncated": "t"}
-#: seconds between two drawings of the progress line: on a terminal, into a log
-PROGRESS_INTERVAL = 0.5
-LOG_PROGRESS_INTERVAL = 10.0
 
 
 def report_unfinished(state: Gsm8kSession, late: Mapping[str, ProblemRecord]) -> None:
@@ -70,7 +63,7 @@ def pytest_report_teststatus(
         outcome = str(record["outcome"])
         if progress:
             return outcome, "", ""
-        letter = LETTERS.get(outcome, ".")
+        letter = {"wrong": "w", "unparsed": "u", "truncated": "t"}.get(outcome, ".")
         return outcome, letter, (outcome.upper(), {"green" if letter == "." else "yellow": True})
     ours = isinstance(record, dict) or getattr(report, "gsm8k_unfinished", False)
     if progress and ours and report.when == "setup" and not report.passed:
@@ -99,9 +92,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The exit code of a failed gate or output; each gate a test case for ``--junitxml``'s
-    writer only (on the terminal it would change the line that counts the problems), skipped
-    when undecided (core/render.junit_cases), with ``answers_from_earlier_runs``."""
+    """The exit code of a failed gate or output; each gate a test case (a failed gate in a file
+    of ``failures="0"`` shows green) for ``--junitxml``'s writer only (on the terminal it would
+    change the line that counts the problems), skipped when undecided (core/render.junit_cases),
+    with ``answers_from_earlier_runs``."""
     state = get_session(session.config)
     verdict = state.run.verdict
     if verdict is not None and (xml := session.config.stash.get(xml_key, None)) is not None:
@@ -111,22 +105,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             if case.outcome == "skipped" and case.message is not None:  # pytest's skip shape
                 detail = ("gsm8k", 0, case.message)
             mine = [("answers_from_earlier_runs", case.earlier)] if case.earlier else []
-            xml.pytest_runtest_logreport(
-                pytest.TestReport(nodeid, location, {}, case.outcome, detail, "call")
-            )
-            xml.pytest_runtest_logreport(  # a passed test case shows no detail: a property
-                pytest.TestReport(
-                    nodeid, location, {}, "passed", None, "teardown", user_properties=mine
-                )
-            )
+            report = functools.partial(pytest.TestReport, nodeid, location, {})
+            xml.pytest_runtest_logreport(report(case.outcome, detail, "call"))
+            # a passed test case shows no detail: a property
+            xml.pytest_runtest_logreport(report("passed", None, "teardown", user_properties=mine))
     failed = (verdict is not None and verdict.failed) or bool(state.output_errors)
     if failed and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 class ProgressLine:
-    """The progress line, rewritten in place at most every PROGRESS_INTERVAL seconds and at
-    the end; into a log (where a rewrite is one endless line) a plain line."""
+    """The progress line, rewritten in place at most every half second and at the end; into
+    a log (where a rewrite is one endless line) a plain line every 10 s at most."""
 
     def __init__(self, reporter: Any) -> None:
         self._reporter, self._tty = reporter, bool(reporter.isatty())
@@ -142,7 +132,7 @@ class ProgressLine:
         return cls(reporter) if asked or reporter.isatty() else None
 
     def draw(self, state: Gsm8kSession, final: bool = False) -> None:
-        now, every = time.monotonic(), PROGRESS_INTERVAL if self._tty else LOG_PROGRESS_INTERVAL
+        now, every = time.monotonic(), 0.5 if self._tty else 10.0
         if not final and now - self._drawn_at < every:
             return
         records, total = state.run.records, len(state.run.collected_ids or ())
@@ -161,9 +151,10 @@ class ProgressLine:
 
 
 def check_outputs(state: Gsm8kSession, keys: tuple[str, ...], plan: RunPlan | None = None) -> None:
-    """Where the run's end writes ``keys`` (with the ``plan``, its baselines too); then the
-    end's imports are loaded and the open-file limit checked: a run that holds as many
-    sockets as the limit allows must still be able to end."""
+    """Where the run's end writes ``keys`` (with the ``plan``, its baselines too), refused in
+    one line before any request is paid for; then the end's imports are loaded and the
+    open-file limit checked: a run that holds as many sockets as the limit allows must still
+    be able to end."""
     paths, baselines = output_paths(state.settings), []
     if plan is not None:
         what = (

@@ -29,9 +29,7 @@ SIGTERM_MESSAGE = "SIGTERM"  # what the KeyboardInterrupt that SIGTERM raises sa
 class Role:
     """What every role holds: the settings, the run's id and start, the session once made."""
 
-    #: the process that aggregates: SIGTERM ends its run like Ctrl-C, and its session brings
-    #: the reporting plugin (the letters, the gsm8k block, the gates' exit code)
-    aggregates = False
+    aggregates = False  # SIGTERM ends its run like Ctrl-C; its session registers reporting.py
 
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         given = getattr(config, "workerinput", {})
@@ -39,8 +37,7 @@ class Role:
         self.run_id = str(given.get("gsm8k_run_id") or os.urandom(16).hex())
         self.started = float(given.get("gsm8k_run_started") or time.time())
         self.active = False
-        #: why an xdist worker stopped ("refused": its line, "aborted"), sent to the controller
-        self.stops: dict[str, str] = {}
+        self.stops: dict[str, str] = {}  # why a worker stopped ("refused": its line, "aborted")
         self._session: Gsm8kSession | None = None
 
     @property
@@ -87,8 +84,6 @@ class Role:
 
 class Collector(Role):
     """A process that collects and runs the items: a run without xdist, an xdist worker."""
-
-    aborted = False  # an item's record said the endpoint failure stopped the run
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_collection_modifyitems(
@@ -151,7 +146,8 @@ class Collector(Role):
             report.when == "call" or (report.when == "setup" and record["outcome"] == "error")
         ):
             report.gsm8k = record  # type: ignore[attr-defined]
-            self.aborted = self.aborted or bool(record.get("aborted"))
+            if record.get("aborted"):  # the endpoint failure stopped the run
+                self.stops["aborted"] = "yes"
         return report
 
 
@@ -271,7 +267,8 @@ class ControllerRole(Aggregator):
     @pytest.hookimpl(specname="pytest_runtest_logreport", tryfirst=True)
     def pytest_runtest_logreport_items(self, report: pytest.TestReport) -> None:
         """A worker's first report: the items it collected, where they are and their problems
-        (a stopped run reports those no worker reached, with the answer that arrived)."""
+        (xdist's collection event has the node ids only), for those a stopped run never
+        reached (reported with the answer that arrived)."""
         if isinstance(items := getattr(report, "gsm8k_items", None), dict):
             run = self.session.run
             run.collect_items({n: tuple(at) for n, at in items["refs"]}, items["problems"])
@@ -289,8 +286,6 @@ class WorkerRole(Collector):
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Why this worker stopped, for the controller's pytest_testnodedown."""
-        if self.aborted:
-            self.stops["aborted"] = "yes"
         if self.stops:
             getattr(self.config, "workeroutput")["gsm8k"] = self.stops  # noqa: B009 - xdist's
 
@@ -298,10 +293,8 @@ class WorkerRole(Collector):
     def pytest_report_to_serializable(
         self, report: pytest.CollectReport | pytest.TestReport
     ) -> Generator[None, dict[str, Any] | None, dict[str, Any] | None]:
-        """A record travels as JSON text (execnet refuses a lone surrogate). The first test
-        report carries the items this worker collected with their locations and problems
-        (xdist's collection event has the node ids only), for the items a stopped run never
-        reaches."""
+        """A record travels as JSON text (execnet refuses a lone surrogate); the first test
+        report carries the items collected here (see pytest_runtest_logreport_items)."""
         data = yield
         if not isinstance(data, dict):
             return data
@@ -328,10 +321,9 @@ def role_for(config: pytest.Config, settings: Settings) -> Role:
 def _on_sigterm(config: pytest.Config) -> None:
     """SIGTERM (a CI job cancelled, ``timeout``) ends the run like Ctrl-C: summary, report,
     workers stopped. Only over the default handler, in the main thread, until unconfigure."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return  # somebody else's handler: leave it alone
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # not the main thread, or somebody else's handler: leave it alone
 
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once

@@ -59,9 +59,8 @@ def head_start_allowed(config: pytest.Config) -> bool:
 
 
 def serve_run(state: State) -> serve.Started | None:
-    """The run's own server, if any: ``--gsm8k-serve CMD`` (on the controller before xdist
-    starts the workers: they get its URL and model through ``workerinput``) or
-    ``--gsm8k-model=local[:PATH]``, the GGUF served by llama.cpp (docs/local-model.md)."""
+    """The run's own server, if any: ``--gsm8k-serve CMD`` or ``--gsm8k-model=local[:PATH]``,
+    the GGUF served by llama.cpp (docs/local-model.md)."""
     from pytest_gsm8k.runtime import local, serve
 
     settings, command = state.settings, state.settings.serve or ""
@@ -242,10 +241,8 @@ def fetch(state: State, session: pytest.Session) -> None:
 
 
 def start(state: State, controller: bool) -> None:
-    """The start of a run, before any request: the outputs checked; with a model, server or
-    configs to ask, the data, protocol and baseline (a bad file is one line before any server
-    starts), the servers and the endpoint's preflight, the plan set once; then the engine,
-    served to the workers by an xdist ``controller``."""
+    """The start of a run (module docstring): the data, protocol and baseline are read
+    before any server starts (a bad file is one line), the plan is set once."""
     from pytest_gsm8k.reporting import check_outputs
     from pytest_gsm8k.runtime.matrix import Matrix
 

@@ -1,8 +1,6 @@
 """One pytest process's part of a GSM8K run, as syrupy's ``SnapshotSession`` is for syrupy:
-the settings, the plan (built once, then only read), the tally (core/tally.py),
-:meth:`Gsm8kSession.observe` (the early stop), and :class:`Sources`: where a test's answer
-comes from (the engines, the xdist channel or answer server, the configs' ``Matrix``, the
-servers this run started), so that one object stops everything the run opened."""
+the settings, the plan (built once, then only read), the tally, the early stop, and
+:class:`Sources`, where a test's answer comes from: one object stops all the run opened."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ import tempfile
 import warnings
 from collections.abc import Container, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
@@ -40,22 +39,13 @@ if TYPE_CHECKING:  # the fetching process's (an xdist worker only follows the ch
     from pytest_gsm8k.runtime.matrix import Matrix
     from pytest_gsm8k.runtime.serve import ServedProcess, Started
 
-    AnswerSource = Engine | Channel | Matrix
-
-#: descriptors kept free of the concurrency's sockets: pytest's own files, the cache's
-#: writes, the imports, the report and the page at the end (plus a few per xdist worker)
-DESCRIPTOR_RESERVE, DESCRIPTOR_PER_WORKER = 64, 4
 CONFIG_OVERRIDE = (
     "gsm8k: --gsm8k-config runs each config's own server: a gsm8k_model "
     "override cannot take part (remove it, or run without --gsm8k-config)"
 )
-#: how long a worker waits for one answer beyond the controller's engine's own bounds (which
-#: end every request by then; this ends only a wait that nothing else would)
-REMOTE_WAIT_SLACK = 120.0
 #: the controller's head start: this many rounds of the engine's concurrency (about the
 #: workers' start-up at a fast endpoint's latency), at most HEAD_START_MAX requests
-HEAD_START_ROUNDS = 4
-HEAD_START_MAX = 256
+HEAD_START_ROUNDS, HEAD_START_MAX = 4, 256
 
 
 class Gsm8kSession:
@@ -107,8 +97,7 @@ class Gsm8kSession:
         )
 
     def scrubber(self) -> Scrubber:
-        """The key, URL credentials, ``VLLM_API_KEY``, and the secrets ``--gsm8k-serve`` and
-        each config give a server, out of outside text."""
+        """Every secret this run knows (the key, URL credentials, a server's) out of text."""
         others = [os.environ.get("VLLM_API_KEY", ""), *command_secrets(self.settings.serve or "")]
         for config in self._plan.configs.values() if self._plan is not None else ():
             others += config.secrets()
@@ -127,7 +116,9 @@ class Gsm8kSession:
         """(sockets this process may open for requests, the open-file limit), or None."""
         workers = getattr(self.config.option, "numprocesses", None)  # None on a worker
         spawned = workers if isinstance(workers, int) else 0
-        return outputs.descriptor_room(DESCRIPTOR_RESERVE + DESCRIPTOR_PER_WORKER * spawned)
+        # kept free of the sockets: pytest's own files, the cache's writes, the imports, the
+        # report and the page at the end (plus a few per xdist worker)
+        return outputs.descriptor_room(64 + 4 * spawned)
 
     def close(self) -> None:
         for output in self.outputs.values():
@@ -160,20 +151,11 @@ class Gsm8kSession:
             run.stop_early(name, message := f"gsm8k: {early.headline()}")
             sources.stop(early.headline())
             return message
-        how = f"(--gsm8k-early-stop {early.mode}): {early.headline()}"
-        run.stop_early(
-            name, f"config {name} stopped early {how}; its problems not asked yet are skipped"
-        )
+        how = f"stopped early (--gsm8k-early-stop {early.mode}): {early.headline()}"
+        run.stop_early(name, f"config {name} {how}; its problems not asked yet are skipped")
         if sources.matrix is not None:
             sources.matrix.stop_config(name, run.stopped[name])
         return None
-
-
-class ConfigsModel:
-    """``gsm8k_model`` in a --gsm8k-config run: each config's own server answers."""
-
-    endpoint = "(the configs' servers)"
-    model = "(the configs' models)"
 
 
 class Sources:
@@ -192,8 +174,7 @@ class Sources:
         self._client: OpenAIClient | None = None
         self.channel: Channel | None = None  # xdist worker: to the controller
         self.answer_server: AnswerServer | None = None  # xdist controller
-        #: the model server this run started (--gsm8k-serve, --gsm8k-model=local)
-        self.server: ServedProcess | None = None
+        self.server: ServedProcess | None = None  # --gsm8k-serve, --gsm8k-model=local
         self.matrix: Matrix | None = None  # --gsm8k-config, on the process that fetches
         self.servers: dict[str, dict[str, Any]] = {}  # what each group's reported ("" the run's)
         #: started servers by config name ("" for the run's): (cache name, generation read)
@@ -234,9 +215,9 @@ class Sources:
     def _new_client(
         self, key: str, endpoint: Endpoint, timeout: float, concurrency: int, started: str | None
     ) -> OpenAIClient:
-        """The vllm preset's exact bytes go over aiohttp, as vLLM's script sends them. A
-        server this run started (``key``: its config, "" the run's) has a new port every run:
-        ``started`` names it in cache keys, with its generation (resume an unfinished run only)."""
+        """A server this run started (``key``: its config, "" the run's) has a new port every
+        run: ``started`` names it in cache keys, with its generation (resume an unfinished run
+        only). The vllm preset's bytes go over aiohttp (runtime/wire.py)."""
         from pytest_gsm8k.runtime.wire import WireClient
 
         settings = self._session.settings
@@ -259,7 +240,9 @@ class Sources:
         """The process's one OpenAI-compatible client (the same object every time)."""
         settings, endpoint = self._session.settings, self._session.endpoint()
         if self._client is None and settings.vllm_config:
-            self._client = ConfigsModel()  # type: ignore[assignment]
+            self._client = SimpleNamespace(  # type: ignore[assignment]
+                endpoint="(the configs' servers)", model="(the configs' models)"
+            )  # each config's own server answers
         elif self._client is None:
             if not endpoint.model:
                 raise pytest.UsageError(
@@ -277,10 +260,9 @@ class Sources:
 
                 with contextlib.suppress(OSError):
                     started = f"local:{gguf}:{Path(gguf).stat().st_size} env:{server_env_digest()}"
-            concurrency = self._session.concurrency()
             try:
                 self._client = self._new_client(
-                    "", endpoint, settings.timeout, concurrency, started
+                    "", endpoint, settings.timeout, self._session.concurrency(), started
                 )
             except ValueError as exc:  # a proxy the client cannot use
                 raise pytest.UsageError(f"gsm8k: {exc}") from None
@@ -337,10 +319,9 @@ class Sources:
                 self.cache(True).finished(name, generation)
 
     def engine_for(self, model: Any, protocol: Protocol | None = None) -> Engine:
-        """The engine that calls ``model`` (one per model object). The first call given a
-        ``protocol`` starts it on the collected items as that protocol asks them, but on an
-        xdist worker, whose items ask one at a time (xdist is the parallelism there; those of
-        the plugin's own client read the controller's answers: each worker would fetch all)."""
+        """The engine that calls ``model`` (one per model object), started by the first call
+        given a ``protocol`` on the collected items, but on an xdist worker: its items ask one
+        at a time (xdist is the parallelism there; each worker would fetch all)."""
         session = self._session
         if (engine := self.engines.get(id(model))) is None:
             endpoint = session.endpoint() if model is self._client else None
@@ -377,16 +358,16 @@ class Sources:
                 self.answer_server.head_start([p.id for p in plan.run_order], limit)
 
     def connect(self, overridden: bool) -> None:
-        """xdist worker: its plan offered to the controller, whose answers the items that ask
-        the plugin's own client read; with an ``overridden`` model or protocol the controller
-        fetches the plan only once such an item asks (a conftest may hand on the plugin's own:
-        source_for decides)."""
+        """xdist worker: its plan offered to the controller, whose answers the plugin's own
+        client's items read; ``overridden``: fetched only once such an item asks (source_for)."""
         given, settings = self._session.workerinput, self._session.settings
         if (address := given.get("gsm8k_answers")) is None:
             return
         where, token = (str(address[0]), int(address[1])), str(given["gsm8k_answers_token"])
         client = self.default_client()
-        wait = settings.timeout * (settings.max_retries + 1) + REMOTE_WAIT_SLACK
+        # 120 s beyond the controller's engine's own bounds (which end every request by then;
+        # this ends only a wait that nothing else would)
+        wait = settings.timeout * (settings.max_retries + 1) + 120.0
         try:
             self.channel = Channel(
                 where, token, endpoint=client.endpoint, model=client.model, wait=wait
@@ -398,7 +379,7 @@ class Sources:
                 f"gsm8k: cannot reach the xdist controller's answers ({exc})"
             ) from None
 
-    def source_for(self, model: Any, protocol: Protocol) -> tuple[AnswerSource, bool]:
+    def source_for(self, model: Any, protocol: Protocol) -> tuple[Engine | Channel | Matrix, bool]:
         """Where this item's answer comes from, and whether that source is single-use."""
         is_default = model is not None and model is self._client
         configs = bool(self._session.settings.vllm_config)
@@ -406,8 +387,8 @@ class Sources:
             raise pytest.UsageError(CONFIG_OVERRIDE)
         if configs and self.matrix is None and self.channel is None:
             raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
-        # the plan's protocol by identity, not equality: no item pays for comparing its shots
-        if configs or (is_default and protocol is self._session.plan.protocol and self.channel):
+        # the plan's protocol or an equal one (a conftest's copy): ``in`` tries ``is`` first
+        if configs or (is_default and self.channel and protocol in (self._session.plan.protocol,)):
             if self.channel is not None and not self.channel.fetch:  # an override: fetch now
                 with contextlib.suppress(ConnectionError):  # a broken channel: said at the ask
                     ids = [p.id for p in self._session.run.collected or ()]

@@ -108,6 +108,41 @@ def test_the_plugins_own_client_handed_on_by_a_conftest_asks_each_problem_once(
     assert "not session-scoped" not in output(result)  # its own client: nothing to warn of
 
 
+#: a conftest's own gsm8k_protocol: equal to the plugin's, but another object
+EQUAL_PROTOCOL = """
+import dataclasses
+import pytest
+from pytest_gsm8k.session import get_session
+
+@pytest.fixture(scope="session")
+def gsm8k_protocol(pytestconfig):
+    return dataclasses.replace(get_session(pytestconfig).plan.protocol)
+"""
+
+
+@XDIST
+def test_a_protocol_equal_to_the_plans_asks_each_problem_once(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """docs/design.md: under xdist no request is sent twice. A user's own test beside the
+    built-in one, given a ``gsm8k_protocol`` equal to the plan's (another object), reads the
+    controller's answers as the built-in test does: protocols compare by value (at -n 2 its
+    workers once asked their problems again: 21 requests for 20 problems)."""
+    pytester.makeconftest(EQUAL_PROTOCOL)
+    pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
+    result = pytester.runpytest(
+        *gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-no-cache", "--gsm8k-report=r.json"
+    )
+    assert result.ret == 0, output(result)
+    assert report(pytester)["counts"]["correct"] == 20
+    assert sent(server) == 20
+    assert set(server.stats()["requests_by_index"].values()) == {1}
+
+
 def _session_processes(sid: int) -> list[int]:
     """Live (non-zombie) processes of session ``sid`` (Linux /proc)."""
     alive = []
