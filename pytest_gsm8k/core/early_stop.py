@@ -352,11 +352,13 @@ class EarlyStop:
             why = f"at least {low:.4f} already"
         return f"{name} {state} ({why})"
 
-    def headline(self) -> str:
+    def headline(self, stopped: bool = True) -> str:
+        """The stop's line; ``stopped``: the run stopped on the decision (else it was decided)."""
         done = self.decision  # once decided, the gates it settled
         phrases = "; ".join(
             self._gate_phrase(n) for n, v in self._verdicts.items() if not done or v
         )
         if done is None:
             return f"not stopped early ({self.observed} of {self.n_total} problems): {phrases}"
-        return f"stopped after {done.after} of {self.n_total} problems: {phrases}"
+        verb = "stopped" if stopped else "decided"
+        return f"{verb} after {done.after} of {self.n_total} problems: {phrases}"

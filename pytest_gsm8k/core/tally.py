@@ -246,7 +246,7 @@ def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
         decided=decision is not None,
         stopped=decision is not None and stopped,
         verdicts=dict(decision.verdicts) if decision is not None else {},
-        headline=early.headline(),
+        headline=early.headline(stopped),
         n_total=early.n_total,
         record=early.to_json(),
     )

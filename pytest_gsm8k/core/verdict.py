@@ -303,7 +303,7 @@ def decide(
         extra["early_stop"] = dict(early.record)
         said, n = early.headline, early.n_total
         if early.decided and not early.stopped and early.record.get("decided_after", n) != n:
-            said = said.replace("stopped", "decided", 1) + "; not stopped: two tests ask a problem"
+            said += "; not stopped: two tests ask a problem"
             extra["early_stop"]["not_stopped"] = "two tests ask a problem"  # (render.config_rows)
         elif group.name and early.decided and not early.stopped:
             said = f"not stopped early: its verdicts were open until the last of its {n} problems"

@@ -298,7 +298,7 @@ def test_an_early_stop_decided_before_the_last_problem_but_not_stopped_says_why_
     verdicts were open until the last of its 4 problems" though it decided after 2 (seen
     failing before the fix), and its table row said it stopped "after 2 of 4"; a config says
     what the run says."""
-    headline = "stopped after 2 of 4 problems: min-acc verdict FAIL is certain"
+    headline = "decided after 2 of 4 problems: min-acc verdict FAIL is certain"
     early = EarlyOutcome(
         "certain", True, False, {"min-acc": "FAIL"}, headline, 4, {"decided_after": 2, "n_total": 4}
     )
