@@ -16,6 +16,7 @@ from statistics import NormalDist
 from typing import Literal
 
 from pytest_gsm8k.core.stats import (
+    Z95,
     hypergeometric_pmf,
     mcnemar_one_sided,
     paired_difference_interval,
@@ -268,7 +269,7 @@ def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
     if n < 2:
         return diff, -1.0, 1.0
     var = math.fsum((x - diff) ** 2 for x in deltas) / (n * (n - 1))
-    half = NormalDist().inv_cdf(0.975) * math.sqrt(var)
+    half = Z95 * math.sqrt(var)
     return diff, max(-1.0, diff - half), min(1.0, diff + half)
 
 
