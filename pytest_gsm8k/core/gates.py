@@ -171,8 +171,6 @@ class ToleranceFloor(_Accuracy):
 
 #: the outcomes an answer-format health gate may count (``--gsm8k-max-<outcome>``)
 HEALTH_OUTCOMES: tuple[Outcome, ...] = ("unparsed", "truncated", "error")
-#: how a gate's sentence names the problems of each counted outcome
-_HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "ended in an error"}
 
 
 @dataclass(frozen=True)
@@ -194,8 +192,8 @@ class MaxShare(_CountRule):
         return f"--gsm8k-max-{self.outcome}"
 
     @property
-    def words(self) -> str:
-        return _HEALTH_WORDS[self.outcome]
+    def words(self) -> str:  # how its sentence names the problems of its outcome
+        return "ended in an error" if self.outcome == "error" else self.outcome
 
     def allowed(self, n: int) -> int:
         return max_share_count(self.rate, n)

@@ -298,7 +298,10 @@ def decide(
     extra: dict[str, Any] = dict(group.extra)
     notes = []
     if selection.unreached:
-        notes.append(f"  {selection.unreached} of the errors were not reached: {_UNREACHED}")
+        notes.append(
+            f"  {selection.unreached} of the errors were not reached: the run stopped on the "
+            "endpoint failure (pytest counts them as skipped)"
+        )
     if early is not None:
         extra["early_stop"] = dict(early.record)
         said, n = early.headline, early.n_total
@@ -366,7 +369,8 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     stopped = "; the run was interrupted" if v.selection.interrupted else ""
     said = [f"{deselected} {of} were deselected ({v.selection.deselected_by})"] * bool(deselected)
     said += [f"{missing} {of} have no result (skipped, or not reached{stopped})"] * (missing > 0)
-    whys = [f"{' and '.join(said)}; {_WHOLE}"] if said else []
+    whole = "run the whole selection (a subset on purpose: --gsm8k-limit)"
+    whys = [f"{' and '.join(said)}; a gate holds for the whole selection: {whole}"] if said else []
     whys += [v.selection.not_whole] if v.selection.not_whole else []
     return tuple(undecided(g, "; ".join(whys)) for g in v.gates) if whys else v.gates
 
@@ -377,11 +381,6 @@ def _clash(clashes: Sequence[tuple[str, str, str]]) -> str | None:
     (pid, a, b), n = clashes[0], len(clashes)
     said = f"{n} problem{'s were' if n > 1 else ' was'} answered differently by two tests, "
     return f"{said}first {pid}: {a} and {b}; run one of them (-k, or a marker of your own and -m)"
-
-
-_UNREACHED = "the run stopped on the endpoint failure (pytest counts them as skipped)"
-_WHOLE = "a gate holds for the whole selection: run the whole selection"
-_WHOLE += " (a subset on purpose: --gsm8k-limit)"
 
 
 def _fail(v: GroupVerdict, detail: str, **extra: Any) -> GroupVerdict:
