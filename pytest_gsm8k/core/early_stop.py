@@ -82,7 +82,6 @@ class _WorTest:
         return self.rejected
 
 
-#: the gate specs decided on a count (core/gates.py)
 CountSpec = MinAcc | ToleranceFloor | MaxShare
 
 
