@@ -251,10 +251,6 @@ def evidence(pairs: Sequence[Pair]) -> Evidence:
     return Evidence(flip_p_value(pairs), drop, rise)
 
 
-def p_value(pairs: Sequence[Pair]) -> float:
-    return evidence(pairs).p
-
-
 def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
     """Candidate minus baseline mean rate and its interval: Newcombe's with one run a side,
     else the normal one of the mean per-problem difference (problems the unit)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.calibrated import Pair, p_value
+from pytest_gsm8k.core.calibrated import Pair, evidence
 from pytest_gsm8k.core.gates import (
     MaxShare,
     MinAcc,
@@ -299,7 +299,7 @@ class EarlyStop:
             assert self._noise is not None
             out.update(rule="noise-aware", alpha=self._noise.alpha, observed=len(self._now))
             if self.repeats == 1:
-                out["p_bounds"] = [p_value(pairs) for pairs in extremes(*self._split())]
+                out["p_bounds"] = [evidence(pairs).p for pairs in extremes(*self._split())]
             return out
         spec, n = gate.spec, gate.size * gate.runs
         (low, high), (lo, hi) = gate.bounds(), gate.interval()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar, Literal, cast
 
-from pytest_gsm8k.core.calibrated import Evidence, Pair, difference, evidence, p_value
+from pytest_gsm8k.core.calibrated import Evidence, Pair, difference, evidence
 from pytest_gsm8k.core.records import GateRecord, Outcome, Word
 from pytest_gsm8k.core.scrub import printable
 
@@ -304,9 +304,9 @@ class NoiseAware:
         base_runs)``) could change, else None: all fail and all succeed are the extremes for
         single candidate runs (core/calibrated.py)."""
         worst, best = extremes(seen, unseen)
-        if not self._fails(p_value(worst), _drop(worst)):
+        if not self._fails(evidence(worst).p, _drop(worst)):
             return "PASS" if self.cannot_fail(worst) is None else None
-        return "FAIL" if self._fails(p_value(best), _drop(best)) else None
+        return "FAIL" if self._fails(evidence(best).p, _drop(best)) else None
 
 
 def extremes(seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]) -> list[list[Pair]]:
@@ -318,4 +318,4 @@ def extremes(seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]) -> li
 def _all_wrong(sides: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
     """The p and drop with every candidate answer wrong (cached: the early stop asks often)."""
     worst = [Pair(str(i), c, k, 0, runs) for i, (c, k, runs) in enumerate(sides)]
-    return p_value(worst), _drop(worst)
+    return evidence(worst).p, _drop(worst)
