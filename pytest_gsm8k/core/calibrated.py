@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Literal
 
 from pytest_gsm8k.core.stats import (
     Z95,
@@ -39,7 +38,6 @@ POWER = 0.8
 #: the most repeats a side may hold (--gsm8k-repeats' own bound)
 MAX_REPEATS = 100
 
-Stability = Literal["stable-correct", "stable-wrong", "noisy"]
 #: a law of a sum: (its smallest value, the probabilities of it and each next integer)
 _Law = tuple[int, list[float]]
 #: a problem's scores with their null probabilities: (score, probability), by score
@@ -78,10 +76,6 @@ class Pair:
     def score(self) -> int:
         scores, _ = _null(self.base_correct + self.now_correct, self.base_runs, self.now_runs)
         return scores[self.now_correct]
-
-
-def stability(correct: int, runs: int) -> Stability:
-    return "stable-correct" if correct == runs else "stable-wrong" if correct == 0 else "noisy"
 
 
 @lru_cache(maxsize=4096)
