@@ -57,16 +57,13 @@ class Selection:
 
 @dataclass(frozen=True)
 class EarlyOutcome:
-    """One group's early stop, frozen at the end of the loop (core/early_stop.py):
-    ``decided`` by its last problem, ``stopped`` before it; a verdict None is moot."""
+    """One group's early stop, frozen at the end of the loop (core/early_stop.py): its
+    ``record`` (the report's block), its line, and whether it ``stopped`` the group before
+    its last problem; a verdict None in the record is moot."""
 
-    mode: str
-    decided: bool
-    stopped: bool
-    verdicts: Mapping[str, Verdict | None]
-    headline: str
-    n_total: int
     record: Mapping[str, Any]
+    headline: str
+    stopped: bool
 
 
 @dataclass(frozen=True)
@@ -304,13 +301,13 @@ def decide(
         )
     if early is not None:
         extra["early_stop"] = dict(early.record)
-        said, n = early.headline, early.n_total
-        if early.decided and not early.stopped and early.record.get("decided_after", n) != n:
+        said, n, after = early.headline, early.record["n_total"], early.record["decided_after"]
+        if after is not None and after < n and not early.stopped:
             said += "; not stopped: two tests ask a problem"
             extra["early_stop"]["not_stopped"] = "two tests ask a problem"  # (render.config_rows)
-        elif group.name and early.decided and not early.stopped:
+        elif group.name and after == n:
             said = f"not stopped early: its verdicts were open until the last of its {n} problems"
-        notes.append(f"  early stop ({early.mode}): {said}")
+        notes.append(f"  early stop ({early.record['mode']}): {said}")
     v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
     specs, gates = group.specs, []
@@ -349,9 +346,10 @@ def _early(gate: GateVerdict, early: EarlyOutcome, config: str, writing: bool) -
     """A gate the early stop settled takes its decision (the partial counts' verdict would
     not be the full run's; the decision's is, exactly or within its alpha)."""
     key = FLOOR if gate.rule == FLOOR else gate.name
-    if key not in early.verdicts or (writing and key == "baseline"):
+    verdicts: Mapping[str, Verdict | None] = early.record["verdicts"]
+    if key not in verdicts or (writing and key == "baseline"):
         return gate
-    decided, threshold = early.verdicts[key], None if key == "baseline" else gate.threshold
+    decided, threshold = verdicts[key], None if key == "baseline" else gate.threshold
     moot = f"undecided: the {'config' if config else 'run'} stopped early on another gate's FAIL"
     said = early.headline if decided is not None else moot
     return GateVerdict(
