@@ -11,8 +11,13 @@ from statistics import NormalDist
 Z95 = NormalDist().inv_cdf(0.975)
 
 
-def _wilson(k: float, n: float) -> tuple[float, float]:
-    """Wilson's 95% score interval for ``k`` of ``n > 0``; the exact ends at 0 and n."""
+def wilson_interval(k: float, n: float) -> tuple[float, float]:
+    """Wilson's 95% score interval for ``k`` of ``n`` (Wald's collapses at 0% and 100%, where
+    small smoke subsets live): the exact ends at 0 and n; ``(0, 1)`` for ``n == 0``."""
+    if n < 0 or not 0 <= k <= max(n, 0):
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
     p, z2 = k / n, Z95 * Z95
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2.0 * n)) / denom
@@ -21,14 +26,6 @@ def _wilson(k: float, n: float) -> tuple[float, float]:
         0.0 if k == 0 else max(0.0, centre - half),
         1.0 if k == n else min(1.0, centre + half),
     )
-
-
-def wilson_interval(k: int, n: int) -> tuple[float, float]:
-    """Wilson's interval for ``k`` of ``n`` (Wald's collapses at 0% and 100%, where small
-    smoke subsets live); ``(0, 1)`` for ``n == 0``."""
-    if n < 0 or not 0 <= k <= max(n, 0):
-        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    return _wilson(k, n) if n else (0.0, 1.0)
 
 
 def accuracy_interval(rates: Sequence[float], runs: int) -> tuple[float, float]:
@@ -42,7 +39,7 @@ def accuracy_interval(rates: Sequence[float], runs: int) -> tuple[float, float]:
     p = math.fsum(rates) / n
     var = math.fsum((r - p) ** 2 for r in rates) / (n * n)
     effective = n * runs if var <= 0.0 or p in (0.0, 1.0) else min(n * runs, p * (1 - p) / var)
-    return _wilson(p * effective, effective)
+    return wilson_interval(p * effective, effective)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -102,7 +99,7 @@ def paired_difference_interval(
     current, baseline = both_correct + current_only, both_correct + baseline_only
     p1, p2 = current / n, baseline / n
     diff = (current_only - baseline_only) / n
-    (l1, u1), (l2, u2) = _wilson(current, n), _wilson(baseline, n)
+    (l1, u1), (l2, u2) = wilson_interval(current, n), wilson_interval(baseline, n)
     margins = (current, n - current, baseline, n - baseline)
     a = both_correct * both_wrong - baseline_only * current_only
     phi = 0.0

@@ -381,9 +381,9 @@ def _clash(clashes: Sequence[tuple[str, str, str]]) -> str | None:
     return f"{said}first {pid}: {a} and {b}; run one of them (-k, or a marker of your own and -m)"
 
 
-def _fail(v: GroupVerdict, detail: str, **extra: Any) -> GroupVerdict:
+def _fail(v: GroupVerdict, detail: str) -> GroupVerdict:
     gate = GateVerdict("baseline", "baseline", False, detail)
-    return replace(v, gates=(*v.gates, gate), **extra)
+    return replace(v, gates=(*v.gates, gate))
 
 
 def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
