@@ -107,7 +107,7 @@ def run_merge(args: argparse.Namespace) -> int:
         run.add_record(record)  # type: ignore[arg-type]  # checked by check_shards
     run.clashes.update(merged.clashes)
     if merged.interrupted:
-        run.interrupted = True
+        run.interrupt()
     first = reports[0]  # the servers the shards ran on: the first shard's, for the report
     inputs, top = run.gather(
         plan,

@@ -118,7 +118,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if state.is_worker:  # a usage error would crash the controller: one line per module
             raise pytest.Collector.CollectError(f"gsm8k: {exc}") from None
         # raised here it would be a collection error with a traceback: one line after collection
-        state.run.data_error = f"gsm8k: {exc}"
+        state.run.fail_data(f"gsm8k: {exc}")
         return
     metafunc.parametrize(
         "gsm8k_problem", [pytest.param(p, id=p.id, marks=GSM8K_MARK) for p in problems]

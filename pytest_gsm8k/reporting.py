@@ -233,7 +233,7 @@ def finish(state: Gsm8kSession) -> None:
     state.sources.finish_started(ok)
     finished = time.time()
     times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
-    run.verdict = verdict = settle(inputs, top, times)
+    run.finish(verdict := settle(inputs, top, times))
     stream = getattr(state.outputs.get("html"), "fd", None) is not None
     page = page_path(settings.html, config.invocation_params.dir, config.rootpath, stream)
     errors = write_outputs(plan, verdict, page, state.outputs, on_terminal=lambda: _newline(state))

@@ -208,7 +208,7 @@ class Aggregator(Role):
             run = self.session.run
             if str(exc) == run.stopped.get(""):  # the run's own early stop
                 return True  # the gates' verdicts are settled: a finished run, not interrupted
-            run.interrupted = True  # stopped before the end (complete: false)
+            run.interrupt()  # stopped before the end (complete: false)
             if "aborted" in self.stops:
                 from xdist.dsession import Interrupted  # type: ignore[import-untyped]
 

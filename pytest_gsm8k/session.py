@@ -157,12 +157,12 @@ class Gsm8kSession:
         if decided is None or early.observed >= early.n_total or run.doubled:
             return None  # (doubled: the full run's verdict needs every test's answers)
         if not name:
-            run.stopped[name] = message = f"gsm8k: {early.headline()}"
+            run.stop_early(name, message := f"gsm8k: {early.headline()}")
             sources.stop(early.headline())
             return message
         how = f"(--gsm8k-early-stop {early.mode}): {early.headline()}"
-        run.stopped[name] = (
-            f"config {name} stopped early {how}; its problems not asked yet are skipped"
+        run.stop_early(
+            name, f"config {name} stopped early {how}; its problems not asked yet are skipped"
         )
         if sources.matrix is not None:
             sources.matrix.stop_config(name, run.stopped[name])

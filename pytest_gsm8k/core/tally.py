@@ -84,6 +84,18 @@ class Tally:
             self.aborted = str(record["error"])
         return fresh
 
+    def interrupt(self) -> None:
+        self.interrupted = True
+
+    def fail_data(self, message: str) -> None:
+        self.data_error = message
+
+    def stop_early(self, name: str, message: str) -> None:
+        self.stopped[name] = message
+
+    def finish(self, verdict: RunVerdict) -> None:
+        self.verdict = verdict
+
     def wanted(self, plan: RunPlan) -> list[Problem]:
         """The selected problems collected (after -k/-m/--lf; all until collection ends)."""
         ids = self.collected_ids
