@@ -18,7 +18,6 @@ from pytest_gsm8k.core.calibrated import (
     Pair,
     difference,
     reach,
-    stability,
 )
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
@@ -126,7 +125,9 @@ def calibration(problems: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _stabilities(sides: Iterable[tuple[int, int]]) -> dict[str, int]:
-    counts = Counter(stability(correct, runs).replace("-", "_") for correct, runs in sides)
+    counts = Counter(
+        "stable_correct" if c == k else "stable_wrong" if c == 0 else "noisy" for c, k in sides
+    )
     return {key: counts[key] for key in ("stable_correct", "stable_wrong", "noisy")}
 
 

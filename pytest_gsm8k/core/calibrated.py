@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Literal
 
 from pytest_gsm8k.core.stats import (
+    Z95,
     hypergeometric_pmf,
     mcnemar_one_sided,
     paired_difference_interval,
@@ -38,7 +38,6 @@ POWER = 0.8
 #: the most repeats a side may hold (--gsm8k-repeats' own bound)
 MAX_REPEATS = 100
 
-Stability = Literal["stable-correct", "stable-wrong", "noisy"]
 #: a law of a sum: (its smallest value, the probabilities of it and each next integer)
 _Law = tuple[int, list[float]]
 #: a problem's scores with their null probabilities: (score, probability), by score
@@ -77,10 +76,6 @@ class Pair:
     def score(self) -> int:
         scores, _ = _null(self.base_correct + self.now_correct, self.base_runs, self.now_runs)
         return scores[self.now_correct]
-
-
-def stability(correct: int, runs: int) -> Stability:
-    return "stable-correct" if correct == runs else "stable-wrong" if correct == 0 else "noisy"
 
 
 @lru_cache(maxsize=4096)
@@ -250,10 +245,6 @@ def evidence(pairs: Sequence[Pair]) -> Evidence:
     return Evidence(flip_p_value(pairs), drop, rise)
 
 
-def p_value(pairs: Sequence[Pair]) -> float:
-    return evidence(pairs).p
-
-
 def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
     """Candidate minus baseline mean rate and its interval: Newcombe's with one run a side,
     else the normal one of the mean per-problem difference (problems the unit)."""
@@ -268,7 +259,7 @@ def difference(pairs: Sequence[Pair]) -> tuple[float, float, float]:
     if n < 2:
         return diff, -1.0, 1.0
     var = math.fsum((x - diff) ** 2 for x in deltas) / (n * (n - 1))
-    half = NormalDist().inv_cdf(0.975) * math.sqrt(var)
+    half = Z95 * math.sqrt(var)
     return diff, max(-1.0, diff - half), min(1.0, diff + half)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_gsm8k.core import baseline as bl
-from pytest_gsm8k.core.calibrated import Pair, p_value
+from pytest_gsm8k.core.calibrated import Pair, evidence
 from pytest_gsm8k.core.gates import (
     MaxShare,
     MinAcc,
@@ -82,7 +82,6 @@ class _WorTest:
         return self.rejected
 
 
-#: the gate specs decided on a count (core/gates.py)
 CountSpec = MinAcc | ToleranceFloor | MaxShare
 
 
@@ -300,7 +299,7 @@ class EarlyStop:
             assert self._noise is not None
             out.update(rule="noise-aware", alpha=self._noise.alpha, observed=len(self._now))
             if self.repeats == 1:
-                out["p_bounds"] = [p_value(pairs) for pairs in extremes(*self._split())]
+                out["p_bounds"] = [evidence(pairs).p for pairs in extremes(*self._split())]
             return out
         spec, n = gate.spec, gate.size * gate.runs
         (low, high), (lo, hi) = gate.bounds(), gate.interval()
@@ -352,11 +351,13 @@ class EarlyStop:
             why = f"at least {low:.4f} already"
         return f"{name} {state} ({why})"
 
-    def headline(self) -> str:
+    def headline(self, stopped: bool = True) -> str:
+        """The stop's line; ``stopped``: the run stopped on the decision (else it was decided)."""
         done = self.decision  # once decided, the gates it settled
         phrases = "; ".join(
             self._gate_phrase(n) for n, v in self._verdicts.items() if not done or v
         )
         if done is None:
             return f"not stopped early ({self.observed} of {self.n_total} problems): {phrases}"
-        return f"stopped after {done.after} of {self.n_total} problems: {phrases}"
+        verb = "stopped" if stopped else "decided"
+        return f"{verb} after {done.after} of {self.n_total} problems: {phrases}"

@@ -41,16 +41,6 @@ def vllm_param_error(keys: Sequence[str], api: str) -> str | None:
     return None
 
 
-def _vllm_extra(params: Sequence[tuple[str, str]], api: str) -> dict[str, Any]:
-    """``--gsm8k-param`` values in gsm8k_eval.py's order, as its command line types them
-    (``--top-p 1`` is the float ``1.0``)."""
-    if error := vllm_param_error([key for key, _ in params], api):
-        raise ValueError(error)
-    given = {key: json.loads(value) for key, value in params}
-    allowed = VLLM_PARAMS[api]
-    return {key: _typed(key, kind, given[key]) for key, kind in allowed.items() if key in given}
-
-
 def _typed(key: str, kind: type, value: Any) -> Any:
     if kind is str or (kind is dict and isinstance(value, dict)):
         return kind(value)
@@ -64,15 +54,19 @@ def _typed(key: str, kind: type, value: Any) -> Any:
 
 
 def vllm_body(prompt: str, api: Api = "completions", params: Sequence[tuple[str, str]] = ()) -> str:
-    """The exact JSON text gsm8k_eval.py posts for ``prompt`` (docs/protocols.md)."""
+    """The exact JSON text gsm8k_eval.py posts for ``prompt`` (docs/protocols.md): the
+    ``--gsm8k-param`` values last, in its order, as its command line types them (``--top-p 1``
+    is the float ``1.0``)."""
+    if error := vllm_param_error([key for key, _ in params], api):
+        raise ValueError(error)
+    given = {key: json.loads(value) for key, value in params}
+    extra = {k: _typed(k, kind, given[k]) for k, kind in VLLM_PARAMS[api].items() if k in given}
     data: dict[str, Any]
     if api == "chat":
         data = {"messages": [{"role": "user", "content": prompt}], "max_tokens": VLLM.max_tokens}
     else:
         data = {"prompt": prompt, "max_tokens": VLLM.max_tokens, "stop": list(VLLM.stop)}
-    return json.dumps(
-        {**data, "temperature": VLLM.temperature, "seed": VLLM.seed, **_vllm_extra(params, api)}
-    )
+    return json.dumps({**data, "temperature": VLLM.temperature, "seed": VLLM.seed, **extra})
 
 
 def vllm_request(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar, Literal, cast
 
-from pytest_gsm8k.core.calibrated import Evidence, Pair, difference, evidence, p_value
+from pytest_gsm8k.core.calibrated import Evidence, Pair, difference, evidence
 from pytest_gsm8k.core.records import GateRecord, Outcome, Word
 from pytest_gsm8k.core.scrub import printable
 
@@ -171,8 +171,6 @@ class ToleranceFloor(_Accuracy):
 
 #: the outcomes an answer-format health gate may count (``--gsm8k-max-<outcome>``)
 HEALTH_OUTCOMES: tuple[Outcome, ...] = ("unparsed", "truncated", "error")
-#: how a gate's sentence names the problems of each counted outcome
-_HEALTH_WORDS = {"unparsed": "unparsed", "truncated": "truncated", "error": "ended in an error"}
 
 
 @dataclass(frozen=True)
@@ -194,8 +192,8 @@ class MaxShare(_CountRule):
         return f"--gsm8k-max-{self.outcome}"
 
     @property
-    def words(self) -> str:
-        return _HEALTH_WORDS[self.outcome]
+    def words(self) -> str:  # how its sentence names the problems of its outcome
+        return "ended in an error" if self.outcome == "error" else self.outcome
 
     def allowed(self, n: int) -> int:
         return max_share_count(self.rate, n)
@@ -306,9 +304,9 @@ class NoiseAware:
         base_runs)``) could change, else None: all fail and all succeed are the extremes for
         single candidate runs (core/calibrated.py)."""
         worst, best = extremes(seen, unseen)
-        if not self._fails(p_value(worst), _drop(worst)):
+        if not self._fails(evidence(worst).p, _drop(worst)):
             return "PASS" if self.cannot_fail(worst) is None else None
-        return "FAIL" if self._fails(p_value(best), _drop(best)) else None
+        return "FAIL" if self._fails(evidence(best).p, _drop(best)) else None
 
 
 def extremes(seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]) -> list[list[Pair]]:
@@ -320,4 +318,4 @@ def extremes(seen: Sequence[Pair], unseen: Sequence[tuple[str, int, int]]) -> li
 def _all_wrong(sides: tuple[tuple[int, int, int], ...]) -> tuple[float, float]:
     """The p and drop with every candidate answer wrong (cached: the early stop asks often)."""
     worst = [Pair(str(i), c, k, 0, runs) for i, (c, k, runs) in enumerate(sides)]
-    return p_value(worst), _drop(worst)
+    return evidence(worst).p, _drop(worst)

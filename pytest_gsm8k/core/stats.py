@@ -7,33 +7,25 @@ import math
 from collections.abc import Sequence
 from statistics import NormalDist
 
-
-def _z_value(confidence: float) -> float:
-    """Two-sided standard-normal quantile for ``confidence`` (1.96 for 0.95)."""
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
-    return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+#: every interval is a 95% one: the two-sided standard-normal quantile (1.96)
+Z95 = NormalDist().inv_cdf(0.975)
 
 
-def _wilson(k: float, n: float, z: float) -> tuple[float, float]:
-    """Wilson's score interval for ``k`` of ``n > 0``; the exact ends at 0 and n."""
-    p, z2 = k / n, z * z
+def wilson_interval(k: float, n: float) -> tuple[float, float]:
+    """Wilson's 95% score interval for ``k`` of ``n`` (Wald's collapses at 0% and 100%, where
+    small smoke subsets live): the exact ends at 0 and n; ``(0, 1)`` for ``n == 0``."""
+    if n < 0 or not 0 <= k <= max(n, 0):
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = k / n, Z95 * Z95
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2.0 * n)) / denom
-    half = z * math.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
+    half = Z95 * math.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
     return (
         0.0 if k == 0 else max(0.0, centre - half),
         1.0 if k == n else min(1.0, centre + half),
     )
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson's interval for ``k`` of ``n`` (Wald's collapses at 0% and 100%, where small
-    smoke subsets live); ``(0, 1)`` for ``n == 0``."""
-    if n < 0 or not 0 <= k <= max(n, 0):
-        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    z = _z_value(confidence)
-    return _wilson(k, n, z) if n else (0.0, 1.0)
 
 
 def accuracy_interval(rates: Sequence[float], runs: int) -> tuple[float, float]:
@@ -47,7 +39,7 @@ def accuracy_interval(rates: Sequence[float], runs: int) -> tuple[float, float]:
     p = math.fsum(rates) / n
     var = math.fsum((r - p) ** 2 for r in rates) / (n * n)
     effective = n * runs if var <= 0.0 or p in (0.0, 1.0) else min(n * runs, p * (1 - p) / var)
-    return _wilson(p * effective, effective, _z_value(0.95))
+    return wilson_interval(p * effective, effective)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -92,7 +84,6 @@ def paired_difference_interval(
     baseline_only: int,
     current_only: int,
     both_wrong: int,
-    confidence: float = 0.95,
 ) -> tuple[float, float, float]:
     """``(diff, low, high)``: the accuracy change (current - baseline) on the paired 2x2
     table, with Newcombe's method 10 interval (Newcombe 1998, Stat. Med. 17:2635-2650): the
@@ -102,14 +93,13 @@ def paired_difference_interval(
     cells = (both_correct, baseline_only, current_only, both_wrong)
     if any(x < 0 for x in cells):
         raise ValueError(f"cell counts must be non-negative, got {cells}")
-    z = _z_value(confidence)
     n = sum(cells)
     if n == 0:
         return 0.0, -1.0, 1.0
     current, baseline = both_correct + current_only, both_correct + baseline_only
     p1, p2 = current / n, baseline / n
     diff = (current_only - baseline_only) / n
-    (l1, u1), (l2, u2) = _wilson(current, n, z), _wilson(baseline, n, z)
+    (l1, u1), (l2, u2) = wilson_interval(current, n), wilson_interval(baseline, n)
     margins = (current, n - current, baseline, n - baseline)
     a = both_correct * both_wrong - baseline_only * current_only
     phi = 0.0

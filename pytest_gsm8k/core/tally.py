@@ -240,16 +240,8 @@ def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
 
     if early is None:
         return None
-    decision = early.decision
-    return EarlyOutcome(
-        mode=early.mode,
-        decided=decision is not None,
-        stopped=decision is not None and stopped,
-        verdicts=dict(decision.verdicts) if decision is not None else {},
-        headline=early.headline(),
-        n_total=early.n_total,
-        record=early.to_json(),
-    )
+    stopped = stopped and early.decision is not None
+    return EarlyOutcome(early.to_json(), early.headline(stopped), stopped)
 
 
 #: what two records of one problem must share to be one answer (the fields a verdict reads)

@@ -57,16 +57,13 @@ class Selection:
 
 @dataclass(frozen=True)
 class EarlyOutcome:
-    """One group's early stop, frozen at the end of the loop (core/early_stop.py):
-    ``decided`` by its last problem, ``stopped`` before it; a verdict None is moot."""
+    """One group's early stop, frozen at the end of the loop (core/early_stop.py): its
+    ``record`` (the report's block), its line, and whether it ``stopped`` the group before
+    its last problem; a verdict None in the record is moot."""
 
-    mode: str
-    decided: bool
-    stopped: bool
-    verdicts: Mapping[str, Verdict | None]
-    headline: str
-    n_total: int
     record: Mapping[str, Any]
+    headline: str
+    stopped: bool
 
 
 @dataclass(frozen=True)
@@ -298,16 +295,19 @@ def decide(
     extra: dict[str, Any] = dict(group.extra)
     notes = []
     if selection.unreached:
-        notes.append(f"  {selection.unreached} of the errors were not reached: {_UNREACHED}")
+        notes.append(
+            f"  {selection.unreached} of the errors were not reached: the run stopped on the "
+            "endpoint failure (pytest counts them as skipped)"
+        )
     if early is not None:
         extra["early_stop"] = dict(early.record)
-        said, n = early.headline, early.n_total
-        if early.decided and not early.stopped and early.record.get("decided_after", n) != n:
-            said = said.replace("stopped", "decided", 1) + "; not stopped: two tests ask a problem"
+        said, n, after = early.headline, early.record["n_total"], early.record["decided_after"]
+        if after is not None and after < n and not early.stopped:
+            said += "; not stopped: two tests ask a problem"
             extra["early_stop"]["not_stopped"] = "two tests ask a problem"  # (render.config_rows)
-        elif group.name and early.decided and not early.stopped:
+        elif group.name and after == n:
             said = f"not stopped early: its verdicts were open until the last of its {n} problems"
-        notes.append(f"  early stop ({early.mode}): {said}")
+        notes.append(f"  early stop ({early.record['mode']}): {said}")
     v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
     specs, gates = group.specs, []
@@ -346,9 +346,10 @@ def _early(gate: GateVerdict, early: EarlyOutcome, config: str, writing: bool) -
     """A gate the early stop settled takes its decision (the partial counts' verdict would
     not be the full run's; the decision's is, exactly or within its alpha)."""
     key = FLOOR if gate.rule == FLOOR else gate.name
-    if key not in early.verdicts or (writing and key == "baseline"):
+    verdicts: Mapping[str, Verdict | None] = early.record["verdicts"]
+    if key not in verdicts or (writing and key == "baseline"):
         return gate
-    decided, threshold = early.verdicts[key], None if key == "baseline" else gate.threshold
+    decided, threshold = verdicts[key], None if key == "baseline" else gate.threshold
     moot = f"undecided: the {'config' if config else 'run'} stopped early on another gate's FAIL"
     said = early.headline if decided is not None else moot
     return GateVerdict(
@@ -366,7 +367,8 @@ def _coverage(v: GroupVerdict, stopped_early: bool) -> tuple[GateVerdict, ...]:
     stopped = "; the run was interrupted" if v.selection.interrupted else ""
     said = [f"{deselected} {of} were deselected ({v.selection.deselected_by})"] * bool(deselected)
     said += [f"{missing} {of} have no result (skipped, or not reached{stopped})"] * (missing > 0)
-    whys = [f"{' and '.join(said)}; {_WHOLE}"] if said else []
+    whole = "run the whole selection (a subset on purpose: --gsm8k-limit)"
+    whys = [f"{' and '.join(said)}; a gate holds for the whole selection: {whole}"] if said else []
     whys += [v.selection.not_whole] if v.selection.not_whole else []
     return tuple(undecided(g, "; ".join(whys)) for g in v.gates) if whys else v.gates
 
@@ -379,14 +381,9 @@ def _clash(clashes: Sequence[tuple[str, str, str]]) -> str | None:
     return f"{said}first {pid}: {a} and {b}; run one of them (-k, or a marker of your own and -m)"
 
 
-_UNREACHED = "the run stopped on the endpoint failure (pytest counts them as skipped)"
-_WHOLE = "a gate holds for the whole selection: run the whole selection"
-_WHOLE += " (a subset on purpose: --gsm8k-limit)"
-
-
-def _fail(v: GroupVerdict, detail: str, **extra: Any) -> GroupVerdict:
+def _fail(v: GroupVerdict, detail: str) -> GroupVerdict:
     gate = GateVerdict("baseline", "baseline", False, detail)
-    return replace(v, gates=(*v.gates, gate), **extra)
+    return replace(v, gates=(*v.gates, gate))
 
 
 def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:

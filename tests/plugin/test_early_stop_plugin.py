@@ -107,6 +107,23 @@ def test_sequential_passes_a_good_model_early_with_its_interval(
     )
 
 
+@XDIST
+def test_a_run_decided_at_its_last_problem_says_decided_not_stopped(
+    gsm8k_run: GsmRun, xdist: list[str]
+) -> None:
+    """Rule: the summary says what the run did. Every answer right against min-acc 1.0 settles
+    the gate only with the last answer: nothing was skipped, so the run was decided, not
+    stopped (it said "stopped after 10 of 10 problems": seen failing before the fix)."""
+    result, data = gsm8k_run(
+        "--gsm8k-limit=10", "--gsm8k-min-acc=1.0", "--gsm8k-early-stop=certain", "--gsm8k-no-cache"
+    )
+    assert (data["early_stop"]["decided_after"], data["early_stop"]["n_total"]) == (10, 10)
+    result.stdout.fnmatch_lines(
+        ["*early stop (certain): decided after 10 of 10 problems: min-acc verdict PASS is certain*"]
+    )
+    result.stdout.no_fnmatch_line("*stopped after*")
+
+
 def test_an_early_stop_with_k_counts_the_selected_problems(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

@@ -16,7 +16,6 @@ from pytest_gsm8k.core.calibrated import (
     difference,
     evidence,
     flip_p_value,
-    p_value,
     rate_p_values,
     reach,
 )
@@ -78,7 +77,7 @@ def test_single_runs_give_exactly_mcnemar(failing: int, passing: int) -> None:
     pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(failing)]
     pairs += [Pair(f"p{i}", 0, 1, 1, 1) for i in range(passing)]
     pairs += [Pair("same1", 1, 1, 1, 1), Pair("same0", 0, 1, 0, 1)]
-    assert p_value(pairs) == pytest.approx(mcnemar_one_sided(failing, passing), rel=1e-12)
+    assert evidence(pairs).p == pytest.approx(mcnemar_one_sided(failing, passing), rel=1e-12)
 
 
 def test_a_stable_problem_that_fails_weighs_more_than_a_noisy_one() -> None:
@@ -146,7 +145,7 @@ def test_each_further_failure_can_only_lower_p(seed: int) -> None:
                 Pair(pair.problem_id, pair.base_correct, pair.base_runs, d + 1, pair.now_runs),
                 *pairs[i + 1 :],
             ]
-            assert p_value(lower) <= p_value(higher) + 1e-12
+            assert evidence(lower).p <= evidence(higher).p + 1e-12
 
 
 def test_the_p_value_is_valid_under_the_null_by_simulation() -> None:
@@ -162,7 +161,7 @@ def test_the_p_value_is_valid_under_the_null_by_simulation() -> None:
             c = sum(rng.random() < rate for _ in range(3))
             d = int(rng.random() < rate)
             pairs.append(Pair(str(i), c, 3, d, 1))
-        rejections += p_value(pairs) < alpha
+        rejections += evidence(pairs).p < alpha
     assert rejections / trials <= alpha + 2 * math.sqrt(alpha * (1 - alpha) / trials)
 
 
@@ -191,7 +190,7 @@ def test_a_full_run_is_cheap() -> None:
             )
         )
     started = time.perf_counter()
-    assert p_value(pairs) < 1e-6
+    assert evidence(pairs).p < 1e-6
     assert time.perf_counter() - started < 20
 
 
@@ -301,7 +300,7 @@ def test_a_right_k_of_k_problem_is_not_certain() -> None:
     candidate miss among them (what a 0.97-rate problem does). Only that one is
     informative: t = 5 of 6, P(D = 0) = 1/6 for both statistics, so p = (1/6) / (3/4)."""
     pairs = [Pair(f"s{i}", 5, 5, int(i != 0), 1) for i in range(20)]
-    assert p_value(pairs) == pytest.approx(2 / 9, rel=1e-12)
+    assert evidence(pairs).p == pytest.approx(2 / 9, rel=1e-12)
 
 
 def test_the_rate_statistic_sees_a_spread_drop_the_flips_miss() -> None:

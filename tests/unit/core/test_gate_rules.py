@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from pytest_gsm8k.core.calibrated import Pair, p_value
+from pytest_gsm8k.core.calibrated import Pair, evidence
 from pytest_gsm8k.core.gates import (
     GateVerdict,
     MaxShare,
@@ -275,6 +275,6 @@ def test_noise_aware_cannot_fail_exactly_when_no_candidate_outcome_fails(
                     [Pair(i, c, k, d, 1) for (i, c, k), d in zip(baseline, now, strict=True)]
                     for now in outcomes
                 )
-                fails = any(rule._fails(p_value(pairs), _drop(pairs)) for pairs in every)
+                fails = any(rule._fails(evidence(pairs).p, _drop(pairs)) for pairs in every)
                 pairs = [Pair(i, c, k, 1, 1) for i, c, k in baseline]
                 assert (rule.cannot_fail(pairs) is None) is fails, (base, runs)

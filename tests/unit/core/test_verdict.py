@@ -152,15 +152,8 @@ CLASH = (
 
 
 def _early(verdict: str | None) -> EarlyOutcome:
-    return EarlyOutcome(
-        mode="certain",
-        decided=True,
-        stopped=True,
-        verdicts={"min-acc": verdict},  # type: ignore[dict-item]
-        headline=STOP,
-        n_total=4,
-        record={"mode": "certain", "decided_after": 2, "n_total": 4},
-    )
+    record = {"mode": "certain", "decided_after": 2, "n_total": 4, "verdicts": {"min-acc": verdict}}
+    return EarlyOutcome(record, STOP, stopped=True)
 
 
 @pytest.mark.parametrize("matrix", [False, True], ids=["run", "matrix"])
@@ -278,7 +271,8 @@ def _resumed(matrix: bool) -> RunVerdict:
 
 
 def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> None:
-    early = EarlyOutcome("certain", True, False, {"min-acc": "FAIL"}, "h", 4, {})
+    record = {"mode": "certain", "decided_after": 4, "n_total": 4, "verdicts": {"min-acc": "FAIL"}}
+    early = EarlyOutcome(record, "h", stopped=False)
     verdict = _decide(False, "cccc", early=early)
     assert _min_acc(verdict, False)[0] == "PASS"
     # a config says it was not stopped; a run says the early stop's own line
@@ -298,10 +292,9 @@ def test_an_early_stop_decided_before_the_last_problem_but_not_stopped_says_why_
     verdicts were open until the last of its 4 problems" though it decided after 2 (seen
     failing before the fix), and its table row said it stopped "after 2 of 4"; a config says
     what the run says."""
-    headline = "stopped after 2 of 4 problems: min-acc verdict FAIL is certain"
-    early = EarlyOutcome(
-        "certain", True, False, {"min-acc": "FAIL"}, headline, 4, {"decided_after": 2, "n_total": 4}
-    )
+    headline = "decided after 2 of 4 problems: min-acc verdict FAIL is certain"
+    record = {"mode": "certain", "decided_after": 2, "n_total": 4, "verdicts": {"min-acc": "FAIL"}}
+    early = EarlyOutcome(record, headline, stopped=False)
     said = "  early stop (certain): decided after 2 of 4 problems: min-acc verdict FAIL is "
     said += "certain; not stopped: two tests ask a problem"
     assert said in _decide(False, "cccc", early=early).notes
