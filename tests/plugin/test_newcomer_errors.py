@@ -271,7 +271,6 @@ def _seen(result: pytest.RunResult) -> tuple[str, str, str]:
     return rootdir.split(",")[0], collected.group(1), gate.group(1)
 
 
-@XDIST
 def test_path_options_written_with_a_space_warn_and_the_equals_form_keeps_the_rootdir(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
@@ -279,25 +278,20 @@ def test_path_options_written_with_a_space_warn_and_the_equals_form_keeps_the_ro
     gsm8k_run: GsmRun,
     gsm8k_data: Path,
     tmp_path_factory: pytest.TempPathFactory,
-    xdist: list[str],
 ) -> None:
     """pytest picks the rootdir before it knows the plugin's options, so an existing value
     written with a space is a test path to it (pytest-dev/pytest#8846) and no public API can
     undo that: ``--gsm8k-x=PATH`` (README) keeps the project's rootdir, ini and baseline, and
-    the spaced form says so in one line (rule: no silent change of what the run reads)."""
+    the spaced form says so in one line (rule: no silent change of what the run reads),
+    plain and under -n 2 (one set-up and one joined run for both: they are plain either way)."""
     _project(pytester)
     out = tmp_path_factory.mktemp("outside")
     report = out / "r.json"
     data = gsm8k_data  # a folder outside the project, as the report's
     # 7 problems: the fewest a single-run baseline gate can fail on at alpha 0.01 (rule 2)
     args = ["--gsm8k-limit=7"]
-    gsm8k_run(  # the set-up: plain under -n 2 too (what crosses processes is the warning)
-        *args,
-        f"--gsm8k-data={data}",
-        f"--gsm8k-report={report}",
-        "--snapshot-update",
-        report=None,
-        xdist=(),
+    gsm8k_run(  # the set-up: plain (what crosses processes is the warning)
+        *args, f"--gsm8k-data={data}", f"--gsm8k-report={report}", "--snapshot-update", report=None
     )
     assert report.exists()
     assert data.exists()
@@ -308,18 +302,19 @@ def test_path_options_written_with_a_space_warn_and_the_equals_form_keeps_the_ro
         f"--gsm8k-report={report}",
         "--gsm8k-require-baseline",
     )
-    spaced = pytester.runpytest(
-        *gsm8k_args, *xdist, *args, "--gsm8k-data", str(data), "--gsm8k-report", str(report)
-    )
     assert joined.ret == 0, output(joined)
     assert _seen(joined) == (f"rootdir: {pytester.path}", "8", "PASS")
     assert "PASSED tests/test_unit.py::test_unit" in output(joined), output(joined)  # addopts
     assert read_json(report)["n"] == 7
     assert "written with a space" not in output(joined)
-    warned = [line for line in output(spaced).splitlines() if "written with a space" in line]
-    assert len(warned) == 1, output(spaced)
-    assert "gsm8k: --gsm8k-data, --gsm8k-report written with a space" in warned[0]
-    assert "write --gsm8k-data=PATH" in warned[0], warned[0]
+    for xdist in ([], ["-n", "2"]):
+        spaced = pytester.runpytest(
+            *gsm8k_args, *xdist, *args, "--gsm8k-data", str(data), "--gsm8k-report", str(report)
+        )
+        warned = [line for line in output(spaced).splitlines() if "written with a space" in line]
+        assert len(warned) == 1, (xdist, output(spaced))
+        assert "gsm8k: --gsm8k-data, --gsm8k-report written with a space" in warned[0]
+        assert "write --gsm8k-data=PATH" in warned[0], warned[0]
 
 
 @pytest.mark.parametrize(

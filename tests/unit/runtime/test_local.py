@@ -321,10 +321,16 @@ def test_start_rejects_a_non_gguf_before_spawning(tmp_path: Path) -> None:
 # The real server
 
 
+#: a server whose size is not the subject: one thread (two spin against the suite's other
+#: worker, see tests/plugin/test_local_e2e.py) and a short context (the KV cache of the default
+#: 2048 is most of a start's CPU); a prompt here is a few tokens
+SMALL: dict[str, Any] = {"threads": 1, "n_ctx": 256}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     log = tmp_path_factory.mktemp("local") / "server.log"
-    srv = start_local_server(resolve_model("local"), alias=DEFAULT_ALIAS, log_path=log)
+    srv = start_local_server(resolve_model("local"), alias=DEFAULT_ALIAS, log_path=log, **SMALL)
     try:
         yield srv
     finally:
@@ -379,7 +385,7 @@ def test_stop_leaves_no_process_and_no_death_report(
                     resolve_model("local"),
                     alias=DEFAULT_ALIAS,
                     log_path=tmp_path / "s.log",
-                    n_ctx=256,
+                    **SMALL,
                 )
             )
         )
@@ -487,7 +493,7 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
     SIGSEGV). The probe must say so with the signal, the log's tail and the rebuild command,
     and the watcher must report a death at once, never as an unreachable endpoint."""
     srv = start_local_server(
-        resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "server.log"
+        resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "server.log", **SMALL
     )
     died: list[str] = []
     try:
