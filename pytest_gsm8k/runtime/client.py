@@ -167,7 +167,7 @@ async def bounded_body(coding: str, chunks: AsyncIterator[bytes]) -> AsyncIterat
                 if inflater.eof:
                     break  # anything after the end of the compressed data is ignored
                 out = inflater.decompress(inflater.unconsumed_tail, PIECE)
-        if inflater is not None and (tail := inflater.flush()):
+        if inflater is not None and (tail := inflater.flush()):  # bounded: input all consumed
             yield counted(tail)
     except zlib.error:
         raise Refused("the endpoint's reply is not valid compressed data") from None
