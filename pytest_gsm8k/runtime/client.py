@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from pytest_gsm8k.core.retry import MAX_RETRY_AFTER, retry_after
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL
 from pytest_gsm8k.core.types import Completion, ModelCallable, ModelResponse, Request, valid_usage
-from pytest_gsm8k.runtime.failures import Said, bad_reply
+from pytest_gsm8k.runtime.failures import Said, bad_reply, first_line
 
 #: the most one problem's answer may take, decoded (a gzip bomb stops here) or as the JSON of
 #: its samples: answers are kilobytes, and up to --gsm8k-concurrency replies are held at once
@@ -86,7 +86,11 @@ WBITS = {"gzip": 31, "x-gzip": 31, "deflate": 15, "": 0}
 
 
 class Refused(Exception):
-    """The reply cannot be read within the bound (too large, or an encoding not asked for)."""
+    """The reply cannot be read within the bound (too large, or an encoding not asked for); a
+    message quoting the server's headers is cut as :func:`first_line` cuts outside text."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(first_line(message))
 
 
 def mib(size: int) -> str:
@@ -163,7 +167,7 @@ async def bounded_body(coding: str, chunks: AsyncIterator[bytes]) -> AsyncIterat
                 if inflater.eof:
                     break  # anything after the end of the compressed data is ignored
                 out = inflater.decompress(inflater.unconsumed_tail, PIECE)
-        if inflater is not None and (tail := inflater.flush()):
+        if inflater is not None and (tail := inflater.flush()):  # bounded: input all consumed
             yield counted(tail)
     except zlib.error:
         raise Refused("the endpoint's reply is not valid compressed data") from None

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from pytest_gsm8k.core.scrub import Scrubber
 from pytest_gsm8k.runtime import client
 from pytest_gsm8k.runtime.client import PIECE, Breaker, Refused, bounded_body, reply_coding
 
@@ -58,6 +59,24 @@ def test_the_bounded_decoder_refuses_what_it_cannot_bound(monkeypatch: pytest.Mo
     assert decoded("", [b"x" * 10]) == [b"x" * 10]
     with pytest.raises(Refused, match=r"over .* MiB decoded"):
         decoded("", [b"x" * 10, b"x"])
+
+
+KEY = "sk-" + "k" * 40
+#: a server's Content-Encoding of 5,000 characters, sending the key back where a cut falls
+LONG = "z" * 150 + KEY + "z" * 5000
+
+
+@pytest.mark.parametrize("encodings", [[LONG], ["gzip", LONG], ["gzip"] * 3000])
+def test_a_coding_the_refusal_quotes_is_cut_at_the_messages_end(encodings: list[str]) -> None:
+    """Rule: outside text a message quotes is bounded (first_line: 200 characters), cut at the
+    message's end, where the scrubber hides a key the cut falls inside (a server's
+    Content-Encoding was printed and stored whole, for every item)."""
+    with pytest.raises(Refused) as info:
+        reply_coding(Breaker(), 200, {}, encodings)
+    message = str(info.value)
+    assert message.startswith("the endpoint's reply is encoded "), message
+    assert len(message) <= 200, len(message)
+    assert KEY[:6] not in Scrubber(KEY).text(message, cut=True)
 
 
 def test_what_follows_the_end_of_compressed_data_is_read_and_ignored() -> None:
