@@ -15,8 +15,6 @@ from fractions import Fraction
 from typing import overload
 
 RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible", "last-int")
-#: rules that read the whole text, ``<think>`` included, as the peers they copy do
-WHOLE_TEXT_RULES: tuple[str, ...] = ("last-int",)
 #: the GSM8K seed's rule, verbatim so strict scores match other harnesses
 STRICT_PATTERN = r"####\s*(-?[\d,]+(?:\.\d+)?)"
 #: the largest difference still equal (``0.3333333`` against a rounded gold)
@@ -169,15 +167,6 @@ def _extract(rule: str, text: str, visible: str, pattern: re.Pattern[str] | None
     return _last_prose_number(visible)  # flexible
 
 
-def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
-    """The final answer in ``text`` under ``rule``; ``pattern``: ``--gsm8k-answer-regex``,
-    the strict rule's. ValueError for an unknown rule (a typo must not score everything wrong)."""
-    if rule not in RULES:
-        raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
-    visible = text if rule in WHOLE_TEXT_RULES else strip_reasoning(text)
-    return _extract(rule, text, visible, pattern)
-
-
 def gold_number(answer: str) -> Decimal:
     """The number after the last ``####`` of a GSM8K ``answer``; ValueError otherwise (a bad
     row stops the evaluation rather than failing every model)."""
@@ -223,8 +212,9 @@ class SampleScore:
 def score_text(
     text: str, gold: Decimal, pattern: re.Pattern[str] | None = None, label: Decimal | None = None
 ) -> SampleScore:
-    """One completion against ``gold`` under every rule; ``label``: what ``last-int``
-    compares with (its peers take the answer's last integer; ``gold`` when not given)."""
+    """One completion against ``gold`` under every rule; ``pattern``: --gsm8k-answer-regex (the
+    strict rule's); ``label``: what ``last-int`` compares with (its peers take the answer's last
+    integer; ``gold`` when not given)."""
     visible = strip_reasoning(text)
     extracted = {rule: _extract(rule, text, visible, pattern) for rule in RULES}
     correct = {
