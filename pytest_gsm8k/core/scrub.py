@@ -190,12 +190,8 @@ def printable(text: str) -> str:
     """``text`` fit for one terminal line: ANSI escapes and control characters removed
     (newlines -> spaces), invisible format characters shown as escapes (``\\u202e``)."""
     text = _ANSI.sub("", text).replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
-    return _FORMAT.sub(_escape, _CONTROL.sub("", text))  # lone surrogates too
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match[0])
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    # every _FORMAT character (lone surrogates too) is above U+00FF: a \uXXXX or \UXXXXXXXX
+    return _FORMAT.sub(lambda m: m[0].encode("unicode_escape").decode(), _CONTROL.sub("", text))
 
 
 def md_text(text: str) -> str:
