@@ -22,7 +22,6 @@ MAX_SAMPLES = 1024
 #: core/scoring.py's RULES (a test keeps them equal): pytest's start does not import scoring
 EXTRACTORS = ("strict", "answer-is", "boxed", "flexible", "last-int")
 OMIT = "none"  # an ``omit`` option's value that leaves the field out of the request body
-PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
 class SettingsError(Exception):
@@ -310,99 +309,10 @@ CONFIG_SETS_ASIDE = {"min_acc": "each config's accuracy_threshold - tolerance is
 SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own URL"}
 
 
-@dataclass
-class _Read:
-    """The options as read: values by key, the keys given, those given by the ini."""
-
-    values: dict[str, Any]
-    given: set[str]
-    ini: set[str]
-    warn: Callable[[str], None]
-
-    def mode_wins(self, mode: str, decides: Mapping[str, str]) -> None:
-        """A value a mode decides: refused from the command line, set aside with a note from the
-        ini (written for another recipe)."""
-        for key, why in decides.items():
-            if key not in self.given:
-                continue
-            option = _BY_FIELD[key]
-            if key not in self.ini:
-                raise SettingsError(f"{option.flag} cannot be combined with {mode}: {why}")
-            self.warn(f"ini {option.dest} set aside: {mode} runs ({why}); {option.flag}= clears it")
-            self.given.discard(key)
-            self.values[key] = option.default
-
-    def old_config(self, exists: Callable[[str], bool]) -> None:
-        """The old ``--gsm8k-config main|socratic``: the dataset config, with a note (refused
-        when a file of that name exists: ambiguous)."""
-        value, values = self.values["vllm_config"], self.values
-        if value not in DATASET_CONFIGS:
-            return
-        if exists(value):
-            raise SettingsError(
-                f"--gsm8k-config {value}: a file or folder named {value!r} exists here; write "
-                f"--gsm8k-config ./{value} for vLLM configs or --gsm8k-dataset-config {value} "
-                "for the dataset config"
-            )
-        if "dataset_config" in self.given and values["dataset_config"] != value:
-            raise SettingsError(
-                f"--gsm8k-config {value} and --gsm8k-dataset-config {values['dataset_config']} "
-                "disagree; give --gsm8k-dataset-config only"
-            )
-        self.warn(
-            f"--gsm8k-config {value} selects the dataset config: write --gsm8k-dataset-config "
-            f"{value} (--gsm8k-config now takes vLLM config files)"
-        )
-        values.update(dataset_config=value, vllm_config=None)
-        self.given.discard("vllm_config")
-        self.given.add("dataset_config")
-
-    def preset(self, name: str) -> None:
-        """The preset's values; any of them given as well is refused (the peer's protocol)."""
-        from pytest_gsm8k.core.presets import PRESETS, preset_settings
-
-        chosen = {key: self.values[key] for key in ("api", "shots") if key in self.given}
-        try:
-            fixed = preset_settings(name, **chosen)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
-        spec = PRESETS[name]
-        for key in (*fixed, *spec.also_fixed):
-            if key in self.given and key not in ("preset", "api", *spec.adjustable):
-                flag = _BY_FIELD[key].flag
-                raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
-        self.values.update(fixed)
-
-
-def _config_mode(read: _Read) -> None:
-    """--gsm8k-config: what the configs decide wins; what cannot follow vLLM's test is refused."""
-    values = read.values
-    sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if key in read.ini}
-    read.mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
-    if values["early_stop"] == "sequential":
-        # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
-        raise SettingsError(
-            "--gsm8k-early-stop sequential cannot be combined with --gsm8k-config: each "
-            "config's verdict is vLLM's exact comparison over its first num_questions "
-            "problems (--gsm8k-early-stop certain stops each config once its verdict is fixed)"
-        )
-    if "preset" in read.given and values["preset"] != "vllm":
-        raise SettingsError(
-            f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
-            "every config runs --gsm8k-preset vllm (vLLM's own requests)"
-        )
-    if values["serve"] and "{server_args}" not in values["serve"]:
-        # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
-        read.warn(
-            "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
-            "vLLM's test adds are not passed to the server"
-        )
-
-
 def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
     """The protocol's N, checked, and the settings that depend on it."""
     protocol = values["protocol"] = values["protocol"].strip()
-    match = PROTOCOL_RE.match(protocol)
+    match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
     if not match:
         raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
     samples = int(match.group(3) or 1)
@@ -425,21 +335,95 @@ def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
     return samples
 
 
-def _across(read: _Read, exists: Callable[[str], bool]) -> int:
+def _across(
+    values: dict[str, Any],
+    given: set[str],
+    ini: set[str],
+    warn: Callable[[str], None],
+    exists: Callable[[str], bool],
+) -> int:
     """The rules that relate options, in order: the modes, the preset or the local model, the
-    protocol, the checks beyond a range. Returns the protocol's N."""
-    values, given = read.values, read.given
-    read.old_config(exists)
+    protocol, the checks beyond a range. ``given``: the fields set, ``ini``: those the ini set.
+    Returns the protocol's N."""
+
+    def mode_wins(mode: str, decides: Mapping[str, str]) -> None:
+        """A value a mode decides: refused from the command line, set aside with a note from the
+        ini (written for another recipe)."""
+        for key, why in decides.items():
+            if key not in given:
+                continue
+            option = _BY_FIELD[key]
+            if key not in ini:
+                raise SettingsError(f"{option.flag} cannot be combined with {mode}: {why}")
+            warn(f"ini {option.dest} set aside: {mode} runs ({why}); {option.flag}= clears it")
+            given.discard(key)
+            values[key] = option.default
+
+    # the old --gsm8k-config main|socratic: the dataset config, with a note (refused when a file
+    # of that name exists: ambiguous)
+    if (old := values["vllm_config"]) in DATASET_CONFIGS:
+        if exists(old):
+            raise SettingsError(
+                f"--gsm8k-config {old}: a file or folder named {old!r} exists here; write "
+                f"--gsm8k-config ./{old} for vLLM configs or --gsm8k-dataset-config {old} "
+                "for the dataset config"
+            )
+        if "dataset_config" in given and values["dataset_config"] != old:
+            raise SettingsError(
+                f"--gsm8k-config {old} and --gsm8k-dataset-config {values['dataset_config']} "
+                "disagree; give --gsm8k-dataset-config only"
+            )
+        warn(
+            f"--gsm8k-config {old} selects the dataset config: write --gsm8k-dataset-config "
+            f"{old} (--gsm8k-config now takes vLLM config files)"
+        )
+        values.update(dataset_config=old, vllm_config=None)
+        given.discard("vllm_config")
+        given.add("dataset_config")
     if values["vllm_config"]:
-        _config_mode(read)
-    if values["serve"] or is_local_spec(values["model"]):
-        read.mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
-    if values["preset"] is not None:
-        read.preset(values["preset"])
-    elif is_local_spec(values["model"]):
+        # what the configs decide wins; what cannot follow vLLM's test is refused
+        sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if key in ini}
+        mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
+        if values["early_stop"] == "sequential":
+            # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
+            raise SettingsError(
+                "--gsm8k-early-stop sequential cannot be combined with --gsm8k-config: each "
+                "config's verdict is vLLM's exact comparison over its first num_questions "
+                "problems (--gsm8k-early-stop certain stops each config once its verdict is fixed)"
+            )
+        if "preset" in given and values["preset"] != "vllm":
+            raise SettingsError(
+                f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
+                "every config runs --gsm8k-preset vllm (vLLM's own requests)"
+            )
+        if values["serve"] and "{server_args}" not in values["serve"]:
+            # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
+            warn(
+                "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
+                "vLLM's test adds are not passed to the server"
+            )
+    local = is_local_spec(values["model"])
+    if values["serve"] or local:
+        mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
+    if (name := values["preset"]) is not None:
+        # the preset's values; any of them given as well is refused (the peer's protocol)
+        from pytest_gsm8k.core.presets import PRESETS, preset_settings
+
+        chosen = {key: values[key] for key in ("api", "shots") if key in given}
+        try:
+            fixed = preset_settings(name, **chosen)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        spec = PRESETS[name]
+        for key in (*fixed, *spec.also_fixed):
+            if key in given and key not in ("preset", "api", *spec.adjustable):
+                flag = _BY_FIELD[key].flag
+                raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
+        values.update(fixed)
+    elif local:
         # A base model does not follow chat instructions: few-shot completions with stops.
         values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
-    samples = _protocol(values, read.warn)
+    samples = _protocol(values, warn)
     values["params"] = parse_params(values["params"] or [])
     if values["preset"] == "vllm":
         from pytest_gsm8k.core.engine_ci import vllm_param_error
@@ -504,17 +488,17 @@ def build_settings(
 ) -> Settings:
     """Every option read through ``get`` (command line, then ini) and checked, then the rules
     across them; ``exists``: the file system; ``from_ini``: whether a value is the ini's."""
-    read = _Read({}, set(), set(), warn)
+    values: dict[str, Any] = {}
+    given: set[str] = set()
+    ini: set[str] = set()
     for option in OPTIONS:
-        ini = from_ini(option)
-        value = option.parse(get(option), f"ini {option.dest}" if ini else option.flag)
-        read.values[option.field] = option.default if value is None else value
+        from_file = from_ini(option)
+        value = option.parse(get(option), f"ini {option.dest}" if from_file else option.flag)
+        values[option.field] = option.default if value is None else value
         if value is not None:
-            read.given.add(option.field)
-            if ini:
-                read.ini.add(option.field)
-    samples = _across(read, exists)
-    read.values.update(
-        (o.field, tuple(read.values[o.field] or ())) for o in OPTIONS if o.kind == "list"
-    )
-    return Settings(samples=samples, **read.values)
+            given.add(option.field)
+            if from_file:
+                ini.add(option.field)
+    samples = _across(values, given, ini, warn, exists)
+    values.update((o.field, tuple(values[o.field] or ())) for o in OPTIONS if o.kind == "list")
+    return Settings(samples=samples, **values)
