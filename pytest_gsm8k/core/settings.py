@@ -74,7 +74,7 @@ class Option:
             return [raw] if isinstance(raw, str) else [str(x) for x in raw]
         try:
             value = _READ[self.kind](raw)
-        except ValueError:
+        except (KeyError, ValueError):
             raise SettingsError(f"{said}: expected {_EXPECTED[self.kind]}, got {raw!r}") from None
         if self.choices and value not in self.choices:
             *first, last = self.choices
@@ -103,16 +103,11 @@ def out_of_range(value: float, **bounds: float) -> str | None:
     return "must be " + " and ".join(said)
 
 
-def convert_bool(raw: Any) -> bool:
-    """The words pytest's own bool ini type accepts; ValueError otherwise."""
-    text = str(raw).strip().lower()
-    if text not in (*_TRUE, "0", "false", "no", "off", "n", "f", ""):
-        raise ValueError(raw)
-    return text in _TRUE
-
-
-_TRUE = ("1", "true", "yes", "on", "y", "t")
-_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str, "float": float}
+#: the words pytest's own bool ini type accepts
+_BOOL = dict.fromkeys(("1", "true", "yes", "on", "y", "t"), True)
+_BOOL |= dict.fromkeys(("0", "false", "no", "off", "n", "f"), False)
+_READ: dict[str, Callable[[Any], Any]] = {"str": str, "float": float}
+_READ["bool"] = lambda raw: _BOOL[str(raw).strip().lower()]  # KeyError: not a bool word
 _READ["int"] = lambda raw: int(str(raw))  # never int(3.7): that would be 3
 _EXPECTED = {"bool": "true or false", "int": "an integer", "float": "a number"}
 
