@@ -38,10 +38,8 @@ class Split:
 
 def fingerprint(rows: Iterable[tuple[str, str]]) -> str:
     """Content hash of (question, answer) pairs, order included: detects edited data."""
-    digest = hashlib.sha256()
-    for question, answer in rows:
-        digest.update(f"{question}\x00{answer}\x01".encode())
-    return digest.hexdigest()[:16]
+    text = "".join(f"{question}\x00{answer}\x01" for question, answer in rows)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _problem(index: int, split: str, row: Any, where: str) -> Problem:

@@ -304,32 +304,6 @@ CONFIG_SETS_ASIDE = {"min_acc": "each config's accuracy_threshold - tolerance is
 SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own URL"}
 
 
-def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
-    """The protocol's N, checked, and the settings that depend on it."""
-    protocol = values["protocol"] = values["protocol"].strip()
-    match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
-    if not match:
-        raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
-    samples = int(match.group(3) or 1)
-    if problem := out_of_range(samples, ge=1, le=MAX_SAMPLES):
-        raise SettingsError(f"--gsm8k-protocol {protocol}: N {problem}")
-    if values["temperature"] is None:
-        values["temperature"] = 0.0 if protocol == "test@1" else 0.7
-    values.update({key: None for key in ("temperature", "max_tokens") if values[key] == OMIT})
-    if samples > 1 and values["temperature"] == 0.0:
-        warn(
-            f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
-            "be identical"
-        )
-    if values["repeats"] > 1 and protocol != "test@1":
-        raise SettingsError(
-            f"--gsm8k-repeats {values['repeats']}: repeats measure a single-sample protocol's "
-            f"run-to-run noise; --gsm8k-protocol {protocol} samples already (use test@1, or "
-            "--gsm8k-repeats 1)"
-        )
-    return samples
-
-
 def _across(
     values: dict[str, Any],
     given: set[str],
@@ -418,7 +392,28 @@ def _across(
     elif local:
         # A base model does not follow chat instructions: few-shot completions with stops.
         values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
-    samples = _protocol(values, warn)
+    # the protocol's N, checked, and the settings that depend on it
+    protocol = values["protocol"] = values["protocol"].strip()
+    match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
+    if not match:
+        raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
+    samples = int(match.group(3) or 1)
+    if problem := out_of_range(samples, ge=1, le=MAX_SAMPLES):
+        raise SettingsError(f"--gsm8k-protocol {protocol}: N {problem}")
+    if values["temperature"] is None:
+        values["temperature"] = 0.0 if protocol == "test@1" else 0.7
+    values.update({key: None for key in ("temperature", "max_tokens") if values[key] == OMIT})
+    if samples > 1 and values["temperature"] == 0.0:
+        warn(
+            f"--gsm8k-protocol {protocol} at --gsm8k-temperature 0: the {samples} samples will "
+            "be identical"
+        )
+    if values["repeats"] > 1 and protocol != "test@1":
+        raise SettingsError(
+            f"--gsm8k-repeats {values['repeats']}: repeats measure a single-sample protocol's "
+            f"run-to-run noise; --gsm8k-protocol {protocol} samples already (use test@1, or "
+            "--gsm8k-repeats 1)"
+        )
     values["params"] = parse_params(values["params"] or [])
     if values["preset"] == "vllm":
         from pytest_gsm8k.core.engine_ci import vllm_param_error
