@@ -306,13 +306,12 @@ SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own U
 
 def _across(
     values: dict[str, Any],
-    given: set[str],
-    ini: set[str],
+    given: dict[str, bool],
     warn: Callable[[str], None],
     exists: Callable[[str], bool],
 ) -> int:
     """The rules that relate options, in order: the modes, the preset or the local model, the
-    protocol, the checks beyond a range. ``given``: the fields set, ``ini``: those the ini set.
+    protocol, the checks beyond a range. ``given``: the fields set, True where the ini set them.
     Returns the protocol's N."""
 
     def mode_wins(mode: str, decides: Mapping[str, str]) -> None:
@@ -322,10 +321,10 @@ def _across(
             if key not in given:
                 continue
             option = _BY_FIELD[key]
-            if key not in ini:
+            if not given[key]:
                 raise SettingsError(f"{option.flag} cannot be combined with {mode}: {why}")
             warn(f"ini {option.dest} set aside: {mode} runs ({why}); {option.flag}= clears it")
-            given.discard(key)
+            del given[key]
             values[key] = option.default
 
     # the old --gsm8k-config main|socratic: the dataset config, with a note (refused when a file
@@ -347,11 +346,11 @@ def _across(
             f"{old} (--gsm8k-config now takes vLLM config files)"
         )
         values.update(dataset_config=old, vllm_config=None)
-        given.discard("vllm_config")
-        given.add("dataset_config")
+        given.pop("vllm_config", None)
+        given["dataset_config"] = False
     if values["vllm_config"]:
         # what the configs decide wins; what cannot follow vLLM's test is refused
-        sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if key in ini}
+        sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if given.get(key)}
         mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
         if values["early_stop"] == "sequential":
             # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
@@ -479,16 +478,13 @@ def build_settings(
     """Every option read through ``get`` (command line, then ini) and checked, then the rules
     across them; ``exists``: the file system; ``from_ini``: whether a value is the ini's."""
     values: dict[str, Any] = {}
-    given: set[str] = set()
-    ini: set[str] = set()
+    given: dict[str, bool] = {}
     for option in OPTIONS:
-        from_file = from_ini(option)
-        value = option.parse(get(option), f"ini {option.dest}" if from_file else option.flag)
+        ini = from_ini(option)
+        value = option.parse(get(option), f"ini {option.dest}" if ini else option.flag)
         values[option.field] = option.default if value is None else value
         if value is not None:
-            given.add(option.field)
-            if from_file:
-                ini.add(option.field)
-    samples = _across(values, given, ini, warn, exists)
+            given[option.field] = ini
+    samples = _across(values, given, warn, exists)
     values.update((o.field, tuple(values[o.field] or ())) for o in OPTIONS if o.kind == "list")
     return Settings(samples=samples, **values)
