@@ -54,8 +54,7 @@ def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
     named = next((card for card in cards if card.get("id") == model), None)
     if named is None:
         return None
-    base = _base_of(named, ids)
-    if base is not None:
+    if (base := _base_of(named, ids)) is not None:
         return f"GET /v1/models lists it as an adapter of {_brief(base)}, which answers instead"
     others = [
         str(card["id"])

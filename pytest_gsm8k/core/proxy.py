@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -60,8 +58,9 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 def _parts(url: str) -> tuple[str, str, int | None, str]:
     """Scheme, host, port (None for the scheme's default, as httpx normalises it) and path."""
     parts = urlsplit(url)
-    scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
-    return scheme, host, None if port == _DEFAULT_PORTS.get(scheme) else port, parts.path
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    port = None if parts.port == {"http": 80, "https": 443}.get(scheme) else parts.port
+    return scheme, host, port, parts.path
 
 
 def _rule(pattern: str, proxy: str | None) -> Rule | None:
@@ -76,9 +75,8 @@ def _rule(pattern: str, proxy: str | None) -> Rule | None:
     network: Network | None = None
     if prefix and _ip(host):
         shown = f"[{host}]" if ":" in host else host
-        if "@" in pattern or "%" in pattern or not prefix.isdigit():
-            return None
-        if not pattern.endswith(f"{shown}/{prefix}"):
+        plain = "@" not in pattern and "%" not in pattern and prefix.isdigit()
+        if not plain or not pattern.endswith(f"{shown}/{prefix}"):
             return None
         try:
             network = ipaddress.ip_network(f"{host}/{prefix}", strict=False)

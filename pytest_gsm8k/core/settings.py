@@ -4,14 +4,13 @@ by tests/repo/test_options_table.py). Imported at every pytest start: nothing he
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import operator
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -53,7 +52,7 @@ class Option:
         return "gsm8k_" + self.name.replace("-", "_")
 
     @classmethod
-    def of(cls, f: dataclasses.Field[Any]) -> Option:
+    def of(cls, f: Field[Any]) -> Option:
         """The option a ``Settings`` field declares, its kind read from the annotation."""
         spec = dict(f.metadata["gsm8k"])
         base = str(f.type).removesuffix(" | None")
@@ -114,7 +113,7 @@ _EXPECTED = {"bool": "true or false", "int": "an integer", "float": "a number"}
 
 def opt(help: str, default: Any = None, **spec: Any) -> Any:
     """A :class:`Settings` field that is an option; ``spec``: :class:`Option`'s attributes."""
-    return dataclasses.field(default=default, metadata={"gsm8k": {"help": help, **spec}})
+    return field(default=default, metadata={"gsm8k": {"help": help, **spec}})
 
 
 _PATH: dict[str, Any] = {"metavar": "PATH"}
