@@ -8,8 +8,7 @@ from typing import Any
 
 from pytest_gsm8k.core.scrub import clip
 
-#: a ``/v1/models`` card's fields that describe the model (never ``created``: vLLM sets it per
-#: request)
+#: a /v1/models card's fields that describe the model (never ``created``: vLLM sets it per request)
 CARD_FIELDS = ("id", "root", "owned_by", "max_model_len")
 Description = dict[str, Any]
 

@@ -126,8 +126,7 @@ _SECONDS: dict[str, Any] = {"metavar": "S", "unit": " seconds", **WAIT}
 
 @dataclass(frozen=True)
 class Settings:
-    """Validated settings, each field an option's declaration (``--help`` says one line each;
-    README's options table says the rest). Pure data."""
+    """Validated settings, each field an option's declaration (``--help`` says its one line)."""
 
     # fmt: off
     model: str | None = opt("model id to evaluate ('local': a GGUF on llama.cpp)", metavar="ID")
@@ -350,8 +349,7 @@ def build_settings(
             del given[key]
             values[key] = option.default
 
-    # the old --gsm8k-config main|socratic: the dataset config, with a note (refused when a file
-    # of that name exists: ambiguous)
+    # the old --gsm8k-config main|socratic (DATASET_CONFIGS)
     if (old := values["vllm_config"]) in DATASET_CONFIGS:
         if exists(old):
             raise SettingsError(
@@ -372,7 +370,6 @@ def build_settings(
         given.pop("vllm_config", None)
         given["dataset_config"] = False
     if values["vllm_config"]:
-        # what the configs decide wins; what cannot follow vLLM's test is refused
         sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if given.get(key)}
         mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
         if values["early_stop"] == "sequential":
@@ -414,7 +411,6 @@ def build_settings(
     elif local:
         # A base model does not follow chat instructions: few-shot completions with stops.
         values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
-    # the protocol's N, checked, and the settings that depend on it
     protocol = values["protocol"] = values["protocol"].strip()
     match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
     if not match:
