@@ -46,8 +46,7 @@ def _problem(index: int, split: str, row: Any, where: str) -> Problem:
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object with 'question' and 'answer'")
     for key in ("question", "answer"):
-        value = row.get(key)
-        if not isinstance(value, str) or not value.strip():
+        if not isinstance(value := row.get(key), str) or not value.strip():
             raise DatasetError(f"{where}: missing or empty '{key}'")
     try:
         return Problem(index, split, row["question"], row["answer"], gold_number(row["answer"]))

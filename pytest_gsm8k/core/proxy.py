@@ -85,15 +85,17 @@ def _rule(pattern: str, proxy: str | None) -> Rule | None:
     return Rule(scheme=scheme, host=host, port=port, network=network, proxy=proxy)
 
 
-def rules(proxies: Mapping[str, str]) -> list[Rule]:
-    """The rules ``proxies`` (``urllib.request.getproxies()``) states, most specific first."""
+def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
+    """The proxy URL ``url`` is reached through under ``proxies``
+    (``urllib.request.getproxies()``), or None (directly): the most specific rule decides."""
+    scheme, host, port, _ = _parts(url)  # first: a bad URL is a ValueError whatever NO_PROXY says
     patterns: dict[str, str | None] = {}
-    for scheme in ("http", "https", "all"):
-        if value := proxies.get(scheme):
-            patterns[f"{scheme}://"] = value if "://" in value else f"http://{value}"
+    for kind in ("http", "https", "all"):
+        if value := proxies.get(kind):
+            patterns[f"{kind}://"] = value if "://" in value else f"http://{value}"
     for entry in (part.strip() for part in proxies.get("no", "").split(",")):
         if entry == "*":
-            return []
+            return None
         ip, star = _ip(entry), entry.startswith("*.") and "/" not in entry
         if not entry:
             continue
@@ -107,10 +109,5 @@ def rules(proxies: Mapping[str, str]) -> list[Rule]:
         elif "/" not in entry:
             patterns[f"all://*{entry}"] = None
     found = [rule for p, v in patterns.items() if (rule := _rule(p, v)) is not None]
-    return sorted(found, key=lambda rule: rule.priority)
-
-
-def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
-    """The proxy URL ``url`` is reached through under ``proxies``, or None (directly)."""
-    scheme, host, port, _ = _parts(url)
-    return next((r.proxy for r in rules(proxies) if r.matches(scheme, host, port)), None)
+    found.sort(key=lambda rule: rule.priority)
+    return next((r.proxy for r in found if r.matches(scheme, host, port)), None)

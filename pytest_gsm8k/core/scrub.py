@@ -27,8 +27,7 @@ _FORMAT = re.compile(
 )
 #: what names a secret: the end of a name (``--hftoken``) or one part of it (``--secret-key``)
 #: unless the last part points at one (``--hf-token-file``); ``--max-tokens`` is no secret
-_SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd)"
-_SECRET_END = re.compile(rf"{_SECRET_WORD}$", re.IGNORECASE)
+_SECRET_END = re.compile(r"(?:api[-_]?key|token|secret|password|passwd)$", re.IGNORECASE)
 _SECRET_PARTS = {"key", "token", "secret", "password", "passwd", "credential", "credentials"}
 _SECRET_PARTS |= {"auth", "apikey"}
 _POINTER_PARTS = {"file", "path", "dir", "env", "var", "id", "ids"}
@@ -121,7 +120,7 @@ class Scrubber:
 
 
 def _secret_name(name: str) -> bool:
-    """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_WORD`)."""
+    """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_END`)."""
     name = name.strip("\"'-")
     parts = re.split(r"[-_.]+", name.lower())
     pointer = parts[-1] in _POINTER_PARTS
