@@ -153,20 +153,6 @@ def last_int(text: str) -> Decimal | None:
     return Decimal(value) if isinstance(value, int) else None
 
 
-def _extract(rule: str, text: str, visible: str, pattern: re.Pattern[str] | None) -> Decimal | None:
-    if rule == "last-int":  # the whole text, as the peers score it
-        return last_int(text)
-    if rule == "strict":
-        return _last_match_number(pattern or _STRICT_RE, visible)
-    if rule == "answer-is":  # the case-insensitive regex scan costs ten times this check
-        return (
-            _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None
-        )
-    if rule == "boxed":
-        return None if (content := _last_boxed(visible)) is None else _boxed_number(content)
-    return _last_prose_number(visible)  # flexible
-
-
 def gold_number(answer: str) -> Decimal:
     """The number after the last ``####`` of a GSM8K ``answer``; ValueError otherwise (a bad
     row stops the evaluation rather than failing every model)."""
@@ -216,7 +202,17 @@ def score_text(
     strict rule's); ``label``: what ``last-int`` compares with (its peers take the answer's last
     integer; ``gold`` when not given)."""
     visible = strip_reasoning(text)
-    extracted = {rule: _extract(rule, text, visible, pattern) for rule in RULES}
+    boxed = _last_boxed(visible)
+    extracted = {  # in the order of RULES
+        "strict": _last_match_number(pattern or _STRICT_RE, visible),
+        # the case-insensitive regex scan costs ten times the check before it
+        "answer-is": (
+            _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None
+        ),
+        "boxed": None if boxed is None else _boxed_number(boxed),
+        "flexible": _last_prose_number(visible),
+        "last-int": last_int(text),  # the whole text, as the peers score it
+    }
     correct = {
         rule: numbers_equal(value, label if rule == "last-int" and label is not None else gold)
         for rule, value in extracted.items()

@@ -41,6 +41,7 @@ def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Dec
 
 def test_rules_and_strict_pattern_are_the_documented_ones() -> None:
     assert RULES == ("strict", "answer-is", "boxed", "flexible", "last-int")
+    assert tuple(score_text("", D(0)).extracted) == RULES  # every rule scored, in this order
     assert STRICT_PATTERN == r"####\s*(-?[\d,]+(?:\.\d+)?)"
     assert D("1e-6") == TOLERANCE
 
