@@ -11,6 +11,7 @@ from pytest_gsm8k.core.scrub import clip
 #: a /v1/models card's fields that describe the model (never ``created``: vLLM sets it per request)
 CARD_FIELDS = ("id", "root", "owned_by", "max_model_len")
 Description = dict[str, Any]
+ReplyIdentity = tuple[str | None, str | None]  # a reply's model and system_fingerprint
 
 
 def describe_server(cards: list[dict[str, Any]], model: str) -> Description | None:
@@ -20,7 +21,7 @@ def describe_server(cards: list[dict[str, Any]], model: str) -> Description | No
     return None
 
 
-def reply_identity(model: Any, fingerprint: Any) -> tuple[str | None, str | None]:
+def reply_identity(model: Any, fingerprint: Any) -> ReplyIdentity:
     """(model, system_fingerprint) of a reply; anything but a string counts as absent."""
     return (model if isinstance(model, str) else None), (
         fingerprint if isinstance(fingerprint, str) else None
@@ -37,9 +38,7 @@ def difference(recorded: Description | None, current: Description | None) -> str
     return None  # {"x": None} against {}
 
 
-def reply_difference(
-    recorded: tuple[str | None, str | None], current: tuple[str | None, str | None]
-) -> str | None:
+def reply_difference(recorded: ReplyIdentity, current: ReplyIdentity) -> str | None:
     """The first field of two reply identities that differs, as ``reply model 'a' -> 'b'``."""
     names = ("model", "system_fingerprint")
     why = difference(*(dict(zip(names, reply, strict=True)) for reply in (recorded, current)))

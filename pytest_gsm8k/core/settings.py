@@ -296,8 +296,6 @@ CONFIG_DECIDES = {
     "baseline": _NAMED,
     "baseline_name": _NAMED,
 }
-#: an ini floor would gate every config beside its own threshold (a command-line one does)
-CONFIG_SETS_ASIDE = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
 #: what a server the run starts decides (--gsm8k-serve, the local model)
 SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own URL"}
 
@@ -370,8 +368,9 @@ def build_settings(
         given.pop("vllm_config", None)
         given["dataset_config"] = False
     if values["vllm_config"]:
-        sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if given.get(key)}
-        mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
+        # an ini floor would gate every config beside its own threshold (a command-line one does)
+        floor = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
+        mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **(floor if given.get("min_acc") else {})})
         if values["early_stop"] == "sequential":
             # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
             raise SettingsError(
