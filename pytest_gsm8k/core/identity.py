@@ -34,7 +34,8 @@ def difference(recorded: Description | None, current: Description | None) -> str
         return None if recorded == current else f"{_card(recorded)} -> {_card(current)}"
     for name in _ordered({**recorded, **current}):
         if (old := recorded.get(name)) != (new := current.get(name)):
-            return f"{name} {_shown(old)} -> {_shown(new)}"
+            shown = ["(none)" if value is None else repr(value) for value in (old, new)]
+            return f"{name} {shown[0]} -> {shown[1]}"
     return None  # {"x": None} against {}
 
 
@@ -97,10 +98,6 @@ def _base_of(card: dict[str, Any], ids: set[Any]) -> str | None:
 def _brief(name: str) -> str:
     """A model name as a message shows it: quoted, at most 80 characters of it."""
     return repr(clip(name, 80))
-
-
-def _shown(value: Any) -> str:
-    return "(none)" if value is None else repr(value)
 
 
 def _card(description: Description | None) -> str:
