@@ -19,7 +19,6 @@ RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible", "last-int"
 STRICT_PATTERN = r"####\s*(-?[\d,]+(?:\.\d+)?)"
 #: the largest difference still equal (``0.3333333`` against a rounded gold)
 TOLERANCE = Decimal("1e-6")
-_STRICT_RE = re.compile(STRICT_PATTERN)
 
 # A number in prose: well-formed thousands groups ("1,2,3" is three numbers), digits after a
 # point (a sentence's period is never swallowed), a minus only when not after a digit ("5-3").
@@ -39,10 +38,7 @@ _TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([
 # noise inside a boxed number: escaped $ and %, thin spaces, "{,}" separators, \left/\right
 _LATEX_NOISE_RE = re.compile(r"\\[$%,!;: ]|\{,\}|\\left|\\right|[$%]")
 
-_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE | re.ASCII)
-_ORPHAN_RE = re.compile(r"</think>", re.IGNORECASE | re.ASCII)
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-_PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
 # the peers' third-party ``regex`` module: for a str its ``\d`` is every Unicode decimal digit too
 _DIGITS_RE = re.compile(r"\d+")
 
@@ -65,7 +61,7 @@ def parse_number(text: str) -> Decimal | None:
     if s.startswith(",") or s.endswith(",") or ",," in s or "," in s.partition(".")[2]:
         return None
     s = s.replace(",", "")
-    if not _PLAIN_NUMBER_RE.fullmatch(s):
+    if not re.fullmatch(r"\d+\.?\d*|\.\d+", s):
         return None
     value = Decimal((s.rstrip("0").rstrip(".") or "0") if "." in s else s)  # ".0", "0.000"
     return Decimal(0) if value == 0 else -value if negative else value
@@ -77,7 +73,8 @@ def strip_reasoning(text: str) -> str:
     closed runs to the end (out of tokens while thinking), and everything up to an orphan
     ``</think>`` goes (some servers strip the opening tag). Linear: an unclosed block ends at
     the end of the text, so no tag is scanned twice."""
-    return _ORPHAN_RE.split(_THINK_RE.sub("\n", text))[-1].strip()
+    text = re.sub(r"<think>.*?(?:</think>|\Z)", "\n", text, flags=re.DOTALL | re.I | re.ASCII)
+    return re.split(r"</think>", text, flags=re.I | re.ASCII)[-1].strip()
 
 
 def ascii_lower(text: str) -> str:
@@ -203,7 +200,7 @@ def score_text(
     visible = strip_reasoning(text)
     boxed = _last_boxed(visible)
     extracted = {  # in the order of RULES
-        "strict": _last_match_number(pattern or _STRICT_RE, visible),
+        "strict": _last_match_number(pattern or re.compile(STRICT_PATTERN), visible),
         # the case-insensitive regex scan costs ten times the check before it
         "answer-is": (
             _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None

@@ -56,7 +56,6 @@ _KEYLIKE = re.compile(
     r"(?:sk|pk|rk)-[\w-]{8,}|hf_\w{8,}|gh[pousr]_\w{8,}|github_pat_\w{8,}|glpat-[\w-]{8,}"
     r"|xox[abporst]-[\w-]{8,}|AKIA[0-9A-Z]{12,}"
 )
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
 
 
 def shown_url(url: str) -> str:
@@ -194,7 +193,7 @@ def printable(text: str) -> str:
 
 
 def md_text(text: str) -> str:
-    return _MD_SPECIAL.sub(r"\\\1", printable(text))
+    return re.sub(r"([\\`*_\[\]<>|#!~])", r"\\\1", printable(text))
 
 
 def md_code(text: str) -> str:
