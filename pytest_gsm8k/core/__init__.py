@@ -1,5 +1,2 @@
-"""The pure core: parsing, prompts, scoring, statistics, reports as values.
-
-Nothing in this package does file or network I/O or imports pytest, so every
-rule here can be tested directly and reused outside the plugin.
-"""
+"""The pure core: parsing, prompts, scoring, statistics, reports as values. No file or network
+I/O, no pytest (tests/repo/test_architecture.py), so every rule here is tested directly."""

@@ -33,22 +33,19 @@ class ServeCommand:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def needs_shell(command: str) -> bool:
-    return _SHELL_SYNTAX.search(command) is not None
-
-
 def serve_command(
     command: str, port: int, model: str | None, server_args: tuple[str, ...] | None = None
 ) -> ServeCommand:
     """``command`` with ``{port}``, ``{model}`` and ``{server_args}`` filled in; CommandError
     where that cannot be done safely."""
+    shell = _SHELL_SYNTAX.search(command) is not None
     if _SERVER_ARGS in command:
         if server_args is None:
             raise CommandError(
                 "the command line uses {server_args}, which only --gsm8k-config fills "
                 "(a config's server_args and the flags vLLM's test adds)"
             )
-        if needs_shell(command):
+        if shell:
             raise CommandError(
                 "{server_args} needs a command line without shell syntax (its words are "
                 "passed as they are, never read by a shell)"
@@ -58,7 +55,7 @@ def serve_command(
     name = model or ""
     env = {PORT_ENV: str(port), MODEL_ENV: name}
     line = command.replace(_PORT, str(port))
-    if needs_shell(command):
+    if shell:
         if _MODEL in line and not _PLAIN_NAME.match(name):
             raise CommandError(
                 f"the command line runs through /bin/sh, where the model name {clip(name, 60)!r} "

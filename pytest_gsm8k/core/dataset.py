@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,18 +38,15 @@ class Split:
 
 def fingerprint(rows: Iterable[tuple[str, str]]) -> str:
     """Content hash of (question, answer) pairs, order included: detects edited data."""
-    digest = hashlib.sha256()
-    for question, answer in rows:
-        digest.update(f"{question}\x00{answer}\x01".encode())
-    return digest.hexdigest()[:16]
+    text = "".join(f"{question}\x00{answer}\x01" for question, answer in rows)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _problem(index: int, split: str, row: Any, where: str) -> Problem:
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object with 'question' and 'answer'")
     for key in ("question", "answer"):
-        value = row.get(key)
-        if not isinstance(value, str) or not value.strip():
+        if not isinstance(value := row.get(key), str) or not value.strip():
             raise DatasetError(f"{where}: missing or empty '{key}'")
     try:
         return Problem(index, split, row["question"], row["answer"], gold_number(row["answer"]))
@@ -86,23 +83,19 @@ def rows_to_problems(rows: Iterable[Any], split: str, where: str) -> list[Proble
     return problems
 
 
-def subset_order(problems: Iterable[Problem], seed: int) -> Iterator[Problem]:
-    """Problems in a seeded, stable order: from sha256 of seed and id, not :mod:`random`, so
-    ``--gsm8k-limit 50`` picks the same problems on every Python version and release, and a
-    limit of 20 is a subset of a limit of 50."""
-    return iter(sorted(problems, key=lambda p: hashlib.sha256(f"{seed}:{p.id}".encode()).digest()))
-
-
 def select(
     problems: tuple[Problem, ...], limit: int | None, seed: int, *, first: bool = False
 ) -> tuple[Problem, ...]:
     """The seeded subset of size ``limit`` (all problems when None), in split order; with
-    ``first``, the first ``limit`` problems instead (an engine's ``--num-questions``)."""
+    ``first``, the first ``limit`` problems instead (an engine's ``--num-questions``). Drawn
+    in the order of sha256 of seed and id, not :mod:`random`: ``--gsm8k-limit 50`` picks the
+    same problems on every Python version and release, and a limit of 20 is a subset of 50."""
     if limit is None or limit >= len(problems):
         return problems
     if first:
         return problems[:limit]
-    chosen = {p.index for _, p in zip(range(limit), subset_order(problems, seed), strict=False)}
+    order = sorted(problems, key=lambda p: hashlib.sha256(f"{seed}:{p.id}".encode()).digest())
+    chosen = {p.index for p in order[:limit]}
     return tuple(p for p in problems if p.index in chosen)
 
 

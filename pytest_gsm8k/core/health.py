@@ -31,13 +31,11 @@ _ID_WORDS = {"instruct": "instruct", "chat": "chat", "-it": r"(?:^|[^a-z0-9])it(
 def chat_sign(models: Iterable[str], texts: Iterable[str]) -> str | None:
     """Why the model looks like a chat model (a short phrase), or None when it does not."""
     for model in models:
-        for word, pattern in _ID_WORDS.items():
-            if re.search(pattern, model.lower()):
-                return f"its id {model!r} has {word!r}"
+        if word := next((w for w, p in _ID_WORDS.items() if re.search(p, model.lower())), None):
+            return f"its id {model!r} has {word!r}"
     for text in texts:
-        for token in TEMPLATE_TOKENS:
-            if token in text:
-                return f"a reply holds the chat-template token {token!r}"
+        if token := next((t for t in TEMPLATE_TOKENS if t in text), None):
+            return f"a reply holds the chat-template token {token!r}"
     return None
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from pytest_gsm8k.core.scrub import clip
 
-#: a ``/v1/models`` card's fields that describe the model (never ``created``: vLLM sets it per
-#: request)
+#: a /v1/models card's fields that describe the model (never ``created``: vLLM sets it per request)
 CARD_FIELDS = ("id", "root", "owned_by", "max_model_len")
 Description = dict[str, Any]
+ReplyIdentity = tuple[str | None, str | None]  # a reply's model and system_fingerprint
 
 
 def describe_server(cards: list[dict[str, Any]], model: str) -> Description | None:
@@ -21,7 +21,7 @@ def describe_server(cards: list[dict[str, Any]], model: str) -> Description | No
     return None
 
 
-def reply_identity(model: Any, fingerprint: Any) -> tuple[str | None, str | None]:
+def reply_identity(model: Any, fingerprint: Any) -> ReplyIdentity:
     """(model, system_fingerprint) of a reply; anything but a string counts as absent."""
     return (model if isinstance(model, str) else None), (
         fingerprint if isinstance(fingerprint, str) else None
@@ -34,13 +34,12 @@ def difference(recorded: Description | None, current: Description | None) -> str
         return None if recorded == current else f"{_card(recorded)} -> {_card(current)}"
     for name in _ordered({**recorded, **current}):
         if (old := recorded.get(name)) != (new := current.get(name)):
-            return f"{name} {_shown(old)} -> {_shown(new)}"
+            shown = ["(none)" if value is None else repr(value) for value in (old, new)]
+            return f"{name} {shown[0]} -> {shown[1]}"
     return None  # {"x": None} against {}
 
 
-def reply_difference(
-    recorded: tuple[str | None, str | None], current: tuple[str | None, str | None]
-) -> str | None:
+def reply_difference(recorded: ReplyIdentity, current: ReplyIdentity) -> str | None:
     """The first field of two reply identities that differs, as ``reply model 'a' -> 'b'``."""
     names = ("model", "system_fingerprint")
     why = difference(*(dict(zip(names, reply, strict=True)) for reply in (recorded, current)))
@@ -54,8 +53,7 @@ def unnamed_answerer(cards: list[dict[str, Any]], model: str) -> str | None:
     named = next((card for card in cards if card.get("id") == model), None)
     if named is None:
         return None
-    base = _base_of(named, ids)
-    if base is not None:
+    if (base := _base_of(named, ids)) is not None:
         return f"GET /v1/models lists it as an adapter of {_brief(base)}, which answers instead"
     others = [
         str(card["id"])
@@ -100,10 +98,6 @@ def _base_of(card: dict[str, Any], ids: set[Any]) -> str | None:
 def _brief(name: str) -> str:
     """A model name as a message shows it: quoted, at most 80 characters of it."""
     return repr(clip(name, 80))
-
-
-def _shown(value: Any) -> str:
-    return "(none)" if value is None else repr(value)
 
 
 def _card(description: Description | None) -> str:

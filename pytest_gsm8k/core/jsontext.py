@@ -1,8 +1,7 @@
-"""JSON text in and out. In: JSON from outside with its nesting capped (``json.loads`` raises
-``RecursionError``, not a ``ValueError``, on text thousands deep; nothing read here needs more
-than a few levels). Out: text that always encodes as UTF-8, a lone surrogate (half an emoji) a
-server sent kept as the ``\\uXXXX`` escape it arrived as, which every JSON reader reads back
-the same. Pure."""
+"""In: JSON from outside with its nesting capped (``json.loads`` raises ``RecursionError``, not
+a ``ValueError``, on text thousands deep; nothing read here needs more than a few levels). Out:
+JSON text that always encodes as UTF-8, a lone surrogate (half an emoji) a server sent kept as
+the ``\\uXXXX`` escape it arrived as, which every JSON reader reads back the same."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,12 +27,8 @@ _IDENTITY: tuple[str, ...] = ("name", "samples", "temperature", "api", "shots", 
 _IDENTITY += ("max_tokens", "stop", "extractor", "answer_regex", "preset")
 
 
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _pairs_hash(pairs: Iterable[tuple[str, str]]) -> str:
-    return _hash("\x00".join(f"{q}\x01{a}" for q, a in pairs))
+def _hash(text: str) -> str | None:
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if text else None
 
 
 @dataclass(frozen=True)
@@ -71,10 +67,9 @@ class Protocol:
 
     def identity(self) -> dict[str, Any]:
         """Every field that makes two numbers comparable (exemplar texts hashed)."""
-        pool = self.exemplars or self.train
+        pairs = "\x00".join(f"{q}\x01{a}" for q, a in self.exemplars or self.train)
         identity = {k: getattr(self, k) for k in _IDENTITY[:6]}
-        identity.update(fewshot_hash=_pairs_hash(pool) if pool else None)
-        identity.update(system_hash=_hash(self.system) if self.system else None)
+        identity.update(fewshot_hash=_hash(pairs), system_hash=_hash(self.system or ""))
         identity.update({k: getattr(self, k) for k in _IDENTITY[6:]}, stop=list(self.stop))
         if self.params:  # absent without params: baselines recorded before them still match
             identity["params"] = {key: json.loads(value) for key, value in self.params}

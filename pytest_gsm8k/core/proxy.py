@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -60,8 +58,9 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 def _parts(url: str) -> tuple[str, str, int | None, str]:
     """Scheme, host, port (None for the scheme's default, as httpx normalises it) and path."""
     parts = urlsplit(url)
-    scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
-    return scheme, host, None if port == _DEFAULT_PORTS.get(scheme) else port, parts.path
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    port = None if parts.port == {"http": 80, "https": 443}.get(scheme) else parts.port
+    return scheme, host, port, parts.path
 
 
 def _rule(pattern: str, proxy: str | None) -> Rule | None:
@@ -76,9 +75,8 @@ def _rule(pattern: str, proxy: str | None) -> Rule | None:
     network: Network | None = None
     if prefix and _ip(host):
         shown = f"[{host}]" if ":" in host else host
-        if "@" in pattern or "%" in pattern or not prefix.isdigit():
-            return None
-        if not pattern.endswith(f"{shown}/{prefix}"):
+        plain = "@" not in pattern and "%" not in pattern and prefix.isdigit()
+        if not plain or not pattern.endswith(f"{shown}/{prefix}"):
             return None
         try:
             network = ipaddress.ip_network(f"{host}/{prefix}", strict=False)
@@ -87,15 +85,17 @@ def _rule(pattern: str, proxy: str | None) -> Rule | None:
     return Rule(scheme=scheme, host=host, port=port, network=network, proxy=proxy)
 
 
-def rules(proxies: Mapping[str, str]) -> list[Rule]:
-    """The rules ``proxies`` (``urllib.request.getproxies()``) states, most specific first."""
+def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
+    """The proxy URL ``url`` is reached through under ``proxies``
+    (``urllib.request.getproxies()``), or None (directly): the most specific rule decides."""
+    scheme, host, port, _ = _parts(url)  # first: a bad URL is a ValueError whatever NO_PROXY says
     patterns: dict[str, str | None] = {}
-    for scheme in ("http", "https", "all"):
-        if value := proxies.get(scheme):
-            patterns[f"{scheme}://"] = value if "://" in value else f"http://{value}"
+    for kind in ("http", "https", "all"):
+        if value := proxies.get(kind):
+            patterns[f"{kind}://"] = value if "://" in value else f"http://{value}"
     for entry in (part.strip() for part in proxies.get("no", "").split(",")):
         if entry == "*":
-            return []
+            return None
         ip, star = _ip(entry), entry.startswith("*.") and "/" not in entry
         if not entry:
             continue
@@ -109,10 +109,5 @@ def rules(proxies: Mapping[str, str]) -> list[Rule]:
         elif "/" not in entry:
             patterns[f"all://*{entry}"] = None
     found = [rule for p, v in patterns.items() if (rule := _rule(p, v)) is not None]
-    return sorted(found, key=lambda rule: rule.priority)
-
-
-def proxy_for(url: str, proxies: Mapping[str, str]) -> str | None:
-    """The proxy URL ``url`` is reached through under ``proxies``, or None (directly)."""
-    scheme, host, port, _ = _parts(url)
-    return next((r.proxy for r in rules(proxies) if r.matches(scheme, host, port)), None)
+    found.sort(key=lambda rule: rule.priority)
+    return next((r.proxy for r in found if r.matches(scheme, host, port)), None)

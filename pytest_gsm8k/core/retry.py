@@ -9,9 +9,7 @@ import email.utils
 import math
 from collections.abc import Callable, Mapping
 
-#: the openai client's defaults (``_constants.py``)
-INITIAL_DELAY = 0.5
-MAX_DELAY = 8.0
+#: the openai client's default (``_constants.py``)
 MAX_RETRY_AFTER = 120.0
 
 #: statuses retried besides every 5xx
@@ -53,7 +51,8 @@ def retry_delay(
     wait = None if headers is None else retry_after(headers, now)
     if wait is not None and math.isfinite(wait) and 0 < wait <= MAX_RETRY_AFTER:
         return wait
-    base = min(INITIAL_DELAY * 2.0 ** min(retries_done, 1000), MAX_DELAY)
+    # openai's INITIAL_RETRY_DELAY 0.5 and MAX_RETRY_DELAY 8.0 (``_constants.py``)
+    base = min(0.5 * 2.0 ** min(retries_done, 1000), 8.0)
     return max(0.0, base * (1 - 0.25 * random()))
 
 

@@ -15,13 +15,10 @@ from fractions import Fraction
 from typing import overload
 
 RULES: tuple[str, ...] = ("strict", "answer-is", "boxed", "flexible", "last-int")
-#: rules that read the whole text, ``<think>`` included, as the peers they copy do
-WHOLE_TEXT_RULES: tuple[str, ...] = ("last-int",)
 #: the GSM8K seed's rule, verbatim so strict scores match other harnesses
 STRICT_PATTERN = r"####\s*(-?[\d,]+(?:\.\d+)?)"
 #: the largest difference still equal (``0.3333333`` against a rounded gold)
 TOLERANCE = Decimal("1e-6")
-_STRICT_RE = re.compile(STRICT_PATTERN)
 
 # A number in prose: well-formed thousands groups ("1,2,3" is three numbers), digits after a
 # point (a sentence's period is never swallowed), a minus only when not after a digit ("5-3").
@@ -41,10 +38,7 @@ _TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([
 # noise inside a boxed number: escaped $ and %, thin spaces, "{,}" separators, \left/\right
 _LATEX_NOISE_RE = re.compile(r"\\[$%,!;: ]|\{,\}|\\left|\\right|[$%]")
 
-_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE | re.ASCII)
-_ORPHAN_RE = re.compile(r"</think>", re.IGNORECASE | re.ASCII)
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-_PLAIN_NUMBER_RE = re.compile(r"\d+\.?\d*|\.\d+")
 # the peers' third-party ``regex`` module: for a str its ``\d`` is every Unicode decimal digit too
 _DIGITS_RE = re.compile(r"\d+")
 
@@ -67,7 +61,7 @@ def parse_number(text: str) -> Decimal | None:
     if s.startswith(",") or s.endswith(",") or ",," in s or "," in s.partition(".")[2]:
         return None
     s = s.replace(",", "")
-    if not _PLAIN_NUMBER_RE.fullmatch(s):
+    if not re.fullmatch(r"\d+\.?\d*|\.\d+", s):
         return None
     value = Decimal((s.rstrip("0").rstrip(".") or "0") if "." in s else s)  # ".0", "0.000"
     return Decimal(0) if value == 0 else -value if negative else value
@@ -79,7 +73,8 @@ def strip_reasoning(text: str) -> str:
     closed runs to the end (out of tokens while thinking), and everything up to an orphan
     ``</think>`` goes (some servers strip the opening tag). Linear: an unclosed block ends at
     the end of the text, so no tag is scanned twice."""
-    return _ORPHAN_RE.split(_THINK_RE.sub("\n", text))[-1].strip()
+    text = re.sub(r"<think>.*?(?:</think>|\Z)", "\n", text, flags=re.DOTALL | re.I | re.ASCII)
+    return re.split(r"</think>", text, flags=re.I | re.ASCII)[-1].strip()
 
 
 def ascii_lower(text: str) -> str:
@@ -148,34 +143,10 @@ def last_int(text: str) -> Decimal | None:
     # what literal_eval gives for these (within its 4300-digit limit), 20x faster
     if digits.isascii() and len(digits) <= 4000 and (digits[0] != "0" or digits == "0"):
         return Decimal(int(digits))
-    try:
-        value = ast.literal_eval(digits)
+    try:  # a run of \d is an int literal or no literal at all
+        return Decimal(ast.literal_eval(digits))
     except (SyntaxError, ValueError, MemoryError):
         return None
-    return Decimal(value) if isinstance(value, int) else None
-
-
-def _extract(rule: str, text: str, visible: str, pattern: re.Pattern[str] | None) -> Decimal | None:
-    if rule == "last-int":  # the whole text, as the peers score it
-        return last_int(text)
-    if rule == "strict":
-        return _last_match_number(pattern or _STRICT_RE, visible)
-    if rule == "answer-is":  # the case-insensitive regex scan costs ten times this check
-        return (
-            _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None
-        )
-    if rule == "boxed":
-        return None if (content := _last_boxed(visible)) is None else _boxed_number(content)
-    return _last_prose_number(visible)  # flexible
-
-
-def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
-    """The final answer in ``text`` under ``rule``; ``pattern``: ``--gsm8k-answer-regex``,
-    the strict rule's. ValueError for an unknown rule (a typo must not score everything wrong)."""
-    if rule not in RULES:
-        raise ValueError(f"unknown extraction rule {rule!r}; valid rules are: {', '.join(RULES)}")
-    visible = text if rule in WHOLE_TEXT_RULES else strip_reasoning(text)
-    return _extract(rule, text, visible, pattern)
 
 
 def gold_number(answer: str) -> Decimal:
@@ -223,10 +194,21 @@ class SampleScore:
 def score_text(
     text: str, gold: Decimal, pattern: re.Pattern[str] | None = None, label: Decimal | None = None
 ) -> SampleScore:
-    """One completion against ``gold`` under every rule; ``label``: what ``last-int``
-    compares with (its peers take the answer's last integer; ``gold`` when not given)."""
+    """One completion against ``gold`` under every rule; ``pattern``: --gsm8k-answer-regex (the
+    strict rule's); ``label``: what ``last-int`` compares with (its peers take the answer's last
+    integer; ``gold`` when not given)."""
     visible = strip_reasoning(text)
-    extracted = {rule: _extract(rule, text, visible, pattern) for rule in RULES}
+    boxed = _last_boxed(visible)
+    extracted = {  # in the order of RULES
+        "strict": _last_match_number(pattern or re.compile(STRICT_PATTERN), visible),
+        # the case-insensitive regex scan costs ten times the check before it
+        "answer-is": (
+            _last_match_number(_ANSWER_IS_RE, visible) if "answer" in ascii_lower(visible) else None
+        ),
+        "boxed": None if boxed is None else _boxed_number(boxed),
+        "flexible": _last_prose_number(visible),
+        "last-int": last_int(text),  # the whole text, as the peers score it
+    }
     correct = {
         rule: numbers_equal(value, label if rule == "last-int" and label is not None else gold)
         for rule, value in extracted.items()

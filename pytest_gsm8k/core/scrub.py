@@ -27,8 +27,7 @@ _FORMAT = re.compile(
 )
 #: what names a secret: the end of a name (``--hftoken``) or one part of it (``--secret-key``)
 #: unless the last part points at one (``--hf-token-file``); ``--max-tokens`` is no secret
-_SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passwd)"
-_SECRET_END = re.compile(rf"{_SECRET_WORD}$", re.IGNORECASE)
+_SECRET_END = re.compile(r"(?:api[-_]?key|token|secret|password|passwd)$", re.IGNORECASE)
 _SECRET_PARTS = {"key", "token", "secret", "password", "passwd", "credential", "credentials"}
 _SECRET_PARTS |= {"auth", "apikey"}
 _POINTER_PARTS = {"file", "path", "dir", "env", "var", "id", "ids"}
@@ -57,7 +56,6 @@ _KEYLIKE = re.compile(
     r"(?:sk|pk|rk)-[\w-]{8,}|hf_\w{8,}|gh[pousr]_\w{8,}|github_pat_\w{8,}|glpat-[\w-]{8,}"
     r"|xox[abporst]-[\w-]{8,}|AKIA[0-9A-Z]{12,}"
 )
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
 
 
 def shown_url(url: str) -> str:
@@ -121,7 +119,7 @@ class Scrubber:
 
 
 def _secret_name(name: str) -> bool:
-    """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_WORD`)."""
+    """Whether an option, variable or key called ``name`` holds a secret (:data:`_SECRET_END`)."""
     name = name.strip("\"'-")
     parts = re.split(r"[-_.]+", name.lower())
     pointer = parts[-1] in _POINTER_PARTS
@@ -190,16 +188,12 @@ def printable(text: str) -> str:
     """``text`` fit for one terminal line: ANSI escapes and control characters removed
     (newlines -> spaces), invisible format characters shown as escapes (``\\u202e``)."""
     text = _ANSI.sub("", text).replace("\r\n", " ").replace("\n", " ").replace("\t", " ")
-    return _FORMAT.sub(_escape, _CONTROL.sub("", text))  # lone surrogates too
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match[0])
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    # every _FORMAT character (lone surrogates too) is above U+00FF: a \uXXXX or \UXXXXXXXX
+    return _FORMAT.sub(lambda m: m[0].encode("unicode_escape").decode(), _CONTROL.sub("", text))
 
 
 def md_text(text: str) -> str:
-    return _MD_SPECIAL.sub(r"\\\1", printable(text))
+    return re.sub(r"([\\`*_\[\]<>|#!~])", r"\\\1", printable(text))
 
 
 def md_code(text: str) -> str:

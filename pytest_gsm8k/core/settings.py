@@ -1,17 +1,16 @@
 """Options, their ini twins and their checks, each declared once as a :class:`Settings` field;
-what relates two options is in :func:`_across`. README's options table says the rest (checked
+what relates two options is in :func:`build_settings`. README's options table says the rest (checked
 by tests/repo/test_options_table.py). Imported at every pytest start: nothing heavy."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import operator
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -22,7 +21,6 @@ MAX_SAMPLES = 1024
 #: core/scoring.py's RULES (a test keeps them equal): pytest's start does not import scoring
 EXTRACTORS = ("strict", "answer-is", "boxed", "flexible", "last-int")
 OMIT = "none"  # an ``omit`` option's value that leaves the field out of the request body
-PROTOCOL_RE = re.compile(r"^(test@1|(pass|maj)@(-?\d+))$")
 
 
 class SettingsError(Exception):
@@ -54,7 +52,7 @@ class Option:
         return "gsm8k_" + self.name.replace("-", "_")
 
     @classmethod
-    def of(cls, f: dataclasses.Field[Any]) -> Option:
+    def of(cls, f: Field[Any]) -> Option:
         """The option a ``Settings`` field declares, its kind read from the annotation."""
         spec = dict(f.metadata["gsm8k"])
         base = str(f.type).removesuffix(" | None")
@@ -75,7 +73,7 @@ class Option:
             return [raw] if isinstance(raw, str) else [str(x) for x in raw]
         try:
             value = _READ[self.kind](raw)
-        except ValueError:
+        except (KeyError, ValueError):
             raise SettingsError(f"{said}: expected {_EXPECTED[self.kind]}, got {raw!r}") from None
         if self.choices and value not in self.choices:
             *first, last = self.choices
@@ -104,23 +102,18 @@ def out_of_range(value: float, **bounds: float) -> str | None:
     return "must be " + " and ".join(said)
 
 
-def convert_bool(raw: Any) -> bool:
-    """The words pytest's own bool ini type accepts; ValueError otherwise."""
-    text = str(raw).strip().lower()
-    if text not in (*_TRUE, "0", "false", "no", "off", "n", "f", ""):
-        raise ValueError(raw)
-    return text in _TRUE
-
-
-_TRUE = ("1", "true", "yes", "on", "y", "t")
-_READ: dict[str, Callable[[Any], Any]] = {"bool": convert_bool, "str": str, "float": float}
+#: the words pytest's own bool ini type accepts
+_BOOL = dict.fromkeys(("1", "true", "yes", "on", "y", "t"), True)
+_BOOL |= dict.fromkeys(("0", "false", "no", "off", "n", "f"), False)
+_READ: dict[str, Callable[[Any], Any]] = {"str": str, "float": float}
+_READ["bool"] = lambda raw: _BOOL[str(raw).strip().lower()]  # KeyError: not a bool word
 _READ["int"] = lambda raw: int(str(raw))  # never int(3.7): that would be 3
 _EXPECTED = {"bool": "true or false", "int": "an integer", "float": "a number"}
 
 
 def opt(help: str, default: Any = None, **spec: Any) -> Any:
     """A :class:`Settings` field that is an option; ``spec``: :class:`Option`'s attributes."""
-    return dataclasses.field(default=default, metadata={"gsm8k": {"help": help, **spec}})
+    return field(default=default, metadata={"gsm8k": {"help": help, **spec}})
 
 
 _PATH: dict[str, Any] = {"metavar": "PATH"}
@@ -133,8 +126,7 @@ _SECONDS: dict[str, Any] = {"metavar": "S", "unit": " seconds", **WAIT}
 
 @dataclass(frozen=True)
 class Settings:
-    """Validated settings, each field an option's declaration (``--help`` says one line each;
-    README's options table says the rest). Pure data."""
+    """Validated settings, each field an option's declaration (``--help`` says its one line)."""
 
     # fmt: off
     model: str | None = opt("model id to evaluate ('local': a GGUF on llama.cpp)", metavar="ID")
@@ -304,105 +296,122 @@ CONFIG_DECIDES = {
     "baseline": _NAMED,
     "baseline_name": _NAMED,
 }
-#: an ini floor would gate every config beside its own threshold (a command-line one does)
-CONFIG_SETS_ASIDE = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
 #: what a server the run starts decides (--gsm8k-serve, the local model)
 SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own URL"}
 
 
-@dataclass
-class _Read:
-    """The options as read: values by key, the keys given, those given by the ini."""
+#: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
+MAX_SHARDS = 256
 
-    values: dict[str, Any]
-    given: set[str]
-    ini: set[str]
-    warn: Callable[[str], None]
 
-    def mode_wins(self, mode: str, decides: Mapping[str, str]) -> None:
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--gsm8k-shard I/N`` as ``(I, N)``, with ``1 <= I <= N <= MAX_SHARDS``."""
+    match = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", text)
+    if not match:
+        raise SettingsError(f"--gsm8k-shard: expected I/N (e.g. 2/4), got {text[:40]!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    for name, value, most in (("N", count, MAX_SHARDS), ("I", index, count)):
+        if problem := out_of_range(value, ge=1, le=most):
+            raise SettingsError(f"--gsm8k-shard {index}/{count}: {name} {problem}")
+    return index, count
+
+
+def build_settings(
+    get: Callable[[Option], Any],
+    warn: Callable[[str], None],
+    exists: Callable[[str], bool] = lambda path: False,
+    from_ini: Callable[[Option], bool] = lambda option: False,
+) -> Settings:
+    """Every option read through ``get`` (command line, then ini: ``from_ini`` says which) and
+    checked, then the rules that relate them, in order: the modes, the preset or the local
+    model, the protocol, the checks beyond a range (``exists``: the file system)."""
+    values: dict[str, Any] = {}
+    given: dict[str, bool] = {}  # the fields set: True where the ini set them
+    for option in OPTIONS:
+        ini = from_ini(option)
+        value = option.parse(get(option), f"ini {option.dest}" if ini else option.flag)
+        values[option.field] = option.default if value is None else value
+        if value is not None:
+            given[option.field] = ini
+
+    def mode_wins(mode: str, decides: Mapping[str, str]) -> None:
         """A value a mode decides: refused from the command line, set aside with a note from the
         ini (written for another recipe)."""
         for key, why in decides.items():
-            if key not in self.given:
+            if key not in given:
                 continue
             option = _BY_FIELD[key]
-            if key not in self.ini:
+            if not given[key]:
                 raise SettingsError(f"{option.flag} cannot be combined with {mode}: {why}")
-            self.warn(f"ini {option.dest} set aside: {mode} runs ({why}); {option.flag}= clears it")
-            self.given.discard(key)
-            self.values[key] = option.default
+            warn(f"ini {option.dest} set aside: {mode} runs ({why}); {option.flag}= clears it")
+            del given[key]
+            values[key] = option.default
 
-    def old_config(self, exists: Callable[[str], bool]) -> None:
-        """The old ``--gsm8k-config main|socratic``: the dataset config, with a note (refused
-        when a file of that name exists: ambiguous)."""
-        value, values = self.values["vllm_config"], self.values
-        if value not in DATASET_CONFIGS:
-            return
-        if exists(value):
+    # the old --gsm8k-config main|socratic (DATASET_CONFIGS)
+    if (old := values["vllm_config"]) in DATASET_CONFIGS:
+        if exists(old):
             raise SettingsError(
-                f"--gsm8k-config {value}: a file or folder named {value!r} exists here; write "
-                f"--gsm8k-config ./{value} for vLLM configs or --gsm8k-dataset-config {value} "
+                f"--gsm8k-config {old}: a file or folder named {old!r} exists here; write "
+                f"--gsm8k-config ./{old} for vLLM configs or --gsm8k-dataset-config {old} "
                 "for the dataset config"
             )
-        if "dataset_config" in self.given and values["dataset_config"] != value:
+        if "dataset_config" in given and values["dataset_config"] != old:
             raise SettingsError(
-                f"--gsm8k-config {value} and --gsm8k-dataset-config {values['dataset_config']} "
+                f"--gsm8k-config {old} and --gsm8k-dataset-config {values['dataset_config']} "
                 "disagree; give --gsm8k-dataset-config only"
             )
-        self.warn(
-            f"--gsm8k-config {value} selects the dataset config: write --gsm8k-dataset-config "
-            f"{value} (--gsm8k-config now takes vLLM config files)"
+        warn(
+            f"--gsm8k-config {old} selects the dataset config: write --gsm8k-dataset-config "
+            f"{old} (--gsm8k-config now takes vLLM config files)"
         )
-        values.update(dataset_config=value, vllm_config=None)
-        self.given.discard("vllm_config")
-        self.given.add("dataset_config")
-
-    def preset(self, name: str) -> None:
-        """The preset's values; any of them given as well is refused (the peer's protocol)."""
+        values.update(dataset_config=old, vllm_config=None)
+        given.pop("vllm_config", None)
+        given["dataset_config"] = False
+    if values["vllm_config"]:
+        # an ini floor would gate every config beside its own threshold (a command-line one does)
+        floor = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
+        mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **(floor if given.get("min_acc") else {})})
+        if values["early_stop"] == "sequential":
+            # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
+            raise SettingsError(
+                "--gsm8k-early-stop sequential cannot be combined with --gsm8k-config: each "
+                "config's verdict is vLLM's exact comparison over its first num_questions "
+                "problems (--gsm8k-early-stop certain stops each config once its verdict is fixed)"
+            )
+        if "preset" in given and values["preset"] != "vllm":
+            raise SettingsError(
+                f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
+                "every config runs --gsm8k-preset vllm (vLLM's own requests)"
+            )
+        if values["serve"] and "{server_args}" not in values["serve"]:
+            # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
+            warn(
+                "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
+                "vLLM's test adds are not passed to the server"
+            )
+    local = is_local_spec(values["model"])
+    if values["serve"] or local:
+        mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
+    if (name := values["preset"]) is not None:
+        # the preset's values; any of them given as well is refused (the peer's protocol)
         from pytest_gsm8k.core.presets import PRESETS, preset_settings
 
-        chosen = {key: self.values[key] for key in ("api", "shots") if key in self.given}
+        chosen = {key: values[key] for key in ("api", "shots") if key in given}
         try:
             fixed = preset_settings(name, **chosen)
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         spec = PRESETS[name]
         for key in (*fixed, *spec.also_fixed):
-            if key in self.given and key not in ("preset", "api", *spec.adjustable):
+            if key in given and key not in ("preset", "api", *spec.adjustable):
                 flag = _BY_FIELD[key].flag
                 raise SettingsError(f"--gsm8k-preset {name} sets {flag} itself; remove {flag}")
-        self.values.update(fixed)
-
-
-def _config_mode(read: _Read) -> None:
-    """--gsm8k-config: what the configs decide wins; what cannot follow vLLM's test is refused."""
-    values = read.values
-    sets_aside = {key: why for key, why in CONFIG_SETS_ASIDE.items() if key in read.ini}
-    read.mode_wins("--gsm8k-config", {**CONFIG_DECIDES, **sets_aside})
-    if values["early_stop"] == "sequential":
-        # a seeded random order and a stated alpha: not the exact comparison of vLLM's test
-        raise SettingsError(
-            "--gsm8k-early-stop sequential cannot be combined with --gsm8k-config: each "
-            "config's verdict is vLLM's exact comparison over its first num_questions "
-            "problems (--gsm8k-early-stop certain stops each config once its verdict is fixed)"
-        )
-    if "preset" in read.given and values["preset"] != "vllm":
-        raise SettingsError(
-            f"--gsm8k-preset {values['preset']} cannot be combined with --gsm8k-config: "
-            "every config runs --gsm8k-preset vllm (vLLM's own requests)"
-        )
-    if values["serve"] and "{server_args}" not in values["serve"]:
-        # another server (SGLang) takes none of vLLM's flags: said, never dropped unseen
-        read.warn(
-            "--gsm8k-serve has no {server_args}: the configs' server_args and the flags "
-            "vLLM's test adds are not passed to the server"
-        )
-
-
-def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
-    """The protocol's N, checked, and the settings that depend on it."""
+        values.update(fixed)
+    elif local:
+        # A base model does not follow chat instructions: few-shot completions with stops.
+        values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
     protocol = values["protocol"] = values["protocol"].strip()
-    match = PROTOCOL_RE.match(protocol)
+    match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
     if not match:
         raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
     samples = int(match.group(3) or 1)
@@ -422,24 +431,6 @@ def _protocol(values: dict[str, Any], warn: Callable[[str], None]) -> int:
             f"run-to-run noise; --gsm8k-protocol {protocol} samples already (use test@1, or "
             "--gsm8k-repeats 1)"
         )
-    return samples
-
-
-def _across(read: _Read, exists: Callable[[str], bool]) -> int:
-    """The rules that relate options, in order: the modes, the preset or the local model, the
-    protocol, the checks beyond a range. Returns the protocol's N."""
-    values, given = read.values, read.given
-    read.old_config(exists)
-    if values["vllm_config"]:
-        _config_mode(read)
-    if values["serve"] or is_local_spec(values["model"]):
-        read.mode_wins("--gsm8k-serve" if values["serve"] else "--gsm8k-model=local", SERVE_DECIDES)
-    if values["preset"] is not None:
-        read.preset(values["preset"])
-    elif is_local_spec(values["model"]):
-        # A base model does not follow chat instructions: few-shot completions with stops.
-        values.update({k: v for k, v in LOCAL_DEFAULTS.items() if k not in given})
-    samples = _protocol(values, read.warn)
     values["params"] = parse_params(values["params"] or [])
     if values["preset"] == "vllm":
         from pytest_gsm8k.core.engine_ci import vllm_param_error
@@ -477,44 +468,5 @@ def _across(read: _Read, exists: Callable[[str], bool]) -> int:
         )
     if values["base_url"] and (problem := url_problem(values["base_url"])):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
-    return samples
-
-
-#: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
-MAX_SHARDS = 256
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``--gsm8k-shard I/N`` as ``(I, N)``, with ``1 <= I <= N <= MAX_SHARDS``."""
-    match = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", text)
-    if not match:
-        raise SettingsError(f"--gsm8k-shard: expected I/N (e.g. 2/4), got {text[:40]!r}")
-    index, count = int(match.group(1)), int(match.group(2))
-    for name, value, most in (("N", count, MAX_SHARDS), ("I", index, count)):
-        if problem := out_of_range(value, ge=1, le=most):
-            raise SettingsError(f"--gsm8k-shard {index}/{count}: {name} {problem}")
-    return index, count
-
-
-def build_settings(
-    get: Callable[[Option], Any],
-    warn: Callable[[str], None],
-    exists: Callable[[str], bool] = lambda path: False,
-    from_ini: Callable[[Option], bool] = lambda option: False,
-) -> Settings:
-    """Every option read through ``get`` (command line, then ini) and checked, then the rules
-    across them; ``exists``: the file system; ``from_ini``: whether a value is the ini's."""
-    read = _Read({}, set(), set(), warn)
-    for option in OPTIONS:
-        ini = from_ini(option)
-        value = option.parse(get(option), f"ini {option.dest}" if ini else option.flag)
-        read.values[option.field] = option.default if value is None else value
-        if value is not None:
-            read.given.add(option.field)
-            if ini:
-                read.ini.add(option.field)
-    samples = _across(read, exists)
-    read.values.update(
-        (o.field, tuple(read.values[o.field] or ())) for o in OPTIONS if o.kind == "list"
-    )
-    return Settings(samples=samples, **read.values)
+    values.update((o.field, tuple(values[o.field] or ())) for o in OPTIONS if o.kind == "list")
+    return Settings(samples=samples, **values)

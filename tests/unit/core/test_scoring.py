@@ -16,9 +16,7 @@ from pytest_gsm8k.core.scoring import (
     RULES,
     STRICT_PATTERN,
     TOLERANCE,
-    WHOLE_TEXT_RULES,
     SampleScore,
-    extract,
     format_number,
     gold_number,
     majority_vote,
@@ -27,9 +25,15 @@ from pytest_gsm8k.core.scoring import (
     score_text,
     strip_reasoning,
 )
+from pytest_gsm8k.core.settings import SettingsError, build_settings
 
 DATA_DIR = data_dir()
 D = Decimal
+
+
+def extract(text: str, rule: str, pattern: re.Pattern[str] | None = None) -> Decimal | None:
+    """What ``rule`` extracts from ``text``, through :func:`score_text` as every run scores."""
+    return score_text(text, D(0), pattern).extracted[rule]
 
 
 # --------------------------------------------------------------------------- constants
@@ -37,6 +41,7 @@ D = Decimal
 
 def test_rules_and_strict_pattern_are_the_documented_ones() -> None:
     assert RULES == ("strict", "answer-is", "boxed", "flexible", "last-int")
+    assert tuple(score_text("", D(0)).extracted) == RULES  # every rule scored, in this order
     assert STRICT_PATTERN == r"####\s*(-?[\d,]+(?:\.\d+)?)"
     assert D("1e-6") == TOLERANCE
 
@@ -325,8 +330,8 @@ def test_wrong_number_inside_think_is_ignored_right_answer_outside_counts() -> N
     assert all(score.correct.values())
 
 
-#: the rules that read only what strip_reasoning leaves
-STRIPPING_RULES = tuple(rule for rule in RULES if rule not in WHOLE_TEXT_RULES)
+#: the rules that read only what strip_reasoning leaves (last-int reads the whole text)
+STRIPPING_RULES = tuple(rule for rule in RULES if rule != "last-int")
 
 
 def test_answer_only_inside_think_does_not_count() -> None:
@@ -350,8 +355,9 @@ def test_orphan_and_unclosed_think_tags(text: str) -> None:
 
 
 def test_unknown_rule_raises_naming_rule_and_valid_ones() -> None:
-    with pytest.raises(ValueError, match="nonsense") as info:
-        extract("#### 1", "nonsense")
+    get = {"gsm8k_extract": "nonsense"}.get
+    with pytest.raises(SettingsError, match="nonsense") as info:
+        build_settings(lambda option: get(option.dest), lambda _: None)
     for rule in RULES:
         assert rule in str(info.value)
 
