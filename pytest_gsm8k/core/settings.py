@@ -1,5 +1,5 @@
 """Options, their ini twins and their checks, each declared once as a :class:`Settings` field;
-what relates two options is in :func:`build_settings`. README's options table says the rest (checked
+what relates two options is in :func:`_across`. README's options table says the rest (checked
 by tests/repo/test_options_table.py). Imported at every pytest start: nothing heavy."""
 
 from __future__ import annotations
@@ -300,39 +300,15 @@ CONFIG_DECIDES = {
 SERVE_DECIDES = {"base_url": "the run starts the server and asks it at its own URL"}
 
 
-#: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
-MAX_SHARDS = 256
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``--gsm8k-shard I/N`` as ``(I, N)``, with ``1 <= I <= N <= MAX_SHARDS``."""
-    match = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", text)
-    if not match:
-        raise SettingsError(f"--gsm8k-shard: expected I/N (e.g. 2/4), got {text[:40]!r}")
-    index, count = int(match.group(1)), int(match.group(2))
-    for name, value, most in (("N", count, MAX_SHARDS), ("I", index, count)):
-        if problem := out_of_range(value, ge=1, le=most):
-            raise SettingsError(f"--gsm8k-shard {index}/{count}: {name} {problem}")
-    return index, count
-
-
-def build_settings(
-    get: Callable[[Option], Any],
+def _across(
+    values: dict[str, Any],
+    given: dict[str, bool],
     warn: Callable[[str], None],
-    exists: Callable[[str], bool] = lambda path: False,
-    from_ini: Callable[[Option], bool] = lambda option: False,
-) -> Settings:
-    """Every option read through ``get`` (command line, then ini: ``from_ini`` says which) and
-    checked, then the rules that relate them, in order: the modes, the preset or the local
-    model, the protocol, the checks beyond a range (``exists``: the file system)."""
-    values: dict[str, Any] = {}
-    given: dict[str, bool] = {}  # the fields set: True where the ini set them
-    for option in OPTIONS:
-        ini = from_ini(option)
-        value = option.parse(get(option), f"ini {option.dest}" if ini else option.flag)
-        values[option.field] = option.default if value is None else value
-        if value is not None:
-            given[option.field] = ini
+    exists: Callable[[str], bool],
+) -> int:
+    """The rules that relate options, in order: the modes, the preset or the local model, the
+    protocol, the checks beyond a range. ``given``: the fields set, True where the ini set them.
+    Returns the protocol's N."""
 
     def mode_wins(mode: str, decides: Mapping[str, str]) -> None:
         """A value a mode decides: refused from the command line, set aside with a note from the
@@ -468,5 +444,41 @@ def build_settings(
         )
     if values["base_url"] and (problem := url_problem(values["base_url"])):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
+    return samples
+
+
+#: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
+MAX_SHARDS = 256
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``--gsm8k-shard I/N`` as ``(I, N)``, with ``1 <= I <= N <= MAX_SHARDS``."""
+    match = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", text)
+    if not match:
+        raise SettingsError(f"--gsm8k-shard: expected I/N (e.g. 2/4), got {text[:40]!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    for name, value, most in (("N", count, MAX_SHARDS), ("I", index, count)):
+        if problem := out_of_range(value, ge=1, le=most):
+            raise SettingsError(f"--gsm8k-shard {index}/{count}: {name} {problem}")
+    return index, count
+
+
+def build_settings(
+    get: Callable[[Option], Any],
+    warn: Callable[[str], None],
+    exists: Callable[[str], bool] = lambda path: False,
+    from_ini: Callable[[Option], bool] = lambda option: False,
+) -> Settings:
+    """Every option read through ``get`` (command line, then ini) and checked, then the rules
+    across them; ``exists``: the file system; ``from_ini``: whether a value is the ini's."""
+    values: dict[str, Any] = {}
+    given: dict[str, bool] = {}
+    for option in OPTIONS:
+        ini = from_ini(option)
+        value = option.parse(get(option), f"ini {option.dest}" if ini else option.flag)
+        values[option.field] = option.default if value is None else value
+        if value is not None:
+            given[option.field] = ini
+    samples = _across(values, given, warn, exists)
     values.update((o.field, tuple(values[o.field] or ())) for o in OPTIONS if o.kind == "list")
     return Settings(samples=samples, **values)
