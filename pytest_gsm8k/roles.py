@@ -205,7 +205,7 @@ class Aggregator(Role):
             if str(exc) == run.stopped.get(""):  # the run's own early stop
                 return True  # the gates' verdicts are settled: a finished run, not interrupted
             run.interrupt()  # stopped before the end (complete: false)
-            if "aborted" in self.stops:
+            if self.controller and "aborted" in self.stops:  # a worker's (a plain run's too)
                 from xdist.dsession import Interrupted  # type: ignore[import-untyped]
 
                 if isinstance(exc, Interrupted):

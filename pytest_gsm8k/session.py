@@ -387,8 +387,10 @@ class Sources:
             raise pytest.UsageError(CONFIG_OVERRIDE)
         if configs and self.matrix is None and self.channel is None:
             raise pytest.UsageError("gsm8k: --gsm8k-config: no config server was started")
-        # the plan's protocol or an equal one (a conftest's copy): ``in`` tries ``is`` first
-        if configs or (is_default and self.channel and protocol in (self._session.plan.protocol,)):
+        # the plan's protocol or an equal one of its class (a conftest's copy; a subclass may ask
+        # otherwise, whatever its __eq__ says): ``in`` tries ``is`` first
+        same = is_default and self.channel and type(protocol) is type(self._session.plan.protocol)
+        if configs or (same and protocol in (self._session.plan.protocol,)):
             if self.channel is not None and not self.channel.fetch:  # an override: fetch now
                 with contextlib.suppress(ConnectionError):  # a broken channel: said at the ask
                     ids = [p.id for p in self._session.run.collected or ()]

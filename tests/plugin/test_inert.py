@@ -239,3 +239,24 @@ def test_the_vllm_presets_failures_are_said_without_importing_openai(
     for said in ("has no choices (an empty list)", "has no answer (", "HTTP 500 after retries"):
         assert said in output(result), said
     assert "openai" not in json.loads((pytester.path / "probe.main").read_text())
+
+
+def test_a_plain_run_the_endpoint_stopped_imports_no_xdist(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, server: FakeOpenAIServer
+) -> None:
+    """A run without xdist (here ``-p no:xdist``) never imports xdist's controller, not on
+    the path of an endpoint failure that stops the run either: only an xdist controller asks
+    whether a worker's stop is xdist's Interrupted (a plain run's 'aborted', kept in the
+    role's stops since issue 33's economy pass, imported xdist.dsession there)."""
+    server.set_script(Script(v1_only=True))  # every request a 404: the run stops at the first
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-SECRET-1234567890")
+    monkeypatch.setenv("PROBE_OUT", str(pytester.path / "probe"))
+    pytester.makeconftest(MODULES_PROBE)
+    base = server.base_url.removesuffix("/v1") + "/api"
+    result = pytester.runpytest_subprocess(
+        *NO_EXTRA_PLUGINS, "-p", "no:xdist", "--gsm8k-model=m", f"--gsm8k-base-url={base}"
+    )
+    assert result.ret == 1, output(result)
+    assert output(result).count("gsm8k: run stopped:") == 1, output(result)
+    loaded = json.loads((pytester.path / "probe.main").read_text())
+    assert [m for m in loaded if m.startswith("xdist.dsession")] == []

@@ -131,7 +131,7 @@ def test_a_protocol_equal_to_the_plans_asks_each_problem_once(
     """docs/design.md: under xdist no request is sent twice. A user's own test beside the
     built-in one, given a ``gsm8k_protocol`` equal to the plan's (another object), reads the
     controller's answers as the built-in test does: protocols compare by value (at -n 2 its
-    workers once asked their problems again: 21 requests for 20 problems)."""
+    workers once asked their problems again: 26 to 32 requests for 20 problems)."""
     pytester.makeconftest(EQUAL_PROTOCOL)
     pytester.makepyfile(test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome\n")
     result = pytester.runpytest(
@@ -141,6 +141,55 @@ def test_a_protocol_equal_to_the_plans_asks_each_problem_once(
     assert report(pytester)["counts"]["correct"] == 20
     assert sent(server) == 20
     assert set(server.stats()["requests_by_index"].values()) == {1}
+
+
+#: a conftest's own protocol that asks differently (a system line of its own) while its
+#: ``__eq__`` calls it equal to the plugin's (it compares the fields a baseline compares)
+OWN_REQUESTS_EQUAL_FIELDS = """
+import dataclasses
+import pytest
+from pytest_gsm8k import Protocol
+from pytest_gsm8k.session import get_session
+
+class Careful(Protocol):
+    def request(self, problem):
+        asked = super().request(problem)
+        return dataclasses.replace(asked, messages=(("system", "Be careful."), *asked.messages))
+
+    def __eq__(self, other):
+        return self.identity() == other.identity()
+
+    __hash__ = Protocol.__hash__
+
+@pytest.fixture(scope="session")
+def gsm8k_protocol(pytestconfig):
+    plan = get_session(pytestconfig).plan.protocol
+    return Careful(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
+"""
+
+
+@XDIST
+def test_a_protocol_of_another_class_asks_its_own_requests(
+    pytester: pytest.Pytester,
+    server: FakeOpenAIServer,
+    gsm8k_args: list[str],
+    keyed_env: str,
+    xdist: list[str],
+) -> None:
+    """A conftest's ``gsm8k_protocol`` (the built-in test's too) is asked as it asks, plain
+    and under -n 2 alike: only a Protocol of the plan's own class that equals it reads the
+    controller's answers, never a subclass whose ``request`` differs, whatever its ``__eq__``
+    says (under -n 2 every item read the plan's answers: 20 requests without its system line,
+    the gate measured a protocol the run was not given)."""
+    server.record = True
+    pytester.makeconftest(OWN_REQUESTS_EQUAL_FIELDS)
+    result = pytester.runpytest(*gsm8k_args, *xdist, "--gsm8k-limit=20", "--gsm8k-no-cache")
+    assert result.ret == 0, output(result)
+    bodies = server.stats()["bodies"]
+    assert len(bodies) == 20
+    assert {json.dumps(body["messages"][0]) for body in bodies} == {
+        json.dumps({"role": "system", "content": "Be careful."})
+    }
 
 
 def _session_processes(sid: int) -> list[int]:
