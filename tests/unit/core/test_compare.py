@@ -76,7 +76,6 @@ def test_identical_runs_pass_with_nothing_flipped() -> None:
     ) == paired_difference_interval(8, 0, 0, 2)
     assert result.a.accuracy == result.b.accuracy == 0.8
     assert result.verdict.passed
-    assert result.verdict.passed
 
 
 def test_six_newly_failing_of_ten_is_worse_at_5_percent_not_at_1() -> None:
