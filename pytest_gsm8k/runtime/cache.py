@@ -29,7 +29,6 @@ from pytest_gsm8k.runtime.outputs import write_atomic
 SCHEMA = 1
 #: the longest wait for the writer thread at the end (a hung file system holds only it)
 FLUSH_SECONDS = 30.0
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO would wait for its other end
 Json = dict[str, Any]
 #: one entry to store: (key, request body, response, the server's description or None)
 Write = tuple[str, Json, Json, Json | None]
@@ -75,7 +74,7 @@ def _running(path: str) -> bool:
     never wrote). A lock that cannot be tried counts as held: its entries are asked again."""
     for flags in (os.O_RDWR, os.O_RDONLY):  # NFS locks only for writing; a read-only copy
         try:
-            fd = os.open(path, flags | _NONBLOCK)
+            fd = os.open(path, flags | os.O_NONBLOCK)
         except FileNotFoundError:
             return False
         except OSError:
@@ -126,7 +125,7 @@ class ResponseCache:
         filed under another request (a warning each), or another run's (see the module)."""
         path = self._entry_text(key)
         try:
-            fd = os.open(path, os.O_RDONLY | _NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would wait for a writer
             with open(fd, "rb") as handle:
                 info = os.fstat(fd)
                 data = _parse(handle.read()) if stat.S_ISREG(info.st_mode) else None

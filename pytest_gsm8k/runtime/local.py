@@ -161,8 +161,7 @@ def _packaged_model_path() -> Path:
     except (OSError, ValueError) as exc:
         raise ServeError(f"could not prepare the packaged model at {target}: {exc}") from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     return target
 
 

@@ -364,9 +364,8 @@ class Started:
 def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
     """Start ``order`` (``how``: any other field of it) on a free loopback port, wait until
     ``GET /v1/models`` answers from the server's own processes (a port taken meanwhile is
-    retried), probe it and check its model. Any failure is one :class:`ServeError` line, the
-    server stopped: an early exit, or no answer within ``startup_timeout`` (all tries
-    together), with the exit status and the tail of its log."""
+    retried), probe it and check its model. A failure stops the server: an early exit, or no
+    answer within ``startup_timeout`` (all tries together), with its exit status and log tail."""
     order = dataclasses.replace(order, **how)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
@@ -421,8 +420,7 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
 
 
 def _taken(server: ServedProcess, order: Launch) -> Started:
-    """The server that serves, its model adopted or checked (``order.check``), and what the
-    report says of it."""
+    """The serving server's model adopted or checked (``order.check``), and its report."""
     identity = None
     if order.check == "adopt":
         try:
