@@ -160,11 +160,9 @@ class ServedProcess:
         many = "processes" if len(left) > 1 else "process"
         return f"{text}, leaving {len(left)} {many} (pid {pids}) running, now stopped"
 
-    def death_head(self) -> str:
-        return f"{self.what[:-1]}, pid {self.pid}) {self.ended('died')}"
-
-    def death_message(self) -> str:
-        return _with_tail(self.death_head() + f" (log {self.log_path})", self.log_text(), 8)
+    def death_message(self, hint: str = "") -> str:
+        head = f"{self.what[:-1]}, pid {self.pid}) {self.ended('died')}{hint} (log {self.log_path})"
+        return _with_tail(head, self.log_text(), 8)
 
     def watch(self, on_death: Callable[[str], None]) -> None:
         """``on_death(message)`` from a thread as soon as the server exits unasked: a dead
