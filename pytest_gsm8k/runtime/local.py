@@ -47,8 +47,6 @@ _SERVER_ENV_SETTINGS = frozenset(
     use_mmap verbose vocab_only yarn_attn_factor yarn_beta_fast yarn_beta_slow yarn_ext_factor
     yarn_orig_ctx""".split()  # noqa: SIM905 (a list literal would take 57 lines)
 )
-#: signals a llama.cpp compiled for instructions this CPU lacks dies with
-_CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIGBUS)})
 
 
 def resolve_model(spec: str) -> Path:
@@ -170,7 +168,8 @@ class LocalServer(ServedProcess):
 
     def death_message(self, hint: str = "") -> str:
         code = self.returncode
-        if code is None or -code not in _CPU_FAULTS:
+        # what a llama.cpp compiled for instructions this CPU lacks dies with
+        if code is None or -code not in (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS):
             return super().death_message()
         pinned = "llama-cpp-python"
         with contextlib.suppress(Exception):  # only the hint's precision depends on it

@@ -360,10 +360,8 @@ class Started:
 
 
 def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
-    """Start ``order`` (``how``: any other field of it) on a free loopback port, wait until
-    ``GET /v1/models`` answers from the server's own processes (a port taken meanwhile is
-    retried), probe it and check its model. A failure stops the server: an early exit, or no
-    answer within ``startup_timeout`` (all tries together), with its exit status and log tail."""
+    """Start ``order`` (``how``: any other field of it) as the module says; a port taken
+    meanwhile is retried, and ``startup_timeout`` bounds all tries together."""
     order = dataclasses.replace(order, **how)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
