@@ -83,10 +83,7 @@ def _load_dataset(
 
 
 def load_split(
-    data: str | None,
-    split: str = "test",
-    config: str = "main",
-    hub_name: str | None = None,
+    data: str | None, split: str = "test", config: str = "main", hub_name: str | None = None
 ) -> Split:
     """One split: the embedded copy (the default), ``hub_name`` on the hub, or ``data``, a
     file or a folder holding ``<split>.jsonl`` (``<split>_socratic.jsonl``; the layout of
