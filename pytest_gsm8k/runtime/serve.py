@@ -176,9 +176,8 @@ class ServedProcess:
         threading.Thread(target=wait, name="gsm8k-serve-watch", daemon=True).start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM to every process of the server, SIGKILL after ``timeout``; the supervisor does
-        it (it sees processes that left the group). What outlives it (hung, or killed) is
-        SIGKILLed: its group's id is ours while it is unreaped or the group has members."""
+        """The supervisor ends the tree (supervise.py, GRACE ``timeout``); what outlives it (hung,
+        or killed) is SIGKILLed: its group's id is ours while it is unreaped or has members."""
         proc, control, self._stopping = self.process, self.process.stdin, True
         assert control is not None
         try:
