@@ -1,3 +1,2 @@
-"""The runtime: what talks to the world (HTTP client, response cache, engine, the
-xdist answer channel, the local model server, data files). No pytest here either.
-"""
+"""The runtime: what talks to the world (HTTP client, response cache, engine, the xdist
+answer channel, model servers, data files). No pytest here either."""

@@ -27,14 +27,9 @@ from pytest_gsm8k.core.types import stable_hash
 from pytest_gsm8k.runtime.outputs import write_atomic
 
 SCHEMA = 1
-#: the longest wait for the writer thread at the end (a hung file system holds only it)
-FLUSH_SECONDS = 30.0
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO would wait for its other end
 Json = dict[str, Any]
 #: one entry to store: (key, request body, response, the server's description or None)
 Write = tuple[str, Json, Json, Json | None]
-#: a run id as an entry stores it, fit to name its lock file (a uuid's hex)
-_RUN_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 _SKIPPED = {
     "special": "is not a regular file; it is ignored and its request asked again",
     "mismatch": "is filed under another request (its stored key or request is not the one "
@@ -64,7 +59,7 @@ def _parse(raw: bytes) -> Json:
     texts = [c["text"] for c in data["response"]["completions"]]
     if data["v"] != SCHEMA or not texts or not all(isinstance(t, str) for t in texts):
         raise ValueError("not an entry of this layout")
-    if not _RUN_ID.fullmatch(data["run"]):
+    if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", data["run"]):  # a uuid's hex: it names a lock
         raise ValueError("no run id")
     return data
 
@@ -75,7 +70,7 @@ def _running(path: str) -> bool:
     never wrote). A lock that cannot be tried counts as held: its entries are asked again."""
     for flags in (os.O_RDWR, os.O_RDONLY):  # NFS locks only for writing; a read-only copy
         try:
-            fd = os.open(path, flags | _NONBLOCK)
+            fd = os.open(path, flags | os.O_NONBLOCK)
         except FileNotFoundError:
             return False
         except OSError:
@@ -126,7 +121,7 @@ class ResponseCache:
         filed under another request (a warning each), or another run's (see the module)."""
         path = self._entry_text(key)
         try:
-            fd = os.open(path, os.O_RDONLY | _NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would wait for a writer
             with open(fd, "rb") as handle:
                 info = os.fstat(fd)
                 data = _parse(handle.read()) if stat.S_ISREG(info.st_mode) else None
@@ -257,14 +252,12 @@ class ResponseCache:
                 done()
 
     def flush(self) -> bool:
-        """Wait until every submitted entry is written; False after :data:`FLUSH_SECONDS`."""
+        """Wait until every submitted entry is written; False after 30 s."""
         if "writer" not in self._jobs:
             return True
         written = threading.Event()
         self._on("writer", written.set)
-        return written.wait(FLUSH_SECONDS)
-
-    # -- generations of a server this run starts --------------------------------------
+        return written.wait(30.0)  # a hung file system holds only the writer thread
 
     def _generation_path(self, name: str) -> Path:
         return self.root / "generations" / f"{stable_hash({'server': name})}.json"

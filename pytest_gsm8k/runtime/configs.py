@@ -55,8 +55,21 @@ def _folder(folder: Path) -> list[Path]:
 
 def load(path: str) -> tuple[VllmConfig, ...]:
     """The configs ``path`` names, in run order; ConfigError (one line) otherwise."""
+    where, configs = Path(path).expanduser(), []
     try:
-        configs = _load(Path(path).expanduser(), path)
+        if where.is_dir():
+            if not (files := _folder(where)):
+                raise ConfigError(f"--gsm8k-config {path}: the folder holds no .yaml config")
+            configs = [_one(p) for p in files]
+        elif not where.is_file():
+            raise ConfigError(f"--gsm8k-config {clip(path)}: no such file or folder")
+        elif _suffix(where):
+            configs = [_one(where)]
+        else:
+            for number, name in parse_list(_read(where, str(where)), str(where)):
+                if not (where.parent / name).is_file():
+                    raise ConfigError(f"{where}:{number}: no config file {clip(name)}")
+                configs.append(_one(where.parent / name))
     except OSError as exc:  # a name too long, a folder that cannot be listed
         raise ConfigError(f"--gsm8k-config {clip(path)}: cannot read ({exc.strerror})") from None
     seen: dict[str, VllmConfig] = {}
@@ -67,20 +80,3 @@ def load(path: str) -> tuple[VllmConfig, ...]:
                 f"({other.source} and {config.source})"
             )
     return tuple(configs)
-
-
-def _load(where: Path, path: str) -> list[VllmConfig]:
-    if where.is_dir():
-        if not (files := _folder(where)):
-            raise ConfigError(f"--gsm8k-config {path}: the folder holds no .yaml config")
-        return [_one(p) for p in files]
-    if not where.is_file():
-        raise ConfigError(f"--gsm8k-config {clip(path)}: no such file or folder")
-    if _suffix(where):
-        return [_one(where)]
-    configs = []
-    for number, name in parse_list(_read(where, str(where)), str(where)):
-        if not (where.parent / name).is_file():
-            raise ConfigError(f"{where}:{number}: no config file {clip(name)}")
-        configs.append(_one(where.parent / name))
-    return configs

@@ -46,8 +46,7 @@ def _read_embedded(config: str, split: str) -> list[Problem]:
     filename = f"{config}-{split}.jsonl.xz"
     where = f"embedded {HUB_NAME} {config}/{split}"
     try:
-        packed = resources.files("pytest_gsm8k").joinpath("data").joinpath(filename).read_bytes()
-        raw = lzma.decompress(packed)
+        raw = lzma.decompress((resources.files("pytest_gsm8k") / "data" / filename).read_bytes())
     except (OSError, lzma.LZMAError) as exc:
         raise DatasetError(
             f"{where}: cannot read pytest_gsm8k/data/{filename} ({exc}); reinstall pytest-gsm8k"
@@ -84,10 +83,7 @@ def _load_dataset(
 
 
 def load_split(
-    data: str | None,
-    split: str = "test",
-    config: str = "main",
-    hub_name: str | None = None,
+    data: str | None, split: str = "test", config: str = "main", hub_name: str | None = None
 ) -> Split:
     """One split: the embedded copy (the default), ``hub_name`` on the hub, or ``data``, a
     file or a folder holding ``<split>.jsonl`` (``<split>_socratic.jsonl``; the layout of

@@ -47,8 +47,6 @@ _SERVER_ENV_SETTINGS = frozenset(
     use_mmap verbose vocab_only yarn_attn_factor yarn_beta_fast yarn_beta_slow yarn_ext_factor
     yarn_orig_ctx""".split()  # noqa: SIM905 (a list literal would take 57 lines)
 )
-#: signals a llama.cpp compiled for instructions this CPU lacks dies with
-_CPU_FAULTS = frozenset({int(signal.SIGILL), int(signal.SIGSEGV), int(signal.SIGBUS)})
 
 
 def resolve_model(spec: str) -> Path:
@@ -161,26 +159,26 @@ def _packaged_model_path() -> Path:
     except (OSError, ValueError) as exc:
         raise ServeError(f"could not prepare the packaged model at {target}: {exc}") from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     return target
 
 
 class LocalServer(ServedProcess):
     """A running ``llama_cpp.server``: a served process with the CPU-fault hint and a probe."""
 
-    def death_head(self) -> str:
+    def death_message(self, hint: str = "") -> str:
         code = self.returncode
-        if code is None or -code not in _CPU_FAULTS:
-            return super().death_head()
+        # what a llama.cpp compiled for instructions this CPU lacks dies with
+        if code is None or -code not in (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS):
+            return super().death_message()
         pinned = "llama-cpp-python"
         with contextlib.suppress(Exception):  # only the hint's precision depends on it
             pinned += f"=={importlib.metadata.version(pinned)}"
         # --no-cache-dir: pip's wheel cache does not key on CMAKE_ARGS
-        return (
-            f"{super().death_head()}; if llama.cpp was compiled for another CPU (a native "
-            f'build), rebuild it portable: CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install '
-            f"--force-reinstall --no-deps --no-cache-dir '{pinned}'"
+        return super().death_message(
+            "; if llama.cpp was compiled for another CPU (a native build), rebuild it portable: "
+            'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-deps '
+            f"--no-cache-dir '{pinned}'"
         )
 
     def probe(self, timeout: float = 120.0) -> None:
@@ -207,14 +205,10 @@ class LocalServer(ServedProcess):
 
 
 def local_spec(
-    model_path: Path,
-    *,
-    alias: str = DEFAULT_ALIAS,
-    threads: int | None = None,
-    n_ctx: int = DEFAULT_N_CTX,
+    model_path: Path, *, threads: int | None = None, n_ctx: int = DEFAULT_N_CTX
 ) -> Launch:
-    """The spec that serves ``model_path`` (checked now) as ``alias`` on all the CPUs this
-    process may use (llama.cpp's default is half: small CI machines need them all)."""
+    """The spec that serves ``model_path`` (checked now) as :data:`DEFAULT_ALIAS` on all the
+    CPUs this process may use (llama.cpp's default is half: small CI machines need them all)."""
     _check_gguf(Path(model_path))
     if threads is None:  # affinity and cgroup cpusets count
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -223,7 +217,7 @@ def local_spec(
     def command(port: int) -> ServeCommand:
         flags = {
             "model": model_path,
-            "model_alias": alias,
+            "model_alias": DEFAULT_ALIAS,
             "host": "127.0.0.1",
             "port": port,
             "n_threads": threads,
@@ -236,13 +230,9 @@ def local_spec(
         words = [w for key, value in flags.items() for w in (f"--{key}", str(value))]
         return ServeCommand([sys.executable, "-m", "llama_cpp.server", *words])
 
+    what = "the local model server (llama.cpp)"
     return Launch(
-        command=command,
-        model=alias,
-        what="the local model server (llama.cpp)",
-        factory=LocalServer,
-        env=server_env(),
-        context=f"model {model_path}",
+        command, DEFAULT_ALIAS, what, LocalServer, env=server_env(), context=f"model {model_path}"
     )
 
 

@@ -50,8 +50,10 @@ class Matrix:
         self._closing = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
+        #: the matrix's own loop, where configs' answers are awaited
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._loop_thread.start()
 
     def start(self, requests: Sequence[Request], *, guess: bool = False) -> None:
         """Start the sequence with the collected items' requests, as an Engine is started (the
@@ -169,16 +171,6 @@ class Matrix:
     def notes(self) -> list[str]:
         return [line for engine in list(self._made) for line in engine.notes()]
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """An event loop of the matrix's own, where configs' answers are awaited."""
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-                self._loop_thread.start()
-            return self._loop
-
     def settle(self, request: Request) -> None:
         """``request``'s outcome came back: its engine may fetch one more (never waits)."""
         if (engine := self.engine_of(request)) is not None:
@@ -201,9 +193,7 @@ class Matrix:
         for name, future in self._engines.items():
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 future.set_exception(EndpointAborted(f"config {name}: the run ended"))
-        if (loop := self._loop) is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            if self._loop_thread is not None:
-                self._loop_thread.join(timeout=5)
-            if not loop.is_running():
-                loop.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=5)
+        if not self.loop.is_running():
+            self.loop.close()

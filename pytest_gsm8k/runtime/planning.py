@@ -70,7 +70,6 @@ def build_protocol(settings: Settings, split: Split) -> Protocol:
     )
 
 
-#: the options a protocol takes as they are
 _AS_GIVEN = "samples temperature api preset system max_tokens stop answer_regex params"
 #: a config field --gsm8k-preset vllm cannot send as vLLM's test would (the value it sends,
 #: and why): the config would need another body than the preset's, so it is refused

@@ -160,11 +160,9 @@ class ServedProcess:
         many = "processes" if len(left) > 1 else "process"
         return f"{text}, leaving {len(left)} {many} (pid {pids}) running, now stopped"
 
-    def death_head(self) -> str:
-        return f"{self.what[:-1]}, pid {self.pid}) {self.ended('died')}"
-
-    def death_message(self) -> str:
-        return _with_tail(self.death_head() + f" (log {self.log_path})", self.log_text(), 8)
+    def death_message(self, hint: str = "") -> str:
+        head = f"{self.what[:-1]}, pid {self.pid}) {self.ended('died')}{hint} (log {self.log_path})"
+        return _with_tail(head, self.log_text(), 8)
 
     def watch(self, on_death: Callable[[str], None]) -> None:
         """``on_death(message)`` from a thread as soon as the server exits unasked: a dead
@@ -178,9 +176,8 @@ class ServedProcess:
         threading.Thread(target=wait, name="gsm8k-serve-watch", daemon=True).start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM to every process of the server, SIGKILL after ``timeout``; the supervisor does
-        it (it sees processes that left the group). What outlives it (hung, or killed) is
-        SIGKILLed: its group's id is ours while it is unreaped or the group has members."""
+        """The supervisor ends the tree (supervise.py, GRACE ``timeout``); what outlives it (hung,
+        or killed) is SIGKILLed: its group's id is ours while it is unreaped or has members."""
         proc, control, self._stopping = self.process, self.process.stdin, True
         assert control is not None
         try:
@@ -362,11 +359,8 @@ class Started:
 
 
 def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any) -> Started:
-    """Start ``order`` (``how``: any other field of it) on a free loopback port, wait until
-    ``GET /v1/models`` answers from the server's own processes (a port taken meanwhile is
-    retried), probe it and check its model. Any failure is one :class:`ServeError` line, the
-    server stopped: an early exit, or no answer within ``startup_timeout`` (all tries
-    together), with the exit status and the tail of its log."""
+    """Start ``order`` (``how``: any other field of it) as the module says; a port taken
+    meanwhile is retried, and ``startup_timeout`` bounds all tries together."""
     order = dataclasses.replace(order, **how)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
@@ -421,8 +415,7 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
 
 
 def _taken(server: ServedProcess, order: Launch) -> Started:
-    """The server that serves, its model adopted or checked (``order.check``), and what the
-    report says of it."""
+    """The serving server's model adopted or checked (``order.check``), and its report."""
     identity = None
     if order.check == "adopt":
         try:

@@ -18,10 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["descendants", "main"]
-
 _POLL = 0.05
-_LINGER = 1.0  # seconds the rest of the tree gets to end by itself after the main process
 
 
 def descendants(root: int, *, unreaped: bool = False) -> list[int]:
@@ -50,9 +47,7 @@ def descendants(root: int, *, unreaped: bool = False) -> list[int]:
 
 
 def main(args: list[str]) -> int:
-    status_fd, grace_text, parent, separator, *argv = args
-    if separator != "--" or not argv:
-        raise SystemExit("usage: supervise.py STATUS_FD GRACE PARENT -- ARGV...")
+    status_fd, grace_text, parent, _, *argv = args  # serve.py's call: ARGV is never empty
     status, grace = int(status_fd), float(grace_text)
     os.set_inheritable(status, False)
     if sys.platform.startswith("linux"):  # PR_SET_CHILD_SUBREAPER, from <linux/prctl.h>
@@ -104,7 +99,7 @@ def main(args: list[str]) -> int:
             stop = float(value) if word == "stop" and value else grace
     left: list[int] = []
     if stop is None:  # the main process ended on its own: what of its tree stays?
-        deadline = time.monotonic() + _LINGER
+        deadline = time.monotonic() + 1.0  # the rest of the tree may end by itself
         while (left := reap()) and time.monotonic() < deadline:
             time.sleep(_POLL)
     if not os.path.isdir("/proc"):  # the process group is what we can reach

@@ -93,11 +93,11 @@ def _answers(base_url: str) -> bool:
 
 
 def start_local_server(
-    path: Path, *, alias: str, log_path: Path, startup_timeout: float = 120.0, **spec: Any
+    path: Path, *, log_path: Path, startup_timeout: float = 120.0, **spec: Any
 ) -> LocalServer:
     """Serve ``path`` as the local preset does (its spec, then serve.py's launch)."""
     started = serve.launch(
-        local.local_spec(path, alias=alias, **spec),
+        local.local_spec(path, **spec),
         log_path=log_path,
         startup_timeout=startup_timeout,
     )
@@ -313,7 +313,7 @@ def test_start_rejects_a_non_gguf_before_spawning(tmp_path: Path) -> None:
     bogus = tmp_path / "m.bin"
     bogus.write_bytes(b"nope")
     with pytest.raises(ServeError, match="not a GGUF file"):
-        start_local_server(bogus, alias="x", log_path=tmp_path / "log")
+        start_local_server(bogus, log_path=tmp_path / "log")
     assert not (tmp_path / "log").exists()
 
 
@@ -330,7 +330,7 @@ SMALL: dict[str, Any] = {"threads": 1, "n_ctx": 256}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     log = tmp_path_factory.mktemp("local") / "server.log"
-    srv = start_local_server(resolve_model("local"), alias=DEFAULT_ALIAS, log_path=log, **SMALL)
+    srv = start_local_server(resolve_model("local"), log_path=log, **SMALL)
     try:
         yield srv
     finally:
@@ -383,7 +383,6 @@ def test_stop_leaves_no_process_and_no_death_report(
             target=lambda: started.append(
                 start_local_server(
                     resolve_model("local"),
-                    alias=DEFAULT_ALIAS,
                     log_path=tmp_path / "s.log",
                     **SMALL,
                 )
@@ -418,7 +417,7 @@ def test_stop_leaves_no_process_and_no_death_report(
 @_real
 def test_early_exit_reports_the_log_tail(tmp_path: Path) -> None:
     with pytest.raises(ServeError) as info:
-        start_local_server(_gguf(tmp_path / "fake.gguf"), alias="x", log_path=tmp_path / "s.log")
+        start_local_server(_gguf(tmp_path / "fake.gguf"), log_path=tmp_path / "s.log")
     first, *rest = str(info.value).splitlines()
     assert "exited with exit code" in first
     assert "fake.gguf" in first
@@ -431,7 +430,7 @@ _CHILD = """
     from pathlib import Path
     from pytest_gsm8k.runtime.local import local_spec, resolve_model
     from pytest_gsm8k.runtime.serve import launch
-    srv = launch(local_spec(resolve_model("local"), alias="child", n_ctx=256),
+    srv = launch(local_spec(resolve_model("local"), n_ctx=256),
                  log_path=Path(sys.argv[1]), startup_timeout=60).server
     print(json.dumps({"pid": srv.pid, "url": srv.base_url}), flush=True)
     if sys.argv[2] == "sleep":
@@ -492,9 +491,7 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
     """A build for another CPU serves /models, then faults on the first completion (SIGILL or
     SIGSEGV). The probe must say so with the signal, the log's tail and the rebuild command,
     and the watcher must report a death at once, never as an unreachable endpoint."""
-    srv = start_local_server(
-        resolve_model("local"), alias=DEFAULT_ALIAS, log_path=tmp_path / "server.log", **SMALL
-    )
+    srv = start_local_server(resolve_model("local"), log_path=tmp_path / "server.log", **SMALL)
     died: list[str] = []
     try:
         srv.probe()  # a healthy build answers one token
