@@ -17,3 +17,14 @@ def test_a_system_text_utf8_cannot_hold_is_hashed_not_an_internal_error() -> Non
     odd = Protocol(system="Be brief.\udcff").identity()["system_hash"]
     assert len(odd) == 16
     assert odd not in (brief, Protocol(system="Be brief.\udcfe").identity()["system_hash"])
+
+
+def test_the_exemplars_hash_is_the_one_recorded_baselines_hold() -> None:
+    """The pool's pairs joined as question ``\\x01`` answer, ``\\x00`` between pairs: a change
+    here would make every baseline recorded with shots refuse the run as another protocol."""
+    pairs = (("q1", "a #### 1"), ("q2", "a #### 2"))
+    expected = hashlib.sha256(b"q1\x01a #### 1\x00q2\x01a #### 2").hexdigest()[:16]
+    assert Protocol(shots=2, exemplars=pairs).identity()["fewshot_hash"] == expected
+    assert Protocol(shots=2, train=pairs).identity()["fewshot_hash"] == expected
+    assert Protocol().identity()["fewshot_hash"] is None
+    assert Protocol(system="").identity()["system_hash"] is None
