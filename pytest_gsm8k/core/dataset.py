@@ -48,6 +48,10 @@ def _problem(index: int, split: str, row: Any, where: str) -> Problem:
     for key in ("question", "answer"):
         if not isinstance(value := row.get(key), str) or not value.strip():
             raise DatasetError(f"{where}: missing or empty '{key}'")
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # JSON's \ud800: no hash (fingerprint, prompts) encodes it
+            raise DatasetError(f"{where}: '{key}' is not UTF-8 text (a lone surrogate)") from None
     try:
         return Problem(index, split, row["question"], row["answer"], gold_number(row["answer"]))
     except ValueError as exc:

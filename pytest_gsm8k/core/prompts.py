@@ -28,7 +28,8 @@ _IDENTITY += ("max_tokens", "stop", "extractor", "answer_regex", "preset")
 
 
 def _hash(text: str) -> str | None:
-    return hashlib.sha256(text.encode()).hexdigest()[:16] if text else None
+    # surrogatepass: --gsm8k-system's undecodable bytes are lone surrogates (UTF-8 text unchanged)
+    return hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()[:16] if text else None
 
 
 @dataclass(frozen=True)

@@ -354,6 +354,14 @@ def test_orphan_and_unclosed_think_tags(text: str) -> None:
     assert extract(text, "last-int") == D(text.split()[-1])  # the whole text's last integer
 
 
+def test_think_tags_fold_ascii_case_only() -> None:
+    """Any ASCII case is a tag; a look-alike with the Kelvin sign (U+212A, a ``k`` to Unicode
+    case folding) is text, never a tag that hides the numbers after it."""
+    assert strip_reasoning("1 <THINK>2</THINK> 3 </tHiNk> 4") == "4"
+    for text in ("5 <thin\u212a>6", "5 </thin\u212a> 6"):
+        assert strip_reasoning(text) == text
+
+
 def test_unknown_rule_raises_naming_rule_and_valid_ones() -> None:
     get = {"gsm8k_extract": "nonsense"}.get
     with pytest.raises(SettingsError, match="nonsense") as info:

@@ -111,6 +111,17 @@ def test_ini_strings_are_converted() -> None:
     assert s.stop == ("Question:",)
 
 
+def test_a_bool_option_takes_the_words_pytests_bool_ini_takes() -> None:
+    """Each word of pytest's own bool ini type, any case and blanks, and no other."""
+    for words, value in (("1 true yes on y t", True), ("0 false no off n f", False)):
+        for word in words.split():
+            for raw in (word, f" {word.upper()} "):
+                assert settings(no_cache=raw).no_cache is value, raw
+    for raw in ("2", "tru", "none", "enabled"):
+        with pytest.raises(SettingsError, match=f"expected true or false, got '{raw}'"):
+            settings(no_cache=raw)
+
+
 def test_key_and_base_url_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_KEY", "sk-123")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://env:1/v1")

@@ -170,6 +170,8 @@ def test_crlf_and_bom_are_accepted(tmp_path: Path) -> None:
         ('{"question": "q", "answer": 4}', "missing or empty 'answer'"),
         ('{"question": "q", "answer": "it is 4"}', "####"),
         ('{"question": "q", "answer": "#### four"}', "four"),
+        # JSON's \ud800 escape: a lone surrogate the fingerprint cannot encode (was a traceback)
+        ('{"question": "q \\ud800", "answer": "#### 4"}', "'question' is not UTF-8 text"),
     ],
 )
 def test_bad_row_names_file_and_line(tmp_path: Path, line: str, needle: str) -> None:
