@@ -145,8 +145,8 @@ class Gsm8kSession:
             decided = early.observe(problem_id, bool(record["correct"]), record["outcome"], answers)
         except (KeyError, ValueError):
             return None  # a problem outside the group's plan (a user's own test): not counted
-        if decided is None or early.observed >= early.n_total or run.doubled:
-            return None  # (doubled: the full run's verdict needs every test's answers)
+        if decided is None or early.arrived >= early.n_total or run.doubled:
+            return None  # (nothing left to skip; doubled: the verdict needs every test's answers)
         if not name:
             run.stop_early(name, message := f"gsm8k: {early.headline()}")
             sources.stop(early.headline())

@@ -249,6 +249,11 @@ class EarlyStop:
         if "FAIL" in values or all(v is not None for v in values):
             self.decision = Decision(self.observed, dict(self._verdicts), dict(self._how))
 
+    @property
+    def arrived(self) -> int:
+        """Outcomes observed, fed or waiting for the seeded order's earlier ones to arrive."""
+        return self._next + len(self._arrived)
+
     def observe(
         self,
         problem_id: str,

@@ -189,7 +189,7 @@ class Tally:
             rules = (plan.update_baseline, settings.baseline_partial, named, settings.repeats)
             stored, whole = planned.baseline, planned.split_problems(split)
             baseline = None if stored is None else BaselineInput(stored, whole, *rules)
-            early = _early(self.early.get(g.name), g.name in self.stopped)
+            early = _early(self.early.get(g.name), g.name in self.stopped, self.doubled)
             inputs.append(GroupInput(g, tuple(found.values()), selection, baseline, early))
         if not plan.configs:
             return inputs, None
@@ -234,14 +234,15 @@ class Tally:
         return self.early[name]
 
 
-def _early(early: EarlyStop | None, stopped: bool) -> EarlyOutcome | None:
+def _early(early: EarlyStop | None, stopped: bool, doubled: bool) -> EarlyOutcome | None:
     """The early stop as the verdict step takes it: frozen, its decision and its lines."""
     from pytest_gsm8k.core.verdict import EarlyOutcome
 
     if early is None:
         return None
     stopped = stopped and early.decision is not None
-    return EarlyOutcome(early.to_json(), early.headline(stopped), stopped)
+    why = "two tests ask a problem" if doubled else "every answer had arrived"
+    return EarlyOutcome(early.to_json(), early.headline(stopped), stopped, why)
 
 
 #: what two records of one problem must share to be one answer (the fields a verdict reads)

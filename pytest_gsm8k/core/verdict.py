@@ -64,6 +64,7 @@ class EarlyOutcome:
     record: Mapping[str, Any]
     headline: str
     stopped: bool
+    not_stopped: str  # why a decision before the last problem did not stop the group
 
 
 @dataclass(frozen=True)
@@ -303,8 +304,8 @@ def decide(
         extra["early_stop"] = dict(early.record)
         said, n, after = early.headline, early.record["n_total"], early.record["decided_after"]
         if after is not None and after < n and not early.stopped:
-            said += "; not stopped: two tests ask a problem"
-            extra["early_stop"]["not_stopped"] = "two tests ask a problem"  # (render.config_rows)
+            said += f"; not stopped: {early.not_stopped}"
+            extra["early_stop"]["not_stopped"] = early.not_stopped  # (render.config_rows)
         elif group.name and after == n:
             said = f"not stopped early: its verdicts were open until the last of its {n} problems"
         notes.append(f"  early stop ({early.record['mode']}): {said}")

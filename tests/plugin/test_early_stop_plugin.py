@@ -124,6 +124,46 @@ def test_a_run_decided_at_its_last_problem_says_decided_not_stopped(
     result.stdout.no_fnmatch_line("*stopped after*")
 
 
+#: items run in reverse (as --ff or a shuffling plugin may): the seeded prefix fills last
+REVERSED = """
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    items.reverse()
+"""
+
+
+def test_a_sequential_decision_reached_with_every_answer_in_stops_nothing(
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
+) -> None:
+    """Rule: the verdict is the full run's when the run has every answer. Items run out of the
+    seeded order: the sequential test decides only once its prefix is in, here with all 60
+    answers. It said "stopped after 7 of 60" (it skipped nothing), and its PASS at alpha
+    overrode the full count: 7 right of 60 against min-acc 0.5 exited 0 (seen failing before
+    the fix). Now it says decided, why it did not stop, and the gate counts every answer."""
+    from pytest_gsm8k.core.early_stop import run_order
+
+    pytester.makeconftest(REVERSED)
+    args = ("--gsm8k-limit=60", "--gsm8k-min-acc=0.5", "--gsm8k-early-stop=sequential")
+    result, data = gsm8k_run(*args, "--gsm8k-no-cache")
+    early = data["early_stop"]
+    after = early["decided_after"]
+    assert (data["n"], after < 60) == (60, True)
+    result.stdout.fnmatch_lines(
+        [f"*early stop (sequential): decided after {after} of 60 problems: min-acc verdict PASS*"]
+    )
+    assert "; not stopped: every answer had arrived" in result.stdout.str()
+    result.stdout.no_fnmatch_line("*stopped after*")
+    # right only on the prefix the test decided on: the same PASS at alpha, the full count FAIL
+    prefix = run_order([p["id"] for p in data["problems"]], early["seed"])[:after]
+    server.set_script(Script(default="wrong", behaviours={int(p[5:]): "correct" for p in prefix}))
+    result, data = gsm8k_run(*args, "--gsm8k-no-cache", ret=1)
+    assert data["early_stop"]["verdicts"] == {"min-acc": "PASS"}
+    (gate,) = data["gates"]
+    assert (gate["name"], gate["verdict"]) == ("min-acc", "FAIL")
+
+
 def test_an_early_stop_with_k_counts_the_selected_problems(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,

@@ -363,6 +363,13 @@ def test_difference_is_the_mean_rates_with_one_interval() -> None:
     assert difference(single) == paired_difference_interval(1, 1, 1, 0)
 
 
+def test_the_difference_with_repeats_is_a_95_percent_normal_interval() -> None:
+    """Every interval is 95% (core/stats.py's Z95): deltas -0.5, 0.6, 0 have mean 1/30 and a
+    standard error sqrt(0.60667 / 6) = 0.31798, so the half width is 1.96 x 0.31798."""
+    pairs = [Pair("a", 5, 5, 1, 2), Pair("b", 2, 5, 2, 2), Pair("c", 0, 5, 0, 2)]
+    assert difference(pairs) == pytest.approx((1 / 30, -0.58990, 0.65656), abs=1e-4)
+
+
 def test_reach_by_hand_and_repeats_for_one_point() -> None:
     """One run a side, 100 discordant pairs (t = 1 of 2: v = 1/2) among 1,000: sigma² =
     100 * 1/2 * (1 + 1) = 100, so the drop seen with 80% power at 0.01 is (z_0.99 +

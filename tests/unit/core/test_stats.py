@@ -10,6 +10,7 @@ from fractions import Fraction
 import pytest
 
 from pytest_gsm8k.core.stats import (
+    accuracy_interval,
     mcnemar_one_sided,
     paired_difference_interval,
     pass_at_k,
@@ -50,6 +51,14 @@ def test_wilson_is_symmetric_under_complement() -> None:
     clo, chi = wilson_interval(70, 100)
     assert lo == pytest.approx(1 - chi)
     assert hi == pytest.approx(1 - clo)
+
+
+def test_the_repeats_interval_is_wilsons_95_at_the_effective_size() -> None:
+    """Every interval is 95% (core/stats.py's Z95), --gsm8k-repeats' too: rates 1, 1/2, 0 of
+    2 runs give p = 1/2, V = 1/18, n_eff = 4.5, so Wilson's for 2.25 of 4.5 at z = 1.96 (a 90%
+    interval would be [0.19, 0.81])."""
+    low, high = accuracy_interval([1.0, 0.5, 0.0], 2)
+    assert (low, high) == pytest.approx((0.16069, 0.83931), abs=1e-4)
 
 
 @pytest.mark.parametrize(("k", "n"), [(-1, 10), (11, 10), (1, -1)])

@@ -153,7 +153,7 @@ CLASH = (
 
 def _early(verdict: str | None) -> EarlyOutcome:
     record = {"mode": "certain", "decided_after": 2, "n_total": 4, "verdicts": {"min-acc": verdict}}
-    return EarlyOutcome(record, STOP, stopped=True)
+    return EarlyOutcome(record, STOP, stopped=True, not_stopped="two tests ask a problem")
 
 
 @pytest.mark.parametrize("matrix", [False, True], ids=["run", "matrix"])
@@ -272,7 +272,7 @@ def _resumed(matrix: bool) -> RunVerdict:
 
 def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> None:
     record = {"mode": "certain", "decided_after": 4, "n_total": 4, "verdicts": {"min-acc": "FAIL"}}
-    early = EarlyOutcome(record, "h", stopped=False)
+    early = EarlyOutcome(record, "h", stopped=False, not_stopped="two tests ask a problem")
     verdict = _decide(False, "cccc", early=early)
     assert _min_acc(verdict, False)[0] == "PASS"
     # a config says it was not stopped; a run says the early stop's own line
@@ -294,7 +294,7 @@ def test_an_early_stop_decided_before_the_last_problem_but_not_stopped_says_why_
     what the run says."""
     headline = "decided after 2 of 4 problems: min-acc verdict FAIL is certain"
     record = {"mode": "certain", "decided_after": 2, "n_total": 4, "verdicts": {"min-acc": "FAIL"}}
-    early = EarlyOutcome(record, headline, stopped=False)
+    early = EarlyOutcome(record, headline, stopped=False, not_stopped="two tests ask a problem")
     said = "  early stop (certain): decided after 2 of 4 problems: min-acc verdict FAIL is "
     said += "certain; not stopped: two tests ask a problem"
     assert said in _decide(False, "cccc", early=early).notes
