@@ -284,14 +284,9 @@ def word_of(gate_words: Iterable[str]) -> Word:
     return "FAIL" if "FAIL" in words else "UNDECIDED" if "UNDECIDED" in words else "PASS"
 
 
-def decide(
-    group: Group,
-    records: Sequence[ProblemRecord],
-    baseline: BaselineInput | None,
-    selection: Selection,
-    early: EarlyOutcome | None,
-) -> GroupVerdict:
+def decide(given: GroupInput) -> GroupVerdict:
     """One group's verdict (the rules in the module's order)."""
+    group, baseline, selection, early = given.group, given.baseline, given.selection, given.early
     extra: dict[str, Any] = dict(group.extra)
     notes = []
     if selection.unreached:
@@ -308,7 +303,7 @@ def decide(
         elif group.name and after == n:
             said = f"not stopped early: its verdicts were open until the last of its {n} problems"
         notes.append(f"  early stop ({early.record['mode']}): {said}")
-    v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
+    v = GroupVerdict(group, given.records, selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
     specs, gates = group.specs, []
     if group.floor is not None:
@@ -491,7 +486,7 @@ def decide_run(
 ) -> RunVerdict:
     """Each group decided; with ``top`` (a matrix) each config's gates named after it under a
     top counting every config's records. ``times``: (started, finished, seconds)."""
-    decided = [decide(i.group, i.records, i.baseline, i.selection, i.early) for i in inputs]
+    decided = [decide(i) for i in inputs]
     if top is None:
         (verdict,) = decided
     else:
