@@ -287,6 +287,7 @@ def word_of(gate_words: Iterable[str]) -> Word:
 def decide(given: GroupInput) -> GroupVerdict:
     """One group's verdict (the rules in the module's order)."""
     group, baseline, selection, early = given.group, given.baseline, given.selection, given.early
+    stopped = early is not None and early.stopped
     extra: dict[str, Any] = dict(group.extra)
     notes = []
     if selection.unreached:
@@ -317,7 +318,7 @@ def decide(given: GroupInput) -> GroupVerdict:
     # 4: the baseline (a gate and notes, or a document to write)
     writing = baseline is not None and baseline.update
     if baseline is not None:
-        v = _write(v, baseline, early) if writing else _compare(v, baseline)
+        v = _write(v, baseline, stopped) if writing else _compare(v, baseline)
     # 3: the early stop's decision on the gates it settled
     if early is not None and early.stopped:
         v = replace(v, gates=tuple(_early(g, early, group.name, writing) for g in v.gates))
@@ -325,7 +326,7 @@ def decide(given: GroupInput) -> GroupVerdict:
     if not writing:
         clash = _clash(selection.clashes)
         v = replace(v, gates=tuple(undecided(g, clash, fails_too=True) for g in v.gates))
-        v = replace(v, gates=_coverage(v, early is not None and early.stopped))
+        v = replace(v, gates=_coverage(v, stopped))
     # 7: resumed answers
     said = f"; {v.earlier_answers()}" if selection.resumed else ""
     v = replace(v, gates=tuple(replace(g, detail=g.detail + said) for g in v.gates))
@@ -431,13 +432,12 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     return replace(v, gates=(*v.gates, rule.verdict(pairs, found)))
 
 
-def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
+def _write(v: GroupVerdict, baseline: BaselineInput, stopped_early: bool) -> GroupVerdict:
     """``--snapshot-update``'s document, only from a whole selection and never over a baseline
     holding problems the run lacks (else partial); a failed write returns as ``write_error``."""
     stored, errors, report = baseline.stored, v.counts()["error"], v.to_json()
-    shown, stopped_early = stored.shown, early is not None and early.stopped
     if baseline.write_error is not None:
-        return _fail(v, f"{shown}: cannot write it ({baseline.write_error})")
+        return _fail(v, f"{stored.shown}: cannot write it ({baseline.write_error})")
     deselected = v.selection.deselected
     selection = v.expected + deselected
     partial = None
@@ -463,11 +463,11 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
         (True, _clash(v.selection.clashes)),
     ):
         if bad and why is not None:
-            return _fail(v, f"not written to {shown}: {why}")
+            return _fail(v, f"not written to {stored.shown}: {why}")
     size = f"n={v.n}"
     size += f" of the {selection} of its selection, partial: {partial};" if partial else ","
-    note = f"  baseline written: {shown} ({size} accuracy {v.accuracy:.4f})"
-    block = {"path": shown, "written": True, "partial": partial is not None}
+    note = f"  baseline written: {stored.shown} ({size} accuracy {v.accuracy:.4f})"
+    block = {"path": stored.shown, "written": True, "partial": partial is not None}
     extra = {**v.extra, "baseline": block}
     return replace(v, notes=(*v.notes, note), extra=extra, baseline_write=bl.build(report, partial))
 
