@@ -494,9 +494,8 @@ def decide_run(
         both = tuple(g for d in decided for g in d.gates)
         ids = tuple(pid for d in decided for pid in d.selection.ids)
         interrupted = any(i.selection.interrupted for i in inputs)
-        selection = Selection(
-            ids, interrupted=interrupted, resumed=any(i.selection.resumed for i in inputs)
-        )
+        resumed = any(i.selection.resumed for i in inputs)
+        selection = Selection(ids, interrupted=interrupted, resumed=resumed)
         records = tuple(r for d in decided for r in d.records)
         verdict = GroupVerdict(
             top, records, selection, both, extra=top.extra, configs=tuple(decided)
