@@ -17,7 +17,7 @@ from pytest_gsm8k.core.gates import GateVerdict, NoiseAware
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord
 from pytest_gsm8k.core.scrub import clip
-from pytest_gsm8k.core.verdict import BaselineInput, Group, Selection, decide
+from pytest_gsm8k.core.verdict import BaselineInput, Group, GroupInput, Selection, decide
 
 #: the most problems a report may hold: a matrix of many configs, each a whole split
 MAX_PROBLEMS = 100_000
@@ -173,7 +173,7 @@ def compare(a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "
     ] * bool(bad)
     gaps += [gap for gap in (_not_whole("A", a), _not_whole("B", b)) if gap]
     not_whole = "; ".join(gaps) + ": rerun until every problem has an answer" if gaps else None
-    records = [_record(r) for r in in_b.values() if r["id"] not in bad]
+    records = tuple(_record(r) for r in in_b.values() if r["id"] not in bad)
     document = {
         "problems": {p: entry(r, bool(r.get("repeats"))) for p, r in in_a.items() if p not in bad}
     }
@@ -189,13 +189,9 @@ def compare(a: Report, b: Report, *, alpha: float = 0.05, where: Files = ("A", "
         endpoint="",
         specs=GateSpecs(None, NoiseAware(alpha, name="compare", option="--alpha"), False),
     )
-    v = decide(
-        group,
-        records,
-        BaselineInput(StoredBaseline(Path(where_a), where_a, document), split=(), from_report=True),
-        Selection(tuple(r["id"] for r in records), not_whole=not_whole),
-        None,
-    )
+    stored = StoredBaseline(Path(where_a), where_a, document)
+    selection = Selection(tuple(r["id"] for r in records), not_whole=not_whole)
+    v = decide(GroupInput(group, records, selection, BaselineInput(stored, (), from_report=True)))
     (verdict,) = v.gates
     seen = v.extra["baseline"]
     config = a.get("config")

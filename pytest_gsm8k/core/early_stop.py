@@ -147,7 +147,6 @@ class Decision:
 
     after: int
     verdicts: dict[str, Verdict | None]
-    how: dict[str, str]
 
 
 class EarlyStop:
@@ -247,7 +246,7 @@ class EarlyStop:
     def _check_done(self) -> None:
         values = self._verdicts.values()
         if "FAIL" in values or all(v is not None for v in values):
-            self.decision = Decision(self.observed, dict(self._verdicts), dict(self._how))
+            self.decision = Decision(self.observed, dict(self._verdicts))
 
     @property
     def arrived(self) -> int:

@@ -285,14 +285,10 @@ def word_of(gate_words: Iterable[str]) -> Word:
     return "FAIL" if "FAIL" in words else "UNDECIDED" if "UNDECIDED" in words else "PASS"
 
 
-def decide(
-    group: Group,
-    records: Sequence[ProblemRecord],
-    baseline: BaselineInput | None,
-    selection: Selection,
-    early: EarlyOutcome | None,
-) -> GroupVerdict:
+def decide(given: GroupInput) -> GroupVerdict:
     """One group's verdict (the rules in the module's order)."""
+    group, baseline, selection, early = given.group, given.baseline, given.selection, given.early
+    stopped = early is not None and early.stopped
     extra: dict[str, Any] = dict(group.extra)
     notes = []
     if selection.unreached:
@@ -309,7 +305,7 @@ def decide(
         elif group.name and after == n:
             said = f"not stopped early: its verdicts were open until the last of its {n} problems"
         notes.append(f"  early stop ({early.record['mode']}): {said}")
-    v = GroupVerdict(group, tuple(records), selection, (), tuple(notes), extra, baseline=baseline)
+    v = GroupVerdict(group, given.records, selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
     specs, gates = group.specs, []
     if group.floor is not None:
@@ -323,7 +319,7 @@ def decide(
     # 4: the baseline (a gate and notes, or a document to write)
     writing = baseline is not None and baseline.update
     if baseline is not None:
-        v = _write(v, baseline, early) if writing else _compare(v, baseline)
+        v = _write(v, baseline, stopped) if writing else _compare(v, baseline)
     # 3: the early stop's decision on the gates it settled
     if early is not None and early.stopped:
         v = replace(v, gates=tuple(_early(g, early, group.name, writing) for g in v.gates))
@@ -331,7 +327,7 @@ def decide(
     if not writing:
         clash = _clash(selection.clashes)
         v = replace(v, gates=tuple(undecided(g, clash, fails_too=True) for g in v.gates))
-        v = replace(v, gates=_coverage(v, early is not None and early.stopped))
+        v = replace(v, gates=_coverage(v, stopped))
     # 7: resumed answers
     said = f"; {v.earlier_answers()}" if selection.resumed else ""
     v = replace(v, gates=tuple(replace(g, detail=g.detail + said) for g in v.gates))
@@ -437,13 +433,12 @@ def _compare(v: GroupVerdict, baseline: BaselineInput) -> GroupVerdict:
     return replace(v, gates=(*v.gates, rule.verdict(pairs, found)))
 
 
-def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None) -> GroupVerdict:
+def _write(v: GroupVerdict, baseline: BaselineInput, stopped_early: bool) -> GroupVerdict:
     """``--snapshot-update``'s document, only from a whole selection and never over a baseline
     holding problems the run lacks (else partial); a failed write returns as ``write_error``."""
     stored, errors, report = baseline.stored, v.counts()["error"], v.to_json()
-    shown, stopped_early = stored.shown, early is not None and early.stopped
     if baseline.write_error is not None:
-        return _fail(v, f"{shown}: cannot write it ({baseline.write_error})")
+        return _fail(v, f"{stored.shown}: cannot write it ({baseline.write_error})")
     deselected = v.selection.deselected
     selection = v.expected + deselected
     partial = None
@@ -469,11 +464,11 @@ def _write(v: GroupVerdict, baseline: BaselineInput, early: EarlyOutcome | None)
         (True, _clash(v.selection.clashes)),
     ):
         if bad and why is not None:
-            return _fail(v, f"not written to {shown}: {why}")
+            return _fail(v, f"not written to {stored.shown}: {why}")
     size = f"n={v.n}"
     size += f" of the {selection} of its selection, partial: {partial};" if partial else ","
-    note = f"  baseline written: {shown} ({size} accuracy {v.accuracy:.4f})"
-    block = {"path": shown, "written": True, "partial": partial is not None}
+    note = f"  baseline written: {stored.shown} ({size} accuracy {v.accuracy:.4f})"
+    block = {"path": stored.shown, "written": True, "partial": partial is not None}
     extra = {**v.extra, "baseline": block}
     return replace(v, notes=(*v.notes, note), extra=extra, baseline_write=bl.build(report, partial))
 
@@ -492,7 +487,7 @@ def decide_run(
 ) -> RunVerdict:
     """Each group decided; with ``top`` (a matrix) each config's gates named after it under a
     top counting every config's records. ``times``: (started, finished, seconds)."""
-    decided = [decide(i.group, i.records, i.baseline, i.selection, i.early) for i in inputs]
+    decided = [decide(i) for i in inputs]
     if top is None:
         (verdict,) = decided
     else:
@@ -500,9 +495,8 @@ def decide_run(
         both = tuple(g for d in decided for g in d.gates)
         ids = tuple(pid for d in decided for pid in d.selection.ids)
         interrupted = any(i.selection.interrupted for i in inputs)
-        selection = Selection(
-            ids, interrupted=interrupted, resumed=any(i.selection.resumed for i in inputs)
-        )
+        resumed = any(i.selection.resumed for i in inputs)
+        selection = Selection(ids, interrupted=interrupted, resumed=resumed)
         records = tuple(r for d in decided for r in d.records)
         verdict = GroupVerdict(
             top, records, selection, both, extra=top.extra, configs=tuple(decided)

@@ -107,7 +107,7 @@ def test_certain_min_acc_fail_when_unreachable() -> None:
     assert decision is not None
     assert decision.after == 4
     assert decision.verdicts == {"min-acc": "FAIL"}
-    assert decision.how == {"min-acc": "certain"}
+    assert es.to_json()["gates"]["min-acc"]["how"] == "certain"
     assert "at most 0.6000 reachable" in es.headline()
 
 
@@ -393,7 +393,7 @@ def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float) -> t
         decision = feed(es, outcomes)
         assert decision is not None
         wrong += decision.verdicts["min-acc"] != full
-        early += decision.how["min-acc"] == "sequential"
+        early += es.to_json()["gates"]["min-acc"]["how"] == "sequential"
     return wrong / len(orders), early / len(orders)
 
 
@@ -612,7 +612,7 @@ def test_sequential_health_gate_passes_a_clean_run_early() -> None:
     decision = feed_outcomes(es, dict.fromkeys(ids, "correct"))
     assert decision is not None
     assert decision.verdicts == {"max-truncated": "PASS"}
-    assert decision.how == {"max-truncated": "sequential"}
+    assert es.to_json()["gates"]["max-truncated"]["how"] == "sequential"
     assert decision.after < 200
     lo, hi = es.to_json()["gates"]["max-truncated"]["interval"]
     assert lo == 0.0
@@ -643,7 +643,7 @@ def test_sequential_health_gate_wrong_verdict_rate_at_most_alpha() -> None:
             decision = feed_outcomes(es, outcomes)
             assert decision is not None
             wrong += decision.verdicts["max-truncated"] != full
-            any_early += decision.how["max-truncated"] == "sequential"
+            any_early += es.to_json()["gates"]["max-truncated"]["how"] == "sequential"
         assert wrong / len(orders) <= alpha + 1e-12, (bad, wrong)
     assert any_early > 0  # the statistics decided something early: the check bites
 
