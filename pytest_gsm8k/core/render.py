@@ -8,7 +8,6 @@ from pathlib import PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard, cast
 
 from pytest_gsm8k.core.baseline import noise_sentence
-from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
 from pytest_gsm8k.core.scrub import clip, md_code, md_text, printable
@@ -177,10 +176,14 @@ def model_words(model: str, reported: Sequence[str]) -> str:
 
 def subset_words(subset: Mapping[str, Any]) -> str:
     """The subset of the split and what -k/-m/--lf deselected ("" for the whole split)."""
-    words = [describe_subset(subset)]
+    words = []
+    if (limit := subset.get("limit")) is not None:
+        of = subset.get("of")
+        seeded = f"seeded subset of {of} (limit {limit}, seed {subset.get('seed')})"
+        words.append(f"the first {limit} of {of}" if subset.get("first") else seeded)
     if subset.get("deselected"):
         words.append(f"{subset['deselected']} deselected (-k/-m/--lf)")
-    return "; ".join(w for w in words if w)
+    return "; ".join(words)
 
 
 def tokens_words(tokens: Mapping[str, int], cached: int, n: object, resumed: bool) -> str:

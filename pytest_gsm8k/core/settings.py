@@ -341,8 +341,6 @@ def _across(
             f"{old} (--gsm8k-config now takes vLLM config files)"
         )
         values.update(dataset_config=old, vllm_config=None)
-        given.pop("vllm_config", None)
-        given["dataset_config"] = False
     if values["vllm_config"]:
         # an ini floor would gate every config beside its own threshold (a command-line one does)
         floor = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
