@@ -18,12 +18,12 @@ from typing import Any
 
 from pytest_gsm8k.core import render
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
+from pytest_gsm8k.core.prompts import CALCULATOR
 from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.verdict import word_of
 
-_CALC = re.compile(r"<<[^<>]*>>")
 #: a problem's place in the list is the first of these lists that holds it (then unchanged,
 #: then a config with no comparison): the regressions worth reading first come first
 _RANKED = ("stable_flips", "noisy_failing", "newly_failing", "newly_passing")
@@ -43,7 +43,7 @@ def problem_texts(problems: Iterable[Problem]) -> dict[str, ProblemText]:
     """id -> question and worked solution (the answer before ``####``, calculator
     annotations ``<<48/2=24>>`` removed: they are for the dataset's tooling, not for readers)."""
     answers = {p.id: (p.question, p.answer.rpartition("####")[0] or p.answer) for p in problems}
-    return {pid: (q, _CALC.sub("", a).strip()) for pid, (q, a) in answers.items()}
+    return {pid: (q, CALCULATOR.sub("", a).strip()) for pid, (q, a) in answers.items()}
 
 
 def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:

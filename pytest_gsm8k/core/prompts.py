@@ -21,7 +21,6 @@ COT_INSTRUCTION = (
     'End your response with a final line of the form "#### <number>".'
 )
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # a train answer's annotations (<<2*3=6>>): not shown
-DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n")
 #: the fields that make two numbers comparable, in the order reports write them
 _IDENTITY: tuple[str, ...] = ("name", "samples", "temperature", "api", "shots", "fewshot_source")
 _IDENTITY += ("max_tokens", "stop", "extractor", "answer_regex", "preset")
@@ -97,7 +96,7 @@ class Protocol:
         # a base model's few-shot prompt: ``Question: ...\nAnswer: ...`` blocks
         shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
         prompt = f"{shots}Question: {problem.question}\nAnswer:"
-        stop = self.stop or DEFAULT_COMPLETION_STOP
+        stop = self.stop or ("Question:", "</s>", "<|im_end|>", "\n\n")
         return Request(problem.id, "completions", prompt=prompt, stop=stop, **common)
 
 

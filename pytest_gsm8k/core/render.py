@@ -328,15 +328,12 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
     the verdict as a gate table, then the rows and flips every comparison shows."""
     a, b, shared = result.a, result.b, result.block["shared"]
     pairs = f"{shared} problem{'s' if shared != 1 else ''}"
-    left = ", ".join(
-        f"{count} {what}"
-        for count, what in (
-            (result.only_a, "only in A"),
-            (result.only_b, "only in B"),
-            (result.errors, "that ended in an error in either, left out"),
-        )
-        if count
+    unpaired = (
+        (result.only_a, "only in A"),
+        (result.only_b, "only in B"),
+        (result.errors, "that ended in an error in either, left out"),
     )
+    left = ", ".join(f"{count} {what}" for count, what in unpaired if count)
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
         f"{a.accuracy:.4f} on {pairs}",
