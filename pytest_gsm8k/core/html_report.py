@@ -30,13 +30,10 @@ _RANKED = ("stable_flips", "noisy_failing", "newly_failing", "newly_passing")
 _Obj = Mapping[str, Any]  # a JSON object of the report
 #: a comparison: the config's name ("" a run's), its baseline block, its baseline gate or None
 _Comparison = tuple[str, _Obj, _Obj | None]
+ProblemText = tuple[str, str]  # a problem's question and worked solution (problem_texts)
 #: a problem's record as the page's script reads it (html_report.js): short keys, read once
 _ROW = {"o": "outcome", "g": "gold", "x": "extracted", "nc": "n_correct", "ns": "n_samples"}
 _ROW |= {"v": "votes", "e": "error", "note": "note"}
-
-
-#: what the page shows of a problem beyond the JSON report: its question and worked solution
-ProblemText = tuple[str, str]
 
 
 def problem_texts(problems: Iterable[Problem]) -> dict[str, ProblemText]:

@@ -88,8 +88,7 @@ class Option:
         return value
 
 
-#: a bound's sign, in the order a range is said (``must be > 0 and <= 1e+06``); ``operator``'s
-#: function of the same name tests it
+#: a bound's sign, in the order a range is said; ``operator``'s function of its name tests it
 _SIGNS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 
@@ -223,7 +222,7 @@ def is_local_spec(model: object) -> bool:
 
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
 _OWNED_OPTIONS = ("model", "max_tokens", "stop", "temperature")
-OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in _OWNED_OPTIONS}
+OWNED_FIELDS = {k: f"use {_BY_FIELD[k].flag}" for k in _OWNED_OPTIONS}
 OWNED_FIELDS |= {"n": "use --gsm8k-protocol pass@N or maj@N", "prompt": "the protocol builds it"}
 OWNED_FIELDS |= {"messages": "the protocol builds them", "stream": "the plugin reads whole replies"}
 
