@@ -304,10 +304,10 @@ def _across(
     given: dict[str, bool],
     warn: Callable[[str], None],
     exists: Callable[[str], bool],
-) -> int:
+) -> None:
     """The rules that relate options, in order: the modes, the preset or the local model, the
-    protocol, the checks beyond a range. ``given``: the fields set, True where the ini set them.
-    Returns the protocol's N."""
+    protocol and its N, the checks beyond a range. ``given``: the fields set, True where the ini
+    set them."""
 
     def mode_wins(mode: str, decides: Mapping[str, str]) -> None:
         """A value a mode decides: refused from the command line, set aside with a note from the
@@ -387,7 +387,7 @@ def _across(
     match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
     if not match:
         raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
-    samples = int(match.group(3) or 1)
+    samples = values["samples"] = int(match.group(3) or 1)
     if problem := out_of_range(samples, ge=1, le=MAX_SAMPLES):
         raise SettingsError(f"--gsm8k-protocol {protocol}: N {problem}")
     if values["temperature"] is None:
@@ -441,7 +441,6 @@ def _across(
         )
     if values["base_url"] and (problem := url_problem(values["base_url"])):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
-    return samples
 
 
 #: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
@@ -476,6 +475,6 @@ def build_settings(
         values[option.field] = option.default if value is None else value
         if value is not None:
             given[option.field] = ini
-    samples = _across(values, given, warn, exists)
+    _across(values, given, warn, exists)
     values.update((o.field, tuple(values[o.field] or ())) for o in OPTIONS if o.kind == "list")
-    return Settings(samples=samples, **values)
+    return Settings(**values)
