@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,13 +101,3 @@ def select(
     order = sorted(problems, key=lambda p: hashlib.sha256(f"{seed}:{p.id}".encode()).digest())
     chosen = {p.index for p in order[:limit]}
     return tuple(p for p in problems if p.index in chosen)
-
-
-def describe_subset(subset: Mapping[str, Any]) -> str:
-    """``subset`` in words for the summary and the page ("" for the whole split)."""
-    if subset.get("limit") is None:
-        return ""
-    limit, of = subset["limit"], subset.get("of")
-    if subset.get("first"):
-        return f"the first {limit} of {of}"
-    return f"seeded subset of {of} (limit {limit}, seed {subset.get('seed')})"

@@ -18,32 +18,29 @@ from typing import Any
 
 from pytest_gsm8k.core import render
 from pytest_gsm8k.core.jsontext import escape_surrogates, to_json
+from pytest_gsm8k.core.prompts import CALCULATOR
 from pytest_gsm8k.core.records import OUTCOMES
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.verdict import word_of
 
-_CALC = re.compile(r"<<[^<>]*>>")
 #: a problem's place in the list is the first of these lists that holds it (then unchanged,
 #: then a config with no comparison): the regressions worth reading first come first
 _RANKED = ("stable_flips", "noisy_failing", "newly_failing", "newly_passing")
 _Obj = Mapping[str, Any]  # a JSON object of the report
 #: a comparison: the config's name ("" a run's), its baseline block, its baseline gate or None
 _Comparison = tuple[str, _Obj, _Obj | None]
+ProblemText = tuple[str, str]  # a problem's question and worked solution (problem_texts)
 #: a problem's record as the page's script reads it (html_report.js): short keys, read once
 _ROW = {"o": "outcome", "g": "gold", "x": "extracted", "nc": "n_correct", "ns": "n_samples"}
 _ROW |= {"v": "votes", "e": "error", "note": "note"}
-
-
-#: what the page shows of a problem beyond the JSON report: its question and worked solution
-ProblemText = tuple[str, str]
 
 
 def problem_texts(problems: Iterable[Problem]) -> dict[str, ProblemText]:
     """id -> question and worked solution (the answer before ``####``, calculator
     annotations ``<<48/2=24>>`` removed: they are for the dataset's tooling, not for readers)."""
     answers = {p.id: (p.question, p.answer.rpartition("####")[0] or p.answer) for p in problems}
-    return {pid: (q, _CALC.sub("", a).strip()) for pid, (q, a) in answers.items()}
+    return {pid: (q, CALCULATOR.sub("", a).strip()) for pid, (q, a) in answers.items()}
 
 
 def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:

@@ -21,8 +21,7 @@ def format_duration(seconds: float) -> str:
 
 def progress_line(done: int, total: int, elapsed: float, counts: Mapping[str, int]) -> str:
     """``gsm8k: 120/1319 answered (98 correct, 22 wrong)  2.40/s  ETA 8m20s``: ``done`` of
-    ``total`` answered after ``elapsed`` seconds, the outcomes counted so far (zeros left out);
-    no rate before the first answer or instant, no ETA before :data:`ETA_AFTER` answers."""
+    ``total`` answered after ``elapsed`` seconds, the outcomes counted so far (zeros left out)."""
     text = f"gsm8k: {done}/{total} answered"
     if shown := [f"{count} {name}" for name, count in counts.items() if count]:
         text += f" ({', '.join(shown)})"

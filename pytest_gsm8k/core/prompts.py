@@ -21,7 +21,6 @@ COT_INSTRUCTION = (
     'End your response with a final line of the form "#### <number>".'
 )
 CALCULATOR = re.compile(r"<<[^<>]*>>")  # a train answer's annotations (<<2*3=6>>): not shown
-DEFAULT_COMPLETION_STOP = ("Question:", "</s>", "<|im_end|>", "\n\n")
 #: the fields that make two numbers comparable, in the order reports write them
 _IDENTITY: tuple[str, ...] = ("name", "samples", "temperature", "api", "shots", "fewshot_source")
 _IDENTITY += ("max_tokens", "stop", "extractor", "answer_regex", "preset")
@@ -60,9 +59,8 @@ class Protocol:
         parts = [self.name, f"{self.shots}-shot CoT"]
         parts += ["completions"] if self.api == "completions" else []
         parts += [f"preset {self.preset}"] if self.preset else []
-        parts += (
-            [] if self.extractor in ("strict", "strict-match") else [f"extract {self.extractor}"]
-        )
+        if self.extractor not in ("strict", "strict-match"):
+            parts.append(f"extract {self.extractor}")
         parts += ["params " + " ".join(f"{k}={v}" for k, v in self.params)] if self.params else []
         return printable(", ".join(parts))
 
@@ -74,9 +72,8 @@ class Protocol:
         identity.update({k: getattr(self, k) for k in _IDENTITY[6:]}, stop=list(self.stop))
         if self.params:  # absent without params: baselines recorded before them still match
             identity["params"] = {key: json.loads(value) for key, value in self.params}
-        if self.preset is not None:  # a preset brought up to a new release of its peer's script
-            spec = PRESETS.get(self.preset)  # is a new protocol
-            identity["preset_version"] = spec.version if spec is not None else None
+        if self.preset is not None:  # a new release of its peer's script is a new protocol
+            identity["preset_version"] = PRESETS[self.preset].version
         return identity
 
     def request(self, problem: Problem) -> Request:
@@ -100,7 +97,7 @@ class Protocol:
         # a base model's few-shot prompt: ``Question: ...\nAnswer: ...`` blocks
         shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
         prompt = f"{shots}Question: {problem.question}\nAnswer:"
-        stop = self.stop or DEFAULT_COMPLETION_STOP
+        stop = self.stop or ("Question:", "</s>", "<|im_end|>", "\n\n")
         return Request(problem.id, "completions", prompt=prompt, stop=stop, **common)
 
 

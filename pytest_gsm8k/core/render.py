@@ -8,7 +8,6 @@ from pathlib import PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard, cast
 
 from pytest_gsm8k.core.baseline import noise_sentence
-from pytest_gsm8k.core.dataset import describe_subset
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
 from pytest_gsm8k.core.scrub import clip, md_code, md_text, printable
@@ -177,10 +176,14 @@ def model_words(model: str, reported: Sequence[str]) -> str:
 
 def subset_words(subset: Mapping[str, Any]) -> str:
     """The subset of the split and what -k/-m/--lf deselected ("" for the whole split)."""
-    words = [describe_subset(subset)]
+    words = []
+    if (limit := subset.get("limit")) is not None:
+        of = subset.get("of")
+        seeded = f"seeded subset of {of} (limit {limit}, seed {subset.get('seed')})"
+        words.append(f"the first {limit} of {of}" if subset.get("first") else seeded)
     if subset.get("deselected"):
         words.append(f"{subset['deselected']} deselected (-k/-m/--lf)")
-    return "; ".join(w for w in words if w)
+    return "; ".join(words)
 
 
 def tokens_words(tokens: Mapping[str, int], cached: int, n: object, resumed: bool) -> str:
@@ -325,15 +328,12 @@ def compare_markdown(result: Comparison, questions: Mapping[str, str] | None = N
     the verdict as a gate table, then the rows and flips every comparison shows."""
     a, b, shared = result.a, result.b, result.block["shared"]
     pairs = f"{shared} problem{'s' if shared != 1 else ''}"
-    left = ", ".join(
-        f"{count} {what}"
-        for count, what in (
-            (result.only_a, "only in A"),
-            (result.only_b, "only in B"),
-            (result.errors, "that ended in an error in either, left out"),
-        )
-        if count
+    unpaired = (
+        (result.only_a, "only in A"),
+        (result.only_b, "only in B"),
+        (result.errors, "that ended in an error in either, left out"),
     )
+    left = ", ".join(f"{count} {what}" for count, what in unpaired if count)
     lines = [
         f"### gsm8k compare ({md_text(clip(result.label))}): B {b.accuracy:.4f} vs A "
         f"{a.accuracy:.4f} on {pairs}",

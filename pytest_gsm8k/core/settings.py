@@ -88,8 +88,7 @@ class Option:
         return value
 
 
-#: a bound's sign, in the order a range is said (``must be > 0 and <= 1e+06``); ``operator``'s
-#: function of the same name tests it
+#: a bound's sign, in the order a range is said; ``operator``'s function of its name tests it
 _SIGNS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 
@@ -223,7 +222,7 @@ def is_local_spec(model: object) -> bool:
 
 #: request-body fields the protocol owns: --gsm8k-param may not set them (why, or which option)
 _OWNED_OPTIONS = ("model", "max_tokens", "stop", "temperature")
-OWNED_FIELDS = {k: f"use --gsm8k-{k.replace('_', '-')}" for k in _OWNED_OPTIONS}
+OWNED_FIELDS = {k: f"use {_BY_FIELD[k].flag}" for k in _OWNED_OPTIONS}
 OWNED_FIELDS |= {"n": "use --gsm8k-protocol pass@N or maj@N", "prompt": "the protocol builds it"}
 OWNED_FIELDS |= {"messages": "the protocol builds them", "stream": "the plugin reads whole replies"}
 
@@ -305,10 +304,10 @@ def _across(
     given: dict[str, bool],
     warn: Callable[[str], None],
     exists: Callable[[str], bool],
-) -> int:
+) -> None:
     """The rules that relate options, in order: the modes, the preset or the local model, the
-    protocol, the checks beyond a range. ``given``: the fields set, True where the ini set them.
-    Returns the protocol's N."""
+    protocol and its N, the checks beyond a range. ``given``: the fields set, True where the ini
+    set them."""
 
     def mode_wins(mode: str, decides: Mapping[str, str]) -> None:
         """A value a mode decides: refused from the command line, set aside with a note from the
@@ -341,8 +340,6 @@ def _across(
             f"{old} (--gsm8k-config now takes vLLM config files)"
         )
         values.update(dataset_config=old, vllm_config=None)
-        given.pop("vllm_config", None)
-        given["dataset_config"] = False
     if values["vllm_config"]:
         # an ini floor would gate every config beside its own threshold (a command-line one does)
         floor = {"min_acc": "each config's accuracy_threshold - tolerance is its floor"}
@@ -390,7 +387,7 @@ def _across(
     match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
     if not match:
         raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
-    samples = int(match.group(3) or 1)
+    samples = values["samples"] = int(match.group(3) or 1)
     if problem := out_of_range(samples, ge=1, le=MAX_SAMPLES):
         raise SettingsError(f"--gsm8k-protocol {protocol}: N {problem}")
     if values["temperature"] is None:
@@ -444,7 +441,6 @@ def _across(
         )
     if values["base_url"] and (problem := url_problem(values["base_url"])):
         raise SettingsError(f"--gsm8k-base-url: {problem}")  # the URL may hold a secret
-    return samples
 
 
 #: the most shards a run may be cut into (--gsm8k-shard I/N): GitHub's job matrix allows 256
@@ -479,6 +475,6 @@ def build_settings(
         values[option.field] = option.default if value is None else value
         if value is not None:
             given[option.field] = ini
-    samples = _across(values, given, warn, exists)
+    _across(values, given, warn, exists)
     values.update((o.field, tuple(values[o.field] or ())) for o in OPTIONS if o.kind == "list")
-    return Settings(samples=samples, **values)
+    return Settings(**values)

@@ -131,13 +131,11 @@ def _load(text: str, source: str) -> tuple[Any, dict[str, yaml.Node]]:
     try:
         root = loader.get_single_node()
         data = None if root is None else loader.construct_document(root)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer Python cannot convert
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{source}{at}: not valid YAML ({problem[:200]})") from None
-    except ValueError as exc:  # an integer of more digits than Python converts
-        raise ConfigError(f"{source}: not valid YAML ({str(exc)[:200]})") from None
     except RecursionError:  # lists or mappings nested thousands deep: no config is
         raise ConfigError(f"{source}: nested too deeply (vLLM's configs are flat)") from None
     finally:

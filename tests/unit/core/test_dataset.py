@@ -9,10 +9,10 @@ from gsm8k_copy import data_dir
 
 from pytest_gsm8k.core.dataset import (
     Split,
-    describe_subset,
     fingerprint,
     select,
 )
+from pytest_gsm8k.core.render import subset_words
 from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.runtime.data import load_split
 
@@ -83,6 +83,6 @@ def test_select_first_takes_the_head_and_describes_it() -> None:
     seeded = {"limit": 3, "seed": 1, "of": 10, "ids_hash": "h", "deselected": 0}
     head = {**seeded, "first": True}
     whole = {**seeded, "limit": None}
-    assert describe_subset(head) == "the first 3 of 10"
-    assert describe_subset(seeded) == "seeded subset of 10 (limit 3, seed 1)"
-    assert describe_subset(whole) == ""
+    assert subset_words(head) == "the first 3 of 10"
+    assert subset_words(seeded) == "seeded subset of 10 (limit 3, seed 1)"
+    assert subset_words(whole) == ""
