@@ -75,6 +75,9 @@ class Option:
             value = _READ[self.kind](raw)
         except (KeyError, ValueError):
             raise SettingsError(f"{said}: expected {_EXPECTED[self.kind]}, got {raw!r}") from None
+        # pathlib's expanduser raises (a traceback) where os.path's leaves ``~name`` as it is
+        if self.metavar == "PATH" and value[:1] == "~" and os.path.expanduser(value) == value:
+            raise SettingsError(f"{said}: cannot expand {value!r}: no such user or home folder")
         if self.choices and value not in self.choices:
             *first, last = self.choices
             one_of = f"one of {', '.join(first)}," if first[1:] else f"{first[0]} or"

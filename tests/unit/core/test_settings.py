@@ -168,6 +168,19 @@ def test_non_finite_numbers_are_refused_by_name(option: Option, value: str) -> N
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    "option", [o for o in OPTIONS if o.metavar == "PATH"], ids=lambda o: o.name
+)
+def test_a_path_under_a_home_that_does_not_exist_is_refused_by_name(option: Option) -> None:
+    """``~nosuchuser/x`` stays as it is under os.path.expanduser and raises under pathlib's,
+    which every path option is opened through: a traceback (INTERNALERROR) for --gsm8k-data
+    and --gsm8k-fewshot-file, or after the run for --gsm8k-html. One line at the start."""
+    raw = "~gsm8k-no-such-user-here/x"
+    with pytest.raises(SettingsError) as info:
+        settings(**{option.dest[len("gsm8k_") :]: raw})
+    assert str(info.value) == f"{option.flag}: cannot expand {raw!r}: no such user or home folder"
+
+
 @pytest.mark.parametrize("name", ["timeout", "serve_timeout", "stall_timeout"])
 def test_waits_too_long_to_mean_anything_are_refused(name: str) -> None:
     with pytest.raises(SettingsError, match=r"must be > 0 and <= 1e\+06 seconds, got 1e\+300$"):
