@@ -130,7 +130,7 @@ class Collector(Role):
         """Only a session-scoped ``gsm8k_model`` may be prefetched."""
         value = yield
         if fixturedef.argname == "gsm8k_model":
-            self.session.sources.note_scope(value, fixturedef.scope)
+            self.session.sources.scopes[id(value)] = fixturedef.scope
         return value
 
     @pytest.hookimpl(wrapper=True)
@@ -246,8 +246,7 @@ class ControllerRole(Aggregator):
         if self.idle():
             return
         at = self.session.endpoint()
-        given.update(gsm8k_base_url=at.base_url, gsm8k_model=at.model)
-        given["gsm8k_server_identity"] = at.identity
+        given["gsm8k_endpoint"] = [at.base_url, at.model, at.identity]
         if (answers := self.session.sources.answer_server) is not None:
             given.update(gsm8k_answers=list(answers.address), gsm8k_answers_token=answers.token)
 
