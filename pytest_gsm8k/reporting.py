@@ -218,8 +218,7 @@ def finish(state: Gsm8kSession) -> None:
         scrub=state.scrubber(),
         deselected_by=", ".join(named) or "the test ids or paths given",
     )
-    # a group with an answer for every problem: its started server's are not reused (the next
-    # run asks again)
+    # a group with an answer for every problem: its started server's are not reused
     done = [i for i in inputs if i.records and not (run.aborted or i.selection.interrupted)]
     ok = {i.group.name for i in done if all(r["outcome"] != "error" for r in i.records)}
     for name, (cached, generation) in state.sources.started.items():

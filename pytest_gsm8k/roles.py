@@ -146,7 +146,7 @@ class Collector(Role):
         """Only a session-scoped ``gsm8k_model`` may be prefetched."""
         value = yield
         if fixturedef.argname == "gsm8k_model":
-            self.session.sources.scopes[id(value)] = fixturedef.scope
+            self.session.sources.note_scope(value, fixturedef.scope)
         return value
 
     @pytest.hookimpl(wrapper=True)

@@ -263,16 +263,18 @@ def start(state: State, controller: bool) -> None:
         if overridden:
             raise pytest.UsageError(CONFIG_OVERRIDE)
         state.set_plan(draft)
-        state.sources.matrix = Matrix(  # each stopped before the next one starts
-            [g.name for g in draft.groups],
-            lambda name: _launch_config(state, name),
-            say=lambda line: _write_line(state, printable(line)),
-            lookahead=state.concurrency() if settings.early_stop else None,
+        state.sources.use_matrix(  # each stopped before the next one starts
+            Matrix(
+                [g.name for g in draft.groups],
+                lambda name: _launch_config(state, name),
+                say=lambda line: _write_line(state, printable(line)),
+                lookahead=state.concurrency() if settings.early_stop else None,
+            )
         )
     else:
         endpoint = draft.endpoint
         if (started := serve_run(state)) is not None:
-            state.sources.server, state.sources.servers[""] = started.server, started.info
+            state.sources.use_server(started)
             endpoint = started.endpoint
         if not overridden:  # the endpoint the options name may not be what is asked at all
             endpoint = preflight(state, endpoint)

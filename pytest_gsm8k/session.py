@@ -166,7 +166,7 @@ class Sources:
         self._run_dir = Path(tempfile.gettempdir()) / f"gsm8k-run-{session.run_id}"
         self.engines: dict[int, Engine] = {}  # by id() of the model they call
         self._unplanned: set[int] = set()  # engines not yet given a protocol's plan
-        self.scopes: dict[int, str] = {}  # each gsm8k_model value's fixture scope, by id()
+        self._scopes: dict[int, str] = {}  # each gsm8k_model value's fixture scope, by id()
         self._warned_scope = self._stop_heard = False
         self._caches: dict[bool, ResponseCache] = {}
         self._client: OpenAIClient | None = None
@@ -177,6 +177,15 @@ class Sources:
         self.servers: dict[str, dict[str, Any]] = {}  # what each group's reported ("" the run's)
         #: started servers by config name ("" for the run's): (cache name, generation read)
         self.started: dict[str, tuple[str, int]] = {}
+
+    def use_server(self, started: Started) -> None:
+        self.server, self.servers[""] = started.server, started.info
+
+    def use_matrix(self, matrix: Matrix) -> None:
+        self.matrix = matrix
+
+    def note_scope(self, model: object, scope: str) -> None:
+        self._scopes[id(model)] = scope
 
     def cache(self, persistent: bool) -> ResponseCache:
         from pytest_gsm8k.runtime.cache import ResponseCache
@@ -376,7 +385,7 @@ class Sources:
                     ids = [p.id for p in self._session.run.collected or ()]
                     self.channel.offer(ids, fetch=True)
             return self.channel or self.matrix, False  # type: ignore[return-value]
-        if is_default or self.scopes.get(id(model), "session") == "session":
+        if is_default or self._scopes.get(id(model), "session") == "session":
             return self.engine_for(model, protocol), False
         if not self._warned_scope:
             self._warned_scope = True
