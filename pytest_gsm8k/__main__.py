@@ -16,7 +16,7 @@ from pytest_gsm8k.core.compare import CompareError, compare_all, load_report
 from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.merge import ShardError, check_shards
 from pytest_gsm8k.core.render import compare_markdown, styled_lines
-from pytest_gsm8k.core.scrub import clip, md_text, printable
+from pytest_gsm8k.core.scrub import Scrubber, clip, md_text, printable
 
 BETTER_OR_SAME, WORSE, REFUSED = 0, 1, 2  # exit codes
 
@@ -90,7 +90,6 @@ def run_compare(a_path: str, b_path: str, alpha: float) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     """The shards checked to be one run, then its verdict by the steps that end a run
     (core/tally.py, runtime/finish.py); the exit code that run would have had."""
-    from pytest_gsm8k.core.scrub import Scrubber
     from pytest_gsm8k.core.tally import Tally
     from pytest_gsm8k.runtime.finish import page_path, settle, write_outputs
     from pytest_gsm8k.runtime.planning import replan

@@ -221,7 +221,9 @@ def finish(state: Gsm8kSession) -> None:
     # a group with an answer for every problem: its started server's are not reused
     done = [i for i in inputs if i.records and not (run.aborted or i.selection.interrupted)]
     ok = {i.group.name for i in done if all(r["outcome"] != "error" for r in i.records)}
-    state.sources.finish_started(ok)
+    for name, (cached, generation) in state.sources.started.items():
+        if name in ok:
+            state.sources.cache(True).finished(cached, generation)
     finished = time.time()
     times = (_iso(run.started), _iso(finished), round(finished - run.started, 3))
     run.finish(verdict := settle(inputs, top, times))

@@ -60,14 +60,30 @@ class Role:
             self._session.close()
 
     def activate(self) -> None:
-        """Once, only in a run with GSM8K work: the HTTP libraries' log records scrubbed."""
-        if not self.active:
-            self.active = True
-            from pytest_gsm8k.runtime.logs import scrub_library_logs
+        """Once, only in a run with GSM8K work: the HTTP libraries' log records scrubbed; where
+        the run is decided, SIGTERM (a CI job cancelled, ``timeout``) ends it like Ctrl-C:
+        summary, report, workers stopped. Only over the default handler, in the main thread,
+        until unconfigure."""
+        if self.active:
+            return
+        self.active = True
+        from pytest_gsm8k.runtime.logs import scrub_library_logs
 
-            self.config.add_cleanup(scrub_library_logs(self.session.scrubber()))
-            if self.aggregates:
-                _on_sigterm(self.config)
+        self.config.add_cleanup(scrub_library_logs(self.session.scrubber()))
+        main = threading.current_thread() is threading.main_thread()
+        if not (self.aggregates and main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            return  # not the main thread, or somebody else's handler: leave it alone
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+            raise KeyboardInterrupt(SIGTERM_MESSAGE)
+
+        def restore() -> None:
+            if signal.getsignal(signal.SIGTERM) is on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        self.config.add_cleanup(restore)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -246,8 +262,7 @@ class ControllerRole(Aggregator):
         if self.idle():
             return
         at = self.session.endpoint()
-        given.update(gsm8k_base_url=at.base_url, gsm8k_model=at.model)
-        given["gsm8k_server_identity"] = at.identity
+        given["gsm8k_endpoint"] = [at.base_url, at.model, at.identity]
         if (answers := self.session.sources.answer_server) is not None:
             given.update(gsm8k_answers=list(answers.address), gsm8k_answers_token=answers.token)
 
@@ -316,22 +331,3 @@ def role_for(config: pytest.Config, settings: Settings) -> Role:
     option = config.option
     distributes = getattr(option, "dist", "no") != "no" and getattr(option, "tx", None)
     return (ControllerRole if distributes and not option.collectonly else RunRole)(config, settings)
-
-
-def _on_sigterm(config: pytest.Config) -> None:
-    """SIGTERM (a CI job cancelled, ``timeout``) ends the run like Ctrl-C: summary, report,
-    workers stopped. Only over the default handler, in the main thread, until unconfigure."""
-    main = threading.current_thread() is threading.main_thread()
-    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return  # not the main thread, or somebody else's handler: leave it alone
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-        raise KeyboardInterrupt(SIGTERM_MESSAGE)
-
-    def restore() -> None:
-        if signal.getsignal(signal.SIGTERM) is on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    config.add_cleanup(restore)

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -24,7 +24,7 @@ from pytest_gsm8k.core.plan import Endpoint, RunPlan
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.records import ProblemRecord
 from pytest_gsm8k.core.scrub import Scrubber, command_secrets, shown_url
-from pytest_gsm8k.core.settings import Settings, is_local_spec
+from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.tally import Tally
 from pytest_gsm8k.core.types import ModelResponse, Problem
 from pytest_gsm8k.runtime import outputs, planning
@@ -90,11 +90,9 @@ class Gsm8kSession:
         which may have started the server and asked it what it serves)."""
         if self._plan is not None:
             return self._plan.endpoint
-        return Endpoint(
-            base_url=self.workerinput.get("gsm8k_base_url") or self.settings.resolved_base_url(),
-            model=self.workerinput.get("gsm8k_model") or self.settings.model,
-            identity=self.workerinput.get("gsm8k_server_identity"),
-        )
+        if (given := self.workerinput.get("gsm8k_endpoint")) is not None:
+            return Endpoint(*given)
+        return Endpoint(self.settings.resolved_base_url(), self.settings.model)
 
     def scrubber(self) -> Scrubber:
         """Every secret this run knows (the key, URL credentials, a server's) out of text."""
@@ -250,16 +248,16 @@ class Sources:
                 )
             # a server this run started is named by its command line ({port} as written) or
             # its GGUF (path and size: another build is another file)
-            started, gguf = None, self.servers.get("", {}).get("gguf")
+            started, gguf = None, self.servers.get("", {}).get("gguf")  # (only a local one's)
             if settings.serve:
-                from pytest_gsm8k.runtime.serve import server_env_digest
-
-                started = f"serve:{settings.serve} env:{server_env_digest()}"
-            elif is_local_spec(settings.model) and isinstance(gguf, str):
-                from pytest_gsm8k.runtime.serve import server_env_digest
-
+                started = f"serve:{settings.serve}"
+            elif isinstance(gguf, str):
                 with contextlib.suppress(OSError):
-                    started = f"local:{gguf}:{Path(gguf).stat().st_size} env:{server_env_digest()}"
+                    started = f"local:{gguf}:{Path(gguf).stat().st_size}"
+            if started is not None:
+                from pytest_gsm8k.runtime.serve import server_env_digest
+
+                started += f" env:{server_env_digest()}"
             try:
                 self._client = self._new_client(
                     "", endpoint, settings.timeout, self._session.concurrency(), started
@@ -310,13 +308,6 @@ class Sources:
             identity=endpoint.identity if endpoint else None,
             named=endpoint.model if endpoint and endpoint.identity is None else None,
         )
-
-    def finish_started(self, complete: Container[str]) -> None:
-        """A started server whose run (by config name, "" the run's) has every answer is
-        done: the next run asks again."""
-        for key, (name, generation) in self.started.items():
-            if key in complete:
-                self.cache(True).finished(name, generation)
 
     def engine_for(self, model: Any, protocol: Protocol | None = None) -> Engine:
         """The engine that calls ``model`` (one per model object), started by the first call
