@@ -332,15 +332,12 @@ def get_json(
 
 
 def list_models(
-    base_url: str | None,
-    api_key: str | None,
-    timeout: float = 10.0,
-    cards: list[dict[str, Any]] | None = None,
+    base_url: str, api_key: str | None, timeout: float, cards: list[dict[str, Any]] | None = None
 ) -> list[str]:
     """The model ids ``GET {base_url}/models`` lists (``cards`` receives each whole card).
     Without openai (its import stays off the path that starts xdist's workers); one retry on a
     dropped or refused connection, as openai would, within ``timeout`` in all."""
-    url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/models"
+    url = base_url.rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
     key = f"Bearer {api_key or 'EMPTY'}"

@@ -90,10 +90,10 @@ class Matrix:
                 continue
             self._made.append(engine)
             server.watch(engine.abort)
-            engine.start(list(wanted))
+            engine.start(wanted)
             future.set_result(engine)
             # until every request of the config has its answer or error, or the run ends
-            pending = {engine.by_request[r].future for r in wanted if r in engine.by_request}
+            pending = {engine.by_request[r].future for r in wanted}  # start() made every job
             later = set(self.names[self.names.index(name) + 1 :])
             while pending and not self._closing.is_set():
                 if engine.lookahead is not None and self._awaited & later:

@@ -362,7 +362,6 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
     """Start ``order`` (``how``: any other field of it) as the module says; a port taken
     meanwhile is retried, and ``startup_timeout`` bounds all tries together."""
     order = dataclasses.replace(order, **how)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.unlink(missing_ok=True)  # a fresh file: a run that still writes the old one keeps it
     log_path.write_bytes(b"")
     what, started = order.what, time.monotonic()
