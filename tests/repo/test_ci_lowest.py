@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def _run_lowest_step(tmp_path: Path, dependencies: str) -> subprocess.CompletedP
         "  done\n"
         "  exit 0\n"
         "fi\n"
-        f'exec {sys.executable} "$@"\n'
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
     )
     (shims / "python3").chmod(0o755)
     script = "set -euo pipefail\n" + "\n".join(lines[start:]) + "\n"
