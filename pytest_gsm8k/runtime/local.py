@@ -60,7 +60,10 @@ def resolve_model(spec: str) -> Path:
         return _packaged_model_path()
     if not raw_path.strip():
         raise ServeError(f"no GGUF path given in {spec!r} (expected 'local:PATH.gguf')")
-    path = Path(raw_path).expanduser().absolute()
+    # pathlib's expanduser raises (a traceback) where os.path's leaves ``~name`` as it is
+    if (expanded := os.path.expanduser(raw_path))[:1] == "~":
+        raise ServeError(f"cannot expand {raw_path!r}: no such user or home folder")
+    path = Path(expanded).absolute()
     _check_gguf(path)
     _require_extra(packaged=False)
     return path

@@ -124,6 +124,16 @@ def test_missing_path_is_reported(tmp_path: Path) -> None:
     assert str(info.value) == f"GGUF file not found: {missing}"
 
 
+def test_a_path_under_a_home_that_does_not_exist_is_one_line() -> None:
+    """``local:~nosuchuser/m.gguf``: pathlib's expanduser raises RuntimeError there (an
+    INTERNALERROR at the session start); a ServeError is the run's one line, as core/settings.py
+    says it for the path options."""
+    with pytest.raises(ServeError) as info:
+        resolve_model("local:~gsm8k-no-such-user-here/m.gguf")
+    said = "cannot expand '~gsm8k-no-such-user-here/m.gguf': no such user or home folder"
+    assert str(info.value) == said
+
+
 def test_non_gguf_file_is_rejected(tmp_path: Path) -> None:
     bogus = tmp_path / "model.gguf"
     bogus.write_bytes(b"PK\x03\x04 this is a zip, not a model")
