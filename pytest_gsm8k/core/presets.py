@@ -90,7 +90,7 @@ def preset_settings(
     or an ``api`` the peer has not."""
     if name not in PRESETS:
         valid = ", ".join(sorted(PRESETS))
-        raise ValueError(f"--gsm8k-preset: unknown preset {name!r} (valid: {valid})")
+        raise ValueError(f"--gsm8k-preset: unknown preset {name!r:.200} (valid: {valid})")
     spec = PRESETS[name]
     if api not in spec.apis:
         raise ValueError(

@@ -64,27 +64,29 @@ class Option:
 
     def parse(self, raw: Any, said: str) -> Any:
         """``raw`` as this option's type, range and choices; None when not given (an empty
-        value clears the ini's); errors name it as ``said`` (the flag, or the ini key)."""
+        value clears the ini's); errors name it as ``said`` (the flag, or the ini key) and quote
+        the value given, cut at 200 characters."""
         if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None
         if self.omit and str(raw).strip().lower() == OMIT:
             return OMIT
         if self.kind == "list":
             return [raw] if isinstance(raw, str) else [str(x) for x in raw]
+        given = f"{raw!r:.200}"  # quoted in every refusal, cut: a pasted value has any length
         try:
             value = _READ[self.kind](raw)
         except (KeyError, ValueError):
-            raise SettingsError(f"{said}: expected {_EXPECTED[self.kind]}, got {raw!r}") from None
+            raise SettingsError(f"{said}: expected {_EXPECTED[self.kind]}, got {given}") from None
         # pathlib's expanduser raises (a traceback) where os.path's leaves ``~name`` as it is
         if self.metavar == "PATH" and value[:1] == "~" and os.path.expanduser(value) == value:
-            raise SettingsError(f"{said}: cannot expand {value!r}: no such user or home folder")
+            raise SettingsError(f"{said}: cannot expand {given}: no such user or home folder")
         if self.choices and value not in self.choices:
             *first, last = self.choices
             one_of = f"one of {', '.join(first)}," if first[1:] else f"{first[0]} or"
-            raise SettingsError(f"{said}: expected {one_of} {last}, got {value!r}")
+            raise SettingsError(f"{said}: expected {one_of} {last}, got {given}")
         # nan passes every comparison check and inf overflows a socket's timeout
         if self.kind == "float" and not math.isfinite(value):
-            raise SettingsError(f"{said}: expected a finite number, got {raw!r}")
+            raise SettingsError(f"{said}: expected a finite number, got {given}")
         if problem := out_of_range(value, **dict(self.bounds)):
             why = f" ({self.why})" if self.why else ""
             raise SettingsError(f"{said}: {problem}{self.unit}, got {value}{why}")
@@ -236,7 +238,7 @@ def parse_params(raw: list[str]) -> tuple[tuple[str, str], ...]:
     for item in raw:
         key, sep, text = str(item).partition("=")
         if not sep or not (key := key.strip()):
-            raise SettingsError(f"--gsm8k-param: expected KEY=VALUE, got {item!r}")
+            raise SettingsError(f"--gsm8k-param: expected KEY=VALUE, got {item!r:.200}")
         if key in OWNED_FIELDS:
             why = f"the plugin sets {key!r} itself; {OWNED_FIELDS[key]}"
             raise SettingsError(f"--gsm8k-param {key}: {why}")
@@ -389,7 +391,9 @@ def _across(
     protocol = values["protocol"] = values["protocol"].strip()
     match = re.match(r"^(test@1|(pass|maj)@(-?\d+))$", protocol)
     if not match:
-        raise SettingsError(f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r}")
+        raise SettingsError(
+            f"--gsm8k-protocol: expected test@1, pass@N or maj@N, got {protocol!r:.200}"
+        )
     samples = values["samples"] = int(match.group(3) or 1)
     if problem := out_of_range(samples, ge=1, le=MAX_SAMPLES):
         raise SettingsError(f"--gsm8k-protocol {protocol}: N {problem}")
@@ -420,12 +424,15 @@ def _across(
             raise SettingsError(f"--gsm8k-answer-regex: invalid regex ({exc})") from None
         if compiled.groups < 1:
             raise SettingsError(
-                f"--gsm8k-answer-regex {regex!r}: needs a capture group (group 1 is the number)"
+                f"--gsm8k-answer-regex {regex!r:.200}: needs a capture group "
+                "(group 1 is the number)"
             )
     if (baseline := values["baseline"]) and not baseline.endswith(".gsm8k"):
         # syrupy deletes (--snapshot-update) the files of a __snapshots__ folder it does not
         # know: only the .gsm8k kind is kept out of its reach
-        raise SettingsError(f"--gsm8k-baseline {baseline!r}: a baseline file's name ends in .gsm8k")
+        raise SettingsError(
+            f"--gsm8k-baseline {baseline!r:.200}: a baseline file's name ends in .gsm8k"
+        )
     if values["shard"] is not None:
         values["shard"] = "{}/{}".format(*parse_shard(values["shard"]))
         if values["early_stop"]:

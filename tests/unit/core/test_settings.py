@@ -181,6 +181,23 @@ def test_a_path_under_a_home_that_does_not_exist_is_refused_by_name(option: Opti
     assert str(info.value) == f"{option.flag}: cannot expand {raw!r}: no such user or home folder"
 
 
+@pytest.mark.parametrize("raw", ["~" + "x" * 10_000, "x" * 10_000])
+def test_a_refused_value_is_quoted_cut_at_200_characters(raw: str) -> None:
+    """User text is never printed unbounded: a 10,000-character value (a pasted file) is
+    refused in one short line by every option that refuses it."""
+    refusals: dict[str, str] = {}
+    for option in OPTIONS:
+        try:
+            settings(**{option.dest[len("gsm8k_") :]: raw})
+        except SettingsError as exc:
+            refusals[option.flag] = str(exc)
+    assert len(refusals) >= 20  # the numbers, the choices, the path options
+    for flag, message in refusals.items():
+        assert message.startswith(flag)
+        assert "x" * 201 not in message, message[:400]
+        assert len(message) < 400
+
+
 @pytest.mark.parametrize("name", ["timeout", "serve_timeout", "stall_timeout"])
 def test_waits_too_long_to_mean_anything_are_refused(name: str) -> None:
     with pytest.raises(SettingsError, match=r"must be > 0 and <= 1e\+06 seconds, got 1e\+300$"):
