@@ -77,9 +77,8 @@ class Option:
             value = _READ[self.kind](raw)
         except (KeyError, ValueError):
             raise SettingsError(f"{said}: expected {_EXPECTED[self.kind]}, got {given}") from None
-        # pathlib's expanduser raises (a traceback) where os.path's leaves ``~name`` as it is
-        if self.metavar == "PATH" and value[:1] == "~" and os.path.expanduser(value) == value:
-            raise SettingsError(f"{said}: cannot expand {given}: no such user or home folder")
+        if self.metavar == "PATH" and (problem := unexpandable(value)):
+            raise SettingsError(f"{said}: {problem}")
         if self.choices and value not in self.choices:
             *first, last = self.choices
             one_of = f"one of {', '.join(first)}," if first[1:] else f"{first[0]} or"
@@ -91,6 +90,14 @@ class Option:
             why = f" ({self.why})" if self.why else ""
             raise SettingsError(f"{said}: {problem}{self.unit}, got {value}{why}")
         return value
+
+
+def unexpandable(path: str) -> str | None:
+    """Why ``path``'s ``~`` or ``~name`` names no home folder (pathlib's expanduser raises
+    there, a traceback; os.path's leaves it as it is), else None."""
+    if os.path.expanduser(path)[:1] != "~":
+        return None
+    return f"cannot expand {path!r:.200}: no such user or home folder"
 
 
 #: a bound's sign, in the order a range is said; ``operator``'s function of its name tests it

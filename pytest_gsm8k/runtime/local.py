@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gsm8k.core.command import ServeCommand
+from pytest_gsm8k.core.settings import unexpandable
 from pytest_gsm8k.runtime.outputs import write_atomic
 from pytest_gsm8k.runtime.serve import Launch, ServedProcess, ServeError
 
@@ -60,10 +61,9 @@ def resolve_model(spec: str) -> Path:
         return _packaged_model_path()
     if not raw_path.strip():
         raise ServeError(f"no GGUF path given in {spec!r} (expected 'local:PATH.gguf')")
-    # pathlib's expanduser raises (a traceback) where os.path's leaves ``~name`` as it is
-    if (expanded := os.path.expanduser(raw_path))[:1] == "~":
-        raise ServeError(f"cannot expand {raw_path!r}: no such user or home folder")
-    path = Path(expanded).absolute()
+    if problem := unexpandable(raw_path):
+        raise ServeError(problem)
+    path = Path(raw_path).expanduser().absolute()
     _check_gguf(path)
     _require_extra(packaged=False)
     return path
