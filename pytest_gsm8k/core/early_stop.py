@@ -151,7 +151,7 @@ class Decision:
 
 class EarlyStop:
     """Decide one group's gates as early as allowed. ``baseline``: id -> (correct runs, runs);
-    ``order`` replaces the seeded one (simulations); ``alpha`` is split over the count gates."""
+    ``alpha`` is split over the count gates."""
 
     def __init__(
         self,
@@ -163,15 +163,12 @@ class EarlyStop:
         alpha: float = 0.05,
         baseline: Mapping[str, tuple[int, int]] | None = None,
         repeats: int = 1,
-        order: Sequence[str] | None = None,
     ) -> None:
         if mode not in ("certain", "sequential"):
             raise ValueError(f"mode must be 'certain' or 'sequential', got {mode!r}")
         if not ids or not gates:
             raise ValueError("no gate to decide (need min-acc, a floor, a baseline or health)")
-        self.order = run_order(ids, seed) if order is None else list(order)
-        if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
-            raise ValueError("order must be a permutation of ids")
+        self.order = run_order(ids, seed)
         self.mode, self.alpha, self.seed, self.repeats = mode, alpha, seed, repeats
         self.n_total, self.observed, baseline = len(ids), 0, baseline or {}
         self.decision: Decision | None = None

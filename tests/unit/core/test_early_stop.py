@@ -131,7 +131,7 @@ def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
     ids = [f"p{i}" for i in range(8)]
     for outcomes in itertools.product([False, True], repeat=8):
         final = floor.verdict(sum(outcomes), 8, "x").word
-        es = EarlyStop(ids, [floor], mode="certain", order=ids)
+        es = EarlyStop(ids, [floor], mode="certain")
         decision = feed(es, dict(zip(ids, outcomes, strict=True)), ids)
         assert decision is not None  # decided at the last outcome at the latest
         assert decision.verdicts == {FLOOR: final}
@@ -143,7 +143,7 @@ def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
 
 def test_the_floor_and_min_acc_are_two_gates_of_one_stop() -> None:
     floor = ToleranceFloor("c", 0.5, 0.1)  # need 4 of 10
-    es = EarlyStop(IDS10, [MinAcc(0.8), floor], mode="certain", order=IDS10)
+    es = EarlyStop(IDS10, [MinAcc(0.8), floor], mode="certain")
     for pid in IDS10[:4]:
         assert es.observe(pid, True) is None  # the floor passes; min-acc (8 of 10) is open
     assert "vllm-threshold verdict PASS is certain" in es.headline()
@@ -170,7 +170,7 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
     # follows); 6 right leave at most 4 to fail, p >= 1/16 (PASS)
     gates: list[CountSpec | NoiseAware] = [MinAcc(0.3), NoiseAware(0.05)]
     baseline = dict.fromkeys(IDS10, (1, 1))
-    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline, order=IDS10)
+    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline)
     for pid in IDS10[:3]:
         es.observe(pid, True)
     # min-acc PASS is certain (3/10), the baseline needs 6 right: not yet
@@ -182,7 +182,7 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS", "baseline": "PASS"}
 
-    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline, order=IDS10)
+    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline)
     for pid in IDS10[:4]:
         assert es.observe(pid, False) is None
     decision = es.observe(IDS10[4], False)  # baseline FAIL; min-acc (3 of 5 left) open
@@ -266,7 +266,7 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
         [NoiseAware(0.01)],
     ):
         baseline = dict.fromkeys(six, (1, 1))
-        es = EarlyStop(six, gates, mode=mode, order=six, baseline=baseline)
+        es = EarlyStop(six, gates, mode=mode, baseline=baseline)
         assert es.decision is None, gates
         for pid in six:
             assert es.observe(pid, False, "wrong") is None, gates
@@ -280,8 +280,6 @@ def test_errors() -> None:
         EarlyStop(IDS10, [MinAcc(0.5)], mode="bogus")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no problem id in common with the baseline"):
         EarlyStop(IDS10, [NoiseAware(0.01)], mode="certain", baseline={"zz": (1, 1)})
-    with pytest.raises(ValueError, match="order must be a permutation of ids"):
-        EarlyStop(IDS10, [MinAcc(0.5)], mode="certain", order=IDS10[:5])
     es = EarlyStop(IDS10, [MinAcc(0.5)], mode="sequential")
     with pytest.raises(KeyError):
         es.observe("nope", True)
@@ -389,7 +387,7 @@ def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float) -> t
     orders = _distinct_orders(population)
     for values in orders:
         outcomes = {pid: bool(v) for pid, v in zip(ids, values, strict=True)}
-        es = EarlyStop(ids, [MinAcc(min_acc)], mode="sequential", alpha=alpha, order=ids)
+        es = EarlyStop(ids, [MinAcc(min_acc)], mode="sequential", alpha=alpha)
         decision = feed(es, outcomes)
         assert decision is not None
         wrong += decision.verdicts["min-acc"] != full
@@ -569,7 +567,7 @@ def test_certain_health_gate_passes_only_when_the_unseen_cannot_exceed_it() -> N
     """Every answer clean: PASS is certain once even all unseen problems truncated stay
     within the allowance (10 problems at 0.2: 2 allowed, so after 8)."""
     ids = [f"p{i}" for i in range(10)]
-    es = EarlyStop(ids, [MaxShare("truncated", 0.2)], mode="certain", order=ids)
+    es = EarlyStop(ids, [MaxShare("truncated", 0.2)], mode="certain")
     decision = feed_outcomes(es, dict.fromkeys(ids, "wrong"))  # wrong is not truncated
     assert decision is not None
     assert decision.verdicts == {"max-truncated": "PASS"}
@@ -579,9 +577,7 @@ def test_certain_health_gate_passes_only_when_the_unseen_cannot_exceed_it() -> N
 def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     ids = [f"p{i}" for i in range(10)]
     outcomes = dict.fromkeys(ids, "unparsed")
-    es = EarlyStop(
-        ids, [MaxShare("truncated", 0.0), MaxShare("unparsed", 0.1)], mode="certain", order=ids
-    )
+    es = EarlyStop(ids, [MaxShare("truncated", 0.0), MaxShare("unparsed", 0.1)], mode="certain")
     decision = feed_outcomes(es, outcomes)
     assert decision is not None
     # unparsed allows 1 of 10: the second fails it; truncated is still open (not settled)
@@ -637,9 +633,7 @@ def test_sequential_health_gate_wrong_verdict_rate_at_most_alpha() -> None:
             outcomes = {
                 pid: "truncated" if v else "correct" for pid, v in zip(ids, values, strict=True)
             }
-            es = EarlyStop(
-                ids, [MaxShare("truncated", 0.25)], mode="sequential", alpha=alpha, order=ids
-            )
+            es = EarlyStop(ids, [MaxShare("truncated", 0.25)], mode="sequential", alpha=alpha)
             decision = feed_outcomes(es, outcomes)
             assert decision is not None
             wrong += decision.verdicts["max-truncated"] != full
