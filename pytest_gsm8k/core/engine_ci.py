@@ -93,10 +93,7 @@ def vllm_request(
 
 
 def sglang_request(
-    problem: Problem,
-    rows: Sequence[tuple[str, str]],
-    shots: int = SGLANG.shots,
-    params: Sequence[tuple[str, str]] = (),
+    problem: Problem, rows: Sequence[tuple[str, str]], shots: int, params: Sequence[tuple[str, str]]
 ) -> Request:
     """few_shot_gsm8k.py's prompt and sampling for ``problem`` as a completions request;
     ``rows`` is the evaluated split in file order (its first ``shots`` are the examples)."""

@@ -132,11 +132,7 @@ def lm_eval_fewshot_indices(problem_index: int, pool_size: int) -> tuple[int, ..
 
 
 def lm_eval_request(
-    problem: Problem,
-    train: Sequence[tuple[str, str]],
-    api: Api = "completions",
-    *,
-    system: str | None = None,
+    problem: Problem, train: Sequence[tuple[str, str]], api: Api, system: str | None
 ) -> Request:
     """lm-eval's request for ``problem``. ``local-completions`` sends a system instruction glued
     on with no separator, each example with its whole raw train answer (``<<48/2=24>>`` and

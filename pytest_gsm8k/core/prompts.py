@@ -79,7 +79,7 @@ class Protocol:
     def request(self, problem: Problem) -> Request:
         """The request for one problem."""
         if self.preset == "lm-eval":
-            request = lm_eval_request(problem, self.train, self.api, system=self.system)
+            request = lm_eval_request(problem, self.train, self.api, self.system)
             return replace(request, params=self.params)
         if self.preset == "vllm":
             return vllm_request(problem, self.train, self.api, self.shots, self.params)
