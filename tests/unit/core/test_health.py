@@ -56,7 +56,7 @@ def _summary(
         specs=GateSpecs(None, NoiseAware(0.01), False, health),
     )
     selection = Selection(tuple(r["id"] for r in records))
-    return decide_run([GroupInput(group, tuple(records), selection)])
+    return decide_run([GroupInput(group, tuple(records), selection)], top=None, times=None)
 
 
 def _lines(summary: GroupVerdict) -> list[str]:
