@@ -51,12 +51,10 @@ def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:
 
 
 def render_html(
-    report: _Obj,
-    problems: Mapping[str, ProblemText] | None = None,
-    baseline_outcomes: Mapping[str, str] | None = None,
+    report: _Obj, problems: Mapping[str, ProblemText], baseline: Mapping[str, str]
 ) -> str:
     """The whole page (inline CSS, JS, SVG and data): ``problems`` are the texts the report
-    does not hold; ``baseline_outcomes`` the compared baselines' own (outcomes_from_baseline)."""
+    does not hold; ``baseline`` the compared baselines' outcomes (outcomes_from_baseline)."""
     configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     comparisons = [
         (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
@@ -76,7 +74,6 @@ def render_html(
         compared = {config for config, _, _ in comparisons}
         change |= {r["id"]: "none" for r in records if _config_of(r["id"]) not in compared}
     position = {_name(c): i for i, c in enumerate(configs)}
-    given = baseline_outcomes or {}  # the page's baseline column
 
     def order(r: _Obj) -> tuple[int, int, int, int]:
         # failing now first, configs in run order within each place, so theirs stay together
@@ -84,7 +81,7 @@ def render_html(
         return max(place - 2, 0), position.get(_config_of(r["id"]), 0), place, int(r["index"])
 
     data = {
-        "problems": [_row(r, problems or {}, given, change) for r in sorted(records, key=order)],
+        "problems": [_row(r, problems, baseline, change) for r in sorted(records, key=order)],
         "rules": list(report.get("rules") or {}),  # ours, then a preset's (the records')
         "gated": (report.get("protocol") or {}).get("extractor"),
         "baseline": bool(comparisons),

@@ -494,7 +494,7 @@ def test_every_output_renders_from_the_verdict_and_the_report_matches_its_schema
     assert f"  gate {name}: UNDECIDED: undecided: the " in "\n".join(lines)
     assert f"| {name} | UNDECIDED |" in markdown(verdict, {})
     # a gate that was not decided never passes: not on the page either
-    page = render_html(report)
+    page = render_html(report, {}, {})
     assert re.search(r'class="badge undecided">UNDECIDED</span></td><th>' + name, page)
     assert 'class="verdict undecided">UNDECIDED<' in page
     assert 'class="badge pass">PASS</span></td><th>' + name not in page
