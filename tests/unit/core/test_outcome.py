@@ -33,7 +33,7 @@ def _score(
     response = ModelResponse(
         completions=[Completion(text=t, finish_reason=finish, reasoning=reasoning) for t in texts]
     )
-    return score_response(PROBLEM, response, protocol or Protocol())
+    return score_response(PROBLEM, response, protocol or Protocol(), None)
 
 
 @pytest.mark.parametrize(

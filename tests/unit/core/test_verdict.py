@@ -54,7 +54,7 @@ def _records(outcomes: str, group: str = "", cached: int = 0) -> list[ProblemRec
             index=i, split="test", question="q?", answer="#### 18", gold=Decimal(18), group=group
         )
         response = ModelResponse(completions=[Completion(text=text[letter])])
-        record = score_response(problem, response, PROTOCOL)
+        record = score_response(problem, response, PROTOCOL, None)
         if i < cached:
             record["cached"] = True
         out.append(record)
