@@ -263,7 +263,7 @@ def check(
     baseline, where = stored.document, stored.shown
     if baseline is None:
         raise BaselineError(stored.error or f"no baseline at {where}")
-    difference = first_difference(baseline, here)
+    difference = first_difference(baseline, here, here="here", there="in the baseline")
     if difference:
         raise BaselineError(f"refused to compare with {where}: {difference}")
     ids = set(baseline["problems"])
@@ -296,11 +296,7 @@ def check(
 
 
 def first_difference(
-    baseline: Mapping[str, Any],
-    summary_json: Mapping[str, Any],
-    *,
-    here: str = "here",
-    there: str = "in the baseline",
+    baseline: Mapping[str, Any], summary_json: Mapping[str, Any], *, here: str, there: str
 ) -> str | None:
     """The first protocol, config or dataset field that differs, as a phrase; None when
     comparable. Every comparison of runs asks this."""
@@ -337,7 +333,7 @@ def moved_from(
             document["dataset"].get(key) != here["dataset"].get(key) for key in SAME_SPLIT
         ):
             continue
-        difference = first_difference(document, here, there="there")
+        difference = first_difference(document, here, here="here", there="there")
         if difference:
             return f"{shown} ({difference})"
     return None
