@@ -8,7 +8,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import Pair, evidence
@@ -23,7 +23,7 @@ from pytest_gsm8k.core.gates import (
 )
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.plan import GateSpecs
+    from pytest_gsm8k.core.plan import PlanGroup, RunPlan
 
 Mode = Literal["certain", "sequential"]
 
@@ -203,26 +203,22 @@ class EarlyStop:
 
     @classmethod
     def for_group(
-        cls,
-        ids: Sequence[str],
-        specs: GateSpecs,
-        *,
-        mode: Mode,
-        floor: ToleranceFloor | None = None,
-        baseline: Mapping[str, Any] | None = None,
-        seed: int = 0,
-        alpha: float = 0.05,
-        repeats: int = 1,
+        cls, ids: Sequence[str], plan: RunPlan, group: PlanGroup, baseline: Mapping[str, Any] | None
     ) -> EarlyStop | None:
-        """The group's early stop (None: nothing to decide). The baseline gate takes part when
-        it shares a problem, with --gsm8k-require-baseline only when it holds them all."""
+        """The early stop of ``group``'s problems ``ids`` (None: nothing to decide). The baseline
+        gate takes part when it shares a problem, with --gsm8k-require-baseline only when it
+        holds them all."""
+        specs, settings = plan.gates, plan.settings
         runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
         shared = len(set(runs) & set(ids))
         compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
-        wanted = (specs.min_acc, floor, specs.baseline if compared else None, *specs.health)
+        wanted = (specs.min_acc, group.floor, specs.baseline if compared else None, *specs.health)
         gates = [gate for gate in wanted if gate is not None]
         if not ids or not gates:
             return None
+        mode = cast(Mode, settings.early_stop)  # settings' choices: certain or sequential
+        seed = group.subset["seed"] or 0  # a config's: none (the certain bounds decide it)
+        alpha, repeats = settings.early_stop_alpha, settings.repeats
         return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
 
     def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:

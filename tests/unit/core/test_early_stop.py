@@ -10,6 +10,7 @@ from fractions import Fraction
 import pytest
 
 from pytest_gsm8k.core.calibrated import Pair
+from pytest_gsm8k.core.dataset import Split
 from pytest_gsm8k.core.early_stop import (
     FLOOR,
     CountSpec,
@@ -27,8 +28,11 @@ from pytest_gsm8k.core.gates import (
     count_certain,
     min_acc_count,
 )
-from pytest_gsm8k.core.plan import GateSpecs
+from pytest_gsm8k.core.plan import Endpoint, GateSpecs, PlanGroup, RunPlan
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.stats import mcnemar_one_sided
+from pytest_gsm8k.core.vllm_config import VllmConfig
 
 IDS10 = [f"p{i}" for i in range(10)]
 
@@ -288,24 +292,43 @@ def test_errors() -> None:
         es.observe(es.order[3], True)
 
 
+def _group_of(specs: GateSpecs, config: VllmConfig | None = None) -> tuple[RunPlan, PlanGroup]:
+    """A plan of one group (a config's, with its floor) asking for ``specs``'s gates."""
+    group = PlanGroup("", Protocol(), (), {"seed": None}, config=config)
+    split = Split("x", "main", "test", (), "f")
+    plan = RunPlan(
+        "x", Settings(early_stop="certain"), split, (), Endpoint(None, "m"), specs, (group,)
+    )
+    return plan, group
+
+
 def test_for_group_builds_the_groups_gates_from_its_specs() -> None:
     """One builder for a run and a config: the specs in the order the verdict shows them,
     the baseline only when it shares a problem (with --gsm8k-require-baseline only when it
     holds every one), None with nothing to decide."""
     specs = GateSpecs(MinAcc(0.5), NoiseAware(0.05), False, (MaxShare("error", 0.1),))
-    floor = ToleranceFloor("cfg", 0.6, 0.1)
+    config = VllmConfig(
+        name="cfg",
+        source="cfg.yaml",
+        model_name="m",
+        accuracy_threshold=0.6,
+        num_questions=10,
+        num_fewshot=0,
+        tolerance=0.1,
+    )
     stored = {pid: {"outcome": "correct"} for pid in IDS10[:4]}
-    es = EarlyStop.for_group(IDS10, specs, mode="certain", floor=floor, baseline=stored)
+    es = EarlyStop.for_group(IDS10, *_group_of(specs, config), stored)
     assert es is not None
     assert list(es.to_json()["verdicts"]) == ["min-acc", FLOOR, "baseline", "max-error"]
+    assert es.to_json()["gates"][FLOOR]["threshold"] == pytest.approx(0.5)
     required = GateSpecs(MinAcc(0.5), NoiseAware(0.05), True)
-    es = EarlyStop.for_group(IDS10, required, mode="certain", baseline=stored)
+    es = EarlyStop.for_group(IDS10, *_group_of(required), stored)
     assert es is not None
     assert list(es.to_json()["verdicts"]) == ["min-acc"]
     alone = GateSpecs(None, NoiseAware(0.05), False)
-    assert EarlyStop.for_group(IDS10, alone, mode="certain") is None
-    assert EarlyStop.for_group(IDS10, alone, mode="certain", baseline={"zz": "correct"}) is None
-    assert EarlyStop.for_group([], specs, mode="certain", floor=floor) is None
+    assert EarlyStop.for_group(IDS10, *_group_of(alone), None) is None
+    assert EarlyStop.for_group(IDS10, *_group_of(alone), {"zz": "correct"}) is None
+    assert EarlyStop.for_group([], *_group_of(specs, config), None) is None
 
 
 # -- the WoR capital process -------------------------------------------------------------------
