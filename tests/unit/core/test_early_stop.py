@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_gsm8k.core.calibrated import Pair
+from pytest_gsm8k.core.calibrated import Pair, evidence
 from pytest_gsm8k.core.dataset import Split
 from pytest_gsm8k.core.early_stop import (
     FLOOR,
@@ -221,7 +221,8 @@ def test_certain_noise_aware_calibrated_agrees_with_full_run() -> None:
         base = {pid: rng.choice([0, 2, 3, 5, 5, 5]) for pid in ids}
         now = {pid: rng.random() < base[pid] / 5 + 0.1 for pid in ids}
         rule = NoiseAware(0.1)
-        full = rule.verdict([Pair(p, base[p], 5, int(now[p]), 1) for p in ids]).word
+        pairs = [Pair(p, base[p], 5, int(now[p]), 1) for p in ids]
+        full = rule.verdict(pairs, evidence(pairs)).word
         es = EarlyStop(ids, [rule], mode="certain", baseline={p: (base[p], 5) for p in ids})
         decision = None
         for pid in es.order:
