@@ -133,7 +133,7 @@ def _replay(mode: str, spec: dict[str, Any], perm: Any, alpha: float) -> tuple[i
     for pid, i in zip(es.order, perm, strict=True):
         if decision is not None:
             break
-        decision = es.observe(pid, spec["outcomes"][IDS[i]])
+        decision = es.observe(pid, "correct" if spec["outcomes"][IDS[i]] else "wrong")
     if decision is None:  # cannot happen: the last outcome makes every verdict certain
         raise AssertionError("undecided after the full run")
     return decision.after, "FAIL" in decision.verdicts.values()

@@ -173,7 +173,7 @@ class EarlyStop:
         self.n_total, self.observed, baseline = len(ids), 0, baseline or {}
         self.decision: Decision | None = None
         self._position = {pid: i for i, pid in enumerate(self.order)}
-        self._arrived: dict[int, tuple[bool, str | None, tuple[str, ...]]] = {}
+        self._arrived: dict[int, tuple[str, tuple[str, ...]]] = {}
         self._next = 0  # next position of the order to feed (sequential)
         self._verdicts: dict[str, Verdict | None] = {}
         self._how: dict[str, str] = {}
@@ -247,33 +247,27 @@ class EarlyStop:
         return self._next + len(self._arrived)
 
     def observe(
-        self,
-        problem_id: str,
-        correct: bool,
-        outcome: str | None = None,
-        answers: Sequence[str] = (),
+        self, problem_id: str, outcome: str, answers: Sequence[str] = ()
     ) -> Decision | None:
         """One problem's outcome (with repeats each answer's), in any order; the Decision."""
         position = self._position[problem_id]
         if position in self._arrived or position < self._next:
             raise ValueError(f"outcome for {problem_id!r} observed twice")
-        if self._health and outcome is None:
-            raise ValueError(f"outcome for {problem_id!r} needed by the health gates")
         if self.decision is not None:
             return self.decision
-        self._arrived[position] = (correct, outcome, tuple(answers))
+        self._arrived[position] = (outcome, tuple(answers))
         if self.mode == "certain":
-            self._feed(problem_id, correct, outcome, answers)
+            self._feed(problem_id, outcome, answers)
             return self.decision
         while self._next in self._arrived and self.decision is None:
             self._feed(self.order[self._next], *self._arrived.pop(self._next))
             self._next += 1
         return self.decision
 
-    def _feed(self, pid: str, correct: bool, outcome: str | None, answers: Sequence[str]) -> None:
+    def _feed(self, pid: str, outcome: str, answers: Sequence[str]) -> None:
         self.observed += 1
-        runs = self.repeats
-        answers = list(answers) or [outcome or ("correct" if correct else "wrong")] * runs
+        runs, correct = self.repeats, outcome == "correct"
+        answers = list(answers) or [outcome] * runs
         for name, gate in self._counts.items():
             spec = gate.spec
             if isinstance(spec, MaxShare):  # good: the answers not of its outcome

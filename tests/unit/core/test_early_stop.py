@@ -37,11 +37,15 @@ from pytest_gsm8k.core.vllm_config import VllmConfig
 IDS10 = [f"p{i}" for i in range(10)]
 
 
+def word(correct: bool) -> str:
+    return "correct" if correct else "wrong"
+
+
 def feed(
     es: EarlyStop, outcomes: dict[str, bool], order: list[str] | None = None
 ) -> Decision | None:
     for pid in order or es.order:
-        decision = es.observe(pid, outcomes[pid])
+        decision = es.observe(pid, word(outcomes[pid]))
         if decision is not None:
             return decision
     return None
@@ -106,8 +110,8 @@ def test_run_order_rejects_duplicates() -> None:
 def test_certain_min_acc_fail_when_unreachable() -> None:
     es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in IDS10[:3]:
-        assert es.observe(pid, False) is None  # 7 of 10 still reachable
-    decision = es.observe(IDS10[3], False)  # at most 6 of 10
+        assert es.observe(pid, "wrong") is None  # 7 of 10 still reachable
+    decision = es.observe(IDS10[3], "wrong")  # at most 6 of 10
     assert decision is not None
     assert decision.after == 4
     assert decision.verdicts == {"min-acc": "FAIL"}
@@ -118,8 +122,8 @@ def test_certain_min_acc_fail_when_unreachable() -> None:
 def test_certain_min_acc_pass_exactly_at_threshold() -> None:
     es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in IDS10[:6]:
-        assert es.observe(pid, True) is None
-    decision = es.observe(IDS10[6], True)  # 7/10 == 0.7 passes
+        assert es.observe(pid, "correct") is None
+    decision = es.observe(IDS10[6], "correct")  # 7/10 == 0.7 passes
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS"}
     assert set(decision.verdicts.values()) == {"PASS"}
@@ -149,11 +153,11 @@ def test_the_floor_and_min_acc_are_two_gates_of_one_stop() -> None:
     floor = ToleranceFloor("c", 0.5, 0.1)  # need 4 of 10
     es = EarlyStop(IDS10, [MinAcc(0.8), floor], mode="certain")
     for pid in IDS10[:4]:
-        assert es.observe(pid, True) is None  # the floor passes; min-acc (8 of 10) is open
+        assert es.observe(pid, "correct") is None  # the floor passes; min-acc (8 of 10) is open
     assert "vllm-threshold verdict PASS is certain" in es.headline()
     for pid in IDS10[4:7]:
-        assert es.observe(pid, True) is None
-    decision = es.observe(IDS10[7], True)
+        assert es.observe(pid, "correct") is None
+    decision = es.observe(IDS10[7], "correct")
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS", FLOOR: "PASS"}
     assert es.to_json()["gates"][FLOOR]["threshold"] == floor.floor
@@ -176,20 +180,20 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
     baseline = dict.fromkeys(IDS10, (1, 1))
     es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline)
     for pid in IDS10[:3]:
-        es.observe(pid, True)
+        es.observe(pid, "correct")
     # min-acc PASS is certain (3/10), the baseline needs 6 right: not yet
     assert es.decision is None
     assert es.to_json()["verdicts"] == {"min-acc": "PASS", "baseline": None}
     for pid in IDS10[3:5]:
-        assert es.observe(pid, True) is None
-    decision = es.observe(IDS10[5], True)
+        assert es.observe(pid, "correct") is None
+    decision = es.observe(IDS10[5], "correct")
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS", "baseline": "PASS"}
 
     es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline)
     for pid in IDS10[:4]:
-        assert es.observe(pid, False) is None
-    decision = es.observe(IDS10[4], False)  # baseline FAIL; min-acc (3 of 5 left) open
+        assert es.observe(pid, "wrong") is None
+    decision = es.observe(IDS10[4], "wrong")  # baseline FAIL; min-acc (3 of 5 left) open
     assert decision is not None
     assert decision.verdicts == {"min-acc": None, "baseline": "FAIL"}
     assert set(decision.verdicts.values()) != {"PASS"}
@@ -200,13 +204,13 @@ def test_certain_noise_aware_single_run_is_mcnemar() -> None:
     baseline = dict.fromkeys(ids, (1, 1))
     # alpha 0.2: 3 newly failing of 3 gives p = 1/8 (FAIL); 2 of 2 gives 1/4 (PASS)
     es = EarlyStop(ids, [NoiseAware(0.2)], mode="certain", baseline=baseline)
-    assert es.observe("a", False) is None
-    assert es.observe("b", False) is None
-    decision = es.observe("c", False)
+    assert es.observe("a", "wrong") is None
+    assert es.observe("b", "wrong") is None
+    decision = es.observe("c", "wrong")
     assert decision is not None
     assert decision.verdicts == {"baseline": "FAIL"}
     es = EarlyStop(ids, [NoiseAware(0.2)], mode="certain", baseline=baseline)
-    decision = es.observe("a", True)
+    decision = es.observe("a", "correct")
     assert decision is not None
     assert decision.verdicts == {"baseline": "PASS"}
     assert "noise-aware p reachable" in es.headline()
@@ -226,7 +230,7 @@ def test_certain_noise_aware_calibrated_agrees_with_full_run() -> None:
         es = EarlyStop(ids, [rule], mode="certain", baseline={p: (base[p], 5) for p in ids})
         decision = None
         for pid in es.order:
-            decision = es.observe(pid, now[pid])
+            decision = es.observe(pid, word(now[pid]))
             if decision is not None:
                 break
         assert decision is not None  # decided at the last outcome at the latest
@@ -239,12 +243,12 @@ def test_noise_aware_waits_with_repeats_and_is_throttled() -> None:
     # a candidate with repeats: p is not monotone in its outcomes, so no early verdict
     es = EarlyStop(ids, [NoiseAware(0.01)], mode="certain", baseline=base, repeats=3)
     for pid in es.order:
-        assert es.observe(pid, False) is None
+        assert es.observe(pid, "wrong") is None
     assert "waits for the end" in es.headline()
     # single runs: checked every 3 outcomes (1% of 300). Two stable flips already give
     # p = 1/36 < 0.05 whatever follows; the FAIL is seen at the next check, the third
     es = EarlyStop(ids, [NoiseAware(0.05)], mode="certain", baseline=base)
-    decisions = [es.observe(pid, False) for pid in es.order[:3]]
+    decisions = [es.observe(pid, "wrong") for pid in es.order[:3]]
     assert decisions[:2] == [None, None]
     assert decisions[2] is not None
     assert decisions[2].verdicts == {"baseline": "FAIL"}
@@ -274,7 +278,7 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
         es = EarlyStop(six, gates, mode=mode, baseline=baseline)
         assert es.decision is None, gates
         for pid in six:
-            assert es.observe(pid, False, "wrong") is None, gates
+            assert es.observe(pid, "wrong") is None, gates
         assert None in es.to_json()["verdicts"].values()
 
 
@@ -287,10 +291,10 @@ def test_errors() -> None:
         EarlyStop(IDS10, [NoiseAware(0.01)], mode="certain", baseline={"zz": (1, 1)})
     es = EarlyStop(IDS10, [MinAcc(0.5)], mode="sequential")
     with pytest.raises(KeyError):
-        es.observe("nope", True)
-    es.observe(es.order[3], True)
+        es.observe("nope", "correct")
+    es.observe(es.order[3], "correct")
     with pytest.raises(ValueError, match="observed twice"):
-        es.observe(es.order[3], True)
+        es.observe(es.order[3], "correct")
 
 
 def _group_of(specs: GateSpecs, config: VllmConfig | None = None) -> tuple[RunPlan, PlanGroup]:
@@ -492,9 +496,9 @@ def test_out_of_order_feeds_the_seeded_prefix() -> None:
     es = EarlyStop(ids, [MinAcc(0.85)], mode="sequential", seed=11)
     first = es.order[0]
     for pid in reversed(es.order[1:60]):
-        assert es.observe(pid, outcomes[pid]) is None  # nothing fed until the first arrives
+        assert es.observe(pid, word(outcomes[pid])) is None  # nothing fed until the first arrives
     assert es.observed == 0
-    decision = es.observe(first, outcomes[first])
+    decision = es.observe(first, word(outcomes[first]))
     assert decision == expected
     assert es.observed == expected.after
 
@@ -502,7 +506,7 @@ def test_out_of_order_feeds_the_seeded_prefix() -> None:
 def test_certain_mode_uses_every_arrival_at_once() -> None:
     es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in reversed(es.order[-4:]):
-        es.observe(pid, False)
+        es.observe(pid, "wrong")
     assert es.decision is not None
     assert es.observed == 4
 
@@ -565,7 +569,7 @@ def test_fraction_threshold_exactness() -> None:
 def feed_outcomes(es: EarlyStop, outcomes: dict[str, str]) -> Decision | None:
     """Feed each problem's outcome word (``correct`` counts as correct) in the run order."""
     for pid in es.order:
-        decision = es.observe(pid, outcomes[pid] == "correct", outcomes[pid])
+        decision = es.observe(pid, outcomes[pid])
         if decision is not None:
             return decision
     return None
@@ -609,10 +613,7 @@ def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     assert decision.after == 2
 
 
-def test_health_gates_need_the_outcome_word() -> None:
-    es = EarlyStop(IDS10, [MaxShare("error", 0.5)], mode="certain")
-    with pytest.raises(ValueError, match="outcome"):
-        es.observe("p0", False)
+def test_a_health_gate_given_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="twice"):
         EarlyStop(IDS10, [MaxShare("error", 0.5)] * 2, mode="certain")
 
@@ -672,7 +673,7 @@ def test_with_repeats_min_acc_counts_every_answer() -> None:
     are all right (1.0) but test@1 is 2/3, below 0.7 for certain after all four."""
     stop = EarlyStop(["a", "b", "c", "d"], [MinAcc(0.7)], mode="certain", repeats=3)
     answers = ["correct", "correct", "wrong"]
-    decisions = [stop.observe(pid, True, "correct", answers) for pid in "abcd"]
+    decisions = [stop.observe(pid, "correct", answers) for pid in "abcd"]
     assert decisions[2] is None
     decision = decisions[3]
     assert decision is not None
