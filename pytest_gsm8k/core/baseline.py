@@ -11,14 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsontext
-from pytest_gsm8k.core.calibrated import (
-    MAX_REPEATS,
-    POWER,
-    Evidence,
-    Pair,
-    difference,
-    reach,
-)
+from pytest_gsm8k.core.calibrated import MAX_REPEATS, POWER, Evidence, Pair, difference, reach
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.records import OUTCOMES
