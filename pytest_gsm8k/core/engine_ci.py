@@ -77,14 +77,9 @@ def vllm_request(
     """The request gsm8k_eval.py sends for ``problem``: its exact body in ``wire``, and the
     same prompt and sampling in the fields reports read."""
     prompt = fewshot_prompt(problem.question, train, shots)
-    common: dict[str, Any] = {
-        "problem_id": problem.id,
-        "temperature": VLLM.temperature,
-        "max_tokens": VLLM.max_tokens,
-        "seed": VLLM.seed,
-        "params": tuple(params),
-        "wire": vllm_body(prompt, api, params),
-    }
+    common: dict[str, Any] = {"temperature": VLLM.temperature, "max_tokens": VLLM.max_tokens}
+    common.update(problem_id=problem.id, seed=VLLM.seed, params=tuple(params))
+    common["wire"] = vllm_body(prompt, api, params)
     if api == "chat":
         return Request(api="chat", messages=(("user", prompt),), **common)
     return Request(api="completions", prompt=prompt, stop=VLLM.stop, **common)
@@ -95,12 +90,8 @@ def sglang_request(
 ) -> Request:
     """few_shot_gsm8k.py's prompt and sampling for ``problem`` as a completions request;
     ``rows`` is the evaluated split in file order (its first ``shots`` are the examples)."""
+    common: dict[str, Any] = {"temperature": SGLANG.temperature, "max_tokens": SGLANG.max_tokens}
+    common.update(problem_id=problem.id, stop=SGLANG.stop, params=tuple(params))
     return Request(
-        problem_id=problem.id,
-        api="completions",
-        prompt=fewshot_prompt(problem.question, rows, shots),
-        temperature=SGLANG.temperature,
-        max_tokens=SGLANG.max_tokens,
-        stop=SGLANG.stop,
-        params=tuple(params),
+        api="completions", prompt=fewshot_prompt(problem.question, rows, shots), **common
     )
