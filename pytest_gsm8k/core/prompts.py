@@ -77,7 +77,6 @@ class Protocol:
         return identity
 
     def request(self, problem: Problem) -> Request:
-        """The request for one problem."""
         if self.preset == "lm-eval":
             request = lm_eval_request(problem, self.train, self.api, self.system)
             return replace(request, params=self.params)
