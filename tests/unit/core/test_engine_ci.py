@@ -80,7 +80,7 @@ def test_vllm_full_split_bodies_hash_as_recorded(
     eval_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
 ) -> None:
     run = RUNS["completions_full"]
-    wires = [vllm_request(p, train_rows).wire or "" for p in eval_problems]
+    wires = [vllm_request(p, train_rows, "completions", 5, ()).wire or "" for p in eval_problems]
     assert len(wires) == run["n_requests"] == 1319
     assert hashlib.sha256("\n".join(wires).encode("utf-8")).hexdigest() == run["sha256"]
 
