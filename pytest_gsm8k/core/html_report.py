@@ -120,17 +120,14 @@ def _ids(base: _Obj, key: str) -> list[str]:
 
 
 def _row(
-    r: _Obj,
-    texts: Mapping[str, ProblemText],
-    baseline: Mapping[str, str],
-    change: Mapping[str, str],
+    r: _Obj, texts: Mapping[str, ProblemText], was: Mapping[str, str], change: Mapping[str, str]
 ) -> dict[str, Any]:
-    """One problem in the short keys html_report.js reads; a sample's text only where it is
-    not the response."""
+    """One problem in the short keys html_report.js reads (``was``: its baseline outcome); a
+    sample's text only where it is not the response."""
     pid, response = str(r.get("id")), str(r.get("response") or "")
     question, solution = texts.get(pid, ("", ""))
     row = {key: r.get(field) for key, field in _ROW.items()}
-    row |= {"id": pid, "b": baseline.get(pid), "ch": change.get(pid, ""), "r": response}
+    row |= {"id": pid, "b": was.get(pid), "ch": change.get(pid, ""), "r": response}
     row |= {"q": question, "s": solution, "u": r.get("usage") or {}}
     row["rules"] = r.get("rules") or {}
     row["sm"] = [
