@@ -246,18 +246,16 @@ class EarlyStop:
         """Outcomes observed, fed or waiting for the seeded order's earlier ones to arrive."""
         return self._next + len(self._arrived)
 
-    def observe(
-        self, problem_id: str, outcome: str, answers: Sequence[str] = ()
-    ) -> Decision | None:
+    def observe(self, pid: str, outcome: str, answers: Sequence[str] = ()) -> Decision | None:
         """One problem's outcome (with repeats each answer's), in any order; the Decision."""
-        position = self._position[problem_id]
+        position = self._position[pid]
         if position in self._arrived or position < self._next:
-            raise ValueError(f"outcome for {problem_id!r} observed twice")
+            raise ValueError(f"outcome for {pid!r} observed twice")
         if self.decision is not None:
             return self.decision
         self._arrived[position] = (outcome, tuple(answers))
         if self.mode == "certain":
-            self._feed(problem_id, outcome, answers)
+            self._feed(pid, outcome, answers)
             return self.decision
         while self._next in self._arrived and self.decision is None:
             self._feed(self.order[self._next], *self._arrived.pop(self._next))

@@ -50,11 +50,9 @@ def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:
     return {str(k): str(e["outcome"] if isinstance(e, Mapping) else e) for k, e in entries}
 
 
-def render_html(
-    report: _Obj, problems: Mapping[str, ProblemText], baseline: Mapping[str, str]
-) -> str:
-    """The whole page (inline CSS, JS, SVG and data): ``problems`` are the texts the report
-    does not hold; ``baseline`` the compared baselines' outcomes (outcomes_from_baseline)."""
+def render_html(report: _Obj, texts: Mapping[str, ProblemText], baseline: Mapping[str, str]) -> str:
+    """The whole page (inline CSS, JS, SVG and data); ``texts``: problem_texts (the report holds
+    none), ``baseline``: the compared baselines' outcomes (outcomes_from_baseline)."""
     configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     comparisons = [
         (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
@@ -81,7 +79,7 @@ def render_html(
         return max(place - 2, 0), position.get(_config_of(r["id"]), 0), place, int(r["index"])
 
     data = {
-        "problems": [_row(r, problems, baseline, change) for r in sorted(records, key=order)],
+        "problems": [_row(r, texts, baseline, change) for r in sorted(records, key=order)],
         "rules": list(report.get("rules") or {}),  # ours, then a preset's (the records')
         "gated": (report.get("protocol") or {}).get("extractor"),
         "baseline": bool(comparisons),
