@@ -1,13 +1,16 @@
-"""The merge's replanning of its shards' run (runtime/planning.py ``replan``)."""
+"""The run's plan from its options, and the merge's replanning of its shards' run
+(runtime/planning.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.merge import ShardError, selection_hash, shard_record
 from pytest_gsm8k.core.plan import Endpoint, Shard
 from pytest_gsm8k.core.settings import Settings
@@ -34,3 +37,31 @@ def test_a_shard_plan_no_option_could_give_is_refused_in_one_line(tmp_path: Path
         ShardError, match=r"^corrupt shard plan \(KeyError: 'from-a-newer-version'\)$"
     ):
         replan(block, tmp_path, None, {})
+
+
+@pytest.mark.parametrize("option", ["data", "fewshot_file"])
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("missing.jsonl", "no such file or folder"),
+        ("x" * 300, r"cannot read \(File name too long\)"),
+    ],
+    ids=["missing", "name-too-long"],
+)
+def test_an_input_file_that_cannot_be_opened_is_one_line_naming_its_option(
+    tmp_path: Path, option: str, name: str, why: str
+) -> None:
+    """A name longer than the file system allows was an INTERNALERROR (pathlib's ``is_dir``
+    raises ENAMETOOLONG), and a missing --gsm8k-fewshot-file was said as --gsm8k-data."""
+    flag = "--gsm8k-" + option.replace("_", "-")
+    path = tmp_path / name
+    given: dict[str, Any] = {option: str(path)}
+    with pytest.raises(DatasetError, match=rf"^{flag} {tmp_path}/x*(missing\.jsonl)?: {why}$"):
+        build_plan(
+            Settings(limit=5, **given),
+            run_id="x",
+            endpoint=Endpoint(None, "m"),
+            rootpath=tmp_path,
+            snapshot_dirname="__snapshots__",
+            update_baseline=False,
+        )
