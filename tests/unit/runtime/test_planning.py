@@ -14,7 +14,7 @@ from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.merge import ShardError, selection_hash, shard_record
 from pytest_gsm8k.core.plan import Endpoint, Shard
 from pytest_gsm8k.core.settings import Settings
-from pytest_gsm8k.runtime.planning import build_plan, replan
+from pytest_gsm8k.runtime.planning import build_plan, read_baseline, replan
 
 
 def test_a_shard_plan_no_option_could_give_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -65,3 +65,15 @@ def test_an_input_file_that_cannot_be_opened_is_one_line_naming_its_option(
             snapshot_dirname="__snapshots__",
             update_baseline=False,
         )
+
+
+def test_a_baseline_name_the_file_system_cannot_hold_is_an_error_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """pathlib's exists() raised ENAMETOOLONG at the session start (an INTERNALERROR); a path
+    under a file is still a missing baseline, as before."""
+    too_long = read_baseline(tmp_path / ("b" * 300 + ".gsm8k"), tmp_path)
+    assert "File name too long" in (too_long.error or "")
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    under_a_file = read_baseline(tmp_path / "file" / "b.gsm8k", tmp_path)
+    assert (under_a_file.error, under_a_file.document, under_a_file.exists) == (None, None, False)
