@@ -75,7 +75,9 @@ class Scrubber:
     def __init__(self, api_key: str | None, base_url: str | None, others: Iterable[str]) -> None:
         self.pairs: list[tuple[str, str]] = []
         secrets = {s for s in (api_key, *others) if s and len(s) >= MIN_SECRET}
-        userinfo, at, _ = urlsplit(base_url or "").netloc.rpartition("@")
+        # not urlsplit: it raises on a URL the preflight refuses later ("http://u:p@[::1")
+        netloc = re.split(r"[/?#]", (base_url or "").partition("//")[2], maxsplit=1)[0]
+        userinfo, at, _ = netloc.rpartition("@")
         if at:
             self.pairs.append((userinfo + "@", ""))  # the URL without its credentials
             user, _, password = userinfo.partition(":")

@@ -49,6 +49,16 @@ def test_scrubber_removes_keys_and_url_credentials() -> None:
     assert Scrubber(None, None, ()).text("18") == "18"
 
 
+def test_credentials_of_a_url_urlsplit_refuses_are_still_scrubbed() -> None:
+    """``$OPENAI_BASE_URL=http://u:p@[::1`` (a bracket left open) made urlsplit raise in the
+    scrubber: an INTERNALERROR before the preflight's one line; its password stays a secret."""
+    scrub = Scrubber(None, "http://bob:hunter2-pass@[::1/v1")
+    assert (
+        scrub.text("http://bob:hunter2-pass@[::1/v1 and hunter2-pass")
+        == "http://[::1/v1 and [redacted]"
+    )
+
+
 def test_a_message_cut_inside_a_key_loses_the_keys_first_characters_answers_keep_theirs() -> None:
     """A message's excerpt of a reply is cut to a bound before the scrubber sees it: ``cut``
     hides a tail that begins a secret (MIN_SECRET characters or more); an answer (not cut)
