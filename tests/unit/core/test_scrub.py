@@ -52,7 +52,7 @@ def test_scrubber_removes_keys_and_url_credentials() -> None:
 def test_credentials_of_a_url_urlsplit_refuses_are_still_scrubbed() -> None:
     """``$OPENAI_BASE_URL=http://u:p@[::1`` (a bracket left open) made urlsplit raise in the
     scrubber: an INTERNALERROR before the preflight's one line; its password stays a secret."""
-    scrub = Scrubber(None, "http://bob:hunter2-pass@[::1/v1")
+    scrub = Scrubber(None, "http://bob:hunter2-pass@[::1/v1", ())
     assert (
         scrub.text("http://bob:hunter2-pass@[::1/v1 and hunter2-pass")
         == "http://[::1/v1 and [redacted]"
