@@ -611,10 +611,12 @@ class FakeOpenAIServer:
             finally:
                 # A connection accepted just before the stop has a task whose handler never
                 # started: cancel and run it, or its coroutine is "never awaited" at close.
-                left = asyncio.all_tasks(loop)
-                for task in left:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                # Only when there is one: gather() of nothing asks for this thread's current
+                # loop, which it has not (a RuntimeError, and the loop left open).
+                if left := asyncio.all_tasks(loop):
+                    for task in left:
+                        task.cancel()
+                    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
                 loop.close()
 
         self._thread = threading.Thread(target=run, name=f"fakeserver-{id(self):x}", daemon=True)

@@ -137,7 +137,7 @@ def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBase
     baselines in its folder (for the gate to name)."""
     try:
         shown = str(path.resolve().relative_to(rootpath.resolve()))
-    except (ValueError, OSError):
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (3.11, 3.12)
         shown = str(path)
     try:
         # without blocking: a FIFO at the path would wait for a writer before the first request

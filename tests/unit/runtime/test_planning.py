@@ -77,3 +77,15 @@ def test_a_baseline_name_the_file_system_cannot_hold_is_an_error_not_a_traceback
     (tmp_path / "file").write_text("x", encoding="utf-8")
     under_a_file = read_baseline(tmp_path / "file" / "b.gsm8k", tmp_path)
     assert (under_a_file.error, under_a_file.document, under_a_file.exists) == (None, None, False)
+
+
+def test_a_baseline_path_in_a_symlink_loop_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    """pathlib's resolve() raises RuntimeError on a symlink loop (Python 3.11): an
+    INTERNALERROR at the session start; the file cannot be read, so it is said so."""
+    (tmp_path / "a.gsm8k").symlink_to("b.gsm8k")
+    (tmp_path / "b.gsm8k").symlink_to("a.gsm8k")
+    stored = read_baseline(tmp_path / "a.gsm8k", tmp_path)
+    assert (stored.shown, stored.document) == (str(tmp_path / "a.gsm8k"), None)
+    assert "a.gsm8k: cannot read ([Errno 40] Too many levels of symbolic links" in (
+        stored.error or ""
+    )
