@@ -77,11 +77,7 @@ class AnswerServer:
     ``repeats`` K each problem is K requests, and each reply names the repeat it answers."""
 
     def __init__(
-        self,
-        engine: Engine | Matrix,
-        requests: Callable[[str], Request | None],
-        *,
-        repeats: int = 1,
+        self, engine: Engine | Matrix, requests: Callable[[str], Request | None], *, repeats: int
     ) -> None:
         self.engine, self.requests, self.repeats = engine, requests, repeats
         self.token = secrets.token_hex(16)
@@ -240,13 +236,7 @@ class Channel:
     another's answer."""
 
     def __init__(
-        self,
-        address: tuple[str, int],
-        token: str,
-        *,
-        wait: float = 60.0,
-        endpoint: str = "",
-        model: str = "",
+        self, address: tuple[str, int], token: str, *, wait: float, endpoint: str, model: str
     ) -> None:
         # a socket takes no longer wait than the platform's time_t: longer waits are this one
         self.wait, self.fetch = min(wait, 1e7), False

@@ -418,11 +418,12 @@ def _taken(server: ServedProcess, order: Launch) -> Started:
     identity = None
     if order.check == "adopt":
         try:
-            models = list_models(server.base_url, order.api_key, order.list_timeout)
+            cards = list_models(server.base_url, order.api_key, order.list_timeout)
         except PreflightError as exc:
             raise ServeError(
                 f"--gsm8k-serve: cannot list the server's models ({exc}); give --gsm8k-model"
             ) from None
+        models = [str(card["id"]) for card in cards]
         if len(models) != 1:
             raise ServeError(
                 f"--gsm8k-serve: the server lists {len(models)} models "
@@ -468,8 +469,8 @@ def check_model(
     a model the server does not list, or one that would not answer requests without a model
     field (the vllm preset's) as itself, an adapter grading its base (``unnamed``: what the
     refusal names the model by; None: the requests name it). A failed listing: PreflightError."""
-    cards: list[dict[str, Any]] = []
-    models = list_models(base_url, api_key, timeout, cards)
+    cards = list_models(base_url, api_key, timeout)
+    models = [str(card["id"]) for card in cards]
     if models and model not in models:
         raise ServeError(
             f"model {model!r} is not served by {shown_url(base_url)} "
