@@ -460,7 +460,7 @@ class Sources:
 
     def take_notes(self) -> list[str]:
         """The engines' warnings and end-of-run notes no test issued (the controller's)."""
-        parts: list[Engine | Matrix] = [*self.engines.values(), *filter(None, [self.matrix])]
+        parts = [*self.engines.values(), *(self.matrix.made if self.matrix else [])]
         return [line for part in parts for line in (*part.take_warnings(), *part.notes())]
 
     def close(self) -> None:
