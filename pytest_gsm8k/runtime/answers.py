@@ -131,13 +131,12 @@ class AnswerServer:
             return None if self._planned is None else set(self._planned)
 
     def stop_all(self, message: str) -> None:
-        """The run stopped early (any thread; the first call counts): the engine sends nothing
-        more and every worker, connected now or later, hears ``message``."""
+        """The run stopped early (any thread; the first call counts; its engines are stopped
+        first: Sources.stop): every worker, connected now or later, hears ``message``."""
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
-        self.engine.stop(message)
 
         def push() -> None:
             self._stop = message

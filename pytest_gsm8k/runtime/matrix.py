@@ -173,10 +173,6 @@ class Matrix:
         if (engine := self.engine_of(request)) is not None:
             engine.settle(request)
 
-    def stop(self, message: str) -> None:
-        for engine in list(self.made):
-            engine.stop(message)
-
     def close(self) -> None:
         """Stop the driver's servers (serving or starting), every engine, the driver; idempotent."""
         self._closing.set()

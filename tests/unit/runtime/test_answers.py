@@ -312,6 +312,7 @@ def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
         assert wait_until(lambda: engine.ready(known["p0"]) and client.order == ["p0", "p1"], 5)
         assert remote.stopped() is None
         assert listener.stopped() is None
+        engine.stop("decided")  # the engines first, as Sources.stop does
         server.stop_all("decided")
         assert wait_until(lambda: remote.stopped() == "decided", 5)
         assert wait_until(lambda: listener.stopped() == "decided", 5)
