@@ -259,10 +259,10 @@ def start(state: State, controller: bool) -> None:
         config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {why}"), stacklevel=2)
     check_outputs(state, ("step_summary",), draft)  # and the baselines, the open-file limit
     overridden = defines(config, ("gsm8k_model",))
+    endpoint = draft.endpoint
     if draft.configs:  # each config's server starts in turn once the items are known
         if overridden:
             raise pytest.UsageError(CONFIG_OVERRIDE)
-        state.set_plan(draft)
         state.sources.use_matrix(  # each stopped before the next one starts
             Matrix(
                 [g.name for g in draft.groups],
@@ -271,14 +271,12 @@ def start(state: State, controller: bool) -> None:
                 lookahead=state.concurrency() if settings.early_stop else None,
             )
         )
-    else:
-        endpoint = draft.endpoint
-        if (started := serve_run(state)) is not None:
-            state.sources.use_server(started)
-            endpoint = started.endpoint
-        if not overridden:  # the endpoint the options name may not be what is asked at all
-            endpoint = preflight(state, endpoint)
-        state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
+    elif (started := serve_run(state)) is not None:
+        state.sources.use_server(started)
+        endpoint = started.endpoint
+    if not (draft.configs or overridden):  # the options' endpoint may not be what is asked
+        endpoint = preflight(state, endpoint)
+    state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
     if controller:
         state.sources.serve_workers(head_start_allowed(config))
     elif not overridden and state.sources.matrix is None and not state.dry:
