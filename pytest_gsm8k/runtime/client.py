@@ -280,9 +280,7 @@ def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
     return proxy
 
 
-def get_json(
-    url: str, headers: Mapping[str, str] | None, deadline: float, *, proxies: bool = True
-) -> Any:
+def get_json(url: str, headers: Mapping[str, str] | None, deadline: float, *, proxies: bool) -> Any:
     """The JSON of a 2xx reply to ``GET url`` (None: not JSON) within ``deadline`` seconds in
     all (httpx bounds each read only: a dripping server would hold the caller), or
     :class:`PreflightError`. httpx keeps ``Authorization`` to the same origin on redirects and
@@ -343,7 +341,7 @@ def list_models(base_url: str, api_key: str | None, timeout: float) -> list[dict
     deadline = time.monotonic() + timeout
     for attempt in (1, 2):
         try:
-            data = get_json(url, headers, max(0.001, deadline - time.monotonic()))
+            data = get_json(url, headers, max(0.001, deadline - time.monotonic()), proxies=True)
             break
         except PreflightError as exc:
             if exc.kind == "timeout":

@@ -266,4 +266,4 @@ def test_a_proxy_port_out_of_range_is_one_line_not_an_internal_error(
         env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=aiohttp)
     assert "secret" not in str(caught.value)
     with pytest.raises(PreflightError, match="cannot be read: check its port"):
-        get_json("http://gsm8k-upstream.invalid/v1/models", None, 5)
+        get_json("http://gsm8k-upstream.invalid/v1/models", None, 5, proxies=True)
