@@ -308,7 +308,7 @@ def serve_spec(
     model: str | None,
     server_args: tuple[str, ...] | None = None,
     *,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] = os.environ,
     context: str = "",
 ) -> Launch:
     """The spec of ``--gsm8k-serve`` ``command``, ``{port}`` and ``{model}`` filled in so
@@ -334,7 +334,7 @@ class Launch:
     model: str
     what: str  # ServedProcess.what
     factory: Callable[..., ServedProcess]  # a subclass adds its own checks (local.LocalServer)
-    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
+    env: Mapping[str, str]  # the command's own variables are added
     context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
     scrub: Scrubber = field(default_factory=Scrubber)
     api_key: str | None = None
@@ -371,8 +371,7 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
     for _attempt in range(_PORT_ATTEMPTS):
         port = _free_port()
         command = order.command(port)
-        base_env = os.environ if order.env is None else order.env
-        env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
+        env = {**order.env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
         try:
             server = order.factory(
