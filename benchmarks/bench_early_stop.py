@@ -126,14 +126,14 @@ def _simulate(mode: str, spec: dict[str, Any], perms: Any, alpha: float) -> tupl
 
 
 def _replay(mode: str, spec: dict[str, Any], perm: Any, alpha: float) -> tuple[int, bool]:
-    """One order through the real ``EarlyStop``: (problems to the decision, FAIL?)."""
-    order = [IDS[i] for i in perm]
-    es = EarlyStop(IDS, [MinAcc(spec["min_acc"])], mode=mode, alpha=alpha, order=order)  # type: ignore[arg-type]
+    """One order through the real ``EarlyStop``: (problems to the decision, FAIL?). Its own
+    seeded order's t-th problem is given the outcome of ``perm``'s t-th (min-acc only counts)."""
+    es = EarlyStop(IDS, [MinAcc(spec["min_acc"])], mode=mode, alpha=alpha)  # type: ignore[arg-type]
     decision = es.decision
-    for pid in order:
+    for pid, i in zip(es.order, perm, strict=True):
         if decision is not None:
             break
-        decision = es.observe(pid, spec["outcomes"][pid])
+        decision = es.observe(pid, "correct" if spec["outcomes"][IDS[i]] else "wrong")
     if decision is None:  # cannot happen: the last outcome makes every verdict certain
         raise AssertionError("undecided after the full run")
     return decision.after, "FAIL" in decision.verdicts.values()

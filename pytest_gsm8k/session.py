@@ -140,7 +140,7 @@ class Gsm8kSession:
             return None
         answers = [str(x) for x in record.get("repeats") or ()]
         try:
-            decided = early.observe(problem_id, bool(record["correct"]), record["outcome"], answers)
+            decided = early.observe(problem_id, record["outcome"], answers)
         except (KeyError, ValueError):
             return None  # a problem outside the group's plan (a user's own test): not counted
         if decided is None or early.arrived >= early.n_total or run.doubled:

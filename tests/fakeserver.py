@@ -609,6 +609,12 @@ class FakeOpenAIServer:
             try:
                 loop.run_forever()
             finally:
+                # A connection accepted just before the stop has a task whose handler never
+                # started: cancel and run it, or its coroutine is "never awaited" at close.
+                left = asyncio.all_tasks(loop)
+                for task in left:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
                 loop.close()
 
         self._thread = threading.Thread(target=run, name=f"fakeserver-{id(self):x}", daemon=True)

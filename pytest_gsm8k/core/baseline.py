@@ -11,14 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_gsm8k.core import jsontext
-from pytest_gsm8k.core.calibrated import (
-    MAX_REPEATS,
-    POWER,
-    Evidence,
-    Pair,
-    difference,
-    reach,
-)
+from pytest_gsm8k.core.calibrated import MAX_REPEATS, POWER, Evidence, Pair, difference, reach
 from pytest_gsm8k.core.dataset import select
 from pytest_gsm8k.core.jsontext import to_json
 from pytest_gsm8k.core.records import OUTCOMES
@@ -41,6 +34,7 @@ CONFIG_KEYS = ("name", "model_name")
 #: protocol fields that follow from others (the shots and their seed or file): named only
 #: when nothing a user sets differs
 DERIVED = ("fewshot_hash", "fewshot_source")
+_Obj = Mapping[str, Any]  # a JSON object: a report, a record, a baseline document
 
 
 class BaselineError(Exception):
@@ -60,7 +54,7 @@ def default_name(label: str) -> str:
     return f"{name[: NAME_LIMIT - len(digest) - 1].rstrip('_')}_{digest}"
 
 
-def record_runs(record: Mapping[str, Any]) -> tuple[int, int]:
+def record_runs(record: _Obj) -> tuple[int, int]:
     """A run's record as (correct runs, runs): its ``--gsm8k-repeats``, else one run."""
     outcomes = record.get("repeats") or ()
     if len(outcomes) > 1:
@@ -68,7 +62,7 @@ def record_runs(record: Mapping[str, Any]) -> tuple[int, int]:
     return int(bool(record["correct"])), 1
 
 
-def entry(record: Mapping[str, Any], calibrated: bool, sampled: bool = False) -> Any:
+def entry(record: _Obj, calibrated: bool, sampled: bool = False) -> Any:
     """A run's record as a baseline's problem: its outcome, its runs or its samples' counts."""
     if calibrated:
         correct, runs = record_runs(record)
@@ -78,7 +72,7 @@ def entry(record: Mapping[str, Any], calibrated: bool, sampled: bool = False) ->
     return record["outcome"]
 
 
-def build(summary_json: Mapping[str, Any], partial: str | None = None) -> dict[str, Any]:
+def build(summary_json: _Obj, partial: str | None = None) -> dict[str, Any]:
     """The baseline document from a run's JSON report; ``partial``: why it holds only part."""
     records = summary_json["problems"]
     repeats = max((len(r.get("repeats") or ()) for r in records), default=0)
@@ -118,7 +112,7 @@ def _correct(entry: Any) -> bool:
     return (entry.get("outcome") if isinstance(entry, dict) else entry) == "correct"
 
 
-def calibration(problems: Mapping[str, Any]) -> dict[str, int]:
+def calibration(problems: _Obj) -> dict[str, int]:
     """The ``calibration`` entry: K, and the stable-correct, stable-wrong, noisy counts."""
     sides = [runs(entry) for entry in problems.values()]
     return {"repeats": max([1, *(k for _, k in sides)]), **_stabilities(sides)}
@@ -131,7 +125,7 @@ def _stabilities(sides: Iterable[tuple[int, int]]) -> dict[str, int]:
     return {key: counts[key] for key in ("stable_correct", "stable_wrong", "noisy")}
 
 
-def pairs(baseline: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[Pair]:
+def pairs(baseline: _Obj, records: Sequence[_Obj]) -> list[Pair]:
     base = baseline["problems"]
     return [
         Pair(str(r["id"]), *runs(base[str(r["id"])]), *record_runs(r))
@@ -255,15 +249,13 @@ def _check_entry(pid: str, entry: Any, where: str) -> None:
         raise _corrupt(where, why, edited=True)
 
 
-def check(
-    stored: StoredBaseline, here: Mapping[str, Any], split: Sequence[Problem]
-) -> dict[str, Any]:
+def check(stored: StoredBaseline, here: _Obj, split: Sequence[Problem]) -> dict[str, Any]:
     """The stored document of the protocol and dataset of ``here``, holding problems of
     ``split`` and, unless it says it is partial, exactly its selection."""
     baseline, where = stored.document, stored.shown
     if baseline is None:
         raise BaselineError(stored.error or f"no baseline at {where}")
-    difference = first_difference(baseline, here)
+    difference = first_difference(baseline, here, here="here", there="in the baseline")
     if difference:
         raise BaselineError(f"refused to compare with {where}: {difference}")
     ids = set(baseline["problems"])
@@ -295,13 +287,7 @@ def check(
     return baseline
 
 
-def first_difference(
-    baseline: Mapping[str, Any],
-    summary_json: Mapping[str, Any],
-    *,
-    here: str = "here",
-    there: str = "in the baseline",
-) -> str | None:
+def first_difference(baseline: _Obj, summary_json: _Obj, *, here: str, there: str) -> str | None:
     """The first protocol, config or dataset field that differs, as a phrase; None when
     comparable. Every comparison of runs asks this."""
     now, base = summary_json["protocol"], baseline["protocol"]
@@ -322,13 +308,11 @@ def first_difference(
     return None
 
 
-def moved_from(
-    beside: Iterable[tuple[str, Mapping[str, Any]]], here: Mapping[str, Any]
-) -> str | None:
+def moved_from(beside: Iterable[tuple[str, _Obj]], here: _Obj) -> str | None:
     """``<file> (<field>)``: a baseline beside it of the same data but another protocol, or
     None (found by its label, a changed protocol would pass as "no baseline yet")."""
 
-    def config(document: Mapping[str, Any]) -> object:
+    def config(document: _Obj) -> object:
         value = document.get("config")
         return value.get("name") if isinstance(value, Mapping) else None
 
@@ -337,18 +321,14 @@ def moved_from(
             document["dataset"].get(key) != here["dataset"].get(key) for key in SAME_SPLIT
         ):
             continue
-        difference = first_difference(document, here, there="there")
+        difference = first_difference(document, here, here="here", there="there")
         if difference:
             return f"{shown} ({difference})"
     return None
 
 
 def noise_block(
-    baseline: Mapping[str, Any],
-    records: Sequence[Mapping[str, Any]],
-    run_ids: Collection[str],
-    alpha: float,
-    seen: Evidence,
+    baseline: _Obj, records: Sequence[_Obj], run_ids: Collection[str], alpha: float, seen: Evidence
 ) -> dict[str, Any]:
     """The report's baseline block: the pairs' counts, McNemar's p on the most common outcomes,
     and what the noise-aware gate sees (``seen``: the pairs' evidence)."""
@@ -398,7 +378,7 @@ def noise_block(
     }
 
 
-def noise_sentence(seen: Mapping[str, Any]) -> str:
+def noise_sentence(seen: _Obj) -> str:
     """The terminal's line on what the gate can see (from :func:`noise_block`)."""
     counts, drop, alpha = seen["stability"], seen["detectable_drop"], f"alpha={seen['alpha']:g}"
     shared, more = sum(counts.values()), drop["repeats_for_one_point"]
@@ -428,7 +408,7 @@ def noise_sentence(seen: Mapping[str, Any]) -> str:
     )
 
 
-def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | None:
+def fewer_repeats(document: _Obj | None, repeats: int) -> str | None:
     """Why a run of fewer repeats may not replace ``document`` (it would silently cost the gate
     its power: a 1-point drop caught 13% of the time instead of 99%), or None."""
     stored_k = ((document or {}).get("calibration") or {}).get("repeats")  # checked by loads
@@ -442,7 +422,7 @@ def fewer_repeats(document: Mapping[str, Any] | None, repeats: int) -> str | Non
     )
 
 
-def dropped(stored: StoredBaseline, report: Mapping[str, Any], split: Sequence[Problem]) -> int:
+def dropped(stored: StoredBaseline, report: _Obj, split: Sequence[Problem]) -> int:
     """The problems a usable stored baseline holds that the run does not."""
     try:
         held = set(check(stored, report, split)["problems"])

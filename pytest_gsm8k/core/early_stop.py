@@ -8,7 +8,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import Pair, evidence
@@ -23,7 +23,7 @@ from pytest_gsm8k.core.gates import (
 )
 
 if TYPE_CHECKING:
-    from pytest_gsm8k.core.plan import GateSpecs
+    from pytest_gsm8k.core.plan import PlanGroup, RunPlan
 
 Mode = Literal["certain", "sequential"]
 
@@ -151,7 +151,7 @@ class Decision:
 
 class EarlyStop:
     """Decide one group's gates as early as allowed. ``baseline``: id -> (correct runs, runs);
-    ``order`` replaces the seeded one (simulations); ``alpha`` is split over the count gates."""
+    ``alpha`` is split over the count gates."""
 
     def __init__(
         self,
@@ -163,20 +163,17 @@ class EarlyStop:
         alpha: float = 0.05,
         baseline: Mapping[str, tuple[int, int]] | None = None,
         repeats: int = 1,
-        order: Sequence[str] | None = None,
     ) -> None:
         if mode not in ("certain", "sequential"):
             raise ValueError(f"mode must be 'certain' or 'sequential', got {mode!r}")
         if not ids or not gates:
             raise ValueError("no gate to decide (need min-acc, a floor, a baseline or health)")
-        self.order = run_order(ids, seed) if order is None else list(order)
-        if sorted(self.order) != sorted(ids) or len(set(self.order)) != len(self.order):
-            raise ValueError("order must be a permutation of ids")
+        self.order = run_order(ids, seed)
         self.mode, self.alpha, self.seed, self.repeats = mode, alpha, seed, repeats
         self.n_total, self.observed, baseline = len(ids), 0, baseline or {}
         self.decision: Decision | None = None
         self._position = {pid: i for i, pid in enumerate(self.order)}
-        self._arrived: dict[int, tuple[bool, str | None, tuple[str, ...]]] = {}
+        self._arrived: dict[int, tuple[str, tuple[str, ...]]] = {}
         self._next = 0  # next position of the order to feed (sequential)
         self._verdicts: dict[str, Verdict | None] = {}
         self._how: dict[str, str] = {}
@@ -206,26 +203,22 @@ class EarlyStop:
 
     @classmethod
     def for_group(
-        cls,
-        ids: Sequence[str],
-        specs: GateSpecs,
-        *,
-        mode: Mode,
-        floor: ToleranceFloor | None = None,
-        baseline: Mapping[str, Any] | None = None,
-        seed: int = 0,
-        alpha: float = 0.05,
-        repeats: int = 1,
+        cls, ids: Sequence[str], plan: RunPlan, group: PlanGroup, baseline: Mapping[str, Any] | None
     ) -> EarlyStop | None:
-        """The group's early stop (None: nothing to decide). The baseline gate takes part when
-        it shares a problem, with --gsm8k-require-baseline only when it holds them all."""
+        """The early stop of ``group``'s problems ``ids`` (None: nothing to decide). The baseline
+        gate takes part when it shares a problem, with --gsm8k-require-baseline only when it
+        holds them all."""
+        specs, settings = plan.gates, plan.settings
         runs = {str(pid): bl.runs(value) for pid, value in (baseline or {}).items()}
         shared = len(set(runs) & set(ids))
         compared = shared > 0 and not (specs.require_baseline and shared < len(ids))
-        wanted = (specs.min_acc, floor, specs.baseline if compared else None, *specs.health)
+        wanted = (specs.min_acc, group.floor, specs.baseline if compared else None, *specs.health)
         gates = [gate for gate in wanted if gate is not None]
         if not ids or not gates:
             return None
+        mode = cast(Mode, settings.early_stop)  # settings' choices: certain or sequential
+        seed = group.subset["seed"] or 0  # a config's: none (the certain bounds decide it)
+        alpha, repeats = settings.early_stop_alpha, settings.repeats
         return cls(ids, gates, mode=mode, seed=seed, alpha=alpha, baseline=runs, repeats=repeats)
 
     def _split(self) -> tuple[list[Pair], list[tuple[str, int, int]]]:
@@ -253,34 +246,26 @@ class EarlyStop:
         """Outcomes observed, fed or waiting for the seeded order's earlier ones to arrive."""
         return self._next + len(self._arrived)
 
-    def observe(
-        self,
-        problem_id: str,
-        correct: bool,
-        outcome: str | None = None,
-        answers: Sequence[str] = (),
-    ) -> Decision | None:
+    def observe(self, pid: str, outcome: str, answers: Sequence[str] = ()) -> Decision | None:
         """One problem's outcome (with repeats each answer's), in any order; the Decision."""
-        position = self._position[problem_id]
+        position = self._position[pid]
         if position in self._arrived or position < self._next:
-            raise ValueError(f"outcome for {problem_id!r} observed twice")
-        if self._health and outcome is None:
-            raise ValueError(f"outcome for {problem_id!r} needed by the health gates")
+            raise ValueError(f"outcome for {pid!r} observed twice")
         if self.decision is not None:
             return self.decision
-        self._arrived[position] = (correct, outcome, tuple(answers))
+        self._arrived[position] = (outcome, tuple(answers))
         if self.mode == "certain":
-            self._feed(problem_id, correct, outcome, answers)
+            self._feed(pid, outcome, answers)
             return self.decision
         while self._next in self._arrived and self.decision is None:
             self._feed(self.order[self._next], *self._arrived.pop(self._next))
             self._next += 1
         return self.decision
 
-    def _feed(self, pid: str, correct: bool, outcome: str | None, answers: Sequence[str]) -> None:
+    def _feed(self, pid: str, outcome: str, answers: Sequence[str]) -> None:
         self.observed += 1
-        runs = self.repeats
-        answers = list(answers) or [outcome or ("correct" if correct else "wrong")] * runs
+        runs, correct = self.repeats, outcome == "correct"
+        answers = list(answers) or [outcome] * runs
         for name, gate in self._counts.items():
             spec = gate.spec
             if isinstance(spec, MaxShare):  # good: the answers not of its outcome

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_gsm8k.core.presets import SGLANG, VLLM
-from pytest_gsm8k.core.types import Api, Problem, Request
+from pytest_gsm8k.core.types import Api, Pairs, Problem, Request
 
 #: per API, the optional fields gsm8k_eval.py sends after its own, in its order (None: left
 #: out), and the type its command line gives each
@@ -20,7 +20,7 @@ VLLM_PARAMS = {
 }
 
 
-def fewshot_prompt(question: str, examples: Sequence[tuple[str, str]], shots: int) -> str:
+def fewshot_prompt(question: str, examples: Pairs, shots: int) -> str:
     """The engines' prompt: the first ``shots`` of ``examples`` (question, raw answer) in
     order, each ``"Question: q\\nAnswer: a\\n\\n"``, then ``"Question: question\\nAnswer:"``."""
     if shots > len(examples):
@@ -53,12 +53,10 @@ def _typed(key: str, kind: type, value: Any) -> Any:
     return kind(value)
 
 
-def vllm_body(prompt: str, api: Api = "completions", params: Sequence[tuple[str, str]] = ()) -> str:
+def vllm_body(prompt: str, api: Api = "completions", params: Pairs = ()) -> str:
     """The exact JSON text gsm8k_eval.py posts for ``prompt`` (docs/protocols.md): the
     ``--gsm8k-param`` values last, in its order, as its command line types them (``--top-p 1``
-    is the float ``1.0``)."""
-    if error := vllm_param_error([key for key, _ in params], api):
-        raise ValueError(error)
+    is the float ``1.0``; settings refused the keys it does not send)."""
     given = {key: json.loads(value) for key, value in params}
     extra = {k: _typed(k, kind, given[k]) for k, kind in VLLM_PARAMS[api].items() if k in given}
     data: dict[str, Any]
@@ -69,43 +67,23 @@ def vllm_body(prompt: str, api: Api = "completions", params: Sequence[tuple[str,
     return json.dumps({**data, "temperature": VLLM.temperature, "seed": VLLM.seed, **extra})
 
 
-def vllm_request(
-    problem: Problem,
-    train: Sequence[tuple[str, str]],
-    api: Api = "completions",
-    shots: int = VLLM.shots,
-    params: Sequence[tuple[str, str]] = (),
-) -> Request:
+def vllm_request(problem: Problem, train: Pairs, api: Api, shots: int, params: Pairs) -> Request:
     """The request gsm8k_eval.py sends for ``problem``: its exact body in ``wire``, and the
     same prompt and sampling in the fields reports read."""
     prompt = fewshot_prompt(problem.question, train, shots)
-    common: dict[str, Any] = {
-        "problem_id": problem.id,
-        "temperature": VLLM.temperature,
-        "max_tokens": VLLM.max_tokens,
-        "seed": VLLM.seed,
-        "params": tuple(params),
-        "wire": vllm_body(prompt, api, params),
-    }
+    common: dict[str, Any] = {"temperature": VLLM.temperature, "max_tokens": VLLM.max_tokens}
+    common.update(problem_id=problem.id, seed=VLLM.seed, params=tuple(params))
+    common["wire"] = vllm_body(prompt, api, params)
     if api == "chat":
         return Request(api="chat", messages=(("user", prompt),), **common)
     return Request(api="completions", prompt=prompt, stop=VLLM.stop, **common)
 
 
-def sglang_request(
-    problem: Problem,
-    rows: Sequence[tuple[str, str]],
-    shots: int = SGLANG.shots,
-    params: Sequence[tuple[str, str]] = (),
-) -> Request:
+def sglang_request(problem: Problem, rows: Pairs, shots: int, params: Pairs) -> Request:
     """few_shot_gsm8k.py's prompt and sampling for ``problem`` as a completions request;
     ``rows`` is the evaluated split in file order (its first ``shots`` are the examples)."""
+    common: dict[str, Any] = {"temperature": SGLANG.temperature, "max_tokens": SGLANG.max_tokens}
+    common.update(problem_id=problem.id, stop=SGLANG.stop, params=tuple(params))
     return Request(
-        problem_id=problem.id,
-        api="completions",
-        prompt=fewshot_prompt(problem.question, rows, shots),
-        temperature=SGLANG.temperature,
-        max_tokens=SGLANG.max_tokens,
-        stop=SGLANG.stop,
-        params=tuple(params),
+        api="completions", prompt=fewshot_prompt(problem.question, rows, shots), **common
     )

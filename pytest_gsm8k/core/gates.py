@@ -251,8 +251,7 @@ class NoiseAware:
     def _fails(self, p: float, drop: float) -> bool:
         return p < self.alpha and drop > self.max_drop + DROP_TOLERANCE
 
-    def verdict(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> GateVerdict:
-        seen = seen or evidence(pairs)
+    def verdict(self, pairs: Sequence[Pair], seen: Evidence) -> GateVerdict:
         p, drop = seen.p, _drop(pairs)
         runs = max((x.base_runs for x in pairs), default=1)
         how = f"noise-aware, baseline {runs} run{'s' * (runs != 1)} per problem"
@@ -268,9 +267,9 @@ class NoiseAware:
         verdict = GateVerdict(self.name, "noise-aware", passed, detail, p, self.alpha)
         return undecided(verdict, self.cannot_fail(pairs) if passed else None)
 
-    def rise(self, pairs: Sequence[Pair], seen: Evidence | None = None) -> str | None:
+    def rise(self, pairs: Sequence[Pair], seen: Evidence) -> str | None:
         """The warning for a rise noise cannot explain (more often a changed measurement)."""
-        p = (seen or evidence(pairs)).rise
+        p = seen.rise
         if p >= self.alpha:
             return None
         return (

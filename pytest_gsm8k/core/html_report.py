@@ -50,13 +50,9 @@ def outcomes_from_baseline(baseline: _Obj) -> dict[str, str]:
     return {str(k): str(e["outcome"] if isinstance(e, Mapping) else e) for k, e in entries}
 
 
-def render_html(
-    report: _Obj,
-    problems: Mapping[str, ProblemText] | None = None,
-    baseline_outcomes: Mapping[str, str] | None = None,
-) -> str:
-    """The whole page (inline CSS, JS, SVG and data): ``problems`` are the texts the report
-    does not hold; ``baseline_outcomes`` the compared baselines' own (outcomes_from_baseline)."""
+def render_html(report: _Obj, texts: Mapping[str, ProblemText], baseline: Mapping[str, str]) -> str:
+    """The whole page (inline CSS, JS, SVG and data); ``texts``: problem_texts (the report holds
+    none), ``baseline``: the compared baselines' outcomes (outcomes_from_baseline)."""
     configs = [c for c in report.get("configs") or [] if isinstance(c, Mapping)]
     comparisons = [
         (_name(c) if configs else "", c["baseline"], render.baseline_gate(c))
@@ -76,7 +72,6 @@ def render_html(
         compared = {config for config, _, _ in comparisons}
         change |= {r["id"]: "none" for r in records if _config_of(r["id"]) not in compared}
     position = {_name(c): i for i, c in enumerate(configs)}
-    given = baseline_outcomes or {}  # the page's baseline column
 
     def order(r: _Obj) -> tuple[int, int, int, int]:
         # failing now first, configs in run order within each place, so theirs stay together
@@ -84,7 +79,7 @@ def render_html(
         return max(place - 2, 0), position.get(_config_of(r["id"]), 0), place, int(r["index"])
 
     data = {
-        "problems": [_row(r, problems or {}, given, change) for r in sorted(records, key=order)],
+        "problems": [_row(r, texts, baseline, change) for r in sorted(records, key=order)],
         "rules": list(report.get("rules") or {}),  # ours, then a preset's (the records')
         "gated": (report.get("protocol") or {}).get("extractor"),
         "baseline": bool(comparisons),
@@ -123,17 +118,14 @@ def _ids(base: _Obj, key: str) -> list[str]:
 
 
 def _row(
-    r: _Obj,
-    texts: Mapping[str, ProblemText],
-    baseline: Mapping[str, str],
-    change: Mapping[str, str],
+    r: _Obj, texts: Mapping[str, ProblemText], was: Mapping[str, str], change: Mapping[str, str]
 ) -> dict[str, Any]:
-    """One problem in the short keys html_report.js reads; a sample's text only where it is
-    not the response."""
+    """One problem in the short keys html_report.js reads (``was``: its baseline outcome); a
+    sample's text only where it is not the response."""
     pid, response = str(r.get("id")), str(r.get("response") or "")
     question, solution = texts.get(pid, ("", ""))
     row = {key: r.get(field) for key, field in _ROW.items()}
-    row |= {"id": pid, "b": baseline.get(pid), "ch": change.get(pid, ""), "r": response}
+    row |= {"id": pid, "b": was.get(pid), "ch": change.get(pid, ""), "r": response}
     row |= {"q": question, "s": solution, "u": r.get("usage") or {}}
     row["rules"] = r.get("rules") or {}
     row["sm"] = [

@@ -81,10 +81,7 @@ def cut_while_reasoning(completion: Completion) -> bool:
 
 
 def score_response(
-    problem: Problem,
-    response: ModelResponse,
-    protocol: Protocol,
-    pattern: re.Pattern[str] | None = None,
+    problem: Problem, response: ModelResponse, protocol: Protocol, pattern: re.Pattern[str] | None
 ) -> ProblemRecord:
     """Score every sample with every rule, then decide the problem's outcome."""
     label = last_int(problem.answer)
@@ -147,7 +144,7 @@ def score_response(
 
 def error_record(problem: Problem, message: str) -> ProblemRecord:
     """The record of a problem whose request failed: an empty answer's, outcome ``error``."""
-    record = score_response(problem, ModelResponse(completions=[]), Protocol())
+    record = score_response(problem, ModelResponse(completions=[]), Protocol(), None)
     return {**record, "outcome": "error", "error": message}
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import functools
 import random
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gsm8k.core.types import Api, Problem, Request
+from pytest_gsm8k.core.types import Api, Pairs, Problem, Request
 
 LM_EVAL_VERSION = "0.4.13"
 #: ``simple_evaluate(fewshot_random_seed=...)``'s default: the one generator's seed
@@ -131,13 +130,7 @@ def lm_eval_fewshot_indices(problem_index: int, pool_size: int) -> tuple[int, ..
     return draws[problem_index]
 
 
-def lm_eval_request(
-    problem: Problem,
-    train: Sequence[tuple[str, str]],
-    api: Api = "completions",
-    *,
-    system: str | None = None,
-) -> Request:
+def lm_eval_request(problem: Problem, train: Pairs, api: Api, system: str | None) -> Request:
     """lm-eval's request for ``problem``. ``local-completions`` sends a system instruction glued
     on with no separator, each example with its whole raw train answer (``<<48/2=24>>`` and
     ``#### N`` included); in chat each example is a user and an assistant turn

@@ -7,14 +7,13 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gsm8k.core.engine_ci import sglang_request, vllm_request
 from pytest_gsm8k.core.presets import PRESETS, lm_eval_request
 from pytest_gsm8k.core.scrub import printable
-from pytest_gsm8k.core.types import Api, Problem, Request
+from pytest_gsm8k.core.types import Api, Pairs, Problem, Request
 
 COT_INSTRUCTION = (
     "Solve the problem step by step. "
@@ -77,9 +76,8 @@ class Protocol:
         return identity
 
     def request(self, problem: Problem) -> Request:
-        """The request for one problem."""
         if self.preset == "lm-eval":
-            request = lm_eval_request(problem, self.train, self.api, system=self.system)
+            request = lm_eval_request(problem, self.train, self.api, self.system)
             return replace(request, params=self.params)
         if self.preset == "vllm":
             return vllm_request(problem, self.train, self.api, self.shots, self.params)
@@ -101,9 +99,7 @@ class Protocol:
         return Request(problem.id, "completions", prompt=prompt, stop=stop, **common)
 
 
-def draw_exemplars(
-    pool: Sequence[tuple[str, str]], shots: int, seed: int
-) -> tuple[tuple[str, str], ...]:
+def draw_exemplars(pool: Pairs, shots: int, seed: int) -> tuple[tuple[str, str], ...]:
     """``shots`` exemplars drawn from ``pool`` with a fixed seed, the same for every problem."""
     if shots > len(pool):
         raise ValueError(f"--gsm8k-shots {shots}: only {len(pool)} exemplars are available")

@@ -33,7 +33,6 @@ def retry_after(headers: Mapping[str, str], now: float) -> float | None:
 
 
 def should_retry(status: int, headers: Mapping[str, str], now: float) -> bool:
-    """Whether an HTTP error reply is worth asking again."""
     wait = retry_after(headers, now)
     if wait is not None and math.isfinite(wait) and wait > MAX_RETRY_AFTER:
         return False

@@ -234,9 +234,7 @@ def format_number(d: Decimal | None) -> str | None:
     return s.rstrip("0").rstrip(".") if "." in s else s
 
 
-def majority_vote(
-    values: Sequence[Decimal | None],
-) -> tuple[Decimal | None, list[tuple[str, int]]]:
+def majority_vote(values: Sequence[Decimal | None]) -> tuple[Decimal | None, list[tuple[str, int]]]:
     """maj@N: ``(winner, [(number, votes), ...])`` by votes, a tie to the earliest first vote;
     ``18`` and ``18.00`` pool their votes (Decimal hashes by value); None does not vote."""
     ranked = Counter(v for v in values if v is not None and v.is_finite()).most_common()

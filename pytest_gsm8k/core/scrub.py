@@ -72,12 +72,12 @@ def shown_url(url: str) -> str:
 class Scrubber:
     """Replaces the secrets it was given (and their usual encodings) in text."""
 
-    def __init__(
-        self, api_key: str | None = None, base_url: str | None = None, others: Iterable[str] = ()
-    ) -> None:
+    def __init__(self, api_key: str | None, base_url: str | None, others: Iterable[str]) -> None:
         self.pairs: list[tuple[str, str]] = []
         secrets = {s for s in (api_key, *others) if s and len(s) >= MIN_SECRET}
-        userinfo, at, _ = urlsplit(base_url or "").netloc.rpartition("@")
+        # not urlsplit: it raises on a URL the preflight refuses later ("http://u:p@[::1")
+        netloc = re.split(r"[/?#]", (base_url or "").partition("//")[2], maxsplit=1)[0]
+        userinfo, at, _ = netloc.rpartition("@")
         if at:
             self.pairs.append((userinfo + "@", ""))  # the URL without its credentials
             user, _, password = userinfo.partition(":")

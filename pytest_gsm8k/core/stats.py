@@ -80,10 +80,7 @@ def hypergeometric_pmf(total: int, before: int, after: int) -> tuple[float, ...]
 
 
 def paired_difference_interval(
-    both_correct: int,
-    baseline_only: int,
-    current_only: int,
-    both_wrong: int,
+    both_correct: int, baseline_only: int, current_only: int, both_wrong: int
 ) -> tuple[float, float, float]:
     """``(diff, low, high)``: the accuracy change (current - baseline) on the paired 2x2
     table, with Newcombe's method 10 interval (Newcombe 1998, Stat. Med. 17:2635-2650): the

@@ -208,7 +208,7 @@ class Tally:
         """Group ``name``'s early stop ("" the run's), made on first ask over the problems it
         set out to do; its noise-aware gate uses the stored baseline only where the end of
         the run may compare with it (not with --snapshot-update, not a refused one)."""
-        settings, group = plan.settings, plan.group_by_name.get(name)
+        group = plan.group_by_name.get(name)
         if group is None or name in self.early or self.collected_ids is None:
             # not knowing which problems the workers collected (an xdist controller learns
             # them from each worker's first report), the stop could not count them
@@ -221,16 +221,8 @@ class Tally:
             with contextlib.suppress(bl.BaselineError):
                 document = bl.check(stored, here, split)["problems"]
         wanted = {p.id for p in self.wanted(plan)}
-        self.early[name] = EarlyStop.for_group(
-            [p.id for p in group.problems if p.id in wanted],
-            plan.gates,
-            mode=settings.early_stop,  # type: ignore[arg-type]
-            floor=group.floor,
-            baseline=document,
-            seed=group.subset["seed"] or 0,  # a config's: none (the certain bounds decide it)
-            alpha=settings.early_stop_alpha,
-            repeats=settings.repeats,
-        )
+        ids = [p.id for p in group.problems if p.id in wanted]
+        self.early[name] = EarlyStop.for_group(ids, plan, group, document)
         return self.early[name]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Literal
@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pytest_gsm8k.core.scrub import clip
 
 Api = Literal["chat", "completions"]
+#: (question, answer) rows of a split or exemplars, or --gsm8k-param's (key, canonical JSON)
+Pairs = Sequence[tuple[str, str]]
 
 #: a billion tokens for one GSM8K answer is no count (summed, it prints nonsense totals)
 MAX_TOKEN_COUNT = 10**9

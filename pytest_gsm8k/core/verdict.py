@@ -480,10 +480,7 @@ def _named(config: str) -> Callable[[GateVerdict], GateVerdict]:
 
 
 def decide_run(
-    inputs: Sequence[GroupInput],
-    *,
-    top: Group | None = None,
-    times: tuple[str, str, float] | None = None,
+    inputs: Sequence[GroupInput], *, top: Group | None, times: tuple[str, str, float] | None
 ) -> RunVerdict:
     """Each group decided; with ``top`` (a matrix) each config's gates named after it under a
     top counting every config's records. ``times``: (started, finished, seconds)."""

@@ -93,19 +93,24 @@ def load_split(data: str | None, split: str, config: str, hub_name: str | None =
     official = split == "test" and config == "main"  # its size is known
     if data is not None:
         path = Path(data).expanduser()
+        option = "--gsm8k-fewshot-file" if split == "fewshot" else "--gsm8k-data"
         name, parquet = str(path), [path] if path.suffix == ".parquet" else []
-        if path.is_dir():
+        try:
+            is_dir, is_file = path.is_dir(), path.is_file()
+        except OSError as exc:  # a name the file system cannot hold (ENAMETOOLONG)
+            raise DatasetError(f"{option} {path}: cannot read ({exc.strerror})") from None
+        if is_dir:
             jsonl = path / (f"{split}.jsonl" if config == "main" else f"{split}_socratic.jsonl")
             parquet = [] if jsonl.is_file() else sorted((path / config).glob(f"{split}-*.parquet"))
             if not (parquet or jsonl.is_file()):
                 raise DatasetError(
-                    f"--gsm8k-data {path}: no {jsonl.name} and no {config}/{split}-*.parquet in it"
+                    f"{option} {path}: no {jsonl.name} and no {config}/{split}-*.parquet in it"
                 )
             name, path = (name, path / config) if parquet else (str(jsonl), jsonl)
-        elif path.is_file():
+        elif is_file:
             official = False  # a user's own file: named in the report, not the official split
         else:
-            raise DatasetError(f"--gsm8k-data {path}: no such file or folder")
+            raise DatasetError(f"{option} {path}: no such file or folder")
         if parquet:
             files = {split: [str(f) for f in parquet]}
             failed = f"{path}: cannot read parquet"

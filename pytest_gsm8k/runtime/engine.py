@@ -80,7 +80,7 @@ class Engine:
         named: str | None = None,
     ) -> None:
         self.client, self.endpoint, self.model = client, client.endpoint, client.model
-        self.cache, self.scrub = cache, scrub or Scrubber()
+        self.cache, self.scrub = cache, scrub or Scrubber(None, None, ())
         self.identity: Description | None = self.scrub.obj(identity)
         self.named, self.stall_timeout = named, stall_timeout
         self.cache_endpoint = str(getattr(client, "cache_endpoint", None) or client.endpoint)

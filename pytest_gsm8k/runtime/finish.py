@@ -89,7 +89,7 @@ def write_outputs(
         "step_summary": summary,
         "markdown": summary,
         "report": lambda: to_json(report, indent=1) + "\n",
-        "html": lambda: render_html(report, problem_texts(problems), compared or None),
+        "html": lambda: render_html(report, problem_texts(problems), compared),
         "junitxml": lambda: junit_xml(verdict),
     }
     errors: dict[str, str] = {}

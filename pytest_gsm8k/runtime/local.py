@@ -70,10 +70,11 @@ def resolve_model(spec: str) -> Path:
 
 
 def _check_gguf(path: Path) -> None:
-    """A missing or non-GGUF file is refused here, not left to a server crash log."""
-    if not path.exists():
+    """A missing or non-GGUF file is refused here, not left to a server crash log (os.path's
+    tests: pathlib's raise on a name the file system cannot hold)."""
+    if not os.path.exists(path):
         raise ServeError(f"GGUF file not found: {path}")
-    if not path.is_file():
+    if not os.path.isfile(path):
         raise ServeError(f"not a GGUF file: {path} (not a regular file)")
     try:
         with path.open("rb") as fh:

@@ -175,6 +175,8 @@ class Matrix:
 
     def close(self) -> None:
         """Stop the driver's servers (serving or starting), every engine, the driver; idempotent."""
+        if self.loop.is_closed():
+            return
         self._closing.set()
         ends, driver = time.monotonic() + 30, self._thread
         while driver is not None and driver.is_alive() and time.monotonic() < ends:

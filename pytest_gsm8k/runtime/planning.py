@@ -139,14 +139,14 @@ def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBase
         shown = str(path.resolve().relative_to(rootpath.resolve()))
     except (ValueError, OSError):
         shown = str(path)
-    if not path.exists():
-        return StoredBaseline(path, shown, beside=_beside(path, rootpath) if beside else ())
     try:
         # without blocking: a FIFO at the path would wait for a writer before the first request
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 return StoredBaseline(path, shown, error=f"{shown}: not a regular file")
             document = bl.loads(file.read().decode("utf-8"), shown)
+    except (FileNotFoundError, NotADirectoryError):
+        return StoredBaseline(path, shown, beside=_beside(path, rootpath) if beside else ())
     except (OSError, UnicodeDecodeError) as exc:
         return StoredBaseline(path, shown, error=f"{shown}: cannot read ({exc})")
     except bl.BaselineError as exc:

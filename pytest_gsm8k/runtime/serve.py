@@ -336,7 +336,7 @@ class Launch:
     factory: Callable[..., ServedProcess]  # a subclass adds its own checks (local.LocalServer)
     env: Mapping[str, str]  # the command's own variables are added
     context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
-    scrub: Scrubber = field(default_factory=Scrubber)
+    scrub: Scrubber = field(default_factory=lambda: Scrubber(None, None, ()))
     api_key: str | None = None
     list_timeout: float = 10.0
     #: the model, once it serves: "adopt" the one it lists (--gsm8k-serve without a model);

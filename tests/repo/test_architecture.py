@@ -104,7 +104,7 @@ def _sources() -> dict[str, str]:
         ("def min_acc_count(", "core/gates.py"),
         ("def max_share_count(", "core/gates.py"),  # the health gates' threshold
         ("def chat_api_hint(", "core/health.py"),
-        ("TEMPLATE_TOKENS = (", "core/health.py"),
+        ("TEMPLATE_TOKENS: tuple[str, ...] = (", "core/health.py"),
         ('option: str = "--gsm8k-min-acc"', "core/gates.py"),
         ("def is_local_spec(", "core/settings.py"),
         ("subprocess.Popen(", "runtime/serve.py"),  # one way to start a server
@@ -191,7 +191,7 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 # sizes on the day they were set: a change may lower them (and should, in the same commit), never
 # raise them without saying why in the commit. The final targets are a strict xfail that turns
 # into a failure the day they are met, so that its marker is removed and the targets then hold.
-PACKAGE_CEILING = 12_135  # lines of Python in pytest_gsm8k/ (2026-12-06)
+PACKAGE_CEILING = 12_039  # lines of Python in pytest_gsm8k/ (2026-12-07)
 PYTEST_LAYER_CEILING = 1_871  # the modules directly in pytest_gsm8k/
 #: modules over the 700-line target, each held at its size until it is split or shrunk
 MODULE_CEILINGS: dict[str, int] = {}

@@ -208,22 +208,26 @@ def _config_report(name: str, model: str) -> dict[str, Any]:
     return report
 
 
+def _in_the_baseline(document: dict[str, Any], report: dict[str, Any]) -> str | None:
+    return bl.first_difference(document, report, here="here", there="in the baseline")
+
+
 def test_a_configs_baseline_holds_its_name_and_model_and_gates_no_other_config() -> None:
     document = bl.build(_config_report("Alpha", "org/Alpha"))
     assert document["config"] == {"name": "Alpha", "model_name": "org/Alpha"}
-    assert bl.first_difference(document, _config_report("Alpha", "org/Alpha")) is None
-    assert bl.first_difference(document, _config_report("Delta", "org/Alpha")) == (
+    assert _in_the_baseline(document, _config_report("Alpha", "org/Alpha")) is None
+    assert _in_the_baseline(document, _config_report("Delta", "org/Alpha")) == (
         "config name is 'Delta' here but 'Alpha' in the baseline"
     )
-    assert bl.first_difference(document, _config_report("Alpha", "org/Other")) == (
+    assert _in_the_baseline(document, _config_report("Alpha", "org/Other")) == (
         "config model_name is 'org/Other' here but 'org/Alpha' in the baseline"
     )
     # a single run's baseline never gates a config, nor a config's a single run
     single = bl.build(_report([_record("test-0000", ["correct"])]))
-    assert bl.first_difference(single, _config_report("Alpha", "org/Alpha")) == (
+    assert _in_the_baseline(single, _config_report("Alpha", "org/Alpha")) == (
         "config name is 'Alpha' here but None in the baseline"
     )
-    assert bl.first_difference(document, _report([_record("test-0000", ["correct"])])) == (
+    assert _in_the_baseline(document, _report([_record("test-0000", ["correct"])])) == (
         "config name is None here but 'Alpha' in the baseline"
     )
 
@@ -244,7 +248,10 @@ def test_the_first_difference_is_an_option_a_user_sets_not_what_follows_from_it(
     """Rule: "shots is 5 here but 0 there", never the exemplars' hash (issue 34.2)."""
     base = bl.build(_shots(_report([_record("test-0000", ["correct"])]), 0))
     now = _shots(_report([_record("test-0000", ["correct"])]), 5)
-    assert bl.first_difference(base, now, there="there") == "protocol shots is 5 here but 0 there"
+    assert (
+        bl.first_difference(base, now, here="here", there="there")
+        == "protocol shots is 5 here but 0 there"
+    )
 
 
 def test_a_protocol_moved_from_the_baseline_of_the_same_data_and_config_only() -> None:

@@ -200,21 +200,21 @@ def test_the_gate_fails_a_significant_drop_and_names_the_stable_flips() -> None:
     pairs = [Pair(f"s{i}", 5, 5, 0, 1) for i in range(6)] + [
         Pair(f"k{i}", 5, 5, 1, 1) for i in range(100)
     ]
-    verdict = NoiseAware(0.01).verdict(pairs)
+    verdict = NoiseAware(0.01).verdict(pairs, evidence(pairs))
     assert not verdict.passed
     assert verdict.rule == "noise-aware"
     assert "6 newly failing: 6 stable (right in all 5 baseline runs), 0 noisy" in verdict.detail
     assert verdict.value is not None
     assert verdict.value < 0.01
     # the same flips within an allowed drop of 10 points pass
-    assert NoiseAware(0.01, max_drop=0.1).verdict(pairs).passed
+    assert NoiseAware(0.01, max_drop=0.1).verdict(pairs, evidence(pairs)).passed
 
 
 def test_single_run_gate_is_mcnemar_and_says_so() -> None:
     from pytest_gsm8k.core.gates import NoiseAware
 
     pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(7)] + [Pair("x", 1, 1, 1, 1)]
-    verdict = NoiseAware(0.01).verdict(pairs)
+    verdict = NoiseAware(0.01).verdict(pairs, evidence(pairs))
     assert "exact McNemar" in verdict.detail
     assert verdict.value == pytest.approx(mcnemar_one_sided(7, 0))
     assert not verdict.passed
@@ -236,7 +236,7 @@ def test_certain_agrees_with_every_completion(seed: int) -> None:
     outcomes = set()
     for ds in itertools.product((0, 1), repeat=len(unseen)):
         full = seen + [Pair(i, c, k, d, 1) for (i, c, k), d in zip(unseen, ds, strict=True)]
-        outcomes.add(gate.verdict(full).word)
+        outcomes.add(gate.verdict(full, evidence(full)).word)
     if claim is not None:
         assert outcomes == {claim}
     if not unseen:
@@ -320,12 +320,12 @@ def test_a_rise_warns_and_does_not_fail() -> None:
         Pair(f"s{i}", 5, 5, 1, 1) for i in range(100)
     ]
     gate = NoiseAware(0.01)
-    assert gate.verdict(pairs).passed
-    warning = gate.rise(pairs)
+    assert gate.verdict(pairs, evidence(pairs)).passed
+    warning = gate.rise(pairs, evidence(pairs))
     assert warning is not None
     assert "changed prompt or extractor" in warning
     assert "contamination" in warning
-    assert gate.rise(pairs[60:]) is None
+    assert gate.rise(pairs[60:], evidence(pairs[60:])) is None
 
 
 def test_single_run_words_have_no_stable_flips() -> None:
@@ -334,7 +334,7 @@ def test_single_run_words_have_no_stable_flips() -> None:
     from pytest_gsm8k.core.gates import NoiseAware
 
     pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(5)] + [Pair("p", 0, 1, 1, 1)]
-    detail = NoiseAware(0.5).verdict(pairs).detail
+    detail = NoiseAware(0.5).verdict(pairs, evidence(pairs)).detail
     assert "5 newly failing, 1 newly passing" in detail
     assert "stable" not in detail
     assert "always" not in detail
@@ -407,7 +407,7 @@ def test_the_gate_says_when_it_cannot_fail() -> None:
     pairs = [Pair(f"p{i}", 1, 1, 0, 1) for i in range(6)]
     gate = NoiseAware(0.01)
     assert gate.cannot_fail(pairs) is not None
-    verdict = gate.verdict(pairs)
+    verdict = gate.verdict(pairs, evidence(pairs))
     assert not verdict.passed
     assert verdict.detail.startswith("not a verdict: the smallest p 6 problems can give")
     assert gate.cannot_fail(pairs * 2) is None

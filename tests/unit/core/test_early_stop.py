@@ -9,7 +9,8 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_gsm8k.core.calibrated import Pair
+from pytest_gsm8k.core.calibrated import Pair, evidence
+from pytest_gsm8k.core.dataset import Split
 from pytest_gsm8k.core.early_stop import (
     FLOOR,
     CountSpec,
@@ -27,17 +28,24 @@ from pytest_gsm8k.core.gates import (
     count_certain,
     min_acc_count,
 )
-from pytest_gsm8k.core.plan import GateSpecs
+from pytest_gsm8k.core.plan import Endpoint, GateSpecs, PlanGroup, RunPlan
+from pytest_gsm8k.core.prompts import Protocol
+from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.stats import mcnemar_one_sided
+from pytest_gsm8k.core.vllm_config import VllmConfig
 
 IDS10 = [f"p{i}" for i in range(10)]
+
+
+def word(correct: bool) -> str:
+    return "correct" if correct else "wrong"
 
 
 def feed(
     es: EarlyStop, outcomes: dict[str, bool], order: list[str] | None = None
 ) -> Decision | None:
     for pid in order or es.order:
-        decision = es.observe(pid, outcomes[pid])
+        decision = es.observe(pid, word(outcomes[pid]))
         if decision is not None:
             return decision
     return None
@@ -102,8 +110,8 @@ def test_run_order_rejects_duplicates() -> None:
 def test_certain_min_acc_fail_when_unreachable() -> None:
     es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in IDS10[:3]:
-        assert es.observe(pid, False) is None  # 7 of 10 still reachable
-    decision = es.observe(IDS10[3], False)  # at most 6 of 10
+        assert es.observe(pid, "wrong") is None  # 7 of 10 still reachable
+    decision = es.observe(IDS10[3], "wrong")  # at most 6 of 10
     assert decision is not None
     assert decision.after == 4
     assert decision.verdicts == {"min-acc": "FAIL"}
@@ -114,8 +122,8 @@ def test_certain_min_acc_fail_when_unreachable() -> None:
 def test_certain_min_acc_pass_exactly_at_threshold() -> None:
     es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in IDS10[:6]:
-        assert es.observe(pid, True) is None
-    decision = es.observe(IDS10[6], True)  # 7/10 == 0.7 passes
+        assert es.observe(pid, "correct") is None
+    decision = es.observe(IDS10[6], "correct")  # 7/10 == 0.7 passes
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS"}
     assert set(decision.verdicts.values()) == {"PASS"}
@@ -131,7 +139,7 @@ def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
     ids = [f"p{i}" for i in range(8)]
     for outcomes in itertools.product([False, True], repeat=8):
         final = floor.verdict(sum(outcomes), 8, "x").word
-        es = EarlyStop(ids, [floor], mode="certain", order=ids)
+        es = EarlyStop(ids, [floor], mode="certain")
         decision = feed(es, dict(zip(ids, outcomes, strict=True)), ids)
         assert decision is not None  # decided at the last outcome at the latest
         assert decision.verdicts == {FLOOR: final}
@@ -143,13 +151,13 @@ def test_certain_floor_agrees_with_vllms_comparison_for_every_outcome_vector(
 
 def test_the_floor_and_min_acc_are_two_gates_of_one_stop() -> None:
     floor = ToleranceFloor("c", 0.5, 0.1)  # need 4 of 10
-    es = EarlyStop(IDS10, [MinAcc(0.8), floor], mode="certain", order=IDS10)
+    es = EarlyStop(IDS10, [MinAcc(0.8), floor], mode="certain")
     for pid in IDS10[:4]:
-        assert es.observe(pid, True) is None  # the floor passes; min-acc (8 of 10) is open
+        assert es.observe(pid, "correct") is None  # the floor passes; min-acc (8 of 10) is open
     assert "vllm-threshold verdict PASS is certain" in es.headline()
     for pid in IDS10[4:7]:
-        assert es.observe(pid, True) is None
-    decision = es.observe(IDS10[7], True)
+        assert es.observe(pid, "correct") is None
+    decision = es.observe(IDS10[7], "correct")
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS", FLOOR: "PASS"}
     assert es.to_json()["gates"][FLOOR]["threshold"] == floor.floor
@@ -170,22 +178,22 @@ def test_certain_several_gates_wait_for_all_or_stop_at_a_fail() -> None:
     # follows); 6 right leave at most 4 to fail, p >= 1/16 (PASS)
     gates: list[CountSpec | NoiseAware] = [MinAcc(0.3), NoiseAware(0.05)]
     baseline = dict.fromkeys(IDS10, (1, 1))
-    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline, order=IDS10)
+    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline)
     for pid in IDS10[:3]:
-        es.observe(pid, True)
+        es.observe(pid, "correct")
     # min-acc PASS is certain (3/10), the baseline needs 6 right: not yet
     assert es.decision is None
     assert es.to_json()["verdicts"] == {"min-acc": "PASS", "baseline": None}
     for pid in IDS10[3:5]:
-        assert es.observe(pid, True) is None
-    decision = es.observe(IDS10[5], True)
+        assert es.observe(pid, "correct") is None
+    decision = es.observe(IDS10[5], "correct")
     assert decision is not None
     assert decision.verdicts == {"min-acc": "PASS", "baseline": "PASS"}
 
-    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline, order=IDS10)
+    es = EarlyStop(IDS10, gates, mode="certain", baseline=baseline)
     for pid in IDS10[:4]:
-        assert es.observe(pid, False) is None
-    decision = es.observe(IDS10[4], False)  # baseline FAIL; min-acc (3 of 5 left) open
+        assert es.observe(pid, "wrong") is None
+    decision = es.observe(IDS10[4], "wrong")  # baseline FAIL; min-acc (3 of 5 left) open
     assert decision is not None
     assert decision.verdicts == {"min-acc": None, "baseline": "FAIL"}
     assert set(decision.verdicts.values()) != {"PASS"}
@@ -196,13 +204,13 @@ def test_certain_noise_aware_single_run_is_mcnemar() -> None:
     baseline = dict.fromkeys(ids, (1, 1))
     # alpha 0.2: 3 newly failing of 3 gives p = 1/8 (FAIL); 2 of 2 gives 1/4 (PASS)
     es = EarlyStop(ids, [NoiseAware(0.2)], mode="certain", baseline=baseline)
-    assert es.observe("a", False) is None
-    assert es.observe("b", False) is None
-    decision = es.observe("c", False)
+    assert es.observe("a", "wrong") is None
+    assert es.observe("b", "wrong") is None
+    decision = es.observe("c", "wrong")
     assert decision is not None
     assert decision.verdicts == {"baseline": "FAIL"}
     es = EarlyStop(ids, [NoiseAware(0.2)], mode="certain", baseline=baseline)
-    decision = es.observe("a", True)
+    decision = es.observe("a", "correct")
     assert decision is not None
     assert decision.verdicts == {"baseline": "PASS"}
     assert "noise-aware p reachable" in es.headline()
@@ -217,11 +225,12 @@ def test_certain_noise_aware_calibrated_agrees_with_full_run() -> None:
         base = {pid: rng.choice([0, 2, 3, 5, 5, 5]) for pid in ids}
         now = {pid: rng.random() < base[pid] / 5 + 0.1 for pid in ids}
         rule = NoiseAware(0.1)
-        full = rule.verdict([Pair(p, base[p], 5, int(now[p]), 1) for p in ids]).word
+        pairs = [Pair(p, base[p], 5, int(now[p]), 1) for p in ids]
+        full = rule.verdict(pairs, evidence(pairs)).word
         es = EarlyStop(ids, [rule], mode="certain", baseline={p: (base[p], 5) for p in ids})
         decision = None
         for pid in es.order:
-            decision = es.observe(pid, now[pid])
+            decision = es.observe(pid, word(now[pid]))
             if decision is not None:
                 break
         assert decision is not None  # decided at the last outcome at the latest
@@ -234,12 +243,12 @@ def test_noise_aware_waits_with_repeats_and_is_throttled() -> None:
     # a candidate with repeats: p is not monotone in its outcomes, so no early verdict
     es = EarlyStop(ids, [NoiseAware(0.01)], mode="certain", baseline=base, repeats=3)
     for pid in es.order:
-        assert es.observe(pid, False) is None
+        assert es.observe(pid, "wrong") is None
     assert "waits for the end" in es.headline()
     # single runs: checked every 3 outcomes (1% of 300). Two stable flips already give
     # p = 1/36 < 0.05 whatever follows; the FAIL is seen at the next check, the third
     es = EarlyStop(ids, [NoiseAware(0.05)], mode="certain", baseline=base)
-    decisions = [es.observe(pid, False) for pid in es.order[:3]]
+    decisions = [es.observe(pid, "wrong") for pid in es.order[:3]]
     assert decisions[:2] == [None, None]
     assert decisions[2] is not None
     assert decisions[2].verdicts == {"baseline": "FAIL"}
@@ -266,10 +275,10 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
         [NoiseAware(0.01)],
     ):
         baseline = dict.fromkeys(six, (1, 1))
-        es = EarlyStop(six, gates, mode=mode, order=six, baseline=baseline)
+        es = EarlyStop(six, gates, mode=mode, baseline=baseline)
         assert es.decision is None, gates
         for pid in six:
-            assert es.observe(pid, False, "wrong") is None, gates
+            assert es.observe(pid, "wrong") is None, gates
         assert None in es.to_json()["verdicts"].values()
 
 
@@ -280,14 +289,22 @@ def test_errors() -> None:
         EarlyStop(IDS10, [MinAcc(0.5)], mode="bogus")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no problem id in common with the baseline"):
         EarlyStop(IDS10, [NoiseAware(0.01)], mode="certain", baseline={"zz": (1, 1)})
-    with pytest.raises(ValueError, match="order must be a permutation of ids"):
-        EarlyStop(IDS10, [MinAcc(0.5)], mode="certain", order=IDS10[:5])
     es = EarlyStop(IDS10, [MinAcc(0.5)], mode="sequential")
     with pytest.raises(KeyError):
-        es.observe("nope", True)
-    es.observe(es.order[3], True)
+        es.observe("nope", "correct")
+    es.observe(es.order[3], "correct")
     with pytest.raises(ValueError, match="observed twice"):
-        es.observe(es.order[3], True)
+        es.observe(es.order[3], "correct")
+
+
+def _group_of(specs: GateSpecs, config: VllmConfig | None = None) -> tuple[RunPlan, PlanGroup]:
+    """A plan of one group (a config's, with its floor) asking for ``specs``'s gates."""
+    group = PlanGroup("", Protocol(), (), {"seed": None}, config=config)
+    split = Split("x", "main", "test", (), "f")
+    plan = RunPlan(
+        "x", Settings(early_stop="certain"), split, (), Endpoint(None, "m"), specs, (group,)
+    )
+    return plan, group
 
 
 def test_for_group_builds_the_groups_gates_from_its_specs() -> None:
@@ -295,19 +312,28 @@ def test_for_group_builds_the_groups_gates_from_its_specs() -> None:
     the baseline only when it shares a problem (with --gsm8k-require-baseline only when it
     holds every one), None with nothing to decide."""
     specs = GateSpecs(MinAcc(0.5), NoiseAware(0.05), False, (MaxShare("error", 0.1),))
-    floor = ToleranceFloor("cfg", 0.6, 0.1)
+    config = VllmConfig(
+        name="cfg",
+        source="cfg.yaml",
+        model_name="m",
+        accuracy_threshold=0.6,
+        num_questions=10,
+        num_fewshot=0,
+        tolerance=0.1,
+    )
     stored = {pid: {"outcome": "correct"} for pid in IDS10[:4]}
-    es = EarlyStop.for_group(IDS10, specs, mode="certain", floor=floor, baseline=stored)
+    es = EarlyStop.for_group(IDS10, *_group_of(specs, config), stored)
     assert es is not None
     assert list(es.to_json()["verdicts"]) == ["min-acc", FLOOR, "baseline", "max-error"]
+    assert es.to_json()["gates"][FLOOR]["threshold"] == pytest.approx(0.5)
     required = GateSpecs(MinAcc(0.5), NoiseAware(0.05), True)
-    es = EarlyStop.for_group(IDS10, required, mode="certain", baseline=stored)
+    es = EarlyStop.for_group(IDS10, *_group_of(required), stored)
     assert es is not None
     assert list(es.to_json()["verdicts"]) == ["min-acc"]
     alone = GateSpecs(None, NoiseAware(0.05), False)
-    assert EarlyStop.for_group(IDS10, alone, mode="certain") is None
-    assert EarlyStop.for_group(IDS10, alone, mode="certain", baseline={"zz": "correct"}) is None
-    assert EarlyStop.for_group([], specs, mode="certain", floor=floor) is None
+    assert EarlyStop.for_group(IDS10, *_group_of(alone), None) is None
+    assert EarlyStop.for_group(IDS10, *_group_of(alone), {"zz": "correct"}) is None
+    assert EarlyStop.for_group([], *_group_of(specs, config), None) is None
 
 
 # -- the WoR capital process -------------------------------------------------------------------
@@ -389,7 +415,7 @@ def _wrong_rate_min_acc(n: int, correct: int, min_acc: float, alpha: float) -> t
     orders = _distinct_orders(population)
     for values in orders:
         outcomes = {pid: bool(v) for pid, v in zip(ids, values, strict=True)}
-        es = EarlyStop(ids, [MinAcc(min_acc)], mode="sequential", alpha=alpha, order=ids)
+        es = EarlyStop(ids, [MinAcc(min_acc)], mode="sequential", alpha=alpha)
         decision = feed(es, outcomes)
         assert decision is not None
         wrong += decision.verdicts["min-acc"] != full
@@ -470,9 +496,9 @@ def test_out_of_order_feeds_the_seeded_prefix() -> None:
     es = EarlyStop(ids, [MinAcc(0.85)], mode="sequential", seed=11)
     first = es.order[0]
     for pid in reversed(es.order[1:60]):
-        assert es.observe(pid, outcomes[pid]) is None  # nothing fed until the first arrives
+        assert es.observe(pid, word(outcomes[pid])) is None  # nothing fed until the first arrives
     assert es.observed == 0
-    decision = es.observe(first, outcomes[first])
+    decision = es.observe(first, word(outcomes[first]))
     assert decision == expected
     assert es.observed == expected.after
 
@@ -480,7 +506,7 @@ def test_out_of_order_feeds_the_seeded_prefix() -> None:
 def test_certain_mode_uses_every_arrival_at_once() -> None:
     es = EarlyStop(IDS10, [MinAcc(0.7)], mode="certain")
     for pid in reversed(es.order[-4:]):
-        es.observe(pid, False)
+        es.observe(pid, "wrong")
     assert es.decision is not None
     assert es.observed == 4
 
@@ -543,7 +569,7 @@ def test_fraction_threshold_exactness() -> None:
 def feed_outcomes(es: EarlyStop, outcomes: dict[str, str]) -> Decision | None:
     """Feed each problem's outcome word (``correct`` counts as correct) in the run order."""
     for pid in es.order:
-        decision = es.observe(pid, outcomes[pid] == "correct", outcomes[pid])
+        decision = es.observe(pid, outcomes[pid])
         if decision is not None:
             return decision
     return None
@@ -569,7 +595,7 @@ def test_certain_health_gate_passes_only_when_the_unseen_cannot_exceed_it() -> N
     """Every answer clean: PASS is certain once even all unseen problems truncated stay
     within the allowance (10 problems at 0.2: 2 allowed, so after 8)."""
     ids = [f"p{i}" for i in range(10)]
-    es = EarlyStop(ids, [MaxShare("truncated", 0.2)], mode="certain", order=ids)
+    es = EarlyStop(ids, [MaxShare("truncated", 0.2)], mode="certain")
     decision = feed_outcomes(es, dict.fromkeys(ids, "wrong"))  # wrong is not truncated
     assert decision is not None
     assert decision.verdicts == {"max-truncated": "PASS"}
@@ -579,9 +605,7 @@ def test_certain_health_gate_passes_only_when_the_unseen_cannot_exceed_it() -> N
 def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     ids = [f"p{i}" for i in range(10)]
     outcomes = dict.fromkeys(ids, "unparsed")
-    es = EarlyStop(
-        ids, [MaxShare("truncated", 0.0), MaxShare("unparsed", 0.1)], mode="certain", order=ids
-    )
+    es = EarlyStop(ids, [MaxShare("truncated", 0.0), MaxShare("unparsed", 0.1)], mode="certain")
     decision = feed_outcomes(es, outcomes)
     assert decision is not None
     # unparsed allows 1 of 10: the second fails it; truncated is still open (not settled)
@@ -589,10 +613,7 @@ def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     assert decision.after == 2
 
 
-def test_health_gates_need_the_outcome_word() -> None:
-    es = EarlyStop(IDS10, [MaxShare("error", 0.5)], mode="certain")
-    with pytest.raises(ValueError, match="outcome"):
-        es.observe("p0", False)
+def test_a_health_gate_given_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="twice"):
         EarlyStop(IDS10, [MaxShare("error", 0.5)] * 2, mode="certain")
 
@@ -637,9 +658,7 @@ def test_sequential_health_gate_wrong_verdict_rate_at_most_alpha() -> None:
             outcomes = {
                 pid: "truncated" if v else "correct" for pid, v in zip(ids, values, strict=True)
             }
-            es = EarlyStop(
-                ids, [MaxShare("truncated", 0.25)], mode="sequential", alpha=alpha, order=ids
-            )
+            es = EarlyStop(ids, [MaxShare("truncated", 0.25)], mode="sequential", alpha=alpha)
             decision = feed_outcomes(es, outcomes)
             assert decision is not None
             wrong += decision.verdicts["max-truncated"] != full
@@ -654,7 +673,7 @@ def test_with_repeats_min_acc_counts_every_answer() -> None:
     are all right (1.0) but test@1 is 2/3, below 0.7 for certain after all four."""
     stop = EarlyStop(["a", "b", "c", "d"], [MinAcc(0.7)], mode="certain", repeats=3)
     answers = ["correct", "correct", "wrong"]
-    decisions = [stop.observe(pid, True, "correct", answers) for pid in "abcd"]
+    decisions = [stop.observe(pid, "correct", answers) for pid in "abcd"]
     assert decisions[2] is None
     decision = decisions[3]
     assert decision is not None

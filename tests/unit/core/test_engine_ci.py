@@ -27,9 +27,10 @@ from pytest_gsm8k.core.engine_ci import (
     vllm_param_error,
     vllm_request,
 )
+from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.scoring import last_int, numbers_equal
 from pytest_gsm8k.core.settings import SettingsError, build_settings, parse_params
-from pytest_gsm8k.core.types import Problem
+from pytest_gsm8k.core.types import Api, Problem
 from pytest_gsm8k.runtime.data import load_split
 
 RECORDED: dict[str, Any] = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))
@@ -79,7 +80,7 @@ def test_vllm_full_split_bodies_hash_as_recorded(
     eval_problems: tuple[Problem, ...], train_rows: list[tuple[str, str]]
 ) -> None:
     run = RUNS["completions_full"]
-    wires = [vllm_request(p, train_rows).wire or "" for p in eval_problems]
+    wires = [vllm_request(p, train_rows, "completions", 5, ()).wire or "" for p in eval_problems]
     assert len(wires) == run["n_requests"] == 1319
     assert hashlib.sha256("\n".join(wires).encode("utf-8")).hexdigest() == run["sha256"]
 
@@ -112,10 +113,16 @@ def test_vllm_body_key_order_and_escapes() -> None:
     ],
 )
 def test_vllm_params_beyond_the_scripts_are_refused(
-    params: list[str], api: str, message: str
+    params: list[str], api: Api, message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        vllm_body("Q", api, parse_params(params))  # type: ignore[arg-type]
+    """The options refuse a key the script does not send; the body a value it would not."""
+    given = {"gsm8k_preset": "vllm", "gsm8k_api": api, "gsm8k_param": params}
+
+    def body() -> str:  # as a run gets there: its settings, then each request's body
+        return vllm_body("Q", api, build_settings(lambda o: given.get(o.dest), print).params)
+
+    with pytest.raises((SettingsError, ValueError), match=message.replace("(", r"\(")):
+        body()
     assert vllm_param_error(["top_p", "top_k"], api) is None
 
 
@@ -200,7 +207,7 @@ def test_sglang_request_is_the_scripts_prompt_and_sampling(
     for shots in (5, 0, 2):
         few_shot = "".join(_sglang_example(lines, i, True) + "\n\n" for i in range(shots))
         for problem in (eval_problems[0], eval_problems[7], eval_problems[1318]):
-            request = sglang_request(problem, lines, shots)
+            request = sglang_request(problem, lines, shots, ())
             assert request.prompt == few_shot + _sglang_example(lines, problem.index, False)
             body = request.body("m")
             assert body == {
@@ -264,12 +271,13 @@ def test_sends_model_is_what_each_presets_bodies_say(
     no model (GET /v1/models, the replies) for the presets whose bodies name none, so
     :func:`presets.sends_model` must be what the bodies themselves say, in every API."""
     problem = eval_problems[0]
-    bodies = {
-        ("vllm", "completions"): vllm_request(problem, train_rows).body("m"),
-        ("vllm", "chat"): vllm_request(problem, train_rows, "chat").body("m"),
-        ("sglang", "completions"): sglang_request(problem, train_rows).body("m"),
-        ("lm-eval", "completions"): presets.lm_eval_request(problem, train_rows).body("m"),
-        ("lm-eval", "chat"): presets.lm_eval_request(problem, train_rows, "chat").body("m"),
+    asked: list[tuple[str, Api]] = [("vllm", "completions"), ("vllm", "chat")]
+    asked += [("sglang", "completions"), ("lm-eval", "completions"), ("lm-eval", "chat")]
+    bodies = {  # each preset's request as a run builds it
+        (name, api): Protocol(api=api, shots=5, preset=name, train=tuple(train_rows))
+        .request(problem)
+        .body("m")
+        for name, api in asked
     }
     assert {name for name, _ in bodies} == set(presets.PRESETS)
     for (name, api), body in bodies.items():

@@ -68,7 +68,7 @@ def test_noise_aware_single_run_verdict_is_mcnemars() -> None:
     McNemar spec stated, now the noise-aware test's special case)."""
     rule = NoiseAware(0.05)
     pairs = [Pair(f"f{i}", 1, 1, 0, 1) for i in range(5)] + [Pair("k", 1, 1, 1, 1)]
-    verdict = rule.verdict(pairs)
+    verdict = rule.verdict(pairs, evidence(pairs))
     assert verdict.value == pytest.approx(mcnemar_one_sided(5, 0)) == 1 / 32
     assert not verdict.passed
     assert verdict.rule == "noise-aware"
@@ -244,14 +244,14 @@ def test_a_single_run_baseline_of_six_problems_cannot_fail_at_alpha_001() -> Non
     assert "the smallest p 6 problems can give (every answer wrong) is 0.0156 >= " in why
     assert "--gsm8k-alpha 0.01" in why
     assert "use more problems" in why
-    verdict = rule.verdict(six)
+    verdict = rule.verdict(six, evidence(six))
     assert not verdict.passed
     assert verdict.detail.startswith(f"not a verdict: {why}; on what ran: p=0.0156 >= ")
     assert rule.certain([], [(p.problem_id, 1, 1) for p in six]) is None  # never "PASS"
     seven = [Pair(f"p{i}", 1, 1, 0, 1) for i in range(7)]
     assert rule.cannot_fail(seven) is None
-    assert not rule.verdict(seven).passed
-    assert "not a verdict" not in rule.verdict(seven).detail
+    assert not rule.verdict(seven, evidence(seven)).passed
+    assert "not a verdict" not in rule.verdict(seven, evidence(seven)).detail
     assert NoiseAware(0.05).cannot_fail(six) is None  # 1/64 < 0.05
     # the drop allowed on top: six stable problems lost are a drop of 100 points at most
     assert "within --gsm8k-max-drop 1" in str(NoiseAware(0.05, max_drop=1.0).cannot_fail(six))

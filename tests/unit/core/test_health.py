@@ -33,7 +33,7 @@ def _record(
     """A scored record; each sample is (text, finish_reason)."""
     problem = Problem(index=index, split="test", question="q?", answer="#### 18", gold=Decimal(18))
     response = ModelResponse(completions=[Completion(text=t, finish_reason=f) for t, f in samples])
-    return score_response(problem, response, protocol or Protocol())
+    return score_response(problem, response, protocol or Protocol(), None)
 
 
 def _summary(
@@ -56,7 +56,7 @@ def _summary(
         specs=GateSpecs(None, NoiseAware(0.01), False, health),
     )
     selection = Selection(tuple(r["id"] for r in records))
-    return decide_run([GroupInput(group, tuple(records), selection)])
+    return decide_run([GroupInput(group, tuple(records), selection)], top=None, times=None)
 
 
 def _lines(summary: GroupVerdict) -> list[str]:

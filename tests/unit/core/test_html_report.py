@@ -148,7 +148,7 @@ def test_hostile_text_is_never_markup() -> None:
     report = _report(records, model="<script>alert(1)</script>")
     report["gates"][0]["detail"] = "</script><script>alert(1)</script>"
     texts = {r["id"]: ("<script>alert(1)</script> apples?", "</textarea><!-- 5") for r in records}
-    page = render_html(report, texts)
+    page = render_html(report, texts, {})
     for hostile in HOSTILE:
         if hostile != "</script>":
             assert hostile not in page, hostile
@@ -175,7 +175,7 @@ def test_names_in_the_header_are_one_line_without_escapes() -> None:
     )
     report["protocol"]["label"] = f"label{evil}"
     report["gates"][0]["name"] = f"gate{evil}"
-    header = render_html(report).split("<main>")[0]
+    header = render_html(report, {}, {}).split("<main>")[0]
     for raw in ("\x1b", "\r", "\x00", "\u202e", "<b>"):
         assert raw not in header, repr(raw)
     assert "(server reported: reportedx \\u202e&lt;b&gt;)" in header
@@ -186,7 +186,7 @@ def test_no_external_resource_and_no_secret() -> None:
         [_record(0, "correct")],
         endpoint="https://user:sk-live-XYZ@api.example.com/v1?api-key=sk-q-ABC",
     )
-    page = render_html(report)
+    page = render_html(report, {}, {})
     assert not re.search(r"""\b(src|href)\s*=|@import|url\(""", page)
     assert "sk-live-XYZ" not in page
     assert "sk-q-ABC" not in page
@@ -202,7 +202,7 @@ def test_header_holds_headline_gates_run_and_pictures() -> None:
         _record(3, "correct"),
         _record(4, "truncated"),
     ]
-    page = render_html(_report(records, started_at="2024-05-01T10:00:00Z", duration_s=61.2))
+    page = render_html(_report(records, started_at="2024-05-01T10:00:00Z", duration_s=61.2), {}, {})
     assert "gsm8k acc (test@1, 8-shot CoT) = 0.4000  [95% CI 0.5000-0.9000]  n=5" in page
     assert re.search(r'class="verdict fail">FAIL<', page)
     assert re.search(r'class="badge fail">FAIL</span></td><th>min-acc</th>', page)
@@ -222,7 +222,7 @@ def test_pass_at_k_curve_when_sampled() -> None:
     report = _report(
         [_record(0, "correct")], pass_at_k={"pass@1": 0.61, "pass@2": 0.7, "pass@4": 0.78}
     )
-    page = render_html(report)
+    page = render_html(report, {}, {})
     assert page.count("<svg") == 3
     assert "pass@4 = 0.7800" in page
     assert page.count("<polyline") == 1
@@ -237,7 +237,7 @@ def test_interrupted_and_early_stopped_runs_say_so() -> None:
         "verdicts": {"min-acc": "fail"},
         "bounds": [0.1, 0.9],
     }
-    page = render_html(report)
+    page = render_html(report, {}, {})
     assert "INCOMPLETE: 2 of 1319 problems have a result" in page
     assert "EARLY STOP: mode sprt; alpha 0.05; decided after 2" in page
     assert "<dt>verdicts</dt><dd>min-acc: fail</dd>" in page
@@ -278,7 +278,7 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
         "baseline_n": 6,
         **_NOISE,
     }
-    page = render_html(_report(records, baseline=baseline))
+    page = render_html(_report(records, baseline=baseline), {}, {})
     data = _embedded(page)
     assert [p["id"] for p in data["problems"]] == [
         "test-0003",
@@ -294,7 +294,7 @@ def test_baseline_orders_newly_failing_then_newly_passing_then_the_rest() -> Non
     assert "diff -0.00 points" not in page
     assert "diff +0.00 points [95% CI -30.00, +30.00]" in page
     # the baseline column: the baseline file's own outcomes (runtime/finish.py passes them)
-    page = render_html(_report(records, baseline=baseline), None, {"test-0000": "unparsed"})
+    page = render_html(_report(records, baseline=baseline), {}, {"test-0000": "unparsed"})
     assert _embedded(page)["problems"][2]["b"] == "unparsed"
 
 
@@ -320,7 +320,7 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
         "stability": {"stable_correct": 2, "stable_wrong": 0, "noisy": 2},
         "flip_rate": 0.5,
     }
-    page = render_html(_report(records, baseline=baseline))
+    page = render_html(_report(records, baseline=baseline), {}, {})
     ids = [p["id"] for p in _embedded(page)["problems"]]
     assert ids == ["test-0002", "test-0000", "test-0001", "test-0003"]
     assert "p=0.02 (one-sided: the gate&#x27;s test), McNemar p=0.25" in page
@@ -330,7 +330,7 @@ def test_stable_flips_come_first_then_noisy_failures_and_the_card_says_what_the_
     # the page says what the terminal says, from the same sentence (core/baseline.py): a drop
     # that needs more problems than ran is never claimed detectable (issue 32 #4)
     too_few = {**baseline["detectable_drop"], "problems": 7, "points": 175.0}
-    page = render_html(_report(records, baseline={**baseline, "detectable_drop": too_few}))
+    page = render_html(_report(records, baseline={**baseline, "detectable_drop": too_few}), {}, {})
     assert "detects a drop of" not in page
     assert "the gate detects no drop at this size (4 problems; alpha=0.01)" in page
 
@@ -393,7 +393,7 @@ def test_full_split_page_opens_and_filters(tmp_path: Path, browser: Browser) -> 
             "baseline_n": len(records),
         },
     )
-    html_text = render_html(report, problem_texts(_split().problems))
+    html_text = render_html(report, problem_texts(_split().problems), {})
     page = tmp_path / "full.html"
     page.write_text(html_text, encoding="utf-8")
     browser.open(page.as_uri())
@@ -432,7 +432,7 @@ def test_a_run_with_no_answers_has_no_accuracy_drawn() -> None:
     records = [_record(i, "error") for i in range(3)]
     report = _report(records)
     report.update(accuracy=None, ci95=None, headline="gsm8k acc (test@1, 8-shot CoT): no answers")
-    page = render_html(report)
+    page = render_html(report, {}, {})
     assert "no answers: 3 errors, so no accuracy" in page
     assert 'aria-label="accuracy' not in page  # no chart with a 0.0000 point
 
@@ -475,7 +475,7 @@ def test_a_configs_baseline_written_refused_or_missing_says_so_and_compares_noth
         config("B", None, False),  # refused: the gate's FAIL says why, no block
         config("C", None, None),  # none: a note in the terminal
     ]
-    page = render_html(_report(records, configs=configs))
+    page = render_html(_report(records, configs=configs), {}, {})
     cells = re.findall(r"<td>(written|FAIL|none)</td>", page)
     assert cells == ["written", "FAIL", "none"]
     assert "against its baseline" not in page
@@ -510,7 +510,7 @@ def test_braces_and_markup_in_names_are_text_in_the_configs_card_and_charts() ->
         for name in names
         for i in range(2)
     ]
-    page = render_html(_report(records, configs=configs, model="{model}<i>"))
+    page = render_html(_report(records, configs=configs, model="{model}<i>"), {}, {})
     for name in names:
         shown = name.replace("<", "&lt;").replace(">", "&gt;")
         assert f"<th>{shown}</th>" in page  # the configs card's config cell
@@ -526,7 +526,7 @@ def test_braces_and_markup_in_names_are_text_in_the_configs_card_and_charts() ->
     )
     single["protocol"]["label"] = "{0} {label}"
     single["gates"][0]["threshold"] = 0.85  # the chart's min-acc mark
-    page = render_html(single)
+    page = render_html(single, {}, {})
     assert "{0} {label}&lt;/h1&gt;" in page
     assert 'aria-label="accuracy 0.5000"' in page
     assert "min-acc 0.85</text>" in page
@@ -546,7 +546,7 @@ def test_a_baseline_sharing_no_problem_leaves_the_page_whole_without_a_compariso
     compared = bl.noise_block(document, records, ["test-0000", "test-0001"], 0.05, evidence([]))
     block = {"path": "b.gsm8k", "partial": False, **compared}
     assert block["shared"] == 0
-    page = render_html(_report(records, baseline=block))
+    page = render_html(_report(records, baseline=block), {}, {})
     assert "Against the baseline" not in page
 
 
@@ -555,7 +555,9 @@ def test_a_baseline_sharing_no_problem_is_never_said_written() -> None:
     gate FAILs and says why) but no numbers: the page must not call it a baseline written."""
     records = [_record(i, "correct") for i in range(3)]
     block = {"path": "b.gsm8k", "partial": False, "shared": 0, "not_in_baseline": 3}
-    page = render_html(_report(records, baseline=block))
+    page = render_html(_report(records, baseline=block), {}, {})
     assert "written to" not in page
     written = {"path": "b.gsm8k", "written": True, "partial": False}
-    assert "written to <code>b.gsm8k</code>" in render_html(_report(records, baseline=written))
+    assert "written to <code>b.gsm8k</code>" in render_html(
+        _report(records, baseline=written), {}, {}
+    )

@@ -68,6 +68,6 @@ def test_surrogates_are_written_as_their_escapes_everywhere() -> None:
     assert escape_surrogates("plain") == "plain"
     assert printable(f"model{LONE_SURROGATE}\x1b[31m") == "model\\ud83d"
     report_json = {"problems": [{"id": "test-0001", "response": text, "index": 1}]}
-    assert "\\ud83d" in render_html(report_json).encode("utf-8").decode("utf-8")
+    assert "\\ud83d" in render_html(report_json, {}, {}).encode("utf-8").decode("utf-8")
     stored = bl.dumps({"model": "m", "reported_models": [f"m{LONE_SURROGATE}"]})
     assert json.loads(stored)["reported_models"] == [f"m{LONE_SURROGATE}"]

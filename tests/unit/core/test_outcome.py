@@ -33,7 +33,7 @@ def _score(
     response = ModelResponse(
         completions=[Completion(text=t, finish_reason=finish, reasoning=reasoning) for t in texts]
     )
-    return score_response(PROBLEM, response, protocol or Protocol())
+    return score_response(PROBLEM, response, protocol or Protocol(), None)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def _summary(
         specs=GateSpecs(MinAcc(min_acc) if min_acc is not None else None, NoiseAware(0.01), False),
     )
     selection = Selection(tuple(r["id"] for r in records))
-    return decide_run([GroupInput(group, tuple(records), selection)])
+    return decide_run([GroupInput(group, tuple(records), selection)], top=None, times=None)
 
 
 def test_summary_counts_accuracy_interval_and_gate() -> None:

@@ -81,10 +81,10 @@ def test_request_equals_recorded(
     sent: dict[str, Any] = recorded["body"]
     problem = eval_problems[recorded["problem_index"]]
     opts = _run_options(run_name)
-    request = presets.lm_eval_request(problem, train_pool, opts["api"], system=opts["system"])
+    request = presets.lm_eval_request(problem, train_pool, opts["api"], opts["system"])
     if run_name == "chat_singleturn":  # --fewshot_as_multiturn false, which no preset sends:
         # lm-eval's chat request with the completions prompt as its one turn
-        prompt = presets.lm_eval_request(problem, train_pool).prompt
+        prompt = presets.lm_eval_request(problem, train_pool, "completions", None).prompt
         request = dataclasses.replace(request, messages=(("user", prompt),))
     body = request.body(MODEL)
 

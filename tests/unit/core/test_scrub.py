@@ -28,7 +28,7 @@ def test_printable_escapes_invisible_reordering_and_keeps_joiners() -> None:
 
 
 def test_command_lines_lose_secret_option_values_but_keep_variable_names() -> None:
-    scrub = Scrubber(TEST_KEY)
+    scrub = Scrubber(TEST_KEY, None, ())
     assert scrub.command(f"vllm serve m --api-key {TEST_KEY} --port {{port}}") == (
         f"vllm serve m --api-key {REDACTED} --port {{port}}"
     )
@@ -40,20 +40,30 @@ def test_command_lines_lose_secret_option_values_but_keep_variable_names() -> No
 
 
 def test_scrubber_removes_keys_and_url_credentials() -> None:
-    scrub = Scrubber("sk-abcdef123", "https://bob:s3cr%40t-pass@host/v1")
+    scrub = Scrubber("sk-abcdef123", "https://bob:s3cr%40t-pass@host/v1", ())
     assert scrub.text("Bearer sk-abcdef123!") == "Bearer [redacted]!"
     assert scrub.text("https://bob:s3cr%40t-pass@host/v1") == "https://host/v1"
     assert "s3cr@t-pass" not in scrub.text("pw s3cr@t-pass")
     assert scrub.obj({"a": ["sk-abcdef123"]}) == {"a": ["[redacted]"]}
-    assert not Scrubber("ab", None)  # a 2-character key would corrupt answers: not scrubbed
-    assert Scrubber(None, None).text("18") == "18"
+    assert not Scrubber("ab", None, ())  # a 2-character key would corrupt answers: not scrubbed
+    assert Scrubber(None, None, ()).text("18") == "18"
+
+
+def test_credentials_of_a_url_urlsplit_refuses_are_still_scrubbed() -> None:
+    """``$OPENAI_BASE_URL=http://u:p@[::1`` (a bracket left open) made urlsplit raise in the
+    scrubber: an INTERNALERROR before the preflight's one line; its password stays a secret."""
+    scrub = Scrubber(None, "http://bob:hunter2-pass@[::1/v1", ())
+    assert (
+        scrub.text("http://bob:hunter2-pass@[::1/v1 and hunter2-pass")
+        == "http://[::1/v1 and [redacted]"
+    )
 
 
 def test_a_message_cut_inside_a_key_loses_the_keys_first_characters_answers_keep_theirs() -> None:
     """A message's excerpt of a reply is cut to a bound before the scrubber sees it: ``cut``
     hides a tail that begins a secret (MIN_SECRET characters or more); an answer (not cut)
     ending so keeps its text, its end is what is graded."""
-    scrub = Scrubber(TEST_KEY)
+    scrub = Scrubber(TEST_KEY, None, ())
     said = "the endpoint's reply is not JSON: <<Bearer " + TEST_KEY[:10]
     assert scrub.text(said, cut=True) == f"the endpoint's reply is not JSON: <<Bearer {REDACTED}"
     assert scrub.text(said) == said

@@ -54,7 +54,7 @@ def _records(outcomes: str, group: str = "", cached: int = 0) -> list[ProblemRec
             index=i, split="test", question="q?", answer="#### 18", gold=Decimal(18), group=group
         )
         response = ModelResponse(completions=[Completion(text=text[letter])])
-        record = score_response(problem, response, PROTOCOL)
+        record = score_response(problem, response, PROTOCOL, None)
         if i < cached:
             record["cached"] = True
         out.append(record)
@@ -128,7 +128,7 @@ def _decide(
             "-",
             GateSpecs(None, NOISE, False),
         )
-    return decide_run(inputs, top=top)
+    return decide_run(inputs, top=top, times=None)
 
 
 def _min_acc(verdict: RunVerdict, matrix: bool) -> tuple[str, bool, str]:
@@ -267,7 +267,7 @@ def _resumed(matrix: bool) -> RunVerdict:
         if matrix
         else None
     )
-    return decide_run(inputs, top=top)
+    return decide_run(inputs, top=top, times=None)
 
 
 def test_an_early_stop_that_decided_at_the_last_problem_overrides_nothing() -> None:
@@ -315,7 +315,9 @@ def _baseline_run(
     ids = tuple(r["id"] for r in records)
     base = BaselineInput(stored, SPLIT[: len(ids)], update=update, write_error=error)
     group = _group(min_acc=None)
-    return decide_run([GroupInput(group, tuple(records), Selection(ids), base)])
+    return decide_run(
+        [GroupInput(group, tuple(records), Selection(ids), base)], top=None, times=None
+    )
 
 
 def _stored(document: dict[str, Any] | None = None) -> StoredBaseline:
@@ -348,7 +350,9 @@ def test_a_baseline_write_is_a_document_and_a_note_and_its_failure_the_one_deriv
     ids = tuple(r["id"] for r in records)
     base = BaselineInput(_stored(), SPLIT[:4], update=True)
     refused = decide_run(
-        [GroupInput(_group(min_acc=None), records, Selection(ids, clashes=clashes), base)]
+        [GroupInput(_group(min_acc=None), records, Selection(ids, clashes=clashes), base)],
+        top=None,
+        times=None,
     )
     assert [g.detail for g in refused.gates] == [f"not written to b.gsm8k: {CLASH}"]
     assert refused.baseline_write is None
@@ -361,7 +365,11 @@ def test_a_baseline_written_beside_a_failing_gate_holds_the_same_document() -> N
     ids = tuple(r["id"] for r in records)
     base = BaselineInput(_stored(), SPLIT[: len(ids)], update=True)
     documents = [
-        decide_run([GroupInput(_group(min_acc=m), tuple(records), Selection(ids), base)])
+        decide_run(
+            [GroupInput(_group(min_acc=m), tuple(records), Selection(ids), base)],
+            top=None,
+            times=None,
+        )
         for m in (None, 0.9)
     ]
     assert [len(v.gates) for v in documents] == [0, 1]  # min-acc FAIL beside the write
@@ -427,7 +435,11 @@ def test_a_refused_or_unwritable_baseline_is_a_fail() -> None:
     records[1] = {**records[1], "outcome": "error", "correct": False}
     ids = tuple(r["id"] for r in records)
     base = BaselineInput(_stored(), SPLIT[:2], update=True)
-    refused = decide_run([GroupInput(_group(min_acc=None), tuple(records), Selection(ids), base)])
+    refused = decide_run(
+        [GroupInput(_group(min_acc=None), tuple(records), Selection(ids), base)],
+        top=None,
+        times=None,
+    )
     assert [g.detail for g in refused.gates] == [
         "not written to b.gsm8k: 1 problems ended in an error"
     ]
@@ -449,7 +461,9 @@ def test_a_report_as_baseline_skips_the_file_checks_and_not_whole_leaves_a_pass_
         group = _group(min_acc=None)
         base = BaselineInput(stored, (), from_report=True)
         verdict = decide_run(
-            [GroupInput(group, tuple(records), Selection(ids, not_whole=why), base)]
+            [GroupInput(group, tuple(records), Selection(ids, not_whole=why), base)],
+            top=None,
+            times=None,
         )
         (gate,) = verdict.gates
         # not a verdict blocks (FAIL, exit 1), as any undecided gate that would have passed
@@ -457,7 +471,9 @@ def test_a_report_as_baseline_skips_the_file_checks_and_not_whole_leaves_a_pass_
         assert gate.detail.startswith(f"not a verdict: {why}; on what ran: p=1 ") == held
     # a file's baseline is checked against its split
     checked = decide_run(
-        [GroupInput(group, tuple(records), Selection(ids), replace(base, from_report=False))]
+        [GroupInput(group, tuple(records), Selection(ids), replace(base, from_report=False))],
+        top=None,
+        times=None,
     )
     assert "8 problem ids are not in the test split" in checked.gates[0].detail
 
@@ -478,7 +494,7 @@ def test_every_output_renders_from_the_verdict_and_the_report_matches_its_schema
     assert f"  gate {name}: UNDECIDED: undecided: the " in "\n".join(lines)
     assert f"| {name} | UNDECIDED |" in markdown(verdict, {})
     # a gate that was not decided never passes: not on the page either
-    page = render_html(report)
+    page = render_html(report, {}, {})
     assert re.search(r'class="badge undecided">UNDECIDED</span></td><th>' + name, page)
     assert 'class="verdict undecided">UNDECIDED<' in page
     assert 'class="badge pass">PASS</span></td><th>' + name not in page

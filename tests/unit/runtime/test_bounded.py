@@ -76,7 +76,7 @@ def test_a_coding_the_refusal_quotes_is_cut_at_the_messages_end(encodings: list[
     message = str(info.value)
     assert message.startswith("the endpoint's reply is encoded "), message
     assert len(message) <= 200, len(message)
-    assert KEY[:6] not in Scrubber(KEY).text(message, cut=True)
+    assert KEY[:6] not in Scrubber(KEY, None, ()).text(message, cut=True)
 
 
 def test_what_follows_the_end_of_compressed_data_is_read_and_ignored() -> None:

@@ -299,7 +299,7 @@ def test_a_key_the_servers_message_is_cut_inside_is_never_shown(
     assert text[190:200] == key[:10]
     response = httpx.Response(status, request=httpx.Request("POST", url), json={"message": text})
     exc = openai.APIStatusError(text, response=response, body={"message": text})
-    line = Scrubber(key, None).text(describe_error(exc)[0], cut=True)
+    line = Scrubber(key, None, ()).text(describe_error(exc)[0], cut=True)
     assert said in line, line
     assert key[:6] not in line, line
 

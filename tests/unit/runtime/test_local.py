@@ -124,6 +124,14 @@ def test_missing_path_is_reported(tmp_path: Path) -> None:
     assert str(info.value) == f"GGUF file not found: {missing}"
 
 
+def test_a_name_longer_than_the_file_system_allows_is_not_found(tmp_path: Path) -> None:
+    """pathlib's exists() raises ENAMETOOLONG there: an INTERNALERROR at the session start."""
+    missing = tmp_path / ("m" * 300 + ".gguf")
+    with pytest.raises(ServeError) as info:
+        resolve_model(f"local:{missing}")
+    assert str(info.value) == f"GGUF file not found: {missing}"
+
+
 def test_a_path_under_a_home_that_does_not_exist_is_one_line() -> None:
     """``local:~nosuchuser/m.gguf``: pathlib's expanduser raises RuntimeError there (an
     INTERNALERROR at the session start); a ServeError is the run's one line, as core/settings.py

@@ -13,7 +13,7 @@ from pytest_gsm8k.runtime.logs import scrub_library_logs
 
 
 def test_scrub_record_cleans_message_arguments_and_traceback() -> None:
-    restore = scrub_library_logs(Scrubber(TEST_KEY))
+    restore = scrub_library_logs(Scrubber(TEST_KEY, None, ()))
     try:
         raise RuntimeError(f"server said: you sent {TEST_KEY}")
     except RuntimeError:
@@ -37,7 +37,7 @@ def test_scrub_record_cleans_message_arguments_and_traceback() -> None:
 
 def test_only_network_loggers_are_scrubbed_and_the_factory_is_restored() -> None:
     before = logging.getLogRecordFactory()
-    restore = scrub_library_logs(Scrubber(TEST_KEY))
+    restore = scrub_library_logs(Scrubber(TEST_KEY, None, ()))
     try:
         ours = logging.getLogger("httpx2._client").makeRecord(
             "httpx2._client", logging.INFO, __file__, 1, "key %s", (TEST_KEY,), None
@@ -51,5 +51,5 @@ def test_only_network_loggers_are_scrubbed_and_the_factory_is_restored() -> None
     assert ours.args is None
     assert ours.getMessage() == f"key {REDACTED}"
     assert theirs.args == (TEST_KEY,)  # other loggers' records are left as made
-    assert scrub_library_logs(Scrubber(None))() is None  # no secret: nothing installed
+    assert scrub_library_logs(Scrubber(None, None, ()))() is None  # no secret: nothing installed
     assert logging.getLogRecordFactory() is before

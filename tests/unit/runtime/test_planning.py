@@ -1,17 +1,20 @@
-"""The merge's replanning of its shards' run (runtime/planning.py ``replan``)."""
+"""The run's plan from its options, and the merge's replanning of its shards' run
+(runtime/planning.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pytest_gsm8k.core.dataset import DatasetError
 from pytest_gsm8k.core.merge import ShardError, selection_hash, shard_record
 from pytest_gsm8k.core.plan import Endpoint, Shard
 from pytest_gsm8k.core.settings import Settings
-from pytest_gsm8k.runtime.planning import build_plan, replan
+from pytest_gsm8k.runtime.planning import build_plan, read_baseline, replan
 
 
 def test_a_shard_plan_no_option_could_give_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -34,3 +37,43 @@ def test_a_shard_plan_no_option_could_give_is_refused_in_one_line(tmp_path: Path
         ShardError, match=r"^corrupt shard plan \(KeyError: 'from-a-newer-version'\)$"
     ):
         replan(block, tmp_path, None, {})
+
+
+@pytest.mark.parametrize("option", ["data", "fewshot_file"])
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("missing.jsonl", "no such file or folder"),
+        ("x" * 300, r"cannot read \(File name too long\)"),
+    ],
+    ids=["missing", "name-too-long"],
+)
+def test_an_input_file_that_cannot_be_opened_is_one_line_naming_its_option(
+    tmp_path: Path, option: str, name: str, why: str
+) -> None:
+    """A name longer than the file system allows was an INTERNALERROR (pathlib's ``is_dir``
+    raises ENAMETOOLONG), and a missing --gsm8k-fewshot-file was said as --gsm8k-data."""
+    flag = "--gsm8k-" + option.replace("_", "-")
+    path = tmp_path / name
+    given: dict[str, Any] = {option: str(path)}
+    with pytest.raises(DatasetError, match=rf"^{flag} {tmp_path}/x*(missing\.jsonl)?: {why}$"):
+        build_plan(
+            Settings(limit=5, **given),
+            run_id="x",
+            endpoint=Endpoint(None, "m"),
+            rootpath=tmp_path,
+            snapshot_dirname="__snapshots__",
+            update_baseline=False,
+        )
+
+
+def test_a_baseline_name_the_file_system_cannot_hold_is_an_error_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """pathlib's exists() raised ENAMETOOLONG at the session start (an INTERNALERROR); a path
+    under a file is still a missing baseline, as before."""
+    too_long = read_baseline(tmp_path / ("b" * 300 + ".gsm8k"), tmp_path)
+    assert "File name too long" in (too_long.error or "")
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    under_a_file = read_baseline(tmp_path / "file" / "b.gsm8k", tmp_path)
+    assert (under_a_file.error, under_a_file.document, under_a_file.exists) == (None, None, False)
