@@ -611,10 +611,11 @@ class FakeOpenAIServer:
             finally:
                 # A connection accepted just before the stop has a task whose handler never
                 # started: cancel and run it, or its coroutine is "never awaited" at close.
-                left = asyncio.all_tasks(loop)
-                for task in left:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                # (none left: gather() of nothing asks for this thread's loop, and fails)
+                if left := asyncio.all_tasks(loop):
+                    for task in left:
+                        task.cancel()
+                    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
                 loop.close()
 
         self._thread = threading.Thread(target=run, name=f"fakeserver-{id(self):x}", daemon=True)
