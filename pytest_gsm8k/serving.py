@@ -19,7 +19,7 @@ from pytest_gsm8k.core.plan import Endpoint
 from pytest_gsm8k.core.presets import sends_model
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, is_local_spec, url_problem, with_v1
-from pytest_gsm8k.fixtures import defines, overrides_present
+from pytest_gsm8k.fixtures import defines
 from pytest_gsm8k.session import CONFIG_OVERRIDE
 from pytest_gsm8k.session import Gsm8kSession as State
 
@@ -229,14 +229,16 @@ def fetch(state: State, session: pytest.Session) -> None:
     if not (state.settings.vllm_config or state.plan.endpoint.model):
         return
     sources, plan, repeats = state.sources, state.plan, state.settings.repeats
+    # whether a collected test may get gsm8k_model or gsm8k_protocol elsewhere
+    overridden = defines(session.config) or any(map(defines, session.items))
     if state.is_worker:
-        sources.connect(overrides_present(session))
+        sources.connect(overridden)
     elif sources.matrix is not None:
         asks = (
             r for p in state.run.collected for r in plan.protocol_of(p).request(p).asks(repeats)
         )
         sources.matrix.start(list(asks))
-    elif not overrides_present(session):
+    elif not overridden:
         sources.engine_for(sources.default_client(), plan.protocol)
 
 
