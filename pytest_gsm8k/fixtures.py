@@ -112,11 +112,6 @@ def defines(
     return any(getattr(h, n, None) not in (None, globals().get(n)) for h in holders for n in names)
 
 
-def overrides_present(session: pytest.Session) -> bool:
-    """Whether a collected test may get ``gsm8k_model`` or ``gsm8k_protocol`` elsewhere."""
-    return defines(session.config) or any(map(defines, session.items))
-
-
 def problem_of(item: pytest.Item) -> Any:
     """The item's ``gsm8k_problem`` parameter (None: not a GSM8K item)."""
     callspec = getattr(item, "callspec", None)

@@ -19,7 +19,7 @@ from pytest_gsm8k.core.plan import Endpoint
 from pytest_gsm8k.core.presets import sends_model
 from pytest_gsm8k.core.scrub import printable, shown_url
 from pytest_gsm8k.core.settings import DEFAULT_BASE_URL, is_local_spec, url_problem, with_v1
-from pytest_gsm8k.fixtures import defines, overrides_present
+from pytest_gsm8k.fixtures import defines
 from pytest_gsm8k.session import CONFIG_OVERRIDE
 from pytest_gsm8k.session import Gsm8kSession as State
 
@@ -229,14 +229,16 @@ def fetch(state: State, session: pytest.Session) -> None:
     if not (state.settings.vllm_config or state.plan.endpoint.model):
         return
     sources, plan, repeats = state.sources, state.plan, state.settings.repeats
+    # whether a collected test may get gsm8k_model or gsm8k_protocol elsewhere
+    overridden = defines(session.config) or any(map(defines, session.items))
     if state.is_worker:
-        sources.connect(overrides_present(session))
+        sources.connect(overridden)
     elif sources.matrix is not None:
         asks = (
             r for p in state.run.collected for r in plan.protocol_of(p).request(p).asks(repeats)
         )
         sources.matrix.start(list(asks))
-    elif not overrides_present(session):
+    elif not overridden:
         sources.engine_for(sources.default_client(), plan.protocol)
 
 
@@ -259,10 +261,10 @@ def start(state: State, controller: bool) -> None:
         config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {why}"), stacklevel=2)
     check_outputs(state, ("step_summary",), draft)  # and the baselines, the open-file limit
     overridden = defines(config, ("gsm8k_model",))
+    endpoint = draft.endpoint
     if draft.configs:  # each config's server starts in turn once the items are known
         if overridden:
             raise pytest.UsageError(CONFIG_OVERRIDE)
-        state.set_plan(draft)
         state.sources.use_matrix(  # each stopped before the next one starts
             Matrix(
                 [g.name for g in draft.groups],
@@ -271,14 +273,12 @@ def start(state: State, controller: bool) -> None:
                 lookahead=state.concurrency() if settings.early_stop else None,
             )
         )
-    else:
-        endpoint = draft.endpoint
-        if (started := serve_run(state)) is not None:
-            state.sources.use_server(started)
-            endpoint = started.endpoint
-        if not overridden:  # the endpoint the options name may not be what is asked at all
-            endpoint = preflight(state, endpoint)
-        state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
+    elif (started := serve_run(state)) is not None:
+        state.sources.use_server(started)
+        endpoint = started.endpoint
+    if not (draft.configs or overridden):  # the options' endpoint may not be what is asked
+        endpoint = preflight(state, endpoint)
+    state.set_plan(dataclasses.replace(draft, endpoint=endpoint))
     if controller:
         state.sources.serve_workers(head_start_allowed(config))
     elif not overridden and state.sources.matrix is None and not state.dry:

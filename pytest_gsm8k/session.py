@@ -445,11 +445,9 @@ class Sources:
         return out
 
     def stop(self, message: str) -> None:
-        """The run stopped early: every engine fetches nothing more, and on an xdist
-        controller every worker hears it (also those that call a model of their own)."""
+        """The run stopped early (configs stop one by one): every engine fetches nothing more, and
+        on an xdist controller every worker hears it (also those that call a model of their own)."""
         self.stop_engines(message)
-        if self.matrix is not None:
-            self.matrix.stop(message)
         if self.answer_server is not None:
             self.answer_server.stop_all(message)
 
@@ -460,7 +458,7 @@ class Sources:
 
     def take_notes(self) -> list[str]:
         """The engines' warnings and end-of-run notes no test issued (the controller's)."""
-        parts: list[Engine | Matrix] = [*self.engines.values(), *filter(None, [self.matrix])]
+        parts = [*self.engines.values(), *(self.matrix.made if self.matrix else [])]
         return [line for part in parts for line in (*part.take_warnings(), *part.notes())]
 
     def close(self) -> None:

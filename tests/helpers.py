@@ -23,6 +23,8 @@ import pytest
 import yaml
 from fakeserver import FakeOpenAIServer, Script
 
+from pytest_gsm8k.runtime.cache import ResponseCache
+
 #: the tests folder (shared helpers, the fake server, recorded data) and the repository above it
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -282,3 +284,17 @@ def pytest_sessionfinish(session, exitstatus):
 def worker_ends(folder: Path) -> dict[str, int]:
     """What the workers of a run with ``WORKER_ENDS`` in ``folder`` wrote: id -> exit status."""
     return {path.stem: int(path.read_text()) for path in folder.glob("*.end")}
+
+
+def response_cache(
+    root: Path,
+    run: str,
+    *,
+    persistent: bool = True,
+    resume: bool = False,
+    started: float | None = None,
+) -> ResponseCache:
+    """A cache as the plugin opens one (session.py): kept, this run's entries only, the run
+    started now (``started``: then)."""
+    when = time.time() if started is None else started
+    return ResponseCache(root, run, persistent=persistent, resume=resume, started=when)

@@ -77,11 +77,7 @@ class AnswerServer:
     ``repeats`` K each problem is K requests, and each reply names the repeat it answers."""
 
     def __init__(
-        self,
-        engine: Engine | Matrix,
-        requests: Callable[[str], Request | None],
-        *,
-        repeats: int = 1,
+        self, engine: Engine | Matrix, requests: Callable[[str], Request | None], *, repeats: int
     ) -> None:
         self.engine, self.requests, self.repeats = engine, requests, repeats
         self.token = secrets.token_hex(16)
@@ -135,13 +131,12 @@ class AnswerServer:
             return None if self._planned is None else set(self._planned)
 
     def stop_all(self, message: str) -> None:
-        """The run stopped early (any thread; the first call counts): the engine sends nothing
-        more and every worker, connected now or later, hears ``message``."""
+        """The run stopped early (any thread; the first call counts; its engines are stopped
+        first: Sources.stop): every worker, connected now or later, hears ``message``."""
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
-        self.engine.stop(message)
 
         def push() -> None:
             self._stop = message
@@ -240,13 +235,7 @@ class Channel:
     another's answer."""
 
     def __init__(
-        self,
-        address: tuple[str, int],
-        token: str,
-        *,
-        wait: float = 60.0,
-        endpoint: str = "",
-        model: str = "",
+        self, address: tuple[str, int], token: str, *, wait: float, endpoint: str, model: str
     ) -> None:
         # a socket takes no longer wait than the platform's time_t: longer waits are this one
         self.wait, self.fetch = min(wait, 1e7), False

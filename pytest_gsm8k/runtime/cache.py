@@ -17,7 +17,6 @@ import re
 import shutil
 import stat
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -41,9 +40,7 @@ _NOT_READ = {
 }
 
 
-def cache_key(
-    base_url: str, body: dict[str, Any], sample: str, wire: str | None = None, repeat: int = 0
-) -> str:
+def cache_key(base_url: str, body: Json, sample: str, wire: str | None, repeat: int) -> str:
     """Key of one request: the endpoint, the exact body, which samples it yields (``r<i>:`` in
     front for repeat ``i``) and, where a preset fixes them byte for byte, the body's exact
     text; without a wire text or a repeat, the key that was written before they existed."""
@@ -91,16 +88,10 @@ class ResponseCache:
     start, ``time.time()``; xdist workers take the controller's)."""
 
     def __init__(
-        self,
-        root: Path,
-        run_id: str,
-        *,
-        persistent: bool = True,
-        resume: bool = False,
-        started: float | None = None,
+        self, root: Path, run_id: str, *, persistent: bool, resume: bool, started: float
     ) -> None:
         self.root, self.run_id, self.persistent, self.resume = root, run_id, persistent, resume
-        self.started = time.time() if started is None else started
+        self.started = started
         self._entries = os.fspath(root / "responses")  # strings: pathlib costs more than I/O
         self._run_lock: IO[bytes] | None = None  # held from the first entry until close
         self._going: dict[str, bool] = {}  # whether each other run found is still going

@@ -280,9 +280,7 @@ def env_proxy(url: str, *, aiohttp: bool = False) -> str | None:
     return proxy
 
 
-def get_json(
-    url: str, headers: Mapping[str, str] | None, deadline: float, *, proxies: bool = True
-) -> Any:
+def get_json(url: str, headers: Mapping[str, str] | None, deadline: float, *, proxies: bool) -> Any:
     """The JSON of a 2xx reply to ``GET url`` (None: not JSON) within ``deadline`` seconds in
     all (httpx bounds each read only: a dripping server would hold the caller), or
     :class:`PreflightError`. httpx keeps ``Authorization`` to the same origin on redirects and
@@ -331,12 +329,10 @@ def get_json(
     return None
 
 
-def list_models(
-    base_url: str, api_key: str | None, timeout: float, cards: list[dict[str, Any]] | None = None
-) -> list[str]:
-    """The model ids ``GET {base_url}/models`` lists (``cards`` receives each whole card).
-    Without openai (its import stays off the path that starts xdist's workers); one retry on a
-    dropped or refused connection, as openai would, within ``timeout`` in all."""
+def list_models(base_url: str, api_key: str | None, timeout: float) -> list[dict[str, Any]]:
+    """The model cards (each with an ``id``) ``GET {base_url}/models`` lists. Without openai
+    (its import stays off the path that starts xdist's workers); one retry on a dropped or
+    refused connection, as openai would, within ``timeout`` in all."""
     url = base_url.rstrip("/") + "/models"
     if "@" in url.split("//", 1)[-1].split("/", 1)[0]:
         return []  # credentials in the URL: leave it to the real client (httpx handles them)
@@ -345,7 +341,7 @@ def list_models(
     deadline = time.monotonic() + timeout
     for attempt in (1, 2):
         try:
-            data = get_json(url, headers, max(0.001, deadline - time.monotonic()))
+            data = get_json(url, headers, max(0.001, deadline - time.monotonic()), proxies=True)
             break
         except PreflightError as exc:
             if exc.kind == "timeout":
@@ -355,10 +351,7 @@ def list_models(
             time.sleep(0.5)
     models = data.get("data") if isinstance(data, dict) else None
     models = models if isinstance(models, list) else []
-    listed = [m for m in models if isinstance(m, dict) and "id" in m]
-    if cards is not None:
-        cards.extend(listed)
-    return [str(m["id"]) for m in listed]
+    return [m for m in models if isinstance(m, dict) and "id" in m]
 
 
 class OpenAIClient:

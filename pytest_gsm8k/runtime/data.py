@@ -82,9 +82,7 @@ def _load_dataset(
     return rows_to_problems(iter(ds), split, where)
 
 
-def load_split(
-    data: str | None, split: str = "test", config: str = "main", hub_name: str | None = None
-) -> Split:
+def load_split(data: str | None, split: str, config: str, hub_name: str | None = None) -> Split:
     """One split: the embedded copy (the default), ``hub_name`` on the hub, or ``data``, a
     file or a folder holding ``<split>.jsonl`` (``<split>_socratic.jsonl``; the layout of
     openai/grade-school-math) or laid out like the hub (``<config>/<split>-*.parquet``)."""

@@ -33,9 +33,7 @@ def output_paths(settings: Settings) -> dict[str, str | None]:
 
 
 def settle(
-    inputs: Sequence[GroupInput],
-    top: Group | None,
-    times: tuple[str, str, float],
+    inputs: Sequence[GroupInput], top: Group | None, times: tuple[str, str, float]
 ) -> RunVerdict:
     """Decide, write each baseline the verdict holds (``--snapshot-update``); a failed
     write is decided once more with its error (the one derived copy)."""

@@ -208,9 +208,7 @@ class LocalServer(ServedProcess):
             ) from None
 
 
-def local_spec(
-    model_path: Path, *, threads: int | None = None, n_ctx: int = DEFAULT_N_CTX
-) -> Launch:
+def local_spec(model_path: Path, *, threads: int | None, n_ctx: int) -> Launch:
     """The spec that serves ``model_path`` (checked now) as :data:`DEFAULT_ALIAS` on all the
     CPUs this process may use (llama.cpp's default is half: small CI machines need them all)."""
     _check_gguf(Path(model_path))
@@ -234,12 +232,6 @@ def local_spec(
         words = [w for key, value in flags.items() for w in (f"--{key}", str(value))]
         return ServeCommand([sys.executable, "-m", "llama_cpp.server", *words])
 
-    what = "the local model server (llama.cpp)"
-    return Launch(
-        command, DEFAULT_ALIAS, what, LocalServer, env=server_env(), context=f"model {model_path}"
-    )
-
-
-def server_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The server's environment: ours minus what it would read as settings."""
-    return {k: v for k, v in environ.items() if k.lower() not in _SERVER_ENV_SETTINGS}
+    env = {k: v for k, v in os.environ.items() if k.lower() not in _SERVER_ENV_SETTINGS}
+    what, context = "the local model server (llama.cpp)", f"model {model_path}"
+    return Launch(command, DEFAULT_ALIAS, what, LocalServer, env=env, context=context)

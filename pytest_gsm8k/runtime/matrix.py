@@ -43,7 +43,7 @@ class Matrix:
         self.names = tuple(names)
         self._launch, self._say, self.lookahead = launch, say, lookahead
         self._engines = {name: concurrent.futures.Future[Engine]() for name in self.names}
-        self._made: list[Engine] = []
+        self.made: list[Engine] = []  # the configs' engines so far (the driver's)
         self._said: set[str] = set()  # configs whose failure an item has said in full
         self._stopped: dict[str, str] = {}  # configs stopped early -> their skip message
         self._awaited: set[str] = set()  # configs an item waited for before their server ran
@@ -88,7 +88,7 @@ class Matrix:
                 engine.close()
                 future.set_exception(ended)
                 continue
-            self._made.append(engine)
+            self.made.append(engine)
             server.watch(engine.abort)
             engine.start(wanted)
             future.set_result(engine)
@@ -166,19 +166,12 @@ class Matrix:
             raise self._failed(name, EndpointError(f"config {name}: {exc}")) from None
 
     def take_warnings(self) -> list[str]:
-        return [line for engine in list(self._made) for line in engine.take_warnings()]
-
-    def notes(self) -> list[str]:
-        return [line for engine in list(self._made) for line in engine.notes()]
+        return [line for engine in list(self.made) for line in engine.take_warnings()]
 
     def settle(self, request: Request) -> None:
         """``request``'s outcome came back: its engine may fetch one more (never waits)."""
         if (engine := self.engine_of(request)) is not None:
             engine.settle(request)
-
-    def stop(self, message: str) -> None:
-        for engine in list(self._made):
-            engine.stop(message)
 
     def close(self) -> None:
         """Stop the driver's servers (serving or starting), every engine, the driver; idempotent."""
@@ -190,7 +183,7 @@ class Matrix:
             for server in [s for s in list(_LIVE) if s.starter is driver]:
                 server.stop()
             driver.join(POLL_SECONDS)
-        for engine in list(self._made):
+        for engine in list(self.made):
             engine.close()
         for name, future in self._engines.items():
             with contextlib.suppress(concurrent.futures.InvalidStateError):

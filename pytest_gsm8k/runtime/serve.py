@@ -308,7 +308,7 @@ def serve_spec(
     model: str | None,
     server_args: tuple[str, ...] | None = None,
     *,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] = os.environ,
     context: str = "",
 ) -> Launch:
     """The spec of ``--gsm8k-serve`` ``command``, ``{port}`` and ``{model}`` filled in so
@@ -334,7 +334,7 @@ class Launch:
     model: str
     what: str  # ServedProcess.what
     factory: Callable[..., ServedProcess]  # a subclass adds its own checks (local.LocalServer)
-    env: Mapping[str, str] | None = None  # None: ours; the command's own variables are added
+    env: Mapping[str, str]  # the command's own variables are added
     context: str = ""  # what error lines add beside the log: "model /path/to.gguf"
     scrub: Scrubber = field(default_factory=lambda: Scrubber(None, None, ()))
     api_key: str | None = None
@@ -371,8 +371,7 @@ def launch(order: Launch, *, log_path: Path, startup_timeout: float, **how: Any)
     for _attempt in range(_PORT_ATTEMPTS):
         port = _free_port()
         command = order.command(port)
-        base_env = os.environ if order.env is None else order.env
-        env = {**base_env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
+        env = {**order.env, **command.env, "PYTHONUNBUFFERED": "1"}  # a current log tail
         offset = log_path.stat().st_size
         try:
             server = order.factory(
@@ -418,11 +417,12 @@ def _taken(server: ServedProcess, order: Launch) -> Started:
     identity = None
     if order.check == "adopt":
         try:
-            models = list_models(server.base_url, order.api_key, order.list_timeout)
+            cards = list_models(server.base_url, order.api_key, order.list_timeout)
         except PreflightError as exc:
             raise ServeError(
                 f"--gsm8k-serve: cannot list the server's models ({exc}); give --gsm8k-model"
             ) from None
+        models = [str(card["id"]) for card in cards]
         if len(models) != 1:
             raise ServeError(
                 f"--gsm8k-serve: the server lists {len(models)} models "
@@ -468,8 +468,8 @@ def check_model(
     a model the server does not list, or one that would not answer requests without a model
     field (the vllm preset's) as itself, an adapter grading its base (``unnamed``: what the
     refusal names the model by; None: the requests name it). A failed listing: PreflightError."""
-    cards: list[dict[str, Any]] = []
-    models = list_models(base_url, api_key, timeout, cards)
+    cards = list_models(base_url, api_key, timeout)
+    models = [str(card["id"]) for card in cards]
     if models and model not in models:
         raise ServeError(
             f"model {model!r} is not served by {shown_url(base_url)} "

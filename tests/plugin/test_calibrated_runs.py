@@ -28,7 +28,7 @@ BASELINE = Path("__snapshots__") / "gsm8k" / "test@1_0-shot_CoT.gsm8k"
 
 def _selected() -> list[int]:
     """The indices of the problems ``--gsm8k-limit=200`` runs (the default seed)."""
-    return [p.index for p in select(load_split(None).problems, LIMIT, 1234)]
+    return [p.index for p in select(load_split(None, "test", "main").problems, LIMIT, 1234)]
 
 
 def _validate(data: dict[str, object]) -> None:
@@ -370,7 +370,7 @@ def test_health_gates_with_repeats_count_every_answer(
     (the mean), not each problem's most common answer. 4 of 20 problems answer unparsed in
     1 of their 5 answers: 4 of 100 answers (4.0%). A majority would see 0 unparsed problems
     (pass at any rate), "any answer" 4 of 20 problems (20%: fail at 0.04)."""
-    problems = load_split(None).problems
+    problems = load_split(None, "test", "main").problems
     chosen = [p.index for p in select(problems, 20, 1234)][:4]
     golds = {i: str(problems[i].gold) for i in chosen}
 

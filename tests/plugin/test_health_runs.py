@@ -26,7 +26,7 @@ BEHAVIOUR = {"truncated": "truncated", "unparsed": "unparsed", "error": "error50
 
 def _selected() -> list[int]:
     """The indices of the problems ``--gsm8k-limit=20`` runs (the default seed)."""
-    return [p.index for p in select(load_split(None).problems, LIMIT, 1234)]
+    return [p.index for p in select(load_split(None, "test", "main").problems, LIMIT, 1234)]
 
 
 def _gate(data: dict[str, object], name: str) -> dict[str, object]:

@@ -26,7 +26,7 @@ CRASHES = ("Traceback", "INTERNALERROR", "JSONDecodeError", "UnicodeEncodeError"
 
 def chosen(limit: int) -> list[int]:
     """The problem indices ``--gsm8k-limit=limit`` runs, in run order."""
-    return [p.index for p in select(load_split(None).problems, limit, 1234)]
+    return [p.index for p in select(load_split(None, "test", "main").problems, limit, 1234)]
 
 
 def by_index(rep: dict[str, Any]) -> dict[int, dict[str, Any]]:

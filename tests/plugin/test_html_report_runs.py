@@ -25,7 +25,7 @@ from pytest_gsm8k.runtime.data import load_split
 
 @cache
 def _split() -> Any:
-    return load_split(None)
+    return load_split(None, "test", "main")
 
 
 VISIBLE = (

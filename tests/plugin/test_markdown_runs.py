@@ -97,7 +97,7 @@ def test_a_regressed_run_shows_before_and_after_the_flips_and_no_local_path(
     same numbers the terminal and the JSON report say; and where the page is, relative to the
     repository or as the artifact's file, never this machine's absolute path."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    ids = [p.index for p in select(load_split(None).problems, 40, 1234)]
+    ids = [p.index for p in select(load_split(None, "test", "main").problems, 40, 1234)]
     args = ["--gsm8k-limit=40", "--gsm8k-no-cache", "--gsm8k-markdown=m.md"]
     # the baseline: one problem wrong then; the page outside the repository
     server.set_script(Script(behaviours={ids[0]: "wrong"}))

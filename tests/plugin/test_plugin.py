@@ -37,7 +37,7 @@ HEADLINE = "gsm8k acc (test@1, 0-shot CoT) = "
 
 @cache
 def _split() -> Any:
-    return load_split(None)
+    return load_split(None, "test", "main")
 
 
 def selected(limit: int | None, seed: int = 1234) -> list[int]:

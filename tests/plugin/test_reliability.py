@@ -166,7 +166,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
     from pytest_gsm8k.core.dataset import select
     from pytest_gsm8k.runtime.data import load_split
 
-    chosen = [p.index for p in select(load_split(None).problems, 30, 1234)]
+    chosen = [p.index for p in select(load_split(None, "test", "main").problems, 30, 1234)]
     for index in chosen[:10]:
         hung.pop(index)
     server.set_script(Script(behaviours=hung))
@@ -366,7 +366,7 @@ def test_replies_without_an_answer_are_errors_never_cached_and_block_the_baselin
     from pytest_gsm8k.core.dataset import select
     from pytest_gsm8k.runtime.data import load_split
 
-    chosen = [p.index for p in select(load_split(None).problems, 12, 1234)]
+    chosen = [p.index for p in select(load_split(None, "test", "main").problems, 12, 1234)]
     chosen = list(range(12)) if client else chosen  # the preset runs the first ones
     bad = {chosen[1]: "nochoices", chosen[4]: "nullcontent", chosen[7]: "badjson"}
     bad[chosen[9]] = "blank"  # a text/plain body of whitespace only: said IndexError

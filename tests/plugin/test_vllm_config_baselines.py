@@ -383,7 +383,7 @@ def test_the_page_and_the_markdown_show_each_configs_comparison(
     title = "**Delta-3B: newly failing (55):**"
     assert title in markdown
     listed = markdown[markdown.index(title) :].split("\n\n")[1].splitlines()
-    question = " ".join(load_split(None).problems[0].question.split())[:40]
+    question = " ".join(load_split(None, "test", "main").problems[0].question.split())[:40]
     assert listed[0].startswith(f"- `Delta-3B:test-0000`: {question}")
     assert len(listed) == 51
     assert listed[-1] == "- ... and 5 more (see the JSON report)"

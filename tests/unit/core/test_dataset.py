@@ -21,7 +21,7 @@ DATA = data_dir()
 
 @pytest.fixture(scope="module")
 def loaded_split() -> Split:
-    return load_split(str(DATA))
+    return load_split(str(DATA), "test", "main")
 
 
 #: Pinned: --gsm8k-limit 5 (seed 1234) must pick the same problems in every release.

@@ -41,12 +41,12 @@ PARAM_KEYS = ("top_p", "top_k", "reasoning_effort", "chat_template_kwargs")
 
 @pytest.fixture(scope="module")
 def eval_problems(gsm8k_data: Path) -> tuple[Problem, ...]:
-    return load_split(str(gsm8k_data), "test").problems
+    return load_split(str(gsm8k_data), "test", "main").problems
 
 
 @pytest.fixture(scope="module")
 def train_rows(gsm8k_data: Path) -> list[tuple[str, str]]:
-    return [(p.question, p.answer) for p in load_split(str(gsm8k_data), "train").problems]
+    return [(p.question, p.answer) for p in load_split(str(gsm8k_data), "train", "main").problems]
 
 
 def _options(kwargs: dict[str, Any]) -> tuple[str, int, tuple[tuple[str, str], ...]]:

@@ -37,12 +37,12 @@ def _canonical(obj: Any) -> str:
 
 @pytest.fixture(scope="module")
 def eval_problems(gsm8k_data: Path) -> tuple[Problem, ...]:
-    return load_split(str(gsm8k_data), "test").problems
+    return load_split(str(gsm8k_data), "test", "main").problems
 
 
 @pytest.fixture(scope="module")
 def train_pool(gsm8k_data: Path) -> list[tuple[str, str]]:
-    return [(p.question, p.answer) for p in load_split(str(gsm8k_data), "train").problems]
+    return [(p.question, p.answer) for p in load_split(str(gsm8k_data), "train", "main").problems]
 
 
 def _run_options(name: str) -> dict[str, Any]:

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import response_cache, wait_until
 
 from pytest_gsm8k.core.types import Completion, ModelResponse, Request
 from pytest_gsm8k.runtime import answers
 from pytest_gsm8k.runtime.answers import AnswerServer, Channel
-from pytest_gsm8k.runtime.cache import ResponseCache
 from pytest_gsm8k.runtime.engine import Engine
 from pytest_gsm8k.runtime.failures import EndpointAborted, EndpointError, NotRun
 
@@ -60,9 +59,9 @@ Parts = tuple[Scripted, Engine, AnswerServer, tuple[str, int], dict[str, Request
 @pytest.fixture
 def channel(tmp_path: Path) -> Iterator[Parts]:
     client = Scripted(fail={"p3"})
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
+    engine = Engine(client, response_cache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(8)
-    server = AnswerServer(engine, known.get)
+    server = AnswerServer(engine, known.get, repeats=1)
     server.start()
     address = server.address
     yield client, engine, server, address, known
@@ -72,7 +71,7 @@ def channel(tmp_path: Path) -> Iterator[Parts]:
 
 def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) -> None:
     client, _engine, server, address, known = channel
-    remote = Channel(address, server.token, wait=10)
+    remote = Channel(address, server.token, wait=10, endpoint="", model="")
     try:
         remote.offer(list(known), fetch=True)
         assert remote.result(known["p5"]).completions[0].text == "#### 5"
@@ -93,7 +92,7 @@ def test_the_channel_prefetches_the_plan_and_answers_each_get(channel: Parts) ->
 
 def test_a_wrong_token_gets_nothing(channel: Parts) -> None:
     client, _engine, _server, address, known = channel
-    remote = Channel(address, "not-the-token", wait=10)
+    remote = Channel(address, "not-the-token", wait=10, endpoint="", model="")
     try:
         # the controller hangs up: EOF, or a broken pipe if it did so before our write
         with pytest.raises(OSError, match="channel"):
@@ -111,11 +110,11 @@ def test_a_closed_controller_ends_the_wait_at_once(tmp_path: Path) -> None:
             await asyncio.sleep(3600)
             raise AssertionError
 
-    engine = Engine(Never(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    engine = Engine(Never(), response_cache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(1)
-    server = AnswerServer(engine, known.get)
+    server = AnswerServer(engine, known.get, repeats=1)
     server.start()
-    remote = Channel(server.address, server.token, wait=600)
+    remote = Channel(server.address, server.token, wait=600, endpoint="", model="")
     try:
 
         def close_both() -> None:
@@ -138,12 +137,12 @@ def test_under_early_stop_an_answer_counts_as_ahead_until_its_report_arrives(
     took but has not reported yet still counts toward the lookahead: otherwise the engine
     keeps fetching past the decision by as many answers as are in transit."""
     client = Scripted()
-    cache = ResponseCache(tmp_path / "c", "run", persistent=False)
+    cache = response_cache(tmp_path / "c", "run", persistent=False)
     engine = Engine(client, cache, concurrency=4, lookahead=3)
     known = _requests(20)
-    server = AnswerServer(engine, known.get)
+    server = AnswerServer(engine, known.get, repeats=1)
     server.start()
-    remote = Channel(server.address, server.token, wait=10)
+    remote = Channel(server.address, server.token, wait=10, endpoint="", model="")
 
     def settles_at(count: int) -> int:
         wait_until(lambda: len(client.order) >= count, 5)
@@ -183,11 +182,11 @@ def test_an_answer_over_the_channels_frame_is_that_items_error_and_the_next_is_i
             pass
 
     known = {f"p{i}": Request(problem_id=f"p{i}", api="chat") for i in range(3)}
-    engine = Engine(Sized(), ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=2)
+    engine = Engine(Sized(), response_cache(tmp_path / "c", "run", persistent=False), concurrency=2)
     monkeypatch.setattr(answers, "MAX_FRAME", 2000)
-    server = AnswerServer(engine, known.get)
+    server = AnswerServer(engine, known.get, repeats=1)
     server.start()
-    remote = Channel(server.address, server.token, wait=1e300)
+    remote = Channel(server.address, server.token, wait=1e300, endpoint="", model="")
     try:
         remote.offer(list(known), fetch=True)
         assert remote.result(known["p0"]).completions[0].text.endswith("#### p0")
@@ -233,7 +232,7 @@ def test_a_reply_for_another_problem_breaks_the_channel_for_good(
     address, replies = scripted_controller
     answer: dict[str, Any] = {"completions": [{"text": "#### 1"}], "usage": {}, "model": None}
     replies += [b"", _frame({"planned": 2}), _frame({"id": "p1", "response": answer, "cached": 0})]
-    remote = Channel(address, "t", wait=10)
+    remote = Channel(address, "t", wait=10, endpoint="", model="")
     try:
         remote.offer(["p0", "p1"], fetch=True)
         with pytest.raises(EndpointAborted, match="a reply for 'p1' where 'p0' was asked for"):
@@ -250,7 +249,7 @@ def test_a_frame_longer_than_the_channel_carries_is_never_read(
 ) -> None:
     address, replies = scripted_controller
     replies += [b"", _frame({"planned": 1}), struct.pack(">I", 1 << 31)]
-    remote = Channel(address, "t", wait=10)
+    remote = Channel(address, "t", wait=10, endpoint="", model="")
     try:
         remote.offer(["p0"], fetch=True)
         with pytest.raises(EndpointAborted, match=r"over the .*-byte limit"):
@@ -266,7 +265,7 @@ def test_a_plan_the_controller_does_not_acknowledge_fails_the_offer(
     acknowledgement is a failed channel (an OSError, as a refused connection is)."""
     address, replies = scripted_controller
     replies += [b"", _frame({"id": "p0", "not_run": "decided"})]
-    channel = Channel(address, "t", wait=10)
+    channel = Channel(address, "t", wait=10, endpoint="", model="")
     try:
         with pytest.raises(OSError, match="does not acknowledge"):
             channel.offer(["p0"])
@@ -298,14 +297,14 @@ def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
     answers, one that only listens (a worker calling its own model), one that was not
     probed before its next get, and one that connects after the stop."""
     client = Gated()
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    engine = Engine(client, response_cache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(8)
-    server = AnswerServer(engine, known.get)
+    server = AnswerServer(engine, known.get, repeats=1)
     server.start()
     address = server.address
-    remote = Channel(address, server.token, wait=10)
-    unprobed = Channel(address, server.token, wait=10)
-    listener = Channel(address, server.token)
+    remote = Channel(address, server.token, wait=10, endpoint="", model="")
+    unprobed = Channel(address, server.token, wait=10, endpoint="", model="")
+    listener = Channel(address, server.token, wait=60, endpoint="", model="")
     late: Channel | None = None
     try:
         remote.offer(list(known), fetch=True)
@@ -313,6 +312,7 @@ def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
         assert wait_until(lambda: engine.ready(known["p0"]) and client.order == ["p0", "p1"], 5)
         assert remote.stopped() is None
         assert listener.stopped() is None
+        engine.stop("decided")  # the engines first, as Sources.stop does
         server.stop_all("decided")
         assert wait_until(lambda: remote.stopped() == "decided", 5)
         assert wait_until(lambda: listener.stopped() == "decided", 5)
@@ -324,7 +324,7 @@ def test_a_stop_reaches_every_worker_and_what_was_not_fetched_is_not_run(
         # the stop frame waiting ahead of a reply is taken as the stop, not as the reply
         assert unprobed.result(known["p0"]).completions[0].text == "#### 0"
         assert unprobed.stopped() == "decided"
-        late = Channel(address, server.token)
+        late = Channel(address, server.token, wait=60, endpoint="", model="")
         late.offer(["p7"])  # the stop arrives first; the plan is still acknowledged
         assert late.stopped() == "decided"
         assert server.planned_ids() == {"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"}
@@ -346,9 +346,9 @@ def test_planned_ids_is_the_union_of_the_offers_and_only_an_answers_plan_is_fetc
     channel: Parts,
 ) -> None:
     client, engine, server, address, known = channel
-    first = Channel(address, server.token)
-    second = Channel(address, server.token)
-    remote = Channel(address, server.token, wait=10)
+    first = Channel(address, server.token, wait=60, endpoint="", model="")
+    second = Channel(address, server.token, wait=60, endpoint="", model="")
+    remote = Channel(address, server.token, wait=10, endpoint="", model="")
     try:
         assert server.planned_ids() is None  # nobody offered yet
         first.offer(["p0", "p1"])
@@ -377,7 +377,7 @@ def test_a_channel_with_a_wrong_token_hears_no_stop_and_records_no_plan(
     channel: Parts,
 ) -> None:
     _client, _engine, server, address, _known = channel
-    stranger = Channel(address, "not-the-token", wait=10)
+    stranger = Channel(address, "not-the-token", wait=10, endpoint="", model="")
     try:
         with pytest.raises(OSError, match="channel"):
             stranger.offer(["p0"])
@@ -398,11 +398,11 @@ def test_each_repeat_is_its_own_ask_on_the_channel(tmp_path: Path) -> None:
             return ModelResponse(completions=[Completion(text=f"#### {request.repeat}")])
 
     client = Counting()
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=4)
+    engine = Engine(client, response_cache(tmp_path / "c", "run", persistent=False), concurrency=4)
     known = _requests(2)
     server = AnswerServer(engine, known.get, repeats=3)
     server.start()
-    remote = Channel(server.address, server.token, wait=10)
+    remote = Channel(server.address, server.token, wait=10, endpoint="", model="")
     try:
         remote.offer(list(known), fetch=True)
         for ask in known["p1"].asks(3):
@@ -428,12 +428,12 @@ def test_a_head_start_fetches_at_most_its_limit_in_order_and_an_offer_adds_the_r
             return ModelResponse(completions=[Completion(text="#### 1")])
 
     client = Counting()
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    engine = Engine(client, response_cache(tmp_path / "c", "run", persistent=False), concurrency=1)
     known = _requests(4)
     server = AnswerServer(engine, known.get, repeats=2)
     server.start()
     address = server.address
-    remote = Channel(address, server.token, wait=10)
+    remote = Channel(address, server.token, wait=10, endpoint="", model="")
     try:
         server.head_start(["p2", "p0", "p1", "p3"], 3)
         assert len(engine.by_request) == 3  # the first three asks, planned
@@ -471,10 +471,10 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
 
     known = _requests(4)
     client = Refusing(fail={"p0"})
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run", persistent=False), concurrency=1)
-    server = AnswerServer(engine, known.get)
+    engine = Engine(client, response_cache(tmp_path / "c", "run", persistent=False), concurrency=1)
+    server = AnswerServer(engine, known.get, repeats=1)
     server.start()
-    remote = Channel(server.address, server.token, wait=10)
+    remote = Channel(server.address, server.token, wait=10, endpoint="", model="")
     try:
         server.head_start(["p0"], 1)
         assert len(engine.by_request) == 1
@@ -489,7 +489,7 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
         engine.close()
 
     planned = Refusing(fail={"p0"})
-    engine = Engine(planned, ResponseCache(tmp_path / "d", "run", persistent=False), concurrency=1)
+    engine = Engine(planned, response_cache(tmp_path / "d", "run", persistent=False), concurrency=1)
     try:
         engine.start([known["p0"], known["p1"]])
         assert wait_until(lambda: engine.aborted is not None, 5)
@@ -499,7 +499,7 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
 
     # a guess the plan then takes fails as a planned request would: the run ends
     adopted = Refusing(fail={"p0"})
-    engine = Engine(adopted, ResponseCache(tmp_path / "f", "run", persistent=False), concurrency=1)
+    engine = Engine(adopted, response_cache(tmp_path / "f", "run", persistent=False), concurrency=1)
     try:
         engine.start([known["p0"]], guess=True)
         assert wait_until(lambda: adopted.order == ["p0"], 5)
@@ -514,9 +514,9 @@ def test_a_guessed_requests_failure_is_its_own_and_an_early_stop_gets_no_head_st
 
     ahead = Scripted()
     engine = Engine(
-        ahead, ResponseCache(tmp_path / "e", "run", persistent=False), concurrency=2, lookahead=2
+        ahead, response_cache(tmp_path / "e", "run", persistent=False), concurrency=2, lookahead=2
     )
-    server = AnswerServer(engine, known.get)
+    server = AnswerServer(engine, known.get, repeats=1)
     server.start()
     try:
         server.head_start(list(known), 8)
@@ -536,7 +536,7 @@ def test_a_stop_frame_half_sent_is_not_waited_for(
     address, replies = scripted_controller
     stop = _frame({"stop": "decided"})
     replies += [stop[:3], stop[3:] + _frame({"planned": 1})]
-    channel = Channel(address, "t", wait=30)
+    channel = Channel(address, "t", wait=30, endpoint="", model="")
     try:
         time.sleep(0.3)  # the first 3 bytes arrive
         started = time.monotonic()
@@ -570,7 +570,7 @@ def test_a_frame_is_taken_only_whole_at_any_split_and_a_stream_cut_mid_frame_is_
             assert len(taken) == sum(end <= at for end in ends)  # all arrived, none early
         assert (taken, buffer) == (sent, bytearray())
     listener = socket.create_server(("127.0.0.1", 0))
-    channel = Channel(listener.getsockname()[:2], "t", wait=30)
+    channel = Channel(listener.getsockname()[:2], "t", wait=30, endpoint="", model="")
     try:
         conn, _ = listener.accept()
         assert conn.recv(1 << 10)  # the token (unread, the close would be a reset)

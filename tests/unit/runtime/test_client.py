@@ -31,7 +31,7 @@ from pytest_gsm8k.runtime.data import load_split
 
 def chosen(limit: int) -> list[int]:
     """The problem indices ``--gsm8k-limit=limit`` runs, in run order."""
-    return [p.index for p in select(load_split(None).problems, limit, 1234)]
+    return [p.index for p in select(load_split(None, "test", "main").problems, limit, 1234)]
 
 
 def test_a_gzip_bomb_is_refused_before_it_is_decoded(
@@ -41,7 +41,7 @@ def test_a_gzip_bomb_is_refused_before_it_is_decoded(
     so the request costs about the bound in memory, not the bomb's size."""
     index = chosen(1)[0]
     server.set_script(Script(behaviours={index: "gzipbomb"}))
-    problem = load_split(None).problems[index]
+    problem = load_split(None, "test", "main").problems[index]
     request = Request(problem_id=problem.id, api="chat", messages=(("user", problem.question),))
     client = OpenAIClient(
         model="fake-model",
@@ -83,7 +83,8 @@ def test_a_gzip_bomb_is_refused_before_it_is_decoded(
 def test_a_same_origin_redirect_keeps_the_key(server: FakeOpenAIServer) -> None:
     """The server requires the key: the redirected listing answers only with it."""
     server.set_script(Script(redirect_models=f"{server.base_url}/models?redirected=1"))
-    assert list_models(server.base_url, TEST_KEY, timeout=10.0) == ["fake-model"]
+    cards = list_models(server.base_url, TEST_KEY, timeout=10.0)
+    assert [card["id"] for card in cards] == ["fake-model"]
     assert server.stats()["requests_by_path"] == {"/v1/models": 2}
 
 
@@ -106,7 +107,7 @@ def _client(base_url: str, key: str, *, timeout: float = 60) -> OpenAIClient:
 
 
 def _first_request() -> Request:
-    problem = load_split(None).problems[0]
+    problem = load_split(None, "test", "main").problems[0]
     return Request(problem_id=problem.id, api="chat", messages=(("user", problem.question),))
 
 
@@ -265,4 +266,4 @@ def test_a_proxy_port_out_of_range_is_one_line_not_an_internal_error(
         env_proxy("http://gsm8k-upstream.invalid/v1", aiohttp=aiohttp)
     assert "secret" not in str(caught.value)
     with pytest.raises(PreflightError, match="cannot be read: check its port"):
-        get_json("http://gsm8k-upstream.invalid/v1/models", None, 5)
+        get_json("http://gsm8k-upstream.invalid/v1/models", None, 5, proxies=True)

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from fakeserver import FakeOpenAIServer
-from helpers import wait_until
+from helpers import response_cache, wait_until
 
-from pytest_gsm8k.core.types import Completion, ModelResponse, Request
+from pytest_gsm8k.core.types import Completion, ModelResponse, Request, stable_hash
 from pytest_gsm8k.runtime.cache import ResponseCache, cache_key
 from pytest_gsm8k.runtime.client import Breaker, OpenAIClient
 from pytest_gsm8k.runtime.engine import Engine
@@ -53,7 +53,7 @@ def requests(n: int) -> list[Request]:
 
 @pytest.fixture
 def memory_cache(tmp_path: Path) -> ResponseCache:
-    return ResponseCache(tmp_path / "c", "run", persistent=False)
+    return response_cache(tmp_path / "c", "run", persistent=False)
 
 
 def test_the_item_a_test_waits_for_jumps_the_queue(memory_cache: ResponseCache) -> None:
@@ -99,8 +99,8 @@ def test_an_answer_another_worker_stored_is_read_not_asked_again(tmp_path: Path)
     that asks second for the same request finds the first one's entry (what the shared
     cache gives workers that call a model of their own, when the timing allows)."""
     first_client, second_client = ScriptedClient(), ScriptedClient()
-    first = Engine(first_client, ResponseCache(tmp_path / "c", "run"), concurrency=2)
-    second = Engine(second_client, ResponseCache(tmp_path / "c", "run"), concurrency=2)
+    first = Engine(first_client, response_cache(tmp_path / "c", "run"), concurrency=2)
+    second = Engine(second_client, response_cache(tmp_path / "c", "run"), concurrency=2)
     [request, other] = requests(2)
     try:
         assert first.result(request).completions[0].text == "#### 0"  # on disk once returned
@@ -446,15 +446,16 @@ def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: P
     client = ScriptedClient()
     [request] = requests(1)
     body = request.body(client.model)
-    assert cache_key(client.endpoint, body, "0", repeat=0) == cache_key(client.endpoint, body, "0")
-    assert cache_key(client.endpoint, body, "0", repeat=2) == cache_key(
-        client.endpoint, body, "r2:0"
+    legacy = {"v": 1, "base_url": client.endpoint, "body": body, "sample": "0"}  # before repeats
+    assert cache_key(client.endpoint, body, "0", None, 0) == stable_hash(legacy)
+    assert cache_key(client.endpoint, body, "0", None, 2) == cache_key(
+        client.endpoint, body, "r2:0", None, 0
     )
-    keys = {cache_key(client.endpoint, body, "0", repeat=r.repeat) for r in request.asks(3)}
+    keys = {cache_key(client.endpoint, body, "0", None, r.repeat) for r in request.asks(3)}
     assert len(keys) == 3
-    assert cache_key(client.endpoint, body, "0") in keys  # the key without repeats
+    assert cache_key(client.endpoint, body, "0", None, 0) in keys  # the key without repeats
 
-    cache = ResponseCache(tmp_path / "c", "run1")
+    cache = response_cache(tmp_path / "c", "run1")
     engine = Engine(client, cache, concurrency=2)
     try:
         assert engine.result(request).completions  # a run without repeats
@@ -463,7 +464,7 @@ def test_repeats_are_separate_requests_each_with_its_own_cache_entry(tmp_path: P
         cache.close()  # that run ended (a run still going is never read)
     assert client.order == ["p000"]
     client = ScriptedClient()
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run2", resume=True), concurrency=2)
+    engine = Engine(client, response_cache(tmp_path / "c", "run2", resume=True), concurrency=2)
     try:
         answers = [engine.result(ask) for ask in request.asks(3)]
     finally:
@@ -478,7 +479,7 @@ def test_an_ignored_n_asks_each_repeats_samples_under_its_own_keys(tmp_path: Pat
     [request] = requests(1)
     request = replace(request, n=2)
     client = ScriptedClient()  # one completion a call, whatever n says
-    cache = ResponseCache(tmp_path / "c", "run1")
+    cache = response_cache(tmp_path / "c", "run1")
     engine = Engine(client, cache, concurrency=2)
     try:
         assert len(engine.result(request).completions) == 2
@@ -487,7 +488,7 @@ def test_an_ignored_n_asks_each_repeats_samples_under_its_own_keys(tmp_path: Pat
         cache.close()
     assert client.order == ["p000"] * 2
     client = ScriptedClient()
-    engine = Engine(client, ResponseCache(tmp_path / "c", "run2", resume=True), concurrency=2)
+    engine = Engine(client, response_cache(tmp_path / "c", "run2", resume=True), concurrency=2)
     try:
         answers = [engine.result(ask) for ask in request.asks(2)]
     finally:
@@ -530,7 +531,7 @@ def _run_with_failures(
 ) -> str | None:
     """Plan ``planned`` (first guessed when ``guessed``), fail ``fail``; the abort message."""
     client = ScriptedClient(delay=0.01, fail={p: RuntimeError("scripted failure") for p in fail})
-    engine = Engine(client, ResponseCache(folder, "run", persistent=False), concurrency=4)
+    engine = Engine(client, response_cache(folder, "run", persistent=False), concurrency=4)
     try:
         if guessed:
             engine.start(planned, guess=True)
@@ -578,7 +579,7 @@ def test_answers_an_earlier_run_cached_break_a_storm_as_fresh_answers_do(tmp_pat
     failures with such answers between them are ten errors, not a storm "with none answered
     between them" (the rule the xdist head start's failures follow too)."""
     planned = requests(20)
-    cache = ResponseCache(tmp_path / "c", "earlier")
+    cache = response_cache(tmp_path / "c", "earlier")
     earlier = Engine(ScriptedClient(), cache, concurrency=1)
     try:
         for request in planned[::2]:
@@ -588,7 +589,7 @@ def test_answers_an_earlier_run_cached_break_a_storm_as_fresh_answers_do(tmp_pat
         cache.close()  # that run ended (a run still going is never read)
     fail: dict[str, Exception] = {r.problem_id: RuntimeError("failed") for r in planned[1::2]}
     client = ScriptedClient(fail=fail)
-    engine = Engine(client, ResponseCache(tmp_path / "c", "resumed", resume=True), concurrency=1)
+    engine = Engine(client, response_cache(tmp_path / "c", "resumed", resume=True), concurrency=1)
     try:
         engine.start(planned)
         assert wait_until(lambda: all(engine.by_request[r].future.done() for r in planned), 5)

@@ -93,11 +93,11 @@ def _answers(base_url: str) -> bool:
 
 
 def start_local_server(
-    path: Path, *, log_path: Path, startup_timeout: float = 120.0, **spec: Any
+    path: Path, *, log_path: Path, startup_timeout: float = 120.0
 ) -> LocalServer:
-    """Serve ``path`` as the local preset does (its spec, then serve.py's launch)."""
+    """Serve ``path`` as the local preset does (its spec, then serve.py's launch), small."""
     started = serve.launch(
-        local.local_spec(path, **spec),
+        local.local_spec(path, **SMALL),
         log_path=log_path,
         startup_timeout=startup_timeout,
     )
@@ -320,11 +320,16 @@ def test_packaged_model_is_verified_once_then_trusted(
     assert len(list(tmp_path.iterdir())) == 2  # no temporary files left
 
 
-def test_server_env_drops_settings_the_server_would_read() -> None:
-    env = local.server_env(
-        {"PATH": "/bin", "PORT": "8080", "host": "0.0.0.0", "API_KEY": "x", "CONFIG_FILE": "c"}
-    )
-    assert env == {"PATH": "/bin"}
+def test_server_env_drops_settings_the_server_would_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = {"PORT": "8080", "host": "0.0.0.0", "API_KEY": "x", "CONFIG_FILE": "c"}
+    for name, value in {**settings, "PATH": "/bin"}.items():
+        monkeypatch.setenv(name, value)
+    env = local.local_spec(_gguf(tmp_path / "m.gguf"), **SMALL).env
+    assert env is not None
+    assert env["PATH"] == "/bin"
+    assert not set(settings) & set(env)
 
 
 def test_start_rejects_a_non_gguf_before_spawning(tmp_path: Path) -> None:
@@ -348,7 +353,7 @@ SMALL: dict[str, Any] = {"threads": 1, "n_ctx": 256}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     log = tmp_path_factory.mktemp("local") / "server.log"
-    srv = start_local_server(resolve_model("local"), log_path=log, **SMALL)
+    srv = start_local_server(resolve_model("local"), log_path=log)
     try:
         yield srv
     finally:
@@ -399,11 +404,7 @@ def test_stop_leaves_no_process_and_no_death_report(
         started: list[LocalServer] = []
         starter = threading.Thread(
             target=lambda: started.append(
-                start_local_server(
-                    resolve_model("local"),
-                    log_path=tmp_path / "s.log",
-                    **SMALL,
-                )
+                start_local_server(resolve_model("local"), log_path=tmp_path / "s.log")
             )
         )
         starter.start()
@@ -448,7 +449,7 @@ _CHILD = """
     from pathlib import Path
     from pytest_gsm8k.runtime.local import local_spec, resolve_model
     from pytest_gsm8k.runtime.serve import launch
-    srv = launch(local_spec(resolve_model("local"), n_ctx=256),
+    srv = launch(local_spec(resolve_model("local"), threads=1, n_ctx=256),
                  log_path=Path(sys.argv[1]), startup_timeout=60).server
     print(json.dumps({"pid": srv.pid, "url": srv.base_url}), flush=True)
     if sys.argv[2] == "sleep":
@@ -509,7 +510,7 @@ def test_probe_passes_and_a_crash_is_named_with_its_signal_and_the_fix(tmp_path:
     """A build for another CPU serves /models, then faults on the first completion (SIGILL or
     SIGSEGV). The probe must say so with the signal, the log's tail and the rebuild command,
     and the watcher must report a death at once, never as an unreachable endpoint."""
-    srv = start_local_server(resolve_model("local"), log_path=tmp_path / "server.log", **SMALL)
+    srv = start_local_server(resolve_model("local"), log_path=tmp_path / "server.log")
     died: list[str] = []
     try:
         srv.probe()  # a healthy build answers one token
