@@ -24,14 +24,10 @@ def loads(text: str | bytes) -> Any:
         for _ in range(MAX_DEPTH + 1):  # one level's containers at a time, without recursion
             if not (level := [c for c in level if isinstance(c, dict | list)]):
                 return value  # (no level left to walk: a row or a reply is 2-3 deep, not 64)
-            level = [v for c in level for v in _values(c)]
+            level = [v for c in level for v in (c.values() if isinstance(c, dict) else c)]
     except RecursionError:
         pass
     raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
-
-
-def _values(container: dict[str, Any] | list[Any]) -> Any:
-    return container.values() if isinstance(container, dict) else container
 
 
 def escape_surrogates(text: str) -> str:
