@@ -74,15 +74,15 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except SettingsError as exc:
         raise pytest.UsageError(f"gsm8k: {exc}") from None
+    from pytest_gsm8k.roles import role_for
+
+    role = role_for(config, settings)
     if not hasattr(config, "workerinput"):  # once, not once per xdist worker
         for note in [*notes, *_spaced_paths(config)]:
             config.issue_config_time_warning(pytest.PytestWarning(f"gsm8k: {note}"), stacklevel=2)
         # after the unraisableexception plugin's cleanup and its gc passes; an xdist worker ends
         # right after, its objects frozen (Role.pytest_runtestloop_freeze), sparing a collection
-        config.add_cleanup(_unfreeze_until_exit)
-    from pytest_gsm8k.roles import role_for
-
-    role = role_for(config, settings)
+        config.add_cleanup(lambda: _unfreeze_until_exit(role.active))
     # The session now when the session start has work for it or a gsm8k option is on the
     # command line; ini values alone (README's "In your repository") wait for a GSM8K item.
     given = any(config.getoption(option.dest) is not None for option in OPTIONS)
@@ -91,10 +91,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(role, ROLE_NAME)
 
 
-def _unfreeze_until_exit() -> None:
-    """The frozen objects back to the collector (pytest may run again here), frozen again at
-    exit: CPython's full collections there cost a visible part of a run's wall time."""
-    if gc.get_freeze_count():
+def _unfreeze_until_exit(active: bool) -> None:
+    """What an active role froze back to the collector (pytest may run again here), frozen again
+    at exit: CPython's full collections there cost a visible part of a run's wall time."""
+    if active:
         atexit.unregister(gc.freeze)  # registered once
         atexit.register(gc.freeze)
     gc.unfreeze()

@@ -21,17 +21,13 @@ def loads(text: str | bytes) -> Any:
     """``json.loads``, refusing nesting deeper than :data:`MAX_DEPTH` with :class:`TooDeep`."""
     try:
         level = [value := json.loads(text)]
-        for _ in range(MAX_DEPTH):  # one level at a time, without recursion
-            level = [v for c in level if isinstance(c, dict | list) for v in _values(c)]
-        if not any(isinstance(c, dict | list) for c in level):
-            return value
+        for _ in range(MAX_DEPTH + 1):  # one level's containers at a time, without recursion
+            if not (level := [c for c in level if isinstance(c, dict | list)]):
+                return value  # (no level left to walk: a row or a reply is 2-3 deep, not 64)
+            level = [v for c in level for v in (c.values() if isinstance(c, dict) else c)]
     except RecursionError:
         pass
     raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
-
-
-def _values(container: dict[str, Any] | list[Any]) -> Any:
-    return container.values() if isinstance(container, dict) else container
 
 
 def escape_surrogates(text: str) -> str:

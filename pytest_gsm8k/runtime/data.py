@@ -4,6 +4,7 @@ memory, loaded by every xdist worker) only reads the hub and parquet files."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import lzma
 from importlib import resources
@@ -33,31 +34,29 @@ EMBEDDED = {
 EMBEDDED_NAME = f"embedded {HUB_NAME}"
 
 
-def _read_embedded(config: str, split: str) -> list[Problem]:
+@functools.cache  # once a process, by pin: pytester runs pytest in one again and again (30 ms)
+def _read_embedded(config: str, split: str, pinned: str | None) -> tuple[Problem, ...]:
     """The copy inside the package, checked against its pinned sha256: every machine scores
     the same bytes, with no hub and no network."""
-    pinned = EMBEDDED.get((config, split))
     if pinned is None:
         have = ", ".join(f"{c}/{s}" for c, s in EMBEDDED)
         raise DatasetError(
             f"the embedded GSM8K copy has no {config}/{split} split (it has {have}); "
             "use --gsm8k-data PATH or --gsm8k-dataset NAME"
         )
-    filename = f"{config}-{split}.jsonl.xz"
-    where = f"embedded {HUB_NAME} {config}/{split}"
+    filename, where = f"{config}-{split}.jsonl.xz", f"embedded {HUB_NAME} {config}/{split}"
     try:
         raw = lzma.decompress((resources.files("pytest_gsm8k") / "data" / filename).read_bytes())
     except (OSError, lzma.LZMAError) as exc:
         raise DatasetError(
             f"{where}: cannot read pytest_gsm8k/data/{filename} ({exc}); reinstall pytest-gsm8k"
         ) from None
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != pinned:
+    if (digest := hashlib.sha256(raw).hexdigest()) != pinned:
         raise DatasetError(
             f"{where}: pytest_gsm8k/data/{filename} has sha256 {digest[:12]}..., "
             f"expected {pinned[:12]}...; reinstall pytest-gsm8k"
         )
-    return parse_jsonl(raw.splitlines(keepends=True), split, where)
+    return tuple(parse_jsonl(raw.splitlines(keepends=True), split, where))
 
 
 def _load_dataset(
@@ -125,7 +124,8 @@ def load_split(data: str | None, split: str, config: str, hub_name: str | None =
             with handle:
                 problems = parse_jsonl(handle, split, str(path))
     elif hub_name is None:
-        name, problems = EMBEDDED_NAME, _read_embedded(config, split)
+        pinned = EMBEDDED.get((config, split))
+        name, problems = EMBEDDED_NAME, list(_read_embedded(config, split, pinned))
     else:
         name, where = hub_name, f"{hub_name} {config}/{split}"
         failed = f"cannot load {hub_name} ({config}/{split}) with datasets"

@@ -55,14 +55,13 @@ def first(pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 
 
 def test_a_worse_run_exits_1_with_its_flips_listed(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], first: list[int]
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, first: list[int]
 ) -> None:
     flipped = first[3:9]
     server.set_script(Script(behaviours={i: "wrong" for i in flipped}))
     # plain: a report written under xdist is the same report (test_engine_runs.py's xdist
     # report, test_plugin.py's full split); a matrix's under -n 2 is compared below
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=b.json")
-    assert result.ret == 0, result.stdout.str()  # no gate in the run itself
+    gsm8k_run(LIMIT, "--gsm8k-no-cache", report="b.json")  # exit 0: no gate in the run itself
     shown = compare(pytester, "a.json", "b.json")
     text = shown.stdout.str()
     assert shown.ret == 1, text + shown.stderr.str()
@@ -99,10 +98,9 @@ def test_a_worse_run_exits_1_with_its_flips_listed(
 
 
 def test_identical_runs_exit_0(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], first: list[int]
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, first: list[int]
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=b.json")
-    assert result.ret == 0
+    gsm8k_run(LIMIT, "--gsm8k-no-cache", report="b.json")
     shown = compare(pytester, "a.json", "b.json")
     assert shown.ret == 0, shown.stdout.str() + shown.stderr.str()
     shown.stdout.fnmatch_lines(
@@ -117,10 +115,9 @@ def test_identical_runs_exit_0(
 
 
 def test_a_subset_is_compared_on_the_ids_both_hold(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], first: list[int]
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, first: list[int]
 ) -> None:
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=5", "--gsm8k-report=b.json")
-    assert result.ret == 0
+    gsm8k_run("--gsm8k-limit=5", report="b.json")
     shown = compare(pytester, "a.json", "b.json")
     assert shown.ret == 0
     shown.stdout.fnmatch_lines(
@@ -129,12 +126,9 @@ def test_a_subset_is_compared_on_the_ids_both_hold(
 
 
 def test_reports_of_different_protocols_are_refused(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], first: list[int]
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, first: list[int]
 ) -> None:
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-max-tokens=512", "--gsm8k-report=c.json"
-    )
-    assert result.ret == 0
+    gsm8k_run(LIMIT, "--gsm8k-max-tokens=512", report="c.json")
     shown = compare(pytester, "a.json", "c.json")
     assert shown.ret == 2
     assert shown.stdout.str() == ""
@@ -273,16 +267,16 @@ def test_a_config_of_another_protocol_is_refused_on_its_own(
 
 
 def test_errors_that_could_hide_a_drop_leave_the_comparison_undecided(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], first: list[int]
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun, first: list[int]
 ) -> None:
     """Rule: a gate that was not decided never passes. B's server answered 500 for exactly
     the problems B gets wrong: with errors left out compare said "B 1.0000 vs A 1.0000",
     PASS, exit 0. Any problem that ended in an error makes the comparison undecided."""
     server.set_script(Script(behaviours={i: "error500" for i in first[3:9]}))
-    result = pytester.runpytest(
-        *gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0", "--gsm8k-report=b.json"
+    result, b = gsm8k_run(
+        LIMIT, "--gsm8k-no-cache", "--gsm8k-max-retries=0", ret=None, report="b.json"
     )
-    assert report(pytester, "b.json")["counts"]["error"] == 6, output(result)
+    assert b["counts"]["error"] == 6, output(result)
     shown = compare(pytester, "a.json", "b.json")
     assert shown.ret == 1, shown.stdout.str() + shown.stderr.str()
     assert shown.stderr.lines == [
@@ -299,7 +293,7 @@ def test_errors_that_could_hide_a_drop_leave_the_comparison_undecided(
 def test_problems_a_report_left_out_leave_the_comparison_undecided(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
+    gsm8k_run: GsmRun,
     first: list[int],
     how: str,
 ) -> None:
@@ -322,8 +316,8 @@ def test_problems_a_report_left_out_leave_the_comparison_undecided(
             "            item.add_marker(pytest.mark.skip(reason='hidden'))\n"
         )
         extra = []
-    pytester.runpytest(*gsm8k_args, LIMIT, "--gsm8k-no-cache", "--gsm8k-report=b.json", *extra)
-    assert report(pytester, "b.json")["n"] == 14
+    _, b = gsm8k_run(LIMIT, "--gsm8k-no-cache", *extra, ret=None, report="b.json")
+    assert b["n"] == 14
     shown = compare(pytester, "a.json", "b.json")
     assert shown.ret == 1, shown.stdout.str() + shown.stderr.str()
     [line] = shown.stderr.lines

@@ -44,10 +44,10 @@ def test_rules_that_found_no_number_are_named_not_printed_at_zero(
 
 
 def test_the_baselines_model_is_shown_when_it_is_another(
-    pytester: pytest.Pytester, gsm8k_args: list[str], gsm8k_run: GsmRun, keyed_env: str
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
 ) -> None:
     # 7 problems: the fewest a single-run baseline gate can fail on at alpha 0.01 (rule 2)
-    assert pytester.runpytest(*gsm8k_args, "--gsm8k-limit=7", "--snapshot-update").ret == 0
+    gsm8k_run("--gsm8k-limit=7", "--snapshot-update", report=None)
     path = pytester.path / BASELINE
     data = json.loads(path.read_text())
     data["model"] = "release-41"
@@ -57,33 +57,32 @@ def test_the_baselines_model_is_shown_when_it_is_another(
         ["*the baseline was recorded with model release-41 (this run: fake-model)*"]
     )
     gsm8k_run("--gsm8k-limit=7", "--snapshot-update", report=None)
-    assert "recorded with model" not in output(pytester.runpytest(*gsm8k_args, "--gsm8k-limit=7"))
+    assert "recorded with model" not in output(gsm8k_run("--gsm8k-limit=7", report=None)[0])
 
 
 def test_the_rest_of_the_newly_failing_list_is_where_the_run_put_it(
     pytester: pytest.Pytester,
     server: FakeOpenAIServer,
-    gsm8k_args: list[str],
     gsm8k_run: GsmRun,
 ) -> None:
     args = ["--gsm8k-limit=30", "--gsm8k-no-cache"]
     gsm8k_run(*args, "--snapshot-update", report=None)
     server.set_script(Script(default="wrong"))
-    without = pytester.runpytest(*gsm8k_args, *args)
+    without, _ = gsm8k_run(*args, ret=None, report=None)
     assert "more with --gsm8k-report PATH)" in output(without)
     assert "more in the JSON report" not in output(without)
-    with_report = pytester.runpytest(*gsm8k_args, *args, "--gsm8k-report=r.json")
+    with_report, data = gsm8k_run(*args, ret=None)
     assert "more in the JSON report)" in output(with_report)
-    assert len(report(pytester)["baseline"]["newly_failing"]) == 30
+    assert len(data["baseline"]["newly_failing"]) == 30
 
 
 def test_a_missing_baseline_names_the_protocol_beside_it_by_the_option_that_differs(
-    pytester: pytest.Pytester, gsm8k_args: list[str], gsm8k_run: GsmRun, keyed_env: str
+    gsm8k_run: GsmRun,
 ) -> None:
     """One rule: a baseline is found by the protocol's label and every other field must
     match; a protocol with no baseline names the one beside it and what differs, by the
     option a user sets (shots), not the hash of the exemplars that follow from it."""
-    assert pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--snapshot-update").ret == 0
+    gsm8k_run("--gsm8k-limit=3", "--snapshot-update", report=None)
     result, _ = gsm8k_run("--gsm8k-limit=3", "--gsm8k-shots=1", ret=1, report=None)
     text = output(result)
     assert "no baseline of this protocol at __snapshots__/gsm8k/test@1_1-shot_CoT.gsm8k" in text

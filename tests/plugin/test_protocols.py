@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakeserver import FakeOpenAIServer, Script
-from helpers import NO_EXTRA_PLUGINS, TEST_KEY
+from helpers import NO_EXTRA_PLUGINS, TEST_KEY, GsmRun
 
 from pytest_gsm8k.core.scoring import gold_number
 
@@ -330,20 +330,14 @@ def test_pass_at_n_at_temperature_zero_warns(
     )
 
 
-def test_think_blocks_and_truncation_warning(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
-) -> None:
+def test_think_blocks_and_truncation_warning(server: FakeOpenAIServer, gsm8k_run: GsmRun) -> None:
     # 3 of the first 40 subset problems truncated: 7.5% > 1% -> the headline block warns
     server.set_script(Script(default="think"))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=40", "--gsm8k-report=r.json")
-    report = json.loads((pytester.path / "r.json").read_text())
+    _, report = gsm8k_run("--gsm8k-limit=40", ret=None)
     assert report["accuracy"] == 1.0  # the wrong number inside <think> never counts
     ids = sorted(p["index"] for p in report["problems"])[:3]
     server.set_script(Script(default="think", behaviours={i: "truncated" for i in ids}))
-    result = pytester.runpytest(
-        *gsm8k_args, "--gsm8k-limit=40", "--gsm8k-report=r.json", "--gsm8k-no-cache"
-    )
-    report = json.loads((pytester.path / "r.json").read_text())
+    result, report = gsm8k_run("--gsm8k-limit=40", "--gsm8k-no-cache", ret=None)
     assert report["counts"]["truncated"] == 3
     result.stdout.fnmatch_lines(
         [

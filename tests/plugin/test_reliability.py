@@ -29,6 +29,7 @@ from helpers import (
     URL_PASSWORD,
     WORKER_ENDS,
     XDIST,
+    GsmRun,
     output,
     processes_in,
     report,
@@ -138,16 +139,12 @@ def test_a_full_cache_file_system_is_one_warning(
 
 
 def test_repeated_identical_questions_are_all_answered(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     """(Under -n 2: the run of a limit above the split, whose rows repeat too.)"""
     data = pytester.path / "dup.jsonl"
     data.write_text(rows_of(0, 0, 1, 1, 0, 2, 2, 2), encoding="utf-8")
-    result = pytester.runpytest(
-        *gsm8k_args, f"--gsm8k-data={data}", "--gsm8k-no-cache", "--gsm8k-report=r.json"
-    )
-    assert result.ret == 0, output(result)
-    rep = report(pytester)
+    _, rep = gsm8k_run(f"--gsm8k-data={data}", "--gsm8k-no-cache")
     assert rep["n"] == 8
     assert rep["counts"]["correct"] == 8
     assert rep["complete"] is True
@@ -601,12 +598,11 @@ def test_answer_regex_without_group_is_a_usage_error(pytester: pytest.Pytester) 
 
 
 def test_model_names_from_the_server_reach_the_terminal_without_escapes(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     server.set_script(Script(reported_model="evil\x1b[2J\x1b[31mRED\x07\rmodel"))
-    result = pytester.runpytest(*gsm8k_args, "--gsm8k-limit=3", "--gsm8k-no-cache")
+    result, _ = gsm8k_run("--gsm8k-limit=3", "--gsm8k-no-cache", report=None)
     text = output(result)
-    assert result.ret == 0, text
     assert "server reported: evil" in text
     assert "REDmodel" in text
     assert "\x1b[2J" not in text
@@ -744,18 +740,14 @@ def outcomes(rep: dict[str, Any]) -> dict[int, str]:
 
 
 def test_transient_faults_are_retried_and_every_problem_answered(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     """Plain: the retries are the controller's client's (retries under -n 2 through the
     openai client: test_engine_runs.py; the channel is the same whichever client)."""
     faults = {0: {"500": 2}, 1: {"429": 1}, 2: {"drop": 1}, 3: {"503": 1}}
     server.set_script(Script(fail_first=faults, retry_after=0.01))
-    result = pytester.runpytest(
-        *gsm8k_args, PRESET, "--gsm8k-limit=6", "--gsm8k-no-cache", "--gsm8k-report=r.json"
-    )
-    text = output(result)
-    assert result.ret == 0, text
-    assert set(outcomes(report(pytester)).values()) == {"correct"}
+    _, rep = gsm8k_run(PRESET, "--gsm8k-limit=6", "--gsm8k-no-cache")
+    assert set(outcomes(rep).values()) == {"correct"}
     assert sent(server) == 6 + 2 + 1 + 1 + 1  # each fault asked again, nothing more
 
 
@@ -805,18 +797,14 @@ def test_a_rejected_key_ends_the_run_with_one_line(
 
 
 def test_a_gzip_bomb_and_a_huge_reply_are_their_problems_errors(
-    pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_args: list[str], keyed_env: str
+    server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
     """The preset's aiohttp client has its own bounds; how such an error crosses from an xdist
     worker is the same for both clients (test_hostile_replies.py runs it under -n 2)."""
     server.set_script(Script(behaviours={1: "gzipbomb", 3: "huge"}))
-    result = pytester.runpytest(
-        *gsm8k_args, PRESET, "--gsm8k-limit=5", "--gsm8k-no-cache", "--gsm8k-report=r.json"
-    )
+    result, rep = gsm8k_run(PRESET, "--gsm8k-limit=5", "--gsm8k-no-cache", ret=1)
     text = output(result)
-    assert result.ret == 1, text
     assert not any(crash in text for crash in CRASHES), text
-    rep = report(pytester)
     by_index = {int(p["index"]): p for p in rep["problems"]}
     assert "over 32 MiB decoded" in by_index[1]["error"]
     assert by_index[3]["error"].startswith("the endpoint's reply is over 32 MiB (7")
