@@ -180,16 +180,12 @@ class MaxShare(_CountRule):
 
     outcome: Outcome
     rate: float
-    against = "{s.option} {s.rate:g}"
+    against = "--gsm8k-max-{s.outcome} {s.rate:g}"
     never = against + " allows every problem to be {s.words}, so it cannot fail: set it below 1"
 
     @property
     def name(self) -> str:  # type: ignore[override]
         return f"max-{self.outcome}"
-
-    @property
-    def option(self) -> str:
-        return f"--gsm8k-max-{self.outcome}"
 
     @property
     def words(self) -> str:  # how its sentence names the problems of its outcome
