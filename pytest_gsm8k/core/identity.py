@@ -96,7 +96,6 @@ def _base_of(card: dict[str, Any], ids: set[Any]) -> str | None:
 
 
 def _brief(name: str) -> str:
-    """A model name as a message shows it: quoted, at most 80 characters of it."""
     return repr(clip(name, 80))
 
 

@@ -205,5 +205,4 @@ def md_code(text: str) -> str:
 
 
 def clip(text: str, limit: int = 200) -> str:
-    """A value from outside cut to ``limit`` characters for a message."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

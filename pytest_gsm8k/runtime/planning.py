@@ -155,7 +155,6 @@ def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBase
 
 
 def _beside(path: Path, rootpath: Path) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """The readable baselines in ``path``'s folder, newest first."""
     try:
         found = sorted(path.parent.glob("*.gsm8k"), key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:
