@@ -283,12 +283,8 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
 
 
 def test_errors() -> None:
-    with pytest.raises(ValueError, match="no gate to decide"):
-        EarlyStop(IDS10, [], mode="certain")
-    with pytest.raises(ValueError, match="mode must be 'certain' or 'sequential'"):
-        EarlyStop(IDS10, [MinAcc(0.5)], mode="bogus")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="no problem id in common with the baseline"):
-        EarlyStop(IDS10, [NoiseAware(0.01)], mode="certain", baseline={"zz": (1, 1)})
+    """Nothing to decide (no gate, a baseline sharing no problem) is for_group's None (its
+    test); a mode but certain or sequential is the settings' refusal (test_settings.py)."""
     es = EarlyStop(IDS10, [MinAcc(0.5)], mode="sequential")
     with pytest.raises(KeyError):
         es.observe("nope", "correct")
@@ -613,9 +609,15 @@ def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     assert decision.after == 2
 
 
-def test_a_health_gate_given_twice_is_refused() -> None:
-    with pytest.raises(ValueError, match="twice"):
-        EarlyStop(IDS10, [MaxShare("error", 0.5)] * 2, mode="certain")
+def test_each_health_gate_is_given_once() -> None:
+    """The early stop keeps one verdict per gate name: the options state each gate once."""
+    settings = Settings(max_error=0.5, max_unparsed=0.5, max_truncated=0.5, early_stop="certain")
+    specs = GateSpecs.from_settings(settings)
+    names = [g.name for g in specs.health]
+    assert sorted(names) == sorted(set(names)) == ["max-error", "max-truncated", "max-unparsed"]
+    es = EarlyStop.for_group(IDS10, *_group_of(specs), None)
+    assert es is not None
+    assert list(es.to_json()["verdicts"]) == ["max-unparsed", "max-truncated", "max-error"]
 
 
 def test_health_gates_take_their_share_of_the_sequential_alpha() -> None:
