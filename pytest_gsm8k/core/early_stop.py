@@ -190,7 +190,6 @@ class EarlyStop:
                 gate = _CountGate(spec, len(ids), self.gate_alpha, repeats, mode == "sequential")
                 self._counts[name] = gate
                 self._record(name, gate.certain(), "certain")  # min-acc above 1: fixed already
-        self._health = any(isinstance(g.spec, MaxShare) for g in self._counts.values())
         self._record("baseline", self._noise_certain(), "certain")
         self._check_done()
 
