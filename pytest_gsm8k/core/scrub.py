@@ -106,7 +106,6 @@ class Scrubber:
         return [self.text(word) for word in secret_args(words)[0]]
 
     def obj(self, value: Any) -> Any:
-        """``value`` with every string inside (dict keys and values, lists) scrubbed."""
         if not self.pairs:
             return value
         if isinstance(value, str):
