@@ -241,8 +241,6 @@ class EarlyStop:
     def observe(self, pid: str, outcome: str, answers: Sequence[str] = ()) -> Decision | None:
         """One problem's outcome (with repeats each answer's), in any order; the Decision."""
         position = self._position[pid]
-        if position in self._arrived or position < self._next:
-            raise ValueError(f"outcome for {pid!r} observed twice")
         if self.decision is not None:
             return self.decision
         self._arrived[position] = (outcome, tuple(answers))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from decimal import Decimal
 from fractions import Fraction
 
 import pytest
@@ -28,13 +29,17 @@ from pytest_gsm8k.core.gates import (
     count_certain,
     min_acc_count,
 )
+from pytest_gsm8k.core.outcome import error_record
 from pytest_gsm8k.core.plan import Endpoint, GateSpecs, PlanGroup, RunPlan
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.stats import mcnemar_one_sided
+from pytest_gsm8k.core.tally import Tally
+from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.vllm_config import VllmConfig
 
 IDS10 = [f"p{i}" for i in range(10)]
+PROBLEM = Problem(index=3, split="test", question="q?", answer="#### 1", gold=Decimal(1))
 
 
 def word(correct: bool) -> str:
@@ -288,9 +293,12 @@ def test_errors() -> None:
     es = EarlyStop(IDS10, [MinAcc(0.5)], mode="sequential")
     with pytest.raises(KeyError):
         es.observe("nope", "correct")
-    es.observe(es.order[3], "correct")
-    with pytest.raises(ValueError, match="observed twice"):
-        es.observe(es.order[3], "correct")
+    # a problem is observed once: the session observes only a record Tally.add_record calls
+    # fresh, and a second record of a problem (a rerun, another test's) is not
+    tally, record = Tally(0.0), error_record(PROBLEM, "no answer")
+    assert tally.add_record(record, "t::a")
+    assert not tally.add_record(record, "t::a")
+    assert not tally.add_record(record, "t::b")
 
 
 def _group_of(specs: GateSpecs, config: VllmConfig | None = None) -> tuple[RunPlan, PlanGroup]:
