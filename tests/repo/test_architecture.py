@@ -191,7 +191,7 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 # sizes on the day they were set: a change may lower them (and should, in the same commit), never
 # raise them without saying why in the commit. The final targets are a strict xfail that turns
 # into a failure the day they are met, so that its marker is removed and the targets then hold.
-PACKAGE_CEILING = 11_997  # lines of Python in pytest_gsm8k/ (2026-12-07)
+PACKAGE_CEILING = 11_996  # lines of Python in pytest_gsm8k/ (2026-12-07)
 PYTEST_LAYER_CEILING = 1_859  # the modules directly in pytest_gsm8k/
 #: modules over the 700-line target, each held at its size until it is split or shrunk
 MODULE_CEILINGS: dict[str, int] = {}
