@@ -22,7 +22,6 @@ def describe_server(cards: list[dict[str, Any]], model: str) -> Description | No
 
 
 def reply_identity(model: Any, fingerprint: Any) -> ReplyIdentity:
-    """(model, system_fingerprint) of a reply; anything but a string counts as absent."""
     return (model if isinstance(model, str) else None), (
         fingerprint if isinstance(fingerprint, str) else None
     )
