@@ -107,16 +107,10 @@ def run_merge(args: argparse.Namespace) -> int:
     if merged.interrupted:
         run.interrupt()
     first = reports[0]  # the servers the shards ran on: the first shard's, for the report
-    inputs, top = run.gather(
-        plan,
-        late={},
-        servers={
-            str(c["config"]["name"]): s for c in first.get("configs", []) if (s := c.get("served"))
-        }
-        | {"": first.get("served") or first.get("local_server")},
-        scrub=Scrubber(None, None, ()),
-        deselected_by=merged.deselected_by,
-    )
+    servers = {str(c["config"]["name"]): c.get("served") or None for c in first.get("configs", [])}
+    servers[""] = first.get("served") or first.get("local_server")
+    scrub, by = Scrubber(None, None, ()), merged.deselected_by
+    inputs, top = run.gather(plan, late={}, servers=servers, scrub=scrub, deselected_by=by)
     verdict = settle(inputs, top, _times(reports))
     for line, _ in styled_lines(verdict):
         print(line)

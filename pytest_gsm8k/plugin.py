@@ -48,7 +48,6 @@ def _spaced_paths(config: pytest.Config) -> Iterator[str]:
 
 
 def _read_option(config: pytest.Config, option: Option) -> Any:
-    """Command line first, then the ini twin; None when neither is set."""
     if (value := config.getoption(option.dest)) is not None:
         return value
     ini = config.getini(option.dest)

@@ -213,13 +213,17 @@ class Sources:
     def _new_client(
         self, key: str, endpoint: Endpoint, timeout: float, concurrency: int, started: str | None
     ) -> OpenAIClient:
-        """A server this run started (``key``: its config, "" the run's) has a new port every
-        run: ``started`` names it in cache keys, with its generation (resume an unfinished run
-        only). The vllm preset's bytes go over aiohttp (runtime/wire.py)."""
+        """A server this run started (``key``: its config, "" the run's) has a new port every run:
+        ``started`` names it in cache keys, with its environment's digest and its generation (resume
+        an unfinished run only). The vllm preset's bytes go over aiohttp (runtime/wire.py)."""
         from pytest_gsm8k.runtime.wire import WireClient
 
         settings = self._session.settings
         if started is not None:
+            from pytest_gsm8k.runtime.serve import server_env_digest
+
+            env = self._session.plan.configs[key].env if key else ()
+            started = f"{started} env:{server_env_digest(env)}"
             generation = self.cache(True).generation(started)
             self.started[key] = (started, generation)
             started = f"{started} gen:{generation}"
@@ -254,10 +258,6 @@ class Sources:
             elif isinstance(gguf, str):
                 with contextlib.suppress(OSError):
                     started = f"local:{gguf}:{Path(gguf).stat().st_size}"
-            if started is not None:
-                from pytest_gsm8k.runtime.serve import server_env_digest
-
-                started += f" env:{server_env_digest()}"
             try:
                 self._client = self._new_client(
                     "", endpoint, settings.timeout, self._session.concurrency(), started
@@ -268,11 +268,9 @@ class Sources:
 
     def config_engine(self, name: str, config: VllmConfig, started: Started, shown: str) -> Engine:
         """A config's engine (not started); ValueError for a proxy the client cannot use."""
-        from pytest_gsm8k.runtime.serve import server_env_digest
-
         args, timeout = " ".join(config.serve_args()), config.request_timeout_seconds
         concurrency = config.max_concurrency or self._session.concurrency()
-        cached = f"serve:{shown} config:{name} args:{args} env:{server_env_digest(config.env)}"
+        cached = f"serve:{shown} config:{name} args:{args}"
         client = self._new_client(name, started.endpoint, timeout, concurrency, cached)
         self.servers[name] = started.info
         # vLLM's test waits request_timeout_seconds for an answer: less is not a stall

@@ -150,8 +150,9 @@ class Decision:
 
 
 class EarlyStop:
-    """Decide one group's gates as early as allowed. ``baseline``: id -> (correct runs, runs);
-    ``alpha`` is split over the count gates."""
+    """Decide one group's gates as early as allowed (:meth:`for_group` gives it gates to decide,
+    each once, a baseline only where it shares a problem). ``baseline``: id -> (correct runs,
+    runs); ``alpha`` is split over the count gates."""
 
     def __init__(
         self,
@@ -164,10 +165,6 @@ class EarlyStop:
         baseline: Mapping[str, tuple[int, int]] | None = None,
         repeats: int = 1,
     ) -> None:
-        if mode not in ("certain", "sequential"):
-            raise ValueError(f"mode must be 'certain' or 'sequential', got {mode!r}")
-        if not ids or not gates:
-            raise ValueError("no gate to decide (need min-acc, a floor, a baseline or health)")
         self.order = run_order(ids, seed)
         self.mode, self.alpha, self.seed, self.repeats = mode, alpha, seed, repeats
         self.n_total, self.observed, baseline = len(ids), 0, baseline or {}
@@ -185,19 +182,14 @@ class EarlyStop:
         self.gate_alpha = alpha / max(sum(not isinstance(g, NoiseAware) for g in gates), 1)
         for spec in gates:
             name = FLOOR if isinstance(spec, ToleranceFloor) else spec.name
-            if name in self._verdicts:
-                raise ValueError(f"gate {name} given twice")
             self._verdicts[name] = None
             if isinstance(spec, NoiseAware):
                 self._base = {pid: baseline[pid] for pid in self.order if pid in baseline}
-                if not self._base:
-                    raise ValueError("no problem id in common with the baseline")
                 self._noise, self._every = spec, max(1, math.ceil(len(self._base) / 100))
             else:
                 gate = _CountGate(spec, len(ids), self.gate_alpha, repeats, mode == "sequential")
                 self._counts[name] = gate
                 self._record(name, gate.certain(), "certain")  # min-acc above 1: fixed already
-        self._health = any(isinstance(g.spec, MaxShare) for g in self._counts.values())
         self._record("baseline", self._noise_certain(), "certain")
         self._check_done()
 
@@ -249,8 +241,6 @@ class EarlyStop:
     def observe(self, pid: str, outcome: str, answers: Sequence[str] = ()) -> Decision | None:
         """One problem's outcome (with repeats each answer's), in any order; the Decision."""
         position = self._position[pid]
-        if position in self._arrived or position < self._next:
-            raise ValueError(f"outcome for {pid!r} observed twice")
         if self.decision is not None:
             return self.decision
         self._arrived[position] = (outcome, tuple(answers))

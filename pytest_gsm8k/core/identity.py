@@ -22,7 +22,6 @@ def describe_server(cards: list[dict[str, Any]], model: str) -> Description | No
 
 
 def reply_identity(model: Any, fingerprint: Any) -> ReplyIdentity:
-    """(model, system_fingerprint) of a reply; anything but a string counts as absent."""
     return (model if isinstance(model, str) else None), (
         fingerprint if isinstance(fingerprint, str) else None
     )
@@ -96,7 +95,6 @@ def _base_of(card: dict[str, Any], ids: set[Any]) -> str | None:
 
 
 def _brief(name: str) -> str:
-    """A model name as a message shows it: quoted, at most 80 characters of it."""
     return repr(clip(name, 80))
 
 

@@ -54,7 +54,6 @@ def junit_cases(verdict: RunVerdict) -> list[JunitCase]:
 
 
 def gate_table(gates: Sequence[GateVerdict]) -> list[str]:
-    """The gates as a table and a blank line; nothing when there is no gate."""
     rows = [f"| {md_text(g.name)} | {g.word} | {md_text(g.detail)} |" for g in gates]
     return ["| gate | result | detail |", "| --- | --- | --- |", *rows, ""] if gates else []
 

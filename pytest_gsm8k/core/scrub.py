@@ -106,7 +106,6 @@ class Scrubber:
         return [self.text(word) for word in secret_args(words)[0]]
 
     def obj(self, value: Any) -> Any:
-        """``value`` with every string inside (dict keys and values, lists) scrubbed."""
         if not self.pairs:
             return value
         if isinstance(value, str):
@@ -205,5 +204,4 @@ def md_code(text: str) -> str:
 
 
 def clip(text: str, limit: int = 200) -> str:
-    """A value from outside cut to ``limit`` characters for a message."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -159,7 +159,6 @@ class GroupVerdict:
         return {o: counter.get(o, 0) for o in OUTCOMES}
 
     def silent_rules(self) -> set[str]:
-        """Our extraction rules that found no number in any sample of the run."""
         samples = [s for r in self.records for s in r["samples"]]
         found = {rule for s in samples for rule, value in s["extracted"].items() if value}
         return set(RULES) - found if self.records else set()

@@ -91,7 +91,6 @@ class AnswerServer:
         self._stopping = False
 
     def start(self) -> None:
-        """Listen on a free loopback port (on the engine's loop): :attr:`address`."""
         import asyncio
 
         listen = asyncio.start_server(self._serve, "127.0.0.1", 0)

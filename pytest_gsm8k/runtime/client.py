@@ -94,7 +94,6 @@ class Refused(Exception):
 
 
 def mib(size: int) -> str:
-    """``size`` bytes in MiB for a message (``32 MiB``)."""
     return f"{size / (1 << 20):g} MiB"
 
 
@@ -385,7 +384,6 @@ class OpenAIClient:
         self._lock = threading.Lock()
 
     def warm(self) -> Any:
-        """The HTTP client, built now if it was not yet (thread-safe)."""
         with self._lock:
             if self._client is None:
                 self._client = self._build()

@@ -26,9 +26,8 @@ if TYPE_CHECKING:  # --gsm8k-config's (yaml): imported by the run that reads con
     from pytest_gsm8k.core.vllm_config import VllmConfig
 
 
-def build_protocol(settings: Settings, split: Split) -> Protocol:
+def build_protocol(s: Settings, split: Split) -> Protocol:
     """The protocol the options describe, its exemplars drawn (never from the evaluated split)."""
-    s = settings
     exemplars: tuple[tuple[str, str], ...] = ()
     train: tuple[tuple[str, str], ...] = ()
     source = "none"
@@ -155,7 +154,6 @@ def read_baseline(path: Path, rootpath: Path, beside: bool = True) -> StoredBase
 
 
 def _beside(path: Path, rootpath: Path) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """The readable baselines in ``path``'s folder, newest first."""
     try:
         found = sorted(path.parent.glob("*.gsm8k"), key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:

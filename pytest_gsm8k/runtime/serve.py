@@ -451,7 +451,6 @@ def _taken(server: ServedProcess, order: Launch) -> Started:
 
 
 def _listing(models: list[str], scrub: Scrubber) -> str:
-    """The first ten model ids a server lists, fit for a terminal: no secret, no escapes."""
     shown = ", ".join(printable(scrub.text(m)) for m in models[:10])
     return shown + (", ..." if len(models) > 10 else "")
 

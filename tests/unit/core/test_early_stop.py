@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from decimal import Decimal
 from fractions import Fraction
 
 import pytest
@@ -28,13 +29,17 @@ from pytest_gsm8k.core.gates import (
     count_certain,
     min_acc_count,
 )
+from pytest_gsm8k.core.outcome import error_record
 from pytest_gsm8k.core.plan import Endpoint, GateSpecs, PlanGroup, RunPlan
 from pytest_gsm8k.core.prompts import Protocol
 from pytest_gsm8k.core.settings import Settings
 from pytest_gsm8k.core.stats import mcnemar_one_sided
+from pytest_gsm8k.core.tally import Tally
+from pytest_gsm8k.core.types import Problem
 from pytest_gsm8k.core.vllm_config import VllmConfig
 
 IDS10 = [f"p{i}" for i in range(10)]
+PROBLEM = Problem(index=3, split="test", question="q?", answer="#### 1", gold=Decimal(1))
 
 
 def word(correct: bool) -> str:
@@ -283,18 +288,17 @@ def test_a_gate_that_cannot_fail_is_never_settled(mode: Mode) -> None:
 
 
 def test_errors() -> None:
-    with pytest.raises(ValueError, match="no gate to decide"):
-        EarlyStop(IDS10, [], mode="certain")
-    with pytest.raises(ValueError, match="mode must be 'certain' or 'sequential'"):
-        EarlyStop(IDS10, [MinAcc(0.5)], mode="bogus")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="no problem id in common with the baseline"):
-        EarlyStop(IDS10, [NoiseAware(0.01)], mode="certain", baseline={"zz": (1, 1)})
+    """Nothing to decide (no gate, a baseline sharing no problem) is for_group's None (its
+    test); a mode but certain or sequential is the settings' refusal (test_settings.py)."""
     es = EarlyStop(IDS10, [MinAcc(0.5)], mode="sequential")
     with pytest.raises(KeyError):
         es.observe("nope", "correct")
-    es.observe(es.order[3], "correct")
-    with pytest.raises(ValueError, match="observed twice"):
-        es.observe(es.order[3], "correct")
+    # a problem is observed once: the session observes only a record Tally.add_record calls
+    # fresh, and a second record of a problem (a rerun, another test's) is not
+    tally, record = Tally(0.0), error_record(PROBLEM, "no answer")
+    assert tally.add_record(record, "t::a")
+    assert not tally.add_record(record, "t::a")
+    assert not tally.add_record(record, "t::b")
 
 
 def _group_of(specs: GateSpecs, config: VllmConfig | None = None) -> tuple[RunPlan, PlanGroup]:
@@ -613,9 +617,15 @@ def test_certain_health_gate_counts_only_its_own_outcome() -> None:
     assert decision.after == 2
 
 
-def test_a_health_gate_given_twice_is_refused() -> None:
-    with pytest.raises(ValueError, match="twice"):
-        EarlyStop(IDS10, [MaxShare("error", 0.5)] * 2, mode="certain")
+def test_each_health_gate_is_given_once() -> None:
+    """The early stop keeps one verdict per gate name: the options state each gate once."""
+    settings = Settings(max_error=0.5, max_unparsed=0.5, max_truncated=0.5, early_stop="certain")
+    specs = GateSpecs.from_settings(settings)
+    names = [g.name for g in specs.health]
+    assert sorted(names) == sorted(set(names)) == ["max-error", "max-truncated", "max-unparsed"]
+    es = EarlyStop.for_group(IDS10, *_group_of(specs), None)
+    assert es is not None
+    assert list(es.to_json()["verdicts"]) == ["max-unparsed", "max-truncated", "max-error"]
 
 
 def test_health_gates_take_their_share_of_the_sequential_alpha() -> None:

@@ -81,7 +81,7 @@ def test_noise_aware_single_run_verdict_is_mcnemars() -> None:
 
 def test_max_share_verdict_carries_share_count_and_rate() -> None:
     rule = MaxShare("truncated", 0.05)
-    assert (rule.name, rule.option) == ("max-truncated", "--gsm8k-max-truncated")
+    assert rule.name == "max-truncated"
     failed = rule.verdict(120, 1319)
     assert failed == GateVerdict(
         "max-truncated",
@@ -131,11 +131,13 @@ def test_max_share_count_agrees_with_the_float_comparison_everywhere() -> None:
         assert [k / n <= rate for k in range(n + 1)] == [k <= allowed for k in range(n + 1)]
 
 
-def test_max_share_refuses_what_is_not_a_rate() -> None:
-    with pytest.raises(ValueError, match="rate"):
-        max_share_count(1.5, 10)
-    with pytest.raises(ValueError, match="n >= 1"):
-        max_share_count(0.1, 0)
+def test_max_share_with_no_problem_is_no_verdict_not_a_count() -> None:
+    """A rate outside 0..1 never reaches the rule: the settings refuse it (test_settings.py)."""
+    rule = MaxShare("unparsed", 0.1)
+    verdict = rule.verdict(0, 0)
+    assert (verdict.passed, verdict.value) == (False, None)
+    assert verdict.detail.startswith("no problem has a result: nothing to compare with")
+    assert rule.cannot_fail(0) is None
 
 
 def test_max_share_with_no_result_fails_and_says_why() -> None:
