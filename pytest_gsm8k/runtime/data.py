@@ -97,7 +97,7 @@ def load_split(data: str | None, split: str, config: str, hub_name: str | None =
         try:
             is_dir, is_file = path.is_dir(), path.is_file()
         except OSError as exc:  # a name the file system cannot hold (ENAMETOOLONG)
-            raise DatasetError(f"{option} {path}: cannot read ({exc.strerror})") from None
+            raise DatasetError(f"{option} {path!s:.200}: cannot read ({exc.strerror})") from None
         if is_dir:
             jsonl = path / (f"{split}.jsonl" if config == "main" else f"{split}_socratic.jsonl")
             parquet = [] if jsonl.is_file() else sorted((path / config).glob(f"{split}-*.parquet"))

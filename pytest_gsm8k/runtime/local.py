@@ -73,7 +73,7 @@ def _check_gguf(path: Path) -> None:
     """A missing or non-GGUF file is refused here, not left to a server crash log (os.path's
     tests: pathlib's raise on a name the file system cannot hold)."""
     if not os.path.exists(path):
-        raise ServeError(f"GGUF file not found: {path}")
+        raise ServeError(f"GGUF file not found: {path!s:.200}")
     if not os.path.isfile(path):
         raise ServeError(f"not a GGUF file: {path} (not a regular file)")
     try:
