@@ -60,8 +60,8 @@ _THINK = re.compile(
 def reasoning_text(completion: Completion) -> str | None:
     """The sample's reasoning, kept for the report and never scored: the server's
     ``reasoning_content``, else what ``<think>`` blocks in the content hold."""
-    if completion.reasoning:
-        return completion.reasoning
+    if completion.reasoning or "think>" not in ascii_lower(completion.text):  # no regex scan
+        return completion.reasoning or None
     parts = (m[1] if m[1] is not None else m[2] for m in _THINK.finditer(completion.text))
     return "\n".join(part.strip() for part in parts).strip() or None
 

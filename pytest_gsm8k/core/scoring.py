@@ -70,9 +70,10 @@ def parse_number(text: str) -> Decimal | None:
 def strip_reasoning(text: str) -> str:
     """The visible answer without ``<think>`` reasoning (whose numbers the lenient rules would
     pick up): each block leaves a newline (numbers on either side never fuse), a block never
-    closed runs to the end (out of tokens while thinking), and everything up to an orphan
-    ``</think>`` goes (some servers strip the opening tag). Linear: an unclosed block ends at
-    the end of the text, so no tag is scanned twice."""
+    closed runs to the end (out of tokens while thinking: linear, no tag scanned twice), and
+    everything up to an orphan ``</think>`` goes (some servers strip the opening tag)."""
+    if "think>" not in ascii_lower(text):  # most answers: no regex scans them (a slow one)
+        return text.strip()
     text = re.sub(r"<think>.*?(?:</think>|\Z)", "\n", text, flags=re.DOTALL | re.I | re.ASCII)
     return re.split(r"</think>", text, flags=re.I | re.ASCII)[-1].strip()
 
@@ -136,10 +137,10 @@ def last_int(text: str) -> Decimal | None:
     ``\\d`` read by ``ast.literal_eval``; None where it returns ``INVALID`` (leading zeros, a
     non-ASCII digit, over 4300 digits) or its script would stop. The whole text, no
     ``<think>`` stripping, as the peers score it."""
-    final = deque(_DIGITS_RE.finditer(text.replace(",", "")), maxlen=1)
+    final = _DIGITS_RE.search(text.replace(",", "")[::-1])  # the last run: the first reversed
     if not final:
         return None
-    digits = final[0].group(0)
+    digits = final.group(0)[::-1]
     # what literal_eval gives for these (within its 4300-digit limit), 20x faster
     if digits.isascii() and len(digits) <= 4000 and (digits[0] != "0" or digits == "0"):
         return Decimal(int(digits))

@@ -460,9 +460,8 @@ class Engine:
         if first is None:
             return None
         completions, usage, cached = list(first.completions), Counter(first.usage), first.cached
-        single = replace(request, n=1)  # the endpoint ignored n: one sample a call
-        for index in range(len(completions), request.n):
-            extra = await self._one(single, str(index), writes)
+        for index in range(len(completions), request.n):  # n ignored: one sample a call
+            extra = await self._one(replace(request, n=1), str(index), writes)
             assert extra is not None
             completions.extend(extra.completions[:1] or [Completion(text="")])
             cached += extra.cached
