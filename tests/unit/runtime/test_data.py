@@ -72,6 +72,7 @@ def test_embedded_copy_is_the_default_and_equals_the_files(loaded_split: Split) 
 def test_embedded_copy_is_checked_against_its_pinned_hash(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    load_split(None, "test", "main")  # read once a process: a wrong pin is still refused after
     monkeypatch.setitem(EMBEDDED, ("main", "test"), "0" * 64)
     message = error_of(None, "test", "main")
     assert "embedded openai/gsm8k main/test" in message
