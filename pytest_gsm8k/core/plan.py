@@ -92,8 +92,9 @@ class PlanGroup:
 
     def split_problems(self, split: Split) -> tuple[Problem, ...]:
         """The whole split under this group's ids: what its baseline may hold."""
-        named = self.name and tuple(replace(p, group=self.name) for p in split.problems)
-        return named or split.problems  # (no group: the split's own, 3 ms a run not copied)
+        if not self.name:  # the split's own: 1,319 copies are 3 ms a run
+            return split.problems
+        return tuple(replace(p, group=self.name) for p in split.problems)
 
 
 @dataclass(frozen=True)
