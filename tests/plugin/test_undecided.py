@@ -315,6 +315,28 @@ def test_an_item_run_again_is_one_test_not_two_that_clash(
 
 
 @XDIST
+def test_an_item_run_again_is_observed_once_by_the_early_stop(
+    pytester: pytest.Pytester, gsm8k_run: GsmRun
+) -> None:
+    """Rule: the early stop counts each problem once, the record kept (a rerun's first). Each
+    item's first answer has no number; run again, it has one: fed both (EarlyStop.observe no
+    longer refuses a problem twice: the session feeds only a record new to the tally), two
+    problems made max-unparsed PASS certain (2 of 4 parsed): the run stopped there, exit 0.
+    Seen failing so with session.observe's ``not fresh`` check removed."""
+    pytester.makeconftest(RERUN_CONFTEST.replace('"#### 0" if first', '"no idea" if first'))
+    pytester.makepyfile(
+        test_mine="def test_mine(gsm8k_outcome):\n    assert gsm8k_outcome.extracted\n"
+    )
+    args = ("--gsm8k-limit=4", "--gsm8k-max-unparsed=0.5", "--gsm8k-early-stop=certain")
+    result, rep = gsm8k_run(*args, model=False, ret=1)
+    assert [g["verdict"] for g in rep["gates"]] == ["FAIL"]
+    early = rep["early_stop"]
+    assert (early["observed"], early["decided_after"]) == (3, 3)
+    assert early["gates"]["max-unparsed"]["count"] == 3
+    assert "stopped after 3 of 4 problems: max-unparsed verdict FAIL is certain" in output(result)
+
+
+@XDIST
 def test_the_clash_line_shows_node_ids_cut_short_and_without_the_key(
     pytester: pytest.Pytester, server: FakeOpenAIServer, gsm8k_run: GsmRun
 ) -> None:
