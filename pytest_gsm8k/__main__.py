@@ -109,8 +109,13 @@ def run_merge(args: argparse.Namespace) -> int:
     first = reports[0]  # the servers the shards ran on: the first shard's, for the report
     servers = {str(c["config"]["name"]): c.get("served") or None for c in first.get("configs", [])}
     servers[""] = first.get("served") or first.get("local_server")
-    scrub, by = Scrubber(None, None, ()), merged.deselected_by
-    inputs, top = run.gather(plan, late={}, servers=servers, scrub=scrub, deselected_by=by)
+    inputs, top = run.gather(
+        plan,
+        late={},
+        servers=servers,
+        scrub=Scrubber(None, None, ()),
+        deselected_by=merged.deselected_by,
+    )
     verdict = settle(inputs, top, _times(reports))
     for line, _ in styled_lines(verdict):
         print(line)
