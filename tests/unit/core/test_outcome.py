@@ -79,6 +79,21 @@ def test_reasoning_only_response_is_unparsed_with_a_note() -> None:
     assert "reasoning_content" in record["note"]
 
 
+@pytest.mark.parametrize(
+    ("text", "reasoning", "shown"),
+    [
+        ("<THINK>step 1</Think>#### 18", None, "step 1"),  # tags in any ASCII case
+        ("plan</tHiNk>#### 18", None, "plan"),  # the opening tag stripped by the server
+        ("<thinK>never closed", None, "never closed"),
+        ("<think>a</think>#### 18", "the server's", "the server's"),
+        ("#### 18", "", None),  # an empty reasoning field is no reasoning
+        ("#### 18", None, None),
+    ],
+)
+def test_the_reported_reasoning(text: str, reasoning: str | None, shown: str | None) -> None:
+    assert _score(text, reasoning=reasoning)["samples"][0]["reasoning"] == shown
+
+
 def test_pass_and_maj_decisions() -> None:
     texts = ("#### 17", "#### 18", "#### 17", "nothing")
     passed = _score(*texts, protocol=Protocol(name="pass@4", samples=4, temperature=0.7))
