@@ -44,7 +44,8 @@ def _read_embedded(config: str, split: str, pinned: str | None) -> tuple[Problem
             f"the embedded GSM8K copy has no {config}/{split} split (it has {have}); "
             "use --gsm8k-data PATH or --gsm8k-dataset NAME"
         )
-    filename, where = f"{config}-{split}.jsonl.xz", f"embedded {HUB_NAME} {config}/{split}"
+    filename = f"{config}-{split}.jsonl.xz"
+    where = f"embedded {HUB_NAME} {config}/{split}"
     try:
         raw = lzma.decompress((resources.files("pytest_gsm8k") / "data" / filename).read_bytes())
     except (OSError, lzma.LZMAError) as exc:

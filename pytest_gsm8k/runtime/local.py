@@ -233,5 +233,6 @@ def local_spec(model_path: Path, *, threads: int | None, n_ctx: int) -> Launch:
         return ServeCommand([sys.executable, "-m", "llama_cpp.server", *words])
 
     env = {k: v for k, v in os.environ.items() if k.lower() not in _SERVER_ENV_SETTINGS}
-    what, context = "the local model server (llama.cpp)", f"model {model_path}"
+    what = "the local model server (llama.cpp)"
+    context = f"model {model_path}"
     return Launch(command, DEFAULT_ALIAS, what, LocalServer, env=env, context=context)
