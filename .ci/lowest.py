@@ -8,9 +8,8 @@ these pins. Every one of them must have a ``>=`` bound for it.
 
 import re
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
 project = tomllib.loads(pyproject.read_text())["project"]

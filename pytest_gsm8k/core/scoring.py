@@ -31,7 +31,7 @@ _ANSWER_IS_RE = re.compile(
     r"\banswer\s*(?:is\b\s*[:=]?|:)[\s*]*\$?\s*([-\u2212]?\$?\d+(?:,\d+)*(?:\.\d+)?)", re.I
 )
 # The content may hold braces two levels deep (\boxed{\frac{1}{2}}, \boxed{\text{\$}18}).
-# Unrolled, one way to match: linear on unclosed \boxed{ (3.10's re has no possessive ++).
+# Unrolled, one way to match: linear on unclosed \boxed{.
 _BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]*\{(?:[^{}]*\{[^{}]*\})*[^{}]*\})*[^{}]*)\}")
 # LaTeX wrappers whose content is a unit or label (or, failing that, the number itself)
 _TEXT_MACRO_RE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox|mathbf)\s*\{([^{}]*)\}")

@@ -314,7 +314,7 @@ def get_json(url: str, headers: Mapping[str, str] | None, deadline: float, *, pr
     loop = asyncio.new_event_loop()  # not set as the thread's loop: a user's tests keep theirs
     try:
         body = loop.run_until_complete(asyncio.wait_for(get(), deadline))
-    except (asyncio.TimeoutError, httpx.TimeoutException):
+    except (TimeoutError, httpx.TimeoutException):
         raise PreflightError("timeout", f"no complete reply within {deadline:g} s") from None
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         cause: BaseException = exc

@@ -408,7 +408,7 @@ class Engine:
         future = self.cache.read(key, body)
         try:
             hit = await asyncio.wait_for(asyncio.wrap_future(future), READ_SECONDS)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.cache.stop_reading(READ_SECONDS)
             return None
         if hit is None:

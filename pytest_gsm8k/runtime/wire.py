@@ -59,8 +59,6 @@ class WireClient(OpenAIClient):
 
     async def _once(self, session: Any, url: str, payload: bytes) -> Any:
         """One attempt: the decoded JSON of a 2xx reply, or a :class:`WireFailure`."""
-        import asyncio
-
         import aiohttp
 
         try:
@@ -75,7 +73,7 @@ class WireClient(OpenAIClient):
                 except Refused as exc:
                     response.close()
                     raise Said(str(exc)) from None
-        except asyncio.TimeoutError as exc:  # aiohttp's ServerTimeoutError too
+        except TimeoutError as exc:  # aiohttp's ServerTimeoutError too
             self.breaker.failure(exc)
             raise WireFailure(url, None, "the request timed out", timed_out=True) from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
