@@ -12,7 +12,6 @@ from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import evidence
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, ToleranceFloor, Verdict, undecided
-from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report, Word
 from pytest_gsm8k.core.scoring import RULES
@@ -158,11 +157,6 @@ class GroupVerdict:
         counter = Counter(r["outcome"] for r in self.records)
         return {o: counter.get(o, 0) for o in OUTCOMES}
 
-    def silent_rules(self) -> set[str]:
-        samples = [s for r in self.records for s in r["samples"]]
-        found = {rule for s in samples for rule, value in s["extracted"].items() if value}
-        return set(RULES) - found if self.records else set()
-
     def pass_at(self) -> dict[str, float]:
         """Unbiased pass@k (Chen et al. 2021) for k = 1 and the powers of two below N."""
         samples = int(self.group.protocol["samples"])
@@ -181,12 +175,6 @@ class GroupVerdict:
 
     def reported_models(self) -> list[str]:
         return sorted({str(r["model"]) for r in self.records if r.get("model")})
-
-    def chat_hint(self) -> str | None:
-        """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
-        texts = (s["text"] for r in self.records for s in r["samples"])
-        models, api = [self.group.model, *self.reported_models()], self.group.protocol.get("api")
-        return chat_api_hint(str(api), models, self.counts()["unparsed"], self.n, texts)
 
     def earlier_answers(self) -> str:
         """How many answers came from earlier runs, as every output of a resumed run says."""
