@@ -438,13 +438,11 @@ def _write(v: GroupVerdict, baseline: BaselineInput, stopped_early: bool) -> Gro
     dropped = 0 if baseline.partial_ok else bl.dropped(stored, report, baseline.split)
     whole = "a baseline holds the whole selection (--gsm8k-baseline-partial writes a partial one)"
     smaller = "delete it to record a smaller one, or pass --gsm8k-baseline-partial"
+    unanswered = v.n < v.expected and not stopped_early
     for bad, why in (
         (v.selection.interrupted, "the run was interrupted"),
         (errors, f"{errors} problems ended in an error"),
-        (
-            v.n < v.expected and not stopped_early,
-            f"only {v.n} of {v.expected} problems have a result",
-        ),
+        (unanswered, f"only {v.n} of {v.expected} problems have a result"),
         (partial is not None and not baseline.partial_ok, f"{partial}; {whole}"),
         (dropped, f"it holds {dropped} problems this run does not have; {smaller}"),
         (True, bl.fewer_repeats(stored.document, baseline.repeats)),
