@@ -143,7 +143,6 @@ def score_response(
 
 
 def error_record(problem: Problem, message: str) -> ProblemRecord:
-    """The record of a problem whose request failed: an empty answer's, outcome ``error``."""
     record = score_response(problem, ModelResponse(completions=[]), Protocol(), None)
     return {**record, "outcome": "error", "error": message}
 

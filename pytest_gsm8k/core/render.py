@@ -170,7 +170,6 @@ def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
 
 
 def model_words(model: str, reported: Sequence[str]) -> str:
-    """The model asked for, and the ids the server reported when they differ."""
     shown = reported and list(reported) != [model]
     return model + (f" (server reported: {', '.join(reported)})" if shown else "")
 
@@ -238,7 +237,6 @@ def config_rows(configs: Sequence[Mapping[str, Any]], protocol: bool = True) -> 
 
 
 def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """A report's baseline gate record (a config's: ``<config>:baseline``), or None."""
     gates = report.get("gates") or []
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
 
