@@ -295,10 +295,9 @@ def decide(given: GroupInput) -> GroupVerdict:
     v = GroupVerdict(group, given.records, selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
     specs, gates = group.specs, []
-    if group.floor is not None:
-        gates.append(group.floor.verdict(v.answers_correct, v.n, group.protocol_label, v.runs))
-    if specs.min_acc is not None:
-        gates.append(specs.min_acc.verdict(v.answers_correct, v.n, group.label, v.runs))
+    for floor, label in ((group.floor, group.protocol_label), (specs.min_acc, group.label)):
+        if floor is not None:  # the config's (vLLM's), then --gsm8k-min-acc
+            gates.append(floor.verdict(v.answers_correct, v.n, label, v.runs))
     for spec in specs.health:  # each answer's outcome (an error is the whole item's)
         answers = [a for r in v.records for a in r.get("repeats") or [r["outcome"]] * v.runs]
         gates.append(spec.verdict(answers.count(spec.outcome), v.n, v.runs))
