@@ -113,7 +113,6 @@ def defines(
 
 
 def problem_of(item: pytest.Item) -> Any:
-    """The item's ``gsm8k_problem`` parameter (None: not a GSM8K item)."""
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("gsm8k_problem") if callspec is not None else None
 

@@ -58,7 +58,7 @@ def _problem(index: int, split: str, row: Any, where: str) -> Problem:
         raise DatasetError(f"{where}: {exc}") from None
 
 
-def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> list[Problem]:
+def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> tuple[Problem, ...]:
     """Rows of a JSONL byte stream; a bad line is reported as ``where:line``."""
     problems: list[Problem] = []
     for lineno, raw in enumerate(lines, start=1):
@@ -77,11 +77,11 @@ def parse_jsonl(lines: Iterable[bytes], split: str, where: str) -> list[Problem]
         problems.append(_problem(len(problems), split, row, f"{where}:{lineno}"))
     if not problems:
         raise DatasetError(f"{where}: no rows")
-    return problems
+    return tuple(problems)
 
 
-def rows_to_problems(rows: Iterable[Any], split: str, where: str) -> list[Problem]:
-    problems = [_problem(i, split, row, f"{where}: row {i}") for i, row in enumerate(rows)]
+def rows_to_problems(rows: Iterable[Any], split: str, where: str) -> tuple[Problem, ...]:
+    problems = tuple(_problem(i, split, row, f"{where}: row {i}") for i, row in enumerate(rows))
     if not problems:
         raise DatasetError(f"{where}: no rows")
     return problems

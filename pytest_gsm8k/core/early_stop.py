@@ -254,17 +254,16 @@ class EarlyStop:
 
     def _feed(self, pid: str, outcome: str, answers: Sequence[str]) -> None:
         self.observed += 1
-        runs, correct = self.repeats, outcome == "correct"
-        answers = list(answers) or [outcome] * runs
+        answers = list(answers) or [outcome] * self.repeats  # one run: [outcome]
         for name, gate in self._counts.items():
             spec = gate.spec
             if isinstance(spec, MaxShare):  # good: the answers not of its outcome
-                good = runs - answers.count(spec.outcome) if runs > 1 else outcome != spec.outcome
+                good = self.repeats - answers.count(spec.outcome)
             else:
-                good = answers.count("correct") if runs > 1 else correct
-            self._record(name, *gate.add(int(good)))
+                good = answers.count("correct")
+            self._record(name, *gate.add(good))
         if pid in self._base:
-            self._now[pid] = int(correct)
+            self._now[pid] = int(outcome == "correct")
             self._since += 1
             if self._since >= self._every or len(self._now) == len(self._base):
                 self._since = 0

@@ -91,9 +91,7 @@ class _CountRule:
     name: str
     against: ClassVar[str]
     never: ClassVar[str]
-
-    def need(self, n: int) -> int:
-        raise NotImplementedError
+    need: Callable[[int], int]  # the good answers of ``n`` that PASS (each rule's method)
 
     def cannot_fail(self, n: int) -> str | None:
         return None if n < 1 or self.need(n) > 0 else self.never.format(s=self)

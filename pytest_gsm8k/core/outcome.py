@@ -96,11 +96,11 @@ def score_response(
     outcome = _outcome(correct, truncated, decision, protocol.samples)
     rules = {rule: _decide(protocol, scores, rule, golds[rule])[1] for rule in RULES}
     shown = format_number(decision)
+    text = response.completions[0].text if response.completions else ""  # the first sample's
     if protocol.preset == "lm-eval":
         # lm-eval's own filters and string match, labelled by its names; strict-match gates
         from pytest_gsm8k.core.presets import lm_eval_score, lm_eval_strict
 
-        text = response.completions[0].text if response.completions else ""
         rules.update(lm_eval_score(text, problem.answer))
         correct = rules["strict-match"]
         shown = lm_eval_strict(text)
@@ -128,7 +128,7 @@ def score_response(
         "n_correct": (
             sum(1 for s in scores if s.correct[gated]) if gated in RULES else int(correct)
         ),
-        "response": response.completions[0].text if response.completions else "",
+        "response": text,
         "samples": samples,
         "usage": dict(response.usage),
         "cached": response.cached,
@@ -143,7 +143,6 @@ def score_response(
 
 
 def error_record(problem: Problem, message: str) -> ProblemRecord:
-    """The record of a problem whose request failed: an empty answer's, outcome ``error``."""
     record = score_response(problem, ModelResponse(completions=[]), Protocol(), None)
     return {**record, "outcome": "error", "error": message}
 

@@ -185,6 +185,5 @@ def lm_eval_match(extracted: str | None, gold_answer_text: str) -> bool:
 
 
 def lm_eval_score(text: str, gold_answer_text: str) -> dict[str, bool]:
-    """Both lm-eval scores of one response, keyed by lm-eval's filter names."""
     pairs = (("strict-match", lm_eval_strict), ("flexible-extract", lm_eval_flexible))
     return {name: lm_eval_match(rule(text), gold_answer_text) for name, rule in pairs}

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_gsm8k.core.engine_ci import sglang_request, vllm_request
+from pytest_gsm8k.core.engine_ci import fewshot_prompt, sglang_request, vllm_request
 from pytest_gsm8k.core.presets import PRESETS, lm_eval_request
 from pytest_gsm8k.core.scrub import printable
 from pytest_gsm8k.core.types import Api, Pairs, Problem, Request
@@ -92,9 +92,7 @@ class Protocol:
                 messages.append(("user", f"{question}\n\n{COT_INSTRUCTION}"))
                 messages += [("assistant", solution)] if solution is not None else []
             return Request(problem.id, "chat", messages=tuple(messages), stop=self.stop, **common)
-        # a base model's few-shot prompt: ``Question: ...\nAnswer: ...`` blocks
-        shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
-        prompt = f"{shots}Question: {problem.question}\nAnswer:"
+        prompt = fewshot_prompt(problem.question, examples, len(examples))
         stop = self.stop or ("Question:", "</s>", "<|im_end|>", "\n\n")
         return Request(problem.id, "completions", prompt=prompt, stop=stop, **common)
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard, cast
 from pytest_gsm8k.core.baseline import noise_sentence
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, flip_words, points_words
+from pytest_gsm8k.core.health import chat_api_hint
+from pytest_gsm8k.core.scoring import RULES
 from pytest_gsm8k.core.scrub import clip, md_code, md_text, printable
 from pytest_gsm8k.core.verdict import GroupVerdict, RunVerdict, word_of
 
@@ -168,7 +170,6 @@ def fit(build: Callable[[int], str], limit: int = MAX_BYTES) -> str:
 
 
 def model_words(model: str, reported: Sequence[str]) -> str:
-    """The model asked for, and the ids the server reported when they differ."""
     shown = reported and list(reported) != [model]
     return model + (f" (server reported: {', '.join(reported)})" if shown else "")
 
@@ -236,7 +237,6 @@ def config_rows(configs: Sequence[Mapping[str, Any]], protocol: bool = True) -> 
 
 
 def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """A report's baseline gate record (a config's: ``<config>:baseline``), or None."""
     gates = report.get("gates") or []
     return next((g for g in gates if str(g.get("name")).rpartition(":")[2] == "baseline"), None)
 
@@ -244,10 +244,11 @@ def baseline_gate(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
     """One group's block: headline, the context a reader needs, gates."""
     report, counts, gated = v.to_json(), v.counts(), v.group.protocol["extractor"]
-    silent = v.silent_rules()
     out = [", ".join(f"{n} {k}" for k, n in counts.items() if n or k in ("correct", "wrong"))]
     out[0] = f"outcomes: {out[0]}"
     if v.answered:  # with no answer every rule would read 0.0000
+        samples = [s for r in v.records for s in r["samples"]]
+        silent = set(RULES) - {rule for s in samples for rule, x in s["extracted"].items() if x}
         rules = [(r, a) for r, a in report["rules"].items() if r == gated or r not in silent]
         quiet = ", ".join(sorted(silent - {gated}))
         said = ", ".join(f"{r}{'*' if r == gated else ''} {a:.4f}" for r, a in rules)
@@ -286,7 +287,10 @@ def _group_lines(v: GroupVerdict) -> list[tuple[str, str]]:
         for title, ids in flip_lists(base):
             more = f" (+{len(ids) - SHOWN_IDS} more {rest})" if len(ids) > SHOWN_IDS else ""
             out += [f"  {title}: {', '.join(ids[:SHOWN_IDS])}{more}"] * bool(ids)
-    out += [v.chat_hint() or ""] * bool(v.chat_hint())
+    texts = (s["text"] for r in v.records for s in r["samples"])  # read until a sign is found
+    models = [v.group.model, *v.reported_models()]
+    hint = chat_api_hint(str(v.group.protocol.get("api")), models, counts["unparsed"], v.n, texts)
+    out += [hint] if hint else []
     # model names, endpoints and messages come from outside: no escapes reach a terminal
     styled = [(printable(v.headline()), "headline")]
     styled += [("  " + printable(line), "info") for line in out]

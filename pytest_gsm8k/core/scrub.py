@@ -99,7 +99,6 @@ class Scrubber:
         return value
 
     def command(self, value: str) -> str:
-        """A command line fit to show or store (also secret-named options' values)."""
         return redact_options(self.text(value))
 
     def words(self, words: Sequence[str]) -> list[str]:
@@ -179,7 +178,6 @@ def command_secrets(command: str) -> list[str]:
 
 
 def secret_env(variables: Iterable[tuple[str, str]]) -> list[str]:
-    """The values of ``variables`` named like a secret, or shaped like a token (``sk-...``)."""
     return [value for name, value in variables if _secret_name(name) or _KEYLIKE.fullmatch(value)]
 
 

@@ -77,7 +77,6 @@ class Request:
     repeat: int = 0
 
     def asks(self, repeats: int) -> list[Request]:
-        """This request once per repeat (``--gsm8k-repeats``), repeat 0 first."""
         return [replace(self, repeat=i) for i in range(max(1, repeats))]
 
     def body(self, model: str) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from pytest_gsm8k.core import baseline as bl
 from pytest_gsm8k.core.calibrated import evidence
 from pytest_gsm8k.core.early_stop import FLOOR
 from pytest_gsm8k.core.gates import GateVerdict, ToleranceFloor, Verdict, undecided
-from pytest_gsm8k.core.health import chat_api_hint
 from pytest_gsm8k.core.plan import GateSpecs, StoredBaseline
 from pytest_gsm8k.core.records import OUTCOMES, REPORT_SCHEMA, ProblemRecord, Report, Word
 from pytest_gsm8k.core.scoring import RULES
@@ -158,11 +157,6 @@ class GroupVerdict:
         counter = Counter(r["outcome"] for r in self.records)
         return {o: counter.get(o, 0) for o in OUTCOMES}
 
-    def silent_rules(self) -> set[str]:
-        samples = [s for r in self.records for s in r["samples"]]
-        found = {rule for s in samples for rule, value in s["extracted"].items() if value}
-        return set(RULES) - found if self.records else set()
-
     def pass_at(self) -> dict[str, float]:
         """Unbiased pass@k (Chen et al. 2021) for k = 1 and the powers of two below N."""
         samples = int(self.group.protocol["samples"])
@@ -181,12 +175,6 @@ class GroupVerdict:
 
     def reported_models(self) -> list[str]:
         return sorted({str(r["model"]) for r in self.records if r.get("model")})
-
-    def chat_hint(self) -> str | None:
-        """The one line suggesting ``--gsm8k-api chat`` (core/health.py), or None."""
-        texts = (s["text"] for r in self.records for s in r["samples"])
-        models, api = [self.group.model, *self.reported_models()], self.group.protocol.get("api")
-        return chat_api_hint(str(api), models, self.counts()["unparsed"], self.n, texts)
 
     def earlier_answers(self) -> str:
         """How many answers came from earlier runs, as every output of a resumed run says."""
@@ -307,10 +295,9 @@ def decide(given: GroupInput) -> GroupVerdict:
     v = GroupVerdict(group, given.records, selection, (), tuple(notes), extra, baseline=baseline)
     # 1-2: the numbers and each spec's verdict on them
     specs, gates = group.specs, []
-    if group.floor is not None:
-        gates.append(group.floor.verdict(v.answers_correct, v.n, group.protocol_label, v.runs))
-    if specs.min_acc is not None:
-        gates.append(specs.min_acc.verdict(v.answers_correct, v.n, group.label, v.runs))
+    for floor, label in ((group.floor, group.protocol_label), (specs.min_acc, group.label)):
+        if floor is not None:  # the config's (vLLM's), then --gsm8k-min-acc
+            gates.append(floor.verdict(v.answers_correct, v.n, label, v.runs))
     for spec in specs.health:  # each answer's outcome (an error is the whole item's)
         answers = [a for r in v.records for a in r.get("repeats") or [r["outcome"]] * v.runs]
         gates.append(spec.verdict(answers.count(spec.outcome), v.n, v.runs))
@@ -450,13 +437,11 @@ def _write(v: GroupVerdict, baseline: BaselineInput, stopped_early: bool) -> Gro
     dropped = 0 if baseline.partial_ok else bl.dropped(stored, report, baseline.split)
     whole = "a baseline holds the whole selection (--gsm8k-baseline-partial writes a partial one)"
     smaller = "delete it to record a smaller one, or pass --gsm8k-baseline-partial"
+    unanswered = v.n < v.expected and not stopped_early
     for bad, why in (
         (v.selection.interrupted, "the run was interrupted"),
         (errors, f"{errors} problems ended in an error"),
-        (
-            v.n < v.expected and not stopped_early,
-            f"only {v.n} of {v.expected} problems have a result",
-        ),
+        (unanswered, f"only {v.n} of {v.expected} problems have a result"),
         (partial is not None and not baseline.partial_ok, f"{partial}; {whole}"),
         (dropped, f"it holds {dropped} problems this run does not have; {smaller}"),
         (True, bl.fewer_repeats(stored.document, baseline.repeats)),

@@ -66,7 +66,6 @@ class VllmConfig:
         return (*self.server_args, *TEST_FLAGS)
 
     def secrets(self) -> list[str]:
-        """The server's secrets (an ``--api-key``'s value, an ``env`` token), to scrub."""
         return scrub.secret_args(self.server_args)[1] + scrub.secret_env(self.env)
 
     def serve_env(self) -> dict[str, str]:

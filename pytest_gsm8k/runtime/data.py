@@ -57,12 +57,12 @@ def _read_embedded(config: str, split: str, pinned: str | None) -> tuple[Problem
             f"{where}: pytest_gsm8k/data/{filename} has sha256 {digest[:12]}..., "
             f"expected {pinned[:12]}...; reinstall pytest-gsm8k"
         )
-    return tuple(parse_jsonl(raw.splitlines(keepends=True), split, where))
+    return parse_jsonl(raw.splitlines(keepends=True), split, where)
 
 
 def _load_dataset(
     what: str, where: str, failed: str, then: str, split: str, *args: Any, **kwargs: Any
-) -> list[Problem]:
+) -> tuple[Problem, ...]:
     """Rows through ``datasets``, the hub's and parquet files' alike. It is the ``hub`` extra
     (some 250 MB no other run needs): ``what`` needs it, one line when it is missing. Any
     failure (datasets raises many types) is one line: ``failed`` (the error) ``then``."""
@@ -126,7 +126,7 @@ def load_split(data: str | None, split: str, config: str, hub_name: str | None =
                 problems = parse_jsonl(handle, split, str(path))
     elif hub_name is None:
         pinned = EMBEDDED.get((config, split))
-        name, problems = EMBEDDED_NAME, list(_read_embedded(config, split, pinned))
+        name, problems = EMBEDDED_NAME, _read_embedded(config, split, pinned)
     else:
         name, where = hub_name, f"{hub_name} {config}/{split}"
         failed = f"cannot load {hub_name} ({config}/{split}) with datasets"
@@ -141,7 +141,7 @@ def load_split(data: str | None, split: str, config: str, hub_name: str | None =
             f"{name}: the GSM8K main test split has {TEST_SIZE} rows, this has {len(problems)}"
         )
     fp = fingerprint((p.question, p.answer) for p in problems)
-    return Split(name=name, config=config, split=split, problems=tuple(problems), fingerprint=fp)
+    return Split(name=name, config=config, split=split, problems=problems, fingerprint=fp)
 
 
 def train_source(data: str | None) -> str | None:
