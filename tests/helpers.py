@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -123,17 +124,34 @@ def use_proxy(monkeypatch: pytest.MonkeyPatch, name: str, url: str) -> None:
 def spawn_pytest(pytester: pytest.Pytester, *args: str, **popen: Any) -> subprocess.Popen[str]:
     """pytest in a process of its own in pytester's folder (a signal or a kill reaches it
     alone), its temporary files under that folder (a kill leaves them behind), its output
-    unbuffered and merged; ``popen`` overrides (``stdout=subprocess.DEVNULL``,
-    ``start_new_session=True``)."""
+    unbuffered and merged, its threads' stacks written there on SIGABRT (``output_of``);
+    ``popen`` overrides (``stdout=subprocess.DEVNULL``, ``start_new_session=True``)."""
     (tmp := pytester.path / "tmp").mkdir(exist_ok=True)
     options: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen}
+    env = {"TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", *args],
         cwd=pytester.path,
         text=True,
-        env={**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **env},
         **options,
     )
+
+
+def output_of(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The output of a ``spawn_pytest`` run once it ends, within ``timeout`` s; else the test
+    fails with its output and where each of its threads stands (faulthandler's dump on
+    SIGABRT), not with a ``TimeoutExpired`` that loses both."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+        pytest.fail(f"still running {timeout:g} s later; then SIGABRT:\n{out}")
 
 
 #: the files of each set-up run ``made_once`` ran in this process, by key
@@ -271,9 +289,15 @@ def job_command(job: str, marker: str, env: dict[str, str] | None = None) -> lis
 #: ends, to ``<worker id>.end`` beside it. When xdist stops the workers, execnet gives one
 #: still busy 5 s, then interrupts it (a SIGINT: exit status 2, INTERRUPTED); a worker that
 #: ended otherwise did not wait out that grace, whatever the machine's load (a wall-clock bound
-#: on the run failed under the test suite's own load).
+#: on the run failed under the test suite's own load). A SIGINT (execnet's, a test's Ctrl-C)
+#: reaches every process of the run as it would a terminal's foreground job, also when the
+#: test suite was started in the background (``pytest &`` in a script: SIGINT ignored, in every
+#: process it starts too: a Ctrl-C test waited out its 60 s, the workers ended unseen).
 WORKER_ENDS = """
+import signal
 from pathlib import Path
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def pytest_sessionfinish(session, exitstatus):
     if (worker := getattr(session.config, "workerinput", None)) is not None:

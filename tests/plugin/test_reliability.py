@@ -31,6 +31,7 @@ from helpers import (
     XDIST,
     GsmRun,
     output,
+    output_of,
     processes_in,
     report,
     sent,
@@ -190,7 +191,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_with_summary_and_report(
         wait_until(lambda: server.stats()["in_flight"] >= 20, 60, interval=0.02)
         assert server.stats()["in_flight"] == 20
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out = output_of(proc, 60)
         out = head + out
     finally:
         if proc.poll() is None:
@@ -248,7 +249,7 @@ def test_sigterm_under_xdist_ends_cleanly_and_promptly(
         # the head start's first 5 (the concurrency), hanging: sent before any plan
         assert wait_until(lambda: server.stats()["in_flight"] >= 5, 60, interval=0.01)
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out = output_of(proc, 60)
         out = head + out
     finally:
         if proc.poll() is None:

@@ -31,6 +31,7 @@ from helpers import (
     GsmRun,
     config_serve,
     output,
+    output_of,
     read_json,
     report,
     sent,
@@ -383,7 +384,7 @@ def test_rule1_a_resumed_run_never_reads_a_run_that_started_after_it(
         fast = pytester.runpytest(*run, "--gsm8k-report=fast.json")
         assert fast.ret == 0, output(fast)
         assert slow.poll() is None, "the slow run ended before the fast one: not overlapping"
-        text, _ = slow.communicate(timeout=120)
+        text = output_of(slow, 120)
     finally:
         if slow.poll() is None:
             os.killpg(slow.pid, signal.SIGKILL)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from helpers import (
     XDIST,
     config_serve,
     output,
+    output_of,
     spawn_pytest,
 )
 
@@ -548,11 +548,7 @@ def test_a_conftest_gsm8k_protocol_does_not_leave_the_workers_waiting_on_the_con
         *NOISE,
         *xdist,
     )
-    try:
-        out, _ = proc.communicate(timeout=90)  # ~10 s; the workers' bound is 2,000 s
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"still waiting 90 s later:\n{proc.communicate()[0]}")
+    out = output_of(proc, 90)  # ~10 s; the workers' bound is 2,000 s
     assert proc.returncode == 1, out  # Beta fails its floor, as in the run without the conftest
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["counts"]["error"] == 0, out

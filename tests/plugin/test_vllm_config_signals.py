@@ -18,6 +18,7 @@ from helpers import (
     NO_EXTRA_PLUGINS,
     WORKER_ENDS,
     config_serve,
+    output_of,
     processes_in,
     spawn_pytest,
     wait_until,
@@ -101,7 +102,7 @@ def test_a_signal_ends_a_config_matrix_promptly_with_its_report(
         assert proc.poll() is None, proc.communicate()[0]
         proc.send_signal(sig)
         signalled = time.monotonic()
-        out, _ = proc.communicate(timeout=60)
+        out = output_of(proc, 60)
         took = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
