@@ -593,12 +593,12 @@ def test_a_frame_is_taken_only_whole_at_any_split_and_a_stream_cut_mid_frame_is_
     [
         # cut short: 3.11's and 3.12's json.loads recursed before it saw the end (3.13's
         # reaches the end: a JSON error, a ValueError as well)
-        (b"[" * 1000, ""),
+        (b"[" * 1000, None),
         (b"[" * 500 + b"]" * 500, "nested deeper"),  # whole: refused by its depth
     ],
 )
 def test_a_frame_nested_thousands_deep_is_refused_not_a_recursion_error(
-    deep: bytes, said: str
+    deep: bytes, said: str | None
 ) -> None:
     """A local process can send a first frame under the hello's 1 KiB limit nested 1,000
     deep: ``json.loads`` raised RecursionError, which the controller's handler did not catch
